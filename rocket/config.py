@@ -1,0 +1,139 @@
+"""One typed config tree for a node: TOML file < ROCKET_* environment < command-line flags.
+
+Every problem is reported as one ConfigError line naming the key; the CLI exits with status 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from pathlib import Path
+
+from rocket import limits
+
+ROLES = ("nameserver", "storage", "broker")
+
+
+class ConfigError(Exception):
+    """An invalid setting: the message names the key and what is wrong with it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeConfig:
+    roles: tuple[str, ...] = ROLES
+    data_dir: Path = Path("rocket-data")
+    listen: Address = Address("127.0.0.1", 9876)
+    http2_listen: Address | None = Address("127.0.0.1", 9877)
+    segment_bytes: int = limits.segment_bytes_max_default
+    shutdown_grace_s: float = limits.shutdown_grace_s
+    log_level: str = "info"
+
+
+_keys = {field.name for field in dataclasses.fields(NodeConfig)}
+
+
+def parse_address(key: str, value: object, allow_off: bool = False) -> Address | None:
+    text = str(value).strip()
+    if allow_off and text.lower() in ("", "off", "none"):
+        return None
+    host, separator, port_text = text.rpartition(":")
+    if not separator or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"{key}: expected HOST:PORT with a port of 0-65535, got {text!r}")
+    return Address(host.strip("[]"), int(port_text))
+
+
+def parse_roles(key: str, value: object) -> tuple[str, ...]:
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    roles: list[str] = []
+    for item in (str(item).strip() for item in items):
+        if item == "all":
+            roles.extend(ROLES)
+        elif item in ROLES:
+            roles.append(item)
+        else:
+            raise ConfigError(f"{key}: unknown role {item!r}; expected all, {', '.join(ROLES)} or a comma-separated list")
+    if not roles:
+        raise ConfigError(f"{key}: at least one role is needed")
+    return tuple(role for role in ROLES if role in roles)
+
+
+def _parse_int(key: str, value: object, low: int, high: int) -> int:
+    try:
+        number = int(str(value).strip()) if not isinstance(value, int) or isinstance(value, bool) else value
+    except ValueError:
+        raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if isinstance(value, bool) or not low <= number <= high:
+        raise ConfigError(f"{key}: must be between {low} and {high}, got {value!r}")
+    return number
+
+
+def _parse_float(key: str, value: object, low: float, high: float) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if not low <= number <= high:
+        raise ConfigError(f"{key}: must be between {low} and {high}, got {value!r}")
+    return number
+
+
+def _convert(key: str, value: object) -> object:
+    if key == "roles":
+        return parse_roles(key, value)
+    if key == "data_dir":
+        if not str(value).strip():
+            raise ConfigError("data_dir: must not be empty")
+        return Path(str(value))
+    if key == "listen":
+        return parse_address(key, value)
+    if key == "http2_listen":
+        return parse_address(key, value, allow_off=True)
+    if key == "segment_bytes":
+        return _parse_int(key, value, limits.segment_bytes_min, 4 * 1024 * limits.MiB)
+    if key == "shutdown_grace_s":
+        return _parse_float(key, value, 0.0, 3600.0)
+    if key == "log_level":
+        level = str(value).lower()
+        if level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log_level: expected debug, info, warning or error, got {value!r}")
+        return level
+    raise ConfigError(f"{key}: unknown setting; known settings are {', '.join(sorted(_keys))}")
+
+
+def load(config_file: Path | None, environment: dict[str, str], flags: dict[str, object]) -> NodeConfig:
+    """Merge the three sources, later ones winning, and validate every value."""
+    values: dict[str, object] = {}
+    if config_file is not None:
+        try:
+            document = tomllib.loads(config_file.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config: file {config_file} does not exist") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"config: {config_file} is not valid TOML: {error}") from None
+        for key, value in document.items():
+            values[key] = _convert(key, value)
+    for key in _keys:
+        name = f"ROCKET_{key.upper()}"
+        if name in environment:
+            try:
+                values[key] = _convert(key, environment[name])
+            except ConfigError as error:
+                raise ConfigError(f"{name} (environment) -> {error}") from None
+    for key, value in flags.items():
+        if value is not None:
+            values[key] = _convert(key, value)
+    return NodeConfig(**values)
+
+
+def load_from_environment(config_file: Path | None, flags: dict[str, object]) -> NodeConfig:
+    return load(config_file, dict(os.environ), flags)

@@ -1,0 +1,57 @@
+"""Stable error codes: the only exceptions that cross the wire, plus invariant() for programmer errors.
+
+Codes and their numbers never change meaning once released; add new ones at the end.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Code(enum.IntEnum):
+    INTERNAL = 1  # a bug on the server; the request may be retried
+    UNKNOWN_METHOD = 2
+    BAD_REQUEST = 3  # fields missing, of the wrong type, or out of range
+    UNDECODABLE = 4  # the body is not valid JSON or Avro for the method
+    FRAME_TOO_LARGE = 5
+    BAD_FRAME = 6  # the framing itself is broken; the connection is closed
+    BAD_BATCH = 7  # the batch header or checksum is wrong
+    UNKNOWN_TOPIC = 8
+    TOPIC_EXISTS = 9
+    BAD_QUEUE = 10
+    OFFSET_OUT_OF_RANGE = 11
+    CORRUPT_DATA = 12  # stored bytes failed their checksum
+    TIMEOUT = 13
+    UNAVAILABLE = 14  # the server is shutting down or a dependency is down
+    OVERLOADED = 15  # a bound was reached; retry later
+    UNSUPPORTED_SERDE = 16
+    CONFIG_INVALID = 17
+    CONNECTION_LOST = 18  # client side: the connection broke before an answer came
+
+
+class RocketError(Exception):
+    """An operating error with a stable code; the process that raises it keeps serving."""
+
+    def __init__(self, code: Code, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = Code(code)
+        self.message = message
+
+    def to_wire(self) -> dict:
+        return {"code": self.code.name, "message": self.message}
+
+    @classmethod
+    def from_wire(cls, payload: dict) -> "RocketError":
+        name = str(payload.get("code", "INTERNAL"))
+        code = Code.__members__.get(name, Code.INTERNAL)
+        return cls(code, str(payload.get("message", "")))
+
+
+class InvariantViolation(AssertionError):
+    """A programmer error: something the code itself guarantees did not hold."""
+
+
+def invariant(condition: object, message: str) -> None:
+    """Like assert, but survives python -O."""
+    if not condition:
+        raise InvariantViolation(message)

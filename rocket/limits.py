@@ -1,0 +1,51 @@
+"""Every limit in rocket, each with the reason it exists; relations are asserted at import."""
+
+from rocket.errors import invariant
+
+KiB = 1024
+MiB = 1024 * KiB
+
+# Batches: the unit of work on the hot path.
+batch_bytes_max = 8 * MiB  # one batch is one log record and one RPC body; bounds memory per request
+batch_messages_max = 1_000_000  # a count larger than this is a corrupt or hostile header
+message_bytes_max = 4 * MiB  # a single message must fit in a batch with room for its header
+key_bytes_max = 1 * KiB  # keys are hashed and indexed, not payload
+tag_bytes_max = 255  # tags are summarised and filtered on; RocketMQ keeps them short too
+properties_bytes_max = 64 * KiB  # properties are decoded for SQL filters; keep that cheap
+
+# Frames on the wire.
+frame_bytes_max = batch_bytes_max + 64 * KiB  # a produce frame carries one batch plus its envelope
+method_name_bytes_max = 128  # method names are short identifiers
+in_flight_requests_per_connection_max = 256  # pipelining depth before the reader stops reading
+connections_max = 4096  # open client connections per listener; file descriptors are finite
+stream_items_queued_max = 8  # server-stream items waiting for the socket before the producer blocks
+http2_streams_per_connection_max = 128  # concurrent HTTP/2 streams per connection (SETTINGS)
+
+# Store.
+segment_bytes_max_default = 256 * MiB  # a sealed segment is the tier's upload unit
+segment_bytes_min = 1 * MiB  # smaller segments would turn every batch into a file
+group_commit_bytes_max = 64 * MiB  # one fdatasync covers at most this much, bounding ack latency
+group_commit_records_max = 100_000  # and at most this many records per flush
+append_queue_bytes_max = 256 * MiB  # appends waiting for a flush before producers are held back
+read_bytes_max = 16 * MiB  # one pull returns at most this many bytes of batches
+pull_wait_ms_max = 60_000  # longest long-poll a client may ask for
+queues_per_topic_max = 1024  # dev-mode topics; cluster topics spread queues over groups
+topic_name_bytes_max = 249  # Kafka's limit; names become file and key prefixes
+group_name_bytes_max = 249  # consumer group names become key prefixes too
+topics_max = 100_000  # metadata held in memory by the nameserver
+
+# Client.
+producer_linger_ms_default = 5  # how long a producer waits to fill a batch
+producer_batch_bytes_default = 1 * MiB  # bytes after which a producer sends a batch at once
+producer_in_flight_batches_max = 64  # batches sent and not yet acknowledged, per producer
+request_timeout_s_default = 30.0  # an RPC without an answer by then fails with TIMEOUT
+
+# Shutdown.
+shutdown_grace_s = 10.0  # SIGTERM drains for at most this long before cancelling
+
+invariant(message_bytes_max < batch_bytes_max, "a message must fit in a batch")
+invariant(batch_bytes_max < frame_bytes_max, "a batch must fit in a frame")
+invariant(read_bytes_max + 64 * KiB < frame_bytes_max * 4, "a pull response must be sendable")
+invariant(segment_bytes_min <= segment_bytes_max_default, "segment bounds are ordered")
+invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
+invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")

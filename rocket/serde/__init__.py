@@ -1,0 +1,20 @@
+"""Serdes for RPC messages (JSON and Avro, chosen per call) and the produce batch format."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from rocket.errors import Code, RocketError
+from rocket.serde import avro_codec, json_codec
+
+SERDE_IDS: dict[int, ModuleType] = {1: json_codec, 2: avro_codec}
+SERDE_NAMES: dict[str, ModuleType] = {module.name: module for module in SERDE_IDS.values()}
+SERDE_ID_OF: dict[str, int] = {module.name: number for number, module in SERDE_IDS.items()}
+SERDE_BY_CONTENT_TYPE: dict[str, ModuleType] = {module.content_type: module for module in SERDE_IDS.values()}
+
+
+def serde_named(name: str) -> ModuleType:
+    try:
+        return SERDE_NAMES[name]
+    except KeyError:
+        raise RocketError(Code.UNSUPPORTED_SERDE, f"serde {name!r} is not one of {sorted(SERDE_NAMES)}") from None

@@ -1,0 +1,175 @@
+"""The produce batch: a 40-byte header (count, flags, timestamps, tag summary, CRC) and its payload.
+
+Pure codec: no I/O. The server only calls check_header(); clients encode and decode messages.
+Payload is either per-message records or, with FLAG_DELIMITED, newline-terminated bodies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import zlib
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.model import Message
+
+MAGIC = 0x5242  # "RB"
+VERSION = 1
+FLAG_DELIMITED = 0x01  # payload is bodies each ending in b"\n"; no keys, tags or properties
+FLAGS_KNOWN = FLAG_DELIMITED
+
+_header = struct.Struct("<HBBIqqQII")
+HEADER_BYTES = _header.size
+_crc_covered_header = HEADER_BYTES - 4
+_record = struct.Struct("<IHHIi")  # body, key, tag, properties lengths; timestamp delta ms
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class BatchHeader:
+    flags: int
+    count: int
+    first_timestamp_ms: int
+    last_timestamp_ms: int
+    tag_summary: int
+    payload_bytes: int
+    crc: int
+
+    @property
+    def total_bytes(self) -> int:
+        return HEADER_BYTES + self.payload_bytes
+
+
+def tag_bit(tag: str) -> int:
+    """The bit a tag sets in a batch's 64-bit tag summary (a one-hash Bloom filter)."""
+    return 1 << (zlib.crc32(tag.encode()) & 63)
+
+
+def _bad(message: str) -> RocketError:
+    return RocketError(Code.BAD_BATCH, message)
+
+
+def check_header(batch: bytes | memoryview) -> BatchHeader:
+    """Validate a whole batch by its header and CRC without decoding messages."""
+    view = memoryview(batch)
+    if len(view) < HEADER_BYTES:
+        raise _bad(f"batch of {len(view)} bytes is shorter than its {HEADER_BYTES}-byte header")
+    if len(view) > limits.batch_bytes_max:
+        raise _bad(f"batch of {len(view)} bytes exceeds the limit of {limits.batch_bytes_max}")
+    magic, version, flags, count, first_ms, last_ms, tags, payload_bytes, crc = _header.unpack_from(view)
+    if magic != MAGIC or version != VERSION:
+        raise _bad(f"unknown batch magic {magic:#x} or version {version}")
+    if flags & ~FLAGS_KNOWN:
+        raise _bad(f"unknown batch flags {flags:#x}")
+    if payload_bytes != len(view) - HEADER_BYTES:
+        raise _bad(f"header says {payload_bytes} payload bytes, batch has {len(view) - HEADER_BYTES}")
+    if count < 1 or count > limits.batch_messages_max:
+        raise _bad(f"batch count {count} is outside 1..{limits.batch_messages_max}")
+    if last_ms < first_ms:
+        raise _bad("batch last timestamp is before its first")
+    actual = zlib.crc32(view[HEADER_BYTES:], zlib.crc32(view[:_crc_covered_header]))
+    if actual != crc:
+        raise _bad(f"batch checksum mismatch (header {crc:#010x}, payload {actual:#010x})")
+    return BatchHeader(flags, count, first_ms, last_ms, tags, payload_bytes, crc)
+
+
+def peek_count(batch: bytes | memoryview) -> int:
+    """The message count of a batch already checked on its way in (reads only the header)."""
+    return _header.unpack_from(batch)[3]
+
+
+def _seal(flags: int, count: int, first_ms: int, last_ms: int, tags: int, payload: bytes) -> bytes:
+    head = _header.pack(MAGIC, VERSION, flags, count, first_ms, last_ms, tags, len(payload), 0)
+    crc = zlib.crc32(payload, zlib.crc32(head[:_crc_covered_header]))
+    return head[:_crc_covered_header] + struct.pack("<I", crc) + payload
+
+
+def _encode_properties(properties: dict[str, str]) -> bytes:
+    if not properties:
+        return b""
+    parts = []
+    for name, value in properties.items():
+        if "\0" in name or "\0" in value or not name:
+            raise RocketError(Code.BAD_REQUEST, f"property {name!r} must be non-empty and free of NUL")
+        parts.append(name)
+        parts.append(value)
+    return "\0".join(parts).encode()
+
+
+def encode(messages: list[Message], timestamp_ms: int) -> bytes:
+    """Encode messages as one batch. Messages without a timestamp get timestamp_ms."""
+    if not messages:
+        raise RocketError(Code.BAD_REQUEST, "a batch holds at least one message")
+    stamps = [m.timestamp_ms or timestamp_ms for m in messages]
+    first_ms, last_ms = min(stamps), max(stamps)
+    if last_ms - first_ms >= 2**31:
+        raise RocketError(Code.BAD_REQUEST, "timestamps in one batch must lie within 24 days")
+    tags = 0
+    chunks: list[bytes] = []
+    pack = _record.pack
+    for message, stamp in zip(messages, stamps):
+        key = message.key.encode()
+        tag = message.tag.encode()
+        properties = _encode_properties(message.properties)
+        body = message.body
+        if len(key) > limits.key_bytes_max or len(tag) > limits.tag_bytes_max:
+            raise RocketError(Code.BAD_REQUEST, "message key or tag is too long")
+        if len(properties) > limits.properties_bytes_max or len(body) > limits.message_bytes_max:
+            raise RocketError(Code.BAD_REQUEST, "message properties or body is too large")
+        if tag:
+            tags |= tag_bit(message.tag)
+        chunks.append(pack(len(body), len(key), len(tag), len(properties), stamp - first_ms))
+        chunks.append(key)
+        chunks.append(tag)
+        chunks.append(properties)
+        chunks.append(body)
+    return _seal(0, len(messages), first_ms, last_ms, tags, b"".join(chunks))
+
+
+def encode_lines(lines: bytes, timestamp_ms: int) -> bytes:
+    """Encode a chunk of newline-terminated lines as one batch, without per-line Python work."""
+    if not lines.endswith(b"\n"):
+        raise RocketError(Code.BAD_REQUEST, "a delimited batch must end with a newline")
+    return _seal(FLAG_DELIMITED, lines.count(b"\n"), timestamp_ms, timestamp_ms, 0, lines)
+
+
+def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> list[Message]:
+    """Decode every message of a checked batch, numbering them from base_offset."""
+    header = check_header(batch)
+    payload = memoryview(batch)[HEADER_BYTES:]
+    if header.flags & FLAG_DELIMITED:
+        bodies = bytes(payload[:-1]).split(b"\n") if len(payload) else []
+        if len(bodies) != header.count or payload[-1:] != b"\n":
+            raise _bad(f"delimited batch holds {len(bodies)} lines, header says {header.count}")
+        stamp = header.first_timestamp_ms
+        return [Message(body, timestamp_ms=stamp, queue=queue, offset=base_offset + i) for i, body in enumerate(bodies)]
+    messages: list[Message] = []
+    position = 0
+    size = len(payload)
+    unpack = _record.unpack_from
+    for index in range(header.count):
+        if position + _record.size > size:
+            raise _bad(f"message {index} header runs past the end of the batch")
+        body_len, key_len, tag_len, props_len, delta = unpack(payload, position)
+        position += _record.size
+        end = position + key_len + tag_len + props_len + body_len
+        if end > size or delta < 0:
+            raise _bad(f"message {index} runs past the end of the batch")
+        key = str(payload[position : position + key_len], "utf-8", "replace")
+        position += key_len
+        tag = str(payload[position : position + tag_len], "utf-8", "replace")
+        position += tag_len
+        properties: dict[str, str] = {}
+        if props_len:
+            parts = str(payload[position : position + props_len], "utf-8", "replace").split("\0")
+            if len(parts) % 2:
+                raise _bad(f"message {index} has malformed properties")
+            properties = dict(zip(parts[::2], parts[1::2]))
+        position += props_len
+        body = bytes(payload[position:end])
+        position = end
+        stamp = header.first_timestamp_ms + delta
+        messages.append(Message(body, key, tag, properties, stamp, queue, base_offset + index))
+    if position != size:
+        raise _bad(f"{size - position} bytes follow the last message of the batch")
+    return messages

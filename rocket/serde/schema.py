@@ -1,0 +1,109 @@
+"""Loads the versioned Avro schemas (schemas/*.avsc) that define every RPC message, for both serdes.
+
+JSON follows the same schemas: bytes fields travel as base64 strings, and decoding validates
+types and required fields so that a bad request gets BAD_REQUEST naming the field.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import json
+from pathlib import Path
+
+import fastavro.schema
+
+from rocket.errors import Code, RocketError
+
+NAMESPACE = "rocket.v1"
+SCHEMA_DIRECTORY = Path(__file__).parent / "schemas"
+_int_bounds = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
+
+
+def full_name(type_name: str) -> str:
+    return type_name if "." in type_name else f"{NAMESPACE}.{type_name}"
+
+
+@functools.cache
+def avro_schema(type_name: str):
+    """The parsed schema for a message type, e.g. 'ProduceRequest'."""
+    path = SCHEMA_DIRECTORY / f"{full_name(type_name)}.avsc"
+    if not path.exists():
+        raise KeyError(f"no schema {path.name}")
+    return fastavro.schema.load_schema(str(path))
+
+
+@functools.cache
+def _raw_definitions() -> dict[str, dict]:
+    definitions = {}
+    for path in SCHEMA_DIRECTORY.glob("*.avsc"):
+        definition = json.loads(path.read_text())
+        definitions[f"{definition['namespace']}.{definition['name']}"] = definition
+    return definitions
+
+
+def known_types() -> list[str]:
+    return sorted(name.rsplit(".", 1)[1] for name in _raw_definitions())
+
+
+def to_json_ready(type_name: str, value: dict) -> dict:
+    """Turn bytes into base64 so orjson can write the message."""
+    return _walk(_raw_definitions()[full_name(type_name)], value, "", decoding=False)
+
+
+def from_json_ready(type_name: str, value: object) -> dict:
+    """Validate a parsed JSON message against its schema and turn base64 back into bytes."""
+    return _walk(_raw_definitions()[full_name(type_name)], value, "", decoding=True)
+
+
+def _bad(path: str, problem: str) -> RocketError:
+    return RocketError(Code.BAD_REQUEST, f"field {path or '<body>'}: {problem}")
+
+
+def _walk(schema, value, path: str, decoding: bool):
+    if isinstance(schema, str):
+        if schema in _int_bounds:
+            if decoding:
+                low, high = _int_bounds[schema]
+                if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                    raise _bad(path, f"expected an {schema}")
+            return value
+        if schema == "string":
+            if decoding and not isinstance(value, str):
+                raise _bad(path, "expected a string")
+            return value
+        if schema == "bytes":
+            if not decoding:
+                return base64.b64encode(value).decode("ascii")
+            if not isinstance(value, str):
+                raise _bad(path, "expected base64 text")
+            try:
+                return base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise _bad(path, "invalid base64") from None
+        if schema == "boolean":
+            if decoding and not isinstance(value, bool):
+                raise _bad(path, "expected true or false")
+            return value
+        return _walk(_raw_definitions()[full_name(schema)], value, path, decoding)
+    kind = schema["type"]
+    if kind == "array":
+        if not isinstance(value, list):
+            raise _bad(path, "expected an array")
+        return [_walk(schema["items"], item, f"{path}[{index}]", decoding) for index, item in enumerate(value)]
+    if kind == "record":
+        if not isinstance(value, dict):
+            raise _bad(path, "expected an object")
+        result = {}
+        for field in schema["fields"]:
+            name = field["name"]
+            child = f"{path}.{name}" if path else name
+            if name in value:
+                result[name] = _walk(field["type"], value[name], child, decoding)
+            elif "default" in field:
+                result[name] = field["default"]
+            else:
+                raise _bad(child, "is required")
+        return result
+    return _walk(kind, value, path, decoding)

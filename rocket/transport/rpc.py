@@ -1,0 +1,148 @@
+"""One RPC dispatcher for both transports: the method table, decoding, handlers, encoding, errors.
+
+Each method is declared once in METHODS; roles attach handlers; TCP and HTTP/2 only move bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import ModuleType
+
+import trio
+
+from rocket.errors import Code, RocketError
+from rocket.serde import SERDE_IDS
+
+log = logging.getLogger("rocket.rpc")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MethodSpec:
+    name: str
+    request_type: str
+    response_type: str
+    streaming: bool = False
+
+
+METHODS: dict[str, MethodSpec] = {
+    spec.name: spec
+    for spec in [
+        MethodSpec("Ping", "Empty", "ServerInfo"),
+        MethodSpec("CreateTopic", "CreateTopicRequest", "TopicInfo"),
+        MethodSpec("ListTopics", "Empty", "ListTopicsResponse"),
+        MethodSpec("DescribeTopic", "TopicRequest", "DescribeTopicResponse"),
+        MethodSpec("Produce", "ProduceRequest", "ProduceResponse"),
+        MethodSpec("Pull", "PullRequest", "PullResponse"),
+        MethodSpec("Subscribe", "PullRequest", "PullResponse", streaming=True),
+        MethodSpec("CommitOffsets", "CommitOffsetsRequest", "Empty"),
+        MethodSpec("FetchOffsets", "FetchOffsetsRequest", "OffsetsResponse"),
+        MethodSpec("SearchOffset", "SearchOffsetRequest", "OffsetsResponse"),
+    ]
+}
+
+UnaryHandler = Callable[[dict], Awaitable[dict]]
+StreamHandler = Callable[[dict], AsyncIterator[dict]]
+
+
+def method_spec(name: str) -> MethodSpec:
+    spec = METHODS.get(name)
+    if spec is None:
+        raise RocketError(Code.UNKNOWN_METHOD, f"unknown method {name!r}")
+    return spec
+
+
+def serde_for_id(serde_id: int) -> ModuleType:
+    serde = SERDE_IDS.get(serde_id)
+    if serde is None:
+        raise RocketError(Code.UNSUPPORTED_SERDE, f"serde id {serde_id} is not one of {sorted(SERDE_IDS)}")
+    return serde
+
+
+def encode_error(serde: ModuleType, error: RocketError) -> bytes:
+    return serde.encode("Error", error.to_wire())
+
+
+def as_rocket_error(error: BaseException, method: str) -> RocketError:
+    """Operating errors pass through; anything else is a bug, logged and answered as INTERNAL."""
+    if isinstance(error, RocketError):
+        return error
+    log.exception("method %s failed", method, exc_info=error)
+    return RocketError(Code.INTERNAL, f"{method} failed: {type(error).__name__}")
+
+
+class Dispatcher:
+    """Maps method names to handlers and turns request bytes into response bytes."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Callable] = {}
+
+    def handle(self, name: str, handler: Callable) -> None:
+        method_spec(name)
+        self._handlers[name] = handler
+
+    def _resolve(self, name: str) -> tuple[MethodSpec, Callable]:
+        spec = method_spec(name)
+        handler = self._handlers.get(name)
+        if handler is None:
+            raise RocketError(Code.UNKNOWN_METHOD, f"method {name!r} is not served by this node's roles")
+        return spec, handler
+
+    def is_streaming(self, name: str) -> bool:
+        return method_spec(name).streaming
+
+    async def call(self, name: str, serde: ModuleType, body: bytes | memoryview) -> bytes:
+        """Run a unary method; raises RocketError for every failure."""
+        spec, handler = self._resolve(name)
+        if spec.streaming:
+            raise RocketError(Code.BAD_REQUEST, f"{name} is a streaming method")
+        request = serde.decode(spec.request_type, body)
+        try:
+            response = await handler(request)
+        except Exception as error:
+            raise as_rocket_error(error, name) from None
+        return serde.encode(spec.response_type, response)
+
+    async def stream(self, name: str, serde: ModuleType, body: bytes | memoryview) -> AsyncIterator[bytes]:
+        """Run a streaming method, yielding encoded items; raises RocketError for every failure."""
+        spec, handler = self._resolve(name)
+        if not spec.streaming:
+            raise RocketError(Code.BAD_REQUEST, f"{name} is not a streaming method")
+        request = serde.decode(spec.request_type, body)
+        try:
+            async for item in handler(request):
+                yield serde.encode(spec.response_type, item)
+        except Exception as error:
+            raise as_rocket_error(error, name) from None
+
+
+class Lifecycle:
+    """Shared by every listener: stops accepting and reading on drain, and counts calls in flight."""
+
+    def __init__(self) -> None:
+        self.draining = trio.Event()
+        self._calls_in_flight = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def call_started(self) -> None:
+        if self._calls_in_flight == 0:
+            self._idle = trio.Event()
+        self._calls_in_flight += 1
+
+    def call_finished(self) -> None:
+        self._calls_in_flight -= 1
+        if self._calls_in_flight == 0:
+            self._idle.set()
+
+    @property
+    def calls_in_flight(self) -> int:
+        return self._calls_in_flight
+
+    def drain(self) -> None:
+        self.draining.set()
+
+    async def wait_idle(self) -> None:
+        while self._calls_in_flight:
+            await self._idle.wait()

@@ -1,0 +1,309 @@
+"""The TCP transport: length-prefixed frames (frames.py), pipelined calls, server-streamed responses.
+
+Server: one reader per connection, one task per call (bounded), whole frames written under a lock.
+Client: TcpChannel multiplexes calls over one connection by request id.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import ModuleType
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.serde import SERDE_ID_OF, serde_named
+from rocket.transport import frames
+from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
+from rocket.transport.rpc import Dispatcher, Lifecycle, METHODS, encode_error, method_spec, serde_for_id
+
+log = logging.getLogger("rocket.tcp")
+receive_bytes = 256 * 1024
+
+
+async def serve_tcp(
+    dispatcher: Dispatcher,
+    lifecycle: Lifecycle,
+    host: str,
+    port: int,
+    *,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept connections until the lifecycle drains; reports the bound port through task_status."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound_port = listeners[0].socket.getsockname()[1]
+    connections = trio.CapacityLimiter(limits.connections_max)
+    async with trio.open_nursery() as nursery:
+
+        async def accept_until_drained() -> None:
+            with trio.CancelScope() as accept_scope:
+                nursery.start_soon(_cancel_on, lifecycle.draining, accept_scope)
+                await trio.serve_listeners(_ConnectionHandler(dispatcher, lifecycle, connections), listeners)
+
+        nursery.start_soon(accept_until_drained)
+        task_status.started(bound_port)
+
+
+async def _cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+class _ConnectionHandler:
+    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, connections: trio.CapacityLimiter):
+        self.dispatcher = dispatcher
+        self.lifecycle = lifecycle
+        self.connections = connections
+
+    async def __call__(self, stream: trio.SocketStream) -> None:
+        try:
+            self.connections.acquire_nowait()
+        except trio.WouldBlock:
+            await _send_quietly(stream, _error_frame(1, 0, RocketError(Code.OVERLOADED, "too many connections")))
+            await stream.aclose()
+            return
+        try:
+            await _ServerConnection(self.dispatcher, self.lifecycle, stream).run()
+        finally:
+            self.connections.release()
+
+
+async def _send_quietly(stream: trio.abc.SendStream, data: bytes) -> None:
+    try:
+        with trio.move_on_after(1):
+            await stream.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+def _error_frame(serde_id: int, request_id: int, error: RocketError) -> bytes:
+    try:
+        serde = serde_for_id(serde_id)
+    except RocketError:
+        serde_id, serde = 1, serde_for_id(1)
+    return frames.encode(Kind.ERROR, serde_id, request_id, encode_error(serde, error))
+
+
+class _ServerConnection:
+    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.SocketStream):
+        self.dispatcher = dispatcher
+        self.lifecycle = lifecycle
+        self.stream = stream
+        self.send_lock = trio.Lock()
+        self.in_flight = trio.Semaphore(limits.in_flight_requests_per_connection_max)
+        self.streams: dict[int, trio.CancelScope] = {}
+
+    async def run(self) -> None:
+        async with self.stream:
+            async with trio.open_nursery() as calls:
+                await self._read_until_done(calls)
+                # Streams never end by themselves; in-flight unary calls get a bounded time to answer.
+                for scope in list(self.streams.values()):
+                    scope.cancel()
+                if self.peer_gone:
+                    calls.cancel_scope.cancel()
+                else:
+                    calls.cancel_scope.deadline = trio.current_time() + limits.shutdown_grace_s
+
+    async def _read_until_done(self, calls: trio.Nursery) -> None:
+        with trio.CancelScope() as read_scope:
+            async with trio.open_nursery() as watcher:
+                watcher.start_soon(_cancel_on, self.lifecycle.draining, read_scope)
+                try:
+                    await self._read_loop(calls)
+                except FrameError as error:
+                    await self._send(_error_frame(1, error.request_id, error))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self.peer_gone = True
+                watcher.cancel_scope.cancel()
+
+    peer_gone = False
+
+    async def _read_loop(self, calls: trio.Nursery) -> None:
+        decoder = FrameDecoder()
+        while True:
+            data = await self.stream.receive_some(receive_bytes)
+            if not data:
+                self.peer_gone = True
+                return
+            decoder.feed(data)
+            while (frame := decoder.next_frame()) is not None:
+                await self._dispatch(frame, calls)
+
+    async def _dispatch(self, frame: Frame, calls: trio.Nursery) -> None:
+        if frame.kind == Kind.CANCEL:
+            scope = self.streams.get(frame.request_id)
+            if scope is not None:
+                scope.cancel()
+            return
+        if frame.kind != Kind.REQUEST:
+            raise FrameError(Code.BAD_FRAME, f"a client may not send {frame.kind.name} frames", frame.request_id)
+        await self.in_flight.acquire()
+        self.lifecycle.call_started()
+        calls.start_soon(self._call, frame)
+
+    async def _call(self, frame: Frame) -> None:
+        try:
+            try:
+                serde = serde_for_id(frame.serde)
+                if self.dispatcher.is_streaming(frame.method):
+                    await self._stream(frame, serde)
+                    return
+                body = await self.dispatcher.call(frame.method, serde, frame.body)
+                reply = frames.encode(Kind.RESPONSE, frame.serde, frame.request_id, body)
+            except RocketError as error:
+                reply = _error_frame(frame.serde, frame.request_id, error)
+            await self._send(reply)
+        finally:
+            self.lifecycle.call_finished()
+            self.in_flight.release()
+
+    async def _stream(self, frame: Frame, serde: ModuleType) -> None:
+        if frame.request_id in self.streams:
+            raise RocketError(Code.BAD_REQUEST, f"request id {frame.request_id} already has an open stream")
+        with trio.CancelScope() as scope:
+            self.streams[frame.request_id] = scope
+            try:
+                async for item in self.dispatcher.stream(frame.method, serde, frame.body):
+                    await self._send(frames.encode(Kind.STREAM_ITEM, frame.serde, frame.request_id, item))
+                await self._send(frames.encode(Kind.STREAM_END, frame.serde, frame.request_id))
+            except RocketError as error:
+                await self._send(_error_frame(frame.serde, frame.request_id, error))
+            finally:
+                self.streams.pop(frame.request_id, None)
+
+    async def _send(self, data: bytes) -> None:
+        async with self.send_lock:
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+
+class TcpChannel:
+    """A client connection: many concurrent calls multiplexed by request id over one socket."""
+
+    def __init__(self, stream: trio.SocketStream, serde: ModuleType):
+        self._stream = stream
+        self._serde = serde
+        self._serde_id = SERDE_ID_OF[serde.name]
+        self._request_ids = itertools.count(1)
+        self._waiting: dict[int, trio.MemorySendChannel] = {}
+        self._send_lock = trio.Lock()
+        self._broken: RocketError | None = None
+
+    async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default) -> dict:
+        spec = method_spec(method)
+        request_id, receiver = await self._send_request(method, message, 1)
+        try:
+            with trio.fail_after(timeout_s):
+                kind, body = await self._receive(receiver)
+        except trio.TooSlowError:
+            raise RocketError(Code.TIMEOUT, f"{method} got no answer within {timeout_s} s") from None
+        finally:
+            self._waiting.pop(request_id, None)
+        return self._decode(spec.response_type, kind, body)
+
+    async def stream(self, method: str, message: dict) -> AsyncIterator[dict]:
+        """Yield a server stream's items; leaving the loop early cancels the stream on the server."""
+        spec = method_spec(method)
+        request_id, receiver = await self._send_request(method, message, limits.stream_items_queued_max)
+        finished = False
+        try:
+            while True:
+                kind, body = await self._receive(receiver)
+                if kind == Kind.STREAM_END:
+                    finished = True
+                    return
+                if kind == Kind.ERROR:
+                    finished = True
+                yield self._decode(spec.response_type, kind, body)
+        finally:
+            self._waiting.pop(request_id, None)
+            if not finished and self._broken is None:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await self._write(frames.encode(Kind.CANCEL, self._serde_id, request_id))
+
+    async def _send_request(self, method: str, message: dict, queue_size: int):
+        if self._broken is not None:
+            raise self._broken
+        spec = method_spec(method)
+        body = self._serde.encode(spec.request_type, message)
+        request_id = next(self._request_ids)
+        sender, receiver = trio.open_memory_channel(queue_size)
+        self._waiting[request_id] = sender
+        await self._write(frames.encode(Kind.REQUEST, self._serde_id, request_id, body, method))
+        return request_id, receiver
+
+    async def _write(self, data: bytes) -> None:
+        async with self._send_lock:
+            try:
+                await self._stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                self._fail(RocketError(Code.CONNECTION_LOST, f"connection lost while sending: {error}"))
+                raise self._broken from None
+
+    async def _receive(self, receiver: trio.MemoryReceiveChannel) -> tuple[Kind, bytes]:
+        try:
+            return await receiver.receive()
+        except trio.EndOfChannel:
+            raise self._broken or RocketError(Code.CONNECTION_LOST, "connection closed") from None
+
+    def _decode(self, response_type: str, kind: Kind, body: bytes) -> dict:
+        if kind == Kind.ERROR:
+            raise RocketError.from_wire(self._serde.decode("Error", body))
+        return self._serde.decode(response_type, body)
+
+    def _fail(self, error: RocketError) -> None:
+        if self._broken is None:
+            self._broken = error
+        for sender in self._waiting.values():
+            sender.close()
+        self._waiting.clear()
+
+    async def read_loop(self) -> None:
+        decoder = FrameDecoder()
+        try:
+            while True:
+                data = await self._stream.receive_some(receive_bytes)
+                if not data:
+                    self._fail(RocketError(Code.CONNECTION_LOST, "server closed the connection"))
+                    return
+                decoder.feed(data)
+                while (frame := decoder.next_frame()) is not None:
+                    sender = self._waiting.get(frame.request_id)
+                    if frame.request_id == 0 and frame.kind == Kind.ERROR:
+                        self._fail(RocketError.from_wire(self._serde_for(frame).decode("Error", frame.body)))
+                        return
+                    if sender is not None:
+                        try:
+                            await sender.send((frame.kind, frame.body))
+                        except trio.BrokenResourceError:
+                            pass  # the caller gave up (timeout or cancel)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, FrameError) as error:
+            self._fail(RocketError(Code.CONNECTION_LOST, f"connection lost: {error}"))
+
+    @staticmethod
+    def _serde_for(frame: Frame) -> ModuleType:
+        return serde_for_id(frame.serde)
+
+
+@asynccontextmanager
+async def open_tcp_channel(host: str, port: int, serde_name: str = "json"):
+    serde = serde_named(serde_name)
+    try:
+        stream = await trio.open_tcp_stream(host, port)
+    except OSError as error:
+        raise RocketError(Code.UNAVAILABLE, f"cannot connect to {host}:{port}: {error.strerror or error}") from None
+    async with stream, trio.open_nursery() as nursery:
+        channel = TcpChannel(stream, serde)
+        nursery.start_soon(channel.read_loop)
+        try:
+            yield channel
+        finally:
+            nursery.cancel_scope.cancel()

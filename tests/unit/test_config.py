@@ -1,0 +1,53 @@
+"""Node config: file < environment < flags, and one clear line naming the key for every bad value."""
+
+from pathlib import Path
+
+import pytest
+
+from rocket import config
+from rocket.config import Address, ConfigError
+
+
+def test_precedence_file_then_environment_then_flags(tmp_path: Path):
+    """Each later source overrides the earlier ones, key by key."""
+    file = tmp_path / "rocket.toml"
+    file.write_text('listen = "127.0.0.1:1000"\nhttp2_listen = "127.0.0.1:2000"\ndata_dir = "/from-file"\n')
+    loaded = config.load(file, {"ROCKET_HTTP2_LISTEN": "127.0.0.1:3000", "ROCKET_DATA_DIR": "/from-env"},
+                         {"data_dir": "/from-flag"})
+    assert loaded.listen == Address("127.0.0.1", 1000)
+    assert loaded.http2_listen == Address("127.0.0.1", 3000)
+    assert loaded.data_dir == Path("/from-flag")
+
+
+def test_defaults_are_dev_mode():
+    """With nothing given, a node runs every role on the documented ports with ./rocket-data."""
+    loaded = config.load(None, {}, {})
+    assert loaded.roles == ("nameserver", "storage", "broker")
+    assert (str(loaded.listen), str(loaded.http2_listen)) == ("127.0.0.1:9876", "127.0.0.1:9877")
+    assert loaded.data_dir == Path("rocket-data")
+
+
+@pytest.mark.parametrize(
+    "file_text, environment, flags, named",
+    [
+        ("listen = 5\n", {}, {}, "listen"),
+        ("bogus = 1\n", {}, {}, "bogus"),
+        ("listen = [\n", {}, {}, "not valid TOML"),
+        ("", {"ROCKET_SEGMENT_BYTES": "ten"}, {}, "ROCKET_SEGMENT_BYTES"),
+        ("", {}, {"roles": "broker,teapot"}, "teapot"),
+        ("", {}, {"http2_listen": "host:99999"}, "http2_listen"),
+    ],
+)
+def test_bad_values_name_their_key(tmp_path: Path, file_text, environment, flags, named):
+    """A bad setting from any source raises ConfigError whose one-line message names the culprit."""
+    file = tmp_path / "rocket.toml"
+    file.write_text(file_text)
+    with pytest.raises(ConfigError) as caught:
+        config.load(file, environment, flags)
+    assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_roles_accept_lists_and_all():
+    """Comma-separated roles and 'all' expand to the canonical order."""
+    assert config.parse_roles("roles", "broker,nameserver") == ("nameserver", "broker")
+    assert config.parse_roles("roles", "all") == config.ROLES

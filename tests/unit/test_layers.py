@@ -1,0 +1,33 @@
+"""Cores have no I/O (DESIGN.md rule 1) and the runtime never imports pyspark."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "rocket"
+IO_MODULES = {"trio", "socket", "asyncio", "time", "os", "pathlib", "plyvel", "io", "select", "threading"}
+CORES = ["serde/batch.py", "transport/frames.py"]
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("core", CORES + [str(p.relative_to(ROOT)) for p in ROOT.glob("raft/*core*.py")])
+def test_cores_import_no_io(core):
+    """A pure core imports no sockets, files, clocks or event loops."""
+    assert not imported_modules(ROOT / core) & IO_MODULES
+
+
+def test_runtime_never_imports_pyspark():
+    """Only jobs/ may use pyspark."""
+    for path in ROOT.rglob("*.py"):
+        assert "pyspark" not in imported_modules(path), path
