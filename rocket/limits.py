@@ -20,10 +20,13 @@ in_flight_requests_per_connection_max = 256  # pipelining depth before the reade
 connections_max = 4096  # open client connections per listener; file descriptors are finite
 stream_items_queued_max = 8  # server-stream items waiting for the socket before the producer blocks
 http2_streams_per_connection_max = 128  # concurrent HTTP/2 streams per connection (SETTINGS)
+http2_events_queued_max = 1024  # client-side events per stream waiting for the caller; flow control bounds bytes
 
 # Store.
 segment_bytes_max_default = 256 * MiB  # a sealed segment is the tier's upload unit
 segment_bytes_min = 1 * MiB  # smaller segments would turn every batch into a file
+log_record_bytes_max = batch_bytes_max + 64 * KiB  # a log record is one batch plus its routing header
+log_reader_fds_max = 64  # open read descriptors on sealed segments; older ones are reopened on demand
 group_commit_bytes_max = 64 * MiB  # one fdatasync covers at most this much, bounding ack latency
 group_commit_records_max = 100_000  # and at most this many records per flush
 append_queue_bytes_max = 256 * MiB  # appends waiting for a flush before producers are held back

@@ -1,0 +1,3 @@
+from rocket.cli import main
+
+main()

@@ -1,0 +1,308 @@
+"""The `rocket` command: run a node, administer topics, send, consume and benchmark."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import orjson
+import trio
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+from rich.table import Table
+
+from rocket import limits
+from rocket.client import Admin, Consumer, connect, open_producer, parse_start
+from rocket.client import bench as bench_module
+from rocket.config import ConfigError, load_from_environment
+from rocket.errors import Code, RocketError
+from rocket.model import Message
+from rocket.serde import batch as batch_codec
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="rocket: messaging and streaming on Trio.")
+topic_app = typer.Typer(no_args_is_help=True, help="Create, list and describe topics.")
+bench_app = typer.Typer(no_args_is_help=True, help="Measure produce and consume against a running server.")
+app.add_typer(topic_app, name="topic")
+app.add_typer(bench_app, name="bench")
+
+out = Console()
+err = Console(stderr=True)
+
+Server = Annotated[Optional[str], typer.Option("--server", envvar="ROCKET_SERVER", help="HOST:PORT of a rocket server.")]
+Transport = Annotated[str, typer.Option("--transport", help="tcp or http2.")]
+Serde = Annotated[str, typer.Option("--serde", help="json or avro.")]
+
+
+def _fail(message: str, status: int) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(status)
+
+
+def _runs_client(function):
+    """Run an async command body under trio, turning rocket errors into one clear line and exit 1."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return trio.run(functools.partial(function, *args, **kwargs))
+        except RocketError as error:
+            _fail(f"{error.code.name}: {error.message}", 1)
+        except KeyboardInterrupt:
+            raise typer.Exit(130)
+
+    return wrapper
+
+
+def _progress(total: int | None, unit: str = "messages") -> Progress:
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    if unit == "bytes":
+        columns = [TextColumn("[bold]{task.description}"), BarColumn(), TransferSpeedColumn(), TimeElapsedColumn()]
+    return Progress(*columns, console=err, disable=not err.is_terminal, transient=False)
+
+
+@app.command()
+def run(
+    role: Annotated[Optional[str], typer.Option("--role", help="all, or a comma-separated list of nameserver, storage, broker.")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="TOML config file.")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where data lives (default ./rocket-data).")] = None,
+    listen: Annotated[Optional[str], typer.Option("--listen", help="TCP HOST:PORT (default 127.0.0.1:9876).")] = None,
+    http2_listen: Annotated[Optional[str], typer.Option("--http2-listen", help="HTTP/2 HOST:PORT or 'off' (default 127.0.0.1:9877).")] = None,
+    log_level: Annotated[Optional[str], typer.Option("--log-level")] = None,
+) -> None:
+    """Run a node. With no flags: dev mode, all roles in one process, data in ./rocket-data."""
+    from rocket.node import run_node
+
+    flags = {"roles": role, "data_dir": data_dir, "listen": listen, "http2_listen": http2_listen, "log_level": log_level}
+    try:
+        node_config = load_from_environment(config, flags)
+    except ConfigError as error:
+        _fail(f"config: {error}", 2)
+    logging.basicConfig(level=node_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        trio.run(functools.partial(run_node, node_config))
+    except RocketError as error:
+        _fail(f"{error.code.name}: {error.message}", 2 if error.code.name == "CONFIG_INVALID" else 1)
+    except OSError as error:
+        _fail(f"cannot start: {error}", 1)
+
+
+@topic_app.command("create")
+@_runs_client
+async def topic_create(name: str, queues: Annotated[int, typer.Option("--queues")] = 8,
+                       server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Create a topic with a number of queues."""
+    async with connect(server, transport, serde) as channel:
+        spec = await Admin(channel).create_topic(name, queues)
+    out.print(f"created topic [bold]{spec.name}[/bold] with {spec.queues} queues")
+
+
+@topic_app.command("list")
+@_runs_client
+async def topic_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """List topics."""
+    async with connect(server, transport, serde) as channel:
+        admin = Admin(channel)
+        table = Table("topic", "queues", "messages", "bytes", "created")
+        for spec in await admin.list_topics():
+            _, queues = await admin.describe_topic(spec.name)
+            messages = sum(q["next_offset"] - q["min_offset"] for q in queues)
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(spec.created_ms / 1000))
+            table.add_row(spec.name, str(spec.queues), f"{messages:,}", f"{sum(q['bytes'] for q in queues):,}", created)
+    out.print(table)
+
+
+@topic_app.command("describe")
+@_runs_client
+async def topic_describe(name: str, server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Show a topic's queues: offsets and sizes."""
+    async with connect(server, transport, serde) as channel:
+        spec, queues = await Admin(channel).describe_topic(name)
+    table = Table("queue", "min offset", "next offset", "messages", "bytes", title=f"topic {spec.name}")
+    for q in queues:
+        table.add_row(str(q["queue"]), f"{q['min_offset']:,}", f"{q['next_offset']:,}",
+                      f"{q['next_offset'] - q['min_offset']:,}", f"{q['bytes']:,}")
+    out.print(table)
+
+
+def _read_chunks(stream, chunk_bytes: int):
+    """Yield chunks of whole lines (each ending in a newline), read in large blocks."""
+    carry = b""
+    while True:
+        block = stream.read(chunk_bytes)
+        if not block:
+            break
+        data = carry + block
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            if len(data) > limits.message_bytes_max:
+                raise RocketError(Code.BAD_REQUEST, f"a line is longer than the message limit of {limits.message_bytes_max} bytes")
+            carry = data
+            continue
+        carry = data[cut:]
+        yield data[:cut]
+    if carry:
+        yield carry + b"\n"
+
+
+@app.command()
+@_runs_client
+async def send(
+    topic: str,
+    body: Annotated[Optional[str], typer.Argument(help="Message body; omit with --file.")] = None,
+    key: Annotated[str, typer.Option("--key")] = "",
+    tag: Annotated[str, typer.Option("--tag")] = "",
+    prop: Annotated[Optional[list[str]], typer.Option("--prop", help="NAME=VALUE, repeatable.")] = None,
+    file: Annotated[Optional[str], typer.Option("--file", help="Send each line of a file ('-' for stdin).")] = None,
+    server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+) -> None:
+    """Send one message, or every line of a file as fast as the disk takes them."""
+    if (body is None) == (file is None):
+        _fail("give a message body or --file, not both", 2)
+    properties = {}
+    for item in prop or []:
+        name, separator, value = item.partition("=")
+        if not separator or not name:
+            _fail(f"--prop {item!r}: expected NAME=VALUE", 2)
+        properties[name] = value
+    async with connect(server, transport, serde) as channel, open_producer(channel, topic) as producer:
+        if file is None:
+            message = await producer.send(Message(body.encode(), key=key, tag=tag, properties=properties))
+            out.print(f"sent to {topic} queue {message.queue} offset {message.offset}")
+            return
+        await _send_lines(producer, file)
+
+
+async def _send_lines(producer, file: str) -> None:
+    stream = sys.stdin.buffer if file == "-" else open(file, "rb")
+    total = None if file == "-" else os.path.getsize(file)
+    sent_messages = 0
+    chunk_bytes = limits.producer_batch_bytes_default
+    with _progress(total, "bytes") as progress:
+        task = progress.add_task("sending", total=total)
+        chunks = _read_chunks(stream, chunk_bytes)
+        while True:
+            chunk = await trio.to_thread.run_sync(next, chunks, None)
+            if chunk is None:
+                break
+            await producer.send_encoded(batch_codec.encode_lines(chunk, int(time.time() * 1000)))
+            sent_messages += chunk.count(b"\n")
+            progress.update(task, advance=len(chunk))
+        await producer.flush()
+    out.print(f"sent {sent_messages:,} messages to {producer.topic}")
+
+
+def _format(message: Message, topic: str, output_format: str) -> bytes:
+    if output_format == "json":
+        return orjson.dumps({
+            "topic": topic, "queue": message.queue, "offset": message.offset, "key": message.key,
+            "tag": message.tag, "properties": message.properties, "timestamp_ms": message.timestamp_ms,
+            "body": message.body.decode("utf-8", "replace"),
+        }) + b"\n"
+    if output_format == "raw":
+        return message.body + b"\n"
+    meta = f"{message.queue}:{message.offset}"
+    if message.key:
+        meta += f" key={message.key}"
+    if message.tag:
+        meta += f" tag={message.tag}"
+    for name, value in message.properties.items():
+        meta += f" {name}={value}"
+    return meta.encode() + b" " + message.body + b"\n"
+
+
+@app.command()
+@_runs_client
+async def consume(
+    topic: str,
+    group: Annotated[str, typer.Option("--group", help="Consumer group; its position is stored on the server.")],
+    count: Annotated[Optional[int], typer.Option("--count", help="Stop after this many messages.")] = None,
+    start: Annotated[str, typer.Option("--from", help="Where a new group starts: earliest, latest or an ISO time.")] = "earliest",
+    follow: Annotated[bool, typer.Option("--follow", help="Keep waiting for new messages.")] = False,
+    output_format: Annotated[str, typer.Option("--format", help="text, json or raw (body only).")] = "text",
+    server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+) -> None:
+    """Consume a topic as a group, printing messages and committing the group's position."""
+    if output_format not in ("text", "json", "raw"):
+        _fail(f"--format {output_format!r}: expected text, json or raw", 2)
+    async with connect(server, transport, serde) as channel:
+        consumer = Consumer(channel, topic, group, start=parse_start(start), wait_ms=1000 if (follow or count) else 300)
+        await consumer.open()
+        received = 0
+        with _progress(count) as progress:
+            task = progress.add_task("consuming", total=count)
+            while count is None or received < count:
+                messages = await consumer.poll(limit=None if count is None else count - received)
+                if not messages and not follow and count is None:
+                    break
+                if messages:
+                    sys.stdout.buffer.write(b"".join(_format(m, topic, output_format) for m in messages))
+                    sys.stdout.buffer.flush()
+                    received += len(messages)
+                    progress.update(task, advance=len(messages))
+                    await consumer.commit()
+    err.print(f"consumed {received:,} messages from {topic} as group {group}")
+
+
+def _bench_report(title: str, result: dict, disk: dict, json_file: Optional[Path]) -> None:
+    ratio = result["mb_per_s"] / disk["mb_per_s"] if disk["mb_per_s"] else 0.0
+    table = Table("metric", "value", title=title)
+    for name, value in result.items():
+        table.add_row(name, f"{value:,.2f}" if isinstance(value, float) else str(value))
+    table.add_row("raw disk MB/s (1 MiB + fdatasync)", f"{disk['mb_per_s']:,.1f}")
+    table.add_row("ratio to raw disk", f"{ratio:.2f}")
+    out.print(table)
+    if json_file:
+        json_file.write_text(json.dumps({"result": result, "raw_disk": disk, "ratio_to_raw_disk": ratio}, indent=2))
+
+
+@bench_app.command("produce")
+@_runs_client
+async def bench_produce(
+    messages: Annotated[int, typer.Option("--messages")] = 200_000,
+    size: Annotated[int, typer.Option("--size", help="Body bytes per message.")] = 1024,
+    batch_bytes: Annotated[int, typer.Option("--batch-bytes")] = limits.producer_batch_bytes_default,
+    in_flight: Annotated[int, typer.Option("--in-flight", help="Batches in flight at once.")] = 16,
+    topic: Annotated[Optional[str], typer.Option("--topic")] = None,
+    disk_dir: Annotated[Path, typer.Option("--disk-dir", help="Directory on the server's data disk.")] = Path("rocket-data"),
+    json_file: Annotated[Optional[Path], typer.Option("--json", help="Write results as JSON here.")] = None,
+    server: Server = None, transport: Transport = "tcp", serde: Serde = "avro",
+) -> None:
+    """Durable produce throughput and latency, beside the disk's raw fdatasync bandwidth."""
+    disk = await trio.to_thread.run_sync(bench_module.raw_disk_bandwidth, disk_dir)
+    async with connect(server, transport, serde) as channel:
+        with _progress(messages) as progress:
+            task = progress.add_task("producing", total=messages)
+            result = await bench_module.bench_produce(
+                channel, messages=messages, size=size, batch_bytes=batch_bytes, in_flight=in_flight, topic=topic,
+                on_progress=lambda n: progress.update(task, advance=n))
+    _bench_report("rocket bench produce", result, disk, json_file)
+
+
+@bench_app.command("consume")
+@_runs_client
+async def bench_consume(
+    topic: Annotated[str, typer.Option("--topic", help="A topic filled by bench produce.")],
+    messages: Annotated[int, typer.Option("--messages")] = 200_000,
+    disk_dir: Annotated[Path, typer.Option("--disk-dir")] = Path("rocket-data"),
+    json_file: Annotated[Optional[Path], typer.Option("--json")] = None,
+    server: Server = None, transport: Transport = "tcp", serde: Serde = "avro",
+) -> None:
+    """Consume throughput from the earliest offset, as a new group."""
+    disk = await trio.to_thread.run_sync(bench_module.raw_disk_bandwidth, disk_dir)
+    async with connect(server, transport, serde) as channel:
+        with _progress(messages) as progress:
+            task = progress.add_task("consuming", total=messages)
+            result = await bench_module.bench_consume(channel, topic=topic, messages=messages,
+                                                      on_progress=lambda n: progress.update(task, advance=n))
+    _bench_report("rocket bench consume", result, disk, json_file)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,109 @@
+"""Benchmarks driven from the client: produce and consume throughput and latency, and the raw
+durable write bandwidth of a directory's disk (1 MiB writes + fdatasync), measured in the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import trio
+
+from rocket import limits
+from rocket.client.consumer import Consumer
+from rocket.client.producer import Receipt, open_producer
+from rocket.model import Message
+from rocket.serde import batch as batch_codec
+
+
+def raw_disk_bandwidth(directory: Path, total_bytes: int = 256 * limits.MiB, seconds_max: float = 5.0) -> dict:
+    """Write 1 MiB blocks with fdatasync after each, as a durable log would; MB/s and fsync latency."""
+    directory.mkdir(parents=True, exist_ok=True)
+    block = os.urandom(limits.MiB)
+    written = 0
+    latencies = []
+    with tempfile.NamedTemporaryFile(dir=directory, prefix="rocket-disk-probe-") as probe:
+        started = time.perf_counter()
+        while written < total_bytes and time.perf_counter() - started < seconds_max:
+            before = time.perf_counter()
+            os.write(probe.fileno(), block)
+            os.fdatasync(probe.fileno())
+            latencies.append(time.perf_counter() - before)
+            written += len(block)
+        elapsed = time.perf_counter() - started
+    return {"bytes": written, "seconds": elapsed, "mb_per_s": written / elapsed / 1e6,
+            "fdatasync_ms_p50": percentile(latencies, 50) * 1000}
+
+
+def percentile(values: list[float], rank: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * rank / 100))]
+
+
+def build_batches(messages: int, size: int, batch_bytes: int) -> list[bytes]:
+    """Encode the whole workload before the clock starts, so the run measures the server path."""
+    body = os.urandom(size)
+    per_batch = max(1, batch_bytes // (size + 16))
+    now_ms = int(time.time() * 1000)
+    template = [Message(body, key=f"k{index}") for index in range(per_batch)]
+    batches = []
+    remaining = messages
+    while remaining > 0:
+        count = min(per_batch, remaining)
+        batches.append(batch_codec.encode(template[:count], now_ms))
+        remaining -= count
+    return batches
+
+
+async def bench_produce(channel, *, messages: int, size: int, batch_bytes: int, in_flight: int,
+                        topic: str | None = None, queues: int = 8, on_progress=None) -> dict:
+    topic = topic or f"bench-{uuid.uuid4().hex[:8]}"
+    topics = await channel.call("ListTopics", {})
+    if topic not in {entry["name"] for entry in topics["topics"]}:
+        await channel.call("CreateTopic", {"topic": topic, "queues": queues})
+    batches = build_batches(messages, size, batch_bytes)
+    receipts: list[Receipt] = []
+    async with open_producer(channel, topic, in_flight_max=in_flight) as producer:
+        started = time.perf_counter()
+        for encoded in batches:
+            await producer.send_encoded(encoded, -1, receipts)
+            if on_progress:
+                on_progress(batch_codec.peek_count(encoded))
+        await producer.flush()
+        elapsed = time.perf_counter() - started
+    latencies = [receipt.latency_s for receipt in receipts]
+    payload_bytes = messages * size
+    return {
+        "topic": topic, "messages": messages, "message_bytes": size, "batches": len(batches),
+        "seconds": elapsed, "messages_per_s": messages / elapsed, "mb_per_s": payload_bytes / elapsed / 1e6,
+        "wire_mb_per_s": sum(len(b) for b in batches) / elapsed / 1e6,
+        "latency_ms_p50": percentile(latencies, 50) * 1000, "latency_ms_p99": percentile(latencies, 99) * 1000,
+        "latency_ms_max": max(latencies) * 1000 if latencies else 0.0,
+        "note": "latency is per batch, from send to durable acknowledgement",
+    }
+
+
+async def bench_consume(channel, *, topic: str, messages: int, on_progress=None) -> dict:
+    consumer = Consumer(channel, topic, f"bench-{uuid.uuid4().hex[:8]}", start="earliest", wait_ms=200,
+                        max_bytes=limits.read_bytes_max)
+    await consumer.open()
+    received = 0
+    payload = 0
+    started = time.perf_counter()
+    while received < messages:
+        with trio.move_on_after(10) as scope:
+            batch = await consumer.poll()
+        if scope.cancelled_caught or not batch:
+            break
+        received += len(batch)
+        payload += sum(len(message.body) for message in batch)
+        if on_progress:
+            on_progress(len(batch))
+    elapsed = time.perf_counter() - started
+    return {"topic": topic, "messages": received, "seconds": elapsed, "messages_per_s": received / elapsed,
+            "mb_per_s": payload / elapsed / 1e6, "note": "includes client-side decoding of every message"}

@@ -1,0 +1,95 @@
+"""The consumer: pulls a topic's queues for a group with long polling, decodes batches client-side,
+cuts them at the requested offsets, and commits the group's positions in storage.
+
+Where the group has no committed position for a queue, `start` decides: earliest, latest, or a time.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.model import Message, check_group_name
+from rocket.serde import batch as batch_codec
+
+
+def parse_start(text: str) -> str | int:
+    """'earliest', 'latest', or an ISO-8601 time (UTC unless it names a zone) as epoch ms."""
+    import datetime
+
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise RocketError(Code.BAD_REQUEST, f"--from {text!r}: expected earliest, latest or an ISO time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+class Consumer:
+    def __init__(self, channel, topic: str, group: str, *, start: str | int = "latest",
+                 max_bytes: int = 4 * limits.MiB, wait_ms: int = 1000):
+        self.channel = channel
+        self.topic = topic
+        self.group = check_group_name(group)
+        self.start = start
+        self.max_bytes = max_bytes
+        self.wait_ms = wait_ms
+        self.positions: dict[int, int] = {}
+        self._committed: dict[int, int] = {}
+
+    async def open(self) -> None:
+        described = await self.channel.call("DescribeTopic", {"topic": self.topic})
+        queues = described["topic"]["queues"]
+        committed = await self.channel.call("FetchOffsets", {"group": self.group, "topic": self.topic})
+        self._committed = {entry["queue"]: entry["offset"] for entry in committed["offsets"]}
+        if self.start == "earliest":
+            fallback = {entry["queue"]: entry["min_offset"] for entry in described["queues"]}
+        elif self.start == "latest":
+            fallback = {entry["queue"]: entry["next_offset"] for entry in described["queues"]}
+        else:
+            found = await self.channel.call("SearchOffset", {"topic": self.topic, "timestamp_ms": self.start})
+            fallback = {entry["queue"]: entry["offset"] for entry in found["offsets"]}
+        self.positions = {queue: self._committed.get(queue, fallback[queue]) for queue in range(queues)}
+
+    async def poll(self, wait_ms: int | None = None, limit: int | None = None) -> list[Message]:
+        """One long-polling pull over every queue; returns at most limit messages in per-queue order."""
+        request = {
+            "topic": self.topic,
+            "queues": [{"queue": queue, "offset": offset} for queue, offset in self.positions.items()],
+            "max_bytes": self.max_bytes,
+            "wait_ms": self.wait_ms if wait_ms is None else wait_ms,
+        }
+        response = await self.channel.call("Pull", request, timeout_s=limits.request_timeout_s_default + request["wait_ms"] / 1000)
+        messages: list[Message] = []
+        for stored in response["batches"]:
+            queue = stored["queue"]
+            wanted = self.positions[queue]
+            decoded = batch_codec.decode(stored["batch"], stored["base_offset"], queue)
+            messages.extend(decoded[max(0, wanted - stored["base_offset"]):])
+        for entry in response["next_offsets"]:
+            self.positions[entry["queue"]] = max(self.positions[entry["queue"]], entry["offset"])
+        if limit is not None and len(messages) > limit:
+            # Hand out only limit messages; each queue resumes at its first message not handed out.
+            for message in reversed(messages[limit:]):
+                self.positions[message.queue] = message.offset
+            del messages[limit:]
+        return messages
+
+    async def commit(self) -> None:
+        """Store the group's position for every queue that moved since the last commit."""
+        moved = [{"queue": queue, "offset": offset} for queue, offset in self.positions.items()
+                 if self._committed.get(queue) != offset]
+        if moved:
+            await self.channel.call("CommitOffsets", {"group": self.group, "topic": self.topic, "offsets": moved})
+            self._committed.update({entry["queue"]: entry["offset"] for entry in moved})
+
+
+@asynccontextmanager
+async def open_consumer(channel, topic: str, group: str, **options):
+    consumer = Consumer(channel, topic, group, **options)
+    await consumer.open()
+    yield consumer

@@ -1,0 +1,168 @@
+"""The producer: batches messages per queue (bounded linger and size) and pipelines batches.
+
+Three ways in: send() for one message at a time (batched with concurrent senders by linger),
+send_many() for a list, and send_encoded() for batches the caller built (e.g. lines of a file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from contextlib import asynccontextmanager
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.model import Message, queue_for_key
+from rocket.serde import batch as batch_codec
+
+
+@dataclasses.dataclass(slots=True)
+class Receipt:
+    queue: int
+    base_offset: int
+    count: int
+    latency_s: float
+
+
+@dataclasses.dataclass
+class _Pending:
+    """Messages waiting for the linger timer, with one event their senders wait on."""
+
+    messages: list[Message] = dataclasses.field(default_factory=list)
+    bytes: int = 0
+    done: trio.Event = dataclasses.field(default_factory=trio.Event)
+    receipt: Receipt | None = None
+    error: RocketError | None = None
+
+
+class Producer:
+    def __init__(self, channel, topic: str, queues: int, nursery: trio.Nursery, *,
+                 linger_s: float, batch_bytes: int, in_flight_max: int):
+        self.channel = channel
+        self.topic = topic
+        self.queues = queues
+        self._nursery = nursery
+        self._linger_s = linger_s
+        self._batch_bytes = min(batch_bytes, limits.batch_bytes_max - batch_codec.HEADER_BYTES)
+        self._in_flight = trio.Semaphore(in_flight_max)
+        self._pending: dict[int, _Pending] = {}
+        self._round_robin = 0
+        self._failure: RocketError | None = None
+        self._idle = trio.Event()
+        self._tasks = 0
+        self._idle.set()
+
+    def _choose_queue(self, message: Message) -> int:
+        if message.key:
+            return queue_for_key(message.key, self.queues)
+        self._round_robin = (self._round_robin + 1) % self.queues
+        return self._round_robin
+
+    async def send(self, message: Message) -> Message:
+        """Send one message; returns it with queue and offset once it is durable."""
+        queue = self._choose_queue(message)
+        pending = self._pending.get(queue)
+        if pending is None:
+            pending = self._pending[queue] = _Pending()
+            self._nursery.start_soon(self._linger_then_flush, queue, pending)
+        index = len(pending.messages)
+        pending.messages.append(message)
+        pending.bytes += len(message.body) + len(message.key) + 32
+        if pending.bytes >= self._batch_bytes:
+            self._flush_pending(queue)
+        await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        message.queue = pending.receipt.queue
+        message.offset = pending.receipt.base_offset + index
+        return message
+
+    async def _linger_then_flush(self, queue: int, pending: _Pending) -> None:
+        await trio.sleep(self._linger_s)
+        if self._pending.get(queue) is pending:
+            self._flush_pending(queue)
+
+    def _flush_pending(self, queue: int) -> None:
+        pending = self._pending.pop(queue)
+        self._nursery.start_soon(self._send_pending, queue, pending)
+
+    async def _send_pending(self, queue: int, pending: _Pending) -> None:
+        try:
+            encoded = batch_codec.encode(pending.messages, int(time.time() * 1000))
+            async with self._in_flight:
+                pending.receipt = await self._produce(encoded, queue)
+        except RocketError as error:
+            pending.error = error
+        finally:
+            pending.done.set()
+
+    async def _produce(self, encoded: bytes, queue: int) -> Receipt:
+        started = time.perf_counter()
+        response = await self.channel.call("Produce", {"topic": self.topic, "queue": queue, "batch": encoded})
+        return Receipt(response["queue"], response["base_offset"], response["count"], time.perf_counter() - started)
+
+    async def send_many(self, messages: list[Message]) -> list[Receipt]:
+        """Group messages into batches per queue and send them pipelined; returns one receipt per batch."""
+        by_queue: dict[int, list[Message]] = {}
+        for message in messages:
+            by_queue.setdefault(self._choose_queue(message), []).append(message)
+        receipts: list[Receipt] = []
+        now_ms = int(time.time() * 1000)
+        for queue, group in by_queue.items():
+            start = 0
+            size = 0
+            for index, message in enumerate(group):
+                size += len(message.body) + len(message.key) + 32
+                if size >= self._batch_bytes or index == len(group) - 1:
+                    await self.send_encoded(batch_codec.encode(group[start:index + 1], now_ms), queue, receipts)
+                    start, size = index + 1, 0
+        await self.flush()
+        return receipts
+
+    async def send_encoded(self, encoded: bytes, queue: int = -1, receipts: list[Receipt] | None = None) -> None:
+        """Start sending an encoded batch; waits only for room in the in-flight window."""
+        if self._failure is not None:
+            raise self._failure
+        await self._in_flight.acquire()
+        if self._tasks == 0:
+            self._idle = trio.Event()
+        self._tasks += 1
+        self._nursery.start_soon(self._send_tracked, encoded, queue, receipts)
+
+    async def _send_tracked(self, encoded: bytes, queue: int, receipts: list[Receipt] | None) -> None:
+        try:
+            receipt = await self._produce(encoded, queue)
+            if receipts is not None:
+                receipts.append(receipt)
+        except RocketError as error:
+            if self._failure is None:
+                self._failure = error
+        finally:
+            self._in_flight.release()
+            self._tasks -= 1
+            if self._tasks == 0:
+                self._idle.set()
+
+    async def flush(self) -> None:
+        """Wait for every batch sent so far; raise the first failure among them."""
+        for queue in list(self._pending):
+            self._flush_pending(queue)
+        await self._idle.wait()
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+
+
+@asynccontextmanager
+async def open_producer(channel, topic: str, *, linger_s: float = limits.producer_linger_ms_default / 1000,
+                        batch_bytes: int = limits.producer_batch_bytes_default,
+                        in_flight_max: int = limits.producer_in_flight_batches_max):
+    described = await channel.call("DescribeTopic", {"topic": topic})
+    queues = described["topic"]["queues"]
+    async with trio.open_nursery() as nursery:
+        producer = Producer(channel, topic, queues, nursery, linger_s=linger_s, batch_bytes=batch_bytes,
+                            in_flight_max=in_flight_max)
+        yield producer
+        await producer.flush()

@@ -1,0 +1,235 @@
+"""The commit log: segment files of checksummed records, addressed by global byte position.
+
+Plain blocking file I/O (the group store runs writes and fsyncs in a worker thread). On open, a
+torn tail is cut back to the last good record; damage with valid records after it is reported.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import struct
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+
+from rocket import limits
+from rocket.errors import Code, RocketError, invariant
+
+MAGIC = 0x524B4C47  # "RKLG"
+_magic_bytes = struct.pack("<I", MAGIC)
+_header = struct.Struct("<IIIB")  # magic, body length, crc32 (over length, kind, body), kind
+HEADER_BYTES = _header.size
+_length_kind = struct.Struct("<IB")
+SUFFIX = ".log"
+
+
+def _crc(body_length: int, kind: int, body: bytes | memoryview) -> int:
+    return zlib.crc32(body, zlib.crc32(_length_kind.pack(body_length, kind)))
+
+
+def encode_record(kind: int, body: bytes) -> bytes:
+    return _header.pack(MAGIC, len(body), _crc(len(body), kind, body), kind) + body
+
+
+def _record_at(view: memoryview, position: int) -> tuple[int, int] | None:
+    """(kind, end) of a valid record starting at position in view, or None."""
+    if position + HEADER_BYTES > len(view):
+        return None
+    magic, length, crc, kind = _header.unpack_from(view, position)
+    end = position + HEADER_BYTES + length
+    if magic != MAGIC or length > limits.log_record_bytes_max or end > len(view):
+        return None
+    if _crc(length, kind, view[position + HEADER_BYTES : end]) != crc:
+        return None
+    return kind, end
+
+
+def _valid_record_after(view: memoryview, data: mmap.mmap, position: int) -> int | None:
+    """The position of any valid record after position (used to tell a torn tail from damage)."""
+    candidate = data.find(_magic_bytes, position + 1)
+    while candidate != -1:
+        if _record_at(view, candidate) is not None:
+            return candidate
+        candidate = data.find(_magic_bytes, candidate + 1)
+    return None
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+class CommitLog:
+    def __init__(self, directory: Path, segment_bytes_max: int):
+        invariant(segment_bytes_max >= limits.segment_bytes_min, "segments must hold at least one big batch")
+        self.directory = directory
+        self.segment_bytes_max = segment_bytes_max
+        self._starts: list[int] = []
+        self._active_fd = -1
+        self._active_size = 0
+        self._unsynced_fds: list[int] = []
+        self._readers: OrderedDict[int, int] = OrderedDict()
+        self._directory_dirty = False
+
+    @classmethod
+    def open(cls, directory: Path, segment_bytes_max: int = limits.segment_bytes_max_default) -> "CommitLog":
+        directory.mkdir(parents=True, exist_ok=True)
+        log = cls(directory, segment_bytes_max)
+        log._starts = sorted(int(path.name[: -len(SUFFIX)]) for path in directory.glob(f"*{SUFFIX}"))
+        if not log._starts:
+            log._starts = [0]
+            log._path(0).touch()
+            _fsync_directory(directory)
+        last = log._starts[-1]
+        log._active_size = log._recover_tail(log._path(last))
+        log._active_fd = os.open(log._path(last), os.O_WRONLY | os.O_APPEND)
+        return log
+
+    def _path(self, start: int) -> Path:
+        return self.directory / f"{start:020d}{SUFFIX}"
+
+    def _recover_tail(self, path: Path) -> int:
+        """Verify the last segment; cut a torn tail back; report damage followed by good records."""
+        size = path.stat().st_size
+        if size == 0:
+            return 0
+        with open(path, "r+b") as file:
+            data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            view = memoryview(data)
+            try:
+                position = 0
+                while position < size:
+                    found = _record_at(view, position)
+                    if found is None:
+                        following = _valid_record_after(view, data, position)
+                        if following is not None:
+                            raise RocketError(
+                                Code.CORRUPT_DATA,
+                                f"{path}: damaged record at byte {position} with valid records after it "
+                                f"(next at byte {following}); refusing to cut acknowledged data",
+                            )
+                        break
+                    position = found[1]
+            finally:
+                view.release()
+                data.close()
+            if position < size:
+                file.truncate(position)
+                file.flush()
+                os.fsync(file.fileno())
+        return position
+
+    @property
+    def end_position(self) -> int:
+        return self._starts[-1] + self._active_size
+
+    @property
+    def start_position(self) -> int:
+        return self._starts[0]
+
+    def segments(self) -> list[tuple[int, Path, int]]:
+        return [(start, self._path(start), self._path(start).stat().st_size) for start in self._starts]
+
+    def append(self, records: list[tuple[int, bytes]]) -> list[int]:
+        """Write records after the end (not synced); returns their positions."""
+        positions: list[int] = []
+        chunk: list[bytes] = []
+        for kind, body in records:
+            encoded = encode_record(kind, body)
+            invariant(len(encoded) <= self.segment_bytes_max, "a record must fit in a segment")
+            if self._active_size + sum(map(len, chunk)) + len(encoded) > self.segment_bytes_max and (
+                self._active_size or chunk
+            ):
+                self._write(chunk)
+                chunk = []
+                self._roll()
+            positions.append(self.end_position + sum(map(len, chunk)))
+            chunk.append(encoded)
+        self._write(chunk)
+        return positions
+
+    def _write(self, chunk: list[bytes]) -> None:
+        if not chunk:
+            return
+        data = memoryview(b"".join(chunk))
+        while data:
+            written = os.write(self._active_fd, data)
+            data = data[written:]
+            self._active_size += written
+        if self._active_fd not in self._unsynced_fds:
+            self._unsynced_fds.append(self._active_fd)
+
+    def _roll(self) -> None:
+        start = self.end_position
+        self._starts.append(start)
+        self._active_fd = os.open(self._path(start), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        self._active_size = 0
+        self._directory_dirty = True
+
+    def sync(self) -> None:
+        """Make everything appended so far durable: data of every touched segment, and new file names."""
+        for descriptor in self._unsynced_fds:
+            os.fdatasync(descriptor)
+            if descriptor != self._active_fd:
+                os.close(descriptor)
+        self._unsynced_fds = []
+        if self._directory_dirty:
+            _fsync_directory(self.directory)
+            self._directory_dirty = False
+
+    def _reader(self, start: int) -> int:
+        descriptor = self._readers.get(start)
+        if descriptor is None:
+            descriptor = os.open(self._path(start), os.O_RDONLY)
+            self._readers[start] = descriptor
+            if len(self._readers) > limits.log_reader_fds_max:
+                os.close(self._readers.popitem(last=False)[1])
+        else:
+            self._readers.move_to_end(start)
+        return descriptor
+
+    def read(self, position: int) -> tuple[int, bytes]:
+        """The (kind, body) of the record at position, checked against its CRC."""
+        index = bisect.bisect_right(self._starts, position) - 1
+        if index < 0 or position >= self.end_position:
+            raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"log position {position} is outside the log")
+        start = self._starts[index]
+        descriptor = self._reader(start)
+        head = os.pread(descriptor, HEADER_BYTES, position - start)
+        if len(head) < HEADER_BYTES:
+            raise self._damage(start, position, "record header runs past the end of the segment")
+        magic, length, crc, kind = _header.unpack(head)
+        if magic != MAGIC or length > limits.log_record_bytes_max:
+            raise self._damage(start, position, "bad record header")
+        body = os.pread(descriptor, length, position - start + HEADER_BYTES)
+        if len(body) != length or _crc(length, kind, body) != crc:
+            raise self._damage(start, position, "record checksum mismatch")
+        return kind, body
+
+    def _damage(self, start: int, position: int, problem: str) -> RocketError:
+        return RocketError(Code.CORRUPT_DATA, f"{self._path(start)}: {problem} at byte {position - start}")
+
+    def scan(self, from_position: int) -> Iterator[tuple[int, int, bytes]]:
+        """Every record from from_position to the end as (position, kind, body), each verified.
+        Segments are contiguous: each starts at the position where the previous one ended."""
+        position = from_position
+        while position < self.end_position:
+            kind, body = self.read(position)
+            yield position, kind, body
+            position += HEADER_BYTES + len(body)
+
+    def close(self) -> None:
+        for descriptor in set(self._unsynced_fds) | {self._active_fd}:
+            if descriptor >= 0:
+                os.close(descriptor)
+        for descriptor in self._readers.values():
+            os.close(descriptor)
+        self._readers.clear()
+        self._unsynced_fds = []
+        self._active_fd = -1

@@ -1,0 +1,132 @@
+"""The queue index and consumer offsets on LevelDB (plyvel): derived state, written without sync
+and rebuilt by replaying the commit log. Sparse: one key per batch, not per message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import struct
+from pathlib import Path
+
+import plyvel
+
+_u32 = struct.Struct(">I")
+_u64 = struct.Struct(">Q")
+_entry = struct.Struct(">QIIqQ")  # log position, count, batch bytes, first timestamp ms, append time ms
+_stats = struct.Struct(">QQQ")  # next offset, bytes, last append ms
+_applied_key = b"m/applied"
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class IndexEntry:
+    base_offset: int
+    position: int
+    count: int
+    batch_bytes: int
+    first_timestamp_ms: int
+    append_ms: int
+
+
+@dataclasses.dataclass(slots=True)
+class QueueStats:
+    next_offset: int = 0
+    bytes: int = 0
+    last_append_ms: int = 0
+
+
+def _queue_prefix(kind: bytes, topic: str, queue: int) -> bytes:
+    return kind + topic.encode() + b"\0" + _u32.pack(queue)
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key that starts with prefix."""
+    trimmed = prefix.rstrip(b"\xff")
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+def _offsets_prefix(group: str, topic: str) -> bytes:
+    return b"o" + group.encode() + b"\0" + topic.encode() + b"\0"
+
+
+class QueueIndex:
+    def __init__(self, path: Path):
+        self.path = path
+        self._db = plyvel.DB(str(path), create_if_missing=True)
+
+    def destroy_and_reopen(self) -> None:
+        self._db.close()
+        shutil.rmtree(self.path)
+        self._db = plyvel.DB(str(self.path), create_if_missing=True)
+
+    @property
+    def applied_position(self) -> int:
+        raw = self._db.get(_applied_key)
+        return _u64.unpack(raw)[0] if raw else 0
+
+    def apply(self, entries: list[tuple[str, int, IndexEntry]], stats: dict[tuple[str, int], QueueStats],
+              commits: list[tuple[str, str, dict[int, int]]], applied_position: int) -> None:
+        """Record flushed batches, queue stats and offset commits, up to applied_position, in one write."""
+        with self._db.write_batch(sync=False) as batch:
+            for topic, queue, entry in entries:
+                batch.put(_queue_prefix(b"q", topic, queue) + _u64.pack(entry.base_offset),
+                          _entry.pack(entry.position, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
+                                      entry.append_ms))
+                batch.put(_queue_prefix(b"t", topic, queue) + _u64.pack(entry.append_ms) + _u64.pack(entry.base_offset), b"")
+            for (topic, queue), queue_stats in stats.items():
+                batch.put(_queue_prefix(b"s", topic, queue),
+                          _stats.pack(queue_stats.next_offset, queue_stats.bytes, queue_stats.last_append_ms))
+            for group, topic, offsets in commits:
+                prefix = _offsets_prefix(group, topic)
+                for queue, offset in offsets.items():
+                    batch.put(prefix + _u32.pack(queue), _u64.pack(offset))
+            batch.put(_applied_key, _u64.pack(applied_position))
+
+    def all_stats(self) -> dict[tuple[str, int], QueueStats]:
+        result = {}
+        for key, value in self._db.iterator(prefix=b"s"):
+            topic, queue = key[1:-5].decode(), _u32.unpack(key[-4:])[0]  # topic, NUL, queue u32
+            result[(topic, queue)] = QueueStats(*_stats.unpack(value))
+        return result
+
+    def locate(self, topic: str, queue: int, offset: int, max_bytes: int) -> list[IndexEntry]:
+        """Entries from the batch holding offset onwards, until max_bytes (at least one entry)."""
+        prefix = _queue_prefix(b"q", topic, queue)
+        start = prefix
+        with self._db.iterator(start=prefix, stop=prefix + _u64.pack(offset + 1), reverse=True) as backwards:
+            for key, _ in backwards:
+                start = key
+                break
+        found: list[IndexEntry] = []
+        total = 0
+        with self._db.iterator(start=start, stop=_prefix_end(prefix)) as forwards:
+            for key, value in forwards:
+                entry = IndexEntry(_u64.unpack(key[-8:])[0], *_entry.unpack(value))
+                if found and total + entry.batch_bytes > max_bytes:
+                    break
+                found.append(entry)
+                total += entry.batch_bytes
+        return found
+
+    def first_offset(self, topic: str, queue: int) -> int | None:
+        with self._db.iterator(prefix=_queue_prefix(b"q", topic, queue), include_value=False) as keys:
+            for key in keys:
+                return _u64.unpack(key[-8:])[0]
+        return None
+
+    def offset_for_time(self, topic: str, queue: int, timestamp_ms: int) -> int | None:
+        """Base offset of the first batch appended at or after timestamp_ms, if any."""
+        prefix = _queue_prefix(b"t", topic, queue)
+        start = prefix + _u64.pack(max(0, timestamp_ms))
+        with self._db.iterator(start=start, stop=_prefix_end(prefix), include_value=False) as keys:
+            for key in keys:
+                return _u64.unpack(key[-8:])[0]
+        return None
+
+    def offsets(self, group: str, topic: str) -> dict[int, int]:
+        prefix = _offsets_prefix(group, topic)
+        return {_u32.unpack(key[len(prefix):])[0]: _u64.unpack(value)[0]
+                for key, value in self._db.iterator(prefix=prefix)}
+
+    def close(self) -> None:
+        self._db.close()

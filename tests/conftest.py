@@ -1,0 +1,86 @@
+"""Shared fixtures: an in-process node on free ports, and a real `rocket run` subprocess."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rocket import config as config_module
+
+READY = re.compile(rb"rocket ready tcp=[^:]+:(\d+) http2=(\d+|off)")
+
+
+def node_config(data_dir: Path, **overrides) -> config_module.NodeConfig:
+    flags = {"data_dir": data_dir, "listen": "127.0.0.1:0", "http2_listen": "127.0.0.1:0", **overrides}
+    return config_module.load(None, {}, flags)
+
+
+@pytest.fixture
+async def node(nursery, tmp_path):
+    """An in-process dev-mode node; yields its Ready (ports). Cancelled with the test's nursery."""
+    from rocket.node import run_node
+
+    return await nursery.start(lambda task_status: run_node(node_config(tmp_path / "data"), handle_signals=False,
+                                                            task_status=task_status))
+
+
+class ServerProcess:
+    """`python -m rocket run` as a user would start it, on free ports, killable and restartable."""
+
+    def __init__(self, data_dir: Path, log_path: Path):
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self.tcp_port = 0
+        self.http2_port = 0
+
+    def start(self, timeout_s: float = 30.0, extra: tuple[str, ...] = ()) -> "ServerProcess":
+        command = [sys.executable, "-m", "rocket", "run", "--data-dir", str(self.data_dir),
+                   "--listen", "127.0.0.1:0", "--http2-listen", "127.0.0.1:0", *extra]
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"rocket run exited with {self.process.wait()}: {self.log_path.read_text()[-2000:]}")
+            match = READY.search(line)
+            if match:
+                self.tcp_port = int(match.group(1))
+                self.http2_port = int(match.group(2)) if match.group(2) != b"off" else 0
+                return self
+        raise RuntimeError("rocket run did not become ready")
+
+    @property
+    def server(self) -> str:
+        return f"127.0.0.1:{self.tcp_port}"
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def terminate(self, timeout_s: float = 20.0) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout_s)
+
+
+@pytest.fixture
+def server_process(tmp_path):
+    servers: list[ServerProcess] = []
+
+    def make(data_dir: Path | None = None) -> ServerProcess:
+        server = ServerProcess(data_dir or tmp_path / "data", tmp_path / "server.log")
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.kill()

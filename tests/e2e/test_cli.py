@@ -1,0 +1,70 @@
+"""The CLI as a user drives it against a real `rocket run`: topics, send, send --file, consume, describe."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def rocket(*args: str, server=None, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    environment = dict(os.environ)
+    if server is not None:
+        environment["ROCKET_SERVER"] = server.server
+    result = subprocess.run([sys.executable, "-m", "rocket", *args], input=stdin, capture_output=True,
+                            env=environment, timeout=120)
+    if check:
+        assert result.returncode == 0, result.stderr.decode()
+    return result
+
+
+def test_user_session(server_process, tmp_path):
+    """Create a topic, send one message and a file of lines, consume them all once, and see them described."""
+    server = server_process().start()
+    rocket("topic", "create", "orders", "--queues", "8", server=server)
+    sent = rocket("send", "orders", "hello", "--key", "user-1", "--tag", "paid", "--prop", "region=eu", server=server)
+    assert b"offset 0" in sent.stdout
+    lines = b"".join(b"line-%d\n" % number for number in range(1, 20_001))
+    bulk = rocket("send", "orders", "--file", "-", server=server, stdin=lines)
+    assert b"sent 20,000 messages" in bulk.stdout
+
+    consumed = rocket("consume", "orders", "--group", "billing", "--count", "20001", "--format", "json", server=server)
+    records = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert len(records) == 20_001
+    hello = [r for r in records if r["body"] == "hello"]
+    assert hello and hello[0]["key"] == "user-1" and hello[0]["tag"] == "paid" and hello[0]["properties"] == {"region": "eu"}
+    assert sorted(r["body"] for r in records if r["body"] != "hello") == sorted(f"line-{n}" for n in range(1, 20_001))
+
+    again = rocket("consume", "orders", "--group", "billing", server=server)
+    assert again.stdout == b"", "the group's committed position must hold"
+
+    described = rocket("topic", "describe", "orders", server=server).stdout.decode()
+    rows = [row.strip("│ ").split("│") for row in described.splitlines() if row.startswith("│")]
+    messages_per_queue = [int(row[3].replace(",", "")) for row in rows if row[0].strip().isdigit()]
+    assert len(messages_per_queue) == 8 and sum(messages_per_queue) == 20_001
+    listed = rocket("topic", "list", server=server)
+    assert b"orders" in listed.stdout and b"20,001" in listed.stdout
+
+
+def test_send_file_over_http2_with_avro(server_process, tmp_path):
+    """The bulk path works over the other transport and serde, from a file on disk."""
+    server = server_process().start()
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"".join(b"%d\n" % n for n in range(50_000)))
+    http2 = ("--server", f"127.0.0.1:{server.http2_port}", "--transport", "http2", "--serde", "avro")
+    rocket("topic", "create", "events", "--queues", "4", *http2)
+    rocket("send", "events", "--file", str(path), *http2)
+    consumed = rocket("consume", "events", "--group", "g", "--format", "raw", *http2)
+    assert sorted(int(line) for line in consumed.stdout.split()) == list(range(50_000))
+
+
+def test_errors_are_one_clear_line(server_process, tmp_path):
+    """Unknown topics, bad flags and an absent server give a code and a message, not a traceback."""
+    server = server_process().start()
+    missing = rocket("send", "nope", "x", server=server, check=False)
+    assert missing.returncode == 1 and b"UNKNOWN_TOPIC" in missing.stderr and b"Traceback" not in missing.stderr
+    bad_config = rocket("run", "--listen", "nowhere", check=False)
+    assert bad_config.returncode == 2 and b"listen" in bad_config.stderr
+    down = rocket("topic", "list", "--server", "127.0.0.1:1", check=False)
+    assert down.returncode == 1 and b"UNAVAILABLE" in down.stderr

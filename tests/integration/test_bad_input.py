@@ -1,0 +1,137 @@
+"""Malformed input over real sockets: every bad request gets a stable error code, broken framing closes
+the connection, and the server keeps serving everyone else."""
+
+from __future__ import annotations
+
+import struct
+
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rocket import limits
+from rocket.errors import Code
+from rocket.serde import SERDE_IDS, json_codec
+from rocket.transport import frames
+from rocket.transport.frames import FrameDecoder, Kind
+from rocket.transport.rpc import METHODS
+
+
+async def exchange(port: int, data: bytes, timeout_s: float = 5.0) -> tuple[list[frames.Frame], bool]:
+    """Send raw bytes, read frames until the server goes quiet or closes; returns (frames, closed)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    decoder = FrameDecoder(frame_bytes_max=limits.frame_bytes_max * 4)
+    received = []
+    closed = False
+    async with stream:
+        await stream.send_all(data)
+        with trio.move_on_after(timeout_s):
+            while True:
+                with trio.move_on_after(0.5) as quiet:
+                    chunk = await stream.receive_some(65536)
+                if quiet.cancelled_caught:
+                    break
+                if not chunk:
+                    closed = True
+                    break
+                decoder.feed(chunk)
+                while (frame := decoder.next_frame()) is not None:
+                    received.append(frame)
+    return received, closed
+
+
+def error_code(frame: frames.Frame) -> str:
+    assert frame.kind == Kind.ERROR, frame
+    return json_codec.decode("Error", frame.body)["code"] if frame.serde == 1 else SERDE_IDS[frame.serde].decode("Error", frame.body)["code"]
+
+
+async def assert_serving(port: int) -> None:
+    ping = frames.encode(Kind.REQUEST, 1, 9, b"{}", "Ping")
+    answers, _ = await exchange(port, ping, timeout_s=5)
+    assert answers and answers[0].kind == Kind.RESPONSE and answers[0].request_id == 9
+
+
+async def test_request_errors_have_stable_codes(node):
+    """Unknown methods, garbage bodies, missing fields and bad batches each get their code; the connection lives on."""
+    requests = [
+        frames.encode(Kind.REQUEST, 1, 1, b"{}", "NoSuchMethod"),
+        frames.encode(Kind.REQUEST, 1, 2, b"{not json", "CreateTopic"),
+        frames.encode(Kind.REQUEST, 2, 3, b"\xff\xff\xff\xff", "Produce"),
+        frames.encode(Kind.REQUEST, 1, 4, b'{"queues": 3}', "CreateTopic"),
+        frames.encode(Kind.REQUEST, 1, 5, b'{"topic": "t", "batch": "AAAA"}', "Produce"),
+        frames.encode(Kind.REQUEST, 7, 6, b"{}", "Ping"),
+        frames.encode(Kind.REQUEST, 1, 7, b'{"topic": "bad name!", "queues": 1}', "CreateTopic"),
+        frames.encode(Kind.REQUEST, 1, 8, b"{}", "Ping"),
+    ]
+    answers, closed = await exchange(node.tcp_port, b"".join(requests))
+    by_id = {frame.request_id: frame for frame in answers}
+    assert not closed
+    assert error_code(by_id[1]) == "UNKNOWN_METHOD"
+    assert error_code(by_id[2]) == "UNDECODABLE"
+    assert error_code(by_id[3]) == "UNDECODABLE"
+    assert error_code(by_id[4]) == "BAD_REQUEST"
+    assert error_code(by_id[5]) == "UNKNOWN_TOPIC"
+    assert error_code(by_id[6]) == "UNSUPPORTED_SERDE"
+    assert error_code(by_id[7]) == "BAD_REQUEST"
+    assert by_id[8].kind == Kind.RESPONSE
+
+
+async def test_corrupt_batch_is_refused(node):
+    """A produce whose batch fails its checksum is refused with BAD_BATCH and nothing is stored."""
+    from rocket.model import Message
+    from rocket.serde import avro_codec, batch
+
+    await exchange(node.tcp_port, frames.encode(Kind.REQUEST, 1, 1, b'{"topic": "t", "queues": 1}', "CreateTopic"))
+    damaged = bytearray(batch.encode([Message(b"payload")], 1))
+    damaged[-1] ^= 0xFF
+    body = avro_codec.encode("ProduceRequest", {"topic": "t", "queue": 0, "batch": bytes(damaged)})
+    describe = frames.encode(Kind.REQUEST, 1, 3, b'{"topic": "t"}', "DescribeTopic")
+    answers, _ = await exchange(node.tcp_port, frames.encode(Kind.REQUEST, 2, 2, body, "Produce") + describe)
+    by_id = {frame.request_id: frame for frame in answers}
+    assert SERDE_IDS[2].decode("Error", by_id[2].body)["code"] == "BAD_BATCH"
+    assert json_codec.decode("DescribeTopicResponse", by_id[3].body)["queues"][0]["next_offset"] == 0
+
+
+async def test_oversized_frame_is_answered_and_closed(node):
+    """A frame announcing more than the limit gets FRAME_TOO_LARGE for its request id, then the connection closes."""
+    header = struct.pack(">IBBBBQH", limits.frame_bytes_max + 1, 1, Kind.REQUEST, 1, 0, 42, 4) + b"Ping"
+    answers, closed = await exchange(node.tcp_port, header)
+    assert closed and answers and answers[0].request_id == 42 and error_code(answers[0]) == "FRAME_TOO_LARGE"
+    await assert_serving(node.tcp_port)
+
+
+async def test_broken_framing_closes_only_that_connection(node):
+    """Garbage framing (bad version, client-sent response kinds) closes that connection alone."""
+    for garbage in (b"GET / HTTP/1.1\r\n\r\n" + bytes(32), frames.encode(Kind.RESPONSE, 1, 5, b"{}")):
+        answers, closed = await exchange(node.tcp_port, garbage)
+        assert closed and error_code(answers[0]) == "BAD_FRAME"
+    await assert_serving(node.tcp_port)
+
+
+async def test_half_a_frame_then_silence_does_not_block_others(node):
+    """A client that stops mid-frame holds only its own connection."""
+    stalled = await trio.open_tcp_stream("127.0.0.1", node.tcp_port)
+    async with stalled:
+        await stalled.send_all(frames.encode(Kind.REQUEST, 1, 1, b"{}" * 100, "Ping")[:50])
+        await assert_serving(node.tcp_port)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(method=st.sampled_from(sorted(METHODS) + ["Bogus"]), serde=st.sampled_from([1, 2]), body=st.binary(max_size=300))
+async def test_random_bodies_never_break_the_server(node, method, serde, body):
+    """Any body for any method answers with a response or an error code, and the server keeps serving."""
+    if METHODS.get(method) is not None and METHODS[method].streaming:
+        return  # a valid subscribe never ends by itself; its decoding is the same as Pull's
+    answers, closed = await exchange(node.tcp_port, frames.encode(Kind.REQUEST, serde, 1, body, method), timeout_s=3)
+    assert not closed and len(answers) == 1
+    if answers[0].kind == Kind.ERROR:
+        assert error_code(answers[0]) in {code.name for code in Code} - {"INTERNAL"}
+    await assert_serving(node.tcp_port)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(garbage=st.binary(min_size=1, max_size=2000))
+async def test_random_bytes_never_break_the_server(node, garbage):
+    """Random bytes on a socket get an error or a close, never a crash or a hang."""
+    await exchange(node.tcp_port, garbage, timeout_s=2)
+    await assert_serving(node.tcp_port)
