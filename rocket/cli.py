@@ -22,7 +22,7 @@ from rocket import limits
 from rocket.client import Admin, Consumer, connect, open_producer, parse_start
 from rocket.client import bench as bench_module
 from rocket.config import ConfigError, load_from_environment
-from rocket.errors import Code, RocketError
+from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
 
@@ -41,7 +41,7 @@ Serde = Annotated[str, typer.Option("--serde", help="json or avro.")]
 
 
 def _fail(message: str, status: int) -> None:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(status)
 
 
@@ -51,7 +51,8 @@ def _runs_client(function):
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
-            return trio.run(functools.partial(function, *args, **kwargs))
+            with collapse_single_error():
+                return trio.run(functools.partial(function, *args, **kwargs))
         except RocketError as error:
             _fail(f"{error.code.name}: {error.message}", 1)
         except KeyboardInterrupt:
@@ -86,7 +87,8 @@ def run(
         _fail(f"config: {error}", 2)
     logging.basicConfig(level=node_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        trio.run(functools.partial(run_node, node_config))
+        with collapse_single_error():
+            trio.run(functools.partial(run_node, node_config))
     except RocketError as error:
         _fail(f"{error.code.name}: {error.message}", 2 if error.code.name == "CONFIG_INVALID" else 1)
     except OSError as error:

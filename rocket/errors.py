@@ -55,3 +55,27 @@ def invariant(condition: object, message: str) -> None:
     """Like assert, but survives python -O."""
     if not condition:
         raise InvariantViolation(message)
+
+
+def leaf_exceptions(error: BaseException):
+    """The exceptions inside (possibly nested) exception groups, or the error itself."""
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from leaf_exceptions(inner)
+    else:
+        yield error
+
+
+class collapse_single_error:
+    """Context manager: a nursery's group holding exactly one exception is re-raised as that exception,
+    so callers of our context managers catch RocketError rather than ExceptionGroup."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if isinstance(error, BaseExceptionGroup):
+            leaves = list(leaf_exceptions(error))
+            if len(leaves) == 1:
+                raise leaves[0] from None
+        return False

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from rocket import limits
-from rocket.errors import Code, RocketError
+from rocket.errors import RocketError, collapse_single_error
 from rocket.model import Message, queue_for_key
 from rocket.serde import batch as batch_codec
 
@@ -161,8 +161,9 @@ async def open_producer(channel, topic: str, *, linger_s: float = limits.produce
                         in_flight_max: int = limits.producer_in_flight_batches_max):
     described = await channel.call("DescribeTopic", {"topic": topic})
     queues = described["topic"]["queues"]
-    async with trio.open_nursery() as nursery:
-        producer = Producer(channel, topic, queues, nursery, linger_s=linger_s, batch_bytes=batch_bytes,
-                            in_flight_max=in_flight_max)
-        yield producer
-        await producer.flush()
+    with collapse_single_error():
+        async with trio.open_nursery() as nursery:
+            producer = Producer(channel, topic, queues, nursery, linger_s=linger_s, batch_bytes=batch_bytes,
+                                in_flight_max=in_flight_max)
+            yield producer
+            await producer.flush()

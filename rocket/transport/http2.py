@@ -20,7 +20,7 @@ import h2.settings
 import trio
 
 from rocket import limits
-from rocket.errors import Code, RocketError
+from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_BY_CONTENT_TYPE, json_codec, serde_named
 from rocket.transport.rpc import Dispatcher, Lifecycle, encode_error, method_spec
 
@@ -452,12 +452,13 @@ async def open_http2_channel(host: str, port: int, serde_name: str = "json"):
         stream = await trio.open_tcp_stream(host, port)
     except OSError as error:
         raise RocketError(Code.UNAVAILABLE, f"cannot connect to {host}:{port}: {error.strerror or error}") from None
-    async with stream, trio.open_nursery() as nursery:
-        channel = Http2Channel(stream, serde, f"{host}:{port}")
-        channel.start(client_side=True)
-        await channel.flush()
-        nursery.start_soon(channel.read_loop)
-        try:
-            yield channel
-        finally:
-            nursery.cancel_scope.cancel()
+    with collapse_single_error():
+        async with stream, trio.open_nursery() as nursery:
+            channel = Http2Channel(stream, serde, f"{host}:{port}")
+            channel.start(client_side=True)
+            await channel.flush()
+            nursery.start_soon(channel.read_loop)
+            try:
+                yield channel
+            finally:
+                nursery.cancel_scope.cancel()

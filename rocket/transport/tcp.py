@@ -16,7 +16,7 @@ from types import ModuleType
 import trio
 
 from rocket import limits
-from rocket.errors import Code, RocketError
+from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_ID_OF, serde_named
 from rocket.transport import frames
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
@@ -300,10 +300,11 @@ async def open_tcp_channel(host: str, port: int, serde_name: str = "json"):
         stream = await trio.open_tcp_stream(host, port)
     except OSError as error:
         raise RocketError(Code.UNAVAILABLE, f"cannot connect to {host}:{port}: {error.strerror or error}") from None
-    async with stream, trio.open_nursery() as nursery:
-        channel = TcpChannel(stream, serde)
-        nursery.start_soon(channel.read_loop)
-        try:
-            yield channel
-        finally:
-            nursery.cancel_scope.cancel()
+    with collapse_single_error():
+        async with stream, trio.open_nursery() as nursery:
+            channel = TcpChannel(stream, serde)
+            nursery.start_soon(channel.read_loop)
+            try:
+                yield channel
+            finally:
+                nursery.cancel_scope.cancel()
