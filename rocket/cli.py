@@ -277,7 +277,8 @@ async def bench_produce(
     server: Server = None, transport: Transport = "tcp", serde: Serde = "avro",
 ) -> None:
     """Durable produce throughput and latency, beside the disk's raw fdatasync bandwidth."""
-    disk = await trio.to_thread.run_sync(bench_module.raw_disk_bandwidth, disk_dir)
+    probe_bytes = max(256 * limits.MiB, min(messages * size, 4096 * limits.MiB))
+    disk = await trio.to_thread.run_sync(bench_module.raw_disk_bandwidth, disk_dir, probe_bytes)
     async with connect(server, transport, serde) as channel:
         with _progress(messages) as progress:
             task = progress.add_task("producing", total=messages)

@@ -19,8 +19,10 @@ from rocket.model import Message
 from rocket.serde import batch as batch_codec
 
 
-def raw_disk_bandwidth(directory: Path, total_bytes: int = 256 * limits.MiB, seconds_max: float = 5.0) -> dict:
-    """Write 1 MiB blocks with fdatasync after each, as a durable log would; MB/s and fsync latency."""
+def raw_disk_bandwidth(directory: Path, total_bytes: int = 256 * limits.MiB, seconds_max: float = 20.0) -> dict:
+    """Write 1 MiB blocks with fdatasync after each, as a durable log would; MB/s and fsync latency.
+    Give it as many bytes as the workload writes: on thin-provisioned virtual disks the first write to a
+    region costs far more than a rewrite, and a short probe only measures the rewrite."""
     directory.mkdir(parents=True, exist_ok=True)
     block = os.urandom(limits.MiB)
     written = 0

@@ -10,6 +10,7 @@ import bisect
 import mmap
 import os
 import struct
+import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -24,14 +25,24 @@ _header = struct.Struct("<IIIB")  # magic, body length, crc32 (over length, kind
 HEADER_BYTES = _header.size
 _length_kind = struct.Struct("<IB")
 SUFFIX = ".log"
+_iov_max = min(os.sysconf("SC_IOV_MAX"), 1024)
+
+
+Body = bytes | memoryview | tuple[bytes | memoryview, ...]  # a tuple is written as its parts, uncopied
 
 
 def _crc(body_length: int, kind: int, body: bytes | memoryview) -> int:
     return zlib.crc32(body, zlib.crc32(_length_kind.pack(body_length, kind)))
 
 
-def encode_record(kind: int, body: bytes) -> bytes:
-    return _header.pack(MAGIC, len(body), _crc(len(body), kind, body), kind) + body
+def _record_parts(kind: int, body: Body) -> list[bytes | memoryview]:
+    """A record as buffers for writev: its header, then the body's parts as they are."""
+    parts = list(body) if isinstance(body, tuple) else [body]
+    length = sum(len(part) for part in parts)
+    crc = zlib.crc32(_length_kind.pack(length, kind))
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return [_header.pack(MAGIC, length, crc, kind), *parts]
 
 
 def _record_at(view: memoryview, position: int) -> tuple[int, int] | None:
@@ -76,6 +87,8 @@ class CommitLog:
         self._unsynced_fds: list[int] = []
         self._readers: OrderedDict[int, int] = OrderedDict()
         self._directory_dirty = False
+        self._bookkeeping = threading.Lock()  # sync() may run beside append() in another thread
+        self._retired_fds: set[int] = set()  # sealed segments' write descriptors, closed once synced
 
     @classmethod
     def open(cls, directory: Path, segment_bytes_max: int = limits.segment_bytes_max_default) -> "CommitLog":
@@ -136,52 +149,76 @@ class CommitLog:
     def segments(self) -> list[tuple[int, Path, int]]:
         return [(start, self._path(start), self._path(start).stat().st_size) for start in self._starts]
 
-    def append(self, records: list[tuple[int, bytes]]) -> list[int]:
-        """Write records after the end (not synced); returns their positions."""
+    def append(self, records: list[tuple[int, Body]]) -> list[int]:
+        """Write records after the end (not synced), without copying their bodies; returns positions."""
         positions: list[int] = []
-        chunk: list[bytes] = []
+        pending: list[bytes | memoryview] = []
+        pending_bytes = 0
         for kind, body in records:
-            encoded = encode_record(kind, body)
-            invariant(len(encoded) <= self.segment_bytes_max, "a record must fit in a segment")
-            if self._active_size + sum(map(len, chunk)) + len(encoded) > self.segment_bytes_max and (
-                self._active_size or chunk
-            ):
-                self._write(chunk)
-                chunk = []
+            parts = _record_parts(kind, body)
+            size = sum(len(part) for part in parts)
+            invariant(size <= self.segment_bytes_max, "a record must fit in a segment")
+            if self._active_size + pending_bytes + size > self.segment_bytes_max and self._active_size + pending_bytes:
+                self._write(pending)
+                pending, pending_bytes = [], 0
                 self._roll()
-            positions.append(self.end_position + sum(map(len, chunk)))
-            chunk.append(encoded)
-        self._write(chunk)
+            positions.append(self.end_position + pending_bytes)
+            pending.extend(parts)
+            pending_bytes += size
+        self._write(pending)
         return positions
 
-    def _write(self, chunk: list[bytes]) -> None:
-        if not chunk:
-            return
-        data = memoryview(b"".join(chunk))
-        while data:
-            written = os.write(self._active_fd, data)
-            data = data[written:]
-            self._active_size += written
-        if self._active_fd not in self._unsynced_fds:
-            self._unsynced_fds.append(self._active_fd)
+    def _write(self, buffers: list[bytes | memoryview]) -> None:
+        """writev everything, resuming after short writes, IOV_MAX buffers at a time."""
+        buffers = [memoryview(buffer).cast("B") for buffer in buffers if len(buffer)]
+        first = 0
+        total_written = 0
+        while first < len(buffers):
+            written = os.writev(self._active_fd, buffers[first:first + _iov_max])
+            total_written += written
+            while written:
+                if written >= len(buffers[first]):
+                    written -= len(buffers[first])
+                    first += 1
+                else:
+                    buffers[first] = buffers[first][written:]
+                    written = 0
+        with self._bookkeeping:
+            self._active_size += total_written
+            if self._active_fd not in self._unsynced_fds:
+                self._unsynced_fds.append(self._active_fd)
 
     def _roll(self) -> None:
         start = self.end_position
-        self._starts.append(start)
-        self._active_fd = os.open(self._path(start), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
-        self._active_size = 0
-        self._directory_dirty = True
+        descriptor = os.open(self._path(start), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        with self._bookkeeping:
+            # The sealed segment is closed by the sync that makes its last bytes durable.
+            if self._active_fd not in self._unsynced_fds:
+                self._unsynced_fds.append(self._active_fd)
+            self._retired_fds.add(self._active_fd)
+            self._starts.append(start)
+            self._active_fd = descriptor
+            self._active_size = 0
+            self._directory_dirty = True
 
-    def sync(self) -> None:
-        """Make everything appended so far durable: data of every touched segment, and new file names."""
-        for descriptor in self._unsynced_fds:
+    def sync(self) -> int:
+        """Make everything appended before the call durable (segment data and new file names), and
+        return the position up to which that holds. May run in one thread while append runs in
+        another: one fsync then overlaps the next write."""
+        with self._bookkeeping:
+            durable_end = self.end_position
+            descriptors, self._unsynced_fds = self._unsynced_fds, []
+            directory_dirty, self._directory_dirty = self._directory_dirty, False
+        for descriptor in descriptors:
             os.fdatasync(descriptor)
-            if descriptor != self._active_fd:
+        with self._bookkeeping:
+            # A sealed segment written again after this sync began stays open for the next one.
+            for descriptor in self._retired_fds.intersection(descriptors).difference(self._unsynced_fds):
                 os.close(descriptor)
-        self._unsynced_fds = []
-        if self._directory_dirty:
+                self._retired_fds.discard(descriptor)
+        if directory_dirty:
             _fsync_directory(self.directory)
-            self._directory_dirty = False
+        return durable_end
 
     def _reader(self, start: int) -> int:
         descriptor = self._readers.get(start)
@@ -225,9 +262,10 @@ class CommitLog:
             position += HEADER_BYTES + len(body)
 
     def close(self) -> None:
-        for descriptor in set(self._unsynced_fds) | {self._active_fd}:
+        for descriptor in self._retired_fds | {self._active_fd}:
             if descriptor >= 0:
                 os.close(descriptor)
+        self._retired_fds.clear()
         for descriptor in self._readers.values():
             os.close(descriptor)
         self._readers.clear()

@@ -29,9 +29,10 @@ _batch_head = struct.Struct("<H")  # topic length; then topic, then _batch_route
 _batch_route = struct.Struct("<IQQ")  # queue, base offset, append time ms
 
 
-def encode_batch_record(topic: str, queue: int, base_offset: int, append_ms: int, batch: bytes) -> bytes:
+def encode_batch_record(topic: str, queue: int, base_offset: int, append_ms: int, batch: bytes) -> tuple[bytes, bytes]:
+    """The record body as (routing header, batch): the log writes both parts without joining them."""
     name = topic.encode()
-    return b"".join((_batch_head.pack(len(name)), name, _batch_route.pack(queue, base_offset, append_ms), batch))
+    return _batch_head.pack(len(name)) + name + _batch_route.pack(queue, base_offset, append_ms), batch
 
 
 def decode_batch_record(body: bytes) -> tuple[str, int, int, int, memoryview]:
@@ -45,7 +46,8 @@ def decode_batch_record(body: bytes) -> tuple[str, int, int, int, memoryview]:
 @dataclasses.dataclass(slots=True)
 class _Pending:
     kind: int
-    body: bytes
+    body: bytes | tuple[bytes, bytes]
+    size: int
     done: trio.Event
     topic: str = ""
     queue: int = 0
@@ -67,7 +69,9 @@ class Store:
         self.index = index
         self._clock = clock
         self._queues: dict[tuple[str, int], _QueueState] = {}
-        self._pending: list[_Pending] = []
+        self._pending: list[_Pending] = []  # waiting to be written
+        self._written: list[tuple[_Pending, int]] = []  # written at a log position, waiting for fsync
+        self._written_ready = trio.Event()
         self._pending_bytes = 0
         self._work = trio.Event()
         self._room = trio.Event()
@@ -124,18 +128,19 @@ class Store:
         return state
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """The group-commit flusher. On cancellation it flushes what is pending before returning."""
+        """The group-commit loops: one writes pending records while the other fsyncs what was written,
+        so that one fsync overlaps the next write. On cancellation, pending records are flushed."""
         task_status.started()
         try:
-            while True:
-                await self._work.wait()
-                self._work = trio.Event()
-                while self._pending:
-                    await self._flush()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._sync_loop)
+                await self._write_loop()
         finally:
             with trio.CancelScope(shield=True):
-                while self._pending and self._failed is None:
-                    await self._flush()
+                while self._failed is None and (self._pending or self._written):
+                    if self._pending:
+                        await self._write_once()
+                    await self._sync_once()
 
     async def _enqueue(self, pending: _Pending) -> None:
         if self._failed is not None:
@@ -145,7 +150,7 @@ class Store:
                 self._room = trio.Event()
             await self._room.wait()
         self._pending.append(pending)
-        self._pending_bytes += len(pending.body)
+        self._pending_bytes += pending.size
         self._work.set()
 
     async def append(self, topic: str, queue: int, batch: bytes) -> tuple[int, int]:
@@ -159,8 +164,8 @@ class Store:
         state.assigned_next += header.count
         state.assigned_append_ms = append_ms
         entry = IndexEntry(base_offset, -1, header.count, len(batch), header.first_timestamp_ms, append_ms)
-        pending = _Pending(BATCH, encode_batch_record(topic, queue, base_offset, append_ms, batch), trio.Event(),
-                           topic, queue, entry)
+        body = encode_batch_record(topic, queue, base_offset, append_ms, batch)
+        pending = _Pending(BATCH, body, len(body[0]) + len(batch), trio.Event(), topic, queue, entry)
         await self._enqueue(pending)
         await pending.done.wait()
         if pending.error is not None:
@@ -170,7 +175,7 @@ class Store:
     async def commit_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
         """Store a group's positions durably, through the same log and group commit as messages."""
         body = orjson.dumps({"group": group, "topic": topic, "offsets": {str(q): o for q, o in offsets.items()}})
-        pending = _Pending(OFFSETS, body, trio.Event(), commit=(group, topic, dict(offsets)))
+        pending = _Pending(OFFSETS, body, len(body), trio.Event(), commit=(group, topic, dict(offsets)))
         await self._enqueue(pending)
         await pending.done.wait()
         if pending.error is not None:
@@ -180,42 +185,74 @@ class Store:
         taken: list[_Pending] = []
         size = 0
         for pending in self._pending:
-            if taken and (size + len(pending.body) > limits.group_commit_bytes_max
+            if taken and (size + pending.size > limits.group_commit_bytes_max
                           or len(taken) >= limits.group_commit_records_max):
                 break
             taken.append(pending)
-            size += len(pending.body)
+            size += pending.size
         del self._pending[: len(taken)]
         self._pending_bytes -= size
         self._room.set()
         return taken
 
-    def _write_and_sync(self, records: list[tuple[int, bytes]]) -> list[int]:
-        positions = self.log.append(records)
-        self.log.sync()
-        return positions
+    async def _write_loop(self) -> None:
+        while True:
+            await self._work.wait()
+            self._work = trio.Event()
+            while self._pending and self._failed is None:
+                await self._write_once()
 
-    async def _flush(self) -> None:
+    async def _write_once(self) -> None:
         taken = self._take()
         try:
-            positions = await trio.to_thread.run_sync(self._write_and_sync, [(p.kind, p.body) for p in taken])
+            positions = await trio.to_thread.run_sync(self.log.append, [(p.kind, p.body) for p in taken])
         except OSError as error:
-            # After a failed fsync the file's state is unknown: refuse further writes (fsyncgate).
-            self._failed = RocketError(Code.UNAVAILABLE, f"the store's disk failed ({error.strerror}); restart to recover")
-            log.error("flush failed: %s", error)
-            for pending in taken + self._pending:
-                pending.error = self._failed
-                pending.done.set()
-            self._pending.clear()
+            self._fail(error, taken)
+            return
+        self._written.extend(zip(taken, positions))
+        self._written_ready.set()
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await self._written_ready.wait()
+            self._written_ready = trio.Event()
+            while self._written and self._failed is None:
+                await self._sync_once()
+
+    async def _sync_once(self) -> None:
+        try:
+            durable_end = await trio.to_thread.run_sync(self.log.sync)
+        except OSError as error:
+            self._fail(error, [pending for pending, _ in self._written])
             return
         self.fsyncs += 1
-        self._apply(taken, positions)
+        count = 0
+        while count < len(self._written) and self._written[count][1] < durable_end:
+            count += 1
+        ready = self._written[:count]
+        del self._written[:count]
+        self._apply(ready)
 
-    def _apply(self, taken: list[_Pending], positions: list[int]) -> None:
+    def _fail(self, error: OSError, taken: list[_Pending]) -> None:
+        """After a failed write or fsync the file's state is unknown: refuse all writes (fsyncgate)."""
+        self._failed = RocketError(Code.UNAVAILABLE, f"the store's disk failed ({error.strerror}); restart to recover")
+        log.error("store write failed: %s", error)
+        for pending in taken + [pending for pending, _ in self._written] + self._pending:
+            if not pending.done.is_set():
+                pending.error = self._failed
+                pending.done.set()
+        self._written.clear()
+        self._pending.clear()
+
+    def _apply(self, ready: list[tuple[_Pending, int]]) -> None:
+        """Index durable records and wake their appenders and readers. ready is a prefix of the log's
+        unapplied records, so the index's applied position is the end of the last one."""
+        if not ready:
+            return
         entries: list[tuple[str, int, IndexEntry]] = []
         touched: dict[tuple[str, int], QueueStats] = {}
         commits = []
-        for pending, position in zip(taken, positions):
+        for pending, position in ready:
             if pending.kind == BATCH:
                 entry = dataclasses.replace(pending.entry, position=position)
                 entries.append((pending.topic, pending.queue, entry))
@@ -226,8 +263,9 @@ class Store:
                 touched[(pending.topic, pending.queue)] = durable
             else:
                 commits.append(pending.commit)
-        self.index.apply(entries, touched, commits, self.log.end_position)
-        for pending in taken:
+        last, last_position = ready[-1]
+        self.index.apply(entries, touched, commits, last_position + HEADER_BYTES + last.size)
+        for pending, _ in ready:
             pending.done.set()
         for key in touched:
             for event in self._watchers.get(key, ()):

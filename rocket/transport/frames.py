@@ -1,7 +1,8 @@
-"""TCP frame codec, sans I/O: feed bytes in, take whole frames out; encode frames to bytes.
+"""TCP frame codec, sans I/O: feed bytes in, take whole frames out; encode frames to buffers.
 
 Frame: length u32 | version u8 | kind u8 | serde u8 | flags u8 | request_id u64 | method_len u16 | method | body
-(length counts every byte after itself; integers are big-endian).
+(length counts every byte after itself; integers are big-endian). With FLAG_ATTACHMENT the body is
+message_len u32 | message | attachment: raw bytes (a produce batch) that bypass the serde, uncopied.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ VERSION = 1
 _header = struct.Struct(">IBBBBQH")
 HEADER_BYTES = _header.size
 _after_length = HEADER_BYTES - 4
+_message_length = struct.Struct(">I")
+FLAG_ATTACHMENT = 0x01
+large_frame_bytes = 64 * 1024  # frames above this are received into their own buffer: one copy, no memmove
 
 
 class Kind(enum.IntEnum):
@@ -34,7 +38,8 @@ class Frame:
     serde: int
     request_id: int
     method: str
-    body: bytes
+    body: bytes | memoryview
+    attachment: memoryview | None = None
 
 
 class FrameError(RocketError):
@@ -45,11 +50,25 @@ class FrameError(RocketError):
         self.request_id = request_id
 
 
-def encode(kind: Kind, serde: int, request_id: int, body: bytes | memoryview = b"", method: str = "") -> bytes:
+def encode_parts(kind: Kind, serde: int, request_id: int, body: bytes | memoryview = b"", method: str = "",
+                 attachment: bytes | memoryview | None = None) -> list[bytes | memoryview]:
+    """A frame as buffers to send one after another, so that a large attachment is never joined."""
     method_bytes = method.encode("ascii")
-    length = _after_length + len(method_bytes) + len(body)
-    head = _header.pack(length, VERSION, kind, serde, 0, request_id, len(method_bytes))
-    return b"".join((head, method_bytes, body))
+    flags = 0
+    parts: list[bytes | memoryview] = [b"", method_bytes]
+    if attachment is not None:
+        flags = FLAG_ATTACHMENT
+        parts += [_message_length.pack(len(body)), body, attachment]
+    else:
+        parts.append(body)
+    length = _after_length + sum(len(part) for part in parts)
+    parts[0] = _header.pack(length, VERSION, kind, serde, flags, request_id, len(method_bytes))
+    return parts
+
+
+def encode(kind: Kind, serde: int, request_id: int, body: bytes | memoryview = b"", method: str = "",
+           attachment: bytes | memoryview | None = None) -> bytes:
+    return b"".join(encode_parts(kind, serde, request_id, body, method, attachment))
 
 
 class FrameDecoder:
@@ -58,19 +77,57 @@ class FrameDecoder:
     def __init__(self, frame_bytes_max: int = limits.frame_bytes_max):
         self._buffer = bytearray()
         self._frame_bytes_max = frame_bytes_max
+        self._large: bytearray | None = None  # the frame being received into its own buffer
+        self._large_filled = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        self._buffer += data
+        if self._large is None:
+            self._buffer += data
+            return
+        view = memoryview(data)
+        taken = min(len(view), len(self._large) - self._large_filled)
+        self._large[self._large_filled : self._large_filled + taken] = view[:taken]
+        self._large_filled += taken
+        if taken < len(view):
+            self._buffer += view[taken:]
+
+    def writable(self) -> memoryview | None:
+        """Where received bytes may be written directly (the rest of a large frame), saving a copy."""
+        if self._large is None:
+            return None
+        return memoryview(self._large)[self._large_filled :]
+
+    def wrote(self, count: int) -> None:
+        """Count bytes written into writable()."""
+        self._large_filled += count
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) + self._large_filled
 
     def next_frame(self) -> Frame | None:
+        if self._large is not None:
+            if self._large_filled < len(self._large):
+                return None
+            frame_bytes, self._large, self._large_filled = self._large, None, 0
+            return self._parse(memoryview(frame_bytes))
         buffer = self._buffer
         if len(buffer) < HEADER_BYTES:
             return None
-        length, version, kind, serde, _flags, request_id, method_len = _header.unpack_from(buffer)
+        end = 4 + self._check_header(buffer)
+        if len(buffer) < end:
+            if end > large_frame_bytes:
+                self._large = bytearray(end)
+                self._large[: len(buffer)] = buffer
+                self._large_filled = len(buffer)
+                buffer.clear()
+            return None
+        frame = self._parse(memoryview(bytes(buffer[:end])))
+        del buffer[:end]
+        return frame
+
+    def _check_header(self, buffer: bytearray) -> int:
+        length, version, kind, serde, flags, request_id, method_len = _header.unpack_from(buffer)
         if version != VERSION:
             raise FrameError(Code.BAD_FRAME, f"unknown frame version {version}")
         if length > self._frame_bytes_max:
@@ -81,16 +138,27 @@ class FrameDecoder:
             raise FrameError(Code.BAD_FRAME, f"frame length {length} is shorter than its header", request_id)
         if kind not in Kind._value2member_map_:
             raise FrameError(Code.BAD_FRAME, f"unknown frame kind {kind}", request_id)
+        if flags & ~FLAG_ATTACHMENT:
+            raise FrameError(Code.BAD_FRAME, f"unknown frame flags {flags:#x}", request_id)
         if method_len > limits.method_name_bytes_max:
             raise FrameError(Code.BAD_FRAME, f"method name of {method_len} bytes is too long", request_id)
-        end = 4 + length
-        if len(buffer) < end:
-            return None
+        return length
+
+    def _parse(self, frame: memoryview) -> Frame:
+        _, _, kind, serde, flags, request_id, method_len = _header.unpack_from(frame)
         method_end = HEADER_BYTES + method_len
         try:
-            method = buffer[HEADER_BYTES:method_end].decode("ascii")
+            method = str(frame[HEADER_BYTES:method_end], "ascii")
         except UnicodeDecodeError:
             raise FrameError(Code.BAD_FRAME, "method name is not ASCII", request_id) from None
-        body = bytes(buffer[method_end:end])
-        del buffer[:end]
-        return Frame(Kind(kind), serde, request_id, method, body)
+        body = frame[method_end:]
+        attachment = None
+        if flags & FLAG_ATTACHMENT:
+            if len(body) < _message_length.size:
+                raise FrameError(Code.BAD_FRAME, "attachment frame without a message length", request_id)
+            (message_len,) = _message_length.unpack_from(body)
+            if _message_length.size + message_len > len(body):
+                raise FrameError(Code.BAD_FRAME, f"message length {message_len} runs past the frame", request_id)
+            attachment = body[_message_length.size + message_len :]
+            body = body[_message_length.size : _message_length.size + message_len]
+        return Frame(Kind(kind), serde, request_id, method, body, attachment)

@@ -24,6 +24,7 @@ class MethodSpec:
     request_type: str
     response_type: str
     streaming: bool = False
+    attachment_field: str | None = None  # a bytes field TCP may carry outside the serde, uncopied
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -33,7 +34,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("CreateTopic", "CreateTopicRequest", "TopicInfo"),
         MethodSpec("ListTopics", "Empty", "ListTopicsResponse"),
         MethodSpec("DescribeTopic", "TopicRequest", "DescribeTopicResponse"),
-        MethodSpec("Produce", "ProduceRequest", "ProduceResponse"),
+        MethodSpec("Produce", "ProduceRequest", "ProduceResponse", attachment_field="batch"),
         MethodSpec("Pull", "PullRequest", "PullResponse"),
         MethodSpec("Subscribe", "PullRequest", "PullResponse", streaming=True),
         MethodSpec("CommitOffsets", "CommitOffsetsRequest", "Empty"),
@@ -92,12 +93,17 @@ class Dispatcher:
     def is_streaming(self, name: str) -> bool:
         return method_spec(name).streaming
 
-    async def call(self, name: str, serde: ModuleType, body: bytes | memoryview) -> bytes:
+    async def call(self, name: str, serde: ModuleType, body: bytes | memoryview,
+                   attachment: memoryview | None = None) -> bytes:
         """Run a unary method; raises RocketError for every failure."""
         spec, handler = self._resolve(name)
         if spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is a streaming method")
         request = serde.decode(spec.request_type, body)
+        if attachment is not None:
+            if spec.attachment_field is None:
+                raise RocketError(Code.BAD_REQUEST, f"{name} takes no attachment")
+            request[spec.attachment_field] = attachment
         try:
             response = await handler(request)
         except Exception as error:

@@ -127,11 +127,21 @@ class _ServerConnection:
     async def _read_loop(self, calls: trio.Nursery) -> None:
         decoder = FrameDecoder()
         while True:
-            data = await self.stream.receive_some(receive_bytes)
-            if not data:
+            target = decoder.writable()
+            if target is not None:
+                # The rest of a large frame goes straight from the kernel into its buffer.
+                try:
+                    received = await self.stream.socket.recv_into(target)
+                except OSError:
+                    received = 0  # reset by the peer: the same as a close here
+                decoder.wrote(received)
+            else:
+                data = await self.stream.receive_some(receive_bytes)
+                received = len(data)
+                decoder.feed(data)
+            if not received:
                 self.peer_gone = True
                 return
-            decoder.feed(data)
             while (frame := decoder.next_frame()) is not None:
                 await self._dispatch(frame, calls)
 
@@ -154,7 +164,7 @@ class _ServerConnection:
                 if self.dispatcher.is_streaming(frame.method):
                     await self._stream(frame, serde)
                     return
-                body = await self.dispatcher.call(frame.method, serde, frame.body)
+                body = await self.dispatcher.call(frame.method, serde, frame.body, frame.attachment)
                 reply = frames.encode(Kind.RESPONSE, frame.serde, frame.request_id, body)
             except RocketError as error:
                 reply = _error_frame(frame.serde, frame.request_id, error)
@@ -233,17 +243,23 @@ class TcpChannel:
         if self._broken is not None:
             raise self._broken
         spec = method_spec(method)
+        attachment = None
+        if spec.attachment_field is not None:
+            attachment = message[spec.attachment_field]
+            message = {**message, spec.attachment_field: b""}
         body = self._serde.encode(spec.request_type, message)
         request_id = next(self._request_ids)
         sender, receiver = trio.open_memory_channel(queue_size)
         self._waiting[request_id] = sender
-        await self._write(frames.encode(Kind.REQUEST, self._serde_id, request_id, body, method))
+        await self._write(*frames.encode_parts(Kind.REQUEST, self._serde_id, request_id, body, method, attachment))
         return request_id, receiver
 
-    async def _write(self, data: bytes) -> None:
+    async def _write(self, *parts: bytes | memoryview) -> None:
         async with self._send_lock:
             try:
-                await self._stream.send_all(data)
+                for part in parts:
+                    if len(part):
+                        await self._stream.send_all(part)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
                 self._fail(RocketError(Code.CONNECTION_LOST, f"connection lost while sending: {error}"))
                 raise self._broken from None
