@@ -1,0 +1,142 @@
+"""Both transports and both serdes pass the same produce/consume test; HTTP/2 serves real clients."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import trio
+
+from rocket.client import Consumer, connect, open_producer
+from rocket.errors import Code, RocketError
+from rocket.model import Message
+
+MATRIX = [("tcp", "json"), ("tcp", "avro"), ("http2", "json"), ("http2", "avro")]
+
+
+def server_of(node, transport: str) -> str:
+    return f"127.0.0.1:{node.tcp_port if transport == 'tcp' else node.http2_port}"
+
+
+@pytest.mark.parametrize("transport, serde", MATRIX)
+async def test_produce_and_consume(node, transport, serde):
+    """Messages with keys, tags and properties, sent one by one and in bulk, come back intact and in order."""
+    async with connect(server_of(node, transport), transport, serde) as channel:
+        await channel.call("CreateTopic", {"topic": "orders", "queues": 4})
+        async with open_producer(channel, "orders") as producer:
+            single = await producer.send(Message(b"first", key="k1", tag="paid", properties={"region": "eu"}))
+            bulk = [Message(b"bulk-%d" % i + bytes(i % 300), key=f"k{i % 13}", properties={"i": str(i)})
+                    for i in range(5000)]
+            receipts = await producer.send_many(bulk)
+        assert single.offset == 0 and sum(r.count for r in receipts) == 5000
+        consumer = Consumer(channel, "orders", "g", start="earliest", wait_ms=100)
+        await consumer.open()
+        received: list[Message] = []
+        while messages := await consumer.poll():
+            received.extend(messages)
+            await consumer.commit()
+    assert len(received) == 5001
+    first = [m for m in received if m.body == b"first"][0]
+    assert (first.key, first.tag, first.properties) == ("k1", "paid", {"region": "eu"})
+    by_index = {int(m.properties["i"]): m for m in received if "i" in m.properties}
+    assert sorted(by_index) == list(range(5000))
+    for index, message in by_index.items():
+        assert message.body == b"bulk-%d" % index + bytes(index % 300) and message.key == f"k{index % 13}"
+    for queue in range(4):
+        in_queue = [int(m.properties["i"]) for m in received if m.queue == queue and "i" in m.properties]
+        assert in_queue == sorted(in_queue)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "http2"])
+async def test_subscribe_streams_new_messages(node, transport):
+    """A server stream delivers batches as they are produced, and ends cleanly when the client leaves."""
+    async with connect(server_of(node, transport), transport, "avro") as channel:
+        await channel.call("CreateTopic", {"topic": "live", "queues": 1})
+        received = []
+
+        async def listen():
+            request = {"topic": "live", "queues": [{"queue": 0, "offset": 0}], "max_bytes": 1 << 20}
+            async for item in channel.stream("Subscribe", request):
+                received.extend(item["batches"])
+                if sum(1 for _ in received) >= 3:
+                    return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(listen)
+            async with open_producer(channel, "live") as producer:
+                for index in range(3):
+                    await producer.send(Message(b"m%d" % index))
+                    await trio.sleep(0.05)
+        assert [b["base_offset"] for b in received] == [0, 1, 2]
+        assert (await channel.call("Ping", {}))["version"]
+
+
+async def test_large_bodies_and_many_streams_over_http2(node):
+    """A 6 MiB batch crosses HTTP/2 flow control, and 60 concurrent calls share one connection."""
+    async with connect(server_of(node, "http2"), "http2", "avro") as channel:
+        await channel.call("CreateTopic", {"topic": "big", "queues": 2})
+        async with open_producer(channel, "big", batch_bytes=7 << 20) as producer:
+            receipts = await producer.send_many([Message(bytes([i]) * (1 << 20), key="one") for i in range(6)])
+        assert [r.count for r in receipts] == [6]
+        described = []
+
+        async def describe():
+            described.append(await channel.call("DescribeTopic", {"topic": "big"}))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(60):
+                nursery.start_soon(describe)
+        assert len(described) == 60
+        assert all(d["queues"][receipts[0].queue]["next_offset"] == 6 for d in described)
+        pulled = await channel.call("Pull", {"topic": "big", "queues": [{"queue": receipts[0].queue, "offset": 0}],
+                                             "max_bytes": 16 << 20})
+        assert len(pulled["batches"][0]["batch"]) > 6 << 20
+
+
+@pytest.mark.parametrize("transport", ["tcp", "http2"])
+async def test_errors_cross_both_transports(node, transport):
+    """The same stable codes arrive whichever transport carries them."""
+    async with connect(server_of(node, transport), transport, "json") as channel:
+        for method, message, code in [
+            ("DescribeTopic", {"topic": "missing"}, Code.UNKNOWN_TOPIC),
+            ("CreateTopic", {"topic": "x", "queues": 0}, Code.BAD_REQUEST),
+            ("Pull", {"topic": "missing", "queues": []}, Code.UNKNOWN_TOPIC),
+        ]:
+            with pytest.raises(RocketError) as caught:
+                await channel.call(method, message)
+            assert caught.value.code == code
+
+
+async def curl(*args: str) -> subprocess.CompletedProcess:
+    return await trio.run_process(["curl", "-s", "--http2-prior-knowledge", "--max-time", "10", *args],
+                                  capture_stdout=True, capture_stderr=True, check=False)
+
+
+async def test_curl_is_a_client(node):
+    """curl, a real external HTTP/2 client, creates and describes a topic and sees error codes."""
+    base = f"http://127.0.0.1:{node.http2_port}/rocket.v1"
+    created = await curl("-X", "POST", "-H", "content-type: application/json",
+                         "--data", '{"topic": "from-curl", "queues": 3}', f"{base}/CreateTopic")
+    assert json.loads(created.stdout)["queues"] == 3
+    described = await curl("-X", "POST", "-H", "content-type: application/json", "--data", '{"topic": "from-curl"}',
+                           f"{base}/DescribeTopic")
+    assert len(json.loads(described.stdout)["queues"]) == 3
+    unknown = await curl("-i", "-X", "POST", "-H", "content-type: application/json", "--data", "{}", f"{base}/Nope")
+    assert b"HTTP/2 404" in unknown.stdout and b"rocket-error: UNKNOWN_METHOD" in unknown.stdout
+    garbage = await curl("-i", "-X", "POST", "-H", "content-type: application/json", "--data", "{oops",
+                         f"{base}/CreateTopic")
+    assert b"rocket-error: UNDECODABLE" in garbage.stdout
+
+
+async def test_http2_survives_garbage_and_protocol_errors(node):
+    """Bytes that are not HTTP/2 close that connection only; the server keeps answering."""
+    for garbage in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\xff" * 64):
+        stream = await trio.open_tcp_stream("127.0.0.1", node.http2_port)
+        async with stream:
+            await stream.send_all(garbage)
+            with trio.move_on_after(5):
+                while await stream.receive_some(65536):
+                    pass
+    async with connect(server_of(node, "http2"), "http2") as channel:
+        assert (await channel.call("Ping", {}))["roles"]
