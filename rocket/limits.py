@@ -14,7 +14,7 @@ tag_bytes_max = 255  # tags are summarised and filtered on; RocketMQ keeps them 
 properties_bytes_max = 64 * KiB  # properties are decoded for SQL filters; keep that cheap
 
 # Frames on the wire.
-frame_bytes_max = batch_bytes_max + 64 * KiB  # a produce frame carries one batch plus its envelope
+frame_bytes_max = batch_bytes_max * 4 // 3 + 64 * KiB  # one batch plus envelope, even base64-encoded in JSON
 method_name_bytes_max = 128  # method names are short identifiers
 in_flight_requests_per_connection_max = 256  # pipelining depth before the reader stops reading
 connections_max = 4096  # open client connections per listener; file descriptors are finite
@@ -30,7 +30,7 @@ log_reader_fds_max = 64  # open read descriptors on sealed segments; older ones 
 group_commit_bytes_max = 4 * MiB  # one fdatasync covers at most this much, bounding ack latency
 group_commit_records_max = 100_000  # and at most this many records per flush
 append_queue_bytes_max = 256 * MiB  # appends waiting for a flush before producers are held back
-read_bytes_max = 16 * MiB  # one pull returns at most this many bytes of batches
+read_bytes_max = 4 * MiB  # one pull returns at most this many bytes of batches (or one larger batch)
 pull_wait_ms_max = 60_000  # longest long-poll a client may ask for
 queues_per_topic_max = 1024  # dev-mode topics; cluster topics spread queues over groups
 topic_name_bytes_max = 249  # Kafka's limit; names become file and key prefixes
@@ -48,7 +48,7 @@ shutdown_grace_s = 10.0  # SIGTERM drains for at most this long before cancellin
 
 invariant(message_bytes_max < batch_bytes_max, "a message must fit in a batch")
 invariant(batch_bytes_max < frame_bytes_max, "a batch must fit in a frame")
-invariant(read_bytes_max + 64 * KiB < frame_bytes_max * 4, "a pull response must be sendable")
+invariant(max(read_bytes_max, batch_bytes_max) * 4 // 3 + 64 * KiB <= frame_bytes_max, "a pull response fits a frame")
 invariant(segment_bytes_min <= segment_bytes_max_default, "segment bounds are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")

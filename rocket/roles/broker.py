@@ -88,7 +88,8 @@ class Broker:
         next_offsets: list[dict] = []
         budget = max_bytes
         for queue, offset in positions.items():
-            found = self.store.read(topic, queue, offset, budget) if budget > 0 else []
+            # Past the first batch the budget is strict, so a response never exceeds a frame.
+            found = self.store.read(topic, queue, offset, budget, at_least_one=not batches) if budget > 0 else []
             for base_offset, data in found:
                 batches.append({"queue": queue, "base_offset": base_offset, "batch": data})
                 budget -= len(data)

@@ -274,8 +274,8 @@ class Store:
     def fetch_offsets(self, group: str, topic: str) -> dict[int, int]:
         return self.index.offsets(group, topic)
 
-    def read(self, topic: str, queue: int, offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
-        """Stored batches from the one holding offset, up to max_bytes (at least one if any)."""
+    def read(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True) -> list[tuple[int, bytes]]:
+        """Stored batches from the one holding offset, up to max_bytes (and at least one if asked)."""
         state = self._queues.get((topic, queue))
         next_offset = state.durable.next_offset if state else 0
         if offset > next_offset:
@@ -283,7 +283,7 @@ class Store:
         if offset == next_offset:
             return []
         found = []
-        for entry in self.index.locate(topic, queue, offset, max_bytes):
+        for entry in self.index.locate(topic, queue, offset, max_bytes, at_least_one):
             kind, body = self.log.read(entry.position)
             record_topic, record_queue, base_offset, _, batch = decode_batch_record(body)
             if kind != BATCH or (record_topic, record_queue, base_offset) != (topic, queue, entry.base_offset):

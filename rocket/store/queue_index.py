@@ -89,8 +89,8 @@ class QueueIndex:
             result[(topic, queue)] = QueueStats(*_stats.unpack(value))
         return result
 
-    def locate(self, topic: str, queue: int, offset: int, max_bytes: int) -> list[IndexEntry]:
-        """Entries from the batch holding offset onwards, until max_bytes (at least one entry)."""
+    def locate(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True) -> list[IndexEntry]:
+        """Entries from the batch holding offset onwards, until max_bytes (and at least one if asked)."""
         prefix = _queue_prefix(b"q", topic, queue)
         start = prefix
         with self._db.iterator(start=prefix, stop=prefix + _u64.pack(offset + 1), reverse=True) as backwards:
@@ -102,7 +102,7 @@ class QueueIndex:
         with self._db.iterator(start=start, stop=_prefix_end(prefix)) as forwards:
             for key, value in forwards:
                 entry = IndexEntry(_u64.unpack(key[-8:])[0], *_entry.unpack(value))
-                if found and total + entry.batch_bytes > max_bytes:
+                if total + entry.batch_bytes > max_bytes and (found or not at_least_one):
                     break
                 found.append(entry)
                 total += entry.batch_bytes

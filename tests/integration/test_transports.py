@@ -140,3 +140,23 @@ async def test_http2_survives_garbage_and_protocol_errors(node):
                     pass
     async with connect(server_of(node, "http2"), "http2") as channel:
         assert (await channel.call("Ping", {}))["roles"]
+
+
+@pytest.mark.parametrize("serde", ["json", "avro"])
+async def test_pull_over_many_full_queues_fits_a_frame(node, serde):
+    """A pull across queues full of large batches stays within the frame limit (it once overflowed it)."""
+    from rocket import limits
+    from rocket.serde import batch as batch_codec
+
+    async with connect(server_of(node, "tcp"), "tcp", serde) as channel:
+        await channel.call("CreateTopic", {"topic": "wide", "queues": 4})
+        big = batch_codec.encode([Message(bytes(1 << 20)) for _ in range(3)], 1)
+        for queue in range(4):
+            await channel.call("Produce", {"topic": "wide", "queue": queue, "batch": big})
+        request = {"topic": "wide", "queues": [{"queue": q, "offset": 0} for q in range(4)],
+                   "max_bytes": limits.read_bytes_max}
+        response = await channel.call("Pull", request)
+        assert 1 <= len(response["batches"]) and sum(len(b["batch"]) for b in response["batches"]) <= max(
+            limits.read_bytes_max, len(big))
+        progressed = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
+        assert progressed[0] == 3 and all(progressed[q] == 0 for q in range(1, 4))
