@@ -68,3 +68,35 @@ def test_errors_are_one_clear_line(server_process, tmp_path):
     assert bad_config.returncode == 2 and b"listen" in bad_config.stderr
     down = rocket("topic", "list", "--server", "127.0.0.1:1", check=False)
     assert down.returncode == 1 and b"UNAVAILABLE" in down.stderr
+
+
+def test_follow_and_start_positions(server_process):
+    """--follow prints messages as they arrive; --from latest skips the past; --from a time starts there."""
+    import datetime
+    import time
+
+    server = server_process().start()
+    rocket("topic", "create", "live", "--queues", "2", server=server)
+    rocket("send", "live", "old", server=server)
+    time.sleep(1.1)
+    moment = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    rocket("send", "live", "new", server=server)
+
+    later = rocket("consume", "live", "--group", "since", "--from", moment, "--format", "raw", server=server)
+    assert later.stdout == b"new\n"
+    latest = rocket("consume", "live", "--group", "tail", "--from", "latest", "--format", "raw", server=server)
+    assert latest.stdout == b""
+
+    environment = dict(os.environ, ROCKET_SERVER=server.server)
+    follower = subprocess.Popen([sys.executable, "-m", "rocket", "consume", "live", "--group", "follower",
+                                 "--from", "latest", "--follow", "--format", "raw"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=environment)
+    try:
+        time.sleep(1.5)  # let it take its starting position before anything new arrives
+        rocket("send", "live", "fresh-1", server=server)
+        rocket("send", "live", "fresh-2", server=server)
+        lines = [follower.stdout.readline(), follower.stdout.readline()]
+        assert sorted(lines) == [b"fresh-1\n", b"fresh-2\n"]
+    finally:
+        follower.terminate()
+        follower.wait(10)
