@@ -22,6 +22,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_BY_CONTENT_TYPE, json_codec, serde_named
+from rocket.transport.listen import cancel_on, serve_connections
 from rocket.transport.rpc import Dispatcher, Lifecycle, encode_error, method_spec
 
 log = logging.getLogger("rocket.http2")
@@ -100,36 +101,15 @@ def _headers(pairs) -> dict[str, str]:
 
 async def serve_http2(dispatcher: Dispatcher, lifecycle: Lifecycle, host: str, port: int, *,
                       task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Accept h2c connections until the lifecycle drains; reports the bound port through task_status."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    bound_port = listeners[0].socket.getsockname()[1]
-    connections = trio.CapacityLimiter(limits.connections_max)
+    """Serve h2c until the lifecycle drains; reports the bound port through task_status."""
 
-    async def handle(stream: trio.SocketStream) -> None:
-        try:
-            connections.acquire_nowait()
-        except trio.WouldBlock:
-            await stream.aclose()
-            return
-        try:
-            await _ServerConnection(dispatcher, lifecycle, stream).run()
-        finally:
-            connections.release()
+    async def run_connection(stream: trio.SocketStream) -> None:
+        await _ServerConnection(dispatcher, lifecycle, stream).run()
 
-    async with trio.open_nursery() as nursery:
+    async def refuse_connection(stream: trio.SocketStream) -> None:
+        return None  # closing is the refusal: h2 has no way to answer before its preface
 
-        async def accept_until_drained() -> None:
-            with trio.CancelScope() as accept_scope:
-                nursery.start_soon(_cancel_on, lifecycle.draining, accept_scope)
-                await trio.serve_listeners(handle, listeners)
-
-        nursery.start_soon(accept_until_drained)
-        task_status.started(bound_port)
-
-
-async def _cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
-    await event.wait()
-    scope.cancel()
+    await serve_connections(lifecycle, host, port, run_connection, refuse_connection, task_status=task_status)
 
 
 class _Request:
@@ -154,7 +134,7 @@ class _ServerConnection(_Endpoint):
             await self.flush()
             async with trio.open_nursery() as calls:
                 with trio.CancelScope() as read_scope:
-                    calls.start_soon(_cancel_on, self.lifecycle.draining, read_scope)
+                    calls.start_soon(cancel_on, self.lifecycle.draining, read_scope)
                     await self._read_loop(calls)
                     read_scope.cancel()
                 if self.peer_gone:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import ModuleType
@@ -20,7 +19,8 @@ from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_ID_OF, serde_named
 from rocket.transport import frames
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
-from rocket.transport.rpc import Dispatcher, Lifecycle, METHODS, encode_error, method_spec, serde_for_id
+from rocket.transport.listen import cancel_on, serve_connections
+from rocket.transport.rpc import Dispatcher, Lifecycle, encode_error, method_spec, serde_for_id
 
 log = logging.getLogger("rocket.tcp")
 receive_bytes = 256 * 1024
@@ -34,43 +34,15 @@ async def serve_tcp(
     *,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept connections until the lifecycle drains; reports the bound port through task_status."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    bound_port = listeners[0].socket.getsockname()[1]
-    connections = trio.CapacityLimiter(limits.connections_max)
-    async with trio.open_nursery() as nursery:
+    """Serve the TCP protocol until the lifecycle drains; reports the bound port through task_status."""
 
-        async def accept_until_drained() -> None:
-            with trio.CancelScope() as accept_scope:
-                nursery.start_soon(_cancel_on, lifecycle.draining, accept_scope)
-                await trio.serve_listeners(_ConnectionHandler(dispatcher, lifecycle, connections), listeners)
+    async def run_connection(stream: trio.SocketStream) -> None:
+        await _ServerConnection(dispatcher, lifecycle, stream).run()
 
-        nursery.start_soon(accept_until_drained)
-        task_status.started(bound_port)
+    async def refuse_connection(stream: trio.SocketStream) -> None:
+        await _send_quietly(stream, _error_frame(1, 0, RocketError(Code.OVERLOADED, "too many connections")))
 
-
-async def _cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
-    await event.wait()
-    scope.cancel()
-
-
-class _ConnectionHandler:
-    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, connections: trio.CapacityLimiter):
-        self.dispatcher = dispatcher
-        self.lifecycle = lifecycle
-        self.connections = connections
-
-    async def __call__(self, stream: trio.SocketStream) -> None:
-        try:
-            self.connections.acquire_nowait()
-        except trio.WouldBlock:
-            await _send_quietly(stream, _error_frame(1, 0, RocketError(Code.OVERLOADED, "too many connections")))
-            await stream.aclose()
-            return
-        try:
-            await _ServerConnection(self.dispatcher, self.lifecycle, stream).run()
-        finally:
-            self.connections.release()
+    await serve_connections(lifecycle, host, port, run_connection, refuse_connection, task_status=task_status)
 
 
 async def _send_quietly(stream: trio.abc.SendStream, data: bytes) -> None:
@@ -113,7 +85,7 @@ class _ServerConnection:
     async def _read_until_done(self, calls: trio.Nursery) -> None:
         with trio.CancelScope() as read_scope:
             async with trio.open_nursery() as watcher:
-                watcher.start_soon(_cancel_on, self.lifecycle.draining, read_scope)
+                watcher.start_soon(cancel_on, self.lifecycle.draining, read_scope)
                 try:
                     await self._read_loop(calls)
                 except FrameError as error:

@@ -1,0 +1,49 @@
+"""Accepting connections for every transport: bound port reported at start, a bounded number of
+connections, and no new ones once the node drains."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from rocket import limits
+from rocket.transport.rpc import Lifecycle
+
+Handler = Callable[[trio.SocketStream], Awaitable[None]]
+
+
+async def cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+async def serve_connections(lifecycle: Lifecycle, host: str, port: int, run_connection: Handler,
+                            refuse_connection: Handler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run run_connection for each connection until the lifecycle drains; past limits.connections_max,
+    refuse_connection answers and the connection is closed. Reports the bound port through task_status."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound_port = listeners[0].socket.getsockname()[1]
+    connections = trio.CapacityLimiter(limits.connections_max)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            connections.acquire_nowait()
+        except trio.WouldBlock:
+            async with stream:
+                await refuse_connection(stream)
+            return
+        try:
+            await run_connection(stream)
+        finally:
+            connections.release()
+
+    async with trio.open_nursery() as nursery:
+
+        async def accept_until_drained() -> None:
+            with trio.CancelScope() as accept_scope:
+                nursery.start_soon(cancel_on, lifecycle.draining, accept_scope)
+                await trio.serve_listeners(handle, listeners)
+
+        nursery.start_soon(accept_until_drained)
+        task_status.started(bound_port)
