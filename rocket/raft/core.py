@@ -1,0 +1,680 @@
+"""The Raft core, in the shape of etcd-raft: step(message), tick(), ready() -> Ready, advance(ready).
+
+No I/O and no clock: time passes only through tick(), and the caller persists, sends and applies what
+Ready holds (persist before send). Pre-vote, check-quorum, pipelined replication with flow control,
+ReadIndex reads, leadership transfer, learners with single-server membership change, snapshots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import random
+from collections import deque
+
+from rocket.errors import Code, RocketError, invariant
+
+NONE = 0  # no node: node ids start at 1
+
+
+class Role(enum.IntEnum):
+    FOLLOWER = 1
+    PRE_CANDIDATE = 2
+    CANDIDATE = 3
+    LEADER = 4
+
+
+class MessageType(enum.IntEnum):
+    PRE_VOTE = 1
+    PRE_VOTE_RESPONSE = 2
+    VOTE = 3
+    VOTE_RESPONSE = 4
+    APPEND = 5
+    APPEND_RESPONSE = 6
+    HEARTBEAT = 7
+    HEARTBEAT_RESPONSE = 8
+    SNAPSHOT = 9
+    TIMEOUT_NOW = 10
+
+
+class EntryKind(enum.IntEnum):
+    NORMAL = 0
+    CONF_CHANGE = 1  # data: b"add_learner:N", b"promote:N" or b"remove:N"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    term: int
+    index: int
+    data: bytes = b""
+    kind: EntryKind = EntryKind.NORMAL
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    index: int
+    term: int
+    voters: tuple[int, ...]
+    learners: tuple[int, ...]
+    data: bytes = b""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Message:
+    type: MessageType
+    sender: int
+    to: int
+    term: int
+    log_term: int = 0
+    index: int = 0
+    entries: tuple[Entry, ...] = ()
+    commit: int = 0
+    reject: bool = False
+    reject_hint: int = 0
+    context: int = 0  # ReadIndex request id carried by heartbeats; 1 on votes forced by a transfer
+    snapshot: Snapshot | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HardState:
+    term: int = 0
+    vote: int = NONE
+    commit: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class Ready:
+    hard_state: HardState | None  # None when unchanged since the last Ready
+    entries: list[Entry]  # to persist before sending messages
+    snapshot: Snapshot | None  # to persist and install before applying committed entries
+    committed_entries: list[Entry]  # to apply, in order
+    messages: list[Message]
+    read_states: list[tuple[int, int]]  # (read request id, index): serve the read once applied up to index
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    node_id: int
+    voters: tuple[int, ...]
+    learners: tuple[int, ...] = ()
+    election_ticks: int = 10
+    heartbeat_ticks: int = 1
+    max_inflight_messages: int = 64  # append messages in flight to one follower
+    max_entries_per_message: int = 256
+    max_bytes_per_message: int = 1 << 20
+    pre_vote: bool = True
+    check_quorum: bool = True
+    seed: int = 0
+
+    def validate(self) -> None:
+        invariant(self.node_id != NONE, "node ids start at 1")
+        invariant(self.heartbeat_ticks >= 1 and self.election_ticks > self.heartbeat_ticks,
+                  "elections must take longer than heartbeats")
+        invariant(self.max_inflight_messages >= 1 and self.max_entries_per_message >= 1, "flow control needs room")
+        invariant(not set(self.voters) & set(self.learners), "a node is a voter or a learner, not both")
+
+
+class NotLeader(RocketError):
+    def __init__(self, leader: int):
+        super().__init__(Code.UNAVAILABLE, f"not the leader; the leader is {leader or 'unknown'}")
+        self.leader = leader
+
+
+class _Progress:
+    """What the leader knows of one follower: PROBE sends one message at a time until the follower's
+    position is found; REPLICATE pipelines up to max_inflight_messages; SNAPSHOT waits for one."""
+
+    PROBE, REPLICATE, SNAPSHOT = 1, 2, 3
+
+    def __init__(self, next_index: int):
+        self.match = 0
+        self.next = next_index
+        self.state = self.PROBE
+        self.paused = False
+        self.inflight: deque[int] = deque()  # last index of each append in flight
+        self.recent_active = False
+        self.pending_snapshot = 0
+
+    def become_probe(self) -> None:
+        self.state, self.paused, self.next = self.PROBE, False, self.match + 1
+        self.inflight.clear()
+
+    def become_replicate(self) -> None:
+        self.state, self.paused, self.next = self.REPLICATE, False, self.match + 1
+        self.inflight.clear()
+
+    def acknowledge(self, index: int) -> bool:
+        """Record that the follower holds up to index; returns whether that is news."""
+        while self.inflight and self.inflight[0] <= index:
+            self.inflight.popleft()
+        if index > self.match:
+            self.match = index
+            self.next = max(self.next, index + 1)
+            self.paused = False
+            return True
+        return False
+
+
+class RaftCore:
+    def __init__(self, config: Config, hard_state: HardState = HardState(), entries: list[Entry] | None = None,
+                 snapshot: Snapshot | None = None):
+        config.validate()
+        self.config = config
+        self.id = config.node_id
+        self._random = random.Random(config.seed * 1_000_003 + config.node_id)
+        self.voters: set[int] = set(snapshot.voters if snapshot else config.voters)
+        self.learners: set[int] = set(snapshot.learners if snapshot else config.learners)
+        # The log holds entries after the snapshot: log[i] has index snapshot_index + 1 + i.
+        self.snapshot = snapshot or Snapshot(0, 0, tuple(sorted(self.voters)), tuple(sorted(self.learners)))
+        self.log: list[Entry] = list(entries or [])
+        invariant(not self.log or self.log[0].index == self.snapshot.index + 1, "the log follows its snapshot")
+        for entry in self.log:
+            if entry.kind == EntryKind.CONF_CHANGE:
+                self._apply_conf_change(entry.data)
+        self.term = hard_state.term
+        self.vote = hard_state.vote
+        self.commit = max(hard_state.commit, self.snapshot.index)
+        self.applied = self.snapshot.index
+        self.stable_index = self.last_index  # everything given to us at start is persisted
+        self.role = Role.FOLLOWER
+        self.leader = NONE
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_election_ticks = 0
+        self.transferee = NONE
+        self.pending_conf_index = 0
+        self.progress: dict[int, _Progress] = {}
+        self.votes: dict[int, bool] = {}
+        self._outbox: list[Message] = []
+        self._read_states: list[tuple[int, int]] = []
+        self._pending_reads: dict[int, tuple[int, set[int]]] = {}  # request id -> (index, acks)
+        self._snapshot_to_install: Snapshot | None = None
+        self._last_hard_state = HardState(self.term, self.vote, self.commit)
+        self._reset_election_timeout()
+
+    # ---- the log ---------------------------------------------------------------------------------
+
+    @property
+    def last_index(self) -> int:
+        return self.log[-1].index if self.log else self.snapshot.index
+
+    @property
+    def last_term(self) -> int:
+        return self.log[-1].term if self.log else self.snapshot.term
+
+    def term_at(self, index: int) -> int | None:
+        """The term of the entry at index, or None when it is compacted away or beyond the log."""
+        if index == self.snapshot.index:
+            return self.snapshot.term
+        position = index - self.snapshot.index - 1
+        if 0 <= position < len(self.log):
+            return self.log[position].term
+        return None
+
+    def _entries(self, low: int, high: int, bytes_max: int | None = None) -> list[Entry]:
+        """Entries with low <= index < high, cut at bytes_max (always at least one)."""
+        start = low - self.snapshot.index - 1
+        selected = self.log[start: high - self.snapshot.index - 1]
+        if bytes_max is None:
+            return selected
+        total = 0
+        for count, entry in enumerate(selected):
+            total += len(entry.data) + 16
+            if count and total > bytes_max:
+                return selected[:count]
+        return selected
+
+    def _up_to_date(self, log_term: int, index: int) -> bool:
+        return log_term > self.last_term or (log_term == self.last_term and index >= self.last_index)
+
+    def _append(self, entries: list[Entry]) -> None:
+        """Append after truncating any conflicting suffix; conflicts never reach committed entries."""
+        for entry in entries:
+            existing = self.term_at(entry.index)
+            if existing == entry.term:
+                continue
+            if existing is not None or entry.index <= self.last_index:
+                invariant(entry.index > self.commit, "a committed entry can never be overwritten")
+                del self.log[entry.index - self.snapshot.index - 1:]
+                self.stable_index = min(self.stable_index, entry.index - 1)
+                self._reload_configuration()
+            invariant(entry.index == self.last_index + 1, "entries are appended without gaps")
+            self.log.append(entry)
+            if entry.kind == EntryKind.CONF_CHANGE:
+                self._apply_conf_change(entry.data)
+
+    # ---- membership ------------------------------------------------------------------------------
+
+    def _reload_configuration(self) -> None:
+        """Configuration is the snapshot's plus every change in the log, applied as appended."""
+        self.voters = set(self.snapshot.voters)
+        self.learners = set(self.snapshot.learners)
+        for entry in self.log:
+            if entry.kind == EntryKind.CONF_CHANGE:
+                self._apply_conf_change(entry.data)
+
+    def _apply_conf_change(self, data: bytes) -> None:
+        action, _, node_text = data.decode().partition(":")
+        node = int(node_text)
+        if action == "add_learner":
+            if node not in self.voters:
+                self.learners.add(node)
+        elif action == "promote":
+            self.learners.discard(node)
+            self.voters.add(node)
+        elif action == "remove":
+            self.voters.discard(node)
+            self.learners.discard(node)
+        if self.role == Role.LEADER:
+            for member in self.voters | self.learners:
+                self.progress.setdefault(member, _Progress(self.last_index + 1))
+            for member in list(self.progress):
+                if member not in self.voters and member not in self.learners:
+                    del self.progress[member]
+
+    def propose_conf_change(self, action: str, node: int) -> int:
+        """Add a learner, promote one to voter, or remove a member: one change at a time."""
+        invariant(action in ("add_learner", "promote", "remove"), f"unknown membership change {action}")
+        if self.pending_conf_index > self.applied:
+            raise RocketError(Code.OVERLOADED, "a membership change is still in progress")
+        if action == "remove" and node == self.id:
+            raise RocketError(Code.BAD_REQUEST, "transfer leadership before removing the leader")
+        if action == "promote" and node not in self.learners:
+            raise RocketError(Code.BAD_REQUEST, f"node {node} must catch up as a learner before it votes")
+        index = self._propose(f"{action}:{node}".encode(), EntryKind.CONF_CHANGE)
+        self.pending_conf_index = index
+        return index
+
+    # ---- proposals and reads ---------------------------------------------------------------------
+
+    def propose(self, data: bytes) -> int:
+        """Append data to the log as leader; returns its index (committed later, or lost to a new leader)."""
+        return self._propose(data, EntryKind.NORMAL)
+
+    def _propose(self, data: bytes, kind: EntryKind) -> int:
+        if self.role != Role.LEADER:
+            raise NotLeader(self.leader)
+        if self.transferee != NONE:
+            raise RocketError(Code.UNAVAILABLE, f"leadership is moving to {self.transferee}")
+        entry = Entry(self.term, self.last_index + 1, data, kind)
+        self._append([entry])
+        self._broadcast_append()
+        self._maybe_commit()
+        return entry.index
+
+    def read_index(self, request_id: int) -> None:
+        """Ask for a linearizable read: a read state (request_id, index) appears in a Ready once a
+        quorum confirms this node still leads; the read is served when applied reaches index."""
+        if self.role != Role.LEADER:
+            raise NotLeader(self.leader)
+        if self.term_at(self.commit) != self.term:
+            raise RocketError(Code.UNAVAILABLE, "the new leader has not committed in its term yet; retry")
+        if self.voters == {self.id}:
+            self._read_states.append((request_id, self.commit))
+            return
+        self._pending_reads[request_id] = (self.commit, {self.id})
+        for peer in self.voters - {self.id}:
+            self._send_heartbeat(peer, request_id)
+
+    def transfer_leadership(self, to: int) -> None:
+        if self.role != Role.LEADER:
+            raise NotLeader(self.leader)
+        if to == self.id or to not in self.voters:
+            raise RocketError(Code.BAD_REQUEST, f"node {to} is not another voter")
+        self.transferee = to
+        self.election_elapsed = 0
+        progress = self.progress[to]
+        if progress.match == self.last_index:
+            self._send(Message(MessageType.TIMEOUT_NOW, self.id, to, self.term))
+        else:
+            self._send_append(to)
+
+    def compact(self, index: int, data: bytes) -> None:
+        """Replace the log up to index (applied) with a snapshot of the state machine."""
+        invariant(self.snapshot.index < index <= self.applied, "compact only what is applied")
+        term = self.term_at(index)
+        voters, learners = self._configuration_at(index)
+        self.log = self.log[index - self.snapshot.index:]
+        self.snapshot = Snapshot(index, term, voters, learners, data)
+
+    def _configuration_at(self, index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        voters, learners = set(self.snapshot.voters), set(self.snapshot.learners)
+        saved = self.voters, self.learners
+        self.voters, self.learners = voters, learners
+        for entry in self._entries(self.snapshot.index + 1, index + 1):
+            if entry.kind == EntryKind.CONF_CHANGE:
+                self._apply_conf_change(entry.data)
+        result = tuple(sorted(self.voters)), tuple(sorted(self.learners))
+        self.voters, self.learners = saved
+        return result
+
+    # ---- time ------------------------------------------------------------------------------------
+
+    def _reset_election_timeout(self) -> None:
+        ticks = self.config.election_ticks
+        self.randomized_election_ticks = ticks + self._random.randrange(ticks)
+
+    def tick(self) -> None:
+        self.election_elapsed += 1
+        if self.role == Role.LEADER:
+            self.heartbeat_elapsed += 1
+            if self.election_elapsed >= self.config.election_ticks:
+                self.election_elapsed = 0
+                if self.config.check_quorum and not self._quorum_active():
+                    self._become_follower(self.term, NONE)
+                    return
+                self.transferee = NONE
+            if self.heartbeat_elapsed >= self.config.heartbeat_ticks:
+                self.heartbeat_elapsed = 0
+                for peer in self.progress:
+                    if peer != self.id:
+                        self._send_heartbeat(peer, 0)
+        elif self.election_elapsed >= self.randomized_election_ticks and self.id in self.voters:
+            self._campaign(pre_vote=self.config.pre_vote)
+
+    def _quorum_active(self) -> bool:
+        active = {self.id} | {peer for peer, progress in self.progress.items() if progress.recent_active}
+        for progress in self.progress.values():
+            progress.recent_active = False
+        return len(active & self.voters) > len(self.voters) // 2
+
+    # ---- roles -----------------------------------------------------------------------------------
+
+    def _become_follower(self, term: int, leader: int) -> None:
+        if term != self.term:
+            self.term, self.vote = term, NONE
+        self.role, self.leader = Role.FOLLOWER, leader
+        self.election_elapsed = 0
+        self.transferee = NONE
+        self._pending_reads.clear()
+        self._reset_election_timeout()
+
+    def _campaign(self, pre_vote: bool, forced: bool = False) -> None:
+        if pre_vote:
+            self.role, self.leader = Role.PRE_CANDIDATE, NONE
+            term = self.term + 1  # asked for, not taken: a pre-vote changes no one's term
+            kind = MessageType.PRE_VOTE
+        else:
+            self.role, self.leader = Role.CANDIDATE, NONE
+            self.term += 1
+            self.vote = self.id
+            term = self.term
+            kind = MessageType.VOTE
+        self.election_elapsed = 0
+        self._reset_election_timeout()
+        self.votes = {self.id: True}
+        if self._tally() == "won":
+            self._on_election_won(pre_vote)
+            return
+        for peer in self.voters - {self.id}:
+            self._send(Message(kind, self.id, peer, term, self.last_term, self.last_index, context=int(forced)))
+
+    def _tally(self) -> str:
+        granted = sum(1 for node, granted in self.votes.items() if granted and node in self.voters)
+        rejected = sum(1 for node, granted in self.votes.items() if not granted and node in self.voters)
+        quorum = len(self.voters) // 2 + 1
+        return "won" if granted >= quorum else "lost" if rejected >= quorum else "pending"
+
+    def _on_election_won(self, pre_vote: bool) -> None:
+        if pre_vote:
+            self._campaign(pre_vote=False)
+        else:
+            self._become_leader()
+
+    def _become_leader(self) -> None:
+        self.role, self.leader = Role.LEADER, self.id
+        self.heartbeat_elapsed = 0
+        self.election_elapsed = 0
+        self.transferee = NONE
+        self.progress = {member: _Progress(self.last_index + 1) for member in self.voters | self.learners}
+        self.progress[self.id].match = self.stable_index
+        self.progress[self.id].become_replicate()
+        conf_pending = [e.index for e in self._entries(self.commit + 1, self.last_index + 1)
+                        if e.kind == EntryKind.CONF_CHANGE]
+        self.pending_conf_index = conf_pending[-1] if conf_pending else 0
+        # An empty entry of the new term lets the leader commit, and so serve reads, promptly.
+        self._append([Entry(self.term, self.last_index + 1)])
+        self._broadcast_append()
+
+    # ---- messages in -----------------------------------------------------------------------------
+
+    def step(self, message: Message) -> None:
+        if message.term > self.term:
+            if message.type in (MessageType.PRE_VOTE, MessageType.VOTE):
+                in_lease = (self.config.check_quorum and self.leader != NONE
+                            and self.election_elapsed < self.config.election_ticks)
+                if in_lease and not message.context:
+                    return  # a leader was heard from recently: a disruptive candidate is ignored
+            if message.type == MessageType.PRE_VOTE:
+                pass  # a pre-vote never changes our term
+            elif message.type == MessageType.PRE_VOTE_RESPONSE and not message.reject:
+                pass  # granted pre-votes carry the term we asked for
+            else:
+                leader = message.sender if message.type in (
+                    MessageType.APPEND, MessageType.HEARTBEAT, MessageType.SNAPSHOT) else NONE
+                self._become_follower(message.term, leader)
+        elif message.term < self.term:
+            if message.type in (MessageType.APPEND, MessageType.HEARTBEAT):
+                # Tell a stale leader about the new term so it steps down.
+                self._send(Message(MessageType.APPEND_RESPONSE, self.id, message.sender, self.term))
+            elif message.type == MessageType.PRE_VOTE:
+                self._send(Message(MessageType.PRE_VOTE_RESPONSE, self.id, message.sender, self.term, reject=True))
+            return
+        handler = {
+            MessageType.PRE_VOTE: self._on_vote_request,
+            MessageType.VOTE: self._on_vote_request,
+            MessageType.PRE_VOTE_RESPONSE: self._on_vote_response,
+            MessageType.VOTE_RESPONSE: self._on_vote_response,
+            MessageType.APPEND: self._on_append,
+            MessageType.HEARTBEAT: self._on_heartbeat,
+            MessageType.SNAPSHOT: self._on_snapshot,
+            MessageType.APPEND_RESPONSE: self._on_append_response,
+            MessageType.HEARTBEAT_RESPONSE: self._on_heartbeat_response,
+            MessageType.TIMEOUT_NOW: self._on_timeout_now,
+        }[message.type]
+        handler(message)
+
+    def _on_vote_request(self, message: Message) -> None:
+        pre_vote = message.type == MessageType.PRE_VOTE
+        can_vote = (self.vote == message.sender or (self.vote == NONE and self.leader == NONE)
+                    or (pre_vote and message.term > self.term))
+        grant = can_vote and self._up_to_date(message.log_term, message.index)
+        response = MessageType.PRE_VOTE_RESPONSE if pre_vote else MessageType.VOTE_RESPONSE
+        self._send(Message(response, self.id, message.sender, message.term if grant else self.term, reject=not grant))
+        if grant and not pre_vote:
+            self.vote = message.sender
+            self.election_elapsed = 0
+
+    def _on_vote_response(self, message: Message) -> None:
+        expected = Role.PRE_CANDIDATE if message.type == MessageType.PRE_VOTE_RESPONSE else Role.CANDIDATE
+        if self.role != expected:
+            return
+        self.votes[message.sender] = not message.reject
+        outcome = self._tally()
+        if outcome == "won":
+            self._on_election_won(expected == Role.PRE_CANDIDATE)
+        elif outcome == "lost":
+            self._become_follower(self.term, NONE)
+
+    def _on_append(self, message: Message) -> None:
+        self.leader = message.sender
+        self.election_elapsed = 0
+        if self.role != Role.FOLLOWER:
+            self._become_follower(message.term, message.sender)
+        if message.index < self.commit:
+            self._send(Message(MessageType.APPEND_RESPONSE, self.id, message.sender, self.term, index=self.commit))
+            return
+        if self.term_at(message.index) != message.log_term:
+            self._send(Message(MessageType.APPEND_RESPONSE, self.id, message.sender, self.term,
+                               index=message.index, reject=True, reject_hint=min(message.index - 1, self.last_index)))
+            return
+        self._append(list(message.entries))
+        last_new = message.index + len(message.entries)
+        self._commit_to(min(message.commit, last_new))
+        self._send(Message(MessageType.APPEND_RESPONSE, self.id, message.sender, self.term, index=last_new))
+
+    def _on_heartbeat(self, message: Message) -> None:
+        self.leader = message.sender
+        self.election_elapsed = 0
+        if self.role != Role.FOLLOWER:
+            self._become_follower(message.term, message.sender)
+        self._commit_to(min(message.commit, self.last_index))
+        self._send(Message(MessageType.HEARTBEAT_RESPONSE, self.id, message.sender, self.term, context=message.context))
+
+    def _on_snapshot(self, message: Message) -> None:
+        self.leader = message.sender
+        self.election_elapsed = 0
+        if self.role != Role.FOLLOWER:
+            self._become_follower(message.term, message.sender)
+        snapshot = message.snapshot
+        if snapshot.index <= self.commit:
+            self._send(Message(MessageType.APPEND_RESPONSE, self.id, message.sender, self.term, index=self.commit))
+            return
+        if self.term_at(snapshot.index) == snapshot.term:
+            # We already hold the entries the snapshot covers: keep the log after it.
+            self.log = self.log[snapshot.index - self.snapshot.index:]
+        else:
+            self.log = []
+        self.snapshot = snapshot
+        self._reload_configuration()
+        self.stable_index = max(min(self.stable_index, self.last_index), snapshot.index)
+        self.commit = snapshot.index
+        self.applied = snapshot.index
+        self._snapshot_to_install = snapshot
+        self._send(Message(MessageType.APPEND_RESPONSE, self.id, message.sender, self.term, index=self.last_index))
+
+    def _on_timeout_now(self, message: Message) -> None:
+        if self.id in self.voters:
+            self._campaign(pre_vote=False, forced=True)
+
+    def _on_append_response(self, message: Message) -> None:
+        if self.role != Role.LEADER or message.sender not in self.progress:
+            return
+        progress = self.progress[message.sender]
+        progress.recent_active = True
+        if message.reject:
+            stale = message.index <= progress.match or (
+                progress.state == _Progress.PROBE and message.index != progress.next - 1)
+            if not stale:
+                progress.become_probe()
+                progress.next = max(progress.match + 1, min(message.index, message.reject_hint + 1))
+                self._send_append(message.sender)
+            return
+        if progress.acknowledge(message.index):
+            if progress.state == _Progress.PROBE or (
+                    progress.state == _Progress.SNAPSHOT and progress.match >= progress.pending_snapshot):
+                progress.become_replicate()
+            self._maybe_commit()
+            if message.sender == self.transferee and progress.match == self.last_index:
+                self._send(Message(MessageType.TIMEOUT_NOW, self.id, message.sender, self.term))
+        self._send_appends_while_room(message.sender)
+
+    def _on_heartbeat_response(self, message: Message) -> None:
+        if self.role != Role.LEADER or message.sender not in self.progress:
+            return
+        progress = self.progress[message.sender]
+        progress.recent_active = True
+        progress.paused = False
+        if progress.match < self.last_index:
+            self._send_append(message.sender)
+        if message.context in self._pending_reads:
+            index, acknowledged = self._pending_reads[message.context]
+            acknowledged.add(message.sender)
+            if len(acknowledged & self.voters) > len(self.voters) // 2:
+                del self._pending_reads[message.context]
+                self._read_states.append((message.context, index))
+
+    # ---- messages out ----------------------------------------------------------------------------
+
+    def _send(self, message: Message) -> None:
+        self._outbox.append(message)
+
+    def _send_heartbeat(self, peer: int, context: int) -> None:
+        progress = self.progress.get(peer)
+        commit = min(self.commit, progress.match) if progress else 0
+        self._send(Message(MessageType.HEARTBEAT, self.id, peer, self.term, commit=commit, context=context))
+
+    def _broadcast_append(self) -> None:
+        for peer in self.progress:
+            if peer != self.id:
+                self._send_appends_while_room(peer)
+
+    def _send_appends_while_room(self, peer: int) -> None:
+        progress = self.progress[peer]
+        while progress.next <= self.last_index and self._send_append(peer):
+            if progress.state != _Progress.REPLICATE:
+                break
+
+    def _send_append(self, peer: int) -> bool:
+        """Send the next entries to peer if flow control allows; returns whether anything was sent."""
+        progress = self.progress[peer]
+        if progress.state == _Progress.SNAPSHOT or progress.paused:
+            return False
+        if progress.state == _Progress.REPLICATE and len(progress.inflight) >= self.config.max_inflight_messages:
+            return False
+        previous = progress.next - 1
+        previous_term = self.term_at(previous)
+        if previous_term is None:
+            progress.state = _Progress.SNAPSHOT
+            progress.pending_snapshot = self.snapshot.index
+            self._send(Message(MessageType.SNAPSHOT, self.id, peer, self.term, snapshot=self.snapshot))
+            return True
+        high = min(self.last_index + 1, progress.next + self.config.max_entries_per_message)
+        entries = tuple(self._entries(progress.next, high, self.config.max_bytes_per_message))
+        self._send(Message(MessageType.APPEND, self.id, peer, self.term, previous_term, previous, entries, self.commit))
+        if progress.state == _Progress.REPLICATE and entries:
+            progress.next = entries[-1].index + 1
+            progress.inflight.append(entries[-1].index)
+        elif progress.state == _Progress.PROBE:
+            progress.paused = True
+        return True
+
+    def _maybe_commit(self) -> None:
+        matches = sorted((self.progress[v].match for v in self.voters if v in self.progress), reverse=True)
+        if not matches:
+            return
+        candidate = matches[len(self.voters) // 2] if len(matches) > len(self.voters) // 2 else 0
+        # Only entries of the current term are committed by counting (Raft, section 5.4.2).
+        if candidate > self.commit and self.term_at(candidate) == self.term:
+            self._commit_to(candidate)
+            self._broadcast_append()
+
+    def _commit_to(self, index: int) -> None:
+        if index > self.commit:
+            self.commit = index
+
+    # ---- Ready -----------------------------------------------------------------------------------
+
+    def has_ready(self) -> bool:
+        return bool(self._outbox or self._read_states or self._snapshot_to_install
+                    or self.last_index > self.stable_index or min(self.commit, self.stable_index) > self.applied
+                    or HardState(self.term, self.vote, self.commit) != self._last_hard_state)
+
+    def ready(self) -> Ready:
+        hard_state = HardState(self.term, self.vote, self.commit)
+        committed_high = min(self.commit, self.stable_index)  # apply only what this node has persisted
+        return Ready(
+            hard_state=hard_state if hard_state != self._last_hard_state else None,
+            entries=self._entries(self.stable_index + 1, self.last_index + 1) if self.last_index > self.stable_index
+            else [],
+            snapshot=self._snapshot_to_install,
+            committed_entries=self._entries(self.applied + 1, committed_high + 1) if committed_high > self.applied
+            else [],
+            messages=list(self._outbox),
+            read_states=list(self._read_states),
+        )
+
+    def advance(self, ready: Ready) -> None:
+        """The caller has persisted ready's state and entries, sent its messages and applied its entries."""
+        if ready.hard_state is not None:
+            self._last_hard_state = ready.hard_state
+        if ready.entries:
+            self.stable_index = max(self.stable_index, ready.entries[-1].index)
+        if ready.snapshot is not None and self._snapshot_to_install is ready.snapshot:
+            self._snapshot_to_install = None
+        if ready.committed_entries:
+            self.applied = ready.committed_entries[-1].index
+        del self._outbox[: len(ready.messages)]
+        del self._read_states[: len(ready.read_states)]
+        if self.role == Role.LEADER and self.progress[self.id].acknowledge(self.stable_index):
+            self._maybe_commit()

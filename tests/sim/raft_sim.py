@@ -1,0 +1,209 @@
+"""A deterministic simulation of Raft cores over a faulty network and crash-prone disks.
+
+One seeded random source decides every delay, drop, duplicate, partition and crash, so a failing run
+is replayed exactly from its seed. Checkers: election safety, log matching, state-machine safety.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from rocket.raft.core import Config, Entry, EntryKind, HardState, Message, NotLeader, RaftCore, Role, Snapshot
+from rocket.errors import RocketError
+
+
+@dataclasses.dataclass
+class Faults:
+    drop: float = 0.0  # chance a message is lost
+    duplicate: float = 0.0  # chance a message is delivered twice
+    delay_max: int = 1  # steps a message may take (reordering comes from different delays)
+    crash: float = 0.0  # chance per step that one random node crashes and restarts
+    partition: float = 0.0  # chance per step that the network splits at random
+    heal: float = 0.0  # chance per step that a partition heals
+
+
+@dataclasses.dataclass
+class Disk:
+    """What survives a crash: only what a Ready asked to persist, and it was persisted before sending."""
+
+    hard_state: HardState = HardState()
+    entries: list[Entry] = dataclasses.field(default_factory=list)
+    snapshot: Snapshot | None = None
+
+
+class SafetyViolation(AssertionError):
+    pass
+
+
+class Node:
+    def __init__(self, node_id: int, voters: tuple[int, ...], learners: tuple[int, ...], seed: int):
+        self.id = node_id
+        self.voters, self.learners = voters, learners
+        self.seed = seed
+        self.disk = Disk()
+        self.restarts = 0
+        self.core = self._boot()
+        self.applied: dict[int, tuple[int, bytes]] = {}
+
+    def _boot(self) -> RaftCore:
+        config = Config(self.id, self.voters, self.learners, seed=self.seed * 7919 + self.restarts)
+        return RaftCore(config, self.disk.hard_state, list(self.disk.entries), self.disk.snapshot)
+
+    def crash_and_restart(self) -> None:
+        """Everything not persisted is gone: the core restarts from the disk."""
+        self.restarts += 1
+        self.core = self._boot()
+
+    def persist(self, hard_state: HardState | None, entries: list[Entry], snapshot: Snapshot | None) -> None:
+        if snapshot is not None:
+            self.disk.snapshot = snapshot
+            self.disk.entries = [e for e in self.disk.entries if e.index > snapshot.index]
+            if self.disk.entries and self.disk.entries[0].index != snapshot.index + 1:
+                self.disk.entries = []
+        if entries:
+            first = entries[0].index
+            self.disk.entries = [e for e in self.disk.entries if e.index < first] + list(entries)
+        if hard_state is not None:
+            self.disk.hard_state = hard_state
+
+    def compact(self) -> None:
+        """Snapshot the state machine at its applied index and drop the log before it."""
+        applied = self.core.applied
+        if applied > self.core.snapshot.index + 5:
+            self.core.compact(applied, b"state-at-%d" % applied)
+            self.disk.snapshot = self.core.snapshot
+            self.disk.entries = [e for e in self.disk.entries if e.index > applied]
+
+
+class Cluster:
+    def __init__(self, seed: int, size: int = 3, faults: Faults | None = None, learners: tuple[int, ...] = ()):
+        self.seed = seed
+        self.random = random.Random(seed)
+        self.faults = faults or Faults()
+        voters = tuple(range(1, size + 1))
+        self.nodes = {i: Node(i, voters, learners, seed) for i in voters + learners}
+        self.in_flight: list[tuple[int, int, Message]] = []  # (deliver at step, order, message)
+        self.step_number = 0
+        self.order = 0
+        self.blocked: set[tuple[int, int]] = set()
+        self.leaders_by_term: dict[int, int] = {}
+        self.committed: dict[int, tuple[int, bytes]] = {}  # index -> (term, data) applied anywhere
+        self.proposed = 0
+
+    # ---- running ---------------------------------------------------------------------------------
+
+    def run(self, steps: int, propose_every: int = 3) -> None:
+        for _ in range(steps):
+            self.step()
+            if self.step_number % propose_every == 0:
+                self.propose(b"v%d" % self.step_number)
+
+    def step(self) -> None:
+        self.step_number += 1
+        self._maybe_inject_faults()
+        for node in self.nodes.values():
+            node.core.tick()
+        due = [item for item in self.in_flight if item[0] <= self.step_number]
+        self.in_flight = [item for item in self.in_flight if item[0] > self.step_number]
+        self.random.shuffle(due)
+        for _, _, message in due:
+            target = self.nodes.get(message.to)
+            if target is not None:
+                target.core.step(message)
+        for node in self.nodes.values():
+            self._handle_ready(node)
+        self._check_election_safety()
+
+    def _handle_ready(self, node: Node) -> None:
+        while node.core.has_ready():
+            ready = node.core.ready()
+            node.persist(ready.hard_state, ready.entries, ready.snapshot)
+            for message in ready.messages:
+                self._send(message)
+            if ready.snapshot is not None:
+                node.applied = {i: v for i, v in node.applied.items() if i <= ready.snapshot.index}
+            for entry in ready.committed_entries:
+                self._apply(node, entry)
+            node.core.advance(ready)
+
+    def _send(self, message: Message) -> None:
+        if (message.sender, message.to) in self.blocked or self.random.random() < self.faults.drop:
+            return
+        copies = 2 if self.random.random() < self.faults.duplicate else 1
+        for _ in range(copies):
+            self.order += 1
+            delay = self.random.randint(1, self.faults.delay_max)
+            self.in_flight.append((self.step_number + delay, self.order, message))
+
+    def _apply(self, node: Node, entry: Entry) -> None:
+        value = (entry.term, entry.data)
+        known = self.committed.setdefault(entry.index, value)
+        if known != value:
+            raise SafetyViolation(f"seed {self.seed}: node {node.id} applied {value} at {entry.index}, "
+                                  f"another node applied {known}")
+        node.applied[entry.index] = value
+
+    def propose(self, data: bytes) -> int | None:
+        leaders = [n for n in self.nodes.values() if n.core.role == Role.LEADER]
+        if not leaders:
+            return None
+        leader = self.random.choice(leaders)
+        try:
+            index = leader.core.propose(data)
+        except (NotLeader, RocketError):
+            return None
+        self.proposed += 1
+        self._handle_ready(leader)
+        return index
+
+    # ---- faults ----------------------------------------------------------------------------------
+
+    def _maybe_inject_faults(self) -> None:
+        if self.random.random() < self.faults.crash:
+            self.random.choice(list(self.nodes.values())).crash_and_restart()
+        if self.random.random() < self.faults.partition:
+            ids = list(self.nodes)
+            self.random.shuffle(ids)
+            cut = self.random.randint(1, len(ids) - 1)
+            one_way = self.random.random() < 0.3
+            self.blocked = {(a, b) for a in ids[:cut] for b in ids[cut:]}
+            if not one_way:
+                self.blocked |= {(b, a) for a, b in self.blocked}
+        if self.blocked and self.random.random() < self.faults.heal:
+            self.blocked = set()
+
+    def heal(self) -> None:
+        self.blocked = set()
+        self.faults = Faults()
+
+    # ---- checkers --------------------------------------------------------------------------------
+
+    def _check_election_safety(self) -> None:
+        for node in self.nodes.values():
+            if node.core.role == Role.LEADER:
+                known = self.leaders_by_term.setdefault(node.core.term, node.id)
+                if known != node.id:
+                    raise SafetyViolation(f"seed {self.seed}: nodes {known} and {node.id} both lead term {node.core.term}")
+
+    def check_log_matching(self) -> None:
+        """Where two logs hold an entry with the same index and term, they agree on everything before it."""
+        logs = {node.id: {e.index: e for e in node.core.log} for node in self.nodes.values()}
+        ids = sorted(logs)
+        for position, a in enumerate(ids):
+            for b in ids[position + 1:]:
+                common = sorted(set(logs[a]) & set(logs[b]))
+                agreed = [i for i in common if logs[a][i].term == logs[b][i].term]
+                if not agreed:
+                    continue
+                for index in common:
+                    if index <= agreed[-1] and logs[a][index] != logs[b][index]:
+                        raise SafetyViolation(f"seed {self.seed}: logs of {a} and {b} differ at {index} "
+                                              f"but agree at {agreed[-1]}")
+
+    def leader(self) -> Node | None:
+        leaders = [n for n in self.nodes.values() if n.core.role == Role.LEADER]
+        return max(leaders, key=lambda n: n.core.term) if leaders else None
+
+    def conf_entries(self) -> list[Entry]:
+        return [e for n in self.nodes.values() for e in n.core.log if e.kind == EntryKind.CONF_CHANGE]
