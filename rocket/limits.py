@@ -37,6 +37,10 @@ topic_name_bytes_max = 249  # Kafka's limit; names become file and key prefixes
 group_name_bytes_max = 249  # consumer group names become key prefixes too
 topics_max = 100_000  # metadata held in memory by the nameserver
 
+# Raft.
+raft_tick_s = 0.1  # one Raft tick; elections take 10-20 ticks, heartbeats every tick
+raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they are dropped, as by a network
+
 # Client.
 producer_linger_ms_default = 5  # how long a producer waits to fill a batch
 producer_batch_bytes_default = 1 * MiB  # bytes after which a producer sends a batch at once

@@ -40,6 +40,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("CommitOffsets", "CommitOffsetsRequest", "Empty"),
         MethodSpec("FetchOffsets", "FetchOffsetsRequest", "OffsetsResponse"),
         MethodSpec("SearchOffset", "SearchOffsetRequest", "OffsetsResponse"),
+        MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload"),
     ]
 }
 

@@ -1,0 +1,155 @@
+"""The multi-raft host: drives every Raft group of one node. Each round takes the Ready of every group,
+makes all of it durable with one WAL fsync, then sends messages coalesced into one payload per
+destination node, applies committed entries to each group's state machine, and advances the cores.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.raft import codec
+from rocket.raft.core import Config, Entry, EntryKind, Message, RaftCore
+from rocket.raft.wal import GroupState, Update, Wal
+
+log = logging.getLogger("rocket.raft")
+
+Post = Callable[[int, bytes], None]  # queue a payload for a node without waiting; it may be lost
+
+
+class StateMachine(Protocol):
+    """What a group applies: the storage role's queues and KV, or the nameserver's metadata."""
+
+    def apply(self, entries: list[Entry]) -> None: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+
+class _Group:
+    def __init__(self, core: RaftCore, machine: StateMachine):
+        self.core = core
+        self.machine = machine
+        self.waiters: dict[int, tuple[int, trio.Event, list]] = {}  # index -> (term, event, outcome)
+
+
+class RaftHost:
+    def __init__(self, node_id: int, wal: Wal, post: Post, tick_s: float = limits.raft_tick_s):
+        self.node_id = node_id
+        self.wal = wal
+        self._post = post
+        self.tick_s = tick_s
+        self.groups: dict[int, _Group] = {}
+        self._wake = trio.Event()
+        self.fsyncs = 0
+
+    def add_group(self, group: int, voters: tuple[int, ...], machine: StateMachine,
+                  learners: tuple[int, ...] = ()) -> RaftCore:
+        """Host a group, restoring it from the WAL if it was here before the restart."""
+        restored = self.wal.groups.get(group, GroupState())
+        config = Config(self.node_id, voters, learners, seed=group * 7919 + self.node_id)
+        core = RaftCore(config, restored.hard_state, restored.entries, restored.snapshot)
+        if restored.snapshot is not None:
+            machine.restore(restored.snapshot.data)
+        self.groups[group] = _Group(core, machine)
+        self._wake.set()
+        return core
+
+    def receive(self, payload: bytes | memoryview) -> None:
+        """Messages from another node; ones for groups not hosted here are dropped (Raft retries)."""
+        for group, message in codec.decode_messages(payload):
+            hosted = self.groups.get(group)
+            if hosted is not None and message.to == self.node_id:
+                hosted.core.step(message)
+        self._wake.set()
+
+    async def propose(self, group: int, data: bytes, timeout_s: float = limits.request_timeout_s_default) -> int:
+        """Replicate data in the group's log; returns its index once it is applied here."""
+        hosted = self.groups.get(group)
+        if hosted is None:
+            raise RocketError(Code.UNAVAILABLE, f"group {group} is not hosted on node {self.node_id}")
+        index = hosted.core.propose(data)
+        return await self._wait_applied(hosted, index, timeout_s)
+
+    async def propose_conf_change(self, group: int, action: str, node: int,
+                                  timeout_s: float = limits.request_timeout_s_default) -> int:
+        hosted = self.groups[group]
+        index = hosted.core.propose_conf_change(action, node)
+        return await self._wait_applied(hosted, index, timeout_s)
+
+    async def _wait_applied(self, hosted: _Group, index: int, timeout_s: float) -> int:
+        outcome: list = []
+        event = trio.Event()
+        hosted.waiters[index] = (hosted.core.term, event, outcome)
+        self._wake.set()
+        try:
+            with trio.fail_after(timeout_s):
+                await event.wait()
+        except trio.TooSlowError:
+            raise RocketError(Code.TIMEOUT, f"entry {index} not applied within {timeout_s} s") from None
+        finally:
+            hosted.waiters.pop(index, None)
+        if not outcome[0]:
+            raise RocketError(Code.UNAVAILABLE, f"entry {index} was lost to a leader change; retry")
+        return index
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._ticker)
+            task_status.started()
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                await self._round()
+
+    async def _ticker(self) -> None:
+        while True:
+            await trio.sleep(self.tick_s)
+            for hosted in self.groups.values():
+                hosted.core.tick()
+            self._wake.set()
+
+    async def _round(self) -> None:
+        readies = {group: hosted.core.ready() for group, hosted in self.groups.items() if hosted.core.has_ready()}
+        if not readies:
+            return
+        updates = [Update(group, ready.hard_state, ready.entries, ready.snapshot) for group, ready in readies.items()
+                   if ready.hard_state is not None or ready.entries or ready.snapshot is not None]
+        if updates:
+            await trio.to_thread.run_sync(self._persist, updates)
+        outgoing: dict[int, list[tuple[int, Message]]] = {}
+        for group, ready in readies.items():
+            for message in ready.messages:
+                outgoing.setdefault(message.to, []).append((group, message))
+        for destination, messages in outgoing.items():
+            self._post(destination, codec.encode_messages(messages))
+        for group, ready in readies.items():
+            hosted = self.groups[group]
+            if ready.snapshot is not None:
+                hosted.machine.restore(ready.snapshot.data)
+            if ready.committed_entries:
+                hosted.machine.apply([e for e in ready.committed_entries if e.kind == EntryKind.NORMAL])
+                self._resolve(hosted, ready.committed_entries)
+            hosted.core.advance(ready)
+            if hosted.core.has_ready():
+                self._wake.set()
+
+    def _persist(self, updates: list[Update]) -> None:
+        self.wal.write(updates)
+        self.wal.sync()
+        self.fsyncs += 1
+
+    @staticmethod
+    def _resolve(hosted: _Group, entries: list[Entry]) -> None:
+        for entry in entries:
+            waiter = hosted.waiters.get(entry.index)
+            if waiter is not None:
+                term, event, outcome = waiter
+                outcome.append(entry.term == term)
+                event.set()

@@ -1,0 +1,59 @@
+"""Raft messages between nodes over the project's RPC layer: one TCP connection per peer carrying
+RaftStep calls, fed by a bounded queue (a full queue drops payloads, which Raft tolerates)."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from rocket import limits
+from rocket.errors import RocketError
+from rocket.transport.tcp import open_tcp_channel
+
+log = logging.getLogger("rocket.raft")
+reconnect_s = 0.2  # pause before reconnecting to a peer that is down
+
+
+class PeerLinks:
+    def __init__(self, node_id: int, addresses: dict[int, tuple[str, int]]):
+        self.node_id = node_id
+        self.addresses = addresses  # shared, not copied: membership may add nodes later
+        self._outboxes: dict[int, trio.MemorySendChannel] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def post(self, destination: int, payload: bytes) -> None:
+        outbox = self._outboxes.get(destination)
+        if outbox is None:
+            if destination not in self.addresses or self._nursery is None:
+                return
+            outbox, inbox = trio.open_memory_channel(limits.raft_outbox_payloads_max)
+            self._outboxes[destination] = outbox
+            self._nursery.start_soon(self._link, destination, inbox)
+        try:
+            outbox.send_nowait(payload)
+        except trio.WouldBlock:
+            log.debug("dropping Raft messages to node %d: its queue is full", destination)
+
+    async def _link(self, destination: int, inbox: trio.MemoryReceiveChannel) -> None:
+        host, port = self.addresses[destination]
+        while True:
+            try:
+                async with open_tcp_channel(host, port, "avro") as channel:
+                    async for payload in inbox:
+                        await channel.call("RaftStep", {"sender": self.node_id, "payload": payload}, timeout_s=5)
+            except RocketError as error:
+                log.debug("link to node %d: %s", destination, error)
+            # Whatever queued while the peer was down is stale by now: Raft resends what matters.
+            while True:
+                try:
+                    inbox.receive_nowait()
+                except trio.WouldBlock:
+                    break
+            await trio.sleep(reconnect_s)
