@@ -7,6 +7,7 @@ is replayed exactly from its seed. Checkers: election safety, log matching, stat
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 
 from rocket.raft.core import Config, Entry, EntryKind, HardState, Message, NotLeader, RaftCore, Role, Snapshot
@@ -45,15 +46,19 @@ class Node:
         self.restarts = 0
         self.core = self._boot()
         self.applied: dict[int, tuple[int, bytes]] = {}
+        self.kv: dict[str, object] = {}  # the register state machine of the KV workload
+        self.released: dict[int, int] = {}  # ReadIndex request id -> index
 
     def _boot(self) -> RaftCore:
         config = Config(self.id, self.voters, self.learners, seed=self.seed * 7919 + self.restarts)
         return RaftCore(config, self.disk.hard_state, list(self.disk.entries), self.disk.snapshot)
 
     def crash_and_restart(self) -> None:
-        """Everything not persisted is gone: the core restarts from the disk."""
+        """Everything not persisted is gone: the core restarts from the disk and re-applies its log."""
         self.restarts += 1
         self.core = self._boot()
+        self.kv = {}
+        self.released = {}
 
     def persist(self, hard_state: HardState | None, entries: list[Entry], snapshot: Snapshot | None) -> None:
         if snapshot is not None:
@@ -90,6 +95,8 @@ class Cluster:
         self.leaders_by_term: dict[int, int] = {}
         self.committed: dict[int, tuple[int, bytes]] = {}  # index -> (term, data) applied anywhere
         self.proposed = 0
+        self.apply_hook = None  # called with (node, entry) for each applied entry
+        self.read_hook = None  # called with (node, read_states) from each Ready
 
     # ---- running ---------------------------------------------------------------------------------
 
@@ -114,6 +121,8 @@ class Cluster:
         for node in self.nodes.values():
             self._handle_ready(node)
         self._check_election_safety()
+        if self.step_number % 10 == 0:
+            self._check_leader_completeness()
 
     def _handle_ready(self, node: Node) -> None:
         while node.core.has_ready():
@@ -125,6 +134,10 @@ class Cluster:
                 node.applied = {i: v for i, v in node.applied.items() if i <= ready.snapshot.index}
             for entry in ready.committed_entries:
                 self._apply(node, entry)
+                if self.apply_hook is not None:
+                    self.apply_hook(node, entry)
+            if ready.read_states and self.read_hook is not None:
+                self.read_hook(node, ready.read_states)
             node.core.advance(ready)
 
     def _send(self, message: Message) -> None:
@@ -186,6 +199,17 @@ class Cluster:
                 if known != node.id:
                     raise SafetyViolation(f"seed {self.seed}: nodes {known} and {node.id} both lead term {node.core.term}")
 
+    def _check_leader_completeness(self) -> None:
+        """A leader holds every entry committed before its term began."""
+        for node in self.nodes.values():
+            core = node.core
+            if core.role != Role.LEADER:
+                continue
+            for index, (term, data) in self.committed.items():
+                if term < core.term and index > core.snapshot.index and core.term_at(index) != term:
+                    raise SafetyViolation(f"seed {self.seed}: leader {node.id} of term {core.term} lacks committed "
+                                          f"entry {index} of term {term}")
+
     def check_log_matching(self) -> None:
         """Where two logs hold an entry with the same index and term, they agree on everything before it."""
         logs = {node.id: {e.index: e for e in node.core.log} for node in self.nodes.values()}
@@ -207,3 +231,122 @@ class Cluster:
 
     def conf_entries(self) -> list[Entry]:
         return [e for n in self.nodes.values() for e in n.core.log if e.kind == EntryKind.CONF_CHANGE]
+
+
+class KvWorkload:
+    """Clients run put, get and compare-and-set on a few registers: writes go through the leader's log,
+    reads through ReadIndex. The history it records is checked for linearizability."""
+
+    def __init__(self, cluster: Cluster, keys: tuple[str, ...] = ("a", "b"), in_flight_max: int = 4):
+        self.cluster = cluster
+        self.keys = keys
+        self.in_flight_max = in_flight_max
+        self.next_id = 0
+        self.pending: dict[int, dict] = {}
+        self.history: list = []
+        self.results: dict[int, object] = {}  # op id -> result, the same wherever it was applied
+        for node in cluster.nodes.values():
+            node.kv = {}
+            node.released = {}
+        cluster.apply_hook = self._apply
+        cluster.read_hook = self._released
+
+    def _apply(self, node: Node, entry: Entry) -> None:
+        if not entry.data.startswith(b"{"):
+            return
+        command = json.loads(entry.data)
+        state = node.kv.get(command["key"])
+        if command["kind"] == "put":
+            node.kv[command["key"]], result = command["value"], None
+        elif state == command["expected"]:
+            node.kv[command["key"]], result = command["new"], True
+        else:
+            result = False
+        known = self.results.setdefault(command["id"], result)
+        if known != result:
+            raise SafetyViolation(f"seed {self.cluster.seed}: op {command['id']} gave {result} and {known}")
+
+    def _released(self, node: Node, read_states) -> None:
+        for request_id, index in read_states:
+            node.released[request_id] = index
+
+    def invoke(self, now: float) -> None:
+        leader = self.cluster.leader()
+        if leader is None or len(self.pending) >= self.in_flight_max:
+            return
+        random_source = self.cluster.random
+        self.next_id += 1
+        op_id = self.next_id
+        key = random_source.choice(self.keys)
+        kind = random_source.choice(["put", "get", "cas"])
+        operation = {"id": op_id, "key": key, "kind": kind, "node": leader, "restarts": leader.restarts,
+                     "invoked": now}
+        try:
+            if kind == "get":
+                operation["argument"] = ()
+                leader.core.read_index(op_id)
+            else:
+                if kind == "put":
+                    command = {"value": random_source.randint(1, 5)}
+                    operation["argument"] = (command["value"],)
+                else:
+                    command = {"expected": random_source.choice([None, 1, 2, 3]), "new": random_source.randint(1, 5)}
+                    operation["argument"] = (command["expected"], command["new"])
+                data = json.dumps({"id": op_id, "key": key, "kind": kind, **command}).encode()
+                operation["index"] = leader.core.propose(data)
+                operation["entry"] = (leader.core.term, data)
+        except RocketError:
+            return  # refused outright (not leader, transfer in progress): never happened
+        self.pending[op_id] = operation
+        self.cluster._handle_ready(leader)
+
+    def collect(self, now: float) -> None:
+        from tests.sim.linearizability import Operation
+
+        for op_id, operation in list(self.pending.items()):
+            node = operation["node"]
+            if node.restarts != operation["restarts"]:
+                # The client's server crashed: it never hears back, and a write may or may not have happened.
+                del self.pending[op_id]
+                if operation["kind"] != "get":
+                    self.history.append(Operation(op_id, operation["key"], operation["kind"], operation["argument"],
+                                                  operation["invoked"]))
+                continue
+            if operation["kind"] == "get":
+                index = node.released.get(op_id)
+                if index is None or node.core.applied < index:
+                    continue
+                result = node.kv.get(operation["key"])
+            else:
+                applied = node.applied.get(operation["index"])
+                if applied is None:
+                    continue
+                if applied != operation["entry"]:
+                    del self.pending[op_id]  # another entry took its index: it never happened
+                    continue
+                result = self.results[op_id]
+            del self.pending[op_id]
+            self.history.append(Operation(op_id, operation["key"], operation["kind"], operation["argument"],
+                                          operation["invoked"], now, result))
+
+    def finish(self) -> list:
+        from tests.sim.linearizability import Operation
+
+        for op_id, operation in self.pending.items():
+            if operation["kind"] != "get":  # an unanswered write may have happened; a read changes nothing
+                self.history.append(Operation(op_id, operation["key"], operation["kind"], operation["argument"],
+                                              operation["invoked"]))
+        return self.history
+
+
+def run_kv(cluster: Cluster, steps: int) -> KvWorkload:
+    workload = KvWorkload(cluster)
+    for number in range(steps):
+        workload.invoke(number + 0.25)
+        cluster.step()
+        workload.collect(number + 0.75)
+    cluster.heal()
+    for number in range(steps, steps + 300):
+        cluster.step()
+        workload.collect(number + 0.75)
+    return workload

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from rocket.raft.core import MessageType, Role
-from tests.sim.raft_sim import Cluster, Faults, Node
+from tests.sim.linearizability import Operation, linearizable
+from tests.sim.raft_sim import Cluster, Faults, KvWorkload, Node, SafetyViolation, run_kv
 
 NASTY = Faults(drop=0.1, duplicate=0.05, delay_max=6, crash=0.01, partition=0.02, heal=0.05)
 
@@ -55,7 +56,6 @@ def test_elects_a_leader_and_replicates():
     cluster.check_log_matching()
 
 
-@pytest.mark.parametrize("seed", range(40))
 def test_safety_under_faults_then_liveness(seed):
     """Drops, duplicates, reordering, partitions and crashes never break safety; healed, it makes progress."""
     cluster = Cluster(seed=seed, size=5 if seed % 2 else 3, faults=NASTY)
@@ -174,3 +174,81 @@ def test_snapshot_brings_a_lagging_node_back():
     commit_everywhere(cluster, b"back")
     assert MessageType.SNAPSHOT in sent
     assert lagging.core.snapshot.index > 0
+
+
+def test_kv_register_is_linearizable_under_faults(seed):
+    """Puts, gets through ReadIndex and compare-and-sets form a linearizable history despite faults."""
+    cluster = Cluster(seed=seed, size=3, faults=Faults(drop=0.05, duplicate=0.05, delay_max=4, crash=0.005,
+                                                       partition=0.01, heal=0.05))
+    workload = run_kv(cluster, 500)
+    history = workload.finish()
+    assert sum(1 for op in history if op.responded != float("inf")) > 5
+    ok, problem = linearizable(history)
+    assert ok, f"seed {seed}: {problem}"
+
+
+def test_linearizability_checker_catches_a_stale_read():
+    """The checker itself refuses a history where a read returns an overwritten value."""
+    history = [Operation(1, "a", "put", (1,), 0, 1), Operation(2, "a", "put", (2,), 2, 3),
+               Operation(3, "a", "get", (), 4, 5, 1)]
+    assert not linearizable(history)[0]
+    history[2] = Operation(3, "a", "get", (), 2.5, 5, 1)  # concurrent with the second put: fine
+    assert linearizable(history)[0]
+
+
+def test_checkers_catch_planted_bugs(monkeypatch):
+    """Known bugs are caught: a node that votes twice in a term, a leader that commits without a quorum,
+    and reads served from any replica without ReadIndex."""
+    import rocket.raft.core as core_module
+
+    original_vote = core_module.RaftCore._on_vote_request
+
+    def votes_for_anyone(self, message):
+        self.vote = core_module.NONE  # forgets its vote: may grant a second one in the same term
+        original_vote(self, message)
+
+    monkeypatch.setattr(core_module.RaftCore, "_on_vote_request", votes_for_anyone)
+    assert _some_seed_fails(lambda seed: Cluster(seed=seed, size=3, faults=NASTY).run(600))
+    monkeypatch.undo()
+
+    def commits_alone(self):
+        if self.term_at(self.last_index) == self.term:
+            self._commit_to(self.progress[self.id].match)
+
+    monkeypatch.setattr(core_module.RaftCore, "_maybe_commit", commits_alone)
+    assert _some_seed_fails(lambda seed: Cluster(seed=seed, size=3, faults=NASTY).run(600))
+    monkeypatch.undo()
+
+    def stale_reads(seed):
+        cluster = Cluster(seed=seed, size=3, faults=Faults(drop=0.05, delay_max=4, partition=0.02, heal=0.05))
+        workload = KvWorkload(cluster)
+        original_invoke = workload.invoke
+
+        def invoke(now):
+            node = cluster.random.choice(list(cluster.nodes.values()))
+            if cluster.random.random() < 0.5:
+                key = cluster.random.choice(workload.keys)
+                workload.history.append(Operation(10_000 + len(workload.history), key, "get", (), now, now + 0.1,
+                                                  node.kv.get(key)))
+            else:
+                original_invoke(now)
+
+        workload.invoke = invoke
+        for number in range(600):
+            workload.invoke(number + 0.25)
+            cluster.step()
+            workload.collect(number + 0.75)
+        ok, problem = linearizable(workload.finish())
+        if not ok:
+            raise SafetyViolation(problem)
+
+    assert _some_seed_fails(stale_reads)
+
+
+def _some_seed_fails(run, seeds: int = 40) -> bool:
+    for seed in range(seeds):
+        try:
+            run(seed)
+        except SafetyViolation:
+            return True
+    return False
