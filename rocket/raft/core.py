@@ -73,6 +73,7 @@ class Message:
     reject_hint: int = 0
     context: int = 0  # ReadIndex request id carried by heartbeats; 1 on votes forced by a transfer
     snapshot: Snapshot | None = None
+    quiesce: bool = False  # on a heartbeat: the group is idle and fully replicated, stop ticking
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -190,6 +191,7 @@ class RaftCore:
         self._pending_reads: dict[int, tuple[int, set[int]]] = {}  # request id -> (index, acks)
         self._snapshot_to_install: Snapshot | None = None
         self._last_hard_state = HardState(self.term, self.vote, self.commit)
+        self.quiet = False  # an idle group's host stops ticking it until traffic or wake() arrives
         self._reset_election_timeout()
 
     # ---- the log ---------------------------------------------------------------------------------
@@ -292,6 +294,7 @@ class RaftCore:
         return self._propose(data, EntryKind.NORMAL)
 
     def _propose(self, data: bytes, kind: EntryKind) -> int:
+        self.wake()
         if self.role != Role.LEADER:
             raise NotLeader(self.leader)
         if self.transferee != NONE:
@@ -329,6 +332,29 @@ class RaftCore:
         else:
             self._send_append(to)
 
+    def quiesce(self) -> bool:
+        """As leader of an idle, fully replicated group: tell followers to stop their election timers
+        and stop ticking. Returns whether the group went quiet."""
+        if self.role != Role.LEADER or self._pending_reads or self.transferee != NONE:
+            return False
+        if self.commit != self.last_index or any(p.match != self.last_index for p in self.progress.values()):
+            return False
+        for peer in self.progress:
+            if peer != self.id:
+                self._send(Message(MessageType.HEARTBEAT, self.id, peer, self.term, commit=self.commit, quiesce=True))
+        self.quiet = True
+        return True
+
+    def wake(self) -> None:
+        """Resume ticking: on traffic, or when the host learns that the quiet group's leader is gone."""
+        if not self.quiet:
+            return
+        self.quiet = False
+        if self.role == Role.LEADER:
+            self.election_elapsed = 0
+            for progress in self.progress.values():
+                progress.recent_active = True
+
     def compact(self, index: int, data: bytes) -> None:
         """Replace the log up to index (applied) with a snapshot of the state machine."""
         invariant(self.snapshot.index < index <= self.applied, "compact only what is applied")
@@ -355,6 +381,8 @@ class RaftCore:
         self.randomized_election_ticks = ticks + self._random.randrange(ticks)
 
     def tick(self) -> None:
+        if self.quiet:
+            return
         self.election_elapsed += 1
         if self.role == Role.LEADER:
             self.heartbeat_elapsed += 1
@@ -439,6 +467,8 @@ class RaftCore:
     # ---- messages in -----------------------------------------------------------------------------
 
     def step(self, message: Message) -> None:
+        if self.quiet and not self._keeps_quiet(message):
+            self.wake()
         if message.term > self.term:
             if message.type in (MessageType.PRE_VOTE, MessageType.VOTE):
                 in_lease = (self.config.check_quorum and self.leader != NONE
@@ -473,6 +503,16 @@ class RaftCore:
             MessageType.TIMEOUT_NOW: self._on_timeout_now,
         }[message.type]
         handler(message)
+
+    def _keeps_quiet(self, message: Message) -> bool:
+        """Messages that need no timers: the current leader's heartbeats (answered while quiet) and
+        plain acknowledgements. Anything else means work, and wakes the group."""
+        if message.term != self.term:
+            return False
+        if message.type == MessageType.HEARTBEAT:
+            return message.sender == self.leader
+        return message.type == MessageType.HEARTBEAT_RESPONSE or (
+            message.type == MessageType.APPEND_RESPONSE and not message.reject)
 
     def _on_vote_request(self, message: Message) -> None:
         pre_vote = message.type == MessageType.PRE_VOTE
@@ -519,6 +559,11 @@ class RaftCore:
         if self.role != Role.FOLLOWER:
             self._become_follower(message.term, message.sender)
         self._commit_to(min(message.commit, self.last_index))
+        if message.quiesce:
+            # Go quiet only when holding everything the leader has committed; otherwise ask for it.
+            self.quiet = self.commit == self.last_index == message.commit
+            if self.quiet:
+                return
         self._send(Message(MessageType.HEARTBEAT_RESPONSE, self.id, message.sender, self.term, context=message.context))
 
     def _on_snapshot(self, message: Message) -> None:

@@ -22,6 +22,8 @@ class Faults:
     crash: float = 0.0  # chance per step that one random node crashes and restarts
     partition: float = 0.0  # chance per step that the network splits at random
     heal: float = 0.0  # chance per step that a partition heals
+    quiesce: float = 0.0  # chance per step that a leader tries to quiesce its group
+    wake: float = 0.0  # chance per step that a quiet node is woken by its host's liveness check
 
 
 @dataclasses.dataclass
@@ -173,6 +175,12 @@ class Cluster:
     # ---- faults ----------------------------------------------------------------------------------
 
     def _maybe_inject_faults(self) -> None:
+        for node in self.nodes.values():
+            # Idle leaders go quiet when they can; a host's liveness check wakes quiet groups, late.
+            if self.random.random() < self.faults.quiesce:
+                node.core.quiesce()
+            if node.core.quiet and self.random.random() < self.faults.wake:
+                node.core.wake()
         if self.random.random() < self.faults.crash:
             self.random.choice(list(self.nodes.values())).crash_and_restart()
         if self.random.random() < self.faults.partition:
@@ -189,6 +197,8 @@ class Cluster:
     def heal(self) -> None:
         self.blocked = set()
         self.faults = Faults()
+        for node in self.nodes.values():
+            node.core.wake()
 
     # ---- checkers --------------------------------------------------------------------------------
 

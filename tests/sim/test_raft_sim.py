@@ -10,7 +10,7 @@ from rocket.raft.core import MessageType, Role
 from tests.sim.linearizability import Operation, linearizable
 from tests.sim.raft_sim import Cluster, Faults, KvWorkload, Node, SafetyViolation, run_kv
 
-NASTY = Faults(drop=0.1, duplicate=0.05, delay_max=6, crash=0.01, partition=0.02, heal=0.05)
+NASTY = Faults(drop=0.1, duplicate=0.05, delay_max=6, crash=0.01, partition=0.02, heal=0.05, quiesce=0.02, wake=0.05)
 
 
 def members(cluster: Cluster, leader: Node) -> list[Node]:
@@ -179,7 +179,7 @@ def test_snapshot_brings_a_lagging_node_back():
 def test_kv_register_is_linearizable_under_faults(seed):
     """Puts, gets through ReadIndex and compare-and-sets form a linearizable history despite faults."""
     cluster = Cluster(seed=seed, size=3, faults=Faults(drop=0.05, duplicate=0.05, delay_max=4, crash=0.005,
-                                                       partition=0.01, heal=0.05))
+                                                       partition=0.01, heal=0.05, quiesce=0.02, wake=0.05))
     workload = run_kv(cluster, 500)
     history = workload.finish()
     assert sum(1 for op in history if op.responded != float("inf")) > 5
@@ -252,3 +252,21 @@ def _some_seed_fails(run, seeds: int = 40) -> bool:
         except SafetyViolation:
             return True
     return False
+
+
+def test_idle_group_goes_quiet_and_wakes_on_traffic():
+    """A fully replicated idle group stops ticking on every node; a proposal wakes it and commits."""
+    cluster = Cluster(seed=21)
+    leader = settle(cluster)
+    commit_everywhere(cluster, b"before")
+    leader = cluster.leader()
+    assert leader.core.quiesce()
+    for _ in range(5):
+        cluster.step()
+    assert all(node.core.quiet for node in cluster.nodes.values())
+    terms = [node.core.term for node in cluster.nodes.values()]
+    for _ in range(200):  # far beyond any election timeout: nothing happens while quiet
+        cluster.step()
+    assert [node.core.term for node in cluster.nodes.values()] == terms and not cluster.in_flight
+    commit_everywhere(cluster, b"after")
+    assert cluster.leader().id == leader.id
