@@ -39,6 +39,8 @@ topics_max = 100_000  # metadata held in memory by the nameserver
 
 # Raft.
 raft_tick_s = 0.1  # one Raft tick; elections take 10-20 ticks, heartbeats every tick
+raft_election_ticks = 10  # Config.election_ticks: ticks without a leader before a pre-vote
+raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (no ticks, no heartbeats)
 raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they are dropped, as by a network
 
 # Client.

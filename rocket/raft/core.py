@@ -12,6 +12,7 @@ import enum
 import random
 from collections import deque
 
+from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 
 NONE = 0  # no node: node ids start at 1
@@ -98,7 +99,7 @@ class Config:
     node_id: int
     voters: tuple[int, ...]
     learners: tuple[int, ...] = ()
-    election_ticks: int = 10
+    election_ticks: int = limits.raft_election_ticks
     heartbeat_ticks: int = 1
     max_inflight_messages: int = 64  # append messages in flight to one follower
     max_entries_per_message: int = 256

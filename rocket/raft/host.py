@@ -14,11 +14,12 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.raft import codec
-from rocket.raft.core import Config, Entry, EntryKind, Message, RaftCore
+from rocket.raft.core import Config, Entry, EntryKind, Message, MessageType, RaftCore, Role
 from rocket.raft.wal import GroupState, Update, Wal
 
 log = logging.getLogger("rocket.raft")
 
+_upkeep = {MessageType.HEARTBEAT, MessageType.HEARTBEAT_RESPONSE, MessageType.APPEND, MessageType.APPEND_RESPONSE}
 Post = Callable[[int, bytes], None]  # queue a payload for a node without waiting; it may be lost
 
 
@@ -37,6 +38,7 @@ class _Group:
         self.core = core
         self.machine = machine
         self.waiters: dict[int, tuple[int, trio.Event, list]] = {}  # index -> (term, event, outcome)
+        self.idle_ticks = 0  # ticks since the group last had work; a leader quiesces it past a bound
 
 
 class RaftHost:
@@ -47,6 +49,8 @@ class RaftHost:
         self.tick_s = tick_s
         self.groups: dict[int, _Group] = {}
         self._wake = trio.Event()
+        self.ticks = 0
+        self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
         self.fsyncs = 0
 
     def add_group(self, group: int, voters: tuple[int, ...], machine: StateMachine,
@@ -62,11 +66,15 @@ class RaftHost:
         return core
 
     def receive(self, payload: bytes | memoryview) -> None:
-        """Messages from another node; ones for groups not hosted here are dropped (Raft retries)."""
+        """Messages from another node; ones for groups not hosted here are dropped (Raft retries).
+        Group 0 carries the node-to-node heartbeat that keeps liveness known while groups are quiet."""
         for group, message in codec.decode_messages(payload):
+            self._last_heard[message.sender] = self.ticks
             hosted = self.groups.get(group)
             if hosted is not None and message.to == self.node_id:
                 hosted.core.step(message)
+                if message.entries or message.type not in _upkeep:
+                    hosted.idle_ticks = 0
         self._wake.set()
 
     async def propose(self, group: int, data: bytes, timeout_s: float = limits.request_timeout_s_default) -> int:
@@ -75,6 +83,7 @@ class RaftHost:
         if hosted is None:
             raise RocketError(Code.UNAVAILABLE, f"group {group} is not hosted on node {self.node_id}")
         index = hosted.core.propose(data)
+        hosted.idle_ticks = 0
         return await self._wait_applied(hosted, index, timeout_s)
 
     async def propose_conf_change(self, group: int, action: str, node: int,
@@ -111,9 +120,32 @@ class RaftHost:
     async def _ticker(self) -> None:
         while True:
             await trio.sleep(self.tick_s)
-            for hosted in self.groups.values():
-                hosted.core.tick()
+            self._tick()
             self._wake.set()
+
+    def _tick(self) -> None:
+        """Tick the groups that are awake, quiesce idle ones this node leads, wake quiet ones whose
+        leader has gone silent, and send one liveness heartbeat to each peer node."""
+        self.ticks += 1
+        peers: set[int] = set()
+        silent_after = 2 * limits.raft_election_ticks
+        for hosted in self.groups.values():
+            core = hosted.core
+            peers.update(core.voters | core.learners)
+            if core.quiet:
+                leader_heard = self._last_heard.get(core.leader, -silent_after)
+                if core.leader != self.node_id and self.ticks - leader_heard > silent_after:
+                    core.wake()
+                continue
+            core.tick()
+            hosted.idle_ticks += 1
+            if hosted.idle_ticks >= limits.raft_quiesce_ticks and core.role == Role.LEADER and not hosted.waiters:
+                core.quiesce()
+        for peer in peers - {self.node_id}:
+            self._post(peer, codec.encode_messages([(0, Message(MessageType.HEARTBEAT, self.node_id, peer, 0))]))
+
+    def quiet_groups(self) -> int:
+        return sum(1 for hosted in self.groups.values() if hosted.core.quiet)
 
     async def _round(self) -> None:
         readies = {group: hosted.core.ready() for group, hosted in self.groups.items() if hosted.core.has_ready()}

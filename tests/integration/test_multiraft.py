@@ -146,3 +146,36 @@ async def test_many_groups_replicate_survive_a_loss_and_recover(tmp_path):
             assert nodes[2].machines[group].values == nodes[0].machines[group].values  # rebuilt from its WAL
             assert len(nodes[2].machines[group].values) == 18
         nursery.cancel_scope.cancel()
+
+
+async def test_idle_groups_go_quiet_and_a_dead_leader_is_replaced(tmp_path):
+    """Idle groups stop ticking and stop persisting; when the node leading them dies, the others notice
+    through the node heartbeat, wake those groups and elect new leaders."""
+    addresses: dict[int, tuple[str, int]] = {}
+    nodes = [Node(node_id, tmp_path / f"node{node_id}", addresses) for node_id in VOTERS]
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            await node.start(nursery)
+        await propose_everywhere(nodes, b"q", 1)
+        with trio.fail_after(20):
+            while not all(node.host.quiet_groups() == GROUPS for node in nodes):
+                await trio.sleep(0.05)
+        fsyncs = [node.host.fsyncs for node in nodes]
+        await trio.sleep(0.5)  # 25 ticks: a group that was awake would persist heartbeats' commits and more
+        assert [node.host.fsyncs for node in nodes] == fsyncs
+        assert all(node.host.quiet_groups() == GROUPS for node in nodes)
+
+        by_group = await leaders(nodes)
+        victim = max(nodes, key=lambda node: sum(1 for leader in by_group.values() if leader is node))
+        survivors = [node for node in nodes if node is not victim]
+        victim.stop()
+        started = trio.current_time()
+        with trio.fail_after(20):
+            while True:
+                led = {g for node in survivors for g, h in node.host.groups.items() if h.core.role == Role.LEADER}
+                if len(led) == GROUPS:
+                    break
+                await trio.sleep(0.02)
+        assert trio.current_time() - started < 10
+        await propose_everywhere(survivors, b"after", 1)
+        nursery.cancel_scope.cancel()
