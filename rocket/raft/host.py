@@ -14,7 +14,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.raft import codec
-from rocket.raft.core import Config, Entry, EntryKind, Message, MessageType, RaftCore, Role
+from rocket.raft.core import Config, Entry, EntryKind, HardState, Message, MessageType, RaftCore, Role
 from rocket.raft.wal import GroupState, Update, Wal
 
 log = logging.getLogger("rocket.raft")
@@ -50,6 +50,7 @@ class RaftHost:
         self.groups: dict[int, _Group] = {}
         self._wake = trio.Event()
         self.ticks = 0
+        self._compactions: list[Update] = []  # snapshots taken since the last round, to write with it
         self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
         self.fsyncs = 0
 
@@ -153,8 +154,14 @@ class RaftHost:
             return
         updates = [Update(group, ready.hard_state, ready.entries, ready.snapshot) for group, ready in readies.items()
                    if ready.hard_state is not None or ready.entries or ready.snapshot is not None]
+        updates += self._compactions
+        self._compactions = []
         if updates:
             await trio.to_thread.run_sync(self._persist, updates)
+        if self.wal.sealed_segments() >= limits.raft_wal_segments_max:
+            # Taken here, between steps, so that no core changes while it is read.
+            live = [self._checkpoint_of(group, hosted) for group, hosted in self.groups.items()]
+            await trio.to_thread.run_sync(self.wal.checkpoint, live)
         outgoing: dict[int, list[tuple[int, Message]]] = {}
         for group, ready in readies.items():
             for message in ready.messages:
@@ -169,6 +176,10 @@ class RaftHost:
                 hosted.machine.apply([e for e in ready.committed_entries if e.kind == EntryKind.NORMAL])
                 self._resolve(hosted, ready.committed_entries)
             hosted.core.advance(ready)
+            compacted = self._maybe_compact(group, hosted)
+            if compacted is not None:
+                self._compactions.append(compacted)  # written with the next round; the WAL still holds the log
+                self._wake.set()
             if hosted.core.has_ready():
                 self._wake.set()
 
@@ -176,6 +187,27 @@ class RaftHost:
         self.wal.write(updates)
         self.wal.sync()
         self.fsyncs += 1
+
+    @staticmethod
+    def _checkpoint_of(group: int, hosted: _Group) -> Update:
+        core = hosted.core
+        stable = [entry for entry in core.log if entry.index <= core.stable_index]
+        return Update(group, HardState(core.term, core.vote, core.commit), stable, core.snapshot)
+
+    def _maybe_compact(self, group: int, hosted: _Group) -> Update | None:
+        """Snapshot a group whose log grew long, so its log (and the WAL) can shrink."""
+        core = hosted.core
+        if core.applied - core.snapshot.index < limits.raft_log_entries_max:
+            return None
+        data = hosted.machine.snapshot()
+        if len(data) > self.wal.log.segment_bytes_max // 2:
+            # Snapshots live in the WAL for now, so a huge one cannot be taken: keep the log instead.
+            log.warning("group %d: a snapshot of %d bytes does not fit the WAL; its log is not compacted", group,
+                        len(data))
+            hosted.idle_ticks = 0
+            return None
+        core.compact(core.applied, data)
+        return Update(group, None, [], core.snapshot)
 
     @staticmethod
     def _resolve(hosted: _Group, entries: list[Entry]) -> None:

@@ -73,6 +73,18 @@ class Wal:
     def sync(self) -> None:
         self.log.sync()
 
+    def sealed_segments(self) -> int:
+        return len(self.log.segments()) - 1
+
+    def checkpoint(self, groups: list[Update]) -> int:
+        """Rewrite every live group (snapshot, entries after it, hard state) into fresh segments, make
+        that durable, then delete everything older. Replay of the survivors gives the same groups,
+        and a crash between the two steps only leaves records that the checkpoint overrides."""
+        start = self.log.roll()
+        self.write(groups)
+        self.log.sync()
+        return self.log.delete_before(start)
+
     def close(self) -> None:
         self.log.close()
 

@@ -201,6 +201,28 @@ class CommitLog:
             self._active_size = 0
             self._directory_dirty = True
 
+    def roll(self) -> int:
+        """Start a new segment now (unless the active one is empty); returns where it starts."""
+        if self._active_size:
+            self._roll()
+        return self.end_position
+
+    def delete_before(self, position: int) -> int:
+        """Delete the sealed segments that end at or before position; returns how many. The caller
+        syncs first: what replaces those records must be durable before they go."""
+        removed = 0
+        with self._bookkeeping:
+            while len(self._starts) > 1 and self._starts[1] <= position:
+                start = self._starts.pop(0)
+                reader = self._readers.pop(start, None)
+                if reader is not None:
+                    os.close(reader)
+                self._path(start).unlink()
+                removed += 1
+            if removed:
+                self._directory_dirty = True
+        return removed
+
     def sync(self) -> int:
         """Make everything appended before the call durable (segment data and new file names), and
         return the position up to which that holds. May run in one thread while append runs in

@@ -18,11 +18,16 @@ VOTERS = (1, 2, 3)
 
 
 class ListMachine:
-    def __init__(self):
+    """Appends every value; keeps only the newest `keep` when given, so its snapshots stay small."""
+
+    def __init__(self, keep: int | None = None):
         self.values: list[bytes] = []
+        self.keep = keep
 
     def apply(self, entries):
         self.values.extend(entry.data for entry in entries if entry.data)
+        if self.keep is not None:
+            del self.values[:-self.keep]
 
     def snapshot(self) -> bytes:
         return b"\n".join(self.values)
@@ -32,7 +37,10 @@ class ListMachine:
 
 
 class Node:
-    def __init__(self, node_id: int, directory, addresses: dict[int, tuple[str, int]]):
+    def __init__(self, node_id: int, directory, addresses: dict[int, tuple[str, int]], wal_segment_bytes: int = 1 << 26,
+                 keep: int | None = None):
+        self.wal_segment_bytes = wal_segment_bytes
+        self.keep = keep
         self.node_id = node_id
         self.directory = directory
         self.addresses = addresses
@@ -47,8 +55,8 @@ class Node:
     async def _run(self, task_status):
         with self.scope:
             links = PeerLinks(self.node_id, self.addresses)
-            self.host = RaftHost(self.node_id, Wal.open(self.directory), links.post, tick_s=0.02)
-            self.machines = {group: ListMachine() for group in range(1, GROUPS + 1)}
+            self.host = RaftHost(self.node_id, Wal.open(self.directory, self.wal_segment_bytes), links.post, tick_s=0.02)
+            self.machines = {group: ListMachine(self.keep) for group in range(1, GROUPS + 1)}
             for group, machine in self.machines.items():
                 self.host.add_group(group, VOTERS, machine)
             dispatcher = Dispatcher()
@@ -178,4 +186,34 @@ async def test_idle_groups_go_quiet_and_a_dead_leader_is_replaced(tmp_path):
                 await trio.sleep(0.02)
         assert trio.current_time() - started < 10
         await propose_everywhere(survivors, b"after", 1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_logs_compact_and_a_returning_node_installs_a_snapshot(tmp_path, monkeypatch):
+    """Groups snapshot their state machines and the WAL drops old segments; a node that was away while
+    that happened catches up through InstallSnapshot and ends with the same state."""
+    from rocket import limits
+
+    monkeypatch.setattr(limits, "raft_log_entries_max", 20)
+    monkeypatch.setattr(limits, "raft_wal_segments_max", 2)
+    addresses: dict[int, tuple[str, int]] = {}
+    nodes = [Node(node_id, tmp_path / f"node{node_id}", addresses, wal_segment_bytes=1 << 20, keep=10)
+             for node_id in VOTERS]
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            await node.start(nursery)
+        await propose_everywhere(nodes, b"x", 2)
+        nodes[2].stop()
+        await trio.sleep(0.1)
+        payload = bytes(10_000)
+        by_group = await leaders(nodes[:2])
+        for number in range(300):
+            await by_group[1].host.propose(1, payload + b"%d" % number, 10)
+        assert all(node.host.groups[1].core.snapshot.index > 250 for node in nodes[:2])
+        assert all(len(list(node.directory.glob("*.log"))) <= 4 for node in nodes[:2]), "old WAL segments deleted"
+        await nodes[2].start(nursery)
+        with trio.fail_after(20):
+            while nodes[2].machines[1].values != nodes[0].machines[1].values:
+                await trio.sleep(0.05)
+        assert nodes[2].host.groups[1].core.snapshot.index > 250
         nursery.cancel_scope.cancel()

@@ -76,3 +76,23 @@ def test_damaged_record_is_reported(tmp_path):
     with pytest.raises(RocketError) as caught:
         Wal.open(tmp_path)
     assert caught.value.code == Code.CORRUPT_DATA
+
+
+def test_checkpoint_drops_old_segments_and_keeps_every_group(tmp_path):
+    """A checkpoint rewrites live groups into fresh segments and deletes the rest; replay is unchanged."""
+    wal = Wal.open(tmp_path, segment_bytes_max=1 << 20)
+    for round_number in range(40):
+        wal.write([Update(group, HardState(1, 1, round_number), [Entry(1, round_number + 1, bytes(20_000))], None)
+                   for group in (1, 2, 3)])
+    wal.sync()
+    assert wal.sealed_segments() >= 2
+    live = Wal.open(tmp_path, segment_bytes_max=1 << 20).groups
+    compacted = {g: Update(g, live[g].hard_state, live[g].entries[-5:], Snapshot(35, 1, (1, 2, 3), (), b"sm"))
+                 for g in live}
+    removed = wal.checkpoint(list(compacted.values()))
+    wal.close()
+    assert removed >= 2 and len(list(tmp_path.glob("*.log"))) <= 2
+    restored = Wal.open(tmp_path, segment_bytes_max=1 << 20).groups
+    for group in (1, 2, 3):
+        assert restored[group].snapshot.index == 35 and restored[group].hard_state == HardState(1, 1, 39)
+        assert [e.index for e in restored[group].entries] == [36, 37, 38, 39, 40]
