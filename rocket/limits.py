@@ -43,7 +43,8 @@ raft_election_ticks = 10  # Config.election_ticks: ticks without a leader before
 raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (no ticks, no heartbeats)
 raft_log_entries_max = 10_000  # applied entries a group keeps before it snapshots and compacts its log
 raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites live groups and drops the rest
-raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they are dropped, as by a network
+raft_outbox_payloads_max = 256
+raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered  # payloads queued for one peer; beyond this they are dropped, as by a network
 
 # Client.
 producer_linger_ms_default = 5  # how long a producer waits to fill a batch

@@ -45,9 +45,12 @@ class PeerLinks:
         host, port = self.addresses[destination]
         while True:
             try:
-                async with open_tcp_channel(host, port, "avro") as channel:
+                async with open_tcp_channel(host, port, "avro") as channel, trio.open_nursery() as calls:
+                    # Calls are pipelined: waiting for each answer would allow one payload per round trip.
+                    window = trio.Semaphore(limits.raft_payloads_in_flight_max)
                     async for payload in inbox:
-                        await channel.call("RaftStep", {"sender": self.node_id, "payload": payload}, timeout_s=5)
+                        await window.acquire()
+                        calls.start_soon(self._call, channel, payload, window)
             except RocketError as error:
                 log.debug("link to node %d: %s", destination, error)
             # Whatever queued while the peer was down is stale by now: Raft resends what matters.
@@ -57,3 +60,11 @@ class PeerLinks:
                 except trio.WouldBlock:
                     break
             await trio.sleep(reconnect_s)
+
+    async def _call(self, channel, payload: bytes, window: trio.Semaphore) -> None:
+        try:
+            await channel.call("RaftStep", {"sender": self.node_id, "payload": payload}, timeout_s=5)
+        except RocketError as error:
+            log.debug("Raft messages to a peer lost: %s", error)  # Raft resends what matters
+        finally:
+            window.release()
