@@ -8,7 +8,7 @@ import logging
 import trio
 
 from rocket import limits
-from rocket.errors import RocketError
+from rocket.errors import Code, RocketError
 from rocket.transport.tcp import open_tcp_channel
 
 log = logging.getLogger("rocket.raft")
@@ -44,15 +44,16 @@ class PeerLinks:
     async def _link(self, destination: int, inbox: trio.MemoryReceiveChannel) -> None:
         host, port = self.addresses[destination]
         while True:
-            try:
-                async with open_tcp_channel(host, port, "avro") as channel, trio.open_nursery() as calls:
-                    # Calls are pipelined: waiting for each answer would allow one payload per round trip.
-                    window = trio.Semaphore(limits.raft_payloads_in_flight_max)
-                    async for payload in inbox:
-                        await window.acquire()
-                        calls.start_soon(self._call, channel, payload, window)
-            except RocketError as error:
-                log.debug("link to node %d: %s", destination, error)
+            with trio.CancelScope() as connection:
+                try:
+                    async with open_tcp_channel(host, port, "avro") as channel, trio.open_nursery() as calls:
+                        # Calls are pipelined: waiting for each answer would allow one payload per round trip.
+                        window = trio.Semaphore(limits.raft_payloads_in_flight_max)
+                        async for payload in inbox:
+                            await window.acquire()
+                            calls.start_soon(self._call, channel, payload, window, connection)
+                except RocketError as error:
+                    log.debug("link to node %d: %s", destination, error)
             # Whatever queued while the peer was down is stale by now: Raft resends what matters.
             while True:
                 try:
@@ -61,10 +62,12 @@ class PeerLinks:
                     break
             await trio.sleep(reconnect_s)
 
-    async def _call(self, channel, payload: bytes, window: trio.Semaphore) -> None:
+    async def _call(self, channel, payload: bytes, window: trio.Semaphore, connection: trio.CancelScope) -> None:
         try:
             await channel.call("RaftStep", {"sender": self.node_id, "payload": payload}, timeout_s=5)
         except RocketError as error:
             log.debug("Raft messages to a peer lost: %s", error)  # Raft resends what matters
+            if error.code in (Code.CONNECTION_LOST, Code.UNAVAILABLE, Code.TIMEOUT):
+                connection.cancel()  # reconnect
         finally:
             window.release()
