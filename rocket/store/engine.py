@@ -116,7 +116,8 @@ class Store:
         commit_log = CommitLog.open(directory / "log", segment_bytes_max)
         try:
             index = QueueIndex.open(directory / "index")
-        except (plyvel.Error, ValueError, struct.error) as error:
+        # Only damage is repaired this way: an I/O error such as another process holding the lock is raised.
+        except (plyvel.CorruptionError, ValueError, struct.error) as error:
             logger.warning("index at %s is unreadable (%s): rebuilding it from the log", directory / "index", error)
             shutil.rmtree(directory / "index", ignore_errors=True)
             index = QueueIndex.open(directory / "index")
