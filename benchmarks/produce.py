@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--batch-bytes", type=int, default=1 << 20)
     parser.add_argument("--profile", action="store_true", help="record the server with py-spy in round 1")
-    parser.add_argument("--data-parent", default=".", help="a directory on the disk under test")
+    parser.add_argument("--data-parent", default=None, help="a directory on the disk under test (default: the temporary directory)")
     arguments = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
 

@@ -33,7 +33,7 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def scenario(groups: int, size: int, seconds: float, mode: str = "load", data_parent: str = ".") -> dict:
+def scenario(groups: int, size: int, seconds: float, mode: str = "load", data_parent: str | None = None) -> dict:
     directory = Path(tempfile.mkdtemp(prefix="rocket-raft-bench-", dir=data_parent))
     ports = ",".join(map(str, free_ports(3)))
     processes = [subprocess.Popen(
@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--idle-groups", type=int, default=10_000)
-    parser.add_argument("--data-parent", default=".")
+    parser.add_argument("--data-parent", default=None, help="a directory on the disk under test (default: the temporary directory)")
     arguments = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     if arguments.groups:
