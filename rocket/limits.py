@@ -46,6 +46,7 @@ raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (
 raft_log_entries_max = 10_000  # applied entries a group keeps before it snapshots and compacts its log
 raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites live groups and drops the rest
 raft_outbox_payloads_max = 256
+raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
 raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered  # payloads queued for one peer; beyond this they are dropped, as by a network
 
 # Client.
@@ -63,3 +64,4 @@ invariant(max(read_bytes_max, batch_bytes_max) * 4 // 3 + 64 * KiB <= frame_byte
 invariant(segment_bytes_min <= segment_bytes_max_default, "segment bounds are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
+invariant(raft_payload_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a Raft payload fits a frame, even in JSON")

@@ -50,6 +50,7 @@ class RaftHost:
         self.groups: dict[int, _Group] = {}
         self._wake = trio.Event()
         self.ticks = 0
+        self._peers: set[int] = set()  # the other nodes of every hosted group
         self._compactions: list[Update] = []  # snapshots taken since the last round, to write with it
         self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
         self.fsyncs = 0
@@ -128,11 +129,11 @@ class RaftHost:
         """Tick the groups that are awake, quiesce idle ones this node leads, wake quiet ones whose
         leader has gone silent, and send one liveness heartbeat to each peer node."""
         self.ticks += 1
-        peers: set[int] = set()
+        if self.ticks % 50 == 1:  # membership changes slowly: refresh the set of peer nodes now and then
+            self._peers = set().union(*(h.core.voters | h.core.learners for h in self.groups.values())) - {self.node_id}
         silent_after = 2 * limits.raft_election_ticks
         for hosted in self.groups.values():
             core = hosted.core
-            peers.update(core.voters | core.learners)
             if core.quiet:
                 leader_heard = self._last_heard.get(core.leader, -silent_after)
                 if core.leader != self.node_id and self.ticks - leader_heard > silent_after:
@@ -142,7 +143,7 @@ class RaftHost:
             hosted.idle_ticks += 1
             if hosted.idle_ticks >= limits.raft_quiesce_ticks and core.role == Role.LEADER and not hosted.waiters:
                 core.quiesce()
-        for peer in peers - {self.node_id}:
+        for peer in self._peers:
             self._post(peer, codec.encode_messages([(0, Message(MessageType.HEARTBEAT, self.node_id, peer, 0))]))
 
     def quiet_groups(self) -> int:
@@ -167,7 +168,8 @@ class RaftHost:
             for message in ready.messages:
                 outgoing.setdefault(message.to, []).append((group, message))
         for destination, messages in outgoing.items():
-            self._post(destination, codec.encode_messages(messages))
+            for chunk in _chunks(messages):
+                self._post(destination, codec.encode_messages(chunk))
         for group, ready in readies.items():
             hosted = self.groups[group]
             if ready.snapshot is not None:
@@ -217,3 +219,22 @@ class RaftHost:
                 term, event, outcome = waiter
                 outcome.append(entry.term == term)
                 event.set()
+
+
+def _message_bytes(message: Message) -> int:
+    size = 96 + sum(len(entry.data) + 32 for entry in message.entries)
+    return size + (len(message.snapshot.data) + 64 if message.snapshot is not None else 0)
+
+
+def _chunks(messages: list[tuple[int, Message]]) -> list[list[tuple[int, Message]]]:
+    """Split one destination's messages into payloads that each fit an RPC frame."""
+    chunks: list[list[tuple[int, Message]]] = [[]]
+    size = 0
+    for pair in messages:
+        message_size = _message_bytes(pair[1])
+        if chunks[-1] and size + message_size > limits.raft_payload_bytes_max:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(pair)
+        size += message_size
+    return chunks

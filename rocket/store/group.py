@@ -113,7 +113,7 @@ class Store:
             elif kind == OFFSETS:
                 record = orjson.loads(body)
                 commits.append((record["group"], record["topic"], {int(q): o for q, o in record["offsets"].items()}))
-            if len(entries) + len(commits) >= 10_000:
+            if len(entries) + len(commits) >= limits.index_replay_records_per_write_max:
                 self.index.apply(entries, stats, commits, position + HEADER_BYTES + len(body))
                 entries, commits = [], []
         self.index.apply(entries, stats, commits, self.log.end_position)
@@ -145,10 +145,13 @@ class Store:
     async def _enqueue(self, pending: _Pending) -> None:
         if self._failed is not None:
             raise self._failed
-        while self._pending_bytes > limits.append_queue_bytes_max:
-            if self._room.is_set():
-                self._room = trio.Event()
-            await self._room.wait()
+        with trio.move_on_after(limits.append_queue_wait_s_max) as waited:
+            while self._pending_bytes > limits.append_queue_bytes_max:
+                if self._room.is_set():
+                    self._room = trio.Event()
+                await self._room.wait()
+        if waited.cancelled_caught:
+            raise RocketError(Code.OVERLOADED, f"the store has {self._pending_bytes} bytes waiting for the disk; retry")
         self._pending.append(pending)
         self._pending_bytes += pending.size
         self._work.set()

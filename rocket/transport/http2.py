@@ -25,7 +25,7 @@ from rocket.transport.listen import serve_connections
 from rocket.transport.rpc import Dispatcher, Lifecycle, encode_error, method_spec
 
 log = logging.getLogger("rocket.http2")
-receive_bytes = 256 * 1024
+receive_bytes = 1024 * 1024
 stream_window_bytes = 16 * limits.MiB  # bulk produce must not stall on the 64 KiB default window
 connection_window_bytes = 4 * stream_window_bytes  # one stream whose reader stalls must not starve the others
 frame_bytes = 1 * limits.MiB  # fewer, larger DATA frames: less per-frame Python work
@@ -104,6 +104,10 @@ class _Endpoint:
     def start(self) -> None:
         self.connection.initiate_connection()
         self.connection.update_settings(_local_settings(self.client_side))
+        # h2 raises its frame-size check only on the peer's ACK, and applies it from the next receive_data;
+        # large DATA frames in the same read as the ACK would fail with FRAME_SIZE_ERROR. Accepting them
+        # early is safe: it is the size we just advertised.
+        self.connection.max_inbound_frame_size = frame_bytes
         self.connection.increment_flow_control_window(connection_window_bytes - default_window_bytes)
         self.wake_writer()
 
@@ -567,6 +571,11 @@ class Http2Channel(_Endpoint):
             self.wake_writer()
         except h2.exceptions.StreamClosedError:
             pass  # both sides ended it: the normal case
+
+    async def write_loop(self) -> None:
+        await super().write_loop()
+        # The writer returns only when the socket broke; calls must not wait for a reader to notice too.
+        self._fail(RocketError(Code.CONNECTION_LOST, "connection lost while sending"))
 
     def _fail(self, error: RocketError) -> None:
         if self._broken is None:

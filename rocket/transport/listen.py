@@ -43,7 +43,8 @@ async def serve_connections(lifecycle: Lifecycle, host: str, port: int, run_conn
         async def accept_until_drained() -> None:
             with trio.CancelScope() as accept_scope:
                 nursery.start_soon(cancel_on, lifecycle.draining, accept_scope)
-                await trio.serve_listeners(handle, listeners)
+                # Connections live in the outer nursery: draining stops accepting, not the calls in flight.
+                await trio.serve_listeners(handle, listeners, handler_nursery=nursery)
 
         nursery.start_soon(accept_until_drained)
         task_status.started(bound_port)

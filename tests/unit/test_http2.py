@@ -13,6 +13,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.serde import avro_codec, json_codec
 from rocket.transport import http2
 from rocket.transport.http2 import open_http2_channel, serve_http2
 from rocket.transport.rpc import Dispatcher, Lifecycle
@@ -244,7 +245,7 @@ async def test_curl_calls_ping(server):
     ("/rocket.v1/ListTopics", "POST", "{}", "application/json", 500, "INTERNAL"),
 ])
 async def test_curl_sees_status_error_header_and_error_body(server, path, method, data, content_type, status, code):
-    """Every refusal carries an HTTP status, a rocket-error header and an Error body in JSON."""
+    """Every refusal carries an HTTP status, a rocket-error header, an Error body in a known serde and trailers."""
     arguments = ["-i", "-X", method, "-H", f"content-type: {content_type}"]
     if data:
         arguments += ["--data-binary", data]
@@ -252,9 +253,11 @@ async def test_curl_sees_status_error_header_and_error_body(server, path, method
     head, _, body = answered.stdout.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/2 %d" % status), head
     assert b"rocket-error: " + code.encode() in head
-    error, end = json.JSONDecoder().raw_decode(body.decode())
-    assert error["code"] == code
-    assert f"rocket-status: {int(Code[code])}" in body[end:].decode()  # curl -i prints trailers after the body
+    # curl -i prints the trailers straight after the body.
+    error_body, _, trailers = body.partition(b"rocket-status: ")
+    assert trailers.startswith(b"%d\r\n" % Code[code])
+    serde = avro_codec if b"content-type: application/avro" in head else json_codec
+    assert serde.decode("Error", error_body)["code"] == code
 
 
 async def read_until_closed(stream: trio.SocketStream) -> bytes:
@@ -332,6 +335,28 @@ async def test_server_death_is_connection_lost():
             with pytest.raises(RocketError) as next_call:
                 await channel.call("Ping", {}, timeout_s=5)
     assert in_flight.value.code == Code.CONNECTION_LOST and next_call.value.code == Code.CONNECTION_LOST
+
+
+async def test_drain_stops_the_server_and_its_connections():
+    """Setting lifecycle.draining ends serve_http2 by itself, and the client's next call fails cleanly."""
+    lifecycle = Lifecycle()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            state = Server(port=0, lifecycle=lifecycle)
+            port = await nursery.start(serve_http2, make_dispatcher(state), lifecycle, "127.0.0.1", 0)
+            async with open_http2_channel("127.0.0.1", port) as channel:
+                assert (await channel.call("Ping", {}))["version"] == "test-1"
+                lifecycle.drain()
+                with pytest.raises(RocketError) as caught:
+                    while True:
+                        await channel.call("Ping", {}, timeout_s=5)
+                        await trio.sleep(0.01)
+        # Leaving the nursery proves serve_http2 returned by itself.
+    assert caught.value.code in (Code.UNAVAILABLE, Code.CONNECTION_LOST)
+    with pytest.raises(RocketError) as refused:
+        async with open_http2_channel("127.0.0.1", port):
+            pass
+    assert refused.value.code == Code.UNAVAILABLE
 
 
 async def test_drain_finishes_calls_ends_streams_and_stops_the_server():

@@ -96,3 +96,15 @@ def test_checkpoint_drops_old_segments_and_keeps_every_group(tmp_path):
     for group in (1, 2, 3):
         assert restored[group].snapshot.index == 35 and restored[group].hard_state == HardState(1, 1, 39)
         assert [e.index for e in restored[group].entries] == [36, 37, 38, 39, 40]
+
+
+def test_payloads_to_a_peer_are_split_to_fit_a_frame():
+    """A round's messages to one node are cut into payloads under the limit, in order, none lost."""
+    from rocket import limits
+    from rocket.raft.host import _chunks
+
+    big = Entry(1, 1, bytes(64 * 1024))
+    messages = [(group, Message(MessageType.APPEND, 1, 2, 1, entries=(big,))) for group in range(300)]
+    chunks = _chunks(messages)
+    assert len(chunks) > 1 and [pair for chunk in chunks for pair in chunk] == messages
+    assert all(len(codec.encode_messages(chunk)) <= limits.raft_payload_bytes_max for chunk in chunks)

@@ -235,3 +235,18 @@ async def test_bad_batches_and_offsets_are_refused(tmp_path):
         store.read("t", 0, 5, 100)
     assert caught.value.code == Code.OFFSET_OUT_OF_RANGE
     store.close()
+
+
+async def test_appends_beyond_the_queue_bound_are_refused_in_time(tmp_path, monkeypatch):
+    """When the disk cannot keep up, an append waits a bounded time for room, then gets OVERLOADED."""
+    monkeypatch.setattr(limits, "append_queue_bytes_max", 1000)
+    monkeypatch.setattr(limits, "append_queue_wait_s_max", 0.1)
+    store = Store.open(tmp_path, SEGMENT)  # its flusher is not running: nothing drains the queue
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.append, "t", 0, make_batch(0, 20))  # queued, never flushed
+        await trio.sleep(0.01)
+        with pytest.raises(RocketError) as caught:
+            await store.append("t", 0, make_batch(20, 1))
+        assert caught.value.code == Code.OVERLOADED
+        nursery.cancel_scope.cancel()
+    store.close()
