@@ -42,6 +42,7 @@ topics_max = 100_000  # metadata held in memory by the nameserver
 # Raft.
 raft_tick_s = 0.1  # one Raft tick; elections take 10-20 ticks, heartbeats every tick
 raft_election_ticks = 10  # Config.election_ticks: ticks without a leader before a pre-vote
+raft_heartbeat_ticks = 3  # a leader heartbeats three times per election timeout, not ten: thousands of groups
 raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (no ticks, no heartbeats)
 raft_log_entries_max = 10_000  # applied entries a group keeps before it snapshots and compacts its log
 raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites live groups and drops the rest

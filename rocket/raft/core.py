@@ -100,7 +100,7 @@ class Config:
     voters: tuple[int, ...]
     learners: tuple[int, ...] = ()
     election_ticks: int = limits.raft_election_ticks
-    heartbeat_ticks: int = 1
+    heartbeat_ticks: int = limits.raft_heartbeat_ticks
     max_inflight_messages: int = 64  # append messages in flight to one follower
     max_entries_per_message: int = 256
     max_bytes_per_message: int = 1 << 20

@@ -54,6 +54,17 @@ class RaftHost:
         self._compactions: list[Update] = []  # snapshots taken since the last round, to write with it
         self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
         self.fsyncs = 0
+        # Only groups touched since the last round are asked for a Ready, and only awake groups are
+        # ticked: thousands of quiet groups then cost nothing per tick.
+        self._active: set[int] = set()
+        self._awake: set[int] = set()
+
+    def _touched(self, group: int, hosted: _Group) -> None:
+        self._active.add(group)
+        if hosted.core.quiet:
+            self._awake.discard(group)
+        else:
+            self._awake.add(group)
 
     def add_group(self, group: int, voters: tuple[int, ...], machine: StateMachine,
                   learners: tuple[int, ...] = ()) -> RaftCore:
@@ -64,6 +75,7 @@ class RaftHost:
         if restored.snapshot is not None:
             machine.restore(restored.snapshot.data)
         self.groups[group] = _Group(core, machine)
+        self._touched(group, self.groups[group])
         self._wake.set()
         return core
 
@@ -75,6 +87,7 @@ class RaftHost:
             hosted = self.groups.get(group)
             if hosted is not None and message.to == self.node_id:
                 hosted.core.step(message)
+                self._touched(group, hosted)
                 if message.entries or message.type not in _upkeep:
                     hosted.idle_ticks = 0
         self._wake.set()
@@ -86,12 +99,14 @@ class RaftHost:
             raise RocketError(Code.UNAVAILABLE, f"group {group} is not hosted on node {self.node_id}")
         index = hosted.core.propose(data)
         hosted.idle_ticks = 0
+        self._touched(group, hosted)
         return await self._wait_applied(hosted, index, timeout_s)
 
     async def propose_conf_change(self, group: int, action: str, node: int,
                                   timeout_s: float = limits.request_timeout_s_default) -> int:
         hosted = self.groups[group]
         index = hosted.core.propose_conf_change(action, node)
+        self._touched(group, hosted)
         return await self._wait_applied(hosted, index, timeout_s)
 
     async def _wait_applied(self, hosted: _Group, index: int, timeout_s: float) -> int:
@@ -132,17 +147,21 @@ class RaftHost:
         if self.ticks % 50 == 1:  # membership changes slowly: refresh the set of peer nodes now and then
             self._peers = set().union(*(h.core.voters | h.core.learners for h in self.groups.values())) - {self.node_id}
         silent_after = 2 * limits.raft_election_ticks
-        for hosted in self.groups.values():
+        if self.ticks % 10 == 0:  # the liveness scan of quiet groups runs once a second at the default tick
+            for group, hosted in self.groups.items():
+                core = hosted.core
+                if core.quiet and core.leader != self.node_id:
+                    if self.ticks - self._last_heard.get(core.leader, -silent_after) > silent_after:
+                        core.wake()  # its leader's node went silent: let the election timer run again
+                        self._touched(group, hosted)
+        for group in list(self._awake):
+            hosted = self.groups[group]
             core = hosted.core
-            if core.quiet:
-                leader_heard = self._last_heard.get(core.leader, -silent_after)
-                if core.leader != self.node_id and self.ticks - leader_heard > silent_after:
-                    core.wake()
-                continue
             core.tick()
             hosted.idle_ticks += 1
             if hosted.idle_ticks >= limits.raft_quiesce_ticks and core.role == Role.LEADER and not hosted.waiters:
                 core.quiesce()
+            self._touched(group, hosted)
         for peer in self._peers:
             self._post(peer, codec.encode_messages([(0, Message(MessageType.HEARTBEAT, self.node_id, peer, 0))]))
 
@@ -150,8 +169,9 @@ class RaftHost:
         return sum(1 for hosted in self.groups.values() if hosted.core.quiet)
 
     async def _round(self) -> None:
-        readies = {group: hosted.core.ready() for group, hosted in self.groups.items() if hosted.core.has_ready()}
-        if not readies:
+        candidates, self._active = self._active, set()
+        readies = {group: self.groups[group].core.ready() for group in candidates if self.groups[group].core.has_ready()}
+        if not readies and not self._compactions:
             return
         updates = [Update(group, ready.hard_state, ready.entries, ready.snapshot) for group, ready in readies.items()
                    if ready.hard_state is not None or ready.entries or ready.snapshot is not None]
@@ -183,6 +203,7 @@ class RaftHost:
                 self._compactions.append(compacted)  # written with the next round; the WAL still holds the log
                 self._wake.set()
             if hosted.core.has_ready():
+                self._active.add(group)
                 self._wake.set()
 
     def _persist(self, updates: list[Update]) -> None:
