@@ -44,7 +44,9 @@ raft_tick_s = 0.1  # one Raft tick; elections take 10-20 ticks, heartbeats every
 raft_election_ticks = 10  # Config.election_ticks: ticks without a leader before a pre-vote
 raft_heartbeat_ticks = 3  # a leader heartbeats three times per election timeout, not ten: thousands of groups
 raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (no ticks, no heartbeats)
-raft_log_entries_max = 10_000  # applied entries a group keeps before it snapshots and compacts its log
+raft_log_entries_max = 2_000  # applied entries a group keeps before it snapshots and compacts its log
+raft_entry_bytes_max = batch_bytes_max + 64 * KiB  # one proposal: a produce batch and its routing header
+raft_wal_segment_bytes = 64 * MiB  # WAL segment size: records (entry chunks, snapshots) are kept under a quarter
 raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites live groups and drops the rest
 raft_outbox_payloads_max = 256
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
@@ -66,3 +68,4 @@ invariant(segment_bytes_min <= segment_bytes_max_default, "segment bounds are or
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
 invariant(raft_payload_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a Raft payload fits a frame, even in JSON")
+invariant(raft_entry_bytes_max <= raft_wal_segment_bytes // 4, "one entry fits a WAL record")

@@ -97,6 +97,8 @@ class RaftHost:
         hosted = self.groups.get(group)
         if hosted is None:
             raise RocketError(Code.UNAVAILABLE, f"group {group} is not hosted on node {self.node_id}")
+        if len(data) > limits.raft_entry_bytes_max:
+            raise RocketError(Code.BAD_REQUEST, f"an entry holds at most {limits.raft_entry_bytes_max} bytes")
         index = hosted.core.propose(data)
         hosted.idle_ticks = 0
         self._touched(group, hosted)
@@ -223,7 +225,7 @@ class RaftHost:
         if core.applied - core.snapshot.index < limits.raft_log_entries_max:
             return None
         data = hosted.machine.snapshot()
-        if len(data) > self.wal.log.segment_bytes_max // 2:
+        if len(data) > self.wal.log.segment_bytes_max // 4:
             # Snapshots live in the WAL for now, so a huge one cannot be taken: keep the log instead.
             log.warning("group %d: a snapshot of %d bytes does not fit the WAL; its log is not compacted", group,
                         len(data))

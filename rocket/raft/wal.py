@@ -45,7 +45,7 @@ class Wal:
         self.groups = groups
 
     @classmethod
-    def open(cls, directory: Path, segment_bytes_max: int = limits.segment_bytes_min * 64) -> "Wal":
+    def open(cls, directory: Path, segment_bytes_max: int = limits.raft_wal_segment_bytes) -> "Wal":
         commit_log = CommitLog.open(directory, segment_bytes_max)
         groups: dict[int, GroupState] = {}
         for position, kind, body in commit_log.scan(commit_log.start_position):
@@ -63,9 +63,9 @@ class Wal:
         for update in updates:
             if update.snapshot is not None:
                 records.append((SNAPSHOT, _group.pack(update.group) + codec.encode_snapshot(update.snapshot)))
-            if update.entries:
-                parts = codec.encode_entries(update.entries)
-                records.append((ENTRIES, (_group_count.pack(update.group, len(update.entries)), *parts)))
+            for chunk in _entry_chunks(update.entries, self.log.segment_bytes_max // 4):
+                parts = codec.encode_entries(chunk)
+                records.append((ENTRIES, (_group_count.pack(update.group, len(chunk)), *parts)))
             if update.hard_state is not None:
                 records.append((HARD_STATE, _group.pack(update.group) + codec.encode_hard_state(update.hard_state)))
         self.log.append(records)
@@ -87,6 +87,20 @@ class Wal:
 
     def close(self) -> None:
         self.log.close()
+
+
+def _entry_chunks(entries: list[Entry], bytes_max: int) -> list[list[Entry]]:
+    """Entries cut into records of bounded size: a checkpoint of a long log must still fit its segments."""
+    chunks: list[list[Entry]] = []
+    size = 0
+    for entry in entries:
+        entry_bytes = len(entry.data) + 32
+        if not chunks or (chunks[-1] and size + entry_bytes > bytes_max):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
+        size += entry_bytes
+    return chunks
 
 
 def _replay(groups: dict[int, GroupState], kind: int, view: memoryview) -> None:

@@ -108,3 +108,23 @@ def test_payloads_to_a_peer_are_split_to_fit_a_frame():
     chunks = _chunks(messages)
     assert len(chunks) > 1 and [pair for chunk in chunks for pair in chunk] == messages
     assert all(len(codec.encode_messages(chunk)) <= limits.raft_payload_bytes_max for chunk in chunks)
+
+
+def test_long_logs_are_written_as_bounded_records(tmp_path):
+    """Thousands of large entries for one group (as a checkpoint writes them) fit small segments."""
+    wal = Wal.open(tmp_path, segment_bytes_max=1 << 20)
+    entries = [Entry(1, index, bytes(64 * 1024)) for index in range(1, 201)]  # 12.5 MiB, 1 MiB segments
+    wal.write([Update(5, HardState(1, 1, 200), entries, None)])
+    wal.sync()
+    wal.close()
+    restored = Wal.open(tmp_path, segment_bytes_max=1 << 20).groups[5]
+    assert [e.index for e in restored.entries] == list(range(1, 201))
+
+
+def test_empty_entries_are_written_too(tmp_path):
+    """Entries without data (a new leader's first entry) are records like any other."""
+    wal = Wal.open(tmp_path)
+    wal.write([Update(1, None, [Entry(1, 1), Entry(1, 2, b"x")], None)])
+    wal.sync()
+    wal.close()
+    assert [e.index for e in Wal.open(tmp_path).groups[1].entries] == [1, 2]
