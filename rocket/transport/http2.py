@@ -21,7 +21,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_BY_CONTENT_TYPE, json_codec, serde_named
-from rocket.transport.listen import serve_connections
+from rocket.transport.listen import connect, serve_connections
 from rocket.transport.rpc import Dispatcher, Lifecycle, encode_error, method_spec
 
 log = logging.getLogger("rocket.http2")
@@ -649,10 +649,7 @@ def _goodbye_error(event: h2.events.ConnectionTerminated) -> RocketError:
 @asynccontextmanager
 async def open_http2_channel(host: str, port: int, serde_name: str = "json"):
     serde = serde_named(serde_name)
-    try:
-        stream = await trio.open_tcp_stream(host, port)
-    except OSError as error:
-        raise RocketError(Code.UNAVAILABLE, f"cannot connect to {host}:{port}: {error.strerror or error}") from None
+    stream = await connect(host, port)
     with collapse_single_error():
         async with stream, trio.open_nursery() as nursery:
             channel = Http2Channel(stream, serde, f"{host}:{port}")

@@ -1,5 +1,5 @@
-"""Accepting connections for every transport: bound port reported at start, a bounded number of
-connections, and no new ones once the node drains."""
+"""Connections for every transport: accepting them (bound port reported at start, a bounded number,
+no new ones once the node drains) and opening them, with one error for a server that is not there."""
 
 from __future__ import annotations
 
@@ -8,9 +8,17 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from rocket import limits
+from rocket.errors import Code, RocketError
 from rocket.transport.rpc import Lifecycle
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
+
+
+async def connect(host: str, port: int) -> trio.SocketStream:
+    try:
+        return await trio.open_tcp_stream(host, port)
+    except OSError as error:
+        raise RocketError(Code.UNAVAILABLE, f"cannot connect to {host}:{port}: {error.strerror or error}") from None
 
 
 async def cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:

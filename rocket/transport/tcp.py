@@ -19,7 +19,7 @@ from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_ID_OF, serde_named
 from rocket.transport import frames
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
-from rocket.transport.listen import cancel_on, serve_connections
+from rocket.transport.listen import connect, cancel_on, serve_connections
 from rocket.transport.rpc import Dispatcher, Lifecycle, encode_error, method_spec, serde_for_id
 
 log = logging.getLogger("rocket.tcp")
@@ -284,10 +284,7 @@ class TcpChannel:
 @asynccontextmanager
 async def open_tcp_channel(host: str, port: int, serde_name: str = "json"):
     serde = serde_named(serde_name)
-    try:
-        stream = await trio.open_tcp_stream(host, port)
-    except OSError as error:
-        raise RocketError(Code.UNAVAILABLE, f"cannot connect to {host}:{port}: {error.strerror or error}") from None
+    stream = await connect(host, port)
     with collapse_single_error():
         async with stream, trio.open_nursery() as nursery:
             channel = TcpChannel(stream, serde)
