@@ -99,10 +99,24 @@ class CommitLog:
             log._starts = [0]
             log._path(0).touch()
             _fsync_directory(directory)
+        # A crash right after a roll leaves an empty newest segment while the one before may still have
+        # an unsynced tail: drop the empty one and recover the tail where the data really ends.
+        while len(log._starts) > 1 and log._path(log._starts[-1]).stat().st_size == 0:
+            log._path(log._starts.pop()).unlink()
+            _fsync_directory(directory)
+        log._check_sealed_segments()
         last = log._starts[-1]
         log._active_size = log._recover_tail(log._path(last))
         log._active_fd = os.open(log._path(last), os.O_WRONLY | os.O_APPEND)
         return log
+
+    def _check_sealed_segments(self) -> None:
+        """Each sealed segment must end exactly where the next one starts; anything else is damage."""
+        for start, following in zip(self._starts, self._starts[1:]):
+            size = self._path(start).stat().st_size
+            if start + size != following:
+                raise RocketError(Code.CORRUPT_DATA, f"{self._path(start)} holds {size} bytes but the next segment "
+                                  f"starts at {following}: bytes were lost or added")
 
     def _path(self, start: int) -> Path:
         return self.directory / f"{start:020d}{SUFFIX}"

@@ -250,3 +250,27 @@ async def test_appends_beyond_the_queue_bound_are_refused_in_time(tmp_path, monk
         assert caught.value.code == Code.OVERLOADED
         nursery.cancel_scope.cancel()
     store.close()
+
+
+async def test_empty_newest_segment_after_a_roll_is_dropped(tmp_path):
+    """A crash right after a roll leaves an empty segment: it is removed and appends continue at the end."""
+    await fill(tmp_path, batches=60, per_batch=100, size=500)
+    segments = sorted((tmp_path / "log").glob("*.log"))
+    end = int(segments[-1].name[:-4]) + segments[-1].stat().st_size
+    (tmp_path / "log" / f"{end:020d}.log").touch()
+    store = Store.open(tmp_path, SEGMENT)
+    assert store.log.end_position == end
+    assert len(sorted((tmp_path / "log").glob("*.log"))) == len(segments)
+    assert store.queue_stats("t", 0)["next_offset"] == 3000
+    store.close()
+
+
+async def test_a_sealed_segment_of_the_wrong_size_is_reported(tmp_path):
+    """Bytes missing from the end of a sealed segment are damage, not a tail to cut."""
+    await fill(tmp_path, batches=60, per_batch=100, size=500)
+    first = sorted((tmp_path / "log").glob("*.log"))[0]
+    with open(first, "r+b") as file:
+        file.truncate(first.stat().st_size - 10)
+    with pytest.raises(RocketError) as caught:
+        Store.open(tmp_path, SEGMENT)
+    assert caught.value.code == Code.CORRUPT_DATA and first.name in caught.value.message
