@@ -136,6 +136,7 @@ class _Progress:
         self.inflight: deque[int] = deque()  # last index of each append in flight
         self.recent_active = False
         self.pending_snapshot = 0
+        self.lease_tick = -1  # the leader's tick at which it sent the last heartbeat this follower answered
 
     def become_probe(self) -> None:
         self.state, self.paused, self.next = self.PROBE, False, self.match + 1
@@ -193,6 +194,8 @@ class RaftCore:
         self._snapshot_to_install: Snapshot | None = None
         self._last_hard_state = HardState(self.term, self.vote, self.commit)
         self.quiet = False  # an idle group's host stops ticking it until traffic or wake() arrives
+        self.ticks = 0  # this node's clock, in ticks; leases are measured on it
+        self._booting = True  # a restarted node may have promised a leader its vote: it waits an election out
         self._reset_election_timeout()
 
     # ---- the log ---------------------------------------------------------------------------------
@@ -306,19 +309,33 @@ class RaftCore:
         self._maybe_commit()
         return entry.index
 
-    def read_index(self, request_id: int) -> None:
+    def read_index(self, request_id: int, lease: bool = False) -> None:
         """Ask for a linearizable read: a read state (request_id, index) appears in a Ready once a
-        quorum confirms this node still leads; the read is served when applied reaches index."""
+        quorum confirms this node still leads; the read is served when applied reaches index. With
+        lease, a leader whose lease holds answers at once, without a round of heartbeats."""
+        self.wake()
         if self.role != Role.LEADER:
             raise NotLeader(self.leader)
         if self.term_at(self.commit) != self.term:
             raise RocketError(Code.UNAVAILABLE, "the new leader has not committed in its term yet; retry")
-        if self.voters == {self.id}:
+        if self.voters == {self.id} or (lease and self.lease_valid()):
             self._read_states.append((request_id, self.commit))
             return
         self._pending_reads[request_id] = (self.commit, {self.id})
         for peer in self.voters - {self.id}:
             self._send_heartbeat(peer, request_id)
+
+    def lease_valid(self) -> bool:
+        """Whether no other leader can exist yet: a quorum answered heartbeats sent at most
+        election_ticks - 1 ticks ago, and a follower that heard one ignores candidates for
+        election_ticks of its own ticks (this assumes clocks tick at the same rate, as etcd's does)."""
+        if self.role != Role.LEADER or not self.config.check_quorum or self.transferee != NONE:
+            return False
+        sent = sorted((self.ticks if v == self.id else self.progress[v].lease_tick for v in self.voters
+                       if v == self.id or v in self.progress), reverse=True)
+        quorum = len(self.voters) // 2 + 1
+        return len(sent) >= quorum and sent[quorum - 1] >= 0 and self.ticks < sent[quorum - 1] + (
+            self.config.election_ticks - 1)
 
     def transfer_leadership(self, to: int) -> None:
         if self.role != Role.LEADER:
@@ -355,6 +372,7 @@ class RaftCore:
             self.election_elapsed = 0
             for progress in self.progress.values():
                 progress.recent_active = True
+                progress.lease_tick = -1  # no ticks passed while quiet: a lease needs fresh answers
 
     def compact(self, index: int, data: bytes) -> None:
         """Replace the log up to index (applied) with a snapshot of the state machine."""
@@ -384,7 +402,10 @@ class RaftCore:
     def tick(self) -> None:
         if self.quiet:
             return
+        self.ticks += 1
         self.election_elapsed += 1
+        if self.election_elapsed >= self.config.election_ticks:
+            self._booting = False
         if self.role == Role.LEADER:
             self.heartbeat_elapsed += 1
             if self.election_elapsed >= self.config.election_ticks:
@@ -472,7 +493,7 @@ class RaftCore:
             self.wake()
         if message.term > self.term:
             if message.type in (MessageType.PRE_VOTE, MessageType.VOTE):
-                in_lease = (self.config.check_quorum and self.leader != NONE
+                in_lease = (self.config.check_quorum and (self.leader != NONE or self._booting)
                             and self.election_elapsed < self.config.election_ticks)
                 if in_lease and not message.context:
                     return  # a leader was heard from recently: a disruptive candidate is ignored
@@ -565,7 +586,8 @@ class RaftCore:
             self.quiet = self.commit == self.last_index == message.commit
             if self.quiet:
                 return
-        self._send(Message(MessageType.HEARTBEAT_RESPONSE, self.id, message.sender, self.term, context=message.context))
+        self._send(Message(MessageType.HEARTBEAT_RESPONSE, self.id, message.sender, self.term, index=message.index,
+                           context=message.context))
 
     def _on_snapshot(self, message: Message) -> None:
         self.leader = message.sender
@@ -621,6 +643,7 @@ class RaftCore:
         progress = self.progress[message.sender]
         progress.recent_active = True
         progress.paused = False
+        progress.lease_tick = max(progress.lease_tick, message.index)
         if progress.match < self.last_index:
             self._send_append(message.sender)
         if message.context in self._pending_reads:
@@ -638,7 +661,8 @@ class RaftCore:
     def _send_heartbeat(self, peer: int, context: int) -> None:
         progress = self.progress.get(peer)
         commit = min(self.commit, progress.match) if progress else 0
-        self._send(Message(MessageType.HEARTBEAT, self.id, peer, self.term, commit=commit, context=context))
+        self._send(Message(MessageType.HEARTBEAT, self.id, peer, self.term, index=self.ticks, commit=commit,
+                           context=context))
 
     def _broadcast_append(self) -> None:
         for peer in self.progress:

@@ -281,10 +281,12 @@ class KvWorkload:
             node.released[request_id] = index
 
     def invoke(self, now: float) -> None:
-        leader = self.cluster.leader()
-        if leader is None or len(self.pending) >= self.in_flight_max:
+        # Any node that believes it leads may be asked, as by a client with a stale route.
+        leaders = [n for n in self.cluster.nodes.values() if n.core.role == Role.LEADER]
+        if not leaders or len(self.pending) >= self.in_flight_max:
             return
         random_source = self.cluster.random
+        leader = random_source.choice(leaders)
         self.next_id += 1
         op_id = self.next_id
         key = random_source.choice(self.keys)
@@ -294,7 +296,7 @@ class KvWorkload:
         try:
             if kind == "get":
                 operation["argument"] = ()
-                leader.core.read_index(op_id)
+                leader.core.read_index(op_id, lease=random_source.random() < 0.5)  # half by lease
             else:
                 if kind == "put":
                     command = {"value": random_source.randint(1, 5)}

@@ -177,7 +177,8 @@ def test_snapshot_brings_a_lagging_node_back():
 
 
 def test_kv_register_is_linearizable_under_faults(seed):
-    """Puts, gets through ReadIndex and compare-and-sets form a linearizable history despite faults."""
+    """Puts, gets (half through ReadIndex, half by leader lease) and compare-and-sets form a linearizable
+    history despite faults."""
     cluster = Cluster(seed=seed, size=3, faults=Faults(drop=0.05, duplicate=0.05, delay_max=4, crash=0.005,
                                                        partition=0.01, heal=0.05, quiesce=0.02, wake=0.05))
     workload = run_kv(cluster, 500)
