@@ -171,9 +171,8 @@ class RaftCore:
         self.snapshot = snapshot or Snapshot(0, 0, tuple(sorted(self.voters)), tuple(sorted(self.learners)))
         self.log: list[Entry] = list(entries or [])
         invariant(not self.log or self.log[0].index == self.snapshot.index + 1, "the log follows its snapshot")
-        for entry in self.log:
-            if entry.kind == EntryKind.CONF_CHANGE:
-                self._apply_conf_change(entry.data)
+        self.role = Role.FOLLOWER
+        self._reload_configuration()  # the snapshot's members plus every change in the log
         self.term = hard_state.term
         self.vote = hard_state.vote
         self.commit = max(hard_state.commit, self.snapshot.index)

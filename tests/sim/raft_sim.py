@@ -24,6 +24,8 @@ class Faults:
     heal: float = 0.0  # chance per step that a partition heals
     quiesce: float = 0.0  # chance per step that a leader tries to quiesce its group
     wake: float = 0.0  # chance per step that a quiet node is woken by its host's liveness check
+    slow_disk: float = 0.0  # chance per step that a node's fsync has not finished: its Ready waits
+    membership: float = 0.0  # chance per step that the leader starts a membership change
 
 
 @dataclasses.dataclass
@@ -121,7 +123,8 @@ class Cluster:
             if target is not None:
                 target.core.step(message)
         for node in self.nodes.values():
-            self._handle_ready(node)
+            if self.random.random() >= self.faults.slow_disk:
+                self._handle_ready(node)
         self._check_election_safety()
         if self.step_number % 10 == 0:
             self._check_leader_completeness()
@@ -183,6 +186,8 @@ class Cluster:
                 node.core.wake()
         if self.random.random() < self.faults.crash:
             self.random.choice(list(self.nodes.values())).crash_and_restart()
+        if self.random.random() < self.faults.membership:
+            self._change_membership()
         if self.random.random() < self.faults.partition:
             ids = list(self.nodes)
             self.random.shuffle(ids)
@@ -193,6 +198,28 @@ class Cluster:
                 self.blocked |= {(b, a) for a, b in self.blocked}
         if self.blocked and self.random.random() < self.faults.heal:
             self.blocked = set()
+
+    def _change_membership(self) -> None:
+        """The leader adds back a node that was removed (as a learner), promotes a learner, or removes
+        a follower while more than three voters remain: one change at a time, under all other faults."""
+        leader = self.leader()
+        if leader is None:
+            return
+        core = leader.core
+        outside = [n for n in self.nodes if n not in core.voters | core.learners]
+        removable = [n for n in core.voters if n != leader.id]
+        try:
+            if outside:
+                core.propose_conf_change("add_learner", self.random.choice(outside))
+            elif core.learners:
+                core.propose_conf_change("promote", self.random.choice(sorted(core.learners)))
+            elif len(core.voters) > 3:
+                core.propose_conf_change("remove", self.random.choice(removable))
+            else:
+                return
+        except RocketError:
+            return  # another change is still in progress, or a transfer: try later
+        self._handle_ready(leader)
 
     def heal(self) -> None:
         self.blocked = set()

@@ -24,7 +24,7 @@ def settle(cluster: Cluster, steps: int = 400) -> Node:
     for _ in range(steps):
         cluster.step()
         leader = cluster.leader()
-        if leader is not None and all(n.core.leader == leader.id for n in cluster.nodes.values()):
+        if leader is not None and all(n.core.leader == leader.id for n in members(cluster, leader)):
             return leader
     raise AssertionError(f"seed {cluster.seed}: no stable leader after {steps} steps")
 
@@ -271,3 +271,30 @@ def test_idle_group_goes_quiet_and_wakes_on_traffic():
     assert [node.core.term for node in cluster.nodes.values()] == terms and not cluster.in_flight
     commit_everywhere(cluster, b"after")
     assert cluster.leader().id == leader.id
+
+
+def test_membership_changes_and_slow_disks_under_faults(seed):
+    """Voters removed, re-added as learners and promoted while the network, disks and nodes misbehave:
+    safety holds throughout, and the group makes progress once the faults stop."""
+    faults = Faults(drop=0.1, duplicate=0.05, delay_max=5, crash=0.01, partition=0.02, heal=0.05,
+                    slow_disk=0.2, membership=0.05)
+    cluster = Cluster(seed=seed, size=5, faults=faults)
+    cluster.run(700)
+    cluster.check_log_matching()
+    commit_everywhere(cluster, b"after-heal-%d" % seed)
+    cluster.check_log_matching()
+    assert cluster.conf_entries(), "membership changed during the run"
+
+
+def test_a_node_restarts_with_membership_changes_in_its_log():
+    """Restarting from a log that holds membership changes rebuilds the membership (it once crashed)."""
+    cluster = Cluster(seed=11, learners=(4,))
+    settle(cluster)
+    leader = cluster.leader()
+    leader.core.propose_conf_change("promote", 4)
+    cluster._handle_ready(leader)
+    commit_everywhere(cluster, b"promoted")
+    for node in cluster.nodes.values():
+        node.crash_and_restart()
+        assert node.core.voters == {1, 2, 3, 4} and not node.core.learners
+    commit_everywhere(cluster, b"after-restarts")
