@@ -39,6 +39,7 @@ class _Group:
         self.machine = machine
         self.waiters: dict[int, tuple[int, trio.Event, list]] = {}  # index -> (term, event, outcome)
         self.idle_ticks = 0  # ticks since the group last had work; a leader quiesces it past a bound
+        self.reads: dict[int, tuple[trio.Event, list]] = {}  # read request id -> (event, [index once released])
 
 
 class RaftHost:
@@ -50,6 +51,7 @@ class RaftHost:
         self.groups: dict[int, _Group] = {}
         self._wake = trio.Event()
         self.ticks = 0
+        self._read_ids = 0
         self._peers: set[int] = set()  # the other nodes of every hosted group
         self._compactions: list[Update] = []  # snapshots taken since the last round, to write with it
         self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
@@ -110,6 +112,34 @@ class RaftHost:
         index = hosted.core.propose_conf_change(action, node)
         self._touched(group, hosted)
         return await self._wait_applied(hosted, index, timeout_s)
+
+    async def read_barrier(self, group: int, lease: bool = False,
+                           timeout_s: float = limits.request_timeout_s_default) -> None:
+        """Return once this node's state machine for the group may serve a linearizable read: the node
+        leads (confirmed by a quorum, or by its lease) and has applied everything committed before."""
+        hosted = self.groups.get(group)
+        if hosted is None:
+            raise RocketError(Code.UNAVAILABLE, f"group {group} is not hosted on node {self.node_id}")
+        self._read_ids += 1
+        request_id = self._read_ids
+        event, released = trio.Event(), []
+        hosted.reads[request_id] = (event, released)
+        try:
+            hosted.core.read_index(request_id, lease)
+            self._touched(group, hosted)
+            self._wake.set()
+            with trio.fail_after(timeout_s):
+                await event.wait()
+        except trio.TooSlowError:
+            raise RocketError(Code.TIMEOUT, f"group {group}: leadership not confirmed within {timeout_s} s") from None
+        finally:
+            hosted.reads.pop(request_id, None)
+
+    @staticmethod
+    def _release_reads(hosted: _Group) -> None:
+        for event, released in hosted.reads.values():
+            if released and hosted.core.applied >= released[0]:
+                event.set()
 
     async def _wait_applied(self, hosted: _Group, index: int, timeout_s: float) -> int:
         outcome: list = []
@@ -199,7 +229,12 @@ class RaftHost:
             if ready.committed_entries:
                 hosted.machine.apply([e for e in ready.committed_entries if e.kind == EntryKind.NORMAL])
                 self._resolve(hosted, ready.committed_entries)
+            for request_id, index in ready.read_states:
+                read = hosted.reads.get(request_id)
+                if read is not None:
+                    read[1].append(index)
             hosted.core.advance(ready)
+            self._release_reads(hosted)
             compacted = self._maybe_compact(group, hosted)
             if compacted is not None:
                 self._compactions.append(compacted)  # written with the next round; the WAL still holds the log

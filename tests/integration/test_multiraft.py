@@ -3,6 +3,7 @@ survive the loss of a node, and a restarted node recovers from its WAL and catch
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from rocket.errors import Code, RocketError
@@ -216,4 +217,25 @@ async def test_logs_compact_and_a_returning_node_installs_a_snapshot(tmp_path, m
             while nodes[2].machines[1].values != nodes[0].machines[1].values:
                 await trio.sleep(0.05)
         assert nodes[2].host.groups[1].core.snapshot.index > 250
+        nursery.cancel_scope.cancel()
+
+
+async def test_linearizable_reads_through_read_index_and_lease(tmp_path):
+    """After a write is acknowledged, a read barrier on the leader (by ReadIndex or by lease) sees it;
+    a follower is refused."""
+    addresses: dict[int, tuple[str, int]] = {}
+    nodes = [Node(node_id, tmp_path / f"node{node_id}", addresses) for node_id in VOTERS]
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            await node.start(nursery)
+        await propose_everywhere(nodes, b"r", 1)
+        leader = (await leaders(nodes))[1]
+        for lease in (False, True):
+            await leader.host.propose(1, b"written-%d" % lease, 5)
+            await leader.host.read_barrier(1, lease=lease, timeout_s=5)
+            assert leader.machines[1].values[-1] == b"written-%d" % lease
+        follower = next(node for node in nodes if node is not leader)
+        with pytest.raises(RocketError) as refused:
+            await follower.host.read_barrier(1, timeout_s=5)
+        assert refused.value.code == Code.UNAVAILABLE
         nursery.cancel_scope.cancel()

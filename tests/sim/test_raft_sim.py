@@ -4,7 +4,6 @@ A failure names its seed; `Cluster(seed, ...)` replays it exactly."""
 
 from __future__ import annotations
 
-import pytest
 
 from rocket.raft.core import MessageType, Role
 from tests.sim.linearizability import Operation, linearizable
