@@ -20,7 +20,6 @@ in_flight_requests_per_connection_max = 256  # pipelining depth before the reade
 connections_max = 4096  # open client connections per listener; file descriptors are finite
 stream_items_queued_max = 8  # server-stream items waiting for the socket before the producer blocks
 http2_streams_per_connection_max = 128  # concurrent HTTP/2 streams per connection (SETTINGS)
-http2_events_queued_max = 1024  # client-side events per stream waiting for the caller; flow control bounds bytes
 
 # Store.
 segment_bytes_max_default = 256 * MiB  # a sealed segment is the tier's upload unit

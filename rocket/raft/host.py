@@ -127,11 +127,7 @@ class RaftHost:
         try:
             hosted.core.read_index(request_id, lease)
             self._touched(group, hosted)
-            self._wake.set()
-            with trio.fail_after(timeout_s):
-                await event.wait()
-        except trio.TooSlowError:
-            raise RocketError(Code.TIMEOUT, f"group {group}: leadership not confirmed within {timeout_s} s") from None
+            await self._wait(event, timeout_s, f"group {group}: leadership not confirmed")
         finally:
             hosted.reads.pop(request_id, None)
 
@@ -141,16 +137,21 @@ class RaftHost:
             if released and hosted.core.applied >= released[0]:
                 event.set()
 
-    async def _wait_applied(self, hosted: _Group, index: int, timeout_s: float) -> int:
-        outcome: list = []
-        event = trio.Event()
-        hosted.waiters[index] = (hosted.core.term, event, outcome)
+    async def _wait(self, event: trio.Event, timeout_s: float, what: str) -> None:
+        """Start a round and wait for the event it will set; TIMEOUT after timeout_s."""
         self._wake.set()
         try:
             with trio.fail_after(timeout_s):
                 await event.wait()
         except trio.TooSlowError:
-            raise RocketError(Code.TIMEOUT, f"entry {index} not applied within {timeout_s} s") from None
+            raise RocketError(Code.TIMEOUT, f"{what} within {timeout_s} s") from None
+
+    async def _wait_applied(self, hosted: _Group, index: int, timeout_s: float) -> int:
+        outcome: list = []
+        event = trio.Event()
+        hosted.waiters[index] = (hosted.core.term, event, outcome)
+        try:
+            await self._wait(event, timeout_s, f"entry {index} not applied")
         finally:
             hosted.waiters.pop(index, None)
         if not outcome[0]:

@@ -3,6 +3,8 @@ survive the loss of a node, and a restarted node recovers from its WAL and catch
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 
@@ -82,6 +84,18 @@ class Node:
         self.scope.cancel()
 
 
+@asynccontextmanager
+async def running_nodes(directory, **options):
+    """Three started nodes sharing one address book, and the nursery they run in (cancelled on exit)."""
+    addresses: dict[int, tuple[str, int]] = {}
+    nodes = [Node(node_id, directory / f"node{node_id}", addresses, **options) for node_id in VOTERS]
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            await node.start(nursery)
+        yield nodes, nursery
+        nursery.cancel_scope.cancel()
+
+
 async def leaders(nodes: list[Node]) -> dict[int, Node]:
     """Wait until every group has a leader among the running nodes."""
     with trio.fail_after(20):
@@ -123,11 +137,7 @@ async def wait_applied(nodes: list[Node], expected: dict[int, list[bytes]]) -> N
 
 async def test_many_groups_replicate_survive_a_loss_and_recover(tmp_path):
     """Every group commits on all nodes; with one node down the rest continue; it restarts and catches up."""
-    addresses: dict[int, tuple[str, int]] = {}
-    nodes = [Node(node_id, tmp_path / f"node{node_id}", addresses) for node_id in VOTERS]
-    async with trio.open_nursery() as nursery:
-        for node in nodes:
-            await node.start(nursery)
+    async with running_nodes(tmp_path) as (nodes, nursery):
         await propose_everywhere(nodes, b"a", 5)
         await wait_applied(nodes, {g: [b"a-%d-%d" % (g, n) for n in range(5)] for g in range(1, GROUPS + 1)})
 
@@ -154,17 +164,12 @@ async def test_many_groups_replicate_survive_a_loss_and_recover(tmp_path):
         for group in range(1, GROUPS + 1):
             assert nodes[2].machines[group].values == nodes[0].machines[group].values  # rebuilt from its WAL
             assert len(nodes[2].machines[group].values) == 18
-        nursery.cancel_scope.cancel()
 
 
 async def test_idle_groups_go_quiet_and_a_dead_leader_is_replaced(tmp_path):
     """Idle groups stop ticking and stop persisting; when the node leading them dies, the others notice
     through the node heartbeat, wake those groups and elect new leaders."""
-    addresses: dict[int, tuple[str, int]] = {}
-    nodes = [Node(node_id, tmp_path / f"node{node_id}", addresses) for node_id in VOTERS]
-    async with trio.open_nursery() as nursery:
-        for node in nodes:
-            await node.start(nursery)
+    async with running_nodes(tmp_path) as (nodes, nursery):
         await propose_everywhere(nodes, b"q", 1)
         with trio.fail_after(20):
             while not all(node.host.quiet_groups() == GROUPS for node in nodes):
@@ -187,7 +192,6 @@ async def test_idle_groups_go_quiet_and_a_dead_leader_is_replaced(tmp_path):
                 await trio.sleep(0.02)
         assert trio.current_time() - started < 10
         await propose_everywhere(survivors, b"after", 1)
-        nursery.cancel_scope.cancel()
 
 
 async def test_logs_compact_and_a_returning_node_installs_a_snapshot(tmp_path, monkeypatch):
@@ -197,12 +201,7 @@ async def test_logs_compact_and_a_returning_node_installs_a_snapshot(tmp_path, m
 
     monkeypatch.setattr(limits, "raft_log_entries_max", 20)
     monkeypatch.setattr(limits, "raft_wal_segments_max", 2)
-    addresses: dict[int, tuple[str, int]] = {}
-    nodes = [Node(node_id, tmp_path / f"node{node_id}", addresses, wal_segment_bytes=1 << 20, keep=10)
-             for node_id in VOTERS]
-    async with trio.open_nursery() as nursery:
-        for node in nodes:
-            await node.start(nursery)
+    async with running_nodes(tmp_path, wal_segment_bytes=1 << 20, keep=10) as (nodes, nursery):
         await propose_everywhere(nodes, b"x", 2)
         nodes[2].stop()
         await trio.sleep(0.1)
@@ -217,17 +216,12 @@ async def test_logs_compact_and_a_returning_node_installs_a_snapshot(tmp_path, m
             while nodes[2].machines[1].values != nodes[0].machines[1].values:
                 await trio.sleep(0.05)
         assert nodes[2].host.groups[1].core.snapshot.index > 250
-        nursery.cancel_scope.cancel()
 
 
 async def test_linearizable_reads_through_read_index_and_lease(tmp_path):
     """After a write is acknowledged, a read barrier on the leader (by ReadIndex or by lease) sees it;
     a follower is refused."""
-    addresses: dict[int, tuple[str, int]] = {}
-    nodes = [Node(node_id, tmp_path / f"node{node_id}", addresses) for node_id in VOTERS]
-    async with trio.open_nursery() as nursery:
-        for node in nodes:
-            await node.start(nursery)
+    async with running_nodes(tmp_path) as (nodes, nursery):
         await propose_everywhere(nodes, b"r", 1)
         leader = (await leaders(nodes))[1]
         for lease in (False, True):
@@ -238,4 +232,3 @@ async def test_linearizable_reads_through_read_index_and_lease(tmp_path):
         with pytest.raises(RocketError) as refused:
             await follower.host.read_barrier(1, timeout_s=5)
         assert refused.value.code == Code.UNAVAILABLE
-        nursery.cancel_scope.cancel()
