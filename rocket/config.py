@@ -37,6 +37,25 @@ class NodeConfig:
     segment_bytes: int = limits.segment_bytes_max_default
     shutdown_grace_s: float = limits.shutdown_grace_s
     log_level: str = "info"
+    # The cluster: this node's id, the nameserver group (id -> address; empty: this node alone),
+    # the address the other nodes reach this one at (default: listen), and the storage layout.
+    node_id: int = 1
+    nameservers: tuple[tuple[int, Address], ...] = ()
+    advertise: Address | None = None
+    replication: int = 3
+    storage_groups: int = 8
+    raft_tick_s: float = limits.raft_tick_s
+
+    @property
+    def address(self) -> Address:
+        """Where the other nodes reach this one."""
+        return self.advertise or self.listen
+
+    def nameserver_members(self) -> dict[int, Address]:
+        """The nameserver group: as configured, or this node alone (dev mode)."""
+        if self.nameservers:
+            return dict(self.nameservers)
+        return {self.node_id: self.address}
 
 
 _keys = {field.name for field in dataclasses.fields(NodeConfig)}
@@ -65,6 +84,20 @@ def parse_roles(key: str, value: object) -> tuple[str, ...]:
     if not roles:
         raise ConfigError(f"{key}: at least one role is needed")
     return tuple(role for role in ROLES if role in roles)
+
+
+def parse_members(key: str, value: object) -> tuple[tuple[int, Address], ...]:
+    """ID@HOST:PORT entries, as a list or comma-separated."""
+    items = value if isinstance(value, (list, tuple)) else [item for item in str(value).split(",") if item.strip()]
+    members: dict[int, Address] = {}
+    for item in (str(item).strip() for item in items):
+        node, separator, address = item.partition("@")
+        if not separator or not node.isdigit() or int(node) < 1:
+            raise ConfigError(f"{key}: expected ID@HOST:PORT with an id of 1 or more, got {item!r}")
+        if int(node) in members:
+            raise ConfigError(f"{key}: node id {node} is listed twice")
+        members[int(node)] = parse_address(key, address)
+    return tuple(members.items())
 
 
 def _parse_int(key: str, value: object, low: int, high: int) -> int:
@@ -102,6 +135,18 @@ def _convert(key: str, value: object) -> object:
         return _parse_int(key, value, limits.segment_bytes_min, 4 * 1024 * limits.MiB)
     if key == "shutdown_grace_s":
         return _parse_float(key, value, 0.0, 3600.0)
+    if key == "node_id":
+        return _parse_int(key, value, 1, 2**31 - 1)
+    if key == "nameservers":
+        return parse_members(key, value)
+    if key == "advertise":
+        return parse_address(key, value, allow_off=True)
+    if key == "replication":
+        return _parse_int(key, value, 1, 7)
+    if key == "storage_groups":
+        return _parse_int(key, value, 1, limits.storage_groups_max)
+    if key == "raft_tick_s":
+        return _parse_float(key, value, 0.01, 10.0)
     if key == "log_level":
         level = str(value).lower()
         if level not in ("debug", "info", "warning", "error"):
@@ -132,7 +177,11 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
     for key, value in flags.items():
         if value is not None:
             values[key] = _convert(key, value)
-    return NodeConfig(**values)
+    config = NodeConfig(**values)
+    if config.nameservers and "nameserver" in config.roles and config.node_id not in dict(config.nameservers):
+        raise ConfigError(f"nameservers: this node runs the nameserver role, so its node_id {config.node_id} "
+                          "must be one of them")
+    return config
 
 
 def load_from_environment(config_file: Path | None, flags: dict[str, object]) -> NodeConfig:

@@ -37,6 +37,7 @@ queues_per_topic_max = 1024  # dev-mode topics; cluster topics spread queues ove
 topic_name_bytes_max = 249  # Kafka's limit; names become file and key prefixes
 group_name_bytes_max = 249  # consumer group names become key prefixes too
 topics_max = 100_000  # metadata held in memory by the nameserver
+storage_groups_max = 100_000  # Raft groups in one cluster: a node holds 10,000, a cluster a million queues
 
 # Raft.
 raft_tick_s = 0.1  # one Raft tick; elections take 10-20 ticks, heartbeats every tick
@@ -44,6 +45,7 @@ raft_election_ticks = 10  # Config.election_ticks: ticks without a leader before
 raft_heartbeat_ticks = 3  # a leader heartbeats three times per election timeout, not ten: thousands of groups
 raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (no ticks, no heartbeats)
 raft_log_entries_max = 2_000  # applied entries a group keeps before it snapshots and compacts its log
+raft_log_bytes_max = 64 * MiB  # applied bytes a group keeps in memory before it snapshots and compacts its log
 raft_entry_bytes_max = batch_bytes_max + 64 * KiB  # one proposal: a produce batch and its routing header
 raft_wal_segment_bytes = 64 * MiB  # WAL segment size: records (entry chunks, snapshots) are kept under a quarter
 raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites live groups and drops the rest
@@ -51,10 +53,23 @@ raft_outbox_payloads_max = 256
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
 raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered  # payloads queued for one peer; beyond this they are dropped, as by a network
 
+# Cluster.
+node_heartbeat_s = 1.0  # how often a node reports itself and its load to the nameservers
+assignment_ask_s_min = 0.05  # a storage node asked about a group it lacks asks the nameservers at most this often
+node_suspect_s = 3.0  # a node silent this long is suspect: nothing new is placed on it
+node_down_s = 10.0  # a node silent this long is down
+leader_wait_s_max = 10.0  # a call that needs a leader waits this long for an election before UNAVAILABLE
+leader_poll_s = 0.05  # how often such a call looks again
+route_ttl_s = 10.0  # a broker refreshes a cached route at least this often, and at once on errors
+storage_call_s_max = 8.0  # one storage call (an append waits for a quorum) before the broker tries another replica
+storage_append_wait_s_max = 6.0  # an append waits this long to be applied, then the broker retries elsewhere
+storage_retry_s_max = 15.0  # a broker retries a storage call on other replicas for at most this long
+
 # Client.
 producer_linger_ms_default = 5  # how long a producer waits to fill a batch
 producer_batch_bytes_default = 1 * MiB  # bytes after which a producer sends a batch at once
 producer_in_flight_batches_max = 64  # batches sent and not yet acknowledged, per producer
+connect_timeout_s = 5.0  # a peer that does not accept a connection by then counts as down
 request_timeout_s_default = 30.0  # an RPC without an answer by then fails with TIMEOUT
 
 # Shutdown.
@@ -68,3 +83,5 @@ invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
 invariant(raft_payload_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a Raft payload fits a frame, even in JSON")
 invariant(raft_entry_bytes_max <= raft_wal_segment_bytes // 4, "one entry fits a WAL record")
+invariant(node_heartbeat_s < node_suspect_s < node_down_s, "liveness states are ordered")
+invariant(storage_append_wait_s_max < storage_call_s_max < storage_retry_s_max, "a storage call ends before its retries")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import zlib
 
 from rocket import limits
 from rocket.errors import Code, RocketError
@@ -29,6 +30,12 @@ class TopicSpec:
     name: str
     queues: int
     created_ms: int = 0
+    groups: tuple[int, ...] = ()  # the storage groups its queues are spread over, fixed at creation
+
+    def group_of(self, queue: int) -> int:
+        """The storage group of a queue: queues hash onto the topic's groups, offset per topic so that
+        many small topics spread over all groups."""
+        return self.groups[(zlib.crc32(self.name.encode()) + queue) % len(self.groups)]
 
     def to_wire(self) -> dict:
         return {"name": self.name, "queues": self.queues, "created_ms": self.created_ms}
@@ -58,6 +65,4 @@ def check_group_name(name: str) -> str:
 
 def queue_for_key(key: str, queues: int) -> int:
     """Stable key -> queue mapping shared by every client (crc32 is the same everywhere)."""
-    import zlib
-
     return zlib.crc32(key.encode()) % queues

@@ -1,5 +1,10 @@
 """A node: reads its config, opens one nursery, starts the roles asked for, and shuts down gracefully.
 
+Every node runs one multi-raft host: the nameservers' metadata group if it is a nameserver, and the
+storage groups assigned to it if it stores. Roles reach each other through Peers: over TCP, or
+directly when they share the process. Dev mode (all roles, no nameservers configured) is a cluster
+of one node.
+
 SIGTERM or SIGINT: stop accepting and reading, let calls in flight finish (bounded), flush, close.
 Readiness is printed as one line ("rocket ready ...") and sent to systemd when NOTIFY_SOCKET is set.
 """
@@ -14,12 +19,16 @@ import socket
 
 import trio
 
-from rocket.config import ROLES, NodeConfig
-from rocket.errors import Code, RocketError
+from rocket.config import NodeConfig
+from rocket.raft.host import RaftHost
+from rocket.raft.links import PeerLinks
+from rocket.raft.wal import Wal
 from rocket.roles.broker import Broker
-from rocket.roles.nameserver import TopicRegistry
+from rocket.roles.nameserver import Nameserver
+from rocket.roles.peers import Peers
 from rocket.roles.storage import StorageRole
 from rocket.transport.http2 import serve_http2
+from rocket.transport.pool import ChannelPool
 from rocket.transport.rpc import Dispatcher, Lifecycle
 from rocket.transport.tcp import serve_tcp
 
@@ -44,32 +53,49 @@ def _notify_systemd(message: str) -> None:
 
 
 async def run_node(config: NodeConfig, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    if set(config.roles) != set(ROLES):
-        raise RocketError(
-            Code.CONFIG_INVALID,
-            f"roles {','.join(config.roles)}: a node runs all roles together until the cluster "
-            "(separate broker, storage and nameserver processes) arrives; use --role all",
-        )
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    registry = TopicRegistry(config.data_dir / "nameserver")
-    storage = StorageRole(config)
     dispatcher = Dispatcher()
-    Broker(registry, storage.store, config.roles).register(dispatcher)
     lifecycle = Lifecycle()
+    addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
+    links = PeerLinks(config.node_id, addresses)
+    wal = Wal.open(config.data_dir / "raft")
+    host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
+
+    async def raft_step(request: dict) -> dict:
+        host.receive(request["payload"])
+        return {}
+
+    dispatcher.handle("RaftStep", raft_step)
+    pool = ChannelPool()
+    peers = Peers(config, dispatcher, pool)
+    nameserver = Nameserver(config, host, peers) if "nameserver" in config.roles else None
+    storage = StorageRole(config, host, peers, addresses) if "storage" in config.roles else None
+    if nameserver is not None:
+        nameserver.register(dispatcher)
+    if storage is not None:
+        storage.register(dispatcher)
+    if "broker" in config.roles:
+        Broker(peers, config.roles).register(dispatcher, forward_status=nameserver is None)
     stop = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(_wait_for_signal, stop)
-            await nursery.start(storage.serve)
+            await nursery.start(pool.run)
+            await nursery.start(links.run)
+            await nursery.start(host.run)
             tcp_port = await nursery.start(serve_tcp, dispatcher, lifecycle, config.listen.host, config.listen.port)
             http2_port = None
             if config.http2_listen is not None:
                 listen = config.http2_listen
                 http2_port = await nursery.start(serve_http2, dispatcher, lifecycle, listen.host, listen.port)
+            if storage is not None:
+                await nursery.start(storage.serve)
+                await storage.assigned.wait()  # registered with the nameservers: topics can be placed here
             ready = Ready(tcp_port, http2_port)
             print(f"rocket ready tcp={config.listen.host}:{tcp_port} http2={http2_port or 'off'} "
-                  f"data={config.data_dir} pid={os.getpid()}", flush=True)
+                  f"node={config.node_id} roles={','.join(config.roles)} data={config.data_dir} pid={os.getpid()}",
+                  flush=True)
             _notify_systemd("READY=1")
             task_status.started(ready)
             await stop.wait()
@@ -80,7 +106,9 @@ async def run_node(config: NodeConfig, *, handle_signals: bool = True, task_stat
                 await lifecycle.wait_idle()
             nursery.cancel_scope.cancel()
     finally:
-        storage.store.close()
+        if storage is not None:
+            storage.store.close()
+        wal.close()
     log.info("stopped")
 
 

@@ -1,0 +1,1 @@
+"""Placement and health scoring: pure cores that take loads and return decisions."""

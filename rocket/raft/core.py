@@ -421,6 +421,12 @@ class RaftCore:
         elif self.election_elapsed >= self.randomized_election_ticks and self.id in self.voters:
             self._campaign(pre_vote=self.config.pre_vote)
 
+    def campaign(self) -> None:
+        """Start an election now rather than after a timeout (etcd's MsgHup): a group whose only voter
+        is this node need not wait to lead."""
+        if self.role != Role.LEADER and self.id in self.voters:
+            self._campaign(pre_vote=self.config.pre_vote)
+
     def _quorum_active(self) -> bool:
         active = {self.id} | {peer for peer, progress in self.progress.items() if progress.recent_active}
         for progress in self.progress.values():

@@ -24,9 +24,10 @@ Post = Callable[[int, bytes], None]  # queue a payload for a node without waitin
 
 
 class StateMachine(Protocol):
-    """What a group applies: the storage role's queues and KV, or the nameserver's metadata."""
+    """What a group applies: the storage role's queues and KV, or the nameserver's metadata.
+    apply returns one result per entry; the node that proposed an entry gets its result back."""
 
-    def apply(self, entries: list[Entry]) -> None: ...
+    def apply(self, entries: list[Entry]) -> list: ...
 
     def snapshot(self) -> bytes: ...
 
@@ -39,6 +40,7 @@ class _Group:
         self.machine = machine
         self.waiters: dict[int, tuple[int, trio.Event, list]] = {}  # index -> (term, event, outcome)
         self.idle_ticks = 0  # ticks since the group last had work; a leader quiesces it past a bound
+        self.log_bytes = 0  # bytes applied since the last snapshot: the log is compacted past a bound
         self.reads: dict[int, tuple[trio.Event, list]] = {}  # read request id -> (event, [index once released])
 
 
@@ -76,6 +78,8 @@ class RaftHost:
         core = RaftCore(config, restored.hard_state, restored.entries, restored.snapshot)
         if restored.snapshot is not None:
             machine.restore(restored.snapshot.data)
+        if core.voters == {self.node_id}:
+            core.campaign()  # alone: no one to wait for
         self.groups[group] = _Group(core, machine)
         self._touched(group, self.groups[group])
         self._wake.set()
@@ -94,8 +98,13 @@ class RaftHost:
                     hosted.idle_ticks = 0
         self._wake.set()
 
-    async def propose(self, group: int, data: bytes, timeout_s: float = limits.request_timeout_s_default) -> int:
-        """Replicate data in the group's log; returns its index once it is applied here."""
+    def leader_of(self, group: int) -> int:
+        """The node this node believes leads the group (0 when unknown or not hosted)."""
+        hosted = self.groups.get(group)
+        return hosted.core.leader if hosted is not None else 0
+
+    async def propose(self, group: int, data: bytes, timeout_s: float = limits.request_timeout_s_default):
+        """Replicate data in the group's log; returns the state machine's result once it is applied here."""
         hosted = self.groups.get(group)
         if hosted is None:
             raise RocketError(Code.UNAVAILABLE, f"group {group} is not hosted on node {self.node_id}")
@@ -146,7 +155,8 @@ class RaftHost:
         except trio.TooSlowError:
             raise RocketError(Code.TIMEOUT, f"{what} within {timeout_s} s") from None
 
-    async def _wait_applied(self, hosted: _Group, index: int, timeout_s: float) -> int:
+    async def _wait_applied(self, hosted: _Group, index: int, timeout_s: float):
+        """The entry's result once applied (the index, for membership changes)."""
         outcome: list = []
         event = trio.Event()
         hosted.waiters[index] = (hosted.core.term, event, outcome)
@@ -154,9 +164,12 @@ class RaftHost:
             await self._wait(event, timeout_s, f"entry {index} not applied")
         finally:
             hosted.waiters.pop(index, None)
-        if not outcome[0]:
+        kept, result = outcome
+        if not kept:
             raise RocketError(Code.UNAVAILABLE, f"entry {index} was lost to a leader change; retry")
-        return index
+        if isinstance(result, RocketError):
+            raise result
+        return index if result is None else result
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -212,10 +225,6 @@ class RaftHost:
         self._compactions = []
         if updates:
             await trio.to_thread.run_sync(self._persist, updates)
-        if self.wal.sealed_segments() >= limits.raft_wal_segments_max:
-            # Taken here, between steps, so that no core changes while it is read.
-            live = [self._checkpoint_of(group, hosted) for group, hosted in self.groups.items()]
-            await trio.to_thread.run_sync(self.wal.checkpoint, live)
         outgoing: dict[int, list[tuple[int, Message]]] = {}
         for group, ready in readies.items():
             for message in ready.messages:
@@ -228,8 +237,7 @@ class RaftHost:
             if ready.snapshot is not None:
                 hosted.machine.restore(ready.snapshot.data)
             if ready.committed_entries:
-                hosted.machine.apply([e for e in ready.committed_entries if e.kind == EntryKind.NORMAL])
-                self._resolve(hosted, ready.committed_entries)
+                self._apply(hosted, ready.committed_entries)
             for request_id, index in ready.read_states:
                 read = hosted.reads.get(request_id)
                 if read is not None:
@@ -243,6 +251,15 @@ class RaftHost:
             if hosted.core.has_ready():
                 self._active.add(group)
                 self._wake.set()
+        if self.wal.sealed_segments() >= limits.raft_wal_segments_max:
+            # After every advance, so that what this round persisted counts as stable, and before any
+            # core steps again. Every group is compacted first: the checkpoint then rewrites little
+            # more than hard states and snapshots.
+            for group, hosted in self.groups.items():
+                self._compact(group, hosted)
+            live = [self._checkpoint_of(group, hosted) for group, hosted in self.groups.items()]
+            self._compactions = []  # the checkpoint holds every snapshot
+            await trio.to_thread.run_sync(self.wal.checkpoint, live)
 
     def _persist(self, updates: list[Update]) -> None:
         self.wal.write(updates)
@@ -258,7 +275,13 @@ class RaftHost:
     def _maybe_compact(self, group: int, hosted: _Group) -> Update | None:
         """Snapshot a group whose log grew long, so its log (and the WAL) can shrink."""
         core = hosted.core
-        if core.applied - core.snapshot.index < limits.raft_log_entries_max:
+        if core.applied - core.snapshot.index < limits.raft_log_entries_max and hosted.log_bytes < limits.raft_log_bytes_max:
+            return None
+        return self._compact(group, hosted)
+
+    def _compact(self, group: int, hosted: _Group) -> Update | None:
+        core = hosted.core
+        if core.applied <= core.snapshot.index:
             return None
         data = hosted.machine.snapshot()
         if len(data) > self.wal.log.segment_bytes_max // 4:
@@ -268,15 +291,20 @@ class RaftHost:
             hosted.idle_ticks = 0
             return None
         core.compact(core.applied, data)
+        hosted.log_bytes = 0
         return Update(group, None, [], core.snapshot)
 
     @staticmethod
-    def _resolve(hosted: _Group, entries: list[Entry]) -> None:
+    def _apply(hosted: _Group, entries: list[Entry]) -> None:
+        """Apply committed entries and hand each waiting proposer its entry's result."""
+        normal = [entry for entry in entries if entry.kind == EntryKind.NORMAL]
+        results = dict(zip((entry.index for entry in normal), hosted.machine.apply(normal)))
+        hosted.log_bytes += sum(len(entry.data) for entry in entries)
         for entry in entries:
             waiter = hosted.waiters.get(entry.index)
             if waiter is not None:
                 term, event, outcome = waiter
-                outcome.append(entry.term == term)
+                outcome.extend((entry.term == term, results.get(entry.index)))
                 event.set()
 
 

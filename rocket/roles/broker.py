@@ -1,29 +1,48 @@
-"""The broker role: the client-facing RPC methods. It keeps no state of its own that matters:
-topics come from the nameserver's registry, messages and consumer offsets from storage.
+"""The broker role: the client-facing RPC methods, and nothing that cannot be lost. Topics and routes
+come from the nameservers (cached, refreshed by age and on errors), messages and consumer offsets
+live in the storage groups. Any broker serves any client; a call that finds a replica gone or no
+longer leading is retried on the group's other replicas.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 from collections.abc import AsyncIterator
 
+import trio
+
 from rocket import __version__, limits
+from rocket.config import Address
 from rocket.errors import Code, RocketError
 from rocket.model import TopicSpec, check_group_name
-from rocket.roles.nameserver import TopicRegistry
-from rocket.serde.batch import peek_count
-from rocket.store.group import Store
+from rocket.roles.peers import RETRYABLE, Peers, address_of
+from rocket.serde.batch import check_header
 from rocket.transport.rpc import Dispatcher
+
+log = logging.getLogger("rocket.broker")
+
+
+@dataclasses.dataclass(slots=True)
+class _Route:
+    spec: TopicSpec
+    version: int
+    queue_groups: list[int]
+    voters: dict[int, tuple[int, ...]]
+    fetched_at: float
 
 
 class Broker:
-    def __init__(self, registry: TopicRegistry, store: Store, roles: tuple[str, ...]):
-        self.registry = registry
-        self.store = store
+    def __init__(self, peers: Peers, roles: tuple[str, ...]):
+        self.peers = peers
         self.roles = roles
+        self._routes: dict[str, _Route] = {}
+        self._leaders: dict[int, int] = {}  # storage group -> the node that last served it as leader
+        self._addresses: dict[int, Address] = {}
         self._round_robin: dict[str, itertools.count] = {}
 
-    def register(self, dispatcher: Dispatcher) -> None:
+    def register(self, dispatcher: Dispatcher, forward_status: bool) -> None:
         handlers = {
             "Ping": self.ping,
             "CreateTopic": self.create_topic,
@@ -36,29 +55,68 @@ class Broker:
             "FetchOffsets": self.fetch_offsets,
             "SearchOffset": self.search_offset,
         }
+        if forward_status:  # a broker without a nameserver beside it asks the nameservers
+            handlers["ClusterStatus"] = self.cluster_status
         for name, handler in handlers.items():
             dispatcher.handle(name, handler)
+
+    # ---- routes and storage calls --------------------------------------------------------------------
+
+    async def _route(self, topic: str, refresh: bool = False) -> _Route:
+        route = self._routes.get(topic)
+        if route is None or refresh or trio.current_time() - route.fetched_at > limits.route_ttl_s:
+            response = await self.peers.nameserver("GetRoute", {"topic": topic})
+            for node in response["nodes"]:
+                self._addresses[node["id"]] = address_of(node["address"])
+            voters = {}
+            for group in response["groups"]:
+                voters[group["id"]] = tuple(group["voters"])
+                if group["leader"] and (refresh or group["id"] not in self._leaders):
+                    self._leaders[group["id"]] = group["leader"]
+            spec = TopicSpec.from_wire(response["topic"])
+            route = _Route(spec, response["version"], response["queue_groups"], voters, trio.current_time())
+            self._routes[topic] = route
+        return route
+
+    async def _storage(self, route: _Route, group: int, method: str, request: dict,
+                       timeout_s: float = limits.storage_call_s_max) -> dict:
+        """Call the group's leader as far as known, else each replica in turn; refresh the route and
+        try again until limits.storage_retry_s_max has passed."""
+        failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
+        with trio.move_on_after(limits.storage_retry_s_max):
+            for attempt in itertools.count():
+                voters = route.voters.get(group, ())
+                leader = self._leaders.get(group)
+                for node in sorted(voters, key=lambda voter: voter != leader):
+                    address = self._addresses.get(node)
+                    if address is None:
+                        continue
+                    try:
+                        response = await self.peers.call(address, method, request, timeout_s)
+                    except RocketError as error:
+                        if error.code not in RETRYABLE:
+                            raise
+                        failure = error
+                        continue
+                    self._leaders[group] = node
+                    return response
+                await trio.sleep(min(0.05 * 2 ** attempt, 1.0))
+                route = await self._route(route.spec.name, refresh=True)
+        raise failure
+
+    # ---- methods -------------------------------------------------------------------------------------
 
     async def ping(self, request: dict) -> dict:
         return {"version": __version__, "roles": list(self.roles)}
 
     async def create_topic(self, request: dict) -> dict:
-        return self.registry.create(request["topic"], request["queues"]).to_wire()
+        return await self.peers.nameserver("MetaCreateTopic", request, timeout_s=limits.leader_wait_s_max + 5)
 
     async def list_topics(self, request: dict) -> dict:
-        return {"topics": [spec.to_wire() for spec in self.registry.list()]}
+        return await self.peers.nameserver("MetaListTopics", request)
 
-    async def describe_topic(self, request: dict) -> dict:
-        spec = self.registry.get(request["topic"])
-        queues = [{"queue": queue, **self.store.queue_stats(spec.name, queue)} for queue in range(spec.queues)]
-        return {"topic": spec.to_wire(), "queues": queues}
-
-    def _produce_queue(self, spec: TopicSpec, queue: int) -> int:
-        """-1 means any queue: spread batches round robin."""
-        if queue == -1:
-            counter = self._round_robin.setdefault(spec.name, itertools.count())
-            return next(counter) % spec.queues
-        return self._queue(spec, queue)
+    async def cluster_status(self, request: dict) -> dict:
+        return await self.peers.nameserver("ClusterStatus", request, timeout_s=limits.leader_wait_s_max + 5)
 
     def _queue(self, spec: TopicSpec, queue: int) -> int:
         if not 0 <= queue < spec.queues:
@@ -66,85 +124,126 @@ class Broker:
         return queue
 
     async def produce(self, request: dict) -> dict:
-        spec = self.registry.get(request["topic"])
-        queue = self._produce_queue(spec, request["queue"])
-        base_offset, count = await self.store.append(spec.name, queue, request["batch"])
-        return {"queue": queue, "base_offset": base_offset, "count": count}
+        """Check the batch's header and CRC (its messages stay undecoded) and send it to its group."""
+        route = await self._route(request["topic"])
+        check_header(request["batch"])
+        spec = route.spec
+        queue = request["queue"]
+        if queue == -1:  # any queue: spread batches round robin
+            queue = next(self._round_robin.setdefault(spec.name, itertools.count())) % spec.queues
+        group = route.queue_groups[self._queue(spec, queue)]
+        return await self._storage(route, group, "StorageAppend",
+                                   {"group": group, "topic": spec.name, "queue": queue, "batch": request["batch"]})
 
-    def _pull_positions(self, request: dict) -> tuple[TopicSpec, dict[int, int]]:
-        spec = self.registry.get(request["topic"])
+    def _by_group(self, route: _Route, queues) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        for queue in queues:
+            groups.setdefault(route.queue_groups[self._queue(route.spec, queue)], []).append(queue)
+        return groups
+
+    async def _pull_positions(self, request: dict) -> tuple[_Route, dict[int, int]]:
+        route = await self._route(request["topic"])
         positions: dict[int, int] = {}
         for entry in request["queues"]:
-            queue = self._queue(spec, entry["queue"])
+            queue = self._queue(route.spec, entry["queue"])
             if entry["offset"] < 0:
                 raise RocketError(Code.BAD_REQUEST, f"offset {entry['offset']} for queue {queue} is negative")
             positions[queue] = entry["offset"]
         if not positions:
             raise RocketError(Code.BAD_REQUEST, "pull needs at least one queue")
-        return spec, positions
+        return route, positions
 
-    def _read(self, topic: str, positions: dict[int, int], max_bytes: int) -> dict:
+    async def _read(self, route: _Route, positions: dict[int, int], max_bytes: int) -> dict:
+        """Read group after group with what is left of the byte budget, so a response fits a frame."""
         batches: list[dict] = []
         next_offsets: list[dict] = []
         budget = max_bytes
-        for queue, offset in positions.items():
-            # Past the first batch the budget is strict, so a response never exceeds a frame.
-            found = self.store.read(topic, queue, offset, budget, at_least_one=not batches) if budget > 0 else []
-            for base_offset, data in found:
-                batches.append({"queue": queue, "base_offset": base_offset, "batch": data})
-                budget -= len(data)
-            if found:
-                offset = found[-1][0] + peek_count(found[-1][1])
-            next_offsets.append({"queue": queue, "offset": offset})
+        for group, queues in self._by_group(route, positions).items():
+            wanted = [{"queue": queue, "offset": positions[queue]} for queue in queues]
+            if budget <= 0:
+                next_offsets.extend(wanted)
+                continue
+            response = await self._storage(route, group, "StorageRead", {
+                "group": group, "topic": route.spec.name, "queues": wanted, "max_bytes": budget, "wait_ms": 0,
+                "at_least_one": not batches})
+            batches.extend(response["batches"])
+            budget -= sum(len(found["batch"]) for found in response["batches"])
+            next_offsets.extend(response["next_offsets"])
         return {"batches": batches, "next_offsets": next_offsets}
 
+    async def _wait_for_data(self, route: _Route, positions: dict[int, int], wait_s: float) -> None:
+        """Long-poll every group at once; return when one of them has data, or after wait_s."""
+        async def wait_on(group: int, queues: list[int], done: trio.CancelScope) -> None:
+            await self._storage(route, group, "StorageRead", {
+                "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": 0,
+                "at_least_one": False, "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
+                timeout_s=wait_s + limits.storage_call_s_max)
+            done.cancel()
+
+        with trio.move_on_after(wait_s + 1) as done:
+            async with trio.open_nursery() as nursery:
+                for group, queues in self._by_group(route, positions).items():
+                    nursery.start_soon(wait_on, group, queues, nursery.cancel_scope)
+
     async def pull(self, request: dict) -> dict:
-        spec, positions = self._pull_positions(request)
+        route, positions = await self._pull_positions(request)
         max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
-        response = self._read(spec.name, positions, max_bytes)
+        response = await self._read(route, positions, max_bytes)
         wait_ms = min(max(request["wait_ms"], 0), limits.pull_wait_ms_max)
         if not response["batches"] and wait_ms:
-            wants = {(spec.name, queue): offset for queue, offset in positions.items()}
-            await self.store.wait_for_data(wants, wait_ms / 1000)
-            response = self._read(spec.name, positions, max_bytes)
+            await self._wait_for_data(route, positions, wait_ms / 1000)
+            response = await self._read(route, positions, max_bytes)
         return response
 
     async def subscribe(self, request: dict) -> AsyncIterator[dict]:
         """Stream pull responses as data arrives, each continuing where the previous ended."""
-        spec, positions = self._pull_positions(request)
+        route, positions = await self._pull_positions(request)
         max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
         while True:
-            response = self._read(spec.name, positions, max_bytes)
+            response = await self._read(route, positions, max_bytes)
             if response["batches"]:
                 yield response
                 positions = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
             else:
-                wants = {(spec.name, queue): offset for queue, offset in positions.items()}
-                await self.store.wait_for_data(wants, limits.pull_wait_ms_max / 1000)
+                await self._wait_for_data(route, positions, limits.pull_wait_ms_max / 1000)
 
     async def commit_offsets(self, request: dict) -> dict:
-        group = check_group_name(request["group"])
-        spec = self.registry.get(request["topic"])
-        offsets = {}
+        consumer_group = check_group_name(request["group"])
+        route = await self._route(request["topic"])
+        offsets: dict[int, int] = {}
         for entry in request["offsets"]:
-            queue = self._queue(spec, entry["queue"])
+            queue = self._queue(route.spec, entry["queue"])
             if entry["offset"] < 0:
                 raise RocketError(Code.BAD_REQUEST, f"offset {entry['offset']} for queue {queue} is negative")
             offsets[queue] = entry["offset"]
-        await self.store.commit_offsets(group, spec.name, offsets)
+        for group, queues in self._by_group(route, offsets).items():
+            await self._storage(route, group, "StorageCommitOffsets", {
+                "group": group, "consumer_group": consumer_group, "topic": route.spec.name,
+                "offsets": [{"queue": queue, "offset": offsets[queue]} for queue in queues]})
         return {}
 
+    async def _queues(self, route: _Route, consumer_group: str = "", timestamp_ms: int = -1) -> list[dict]:
+        """StorageQueues for every queue of the topic, group by group."""
+        responses = []
+        for group, queues in self._by_group(route, range(route.spec.queues)).items():
+            responses.append(await self._storage(route, group, "StorageQueues", {
+                "group": group, "topic": route.spec.name, "queues": queues, "consumer_group": consumer_group,
+                "timestamp_ms": timestamp_ms}))
+        return responses
+
+    async def describe_topic(self, request: dict) -> dict:
+        route = await self._route(request["topic"])
+        queues = [info for response in await self._queues(route) for info in response["queues"]]
+        return {"topic": route.spec.to_wire(), "queues": sorted(queues, key=lambda info: info["queue"])}
+
     async def fetch_offsets(self, request: dict) -> dict:
-        group = check_group_name(request["group"])
-        spec = self.registry.get(request["topic"])
-        offsets = self.store.fetch_offsets(group, spec.name)
-        return {"offsets": [{"queue": queue, "offset": offset} for queue, offset in sorted(offsets.items())]}
+        consumer_group = check_group_name(request["group"])
+        route = await self._route(request["topic"])
+        offsets = [entry for response in await self._queues(route, consumer_group) for entry in response["offsets"]]
+        return {"offsets": sorted(offsets, key=lambda entry: entry["queue"])}
 
     async def search_offset(self, request: dict) -> dict:
-        spec = self.registry.get(request["topic"])
-        return {
-            "offsets": [
-                {"queue": queue, "offset": self.store.offset_for_time(spec.name, queue, request["timestamp_ms"])}
-                for queue in range(spec.queues)
-            ]
-        }
+        route = await self._route(request["topic"])
+        offsets = [entry for response in await self._queues(route, timestamp_ms=max(0, request["timestamp_ms"]))
+                   for entry in response["time_offsets"]]
+        return {"offsets": sorted(offsets, key=lambda entry: entry["queue"])}

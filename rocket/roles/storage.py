@@ -1,17 +1,145 @@
-"""The storage role: hosts the node's store (one group until multi-raft arrives) and its flusher."""
+"""The storage role: hosts the Raft groups the nameservers assign to this node, with the node's store
+as their state machine. The leader of a group serves appends (replicated before they are answered);
+any replica serves reads of what it has applied, which is committed data only.
+"""
 
 from __future__ import annotations
 
+import logging
+import shutil
+import time
+
 import trio
 
+from rocket import limits
 from rocket.config import NodeConfig
-from rocket.store.group import Store
+from rocket.errors import Code, RocketError
+from rocket.model import check_group_name, check_topic_name
+from rocket.raft.core import Role
+from rocket.raft.host import RaftHost
+from rocket.roles.peers import Peers, address_of
+from rocket.serde.batch import peek_count
+from rocket.store.group import GroupMachine, Store, encode_append, encode_offsets
+from rocket.transport.rpc import Dispatcher
+
+log = logging.getLogger("rocket.storage")
 
 
 class StorageRole:
-    def __init__(self, config: NodeConfig):
-        self.store = Store.open(config.data_dir / "storage" / "group-0", segment_bytes_max=config.segment_bytes)
+    def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, addresses: dict[int, tuple[str, int]]):
+        self.config = config
+        self.host = host
+        self.peers = peers
+        self.addresses = addresses  # node id -> address, shared with the Raft links
+        self.store = Store.open(config.data_dir / "storage", segment_bytes_max=config.segment_bytes)
+        self._last_append_ms: dict[tuple[str, int], int] = {}
+        self.assigned = trio.Event()  # set once the first assignment arrived
+        self._ask_now = trio.Event()  # a call named a group not hosted yet: ask for the assignment at once
+
+    def register(self, dispatcher: Dispatcher) -> None:
+        dispatcher.handle("StorageAppend", self.append)
+        dispatcher.handle("StorageRead", self.read)
+        dispatcher.handle("StorageCommitOffsets", self.commit_offsets)
+        dispatcher.handle("StorageQueues", self.queues)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Run the group-commit flusher until cancelled; pending appends are flushed on the way out."""
-        await self.store.run(task_status=task_status)
+        """Flush the store in the background and report to the nameservers until cancelled."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.store.run)
+            task_status.started()
+            while True:
+                self._ask_now = trio.Event()
+                await self._heartbeat()
+                with trio.move_on_after(limits.node_heartbeat_s):
+                    await self._ask_now.wait()
+                    await trio.sleep(limits.assignment_ask_s_min)
+
+    async def _heartbeat(self) -> None:
+        leads = [group for group, hosted in self.host.groups.items()
+                 if hosted.core.role == Role.LEADER and group in self._storage_groups()]
+        load = {"groups": len(self._storage_groups()), "leads": leads, "bytes": self.store.log.end_position,
+                "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free}
+        request = {"node": self.config.node_id, "address": str(self.config.address), "roles": list(self.config.roles),
+                   "load": load}
+        try:
+            assignment = await self.peers.nameserver("NodeHeartbeat", request, timeout_s=limits.leader_wait_s_max + 5)
+        except RocketError as error:
+            log.warning("heartbeat to the nameservers failed: %s", error)
+            return
+        for node in assignment["nodes"]:
+            address = address_of(node["address"])
+            self.addresses[node["id"]] = (address.host, address.port)
+        for group in assignment["groups"]:
+            if group["id"] not in self.host.groups:
+                self.host.add_group(group["id"], tuple(group["voters"]), GroupMachine(self.store, group["id"]))
+        self.assigned.set()
+
+    def _storage_groups(self) -> set[int]:
+        return {group for group, hosted in self.host.groups.items() if isinstance(hosted.machine, GroupMachine)}
+
+    def _hosted(self, group: int) -> None:
+        if group not in self.host.groups or not isinstance(self.host.groups[group].machine, GroupMachine):
+            self._ask_now.set()
+            raise RocketError(Code.UNAVAILABLE, f"storage group {group} is not hosted on node {self.config.node_id}")
+
+    async def append(self, request: dict) -> dict:
+        """Stamp a batch (the broker checked its header and CRC), replicate it, answer with its offsets."""
+        group, topic, queue, batch = request["group"], request["topic"], request["queue"], request["batch"]
+        self._hosted(group)
+        check_topic_name(topic)
+        # Append times never go backwards within a queue on this leader; replicas take the stamp.
+        append_ms = max(int(time.time() * 1000), self._last_append_ms.get((topic, queue), 0))
+        self._last_append_ms[(topic, queue)] = append_ms
+        entry = encode_append(topic, queue, append_ms, batch)
+        base_offset, count = await self.host.propose(group, entry, limits.storage_append_wait_s_max)
+        return {"queue": queue, "base_offset": base_offset, "count": count}
+
+    async def commit_offsets(self, request: dict) -> dict:
+        self._hosted(request["group"])
+        consumer_group = check_group_name(request["consumer_group"])
+        offsets = {entry["queue"]: entry["offset"] for entry in request["offsets"]}
+        await self.host.propose(request["group"], encode_offsets(consumer_group, request["topic"], offsets))
+        return {}
+
+    def _read(self, topic: str, positions: dict[int, int], max_bytes: int, at_least_one: bool) -> dict:
+        batches: list[dict] = []
+        next_offsets: list[dict] = []
+        budget = max_bytes
+        for queue, offset in positions.items():
+            # Past the first batch the budget is strict, so a response never exceeds a frame.
+            first = at_least_one and not batches
+            found = self.store.read(topic, queue, offset, budget, at_least_one=first) if budget > 0 or first else []
+            for base_offset, data in found:
+                batches.append({"queue": queue, "base_offset": base_offset, "batch": data})
+                budget -= len(data)
+            if found:
+                offset = found[-1][0] + peek_count(found[-1][1])
+            next_offsets.append({"queue": queue, "offset": offset})
+        return {"batches": batches, "next_offsets": next_offsets}
+
+    async def read(self, request: dict) -> dict:
+        self._hosted(request["group"])
+        topic = request["topic"]
+        positions = {entry["queue"]: entry["offset"] for entry in request["queues"]}
+        max_bytes = max(0, min(request["max_bytes"], limits.read_bytes_max))
+        response = self._read(topic, positions, max_bytes, request["at_least_one"])
+        wait_ms = min(max(request["wait_ms"], 0), limits.pull_wait_ms_max)
+        if not response["batches"] and wait_ms:
+            wants = {(topic, queue): offset for queue, offset in positions.items()}
+            await self.store.wait_for_data(wants, wait_ms / 1000)
+            response = self._read(topic, positions, max_bytes, request["at_least_one"])
+        return response
+
+    async def queues(self, request: dict) -> dict:
+        self._hosted(request["group"])
+        topic = request["topic"]
+        offsets = []
+        if request["consumer_group"]:
+            committed = self.store.fetch_offsets(request["consumer_group"], topic)
+            offsets = [{"queue": queue, "offset": committed[queue]} for queue in request["queues"] if queue in committed]
+        time_offsets = []
+        if request["timestamp_ms"] >= 0:
+            time_offsets = [{"queue": queue, "offset": self.store.offset_for_time(topic, queue, request["timestamp_ms"])}
+                            for queue in request["queues"]]
+        return {"queues": [{"queue": queue, **self.store.queue_stats(topic, queue)} for queue in request["queues"]],
+                "offsets": offsets, "time_offsets": time_offsets}

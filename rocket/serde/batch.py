@@ -73,6 +73,12 @@ def check_header(batch: bytes | memoryview) -> BatchHeader:
     return BatchHeader(flags, count, first_ms, last_ms, tags, payload_bytes, crc)
 
 
+def peek_header(batch: bytes | memoryview) -> BatchHeader:
+    """The header of a batch already checked on its way in (reads only the header, no CRC pass)."""
+    _, _, flags, count, first_ms, last_ms, tags, payload_bytes, crc = _header.unpack_from(batch)
+    return BatchHeader(flags, count, first_ms, last_ms, tags, payload_bytes, crc)
+
+
 def peek_count(batch: bytes | memoryview) -> int:
     """The message count of a batch already checked on its way in (reads only the header)."""
     return _header.unpack_from(batch)[3]

@@ -65,9 +65,13 @@ class QueueIndex:
         return _u64.unpack(raw)[0] if raw else 0
 
     def apply(self, entries: list[tuple[str, int, IndexEntry]], stats: dict[tuple[str, int], QueueStats],
-              commits: list[tuple[str, str, dict[int, int]]], applied_position: int) -> None:
-        """Record flushed batches, queue stats and offset commits, up to applied_position, in one write."""
+              commits: list[tuple[str, str, dict[int, int]]], groups_applied: dict[int, int],
+              applied_position: int) -> None:
+        """Record stored batches, queue stats, offset commits and how far each Raft group got, up to
+        applied_position of the log, in one write."""
         with self._db.write_batch(sync=False) as batch:
+            for group, index in groups_applied.items():
+                batch.put(b"g" + _u64.pack(group), _u64.pack(index))
             for topic, queue, entry in entries:
                 batch.put(_queue_prefix(b"q", topic, queue) + _u64.pack(entry.base_offset),
                           _entry.pack(entry.position, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
@@ -81,6 +85,9 @@ class QueueIndex:
                 for queue, offset in offsets.items():
                     batch.put(prefix + _u32.pack(queue), _u64.pack(offset))
             batch.put(_applied_key, _u64.pack(applied_position))
+
+    def groups_applied(self) -> dict[int, int]:
+        return {_u64.unpack(key[1:])[0]: _u64.unpack(value)[0] for key, value in self._db.iterator(prefix=b"g")}
 
     def all_stats(self) -> dict[tuple[str, int], QueueStats]:
         result = {}

@@ -41,6 +41,17 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("FetchOffsets", "FetchOffsetsRequest", "OffsetsResponse"),
         MethodSpec("SearchOffset", "SearchOffsetRequest", "OffsetsResponse"),
         MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload"),
+        MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
+        # Between nodes: brokers and storage nodes to the nameservers,
+        MethodSpec("NodeHeartbeat", "NodeHeartbeatRequest", "Assignment"),
+        MethodSpec("GetRoute", "TopicRequest", "Route"),
+        MethodSpec("MetaCreateTopic", "CreateTopicRequest", "TopicInfo"),
+        MethodSpec("MetaListTopics", "Empty", "ListTopicsResponse"),
+        # and brokers to storage nodes.
+        MethodSpec("StorageAppend", "StorageAppendRequest", "ProduceResponse", attachment_field="batch"),
+        MethodSpec("StorageRead", "StorageReadRequest", "PullResponse"),
+        MethodSpec("StorageCommitOffsets", "StorageOffsetsRequest", "Empty"),
+        MethodSpec("StorageQueues", "StorageQueuesRequest", "StorageQueuesResponse"),
     ]
 }
 
@@ -90,6 +101,15 @@ class Dispatcher:
         if handler is None:
             raise RocketError(Code.UNKNOWN_METHOD, f"method {name!r} is not served by this node's roles")
         return spec, handler
+
+    async def local(self, name: str, request: dict):
+        """Call this node's own handler directly, without serde or socket: one role to another in
+        the same process. Raises RocketError like a remote call."""
+        _, handler = self._resolve(name)
+        try:
+            return await handler(request)
+        except Exception as error:
+            raise as_rocket_error(error, name) from None
 
     def is_streaming(self, name: str) -> bool:
         return method_spec(name).streaming

@@ -178,6 +178,7 @@ class TcpChannel:
         self._waiting: dict[int, trio.MemorySendChannel] = {}
         self._send_lock = trio.Lock()
         self._broken: RocketError | None = None
+        self.closed = trio.Event()  # set once the connection is broken or closed
 
     async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default) -> dict:
         spec = method_spec(method)
@@ -250,6 +251,7 @@ class TcpChannel:
     def _fail(self, error: RocketError) -> None:
         if self._broken is None:
             self._broken = error
+        self.closed.set()
         for sender in self._waiting.values():
             sender.close()
         self._waiting.clear()

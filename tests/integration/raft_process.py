@@ -25,8 +25,9 @@ class Values:
     def __init__(self):
         self.values: list[str] = []
 
-    def apply(self, entries):
+    def apply(self, entries) -> list:
         self.values.extend(entry.data.decode() for entry in entries if entry.data)
+        return [None] * len(entries)
 
     def snapshot(self) -> bytes:
         return "\n".join(self.values).encode()

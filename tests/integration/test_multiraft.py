@@ -27,10 +27,11 @@ class ListMachine:
         self.values: list[bytes] = []
         self.keep = keep
 
-    def apply(self, entries):
+    def apply(self, entries) -> list:
         self.values.extend(entry.data for entry in entries if entry.data)
         if self.keep is not None:
             del self.values[:-self.keep]
+        return [None] * len(entries)
 
     def snapshot(self) -> bytes:
         return b"\n".join(self.values)

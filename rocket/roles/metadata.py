@@ -1,0 +1,148 @@
+"""The cluster metadata (RIP-18): the nameserver group's Raft state machine. Pure: no I/O, no clock.
+
+It holds topics (with the storage groups their queues hash onto), storage groups and their voters,
+and the node registry. Commands are JSON objects decided by the nameserver leader (which did the
+placement and read the clock) and applied identically on every nameserver. `version` rises with
+every change, so a cached route knows it is stale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import orjson
+
+from rocket import limits
+from rocket.errors import Code, RocketError, invariant
+from rocket.model import TopicSpec
+
+META_GROUP = 1  # the nameservers' own Raft group; storage groups are numbered from 2
+FIRST_STORAGE_GROUP = 2
+NODE_STATES = ("up", "draining")
+
+
+@dataclasses.dataclass(slots=True)
+class NodeInfo:
+    id: int
+    address: str
+    roles: tuple[str, ...]
+    state: str = "up"
+
+
+class Metadata:
+    def __init__(self) -> None:
+        self.topics: dict[str, TopicSpec] = {}
+        self.groups: dict[int, tuple[int, ...]] = {}  # storage group -> voters
+        self.nodes: dict[int, NodeInfo] = {}
+        self.version = 0
+
+    # ---- the state machine ---------------------------------------------------------------------------
+
+    def apply(self, entries) -> list:
+        results: list = []
+        for entry in entries:
+            if not entry.data:  # a new leader's empty entry
+                results.append(None)
+                continue
+            try:
+                results.append(self._command(orjson.loads(entry.data)))
+            except RocketError as error:
+                results.append(error)
+        return results
+
+    def _command(self, command: dict):
+        operation = command["op"]
+        if operation == "register":
+            node = NodeInfo(command["node"], command["address"], tuple(command["roles"]))
+            known = self.nodes.get(node.id)
+            if known is not None:
+                node.state = known.state
+            self.nodes[node.id] = node
+        elif operation == "create_topic":
+            name = command["name"]
+            if name in self.topics:
+                raise RocketError(Code.TOPIC_EXISTS, f"topic {name!r} already exists")
+            if len(self.topics) >= limits.topics_max:
+                raise RocketError(Code.OVERLOADED, f"the cluster holds the maximum of {limits.topics_max} topics")
+            for group in command["new_groups"]:
+                if group["id"] in self.groups:
+                    raise RocketError(Code.UNAVAILABLE, f"storage group {group['id']} exists already; retry")
+            for group in command["new_groups"]:
+                self.groups[group["id"]] = tuple(group["voters"])
+            invariant(all(group in self.groups for group in command["groups"]), "a topic's groups exist")
+            self.topics[name] = TopicSpec(name, command["queues"], command["created_ms"], tuple(command["groups"]))
+        elif operation == "node_state":
+            node = self.nodes.get(command["node"])
+            if node is None:
+                raise RocketError(Code.BAD_REQUEST, f"node {command['node']} is not registered")
+            invariant(command["state"] in NODE_STATES, "a known node state")
+            node.state = command["state"]
+        elif operation == "set_voters":
+            invariant(command["group"] in self.groups, "the group exists")
+            self.groups[command["group"]] = tuple(command["voters"])
+        else:
+            invariant(False, f"unknown metadata command {operation!r}")
+        self.version += 1
+        return self.topics[command["name"]] if operation == "create_topic" else None
+
+    def snapshot(self) -> bytes:
+        return orjson.dumps({
+            "version": self.version,
+            "topics": [[s.name, s.queues, s.created_ms, list(s.groups)] for s in self.topics.values()],
+            "groups": [[group, list(voters)] for group, voters in self.groups.items()],
+            "nodes": [dataclasses.asdict(node) for node in self.nodes.values()],
+        })
+
+    def restore(self, data: bytes) -> None:
+        if not data:
+            return
+        state = orjson.loads(data)
+        self.version = state["version"]
+        self.topics = {name: TopicSpec(name, queues, created, tuple(groups))
+                       for name, queues, created, groups in state["topics"]}
+        self.groups = {group: tuple(voters) for group, voters in state["groups"]}
+        self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"])
+                      for node in state["nodes"]}
+
+    # ---- queries -------------------------------------------------------------------------------------
+
+    def topic(self, name: str) -> TopicSpec:
+        spec = self.topics.get(name)
+        if spec is None:
+            raise RocketError(Code.UNKNOWN_TOPIC, f"topic {name!r} does not exist")
+        return spec
+
+    def storage_nodes(self) -> list[NodeInfo]:
+        return [node for node in self.nodes.values() if "storage" in node.roles]
+
+    def next_group_id(self) -> int:
+        return max(self.groups, default=FIRST_STORAGE_GROUP - 1) + 1
+
+    def addresses(self, nodes) -> list[dict]:
+        return [{"id": node, "address": self.nodes[node].address} for node in sorted(nodes) if node in self.nodes]
+
+    def route(self, name: str, leaders: dict[int, int]) -> dict:
+        """Everything a broker needs to reach a topic's queues: queue -> group -> voters -> addresses."""
+        spec = self.topic(name)
+        groups = sorted(set(spec.groups))
+        members = {node for group in groups for node in self.groups[group]}
+        return {
+            "version": self.version,
+            "topic": spec.to_wire(),
+            "queue_groups": [spec.group_of(queue) for queue in range(spec.queues)],
+            "groups": [self.group_info(group, leaders) for group in groups],
+            "nodes": self.addresses(members),
+        }
+
+    def group_info(self, group: int, leaders: dict[int, int]) -> dict:
+        return {"id": group, "voters": list(self.groups[group]), "learners": [], "leader": leaders.get(group, 0)}
+
+    def assignment(self, node: int) -> dict:
+        """The storage groups a node hosts, with the addresses of their members."""
+        groups = [group for group, voters in self.groups.items() if node in voters]
+        members = {member for group in groups for member in self.groups[group]}
+        return {
+            "version": self.version,
+            "groups": [self.group_info(group, {}) for group in groups],
+            "nodes": self.addresses(members),
+        }

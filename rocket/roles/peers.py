@@ -1,0 +1,50 @@
+"""Calls from one role to another: over a pooled TCP channel to another node, or straight to this
+node's own handler when the callee lives in the same process (dev mode runs every role in one)."""
+
+from __future__ import annotations
+
+import logging
+
+from rocket import limits
+from rocket.config import Address, NodeConfig, parse_address
+from rocket.errors import Code, RocketError
+from rocket.transport.pool import ChannelPool
+from rocket.transport.rpc import Dispatcher
+
+log = logging.getLogger("rocket.peers")
+RETRYABLE = (Code.UNAVAILABLE, Code.CONNECTION_LOST, Code.TIMEOUT)  # another node may answer instead
+
+
+def address_of(text: str) -> Address:
+    return parse_address("address", text)
+
+
+class Peers:
+    def __init__(self, config: NodeConfig, dispatcher: Dispatcher, pool: ChannelPool):
+        self.address = config.address
+        self.dispatcher = dispatcher
+        self.pool = pool
+        self.nameservers = list(config.nameserver_members().values())
+        self._nameserver_at = 0  # the nameserver that answered last: asked first next time
+
+    async def call(self, address: Address, method: str, request: dict,
+                   timeout_s: float = limits.request_timeout_s_default) -> dict:
+        if address == self.address:
+            return await self.dispatcher.local(method, request)
+        return await self.pool.call((address.host, address.port), method, request, timeout_s)
+
+    async def nameserver(self, method: str, request: dict, timeout_s: float = limits.request_timeout_s_default) -> dict:
+        """Ask the nameservers, starting with the one that answered last; the next one on failure."""
+        error = RocketError(Code.UNAVAILABLE, "no nameserver is configured")
+        for attempt in range(len(self.nameservers)):
+            at = (self._nameserver_at + attempt) % len(self.nameservers)
+            try:
+                response = await self.call(self.nameservers[at], method, request, timeout_s)
+            except RocketError as failure:
+                if failure.code not in RETRYABLE:
+                    raise
+                error = failure
+                continue
+            self._nameserver_at = at
+            return response
+        raise error

@@ -1,0 +1,67 @@
+"""Channels from one node to the others: one pipelined TCP channel per address, opened on first use,
+kept while it works and reopened after it breaks. The channels live in the pool's own nursery."""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.transport.tcp import TcpChannel, open_tcp_channel
+
+
+Address = tuple[str, int]  # host, port
+
+
+class ChannelPool:
+    def __init__(self, serde: str = "avro"):
+        self._serde = serde
+        self._channels: dict[Address, TcpChannel] = {}
+        self._opening: dict[Address, trio.Lock] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def call(self, address: Address, method: str, request: dict,
+                   timeout_s: float = limits.request_timeout_s_default) -> dict:
+        channel = await self._channel(address)
+        return await channel.call(method, request, timeout_s)
+
+    async def _channel(self, address: Address) -> TcpChannel:
+        channel = self._channels.get(address)
+        if channel is not None and not channel.closed.is_set():
+            return channel
+        if self._nursery is None:
+            raise RocketError(Code.UNAVAILABLE, "the node is not connected to its peers yet")
+        lock = self._opening.setdefault(address, trio.Lock())
+        async with lock:
+            channel = self._channels.get(address)
+            if channel is None or channel.closed.is_set():
+                channel = await self._nursery.start(self._hold, address)
+            return channel
+
+    async def _hold(self, address: Address, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Open a channel, hand it over, and keep it open until it breaks; later errors end it quietly."""
+        started, channel = False, None
+        with trio.CancelScope(deadline=trio.current_time() + limits.connect_timeout_s) as connecting:
+            try:
+                async with open_tcp_channel(*address, self._serde) as channel:
+                    connecting.deadline = math.inf
+                    self._channels[address] = channel
+                    task_status.started(channel)
+                    started = True
+                    await channel.closed.wait()
+            except RocketError:
+                if not started:
+                    raise
+            finally:
+                if channel is not None and self._channels.get(address) is channel:
+                    del self._channels[address]
+        if not started:
+            raise RocketError(Code.UNAVAILABLE, f"connecting to {address[0]}:{address[1]} timed out")
