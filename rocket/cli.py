@@ -30,7 +30,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="rocket: mess
 topic_app = typer.Typer(no_args_is_help=True, help="Create, list and describe topics.")
 bench_app = typer.Typer(no_args_is_help=True, help="Measure produce and consume against a running server.")
 app.add_typer(topic_app, name="topic")
+cluster_app = typer.Typer(no_args_is_help=True, help="Inspect the cluster: nodes, groups, leaders, load.")
 app.add_typer(bench_app, name="bench")
+app.add_typer(cluster_app, name="cluster")
 
 out = Console()
 err = Console(stderr=True)
@@ -135,6 +137,35 @@ async def topic_describe(name: str, server: Server = None, transport: Transport 
         table.add_row(str(q["queue"]), f"{q['min_offset']:,}", f"{q['next_offset']:,}",
                       f"{q['next_offset'] - q['min_offset']:,}", f"{q['bytes']:,}")
     out.print(table)
+
+
+@cluster_app.command("status")
+@_runs_client
+async def cluster_status(server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                         groups: Annotated[bool, typer.Option("--groups", help="Also list every storage group.")] = False,
+                         as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False) -> None:
+    """Nodes with their roles, liveness and load; storage groups with their replicas and leaders."""
+    async with connect(server, transport, serde) as channel:
+        status = await Admin(channel).cluster_status()
+    if as_json:
+        sys.stdout.write(orjson.dumps(status).decode() + "\n")
+        return
+    out.print(f"nameservers {status['nameservers']}, leader [bold]{status['nameserver_leader'] or 'none'}[/bold]; "
+              f"metadata version {status['version']}; {status['topics']} topics; {len(status['groups'])} storage groups")
+    nodes = Table("node", "address", "roles", "state", "heartbeat", "groups", "leads", "stored", "free disk",
+                  title="nodes")
+    for node in status["nodes"]:
+        load = node["load"]
+        age = f"{node['heartbeat_age_ms'] / 1000:.1f} s ago" if node["heartbeat_age_ms"] >= 0 else "-"
+        state = {"up": "[green]up[/green]", "down": "[red]down[/red]"}.get(node["state"], f"[yellow]{node['state']}[/yellow]")
+        nodes.add_row(str(node["id"]), node["address"], ",".join(node["roles"]), state, age, str(load["groups"]),
+                      str(len(load["leads"])), f"{load['bytes']:,}", f"{load['free_disk_bytes'] / 2**30:,.1f} GiB")
+    out.print(nodes)
+    if groups:
+        table = Table("group", "voters", "leader", title="storage groups")
+        for group in status["groups"]:
+            table.add_row(str(group["id"]), ",".join(map(str, group["voters"])), str(group["leader"] or "-"))
+        out.print(table)
 
 
 def _read_chunks(stream, chunk_bytes: int):

@@ -19,3 +19,7 @@ class Admin:
     async def describe_topic(self, name: str) -> tuple[TopicSpec, list[dict]]:
         response = await self.channel.call("DescribeTopic", {"topic": name})
         return TopicSpec.from_wire(response["topic"]), response["queues"]
+
+    async def cluster_status(self) -> dict:
+        """Nodes (roles, liveness, load), storage groups (voters, leader) and the nameserver leader."""
+        return await self.channel.call("ClusterStatus", {})

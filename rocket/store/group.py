@@ -30,6 +30,7 @@ log = logging.getLogger("rocket.store")
 BATCH = 1
 OFFSETS = 2
 APPLIED = 3
+POSITIONS = 4  # a snapshot installed without its batches: the group's queue positions (JSON)
 _batch_head = struct.Struct("<H")  # topic length; then topic, then _batch_route, then the batch
 _batch_route = struct.Struct("<IQQQ")  # queue, base offset, append time ms, Raft group
 _applied = struct.Struct("<QQ")  # Raft group, index of the last entry applied
@@ -96,7 +97,6 @@ class Store:
         self.index = index
         self._queues: dict[tuple[str, int], QueueStats] = {}
         self._applied: dict[int, int] = {}  # Raft group -> index of its last entry in this store
-        self._queue_groups: dict[tuple[str, int], int] = {}  # the Raft group each stored queue belongs to
         self._watchers: dict[tuple[str, int], set[trio.Event]] = {}
         self._dirty = False
         self.fsyncs = 0
@@ -123,9 +123,8 @@ class Store:
             replayed += 1
             if kind == BATCH:
                 topic, queue, base_offset, append_ms, group, batch = decode_batch_record(body)
-                self._queue_groups[(topic, queue)] = group
                 header = batch_codec.check_header(batch)
-                queue_stats = stats.setdefault((topic, queue), QueueStats())
+                queue_stats = stats.setdefault((topic, queue), QueueStats(group=group))
                 if base_offset != queue_stats.next_offset:
                     raise RocketError(Code.CORRUPT_DATA, f"log record at {position} has offset {base_offset} for "
                                       f"{topic}/{queue}, expected {queue_stats.next_offset}")
@@ -138,6 +137,10 @@ class Store:
                 commits.append(_offsets_commit(body))
             elif kind == APPLIED:
                 group, index = _applied.unpack(body)
+                applied[group] = index
+            elif kind == POSITIONS:
+                group, index, positions = self._positions(body)
+                stats.update(positions)
                 applied[group] = index
             else:
                 raise RocketError(Code.CORRUPT_DATA, f"log record at {position} has unknown kind {kind}")
@@ -170,13 +173,12 @@ class Store:
                 topic = data[_append_head.size:batch_at].decode()
                 batch = memoryview(data)[batch_at:]
                 header = batch_codec.peek_header(batch)  # checked before it was proposed
-                stats = self._queues.setdefault((topic, queue), QueueStats())
+                stats = self._queues.setdefault((topic, queue), QueueStats(group=group))
                 base_offset = stats.next_offset
                 stats.next_offset += header.count
                 stats.bytes += len(batch)
                 stats.last_append_ms = append_ms
                 touched[(topic, queue)] = stats
-                self._queue_groups[(topic, queue)] = group
                 records.append((BATCH, encode_batch_record(topic, queue, base_offset, append_ms, group, batch)))
                 indexed.append((topic, queue, IndexEntry(base_offset, -1, header.count, len(batch),
                                                          header.first_timestamp_ms, append_ms)))
@@ -212,28 +214,37 @@ class Store:
         offsets as the others from then on."""
         self.sync()
         queues = [[topic, queue, stats.next_offset, stats.bytes, stats.last_append_ms]
-                  for (topic, queue), stats in self._queues.items() if self._queue_groups.get((topic, queue)) == group]
-        return orjson.dumps({"applied": self._applied.get(group, 0), "queues": queues})
+                  for (topic, queue), stats in self._queues.items() if stats.group == group]
+        return orjson.dumps({"group": group, "applied": self._applied.get(group, 0), "queues": queues})
+
+    @staticmethod
+    def _positions(data: bytes | memoryview) -> tuple[int, int, dict[tuple[str, int], QueueStats]]:
+        snapshot = orjson.loads(data)
+        group = snapshot["group"]
+        return group, snapshot["applied"], {
+            (topic, queue): QueueStats(next_offset, size, last_append_ms, group, available_from=next_offset)
+            for topic, queue, next_offset, size, last_append_ms in snapshot["queues"]}
 
     def restore(self, group: int, data: bytes) -> None:
         """Install a snapshot. On a restart the store already holds it; a replica that was sent one
         by its leader lacks the batches before it (streaming them is not built yet): it takes the
-        queue positions, so offsets agree, and says loudly that it cannot serve the older batches."""
+        queue positions, so offsets agree, and refuses reads of the batches it lacks (UNAVAILABLE,
+        so that a broker asks another replica)."""
         if not data:
             return
-        snapshot = orjson.loads(data)
-        if snapshot["applied"] <= self._applied.get(group, 0):
+        _, index, positions = self._positions(data)
+        if index <= self._applied.get(group, 0):
             return
         log.error("group %d: installed a snapshot at entry %d without its batches; this replica cannot serve "
-                  "them", group, snapshot["applied"])
-        touched = {}
-        for topic, queue, next_offset, size, last_append_ms in snapshot["queues"]:
-            touched[(topic, queue)] = self._queues[(topic, queue)] = QueueStats(next_offset, size, last_append_ms)
-            self._queue_groups[(topic, queue)] = group
-        self._applied[group] = snapshot["applied"]
-        self.log.append([(APPLIED, _applied.pack(group, snapshot["applied"]))])
-        self.index.apply([], touched, [], {group: snapshot["applied"]}, self.log.end_position)
+                  "them", group, index)
+        self.log.append([(POSITIONS, data)])
+        self._queues.update(positions)
+        self._applied[group] = index
+        self.index.apply([], positions, [], {group: index}, self.log.end_position)
         self._dirty = True
+        for key in positions:
+            for event in self._watchers.get(key, ()):
+                event.set()
 
     def sync(self) -> None:
         if self._dirty:
@@ -267,6 +278,9 @@ class Store:
             raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"offset {offset} is past the end ({next_offset}) of {topic}/{queue}")
         if offset == next_offset:
             return []
+        if offset < stats.available_from:
+            raise RocketError(Code.UNAVAILABLE, f"this replica lacks {topic}/{queue} before offset "
+                              f"{stats.available_from} (it installed a snapshot); another replica has them")
         found = []
         for entry in self.index.locate(topic, queue, offset, max_bytes, at_least_one):
             kind, body = self.log.read(entry.position)
@@ -302,7 +316,8 @@ class Store:
         if stats is None:
             return {"min_offset": 0, "next_offset": 0, "bytes": 0}
         first = self.index.first_offset(topic, queue)
-        return {"min_offset": first or 0, "next_offset": stats.next_offset, "bytes": stats.bytes}
+        return {"min_offset": stats.available_from if first is None else first, "next_offset": stats.next_offset,
+                "bytes": stats.bytes}
 
     def offset_for_time(self, topic: str, queue: int, timestamp_ms: int) -> int:
         found = self.index.offset_for_time(topic, queue, timestamp_ms)

@@ -14,7 +14,7 @@ import plyvel
 _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
 _entry = struct.Struct(">QIIqQ")  # log position, count, batch bytes, first timestamp ms, append time ms
-_stats = struct.Struct(">QQQ")  # next offset, bytes, last append ms
+_stats = struct.Struct(">QQQQQ")  # next offset, bytes, last append ms, Raft group, available from
 _applied_key = b"m/applied"
 
 
@@ -33,6 +33,8 @@ class QueueStats:
     next_offset: int = 0
     bytes: int = 0
     last_append_ms: int = 0
+    group: int = 0  # the Raft group the queue belongs to
+    available_from: int = 0  # batches before this offset are not on this replica (it installed a snapshot)
 
 
 def _queue_prefix(kind: bytes, topic: str, queue: int) -> bytes:
@@ -79,7 +81,7 @@ class QueueIndex:
                 batch.put(_queue_prefix(b"t", topic, queue) + _u64.pack(entry.append_ms) + _u64.pack(entry.base_offset), b"")
             for (topic, queue), queue_stats in stats.items():
                 batch.put(_queue_prefix(b"s", topic, queue),
-                          _stats.pack(queue_stats.next_offset, queue_stats.bytes, queue_stats.last_append_ms))
+                          _stats.pack(*dataclasses.astuple(queue_stats)))
             for group, topic, offsets in commits:
                 prefix = _offsets_prefix(group, topic)
                 for queue, offset in offsets.items():

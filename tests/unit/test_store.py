@@ -1,23 +1,27 @@
-"""The group store: durable appends with group commit, recovery of torn tails, refusal of damage,
-an index rebuilt from the log, consumer offsets, long polling and search by time."""
+"""The node store as the Raft state machine of its storage groups: applying committed entries,
+idempotent re-apply after a restart, consumer offsets, an index rebuilt from the log, recovery of
+torn tails, refusal of damage, snapshots that carry queue positions, long polling and search by time."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import trio
-import trio.testing
 
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Message
+from rocket.raft.core import Entry
 from rocket.serde import batch as batch_codec
-from rocket.store.commitlog import CommitLog
-from rocket.store.group import Store
+from rocket.store import group as group_module
+from rocket.store.group import Store, encode_append, encode_offsets
 
 SEGMENT = limits.segment_bytes_min
+GROUP = 3  # the Raft group most tests apply to
+APPEND_MS = 1_700_000_000_000  # batch i of a workload is appended at APPEND_MS + i * 1000
 
 
 def make_batch(first: int, count: int, size: int = 100) -> bytes:
@@ -37,75 +41,306 @@ def bodies(store: Store, topic: str, queue: int) -> list[bytes]:
             offset = base_offset + len(messages)
 
 
-async def fill(directory: Path, batches: int = 40, per_batch: int = 50, size: int = 100) -> None:
+def append_entry(index: int, topic: str, queue: int, batch: bytes, append_ms: int = APPEND_MS, term: int = 1) -> Entry:
+    return Entry(term, index, encode_append(topic, queue, append_ms, batch))
+
+
+def offsets_entry(index: int, consumer_group: str, topic: str, offsets: dict[int, int], term: int = 1) -> Entry:
+    return Entry(term, index, encode_offsets(consumer_group, topic, offsets))
+
+
+def workload(batches: int = 40, per_batch: int = 50, size: int = 100, first_index: int = 1, topic: str = "t",
+             queues: int = 2, first_batch: int = 0) -> list[Entry]:
+    """Batch i goes to queue i % queues, holds messages named i * per_batch + k, appended at APPEND_MS + i s."""
+    return [append_entry(first_index + n, topic, i % queues, make_batch(i * per_batch, per_batch, size),
+                         APPEND_MS + i * 1000)
+            for n, i in enumerate(range(first_batch, first_batch + batches))]
+
+
+def apply_in_chunks(store: Store, group: int, entries: list[Entry], per_call: int) -> list:
+    results = []
+    for start in range(0, len(entries), per_call):
+        results.extend(store.apply(group, entries[start:start + per_call]))
+    return results
+
+
+def fill(directory: Path, entries: list[Entry], group: int = GROUP, per_call: int = 1) -> list:
     store = Store.open(directory, SEGMENT)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        for index in range(batches):
-            await store.append("t", index % 2, make_batch(index * per_batch, per_batch, size))
-        nursery.cancel_scope.cancel()
+    results = apply_in_chunks(store, group, entries, per_call)
     store.close()
+    return results
 
 
-async def test_round_trip_across_segments_and_reopen(tmp_path):
-    """Appends spanning several segments read back whole, before and after a reopen."""
-    await fill(tmp_path, batches=60, per_batch=100, size=500)
-    log = CommitLog.open(tmp_path / "log", SEGMENT)
-    assert len(log.segments()) >= 3
-    log.close()
+def expected_results(batches: int, per_batch: int, queues: int = 2, first_batch: int = 0) -> list[tuple[int, int]]:
+    return [((i // queues) * per_batch, per_batch) for i in range(first_batch, first_batch + batches)]
+
+
+def state(store: Store, topics: dict[str, int]) -> dict:
+    """Everything a reader can observe of some queues, to compare a store with itself or another."""
+    return {
+        (topic, queue): (store.queue_stats(topic, queue), bodies(store, topic, queue),
+                         store.read(topic, queue, 0, 1 << 30))
+        for topic, count in topics.items() for queue in range(count)
+    }
+
+
+def segments(directory: Path) -> list[Path]:
+    return sorted((directory / "log").glob("*.log"))
+
+
+# ---- round trip ------------------------------------------------------------------------------------
+
+
+def test_round_trip_across_segments_and_reopen(tmp_path):
+    """Entries applied several per call, spanning several segments, read back whole before and after a
+    reopen: offsets, stats, reads at any offset, time search and the applied index all survive."""
+    entries = workload(batches=60, per_batch=100, size=500)
     store = Store.open(tmp_path, SEGMENT)
-    assert store.queue_stats("t", 0)["next_offset"] == 3000
-    assert len(bodies(store, "t", 0)) == 3000 and len(bodies(store, "t", 1)) == 3000
-    assert bodies(store, "t", 0)[1234].startswith(b"%d:" % (24 * 100 + 34))
+    results = apply_in_chunks(store, GROUP, entries, per_call=7)
+    assert results == expected_results(60, 100)
+    assert len(store.log.segments()) >= 3
+    assert store.applied(GROUP) == 60
+    sizes = [len(make_batch(i * 100, 100, 500)) for i in range(60)]
+
+    def check(store: Store) -> None:
+        for queue in range(2):
+            assert store.queue_stats("t", queue) == {"min_offset": 0, "next_offset": 3000,
+                                                     "bytes": sum(sizes[queue::2])}
+        queue_0 = bodies(store, "t", 0)
+        queue_1 = bodies(store, "t", 1)
+        assert len(queue_0) == len(queue_1) == 3000
+        assert queue_0[1234].startswith(b"%d:" % (24 * 100 + 34))  # batch 24 is queue 0's 13th
+        assert queue_1[0].startswith(b"100:") and queue_1[-1].startswith(b"5999:")
+        # A read from the middle of a batch starts at the batch that holds the offset.
+        found = store.read("t", 0, 1250, 1)
+        assert [base for base, _ in found] == [1200]
+        assert batch_codec.decode(found[0][1], 1200)[0].body.startswith(b"2400:")
+        assert store.read("t", 0, 1250, 1, at_least_one=False) == []
+        assert [base for base, _ in store.read("t", 0, 1200, 3 * sizes[24])] == [1200, 1300, 1400]
+        assert store.read("t", 0, 3000, 1 << 20) == []
+        with pytest.raises(RocketError) as caught:
+            store.read("t", 0, 3001, 1 << 20)
+        assert caught.value.code == Code.OFFSET_OUT_OF_RANGE
+        # Batch i was appended at APPEND_MS + i s; queue 0 holds the even batches.
+        assert store.offset_for_time("t", 0, APPEND_MS + 24_000) == 1200
+        assert store.offset_for_time("t", 0, APPEND_MS + 23_500) == 1200
+        assert store.offset_for_time("t", 1, APPEND_MS + 22_500) == 1100  # batch 23
+        assert store.offset_for_time("t", 1, APPEND_MS + 23_500) == 1200  # batch 25
+        assert store.offset_for_time("t", 0, 0) == 0
+        assert store.offset_for_time("t", 0, APPEND_MS + 10**9) == 3000
+        assert store.applied(GROUP) == 60
+        assert store.applied(GROUP + 1) == 0
+
+    check(store)
+    end = store.log.end_position
     store.close()
-
-
-async def test_group_commit_uses_few_fsyncs(tmp_path):
-    """200 concurrent appends are made durable by far fewer fsyncs."""
     store = Store.open(tmp_path, SEGMENT)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        async with trio.open_nursery() as appenders:
-            for index in range(200):
-                appenders.start_soon(store.append, "t", index % 4, make_batch(0, 10))
-        assert store.fsyncs < 50
-        assert sum(store.queue_stats("t", q)["next_offset"] for q in range(4)) == 2000
-        nursery.cancel_scope.cancel()
+    assert store.log.end_position == end
+    check(store)
+    # Appends go on where the queues ended.
+    assert store.apply(GROUP, workload(batches=2, per_batch=100, size=500, first_index=61, first_batch=60)) == \
+        [(3000, 100), (3000, 100)]
     store.close()
 
 
-def last_segment(directory: Path) -> Path:
-    return sorted((directory / "log").glob("*.log"))[-1]
+def test_unknown_queues_read_as_empty(tmp_path):
+    """A queue nothing was applied to has no data, zero stats, and offset 0 for any time; reading
+    past its end is OFFSET_OUT_OF_RANGE."""
+    store = Store.open(tmp_path, SEGMENT)
+    assert store.queue_stats("t", 0) == {"min_offset": 0, "next_offset": 0, "bytes": 0}
+    assert store.read("t", 0, 0, 100) == []
+    assert store.offset_for_time("t", 0, APPEND_MS) == 0
+    assert store.applied(GROUP) == 0
+    with pytest.raises(RocketError) as caught:
+        store.read("t", 0, 5, 100)
+    assert caught.value.code == Code.OFFSET_OUT_OF_RANGE
+    store.close()
+
+
+# ---- idempotent re-apply ---------------------------------------------------------------------------
+
+
+def test_reapplying_after_reopen_is_idempotent(tmp_path):
+    """After a restart the Raft group re-applies entries the store already holds: they are skipped
+    (None results), nothing is written, and entries partly old partly new apply only the new ones."""
+    entries = workload(batches=40, per_batch=50)
+    assert fill(tmp_path, entries, per_call=5) == expected_results(40, 50)
+    store = Store.open(tmp_path, SEGMENT)
+    before = state(store, {"t": 2})
+    end = store.log.end_position
+    assert store.apply(GROUP, entries) == [None] * 40
+    assert store.apply(GROUP, entries[10:20]) == [None] * 10
+    assert store.log.end_position == end
+    assert state(store, {"t": 2}) == before
+
+    # Entries 36..45: the first five are old, the last five new (batches 40..44).
+    more = workload(batches=5, per_batch=50, first_index=41, first_batch=40)
+    results = store.apply(GROUP, entries[35:] + more)
+    assert results == [None] * 5 + expected_results(5, 50, first_batch=40)
+    assert store.applied(GROUP) == 45
+    assert [len(bodies(store, "t", q)) for q in range(2)] == [1000 + 150, 1000 + 100]
+    queue_0 = bodies(store, "t", 0)
+    assert len(set(queue_0)) == len(queue_0)  # no message stored twice
+    assert queue_0[-1].startswith(b"%d:" % (44 * 50 + 49))
+    store.close()
+
+    store = Store.open(tmp_path, SEGMENT)
+    assert store.applied(GROUP) == 45
+    assert store.apply(GROUP, entries + more) == [None] * 45
+    assert store.queue_stats("t", 0)["next_offset"] == 1150
+    store.close()
+
+
+def test_reapplying_without_a_restart_is_idempotent(tmp_path):
+    """The same entries given twice to a live store are stored once."""
+    store = Store.open(tmp_path, SEGMENT)
+    entries = workload(batches=6, per_batch=10)
+    assert store.apply(GROUP, entries[:4]) == expected_results(4, 10)
+    assert store.apply(GROUP, entries) == [None] * 4 + expected_results(2, 10, first_batch=4)
+    assert store.apply(GROUP, entries) == [None] * 6
+    assert [store.queue_stats("t", q)["next_offset"] for q in range(2)] == [30, 30]
+    assert store.apply(GROUP, []) == []
+    store.close()
+
+
+def test_empty_entries_are_skipped_but_advance_the_applied_index(tmp_path):
+    """A new leader's empty entry stores nothing, yet counts as applied (also after a reopen)."""
+    store = Store.open(tmp_path, SEGMENT)
+    assert store.apply(GROUP, [Entry(1, 1, b"")]) == [None]
+    assert store.applied(GROUP) == 1
+    assert store.queue_stats("t", 0)["next_offset"] == 0
+    results = store.apply(GROUP, [append_entry(2, "t", 0, make_batch(0, 3)), Entry(2, 3, b""),
+                                  append_entry(4, "t", 0, make_batch(3, 4))])
+    assert results == [(0, 3), None, (3, 4)]
+    store.close()
+    store = Store.open(tmp_path, SEGMENT)
+    assert store.applied(GROUP) == 4
+    assert [b.split(b":")[0] for b in bodies(store, "t", 0)] == [b"%d" % i for i in range(7)]
+    assert store.apply(GROUP, [Entry(3, 5, b"")]) == [None]
+    assert store.applied(GROUP) == 5
+    store.close()
+
+
+# ---- consumer offsets ------------------------------------------------------------------------------
+
+
+def test_offsets_commits_are_visible_and_durable(tmp_path):
+    """Offsets committed through the group's log are visible at once, survive a reopen and a lost
+    index, and an old commit re-applied after a restart does not overwrite a newer one."""
+    store = Store.open(tmp_path, SEGMENT)
+    results = store.apply(GROUP, [
+        offsets_entry(1, "billing", "t", {0: 10, 3: 7}),
+        append_entry(2, "t", 0, make_batch(0, 5)),
+        offsets_entry(3, "audit", "t", {1: 4}),
+    ])
+    assert results == [None, (0, 5), None]
+    assert store.fetch_offsets("billing", "t") == {0: 10, 3: 7}
+    assert store.apply(GROUP, [offsets_entry(4, "billing", "t", {0: 12})]) == [None]
+    assert store.fetch_offsets("billing", "t") == {0: 12, 3: 7}
+    assert store.fetch_offsets("audit", "t") == {1: 4}
+    assert store.fetch_offsets("billing", "u") == {}
+    assert store.fetch_offsets("nobody", "t") == {}
+    store.close()
+
+    store = Store.open(tmp_path, SEGMENT)
+    assert store.fetch_offsets("billing", "t") == {0: 12, 3: 7}
+    # The commit at entry 1 comes again after a restart, carrying other values: it is skipped.
+    assert store.apply(GROUP, [offsets_entry(1, "billing", "t", {0: 99, 3: 99})]) == [None]
+    assert store.fetch_offsets("billing", "t") == {0: 12, 3: 7}
+    store.close()
+
+    shutil.rmtree(tmp_path / "index")
+    store = Store.open(tmp_path, SEGMENT)
+    assert store.fetch_offsets("billing", "t") == {0: 12, 3: 7}
+    assert store.fetch_offsets("audit", "t") == {1: 4}
+    assert store.applied(GROUP) == 4
+    store.close()
+
+
+# ---- the index is derived from the log -------------------------------------------------------------
+
+
+def test_lost_index_is_rebuilt_from_the_log(tmp_path):
+    """Deleting the LevelDB index loses nothing: replaying the log gives identical reads, stats, time
+    search, offsets and applied indexes of every group."""
+    store = Store.open(tmp_path, SEGMENT)
+    apply_in_chunks(store, GROUP, workload(batches=60, per_batch=100, size=500), per_call=4)
+    store.apply(GROUP, [offsets_entry(61, "billing", "t", {0: 1500, 1: 20})])
+    store.apply(9, workload(batches=6, per_batch=10, topic="u", queues=3))
+    assert len(store.log.segments()) >= 3
+    before = state(store, {"t": 2, "u": 3})
+    times = [store.offset_for_time("t", q, APPEND_MS + s * 1000) for q in range(2) for s in range(0, 62, 5)]
+    store.close()
+
+    shutil.rmtree(tmp_path / "index")
+    store = Store.open(tmp_path, SEGMENT)
+    assert state(store, {"t": 2, "u": 3}) == before
+    assert [store.offset_for_time("t", q, APPEND_MS + s * 1000) for q in range(2) for s in range(0, 62, 5)] == times
+    assert store.fetch_offsets("billing", "t") == {0: 1500, 1: 20}
+    assert (store.applied(GROUP), store.applied(9)) == (61, 6)
+    assert store.index.applied_position == store.log.end_position
+    # The rebuilt store goes on where it was and still skips what it holds.
+    assert store.apply(GROUP, workload(batches=1, per_batch=100, size=500, first_index=61, first_batch=60)) == [None]
+    assert store.apply(GROUP, [append_entry(62, "t", 1, make_batch(0, 1))]) == [(3000, 1)]
+    store.close()
+
+
+def test_index_ahead_of_a_cut_log_is_rebuilt(tmp_path):
+    """When the log loses its unsynced tail but the index kept it, the index is rebuilt to match the
+    log, and the group re-applies the lost entries to the same offsets."""
+    entries = workload(batches=10, per_batch=20)
+    fill(tmp_path, entries[:8])
+    cut_at = Store.open(tmp_path, SEGMENT)
+    end_after_8 = cut_at.log.end_position
+    cut_at.close()
+    fill(tmp_path, entries)  # entries 9 and 10 are new
+    segment = segments(tmp_path)[-1]
+    with open(segment, "r+b") as file:  # as if the last two applies never reached the disk
+        file.truncate(end_after_8 - int(segment.name[:-4]))
+    store = Store.open(tmp_path, SEGMENT)
+    assert store.applied(GROUP) == 8
+    assert [store.queue_stats("t", q)["next_offset"] for q in range(2)] == [80, 80]
+    assert store.apply(GROUP, entries) == [None] * 8 + [(80, 20), (80, 20)]
+    assert [len(bodies(store, "t", q)) for q in range(2)] == [100, 100]
+    store.close()
+
+
+# ---- damage ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("damage", ["cut", "garbage", "zeros"])
-async def test_torn_tail_is_cut_back(tmp_path, damage):
-    """A tail torn mid-record, or followed by junk, is cut to the last good record; appends then go on."""
-    await fill(tmp_path)
-    segment = last_segment(tmp_path)
+def test_torn_tail_is_cut_back(tmp_path, damage):
+    """A tail torn mid-record, or followed by junk, is cut to the last good record; the applied index
+    says what was lost, and re-applying the group's entries restores it at the same offsets."""
+    entries = workload(batches=40, per_batch=50)
+    fill(tmp_path, entries)  # one apply per entry: each ends with its APPLIED record
+    segment = segments(tmp_path)[-1]
     size = segment.stat().st_size
     with open(segment, "r+b") as file:
         if damage == "cut":
-            file.truncate(size - 37)
+            file.truncate(size - 37)  # the last APPLIED record and the end of the last batch
         else:
             file.seek(size)
             file.write(os.urandom(5000) if damage == "garbage" else bytes(5000))
     store = Store.open(tmp_path, SEGMENT)
+    assert segment.stat().st_size < size if damage == "cut" else segment.stat().st_size == size
     kept = store.queue_stats("t", 1)["next_offset"]
     assert kept == (1000 if damage != "cut" else 950)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        base_offset, _ = await store.append("t", 1, make_batch(9999, 5))
-        nursery.cancel_scope.cancel()
-    assert base_offset == kept
-    assert len(bodies(store, "t", 1)) == kept + 5
+    assert store.applied(GROUP) == (40 if damage != "cut" else 39)
+    assert store.queue_stats("t", 0)["next_offset"] == 1000
+    results = store.apply(GROUP, entries)
+    assert results == [None] * 40 if damage != "cut" else [None] * 39 + [(950, 50)]
+    assert store.apply(GROUP, [append_entry(41, "t", 1, make_batch(9999, 5))]) == [(1000, 5)]
+    queue_1 = bodies(store, "t", 1)
+    assert len(queue_1) == 1005
+    assert queue_1[999].startswith(b"%d:" % (39 * 50 + 49)) and queue_1[1000].startswith(b"9999:")
     store.close()
 
 
-async def test_damage_before_good_records_is_reported(tmp_path):
+def test_damage_before_good_records_is_reported(tmp_path):
     """A flipped byte in the middle of the last segment refuses to open, naming the file and position."""
-    await fill(tmp_path)
-    segment = last_segment(tmp_path)
+    fill(tmp_path, workload(batches=40, per_batch=50))
+    segment = segments(tmp_path)[-1]
     with open(segment, "r+b") as file:
         file.seek(segment.stat().st_size // 2)
         byte = file.read(1)
@@ -117,10 +352,12 @@ async def test_damage_before_good_records_is_reported(tmp_path):
     assert segment.name in caught.value.message and "valid records after it" in caught.value.message
 
 
-async def test_damage_in_a_sealed_segment_fails_the_read(tmp_path):
-    """Damage in an older segment is caught by the checksum when read, never returned as data."""
-    await fill(tmp_path, batches=60, per_batch=100, size=500)
-    first = sorted((tmp_path / "log").glob("*.log"))[0]
+def test_damage_in_a_sealed_segment_fails_the_read(tmp_path):
+    """Damage in an older segment is caught by the checksum when read, never returned as data; the
+    rest of the log still reads."""
+    fill(tmp_path, workload(batches=60, per_batch=100, size=500), per_call=10)
+    first = segments(tmp_path)[0]
+    assert len(segments(tmp_path)) >= 3
     with open(first, "r+b") as file:
         file.seek(1000)
         file.write(b"\xde\xad\xbe\xef")
@@ -128,149 +365,283 @@ async def test_damage_in_a_sealed_segment_fails_the_read(tmp_path):
     with pytest.raises(RocketError) as caught:
         store.read("t", 0, 0, 1 << 20)
     assert caught.value.code == Code.CORRUPT_DATA
+    assert first.name in caught.value.message
+    assert store.read("t", 0, 2900, 1 << 20)[0][0] == 2900  # in the last segment
     store.close()
 
 
-async def test_lost_index_is_rebuilt_from_the_log(tmp_path):
-    """Deleting the LevelDB index loses nothing: it is replayed from the log with identical reads."""
-    await fill(tmp_path)
-    store = Store.open(tmp_path, SEGMENT)
-    before = [bodies(store, "t", q) for q in range(2)]
-    store.close()
-    import shutil
-
+def test_damage_in_a_sealed_segment_fails_an_index_rebuild(tmp_path):
+    """Replaying a damaged log to rebuild the index reports the damage instead of skipping it."""
+    fill(tmp_path, workload(batches=60, per_batch=100, size=500), per_call=10)
+    with open(segments(tmp_path)[0], "r+b") as file:
+        file.seek(1000)
+        file.write(b"\xde\xad\xbe\xef")
     shutil.rmtree(tmp_path / "index")
-    store = Store.open(tmp_path, SEGMENT)
-    assert [bodies(store, "t", q) for q in range(2)] == before
-    store.close()
-
-
-async def test_offsets_are_durable(tmp_path):
-    """Committed consumer offsets survive a reopen, and a lost index."""
-    store = Store.open(tmp_path, SEGMENT)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        await store.commit_offsets("billing", "t", {0: 10, 3: 7})
-        await store.commit_offsets("billing", "t", {0: 12})
-        nursery.cancel_scope.cancel()
-    store.close()
-    import shutil
-
-    shutil.rmtree(tmp_path / "index")
-    store = Store.open(tmp_path, SEGMENT)
-    assert store.fetch_offsets("billing", "t") == {0: 12, 3: 7}
-    assert store.fetch_offsets("audit", "t") == {}
-    store.close()
-
-
-async def test_long_poll_wakes_on_append_and_times_out(tmp_path):
-    """wait_for_data returns as soon as data is durable, and after the timeout when none comes."""
-    store = Store.open(tmp_path, SEGMENT)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        with trio.move_on_after(0.2) as idle:
-            await store.wait_for_data({("t", 0): 0}, 0.05)
-        assert not idle.cancelled_caught
-        woke = trio.Event()
-
-        async def waiter():
-            await store.wait_for_data({("t", 0): 0, ("t", 1): 0}, 30)
-            woke.set()
-
-        nursery.start_soon(waiter)
-        await trio.sleep(0.05)
-        assert not woke.is_set()
-        await store.append("t", 1, make_batch(0, 1))
-        with trio.fail_after(5):
-            await woke.wait()
-        nursery.cancel_scope.cancel()
-    store.close()
-
-
-async def test_offset_for_time(tmp_path):
-    """Search by time finds the first batch appended at or after the moment."""
-    now = [1000.0]
-    store = Store.open(tmp_path, SEGMENT, clock=lambda: now[0])
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        for second in range(5):
-            now[0] = 1000.0 + second
-            await store.append("t", 0, make_batch(second * 10, 10))
-        nursery.cancel_scope.cancel()
-    assert store.offset_for_time("t", 0, 1_002_000) == 20
-    assert store.offset_for_time("t", 0, 0) == 0
-    assert store.offset_for_time("t", 0, 9_999_999) == 50
-    store.close()
-
-
-async def test_failed_fsync_refuses_further_writes(tmp_path, monkeypatch):
-    """After an fsync error the store answers UNAVAILABLE instead of acknowledging unknown state."""
-    store = Store.open(tmp_path, SEGMENT)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        await store.append("t", 0, make_batch(0, 1))
-
-        def broken(descriptor):
-            raise OSError(5, "Input/output error")
-
-        monkeypatch.setattr(os, "fdatasync", broken)
-        for _ in range(2):
-            with pytest.raises(RocketError) as caught:
-                await store.append("t", 0, make_batch(1, 1))
-            assert caught.value.code == Code.UNAVAILABLE
-        nursery.cancel_scope.cancel()
-    monkeypatch.undo()
-    store.close()
-
-
-async def test_bad_batches_and_offsets_are_refused(tmp_path):
-    """A damaged batch is refused before it is stored; reading past the end is OFFSET_OUT_OF_RANGE."""
-    store = Store.open(tmp_path, SEGMENT)
-    damaged = bytearray(make_batch(0, 3))
-    damaged[-1] ^= 1
     with pytest.raises(RocketError) as caught:
-        await store.append("t", 0, bytes(damaged))
-    assert caught.value.code == Code.BAD_BATCH
-    with pytest.raises(RocketError) as caught:
-        store.read("t", 0, 5, 100)
-    assert caught.value.code == Code.OFFSET_OUT_OF_RANGE
-    store.close()
+        Store.open(tmp_path, SEGMENT)
+    assert caught.value.code == Code.CORRUPT_DATA
 
 
-async def test_appends_beyond_the_queue_bound_are_refused_in_time(tmp_path, monkeypatch):
-    """When the disk cannot keep up, an append waits a bounded time for room, then gets OVERLOADED."""
-    monkeypatch.setattr(limits, "append_queue_bytes_max", 1000)
-    monkeypatch.setattr(limits, "append_queue_wait_s_max", 0.1)
-    store = Store.open(tmp_path, SEGMENT)  # its flusher is not running: nothing drains the queue
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(store.append, "t", 0, make_batch(0, 20))  # queued, never flushed
-        await trio.sleep(0.01)
-        with pytest.raises(RocketError) as caught:
-            await store.append("t", 0, make_batch(20, 1))
-        assert caught.value.code == Code.OVERLOADED
-        nursery.cancel_scope.cancel()
-    store.close()
-
-
-async def test_empty_newest_segment_after_a_roll_is_dropped(tmp_path):
+def test_empty_newest_segment_after_a_roll_is_dropped(tmp_path):
     """A crash right after a roll leaves an empty segment: it is removed and appends continue at the end."""
-    await fill(tmp_path, batches=60, per_batch=100, size=500)
-    segments = sorted((tmp_path / "log").glob("*.log"))
-    end = int(segments[-1].name[:-4]) + segments[-1].stat().st_size
+    fill(tmp_path, workload(batches=60, per_batch=100, size=500), per_call=10)
+    before = segments(tmp_path)
+    end = int(before[-1].name[:-4]) + before[-1].stat().st_size
     (tmp_path / "log" / f"{end:020d}.log").touch()
     store = Store.open(tmp_path, SEGMENT)
     assert store.log.end_position == end
-    assert len(sorted((tmp_path / "log").glob("*.log"))) == len(segments)
+    assert segments(tmp_path) == before
     assert store.queue_stats("t", 0)["next_offset"] == 3000
+    assert store.apply(GROUP, [append_entry(61, "t", 0, make_batch(0, 1))]) == [(3000, 1)]
     store.close()
 
 
-async def test_a_sealed_segment_of_the_wrong_size_is_reported(tmp_path):
+def test_a_sealed_segment_of_the_wrong_size_is_reported(tmp_path):
     """Bytes missing from the end of a sealed segment are damage, not a tail to cut."""
-    await fill(tmp_path, batches=60, per_batch=100, size=500)
-    first = sorted((tmp_path / "log").glob("*.log"))[0]
+    fill(tmp_path, workload(batches=60, per_batch=100, size=500), per_call=10)
+    first = segments(tmp_path)[0]
     with open(first, "r+b") as file:
         file.truncate(first.stat().st_size - 10)
     with pytest.raises(RocketError) as caught:
         Store.open(tmp_path, SEGMENT)
     assert caught.value.code == Code.CORRUPT_DATA and first.name in caught.value.message
+
+
+# ---- snapshots -------------------------------------------------------------------------------------
+
+
+def snapshot_source(directory: Path) -> Store:
+    """A store holding group GROUP (topic t, 2 queues, entries 1..20 and a commit at 21) and group 9
+    (topic u, entries 1..4)."""
+    store = Store.open(directory, SEGMENT)
+    apply_in_chunks(store, GROUP, workload(batches=20, per_batch=10), per_call=3)
+    store.apply(GROUP, [offsets_entry(21, "billing", "t", {0: 5})])
+    store.apply(9, workload(batches=4, per_batch=7, topic="u", queues=1))
+    return store
+
+
+def test_snapshot_makes_the_store_durable(tmp_path):
+    """A snapshot syncs what was applied (the group's Raft log may then be compacted); a second one
+    with nothing new does not sync again."""
+    store = Store.open(tmp_path, SEGMENT)
+    store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 2))])
+    assert store.fsyncs == 0
+    store.snapshot(GROUP)
+    assert store.fsyncs == 1
+    store.snapshot(GROUP)
+    store.snapshot(9)
+    assert store.fsyncs == 1
+    store.apply(GROUP, [append_entry(2, "t", 0, make_batch(2, 2))])
+    store.snapshot(GROUP)
+    assert store.fsyncs == 2
+    store.close()
+
+
+def test_snapshot_restore_makes_replicas_assign_the_same_offsets(tmp_path):
+    """A replica that installs a group's snapshot takes its applied index and queue positions (and
+    nothing of other groups), so later entries get the same offsets on both."""
+    source = snapshot_source(tmp_path / "one")
+    data = source.snapshot(GROUP)
+    replica = Store.open(tmp_path / "two", SEGMENT)
+    replica.restore(GROUP, data)
+    assert replica.applied(GROUP) == source.applied(GROUP) == 21
+    assert replica.applied(9) == 0
+    for queue in range(2):
+        assert replica.queue_stats("t", queue)["next_offset"] == source.queue_stats("t", queue)["next_offset"] == 100
+        assert replica.queue_stats("t", queue)["bytes"] == source.queue_stats("t", queue)["bytes"]
+    assert replica.queue_stats("u", 0)["next_offset"] == 0  # group 9's queue is not in group GROUP's snapshot
+
+    more = workload(batches=6, per_batch=10, first_index=22, first_batch=20)
+    expected = expected_results(6, 10, first_batch=20)
+    assert expected[0] == (100, 10)
+    assert source.apply(GROUP, more) == replica.apply(GROUP, more) == expected
+    assert replica.read("t", 1, 110, 1 << 20) == source.read("t", 1, 110, 1 << 20)
+    assert replica.apply(GROUP, more) == [None] * 6
+
+    # The replica keeps what it installed across a reopen.
+    replica.close()
+    replica = Store.open(tmp_path / "two", SEGMENT)
+    assert replica.applied(GROUP) == 27
+    assert [replica.queue_stats("t", q)["next_offset"] for q in range(2)] == [130, 130]
+    later = workload(batches=2, per_batch=10, first_index=28, first_batch=26)
+    assert source.apply(GROUP, later) == replica.apply(GROUP, later) == [(130, 10), (130, 10)]
+    replica.close()
+    source.close()
+
+
+def test_a_restored_replica_refuses_reads_of_batches_it_lacks(tmp_path):
+    """Offsets before the installed snapshot are not on the replica: UNAVAILABLE (a broker then asks
+    another replica), never a silent skip to later batches; min_offset says where its data starts."""
+    source = snapshot_source(tmp_path / "one")
+    replica = Store.open(tmp_path / "two", SEGMENT)
+    replica.restore(GROUP, source.snapshot(GROUP))
+    replica.apply(GROUP, workload(batches=2, per_batch=10, first_index=22, first_batch=20))
+    with pytest.raises(RocketError) as refused:
+        replica.read("t", 0, 0, 1 << 20)
+    assert refused.value.code == Code.UNAVAILABLE
+    assert replica.queue_stats("t", 0)["min_offset"] == 100
+    assert [base for base, _ in replica.read("t", 0, 100, 1 << 20)] == [100]
+    replica.close()
+    source.close()
+
+
+def test_restoring_an_old_snapshot_is_a_no_op(tmp_path):
+    """A snapshot at or below what the store applied (as on a restart) changes nothing, nor does an
+    empty one."""
+    store = snapshot_source(tmp_path)
+    old = store.snapshot(GROUP)
+    store.apply(GROUP, workload(batches=2, per_batch=10, first_index=22, first_batch=20))
+    current = store.snapshot(GROUP)
+    before = state(store, {"t": 2})
+    end = store.log.end_position
+    for data in (old, current, b""):
+        store.restore(GROUP, data)
+    store.restore(GROUP + 100, b"")
+    assert state(store, {"t": 2}) == before
+    assert store.log.end_position == end
+    assert store.applied(GROUP) == 23 and store.applied(GROUP + 100) == 0
+
+    replica = Store.open(tmp_path / "replica", SEGMENT)
+    replica.restore(GROUP, current)
+    replica_end = replica.log.end_position
+    replica.restore(GROUP, current)
+    replica.restore(GROUP, old)
+    assert replica.log.end_position == replica_end
+    assert replica.applied(GROUP) == 23
+    assert [replica.queue_stats("t", q)["next_offset"] for q in range(2)] == [110, 110]
+    replica.close()
+    store.close()
+
+
+def test_snapshot_after_a_reopen_carries_the_queue_positions(tmp_path):
+    """A snapshot taken after a restart still carries the group's queue positions."""
+    snapshot_source(tmp_path / "one").close()
+    source = Store.open(tmp_path / "one", SEGMENT)
+    replica = Store.open(tmp_path / "two", SEGMENT)
+    replica.restore(GROUP, source.snapshot(GROUP))
+    assert replica.applied(GROUP) == 21
+    assert [replica.queue_stats("t", q)["next_offset"] for q in range(2)] == [100, 100]
+    more = workload(batches=2, per_batch=10, first_index=22, first_batch=20)
+    assert replica.apply(GROUP, more) == source.apply(GROUP, more)
+    replica.close()
+    source.close()
+
+
+def test_restored_positions_survive_an_index_rebuild(tmp_path):
+    """The index is derived from the log: a replica that installed a snapshot and appended after it
+    can lose its index and rebuild it."""
+    source = snapshot_source(tmp_path / "one")
+    replica = Store.open(tmp_path / "two", SEGMENT)
+    replica.restore(GROUP, source.snapshot(GROUP))
+    more = workload(batches=2, per_batch=10, first_index=22, first_batch=20)
+    assert replica.apply(GROUP, more) == [(100, 10), (100, 10)]
+    replica.close()
+    shutil.rmtree(tmp_path / "two" / "index")
+    replica = Store.open(tmp_path / "two", SEGMENT)
+    assert replica.applied(GROUP) == 23
+    assert [replica.queue_stats("t", q)["next_offset"] for q in range(2)] == [110, 110]
+    replica.close()
+    source.close()
+
+
+# ---- many groups in one store ----------------------------------------------------------------------
+
+
+def test_interleaved_groups_keep_separate_applied_indexes(tmp_path):
+    """Two groups applying in turn into one store: each skips only its own old entries, and their
+    applied indexes survive a reopen and an index rebuild."""
+    store = Store.open(tmp_path, SEGMENT)
+    a = workload(batches=30, per_batch=10, topic="a")
+    b = workload(batches=5, per_batch=4, topic="b", queues=1)
+    for step in range(5):
+        assert store.apply(1, a[step * 6:(step + 1) * 6]) == expected_results(6, 10, first_batch=step * 6)
+        assert store.apply(7, b[step:step + 1]) == [(step * 4, 4)]
+    assert (store.applied(1), store.applied(7)) == (30, 5)
+    # Index 6 is old for group 1 but new for group 7, and the other way round for nothing.
+    assert store.apply(1, a[5:6]) == [None]
+    assert store.apply(7, [append_entry(6, "b", 0, make_batch(20, 4))]) == [(20, 4)]
+    assert (store.applied(1), store.applied(7)) == (30, 6)
+    before = state(store, {"a": 2, "b": 1})
+    store.close()
+
+    for lose_index in (False, True):
+        if lose_index:
+            shutil.rmtree(tmp_path / "index")
+        store = Store.open(tmp_path, SEGMENT)
+        assert (store.applied(1), store.applied(7)) == (30, 6)
+        assert state(store, {"a": 2, "b": 1}) == before
+        assert store.apply(7, b) == [None] * 5
+        assert store.apply(1, a) == [None] * 30
+        store.close()
+
+
+# ---- long polling and the background sync ----------------------------------------------------------
+
+
+async def test_wait_for_data_returns_at_once_when_data_is_there(tmp_path, autojump_clock):
+    store = Store.open(tmp_path, SEGMENT)
+    store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 5))])
+    started = trio.current_time()
+    await store.wait_for_data({("t", 0): 4}, 30)
+    await store.wait_for_data({("t", 1): 0, ("t", 0): 0}, 30)
+    assert trio.current_time() == started
+    store.close()
+
+
+async def test_wait_for_data_times_out_without_data(tmp_path, autojump_clock):
+    """No data at or past the wanted offsets: it returns after the timeout, and forgets its watch."""
+    store = Store.open(tmp_path, SEGMENT)
+    store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 5))])
+    started = trio.current_time()
+    await store.wait_for_data({("t", 0): 5, ("t", 1): 0}, 7)
+    assert trio.current_time() - started == pytest.approx(7)
+    assert store._watchers == {}
+    store.close()
+
+
+async def test_wait_for_data_wakes_when_an_apply_adds_data(tmp_path, autojump_clock):
+    """A waiter wakes when an apply adds data to a queue it watches, not for other queues."""
+    store = Store.open(tmp_path, SEGMENT)
+    store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 5))])
+    woke_at = []
+
+    async def waiter():
+        await store.wait_for_data({("t", 0): 5, ("t", 1): 0}, 30)
+        woke_at.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        started = trio.current_time()
+        nursery.start_soon(waiter)
+        await trio.sleep(1)
+        assert not woke_at
+        store.apply(GROUP, [append_entry(2, "t", 2, make_batch(5, 1)), offsets_entry(3, "g", "t", {1: 0})])
+        await trio.sleep(1)
+        assert not woke_at
+        store.apply(GROUP, [append_entry(4, "t", 1, make_batch(6, 1))])
+        with trio.fail_after(1):
+            while not woke_at:
+                await trio.sleep(0.01)
+    assert woke_at[0] - started < 3
+    assert store._watchers == {}
+    store.close()
+
+
+async def test_background_sync_flushes_applied_entries(tmp_path, monkeypatch):
+    """run() fsyncs applied writes within its interval, and only when there is something to sync."""
+    interval_s = 0.02  # the real clock: the sync runs in a worker thread, which a mock clock jumps over
+    monkeypatch.setattr(group_module, "sync_interval_s", interval_s)
+    store = Store.open(tmp_path, SEGMENT)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        await trio.sleep(interval_s * 5)
+        assert store.fsyncs == 0
+        store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 5))])
+        with trio.fail_after(5):
+            while store.fsyncs == 0:
+                await trio.sleep(interval_s / 4)
+        await trio.sleep(interval_s * 5)
+        assert store.fsyncs == 1
+        store.snapshot(GROUP)  # nothing left for it to sync
+        assert store.fsyncs == 1
+        nursery.cancel_scope.cancel()
+    store.close()
