@@ -1,11 +1,15 @@
-"""Single-node durable produce, then consume: starts `rocket run` on a temporary data directory on the
-disk under test, runs `rocket bench produce` and `rocket bench consume` against it, and repeats.
+"""Durable produce, then consume: starts `rocket run` on a temporary data directory on the disk under
+test, runs `rocket bench produce` and `rocket bench consume` against it, and repeats.
 
     python benchmarks/produce.py --rounds 3 --messages 600000 --size 1024 [--transport tcp] [--profile]
+    python benchmarks/produce.py --nodes 1,3     # each round: one node, then a three-node cluster
 
-Each round probes the raw durable bandwidth of the same disk (1 MiB write + fdatasync, as many bytes
-as the workload) before and after producing, because this machine's disk swings from run to run.
-Writes benchmarks/results/produce-<transport>-<serde>.json with every round and the medians.
+With --nodes 3 the cluster is three all-role processes on this machine (one nameserver group, every
+storage group replicated three times, so every byte is written three times to the same disk), and
+the client produces through node 1. Each measurement probes the raw durable bandwidth of the same
+disk (1 MiB write + fdatasync, as many bytes as the workload) before and after producing, because
+this machine's disk swings from run to run. Writes benchmarks/results/produce-<transport>-<serde>.json
+(or produce-cluster-... with --nodes 1,3) with every round and the medians.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -28,14 +33,38 @@ def rocket(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "rocket", *args], check=True, stdout=subprocess.DEVNULL)
 
 
-def one_round(arguments, number: int) -> dict:
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for each in sockets:
+        each.bind(("127.0.0.1", 0))
+    ports = [each.getsockname()[1] for each in sockets]
+    for each in sockets:
+        each.close()
+    return ports
+
+
+def start_nodes(data: Path, nodes: int) -> list[subprocess.Popen]:
+    """One dev-mode node, or a cluster of all-role nodes on free ports; returns once all are ready."""
+    if nodes == 1:
+        commands = [["--data-dir", str(data / "node"), "--listen", "127.0.0.1:0", "--http2-listen", "127.0.0.1:0"]]
+    else:
+        ports = free_ports(2 * nodes)
+        members = ",".join(f"{n + 1}@127.0.0.1:{ports[n]}" for n in range(nodes))
+        commands = [["--node-id", str(n + 1), "--nameservers", members, "--data-dir", str(data / f"node{n + 1}"),
+                     "--listen", f"127.0.0.1:{ports[n]}", "--http2-listen", f"127.0.0.1:{ports[nodes + n]}"]
+                    for n in range(nodes)]
+    return [subprocess.Popen([sys.executable, "-m", "rocket", "run", *command, "--log-level", "warning"],
+                             stdout=subprocess.PIPE) for command in commands]
+
+
+def one_round(arguments, number: int, nodes: int = 1) -> dict:
     data = Path(tempfile.mkdtemp(prefix="rocket-bench-", dir=arguments.data_parent))
-    server = subprocess.Popen(
-        [sys.executable, "-m", "rocket", "run", "--data-dir", str(data / "node"), "--listen", "127.0.0.1:0",
-         "--http2-listen", "127.0.0.1:0", "--log-level", "warning"], stdout=subprocess.PIPE)
+    servers = start_nodes(data, nodes)
+    server = servers[0]
     profiler = None
     try:
-        ready = re.search(rb"tcp=[^:]+:(\d+) http2=(\d+)", server.stdout.readline())
+        readies = [re.search(rb"tcp=[^:]+:(\d+) http2=(\d+)", each.stdout.readline()) for each in servers]
+        ready = readies[0]
         port = (ready.group(1) if arguments.transport == "tcp" else ready.group(2)).decode()
         if arguments.profile and number == 0:
             svg = RESULTS / f"produce-server-{arguments.transport}.svg"
@@ -55,8 +84,10 @@ def one_round(arguments, number: int) -> dict:
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)
             profiler.wait(60)
-        server.send_signal(signal.SIGTERM)
-        server.wait(30)
+        for each in servers:
+            each.send_signal(signal.SIGTERM)
+        for each in servers:
+            each.wait(30)
         shutil.rmtree(data, ignore_errors=True)
 
 
@@ -71,10 +102,14 @@ def main() -> None:
     parser.add_argument("--batch-bytes", type=int, default=1 << 20)
     parser.add_argument("--profile", action="store_true", help="record the server with py-spy in round 1")
     parser.add_argument("--data-parent", default=None, help="a directory on the disk under test (default: the temporary directory)")
+    parser.add_argument("--nodes", default="1", choices=["1", "3", "1,3"],
+                        help="one node, a three-node cluster, or both in every round")
     arguments = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if arguments.nodes == "1,3":
+        return compare_cluster(arguments)
 
-    rounds = [one_round(arguments, number) for number in range(arguments.rounds)]
+    rounds = [one_round(arguments, number, int(arguments.nodes)) for number in range(arguments.rounds)]
     summary = {
         "produce_ratio_to_raw_disk": [round(r["produce"]["ratio_to_raw_disk"], 3) for r in rounds],
         "produce_mb_per_s": [round(r["produce"]["result"]["mb_per_s"], 1) for r in rounds],
@@ -86,8 +121,33 @@ def main() -> None:
     }
     summary["median"] = {name: statistics.median(values) for name, values in summary.items()}
     settings = vars(arguments)
-    output = RESULTS / f"produce-{arguments.transport}-{arguments.serde}.json"
+    cluster = "-cluster3" if arguments.nodes == "3" else ""
+    output = RESULTS / f"produce{cluster}-{arguments.transport}-{arguments.serde}.json"
     output.write_text(json.dumps({"settings": settings, "summary": summary, "rounds": rounds}, indent=2))
+    print(json.dumps(summary, indent=2))
+
+
+def compare_cluster(arguments) -> None:
+    """Each round: one node, then three; the ratio of the two is taken within the round."""
+    rounds = []
+    for number in range(arguments.rounds):
+        single = one_round(arguments, number, 1)
+        cluster = one_round(arguments, number, 3)
+        rounds.append({"single": single, "cluster": cluster})
+    summary = {
+        "single_mb_per_s": [round(r["single"]["produce"]["result"]["mb_per_s"], 1) for r in rounds],
+        "cluster_mb_per_s": [round(r["cluster"]["produce"]["result"]["mb_per_s"], 1) for r in rounds],
+        "cluster_to_single": [round(r["cluster"]["produce"]["result"]["mb_per_s"]
+                                    / r["single"]["produce"]["result"]["mb_per_s"], 3) for r in rounds],
+        "single_ratio_to_raw_disk": [round(r["single"]["produce"]["ratio_to_raw_disk"], 3) for r in rounds],
+        "cluster_ratio_to_raw_disk": [round(r["cluster"]["produce"]["ratio_to_raw_disk"], 3) for r in rounds],
+        "cluster_latency_ms_p50": [round(r["cluster"]["produce"]["result"]["latency_ms_p50"], 1) for r in rounds],
+        "cluster_latency_ms_p99": [round(r["cluster"]["produce"]["result"]["latency_ms_p99"], 1) for r in rounds],
+        "cluster_consume_mb_per_s": [round(r["cluster"]["consume"]["result"]["mb_per_s"], 1) for r in rounds],
+    }
+    summary["median"] = {name: statistics.median(values) for name, values in summary.items()}
+    output = RESULTS / f"produce-cluster-{arguments.transport}-{arguments.serde}.json"
+    output.write_text(json.dumps({"settings": vars(arguments), "summary": summary, "rounds": rounds}, indent=2))
     print(json.dumps(summary, indent=2))
 
 

@@ -26,7 +26,7 @@ class CountingMachine:
         self.entries = 0
         self.bytes = 0
 
-    def apply(self, entries) -> list:
+    def apply(self, entries, positions) -> list:
         self.entries += len(entries)
         self.bytes += sum(len(entry.data) for entry in entries)
         return [None] * len(entries)

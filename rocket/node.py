@@ -58,7 +58,8 @@ async def run_node(config: NodeConfig, *, handle_signals: bool = True, task_stat
     lifecycle = Lifecycle()
     addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
     links = PeerLinks(config.node_id, addresses)
-    wal = Wal.open(config.data_dir / "raft")
+    # A storage node's WAL holds the batches its store indexes: checkpoints keep its old segments.
+    wal = Wal.open(config.data_dir / "raft", keep_segments="storage" in config.roles)
     host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
 
     async def raft_step(request: dict) -> dict:

@@ -11,6 +11,7 @@ from rocket.errors import Code, RocketError
 from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, Snapshot
 
 _entry = struct.Struct("<QQBI")  # term, index, kind, data length
+ENTRY_HEAD_BYTES = _entry.size  # an entry's data follows its header: the WAL tells where it lies
 _hard_state = struct.Struct("<QQQ")  # term, vote, commit
 _snapshot_head = struct.Struct("<QQHHI")  # index, term, voter count, learner count, data length
 _message_head = struct.Struct("<BQQQQQQBQQI")  # type, group, sender, to, term, log_term, index, reject,

@@ -25,9 +25,11 @@ Post = Callable[[int, bytes], None]  # queue a payload for a node without waitin
 
 class StateMachine(Protocol):
     """What a group applies: the storage role's queues and KV, or the nameserver's metadata.
-    apply returns one result per entry; the node that proposed an entry gets its result back."""
+    apply returns one result per entry; the node that proposed an entry gets its result back.
+    positions tell where each entry's data lies in the node's WAL (wal.log), durable already: a
+    machine may index data there instead of writing it again."""
 
-    def apply(self, entries: list[Entry]) -> list: ...
+    def apply(self, entries: list[Entry], positions: list[int]) -> list: ...
 
     def snapshot(self) -> bytes: ...
 
@@ -41,6 +43,7 @@ class _Group:
         self.waiters: dict[int, tuple[int, trio.Event, list]] = {}  # index -> (term, event, outcome)
         self.idle_ticks = 0  # ticks since the group last had work; a leader quiesces it past a bound
         self.log_bytes = 0  # bytes applied since the last snapshot: the log is compacted past a bound
+        self.positions: dict[int, int] = {}  # entry index -> where its data lies in the WAL, until applied
         self.reads: dict[int, tuple[trio.Event, list]] = {}  # read request id -> (event, [index once released])
 
 
@@ -81,6 +84,7 @@ class RaftHost:
         if core.voters == {self.node_id}:
             core.campaign()  # alone: no one to wait for
         self.groups[group] = _Group(core, machine)
+        self.groups[group].positions = restored.positions
         self._touched(group, self.groups[group])
         self._wake.set()
         return core
@@ -224,7 +228,10 @@ class RaftHost:
         updates += self._compactions
         self._compactions = []
         if updates:
-            await trio.to_thread.run_sync(self._persist, updates)
+            written = await trio.to_thread.run_sync(self._persist, updates)
+            for group, positions in written.items():
+                if group in self.groups:
+                    self.groups[group].positions.update(positions)
         outgoing: dict[int, list[tuple[int, Message]]] = {}
         for group, ready in readies.items():
             for message in ready.messages:
@@ -236,6 +243,7 @@ class RaftHost:
             hosted = self.groups[group]
             if ready.snapshot is not None:
                 hosted.machine.restore(ready.snapshot.data)
+                hosted.positions = {i: p for i, p in hosted.positions.items() if i > ready.snapshot.index}
             if ready.committed_entries:
                 self._apply(hosted, ready.committed_entries)
             for request_id, index in ready.read_states:
@@ -261,10 +269,11 @@ class RaftHost:
             self._compactions = []  # the checkpoint holds every snapshot
             await trio.to_thread.run_sync(self.wal.checkpoint, live)
 
-    def _persist(self, updates: list[Update]) -> None:
-        self.wal.write(updates)
+    def _persist(self, updates: list[Update]) -> dict[int, dict[int, int]]:
+        positions = self.wal.write(updates)
         self.wal.sync()
         self.fsyncs += 1
+        return positions
 
     @staticmethod
     def _checkpoint_of(group: int, hosted: _Group) -> Update:
@@ -298,7 +307,9 @@ class RaftHost:
     def _apply(hosted: _Group, entries: list[Entry]) -> None:
         """Apply committed entries and hand each waiting proposer its entry's result."""
         normal = [entry for entry in entries if entry.kind == EntryKind.NORMAL]
-        results = dict(zip((entry.index for entry in normal), hosted.machine.apply(normal)))
+        positions = {entry.index: hosted.positions.pop(entry.index, -1) for entry in entries}
+        applied = hosted.machine.apply(normal, [positions[entry.index] for entry in normal])
+        results = dict(zip((entry.index for entry in normal), applied))
         hosted.log_bytes += sum(len(entry.data) for entry in entries)
         for entry in entries:
             waiter = hosted.waiters.get(entry.index)

@@ -1,23 +1,34 @@
 """The node's Raft write-ahead log: every group's entries, hard states and snapshots in one commit log,
 so one fdatasync makes a whole round of Ready durable for all groups. Blocking file I/O; the host
 runs it in a worker thread. Replay rebuilds each group: later entries at an index replace the suffix.
+
+The WAL is also where entries' data stays: write() tells where each entry's data lies, so that a
+state machine can index a produce batch where it already is instead of writing it a second time.
+A checkpoint rewrites every live group into fresh segments and marks where replay starts from; the
+segments before the mark are deleted unless the WAL keeps data (a storage node: they are deleted
+by retention instead).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
+import zlib
 from pathlib import Path
 
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.raft import codec
 from rocket.raft.core import Entry, HardState, Snapshot
-from rocket.store.commitlog import CommitLog
+from rocket.store.commitlog import HEADER_BYTES, CommitLog
 
 ENTRIES, HARD_STATE, SNAPSHOT = 1, 2, 3
 _group_count = struct.Struct("<QI")  # group, entry count
 _group = struct.Struct("<Q")
+_entry_head_bytes = codec.ENTRY_HEAD_BYTES
+_mark = struct.Struct("<QI")  # replay-from position, crc32 of it
+MARK_FILE = "replay-from"
 
 
 @dataclasses.dataclass
@@ -27,6 +38,7 @@ class GroupState:
     hard_state: HardState = HardState()
     entries: list[Entry] = dataclasses.field(default_factory=list)
     snapshot: Snapshot | None = None
+    positions: dict[int, int] = dataclasses.field(default_factory=dict)  # entry index -> where its data lies
 
 
 @dataclasses.dataclass(slots=True)
@@ -40,35 +52,45 @@ class Update:
 
 
 class Wal:
-    def __init__(self, commit_log: CommitLog, groups: dict[int, GroupState]):
+    def __init__(self, commit_log: CommitLog, groups: dict[int, GroupState], keep_segments: bool = False):
         self.log = commit_log
         self.groups = groups
+        self.keep_segments = keep_segments
 
     @classmethod
-    def open(cls, directory: Path, segment_bytes_max: int = limits.raft_wal_segment_bytes) -> "Wal":
+    def open(cls, directory: Path, segment_bytes_max: int = limits.raft_wal_segment_bytes,
+             keep_segments: bool = False) -> "Wal":
         commit_log = CommitLog.open(directory, segment_bytes_max)
         groups: dict[int, GroupState] = {}
-        for position, kind, body in commit_log.scan(commit_log.start_position):
+        start = max(_read_mark(directory), commit_log.start_position)
+        for position, kind, body in commit_log.scan(start):
             view = memoryview(body)
             try:
-                _replay(groups, kind, view)
+                _replay(groups, kind, view, position)
             except (RocketError, struct.error) as error:
                 problem = error.message if isinstance(error, RocketError) else str(error)
                 raise RocketError(Code.CORRUPT_DATA, f"Raft WAL record at {position}: {problem}") from None
-        return cls(commit_log, groups)
+        return cls(commit_log, groups, keep_segments)
 
-    def write(self, updates: list[Update]) -> None:
-        """Append the updates (no sync). `groups` stays what was replayed at open."""
+    def write(self, updates: list[Update]) -> dict[int, dict[int, int]]:
+        """Append the updates (no sync). Returns, per group, where each entry's data now lies.
+        `groups` stays what was replayed at open."""
         records: list[tuple[int, bytes | tuple]] = []
+        chunks: list[tuple[int, int, list[Entry]]] = []  # record number, group, entries
         for update in updates:
             if update.snapshot is not None:
                 records.append((SNAPSHOT, _group.pack(update.group) + codec.encode_snapshot(update.snapshot)))
             for chunk in _entry_chunks(update.entries, self.log.segment_bytes_max // 4):
                 parts = codec.encode_entries(chunk)
+                chunks.append((len(records), update.group, chunk))
                 records.append((ENTRIES, (_group_count.pack(update.group, len(chunk)), *parts)))
             if update.hard_state is not None:
                 records.append((HARD_STATE, _group.pack(update.group) + codec.encode_hard_state(update.hard_state)))
-        self.log.append(records)
+        record_positions = self.log.append(records)
+        positions: dict[int, dict[int, int]] = {}
+        for record, group, chunk in chunks:
+            _entry_positions(positions.setdefault(group, {}), chunk, record_positions[record])
+        return positions
 
     def sync(self) -> None:
         self.log.sync()
@@ -78,15 +100,55 @@ class Wal:
 
     def checkpoint(self, groups: list[Update]) -> int:
         """Rewrite every live group (snapshot, entries after it, hard state) into fresh segments, make
-        that durable, then delete everything older. Replay of the survivors gives the same groups,
-        and a crash between the two steps only leaves records that the checkpoint overrides."""
+        that durable, then mark replay to start there and delete what came before (unless the WAL keeps
+        data). A crash between the steps only leaves records that the checkpoint overrides."""
         start = self.log.roll()
         self.write(groups)
         self.log.sync()
-        return self.log.delete_before(start)
+        _write_mark(self.log.directory, start)
+        return 0 if self.keep_segments else self.log.delete_before(start)
+
+    def replay_start(self) -> int:
+        return max(_read_mark(self.log.directory), self.log.start_position)
 
     def close(self) -> None:
         self.log.close()
+
+
+def _entry_positions(into: dict[int, int], chunk: list[Entry], record_position: int) -> None:
+    """Where each entry's data lies in the log, given the position of the ENTRIES record holding them."""
+    at = record_position + HEADER_BYTES + _group_count.size
+    for entry in chunk:
+        into[entry.index] = at + _entry_head_bytes
+        at += _entry_head_bytes + len(entry.data)
+
+
+def _read_mark(directory: Path) -> int:
+    try:
+        raw = (directory / MARK_FILE).read_bytes()
+    except FileNotFoundError:
+        return 0
+    if len(raw) != _mark.size:
+        raise RocketError(Code.CORRUPT_DATA, f"{directory / MARK_FILE} is damaged")
+    position, crc = _mark.unpack(raw)
+    if zlib.crc32(raw[:8]) != crc:
+        raise RocketError(Code.CORRUPT_DATA, f"{directory / MARK_FILE} failed its checksum")
+    return position
+
+
+def _write_mark(directory: Path, position: int) -> None:
+    """Atomically: a temporary file, fsync'ed, renamed over the mark, and the directory fsync'ed."""
+    temporary = directory / (MARK_FILE + ".tmp")
+    with open(temporary, "wb") as file:
+        file.write(_mark.pack(position, zlib.crc32(struct.pack("<Q", position))))
+        file.flush()
+        os.fdatasync(file.fileno())
+    os.replace(temporary, directory / MARK_FILE)
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _entry_chunks(entries: list[Entry], bytes_max: int) -> list[list[Entry]]:
@@ -103,7 +165,7 @@ def _entry_chunks(entries: list[Entry], bytes_max: int) -> list[list[Entry]]:
     return chunks
 
 
-def _replay(groups: dict[int, GroupState], kind: int, view: memoryview) -> None:
+def _replay(groups: dict[int, GroupState], kind: int, view: memoryview, position: int) -> None:
     if kind == ENTRIES:
         group, count = _group_count.unpack_from(view)
         entries, _ = codec.decode_entries(view, _group_count.size, count)
@@ -111,6 +173,7 @@ def _replay(groups: dict[int, GroupState], kind: int, view: memoryview) -> None:
         if entries:
             first = entries[0].index
             state.entries = [e for e in state.entries if e.index < first] + entries
+            _entry_positions(state.positions, entries, position)
     elif kind == HARD_STATE:
         (group,) = _group.unpack_from(view)
         groups.setdefault(group, GroupState()).hard_state, _ = codec.decode_hard_state(view, _group.size)

@@ -38,7 +38,7 @@ class Metadata:
 
     # ---- the state machine ---------------------------------------------------------------------------
 
-    def apply(self, entries) -> list:
+    def apply(self, entries, positions) -> list:
         results: list = []
         for entry in entries:
             if not entry.data:  # a new leader's empty entry

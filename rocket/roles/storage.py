@@ -31,7 +31,7 @@ class StorageRole:
         self.host = host
         self.peers = peers
         self.addresses = addresses  # node id -> address, shared with the Raft links
-        self.store = Store.open(config.data_dir / "storage", segment_bytes_max=config.segment_bytes)
+        self.store = Store.open(config.data_dir / "storage", host.wal.log, segment_bytes_max=config.segment_bytes)
         self._last_append_ms: dict[tuple[str, int], int] = {}
         self.assigned = trio.Event()  # set once the first assignment arrived
         self._ask_now = trio.Event()  # a call named a group not hosted yet: ask for the assignment at once

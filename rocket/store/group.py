@@ -1,16 +1,16 @@
 """The store of one storage node: the state machine of every Raft group the node hosts.
 
-A group's Raft log (the node's WAL, fsync'ed before anything is acknowledged) is the source of
-truth. Applying its committed entries writes the batches to this store's commit log and indexes
-them in LevelDB, both without sync: after a crash the store keeps what reached the disk and the
-groups re-apply the rest from their logs. APPLIED records tell, per group, how far the store got,
-so that re-applying is idempotent. A snapshot syncs the store first, so the Raft log may then be
+A group's Raft log is its commit log: a produce batch is written once, inside its entry in the
+node's WAL, fsync'ed before anything is acknowledged. Applying committed entries indexes each batch
+where it lies in the WAL. The index is derived state: this store's own log holds small records
+(a batch's place and offsets, consumer offsets, how far each group got) written without sync, and
+LevelDB is rebuilt from them. After a crash the groups re-apply from the WAL what the store lost;
+APPLIED records make that idempotent. A snapshot syncs the store first, so the Raft log may then be
 compacted up to it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import struct
 from pathlib import Path
@@ -31,8 +31,9 @@ BATCH = 1
 OFFSETS = 2
 APPLIED = 3
 POSITIONS = 4  # a snapshot installed without its batches: the group's queue positions (JSON)
-_batch_head = struct.Struct("<H")  # topic length; then topic, then _batch_route, then the batch
-_batch_route = struct.Struct("<IQQQ")  # queue, base offset, append time ms, Raft group
+_batch_head = struct.Struct("<H")  # topic length; then topic, then _batch_place
+_batch_place = struct.Struct("<IQQQQIIq")  # queue, base offset, append ms, Raft group, where the batch lies
+# in the WAL, its bytes, its message count, its first timestamp ms
 _applied = struct.Struct("<QQ")  # Raft group, index of the last entry applied
 
 # Raft entry payloads of a storage group: a command byte, then its body.
@@ -53,20 +54,20 @@ def encode_offsets(group: str, topic: str, offsets: dict[int, int]) -> bytes:
     return bytes([OFFSETS_COMMAND]) + body
 
 
-def encode_batch_record(topic: str, queue: int, base_offset: int, append_ms: int, group: int,
-                        batch) -> tuple[bytes, bytes]:
-    """The record body as (routing header, batch): the log writes both parts without joining them."""
+def encode_batch_record(topic: str, queue: int, group: int, entry: IndexEntry) -> bytes:
     name = topic.encode()
-    return _batch_head.pack(len(name)) + name + _batch_route.pack(queue, base_offset, append_ms, group), batch
+    return _batch_head.pack(len(name)) + name + _batch_place.pack(
+        queue, entry.base_offset, entry.append_ms, group, entry.position, entry.batch_bytes, entry.count,
+        entry.first_timestamp_ms)
 
 
-def decode_batch_record(body: bytes) -> tuple[str, int, int, int, int, memoryview]:
-    """(topic, queue, base offset, append ms, Raft group, batch)"""
+def decode_batch_record(body: bytes) -> tuple[str, int, int, IndexEntry]:
+    """(topic, queue, Raft group, index entry)"""
     (name_length,) = _batch_head.unpack_from(body)
-    route_at = _batch_head.size + name_length
-    queue, base_offset, append_ms, group = _batch_route.unpack_from(body, route_at)
-    topic = body[_batch_head.size:route_at].decode()
-    return topic, queue, base_offset, append_ms, group, memoryview(body)[route_at + _batch_route.size:]
+    place_at = _batch_head.size + name_length
+    queue, base_offset, append_ms, group, position, size, count, first_ms = _batch_place.unpack_from(body, place_at)
+    topic = body[_batch_head.size:place_at].decode()
+    return topic, queue, group, IndexEntry(base_offset, position, count, size, first_ms, append_ms)
 
 
 def _offsets_commit(body: bytes | memoryview) -> tuple[str, str, dict[int, int]]:
@@ -81,8 +82,8 @@ class GroupMachine:
         self.store = store
         self.group = group
 
-    def apply(self, entries) -> list:
-        return self.store.apply(self.group, entries)
+    def apply(self, entries, positions: list[int]) -> list:
+        return self.store.apply(self.group, entries, positions)
 
     def snapshot(self) -> bytes:
         return self.store.snapshot(self.group)
@@ -92,9 +93,10 @@ class GroupMachine:
 
 
 class Store:
-    def __init__(self, commit_log: CommitLog, index: QueueIndex):
+    def __init__(self, commit_log: CommitLog, index: QueueIndex, data: CommitLog):
         self.log = commit_log
         self.index = index
+        self.data = data  # the WAL: where batches lie
         self._queues: dict[tuple[str, int], QueueStats] = {}
         self._applied: dict[int, int] = {}  # Raft group -> index of its last entry in this store
         self._watchers: dict[tuple[str, int], set[trio.Event]] = {}
@@ -102,13 +104,14 @@ class Store:
         self.fsyncs = 0
 
     @classmethod
-    def open(cls, directory: Path, segment_bytes_max: int = limits.segment_bytes_max_default) -> "Store":
+    def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_max_default) -> "Store":
+        """data is the node's Raft WAL, where the batches of applied entries lie."""
         commit_log = CommitLog.open(directory / "log", segment_bytes_max)
         index = QueueIndex(directory / "index")
         if index.applied_position > commit_log.end_position:
             log.warning("index is ahead of the log (its tail was cut back): rebuilding it from the log")
             index.destroy_and_reopen()
-        store = cls(commit_log, index)
+        store = cls(commit_log, index, data)
         store._replay()
         return store
 
@@ -122,17 +125,15 @@ class Store:
         for position, kind, body in self.log.scan(self.index.applied_position):
             replayed += 1
             if kind == BATCH:
-                topic, queue, base_offset, append_ms, group, batch = decode_batch_record(body)
-                header = batch_codec.check_header(batch)
+                topic, queue, group, entry = decode_batch_record(body)
                 queue_stats = stats.setdefault((topic, queue), QueueStats(group=group))
-                if base_offset != queue_stats.next_offset:
-                    raise RocketError(Code.CORRUPT_DATA, f"log record at {position} has offset {base_offset} for "
-                                      f"{topic}/{queue}, expected {queue_stats.next_offset}")
-                entries.append((topic, queue, IndexEntry(base_offset, position, header.count, len(batch),
-                                                         header.first_timestamp_ms, append_ms)))
-                queue_stats.next_offset += header.count
-                queue_stats.bytes += len(batch)
-                queue_stats.last_append_ms = append_ms
+                if entry.base_offset != queue_stats.next_offset:
+                    raise RocketError(Code.CORRUPT_DATA, f"log record at {position} has offset {entry.base_offset} "
+                                      f"for {topic}/{queue}, expected {queue_stats.next_offset}")
+                entries.append((topic, queue, entry))
+                queue_stats.next_offset += entry.count
+                queue_stats.bytes += entry.batch_bytes
+                queue_stats.last_append_ms = entry.append_ms
             elif kind == OFFSETS:
                 commits.append(_offsets_commit(body))
             elif kind == APPLIED:
@@ -155,14 +156,16 @@ class Store:
 
     # ---- the state machine ---------------------------------------------------------------------------
 
-    def apply(self, group: int, entries) -> list:
-        """Apply a group's committed entries: results are (base offset, count) for appends."""
+    def apply(self, group: int, entries, positions: list[int]) -> list:
+        """Apply a group's committed entries, whose data lies in the WAL at positions: results are
+        (base offset, count) for appends."""
         done = self._applied.get(group, 0)
         results: list = []
-        records: list[tuple[int, object]] = []
-        indexed: list[tuple[str, int, IndexEntry] | tuple[str, str, dict[int, int]]] = []
+        records: list[tuple[int, bytes]] = []
+        index_entries: list[tuple[str, int, IndexEntry]] = []
+        commits: list[tuple[str, str, dict[int, int]]] = []
         touched: dict[tuple[str, int], QueueStats] = {}
-        for entry in entries:
+        for entry, position in zip(entries, positions):
             data = entry.data
             if entry.index <= done or not data:  # applied before a restart, or a new leader's empty entry
                 results.append(None)
@@ -179,27 +182,22 @@ class Store:
                 stats.bytes += len(batch)
                 stats.last_append_ms = append_ms
                 touched[(topic, queue)] = stats
-                records.append((BATCH, encode_batch_record(topic, queue, base_offset, append_ms, group, batch)))
-                indexed.append((topic, queue, IndexEntry(base_offset, -1, header.count, len(batch),
-                                                         header.first_timestamp_ms, append_ms)))
+                invariant(position >= 0, f"group {group} entry {entry.index} was applied before it was persisted")
+                placed = IndexEntry(base_offset, position + batch_at, header.count, len(batch),
+                                    header.first_timestamp_ms, append_ms)
+                records.append((BATCH, encode_batch_record(topic, queue, group, placed)))
+                index_entries.append((topic, queue, placed))
                 results.append((base_offset, header.count))
             else:
                 invariant(data[0] == OFFSETS_COMMAND, f"group {group} entry {entry.index}: unknown command {data[0]}")
                 records.append((OFFSETS, data[1:]))
-                indexed.append(_offsets_commit(memoryview(data)[1:]))
+                commits.append(_offsets_commit(memoryview(data)[1:]))
                 results.append(None)
         last = entries[-1].index if entries else done
         if last <= done:
             return results
         records.append((APPLIED, _applied.pack(group, last)))
-        positions = self.log.append(records)
-        index_entries, commits = [], []
-        for item, position in zip(indexed, positions):
-            if isinstance(item[2], IndexEntry):
-                topic, queue, entry = item
-                index_entries.append((topic, queue, dataclasses.replace(entry, position=position)))
-            else:
-                commits.append(item)
+        self.log.append(records)
         self._applied[group] = last
         self.index.apply(index_entries, touched, commits, {group: last}, self.log.end_position)
         self._dirty = True
@@ -283,12 +281,16 @@ class Store:
                               f"{stats.available_from} (it installed a snapshot); another replica has them")
         found = []
         for entry in self.index.locate(topic, queue, offset, max_bytes, at_least_one):
-            kind, body = self.log.read(entry.position)
-            record_topic, record_queue, base_offset, _, _, batch = decode_batch_record(body)
-            if kind != BATCH or (record_topic, record_queue, base_offset) != (topic, queue, entry.base_offset):
-                raise RocketError(Code.CORRUPT_DATA, f"index entry for {topic}/{queue}@{entry.base_offset} points "
-                                  f"at a different record (log position {entry.position})")
-            found.append((base_offset, bytes(batch)))
+            try:
+                batch = self.data.read_slice(entry.position, entry.batch_bytes)
+                count = batch_codec.check_header(batch).count  # the batch's own CRC covers it where it lies
+            except RocketError as error:  # damaged, or cut from the WAL although it was durable: data lost
+                raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}@{entry.base_offset} at WAL position "
+                                  f"{entry.position}: {error.message}") from None
+            if count != entry.count:
+                raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}@{entry.base_offset}: WAL position "
+                                  f"{entry.position} holds a batch of {count} messages, the index says {entry.count}")
+            found.append((entry.base_offset, batch))
         return found
 
     async def wait_for_data(self, wants: dict[tuple[str, int], int], timeout_s: float) -> None:

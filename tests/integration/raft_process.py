@@ -25,7 +25,7 @@ class Values:
     def __init__(self):
         self.values: list[str] = []
 
-    def apply(self, entries) -> list:
+    def apply(self, entries, positions) -> list:
         self.values.extend(entry.data.decode() for entry in entries if entry.data)
         return [None] * len(entries)
 

@@ -27,7 +27,7 @@ class ListMachine:
         self.values: list[bytes] = []
         self.keep = keep
 
-    def apply(self, entries) -> list:
+    def apply(self, entries, positions) -> list:
         self.values.extend(entry.data for entry in entries if entry.data)
         if self.keep is not None:
             del self.values[:-self.keep]

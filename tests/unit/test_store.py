@@ -1,6 +1,7 @@
-"""The node store as the Raft state machine of its storage groups: applying committed entries,
-idempotent re-apply after a restart, consumer offsets, an index rebuilt from the log, recovery of
-torn tails, refusal of damage, snapshots that carry queue positions, long polling and search by time."""
+"""The node store as the Raft state machine of its storage groups: applying committed entries whose
+batches lie in the node's Raft WAL, idempotent re-apply after a restart, consumer offsets, an index
+rebuilt from the store's log, recovery of torn tails, refusal of damage (in the store's log and in
+the WAL), snapshots that carry queue positions, long polling and search by time."""
 
 from __future__ import annotations
 
@@ -15,20 +16,45 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Message
 from rocket.raft.core import Entry
+from rocket.raft.wal import Update, Wal
 from rocket.serde import batch as batch_codec
 from rocket.store import group as group_module
 from rocket.store.group import Store, encode_append, encode_offsets
 
-SEGMENT = limits.segment_bytes_min
+SEGMENT = limits.segment_bytes_min  # of the store's log and of the WAL
 GROUP = 3  # the Raft group most tests apply to
+FILLER_GROUP = 11  # a group of tiny batches that makes the store's own log span segments
 APPEND_MS = 1_700_000_000_000  # batch i of a workload is appended at APPEND_MS + i * 1000
+
+
+class Node:
+    """A storage node's store beside its Raft WAL, opened as the storage role opens them (the WAL keeps
+    its segments). apply() does what the Raft host does: write the entries to the WAL, then apply them
+    with the positions the WAL gives for their data. Everything else is the store's own (reads, stats,
+    its log, its index), so a test reads `node.read(...)` as it would `store.read(...)`."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.wal = Wal.open(directory / "wal", SEGMENT, keep_segments=True)
+        self.store = Store.open(directory, self.wal.log, SEGMENT)
+
+    def apply(self, group: int, entries: list[Entry]) -> list:
+        written = self.wal.write([Update(group, None, list(entries), None)]).get(group, {})
+        return self.store.apply(group, entries, [written[entry.index] for entry in entries])
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def close(self) -> None:
+        self.store.close()
+        self.wal.close()
 
 
 def make_batch(first: int, count: int, size: int = 100) -> bytes:
     return batch_codec.encode([Message(f"{first + i}:".encode() + bytes(size)) for i in range(count)], 1_700_000_000_000)
 
 
-def bodies(store: Store, topic: str, queue: int) -> list[bytes]:
+def bodies(store: Node, topic: str, queue: int) -> list[bytes]:
     found = []
     offset = 0
     while True:
@@ -57,25 +83,35 @@ def workload(batches: int = 40, per_batch: int = 50, size: int = 100, first_inde
             for n, i in enumerate(range(first_batch, first_batch + batches))]
 
 
-def apply_in_chunks(store: Store, group: int, entries: list[Entry], per_call: int) -> list:
+def apply_in_chunks(store: Node, group: int, entries: list[Entry], per_call: int) -> list:
     results = []
     for start in range(0, len(entries), per_call):
         results.extend(store.apply(group, entries[start:start + per_call]))
     return results
 
 
-def fill(directory: Path, entries: list[Entry], group: int = GROUP, per_call: int = 1) -> list:
-    store = Store.open(directory, SEGMENT)
+def fill(directory: Path, entries: list[Entry], group: int = GROUP, per_call: int = 1, store_segments: int = 1) -> list:
+    store = Node(directory)
     results = apply_in_chunks(store, group, entries, per_call)
+    spread_store_log(store, store_segments)
     store.close()
     return results
+
+
+def spread_store_log(store: Node, segments: int) -> None:
+    """Apply tiny batches to FILLER_GROUP (topic "filler") until the store's own log spans that many
+    segments: its records are small, so this takes some 15,000 entries a segment."""
+    batch = make_batch(0, 1, 1)
+    while len(store.log.segments()) < segments:
+        first = store.applied(FILLER_GROUP) + 1
+        store.apply(FILLER_GROUP, [append_entry(first + n, "filler", n % 4, batch) for n in range(5000)])
 
 
 def expected_results(batches: int, per_batch: int, queues: int = 2, first_batch: int = 0) -> list[tuple[int, int]]:
     return [((i // queues) * per_batch, per_batch) for i in range(first_batch, first_batch + batches)]
 
 
-def state(store: Store, topics: dict[str, int]) -> dict:
+def state(store: Node, topics: dict[str, int]) -> dict:
     """Everything a reader can observe of some queues, to compare a store with itself or another."""
     return {
         (topic, queue): (store.queue_stats(topic, queue), bodies(store, topic, queue),
@@ -85,24 +121,35 @@ def state(store: Store, topics: dict[str, int]) -> dict:
 
 
 def segments(directory: Path) -> list[Path]:
+    """The segments of the store's own log."""
     return sorted((directory / "log").glob("*.log"))
+
+
+def overwrite_in_wal(store: Node, position: int, data: bytes) -> None:
+    """Overwrite bytes of the WAL on disk at a WAL position (in whichever segment holds it)."""
+    start, path, _ = [segment for segment in store.wal.log.segments() if segment[0] <= position][-1]
+    with open(path, "r+b") as file:
+        file.seek(position - start)
+        file.write(data)
 
 
 # ---- round trip ------------------------------------------------------------------------------------
 
 
 def test_round_trip_across_segments_and_reopen(tmp_path):
-    """Entries applied several per call, spanning several segments, read back whole before and after a
-    reopen: offsets, stats, reads at any offset, time search and the applied index all survive."""
+    """Entries applied several per call, their batches spanning several WAL segments, read back whole
+    before and after a reopen: offsets, stats, reads at any offset, time search and the applied index
+    all survive."""
     entries = workload(batches=60, per_batch=100, size=500)
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     results = apply_in_chunks(store, GROUP, entries, per_call=7)
     assert results == expected_results(60, 100)
-    assert len(store.log.segments()) >= 3
+    assert len(store.wal.log.segments()) >= 3
+    assert len(store.log.segments()) == 1  # the store's own log holds only where the batches lie
     assert store.applied(GROUP) == 60
     sizes = [len(make_batch(i * 100, 100, 500)) for i in range(60)]
 
-    def check(store: Store) -> None:
+    def check(store: Node) -> None:
         for queue in range(2):
             assert store.queue_stats("t", queue) == {"min_offset": 0, "next_offset": 3000,
                                                      "bytes": sum(sizes[queue::2])}
@@ -134,7 +181,7 @@ def test_round_trip_across_segments_and_reopen(tmp_path):
     check(store)
     end = store.log.end_position
     store.close()
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     assert store.log.end_position == end
     check(store)
     # Appends go on where the queues ended.
@@ -143,10 +190,36 @@ def test_round_trip_across_segments_and_reopen(tmp_path):
     store.close()
 
 
+def test_a_batch_is_written_once(tmp_path):
+    """A batch lies only in its Raft entry in the WAL: applying MiBs of batches grows the store's own
+    files (its log and the index) by a small fraction of that, none of them holds a batch's bytes,
+    and reads return the batches from where they lie in the WAL."""
+    store = Node(tmp_path)
+    batches = [batch_codec.encode([Message(os.urandom(1000)) for _ in range(100)], APPEND_MS + i) for i in range(48)]
+    total = sum(len(batch) for batch in batches)
+    assert total > 4 * limits.MiB
+    wal_start = store.wal.log.end_position
+    entries = [append_entry(i + 1, "t", i % 2, batch) for i, batch in enumerate(batches)]
+    assert apply_in_chunks(store, GROUP, entries, per_call=4) == [((i // 2) * 100, 100) for i in range(48)]
+    store.sync()
+    assert store.wal.log.end_position - wal_start > total
+    assert store.log.end_position < total // 100  # some 100 bytes a batch
+    own_files = [path for path in [*(tmp_path / "log").iterdir(), *(tmp_path / "index").iterdir()] if path.is_file()]
+    assert sum(path.stat().st_size for path in own_files) < total // 20
+    contents = [path.read_bytes() for path in own_files]
+    assert not any(batch[-64:] in content for batch in batches for content in contents)
+    for _ in range(2):
+        assert [batch for _, batch in store.read("t", 0, 0, 1 << 30)] == batches[0::2]
+        assert [batch for _, batch in store.read("t", 1, 0, 1 << 30)] == batches[1::2]
+        store.close()
+        store = Node(tmp_path)
+    store.close()
+
+
 def test_unknown_queues_read_as_empty(tmp_path):
     """A queue nothing was applied to has no data, zero stats, and offset 0 for any time; reading
     past its end is OFFSET_OUT_OF_RANGE."""
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     assert store.queue_stats("t", 0) == {"min_offset": 0, "next_offset": 0, "bytes": 0}
     assert store.read("t", 0, 0, 100) == []
     assert store.offset_for_time("t", 0, APPEND_MS) == 0
@@ -165,7 +238,7 @@ def test_reapplying_after_reopen_is_idempotent(tmp_path):
     (None results), nothing is written, and entries partly old partly new apply only the new ones."""
     entries = workload(batches=40, per_batch=50)
     assert fill(tmp_path, entries, per_call=5) == expected_results(40, 50)
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     before = state(store, {"t": 2})
     end = store.log.end_position
     assert store.apply(GROUP, entries) == [None] * 40
@@ -184,7 +257,7 @@ def test_reapplying_after_reopen_is_idempotent(tmp_path):
     assert queue_0[-1].startswith(b"%d:" % (44 * 50 + 49))
     store.close()
 
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     assert store.applied(GROUP) == 45
     assert store.apply(GROUP, entries + more) == [None] * 45
     assert store.queue_stats("t", 0)["next_offset"] == 1150
@@ -193,7 +266,7 @@ def test_reapplying_after_reopen_is_idempotent(tmp_path):
 
 def test_reapplying_without_a_restart_is_idempotent(tmp_path):
     """The same entries given twice to a live store are stored once."""
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     entries = workload(batches=6, per_batch=10)
     assert store.apply(GROUP, entries[:4]) == expected_results(4, 10)
     assert store.apply(GROUP, entries) == [None] * 4 + expected_results(2, 10, first_batch=4)
@@ -205,7 +278,7 @@ def test_reapplying_without_a_restart_is_idempotent(tmp_path):
 
 def test_empty_entries_are_skipped_but_advance_the_applied_index(tmp_path):
     """A new leader's empty entry stores nothing, yet counts as applied (also after a reopen)."""
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     assert store.apply(GROUP, [Entry(1, 1, b"")]) == [None]
     assert store.applied(GROUP) == 1
     assert store.queue_stats("t", 0)["next_offset"] == 0
@@ -213,7 +286,7 @@ def test_empty_entries_are_skipped_but_advance_the_applied_index(tmp_path):
                                   append_entry(4, "t", 0, make_batch(3, 4))])
     assert results == [(0, 3), None, (3, 4)]
     store.close()
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     assert store.applied(GROUP) == 4
     assert [b.split(b":")[0] for b in bodies(store, "t", 0)] == [b"%d" % i for i in range(7)]
     assert store.apply(GROUP, [Entry(3, 5, b"")]) == [None]
@@ -227,7 +300,7 @@ def test_empty_entries_are_skipped_but_advance_the_applied_index(tmp_path):
 def test_offsets_commits_are_visible_and_durable(tmp_path):
     """Offsets committed through the group's log are visible at once, survive a reopen and a lost
     index, and an old commit re-applied after a restart does not overwrite a newer one."""
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     results = store.apply(GROUP, [
         offsets_entry(1, "billing", "t", {0: 10, 3: 7}),
         append_entry(2, "t", 0, make_batch(0, 5)),
@@ -242,7 +315,7 @@ def test_offsets_commits_are_visible_and_durable(tmp_path):
     assert store.fetch_offsets("nobody", "t") == {}
     store.close()
 
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     assert store.fetch_offsets("billing", "t") == {0: 12, 3: 7}
     # The commit at entry 1 comes again after a restart, carrying other values: it is skipped.
     assert store.apply(GROUP, [offsets_entry(1, "billing", "t", {0: 99, 3: 99})]) == [None]
@@ -250,7 +323,7 @@ def test_offsets_commits_are_visible_and_durable(tmp_path):
     store.close()
 
     shutil.rmtree(tmp_path / "index")
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     assert store.fetch_offsets("billing", "t") == {0: 12, 3: 7}
     assert store.fetch_offsets("audit", "t") == {1: 4}
     assert store.applied(GROUP) == 4
@@ -261,19 +334,22 @@ def test_offsets_commits_are_visible_and_durable(tmp_path):
 
 
 def test_lost_index_is_rebuilt_from_the_log(tmp_path):
-    """Deleting the LevelDB index loses nothing: replaying the log gives identical reads, stats, time
-    search, offsets and applied indexes of every group."""
-    store = Store.open(tmp_path, SEGMENT)
+    """Deleting the LevelDB index loses nothing: replaying the store's log (several segments of it)
+    gives identical reads, stats, time search, offsets and applied indexes of every group."""
+    store = Node(tmp_path)
     apply_in_chunks(store, GROUP, workload(batches=60, per_batch=100, size=500), per_call=4)
     store.apply(GROUP, [offsets_entry(61, "billing", "t", {0: 1500, 1: 20})])
     store.apply(9, workload(batches=6, per_batch=10, topic="u", queues=3))
+    spread_store_log(store, 3)
     assert len(store.log.segments()) >= 3
+    filler = [store.queue_stats("filler", q) for q in range(4)], store.applied(FILLER_GROUP)
     before = state(store, {"t": 2, "u": 3})
     times = [store.offset_for_time("t", q, APPEND_MS + s * 1000) for q in range(2) for s in range(0, 62, 5)]
     store.close()
 
     shutil.rmtree(tmp_path / "index")
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
+    assert ([store.queue_stats("filler", q) for q in range(4)], store.applied(FILLER_GROUP)) == filler
     assert state(store, {"t": 2, "u": 3}) == before
     assert [store.offset_for_time("t", q, APPEND_MS + s * 1000) for q in range(2) for s in range(0, 62, 5)] == times
     assert store.fetch_offsets("billing", "t") == {0: 1500, 1: 20}
@@ -290,14 +366,14 @@ def test_index_ahead_of_a_cut_log_is_rebuilt(tmp_path):
     log, and the group re-applies the lost entries to the same offsets."""
     entries = workload(batches=10, per_batch=20)
     fill(tmp_path, entries[:8])
-    cut_at = Store.open(tmp_path, SEGMENT)
+    cut_at = Node(tmp_path)
     end_after_8 = cut_at.log.end_position
     cut_at.close()
     fill(tmp_path, entries)  # entries 9 and 10 are new
     segment = segments(tmp_path)[-1]
     with open(segment, "r+b") as file:  # as if the last two applies never reached the disk
         file.truncate(end_after_8 - int(segment.name[:-4]))
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     assert store.applied(GROUP) == 8
     assert [store.queue_stats("t", q)["next_offset"] for q in range(2)] == [80, 80]
     assert store.apply(GROUP, entries) == [None] * 8 + [(80, 20), (80, 20)]
@@ -310,7 +386,7 @@ def test_index_ahead_of_a_cut_log_is_rebuilt(tmp_path):
 
 @pytest.mark.parametrize("damage", ["cut", "garbage", "zeros"])
 def test_torn_tail_is_cut_back(tmp_path, damage):
-    """A tail torn mid-record, or followed by junk, is cut to the last good record; the applied index
+    """A tail of the store's log torn mid-record, or followed by junk, is cut to the last good record; the applied index
     says what was lost, and re-applying the group's entries restores it at the same offsets."""
     entries = workload(batches=40, per_batch=50)
     fill(tmp_path, entries)  # one apply per entry: each ends with its APPLIED record
@@ -318,11 +394,11 @@ def test_torn_tail_is_cut_back(tmp_path, damage):
     size = segment.stat().st_size
     with open(segment, "r+b") as file:
         if damage == "cut":
-            file.truncate(size - 37)  # the last APPLIED record and the end of the last batch
+            file.truncate(size - 37)  # the last APPLIED record and the end of the last BATCH record
         else:
             file.seek(size)
             file.write(os.urandom(5000) if damage == "garbage" else bytes(5000))
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     assert segment.stat().st_size < size if damage == "cut" else segment.stat().st_size == size
     kept = store.queue_stats("t", 1)["next_offset"]
     assert kept == (1000 if damage != "cut" else 950)
@@ -338,7 +414,7 @@ def test_torn_tail_is_cut_back(tmp_path, damage):
 
 
 def test_damage_before_good_records_is_reported(tmp_path):
-    """A flipped byte in the middle of the last segment refuses to open, naming the file and position."""
+    """A flipped byte in the middle of the store log's last segment refuses to open, naming the file and position."""
     fill(tmp_path, workload(batches=40, per_batch=50))
     segment = segments(tmp_path)[-1]
     with open(segment, "r+b") as file:
@@ -347,48 +423,112 @@ def test_damage_before_good_records_is_reported(tmp_path):
         file.seek(-1, os.SEEK_CUR)
         file.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(RocketError) as caught:
-        Store.open(tmp_path, SEGMENT)
+        Node(tmp_path)
     assert caught.value.code == Code.CORRUPT_DATA
     assert segment.name in caught.value.message and "valid records after it" in caught.value.message
 
 
-def test_damage_in_a_sealed_segment_fails_the_read(tmp_path):
-    """Damage in an older segment is caught by the checksum when read, never returned as data; the
-    rest of the log still reads."""
-    fill(tmp_path, workload(batches=60, per_batch=100, size=500), per_call=10)
+def test_damage_in_a_sealed_store_segment_fails_an_index_rebuild(tmp_path):
+    """The store's log is read only to rebuild the index: damage in one of its sealed segments leaves
+    reads (from the WAL, through the index) as they were, and a rebuild reports the damage, naming
+    the segment, instead of skipping it."""
+    store = Node(tmp_path)
+    apply_in_chunks(store, GROUP, workload(batches=60, per_batch=100, size=500), per_call=10)
+    spread_store_log(store, 3)
+    before = state(store, {"t": 2})
+    store.close()
     first = segments(tmp_path)[0]
-    assert len(segments(tmp_path)) >= 3
     with open(first, "r+b") as file:
-        file.seek(1000)
+        file.seek(1000)  # among group GROUP's BATCH records
         file.write(b"\xde\xad\xbe\xef")
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
+    assert state(store, {"t": 2}) == before
+    store.close()
+    shutil.rmtree(tmp_path / "index")
+    with pytest.raises(RocketError) as caught:
+        Node(tmp_path)
+    assert caught.value.code == Code.CORRUPT_DATA and first.name in caught.value.message
+
+
+def test_a_damaged_batch_in_the_wal_fails_the_read(tmp_path):
+    """A batch damaged where it lies in the WAL (a segment before the WAL's replay mark, which the WAL
+    does not read again at open) is caught by the batch's own checksum when read, never returned as
+    data, also after an index rebuild (which reads no batch); the other batches still read."""
+    store = Node(tmp_path)
+    apply_in_chunks(store, GROUP, workload(batches=60, per_batch=100, size=500), per_call=10)
+    before = state(store, {"t": 2})
+    store.wal.checkpoint([])  # replay starts after these segments; a storage node's WAL keeps them
+    [damaged] = store.index.locate("t", 0, 1000, 1)  # batch 20, in the WAL's first segments
+    assert damaged.base_offset == 1000 and damaged.position < store.wal.replay_start()
+    store.close()
+    overwrite_in_wal(store, damaged.position + damaged.batch_bytes // 2, b"\xde\xad\xbe\xef")
+
+    for lose_index in (False, True):
+        if lose_index:
+            shutil.rmtree(tmp_path / "index")
+        store = Node(tmp_path)
+        for offset in (1000, 1050, 900):  # the damaged batch, from its start, its middle, or the one before
+            with pytest.raises(RocketError) as caught:
+                store.read("t", 0, offset, 1 << 20)
+            assert caught.value.code == Code.CORRUPT_DATA
+            assert "t/0@1000" in caught.value.message and f"WAL position {damaged.position}" in caught.value.message
+        assert store.read("t", 0, 900, 1) == before[("t", 0)][2][9:10]
+        assert store.read("t", 0, 1100, 1 << 30) == before[("t", 0)][2][11:]
+        assert (store.queue_stats("t", 1), bodies(store, "t", 1)) == before[("t", 1)][:2]
+        assert store.queue_stats("t", 0) == before[("t", 0)][0]
+        store.close()
+
+
+def test_a_wal_cut_back_under_indexed_batches_is_damage(tmp_path):
+    """The last WAL record damaged on disk is cut at open like a torn tail, though the store indexed
+    the batch in it (it was fsynced before it was applied): the store must call that damage, at open or
+    when the batch is read, never tell a reader that an offset below the queue's end is out of range."""
+    store = Node(tmp_path)
+    apply_in_chunks(store, GROUP, workload(batches=10, per_batch=10), per_call=1)
+    [last] = store.index.locate("t", 1, 40, 1)
+    assert last.position + last.batch_bytes == store.wal.log.end_position  # batch 9 ends the WAL
+    store.close()
+    overwrite_in_wal(store, last.position + last.batch_bytes // 2, b"\xde\xad\xbe\xef")
+    try:
+        store = Node(tmp_path)
+    except RocketError as refused:
+        assert refused.code == Code.CORRUPT_DATA
+        return
+    assert store.wal.log.end_position < last.position  # the WAL dropped the record holding batch 9
+    assert store.queue_stats("t", 1)["next_offset"] == 50
+    with pytest.raises(RocketError) as caught:
+        store.read("t", 1, 40, 1 << 20)
+    store.close()
+    assert caught.value.code == Code.CORRUPT_DATA, caught.value
+
+
+def test_a_wal_batch_that_disagrees_with_the_index_is_reported(tmp_path):
+    """A valid batch in the WAL whose message count is not the one the index holds for that place is
+    damage (the index points at the wrong bytes): CORRUPT_DATA, not messages at wrong offsets."""
+    store = Node(tmp_path)
+    two = batch_codec.encode([Message(b"a" * 100), Message(b"b" * 100)], APPEND_MS)
+    one = next(batch for batch in (batch_codec.encode([Message(b"c" * n)], APPEND_MS) for n in range(1, 400))
+               if len(batch) == len(two))
+    assert store.apply(GROUP, [append_entry(1, "t", 0, two), append_entry(2, "t", 0, make_batch(2, 3))]) == \
+        [(0, 2), (2, 3)]
+    [placed, _] = store.index.locate("t", 0, 0, 1 << 20)
+    assert store.wal.log.read_slice(placed.position, placed.batch_bytes) == two
+    overwrite_in_wal(store, placed.position, one)
     with pytest.raises(RocketError) as caught:
         store.read("t", 0, 0, 1 << 20)
     assert caught.value.code == Code.CORRUPT_DATA
-    assert first.name in caught.value.message
-    assert store.read("t", 0, 2900, 1 << 20)[0][0] == 2900  # in the last segment
+    assert "1 messages" in caught.value.message and "the index says 2" in caught.value.message
+    assert [base for base, _ in store.read("t", 0, 2, 1 << 20)] == [2]
     store.close()
-
-
-def test_damage_in_a_sealed_segment_fails_an_index_rebuild(tmp_path):
-    """Replaying a damaged log to rebuild the index reports the damage instead of skipping it."""
-    fill(tmp_path, workload(batches=60, per_batch=100, size=500), per_call=10)
-    with open(segments(tmp_path)[0], "r+b") as file:
-        file.seek(1000)
-        file.write(b"\xde\xad\xbe\xef")
-    shutil.rmtree(tmp_path / "index")
-    with pytest.raises(RocketError) as caught:
-        Store.open(tmp_path, SEGMENT)
-    assert caught.value.code == Code.CORRUPT_DATA
 
 
 def test_empty_newest_segment_after_a_roll_is_dropped(tmp_path):
     """A crash right after a roll leaves an empty segment: it is removed and appends continue at the end."""
-    fill(tmp_path, workload(batches=60, per_batch=100, size=500), per_call=10)
+    fill(tmp_path, workload(batches=60, per_batch=100, size=500), per_call=10, store_segments=2)
     before = segments(tmp_path)
     end = int(before[-1].name[:-4]) + before[-1].stat().st_size
     (tmp_path / "log" / f"{end:020d}.log").touch()
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     assert store.log.end_position == end
     assert segments(tmp_path) == before
     assert store.queue_stats("t", 0)["next_offset"] == 3000
@@ -397,23 +537,23 @@ def test_empty_newest_segment_after_a_roll_is_dropped(tmp_path):
 
 
 def test_a_sealed_segment_of_the_wrong_size_is_reported(tmp_path):
-    """Bytes missing from the end of a sealed segment are damage, not a tail to cut."""
-    fill(tmp_path, workload(batches=60, per_batch=100, size=500), per_call=10)
+    """Bytes missing from the end of a sealed segment of the store's log are damage, not a tail to cut."""
+    fill(tmp_path, workload(batches=60, per_batch=100, size=500), per_call=10, store_segments=2)
     first = segments(tmp_path)[0]
     with open(first, "r+b") as file:
         file.truncate(first.stat().st_size - 10)
     with pytest.raises(RocketError) as caught:
-        Store.open(tmp_path, SEGMENT)
+        Node(tmp_path)
     assert caught.value.code == Code.CORRUPT_DATA and first.name in caught.value.message
 
 
 # ---- snapshots -------------------------------------------------------------------------------------
 
 
-def snapshot_source(directory: Path) -> Store:
+def snapshot_source(directory: Path) -> Node:
     """A store holding group GROUP (topic t, 2 queues, entries 1..20 and a commit at 21) and group 9
     (topic u, entries 1..4)."""
-    store = Store.open(directory, SEGMENT)
+    store = Node(directory)
     apply_in_chunks(store, GROUP, workload(batches=20, per_batch=10), per_call=3)
     store.apply(GROUP, [offsets_entry(21, "billing", "t", {0: 5})])
     store.apply(9, workload(batches=4, per_batch=7, topic="u", queues=1))
@@ -423,7 +563,7 @@ def snapshot_source(directory: Path) -> Store:
 def test_snapshot_makes_the_store_durable(tmp_path):
     """A snapshot syncs what was applied (the group's Raft log may then be compacted); a second one
     with nothing new does not sync again."""
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 2))])
     assert store.fsyncs == 0
     store.snapshot(GROUP)
@@ -442,7 +582,7 @@ def test_snapshot_restore_makes_replicas_assign_the_same_offsets(tmp_path):
     nothing of other groups), so later entries get the same offsets on both."""
     source = snapshot_source(tmp_path / "one")
     data = source.snapshot(GROUP)
-    replica = Store.open(tmp_path / "two", SEGMENT)
+    replica = Node(tmp_path / "two")
     replica.restore(GROUP, data)
     assert replica.applied(GROUP) == source.applied(GROUP) == 21
     assert replica.applied(9) == 0
@@ -460,7 +600,7 @@ def test_snapshot_restore_makes_replicas_assign_the_same_offsets(tmp_path):
 
     # The replica keeps what it installed across a reopen.
     replica.close()
-    replica = Store.open(tmp_path / "two", SEGMENT)
+    replica = Node(tmp_path / "two")
     assert replica.applied(GROUP) == 27
     assert [replica.queue_stats("t", q)["next_offset"] for q in range(2)] == [130, 130]
     later = workload(batches=2, per_batch=10, first_index=28, first_batch=26)
@@ -473,7 +613,7 @@ def test_a_restored_replica_refuses_reads_of_batches_it_lacks(tmp_path):
     """Offsets before the installed snapshot are not on the replica: UNAVAILABLE (a broker then asks
     another replica), never a silent skip to later batches; min_offset says where its data starts."""
     source = snapshot_source(tmp_path / "one")
-    replica = Store.open(tmp_path / "two", SEGMENT)
+    replica = Node(tmp_path / "two")
     replica.restore(GROUP, source.snapshot(GROUP))
     replica.apply(GROUP, workload(batches=2, per_batch=10, first_index=22, first_batch=20))
     with pytest.raises(RocketError) as refused:
@@ -501,7 +641,7 @@ def test_restoring_an_old_snapshot_is_a_no_op(tmp_path):
     assert store.log.end_position == end
     assert store.applied(GROUP) == 23 and store.applied(GROUP + 100) == 0
 
-    replica = Store.open(tmp_path / "replica", SEGMENT)
+    replica = Node(tmp_path / "replica")
     replica.restore(GROUP, current)
     replica_end = replica.log.end_position
     replica.restore(GROUP, current)
@@ -516,8 +656,8 @@ def test_restoring_an_old_snapshot_is_a_no_op(tmp_path):
 def test_snapshot_after_a_reopen_carries_the_queue_positions(tmp_path):
     """A snapshot taken after a restart still carries the group's queue positions."""
     snapshot_source(tmp_path / "one").close()
-    source = Store.open(tmp_path / "one", SEGMENT)
-    replica = Store.open(tmp_path / "two", SEGMENT)
+    source = Node(tmp_path / "one")
+    replica = Node(tmp_path / "two")
     replica.restore(GROUP, source.snapshot(GROUP))
     assert replica.applied(GROUP) == 21
     assert [replica.queue_stats("t", q)["next_offset"] for q in range(2)] == [100, 100]
@@ -531,13 +671,13 @@ def test_restored_positions_survive_an_index_rebuild(tmp_path):
     """The index is derived from the log: a replica that installed a snapshot and appended after it
     can lose its index and rebuild it."""
     source = snapshot_source(tmp_path / "one")
-    replica = Store.open(tmp_path / "two", SEGMENT)
+    replica = Node(tmp_path / "two")
     replica.restore(GROUP, source.snapshot(GROUP))
     more = workload(batches=2, per_batch=10, first_index=22, first_batch=20)
     assert replica.apply(GROUP, more) == [(100, 10), (100, 10)]
     replica.close()
     shutil.rmtree(tmp_path / "two" / "index")
-    replica = Store.open(tmp_path / "two", SEGMENT)
+    replica = Node(tmp_path / "two")
     assert replica.applied(GROUP) == 23
     assert [replica.queue_stats("t", q)["next_offset"] for q in range(2)] == [110, 110]
     replica.close()
@@ -550,7 +690,7 @@ def test_restored_positions_survive_an_index_rebuild(tmp_path):
 def test_interleaved_groups_keep_separate_applied_indexes(tmp_path):
     """Two groups applying in turn into one store: each skips only its own old entries, and their
     applied indexes survive a reopen and an index rebuild."""
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     a = workload(batches=30, per_batch=10, topic="a")
     b = workload(batches=5, per_batch=4, topic="b", queues=1)
     for step in range(5):
@@ -567,7 +707,7 @@ def test_interleaved_groups_keep_separate_applied_indexes(tmp_path):
     for lose_index in (False, True):
         if lose_index:
             shutil.rmtree(tmp_path / "index")
-        store = Store.open(tmp_path, SEGMENT)
+        store = Node(tmp_path)
         assert (store.applied(1), store.applied(7)) == (30, 6)
         assert state(store, {"a": 2, "b": 1}) == before
         assert store.apply(7, b) == [None] * 5
@@ -579,7 +719,7 @@ def test_interleaved_groups_keep_separate_applied_indexes(tmp_path):
 
 
 async def test_wait_for_data_returns_at_once_when_data_is_there(tmp_path, autojump_clock):
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 5))])
     started = trio.current_time()
     await store.wait_for_data({("t", 0): 4}, 30)
@@ -590,7 +730,7 @@ async def test_wait_for_data_returns_at_once_when_data_is_there(tmp_path, autoju
 
 async def test_wait_for_data_times_out_without_data(tmp_path, autojump_clock):
     """No data at or past the wanted offsets: it returns after the timeout, and forgets its watch."""
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 5))])
     started = trio.current_time()
     await store.wait_for_data({("t", 0): 5, ("t", 1): 0}, 7)
@@ -601,7 +741,7 @@ async def test_wait_for_data_times_out_without_data(tmp_path, autojump_clock):
 
 async def test_wait_for_data_wakes_when_an_apply_adds_data(tmp_path, autojump_clock):
     """A waiter wakes when an apply adds data to a queue it watches, not for other queues."""
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 5))])
     woke_at = []
 
@@ -630,7 +770,7 @@ async def test_background_sync_flushes_applied_entries(tmp_path, monkeypatch):
     """run() fsyncs applied writes within its interval, and only when there is something to sync."""
     interval_s = 0.02  # the real clock: the sync runs in a worker thread, which a mock clock jumps over
     monkeypatch.setattr(group_module, "sync_interval_s", interval_s)
-    store = Store.open(tmp_path, SEGMENT)
+    store = Node(tmp_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
         await trio.sleep(interval_s * 5)
