@@ -19,28 +19,19 @@ import json
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from rocket.transport.listen import free_ports
+
 RESULTS = Path(__file__).parent / "results"
 
 
 def rocket(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "rocket", *args], check=True, stdout=subprocess.DEVNULL)
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for each in sockets:
-        each.bind(("127.0.0.1", 0))
-    ports = [each.getsockname()[1] for each in sockets]
-    for each in sockets:
-        each.close()
-    return ports
 
 
 def start_nodes(data: Path, nodes: int) -> list[subprocess.Popen]:

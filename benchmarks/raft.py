@@ -13,24 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from rocket.transport.listen import free_ports
+
 RESULTS = Path(__file__).parent / "results"
 NODE = Path(__file__).parent / "raft_node.py"
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for each in sockets:
-        each.bind(("127.0.0.1", 0))
-    ports = [each.getsockname()[1] for each in sockets]
-    for each in sockets:
-        each.close()
-    return ports
 
 
 def scenario(groups: int, size: int, seconds: float, mode: str = "load", data_parent: str | None = None) -> dict:

@@ -162,10 +162,37 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
                       str(len(load["leads"])), f"{load['bytes']:,}", f"{load['free_disk_bytes'] / 2**30:,.1f} GiB")
     out.print(nodes)
     if groups:
-        table = Table("group", "voters", "leader", title="storage groups")
+        table = Table("group", "voters", "learners", "leader", "behind (node: entries)", title="storage groups")
         for group in status["groups"]:
-            table.add_row(str(group["id"]), ",".join(map(str, group["voters"])), str(group["leader"] or "-"))
+            behind = ", ".join(f"{lag['node']}: {lag['entries']:,}" for lag in group["lagging"])
+            table.add_row(str(group["id"]), ",".join(map(str, group["voters"])), ",".join(map(str, group["learners"])),
+                          str(group["leader"] or "-"), behind)
         out.print(table)
+
+
+@cluster_app.command("drain")
+@_runs_client
+async def cluster_drain(node: int, server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                        undo: Annotated[bool, typer.Option("--undo", help="Let the node take replicas again.")] = False,
+                        wait: Annotated[bool, typer.Option("--wait", help="Wait until no replica is left on it.")] = False,
+                        timeout_s: Annotated[float, typer.Option("--timeout-s")] = 600.0) -> None:
+    """Move every replica off a storage node so that it can be shut down."""
+    async with connect(server, transport, serde) as channel:
+        admin = Admin(channel)
+        await admin.drain_node(node, not undo)
+        out.print(f"node {node} {'takes replicas again' if undo else 'is draining'}")
+        if not wait or undo:
+            return
+        with trio.fail_after(timeout_s), _progress(None, "replicas") as progress:
+            task = progress.add_task(f"replicas left on node {node}")
+            while True:
+                status = await admin.cluster_status()
+                left = sum(node in group["voters"] + group["learners"] for group in status["groups"])
+                progress.update(task, completed=left)
+                if not left:
+                    break
+                await trio.sleep(1)
+    out.print(f"node {node} holds no replica: it can be shut down")
 
 
 def _read_chunks(stream, chunk_bytes: int):

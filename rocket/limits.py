@@ -63,7 +63,10 @@ leader_poll_s = 0.05  # how often such a call looks again
 route_ttl_s = 10.0  # a broker refreshes a cached route at least this often, and at once on errors
 storage_call_s_max = 8.0  # one storage call (an append waits for a quorum) before the broker tries another replica
 storage_append_wait_s_max = 6.0  # an append waits this long to be applied, then the broker retries elsewhere
-storage_retry_s_max = 15.0  # a broker retries a storage call on other replicas for at most this long
+storage_retry_s_max = 15.0
+learner_catch_up_s_max = 5.0  # a promotion waits this long for the learner to catch up, then the mover retries
+member_change_s_max = 30.0  # one step of a replica move (on the group's leader) before the move is retried
+replica_moves_max = 4  # replica moves the nameserver runs at once: recovery must not swamp the cluster  # a broker retries a storage call on other replicas for at most this long
 
 # Client.
 producer_linger_ms_default = 5  # how long a producer waits to fill a batch

@@ -28,6 +28,7 @@ from rocket.roles.nameserver import Nameserver
 from rocket.roles.peers import Peers
 from rocket.roles.storage import StorageRole
 from rocket.transport.http2 import serve_http2
+from rocket.transport.listen import cancel_on
 from rocket.transport.pool import ChannelPool
 from rocket.transport.rpc import Dispatcher, Lifecycle
 from rocket.transport.tcp import serve_tcp
@@ -90,15 +91,21 @@ async def run_node(config: NodeConfig, *, handle_signals: bool = True, task_stat
             if config.http2_listen is not None:
                 listen = config.http2_listen
                 http2_port = await nursery.start(serve_http2, dispatcher, lifecycle, listen.host, listen.port)
+            if nameserver is not None:
+                await nursery.start(nameserver.serve)
             if storage is not None:
                 await nursery.start(storage.serve)
-                await storage.assigned.wait()  # registered with the nameservers: topics can be placed here
-            ready = Ready(tcp_port, http2_port)
-            print(f"rocket ready tcp={config.listen.host}:{tcp_port} http2={http2_port or 'off'} "
-                  f"node={config.node_id} roles={','.join(config.roles)} data={config.data_dir} pid={os.getpid()}",
-                  flush=True)
-            _notify_systemd("READY=1")
-            task_status.started(ready)
+                with trio.CancelScope() as waiting:  # registered with the nameservers: topics can be placed here
+                    nursery.start_soon(cancel_on, stop, waiting)  # unless told to stop first
+                    await storage.assigned.wait()
+            else:
+                await nursery.start(peers.report_forever)
+            if not stop.is_set():
+                print(f"rocket ready tcp={config.listen.host}:{tcp_port} http2={http2_port or 'off'} "
+                      f"node={config.node_id} roles={','.join(config.roles)} data={config.data_dir} "
+                      f"pid={os.getpid()}", flush=True)
+                _notify_systemd("READY=1")
+                task_status.started(Ready(tcp_port, http2_port))
             await stop.wait()
             log.info("shutting down: draining %d calls in flight", lifecycle.calls_in_flight)
             _notify_systemd("STOPPING=1")

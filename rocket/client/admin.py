@@ -23,3 +23,7 @@ class Admin:
     async def cluster_status(self) -> dict:
         """Nodes (roles, liveness, load), storage groups (voters, leader) and the nameserver leader."""
         return await self.channel.call("ClusterStatus", {})
+
+    async def drain_node(self, node: int, draining: bool = True) -> None:
+        """Move every replica off a storage node (or, with draining False, let it take replicas again)."""
+        await self.channel.call("DrainNode", {"node": node, "draining": draining})

@@ -136,6 +136,7 @@ class _Progress:
         self.inflight: deque[int] = deque()  # last index of each append in flight
         self.recent_active = False
         self.pending_snapshot = 0
+        self.snapshot_tick = 0  # the leader's tick when the pending snapshot was sent
         self.lease_tick = -1  # the leader's tick at which it sent the last heartbeat this follower answered
 
     def become_probe(self) -> None:
@@ -649,6 +650,13 @@ class RaftCore:
         progress.recent_active = True
         progress.paused = False
         progress.lease_tick = max(progress.lease_tick, message.index)
+        # The follower is alive, yet appends or a snapshot sent to it may have been lost (it was down):
+        # free one slot of a full window (etcd's FreeFirstOne), and send a snapshot again once one
+        # has gone unanswered for an election timeout, so that a returning follower always catches up.
+        if progress.state == _Progress.REPLICATE and len(progress.inflight) >= self.config.max_inflight_messages:
+            progress.inflight.popleft()
+        if progress.state == _Progress.SNAPSHOT and self.ticks - progress.snapshot_tick >= self.config.election_ticks:
+            progress.become_probe()
         if progress.match < self.last_index:
             self._send_append(message.sender)
         if message.context in self._pending_reads:
@@ -692,6 +700,7 @@ class RaftCore:
         if previous_term is None:
             progress.state = _Progress.SNAPSHOT
             progress.pending_snapshot = self.snapshot.index
+            progress.snapshot_tick = self.ticks
             self._send(Message(MessageType.SNAPSHOT, self.id, peer, self.term, snapshot=self.snapshot))
             return True
         high = min(self.last_index + 1, progress.next + self.config.max_entries_per_message)

@@ -102,6 +102,22 @@ class RaftHost:
                     hosted.idle_ticks = 0
         self._wake.set()
 
+    def remove_group(self, group: int) -> None:
+        """Stop hosting a group this node is no longer a member of (its WAL records stay until a checkpoint)."""
+        hosted = self.groups.pop(group, None)
+        self._active.discard(group)
+        self._awake.discard(group)
+        if hosted is not None:
+            for _, event, outcome in hosted.waiters.values():
+                outcome.extend((False, None))
+                event.set()
+
+    def transfer_leadership(self, group: int, to: int) -> None:
+        hosted = self.groups[group]
+        hosted.core.transfer_leadership(to)
+        self._touched(group, hosted)
+        self._wake.set()
+
     def leader_of(self, group: int) -> int:
         """The node this node believes leads the group (0 when unknown or not hosted)."""
         hosted = self.groups.get(group)

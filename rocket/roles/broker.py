@@ -57,6 +57,7 @@ class Broker:
         }
         if forward_status:  # a broker without a nameserver beside it asks the nameservers
             handlers["ClusterStatus"] = self.cluster_status
+            handlers["DrainNode"] = self.drain_node
         for name, handler in handlers.items():
             dispatcher.handle(name, handler)
 
@@ -117,6 +118,9 @@ class Broker:
 
     async def cluster_status(self, request: dict) -> dict:
         return await self.peers.nameserver("ClusterStatus", request, timeout_s=limits.leader_wait_s_max + 5)
+
+    async def drain_node(self, request: dict) -> dict:
+        return await self.peers.nameserver("DrainNode", request, timeout_s=limits.leader_wait_s_max + 5)
 
     def _queue(self, spec: TopicSpec, queue: int) -> int:
         if not 0 <= queue < spec.queues:

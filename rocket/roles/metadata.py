@@ -22,6 +22,16 @@ NODE_STATES = ("up", "draining")
 
 
 @dataclasses.dataclass(slots=True)
+class Members:
+    """A storage group's replicas. While a replica moves, the new one is a learner and `leaving`
+    names the one it replaces (0 when it only adds)."""
+
+    voters: tuple[int, ...]
+    learners: tuple[int, ...] = ()
+    leaving: int = 0
+
+
+@dataclasses.dataclass(slots=True)
 class NodeInfo:
     id: int
     address: str
@@ -32,7 +42,7 @@ class NodeInfo:
 class Metadata:
     def __init__(self) -> None:
         self.topics: dict[str, TopicSpec] = {}
-        self.groups: dict[int, tuple[int, ...]] = {}  # storage group -> voters
+        self.groups: dict[int, Members] = {}
         self.nodes: dict[int, NodeInfo] = {}
         self.version = 0
 
@@ -68,7 +78,7 @@ class Metadata:
                 if group["id"] in self.groups:
                     raise RocketError(Code.UNAVAILABLE, f"storage group {group['id']} exists already; retry")
             for group in command["new_groups"]:
-                self.groups[group["id"]] = tuple(group["voters"])
+                self.groups[group["id"]] = Members(tuple(group["voters"]))
             invariant(all(group in self.groups for group in command["groups"]), "a topic's groups exist")
             self.topics[name] = TopicSpec(name, command["queues"], command["created_ms"], tuple(command["groups"]))
         elif operation == "node_state":
@@ -77,9 +87,17 @@ class Metadata:
                 raise RocketError(Code.BAD_REQUEST, f"node {command['node']} is not registered")
             invariant(command["state"] in NODE_STATES, "a known node state")
             node.state = command["state"]
-        elif operation == "set_voters":
-            invariant(command["group"] in self.groups, "the group exists")
-            self.groups[command["group"]] = tuple(command["voters"])
+        elif operation == "move_start":
+            members = self.groups.get(command["group"])
+            if members is None or members.learners or command["add"] in members.voters:
+                raise RocketError(Code.UNAVAILABLE, f"group {command['group']} cannot start that move now")
+            self.groups[command["group"]] = Members(members.voters, (command["add"],), command["remove"])
+        elif operation == "move_done":
+            members = self.groups.get(command["group"])
+            if members is None or not members.learners:
+                raise RocketError(Code.UNAVAILABLE, f"group {command['group']} has no move to finish")
+            voters = tuple(sorted((set(members.voters) - {members.leaving}) | set(members.learners)))
+            self.groups[command["group"]] = Members(voters)
         else:
             invariant(False, f"unknown metadata command {operation!r}")
         self.version += 1
@@ -89,7 +107,7 @@ class Metadata:
         return orjson.dumps({
             "version": self.version,
             "topics": [[s.name, s.queues, s.created_ms, list(s.groups)] for s in self.topics.values()],
-            "groups": [[group, list(voters)] for group, voters in self.groups.items()],
+            "groups": [[group, list(m.voters), list(m.learners), m.leaving] for group, m in self.groups.items()],
             "nodes": [dataclasses.asdict(node) for node in self.nodes.values()],
         })
 
@@ -100,7 +118,8 @@ class Metadata:
         self.version = state["version"]
         self.topics = {name: TopicSpec(name, queues, created, tuple(groups))
                        for name, queues, created, groups in state["topics"]}
-        self.groups = {group: tuple(voters) for group, voters in state["groups"]}
+        self.groups = {group: Members(tuple(voters), tuple(learners), leaving)
+                       for group, voters, learners, leaving in state["groups"]}
         self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"])
                       for node in state["nodes"]}
 
@@ -125,7 +144,7 @@ class Metadata:
         """Everything a broker needs to reach a topic's queues: queue -> group -> voters -> addresses."""
         spec = self.topic(name)
         groups = sorted(set(spec.groups))
-        members = {node for group in groups for node in self.groups[group]}
+        members = {node for group in groups for node in self.members_of(group)}
         return {
             "version": self.version,
             "topic": spec.to_wire(),
@@ -134,13 +153,21 @@ class Metadata:
             "nodes": self.addresses(members),
         }
 
+    def members_of(self, group: int) -> tuple[int, ...]:
+        return self.groups[group].voters + self.groups[group].learners
+
+    def replicas(self, node: int) -> int:
+        return sum(node in self.members_of(group) for group in self.groups)
+
     def group_info(self, group: int, leaders: dict[int, int]) -> dict:
-        return {"id": group, "voters": list(self.groups[group]), "learners": [], "leader": leaders.get(group, 0)}
+        members = self.groups[group]
+        return {"id": group, "voters": list(members.voters), "learners": list(members.learners),
+                "leader": leaders.get(group, 0)}
 
     def assignment(self, node: int) -> dict:
         """The storage groups a node hosts, with the addresses of their members."""
-        groups = [group for group, voters in self.groups.items() if node in voters]
-        members = {member for group in groups for member in self.groups[group]}
+        groups = [group for group in self.groups if node in self.members_of(group)]
+        members = {member for group in groups for member in self.members_of(group)}
         return {
             "version": self.version,
             "groups": [self.group_info(group, {}) for group in groups],

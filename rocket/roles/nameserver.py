@@ -2,6 +2,12 @@
 storage nodes. Writes run on the group's leader (other nameservers forward them); routes are served
 by any nameserver from its applied state. The leader alone tracks liveness and load from the nodes'
 heartbeats, in memory: a new leader learns them again within a heartbeat.
+
+The leader also moves replicas, a bounded number at a time: off nodes that are down or draining,
+and from the most loaded node to the least loaded one (a new node fills up). A move is recorded in
+the metadata first (the new replica joins as a learner), then carried out on the group's leader
+(add learner, promote once caught up, remove the old replica), then recorded as done; a new
+nameserver leader resumes moves it finds recorded.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
 from rocket.model import check_topic_name
 from rocket.raft.host import RaftHost
 from rocket.roles.metadata import META_GROUP, Metadata
-from rocket.roles.peers import RETRYABLE, Peers
+from rocket.roles.peers import RETRYABLE, Peers, address_of
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.nameserver")
@@ -37,6 +43,7 @@ class Nameserver:
         self._heartbeats: dict[int, tuple[float, dict]] = {}  # node -> (when, load): on the leader only
         self._leaders: dict[int, int] = {}  # storage group -> the node that last reported leading it
         self._creating = trio.Lock()  # topic creations are placed one at a time
+        self._moving: set[int] = set()  # storage groups whose replica move runs now
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("NodeHeartbeat", self.node_heartbeat)
@@ -44,7 +51,19 @@ class Nameserver:
         dispatcher.handle("MetaCreateTopic", self.create_topic)
         dispatcher.handle("MetaListTopics", self.list_topics)
         dispatcher.handle("ClusterStatus", self.cluster_status)
+        dispatcher.handle("DrainNode", self.drain_node)
 
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """On the leader: plan replica moves every heartbeat interval; the moves run here too."""
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                await trio.sleep(limits.node_heartbeat_s)
+                if self.leads():
+                    try:
+                        await self._plan_moves(nursery)
+                    except RocketError as error:
+                        log.warning("planning replica moves: %s", error)
     def leads(self) -> bool:
         return self.host.leader_of(META_GROUP) == self.config.node_id
 
@@ -96,10 +115,98 @@ class Nameserver:
         loads = []
         for node in self.metadata.storage_nodes():
             load = self._heartbeats.get(node.id, (0, {}))[1]
-            loads.append(NodeLoad(node.id, sum(node.id in voters for voters in self.metadata.groups.values()),
-                                  len(load.get("leads", ())), load.get("bytes", 0), load.get("free_disk_bytes", 0),
+            loads.append(NodeLoad(node.id, self.metadata.replicas(node.id), len(load.get("leads", ())),
+                                  load.get("bytes", 0), load.get("free_disk_bytes", 0),
                                   self._node_state(node.id)[0] == "up" and node.state == "up"))
         return loads
+
+    def _leaving(self, node: int) -> bool:
+        info = self.metadata.nodes.get(node)
+        return self._node_state(node)[0] == "down" or (info is not None and info.state == "draining")
+
+    # ---- replica moves -------------------------------------------------------------------------------
+
+    async def _plan_moves(self, nursery: trio.Nursery) -> None:
+        """Resume recorded moves, replace replicas on down or draining nodes, then even out the load."""
+        for group, members in list(self.metadata.groups.items()):
+            if len(self._moving) >= limits.replica_moves_max:
+                return
+            if group in self._moving:
+                continue
+            if not members.learners:
+                leaving = [voter for voter in members.voters if self._leaving(voter)]
+                if not leaving:
+                    continue
+                loads = [load for load in self._loads() if load.node not in members.voters]
+                if not any(load.available for load in loads):
+                    continue  # nowhere to go: the group stays short of a replica until a node comes
+                target = self.placement.place(1, 1, loads)[0][0]
+                await self._propose({"op": "move_start", "group": group, "add": target, "remove": leaving[0]})
+            self._start_move(nursery, group)
+        if self._moving:
+            return
+        available = [load for load in self._loads() if load.available]
+        if len(available) < 2:
+            return
+        low = min(available, key=lambda load: (load.replicas, load.node))
+        high = max(available, key=lambda load: (load.replicas, -load.node))
+        if high.replicas - low.replicas <= 1:
+            return
+        for group, members in self.metadata.groups.items():
+            if high.node in members.voters and low.node not in members.voters and not members.learners:
+                await self._propose({"op": "move_start", "group": group, "add": low.node, "remove": high.node})
+                self._start_move(nursery, group)
+                return
+
+    def _start_move(self, nursery: trio.Nursery, group: int) -> None:
+        self._moving.add(group)
+        nursery.start_soon(self._move, group)
+
+    async def _move(self, group: int) -> None:
+        members = self.metadata.groups[group]
+        added, removed = members.learners[0], members.leaving
+        try:
+            await self._change_members(group, "add_learner", added)
+            await self._change_members(group, "promote", added)
+            if removed:
+                await self._change_members(group, "remove", removed)
+            await self._propose({"op": "move_done", "group": group})
+            log.info("group %d: replica moved from node %d to node %d", group, removed, added)
+        except RocketError as error:
+            log.warning("group %d: moving a replica to node %d: %s; trying again later", group, added, error)
+        finally:
+            self._moving.discard(group)
+
+    async def _change_members(self, group: int, action: str, node: int) -> None:
+        """Run one membership change on the group's leader, whichever voter that is now."""
+        failure = RocketError(Code.UNAVAILABLE, f"group {group} has no reachable leader")
+        with trio.move_on_after(limits.member_change_s_max):
+            while True:
+                members = self.metadata.members_of(group)  # a promoted learner may lead already
+                leader = self._leaders.get(group)
+                for voter in sorted(members, key=lambda member: member != leader):
+                    info = self.metadata.nodes.get(voter)
+                    if info is None or self._node_state(voter)[0] == "down":
+                        continue
+                    try:
+                        await self.peers.call(address_of(info.address), "StorageMembers",
+                                              {"group": group, "action": action, "node": node})
+                        self._leaders[group] = voter
+                        return
+                    except RocketError as error:
+                        if error.code not in RETRYABLE:
+                            raise
+                        failure = error
+                await trio.sleep(0.2)
+        raise failure
+
+    async def drain_node(self, request: dict) -> dict:
+        return await self._on_leader("DrainNode", request, self._drain_here)
+
+    async def _drain_here(self, request: dict) -> dict:
+        await self._propose({"op": "node_state", "node": request["node"],
+                             "state": "draining" if request["draining"] else "up"})
+        return {}
 
     # ---- topics and routes ---------------------------------------------------------------------------
 
@@ -154,10 +261,16 @@ class Nameserver:
         return await self._on_leader("ClusterStatus", request, self._status_here)
 
     async def _status_here(self, request: dict) -> dict:
+        lagging: dict[int, list[dict]] = {}  # as each group's leader reported it
+        for group, leader in self._leaders.items():
+            for lag in self._heartbeats.get(leader, (0, {}))[1].get("lagging", ()):
+                if lag["group"] == group:
+                    lagging.setdefault(group, []).append(lag)
         nodes = []
         for node in sorted(self.metadata.nodes.values(), key=lambda node: node.id):
             liveness, age_ms = self._node_state(node.id)
-            load = self._heartbeats.get(node.id, (0, {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0}))[1]
+            load = self._heartbeats.get(node.id, (0, {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0,
+                                                      "lagging": []}))[1]
             nodes.append({"id": node.id, "address": node.address, "roles": list(node.roles),
                           "state": liveness if node.state == "up" else node.state, "heartbeat_age_ms": age_ms,
                           "load": load})
@@ -166,6 +279,8 @@ class Nameserver:
             "nameserver_leader": self.host.leader_of(META_GROUP),
             "nameservers": sorted(self.members),
             "nodes": nodes,
-            "groups": [self.metadata.group_info(group, self._leaders) for group in sorted(self.metadata.groups)],
+            "groups": [{**self.metadata.group_info(group, self._leaders), "lagging": lagging.get(group, [])}
+                       for group in sorted(self.metadata.groups)],
+            "moving": len(self._moving),
             "topics": len(self.metadata.topics),
         }

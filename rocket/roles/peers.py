@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import trio
+
 from rocket import limits
 from rocket.config import Address, NodeConfig, parse_address
 from rocket.errors import Code, RocketError
@@ -21,6 +23,7 @@ def address_of(text: str) -> Address:
 
 class Peers:
     def __init__(self, config: NodeConfig, dispatcher: Dispatcher, pool: ChannelPool):
+        self.config = config
         self.address = config.address
         self.dispatcher = dispatcher
         self.pool = pool
@@ -48,3 +51,21 @@ class Peers:
             self._nameserver_at = at
             return response
         raise error
+
+    async def heartbeat(self, load: dict | None = None) -> dict | None:
+        """Report this node, its roles and load to the nameservers; returns its assignment, or None
+        (logged) when no nameserver answered."""
+        request = {"node": self.config.node_id, "address": str(self.address), "roles": list(self.config.roles),
+                   "load": load or {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0, "lagging": []}}
+        try:
+            return await self.nameserver("NodeHeartbeat", request, timeout_s=limits.leader_wait_s_max + 5)
+        except RocketError as error:
+            log.warning("heartbeat to the nameservers failed: %s", error)
+            return None
+
+    async def report_forever(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Heartbeats of a node that stores nothing (brokers, nameservers), so the cluster lists it."""
+        task_status.started()
+        while True:
+            await self.heartbeat()
+            await trio.sleep(limits.node_heartbeat_s)

@@ -1,6 +1,6 @@
 """The storage role: hosts the Raft groups the nameservers assign to this node, with the node's store
-as their state machine. The leader of a group serves appends (replicated before they are answered);
-any replica serves reads of what it has applied, which is committed data only.
+as their state machine. The leader of a group serves appends (replicated before they are answered)
+and reads; it carries out the membership changes of replica moves.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from rocket import limits
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name, check_topic_name
-from rocket.raft.core import Role
+from rocket.raft.core import NotLeader, Role
 from rocket.raft.host import RaftHost
 from rocket.roles.peers import Peers, address_of
 from rocket.serde.batch import peek_count
@@ -41,6 +41,7 @@ class StorageRole:
         dispatcher.handle("StorageRead", self.read)
         dispatcher.handle("StorageCommitOffsets", self.commit_offsets)
         dispatcher.handle("StorageQueues", self.queues)
+        dispatcher.handle("StorageMembers", self.members)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Flush the store in the background and report to the nameservers until cancelled."""
@@ -55,23 +56,27 @@ class StorageRole:
                     await trio.sleep(limits.assignment_ask_s_min)
 
     async def _heartbeat(self) -> None:
-        leads = [group for group, hosted in self.host.groups.items()
-                 if hosted.core.role == Role.LEADER and group in self._storage_groups()]
-        load = {"groups": len(self._storage_groups()), "leads": leads, "bytes": self.store.log.end_position,
-                "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free}
-        request = {"node": self.config.node_id, "address": str(self.config.address), "roles": list(self.config.roles),
-                   "load": load}
-        try:
-            assignment = await self.peers.nameserver("NodeHeartbeat", request, timeout_s=limits.leader_wait_s_max + 5)
-        except RocketError as error:
-            log.warning("heartbeat to the nameservers failed: %s", error)
+        groups = self._storage_groups()
+        leads = [group for group in groups if self.host.groups[group].core.role == Role.LEADER]
+        lagging = [{"group": group, "node": node, "entries": core.last_index - progress.match}
+                   for group in leads for core in (self.host.groups[group].core,)
+                   for node, progress in core.progress.items() if progress.match < core.last_index]
+        load = {"groups": len(groups), "leads": leads, "bytes": self.host.wal.log.end_position,
+                "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging}
+        assignment = await self.peers.heartbeat(load)
+        if assignment is None:
             return
         for node in assignment["nodes"]:
             address = address_of(node["address"])
             self.addresses[node["id"]] = (address.host, address.port)
+        assigned = {group["id"] for group in assignment["groups"]}
         for group in assignment["groups"]:
             if group["id"] not in self.host.groups:
-                self.host.add_group(group["id"], tuple(group["voters"]), GroupMachine(self.store, group["id"]))
+                self.host.add_group(group["id"], tuple(group["voters"]), GroupMachine(self.store, group["id"]),
+                                    tuple(group["learners"]))
+        for group in self._storage_groups() - assigned:
+            log.info("storage group %d moved off this node", group)
+            self.host.remove_group(group)
         self.assigned.set()
 
     def _storage_groups(self) -> set[int]:
@@ -81,6 +86,14 @@ class StorageRole:
         if group not in self.host.groups or not isinstance(self.host.groups[group].machine, GroupMachine):
             self._ask_now.set()
             raise RocketError(Code.UNAVAILABLE, f"storage group {group} is not hosted on node {self.config.node_id}")
+
+    def _leads(self, group: int) -> None:
+        """Reads are served by the group's leader, which holds everything committed: a follower may be
+        behind (serving reads from followers in sync is for later)."""
+        self._hosted(group)
+        core = self.host.groups[group].core
+        if core.role != Role.LEADER:
+            raise NotLeader(core.leader)
 
     async def append(self, request: dict) -> dict:
         """Stamp a batch (the broker checked its header and CRC), replicate it, answer with its offsets."""
@@ -93,6 +106,44 @@ class StorageRole:
         entry = encode_append(topic, queue, append_ms, batch)
         base_offset, count = await self.host.propose(group, entry, limits.storage_append_wait_s_max)
         return {"queue": queue, "base_offset": base_offset, "count": count}
+
+    async def members(self, request: dict) -> dict:
+        """One membership change on this group's leader; a change already made answers at once, so a
+        nameserver can repeat a move's steps after a failure."""
+        group, action, node = request["group"], request["action"], request["node"]
+        self._hosted(group)
+        core = self.host.groups[group].core
+        if core.role != Role.LEADER:
+            raise NotLeader(core.leader)
+        if action == "add_learner" and (node in core.learners or node in core.voters):
+            return {}
+        if action == "promote":
+            if node in core.voters:
+                return {}
+            await self._caught_up(group, node)
+        if action == "remove":
+            if node not in core.voters and node not in core.learners:
+                return {}
+            if node == self.config.node_id:  # a leader does not remove itself: it hands over first
+                successor = max((voter for voter in core.voters if voter != node),
+                                key=lambda voter: core.progress[voter].match)
+                self.host.transfer_leadership(group, successor)
+                raise RocketError(Code.UNAVAILABLE, f"leadership of group {group} moves to node {successor}; retry there")
+        if action not in ("add_learner", "promote", "remove"):
+            raise RocketError(Code.BAD_REQUEST, f"unknown membership change {action!r}")
+        await self.host.propose_conf_change(group, action, node, limits.storage_append_wait_s_max)
+        return {}
+
+    async def _caught_up(self, group: int, node: int) -> None:
+        """Wait until a learner holds everything committed (bounded): only then may it vote."""
+        with trio.move_on_after(limits.learner_catch_up_s_max):
+            while True:
+                core = self.host.groups[group].core
+                progress = core.progress.get(node)
+                if progress is not None and progress.match >= core.commit:
+                    return
+                await trio.sleep(0.1)
+        raise RocketError(Code.TIMEOUT, f"node {node} has not caught up with group {group} yet; retry")
 
     async def commit_offsets(self, request: dict) -> dict:
         self._hosted(request["group"])
@@ -118,7 +169,7 @@ class StorageRole:
         return {"batches": batches, "next_offsets": next_offsets}
 
     async def read(self, request: dict) -> dict:
-        self._hosted(request["group"])
+        self._leads(request["group"])
         topic = request["topic"]
         positions = {entry["queue"]: entry["offset"] for entry in request["queues"]}
         max_bytes = max(0, min(request["max_bytes"], limits.read_bytes_max))
@@ -131,7 +182,7 @@ class StorageRole:
         return response
 
     async def queues(self, request: dict) -> dict:
-        self._hosted(request["group"])
+        self._leads(request["group"])
         topic = request["topic"]
         offsets = []
         if request["consumer_group"]:

@@ -3,6 +3,7 @@ no new ones once the node drains) and opening them, with one error for a server 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -19,6 +20,18 @@ async def connect(host: str, port: int) -> trio.SocketStream:
         return await trio.open_tcp_stream(host, port)
     except OSError as error:
         raise RocketError(Code.UNAVAILABLE, f"cannot connect to {host}:{port}: {error.strerror or error}") from None
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports nobody listens on right now, to start servers on (tests, benchmarks, example clusters)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for each in sockets:
+            each.bind((host, 0))
+        return [each.getsockname()[1] for each in sockets]
+    finally:
+        for each in sockets:
+            each.close()
 
 
 async def cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:

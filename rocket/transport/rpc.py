@@ -42,6 +42,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("SearchOffset", "SearchOffsetRequest", "OffsetsResponse"),
         MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload"),
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
+        MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),
         # Between nodes: brokers and storage nodes to the nameservers,
         MethodSpec("NodeHeartbeat", "NodeHeartbeatRequest", "Assignment"),
         MethodSpec("GetRoute", "TopicRequest", "Route"),
@@ -52,6 +53,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("StorageRead", "StorageReadRequest", "PullResponse"),
         MethodSpec("StorageCommitOffsets", "StorageOffsetsRequest", "Empty"),
         MethodSpec("StorageQueues", "StorageQueuesRequest", "StorageQueuesResponse"),
+        MethodSpec("StorageMembers", "StorageMembersRequest", "Empty"),
     ]
 }
 
