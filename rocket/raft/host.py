@@ -59,6 +59,7 @@ class RaftHost:
         self._read_ids = 0
         self._peers: set[int] = set()  # the other nodes of every hosted group
         self._compactions: list[Update] = []  # snapshots taken since the last round, to write with it
+        self._data: list[tuple[list[bytes], trio.Event, list]] = []  # blobs to write with the next round
         self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
         self.fsyncs = 0
         # Only groups touched since the last round are asked for a Ready, and only awake groups are
@@ -111,6 +112,14 @@ class RaftHost:
             for _, event, outcome in hosted.waiters.values():
                 outcome.extend((False, None))
                 event.set()
+
+    async def write_data(self, blobs: list[bytes]) -> list[int]:
+        """Make blobs durable in the WAL with the next round's fsync (the WAL is written by the rounds
+        alone); returns where each blob's bytes lie."""
+        event, positions = trio.Event(), []
+        self._data.append((blobs, event, positions))
+        await self._wait(event, limits.request_timeout_s_default, "data not written")
+        return positions
 
     def transfer_leadership(self, group: int, to: int) -> None:
         hosted = self.groups[group]
@@ -237,14 +246,18 @@ class RaftHost:
     async def _round(self) -> None:
         candidates, self._active = self._active, set()
         readies = {group: self.groups[group].core.ready() for group in candidates if self.groups[group].core.has_ready()}
-        if not readies and not self._compactions:
+        if not readies and not self._compactions and not self._data:
             return
         updates = [Update(group, ready.hard_state, ready.entries, ready.snapshot) for group, ready in readies.items()
                    if ready.hard_state is not None or ready.entries or ready.snapshot is not None]
         updates += self._compactions
         self._compactions = []
-        if updates:
-            written = await trio.to_thread.run_sync(self._persist, updates)
+        data, self._data = self._data, []
+        if updates or data:
+            written, data_positions = await trio.to_thread.run_sync(self._persist, updates, [blobs for blobs, _, _ in data])
+            for (_, event, positions), found in zip(data, data_positions):
+                positions.extend(found)
+                event.set()
             for group, positions in written.items():
                 if group in self.groups:
                     self.groups[group].positions.update(positions)
@@ -285,11 +298,12 @@ class RaftHost:
             self._compactions = []  # the checkpoint holds every snapshot
             await trio.to_thread.run_sync(self.wal.checkpoint, live)
 
-    def _persist(self, updates: list[Update]) -> dict[int, dict[int, int]]:
+    def _persist(self, updates: list[Update], data: list[list[bytes]]) -> tuple[dict[int, dict[int, int]], list]:
         positions = self.wal.write(updates)
+        data_positions = [self.wal.write_data(blobs) for blobs in data]
         self.wal.sync()
         self.fsyncs += 1
-        return positions
+        return positions, data_positions
 
     @staticmethod
     def _checkpoint_of(group: int, hosted: _Group) -> Update:

@@ -24,6 +24,7 @@ from rocket.raft.core import Entry, HardState, Snapshot
 from rocket.store.commitlog import HEADER_BYTES, CommitLog
 
 ENTRIES, HARD_STATE, SNAPSHOT = 1, 2, 3
+DATA = 4  # bytes kept for a state machine outside any entry (a replica's backfilled batches): replay skips it
 _group_count = struct.Struct("<QI")  # group, entry count
 _group = struct.Struct("<Q")
 _entry_head_bytes = codec.ENTRY_HEAD_BYTES
@@ -91,6 +92,10 @@ class Wal:
         for record, group, chunk in chunks:
             _entry_positions(positions.setdefault(group, {}), chunk, record_positions[record])
         return positions
+
+    def write_data(self, blobs: list[bytes]) -> list[int]:
+        """Append blobs as DATA records (no sync); returns where each blob's bytes lie."""
+        return [position + HEADER_BYTES for position in self.log.append([(DATA, blob) for blob in blobs])]
 
     def sync(self) -> None:
         self.log.sync()
@@ -185,5 +190,5 @@ def _replay(groups: dict[int, GroupState], kind: int, view: memoryview, position
         state.entries = [e for e in state.entries if e.index > snapshot.index]
         if state.entries and state.entries[0].index != snapshot.index + 1:
             state.entries = []
-    else:
+    elif kind != DATA:
         raise RocketError(Code.CORRUPT_DATA, f"unknown record kind {kind}")

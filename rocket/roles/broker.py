@@ -169,7 +169,7 @@ class Broker:
                 continue
             response = await self._storage(route, group, "StorageRead", {
                 "group": group, "topic": route.spec.name, "queues": wanted, "max_bytes": budget, "wait_ms": 0,
-                "at_least_one": not batches})
+                "at_least_one": not batches, "any_replica": False})
             batches.extend(response["batches"])
             budget -= sum(len(found["batch"]) for found in response["batches"])
             next_offsets.extend(response["next_offsets"])
@@ -180,11 +180,12 @@ class Broker:
         async def wait_on(group: int, queues: list[int], done: trio.CancelScope) -> None:
             await self._storage(route, group, "StorageRead", {
                 "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": 0,
-                "at_least_one": False, "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
+                "at_least_one": False, "any_replica": False,
+                "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
                 timeout_s=wait_s + limits.storage_call_s_max)
             done.cancel()
 
-        with trio.move_on_after(wait_s + 1) as done:
+        with trio.move_on_after(wait_s + 1):
             async with trio.open_nursery() as nursery:
                 for group, queues in self._by_group(route, positions).items():
                     nursery.start_soon(wait_on, group, queues, nursery.cancel_scope)

@@ -12,7 +12,7 @@ import time
 import trio
 
 from rocket import limits
-from rocket.config import NodeConfig
+from rocket.config import Address, NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name, check_topic_name
 from rocket.raft.core import NotLeader, Role
@@ -47,6 +47,7 @@ class StorageRole:
         """Flush the store in the background and report to the nameservers until cancelled."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.store.run)
+            nursery.start_soon(self._backfill_forever)
             task_status.started()
             while True:
                 self._ask_now = trio.Event()
@@ -78,6 +79,40 @@ class StorageRole:
             log.info("storage group %d moved off this node", group)
             self.host.remove_group(group)
         self.assigned.set()
+
+    async def _backfill_forever(self) -> None:
+        """A replica that installed a snapshot lacks the batches before it: fetch them from the other
+        replicas, one queue at a time, until no gap is left."""
+        while True:
+            await trio.sleep(limits.node_heartbeat_s)
+            for group, topic, queue, _ in self.store.gaps():
+                if group in self.host.groups:
+                    await self._backfill(group, topic, queue)
+
+    async def _backfill(self, group: int, topic: str, queue: int) -> None:
+        core = self.host.groups[group].core
+        for source in sorted((core.voters | core.learners) - {self.config.node_id}):
+            if source not in self.addresses:
+                continue
+            address = Address(*self.addresses[source])
+            try:
+                start = None  # the first chunk starts wherever the source's data starts
+                while True:
+                    request = {"group": group, "topic": topic, "queues": [{"queue": queue, "offset": start or 0}],
+                               "max_bytes": limits.read_bytes_max, "wait_ms": 0, "at_least_one": True,
+                               "any_replica": True}
+                    gap_end = self.store.gap_end(topic, queue)
+                    found = [(batch["base_offset"], bytes(batch["batch"]))
+                             for batch in (await self.peers.call(address, "StorageRead", request))["batches"]
+                             if batch["base_offset"] < gap_end]
+                    last = not found or found[-1][0] + peek_count(found[-1][1]) >= gap_end
+                    positions = await self.host.write_data([batch for _, batch in found])
+                    start = self.store.backfill(topic, queue, found, positions, start, last)
+                    if last:
+                        log.info("group %d: %s/%d backfilled from node %d", group, topic, queue, source)
+                        return
+            except RocketError as error:
+                log.warning("group %d: backfilling %s/%d from node %d: %s", group, topic, queue, source, error)
 
     def _storage_groups(self) -> set[int]:
         return {group for group, hosted in self.host.groups.items() if isinstance(hosted.machine, GroupMachine)}
@@ -169,7 +204,10 @@ class StorageRole:
         return {"batches": batches, "next_offsets": next_offsets}
 
     async def read(self, request: dict) -> dict:
-        self._leads(request["group"])
+        if request["any_replica"]:
+            self._hosted(request["group"])
+        else:
+            self._leads(request["group"])
         topic = request["topic"]
         positions = {entry["queue"]: entry["offset"] for entry in request["queues"]}
         max_bytes = max(0, min(request["max_bytes"], limits.read_bytes_max))

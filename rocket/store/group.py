@@ -31,6 +31,9 @@ BATCH = 1
 OFFSETS = 2
 APPLIED = 3
 POSITIONS = 4  # a snapshot installed without its batches: the group's queue positions (JSON)
+BACKFILLED = 5  # a batch from before such a snapshot, fetched from another replica (as BATCH)
+AVAILABLE = 6  # a queue's batches are on this replica from this offset on again: _available
+_available = struct.Struct("<QH")  # offset, topic length; then topic... see _encode_available
 _batch_head = struct.Struct("<H")  # topic length; then topic, then _batch_place
 _batch_place = struct.Struct("<IQQQQIIq")  # queue, base offset, append ms, Raft group, where the batch lies
 # in the WAL, its bytes, its message count, its first timestamp ms
@@ -73,6 +76,18 @@ def decode_batch_record(body: bytes) -> tuple[str, int, int, IndexEntry]:
 def _offsets_commit(body: bytes | memoryview) -> tuple[str, str, dict[int, int]]:
     record = orjson.loads(body)
     return record["group"], record["topic"], {int(q): o for q, o in record["offsets"].items()}
+
+
+def _encode_available(topic: str, queue: int, offset: int) -> bytes:
+    name = topic.encode()
+    return _available.pack(offset, len(name)) + name + struct.pack("<I", queue)
+
+
+def _decode_available(body: bytes) -> tuple[str, int, int]:
+    offset, name_length = _available.unpack_from(body)
+    topic = body[_available.size:_available.size + name_length].decode()
+    (queue,) = struct.unpack_from("<I", body, _available.size + name_length)
+    return topic, queue, offset
 
 
 class GroupMachine:
@@ -143,6 +158,12 @@ class Store:
                 group, index, positions = self._positions(body)
                 stats.update(positions)
                 applied[group] = index
+            elif kind == BACKFILLED:
+                topic, queue, _, entry = decode_batch_record(body)
+                entries.append((topic, queue, entry))
+            elif kind == AVAILABLE:
+                topic, queue, offset = _decode_available(body)
+                stats[(topic, queue)].available_from = offset
             else:
                 raise RocketError(Code.CORRUPT_DATA, f"log record at {position} has unknown kind {kind}")
             if len(entries) + len(commits) >= limits.index_replay_records_per_write_max:
@@ -225,16 +246,16 @@ class Store:
 
     def restore(self, group: int, data: bytes) -> None:
         """Install a snapshot. On a restart the store already holds it; a replica that was sent one
-        by its leader lacks the batches before it (streaming them is not built yet): it takes the
-        queue positions, so offsets agree, and refuses reads of the batches it lacks (UNAVAILABLE,
-        so that a broker asks another replica)."""
+        by its leader lacks the batches before it: it takes the queue positions, so offsets agree,
+        refuses reads of the batches it lacks (UNAVAILABLE, so that a broker asks another replica)
+        until the storage role has backfilled them (see backfill)."""
         if not data:
             return
         _, index, positions = self._positions(data)
         if index <= self._applied.get(group, 0):
             return
-        log.error("group %d: installed a snapshot at entry %d without its batches; this replica cannot serve "
-                  "them", group, index)
+        log.warning("group %d: installed a snapshot at entry %d without its batches; they are fetched from the "
+                    "other replicas", group, index)
         self.log.append([(POSITIONS, data)])
         self._queues.update(positions)
         self._applied[group] = index
@@ -243,6 +264,44 @@ class Store:
         for key in positions:
             for event in self._watchers.get(key, ()):
                 event.set()
+
+    def gaps(self) -> list[tuple[int, str, int, int]]:
+        """(group, topic, queue, offset) for every queue whose batches before offset are not here."""
+        return [(stats.group, topic, queue, stats.available_from)
+                for (topic, queue), stats in self._queues.items() if stats.available_from > 0]
+
+    def gap_end(self, topic: str, queue: int) -> int:
+        return self._queues[(topic, queue)].available_from
+
+    def backfill(self, topic: str, queue: int, batches: list[tuple[int, bytes]], positions: list[int],
+                 start: int | None, last: bool) -> int:
+        """Index batches fetched from another replica for a queue's gap (their bytes now lie durably in
+        the WAL at positions), in chunks that follow each other without holes: each starts where the
+        previous one said the next starts (start; None for the first). With the last chunk, which must
+        end where the gap did, the queue holds what that replica held."""
+        stats = self._queues[(topic, queue)]
+        records, entries = [], []
+        expected = start if start is not None else batches[0][0] if batches else stats.available_from
+        for (base_offset, batch), position in zip(batches, positions):
+            header = batch_codec.check_header(batch)
+            if base_offset != expected:
+                raise RocketError(Code.CORRUPT_DATA, f"backfill of {topic}/{queue}: batch at {base_offset}, "
+                                  f"expected {expected}")
+            expected = base_offset + header.count
+            entry = IndexEntry(base_offset, position, header.count, len(batch), header.first_timestamp_ms,
+                               stats.last_append_ms)
+            records.append((BACKFILLED, encode_batch_record(topic, queue, stats.group, entry)))
+            entries.append((topic, queue, entry))
+        if last:
+            if expected != stats.available_from:
+                raise RocketError(Code.CORRUPT_DATA, f"backfill of {topic}/{queue} ends at {expected}, the gap at "
+                                  f"{stats.available_from}")
+            records.append((AVAILABLE, _encode_available(topic, queue, 0)))
+            stats.available_from = 0
+        self.log.append(records)  # the queue's bytes counted these already: the snapshot carried them
+        self.index.apply(entries, {(topic, queue): stats}, [], {}, self.log.end_position)
+        self._dirty = True
+        return expected
 
     def sync(self) -> None:
         if self._dirty:

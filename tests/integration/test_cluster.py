@@ -61,8 +61,11 @@ def check_intact(message: Message) -> int:
 class Node:
     """One `python -m rocket run` process with a fixed port and data dir, killable and restartable."""
 
-    def __init__(self, node_id: int, port: int, nameservers: str, base: Path):
+    def __init__(self, node_id: int, port: int, nameservers: str, base: Path, roles: str = "all",
+                 environment: dict[str, str] | None = None):
         self.node_id = node_id
+        self.roles = roles
+        self.environment = environment or {"ROCKET_STORAGE_GROUPS": str(GROUPS), "ROCKET_REPLICATION": "3"}
         self.port = port
         self.nameservers = nameservers
         self.data_dir = base / f"data{node_id}"
@@ -76,8 +79,8 @@ class Node:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        env = {**os.environ, "ROCKET_STORAGE_GROUPS": str(GROUPS), "ROCKET_REPLICATION": "3"}
-        command = [sys.executable, "-m", "rocket", "run", "--role", "all", "--node-id", str(self.node_id),
+        env = {**os.environ, **self.environment}
+        command = [sys.executable, "-m", "rocket", "run", "--role", self.roles, "--node-id", str(self.node_id),
                    "--nameservers", self.nameservers, "--listen", self.server, "--http2-listen", "off",
                    "--data-dir", str(self.data_dir)]
         with open(self.out_path, "ab") as out, open(self.log_path, "ab") as log:

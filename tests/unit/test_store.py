@@ -625,6 +625,45 @@ def test_a_restored_replica_refuses_reads_of_batches_it_lacks(tmp_path):
     source.close()
 
 
+def test_a_restored_replica_backfills_its_gap_in_chunks_and_keeps_it(tmp_path):
+    """The batches a replica lacks, fetched from another one in chunks and written to its WAL, make it
+    hold what the source holds, across a reopen and an index rebuild; a chunk that leaves a hole or a
+    last chunk that ends short of the gap is refused."""
+    source = snapshot_source(tmp_path / "one")
+    replica = Node(tmp_path / "two")
+    replica.restore(GROUP, source.snapshot(GROUP))
+    later = workload(batches=2, per_batch=10, first_index=22, first_batch=20)
+    assert replica.apply(GROUP, later) == source.apply(GROUP, later)
+    assert replica.gaps() == [(GROUP, "t", 0, 100), (GROUP, "t", 1, 100)]
+    fetched = [(base, batch) for base, batch in source.read("t", 0, 0, 1 << 30) if base < 100]  # the gap
+    first, second = fetched[:4], fetched[4:]
+    start = replica.backfill("t", 0, first, replica.wal.write_data([batch for _, batch in first]), None, last=False)
+    assert start == first[-1][0] + 10 and replica.gaps()[0] == (GROUP, "t", 0, 100)
+    with pytest.raises(RocketError) as hole:
+        replica.backfill("t", 0, second[1:], replica.wal.write_data([batch for _, batch in second[1:]]), start,
+                         last=True)
+    assert hole.value.code == Code.CORRUPT_DATA
+    with pytest.raises(RocketError) as short:
+        replica.backfill("t", 0, second[:-1], replica.wal.write_data([batch for _, batch in second[:-1]]), start,
+                         last=True)
+    assert short.value.code == Code.CORRUPT_DATA
+    replica.backfill("t", 0, second, replica.wal.write_data([batch for _, batch in second]), start, last=True)
+    assert replica.gaps() == [(GROUP, "t", 1, 100)]
+    assert replica.read("t", 0, 0, 1 << 30) == source.read("t", 0, 0, 1 << 30)
+    assert replica.queue_stats("t", 0) == source.queue_stats("t", 0)
+    replica.close()
+    replica = Node(tmp_path / "two")
+    assert replica.gaps() == [(GROUP, "t", 1, 100)]
+    assert replica.read("t", 0, 0, 1 << 30) == source.read("t", 0, 0, 1 << 30)
+    replica.close()
+    shutil.rmtree(tmp_path / "two" / "index")
+    replica = Node(tmp_path / "two")
+    assert replica.read("t", 0, 0, 1 << 30) == source.read("t", 0, 0, 1 << 30)
+    assert replica.queue_stats("t", 0) == source.queue_stats("t", 0)
+    replica.close()
+    source.close()
+
+
 def test_restoring_an_old_snapshot_is_a_no_op(tmp_path):
     """A snapshot at or below what the store applied (as on a restart) changes nothing, nor does an
     empty one."""
