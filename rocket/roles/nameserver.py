@@ -232,8 +232,9 @@ class Nameserver:
                     raise RocketError(Code.UNAVAILABLE, "no storage node is up yet; retry")
                 replicas = min(self.config.replication, available)
                 if replicas < self.config.replication:
-                    log.warning("placing %d storage groups on %d replicas: only %d storage nodes are up", missing,
-                                replicas, available)
+                    report = log.warning if self.config.nameservers else log.info  # dev mode is one node
+                    report("placing %d storage groups on %d replicas: only %d storage nodes are up", missing,
+                           replicas, available)
                 first = self.metadata.next_group_id()
                 placed = self.placement.place(missing, replicas, loads)
                 new_groups = [{"id": first + i, "voters": list(voters)} for i, voters in enumerate(placed)]
