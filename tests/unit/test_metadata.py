@@ -1,0 +1,87 @@
+"""The nameservers' state machine and the placement score: pure cores, driven with entries and loads."""
+
+import orjson
+import pytest
+
+from rocket.errors import Code, RocketError
+from rocket.ml.placement import LeastLoaded, NodeLoad
+from rocket.raft.core import Entry
+from rocket.roles.metadata import FIRST_STORAGE_GROUP, Metadata
+
+
+def entries(*commands: dict, first: int = 1) -> list[Entry]:
+    return [Entry(1, first + number, orjson.dumps(command)) for number, command in enumerate(commands)]
+
+
+def apply(metadata: Metadata, *commands: dict) -> list:
+    return metadata.apply(entries(*commands), [-1] * len(commands))
+
+
+def registered() -> Metadata:
+    metadata = Metadata()
+    apply(metadata, *({"op": "register", "node": node, "address": f"127.0.0.1:{9000 + node}",
+                       "roles": ["storage"]} for node in (1, 2, 3, 4)))
+    return metadata
+
+
+def create(name: str, queues: int, new_groups: list[dict], groups: list[int]) -> dict:
+    return {"op": "create_topic", "name": name, "queues": queues, "created_ms": 7, "new_groups": new_groups,
+            "groups": groups}
+
+
+def test_topics_spread_their_queues_over_their_groups_and_routes_name_every_replica():
+    metadata = registered()
+    groups = [{"id": FIRST_STORAGE_GROUP + i, "voters": voters} for i, voters in
+              enumerate(([1, 2, 3], [2, 3, 4], [1, 3, 4], [1, 2, 4]))]
+    [spec] = apply(metadata, create("orders", 16, groups, [group["id"] for group in groups]))
+    assert spec.name == "orders" and spec.groups == (2, 3, 4, 5) and metadata.version == 5
+    route = metadata.route("orders", {3: 4})
+    assert sorted(set(route["queue_groups"])) == [2, 3, 4, 5]
+    assert all(route["queue_groups"].count(group) == 4 for group in (2, 3, 4, 5))  # even within a topic
+    assert {group["id"]: group["leader"] for group in route["groups"]} == {2: 0, 3: 4, 4: 0, 5: 0}
+    assert [node["id"] for node in route["nodes"]] == [1, 2, 3, 4]
+    assert [group["id"] for group in metadata.assignment(4)["groups"]] == [3, 4, 5]
+    [again] = apply(metadata, create("orders", 2, [], [2]))
+    assert isinstance(again, RocketError) and again.code == Code.TOPIC_EXISTS
+    [clash] = apply(metadata, create("other", 2, [{"id": 2, "voters": [1]}], [2]))
+    assert isinstance(clash, RocketError) and "other" not in metadata.topics
+    with pytest.raises(RocketError) as unknown:
+        metadata.route("nope", {})
+    assert unknown.value.code == Code.UNKNOWN_TOPIC
+
+
+def test_a_move_adds_a_learner_then_swaps_it_for_the_leaving_replica():
+    metadata = registered()
+    apply(metadata, create("t", 1, [{"id": 2, "voters": [1, 2, 3]}], [2]))
+    apply(metadata, {"op": "move_start", "group": 2, "add": 4, "remove": 2})
+    assert metadata.members_of(2) == (1, 2, 3, 4) and metadata.groups[2].learners == (4,)
+    assert metadata.assignment(4)["groups"][0]["learners"] == [4]
+    [busy] = apply(metadata, {"op": "move_start", "group": 2, "add": 4, "remove": 1})
+    assert isinstance(busy, RocketError)
+    apply(metadata, {"op": "move_done", "group": 2})
+    assert metadata.groups[2].voters == (1, 3, 4) and not metadata.groups[2].learners
+    assert metadata.replicas(2) == 0 and metadata.assignment(2)["groups"] == []
+
+
+def test_snapshot_and_restore_give_the_same_metadata():
+    metadata = registered()
+    apply(metadata, create("t", 3, [{"id": 2, "voters": [1, 2, 3]}], [2]),
+          {"op": "node_state", "node": 3, "state": "draining"},
+          {"op": "move_start", "group": 2, "add": 4, "remove": 3})
+    copy = Metadata()
+    copy.restore(metadata.snapshot())
+    assert copy.snapshot() == metadata.snapshot()
+    assert copy.route("t", {}) == metadata.route("t", {}) and copy.nodes[3].state == "draining"
+    assert copy.groups[2] == metadata.groups[2]
+
+
+def test_least_loaded_placement_spreads_replicas_and_skips_unavailable_nodes():
+    loads = [NodeLoad(1), NodeLoad(2), NodeLoad(3, replicas=5), NodeLoad(4), NodeLoad(5, available=False)]
+    placed = LeastLoaded().place(6, 3, loads)
+    assert all(len(set(voters)) == 3 and 5 not in voters for voters in placed)
+    counts = {node: sum(node in voters for voters in placed) for node in (1, 2, 3, 4)}
+    assert max(counts[1], counts[2], counts[4]) - min(counts[1], counts[2], counts[4]) <= 1
+    assert counts[3] < counts[1]  # the loaded node gets fewer
+    with pytest.raises(RocketError) as short:
+        LeastLoaded().place(1, 5, loads)  # node 5 is down: four are available
+    assert short.value.code == Code.UNAVAILABLE
