@@ -37,7 +37,7 @@ app.add_typer(cluster_app, name="cluster")
 out = Console()
 err = Console(stderr=True)
 
-Server = Annotated[Optional[str], typer.Option("--server", envvar="ROCKET_SERVER", help="HOST:PORT of a rocket server.")]
+Server = Annotated[Optional[str], typer.Option("--server", envvar="ROCKET_SERVER", help="HOST:PORT of a rocket server, or several comma-separated (TCP: calls move on when one is gone).")]
 Transport = Annotated[str, typer.Option("--transport", help="tcp or http2.")]
 Serde = Annotated[str, typer.Option("--serde", help="json or avro.")]
 

@@ -19,7 +19,7 @@ import socket
 
 import trio
 
-from rocket.config import NodeConfig
+from rocket.config import Address, NodeConfig
 from rocket.raft.host import RaftHost
 from rocket.raft.links import PeerLinks
 from rocket.raft.wal import Wal
@@ -57,40 +57,44 @@ async def run_node(config: NodeConfig, *, handle_signals: bool = True, task_stat
     config.data_dir.mkdir(parents=True, exist_ok=True)
     dispatcher = Dispatcher()
     lifecycle = Lifecycle()
-    addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
-    links = PeerLinks(config.node_id, addresses)
     # A storage node's WAL holds the batches its store indexes: checkpoints keep its old segments.
     wal = Wal.open(config.data_dir / "raft", keep_segments="storage" in config.roles)
-    host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
-
-    async def raft_step(request: dict) -> dict:
-        host.receive(request["payload"])
-        return {}
-
-    dispatcher.handle("RaftStep", raft_step)
-    pool = ChannelPool()
-    peers = Peers(config, dispatcher, pool)
-    nameserver = Nameserver(config, host, peers) if "nameserver" in config.roles else None
-    storage = StorageRole(config, host, peers, addresses) if "storage" in config.roles else None
-    if nameserver is not None:
-        nameserver.register(dispatcher)
-    if storage is not None:
-        storage.register(dispatcher)
-    if "broker" in config.roles:
-        Broker(peers, config.roles).register(dispatcher, forward_status=nameserver is None)
     stop = trio.Event()
+    storage: StorageRole | None = None
     try:
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(_wait_for_signal, stop)
-            await nursery.start(pool.run)
-            await nursery.start(links.run)
-            await nursery.start(host.run)
+            # Listen first: a node told to listen on port 0 tells the others the port it got.
             tcp_port = await nursery.start(serve_tcp, dispatcher, lifecycle, config.listen.host, config.listen.port)
+            if config.listen.port == 0:
+                config = dataclasses.replace(config, listen=Address(config.listen.host, tcp_port))
             http2_port = None
             if config.http2_listen is not None:
                 listen = config.http2_listen
                 http2_port = await nursery.start(serve_http2, dispatcher, lifecycle, listen.host, listen.port)
+            addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
+            links = PeerLinks(config.node_id, addresses)
+            host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
+
+            async def raft_step(request: dict) -> dict:
+                host.receive(request["payload"])
+                return {}
+
+            dispatcher.handle("RaftStep", raft_step)
+            pool = ChannelPool()
+            peers = Peers(config, dispatcher, pool)
+            nameserver = Nameserver(config, host, peers) if "nameserver" in config.roles else None
+            storage = StorageRole(config, host, peers, addresses) if "storage" in config.roles else None
+            if nameserver is not None:
+                nameserver.register(dispatcher)
+            if storage is not None:
+                storage.register(dispatcher)
+            if "broker" in config.roles:
+                Broker(peers, config.roles).register(dispatcher, forward_status=nameserver is None)
+            await nursery.start(pool.run)
+            await nursery.start(links.run)
+            await nursery.start(host.run)
             if nameserver is not None:
                 await nursery.start(nameserver.serve)
             if storage is not None:

@@ -1,30 +1,117 @@
-"""Opening a channel to a rocket server over TCP or HTTP/2 with the chosen serde."""
+"""Opening a channel to rocket over TCP or HTTP/2 with the chosen serde.
+
+Over TCP a client may name several servers (brokers): calls go to one of them, picked at random so
+that clients spread, and move to the next when it cannot be reached or its connection breaks. With
+discover, the client also asks the cluster for its brokers and uses all of them.
+"""
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from rocket.config import ConfigError, parse_address
-from rocket.errors import Code, RocketError
+import trio
+
+from rocket import limits
+from rocket.config import Address, ConfigError, parse_address
+from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import serde_named
 from rocket.transport.http2 import open_http2_channel
+from rocket.transport.pool import ChannelPool
 from rocket.transport.tcp import open_tcp_channel
 
 TRANSPORTS = ("tcp", "http2")
 DEFAULT_SERVERS = {"tcp": "127.0.0.1:9876", "http2": "127.0.0.1:9877"}
+MOVE_ON = (Code.CONNECTION_LOST, Code.UNAVAILABLE)  # the server is gone or cannot serve: try the next one
+
+
+class FailoverChannel:
+    """call() and stream() like a single channel's, over a list of servers."""
+
+    def __init__(self, pool: ChannelPool, servers: list[Address]):
+        self._pool = pool
+        self.servers = servers
+        self._at = random.randrange(len(servers))
+
+    def _each_server(self):
+        """The current server, then the others in turn; each failure moves the current one on."""
+        for _ in range(len(self.servers)):
+            yield self.servers[self._at]
+            self._at = (self._at + 1) % len(self.servers)
+
+    async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default) -> dict:
+        failure = RocketError(Code.UNAVAILABLE, "no server to call")
+        for server in self._each_server():
+            try:
+                return await self._pool.call((server.host, server.port), method, message, timeout_s)
+            except RocketError as error:
+                if error.code not in MOVE_ON:
+                    raise
+                failure = error
+        raise failure
+
+    async def stream(self, method: str, message: dict) -> AsyncIterator[dict]:
+        """A server stream from the first server that accepts it; a stream cut midway raises (the caller
+        resumes from where it got to)."""
+        failure = RocketError(Code.UNAVAILABLE, "no server to call")
+        for server in self._each_server():
+            try:
+                channel = await self._pool.channel((server.host, server.port))
+            except RocketError as error:
+                failure = error
+                continue
+            async for item in channel.stream(method, message):
+                yield item
+            return
+        raise failure
+
+    async def discover(self) -> None:
+        """Add the cluster's brokers, as the nameservers know them, to the servers."""
+        status = await self.call("ClusterStatus", {})
+        known = set(self.servers)
+        for node in status["nodes"]:
+            address = parse_address("address", node["address"])
+            if "broker" in node["roles"] and node["state"] in ("up", "unknown") and address not in known:
+                self.servers.append(address)
+                known.add(address)
+
+
+def _servers(server: str | None, transport: str) -> list[Address]:
+    try:
+        return [parse_address("server", text.strip()) for text in (server or DEFAULT_SERVERS[transport]).split(",")
+                if text.strip()]
+    except ConfigError as error:
+        raise RocketError(Code.BAD_REQUEST, str(error)) from None
 
 
 @asynccontextmanager
-async def connect(server: str | None = None, transport: str = "tcp", serde: str = "json") -> AsyncIterator:
-    """Yield a channel with call(method, message) and stream(method, message)."""
+async def connect(server: str | None = None, transport: str = "tcp", serde: str = "json",
+                  discover: bool = False) -> AsyncIterator:
+    """Yield a channel with call(method, message) and stream(method, message). server is HOST:PORT,
+    or (over TCP) several of them separated by commas."""
     if transport not in TRANSPORTS:
         raise RocketError(Code.BAD_REQUEST, f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
     serde_named(serde)
-    try:
-        address = parse_address("server", server or DEFAULT_SERVERS[transport])
-    except ConfigError as error:
-        raise RocketError(Code.BAD_REQUEST, str(error)) from None
-    opener = open_tcp_channel if transport == "tcp" else open_http2_channel
-    async with opener(address.host, address.port, serde) as channel:
-        yield channel
+    servers = _servers(server, transport)
+    if transport == "http2":
+        if len(servers) > 1 or discover:
+            raise RocketError(Code.BAD_REQUEST, "several servers and discovery are for TCP")
+        async with open_http2_channel(servers[0].host, servers[0].port, serde) as channel:
+            yield channel
+        return
+    if len(servers) == 1 and not discover:
+        async with open_tcp_channel(servers[0].host, servers[0].port, serde) as channel:
+            yield channel
+        return
+    with collapse_single_error():
+        async with trio.open_nursery() as nursery:
+            pool = ChannelPool(serde)
+            await nursery.start(pool.run)
+            channel = FailoverChannel(pool, servers)
+            if discover:
+                await channel.discover()
+            try:
+                yield channel
+            finally:
+                nursery.cancel_scope.cancel()

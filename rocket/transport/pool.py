@@ -30,10 +30,11 @@ class ChannelPool:
 
     async def call(self, address: Address, method: str, request: dict,
                    timeout_s: float = limits.request_timeout_s_default) -> dict:
-        channel = await self._channel(address)
+        channel = await self.channel(address)
         return await channel.call(method, request, timeout_s)
 
-    async def _channel(self, address: Address) -> TcpChannel:
+    async def channel(self, address: Address) -> TcpChannel:
+        """The open channel to address, opened now if there is none or it broke."""
         channel = self._channels.get(address)
         if channel is not None and not channel.closed.is_set():
             return channel
