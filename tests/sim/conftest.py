@@ -10,4 +10,7 @@ def pytest_generate_tests(metafunc):
     if "seed" in metafunc.fixturenames:
         chosen = metafunc.config.getoption("--seed")
         count = metafunc.config.getoption("--sim-seeds")
+        cap = metafunc.definition.get_closest_marker("sim_seeds")  # a slower simulation runs fewer
+        if cap is not None:
+            count = min(count, cap.args[0])
         metafunc.parametrize("seed", [chosen] if chosen is not None else range(count))

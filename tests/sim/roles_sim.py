@@ -1,0 +1,334 @@
+"""Whole roles in a simulated cluster: the real nameserver, storage and broker code of several nodes in
+one trio run, on trio's MockClock, over an in-memory network that delays and drops, with nodes that
+crash (as kill -9: what they wrote stays on disk) and restart.
+
+One seeded random source decides the delays, the losses, which node a writer asks and trio's own
+scheduling order; blocking file I/O runs inline instead of in worker threads, so that the clock
+only moves when every task waits. A failing run prints its seed and replays with `--seed N`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import trio
+import trio._core._run as trio_run
+
+from rocket import limits
+from rocket.config import Address, NodeConfig
+from rocket.errors import Code, RocketError
+from rocket.model import Message
+from rocket.raft.host import RaftHost
+from rocket.raft.wal import Wal
+from rocket.roles.broker import Broker
+from rocket.roles.nameserver import Nameserver
+from rocket.roles.peers import RETRYABLE, Peers
+from rocket.roles.storage import StorageRole
+from rocket.serde import batch as batch_codec
+from rocket.transport.rpc import Dispatcher
+
+
+@dataclasses.dataclass
+class NetworkFaults:
+    delay_s_max: float = 0.02  # one way, per message or call
+    drop: float = 0.0  # chance a Raft payload is lost
+    call_loss: float = 0.0  # chance a call's answer is lost (the caller sees CONNECTION_LOST)
+
+
+class Network:
+    """Delivers calls and Raft payloads between simulated nodes; node 0 is the client."""
+
+    def __init__(self, randomness: random.Random, faults: NetworkFaults):
+        self.random = randomness
+        self.faults = faults
+        self.nodes: dict[int, SimNode] = {}
+        self.by_address: dict[tuple[str, int], SimNode] = {}
+        self.calls = self.lost = 0
+
+    def delay(self) -> float:
+        return self.random.uniform(0, self.faults.delay_s_max)
+
+    async def call(self, address: tuple[str, int], method: str, request: dict, timeout_s: float,
+                   reliable: bool = False) -> dict:
+        """A call; unless reliable (the scenario's own control calls), its answer may be lost."""
+        target = self.by_address.get(address)
+        if target is None or not target.up:
+            raise RocketError(Code.UNAVAILABLE, f"cannot connect to {address[0]}:{address[1]}")
+        self.calls += 1
+        lose_answer = not reliable and self.random.random() < self.faults.call_loss
+        with trio.move_on_after(timeout_s) as waited:
+            await trio.sleep(self.delay())
+            response = await target.serve(method, request)
+            await trio.sleep(self.delay())
+        if waited.cancelled_caught:
+            raise RocketError(Code.TIMEOUT, f"{method} got no answer within {timeout_s} s")
+        if lose_answer:
+            self.lost += 1
+            raise RocketError(Code.CONNECTION_LOST, "connection lost (simulated)")
+        return response
+
+    def post(self, destination: int, payload: bytes) -> None:
+        target = self.nodes.get(destination)
+        if target is None or not target.up or self.random.random() < self.faults.drop:
+            return
+        target.deliver(self.delay(), payload)
+
+
+class SimPool:
+    """What Peers needs of a ChannelPool."""
+
+    def __init__(self, network: Network):
+        self.network = network
+
+    async def call(self, address: tuple[str, int], method: str, request: dict,
+                   timeout_s: float = limits.request_timeout_s_default) -> dict:
+        return await self.network.call(address, method, request, timeout_s)
+
+
+class SimNode:
+    """One node's roles, as rocket/node.py wires them, on the simulated network."""
+
+    def __init__(self, config: NodeConfig, network: Network):
+        self.config = config
+        self.network = network
+        self.up = False
+        self.starts = 0
+        self._nursery: trio.Nursery | None = None
+        self._scope: trio.CancelScope | None = None
+        self.stopped = trio.Event()
+        self.host: RaftHost | None = None
+        self.storage: StorageRole | None = None
+        self.dispatcher = Dispatcher()
+        network.nodes[config.node_id] = self
+        network.by_address[(config.listen.host, config.listen.port)] = self
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        config = self.config
+        self.dispatcher = Dispatcher()
+        self.stopped = trio.Event()
+        wal = Wal.open(config.data_dir / "raft", keep_segments=True)
+        addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
+        self.host = RaftHost(config.node_id, wal, self.network.post, tick_s=config.raft_tick_s)
+
+        async def raft_step(request: dict) -> dict:
+            self.host.receive(request["payload"])
+            return {}
+
+        self.dispatcher.handle("RaftStep", raft_step)
+        peers = Peers(config, self.dispatcher, SimPool(self.network))
+        nameserver = Nameserver(config, self.host, peers)
+        self.storage = StorageRole(config, self.host, peers, addresses)
+        nameserver.register(self.dispatcher)
+        self.storage.register(self.dispatcher)
+        Broker(peers, config.roles).register(self.dispatcher, forward_status=False)
+        try:
+            with trio.CancelScope() as self._scope:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    self.up = True
+                    self.starts += 1
+                    await nursery.start(self.host.run)
+                    await nursery.start(nameserver.serve)
+                    await nursery.start(self.storage.serve)
+                    await self.storage.assigned.wait()
+                    task_status.started()
+        finally:
+            self.up = False
+            self.storage.store.close()
+            wal.close()
+            self.stopped.set()
+
+    def crash(self) -> None:
+        """kill -9: every task of the node ends at once; its files keep what was written."""
+        self.up = False
+        self._scope.cancel()
+
+    async def serve(self, method: str, request: dict) -> dict:
+        """Run a call inside this node, so that a crash ends it like a lost connection."""
+        if not self.up:
+            raise RocketError(Code.CONNECTION_LOST, "the node went away")
+        sender, receiver = trio.open_memory_channel(1)
+
+        async def handle() -> None:
+            async with sender:
+                try:
+                    await sender.send((True, await self.dispatcher.local(method, request)))
+                except RocketError as error:
+                    await sender.send((False, error))
+
+        self._nursery.start_soon(handle)
+        try:
+            succeeded, value = await receiver.receive()
+        except trio.EndOfChannel:
+            raise RocketError(Code.CONNECTION_LOST, "the node went away during the call") from None
+        if not succeeded:
+            raise value
+        return value
+
+    def deliver(self, delay_s: float, payload: bytes) -> None:
+        if not self.up:
+            return
+
+        async def later() -> None:
+            await trio.sleep(delay_s)
+            self.host.receive(payload)
+
+        self._nursery.start_soon(later)
+
+
+@dataclasses.dataclass
+class Ack:
+    queue: int
+    base_offset: int
+    seqs: list[int]
+
+
+class Writers:
+    """Sequential produce streams, one per queue, through a random live broker; an answer that does not
+    come (node gone, lost, timed out) is resent elsewhere, which may store a duplicate."""
+
+    def __init__(self, network: Network, topic: str, queues: list[int], messages_per_batch: int):
+        self.network = network
+        self.topic = topic
+        self.queues = queues
+        self.per_batch = messages_per_batch
+        self.acks: list[Ack] = []
+        self.sent: set[int] = set()
+        self.resends = 0
+        self._next_seq = 0
+
+    async def run(self, stop: trio.Event, done: trio.Event) -> None:
+        async with trio.open_nursery() as nursery:
+            for queue in self.queues:
+                nursery.start_soon(self._write, queue, stop)
+        done.set()
+
+    async def _write(self, queue: int, stop: trio.Event) -> None:
+        while not stop.is_set():
+            seqs = list(range(self._next_seq, self._next_seq + self.per_batch))
+            self._next_seq += self.per_batch
+            batch = batch_codec.encode([Message(f"m{seq}".encode(), properties={"seq": str(seq)}) for seq in seqs],
+                                       1_700_000_000_000)
+            self.sent.update(seqs)
+            while True:
+                live = [node for node in self.network.nodes.values() if node.up]
+                node = self.network.random.choice(live) if live else None
+                try:
+                    if node is None:
+                        raise RocketError(Code.UNAVAILABLE, "no node is up")
+                    reply = await self.network.call((node.config.listen.host, node.config.listen.port), "Produce",
+                                                    {"topic": self.topic, "queue": queue, "batch": batch}, 10.0)
+                    break
+                except RocketError as error:
+                    if error.code not in RETRYABLE:
+                        raise
+                    self.resends += 1
+                    await trio.sleep(0.2)
+            self.acks.append(Ack(queue, reply["base_offset"], seqs))
+
+
+async def consume_queue(network: Network, topic: str, queue: int) -> list[Message]:
+    """Everything stored in a queue, read through any live broker."""
+    messages: list[Message] = []
+    offset = 0
+    while True:
+        live = [node for node in network.nodes.values() if node.up]
+        node = network.random.choice(live)
+        try:
+            response = await network.call((node.config.listen.host, node.config.listen.port), "Pull", {
+                "topic": topic, "queues": [{"queue": queue, "offset": offset}], "max_bytes": 1 << 20,
+                "wait_ms": 0}, 10.0, True)
+        except RocketError as error:
+            if error.code not in RETRYABLE:
+                raise
+            await trio.sleep(0.2)
+            continue
+        if not response["batches"]:
+            return messages
+        for found in response["batches"]:
+            decoded = batch_codec.decode(found["batch"], found["base_offset"], queue)
+            messages.extend(message for message in decoded if message.offset >= offset)
+        offset = response["next_offsets"][0]["offset"]
+
+
+def check_consumed(writers: Writers, consumed: dict[int, list[Message]]) -> dict:
+    """Every acknowledged message is stored at the offset it was acknowledged at, the offsets of each
+    queue run 0..next-1, first occurrences keep the order of acknowledgement, nothing unsent appears."""
+    for queue, messages in consumed.items():
+        assert [message.offset for message in messages] == list(range(len(messages))), f"queue {queue} has gaps"
+    seq_at = {(queue, message.offset): int(message.properties["seq"])
+              for queue, messages in consumed.items() for message in messages}
+    order: dict[int, list[int]] = {}
+    for ack in writers.acks:
+        order.setdefault(ack.queue, []).extend(ack.seqs)
+        for index, seq in enumerate(ack.seqs):
+            assert seq_at.get((ack.queue, ack.base_offset + index)) == seq, f"acknowledged {seq} lost"
+    acknowledged = {seq for seqs in order.values() for seq in seqs}
+    duplicates = 0
+    for queue, messages in consumed.items():
+        seen: list[int] = []
+        distinct: set[int] = set()
+        for message in messages:
+            seq = int(message.properties["seq"])
+            assert seq in writers.sent, f"consumed {seq}, which nobody sent"
+            if seq in distinct:
+                duplicates += 1
+            else:
+                distinct.add(seq)
+                seen.append(seq)
+        assert [seq for seq in seen if seq in acknowledged] == order.get(queue, []), f"queue {queue} out of order"
+    return {"acknowledged": len(acknowledged), "duplicates": duplicates}
+
+
+def node_config(node: int, nodes: int, base: Path, groups: int) -> NodeConfig:
+    members = tuple((member, Address(f"node{member}", 9876)) for member in range(1, nodes + 1))
+    return NodeConfig(data_dir=base / f"node{node}", listen=Address(f"node{node}", 9876), http2_listen=None,
+                      node_id=node, nameservers=members, storage_groups=groups, replication=3)
+
+
+async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int = 6) -> dict:
+    """Three all-role nodes under writes: crash the busiest storage leader, restart it, crash the
+    nameserver leader, restart it; then consume everything and check it."""
+    trio_run._r.seed(seed)  # trio's own scheduling choices follow the seed too
+    network = Network(random.Random(seed), faults)
+    nodes = {node: SimNode(node_config(node, 3, base, groups), network) for node in (1, 2, 3)}
+    report: dict = {"seed": seed, "kills": []}
+    async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as starting:
+            for node in nodes.values():
+                starting.start_soon(nursery.start, node.run)
+        first = nodes[1].config.listen
+        await network.call((first.host, first.port), "CreateTopic", {"topic": "orders", "queues": 8}, 30.0, True)
+        writers = Writers(network, "orders", [0, 2, 4, 6], messages_per_batch=5)
+        stop, written = trio.Event(), trio.Event()
+        nursery.start_soon(writers.run, stop, written)
+        await trio.sleep(2 + network.random.random())
+        for what in ("busiest storage leader", "nameserver leader"):
+            asked = next(node.config.listen for node in nodes.values() if node.up)
+            status = await network.call((asked.host, asked.port), "ClusterStatus", {}, 30.0, True)
+            if what == "nameserver leader":
+                victim = status["nameserver_leader"] or 1
+            else:
+                victim = max(status["nodes"], key=lambda entry: len(entry["load"]["leads"]))["id"]
+            acked_before = len(writers.acks)
+            nodes[victim].crash()
+            await nodes[victim].stopped.wait()
+            killed_at = trio.current_time()
+            while len(writers.acks) == acked_before:
+                await trio.sleep(0.05)
+            report["kills"].append({"what": what, "victim": victim,
+                                    "first_ack_after_s": round(trio.current_time() - killed_at, 2)})
+            await trio.sleep(3 + network.random.random() * 2)
+            await nursery.start(nodes[victim].run)
+            await trio.sleep(3)
+        stop.set()
+        await written.wait()  # the batches in flight are answered before anything is read
+        consumed = {queue: await consume_queue(network, "orders", queue) for queue in range(8)}
+        report.update(check_consumed(writers, consumed))
+        report.update({"batches": len(writers.acks), "resends": writers.resends, "calls": network.calls,
+                       "answers_lost": network.lost, "simulated_s": round(trio.current_time(), 1)})
+        for node in nodes.values():
+            node.crash()
+    return report
