@@ -57,21 +57,22 @@ class Wal:
         self.log = commit_log
         self.groups = groups
         self.keep_segments = keep_segments
+        self._replay_start = max(_read_mark(commit_log.directory), commit_log.start_position)
 
     @classmethod
     def open(cls, directory: Path, segment_bytes_max: int = limits.raft_wal_segment_bytes,
              keep_segments: bool = False) -> "Wal":
         commit_log = CommitLog.open(directory, segment_bytes_max)
         groups: dict[int, GroupState] = {}
-        start = max(_read_mark(directory), commit_log.start_position)
-        for position, kind, body in commit_log.scan(start):
+        wal = cls(commit_log, groups, keep_segments)
+        for position, kind, body in commit_log.scan(wal.replay_start()):
             view = memoryview(body)
             try:
                 _replay(groups, kind, view, position)
             except (RocketError, struct.error) as error:
                 problem = error.message if isinstance(error, RocketError) else str(error)
                 raise RocketError(Code.CORRUPT_DATA, f"Raft WAL record at {position}: {problem}") from None
-        return cls(commit_log, groups, keep_segments)
+        return wal
 
     def write(self, updates: list[Update]) -> dict[int, dict[int, int]]:
         """Append the updates (no sync). Returns, per group, where each entry's data now lies.
@@ -101,7 +102,8 @@ class Wal:
         self.log.sync()
 
     def sealed_segments(self) -> int:
-        return len(self.log.segments()) - 1
+        """Sealed segments that a replay reads: those from the checkpoint mark on (cheap: no file access)."""
+        return sum(1 for start in self.log.segment_starts() if start >= self._replay_start) - 1
 
     def checkpoint(self, groups: list[Update]) -> int:
         """Rewrite every live group (snapshot, entries after it, hard state) into fresh segments, make
@@ -111,10 +113,11 @@ class Wal:
         self.write(groups)
         self.log.sync()
         _write_mark(self.log.directory, start)
+        self._replay_start = start
         return 0 if self.keep_segments else self.log.delete_before(start)
 
     def replay_start(self) -> int:
-        return max(_read_mark(self.log.directory), self.log.start_position)
+        return self._replay_start
 
     def close(self) -> None:
         self.log.close()

@@ -160,6 +160,9 @@ class CommitLog:
     def start_position(self) -> int:
         return self._starts[0]
 
+    def segment_starts(self) -> list[int]:
+        return list(self._starts)
+
     def segments(self) -> list[tuple[int, Path, int]]:
         return [(start, self._path(start), self._path(start).stat().st_size) for start in self._starts]
 

@@ -98,6 +98,27 @@ def test_checkpoint_drops_old_segments_and_keeps_every_group(tmp_path):
         assert [e.index for e in restored[group].entries] == [36, 37, 38, 39, 40]
 
 
+def test_a_wal_that_keeps_data_replays_from_its_checkpoint_mark(tmp_path):
+    """A storage node's WAL keeps its old segments (its batches live there): after a checkpoint only the
+    segments from the mark on count towards the next one, and replay starts at the mark."""
+    wal = Wal.open(tmp_path, segment_bytes_max=1 << 20, keep_segments=True)
+    for round_number in range(40):
+        wal.write([Update(1, HardState(1, 1, round_number), [Entry(1, round_number + 1, bytes(60_000))], None)])
+    wal.sync()
+    sealed = wal.sealed_segments()
+    assert sealed >= 2
+    assert wal.checkpoint([Update(1, HardState(1, 1, 39), [], Snapshot(40, 1, (1, 2, 3), (), b"sm"))]) == 0
+    assert len(list(tmp_path.glob("*.log"))) == sealed + 2  # nothing deleted: the old ones and the new one
+    assert wal.sealed_segments() == 0
+    [data] = wal.write_data([b"backfilled"])
+    wal.sync()
+    wal.close()
+    reopened = Wal.open(tmp_path, segment_bytes_max=1 << 20, keep_segments=True)
+    assert reopened.replay_start() > 0 and reopened.sealed_segments() == 0
+    assert reopened.groups[1].snapshot.index == 40 and reopened.groups[1].entries == []
+    assert reopened.log.read_slice(data, 10) == b"backfilled"
+
+
 def test_payloads_to_a_peer_are_split_to_fit_a_frame():
     """A round's messages to one node are cut into payloads under the limit, in order, none lost."""
     from rocket import limits
