@@ -19,7 +19,7 @@ import orjson
 import trio
 
 from rocket import limits
-from rocket.config import NodeConfig
+from rocket.config import ROLES, ConfigError, NodeConfig, parse_address
 from rocket.errors import Code, RocketError
 from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
 from rocket.model import check_topic_name
@@ -89,6 +89,12 @@ class Nameserver:
     # ---- nodes ---------------------------------------------------------------------------------------
 
     async def node_heartbeat(self, request: dict) -> dict:
+        if request["node"] < 1 or not set(request["roles"]) <= set(ROLES):
+            raise RocketError(Code.BAD_REQUEST, f"node {request['node']} with roles {request['roles']} is not valid")
+        try:
+            parse_address("address", request["address"])
+        except ConfigError as error:
+            raise RocketError(Code.BAD_REQUEST, str(error)) from None
         return await self._on_leader("NodeHeartbeat", request, self._heartbeat_here)
 
     async def _heartbeat_here(self, request: dict) -> dict:

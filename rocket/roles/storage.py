@@ -18,7 +18,7 @@ from rocket.model import check_group_name, check_topic_name
 from rocket.raft.core import NotLeader, Role
 from rocket.raft.host import RaftHost
 from rocket.roles.peers import Peers, address_of
-from rocket.serde.batch import peek_count
+from rocket.serde.batch import check_header, peek_count
 from rocket.store.group import GroupMachine, Store, encode_append, encode_offsets
 from rocket.transport.rpc import Dispatcher
 
@@ -130,11 +130,25 @@ class StorageRole:
         if core.role != Role.LEADER:
             raise NotLeader(core.leader)
 
+    @staticmethod
+    def _positions(entries: list[dict], field: str) -> dict[int, int]:
+        """queue -> offset from a request, checked: what a group's log holds must apply on every replica."""
+        positions = {}
+        for entry in entries:
+            queue, value = entry["queue"], entry[field]
+            if not 0 <= queue < limits.queues_per_topic_max or not 0 <= value < 2**63:
+                raise RocketError(Code.BAD_REQUEST, f"queue {queue} with {field} {value} is out of range")
+            positions[queue] = value
+        return positions
+
     async def append(self, request: dict) -> dict:
-        """Stamp a batch (the broker checked its header and CRC), replicate it, answer with its offsets."""
+        """Stamp a batch, replicate it, answer with its offsets. The broker checked the batch's CRC; the
+        header is checked again here, because the offsets given out depend on it."""
         group, topic, queue, batch = request["group"], request["topic"], request["queue"], request["batch"]
         self._hosted(group)
         check_topic_name(topic)
+        self._positions([{"queue": queue, "offset": 0}], "offset")
+        check_header(batch, crc=False)
         # Append times never go backwards within a queue on this leader; replicas take the stamp.
         append_ms = max(int(time.time() * 1000), self._last_append_ms.get((topic, queue), 0))
         self._last_append_ms[(topic, queue)] = append_ms
@@ -183,7 +197,8 @@ class StorageRole:
     async def commit_offsets(self, request: dict) -> dict:
         self._hosted(request["group"])
         consumer_group = check_group_name(request["consumer_group"])
-        offsets = {entry["queue"]: entry["offset"] for entry in request["offsets"]}
+        check_topic_name(request["topic"])
+        offsets = self._positions(request["offsets"], "offset")
         await self.host.propose(request["group"], encode_offsets(consumer_group, request["topic"], offsets))
         return {}
 
@@ -209,7 +224,7 @@ class StorageRole:
         else:
             self._leads(request["group"])
         topic = request["topic"]
-        positions = {entry["queue"]: entry["offset"] for entry in request["queues"]}
+        positions = self._positions(request["queues"], "offset")
         max_bytes = max(0, min(request["max_bytes"], limits.read_bytes_max))
         response = self._read(topic, positions, max_bytes, request["at_least_one"])
         wait_ms = min(max(request["wait_ms"], 0), limits.pull_wait_ms_max)
@@ -222,6 +237,7 @@ class StorageRole:
     async def queues(self, request: dict) -> dict:
         self._leads(request["group"])
         topic = request["topic"]
+        self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset")
         offsets = []
         if request["consumer_group"]:
             committed = self.store.fetch_offsets(request["consumer_group"], topic)

@@ -49,14 +49,15 @@ def _bad(message: str) -> RocketError:
     return RocketError(Code.BAD_BATCH, message)
 
 
-def check_header(batch: bytes | memoryview) -> BatchHeader:
-    """Validate a whole batch by its header and CRC without decoding messages."""
+def check_header(batch: bytes | memoryview, crc: bool = True) -> BatchHeader:
+    """Validate a whole batch by its header and CRC without decoding messages (with crc=False, the
+    header alone: for a batch whose CRC was checked before it got here)."""
     view = memoryview(batch)
     if len(view) < HEADER_BYTES:
         raise _bad(f"batch of {len(view)} bytes is shorter than its {HEADER_BYTES}-byte header")
     if len(view) > limits.batch_bytes_max:
         raise _bad(f"batch of {len(view)} bytes exceeds the limit of {limits.batch_bytes_max}")
-    magic, version, flags, count, first_ms, last_ms, tags, payload_bytes, crc = _header.unpack_from(view)
+    magic, version, flags, count, first_ms, last_ms, tags, payload_bytes, stored_crc = _header.unpack_from(view)
     if magic != MAGIC or version != VERSION:
         raise _bad(f"unknown batch magic {magic:#x} or version {version}")
     if flags & ~FLAGS_KNOWN:
@@ -67,10 +68,11 @@ def check_header(batch: bytes | memoryview) -> BatchHeader:
         raise _bad(f"batch count {count} is outside 1..{limits.batch_messages_max}")
     if last_ms < first_ms:
         raise _bad("batch last timestamp is before its first")
-    actual = zlib.crc32(view[HEADER_BYTES:], zlib.crc32(view[:_crc_covered_header]))
-    if actual != crc:
-        raise _bad(f"batch checksum mismatch (header {crc:#010x}, payload {actual:#010x})")
-    return BatchHeader(flags, count, first_ms, last_ms, tags, payload_bytes, crc)
+    if crc:
+        actual = zlib.crc32(view[HEADER_BYTES:], zlib.crc32(view[:_crc_covered_header]))
+        if actual != stored_crc:
+            raise _bad(f"batch checksum mismatch (header {stored_crc:#010x}, payload {actual:#010x})")
+    return BatchHeader(flags, count, first_ms, last_ms, tags, payload_bytes, stored_crc)
 
 
 def peek_header(batch: bytes | memoryview) -> BatchHeader:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import random
 import struct
 
+import pytest
 import trio
 
 from rocket import limits
-from rocket.errors import Code
+from rocket.errors import Code, RocketError
 from rocket.serde import SERDE_IDS, json_codec
 from rocket.transport import frames
 from rocket.transport.frames import FrameDecoder, Kind
@@ -142,4 +143,41 @@ async def test_random_bytes_never_break_the_server(node):
     generator = random.Random(7)
     for _ in range(40):
         await exchange(node.tcp_port, generator.randbytes(generator.randint(1, 2000)), timeout_s=2, quiet_s=0.1)
+    await assert_serving(node.tcp_port)
+
+
+async def test_hostile_calls_between_nodes_get_stable_codes_and_harm_nothing(node):
+    """Well-formed calls of the methods nodes use among themselves, with values that must not reach a
+    Raft log (where every replica would apply them): each gets a stable code, and the node keeps
+    serving and storing."""
+    from rocket.client import connect
+    from rocket.model import Message
+    from rocket.serde import batch
+
+    good = batch.encode([Message(b"payload")], 1)
+    async with connect(f"127.0.0.1:{node.tcp_port}") as channel:
+        await channel.call("CreateTopic", {"topic": "t", "queues": 1})
+        assert (await channel.call("Produce", {"topic": "t", "queue": 0, "batch": good}))["base_offset"] == 0
+        group = (await channel.call("GetRoute", {"topic": "t"}))["queue_groups"][0]
+        hostile = [
+            ("StorageAppend", {"group": group, "topic": "t", "queue": -1, "batch": good}, "BAD_REQUEST"),
+            ("StorageAppend", {"group": group, "topic": "t", "queue": 0, "batch": b"\x00" * 64}, "BAD_BATCH"),
+            ("StorageAppend", {"group": group, "topic": "bad name!", "queue": 0, "batch": good}, "BAD_REQUEST"),
+            ("StorageAppend", {"group": 999, "topic": "t", "queue": 0, "batch": good}, "UNAVAILABLE"),
+            ("StorageCommitOffsets", {"group": group, "consumer_group": "g", "topic": "t",
+                                      "offsets": [{"queue": 0, "offset": -5}]}, "BAD_REQUEST"),
+            ("StorageRead", {"group": group, "topic": "t", "queues": [{"queue": 0, "offset": -1}]}, "BAD_REQUEST"),
+            ("StorageQueues", {"group": group, "topic": "t", "queues": [-3]}, "BAD_REQUEST"),
+            ("StorageMembers", {"group": group, "action": "explode", "node": 2}, "BAD_REQUEST"),
+            ("NodeHeartbeat", {"node": 5, "address": "nowhere", "roles": ["storage"], "load": {}}, "BAD_REQUEST"),
+            ("NodeHeartbeat", {"node": 0, "address": "127.0.0.1:1", "roles": ["storage"], "load": {}}, "BAD_REQUEST"),
+            ("NodeHeartbeat", {"node": 5, "address": "127.0.0.1:1", "roles": ["king"], "load": {}}, "BAD_REQUEST"),
+            ("DrainNode", {"node": 77}, "BAD_REQUEST"),
+        ]
+        for method, request, code in hostile:
+            with pytest.raises(RocketError) as refused:
+                await channel.call(method, request)
+            assert refused.value.code.name == code, (method, request, refused.value)
+        reply = await channel.call("Produce", {"topic": "t", "queue": 0, "batch": good})
+        assert reply["base_offset"] == 1  # nothing hostile was stored
     await assert_serving(node.tcp_port)
