@@ -61,6 +61,7 @@ node_down_s = 10.0  # a node silent this long is down
 leader_wait_s_max = 10.0  # a call that needs a leader waits this long for an election before UNAVAILABLE
 leader_poll_s = 0.05  # how often such a call looks again
 route_ttl_s = 10.0  # a broker refreshes a cached route at least this often, and at once on errors
+follower_read_lag_entries_max = 16  # a follower this close to its leader's commit serves reads as a read replica
 storage_call_s_max = 8.0  # one storage call (an append waits for a quorum) before the broker tries another replica
 storage_append_wait_s_max = 6.0  # an append waits this long to be applied, then the broker retries elsewhere
 storage_retry_s_max = 15.0

@@ -16,7 +16,7 @@ _hard_state = struct.Struct("<QQQ")  # term, vote, commit
 _snapshot_head = struct.Struct("<QQHHI")  # index, term, voter count, learner count, data length
 _message_head = struct.Struct("<BQQQQQQBQQI")  # type, group, sender, to, term, log_term, index, reject,
 # reject_hint, commit, entry count; then the tail
-_message_tail = struct.Struct("<QBB")  # context, has snapshot, quiesce
+_message_tail = struct.Struct("<QBBQ")  # context, has snapshot, quiesce, leader commit
 _u64 = struct.Struct("<Q")
 
 
@@ -85,7 +85,8 @@ def encode_messages(messages: list[tuple[int, Message]]) -> bytes:
             message.type, group, message.sender, message.to, message.term, message.log_term, message.index,
             message.reject, message.reject_hint, message.commit, len(message.entries)))
         parts.extend(encode_entries(message.entries))
-        parts.append(_message_tail.pack(message.context, message.snapshot is not None, message.quiesce))
+        parts.append(_message_tail.pack(message.context, message.snapshot is not None, message.quiesce,
+                                        message.leader_commit))
         if message.snapshot is not None:
             parts.append(encode_snapshot(message.snapshot))
     return b"".join(parts)
@@ -111,13 +112,13 @@ def decode_messages(data: bytes | memoryview) -> list[tuple[int, Message]]:
         entries, position = decode_entries(view, position, entry_count)
         if position + _message_tail.size > len(view):
             raise _bad("message tail")
-        context, has_snapshot, quiesce = _message_tail.unpack_from(view, position)
+        context, has_snapshot, quiesce, leader_commit = _message_tail.unpack_from(view, position)
         position += _message_tail.size
         snapshot = None
         if has_snapshot:
             snapshot, position = decode_snapshot(view, position)
         messages.append((group, Message(MessageType(kind), sender, to, term, log_term, index, tuple(entries), commit,
-                                        bool(reject), reject_hint, context, snapshot, bool(quiesce))))
+                                        bool(reject), reject_hint, context, snapshot, bool(quiesce), leader_commit)))
     if position != len(view):
         raise _bad("message batch length")
     return messages

@@ -75,6 +75,7 @@ class Message:
     context: int = 0  # ReadIndex request id carried by heartbeats; 1 on votes forced by a transfer
     snapshot: Snapshot | None = None
     quiesce: bool = False  # on a heartbeat: the group is idle and fully replicated, stop ticking
+    leader_commit: int = 0  # on a heartbeat: the leader's commit (commit is capped at what the follower holds)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -181,6 +182,7 @@ class RaftCore:
         self.stable_index = self.last_index  # everything given to us at start is persisted
         self.role = Role.FOLLOWER
         self.leader = NONE
+        self.leader_commit = 0  # the leader's commit as last heard: how far behind this follower is
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.randomized_election_ticks = 0
@@ -422,6 +424,14 @@ class RaftCore:
         elif self.election_elapsed >= self.randomized_election_ticks and self.id in self.voters:
             self._campaign(pre_vote=self.config.pre_vote)
 
+    def in_sync(self, entries_max: int) -> bool:
+        """Whether this follower may serve reads of what it applied (committed data only) as a read
+        replica: it heard from its leader within an election timeout and has applied to within
+        entries_max of the leader's commit as last told."""
+        return (self.role == Role.FOLLOWER and self.leader != NONE
+                and self.election_elapsed < self.config.election_ticks
+                and self.applied >= self.leader_commit - entries_max)
+
     def campaign(self) -> None:
         """Start an election now rather than after a timeout (etcd's MsgHup): a group whose only voter
         is this node need not wait to lead."""
@@ -439,6 +449,7 @@ class RaftCore:
     def _become_follower(self, term: int, leader: int) -> None:
         if term != self.term:
             self.term, self.vote = term, NONE
+            self.leader_commit = 0
         self.role, self.leader = Role.FOLLOWER, leader
         self.election_elapsed = 0
         self.transferee = NONE
@@ -578,6 +589,7 @@ class RaftCore:
             return
         self._append(list(message.entries))
         last_new = message.index + len(message.entries)
+        self.leader_commit = max(self.leader_commit, message.commit)
         self._commit_to(min(message.commit, last_new))
         self._send(Message(MessageType.APPEND_RESPONSE, self.id, message.sender, self.term, index=last_new))
 
@@ -586,6 +598,7 @@ class RaftCore:
         self.election_elapsed = 0
         if self.role != Role.FOLLOWER:
             self._become_follower(message.term, message.sender)
+        self.leader_commit = max(self.leader_commit, message.leader_commit, message.commit)
         self._commit_to(min(message.commit, self.last_index))
         if message.quiesce:
             # Go quiet only when holding everything the leader has committed; otherwise ask for it.
@@ -675,7 +688,7 @@ class RaftCore:
         progress = self.progress.get(peer)
         commit = min(self.commit, progress.match) if progress else 0
         self._send(Message(MessageType.HEARTBEAT, self.id, peer, self.term, index=self.ticks, commit=commit,
-                           context=context))
+                           context=context, leader_commit=self.commit))
 
     def _broadcast_append(self) -> None:
         for peer in self.progress:

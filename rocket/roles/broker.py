@@ -41,6 +41,7 @@ class Broker:
         self._leaders: dict[int, int] = {}  # storage group -> the node that last served it as leader
         self._addresses: dict[int, Address] = {}
         self._round_robin: dict[str, itertools.count] = {}
+        self._read_turns: dict[int, int] = {}  # storage group -> which replica reads next
 
     def register(self, dispatcher: Dispatcher, forward_status: bool) -> None:
         handlers = {
@@ -157,8 +158,25 @@ class Broker:
             raise RocketError(Code.BAD_REQUEST, "pull needs at least one queue")
         return route, positions
 
-    async def _read(self, route: _Route, positions: dict[int, int], max_bytes: int) -> dict:
-        """Read group after group with what is left of the byte budget, so a response fits a frame."""
+    async def _replica_read(self, route: _Route, group: int, request: dict) -> dict:
+        """A read spread over the group's replicas: a follower in sync answers as a read replica; one
+        that is not (or is gone) sends the read to the leader."""
+        voters = sorted(route.voters.get(group, ()))
+        if voters:
+            turn = self._read_turns[group] = self._read_turns.get(group, -1) + 1
+            address = self._addresses.get(voters[turn % len(voters)])
+            if address is not None:
+                try:
+                    return await self.peers.call(address, "StorageRead", {**request, "follower_ok": True},
+                                                 limits.storage_call_s_max)
+                except RocketError as error:  # OFFSET_OUT_OF_RANGE: the replica has not caught up to there yet
+                    if error.code not in RETRYABLE and error.code != Code.OFFSET_OUT_OF_RANGE:
+                        raise
+        return await self._storage(route, group, "StorageRead", request)
+
+    async def _read(self, route: _Route, positions: dict[int, int], max_bytes: int, replicas: bool = True) -> dict:
+        """Read group after group with what is left of the byte budget, so a response fits a frame;
+        from any replica in sync, or from the leaders alone."""
         batches: list[dict] = []
         next_offsets: list[dict] = []
         budget = max_bytes
@@ -167,9 +185,12 @@ class Broker:
             if budget <= 0:
                 next_offsets.extend(wanted)
                 continue
-            response = await self._storage(route, group, "StorageRead", {
-                "group": group, "topic": route.spec.name, "queues": wanted, "max_bytes": budget, "wait_ms": 0,
-                "at_least_one": not batches, "any_replica": False})
+            request = {"group": group, "topic": route.spec.name, "queues": wanted, "max_bytes": budget, "wait_ms": 0,
+                       "at_least_one": not batches, "any_replica": False, "follower_ok": False}
+            if replicas:
+                response = await self._replica_read(route, group, request)
+            else:
+                response = await self._storage(route, group, "StorageRead", request)
             batches.extend(response["batches"])
             budget -= sum(len(found["batch"]) for found in response["batches"])
             next_offsets.extend(response["next_offsets"])
@@ -180,7 +201,7 @@ class Broker:
         async def wait_on(group: int, queues: list[int], done: trio.CancelScope) -> None:
             await self._storage(route, group, "StorageRead", {
                 "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": 0,
-                "at_least_one": False, "any_replica": False,
+                "at_least_one": False, "any_replica": False, "follower_ok": False,
                 "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
                 timeout_s=wait_s + limits.storage_call_s_max)
             done.cancel()
@@ -194,10 +215,12 @@ class Broker:
         route, positions = await self._pull_positions(request)
         max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
         response = await self._read(route, positions, max_bytes)
+        if not response["batches"]:  # a replica may lag: nothing new means nothing on the leaders
+            response = await self._read(route, positions, max_bytes, replicas=False)
         wait_ms = min(max(request["wait_ms"], 0), limits.pull_wait_ms_max)
         if not response["batches"] and wait_ms:
             await self._wait_for_data(route, positions, wait_ms / 1000)
-            response = await self._read(route, positions, max_bytes)
+            response = await self._read(route, positions, max_bytes, replicas=False)
         return response
 
     async def subscribe(self, request: dict) -> AsyncIterator[dict]:
@@ -206,6 +229,8 @@ class Broker:
         max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
         while True:
             response = await self._read(route, positions, max_bytes)
+            if not response["batches"]:  # a replica may lag: nothing new means nothing on the leaders
+                response = await self._read(route, positions, max_bytes, replicas=False)
             if response["batches"]:
                 yield response
                 positions = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}

@@ -1,6 +1,7 @@
 """The storage role: hosts the Raft groups the nameservers assign to this node, with the node's store
 as their state machine. The leader of a group serves appends (replicated before they are answered)
-and reads; it carries out the membership changes of replica moves.
+and reads; a follower in sync serves reads as a read replica; the leader carries out the membership
+changes of replica moves.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class StorageRole:
         self._last_append_ms: dict[tuple[str, int], int] = {}
         self.assigned = trio.Event()  # set once the first assignment arrived
         self._ask_now = trio.Event()  # a call named a group not hosted yet: ask for the assignment at once
+        self.replica_reads = 0  # reads served as a follower in sync
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("StorageAppend", self.append)
@@ -100,7 +102,7 @@ class StorageRole:
                 while True:
                     request = {"group": group, "topic": topic, "queues": [{"queue": queue, "offset": start or 0}],
                                "max_bytes": limits.read_bytes_max, "wait_ms": 0, "at_least_one": True,
-                               "any_replica": True}
+                               "any_replica": True, "follower_ok": False}
                     gap_end = self.store.gap_end(topic, queue)
                     found = [(batch["base_offset"], bytes(batch["batch"]))
                              for batch in (await self.peers.call(address, "StorageRead", request))["batches"]
@@ -219,10 +221,14 @@ class StorageRole:
         return {"batches": batches, "next_offsets": next_offsets}
 
     async def read(self, request: dict) -> dict:
-        if request["any_replica"]:
-            self._hosted(request["group"])
-        else:
-            self._leads(request["group"])
+        group = request["group"]
+        self._hosted(group)
+        core = self.host.groups[group].core
+        in_sync = request["follower_ok"] and core.in_sync(limits.follower_read_lag_entries_max)
+        if not (request["any_replica"] or in_sync):
+            self._leads(group)
+        if in_sync:
+            self.replica_reads += 1
         topic = request["topic"]
         positions = self._positions(request["queues"], "offset")
         max_bytes = max(0, min(request["max_bytes"], limits.read_bytes_max))

@@ -327,6 +327,7 @@ async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int
         await written.wait()  # the batches in flight are answered before anything is read
         consumed = {queue: await consume_queue(network, "orders", queue) for queue in range(8)}
         report.update(check_consumed(writers, consumed))
+        report["replica_reads"] = sum(node.storage.replica_reads for node in nodes.values())
         report.update({"batches": len(writers.acks), "resends": writers.resends, "calls": network.calls,
                        "answers_lost": network.lost, "simulated_s": round(trio.current_time(), 1)})
         for node in nodes.values():

@@ -19,7 +19,7 @@ snapshots = st.builds(Snapshot, st.integers(0, 2**40), st.integers(0, 2**40),
 messages = st.builds(Message, st.sampled_from(list(MessageType)), st.integers(1, 9), st.integers(1, 9),
                      st.integers(0, 2**40), st.integers(0, 2**40), st.integers(0, 2**40), entries.map(tuple),
                      st.integers(0, 2**40), st.booleans(), st.integers(0, 2**40), st.integers(0, 2**40),
-                     st.none() | snapshots, st.booleans())
+                     st.none() | snapshots, st.booleans(), st.integers(0, 2**40))
 
 
 @given(st.lists(st.tuples(st.integers(0, 2**63), messages), max_size=5))
