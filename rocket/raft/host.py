@@ -108,9 +108,11 @@ class RaftHost:
         hosted = self.groups.pop(group, None)
         self._active.discard(group)
         self._awake.discard(group)
-        if hosted is not None:
+        if hosted is not None:  # its proposals may have been committed by the others, or not
+            unknown = RocketError(Code.TIMEOUT, f"group {group} moved off node {self.node_id}: the outcome of "
+                                  "its proposal is unknown")
             for _, event, outcome in hosted.waiters.values():
-                outcome.extend((False, None))
+                outcome.extend((True, unknown))
                 event.set()
 
     async def write_data(self, blobs: list[bytes]) -> list[int]:

@@ -281,6 +281,70 @@ async def consume_all(server: str) -> tuple[list[Message], dict[int, int]]:
     return received, {entry["queue"]: entry["next_offset"] for entry in described["queues"]}
 
 
+async def verify_acknowledged(writers: Writers, server: str, tmp_path: Path) -> dict:
+    """Consume everything from earliest through server with a fresh group; every acknowledged message
+    is there at its offset, intact, offsets per queue are 0..next-1, per-queue order kept."""
+    consumed, next_offsets = await consume_all(server)
+    by_queue: dict[int, list[Message]] = collections.defaultdict(list)
+    for message in consumed:
+        by_queue[message.queue].append(message)
+    seq_at = {(message.queue, message.offset): check_intact(message) for message in consumed}
+    queues_of_topic = range(len(next_offsets))
+    gaps = [queue for queue in queues_of_topic
+            if [message.offset for message in by_queue[queue]] != list(range(next_offsets[queue]))]
+    acked_order: dict[int, list[int]] = collections.defaultdict(list)
+    missing: list[tuple[int, int, int]] = []  # (queue, offset, seq) acknowledged but not consumed there
+    for ack in writers.acks:
+        acked_order[ack.queue].extend(ack.seqs)
+        missing += [(ack.queue, ack.base_offset + index, seq) for index, seq in enumerate(ack.seqs)
+                    if seq_at.get((ack.queue, ack.base_offset + index)) != seq]
+    if gaps or missing:
+        queues = sorted(set(gaps) | {queue for queue, _, _ in missing})
+        pytest.fail(f"queues with offsets other than 0..next-1: {gaps}; {len(missing)} acknowledged messages not "
+                    f"consumed where acknowledged (first {missing[:3]}); DescribeTopic through {server} gave next "
+                    f"offsets {[next_offsets[queue] for queue in queues]} for queues {queues}, consumed "
+                    f"{[len(by_queue[queue]) for queue in queues]}; logs in {tmp_path}")
+    acked = {seq for seqs in acked_order.values() for seq in seqs}
+    distinct: set[int] = set()
+    for queue in queues_of_topic:
+        first_seen = []
+        for message in by_queue[queue]:
+            seq = int(message.properties["seq"])
+            if seq not in distinct:
+                distinct.add(seq)
+                first_seen.append(seq)
+        assert [seq for seq in first_seen if seq in acked] == acked_order[queue], f"queue {queue} out of order"
+        assert first_seen == sorted(first_seen), f"queue {queue}: first occurrences out of send order"
+    assert distinct <= writers.sent, "consumed a message nobody sent"
+    offsets_of: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
+    for message in consumed:
+        offsets_of[int(message.properties["seq"])].append((message.queue, message.offset))
+    acked_at = {(ack.queue, ack.base_offset): ack for ack in writers.acks}
+    previous_at: dict[tuple[int, int], float] = {}  # (queue, base offset) -> the queue's acknowledgement before
+    last: dict[int, float] = {}
+    for ack in writers.acks:
+        previous_at[(ack.queue, ack.base_offset)] = last.get(ack.queue, ack.at)
+        last[ack.queue] = ack.at
+    wall_offset = time.time() - trio.current_time()
+    duplicated = []  # (queue, offsets of each copy, when and how long after the queue's previous ack)
+    for seq, where in sorted(offsets_of.items()):
+        if len(where) > 1 and seq % BATCH == 0:
+            spot = next((spot for spot in where if spot in acked_at), None)
+            if spot is None:
+                duplicated.append((where[0][0], [offset for _, offset in where], "never acknowledged"))
+                continue
+            ack = acked_at[spot]
+            wall = ack.at + wall_offset
+            duplicated.append((where[0][0], [offset for _, offset in where],
+                               f"acknowledged at offset {spot[1]} at {time.strftime('%H:%M:%S', time.localtime(wall))}"
+                               f".{int(wall % 1 * 1000):03d} via node {ack.node}, "
+                               f"{ack.at - previous_at[spot]:.2f} s after the queue's previous acknowledgement"))
+    return {"acknowledged": len(acked), "batches": len(writers.acks), "consumed": len(consumed),
+            "distinct": len(distinct), "duplicates": len(consumed) - len(distinct),
+            "never_acknowledged": len(distinct - acked), "acked": acked,
+            "duplicated_batches": duplicated}
+
+
 async def wait_caught_up(servers: list[str], node_id: int, timeout_s: float) -> float:
     """Wait until no group's leader reports node_id more than CAUGHT_UP_ENTRIES behind (cluster status,
     from heartbeats); returns the seconds taken. A restarted replica that never catches up fails the test."""
@@ -351,42 +415,13 @@ async def test_three_kills_under_load_lose_no_acknowledged_message(cluster, tmp_
     for node in nodes.values():
         assert node.exited_by_itself() is None, f"node {node.node_id} died: {node.log_path.read_text()[-3000:]}"
 
-    consumed, next_offsets = await consume_all(servers[0])
-    by_queue: dict[int, list[Message]] = collections.defaultdict(list)
-    for message in consumed:
-        by_queue[message.queue].append(message)
-    seq_at = {(message.queue, message.offset): check_intact(message) for message in consumed}
-    gaps = [queue for queue in range(QUEUES)
-            if [message.offset for message in by_queue[queue]] != list(range(next_offsets[queue]))]
-    acked_order: dict[int, list[int]] = collections.defaultdict(list)
-    missing: list[tuple[int, int, int]] = []  # (queue, offset, seq) acknowledged but not consumed there
-    for ack in writers.acks:
-        acked_order[ack.queue].extend(ack.seqs)
-        missing += [(ack.queue, ack.base_offset + index, seq) for index, seq in enumerate(ack.seqs)
-                    if seq_at.get((ack.queue, ack.base_offset + index)) != seq]
-    if gaps or missing:
-        queues = sorted(set(gaps) | {queue for queue, _, _ in missing})
-        pytest.fail(f"queues with offsets other than 0..next-1: {gaps}; {len(missing)} acknowledged messages not "
-                    f"consumed where acknowledged (first {missing[:3]}); consumed through node {NODES[0]} whose "
-                    f"DescribeTopic gave next offsets {[next_offsets[queue] for queue in queues]} for queues "
-                    f"{queues}; logs in {tmp_path}")
-    acked = {seq for seqs in acked_order.values() for seq in seqs}
-    distinct: set[int] = set()
-    for queue in range(QUEUES):
-        first_seen = []
-        for message in by_queue[queue]:
-            seq = int(message.properties["seq"])
-            if seq not in distinct:
-                distinct.add(seq)
-                first_seen.append(seq)
-        assert [seq for seq in first_seen if seq in acked] == acked_order[queue], f"queue {queue} out of order"
-        assert first_seen == sorted(first_seen), f"queue {queue}: first occurrences out of send order"
-    assert distinct <= writers.sent, "consumed a message nobody sent"
-    duplicates = len(consumed) - len(distinct)
-    print(f"totals: acknowledged {len(acked)} messages in {len(writers.acks)} batches; consumed {len(consumed)} "
-          f"({len(distinct)} distinct); duplicates {duplicates}; stored but never acknowledged "
-          f"{len(distinct - acked)}; writer failovers {writers.failovers} {dict(writers.errors)}, resends "
-          f"{writers.resends}; wall {time.monotonic() - started:.1f} s", flush=True)
+    result = await verify_acknowledged(writers, servers[0], tmp_path)
+    print(f"totals: acknowledged {result['acknowledged']} messages in {result['batches']} batches; consumed "
+          f"{result['consumed']} ({result['distinct']} distinct); duplicates {result['duplicates']} "
+          f"{result['duplicated_batches']}; stored but never acknowledged {result['never_acknowledged']}; writer "
+          f"failovers {writers.failovers} {dict(writers.errors)}, resends {writers.resends}; wall "
+          f"{time.monotonic() - started:.1f} s", flush=True)
+    acked = result["acked"]
     assert len(acked) > 1000
     for kill in kills:
         assert kill.first_ack_s < BOUND_S and kill.all_writers_s < BOUND_S and kill.all_led_s < BOUND_S, kill

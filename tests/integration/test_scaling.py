@@ -29,9 +29,8 @@ import pytest
 import trio
 
 from rocket.client import connect
-from rocket.model import Message
 from rocket.transport.listen import free_ports
-from tests.integration.test_cluster import BATCH, FAILOVER, Node, Writers, check_intact, cluster_status, consume_all
+from tests.integration.test_cluster import FAILOVER, Node, Writers, cluster_status, verify_acknowledged
 
 NAMESERVERS = (1, 2, 3)  # all-role nodes; the nameserver group
 GROUPS = 24
@@ -158,58 +157,6 @@ async def stop_writers(writers: Writers, writer_count: int) -> None:
     with trio.fail_after(40):
         while writers.done < writer_count:
             await trio.sleep(0.1)
-
-
-async def verify_acknowledged(writers: Writers, server: str, tmp_path: Path) -> dict:
-    """Consume everything from earliest through server with a fresh group; every acknowledged message
-    is there at its offset, intact, offsets per queue are 0..next-1, per-queue order kept."""
-    consumed, next_offsets = await consume_all(server)
-    by_queue: dict[int, list[Message]] = collections.defaultdict(list)
-    for message in consumed:
-        by_queue[message.queue].append(message)
-    seq_at = {(message.queue, message.offset): check_intact(message) for message in consumed}
-    gaps = [queue for queue in range(QUEUES)
-            if [message.offset for message in by_queue[queue]] != list(range(next_offsets[queue]))]
-    acked_order: dict[int, list[int]] = collections.defaultdict(list)
-    missing: list[tuple[int, int, int]] = []  # (queue, offset, seq) acknowledged but not consumed there
-    for ack in writers.acks:
-        acked_order[ack.queue].extend(ack.seqs)
-        missing += [(ack.queue, ack.base_offset + index, seq) for index, seq in enumerate(ack.seqs)
-                    if seq_at.get((ack.queue, ack.base_offset + index)) != seq]
-    if gaps or missing:
-        queues = sorted(set(gaps) | {queue for queue, _, _ in missing})
-        pytest.fail(f"queues with offsets other than 0..next-1: {gaps}; {len(missing)} acknowledged messages not "
-                    f"consumed where acknowledged (first {missing[:3]}); DescribeTopic through {server} gave next "
-                    f"offsets {[next_offsets[queue] for queue in queues]} for queues {queues}, consumed "
-                    f"{[len(by_queue[queue]) for queue in queues]}; logs in {tmp_path}")
-    acked = {seq for seqs in acked_order.values() for seq in seqs}
-    distinct: set[int] = set()
-    for queue in range(QUEUES):
-        first_seen = []
-        for message in by_queue[queue]:
-            seq = int(message.properties["seq"])
-            if seq not in distinct:
-                distinct.add(seq)
-                first_seen.append(seq)
-        assert [seq for seq in first_seen if seq in acked] == acked_order[queue], f"queue {queue} out of order"
-        assert first_seen == sorted(first_seen), f"queue {queue}: first occurrences out of send order"
-    assert distinct <= writers.sent, "consumed a message nobody sent"
-    offsets_of: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
-    for message in consumed:
-        offsets_of[int(message.properties["seq"])].append((message.queue, message.offset))
-    acked_at = {(ack.queue, ack.base_offset): ack for ack in writers.acks}
-    wall_offset = time.time() - trio.current_time()
-    duplicated = []  # (queue, offsets of each copy, when the acknowledged copy's batch was acknowledged)
-    for seq, where in sorted(offsets_of.items()):
-        if len(where) > 1 and seq % BATCH == 0:
-            ack = next((acked_at[spot] for spot in where if spot in acked_at), None)
-            when = time.strftime("%H:%M:%S", time.localtime(ack.at + wall_offset)) if ack else "never"
-            duplicated.append((where[0][0], [offset for _, offset in where], f"acknowledged {when}"
-                               f"{f'.{int((ack.at + wall_offset) % 1 * 1000):03d} via node {ack.node}' if ack else ''}"))
-    return {"acknowledged": len(acked), "batches": len(writers.acks), "consumed": len(consumed),
-            "distinct": len(distinct), "duplicates": len(consumed) - len(distinct),
-            "never_acknowledged": len(distinct - acked), "acked": acked,
-            "duplicated_batches": duplicated}
 
 
 # ---- tests ---------------------------------------------------------------------------------------------
