@@ -250,14 +250,34 @@ class Nameserver:
             await self._propose(command)
         return self.metadata.topic(name).to_wire()
 
+    def _in_sync(self) -> bool:
+        """A follower nameserver answers reads itself while it is in sync with the leader (it heard from
+        it within an election timeout and applied nearly all it committed): stale by a bounded amount."""
+        return self.host.groups[META_GROUP].core.in_sync(limits.follower_read_lag_entries_max)
+
+    async def _read(self, method: str, request: dict, here, locally: bool = True):
+        """A read of the metadata: here when in sync (and locally allowed), else on the leader after a
+        read barrier (its lease, or a round of heartbeats), so that a new or deposed leader does not
+        answer from old state."""
+        if locally and not self.leads() and self._in_sync():
+            return await here(request)
+
+        async def on_leader(request: dict):
+            await self.host.read_barrier(META_GROUP, lease=True)
+            return await here(request)
+
+        return await self._on_leader(method, request, on_leader)
+
     async def list_topics(self, request: dict) -> dict:
+        return await self._read("MetaListTopics", request, self._topics_here)
+
+    async def _topics_here(self, request: dict) -> dict:
         return {"topics": [self.metadata.topics[name].to_wire() for name in sorted(self.metadata.topics)]}
 
     async def get_route(self, request: dict) -> dict:
-        """From this nameserver's state; a topic it does not know yet is looked up on the leader."""
-        if request["topic"] in self.metadata.topics or self.leads():
-            return self.metadata.route(request["topic"], self._leaders)
-        return await self._on_leader("GetRoute", request, self._route_here)
+        """From this nameserver's state when it is in sync and knows the topic, else from the leader's
+        (a topic just created may not have reached this one yet)."""
+        return await self._read("GetRoute", request, self._route_here, locally=request["topic"] in self.metadata.topics)
 
     async def _route_here(self, request: dict) -> dict:
         return self.metadata.route(request["topic"], self._leaders)
