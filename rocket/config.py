@@ -178,6 +178,9 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
         if value is not None:
             values[key] = _convert(key, value)
     config = NodeConfig(**values)
+    if not config.nameservers and "nameserver" not in config.roles:
+        raise ConfigError("nameservers: a node without the nameserver role needs the nameserver group, as "
+                          "ID@HOST:PORT,...")
     if config.nameservers and "nameserver" in config.roles and config.node_id not in dict(config.nameservers):
         raise ConfigError(f"nameservers: this node runs the nameserver role, so its node_id {config.node_id} "
                           "must be one of them")

@@ -36,6 +36,11 @@ def test_defaults_are_dev_mode():
         ("", {"ROCKET_SEGMENT_BYTES": "ten"}, {}, "ROCKET_SEGMENT_BYTES"),
         ("", {}, {"roles": "broker,teapot"}, "teapot"),
         ("", {}, {"http2_listen": "host:99999"}, "http2_listen"),
+        ("", {}, {"roles": "storage,broker"}, "nameservers"),  # who would it register with?
+        ("", {}, {"nameservers": "1@h:1,2@h:2", "node_id": "3"}, "nameservers"),  # a nameserver not in its group
+        ("", {}, {"nameservers": "1@h:1,1@h:2"}, "twice"),
+        ("", {"ROCKET_NAMESERVERS": "one@h:1"}, {}, "ROCKET_NAMESERVERS"),
+        ("", {}, {"replication": "0"}, "replication"),
     ],
 )
 def test_bad_values_name_their_key(tmp_path: Path, file_text, environment, flags, named):
