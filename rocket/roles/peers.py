@@ -52,11 +52,13 @@ class Peers:
             return response
         raise error
 
-    async def heartbeat(self, load: dict | None = None) -> dict | None:
-        """Report this node, its roles and load to the nameservers; returns its assignment, or None
-        (logged) when no nameserver answered."""
+    async def heartbeat(self, load: dict | None = None, assignment_version: int = -1) -> dict | None:
+        """Report this node, its roles and load to the nameservers; returns its assignment (marked
+        unchanged when it is still the one of assignment_version), or None (logged) when no nameserver
+        answered."""
         request = {"node": self.config.node_id, "address": str(self.address), "roles": list(self.config.roles),
-                   "load": load or {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0, "lagging": []}}
+                   "load": load or {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0, "lagging": []},
+                   "assignment_version": assignment_version}
         try:
             return await self.nameserver("NodeHeartbeat", request, timeout_s=limits.leader_wait_s_max + 5)
         except RocketError as error:

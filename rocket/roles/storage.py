@@ -37,6 +37,7 @@ class StorageRole:
         self.assigned = trio.Event()  # set once the first assignment arrived
         self._ask_now = trio.Event()  # a call named a group not hosted yet: ask for the assignment at once
         self.replica_reads = 0  # reads served as a follower in sync
+        self._assignment_version = -1  # the metadata version of the assignment this node holds
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("StorageAppend", self.append)
@@ -66,9 +67,16 @@ class StorageRole:
                    for node, progress in core.progress.items() if progress.match < core.last_index]
         load = {"groups": len(groups), "leads": leads, "bytes": self.host.wal.log.end_position,
                 "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging}
-        assignment = await self.peers.heartbeat(load)
+        assignment = await self.peers.heartbeat(load, self._assignment_version)
         if assignment is None:
             return
+        if not assignment["unchanged"]:
+            self._assign(assignment)
+        self.assigned.set()
+
+    def _assign(self, assignment: dict) -> None:
+        """Host the groups assigned to this node, and stop hosting the ones moved off it."""
+        self._assignment_version = assignment["version"]
         for node in assignment["nodes"]:
             address = address_of(node["address"])
             self.addresses[node["id"]] = (address.host, address.port)
@@ -80,7 +88,6 @@ class StorageRole:
         for group in self._storage_groups() - assigned:
             log.info("storage group %d moved off this node", group)
             self.host.remove_group(group)
-        self.assigned.set()
 
     async def _backfill_forever(self) -> None:
         """A replica that installed a snapshot lacks the batches before it: fetch them from the other
