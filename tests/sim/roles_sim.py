@@ -10,6 +10,7 @@ only moves when every task waits. A failing run prints its seed and replays with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from pathlib import Path
 
@@ -43,6 +44,7 @@ class Network:
     def __init__(self, randomness: random.Random, faults: NetworkFaults):
         self.random = randomness
         self.faults = faults
+        self.isolated: set[int] = set()  # nodes cut off from every other one (and from the client)
         self.nodes: dict[int, SimNode] = {}
         self.by_address: dict[tuple[str, int], SimNode] = {}
         self.calls = self.lost = 0
@@ -50,12 +52,19 @@ class Network:
     def delay(self) -> float:
         return self.random.uniform(0, self.faults.delay_s_max)
 
-    async def call(self, address: tuple[str, int], method: str, request: dict, timeout_s: float,
+    def cut(self, sender: int, receiver: int) -> bool:
+        return sender != receiver and (sender in self.isolated or receiver in self.isolated)
+
+    async def call(self, sender: int, address: tuple[str, int], method: str, request: dict, timeout_s: float,
                    reliable: bool = False) -> dict:
-        """A call; unless reliable (the scenario's own control calls), its answer may be lost."""
+        """A call from node sender (0: the client); unless reliable (the scenario's own control calls),
+        its answer may be lost. Across a partition it hangs until its timeout, as over a real network."""
         target = self.by_address.get(address)
         if target is None or not target.up:
             raise RocketError(Code.UNAVAILABLE, f"cannot connect to {address[0]}:{address[1]}")
+        if self.cut(sender, target.config.node_id):
+            await trio.sleep(min(timeout_s, limits.connect_timeout_s))
+            raise RocketError(Code.TIMEOUT, f"{method} got no answer (partitioned)")
         self.calls += 1
         lose_answer = not reliable and self.random.random() < self.faults.call_loss
         with trio.move_on_after(timeout_s) as waited:
@@ -69,22 +78,23 @@ class Network:
             raise RocketError(Code.CONNECTION_LOST, "connection lost (simulated)")
         return response
 
-    def post(self, destination: int, payload: bytes) -> None:
+    def post(self, sender: int, destination: int, payload: bytes) -> None:
         target = self.nodes.get(destination)
-        if target is None or not target.up or self.random.random() < self.faults.drop:
+        if target is None or not target.up or self.cut(sender, destination) or self.random.random() < self.faults.drop:
             return
         target.deliver(self.delay(), payload)
 
 
 class SimPool:
-    """What Peers needs of a ChannelPool."""
+    """What Peers needs of a ChannelPool: calls from one node."""
 
-    def __init__(self, network: Network):
+    def __init__(self, network: Network, node: int):
         self.network = network
+        self.node = node
 
     async def call(self, address: tuple[str, int], method: str, request: dict,
                    timeout_s: float = limits.request_timeout_s_default) -> dict:
-        return await self.network.call(address, method, request, timeout_s)
+        return await self.network.call(self.node, address, method, request, timeout_s)
 
 
 class SimNode:
@@ -110,14 +120,15 @@ class SimNode:
         self.stopped = trio.Event()
         wal = Wal.open(config.data_dir / "raft", keep_segments=True)
         addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
-        self.host = RaftHost(config.node_id, wal, self.network.post, tick_s=config.raft_tick_s)
+        self.host = RaftHost(config.node_id, wal, functools.partial(self.network.post, config.node_id),
+                             tick_s=config.raft_tick_s)
 
         async def raft_step(request: dict) -> dict:
             self.host.receive(request["payload"])
             return {}
 
         self.dispatcher.handle("RaftStep", raft_step)
-        peers = Peers(config, self.dispatcher, SimPool(self.network))
+        peers = Peers(config, self.dispatcher, SimPool(self.network, config.node_id))
         nameserver = Nameserver(config, self.host, peers)
         self.storage = StorageRole(config, self.host, peers, addresses)
         nameserver.register(self.dispatcher)
@@ -218,7 +229,7 @@ class Writers:
                 try:
                     if node is None:
                         raise RocketError(Code.UNAVAILABLE, "no node is up")
-                    reply = await self.network.call((node.config.listen.host, node.config.listen.port), "Produce",
+                    reply = await self.network.call(0, (node.config.listen.host, node.config.listen.port), "Produce",
                                                     {"topic": self.topic, "queue": queue, "batch": batch}, 10.0)
                     break
                 except RocketError as error:
@@ -237,7 +248,7 @@ async def consume_queue(network: Network, topic: str, queue: int) -> list[Messag
         live = [node for node in network.nodes.values() if node.up]
         node = network.random.choice(live)
         try:
-            response = await network.call((node.config.listen.host, node.config.listen.port), "Pull", {
+            response = await network.call(0, (node.config.listen.host, node.config.listen.port), "Pull", {
                 "topic": topic, "queues": [{"queue": queue, "offset": offset}], "max_bytes": 1 << 20,
                 "wait_ms": 0}, 10.0, True)
         except RocketError as error:
@@ -288,9 +299,10 @@ def node_config(node: int, nodes: int, base: Path, groups: int) -> NodeConfig:
                       node_id=node, nameservers=members, storage_groups=groups, replication=3)
 
 
-async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int = 6) -> dict:
+async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int = 6, partition: bool = False) -> dict:
     """Three all-role nodes under writes: crash the busiest storage leader, restart it, crash the
-    nameserver leader, restart it; then consume everything and check it."""
+    nameserver leader, restart it (with partition, cut each off for a while instead: it keeps running,
+    believing it leads, and comes back); then consume everything and check it."""
     trio_run._r.seed(seed)  # trio's own scheduling choices follow the seed too
     network = Network(random.Random(seed), faults)
     nodes = {node: SimNode(node_config(node, 3, base, groups), network) for node in (1, 2, 3)}
@@ -300,28 +312,34 @@ async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int
             for node in nodes.values():
                 starting.start_soon(nursery.start, node.run)
         first = nodes[1].config.listen
-        await network.call((first.host, first.port), "CreateTopic", {"topic": "orders", "queues": 8}, 30.0, True)
+        await network.call(0, (first.host, first.port), "CreateTopic", {"topic": "orders", "queues": 8}, 30.0, True)
         writers = Writers(network, "orders", [0, 2, 4, 6], messages_per_batch=5)
         stop, written = trio.Event(), trio.Event()
         nursery.start_soon(writers.run, stop, written)
         await trio.sleep(2 + network.random.random())
         for what in ("busiest storage leader", "nameserver leader"):
-            asked = next(node.config.listen for node in nodes.values() if node.up)
-            status = await network.call((asked.host, asked.port), "ClusterStatus", {}, 30.0, True)
+            asked = next(node.config.listen for node in nodes.values() if node.up and not network.cut(0, node.config.node_id))
+            status = await network.call(0, (asked.host, asked.port), "ClusterStatus", {}, 30.0, True)
             if what == "nameserver leader":
                 victim = status["nameserver_leader"] or 1
             else:
                 victim = max(status["nodes"], key=lambda entry: len(entry["load"]["leads"]))["id"]
             acked_before = len(writers.acks)
-            nodes[victim].crash()
-            await nodes[victim].stopped.wait()
+            if partition:
+                network.isolated.add(victim)
+            else:
+                nodes[victim].crash()
+                await nodes[victim].stopped.wait()
             killed_at = trio.current_time()
             while len(writers.acks) == acked_before:
                 await trio.sleep(0.05)
             report["kills"].append({"what": what, "victim": victim,
                                     "first_ack_after_s": round(trio.current_time() - killed_at, 2)})
             await trio.sleep(3 + network.random.random() * 2)
-            await nursery.start(nodes[victim].run)
+            if partition:
+                network.isolated.discard(victim)
+            else:
+                await nursery.start(nodes[victim].run)
             await trio.sleep(3)
         stop.set()
         await written.wait()  # the batches in flight are answered before anything is read

@@ -3,6 +3,7 @@ message is consumed once, at its offset, in queue order, whatever the seed."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from pathlib import Path
@@ -35,12 +36,14 @@ def inline_threads(monkeypatch):
 
 
 @pytest.mark.sim_seeds(ROLE_SEEDS)
-@pytest.mark.parametrize("faults", [NetworkFaults(), NetworkFaults(drop=0.02, call_loss=0.01)],
-                         ids=["delays", "losses"])
-def test_roles_survive_two_kills_without_losing_an_acknowledged_message(seed, faults, fast_disk, inline_threads):
+@pytest.mark.parametrize("faults, partition", [(NetworkFaults(), False), (NetworkFaults(drop=0.02, call_loss=0.01), False),
+                                               (NetworkFaults(drop=0.02), True)],
+                         ids=["crashes", "crashes-losses", "partitions"])
+def test_roles_survive_two_failures_without_losing_an_acknowledged_message(seed, faults, partition, fast_disk,
+                                                                            inline_threads):
     clock = trio.testing.MockClock(autojump_threshold=0)
     try:
-        report = trio.run(run_failover, seed, fast_disk, faults, clock=clock)
+        report = trio.run(functools.partial(run_failover, seed, fast_disk, faults, partition=partition), clock=clock)
     except BaseException:
         print(f"roles simulation failed with seed {seed}: replay with pytest tests/sim --seed {seed}")
         raise
