@@ -64,6 +64,7 @@ class Nameserver:
                         await self._plan_moves(nursery)
                     except RocketError as error:
                         log.warning("planning replica moves: %s", error)
+
     def leads(self) -> bool:
         return self.host.leader_of(META_GROUP) == self.config.node_id
 

@@ -36,11 +36,11 @@ def inline_threads(monkeypatch):
 
 
 @pytest.mark.sim_seeds(ROLE_SEEDS)
-@pytest.mark.parametrize("faults, partition", [(NetworkFaults(), False), (NetworkFaults(drop=0.02, call_loss=0.01), False),
-                                               (NetworkFaults(drop=0.02), True)],
-                         ids=["crashes", "crashes-losses", "partitions"])
-def test_roles_survive_two_failures_without_losing_an_acknowledged_message(seed, faults, partition, fast_disk,
-                                                                            inline_threads):
+@pytest.mark.parametrize("faults, partition", [
+    (NetworkFaults(), False), (NetworkFaults(drop=0.02, call_loss=0.01), False), (NetworkFaults(drop=0.02), True),
+], ids=["crashes", "crashes-losses", "partitions"])
+def test_roles_survive_two_failures_without_losing_an_acknowledged_message(
+        seed, faults, partition, fast_disk, inline_threads):
     clock = trio.testing.MockClock(autojump_threshold=0)
     try:
         report = trio.run(functools.partial(run_failover, seed, fast_disk, faults, partition=partition), clock=clock)
