@@ -1,5 +1,6 @@
 """The broker role: the client-facing RPC methods, and nothing that cannot be lost. Topics and routes
-come from the nameservers (cached, refreshed by age and on errors), messages and consumer offsets
+come from the nameservers (cached; refreshed when the node's heartbeat reports a newer metadata
+version, by age, and on errors), messages and consumer offsets
 live in the storage groups. Any broker serves any client; a call that finds a replica gone or no
 longer leading is retried on the group's other replicas.
 """
@@ -66,7 +67,8 @@ class Broker:
 
     async def _route(self, topic: str, refresh: bool = False) -> _Route:
         route = self._routes.get(topic)
-        if route is None or refresh or trio.current_time() - route.fetched_at > limits.route_ttl_s:
+        if (route is None or refresh or route.version < self.peers.metadata_version  # the metadata changed
+                or trio.current_time() - route.fetched_at > limits.route_ttl_s):
             response = await self.peers.nameserver("GetRoute", {"topic": topic})
             for node in response["nodes"]:
                 self._addresses[node["id"]] = address_of(node["address"])

@@ -29,6 +29,7 @@ class Peers:
         self.pool = pool
         self.nameservers = list(config.nameserver_members().values())
         self._nameserver_at = 0  # the nameserver that answered last: asked first next time
+        self.metadata_version = 0  # the newest metadata version a heartbeat answer carried
 
     async def call(self, address: Address, method: str, request: dict,
                    timeout_s: float = limits.request_timeout_s_default) -> dict:
@@ -60,10 +61,12 @@ class Peers:
                    "load": load or {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0, "lagging": []},
                    "assignment_version": assignment_version}
         try:
-            return await self.nameserver("NodeHeartbeat", request, timeout_s=limits.leader_wait_s_max + 5)
+            assignment = await self.nameserver("NodeHeartbeat", request, timeout_s=limits.leader_wait_s_max + 5)
         except RocketError as error:
             log.warning("heartbeat to the nameservers failed: %s", error)
             return None
+        self.metadata_version = max(self.metadata_version, assignment["version"])
+        return assignment
 
     async def report_forever(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Heartbeats of a node that stores nothing (brokers, nameservers), so the cluster lists it."""
