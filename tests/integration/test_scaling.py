@@ -18,10 +18,7 @@ Run with -s to see the figures. Node logs are in the test's tmp_path (node<N>.lo
 from __future__ import annotations
 
 import collections
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -41,22 +38,11 @@ STORAGE_ROLES = "storage,broker"
 
 
 class RoleNode(Node):
-    """A Node started with the given roles and this module's storage group count."""
+    """A Node started with the given roles and this module's storage group count; it can be stopped."""
 
     def __init__(self, node_id: int, port: int, nameservers: str, base: Path, roles: str):
-        super().__init__(node_id, port, nameservers, base)
-        self.roles = roles
-
-    def start(self) -> None:
-        env = {**os.environ, "ROCKET_STORAGE_GROUPS": str(GROUPS), "ROCKET_REPLICATION": str(REPLICATION)}
-        command = [sys.executable, "-m", "rocket", "run", "--role", self.roles, "--node-id", str(self.node_id),
-                   "--nameservers", self.nameservers, "--listen", self.server, "--http2-listen", "off",
-                   "--data-dir", str(self.data_dir)]
-        with open(self.out_path, "ab") as out, open(self.log_path, "ab") as log:
-            log.write(f"---- start {self.starts + 1} ({self.roles}) at {time.strftime('%H:%M:%S')}\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(command, stdout=out, stderr=log, env=env)
-        self.starts += 1
+        super().__init__(node_id, port, nameservers, base, roles,
+                         {"ROCKET_STORAGE_GROUPS": str(GROUPS), "ROCKET_REPLICATION": str(REPLICATION)})
 
     async def terminate(self, timeout_s: float = 30.0) -> tuple[int | None, float]:
         """SIGTERM and wait for the exit: (exit status or None if still running after timeout_s, seconds)."""
