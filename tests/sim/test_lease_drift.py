@@ -11,25 +11,14 @@ from __future__ import annotations
 
 from rocket.raft.core import Config, NotLeader, RaftCore, Role
 from tests.sim.linearizability import Operation, linearizable
+from tests.unit.test_raft_core import pump
 
 NODES = (1, 2, 3)
 
 
 def deliver(cores: dict[int, RaftCore], cut: int | None) -> None:
-    """Persist, send and apply every Ready until none is left; messages to or from `cut` are lost."""
-    for _ in range(100):
-        moved = False
-        for core in cores.values():
-            if not core.has_ready():
-                continue
-            ready = core.ready()
-            core.advance(ready)
-            for message in ready.messages:
-                moved = True
-                if cut not in (message.to, message.sender):
-                    cores[message.to].step(message)
-        if not moved:
-            return
+    """Every Ready handled until none is left; messages to or from `cut` are lost."""
+    pump(cores, frozenset() if cut is None else frozenset({cut}))
 
 
 def committed_value(core: RaftCore) -> bytes:
