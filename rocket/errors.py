@@ -27,6 +27,9 @@ class Code(enum.IntEnum):
     UNSUPPORTED_SERDE = 16
     CONFIG_INVALID = 17
     CONNECTION_LOST = 18  # client side: the connection broke before an answer came
+    BAD_FILTER = 19  # a tag or SQL92 filter expression does not parse; the message names the position
+    WRONG_MESSAGE_TYPE = 20  # a send does not match the topic's message type (normal, fifo, delay, transaction)
+    NOT_FOUND = 21  # a message, timer or receipt that does not exist (any more)
 
 
 class RocketError(Exception):

@@ -37,6 +37,8 @@ queues_per_topic_max = 1024  # dev-mode topics; cluster topics spread queues ove
 topic_name_bytes_max = 249  # Kafka's limit; names become file and key prefixes
 group_name_bytes_max = 249  # consumer group names become key prefixes too
 topics_max = 100_000  # metadata held in memory by the nameserver
+filter_expression_bytes_max = 4 * KiB  # a filter is parsed per subscription; longer ones are hostile
+filter_nesting_max = 64  # parentheses and NOT nest at most this deep, so parsing never exhausts the stack
 storage_groups_max = 100_000  # Raft groups in one cluster: a node holds 10,000, a cluster a million queues
 
 # Raft.
