@@ -1,0 +1,126 @@
+"""The ObjectStore interface of the tier: whole-object put, ranged get, head, list and delete by key.
+
+Keys are '/'-separated relative names, checked here the same way for every backend so that a key that
+works on a local directory works on S3 and back. Every method is async and runs under Trio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from rocket.errors import Code, RocketError
+
+KiB = 1024
+GiB = 1024 * 1024 * KiB
+
+# Limits of this layer (to move to rocket/limits.py).
+object_key_bytes_max = 1 * KiB  # S3's limit for a key (UTF-8); the same keys must work on every backend
+object_key_segment_bytes_max = 255  # NAME_MAX: each '/'-separated segment is a file name on the local store
+object_bytes_max = 5 * GiB  # S3's limit for a single-part PUT; this layer does no multipart upload
+list_objects_max = 1_000_000  # list() returns one list in memory; a prefix holding more is listed in parts
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One stored object. etag is the lowercase hex MD5 of the object's bytes on both backends,
+    except for S3 objects whose ETag is not an MD5 (multipart or SSE-KMS), where it is S3's ETag as is."""
+
+    key: str
+    size: int
+    etag: str
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """Objects by key. Errors are RocketError: BAD_REQUEST for a bad key or range, NOT_FOUND for a
+    missing object on get, CORRUPT_DATA when bytes fail their checksum, UNAVAILABLE when the backend is."""
+
+    async def put(self, key: str, data: bytes) -> ObjectInfo:
+        """Store data under key, replacing any object there, atomically: readers see all or nothing."""
+        ...
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """The bytes data[start:end] of the object (end exclusive, None = to the end), clamped like a
+        Python slice: a range past the end returns fewer bytes, or none. A whole-object read is checked
+        against the object's checksum."""
+        ...
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        """The object's info, or None when there is no object under key."""
+        ...
+
+    async def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with prefix (a string prefix, not a directory), sorted by key."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Remove the object; removing a missing object is not an error."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the store's resources; later calls fail with UNAVAILABLE."""
+        ...
+
+
+def check_key(key: str) -> str:
+    """key if it is a valid object key, else RocketError(BAD_REQUEST) saying what is wrong."""
+    if not isinstance(key, str) or not key:
+        raise RocketError(Code.BAD_REQUEST, f"object key must be a non-empty string, not {key!r}")
+    _check_name(key, "object key")
+    if key.endswith("/"):
+        raise RocketError(Code.BAD_REQUEST, f"object key {key!r} ends with '/'")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """prefix if it can start a valid key ('' lists everything), else RocketError(BAD_REQUEST)."""
+    if not isinstance(prefix, str):
+        raise RocketError(Code.BAD_REQUEST, f"object prefix must be a string, not {prefix!r}")
+    if prefix:
+        _check_name(prefix, "object prefix")
+    return prefix
+
+
+def check_range(key: str, start: int, end: int | None) -> None:
+    if not isinstance(start, int) or start < 0:
+        raise RocketError(Code.BAD_REQUEST, f"get {key!r}: range start must be an integer >= 0, not {start!r}")
+    if end is not None and (not isinstance(end, int) or end < start):
+        raise RocketError(Code.BAD_REQUEST, f"get {key!r}: range end must be None or an integer >= start "
+                                            f"({start}), not {end!r}")
+
+
+def check_data(key: str, data: bytes) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise RocketError(Code.BAD_REQUEST, f"put {key!r}: data must be bytes, not {type(data).__name__}")
+    data = bytes(data) if not isinstance(data, bytes) else data
+    if len(data) > object_bytes_max:
+        raise RocketError(Code.BAD_REQUEST, f"put {key!r}: {len(data)} bytes is more than the "
+                                            f"{object_bytes_max} an object may hold")
+    return data
+
+
+def _check_name(name: str, what: str) -> None:
+    if len(name.encode("utf-8", "surrogatepass")) > object_key_bytes_max:
+        raise RocketError(Code.BAD_REQUEST, f"{what} is longer than {object_key_bytes_max} bytes: {name[:64]!r}...")
+    if name.startswith("/"):
+        raise RocketError(Code.BAD_REQUEST, f"{what} {name!r} starts with '/'; keys are relative")
+    if any(ord(character) < 0x20 or character in "\x7f\\" for character in name):
+        raise RocketError(Code.BAD_REQUEST, f"{what} {name!r} holds a control character or a backslash")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RocketError(Code.BAD_REQUEST, f"{what} {name!r} is not valid Unicode text") from None
+    segments = name.split("/")
+    last = len(segments) - 1
+    for index, segment in enumerate(segments):
+        if segment == "" and index == last:
+            continue  # a trailing '/' (allowed in prefixes; check_key refuses it for keys)
+        if segment in ("", ".", ".."):
+            raise RocketError(Code.BAD_REQUEST, f"{what} {name!r} has an empty, '.' or '..' segment")
+        if segment.startswith("."):
+            # The local store keeps its temporary files under hidden names; keys never look like them.
+            raise RocketError(Code.BAD_REQUEST, f"{what} {name!r} has a segment starting with '.'")
+        if len(segment.encode("utf-8")) > object_key_segment_bytes_max:
+            raise RocketError(Code.BAD_REQUEST, f"{what} {name!r} has a segment longer than "
+                                                f"{object_key_segment_bytes_max} bytes")
