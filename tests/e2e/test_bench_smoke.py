@@ -1,0 +1,65 @@
+"""The comparison harness (benchmarks/run.py) runs end to end with tiny counts on rocket and on every peer
+whose server is installed, and writes sane figures for each; no figure is compared with a target."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from peers import SYSTEMS  # noqa: E402
+
+MESSAGES = 2000
+SIZE = 1024
+WORKLOADS = {"raw-disk", "produce", "consume", "both:produce", "both:consume", "fixed-rate"}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    """One harness run over every system; the harness itself leaves out those not installed."""
+    directory = tmp_path_factory.mktemp("bench")
+    out = directory / "compare"
+    finished = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--messages", str(MESSAGES), "--sizes", str(SIZE),
+         "--producers", "1", "--rate-seconds", "1", "--systems", ",".join(SYSTEMS), "--out", str(out),
+         "--data-parent", str(directory)],
+        capture_output=True, text=True, timeout=85, cwd=ROOT)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    report = json.loads(out.with_suffix(".json").read_text())
+    report["markdown"] = out.with_suffix(".md").read_text()
+    return report
+
+
+@pytest.mark.parametrize("name", list(SYSTEMS))
+def test_system_has_sane_figures(report, name):
+    """Every workload ran with positive rates and ordered latency percentiles, and the readers got every message;
+    a system is left out only because its server is not installed, and then the report says why."""
+    entry = report["systems"][name]
+    reason = SYSTEMS[name].missing()
+    if reason is not None:
+        assert entry["skipped"] == reason
+        pytest.skip(f"{name} not measured: {reason}")
+    assert entry["durability"] and f"| {name} |" in report["markdown"]
+    runs = {run["workload"]: run for run in entry["runs"]}
+    assert set(runs) == WORKLOADS
+    for workload, run in runs.items():
+        assert run["mb_per_s"] > 0, run
+        if workload != "raw-disk":
+            assert run["messages_per_s"] > 0 and run["seconds"] > 0, run
+    for workload in ("consume", "both:consume"):
+        assert runs[workload]["messages"] == MESSAGES, runs[workload]
+    for workload in ("produce", "both:produce", "fixed-rate"):
+        run = runs[workload]
+        assert 0 < run["latency_ms_p50"] <= run["latency_ms_p99"] <= run["latency_ms_p999"], run
+    assert 0 < runs["fixed-rate"]["target_messages_per_s"] < runs["produce"]["messages_per_s"]
+
+
+def test_rocket_is_always_measured():
+    """rocket needs nothing installed beyond this package, so it is never the one left out."""
+    assert SYSTEMS["rocket"].missing() is None
