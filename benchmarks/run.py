@@ -209,7 +209,7 @@ def stop_profiler(profiler: subprocess.Popen | None) -> None:
         profiler.wait(60)
 
 
-def run_system(system: System, arguments, directory: Path) -> list[dict]:
+def run_system(system: System, arguments, directory: Path, profile: bool) -> list[dict]:
     """Every workload of every size on one started system; returns one record per run."""
     runs = []
 
@@ -230,7 +230,7 @@ def run_system(system: System, arguments, directory: Path) -> list[dict]:
             stream = f"bench-{size}-p{producers}-{uuid.uuid4().hex[:8]}"
             run_async(system, create, stream)
             profiler = None
-            if arguments.profile and system.name == "rocket" and first_stream is None:
+            if profile and system.name == "rocket" and first_stream is None:
                 profiler = start_profiler(system.server_pid, Path(f"{arguments.out}-rocket-produce-{size}.svg"))
             try:
                 result = run_async(system, produce, stream, messages=messages, size=size, producers=producers,
@@ -299,6 +299,7 @@ def parse_arguments(argv=None):
     parser.add_argument("--in-flight", type=int, default=4, help="unacknowledged batches per producer")
     parser.add_argument("--rate-fraction", type=float, default=0.5, help="fixed rate as a fraction of the peak")
     parser.add_argument("--rate-seconds", type=float, default=10.0, help="longest fixed-rate run")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds over all systems; tables show the median run")
     parser.add_argument("--profile", action="store_true", help="py-spy flame graph of the rocket server while producing")
     parser.add_argument("--data-parent", default=None, help="a directory on the disk under test (default: the temporary directory)")
     arguments = parser.parse_args(argv)
@@ -327,7 +328,8 @@ def main(argv=None) -> None:
         "command": " ".join(["python", "benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])]),
         "settings": {"messages": arguments.messages, "sizes": arguments.sizes, "producers": arguments.producers,
                      "batch_bytes": arguments.batch_bytes, "in_flight_per_producer": arguments.in_flight,
-                     "rate_fraction": arguments.rate_fraction, "rate_seconds_max": arguments.rate_seconds},
+                     "rate_fraction": arguments.rate_fraction, "rate_seconds_max": arguments.rate_seconds,
+                     "rounds": arguments.rounds},
         "systems": {},
     }
     for name in arguments.systems:
@@ -337,29 +339,45 @@ def main(argv=None) -> None:
         if reason:
             entry["skipped"] = reason
             print(f"{name}: skipped, {reason}", flush=True)
-            continue
-        directory = Path(tempfile.mkdtemp(prefix=f"rocket-compare-{name}-", dir=arguments.data_parent))
-        try:
-            started = time.perf_counter()
-            system.start(directory)
-            entry["start_seconds"] = round(time.perf_counter() - started, 2)
-            print(f"{name}: started in {entry['start_seconds']} s ({system.durability})", flush=True)
-            try:
-                entry["runs"] = run_system(system, arguments, directory)
-            finally:
-                system.stop()
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+        else:
+            entry["runs"], entry["start_seconds"] = [], []
+    # Rounds go through every system in turn, so that a slow minute of the disk hits one round of each.
+    for number in range(1, arguments.rounds + 1):
+        for name, entry in report["systems"].items():
+            if "runs" in entry:
+                runs = measure(SYSTEMS[name], arguments, entry, profile=arguments.profile and number == 1)
+                entry["runs"] += [{"round": number, **run} for run in runs]
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
     chart(report, out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
 
 
-def figures(report: dict) -> dict:
-    """(system, workload, size, producers) -> run."""
-    return {(name, run["workload"], run["message_bytes"], run["producers"]): run
-            for name, entry in report["systems"].items() for run in entry.get("runs", [])}
+def measure(system: System, arguments, entry: dict, profile: bool) -> list[dict]:
+    """Start the system on a new temporary directory, run every workload, stop it, remove the directory."""
+    directory = Path(tempfile.mkdtemp(prefix=f"rocket-compare-{system.name}-", dir=arguments.data_parent))
+    try:
+        started = time.perf_counter()
+        system.start(directory)
+        entry["start_seconds"].append(round(time.perf_counter() - started, 2))
+        print(f"{system.name}: started in {entry['start_seconds'][-1]} s ({system.durability})", flush=True)
+        try:
+            return run_system(system, arguments, directory, profile)
+        finally:
+            system.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def figures(report: dict, number: int | None = None) -> dict:
+    """(system, workload, size, producers) -> the run of round `number`, or over all rounds the run with the
+    median MB/s (a real run, so its figures belong together)."""
+    grouped: dict[tuple, list[dict]] = {}
+    for name, entry in report["systems"].items():
+        for run in entry.get("runs", []):
+            if number is None or run["round"] == number:
+                grouped.setdefault((name, run["workload"], run["message_bytes"], run["producers"]), []).append(run)
+    return {key: sorted(runs, key=lambda run: run["mb_per_s"])[(len(runs) - 1) // 2] for key, runs in grouped.items()}
 
 
 def markdown(report: dict) -> str:
@@ -377,7 +395,9 @@ def markdown(report: dict) -> str:
     for name, entry in report["systems"].items():
         lines.append(f"| {name} | {entry.get('version') or '-'} | {entry['durability']}"
                      + (f" — **skipped: {entry['skipped']}**" if "skipped" in entry else "") + " |")
-    lines += ["", "Throughput, MB/s of message bodies (thousands of messages/s). Raw disk: 1 MiB `write` + "
+    rounds = report["settings"]["rounds"]
+    median = f"the median run of {rounds} rounds" if rounds > 1 else "one round"
+    lines += ["", f"Throughput, MB/s of message bodies (thousands of messages/s), {median}. Raw disk: 1 MiB `write` + "
               "`fdatasync`, as many bytes as the workload, probed on the same disk just before each system's runs.", ""]
     lines += ["| workload | size | producers | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
     rows = sorted({key[1:] for key in table}, key=lambda key: (key[1], _workload_order(key[0]), key[2]))
@@ -392,7 +412,7 @@ def markdown(report: dict) -> str:
             else:
                 cells.append(f"{run['mb_per_s']:.1f} ({run['messages_per_s'] / 1000:.1f}k)")
         lines.append(f"| {workload} | {size} | {producers} | " + " | ".join(cells) + " |")
-    lines += ["", "Latency, ms p50 / p99 / p999. `produce`: per batch at full speed; `fixed-rate`: per message at "
+    lines += ["", f"Latency, ms p50 / p99 / p999, {median}. `produce`: per batch at full speed; `fixed-rate`: per message at "
               f"{report['settings']['rate_fraction']:.0%} of the system's produce rate with as many producers, from its due "
               "time.", ""]
     lines += ["| workload | size | producers | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
@@ -407,7 +427,8 @@ def markdown(report: dict) -> str:
                          + (f" at {run['target_messages_per_s'] / 1000:.1f}k/s" if workload == "fixed-rate" else ""))
         lines.append(f"| {workload} | {size} | {producers} | " + " | ".join(cells) + " |")
     if "rocket" in names:
-        lines += ["", "Ratios in this run: rocket's MB/s over each one's (raw disk: rocket over the probe before it).", ""]
+        lines += ["", f"Ratios of those figures ({median}): rocket's MB/s over each one's (raw disk: rocket over the "
+                  "probe before it, in the same round).", ""]
         others = [name for name in names if name != "rocket"]
         lines += ["| workload | size | producers | raw disk | " + " | ".join(others) + " |",
                   "|---|---|---|---|" + "---|" * len(others)]
@@ -428,7 +449,33 @@ def markdown(report: dict) -> str:
                 ratio = table[("rocket", workload, size, producers)]["mb_per_s"] / produced["mb_per_s"]
                 consume_over_produce.append(f"{size} B: {ratio:.2f}")
         lines += ["", "rocket's consume over its produce (same producer count): " + ", ".join(consume_over_produce)]
+        lines += rounds_table(report, names)
     return "\n".join(lines) + "\n"
+
+
+def rounds_table(report: dict, names: list[str]) -> list[str]:
+    """The targets' ratios within each round: rocket's produce over the raw disk and over each peer, and
+    rocket's consume over its produce."""
+    producers = report["settings"]["producers"][0]
+    others = [name for name in names if name != "rocket"]
+    lines = ["", f"Within each round, produce with {producers} producer(s): rocket MB/s, its ratio to the raw disk "
+             "probed just before it, its ratio to each peer, and its consume over its produce.", "",
+             "| round | size | rocket MB/s | raw disk MB/s | rocket / raw | " + " | ".join(f"rocket / {name}" for name in others)
+             + " | consume / produce |", "|---|---|---|---|---|" + "---|" * len(others) + "---|"]
+    for number in range(1, report["settings"]["rounds"] + 1):
+        table = figures(report, number)
+        for size in report["settings"]["sizes"]:
+            rocket = table.get(("rocket", "produce", size, producers))
+            raw = table.get(("rocket", "raw-disk", size, 1))
+            consumed = table.get(("rocket", "consume", size, producers))
+            if rocket is None or raw is None:
+                continue
+            cells = [f"{rocket['mb_per_s'] / table[(name, 'produce', size, producers)]['mb_per_s']:.2f}x"
+                     if (name, "produce", size, producers) in table else "-" for name in others]
+            lines.append(f"| {number} | {size} | {rocket['mb_per_s']:.1f} | {raw['mb_per_s']:.1f} | "
+                         f"{rocket['mb_per_s'] / raw['mb_per_s']:.2f} | " + " | ".join(cells)
+                         + f" | {consumed['mb_per_s'] / rocket['mb_per_s']:.2f} |" if consumed else " | - |")
+    return lines
 
 
 def _workload_order(workload: str) -> int:
