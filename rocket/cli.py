@@ -23,7 +23,7 @@ from rocket.client import Admin, Consumer, connect, open_producer, parse_start
 from rocket.client import bench as bench_module
 from rocket.config import ConfigError, load_from_environment
 from rocket.errors import Code, RocketError, collapse_single_error
-from rocket.model import Message
+from rocket.model import Message, parse_duration_s
 from rocket.serde import batch as batch_codec
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="rocket: messaging and streaming on Trio.")
@@ -33,6 +33,8 @@ app.add_typer(topic_app, name="topic")
 cluster_app = typer.Typer(no_args_is_help=True, help="Inspect the cluster: nodes, groups, leaders, load.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(cluster_app, name="cluster")
+message_app = typer.Typer(no_args_is_help=True, help="Act on single messages: cancel a delayed one.")
+app.add_typer(message_app, name="message")
 
 out = Console()
 err = Console(stderr=True)
@@ -104,11 +106,12 @@ def run(
 @topic_app.command("create")
 @_runs_client
 async def topic_create(name: str, queues: Annotated[int, typer.Option("--queues")] = 8,
+                       message_type: Annotated[str, typer.Option("--type", help="normal, fifo, delay or transaction: the sends the topic accepts.")] = "normal",
                        server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
-    """Create a topic with a number of queues."""
+    """Create a topic with a number of queues and a message type."""
     async with connect(server, transport, serde) as channel:
-        spec = await Admin(channel).create_topic(name, queues)
-    out.print(f"created topic [bold]{spec.name}[/bold] with {spec.queues} queues")
+        spec = await Admin(channel).create_topic(name, queues, message_type)
+    out.print(f"created {spec.message_type} topic [bold]{spec.name}[/bold] with {spec.queues} queues")
 
 
 @topic_app.command("list")
@@ -117,12 +120,12 @@ async def topic_list(server: Server = None, transport: Transport = "tcp", serde:
     """List topics."""
     async with connect(server, transport, serde) as channel:
         admin = Admin(channel)
-        table = Table("topic", "queues", "messages", "bytes", "created")
+        table = Table("topic", "type", "queues", "messages", "bytes", "created")
         for spec in await admin.list_topics():
             _, queues = await admin.describe_topic(spec.name)
             messages = sum(q["next_offset"] - q["min_offset"] for q in queues)
             created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(spec.created_ms / 1000))
-            table.add_row(spec.name, str(spec.queues), f"{messages:,}", f"{sum(q['bytes'] for q in queues):,}", created)
+            table.add_row(spec.name, spec.message_type, str(spec.queues), f"{messages:,}", f"{sum(q['bytes'] for q in queues):,}", created)
     out.print(table)
 
 
@@ -132,11 +135,21 @@ async def topic_describe(name: str, server: Server = None, transport: Transport 
     """Show a topic's queues: offsets and sizes."""
     async with connect(server, transport, serde) as channel:
         spec, queues = await Admin(channel).describe_topic(name)
-    table = Table("queue", "min offset", "next offset", "messages", "bytes", title=f"topic {spec.name}")
+    table = Table("queue", "min offset", "next offset", "messages", "bytes", title=f"{spec.message_type} topic {spec.name}")
     for q in queues:
         table.add_row(str(q["queue"]), f"{q['min_offset']:,}", f"{q['next_offset']:,}",
                       f"{q['next_offset'] - q['min_offset']:,}", f"{q['bytes']:,}")
     out.print(table)
+
+
+@message_app.command("cancel")
+@_runs_client
+async def message_cancel(topic: str, timer_id: Annotated[str, typer.Argument(help="QUEUE.OFFSET, as `rocket send --delay` printed.")],
+                         server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Cancel a delayed message before its delivery time."""
+    async with connect(server, transport, serde) as channel:
+        await Admin(channel).cancel_timer(topic, timer_id)
+    out.print(f"cancelled timer {timer_id} on {topic}")
 
 
 @cluster_app.command("status")
@@ -224,11 +237,25 @@ async def send(
     tag: Annotated[str, typer.Option("--tag")] = "",
     prop: Annotated[Optional[list[str]], typer.Option("--prop", help="NAME=VALUE, repeatable.")] = None,
     file: Annotated[Optional[str], typer.Option("--file", help="Send each line of a file ('-' for stdin).")] = None,
+    delay: Annotated[Optional[str], typer.Option("--delay", help="Deliver after this long (90s, 5m, 2h, 365d): delay topics.")] = None,
+    deliver_at: Annotated[Optional[str], typer.Option("--deliver-at", help="Deliver at this ISO time: delay topics.")] = None,
     server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
 ) -> None:
     """Send one message, or every line of a file as fast as the disk takes them."""
     if (body is None) == (file is None):
         _fail("give a message body or --file, not both", 2)
+    deliver_at_ms = 0
+    if delay is not None and deliver_at is not None:
+        _fail("give --delay or --deliver-at, not both", 2)
+    if delay is not None:
+        deliver_at_ms = int(time.time() * 1000 + parse_duration_s(delay) * 1000)
+    if deliver_at is not None:
+        when = parse_start(deliver_at)
+        if not isinstance(when, int):
+            _fail(f"--deliver-at {deliver_at!r}: expected an ISO time", 2)
+        deliver_at_ms = when
+    if deliver_at_ms and file is not None:
+        _fail("--delay and --deliver-at apply to one message, not to --file", 2)
     properties = {}
     for item in prop or []:
         name, separator, value = item.partition("=")
@@ -237,8 +264,13 @@ async def send(
         properties[name] = value
     async with connect(server, transport, serde) as channel, open_producer(channel, topic) as producer:
         if file is None:
-            message = await producer.send(Message(body.encode(), key=key, tag=tag, properties=properties))
-            out.print(f"sent to {topic} queue {message.queue} offset {message.offset}")
+            message = await producer.send(Message(body.encode(), key=key, tag=tag, properties=properties,
+                                                  deliver_at_ms=deliver_at_ms))
+            if deliver_at_ms:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(deliver_at_ms / 1000))
+                out.print(f"scheduled for {when} UTC on {topic} as timer {message.queue}.{message.offset}")
+            else:
+                out.print(f"sent to {topic} queue {message.queue} offset {message.offset}")
             return
         await _send_lines(producer, file)
 
@@ -290,20 +322,27 @@ async def consume(
     start: Annotated[str, typer.Option("--from", help="Where a new group starts: earliest, latest or an ISO time.")] = "earliest",
     follow: Annotated[bool, typer.Option("--follow", help="Keep waiting for new messages.")] = False,
     output_format: Annotated[str, typer.Option("--format", help="text, json or raw (body only).")] = "text",
+    tag: Annotated[Optional[str], typer.Option("--tag", help="Only messages with these tags: 'a || b' ('*' for all).")] = None,
+    sql: Annotated[Optional[str], typer.Option("--sql", help="Only messages whose properties match this SQL92 expression.")] = None,
     server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
 ) -> None:
     """Consume a topic as a group, printing messages and committing the group's position."""
     if output_format not in ("text", "json", "raw"):
         _fail(f"--format {output_format!r}: expected text, json or raw", 2)
+    if tag is not None and sql is not None:
+        _fail("give --tag or --sql, not both", 2)
+    filter_type, expression = ("sql", sql) if sql is not None else ("tag", "*" if tag is None else tag)
     async with connect(server, transport, serde) as channel:
-        consumer = Consumer(channel, topic, group, start=parse_start(start), wait_ms=1000 if (follow or count) else 300)
+        consumer = Consumer(channel, topic, group, start=parse_start(start), wait_ms=1000 if (follow or count) else 300,
+                            filter_type=filter_type, filter=expression)
         await consumer.open()
         received = 0
         with _progress(count) as progress:
             task = progress.add_task("consuming", total=count)
             while count is None or received < count:
+                before = dict(consumer.positions)
                 messages = await consumer.poll(limit=None if count is None else count - received)
-                if not messages and not follow and count is None:
+                if not messages and not follow and count is None and consumer.positions == before:
                     break
                 if messages:
                     sys.stdout.buffer.write(b"".join(_format(m, topic, output_format) for m in messages))

@@ -38,6 +38,8 @@ topic_name_bytes_max = 249  # Kafka's limit; names become file and key prefixes
 group_name_bytes_max = 249  # consumer group names become key prefixes too
 topics_max = 100_000  # metadata held in memory by the nameserver
 filter_expression_bytes_max = 4 * KiB  # a filter is parsed per subscription; longer ones are hostile
+filter_skipped_batches_max = 10_000  # batches a filtered read skips by their tag summary before it answers
+filters_cached_max = 1024  # compiled filters a broker keeps: subscriptions repeat their expression
 filter_nesting_max = 64  # parentheses and NOT nest at most this deep, so parsing never exhausts the stack
 storage_groups_max = 100_000  # Raft groups in one cluster: a node holds 10,000, a cluster a million queues
 
@@ -54,6 +56,12 @@ raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites li
 raft_outbox_payloads_max = 256
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
 raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered  # payloads queued for one peer; beyond this they are dropped, as by a network
+
+# Timers (delay topics).
+timer_tick_s = 0.1  # how often a group leader looks for due timers: delivery is this precise, and better than 1 s
+timer_delay_s_max = 400 * 86_400  # the furthest delivery time accepted: a year and then some, as users ask
+timer_batches_cached_bytes_max = 64 * MiB  # decoded timer batches kept: one batch's timers fall due over time
+timer_fire_messages_max = 10_000  # due timers one group delivers per round, so a backlog is worked off in bounded steps
 
 # Cluster.
 node_heartbeat_s = 1.0  # how often a node reports itself and its load to the nameservers

@@ -23,6 +23,10 @@ class Message:
     timestamp_ms: int = 0
     queue: int = -1
     offset: int = -1
+    deliver_at_ms: int = 0  # a delayed (timer) message: when it becomes visible, epoch ms; 0 for at once
+
+
+MESSAGE_TYPES = ("normal", "fifo", "delay", "transaction")  # RocketMQ 5's TopicMessageType
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
@@ -31,6 +35,7 @@ class TopicSpec:
     queues: int
     created_ms: int = 0
     groups: tuple[int, ...] = ()  # the storage groups its queues are spread over, fixed at creation
+    message_type: str = "normal"  # one of MESSAGE_TYPES: which sends the topic accepts
 
     def group_of(self, queue: int) -> int:
         """The storage group of a queue: queues hash onto the topic's groups, offset per topic so that
@@ -38,11 +43,13 @@ class TopicSpec:
         return self.groups[(zlib.crc32(self.name.encode()) + queue) % len(self.groups)]
 
     def to_wire(self) -> dict:
-        return {"name": self.name, "queues": self.queues, "created_ms": self.created_ms}
+        return {"name": self.name, "queues": self.queues, "created_ms": self.created_ms,
+                "message_type": self.message_type}
 
     @classmethod
     def from_wire(cls, payload: dict) -> "TopicSpec":
-        return cls(payload["name"], int(payload["queues"]), int(payload.get("created_ms", 0)))
+        return cls(payload["name"], int(payload["queues"]), int(payload.get("created_ms", 0)),
+                   message_type=payload.get("message_type", "normal"))
 
 
 def check_name(kind: str, name: str, bytes_max: int) -> str:
@@ -55,12 +62,48 @@ def check_name(kind: str, name: str, bytes_max: int) -> str:
     return name
 
 
+def check_message_type(message_type: str) -> str:
+    if message_type not in MESSAGE_TYPES:
+        raise RocketError(Code.BAD_REQUEST, f"message type {message_type!r} is not one of {', '.join(MESSAGE_TYPES)}")
+    return message_type
+
+
+SYSTEM_PREFIX = "%"  # names of system topics (timers, retries, dead letters) start with it, as in RocketMQ
+
+
+def timer_topic(topic: str) -> str:
+    """The system queue where a delay topic's messages wait for their time, queue for queue, in the
+    same storage group as the queue they are delivered to."""
+    return SYSTEM_PREFIX + "TIMER%" + topic
+
+
+def check_user_topic_name(name: str) -> str:
+    """A topic a user creates: a plain name that does not claim the system prefix."""
+    check_topic_name(name)
+    if name.startswith(SYSTEM_PREFIX):
+        raise RocketError(Code.BAD_REQUEST, f"topic names starting with {SYSTEM_PREFIX!r} are reserved for the system")
+    return name
+
+
 def check_topic_name(name: str) -> str:
     return check_name("topic", name, limits.topic_name_bytes_max)
 
 
 def check_group_name(name: str) -> str:
     return check_name("group", name, limits.group_name_bytes_max)
+
+
+_duration_units_s = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86_400}
+_duration_pattern = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration_s(text: str) -> float:
+    """'90s', '5m', '1h30m', '365d', '250ms' -> seconds."""
+    parts = _duration_pattern.findall(text.strip())
+    if not parts or "".join(number + unit for number, unit in parts) != text.strip():
+        raise RocketError(Code.BAD_REQUEST, f"duration {text!r}: expected a number and a unit (ms, s, m, h, d), "
+                          "e.g. 90s, 1h30m or 365d")
+    return sum(float(number) * _duration_units_s[unit] for number, unit in parts)
 
 
 def queue_for_key(key: str, queues: int) -> int:

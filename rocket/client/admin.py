@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rocket.errors import Code, RocketError
 from rocket.model import TopicSpec
 
 
@@ -9,8 +10,10 @@ class Admin:
     def __init__(self, channel):
         self.channel = channel
 
-    async def create_topic(self, name: str, queues: int) -> TopicSpec:
-        return TopicSpec.from_wire(await self.channel.call("CreateTopic", {"topic": name, "queues": queues}))
+    async def create_topic(self, name: str, queues: int, message_type: str = "normal") -> TopicSpec:
+        """message_type: normal, fifo, delay or transaction; a topic accepts only sends of its type."""
+        return TopicSpec.from_wire(await self.channel.call(
+            "CreateTopic", {"topic": name, "queues": queues, "message_type": message_type}))
 
     async def list_topics(self) -> list[TopicSpec]:
         response = await self.channel.call("ListTopics", {})
@@ -27,3 +30,15 @@ class Admin:
     async def drain_node(self, node: int, draining: bool = True) -> None:
         """Move every replica off a storage node (or, with draining False, let it take replicas again)."""
         await self.channel.call("DrainNode", {"node": node, "draining": draining})
+
+    async def cancel_timer(self, topic: str, timer_id: str) -> None:
+        """Drop a delayed message before its time; timer_id is 'QUEUE.OFFSET' from its send."""
+        queue, offset = parse_timer_id(timer_id)
+        await self.channel.call("CancelTimer", {"topic": topic, "queue": queue, "offset": offset})
+
+
+def parse_timer_id(timer_id: str) -> tuple[int, int]:
+    queue, separator, offset = timer_id.partition(".")
+    if not separator or not queue.isdigit() or not offset.isdigit():
+        raise RocketError(Code.BAD_REQUEST, f"timer id {timer_id!r}: expected QUEUE.OFFSET, as its send printed")
+    return int(queue), int(offset)

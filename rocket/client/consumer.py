@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.filter import compile_filter
 from rocket.model import Message, check_group_name
 from rocket.serde import batch as batch_codec
 
@@ -31,8 +32,12 @@ def parse_start(text: str) -> str | int:
 
 class Consumer:
     def __init__(self, channel, topic: str, group: str, *, start: str | int = "latest",
-                 max_bytes: int = 4 * limits.MiB, wait_ms: int = 1000):
+                 max_bytes: int = 4 * limits.MiB, wait_ms: int = 1000, filter_type: str = "tag", filter: str = "*"):
+        """filter_type "tag" takes a tag expression ('a || b', '*'), "sql" an SQL92 expression over
+        properties (and TAGS, KEYS); a malformed one fails open() with BAD_FILTER and its position."""
         self.channel = channel
+        self.filter_type = filter_type
+        self.filter = compile_filter(filter_type, filter)
         self.topic = topic
         self.group = check_group_name(group)
         self.start = start
@@ -62,6 +67,8 @@ class Consumer:
             "queues": [{"queue": queue, "offset": offset} for queue, offset in self.positions.items()],
             "max_bytes": self.max_bytes,
             "wait_ms": self.wait_ms if wait_ms is None else wait_ms,
+            "filter_type": self.filter_type,
+            "filter": self.filter.expression,
         }
         response = await self.channel.call("Pull", request, timeout_s=limits.request_timeout_s_default + request["wait_ms"] / 1000)
         messages: list[Message] = []
@@ -70,6 +77,8 @@ class Consumer:
             wanted = self.positions[queue]
             decoded = batch_codec.decode(stored["batch"], stored["base_offset"], queue)
             messages.extend(decoded[max(0, wanted - stored["base_offset"]):])
+        if self.filter.expression.strip() not in ("", "*"):  # batches may hold messages the filter does not match
+            messages = [message for message in messages if self.filter.matches(message)]
         for entry in response["next_offsets"]:
             self.positions[entry["queue"]] = max(self.positions[entry["queue"]], entry["offset"])
         if limit is not None and len(messages) > limit:

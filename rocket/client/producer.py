@@ -24,6 +24,7 @@ class Receipt:
     base_offset: int
     count: int
     latency_s: float
+    scheduled: bool = False  # the messages wait for their delivery time; queue.offset are their timer ids
 
 
 @dataclasses.dataclass
@@ -61,7 +62,9 @@ class Producer:
         return self._round_robin
 
     async def send(self, message: Message) -> Message:
-        """Send one message; returns it with queue and offset once it is durable."""
+        """Send one message; returns it with queue and offset once it is durable. A delayed message
+        (deliver_at_ms set, to a delay topic) gets the queue and offset of its timer: its id for
+        cancel_timer, until it is delivered at its time with an offset of the topic."""
         queue = self._choose_queue(message)
         pending = self._pending.get(queue)
         if pending is None:
@@ -101,7 +104,8 @@ class Producer:
     async def _produce(self, encoded: bytes, queue: int) -> Receipt:
         started = time.perf_counter()
         response = await self.channel.call("Produce", {"topic": self.topic, "queue": queue, "batch": encoded})
-        return Receipt(response["queue"], response["base_offset"], response["count"], time.perf_counter() - started)
+        return Receipt(response["queue"], response["base_offset"], response["count"], time.perf_counter() - started,
+                       response["scheduled"])
 
     async def send_many(self, messages: list[Message]) -> list[Receipt]:
         """Group messages into batches per queue and send them pipelined; returns one receipt per batch."""

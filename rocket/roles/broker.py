@@ -17,9 +17,11 @@ import trio
 from rocket import __version__, limits
 from rocket.config import Address
 from rocket.errors import Code, RocketError
+from rocket.filter import Filter, SqlFilter, compile_filter
 from rocket.model import TopicSpec, check_group_name
 from rocket.roles.peers import RETRYABLE, Peers, address_of
-from rocket.serde.batch import check_header
+from rocket.serde import batch as batch_codec
+from rocket.serde.batch import FLAG_TIMED, check_header
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.broker")
@@ -34,6 +36,20 @@ class _Route:
     fetched_at: float
 
 
+def _check_message_type(spec: TopicSpec, flags: int) -> None:
+    """A topic takes only sends of its type (RocketMQ 5's topic message type check)."""
+    timed = bool(flags & FLAG_TIMED)
+    if spec.message_type == "transaction":
+        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {spec.name!r} is a transaction topic: transactional "
+                          "sends are not served yet")
+    if timed and spec.message_type != "delay":
+        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {spec.name!r} is a {spec.message_type} topic: messages "
+                          "with a delivery time go to a delay topic")
+    if not timed and spec.message_type == "delay":
+        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {spec.name!r} is a delay topic: give each message a "
+                          "delivery time")
+
+
 class Broker:
     def __init__(self, peers: Peers, roles: tuple[str, ...]):
         self.peers = peers
@@ -43,6 +59,7 @@ class Broker:
         self._addresses: dict[int, Address] = {}
         self._round_robin: dict[str, itertools.count] = {}
         self._read_turns: dict[int, int] = {}  # storage group -> which replica reads next
+        self._filters: dict[tuple[str, str], Filter] = {}  # compiled filters, the most recent limits.filters_cached_max
 
     def register(self, dispatcher: Dispatcher, forward_status: bool) -> None:
         handlers = {
@@ -56,6 +73,7 @@ class Broker:
             "CommitOffsets": self.commit_offsets,
             "FetchOffsets": self.fetch_offsets,
             "SearchOffset": self.search_offset,
+            "CancelTimer": self.cancel_timer,
         }
         if forward_status:  # a broker without a nameserver beside it asks the nameservers
             handlers["ClusterStatus"] = self.cluster_status
@@ -133,14 +151,20 @@ class Broker:
     async def produce(self, request: dict) -> dict:
         """Check the batch's header and CRC (its messages stay undecoded) and send it to its group."""
         route = await self._route(request["topic"])
-        check_header(request["batch"])
         spec = route.spec
+        _check_message_type(spec, check_header(request["batch"]).flags)
         queue = request["queue"]
         if queue == -1:  # any queue: spread batches round robin
             queue = next(self._round_robin.setdefault(spec.name, itertools.count())) % spec.queues
         group = route.queue_groups[self._queue(spec, queue)]
         return await self._storage(route, group, "StorageAppend",
                                    {"group": group, "topic": spec.name, "queue": queue, "batch": request["batch"]})
+
+    async def cancel_timer(self, request: dict) -> dict:
+        """Drop a delayed message that has not been delivered yet."""
+        route = await self._route(request["topic"])
+        group = route.queue_groups[self._queue(route.spec, request["queue"])]
+        return await self._storage(route, group, "StorageCancelTimer", {**request, "group": group})
 
     def _by_group(self, route: _Route, queues) -> dict[int, list[int]]:
         groups: dict[int, list[int]] = {}
@@ -176,7 +200,8 @@ class Broker:
                         raise
         return await self._storage(route, group, "StorageRead", request)
 
-    async def _read(self, route: _Route, positions: dict[int, int], max_bytes: int, replicas: bool = True) -> dict:
+    async def _read(self, route: _Route, positions: dict[int, int], max_bytes: int, replicas: bool = True,
+                    tag_mask: int = -1) -> dict:
         """Read group after group with what is left of the byte budget, so a response fits a frame;
         from any replica in sync, or from the leaders alone."""
         batches: list[dict] = []
@@ -188,7 +213,7 @@ class Broker:
                 next_offsets.extend(wanted)
                 continue
             request = {"group": group, "topic": route.spec.name, "queues": wanted, "max_bytes": budget, "wait_ms": 0,
-                       "at_least_one": not batches, "any_replica": False, "follower_ok": False}
+                       "at_least_one": not batches, "any_replica": False, "follower_ok": False, "tag_mask": tag_mask}
             if replicas:
                 response = await self._replica_read(route, group, request)
             else:
@@ -203,7 +228,7 @@ class Broker:
         async def wait_on(group: int, queues: list[int], done: trio.CancelScope) -> None:
             await self._storage(route, group, "StorageRead", {
                 "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": 0,
-                "at_least_one": False, "any_replica": False, "follower_ok": False,
+                "at_least_one": False, "any_replica": False, "follower_ok": False, "tag_mask": -1,
                 "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
                 timeout_s=wait_s + limits.storage_call_s_max)
             done.cancel()
@@ -213,31 +238,59 @@ class Broker:
                 for group, queues in self._by_group(route, positions).items():
                     nursery.start_soon(wait_on, group, queues, nursery.cancel_scope)
 
-    async def pull(self, request: dict) -> dict:
-        route, positions = await self._pull_positions(request)
-        max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
-        response = await self._read(route, positions, max_bytes)
+    def _filter(self, request: dict) -> Filter:
+        """The pull's filter, compiled once per expression (BAD_FILTER names where it does not parse)."""
+        key = (request["filter_type"], request["filter"])
+        found = self._filters.get(key)
+        if found is None:
+            found = compile_filter(*key)
+            if len(self._filters) >= limits.filters_cached_max:
+                del self._filters[next(iter(self._filters))]
+            self._filters[key] = found
+        return found
+
+    async def _read_filtered(self, route: _Route, positions: dict[int, int], max_bytes: int, chosen: Filter) -> dict:
+        """A read from any replica in sync, else from the leaders, of the batches that may hold a match:
+        storage skips batches by their tag summary unread; an SQL filter decodes the rest here and keeps
+        the batches with a match. Clients filter the messages of the batches they get."""
+        tag_mask = -1 if chosen.tag_mask is None else chosen.tag_mask - 2**64 * (chosen.tag_mask >= 2**63)
+        response = await self._read(route, positions, max_bytes, tag_mask=tag_mask)
         if not response["batches"]:  # a replica may lag: nothing new means nothing on the leaders
-            response = await self._read(route, positions, max_bytes, replicas=False)
-        wait_ms = min(max(request["wait_ms"], 0), limits.pull_wait_ms_max)
-        if not response["batches"] and wait_ms:
-            await self._wait_for_data(route, positions, wait_ms / 1000)
-            response = await self._read(route, positions, max_bytes, replicas=False)
+            response = await self._read(route, positions, max_bytes, replicas=False, tag_mask=tag_mask)
+        if isinstance(chosen, SqlFilter):
+            response["batches"] = [stored for stored in response["batches"]
+                                   if any(chosen.matches(message) for message in batch_codec.decode(stored["batch"]))]
         return response
+
+    async def pull(self, request: dict) -> dict:
+        """Batches past the positions that may hold messages the filter matches; waits up to wait_ms for
+        some, reading on past batches the filter skipped."""
+        route, positions = await self._pull_positions(request)
+        chosen = self._filter(request)
+        max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
+        deadline = trio.current_time() + min(max(request["wait_ms"], 0), limits.pull_wait_ms_max) / 1000
+        while True:
+            response = await self._read_filtered(route, positions, max_bytes, chosen)
+            if response["batches"] or trio.current_time() >= deadline:
+                return response
+            moved = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
+            if moved == positions:
+                await self._wait_for_data(route, positions, deadline - trio.current_time())
+            positions = moved
 
     async def subscribe(self, request: dict) -> AsyncIterator[dict]:
         """Stream pull responses as data arrives, each continuing where the previous ended."""
         route, positions = await self._pull_positions(request)
+        chosen = self._filter(request)
         max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
         while True:
-            response = await self._read(route, positions, max_bytes)
-            if not response["batches"]:  # a replica may lag: nothing new means nothing on the leaders
-                response = await self._read(route, positions, max_bytes, replicas=False)
+            response = await self._read_filtered(route, positions, max_bytes, chosen)
+            moved = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
             if response["batches"]:
                 yield response
-                positions = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
-            else:
+            elif moved == positions:
                 await self._wait_for_data(route, positions, limits.pull_wait_ms_max / 1000)
+            positions = moved
 
     async def commit_offsets(self, request: dict) -> dict:
         consumer_group = check_group_name(request["group"])

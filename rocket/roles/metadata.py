@@ -80,7 +80,8 @@ class Metadata:
             for group in command["new_groups"]:
                 self.groups[group["id"]] = Members(tuple(group["voters"]))
             invariant(all(group in self.groups for group in command["groups"]), "a topic's groups exist")
-            self.topics[name] = TopicSpec(name, command["queues"], command["created_ms"], tuple(command["groups"]))
+            self.topics[name] = TopicSpec(name, command["queues"], command["created_ms"], tuple(command["groups"]),
+                                          command.get("message_type", "normal"))
         elif operation == "node_state":
             node = self.nodes.get(command["node"])
             if node is None:
@@ -106,7 +107,7 @@ class Metadata:
     def snapshot(self) -> bytes:
         return orjson.dumps({
             "version": self.version,
-            "topics": [[s.name, s.queues, s.created_ms, list(s.groups)] for s in self.topics.values()],
+            "topics": [[s.name, s.queues, s.created_ms, list(s.groups), s.message_type] for s in self.topics.values()],
             "groups": [[group, list(m.voters), list(m.learners), m.leaving] for group, m in self.groups.items()],
             "nodes": [dataclasses.asdict(node) for node in self.nodes.values()],
         })
@@ -116,8 +117,8 @@ class Metadata:
             return
         state = orjson.loads(data)
         self.version = state["version"]
-        self.topics = {name: TopicSpec(name, queues, created, tuple(groups))
-                       for name, queues, created, groups in state["topics"]}
+        self.topics = {name: TopicSpec(name, queues, created, tuple(groups), *rest)
+                       for name, queues, created, groups, *rest in state["topics"]}
         self.groups = {group: Members(tuple(voters), tuple(learners), leaving)
                        for group, voters, learners, leaving in state["groups"]}
         self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"])

@@ -22,7 +22,7 @@ from rocket import limits
 from rocket.config import ROLES, ConfigError, NodeConfig, parse_address
 from rocket.errors import Code, RocketError
 from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
-from rocket.model import check_topic_name
+from rocket.model import check_message_type, check_user_topic_name
 from rocket.raft.host import RaftHost
 from rocket.roles.metadata import META_GROUP, Metadata
 from rocket.roles.peers import RETRYABLE, Peers, address_of
@@ -220,7 +220,8 @@ class Nameserver:
     # ---- topics and routes ---------------------------------------------------------------------------
 
     async def create_topic(self, request: dict) -> dict:
-        check_topic_name(request["topic"])
+        check_user_topic_name(request["topic"])
+        check_message_type(request["message_type"])
         if not 1 <= request["queues"] <= limits.queues_per_topic_max:
             raise RocketError(Code.BAD_REQUEST, f"queues must be 1..{limits.queues_per_topic_max}, "
                               f"got {request['queues']}")
@@ -248,6 +249,7 @@ class Nameserver:
                 placed = self.placement.place(missing, replicas, loads)
                 new_groups = [{"id": first + i, "voters": list(voters)} for i, voters in enumerate(placed)]
             command = {"op": "create_topic", "name": name, "queues": request["queues"],
+                       "message_type": request["message_type"],
                        "created_ms": int(time.time() * 1000), "new_groups": new_groups,
                        "groups": pool + [group["id"] for group in new_groups]}
             await self._propose(command)

@@ -19,8 +19,11 @@ from rocket.model import check_group_name, check_topic_name
 from rocket.raft.core import NotLeader, Role
 from rocket.raft.host import RaftHost
 from rocket.roles.peers import Peers, address_of
-from rocket.serde.batch import check_header, peek_count
-from rocket.store.group import GroupMachine, Store, encode_append, encode_offsets
+from rocket.serde import batch as batch_codec
+from rocket.serde.batch import FLAG_TIMED, check_header, peek_count
+from rocket.store.group import (GroupMachine, Store, encode_append, encode_cancel, encode_fire, encode_offsets,
+                                encode_timers)
+from rocket.store.queue_index import ALL_TAGS
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.storage")
@@ -45,12 +48,14 @@ class StorageRole:
         dispatcher.handle("StorageCommitOffsets", self.commit_offsets)
         dispatcher.handle("StorageQueues", self.queues)
         dispatcher.handle("StorageMembers", self.members)
+        dispatcher.handle("StorageCancelTimer", self.cancel_timer)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Flush the store in the background and report to the nameservers until cancelled."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.store.run)
             nursery.start_soon(self._backfill_forever)
+            nursery.start_soon(self._fire_timers_forever)
             task_status.started()
             while True:
                 self._ask_now = trio.Event()
@@ -157,13 +162,67 @@ class StorageRole:
         self._hosted(group)
         check_topic_name(topic)
         self._positions([{"queue": queue, "offset": 0}], "offset")
-        check_header(batch, crc=False)
-        # Append times never go backwards within a queue on this leader; replicas take the stamp.
+        timed = bool(check_header(batch, crc=False).flags & FLAG_TIMED)
+        append_ms = self._stamp(topic, queue)
+        if timed:
+            self._check_delivery_times(batch, append_ms)
+            entry = encode_timers(topic, queue, append_ms, batch)
+        else:
+            entry = encode_append(topic, queue, append_ms, batch)
+        base_offset, count = await self.host.propose(group, entry, limits.storage_append_wait_s_max)
+        return {"queue": queue, "base_offset": base_offset, "count": count, "scheduled": timed}
+
+    def _stamp(self, topic: str, queue: int) -> int:
+        """Append times never go backwards within a queue on this leader; replicas take the stamp."""
         append_ms = max(int(time.time() * 1000), self._last_append_ms.get((topic, queue), 0))
         self._last_append_ms[(topic, queue)] = append_ms
-        entry = encode_append(topic, queue, append_ms, batch)
-        base_offset, count = await self.host.propose(group, entry, limits.storage_append_wait_s_max)
-        return {"queue": queue, "base_offset": base_offset, "count": count}
+        return append_ms
+
+    @staticmethod
+    def _check_delivery_times(batch, now_ms: int) -> None:
+        """Delivery times must lie within limits.timer_delay_s_max; a time past is due at once."""
+        latest_ms = now_ms + limits.timer_delay_s_max * 1000
+        for message in batch_codec.decode(batch):
+            if message.deliver_at_ms > latest_ms:
+                raise RocketError(Code.BAD_REQUEST, f"message {message.offset} is due "
+                                  f"{(message.deliver_at_ms - now_ms) / 86_400_000:,.0f} days from now; the most is "
+                                  f"{limits.timer_delay_s_max // 86_400} days")
+
+    # ---- timers --------------------------------------------------------------------------------------
+
+    async def _fire_timers_forever(self) -> None:
+        """On the groups this node leads, deliver due timers every limits.timer_tick_s."""
+        while True:
+            await trio.sleep(limits.timer_tick_s)
+            now_ms = int(time.time() * 1000)
+            for group in self.store.timer_groups(now_ms):
+                hosted = self.host.groups.get(group)
+                if hosted is None or hosted.core.role != Role.LEADER:
+                    continue
+                try:
+                    await self.fire_due_timers(group, now_ms)
+                except RocketError as error:  # lost leadership, or the proposal timed out: next round retries
+                    log.info("group %d: delivering timers: %s", group, error)
+
+    async def fire_due_timers(self, group: int, now_ms: int) -> int:
+        """Deliver the group's timers due by now_ms to their queues. A fire applies only if all its timers
+        are still pending, so a repeat after a lost answer or a change of leader delivers nothing twice.
+        Returns how many were delivered."""
+        delivered = 0
+        for topic, queue, offsets, batch in self.store.due_deliveries(group, now_ms):
+            fire = encode_fire(topic, queue, self._stamp(topic, queue), offsets, batch)
+            if await self.host.propose(group, fire, limits.storage_append_wait_s_max) is not None:
+                delivered += len(offsets)
+        return delivered
+
+    async def cancel_timer(self, request: dict) -> dict:
+        self._hosted(request["group"])
+        check_topic_name(request["topic"])
+        queue, offset = next(iter(self._positions([request], "offset").items()))
+        if not await self.host.propose(request["group"], encode_cancel(request["topic"], queue, offset)):
+            raise RocketError(Code.NOT_FOUND, f"no pending timer {queue}.{offset} on topic {request['topic']!r}: "
+                              "it was delivered or cancelled, or never existed")
+        return {}
 
     async def members(self, request: dict) -> dict:
         """One membership change on this group's leader; a change already made answers at once, so a
@@ -211,19 +270,19 @@ class StorageRole:
         await self.host.propose(request["group"], encode_offsets(consumer_group, request["topic"], offsets))
         return {}
 
-    def _read(self, topic: str, positions: dict[int, int], max_bytes: int, at_least_one: bool) -> dict:
+    def _read(self, topic: str, positions: dict[int, int], max_bytes: int, at_least_one: bool,
+              tag_mask: int = ALL_TAGS) -> dict:
         batches: list[dict] = []
         next_offsets: list[dict] = []
         budget = max_bytes
         for queue, offset in positions.items():
             # Past the first batch the budget is strict, so a response never exceeds a frame.
             first = at_least_one and not batches
-            found = self.store.read(topic, queue, offset, budget, at_least_one=first) if budget > 0 or first else []
-            for base_offset, data in found:
-                batches.append({"queue": queue, "base_offset": base_offset, "batch": data})
-                budget -= len(data)
-            if found:
-                offset = found[-1][0] + peek_count(found[-1][1])
+            if budget > 0 or first:
+                found, offset = self.store.read_from(topic, queue, offset, budget, first, tag_mask)
+                for base_offset, data in found:
+                    batches.append({"queue": queue, "base_offset": base_offset, "batch": data})
+                    budget -= len(data)
             next_offsets.append({"queue": queue, "offset": offset})
         return {"batches": batches, "next_offsets": next_offsets}
 
@@ -239,12 +298,14 @@ class StorageRole:
         topic = request["topic"]
         positions = self._positions(request["queues"], "offset")
         max_bytes = max(0, min(request["max_bytes"], limits.read_bytes_max))
-        response = self._read(topic, positions, max_bytes, request["at_least_one"])
+        tag_mask = request["tag_mask"] & ALL_TAGS  # a signed long on the wire; -1 reads every batch
+        response = self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
         wait_ms = min(max(request["wait_ms"], 0), limits.pull_wait_ms_max)
-        if not response["batches"] and wait_ms:
-            wants = {(topic, queue): offset for queue, offset in positions.items()}
-            await self.store.wait_for_data(wants, wait_ms / 1000)
-            response = self._read(topic, positions, max_bytes, request["at_least_one"])
+        if not response["batches"] and wait_ms:  # wait past what the filter skipped
+            positions = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
+            await self.store.wait_for_data({(topic, queue): offset for queue, offset in positions.items()},
+                                           wait_ms / 1000)
+            response = self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
         return response
 
     async def queues(self, request: dict) -> dict:

@@ -17,7 +17,9 @@ from rocket.model import Message
 MAGIC = 0x5242  # "RB"
 VERSION = 1
 FLAG_DELIMITED = 0x01  # payload is bodies each ending in b"\n"; no keys, tags or properties
-FLAGS_KNOWN = FLAG_DELIMITED
+FLAG_TIMED = 0x02  # messages may carry a delivery time (DELIVER_AT_PROPERTY): for delay topics
+FLAGS_KNOWN = FLAG_DELIMITED | FLAG_TIMED
+DELIVER_AT_PROPERTY = "__deliver_at_ms"  # a timed message's delivery time, epoch ms, in its properties
 
 _header = struct.Struct("<HBBIqqQII")
 HEADER_BYTES = _header.size
@@ -60,7 +62,7 @@ def check_header(batch: bytes | memoryview, crc: bool = True) -> BatchHeader:
     magic, version, flags, count, first_ms, last_ms, tags, payload_bytes, stored_crc = _header.unpack_from(view)
     if magic != MAGIC or version != VERSION:
         raise _bad(f"unknown batch magic {magic:#x} or version {version}")
-    if flags & ~FLAGS_KNOWN:
+    if flags & ~FLAGS_KNOWN or flags & FLAG_DELIMITED and flags & FLAG_TIMED:
         raise _bad(f"unknown batch flags {flags:#x}")
     if payload_bytes != len(view) - HEADER_BYTES:
         raise _bad(f"header says {payload_bytes} payload bytes, batch has {len(view) - HEADER_BYTES}")
@@ -113,12 +115,19 @@ def encode(messages: list[Message], timestamp_ms: int) -> bytes:
     if last_ms - first_ms >= 2**31:
         raise RocketError(Code.BAD_REQUEST, "timestamps in one batch must lie within 24 days")
     tags = 0
+    flags = 0
     chunks: list[bytes] = []
     pack = _record.pack
     for message, stamp in zip(messages, stamps):
         key = message.key.encode()
         tag = message.tag.encode()
-        properties = _encode_properties(message.properties)
+        if DELIVER_AT_PROPERTY in message.properties:
+            raise RocketError(Code.BAD_REQUEST, f"property {DELIVER_AT_PROPERTY!r} is reserved: set deliver_at_ms")
+        if message.deliver_at_ms:
+            flags = FLAG_TIMED
+            properties = _encode_properties({**message.properties, DELIVER_AT_PROPERTY: str(message.deliver_at_ms)})
+        else:
+            properties = _encode_properties(message.properties)
         body = message.body
         if len(key) > limits.key_bytes_max or len(tag) > limits.tag_bytes_max:
             raise RocketError(Code.BAD_REQUEST, "message key or tag is too long")
@@ -131,7 +140,7 @@ def encode(messages: list[Message], timestamp_ms: int) -> bytes:
         chunks.append(tag)
         chunks.append(properties)
         chunks.append(body)
-    return _seal(0, len(messages), first_ms, last_ms, tags, b"".join(chunks))
+    return _seal(flags, len(messages), first_ms, last_ms, tags, b"".join(chunks))
 
 
 def encode_lines(lines: bytes, timestamp_ms: int) -> bytes:
@@ -139,6 +148,12 @@ def encode_lines(lines: bytes, timestamp_ms: int) -> bytes:
     if not lines.endswith(b"\n"):
         raise RocketError(Code.BAD_REQUEST, "a delimited batch must end with a newline")
     return _seal(FLAG_DELIMITED, lines.count(b"\n"), timestamp_ms, timestamp_ms, 0, lines)
+
+
+def _deliver_at(text: str, index: int) -> int:
+    if not text.isdigit() or len(text) > 18:
+        raise _bad(f"message {index} has a malformed delivery time {text[:32]!r}")
+    return int(text)
 
 
 def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> list[Message]:
@@ -173,11 +188,14 @@ def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> 
             if len(parts) % 2:
                 raise _bad(f"message {index} has malformed properties")
             properties = dict(zip(parts[::2], parts[1::2]))
+        deliver_at_ms = 0
+        if header.flags & FLAG_TIMED and DELIVER_AT_PROPERTY in properties:
+            deliver_at_ms = _deliver_at(properties.pop(DELIVER_AT_PROPERTY), index)
         position += props_len
         body = bytes(payload[position:end])
         position = end
         stamp = header.first_timestamp_ms + delta
-        messages.append(Message(body, key, tag, properties, stamp, queue, base_offset + index))
+        messages.append(Message(body, key, tag, properties, stamp, queue, base_offset + index, deliver_at_ms))
     if position != size:
         raise _bad(f"{size - position} bytes follow the last message of the batch")
     return messages

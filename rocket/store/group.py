@@ -11,6 +11,8 @@ compacted up to it.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
 import struct
 from pathlib import Path
@@ -22,7 +24,8 @@ from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 from rocket.serde import batch as batch_codec
 from rocket.store.commitlog import HEADER_BYTES, CommitLog
-from rocket.store.queue_index import IndexEntry, QueueIndex, QueueStats
+from rocket.model import Message, timer_topic
+from rocket.store.queue_index import ALL_TAGS, IndexEntry, QueueIndex, QueueStats, Timer
 
 log = logging.getLogger("rocket.store")
 
@@ -33,16 +36,23 @@ APPLIED = 3
 POSITIONS = 4  # a snapshot installed without its batches: the group's queue positions (JSON)
 BACKFILLED = 5  # a batch from before such a snapshot, fetched from another replica (as BATCH)
 AVAILABLE = 6  # a queue's batches are on this replica from this offset on again: _available
+TIMERS = 7  # timers set or done: JSON [group, [[deliver_at_ms, topic, queue, offset, set], ...]]
 _available = struct.Struct("<QH")  # offset, topic length; then topic... see _encode_available
 _batch_head = struct.Struct("<H")  # topic length; then topic, then _batch_place
-_batch_place = struct.Struct("<IQQQQIIq")  # queue, base offset, append ms, Raft group, where the batch lies
-# in the WAL, its bytes, its message count, its first timestamp ms
+_batch_place = struct.Struct("<IQQQQIIqQ")  # queue, base offset, append ms, Raft group, where the batch lies
+# in the WAL, its bytes, its message count, its first timestamp ms, its tag summary
+_batch_place_untagged = struct.Struct("<IQQQQIIq")  # as written before the tag summary was recorded
 _applied = struct.Struct("<QQ")  # Raft group, index of the last entry applied
 
 # Raft entry payloads of a storage group: a command byte, then its body.
 APPEND_COMMAND = 1  # _append_head, topic, batch
 OFFSETS_COMMAND = 2  # JSON {group, topic, offsets}
+TIMER_COMMAND = 3  # as APPEND: a batch of timed messages for topic, kept in timer_topic(topic) until due
+FIRE_COMMAND = 4  # _append_head, topic, _fire_count, timer offsets (u64 each), batch: due timers delivered
+CANCEL_COMMAND = 5  # JSON {topic, queue, offset}: a pending timer dropped
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
+_fire_count = struct.Struct("<I")
+_never = 2**63 - 1  # the delivery time of no timer
 sync_interval_s = 1.0  # how often the store's unsynced writes are flushed in the background
 
 
@@ -50,6 +60,25 @@ def encode_append(topic: str, queue: int, append_ms: int, batch: bytes | memoryv
     """A produce batch as one Raft entry. The leader stamps the append time, so replicas agree."""
     name = topic.encode()
     return b"".join((_append_head.pack(APPEND_COMMAND, queue, append_ms, len(name)), name, batch))
+
+
+def encode_timers(topic: str, queue: int, append_ms: int, batch: bytes | memoryview) -> bytes:
+    """A batch for a delay topic: stored in its timer queue, each message indexed by its delivery time."""
+    name = topic.encode()
+    return b"".join((_append_head.pack(TIMER_COMMAND, queue, append_ms, len(name)), name, batch))
+
+
+def encode_fire(topic: str, queue: int, append_ms: int, timer_offsets: list[int], batch: bytes) -> bytes:
+    """Due timers delivered to their queue as one batch, on condition that every one is still pending
+    (so a fire proposed twice, or racing a cancel, delivers nothing twice)."""
+    name = topic.encode()
+    return b"".join((_append_head.pack(FIRE_COMMAND, queue, append_ms, len(name)), name,
+                     _fire_count.pack(len(timer_offsets)), struct.pack(f"<{len(timer_offsets)}Q", *timer_offsets),
+                     batch))
+
+
+def encode_cancel(topic: str, queue: int, offset: int) -> bytes:
+    return bytes([CANCEL_COMMAND]) + orjson.dumps({"topic": topic, "queue": queue, "offset": offset})
 
 
 def encode_offsets(group: str, topic: str, offsets: dict[int, int]) -> bytes:
@@ -61,21 +90,55 @@ def encode_batch_record(topic: str, queue: int, group: int, entry: IndexEntry) -
     name = topic.encode()
     return _batch_head.pack(len(name)) + name + _batch_place.pack(
         queue, entry.base_offset, entry.append_ms, group, entry.position, entry.batch_bytes, entry.count,
-        entry.first_timestamp_ms)
+        entry.first_timestamp_ms, entry.tag_summary)
 
 
 def decode_batch_record(body: bytes) -> tuple[str, int, int, IndexEntry]:
     """(topic, queue, Raft group, index entry)"""
     (name_length,) = _batch_head.unpack_from(body)
     place_at = _batch_head.size + name_length
-    queue, base_offset, append_ms, group, position, size, count, first_ms = _batch_place.unpack_from(body, place_at)
+    tags = ALL_TAGS
+    if len(body) - place_at == _batch_place_untagged.size:
+        queue, base_offset, append_ms, group, position, size, count, first_ms = \
+            _batch_place_untagged.unpack_from(body, place_at)
+    else:
+        queue, base_offset, append_ms, group, position, size, count, first_ms, tags = \
+            _batch_place.unpack_from(body, place_at)
     topic = body[_batch_head.size:place_at].decode()
-    return topic, queue, group, IndexEntry(base_offset, position, count, size, first_ms, append_ms)
+    return topic, queue, group, IndexEntry(base_offset, position, count, size, first_ms, append_ms, tags)
 
 
 def _offsets_commit(body: bytes | memoryview) -> tuple[str, str, dict[int, int]]:
     record = orjson.loads(body)
     return record["group"], record["topic"], {int(q): o for q, o in record["offsets"].items()}
+
+
+def _batches_of(messages: list[Message]):
+    """Messages cut into lists that each encode as one batch of about a producer's batch size."""
+    chunk: list[Message] = []
+    size = 0
+    for message in messages:
+        message_bytes = 64 + len(message.body) + len(message.key) + len(message.tag) + sum(
+            len(name) + len(value) + 2 for name, value in message.properties.items())
+        if chunk and (size + message_bytes > limits.producer_batch_bytes_default
+                      or len(chunk) >= limits.batch_messages_max
+                      or message.timestamp_ms - chunk[0].timestamp_ms >= 2**31):  # a batch spans < 24 days
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(message)
+        size += message_bytes
+    if chunk:
+        yield chunk
+
+
+def _encode_timers(group: int, timers: list[tuple[int, Timer, bool]]) -> bytes:
+    return orjson.dumps([group, [[t.deliver_at_ms, t.topic, t.queue, t.offset, pending] for _, t, pending in timers]])
+
+
+def _decode_timers(body: bytes | memoryview) -> list[tuple[int, Timer, bool]]:
+    group, changes = orjson.loads(body)
+    return [(group, Timer(deliver_at_ms, topic, queue, offset), pending)
+            for deliver_at_ms, topic, queue, offset, pending in changes]
 
 
 def _encode_available(topic: str, queue: int, offset: int) -> bytes:
@@ -115,6 +178,10 @@ class Store:
         self._queues: dict[tuple[str, int], QueueStats] = {}
         self._applied: dict[int, int] = {}  # Raft group -> index of its last entry in this store
         self._watchers: dict[tuple[str, int], set[trio.Event]] = {}
+        self._next_due: dict[int, int] = {}  # Raft group -> no timer of it is due before this (epoch ms)
+        self._timer_changes: dict[tuple[str, int, int], int | None] = {}  # within one apply: set or done
+        self._timer_batches: collections.OrderedDict = collections.OrderedDict()  # see _timer_batch
+        self._timer_batches_bytes = 0
         self._dirty = False
         self.fsyncs = 0
 
@@ -136,6 +203,7 @@ class Store:
         applied = self.index.groups_applied()
         entries: list[tuple[str, int, IndexEntry]] = []
         commits: list[tuple[str, str, dict[int, int]]] = []
+        timers: list[tuple[int, Timer, bool]] = []
         replayed = 0
         for position, kind, body in self.log.scan(self.index.applied_position):
             replayed += 1
@@ -154,10 +222,16 @@ class Store:
             elif kind == APPLIED:
                 group, index = _applied.unpack(body)
                 applied[group] = index
+            elif kind == TIMERS:
+                timers.extend(_decode_timers(body))
             elif kind == POSITIONS:
-                group, index, positions = self._positions(body)
+                # Flush first: the snapshot's timers replace the group's, which earlier records may have set.
+                self.index.apply(entries, stats, commits, applied, position, timers)
+                entries, commits, timers = [], [], []
+                group, index, positions, snapshot_timers = self._positions(body)
                 stats.update(positions)
                 applied[group] = index
+                timers.extend(self._replace_timers(group, snapshot_timers))
             elif kind == BACKFILLED:
                 topic, queue, _, entry = decode_batch_record(body)
                 entries.append((topic, queue, entry))
@@ -166,66 +240,169 @@ class Store:
                 stats[(topic, queue)].available_from = offset
             else:
                 raise RocketError(Code.CORRUPT_DATA, f"log record at {position} has unknown kind {kind}")
-            if len(entries) + len(commits) >= limits.index_replay_records_per_write_max:
-                self.index.apply(entries, stats, commits, applied, position + HEADER_BYTES + len(body))
-                entries, commits = [], []
-        self.index.apply(entries, stats, commits, applied, self.log.end_position)
+            if len(entries) + len(commits) + len(timers) >= limits.index_replay_records_per_write_max:
+                self.index.apply(entries, stats, commits, applied, position + HEADER_BYTES + len(body), timers)
+                entries, commits, timers = [], [], []
+        self.index.apply(entries, stats, commits, applied, self.log.end_position, timers)
         if replayed:
             log.info("replayed %d log records into the index", replayed)
         self._queues = stats
         self._applied = applied
+        for group in applied:
+            upcoming = self.index.timers(group, limit=1)
+            if upcoming:
+                self._next_due[group] = upcoming[0].deliver_at_ms
 
     # ---- the state machine ---------------------------------------------------------------------------
 
     def apply(self, group: int, entries, positions: list[int]) -> list:
         """Apply a group's committed entries, whose data lies in the WAL at positions: results are
-        (base offset, count) for appends."""
+        (base offset, count) for appends, timers and fires that delivered, None for a fire that did
+        not (its timers were gone), True or False for a cancel (whether the timer was pending)."""
         done = self._applied.get(group, 0)
         results: list = []
         records: list[tuple[int, bytes]] = []
         index_entries: list[tuple[str, int, IndexEntry]] = []
         commits: list[tuple[str, str, dict[int, int]]] = []
+        timers: list[tuple[int, Timer, bool]] = []
         touched: dict[tuple[str, int], QueueStats] = {}
         for entry, position in zip(entries, positions):
             data = entry.data
             if entry.index <= done or not data:  # applied before a restart, or a new leader's empty entry
                 results.append(None)
                 continue
-            if data[0] == APPEND_COMMAND:
+            command = data[0]
+            if command in (APPEND_COMMAND, TIMER_COMMAND, FIRE_COMMAND):
                 _, queue, append_ms, name_length = _append_head.unpack_from(data)
                 batch_at = _append_head.size + name_length
                 topic = data[_append_head.size:batch_at].decode()
+                if command == FIRE_COMMAND:
+                    (count,) = _fire_count.unpack_from(data, batch_at)
+                    fired = struct.unpack_from(f"<{count}Q", data, batch_at + _fire_count.size)
+                    batch_at += _fire_count.size + 8 * count
+                    if not self._take_timers(group, timer_topic(topic), queue, fired, timers):
+                        results.append(None)
+                        continue
+                stored_topic = timer_topic(topic) if command == TIMER_COMMAND else topic
                 batch = memoryview(data)[batch_at:]
                 header = batch_codec.peek_header(batch)  # checked before it was proposed
-                stats = self._queues.setdefault((topic, queue), QueueStats(group=group))
+                stats = self._queues.setdefault((stored_topic, queue), QueueStats(group=group))
                 base_offset = stats.next_offset
                 stats.next_offset += header.count
                 stats.bytes += len(batch)
                 stats.last_append_ms = append_ms
-                touched[(topic, queue)] = stats
+                touched[(stored_topic, queue)] = stats
                 invariant(position >= 0, f"group {group} entry {entry.index} was applied before it was persisted")
                 placed = IndexEntry(base_offset, position + batch_at, header.count, len(batch),
-                                    header.first_timestamp_ms, append_ms)
-                records.append((BATCH, encode_batch_record(topic, queue, group, placed)))
-                index_entries.append((topic, queue, placed))
+                                    header.first_timestamp_ms, append_ms, header.tag_summary)
+                records.append((BATCH, encode_batch_record(stored_topic, queue, group, placed)))
+                index_entries.append((stored_topic, queue, placed))
                 results.append((base_offset, header.count))
+                if command == TIMER_COMMAND:
+                    for message in batch_codec.decode(batch, base_offset):
+                        timer = Timer(message.deliver_at_ms or append_ms, stored_topic, queue, message.offset)
+                        self._timer_changes[(stored_topic, queue, message.offset)] = timer.deliver_at_ms
+                        timers.append((group, timer, True))
+                        self._next_due[group] = min(self._next_due.get(group, _never), timer.deliver_at_ms)
+            elif command == CANCEL_COMMAND:
+                request = orjson.loads(memoryview(data)[1:])
+                results.append(self._take_timers(group, timer_topic(request["topic"]), request["queue"],
+                                                 (request["offset"],), timers))
             else:
-                invariant(data[0] == OFFSETS_COMMAND, f"group {group} entry {entry.index}: unknown command {data[0]}")
+                invariant(command == OFFSETS_COMMAND, f"group {group} entry {entry.index}: unknown command {command}")
                 records.append((OFFSETS, data[1:]))
                 commits.append(_offsets_commit(memoryview(data)[1:]))
                 results.append(None)
+        self._timer_changes.clear()
         last = entries[-1].index if entries else done
         if last <= done:
             return results
+        if timers:
+            records.append((TIMERS, _encode_timers(group, timers)))
         records.append((APPLIED, _applied.pack(group, last)))
         self.log.append(records)
         self._applied[group] = last
-        self.index.apply(index_entries, touched, commits, {group: last}, self.log.end_position)
+        self.index.apply(index_entries, touched, commits, {group: last}, self.log.end_position, timers)
         self._dirty = True
         for key in touched:
             for event in self._watchers.get(key, ()):
                 event.set()
         return results
+
+    def _take_timers(self, group: int, topic: str, queue: int, offsets, timers: list) -> bool:
+        """Mark pending timers done, if every one of them is pending (seen through the changes this apply
+        made so far); else change nothing."""
+        due = []
+        for offset in offsets:
+            place = (topic, queue, offset)
+            if place in self._timer_changes:
+                deliver_at_ms = self._timer_changes[place]
+            else:
+                found = self.index.timer(*place)
+                deliver_at_ms = found[0] if found is not None and found[1] == group else None
+            if deliver_at_ms is None:
+                return False
+            due.append(deliver_at_ms)
+        for offset, deliver_at_ms in zip(offsets, due):
+            self._timer_changes[(topic, queue, offset)] = None
+            timers.append((group, Timer(deliver_at_ms, topic, queue, offset), False))
+        return True
+
+    # ---- timers --------------------------------------------------------------------------------------
+
+    def due_timers(self, group: int, now_ms: int, limit: int) -> list[Timer]:
+        """The group's pending timers due by now_ms, earliest first (at most limit)."""
+        start_ms = self._next_due.get(group, _never)
+        if start_ms > now_ms:
+            return []
+        due = self.index.timers(group, start_ms, now_ms, limit)
+        upcoming = due or self.index.timers(group, start_ms, limit=1)
+        self._next_due[group] = upcoming[0].deliver_at_ms if upcoming else _never
+        return due
+
+    def due_deliveries(self, group: int, now_ms: int) -> list[tuple[str, int, list[int], bytes]]:
+        """The group's timers due by now_ms (at most limits.timer_fire_messages_max) as deliveries to
+        propose as fires: (topic, queue, timer offsets, batch). Each message is stamped with its
+        delivery time; a batch spans less than 24 days of them and about a producer's batch size."""
+        by_queue: dict[tuple[str, int], dict[int, int]] = {}
+        for timer in self.due_timers(group, now_ms, limits.timer_fire_messages_max):
+            by_queue.setdefault((timer.topic, timer.queue), {})[timer.offset] = timer.deliver_at_ms
+        deliveries = []
+        for (waiting, queue), wanted in by_queue.items():
+            due: list[Message] = []
+            for offset, deliver_at_ms in wanted.items():
+                base_offset, messages = self._timer_batch(waiting, queue, offset)
+                due.append(dataclasses.replace(messages[offset - base_offset], timestamp_ms=deliver_at_ms,
+                                               deliver_at_ms=0))
+            due.sort(key=lambda message: (message.timestamp_ms, message.offset))
+            topic = waiting[len(timer_topic("")):]
+            deliveries.extend((topic, queue, [message.offset for message in chunk], batch_codec.encode(chunk, now_ms))
+                              for chunk in _batches_of(due))
+        return deliveries
+
+    def _timer_batch(self, topic: str, queue: int, offset: int) -> tuple[int, list[Message]]:
+        """The decoded batch holding a timer's message. Timers of one batch often fall due at different
+        times, so decoded batches are kept (the most recent, up to limits.timer_batches_cached_bytes_max)."""
+        cache = self._timer_batches
+        [entry], _ = self.index.locate(topic, queue, offset, 1)
+        key = (topic, queue, entry.base_offset)
+        if key in cache:
+            cache.move_to_end(key)
+            return entry.base_offset, cache[key][1]
+        [(base_offset, batch)] = self.read(topic, queue, offset, 1)
+        messages = batch_codec.decode(batch, base_offset)
+        cache[key] = (len(batch), messages)
+        self._timer_batches_bytes += len(batch)
+        while self._timer_batches_bytes > limits.timer_batches_cached_bytes_max and len(cache) > 1:
+            self._timer_batches_bytes -= cache.popitem(last=False)[1][0]
+        return base_offset, messages
+
+    def timer_groups(self, now_ms: int) -> list[int]:
+        """Groups that may have timers due by now_ms."""
+        return [group for group, next_ms in self._next_due.items() if next_ms <= now_ms]
+
+    def pending_timers(self, group: int) -> int:
+        return len(self.index.timers(group))
 
     def snapshot(self, group: int) -> bytes:
         """Make the store durable, so the group's Raft log may be dropped up to what it applied. The
@@ -234,15 +411,24 @@ class Store:
         self.sync()
         queues = [[topic, queue, stats.next_offset, stats.bytes, stats.last_append_ms]
                   for (topic, queue), stats in self._queues.items() if stats.group == group]
-        return orjson.dumps({"group": group, "applied": self._applied.get(group, 0), "queues": queues})
+        timers = [[t.deliver_at_ms, t.topic, t.queue, t.offset] for t in self.index.timers(group)]
+        return orjson.dumps({"group": group, "applied": self._applied.get(group, 0), "queues": queues,
+                             "timers": timers})
 
     @staticmethod
-    def _positions(data: bytes | memoryview) -> tuple[int, int, dict[tuple[str, int], QueueStats]]:
+    def _positions(data: bytes | memoryview) -> tuple[int, int, dict[tuple[str, int], QueueStats], list[Timer]]:
         snapshot = orjson.loads(data)
         group = snapshot["group"]
         return group, snapshot["applied"], {
             (topic, queue): QueueStats(next_offset, size, last_append_ms, group, available_from=next_offset)
-            for topic, queue, next_offset, size, last_append_ms in snapshot["queues"]}
+            for topic, queue, next_offset, size, last_append_ms in snapshot["queues"]
+        }, [Timer(*timer) for timer in snapshot.get("timers", ())]
+
+    def _replace_timers(self, group: int, timers: list[Timer]) -> list[tuple[int, Timer, bool]]:
+        """The changes that make a group's pending timers those of a snapshot."""
+        self._next_due[group] = min((timer.deliver_at_ms for timer in timers), default=_never)
+        return ([(group, timer, False) for timer in self.index.timers(group)]
+                + [(group, timer, True) for timer in timers])
 
     def restore(self, group: int, data: bytes) -> None:
         """Install a snapshot. On a restart the store already holds it; a replica that was sent one
@@ -251,7 +437,7 @@ class Store:
         until the storage role has backfilled them (see backfill)."""
         if not data:
             return
-        _, index, positions = self._positions(data)
+        _, index, positions, timers = self._positions(data)
         if index <= self._applied.get(group, 0):
             return
         log.warning("group %d: installed a snapshot at entry %d without its batches; they are fetched from the "
@@ -259,7 +445,7 @@ class Store:
         self.log.append([(POSITIONS, data)])
         self._queues.update(positions)
         self._applied[group] = index
-        self.index.apply([], positions, [], {group: index}, self.log.end_position)
+        self.index.apply([], positions, [], {group: index}, self.log.end_position, self._replace_timers(group, timers))
         self._dirty = True
         for key in positions:
             for event in self._watchers.get(key, ()):
@@ -329,17 +515,24 @@ class Store:
 
     def read(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True) -> list[tuple[int, bytes]]:
         """Stored batches from the one holding offset, up to max_bytes (and at least one if asked)."""
+        return self.read_from(topic, queue, offset, max_bytes, at_least_one)[0]
+
+    def read_from(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True,
+                  tag_mask: int = ALL_TAGS) -> tuple[list[tuple[int, bytes]], int]:
+        """As read, skipping batches whose tag summary shares no bit with tag_mask unread; with the offset
+        the next read starts at."""
         stats = self._queues.get((topic, queue))
         next_offset = stats.next_offset if stats else 0
         if offset > next_offset:
             raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"offset {offset} is past the end ({next_offset}) of {topic}/{queue}")
         if offset == next_offset:
-            return []
+            return [], offset
         if offset < stats.available_from:
             raise RocketError(Code.UNAVAILABLE, f"this replica lacks {topic}/{queue} before offset "
                               f"{stats.available_from} (it installed a snapshot); another replica has them")
         found = []
-        for entry in self.index.locate(topic, queue, offset, max_bytes, at_least_one):
+        entries, scanned_to = self.index.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
+        for entry in entries:
             try:
                 batch = self.data.read_slice(entry.position, entry.batch_bytes)
                 count = batch_codec.check_header(batch).count  # the batch's own CRC covers it where it lies
@@ -350,7 +543,7 @@ class Store:
                 raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}@{entry.base_offset}: WAL position "
                                   f"{entry.position} holds a batch of {count} messages, the index says {entry.count}")
             found.append((entry.base_offset, batch))
-        return found
+        return found, max(offset, scanned_to) if scanned_to is not None else offset
 
     async def wait_for_data(self, wants: dict[tuple[str, int], int], timeout_s: float) -> None:
         """Return when any queue has data at or past the wanted offset, or after the timeout."""

@@ -11,9 +11,14 @@ from pathlib import Path
 
 import plyvel
 
+from rocket import limits
+
 _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
-_entry = struct.Struct(">QIIqQ")  # log position, count, batch bytes, first timestamp ms, append time ms
+_entry = struct.Struct(">QIIqQQ")  # log position, count, batch bytes, first timestamp ms, append time ms, tags
+_entry_untagged = struct.Struct(">QIIqQ")  # as written before the tag summary was indexed
+_timer_place = struct.Struct(">QQ")  # delivery time ms, Raft group
+ALL_TAGS = 2**64 - 1  # the tag summary of a batch indexed without one: it may hold any tag
 _stats = struct.Struct(">QQQQQ")  # next offset, bytes, last append ms, Raft group, available from
 _applied_key = b"m/applied"
 
@@ -26,6 +31,7 @@ class IndexEntry:
     batch_bytes: int
     first_timestamp_ms: int
     append_ms: int
+    tag_summary: int = ALL_TAGS  # the batch header's 64-bit tag summary, so filters skip batches unread
 
 
 @dataclasses.dataclass(slots=True)
@@ -45,6 +51,32 @@ def _prefix_end(prefix: bytes) -> bytes:
     """The smallest key greater than every key that starts with prefix."""
     trimmed = prefix.rstrip(b"\xff")
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+def _timer_key(topic: str, queue: int, offset: int) -> bytes:
+    """x + where the timer's message lies (its system queue): its delivery time and group."""
+    return _queue_prefix(b"x", topic, queue) + _u64.pack(offset)
+
+
+def _due_key(group: int, deliver_at_ms: int, topic: str, queue: int, offset: int) -> bytes:
+    """w + group + delivery time + where the message lies: a group's timers in the order they fire."""
+    return b"w" + _u64.pack(group) + _u64.pack(deliver_at_ms) + _timer_key(topic, queue, offset)[1:]
+
+
+def _decode_entry(offset: int, value: bytes) -> IndexEntry:
+    if len(value) == _entry_untagged.size:
+        return IndexEntry(offset, *_entry_untagged.unpack(value))
+    return IndexEntry(offset, *_entry.unpack(value))
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class Timer:
+    """A delayed message waiting in a system queue (topic, queue, offset) for its delivery time."""
+
+    deliver_at_ms: int
+    topic: str
+    queue: int
+    offset: int
 
 
 def _offsets_prefix(group: str, topic: str) -> bytes:
@@ -68,16 +100,24 @@ class QueueIndex:
 
     def apply(self, entries: list[tuple[str, int, IndexEntry]], stats: dict[tuple[str, int], QueueStats],
               commits: list[tuple[str, str, dict[int, int]]], groups_applied: dict[int, int],
-              applied_position: int) -> None:
-        """Record stored batches, queue stats, offset commits and how far each Raft group got, up to
-        applied_position of the log, in one write."""
+              applied_position: int, timers: list[tuple[int, Timer, bool]] = ()) -> None:
+        """Record stored batches, queue stats, offset commits, timers set or done (group, timer, set)
+        and how far each Raft group got, up to applied_position of the log, in one write."""
         with self._db.write_batch(sync=False) as batch:
+            for group, timer, pending in timers:
+                place = (timer.topic, timer.queue, timer.offset)
+                if pending:
+                    batch.put(_timer_key(*place), _timer_place.pack(timer.deliver_at_ms, group))
+                    batch.put(_due_key(group, timer.deliver_at_ms, *place), b"")
+                else:
+                    batch.delete(_timer_key(*place))
+                    batch.delete(_due_key(group, timer.deliver_at_ms, *place))
             for group, index in groups_applied.items():
                 batch.put(b"g" + _u64.pack(group), _u64.pack(index))
             for topic, queue, entry in entries:
                 batch.put(_queue_prefix(b"q", topic, queue) + _u64.pack(entry.base_offset),
                           _entry.pack(entry.position, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
-                                      entry.append_ms))
+                                      entry.append_ms, entry.tag_summary))
                 batch.put(_queue_prefix(b"t", topic, queue) + _u64.pack(entry.append_ms) + _u64.pack(entry.base_offset), b"")
             for (topic, queue), queue_stats in stats.items():
                 batch.put(_queue_prefix(b"s", topic, queue),
@@ -98,8 +138,11 @@ class QueueIndex:
             result[(topic, queue)] = QueueStats(*_stats.unpack(value))
         return result
 
-    def locate(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True) -> list[IndexEntry]:
-        """Entries from the batch holding offset onwards, until max_bytes (and at least one if asked)."""
+    def locate(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True,
+               tag_mask: int = ALL_TAGS) -> tuple[list[IndexEntry], int | None]:
+        """Entries from the batch holding offset onwards, until max_bytes (and at least one if asked),
+        skipping batches whose tag summary shares no bit with tag_mask (at most skipped_entries_max of
+        them); with the offset after the last entry looked at (None if none was)."""
         prefix = _queue_prefix(b"q", topic, queue)
         start = prefix
         with self._db.iterator(start=prefix, stop=prefix + _u64.pack(offset + 1), reverse=True) as backwards:
@@ -107,15 +150,23 @@ class QueueIndex:
                 start = key
                 break
         found: list[IndexEntry] = []
-        total = 0
+        total = skipped = 0
+        scanned_to = None
         with self._db.iterator(start=start, stop=_prefix_end(prefix)) as forwards:
             for key, value in forwards:
-                entry = IndexEntry(_u64.unpack(key[-8:])[0], *_entry.unpack(value))
+                entry = _decode_entry(_u64.unpack(key[-8:])[0], value)
+                if tag_mask != ALL_TAGS and not entry.tag_summary & tag_mask:
+                    skipped += 1
+                    if skipped > limits.filter_skipped_batches_max:
+                        break
+                    scanned_to = entry.base_offset + entry.count
+                    continue
                 if total + entry.batch_bytes > max_bytes and (found or not at_least_one):
                     break
                 found.append(entry)
                 total += entry.batch_bytes
-        return found
+                scanned_to = entry.base_offset + entry.count
+        return found, scanned_to
 
     def first_offset(self, topic: str, queue: int) -> int | None:
         with self._db.iterator(prefix=_queue_prefix(b"q", topic, queue), include_value=False) as keys:
@@ -131,6 +182,27 @@ class QueueIndex:
             for key in keys:
                 return _u64.unpack(key[-8:])[0]
         return None
+
+    def timer(self, topic: str, queue: int, offset: int) -> tuple[int, int] | None:
+        """(delivery time ms, group) of a pending timer, or None if it fired, was cancelled or never was."""
+        raw = self._db.get(_timer_key(topic, queue, offset))
+        return _timer_place.unpack(raw) if raw is not None else None
+
+    def timers(self, group: int, from_ms: int = 0, until_ms: int = 2**63 - 2, limit: int = 2**63 - 1) -> list[Timer]:
+        """A group's pending timers due from from_ms to until_ms, earliest first, at most limit. (Fired
+        timers leave deleted keys behind until LevelDB compacts them: a scan from where the last one
+        found its first timer does not wade through them.)"""
+        prefix = b"w" + _u64.pack(group)
+        found = []
+        with self._db.iterator(start=prefix + _u64.pack(from_ms), stop=prefix + _u64.pack(until_ms + 1),
+                               include_value=False) as keys:
+            for key in keys:
+                if len(found) >= limit:
+                    break
+                (deliver_at_ms,) = _u64.unpack_from(key, 9)
+                topic, _, rest = key[17:].partition(b"\0")
+                found.append(Timer(deliver_at_ms, topic.decode(), _u32.unpack_from(rest)[0], _u64.unpack_from(rest, 4)[0]))
+        return found
 
     def offsets(self, group: str, topic: str) -> dict[int, int]:
         prefix = _offsets_prefix(group, topic)

@@ -40,6 +40,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("CommitOffsets", "CommitOffsetsRequest", "Empty"),
         MethodSpec("FetchOffsets", "FetchOffsetsRequest", "OffsetsResponse"),
         MethodSpec("SearchOffset", "SearchOffsetRequest", "OffsetsResponse"),
+        MethodSpec("CancelTimer", "TimerRequest", "Empty"),
         MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload"),
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
         MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),
@@ -54,6 +55,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("StorageCommitOffsets", "StorageOffsetsRequest", "Empty"),
         MethodSpec("StorageQueues", "StorageQueuesRequest", "StorageQueuesResponse"),
         MethodSpec("StorageMembers", "StorageMembersRequest", "Empty"),
+        MethodSpec("StorageCancelTimer", "StorageTimerRequest", "Empty"),
     ]
 }
 

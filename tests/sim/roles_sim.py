@@ -28,7 +28,8 @@ from rocket.roles.nameserver import Nameserver
 from rocket.roles.peers import RETRYABLE, Peers
 from rocket.roles.storage import StorageRole
 from rocket.serde import batch as batch_codec
-from rocket.transport.rpc import Dispatcher
+from rocket.serde import avro_codec
+from rocket.transport.rpc import Dispatcher, method_spec
 
 
 @dataclasses.dataclass
@@ -66,6 +67,8 @@ class Network:
             await trio.sleep(min(timeout_s, limits.connect_timeout_s))
             raise RocketError(Code.TIMEOUT, f"{method} got no answer (partitioned)")
         self.calls += 1
+        request_type = method_spec(method).request_type  # through the serde, as over the wire: defaults filled
+        request = avro_codec.decode(request_type, avro_codec.encode(request_type, request))
         lose_answer = not reliable and self.random.random() < self.faults.call_loss
         with trio.move_on_after(timeout_s) as waited:
             await trio.sleep(self.delay())

@@ -14,8 +14,9 @@ messages = st.builds(
     body=st.binary(max_size=300),
     key=texts,
     tag=texts,
-    properties=st.dictionaries(texts.filter(bool), texts, max_size=4),
+    properties=st.dictionaries(texts.filter(lambda name: name and name != batch.DELIVER_AT_PROPERTY), texts, max_size=4),
     timestamp_ms=st.integers(1_700_000_000_000, 1_700_000_000_000 + 2**30),  # one batch spans < 24 days
+    deliver_at_ms=st.one_of(st.just(0), st.integers(1, 10**17)),
 )
 
 
@@ -28,8 +29,9 @@ def test_encode_decode_round_trip(originals, base_offset):
     decoded = batch.decode(encoded, base_offset, 3)
     for index, (original, copy) in enumerate(zip(originals, decoded, strict=True)):
         assert (copy.body, copy.key, copy.tag, copy.properties) == (original.body, original.key, original.tag, original.properties)
-        assert copy.timestamp_ms == original.timestamp_ms
+        assert (copy.timestamp_ms, copy.deliver_at_ms) == (original.timestamp_ms, original.deliver_at_ms)
         assert (copy.queue, copy.offset) == (3, base_offset + index)
+    assert bool(header.flags & batch.FLAG_TIMED) == any(message.deliver_at_ms for message in originals)
     for message in originals:
         if message.tag:
             assert header.tag_summary & batch.tag_bit(message.tag)
@@ -61,3 +63,10 @@ def test_random_bytes_are_refused_cleanly(data):
     with pytest.raises(RocketError) as caught:
         batch.decode(data)
     assert caught.value.code == Code.BAD_BATCH
+
+
+def test_the_delivery_time_property_is_reserved():
+    """A user property may not pose as the delivery time: only deliver_at_ms sets it."""
+    with pytest.raises(RocketError) as caught:
+        batch.encode([Message(b"x", properties={batch.DELIVER_AT_PROPERTY: "1"})], 1)
+    assert caught.value.code == Code.BAD_REQUEST

@@ -458,7 +458,7 @@ def test_a_damaged_batch_in_the_wal_fails_the_read(tmp_path):
     apply_in_chunks(store, GROUP, workload(batches=60, per_batch=100, size=500), per_call=10)
     before = state(store, {"t": 2})
     store.wal.checkpoint([])  # replay starts after these segments; a storage node's WAL keeps them
-    [damaged] = store.index.locate("t", 0, 1000, 1)  # batch 20, in the WAL's first segments
+    [damaged], _ = store.index.locate("t", 0, 1000, 1)  # batch 20, in the WAL's first segments
     assert damaged.base_offset == 1000 and damaged.position < store.wal.replay_start()
     store.close()
     overwrite_in_wal(store, damaged.position + damaged.batch_bytes // 2, b"\xde\xad\xbe\xef")
@@ -485,7 +485,7 @@ def test_a_wal_cut_back_under_indexed_batches_is_damage(tmp_path):
     when the batch is read, never tell a reader that an offset below the queue's end is out of range."""
     store = Node(tmp_path)
     apply_in_chunks(store, GROUP, workload(batches=10, per_batch=10), per_call=1)
-    [last] = store.index.locate("t", 1, 40, 1)
+    [last], _ = store.index.locate("t", 1, 40, 1)
     assert last.position + last.batch_bytes == store.wal.log.end_position  # batch 9 ends the WAL
     store.close()
     overwrite_in_wal(store, last.position + last.batch_bytes // 2, b"\xde\xad\xbe\xef")
@@ -511,7 +511,7 @@ def test_a_wal_batch_that_disagrees_with_the_index_is_reported(tmp_path):
                if len(batch) == len(two))
     assert store.apply(GROUP, [append_entry(1, "t", 0, two), append_entry(2, "t", 0, make_batch(2, 3))]) == \
         [(0, 2), (2, 3)]
-    [placed, _] = store.index.locate("t", 0, 0, 1 << 20)
+    [placed, _], _ = store.index.locate("t", 0, 0, 1 << 20)
     assert store.wal.log.read_slice(placed.position, placed.batch_bytes) == two
     overwrite_in_wal(store, placed.position, one)
     with pytest.raises(RocketError) as caught:
