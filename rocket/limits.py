@@ -63,6 +63,12 @@ timer_delay_s_max = 400 * 86_400  # the furthest delivery time accepted: a year 
 timer_batches_cached_bytes_max = 64 * MiB  # decoded timer batches kept: one batch's timers fall due over time
 timer_fire_messages_max = 10_000  # due timers one group delivers per round, so a backlog is worked off in bounded steps
 
+# Pop (simple) consumption.
+pop_in_flight_per_queue_max = 100_000  # messages of one queue in flight for one group: state kept per message
+pop_messages_max = 1024  # messages one receive hands out
+pop_attempts_default = 16  # deliveries before a message goes to the dead-letter queue (RocketMQ's maxReconsumeTimes)
+pop_invisible_s_max = 12 * 3600  # the longest a received message stays invisible (RocketMQ allows 12 hours)
+
 # Cluster.
 node_heartbeat_s = 1.0  # how often a node reports itself and its load to the nameservers
 assignment_ask_s_min = 0.05  # a storage node asked about a group it lacks asks the nameservers at most this often

@@ -24,6 +24,8 @@ class Message:
     queue: int = -1
     offset: int = -1
     deliver_at_ms: int = 0  # a delayed (timer) message: when it becomes visible, epoch ms; 0 for at once
+    receipt: str = ""  # pop consumption: "QUEUE.OFFSET.ATTEMPT", what ack and change_invisible name
+    attempt: int = 0  # pop consumption: which delivery of the message this is, from 1
 
 
 MESSAGE_TYPES = ("normal", "fifo", "delay", "transaction")  # RocketMQ 5's TopicMessageType
@@ -75,6 +77,12 @@ def timer_topic(topic: str) -> str:
     """The system queue where a delay topic's messages wait for their time, queue for queue, in the
     same storage group as the queue they are delivered to."""
     return SYSTEM_PREFIX + "TIMER%" + topic
+
+
+def dead_letter_topic(consumer_group: str, topic: str) -> str:
+    """The system queues where a consumer group's messages of a topic go once they used up their delivery
+    attempts, queue for queue beside the topic's (RocketMQ's %DLQ%group, per topic)."""
+    return f"{SYSTEM_PREFIX}DLQ%{consumer_group}%{topic}"
 
 
 def check_user_topic_name(name: str) -> str:

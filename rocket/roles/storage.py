@@ -21,8 +21,9 @@ from rocket.raft.host import RaftHost
 from rocket.roles.peers import Peers, address_of
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import FLAG_TIMED, check_header, peek_count
+from rocket.filter import compile_filter
 from rocket.store.group import (GroupMachine, Store, encode_append, encode_cancel, encode_fire, encode_offsets,
-                                encode_timers)
+                                encode_pop, encode_timers)
 from rocket.store.queue_index import ALL_TAGS
 from rocket.transport.rpc import Dispatcher
 
@@ -41,6 +42,7 @@ class StorageRole:
         self._ask_now = trio.Event()  # a call named a group not hosted yet: ask for the assignment at once
         self.replica_reads = 0  # reads served as a follower in sync
         self._assignment_version = -1  # the metadata version of the assignment this node holds
+        self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}  # one pop at a time per group and queue
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("StorageAppend", self.append)
@@ -49,6 +51,8 @@ class StorageRole:
         dispatcher.handle("StorageQueues", self.queues)
         dispatcher.handle("StorageMembers", self.members)
         dispatcher.handle("StorageCancelTimer", self.cancel_timer)
+        dispatcher.handle("StoragePop", self.pop)
+        dispatcher.handle("StorageReceipt", self.receipt)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Flush the store in the background and report to the nameservers until cancelled."""
@@ -261,6 +265,117 @@ class StorageRole:
                     return
                 await trio.sleep(0.1)
         raise RocketError(Code.TIMEOUT, f"node {node} has not caught up with group {group} yet; retry")
+
+    # ---- pop consumption -----------------------------------------------------------------------------
+
+    async def pop(self, request: dict) -> dict:
+        """Hand out up to max_messages from the group's queues: first those whose invisible time ran out
+        (or, past max_attempts, to the dead-letter queue), then new ones the filter matches. With wait_ms,
+        wait for new messages or the next reappearance when there is nothing yet."""
+        group = request["group"]
+        self._leads(group)
+        consumer_group = check_group_name(request["consumer_group"])
+        topic = check_topic_name(request["topic"])
+        queues = list(self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset"))
+        chosen = compile_filter(request["filter_type"], request["filter"])
+        invisible_ms = min(max(request["invisible_ms"], 1_000), limits.pop_invisible_s_max * 1000)
+        wanted = min(max(request["max_messages"], 1), limits.pop_messages_max)
+        attempts_max = max(1, request["max_attempts"])
+        deadline = trio.current_time() + min(max(request["wait_ms"], 0), limits.pull_wait_ms_max) / 1000
+        while True:
+            response = {"batches": [], "handles": [], "cursors": [], "next_visible_ms": 0}
+            for queue in queues:
+                if len(response["handles"]) < wanted:
+                    await self._pop_queue(group, consumer_group, topic, queue, chosen, invisible_ms,
+                                          wanted - len(response["handles"]), attempts_max, response)
+            wake_s = deadline - trio.current_time()
+            if response["handles"] or wake_s <= 0:
+                return response
+            if response["next_visible_ms"]:
+                wake_s = min(wake_s, max(0.05, response["next_visible_ms"] / 1000 - time.time()))
+            await self.store.wait_for_data({(topic, entry["queue"]): entry["offset"] for entry in response["cursors"]},
+                                           wake_s)
+
+    async def _pop_queue(self, group: int, consumer_group: str, topic: str, queue: int, chosen, invisible_ms: int,
+                         wanted: int, attempts_max: int, response: dict) -> None:
+        key = (consumer_group, topic, queue)
+        async with self._pop_locks.setdefault(key, trio.Lock()):
+            now_ms = int(time.time() * 1000)
+            state = self.store.pop_state(*key)
+            again = []
+            for offset, (visible_ms, attempt) in sorted(state.in_flight.items()):
+                if visible_ms > now_ms:
+                    response["next_visible_ms"] = min(response["next_visible_ms"] or visible_ms, visible_ms)
+                elif attempt >= attempts_max:
+                    await self._dead_letter(group, key, offset, attempt, visible_ms, now_ms)
+                elif len(again) < wanted:
+                    again.append([offset, attempt, visible_ms])
+            new, next_cursor, batches = self._new_for_pop(topic, queue, state.cursor, wanted - len(again), chosen)
+            response["cursors"].append({"queue": queue, "offset": next_cursor})
+            if not again and next_cursor == state.cursor:
+                return
+            handed = await self.host.propose(group, encode_pop({
+                "op": "pop", "consumer_group": consumer_group, "topic": topic, "queue": queue,
+                "cursor": state.cursor, "next": next_cursor, "new": new, "again": again,
+                "visible_at_ms": now_ms + invisible_ms}), limits.storage_append_wait_s_max)
+        if handed is None:  # the state moved on under a leader change: the next receive tries again
+            return
+        for offset, _, _ in again:
+            batches.update((base_offset, batch) for base_offset, batch in self.store.read(topic, queue, offset, 1))
+        response["batches"].extend({"queue": queue, "base_offset": base_offset, "batch": batch}
+                                   for base_offset, batch in sorted(batches.items()))
+        response["handles"].extend({"queue": queue, "offset": offset, "attempt": attempt,
+                                    "visible_at_ms": now_ms + invisible_ms} for offset, attempt in handed)
+
+    def _new_for_pop(self, topic: str, queue: int, cursor: int, wanted: int, chosen) -> tuple[list[int], int, dict]:
+        """Up to wanted offsets from cursor whose messages the filter matches, where the cursor moves to
+        (past what the filter skipped), and the batches holding them."""
+        if wanted <= 0:
+            return [], cursor, {}
+        tag_mask = ALL_TAGS if chosen.tag_mask is None else chosen.tag_mask
+        found, scanned_to = self.store.read_from(topic, queue, cursor, limits.read_bytes_max, True, tag_mask)
+        new: list[int] = []
+        batches = {}
+        for base_offset, batch in found:
+            for message in batch_codec.decode(batch, base_offset):
+                if message.offset < cursor:
+                    continue
+                if len(new) >= wanted:
+                    return new, message.offset, batches
+                if chosen.matches(message):
+                    new.append(message.offset)
+                    batches[base_offset] = batch
+        return new, scanned_to, batches
+
+    async def _dead_letter(self, group: int, key: tuple[str, str, int], offset: int, attempt: int, visible_ms: int,
+                           now_ms: int) -> None:
+        """A message that used up its attempts goes to the group's dead-letter queue, with its attempts."""
+        consumer_group, topic, queue = key
+        [(base_offset, batch)] = self.store.read(topic, queue, offset, 1)
+        message = batch_codec.decode(batch, base_offset, queue)[offset - base_offset]
+        message.properties = {**message.properties, "DLQ_ORIGIN_QUEUE": str(queue), "DLQ_ORIGIN_OFFSET": str(offset),
+                              "DLQ_ATTEMPTS": str(attempt)}
+        await self.host.propose(group, encode_pop({
+            "op": "dead", "consumer_group": consumer_group, "topic": topic, "queue": queue, "offset": offset,
+            "attempt": attempt, "visible_ms": visible_ms, "now_ms": now_ms}, batch_codec.encode([message], now_ms)),
+            limits.storage_append_wait_s_max)
+
+    async def receipt(self, request: dict) -> dict:
+        """Ack a received message (invisible_ms -1), or make it visible again after invisible_ms."""
+        self._hosted(request["group"])
+        consumer_group = check_group_name(request["consumer_group"])
+        check_topic_name(request["topic"])
+        queue, offset = next(iter(self._positions([request], "offset").items()))
+        command = {"op": "ack", "consumer_group": consumer_group, "topic": request["topic"], "queue": queue,
+                   "offset": offset, "attempt": request["attempt"]}
+        if request["invisible_ms"] >= 0:
+            invisible_ms = min(request["invisible_ms"], limits.pop_invisible_s_max * 1000)
+            command.update(op="change", visible_at_ms=int(time.time() * 1000) + invisible_ms)
+        if not await self.host.propose(request["group"], encode_pop(command)):
+            raise RocketError(Code.NOT_FOUND, f"receipt {queue}.{offset}.{request['attempt']} of group "
+                              f"{consumer_group!r} on {request['topic']!r} is stale: the message was acknowledged, "
+                              "or its invisible time ran out and it was delivered again")
+        return {}
 
     async def commit_offsets(self, request: dict) -> dict:
         self._hosted(request["group"])

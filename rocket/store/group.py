@@ -24,7 +24,9 @@ from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 from rocket.serde import batch as batch_codec
 from rocket.store.commitlog import HEADER_BYTES, CommitLog
-from rocket.model import Message, timer_topic
+from rocket.model import Message, dead_letter_topic, timer_topic
+from rocket.store import pop
+from rocket.store.pop import PopChange, PopQueue
 from rocket.store.queue_index import ALL_TAGS, IndexEntry, QueueIndex, QueueStats, Timer
 
 log = logging.getLogger("rocket.store")
@@ -37,6 +39,7 @@ POSITIONS = 4  # a snapshot installed without its batches: the group's queue pos
 BACKFILLED = 5  # a batch from before such a snapshot, fetched from another replica (as BATCH)
 AVAILABLE = 6  # a queue's batches are on this replica from this offset on again: _available
 TIMERS = 7  # timers set or done: JSON [group, [[deliver_at_ms, topic, queue, offset, set], ...]]
+POPS = 8  # pop consumption changes: JSON [PopChange.to_wire(), ...]
 _available = struct.Struct("<QH")  # offset, topic length; then topic... see _encode_available
 _batch_head = struct.Struct("<H")  # topic length; then topic, then _batch_place
 _batch_place = struct.Struct("<IQQQQIIqQ")  # queue, base offset, append ms, Raft group, where the batch lies
@@ -50,6 +53,8 @@ OFFSETS_COMMAND = 2  # JSON {group, topic, offsets}
 TIMER_COMMAND = 3  # as APPEND: a batch of timed messages for topic, kept in timer_topic(topic) until due
 FIRE_COMMAND = 4  # _append_head, topic, _fire_count, timer offsets (u64 each), batch: due timers delivered
 CANCEL_COMMAND = 5  # JSON {topic, queue, offset}: a pending timer dropped
+POP_COMMAND = 6  # _json_length, JSON (see pop.decide), then for 'dead' the message's batch
+_json_length = struct.Struct("<I")
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
 _fire_count = struct.Struct("<I")
 _never = 2**63 - 1  # the delivery time of no timer
@@ -79,6 +84,11 @@ def encode_fire(topic: str, queue: int, append_ms: int, timer_offsets: list[int]
 
 def encode_cancel(topic: str, queue: int, offset: int) -> bytes:
     return bytes([CANCEL_COMMAND]) + orjson.dumps({"topic": topic, "queue": queue, "offset": offset})
+
+
+def encode_pop(command: dict, batch: bytes = b"") -> bytes:
+    body = orjson.dumps(command)
+    return b"".join((bytes([POP_COMMAND]), _json_length.pack(len(body)), body, batch))
 
 
 def encode_offsets(group: str, topic: str, offsets: dict[int, int]) -> bytes:
@@ -182,6 +192,7 @@ class Store:
         self._timer_changes: dict[tuple[str, int, int], int | None] = {}  # within one apply: set or done
         self._timer_batches: collections.OrderedDict = collections.OrderedDict()  # see _timer_batch
         self._timer_batches_bytes = 0
+        self._pops: dict[pop.PopKey, PopQueue] = {}  # pop consumption: (consumer group, topic, queue) -> state
         self._dirty = False
         self.fsyncs = 0
 
@@ -204,6 +215,8 @@ class Store:
         entries: list[tuple[str, int, IndexEntry]] = []
         commits: list[tuple[str, str, dict[int, int]]] = []
         timers: list[tuple[int, Timer, bool]] = []
+        pops = self.index.pop_states()
+        pop_changes: list[pop.PopChange] = []
         replayed = 0
         for position, kind, body in self.log.scan(self.index.applied_position):
             replayed += 1
@@ -224,14 +237,21 @@ class Store:
                 applied[group] = index
             elif kind == TIMERS:
                 timers.extend(_decode_timers(body))
+            elif kind == POPS:
+                for wire in orjson.loads(body):
+                    pop_changes.append(pop.PopChange.from_wire(wire))
+                    pop.apply_change(pops, pop_changes[-1])
             elif kind == POSITIONS:
                 # Flush first: the snapshot's timers replace the group's, which earlier records may have set.
-                self.index.apply(entries, stats, commits, applied, position, timers)
-                entries, commits, timers = [], [], []
-                group, index, positions, snapshot_timers = self._positions(body)
+                self.index.apply(entries, stats, commits, applied, position, timers, pop_changes)
+                entries, commits, timers, pop_changes = [], [], [], []
+                group, index, positions, snapshot_timers, snapshot_pops = self._positions(body)
                 stats.update(positions)
                 applied[group] = index
                 timers.extend(self._replace_timers(group, snapshot_timers))
+                for change in self._replace_pops(pops, positions, snapshot_pops):
+                    pop_changes.append(change)
+                    pop.apply_change(pops, change)
             elif kind == BACKFILLED:
                 topic, queue, _, entry = decode_batch_record(body)
                 entries.append((topic, queue, entry))
@@ -240,10 +260,12 @@ class Store:
                 stats[(topic, queue)].available_from = offset
             else:
                 raise RocketError(Code.CORRUPT_DATA, f"log record at {position} has unknown kind {kind}")
-            if len(entries) + len(commits) + len(timers) >= limits.index_replay_records_per_write_max:
-                self.index.apply(entries, stats, commits, applied, position + HEADER_BYTES + len(body), timers)
-                entries, commits, timers = [], [], []
-        self.index.apply(entries, stats, commits, applied, self.log.end_position, timers)
+            if len(entries) + len(commits) + len(timers) + len(pop_changes) >= limits.index_replay_records_per_write_max:
+                self.index.apply(entries, stats, commits, applied, position + HEADER_BYTES + len(body), timers,
+                                 pop_changes)
+                entries, commits, timers, pop_changes = [], [], [], []
+        self.index.apply(entries, stats, commits, applied, self.log.end_position, timers, pop_changes)
+        self._pops = pops
         if replayed:
             log.info("replayed %d log records into the index", replayed)
         self._queues = stats
@@ -265,6 +287,7 @@ class Store:
         index_entries: list[tuple[str, int, IndexEntry]] = []
         commits: list[tuple[str, str, dict[int, int]]] = []
         timers: list[tuple[int, Timer, bool]] = []
+        pop_changes: list[pop.PopChange] = []
         touched: dict[tuple[str, int], QueueStats] = {}
         for entry, position in zip(entries, positions):
             data = entry.data
@@ -304,6 +327,28 @@ class Store:
                         self._timer_changes[(stored_topic, queue, message.offset)] = timer.deliver_at_ms
                         timers.append((group, timer, True))
                         self._next_due[group] = min(self._next_due.get(group, _never), timer.deliver_at_ms)
+            elif command == POP_COMMAND:
+                (length,) = _json_length.unpack_from(data, 1)
+                request = orjson.loads(memoryview(data)[1 + _json_length.size:1 + _json_length.size + length])
+                result, change = pop.decide(self._pops, request)
+                results.append(result)
+                if change is not None:
+                    pop.apply_change(self._pops, change)
+                    pop_changes.append(change)
+                if change is not None and request["op"] == "dead":
+                    dead_topic = dead_letter_topic(request["consumer_group"], request["topic"])
+                    batch_at = 1 + _json_length.size + length
+                    batch = memoryview(data)[batch_at:]
+                    header = batch_codec.peek_header(batch)
+                    stats = self._queues.setdefault((dead_topic, request["queue"]), QueueStats(group=group))
+                    placed = IndexEntry(stats.next_offset, position + batch_at, header.count, len(batch),
+                                        header.first_timestamp_ms, request["now_ms"], header.tag_summary)
+                    stats.next_offset += header.count
+                    stats.bytes += len(batch)
+                    stats.last_append_ms = request["now_ms"]
+                    touched[(dead_topic, request["queue"])] = stats
+                    records.append((BATCH, encode_batch_record(dead_topic, request["queue"], group, placed)))
+                    index_entries.append((dead_topic, request["queue"], placed))
             elif command == CANCEL_COMMAND:
                 request = orjson.loads(memoryview(data)[1:])
                 results.append(self._take_timers(group, timer_topic(request["topic"]), request["queue"],
@@ -319,10 +364,12 @@ class Store:
             return results
         if timers:
             records.append((TIMERS, _encode_timers(group, timers)))
+        if pop_changes:
+            records.append((POPS, orjson.dumps([change.to_wire() for change in pop_changes])))
         records.append((APPLIED, _applied.pack(group, last)))
         self.log.append(records)
         self._applied[group] = last
-        self.index.apply(index_entries, touched, commits, {group: last}, self.log.end_position, timers)
+        self.index.apply(index_entries, touched, commits, {group: last}, self.log.end_position, timers, pop_changes)
         self._dirty = True
         for key in touched:
             for event in self._watchers.get(key, ()):
@@ -397,6 +444,12 @@ class Store:
             self._timer_batches_bytes -= cache.popitem(last=False)[1][0]
         return base_offset, messages
 
+    def pop_state(self, consumer_group: str, topic: str, queue: int) -> PopQueue:
+        return self._pops.get((consumer_group, topic, queue), PopQueue())
+
+    def pop_states(self, topic: str) -> dict[pop.PopKey, PopQueue]:
+        return {key: state for key, state in self._pops.items() if key[1] == topic}
+
     def timer_groups(self, now_ms: int) -> list[int]:
         """Groups that may have timers due by now_ms."""
         return [group for group, next_ms in self._next_due.items() if next_ms <= now_ms]
@@ -412,17 +465,33 @@ class Store:
         queues = [[topic, queue, stats.next_offset, stats.bytes, stats.last_append_ms]
                   for (topic, queue), stats in self._queues.items() if stats.group == group]
         timers = [[t.deliver_at_ms, t.topic, t.queue, t.offset] for t in self.index.timers(group)]
+        pops = [PopChange(key, state.cursor, dict(state.in_flight), reset=True).to_wire()
+                for key, state in self._pops.items() if self._group_of(key[1], key[2]) == group]
         return orjson.dumps({"group": group, "applied": self._applied.get(group, 0), "queues": queues,
-                             "timers": timers})
+                             "timers": timers, "pops": pops})
+
+    def _group_of(self, topic: str, queue: int) -> int | None:
+        stats = self._queues.get((topic, queue))
+        return stats.group if stats is not None else None
 
     @staticmethod
-    def _positions(data: bytes | memoryview) -> tuple[int, int, dict[tuple[str, int], QueueStats], list[Timer]]:
+    def _positions(data: bytes | memoryview) -> tuple[int, int, dict[tuple[str, int], QueueStats], list[Timer],
+                                                      list[PopChange]]:
         snapshot = orjson.loads(data)
         group = snapshot["group"]
         return group, snapshot["applied"], {
             (topic, queue): QueueStats(next_offset, size, last_append_ms, group, available_from=next_offset)
             for topic, queue, next_offset, size, last_append_ms in snapshot["queues"]
-        }, [Timer(*timer) for timer in snapshot.get("timers", ())]
+        }, [Timer(*timer) for timer in snapshot.get("timers", ())], [
+            PopChange.from_wire(wire) for wire in snapshot.get("pops", ())]
+
+    @staticmethod
+    def _replace_pops(pops: dict, positions: dict[tuple[str, int], QueueStats],
+                      snapshot_pops: list[PopChange]) -> list[PopChange]:
+        """The changes that make the pop states of a snapshot's queues those of the snapshot."""
+        replaced = {change.key for change in snapshot_pops}
+        return snapshot_pops + [PopChange(key, 0, reset=True) for key in pops
+                                if (key[1], key[2]) in positions and key not in replaced]
 
     def _replace_timers(self, group: int, timers: list[Timer]) -> list[tuple[int, Timer, bool]]:
         """The changes that make a group's pending timers those of a snapshot."""
@@ -437,7 +506,7 @@ class Store:
         until the storage role has backfilled them (see backfill)."""
         if not data:
             return
-        _, index, positions, timers = self._positions(data)
+        _, index, positions, timers, snapshot_pops = self._positions(data)
         if index <= self._applied.get(group, 0):
             return
         log.warning("group %d: installed a snapshot at entry %d without its batches; they are fetched from the "
@@ -445,7 +514,11 @@ class Store:
         self.log.append([(POSITIONS, data)])
         self._queues.update(positions)
         self._applied[group] = index
-        self.index.apply([], positions, [], {group: index}, self.log.end_position, self._replace_timers(group, timers))
+        pop_changes = self._replace_pops(self._pops, positions, snapshot_pops)
+        for change in pop_changes:
+            pop.apply_change(self._pops, change)
+        self.index.apply([], positions, [], {group: index}, self.log.end_position, self._replace_timers(group, timers),
+                         pop_changes)
         self._dirty = True
         for key in positions:
             for event in self._watchers.get(key, ()):

@@ -12,6 +12,7 @@ from pathlib import Path
 import plyvel
 
 from rocket import limits
+from rocket.store.pop import PopQueue
 
 _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
@@ -79,6 +80,20 @@ class Timer:
     offset: int
 
 
+def _pop_prefix(kind: bytes, key: tuple[str, str, int]) -> bytes:
+    """P (cursor) or F (in flight) + consumer group, topic and queue of pop consumption."""
+    consumer_group, topic, queue = key
+    return kind + consumer_group.encode() + b"\0" + topic.encode() + b"\0" + _u32.pack(queue)
+
+
+def _pop_key(prefix: bytes, kind: bytes) -> tuple[str, str, int]:
+    consumer_group, topic, rest = prefix[1:].split(b"\0", 2)
+    return consumer_group.decode(), topic.decode(), _u32.unpack_from(rest)[0]
+
+
+_in_flight = struct.Struct(">QI")  # visible again at ms, delivery attempt
+
+
 def _offsets_prefix(group: str, topic: str) -> bytes:
     return b"o" + group.encode() + b"\0" + topic.encode() + b"\0"
 
@@ -100,10 +115,22 @@ class QueueIndex:
 
     def apply(self, entries: list[tuple[str, int, IndexEntry]], stats: dict[tuple[str, int], QueueStats],
               commits: list[tuple[str, str, dict[int, int]]], groups_applied: dict[int, int],
-              applied_position: int, timers: list[tuple[int, Timer, bool]] = ()) -> None:
-        """Record stored batches, queue stats, offset commits, timers set or done (group, timer, set)
-        and how far each Raft group got, up to applied_position of the log, in one write."""
+              applied_position: int, timers: list[tuple[int, Timer, bool]] = (), pops: list = ()) -> None:
+        """Record stored batches, queue stats, offset commits, timers set or done (group, timer, set),
+        pop consumption changes and how far each Raft group got, up to applied_position of the log, in
+        one write."""
         with self._db.write_batch(sync=False) as batch:
+            for change in pops:
+                flights = _pop_prefix(b"F", change.key)
+                if change.reset:
+                    for key in self._db.iterator(prefix=flights, include_value=False):
+                        batch.delete(key)
+                if change.cursor is not None:
+                    batch.put(_pop_prefix(b"P", change.key), _u64.pack(change.cursor))
+                for offset in change.dropped:
+                    batch.delete(flights + _u64.pack(offset))
+                for offset, state in change.set.items():
+                    batch.put(flights + _u64.pack(offset), _in_flight.pack(*state))
             for group, timer, pending in timers:
                 place = (timer.topic, timer.queue, timer.offset)
                 if pending:
@@ -203,6 +230,16 @@ class QueueIndex:
                 topic, _, rest = key[17:].partition(b"\0")
                 found.append(Timer(deliver_at_ms, topic.decode(), _u32.unpack_from(rest)[0], _u64.unpack_from(rest, 4)[0]))
         return found
+
+    def pop_states(self) -> dict[tuple[str, str, int], "PopQueue"]:
+        """Every pop consumption state: consumer group, topic, queue -> cursor and messages in flight."""
+        states: dict[tuple[str, str, int], PopQueue] = {}
+        for key, value in self._db.iterator(prefix=b"P"):
+            states.setdefault(_pop_key(key, b"P"), PopQueue()).cursor = _u64.unpack(value)[0]
+        for key, value in self._db.iterator(prefix=b"F"):
+            states.setdefault(_pop_key(key[:-8], b"F"), PopQueue()).in_flight[_u64.unpack(key[-8:])[0]] = \
+                _in_flight.unpack(value)
+        return states
 
     def offsets(self, group: str, topic: str) -> dict[int, int]:
         prefix = _offsets_prefix(group, topic)

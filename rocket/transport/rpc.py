@@ -41,6 +41,9 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("FetchOffsets", "FetchOffsetsRequest", "OffsetsResponse"),
         MethodSpec("SearchOffset", "SearchOffsetRequest", "OffsetsResponse"),
         MethodSpec("CancelTimer", "TimerRequest", "Empty"),
+        MethodSpec("Receive", "ReceiveRequest", "ReceiveResponse"),
+        MethodSpec("Ack", "ReceiptRequest", "Empty"),
+        MethodSpec("ChangeInvisible", "ReceiptRequest", "Empty"),
         MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload"),
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
         MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),
@@ -56,6 +59,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("StorageQueues", "StorageQueuesRequest", "StorageQueuesResponse"),
         MethodSpec("StorageMembers", "StorageMembersRequest", "Empty"),
         MethodSpec("StorageCancelTimer", "StorageTimerRequest", "Empty"),
+        MethodSpec("StoragePop", "StoragePopRequest", "ReceiveResponse"),
+        MethodSpec("StorageReceipt", "StorageReceiptRequest", "Empty"),
     ]
 }
 

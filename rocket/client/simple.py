@@ -1,0 +1,127 @@
+"""Pop consumption: SimpleConsumer (receive, ack, change the invisible time, nack with backoff) and
+PushConsumer (a listener called with bounded concurrency; acked on success, retried on failure).
+Unacked messages reappear after their invisible time; past max_attempts they go to the dead-letter queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.filter import compile_filter
+from rocket.model import Message, check_group_name
+from rocket.serde import batch as batch_codec
+
+log = logging.getLogger("rocket.client")
+
+# RocketMQ's retry schedule (its delay levels from 1 s): the invisible time after the nth failure.
+RETRY_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+
+
+def parse_receipt(receipt: str) -> tuple[int, int, int]:
+    parts = receipt.split(".")
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+        raise RocketError(Code.BAD_REQUEST, f"receipt {receipt!r}: expected QUEUE.OFFSET.ATTEMPT")
+    queue, offset, attempt = map(int, parts)
+    return queue, offset, attempt
+
+
+class SimpleConsumer:
+    def __init__(self, channel, topic: str, group: str, *, invisible_s: float = 30.0,
+                 max_attempts: int = limits.pop_attempts_default, backoff_s: tuple[float, ...] = RETRY_BACKOFF_S,
+                 filter_type: str = "tag", filter: str = "*"):
+        self.channel = channel
+        self.topic = topic
+        self.group = check_group_name(group)
+        self.invisible_ms = int(invisible_s * 1000)
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.filter_type = filter_type
+        self.filter = compile_filter(filter_type, filter)
+
+    async def receive(self, max_messages: int = 32, wait_s: float = 5.0) -> list[Message]:
+        """Up to max_messages, each invisible to the group's other receivers until acked or its invisible
+        time runs out; waits up to wait_s for some."""
+        request = {"topic": self.topic, "group": self.group, "max_messages": max_messages,
+                   "invisible_ms": self.invisible_ms, "wait_ms": int(wait_s * 1000), "max_attempts": self.max_attempts,
+                   "filter_type": self.filter_type, "filter": self.filter.expression}
+        response = await self.channel.call("Receive", request, timeout_s=limits.request_timeout_s_default + wait_s)
+        decoded: dict[tuple[int, int], Message] = {}
+        for stored in response["batches"]:
+            for message in batch_codec.decode(stored["batch"], stored["base_offset"], stored["queue"]):
+                decoded[(message.queue, message.offset)] = message
+        messages = []
+        for handle in response["handles"]:
+            message = decoded[(handle["queue"], handle["offset"])]
+            message.attempt = handle["attempt"]
+            message.receipt = f"{handle['queue']}.{handle['offset']}.{handle['attempt']}"
+            messages.append(message)
+        return messages
+
+    async def _receipt(self, method: str, receipt: str, invisible_ms: int = -1) -> None:
+        queue, offset, attempt = parse_receipt(receipt)
+        await self.channel.call(method, {"topic": self.topic, "group": self.group, "queue": queue, "offset": offset,
+                                         "attempt": attempt, "invisible_ms": invisible_ms})
+
+    async def ack(self, message: Message) -> None:
+        """Done with a message: it is not delivered again. NOT_FOUND if its invisible time ran out first."""
+        await self._receipt("Ack", message.receipt)
+
+    async def change_invisible(self, message: Message, invisible_s: float) -> None:
+        """Keep a message invisible for invisible_s from now (or let it reappear sooner)."""
+        await self._receipt("ChangeInvisible", message.receipt, int(invisible_s * 1000))
+
+    async def nack(self, message: Message) -> None:
+        """Processing failed: deliver the message again after the backoff for its attempt."""
+        backoff_s = self.backoff_s[min(message.attempt, len(self.backoff_s)) - 1]
+        await self.change_invisible(message, backoff_s)
+
+
+class PushConsumer:
+    """Receives continuously and calls listener(message) with at most concurrency calls at once: a call
+    that returns acks the message, one that raises has it retried with backoff (then dead-lettered)."""
+
+    def __init__(self, consumer: SimpleConsumer, listener: Callable[[Message], Awaitable[None]], concurrency: int = 16):
+        self.consumer = consumer
+        self.listener = listener
+        self.concurrency = concurrency
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Until cancelled."""
+        slots = trio.Semaphore(self.concurrency)
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                await slots.acquire()  # receive only what there is room to process
+                free = slots.value + 1
+                try:
+                    messages = await self.consumer.receive(max_messages=free)
+                except RocketError as error:
+                    slots.release()
+                    log.warning("push consumer of %s: receive failed: %s", self.consumer.topic, error)
+                    await trio.sleep(1.0)
+                    continue
+                for index, message in enumerate(messages):
+                    if index:
+                        await slots.acquire()
+                    nursery.start_soon(self._handle, message, slots)
+                if not messages:
+                    slots.release()
+
+    async def _handle(self, message: Message, slots: trio.Semaphore) -> None:
+        try:
+            try:
+                await self.listener(message)
+            except Exception as error:  # the listener's failure is the message's: retry it later
+                log.info("push consumer of %s: listener failed on %s: %r", self.consumer.topic, message.receipt, error)
+                await self.consumer.nack(message)
+            else:
+                await self.consumer.ack(message)
+        except RocketError as error:  # a stale receipt: the message reappeared and goes round again
+            log.warning("push consumer of %s: %s: %s", self.consumer.topic, message.receipt, error)
+        finally:
+            slots.release()
