@@ -23,7 +23,7 @@ from rocket.client import Admin, Consumer, connect, open_producer, parse_start
 from rocket.client import bench as bench_module
 from rocket.config import ConfigError, load_from_environment
 from rocket.errors import Code, RocketError, collapse_single_error
-from rocket.model import Message, parse_duration_s
+from rocket.model import Message, dead_letter_topic, parse_duration_s
 from rocket.serde import batch as batch_codec
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="rocket: messaging and streaming on Trio.")
@@ -35,6 +35,10 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(cluster_app, name="cluster")
 message_app = typer.Typer(no_args_is_help=True, help="Act on single messages: cancel a delayed one.")
 app.add_typer(message_app, name="message")
+group_app = typer.Typer(no_args_is_help=True, help="Consumer groups: positions, lag, reset.")
+app.add_typer(group_app, name="group")
+dlq_app = typer.Typer(no_args_is_help=True, help="A consumer group's dead letters: list them, send them again.")
+app.add_typer(dlq_app, name="dlq")
 
 out = Console()
 err = Console(stderr=True)
@@ -150,6 +154,73 @@ async def message_cancel(topic: str, timer_id: Annotated[str, typer.Argument(hel
     async with connect(server, transport, serde) as channel:
         await Admin(channel).cancel_timer(topic, timer_id)
     out.print(f"cancelled timer {timer_id} on {topic}")
+
+
+def _group_table(topic: str, group: str, queues: list[dict]) -> Table:
+    table = Table("queue", "next offset", "pull position", "pop cursor", "in flight", "lag", "dead letters",
+                  title=f"group {group} on {topic}")
+    for q in queues:
+        table.add_row(str(q["queue"]), f"{q['next_offset']:,}", "-" if q["committed"] < 0 else f"{q['committed']:,}",
+                      f"{q['pop_cursor']:,}", f"{q['in_flight']:,}", f"{q['lag']:,}", f"{q['dead_letters']:,}")
+    table.add_row("all", "", "", "", f"{sum(q['in_flight'] for q in queues):,}", f"{sum(q['lag'] for q in queues):,}",
+                  f"{sum(q['dead_letters'] for q in queues):,}")
+    return table
+
+
+@group_app.command("describe")
+@_runs_client
+async def group_describe(topic: str, group: Annotated[str, typer.Option("--group")],
+                         server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """A group's positions on a topic, per queue: pull position, pop cursor, messages in flight, lag."""
+    async with connect(server, transport, serde) as channel:
+        out.print(_group_table(topic, group, await Admin(channel).describe_group(topic, group)))
+
+
+@group_app.command("reset")
+@_runs_client
+async def group_reset(topic: str, group: Annotated[str, typer.Option("--group")],
+                      to: Annotated[str, typer.Option("--to", help="earliest, latest or an ISO time.")],
+                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Move a group's positions (pull and pop) on every queue; what it had in flight is dropped."""
+    async with connect(server, transport, serde) as channel:
+        out.print(_group_table(topic, group, await Admin(channel).reset_group(topic, group, parse_start(to))))
+
+
+@dlq_app.command("list")
+@_runs_client
+async def dlq_list(topic: str, group: Annotated[str, typer.Option("--group")],
+                   output_format: Annotated[str, typer.Option("--format", help="text, json or raw (body only).")] = "text",
+                   server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Print a group's dead letters of a topic (where they came from and how often they were tried)."""
+    dead_letters = dead_letter_topic(group, topic)
+    async with connect(server, transport, serde) as channel:
+        consumer = Consumer(channel, dead_letters, group + "%list", start="earliest", wait_ms=0)
+        await consumer.open()
+        listed = 0
+        while messages := await consumer.poll():
+            sys.stdout.buffer.write(b"".join(_format(m, topic, output_format) for m in messages))
+            listed += len(messages)
+    err.print(f"{listed:,} dead letters of group {group} on {topic}")
+
+
+@dlq_app.command("resend")
+@_runs_client
+async def dlq_resend(topic: str, group: Annotated[str, typer.Option("--group")],
+                     server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Send a group's dead letters to their topic again; each is resent once (the position is kept)."""
+    dead_letters = dead_letter_topic(group, topic)
+    resent = 0
+    async with connect(server, transport, serde) as channel, open_producer(channel, topic) as producer:
+        consumer = Consumer(channel, dead_letters, group + "%resend", start="earliest", wait_ms=0)
+        await consumer.open()
+        while messages := await consumer.poll():
+            for message in messages:
+                message.properties = {name: value for name, value in message.properties.items()
+                                      if not name.startswith("DLQ_")}
+            await producer.send_many(messages)
+            await consumer.commit()
+            resent += len(messages)
+    out.print(f"resent {resent:,} dead letters of group {group} to {topic}")
 
 
 @cluster_app.command("status")

@@ -31,6 +31,16 @@ class Admin:
         """Move every replica off a storage node (or, with draining False, let it take replicas again)."""
         await self.channel.call("DrainNode", {"node": node, "draining": draining})
 
+    async def describe_group(self, topic: str, group: str) -> list[dict]:
+        """Per queue: the group's pull position, pop consumption, lag and dead letters."""
+        return (await self.channel.call("DescribeGroup", {"topic": topic, "group": group}))["queues"]
+
+    async def reset_group(self, topic: str, group: str, to: str | int) -> list[dict]:
+        """Move the group's positions to 'earliest', 'latest', or a time (epoch ms)."""
+        request = {"topic": topic, "group": group, "to": to if isinstance(to, str) else "time",
+                   "timestamp_ms": to if isinstance(to, int) else 0}
+        return (await self.channel.call("ResetGroup", request))["queues"]
+
     async def cancel_timer(self, topic: str, timer_id: str) -> None:
         """Drop a delayed message before its time; timer_id is 'QUEUE.OFFSET' from its send."""
         queue, offset = parse_timer_id(timer_id)

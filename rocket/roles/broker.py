@@ -19,7 +19,7 @@ from rocket import __version__, limits
 from rocket.config import Address
 from rocket.errors import Code, RocketError
 from rocket.filter import Filter, SqlFilter, compile_filter
-from rocket.model import TopicSpec, check_group_name
+from rocket.model import TopicSpec, check_group_name, dead_letter_topic
 from rocket.roles.peers import RETRYABLE, Peers, address_of
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import FLAG_TIMED, check_header
@@ -37,9 +37,15 @@ class _Route:
     fetched_at: float
 
 
+DEAD_LETTER_PREFIX = dead_letter_topic("", "")[:-1]  # "%DLQ%"
+
+
 def _check_message_type(spec: TopicSpec, flags: int) -> None:
     """A topic takes only sends of its type (RocketMQ 5's topic message type check)."""
     timed = bool(flags & FLAG_TIMED)
+    if spec.message_type == "dead-letter":
+        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"{spec.name!r} holds dead letters: only the system writes there "
+                          "(rocket dlq resend sends them to their topic again)")
     if spec.message_type == "transaction":
         raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {spec.name!r} is a transaction topic: transactional "
                           "sends are not served yet")
@@ -75,6 +81,8 @@ class Broker:
             "FetchOffsets": self.fetch_offsets,
             "SearchOffset": self.search_offset,
             "CancelTimer": self.cancel_timer,
+            "DescribeGroup": self.describe_group,
+            "ResetGroup": self.reset_group,
             "Receive": self.receive,
             "Ack": self.ack,
             "ChangeInvisible": self.change_invisible,
@@ -88,6 +96,12 @@ class Broker:
     # ---- routes and storage calls --------------------------------------------------------------------
 
     async def _route(self, topic: str, refresh: bool = False) -> _Route:
+        if topic.startswith(DEAD_LETTER_PREFIX):  # a group's dead letters lie beside the topic's queues
+            consumer_group, _, base = topic[len(DEAD_LETTER_PREFIX):].partition("%")
+            route = await self._route(base, refresh)
+            if dead_letter_topic(consumer_group, base) != topic:
+                raise RocketError(Code.UNKNOWN_TOPIC, f"{topic!r} is not a dead-letter queue name")
+            return dataclasses.replace(route, spec=dataclasses.replace(route.spec, name=topic, message_type="dead-letter"))
         route = self._routes.get(topic)
         if (route is None or refresh or route.version < self.peers.metadata_version  # the metadata changed
                 or trio.current_time() - route.fetched_at > limits.route_ttl_s):
@@ -353,11 +367,52 @@ class Broker:
             if entry["offset"] < 0:
                 raise RocketError(Code.BAD_REQUEST, f"offset {entry['offset']} for queue {queue} is negative")
             offsets[queue] = entry["offset"]
+        await self._commit(route, consumer_group, offsets)
+        return {}
+
+    async def _commit(self, route: _Route, consumer_group: str, offsets: dict[int, int], reset_pop: bool = False) -> None:
         for group, queues in self._by_group(route, offsets).items():
             await self._storage(route, group, "StorageCommitOffsets", {
-                "group": group, "consumer_group": consumer_group, "topic": route.spec.name,
+                "group": group, "consumer_group": consumer_group, "topic": route.spec.name, "reset_pop": reset_pop,
                 "offsets": [{"queue": queue, "offset": offsets[queue]} for queue in queues]})
-        return {}
+
+    async def describe_group(self, request: dict) -> dict:
+        """Per queue: the group's pull position, its pop consumption, its lag and its dead letters."""
+        consumer_group = check_group_name(request["group"])
+        route = await self._route(request["topic"])
+        found = await self._queues(route, consumer_group)
+        dead = await self._queues(await self._route(dead_letter_topic(consumer_group, route.spec.name)))
+        committed = {entry["queue"]: entry["offset"] for response in found for entry in response["offsets"]}
+        pops = {entry["queue"]: entry for response in found for entry in response["pops"]}
+        dead_letters = {info["queue"]: info["next_offset"] - info["min_offset"] for response in dead
+                        for info in response["queues"]}
+        queues = []
+        for info in sorted((info for response in found for info in response["queues"]), key=lambda info: info["queue"]):
+            queue, pop_state = info["queue"], pops[info["queue"]]
+            consumed = max(committed.get(queue, info["min_offset"]), pop_state["done_before"])
+            queues.append({"queue": queue, "min_offset": info["min_offset"], "next_offset": info["next_offset"],
+                           "committed": committed.get(queue, -1), "pop_cursor": pop_state["cursor"],
+                           "pop_done_before": pop_state["done_before"], "in_flight": pop_state["in_flight"],
+                           "lag": max(0, info["next_offset"] - consumed), "dead_letters": dead_letters.get(queue, 0)})
+        return {"topic": route.spec.name, "group": consumer_group, "queues": queues}
+
+    async def reset_group(self, request: dict) -> dict:
+        """Move the group's pull and pop positions on every queue to the earliest or latest message, or to
+        the first stored at or after a time; what was in flight is dropped."""
+        consumer_group = check_group_name(request["group"])
+        route = await self._route(request["topic"])
+        if request["to"] not in ("earliest", "latest", "time"):
+            raise RocketError(Code.BAD_REQUEST, f"reset to {request['to']!r}: expected earliest, latest or time")
+        by_time = request["to"] == "time"
+        targets = {}
+        for response in await self._queues(route, timestamp_ms=max(0, request["timestamp_ms"]) if by_time else -1):
+            if by_time:
+                targets.update((entry["queue"], entry["offset"]) for entry in response["time_offsets"])
+            else:
+                field = "min_offset" if request["to"] == "earliest" else "next_offset"
+                targets.update((info["queue"], info[field]) for info in response["queues"])
+        await self._commit(route, consumer_group, targets, reset_pop=True)
+        return await self.describe_group(request)
 
     async def _queues(self, route: _Route, consumer_group: str = "", timestamp_ms: int = -1) -> list[dict]:
         """StorageQueues for every queue of the topic, group by group."""

@@ -383,6 +383,10 @@ class StorageRole:
         check_topic_name(request["topic"])
         offsets = self._positions(request["offsets"], "offset")
         await self.host.propose(request["group"], encode_offsets(consumer_group, request["topic"], offsets))
+        for queue, offset in offsets.items() if request["reset_pop"] else ():
+            await self.host.propose(request["group"], encode_pop({
+                "op": "reset", "consumer_group": consumer_group, "topic": request["topic"], "queue": queue,
+                "cursor": offset}))
         return {}
 
     def _read(self, topic: str, positions: dict[int, int], max_bytes: int, at_least_one: bool,
@@ -427,13 +431,17 @@ class StorageRole:
         self._leads(request["group"])
         topic = request["topic"]
         self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset")
-        offsets = []
+        offsets, pops = [], []
         if request["consumer_group"]:
             committed = self.store.fetch_offsets(request["consumer_group"], topic)
             offsets = [{"queue": queue, "offset": committed[queue]} for queue in request["queues"] if queue in committed]
+            for queue in request["queues"]:
+                state = self.store.pop_state(request["consumer_group"], topic, queue)
+                pops.append({"queue": queue, "cursor": state.cursor, "done_before": state.done_before(),
+                             "in_flight": len(state.in_flight)})
         time_offsets = []
         if request["timestamp_ms"] >= 0:
             time_offsets = [{"queue": queue, "offset": self.store.offset_for_time(topic, queue, request["timestamp_ms"])}
                             for queue in request["queues"]]
         return {"queues": [{"queue": queue, **self.store.queue_stats(topic, queue)} for queue in request["queues"]],
-                "offsets": offsets, "time_offsets": time_offsets}
+                "offsets": offsets, "time_offsets": time_offsets, "pops": pops}

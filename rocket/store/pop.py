@@ -68,7 +68,8 @@ def decide(pops: dict[PopKey, PopQueue], command: dict) -> tuple[object, PopChan
       and again the expired ones; result [[offset, attempt], ...] or None;
     - ack {offset, attempt}, change {offset, attempt, visible_at_ms}: result True or False;
     - dead {offset, attempt, visible_ms}: drops a message that used up its attempts (the store appends
-      it to the dead-letter queue); result True or False."""
+      it to the dead-letter queue); result True or False;
+    - reset {cursor}: starts over at cursor with nothing in flight."""
     key = (command["consumer_group"], command["topic"], command["queue"])
     state = pops.get(key, PopQueue())
     operation = command["op"]
@@ -90,6 +91,8 @@ def decide(pops: dict[PopKey, PopQueue], command: dict) -> tuple[object, PopChan
         if not _matches(state, command["offset"], command["attempt"]):
             return False, None
         return True, PopChange(key, set={command["offset"]: (command["visible_at_ms"], command["attempt"])})
+    if operation == "reset":
+        return True, PopChange(key, command["cursor"], reset=True)
     if operation == "dead":
         if not _matches(state, command["offset"], command["attempt"], command["visible_ms"]):
             return False, None

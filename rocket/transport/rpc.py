@@ -41,6 +41,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("FetchOffsets", "FetchOffsetsRequest", "OffsetsResponse"),
         MethodSpec("SearchOffset", "SearchOffsetRequest", "OffsetsResponse"),
         MethodSpec("CancelTimer", "TimerRequest", "Empty"),
+        MethodSpec("DescribeGroup", "GroupInfoRequest", "GroupInfoResponse"),
+        MethodSpec("ResetGroup", "ResetGroupRequest", "GroupInfoResponse"),
         MethodSpec("Receive", "ReceiveRequest", "ReceiveResponse"),
         MethodSpec("Ack", "ReceiptRequest", "Empty"),
         MethodSpec("ChangeInvisible", "ReceiptRequest", "Empty"),
