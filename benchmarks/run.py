@@ -252,9 +252,15 @@ def run_system(system: System, arguments, directory: Path, profile: bool) -> lis
         rate_messages = max(1, min(messages, math.ceil(rate_per_s * arguments.rate_seconds)))
         stream = f"bench-{size}-rate-{uuid.uuid4().hex[:8]}"
         run_async(system, create, stream)
-        record("fixed-rate", size, arguments.producers[0],
-               run_async(system, produce_at_rate, stream, rate_per_s=rate_per_s, messages=rate_messages, size=size,
-                         producers=arguments.producers[0]))
+        profiler = None
+        if profile and system.name == "rocket":
+            profiler = start_profiler(system.server_pid, Path(f"{arguments.out}-rocket-fixed-rate-{size}.svg"))
+        try:
+            result = run_async(system, produce_at_rate, stream, rate_per_s=rate_per_s, messages=rate_messages,
+                               size=size, producers=arguments.producers[0])
+        finally:
+            stop_profiler(profiler)
+        record("fixed-rate", size, arguments.producers[0], result)
     return runs
 
 
@@ -300,7 +306,7 @@ def parse_arguments(argv=None):
     parser.add_argument("--rate-fraction", type=float, default=0.5, help="fixed rate as a fraction of the peak")
     parser.add_argument("--rate-seconds", type=float, default=10.0, help="longest fixed-rate run")
     parser.add_argument("--rounds", type=int, default=1, help="rounds over all systems; tables show the median run")
-    parser.add_argument("--profile", action="store_true", help="py-spy flame graph of the rocket server while producing")
+    parser.add_argument("--profile", action="store_true", help="py-spy flame graphs of the rocket server in round 1's produce and fixed-rate runs")
     parser.add_argument("--data-parent", default=None, help="a directory on the disk under test (default: the temporary directory)")
     arguments = parser.parse_args(argv)
     arguments.sizes = [int(each) for each in arguments.sizes.split(",")]
