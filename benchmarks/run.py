@@ -197,7 +197,8 @@ def start_profiler(pid: int, svg: Path) -> subprocess.Popen | None:
     if py_spy is None:
         print("--profile: py-spy is not installed (pip install py-spy): no flame graph", file=sys.stderr)
         return None
-    profiler = subprocess.Popen([py_spy, "record", "-o", str(svg), "--pid", str(pid)],
+    # --nonblocking: sampling without stopping the server, so the profiled run's latencies stay close to the truth.
+    profiler = subprocess.Popen([py_spy, "record", "--nonblocking", "-o", str(svg), "--pid", str(pid)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # let it attach before the run starts
     return profiler
