@@ -62,18 +62,30 @@ class SimpleConsumer:
             messages.append(message)
         return messages
 
-    async def _receipt(self, method: str, receipt: str, invisible_ms: int = -1) -> None:
-        queue, offset, attempt = parse_receipt(receipt)
-        await self.channel.call(method, {"topic": self.topic, "group": self.group, "queue": queue, "offset": offset,
-                                         "attempt": attempt, "invisible_ms": invisible_ms})
+    async def _receipts(self, method: str, messages: list[Message], invisible_ms: int = -1) -> list[Message]:
+        """The messages whose receipts were stale."""
+        by_receipt = {}
+        for message in messages:
+            queue, offset, attempt = parse_receipt(message.receipt)
+            by_receipt[(queue, offset, attempt)] = message
+        response = await self.channel.call(method, {
+            "topic": self.topic, "group": self.group, "invisible_ms": invisible_ms,
+            "receipts": [{"queue": queue, "offset": offset, "attempt": attempt} for queue, offset, attempt in by_receipt]})
+        return [by_receipt[(entry["queue"], entry["offset"], entry["attempt"])] for entry in response["stale"]]
 
-    async def ack(self, message: Message) -> None:
-        """Done with a message: it is not delivered again. NOT_FOUND if its invisible time ran out first."""
-        await self._receipt("Ack", message.receipt)
+    async def ack(self, *messages: Message) -> None:
+        """Done with messages: they are not delivered again. NOT_FOUND if one's invisible time ran out
+        first (it was, or will be, delivered again); the others are acknowledged all the same."""
+        stale = await self._receipts("Ack", list(messages))
+        if stale:
+            raise RocketError(Code.NOT_FOUND, f"receipts {', '.join(m.receipt for m in stale)} of group {self.group!r} "
+                              f"on {self.topic!r} are stale: acknowledged before, or their invisible time ran out "
+                              "and the message was delivered again")
 
     async def change_invisible(self, message: Message, invisible_s: float) -> None:
         """Keep a message invisible for invisible_s from now (or let it reappear sooner)."""
-        await self._receipt("ChangeInvisible", message.receipt, int(invisible_s * 1000))
+        if await self._receipts("ChangeInvisible", [message], int(invisible_s * 1000)):
+            raise RocketError(Code.NOT_FOUND, f"receipt {message.receipt} is stale")
 
     async def nack(self, message: Message) -> None:
         """Processing failed: deliver the message again after the backoff for its attempt."""

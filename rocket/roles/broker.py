@@ -227,10 +227,18 @@ class Broker:
         return await self._receipt(request)
 
     async def _receipt(self, request: dict) -> dict:
+        """On each storage group of the receipts' queues."""
         route = await self._route(request["topic"])
-        group = route.queue_groups[self._queue(route.spec, request["queue"])]
-        return await self._storage(route, group, "StorageReceipt", {
-            **request, "group": group, "consumer_group": check_group_name(request["group"])})
+        consumer_group = check_group_name(request["group"])
+        by_group: dict[int, list[dict]] = {}
+        for receipt in request["receipts"]:
+            by_group.setdefault(route.queue_groups[self._queue(route.spec, receipt["queue"])], []).append(receipt)
+        stale = []
+        for group, receipts in by_group.items():
+            response = await self._storage(route, group, "StorageReceipt", {
+                **request, "group": group, "consumer_group": consumer_group, "receipts": receipts})
+            stale.extend(response["stale"])
+        return {"stale": stale}
 
     def _by_group(self, route: _Route, queues) -> dict[int, list[int]]:
         groups: dict[int, list[int]] = {}

@@ -21,7 +21,7 @@ from rocket.raft.host import RaftHost
 from rocket.roles.peers import Peers, address_of
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import FLAG_TIMED, check_header, peek_count
-from rocket.filter import compile_filter
+from rocket.filter import SqlFilter, compile_filter
 from rocket.store.group import (GroupMachine, Store, encode_append, encode_cancel, encode_fire, encode_offsets,
                                 encode_pop, encode_timers)
 from rocket.store.queue_index import ALL_TAGS
@@ -336,7 +336,16 @@ class StorageRole:
         found, scanned_to = self.store.read_from(topic, queue, cursor, limits.read_bytes_max, True, tag_mask)
         new: list[int] = []
         batches = {}
+        every_message = chosen.tag_mask is None and not isinstance(chosen, SqlFilter)  # no need to decode
         for base_offset, batch in found:
+            if every_message:
+                start = max(cursor, base_offset)
+                end = min(base_offset + peek_count(batch), start + wanted - len(new))
+                new.extend(range(start, end))
+                batches[base_offset] = batch
+                if len(new) >= wanted:
+                    return new, end, batches
+                continue
             for message in batch_codec.decode(batch, base_offset):
                 if message.offset < cursor:
                     continue
@@ -361,21 +370,31 @@ class StorageRole:
             limits.storage_append_wait_s_max)
 
     async def receipt(self, request: dict) -> dict:
-        """Ack a received message (invisible_ms -1), or make it visible again after invisible_ms."""
-        self._hosted(request["group"])
+        """Ack received messages (invisible_ms -1), or make them visible again after invisible_ms: one
+        conditional command per queue, proposed together; answers the receipts that were stale."""
+        group = request["group"]
+        self._hosted(group)
         consumer_group = check_group_name(request["consumer_group"])
-        check_topic_name(request["topic"])
-        queue, offset = next(iter(self._positions([request], "offset").items()))
-        command = {"op": "ack", "consumer_group": consumer_group, "topic": request["topic"], "queue": queue,
-                   "offset": offset, "attempt": request["attempt"]}
-        if request["invisible_ms"] >= 0:
-            invisible_ms = min(request["invisible_ms"], limits.pop_invisible_s_max * 1000)
-            command.update(op="change", visible_at_ms=int(time.time() * 1000) + invisible_ms)
-        if not await self.host.propose(request["group"], encode_pop(command)):
-            raise RocketError(Code.NOT_FOUND, f"receipt {queue}.{offset}.{request['attempt']} of group "
-                              f"{consumer_group!r} on {request['topic']!r} is stale: the message was acknowledged, "
-                              "or its invisible time ran out and it was delivered again")
-        return {}
+        topic = check_topic_name(request["topic"])
+        by_queue: dict[int, list[list[int]]] = {}
+        for receipt in request["receipts"]:
+            self._positions([receipt], "offset")
+            by_queue.setdefault(receipt["queue"], []).append([receipt["offset"], receipt["attempt"]])
+        stale: list[dict] = []
+
+        async def one_queue(queue: int, receipts: list[list[int]]) -> None:
+            command = {"op": "ack", "consumer_group": consumer_group, "topic": topic, "queue": queue, "receipts": receipts}
+            if request["invisible_ms"] >= 0:
+                invisible_ms = min(request["invisible_ms"], limits.pop_invisible_s_max * 1000)
+                command.update(op="change", visible_at_ms=int(time.time() * 1000) + invisible_ms)
+            current = await self.host.propose(group, encode_pop(command))
+            stale.extend({"queue": queue, "offset": offset, "attempt": attempt}
+                         for (offset, attempt), ok in zip(receipts, current) if not ok)
+
+        async with trio.open_nursery() as nursery:
+            for queue, receipts in by_queue.items():
+                nursery.start_soon(one_queue, queue, receipts)
+        return {"stale": stale}
 
     async def commit_offsets(self, request: dict) -> dict:
         self._hosted(request["group"])

@@ -66,7 +66,8 @@ def decide(pops: dict[PopKey, PopQueue], command: dict) -> tuple[object, PopChan
     - pop: {cursor, next, new: offsets, again: [[offset, attempt, visible ms]], visible_at_ms}: hands out
       new messages from cursor (those between cursor and next not in new were skipped by the filter)
       and again the expired ones; result [[offset, attempt], ...] or None;
-    - ack {offset, attempt}, change {offset, attempt, visible_at_ms}: result True or False;
+    - ack {receipts: [[offset, attempt]]}, change {receipts, visible_at_ms}: result per receipt, whether
+      it was current (a stale one changes nothing);
     - dead {offset, attempt, visible_ms}: drops a message that used up its attempts (the store appends
       it to the dead-letter queue); result True or False;
     - reset {cursor}: starts over at cursor with nothing in flight."""
@@ -83,14 +84,14 @@ def decide(pops: dict[PopKey, PopQueue], command: dict) -> tuple[object, PopChan
         change.set.update((offset, (visible_at_ms, 1)) for offset in command["new"])
         change.set.update((offset, (visible_at_ms, attempt + 1)) for offset, attempt, _ in command["again"])
         return [[offset, attempt] for offset, (_, attempt) in change.set.items()], change
-    if operation == "ack":
-        if not _matches(state, command["offset"], command["attempt"]):
-            return False, None
-        return True, PopChange(key, dropped=[command["offset"]])
-    if operation == "change":
-        if not _matches(state, command["offset"], command["attempt"]):
-            return False, None
-        return True, PopChange(key, set={command["offset"]: (command["visible_at_ms"], command["attempt"])})
+    if operation in ("ack", "change"):
+        current = [_matches(state, offset, attempt) for offset, attempt in command["receipts"]]
+        if operation == "ack":
+            change = PopChange(key, dropped=[offset for (offset, _), ok in zip(command["receipts"], current) if ok])
+        else:
+            change = PopChange(key, set={offset: (command["visible_at_ms"], attempt)
+                                         for (offset, attempt), ok in zip(command["receipts"], current) if ok})
+        return current, change if any(current) else None
     if operation == "reset":
         return True, PopChange(key, command["cursor"], reset=True)
     if operation == "dead":

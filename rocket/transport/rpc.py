@@ -44,8 +44,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("DescribeGroup", "GroupInfoRequest", "GroupInfoResponse"),
         MethodSpec("ResetGroup", "ResetGroupRequest", "GroupInfoResponse"),
         MethodSpec("Receive", "ReceiveRequest", "ReceiveResponse"),
-        MethodSpec("Ack", "ReceiptRequest", "Empty"),
-        MethodSpec("ChangeInvisible", "ReceiptRequest", "Empty"),
+        MethodSpec("Ack", "ReceiptRequest", "ReceiptResponse"),
+        MethodSpec("ChangeInvisible", "ReceiptRequest", "ReceiptResponse"),
         MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload"),
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
         MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),
@@ -62,7 +62,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("StorageMembers", "StorageMembersRequest", "Empty"),
         MethodSpec("StorageCancelTimer", "StorageTimerRequest", "Empty"),
         MethodSpec("StoragePop", "StoragePopRequest", "ReceiveResponse"),
-        MethodSpec("StorageReceipt", "StorageReceiptRequest", "Empty"),
+        MethodSpec("StorageReceipt", "StorageReceiptRequest", "ReceiptResponse"),
     ]
 }
 

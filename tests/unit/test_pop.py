@@ -35,9 +35,9 @@ def test_pops_acks_and_changes_apply_only_to_the_state_they_were_computed_from(t
     first = command("pop", cursor=0, next=4, new=[0, 2, 3], again=[], visible_at_ms=1_000)
     assert log.apply(first, first) == [[[0, 1], [2, 1], [3, 1]], None]
     assert node.pop_state(*KEY) == PopQueue(4, {0: (1_000, 1), 2: (1_000, 1), 3: (1_000, 1)})
-    assert log.apply(command("ack", offset=0, attempt=1), command("ack", offset=0, attempt=1)) == [True, False]
-    assert log.apply(command("change", offset=2, attempt=1, visible_at_ms=5_000)) == [True]
-    assert log.apply(command("change", offset=2, attempt=2, visible_at_ms=9_000)) == [False]
+    assert log.apply(command("ack", receipts=[[0, 1]]), command("ack", receipts=[[0, 1], [9, 1]])) == [[True], [False, False]]
+    assert log.apply(command("change", receipts=[[2, 1], [3, 7]], visible_at_ms=5_000)) == [[True, False]]
+    assert log.apply(command("change", receipts=[[2, 2]], visible_at_ms=9_000)) == [[False]]
     again = command("pop", cursor=4, next=4, new=[], again=[[3, 1, 1_000]], visible_at_ms=2_000)
     stale = command("pop", cursor=4, next=4, new=[], again=[[2, 1, 1_000]], visible_at_ms=2_000)  # changed since
     assert log.apply(again, stale) == [[[3, 2]], None]
@@ -65,7 +65,7 @@ def test_pop_state_survives_a_reopen_an_index_rebuild_and_a_snapshot(tmp_path):
     replica that installed the group's snapshot (replacing what it had)."""
     node, log = filled(tmp_path / "leader")
     log.apply(command("pop", cursor=0, next=5, new=[1, 4], again=[], visible_at_ms=7_000),
-              command("ack", offset=1, attempt=1))
+              command("ack", receipts=[[1, 1]]))
     expected = PopQueue(5, {4: (7_000, 1)})
     node.close()
     for lose_index in (False, True):
