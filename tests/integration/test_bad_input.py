@@ -173,11 +173,29 @@ async def test_hostile_calls_between_nodes_get_stable_codes_and_harm_nothing(nod
             ("NodeHeartbeat", {"node": 0, "address": "127.0.0.1:1", "roles": ["storage"], "load": {}}, "BAD_REQUEST"),
             ("NodeHeartbeat", {"node": 5, "address": "127.0.0.1:1", "roles": ["king"], "load": {}}, "BAD_REQUEST"),
             ("DrainNode", {"node": 77}, "BAD_REQUEST"),
+            ("StoragePop", {"group": group, "consumer_group": "g", "topic": "t", "queues": [-1]}, "BAD_REQUEST"),
+            ("StoragePop", {"group": group, "consumer_group": "bad group!", "topic": "t", "queues": [0]}, "BAD_REQUEST"),
+            ("StoragePop", {"group": group, "consumer_group": "g", "topic": "t", "queues": [0], "filter_type": "sql",
+                            "filter": "a = 'x"}, "BAD_FILTER"),
+            ("StorageReceipt", {"group": group, "consumer_group": "g", "topic": "t",
+                                "receipts": [{"queue": 0, "offset": -1, "attempt": 1}]}, "BAD_REQUEST"),
+            ("StorageCancelTimer", {"group": group, "topic": "t", "queue": 0, "offset": -1}, "BAD_REQUEST"),
+            ("StorageCancelTimer", {"group": group, "topic": "t", "queue": 0, "offset": 12}, "NOT_FOUND"),
+            ("Pull", {"topic": "t", "queues": [{"queue": 0, "offset": 0}], "filter_type": "regex", "filter": "."},
+             "BAD_FILTER"),
+            ("Receive", {"topic": "t", "group": "g", "filter": "a || "}, "BAD_FILTER"),
+            ("ResetGroup", {"topic": "t", "group": "g", "to": "sideways"}, "BAD_REQUEST"),
+            ("CancelTimer", {"topic": "t", "queue": 7, "offset": 0}, "BAD_QUEUE"),
+            ("Produce", {"topic": "%DLQ%g%t", "queue": 0, "batch": good}, "WRONG_MESSAGE_TYPE"),
+            ("Produce", {"topic": "%DLQ%g%nothing", "queue": 0, "batch": good}, "UNKNOWN_TOPIC"),
         ]
         for method, request, code in hostile:
             with pytest.raises(RocketError) as refused:
                 await channel.call(method, request)
             assert refused.value.code.name == code, (method, request, refused.value)
+        stale = await channel.call("StorageReceipt", {"group": group, "consumer_group": "g", "topic": "t",
+                                                      "receipts": [{"queue": 0, "offset": 0, "attempt": 3}]})
+        assert stale["stale"] == [{"queue": 0, "offset": 0, "attempt": 3}]
         reply = await channel.call("Produce", {"topic": "t", "queue": 0, "batch": good})
         assert reply["base_offset"] == 1  # nothing hostile was stored
     await assert_serving(node.tcp_port)
