@@ -42,6 +42,7 @@ class SimpleConsumer:
         self.backoff_s = backoff_s
         self.filter_type = filter_type
         self.filter = compile_filter(filter_type, filter)
+        self.fifo = False  # the topic is FIFO (learnt from the first receive)
 
     async def receive(self, max_messages: int = 32, wait_s: float = 5.0) -> list[Message]:
         """Up to max_messages, each invisible to the group's other receivers until acked or its invisible
@@ -50,6 +51,7 @@ class SimpleConsumer:
                    "invisible_ms": self.invisible_ms, "wait_ms": int(wait_s * 1000), "max_attempts": self.max_attempts,
                    "filter_type": self.filter_type, "filter": self.filter.expression}
         response = await self.channel.call("Receive", request, timeout_s=limits.request_timeout_s_default + wait_s)
+        self.fifo = response["fifo"]
         decoded: dict[tuple[int, int], Message] = {}
         for stored in response["batches"]:
             for message in batch_codec.decode(stored["batch"], stored["base_offset"], stored["queue"]):
@@ -95,7 +97,9 @@ class SimpleConsumer:
 
 class PushConsumer:
     """Receives continuously and calls listener(message) with at most concurrency calls at once: a call
-    that returns acks the message, one that raises has it retried with backoff (then dead-lettered)."""
+    that returns acks the message, one that raises has it retried with backoff (then dead-lettered).
+    On a FIFO topic each queue's messages are handled one after the other, in order; after a failure the
+    rest of them come back with the failed one, so order holds across retries."""
 
     def __init__(self, consumer: SimpleConsumer, listener: Callable[[Message], Awaitable[None]], concurrency: int = 16):
         self.consumer = consumer
@@ -117,23 +121,33 @@ class PushConsumer:
                     log.warning("push consumer of %s: receive failed: %s", self.consumer.topic, error)
                     await trio.sleep(1.0)
                     continue
-                for index, message in enumerate(messages):
+                runs = [[message] for message in messages]
+                if self.consumer.fifo:
+                    by_queue: dict[int, list[Message]] = {}
+                    for message in messages:
+                        by_queue.setdefault(message.queue, []).append(message)
+                    runs = list(by_queue.values())
+                for index, run in enumerate(runs):
                     if index:
                         await slots.acquire()
-                    nursery.start_soon(self._handle, message, slots)
-                if not messages:
+                    nursery.start_soon(self._handle, run, slots)
+                if not runs:
                     slots.release()
 
-    async def _handle(self, message: Message, slots: trio.Semaphore) -> None:
+    async def _handle(self, run: list[Message], slots: trio.Semaphore) -> None:
         try:
-            try:
-                await self.listener(message)
-            except Exception as error:  # the listener's failure is the message's: retry it later
-                log.info("push consumer of %s: listener failed on %s: %r", self.consumer.topic, message.receipt, error)
-                await self.consumer.nack(message)
-            else:
+            for index, message in enumerate(run):
+                try:
+                    await self.listener(message)
+                except Exception as error:  # the listener's failure is the message's: retry it later
+                    log.info("push consumer of %s: listener failed on %s: %r", self.consumer.topic, message.receipt,
+                             error)
+                    await self.consumer.nack(message)
+                    for later in run[index + 1:]:  # FIFO: the rest wait for it, and come back after it
+                        await self.consumer.change_invisible(later, self.consumer.backoff_s[0])
+                    return
                 await self.consumer.ack(message)
         except RocketError as error:  # a stale receipt: the message reappeared and goes round again
-            log.warning("push consumer of %s: %s: %s", self.consumer.topic, message.receipt, error)
+            log.warning("push consumer of %s: %s", self.consumer.topic, error)
         finally:
             slots.release()

@@ -196,7 +196,8 @@ class Broker:
         wanted = min(max(request["max_messages"], 1), limits.pop_messages_max)
         deadline = trio.current_time() + min(max(request["wait_ms"], 0), limits.pull_wait_ms_max) / 1000
         while True:
-            response = {"batches": [], "handles": [], "cursors": [], "next_visible_ms": 0}
+            fifo = route.spec.message_type == "fifo"
+            response = {"batches": [], "handles": [], "cursors": [], "next_visible_ms": 0, "fifo": fifo}
             for group, queues in groups:
                 if len(response["handles"]) >= wanted:
                     break
@@ -204,7 +205,7 @@ class Broker:
                     "group": group, "consumer_group": request["group"], "topic": route.spec.name, "queues": queues,
                     "max_messages": wanted - len(response["handles"]), "invisible_ms": request["invisible_ms"],
                     "wait_ms": 0, "max_attempts": request["max_attempts"], "filter_type": request["filter_type"],
-                    "filter": request["filter"]})
+                    "filter": request["filter"], "fifo": fifo})
                 for field in ("batches", "handles", "cursors"):
                     response[field].extend(found[field])
                 if found["next_visible_ms"]:

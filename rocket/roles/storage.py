@@ -287,7 +287,7 @@ class StorageRole:
             for queue in queues:
                 if len(response["handles"]) < wanted:
                     await self._pop_queue(group, consumer_group, topic, queue, chosen, invisible_ms,
-                                          wanted - len(response["handles"]), attempts_max, response)
+                                          wanted - len(response["handles"]), attempts_max, request["fifo"], response)
             wake_s = deadline - trio.current_time()
             if response["handles"] or wake_s <= 0:
                 return response
@@ -297,7 +297,9 @@ class StorageRole:
                                            wake_s)
 
     async def _pop_queue(self, group: int, consumer_group: str, topic: str, queue: int, chosen, invisible_ms: int,
-                         wanted: int, attempts_max: int, response: dict) -> None:
+                         wanted: int, attempts_max: int, fifo: bool, response: dict) -> None:
+        """Expired messages again (or to the dead letters), then new ones. FIFO: nothing while a message
+        is in flight, and nothing new until those that expired were handed out again, in order."""
         key = (consumer_group, topic, queue)
         async with self._pop_locks.setdefault(key, trio.Lock()):
             now_ms = int(time.time() * 1000)
@@ -310,7 +312,11 @@ class StorageRole:
                     await self._dead_letter(group, key, offset, attempt, visible_ms, now_ms)
                 elif len(again) < wanted:
                     again.append([offset, attempt, visible_ms])
-            new, next_cursor, batches = self._new_for_pop(topic, queue, state.cursor, wanted - len(again), chosen)
+            if fifo and any(visible_ms > now_ms for visible_ms, _ in state.in_flight.values()):
+                again = []  # the queue waits for its messages in flight, which come back in order
+            new, next_cursor, batches = [], state.cursor, {}
+            if not (fifo and state.in_flight):
+                new, next_cursor, batches = self._new_for_pop(topic, queue, state.cursor, wanted - len(again), chosen)
             response["cursors"].append({"queue": queue, "offset": next_cursor})
             if not again and next_cursor == state.cursor:
                 return
