@@ -79,6 +79,16 @@ def timer_topic(topic: str) -> str:
     return SYSTEM_PREFIX + "TIMER%" + topic
 
 
+def half_topic(topic: str) -> str:
+    """The system queue where a transaction topic's half messages wait for their commit or rollback."""
+    return SYSTEM_PREFIX + "HALF%" + topic
+
+
+def unresolved_topic(topic: str) -> str:
+    """Where half messages go that were neither committed nor rolled back after every check-back."""
+    return SYSTEM_PREFIX + "TXN_UNRESOLVED%" + topic
+
+
 def dead_letter_topic(consumer_group: str, topic: str) -> str:
     """The system queues where a consumer group's messages of a topic go once they used up their delivery
     attempts, queue for queue beside the topic's (RocketMQ's %DLQ%group, per topic)."""

@@ -15,14 +15,14 @@ import trio
 from rocket import limits
 from rocket.config import Address, NodeConfig
 from rocket.errors import Code, RocketError
-from rocket.model import check_group_name, check_topic_name
+from rocket.model import check_group_name, check_topic_name, timer_topic
 from rocket.raft.core import NotLeader, Role
 from rocket.raft.host import RaftHost
 from rocket.roles.peers import Peers, address_of
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import FLAG_TIMED, check_header, peek_count
 from rocket.filter import SqlFilter, compile_filter
-from rocket.store.group import (GroupMachine, Store, encode_append, encode_cancel, encode_fire, encode_offsets,
+from rocket.store.group import (GroupMachine, Store, encode_append, encode_cancel, encode_move, encode_offsets,
                                 encode_pop, encode_timers)
 from rocket.store.queue_index import ALL_TAGS
 from rocket.transport.rpc import Dispatcher
@@ -214,7 +214,7 @@ class StorageRole:
         Returns how many were delivered."""
         delivered = 0
         for topic, queue, offsets, batch in self.store.due_deliveries(group, now_ms):
-            fire = encode_fire(topic, queue, self._stamp(topic, queue), offsets, batch)
+            fire = encode_move(topic, queue, self._stamp(topic, queue), timer_topic(topic), offsets, batch)
             if await self.host.propose(group, fire, limits.storage_append_wait_s_max) is not None:
                 delivered += len(offsets)
         return delivered
@@ -223,7 +223,7 @@ class StorageRole:
         self._hosted(request["group"])
         check_topic_name(request["topic"])
         queue, offset = next(iter(self._positions([request], "offset").items()))
-        if not await self.host.propose(request["group"], encode_cancel(request["topic"], queue, offset)):
+        if not await self.host.propose(request["group"], encode_cancel(timer_topic(request["topic"]), queue, [offset])):
             raise RocketError(Code.NOT_FOUND, f"no pending timer {queue}.{offset} on topic {request['topic']!r}: "
                               "it was delivered or cancelled, or never existed")
         return {}

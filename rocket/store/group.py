@@ -24,10 +24,10 @@ from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 from rocket.serde import batch as batch_codec
 from rocket.store.commitlog import HEADER_BYTES, CommitLog
-from rocket.model import Message, dead_letter_topic, timer_topic
+from rocket.model import Message, dead_letter_topic, half_topic, timer_topic
 from rocket.store import pop
 from rocket.store.pop import PopChange, PopQueue
-from rocket.store.queue_index import ALL_TAGS, IndexEntry, QueueIndex, QueueStats, Timer
+from rocket.store.queue_index import ALL_TAGS, HALF_PREFIX, IndexEntry, QueueIndex, QueueStats, Timer
 
 log = logging.getLogger("rocket.store")
 
@@ -51,8 +51,11 @@ _applied = struct.Struct("<QQ")  # Raft group, index of the last entry applied
 APPEND_COMMAND = 1  # _append_head, topic, batch
 OFFSETS_COMMAND = 2  # JSON {group, topic, offsets}
 TIMER_COMMAND = 3  # as APPEND: a batch of timed messages for topic, kept in timer_topic(topic) until due
-FIRE_COMMAND = 4  # _append_head, topic, _fire_count, timer offsets (u64 each), batch: due timers delivered
-CANCEL_COMMAND = 5  # JSON {topic, queue, offset}: a pending timer dropped
+MOVE_COMMAND = 4  # _append_head, topic, _source_length, source, _fire_count, offsets (u64 each), batch
+CANCEL_COMMAND = 5  # JSON {op: cancel|rearm, topic (a system topic), queue, offsets[, due_ms, next_ms]}
+HALF_COMMAND = 7  # _append_head, topic, _check_at, batch: half messages, kept in half_topic(topic)
+_source_length = struct.Struct("<H")
+_check_at = struct.Struct("<Q")  # when the half messages are first checked back, epoch ms
 POP_COMMAND = 6  # _json_length, JSON (see pop.decide), then for 'dead' the message's batch
 _json_length = struct.Struct("<I")
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
@@ -73,17 +76,33 @@ def encode_timers(topic: str, queue: int, append_ms: int, batch: bytes | memoryv
     return b"".join((_append_head.pack(TIMER_COMMAND, queue, append_ms, len(name)), name, batch))
 
 
-def encode_fire(topic: str, queue: int, append_ms: int, timer_offsets: list[int], batch: bytes) -> bytes:
-    """Due timers delivered to their queue as one batch, on condition that every one is still pending
-    (so a fire proposed twice, or racing a cancel, delivers nothing twice)."""
+def encode_move(topic: str, queue: int, append_ms: int, source: str, offsets: list[int], batch: bytes) -> bytes:
+    """Pending messages of a system queue (source: due timers, committed half messages) appended to
+    topic's queue as one batch, on condition that every one is still pending (so a move proposed twice,
+    or racing a cancel, delivers nothing twice)."""
+    name, source_name = topic.encode(), source.encode()
+    return b"".join((_append_head.pack(MOVE_COMMAND, queue, append_ms, len(name)), name,
+                     _source_length.pack(len(source_name)), source_name,
+                     _fire_count.pack(len(offsets)), struct.pack(f"<{len(offsets)}Q", *offsets), batch))
+
+
+def encode_half(topic: str, queue: int, append_ms: int, check_at_ms: int, batch: bytes | memoryview) -> bytes:
+    """Half messages of a transaction: kept in half_topic(topic) until committed or rolled back."""
     name = topic.encode()
-    return b"".join((_append_head.pack(FIRE_COMMAND, queue, append_ms, len(name)), name,
-                     _fire_count.pack(len(timer_offsets)), struct.pack(f"<{len(timer_offsets)}Q", *timer_offsets),
+    return b"".join((_append_head.pack(HALF_COMMAND, queue, append_ms, len(name)), name, _check_at.pack(check_at_ms),
                      batch))
 
 
-def encode_cancel(topic: str, queue: int, offset: int) -> bytes:
-    return bytes([CANCEL_COMMAND]) + orjson.dumps({"topic": topic, "queue": queue, "offset": offset})
+def encode_cancel(source: str, queue: int, offsets: list[int]) -> bytes:
+    """Drop pending messages of a system queue (a cancelled timer, a rolled-back transaction), if all are."""
+    return bytes([CANCEL_COMMAND]) + orjson.dumps({"op": "cancel", "topic": source, "queue": queue,
+                                                   "offsets": offsets})
+
+
+def encode_rearm(source: str, queue: int, offsets: list[int], due_ms: int, next_ms: int) -> bytes:
+    """Move pending messages due at due_ms to next_ms (a half message checked back), if all still are."""
+    return bytes([CANCEL_COMMAND]) + orjson.dumps({"op": "rearm", "topic": source, "queue": queue,
+                                                   "offsets": offsets, "due_ms": due_ms, "next_ms": next_ms})
 
 
 def encode_pop(command: dict, batch: bytes = b"") -> bytes:
@@ -188,7 +207,7 @@ class Store:
         self._queues: dict[tuple[str, int], QueueStats] = {}
         self._applied: dict[int, int] = {}  # Raft group -> index of its last entry in this store
         self._watchers: dict[tuple[str, int], set[trio.Event]] = {}
-        self._next_due: dict[int, int] = {}  # Raft group -> no timer of it is due before this (epoch ms)
+        self._next_due: dict[tuple[int, bool], int] = {}  # (Raft group, halves) -> nothing of it is due before this
         self._timer_changes: dict[tuple[str, int, int], int | None] = {}  # within one apply: set or done
         self._timer_batches: collections.OrderedDict = collections.OrderedDict()  # see _timer_batch
         self._timer_batches_bytes = 0
@@ -271,9 +290,10 @@ class Store:
         self._queues = stats
         self._applied = applied
         for group in applied:
-            upcoming = self.index.timers(group, limit=1)
-            if upcoming:
-                self._next_due[group] = upcoming[0].deliver_at_ms
+            for halves in (False, True):
+                upcoming = self.index.timers(group, limit=1, halves=halves)
+                if upcoming:
+                    self._next_due[(group, halves)] = upcoming[0].deliver_at_ms
 
     # ---- the state machine ---------------------------------------------------------------------------
 
@@ -295,18 +315,27 @@ class Store:
                 results.append(None)
                 continue
             command = data[0]
-            if command in (APPEND_COMMAND, TIMER_COMMAND, FIRE_COMMAND):
+            if command in (APPEND_COMMAND, TIMER_COMMAND, MOVE_COMMAND, HALF_COMMAND):
                 _, queue, append_ms, name_length = _append_head.unpack_from(data)
                 batch_at = _append_head.size + name_length
                 topic = data[_append_head.size:batch_at].decode()
-                if command == FIRE_COMMAND:
+                stored_topic = topic
+                if command == MOVE_COMMAND:
+                    (source_length,) = _source_length.unpack_from(data, batch_at)
+                    source = data[batch_at + _source_length.size:batch_at + _source_length.size + source_length].decode()
+                    batch_at += _source_length.size + source_length
                     (count,) = _fire_count.unpack_from(data, batch_at)
-                    fired = struct.unpack_from(f"<{count}Q", data, batch_at + _fire_count.size)
+                    moved = struct.unpack_from(f"<{count}Q", data, batch_at + _fire_count.size)
                     batch_at += _fire_count.size + 8 * count
-                    if not self._take_timers(group, timer_topic(topic), queue, fired, timers):
+                    if not self._take_timers(group, source, queue, moved, timers):
                         results.append(None)
                         continue
-                stored_topic = timer_topic(topic) if command == TIMER_COMMAND else topic
+                elif command == TIMER_COMMAND:
+                    stored_topic = timer_topic(topic)
+                elif command == HALF_COMMAND:
+                    stored_topic = half_topic(topic)
+                    (check_at_ms,) = _check_at.unpack_from(data, batch_at)
+                    batch_at += _check_at.size
                 batch = memoryview(data)[batch_at:]
                 header = batch_codec.peek_header(batch)  # checked before it was proposed
                 stats = self._queues.setdefault((stored_topic, queue), QueueStats(group=group))
@@ -323,10 +352,11 @@ class Store:
                 results.append((base_offset, header.count))
                 if command == TIMER_COMMAND:
                     for message in batch_codec.decode(batch, base_offset):
-                        timer = Timer(message.deliver_at_ms or append_ms, stored_topic, queue, message.offset)
-                        self._timer_changes[(stored_topic, queue, message.offset)] = timer.deliver_at_ms
-                        timers.append((group, timer, True))
-                        self._next_due[group] = min(self._next_due.get(group, _never), timer.deliver_at_ms)
+                        self._set_timer(group, Timer(message.deliver_at_ms or append_ms, stored_topic, queue,
+                                                     message.offset), timers)
+                elif command == HALF_COMMAND:
+                    for offset in range(base_offset, base_offset + header.count):
+                        self._set_timer(group, Timer(check_at_ms, stored_topic, queue, offset), timers)
             elif command == POP_COMMAND:
                 (length,) = _json_length.unpack_from(data, 1)
                 request = orjson.loads(memoryview(data)[1 + _json_length.size:1 + _json_length.size + length])
@@ -351,8 +381,16 @@ class Store:
                     index_entries.append((dead_topic, request["queue"], placed))
             elif command == CANCEL_COMMAND:
                 request = orjson.loads(memoryview(data)[1:])
-                results.append(self._take_timers(group, timer_topic(request["topic"]), request["queue"],
-                                                 (request["offset"],), timers))
+                if request["op"] == "rearm":
+                    results.append(self._take_timers(group, request["topic"], request["queue"], request["offsets"],
+                                                     timers, request["due_ms"]))
+                    if results[-1]:
+                        for offset in request["offsets"]:
+                            self._set_timer(group, Timer(request["next_ms"], request["topic"], request["queue"],
+                                                         offset), timers)
+                else:
+                    results.append(self._take_timers(group, request["topic"], request["queue"], request["offsets"],
+                                                     timers))
             else:
                 invariant(command == OFFSETS_COMMAND, f"group {group} entry {entry.index}: unknown command {command}")
                 records.append((OFFSETS, data[1:]))
@@ -376,9 +414,15 @@ class Store:
                 event.set()
         return results
 
-    def _take_timers(self, group: int, topic: str, queue: int, offsets, timers: list) -> bool:
+    def _set_timer(self, group: int, timer: Timer, timers: list) -> None:
+        self._timer_changes[(timer.topic, timer.queue, timer.offset)] = timer.deliver_at_ms
+        timers.append((group, timer, True))
+        kind = (group, timer.topic.startswith(HALF_PREFIX))
+        self._next_due[kind] = min(self._next_due.get(kind, _never), timer.deliver_at_ms)
+
+    def _take_timers(self, group: int, topic: str, queue: int, offsets, timers: list, due_ms: int | None = None) -> bool:
         """Mark pending timers done, if every one of them is pending (seen through the changes this apply
-        made so far); else change nothing."""
+        made so far), and due at due_ms if given; else change nothing."""
         due = []
         for offset in offsets:
             place = (topic, queue, offset)
@@ -387,7 +431,7 @@ class Store:
             else:
                 found = self.index.timer(*place)
                 deliver_at_ms = found[0] if found is not None and found[1] == group else None
-            if deliver_at_ms is None:
+            if deliver_at_ms is None or due_ms is not None and deliver_at_ms != due_ms:
                 return False
             due.append(deliver_at_ms)
         for offset, deliver_at_ms in zip(offsets, due):
@@ -397,14 +441,15 @@ class Store:
 
     # ---- timers --------------------------------------------------------------------------------------
 
-    def due_timers(self, group: int, now_ms: int, limit: int) -> list[Timer]:
-        """The group's pending timers due by now_ms, earliest first (at most limit)."""
-        start_ms = self._next_due.get(group, _never)
+    def due_timers(self, group: int, now_ms: int, limit: int, halves: bool = False) -> list[Timer]:
+        """The group's pending timers (or half messages to check back) due by now_ms, earliest first (at
+        most limit)."""
+        start_ms = self._next_due.get((group, halves), _never)
         if start_ms > now_ms:
             return []
-        due = self.index.timers(group, start_ms, now_ms, limit)
-        upcoming = due or self.index.timers(group, start_ms, limit=1)
-        self._next_due[group] = upcoming[0].deliver_at_ms if upcoming else _never
+        due = self.index.timers(group, start_ms, now_ms, limit, halves)
+        upcoming = due or self.index.timers(group, start_ms, limit=1, halves=halves)
+        self._next_due[(group, halves)] = upcoming[0].deliver_at_ms if upcoming else _never
         return due
 
     def due_deliveries(self, group: int, now_ms: int) -> list[tuple[str, int, list[int], bytes]]:
@@ -452,10 +497,10 @@ class Store:
 
     def timer_groups(self, now_ms: int) -> list[int]:
         """Groups that may have timers due by now_ms."""
-        return [group for group, next_ms in self._next_due.items() if next_ms <= now_ms]
+        return [group for (group, halves), next_ms in self._next_due.items() if not halves and next_ms <= now_ms]
 
-    def pending_timers(self, group: int) -> int:
-        return len(self.index.timers(group))
+    def pending_timers(self, group: int, halves: bool = False) -> int:
+        return len(self.index.timers(group, halves=halves))
 
     def snapshot(self, group: int) -> bytes:
         """Make the store durable, so the group's Raft log may be dropped up to what it applied. The
@@ -464,7 +509,8 @@ class Store:
         self.sync()
         queues = [[topic, queue, stats.next_offset, stats.bytes, stats.last_append_ms]
                   for (topic, queue), stats in self._queues.items() if stats.group == group]
-        timers = [[t.deliver_at_ms, t.topic, t.queue, t.offset] for t in self.index.timers(group)]
+        timers = [[t.deliver_at_ms, t.topic, t.queue, t.offset]
+                  for halves in (False, True) for t in self.index.timers(group, halves=halves)]
         pops = [PopChange(key, state.cursor, dict(state.in_flight), reset=True).to_wire()
                 for key, state in self._pops.items() if self._group_of(key[1], key[2]) == group]
         return orjson.dumps({"group": group, "applied": self._applied.get(group, 0), "queues": queues,
@@ -495,8 +541,10 @@ class Store:
 
     def _replace_timers(self, group: int, timers: list[Timer]) -> list[tuple[int, Timer, bool]]:
         """The changes that make a group's pending timers those of a snapshot."""
-        self._next_due[group] = min((timer.deliver_at_ms for timer in timers), default=_never)
-        return ([(group, timer, False) for timer in self.index.timers(group)]
+        for halves in (False, True):
+            self._next_due[(group, halves)] = min((timer.deliver_at_ms for timer in timers
+                                                   if timer.topic.startswith(HALF_PREFIX) == halves), default=_never)
+        return ([(group, timer, False) for halves in (False, True) for timer in self.index.timers(group, halves=halves)]
                 + [(group, timer, True) for timer in timers])
 
     def restore(self, group: int, data: bytes) -> None:

@@ -12,7 +12,10 @@ from pathlib import Path
 import plyvel
 
 from rocket import limits
+from rocket.model import half_topic
 from rocket.store.pop import PopQueue
+
+HALF_PREFIX = half_topic("")
 
 _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
@@ -60,8 +63,10 @@ def _timer_key(topic: str, queue: int, offset: int) -> bytes:
 
 
 def _due_key(group: int, deliver_at_ms: int, topic: str, queue: int, offset: int) -> bytes:
-    """w + group + delivery time + where the message lies: a group's timers in the order they fire."""
-    return b"w" + _u64.pack(group) + _u64.pack(deliver_at_ms) + _timer_key(topic, queue, offset)[1:]
+    """w (h for half messages) + group + due time + where the message lies: a group's timers in the order
+    they fire, and its half messages in the order they are checked."""
+    kind = b"h" if topic.startswith(HALF_PREFIX) else b"w"
+    return kind + _u64.pack(group) + _u64.pack(deliver_at_ms) + _timer_key(topic, queue, offset)[1:]
 
 
 def _decode_entry(offset: int, value: bytes) -> IndexEntry:
@@ -215,11 +220,12 @@ class QueueIndex:
         raw = self._db.get(_timer_key(topic, queue, offset))
         return _timer_place.unpack(raw) if raw is not None else None
 
-    def timers(self, group: int, from_ms: int = 0, until_ms: int = 2**63 - 2, limit: int = 2**63 - 1) -> list[Timer]:
-        """A group's pending timers due from from_ms to until_ms, earliest first, at most limit. (Fired
-        timers leave deleted keys behind until LevelDB compacts them: a scan from where the last one
-        found its first timer does not wade through them.)"""
-        prefix = b"w" + _u64.pack(group)
+    def timers(self, group: int, from_ms: int = 0, until_ms: int = 2**63 - 2, limit: int = 2**63 - 1,
+               halves: bool = False) -> list[Timer]:
+        """A group's pending timers (or half messages) due from from_ms to until_ms, earliest first, at
+        most limit. (Fired timers leave deleted keys behind until LevelDB compacts them: a scan from where
+        the last one found its first timer does not wade through them.)"""
+        prefix = (b"h" if halves else b"w") + _u64.pack(group)
         found = []
         with self._db.iterator(start=prefix + _u64.pack(from_ms), stop=prefix + _u64.pack(until_ms + 1),
                                include_value=False) as keys:

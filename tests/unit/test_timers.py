@@ -11,7 +11,7 @@ from rocket import limits
 from rocket.model import Message, timer_topic
 from rocket.raft.core import Entry
 from rocket.serde import batch as batch_codec
-from rocket.store.group import encode_cancel, encode_fire, encode_timers
+from rocket.store.group import encode_cancel, encode_move, encode_timers
 from tests.unit.test_store import GROUP, Node
 
 NOW_MS = 1_700_000_000_000
@@ -46,7 +46,7 @@ def fire_due(log: Log, now_ms: int) -> list[Message]:
     """What the storage role does each tick: propose a fire for every delivery due; returns what applied."""
     delivered = []
     for topic, queue, offsets, batch in log.node.due_deliveries(log.group, now_ms):
-        [result] = log.apply(encode_fire(topic, queue, now_ms, offsets, batch))
+        [result] = log.apply(encode_move(topic, queue, now_ms, timer_topic(topic), offsets, batch))
         if result is not None:
             delivered.extend(batch_codec.decode(batch, result[0], queue))
     return delivered
@@ -93,15 +93,15 @@ def test_a_fire_repeated_or_racing_a_cancel_delivers_nothing_twice(tmp_path):
     assert schedule(log, 0, [NOW_MS + 1_000] * 3) == (0, 3)
     [(topic, queue, offsets, batch)] = node.due_deliveries(GROUP, NOW_MS + 1_000)
     assert (topic, queue, offsets) == (TOPIC, 0, [0, 1, 2])
-    first, again = log.apply(encode_fire(topic, queue, NOW_MS + 1_000, offsets, batch),
-                             encode_fire(topic, queue, NOW_MS + 1_000, offsets, batch))
+    first, again = log.apply(encode_move(topic, queue, NOW_MS + 1_000, timer_topic(topic), offsets, batch),
+                             encode_move(topic, queue, NOW_MS + 1_000, timer_topic(topic), offsets, batch))
     assert first == (0, 3) and again is None
     assert len(consumed(node, 0)) == 3
 
     schedule(log, 0, [NOW_MS + 2_000] * 2)  # timer offsets 3 and 4
     [(topic, queue, offsets, batch)] = node.due_deliveries(GROUP, NOW_MS + 2_000)
-    assert log.apply(encode_cancel(TOPIC, 0, 3), encode_fire(topic, queue, NOW_MS + 2_000, offsets, batch)) == [True, None]
-    assert log.apply(encode_cancel(TOPIC, 0, 3)) == [False]
+    assert log.apply(encode_cancel(timer_topic(TOPIC), 0, [3]), encode_move(topic, queue, NOW_MS + 2_000, timer_topic(topic), offsets, batch)) == [True, None]
+    assert log.apply(encode_cancel(timer_topic(TOPIC), 0, [3])) == [False]
     assert [m.body for m in fire_due(log, NOW_MS + 2_100)] == [b"0:1700000002000:1"]
     assert [m.body for m in consumed(node, 0)][3:] == [b"0:1700000002000:1"]
     node.close()
