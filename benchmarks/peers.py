@@ -123,7 +123,8 @@ class System:
 class Rocket(System):
     name = "rocket"
     backend = "trio"
-    durability = "fdatasync before every acknowledgement (group commit), one dev-mode node"
+    durability = ("fdatasync before every acknowledgement, one per round of batches (group commit: strace saw 19 "
+                  "for 20 batches of 1 MiB), one dev-mode node")
 
     def missing(self) -> str | None:
         return None
@@ -208,7 +209,7 @@ class Nats(System):
     binaries = ("nats-server",)
     packages = ("nats-server",)
     durability = ("JetStream file storage, acknowledged once written to the OS; nats-server 2.9 fsyncs every "
-                  "sync_interval (default 2 min), not per write")
+                  "sync_interval (default 2 min), not per write (strace saw none in a 20,000-message produce)")
 
     def start(self, directory: Path) -> None:
         (self.port,) = free_ports(1)
@@ -300,7 +301,8 @@ class Redis(System):
         self.appendfsync = appendfsync
         self.name = f"redis-{appendfsync}"
         self.durability = {
-            "always": "AOF with appendfsync always: fsync of each event-loop round's writes before the replies",
+            "always": "AOF with appendfsync always: fdatasync of each event-loop round's writes before the replies "
+                      "(strace: 1,122 for 20,000 messages from one connection, which Redis reads 16 KiB at a time)",
             "everysec": "AOF with appendfsync everysec: written to the OS before the reply, fsync once a second",
         }[appendfsync]
 
@@ -407,8 +409,8 @@ class RabbitMQ(System):
         if not self.server_script.exists():
             return f"{self.server_script} is not installed (apt-get install rabbitmq-server)"
         return super().missing()
-    durability = ("stream (osiris log), confirmed once written to the OS by the single node; streams never fsync "
-                  "(no file sync calls in osiris), they rely on replication")
+    durability = ("stream on one node, confirmed once written to the OS: no fsync per write (strace saw 2 fsyncs "
+                  "in a 20,000-message produce); streams rely on replication")
     frame_bytes_max = 8 * 1024 * 1024  # a 1 MiB batch and its framing fit one Publish frame
 
     def start(self, directory: Path) -> None:
