@@ -45,6 +45,11 @@ class NodeConfig:
     replication: int = 3
     storage_groups: int = 8
     raft_tick_s: float = limits.raft_tick_s
+    # Transactions: the first check-back of an open transaction, the interval between checks, and how
+    # many checks before it counts as unresolved (RocketMQ's transactionTimeOut, check interval, max checks).
+    transaction_timeout_s: float = 6.0
+    transaction_check_s: float = 60.0
+    transaction_checks_max: int = 15
 
     @property
     def address(self) -> Address:
@@ -147,6 +152,10 @@ def _convert(key: str, value: object) -> object:
         return _parse_int(key, value, 1, limits.storage_groups_max)
     if key == "raft_tick_s":
         return _parse_float(key, value, 0.01, 10.0)
+    if key in ("transaction_timeout_s", "transaction_check_s"):
+        return _parse_float(key, value, 0.1, 86_400.0)
+    if key == "transaction_checks_max":
+        return _parse_int(key, value, 1, 1000)
     if key == "log_level":
         level = str(value).lower()
         if level not in ("debug", "info", "warning", "error"):

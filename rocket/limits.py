@@ -63,6 +63,8 @@ timer_delay_s_max = 400 * 86_400  # the furthest delivery time accepted: a year 
 timer_batches_cached_bytes_max = 64 * MiB  # decoded timer batches kept: one batch's timers fall due over time
 timer_fire_messages_max = 10_000  # due timers one group delivers per round, so a backlog is worked off in bounded steps
 
+transaction_check_poll_s = 1.0  # how often a broker looks for transactions to check back, for a producer listening
+
 # Pop (simple) consumption.
 pop_in_flight_per_queue_max = 100_000  # messages of one queue in flight for one group: state kept per message
 pop_messages_max = 1024  # messages one receive hands out

@@ -19,10 +19,10 @@ from rocket import __version__, limits
 from rocket.config import Address
 from rocket.errors import Code, RocketError
 from rocket.filter import Filter, SqlFilter, compile_filter
-from rocket.model import TopicSpec, check_group_name, dead_letter_topic
+from rocket.model import SYSTEM_PREFIX, TopicSpec, check_group_name, dead_letter_topic, unresolved_topic
 from rocket.roles.peers import RETRYABLE, Peers, address_of
 from rocket.serde import batch as batch_codec
-from rocket.serde.batch import FLAG_TIMED, check_header
+from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.broker")
@@ -38,17 +38,30 @@ class _Route:
 
 
 DEAD_LETTER_PREFIX = dead_letter_topic("", "")[:-1]  # "%DLQ%"
+UNRESOLVED_PREFIX = unresolved_topic("")
+
+
+def _system_base(topic: str) -> str:
+    """The topic beside whose queues a readable system queue lies: %DLQ%group%topic, %TXN_UNRESOLVED%topic."""
+    if topic.startswith(UNRESOLVED_PREFIX):
+        return topic[len(UNRESOLVED_PREFIX):]
+    if topic.startswith(DEAD_LETTER_PREFIX):
+        consumer_group, _, base = topic[len(DEAD_LETTER_PREFIX):].partition("%")
+        if dead_letter_topic(consumer_group, base) == topic:
+            return base
+    raise RocketError(Code.UNKNOWN_TOPIC, f"{topic!r} is not a topic, nor the dead letters (%DLQ%GROUP%TOPIC) or "
+                      "unresolved transactions (%TXN_UNRESOLVED%TOPIC) of one")
 
 
 def _check_message_type(spec: TopicSpec, flags: int) -> None:
     """A topic takes only sends of its type (RocketMQ 5's topic message type check)."""
     timed = bool(flags & FLAG_TIMED)
-    if spec.message_type == "dead-letter":
-        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"{spec.name!r} holds dead letters: only the system writes there "
-                          "(rocket dlq resend sends them to their topic again)")
-    if spec.message_type == "transaction":
-        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {spec.name!r} is a transaction topic: transactional "
-                          "sends are not served yet")
+    if spec.message_type == "system":
+        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"{spec.name!r} is a system queue: only the system writes there "
+                          "(rocket dlq resend sends dead letters to their topic again)")
+    if bool(flags & FLAG_TRANSACTION) != (spec.message_type == "transaction"):
+        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {spec.name!r} is a {spec.message_type} topic: "
+                          "transactional (half) messages go to transaction topics, and only they")
     if timed and spec.message_type != "delay":
         raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {spec.name!r} is a {spec.message_type} topic: messages "
                           "with a delivery time go to a delay topic")
@@ -81,6 +94,8 @@ class Broker:
             "FetchOffsets": self.fetch_offsets,
             "SearchOffset": self.search_offset,
             "CancelTimer": self.cancel_timer,
+            "EndTransaction": self.end_transaction,
+            "TransactionChecks": self.transaction_checks,
             "DescribeGroup": self.describe_group,
             "ResetGroup": self.reset_group,
             "Receive": self.receive,
@@ -96,12 +111,10 @@ class Broker:
     # ---- routes and storage calls --------------------------------------------------------------------
 
     async def _route(self, topic: str, refresh: bool = False) -> _Route:
-        if topic.startswith(DEAD_LETTER_PREFIX):  # a group's dead letters lie beside the topic's queues
-            consumer_group, _, base = topic[len(DEAD_LETTER_PREFIX):].partition("%")
+        if topic.startswith(SYSTEM_PREFIX):  # dead letters and unresolved transactions lie beside the topic's queues
+            base = _system_base(topic)
             route = await self._route(base, refresh)
-            if dead_letter_topic(consumer_group, base) != topic:
-                raise RocketError(Code.UNKNOWN_TOPIC, f"{topic!r} is not a dead-letter queue name")
-            return dataclasses.replace(route, spec=dataclasses.replace(route.spec, name=topic, message_type="dead-letter"))
+            return dataclasses.replace(route, spec=dataclasses.replace(route.spec, name=topic, message_type="system"))
         route = self._routes.get(topic)
         if (route is None or refresh or route.version < self.peers.metadata_version  # the metadata changed
                 or trio.current_time() - route.fetched_at > limits.route_ttl_s):
@@ -183,6 +196,30 @@ class Broker:
         route = await self._route(request["topic"])
         group = route.queue_groups[self._queue(route.spec, request["queue"])]
         return await self._storage(route, group, "StorageCancelTimer", {**request, "group": group})
+
+    async def end_transaction(self, request: dict) -> dict:
+        route = await self._route(request["topic"])
+        group = route.queue_groups[self._queue(route.spec, request["queue"])]
+        return await self._storage(route, group, "StorageEndTransaction", {**request, "group": group})
+
+    async def transaction_checks(self, request: dict) -> AsyncIterator[dict]:
+        """Stream the topic's transactions due for a check back to the producer that asked, every
+        limits.transaction_check_poll_s; each goes to one asker per check interval."""
+        route = await self._route(request["topic"])
+        if route.spec.message_type != "transaction":
+            raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {route.spec.name!r} is not a transaction topic")
+        while True:
+            for group, queues in self._by_group(route, range(route.spec.queues)).items():
+                try:
+                    found = await self._storage(route, group, "StorageTransactionChecks",
+                                                {"group": group, "topic": route.spec.name, "queues": queues})
+                except RocketError as error:  # a group without a leader now: the next round asks again
+                    log.info("transaction checks of %s on group %d: %s", route.spec.name, group, error)
+                    continue
+                if found["checks"]:
+                    yield found
+            await trio.sleep(limits.transaction_check_poll_s)
+            route = await self._route(route.spec.name)
 
     async def receive(self, request: dict) -> dict:
         """Pop consumption over all queues of the topic, storage group after storage group (starting at a

@@ -15,15 +15,15 @@ import trio
 from rocket import limits
 from rocket.config import Address, NodeConfig
 from rocket.errors import Code, RocketError
-from rocket.model import check_group_name, check_topic_name, timer_topic
+from rocket.model import check_group_name, check_topic_name, half_topic, timer_topic, unresolved_topic
 from rocket.raft.core import NotLeader, Role
 from rocket.raft.host import RaftHost
 from rocket.roles.peers import Peers, address_of
 from rocket.serde import batch as batch_codec
-from rocket.serde.batch import FLAG_TIMED, check_header, peek_count
+from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header, peek_count
 from rocket.filter import SqlFilter, compile_filter
-from rocket.store.group import (GroupMachine, Store, encode_append, encode_cancel, encode_move, encode_offsets,
-                                encode_pop, encode_timers)
+from rocket.store.group import (GroupMachine, Store, encode_append, encode_cancel, encode_half, encode_move,
+                                encode_offsets, encode_pop, encode_rearm, encode_timers)
 from rocket.store.queue_index import ALL_TAGS
 from rocket.transport.rpc import Dispatcher
 
@@ -53,6 +53,8 @@ class StorageRole:
         dispatcher.handle("StorageCancelTimer", self.cancel_timer)
         dispatcher.handle("StoragePop", self.pop)
         dispatcher.handle("StorageReceipt", self.receipt)
+        dispatcher.handle("StorageEndTransaction", self.end_transaction)
+        dispatcher.handle("StorageTransactionChecks", self.transaction_checks)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Flush the store in the background and report to the nameservers until cancelled."""
@@ -166,15 +168,17 @@ class StorageRole:
         self._hosted(group)
         check_topic_name(topic)
         self._positions([{"queue": queue, "offset": 0}], "offset")
-        timed = bool(check_header(batch, crc=False).flags & FLAG_TIMED)
+        flags = check_header(batch, crc=False).flags
         append_ms = self._stamp(topic, queue)
-        if timed:
+        if flags & FLAG_TIMED:
             self._check_delivery_times(batch, append_ms)
             entry = encode_timers(topic, queue, append_ms, batch)
+        elif flags & FLAG_TRANSACTION:
+            entry = encode_half(topic, queue, append_ms, append_ms + int(self.config.transaction_timeout_s * 1000), batch)
         else:
             entry = encode_append(topic, queue, append_ms, batch)
         base_offset, count = await self.host.propose(group, entry, limits.storage_append_wait_s_max)
-        return {"queue": queue, "base_offset": base_offset, "count": count, "scheduled": timed}
+        return {"queue": queue, "base_offset": base_offset, "count": count, "scheduled": bool(flags & FLAG_TIMED)}
 
     def _stamp(self, topic: str, queue: int) -> int:
         """Append times never go backwards within a queue on this leader; replicas take the stamp."""
@@ -215,7 +219,7 @@ class StorageRole:
         delivered = 0
         for topic, queue, offsets, batch in self.store.due_deliveries(group, now_ms):
             fire = encode_move(topic, queue, self._stamp(topic, queue), timer_topic(topic), offsets, batch)
-            if await self.host.propose(group, fire, limits.storage_append_wait_s_max) is not None:
+            if await self.host.propose(group, fire, limits.storage_append_wait_s_max):
                 delivered += len(offsets)
         return delivered
 
@@ -265,6 +269,62 @@ class StorageRole:
                     return
                 await trio.sleep(0.1)
         raise RocketError(Code.TIMEOUT, f"node {node} has not caught up with group {group} yet; retry")
+
+    # ---- transactions --------------------------------------------------------------------------------
+
+    async def end_transaction(self, request: dict) -> dict:
+        """Commit: the half messages are appended to their queue, once; roll back: they are dropped."""
+        group = request["group"]
+        self._hosted(group)
+        topic = check_topic_name(request["topic"])
+        queue, offset = next(iter(self._positions([request], "offset").items()))
+        if not 1 <= request["count"] <= limits.batch_messages_max:
+            raise RocketError(Code.BAD_REQUEST, f"a transaction holds 1..{limits.batch_messages_max} messages")
+        offsets = list(range(offset, offset + request["count"]))
+        if request["commit"]:
+            try:
+                messages = self.store.pending_messages(half_topic(topic), queue, offsets)
+            except (RocketError, ValueError):  # not there (any more): answered below like a second commit
+                messages = []
+            done = bool(messages) and bool(await self.host.propose(group, encode_move(
+                topic, queue, self._stamp(topic, queue), half_topic(topic), offsets,
+                batch_codec.encode(messages, int(time.time() * 1000))), limits.storage_append_wait_s_max))
+        else:
+            done = await self.host.propose(group, encode_cancel(half_topic(topic), queue, offsets))
+        if not done:
+            raise RocketError(Code.NOT_FOUND, f"no open transaction {queue}.{offset}+{request['count']} on "
+                              f"{topic!r}: it was committed, rolled back or set aside as unresolved")
+        return {}
+
+    async def transaction_checks(self, request: dict) -> dict:
+        """Open transactions of the topic's queues due for a check back: each is rescheduled by one check
+        interval and counted as it is handed out (a conditional command, so only one asker gets it), or,
+        checked transaction_checks_max times already, set aside in the unresolved queue."""
+        group = request["group"]
+        self._leads(group)
+        topic = check_topic_name(request["topic"])
+        queues = set(self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset"))
+        now_ms = int(time.time() * 1000)
+        waiting = half_topic(topic)
+        transactions: dict[tuple[int, int], list] = {}  # (queue, first half offset) -> due ms, checks, offsets
+        for timer in self.store.due_timers(group, now_ms, limits.timer_fire_messages_max, halves=True):
+            if timer.topic == waiting and timer.queue in queues:
+                base_offset = self.store.batch_entry(waiting, timer.queue, timer.offset).base_offset
+                transactions.setdefault((timer.queue, base_offset), [timer.deliver_at_ms, timer.checks, []])[2].append(
+                    timer.offset)
+        checks = []
+        for (queue, base_offset), (due_ms, checked, offsets) in transactions.items():
+            batch = batch_codec.encode(self.store.pending_messages(waiting, queue, offsets), now_ms)
+            if checked >= self.config.transaction_checks_max:
+                await self.host.propose(group, encode_move(unresolved_topic(topic), queue, now_ms, waiting, offsets,
+                                                           batch))
+                log.warning("transaction %d.%d on %s is unresolved after %d checks", queue, base_offset, topic, checked)
+                continue
+            next_ms = now_ms + int(self.config.transaction_check_s * 1000)
+            if await self.host.propose(group, encode_rearm(waiting, queue, offsets, due_ms, next_ms, checked + 1)):
+                checks.append({"topic": topic, "queue": queue, "offset": offsets[0], "count": len(offsets),
+                               "batch": batch})
+        return {"checks": checks}
 
     # ---- pop consumption -----------------------------------------------------------------------------
 
@@ -324,7 +384,7 @@ class StorageRole:
                 "op": "pop", "consumer_group": consumer_group, "topic": topic, "queue": queue,
                 "cursor": state.cursor, "next": next_cursor, "new": new, "again": again,
                 "visible_at_ms": now_ms + invisible_ms}), limits.storage_append_wait_s_max)
-        if handed is None:  # the state moved on under a leader change: the next receive tries again
+        if handed is False:  # the state moved on under a leader change: the next receive tries again
             return
         for offset, _, _ in again:
             batches.update((base_offset, batch) for base_offset, batch in self.store.read(topic, queue, offset, 1))

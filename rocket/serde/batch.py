@@ -18,7 +18,8 @@ MAGIC = 0x5242  # "RB"
 VERSION = 1
 FLAG_DELIMITED = 0x01  # payload is bodies each ending in b"\n"; no keys, tags or properties
 FLAG_TIMED = 0x02  # messages may carry a delivery time (DELIVER_AT_PROPERTY): for delay topics
-FLAGS_KNOWN = FLAG_DELIMITED | FLAG_TIMED
+FLAG_TRANSACTION = 0x04  # half messages of a transaction: invisible until committed
+FLAGS_KNOWN = FLAG_DELIMITED | FLAG_TIMED | FLAG_TRANSACTION
 DELIVER_AT_PROPERTY = "__deliver_at_ms"  # a timed message's delivery time, epoch ms, in its properties
 
 _header = struct.Struct("<HBBIqqQII")
@@ -62,7 +63,7 @@ def check_header(batch: bytes | memoryview, crc: bool = True) -> BatchHeader:
     magic, version, flags, count, first_ms, last_ms, tags, payload_bytes, stored_crc = _header.unpack_from(view)
     if magic != MAGIC or version != VERSION:
         raise _bad(f"unknown batch magic {magic:#x} or version {version}")
-    if flags & ~FLAGS_KNOWN or flags & FLAG_DELIMITED and flags & FLAG_TIMED:
+    if flags & ~FLAGS_KNOWN or bin(flags).count("1") > 1:  # the flags exclude each other
         raise _bad(f"unknown batch flags {flags:#x}")
     if payload_bytes != len(view) - HEADER_BYTES:
         raise _bad(f"header says {payload_bytes} payload bytes, batch has {len(view) - HEADER_BYTES}")
@@ -106,8 +107,9 @@ def _encode_properties(properties: dict[str, str]) -> bytes:
     return "\0".join(parts).encode()
 
 
-def encode(messages: list[Message], timestamp_ms: int) -> bytes:
-    """Encode messages as one batch. Messages without a timestamp get timestamp_ms."""
+def encode(messages: list[Message], timestamp_ms: int, transaction: bool = False) -> bytes:
+    """Encode messages as one batch (of half messages, with transaction). Messages without a timestamp
+    get timestamp_ms."""
     if not messages:
         raise RocketError(Code.BAD_REQUEST, "a batch holds at least one message")
     stamps = [m.timestamp_ms or timestamp_ms for m in messages]
@@ -140,6 +142,10 @@ def encode(messages: list[Message], timestamp_ms: int) -> bytes:
         chunks.append(tag)
         chunks.append(properties)
         chunks.append(body)
+    if transaction:
+        if flags:
+            raise RocketError(Code.BAD_REQUEST, "a transaction's messages have no delivery time")
+        flags = FLAG_TRANSACTION
     return _seal(flags, len(messages), first_ms, last_ms, tags, b"".join(chunks))
 
 

@@ -99,10 +99,11 @@ def encode_cancel(source: str, queue: int, offsets: list[int]) -> bytes:
                                                    "offsets": offsets})
 
 
-def encode_rearm(source: str, queue: int, offsets: list[int], due_ms: int, next_ms: int) -> bytes:
-    """Move pending messages due at due_ms to next_ms (a half message checked back), if all still are."""
-    return bytes([CANCEL_COMMAND]) + orjson.dumps({"op": "rearm", "topic": source, "queue": queue,
-                                                   "offsets": offsets, "due_ms": due_ms, "next_ms": next_ms})
+def encode_rearm(source: str, queue: int, offsets: list[int], due_ms: int, next_ms: int, checks: int) -> bytes:
+    """Move pending messages due at due_ms to next_ms, counting checks (half messages checked back), if
+    all still are pending and due then."""
+    return bytes([CANCEL_COMMAND]) + orjson.dumps({"op": "rearm", "topic": source, "queue": queue, "offsets": offsets,
+                                                   "due_ms": due_ms, "next_ms": next_ms, "checks": checks})
 
 
 def encode_pop(command: dict, batch: bytes = b"") -> bytes:
@@ -161,13 +162,14 @@ def _batches_of(messages: list[Message]):
 
 
 def _encode_timers(group: int, timers: list[tuple[int, Timer, bool]]) -> bytes:
-    return orjson.dumps([group, [[t.deliver_at_ms, t.topic, t.queue, t.offset, pending] for _, t, pending in timers]])
+    return orjson.dumps([group, [[t.deliver_at_ms, t.topic, t.queue, t.offset, t.checks, pending]
+                                 for _, t, pending in timers]])
 
 
 def _decode_timers(body: bytes | memoryview) -> list[tuple[int, Timer, bool]]:
     group, changes = orjson.loads(body)
-    return [(group, Timer(deliver_at_ms, topic, queue, offset), pending)
-            for deliver_at_ms, topic, queue, offset, pending in changes]
+    return [(group, Timer(deliver_at_ms, topic, queue, offset, checks), pending)
+            for deliver_at_ms, topic, queue, offset, checks, pending in changes]
 
 
 def _encode_available(topic: str, queue: int, offset: int) -> bytes:
@@ -299,8 +301,9 @@ class Store:
 
     def apply(self, group: int, entries, positions: list[int]) -> list:
         """Apply a group's committed entries, whose data lies in the WAL at positions: results are
-        (base offset, count) for appends, timers and fires that delivered, None for a fire that did
-        not (its timers were gone), True or False for a cancel (whether the timer was pending)."""
+        (base offset, count) for appends, timers and moves that delivered, False for a move that did
+        not (its messages were no longer pending), True or False for a cancel or rearm, and pop.decide's
+        results for pop commands."""
         done = self._applied.get(group, 0)
         results: list = []
         records: list[tuple[int, bytes]] = []
@@ -328,7 +331,7 @@ class Store:
                     moved = struct.unpack_from(f"<{count}Q", data, batch_at + _fire_count.size)
                     batch_at += _fire_count.size + 8 * count
                     if not self._take_timers(group, source, queue, moved, timers):
-                        results.append(None)
+                        results.append(False)  # not None: the Raft host answers None with the entry's index
                         continue
                 elif command == TIMER_COMMAND:
                     stored_topic = timer_topic(topic)
@@ -387,7 +390,7 @@ class Store:
                     if results[-1]:
                         for offset in request["offsets"]:
                             self._set_timer(group, Timer(request["next_ms"], request["topic"], request["queue"],
-                                                         offset), timers)
+                                                         offset, request["checks"]), timers)
                 else:
                     results.append(self._take_timers(group, request["topic"], request["queue"], request["offsets"],
                                                      timers))
@@ -472,15 +475,27 @@ class Store:
                               for chunk in _batches_of(due))
         return deliveries
 
+    def pending_messages(self, source: str, queue: int, offsets: list[int]) -> list[Message]:
+        """Messages of a system queue (half messages of a transaction), by offset."""
+        found = []
+        for offset in offsets:
+            base_offset, messages = self._timer_batch(source, queue, offset)
+            found.append(messages[offset - base_offset])
+        return found
+
+    def batch_entry(self, topic: str, queue: int, offset: int) -> IndexEntry:
+        """Where the batch holding offset lies, its size, count and append time."""
+        [entry], _ = self.index.locate(topic, queue, offset, 1)
+        return entry
+
     def _timer_batch(self, topic: str, queue: int, offset: int) -> tuple[int, list[Message]]:
         """The decoded batch holding a timer's message. Timers of one batch often fall due at different
         times, so decoded batches are kept (the most recent, up to limits.timer_batches_cached_bytes_max)."""
         cache = self._timer_batches
-        [entry], _ = self.index.locate(topic, queue, offset, 1)
-        key = (topic, queue, entry.base_offset)
+        key = (topic, queue, self.batch_entry(topic, queue, offset).base_offset)
         if key in cache:
             cache.move_to_end(key)
-            return entry.base_offset, cache[key][1]
+            return key[2], cache[key][1]
         [(base_offset, batch)] = self.read(topic, queue, offset, 1)
         messages = batch_codec.decode(batch, base_offset)
         cache[key] = (len(batch), messages)
@@ -509,7 +524,7 @@ class Store:
         self.sync()
         queues = [[topic, queue, stats.next_offset, stats.bytes, stats.last_append_ms]
                   for (topic, queue), stats in self._queues.items() if stats.group == group]
-        timers = [[t.deliver_at_ms, t.topic, t.queue, t.offset]
+        timers = [[t.deliver_at_ms, t.topic, t.queue, t.offset, t.checks]
                   for halves in (False, True) for t in self.index.timers(group, halves=halves)]
         pops = [PopChange(key, state.cursor, dict(state.in_flight), reset=True).to_wire()
                 for key, state in self._pops.items() if self._group_of(key[1], key[2]) == group]

@@ -65,7 +65,8 @@ def decide(pops: dict[PopKey, PopQueue], command: dict) -> tuple[object, PopChan
     computed from; if it moved on meanwhile they apply nothing:
     - pop: {cursor, next, new: offsets, again: [[offset, attempt, visible ms]], visible_at_ms}: hands out
       new messages from cursor (those between cursor and next not in new were skipped by the filter)
-      and again the expired ones; result [[offset, attempt], ...] or None;
+      and again the expired ones; result [[offset, attempt], ...] or False (never None: the Raft host
+      answers None with the entry's index);
     - ack {receipts: [[offset, attempt]]}, change {receipts, visible_at_ms}: result per receipt, whether
       it was current (a stale one changes nothing);
     - dead {offset, attempt, visible_ms}: drops a message that used up its attempts (the store appends
@@ -76,9 +77,9 @@ def decide(pops: dict[PopKey, PopQueue], command: dict) -> tuple[object, PopChan
     operation = command["op"]
     if operation == "pop":
         if state.cursor != command["cursor"] or not all(_matches(state, *again) for again in command["again"]):
-            return None, None
+            return False, None
         if len(state.in_flight) + len(command["new"]) > limits.pop_in_flight_per_queue_max:
-            return None, None
+            return False, None
         change = PopChange(key, command["next"])
         visible_at_ms = command["visible_at_ms"]
         change.set.update((offset, (visible_at_ms, 1)) for offset in command["new"])

@@ -21,7 +21,7 @@ _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
 _entry = struct.Struct(">QIIqQQ")  # log position, count, batch bytes, first timestamp ms, append time ms, tags
 _entry_untagged = struct.Struct(">QIIqQ")  # as written before the tag summary was indexed
-_timer_place = struct.Struct(">QQ")  # delivery time ms, Raft group
+_timer_place = struct.Struct(">QQI")  # due time ms, Raft group, check-backs so far (half messages)
 ALL_TAGS = 2**64 - 1  # the tag summary of a batch indexed without one: it may hold any tag
 _stats = struct.Struct(">QQQQQ")  # next offset, bytes, last append ms, Raft group, available from
 _applied_key = b"m/applied"
@@ -83,6 +83,7 @@ class Timer:
     topic: str
     queue: int
     offset: int
+    checks: int = 0  # a half message: how often its transaction was checked back
 
 
 def _pop_prefix(kind: bytes, key: tuple[str, str, int]) -> bytes:
@@ -139,7 +140,7 @@ class QueueIndex:
             for group, timer, pending in timers:
                 place = (timer.topic, timer.queue, timer.offset)
                 if pending:
-                    batch.put(_timer_key(*place), _timer_place.pack(timer.deliver_at_ms, group))
+                    batch.put(_timer_key(*place), _timer_place.pack(timer.deliver_at_ms, group, timer.checks))
                     batch.put(_due_key(group, timer.deliver_at_ms, *place), b"")
                 else:
                     batch.delete(_timer_key(*place))
@@ -215,8 +216,9 @@ class QueueIndex:
                 return _u64.unpack(key[-8:])[0]
         return None
 
-    def timer(self, topic: str, queue: int, offset: int) -> tuple[int, int] | None:
-        """(delivery time ms, group) of a pending timer, or None if it fired, was cancelled or never was."""
+    def timer(self, topic: str, queue: int, offset: int) -> tuple[int, int, int] | None:
+        """(due time ms, group, checks) of a pending timer or half message, or None if it is no longer
+        (or never was) pending."""
         raw = self._db.get(_timer_key(topic, queue, offset))
         return _timer_place.unpack(raw) if raw is not None else None
 
@@ -234,7 +236,9 @@ class QueueIndex:
                     break
                 (deliver_at_ms,) = _u64.unpack_from(key, 9)
                 topic, _, rest = key[17:].partition(b"\0")
-                found.append(Timer(deliver_at_ms, topic.decode(), _u32.unpack_from(rest)[0], _u64.unpack_from(rest, 4)[0]))
+                place = (topic.decode(), _u32.unpack_from(rest)[0], _u64.unpack_from(rest, 4)[0])
+                checks = self.timer(*place)[2] if halves else 0
+                found.append(Timer(deliver_at_ms, *place, checks))
         return found
 
     def pop_states(self) -> dict[tuple[str, str, int], "PopQueue"]:

@@ -41,6 +41,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("FetchOffsets", "FetchOffsetsRequest", "OffsetsResponse"),
         MethodSpec("SearchOffset", "SearchOffsetRequest", "OffsetsResponse"),
         MethodSpec("CancelTimer", "TimerRequest", "Empty"),
+        MethodSpec("EndTransaction", "EndTransactionRequest", "Empty"),
+        MethodSpec("TransactionChecks", "TransactionChecksRequest", "TransactionChecksResponse", streaming=True),
         MethodSpec("DescribeGroup", "GroupInfoRequest", "GroupInfoResponse"),
         MethodSpec("ResetGroup", "ResetGroupRequest", "GroupInfoResponse"),
         MethodSpec("Receive", "ReceiveRequest", "ReceiveResponse"),
@@ -62,6 +64,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("StorageMembers", "StorageMembersRequest", "Empty"),
         MethodSpec("StorageCancelTimer", "StorageTimerRequest", "Empty"),
         MethodSpec("StoragePop", "StoragePopRequest", "ReceiveResponse"),
+        MethodSpec("StorageEndTransaction", "StorageEndTransactionRequest", "Empty"),
+        MethodSpec("StorageTransactionChecks", "StorageTransactionChecksRequest", "TransactionChecksResponse"),
         MethodSpec("StorageReceipt", "StorageReceiptRequest", "ReceiptResponse"),
     ]
 }

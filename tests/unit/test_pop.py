@@ -33,14 +33,14 @@ def test_pops_acks_and_changes_apply_only_to_the_state_they_were_computed_from(t
     nothing; an ack or change with a stale attempt is refused; redelivery bumps the attempt."""
     node, log = filled(tmp_path)
     first = command("pop", cursor=0, next=4, new=[0, 2, 3], again=[], visible_at_ms=1_000)
-    assert log.apply(first, first) == [[[0, 1], [2, 1], [3, 1]], None]
+    assert log.apply(first, first) == [[[0, 1], [2, 1], [3, 1]], False]
     assert node.pop_state(*KEY) == PopQueue(4, {0: (1_000, 1), 2: (1_000, 1), 3: (1_000, 1)})
     assert log.apply(command("ack", receipts=[[0, 1]]), command("ack", receipts=[[0, 1], [9, 1]])) == [[True], [False, False]]
     assert log.apply(command("change", receipts=[[2, 1], [3, 7]], visible_at_ms=5_000)) == [[True, False]]
     assert log.apply(command("change", receipts=[[2, 2]], visible_at_ms=9_000)) == [[False]]
     again = command("pop", cursor=4, next=4, new=[], again=[[3, 1, 1_000]], visible_at_ms=2_000)
     stale = command("pop", cursor=4, next=4, new=[], again=[[2, 1, 1_000]], visible_at_ms=2_000)  # changed since
-    assert log.apply(again, stale) == [[[3, 2]], None]
+    assert log.apply(again, stale) == [[[3, 2]], False]
     assert node.pop_state(*KEY) == PopQueue(4, {2: (5_000, 1), 3: (2_000, 2)})
     assert node.pop_state(*KEY).done_before() == 2
     node.close()

@@ -47,7 +47,7 @@ def fire_due(log: Log, now_ms: int) -> list[Message]:
     delivered = []
     for topic, queue, offsets, batch in log.node.due_deliveries(log.group, now_ms):
         [result] = log.apply(encode_move(topic, queue, now_ms, timer_topic(topic), offsets, batch))
-        if result is not None:
+        if result:
             delivered.extend(batch_codec.decode(batch, result[0], queue))
     return delivered
 
@@ -95,12 +95,12 @@ def test_a_fire_repeated_or_racing_a_cancel_delivers_nothing_twice(tmp_path):
     assert (topic, queue, offsets) == (TOPIC, 0, [0, 1, 2])
     first, again = log.apply(encode_move(topic, queue, NOW_MS + 1_000, timer_topic(topic), offsets, batch),
                              encode_move(topic, queue, NOW_MS + 1_000, timer_topic(topic), offsets, batch))
-    assert first == (0, 3) and again is None
+    assert first == (0, 3) and again is False
     assert len(consumed(node, 0)) == 3
 
     schedule(log, 0, [NOW_MS + 2_000] * 2)  # timer offsets 3 and 4
     [(topic, queue, offsets, batch)] = node.due_deliveries(GROUP, NOW_MS + 2_000)
-    assert log.apply(encode_cancel(timer_topic(TOPIC), 0, [3]), encode_move(topic, queue, NOW_MS + 2_000, timer_topic(topic), offsets, batch)) == [True, None]
+    assert log.apply(encode_cancel(timer_topic(TOPIC), 0, [3]), encode_move(topic, queue, NOW_MS + 2_000, timer_topic(topic), offsets, batch)) == [True, False]
     assert log.apply(encode_cancel(timer_topic(TOPIC), 0, [3])) == [False]
     assert [m.body for m in fire_due(log, NOW_MS + 2_100)] == [b"0:1700000002000:1"]
     assert [m.body for m in consumed(node, 0)][3:] == [b"0:1700000002000:1"]
