@@ -20,6 +20,7 @@ from rich.table import Table
 
 from rocket import limits
 from rocket.client import Admin, Consumer, connect, open_producer, parse_start
+from rocket.client.admin import parse_message_id
 from rocket.client import bench as bench_module
 from rocket.config import ConfigError, load_from_environment
 from rocket.errors import Code, RocketError, collapse_single_error
@@ -33,7 +34,7 @@ app.add_typer(topic_app, name="topic")
 cluster_app = typer.Typer(no_args_is_help=True, help="Inspect the cluster: nodes, groups, leaders, load.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(cluster_app, name="cluster")
-message_app = typer.Typer(no_args_is_help=True, help="Act on single messages: cancel a delayed one.")
+message_app = typer.Typer(no_args_is_help=True, help="Single messages: get by id, find by key, cancel a delayed one.")
 app.add_typer(message_app, name="message")
 group_app = typer.Typer(no_args_is_help=True, help="Consumer groups: positions, lag, reset.")
 app.add_typer(group_app, name="group")
@@ -144,6 +145,37 @@ async def topic_describe(name: str, server: Server = None, transport: Transport 
         table.add_row(str(q["queue"]), f"{q['min_offset']:,}", f"{q['next_offset']:,}",
                       f"{q['next_offset'] - q['min_offset']:,}", f"{q['bytes']:,}")
     out.print(table)
+
+
+@message_app.command("get")
+@_runs_client
+async def message_get(topic: str, message_id: Annotated[str, typer.Argument(help="QUEUE.OFFSET, as `rocket send` printed.")],
+                      output_format: Annotated[str, typer.Option("--format", help="text, json or raw (body only).")] = "text",
+                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Print one message by its id."""
+    queue, offset = parse_message_id(message_id)
+    async with connect(server, transport, serde) as channel:
+        message = await Admin(channel).get_message(topic, queue, offset)
+    sys.stdout.buffer.write(_format(message, topic, output_format))
+
+
+@message_app.command("find")
+@_runs_client
+async def message_find(topic: str, key: Annotated[str, typer.Option("--key")],
+                       start: Annotated[Optional[str], typer.Option("--from", help="ISO time (default: the start).")] = None,
+                       end: Annotated[Optional[str], typer.Option("--to", help="ISO time (default: now).")] = None,
+                       limit: Annotated[int, typer.Option("--limit")] = 64,
+                       output_format: Annotated[str, typer.Option("--format", help="text, json or raw (body only).")] = "text",
+                       server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Print the messages with a key stored in a time range (a scan of the key's queue over that range)."""
+    start_ms = 0 if start is None else parse_start(start)
+    end_ms = None if end is None else parse_start(end)
+    if isinstance(start_ms, str) or isinstance(end_ms, str):
+        _fail("--from and --to take ISO times", 2)
+    async with connect(server, transport, serde) as channel:
+        found = await Admin(channel).find_messages(topic, key, start_ms, end_ms, limit)
+    sys.stdout.buffer.write(b"".join(_format(message, topic, output_format) for message in found))
+    err.print(f"{len(found):,} messages with key {key!r} on {topic}")
 
 
 @message_app.command("cancel")
@@ -341,7 +373,7 @@ async def send(
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(deliver_at_ms / 1000))
                 out.print(f"scheduled for {when} UTC on {topic} as timer {message.queue}.{message.offset}")
             else:
-                out.print(f"sent to {topic} queue {message.queue} offset {message.offset}")
+                out.print(f"sent to {topic} queue {message.queue} offset {message.offset} (id {message.queue}.{message.offset})")
             return
         await _send_lines(producer, file)
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from rocket.errors import Code, RocketError
-from rocket.model import TopicSpec
+from rocket.model import Message, TopicSpec, queue_for_key
+from rocket.serde import batch as batch_codec
 
 
 class Admin:
@@ -41,14 +42,49 @@ class Admin:
                    "timestamp_ms": to if isinstance(to, int) else 0}
         return (await self.channel.call("ResetGroup", request))["queues"]
 
+    async def get_message(self, topic: str, queue: int, offset: int) -> Message:
+        """The message at queue and offset (NOT_FOUND if it was never stored)."""
+        response = await self.channel.call("Pull", {"topic": topic, "queues": [{"queue": queue, "offset": offset}],
+                                                    "max_bytes": 1, "wait_ms": 0})
+        for stored in response["batches"]:
+            for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
+                if message.offset == offset:
+                    return message
+        raise RocketError(Code.NOT_FOUND, f"{topic} has no message {queue}.{offset}")
+
+    async def find_messages(self, topic: str, key: str, start_ms: int = 0, end_ms: int | None = None,
+                            limit: int = 64) -> list[Message]:
+        """Messages with this key stored from start_ms to end_ms: the key's queue is read over that time
+        (batch by batch, no key index), so a narrow range is cheap and a wide one is a scan."""
+        spec, queues = await self.describe_topic(topic)
+        queue = queue_for_key(key, spec.queues)
+        start = (await self.channel.call("SearchOffset", {"topic": topic, "timestamp_ms": start_ms}))["offsets"]
+        offset = next(entry["offset"] for entry in start if entry["queue"] == queue)
+        end = next(entry["next_offset"] for entry in queues if entry["queue"] == queue)
+        if end_ms is not None:
+            stop = (await self.channel.call("SearchOffset", {"topic": topic, "timestamp_ms": end_ms + 1}))["offsets"]
+            end = next(entry["offset"] for entry in stop if entry["queue"] == queue)
+        found: list[Message] = []
+        while offset < end and len(found) < limit:
+            response = await self.channel.call("Pull", {"topic": topic, "queues": [{"queue": queue, "offset": offset}],
+                                                        "wait_ms": 0})
+            if not response["batches"]:
+                break
+            for stored in response["batches"]:
+                found.extend(message for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue)
+                             if message.key == key and offset <= message.offset < end)
+            offset = response["next_offsets"][0]["offset"]
+        return found[:limit]
+
     async def cancel_timer(self, topic: str, timer_id: str) -> None:
         """Drop a delayed message before its time; timer_id is 'QUEUE.OFFSET' from its send."""
-        queue, offset = parse_timer_id(timer_id)
+        queue, offset = parse_message_id(timer_id)
         await self.channel.call("CancelTimer", {"topic": topic, "queue": queue, "offset": offset})
 
 
-def parse_timer_id(timer_id: str) -> tuple[int, int]:
-    queue, separator, offset = timer_id.partition(".")
+def parse_message_id(message_id: str) -> tuple[int, int]:
+    """A message's id on its topic is QUEUE.OFFSET; a delayed one's, until delivered, is its timer's."""
+    queue, separator, offset = message_id.partition(".")
     if not separator or not queue.isdigit() or not offset.isdigit():
-        raise RocketError(Code.BAD_REQUEST, f"timer id {timer_id!r}: expected QUEUE.OFFSET, as its send printed")
+        raise RocketError(Code.BAD_REQUEST, f"message id {message_id!r}: expected QUEUE.OFFSET, as its send printed")
     return int(queue), int(offset)

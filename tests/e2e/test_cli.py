@@ -100,3 +100,37 @@ def test_follow_and_start_positions(server_process):
     finally:
         follower.terminate()
         follower.wait(10)
+
+
+def test_message_and_group_commands(server_process):
+    """Get a message by its id, find messages by key, schedule and cancel a delayed one, filter on
+    consume, and see a group's lag: as a user types them."""
+    server = server_process().start()
+    rocket("topic", "create", "orders", "--queues", "4", server=server)
+    for number in range(3):
+        rocket("send", "orders", f"v{number}", "--key", "user-7", "--tag", ("paid", "open")[number % 2], server=server)
+    sent = rocket("send", "orders", "other", "--key", "user-8", server=server)
+    message_id = sent.stdout.decode().split("(id ")[1].split(")")[0]
+    assert rocket("message", "get", "orders", message_id, "--format", "raw", server=server).stdout == b"other\n"
+    found = rocket("message", "find", "orders", "--key", "user-7", "--format", "raw", server=server)
+    assert found.stdout == b"v0\nv1\nv2\n"
+    paid = rocket("consume", "orders", "--group", "g", "--tag", "paid", "--format", "raw", server=server)
+    assert sorted(paid.stdout.split()) == [b"v0", b"v2"]
+    bad = rocket("consume", "orders", "--group", "g", "--sql", "region = ", server=server, check=False)
+    assert bad.returncode == 1 and b"BAD_FILTER" in bad.stderr and b"position" in bad.stderr
+    described = rocket("group", "describe", "orders", "--group", "g", server=server).stdout.decode()
+    [total] = [line.split("│") for line in described.splitlines() if "│ all" in line]
+    assert [cell.strip() for cell in total[5:8]] == ["0", "0", "0"]  # in flight, lag, dead letters
+    rocket("group", "reset", "orders", "--group", "g", "--to", "earliest", server=server)
+    described = rocket("group", "describe", "orders", "--group", "g", server=server).stdout.decode()
+    [total] = [line.split("│") for line in described.splitlines() if "│ all" in line]
+    assert total[6].strip() == "4"  # everything is to be read again
+
+    rocket("topic", "create", "later", "--type", "delay", server=server)
+    scheduled = rocket("send", "later", "soon", "--delay", "1h", server=server).stdout.decode()
+    timer_id = scheduled.split("as timer ")[1].split()[0]
+    assert b"cancelled" in rocket("message", "cancel", "later", timer_id, server=server).stdout
+    again = rocket("message", "cancel", "later", timer_id, server=server, check=False)
+    assert again.returncode == 1 and b"NOT_FOUND" in again.stderr
+    refused = rocket("send", "later", "now", server=server, check=False)
+    assert refused.returncode == 1 and b"WRONG_MESSAGE_TYPE" in refused.stderr
