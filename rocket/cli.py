@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rocket import limits
-from rocket.client import Admin, Consumer, connect, open_producer, parse_start
+from rocket.client import Admin, connect, open_consumer, open_producer, parse_start
 from rocket.client.admin import parse_message_id
 from rocket.client import bench as bench_module
 from rocket.config import ConfigError, load_from_environment
@@ -226,12 +226,11 @@ async def dlq_list(topic: str, group: Annotated[str, typer.Option("--group")],
     """Print a group's dead letters of a topic (where they came from and how often they were tried)."""
     dead_letters = dead_letter_topic(group, topic)
     async with connect(server, transport, serde) as channel:
-        consumer = Consumer(channel, dead_letters, group + "%list", start="earliest", wait_ms=0)
-        await consumer.open()
-        listed = 0
-        while messages := await consumer.poll():
-            sys.stdout.buffer.write(b"".join(_format(m, topic, output_format) for m in messages))
-            listed += len(messages)
+        async with open_consumer(channel, dead_letters, group + "%list", start="earliest", wait_ms=0) as consumer:
+            listed = 0
+            while messages := await consumer.poll():
+                sys.stdout.buffer.write(b"".join(_format(m, topic, output_format) for m in messages))
+                listed += len(messages)
     err.print(f"{listed:,} dead letters of group {group} on {topic}")
 
 
@@ -243,15 +242,14 @@ async def dlq_resend(topic: str, group: Annotated[str, typer.Option("--group")],
     dead_letters = dead_letter_topic(group, topic)
     resent = 0
     async with connect(server, transport, serde) as channel, open_producer(channel, topic) as producer:
-        consumer = Consumer(channel, dead_letters, group + "%resend", start="earliest", wait_ms=0)
-        await consumer.open()
-        while messages := await consumer.poll():
-            for message in messages:
-                message.properties = {name: value for name, value in message.properties.items()
-                                      if not name.startswith("DLQ_")}
-            await producer.send_many(messages)
-            await consumer.commit()
-            resent += len(messages)
+        async with open_consumer(channel, dead_letters, group + "%resend", start="earliest", wait_ms=0) as consumer:
+            while messages := await consumer.poll():
+                for message in messages:
+                    message.properties = {name: value for name, value in message.properties.items()
+                                          if not name.startswith("DLQ_")}
+                await producer.send_many(messages)
+                await consumer.commit()
+                resent += len(messages)
     out.print(f"resent {resent:,} dead letters of group {group} to {topic}")
 
 
@@ -427,6 +425,8 @@ async def consume(
     output_format: Annotated[str, typer.Option("--format", help="text, json or raw (body only).")] = "text",
     tag: Annotated[Optional[str], typer.Option("--tag", help="Only messages with these tags: 'a || b' ('*' for all).")] = None,
     sql: Annotated[Optional[str], typer.Option("--sql", help="Only messages whose properties match this SQL92 expression.")] = None,
+    mode: Annotated[str, typer.Option("--mode", help="clustering (the group's live members split the queues) or broadcasting (each member reads all).")] = "clustering",
+    member: Annotated[Optional[str], typer.Option("--member", help="This consumer's name in its group (broadcasting members resume by it).")] = None,
     server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
 ) -> None:
     """Consume a topic as a group, printing messages and committing the group's position."""
@@ -436,23 +436,23 @@ async def consume(
         _fail("give --tag or --sql, not both", 2)
     filter_type, expression = ("sql", sql) if sql is not None else ("tag", "*" if tag is None else tag)
     async with connect(server, transport, serde) as channel:
-        consumer = Consumer(channel, topic, group, start=parse_start(start), wait_ms=1000 if (follow or count) else 300,
-                            filter_type=filter_type, filter=expression)
-        await consumer.open()
-        received = 0
-        with _progress(count) as progress:
-            task = progress.add_task("consuming", total=count)
-            while count is None or received < count:
-                before = dict(consumer.positions)
-                messages = await consumer.poll(limit=None if count is None else count - received)
-                if not messages and not follow and count is None and consumer.positions == before:
-                    break
-                if messages:
-                    sys.stdout.buffer.write(b"".join(_format(m, topic, output_format) for m in messages))
-                    sys.stdout.buffer.flush()
-                    received += len(messages)
-                    progress.update(task, advance=len(messages))
-                    await consumer.commit()
+        async with open_consumer(channel, topic, group, start=parse_start(start), mode=mode, member=member,
+                                 wait_ms=1000 if (follow or count) else 300, filter_type=filter_type,
+                                 filter=expression) as consumer:
+            received = 0
+            with _progress(count) as progress:
+                task = progress.add_task("consuming", total=count)
+                while count is None or received < count:
+                    before = dict(consumer.positions)
+                    messages = await consumer.poll(limit=None if count is None else count - received)
+                    if not messages and not follow and count is None and consumer.positions == before:
+                        break
+                    if messages:
+                        sys.stdout.buffer.write(b"".join(_format(m, topic, output_format) for m in messages))
+                        sys.stdout.buffer.flush()
+                        received += len(messages)
+                        progress.update(task, advance=len(messages))
+                        await consumer.commit()
     err.print(f"consumed {received:,} messages from {topic} as group {group}")
 
 

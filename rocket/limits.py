@@ -65,6 +65,11 @@ timer_fire_messages_max = 10_000  # due timers one group delivers per round, so 
 
 transaction_check_poll_s = 1.0  # how often a broker looks for transactions to check back, for a producer listening
 
+# Consumer groups (pull, clustering mode).
+group_member_expiry_s = 6.0  # a member that has not heartbeaten (polled) this long leaves the group
+group_heartbeat_s = 1.0  # how often a pull consumer heartbeats, from its polls
+group_members_max = 1024  # members of one consumer group on one topic; more is a runaway client
+
 # Pop (simple) consumption.
 pop_in_flight_per_queue_max = 100_000  # messages of one queue in flight for one group: state kept per message
 pop_messages_max = 1024  # messages one receive hands out

@@ -1,12 +1,19 @@
 """The consumer: pulls a topic's queues for a group with long polling, decodes batches client-side,
-cuts them at the requested offsets, and commits the group's positions in storage.
-
-Where the group has no committed position for a queue, `start` decides: earliest, latest, or a time.
+cuts them at the requested offsets, and commits the group's positions in storage. In clustering mode
+the group's live members split the queues (rebalanced as members come and go); in broadcasting mode
+each member reads every queue, with positions of its own. Where there is no committed position for a
+queue, `start` decides: earliest, latest, or a time.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
+import time
 from contextlib import asynccontextmanager
+
+import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
@@ -30,38 +37,85 @@ def parse_start(text: str) -> str | int:
     return int(moment.timestamp() * 1000)
 
 
+MODES = ("clustering", "broadcasting")
+
+
 class Consumer:
     def __init__(self, channel, topic: str, group: str, *, start: str | int = "latest",
-                 max_bytes: int = 4 * limits.MiB, wait_ms: int = 1000, filter_type: str = "tag", filter: str = "*"):
+                 max_bytes: int = 4 * limits.MiB, wait_ms: int = 1000, filter_type: str = "tag", filter: str = "*",
+                 mode: str = "clustering", member: str | None = None):
         """filter_type "tag" takes a tag expression ('a || b', '*'), "sql" an SQL92 expression over
-        properties (and TAGS, KEYS); a malformed one fails open() with BAD_FILTER and its position."""
+        properties (and TAGS, KEYS); a malformed one fails open() with BAD_FILTER and its position.
+        member names this consumer in its group (by default one made up per consumer; broadcasting
+        members give a lasting one to resume where they left off)."""
+        if mode not in MODES:
+            raise RocketError(Code.BAD_REQUEST, f"mode {mode!r} is not one of {', '.join(MODES)}")
         self.channel = channel
         self.filter_type = filter_type
         self.filter = compile_filter(filter_type, filter)
         self.topic = topic
         self.group = check_group_name(group)
+        self.mode = mode
+        self.member = member or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        # Broadcasting members keep positions of their own, as a group of their own.
+        self._positions_group = check_group_name(f"{group}%{self.member}" if mode == "broadcasting" else group)
         self.start = start
         self.max_bytes = max_bytes
         self.wait_ms = wait_ms
         self.positions: dict[int, int] = {}
         self._committed: dict[int, int] = {}
+        self._queues = 0
+        self._heartbeat_at = 0.0
 
     async def open(self) -> None:
         described = await self.channel.call("DescribeTopic", {"topic": self.topic})
-        queues = described["topic"]["queues"]
-        committed = await self.channel.call("FetchOffsets", {"group": self.group, "topic": self.topic})
+        self._queues = described["topic"]["queues"]
+        if self.mode == "broadcasting":
+            await self._take(set(range(self._queues)))
+        else:
+            await self._heartbeat()
+
+    async def _take(self, queues: set[int]) -> None:
+        """Read these queues from now on: from the group's committed positions, else from start."""
+        committed = await self.channel.call("FetchOffsets", {"group": self._positions_group, "topic": self.topic})
         self._committed = {entry["queue"]: entry["offset"] for entry in committed["offsets"]}
-        if self.start == "earliest":
-            fallback = {entry["queue"]: entry["min_offset"] for entry in described["queues"]}
-        elif self.start == "latest":
-            fallback = {entry["queue"]: entry["next_offset"] for entry in described["queues"]}
+        if self.start in ("earliest", "latest"):
+            described = await self.channel.call("DescribeTopic", {"topic": self.topic})
+            field = "min_offset" if self.start == "earliest" else "next_offset"
+            fallback = {entry["queue"]: entry[field] for entry in described["queues"]}
         else:
             found = await self.channel.call("SearchOffset", {"topic": self.topic, "timestamp_ms": self.start})
             fallback = {entry["queue"]: entry["offset"] for entry in found["offsets"]}
-        self.positions = {queue: self._committed.get(queue, fallback[queue]) for queue in range(queues)}
+        self.positions.update({queue: self._committed.get(queue, fallback[queue]) for queue in sorted(queues)})
+
+    async def _heartbeat(self, leave: bool = False) -> None:
+        """Clustering: tell the group this member is alive and read the queues it is given. Queues that
+        go to another member are committed first, so it starts where this one stopped."""
+        response = await self.channel.call("GroupHeartbeat", {"topic": self.topic, "group": self.group,
+                                                              "member": self.member, "leave": leave})
+        self._heartbeat_at = time.monotonic()
+        assigned = set(response["queues"])
+        if assigned == set(self.positions):
+            return
+        await self.commit()
+        for queue in set(self.positions) - assigned:
+            del self.positions[queue]
+        if assigned - set(self.positions):
+            await self._take(assigned - set(self.positions))
+
+    async def close(self) -> None:
+        """Commit, and leave the group so that the others take this member's queues at once."""
+        await self.commit()
+        if self.mode == "clustering":
+            await self._heartbeat(leave=True)
 
     async def poll(self, wait_ms: int | None = None, limit: int | None = None) -> list[Message]:
-        """One long-polling pull over every queue; returns at most limit messages in per-queue order."""
+        """One long-polling pull over this member's queues; returns at most limit messages in per-queue order."""
+        if self.mode == "clustering" and time.monotonic() - self._heartbeat_at >= limits.group_heartbeat_s:
+            await self._heartbeat()
+        if not self.positions:  # more members than queues: this one waits its turn
+            await trio.sleep((self.wait_ms if wait_ms is None else wait_ms) / 1000)
+            return []
         request = {
             "topic": self.topic,
             "queues": [{"queue": queue, "offset": offset} for queue, offset in self.positions.items()],
@@ -93,7 +147,8 @@ class Consumer:
         moved = [{"queue": queue, "offset": offset} for queue, offset in self.positions.items()
                  if self._committed.get(queue) != offset]
         if moved:
-            await self.channel.call("CommitOffsets", {"group": self.group, "topic": self.topic, "offsets": moved})
+            await self.channel.call("CommitOffsets", {"group": self._positions_group, "topic": self.topic,
+                                                      "offsets": moved})
             self._committed.update({entry["queue"]: entry["offset"] for entry in moved})
 
 
@@ -101,4 +156,11 @@ class Consumer:
 async def open_consumer(channel, topic: str, group: str, **options):
     consumer = Consumer(channel, topic, group, **options)
     await consumer.open()
-    yield consumer
+    try:
+        yield consumer
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            try:
+                await consumer.close()
+            except RocketError:  # the server is gone: the group lets this member expire
+                pass

@@ -1,10 +1,12 @@
 """The multi-raft host: drives every Raft group of one node. Each round takes the Ready of every group,
-makes all of it durable with one WAL fsync, then sends messages coalesced into one payload per
-destination node, applies committed entries to each group's state machine, and advances the cores.
+writes all of it to the WAL while the previous round's fsync runs, and advances the cores; once a
+round's own fsync is done, its messages go out coalesced into one payload per destination node and
+its committed entries are applied to each group's state machine: persist before send.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -14,7 +16,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.raft import codec
-from rocket.raft.core import Config, Entry, EntryKind, HardState, Message, MessageType, RaftCore, Role
+from rocket.raft.core import Config, Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role
 from rocket.raft.wal import GroupState, Update, Wal
 
 log = logging.getLogger("rocket.raft")
@@ -45,6 +47,19 @@ class _Group:
         self.log_bytes = 0  # bytes applied since the last snapshot: the log is compacted past a bound
         self.positions: dict[int, int] = {}  # entry index -> where its data lies in the WAL, until applied
         self.reads: dict[int, tuple[trio.Event, list]] = {}  # read request id -> (event, [index once released])
+        # What the machine holds: the core counts a Ready's entries as applied when it is advanced, but
+        # the host applies them only once that round's fsync is done.
+        self.applied = core.applied
+
+
+@dataclasses.dataclass(slots=True)
+class _Round:
+    """A round written to the WAL whose effects wait for its fsync: messages to send, committed entries
+    to apply, reads to release, data writers to answer."""
+
+    readies: list[tuple[int, _Group, Ready]]
+    data: list[tuple[list[bytes], trio.Event, list]]
+    data_positions: list[list[int]]
 
 
 class RaftHost:
@@ -62,6 +77,8 @@ class RaftHost:
         self._data: list[tuple[list[bytes], trio.Event, list]] = []  # blobs to write with the next round
         self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
         self.fsyncs = 0
+        self._syncing: tuple[trio.Event, _Round] | None = None  # the written round whose fsync runs now
+        self._nursery: trio.Nursery | None = None
         # Only groups touched since the last round are asked for a Ready, and only awake groups are
         # ticked: thousands of quiet groups then cost nothing per tick.
         self._active: set[int] = set()
@@ -174,7 +191,7 @@ class RaftHost:
     @staticmethod
     def _release_reads(hosted: _Group) -> None:
         for event, released in hosted.reads.values():
-            if released and hosted.core.applied >= released[0]:
+            if released and hosted.applied >= released[0]:
                 event.set()
 
     async def _wait(self, event: trio.Event, timeout_s: float, what: str) -> None:
@@ -204,6 +221,7 @@ class RaftHost:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self._ticker)
             task_status.started()
             while True:
@@ -246,53 +264,43 @@ class RaftHost:
         return sum(1 for hosted in self.groups.values() if hosted.core.quiet)
 
     async def _round(self) -> None:
+        """Write this round's Readies while the previous round's fsync runs, and advance the cores; then
+        wait for that fsync, start this round's, and release the previous round. Every effect of a round
+        that leaves the cores (a message, an applied entry, an answer) waits for its own fsync, and the
+        fsyncs run one after the other, so each covers every round written before it."""
         candidates, self._active = self._active, set()
-        readies = {group: self.groups[group].core.ready() for group in candidates if self.groups[group].core.has_ready()}
-        if not readies and not self._compactions and not self._data:
-            return
-        updates = [Update(group, ready.hard_state, ready.entries, ready.snapshot) for group, ready in readies.items()
+        readies = [(group, self.groups[group], self.groups[group].core.ready()) for group in candidates
+                   if self.groups[group].core.has_ready()]
+        updates = [Update(group, ready.hard_state, ready.entries, ready.snapshot) for group, _, ready in readies
                    if ready.hard_state is not None or ready.entries or ready.snapshot is not None]
         updates += self._compactions
         self._compactions = []
         data, self._data = self._data, []
+        written = _Round(readies, data, [])
         if updates or data:
-            written, data_positions = await trio.to_thread.run_sync(self._persist, updates, [blobs for blobs, _, _ in data])
-            for (_, event, positions), found in zip(data, data_positions):
-                positions.extend(found)
-                event.set()
-            for group, positions in written.items():
+            positions, written.data_positions = await trio.to_thread.run_sync(
+                self._write, updates, [blobs for blobs, _, _ in data])
+            for group, found in positions.items():
                 if group in self.groups:
-                    self.groups[group].positions.update(positions)
-        outgoing: dict[int, list[tuple[int, Message]]] = {}
-        for group, ready in readies.items():
-            for message in ready.messages:
-                outgoing.setdefault(message.to, []).append((group, message))
-        for destination, messages in outgoing.items():
-            for chunk in _chunks(messages):
-                self._post(destination, codec.encode_messages(chunk))
-        for group, ready in readies.items():
-            hosted = self.groups[group]
-            if ready.snapshot is not None:
-                hosted.machine.restore(ready.snapshot.data)
-                hosted.positions = {i: p for i, p in hosted.positions.items() if i > ready.snapshot.index}
-            if ready.committed_entries:
-                self._apply(hosted, ready.committed_entries)
-            for request_id, index in ready.read_states:
-                read = hosted.reads.get(request_id)
-                if read is not None:
-                    read[1].append(index)
+                    self.groups[group].positions.update(found)
+        for group, hosted, ready in readies:
+            # The core now counts this round's entries as stable: a leader may count its own copy towards
+            # a commit. No one learns of that commit, and nothing is applied, before this fsync is done.
             hosted.core.advance(ready)
-            self._release_reads(hosted)
-            compacted = self._maybe_compact(group, hosted)
-            if compacted is not None:
-                self._compactions.append(compacted)  # written with the next round; the WAL still holds the log
-                self._wake.set()
             if hosted.core.has_ready():
                 self._active.add(group)
                 self._wake.set()
+        await self._release_synced()
+        if updates or data:
+            done = trio.Event()
+            self._syncing = (done, written)
+            self._nursery.start_soon(self._sync, done)
+        else:
+            self._release(written)  # it wrote nothing: what its messages tell is durable already
         if self.wal.sealed_segments() >= limits.raft_wal_segments_max:
-            # After every advance, so that what this round persisted counts as stable, and before any
-            # core steps again. Every group is compacted first: the checkpoint then rewrites little
+            await self._release_synced()
+            # After every release, so that what was persisted counts as stable and applied, and before
+            # any core steps again. Every group is compacted first: the checkpoint then rewrites little
             # more than hard states and snapshots.
             for group, hosted in self.groups.items():
                 self._compact(group, hosted)
@@ -300,12 +308,56 @@ class RaftHost:
             self._compactions = []  # the checkpoint holds every snapshot
             await trio.to_thread.run_sync(self.wal.checkpoint, live)
 
-    def _persist(self, updates: list[Update], data: list[list[bytes]]) -> tuple[dict[int, dict[int, int]], list]:
+    def _write(self, updates: list[Update], data: list[list[bytes]]) -> tuple[dict[int, dict[int, int]], list]:
         positions = self.wal.write(updates)
-        data_positions = [self.wal.write_data(blobs) for blobs in data]
-        self.wal.sync()
+        return positions, [self.wal.write_data(blobs) for blobs in data]
+
+    async def _sync(self, done: trio.Event) -> None:
+        await trio.to_thread.run_sync(self.wal.sync)
         self.fsyncs += 1
-        return positions, data_positions
+        done.set()
+        self._wake.set()  # the round loop releases the synced round
+
+    async def _release_synced(self) -> None:
+        """Wait for the fsync in flight, if any, and release the round it made durable."""
+        if self._syncing is None:
+            return
+        done, synced = self._syncing
+        await done.wait()
+        self._syncing = None
+        self._release(synced)
+
+    def _release(self, synced: _Round) -> None:
+        """The round's bytes are durable: answer data writers, send its messages, apply its committed
+        entries and serve the reads they allow."""
+        for (_, event, positions), found in zip(synced.data, synced.data_positions):
+            positions.extend(found)
+            event.set()
+        outgoing: dict[int, list[tuple[int, Message]]] = {}
+        for group, _, ready in synced.readies:
+            for message in ready.messages:
+                outgoing.setdefault(message.to, []).append((group, message))
+        for destination, messages in outgoing.items():
+            for chunk in _chunks(messages):
+                self._post(destination, codec.encode_messages(chunk))
+        for group, hosted, ready in synced.readies:
+            if self.groups.get(group) is not hosted:
+                continue  # moved off this node since
+            if ready.snapshot is not None:
+                hosted.machine.restore(ready.snapshot.data)
+                hosted.applied = ready.snapshot.index
+                hosted.positions = {i: p for i, p in hosted.positions.items() if i > ready.snapshot.index}
+            if ready.committed_entries:
+                self._apply(hosted, ready.committed_entries)
+            for request_id, index in ready.read_states:
+                read = hosted.reads.get(request_id)
+                if read is not None:
+                    read[1].append(index)
+            self._release_reads(hosted)
+            compacted = self._maybe_compact(group, hosted)
+            if compacted is not None:
+                self._compactions.append(compacted)  # written with the next round; the WAL still holds the log
+                self._wake.set()
 
     @staticmethod
     def _checkpoint_of(group: int, hosted: _Group) -> Update:
@@ -316,14 +368,14 @@ class RaftHost:
     def _maybe_compact(self, group: int, hosted: _Group) -> Update | None:
         """Snapshot a group whose log grew long, so its log (and the WAL) can shrink."""
         core = hosted.core
-        if core.applied - core.snapshot.index < limits.raft_log_entries_max and hosted.log_bytes < limits.raft_log_bytes_max:
+        if hosted.applied - core.snapshot.index < limits.raft_log_entries_max and hosted.log_bytes < limits.raft_log_bytes_max:
             return None
         return self._compact(group, hosted)
 
     def _compact(self, group: int, hosted: _Group) -> Update | None:
         core = hosted.core
-        if core.applied <= core.snapshot.index:
-            return None
+        if hosted.applied <= core.snapshot.index:
+            return None  # also when a snapshot installed in the core is not yet in the machine
         data = hosted.machine.snapshot()
         if len(data) > self.wal.log.segment_bytes_max // 4:
             # Snapshots live in the WAL for now, so a huge one cannot be taken: keep the log instead.
@@ -331,7 +383,7 @@ class RaftHost:
                         len(data))
             hosted.idle_ticks = 0
             return None
-        core.compact(core.applied, data)
+        core.compact(hosted.applied, data)
         hosted.log_bytes = 0
         return Update(group, None, [], core.snapshot)
 
@@ -343,6 +395,7 @@ class RaftHost:
         applied = hosted.machine.apply(normal, [positions[entry.index] for entry in normal])
         results = dict(zip((entry.index for entry in normal), applied))
         hosted.log_bytes += sum(len(entry.data) for entry in entries)
+        hosted.applied = entries[-1].index
         for entry in entries:
             waiter = hosted.waiters.get(entry.index)
             if waiter is not None:

@@ -53,6 +53,17 @@ def _system_base(topic: str) -> str:
                       "unresolved transactions (%TXN_UNRESOLVED%TOPIC) of one")
 
 
+def allocate(queues: int, members: list[str], member: str) -> list[int]:
+    """The queues a member of a group reads: the sorted members split the queues in contiguous runs, the
+    first ones taking one more when they do not divide evenly."""
+    if member not in members:
+        return []
+    index, count = members.index(member), len(members)
+    size, extra = divmod(queues, count)
+    start = index * size + min(index, extra)
+    return list(range(start, start + size + (index < extra)))
+
+
 def _check_message_type(spec: TopicSpec, flags: int) -> None:
     """A topic takes only sends of its type (RocketMQ 5's topic message type check)."""
     timed = bool(flags & FLAG_TIMED)
@@ -97,6 +108,7 @@ class Broker:
             "EndTransaction": self.end_transaction,
             "TransactionChecks": self.transaction_checks,
             "DescribeGroup": self.describe_group,
+            "GroupHeartbeat": self.group_heartbeat,
             "ResetGroup": self.reset_group,
             "Receive": self.receive,
             "Ack": self.ack,
@@ -441,6 +453,16 @@ class Broker:
                            "pop_done_before": pop_state["done_before"], "in_flight": pop_state["in_flight"],
                            "lag": max(0, info["next_offset"] - consumed), "dead_letters": dead_letters.get(queue, 0)})
         return {"topic": route.spec.name, "group": consumer_group, "queues": queues}
+
+    async def group_heartbeat(self, request: dict) -> dict:
+        """A pull consumer in clustering mode is alive (or leaves): the group's live members and the
+        queues this member reads (RocketMQ's averaging allocation: queues split in contiguous runs)."""
+        route = await self._route(request["topic"])
+        group = route.queue_groups[0]
+        found = await self._storage(route, group, "StorageGroupHeartbeat", {
+            "group": group, "consumer_group": request["group"], "topic": route.spec.name, "member": request["member"],
+            "leave": request["leave"]})
+        return {"members": found["members"], "queues": allocate(route.spec.queues, found["members"], request["member"])}
 
     async def reset_group(self, request: dict) -> dict:
         """Move the group's pull and pop positions on every queue to the earliest or latest message, or to

@@ -43,6 +43,7 @@ class StorageRole:
         self.replica_reads = 0  # reads served as a follower in sync
         self._assignment_version = -1  # the metadata version of the assignment this node holds
         self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}  # one pop at a time per group and queue
+        self._members: dict[tuple[str, str], dict[str, float]] = {}  # (consumer group, topic) -> member -> expiry
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("StorageAppend", self.append)
@@ -54,6 +55,7 @@ class StorageRole:
         dispatcher.handle("StoragePop", self.pop)
         dispatcher.handle("StorageReceipt", self.receipt)
         dispatcher.handle("StorageEndTransaction", self.end_transaction)
+        dispatcher.handle("StorageGroupHeartbeat", self.group_heartbeat)
         dispatcher.handle("StorageTransactionChecks", self.transaction_checks)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -270,6 +272,32 @@ class StorageRole:
                 await trio.sleep(0.1)
         raise RocketError(Code.TIMEOUT, f"node {node} has not caught up with group {group} yet; retry")
 
+    # ---- consumer group membership -------------------------------------------------------------------
+
+    async def group_heartbeat(self, request: dict) -> dict:
+        """The live members of a consumer group on a topic, on the leader of the storage group of its
+        queue 0. Soft state: after a change of leader the members are back within a heartbeat, and until
+        then a member may read a queue another one reads too (duplicates, never a gap: positions are
+        committed)."""
+        self._leads(request["group"])
+        key = (check_group_name(request["consumer_group"]), check_topic_name(request["topic"]))
+        member = request["member"]
+        if not member or len(member) > limits.group_name_bytes_max:
+            raise RocketError(Code.BAD_REQUEST, f"member id must be 1-{limits.group_name_bytes_max} characters")
+        now = trio.current_time()
+        members = self._members.setdefault(key, {})
+        for gone in [name for name, expires in members.items() if expires < now]:
+            del members[gone]
+        if request["leave"]:
+            members.pop(member, None)
+        elif member in members or len(members) < limits.group_members_max:
+            members[member] = now + limits.group_member_expiry_s
+        else:
+            raise RocketError(Code.OVERLOADED, f"group {key[0]!r} on {key[1]!r} has {len(members)} members already")
+        if not members:
+            del self._members[key]
+        return {"members": sorted(members), "queues": []}
+
     # ---- transactions --------------------------------------------------------------------------------
 
     async def end_transaction(self, request: dict) -> dict:
@@ -375,9 +403,13 @@ class StorageRole:
             if fifo and any(visible_ms > now_ms for visible_ms, _ in state.in_flight.values()):
                 again = []  # the queue waits for its messages in flight, which come back in order
             new, next_cursor, batches = [], state.cursor, {}
-            if not (fifo and state.in_flight):
+            blocked = fifo and state.in_flight
+            if not blocked:
                 new, next_cursor, batches = self._new_for_pop(topic, queue, state.cursor, wanted - len(again), chosen)
-            response["cursors"].append({"queue": queue, "offset": next_cursor})
+            # A receive with nothing waits for new messages past the cursor, or, on a queue held by what is
+            # in flight, for a change to it (an ack wakes waiting readers) or new messages past the end.
+            wait_from = self.store.queue_stats(topic, queue)["next_offset"] if blocked else next_cursor
+            response["cursors"].append({"queue": queue, "offset": wait_from})
             if not again and next_cursor == state.cursor:
                 return
             handed = await self.host.propose(group, encode_pop({

@@ -312,6 +312,7 @@ class Store:
         timers: list[tuple[int, Timer, bool]] = []
         pop_changes: list[pop.PopChange] = []
         touched: dict[tuple[str, int], QueueStats] = {}
+        woken: set[tuple[str, int]] = set()  # queues whose waiting readers look again, besides touched ones
         for entry, position in zip(entries, positions):
             data = entry.data
             if entry.index <= done or not data:  # applied before a restart, or a new leader's empty entry
@@ -368,6 +369,7 @@ class Store:
                 if change is not None:
                     pop.apply_change(self._pops, change)
                     pop_changes.append(change)
+                    woken.add((request["topic"], request["queue"]))  # a receive waiting on the queue looks again
                 if change is not None and request["op"] == "dead":
                     dead_topic = dead_letter_topic(request["consumer_group"], request["topic"])
                     batch_at = 1 + _json_length.size + length
@@ -412,7 +414,7 @@ class Store:
         self._applied[group] = last
         self.index.apply(index_entries, touched, commits, {group: last}, self.log.end_position, timers, pop_changes)
         self._dirty = True
-        for key in touched:
+        for key in woken.union(touched):
             for event in self._watchers.get(key, ()):
                 event.set()
         return results

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from rocket.client import Consumer, connect
+from rocket.client import connect, open_consumer
 from rocket.errors import RocketError
 from rocket.model import Message, queue_for_key
 from rocket.serde import batch as batch_codec
@@ -52,9 +52,8 @@ async def produce(server: str, seqs_by_queue: dict[int, list[int]], sent: set[in
 
 
 async def consume_all(server: str, group: str, limit: int | None = None) -> list[Message]:
-    async with connect(server, serde="avro") as channel:
-        consumer = Consumer(channel, "orders", group, start="earliest", wait_ms=300)
-        await consumer.open()
+    async with connect(server, serde="avro") as channel, open_consumer(channel, "orders", group, start="earliest",
+                                                                       wait_ms=300) as consumer:
         received: list[Message] = []
         while limit is None or len(received) < limit:
             messages = await consumer.poll(limit=None if limit is None else limit - len(received))

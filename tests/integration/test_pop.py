@@ -137,19 +137,20 @@ async def test_fifo_order_holds_across_failures_and_a_sigkill(server_process):
             raise ValueError("fail the first time")
         done.append(message.body)
 
-    async def consume_for(seconds: float) -> None:
+    async def consume(until_done: bool, seconds: float) -> None:
         async with connect(server.server) as channel:
             consumer = SimpleConsumer(channel, "ordered", "fifo-readers", invisible_s=2, backoff_s=(0.3,))
             with trio.move_on_after(seconds):
                 async with trio.open_nursery() as nursery:
                     await nursery.start(PushConsumer(consumer, listener, concurrency=8).run)
+                    while not until_done or len(set(done)) < 300:
+                        await trio.sleep(0.1)
+                    nursery.cancel_scope.cancel()
 
-    await consume_for(2)
+    await consume(until_done=False, seconds=2)
     server.kill()
     server.start()
-    with trio.move_on_after(40):
-        while len(set(done)) < 300:
-            await consume_for(2)
+    await consume(until_done=True, seconds=90)
     assert set(done) == {f"{i % 10}:{i}".encode() for i in range(300)}
     for key in range(10):
         sequence = [int(body.split(b":")[1]) for body in done if body.startswith(f"{key}:".encode())]

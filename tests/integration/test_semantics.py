@@ -8,7 +8,7 @@ import time
 import pytest
 import trio
 
-from rocket.client import Admin, Consumer, connect, open_producer
+from rocket.client import Admin, Consumer, connect, open_consumer, open_producer
 from rocket.errors import Code, RocketError
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
@@ -106,3 +106,50 @@ async def test_tag_and_sql_filters_deliver_exactly_the_matching_messages(server_
               and m.tag != "b"]
     matched = await consume_until(server.server, "orders", "sql", len(wanted), 20, filter_type="sql", filter=sql)
     assert sorted(m.body for m, _ in matched) == sorted(wanted)
+
+
+async def test_clustering_members_split_the_queues_and_take_over_a_leaver(server_process):
+    """Three pull consumers of one group split eight queues between them (each message read once); when
+    one leaves, the others take its queues from its committed positions; broadcasting members each read
+    everything and resume by their own positions."""
+    server = server_process().start()
+    async with connect(server.server) as channel:
+        await Admin(channel).create_topic("orders", 8)
+        async with open_producer(channel, "orders") as producer:
+            await producer.send_many([Message(f"m{i}".encode(), key=f"k{i}") for i in range(800)])
+        members = [Consumer(channel, "orders", "billing", start="earliest", wait_ms=100, member=name)
+                   for name in ("a", "b", "c")]
+        for consumer in members:
+            await consumer.open()
+        for _ in range(3):  # heartbeats settle the assignment
+            for consumer in members:
+                await trio.sleep(0.4)
+                await consumer.poll(limit=0)
+        assignments = [sorted(consumer.positions) for consumer in members]
+        assert sorted(q for queues in assignments for q in queues) == list(range(8)), assignments
+        read: list[bytes] = []
+        for consumer in members[:2]:
+            while messages := await consumer.poll():
+                read.extend(m.body for m in messages)
+            await consumer.commit()
+        by_c = [m.body for m in await members[2].poll(limit=5)]  # c reads a little, commits, and leaves
+        await members[2].close()
+        await trio.sleep(1.1)  # the others' next heartbeat hands them c's queues
+        for _ in range(5):
+            for consumer in members[:2]:
+                read.extend(m.body for m in await consumer.poll())
+                await consumer.commit()
+        assert len(by_c) == 5 and len(read) == len(set(read)) == 795
+        assert set(read) | set(by_c) == {f"m{i}".encode() for i in range(800)}
+        assert sorted(q for consumer in members[:2] for q in consumer.positions) == list(range(8))
+        assert sum(q["lag"] for q in await Admin(channel).describe_group("orders", "billing")) == 0
+
+        for name in ("x", "y"):
+            async with open_consumer(channel, "orders", "audit", start="earliest", mode="broadcasting",
+                                     member=name, wait_ms=0) as consumer:
+                everything = []
+                while messages := await consumer.poll():
+                    everything.extend(messages)
+            assert len(everything) == 800
+        async with open_consumer(channel, "orders", "audit", mode="broadcasting", member="x", wait_ms=0) as again:
+            assert await again.poll() == []

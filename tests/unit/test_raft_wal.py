@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,3 +152,146 @@ def test_empty_entries_are_written_too(tmp_path):
     wal.sync()
     wal.close()
     assert [e.index for e in Wal.open(tmp_path).groups[1].entries] == [1, 2]
+
+
+class _GatedWal(Wal):
+    """A WAL whose fsyncs each wait for the test to let them finish; it knows, per group, the last entry
+    index that a finished fsync made durable."""
+
+    def __init__(self, *arguments, **keywords):
+        super().__init__(*arguments, **keywords)
+        self.gate = threading.Semaphore(0)
+        self.writes = 0
+        self.syncs_begun = 0
+        self.written: dict[int, int] = {}  # group -> last entry index written
+        self.durable: dict[int, int] = {}  # group -> last entry index made durable by a finished fsync
+
+    def write(self, updates):
+        self.writes += 1
+        for update in updates:
+            if update.entries:
+                self.written[update.group] = update.entries[-1].index
+        return super().write(updates)
+
+    def sync(self):
+        covered = dict(self.written)
+        self.syncs_begun += 1
+        self.gate.acquire()
+        super().sync()
+        self.durable = covered
+
+
+class _CheckedMachine:
+    """Records what it applies, and fails the test if an entry arrives before it is durable here."""
+
+    def __init__(self, wal: _GatedWal, group: int):
+        self.wal, self.group = wal, group
+        self.applied: list[bytes] = []
+        self.early: list[int] = []
+
+    def apply(self, entries, positions):
+        self.early += [e.index for e in entries if e.index > self.wal.durable.get(self.group, 0)]
+        self.applied += [entry.data for entry in entries]
+        return [None] * len(entries)
+
+    def snapshot(self) -> bytes:
+        return b""
+
+    def restore(self, data: bytes) -> None:
+        pass
+
+
+async def _eventually(condition, what: str) -> None:
+    with trio.fail_after(10):
+        while not condition():
+            await trio.sleep(0.005)
+
+
+def test_a_rounds_messages_and_entries_wait_for_its_fsync_while_the_next_round_is_written(tmp_path):
+    """Persist before send with overlapped rounds: while a round's fsync is held back, the next round's
+    entries are written, yet no acknowledgement of either leaves the node and nothing is applied until
+    the fsync covering it is done."""
+    from rocket.raft.host import RaftHost
+
+    group, leader = 7, 2
+    wal = _GatedWal.open(tmp_path)
+    machine = _CheckedMachine(wal, group)
+    sent: list[Message] = []
+    early: list[Message] = []
+
+    def post(node: int, payload: bytes) -> None:
+        for _, message in codec.decode_messages(payload):
+            sent.append(message)
+            if message.type == MessageType.APPEND_RESPONSE and message.index > wal.durable.get(group, 0):
+                early.append(message)
+
+    def append(index: int, commit: int) -> bytes:
+        message = Message(MessageType.APPEND, leader, 1, 1, 1 if index > 1 else 0, index - 1,
+                          (Entry(1, index, b"e%d" % index),), commit)
+        return codec.encode_messages([(group, message)])
+
+    def acknowledged() -> list[int]:
+        return [m.index for m in sent if m.type == MessageType.APPEND_RESPONSE and not m.reject]
+
+    async def scenario() -> None:
+        host = RaftHost(1, wal, post, tick_s=3600)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(host.run)
+            host.add_group(group, (1, 2, 3), machine)
+            host.receive(append(1, 0))
+            await _eventually(lambda: wal.syncs_begun == 1, "the first round's fsync begins")
+            host.receive(append(2, 1))  # commits entry 1
+            await _eventually(lambda: wal.writes == 2, "the second round is written during the first fsync")
+            await trio.sleep(0.05)
+            assert acknowledged() == [] and machine.applied == []
+            wal.gate.release()  # the first round is durable: its answer goes out, entry 2's does not
+            await _eventually(lambda: acknowledged() == [1], "entry 1 acknowledged")
+            await trio.sleep(0.05)
+            assert acknowledged() == [1] and machine.applied == []
+            wal.gate.release()  # the second round is durable: entry 2 is acknowledged, entry 1 applied
+            await _eventually(lambda: acknowledged() == [1, 2] and machine.applied == [b"e1"], "the rest")
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario)
+    wal.close()
+    assert early == [] and machine.early == []
+
+
+def test_a_proposal_is_answered_only_after_the_fsync_of_its_entry(tmp_path):
+    """A leader alone in its group counts its own written copy towards the commit at once, yet its
+    proposers hear back only after the fsync that covers their entries."""
+    from rocket.raft.host import RaftHost
+
+    wal = _GatedWal.open(tmp_path)
+    machine = _CheckedMachine(wal, 3)
+    answers: list[tuple[int, int]] = []  # (entry index, last durable index when answered)
+
+    async def scenario() -> None:
+        host = RaftHost(1, wal, lambda node, payload: None, tick_s=3600)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(host.run)
+            host.add_group(3, (1,), machine)
+
+            async def slow_fsyncs() -> None:  # each fsync is held a while, then let through
+                released = 0
+                while True:
+                    await trio.sleep(0.01)
+                    if wal.syncs_begun > released:
+                        released += 1
+                        wal.gate.release()
+
+            async def propose(number: int) -> None:
+                index = await host.propose(3, b"p%d" % number)
+                answers.append((index, wal.durable.get(3, 0)))
+
+            nursery.start_soon(slow_fsyncs)
+            async with trio.open_nursery() as proposers:
+                for number in range(20):
+                    proposers.start_soon(propose, number)
+                    await trio.sleep(0.004)
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario)
+    wal.close()
+    assert len(answers) == 20 and all(index <= durable for index, durable in answers)
+    assert machine.early == [] and sorted(d for d in machine.applied if d) == sorted(b"p%d" % n for n in range(20))
