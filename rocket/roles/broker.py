@@ -203,16 +203,18 @@ class Broker:
         return await self._storage(route, group, "StorageAppend",
                                    {"group": group, "topic": spec.name, "queue": queue, "batch": request["batch"]})
 
+    async def _on_queue(self, method: str, request: dict) -> dict:
+        """A storage call on the group of the request's queue."""
+        route = await self._route(request["topic"])
+        group = route.queue_groups[self._queue(route.spec, request["queue"])]
+        return await self._storage(route, group, method, {**request, "group": group})
+
     async def cancel_timer(self, request: dict) -> dict:
         """Drop a delayed message that has not been delivered yet."""
-        route = await self._route(request["topic"])
-        group = route.queue_groups[self._queue(route.spec, request["queue"])]
-        return await self._storage(route, group, "StorageCancelTimer", {**request, "group": group})
+        return await self._on_queue("StorageCancelTimer", request)
 
     async def end_transaction(self, request: dict) -> dict:
-        route = await self._route(request["topic"])
-        group = route.queue_groups[self._queue(route.spec, request["queue"])]
-        return await self._storage(route, group, "StorageEndTransaction", {**request, "group": group})
+        return await self._on_queue("StorageEndTransaction", request)
 
     async def transaction_checks(self, request: dict) -> AsyncIterator[dict]:
         """Stream the topic's transactions due for a check back to the producer that asked, every

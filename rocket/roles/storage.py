@@ -312,7 +312,7 @@ class StorageRole:
         if request["commit"]:
             try:
                 messages = self.store.pending_messages(half_topic(topic), queue, offsets)
-            except (RocketError, ValueError):  # not there (any more): answered below like a second commit
+            except RocketError:  # never there: answered below like a second commit
                 messages = []
             done = bool(messages) and bool(await self.host.propose(group, encode_move(
                 topic, queue, self._stamp(topic, queue), half_topic(topic), offsets,

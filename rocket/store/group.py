@@ -487,8 +487,10 @@ class Store:
 
     def batch_entry(self, topic: str, queue: int, offset: int) -> IndexEntry:
         """Where the batch holding offset lies, its size, count and append time."""
-        [entry], _ = self.index.locate(topic, queue, offset, 1)
-        return entry
+        entries, _ = self.index.locate(topic, queue, offset, 1)
+        if not entries or not entries[0].base_offset <= offset < entries[0].base_offset + entries[0].count:
+            raise RocketError(Code.NOT_FOUND, f"{topic}/{queue} holds no message at offset {offset}")
+        return entries[0]
 
     def _timer_batch(self, topic: str, queue: int, offset: int) -> tuple[int, list[Message]]:
         """The decoded batch holding a timer's message. Timers of one batch often fall due at different

@@ -188,6 +188,13 @@ async def test_hostile_calls_between_nodes_get_stable_codes_and_harm_nothing(nod
             ("CancelTimer", {"topic": "t", "queue": 7, "offset": 0}, "BAD_QUEUE"),
             ("Produce", {"topic": "%DLQ%g%t", "queue": 0, "batch": good}, "WRONG_MESSAGE_TYPE"),
             ("Produce", {"topic": "%DLQ%g%nothing", "queue": 0, "batch": good}, "UNKNOWN_TOPIC"),
+            ("StorageEndTransaction", {"group": group, "topic": "t", "queue": 0, "offset": 5, "count": 1,
+                                       "commit": True}, "NOT_FOUND"),
+            ("StorageEndTransaction", {"group": group, "topic": "t", "queue": 0, "offset": 0, "count": 0,
+                                       "commit": False}, "BAD_REQUEST"),
+            ("StorageGroupHeartbeat", {"group": group, "consumer_group": "g", "topic": "t", "member": ""},
+             "BAD_REQUEST"),
+            ("TransactionChecks", {"topic": "t"}, "WRONG_MESSAGE_TYPE"),
         ]
         for method, request, code in hostile:
             with pytest.raises(RocketError) as refused:
