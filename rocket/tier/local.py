@@ -17,10 +17,9 @@ from pathlib import Path
 import trio
 
 from rocket.errors import Code, RocketError
+from rocket.limits import local_store_threads_max
 from rocket.tier.objectstore import ObjectInfo, check_data, check_key, check_prefix, check_range, list_objects_max
 
-# Limits of this module (to move to rocket/limits.py).
-local_store_threads_max = 8  # file operations one store runs at once; a few keep one disk busy, more only queue
 
 FOOTER_MAGIC = b"rktobj01"  # ends every object file: its format version, and proof the footer is one
 FOOTER_BYTES = 16 + len(FOOTER_MAGIC)  # MD5 digest, then the magic

@@ -11,14 +11,7 @@ from typing import Protocol, runtime_checkable
 
 from rocket.errors import Code, RocketError
 
-KiB = 1024
-GiB = 1024 * 1024 * KiB
-
-# Limits of this layer (to move to rocket/limits.py).
-object_key_bytes_max = 1 * KiB  # S3's limit for a key (UTF-8); the same keys must work on every backend
-object_key_segment_bytes_max = 255  # NAME_MAX: each '/'-separated segment is a file name on the local store
-object_bytes_max = 5 * GiB  # S3's limit for a single-part PUT; this layer does no multipart upload
-list_objects_max = 1_000_000  # list() returns one list in memory; a prefix holding more is listed in parts
+from rocket.limits import list_objects_max, object_bytes_max, object_key_bytes_max, object_key_segment_bytes_max  # noqa: F401
 
 
 @dataclass(frozen=True, slots=True)

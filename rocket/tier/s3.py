@@ -22,19 +22,11 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from rocket.errors import Code, RocketError, collapse_single_error
+from rocket.limits import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min, s3_close_s_max, s3_connect_timeout_s,
+                           s3_connections_max, s3_list_page_keys, s3_read_timeout_s, s3_retry_s_max)
 from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
                                      list_objects_max)
 
-# Limits of this module (to move to rocket/limits.py).
-s3_attempts_max = 8  # tries of one S3 call before UNAVAILABLE; with backoff this rides out a restart
-s3_retry_s_max = 30.0  # one S3 call, all its tries and waits included, ends by then (UNAVAILABLE)
-s3_backoff_s_min = 0.1  # the first wait between tries; later waits double, with full jitter
-s3_backoff_s_max = 5.0  # no single wait is longer, so a recovered S3 is noticed soon
-s3_connect_timeout_s = 5.0  # a TCP (and TLS) connect to S3 that takes longer counts as a failed try
-s3_read_timeout_s = 30.0  # a socket read that waits longer counts as a failed try (S3 itself cuts at ~20 s idle)
-s3_list_page_keys = 1000  # keys asked for per ListObjectsV2 page; S3 returns at most 1000
-s3_connections_max = 16  # pooled HTTP connections to S3 per store; the offloader and cold reads share them
-s3_close_s_max = 5.0  # closing the client (its connection pool) takes at most this long, even when cancelled
 
 Result = TypeVar("Result")
 MD5_HEX = re.compile(r"[0-9a-f]{32}")
