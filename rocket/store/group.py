@@ -6,7 +6,8 @@ where it lies in the WAL. The index is derived state: this store's own log holds
 (a batch's place and offsets, consumer offsets, how far each group got) written without sync, and
 LevelDB is rebuilt from them. After a crash the groups re-apply from the WAL what the store lost;
 APPLIED records make that idempotent. A snapshot syncs the store first, so the Raft log may then be
-compacted up to it.
+compacted up to it. Tiered storage adds a replicated manifest per queue (TierQueue): the pieces offloaded
+to the object store, and where local data starts; see rocket/tier/piece.py for the offload unit.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rocket.model import Message, dead_letter_topic, half_topic, timer_topic
 from rocket.store import pop
 from rocket.store.pop import PopChange, PopQueue
 from rocket.store.queue_index import ALL_TAGS, HALF_PREFIX, IndexEntry, QueueIndex, QueueStats, Timer
+from rocket.tier.piece import Piece
 
 log = logging.getLogger("rocket.store")
 
@@ -40,6 +42,7 @@ BACKFILLED = 5  # a batch from before such a snapshot, fetched from another repl
 AVAILABLE = 6  # a queue's batches are on this replica from this offset on again: _available
 TIMERS = 7  # timers set or done: JSON [group, [[deliver_at_ms, topic, queue, offset, set], ...]]
 POPS = 8  # pop consumption changes: JSON [PopChange.to_wire(), ...]
+TIER = 9  # tier manifest changes: JSON [[topic, queue, TierQueue.to_wire(), drop local entries below or None], ...]
 _available = struct.Struct("<QH")  # offset, topic length; then topic... see _encode_available
 _batch_head = struct.Struct("<H")  # topic length; then topic, then _batch_place
 _batch_place = struct.Struct("<IQQQQIIqQ")  # queue, base offset, append ms, Raft group, where the batch lies
@@ -57,6 +60,7 @@ HALF_COMMAND = 7  # _append_head, topic, _check_at, batch: half messages, kept i
 _source_length = struct.Struct("<H")
 _check_at = struct.Struct("<Q")  # when the half messages are first checked back, epoch ms
 POP_COMMAND = 6  # _json_length, JSON (see pop.decide), then for 'dead' the message's batch
+TIER_COMMAND = 8  # JSON {op: offloaded|drop_local|expire, topic, queue, piece | to}: see Store._tier_command
 _json_length = struct.Struct("<I")
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
 _fire_count = struct.Struct("<I")
@@ -109,6 +113,56 @@ def encode_rearm(source: str, queue: int, offsets: list[int], due_ms: int, next_
 def encode_pop(command: dict, batch: bytes = b"") -> bytes:
     body = orjson.dumps(command)
     return b"".join((bytes([POP_COMMAND]), _json_length.pack(len(body)), body, batch))
+
+
+def encode_offloaded(topic: str, queue: int, piece: Piece) -> bytes:
+    """A piece uploaded and verified: it joins the queue's manifest if it starts where the manifest ends."""
+    return bytes([TIER_COMMAND]) + orjson.dumps({"op": "offloaded", "topic": topic, "queue": queue,
+                                                 "piece": piece.to_wire()})
+
+
+def encode_drop_local(topic: str, queue: int, to_offset: int) -> bytes:
+    """Local data before to_offset goes (its index entries): only if the manifest holds all of it."""
+    return bytes([TIER_COMMAND]) + orjson.dumps({"op": "drop_local", "topic": topic, "queue": queue, "to": to_offset})
+
+
+def encode_expire(topic: str, queue: int, to_offset: int) -> bytes:
+    """Pieces ending at or before to_offset leave the manifest (total retention); the queue starts there."""
+    return bytes([TIER_COMMAND]) + orjson.dumps({"op": "expire", "topic": topic, "queue": queue, "to": to_offset})
+
+
+@dataclasses.dataclass(slots=True)
+class TierQueue:
+    """A queue's tier manifest: pieces offloaded (in order, tiling [pieces[0].from, tiered_to)), where the
+    local index starts (local_from <= tiered_to: local data is dropped only once offloaded), and counters."""
+
+    pieces: list[Piece] = dataclasses.field(default_factory=list)
+    tiered_to: int = 0
+    local_from: int = 0
+    offloaded_bytes: int = 0  # bytes ever offloaded
+    dropped_bytes: int = 0  # bytes of local data dropped (offloaded before)
+
+    def to_wire(self) -> list:
+        return [[piece.to_wire() for piece in self.pieces], self.tiered_to, self.local_from, self.offloaded_bytes,
+                self.dropped_bytes]
+
+    @classmethod
+    def from_wire(cls, wire: list) -> "TierQueue":
+        pieces, tiered_to, local_from, offloaded_bytes, dropped_bytes = wire
+        return cls([Piece.from_wire(piece) for piece in pieces], tiered_to, local_from, offloaded_bytes, dropped_bytes)
+
+    def piece_at(self, offset: int) -> Piece | None:
+        """The piece holding offset, or the first piece for an offset before every piece (expired)."""
+        if not self.pieces or offset >= self.tiered_to:
+            return None
+        low, high = 0, len(self.pieces) - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.pieces[middle].from_offset <= offset:
+                low = middle
+            else:
+                high = middle - 1
+        return self.pieces[low]
 
 
 def encode_offsets(group: str, topic: str, offsets: dict[int, int]) -> bytes:
@@ -214,6 +268,7 @@ class Store:
         self._timer_batches: collections.OrderedDict = collections.OrderedDict()  # see _timer_batch
         self._timer_batches_bytes = 0
         self._pops: dict[pop.PopKey, PopQueue] = {}  # pop consumption: (consumer group, topic, queue) -> state
+        self._tier: dict[tuple[str, int], TierQueue] = {}  # the tier manifest of each queue that has one
         self._dirty = False
         self.fsyncs = 0
 
@@ -238,6 +293,7 @@ class Store:
         timers: list[tuple[int, Timer, bool]] = []
         pops = self.index.pop_states()
         pop_changes: list[pop.PopChange] = []
+        tier = {key: TierQueue.from_wire(orjson.loads(state)) for key, state in self.index.tier_states().items()}
         replayed = 0
         for position, kind, body in self.log.scan(self.index.applied_position):
             replayed += 1
@@ -269,10 +325,24 @@ class Store:
                 group, index, positions, snapshot_timers, snapshot_pops = self._positions(body)
                 stats.update(positions)
                 applied[group] = index
+                snapshot_tier = self._snapshot_tier(body)
+                tier.update(snapshot_tier)
+                self.index.apply([], {}, [], {}, position, tier=[
+                    (topic, queue, orjson.dumps(state.to_wire()), state.local_from)
+                    for (topic, queue), state in snapshot_tier.items()])
                 timers.extend(self._replace_timers(group, snapshot_timers))
                 for change in self._replace_pops(pops, positions, snapshot_pops):
                     pop_changes.append(change)
                     pop.apply_change(pops, change)
+            elif kind == TIER:
+                # Flush first: the drops delete index entries that earlier records may have added.
+                self.index.apply(entries, stats, commits, applied, position, timers, pop_changes)
+                entries, commits, timers, pop_changes = [], [], [], []
+                changes = []
+                for topic, queue, state, drop_below in orjson.loads(body):
+                    tier[(topic, queue)] = TierQueue.from_wire(state)
+                    changes.append((topic, queue, orjson.dumps(state), drop_below))
+                self.index.apply([], {}, [], {}, position + HEADER_BYTES + len(body), tier=changes)
             elif kind == BACKFILLED:
                 topic, queue, _, entry = decode_batch_record(body)
                 entries.append((topic, queue, entry))
@@ -287,6 +357,7 @@ class Store:
                 entries, commits, timers, pop_changes = [], [], [], []
         self.index.apply(entries, stats, commits, applied, self.log.end_position, timers, pop_changes)
         self._pops = pops
+        self._tier = tier
         if replayed:
             log.info("replayed %d log records into the index", replayed)
         self._queues = stats
@@ -313,6 +384,7 @@ class Store:
         pop_changes: list[pop.PopChange] = []
         touched: dict[tuple[str, int], QueueStats] = {}
         woken: set[tuple[str, int]] = set()  # queues whose waiting readers look again, besides touched ones
+        tier_changes: list[tuple[str, int, bytes, int | None]] = []
         for entry, position in zip(entries, positions):
             data = entry.data
             if entry.index <= done or not data:  # applied before a restart, or a new leader's empty entry
@@ -384,6 +456,8 @@ class Store:
                     touched[(dead_topic, request["queue"])] = stats
                     records.append((BATCH, encode_batch_record(dead_topic, request["queue"], group, placed)))
                     index_entries.append((dead_topic, request["queue"], placed))
+            elif command == TIER_COMMAND:
+                results.append(self._tier_command(orjson.loads(memoryview(data)[1:]), tier_changes))
             elif command == CANCEL_COMMAND:
                 request = orjson.loads(memoryview(data)[1:])
                 if request["op"] == "rearm":
@@ -409,15 +483,61 @@ class Store:
             records.append((TIMERS, _encode_timers(group, timers)))
         if pop_changes:
             records.append((POPS, orjson.dumps([change.to_wire() for change in pop_changes])))
+        if tier_changes:
+            records.append((TIER, orjson.dumps([[topic, queue, orjson.Fragment(state), drop_below]
+                                                for topic, queue, state, drop_below in tier_changes])))
         records.append((APPLIED, _applied.pack(group, last)))
         self.log.append(records)
         self._applied[group] = last
-        self.index.apply(index_entries, touched, commits, {group: last}, self.log.end_position, timers, pop_changes)
+        self.index.apply(index_entries, touched, commits, {group: last}, self.log.end_position, timers, pop_changes,
+                         tier_changes)
         self._dirty = True
         for key in woken.union(touched):
             for event in self._watchers.get(key, ()):
                 event.set()
         return results
+
+    def _tier_command(self, request: dict, changes: list) -> bool:
+        """A tier manifest change, applied only if it still fits the manifest (a command computed by a
+        leader from state that moved on changes nothing): True if applied."""
+        key = (request["topic"], request["queue"])
+        stats = self._queues.get(key)
+        if stats is None:
+            return False
+        state = self._tier.get(key)
+        drop_below = None
+        if request["op"] == "offloaded":
+            piece = Piece.from_wire(request["piece"])
+            if state is not None and piece.from_offset != state.tiered_to or piece.to_offset > stats.next_offset:
+                return False
+            if state is None:
+                state = self._tier[key] = TierQueue(tiered_to=piece.from_offset, local_from=piece.from_offset)
+            if len(state.pieces) >= limits.tier_pieces_per_queue_max:
+                return False
+            state.pieces.append(piece)
+            state.tiered_to = piece.to_offset
+            state.offloaded_bytes += piece.size
+        elif request["op"] == "drop_local":
+            to_offset = request["to"]
+            if state is None or not state.local_from < to_offset <= state.tiered_to:
+                return False
+            if not any(piece.to_offset == to_offset for piece in state.pieces):
+                return False
+            state.dropped_bytes += sum(piece.size for piece in state.pieces
+                                       if state.local_from <= piece.from_offset < to_offset)
+            state.local_from = drop_below = to_offset
+        else:
+            invariant(request["op"] == "expire", f"unknown tier command {request['op']!r}")
+            to_offset = request["to"]
+            if state is None or not any(piece.to_offset == to_offset for piece in state.pieces):
+                return False
+            if state.local_from < to_offset:
+                state.dropped_bytes += sum(piece.size for piece in state.pieces
+                                           if state.local_from <= piece.from_offset < to_offset)
+                state.local_from = drop_below = to_offset
+            state.pieces = [piece for piece in state.pieces if piece.to_offset > to_offset]
+        changes.append((key[0], key[1], orjson.dumps(state.to_wire()), drop_below))
+        return True
 
     def _set_timer(self, group: int, timer: Timer, timers: list) -> None:
         self._timer_changes[(timer.topic, timer.queue, timer.offset)] = timer.deliver_at_ms
@@ -532,8 +652,15 @@ class Store:
                   for halves in (False, True) for t in self.index.timers(group, halves=halves)]
         pops = [PopChange(key, state.cursor, dict(state.in_flight), reset=True).to_wire()
                 for key, state in self._pops.items() if self._group_of(key[1], key[2]) == group]
+        tier = [[topic, queue, state.to_wire()] for (topic, queue), state in self._tier.items()
+                if self._group_of(topic, queue) == group]
         return orjson.dumps({"group": group, "applied": self._applied.get(group, 0), "queues": queues,
-                             "timers": timers, "pops": pops})
+                             "timers": timers, "pops": pops, "tier": tier})
+
+    @staticmethod
+    def _snapshot_tier(data: bytes | memoryview) -> dict[tuple[str, int], TierQueue]:
+        return {(topic, queue): TierQueue.from_wire(state)
+                for topic, queue, state in orjson.loads(data).get("tier", ())}
 
     def _group_of(self, topic: str, queue: int) -> int | None:
         stats = self._queues.get((topic, queue))
@@ -584,8 +711,11 @@ class Store:
         pop_changes = self._replace_pops(self._pops, positions, snapshot_pops)
         for change in pop_changes:
             pop.apply_change(self._pops, change)
+        snapshot_tier = self._snapshot_tier(data)
+        self._tier.update(snapshot_tier)
         self.index.apply([], positions, [], {group: index}, self.log.end_position, self._replace_timers(group, timers),
-                         pop_changes)
+                         pop_changes, [(topic, queue, orjson.dumps(state.to_wire()), state.local_from)
+                                       for (topic, queue), state in snapshot_tier.items()])
         self._dirty = True
         for key in positions:
             for event in self._watchers.get(key, ()):
@@ -673,17 +803,21 @@ class Store:
         found = []
         entries, scanned_to = self.index.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
         for entry in entries:
-            try:
-                batch = self.data.read_slice(entry.position, entry.batch_bytes)
-                count = batch_codec.check_header(batch).count  # the batch's own CRC covers it where it lies
-            except RocketError as error:  # damaged, or cut from the WAL although it was durable: data lost
-                raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}@{entry.base_offset} at WAL position "
-                                  f"{entry.position}: {error.message}") from None
-            if count != entry.count:
-                raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}@{entry.base_offset}: WAL position "
-                                  f"{entry.position} holds a batch of {count} messages, the index says {entry.count}")
-            found.append((entry.base_offset, batch))
+            found.append((entry.base_offset, self._read_entry(topic, queue, entry)))
         return found, max(offset, scanned_to) if scanned_to is not None else offset
+
+    def _read_entry(self, topic: str, queue: int, entry: IndexEntry) -> bytes:
+        """An indexed batch from the WAL, checked against its own CRC and the index."""
+        try:
+            batch = self.data.read_slice(entry.position, entry.batch_bytes)
+            count = batch_codec.check_header(batch).count  # the batch's own CRC covers it where it lies
+        except RocketError as error:  # damaged, or cut from the WAL although it was durable: data lost
+            raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}@{entry.base_offset} at WAL position "
+                              f"{entry.position}: {error.message}") from None
+        if count != entry.count:
+            raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}@{entry.base_offset}: WAL position "
+                              f"{entry.position} holds a batch of {count} messages, the index says {entry.count}")
+        return batch
 
     async def wait_for_data(self, wants: dict[tuple[str, int], int], timeout_s: float) -> None:
         """Return when any queue has data at or past the wanted offset, or after the timeout."""
@@ -710,10 +844,72 @@ class Store:
         if stats is None:
             return {"min_offset": 0, "next_offset": 0, "bytes": 0}
         first = self.index.first_offset(topic, queue)
+        state = self._tier.get((topic, queue))
+        if state is not None and state.pieces:
+            first = state.pieces[0].from_offset
+        elif state is not None:
+            first = max(first if first is not None else state.local_from, state.local_from)
         return {"min_offset": stats.available_from if first is None else first, "next_offset": stats.next_offset,
                 "bytes": stats.bytes}
 
+    # ---- the tier ------------------------------------------------------------------------------------
+
+    def tier_state(self, topic: str, queue: int) -> TierQueue | None:
+        return self._tier.get((topic, queue))
+
+    def local_start(self, topic: str, queue: int) -> int:
+        """Offsets before this are no longer in the local index: they are read from the tier."""
+        state = self._tier.get((topic, queue))
+        return state.local_from if state is not None else 0
+
+    def tier_piece(self, topic: str, queue: int, offset: int, force: bool = False) -> Piece | None:
+        """The piece a read at offset goes to: below local data always, within the tier too if forced."""
+        state = self._tier.get((topic, queue))
+        if state is None or not (offset < state.local_from or force):
+            return None
+        return state.piece_at(offset)
+
+    def group_queues(self, group: int) -> list[tuple[str, int]]:
+        return [key for key, stats in self._queues.items() if stats.group == group]
+
+    def offload_run(self, topic: str, queue: int, piece_bytes: int, piece_age_ms: int, now_ms: int
+                    ) -> list[tuple[int, bytes, int, int]]:
+        """The next run of batches to offload, as (base offset, batch, append ms, tag summary): from where
+        the manifest ends, up to piece_bytes (at least one batch); only once the run is full (more data
+        follows it) or its first batch is older than piece_age_ms. Empty if nothing is due."""
+        stats = self._queues.get((topic, queue))
+        state = self._tier.get((topic, queue))
+        if stats is None:
+            return []
+        start = state.tiered_to if state is not None else self.index.first_offset(topic, queue)
+        if start is None or start >= stats.next_offset or start < stats.available_from:
+            return []
+        entries, scanned_to = self.index.locate(topic, queue, start, piece_bytes, True)
+        if not entries or entries[0].base_offset != start:
+            return []
+        full = scanned_to is not None and scanned_to < stats.next_offset
+        if not full and now_ms - entries[0].append_ms < piece_age_ms:
+            return []
+        found = []
+        for entry in entries:
+            batch = self._read_entry(topic, queue, entry)
+            found.append((entry.base_offset, batch, entry.append_ms, entry.tag_summary))
+        return found
+
+    def wal_position_min(self) -> int | None:
+        """The lowest WAL position any local index entry still references: a WAL checkpoint may delete the
+        segments wholly below it (a later step; segments are kept for now)."""
+        positions = [self.index.first_position(topic, queue) for topic, queue in self._queues]
+        return min((position for position in positions if position is not None), default=None)
+
     def offset_for_time(self, topic: str, queue: int, timestamp_ms: int) -> int:
+        state = self._tier.get((topic, queue))
+        if state is not None and state.pieces and timestamp_ms <= state.pieces[-1].last_append_ms:
+            for piece in state.pieces:  # tiered data is found to the piece; local data to the batch
+                if piece.last_append_ms >= timestamp_ms:
+                    if piece.from_offset < state.local_from:
+                        return piece.from_offset
+                    break
         found = self.index.offset_for_time(topic, queue, timestamp_ms)
         if found is not None:
             return found

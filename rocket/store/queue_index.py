@@ -121,11 +121,16 @@ class QueueIndex:
 
     def apply(self, entries: list[tuple[str, int, IndexEntry]], stats: dict[tuple[str, int], QueueStats],
               commits: list[tuple[str, str, dict[int, int]]], groups_applied: dict[int, int],
-              applied_position: int, timers: list[tuple[int, Timer, bool]] = (), pops: list = ()) -> None:
+              applied_position: int, timers: list[tuple[int, Timer, bool]] = (), pops: list = (),
+              tier: list[tuple[str, int, bytes, int | None]] = ()) -> None:
         """Record stored batches, queue stats, offset commits, timers set or done (group, timer, set),
-        pop consumption changes and how far each Raft group got, up to applied_position of the log, in
-        one write."""
+        pop consumption changes, tier states (topic, queue, state, drop the entries below this offset or
+        None) and how far each Raft group got, up to applied_position of the log, in one write."""
         with self._db.write_batch(sync=False) as batch:
+            for topic, queue, state, drop_below in tier:
+                batch.put(_queue_prefix(b"T", topic, queue), state)
+                if drop_below is not None:
+                    self._drop_entries(batch, topic, queue, drop_below)
             for change in pops:
                 flights = _pop_prefix(b"F", change.key)
                 if change.reset:
@@ -160,6 +165,26 @@ class QueueIndex:
                 for queue, offset in offsets.items():
                     batch.put(prefix + _u32.pack(queue), _u64.pack(offset))
             batch.put(_applied_key, _u64.pack(applied_position))
+
+    def _drop_entries(self, batch, topic: str, queue: int, below: int) -> None:
+        """Delete the index entries (and their time keys) of the batches before offset below."""
+        prefix = _queue_prefix(b"q", topic, queue)
+        times = _queue_prefix(b"t", topic, queue)
+        for key, value in self._db.iterator(start=prefix, stop=prefix + _u64.pack(below)):
+            entry = _decode_entry(_u64.unpack(key[-8:])[0], value)
+            batch.delete(key)
+            batch.delete(times + _u64.pack(entry.append_ms) + _u64.pack(entry.base_offset))
+
+    def tier_states(self) -> dict[tuple[str, int], bytes]:
+        """Every queue's tier state as stored (see Store: the manifest of offloaded pieces)."""
+        return {(key[1:-5].decode(), _u32.unpack(key[-4:])[0]): value for key, value in self._db.iterator(prefix=b"T")}
+
+    def first_position(self, topic: str, queue: int) -> int | None:
+        """Where in the WAL the queue's first indexed batch lies."""
+        with self._db.iterator(prefix=_queue_prefix(b"q", topic, queue)) as entries:
+            for key, value in entries:
+                return _decode_entry(_u64.unpack(key[-8:])[0], value).position
+        return None
 
     def groups_applied(self) -> dict[int, int]:
         return {_u64.unpack(key[1:])[0]: _u64.unpack(value)[0] for key, value in self._db.iterator(prefix=b"g")}

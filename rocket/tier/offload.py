@@ -1,0 +1,174 @@
+"""The offloader: on the storage groups this node leads, uploads each queue's next piece (see piece.py)
+once it is full or old, verifies it (HEAD: size and MD5) and only then proposes it to the group's
+manifest; drops local data past its local retention (only pieces the manifest holds) and expires pieces
+past the total retention (manifest first, then the objects). Failures back off per queue and retry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.model import SYSTEM_PREFIX
+from rocket.store.group import Store, encode_drop_local, encode_expire, encode_offloaded
+from rocket.tier.objectstore import ObjectStore
+from rocket.tier.piece import Piece, build, queue_prefix, range_of_key
+
+log = logging.getLogger("rocket.tier")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TierSettings:
+    prefix: str = ""
+    piece_bytes: int = limits.tier_piece_bytes_default
+    piece_age_s: float = limits.tier_piece_age_s_default
+    retention_s: float = 0.0  # default total retention; 0 keeps data for ever
+    local_retention_s: float = 3 * 86_400.0  # default local retention; 0 keeps local data for ever
+    force_reads: bool = False  # read offloaded data from the tier even while it is still local
+
+
+@dataclasses.dataclass(slots=True)
+class _Backoff:
+    until: float = 0.0
+    wait_s: float = 0.0
+
+
+class Offloader:
+    """propose(group, payload) replicates a command in a group; leads() lists the groups this node leads;
+    retention(topic) gives (retention_s, local_retention_s) with the defaults applied."""
+
+    def __init__(self, store: Store, objects: ObjectStore, settings: TierSettings,
+                 propose: Callable[[int, bytes], Awaitable], leads: Callable[[], Iterable[int]],
+                 retention: Callable[[str], tuple[float, float]]):
+        self.store = store
+        self.objects = objects
+        self.settings = settings
+        self.propose = propose
+        self.leads = leads
+        self.retention = retention
+        self._backoff: dict[tuple[str, int], _Backoff] = {}
+        self._pending_seen: dict[tuple[str, int], tuple[int, float]] = {}  # queue -> (tiered to, first seen)
+        self.uploaded_pieces = 0
+        self.uploaded_bytes = 0
+        self.failures = 0
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(limits.tier_scan_s)
+            await self.scan()
+
+    async def scan(self) -> int:
+        """One round over the queues of the groups led here; returns the pieces uploaded."""
+        uploads = 0
+        for group in list(self.leads()):
+            for topic, queue in self.store.group_queues(group):
+                if topic.startswith(SYSTEM_PREFIX):
+                    continue  # timers, half messages and dead letters stay local
+                key = (topic, queue)
+                backoff = self._backoff.get(key)
+                if backoff is not None and trio.current_time() < backoff.until:
+                    continue
+                try:
+                    while uploads < limits.tier_uploads_per_scan_max and await self.offload(group, topic, queue):
+                        uploads += 1
+                    await self.retain(group, topic, queue)
+                except RocketError as error:
+                    self.failures += 1
+                    backoff = self._backoff.setdefault(key, _Backoff())
+                    backoff.wait_s = min(max(backoff.wait_s * 2, limits.tier_scan_s), limits.tier_backoff_s_max)
+                    backoff.until = trio.current_time() + backoff.wait_s
+                    log.warning("tier: %s/%d: %s (retrying in %.0f s)", topic, queue, error, backoff.wait_s)
+                else:
+                    self._backoff.pop(key, None)
+                await trio.sleep(0)
+        return uploads
+
+    def _due(self, topic: str, queue: int, now_s: float) -> bool:
+        """A cheap look before reading the index: is a full piece waiting, or has data waited long enough?"""
+        stats = self.store.queue_stats(topic, queue)
+        state = self.store.tier_state(topic, queue)
+        tiered_to = state.tiered_to if state is not None else stats["min_offset"]
+        if stats["next_offset"] <= tiered_to:
+            self._pending_seen.pop((topic, queue), None)
+            return False
+        pending_bytes = stats["bytes"] - (state.offloaded_bytes if state is not None else 0)
+        if pending_bytes >= self.settings.piece_bytes:
+            return True
+        seen = self._pending_seen.get((topic, queue))
+        if seen is None or seen[0] != tiered_to:
+            self._pending_seen[(topic, queue)] = (tiered_to, now_s)
+            return self.settings.piece_age_s <= 0
+        return now_s - seen[1] >= self.settings.piece_age_s
+
+    async def offload(self, group: int, topic: str, queue: int) -> bool:
+        """Upload the queue's next piece if one is due; True once the manifest holds it."""
+        if not self._due(topic, queue, time.monotonic()):
+            return False
+        now_ms = int(time.time() * 1000)
+        run = self.store.offload_run(topic, queue, self.settings.piece_bytes,
+                                     int(self.settings.piece_age_s * 1000), now_ms)
+        if not run:
+            return False
+        piece, segment, index = build(self.settings.prefix, topic, queue, run)
+        await self._delete_orphans(topic, queue, piece)
+        await self.objects.put(piece.index_key, index)
+        await self.objects.put(piece.key, segment)
+        await self._verify(piece)
+        if not await self.propose(group, encode_offloaded(topic, queue, piece)):
+            return False  # another leader's piece got there first: its objects are the ones listed
+        self.uploaded_pieces += 1
+        self.uploaded_bytes += piece.size
+        log.debug("tier: offloaded %s (%d bytes)", piece.key, piece.size)
+        return True
+
+    async def _verify(self, piece: Piece) -> None:
+        """The data counts as offloaded only once the store holds exactly what was built."""
+        segment = await self.objects.head(piece.key)
+        index = await self.objects.head(piece.index_key)
+        if segment is None or index is None:
+            raise RocketError(Code.UNAVAILABLE, f"tier object {piece.key} is missing right after its upload")
+        if segment.size != piece.size or segment.etag != piece.md5 or index.size != piece.index_size:
+            raise RocketError(Code.CORRUPT_DATA, f"tier object {piece.key} holds {segment.size} bytes with MD5 "
+                              f"{segment.etag}; uploaded {piece.size} with {piece.md5}")
+
+    async def _delete_orphans(self, topic: str, queue: int, piece: Piece) -> None:
+        """Objects of a run from the same offset cut differently (an upload a crash or a lost leadership
+        left unlisted) go, so the tier never holds the same offsets twice."""
+        prefix = queue_prefix(self.settings.prefix, topic, queue) + f"{piece.from_offset:020d}-"
+        for info in await self.objects.list(prefix):
+            if range_of_key(info.key) != (piece.from_offset, piece.to_offset):
+                await self.objects.delete(info.key)
+
+    async def retain(self, group: int, topic: str, queue: int) -> None:
+        """Drop local data past local retention (offloaded only), expire pieces past total retention."""
+        state = self.store.tier_state(topic, queue)
+        if state is None or not state.pieces:
+            return
+        retention_s, local_retention_s = self.retention(topic)
+        now_ms = int(time.time() * 1000)
+        if local_retention_s > 0:
+            drop_to = None
+            for piece in state.pieces:
+                if piece.to_offset <= state.local_from:
+                    continue
+                if now_ms - piece.last_append_ms < local_retention_s * 1000:
+                    break
+                drop_to = piece.to_offset
+            if drop_to is not None:
+                await self.propose(group, encode_drop_local(topic, queue, drop_to))
+        if retention_s > 0:
+            expired = []
+            for piece in state.pieces:
+                if now_ms - piece.last_append_ms < retention_s * 1000:
+                    break
+                expired.append(piece)
+            if expired and await self.propose(group, encode_expire(topic, queue, expired[-1].to_offset)):
+                for piece in expired:
+                    await self.objects.delete(piece.key)
+                    await self.objects.delete(piece.index_key)

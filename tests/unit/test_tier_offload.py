@@ -1,0 +1,158 @@
+"""Tiered storage in the store, on a local-directory tier: the offloader uploads pieces into a replicated
+manifest, local data goes only once offloaded, cold reads return every byte and detect damage, the
+manifest survives a reopen, an index rebuild and a snapshot, and total retention expires pieces."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from rocket.errors import Code, RocketError
+from rocket.serde import batch as batch_codec
+from rocket.store.group import encode_drop_local, encode_offloaded
+from rocket.tier import LocalDirectoryStore
+from rocket.tier.cold import ColdReader
+from rocket.tier.offload import Offloader, TierSettings
+from rocket.tier.piece import Piece
+from tests.unit.test_store import GROUP, Node, workload
+from tests.unit.test_timers import Log
+
+TOPIC = "t"
+
+
+def make_offloader(node: Node, objects, retention: tuple[float, float] = (0.0, 1.0), **settings) -> Offloader:
+    log = Log(node)
+
+    async def propose(group: int, payload: bytes):
+        return log.apply(payload)[0]
+
+    options = {"piece_bytes": 12_000, "piece_age_s": 0.0, **settings}
+    return Offloader(node.store, objects, TierSettings(prefix="tier", **options), propose, lambda: [GROUP],
+                     lambda topic: retention)
+
+
+async def scan_until_done(offloader: Offloader) -> None:
+    for _ in range(100):
+        if not await offloader.scan():
+            return
+    raise AssertionError("the offloader never finished")
+
+
+async def cold_bodies(node: Node, reader: ColdReader, queue: int, force: bool = False) -> list[bytes]:
+    """Every message body of the queue, from the tier where the store says so, else locally."""
+    found, offset = [], 0
+    while offset < node.queue_stats(TOPIC, queue)["next_offset"]:
+        piece = node.tier_piece(TOPIC, queue, offset, force)
+        if piece is not None:
+            batches, next_offset = await reader.read(piece, offset, 20_000)
+        else:
+            batches, next_offset = node.read_from(TOPIC, queue, offset, 20_000)
+        for base_offset, data in batches:
+            found.extend(m.body for m in batch_codec.decode(data, base_offset) if m.offset >= offset)
+        offset = next_offset
+    return found
+
+
+def expected_bodies(queue: int, batches: int = 40, per_batch: int = 50) -> list[bytes]:
+    return [f"{i * per_batch + k}:".encode() + bytes(100)
+            for i in range(queue, batches, 2) for k in range(per_batch)]
+
+
+async def test_offload_drop_local_and_read_everything_back_cold(tmp_path):
+    """Every batch is offloaded in pieces, local data is dropped after that, and cold reads return every message."""
+    node = Node(tmp_path / "node")
+    node.apply(GROUP, workload())
+    async with LocalDirectoryStore(tmp_path / "tier") as objects:
+        offloader = make_offloader(node, objects)
+        await scan_until_done(offloader)
+        for queue in (0, 1):
+            state = node.tier_state(TOPIC, queue)
+            assert state.tiered_to == node.queue_stats(TOPIC, queue)["next_offset"] == 1000
+            assert [p.from_offset for p in state.pieces[1:]] == [p.to_offset for p in state.pieces[:-1]]
+            assert len(state.pieces) >= 5 and state.local_from == 1000  # past local retention: dropped
+            assert node.queue_stats(TOPIC, queue)["min_offset"] == 0
+            assert node.index.first_offset(TOPIC, queue) is None
+            keys = {info.key for info in await objects.list(f"tier/{TOPIC}/{queue}/")}
+            assert keys == {p.key for p in state.pieces} | {p.index_key for p in state.pieces}
+        reader = ColdReader(objects, read_ahead_bytes=30_000)
+        for queue in (0, 1):
+            assert await cold_bodies(node, reader, queue) == expected_bodies(queue)
+        assert node.wal_position_min() is None  # nothing local is referenced any more
+    node.close()
+
+
+async def test_local_data_stays_until_offloaded_and_conditional_commands_change_nothing(tmp_path):
+    """A drop past the manifest's end, or a piece not starting where the manifest ends, is refused."""
+    node = Node(tmp_path / "node")
+    node.apply(GROUP, workload())
+    log = Log(node)
+    piece = Piece(0, 100, "k.seg", 10, "0" * 32, 10, 0, 0)
+    assert log.apply(encode_drop_local(TOPIC, 0, 100)) == [False]  # nothing offloaded yet
+    assert log.apply(encode_offloaded(TOPIC, 0, piece)) == [True]
+    assert log.apply(encode_offloaded(TOPIC, 0, piece)) == [False]  # a repeat: the manifest moved on
+    assert log.apply(encode_drop_local(TOPIC, 0, 150)) == [False]  # past what is offloaded
+    assert log.apply(encode_drop_local(TOPIC, 0, 100)) == [True]
+    assert node.local_start(TOPIC, 0) == 100 and node.index.first_offset(TOPIC, 0) == 100
+    node.close()
+
+
+async def test_the_manifest_survives_reopen_index_rebuild_and_snapshot(tmp_path):
+    """The manifest and the local start are rebuilt from the store's log and carried by snapshots."""
+    node = Node(tmp_path / "node")
+    node.apply(GROUP, workload())
+    async with LocalDirectoryStore(tmp_path / "tier") as objects:
+        await scan_until_done(make_offloader(node, objects, retention=(0.0, 0.0)))  # nothing dropped locally
+        await make_offloader(node, objects, retention=(0.0, 1.0)).retain(GROUP, TOPIC, 0)
+        before = {q: node.tier_state(TOPIC, q) for q in (0, 1)}
+        assert before[0].local_from == 1000 and before[1].local_from == 0
+        snapshot = node.snapshot(GROUP)
+        node.close()
+        node = Node(tmp_path / "node")
+        assert {q: node.tier_state(TOPIC, q) for q in (0, 1)} == before
+        node.close()
+        shutil.rmtree(tmp_path / "node" / "index")
+        node = Node(tmp_path / "node")
+        assert {q: node.tier_state(TOPIC, q) for q in (0, 1)} == before
+        assert node.index.first_offset(TOPIC, 0) is None and node.index.first_offset(TOPIC, 1) == 0
+        reader = ColdReader(objects)
+        assert await cold_bodies(node, reader, 0) == expected_bodies(0)
+        assert await cold_bodies(node, reader, 1, force=True) == expected_bodies(1)
+        node.close()
+        replica = Node(tmp_path / "replica")
+        replica.restore(GROUP, snapshot)
+        assert {q: replica.tier_state(TOPIC, q) for q in (0, 1)} == before
+        replica.close()
+
+
+async def test_a_corrupted_or_truncated_object_is_corrupt_data(tmp_path):
+    """A flipped byte or a cut object in the tier is reported as CORRUPT_DATA, never returned."""
+    node = Node(tmp_path / "node")
+    node.apply(GROUP, workload())
+    async with LocalDirectoryStore(tmp_path / "tier") as objects:
+        await scan_until_done(make_offloader(node, objects))
+        pieces = node.tier_state(TOPIC, 0).pieces
+        data = await objects.get(pieces[1].key)
+        await objects.put(pieces[1].key, data[:100] + bytes([data[100] ^ 1]) + data[101:])
+        await objects.put(pieces[2].key, data[: len(data) // 2])
+        for piece in pieces[1:3]:
+            with pytest.raises(RocketError) as caught:
+                await ColdReader(objects).read(piece, piece.from_offset, 1 << 20)
+            assert caught.value.code == Code.CORRUPT_DATA
+        batches, _ = await ColdReader(objects).read(pieces[0], 0, 1 << 20)
+        assert batches and batches[0][0] == 0
+    node.close()
+
+
+async def test_total_retention_expires_pieces_and_their_objects(tmp_path):
+    """Pieces past total retention leave the manifest and the store; the queue then starts after them."""
+    node = Node(tmp_path / "node")
+    node.apply(GROUP, workload())
+    async with LocalDirectoryStore(tmp_path / "tier") as objects:
+        await scan_until_done(make_offloader(node, objects, retention=(1.0, 0.0)))
+        for queue in (0, 1):
+            state = node.tier_state(TOPIC, queue)
+            assert state.pieces == [] and state.tiered_to == 1000 and state.local_from == 1000
+            assert await objects.list(f"tier/{TOPIC}/{queue}/") == []
+            assert node.queue_stats(TOPIC, queue)["min_offset"] == 1000
+    node.close()
