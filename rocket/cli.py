@@ -38,6 +38,8 @@ message_app = typer.Typer(no_args_is_help=True, help="Single messages: get by id
 app.add_typer(message_app, name="message")
 group_app = typer.Typer(no_args_is_help=True, help="Consumer groups: positions, lag, reset.")
 app.add_typer(group_app, name="group")
+tier_app = typer.Typer(no_args_is_help=True, help="Tiered storage: what is local, offloaded and pending.")
+app.add_typer(tier_app, name="tier")
 dlq_app = typer.Typer(no_args_is_help=True, help="A consumer group's dead letters: list them, send them again.")
 app.add_typer(dlq_app, name="dlq")
 
@@ -117,6 +119,72 @@ async def topic_create(name: str, queues: Annotated[int, typer.Option("--queues"
     async with connect(server, transport, serde) as channel:
         spec = await Admin(channel).create_topic(name, queues, message_type)
     out.print(f"created {spec.message_type} topic [bold]{spec.name}[/bold] with {spec.queues} queues")
+
+
+def _retention(text: str | None, option: str) -> float | None:
+    """A retention option: a duration (365d, 1h), 'forever' (0) or 'default' (-1)."""
+    if text is None:
+        return None
+    if text in ("forever", "0"):
+        return 0.0
+    if text == "default":
+        return -1.0
+    try:
+        return parse_duration_s(text)
+    except RocketError as error:
+        _fail(f"{option}: {error.message}", 2)
+
+
+def _show_retention(seconds: float) -> str:
+    if seconds < 0:
+        return "default"
+    if seconds == 0:
+        return "forever"
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:g}s"
+
+
+@topic_app.command("update")
+@_runs_client
+async def topic_update(name: str,
+                       retention: Annotated[Optional[str], typer.Option("--retention", help="Total retention: data older is deleted from the tier (365d, 12h, forever, default).")] = None,
+                       local_retention: Annotated[Optional[str], typer.Option("--local-retention", help="Hot retention: local data older goes once it is offloaded (1h, forever, default).")] = None,
+                       server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Change a topic's retention settings."""
+    retention_s = _retention(retention, "--retention")
+    local_retention_s = _retention(local_retention, "--local-retention")
+    async with connect(server, transport, serde) as channel:
+        spec = await Admin(channel).update_topic(name, retention_s, local_retention_s)
+    out.print(f"topic [bold]{spec.name}[/bold]: retention {_show_retention(spec.retention_s)}, local retention "
+              f"{_show_retention(spec.local_retention_s)}")
+
+
+@tier_app.command("status")
+@_runs_client
+async def tier_status(topic: Annotated[Optional[str], typer.Argument(help="One topic; all by default.")] = None,
+                      queues: Annotated[bool, typer.Option("--queues", help="One row per queue.")] = False,
+                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Per topic: local and tiered bytes, data pending upload, oldest offsets."""
+    async with connect(server, transport, serde) as channel:
+        topics = await Admin(channel).tier_status(topic or "")
+    table = Table("topic", "queue", "retention", "local", "first offset", "local from", "tiered to", "next offset",
+                  "local bytes", "tiered bytes", "pending bytes", "pieces")
+    for spec, rows in topics:
+        retention = f"{_show_retention(spec.retention_s)}", f"{_show_retention(spec.local_retention_s)}"
+        if not queues:
+            rows = [{"queue": "all", "first_offset": min((r["first_offset"] for r in rows), default=0),
+                     "local_offset": min((r["local_offset"] for r in rows), default=0),
+                     "tiered_offset": min((r["tiered_offset"] for r in rows), default=0),
+                     **{field: sum(r[field] for r in rows) for field in
+                        ("next_offset", "local_bytes", "tiered_bytes", "pending_bytes", "pieces")}}]
+        for row in rows:
+            table.add_row(spec.name, str(row["queue"]), *retention, f"{row['first_offset']:,}",
+                          f"{row['local_offset']:,}", f"{row['tiered_offset']:,}", f"{row['next_offset']:,}",
+                          f"{row['local_bytes']:,}", f"{row['tiered_bytes']:,}", f"{row['pending_bytes']:,}",
+                          f"{row['pieces']:,}")
+    out.print(table)
 
 
 @topic_app.command("list")

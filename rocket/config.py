@@ -13,6 +13,8 @@ from pathlib import Path
 from rocket import limits
 
 ROLES = ("nameserver", "storage", "broker")
+TIER_BACKENDS = ("local", "s3", "off")
+TIER_READ_MODES = ("not_in_disk", "force")  # RocketMQ's tieredStorageLevel: tier only what is not local, or always
 
 
 class ConfigError(Exception):
@@ -50,6 +52,20 @@ class NodeConfig:
     transaction_timeout_s: float = 6.0
     transaction_check_s: float = 60.0
     transaction_checks_max: int = 15
+    # Tiered storage: where pieces go (a local directory, default data_dir/tier; or S3), default retentions
+    # (0 = for ever) a topic's own settings override, where reads of offloaded data go, and the piece size.
+    tier_backend: str = "local"
+    tier_directory: Path | None = None
+    tier_s3_endpoint: str = ""
+    tier_s3_bucket: str = ""
+    tier_s3_region: str = "us-east-1"
+    tier_s3_prefix: str = ""
+    tier_s3_path_style: bool = True
+    tier_retention_s: float = 0.0
+    tier_local_retention_s: float = 3 * 86_400.0
+    tier_read_mode: str = "not_in_disk"
+    tier_piece_bytes: int = limits.tier_piece_bytes_default
+    tier_piece_age_s: float = limits.tier_piece_age_s_default
 
     @property
     def address(self) -> Address:
@@ -125,7 +141,55 @@ def _parse_float(key: str, value: object, low: float, high: float) -> float:
     return number
 
 
+def _parse_duration(key: str, value: object) -> float:
+    """Seconds, as a number or a duration such as 90s, 1h or 365d."""
+    if isinstance(value, str) and value.strip() and not value.strip().replace(".", "", 1).isdigit():
+        from rocket.model import parse_duration_s
+        from rocket.errors import RocketError
+
+        try:
+            value = parse_duration_s(value)
+        except RocketError as error:
+            raise ConfigError(f"{key}: {error.message}") from None
+    return _parse_float(key, value, 0.0, 100 * 365 * 86_400.0)
+
+
+def _parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
+    text = str(value).strip().lower()
+    if text not in choices:
+        raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+    return text
+
+
+def _parse_bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false", "1", "0", "yes", "no"):
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    return text in ("true", "1", "yes")
+
+
 def _convert(key: str, value: object) -> object:
+    if key == "tier_backend":
+        return _parse_choice(key, value, TIER_BACKENDS)
+    if key == "tier_read_mode":
+        return _parse_choice(key, value, TIER_READ_MODES)
+    if key == "tier_directory":
+        return Path(str(value)) if str(value).strip() else None
+    if key in ("tier_s3_bucket", "tier_s3_region", "tier_s3_prefix"):
+        return str(value).strip().strip("/") if key == "tier_s3_prefix" else str(value).strip()
+    if key == "tier_s3_endpoint":
+        text = str(value).strip()
+        if text and not text.startswith(("http://", "https://")):
+            raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
+        return text
+    if key == "tier_s3_path_style":
+        return _parse_bool(key, value)
+    if key in ("tier_retention_s", "tier_local_retention_s", "tier_piece_age_s"):
+        return _parse_duration(key, value)
+    if key == "tier_piece_bytes":
+        return _parse_int(key, value, limits.tier_piece_bytes_min, limits.tier_piece_bytes_max)
     if key == "roles":
         return parse_roles(key, value)
     if key == "data_dir":
@@ -193,6 +257,8 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
     if config.nameservers and "nameserver" in config.roles and config.node_id not in dict(config.nameservers):
         raise ConfigError(f"nameservers: this node runs the nameserver role, so its node_id {config.node_id} "
                           "must be one of them")
+    if config.tier_backend == "s3" and not config.tier_s3_bucket:
+        raise ConfigError("tier_s3_bucket: the s3 tier backend needs a bucket")
     return config
 
 

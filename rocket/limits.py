@@ -117,6 +117,7 @@ tier_topics_refresh_s = 5.0  # how often the offloader refreshes topic retention
 tier_backoff_s_max = 30.0  # after a failed upload a queue waits up to this long (doubling) before trying again
 tier_uploads_per_scan_max = 64  # pieces one scan uploads, so a backlog is worked off in bounded steps
 tier_pieces_per_queue_max = 1_000_000  # manifest entries of one queue kept in memory and in every snapshot
+retention_s_max = 100 * 365 * 86_400  # a retention longer than a century is a typo
 cold_cache_bytes_max = 64 * MiB  # fetched ranges of tiered objects a node keeps for cold reads (LRU)
 cold_read_ahead_bytes = 4 * MiB  # a cold read fetches at least this much of a piece, so the next reads hit the cache
 cold_index_cache_entries_max = 4096  # sidecar indexes kept decoded (LRU): one per piece read recently

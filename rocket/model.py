@@ -38,6 +38,8 @@ class TopicSpec:
     created_ms: int = 0
     groups: tuple[int, ...] = ()  # the storage groups its queues are spread over, fixed at creation
     message_type: str = "normal"  # one of MESSAGE_TYPES: which sends the topic accepts
+    retention_s: float = -1.0  # total retention (data older is deleted from the tier); 0 for ever, -1 the default
+    local_retention_s: float = -1.0  # hot retention (local data older goes once offloaded); 0 for ever, -1 default
 
     def group_of(self, queue: int) -> int:
         """The storage group of a queue: queues hash onto the topic's groups, offset per topic so that
@@ -46,12 +48,23 @@ class TopicSpec:
 
     def to_wire(self) -> dict:
         return {"name": self.name, "queues": self.queues, "created_ms": self.created_ms,
-                "message_type": self.message_type}
+                "message_type": self.message_type, "retention_s": int(self.retention_s),
+                "local_retention_s": int(self.local_retention_s)}
 
     @classmethod
     def from_wire(cls, payload: dict) -> "TopicSpec":
         return cls(payload["name"], int(payload["queues"]), int(payload.get("created_ms", 0)),
-                   message_type=payload.get("message_type", "normal"))
+                   message_type=payload.get("message_type", "normal"),
+                   retention_s=float(payload.get("retention_s", -1.0)),
+                   local_retention_s=float(payload.get("local_retention_s", -1.0)))
+
+
+def check_retention_s(name: str, value: float) -> float:
+    """A retention in seconds: 0 keeps data for ever, -1 takes the node's default."""
+    if not (value == -1 or 0 <= value <= limits.retention_s_max):
+        raise RocketError(Code.BAD_REQUEST, f"{name} must be -1 (the default), 0 (for ever) or up to "
+                          f"{limits.retention_s_max // 86_400} days in seconds, got {value}")
+    return float(value)
 
 
 def check_name(kind: str, name: str, bytes_max: int) -> str:

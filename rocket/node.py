@@ -11,6 +11,7 @@ Readiness is printed as one line ("rocket ready ...") and sent to systemd when N
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -27,6 +28,7 @@ from rocket.roles.broker import Broker
 from rocket.roles.nameserver import Nameserver
 from rocket.roles.peers import Peers
 from rocket.roles.storage import StorageRole
+from rocket.tier.local import LocalDirectoryStore
 from rocket.transport.http2 import serve_http2
 from rocket.transport.listen import cancel_on
 from rocket.transport.pool import ChannelPool
@@ -53,7 +55,33 @@ def _notify_systemd(message: str) -> None:
         notify.sendall(message.encode())
 
 
+@contextlib.asynccontextmanager
+async def open_tier(config: NodeConfig):
+    """The object store a storage node offloads to (None without the storage role or with tier_backend off).
+    S3 runs aiobotocore on asyncio inside this Trio process through trio-asyncio."""
+    if "storage" not in config.roles or config.tier_backend == "off":
+        yield None
+    elif config.tier_backend == "local":
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        async with LocalDirectoryStore(config.tier_directory or config.data_dir / "tier") as store:
+            yield store
+    else:
+        import trio_asyncio
+
+        from rocket.tier.s3 import open_s3_store
+
+        async with trio_asyncio.open_loop():
+            async with open_s3_store(config.tier_s3_bucket, endpoint_url=config.tier_s3_endpoint or None,
+                                     region=config.tier_s3_region, path_style=config.tier_s3_path_style) as store:
+                yield store  # tier_s3_prefix starts the keys of pieces (see rocket/tier/piece.py)
+
+
 async def run_node(config: NodeConfig, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async with open_tier(config) as objects:
+        await _run_node(config, objects, handle_signals, task_status)
+
+
+async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_status) -> None:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     dispatcher = Dispatcher()
     lifecycle = Lifecycle()
@@ -85,7 +113,7 @@ async def run_node(config: NodeConfig, *, handle_signals: bool = True, task_stat
             pool = ChannelPool()
             peers = Peers(config, dispatcher, pool)
             nameserver = Nameserver(config, host, peers) if "nameserver" in config.roles else None
-            storage = StorageRole(config, host, peers, addresses) if "storage" in config.roles else None
+            storage = StorageRole(config, host, peers, addresses, objects) if "storage" in config.roles else None
             if nameserver is not None:
                 nameserver.register(dispatcher)
             if storage is not None:

@@ -16,6 +16,22 @@ class Admin:
         return TopicSpec.from_wire(await self.channel.call(
             "CreateTopic", {"topic": name, "queues": queues, "message_type": message_type}))
 
+    async def update_topic(self, name: str, retention_s: float | None = None,
+                           local_retention_s: float | None = None) -> TopicSpec:
+        """Set a topic's total and local retention in whole seconds (0 keeps data for ever, -1 takes the
+        node's default; None leaves a setting as it is)."""
+        def wire(seconds: float | None) -> int:
+            return -2 if seconds is None else -1 if seconds < 0 else max(1, round(seconds)) if seconds else 0
+
+        return TopicSpec.from_wire(await self.channel.call(
+            "UpdateTopic", {"topic": name, "retention_s": wire(retention_s), "local_retention_s": wire(local_retention_s)}))
+
+    async def tier_status(self, topic: str = "") -> list[tuple[TopicSpec, list[dict]]]:
+        """Per topic (one, or every one): per queue its first, local, tiered and next offsets, its local,
+        tiered and pending bytes, and its pieces in the tier."""
+        response = await self.channel.call("TierStatus", {"topic": topic})
+        return [(TopicSpec.from_wire(entry["topic"]), entry["queues"]) for entry in response["topics"]]
+
     async def list_topics(self) -> list[TopicSpec]:
         response = await self.channel.call("ListTopics", {})
         return [TopicSpec.from_wire(entry) for entry in response["topics"]]

@@ -113,6 +113,8 @@ class Broker:
             "Receive": self.receive,
             "Ack": self.ack,
             "ChangeInvisible": self.change_invisible,
+            "UpdateTopic": self.update_topic,
+            "TierStatus": self.tier_status,
         }
         if forward_status:  # a broker without a nameserver beside it asks the nameservers
             handlers["ClusterStatus"] = self.cluster_status
@@ -179,6 +181,28 @@ class Broker:
 
     async def list_topics(self, request: dict) -> dict:
         return await self.peers.nameserver("MetaListTopics", request)
+
+    async def update_topic(self, request: dict) -> dict:
+        spec = await self.peers.nameserver("MetaUpdateTopic", request, timeout_s=limits.leader_wait_s_max + 5)
+        self._routes.pop(request["topic"], None)
+        return spec
+
+    async def tier_status(self, request: dict) -> dict:
+        """Per topic (one, or all), per queue: where data starts, locally and in the tier, and its bytes."""
+        if request["topic"]:
+            names = [request["topic"]]
+        else:
+            names = [topic["name"] for topic in (await self.list_topics({}))["topics"]]
+        topics = []
+        for name in names:
+            route = await self._route(name)
+            queues = []
+            for group, numbers in self._by_group(route, range(route.spec.queues)).items():
+                response = await self._storage(route, group, "StorageTier", {"group": group, "topic": name,
+                                                                            "queues": numbers})
+                queues.extend(response["queues"])
+            topics.append({"topic": route.spec.to_wire(), "queues": sorted(queues, key=lambda info: info["queue"])})
+        return {"topics": topics}
 
     async def cluster_status(self, request: dict) -> dict:
         return await self.peers.nameserver("ClusterStatus", request, timeout_s=limits.leader_wait_s_max + 5)

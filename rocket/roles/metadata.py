@@ -82,6 +82,10 @@ class Metadata:
             invariant(all(group in self.groups for group in command["groups"]), "a topic's groups exist")
             self.topics[name] = TopicSpec(name, command["queues"], command["created_ms"], tuple(command["groups"]),
                                           command.get("message_type", "normal"))
+        elif operation == "update_topic":
+            spec = self.topic(command["name"])
+            self.topics[spec.name] = dataclasses.replace(spec, retention_s=command["retention_s"],
+                                                         local_retention_s=command["local_retention_s"])
         elif operation == "node_state":
             node = self.nodes.get(command["node"])
             if node is None:
@@ -102,12 +106,13 @@ class Metadata:
         else:
             invariant(False, f"unknown metadata command {operation!r}")
         self.version += 1
-        return self.topics[command["name"]] if operation == "create_topic" else None
+        return self.topics[command["name"]] if operation in ("create_topic", "update_topic") else None
 
     def snapshot(self) -> bytes:
         return orjson.dumps({
             "version": self.version,
-            "topics": [[s.name, s.queues, s.created_ms, list(s.groups), s.message_type] for s in self.topics.values()],
+            "topics": [[s.name, s.queues, s.created_ms, list(s.groups), s.message_type, s.retention_s,
+                        s.local_retention_s] for s in self.topics.values()],
             "groups": [[group, list(m.voters), list(m.learners), m.leaving] for group, m in self.groups.items()],
             "nodes": [dataclasses.asdict(node) for node in self.nodes.values()],
         })

@@ -22,7 +22,7 @@ from rocket import limits
 from rocket.config import ROLES, ConfigError, NodeConfig, parse_address
 from rocket.errors import Code, RocketError
 from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
-from rocket.model import check_message_type, check_user_topic_name
+from rocket.model import check_message_type, check_retention_s, check_user_topic_name
 from rocket.raft.host import RaftHost
 from rocket.roles.metadata import META_GROUP, Metadata
 from rocket.roles.peers import RETRYABLE, Peers, address_of
@@ -50,6 +50,7 @@ class Nameserver:
         dispatcher.handle("GetRoute", self.get_route)
         dispatcher.handle("MetaCreateTopic", self.create_topic)
         dispatcher.handle("MetaListTopics", self.list_topics)
+        dispatcher.handle("MetaUpdateTopic", self.update_topic)
         dispatcher.handle("ClusterStatus", self.cluster_status)
         dispatcher.handle("DrainNode", self.drain_node)
 
@@ -254,6 +255,22 @@ class Nameserver:
                        "groups": pool + [group["id"] for group in new_groups]}
             await self._propose(command)
         return self.metadata.topic(name).to_wire()
+
+    async def update_topic(self, request: dict) -> dict:
+        """Change a topic's retention settings in whole seconds (-2 leaves one as it is)."""
+        check_user_topic_name(request["topic"])
+        for field in ("retention_s", "local_retention_s"):
+            if request[field] != -2:
+                check_retention_s(field, request[field])
+        return await self._on_leader("MetaUpdateTopic", request, self._update_topic_here)
+
+    async def _update_topic_here(self, request: dict) -> dict:
+        spec = self.metadata.topic(request["topic"])
+        retention_s = spec.retention_s if request["retention_s"] == -2 else request["retention_s"]
+        local_s = spec.local_retention_s if request["local_retention_s"] == -2 else request["local_retention_s"]
+        await self._propose({"op": "update_topic", "name": spec.name, "retention_s": float(retention_s),
+                             "local_retention_s": float(local_s)})
+        return self.metadata.topic(spec.name).to_wire()
 
     def _in_sync(self) -> bool:
         """A follower nameserver answers reads itself while it is in sync with the leader (it heard from

@@ -1,7 +1,8 @@
 """The storage role: hosts the Raft groups the nameservers assign to this node, with the node's store
 as their state machine. The leader of a group serves appends (replicated before they are answered)
 and reads; a follower in sync serves reads as a read replica; the leader carries out the membership
-changes of replica moves.
+changes of replica moves. With a tier (an ObjectStore), group leaders offload sealed runs of each queue
+and apply retention (rocket/tier/offload.py); reads of offsets no longer local go to the tier (cold.py).
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ from rocket.filter import SqlFilter, compile_filter
 from rocket.store.group import (GroupMachine, Store, encode_append, encode_cancel, encode_half, encode_move,
                                 encode_offsets, encode_pop, encode_rearm, encode_timers)
 from rocket.store.queue_index import ALL_TAGS
+from rocket.tier.cold import ColdReader
+from rocket.tier.objectstore import ObjectStore
+from rocket.tier.offload import Offloader, TierSettings
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.storage")
 
 
 class StorageRole:
-    def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, addresses: dict[int, tuple[str, int]]):
+    def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, addresses: dict[int, tuple[str, int]],
+                 objects: ObjectStore | None = None):
         self.config = config
         self.host = host
         self.peers = peers
@@ -44,6 +49,18 @@ class StorageRole:
         self._assignment_version = -1  # the metadata version of the assignment this node holds
         self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}  # one pop at a time per group and queue
         self._members: dict[tuple[str, str], dict[str, float]] = {}  # (consumer group, topic) -> member -> expiry
+        self.objects = objects
+        self.cold = ColdReader(objects) if objects is not None else None
+        self._retention: dict[str, tuple[float, float]] = {}  # topic -> its own (retention_s, local_retention_s)
+        self._prefetching: set[str] = set()  # pieces being read ahead
+        self._nursery: trio.Nursery | None = None
+        self.offloader = None
+        if objects is not None:
+            settings = TierSettings(config.tier_s3_prefix if config.tier_backend == "s3" else "",
+                                    config.tier_piece_bytes, config.tier_piece_age_s, config.tier_retention_s,
+                                    config.tier_local_retention_s, config.tier_read_mode == "force")
+            self.offloader = Offloader(self.store, objects, settings, self._propose_tier, self._led_groups,
+                                       self.retention_of)
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("StorageAppend", self.append)
@@ -57,6 +74,7 @@ class StorageRole:
         dispatcher.handle("StorageEndTransaction", self.end_transaction)
         dispatcher.handle("StorageGroupHeartbeat", self.group_heartbeat)
         dispatcher.handle("StorageTransactionChecks", self.transaction_checks)
+        dispatcher.handle("StorageTier", self.tier_status)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Flush the store in the background and report to the nameservers until cancelled."""
@@ -64,6 +82,10 @@ class StorageRole:
             await nursery.start(self.store.run)
             nursery.start_soon(self._backfill_forever)
             nursery.start_soon(self._fire_timers_forever)
+            self._nursery = nursery
+            if self.offloader is not None:
+                nursery.start_soon(self._refresh_retention_forever)
+                nursery.start_soon(self.offloader.run)
             task_status.started()
             while True:
                 self._ask_now = trio.Event()
@@ -118,9 +140,10 @@ class StorageRole:
                 continue
             address = Address(*self.addresses[source])
             try:
-                start = None  # the first chunk starts wherever the source's data starts
+                start = None  # the first chunk starts wherever the source's local data starts
                 while True:
-                    request = {"group": group, "topic": topic, "queues": [{"queue": queue, "offset": start or 0}],
+                    first = start if start is not None else self.store.local_start(topic, queue)
+                    request = {"group": group, "topic": topic, "queues": [{"queue": queue, "offset": first}],
                                "max_bytes": limits.read_bytes_max, "wait_ms": 0, "at_least_one": True,
                                "any_replica": True, "follower_ok": False}
                     gap_end = self.store.gap_end(topic, queue)
@@ -135,6 +158,71 @@ class StorageRole:
                         return
             except RocketError as error:
                 log.warning("group %d: backfilling %s/%d from node %d: %s", group, topic, queue, source, error)
+
+    # ---- the tier ------------------------------------------------------------------------------------
+
+    def _led_groups(self) -> list[int]:
+        return [group for group in self._storage_groups() if self.host.groups[group].core.role == Role.LEADER]
+
+    async def _propose_tier(self, group: int, payload: bytes):
+        return await self.host.propose(group, payload, limits.storage_append_wait_s_max)
+
+    def retention_of(self, topic: str) -> tuple[float, float]:
+        """(retention_s, local_retention_s) of a topic: its own settings, else the node's defaults."""
+        retention_s, local_retention_s = self._retention.get(topic, (-1.0, -1.0))
+        return (self.config.tier_retention_s if retention_s < 0 else retention_s,
+                self.config.tier_local_retention_s if local_retention_s < 0 else local_retention_s)
+
+    async def _refresh_retention_forever(self) -> None:
+        """Topics' retention settings from the nameservers; until the first answer, the defaults hold."""
+        while True:
+            try:
+                topics = (await self.peers.nameserver("MetaListTopics", {}))["topics"]
+                self._retention = {topic["name"]: (topic.get("retention_s", -1.0), topic.get("local_retention_s", -1.0))
+                                   for topic in topics}
+            except RocketError as error:
+                log.info("tier: fetching topic retention: %s", error)
+            await trio.sleep(limits.tier_topics_refresh_s)
+
+    async def tier_status(self, request: dict) -> dict:
+        """Per queue: first offset, where local data starts, how far the tier reaches, and bytes."""
+        self._leads(request["group"])
+        topic = request["topic"]
+        queues = []
+        for queue in self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset"):
+            stats = self.store.queue_stats(topic, queue)
+            state = self.store.tier_state(topic, queue)
+            offloaded = state.offloaded_bytes if state is not None else 0
+            dropped = state.dropped_bytes if state is not None else 0
+            queues.append({"queue": queue, "first_offset": stats["min_offset"],
+                           "local_offset": max(stats["min_offset"], self.store.local_start(topic, queue)),
+                           "tiered_offset": state.tiered_to if state is not None else stats["min_offset"],
+                           "next_offset": stats["next_offset"], "local_bytes": stats["bytes"] - dropped,
+                           "tiered_bytes": sum(piece.size for piece in state.pieces) if state is not None else 0,
+                           "pending_bytes": stats["bytes"] - offloaded,
+                           "pieces": len(state.pieces) if state is not None else 0})
+        return {"queues": queues}
+
+    async def _read_queue(self, topic: str, queue: int, offset: int, budget: int, first: bool,
+                          tag_mask: int) -> tuple[list[tuple[int, bytes]], int]:
+        """A queue's batches from offset: from the tier for what is no longer local (or, in force mode,
+        for all that is offloaded), else from the WAL."""
+        force = self.offloader is not None and self.offloader.settings.force_reads
+        piece = self.store.tier_piece(topic, queue, offset, force) if self.cold is not None else None
+        if piece is None:
+            return self.store.read_from(topic, queue, offset, budget, first, tag_mask)
+        found, next_offset = await self.cold.read(piece, offset, budget, first, tag_mask)
+        following = self.store.tier_piece(topic, queue, piece.to_offset, force)
+        if following is not None and following.key not in self._prefetching and self._nursery is not None:
+            self._nursery.start_soon(self._prefetch, following)
+        return found, next_offset
+
+    async def _prefetch(self, piece) -> None:
+        self._prefetching.add(piece.key)
+        try:
+            await self.cold.prefetch(piece)
+        finally:
+            self._prefetching.discard(piece.key)
 
     def _storage_groups(self) -> set[int]:
         return {group for group, hosted in self.host.groups.items() if isinstance(hosted.machine, GroupMachine)}
@@ -506,8 +594,8 @@ class StorageRole:
                 "cursor": offset}))
         return {}
 
-    def _read(self, topic: str, positions: dict[int, int], max_bytes: int, at_least_one: bool,
-              tag_mask: int = ALL_TAGS) -> dict:
+    async def _read(self, topic: str, positions: dict[int, int], max_bytes: int, at_least_one: bool,
+                    tag_mask: int = ALL_TAGS) -> dict:
         batches: list[dict] = []
         next_offsets: list[dict] = []
         budget = max_bytes
@@ -515,7 +603,7 @@ class StorageRole:
             # Past the first batch the budget is strict, so a response never exceeds a frame.
             first = at_least_one and not batches
             if budget > 0 or first:
-                found, offset = self.store.read_from(topic, queue, offset, budget, first, tag_mask)
+                found, offset = await self._read_queue(topic, queue, offset, budget, first, tag_mask)
                 for base_offset, data in found:
                     batches.append({"queue": queue, "base_offset": base_offset, "batch": data})
                     budget -= len(data)
@@ -535,13 +623,13 @@ class StorageRole:
         positions = self._positions(request["queues"], "offset")
         max_bytes = max(0, min(request["max_bytes"], limits.read_bytes_max))
         tag_mask = request["tag_mask"] & ALL_TAGS  # a signed long on the wire; -1 reads every batch
-        response = self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
+        response = await self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
         wait_ms = min(max(request["wait_ms"], 0), limits.pull_wait_ms_max)
         if not response["batches"] and wait_ms:  # wait past what the filter skipped
             positions = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
             await self.store.wait_for_data({(topic, queue): offset for queue, offset in positions.items()},
                                            wait_ms / 1000)
-            response = self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
+            response = await self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
         return response
 
     async def queues(self, request: dict) -> dict:

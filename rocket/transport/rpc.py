@@ -52,11 +52,14 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload"),
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
         MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),
+        MethodSpec("UpdateTopic", "UpdateTopicRequest", "TopicInfo"),
+        MethodSpec("TierStatus", "TierStatusRequest", "TierStatusResponse"),
         # Between nodes: brokers and storage nodes to the nameservers,
         MethodSpec("NodeHeartbeat", "NodeHeartbeatRequest", "Assignment"),
         MethodSpec("GetRoute", "TopicRequest", "Route"),
         MethodSpec("MetaCreateTopic", "CreateTopicRequest", "TopicInfo"),
         MethodSpec("MetaListTopics", "Empty", "ListTopicsResponse"),
+        MethodSpec("MetaUpdateTopic", "UpdateTopicRequest", "TopicInfo"),
         # and brokers to storage nodes.
         MethodSpec("StorageAppend", "StorageAppendRequest", "ProduceResponse", attachment_field="batch"),
         MethodSpec("StorageRead", "StorageReadRequest", "PullResponse"),
@@ -69,6 +72,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("StorageEndTransaction", "StorageEndTransactionRequest", "Empty"),
         MethodSpec("StorageTransactionChecks", "StorageTransactionChecksRequest", "TransactionChecksResponse"),
         MethodSpec("StorageReceipt", "StorageReceiptRequest", "ReceiptResponse"),
+        MethodSpec("StorageTier", "StorageTierRequest", "StorageTierResponse"),
     ]
 }
 
