@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+from functools import partial
 
 import trio
 
@@ -26,6 +27,7 @@ from rocket.raft.links import PeerLinks
 from rocket.raft.wal import Wal
 from rocket.roles.broker import Broker
 from rocket.roles.nameserver import Nameserver
+from rocket.roles.rocketmq import rocketmq_services
 from rocket.roles.peers import Peers
 from rocket.roles.storage import StorageRole
 from rocket.tier.local import LocalDirectoryStore
@@ -100,7 +102,9 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             http2_port = None
             if config.http2_listen is not None:
                 listen = config.http2_listen
-                http2_port = await nursery.start(serve_http2, dispatcher, lifecycle, listen.host, listen.port)
+                grpc = rocketmq_services(dispatcher) if "broker" in config.roles else {}  # RocketMQ 5 clients
+                http2_port = await nursery.start(partial(serve_http2, grpc=grpc), dispatcher, lifecycle, listen.host,
+                                                 listen.port)
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
             links = PeerLinks(config.node_id, addresses)
             host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)

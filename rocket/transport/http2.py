@@ -1,12 +1,14 @@
 """The HTTP/2 transport (h2c prior knowledge, h2 on Trio): POST /rocket.v1/<Method>, one stream per call, serde
-by content-type, rocket-status trailers, gRPC-style length-prefixed server streams, flow control both ways.
-Server: serve_http2, shaped like serve_tcp. Client: Http2Channel, the same API as TcpChannel."""
+by content-type, rocket-status trailers, gRPC-style length-prefixed server streams, flow control both ways; and
+gRPC (application/grpc) calls to a table of GrpcHandlers. Server: serve_http2. Client: Http2Channel."""
 
 from __future__ import annotations
 
 import logging
+import math
 import struct
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 from types import ModuleType
 
@@ -34,6 +36,10 @@ goodbye_timeout_s = 1.0  # a closing connection waits this long to deliver GOAWA
 header_text_chars_max = 1024  # rocket-message trailers: proxies and clients drop very long header values
 path_prefix = "/rocket.v1/"
 message_prefix = struct.Struct(">BI")  # gRPC framing: compressed flag (always 0), big-endian message length
+grpc_message_bytes_max = limits.frame_bytes_max  # one gRPC message, either way: the RPC body bound
+grpc_buffered_bytes_max = 2 * grpc_message_bytes_max  # a gRPC stream's unread input, so a peer cannot fill memory
+grpc_timeout_s_max = 24 * 3600.0  # a longer grpc-timeout is treated as none worth tracking
+GRPC_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 STATUS_OF_CODE = {
     Code.UNKNOWN_METHOD: 404, Code.UNKNOWN_TOPIC: 404, Code.TOPIC_EXISTS: 409, Code.FRAME_TOO_LARGE: 413,
@@ -166,13 +172,142 @@ class _Endpoint:
             await self.flush()
 
 
+class GrpcStatus:
+    """gRPC status codes (grpc/doc/statuscodes.md) that this transport answers with."""
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    RESOURCE_EXHAUSTED = 8
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+
+
+class GrpcError(Exception):
+    """Raised by a gRPC handler (or the transport) to end a call with a non-OK grpc-status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class GrpcCall:
+    """One gRPC call as its handler sees it: the request headers, the messages the client sends (raw
+    protobuf bytes), and a send for response messages. The transport writes headers and trailers."""
+
+    def __init__(self, connection: _ServerConnection, stream_id: int, headers: dict[str, str]):
+        self.headers = headers
+        self._connection = connection
+        self._stream_id = stream_id
+        self._buffer = bytearray()  # received bytes not yet split into messages
+        self._messages: deque[bytes] = deque()
+        self._arrived = trio.Event()
+        self.client_done = False  # the client ended its side of the stream
+        self.failure: GrpcError | None = None  # what the input turned out to break
+        self.headers_sent = False
+        self.deadline = math.inf  # trio time by which the client's grpc-timeout expires
+
+    def _on_data(self, data: bytes) -> None:
+        if self.failure is not None:
+            return
+        self._buffer += data
+        try:
+            self._messages.extend(_split_grpc_messages(self._buffer))
+        except GrpcError as error:
+            self.failure = error
+        if len(self._buffer) > grpc_buffered_bytes_max or sum(map(len, self._messages)) > grpc_buffered_bytes_max:
+            self.failure = GrpcError(GrpcStatus.RESOURCE_EXHAUSTED, "the client sent more than the server buffers")
+        self._arrived.set()
+
+    def _on_end(self) -> None:
+        self.client_done = True
+        if self._buffer and self.failure is None:
+            self.failure = GrpcError(GrpcStatus.INTERNAL, "the request stream ended inside a message")
+        self._arrived.set()
+
+    async def receive(self) -> bytes | None:
+        """The client's next message, or None once it has ended its side of the stream."""
+        while True:
+            if self.failure is not None:
+                raise self.failure
+            if self._messages:
+                return self._messages.popleft()
+            if self.client_done:
+                return None
+            self._arrived = trio.Event()
+            await self._arrived.wait()
+
+    async def receive_one(self) -> bytes:
+        """A unary request: exactly one message."""
+        message = await self.receive()
+        if message is None:
+            raise GrpcError(GrpcStatus.INTERNAL, "the client sent no request message")
+        return message
+
+    async def send(self, message: bytes) -> None:
+        if len(message) > grpc_message_bytes_max:
+            raise GrpcError(GrpcStatus.RESOURCE_EXHAUSTED, f"response of {len(message)} bytes exceeds the limit")
+        self.send_headers()
+        await self._connection.send_data(self._stream_id, message_prefix.pack(0, len(message)) + message)
+
+    def send_headers(self) -> None:
+        if not self.headers_sent:
+            self.headers_sent = True
+            self._connection.connection.send_headers(
+                self._stream_id, [(":status", "200"), ("content-type", "application/grpc")])
+
+
+GrpcHandler = Callable[[GrpcCall], Awaitable[None]]
+
+
+def _split_grpc_messages(buffer: bytearray) -> list[bytes]:
+    """Remove and return the complete gRPC messages at the front of buffer; GrpcError for what gRPC forbids."""
+    messages, offset = [], 0
+    while len(buffer) - offset >= message_prefix.size:
+        flag, length = message_prefix.unpack_from(buffer, offset)
+        if flag == 1:
+            raise GrpcError(GrpcStatus.UNIMPLEMENTED, "compressed messages are not supported (no grpc-encoding)")
+        if flag != 0:
+            raise GrpcError(GrpcStatus.INTERNAL, f"malformed message prefix: compressed flag {flag}")
+        if length > grpc_message_bytes_max:
+            raise GrpcError(GrpcStatus.RESOURCE_EXHAUSTED,
+                            f"message of {length} bytes exceeds the limit of {grpc_message_bytes_max}")
+        end = offset + message_prefix.size + length
+        if len(buffer) < end:
+            break
+        messages.append(bytes(buffer[offset + message_prefix.size:end]))
+        offset = end
+    del buffer[:offset]
+    return messages
+
+
+def _grpc_timeout_s(value: str | None) -> float | None:
+    """grpc-timeout: at most 8 digits and a unit; None when absent (a malformed one is INVALID_ARGUMENT)."""
+    if value is None:
+        return None
+    digits, unit = value[:-1], value[-1:]
+    if not digits.isdigit() or len(digits) > 8 or unit not in GRPC_TIMEOUT_UNITS:
+        raise GrpcError(GrpcStatus.INVALID_ARGUMENT, f"malformed grpc-timeout {value[:32]!r}")
+    timeout_s = int(digits) * GRPC_TIMEOUT_UNITS[unit]
+    return None if timeout_s > grpc_timeout_s_max else timeout_s
+
+
+def _is_grpc(headers: dict[str, str]) -> bool:
+    content_type = headers.get("content-type", "")
+    return content_type == "application/grpc" or content_type.startswith(("application/grpc+", "application/grpc;"))
+
+
 async def serve_http2(dispatcher: Dispatcher, lifecycle: Lifecycle, host: str, port: int, *,
-                      task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve h2c until the lifecycle drains; reports the bound port through task_status."""
+                      grpc: dict[str, GrpcHandler] | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve h2c until the lifecycle drains; reports the bound port through task_status. grpc maps
+    "/package.Service/Method" paths to handlers of application/grpc calls."""
 
     async def run_connection(stream: trio.SocketStream) -> None:
         try:
-            await _ServerConnection(dispatcher, lifecycle, stream).run()
+            await _ServerConnection(dispatcher, lifecycle, stream, grpc or {}).run()
         except Exception:
             # A bug reached by one peer's bytes must not take the listener and every other client with it.
             log.exception("HTTP/2 connection failed")
@@ -193,12 +328,16 @@ class _Request:
         self.refusal: RocketError | None = None
         self.complete = False  # the client has ended its side of the stream
         self.answering = False  # a task is running the call
+        self.grpc: GrpcCall | None = None  # an application/grpc call, answered by a handler from the grpc table
+        self.handler_scope = trio.CancelScope()  # a gRPC handler's: a deadline or the drain ends it, not the answer
 
 
 class _ServerConnection(_Endpoint):
-    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.SocketStream):
+    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.SocketStream,
+                 grpc: dict[str, GrpcHandler]):
         super().__init__(stream, client_side=False)
         self.dispatcher = dispatcher
+        self.grpc = grpc
         self.lifecycle = lifecycle
         self.requests: dict[int, _Request] = {}  # bounded by h2, which enforces MAX_CONCURRENT_STREAMS
         self.requests_done = trio.Event()
@@ -228,6 +367,8 @@ class _ServerConnection(_Endpoint):
         self.draining = True
         for scope in list(self.waiting_for_items):
             scope.cancel()
+        for request in list(self.requests.values()):
+            request.handler_scope.cancel()  # gRPC streams (long polls, telemetry) end with UNAVAILABLE
         with trio.move_on_after(limits.shutdown_grace_s):
             while self.requests:
                 await self.requests_done.wait()
@@ -255,7 +396,7 @@ class _ServerConnection(_Endpoint):
 
     def _on_event(self, event: h2.events.Event, calls: trio.Nursery) -> None:
         if isinstance(event, h2.events.RequestReceived):
-            self._on_request(event)
+            self._on_request(event, calls)
         elif isinstance(event, h2.events.DataReceived):
             self._on_data(event, calls)
         elif isinstance(event, h2.events.StreamEnded):
@@ -267,19 +408,26 @@ class _ServerConnection(_Endpoint):
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.peer_gone = True  # h2 refuses to send anything after GOAWAY, so nothing is left to do
 
-    def _on_request(self, event: h2.events.RequestReceived) -> None:
+    def _on_request(self, event: h2.events.RequestReceived, calls: trio.Nursery) -> None:
         if self.draining:
             # REFUSED_STREAM tells the client the call never ran, so retrying elsewhere is safe.
             self.connection.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
-        self.requests[event.stream_id] = _Request(_header_dict(event.headers))
+        request = self.requests[event.stream_id] = _Request(_header_dict(event.headers))
         if self.requests_done.is_set():
             self.requests_done = trio.Event()
+        if _is_grpc(request.headers) and not request.headers.get(":path", "").startswith(path_prefix):
+            # A gRPC call starts at its headers: a bidirectional stream's handler answers while it reads.
+            request.grpc = GrpcCall(self, event.stream_id, request.headers)
+            self._answer_soon(event.stream_id, request, calls)
 
     def _on_data(self, event: h2.events.DataReceived, calls: trio.Nursery) -> None:
         # Bodies are bounded below, per stream, so the window can reopen as soon as bytes arrive.
         self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         request = self.requests.get(event.stream_id)
+        if request is not None and request.grpc is not None:
+            request.grpc._on_data(event.data)  # bounded there: past grpc_buffered_bytes_max the call fails
+            return
         if request is None or request.answering:
             return
         if len(request.body) + len(event.data) > limits.frame_bytes_max:
@@ -293,7 +441,9 @@ class _ServerConnection(_Endpoint):
         request = self.requests.get(stream_id)
         if request is not None:
             request.complete = True
-            if not request.answering:
+            if request.grpc is not None:
+                request.grpc._on_end()
+            elif not request.answering:
                 self._answer_soon(stream_id, request, calls)
 
     def _on_reset(self, stream_id: int) -> None:
@@ -317,7 +467,10 @@ class _ServerConnection(_Endpoint):
     async def _call(self, stream_id: int, request: _Request) -> None:
         try:
             with request.scope:
-                await self._answer(stream_id, request)
+                if request.grpc is not None:
+                    await self._answer_grpc(stream_id, request)
+                else:
+                    await self._answer(stream_id, request)
         except h2.exceptions.StreamClosedError:
             pass  # the client reset the stream while we answered; nobody is left to tell
         finally:
@@ -343,6 +496,45 @@ class _ServerConnection(_Endpoint):
                 await self.flush()
             return
         await self._respond(stream_id, serde, body, None)
+
+    async def _answer_grpc(self, stream_id: int, request: _Request) -> None:
+        """Run the path's handler; every outcome, even a crash, ends in grpc-status trailers."""
+        call = request.grpc
+        failure: GrpcError | None = None
+        try:
+            path = request.headers.get(":path", "")
+            handler = self.grpc.get(path)
+            if request.headers.get(":method") != "POST":
+                raise GrpcError(GrpcStatus.UNIMPLEMENTED, f"{request.headers.get(':method')} {path}: calls are POST")
+            if handler is None:
+                raise GrpcError(GrpcStatus.UNIMPLEMENTED, f"unknown method {path[:200]!r}")
+            timeout_s = _grpc_timeout_s(request.headers.get("grpc-timeout"))
+            if timeout_s is not None:
+                call.deadline = request.handler_scope.deadline = trio.current_time() + timeout_s
+            with request.handler_scope:
+                await handler(call)
+            if request.handler_scope.cancelled_caught:
+                if self.draining:
+                    raise GrpcError(GrpcStatus.UNAVAILABLE, "the server is shutting down")
+                raise GrpcError(GrpcStatus.DEADLINE_EXCEEDED, "the call's grpc-timeout passed")
+        except GrpcError as error:
+            failure = error
+        except Exception as error:  # a handler's bug must end this call only, and say so
+            log.exception("gRPC method %s failed", request.headers.get(":path"))
+            failure = GrpcError(GrpcStatus.INTERNAL, f"{type(error).__name__} in the server")
+        trailers = [("grpc-status", str(failure.status if failure else GrpcStatus.OK))]
+        if failure is not None:
+            trailers.append(("grpc-message", _grpc_message_text(failure.message)))
+        if call.headers_sent:
+            self.connection.send_headers(stream_id, trailers, end_stream=True)
+        else:  # a trailers-only response
+            call.headers_sent = True
+            self.connection.send_headers(stream_id, [(":status", "200"), ("content-type", "application/grpc"),
+                                                     *trailers], end_stream=True)
+        await self.flush()
+        if not request.complete:  # stop a client still sending: the call is over (RFC 9113 8.1)
+            self.connection.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+            await self.flush()
 
     async def _respond(self, stream_id: int, serde: ModuleType, body: bytes, error: RocketError | None) -> None:
         headers = [(":status", str(_status_of(error))), ("content-type", serde.content_type)]
@@ -380,6 +572,12 @@ class _ServerConnection(_Endpoint):
             if waiting.cancelled_caught:
                 return RocketError(Code.UNAVAILABLE, "the server is shutting down")
             await self.send_data(stream_id, message_prefix.pack(0, len(item)) + item)
+
+
+def _grpc_message_text(text: str) -> str:
+    """grpc-message is percent-encoded UTF-8 (gRPC over HTTP/2, "Responses")."""
+    return "".join(char if " " <= char <= "~" and char != "%" else "".join(f"%{byte:02X}" for byte in char.encode())
+                   for char in text[:header_text_chars_max])
 
 
 def _method_of(headers: dict[str, str]) -> str:
