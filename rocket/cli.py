@@ -169,22 +169,29 @@ async def tier_status(topic: Annotated[Optional[str], typer.Argument(help="One t
     """Per topic: local and tiered bytes, data pending upload, oldest offsets."""
     async with connect(server, transport, serde) as channel:
         topics = await Admin(channel).tier_status(topic or "")
-    table = Table("topic", "queue", "retention", "local", "first offset", "local from", "tiered to", "next offset",
-                  "local bytes", "tiered bytes", "pending bytes", "pieces")
+    table = Table("topic / queue", "retention total / local", "offsets first / local / next", "local", "tiered",
+                  "pending", "pieces", title="tier")
     for spec, rows in topics:
-        retention = f"{_show_retention(spec.retention_s)}", f"{_show_retention(spec.local_retention_s)}"
+        retention = f"{_show_retention(spec.retention_s)} / {_show_retention(spec.local_retention_s)}"
         if not queues:
             rows = [{"queue": "all", "first_offset": min((r["first_offset"] for r in rows), default=0),
                      "local_offset": min((r["local_offset"] for r in rows), default=0),
-                     "tiered_offset": min((r["tiered_offset"] for r in rows), default=0),
                      **{field: sum(r[field] for r in rows) for field in
                         ("next_offset", "local_bytes", "tiered_bytes", "pending_bytes", "pieces")}}]
         for row in rows:
-            table.add_row(spec.name, str(row["queue"]), *retention, f"{row['first_offset']:,}",
-                          f"{row['local_offset']:,}", f"{row['tiered_offset']:,}", f"{row['next_offset']:,}",
-                          f"{row['local_bytes']:,}", f"{row['tiered_bytes']:,}", f"{row['pending_bytes']:,}",
-                          f"{row['pieces']:,}")
+            offsets = f"{row['first_offset']:,} / {row['local_offset']:,} / {row['next_offset']:,}"
+            table.add_row(f"{spec.name} / {row['queue']}", retention, offsets, _size(row["local_bytes"]),
+                          _size(row["tiered_bytes"]), _size(row["pending_bytes"]), f"{row['pieces']:,}")
     out.print(table)
+
+
+def _size(count: int) -> str:
+    """Bytes for people: 512 B, 1.5 KiB, 3.2 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:,} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
+        count /= 1024
+    return ""
 
 
 @topic_app.command("list")
