@@ -28,6 +28,7 @@ log = logging.getLogger("rocket.rocketmq")
 
 SERVICE = "apache.rocketmq.v2.MessagingService"
 receive_answer_margin_s = 1.0  # a long poll answers "not found" this long before the client's deadline expires
+receive_slice_s = 5.0  # a long poll asks the broker in slices: its own long polls must end within its storage retries
 receive_wait_s_default = 20.0  # RocketMQ's default long-polling timeout, when a request names none
 invisible_s_default = 30.0  # RocketMQ's default invisible duration, when a request names none
 topic_cache_s = 5.0  # topic types and queue counts are read at most this often per topic (sends need them)
@@ -359,13 +360,18 @@ class RocketMQProxy:
             wait_s = min(wait_s, call.deadline - trio.current_time() - receive_answer_margin_s)
         expression = request.filter_expression
         filter_type = "sql" if expression.type == 2 else "tag"
+        deadline = trio.current_time() + max(0.0, wait_s)
         try:
             topic = await self._topic(topic_name)
-            response = await self.dispatcher.local("Receive", {
-                "topic": topic_name, "group": request.group.name, "max_messages": max(1, request.batch_size),
-                "invisible_ms": _ms_of(request.invisible_duration, invisible_s_default),
-                "wait_ms": max(0, int(wait_s * 1000)), "max_attempts": limits.pop_attempts_default,
-                "filter_type": filter_type, "filter": expression.expression or ("*" if filter_type == "tag" else "")})
+            while True:
+                slice_s = min(receive_slice_s, max(0.0, deadline - trio.current_time()))
+                response = await self.dispatcher.local("Receive", {
+                    "topic": topic_name, "group": request.group.name, "max_messages": max(1, request.batch_size),
+                    "invisible_ms": _ms_of(request.invisible_duration, invisible_s_default),
+                    "wait_ms": int(slice_s * 1000), "max_attempts": limits.pop_attempts_default,
+                    "filter_type": filter_type, "filter": expression.expression or ("*" if filter_type == "tag" else "")})
+                if response["handles"] or trio.current_time() >= deadline:
+                    break
         except RocketError as error:
             yield service.ReceiveMessageResponse(status=self._error_status(error))
             return
@@ -403,8 +409,8 @@ class RocketMQProxy:
             system.message_group = message.key
         system.born_timestamp.FromMilliseconds(message.timestamp_ms)
         system.store_timestamp.FromMilliseconds(message.timestamp_ms)
-        if message.deliver_at_ms:
-            system.delivery_timestamp.FromMilliseconds(message.deliver_at_ms)
+        if message.deliver_at_ms or topic["message_type"] == "delay":  # a delivered one's timestamp is its time
+            system.delivery_timestamp.FromMilliseconds(message.deliver_at_ms or message.timestamp_ms)
         system.invisible_duration.FromMilliseconds(invisible_ms)
         return definition.Message(topic=definition.Resource(name=topic["name"]), user_properties=properties,
                                   system_properties=system, body=message.body)

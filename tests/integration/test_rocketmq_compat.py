@@ -1,0 +1,215 @@
+"""RocketMQ 5 compatibility: the official Python client (rocketmq-python-client, run in its own process because
+it configures logging globally) against a real `rocket run`, and gRPC error answers over a raw socket."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+
+pytest.importorskip("rocketmq.grpc_protocol", reason="needs rocketmq-python-client (pip install -e '.[test]')")
+
+CLIENT_PRELUDE = textwrap.dedent("""
+    import json, sys, time
+    from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer,
+                          TransactionChecker, TransactionResolution)
+    endpoint, topic = sys.argv[1], sys.argv[2]
+    config = ClientConfiguration(endpoint, Credentials(), request_timeout=5)
+
+    def message(body, tag=None, keys=(), properties=None, group=None, deliver_at_s=None):
+        built = Message()
+        built.topic, built.body = topic, body.encode()
+        if tag:
+            built.tag = tag
+        for key in keys:
+            built.keys = key  # the setter adds one key at a time
+        for name, value in (properties or {}).items():
+            built.add_property(name, value)
+        if group:
+            built.message_group = group
+        if deliver_at_s:
+            built.delivery_timestamp = deliver_at_s  # this client takes whole epoch seconds
+        return built
+
+    def receive_all(consumer, count, limit_s=30):
+        got, deadline = [], time.time() + limit_s
+        while len(got) < count and time.time() < deadline:
+            for received in consumer.receive(16, 20):
+                got.append({"body": received.body.decode(), "tag": received.tag, "keys": sorted(received.keys),
+                            "properties": received.properties, "group": received.message_group,
+                            "delivery_ms": received.delivery_timestamp, "at_ms": int(time.time() * 1000)})
+                consumer.ack(received)
+        return got
+
+    def report(value):
+        print("RESULT " + json.dumps(value), flush=True)
+""")
+
+
+def run_client(server, topic: str, script: str, timeout_s: float = 120) -> dict:
+    """Run the official client in a separate Python process against the server's HTTP/2 port."""
+    completed = subprocess.run([sys.executable, "-c", CLIENT_PRELUDE + textwrap.dedent(script),
+                                f"127.0.0.1:{server.http2_port}", topic],
+                               capture_output=True, text=True, timeout=timeout_s)
+    for line in completed.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise AssertionError(f"client failed ({completed.returncode}): {completed.stdout[-2000:]} {completed.stderr[-3000:]}")
+
+
+def create_topic(server, name: str, message_type: str, queues: int = 4) -> None:
+    subprocess.run([sys.executable, "-m", "rocket", "topic", "create", name, "--queues", str(queues), "--type",
+                    message_type, "--server", server.server], check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def rocket_server(server_process):
+    return server_process().start()
+
+
+def test_normal_send_and_simple_consumer_round_trip(rocket_server):
+    """Messages sent by the official Producer come back to its SimpleConsumer with the same bodies, keys, tags
+    and properties, and acked messages are not delivered again."""
+    create_topic(rocket_server, "orders", "normal")
+    result = run_client(rocket_server, "orders", """
+        producer = Producer(config, (topic,))
+        producer.startup()
+        ids = [producer.send(message(f"body-{i}", tag=f"tag{i % 2}", keys=(f"key-{i}", "common"),
+                                     properties={"region": "eu", "n": str(i)})).message_id for i in range(5)]
+        producer.shutdown()
+        consumer = SimpleConsumer(config, "billing", {topic: FilterExpression()}, 25)
+        consumer.startup()
+        got = receive_all(consumer, 5)
+        again = consumer.receive(16, 2)
+        consumer.shutdown()
+        report({"ids": ids, "got": got, "again": len(again)})
+    """)
+    assert len(set(result["ids"])) == 5
+    got = sorted(result["got"], key=lambda entry: entry["body"])
+    assert [entry["body"] for entry in got] == [f"body-{i}" for i in range(5)]
+    for i, entry in enumerate(got):
+        assert entry["tag"] == f"tag{i % 2}"
+        assert entry["keys"] == sorted([f"key-{i}", "common"])
+        assert entry["properties"] == {"region": "eu", "n": str(i)}
+    assert result["again"] == 0
+
+
+def test_delay_message_arrives_no_earlier_than_its_delivery_time(rocket_server):
+    """A delay message sent with a delivery timestamp is received at or after that time, and carries it."""
+    create_topic(rocket_server, "later", "delay")
+    result = run_client(rocket_server, "later", """
+        producer = Producer(config, (topic,))
+        producer.startup()
+        deliver_at_ms = (int(time.time()) + 4) * 1000
+        producer.send(message("remind me", tag="t", deliver_at_s=deliver_at_ms // 1000))
+        producer.shutdown()
+        consumer = SimpleConsumer(config, "reminders", {topic: FilterExpression()}, 25)
+        consumer.startup()
+        got = receive_all(consumer, 1)
+        consumer.shutdown()
+        report({"deliver_at_ms": deliver_at_ms, "got": got})
+    """)
+    [entry] = result["got"]
+    assert entry["body"] == "remind me"
+    assert entry["at_ms"] >= result["deliver_at_ms"]
+    assert entry["delivery_ms"] == result["deliver_at_ms"]
+
+
+def test_fifo_messages_arrive_in_order_per_message_group(rocket_server):
+    """On a FIFO topic the messages of each message group are received in the order they were sent."""
+    create_topic(rocket_server, "ledger", "fifo")
+    result = run_client(rocket_server, "ledger", """
+        producer = Producer(config, (topic,))
+        producer.startup()
+        for i in range(6):
+            for group in ("alice", "bob", "carol"):
+                producer.send(message(f"{group}-{i}", group=group))
+        producer.shutdown()
+        consumer = SimpleConsumer(config, "auditors", {topic: FilterExpression()}, 25)
+        consumer.startup()
+        got = receive_all(consumer, 18)
+        consumer.shutdown()
+        report({"got": got})
+    """)
+    by_group: dict[str, list[str]] = {}
+    for entry in result["got"]:
+        by_group.setdefault(entry["group"], []).append(entry["body"])
+    assert by_group == {group: [f"{group}-{i}" for i in range(6)] for group in ("alice", "bob", "carol")}
+
+
+def test_transaction_commit_delivers_and_rollback_drops(rocket_server):
+    """A committed transactional half message is delivered to consumers; a rolled back one never is."""
+    create_topic(rocket_server, "payments", "transaction")
+    result = run_client(rocket_server, "payments", """
+        class Checker(TransactionChecker):
+            def check(self, message):
+                return TransactionResolution.ROLLBACK
+        producer = Producer(config, (topic,), Checker())
+        producer.startup()
+        for body, commit in (("kept", True), ("dropped", False)):
+            transaction = producer.begin_transaction()
+            producer.send(message(body, keys=("k-" + body,)), transaction)
+            transaction.commit() if commit else transaction.rollback()
+        producer.shutdown()
+        consumer = SimpleConsumer(config, "settlement", {topic: FilterExpression()}, 25)
+        consumer.startup()
+        got = receive_all(consumer, 1)
+        got += [{"body": late.body.decode()} for late in consumer.receive(16, 3)]
+        consumer.shutdown()
+        report({"got": [entry["body"] for entry in got]})
+    """)
+    assert result["got"] == ["kept"]
+
+
+# ---- gRPC errors over a raw socket -----------------------------------------------------------------------
+
+SERVICE_PATH = "/apache.rocketmq.v2.MessagingService/"
+
+
+def grpc_exchange(port: int, path: str, data: bytes, extra_headers=()) -> dict[str, str]:
+    """One gRPC-shaped request on a fresh h2c connection; the response's headers and trailers."""
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    connection.initiate_connection()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        stream_id = connection.get_next_available_stream_id()
+        connection.send_headers(stream_id, [(":method", "POST"), (":scheme", "http"), (":authority", f"127.0.0.1:{port}"),
+                                            (":path", path), ("content-type", "application/grpc"), ("te", "trailers"),
+                                            *extra_headers])
+        connection.send_data(stream_id, data, end_stream=True)
+        sock.sendall(connection.data_to_send())
+        fields: dict[str, str] = {}
+        while True:
+            received = sock.recv(65536)
+            assert received, f"the server closed the connection; fields so far {fields}"
+            for event in connection.receive_data(received):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    fields.update(dict(event.headers))
+                if isinstance(event, h2.events.StreamEnded) and event.stream_id == stream_id:
+                    return fields
+                if isinstance(event, h2.events.StreamReset) and event.stream_id == stream_id:
+                    return fields
+            sock.sendall(connection.data_to_send())
+
+
+def test_malformed_frames_and_unknown_methods_get_grpc_statuses(rocket_server):
+    """Unknown methods, bad message prefixes, oversized lengths, truncated messages and undecodable protobuf
+    each get a gRPC error status, and the server keeps answering valid calls afterwards."""
+    port = rocket_server.http2_port
+    assert grpc_exchange(port, SERVICE_PATH + "NoSuchMethod", b"\0\0\0\0\0")["grpc-status"] == "12"
+    assert grpc_exchange(port, "/other.Service/Call", b"\0\0\0\0\0")["grpc-status"] == "12"
+    assert grpc_exchange(port, SERVICE_PATH + "QueryRoute", b"\x07\0\0\0\0")["grpc-status"] == "13"  # bad flag
+    assert grpc_exchange(port, SERVICE_PATH + "QueryRoute", b"\x01\0\0\0\x01x")["grpc-status"] == "12"  # compressed
+    assert grpc_exchange(port, SERVICE_PATH + "QueryRoute", b"\0\x7f\xff\xff\xff")["grpc-status"] == "8"  # too large
+    assert grpc_exchange(port, SERVICE_PATH + "QueryRoute", b"\0\0\0\0\x09abc")["grpc-status"] == "13"  # truncated
+    assert grpc_exchange(port, SERVICE_PATH + "QueryRoute", b"\0\0\0\0\x03\xff\xff\xff")["grpc-status"] == "13"
+    answer = grpc_exchange(port, SERVICE_PATH + "QueryRoute", b"\0\0\0\0\x00", [("grpc-timeout", "bad")])
+    assert answer["grpc-status"] == "3"
+    answer = grpc_exchange(port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00")
+    assert answer["grpc-status"] == "0" and answer["content-type"] == "application/grpc"
