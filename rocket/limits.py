@@ -114,6 +114,7 @@ tier_piece_bytes_max = 1 * GiB  # a piece is built in memory before its PUT
 tier_piece_age_s_default = 600.0  # a quiet queue's data is offloaded after this long even if below the piece size
 tier_scan_s = 1.0  # how often a group leader looks for data to offload, expire or drop locally
 tier_topics_refresh_s = 5.0  # how often the offloader refreshes topic retention settings from the nameservers
+tier_retention_check_s = tier_topics_refresh_s  # the longest a queue's retentions wait to be looked at: they may change
 tier_backoff_s_max = 30.0  # after a failed upload a queue waits up to this long (doubling) before trying again
 tier_uploads_per_scan_max = 64  # pieces one scan uploads, so a backlog is worked off in bounded steps
 tier_pieces_per_queue_max = 1_000_000  # manifest entries of one queue kept in memory and in every snapshot

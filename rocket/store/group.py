@@ -25,7 +25,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 from rocket.serde import batch as batch_codec
 from rocket.store.commitlog import HEADER_BYTES, CommitLog
-from rocket.model import Message, dead_letter_topic, half_topic, timer_topic
+from rocket.model import SYSTEM_PREFIX, Message, dead_letter_topic, half_topic, timer_topic
 from rocket.store import pop
 from rocket.store.pop import PopChange, PopQueue
 from rocket.store.queue_index import ALL_TAGS, HALF_PREFIX, IndexEntry, QueueIndex, QueueStats, Timer
@@ -269,6 +269,8 @@ class Store:
         self._timer_batches_bytes = 0
         self._pops: dict[pop.PopKey, PopQueue] = {}  # pop consumption: (consumer group, topic, queue) -> state
         self._tier: dict[tuple[str, int], TierQueue] = {}  # the tier manifest of each queue that has one
+        # Queues appended to since the offloader last found nothing of them left to upload (all at open).
+        self.offload_candidates: set[tuple[str, int]] = set()
         self._dirty = False
         self.fsyncs = 0
 
@@ -358,6 +360,7 @@ class Store:
         self.index.apply(entries, stats, commits, applied, self.log.end_position, timers, pop_changes)
         self._pops = pops
         self._tier = tier
+        self.offload_candidates = {key for key in stats if not key[0].startswith(SYSTEM_PREFIX)}
         if replayed:
             log.info("replayed %d log records into the index", replayed)
         self._queues = stats
@@ -420,6 +423,8 @@ class Store:
                 stats.bytes += len(batch)
                 stats.last_append_ms = append_ms
                 touched[(stored_topic, queue)] = stats
+                if not stored_topic.startswith(SYSTEM_PREFIX):
+                    self.offload_candidates.add((stored_topic, queue))
                 invariant(position >= 0, f"group {group} entry {entry.index} was applied before it was persisted")
                 placed = IndexEntry(base_offset, position + batch_at, header.count, len(batch),
                                     header.first_timestamp_ms, append_ms, header.tag_summary)
@@ -869,8 +874,19 @@ class Store:
             return None
         return state.piece_at(offset)
 
-    def group_queues(self, group: int) -> list[tuple[str, int]]:
-        return [key for key, stats in self._queues.items() if stats.group == group]
+    def queues_of(self, groups: set[int], keys) -> list[tuple[int, str, int]]:
+        """(group, topic, queue) of those of keys (topic, queue) that belong to these groups."""
+        found = []
+        for key in keys:
+            stats = self._queues.get(key)
+            if stats is not None and stats.group in groups:
+                found.append((stats.group, *key))
+        return found
+
+    def queue_bytes(self, topic: str, queue: int) -> int:
+        """Bytes ever stored in the queue (offloaded ones included), from memory."""
+        stats = self._queues.get((topic, queue))
+        return stats.bytes if stats is not None else 0
 
     def offload_run(self, topic: str, queue: int, piece_bytes: int, piece_age_ms: int, now_ms: int
                     ) -> list[tuple[int, bytes, int, int]]:

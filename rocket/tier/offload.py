@@ -15,7 +15,6 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import SYSTEM_PREFIX
 from rocket.store.group import Store, encode_drop_local, encode_expire, encode_offloaded
 from rocket.tier.objectstore import ObjectStore
 from rocket.tier.piece import Piece, build, queue_prefix, range_of_key
@@ -54,6 +53,7 @@ class Offloader:
         self.retention = retention
         self._backoff: dict[tuple[str, int], _Backoff] = {}
         self._pending_seen: dict[tuple[str, int], tuple[int, float]] = {}  # queue -> (tiered to, first seen)
+        self._retention_due: dict[tuple[str, int], float] = {}  # queue -> when to look at its retentions again
         self.uploaded_pieces = 0
         self.uploaded_bytes = 0
         self.failures = 0
@@ -64,40 +64,56 @@ class Offloader:
             await self.scan()
 
     async def scan(self) -> int:
-        """One round over the queues of the groups led here; returns the pieces uploaded."""
+        """One round over the queues of the groups led here that may have something to upload (appended
+        to since they last had nothing pending) or to drop or expire (those with pieces, when their
+        retention may have come); returns the pieces uploaded. Idle queues cost nothing."""
         uploads = 0
-        for group in list(self.leads()):
-            for topic, queue in self.store.group_queues(group):
-                if topic.startswith(SYSTEM_PREFIX):
-                    continue  # timers, half messages and dead letters stay local
-                key = (topic, queue)
-                backoff = self._backoff.get(key)
-                if backoff is not None and trio.current_time() < backoff.until:
-                    continue
-                try:
-                    while uploads < limits.tier_uploads_per_scan_max and await self.offload(group, topic, queue):
-                        uploads += 1
-                    await self.retain(group, topic, queue)
-                except RocketError as error:
-                    self.failures += 1
-                    backoff = self._backoff.setdefault(key, _Backoff())
-                    backoff.wait_s = min(max(backoff.wait_s * 2, limits.tier_scan_s), limits.tier_backoff_s_max)
-                    backoff.until = trio.current_time() + backoff.wait_s
-                    log.warning("tier: %s/%d: %s (retrying in %.0f s)", topic, queue, error, backoff.wait_s)
-                else:
-                    self._backoff.pop(key, None)
-                await trio.sleep(0)
+        now = trio.current_time()
+        led = set(self.leads())
+        for number, (group, topic, queue) in enumerate(self.store.queues_of(led, self.store.offload_candidates)):
+            if number % 1000 == 999:
+                await trio.sleep(0)  # a long round lets the node's other work in
+            if self._backed_off((topic, queue), now):
+                continue
+            try:
+                while uploads < limits.tier_uploads_per_scan_max and await self.offload(group, topic, queue):
+                    uploads += 1
+            except RocketError as error:
+                self._back_off((topic, queue), error)
+        due = [key for key, at in self._retention_due.items() if at <= now]
+        for group, topic, queue in self.store.queues_of(led, due):
+            if self._backed_off((topic, queue), now):
+                continue
+            try:
+                await self.retain(group, topic, queue)
+            except RocketError as error:
+                self._back_off((topic, queue), error)
         return uploads
+
+    def _backed_off(self, key: tuple[str, int], now: float) -> bool:
+        backoff = self._backoff.get(key)
+        if backoff is not None and now < backoff.until:
+            return True
+        self._backoff.pop(key, None)
+        return False
+
+    def _back_off(self, key: tuple[str, int], error: RocketError) -> None:
+        self.failures += 1
+        backoff = self._backoff.setdefault(key, _Backoff())
+        backoff.wait_s = min(max(backoff.wait_s * 2, limits.tier_scan_s), limits.tier_backoff_s_max)
+        backoff.until = trio.current_time() + backoff.wait_s
+        log.warning("tier: %s/%d: %s (retrying in %.0f s)", key[0], key[1], error, backoff.wait_s)
 
     def _due(self, topic: str, queue: int, now_s: float) -> bool:
         """A cheap look before reading the index: is a full piece waiting, or has data waited long enough?"""
-        stats = self.store.queue_stats(topic, queue)
         state = self.store.tier_state(topic, queue)
-        tiered_to = state.tiered_to if state is not None else stats["min_offset"]
-        if stats["next_offset"] <= tiered_to:
+        pending_bytes = self.store.queue_bytes(topic, queue) - (state.offloaded_bytes if state is not None else 0)
+        tiered_to = state.tiered_to if state is not None else 0
+        self._retention_due.setdefault((topic, queue), trio.current_time())  # it has pieces, or soon will
+        if pending_bytes <= 0:
             self._pending_seen.pop((topic, queue), None)
+            self.store.offload_candidates.discard((topic, queue))  # until it is appended to again
             return False
-        pending_bytes = stats["bytes"] - (state.offloaded_bytes if state is not None else 0)
         if pending_bytes >= self.settings.piece_bytes:
             return True
         seen = self._pending_seen.get((topic, queue))
@@ -146,11 +162,14 @@ class Offloader:
                 await self.objects.delete(info.key)
 
     async def retain(self, group: int, topic: str, queue: int) -> None:
-        """Drop local data past local retention (offloaded only), expire pieces past total retention."""
+        """Drop local data past local retention (offloaded only), expire pieces past total retention; look
+        again after the shorter of the two (at most limits.tier_retention_check_s)."""
         state = self.store.tier_state(topic, queue)
+        retention_s, local_retention_s = self.retention(topic)
+        self._retention_due[(topic, queue)] = trio.current_time() + min(
+            [limits.tier_retention_check_s] + [seconds for seconds in (retention_s, local_retention_s) if seconds > 0])
         if state is None or not state.pieces:
             return
-        retention_s, local_retention_s = self.retention(topic)
         now_ms = int(time.time() * 1000)
         if local_retention_s > 0:
             drop_to = None
