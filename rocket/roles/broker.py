@@ -148,9 +148,9 @@ class Broker:
     async def _storage(self, route: _Route, group: int, method: str, request: dict,
                        timeout_s: float = limits.storage_call_s_max) -> dict:
         """Call the group's leader as far as known, else each replica in turn; refresh the route and
-        try again until limits.storage_retry_s_max has passed."""
+        try again until limits.storage_retry_s_max has passed (or, for a long poll, the call's timeout)."""
         failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
-        with trio.move_on_after(limits.storage_retry_s_max):
+        with trio.move_on_after(max(limits.storage_retry_s_max, timeout_s)):
             for attempt in itertools.count():
                 voters = route.voters.get(group, ())
                 leader = self._leaders.get(group)
@@ -374,13 +374,17 @@ class Broker:
         return {"batches": batches, "next_offsets": next_offsets}
 
     async def _wait_for_data(self, route: _Route, positions: dict[int, int], wait_s: float) -> None:
-        """Long-poll every group at once; return when one of them has data, or after wait_s."""
+        """Long-poll every group at once; return when one of them has data, or after wait_s. A group that
+        fails the poll ends the wait too: the caller reads again, and that read reports the failure."""
         async def wait_on(group: int, queues: list[int], done: trio.CancelScope) -> None:
-            await self._storage(route, group, "StorageRead", {
-                "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": 0,
-                "at_least_one": False, "any_replica": False, "follower_ok": False, "tag_mask": -1,
-                "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
-                timeout_s=wait_s + limits.storage_call_s_max)
+            try:
+                await self._storage(route, group, "StorageRead", {
+                    "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": 0,
+                    "at_least_one": False, "any_replica": False, "follower_ok": False, "tag_mask": -1,
+                    "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
+                    timeout_s=wait_s + limits.storage_call_s_max)
+            except RocketError as error:
+                log.info("long poll of %s on group %d: %s", route.spec.name, group, error)
             done.cancel()
 
         with trio.move_on_after(wait_s + 1):

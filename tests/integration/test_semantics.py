@@ -8,7 +8,7 @@ import time
 import pytest
 import trio
 
-from rocket.client import Admin, Consumer, connect, open_consumer, open_producer
+from rocket.client import Admin, Consumer, SimpleConsumer, connect, open_consumer, open_producer
 from rocket.errors import Code, RocketError
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
@@ -153,3 +153,24 @@ async def test_clustering_members_split_the_queues_and_take_over_a_leaver(server
             assert len(everything) == 800
         async with open_consumer(channel, "orders", "audit", mode="broadcasting", member="x", wait_ms=0) as again:
             assert await again.poll() == []
+
+
+async def test_long_polls_longer_than_the_storage_retry_window_end_quietly(server_process):
+    """A pull and a receive that wait longer than the broker's storage retry window (15 s) on an empty
+    topic end with nothing, not with an error; a message sent meanwhile ends the wait."""
+    server = server_process().start()
+    async with connect(server.server) as channel:
+        await Admin(channel).create_topic("quiet", 2)
+        pulled = await channel.call("Pull", {"topic": "quiet", "queues": [{"queue": 0, "offset": 0}],
+                                             "wait_ms": 17_000}, timeout_s=40)
+        assert pulled["batches"] == []
+
+        async def send_later() -> None:
+            await trio.sleep(16)
+            async with open_producer(channel, "quiet") as producer:
+                await producer.send(Message(b"late"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_later)
+            received = await SimpleConsumer(channel, "quiet", "g").receive(wait_s=25)
+        assert [m.body for m in received] == [b"late"]
