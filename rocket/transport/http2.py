@@ -215,7 +215,7 @@ class GrpcCall:
             return
         self._buffer += data
         try:
-            self._messages.extend(_split_grpc_messages(self._buffer))
+            self._messages.extend(_split_messages(self._buffer, _check_grpc_prefix))
         except GrpcError as error:
             self.failure = error
         if len(self._buffer) > grpc_buffered_bytes_max or sum(map(len, self._messages)) > grpc_buffered_bytes_max:
@@ -263,25 +263,15 @@ class GrpcCall:
 GrpcHandler = Callable[[GrpcCall], Awaitable[None]]
 
 
-def _split_grpc_messages(buffer: bytearray) -> list[bytes]:
-    """Remove and return the complete gRPC messages at the front of buffer; GrpcError for what gRPC forbids."""
-    messages, offset = [], 0
-    while len(buffer) - offset >= message_prefix.size:
-        flag, length = message_prefix.unpack_from(buffer, offset)
-        if flag == 1:
-            raise GrpcError(GrpcStatus.UNIMPLEMENTED, "compressed messages are not supported (no grpc-encoding)")
-        if flag != 0:
-            raise GrpcError(GrpcStatus.INTERNAL, f"malformed message prefix: compressed flag {flag}")
-        if length > grpc_message_bytes_max:
-            raise GrpcError(GrpcStatus.RESOURCE_EXHAUSTED,
-                            f"message of {length} bytes exceeds the limit of {grpc_message_bytes_max}")
-        end = offset + message_prefix.size + length
-        if len(buffer) < end:
-            break
-        messages.append(bytes(buffer[offset + message_prefix.size:end]))
-        offset = end
-    del buffer[:offset]
-    return messages
+def _check_grpc_prefix(flag: int, length: int) -> None:
+    """What gRPC forbids in a message prefix, as its statuses."""
+    if flag == 1:
+        raise GrpcError(GrpcStatus.UNIMPLEMENTED, "compressed messages are not supported (no grpc-encoding)")
+    if flag != 0:
+        raise GrpcError(GrpcStatus.INTERNAL, f"malformed message prefix: compressed flag {flag}")
+    if length > grpc_message_bytes_max:
+        raise GrpcError(GrpcStatus.RESOURCE_EXHAUSTED,
+                        f"message of {length} bytes exceeds the limit of {grpc_message_bytes_max}")
 
 
 def _grpc_timeout_s(value: str | None) -> float | None:
@@ -616,13 +606,18 @@ class _Response:
         self.changed = trio.Event()
 
 
-def _split_messages(buffer: bytearray) -> list[bytes]:
-    """Remove and return the complete length-prefixed messages at the front of buffer."""
+def _check_stream_prefix(flag: int, length: int) -> None:
+    if flag != 0 or length > limits.frame_bytes_max:
+        raise RocketError(Code.BAD_FRAME, f"stream message with flag {flag} and length {length}")
+
+
+def _split_messages(buffer: bytearray, check=_check_stream_prefix) -> list[bytes]:
+    """Remove and return the complete length-prefixed messages at the front of buffer (gRPC's framing:
+    1 flag byte, 4-byte length); check(flag, length) refuses a prefix."""
     messages, offset = [], 0
     while len(buffer) - offset >= message_prefix.size:
         flag, length = message_prefix.unpack_from(buffer, offset)
-        if flag != 0 or length > limits.frame_bytes_max:
-            raise RocketError(Code.BAD_FRAME, f"stream message with flag {flag} and length {length}")
+        check(flag, length)
         end = offset + message_prefix.size + length
         if len(buffer) < end:
             break
