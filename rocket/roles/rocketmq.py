@@ -20,9 +20,10 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Message, queue_for_key
+from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
 from rocket.transport.http2 import GrpcCall, GrpcError, GrpcHandler, GrpcStatus
-from rocket.transport.rpc import Dispatcher
+from rocket.transport.rpc import Dispatcher, method_spec
 
 log = logging.getLogger("rocket.rocketmq")
 
@@ -32,6 +33,7 @@ receive_slice_s = 5.0  # a long poll asks the broker in slices: its own long pol
 receive_wait_s_default = 20.0  # RocketMQ's default long-polling timeout, when a request names none
 invisible_s_default = 30.0  # RocketMQ's default invisible duration, when a request names none
 topic_cache_s = 5.0  # topic types and queue counts are read at most this often per topic (sends need them)
+telemetry_topics_max = 256  # transaction topics one Telemetry stream has check-backs forwarded for
 topic_cache_entries_max = 4096  # bounds the topic cache; the oldest entry goes first
 KEYS_PROPERTY = "__rmq.keys"  # a message's RocketMQ keys, space-separated, when rocket's one key cannot hold them
 ID_PROPERTY = "__rmq.id"  # the message id the client gave, handed back on receive
@@ -228,13 +230,53 @@ class RocketMQProxy:
     # ---- telemetry ---------------------------------------------------------------------------------------
 
     async def telemetry(self, call: GrpcCall) -> None:
-        """Answer each settings command with the server's settings; other commands need no answer yet."""
-        while (data := await call.receive()) is not None:
-            command = self._parse(self.service.TelemetryCommand, data)
-            if command.WhichOneof("command") != "settings":
-                continue
-            answer = self.service.TelemetryCommand(status=self._status(), settings=await self._settings(command.settings))
-            await call.send(answer.SerializeToString())
+        """Answer each settings command with the server's settings. While the stream is open, a producer's
+        transaction topics (those its settings list) have their due check-backs forwarded to it as
+        RecoverOrphanedTransactionCommands; it answers with EndTransaction calls."""
+        sending = trio.Lock()  # commands from several tasks go out whole, one after another
+
+        async def send(command) -> None:
+            async with sending:
+                await call.send(command.SerializeToString())
+
+        checked: set[str] = set()
+        async with trio.open_nursery() as nursery:
+            while (data := await call.receive()) is not None:
+                command = self._parse(self.service.TelemetryCommand, data)
+                if command.WhichOneof("command") != "settings":
+                    continue  # the client's answers to checks come as EndTransaction calls, not here
+                await send(self.service.TelemetryCommand(status=self._status(),
+                                                         settings=await self._settings(command.settings)))
+                for resource in command.settings.publishing.topics if command.settings.HasField("publishing") else ():
+                    if resource.name in checked or len(checked) >= telemetry_topics_max:
+                        continue
+                    try:
+                        topic = await self._topic(resource.name)
+                    except RocketError:
+                        continue  # an unknown topic: its sends will say so
+                    if topic["message_type"] == "transaction":
+                        checked.add(resource.name)
+                        nursery.start_soon(self._forward_checks, topic, send)
+            nursery.cancel_scope.cancel()  # the client ended the stream: no one is left to answer checks
+
+    async def _forward_checks(self, topic: dict, send: Callable[..., Awaitable[None]]) -> None:
+        """The broker's TransactionChecks stream of the topic, each check as a RecoverOrphanedTransactionCommand
+        (a transaction of the official client holds one message); listens again after a failure, until cancelled."""
+        spec = method_spec("TransactionChecks")
+        request = avro_codec.encode(spec.request_type, {"topic": topic["name"]})
+        while True:
+            try:
+                async for item in self.dispatcher.stream("TransactionChecks", avro_codec, request):
+                    for check in avro_codec.decode(spec.response_type, item)["checks"]:
+                        messages = batch_codec.decode(check["batch"], check["offset"], check["queue"])
+                        handle = {"queue": check["queue"], "offset": check["offset"], "attempt": 1}
+                        command = self.service.RecoverOrphanedTransactionCommand(
+                            message=self._to_rocketmq(topic, messages[0], handle, 0),
+                            transaction_id=f"{check['queue']}.{check['offset']}.{check['count']}")
+                        await send(self.service.TelemetryCommand(recover_orphaned_transaction_command=command))
+            except RocketError as error:
+                log.info("transaction checks of %s: %s; listening again", topic["name"], error)
+            await trio.sleep(limits.transaction_check_poll_s)
 
     async def _settings(self, asked):
         settings = self.definition.Settings()
@@ -327,6 +369,8 @@ class RocketMQProxy:
         if len(parts) != 3 or not all(part.isdigit() for part in parts):
             return self.service.EndTransactionResponse(
                 status=self._status(INVALID_TRANSACTION_ID, f"transaction id {request.transaction_id!r}: not rocket's"))
+        if request.resolution == 0 and request.source == 2:  # a check's UNKNOWN: the broker checks again later
+            return self.service.EndTransactionResponse(status=self._status())
         if request.resolution not in (1, 2):
             return self.service.EndTransactionResponse(status=self._status(40000, "resolution is COMMIT or ROLLBACK"))
         queue, offset, count = map(int, parts)

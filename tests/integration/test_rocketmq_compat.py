@@ -168,6 +168,39 @@ def test_transaction_commit_delivers_and_rollback_drops(rocket_server):
     assert result["got"] == ["kept"]
 
 
+def test_transaction_check_back_commits_an_open_transaction(monkeypatch, server_process):
+    """A half message whose producer never ends its transaction is checked back over the Telemetry stream:
+    the official client's TransactionChecker is called and commits, and the message is consumed once."""
+    monkeypatch.setenv("ROCKET_TRANSACTION_TIMEOUT_S", "1")
+    monkeypatch.setenv("ROCKET_TRANSACTION_CHECK_S", "1")
+    server = server_process().start()
+    create_topic(server, "refunds", "transaction")
+    result = run_client(server, "refunds", """
+        import threading
+        checked = []
+        answered = threading.Event()
+        class Checker(TransactionChecker):
+            def check(self, message):
+                checked.append({"body": message.body.decode(), "keys": sorted(message.keys)})
+                answered.set()
+                return TransactionResolution.COMMIT
+        producer = Producer(config, (topic,), Checker())
+        producer.startup()
+        transaction = producer.begin_transaction()
+        producer.send(message("forgotten", keys=("r-1",)), transaction)  # never committed by the producer
+        answered.wait(30)
+        consumer = SimpleConsumer(config, "refunders", {topic: FilterExpression()}, 25)
+        consumer.startup()
+        got = receive_all(consumer, 1)
+        got += [{"body": late.body.decode()} for late in consumer.receive(16, 3)]
+        consumer.shutdown()
+        producer.shutdown()
+        report({"checked": checked, "got": [entry["body"] for entry in got]})
+    """)
+    assert result["checked"][:1] == [{"body": "forgotten", "keys": ["r-1"]}]
+    assert result["got"] == ["forgotten"]
+
+
 # ---- gRPC errors over a raw socket -----------------------------------------------------------------------
 
 SERVICE_PATH = "/apache.rocketmq.v2.MessagingService/"
