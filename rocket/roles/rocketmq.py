@@ -8,6 +8,7 @@ import gzip
 import importlib.util
 import logging
 import math
+import os
 import sys
 import time
 import types
@@ -19,6 +20,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.client.simple import RETRY_BACKOFF_S
 from rocket.model import Message, queue_for_key
 from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
@@ -38,6 +40,7 @@ topic_cache_entries_max = 4096  # bounds the topic cache; the oldest entry goes 
 KEYS_PROPERTY = "__rmq.keys"  # a message's RocketMQ keys, space-separated, when rocket's one key cannot hold them
 ID_PROPERTY = "__rmq.id"  # the message id the client gave, handed back on receive
 BORN_HOST_PROPERTY = "__rmq.born_host"
+MAX_ATTEMPTS_VARIABLE = "ROCKET_ROCKETMQ_MAX_ATTEMPTS"  # deliveries before the dead-letter queue, for RocketMQ clients
 
 MESSAGE_TYPE_OF = {"normal": 1, "fifo": 2, "delay": 3, "transaction": 4}  # rocket's -> apache.rocketmq.v2.MessageType
 STATUS_OF_CODE = {  # rocket's error codes -> apache.rocketmq.v2.Code
@@ -100,7 +103,18 @@ def rocketmq_services(dispatcher: Dispatcher) -> dict[str, GrpcHandler]:
     if protocol is None:
         log.info("RocketMQ 5 gRPC API off: install rocket[rocketmq] (rocketmq-python-client, protobuf) to serve it")
         return {}
-    return RocketMQProxy(dispatcher, *protocol).handlers()
+    return RocketMQProxy(dispatcher, *protocol, max_attempts=_max_attempts()).handlers()
+
+
+def _max_attempts() -> int:
+    """Deliveries before a message goes to the dead-letter queue: RocketMQ sets it per consumer group on the
+    server, rocket's own consumers per receive; for RocketMQ clients one value for the node, from the environment."""
+    text = os.environ.get(MAX_ATTEMPTS_VARIABLE, "")
+    if not text:
+        return limits.pop_attempts_default
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise ValueError(f"{MAX_ATTEMPTS_VARIABLE}={text!r}: a whole number of deliveries from 1 to 1000")
+    return int(text)
 
 
 def _status_of(error: RocketError) -> int:
@@ -114,8 +128,11 @@ def _ms_of(duration, default_s: float) -> int:
 
 
 class RocketMQProxy:
-    def __init__(self, dispatcher: Dispatcher, definition: types.ModuleType, service: types.ModuleType):
+    def __init__(self, dispatcher: Dispatcher, definition: types.ModuleType, service: types.ModuleType,
+                 max_attempts: int = limits.pop_attempts_default):
+        assert max_attempts >= 1
         self.dispatcher = dispatcher
+        self.max_attempts = max_attempts
         self.definition = definition
         self.service = service
         self._topics: dict[str, tuple[float, dict]] = {}  # name -> (fetched at, TopicInfo)
@@ -290,6 +307,11 @@ class RocketMQProxy:
             settings.publishing.max_body_size = limits.message_bytes_max
             settings.publishing.validate_message_type = True
         elif asked.HasField("subscription"):
+            # Consumers retry after rocket's backoff (1 s, 5 s, 10 s, 30 s ...) and give up where rocket does.
+            settings.backoff_policy.Clear()
+            settings.backoff_policy.max_attempts = self.max_attempts
+            for seconds in RETRY_BACKOFF_S:
+                settings.backoff_policy.customized_backoff.next.add(seconds=seconds)
             fifo = False
             for entry in asked.subscription.subscriptions:
                 try:
@@ -412,7 +434,7 @@ class RocketMQProxy:
                 response = await self.dispatcher.local("Receive", {
                     "topic": topic_name, "group": request.group.name, "max_messages": max(1, request.batch_size),
                     "invisible_ms": _ms_of(request.invisible_duration, invisible_s_default),
-                    "wait_ms": int(slice_s * 1000), "max_attempts": limits.pop_attempts_default,
+                    "wait_ms": int(slice_s * 1000), "max_attempts": self.max_attempts,
                     "filter_type": filter_type, "filter": expression.expression or ("*" if filter_type == "tag" else "")})
                 if response["handles"] or trio.current_time() >= deadline:
                     break
@@ -432,6 +454,9 @@ class RocketMQProxy:
             message = decoded.get((handle["queue"], handle["offset"]))
             if message is not None:
                 yield service.ReceiveMessageResponse(message=self._to_rocketmq(topic, message, handle, invisible_ms))
+        answered = service.ReceiveMessageResponse()  # when the messages left: push consumers measure latency from it
+        answered.delivery_timestamp.FromMilliseconds(int(time.time() * 1000))
+        yield answered
 
     def _to_rocketmq(self, topic: dict, message: Message, handle: dict, invisible_ms: int):
         definition = self.definition
@@ -489,9 +514,12 @@ class RocketMQProxy:
         service = self.service
         try:
             receipt = self._receipt(request.receipt_handle)
+            invisible_ms = _ms_of(request.invisible_duration, 0)
+            if receipt["attempt"] >= self.max_attempts:
+                invisible_ms = 0  # a failure of the last attempt: the next receive moves it to the dead-letter queue
             response = await self.dispatcher.local("ChangeInvisible", {
                 "topic": request.topic.name, "group": request.group.name, "receipts": [receipt],
-                "invisible_ms": _ms_of(request.invisible_duration, 0)})
+                "invisible_ms": invisible_ms})
         except RocketError as error:
             return service.ChangeInvisibleDurationResponse(status=self._error_status(error))
         if response["stale"]:

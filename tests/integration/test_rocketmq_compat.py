@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import h2.config
 import h2.connection
@@ -199,6 +200,119 @@ def test_transaction_check_back_commits_an_open_transaction(monkeypatch, server_
     """)
     assert result["checked"][:1] == [{"body": "forgotten", "keys": ["r-1"]}]
     assert result["got"] == ["forgotten"]
+
+
+def test_push_consumer_acks_successes_retries_failures_then_dead_letters_them(monkeypatch, server_process):
+    """The official PushConsumer's listener: successes are acked and come once; failures come back (the retry
+    backoff the server's settings give) and, after the last attempt, land in the group's dead-letter queue,
+    which rocket's own CLI reads."""
+    monkeypatch.setenv("ROCKET_ROCKETMQ_MAX_ATTEMPTS", "3")
+    server = server_process().start()
+    create_topic(server, "invoices", "normal")
+    result = run_client(server, "invoices", """
+        import collections, threading
+        from rocketmq import ConsumeResult, MessageListener, PushConsumer
+        producer = Producer(config, (topic,))
+        producer.startup()
+        for i in range(6):
+            producer.send(message(("bad-" if i % 3 == 0 else "good-") + str(i)))
+        producer.shutdown()
+        seen = collections.Counter()
+        lock = threading.Lock()
+        class Listener(MessageListener):
+            def consume(self, received):
+                body = received.body.decode()
+                with lock:
+                    seen[body] += 1
+                return ConsumeResult.FAILURE if body.startswith("bad-") else ConsumeResult.SUCCESS
+        consumer = PushConsumer(config, "accounting", Listener(), {topic: FilterExpression()})
+        consumer.startup()
+        deadline = time.time() + 60
+        while time.time() < deadline and not (seen["bad-0"] >= 3 and seen["bad-3"] >= 3):
+            time.sleep(0.2)
+        time.sleep(3)  # a fourth delivery would come now; none must
+        consumer.shutdown()
+        report({"seen": dict(seen)})
+    """)
+    assert result["seen"] == {"bad-0": 3, "bad-3": 3, "good-1": 1, "good-2": 1, "good-4": 1, "good-5": 1}
+    listed = subprocess.run([sys.executable, "-m", "rocket", "dlq", "list", "invoices", "--group", "accounting",
+                             "--format", "raw", "--server", server.server], check=True, capture_output=True,
+                            text=True, timeout=60)
+    assert sorted(listed.stdout.split()) == ["bad-0", "bad-3"]
+
+
+def test_tag_and_sql_filter_expressions_select_messages(rocket_server):
+    """The official SimpleConsumer's tag expression (`a || b`) and SQL92 expression over user properties each
+    receive exactly the matching messages."""
+    create_topic(rocket_server, "events", "normal")
+    result = run_client(rocket_server, "events", """
+        from rocketmq.grpc_protocol import FilterType
+        producer = Producer(config, (topic,))
+        producer.startup()
+        for i in range(9):
+            producer.send(message(f"e-{i}", tag=("red", "green", "blue")[i % 3], properties={"n": str(i)}))
+        producer.shutdown()
+        got = {}
+        for group, expression in (("by-tag", FilterExpression("red || blue")),
+                                  ("by-sql", FilterExpression("n > 5 AND TAGS <> 'green'", FilterType.SQL))):
+            consumer = SimpleConsumer(config, group, {topic: expression}, 25)
+            consumer.startup()
+            got[group] = sorted(entry["body"] for entry in receive_all(consumer, 6 if group == "by-tag" else 2))
+            got[group] += sorted(late.body.decode() for late in consumer.receive(16, 2))
+            consumer.shutdown()
+        report(got)
+    """)
+    assert result["by-tag"] == sorted(f"e-{i}" for i in range(9) if i % 3 != 1)
+    assert result["by-sql"] == ["e-6", "e-8"]
+
+
+def test_broker_killed_during_a_long_poll_loses_nothing(rocket_server):
+    """`rocket run` is killed while the official SimpleConsumer waits in a long poll and restarted on the same
+    ports; the client reconnects, and every message sent before and after the crash is received."""
+    create_topic(rocket_server, "audit", "normal")
+    run_client(rocket_server, "audit", """
+        producer = Producer(config, (topic,))
+        producer.startup()
+        for i in range(3):
+            producer.send(message(f"before-{i}"))
+        producer.shutdown()
+        report({})
+    """)
+    consumer = subprocess.Popen([sys.executable, "-c", CLIENT_PRELUDE + textwrap.dedent("""
+        consumer = SimpleConsumer(config, "auditors", {topic: FilterExpression()}, 25)
+        consumer.startup()
+        got, deadline = set(), time.time() + 90
+        while len(got) < 6 and time.time() < deadline:
+            try:
+                for received in consumer.receive(16, 10):
+                    got.add(received.body.decode())
+                    consumer.ack(received)
+            except Exception as error:  # the broker is down: the client reconnects on the next call
+                print("receive failed:", type(error).__name__, flush=True)
+                time.sleep(0.5)
+        consumer.shutdown()
+        report({"got": sorted(got)})
+    """), f"127.0.0.1:{rocket_server.http2_port}", "audit"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(8)  # the consumer took the first three and waits in a long poll
+        rocket_server.kill()
+        rocket_server.start(extra=("--listen", rocket_server.server, "--http2-listen",
+                                   f"127.0.0.1:{rocket_server.http2_port}"))
+        run_client(rocket_server, "audit", """
+            producer = Producer(config, (topic,))
+            producer.startup()
+            for i in range(3):
+                producer.send(message(f"after-{i}"))
+            producer.shutdown()
+            report({})
+        """)
+        stdout, stderr = consumer.communicate(timeout=120)
+    finally:
+        consumer.kill()
+    results = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert results, f"consumer failed: {stdout[-2000:]} {stderr[-3000:]}"
+    assert json.loads(results[0][len("RESULT "):])["got"] == sorted([f"before-{i}" for i in range(3)] +
+                                                                      [f"after-{i}" for i in range(3)])
 
 
 # ---- gRPC errors over a raw socket -----------------------------------------------------------------------
