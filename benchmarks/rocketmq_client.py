@@ -1,0 +1,134 @@
+"""The official RocketMQ 5 Python client against rocket, beside rocket's own client, in one run: one
+`rocket run` process on 127.0.0.1; the official Producer sends N messages one at a time (its send is
+synchronous) and its SimpleConsumer receives and acks them (batches of 32, one ack call per message, as
+that client offers); then rocket's own Producer and SimpleConsumer do the same over TCP, one awaited send
+at a time and also pipelined (rocket's producer batches), and receive with one ack call per batch.
+
+    python benchmarks/rocketmq_client.py [--messages 2000] [--size 256]
+
+Prints messages/s for each and writes benchmarks/results/rocketmq-client.json. The official client runs in
+its own process (it configures logging globally).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import trio
+
+from rocket.client import SimpleConsumer, connect, open_producer
+from rocket.model import Message
+
+RESULTS = Path(__file__).parent / "results"
+READY = re.compile(rb"rocket ready tcp=[^:]+:(\d+) http2=(\d+)")
+
+OFFICIAL = textwrap.dedent("""
+    import json, sys, time
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+    endpoint, topic, count, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    config = ClientConfiguration(endpoint, Credentials(), request_timeout=10)
+    producer = Producer(config, (topic,))
+    producer.startup()
+    body = b"x" * size
+    started = time.perf_counter()
+    for _ in range(count):
+        message = Message()
+        message.topic, message.body = topic, body
+        producer.send(message)
+    send_s = time.perf_counter() - started
+    producer.shutdown()
+    consumer = SimpleConsumer(config, "bench-official", {topic: FilterExpression()}, 30)
+    consumer.startup()
+    received, started = 0, time.perf_counter()
+    while received < count:
+        for got in consumer.receive(32, 10):
+            consumer.ack(got)
+            received += 1
+    receive_s = time.perf_counter() - started
+    consumer.shutdown()
+    print("RESULT " + json.dumps({"send_s": send_s, "receive_s": receive_s}), flush=True)
+""")
+
+
+async def rocket_client(server: str, topic: str, count: int, size: int) -> dict:
+    body = b"x" * size
+    async with connect(server) as channel:
+        async with open_producer(channel, topic) as producer:
+            started = time.perf_counter()
+            for _ in range(count):
+                await producer.send(Message(body))
+            one_by_one_s = time.perf_counter() - started
+            started = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for _ in range(count):
+                    nursery.start_soon(producer.send, Message(body))
+            pipelined_s = time.perf_counter() - started
+        consumer = SimpleConsumer(channel, topic, "bench-rocket", invisible_s=30)
+        received, started = 0, time.perf_counter()
+        while received < 2 * count:
+            messages = await consumer.receive(32, 10)
+            if messages:
+                await consumer.ack(*messages)
+            received += len(messages)
+        receive_s = time.perf_counter() - started
+    return {"send_one_by_one_s": one_by_one_s, "send_pipelined_s": pipelined_s, "receive_s": receive_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--size", type=int, default=256)
+    arguments = parser.parse_args()
+    count, size = arguments.messages, arguments.size
+    directory = Path(tempfile.mkdtemp(prefix="rocket-rmq-bench-"))
+    process = subprocess.Popen([sys.executable, "-m", "rocket", "run", "--data-dir", str(directory / "node"),
+                                "--listen", "127.0.0.1:0", "--http2-listen", "127.0.0.1:0"],
+                               stdout=subprocess.PIPE, stderr=open(directory / "server.log", "wb"))
+    try:
+        match = None
+        while match is None:
+            line = process.stdout.readline()
+            if not line:
+                raise SystemExit(f"rocket run exited: {(directory / 'server.log').read_text()[-2000:]}")
+            match = READY.search(line)
+        server, endpoint = f"127.0.0.1:{int(match.group(1))}", f"127.0.0.1:{int(match.group(2))}"
+        for topic in ("bench-official", "bench-rocket"):
+            subprocess.run([sys.executable, "-m", "rocket", "topic", "create", topic, "--queues", "8", "--server",
+                            server], check=True, capture_output=True)
+        completed = subprocess.run([sys.executable, "-c", OFFICIAL, endpoint, "bench-official", str(count), str(size)],
+                                   capture_output=True, text=True, timeout=1800)
+        lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+        if not lines:
+            raise SystemExit(f"official client failed: {completed.stderr[-3000:]}")
+        official = json.loads(lines[0][len("RESULT "):])
+        own = trio.run(rocket_client, server, "bench-rocket", count, size)
+    finally:
+        process.kill()
+        process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/rocketmq_client.py", *sys.argv[1:]]),
+        "messages": count, "message_bytes": size,
+        "official_send_per_s": count / official["send_s"], "official_receive_ack_per_s": count / official["receive_s"],
+        "rocket_send_one_by_one_per_s": count / own["send_one_by_one_s"],
+        "rocket_send_pipelined_per_s": count / own["send_pipelined_s"],
+        "rocket_receive_ack_per_s": 2 * count / own["receive_s"],
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "rocketmq-client.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
