@@ -232,9 +232,15 @@ def test_push_consumer_acks_successes_retries_failures_then_dead_letters_them(mo
             time.sleep(0.2)
         time.sleep(3)  # a fourth delivery would come now; none must
         consumer.shutdown()
-        report({"seen": dict(seen)})
+        # The group's next receive moves what failed its last attempt to the dead letters, handing out nothing.
+        receiver = SimpleConsumer(config, "accounting", {topic: FilterExpression()}, 25)
+        receiver.startup()
+        left = receiver.receive(16, 3)
+        receiver.shutdown()
+        report({"seen": dict(seen), "left": len(left)})
     """)
     assert result["seen"] == {"bad-0": 3, "bad-3": 3, "good-1": 1, "good-2": 1, "good-4": 1, "good-5": 1}
+    assert result["left"] == 0
     listed = subprocess.run([sys.executable, "-m", "rocket", "dlq", "list", "invoices", "--group", "accounting",
                              "--format", "raw", "--server", server.server], check=True, capture_output=True,
                             text=True, timeout=60)
