@@ -1,20 +1,21 @@
 """The multi-raft host: drives every Raft group of one node. Each round takes the Ready of every group,
-writes all of it to the WAL while the previous round's fsync runs, and advances the cores; once a
-round's own fsync is done, its messages go out coalesced into one payload per destination node and
-its committed entries are applied to each group's state machine: persist before send.
+writes all of it to the WAL while the previous round's fsync runs, and advances the cores. Once that
+fsync is done, the round's committed entries (written by earlier rounds) are applied; once its own
+fsync is done, its messages go out, coalesced into one payload per destination node: persist before send.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from typing import Protocol
 
 import trio
 
 from rocket import limits
-from rocket.errors import Code, RocketError
+from rocket.errors import Code, RocketError, invariant
 from rocket.raft import codec
 from rocket.raft.core import Config, Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role
 from rocket.raft.wal import GroupState, Update, Wal
@@ -48,15 +49,16 @@ class _Group:
         self.positions: dict[int, int] = {}  # entry index -> where its data lies in the WAL, until applied
         self.reads: dict[int, tuple[trio.Event, list]] = {}  # read request id -> (event, [index once released])
         # What the machine holds: the core counts a Ready's entries as applied when it is advanced, but
-        # the host applies them only once that round's fsync is done.
+        # the host applies them only once the fsync covering them is done.
         self.applied = core.applied
 
 
 @dataclasses.dataclass(slots=True)
 class _Round:
-    """A round written to the WAL whose effects wait for its fsync: messages to send, committed entries
-    to apply, reads to release, data writers to answer."""
+    """A round written to the WAL whose effects wait for its fsync: messages to send, data writers to
+    answer, and the snapshots to install (with the entries committed after them)."""
 
+    number: int  # the count of rounds written to the WAL, this one included
     readies: list[tuple[int, _Group, Ready]]
     data: list[tuple[list[bytes], trio.Event, list]]
     data_positions: list[list[int]]
@@ -77,8 +79,17 @@ class RaftHost:
         self._data: list[tuple[list[bytes], trio.Event, list]] = []  # blobs to write with the next round
         self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
         self.fsyncs = 0
-        self._syncing: tuple[trio.Event, _Round] | None = None  # the written round whose fsync runs now
+        # Rounds are numbered as they are written. A round's worker thread goes on from its write to
+        # its fsync, one fsync at a time (the lock), so that the disk never waits for this thread.
+        self._rounds_written = 0
+        self._rounds_durable = 0  # as the trio thread knows it
+        self._durable_changed = trio.Event()
+        self._sync_lock = threading.Lock()
+        self._rounds_on_disk = 0  # written by the worker threads (one round writes at a time)
+        self._rounds_synced = 0  # as the worker threads know it, under the lock
+        self._waiting: _Round | None = None  # the last round written, until its fsync is done
         self._nursery: trio.Nursery | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
         # Only groups touched since the last round are asked for a Ready, and only awake groups are
         # ticked: thousands of quiet groups then cost nothing per tick.
         self._active: set[int] = set()
@@ -222,6 +233,7 @@ class RaftHost:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._token = trio.lowlevel.current_trio_token()
             nursery.start_soon(self._ticker)
             task_status.started()
             while True:
@@ -265,9 +277,11 @@ class RaftHost:
 
     async def _round(self) -> None:
         """Write this round's Readies while the previous round's fsync runs, and advance the cores; then
-        wait for that fsync, start this round's, and release the previous round. Every effect of a round
-        that leaves the cores (a message, an applied entry, an answer) waits for its own fsync, and the
-        fsyncs run one after the other, so each covers every round written before it."""
+        wait for that fsync, release the previous round and apply this round's committed entries. The
+        fsyncs run one after the other, each covering every round written before it; a round's
+        messages wait for its own. Its committed entries need only the previous one: the core hands
+        out only entries it counted stable when the Ready was taken, all written by earlier rounds (a
+        leader's own copy counted towards a commit included)."""
         candidates, self._active = self._active, set()
         readies = [(group, self.groups[group], self.groups[group].core.ready()) for group in candidates
                    if self.groups[group].core.has_ready()]
@@ -276,60 +290,96 @@ class RaftHost:
         updates += self._compactions
         self._compactions = []
         data, self._data = self._data, []
-        written = _Round(readies, data, [])
+        previous = self._rounds_written
+        current = _Round(previous, readies, data, [])
         if updates or data:
-            positions, written.data_positions = await trio.to_thread.run_sync(
-                self._write, updates, [blobs for blobs, _, _ in data])
-            for group, found in positions.items():
-                if group in self.groups:
-                    self.groups[group].positions.update(found)
+            await self._write(current, updates)
         for group, hosted, ready in readies:
             # The core now counts this round's entries as stable: a leader may count its own copy towards
-            # a commit. No one learns of that commit, and nothing is applied, before this fsync is done.
+            # a commit. No one learns of that commit, and no entry is applied, before this fsync is done.
             hosted.core.advance(ready)
             if hosted.core.has_ready():
                 self._active.add(group)
                 self._wake.set()
-        await self._release_synced()
-        if updates or data:
-            done = trio.Event()
-            self._syncing = (done, written)
-            self._nursery.start_soon(self._sync, done)
+        await self._durable(previous)
+        self._release_waiting()
+        for group, hosted, ready in readies:
+            if ready.snapshot is None:
+                self._apply_ready(group, hosted, ready)
+        if current.number > previous:
+            self._waiting = current
         else:
-            self._release(written)  # it wrote nothing: what its messages tell is durable already
+            self._release(current)  # it wrote nothing: what its messages tell is durable already
         if self.wal.sealed_segments() >= limits.raft_wal_segments_max:
-            await self._release_synced()
-            # After every release, so that what was persisted counts as stable and applied, and before
-            # any core steps again. Every group is compacted first: the checkpoint then rewrites little
-            # more than hard states and snapshots.
-            for group, hosted in self.groups.items():
-                self._compact(group, hosted)
-            live = [self._checkpoint_of(group, hosted) for group, hosted in self.groups.items()]
-            self._compactions = []  # the checkpoint holds every snapshot
-            await trio.to_thread.run_sync(self.wal.checkpoint, live)
+            await self._checkpoint()
 
-    def _write(self, updates: list[Update], data: list[list[bytes]]) -> tuple[dict[int, dict[int, int]], list]:
+    async def _write(self, current: _Round, updates: list[Update]) -> None:
+        """Number the round and write it in a worker thread, which goes on to its fsync; return once
+        written, with the positions of its entries and data known."""
+        self._rounds_written = current.number = current.number + 1
+        written, result = trio.Event(), []
+        self._nursery.start_soon(trio.to_thread.run_sync, self._persist, current.number, updates,
+                                 [blobs for blobs, _, _ in current.data], written, result)
+        await written.wait()
+        [(positions, current.data_positions)] = result
+        for group, found in positions.items():
+            if group in self.groups:
+                self.groups[group].positions.update(found)
+
+    def _release_waiting(self) -> None:
+        if self._waiting is not None:
+            invariant(self._waiting.number <= self._rounds_durable, "a round is released after its fsync")
+            self._release(self._waiting)
+            self._waiting = None
+
+    async def _checkpoint(self) -> None:
+        """Once every round written is durable and released, so that what was persisted counts as
+        stable and applied, and before any core steps again. Every group is compacted first: the
+        checkpoint then rewrites little more than hard states and snapshots."""
+        await self._durable(self._rounds_written)
+        self._release_waiting()
+        for group, hosted in self.groups.items():
+            self._compact(group, hosted)
+        live = [self._checkpoint_of(group, hosted) for group, hosted in self.groups.items()]
+        self._compactions = []  # the checkpoint holds every snapshot
+        await trio.to_thread.run_sync(self._checkpoint_now, live)
+
+    def _persist(self, number: int, updates: list[Update], data: list[list[bytes]], written: trio.Event,
+                 result: list) -> None:
+        """In a worker thread: write the round and tell the round loop, then make it durable as soon as
+        the fsync before it is done (unless one that began after this write covered it already)."""
         positions = self.wal.write(updates)
-        return positions, [self.wal.write_data(blobs) for blobs in data]
+        result.append((positions, [self.wal.write_data(blobs) for blobs in data]))
+        self._rounds_on_disk = number
+        self._token.run_sync_soon(written.set)
+        with self._sync_lock:
+            if self._rounds_synced >= number:
+                return
+            covered = self._rounds_on_disk  # a round written meanwhile is made durable by this fsync too
+            self.wal.sync()
+            self.fsyncs += 1
+            self._rounds_synced = covered
+        self._token.run_sync_soon(self._synced, covered)
 
-    async def _sync(self, done: trio.Event) -> None:
-        await trio.to_thread.run_sync(self.wal.sync)
-        self.fsyncs += 1
-        done.set()
-        self._wake.set()  # the round loop releases the synced round
+    def _checkpoint_now(self, live: list[Update]) -> None:
+        with self._sync_lock:  # no fsync of a round runs beside the checkpoint's own
+            self.wal.checkpoint(live)
 
-    async def _release_synced(self) -> None:
-        """Wait for the fsync in flight, if any, and release the round it made durable."""
-        if self._syncing is None:
-            return
-        done, synced = self._syncing
-        await done.wait()
-        self._syncing = None
-        self._release(synced)
+    def _synced(self, number: int) -> None:
+        """In the trio thread: rounds up to number are durable."""
+        if number > self._rounds_durable:
+            self._rounds_durable = number
+            self._durable_changed.set()
+            self._durable_changed = trio.Event()
+            self._wake.set()  # the round loop releases the round that waited for this fsync
+
+    async def _durable(self, number: int) -> None:
+        while self._rounds_durable < number:
+            await self._durable_changed.wait()
 
     def _release(self, synced: _Round) -> None:
-        """The round's bytes are durable: answer data writers, send its messages, apply its committed
-        entries and serve the reads they allow."""
+        """The round's bytes are durable: answer data writers, send its messages, and install its
+        snapshots."""
         for (_, event, positions), found in zip(synced.data, synced.data_positions):
             positions.extend(found)
             event.set()
@@ -341,23 +391,28 @@ class RaftHost:
             for chunk in _chunks(messages):
                 self._post(destination, codec.encode_messages(chunk))
         for group, hosted, ready in synced.readies:
-            if self.groups.get(group) is not hosted:
-                continue  # moved off this node since
             if ready.snapshot is not None:
-                hosted.machine.restore(ready.snapshot.data)
-                hosted.applied = ready.snapshot.index
-                hosted.positions = {i: p for i, p in hosted.positions.items() if i > ready.snapshot.index}
-            if ready.committed_entries:
-                self._apply(hosted, ready.committed_entries)
-            for request_id, index in ready.read_states:
-                read = hosted.reads.get(request_id)
-                if read is not None:
-                    read[1].append(index)
-            self._release_reads(hosted)
-            compacted = self._maybe_compact(group, hosted)
-            if compacted is not None:
-                self._compactions.append(compacted)  # written with the next round; the WAL still holds the log
-                self._wake.set()
+                self._apply_ready(group, hosted, ready)
+
+    def _apply_ready(self, group: int, hosted: _Group, ready: Ready) -> None:
+        """Install the Ready's snapshot, apply its committed entries and serve the reads they allow."""
+        if self.groups.get(group) is not hosted:
+            return  # moved off this node since
+        if ready.snapshot is not None:
+            hosted.machine.restore(ready.snapshot.data)
+            hosted.applied = ready.snapshot.index
+            hosted.positions = {i: p for i, p in hosted.positions.items() if i > ready.snapshot.index}
+        if ready.committed_entries:
+            self._apply(hosted, ready.committed_entries)
+        for request_id, index in ready.read_states:
+            read = hosted.reads.get(request_id)
+            if read is not None:
+                read[1].append(index)
+        self._release_reads(hosted)
+        compacted = self._maybe_compact(group, hosted)
+        if compacted is not None:
+            self._compactions.append(compacted)  # written with the next round; the WAL still holds the log
+            self._wake.set()
 
     @staticmethod
     def _checkpoint_of(group: int, hosted: _Group) -> Update:
