@@ -52,6 +52,8 @@ class NodeConfig:
     transaction_timeout_s: float = 6.0
     transaction_check_s: float = 60.0
     transaction_checks_max: int = 15
+    # RocketMQ 5 clients (the gRPC API): deliveries before a message goes to the dead-letter queue.
+    rocketmq_max_attempts: int = limits.pop_attempts_default
     # Tiered storage: where pieces go (a local directory, default data_dir/tier; or S3), default retentions
     # (0 = for ever) a topic's own settings override, where reads of offloaded data go, and the piece size.
     tier_backend: str = "local"
@@ -218,7 +220,7 @@ def _convert(key: str, value: object) -> object:
         return _parse_float(key, value, 0.01, 10.0)
     if key in ("transaction_timeout_s", "transaction_check_s"):
         return _parse_float(key, value, 0.1, 86_400.0)
-    if key == "transaction_checks_max":
+    if key in ("transaction_checks_max", "rocketmq_max_attempts"):
         return _parse_int(key, value, 1, 1000)
     if key == "log_level":
         level = str(value).lower()

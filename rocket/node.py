@@ -102,7 +102,9 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             http2_port = None
             if config.http2_listen is not None:
                 listen = config.http2_listen
-                grpc = rocketmq_services(dispatcher) if "broker" in config.roles else {}  # RocketMQ 5 clients
+                grpc = {}  # RocketMQ 5 clients, served by brokers
+                if "broker" in config.roles:
+                    grpc = rocketmq_services(dispatcher, config.rocketmq_max_attempts)
                 http2_port = await nursery.start(partial(serve_http2, grpc=grpc), dispatcher, lifecycle, listen.host,
                                                  listen.port)
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}

@@ -8,7 +8,6 @@ import gzip
 import importlib.util
 import logging
 import math
-import os
 import sys
 import time
 import types
@@ -40,7 +39,6 @@ topic_cache_entries_max = 4096  # bounds the topic cache; the oldest entry goes 
 KEYS_PROPERTY = "__rmq.keys"  # a message's RocketMQ keys, space-separated, when rocket's one key cannot hold them
 ID_PROPERTY = "__rmq.id"  # the message id the client gave, handed back on receive
 BORN_HOST_PROPERTY = "__rmq.born_host"
-MAX_ATTEMPTS_VARIABLE = "ROCKET_ROCKETMQ_MAX_ATTEMPTS"  # deliveries before the dead-letter queue, for RocketMQ clients
 
 MESSAGE_TYPE_OF = {"normal": 1, "fifo": 2, "delay": 3, "transaction": 4}  # rocket's -> apache.rocketmq.v2.MessageType
 STATUS_OF_CODE = {  # rocket's error codes -> apache.rocketmq.v2.Code
@@ -97,24 +95,16 @@ def _load_module(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def rocketmq_services(dispatcher: Dispatcher) -> dict[str, GrpcHandler]:
-    """The gRPC handler table for serve_http2; empty (and logged) when the protobuf modules are missing."""
+def rocketmq_services(dispatcher: Dispatcher, max_attempts: int = limits.pop_attempts_default
+                      ) -> dict[str, GrpcHandler]:
+    """The gRPC handler table for serve_http2; empty (and logged) when the protobuf modules are missing.
+    max_attempts: deliveries before a message goes to the dead-letter queue (RocketMQ sets it per consumer
+    group on the server; here one value for the node, the setting rocketmq_max_attempts)."""
     protocol = load_protocol()
     if protocol is None:
         log.info("RocketMQ 5 gRPC API off: install rocket[rocketmq] (rocketmq-python-client, protobuf) to serve it")
         return {}
-    return RocketMQProxy(dispatcher, *protocol, max_attempts=_max_attempts()).handlers()
-
-
-def _max_attempts() -> int:
-    """Deliveries before a message goes to the dead-letter queue: RocketMQ sets it per consumer group on the
-    server, rocket's own consumers per receive; for RocketMQ clients one value for the node, from the environment."""
-    text = os.environ.get(MAX_ATTEMPTS_VARIABLE, "")
-    if not text:
-        return limits.pop_attempts_default
-    if not text.isdigit() or not 1 <= int(text) <= 1000:
-        raise ValueError(f"{MAX_ATTEMPTS_VARIABLE}={text!r}: a whole number of deliveries from 1 to 1000")
-    return int(text)
+    return RocketMQProxy(dispatcher, *protocol, max_attempts=max_attempts).handlers()
 
 
 def _status_of(error: RocketError) -> int:
