@@ -49,6 +49,7 @@ class StorageRole:
         self._assignment_version = -1  # the metadata version of the assignment this node holds
         self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}  # one pop at a time per group and queue
         self._members: dict[tuple[str, str], dict[str, float]] = {}  # (consumer group, topic) -> member -> expiry
+        self._members_swept_at = 0.0
         self.objects = objects
         self.cold = ColdReader(objects) if objects is not None else None
         self._retention: dict[str, tuple[float, float]] = {}  # topic -> its own (retention_s, local_retention_s)
@@ -373,6 +374,10 @@ class StorageRole:
         if not member or len(member) > limits.group_name_bytes_max:
             raise RocketError(Code.BAD_REQUEST, f"member id must be 1-{limits.group_name_bytes_max} characters")
         now = trio.current_time()
+        if now - self._members_swept_at > limits.group_member_expiry_s:  # groups all of whose members left
+            self._members_swept_at = now
+            for gone in [name for name, members in self._members.items() if max(members.values()) < now]:
+                del self._members[gone]
         members = self._members.setdefault(key, {})
         for gone in [name for name, expires in members.items() if expires < now]:
             del members[gone]
@@ -477,41 +482,47 @@ class StorageRole:
         """Expired messages again (or to the dead letters), then new ones. FIFO: nothing while a message
         is in flight, and nothing new until those that expired were handed out again, in order."""
         key = (consumer_group, topic, queue)
-        async with self._pop_locks.setdefault(key, trio.Lock()):
-            now_ms = int(time.time() * 1000)
-            state = self.store.pop_state(*key)
-            again = []
-            for offset, (visible_ms, attempt) in sorted(state.in_flight.items()):
-                if visible_ms > now_ms:
-                    response["next_visible_ms"] = min(response["next_visible_ms"] or visible_ms, visible_ms)
-                elif attempt >= attempts_max:
-                    await self._dead_letter(group, key, offset, attempt, visible_ms, now_ms)
-                elif len(again) < wanted:
-                    again.append([offset, attempt, visible_ms])
-            if fifo and any(visible_ms > now_ms for visible_ms, _ in state.in_flight.values()):
-                again = []  # the queue waits for its messages in flight, which come back in order
-            new, next_cursor, batches = [], state.cursor, {}
-            blocked = fifo and state.in_flight
-            if not blocked:
-                new, next_cursor, batches = self._new_for_pop(topic, queue, state.cursor, wanted - len(again), chosen)
-            # A receive with nothing waits for new messages past the cursor, or, on a queue held by what is
-            # in flight, for a change to it (an ack wakes waiting readers) or new messages past the end.
-            wait_from = self.store.queue_stats(topic, queue)["next_offset"] if blocked else next_cursor
-            response["cursors"].append({"queue": queue, "offset": wait_from})
-            if not again and next_cursor == state.cursor:
+        lock = self._pop_locks.setdefault(key, trio.Lock())
+        try:
+            async with lock:
+                now_ms = int(time.time() * 1000)
+                state = self.store.pop_state(*key)
+                again = []
+                for offset, (visible_ms, attempt) in sorted(state.in_flight.items()):
+                    if visible_ms > now_ms:
+                        response["next_visible_ms"] = min(response["next_visible_ms"] or visible_ms, visible_ms)
+                    elif attempt >= attempts_max:
+                        await self._dead_letter(group, key, offset, attempt, visible_ms, now_ms)
+                    elif len(again) < wanted:
+                        again.append([offset, attempt, visible_ms])
+                if fifo and any(visible_ms > now_ms for visible_ms, _ in state.in_flight.values()):
+                    again = []  # the queue waits for its messages in flight, which come back in order
+                new, next_cursor, batches = [], state.cursor, {}
+                blocked = fifo and state.in_flight
+                if not blocked:
+                    new, next_cursor, batches = self._new_for_pop(topic, queue, state.cursor, wanted - len(again),
+                                                                  chosen)
+                # A receive with nothing waits for new messages past the cursor, or, on a queue held by what is
+                # in flight, for a change to it (an ack wakes waiting readers) or new messages past the end.
+                wait_from = self.store.queue_stats(topic, queue)["next_offset"] if blocked else next_cursor
+                response["cursors"].append({"queue": queue, "offset": wait_from})
+                if not again and next_cursor == state.cursor:
+                    return
+                handed = await self.host.propose(group, encode_pop({
+                    "op": "pop", "consumer_group": consumer_group, "topic": topic, "queue": queue,
+                    "cursor": state.cursor, "next": next_cursor, "new": new, "again": again,
+                    "visible_at_ms": now_ms + invisible_ms}), limits.storage_append_wait_s_max)
+            if handed is False:  # the state moved on under a leader change: the next receive tries again
                 return
-            handed = await self.host.propose(group, encode_pop({
-                "op": "pop", "consumer_group": consumer_group, "topic": topic, "queue": queue,
-                "cursor": state.cursor, "next": next_cursor, "new": new, "again": again,
-                "visible_at_ms": now_ms + invisible_ms}), limits.storage_append_wait_s_max)
-        if handed is False:  # the state moved on under a leader change: the next receive tries again
-            return
-        for offset, _, _ in again:
-            batches.update((base_offset, batch) for base_offset, batch in self.store.read(topic, queue, offset, 1))
-        response["batches"].extend({"queue": queue, "base_offset": base_offset, "batch": batch}
-                                   for base_offset, batch in sorted(batches.items()))
-        response["handles"].extend({"queue": queue, "offset": offset, "attempt": attempt,
-                                    "visible_at_ms": now_ms + invisible_ms} for offset, attempt in handed)
+            for offset, _, _ in again:
+                batches.update((base_offset, batch) for base_offset, batch in self.store.read(topic, queue, offset, 1))
+            response["batches"].extend({"queue": queue, "base_offset": base_offset, "batch": batch}
+                                       for base_offset, batch in sorted(batches.items()))
+            response["handles"].extend({"queue": queue, "offset": offset, "attempt": attempt,
+                                        "visible_at_ms": now_ms + invisible_ms} for offset, attempt in handed)
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._pop_locks.pop(key, None)  # locks are kept for queues being received from only
 
     def _new_for_pop(self, topic: str, queue: int, cursor: int, wanted: int, chosen) -> tuple[list[int], int, dict]:
         """Up to wanted offsets from cursor whose messages the filter matches, where the cursor moves to
