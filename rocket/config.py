@@ -37,6 +37,7 @@ class NodeConfig:
     listen: Address = Address("127.0.0.1", 9876)
     http2_listen: Address | None = Address("127.0.0.1", 9877)
     segment_bytes: int = limits.segment_bytes_max_default
+    wal_segment_bytes: int = limits.raft_wal_segment_bytes
     shutdown_grace_s: float = limits.shutdown_grace_s
     log_level: str = "info"
     # The cluster: this node's id, the nameserver group (id -> address; empty: this node alone),
@@ -204,6 +205,8 @@ def _convert(key: str, value: object) -> object:
         return parse_address(key, value, allow_off=True)
     if key == "segment_bytes":
         return _parse_int(key, value, limits.segment_bytes_min, 4 * 1024 * limits.MiB)
+    if key == "wal_segment_bytes":
+        return _parse_int(key, value, limits.raft_wal_segment_bytes_min, 4 * 1024 * limits.MiB)
     if key == "shutdown_grace_s":
         return _parse_float(key, value, 0.0, 3600.0)
     if key == "node_id":

@@ -52,6 +52,10 @@ raft_log_entries_max = 2_000  # applied entries a group keeps before it snapshot
 raft_log_bytes_max = 16 * MiB  # applied bytes a group keeps in memory before it snapshots and compacts its log
 raft_entry_bytes_max = batch_bytes_max + 64 * KiB  # one proposal: a produce batch and its routing header
 raft_wal_segment_bytes = 64 * MiB  # WAL segment size: records (entry chunks, snapshots) are kept under a quarter
+raft_wal_segment_bytes_min = 33 * MiB  # ... and the biggest entry must fit such a quarter
+wal_reclaim_s = 5.0  # how often a storage node looks for WAL segments nothing needs any more
+wal_reclaim_window_segments = 4  # the oldest segments whose live share decides whether live batches move forward
+wal_live_fraction_max = 0.5  # ... when at most this share of them is live: copying costs at most what it frees
 raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites live groups and drops the rest
 raft_outbox_payloads_max = 256
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
@@ -140,7 +144,7 @@ invariant(segment_bytes_min <= segment_bytes_max_default, "segment bounds are or
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
 invariant(raft_payload_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a Raft payload fits a frame, even in JSON")
-invariant(raft_entry_bytes_max <= raft_wal_segment_bytes // 4, "one entry fits a WAL record")
+invariant(raft_entry_bytes_max <= raft_wal_segment_bytes_min // 4 <= raft_wal_segment_bytes // 4, "one entry fits a WAL record")
 invariant(node_heartbeat_s < node_suspect_s < node_down_s, "liveness states are ordered")
 invariant(storage_append_wait_s_max < storage_call_s_max < storage_retry_s_max, "a storage call ends before its retries")
 invariant(tier_piece_bytes_min <= tier_piece_bytes_default <= tier_piece_bytes_max, "piece sizes are ordered")

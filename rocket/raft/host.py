@@ -151,6 +151,12 @@ class RaftHost:
         await self._wait(event, limits.request_timeout_s_default, "data not written")
         return positions
 
+    def unapplied_position_min(self) -> int | None:
+        """The lowest WAL position of an entry written but not yet applied: a state machine that indexes
+        entries where they lie (a storage group) may still come to reference it."""
+        return min((min(hosted.positions.values()) for hosted in self.groups.values() if hosted.positions),
+                   default=None)
+
     def transfer_leadership(self, group: int, to: int) -> None:
         hosted = self.groups[group]
         hosted.core.transfer_leadership(to)

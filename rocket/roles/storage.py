@@ -25,7 +25,7 @@ from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header, peek_
 from rocket.filter import SqlFilter, compile_filter
 from rocket.store.group import (GroupMachine, Store, encode_append, encode_cancel, encode_half, encode_move,
                                 encode_offsets, encode_pop, encode_rearm, encode_timers)
-from rocket.store.queue_index import ALL_TAGS
+from rocket.store.queue_index import ALL_TAGS, IndexEntry
 from rocket.tier.cold import ColdReader
 from rocket.tier.objectstore import ObjectStore
 from rocket.tier.offload import Offloader, TierSettings
@@ -55,6 +55,7 @@ class StorageRole:
         self._retention: dict[str, tuple[float, float]] = {}  # topic -> its own (retention_s, local_retention_s)
         self._prefetching: set[str] = set()  # pieces being read ahead
         self._nursery: trio.Nursery | None = None
+        self.wal_moved_bytes = 0  # batches copied forward so that old WAL segments could go
         self.offloader = None
         if objects is not None:
             settings = TierSettings(config.tier_s3_prefix if config.tier_backend == "s3" else "",
@@ -83,6 +84,7 @@ class StorageRole:
             await nursery.start(self.store.run)
             nursery.start_soon(self._backfill_forever)
             nursery.start_soon(self._fire_timers_forever)
+            nursery.start_soon(self._reclaim_wal_forever)
             self._nursery = nursery
             if self.offloader is not None:
                 nursery.start_soon(self._refresh_retention_forever)
@@ -159,6 +161,60 @@ class StorageRole:
                         return
             except RocketError as error:
                 log.warning("group %d: backfilling %s/%d from node %d: %s", group, topic, queue, source, error)
+
+    # ---- reclaiming the WAL ---------------------------------------------------------------------------
+
+    async def _reclaim_wal_forever(self) -> None:
+        while True:
+            await trio.sleep(limits.wal_reclaim_s)
+            await self.reclaim_wal()
+
+    async def reclaim_wal(self) -> int:
+        """Delete the WAL segments that nothing needs any more: the Raft groups' state lies after the last
+        checkpoint, the entries not yet applied and the batches the store indexes lie wherever they do
+        (batches go once retention dropped them locally or their timers settled). When the oldest few
+        segments hold at most limits.wal_live_fraction_max of live batches, those of the oldest are copied
+        forward first, so that data kept for long (a long timer, a topic without a tier) does not hold
+        on to everything written after it. Returns how many segments went."""
+        wal = self.host.wal
+        raft_floor = min(position for position in (wal.replay_start(), self.host.unapplied_position_min())
+                         if position is not None)
+        starts = wal.log.segment_starts()
+        ends = [end for end in starts[1:] if end <= raft_floor]  # of the sealed segments Raft no longer needs
+        if not ends:
+            return 0
+        window = [starts[0]] + ends[:limits.wal_reclaim_window_segments]
+        live, settled = await trio.to_thread.run_sync(self.store.wal_live, window[0], window[-1])
+        self.store.forget(settled)
+        oldest = [found for found in live if found[2].position < window[1]]
+        if oldest and sum(entry.batch_bytes for _, _, entry in live) <= \
+                limits.wal_live_fraction_max * (window[-1] - window[0]):
+            await self._move_forward(oldest)
+        floor = min(raft_floor, self.store.wal_floor() or raft_floor)
+        if floor < window[1]:
+            return 0
+        await trio.to_thread.run_sync(self.store.log.sync)  # the drops and moves counted on are durable first
+        removed = wal.log.delete_before(floor)  # here, not in a thread: reads of the WAL run in this one
+        if removed:
+            log.info("WAL: deleted %d segments below position %d", removed, floor)
+        return removed
+
+    async def _move_forward(self, batches: list[tuple[str, int, IndexEntry]]) -> None:
+        """Copy batches to the end of the WAL (durably), a bounded chunk at a time, and point the index at
+        the copies."""
+        while batches:
+            size = 0
+            for count, (_, _, entry) in enumerate(batches):
+                size += entry.batch_bytes
+                if size > limits.batch_bytes_max and count:
+                    break
+            else:
+                count = len(batches)
+            chunk, batches = batches[:count], batches[count:]
+            positions = await self.host.write_data([self.store.read_entry(topic, queue, entry)
+                                                    for topic, queue, entry in chunk])
+            self.wal_moved_bytes += self.store.move_batches(
+                [(topic, queue, entry, position) for (topic, queue, entry), position in zip(chunk, positions)])
 
     # ---- the tier ------------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from rocket.store.queue_index import ALL_TAGS, HALF_PREFIX, IndexEntry, QueueInd
 from rocket.tier.piece import Piece
 
 log = logging.getLogger("rocket.store")
+TIMER_PREFIX = timer_topic("")
 
 # Store log record kinds.
 BATCH = 1
@@ -43,6 +44,8 @@ AVAILABLE = 6  # a queue's batches are on this replica from this offset on again
 TIMERS = 7  # timers set or done: JSON [group, [[deliver_at_ms, topic, queue, offset, set], ...]]
 POPS = 8  # pop consumption changes: JSON [PopChange.to_wire(), ...]
 TIER = 9  # tier manifest changes: JSON [[topic, queue, TierQueue.to_wire(), drop local entries below or None], ...]
+MOVED = 10  # batches copied forward in the WAL (see move_batches): JSON [[topic, queue, offset, old, new], ...]
+FORGOTTEN = 11  # settled timer and half batches no one reads again: JSON [[topic, queue, offset], ...]
 _available = struct.Struct("<QH")  # offset, topic length; then topic... see _encode_available
 _batch_head = struct.Struct("<H")  # topic length; then topic, then _batch_place
 _batch_place = struct.Struct("<IQQQQIIqQ")  # queue, base offset, append ms, Raft group, where the batch lies
@@ -197,6 +200,10 @@ def _offsets_commit(body: bytes | memoryview) -> tuple[str, str, dict[int, int]]
     return record["group"], record["topic"], {int(q): o for q, o in record["offsets"].items()}
 
 
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[start:start + size] for start in range(0, len(items), size)]
+
+
 def _batches_of(messages: list[Message]):
     """Messages cut into lists that each encode as one batch of about a producer's batch size."""
     chunk: list[Message] = []
@@ -282,6 +289,9 @@ class Store:
         if index.applied_position > commit_log.end_position:
             log.warning("index is ahead of the log (its tail was cut back): rebuilding it from the log")
             index.destroy_and_reopen()
+        elif not index.keeps_refs:
+            log.warning("index predates WAL references: rebuilding it from the log")
+            index.destroy_and_reopen()
         store = cls(commit_log, index, data)
         store._replay()
         return store
@@ -348,6 +358,14 @@ class Store:
             elif kind == BACKFILLED:
                 topic, queue, _, entry = decode_batch_record(body)
                 entries.append((topic, queue, entry))
+            elif kind in (MOVED, FORGOTTEN):
+                # Flush first: these change index entries that earlier records may have added.
+                self.index.apply(entries, stats, commits, applied, position, timers, pop_changes)
+                entries, commits, timers, pop_changes = [], [], [], []
+                if kind == MOVED:
+                    self.index.move([tuple(move) for move in orjson.loads(body)])
+                else:
+                    self.index.forget([tuple(dropped) for dropped in orjson.loads(body)])
             elif kind == AVAILABLE:
                 topic, queue, offset = _decode_available(body)
                 stats[(topic, queue)].available_from = offset
@@ -808,10 +826,10 @@ class Store:
         found = []
         entries, scanned_to = self.index.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
         for entry in entries:
-            found.append((entry.base_offset, self._read_entry(topic, queue, entry)))
+            found.append((entry.base_offset, self.read_entry(topic, queue, entry)))
         return found, max(offset, scanned_to) if scanned_to is not None else offset
 
-    def _read_entry(self, topic: str, queue: int, entry: IndexEntry) -> bytes:
+    def read_entry(self, topic: str, queue: int, entry: IndexEntry) -> bytes:
         """An indexed batch from the WAL, checked against its own CRC and the index."""
         try:
             batch = self.data.read_slice(entry.position, entry.batch_bytes)
@@ -908,15 +926,49 @@ class Store:
             return []
         found = []
         for entry in entries:
-            batch = self._read_entry(topic, queue, entry)
+            batch = self.read_entry(topic, queue, entry)
             found.append((entry.base_offset, batch, entry.append_ms, entry.tag_summary))
         return found
 
-    def wal_position_min(self) -> int | None:
-        """The lowest WAL position any local index entry still references: a WAL checkpoint may delete the
-        segments wholly below it (a later step; segments are kept for now)."""
-        positions = [self.index.first_position(topic, queue) for topic, queue in self._queues]
-        return min((position for position in positions if position is not None), default=None)
+    # ---- reclaiming the WAL -----------------------------------------------------------------------------
+
+    def wal_floor(self) -> int | None:
+        """The lowest WAL position an indexed batch lies at: the WAL segments wholly below it hold nothing
+        this store reads (once its log is synced)."""
+        return self.index.first_referenced()
+
+    def wal_live(self, start: int, stop: int) -> tuple[list[tuple[str, int, IndexEntry]], list[tuple[str, int, int]]]:
+        """The batches in WAL [start, stop), in WAL order: those still read, and timer and half batches whose
+        messages are all settled (delivered, cancelled, committed or rolled back), which nothing reads again
+        (see forget). Only reads the index: it may run in a worker thread."""
+        live, settled = [], []
+        for topic, queue, entry in self.index.referenced(start, stop):
+            if topic.startswith((TIMER_PREFIX, HALF_PREFIX)) and not self.index.pending_timer_in(
+                    topic, queue, entry.base_offset, entry.count):
+                settled.append((topic, queue, entry.base_offset))
+            else:
+                live.append((topic, queue, entry))
+        return live, settled
+
+    def forget(self, settled: list[tuple[str, int, int]]) -> None:
+        """Drop the index entries of settled timer and half batches (topic, queue, base offset): a settled
+        batch never has a pending timer again."""
+        for chunk in _chunks(settled, limits.index_replay_records_per_write_max):
+            self.log.append([(FORGOTTEN, orjson.dumps(chunk))])
+            self.index.forget(chunk)
+            self._dirty = True
+
+    def move_batches(self, moves: list[tuple[str, int, IndexEntry, int]]) -> int:
+        """Point batches (topic, queue, entry, new position) at copies of them written further on in the
+        WAL (durably), so the segment they lay in can go; a batch dropped or moved meanwhile is left
+        alone. Returns the bytes of the batches moved."""
+        moved = 0
+        for chunk in _chunks(moves, limits.index_replay_records_per_write_max):
+            wire = [(topic, queue, entry.base_offset, entry.position, new) for topic, queue, entry, new in chunk]
+            self.log.append([(MOVED, orjson.dumps(wire))])  # replayed as applied: each move is conditional
+            moved += sum(entry.batch_bytes for (_, _, entry, _), done in zip(chunk, self.index.move(wire)) if done)
+            self._dirty = True
+        return moved
 
     def offset_for_time(self, topic: str, queue: int, timestamp_ms: int) -> int:
         state = self._tier.get((topic, queue))

@@ -1,5 +1,10 @@
 """The queue index and consumer offsets on LevelDB (plyvel): derived state, written without sync
 and rebuilt by replaying the commit log. Sparse: one key per batch, not per message.
+
+Besides each batch's entry (q: topic, queue, offset -> where it lies in the WAL), a reference key
+(p: WAL position -> the entry's q key) lists the batches in WAL order, so the WAL's lowest live position
+and the batches living in one WAL segment are found without a scan of every queue (see Store: the WAL
+is reclaimed from its oldest segment on).
 """
 
 from __future__ import annotations
@@ -7,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import plyvel
@@ -25,6 +31,7 @@ _timer_place = struct.Struct(">QQI")  # due time ms, Raft group, check-backs so 
 ALL_TAGS = 2**64 - 1  # the tag summary of a batch indexed without one: it may hold any tag
 _stats = struct.Struct(">QQQQQ")  # next offset, bytes, last append ms, Raft group, available from
 _applied_key = b"m/applied"
+_refs_key = b"m/refs"  # present once the index keeps WAL references (p keys); an older index is rebuilt
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
@@ -69,6 +76,10 @@ def _due_key(group: int, deliver_at_ms: int, topic: str, queue: int, offset: int
     return kind + _u64.pack(group) + _u64.pack(deliver_at_ms) + _timer_key(topic, queue, offset)[1:]
 
 
+def _ref_key(position: int) -> bytes:
+    return b"p" + _u64.pack(position)
+
+
 def _decode_entry(offset: int, value: bytes) -> IndexEntry:
     if len(value) == _entry_untagged.size:
         return IndexEntry(offset, *_entry_untagged.unpack(value))
@@ -108,11 +119,23 @@ class QueueIndex:
     def __init__(self, path: Path):
         self.path = path
         self._db = plyvel.DB(str(path), create_if_missing=True)
+        self._mark_refs_if_empty()
+
+    def _mark_refs_if_empty(self) -> None:
+        with self._db.iterator(include_value=False) as keys:
+            if next(keys, None) is None:
+                self._db.put(_refs_key, b"")
+
+    @property
+    def keeps_refs(self) -> bool:
+        """False for an index written before WAL references were kept: it must be rebuilt."""
+        return self._db.get(_refs_key) is not None
 
     def destroy_and_reopen(self) -> None:
         self._db.close()
         shutil.rmtree(self.path)
         self._db = plyvel.DB(str(self.path), create_if_missing=True)
+        self._mark_refs_if_empty()
 
     @property
     def applied_position(self) -> int:
@@ -153,9 +176,10 @@ class QueueIndex:
             for group, index in groups_applied.items():
                 batch.put(b"g" + _u64.pack(group), _u64.pack(index))
             for topic, queue, entry in entries:
-                batch.put(_queue_prefix(b"q", topic, queue) + _u64.pack(entry.base_offset),
-                          _entry.pack(entry.position, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
-                                      entry.append_ms, entry.tag_summary))
+                key = _queue_prefix(b"q", topic, queue) + _u64.pack(entry.base_offset)
+                batch.put(key, _entry.pack(entry.position, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
+                                           entry.append_ms, entry.tag_summary))
+                batch.put(_ref_key(entry.position), key)
                 batch.put(_queue_prefix(b"t", topic, queue) + _u64.pack(entry.append_ms) + _u64.pack(entry.base_offset), b"")
             for (topic, queue), queue_stats in stats.items():
                 batch.put(_queue_prefix(b"s", topic, queue),
@@ -174,17 +198,77 @@ class QueueIndex:
             entry = _decode_entry(_u64.unpack(key[-8:])[0], value)
             batch.delete(key)
             batch.delete(times + _u64.pack(entry.append_ms) + _u64.pack(entry.base_offset))
+            batch.delete(_ref_key(entry.position))
+
+    # ---- WAL references --------------------------------------------------------------------------------
+
+    def referenced(self, start: int, stop: int | None = None) -> Iterator[tuple[str, int, IndexEntry]]:
+        """The indexed batches that lie in the WAL from position start (to stop), in WAL order. A
+        reference its entry no longer backs (the entry moved or went; only a crash leaves one) is
+        deleted on the way."""
+        stale = []
+        try:
+            with self._db.iterator(start=_ref_key(start), stop=_ref_key(stop) if stop is not None else _prefix_end(b"p")
+                                   ) as refs:
+                for ref, key in refs:
+                    value = self._db.get(key)
+                    position = _u64.unpack(ref[1:])[0]
+                    entry = _decode_entry(_u64.unpack(key[-8:])[0], value) if value is not None else None
+                    if entry is None or entry.position != position:
+                        stale.append(ref)
+                        continue
+                    yield key[1:-13].decode(), _u32.unpack(key[-12:-8])[0], entry  # q, topic, NUL, queue, offset
+        finally:
+            if stale:
+                with self._db.write_batch(sync=False) as batch:
+                    for ref in stale:
+                        batch.delete(ref)
+
+    def first_referenced(self) -> int | None:
+        """The lowest WAL position an indexed batch lies at."""
+        for _, _, entry in self.referenced(0):
+            return entry.position
+        return None
+
+    def move(self, moves: list[tuple[str, int, int, int, int]]) -> list[bool]:
+        """Point entries (topic, queue, base offset) at a new WAL position where a copy of their batch
+        lies, each only if it is still at the old position: [(topic, queue, offset, old, new)] -> moved."""
+        moved = []
+        with self._db.write_batch(sync=False) as batch:
+            for topic, queue, offset, old, new in moves:
+                key = _queue_prefix(b"q", topic, queue) + _u64.pack(offset)
+                value = self._db.get(key)
+                entry = _decode_entry(offset, value) if value is not None else None
+                moved.append(entry is not None and entry.position == old)
+                if moved[-1]:
+                    batch.put(key, _entry.pack(new, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
+                                               entry.append_ms, entry.tag_summary))
+                    batch.delete(_ref_key(old))
+                    batch.put(_ref_key(new), key)
+        return moved
+
+    def forget(self, dropped: list[tuple[str, int, int]]) -> None:
+        """Delete the entries (topic, queue, base offset) of batches no one will read again."""
+        with self._db.write_batch(sync=False) as batch:
+            for topic, queue, offset in dropped:
+                key = _queue_prefix(b"q", topic, queue) + _u64.pack(offset)
+                value = self._db.get(key)
+                if value is not None:
+                    entry = _decode_entry(offset, value)
+                    batch.delete(key)
+                    batch.delete(_queue_prefix(b"t", topic, queue) + _u64.pack(entry.append_ms) + _u64.pack(offset))
+                    batch.delete(_ref_key(entry.position))
+
+    def pending_timer_in(self, topic: str, queue: int, offset: int, count: int) -> bool:
+        """Whether a timer or half message of the batch at offset (count messages) is still pending."""
+        prefix = _queue_prefix(b"x", topic, queue)
+        with self._db.iterator(start=prefix + _u64.pack(offset), stop=prefix + _u64.pack(offset + count),
+                               include_value=False) as keys:
+            return next(keys, None) is not None
 
     def tier_states(self) -> dict[tuple[str, int], bytes]:
         """Every queue's tier state as stored (see Store: the manifest of offloaded pieces)."""
         return {(key[1:-5].decode(), _u32.unpack(key[-4:])[0]): value for key, value in self._db.iterator(prefix=b"T")}
-
-    def first_position(self, topic: str, queue: int) -> int | None:
-        """Where in the WAL the queue's first indexed batch lies."""
-        with self._db.iterator(prefix=_queue_prefix(b"q", topic, queue)) as entries:
-            for key, value in entries:
-                return _decode_entry(_u64.unpack(key[-8:])[0], value).position
-        return None
 
     def groups_applied(self) -> dict[int, int]:
         return {_u64.unpack(key[1:])[0]: _u64.unpack(value)[0] for key, value in self._db.iterator(prefix=b"g")}

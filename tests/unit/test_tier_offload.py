@@ -78,7 +78,7 @@ async def test_offload_drop_local_and_read_everything_back_cold(tmp_path):
         reader = ColdReader(objects, read_ahead_bytes=30_000)
         for queue in (0, 1):
             assert await cold_bodies(node, reader, queue) == expected_bodies(queue)
-        assert node.wal_position_min() is None  # nothing local is referenced any more
+        assert node.wal_floor() is None  # nothing local is referenced any more: the WAL may go
     node.close()
 
 
