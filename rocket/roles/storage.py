@@ -556,8 +556,8 @@ class StorageRole:
                 new, next_cursor, batches = [], state.cursor, {}
                 blocked = fifo and state.in_flight
                 if not blocked:
-                    new, next_cursor, batches = self._new_for_pop(topic, queue, state.cursor, wanted - len(again),
-                                                                  chosen)
+                    new, next_cursor, batches = await self._new_for_pop(topic, queue, state.cursor,
+                                                                        wanted - len(again), chosen)
                 # A receive with nothing waits for new messages past the cursor, or, on a queue held by what is
                 # in flight, for a change to it (an ack wakes waiting readers) or new messages past the end.
                 wait_from = self.store.queue_stats(topic, queue)["next_offset"] if blocked else next_cursor
@@ -571,7 +571,8 @@ class StorageRole:
             if handed is False:  # the state moved on under a leader change: the next receive tries again
                 return
             for offset, _, _ in again:
-                batches.update((base_offset, batch) for base_offset, batch in self.store.read(topic, queue, offset, 1))
+                found, _ = await self._read_queue(topic, queue, offset, 1, True, ALL_TAGS)
+                batches.update(found)
             response["batches"].extend({"queue": queue, "base_offset": base_offset, "batch": batch}
                                        for base_offset, batch in sorted(batches.items()))
             response["handles"].extend({"queue": queue, "offset": offset, "attempt": attempt,
@@ -580,13 +581,14 @@ class StorageRole:
             if not lock.locked() and not lock.statistics().tasks_waiting:
                 self._pop_locks.pop(key, None)  # locks are kept for queues being received from only
 
-    def _new_for_pop(self, topic: str, queue: int, cursor: int, wanted: int, chosen) -> tuple[list[int], int, dict]:
+    async def _new_for_pop(self, topic: str, queue: int, cursor: int, wanted: int, chosen
+                           ) -> tuple[list[int], int, dict]:
         """Up to wanted offsets from cursor whose messages the filter matches, where the cursor moves to
         (past what the filter skipped), and the batches holding them."""
         if wanted <= 0:
             return [], cursor, {}
         tag_mask = ALL_TAGS if chosen.tag_mask is None else chosen.tag_mask
-        found, scanned_to = self.store.read_from(topic, queue, cursor, limits.read_bytes_max, True, tag_mask)
+        found, scanned_to = await self._read_queue(topic, queue, cursor, limits.read_bytes_max, True, tag_mask)
         new: list[int] = []
         batches = {}
         every_message = chosen.tag_mask is None and not isinstance(chosen, SqlFilter)  # no need to decode
@@ -613,7 +615,7 @@ class StorageRole:
                            now_ms: int) -> None:
         """A message that used up its attempts goes to the group's dead-letter queue, with its attempts."""
         consumer_group, topic, queue = key
-        [(base_offset, batch)] = self.store.read(topic, queue, offset, 1)
+        [(base_offset, batch)], _ = await self._read_queue(topic, queue, offset, 1, True, ALL_TAGS)
         message = batch_codec.decode(batch, base_offset, queue)[offset - base_offset]
         message.properties = {**message.properties, "DLQ_ORIGIN_QUEUE": str(queue), "DLQ_ORIGIN_OFFSET": str(offset),
                               "DLQ_ATTEMPTS": str(attempt)}

@@ -1,6 +1,6 @@
 """Tiered storage end to end: a real `rocket run` offloads to moto's S3 server (started here on 127.0.0.1)
 in many small pieces, drops local data once offloaded, and serves every message back byte for byte from
-the tier; a corrupted object is CORRUPT_DATA; S3 stopped for a while loses nothing and catches up; a node
+the tier, to pull and to pop consumers; a corrupted object is CORRUPT_DATA; S3 stopped for a while loses nothing and catches up; a node
 killed mid-upload resumes without duplicate objects."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import pytest
 import trio
 
-from rocket.client import Admin, connect, open_consumer
+from rocket.client import Admin, SimpleConsumer, connect, open_consumer
 from rocket.errors import Code, RocketError
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
@@ -64,6 +64,27 @@ async def consume_everything(server: str, group: str) -> dict[int, list[bytes]]:
             for message in messages:
                 assert message.offset == len(found[message.queue])
                 found[message.queue].append(message.body)
+
+
+async def pop_everything(server: str, group: str, count: int) -> dict[int, list[bytes]]:
+    """Receive (pop) and ack every message; the first one received is left unacked once, so that it comes
+    back after its invisible time and is read again."""
+    bodies: dict[tuple[int, int], bytes] = {}
+    skipped = None
+    async with connect(server) as channel:
+        consumer = SimpleConsumer(channel, "orders", group, invisible_s=1)
+        with trio.move_on_after(60):
+            while len(bodies) < count:
+                for message in await consumer.receive(max_messages=32, wait_s=1):
+                    if skipped is None:
+                        skipped = (message.queue, message.offset)
+                        continue
+                    assert (message.queue, message.offset) not in bodies
+                    bodies[(message.queue, message.offset)] = message.body
+                    await consumer.ack(message)
+    assert skipped in bodies, "the unacked message came back"
+    return {queue: [bodies[(queue, offset)] for offset in range(count // QUEUES) if (queue, offset) in bodies]
+            for queue in range(QUEUES)}
 
 
 async def tier_rows(server: str) -> list[dict]:
@@ -128,6 +149,7 @@ async def test_offload_expire_locally_and_consume_everything_cold(server_process
         await store.put(first_segment, original)
 
     assert await consume_everything(node.server, "billing") == expected(150)
+    assert await pop_everything(node.server, "workers", QUEUES * 150) == expected(150)
 
 
 async def test_s3_stopped_loses_nothing_and_catches_up(server_process, tmp_path, moto):
