@@ -54,8 +54,10 @@ class Offloader:
         self._backoff: dict[tuple[str, int], _Backoff] = {}
         self._pending_seen: dict[tuple[str, int], tuple[int, float]] = {}  # queue -> (tiered to, first seen)
         self._retention_due: dict[tuple[str, int], float] = {}  # queue -> when to look at its retentions again
+        self._swept: set[tuple[str, int]] = set()  # queues whose expired objects this offloader looked for
         self.uploaded_pieces = 0
         self.uploaded_bytes = 0
+        self.swept_objects = 0
         self.failures = 0
 
     async def run(self) -> None:
@@ -161,6 +163,15 @@ class Offloader:
             if range_of_key(info.key) != (piece.from_offset, piece.to_offset):
                 await self.objects.delete(info.key)
 
+    async def _sweep_expired(self, topic: str, queue: int, start: int) -> None:
+        """Objects wholly before the manifest's start were expired: an expire whose deletes a crash or a lost
+        leadership cut short left them behind. Looked for once per queue by each offloader (leader)."""
+        for info in await self.objects.list(queue_prefix(self.settings.prefix, topic, queue)):
+            found = range_of_key(info.key)
+            if found is not None and found[1] <= start:
+                await self.objects.delete(info.key)
+                self.swept_objects += 1
+
     async def retain(self, group: int, topic: str, queue: int) -> None:
         """Drop local data past local retention (offloaded only), expire pieces past total retention; look
         again after the shorter of the two (at most limits.tier_retention_check_s)."""
@@ -168,7 +179,12 @@ class Offloader:
         retention_s, local_retention_s = self.retention(topic)
         self._retention_due[(topic, queue)] = trio.current_time() + min(
             [limits.tier_retention_check_s] + [seconds for seconds in (retention_s, local_retention_s) if seconds > 0])
-        if state is None or not state.pieces:
+        if state is None:
+            return
+        if (topic, queue) not in self._swept:
+            await self._sweep_expired(topic, queue, state.pieces[0].from_offset if state.pieces else state.tiered_to)
+            self._swept.add((topic, queue))
+        if not state.pieces:
             return
         now_ms = int(time.time() * 1000)
         if local_retention_s > 0:

@@ -10,7 +10,7 @@ import pytest
 
 from rocket.errors import Code, RocketError
 from rocket.serde import batch as batch_codec
-from rocket.store.group import encode_drop_local, encode_offloaded
+from rocket.store.group import encode_drop_local, encode_expire, encode_offloaded
 from rocket.tier import LocalDirectoryStore
 from rocket.tier.cold import ColdReader
 from rocket.tier.offload import Offloader, TierSettings
@@ -155,4 +155,28 @@ async def test_total_retention_expires_pieces_and_their_objects(tmp_path):
             assert state.pieces == [] and state.tiered_to == 1000 and state.local_from == 1000
             assert await objects.list(f"tier/{TOPIC}/{queue}/") == []
             assert node.queue_stats(TOPIC, queue)["min_offset"] == 1000
+    node.close()
+
+
+async def test_objects_an_interrupted_expire_left_behind_are_swept(tmp_path):
+    """An expire that a crash cut short between the manifest change and the deletes leaves objects before
+    the manifest's start: the next offloader (after a restart, or a new leader) deletes them, and only them."""
+    node = Node(tmp_path / "node")
+    node.apply(GROUP, workload())
+    async with LocalDirectoryStore(tmp_path / "tier") as objects:
+        await scan_until_done(make_offloader(node, objects, retention=(0.0, 0.0)))
+        kept = {queue: sorted(info.key for info in await objects.list(f"tier/{TOPIC}/{queue}/")) for queue in (0, 1)}
+        state = node.tier_state(TOPIC, 0)
+        cut = state.pieces[2].to_offset
+        log = Log(node)
+        assert log.apply(encode_expire(TOPIC, 0, cut))[0]  # the crash: no object of it was deleted
+        assert len(await objects.list(f"tier/{TOPIC}/0/")) == len(kept[0])
+
+        offloader = make_offloader(node, objects, retention=(0.0, 0.0))
+        await scan_until_done(offloader)  # its first look at each queue's retentions sweeps
+        assert offloader.swept_objects == 6  # three pieces: segment and index objects
+        remaining = node.tier_state(TOPIC, 0).pieces
+        assert sorted(info.key for info in await objects.list(f"tier/{TOPIC}/0/")) == sorted(
+            key for piece in remaining for key in (piece.key, piece.index_key))
+        assert sorted(info.key for info in await objects.list(f"tier/{TOPIC}/1/")) == kept[1]
     node.close()
