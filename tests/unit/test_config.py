@@ -34,6 +34,7 @@ def test_defaults_are_dev_mode():
         ("bogus = 1\n", {}, {}, "bogus"),
         ("listen = [\n", {}, {}, "not valid TOML"),
         ("", {"ROCKET_SEGMENT_BYTES": "ten"}, {}, "ROCKET_SEGMENT_BYTES"),
+        ("wal_segment_bytes = 1048576\n", {}, {}, "wal_segment_bytes"),  # the biggest entry would not fit
         ("", {}, {"roles": "broker,teapot"}, "teapot"),
         ("", {}, {"http2_listen": "host:99999"}, "http2_listen"),
         ("", {}, {"roles": "storage,broker"}, "nameservers"),  # who would it register with?
