@@ -56,13 +56,12 @@ class StorageRole:
         self._prefetching: set[str] = set()  # pieces being read ahead
         self._nursery: trio.Nursery | None = None
         self.wal_moved_bytes = 0  # batches copied forward so that old WAL segments could go
-        self.offloader = None
-        if objects is not None:
-            settings = TierSettings(config.tier_s3_prefix if config.tier_backend == "s3" else "",
-                                    config.tier_piece_bytes, config.tier_piece_age_s, config.tier_retention_s,
-                                    config.tier_local_retention_s, config.tier_read_mode == "force")
-            self.offloader = Offloader(self.store, objects, settings, self._propose_tier, self._led_groups,
-                                       self.retention_of)
+        settings = TierSettings(config.tier_s3_prefix if config.tier_backend == "s3" else "",
+                                config.tier_piece_bytes, config.tier_piece_age_s, config.tier_retention_s,
+                                config.tier_local_retention_s, config.tier_read_mode == "force")
+        # Without an object store it applies total retention to local data only.
+        self.offloader = Offloader(self.store, objects, settings, self._propose_tier, self._led_groups,
+                                   self.retention_of)
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("StorageAppend", self.append)
@@ -86,9 +85,8 @@ class StorageRole:
             nursery.start_soon(self._fire_timers_forever)
             nursery.start_soon(self._reclaim_wal_forever)
             self._nursery = nursery
-            if self.offloader is not None:
-                nursery.start_soon(self._refresh_retention_forever)
-                nursery.start_soon(self.offloader.run)
+            nursery.start_soon(self._refresh_retention_forever)
+            nursery.start_soon(self.offloader.run)
             task_status.started()
             while True:
                 self._ask_now = trio.Event()
@@ -249,8 +247,8 @@ class StorageRole:
         for queue in self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset"):
             stats = self.store.queue_stats(topic, queue)
             state = self.store.tier_state(topic, queue)
-            offloaded = state.offloaded_bytes if state is not None else 0
-            dropped = state.dropped_bytes if state is not None else 0
+            offloaded = state.offloaded_bytes + state.truncated_bytes if state is not None else 0
+            dropped = state.dropped_bytes + state.truncated_bytes if state is not None else 0
             queues.append({"queue": queue, "first_offset": stats["min_offset"],
                            "local_offset": max(stats["min_offset"], self.store.local_start(topic, queue)),
                            "tiered_offset": state.tiered_to if state is not None else stats["min_offset"],
@@ -264,7 +262,7 @@ class StorageRole:
                           tag_mask: int) -> tuple[list[tuple[int, bytes]], int]:
         """A queue's batches from offset: from the tier for what is no longer local (or, in force mode,
         for all that is offloaded), else from the WAL."""
-        force = self.offloader is not None and self.offloader.settings.force_reads
+        force = self.offloader.settings.force_reads
         piece = self.store.tier_piece(topic, queue, offset, force) if self.cold is not None else None
         if piece is None:
             return self.store.read_from(topic, queue, offset, budget, first, tag_mask)

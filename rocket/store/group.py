@@ -134,25 +134,36 @@ def encode_expire(topic: str, queue: int, to_offset: int) -> bytes:
     return bytes([TIER_COMMAND]) + orjson.dumps({"op": "expire", "topic": topic, "queue": queue, "to": to_offset})
 
 
+def encode_truncate(topic: str, queue: int, from_offset: int, to_offset: int, size: int) -> bytes:
+    """Local data [from_offset, to_offset), size bytes, that was never offloaded goes (total retention
+    without a tier): only if the queue's local data still starts at from_offset and nothing offloaded
+    lies after it."""
+    return bytes([TIER_COMMAND]) + orjson.dumps({"op": "truncate", "topic": topic, "queue": queue, "from": from_offset,
+                                                 "to": to_offset, "bytes": size})
+
+
 @dataclasses.dataclass(slots=True)
 class TierQueue:
     """A queue's tier manifest: pieces offloaded (in order, tiling [pieces[0].from, tiered_to)), where the
-    local index starts (local_from <= tiered_to: local data is dropped only once offloaded), and counters."""
+    local index starts (local_from <= tiered_to: local data is dropped only once offloaded, or truncated
+    by retention), and counters."""
 
     pieces: list[Piece] = dataclasses.field(default_factory=list)
     tiered_to: int = 0
     local_from: int = 0
     offloaded_bytes: int = 0  # bytes ever offloaded
     dropped_bytes: int = 0  # bytes of local data dropped (offloaded before)
+    truncated_bytes: int = 0  # bytes of local data that total retention removed before any offload
 
     def to_wire(self) -> list:
         return [[piece.to_wire() for piece in self.pieces], self.tiered_to, self.local_from, self.offloaded_bytes,
-                self.dropped_bytes]
+                self.dropped_bytes, self.truncated_bytes]
 
     @classmethod
     def from_wire(cls, wire: list) -> "TierQueue":
-        pieces, tiered_to, local_from, offloaded_bytes, dropped_bytes = wire
-        return cls([Piece.from_wire(piece) for piece in pieces], tiered_to, local_from, offloaded_bytes, dropped_bytes)
+        pieces, tiered_to, local_from, offloaded_bytes, dropped_bytes, *truncated = wire  # 5 items before truncation
+        return cls([Piece.from_wire(piece) for piece in pieces], tiered_to, local_from, offloaded_bytes, dropped_bytes,
+                   *truncated)
 
     def piece_at(self, offset: int) -> Piece | None:
         """The piece holding offset, or the first piece for an offset before every piece (expired)."""
@@ -540,6 +551,14 @@ class Store:
             state.pieces.append(piece)
             state.tiered_to = piece.to_offset
             state.offloaded_bytes += piece.size
+        elif request["op"] == "truncate":
+            state = state if state is not None else TierQueue()
+            if state.pieces or state.local_from != request["from"] or not (
+                    state.local_from < request["to"] <= stats.next_offset and state.tiered_to <= request["to"]):
+                return False
+            self._tier[key] = state
+            state.tiered_to = state.local_from = drop_below = request["to"]
+            state.truncated_bytes += request["bytes"]
         elif request["op"] == "drop_local":
             to_offset = request["to"]
             if state is None or not state.local_from < to_offset <= state.tiered_to:
@@ -900,6 +919,10 @@ class Store:
             if stats is not None and stats.group in groups:
                 found.append((stats.group, *key))
         return found
+
+    def local_bytes(self, topic: str, queue: int, start: int, stop: int) -> int:
+        """Bytes of the locally indexed batches that start in [start, stop)."""
+        return self.index.bytes_between(topic, queue, start, stop)
 
     def queue_bytes(self, topic: str, queue: int) -> int:
         """Bytes ever stored in the queue (offloaded ones included), from memory."""

@@ -310,6 +310,12 @@ class QueueIndex:
                 scanned_to = entry.base_offset + entry.count
         return found, scanned_to
 
+    def bytes_between(self, topic: str, queue: int, start: int, stop: int) -> int:
+        prefix = _queue_prefix(b"q", topic, queue)
+        return sum(_decode_entry(0, value).batch_bytes
+                   for value in self._db.iterator(start=prefix + _u64.pack(start), stop=prefix + _u64.pack(stop),
+                                                  include_key=False))
+
     def first_offset(self, topic: str, queue: int) -> int | None:
         with self._db.iterator(prefix=_queue_prefix(b"q", topic, queue), include_value=False) as keys:
             for key in keys:

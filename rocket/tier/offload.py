@@ -2,6 +2,7 @@
 once it is full or old, verifies it (HEAD: size and MD5) and only then proposes it to the group's
 manifest; drops local data past its local retention (only pieces the manifest holds) and expires pieces
 past the total retention (manifest first, then the objects). Failures back off per queue and retry.
+Without an object store (tier_backend off) it only applies total retention, to local data.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.store.group import Store, encode_drop_local, encode_expire, encode_offloaded
+from rocket.store.group import Store, encode_drop_local, encode_expire, encode_offloaded, encode_truncate
 from rocket.tier.objectstore import ObjectStore
 from rocket.tier.piece import Piece, build, queue_prefix, range_of_key
 
@@ -42,7 +43,7 @@ class Offloader:
     """propose(group, payload) replicates a command in a group; leads() lists the groups this node leads;
     retention(topic) gives (retention_s, local_retention_s) with the defaults applied."""
 
-    def __init__(self, store: Store, objects: ObjectStore, settings: TierSettings,
+    def __init__(self, store: Store, objects: ObjectStore | None, settings: TierSettings,
                  propose: Callable[[int, bytes], Awaitable], leads: Callable[[], Iterable[int]],
                  retention: Callable[[str], tuple[float, float]]):
         self.store = store
@@ -109,10 +110,11 @@ class Offloader:
     def _due(self, topic: str, queue: int, now_s: float) -> bool:
         """A cheap look before reading the index: is a full piece waiting, or has data waited long enough?"""
         state = self.store.tier_state(topic, queue)
-        pending_bytes = self.store.queue_bytes(topic, queue) - (state.offloaded_bytes if state is not None else 0)
+        pending_bytes = self.store.queue_bytes(topic, queue) - (
+            state.offloaded_bytes + state.truncated_bytes if state is not None else 0)
         tiered_to = state.tiered_to if state is not None else 0
         self._retention_due.setdefault((topic, queue), trio.current_time())  # it has pieces, or soon will
-        if pending_bytes <= 0:
+        if pending_bytes <= 0 or self.objects is None:
             self._pending_seen.pop((topic, queue), None)
             self.store.offload_candidates.discard((topic, queue))  # until it is appended to again
             return False
@@ -172,6 +174,17 @@ class Offloader:
                 await self.objects.delete(info.key)
                 self.swept_objects += 1
 
+    async def _truncate(self, group: int, topic: str, queue: int, state, retention_s: float) -> None:
+        """Local data older than the total retention that no piece holds goes (where the tier is off, or
+        was down for longer than the retention)."""
+        start = state.local_from if state is not None else 0
+        end = self.store.index.offset_for_time(topic, queue, int((time.time() - retention_s) * 1000))
+        if end is None:
+            end = self.store.queue_stats(topic, queue)["next_offset"]
+        if end > start:
+            await self.propose(group, encode_truncate(topic, queue, start, end,
+                                                      self.store.local_bytes(topic, queue, start, end)))
+
     async def retain(self, group: int, topic: str, queue: int) -> None:
         """Drop local data past local retention (offloaded only), expire pieces past total retention; look
         again after the shorter of the two (at most limits.tier_retention_check_s)."""
@@ -179,7 +192,9 @@ class Offloader:
         retention_s, local_retention_s = self.retention(topic)
         self._retention_due[(topic, queue)] = trio.current_time() + min(
             [limits.tier_retention_check_s] + [seconds for seconds in (retention_s, local_retention_s) if seconds > 0])
-        if state is None:
+        if retention_s > 0 and (state is None or not state.pieces):
+            await self._truncate(group, topic, queue, state, retention_s)
+        if state is None or self.objects is None:
             return
         if (topic, queue) not in self._swept:
             await self._sweep_expired(topic, queue, state.pieces[0].from_offset if state.pieces else state.tiered_to)
