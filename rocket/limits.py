@@ -56,6 +56,7 @@ raft_wal_segment_bytes_min = 33 * MiB  # ... and the biggest entry must fit such
 wal_reclaim_s = 5.0  # how often a storage node looks for WAL segments nothing needs any more
 wal_reclaim_window_segments = 4  # the oldest segments whose live share decides whether live batches move forward
 wal_live_fraction_max = 0.5  # ... when at most this share of them is live: copying costs at most what it frees
+wal_rescan_s = 60.0  # a pinned oldest segment is scanned again after this long, or once local data went
 raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites live groups and drops the rest
 raft_outbox_payloads_max = 256
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit

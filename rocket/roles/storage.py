@@ -56,6 +56,7 @@ class StorageRole:
         self._prefetching: set[str] = set()  # pieces being read ahead
         self._nursery: trio.Nursery | None = None
         self.wal_moved_bytes = 0  # batches copied forward so that old WAL segments could go
+        self._wal_drops_seen, self._wal_rescan_at = -1, 0.0  # the store's drops at the last scan of the WAL's oldest
         settings = TierSettings(config.tier_s3_prefix if config.tier_backend == "s3" else "",
                                 config.tier_piece_bytes, config.tier_piece_age_s, config.tier_retention_s,
                                 config.tier_local_retention_s, config.tier_read_mode == "force")
@@ -181,21 +182,31 @@ class StorageRole:
         ends = [end for end in starts[1:] if end <= raft_floor]  # of the sealed segments Raft no longer needs
         if not ends:
             return 0
-        window = [starts[0]] + ends[:limits.wal_reclaim_window_segments]
-        live, settled = await trio.to_thread.run_sync(self.store.wal_live, window[0], window[-1])
-        self.store.forget(settled)
-        oldest = [found for found in live if found[2].position < window[1]]
-        if oldest and sum(entry.batch_bytes for _, _, entry in live) <= \
-                limits.wal_live_fraction_max * (window[-1] - window[0]):
-            await self._move_forward(oldest)
-        floor = min(raft_floor, self.store.wal_floor() or raft_floor)
-        if floor < window[1]:
+        floor = self._wal_floor(raft_floor)
+        drops = self.store.index.drops
+        if floor < ends[0] and (drops != self._wal_drops_seen or trio.current_time() >= self._wal_rescan_at):
+            # The oldest segment is pinned: look at what lives in the oldest few (a scan of their batches,
+            # so not again for a while unless some local data went meanwhile).
+            window = [starts[0]] + ends[:limits.wal_reclaim_window_segments]
+            live, settled = await trio.to_thread.run_sync(self.store.wal_live, window[0], window[-1])
+            self.store.forget(settled)
+            oldest = [found for found in live if found[2].position < window[1]]
+            if oldest and sum(entry.batch_bytes for _, _, entry in live) <= \
+                    limits.wal_live_fraction_max * (window[-1] - window[0]):
+                await self._move_forward(oldest)
+            floor = self._wal_floor(raft_floor)
+            self._wal_drops_seen, self._wal_rescan_at = drops, trio.current_time() + limits.wal_rescan_s
+        if floor < ends[0]:
             return 0
         await trio.to_thread.run_sync(self.store.log.sync)  # the drops and moves counted on are durable first
         removed = wal.log.delete_before(floor)  # here, not in a thread: reads of the WAL run in this one
         if removed:
             log.info("WAL: deleted %d segments below position %d", removed, floor)
         return removed
+
+    def _wal_floor(self, raft_floor: int) -> int:
+        store_floor = self.store.wal_floor()
+        return raft_floor if store_floor is None else min(raft_floor, store_floor)
 
     async def _move_forward(self, batches: list[tuple[str, int, IndexEntry]]) -> None:
         """Copy batches to the end of the WAL (durably), a bounded chunk at a time, and point the index at

@@ -120,6 +120,7 @@ class QueueIndex:
         self.path = path
         self._db = plyvel.DB(str(path), create_if_missing=True)
         self._mark_refs_if_empty()
+        self.drops = 0  # calls that deleted entries (dropped local data, forgotten timers), since open
 
     def _mark_refs_if_empty(self) -> None:
         with self._db.iterator(include_value=False) as keys:
@@ -192,6 +193,7 @@ class QueueIndex:
 
     def _drop_entries(self, batch, topic: str, queue: int, below: int) -> None:
         """Delete the index entries (and their time keys) of the batches before offset below."""
+        self.drops += 1
         prefix = _queue_prefix(b"q", topic, queue)
         times = _queue_prefix(b"t", topic, queue)
         for key, value in self._db.iterator(start=prefix, stop=prefix + _u64.pack(below)):
@@ -249,6 +251,7 @@ class QueueIndex:
 
     def forget(self, dropped: list[tuple[str, int, int]]) -> None:
         """Delete the entries (topic, queue, base offset) of batches no one will read again."""
+        self.drops += 1
         with self._db.write_batch(sync=False) as batch:
             for topic, queue, offset in dropped:
                 key = _queue_prefix(b"q", topic, queue) + _u64.pack(offset)
