@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import signal
@@ -34,7 +35,7 @@ def rocket(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "rocket", *args], check=True, stdout=subprocess.DEVNULL)
 
 
-def start_nodes(data: Path, nodes: int) -> list[subprocess.Popen]:
+def start_nodes(data: Path, nodes: int, tier: str = "local") -> list[subprocess.Popen]:
     """One dev-mode node, or a cluster of all-role nodes on free ports; returns once all are ready."""
     if nodes == 1:
         commands = [["--data-dir", str(data / "node"), "--listen", "127.0.0.1:0", "--http2-listen", "127.0.0.1:0"]]
@@ -45,12 +46,13 @@ def start_nodes(data: Path, nodes: int) -> list[subprocess.Popen]:
                      "--listen", f"127.0.0.1:{ports[n]}", "--http2-listen", f"127.0.0.1:{ports[nodes + n]}"]
                     for n in range(nodes)]
     return [subprocess.Popen([sys.executable, "-m", "rocket", "run", *command, "--log-level", "warning"],
-                             stdout=subprocess.PIPE) for command in commands]
+                             stdout=subprocess.PIPE, env={**os.environ, "ROCKET_TIER_BACKEND": tier})
+            for command in commands]
 
 
 def one_round(arguments, number: int, nodes: int = 1) -> dict:
     data = Path(tempfile.mkdtemp(prefix="rocket-bench-", dir=arguments.data_parent))
-    servers = start_nodes(data, nodes)
+    servers = start_nodes(data, nodes, arguments.tier)
     server = servers[0]
     profiler = None
     try:
@@ -93,6 +95,9 @@ def main() -> None:
     parser.add_argument("--batch-bytes", type=int, default=1 << 20)
     parser.add_argument("--profile", action="store_true", help="record the server with py-spy in round 1")
     parser.add_argument("--data-parent", default=None, help="a directory on the disk under test (default: the temporary directory)")
+    parser.add_argument("--tier", default="local", choices=["local", "off"],
+                        help="the node's tier backend: local (the default: pieces are copied to DATA_DIR/tier as they "
+                             "fill, on the same disk) or off")
     parser.add_argument("--nodes", default="1", choices=["1", "3", "1,3"],
                         help="one node, a three-node cluster, or both in every round")
     arguments = parser.parse_args()

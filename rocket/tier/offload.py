@@ -135,7 +135,9 @@ class Offloader:
                                      int(self.settings.piece_age_s * 1000), now_ms)
         if not run:
             return False
-        piece, segment, index = build(self.settings.prefix, topic, queue, run)
+        # The batches' CRCs, the copy into one object and its MD5 are CPU work on up to a piece of bytes:
+        # a worker thread does them (zlib and hashlib let go of the GIL), not the node's trio thread.
+        piece, segment, index = await trio.to_thread.run_sync(build, self.settings.prefix, topic, queue, run)
         await self._delete_orphans(topic, queue, piece)
         await self.objects.put(piece.index_key, index)
         await self.objects.put(piece.key, segment)
