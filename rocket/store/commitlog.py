@@ -16,12 +16,15 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
+from crc32c import crc32c
+
 from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 
-MAGIC = 0x524B4C47  # "RKLG"
-_magic_bytes = struct.pack("<I", MAGIC)
-_header = struct.Struct("<IIIB")  # magic, body length, crc32 (over length, kind, body), kind
+MAGIC = 0x524B4C43  # "CLKR" on disk: a record whose CRC is CRC-32C (Castagnoli, computed in hardware)
+LEGACY_MAGIC = 0x524B4C47  # "GLKR": a record written before, whose CRC is zlib's CRC-32; still read
+_magic_bytes = (struct.pack("<I", MAGIC), struct.pack("<I", LEGACY_MAGIC))
+_header = struct.Struct("<IIIB")  # magic, body length, crc (over length, kind, body), kind
 HEADER_BYTES = _header.size
 _length_kind = struct.Struct("<IB")
 SUFFIX = ".log"
@@ -31,17 +34,22 @@ _iov_max = min(os.sysconf("SC_IOV_MAX"), 1024)
 Body = bytes | memoryview | tuple[bytes | memoryview, ...]  # a tuple is written as its parts, uncopied
 
 
-def _crc(body_length: int, kind: int, body: bytes | memoryview) -> int:
-    return zlib.crc32(body, zlib.crc32(_length_kind.pack(body_length, kind)))
+def _crc(magic: int, body_length: int, kind: int, body: bytes | memoryview) -> int | None:
+    """The CRC of a record with this magic, or None for a magic that is not a record's."""
+    if magic == MAGIC:
+        return crc32c(body, crc32c(_length_kind.pack(body_length, kind)))
+    if magic == LEGACY_MAGIC:
+        return zlib.crc32(body, zlib.crc32(_length_kind.pack(body_length, kind)))
+    return None
 
 
 def _record_parts(kind: int, body: Body) -> list[bytes | memoryview]:
     """A record as buffers for writev: its header, then the body's parts as they are."""
     parts = list(body) if isinstance(body, tuple) else [body]
     length = sum(len(part) for part in parts)
-    crc = zlib.crc32(_length_kind.pack(length, kind))
+    crc = crc32c(_length_kind.pack(length, kind))
     for part in parts:
-        crc = zlib.crc32(part, crc)
+        crc = crc32c(part, crc)
     return [_header.pack(MAGIC, length, crc, kind), *parts]
 
 
@@ -51,20 +59,21 @@ def _record_at(view: memoryview, position: int) -> tuple[int, int] | None:
         return None
     magic, length, crc, kind = _header.unpack_from(view, position)
     end = position + HEADER_BYTES + length
-    if magic != MAGIC or length > limits.log_record_bytes_max or end > len(view):
+    if length > limits.log_record_bytes_max or end > len(view):
         return None
-    if _crc(length, kind, view[position + HEADER_BYTES : end]) != crc:
+    if _crc(magic, length, kind, view[position + HEADER_BYTES : end]) != crc:
         return None
     return kind, end
 
 
 def _valid_record_after(view: memoryview, data: mmap.mmap, position: int) -> int | None:
     """The position of any valid record after position (used to tell a torn tail from damage)."""
-    candidate = data.find(_magic_bytes, position + 1)
-    while candidate != -1:
-        if _record_at(view, candidate) is not None:
-            return candidate
-        candidate = data.find(_magic_bytes, candidate + 1)
+    for magic_bytes in _magic_bytes:
+        candidate = data.find(magic_bytes, position + 1)
+        while candidate != -1:
+            if _record_at(view, candidate) is not None:
+                return candidate
+            candidate = data.find(magic_bytes, candidate + 1)
     return None
 
 
@@ -281,10 +290,10 @@ class CommitLog:
         if len(head) < HEADER_BYTES:
             raise self._damage(start, position, "record header runs past the end of the segment")
         magic, length, crc, kind = _header.unpack(head)
-        if magic != MAGIC or length > limits.log_record_bytes_max:
+        if magic not in (MAGIC, LEGACY_MAGIC) or length > limits.log_record_bytes_max:
             raise self._damage(start, position, "bad record header")
         body = os.pread(descriptor, length, position - start + HEADER_BYTES)
-        if len(body) != length or _crc(length, kind, body) != crc:
+        if len(body) != length or _crc(magic, length, kind, body) != crc:
             raise self._damage(start, position, "record checksum mismatch")
         return kind, body
 

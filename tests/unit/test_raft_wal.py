@@ -3,7 +3,9 @@ rounds overlap writes with fsyncs, yet nothing leaves a node or is applied befor
 
 from __future__ import annotations
 
+import struct
 import threading
+import zlib
 from contextlib import asynccontextmanager
 
 import pytest
@@ -16,6 +18,8 @@ from rocket.raft import codec
 from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, Snapshot
 from rocket.raft.host import RaftHost
 from rocket.raft.wal import Update, Wal
+from rocket.store import commitlog
+from rocket.store.commitlog import CommitLog
 
 entries = st.lists(st.builds(Entry, st.integers(0, 2**40), st.integers(1, 2**40), st.binary(max_size=50),
                              st.sampled_from(list(EntryKind))), max_size=4)
@@ -304,3 +308,27 @@ def test_a_proposal_is_answered_only_after_the_fsync_of_its_entry(tmp_path):
     wal.close()
     assert len(answers) == 20 and all(index <= durable for index, durable in answers)
     assert machine.early == [] and sorted(d for d in machine.applied if d) == sorted(b"p%d" % n for n in range(20))
+
+
+def test_records_of_the_legacy_format_are_read_beside_new_ones(tmp_path):
+    """A log whose records were written with zlib's CRC-32 (before CRC-32C) opens, reads and recovers; new
+    records are appended after them in the current format; damage to either kind is still damage."""
+    log = CommitLog.open(tmp_path, 1 << 20)
+    log.append([(9, b"new before")])
+    log.close()
+    segment = sorted(tmp_path.glob("*.log"))[0]
+    with open(segment, "ab") as file:  # as the code before wrote them
+        for body in (b"legacy one", b"legacy two"):
+            crc = zlib.crc32(body, zlib.crc32(struct.pack("<IB", len(body), 7)))
+            file.write(struct.pack("<IIIB", commitlog.LEGACY_MAGIC, len(body), crc, 7) + body)
+    log = CommitLog.open(tmp_path, 1 << 20)
+    log.append([(9, b"new after")])
+    assert [(kind, body) for _, kind, body in log.scan(0)] == [
+        (9, b"new before"), (7, b"legacy one"), (7, b"legacy two"), (9, b"new after")]
+    log.close()
+    data = bytearray(segment.read_bytes())
+    data[data.index(b"legacy one") + 3] ^= 0xFF  # damage with good records after it
+    segment.write_bytes(bytes(data))
+    with pytest.raises(RocketError) as caught:
+        CommitLog.open(tmp_path, 1 << 20)
+    assert caught.value.code == Code.CORRUPT_DATA
