@@ -222,8 +222,10 @@ class StorageRole:
             chunk, batches = batches[:count], batches[count:]
             positions = await self.host.write_data([self.store.read_entry(topic, queue, entry)
                                                     for topic, queue, entry in chunk])
-            self.wal_moved_bytes += self.store.move_batches(
+            moved = self.store.move_batches(
                 [(topic, queue, entry, position) for (topic, queue, entry), position in zip(chunk, positions)])
+            self.wal_moved_bytes += moved
+            log.info("WAL: copied %d bytes of %d batches forward from its oldest segment", moved, len(chunk))
 
     # ---- the tier ------------------------------------------------------------------------------------
 

@@ -10,12 +10,15 @@ import dataclasses
 import struct
 import zlib
 
+from crc32c import crc32c
+
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Message
 
 MAGIC = 0x5242  # "RB"
-VERSION = 1
+VERSION = 2  # the batch CRC is CRC-32C (computed in hardware); version 1 batches, with zlib's CRC-32, still check
+_crc_of_version = {1: zlib.crc32, 2: crc32c}
 FLAG_DELIMITED = 0x01  # payload is bodies each ending in b"\n"; no keys, tags or properties
 FLAG_TIMED = 0x02  # messages may carry a delivery time (DELIVER_AT_PROPERTY): for delay topics
 FLAG_TRANSACTION = 0x04  # half messages of a transaction: invisible until committed
@@ -61,7 +64,7 @@ def check_header(batch: bytes | memoryview, crc: bool = True) -> BatchHeader:
     if len(view) > limits.batch_bytes_max:
         raise _bad(f"batch of {len(view)} bytes exceeds the limit of {limits.batch_bytes_max}")
     magic, version, flags, count, first_ms, last_ms, tags, payload_bytes, stored_crc = _header.unpack_from(view)
-    if magic != MAGIC or version != VERSION:
+    if magic != MAGIC or version not in _crc_of_version:
         raise _bad(f"unknown batch magic {magic:#x} or version {version}")
     if flags & ~FLAGS_KNOWN or bin(flags).count("1") > 1:  # the flags exclude each other
         raise _bad(f"unknown batch flags {flags:#x}")
@@ -72,7 +75,8 @@ def check_header(batch: bytes | memoryview, crc: bool = True) -> BatchHeader:
     if last_ms < first_ms:
         raise _bad("batch last timestamp is before its first")
     if crc:
-        actual = zlib.crc32(view[HEADER_BYTES:], zlib.crc32(view[:_crc_covered_header]))
+        checksum = _crc_of_version[version]
+        actual = checksum(view[HEADER_BYTES:], checksum(view[:_crc_covered_header]))
         if actual != stored_crc:
             raise _bad(f"batch checksum mismatch (header {stored_crc:#010x}, payload {actual:#010x})")
     return BatchHeader(flags, count, first_ms, last_ms, tags, payload_bytes, stored_crc)
@@ -91,7 +95,7 @@ def peek_count(batch: bytes | memoryview) -> int:
 
 def _seal(flags: int, count: int, first_ms: int, last_ms: int, tags: int, payload: bytes) -> bytes:
     head = _header.pack(MAGIC, VERSION, flags, count, first_ms, last_ms, tags, len(payload), 0)
-    crc = zlib.crc32(payload, zlib.crc32(head[:_crc_covered_header]))
+    crc = crc32c(payload, crc32c(head[:_crc_covered_header]))
     return head[:_crc_covered_header] + struct.pack("<I", crc) + payload
 
 

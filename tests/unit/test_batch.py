@@ -70,3 +70,24 @@ def test_the_delivery_time_property_is_reserved():
     with pytest.raises(RocketError) as caught:
         batch.encode([Message(b"x", properties={batch.DELIVER_AT_PROPERTY: "1"})], 1)
     assert caught.value.code == Code.BAD_REQUEST
+
+
+def test_version_1_batches_with_zlib_crc_still_check_and_decode():
+    """Batches written before CRC-32C (version 1, zlib's CRC-32: a client or stored data from before) check
+    and decode; their CRC is not taken for a version 2 one's, nor the other way round."""
+    import struct
+    import zlib
+
+    current = batch.encode([Message(b"one", key="k"), Message(b"two", tag="t")], 1)
+    assert struct.unpack_from("<HB", current) == (batch.MAGIC, 2)
+    legacy = bytearray(current)
+    legacy[2] = 1  # the version byte
+    covered, crc_at = batch._crc_covered_header, batch._crc_covered_header
+    struct.pack_into("<I", legacy, crc_at, zlib.crc32(legacy[batch.HEADER_BYTES:], zlib.crc32(legacy[:covered])))
+    assert [m.body for m in batch.decode(bytes(legacy), 0)] == [b"one", b"two"]
+    assert batch.check_header(bytes(legacy)).count == 2
+    for relabelled, version in ((bytearray(legacy), 2), (bytearray(current), 1)):
+        relabelled[2] = version
+        with pytest.raises(RocketError) as caught:
+            batch.check_header(bytes(relabelled))
+        assert caught.value.code == Code.BAD_BATCH and "checksum" in caught.value.message
