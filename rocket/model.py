@@ -137,6 +137,11 @@ def parse_duration_s(text: str) -> float:
     return sum(float(number) * _duration_units_s[unit] for number, unit in parts)
 
 
+def tag_bit(tag: str) -> int:
+    """The bit a tag sets in a batch's 64-bit tag summary (a one-hash Bloom filter)."""
+    return 1 << (zlib.crc32(tag.encode()) & 63)
+
+
 def queue_for_key(key: str, queues: int) -> int:
     """Stable key -> queue mapping shared by every client (crc32 is the same everywhere)."""
     return zlib.crc32(key.encode()) % queues

@@ -8,8 +8,7 @@ import dataclasses
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import Message
-from rocket.serde.batch import tag_bit
+from rocket.model import Message, tag_bit
 
 _EXCERPT_CHARACTERS_MAX = 200  # error messages quote the expression, but not a 4 KiB one in full
 

@@ -102,7 +102,8 @@ class StorageRole:
         lagging = [{"group": group, "node": node, "entries": core.last_index - progress.match}
                    for group in leads for core in (self.host.groups[group].core,)
                    for node, progress in core.progress.items() if progress.match < core.last_index]
-        load = {"groups": len(groups), "leads": leads, "bytes": self.host.wal.log.end_position,
+        wal = self.host.wal.log
+        load = {"groups": len(groups), "leads": leads, "bytes": wal.end_position - wal.start_position,  # on disk
                 "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging}
         assignment = await self.peers.heartbeat(load, self._assignment_version)
         if assignment is None:

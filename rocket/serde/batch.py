@@ -14,7 +14,7 @@ from crc32c import crc32c
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import Message
+from rocket.model import Message, tag_bit
 
 MAGIC = 0x5242  # "RB"
 VERSION = 2  # the batch CRC is CRC-32C (computed in hardware); version 1 batches, with zlib's CRC-32, still check
@@ -44,11 +44,6 @@ class BatchHeader:
     @property
     def total_bytes(self) -> int:
         return HEADER_BYTES + self.payload_bytes
-
-
-def tag_bit(tag: str) -> int:
-    """The bit a tag sets in a batch's 64-bit tag summary (a one-hash Bloom filter)."""
-    return 1 << (zlib.crc32(tag.encode()) & 63)
 
 
 def _bad(message: str) -> RocketError:

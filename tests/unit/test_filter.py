@@ -17,7 +17,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import MATCH_ALL, batch_may_match, compile_filter
 from rocket.model import Message
-from rocket.serde.batch import tag_bit
+from rocket.model import tag_bit
 
 FILTER_DIRECTORY = Path(__file__).resolve().parents[2] / "rocket" / "filter"
 
