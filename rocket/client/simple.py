@@ -89,6 +89,12 @@ class SimpleConsumer:
         if await self._receipts("ChangeInvisible", [message], int(invisible_s * 1000)):
             raise RocketError(Code.NOT_FOUND, f"receipt {message.receipt} is stale")
 
+    async def dead_letter(self, message: Message) -> None:
+        """Give up on a message now: it goes to the group's dead-letter queue (%DLQ%group%topic), whatever
+        attempts it has left. NOT_FOUND if its receipt is stale."""
+        if await self._receipts("DeadLetter", [message]):
+            raise RocketError(Code.NOT_FOUND, f"receipt {message.receipt} is stale")
+
     async def nack(self, message: Message) -> None:
         """Processing failed: deliver the message again after the backoff for its attempt."""
         backoff_s = self.backoff_s[min(message.attempt, len(self.backoff_s)) - 1]

@@ -113,6 +113,7 @@ class Broker:
             "Receive": self.receive,
             "Ack": self.ack,
             "ChangeInvisible": self.change_invisible,
+            "DeadLetter": self.dead_letter,
             "UpdateTopic": self.update_topic,
             "TierStatus": self.tier_status,
         }
@@ -302,7 +303,12 @@ class Broker:
             raise RocketError(Code.BAD_REQUEST, f"invisible_ms {request['invisible_ms']} is negative")
         return await self._receipt(request)
 
-    async def _receipt(self, request: dict) -> dict:
+    async def dead_letter(self, request: dict) -> dict:
+        """Move received messages to the group's dead-letter queue now, whatever their attempts (RocketMQ's
+        ForwardMessageToDeadLetterQueue); answers the receipts that were stale."""
+        return await self._receipt({**request, "invisible_ms": -1}, dead=True)
+
+    async def _receipt(self, request: dict, dead: bool = False) -> dict:
         """On each storage group of the receipts' queues."""
         route = await self._route(request["topic"])
         consumer_group = check_group_name(request["group"])
@@ -312,7 +318,7 @@ class Broker:
         stale = []
         for group, receipts in by_group.items():
             response = await self._storage(route, group, "StorageReceipt", {
-                **request, "group": group, "consumer_group": consumer_group, "receipts": receipts})
+                **request, "group": group, "consumer_group": consumer_group, "receipts": receipts, "dead": dead})
             stale.extend(response["stale"])
         return {"stale": stale}
 

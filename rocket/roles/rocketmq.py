@@ -8,6 +8,7 @@ import gzip
 import importlib.util
 import logging
 import math
+import re
 import sys
 import time
 import types
@@ -46,6 +47,8 @@ STATUS_OF_CODE = {  # rocket's error codes -> apache.rocketmq.v2.Code
     Code.BAD_REQUEST: 40000, Code.BAD_BATCH: 40000, Code.BAD_QUEUE: 40000, Code.UNDECODABLE: 40000,
     Code.FRAME_TOO_LARGE: 41300, Code.TIMEOUT: 50400, Code.OVERLOADED: 42900, Code.UNAVAILABLE: 50001,
 }
+AUTHORIZATION = re.compile(r"MQv2-HMAC-SHA1 Credential=[^,\s]*, ?SignedHeaders=[a-z0-9-]+(;[a-z0-9-]+)*, ?"
+                           r"Signature=[0-9A-Fa-f]+")  # RocketMQ 5's HMAC signature of the x-mq-date-time header
 OK = 20000
 MESSAGE_NOT_FOUND = 40401
 INVALID_RECEIPT_HANDLE = 40013
@@ -136,6 +139,8 @@ class RocketMQProxy:
             "QueryAssignment": (service.QueryAssignmentRequest, self.query_assignment),
             "AckMessage": (service.AckMessageRequest, self.ack_message),
             "ChangeInvisibleDuration": (service.ChangeInvisibleDurationRequest, self.change_invisible_duration),
+            "ForwardMessageToDeadLetterQueue": (service.ForwardMessageToDeadLetterQueueRequest,
+                                                self.forward_message_to_dead_letter_queue),
             "EndTransaction": (service.EndTransactionRequest, self.end_transaction),
             "NotifyClientTermination": (service.NotifyClientTerminationRequest, self.notify_client_termination),
             "RecallMessage": (service.RecallMessageRequest, self.recall_message),
@@ -152,6 +157,11 @@ class RocketMQProxy:
             if call.headers.get("x-mq-namespace"):
                 raise GrpcError(GrpcStatus.UNIMPLEMENTED, "namespaces are not supported by rocket yet: "
                                 "leave the client's namespace empty")
+            authorization = call.headers.get("authorization")
+            if authorization is not None and not AUTHORIZATION.fullmatch(authorization):
+                # No ACLs yet, so any well-formed signature passes; a malformed header is not ignored.
+                raise GrpcError(GrpcStatus.UNAUTHENTICATED, "malformed authorization header: expected "
+                                "'MQv2-HMAC-SHA1 Credential=AK, SignedHeaders=x-mq-date-time, Signature=HEX'")
             await handler(call)
         return handle
 
@@ -515,3 +525,18 @@ class RocketMQProxy:
         if response["stale"]:
             return service.ChangeInvisibleDurationResponse(status=self._status(INVALID_RECEIPT_HANDLE, "the receipt is stale"))
         return service.ChangeInvisibleDurationResponse(status=self._status(), receipt_handle=request.receipt_handle)
+
+    async def forward_message_to_dead_letter_queue(self, request, call: GrpcCall):
+        """The received message goes to the group's dead-letter queue now and is not delivered again (the
+        client calls this for a message it cannot consume, such as a FIFO one past its attempts)."""
+        service = self.service
+        try:
+            receipt = self._receipt(request.receipt_handle)
+            response = await self.dispatcher.local("DeadLetter", {
+                "topic": request.topic.name, "group": request.group.name, "receipts": [receipt], "invisible_ms": -1})
+        except RocketError as error:
+            return service.ForwardMessageToDeadLetterQueueResponse(status=self._error_status(error))
+        if response["stale"]:
+            return service.ForwardMessageToDeadLetterQueueResponse(
+                status=self._status(INVALID_RECEIPT_HANDLE, "the receipt is stale"))
+        return service.ForwardMessageToDeadLetterQueueResponse(status=self._status())

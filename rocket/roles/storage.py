@@ -590,8 +590,11 @@ class StorageRole:
             response["handles"].extend({"queue": queue, "offset": offset, "attempt": attempt,
                                         "visible_at_ms": now_ms + invisible_ms} for offset, attempt in handed)
         finally:
-            if not lock.locked() and not lock.statistics().tasks_waiting:
-                self._pop_locks.pop(key, None)  # locks are kept for queues being received from only
+            self._drop_pop_lock(key, lock)
+
+    def _drop_pop_lock(self, key: tuple[str, str, int], lock: trio.Lock) -> None:
+        if not lock.locked() and not lock.statistics().tasks_waiting:
+            self._pop_locks.pop(key, None)  # locks are kept for queues being received from only
 
     async def _new_for_pop(self, topic: str, queue: int, cursor: int, wanted: int, chosen
                            ) -> tuple[list[int], int, dict]:
@@ -624,21 +627,23 @@ class StorageRole:
         return new, scanned_to, batches
 
     async def _dead_letter(self, group: int, key: tuple[str, str, int], offset: int, attempt: int, visible_ms: int,
-                           now_ms: int) -> None:
-        """A message that used up its attempts goes to the group's dead-letter queue, with its attempts."""
+                           now_ms: int) -> bool:
+        """A message that used up its attempts (or that its consumer gave up on) goes to the group's dead-letter
+        queue, with its attempts; False if its state moved on meanwhile."""
         consumer_group, topic, queue = key
         [(base_offset, batch)], _ = await self._read_queue(topic, queue, offset, 1, True, ALL_TAGS)
         message = batch_codec.decode(batch, base_offset, queue)[offset - base_offset]
         message.properties = {**message.properties, "DLQ_ORIGIN_QUEUE": str(queue), "DLQ_ORIGIN_OFFSET": str(offset),
                               "DLQ_ATTEMPTS": str(attempt)}
-        await self.host.propose(group, encode_pop({
+        return bool(await self.host.propose(group, encode_pop({
             "op": "dead", "consumer_group": consumer_group, "topic": topic, "queue": queue, "offset": offset,
             "attempt": attempt, "visible_ms": visible_ms, "now_ms": now_ms}, batch_codec.encode([message], now_ms)),
-            limits.storage_append_wait_s_max)
+            limits.storage_append_wait_s_max))
 
     async def receipt(self, request: dict) -> dict:
         """Ack received messages (invisible_ms -1), or make them visible again after invisible_ms: one
-        conditional command per queue, proposed together; answers the receipts that were stale."""
+        conditional command per queue, proposed together; or (dead) move them to the dead-letter queue.
+        Answers the receipts that were stale."""
         group = request["group"]
         self._hosted(group)
         consumer_group = check_group_name(request["consumer_group"])
@@ -647,6 +652,9 @@ class StorageRole:
         for receipt in request["receipts"]:
             self._positions([receipt], "offset")
             by_queue.setdefault(receipt["queue"], []).append([receipt["offset"], receipt["attempt"]])
+        if request["dead"]:
+            self._leads(group)  # the in-flight state read here must be the group's latest
+            return {"stale": await self._dead_letters(group, consumer_group, topic, by_queue)}
         stale: list[dict] = []
 
         async def one_queue(queue: int, receipts: list[list[int]]) -> None:
@@ -662,6 +670,25 @@ class StorageRole:
             for queue, receipts in by_queue.items():
                 nursery.start_soon(one_queue, queue, receipts)
         return {"stale": stale}
+
+    async def _dead_letters(self, group: int, consumer_group: str, topic: str, by_queue: dict[int, list[list[int]]]
+                            ) -> list[dict]:
+        """Move each received message (offset, attempt) to the dead-letter queue, under its queue's pop lock;
+        returns those whose receipt was stale."""
+        stale = []
+        for queue, receipts in by_queue.items():
+            key = (consumer_group, topic, queue)
+            lock = self._pop_locks.setdefault(key, trio.Lock())
+            try:
+                async with lock:
+                    for offset, attempt in receipts:
+                        found = self.store.pop_state(*key).in_flight.get(offset)
+                        if found is None or found[1] != attempt or not await self._dead_letter(
+                                group, key, offset, attempt, found[0], int(time.time() * 1000)):
+                            stale.append({"queue": queue, "offset": offset, "attempt": attempt})
+            finally:
+                self._drop_pop_lock(key, lock)
+        return stale
 
     async def commit_offsets(self, request: dict) -> dict:
         self._hosted(request["group"])

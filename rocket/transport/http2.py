@@ -183,6 +183,7 @@ class GrpcStatus:
     UNIMPLEMENTED = 12
     INTERNAL = 13
     UNAVAILABLE = 14
+    UNAUTHENTICATED = 16
 
 
 class GrpcError(Exception):

@@ -49,6 +49,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("Receive", "ReceiveRequest", "ReceiveResponse"),
         MethodSpec("Ack", "ReceiptRequest", "ReceiptResponse"),
         MethodSpec("ChangeInvisible", "ReceiptRequest", "ReceiptResponse"),
+        MethodSpec("DeadLetter", "ReceiptRequest", "ReceiptResponse"),
         MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload"),
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
         MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),

@@ -119,6 +119,28 @@ async def test_a_push_consumer_retries_failures_then_dead_letters_them(server_pr
         assert all("DLQ_ATTEMPTS" not in m.properties for m in everything)
 
 
+async def test_a_message_given_up_on_goes_to_the_dead_letters_at_once(server_process):
+    """dead_letter() moves a received message to the group's dead-letter queue on its first attempt; it is
+    not delivered again, and its stale receipt (or one used twice) is NOT_FOUND."""
+    server = server_process().start()
+    await produce(server.server, "jobs", 3)
+    async with connect(server.server) as channel:
+        consumer = SimpleConsumer(channel, "jobs", "workers", invisible_s=1)
+        received = await consumer.receive(max_messages=3, wait_s=2)
+        assert [m.body for m in received] == [b"m0", b"m1", b"m2"]
+        await consumer.dead_letter(received[1])
+        with pytest.raises(RocketError) as caught:
+            await consumer.dead_letter(received[1])
+        assert caught.value.code == Code.NOT_FOUND
+        await consumer.ack(received[0], received[2])
+        assert await consumer.receive(max_messages=3, wait_s=2) == []  # after its invisible second, too
+        [queue] = await Admin(channel).describe_group("jobs", "workers")
+        assert (queue["dead_letters"], queue["in_flight"]) == (1, 0)
+    listed = rocket("dlq", "list", "jobs", "--group", "workers", "--format", "json", server=server)
+    [letter] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert letter["body"] == "m1" and letter["properties"]["DLQ_ATTEMPTS"] == "1"
+
+
 async def test_fifo_order_holds_across_failures_and_a_sigkill(server_process):
     """On a FIFO topic, a push consumer whose listener fails now and then, and whose server is killed and
     restarted midway, completes every message of each message group (key) once, in send order."""
