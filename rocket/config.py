@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 import tomllib
 from pathlib import Path
 
@@ -36,6 +37,8 @@ class NodeConfig:
     data_dir: Path = Path("rocket-data")
     listen: Address = Address("127.0.0.1", 9876)
     http2_listen: Address | None = Address("127.0.0.1", 9877)
+    http2_tls_cert: Path | None = None  # with http2_tls_key: the HTTP/2 listener speaks TLS (ALPN h2) instead of h2c
+    http2_tls_key: Path | None = None
     segment_bytes: int = limits.segment_bytes_max_default
     wal_segment_bytes: int = limits.raft_wal_segment_bytes
     shutdown_grace_s: float = limits.shutdown_grace_s
@@ -178,6 +181,11 @@ def _convert(key: str, value: object) -> object:
         return _parse_choice(key, value, TIER_BACKENDS)
     if key == "tier_read_mode":
         return _parse_choice(key, value, TIER_READ_MODES)
+    if key in ("http2_tls_cert", "http2_tls_key"):
+        path = Path(str(value))
+        if not path.is_file():
+            raise ConfigError(f"{key}: {path} is not a file")
+        return path
     if key == "tier_directory":
         return Path(str(value)) if str(value).strip() else None
     if key in ("tier_s3_bucket", "tier_s3_region", "tier_s3_prefix"):
@@ -264,6 +272,15 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
                           "must be one of them")
     if config.tier_backend == "s3" and not config.tier_s3_bucket:
         raise ConfigError("tier_s3_bucket: the s3 tier backend needs a bucket")
+    if (config.http2_tls_cert is None) != (config.http2_tls_key is None):
+        raise ConfigError("http2_tls_cert: TLS needs both http2_tls_cert and http2_tls_key")
+    if config.http2_tls_cert is not None:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(config.http2_tls_cert,
+                                                                                config.http2_tls_key)
+        except (ssl.SSLError, OSError) as error:
+            raise ConfigError(f"http2_tls_cert: cannot load {config.http2_tls_cert} with the key "
+                              f"{config.http2_tls_key}: {error}") from None
     return config
 
 

@@ -18,6 +18,7 @@ frame_bytes_max = batch_bytes_max * 4 // 3 + 64 * KiB  # one batch plus envelope
 method_name_bytes_max = 128  # method names are short identifiers
 in_flight_requests_per_connection_max = 256  # pipelining depth before the reader stops reading
 connections_max = 4096  # open client connections per listener; file descriptors are finite
+tls_handshake_s = 10.0  # a TLS client that has not finished its handshake by then is dropped (a slow one holds a slot)
 stream_items_queued_max = 8  # server-stream items waiting for the socket before the producer blocks
 http2_streams_per_connection_max = 128  # concurrent HTTP/2 streams per connection (SETTINGS)
 

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 from functools import partial
 
 import trio
@@ -78,6 +79,17 @@ async def open_tier(config: NodeConfig):
                 yield store  # tier_s3_prefix starts the keys of pieces (see rocket/tier/piece.py)
 
 
+def _tls_context(config: NodeConfig) -> ssl.SSLContext | None:
+    """The HTTP/2 listener's TLS: the configured certificate chain and key, TLS 1.2 or later, ALPN h2 only."""
+    if config.http2_tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.http2_tls_cert, config.http2_tls_key)  # config.load checked that it loads
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
 async def run_node(config: NodeConfig, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
     async with open_tier(config) as objects:
         await _run_node(config, objects, handle_signals, task_status)
@@ -106,8 +118,8 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                 grpc = {}  # RocketMQ 5 clients, served by brokers
                 if "broker" in config.roles:
                     grpc = rocketmq_services(dispatcher, config.rocketmq_max_attempts)
-                http2_port = await nursery.start(partial(serve_http2, grpc=grpc), dispatcher, lifecycle, listen.host,
-                                                 listen.port)
+                http2_port = await nursery.start(partial(serve_http2, grpc=grpc, tls=_tls_context(config)), dispatcher,
+                                                 lifecycle, listen.host, listen.port)
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
             links = PeerLinks(config.node_id, addresses)
             host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)

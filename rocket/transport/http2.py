@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 import struct
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -292,11 +293,23 @@ def _is_grpc(headers: dict[str, str]) -> bool:
 
 
 async def serve_http2(dispatcher: Dispatcher, lifecycle: Lifecycle, host: str, port: int, *,
-                      grpc: dict[str, GrpcHandler] | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve h2c until the lifecycle drains; reports the bound port through task_status. grpc maps
-    "/package.Service/Method" paths to handlers of application/grpc calls."""
+                      grpc: dict[str, GrpcHandler] | None = None, tls: ssl.SSLContext | None = None,
+                      task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve h2c (or, with a TLS context, HTTP/2 over TLS negotiated by ALPN) until the lifecycle drains;
+    reports the bound port through task_status. grpc maps "/package.Service/Method" paths to handlers of
+    application/grpc calls."""
 
-    async def run_connection(stream: trio.SocketStream) -> None:
+    async def run_connection(stream: trio.abc.Stream) -> None:
+        if tls is not None:
+            stream = trio.SSLStream(stream, tls, server_side=True)
+            with trio.move_on_after(limits.tls_handshake_s):
+                try:
+                    await stream.do_handshake()
+                except trio.BrokenResourceError as error:
+                    log.info("TLS handshake failed: %s", error.__cause__ or error)
+            if not stream.selected_alpn_protocol() == "h2":  # no handshake, or a client that did not ask for h2
+                await trio.aclose_forcefully(stream)
+                return
         try:
             await _ServerConnection(dispatcher, lifecycle, stream, grpc or {}).run()
         except Exception:

@@ -491,3 +491,45 @@ def test_a_client_with_credentials_sends_and_receives(rocket_server):
         report([entry["body"] for entry in got])
     """)
     assert result == ["hello"]
+
+
+# ---- TLS ---------------------------------------------------------------------------------------------------
+
+def self_signed(directory) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 (and its key) made with openssl, as an operator would."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=rocket",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return str(cert), str(key)
+
+
+def test_the_official_client_and_curl_speak_tls(tmp_path, server_process, monkeypatch):
+    """With http2_tls_cert/key the HTTP/2 listener speaks TLS with ALPN h2: the official client with
+    tls_enable (trusting the certificate) sends and receives, curl calls rocket's own API over https, and a
+    client without TLS is turned away."""
+    cert, key = self_signed(tmp_path)
+    monkeypatch.setenv("ROCKET_HTTP2_TLS_CERT", cert)
+    monkeypatch.setenv("ROCKET_HTTP2_TLS_KEY", key)
+    server = server_process().start()
+    create_topic(server, "secure", "normal")
+    monkeypatch.setenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", cert)  # how gRPC clients are told to trust a CA
+    result = run_client(server, "secure", """
+        producer = Producer(config, (topic,), tls_enable=True)
+        producer.startup()
+        producer.send(message("over tls"))
+        producer.shutdown()
+        consumer = SimpleConsumer(config, "readers", {topic: FilterExpression()}, 5, tls_enable=True)
+        consumer.startup()
+        got = receive_all(consumer, 1)
+        consumer.shutdown()
+        report([entry["body"] for entry in got])
+    """)
+    assert result == ["over tls"]
+    described = subprocess.run(["curl", "-s", "--http2", "--cacert", cert, "--max-time", "10", "-X", "POST", "-H",
+                                "content-type: application/json", "--data", '{"topic": "secure"}',
+                                f"https://127.0.0.1:{server.http2_port}/rocket.v1/DescribeTopic"],
+                               capture_output=True, text=True, timeout=30)
+    assert json.loads(described.stdout)["topic"]["name"] == "secure", described
+    with pytest.raises(AssertionError, match="closed the connection"):
+        grpc_exchange(server.http2_port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00")  # h2c on a TLS port
