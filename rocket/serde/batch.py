@@ -183,9 +183,9 @@ def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> 
         end = position + key_len + tag_len + props_len + body_len
         if end > size or delta < 0:
             raise _bad(f"message {index} runs past the end of the batch")
-        key = str(payload[position : position + key_len], "utf-8", "replace")
+        key = str(payload[position : position + key_len], "utf-8", "replace") if key_len else ""
         position += key_len
-        tag = str(payload[position : position + tag_len], "utf-8", "replace")
+        tag = str(payload[position : position + tag_len], "utf-8", "replace") if tag_len else ""
         position += tag_len
         properties: dict[str, str] = {}
         if props_len:
