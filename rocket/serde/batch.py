@@ -171,25 +171,28 @@ def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> 
             raise _bad(f"delimited batch holds {len(bodies)} lines, header says {header.count}")
         stamp = header.first_timestamp_ms
         return [Message(body, timestamp_ms=stamp, queue=queue, offset=base_offset + i) for i, body in enumerate(bodies)]
+    # Slices of bytes are one copy each, with no memoryview made per field: the batch is copied once if it
+    # came as a view.
+    data = batch if isinstance(batch, bytes) else bytes(batch)
     messages: list[Message] = []
-    position = 0
-    size = len(payload)
+    position = HEADER_BYTES
+    size = len(data)
     unpack = _record.unpack_from
     for index in range(header.count):
         if position + _record.size > size:
             raise _bad(f"message {index} header runs past the end of the batch")
-        body_len, key_len, tag_len, props_len, delta = unpack(payload, position)
+        body_len, key_len, tag_len, props_len, delta = unpack(data, position)
         position += _record.size
         end = position + key_len + tag_len + props_len + body_len
         if end > size or delta < 0:
             raise _bad(f"message {index} runs past the end of the batch")
-        key = str(payload[position : position + key_len], "utf-8", "replace") if key_len else ""
+        key = data[position : position + key_len].decode("utf-8", "replace") if key_len else ""
         position += key_len
-        tag = str(payload[position : position + tag_len], "utf-8", "replace") if tag_len else ""
+        tag = data[position : position + tag_len].decode("utf-8", "replace") if tag_len else ""
         position += tag_len
         properties: dict[str, str] = {}
         if props_len:
-            parts = str(payload[position : position + props_len], "utf-8", "replace").split("\0")
+            parts = data[position : position + props_len].decode("utf-8", "replace").split("\0")
             if len(parts) % 2:
                 raise _bad(f"message {index} has malformed properties")
             properties = dict(zip(parts[::2], parts[1::2]))
@@ -197,7 +200,7 @@ def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> 
         if header.flags & FLAG_TIMED and DELIVER_AT_PROPERTY in properties:
             deliver_at_ms = _deliver_at(properties.pop(DELIVER_AT_PROPERTY), index)
         position += props_len
-        body = bytes(payload[position:end])
+        body = data[position:end]
         position = end
         stamp = header.first_timestamp_ms + delta
         messages.append(Message(body, key, tag, properties, stamp, queue, base_offset + index, deliver_at_ms))
