@@ -2,7 +2,9 @@
 
 Frame: length u32 | version u8 | kind u8 | serde u8 | flags u8 | request_id u64 | method_len u16 | method | body
 (length counts every byte after itself; integers are big-endian). With FLAG_ATTACHMENT the body is
-message_len u32 | message | attachment: raw bytes (a produce batch) that bypass the serde, uncopied.
+message_len u32 | message | attachment: raw bytes (a produce batch) that bypass the serde, uncopied. With
+FLAG_ATTACHMENTS it is message_len u32 | message | count u32 | count x length u32 | the attachments back to
+back (the batches of a pull response).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ HEADER_BYTES = _header.size
 _after_length = HEADER_BYTES - 4
 _message_length = struct.Struct(">I")
 FLAG_ATTACHMENT = 0x01
+FLAG_ATTACHMENTS = 0x02
+FLAGS_KNOWN = FLAG_ATTACHMENT | FLAG_ATTACHMENTS
 large_frame_bytes = 64 * 1024  # frames above this are received into their own buffer: one copy, no memmove
 
 
@@ -39,7 +43,7 @@ class Frame:
     request_id: int
     method: str
     body: bytes | memoryview
-    attachment: memoryview | None = None
+    attachment: memoryview | list[memoryview] | None = None  # a list with FLAG_ATTACHMENTS
 
 
 class FrameError(RocketError):
@@ -51,12 +55,17 @@ class FrameError(RocketError):
 
 
 def encode_parts(kind: Kind, serde: int, request_id: int, body: bytes | memoryview = b"", method: str = "",
-                 attachment: bytes | memoryview | None = None) -> list[bytes | memoryview]:
-    """A frame as buffers to send one after another, so that a large attachment is never joined."""
+                 attachment: bytes | memoryview | list | None = None) -> list[bytes | memoryview]:
+    """A frame as buffers to send one after another, so that large attachments are never joined. A list
+    of attachments travels with their lengths (FLAG_ATTACHMENTS)."""
     method_bytes = method.encode("ascii")
     flags = 0
     parts: list[bytes | memoryview] = [b"", method_bytes]
-    if attachment is not None:
+    if isinstance(attachment, list):
+        flags = FLAG_ATTACHMENTS
+        lengths = struct.pack(f">{len(attachment) + 1}I", len(attachment), *map(len, attachment))
+        parts += [_message_length.pack(len(body)), body, lengths, *attachment]
+    elif attachment is not None:
         flags = FLAG_ATTACHMENT
         parts += [_message_length.pack(len(body)), body, attachment]
     else:
@@ -138,7 +147,7 @@ class FrameDecoder:
             raise FrameError(Code.BAD_FRAME, f"frame length {length} is shorter than its header", request_id)
         if kind not in Kind._value2member_map_:
             raise FrameError(Code.BAD_FRAME, f"unknown frame kind {kind}", request_id)
-        if flags & ~FLAG_ATTACHMENT:
+        if flags & ~FLAGS_KNOWN or flags == FLAGS_KNOWN:
             raise FrameError(Code.BAD_FRAME, f"unknown frame flags {flags:#x}", request_id)
         if method_len > limits.method_name_bytes_max:
             raise FrameError(Code.BAD_FRAME, f"method name of {method_len} bytes is too long", request_id)
@@ -153,7 +162,7 @@ class FrameDecoder:
             raise FrameError(Code.BAD_FRAME, "method name is not ASCII", request_id) from None
         body = frame[method_end:]
         attachment = None
-        if flags & FLAG_ATTACHMENT:
+        if flags:
             if len(body) < _message_length.size:
                 raise FrameError(Code.BAD_FRAME, "attachment frame without a message length", request_id)
             (message_len,) = _message_length.unpack_from(body)
@@ -161,4 +170,25 @@ class FrameDecoder:
                 raise FrameError(Code.BAD_FRAME, f"message length {message_len} runs past the frame", request_id)
             attachment = body[_message_length.size + message_len :]
             body = body[_message_length.size : _message_length.size + message_len]
+            if flags & FLAG_ATTACHMENTS:
+                attachment = _split_attachments(attachment, request_id)
         return Frame(Kind(kind), serde, request_id, method, body, attachment)
+
+
+def _split_attachments(data: memoryview, request_id: int) -> list[memoryview]:
+    """count u32 | count x length u32 | the attachments: views into the frame, which they must fill exactly."""
+    if len(data) < _message_length.size:
+        raise FrameError(Code.BAD_FRAME, "attachments without a count", request_id)
+    (count,) = _message_length.unpack_from(data)
+    table_end = _message_length.size * (count + 1)
+    if table_end > len(data):
+        raise FrameError(Code.BAD_FRAME, f"{count} attachment lengths run past the frame", request_id)
+    lengths = struct.unpack_from(f">{count}I", data, _message_length.size)
+    if table_end + sum(lengths) != len(data):
+        raise FrameError(Code.BAD_FRAME, "attachment lengths do not add up to the frame", request_id)
+    attachments = []
+    position = table_end
+    for length in lengths:
+        attachments.append(data[position : position + length])
+        position += length
+    return attachments

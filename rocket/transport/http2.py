@@ -491,7 +491,7 @@ class _ServerConnection(_Endpoint):
             if self.dispatcher.is_streaming(method):
                 await self._stream(stream_id, method, serde, bytes(request.body))
                 return
-            body = await self.dispatcher.call(method, serde, bytes(request.body))
+            body, _ = await self.dispatcher.call(method, serde, bytes(request.body))
         except RocketError as error:
             await self._respond(stream_id, serde, encode_error(serde, error), error)
             if not request.complete:

@@ -25,6 +25,8 @@ class MethodSpec:
     response_type: str
     streaming: bool = False
     attachment_field: str | None = None  # a bytes field TCP may carry outside the serde, uncopied
+    # (list field, bytes field of its items): bytes of a response that TCP carries outside the serde, uncopied
+    response_attachments: tuple[str, str] | None = None
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -35,7 +37,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("ListTopics", "Empty", "ListTopicsResponse"),
         MethodSpec("DescribeTopic", "TopicRequest", "DescribeTopicResponse"),
         MethodSpec("Produce", "ProduceRequest", "ProduceResponse", attachment_field="batch"),
-        MethodSpec("Pull", "PullRequest", "PullResponse"),
+        MethodSpec("Pull", "PullRequest", "PullResponse", response_attachments=("batches", "batch")),
         MethodSpec("Subscribe", "PullRequest", "PullResponse", streaming=True),
         MethodSpec("CommitOffsets", "CommitOffsetsRequest", "Empty"),
         MethodSpec("FetchOffsets", "FetchOffsetsRequest", "OffsetsResponse"),
@@ -63,7 +65,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("MetaUpdateTopic", "UpdateTopicRequest", "TopicInfo"),
         # and brokers to storage nodes.
         MethodSpec("StorageAppend", "StorageAppendRequest", "ProduceResponse", attachment_field="batch"),
-        MethodSpec("StorageRead", "StorageReadRequest", "PullResponse"),
+        MethodSpec("StorageRead", "StorageReadRequest", "PullResponse", response_attachments=("batches", "batch")),
         MethodSpec("StorageCommitOffsets", "StorageOffsetsRequest", "Empty"),
         MethodSpec("StorageQueues", "StorageQueuesRequest", "StorageQueuesResponse"),
         MethodSpec("StorageMembers", "StorageMembersRequest", "Empty"),
@@ -93,6 +95,27 @@ def serde_for_id(serde_id: int) -> ModuleType:
     if serde is None:
         raise RocketError(Code.UNSUPPORTED_SERDE, f"serde id {serde_id} is not one of {sorted(SERDE_IDS)}")
     return serde
+
+
+def detach(spec: MethodSpec, response: dict) -> tuple[dict, list | None]:
+    """The response without its attachable bytes, and those bytes in order (None if it has none)."""
+    if spec.response_attachments is None:
+        return response, None
+    items_field, bytes_field = spec.response_attachments
+    items = response[items_field]
+    attachments = [item[bytes_field] for item in items]
+    return {**response, items_field: [{**item, bytes_field: b""} for item in items]}, attachments
+
+
+def attach(spec: MethodSpec, response: dict, attachments: list) -> dict:
+    """Put detached bytes back into the response they were taken from."""
+    items = response[spec.response_attachments[0]] if spec.response_attachments else ()
+    if len(items) != len(attachments):
+        raise RocketError(Code.UNDECODABLE, f"{spec.name} response has {len(items)} items and "
+                          f"{len(attachments)} attachments")
+    for item, attachment in zip(items, attachments):
+        item[spec.response_attachments[1]] = attachment
+    return response
 
 
 def encode_error(serde: ModuleType, error: RocketError) -> bytes:
@@ -137,21 +160,26 @@ class Dispatcher:
         return method_spec(name).streaming
 
     async def call(self, name: str, serde: ModuleType, body: bytes | memoryview,
-                   attachment: memoryview | None = None) -> bytes:
-        """Run a unary method; raises RocketError for every failure."""
+                   attachment: memoryview | None = None, detached: bool = False) -> tuple[bytes, list | None]:
+        """Run a unary method: the encoded response and, if detached, its attachable bytes apart from it
+        (see MethodSpec.response_attachments). Raises RocketError for every failure."""
         spec, handler = self._resolve(name)
         if spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is a streaming method")
         request = serde.decode(spec.request_type, body)
         if attachment is not None:
-            if spec.attachment_field is None:
-                raise RocketError(Code.BAD_REQUEST, f"{name} takes no attachment")
+            if spec.attachment_field is None or isinstance(attachment, list):
+                raise RocketError(Code.BAD_REQUEST, f"{name} takes no attachments" if spec.attachment_field is None
+                                  else f"{name} takes one attachment")
             request[spec.attachment_field] = attachment
         try:
             response = await handler(request)
         except Exception as error:
             raise as_rocket_error(error, name) from None
-        return serde.encode(spec.response_type, response)
+        attachments = None
+        if detached:
+            response, attachments = detach(spec, response)
+        return serde.encode(spec.response_type, response), attachments
 
     async def stream(self, name: str, serde: ModuleType, body: bytes | memoryview) -> AsyncIterator[bytes]:
         """Run a streaming method, yielding encoded items; raises RocketError for every failure."""

@@ -20,10 +20,11 @@ from rocket.serde import SERDE_ID_OF, serde_named
 from rocket.transport import frames
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
 from rocket.transport.listen import connect, cancel_on, serve_connections
-from rocket.transport.rpc import Dispatcher, Lifecycle, encode_error, method_spec, serde_for_id
+from rocket.transport.rpc import Dispatcher, Lifecycle, attach, encode_error, method_spec, serde_for_id
 
 log = logging.getLogger("rocket.tcp")
 receive_bytes = 256 * 1024
+send_buffers_max = 64  # buffers per sendmsg, well under IOV_MAX (1024)
 
 
 async def serve_tcp(
@@ -43,6 +44,40 @@ async def serve_tcp(
         await _send_quietly(stream, _error_frame(1, 0, RocketError(Code.OVERLOADED, "too many connections")))
 
     await serve_connections(lifecycle, host, port, run_connection, refuse_connection, task_status=task_status)
+
+
+async def receive_into(stream: trio.SocketStream, decoder: FrameDecoder) -> int:
+    """Receive what the peer sent into the decoder; 0 once the peer closed or reset the connection.
+    The rest of a large frame goes straight from the kernel into that frame's buffer, with no copy."""
+    target = decoder.writable()
+    if target is None:
+        data = await stream.receive_some(receive_bytes)
+        decoder.feed(data)
+        return len(data)
+    try:
+        received = await stream.socket.recv_into(target)
+    except OSError:
+        received = 0  # reset by the peer: the same as a close here
+    decoder.wrote(received)
+    return received
+
+
+async def send_parts(stream: trio.SocketStream, parts) -> None:
+    """Send buffers in order, joining none of them: as many per sendmsg as the kernel takes."""
+    views = [memoryview(part) for part in parts if len(part)]
+    while views:
+        try:
+            sent = await stream.socket.sendmsg(views[:send_buffers_max])
+        except OSError as error:
+            if stream.socket.fileno() == -1:
+                raise trio.ClosedResourceError("the connection was closed") from None
+            raise trio.BrokenResourceError(f"the connection broke: {error}") from error
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
 
 
 async def _send_quietly(stream: trio.abc.SendStream, data: bytes) -> None:
@@ -99,19 +134,7 @@ class _ServerConnection:
     async def _read_loop(self, calls: trio.Nursery) -> None:
         decoder = FrameDecoder()
         while True:
-            target = decoder.writable()
-            if target is not None:
-                # The rest of a large frame goes straight from the kernel into its buffer.
-                try:
-                    received = await self.stream.socket.recv_into(target)
-                except OSError:
-                    received = 0  # reset by the peer: the same as a close here
-                decoder.wrote(received)
-            else:
-                data = await self.stream.receive_some(receive_bytes)
-                received = len(data)
-                decoder.feed(data)
-            if not received:
+            if not await receive_into(self.stream, decoder):
                 self.peer_gone = True
                 return
             while (frame := decoder.next_frame()) is not None:
@@ -136,11 +159,12 @@ class _ServerConnection:
                 if self.dispatcher.is_streaming(frame.method):
                     await self._stream(frame, serde)
                     return
-                body = await self.dispatcher.call(frame.method, serde, frame.body, frame.attachment)
-                reply = frames.encode(Kind.RESPONSE, frame.serde, frame.request_id, body)
+                body, attachments = await self.dispatcher.call(frame.method, serde, frame.body, frame.attachment,
+                                                               detached=True)
+                reply = frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body, attachment=attachments)
             except RocketError as error:
-                reply = _error_frame(frame.serde, frame.request_id, error)
-            await self._send(reply)
+                reply = [_error_frame(frame.serde, frame.request_id, error)]
+            await self._send(*reply)
         finally:
             self.lifecycle.call_finished()
             self.in_flight.release()
@@ -159,10 +183,10 @@ class _ServerConnection:
             finally:
                 self.streams.pop(frame.request_id, None)
 
-    async def _send(self, data: bytes) -> None:
+    async def _send(self, *parts: bytes | memoryview) -> None:
         async with self.send_lock:
             try:
-                await self.stream.send_all(data)
+                await send_parts(self.stream, parts)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
@@ -185,12 +209,15 @@ class TcpChannel:
         request_id, receiver = await self._send_request(method, message, 1)
         try:
             with trio.fail_after(timeout_s):
-                kind, body = await self._receive(receiver)
+                kind, body, attachments = await self._receive(receiver)
         except trio.TooSlowError:
             raise RocketError(Code.TIMEOUT, f"{method} got no answer within {timeout_s} s") from None
         finally:
             self._waiting.pop(request_id, None)
-        return self._decode(spec.response_type, kind, body)
+        response = self._decode(spec.response_type, kind, body)
+        if isinstance(attachments, list):
+            attach(spec, response, attachments)
+        return response
 
     async def stream(self, method: str, message: dict) -> AsyncIterator[dict]:
         """Yield a server stream's items; leaving the loop early cancels the stream on the server."""
@@ -199,7 +226,7 @@ class TcpChannel:
         finished = False
         try:
             while True:
-                kind, body = await self._receive(receiver)
+                kind, body, _ = await self._receive(receiver)
                 if kind == Kind.STREAM_END:
                     finished = True
                     return
@@ -230,14 +257,12 @@ class TcpChannel:
     async def _write(self, *parts: bytes | memoryview) -> None:
         async with self._send_lock:
             try:
-                for part in parts:
-                    if len(part):
-                        await self._stream.send_all(part)
+                await send_parts(self._stream, parts)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
                 self._fail(RocketError(Code.CONNECTION_LOST, f"connection lost while sending: {error}"))
                 raise self._broken from None
 
-    async def _receive(self, receiver: trio.MemoryReceiveChannel) -> tuple[Kind, bytes]:
+    async def _receive(self, receiver: trio.MemoryReceiveChannel) -> tuple[Kind, bytes, list | None]:
         try:
             return await receiver.receive()
         except trio.EndOfChannel:
@@ -260,11 +285,9 @@ class TcpChannel:
         decoder = FrameDecoder()
         try:
             while True:
-                data = await self._stream.receive_some(receive_bytes)
-                if not data:
+                if not await receive_into(self._stream, decoder):
                     self._fail(RocketError(Code.CONNECTION_LOST, "server closed the connection"))
                     return
-                decoder.feed(data)
                 while (frame := decoder.next_frame()) is not None:
                     sender = self._waiting.get(frame.request_id)
                     if frame.request_id == 0 and frame.kind == Kind.ERROR:
@@ -272,7 +295,7 @@ class TcpChannel:
                         return
                     if sender is not None:
                         try:
-                            await sender.send((frame.kind, frame.body))
+                            await sender.send((frame.kind, frame.body, frame.attachment))
                         except trio.BrokenResourceError:
                             pass  # the caller gave up (timeout or cancel)
         except (trio.BrokenResourceError, trio.ClosedResourceError, FrameError) as error:

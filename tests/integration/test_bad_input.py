@@ -95,6 +95,33 @@ async def test_corrupt_batch_is_refused(node):
     assert json_codec.decode("DescribeTopicResponse", by_id[3].body)["queues"][0]["next_offset"] == 0
 
 
+async def test_pull_batches_travel_as_attachments_and_requests_may_not_send_lists(node):
+    """Over TCP a pull response carries its batches outside the serde, byte for byte as produced; a request
+    that sends a list of attachments is refused with BAD_REQUEST and the connection lives on."""
+    from rocket.model import Message
+    from rocket.serde import avro_codec, batch
+
+    produced = [batch.encode([Message(b"m%d" % n * 50)], 1) for n in range(3)]
+    await exchange(node.tcp_port, frames.encode(Kind.REQUEST, 1, 1, b'{"topic": "t", "queues": 1}', "CreateTopic"),
+                   expect=1)
+    requests = []
+    for request_id, encoded in enumerate(produced, 2):
+        body = avro_codec.encode("ProduceRequest", {"topic": "t", "queue": 0, "batch": b""})
+        requests.append(frames.encode(Kind.REQUEST, 2, request_id, body, "Produce", attachment=encoded))
+    await exchange(node.tcp_port, b"".join(requests), expect=len(requests))
+    pull = avro_codec.encode("PullRequest", {"topic": "t", "queues": [{"queue": 0, "offset": 0}], "max_bytes": 1 << 20,
+                                             "wait_ms": 0, "filter_type": "tag", "filter": "*"})
+    listed = frames.encode(Kind.REQUEST, 2, 11, avro_codec.encode("ProduceRequest", {"topic": "t", "queue": 0,
+                                                                                    "batch": b""}),
+                           "Produce", attachment=[produced[0]])
+    answers, closed = await exchange(node.tcp_port, frames.encode(Kind.REQUEST, 2, 10, pull, "Pull") + listed, expect=2)
+    by_id = {frame.request_id: frame for frame in answers}
+    response = avro_codec.decode("PullResponse", by_id[10].body)
+    assert [stored["batch"] for stored in response["batches"]] == [b""] * 3
+    assert sorted(bytes(each) for each in by_id[10].attachment) == sorted(produced)  # concurrent produces: any order
+    assert not closed and error_code(by_id[11]) == "BAD_REQUEST"
+
+
 async def test_oversized_frame_is_answered_and_closed(node):
     """A frame announcing more than the limit gets FRAME_TOO_LARGE for its request id, then the connection closes."""
     header = struct.pack(">IBBBBQH", limits.frame_bytes_max + 1, 1, Kind.REQUEST, 1, 0, 42, 4) + b"Ping"

@@ -55,3 +55,58 @@ def test_oversized_frame_is_refused_from_its_header():
         assert error.request_id == 77
     else:
         raise AssertionError("oversized frame accepted")
+
+
+@given(
+    body=st.binary(max_size=200),
+    attachments=st.lists(st.binary(max_size=300), max_size=8),
+    split=st.integers(1, 97),
+)
+def test_attachment_lists_round_trip_uncopied_in_any_split(body, attachments, split):
+    """A frame with a list of attachments (a pull response's batches) decodes to the same message and
+    attachments, whatever pieces it arrives in."""
+    data = b"".join(frames.encode_parts(Kind.RESPONSE, 2, 7, body, attachment=attachments))
+    decoder = FrameDecoder()
+    decoded = []
+    for start in range(0, len(data), split):
+        decoder.feed(data[start : start + split])
+        while (frame := decoder.next_frame()) is not None:
+            decoded.append(frame)
+    (frame,) = decoded
+    assert bytes(frame.body) == body
+    assert [bytes(each) for each in frame.attachment] == attachments
+
+
+def test_attachment_tables_that_do_not_add_up_are_bad_frames():
+    """A count or lengths that run past the frame, or leave bytes over, are BAD_FRAME for that request."""
+    import struct
+
+    message = b"{}"
+    tables = [
+        b"",  # no count
+        struct.pack(">I", 3) + struct.pack(">I", 1),  # three lengths announced, one given
+        struct.pack(">II", 1, 5) + b"abc",  # the attachment is shorter than its length
+        struct.pack(">II", 1, 2) + b"abcd",  # bytes left over after the last attachment
+        struct.pack(">I", 2**32 - 1),  # a count no frame can hold
+    ]
+    for request_id, table in enumerate(tables, 1):
+        body = struct.pack(">I", len(message)) + message + table
+        header = struct.pack(">IBBBBQH", frames.HEADER_BYTES - 4 + len(body), 1, Kind.RESPONSE, 1,
+                             frames.FLAG_ATTACHMENTS, request_id, 0)
+        decoder = FrameDecoder()
+        decoder.feed(header + body)
+        try:
+            decoder.next_frame()
+        except FrameError as error:
+            assert (error.code, error.request_id) == (Code.BAD_FRAME, request_id)
+        else:
+            raise AssertionError(f"table {table!r} accepted")
+    both = struct.pack(">IBBBBQH", frames.HEADER_BYTES - 4, 1, Kind.RESPONSE, 1, 0x03, 9, 0)
+    decoder = FrameDecoder()
+    decoder.feed(both)
+    try:
+        decoder.next_frame()
+    except FrameError as error:
+        assert error.code == Code.BAD_FRAME
+    else:
+        raise AssertionError("both attachment flags accepted")
