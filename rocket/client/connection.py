@@ -40,11 +40,13 @@ class FailoverChannel:
             yield self.servers[self._at]
             self._at = (self._at + 1) % len(self.servers)
 
-    async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default) -> dict:
+    async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default,
+                   sent: trio.Event | None = None) -> dict:
+        """The response to a request; sent, if given, is set once the request is written to a server."""
         failure = RocketError(Code.UNAVAILABLE, "no server to call")
         for server in self._each_server():
             try:
-                return await self._pool.call((server.host, server.port), method, message, timeout_s)
+                return await self._pool.call((server.host, server.port), method, message, timeout_s, sent)
             except RocketError as error:
                 if error.code not in MOVE_ON:
                     raise

@@ -66,6 +66,8 @@ class Consumer:
         self._committed: dict[int, int] = {}
         self._queues = 0
         self._heartbeat_at = 0.0
+        # A pull sent while the previous response was decoded: (the positions it asked for, its response).
+        self._ahead: tuple[dict[int, int], dict] | None = None
 
     async def open(self) -> None:
         described = await self.channel.call("DescribeTopic", {"topic": self.topic})
@@ -116,30 +118,64 @@ class Consumer:
         if not self.positions:  # more members than queues: this one waits its turn
             await trio.sleep((self.wait_ms if wait_ms is None else wait_ms) / 1000)
             return []
-        request = {
-            "topic": self.topic,
-            "queues": [{"queue": queue, "offset": offset} for queue, offset in self.positions.items()],
-            "max_bytes": self.max_bytes,
-            "wait_ms": self.wait_ms if wait_ms is None else wait_ms,
-            "filter_type": self.filter_type,
-            "filter": self.filter.expression,
-        }
-        response = await self.channel.call("Pull", request, timeout_s=limits.request_timeout_s_default + request["wait_ms"] / 1000)
-        messages: list[Message] = []
-        for stored in response["batches"]:
-            queue = stored["queue"]
-            wanted = self.positions[queue]
-            decoded = batch_codec.decode(stored["batch"], stored["base_offset"], queue)
-            messages.extend(decoded[max(0, wanted - stored["base_offset"]):])
-        if self.filter.expression.strip() not in ("", "*"):  # batches may hold messages the filter does not match
-            messages = [message for message in messages if self.filter.matches(message)]
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == self.positions:
+            response = ahead[1]
+        else:
+            response = await self._pull(self.wait_ms if wait_ms is None else wait_ms)
+        following = dict(self.positions)
         for entry in response["next_offsets"]:
-            self.positions[entry["queue"]] = max(self.positions[entry["queue"]], entry["offset"])
+            following[entry["queue"]] = max(following[entry["queue"]], entry["offset"])
+        async with trio.open_nursery() as nursery:
+            if limit is None and sum(len(stored["batch"]) for stored in response["batches"]) * 2 >= self.max_bytes:
+                # A backlog: ask for the next pull now, so that the server reads and sends it while this one is
+                # decoded. It does not wait for new data (that is for the next poll's own pull).
+                sent = trio.Event()
+                nursery.start_soon(self._pull_ahead, dict(following), sent)  # a copy: positions change
+                await sent.wait()  # decoding holds the thread: the request must be out before it starts
+            messages = self._decode(response, self.positions)
+        self.positions = following
         if limit is not None and len(messages) > limit:
             # Hand out only limit messages; each queue resumes at its first message not handed out.
             for message in reversed(messages[limit:]):
                 self.positions[message.queue] = message.offset
             del messages[limit:]
+        return messages
+
+    async def _pull(self, wait_ms: int, positions: dict[int, int] | None = None, sent: trio.Event | None = None) -> dict:
+        request = {
+            "topic": self.topic,
+            "queues": [{"queue": queue, "offset": offset}
+                       for queue, offset in (self.positions if positions is None else positions).items()],
+            "max_bytes": self.max_bytes,
+            "wait_ms": wait_ms,
+            "filter_type": self.filter_type,
+            "filter": self.filter.expression,
+        }
+        return await self.channel.call("Pull", request, timeout_s=limits.request_timeout_s_default + wait_ms / 1000,
+                                       sent=sent)
+
+    async def _pull_ahead(self, positions: dict[int, int], sent: trio.Event) -> None:
+        """Fetch what follows positions for the next poll (sent is set once the request is out, or it failed);
+        a failure is left for that poll's own pull to meet."""
+        try:
+            response = await self._pull(0, positions, sent)
+        except RocketError:
+            return
+        finally:
+            sent.set()
+        if response["batches"]:
+            self._ahead = (positions, response)
+
+    def _decode(self, response: dict, wanted: dict[int, int]) -> list[Message]:
+        """The messages of a pull response from the positions asked for, that the filter matches."""
+        messages: list[Message] = []
+        for stored in response["batches"]:
+            queue = stored["queue"]
+            decoded = batch_codec.decode(stored["batch"], stored["base_offset"], queue)
+            messages.extend(decoded[max(0, wanted[queue] - stored["base_offset"]):])
+        if self.filter.expression.strip() not in ("", "*"):  # batches may hold messages the filter does not match
+            messages = [message for message in messages if self.filter.matches(message)]
         return messages
 
     async def commit(self) -> None:

@@ -661,12 +661,16 @@ class Http2Channel(_Endpoint):
         self._broken: RocketError | None = None
         self.settled = trio.Event()  # the server's SETTINGS arrived (it speaks HTTP/2), or the connection failed
 
-    async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default) -> dict:
+    async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default,
+                   sent: trio.Event | None = None) -> dict:
+        """The response to a request; sent, if given, is set once the request is written."""
         spec = method_spec(method)
         body = self._serde.encode(spec.request_type, message)
         try:
             with trio.fail_after(timeout_s):
                 async with self._open_stream(method, body) as response:
+                    if sent is not None:
+                        sent.set()
                     payload = await self._read_body(response)
         except trio.TooSlowError:
             raise RocketError(Code.TIMEOUT, f"{method} got no answer within {timeout_s} s") from None

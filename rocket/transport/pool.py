@@ -29,9 +29,9 @@ class ChannelPool:
             await trio.sleep_forever()
 
     async def call(self, address: Address, method: str, request: dict,
-                   timeout_s: float = limits.request_timeout_s_default) -> dict:
+                   timeout_s: float = limits.request_timeout_s_default, sent: trio.Event | None = None) -> dict:
         channel = await self.channel(address)
-        return await channel.call(method, request, timeout_s)
+        return await channel.call(method, request, timeout_s, sent)
 
     async def channel(self, address: Address) -> TcpChannel:
         """The open channel to address, opened now if there is none or it broke."""

@@ -204,9 +204,13 @@ class TcpChannel:
         self._broken: RocketError | None = None
         self.closed = trio.Event()  # set once the connection is broken or closed
 
-    async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default) -> dict:
+    async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default,
+                   sent: trio.Event | None = None) -> dict:
+        """The response to a request; sent, if given, is set once the request is written."""
         spec = method_spec(method)
         request_id, receiver = await self._send_request(method, message, 1)
+        if sent is not None:
+            sent.set()
         try:
             with trio.fail_after(timeout_s):
                 kind, body, attachments = await self._receive(receiver)

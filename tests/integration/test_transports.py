@@ -49,6 +49,55 @@ async def test_produce_and_consume(node, transport, serde):
 
 
 @pytest.mark.parametrize("transport", ["tcp", "http2"])
+async def test_pulls_fetched_ahead_lose_and_repeat_nothing(node, transport):
+    """A consumer reading a backlog fetches its next pull while it decodes one; polls with a limit (which
+    move positions back and so discard what was fetched ahead) mixed in still see every message once, in
+    queue order, and a fetch-ahead never waits for new data."""
+    async with connect(server_of(node, transport), transport, "avro") as channel:
+        await channel.call("CreateTopic", {"topic": "backlog", "queues": 2})
+        async with open_producer(channel, "backlog", batch_bytes=4096) as producer:
+            await producer.send_many([Message(b"%06d" % i + bytes(500), key=f"k{i % 7}") for i in range(3000)])
+        consumer = Consumer(channel, "backlog", "g", start="earliest", wait_ms=100, max_bytes=16384)
+        await consumer.open()
+        received: list[Message] = []
+        fetched_ahead = 0
+        for round_number in range(10_000):
+            fetched_ahead += consumer._ahead is not None
+            messages = await consumer.poll(limit=7 if round_number % 5 == 4 else None)
+            if not messages:
+                break
+            received.extend(messages)
+        with trio.fail_after(2):  # caught up: the poll waits its wait_ms, the fetch-ahead adds no wait
+            assert await consumer.poll() == []
+    assert fetched_ahead > 10
+    assert sorted(int(m.body[:6]) for m in received) == list(range(3000))
+    for queue in range(2):
+        offsets = [m.offset for m in received if m.queue == queue]
+        assert offsets == list(range(len(offsets)))
+
+
+async def test_pull_fetched_ahead_is_dropped_when_the_queues_change_hands(node):
+    """A member holding a pull fetched ahead for two queues, that loses one of them to a new member, reads
+    on only the queue it keeps: between the two members every message is read once."""
+    async with connect(server_of(node, "tcp"), "tcp", "avro") as channel:
+        await channel.call("CreateTopic", {"topic": "shared", "queues": 2})
+        async with open_producer(channel, "shared", batch_bytes=4096) as producer:
+            await producer.send_many([Message(b"%06d" % i + bytes(500), key=f"k{i % 7}") for i in range(2000)])
+        first = Consumer(channel, "shared", "g", start="earliest", wait_ms=100, max_bytes=16384, member="a")
+        second = Consumer(channel, "shared", "g", start="earliest", wait_ms=100, max_bytes=16384, member="b")
+        await first.open()
+        received = list(await first.poll())
+        assert first._ahead is not None and set(first._ahead[0]) == {0, 1}
+        await second.open()
+        first._heartbeat_at = 0.0  # its next poll learns of the new member at once
+        for consumer in (first, second, first, second):
+            while messages := await consumer.poll(wait_ms=0):
+                received.extend(messages)
+        assert len(first.positions) == len(second.positions) == 1
+    assert sorted(int(m.body[:6]) for m in received) == list(range(2000))
+
+
+@pytest.mark.parametrize("transport", ["tcp", "http2"])
 async def test_subscribe_streams_new_messages(node, transport):
     """A server stream delivers batches as they are produced, and ends cleanly when the client leaves."""
     async with connect(server_of(node, transport), transport, "avro") as channel:
