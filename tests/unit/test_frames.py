@@ -8,6 +8,18 @@ from rocket.transport import frames
 from rocket.transport.frames import FrameDecoder, FrameError, Kind
 
 
+def decode_in_pieces(data: bytes, split: int) -> list[frames.Frame]:
+    """Feed data to a decoder split bytes at a time; the frames it yields, having kept nothing back."""
+    decoder = FrameDecoder()
+    decoded = []
+    for start in range(0, len(data), split):
+        decoder.feed(data[start : start + split])
+        while (frame := decoder.next_frame()) is not None:
+            decoded.append(frame)
+    assert decoder.buffered_bytes == 0
+    return decoded
+
+
 @given(
     kind=st.sampled_from(list(Kind)),
     serde=st.integers(0, 255),
@@ -18,17 +30,10 @@ from rocket.transport.frames import FrameDecoder, FrameError, Kind
 )
 def test_frames_round_trip_in_any_split(kind, serde, request_id, method, body, split):
     """A frame fed in pieces of any size decodes to exactly what was encoded."""
-    data = frames.encode(kind, serde, request_id, body, method) * 2
-    decoder = FrameDecoder()
-    decoded = []
-    for start in range(0, len(data), split):
-        decoder.feed(data[start : start + split])
-        while (frame := decoder.next_frame()) is not None:
-            decoded.append(frame)
+    decoded = decode_in_pieces(frames.encode(kind, serde, request_id, body, method) * 2, split)
     assert len(decoded) == 2
     for frame in decoded:
         assert (frame.kind, frame.serde, frame.request_id, frame.method, frame.body) == (kind, serde, request_id, method, body)
-    assert decoder.buffered_bytes == 0
 
 
 @settings(max_examples=500)
@@ -65,14 +70,7 @@ def test_oversized_frame_is_refused_from_its_header():
 def test_attachment_lists_round_trip_uncopied_in_any_split(body, attachments, split):
     """A frame with a list of attachments (a pull response's batches) decodes to the same message and
     attachments, whatever pieces it arrives in."""
-    data = b"".join(frames.encode_parts(Kind.RESPONSE, 2, 7, body, attachment=attachments))
-    decoder = FrameDecoder()
-    decoded = []
-    for start in range(0, len(data), split):
-        decoder.feed(data[start : start + split])
-        while (frame := decoder.next_frame()) is not None:
-            decoded.append(frame)
-    (frame,) = decoded
+    (frame,) = decode_in_pieces(b"".join(frames.encode_parts(Kind.RESPONSE, 2, 7, body, attachment=attachments)), split)
     assert bytes(frame.body) == body
     assert [bytes(each) for each in frame.attachment] == attachments
 
