@@ -76,6 +76,9 @@ class RaftHost:
         self._read_ids = 0
         self._peers: set[int] = set()  # the other nodes of every hosted group
         self._compactions: list[Update] = []  # snapshots taken since the last round, to write with it
+        # Makes durable what the machines' snapshots cover but keep outside the WAL (the storage role's
+        # store log); the persist thread calls it before it writes a snapshot, so the trio thread never waits.
+        self.sync_before_snapshots: Callable[[], None] = lambda: None
         self._data: list[tuple[list[bytes], trio.Event, list]] = []  # blobs to write with the next round
         self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
         self.fsyncs = 0
@@ -293,13 +296,14 @@ class RaftHost:
                    if self.groups[group].core.has_ready()]
         updates = [Update(group, ready.hard_state, ready.entries, ready.snapshot) for group, _, ready in readies
                    if ready.hard_state is not None or ready.entries or ready.snapshot is not None]
+        compacted = bool(self._compactions)
         updates += self._compactions
         self._compactions = []
         data, self._data = self._data, []
         previous = self._rounds_written
         current = _Round(previous, readies, data, [])
         if updates or data:
-            await self._write(current, updates)
+            await self._write(current, updates, compacted)
         for group, hosted, ready in readies:
             # The core now counts this round's entries as stable: a leader may count its own copy towards
             # a commit. No one learns of that commit, and no entry is applied, before this fsync is done.
@@ -319,13 +323,13 @@ class RaftHost:
         if self.wal.sealed_segments() >= limits.raft_wal_segments_max:
             await self._checkpoint()
 
-    async def _write(self, current: _Round, updates: list[Update]) -> None:
+    async def _write(self, current: _Round, updates: list[Update], compacted: bool) -> None:
         """Number the round and write it in a worker thread, which goes on to its fsync; return once
         written, with the positions of its entries and data known."""
         self._rounds_written = current.number = current.number + 1
         written, result = trio.Event(), []
         self._nursery.start_soon(trio.to_thread.run_sync, self._persist, current.number, updates,
-                                 [blobs for blobs, _, _ in current.data], written, result)
+                                 [blobs for blobs, _, _ in current.data], written, result, compacted)
         await written.wait()
         [(positions, current.data_positions)] = result
         for group, found in positions.items():
@@ -351,9 +355,12 @@ class RaftHost:
         await trio.to_thread.run_sync(self._checkpoint_now, live)
 
     def _persist(self, number: int, updates: list[Update], data: list[list[bytes]], written: trio.Event,
-                 result: list) -> None:
+                 result: list, compacted: bool) -> None:
         """In a worker thread: write the round and tell the round loop, then make it durable as soon as
-        the fsync before it is done (unless one that began after this write covered it already)."""
+        the fsync before it is done (unless one that began after this write covered it already). A round
+        with compactions first makes durable what their snapshots cover outside the WAL."""
+        if compacted:
+            self.sync_before_snapshots()
         positions = self.wal.write(updates)
         result.append((positions, [self.wal.write_data(blobs) for blobs in data]))
         self._rounds_on_disk = number
@@ -368,6 +375,7 @@ class RaftHost:
         self._token.run_sync_soon(self._synced, covered)
 
     def _checkpoint_now(self, live: list[Update]) -> None:
+        self.sync_before_snapshots()  # the checkpoint holds every group's snapshot
         with self._sync_lock:  # no fsync of a round runs beside the checkpoint's own
             self.wal.checkpoint(live)
 

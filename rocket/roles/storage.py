@@ -42,6 +42,7 @@ class StorageRole:
         self.peers = peers
         self.addresses = addresses  # node id -> address, shared with the Raft links
         self.store = Store.open(config.data_dir / "storage", host.wal.log, segment_bytes_max=config.segment_bytes)
+        host.sync_before_snapshots = self.store.sync  # a group's snapshot covers the store's log up to it
         self._last_append_ms: dict[tuple[str, int], int] = {}
         self.assigned = trio.Event()  # set once the first assignment arrived
         self._ask_now = trio.Event()  # a call named a group not hosted yet: ask for the assignment at once

@@ -97,6 +97,7 @@ class CommitLog:
         self._readers: OrderedDict[int, int] = OrderedDict()
         self._directory_dirty = False
         self._bookkeeping = threading.Lock()  # sync() may run beside append() in another thread
+        self._syncing = threading.Lock()  # one sync() at a time: a second waits for the fdatasync in flight
         self._retired_fds: set[int] = set()  # sealed segments' write descriptors, closed once synced
 
     @classmethod
@@ -252,20 +253,22 @@ class CommitLog:
     def sync(self) -> int:
         """Make everything appended before the call durable (segment data and new file names), and
         return the position up to which that holds. May run in one thread while append runs in
-        another: one fsync then overlaps the next write."""
-        with self._bookkeeping:
-            durable_end = self.end_position
-            descriptors, self._unsynced_fds = self._unsynced_fds, []
-            directory_dirty, self._directory_dirty = self._directory_dirty, False
-        for descriptor in descriptors:
-            os.fdatasync(descriptor)
-        with self._bookkeeping:
-            # A sealed segment written again after this sync began stays open for the next one.
-            for descriptor in self._retired_fds.intersection(descriptors).difference(self._unsynced_fds):
-                os.close(descriptor)
-                self._retired_fds.discard(descriptor)
-        if directory_dirty:
-            _fsync_directory(self.directory)
+        another: one fsync then overlaps the next write. Calls from several threads take turns, so
+        that none returns while another's fdatasync of what it appended is still in flight."""
+        with self._syncing:
+            with self._bookkeeping:
+                durable_end = self.end_position
+                descriptors, self._unsynced_fds = self._unsynced_fds, []
+                directory_dirty, self._directory_dirty = self._directory_dirty, False
+            for descriptor in descriptors:
+                os.fdatasync(descriptor)
+            with self._bookkeeping:
+                # A sealed segment written again after this sync began stays open for the next one.
+                for descriptor in self._retired_fds.intersection(descriptors).difference(self._unsynced_fds):
+                    os.close(descriptor)
+                    self._retired_fds.discard(descriptor)
+            if directory_dirty:
+                _fsync_directory(self.directory)
         return durable_end
 
     def _reader(self, start: int) -> int:

@@ -684,10 +684,10 @@ class Store:
         return len(self.index.timers(group, halves=halves))
 
     def snapshot(self, group: int) -> bytes:
-        """Make the store durable, so the group's Raft log may be dropped up to what it applied. The
-        snapshot carries the group's queue positions, so a replica that installs it assigns the same
-        offsets as the others from then on."""
-        self.sync()
+        """The group's state as applied. What it covers lies in the store's own log, which must be made
+        durable (sync) before the snapshot is, so that the group's Raft log may then be dropped: the Raft
+        host does it in its persist thread (sync_before_snapshots). The snapshot carries the group's queue
+        positions, so a replica that installs it assigns the same offsets as the others from then on."""
         queues = [[topic, queue, stats.next_offset, stats.bytes, stats.last_append_ms]
                   for (topic, queue), stats in self._queues.items() if stats.group == group]
         timers = [[t.deliver_at_ms, t.topic, t.queue, t.offset, t.checks]
@@ -802,10 +802,11 @@ class Store:
         return expected
 
     def sync(self) -> None:
-        if self._dirty:
-            self._dirty = False
-            self.log.sync()
-            self.fsyncs += 1
+        """Make durable what the store appended before the call, also when a background sync of it is
+        still in flight (CommitLog.sync waits for that one). May run in any thread."""
+        dirty, self._dirty = self._dirty, False
+        self.log.sync()
+        self.fsyncs += dirty
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Flush the store's writes in the background, so that a snapshot's sync has little left to do."""

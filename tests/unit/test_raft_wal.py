@@ -13,6 +13,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.raft import codec
 from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, Snapshot
@@ -332,3 +333,44 @@ def test_records_of_the_legacy_format_are_read_beside_new_ones(tmp_path):
     with pytest.raises(RocketError) as caught:
         CommitLog.open(tmp_path, 1 << 20)
     assert caught.value.code == Code.CORRUPT_DATA
+
+
+def test_a_compactions_outside_state_is_synced_in_the_persist_thread_before_its_snapshot_is_written(tmp_path,
+                                                                                                    monkeypatch):
+    """A group that compacts its log hands the sync of what its snapshot covers outside the WAL (the store's
+    log) to the persist thread, which runs it before writing the snapshot: never on the trio thread."""
+    monkeypatch.setattr(limits, "raft_log_entries_max", 5)
+    wal = _GatedWal.open(tmp_path)
+    machine = _CheckedMachine(wal, 3)
+    hooks: list[tuple[bool, int]] = []  # (in the trio thread, WAL writes before it)
+    snapshot_writes: list[int] = []  # the WAL write (numbered from 1) that carried a snapshot
+    trio_thread = threading.current_thread()
+    real_write = wal.write
+
+    def write(updates):
+        if any(update.snapshot is not None and update.snapshot.index for update in updates):
+            snapshot_writes.append(wal.writes + 1)
+        return real_write(updates)
+
+    wal.write = write
+
+    async def scenario() -> None:
+        host = RaftHost(1, wal, lambda node, payload: None, tick_s=3600)
+        host.sync_before_snapshots = lambda: hooks.append((threading.current_thread() is trio_thread, wal.writes))
+        async with _running(host, wal) as nursery:
+            host.add_group(3, (1,), machine)
+
+            async def fsyncs() -> None:
+                while True:
+                    await trio.sleep(0.002)
+                    wal.gate.release()
+
+            nursery.start_soon(fsyncs)
+            for number in range(12):
+                await host.propose(3, b"p%d" % number)
+            await _eventually(lambda: snapshot_writes, "a snapshot is written")
+
+    trio.run(scenario)
+    wal.close()
+    assert hooks and not any(in_trio for in_trio, _ in hooks)
+    assert all(any(before < write for _, before in hooks) for write in snapshot_writes)

@@ -19,6 +19,7 @@ from rocket.raft.core import Entry
 from rocket.raft.wal import Update, Wal
 from rocket.serde import batch as batch_codec
 from rocket.store import group as group_module
+from rocket.store.commitlog import CommitLog
 from rocket.store.group import Store, encode_append, encode_offsets
 
 SEGMENT = limits.segment_bytes_min  # of the store's log and of the WAL
@@ -560,21 +561,53 @@ def snapshot_source(directory: Path) -> Node:
     return store
 
 
-def test_snapshot_makes_the_store_durable(tmp_path):
-    """A snapshot syncs what was applied (the group's Raft log may then be compacted); a second one
-    with nothing new does not sync again."""
+def test_snapshots_leave_the_sync_to_the_raft_host(tmp_path):
+    """Taking a snapshot does no I/O (it runs on the trio thread); the sync the Raft host calls before
+    writing it makes what was applied durable, and counts only when something was."""
     store = Node(tmp_path)
     store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 2))])
+    store.snapshot(GROUP)
     assert store.fsyncs == 0
-    store.snapshot(GROUP)
+    store.sync()
     assert store.fsyncs == 1
-    store.snapshot(GROUP)
-    store.snapshot(9)
+    store.sync()
     assert store.fsyncs == 1
     store.apply(GROUP, [append_entry(2, "t", 0, make_batch(2, 2))])
-    store.snapshot(GROUP)
+    store.sync()
     assert store.fsyncs == 2
     store.close()
+
+
+def test_a_sync_waits_for_one_in_flight_in_another_thread(tmp_path, monkeypatch):
+    """Two threads sync the same log: the second returns only once the first one's fdatasync (of
+    what the second must see durable too) is done, not as soon as it finds nothing left to sync."""
+    import threading
+
+    from rocket.store import commitlog
+
+    log = CommitLog.open(tmp_path / "log", segment_bytes_max=limits.segment_bytes_min)
+    log.append([(1, b"record")])
+    held, release = threading.Event(), threading.Event()
+    real_fdatasync = commitlog.os.fdatasync
+
+    def slow_fdatasync(descriptor: int) -> None:
+        held.set()
+        release.wait(10)
+        real_fdatasync(descriptor)
+
+    monkeypatch.setattr(commitlog.os, "fdatasync", slow_fdatasync)
+    first = threading.Thread(target=log.sync)
+    first.start()
+    assert held.wait(10)
+    second_done = threading.Event()
+    second = threading.Thread(target=lambda: (log.sync(), second_done.set()))
+    second.start()
+    assert not second_done.wait(0.2)  # the first fdatasync is still in flight
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert second_done.is_set()
+    log.close()
 
 
 def test_snapshot_restore_makes_replicas_assign_the_same_offsets(tmp_path):
