@@ -5,9 +5,10 @@ node's WAL, fsync'ed before anything is acknowledged. Applying committed entries
 where it lies in the WAL. The index is derived state: this store's own log holds small records
 (a batch's place and offsets, consumer offsets, how far each group got) written without sync, and
 LevelDB is rebuilt from them. After a crash the groups re-apply from the WAL what the store lost;
-APPLIED records make that idempotent. A snapshot syncs the store first, so the Raft log may then be
-compacted up to it. Tiered storage adds a replicated manifest per queue (TierQueue): the pieces offloaded
-to the object store, and where local data starts; see rocket/tier/piece.py for the offload unit.
+APPLIED records make that idempotent. The store is synced before a snapshot is written (the Raft host
+calls sync in its persist thread), so the Raft log may then be compacted up to it. Tiered storage adds a
+replicated manifest per queue (TierQueue): the pieces offloaded to the object store, and where local data
+starts; see rocket/tier/piece.py for the offload unit.
 """
 
 from __future__ import annotations
@@ -806,7 +807,8 @@ class Store:
         still in flight (CommitLog.sync waits for that one). May run in any thread."""
         dirty, self._dirty = self._dirty, False
         self.log.sync()
-        self.fsyncs += dirty
+        if dirty:
+            self.fsyncs += 1
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Flush the store's writes in the background, so that a snapshot's sync has little left to do."""
