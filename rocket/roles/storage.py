@@ -200,7 +200,7 @@ class StorageRole:
             self._wal_drops_seen, self._wal_rescan_at = drops, trio.current_time() + limits.wal_rescan_s
         if floor < ends[0]:
             return 0
-        await trio.to_thread.run_sync(self.store.log.sync)  # the drops and moves counted on are durable first
+        await trio.to_thread.run_sync(self.store.sync)  # the drops and moves counted on are durable first
         removed = wal.log.delete_before(floor)  # here, not in a thread: reads of the WAL run in this one
         if removed:
             log.info("WAL: deleted %d segments below position %d", removed, floor)

@@ -816,9 +816,7 @@ class Store:
         while True:
             await trio.sleep(sync_interval_s)
             if self._dirty:
-                self._dirty = False
-                await trio.to_thread.run_sync(self.log.sync)
-                self.fsyncs += 1
+                await trio.to_thread.run_sync(self.sync)
 
     # ---- reads ---------------------------------------------------------------------------------------
 

@@ -168,9 +168,10 @@ class Dispatcher:
             raise RocketError(Code.BAD_REQUEST, f"{name} is a streaming method")
         request = serde.decode(spec.request_type, body)
         if attachment is not None:
-            if spec.attachment_field is None or isinstance(attachment, list):
-                raise RocketError(Code.BAD_REQUEST, f"{name} takes no attachments" if spec.attachment_field is None
-                                  else f"{name} takes one attachment")
+            if spec.attachment_field is None:
+                raise RocketError(Code.BAD_REQUEST, f"{name} takes no attachments")
+            if isinstance(attachment, list):
+                raise RocketError(Code.BAD_REQUEST, f"{name} takes one attachment")
             request[spec.attachment_field] = attachment
         try:
             response = await handler(request)
