@@ -1,12 +1,17 @@
-"""The producer: batches messages per queue (bounded linger and size) and pipelines batches.
+"""The producer: batches messages per queue (bounded linger and size) and sends the batches.
 
 Three ways in: send() for one message at a time (batched with concurrent senders by linger),
 send_many() for a list, and send_encoded() for batches the caller built (e.g. lines of a file).
+Batches for one queue are stored in the order they were handed over: each queue has a lane that sends
+its next batch once the one before is answered (the server may take concurrent requests in any order).
+Batches for any queue (queue -1; the server spreads them) are pipelined, up to in_flight_max at once.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import time
 from contextlib import asynccontextmanager
 
@@ -49,6 +54,7 @@ class Producer:
         self._batch_bytes = min(batch_bytes, limits.batch_bytes_max - batch_codec.HEADER_BYTES)
         self._in_flight = trio.Semaphore(in_flight_max)
         self._pending: dict[int, _Pending] = {}
+        self._lanes: dict[int, collections.deque] = {}  # per queue, batches handed over and not yet sent
         self._round_robin = 0
         self._failure: RocketError | None = None
         self._idle = trio.Event()
@@ -89,13 +95,27 @@ class Producer:
 
     def _flush_pending(self, queue: int) -> None:
         pending = self._pending.pop(queue)
-        self._nursery.start_soon(self._send_pending, queue, pending)
+        self._in_order(queue, functools.partial(self._send_pending, queue, pending))
+
+    def _in_order(self, queue: int, send) -> None:
+        """Send after every batch handed over for this queue before (its lane runs while it has batches)."""
+        lane = self._lanes.get(queue)
+        if lane is not None:
+            lane.append(send)
+            return
+        self._lanes[queue] = collections.deque([send])
+        self._nursery.start_soon(self._run_lane, queue)
+
+    async def _run_lane(self, queue: int) -> None:
+        lane = self._lanes[queue]
+        while lane:
+            await lane.popleft()()
+        del self._lanes[queue]
 
     async def _send_pending(self, queue: int, pending: _Pending) -> None:
         try:
             encoded = batch_codec.encode(pending.messages, int(time.time() * 1000))
-            async with self._in_flight:
-                pending.receipt = await self._produce(encoded, queue)
+            pending.receipt = await self._produce(encoded, queue)
         except RocketError as error:
             pending.error = error
         finally:
@@ -126,14 +146,18 @@ class Producer:
         return receipts
 
     async def send_encoded(self, encoded: bytes, queue: int = -1, receipts: list[Receipt] | None = None) -> None:
-        """Start sending an encoded batch; waits only for room in the in-flight window."""
+        """Start sending an encoded batch; waits only for room in the window of batches handed over and not
+        yet answered."""
         if self._failure is not None:
             raise self._failure
         await self._in_flight.acquire()
         if self._tasks == 0:
             self._idle = trio.Event()
         self._tasks += 1
-        self._nursery.start_soon(self._send_tracked, encoded, queue, receipts)
+        if queue == -1:
+            self._nursery.start_soon(self._send_tracked, encoded, queue, receipts)
+        else:
+            self._in_order(queue, functools.partial(self._send_tracked, encoded, queue, receipts))
 
     async def _send_tracked(self, encoded: bytes, queue: int, receipts: list[Receipt] | None) -> None:
         try:

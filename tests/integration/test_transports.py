@@ -11,6 +11,7 @@ import trio
 from rocket.client import Consumer, connect, open_producer
 from rocket.errors import Code, RocketError
 from rocket.model import Message
+from rocket.serde import batch as batch_codec
 
 MATRIX = [("tcp", "json"), ("tcp", "avro"), ("http2", "json"), ("http2", "avro")]
 
@@ -74,6 +75,28 @@ async def test_pulls_fetched_ahead_lose_and_repeat_nothing(node, transport):
     for queue in range(2):
         offsets = [m.offset for m in received if m.queue == queue]
         assert offsets == list(range(len(offsets)))
+
+
+@pytest.mark.parametrize("transport", ["tcp", "http2"])
+async def test_batches_for_a_queue_are_stored_in_the_order_they_were_handed_over(node, transport):
+    """Many small batches for the same queues handed over at once, by send_many() and send_encoded(), are
+    stored in that order, though the server may take concurrent requests in any order."""
+    async with connect(server_of(node, transport), transport, "avro") as channel:
+        await channel.call("CreateTopic", {"topic": "ordered", "queues": 2})
+        async with open_producer(channel, "ordered", batch_bytes=256) as producer:
+            await producer.send_many([Message(b"%06d" % i, key=f"k{i % 5}") for i in range(1500)])
+            for first in range(1500, 1700, 10):
+                lines = b"".join(b"%06d\n" % i for i in range(first, first + 10))
+                await producer.send_encoded(batch_codec.encode_lines(lines, 1), 1)
+        consumer = Consumer(channel, "ordered", "g", start="earliest", wait_ms=100)
+        await consumer.open()
+        received: list[Message] = []
+        while messages := await consumer.poll():
+            received.extend(messages)
+    assert len(received) == 1700
+    for queue in range(2):
+        indexes = [int(m.body) for m in sorted(received, key=lambda m: m.offset) if m.queue == queue]
+        assert indexes == sorted(indexes)
 
 
 async def test_pull_fetched_ahead_is_dropped_when_the_queues_change_hands(node):
