@@ -6,7 +6,7 @@ and a PNG chart. Every system's figures sit beside the raw durable bandwidth of 
         --systems rocket,nats,redis-always,redis-everysec,rabbitmq --out benchmarks/results/compare [--profile]
 
 Workloads, for each message size: produce only (with each producer count), consume only (what the first
-produce wrote), produce and consume at once, and produce at a fixed rate (half what the system reached with the
+produce wrote; for rocket also as bodies only, `consume:bodies`), produce and consume at once, and produce at a fixed rate (half what the system reached with the
 first producer count) for latency.
 """
 
@@ -161,9 +161,10 @@ async def create(system: System, stream: str) -> None:
     await system.create(stream)
 
 
-async def consume(system: System, stream: str, *, messages: int, size: int) -> dict:
+async def consume(system: System, stream: str, *, messages: int, size: int, bodies: bool = False) -> dict:
     started = time.perf_counter()
-    received, payload = await system.read(stream, messages, READ_TIMEOUT_S)
+    received, payload = await (system.read(stream, messages, READ_TIMEOUT_S, bodies=True) if bodies
+                               else system.read(stream, messages, READ_TIMEOUT_S))
     seconds = time.perf_counter() - started
     return {"messages": received, "expected_messages": messages, "seconds": round(seconds, 4),
             "messages_per_s": round(received / seconds), "mb_per_s": round(payload / seconds / 1e6, 2)}
@@ -245,6 +246,9 @@ def run_system(system: System, arguments, directory: Path, profile: bool) -> lis
             first_stream = first_stream or stream
         record("consume", size, arguments.producers[0],
                run_async(system, consume, first_stream, messages=messages, size=size))
+        if system.reads_bodies:
+            record("consume:bodies", size, arguments.producers[0],
+                   run_async(system, consume, first_stream, messages=messages, size=size, bodies=True))
         both = run_async(system, produce_and_consume, f"bench-{size}-both-{uuid.uuid4().hex[:8]}", messages=messages,
                          size=size, batch_bytes=arguments.batch_bytes, in_flight=arguments.in_flight)
         record("both:produce", size, 1, both["produce"])
@@ -452,10 +456,11 @@ def markdown(report: dict) -> str:
         consume_over_produce = []
         for workload, size, producers in rows:
             produced = table.get(("rocket", "produce", size, producers))
-            if workload == "consume" and produced:
+            if workload.startswith("consume") and produced:
                 ratio = table[("rocket", workload, size, producers)]["mb_per_s"] / produced["mb_per_s"]
-                consume_over_produce.append(f"{size} B: {ratio:.2f}")
-        lines += ["", "rocket's consume over its produce (same producer count): " + ", ".join(consume_over_produce)]
+                consume_over_produce.append(f"{workload} {size} B: {ratio:.2f}")
+        lines += ["", "rocket's consume over its produce (same producer count; `consume:bodies` reads bodies only, with "
+                  "`Consumer.poll_bodies`; every peer is read through its client's messages): " + ", ".join(consume_over_produce)]
         lines += rounds_table(report, names)
     return "\n".join(lines) + "\n"
 
@@ -468,25 +473,26 @@ def rounds_table(report: dict, names: list[str]) -> list[str]:
     lines = ["", f"Within each round, produce with {producers} producer(s): rocket MB/s, its ratio to the raw disk "
              "probed just before it, its ratio to each peer, and its consume over its produce.", "",
              "| round | size | rocket MB/s | raw disk MB/s | rocket / raw | " + " | ".join(f"rocket / {name}" for name in others)
-             + " | consume / produce |", "|---|---|---|---|---|" + "---|" * len(others) + "---|"]
+             + " | consume / produce | consume:bodies / produce |", "|---|---|---|---|---|" + "---|" * len(others) + "---|---|"]
     for number in range(1, report["settings"]["rounds"] + 1):
         table = figures(report, number)
         for size in report["settings"]["sizes"]:
             rocket = table.get(("rocket", "produce", size, producers))
             raw = table.get(("rocket", "raw-disk", size, 1))
-            consumed = table.get(("rocket", "consume", size, producers))
             if rocket is None or raw is None:
                 continue
             cells = [f"{rocket['mb_per_s'] / table[(name, 'produce', size, producers)]['mb_per_s']:.2f}x"
                      if (name, "produce", size, producers) in table else "-" for name in others]
+            for workload in ("consume", "consume:bodies"):
+                consumed = table.get(("rocket", workload, size, producers))
+                cells.append(f"{consumed['mb_per_s'] / rocket['mb_per_s']:.2f}" if consumed else "-")
             lines.append(f"| {number} | {size} | {rocket['mb_per_s']:.1f} | {raw['mb_per_s']:.1f} | "
-                         f"{rocket['mb_per_s'] / raw['mb_per_s']:.2f} | " + " | ".join(cells)
-                         + f" | {consumed['mb_per_s'] / rocket['mb_per_s']:.2f} |" if consumed else " | - |")
+                         f"{rocket['mb_per_s'] / raw['mb_per_s']:.2f} | " + " | ".join(cells) + " |")
     return lines
 
 
 def _workload_order(workload: str) -> int:
-    return ["raw-disk", "produce", "consume", "both:produce", "both:consume", "fixed-rate"].index(workload)
+    return ["raw-disk", "produce", "consume", "consume:bodies", "both:produce", "both:consume", "fixed-rate"].index(workload)
 
 
 def chart(report: dict, png: Path) -> None:

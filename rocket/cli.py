@@ -510,6 +510,7 @@ async def consume(
     if tag is not None and sql is not None:
         _fail("give --tag or --sql, not both", 2)
     filter_type, expression = ("sql", sql) if sql is not None else ("tag", "*" if tag is None else tag)
+    bodies_only = output_format == "raw" and expression.strip() in ("", "*")  # no Message made per message
     async with connect(server, transport, serde) as channel:
         async with open_consumer(channel, topic, group, start=parse_start(start), mode=mode, member=member,
                                  wait_ms=1000 if (follow or count) else 300, filter_type=filter_type,
@@ -519,14 +520,18 @@ async def consume(
                 task = progress.add_task("consuming", total=count)
                 while count is None or received < count:
                     before = dict(consumer.positions)
-                    messages = await consumer.poll(limit=None if count is None else count - received)
-                    if not messages and not follow and count is None and consumer.positions == before:
+                    poll = consumer.poll_bodies if bodies_only else consumer.poll
+                    polled = await poll(limit=None if count is None else count - received)
+                    if not polled and not follow and count is None and consumer.positions == before:
                         break
-                    if messages:
-                        sys.stdout.buffer.write(b"".join(_format(m, topic, output_format) for m in messages))
+                    if polled:
+                        if bodies_only:
+                            sys.stdout.buffer.write(b"\n".join(polled) + b"\n")
+                        else:
+                            sys.stdout.buffer.write(b"".join(_format(m, topic, output_format) for m in polled))
                         sys.stdout.buffer.flush()
-                        received += len(messages)
-                        progress.update(task, advance=len(messages))
+                        received += len(polled)
+                        progress.update(task, advance=len(polled))
                         await consumer.commit()
     err.print(f"consumed {received:,} messages from {topic} as group {group}")
 
@@ -579,6 +584,7 @@ async def bench_consume(
     messages: Annotated[int, typer.Option("--messages")] = 200_000,
     disk_dir: Annotated[Path, typer.Option("--disk-dir")] = Path("rocket-data"),
     json_file: Annotated[Optional[Path], typer.Option("--json")] = None,
+    bodies: Annotated[bool, typer.Option("--bodies", help="Read bodies only (poll_bodies), not messages.")] = False,
     server: Server = None, transport: Transport = "tcp", serde: Serde = "avro",
 ) -> None:
     """Consume throughput from the earliest offset, as a new group."""
@@ -586,7 +592,7 @@ async def bench_consume(
     async with connect(server, transport, serde) as channel:
         with _progress(messages) as progress:
             task = progress.add_task("consuming", total=messages)
-            result = await bench_module.bench_consume(channel, topic=topic, messages=messages,
+            result = await bench_module.bench_consume(channel, topic=topic, messages=messages, bodies=bodies,
                                                       on_progress=lambda n: progress.update(task, advance=n))
     _bench_report("rocket bench consume", result, [disk], json_file)
 

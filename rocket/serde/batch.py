@@ -161,16 +161,48 @@ def _deliver_at(text: str, index: int) -> int:
     return int(text)
 
 
+def bodies(batch: bytes | memoryview) -> list[bytes]:
+    """The bodies of a checked batch, in order, without keys, tags, properties or a Message each: for a
+    consumer that needs only the payload. About a third of decode()'s cost per message."""
+    header = check_header(batch)
+    if header.flags & FLAG_DELIMITED:
+        return _lines(memoryview(batch)[HEADER_BYTES:], header.count)
+    data = batch if isinstance(batch, bytes) else bytes(batch)
+    found: list[bytes] = []
+    append = found.append
+    position = HEADER_BYTES
+    size = len(data)
+    unpack = _record.unpack_from
+    record_bytes = _record.size
+    for index in range(header.count):
+        if position + record_bytes > size:
+            raise _bad(f"message {index} header runs past the end of the batch")
+        body_len, key_len, tag_len, props_len, delta = unpack(data, position)
+        position += record_bytes + key_len + tag_len + props_len + body_len
+        if position > size or delta < 0:
+            raise _bad(f"message {index} runs past the end of the batch")
+        append(data[position - body_len : position])
+    if position != size:
+        raise _bad(f"{size - position} bytes follow the last message of the batch")
+    return found
+
+
+def _lines(payload: memoryview, count: int) -> list[bytes]:
+    """The bodies of a delimited batch's payload."""
+    found = bytes(payload[:-1]).split(b"\n") if len(payload) else []
+    if len(found) != count or payload[-1:] != b"\n":
+        raise _bad(f"delimited batch holds {len(found)} lines, header says {count}")
+    return found
+
+
 def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> list[Message]:
     """Decode every message of a checked batch, numbering them from base_offset."""
     header = check_header(batch)
     payload = memoryview(batch)[HEADER_BYTES:]
     if header.flags & FLAG_DELIMITED:
-        bodies = bytes(payload[:-1]).split(b"\n") if len(payload) else []
-        if len(bodies) != header.count or payload[-1:] != b"\n":
-            raise _bad(f"delimited batch holds {len(bodies)} lines, header says {header.count}")
         stamp = header.first_timestamp_ms
-        return [Message(body, timestamp_ms=stamp, queue=queue, offset=base_offset + i) for i, body in enumerate(bodies)]
+        return [Message(body, timestamp_ms=stamp, queue=queue, offset=base_offset + i)
+                for i, body in enumerate(_lines(payload, header.count))]
     # Slices of bytes are one copy each, with no memoryview made per field: the batch is copied once if it
     # came as a view. This loop is a consumer's cost per message, so it does no more than it must.
     data = batch if isinstance(batch, bytes) else bytes(batch)

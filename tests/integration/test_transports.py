@@ -99,6 +99,40 @@ async def test_batches_for_a_queue_are_stored_in_the_order_they_were_handed_over
         assert indexes == sorted(indexes)
 
 
+@pytest.mark.parametrize("transport", ["tcp", "http2"])
+async def test_polls_for_bodies_and_for_messages_read_one_sequence(node, transport):
+    """poll_bodies() and poll() move the same positions: mixed, with and without limits, they read every
+    message once and each key's messages in order; with a filter, poll_bodies() is refused."""
+    async with connect(server_of(node, transport), transport, "avro") as channel:
+        await channel.call("CreateTopic", {"topic": "mixed", "queues": 3})
+        async with open_producer(channel, "mixed", batch_bytes=4096) as producer:
+            await producer.send_many([Message(b"%06d" % i + bytes(300), key=f"k{i % 7}") for i in range(3000)])
+            await producer.send_encoded(batch_codec.encode_lines(b"".join(b"%06d\n" % i for i in range(3000, 3100)), 1), 0)
+        consumer = Consumer(channel, "mixed", "g", start="earliest", wait_ms=100, max_bytes=16384)
+        await consumer.open()
+        bodies: list[bytes] = []
+        for round_number in range(10_000):
+            limit = (None, 5, None, 11)[round_number % 4]
+            if round_number % 3:
+                found = await consumer.poll_bodies(limit=limit)
+            else:
+                found = [message.body for message in await consumer.poll(limit=limit)]
+            assert limit is None or len(found) <= limit
+            if not found:
+                break
+            bodies.extend(found)
+        filtered = Consumer(channel, "mixed", "f", start="earliest", filter="paid")
+        await filtered.open()
+        with pytest.raises(RocketError) as caught:
+            await filtered.poll_bodies()
+        assert caught.value.code == Code.BAD_REQUEST
+    indexes = [int(body[:6]) for body in bodies]
+    assert sorted(indexes) == list(range(3100))
+    for key in range(7):
+        of_key = [index for index in indexes if index < 3000 and index % 7 == key]
+        assert of_key == sorted(of_key)
+
+
 async def test_pull_fetched_ahead_is_dropped_when_the_queues_change_hands(node):
     """A member holding a pull fetched ahead for two queues, that loses one of them to a new member, reads
     on only the queue it keeps: between the two members every message is read once."""

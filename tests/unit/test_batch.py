@@ -31,6 +31,7 @@ def test_encode_decode_round_trip(originals, base_offset):
         assert (copy.body, copy.key, copy.tag, copy.properties) == (original.body, original.key, original.tag, original.properties)
         assert (copy.timestamp_ms, copy.deliver_at_ms) == (original.timestamp_ms, original.deliver_at_ms)
         assert (copy.queue, copy.offset) == (3, base_offset + index)
+    assert batch.bodies(encoded) == batch.bodies(memoryview(encoded)) == [message.body for message in originals]
     assert bool(header.flags & batch.FLAG_TIMED) == any(message.deliver_at_ms for message in originals)
     for message in originals:
         if message.tag:
@@ -41,28 +42,54 @@ def test_lines_fast_path():
     """A chunk of lines becomes one batch whose messages are the lines, empty ones included."""
     encoded = batch.encode_lines(b"a\n\nccc\n", 5)
     assert batch.peek_count(encoded) == 3
-    assert [m.body for m in batch.decode(encoded)] == [b"a", b"", b"ccc"]
+    assert [m.body for m in batch.decode(encoded)] == batch.bodies(encoded) == [b"a", b"", b"ccc"]
 
 
+readers = pytest.mark.parametrize("read", [batch.decode, batch.bodies])
+
+
+@readers
 @settings(max_examples=300)
 @given(st.lists(messages, min_size=1, max_size=5), st.data())
-def test_any_flipped_byte_is_caught(originals, data):
+def test_any_flipped_byte_is_caught(read, originals, data):
     """Changing any single byte of a batch makes check_header refuse it with BAD_BATCH."""
     encoded = bytearray(batch.encode(originals, 1))
     position = data.draw(st.integers(0, len(encoded) - 1))
     encoded[position] ^= data.draw(st.integers(1, 255))
     with pytest.raises(RocketError) as caught:
-        batch.decode(bytes(encoded))
+        read(bytes(encoded))
     assert caught.value.code == Code.BAD_BATCH
 
 
+@readers
 @settings(max_examples=500)
 @given(st.binary(max_size=600))
-def test_random_bytes_are_refused_cleanly(data):
+def test_random_bytes_are_refused_cleanly(read, data):
     """Arbitrary bytes are refused with BAD_BATCH, never another exception."""
     with pytest.raises(RocketError) as caught:
-        batch.decode(data)
+        read(data)
     assert caught.value.code == Code.BAD_BATCH
+
+
+@readers
+@given(st.lists(messages, min_size=1, max_size=5), st.integers(1, 2**31), st.booleans())
+def test_records_that_disagree_with_the_header_are_refused(read, originals, excess, overrun):
+    """A batch whose CRC is right but whose records overrun it or leave bytes over is refused with BAD_BATCH:
+    the checksum covers the bytes, not their sense."""
+    import struct
+
+    encoded = bytearray(batch.encode(originals, 1))
+    if overrun:  # the first body claims more bytes than the batch has
+        struct.pack_into("<I", encoded, batch.HEADER_BYTES, len(encoded) + excess)
+    else:  # bytes after the last message, counted in the header's payload length
+        encoded += bytes(excess % 64 + 1)
+        struct.pack_into("<I", encoded, batch._header.size - 8, len(encoded) - batch.HEADER_BYTES)
+    covered = batch._crc_covered_header
+    struct.pack_into("<I", encoded, covered, batch.crc32c(encoded[batch.HEADER_BYTES:], batch.crc32c(encoded[:covered])))
+    with pytest.raises(RocketError) as caught:
+        read(bytes(encoded))
+    assert caught.value.code == Code.BAD_BATCH
+    assert ("past the end" if overrun else "follow the last message") in caught.value.message
 
 
 def test_the_delivery_time_property_is_reserved():
