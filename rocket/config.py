@@ -41,6 +41,11 @@ class NodeConfig:
     http2_tls_key: Path | None = None
     segment_bytes: int = limits.segment_bytes_max_default
     wal_segment_bytes: int = limits.raft_wal_segment_bytes
+    # The WAL's newest bytes kept in the page cache; older pages are dropped once written or read, and reads of
+    # them go to the disk in a worker thread. 0: the OS decides. On a VM that hands free memory back to its host
+    # (virtio-balloon free page reporting), a write into a fresh page costs a host fault, and a bound (such as
+    # 64 MiB) lets writes reuse warm pages: produce went 1.3-1.7x faster, reads of a backlog half as fast.
+    wal_cached_bytes: int = 0
     shutdown_grace_s: float = limits.shutdown_grace_s
     log_level: str = "info"
     # The cluster: this node's id, the nameserver group (id -> address; empty: this node alone),
@@ -215,6 +220,8 @@ def _convert(key: str, value: object) -> object:
         return _parse_int(key, value, limits.segment_bytes_min, 4 * 1024 * limits.MiB)
     if key == "wal_segment_bytes":
         return _parse_int(key, value, limits.raft_wal_segment_bytes_min, 4 * 1024 * limits.MiB)
+    if key == "wal_cached_bytes":
+        return _parse_int(key, value, 0, 2**50)
     if key == "shutdown_grace_s":
         return _parse_float(key, value, 0.0, 3600.0)
     if key == "node_id":

@@ -101,7 +101,8 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
     lifecycle = Lifecycle()
     # A storage node's WAL holds the batches its store indexes: checkpoints keep its old segments, the
     # storage role deletes them once nothing lies in them that it reads (StorageRole.reclaim_wal).
-    wal = Wal.open(config.data_dir / "raft", config.wal_segment_bytes, keep_segments="storage" in config.roles)
+    wal = Wal.open(config.data_dir / "raft", config.wal_segment_bytes, keep_segments="storage" in config.roles,
+                   cached_bytes=config.wal_cached_bytes)
     stop = trio.Event()
     storage: StorageRole | None = None
     try:

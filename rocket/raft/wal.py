@@ -61,8 +61,8 @@ class Wal:
 
     @classmethod
     def open(cls, directory: Path, segment_bytes_max: int = limits.raft_wal_segment_bytes,
-             keep_segments: bool = False) -> "Wal":
-        commit_log = CommitLog.open(directory, segment_bytes_max)
+             keep_segments: bool = False, cached_bytes: int = 0) -> "Wal":
+        commit_log = CommitLog.open(directory, segment_bytes_max, cached_bytes)
         groups: dict[int, GroupState] = {}
         wal = cls(commit_log, groups, keep_segments)
         for position, kind, body in commit_log.scan(wal.replay_start()):

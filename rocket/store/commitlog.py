@@ -2,6 +2,8 @@
 
 Plain blocking file I/O (the group store runs writes and fsyncs in a worker thread). On open, a
 torn tail is cut back to the last good record; damage with valid records after it is reported.
+With cached_bytes, only the log's newest cached_bytes stay in the page cache: older pages are dropped
+once written or read, so that the next writes and reads reuse them (0: the OS decides, as for any file).
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ HEADER_BYTES = _header.size
 _length_kind = struct.Struct("<IB")
 SUFFIX = ".log"
 _iov_max = min(os.sysconf("SC_IOV_MAX"), 1024)
+_fadvise = getattr(os, "posix_fadvise", None)  # not on macOS: there the OS alone decides what stays cached
+
+
+def _drop_cached(descriptor: int, offset: int, length: int) -> None:
+    """Let the kernel free the file's clean cached pages in this range (dirty ones stay until written)."""
+    if _fadvise is not None and length > 0:
+        _fadvise(descriptor, offset, length, os.POSIX_FADV_DONTNEED)
 
 
 Body = bytes | memoryview | tuple[bytes | memoryview, ...]  # a tuple is written as its parts, uncopied
@@ -86,10 +95,11 @@ def _fsync_directory(directory: Path) -> None:
 
 
 class CommitLog:
-    def __init__(self, directory: Path, segment_bytes_max: int):
+    def __init__(self, directory: Path, segment_bytes_max: int, cached_bytes: int = 0):
         invariant(segment_bytes_max >= limits.segment_bytes_min, "segments must hold at least one big batch")
         self.directory = directory
         self.segment_bytes_max = segment_bytes_max
+        self.cached_bytes = cached_bytes
         self._starts: list[int] = []
         self._active_fd = -1
         self._active_size = 0
@@ -99,11 +109,13 @@ class CommitLog:
         self._bookkeeping = threading.Lock()  # sync() may run beside append() in another thread
         self._syncing = threading.Lock()  # one sync() at a time: a second waits for the fdatasync in flight
         self._retired_fds: set[int] = set()  # sealed segments' write descriptors, closed once synced
+        self._uncached_to = 0  # pages of the bytes before this position were dropped after their write
 
     @classmethod
-    def open(cls, directory: Path, segment_bytes_max: int = limits.segment_bytes_max_default) -> "CommitLog":
+    def open(cls, directory: Path, segment_bytes_max: int = limits.segment_bytes_max_default,
+             cached_bytes: int = 0) -> "CommitLog":
         directory.mkdir(parents=True, exist_ok=True)
-        log = cls(directory, segment_bytes_max)
+        log = cls(directory, segment_bytes_max, cached_bytes)
         log._starts = sorted(int(path.name[: -len(SUFFIX)]) for path in directory.glob(f"*{SUFFIX}"))
         if not log._starts:
             log._starts = [0]
@@ -170,6 +182,12 @@ class CommitLog:
     def start_position(self) -> int:
         return self._starts[0]
 
+    @property
+    def cached_from(self) -> int:
+        """With cached_bytes, reads from here on find their bytes in the page cache and reads before it go to
+        the disk; without, the OS keeps what it can, and every read is taken to find its bytes there."""
+        return self.end_position - self.cached_bytes if self.cached_bytes else self.start_position
+
     def segment_starts(self) -> list[int]:
         return list(self._starts)
 
@@ -214,6 +232,33 @@ class CommitLog:
             self._active_size += total_written
             if self._active_fd not in self._unsynced_fds:
                 self._unsynced_fds.append(self._active_fd)
+        self._drop_written()
+
+    def _drop_written(self) -> None:
+        """Drop the cached pages of what lies more than cached_bytes behind the end: written and synced rounds
+        ago, so the next writes reuse those pages."""
+        until = self.cached_from
+        if not self.cached_bytes or until <= self._uncached_to:
+            return
+        with self._bookkeeping:
+            starts, active_fd = list(self._starts), self._active_fd
+        for index in range(max(0, bisect.bisect_right(starts, self._uncached_to) - 1), len(starts)):
+            start = starts[index]
+            if start >= until:
+                break
+            begin = max(self._uncached_to, start) - start
+            if index == len(starts) - 1:
+                _drop_cached(active_fd, begin, until - start - begin)
+                continue
+            try:
+                descriptor = os.open(self._path(start), os.O_RDONLY)
+            except FileNotFoundError:  # deleted meanwhile
+                continue
+            try:
+                _drop_cached(descriptor, begin, min(until, starts[index + 1]) - start - begin)
+            finally:
+                os.close(descriptor)
+        self._uncached_to = until
 
     def _roll(self) -> None:
         start = self.end_position
@@ -296,21 +341,43 @@ class CommitLog:
         if magic not in (MAGIC, LEGACY_MAGIC) or length > limits.log_record_bytes_max:
             raise self._damage(start, position, "bad record header")
         body = os.pread(descriptor, length, position - start + HEADER_BYTES)
+        self._drop_read(descriptor, start, position, HEADER_BYTES + length)
         if len(body) != length or _crc(magic, length, kind, body) != crc:
             raise self._damage(start, position, "record checksum mismatch")
         return kind, body
 
-    def read_slice(self, position: int, length: int) -> bytes:
+    def read_slice(self, position: int, length: int, detached: bool = False) -> bytes:
         """length bytes from inside a record (a batch that its own CRC covers), without reading the
-        rest of the record: the caller checks them."""
-        index = bisect.bisect_right(self._starts, position) - 1
+        rest of the record: the caller checks them. detached reads through a descriptor of its own, which
+        nothing closes under it: for a read in another thread than the log's owner (whose shared
+        descriptors it may close, as delete_before does)."""
+        starts = list(self._starts)  # one snapshot: delete_before may drop the first meanwhile
+        index = bisect.bisect_right(starts, position) - 1
         if index < 0 or position + length > self.end_position:
             raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"log bytes {position}+{length} are outside the log")
-        start = self._starts[index]
-        data = os.pread(self._reader(start), length, position - start)
+        start = starts[index]
+        if not detached:
+            return self._read_at(self._reader(start), start, position, length)
+        try:
+            descriptor = os.open(self._path(start), os.O_RDONLY)
+        except FileNotFoundError:
+            raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"log bytes {position}+{length} were deleted") from None
+        try:
+            return self._read_at(descriptor, start, position, length)
+        finally:
+            os.close(descriptor)
+
+    def _read_at(self, descriptor: int, start: int, position: int, length: int) -> bytes:
+        data = os.pread(descriptor, length, position - start)
         if len(data) != length:
             raise self._damage(start, position, "data runs past the end of the segment")
+        self._drop_read(descriptor, start, position, length)
         return data
+
+    def _drop_read(self, descriptor: int, start: int, position: int, length: int) -> None:
+        """Bytes read from before cached_from keep no pages: a reader catching up reuses the same few."""
+        if position + length <= self.cached_from:
+            _drop_cached(descriptor, position - start, length)
 
     def _damage(self, start: int, position: int, problem: str) -> RocketError:
         return RocketError(Code.CORRUPT_DATA, f"{self._path(start)}: {problem} at byte {position - start}")

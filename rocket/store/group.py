@@ -834,6 +834,13 @@ class Store:
                   tag_mask: int = ALL_TAGS) -> tuple[list[tuple[int, bytes]], int]:
         """As read, skipping batches whose tag summary shares no bit with tag_mask unread; with the offset
         the next read starts at."""
+        entries, next_offset = self.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
+        return self.read_entries(topic, queue, entries), next_offset
+
+    def locate(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True,
+               tag_mask: int = ALL_TAGS) -> tuple[list[IndexEntry], int]:
+        """The index entries of the batches read_from returns, and the offset the next read starts at: all but
+        the reading of the batches, which may then run in a worker thread (read_entries)."""
         stats = self._queues.get((topic, queue))
         next_offset = stats.next_offset if stats else 0
         if offset > next_offset:
@@ -843,16 +850,23 @@ class Store:
         if offset < stats.available_from:
             raise RocketError(Code.UNAVAILABLE, f"this replica lacks {topic}/{queue} before offset "
                               f"{stats.available_from} (it installed a snapshot); another replica has them")
-        found = []
         entries, scanned_to = self.index.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
-        for entry in entries:
-            found.append((entry.base_offset, self.read_entry(topic, queue, entry)))
-        return found, max(offset, scanned_to) if scanned_to is not None else offset
+        return entries, max(offset, scanned_to) if scanned_to is not None else offset
 
-    def read_entry(self, topic: str, queue: int, entry: IndexEntry) -> bytes:
+    def read_entries(self, topic: str, queue: int, entries: list[IndexEntry],
+                     detached: bool = False) -> list[tuple[int, bytes]]:
+        """(base offset, batch) of each entry; detached, in any thread (see CommitLog.read_slice)."""
+        return [(entry.base_offset, self.read_entry(topic, queue, entry, detached)) for entry in entries]
+
+    def cached(self, entries: list[IndexEntry]) -> bool:
+        """Whether reading these batches finds them in the page cache (see CommitLog.cached_from)."""
+        cached_from = self.data.cached_from
+        return all(entry.position >= cached_from for entry in entries)
+
+    def read_entry(self, topic: str, queue: int, entry: IndexEntry, detached: bool = False) -> bytes:
         """An indexed batch from the WAL, checked against its own CRC and the index."""
         try:
-            batch = self.data.read_slice(entry.position, entry.batch_bytes)
+            batch = self.data.read_slice(entry.position, entry.batch_bytes, detached)
             count = batch_codec.check_header(batch).count  # the batch's own CRC covers it where it lies
         except RocketError as error:  # damaged, or cut from the WAL although it was durable: data lost
             raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}@{entry.base_offset} at WAL position "

@@ -42,6 +42,7 @@ def test_defaults_are_dev_mode():
         ("", {}, {"nameservers": "1@h:1,1@h:2"}, "twice"),
         ("", {"ROCKET_NAMESERVERS": "one@h:1"}, {}, "ROCKET_NAMESERVERS"),
         ("", {}, {"replication": "0"}, "replication"),
+        ("", {"ROCKET_WAL_CACHED_BYTES": "-1"}, {}, "ROCKET_WAL_CACHED_BYTES"),
     ],
 )
 def test_bad_values_name_their_key(tmp_path: Path, file_text, environment, flags, named):

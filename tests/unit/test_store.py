@@ -19,6 +19,7 @@ from rocket.raft.core import Entry
 from rocket.raft.wal import Update, Wal
 from rocket.serde import batch as batch_codec
 from rocket.store import group as group_module
+from rocket.store import commitlog as commitlog_module
 from rocket.store.commitlog import CommitLog
 from rocket.store.group import Store, encode_append, encode_offsets
 
@@ -607,6 +608,84 @@ def test_a_sync_waits_for_one_in_flight_in_another_thread(tmp_path, monkeypatch)
     first.join(10)
     second.join(10)
     assert second_done.is_set()
+    log.close()
+
+
+
+def _record_drops(monkeypatch, log: CommitLog) -> list[tuple[int, int]]:
+    """Record the page-cache drops of a log as (first, end) log positions, and make them for real too."""
+    commitlog = commitlog_module
+    drops: list[tuple[int, int]] = []
+    real_fadvise = commitlog._fadvise
+
+    def fadvise(descriptor: int, offset: int, length: int, advice: int) -> None:
+        assert advice == os.POSIX_FADV_DONTNEED
+        start = int(Path(os.readlink(f"/proc/self/fd/{descriptor}")).name[: -len(commitlog.SUFFIX)])
+        drops.append((start + offset, start + offset + length))
+        real_fadvise(descriptor, offset, length, advice)
+
+    monkeypatch.setattr(commitlog, "_fadvise", fadvise)
+    return drops
+
+
+def _union(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for first, end in sorted(ranges):
+        if merged and first <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((first, end))
+    return merged
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this OS")
+def test_a_log_with_cached_bytes_drops_the_pages_of_older_bytes_once_written_or_read(tmp_path, monkeypatch):
+    """Writes drop the pages of everything but the newest cached_bytes, across segments and exactly once;
+    reads before the cached part drop the pages they read, reads within it nothing; the bytes read back
+    intact. Without cached_bytes the log drops nothing."""
+    cached = 300_000
+    log = CommitLog.open(tmp_path / "log", segment_bytes_max=limits.segment_bytes_min, cached_bytes=cached)
+    drops = _record_drops(monkeypatch, log)
+    bodies = [os.urandom(100_000) for _ in range(40)]  # 4 MB over several 1 MiB segments
+    positions = []
+    for body in bodies:
+        positions += log.append([(1, body)])
+        log.sync()
+        assert _union(drops) == ([(0, log.cached_from)] if log.cached_from > 0 else [])
+    assert len(log.segment_starts()) > 3 and sum(end - first for first, end in drops) == log.cached_from
+    drops.clear()
+    old, recent = positions[2], positions[-1]
+    assert log.read(old) == (1, bodies[2]) and log.read(recent) == (1, bodies[-1])
+    header = commitlog_module.HEADER_BYTES
+    assert drops == [(old, old + header + len(bodies[2]))]  # the record header and body; the recent one stays
+    drops.clear()
+    assert log.read_slice(old + header, 10) == bodies[2][:10] and drops == [(old + header, old + header + 10)]
+    log.close()
+
+    plain = CommitLog.open(tmp_path / "plain", segment_bytes_max=limits.segment_bytes_min)
+    drops = _record_drops(monkeypatch, plain)
+    for body in bodies:
+        plain.append([(1, body)])
+    plain.sync()
+    assert plain.read(0) == (1, bodies[0]) and drops == [] and plain.cached_from == plain.start_position
+    plain.close()
+
+
+def test_a_detached_read_of_a_deleted_segment_is_out_of_range(tmp_path):
+    """A detached read (a worker thread's, with a descriptor of its own) of bytes whose segment was deleted
+    says so with OFFSET_OUT_OF_RANGE, while the segments left read as before, detached or not."""
+    log = CommitLog.open(tmp_path / "log", segment_bytes_max=limits.segment_bytes_min)
+    bodies = [os.urandom(300_000) for _ in range(8)]
+    positions = [log.append([(1, body)])[0] for body in bodies]
+    log.sync()
+    header = commitlog_module.HEADER_BYTES
+    assert log.read_slice(positions[0] + header, 100, detached=True) == bodies[0][:100]
+    assert log.delete_before(log.segment_starts()[2]) == 2
+    with pytest.raises(RocketError) as caught:
+        log.read_slice(positions[0] + header, 100, detached=True)
+    assert caught.value.code == Code.OFFSET_OUT_OF_RANGE
+    last = positions[-1] + header
+    assert log.read_slice(last, 100, detached=True) == log.read_slice(last, 100) == bodies[-1][:100]
     log.close()
 
 
