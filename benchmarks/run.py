@@ -445,7 +445,7 @@ def markdown(report: dict) -> str:
                   "|---|---|---|---|" + "---|" * len(others)]
         for workload, size, producers in rows:
             rocket = table.get(("rocket", workload, size, producers))
-            if rocket is None or workload in ("raw-disk", "fixed-rate"):
+            if rocket is None or workload in ("raw-disk", "fixed-rate", "consume:bodies"):  # the last: rocket only
                 continue
             raw = rocket.get("ratio_to_raw_disk")
             cells = [f"{raw:.2f}" if raw is not None else "-"]

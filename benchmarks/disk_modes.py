@@ -1,0 +1,92 @@
+"""Why the raw-disk probe swings: on a VM whose balloon reports free pages to the host, a page-cache page
+that was free for a while costs a host fault when a write first touches it. This measures, in one run,
+1 MiB writes + fdatasync three ways, with the time in write() and in fdatasync() apart:
+
+- buffered, cold: appending to a new file after the pages freed before have had time to be reported;
+- buffered, warm: the same at once after deleting the first file, so that its freed pages are reused;
+- direct: O_DIRECT from one aligned buffer, which allocates no page-cache page at all;
+
+and reading that file back in 1 MiB preads, its pages dropped first: cold (after 5 s), and recycled (each MiB's
+pages dropped once read, so that the next reads reuse them).
+
+    python benchmarks/disk_modes.py [--dir DIR] [--mib 512] [--rounds 2]    # results/disk-modes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import time
+from pathlib import Path
+
+MiB = 1 << 20
+REPORTING_WAIT_S = 5.0  # Linux reports free pages to the host about 2 s after they are freed
+
+
+def write_and_sync(path: Path, mib: int, direct: bool) -> dict:
+    block = mmap.mmap(-1, MiB)  # page-aligned, as O_DIRECT needs, and the same buffer every time
+    block.write(os.urandom(MiB))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
+    descriptor = os.open(path, flags, 0o644)
+    writing = syncing = 0.0
+    try:
+        for index in range(mib):
+            before = time.perf_counter()
+            os.pwrite(descriptor, block, index * MiB)
+            written = time.perf_counter()
+            os.fdatasync(descriptor)
+            writing += written - before
+            syncing += time.perf_counter() - written
+    finally:
+        os.close(descriptor)
+    return {"mb_per_s": round(mib * MiB / (writing + syncing) / 1e6, 1),
+            "write_ms_per_mib": round(writing / mib * 1000, 3), "fdatasync_ms_per_mib": round(syncing / mib * 1000, 3)}
+
+
+def read_back(path: Path, mib: int, recycle: bool) -> dict:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        if not recycle:
+            time.sleep(REPORTING_WAIT_S)
+        started = time.perf_counter()
+        for index in range(mib):
+            os.pread(descriptor, MiB, index * MiB)
+            if recycle:
+                os.posix_fadvise(descriptor, index * MiB, MiB, os.POSIX_FADV_DONTNEED)
+        seconds = time.perf_counter() - started
+    finally:
+        os.close(descriptor)
+    return {"mb_per_s": round(mib * MiB / seconds / 1e6, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default=".", help="a directory on the disk under test")
+    parser.add_argument("--mib", type=int, default=512, help="MiB written by each measurement")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "disk-modes.json"))
+    arguments = parser.parse_args()
+    directory = Path(arguments.dir)
+    runs = []
+    for number in range(1, arguments.rounds + 1):
+        time.sleep(REPORTING_WAIT_S)
+        modes = (("buffered, cold", False), ("buffered, warm", False), ("direct", True))
+        for index, (mode, direct) in enumerate(modes):
+            path = directory / f"rocket-disk-modes-{index}"
+            runs.append({"round": number, "mode": mode, **write_and_sync(path, arguments.mib, direct)})
+            print(json.dumps(runs[-1]), flush=True)
+            if direct:  # the last file written: read it back
+                for read_mode, recycle in (("read, cold", False), ("read, recycled", True)):
+                    runs.append({"round": number, "mode": read_mode, **read_back(path, arguments.mib, recycle)})
+                    print(json.dumps(runs[-1]), flush=True)
+            path.unlink()  # frees its pages: the next mode's writes reuse them at once
+    report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "mib_per_measurement": arguments.mib,
+              "runs": runs}
+    Path(arguments.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
