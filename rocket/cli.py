@@ -24,6 +24,7 @@ from rocket.client.admin import parse_message_id
 from rocket.client import bench as bench_module
 from rocket.config import ConfigError, load_from_environment
 from rocket.errors import Code, RocketError, collapse_single_error
+from rocket.filter import matches_all
 from rocket.model import Message, dead_letter_topic, parse_duration_s
 from rocket.serde import batch as batch_codec
 
@@ -510,11 +511,11 @@ async def consume(
     if tag is not None and sql is not None:
         _fail("give --tag or --sql, not both", 2)
     filter_type, expression = ("sql", sql) if sql is not None else ("tag", "*" if tag is None else tag)
-    bodies_only = output_format == "raw" and expression.strip() in ("", "*")  # no Message made per message
     async with connect(server, transport, serde) as channel:
         async with open_consumer(channel, topic, group, start=parse_start(start), mode=mode, member=member,
                                  wait_ms=1000 if (follow or count) else 300, filter_type=filter_type,
                                  filter=expression) as consumer:
+            bodies_only = output_format == "raw" and matches_all(consumer.filter)  # no Message made per message
             received = 0
             with _progress(count) as progress:
                 task = progress.add_task("consuming", total=count)

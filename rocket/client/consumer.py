@@ -17,7 +17,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.filter import compile_filter
+from rocket.filter import compile_filter, matches_all
 from rocket.model import Message, check_group_name
 from rocket.serde import batch as batch_codec
 
@@ -118,7 +118,7 @@ class Consumer:
     async def poll_bodies(self, wait_ms: int | None = None, limit: int | None = None) -> list[bytes]:
         """As poll(), but only the messages' bodies: no Message, key, tag or properties is made for each, which
         is most of a consumer's cost per small message. For a consumer without a filter."""
-        if self.filter.expression.strip() not in ("", "*"):
+        if not matches_all(self.filter):
             raise RocketError(Code.BAD_REQUEST, "a consumer with a filter reads messages: poll(), not poll_bodies()")
         return await self._poll(wait_ms, limit, self._bodies)
 
@@ -181,7 +181,7 @@ class Consumer:
             queue = stored["queue"]
             decoded = batch_codec.decode(stored["batch"], stored["base_offset"], queue)
             messages.extend(decoded[max(0, wanted[queue] - stored["base_offset"]):])
-        if self.filter.expression.strip() not in ("", "*"):  # batches may hold messages the filter does not match
+        if not matches_all(self.filter):  # batches may hold messages the filter does not match
             messages = [message for message in messages if self.filter.matches(message)]
         resume: dict[int, int] = {}
         if limit is not None and len(messages) > limit:

@@ -12,7 +12,7 @@ from rocket.filter.sql import SqlFilter, compile_sql_filter
 from rocket.filter.tags import TagFilter, compile_tag_filter
 from rocket.model import Message
 
-__all__ = ["Filter", "MATCH_ALL", "SqlFilter", "TagFilter", "batch_may_match", "compile_filter"]
+__all__ = ["Filter", "MATCH_ALL", "SqlFilter", "TagFilter", "batch_may_match", "compile_filter", "matches_all"]
 
 
 class Filter(Protocol):
@@ -32,6 +32,11 @@ def compile_filter(kind: str, expression: str) -> Filter:
 
 
 MATCH_ALL: Filter = compile_tag_filter("*")
+
+
+def matches_all(filter: Filter) -> bool:
+    """Whether the filter lets every message through ("*" or a blank tag expression)."""
+    return isinstance(filter, TagFilter) and filter.tags is None
 
 
 def batch_may_match(filter: Filter, tag_summary: int) -> bool:
