@@ -201,7 +201,7 @@ class StorageRole:
         if floor < ends[0]:
             return 0
         await trio.to_thread.run_sync(self.store.sync)  # the drops and moves counted on are durable first
-        # A read of the WAL in a worker thread that finds its segment gone reads again (_read_queue).
+        # A read of the WAL in a worker thread that finds its segment gone reads again (Store.fetch).
         removed = wal.log.delete_before(floor)
         if removed:
             log.info("WAL: deleted %d segments below position %d", removed, floor)
@@ -281,18 +281,7 @@ class StorageRole:
         force = self.offloader.settings.force_reads
         piece = self.store.tier_piece(topic, queue, offset, force) if self.cold is not None else None
         if piece is None:
-            entries, next_offset = self.store.locate(topic, queue, offset, budget, first, tag_mask)
-            if self.store.cached(entries):
-                return self.store.read_entries(topic, queue, entries), next_offset
-            # From the disk: in a worker thread, so that the event loop does not wait for it.
-            try:
-                found = await trio.to_thread.run_sync(self.store.read_entries, topic, queue, entries, True)
-            except RocketError:
-                if min(entry.position for entry in entries) >= self.store.data.start_position:
-                    raise
-                # WAL reclamation deleted the segment meanwhile (its batches live on further on): read again.
-                return self.store.read_from(topic, queue, offset, budget, first, tag_mask)
-            return found, next_offset
+            return await self.store.fetch(topic, queue, offset, budget, first, tag_mask)
         found, next_offset = await self.cold.read(piece, offset, budget, first, tag_mask)
         following = self.store.tier_piece(topic, queue, piece.to_offset, force)
         if following is not None and following.key not in self._prefetching and self._nursery is not None:

@@ -837,6 +837,22 @@ class Store:
         entries, next_offset = self.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
         return self.read_entries(topic, queue, entries), next_offset
 
+    async def fetch(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True,
+                    tag_mask: int = ALL_TAGS) -> tuple[list[tuple[int, bytes]], int]:
+        """read_from, reading batches that are not in the page cache in a worker thread, so that the event loop
+        does not wait for the disk."""
+        entries, next_offset = self.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
+        if self._cached(entries):
+            return self.read_entries(topic, queue, entries), next_offset
+        try:
+            found = await trio.to_thread.run_sync(self.read_entries, topic, queue, entries, True)
+        except RocketError:
+            if min(entry.position for entry in entries) >= self.data.start_position:
+                raise
+            # WAL reclamation deleted the segment meanwhile (its batches live on further on): read again.
+            return self.read_from(topic, queue, offset, max_bytes, at_least_one, tag_mask)
+        return found, next_offset
+
     def locate(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True,
                tag_mask: int = ALL_TAGS) -> tuple[list[IndexEntry], int]:
         """The index entries of the batches read_from returns, and the offset the next read starts at: all but
@@ -858,7 +874,7 @@ class Store:
         """(base offset, batch) of each entry; detached, in any thread (see CommitLog.read_slice)."""
         return [(entry.base_offset, self.read_entry(topic, queue, entry, detached)) for entry in entries]
 
-    def cached(self, entries: list[IndexEntry]) -> bool:
+    def _cached(self, entries: list[IndexEntry]) -> bool:
         """Whether reading these batches finds them in the page cache (see CommitLog.cached_from)."""
         cached_from = self.data.cached_from
         return all(entry.position >= cached_from for entry in entries)

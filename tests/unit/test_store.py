@@ -1015,3 +1015,39 @@ def test_an_index_without_wal_references_is_rebuilt(tmp_path):
     assert store.index.keeps_refs and store.wal_floor() is not None
     assert {queue: bodies(store, "t", queue) for queue in range(2)} == before
     store.close()
+
+
+async def test_fetch_reads_from_the_disk_in_a_thread_and_again_after_a_reclamation_race(tmp_path, monkeypatch):
+    """With a WAL that keeps only its newest bytes cached, fetch() reads older batches in a worker thread. When
+    WAL reclamation moves the batches on and deletes their segment between the index lookup and that read, the
+    read fails and fetch() reads again from the index: the same batches, from where they lie now."""
+    wal = Wal.open(tmp_path / "wal", SEGMENT, keep_segments=True, cached_bytes=SEGMENT)
+    store = Store.open(tmp_path, wal.log, SEGMENT)
+    entries = workload(batches=16, per_batch=10, size=30_000, queues=1)
+    written = wal.write([Update(GROUP, None, entries, None)])[GROUP]
+    store.apply(GROUP, entries, [written[entry.index] for entry in entries])
+    wal.sync()
+    expected = store.read("t", 0, 0, 4 * SEGMENT)
+    assert len(expected) > 2 and len(wal.log.segment_starts()) > 3
+
+    found, _ = await store.fetch("t", 0, 0, 4 * SEGMENT)  # from the disk, in a thread: nothing raced
+    assert found == expected
+
+    real_read_entries = store.read_entries
+    raced = []
+
+    def read_after_reclamation(topic, queue, entries, detached=False):
+        if detached and not raced:  # what StorageRole.reclaim_wal does, just before this thread reads
+            live, _ = store.wal_live(wal.log.start_position, wal.log.end_position)
+            positions = wal.write_data([real_read_entries(t, q, [e])[0][1] for t, q, e in live])
+            store.move_batches([(t, q, e, position) for (t, q, e), position in zip(live, positions)])
+            wal.sync()
+            store.sync()
+            raced.append(wal.log.delete_before(store.wal_floor()))
+        return real_read_entries(topic, queue, entries, detached)
+
+    monkeypatch.setattr(store, "read_entries", read_after_reclamation)
+    found, _ = await store.fetch("t", 0, 0, 4 * SEGMENT)
+    assert raced and raced[0] > 0 and found == expected
+    store.close()
+    wal.close()
