@@ -9,6 +9,7 @@ import random
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from rocket import limits
@@ -40,10 +41,11 @@ async def consume_all(server: str, topic: str, count: int, timeout_s: float) -> 
     return found
 
 
-async def test_dropped_local_data_frees_wal_segments_and_loses_nothing(server_process, tmp_path):
+@pytest.mark.parametrize("wal_cached_bytes", [0, 4 * limits.MiB])  # 4 MiB: reads of the WAL go to the disk
+async def test_dropped_local_data_frees_wal_segments_and_loses_nothing(server_process, tmp_path, wal_cached_bytes):
     config = tmp_path / "rocket.toml"
     config.write_text(f"wal_segment_bytes = {SEGMENT}\ntier_piece_bytes = {4 * limits.MiB}\n"
-                      "tier_piece_age_s = 0.3\ntier_local_retention_s = 1.0\n")
+                      f"tier_piece_age_s = 0.3\ntier_local_retention_s = 1.0\nwal_cached_bytes = {wal_cached_bytes}\n")
     node = server_process(tmp_path / "data").start(extra=("--config", str(config)))
     due_ms = int(time.time() * 1000) + 45_000
     async with connect(node.server) as channel:
