@@ -374,6 +374,25 @@ class CommitLog:
         self._drop_read(descriptor, start, position, length)
         return data
 
+    def read_ahead(self, spans: list[tuple[int, int]]) -> None:
+        """Have the kernel start reading these (position, length) spans into the page cache, for reads to
+        come; from any thread. Spans no longer in the log are skipped."""
+        if _fadvise is None:
+            return
+        starts = list(self._starts)
+        for position, length in spans:
+            index = bisect.bisect_right(starts, position) - 1
+            if index < 0:
+                continue
+            try:
+                descriptor = os.open(self._path(starts[index]), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                _fadvise(descriptor, position - starts[index], length, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(descriptor)
+
     def _drop_read(self, descriptor: int, start: int, position: int, length: int) -> None:
         """Bytes read from before cached_from keep no pages: a reader catching up reuses the same few."""
         if position + length <= self.cached_from:

@@ -612,17 +612,17 @@ def test_a_sync_waits_for_one_in_flight_in_another_thread(tmp_path, monkeypatch)
 
 
 
-def _record_drops(monkeypatch, log: CommitLog) -> list[tuple[int, int]]:
-    """Record the page-cache drops of a log as (first, end) log positions, and make them for real too."""
+def _record_drops(monkeypatch, log: CommitLog, advice: int = os.POSIX_FADV_DONTNEED) -> list[tuple[int, int]]:
+    """Record a log's page-cache advice of one kind as (first, end) log positions, and give it for real too."""
     commitlog = commitlog_module
     drops: list[tuple[int, int]] = []
     real_fadvise = commitlog._fadvise
 
-    def fadvise(descriptor: int, offset: int, length: int, advice: int) -> None:
-        assert advice == os.POSIX_FADV_DONTNEED
-        start = int(Path(os.readlink(f"/proc/self/fd/{descriptor}")).name[: -len(commitlog.SUFFIX)])
-        drops.append((start + offset, start + offset + length))
-        real_fadvise(descriptor, offset, length, advice)
+    def fadvise(descriptor: int, offset: int, length: int, given: int) -> None:
+        if given == advice:
+            start = int(Path(os.readlink(f"/proc/self/fd/{descriptor}")).name[: -len(commitlog.SUFFIX)])
+            drops.append((start + offset, start + offset + length))
+        real_fadvise(descriptor, offset, length, given)
 
     monkeypatch.setattr(commitlog, "_fadvise", fadvise)
     return drops
@@ -669,6 +669,24 @@ def test_a_log_with_cached_bytes_drops_the_pages_of_older_bytes_once_written_or_
     plain.sync()
     assert plain.read(0) == (1, bodies[0]) and drops == [] and plain.cached_from == plain.start_position
     plain.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this OS")
+def test_read_ahead_advises_each_span_in_its_segment(tmp_path, monkeypatch):
+    """read_ahead asks the kernel to read each span where it lies, across segments; spans whose segment was
+    deleted are skipped."""
+    log = CommitLog.open(tmp_path / "log", segment_bytes_max=limits.segment_bytes_min)
+    positions = [log.append([(1, os.urandom(300_000))])[0] for _ in range(8)]
+    log.sync()
+    advised = _record_drops(monkeypatch, log, os.POSIX_FADV_WILLNEED)
+    spans = [(position + commitlog_module.HEADER_BYTES, 1000) for position in positions]
+    log.read_ahead(spans)
+    assert advised == [(first, first + length) for first, length in spans]
+    advised.clear()
+    log.delete_before(log.segment_starts()[2])
+    log.read_ahead(spans)
+    assert advised == [(first, first + length) for first, length in spans if first >= log.start_position]
+    log.close()
 
 
 def test_a_detached_read_of_a_deleted_segment_is_out_of_range(tmp_path):
