@@ -9,6 +9,7 @@ once written or read, so that the next writes and reads reuse them (0: the OS de
 from __future__ import annotations
 
 import bisect
+import contextlib
 import mmap
 import os
 import struct
@@ -250,15 +251,24 @@ class CommitLog:
             if index == len(starts) - 1:
                 _drop_cached(active_fd, begin, until - start - begin)
                 continue
-            try:
-                descriptor = os.open(self._path(start), os.O_RDONLY)
-            except FileNotFoundError:  # deleted meanwhile
-                continue
-            try:
-                _drop_cached(descriptor, begin, min(until, starts[index + 1]) - start - begin)
-            finally:
-                os.close(descriptor)
+            with self._detached(start) as descriptor:
+                if descriptor is not None:
+                    _drop_cached(descriptor, begin, min(until, starts[index + 1]) - start - begin)
         self._uncached_to = until
+
+    @contextlib.contextmanager
+    def _detached(self, start: int) -> Iterator[int | None]:
+        """A read descriptor of the segment at start of its own, which nothing closes under it; None if the
+        segment was deleted."""
+        try:
+            descriptor = os.open(self._path(start), os.O_RDONLY)
+        except FileNotFoundError:
+            yield None
+            return
+        try:
+            yield descriptor
+        finally:
+            os.close(descriptor)
 
     def _roll(self) -> None:
         start = self.end_position
@@ -358,14 +368,10 @@ class CommitLog:
         start = starts[index]
         if not detached:
             return self._read_at(self._reader(start), start, position, length)
-        try:
-            descriptor = os.open(self._path(start), os.O_RDONLY)
-        except FileNotFoundError:
-            raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"log bytes {position}+{length} were deleted") from None
-        try:
+        with self._detached(start) as descriptor:
+            if descriptor is None:
+                raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"log bytes {position}+{length} were deleted")
             return self._read_at(descriptor, start, position, length)
-        finally:
-            os.close(descriptor)
 
     def _read_at(self, descriptor: int, start: int, position: int, length: int) -> bytes:
         data = os.pread(descriptor, length, position - start)
@@ -384,14 +390,9 @@ class CommitLog:
             index = bisect.bisect_right(starts, position) - 1
             if index < 0:
                 continue
-            try:
-                descriptor = os.open(self._path(starts[index]), os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                _fadvise(descriptor, position - starts[index], length, os.POSIX_FADV_WILLNEED)
-            finally:
-                os.close(descriptor)
+            with self._detached(starts[index]) as descriptor:
+                if descriptor is not None:
+                    _fadvise(descriptor, position - starts[index], length, os.POSIX_FADV_WILLNEED)
 
     def _drop_read(self, descriptor: int, start: int, position: int, length: int) -> None:
         """Bytes read from before cached_from keep no pages: a reader catching up reuses the same few."""
