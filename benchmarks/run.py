@@ -215,17 +215,26 @@ def run_system(system: System, arguments, directory: Path, profile: bool) -> lis
     """Every workload of every size on one started system; returns one record per run."""
     runs = []
 
-    def record(workload: str, size: int, producers: int, result: dict) -> None:
+    def record(workload: str, size: int, producers: int, result: dict) -> dict:
         runs.append({"workload": workload, "message_bytes": size, "producers": producers, **result})
         print(f"  {system.name:15} {workload:16} {size:6} B x{producers}: "
               f"{result.get('mb_per_s', '-')} MB/s, {result.get('messages_per_s', '-')} msg/s"
               + (f", p50/p99/p999 {result['latency_ms_p50']}/{result['latency_ms_p99']}/{result['latency_ms_p999']} ms"
                  if "latency_ms_p50" in result else ""), flush=True)
+        return runs[-1]
+
+    def probe(workload: str, size: int, messages: int) -> float:
+        raw = raw_disk_bandwidth(directory / "raw-disk-probe", messages * size, seconds_max=60.0)
+        record(workload, size, 1, {"mb_per_s": round(raw["mb_per_s"], 2), "seconds": round(raw["seconds"], 4),
+                                   "bytes": raw["bytes"], "fdatasync_ms_p50": round(raw["fdatasync_ms_p50"], 3)})
+        return raw["mb_per_s"]
 
     for size, messages in zip(arguments.sizes, arguments.messages):
-        raw = raw_disk_bandwidth(directory / "raw-disk-probe", messages * size, seconds_max=60.0)
-        record("raw-disk", size, 1, {"mb_per_s": round(raw["mb_per_s"], 2), "seconds": round(raw["seconds"], 4),
-                                     "bytes": raw["bytes"], "fdatasync_ms_p50": round(raw["fdatasync_ms_p50"], 3)})
+        # The probe's speed depends on the page cache as much as on the disk: a write into a page the host took
+        # back (virtio-balloon free page reporting) costs a host fault (benchmarks/disk_modes.py). Before the
+        # runs it often gets pages the previous system's deleted data just freed; after them, fresh ones.
+        before = probe("raw-disk", size, messages)
+        produced = []
         first_stream = None
         peak_per_s = 0
         for producers in arguments.producers:
@@ -239,11 +248,14 @@ def run_system(system: System, arguments, directory: Path, profile: bool) -> lis
                                    batch_bytes=arguments.batch_bytes, in_flight=arguments.in_flight)
             finally:
                 stop_profiler(profiler)
-            result["ratio_to_raw_disk"] = round(result["mb_per_s"] / raw["mb_per_s"], 3) if raw["mb_per_s"] else None
-            record("produce", size, producers, result)
+            result["ratio_to_raw_disk"] = round(result["mb_per_s"] / before, 3) if before else None
+            produced.append(record("produce", size, producers, result))
             if producers == arguments.producers[0]:
                 peak_per_s = result["messages_per_s"]
             first_stream = first_stream or stream
+        after = probe("raw-disk:after", size, messages)
+        for run in produced:
+            run["ratio_to_raw_disk_after"] = round(run["mb_per_s"] / after, 3) if after else None
         record("consume", size, arguments.producers[0],
                run_async(system, consume, first_stream, messages=messages, size=size))
         if system.reads_bodies:
@@ -418,7 +430,7 @@ def markdown(report: dict) -> str:
             run = table.get((name, workload, size, producers))
             if run is None:
                 cells.append("-")
-            elif workload == "raw-disk":
+            elif workload.startswith("raw-disk"):
                 cells.append(f"{run['mb_per_s']:.1f}")
             else:
                 cells.append(f"{run['mb_per_s']:.1f} ({run['messages_per_s'] / 1000:.1f}k)")
@@ -439,16 +451,16 @@ def markdown(report: dict) -> str:
         lines.append(f"| {workload} | {size} | {producers} | " + " | ".join(cells) + " |")
     if "rocket" in names:
         lines += ["", f"Ratios of those figures ({median}): rocket's MB/s over each one's (raw disk: rocket over the "
-                  "probe before it, in the same round).", ""]
+                  "probe before its runs and the one after its produce runs, in the same round).", ""]
         others = [name for name in names if name != "rocket"]
-        lines += ["| workload | size | producers | raw disk | " + " | ".join(others) + " |",
-                  "|---|---|---|---|" + "---|" * len(others)]
+        lines += ["| workload | size | producers | raw disk before | raw disk after | " + " | ".join(others) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(others)]
         for workload, size, producers in rows:
             rocket = table.get(("rocket", workload, size, producers))
-            if rocket is None or workload in ("raw-disk", "fixed-rate", "consume:bodies"):  # the last: rocket only
-                continue
-            raw = rocket.get("ratio_to_raw_disk")
-            cells = [f"{raw:.2f}" if raw is not None else "-"]
+            if rocket is None or workload.startswith("raw-disk") or workload in ("fixed-rate", "consume:bodies"):
+                continue  # consume:bodies: rocket only
+            cells = [f"{rocket[key]:.2f}" if rocket.get(key) is not None else "-"
+                     for key in ("ratio_to_raw_disk", "ratio_to_raw_disk_after")]
             for name in others:
                 run = table.get((name, workload, size, producers))
                 cells.append(f"{rocket['mb_per_s'] / run['mb_per_s']:.2f}x" if run and run["mb_per_s"] else "-")
@@ -470,15 +482,17 @@ def rounds_table(report: dict, names: list[str]) -> list[str]:
     rocket's consume over its produce."""
     producers = report["settings"]["producers"][0]
     others = [name for name in names if name != "rocket"]
-    lines = ["", f"Within each round, produce with {producers} producer(s): rocket MB/s, its ratio to the raw disk "
-             "probed just before it, its ratio to each peer, and its consume over its produce.", "",
-             "| round | size | rocket MB/s | raw disk MB/s | rocket / raw | " + " | ".join(f"rocket / {name}" for name in others)
-             + " | consume / produce | consume:bodies / produce |", "|---|---|---|---|---|" + "---|" * len(others) + "---|---|"]
+    lines = ["", f"Within each round, produce with {producers} producer(s): rocket MB/s, the raw disk probed before and "
+             "after its produce runs and its ratio to each, its ratio to each peer, and its consume over its produce.", "",
+             "| round | size | rocket MB/s | raw disk before / after MB/s | rocket / raw before / after | "
+             + " | ".join(f"rocket / {name}" for name in others) + " | consume / produce | consume:bodies / produce |",
+             "|---|---|---|---|---|" + "---|" * len(others) + "---|---|"]
     for number in range(1, report["settings"]["rounds"] + 1):
         table = figures(report, number)
         for size in report["settings"]["sizes"]:
             rocket = table.get(("rocket", "produce", size, producers))
             raw = table.get(("rocket", "raw-disk", size, 1))
+            after = table.get(("rocket", "raw-disk:after", size, 1), {}).get("mb_per_s")
             if rocket is None or raw is None:
                 continue
             cells = [f"{rocket['mb_per_s'] / table[(name, 'produce', size, producers)]['mb_per_s']:.2f}x"
@@ -486,13 +500,15 @@ def rounds_table(report: dict, names: list[str]) -> list[str]:
             for workload in ("consume", "consume:bodies"):
                 consumed = table.get(("rocket", workload, size, producers))
                 cells.append(f"{consumed['mb_per_s'] / rocket['mb_per_s']:.2f}" if consumed else "-")
-            lines.append(f"| {number} | {size} | {rocket['mb_per_s']:.1f} | {raw['mb_per_s']:.1f} | "
-                         f"{rocket['mb_per_s'] / raw['mb_per_s']:.2f} | " + " | ".join(cells) + " |")
+            lines.append(f"| {number} | {size} | {rocket['mb_per_s']:.1f} | {raw['mb_per_s']:.1f} / "
+                         + (f"{after:.1f}" if after else "-") + f" | {rocket['mb_per_s'] / raw['mb_per_s']:.2f} / "
+                         + (f"{rocket['mb_per_s'] / after:.2f}" if after else "-") + " | " + " | ".join(cells) + " |")
     return lines
 
 
 def _workload_order(workload: str) -> int:
-    return ["raw-disk", "produce", "consume", "consume:bodies", "both:produce", "both:consume", "fixed-rate"].index(workload)
+    return ["raw-disk", "produce", "raw-disk:after", "consume", "consume:bodies", "both:produce", "both:consume",
+            "fixed-rate"].index(workload)
 
 
 def chart(report: dict, png: Path) -> None:
@@ -507,7 +523,7 @@ def chart(report: dict, png: Path) -> None:
         return
     table = figures(report)
     names = [name for name, entry in report["systems"].items() if "runs" in entry]
-    rows = sorted({key[1:] for key in table if key[1] not in ("raw-disk", "fixed-rate")},
+    rows = sorted({key[1:] for key in table if not key[1].startswith("raw-disk") and key[1] != "fixed-rate"},
                   key=lambda key: (key[1], _workload_order(key[0]), key[2]))
     sizes = sorted({key[2] for key in table})
     figure, (throughput, latency) = plot.subplots(2, 1, figsize=(max(10, 1.4 * len(rows)), 10))
