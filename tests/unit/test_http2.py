@@ -389,7 +389,8 @@ async def test_drain_finishes_calls_ends_streams_and_stops_the_server():
                 async with trio.open_nursery() as clients:
                     clients.start_soon(call_in_flight)
                     clients.start_soon(stream_in_flight)
-                    await trio.sleep(0.1)
+                    while lifecycle.calls_in_flight < 2:  # both reached the server (a sleep was too short under load)
+                        await trio.sleep(0.01)
                     lifecycle.drain()
         # Leaving the nursery proves serve_http2 returned by itself.
     assert outcomes == {"call": {"version": "slow", "roles": []}, "stream": Code.UNAVAILABLE}
