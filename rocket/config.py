@@ -46,6 +46,10 @@ class NodeConfig:
     # (virtio-balloon free page reporting), a write into a fresh page costs a host fault, and a bound (such as
     # 64 MiB) lets writes reuse warm pages: produce went 1.2-1.5x faster, reads of a backlog half as fast.
     wal_cached_bytes: int = 0
+    # The WAL written with O_DIRECT, past the page cache, from memory of its own that also serves reads of its
+    # newest wal_cached_bytes (0: limits.wal_direct_cached_bytes_default). Off where the file system has no
+    # O_DIRECT (tmpfs), or on an OS without it.
+    wal_direct_io: bool = False
     shutdown_grace_s: float = limits.shutdown_grace_s
     log_level: str = "info"
     # The cluster: this node's id, the nameserver group (id -> address; empty: this node alone),
@@ -200,7 +204,7 @@ def _convert(key: str, value: object) -> object:
         if text and not text.startswith(("http://", "https://")):
             raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
         return text
-    if key == "tier_s3_path_style":
+    if key in ("tier_s3_path_style", "wal_direct_io"):
         return _parse_bool(key, value)
     if key in ("tier_retention_s", "tier_local_retention_s", "tier_piece_age_s"):
         return _parse_duration(key, value)

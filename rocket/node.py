@@ -102,7 +102,9 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
     # A storage node's WAL holds the batches its store indexes: checkpoints keep its old segments, the
     # storage role deletes them once nothing lies in them that it reads (StorageRole.reclaim_wal).
     wal = Wal.open(config.data_dir / "raft", config.wal_segment_bytes, keep_segments="storage" in config.roles,
-                   cached_bytes=config.wal_cached_bytes)
+                   cached_bytes=config.wal_cached_bytes, direct=config.wal_direct_io)
+    if config.wal_direct_io and not wal.log.direct:
+        log.warning("wal_direct_io: %s has no O_DIRECT, so the WAL writes through the page cache", wal.log.directory)
     stop = trio.Event()
     storage: StorageRole | None = None
     try:

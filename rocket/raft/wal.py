@@ -61,8 +61,10 @@ class Wal:
 
     @classmethod
     def open(cls, directory: Path, segment_bytes_max: int = limits.raft_wal_segment_bytes,
-             keep_segments: bool = False, cached_bytes: int = 0) -> "Wal":
-        commit_log = CommitLog.open(directory, segment_bytes_max, cached_bytes)
+             keep_segments: bool = False, cached_bytes: int = 0, direct: bool = False) -> "Wal":
+        if direct and not cached_bytes:
+            cached_bytes = limits.wal_direct_cached_bytes_default
+        commit_log = CommitLog.open(directory, segment_bytes_max, cached_bytes, direct)
         groups: dict[int, GroupState] = {}
         wal = cls(commit_log, groups, keep_segments)
         for position, kind, body in commit_log.scan(wal.replay_start()):

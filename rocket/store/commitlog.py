@@ -4,12 +4,16 @@ Plain blocking file I/O (the group store runs writes and fsyncs in a worker thre
 torn tail is cut back to the last good record; damage with valid records after it is reported.
 With cached_bytes, only the log's newest cached_bytes stay in the page cache: older pages are dropped
 once written or read, so that the next writes and reads reuse them (0: the OS decides, as for any file).
+With direct, writes bypass the page cache (O_DIRECT, whole aligned blocks from memory of the log's own), and
+the newest cached_bytes are read from that memory; a segment's file may then end in zeros up to a block
+boundary until it is sealed or closed, which recovery cuts like any torn tail.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import mmap
 import os
 import struct
@@ -33,6 +37,9 @@ _length_kind = struct.Struct("<IB")
 SUFFIX = ".log"
 _iov_max = min(os.sysconf("SC_IOV_MAX"), 1024)
 _fadvise = getattr(os, "posix_fadvise", None)  # not on macOS: there the OS alone decides what stays cached
+_O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux; elsewhere a direct log writes through the page cache
+ALIGN = 4096  # O_DIRECT offsets, lengths and buffers are multiples of the device's block size; 4 KiB covers all
+_chunk_bytes = 8 * limits.MiB  # the direct tail's memory comes in chunks of this size, reused once out of the cache
 
 
 def _drop_cached(descriptor: int, offset: int, length: int) -> None:
@@ -95,12 +102,84 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
+class _DirectTail:
+    """The newest bytes of a direct log, in page-aligned memory: the source of its O_DIRECT writes and the
+    cache its reads of those bytes come from. Each write goes out as whole blocks: from the start of the
+    block the previous write ended in (written again, the same bytes), to the end of the block it ends in,
+    padded with zeros. Chunks hold contiguous bytes of one segment; when one fills, the next starts with a
+    copy of the partial last block. Chunks older than the newest keep_bytes are reused for new ones."""
+
+    def __init__(self, keep_bytes: int):
+        self.keep_bytes = keep_bytes
+        self.lock = threading.Lock()  # readers copy out under it, so that no chunk is reused under a read
+        self.chunks: list[tuple[int, mmap.mmap]] = []  # (log position of byte 0, memory), oldest first
+        self._spare: list[mmap.mmap] = []
+        self._file_offset = 0  # where byte 0 of the newest chunk lies in the active segment (a block boundary)
+        self._fill = 0  # bytes of the newest chunk that hold log bytes
+
+    @property
+    def cached_from(self) -> int:
+        return self.chunks[0][0] if self.chunks else 0
+
+    def start_segment(self, position: int, tail: bytes = b"", tail_offset: int = 0) -> None:
+        """The active segment, starting at log position position, now ends with tail, a partial block at
+        file offset tail_offset (empty for a new segment)."""
+        self._add_chunk(position + tail_offset, len(tail))
+        self.chunks[-1][1][: len(tail)] = tail
+        self._file_offset, self._fill = tail_offset, len(tail)
+
+    def _add_chunk(self, position: int, size: int) -> None:
+        """A new newest chunk for log bytes from position, with room for size bytes."""
+        size = max(_chunk_bytes, -(-size // ALIGN) * ALIGN)
+        chunk = self._spare.pop() if size == _chunk_bytes and self._spare else mmap.mmap(-1, size)
+        with self.lock:
+            self.chunks.append((position, chunk))
+            while len(self.chunks) > 1 and position - self.chunks[1][0] >= self.keep_bytes:
+                old = self.chunks.pop(0)[1]
+                if len(old) == _chunk_bytes and len(self._spare) < 2:
+                    self._spare.append(old)
+
+    def stage(self, parts: list[bytes | memoryview], size: int) -> tuple[memoryview, int]:
+        """Copy parts (size bytes, the log's next) into memory; returns the blocks to write and their file offset."""
+        position, chunk = self.chunks[-1]
+        if self._fill + size > len(chunk):
+            kept = self._fill % ALIGN
+            block = self._fill - kept
+            self._add_chunk(position + block, kept + size)
+            self.chunks[-1][1][:kept] = chunk[block : self._fill]
+            self._file_offset += block
+            self._fill = kept
+            chunk = self.chunks[-1][1]
+        at = self._fill
+        for part in parts:
+            part_bytes = memoryview(part).nbytes
+            chunk[at : at + part_bytes] = part
+            at += part_bytes
+        first, end = self._fill - self._fill % ALIGN, -(-at // ALIGN) * ALIGN
+        chunk[at:end] = bytes(end - at)  # a reused chunk holds old bytes: recovery must find zeros past the end
+        self._fill = at
+        return memoryview(chunk)[first:end], self._file_offset + first
+
+    def read(self, position: int, length: int) -> bytes | None:
+        """The log's bytes at position, if memory still holds all of them (the caller checks that they were
+        written: position + length <= end)."""
+        with self.lock:
+            for start, chunk in reversed(self.chunks):
+                if start <= position:
+                    if position + length - start > len(chunk):
+                        return None
+                    return chunk[position - start : position - start + length]
+        return None
+
+
 class CommitLog:
-    def __init__(self, directory: Path, segment_bytes_max: int, cached_bytes: int = 0):
+    def __init__(self, directory: Path, segment_bytes_max: int, cached_bytes: int = 0, direct: bool = False):
         invariant(segment_bytes_max >= limits.segment_bytes_min, "segments must hold at least one big batch")
+        invariant(not direct or cached_bytes > 0, "a direct log reads its newest bytes from memory of its own")
         self.directory = directory
         self.segment_bytes_max = segment_bytes_max
         self.cached_bytes = cached_bytes
+        self._tail = _DirectTail(cached_bytes) if direct and _O_DIRECT else None
         self._starts: list[int] = []
         self._active_fd = -1
         self._active_size = 0
@@ -114,9 +193,9 @@ class CommitLog:
 
     @classmethod
     def open(cls, directory: Path, segment_bytes_max: int = limits.segment_bytes_max_default,
-             cached_bytes: int = 0) -> "CommitLog":
+             cached_bytes: int = 0, direct: bool = False) -> "CommitLog":
         directory.mkdir(parents=True, exist_ok=True)
-        log = cls(directory, segment_bytes_max, cached_bytes)
+        log = cls(directory, segment_bytes_max, cached_bytes, direct)
         log._starts = sorted(int(path.name[: -len(SUFFIX)]) for path in directory.glob(f"*{SUFFIX}"))
         if not log._starts:
             log._starts = [0]
@@ -130,13 +209,45 @@ class CommitLog:
         log._check_sealed_segments()
         last = log._starts[-1]
         log._active_size = log._recover_tail(log._path(last))
-        log._active_fd = os.open(log._path(last), os.O_WRONLY | os.O_APPEND)
+        log._active_fd = log._open_active(last)
+        if log._tail is not None:
+            kept = log._active_size % ALIGN
+            with open(log._path(last), "rb") as file:
+                file.seek(log._active_size - kept)
+                log._tail.start_segment(last, file.read(kept), log._active_size - kept)
         return log
 
+    def _open_active(self, start: int, create: bool = False) -> int:
+        """The write descriptor of the segment at start: appending, or direct (positioned writes)."""
+        flags = os.O_WRONLY | (os.O_CREAT | os.O_EXCL if create else 0)
+        if self._tail is None:
+            return os.open(self._path(start), flags | os.O_APPEND, 0o644)
+        try:
+            return os.open(self._path(start), flags | _O_DIRECT, 0o644)
+        except OSError as error:
+            if error.errno != errno.EINVAL:
+                raise
+        # A file system without O_DIRECT (tmpfs): write through the page cache, as a log that is not direct.
+        self._tail = None
+        return os.open(self._path(start), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    @property
+    def direct(self) -> bool:
+        """Whether writes bypass the page cache (asked for and supported by the OS and the file system)."""
+        return self._tail is not None
+
     def _check_sealed_segments(self) -> None:
-        """Each sealed segment must end exactly where the next one starts; anything else is damage."""
+        """Each sealed segment must end exactly where the next one starts; anything else is damage, but for
+        the zeros a direct write pads its last block with, when a crash came before the seal's truncate."""
         for start, following in zip(self._starts, self._starts[1:]):
             size = self._path(start).stat().st_size
+            if 0 < start + size - following < ALIGN:
+                with open(self._path(start), "r+b") as file:
+                    file.seek(following - start)
+                    if not file.read().strip(b"\0"):
+                        file.truncate(following - start)
+                        os.fsync(file.fileno())
+                        size = following - start
             if start + size != following:
                 raise RocketError(Code.CORRUPT_DATA, f"{self._path(start)} holds {size} bytes but the next segment "
                                   f"starts at {following}: bytes were lost or added")
@@ -185,8 +296,11 @@ class CommitLog:
 
     @property
     def cached_from(self) -> int:
-        """With cached_bytes, reads from here on find their bytes in the page cache and reads before it go to
-        the disk; without, the OS keeps what it can, and every read is taken to find its bytes there."""
+        """With cached_bytes, reads from here on find their bytes in memory (the page cache, or a direct log's
+        own) and reads before it go to the disk; without, the OS keeps what it can, and every read is taken to
+        find its bytes there."""
+        if self._tail is not None:
+            return self._tail.cached_from
         return self.end_position - self.cached_bytes if self.cached_bytes else self.start_position
 
     def segment_starts(self) -> list[int]:
@@ -216,6 +330,8 @@ class CommitLog:
 
     def _write(self, buffers: list[bytes | memoryview]) -> None:
         """writev everything, resuming after short writes, IOV_MAX buffers at a time."""
+        if self._tail is not None:
+            return self._write_direct(buffers)
         buffers = [memoryview(buffer).cast("B") for buffer in buffers if len(buffer)]
         first = 0
         total_written = 0
@@ -229,11 +345,28 @@ class CommitLog:
                 else:
                     buffers[first] = buffers[first][written:]
                     written = 0
+        self._written(total_written)
+        self._drop_written()
+
+    def _write_direct(self, buffers: list[bytes | memoryview]) -> None:
+        """Copy into the tail's memory and write whole blocks from there, at their place in the segment."""
+        size = sum(len(buffer) for buffer in buffers)
+        if not size:
+            return
+        blocks, offset = self._tail.stage(buffers, size)
+        with blocks:
+            while len(blocks):
+                written = os.pwrite(self._active_fd, blocks, offset)
+                if written % ALIGN:
+                    raise OSError(errno.EIO, f"{self._path(self._starts[-1])}: direct write stopped off a block")
+                blocks, offset = blocks[written:], offset + written
+        self._written(size)
+
+    def _written(self, size: int) -> None:
         with self._bookkeeping:
-            self._active_size += total_written
+            self._active_size += size
             if self._active_fd not in self._unsynced_fds:
                 self._unsynced_fds.append(self._active_fd)
-        self._drop_written()
 
     def _drop_written(self) -> None:
         """Drop the cached pages of what lies more than cached_bytes behind the end: written and synced rounds
@@ -272,7 +405,11 @@ class CommitLog:
 
     def _roll(self) -> None:
         start = self.end_position
-        descriptor = os.open(self._path(start), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        if self._tail is not None:
+            os.ftruncate(self._active_fd, self._active_size)  # the sealed segment ends at its last record
+        descriptor = self._open_active(start, create=True)
+        if self._tail is not None:
+            self._tail.start_segment(start)
         with self._bookkeeping:
             # The sealed segment is closed by the sync that makes its last bytes durable.
             if self._active_fd not in self._unsynced_fds:
@@ -343,18 +480,28 @@ class CommitLog:
         if index < 0 or position >= self.end_position:
             raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"log position {position} is outside the log")
         start = self._starts[index]
-        descriptor = self._reader(start)
-        head = os.pread(descriptor, HEADER_BYTES, position - start)
+        head = self._pread(start, position, HEADER_BYTES)
         if len(head) < HEADER_BYTES:
             raise self._damage(start, position, "record header runs past the end of the segment")
         magic, length, crc, kind = _header.unpack(head)
         if magic not in (MAGIC, LEGACY_MAGIC) or length > limits.log_record_bytes_max:
             raise self._damage(start, position, "bad record header")
-        body = os.pread(descriptor, length, position - start + HEADER_BYTES)
-        self._drop_read(descriptor, start, position, HEADER_BYTES + length)
+        body = self._pread(start, position + HEADER_BYTES, length)
         if len(body) != length or _crc(magic, length, kind, body) != crc:
             raise self._damage(start, position, "record checksum mismatch")
         return kind, body
+
+    def _pread(self, start: int, position: int, length: int) -> bytes:
+        """Up to length bytes at position, in the segment at start: from a direct log's memory if it holds
+        them, else from the file (shorter if the file ends first)."""
+        if self._tail is not None and position >= self._tail.cached_from and position + length <= self.end_position:
+            data = self._tail.read(position, length)
+            if data is not None:
+                return data
+        descriptor = self._reader(start)
+        data = os.pread(descriptor, length, position - start)
+        self._drop_read(descriptor, start, position, length)
+        return data
 
     def read_slice(self, position: int, length: int, detached: bool = False) -> bytes:
         """length bytes from inside a record (a batch that its own CRC covers), without reading the
@@ -366,6 +513,10 @@ class CommitLog:
         if index < 0 or position + length > self.end_position:
             raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"log bytes {position}+{length} are outside the log")
         start = starts[index]
+        if self._tail is not None and position >= self._tail.cached_from:
+            data = self._tail.read(position, length)
+            if data is not None:
+                return data
         if not detached:
             return self._read_at(self._reader(start), start, position, length)
         with self._detached(start) as descriptor:
@@ -412,6 +563,8 @@ class CommitLog:
             position += HEADER_BYTES + len(body)
 
     def close(self) -> None:
+        if self._tail is not None and self._active_fd >= 0:
+            os.ftruncate(self._active_fd, self._active_size)
         for descriptor in self._retired_fds | {self._active_fd}:
             if descriptor >= 0:
                 os.close(descriptor)

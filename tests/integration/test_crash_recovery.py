@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from rocket.client import connect, open_consumer
@@ -64,8 +65,11 @@ async def consume_all(server: str, group: str, limit: int | None = None) -> list
         return received
 
 
-async def test_sigkill_mid_produce_then_consume_exactly_once(server_process):
-    """Every acknowledged message is consumed exactly once per group, in queue order, intact, across kill -9s."""
+@pytest.mark.parametrize("direct", [False, True], ids=["page-cache", "direct-io"])
+async def test_sigkill_mid_produce_then_consume_exactly_once(server_process, monkeypatch, direct):
+    """Every acknowledged message is consumed exactly once per group, in queue order, intact, across kill -9s,
+    whether the WAL is written through the page cache or with O_DIRECT."""
+    monkeypatch.setenv("ROCKET_WAL_DIRECT_IO", str(direct).lower())
     server = server_process().start()
     async with connect(server.server) as channel:
         await channel.call("CreateTopic", {"topic": "orders", "queues": QUEUES})
@@ -104,6 +108,7 @@ async def test_sigkill_mid_produce_then_consume_exactly_once(server_process):
     assert sorted(int(m.properties["seq"]) for m in part + remainder) == sorted(seen)
     again = await consume_all(server.server, "billing")
     assert again == []
+    assert "no O_DIRECT" not in server.log_path.read_text()
 
 
 async def test_sigterm_drains_and_keeps_every_acknowledgement(server_process):

@@ -41,11 +41,13 @@ async def consume_all(server: str, topic: str, count: int, timeout_s: float) -> 
     return found
 
 
-@pytest.mark.parametrize("wal_cached_bytes", [0, 4 * limits.MiB])  # 4 MiB: reads of the WAL go to the disk
-async def test_dropped_local_data_frees_wal_segments_and_loses_nothing(server_process, tmp_path, wal_cached_bytes):
+# 4 MiB: reads of the WAL go to the disk; direct: written past the page cache, its newest 4 MiB read from memory
+@pytest.mark.parametrize("wal_settings", ["wal_cached_bytes = 0", f"wal_cached_bytes = {4 * limits.MiB}",
+                                          f"wal_cached_bytes = {4 * limits.MiB}\nwal_direct_io = true"])
+async def test_dropped_local_data_frees_wal_segments_and_loses_nothing(server_process, tmp_path, wal_settings):
     config = tmp_path / "rocket.toml"
     config.write_text(f"wal_segment_bytes = {SEGMENT}\ntier_piece_bytes = {4 * limits.MiB}\n"
-                      f"tier_piece_age_s = 0.3\ntier_local_retention_s = 1.0\nwal_cached_bytes = {wal_cached_bytes}\n")
+                      f"tier_piece_age_s = 0.3\ntier_local_retention_s = 1.0\n{wal_settings}\n")
     node = server_process(tmp_path / "data").start(extra=("--config", str(config)))
     due_ms = int(time.time() * 1000) + 45_000
     async with connect(node.server) as channel:
@@ -78,4 +80,5 @@ async def test_dropped_local_data_frees_wal_segments_and_loses_nothing(server_pr
         assert all(message.body == body(queue, message.offset) for message in mine)
     [fired] = await consume_all(node.server, "later", 1, 90)
     assert (fired.body, fired.key, fired.timestamp_ms) == (b"the timer", "t", due_ms)
+    assert "no O_DIRECT" not in node.log_path.read_text()
     assert time.time() * 1000 >= due_ms and timer.offset == 0

@@ -25,6 +25,8 @@ def test_defaults_are_dev_mode():
     assert loaded.roles == ("nameserver", "storage", "broker")
     assert (str(loaded.listen), str(loaded.http2_listen)) == ("127.0.0.1:9876", "127.0.0.1:9877")
     assert loaded.data_dir == Path("rocket-data")
+    assert (loaded.wal_cached_bytes, loaded.wal_direct_io) == (0, False)
+    assert config.load(None, {"ROCKET_WAL_DIRECT_IO": "true"}, {}).wal_direct_io
 
 
 @pytest.mark.parametrize(
@@ -43,6 +45,8 @@ def test_defaults_are_dev_mode():
         ("", {"ROCKET_NAMESERVERS": "one@h:1"}, {}, "ROCKET_NAMESERVERS"),
         ("", {}, {"replication": "0"}, "replication"),
         ("", {"ROCKET_WAL_CACHED_BYTES": "-1"}, {}, "ROCKET_WAL_CACHED_BYTES"),
+        ("", {"ROCKET_WAL_DIRECT_IO": "maybe"}, {}, "ROCKET_WAL_DIRECT_IO"),
+        ("wal_direct_io = 2\n", {}, {}, "wal_direct_io"),
     ],
 )
 def test_bad_values_name_their_key(tmp_path: Path, file_text, environment, flags, named):

@@ -657,7 +657,7 @@ def test_a_log_with_cached_bytes_drops_the_pages_of_older_bytes_once_written_or_
     old, recent = positions[2], positions[-1]
     assert log.read(old) == (1, bodies[2]) and log.read(recent) == (1, bodies[-1])
     header = commitlog_module.HEADER_BYTES
-    assert drops == [(old, old + header + len(bodies[2]))]  # the record header and body; the recent one stays
+    assert _union(drops) == [(old, old + header + len(bodies[2]))]  # the record header and body; the recent one stays
     drops.clear()
     assert log.read_slice(old + header, 10) == bodies[2][:10] and drops == [(old + header, old + header + 10)]
     log.close()
