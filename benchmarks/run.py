@@ -223,8 +223,8 @@ def run_system(system: System, arguments, directory: Path, profile: bool) -> lis
                  if "latency_ms_p50" in result else ""), flush=True)
         return runs[-1]
 
-    def probe(workload: str, size: int, messages: int) -> float:
-        raw = raw_disk_bandwidth(directory / "raw-disk-probe", messages * size, seconds_max=60.0)
+    def probe(workload: str, size: int, messages: int, direct: bool = False) -> float:
+        raw = raw_disk_bandwidth(directory / "raw-disk-probe", messages * size, seconds_max=60.0, direct=direct)
         record(workload, size, 1, {"mb_per_s": round(raw["mb_per_s"], 2), "seconds": round(raw["seconds"], 4),
                                    "bytes": raw["bytes"], "fdatasync_ms_p50": round(raw["fdatasync_ms_p50"], 3)})
         return raw["mb_per_s"]
@@ -234,6 +234,8 @@ def run_system(system: System, arguments, directory: Path, profile: bool) -> lis
         # back (virtio-balloon free page reporting) costs a host fault (benchmarks/disk_modes.py). Before the
         # runs it often gets pages the previous system's deleted data just freed; after them, fresh ones.
         before = probe("raw-disk", size, messages)
+        # rocket's WAL writes with O_DIRECT (wal_direct_io), which takes no page-cache page: probe that way too.
+        direct = probe("raw-disk:direct", size, messages, direct=True)
         produced = []
         first_stream = None
         peak_per_s = 0
@@ -249,6 +251,7 @@ def run_system(system: System, arguments, directory: Path, profile: bool) -> lis
             finally:
                 stop_profiler(profiler)
             result["ratio_to_raw_disk"] = round(result["mb_per_s"] / before, 3) if before else None
+            result["ratio_to_raw_disk_direct"] = round(result["mb_per_s"] / direct, 3) if direct else None
             produced.append(record("produce", size, producers, result))
             if producers == arguments.producers[0]:
                 peak_per_s = result["messages_per_s"]
@@ -421,7 +424,8 @@ def markdown(report: dict) -> str:
     rounds = report["settings"]["rounds"]
     median = f"the median run of {rounds} rounds" if rounds > 1 else "one round"
     lines += ["", f"Throughput, MB/s of message bodies (thousands of messages/s), {median}. Raw disk: 1 MiB `write` + "
-              "`fdatasync`, as many bytes as the workload, probed on the same disk just before each system's runs.", ""]
+              "`fdatasync`, as many bytes as the workload, probed on the same disk just before each system's runs "
+              "(`raw-disk:direct`: the same with `O_DIRECT`, right after; `raw-disk:after`: after the produce runs).", ""]
     lines += ["| workload | size | producers | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
     rows = sorted({key[1:] for key in table}, key=lambda key: (key[1], _workload_order(key[0]), key[2]))
     for workload, size, producers in rows:
@@ -451,16 +455,17 @@ def markdown(report: dict) -> str:
         lines.append(f"| {workload} | {size} | {producers} | " + " | ".join(cells) + " |")
     if "rocket" in names:
         lines += ["", f"Ratios of those figures ({median}): rocket's MB/s over each one's (raw disk: rocket over the "
-                  "probe before its runs and the one after its produce runs, in the same round).", ""]
+                  "probe before its runs, the O_DIRECT one right after it, and the one after its produce runs, in the "
+                  "same round).", ""]
         others = [name for name in names if name != "rocket"]
-        lines += ["| workload | size | producers | raw disk before | raw disk after | " + " | ".join(others) + " |",
-                  "|---|---|---|---|---|" + "---|" * len(others)]
+        lines += ["| workload | size | producers | raw disk before | raw disk direct | raw disk after | "
+                  + " | ".join(others) + " |", "|---|---|---|---|---|---|" + "---|" * len(others)]
         for workload, size, producers in rows:
             rocket = table.get(("rocket", workload, size, producers))
             if rocket is None or workload.startswith("raw-disk") or workload in ("fixed-rate", "consume:bodies"):
                 continue  # consume:bodies: rocket only
             cells = [f"{rocket[key]:.2f}" if rocket.get(key) is not None else "-"
-                     for key in ("ratio_to_raw_disk", "ratio_to_raw_disk_after")]
+                     for key in ("ratio_to_raw_disk", "ratio_to_raw_disk_direct", "ratio_to_raw_disk_after")]
             for name in others:
                 run = table.get((name, workload, size, producers))
                 cells.append(f"{rocket['mb_per_s'] / run['mb_per_s']:.2f}x" if run and run["mb_per_s"] else "-")
@@ -484,7 +489,7 @@ def rounds_table(report: dict, names: list[str]) -> list[str]:
     others = [name for name in names if name != "rocket"]
     lines = ["", f"Within each round, produce with {producers} producer(s): rocket MB/s, the raw disk probed before and "
              "after its produce runs and its ratio to each, its ratio to each peer, and its consume over its produce.", "",
-             "| round | size | rocket MB/s | raw disk before / after MB/s | rocket / raw before / after | "
+             "| round | size | rocket MB/s | raw disk before / direct / after MB/s | rocket / raw before / direct / after | "
              + " | ".join(f"rocket / {name}" for name in others) + " | consume / produce | consume:bodies / produce |",
              "|---|---|---|---|---|" + "---|" * len(others) + "---|---|"]
     for number in range(1, report["settings"]["rounds"] + 1):
@@ -493,6 +498,7 @@ def rounds_table(report: dict, names: list[str]) -> list[str]:
             rocket = table.get(("rocket", "produce", size, producers))
             raw = table.get(("rocket", "raw-disk", size, 1))
             after = table.get(("rocket", "raw-disk:after", size, 1), {}).get("mb_per_s")
+            direct = table.get(("rocket", "raw-disk:direct", size, 1), {}).get("mb_per_s")
             if rocket is None or raw is None:
                 continue
             cells = [f"{rocket['mb_per_s'] / table[(name, 'produce', size, producers)]['mb_per_s']:.2f}x"
@@ -500,15 +506,17 @@ def rounds_table(report: dict, names: list[str]) -> list[str]:
             for workload in ("consume", "consume:bodies"):
                 consumed = table.get(("rocket", workload, size, producers))
                 cells.append(f"{consumed['mb_per_s'] / rocket['mb_per_s']:.2f}" if consumed else "-")
-            lines.append(f"| {number} | {size} | {rocket['mb_per_s']:.1f} | {raw['mb_per_s']:.1f} / "
-                         + (f"{after:.1f}" if after else "-") + f" | {rocket['mb_per_s'] / raw['mb_per_s']:.2f} / "
-                         + (f"{rocket['mb_per_s'] / after:.2f}" if after else "-") + " | " + " | ".join(cells) + " |")
+            probes = [raw["mb_per_s"], direct, after]
+            lines.append(f"| {number} | {size} | {rocket['mb_per_s']:.1f} | "
+                         + " / ".join(f"{each:.1f}" if each else "-" for each in probes) + " | "
+                         + " / ".join(f"{rocket['mb_per_s'] / each:.2f}" if each else "-" for each in probes)
+                         + " | " + " | ".join(cells) + " |")
     return lines
 
 
 def _workload_order(workload: str) -> int:
-    return ["raw-disk", "produce", "raw-disk:after", "consume", "consume:bodies", "both:produce", "both:consume",
-            "fixed-rate"].index(workload)
+    return ["raw-disk", "raw-disk:direct", "produce", "raw-disk:after", "consume", "consume:bodies", "both:produce",
+            "both:consume", "fixed-rate"].index(workload)
 
 
 def chart(report: dict, png: Path) -> None:

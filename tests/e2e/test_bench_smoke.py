@@ -17,7 +17,8 @@ from peers import SYSTEMS  # noqa: E402
 
 MESSAGES = 2000
 SIZE = 1024
-WORKLOADS = {"raw-disk", "produce", "raw-disk:after", "consume", "both:produce", "both:consume", "fixed-rate"}
+WORKLOADS = {"raw-disk", "raw-disk:direct", "produce", "raw-disk:after", "consume", "both:produce", "both:consume",
+             "fixed-rate"}
 
 
 @pytest.fixture(scope="module")

@@ -133,28 +133,30 @@ async def test_polls_for_bodies_and_for_messages_read_one_sequence(node, transpo
         assert of_key == sorted(of_key)
 
 
-async def test_a_backlog_behind_the_cached_wal_is_read_from_the_disk_intact(nursery, tmp_path):
-    """With wal_cached_bytes, a consumer behind the cached part of the WAL is served from the disk (in a worker
-    thread) while producers write on: every message once, in order per queue, byte for byte."""
+@pytest.mark.parametrize("direct", ["false", "true"])
+async def test_a_backlog_behind_the_cached_wal_is_read_from_the_disk_intact(nursery, tmp_path, direct):
+    """With wal_cached_bytes, a consumer behind the cached part of the WAL (the page cache's, or a direct WAL's
+    memory) is served from the disk (in a worker thread) while producers write on: every message once, in order
+    per queue, byte for byte."""
     from rocket.node import run_node
     from tests.conftest import node_config
 
-    config = node_config(tmp_path / "data", wal_cached_bytes=str(1 << 20))
+    config = node_config(tmp_path / "data", wal_cached_bytes=str(1 << 20), wal_direct_io=direct)
     ready = await nursery.start(lambda task_status: run_node(config, handle_signals=False, task_status=task_status))
     body = bytes(range(256)) * 8
     async with connect(f"127.0.0.1:{ready.tcp_port}", "tcp", "avro") as channel:
         await channel.call("CreateTopic", {"topic": "backlog", "queues": 2})
         async with open_producer(channel, "backlog", batch_bytes=64 * 1024) as producer:
-            await producer.send_many([Message(b"%06d" % i + body, key=f"k{i % 2}") for i in range(4000)])
+            await producer.send_many([Message(b"%06d" % i + body, key=f"k{i % 2}") for i in range(12000)])
             consumer = Consumer(channel, "backlog", "g", start="earliest", wait_ms=100)
             await consumer.open()
             received: list[Message] = []
             async with trio.open_nursery() as writers:
                 writers.start_soon(producer.send_many,
-                                   [Message(b"%06d" % i + body, key=f"k{i % 2}") for i in range(4000, 6000)])
-                while len(received) < 6000:
+                                   [Message(b"%06d" % i + body, key=f"k{i % 2}") for i in range(12000, 14000)])
+                while len(received) < 14000:
                     received.extend(await consumer.poll())
-    assert sorted(int(m.body[:6]) for m in received) == list(range(6000))
+    assert sorted(int(m.body[:6]) for m in received) == list(range(14000))
     assert all(m.body[6:] == body for m in received)
     for queue in range(2):
         offsets = [m.offset for m in received if m.queue == queue]
