@@ -234,7 +234,7 @@ def run_system(system: System, arguments, directory: Path, profile: bool) -> lis
         # back (virtio-balloon free page reporting) costs a host fault (benchmarks/disk_modes.py). Before the
         # runs it often gets pages the previous system's deleted data just freed; after them, fresh ones.
         before = probe("raw-disk", size, messages)
-        # rocket's WAL writes with O_DIRECT (wal_direct_io), which takes no page-cache page: probe that way too.
+        # With wal_direct_io, rocket's WAL writes with O_DIRECT, which takes no page-cache page: probe that way too.
         direct = probe("raw-disk:direct", size, messages, direct=True)
         produced = []
         first_stream = None

@@ -47,9 +47,10 @@ class NodeConfig:
     # 64 MiB) lets writes reuse warm pages: produce went 1.2-1.5x faster, reads of a backlog half as fast.
     wal_cached_bytes: int = 0
     # The WAL written with O_DIRECT, past the page cache, from memory of its own that also serves reads of its
-    # newest wal_cached_bytes (0: limits.wal_direct_cached_bytes_default): produce ran 1.5-2x faster on 0.7x the
-    # CPU, and reads of older bytes go to the disk. Off where the file system has no O_DIRECT (tmpfs), or the OS.
-    wal_direct_io: bool = True
+    # newest wal_cached_bytes (0: limits.wal_direct_cached_bytes_default); reads of older bytes go to the disk.
+    # Faster only where buffered writes take fresh pages (benchmarks/RESULTS.md, "Direct I/O"). Off where the
+    # file system has no O_DIRECT (tmpfs), or the OS.
+    wal_direct_io: bool = False
     shutdown_grace_s: float = limits.shutdown_grace_s
     log_level: str = "info"
     # The cluster: this node's id, the nameserver group (id -> address; empty: this node alone),

@@ -25,8 +25,8 @@ def test_defaults_are_dev_mode():
     assert loaded.roles == ("nameserver", "storage", "broker")
     assert (str(loaded.listen), str(loaded.http2_listen)) == ("127.0.0.1:9876", "127.0.0.1:9877")
     assert loaded.data_dir == Path("rocket-data")
-    assert (loaded.wal_cached_bytes, loaded.wal_direct_io) == (0, True)
-    assert not config.load(None, {"ROCKET_WAL_DIRECT_IO": "false"}, {}).wal_direct_io
+    assert (loaded.wal_cached_bytes, loaded.wal_direct_io) == (0, False)
+    assert config.load(None, {"ROCKET_WAL_DIRECT_IO": "true"}, {}).wal_direct_io
 
 
 @pytest.mark.parametrize(
