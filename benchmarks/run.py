@@ -487,8 +487,9 @@ def rounds_table(report: dict, names: list[str]) -> list[str]:
     rocket's consume over its produce."""
     producers = report["settings"]["producers"][0]
     others = [name for name in names if name != "rocket"]
-    lines = ["", f"Within each round, produce with {producers} producer(s): rocket MB/s, the raw disk probed before and "
-             "after its produce runs and its ratio to each, its ratio to each peer, and its consume over its produce.", "",
+    lines = ["", f"Within each round, produce with {producers} producer(s): rocket MB/s, the raw disk probed before "
+             "(buffered, then O_DIRECT) and after its produce runs and its ratio to each, its ratio to each peer, "
+             "and its consume over its produce.", "",
              "| round | size | rocket MB/s | raw disk before / direct / after MB/s | rocket / raw before / direct / after | "
              + " | ".join(f"rocket / {name}" for name in others) + " | consume / produce | consume:bodies / produce |",
              "|---|---|---|---|---|" + "---|" * len(others) + "---|---|"]

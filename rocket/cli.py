@@ -93,7 +93,7 @@ def run(
     advertise: Annotated[Optional[str], typer.Option("--advertise", help="HOST:PORT other nodes reach this one at (default: --listen).")] = None,
 ) -> None:
     """Run a node. With no flags: dev mode, all roles in one process, data in ./rocket-data."""
-    from rocket.node import run_node
+    from rocket.node import keep_freed_memory, run_node
 
     flags = {"roles": role, "data_dir": data_dir, "listen": listen, "http2_listen": http2_listen, "log_level": log_level,
              "node_id": node_id, "nameservers": nameservers, "advertise": advertise}
@@ -102,6 +102,7 @@ def run(
     except ConfigError as error:
         _fail(f"config: {error}", 2)
     logging.basicConfig(level=node_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keep_freed_memory()
     try:
         with collapse_single_error():
             trio.run(functools.partial(run_node, node_config))
