@@ -91,6 +91,9 @@ class RaftHost:
         self._rounds_on_disk = 0  # written by the worker threads (one round writes at a time)
         self._rounds_synced = 0  # as the worker threads know it, under the lock
         self._waiting: _Round | None = None  # the last round written, until its fsync is done
+        # The round being written, until the next round (or a checkpoint) takes where its bytes lie: the
+        # round loop goes on meanwhile, and the next round's write starts only after it.
+        self._writing: tuple[_Round, trio.Event, list] | None = None
         self._nursery: trio.Nursery | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         # Only groups touched since the last round are asked for a Ready, and only awake groups are
@@ -285,12 +288,14 @@ class RaftHost:
         return sum(1 for hosted in self.groups.values() if hosted.core.quiet)
 
     async def _round(self) -> None:
-        """Write this round's Readies while the previous round's fsync runs, and advance the cores; then
-        wait for that fsync, release the previous round and apply this round's committed entries. The
-        fsyncs run one after the other, each covering every round written before it; a round's
-        messages wait for its own. Its committed entries need only the previous one: the core hands
-        out only entries it counted stable when the Ready was taken, all written by earlier rounds (a
-        leader's own copy counted towards a commit included)."""
+        """Start writing this round's Readies while the previous round's fsync runs, and advance the cores;
+        then wait for that fsync, release the previous round and apply this round's committed entries, all
+        while this round's write goes on. The fsyncs run one after the other, each covering every round
+        written before it; a round's messages wait for its own. Its committed entries need only the previous
+        one: the core hands out only entries it counted stable when the Ready was taken, all written by
+        earlier rounds (a leader's own copy counted towards a commit included), whose positions are known
+        (_collect_written at the start of each round)."""
+        await self._collect_written()
         candidates, self._active = self._active, set()
         readies = [(group, self.groups[group], self.groups[group].core.ready()) for group in candidates
                    if self.groups[group].core.has_ready()]
@@ -303,7 +308,7 @@ class RaftHost:
         previous = self._rounds_written
         current = _Round(previous, readies, data, [])
         if updates or data:
-            await self._write(current, updates, compacted)
+            self._write(current, updates, compacted)
         for group, hosted, ready in readies:
             # The core now counts this round's entries as stable: a leader may count its own copy towards
             # a commit. No one learns of that commit, and no entry is applied, before this fsync is done.
@@ -323,14 +328,23 @@ class RaftHost:
         if self.wal.sealed_segments() >= limits.raft_wal_segments_max:
             await self._checkpoint()
 
-    async def _write(self, current: _Round, updates: list[Update], compacted: bool) -> None:
-        """Number the round and write it in a worker thread, which goes on to its fsync; return once
-        written, with the positions of its entries and data known."""
+    def _write(self, current: _Round, updates: list[Update], compacted: bool) -> None:
+        """Number the round and start writing it in a worker thread, which goes on to its fsync. The
+        previous round's write is done (_collect_written), so rounds reach the WAL in order."""
+        invariant(self._writing is None, "one round is written at a time")
         self._rounds_written = current.number = current.number + 1
         written, result = trio.Event(), []
         self._nursery.start_soon(trio.to_thread.run_sync, self._persist, current.number, updates,
                                  [blobs for blobs, _, _ in current.data], written, result, compacted)
+        self._writing = (current, written, result)
+
+    async def _collect_written(self) -> None:
+        """Wait until the round being written is written, and take where its entries and data lie."""
+        if self._writing is None:
+            return
+        current, written, result = self._writing
         await written.wait()
+        self._writing = None
         [(positions, current.data_positions)] = result
         for group, found in positions.items():
             if group in self.groups:
@@ -346,6 +360,7 @@ class RaftHost:
         """Once every round written is durable and released, so that what was persisted counts as
         stable and applied, and before any core steps again. Every group is compacted first: the
         checkpoint then rewrites little more than hard states and snapshots."""
+        await self._collect_written()
         await self._durable(self._rounds_written)
         self._release_waiting()
         for group, hosted in self.groups.items():
