@@ -32,16 +32,18 @@ def raw_disk_bandwidth(directory: Path, total_bytes: int = 256 * limits.MiB, sec
     written = 0
     latencies = []
     with tempfile.NamedTemporaryFile(dir=directory, prefix="rocket-disk-probe-") as probe:
-        descriptor = os.open(probe.name, os.O_WRONLY | os.O_DIRECT) if direct else os.dup(probe.fileno())
-        started = time.perf_counter()
-        while written < total_bytes and time.perf_counter() - started < seconds_max:
-            before = time.perf_counter()
-            os.pwrite(descriptor, block, written)
-            os.fdatasync(descriptor)
-            latencies.append(time.perf_counter() - before)
-            written += len(block)
-        elapsed = time.perf_counter() - started
-        os.close(descriptor)
+        descriptor = os.open(probe.name, os.O_WRONLY | (os.O_DIRECT if direct else 0))
+        try:
+            started = time.perf_counter()
+            while written < total_bytes and time.perf_counter() - started < seconds_max:
+                before = time.perf_counter()
+                os.pwrite(descriptor, block, written)
+                os.fdatasync(descriptor)
+                latencies.append(time.perf_counter() - before)
+                written += len(block)
+            elapsed = time.perf_counter() - started
+        finally:
+            os.close(descriptor)
     return {"bytes": written, "seconds": elapsed, "mb_per_s": written / elapsed / 1e6,
             "fdatasync_ms_p50": percentile(latencies, 50) * 1000}
 
