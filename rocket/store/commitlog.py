@@ -491,16 +491,20 @@ class CommitLog:
             raise self._damage(start, position, "record checksum mismatch")
         return kind, body
 
+    def _from_tail(self, position: int, length: int) -> bytes | None:
+        """The written bytes at position from a direct log's memory, if it holds them all (None: read the file)."""
+        if self._tail is None or position + length > self.end_position:
+            return None
+        return self._tail.read(position, length)
+
     def _pread(self, start: int, position: int, length: int) -> bytes:
         """Up to length bytes at position, in the segment at start: from a direct log's memory if it holds
         them, else from the file (shorter if the file ends first)."""
-        if self._tail is not None and position >= self._tail.cached_from and position + length <= self.end_position:
-            data = self._tail.read(position, length)
-            if data is not None:
-                return data
-        descriptor = self._reader(start)
-        data = os.pread(descriptor, length, position - start)
-        self._drop_read(descriptor, start, position, length)
+        data = self._from_tail(position, length)
+        if data is None:
+            descriptor = self._reader(start)
+            data = os.pread(descriptor, length, position - start)
+            self._drop_read(descriptor, start, position, length)
         return data
 
     def read_slice(self, position: int, length: int, detached: bool = False) -> bytes:
@@ -513,10 +517,9 @@ class CommitLog:
         if index < 0 or position + length > self.end_position:
             raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"log bytes {position}+{length} are outside the log")
         start = starts[index]
-        if self._tail is not None and position >= self._tail.cached_from:
-            data = self._tail.read(position, length)
-            if data is not None:
-                return data
+        data = self._from_tail(position, length)
+        if data is not None:
+            return data
         if not detached:
             return self._read_at(self._reader(start), start, position, length)
         with self._detached(start) as descriptor:
