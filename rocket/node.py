@@ -52,9 +52,9 @@ class Ready:
 def keep_freed_memory() -> bool:
     """Have glibc's malloc serve big blocks (a 1 MiB batch, a read) from its heap, and keep freed heap memory,
     instead of mapping fresh pages for each block and unmapping them once freed. A fresh page costs a fault
-    on first touch, and on a VM that hands free memory back to its host a host fault too: produce ran about
-    1.4x faster with warm pages (benchmarks/RESULTS.md, "Warm memory"). Process-wide; False where the C
-    library has no mallopt (macOS) or refuses the values."""
+    on first touch, and on a VM that hands free memory back to its host a host fault too: produce of 1 GB ran
+    1.2x faster with warm pages (benchmarks/RESULTS.md, "Direct I/O, warm memory and a pipelined round loop").
+    Process-wide; False where the C library has no mallopt (macOS) or refuses the values."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
