@@ -7,6 +7,7 @@ fsync is done, its messages go out, coalesced into one payload per destination n
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -94,7 +95,11 @@ class RaftHost:
         # The round being written, until the next round (or a checkpoint) takes where its bytes lie: the
         # round loop goes on meanwhile, and the next round's write starts only after it.
         self._writing: tuple[_Round, trio.Event, list] | None = None
-        self._nursery: trio.Nursery | None = None
+        # Persist threads are started at once, not as a task that waits for the scheduler's next batch;
+        # run() does not return while one is in flight, and the first one to fail fails the round loop.
+        self._persisting = 0
+        self._persisted = trio.Event()
+        self._persist_error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         # Only groups touched since the last round are asked for a Ready, and only awake groups are
         # ticked: thousands of quiet groups then cost nothing per tick.
@@ -243,15 +248,20 @@ class RaftHost:
         return index if result is None else result
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            self._token = trio.lowlevel.current_trio_token()
-            nursery.start_soon(self._ticker)
-            task_status.started()
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                await self._round()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._token = trio.lowlevel.current_trio_token()
+                nursery.start_soon(self._ticker)
+                task_status.started()
+                while True:
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                    self._check_persisted()
+                    await self._round()
+        finally:
+            with trio.CancelScope(shield=True):  # the WAL is closed after this returns: let its writes end
+                while self._persisting:
+                    await self._persisted.wait()
 
     async def _ticker(self) -> None:
         while True:
@@ -334,9 +344,29 @@ class RaftHost:
         invariant(self._writing is None, "one round is written at a time")
         self._rounds_written = current.number = current.number + 1
         written, result = trio.Event(), []
-        self._nursery.start_soon(trio.to_thread.run_sync, self._persist, current.number, updates,
-                                 [blobs for blobs, _, _ in current.data], written, result, compacted)
+        self._persisting += 1
+        trio.lowlevel.start_thread_soon(
+            functools.partial(self._persist, current.number, updates, [blobs for blobs, _, _ in current.data],
+                              written, result, compacted),
+            lambda outcome: self._token.run_sync_soon(self._persist_ended, getattr(outcome, "error", None)))
         self._writing = (current, written, result)
+
+    def _persist_ended(self, error: BaseException | None) -> None:
+        """In the trio thread: a persist thread returned. If it failed, what the round loop waits for never
+        comes: wake it, to raise the error."""
+        self._persisting -= 1
+        self._persisted.set()
+        self._persisted = trio.Event()
+        if error is not None and self._persist_error is None:
+            self._persist_error = error
+            self._durable_changed.set()
+            self._wake.set()
+            if self._writing is not None:
+                self._writing[1].set()
+
+    def _check_persisted(self) -> None:
+        if self._persist_error is not None:
+            raise self._persist_error
 
     async def _collect_written(self) -> None:
         """Wait until the round being written is written, and take where its entries and data lie."""
@@ -344,6 +374,7 @@ class RaftHost:
             return
         current, written, result = self._writing
         await written.wait()
+        self._check_persisted()
         self._writing = None
         [(positions, current.data_positions)] = result
         for group, found in positions.items():
@@ -404,6 +435,7 @@ class RaftHost:
 
     async def _durable(self, number: int) -> None:
         while self._rounds_durable < number:
+            self._check_persisted()
             await self._durable_changed.wait()
 
     def _release(self, synced: _Round) -> None:

@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import outcome
 import pytest
 import trio
 import trio.testing
@@ -32,7 +33,11 @@ def inline_threads(monkeypatch):
     async def run_sync(function, *args, **_):
         return function(*args)
 
+    def start_thread_soon(function, deliver, **_):
+        deliver(outcome.capture(function))
+
     monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
+    monkeypatch.setattr(trio.lowlevel, "start_thread_soon", start_thread_soon)
 
 
 @pytest.mark.sim_seeds(ROLE_SEEDS)

@@ -3,8 +3,10 @@ rounds overlap writes with fsyncs, yet nothing leaves a node or is applied befor
 
 from __future__ import annotations
 
+import errno
 import struct
 import threading
+import time
 import zlib
 from contextlib import asynccontextmanager
 
@@ -14,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rocket import limits
-from rocket.errors import Code, RocketError
+from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.raft import codec
 from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, Snapshot
 from rocket.raft.host import RaftHost
@@ -374,3 +376,65 @@ def test_a_compactions_outside_state_is_synced_in_the_persist_thread_before_its_
     wal.close()
     assert hooks and not any(in_trio for in_trio, _ in hooks)
     assert all(any(before < write for _, before in hooks) for write in snapshot_writes)
+
+
+def test_a_failed_wal_write_or_fsync_fails_the_round_loop_and_no_proposal_is_answered(tmp_path):
+    """The persist thread's error reaches RaftHost.run, whether the write or the fsync failed: nothing
+    waits forever for a round that was never made durable, and no proposer hears success."""
+    for failing in ("write", "sync"):
+        wal = _GatedWal.open(tmp_path / failing)
+        wal.gate.release(1000)
+        real = getattr(wal, failing)
+        armed = []
+
+        def fail(*arguments, real=real, armed=armed):
+            if armed:
+                raise OSError(errno.EIO, "the disk went away")
+            return real(*arguments)
+
+        setattr(wal, failing, fail)
+        answered = []
+
+        async def scenario() -> None:
+            host = RaftHost(1, wal, lambda node, payload: None, tick_s=0.01)
+            with trio.fail_after(10), pytest.raises(OSError) as caught, collapse_single_error():
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(host.run)
+                    host.add_group(3, (1,), _CheckedMachine(wal, 3))
+                    await host.propose(3, b"before")  # the group works, then the disk fails
+                    armed.append(True)
+
+                    async def propose() -> None:
+                        answered.append(await host.propose(3, b"lost"))
+
+                    nursery.start_soon(propose)
+                    await trio.sleep_forever()
+            assert caught.value.errno == errno.EIO
+
+        trio.run(scenario)
+        wal.close()
+        assert answered == []
+
+
+def test_the_round_loop_returns_only_after_its_persist_threads(tmp_path):
+    """Cancelled while a round's fsync is held, RaftHost.run returns only once the persist thread is done,
+    so that the WAL is never closed under a write or an fsync."""
+    wal = _GatedWal.open(tmp_path)
+    released = []
+
+    def release() -> None:
+        released.append(time.monotonic())
+        wal.gate.release(1000)  # this fsync, and any of a round written after it
+
+    async def scenario() -> None:
+        host = RaftHost(1, wal, lambda node, payload: None, tick_s=3600)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(host.run)
+            host.add_group(3, (1,), _CheckedMachine(wal, 3))
+            await _eventually(lambda: wal.syncs_begun == 1, "an fsync is held")
+            threading.Timer(0.2, release).start()
+            nursery.cancel_scope.cancel()
+        assert released and time.monotonic() >= released[0] and 3 in wal.durable
+
+    trio.run(scenario)
+    wal.close()
