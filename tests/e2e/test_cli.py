@@ -134,3 +134,25 @@ def test_message_and_group_commands(server_process):
     assert again.returncode == 1 and b"NOT_FOUND" in again.stderr
     refused = rocket("send", "later", "now", server=server, check=False)
     assert refused.returncode == 1 and b"WRONG_MESSAGE_TYPE" in refused.stderr
+
+
+def test_bench_produce_then_consume_report_beside_the_raw_disk(server_process, tmp_path):
+    """`rocket bench produce` fills a topic that `rocket bench consume` then reads back whole, with messages and
+    with bodies only; each JSON report puts its result beside the raw disk probes (before and after the run, and
+    with O_DIRECT where the file system allows it)."""
+    server = server_process().start()
+    produced = tmp_path / "produce.json"
+    rocket("bench", "produce", "--messages", "3000", "--topic", "bench", "--disk-dir", str(tmp_path / "disk"),
+           "--json", str(produced), server=server)
+    report = json.loads(produced.read_text())
+    assert report["result"]["messages"] == 3000 and report["result"]["mb_per_s"] > 0
+    assert len(report["raw_disk"]) == 2 and all(disk["mb_per_s"] > 0 for disk in report["raw_disk"])
+    assert report["ratio_to_raw_disk"] == report["result"]["mb_per_s"] / report["raw_disk_mb_per_s"]
+    if "raw_disk_direct" in report:  # absent on a file system without O_DIRECT (tmpfs)
+        assert report["ratio_to_raw_disk_direct"] == report["result"]["mb_per_s"] / report["raw_disk_direct"]["mb_per_s"]
+    assert not list((tmp_path / "disk").iterdir()), "the probes leave no file behind"
+    for bodies in ([], ["--bodies"]):
+        consumed = tmp_path / "consume.json"
+        rocket("bench", "consume", "--topic", "bench", "--messages", "3000", *bodies, "--disk-dir", str(tmp_path / "disk"),
+               "--json", str(consumed), server=server)
+        assert json.loads(consumed.read_text())["result"]["messages"] == 3000
