@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import logging
@@ -539,16 +538,6 @@ async def consume(
     err.print(f"consumed {received:,} messages from {topic} as group {group}")
 
 
-def _direct_probe(directory: Path, total_bytes: int) -> dict | None:
-    """The raw disk probe with O_DIRECT, or None where the file system refuses O_DIRECT (tmpfs)."""
-    try:
-        return bench_module.raw_disk_bandwidth(directory, total_bytes, direct=True)
-    except OSError as error:
-        if error.errno != errno.EINVAL:
-            raise
-        return None
-
-
 def _bench_report(title: str, result: dict, disks: list[dict], json_file: Optional[Path],
                   direct: dict | None = None) -> None:
     """Print and save a result beside the raw disk bandwidth, probed before and after the run (and with
@@ -587,7 +576,7 @@ async def bench_produce(
     """Durable produce throughput and latency, beside the disk's raw fdatasync bandwidth."""
     probe_bytes = max(256 * limits.MiB, min(messages * size, 4096 * limits.MiB))
     before = await trio.to_thread.run_sync(bench_module.raw_disk_bandwidth, disk_dir, probe_bytes)
-    direct = await trio.to_thread.run_sync(_direct_probe, disk_dir, probe_bytes)
+    direct = await trio.to_thread.run_sync(bench_module.raw_disk_bandwidth_direct, disk_dir, probe_bytes)
     async with connect(server, transport, serde) as channel:
         with _progress(messages) as progress:
             task = progress.add_task("producing", total=messages)

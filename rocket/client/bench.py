@@ -4,6 +4,7 @@ durable write bandwidth of a directory's disk (1 MiB writes + fdatasync), measur
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import tempfile
@@ -46,6 +47,17 @@ def raw_disk_bandwidth(directory: Path, total_bytes: int = 256 * limits.MiB, sec
             os.close(descriptor)
     return {"bytes": written, "seconds": elapsed, "mb_per_s": written / elapsed / 1e6,
             "fdatasync_ms_p50": percentile(latencies, 50) * 1000}
+
+
+def raw_disk_bandwidth_direct(directory: Path, total_bytes: int = 256 * limits.MiB,
+                              seconds_max: float = 20.0) -> dict | None:
+    """raw_disk_bandwidth with O_DIRECT, or None where the file system refuses O_DIRECT (tmpfs before Linux 6.6)."""
+    try:
+        return raw_disk_bandwidth(directory, total_bytes, seconds_max, direct=True)
+    except OSError as error:
+        if error.errno != errno.EINVAL:
+            raise
+        return None
 
 
 def percentile(values: list[float], rank: float) -> float:
