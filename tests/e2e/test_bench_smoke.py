@@ -64,3 +64,19 @@ def test_system_has_sane_figures(report, name):
 def test_rocket_is_always_measured():
     """rocket needs nothing installed beyond this package, so it is never the one left out."""
     assert SYSTEMS["rocket"].missing() is None
+
+
+def test_disk_modes_measures_every_mode(tmp_path):
+    """benchmarks/disk_modes.py, tiny and without the idle waits: every write mode and both reads give a rate."""
+    out = tmp_path / "disk-modes.json"
+    finished = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "disk_modes.py"), "--dir", str(tmp_path), "--mib", "4",
+         "--rounds", "1", "--settle-s", "0", "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    modes = {run["mode"] for run in runs}
+    assert {"buffered, cold, pipelined", "buffered, cold", "buffered, warm"} <= modes, modes
+    if "direct" in modes:
+        assert {"read, cold", "read, recycled"} <= modes, modes
+    assert all(run["mb_per_s"] > 0 for run in runs), runs
+    assert not list(tmp_path.glob("rocket-disk-modes-*")), "the probe files are deleted"
