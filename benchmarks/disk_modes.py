@@ -2,14 +2,15 @@
 that was free for a while costs a host fault when a write first touches it. This measures, in one run,
 1 MiB writes + fdatasync three ways, with the time in write() and in fdatasync() apart:
 
-- buffered, cold: appending to a new file after the pages freed before have had time to be reported;
-- buffered, warm: the same at once after deleting the first file, so that its freed pages are reused;
-- buffered, cold, pipelined: as cold, but each write overlaps the fdatasync of the write before it (in another
-  thread), as a log with group commit does: the most any buffered log can write durably onto fresh pages;
+- buffered, cold, pipelined: appending to a new file after the pages freed before have had time to be reported
+  (--settle-s), each write overlapping the fdatasync of the write before it (in another thread), as a log with
+  group commit does: the most any buffered log can write durably onto fresh pages;
+- buffered, cold: the same after another wait, each write followed by its fdatasync;
+- buffered, warm: the same at once after deleting that file, so that its freed pages are reused;
 - direct: O_DIRECT from one aligned buffer, which allocates no page-cache page at all;
 
-and reading that file back in 1 MiB preads, its pages dropped first: cold (after 5 s), and recycled (each MiB's
-pages dropped once read, so that the next reads reuse them).
+and reading that file back in 1 MiB preads, its pages dropped first: cold (after another wait), and recycled (each
+MiB's pages dropped once read, so that the next reads reuse them).
 
     python benchmarks/disk_modes.py [--dir DIR] [--mib 512] [--rounds 2] [--settle-s 5]    # results/disk-modes.json
 """
