@@ -1,6 +1,6 @@
 """Why the raw-disk probe swings: on a VM whose balloon reports free pages to the host, a page-cache page
 that was free for a while costs a host fault when a write first touches it. This measures, in one run,
-1 MiB writes + fdatasync three ways, with the time in write() and in fdatasync() apart:
+1 MiB writes + fdatasync four ways, with the time in write() and in fdatasync() apart:
 
 - buffered, cold, pipelined: appending to a new file after the pages freed before have had time to be reported
   (--settle-s), each write overlapping the fdatasync of the write before it (in another thread), as a log with
