@@ -57,6 +57,7 @@ raft_wal_segment_bytes_min = 33 * MiB  # ... and the biggest entry must fit such
 wal_direct_cached_bytes_default = 64 * MiB  # a direct WAL's newest bytes, kept in memory for reads
 malloc_mmap_threshold = 32 * MiB  # a node's allocations below this come from malloc's heap (glibc's most) ...
 malloc_trim_threshold = 256 * MiB  # ... and up to this much freed memory stays in each malloc arena: warm pages
+malloc_pretouch_bytes = 128 * MiB  # touched at start and kept: a node's first big blocks reuse it, no fresh pages
 wal_reclaim_s = 5.0  # how often a storage node looks for WAL segments nothing needs any more
 wal_reclaim_window_segments = 4  # the oldest segments whose live share decides whether live batches move forward
 wal_live_fraction_max = 0.5  # ... when at most this share of them is live: copying costs at most what it frees
@@ -155,3 +156,5 @@ invariant(storage_append_wait_s_max < storage_call_s_max < storage_retry_s_max, 
 invariant(tier_piece_bytes_min <= tier_piece_bytes_default <= tier_piece_bytes_max, "piece sizes are ordered")
 invariant(tier_piece_bytes_max <= object_bytes_max, "a piece is one object")
 invariant(read_bytes_max <= cold_cache_bytes_max, "a cold read fits the cache")
+invariant(MiB < malloc_mmap_threshold and malloc_pretouch_bytes < malloc_trim_threshold,
+          "the pretouched blocks come from malloc's heap and stay there once freed")
