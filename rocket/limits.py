@@ -24,6 +24,7 @@ http2_streams_per_connection_max = 128  # concurrent HTTP/2 streams per connecti
 
 # Store.
 segment_bytes_max_default = 256 * MiB  # a sealed segment is the tier's upload unit
+log_write_bytes_max = MiB  # a commit log writes a round in calls of at most this many bytes (see CommitLog._write)
 segment_bytes_min = 1 * MiB  # smaller segments would turn every batch into a file
 log_record_bytes_max = batch_bytes_max + 64 * KiB  # a log record is one batch plus its routing header
 log_reader_fds_max = 64  # open read descriptors on sealed segments; older ones are reopened on demand

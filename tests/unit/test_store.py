@@ -671,6 +671,33 @@ def test_a_log_with_cached_bytes_drops_the_pages_of_older_bytes_once_written_or_
     plain.close()
 
 
+@pytest.mark.parametrize("short_writes", [False, True])
+def test_a_round_is_written_in_calls_of_at_most_the_write_limit(tmp_path, monkeypatch, short_writes):
+    """Many records, and a record bigger than the limit, go out in writev calls of at most log_write_bytes_max
+    bytes each, filled as far as the limit lets; short writes resume where they stopped; the records read back."""
+    step = 256 * 1024
+    monkeypatch.setattr(limits, "log_write_bytes_max", step)
+    log = CommitLog.open(tmp_path / "log", segment_bytes_max=limits.segment_bytes_max_default)
+    calls: list[int] = []
+    real_writev = os.writev
+
+    def writev(descriptor, buffers):
+        calls.append(sum(len(buffer) for buffer in buffers))
+        if short_writes:  # the kernel may take fewer bytes than asked, even mid-buffer
+            return real_writev(descriptor, [memoryview(buffers[0])[: max(1, len(buffers[0]) // 2)]])
+        return real_writev(descriptor, buffers)
+
+    monkeypatch.setattr(commitlog_module.os, "writev", writev)
+    bodies = [os.urandom(size) for size in (100_000, 100_000, 700_000, 3_000, 1_000_000)]
+    positions = log.append([(1, body) for body in bodies])
+    total = sum(commitlog_module.HEADER_BYTES + len(body) for body in bodies)
+    assert max(calls) <= step
+    if not short_writes:  # each call took as much as the limit let it: no two in a row would have fit in one
+        assert sum(calls) == total and all(first + second > step for first, second in zip(calls, calls[1:]))
+    assert log.end_position == total and [log.read(position)[1] for position in positions] == bodies
+    log.close()
+
+
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this OS")
 def test_read_ahead_advises_each_span_in_its_segment(tmp_path, monkeypatch):
     """read_ahead asks the kernel to read each span where it lies, across segments; spans whose segment was
