@@ -330,10 +330,10 @@ class CommitLog:
 
     def _write(self, buffers: list[bytes | memoryview]) -> None:
         """writev everything, resuming after short writes, at most limits.log_write_bytes_max (and IOV_MAX
-        buffers) a call. Linux (6.18, ext4) puts a write of 2 MiB or more in page-cache folios of 2 MiB, and on
-        a VM that hands free memory back to its host those are slow to fill: a round of eight producers' batches
-        written in one call took 2.1 ms per MiB, in calls of 1 MiB 0.5 (benchmarks/RESULTS.md, "Writes of at
-        most 1 MiB")."""
+        buffers) a call. Linux (6.18, ext4) puts a big write in page-cache folios of up to 2 MiB (writes of 4 MiB
+        went all into 2 MiB folios), and on a VM that hands free memory back to its host those are slow to fill:
+        a round of eight producers' batches written in one call took 2.1 ms per MiB, in calls of 1 MiB 0.5
+        (benchmarks/RESULTS.md, "Writes of at most 1 MiB")."""
         if self._tail is not None:
             return self._write_direct(buffers)
         step = limits.log_write_bytes_max
