@@ -9,33 +9,34 @@ import sys
 
 import pytest
 
-# Blocks of 1, 2, ... 24 MiB, each filled and freed. By default glibc maps each one afresh (its dynamic mmap
-# threshold only rises to the size last freed) and every page faults; kept on the heap, only growth faults.
-GROWING_BLOCKS = """
+# Runs a workload in a fresh interpreter, with keep_freed_memory applied ("keep") or not ("default"), and prints
+# whether it applied and how many minor faults the workload took.
+PROGRAM = """
 import resource, sys
 from rocket.node import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else None
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for mib in range(1, 25):
-    block = b"\\x01" * (mib << 20)
-    del block
+{workload}
 print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
+# Blocks of 1, 2, ... 24 MiB, each filled and freed. By default glibc maps each one afresh (its dynamic mmap
+# threshold only rises to the size last freed) and every page faults; kept on the heap, only growth faults.
+GROWING_BLOCKS = """
+for mib in range(1, 25):
+    block = b"\\x01" * (mib << 20)
+    del block
+"""
 
 # 96 blocks of 1 MiB alive at once, as batches in flight and a group's Raft log hold them: a heap that has not
 # grown that far yet faults on every page of them, unless it was touched before.
 WORKING_SET = """
-import resource, sys
-from rocket.node import keep_freed_memory
-applied = keep_freed_memory() if sys.argv[1] == "keep" else None
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 blocks = [b"\\x01" * (1 << 20) for _ in range(96)]
-print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def faults(mode: str, program: str = GROWING_BLOCKS) -> tuple[str, int]:
+def faults(mode: str, workload: str = GROWING_BLOCKS) -> tuple[str, int]:
+    program = PROGRAM.format(workload=workload)
     out = subprocess.run([sys.executable, "-c", program, mode], capture_output=True, text=True, check=True)
     applied, count = out.stdout.split()
     return applied, int(count)
