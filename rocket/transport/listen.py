@@ -26,12 +26,12 @@ async def connect(host: str, port: int) -> trio.SocketStream:
 
 
 def unpaced_on_loopback(stream: trio.SocketStream) -> None:
-    """A connection whose two ends are on this host gets Reno congestion control, which does not pace. The
+    """A connection over a loopback address gets Reno congestion control, which does not pace. The
     machine's default may be BBR, which paces at the bandwidth it measured over its last round trips; on loopback
     those span microseconds. During a produce on the development VM its estimate fell at times from 16-42 Gbit/s to
-    0.6-1.6, and a 1 MiB batch then came through in 64 KiB segments over milliseconds (benchmarks/RESULTS.md,
-    "Loopback connections without pacing"). Reno is built into Linux and open to every user. Connections to
-    other hosts, other systems, and any refusal keep the machine's default."""
+    0.6-1.7, and a 1 MiB batch then came through in 64 KiB segments over milliseconds (benchmarks/RESULTS.md,
+    "Loopback connections without pacing"). Reno is built into Linux and open to every user. Other connections,
+    other systems, and any refusal keep the machine's default."""
     option = getattr(socket, "TCP_CONGESTION", None)
     if option is None:
         return
