@@ -1,12 +1,14 @@
 """Why the raw-disk probe swings: on a VM whose balloon reports free pages to the host, a page-cache page
 that was free for a while costs a host fault when a write first touches it. This measures, in one run,
-1 MiB writes + fdatasync four ways, with the time in write() and in fdatasync() apart:
+1 MiB writes + fdatasync five ways, with the time in write() and in fdatasync() apart:
 
 - buffered, cold, pipelined: appending to a new file after the pages freed before have had time to be reported
   (--settle-s), each write overlapping the fdatasync of the write before it (in another thread), as a log with
   group commit does: the most any buffered log can write durably onto fresh pages;
 - buffered, cold: the same after another wait, each write followed by its fdatasync;
 - buffered, warm: the same at once after deleting that file, so that its freed pages are reused;
+- buffered, overwrite: that file written again from its start, its blocks allocated and its pages cached, as a log
+  that wrote its segments full ahead (PostgreSQL's wal_init_zero) or reused old ones (wal_recycle) would write;
 - direct: O_DIRECT from one aligned buffer, which allocates no page-cache page at all;
 
 and reading that file back in 1 MiB preads, its pages dropped first: cold (after another wait), and recycled (each
@@ -30,12 +32,13 @@ MiB = 1 << 20
 REPORTING_WAIT_S = 5.0  # Linux reports free pages to the host about 2 s after they are freed
 
 
-def write_and_sync(path: Path, mib: int, direct: bool, pipelined: bool = False) -> dict:
+def write_and_sync(path: Path, mib: int, direct: bool, pipelined: bool = False, overwrite: bool = False) -> dict:
     """Serial: each 1 MiB write, then its fdatasync. Pipelined: write N+1 while N's fdatasync runs, then wait
-    for it and start N+1's; the time given to fdatasync is then only what the writer waited for it."""
+    for it and start N+1's; the time given to fdatasync is then only what the writer waited for it. Overwrite:
+    into the file as it is, not a new one."""
     block = mmap.mmap(-1, MiB)  # page-aligned, as O_DIRECT needs, and the same buffer every time
     block.write(os.urandom(MiB))
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
+    flags = os.O_WRONLY | (0 if overwrite else os.O_CREAT | os.O_TRUNC) | (os.O_DIRECT if direct else 0)
     descriptor = os.open(path, flags, 0o644)
     writing = syncing = 0.0
     syncer = concurrent.futures.ThreadPoolExecutor(1)
@@ -108,6 +111,10 @@ def main() -> None:
                 continue
             runs.append({"round": number, "mode": mode, **measured})
             print(json.dumps(runs[-1]), flush=True)
+            if mode == "buffered, warm":
+                runs.append({"round": number, "mode": "buffered, overwrite",
+                             **write_and_sync(path, arguments.mib, direct=False, overwrite=True)})
+                print(json.dumps(runs[-1]), flush=True)
             if direct:  # the last file written: read it back
                 for read_mode, recycle in (("read, cold", False), ("read, recycled", True)):
                     runs.append({"round": number, "mode": read_mode,

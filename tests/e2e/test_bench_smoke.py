@@ -75,7 +75,7 @@ def test_disk_modes_measures_every_mode(tmp_path):
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     modes = {run["mode"] for run in runs}
-    assert {"buffered, cold, pipelined", "buffered, cold", "buffered, warm"} <= modes, modes
+    assert {"buffered, cold, pipelined", "buffered, cold", "buffered, warm", "buffered, overwrite"} <= modes, modes
     if "direct" in modes:
         assert {"read, cold", "read, recycled"} <= modes, modes
     assert all(run["mb_per_s"] > 0 for run in runs), runs
