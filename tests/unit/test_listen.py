@@ -1,4 +1,4 @@
-"""Connections opened and accepted by every transport: those between two ends on one host are not paced."""
+"""Connections opened and accepted by every transport: those over a loopback address are not paced."""
 
 from __future__ import annotations
 
