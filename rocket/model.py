@@ -6,20 +6,25 @@ import dataclasses
 import re
 import zlib
 
+import msgspec
+
 from rocket import limits
 from rocket.errors import Code, RocketError
 
 _name_pattern = re.compile(r"^[A-Za-z0-9._%-]+$")
 
 
-@dataclasses.dataclass(slots=True)
-class Message:
-    """One message as a user sees it. queue and offset are set once it is stored."""
+class Message(msgspec.Struct, gc=False):
+    """One message as a user sees it. queue and offset are set once it is stored.
+
+    A C struct (msgspec) rather than a dataclass: a consumer makes one per message received, and this
+    one costs a third as much to make and nothing to the garbage collector (gc=False: it holds only
+    bytes, str, int and a dict of str, so it is never part of a reference cycle)."""
 
     body: bytes
     key: str = ""
     tag: str = ""
-    properties: dict[str, str] = dataclasses.field(default_factory=dict)
+    properties: dict[str, str] = {}  # an empty default is copied per message
     timestamp_ms: int = 0
     queue: int = -1
     offset: int = -1

@@ -223,11 +223,11 @@ def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> 
         position = start + key_len + tag_len + props_len + body_len
         if position > size or delta < 0:
             raise _bad(f"message {index} runs past the end of the batch")
-        if not (key_len or tag_len or props_len):
-            append(Message(data[position - body_len : position], "", "", {}, first_ms + delta, queue, offset))
+        key = data[start : start + key_len].decode("utf-8", "replace") if key_len else ""
+        if not (tag_len or props_len):
+            append(Message(data[position - body_len : position], key, "", {}, first_ms + delta, queue, offset))
             offset += 1
             continue
-        key = data[start : start + key_len].decode("utf-8", "replace") if key_len else ""
         start += key_len
         tag = data[start : start + tag_len].decode("utf-8", "replace") if tag_len else ""
         start += tag_len

@@ -19,6 +19,7 @@ import logging
 import struct
 from pathlib import Path
 
+import msgspec
 import orjson
 import trio
 
@@ -632,8 +633,8 @@ class Store:
             due: list[Message] = []
             for offset, deliver_at_ms in wanted.items():
                 base_offset, messages = self._timer_batch(waiting, queue, offset)
-                due.append(dataclasses.replace(messages[offset - base_offset], timestamp_ms=deliver_at_ms,
-                                               deliver_at_ms=0))
+                due.append(msgspec.structs.replace(messages[offset - base_offset], timestamp_ms=deliver_at_ms,
+                                                  deliver_at_ms=0))
             due.sort(key=lambda message: (message.timestamp_ms, message.offset))
             topic = waiting[len(timer_topic("")):]
             deliveries.extend((topic, queue, [message.offset for message in chunk], batch_codec.encode(chunk, now_ms))

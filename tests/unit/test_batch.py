@@ -38,6 +38,12 @@ def test_encode_decode_round_trip(originals, base_offset):
             assert header.tag_summary & batch.tag_bit(message.tag)
 
 
+def test_messages_do_not_share_their_default_properties():
+    first, second = Message(b"a"), Message(b"b")
+    first.properties["name"] = "value"
+    assert second.properties == {} and Message(b"c").properties == {}
+
+
 def test_lines_fast_path():
     """A chunk of lines becomes one batch whose messages are the lines, empty ones included."""
     encoded = batch.encode_lines(b"a\n\nccc\n", 5)
