@@ -18,7 +18,7 @@ class Message(msgspec.Struct, gc=False):
     """One message as a user sees it. queue and offset are set once it is stored.
 
     A C struct (msgspec) rather than a dataclass: a consumer makes one per message received, and this
-    one costs a third as much to make and nothing to the garbage collector (gc=False: it holds only
+    one costs a quarter as much to make and nothing to the garbage collector (gc=False: it holds only
     bytes, str, int and a dict of str, so it is never part of a reference cycle)."""
 
     body: bytes
