@@ -94,9 +94,13 @@ def _seal(flags: int, count: int, first_ms: int, last_ms: int, tags: int, payloa
     return head[:_crc_covered_header] + struct.pack("<I", crc) + payload
 
 
-def _encode_properties(properties: dict[str, str]) -> bytes:
-    if not properties:
-        return b""
+def _encode_properties(message: Message) -> bytes:
+    """A message's properties as the record carries them, its delivery time among them."""
+    if DELIVER_AT_PROPERTY in message.properties:
+        raise RocketError(Code.BAD_REQUEST, f"property {DELIVER_AT_PROPERTY!r} is reserved: set deliver_at_ms")
+    properties = message.properties
+    if message.deliver_at_ms:
+        properties = {**properties, DELIVER_AT_PROPERTY: str(message.deliver_at_ms)}
     parts = []
     for name, value in properties.items():
         if "\0" in name or "\0" in value or not name:
@@ -108,39 +112,37 @@ def _encode_properties(properties: dict[str, str]) -> bytes:
 
 def encode(messages: list[Message], timestamp_ms: int, transaction: bool = False) -> bytes:
     """Encode messages as one batch (of half messages, with transaction). Messages without a timestamp
-    get timestamp_ms."""
+    get timestamp_ms. This loop is a producer's cost per message: a message without properties or a
+    delivery time takes its short path."""
     if not messages:
         raise RocketError(Code.BAD_REQUEST, "a batch holds at least one message")
     stamps = [m.timestamp_ms or timestamp_ms for m in messages]
     first_ms, last_ms = min(stamps), max(stamps)
     if last_ms - first_ms >= 2**31:
         raise RocketError(Code.BAD_REQUEST, "timestamps in one batch must lie within 24 days")
+    key_max, tag_max = limits.key_bytes_max, limits.tag_bytes_max
+    properties_max, body_max = limits.properties_bytes_max, limits.message_bytes_max
     tags = 0
     flags = 0
     chunks: list[bytes] = []
+    extend = chunks.extend
     pack = _record.pack
     for message, stamp in zip(messages, stamps):
         key = message.key.encode()
         tag = message.tag.encode()
-        if DELIVER_AT_PROPERTY in message.properties:
-            raise RocketError(Code.BAD_REQUEST, f"property {DELIVER_AT_PROPERTY!r} is reserved: set deliver_at_ms")
-        if message.deliver_at_ms:
-            flags = FLAG_TIMED
-            properties = _encode_properties({**message.properties, DELIVER_AT_PROPERTY: str(message.deliver_at_ms)})
-        else:
-            properties = _encode_properties(message.properties)
         body = message.body
-        if len(key) > limits.key_bytes_max or len(tag) > limits.tag_bytes_max:
+        properties = b""
+        if message.properties or message.deliver_at_ms:
+            properties = _encode_properties(message)
+            if message.deliver_at_ms:
+                flags = FLAG_TIMED
+        if len(key) > key_max or len(tag) > tag_max:
             raise RocketError(Code.BAD_REQUEST, "message key or tag is too long")
-        if len(properties) > limits.properties_bytes_max or len(body) > limits.message_bytes_max:
+        if len(properties) > properties_max or len(body) > body_max:
             raise RocketError(Code.BAD_REQUEST, "message properties or body is too large")
         if tag:
             tags |= tag_bit(message.tag)
-        chunks.append(pack(len(body), len(key), len(tag), len(properties), stamp - first_ms))
-        chunks.append(key)
-        chunks.append(tag)
-        chunks.append(properties)
-        chunks.append(body)
+        extend((pack(len(body), len(key), len(tag), len(properties), stamp - first_ms), key, tag, properties, body))
     if transaction:
         if flags:
             raise RocketError(Code.BAD_REQUEST, "a transaction's messages have no delivery time")
