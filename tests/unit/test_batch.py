@@ -1,5 +1,9 @@
 """The produce batch codec: round trips, the delimited fast path, and checks on damaged batches."""
 
+import struct
+import zlib
+
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,6 +40,45 @@ def test_encode_decode_round_trip(originals, base_offset):
     for message in originals:
         if message.tag:
             assert header.tag_summary & batch.tag_bit(message.tag)
+
+
+def legacy(originals: list[Message], version: int = 2, timestamp_ms: int = 1) -> bytes:
+    """A batch as versions 1 and 2 wrote it: records with a fixed head of lengths, the delivery time a
+    property, and for version 1 zlib's CRC-32."""
+    stamps = [m.timestamp_ms or timestamp_ms for m in originals]
+    records, tags, flags = [], 0, 0
+    for message, stamp in zip(originals, stamps):
+        properties = dict(message.properties)
+        if message.deliver_at_ms:
+            properties[batch.DELIVER_AT_PROPERTY] = str(message.deliver_at_ms)
+            flags = batch.FLAG_TIMED
+        key, tag = message.key.encode(), message.tag.encode()
+        packed = "\0".join(part for pair in properties.items() for part in pair).encode()
+        records += [batch._record.pack(len(message.body), len(key), len(tag), len(packed), stamp - min(stamps)),
+                    key, tag, packed, message.body]
+        tags |= batch.tag_bit(message.tag) if message.tag else 0
+    return seal(b"".join(records), len(originals), version, flags, tags, min(stamps), max(stamps))
+
+
+def seal(payload: bytes, count: int, version: int = batch.VERSION, flags: int = 0, tags: int = 0, first_ms: int = 1,
+         last_ms: int = 1) -> bytes:
+    """A header with a right CRC over any payload: the checksum covers bytes, not their sense."""
+    head = bytearray(batch._header.pack(batch.MAGIC, version, flags, count, first_ms, last_ms, tags, len(payload), 0))
+    checksum = zlib.crc32 if version == 1 else batch.crc32c
+    covered = batch._crc_covered_header
+    struct.pack_into("<I", head, covered, checksum(payload, checksum(bytes(head[:covered]))))
+    return bytes(head) + payload
+
+
+@given(st.lists(messages, min_size=1, max_size=30), st.integers(0, 2**40), st.sampled_from([1, 2]))
+def test_batches_of_earlier_versions_still_decode(originals, base_offset, version):
+    """Stored data and clients from before version 3 write fixed-head records; they read as they were."""
+    encoded = legacy(originals, version)
+    assert batch.check_header(encoded).version == version
+    decoded = batch.decode(encoded, base_offset, 3)
+    assert decoded == [Message(m.body, m.key, m.tag, m.properties, m.timestamp_ms, 3, base_offset + index,
+                               m.deliver_at_ms) for index, m in enumerate(originals)]
+    assert batch.bodies(encoded) == [message.body for message in originals]
 
 
 def test_messages_do_not_share_their_default_properties():
@@ -79,23 +122,89 @@ def test_random_bytes_are_refused_cleanly(read, data):
 
 @readers
 @given(st.lists(messages, min_size=1, max_size=5), st.integers(1, 2**31), st.booleans())
-def test_records_that_disagree_with_the_header_are_refused(read, originals, excess, overrun):
-    """A batch whose CRC is right but whose records overrun it or leave bytes over is refused with BAD_BATCH:
-    the checksum covers the bytes, not their sense."""
-    import struct
-
-    encoded = bytearray(batch.encode(originals, 1))
+def test_legacy_records_that_disagree_with_the_header_are_refused(read, originals, excess, overrun):
+    """A version 2 batch whose CRC is right but whose records overrun it or leave bytes over is refused
+    with BAD_BATCH."""
+    payload = bytearray(legacy(originals)[batch.HEADER_BYTES:])
     if overrun:  # the first body claims more bytes than the batch has
-        struct.pack_into("<I", encoded, batch.HEADER_BYTES, len(encoded) + excess)
+        struct.pack_into("<I", payload, 0, len(payload) + excess)
     else:  # bytes after the last message, counted in the header's payload length
-        encoded += bytes(excess % 64 + 1)
-        struct.pack_into("<I", encoded, batch._header.size - 8, len(encoded) - batch.HEADER_BYTES)
-    covered = batch._crc_covered_header
-    struct.pack_into("<I", encoded, covered, batch.crc32c(encoded[batch.HEADER_BYTES:], batch.crc32c(encoded[:covered])))
+        payload += bytes(excess % 64 + 1)
     with pytest.raises(RocketError) as caught:
-        read(bytes(encoded))
+        read(seal(bytes(payload), len(originals), version=2))
     assert caught.value.code == Code.BAD_BATCH
     assert ("past the end" if overrun else "follow the last message") in caught.value.message
+
+
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=8)
+    | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=9) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=30)
+
+
+@readers
+@settings(max_examples=500)
+@given(st.lists(msgpack_values, max_size=4), st.integers(1, 5))
+def test_records_of_any_shape_are_read_or_refused_cleanly(read, records, count):
+    """A version 3 payload with a right CRC but any msgpack in it reads, or is refused with BAD_BATCH:
+    never another exception."""
+    try:
+        result = read(seal(msgspec.msgpack.encode(records), count))
+    except RocketError as error:
+        assert error.code == Code.BAD_BATCH
+    else:
+        assert len(result) == count == len(records)
+
+
+one = [b"a", "", "", {}, 5]
+
+
+@pytest.mark.parametrize("records, found, bodies_too", [
+    (msgspec.msgpack.encode([one]) + b"\x00", "malformed records", True),  # bytes after the records
+    (msgspec.msgpack.encode([one])[:-1], "malformed records", True),  # records cut short
+    (msgspec.msgpack.encode([[b"a"], [b"b"]]), "holds 2 records, header says 1", True),
+    (msgspec.msgpack.encode([["text body"]]), "malformed records", True),
+    # fields after the body: a reader of bodies alone skips them
+    (msgspec.msgpack.encode([[b"a", "", "", {}, -1]]), "malformed records", False),
+    (msgspec.msgpack.encode([[b"a", "", "", {}, 5, -1, -1, -7]]), "malformed records", False),
+    (msgspec.msgpack.encode([[b"a", "", "", {"n": 1}, 5]]), "malformed records", False),
+])
+def test_records_that_disagree_with_the_header_or_their_fields_are_refused(records, found, bodies_too):
+    for read in (batch.decode, batch.bodies) if bodies_too else (batch.decode,):
+        with pytest.raises(RocketError) as caught:
+            read(seal(records, 1))
+        assert caught.value.code == Code.BAD_BATCH and found in caught.value.message
+
+
+class Plain(str):
+    pass
+
+
+@pytest.mark.parametrize("message", [
+    Message("text body"),  # type: ignore[arg-type]
+    Message(b"x", key=b"bytes key"),  # type: ignore[arg-type]
+    Message(b"x", tag=7),  # type: ignore[arg-type]
+    Message(b"x", key="\ud800"),
+    Message(b"x", properties={"n": 1}),  # type: ignore[dict-item]
+    Message(b"x", properties=None),  # type: ignore[arg-type]
+    Message(b"x", properties={"n": Plain("v")}),
+    Message(b"x", timestamp_ms=-5),
+    Message(b"x", timestamp_ms=1.5),  # type: ignore[arg-type]
+    Message(b"x", timestamp_ms=2**63),
+    Message(b"x", deliver_at_ms=-5),
+    Message(b"x", deliver_at_ms=1.5),  # type: ignore[arg-type]
+])
+def test_what_a_reader_could_not_decode_is_refused_at_encode(message):
+    """A message the records could not carry, or a consumer could not read back, never reaches a queue."""
+    with pytest.raises(RocketError) as caught:
+        batch.encode([Message(b"fine"), message], 1)
+    assert caught.value.code == Code.BAD_REQUEST
+
+
+def test_subclasses_of_str_and_bytes_encode_as_plain_ones():
+    encoded = batch.encode([Message(bytearray(b"body"), key=Plain("k"), tag=Plain("t"))], 1)  # type: ignore[arg-type]
+    assert batch.decode(encoded) == [Message(b"body", "k", "t", {}, 1, -1, 0)]
 
 
 def test_the_delivery_time_property_is_reserved():
@@ -107,19 +216,12 @@ def test_the_delivery_time_property_is_reserved():
 
 def test_version_1_batches_with_zlib_crc_still_check_and_decode():
     """Batches written before CRC-32C (version 1, zlib's CRC-32: a client or stored data from before) check
-    and decode; their CRC is not taken for a version 2 one's, nor the other way round."""
-    import struct
-    import zlib
-
+    and decode; their CRC is not taken for a later version's, nor the other way round."""
+    old = legacy([Message(b"one", key="k"), Message(b"two", tag="t")], version=1)
+    assert [m.body for m in batch.decode(old, 0)] == [b"one", b"two"]
     current = batch.encode([Message(b"one", key="k"), Message(b"two", tag="t")], 1)
-    assert struct.unpack_from("<HB", current) == (batch.MAGIC, 2)
-    legacy = bytearray(current)
-    legacy[2] = 1  # the version byte
-    covered, crc_at = batch._crc_covered_header, batch._crc_covered_header
-    struct.pack_into("<I", legacy, crc_at, zlib.crc32(legacy[batch.HEADER_BYTES:], zlib.crc32(legacy[:covered])))
-    assert [m.body for m in batch.decode(bytes(legacy), 0)] == [b"one", b"two"]
-    assert batch.check_header(bytes(legacy)).count == 2
-    for relabelled, version in ((bytearray(legacy), 2), (bytearray(current), 1)):
+    assert struct.unpack_from("<HB", current) == (batch.MAGIC, 3)
+    for relabelled, version in ((bytearray(old), 2), (bytearray(current), 1)):
         relabelled[2] = version
         with pytest.raises(RocketError) as caught:
             batch.check_header(bytes(relabelled))
