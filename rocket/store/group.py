@@ -225,8 +225,7 @@ def _batches_of(messages: list[Message]):
         message_bytes = 64 + len(message.body) + len(message.key) + len(message.tag) + sum(
             len(name) + len(value) + 2 for name, value in message.properties.items())
         if chunk and (size + message_bytes > limits.producer_batch_bytes_default
-                      or len(chunk) >= limits.batch_messages_max
-                      or message.timestamp_ms - chunk[0].timestamp_ms >= 2**31):  # a batch spans < 24 days
+                      or len(chunk) >= limits.batch_messages_max):
             yield chunk
             chunk, size = [], 0
         chunk.append(message)
@@ -624,7 +623,7 @@ class Store:
     def due_deliveries(self, group: int, now_ms: int) -> list[tuple[str, int, list[int], bytes]]:
         """The group's timers due by now_ms (at most limits.timer_fire_messages_max) as deliveries to
         propose as fires: (topic, queue, timer offsets, batch). Each message is stamped with its
-        delivery time; a batch spans less than 24 days of them and about a producer's batch size."""
+        delivery time, in batches of about a producer's batch size."""
         by_queue: dict[tuple[str, int], dict[int, int]] = {}
         for timer in self.due_timers(group, now_ms, limits.timer_fire_messages_max):
             by_queue.setdefault((timer.topic, timer.queue), {})[timer.offset] = timer.deliver_at_ms
