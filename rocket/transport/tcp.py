@@ -286,7 +286,7 @@ class TcpChannel:
         self._waiting.clear()
 
     async def read_loop(self) -> None:
-        decoder = FrameDecoder()
+        decoder = FrameDecoder(reuse=True)
         try:
             while True:
                 if not await receive_into(self._stream, decoder):

@@ -103,3 +103,33 @@ def test_attachment_tables_that_do_not_add_up_are_bad_frames():
     with pytest.raises(FrameError) as refused:
         decoder.next_frame()
     assert refused.value.code == Code.BAD_FRAME
+
+
+def receive(decoder: FrameDecoder, data: bytes) -> frames.Frame:
+    """As a socket delivers a large frame: its first bytes, then the rest into the frame's own buffer."""
+    decoder.feed(data[:100])
+    assert decoder.next_frame() is None
+    decoder.wrote(len(data) - 100)
+    decoder._large[-(len(data) - 100):] = data[100:]  # what recv_into(writable()) does
+    frame = decoder.next_frame()
+    assert frame is not None and decoder.buffered_bytes == 0
+    return frame
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_a_frame_buffer_is_filled_again_only_once_no_view_of_it_is_left(reuse):
+    """A client's decoder receives a large frame into a buffer it used before, but never into one that a
+    frame still being read (or a batch sliced from it) holds a view of."""
+    decoder = FrameDecoder(reuse=reuse)
+    first = receive(decoder, frames.encode(Kind.RESPONSE, 0, 1, b"a" * 200_000))
+    batch = first.body[1000:2000]
+    second = receive(decoder, frames.encode(Kind.RESPONSE, 0, 2, b"b" * 200_000))
+    buffer = first.body.obj
+    del first
+    third = receive(decoder, frames.encode(Kind.RESPONSE, 0, 3, b"c" * 300_000))
+    assert third.body.obj is not buffer and bytes(batch) == b"a" * 1000  # the batch's view kept it
+    del batch
+    fourth = receive(decoder, frames.encode(Kind.RESPONSE, 0, 4, b"d" * 100_000))
+    assert (fourth.body.obj is buffer) == reuse
+    assert (bytes(second.body), bytes(third.body), bytes(fourth.body)) == (b"b" * 200_000, b"c" * 300_000,
+                                                                           b"d" * 100_000)
