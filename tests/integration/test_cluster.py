@@ -203,11 +203,11 @@ class Kill:
     caught_up_s: float | None = None
 
 
-async def wait_all_groups_led(servers: list[str], among: set[int], timeout_s: float) -> dict:
+async def wait_all_groups_led(servers: list[str], among: set[int], timeout_s: float, groups: int = GROUPS) -> dict:
     with trio.fail_after(timeout_s):
         while True:
             status = await cluster_status(servers)
-            if status is not None and len(status["groups"]) == GROUPS and all(
+            if status is not None and len(status["groups"]) == groups and all(
                     group["leader"] in among for group in status["groups"]):
                 return status
             await trio.sleep(0.2)

@@ -11,8 +11,10 @@ import trio
 from rocket.client import Admin, Outcome, SimpleConsumer, connect, open_producer, open_transaction_producer
 from rocket.model import Message
 from rocket.transport.listen import free_ports
-from tests.integration.test_cluster import NODES, Node, cluster_status, leader_counts
+from tests.integration.test_cluster import NODES, Node, leader_counts, wait_all_groups_led
 from tests.integration.test_semantics import consume_until
+
+GROUPS = 8
 
 
 async def test_timers_pops_and_transactions_survive_the_loss_of_the_busiest_storage_leader(tmp_path):
@@ -22,7 +24,7 @@ async def test_timers_pops_and_transactions_survive_the_loss_of_the_busiest_stor
     are each acked once, and the checker's commits (10 of 20) become visible once."""
     ports = free_ports(len(NODES))
     nameservers = ",".join(f"{node}@127.0.0.1:{port}" for node, port in zip(NODES, ports))
-    environment = {"ROCKET_STORAGE_GROUPS": "8", "ROCKET_REPLICATION": "3", "ROCKET_TRANSACTION_TIMEOUT_S": "1",
+    environment = {"ROCKET_STORAGE_GROUPS": str(GROUPS), "ROCKET_REPLICATION": "3", "ROCKET_TRANSACTION_TIMEOUT_S": "1",
                    "ROCKET_TRANSACTION_CHECK_S": "1"}
     nodes = {node: Node(node, port, nameservers, tmp_path, environment=environment) for node, port in zip(NODES, ports)}
     try:
@@ -50,8 +52,9 @@ async def test_timers_pops_and_transactions_survive_the_loss_of_the_busiest_stor
             while len(held) < 60:
                 held.extend(await jobs.receive(max_messages=60 - len(held), wait_s=2))
 
-        status = await cluster_status([node.server for node in nodes.values()])
-        victim = next(node for node, _ in leader_counts(status).most_common() if node)
+        # every group led (right after startup a status may still show groups electing, with no leader)
+        status = await wait_all_groups_led([node.server for node in nodes.values()], set(nodes), 30, groups=GROUPS)
+        victim = leader_counts(status).most_common(1)[0][0]
         nodes[victim].kill()
         survivor = next(node.server for number, node in nodes.items() if number != victim)
 
