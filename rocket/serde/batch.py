@@ -55,7 +55,7 @@ class BatchHeader:
     tag_summary: int
     payload_bytes: int
     crc: int
-    version: int = VERSION
+    version: int
 
     @property
     def total_bytes(self) -> int:
