@@ -109,8 +109,8 @@ def receive(decoder: FrameDecoder, data: bytes) -> frames.Frame:
     """As a socket delivers a large frame: its first bytes, then the rest into the frame's own buffer."""
     decoder.feed(data[:100])
     assert decoder.next_frame() is None
+    decoder.writable()[:] = data[100:]  # what recv_into(writable()) does
     decoder.wrote(len(data) - 100)
-    decoder._large[-(len(data) - 100):] = data[100:]  # what recv_into(writable()) does
     frame = decoder.next_frame()
     assert frame is not None and decoder.buffered_bytes == 0
     return frame
