@@ -1,11 +1,14 @@
 """The multi-raft host: drives every Raft group of one node. Each round takes the Ready of every group,
-writes all of it to the WAL while the previous round's fsync runs, and advances the cores. Once that
-fsync is done, the round's committed entries (written by earlier rounds) are applied; once its own
-fsync is done, its messages go out, coalesced into one payload per destination node: persist before send.
+writes all of it to the WAL, and advances the cores; the next round is written as soon as this write is
+done, while fsyncs run one after the other, each covering every round written before it. Once the fsync
+of the round before it is done, a round's committed entries (written by earlier rounds) are applied; once
+its own fsync is done, its messages go out, coalesced into one payload per destination node: persist
+before send.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -41,9 +44,10 @@ class StateMachine(Protocol):
 
 
 class _Group:
-    def __init__(self, core: RaftCore, machine: StateMachine):
+    def __init__(self, core: RaftCore, machine: StateMachine, written: HardState):
         self.core = core
         self.machine = machine
+        self.written = written  # the last hard state written: one with the same term and vote may wait
         self.waiters: dict[int, tuple[int, trio.Event, list]] = {}  # index -> (term, event, outcome)
         self.idle_ticks = 0  # ticks since the group last had work; a leader quiesces it past a bound
         self.log_bytes = 0  # bytes applied since the last snapshot: the log is compacted past a bound
@@ -56,13 +60,16 @@ class _Group:
 
 @dataclasses.dataclass(slots=True)
 class _Round:
-    """A round written to the WAL whose effects wait for its fsync: messages to send, data writers to
-    answer, and the snapshots to install (with the entries committed after them)."""
+    """A round written to the WAL whose effects wait for fsyncs: its committed entries to apply (once the
+    rounds before it are durable), then messages to send, data writers to answer, and the snapshots to
+    install (with the entries committed after them) once it is durable itself."""
 
-    number: int  # the count of rounds written to the WAL, this one included
+    number: int  # the count of rounds written to the WAL, this one included (previous if it wrote nothing)
+    previous: int  # the rounds written before it: its committed entries lie in them
     readies: list[tuple[int, _Group, Ready]]
     data: list[tuple[list[bytes], trio.Event, list]]
     data_positions: list[list[int]]
+    applied: bool = False
 
 
 class RaftHost:
@@ -81,6 +88,11 @@ class RaftHost:
         # store log); the persist thread calls it before it writes a snapshot, so the trio thread never waits.
         self.sync_before_snapshots: Callable[[], None] = lambda: None
         self._data: list[tuple[list[bytes], trio.Event, list]] = []  # blobs to write with the next round
+        # Hard states in which only the commit moved: Raft needs no commit on disk (a restarted node learns
+        # it again), so they wait for the next round that writes anything else, or for a tick that finds the
+        # WAL idle, instead of taking an fsync of their own between two rounds of entries.
+        self._deferred: dict[int, HardState] = {}
+        self._deferred_due = False
         self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
         self.fsyncs = 0
         # Rounds are numbered as they are written. A round's worker thread goes on from its write to
@@ -91,7 +103,7 @@ class RaftHost:
         self._sync_lock = threading.Lock()
         self._rounds_on_disk = 0  # written by the worker threads (one round writes at a time)
         self._rounds_synced = 0  # as the worker threads know it, under the lock
-        self._waiting: _Round | None = None  # the last round written, until its fsync is done
+        self._pending: collections.deque[_Round] = collections.deque()  # rounds not yet released, in order
         # The round being written, until the next round (or a checkpoint) takes where its bytes lie: the
         # round loop goes on meanwhile, and the next round's write starts only after it.
         self._writing: tuple[_Round, trio.Event, list] | None = None
@@ -123,7 +135,7 @@ class RaftHost:
             machine.restore(restored.snapshot.data)
         if core.voters == {self.node_id}:
             core.campaign()  # alone: no one to wait for
-        self.groups[group] = _Group(core, machine)
+        self.groups[group] = _Group(core, machine, restored.hard_state)
         self.groups[group].positions = restored.positions
         self._touched(group, self.groups[group])
         self._wake.set()
@@ -145,6 +157,7 @@ class RaftHost:
     def remove_group(self, group: int) -> None:
         """Stop hosting a group this node is no longer a member of (its WAL records stay until a checkpoint)."""
         hosted = self.groups.pop(group, None)
+        self._deferred.pop(group, None)
         self._active.discard(group)
         self._awake.discard(group)
         if hosted is not None:  # its proposals may have been committed by the others, or not
@@ -273,6 +286,7 @@ class RaftHost:
         """Tick the groups that are awake, quiesce idle ones this node leads, wake quiet ones whose
         leader has gone silent, and send one liveness heartbeat to each peer node."""
         self.ticks += 1
+        self._deferred_due = bool(self._deferred)
         if self.ticks % 50 == 1:  # membership changes slowly: refresh the set of peer nodes now and then
             self._peers = set().union(*(h.core.voters | h.core.learners for h in self.groups.values())) - {self.node_id}
         silent_after = 2 * limits.raft_election_ticks
@@ -298,27 +312,38 @@ class RaftHost:
         return sum(1 for hosted in self.groups.values() if hosted.core.quiet)
 
     async def _round(self) -> None:
-        """Start writing this round's Readies while the previous round's fsync runs, and advance the cores;
-        then wait for that fsync, release the previous round and apply this round's committed entries, all
-        while this round's write goes on. The fsyncs run one after the other, each covering every round
-        written before it; a round's messages wait for its own. Its committed entries need only the previous
-        one: the core hands out only entries it counted stable when the Ready was taken, all written by
-        earlier rounds (a leader's own copy counted towards a commit included), whose positions are known
-        (_collect_written at the start of each round)."""
+        """Write this round's Readies and advance the cores, then settle what the fsyncs done so far allow.
+        The round does not wait for an fsync: the next one is written as soon as this write is done, so
+        that proposals made during an fsync are on disk when it ends and the next fsync covers them. A
+        round's committed entries need only the rounds before it: the core hands out only entries it
+        counted stable when the Ready was taken, all written by earlier rounds (a leader's own copy counted
+        towards a commit included), whose positions are known (_collect_written at the start of each round)."""
+        self._settle()
         await self._collect_written()
         candidates, self._active = self._active, set()
         readies = [(group, self.groups[group], self.groups[group].core.ready()) for group in candidates
                    if self.groups[group].core.has_ready()]
-        updates = [Update(group, ready.hard_state, ready.entries, ready.snapshot) for group, _, ready in readies
-                   if ready.hard_state is not None or ready.entries or ready.snapshot is not None]
+        updates = []
+        for group, hosted, ready in readies:
+            hard_state = ready.hard_state
+            if hard_state is not None and not ready.entries and ready.snapshot is None \
+                    and (hard_state.term, hard_state.vote) == (hosted.written.term, hosted.written.vote):
+                self._deferred[group] = hard_state
+            elif hard_state is not None or ready.entries or ready.snapshot is not None:
+                if hard_state is not None:
+                    hosted.written = hard_state
+                    self._deferred.pop(group, None)
+                updates.append(Update(group, hard_state, ready.entries, ready.snapshot))
         compacted = bool(self._compactions)
         updates += self._compactions
         self._compactions = []
         data, self._data = self._data, []
         previous = self._rounds_written
-        current = _Round(previous, readies, data, [])
-        if updates or data:
-            self._write(current, updates, compacted)
+        current = _Round(previous, previous, readies, data, [])
+        if updates or data or (self._deferred and self._deferred_due and self._rounds_durable == previous):
+            deferred = [Update(group, hard_state, [], None) for group, hard_state in self._deferred.items()]
+            self._deferred, self._deferred_due = {}, False
+            self._write(current, deferred + updates, compacted)
         for group, hosted, ready in readies:
             # The core now counts this round's entries as stable: a leader may count its own copy towards
             # a commit. No one learns of that commit, and no entry is applied, before this fsync is done.
@@ -326,15 +351,9 @@ class RaftHost:
             if hosted.core.has_ready():
                 self._active.add(group)
                 self._wake.set()
-        await self._durable(previous)
-        self._release_waiting()
-        for group, hosted, ready in readies:
-            if ready.snapshot is None:
-                self._apply_ready(group, hosted, ready)
-        if current.number > previous:
-            self._waiting = current
-        else:
-            self._release(current)  # it wrote nothing: what its messages tell is durable already
+        if readies or data:
+            self._pending.append(current)
+            self._settle()
         if self.wal.sealed_segments() >= limits.raft_wal_segments_max:
             await self._checkpoint()
 
@@ -381,11 +400,22 @@ class RaftHost:
             if group in self.groups:
                 self.groups[group].positions.update(found)
 
-    def _release_waiting(self) -> None:
-        if self._waiting is not None:
-            invariant(self._waiting.number <= self._rounds_durable, "a round is released after its fsync")
-            self._release(self._waiting)
-            self._waiting = None
+    def _settle(self) -> None:
+        """In round order: apply each round's committed entries once the rounds before it are durable,
+        and release it once it is durable itself."""
+        while self._pending:
+            current = self._pending[0]
+            if not current.applied:
+                if self._rounds_durable < current.previous:
+                    return
+                current.applied = True
+                for group, hosted, ready in current.readies:
+                    if ready.snapshot is None:
+                        self._apply_ready(group, hosted, ready)
+            if self._rounds_durable < current.number:
+                return
+            self._pending.popleft()
+            self._release(current)
 
     async def _checkpoint(self) -> None:
         """Once every round written is durable and released, so that what was persisted counts as
@@ -393,11 +423,13 @@ class RaftHost:
         checkpoint then rewrites little more than hard states and snapshots."""
         await self._collect_written()
         await self._durable(self._rounds_written)
-        self._release_waiting()
+        self._settle()
+        invariant(not self._pending, "every round is released before a checkpoint")
         for group, hosted in self.groups.items():
             self._compact(group, hosted)
         live = [self._checkpoint_of(group, hosted) for group, hosted in self.groups.items()]
         self._compactions = []  # the checkpoint holds every snapshot
+        self._deferred, self._deferred_due = {}, False  # and every hard state
         await trio.to_thread.run_sync(self._checkpoint_now, live)
 
     def _persist(self, number: int, updates: list[Update], data: list[list[bytes]], written: trio.Event,
@@ -431,7 +463,7 @@ class RaftHost:
             self._rounds_durable = number
             self._durable_changed.set()
             self._durable_changed = trio.Event()
-            self._wake.set()  # the round loop releases the round that waited for this fsync
+            self._wake.set()  # the round loop settles the rounds this fsync made durable
 
     async def _durable(self, number: int) -> None:
         while self._rounds_durable < number:

@@ -313,6 +313,94 @@ def test_a_proposal_is_answered_only_after_the_fsync_of_its_entry(tmp_path):
     assert machine.early == [] and sorted(d for d in machine.applied if d) == sorted(b"p%d" % n for n in range(20))
 
 
+def _append(group: int, index: int, commit: int) -> bytes:
+    """Leader 2's append of entry index (term 1) to node 1, telling it commit."""
+    message = Message(MessageType.APPEND, 2, 1, 1, 1 if index > 1 else 0, index - 1,
+                      (Entry(1, index, b"e%d" % index),), commit)
+    return codec.encode_messages([(group, message)])
+
+
+def test_rounds_are_written_while_an_fsync_is_held_and_the_next_fsync_covers_them_all(tmp_path):
+    """The round loop does not wait for an fsync before it writes the next round: entries that arrive
+    during a long fsync are on disk when it ends, one fsync makes them all durable, and only then are
+    they acknowledged."""
+    group = 7
+    wal = _GatedWal.open(tmp_path)
+    sent: list[Message] = []
+
+    def post(node: int, payload: bytes) -> None:
+        sent.extend(message for _, message in codec.decode_messages(payload))
+
+    def acknowledged() -> list[int]:
+        return [m.index for m in sent if m.type == MessageType.APPEND_RESPONSE and not m.reject]
+
+    async def scenario() -> None:
+        host = RaftHost(1, wal, post, tick_s=3600)
+        async with _running(host, wal):
+            host.add_group(group, (1, 2, 3), _CheckedMachine(wal, group))
+            host.receive(_append(group, 1, 0))
+            await _eventually(lambda: wal.syncs_begun == 1, "the first round's fsync begins")
+            for index in (2, 3, 4):
+                host.receive(_append(group, index, 0))
+                await _eventually(lambda: wal.written.get(group) == index, f"entry {index} written meanwhile")
+            assert wal.syncs_begun == 1 and acknowledged() == []
+            wal.gate.release(2)  # the first fsync, then the one that covers entries 2 to 4
+            await _eventually(lambda: acknowledged() == [1, 2, 3, 4], "every entry acknowledged")
+            assert wal.syncs_begun == 2 and wal.durable[group] == 4
+
+    trio.run(scenario)
+    wal.close()
+
+
+def test_a_commit_alone_waits_for_the_next_write_and_a_restarted_node_commits_again(tmp_path):
+    """A hard state in which only the commit moved takes no round of its own: it is written with the next
+    round's entries, or once a tick finds the WAL idle. Raft needs no commit on disk: a node restarted from
+    an older one applies every entry once it commits them again."""
+    proposals = 10
+
+    async def propose_all(wal: _GatedWal, tick_s: float) -> _CheckedMachine:
+        machine = _CheckedMachine(wal, 3)
+        host = RaftHost(1, wal, lambda node, payload: None, tick_s=tick_s)
+        async with _running(host, wal):
+            wal.gate.release(1000)
+            host.add_group(3, (1,), machine)
+            for number in range(proposals):
+                await host.propose(3, b"p%d" % number)
+            writes = wal.writes
+            await trio.sleep(10 * tick_s if tick_s < 1 else 0.05)
+            if tick_s < 1:  # idle at a tick: the last commit is written alone
+                assert wal.writes == writes + 1
+        return machine
+
+    # Ticks never come: the last commit stays in memory. Each proposal took one write, not two.
+    wal = _GatedWal.open(tmp_path / "lagging")
+    trio.run(propose_all, wal, 3600)
+    assert wal.writes <= proposals + 2
+    wal.close()
+    restored = Wal.open(tmp_path / "lagging").groups[3]
+    last = restored.entries[-1].index
+    assert restored.hard_state.commit < last
+    machine = _CheckedMachine(_GatedWal.open(tmp_path / "lagging"), 3)
+
+    async def restart() -> None:
+        host = RaftHost(1, machine.wal, lambda node, payload: None, tick_s=3600)
+        async with _running(host, machine.wal):
+            machine.wal.gate.release(1000)
+            host.add_group(3, (1,), machine)
+            await _eventually(lambda: len([d for d in machine.applied if d]) == proposals, "every entry applied")
+
+    trio.run(restart)
+    machine.wal.close()
+    assert [d for d in machine.applied if d] == [b"p%d" % n for n in range(proposals)]
+
+    # With ticks, an idle WAL gets the last commit.
+    wal = _GatedWal.open(tmp_path / "ticking")
+    trio.run(propose_all, wal, 0.01)
+    wal.close()
+    restored = Wal.open(tmp_path / "ticking").groups[3]
+    assert restored.hard_state.commit == restored.entries[-1].index
+
+
 def test_records_of_the_legacy_format_are_read_beside_new_ones(tmp_path):
     """A log whose records were written with zlib's CRC-32 (before CRC-32C) opens, reads and recovers; new
     records are appended after them in the current format; damage to either kind is still damage."""
