@@ -318,8 +318,8 @@ class RaftHost:
         round's committed entries need only the rounds before it: the core hands out only entries it
         counted stable when the Ready was taken, all written by earlier rounds (a leader's own copy counted
         towards a commit included), whose positions are known (_collect_written at the start of each round)."""
-        self._settle()
         await self._collect_written()
+        self._settle()  # what the fsyncs done meanwhile allow, the round just collected included
         candidates, self._active = self._active, set()
         readies = [(group, self.groups[group], self.groups[group].core.ready()) for group in candidates
                    if self.groups[group].core.has_ready()]
@@ -402,7 +402,8 @@ class RaftHost:
 
     def _settle(self) -> None:
         """In round order: apply each round's committed entries once the rounds before it are durable,
-        and release it once it is durable itself."""
+        and release it once it is durable itself. Called once the round being written is collected, so
+        that a durable round's data positions are known."""
         while self._pending:
             current = self._pending[0]
             if not current.applied:
@@ -414,6 +415,7 @@ class RaftHost:
                         self._apply_ready(group, hosted, ready)
             if self._rounds_durable < current.number:
                 return
+            invariant(not self._writing or self._writing[0] is not current, "a round is released once collected")
             self._pending.popleft()
             self._release(current)
 

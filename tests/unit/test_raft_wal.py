@@ -347,6 +347,9 @@ def test_rounds_are_written_while_an_fsync_is_held_and_the_next_fsync_covers_the
             wal.gate.release(2)  # the first fsync, then the one that covers entries 2 to 4
             await _eventually(lambda: acknowledged() == [1, 2, 3, 4], "every entry acknowledged")
             assert wal.syncs_begun == 2 and wal.durable[group] == 4
+            wal.gate.release(1000)
+            host.receive(_append(group, 5, 0))  # alone: the end of its fsync, not a tick, releases it
+            await _eventually(lambda: acknowledged()[-1:] == [5], "entry 5 acknowledged without a tick")
 
     trio.run(scenario)
     wal.close()
