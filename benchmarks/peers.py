@@ -116,8 +116,10 @@ class System:
         """An async context manager yielding an object whose `send(batch)` returns once it is acknowledged."""
         raise NotImplementedError
 
-    async def read(self, stream: str, messages: int, timeout_s: float) -> tuple[int, int]:
-        """Read from the start of stream until `messages` arrived or timeout_s passed; (messages, body bytes)."""
+    async def read(self, stream: str, messages: int, timeout_s: float) -> tuple[int, int, float]:
+        """Read from the start of stream until `messages` arrived or timeout_s passed; (messages, body bytes,
+        seconds). The seconds run from the first request for messages, once connected and set up, to the
+        last message counted: neither connecting nor closing is part of a system's read."""
         raise NotImplementedError
 
 
@@ -187,7 +189,8 @@ class Rocket(System):
 
             yield Sender()
 
-    async def read(self, stream: str, messages: int, timeout_s: float, bodies: bool = False) -> tuple[int, int]:
+    async def read(self, stream: str, messages: int, timeout_s: float,
+                   bodies: bool = False) -> tuple[int, int, float]:
         import trio
 
         from rocket import limits
@@ -198,6 +201,7 @@ class Rocket(System):
             consumer = Consumer(channel, stream, f"bench-{uuid.uuid4().hex[:8]}", start="earliest", wait_ms=200,
                                 max_bytes=limits.read_bytes_max)
             await consumer.open()
+            started = time.perf_counter()
             with trio.move_on_after(timeout_s):
                 while received < messages:
                     if bodies:
@@ -207,7 +211,8 @@ class Rocket(System):
                         found = await consumer.poll()
                         payload += sum(len(message.body) for message in found)
                     received += len(found)
-        return received, payload
+            seconds = time.perf_counter() - started
+        return received, payload, seconds
 
 
 class Nats(System):
@@ -276,7 +281,7 @@ class Nats(System):
 
             yield Sender()
 
-    async def read(self, stream: str, messages: int, timeout_s: float) -> tuple[int, int]:
+    async def read(self, stream: str, messages: int, timeout_s: float) -> tuple[int, int, float]:
         """An ordered push consumer (flow-controlled, no acknowledgements): the fastest way nats-py reads a
         stream; a pull consumer's fetch of 1,000 at a time was 4x slower here."""
         counts = [0, 0]
@@ -289,14 +294,16 @@ class Nats(System):
                 done.set()
 
         async with self._connection() as connection:
+            started = time.perf_counter()  # the subscription creates the consumer and starts the delivery
             subscription = await connection.jetstream().subscribe(stream, cb=on_message, ordered_consumer=True,
                                                                    pending_msgs_limit=-1, pending_bytes_limit=-1)
             try:
                 await asyncio.wait_for(done.wait(), timeout_s)
             except asyncio.TimeoutError:
                 pass
+            seconds = time.perf_counter() - started
             await subscription.unsubscribe()
-        return counts[0], counts[1]
+        return counts[0], counts[1], seconds
 
 
 class Redis(System):
@@ -390,18 +397,20 @@ class Redis(System):
                     await reader
                 await client.connection_pool.release(connection)
 
-    async def read(self, stream: str, messages: int, timeout_s: float) -> tuple[int, int]:
+    async def read(self, stream: str, messages: int, timeout_s: float) -> tuple[int, int, float]:
         received = payload = 0
         last_id = b"0"
         deadline = time.monotonic() + timeout_s
         async with self._client() as client:
+            started = time.perf_counter()
             while received < messages and time.monotonic() < deadline:
                 answer = await client.xread({stream: last_id}, count=READ_BATCH_MESSAGES, block=200)
                 for _, entries in answer:
                     received += len(entries)
                     payload += sum(len(fields[b"d"]) for _, fields in entries)
                     last_id = entries[-1][0]
-        return received, payload
+            seconds = time.perf_counter() - started
+        return received, payload, seconds
 
 
 class RabbitMQ(System):
@@ -501,7 +510,7 @@ class RabbitMQ(System):
 
             yield Sender()
 
-    async def read(self, stream: str, messages: int, timeout_s: float) -> tuple[int, int]:
+    async def read(self, stream: str, messages: int, timeout_s: float) -> tuple[int, int, float]:
         from rstream import Consumer, ConsumerOffsetSpecification, OffsetType
 
         counts = [0, 0]
@@ -514,13 +523,15 @@ class RabbitMQ(System):
                 done.set()
 
         async with Consumer(**self._client_options()) as consumer:
+            started = time.perf_counter()  # the subscription starts the delivery
             await consumer.subscribe(stream, on_message, decoder=bytes,
                                      offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
             try:
                 await asyncio.wait_for(done.wait(), timeout_s)
             except asyncio.TimeoutError:
                 pass
-        return counts[0], counts[1]
+            seconds = time.perf_counter() - started
+        return counts[0], counts[1], seconds
 
 
 SYSTEMS = {system.name: system for system in (Rocket(), Nats(), Redis("always"), Redis("everysec"), RabbitMQ())}
