@@ -231,11 +231,23 @@ async def _running(host, wal: _GatedWal):
             nursery.cancel_scope.cancel()
 
 
+def _append(group: int, index: int, commit: int) -> bytes:
+    """Leader 2's append of entry index (term 1) to node 1, telling it commit."""
+    message = Message(MessageType.APPEND, 2, 1, 1, 1 if index > 1 else 0, index - 1,
+                      (Entry(1, index, b"e%d" % index),), commit)
+    return codec.encode_messages([(group, message)])
+
+
+def _acknowledged(sent: list[Message]) -> list[int]:
+    """The entry indexes node 1 acknowledged, in the order it sent them."""
+    return [m.index for m in sent if m.type == MessageType.APPEND_RESPONSE and not m.reject]
+
+
 def test_a_rounds_messages_and_entries_wait_for_its_fsync_while_the_next_round_is_written(tmp_path):
     """Persist before send with overlapped rounds: while a round's fsync is held back, the next round's
     entries are written, yet no acknowledgement leaves the node and no entry is applied until the fsync
     covering it is done."""
-    group, leader = 7, 2
+    group = 7
     wal = _GatedWal.open(tmp_path)
     machine = _CheckedMachine(wal, group)
     sent: list[Message] = []
@@ -247,30 +259,22 @@ def test_a_rounds_messages_and_entries_wait_for_its_fsync_while_the_next_round_i
             if message.type == MessageType.APPEND_RESPONSE and message.index > wal.durable.get(group, 0):
                 early.append(message)
 
-    def append(index: int, commit: int) -> bytes:
-        message = Message(MessageType.APPEND, leader, 1, 1, 1 if index > 1 else 0, index - 1,
-                          (Entry(1, index, b"e%d" % index),), commit)
-        return codec.encode_messages([(group, message)])
-
-    def acknowledged() -> list[int]:
-        return [m.index for m in sent if m.type == MessageType.APPEND_RESPONSE and not m.reject]
-
     async def scenario() -> None:
         host = RaftHost(1, wal, post, tick_s=3600)
         async with _running(host, wal):
             host.add_group(group, (1, 2, 3), machine)
-            host.receive(append(1, 0))
+            host.receive(_append(group, 1, 0))
             await _eventually(lambda: wal.syncs_begun == 1, "the first round's fsync begins")
-            host.receive(append(2, 1))  # commits entry 1
+            host.receive(_append(group, 2, 1))  # commits entry 1
             await _eventually(lambda: wal.writes == 2, "the second round is written during the first fsync")
             await trio.sleep(0.05)
-            assert acknowledged() == [] and machine.applied == []
+            assert _acknowledged(sent) == [] and machine.applied == []
             wal.gate.release()  # the first round is durable: entry 1 is acknowledged and applied, not entry 2
-            await _eventually(lambda: acknowledged() == [1] and machine.applied == [b"e1"], "entry 1 released")
+            await _eventually(lambda: _acknowledged(sent) == [1] and machine.applied == [b"e1"], "entry 1 released")
             await trio.sleep(0.05)
-            assert acknowledged() == [1]
+            assert _acknowledged(sent) == [1]
             wal.gate.release()  # the second round is durable: entry 2 is acknowledged
-            await _eventually(lambda: acknowledged() == [1, 2], "entry 2 acknowledged")
+            await _eventually(lambda: _acknowledged(sent) == [1, 2], "entry 2 acknowledged")
 
     trio.run(scenario)
     wal.close()
@@ -313,13 +317,6 @@ def test_a_proposal_is_answered_only_after_the_fsync_of_its_entry(tmp_path):
     assert machine.early == [] and sorted(d for d in machine.applied if d) == sorted(b"p%d" % n for n in range(20))
 
 
-def _append(group: int, index: int, commit: int) -> bytes:
-    """Leader 2's append of entry index (term 1) to node 1, telling it commit."""
-    message = Message(MessageType.APPEND, 2, 1, 1, 1 if index > 1 else 0, index - 1,
-                      (Entry(1, index, b"e%d" % index),), commit)
-    return codec.encode_messages([(group, message)])
-
-
 def test_rounds_are_written_while_an_fsync_is_held_and_the_next_fsync_covers_them_all(tmp_path):
     """The round loop does not wait for an fsync before it writes the next round: entries that arrive
     during a long fsync are on disk when it ends, one fsync makes them all durable, and only then are
@@ -331,9 +328,6 @@ def test_rounds_are_written_while_an_fsync_is_held_and_the_next_fsync_covers_the
     def post(node: int, payload: bytes) -> None:
         sent.extend(message for _, message in codec.decode_messages(payload))
 
-    def acknowledged() -> list[int]:
-        return [m.index for m in sent if m.type == MessageType.APPEND_RESPONSE and not m.reject]
-
     async def scenario() -> None:
         host = RaftHost(1, wal, post, tick_s=3600)
         async with _running(host, wal):
@@ -343,13 +337,13 @@ def test_rounds_are_written_while_an_fsync_is_held_and_the_next_fsync_covers_the
             for index in (2, 3, 4):
                 host.receive(_append(group, index, 0))
                 await _eventually(lambda: wal.written.get(group) == index, f"entry {index} written meanwhile")
-            assert wal.syncs_begun == 1 and acknowledged() == []
+            assert wal.syncs_begun == 1 and _acknowledged(sent) == []
             wal.gate.release(2)  # the first fsync, then the one that covers entries 2 to 4
-            await _eventually(lambda: acknowledged() == [1, 2, 3, 4], "every entry acknowledged")
+            await _eventually(lambda: _acknowledged(sent) == [1, 2, 3, 4], "every entry acknowledged")
             assert wal.syncs_begun == 2 and wal.durable[group] == 4
             wal.gate.release(1000)
             host.receive(_append(group, 5, 0))  # alone: the end of its fsync, not a tick, releases it
-            await _eventually(lambda: acknowledged()[-1:] == [5], "entry 5 acknowledged without a tick")
+            await _eventually(lambda: _acknowledged(sent)[-1:] == [5], "entry 5 acknowledged without a tick")
 
     trio.run(scenario)
     wal.close()
