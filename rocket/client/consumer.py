@@ -68,6 +68,8 @@ class Consumer:
         self._heartbeat_at = 0.0
         # A pull sent while the previous response was decoded: (the positions it asked for, its response).
         self._ahead: tuple[dict[int, int], dict] | None = None
+        # (queue, offset, BAD_BATCH) of a batch that cannot be read: poll raises it while the queue is there.
+        self._malformed: tuple[int, int, RocketError] | None = None
 
     async def open(self) -> None:
         described = await self.channel.call("DescribeTopic", {"topic": self.topic})
@@ -122,9 +124,22 @@ class Consumer:
             raise RocketError(Code.BAD_REQUEST, "a consumer with a filter reads messages: poll(), not poll_bodies()")
         return await self._poll(wait_ms, limit, self._bodies)
 
+    def seek(self, queue: int, offset: int) -> None:
+        """Read queue from offset on (commit() stores it): to step past a batch that poll() refused with
+        BAD_BATCH, whose message names the offset after it, or to read a queue again from an earlier offset."""
+        if queue not in self.positions:
+            raise RocketError(Code.BAD_REQUEST, f"queue {queue} of {self.topic!r} is not read by this consumer "
+                              f"(it reads {sorted(self.positions)})")
+        if not isinstance(offset, int) or not 0 <= offset < 2**63:
+            raise RocketError(Code.BAD_REQUEST, f"offset {offset!r} is out of range")
+        self.positions[queue] = offset
+        self._ahead = None
+
     async def _poll(self, wait_ms: int | None, limit: int | None, decode) -> list:
         if self.mode == "clustering" and time.monotonic() - self._heartbeat_at >= limits.group_heartbeat_s:
             await self._heartbeat()
+        self._raise_malformed()
+        self._malformed = None  # a limit stopped before it, or seek() moved on: the pull below meets it again
         if not self.positions:  # more members than queues: this one waits its turn
             await trio.sleep((self.wait_ms if wait_ms is None else wait_ms) / 1000)
             return []
@@ -144,9 +159,18 @@ class Consumer:
                 nursery.start_soon(self._pull_ahead, dict(following), sent)  # a copy: positions change
                 await sent.wait()  # decoding holds the thread: the request must be out before it starts
             items, resume = decode(response, self.positions, limit)
-        # Each queue cut by the limit resumes at its first message not handed out.
+        # Each queue cut by the limit, or by a malformed batch, resumes at its first message not handed out.
         self.positions = following | resume
+        if not items:
+            self._raise_malformed()
         return items
+
+    def _raise_malformed(self) -> None:
+        """BAD_BATCH while a queue stands at a batch that cannot be read."""
+        if self._malformed is not None:
+            queue, offset, error = self._malformed
+            if self.positions.get(queue) == offset:
+                raise error
 
     async def _pull(self, wait_ms: int, positions: dict[int, int] | None = None, sent: trio.Event | None = None) -> dict:
         request = {
@@ -175,23 +199,24 @@ class Consumer:
 
     def _decode(self, response: dict, wanted: dict[int, int], limit: int | None) -> tuple[list[Message], dict[int, int]]:
         """The messages of a pull response from the positions asked for, that the filter matches, at most limit
-        of them; and where each queue the limit cut resumes."""
+        of them; and where each queue cut by the limit or by a malformed batch resumes."""
         messages: list[Message] = []
+        resume: dict[int, int] = {}
         for stored in response["batches"]:
-            queue = stored["queue"]
-            decoded = batch_codec.decode(stored["batch"], stored["base_offset"], queue)
-            messages.extend(decoded[max(0, wanted[queue] - stored["base_offset"]):])
+            queue, base = stored["queue"], stored["base_offset"]
+            first = base + max(0, wanted[queue] - base)
+            decoded = self._read(stored, first, resume, response,
+                                 lambda: batch_codec.decode(stored["batch"], base, queue))
+            messages.extend(decoded[first - base:])
         if not matches_all(self.filter):  # batches may hold messages the filter does not match
             messages = [message for message in messages if self.filter.matches(message)]
-        resume: dict[int, int] = {}
         if limit is not None and len(messages) > limit:
             for message in reversed(messages[limit:]):  # ends at each queue's first message cut
                 resume[message.queue] = message.offset
             del messages[limit:]
         return messages, resume
 
-    @staticmethod
-    def _bodies(response: dict, wanted: dict[int, int], limit: int | None) -> tuple[list[bytes], dict[int, int]]:
+    def _bodies(self, response: dict, wanted: dict[int, int], limit: int | None) -> tuple[list[bytes], dict[int, int]]:
         """_decode's bodies only, for a consumer without a filter."""
         bodies: list[bytes] = []
         resume: dict[int, int] = {}
@@ -201,12 +226,37 @@ class Consumer:
             if limit is not None and len(bodies) >= limit:
                 resume.setdefault(queue, first)
                 continue
-            found = batch_codec.bodies(stored["batch"])[first - base:]
+            found = self._read(stored, first, resume, response, lambda: batch_codec.bodies(stored["batch"]))
+            found = found[first - base:]
             if limit is not None and len(bodies) + len(found) > limit:
                 resume.setdefault(queue, first + limit - len(bodies))
                 del found[limit - len(bodies):]
             bodies.extend(found)
         return bodies, resume
+
+    def _read(self, stored: dict, first: int, resume: dict[int, int], response: dict, read) -> list:
+        """read() of a stored batch; nothing if its queue stopped at a batch before it. A malformed batch stops its
+        queue: the queue resumes at it, and poll raises BAD_BATCH, naming its offsets, until seek() moves the queue
+        (a consumer cannot read past a batch that it cannot read, but it must not be stuck at it either)."""
+        queue = stored["queue"]
+        if queue in resume:
+            return []
+        try:
+            return read()
+        except RocketError as error:
+            if error.code != Code.BAD_BATCH:
+                raise
+            problem = error.message
+        resume[queue] = first
+        try:
+            end = stored["base_offset"] + batch_codec.peek_count(stored["batch"])
+        except RocketError:  # not even a header: where the response ends for the queue
+            end = max([first + 1] + [entry["offset"] for entry in response["next_offsets"] if entry["queue"] == queue])
+        if self._malformed is None:
+            self._malformed = (queue, first, RocketError(Code.BAD_BATCH, f"{self.topic!r} queue {queue}, offsets "
+                                                         f"{first}-{end - 1}: {problem}; seek({queue}, {end}) steps "
+                                                         "past them"))
+        return []
 
     async def commit(self) -> None:
         """Store the group's position for every queue that moved since the last commit."""

@@ -53,15 +53,31 @@ class SimpleConsumer:
         response = await self.channel.call("Receive", request, timeout_s=limits.request_timeout_s_default + wait_s)
         self.fifo = response["fifo"]
         decoded: dict[tuple[int, int], Message] = {}
+        unreadable: list[tuple[int, int, int]] = []  # (queue, first offset, end) of batches that cannot be read
         for stored in response["batches"]:
-            for message in batch_codec.decode(stored["batch"], stored["base_offset"], stored["queue"]):
-                decoded[(message.queue, message.offset)] = message
-        messages = []
+            queue, base = stored["queue"], stored["base_offset"]
+            try:
+                for message in batch_codec.decode(stored["batch"], base, queue):
+                    decoded[(message.queue, message.offset)] = message
+            except RocketError as error:
+                if error.code != Code.BAD_BATCH:
+                    raise
+                log.warning("%r queue %d: a batch from offset %d cannot be read, its messages go to the dead letters: "
+                            "%s", self.topic, queue, base, error.message)
+                unreadable.append((queue, base, base + batch_codec.peek_count(stored["batch"])))
+        messages, dead = [], []
         for handle in response["handles"]:
-            message = decoded[(handle["queue"], handle["offset"])]
+            key = (handle["queue"], handle["offset"])
+            receipt = f"{handle['queue']}.{handle['offset']}.{handle['attempt']}"
+            if key not in decoded and any(queue == key[0] and first <= key[1] < end for queue, first, end in unreadable):
+                dead.append(Message(b"", receipt=receipt))  # no attempt can read it: retrying would only delay that
+                continue
+            message = decoded[key]
             message.attempt = handle["attempt"]
-            message.receipt = f"{handle['queue']}.{handle['offset']}.{handle['attempt']}"
+            message.receipt = receipt
             messages.append(message)
+        if dead:
+            await self._receipts("DeadLetter", dead)  # a stale receipt: another receiver has it now, and does the same
         return messages
 
     async def _receipts(self, method: str, messages: list[Message], invisible_ms: int = -1) -> list[Message]:

@@ -64,6 +64,18 @@ def allocate(queues: int, members: list[str], member: str) -> list[int]:
     return list(range(start, start + size + (index < extra)))
 
 
+def _may_match(chosen: SqlFilter, batch: bytes) -> bool:
+    """Whether a message of the batch matches; a batch that cannot be read goes to the client, whose poll names
+    it (BAD_BATCH with its offsets) and can step past it, where failing the pull would stop every queue."""
+    try:
+        messages = batch_codec.decode(batch)
+    except RocketError as error:
+        if error.code != Code.BAD_BATCH:
+            raise
+        return True
+    return any(chosen.matches(message) for message in messages)
+
+
 def _check_message_type(spec: TopicSpec, flags: int) -> None:
     """A topic takes only sends of its type (RocketMQ 5's topic message type check)."""
     timed = bool(flags & FLAG_TIMED)
@@ -418,8 +430,7 @@ class Broker:
         if not response["batches"]:  # a replica may lag: nothing new means nothing on the leaders
             response = await self._read(route, positions, max_bytes, replicas=False, tag_mask=tag_mask)
         if isinstance(chosen, SqlFilter):
-            response["batches"] = [stored for stored in response["batches"]
-                                   if any(chosen.matches(message) for message in batch_codec.decode(stored["batch"]))]
+            response["batches"] = [stored for stored in response["batches"] if _may_match(chosen, stored["batch"])]
         return response
 
     async def pull(self, request: dict) -> dict:

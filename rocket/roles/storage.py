@@ -16,7 +16,7 @@ import trio
 from rocket import limits
 from rocket.config import Address, NodeConfig
 from rocket.errors import Code, RocketError
-from rocket.model import check_group_name, check_topic_name, half_topic, timer_topic, unresolved_topic
+from rocket.model import Message, check_group_name, check_topic_name, half_topic, timer_topic, unresolved_topic
 from rocket.raft.core import NotLeader, Role
 from rocket.raft.host import RaftHost
 from rocket.roles.peers import Peers, address_of
@@ -33,6 +33,16 @@ from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.storage")
 
+
+def _decoded(batch: bytes, base_offset: int) -> list[Message] | None:
+    """The messages of a stored batch, or None if its records cannot be read: the broker checks a batch's header
+    and CRC, not its records, so a producer can store such a batch; it must not stop a queue's readers."""
+    try:
+        return batch_codec.decode(batch, base_offset)
+    except RocketError as error:
+        if error.code != Code.BAD_BATCH:
+            raise
+        return None
 
 class StorageRole:
     def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, addresses: dict[int, tuple[str, int]],
@@ -610,7 +620,8 @@ class StorageRole:
         batches = {}
         every_message = chosen.tag_mask is None and not isinstance(chosen, SqlFilter)  # no need to decode
         for base_offset, batch in found:
-            if every_message:
+            messages = None if every_message else _decoded(batch, base_offset)
+            if messages is None:  # every message, or a batch no filter can read: its receiver dead-letters it
                 start = max(cursor, base_offset)
                 end = min(base_offset + peek_count(batch), start + wanted - len(new))
                 new.extend(range(start, end))
@@ -618,7 +629,7 @@ class StorageRole:
                 if len(new) >= wanted:
                     return new, end, batches
                 continue
-            for message in batch_codec.decode(batch, base_offset):
+            for message in messages:
                 if message.offset < cursor:
                     continue
                 if len(new) >= wanted:
@@ -634,7 +645,10 @@ class StorageRole:
         queue, with its attempts; False if its state moved on meanwhile."""
         consumer_group, topic, queue = key
         [(base_offset, batch)], _ = await self._read_queue(topic, queue, offset, 1, True, ALL_TAGS)
-        message = batch_codec.decode(batch, base_offset, queue)[offset - base_offset]
+        messages = _decoded(batch, base_offset)
+        # A message that cannot be read goes as an empty one that says so; its bytes stay where they are.
+        message = Message(b"", properties={"DLQ_MALFORMED": "the stored batch cannot be read"}, timestamp_ms=now_ms) \
+            if messages is None else messages[offset - base_offset]
         message.properties = {**message.properties, "DLQ_ORIGIN_QUEUE": str(queue), "DLQ_ORIGIN_OFFSET": str(offset),
                               "DLQ_ATTEMPTS": str(attempt)}
         return bool(await self.host.propose(group, encode_pop({
