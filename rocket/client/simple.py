@@ -30,6 +30,38 @@ def parse_receipt(receipt: str) -> tuple[int, int, int]:
     return queue, offset, attempt
 
 
+def received(response: dict, topic: str) -> tuple[list[Message], list[dict]]:
+    """The messages of a Receive response, in the order handed out, with their attempt and receipt; and the
+    receipts of those in batches that cannot be read (a right CRC, malformed records). No attempt can read
+    those, so the caller sends them to the dead letters at once instead of delivering them again."""
+    decoded: dict[tuple[int, int], Message] = {}
+    unreadable: list[tuple[int, int, int]] = []  # (queue, first offset, end) of batches that cannot be read
+    for stored in response["batches"]:
+        queue, base = stored["queue"], stored["base_offset"]
+        try:
+            for message in batch_codec.decode(stored["batch"], base, queue):
+                decoded[(message.queue, message.offset)] = message
+        except RocketError as error:
+            if error.code != Code.BAD_BATCH:
+                raise
+            log.warning("%r queue %d: the batch at offset %d cannot be read, its messages go to the dead letters: %s",
+                        topic, queue, base, error.message)
+            unreadable.append((queue, base, base + batch_codec.peek_count(stored["batch"])))
+    messages, dead = [], []
+    for handle in response["handles"]:
+        key = (handle["queue"], handle["offset"])
+        if key not in decoded and any(queue == key[0] and first <= key[1] < end for queue, first, end in unreadable):
+            dead.append({"queue": handle["queue"], "offset": handle["offset"], "attempt": handle["attempt"]})
+            continue
+        message = decoded.get(key)
+        if message is None:  # its batch is gone (retention): nothing to hand out
+            continue
+        message.attempt = handle["attempt"]
+        message.receipt = f"{handle['queue']}.{handle['offset']}.{handle['attempt']}"
+        messages.append(message)
+    return messages, dead
+
+
 class SimpleConsumer:
     def __init__(self, channel, topic: str, group: str, *, invisible_s: float = 30.0,
                  max_attempts: int = limits.pop_attempts_default, backoff_s: tuple[float, ...] = RETRY_BACKOFF_S,
@@ -52,32 +84,10 @@ class SimpleConsumer:
                    "filter_type": self.filter_type, "filter": self.filter.expression}
         response = await self.channel.call("Receive", request, timeout_s=limits.request_timeout_s_default + wait_s)
         self.fifo = response["fifo"]
-        decoded: dict[tuple[int, int], Message] = {}
-        unreadable: list[tuple[int, int, int]] = []  # (queue, first offset, end) of batches that cannot be read
-        for stored in response["batches"]:
-            queue, base = stored["queue"], stored["base_offset"]
-            try:
-                for message in batch_codec.decode(stored["batch"], base, queue):
-                    decoded[(message.queue, message.offset)] = message
-            except RocketError as error:
-                if error.code != Code.BAD_BATCH:
-                    raise
-                log.warning("%r queue %d: a batch from offset %d cannot be read, its messages go to the dead letters: "
-                            "%s", self.topic, queue, base, error.message)
-                unreadable.append((queue, base, base + batch_codec.peek_count(stored["batch"])))
-        messages, dead = [], []
-        for handle in response["handles"]:
-            key = (handle["queue"], handle["offset"])
-            receipt = f"{handle['queue']}.{handle['offset']}.{handle['attempt']}"
-            if key not in decoded and any(queue == key[0] and first <= key[1] < end for queue, first, end in unreadable):
-                dead.append(Message(b"", receipt=receipt))  # no attempt can read it: retrying would only delay that
-                continue
-            message = decoded[key]
-            message.attempt = handle["attempt"]
-            message.receipt = receipt
-            messages.append(message)
-        if dead:
-            await self._receipts("DeadLetter", dead)  # a stale receipt: another receiver has it now, and does the same
+        messages, unreadable = received(response, self.topic)
+        if unreadable:  # a stale receipt: another receiver has it now, and does the same
+            await self.channel.call("DeadLetter", {"topic": self.topic, "group": self.group, "invisible_ms": -1,
+                                                   "receipts": unreadable})
         return messages
 
     async def _receipts(self, method: str, messages: list[Message], invisible_ms: int = -1) -> list[Message]:

@@ -20,7 +20,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.client.simple import RETRY_BACKOFF_S
+from rocket.client.simple import RETRY_BACKOFF_S, received
 from rocket.model import Message, queue_for_key
 from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
@@ -445,15 +445,17 @@ class RocketMQProxy:
             yield service.ReceiveMessageResponse(status=self._status(MESSAGE_NOT_FOUND, "no new message"))
             return
         yield service.ReceiveMessageResponse(status=self._status())
-        decoded: dict[tuple[int, int], Message] = {}
-        for stored in response["batches"]:
-            for message in batch_codec.decode(stored["batch"], stored["base_offset"], stored["queue"]):
-                decoded[(message.queue, message.offset)] = message
+        messages, unreadable = received(response, topic_name)
+        if unreadable:
+            try:
+                await self.dispatcher.local("DeadLetter", {"topic": topic_name, "group": request.group.name,
+                                                           "receipts": unreadable, "invisible_ms": -1})
+            except RocketError as error:  # they come back after their invisible time, and go then
+                log.warning("dead-lettering unreadable messages of %s: %s", topic_name, error)
         invisible_ms = _ms_of(request.invisible_duration, invisible_s_default)
-        for handle in response["handles"]:
-            message = decoded.get((handle["queue"], handle["offset"]))
-            if message is not None:
-                yield service.ReceiveMessageResponse(message=self._to_rocketmq(topic, message, handle, invisible_ms))
+        for message in messages:
+            handle = {"queue": message.queue, "offset": message.offset, "attempt": message.attempt}
+            yield service.ReceiveMessageResponse(message=self._to_rocketmq(topic, message, handle, invisible_ms))
         answered = service.ReceiveMessageResponse()  # when the messages left: push consumers measure latency from it
         answered.delivery_timestamp.FromMilliseconds(int(time.time() * 1000))
         yield answered

@@ -645,10 +645,12 @@ class StorageRole:
         queue, with its attempts; False if its state moved on meanwhile."""
         consumer_group, topic, queue = key
         [(base_offset, batch)], _ = await self._read_queue(topic, queue, offset, 1, True, ALL_TAGS)
-        messages = _decoded(batch, base_offset)
-        # A message that cannot be read goes as an empty one that says so; its bytes stay where they are.
-        message = Message(b"", properties={"DLQ_MALFORMED": "the stored batch cannot be read"}, timestamp_ms=now_ms) \
-            if messages is None else messages[offset - base_offset]
+        try:
+            message = batch_codec.decode(batch, base_offset, queue)[offset - base_offset]
+        except RocketError as error:  # it goes as an empty message that says why; its bytes stay where they are
+            if error.code != Code.BAD_BATCH:
+                raise
+            message = Message(b"", properties={"DLQ_MALFORMED": error.message[:200]}, timestamp_ms=now_ms)
         message.properties = {**message.properties, "DLQ_ORIGIN_QUEUE": str(queue), "DLQ_ORIGIN_OFFSET": str(offset),
                               "DLQ_ATTEMPTS": str(attempt)}
         return bool(await self.host.propose(group, encode_pop({

@@ -120,4 +120,4 @@ async def test_pop_sends_unreadable_messages_to_the_dead_letters_at_once(node, s
         dead = await letters.poll()
         assert [(m.body, m.properties["DLQ_ORIGIN_OFFSET"], m.properties["DLQ_ATTEMPTS"]) for m in dead] == \
             [(b"", "3", "1"), (b"", "4", "1")]
-        assert all("cannot be read" in m.properties["DLQ_MALFORMED"] for m in dead)
+        assert all("malformed records" in m.properties["DLQ_MALFORMED"] for m in dead)

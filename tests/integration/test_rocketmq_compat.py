@@ -533,3 +533,32 @@ def test_the_official_client_and_curl_speak_tls(tmp_path, server_process, monkey
     assert json.loads(described.stdout)["topic"]["name"] == "secure", described
     with pytest.raises(AssertionError, match="closed the connection"):
         grpc_exchange(server.http2_port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00")  # h2c on a TLS port
+
+
+def test_unreadable_messages_go_to_the_dead_letters_and_the_rest_are_received(rocket_server):
+    """A stored batch with a right CRC and malformed records: the official SimpleConsumer receives the messages
+    around it, and its two messages go to the group's dead letters on their first attempt."""
+    import trio
+
+    from rocket.client import Admin, connect
+    from tests.integration.test_malformed_batches import fill
+
+    async def filled() -> None:
+        async with connect(rocket_server.server) as channel:
+            await fill(channel, "jobs")
+
+    async def dead_letters() -> int:
+        async with connect(rocket_server.server) as channel:
+            [queue] = await Admin(channel).describe_group("jobs", "workers")
+            return queue["dead_letters"]
+
+    trio.run(filled)
+    result = run_client(rocket_server, "jobs", """
+        consumer = SimpleConsumer(config, "workers", {topic: FilterExpression()}, 25)
+        consumer.startup()
+        got = receive_all(consumer, 5)
+        consumer.shutdown()
+        report({"got": sorted(entry["body"] for entry in got)})
+    """)
+    assert result["got"] == ["m0", "m1", "m2", "m3", "m4"]
+    assert trio.run(dead_letters) == 2
