@@ -67,13 +67,8 @@ def allocate(queues: int, members: list[str], member: str) -> list[int]:
 def _may_match(chosen: SqlFilter, batch: bytes) -> bool:
     """Whether a message of the batch matches; a batch that cannot be read goes to the client, whose poll names
     it (BAD_BATCH with its offsets) and can step past it, where failing the pull would stop every queue."""
-    try:
-        messages = batch_codec.decode(batch)
-    except RocketError as error:
-        if error.code != Code.BAD_BATCH:
-            raise
-        return True
-    return any(chosen.matches(message) for message in messages)
+    messages = batch_codec.readable(batch)
+    return messages is None or any(chosen.matches(message) for message in messages)
 
 
 def _check_message_type(spec: TopicSpec, flags: int) -> None:

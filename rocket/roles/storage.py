@@ -34,16 +34,6 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.storage")
 
 
-def _decoded(batch: bytes, base_offset: int) -> list[Message] | None:
-    """The messages of a stored batch, or None if its records cannot be read: the broker checks a batch's header
-    and CRC, not its records, so a producer can store such a batch; it must not stop a queue's readers."""
-    try:
-        return batch_codec.decode(batch, base_offset)
-    except RocketError as error:
-        if error.code != Code.BAD_BATCH:
-            raise
-        return None
-
 class StorageRole:
     def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, addresses: dict[int, tuple[str, int]],
                  objects: ObjectStore | None = None):
@@ -345,6 +335,7 @@ class StorageRole:
             self._check_delivery_times(batch, append_ms)
             entry = encode_timers(topic, queue, append_ms, batch)
         elif flags & FLAG_TRANSACTION:
+            batch_codec.decode(batch)  # its checks and its commit read the half messages: BAD_BATCH now, not then
             entry = encode_half(topic, queue, append_ms, append_ms + int(self.config.transaction_timeout_s * 1000), batch)
         else:
             entry = encode_append(topic, queue, append_ms, batch)
@@ -620,7 +611,7 @@ class StorageRole:
         batches = {}
         every_message = chosen.tag_mask is None and not isinstance(chosen, SqlFilter)  # no need to decode
         for base_offset, batch in found:
-            messages = None if every_message else _decoded(batch, base_offset)
+            messages = None if every_message else batch_codec.readable(batch, base_offset)
             if messages is None:  # every message, or a batch no filter can read: its receiver dead-letters it
                 start = max(cursor, base_offset)
                 end = min(base_offset + peek_count(batch), start + wanted - len(new))

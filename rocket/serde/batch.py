@@ -271,6 +271,17 @@ def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> 
     return messages
 
 
+def readable(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> list[Message] | None:
+    """decode(), or None for a batch whose records cannot be read. The broker checks a batch's header and CRC,
+    not its records, so a producer can store such a batch: a reader on the server must step past it."""
+    try:
+        return decode(batch, base_offset, queue)
+    except RocketError as error:
+        if error.code != Code.BAD_BATCH:
+            raise
+        return None
+
+
 def _legacy_decode(batch: bytes | memoryview, header: BatchHeader, base_offset: int, queue: int) -> list[Message]:
     """Versions 1 and 2: records with a fixed head of lengths, the delivery time among the properties."""
     # Slices of bytes are one copy each, with no memoryview made per field: the batch is copied once if it

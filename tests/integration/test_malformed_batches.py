@@ -17,12 +17,12 @@ from rocket.model import Message, dead_letter_topic
 from rocket.serde import batch as batch_codec
 
 
-def unreadable_batch(count: int) -> bytes:
+def unreadable_batch(count: int, flags: int = 0) -> bytes:
     """A version 3 batch whose CRC is right and whose count records are text where bodies must be bytes."""
     payload = msgspec.msgpack.encode([["text, not bytes"]] * count)
     now_ms = int(time.time() * 1000)
-    head = bytearray(batch_codec._header.pack(batch_codec.MAGIC, batch_codec.VERSION, 0, count, now_ms, now_ms, 0,
-                                              len(payload), 0))
+    head = bytearray(batch_codec._header.pack(batch_codec.MAGIC, batch_codec.VERSION, flags, count, now_ms, now_ms,
+                                              0, len(payload), 0))
     covered = batch_codec._crc_covered_header
     struct.pack_into("<I", head, covered, batch_codec.crc32c(payload, batch_codec.crc32c(bytes(head[:covered]))))
     return bytes(head) + payload

@@ -97,3 +97,22 @@ async def test_a_transaction_never_decided_is_set_aside_as_unresolved(server_pro
     assert unresolved == [b"limbo"]
     assert 2 <= len(checks) <= 4
     assert await visible(server.server, "payments", "g", 1, timeout_s=0.5) == []
+
+
+
+async def test_half_messages_that_cannot_be_read_are_refused(server_process):
+    """Checks and commits read a transaction's half messages, so a half batch with a right CRC and malformed
+    records is refused at once with BAD_BATCH; nothing is stored, and the topic's transactions go on."""
+    from rocket.serde.batch import FLAG_TRANSACTION
+    from tests.integration.test_malformed_batches import unreadable_batch
+
+    server = server_process().start()
+    async with connect(server.server) as channel:
+        await Admin(channel).create_topic("payments", 1, "transaction")
+        with pytest.raises(RocketError) as caught:
+            await channel.call("Produce", {"topic": "payments", "queue": 0,
+                                           "batch": unreadable_batch(1, FLAG_TRANSACTION)})
+        assert caught.value.code == Code.BAD_BATCH and "malformed records" in caught.value.message
+        async with open_transaction_producer(channel, "payments") as producer:
+            await producer.commit(await producer.send_half(Message(b"good")))
+    assert await visible(server.server, "payments", "g", 1) == [b"good"]

@@ -234,3 +234,11 @@ def test_version_1_batches_with_zlib_crc_still_check_and_decode():
         with pytest.raises(RocketError) as caught:
             batch.check_header(bytes(relabelled))
         assert caught.value.code == Code.BAD_BATCH and "checksum" in caught.value.message
+
+
+def test_readable_is_decode_or_none_for_a_batch_that_cannot_be_read():
+    """readable() gives what decode() gives, and None where decode() refuses the batch with BAD_BATCH."""
+    good = batch.encode([Message(b"a", key="k"), Message(b"b")], 5)
+    assert batch.readable(good, 10, 2) == batch.decode(good, 10, 2)
+    assert batch.readable(seal(msgspec.msgpack.encode([["text body"]]), 1)) is None
+    assert batch.readable(good[:-1] + bytes([good[-1] ^ 1])) is None  # a checksum that fails
