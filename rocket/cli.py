@@ -288,11 +288,19 @@ async def group_describe(topic: str, group: Annotated[str, typer.Option("--group
 @group_app.command("reset")
 @_runs_client
 async def group_reset(topic: str, group: Annotated[str, typer.Option("--group")],
-                      to: Annotated[str, typer.Option("--to", help="earliest, latest or an ISO time.")],
+                      to: Annotated[str, typer.Option("--to", help="earliest, latest, an ISO time, or (with --queue) "
+                                                                  "an offset.")],
+                      queue: Annotated[int, typer.Option("--queue", help="Only this queue (-1: every queue).")] = -1,
                       server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
-    """Move a group's positions (pull and pop) on every queue; what it had in flight is dropped."""
+    """Move a group's positions (pull and pop) on every queue, or on one; what it had in flight is dropped. An
+    offset steps past a batch that its consumers cannot read (BAD_BATCH names where the next one starts)."""
     async with connect(server, transport, serde) as channel:
-        out.print(_group_table(topic, group, await Admin(channel).reset_group(topic, group, parse_start(to))))
+        admin = Admin(channel)
+        if to.isdigit():
+            queues = await admin.seek_group(topic, group, queue, int(to))
+        else:
+            queues = await admin.reset_group(topic, group, parse_start(to), queue)
+        out.print(_group_table(topic, group, queues))
 
 
 @dlq_app.command("list")

@@ -52,10 +52,15 @@ class Admin:
         """Per queue: the group's pull position, pop consumption, lag and dead letters."""
         return (await self.channel.call("DescribeGroup", {"topic": topic, "group": group}))["queues"]
 
-    async def reset_group(self, topic: str, group: str, to: str | int) -> list[dict]:
-        """Move the group's positions to 'earliest', 'latest', or a time (epoch ms)."""
+    async def reset_group(self, topic: str, group: str, to: str | int, queue: int = -1) -> list[dict]:
+        """Move the group's positions (on every queue, or on queue) to 'earliest', 'latest', or a time (epoch ms)."""
         request = {"topic": topic, "group": group, "to": to if isinstance(to, str) else "time",
-                   "timestamp_ms": to if isinstance(to, int) else 0}
+                   "timestamp_ms": to if isinstance(to, int) else 0, "queue": queue}
+        return (await self.channel.call("ResetGroup", request))["queues"]
+
+    async def seek_group(self, topic: str, group: str, queue: int, offset: int) -> list[dict]:
+        """Move the group's positions on one queue to offset: past a batch its consumers cannot read, say."""
+        request = {"topic": topic, "group": group, "to": "offset", "queue": queue, "offset": offset}
         return (await self.channel.call("ResetGroup", request))["queues"]
 
     async def get_message(self, topic: str, queue: int, offset: int) -> Message:

@@ -253,9 +253,10 @@ class Consumer:
         except RocketError:  # not even a header: where the response ends for the queue
             end = max([first + 1] + [entry["offset"] for entry in response["next_offsets"] if entry["queue"] == queue])
         if self._malformed is None:
-            self._malformed = (queue, first, RocketError(Code.BAD_BATCH, f"{self.topic!r} queue {queue}, offsets "
-                                                         f"{first}-{end - 1}: {problem}; seek({queue}, {end}) steps "
-                                                         "past them"))
+            self._malformed = (queue, first, RocketError(Code.BAD_BATCH, (
+                f"{self.topic!r} queue {queue}, offsets {first}-{end - 1}: {problem}; seek({queue}, {end}) steps past "
+                f"them (or: rocket group reset {self.topic} --group {self._positions_group} --queue {queue} "
+                f"--to {end})")))
         return []
 
     async def commit(self) -> None:

@@ -507,20 +507,30 @@ class Broker:
         return {"members": found["members"], "queues": allocate(route.spec.queues, found["members"], request["member"])}
 
     async def reset_group(self, request: dict) -> dict:
-        """Move the group's pull and pop positions on every queue to the earliest or latest message, or to
-        the first stored at or after a time; what was in flight is dropped."""
+        """Move the group's pull and pop positions on every queue, or on one, to the earliest or latest message,
+        to the first stored at or after a time, or (one queue) to an offset; what was in flight is dropped."""
         consumer_group = check_group_name(request["group"])
         route = await self._route(request["topic"])
-        if request["to"] not in ("earliest", "latest", "time"):
-            raise RocketError(Code.BAD_REQUEST, f"reset to {request['to']!r}: expected earliest, latest or time")
-        by_time = request["to"] == "time"
-        targets = {}
-        for response in await self._queues(route, timestamp_ms=max(0, request["timestamp_ms"]) if by_time else -1):
-            if by_time:
-                targets.update((entry["queue"], entry["offset"]) for entry in response["time_offsets"])
-            else:
-                field = "min_offset" if request["to"] == "earliest" else "next_offset"
-                targets.update((info["queue"], info[field]) for info in response["queues"])
+        to, queue = request["to"], request["queue"]
+        if to not in ("earliest", "latest", "time", "offset"):
+            raise RocketError(Code.BAD_REQUEST, f"reset to {to!r}: expected earliest, latest, time or offset")
+        if queue != -1:
+            self._queue(route.spec, queue)
+        if to == "offset":
+            if queue == -1 or request["offset"] < 0:
+                raise RocketError(Code.BAD_REQUEST, "a reset to an offset names one queue and an offset of 0 or more")
+            targets = {queue: request["offset"]}
+        else:
+            by_time = to == "time"
+            targets = {}
+            for response in await self._queues(route, timestamp_ms=max(0, request["timestamp_ms"]) if by_time else -1):
+                if by_time:
+                    targets.update((entry["queue"], entry["offset"]) for entry in response["time_offsets"])
+                else:
+                    field = "min_offset" if to == "earliest" else "next_offset"
+                    targets.update((info["queue"], info[field]) for info in response["queues"])
+            if queue != -1:
+                targets = {queue: targets[queue]}
         await self._commit(route, consumer_group, targets, reset_pop=True)
         return await self.describe_group(request)
 

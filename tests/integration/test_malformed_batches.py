@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import struct
 import time
+from types import SimpleNamespace
 
 import msgspec
 import pytest
+import trio
 
 from rocket.client import Admin, Consumer, SimpleConsumer, connect
 from rocket.errors import Code, RocketError
 from rocket.model import Message, dead_letter_topic
 from rocket.serde import batch as batch_codec
+from tests.e2e.test_cli import rocket
 
 
 def unreadable_batch(count: int, flags: int = 0) -> bytes:
@@ -68,6 +71,29 @@ async def test_a_pull_consumer_is_told_where_the_batch_lies_and_steps_past_it(no
         await again.open()
         assert await again.poll() == []  # the group's position is past everything
         await again.close()
+
+
+async def test_the_cli_moves_a_group_past_the_batch_as_the_error_says(node):
+    """BAD_BATCH also names the `rocket group reset` that moves the group's position on that queue past the
+    batch; the group's next consumer starts there. An offset without a queue is refused."""
+    server = SimpleNamespace(server=f"127.0.0.1:{node.tcp_port}")
+    async with connect(server.server) as channel:
+        await fill(channel, "jobs")
+        consumer = Consumer(channel, "jobs", "readers", start="earliest", wait_ms=100)
+        await consumer.open()
+        assert len(await consumer.poll()) == 3
+        with pytest.raises(RocketError) as caught:
+            await consumer.poll()
+        await consumer.close()
+        command = caught.value.message.split("(or: rocket ")[1].rstrip(")").split()
+        assert command == ["group", "reset", "jobs", "--group", "readers", "--queue", "0", "--to", "5"]
+        await trio.to_thread.run_sync(lambda: rocket(*command, server=server))
+        refused = await trio.to_thread.run_sync(
+            lambda: rocket("group", "reset", "jobs", "--group", "readers", "--to", "5", server=server, check=False))
+        assert refused.returncode != 0 and b"names one queue" in refused.stderr
+        again = Consumer(channel, "jobs", "readers", start="earliest", wait_ms=100)
+        await again.open()
+        assert [m.body for m in await again.poll()] == [b"m3", b"m4"]
 
 
 async def test_a_limit_or_a_seek_back_cuts_before_the_batch_as_anywhere_else(node):
