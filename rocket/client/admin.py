@@ -92,8 +92,9 @@ class Admin:
             if not response["batches"]:
                 break
             for stored in response["batches"]:
-                found.extend(message for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue)
-                             if message.key == key and offset <= message.offset < end)
+                # A batch that cannot be read holds no key to match (get_message names it).
+                messages = batch_codec.readable(stored["batch"], stored["base_offset"], queue) or []
+                found.extend(message for message in messages if message.key == key and offset <= message.offset < end)
             offset = response["next_offsets"][0]["offset"]
         return found[:limit]
 

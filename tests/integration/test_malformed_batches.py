@@ -110,6 +110,18 @@ async def test_a_limit_or_a_seek_back_cuts_before_the_batch_as_anywhere_else(nod
         assert [m.offset for m in await consumer.poll()] == [1, 2]
 
 
+async def test_a_search_by_key_reads_around_the_batch_and_a_lookup_names_it(node):
+    """find_messages scans past a batch it cannot read; get_message of a message in it is BAD_BATCH."""
+    async with connect(f"127.0.0.1:{node.tcp_port}") as channel:
+        await fill(channel, "jobs")
+        admin = Admin(channel)
+        assert [m.offset for m in await admin.find_messages("jobs", "")] == [0, 1, 2, 5, 6]
+        with pytest.raises(RocketError) as caught:
+            await admin.get_message("jobs", 0, 4)
+        assert caught.value.code == Code.BAD_BATCH
+        assert (await admin.get_message("jobs", 0, 5)).body == b"m3"
+
+
 async def test_an_sql_filter_hands_the_batch_on_instead_of_failing_the_pull(node):
     """The broker decodes batches for an SQL filter: one it cannot read reaches the client, which names it; the
     matches before and after it are delivered."""
