@@ -273,7 +273,7 @@ def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> 
 
 def readable(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> list[Message] | None:
     """decode(), or None for a batch whose records cannot be read. The broker checks a batch's header and CRC,
-    not its records, so a producer can store such a batch: a reader on the server must step past it."""
+    not its records, so a producer can store such a batch: a reader that scans must step past it."""
     try:
         return decode(batch, base_offset, queue)
     except RocketError as error:
