@@ -293,7 +293,8 @@ async def group_reset(topic: str, group: Annotated[str, typer.Option("--group")]
                       queue: Annotated[int, typer.Option("--queue", help="Only this queue (-1: every queue).")] = -1,
                       server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
     """Move a group's positions (pull and pop) on every queue, or on one; what it had in flight is dropped. An
-    offset steps past a batch that its consumers cannot read (BAD_BATCH names where the next one starts)."""
+    offset steps past a batch that its consumers cannot read (BAD_BATCH names where the next one starts).
+    Refused (GROUP_ACTIVE) while the group's pull consumers run: their next commit would undo it."""
     async with connect(server, transport, serde) as channel:
         admin = Admin(channel)
         if to.isdigit():

@@ -30,6 +30,7 @@ class Code(enum.IntEnum):
     BAD_FILTER = 19  # a tag or SQL92 filter expression does not parse; the message names the position
     WRONG_MESSAGE_TYPE = 20  # a send does not match the topic's message type (normal, fifo, delay, transaction)
     NOT_FOUND = 21  # a message, timer or receipt that does not exist (any more)
+    GROUP_ACTIVE = 22  # a consumer group with live pull members cannot be reset: their commits would undo it
 
 
 class RocketError(Exception):

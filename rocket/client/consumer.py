@@ -255,7 +255,7 @@ class Consumer:
         if self._malformed is None:
             self._malformed = (queue, first, RocketError(Code.BAD_BATCH, (
                 f"{self.topic!r} queue {queue}, offsets {first}-{end - 1}: {problem}; seek({queue}, {end}) steps past "
-                f"them (or: rocket group reset {self.topic} --group {self._positions_group} --queue {queue} "
+                f"them (or, with the group's consumers closed: rocket group reset {self.topic} --group {self._positions_group} --queue {queue} "
                 f"--to {end})")))
         return []
 

@@ -500,15 +500,21 @@ class Broker:
         """A pull consumer in clustering mode is alive (or leaves): the group's live members and the
         queues this member reads (RocketMQ's averaging allocation: queues split in contiguous runs)."""
         route = await self._route(request["topic"])
+        members = await self._members(route, request["group"], request["member"], request["leave"])
+        return {"members": members, "queues": allocate(route.spec.queues, members, request["member"])}
+
+    async def _members(self, route: _Route, consumer_group: str, member: str = "", leave: bool = True) -> list[str]:
+        """The live pull members of a group on a topic, after member heartbeats or leaves (by default, none)."""
         group = route.queue_groups[0]
-        found = await self._storage(route, group, "StorageGroupHeartbeat", {
-            "group": group, "consumer_group": request["group"], "topic": route.spec.name, "member": request["member"],
-            "leave": request["leave"]})
-        return {"members": found["members"], "queues": allocate(route.spec.queues, found["members"], request["member"])}
+        return (await self._storage(route, group, "StorageGroupHeartbeat", {
+            "group": group, "consumer_group": consumer_group, "topic": route.spec.name, "member": member,
+            "leave": leave}))["members"]
 
     async def reset_group(self, request: dict) -> dict:
         """Move the group's pull and pop positions on every queue, or on one, to the earliest or latest message,
-        to the first stored at or after a time, or (one queue) to an offset; what was in flight is dropped."""
+        to the first stored at or after a time, or (one queue) to an offset; what was in flight is dropped.
+        Refused while the group has live pull members, as Kafka refuses: each keeps its positions in memory and
+        its next commit would put them back. Pop consumers keep theirs in storage, which this moves."""
         consumer_group = check_group_name(request["group"])
         route = await self._route(request["topic"])
         to, queue = request["to"], request["queue"]
@@ -531,6 +537,13 @@ class Broker:
                     targets.update((info["queue"], info[field]) for info in response["queues"])
             if queue != -1:
                 targets = {queue: targets[queue]}
+        members = await self._members(route, consumer_group)
+        if members:
+            raise RocketError(Code.GROUP_ACTIVE, (
+                f"group {consumer_group!r} on {route.spec.name!r} has {len(members)} live consumer(s) "
+                f"({', '.join(members[:3])}{', ...' if len(members) > 3 else ''}), whose next commit would undo the "
+                f"reset: stop them first (a closed consumer leaves at once; one stopped without closing, "
+                f"{limits.group_member_expiry_s:g} s after its last poll), or move a running one with Consumer.seek()"))
         await self._commit(route, consumer_group, targets, reset_pop=True)
         return await self.describe_group(request)
 

@@ -438,11 +438,11 @@ class StorageRole:
         """The live members of a consumer group on a topic, on the leader of the storage group of its
         queue 0. Soft state: after a change of leader the members are back within a heartbeat, and until
         then a member may read a queue another one reads too (duplicates, never a gap: positions are
-        committed)."""
+        committed). No member leaving (member "") only reads who is live."""
         self._leads(request["group"])
         key = (check_group_name(request["consumer_group"]), check_topic_name(request["topic"]))
         member = request["member"]
-        if not member or len(member) > limits.group_name_bytes_max:
+        if len(member) > limits.group_name_bytes_max or not (member or request["leave"]):
             raise RocketError(Code.BAD_REQUEST, f"member id must be 1-{limits.group_name_bytes_max} characters")
         now = trio.current_time()
         if now - self._members_swept_at > limits.group_member_expiry_s:  # groups all of whose members left

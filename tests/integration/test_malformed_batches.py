@@ -85,7 +85,7 @@ async def test_the_cli_moves_a_group_past_the_batch_as_the_error_says(node):
         with pytest.raises(RocketError) as caught:
             await consumer.poll()
         await consumer.close()
-        command = caught.value.message.split("(or: rocket ")[1].rstrip(")").split()
+        command = caught.value.message.split("closed: rocket ")[1].rstrip(")").split()
         assert command == ["group", "reset", "jobs", "--group", "readers", "--queue", "0", "--to", "5"]
         await trio.to_thread.run_sync(lambda: rocket(*command, server=server))
         refused = await trio.to_thread.run_sync(
