@@ -266,8 +266,14 @@ async def message_cancel(topic: str, timer_id: Annotated[str, typer.Argument(hel
 
 
 def _group_table(topic: str, group: str, queues: list[dict]) -> Table:
+    readers: dict[str, list[str]] = {}
+    for q in queues:
+        if q["member"]:
+            readers.setdefault(q["member"], []).append(str(q["queue"]))
+    caption = "; ".join(f"{member} reads queue{'s' if len(read) > 1 else ''} {', '.join(read)}"
+                        for member, read in readers.items())
     table = Table("queue", "next offset", "pull position", "pop cursor", "in flight", "lag", "dead letters",
-                  title=f"group {group} on {topic}")
+                  title=f"group {group} on {topic}", caption=caption or "no live pull consumer", caption_justify="left")
     for q in queues:
         table.add_row(str(q["queue"]), f"{q['next_offset']:,}", "-" if q["committed"] < 0 else f"{q['committed']:,}",
                       f"{q['pop_cursor']:,}", f"{q['in_flight']:,}", f"{q['lag']:,}", f"{q['dead_letters']:,}")
@@ -280,7 +286,8 @@ def _group_table(topic: str, group: str, queues: list[dict]) -> Table:
 @_runs_client
 async def group_describe(topic: str, group: Annotated[str, typer.Option("--group")],
                          server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
-    """A group's positions on a topic, per queue: pull position, pop cursor, messages in flight, lag."""
+    """A group's positions on a topic, per queue: pull position, the live consumer reading it, pop cursor, messages in
+    flight, lag."""
     async with connect(server, transport, serde) as channel:
         out.print(_group_table(topic, group, await Admin(channel).describe_group(topic, group)))
 

@@ -49,7 +49,8 @@ class Admin:
         await self.channel.call("DrainNode", {"node": node, "draining": draining})
 
     async def describe_group(self, topic: str, group: str) -> list[dict]:
-        """Per queue: the group's pull position, pop consumption, lag and dead letters."""
+        """Per queue: the group's pull position, the live pull consumer reading it (member), pop consumption, lag
+        and dead letters."""
         return (await self.channel.call("DescribeGroup", {"topic": topic, "group": group}))["queues"]
 
     async def reset_group(self, topic: str, group: str, to: str | int, queue: int = -1) -> list[dict]:

@@ -477,9 +477,12 @@ class Broker:
                 "offsets": [{"queue": queue, "offset": offsets[queue]} for queue in queues]})
 
     async def describe_group(self, request: dict) -> dict:
-        """Per queue: the group's pull position, its pop consumption, its lag and its dead letters."""
+        """Per queue: the group's pull position, the live pull consumer reading it, its pop consumption, its lag and
+        its dead letters."""
         consumer_group = check_group_name(request["group"])
         route = await self._route(request["topic"])
+        members = await self._members(route, consumer_group)
+        reader = {queue: member for member in members for queue in allocate(route.spec.queues, members, member)}
         found = await self._queues(route, consumer_group)
         dead = await self._queues(await self._route(dead_letter_topic(consumer_group, route.spec.name)))
         committed = {entry["queue"]: entry["offset"] for response in found for entry in response["offsets"]}
@@ -493,7 +496,8 @@ class Broker:
             queues.append({"queue": queue, "min_offset": info["min_offset"], "next_offset": info["next_offset"],
                            "committed": committed.get(queue, -1), "pop_cursor": pop_state["cursor"],
                            "pop_done_before": pop_state["done_before"], "in_flight": pop_state["in_flight"],
-                           "lag": max(0, info["next_offset"] - consumed), "dead_letters": dead_letters.get(queue, 0)})
+                           "lag": max(0, info["next_offset"] - consumed), "dead_letters": dead_letters.get(queue, 0),
+                           "member": reader.get(queue, "")})
         return {"topic": route.spec.name, "group": consumer_group, "queues": queues}
 
     async def group_heartbeat(self, request: dict) -> dict:

@@ -1,6 +1,6 @@
 """A group reset while the group's pull consumers run: each keeps its positions in memory, so its next commit
 would silently undo the reset. The reset is refused with GROUP_ACTIVE, naming them, as Kafka refuses a reset
-of an active group; once they have closed it goes through. Pop consumers keep their positions in storage and
+of an active group; once they have closed it goes through. `rocket group describe` shows who reads each queue. Pop consumers keep their positions in storage and
 do not hold a reset back."""
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ async def test_a_reset_waits_for_the_groups_pull_consumers_to_close(node):
                 await reset()
             assert refused.value.code == Code.GROUP_ACTIVE and "reader-1" in refused.value.message
         await consumer.commit()
-        assert all(queue["lag"] == 0 for queue in await admin.describe_group("jobs", "readers"))
+        described = await admin.describe_group("jobs", "readers")
+        assert [(queue["lag"], queue["member"]) for queue in described] == [(0, "reader-1")] * 2
 
         await consumer.close()  # leaves the group at once
-        assert sum(queue["lag"] for queue in await admin.reset_group("jobs", "readers", "earliest")) == 20
+        described = await admin.reset_group("jobs", "readers", "earliest")
+        assert sum(queue["lag"] for queue in described) == 20 and [queue["member"] for queue in described] == ["", ""]
         again = Consumer(channel, "jobs", "readers", wait_ms=100)
         await again.open()
         reread = []
@@ -72,6 +74,9 @@ async def test_the_cli_names_the_live_consumers(node):
             "group", "reset", "orders", "--group", "billing", "--to", "earliest", server=server, check=False))
         assert refused.returncode != 0
         assert b"GROUP_ACTIVE" in refused.stderr and b"billing-7" in refused.stderr
+        described = await trio.to_thread.run_sync(lambda: rocket("group", "describe", "orders", "--group", "billing",
+                                                                 "--serde", "avro", server=server))
+        assert b"billing-7" in described.stdout, described.stdout.decode()
         await consumer.close()
         await trio.to_thread.run_sync(lambda: rocket("group", "reset", "orders", "--group", "billing", "--to", "earliest",
                                                      server=server))
