@@ -8,8 +8,9 @@ With --nodes 3 the cluster is three all-role processes on this machine (one name
 storage group replicated three times, so every byte is written three times to the same disk), and
 the client produces through node 1. Each measurement probes the raw durable bandwidth of the same
 disk (1 MiB write + fdatasync, as many bytes as the workload) before and after producing, because
-this machine's disk swings from run to run. Writes benchmarks/results/produce-<transport>-<serde>.json
-(or produce-cluster-... with --nodes 1,3) with every round and the medians.
+this machine's disk swings from run to run. Writes produce-<transport>-<serde>.json (or
+produce-cluster-... with --nodes 1,3) with every round and the medians into --out, by default
+benchmarks/results, where the committed figures live: give a scratch directory for an A/B run.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def one_round(arguments, number: int, nodes: int = 1) -> dict:
         ready = readies[0]
         port = (ready.group(1) if arguments.transport == "tcp" else ready.group(2)).decode()
         if arguments.profile and number == 0:
-            svg = RESULTS / f"produce-server-{arguments.transport}.svg"
+            svg = Path(arguments.out) / f"produce-server-{arguments.transport}.svg"
             profiler = subprocess.Popen(["py-spy", "record", "-o", str(svg), "--pid", str(server.pid)],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         common = ("--server", f"127.0.0.1:{port}", "--transport", arguments.transport, "--serde", arguments.serde,
@@ -100,8 +101,9 @@ def main() -> None:
                              "fill, on the same disk) or off")
     parser.add_argument("--nodes", default="1", choices=["1", "3", "1,3"],
                         help="one node, a three-node cluster, or both in every round")
+    parser.add_argument("--out", default=str(RESULTS), help="the directory the results (and --profile's SVG) go to")
     arguments = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    Path(arguments.out).mkdir(parents=True, exist_ok=True)
     if arguments.nodes == "1,3":
         return compare_cluster(arguments)
 
@@ -118,7 +120,7 @@ def main() -> None:
     summary["median"] = {name: statistics.median(values) for name, values in summary.items()}
     settings = vars(arguments)
     cluster = "-cluster3" if arguments.nodes == "3" else ""
-    output = RESULTS / f"produce{cluster}-{arguments.transport}-{arguments.serde}.json"
+    output = Path(arguments.out) / f"produce{cluster}-{arguments.transport}-{arguments.serde}.json"
     output.write_text(json.dumps({"settings": settings, "summary": summary, "rounds": rounds}, indent=2))
     print(json.dumps(summary, indent=2))
 
@@ -142,7 +144,7 @@ def compare_cluster(arguments) -> None:
         "cluster_consume_mb_per_s": [round(r["cluster"]["consume"]["result"]["mb_per_s"], 1) for r in rounds],
     }
     summary["median"] = {name: statistics.median(values) for name, values in summary.items()}
-    output = RESULTS / f"produce-cluster-{arguments.transport}-{arguments.serde}.json"
+    output = Path(arguments.out) / f"produce-cluster-{arguments.transport}-{arguments.serde}.json"
     output.write_text(json.dumps({"settings": vars(arguments), "summary": summary, "rounds": rounds}, indent=2))
     print(json.dumps(summary, indent=2))
 

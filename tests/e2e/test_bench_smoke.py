@@ -80,3 +80,16 @@ def test_disk_modes_measures_every_mode(tmp_path):
         assert {"read, cold", "read, recycled"} <= modes, modes
     assert all(run["mb_per_s"] > 0 for run in runs), runs
     assert not list(tmp_path.glob("rocket-disk-modes-*")), "the probe files are deleted"
+
+
+def test_produce_benchmark_writes_where_it_is_told(tmp_path):
+    """benchmarks/produce.py, one tiny round on one node: produce and consume give rates beside the raw disk, in --out
+    (not in benchmarks/results, where the committed figures live)."""
+    out = tmp_path / "out"
+    finished = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "produce.py"), "--rounds", "1", "--messages", str(MESSAGES),
+         "--data-parent", str(tmp_path), "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    summary = json.loads((out / "produce-tcp-avro.json").read_text())["summary"]
+    assert summary["produce_mb_per_s"][0] > 0 and summary["raw_disk_mb_per_s"][0] > 0, summary
+    assert summary["consume_messages_per_s"][0] > 0, summary
