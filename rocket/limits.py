@@ -89,7 +89,8 @@ pop_invisible_s_max = 12 * 3600  # the longest a received message stays invisibl
 
 # Cluster.
 node_heartbeat_s = 1.0  # how often a node reports itself and its load to the nameservers
-assignment_ask_s_min = 0.05  # a storage node asked about a group it lacks asks the nameservers at most this often
+assignment_ask_s_min = 0.01  # a storage node asked about a group it lacks asks the nameservers at most this often
+assignment_wait_s_max = 2.0  # such a call waits this long for the answer, then fails UNAVAILABLE (the broker retries)
 node_suspect_s = 3.0  # a node silent this long is suspect: nothing new is placed on it
 node_down_s = 10.0  # a node silent this long is down
 leader_wait_s_max = 10.0  # a call that needs a leader waits this long for an election before UNAVAILABLE
@@ -98,10 +99,10 @@ route_ttl_s = 10.0  # a broker refreshes a cached route at least this often, and
 follower_read_lag_entries_max = 16  # a follower this close to its leader's commit serves reads as a read replica
 storage_call_s_max = 8.0  # one storage call (an append waits for a quorum) before the broker tries another replica
 storage_append_wait_s_max = 6.0  # an append waits this long to be applied, then the broker retries elsewhere
-storage_retry_s_max = 15.0
+storage_retry_s_max = 15.0  # a broker retries a storage call on other replicas for at most this long
 learner_catch_up_s_max = 5.0  # a promotion waits this long for the learner to catch up, then the mover retries
 member_change_s_max = 30.0  # one step of a replica move (on the group's leader) before the move is retried
-replica_moves_max = 4  # replica moves the nameserver runs at once: recovery must not swamp the cluster  # a broker retries a storage call on other replicas for at most this long
+replica_moves_max = 4  # replica moves the nameserver runs at once: recovery must not swamp the cluster
 
 # Tier (object store).
 GiB = 1024 * MiB

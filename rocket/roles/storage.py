@@ -34,6 +34,11 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.storage")
 
 
+class NotHosted(RocketError):
+    def __init__(self, group: int, node: int):
+        super().__init__(Code.UNAVAILABLE, f"storage group {group} is not hosted on node {node}")
+
+
 class StorageRole:
     def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, addresses: dict[int, tuple[str, int]],
                  objects: ObjectStore | None = None):
@@ -46,6 +51,8 @@ class StorageRole:
         self._last_append_ms: dict[tuple[str, int], int] = {}
         self.assigned = trio.Event()  # set once the first assignment arrived
         self._ask_now = trio.Event()  # a call named a group not hosted yet: ask for the assignment at once
+        self._heartbeats_started = self._heartbeats_done = 0
+        self._heartbeat_done = trio.Event()  # set (and replaced) as each heartbeat ends
         self.replica_reads = 0  # reads served as a follower in sync
         self._assignment_version = -1  # the metadata version of the assignment this node holds
         self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}  # one pop at a time per group and queue
@@ -66,18 +73,30 @@ class StorageRole:
                                    self.retention_of)
 
     def register(self, dispatcher: Dispatcher) -> None:
-        dispatcher.handle("StorageAppend", self.append)
-        dispatcher.handle("StorageRead", self.read)
-        dispatcher.handle("StorageCommitOffsets", self.commit_offsets)
-        dispatcher.handle("StorageQueues", self.queues)
-        dispatcher.handle("StorageMembers", self.members)
-        dispatcher.handle("StorageCancelTimer", self.cancel_timer)
-        dispatcher.handle("StoragePop", self.pop)
-        dispatcher.handle("StorageReceipt", self.receipt)
-        dispatcher.handle("StorageEndTransaction", self.end_transaction)
-        dispatcher.handle("StorageGroupHeartbeat", self.group_heartbeat)
-        dispatcher.handle("StorageTransactionChecks", self.transaction_checks)
-        dispatcher.handle("StorageTier", self.tier_status)
+        for method, handler in (("StorageAppend", self.append), ("StorageRead", self.read),
+                                ("StorageCommitOffsets", self.commit_offsets), ("StorageQueues", self.queues),
+                                ("StorageMembers", self.members), ("StorageCancelTimer", self.cancel_timer),
+                                ("StoragePop", self.pop), ("StorageReceipt", self.receipt),
+                                ("StorageEndTransaction", self.end_transaction),
+                                ("StorageGroupHeartbeat", self.group_heartbeat),
+                                ("StorageTransactionChecks", self.transaction_checks), ("StorageTier", self.tier_status)):
+            dispatcher.handle(method, self._once_assigned(handler))
+
+    def _once_assigned(self, handler):
+        """A call that names a group this node does not host yet (a topic just created, a replica just added) asks
+        the nameservers for this node's assignment and is served once the answer came, if it brought the group:
+        the broker need not poll. Every handler checks its group before it changes anything."""
+        async def call(request: dict) -> dict:
+            try:
+                return await handler(request)
+            except NotHosted:
+                asked = self._heartbeats_started + 1  # a heartbeat under way may have read the assignment before
+                self._ask_now.set()
+                with trio.move_on_after(limits.assignment_wait_s_max):
+                    while self._heartbeats_done < asked:
+                        await self._heartbeat_done.wait()
+                return await handler(request)
+        return call
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Flush the store in the background and report to the nameservers until cancelled."""
@@ -92,10 +111,17 @@ class StorageRole:
             task_status.started()
             while True:
                 self._ask_now = trio.Event()
-                await self._heartbeat()
+                asked_at = trio.current_time()
+                self._heartbeats_started += 1
+                try:
+                    await self._heartbeat()
+                finally:
+                    self._heartbeats_done = self._heartbeats_started
+                    self._heartbeat_done.set()
+                    self._heartbeat_done = trio.Event()
                 with trio.move_on_after(limits.node_heartbeat_s):
-                    await self._ask_now.wait()
-                    await trio.sleep(limits.assignment_ask_s_min)
+                    await self._ask_now.wait()  # a group not hosted yet: ask at once, but not twice within the minimum
+                    await trio.sleep_until(asked_at + limits.assignment_ask_s_min)
 
     async def _heartbeat(self) -> None:
         groups = self._storage_groups()
@@ -300,8 +326,7 @@ class StorageRole:
 
     def _hosted(self, group: int) -> None:
         if group not in self.host.groups or not isinstance(self.host.groups[group].machine, GroupMachine):
-            self._ask_now.set()
-            raise RocketError(Code.UNAVAILABLE, f"storage group {group} is not hosted on node {self.config.node_id}")
+            raise NotHosted(group, self.config.node_id)
 
     def _leads(self, group: int) -> None:
         """Reads are served by the group's leader, which holds everything committed: a follower may be
