@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -522,7 +523,8 @@ async def consume(
     member: Annotated[Optional[str], typer.Option("--member", help="This consumer's name in its group (broadcasting members resume by it).")] = None,
     server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
 ) -> None:
-    """Consume a topic as a group, printing messages and committing the group's position."""
+    """Consume a topic as a group, printing messages and committing the group's position. SIGTERM (or Ctrl-C) stops it
+    cleanly: the position is committed and the consumer leaves its group at once."""
     if output_format not in ("text", "json", "raw"):
         _fail(f"--format {output_format!r}: expected text, json or raw", 2)
     if tag is not None and sql is not None:
@@ -531,7 +533,8 @@ async def consume(
     async with connect(server, transport, serde) as channel:
         async with open_consumer(channel, topic, group, start=parse_start(start), mode=mode, member=member,
                                  wait_ms=1000 if (follow or count) else 300, filter_type=filter_type,
-                                 filter=expression) as consumer:
+                                 filter=expression) as consumer, trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on_sigterm, nursery.cancel_scope)
             bodies_only = output_format == "raw" and matches_all(consumer.filter)  # no Message made per message
             received = 0
             with _progress(count) as progress:
@@ -551,7 +554,15 @@ async def consume(
                         received += len(polled)
                         progress.update(task, advance=len(polled))
                         await consumer.commit()
+            nursery.cancel_scope.cancel()
     err.print(f"consumed {received:,} messages from {topic} as group {group}")
+
+
+async def _cancel_on_sigterm(scope: trio.CancelScope) -> None:
+    """A supervisor's stop (systemd, timeout, kill) ends the command as Ctrl-C does, through its cleanup."""
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
 
 
 def _bench_report(title: str, result: dict, disks: list[dict], json_file: Optional[Path],

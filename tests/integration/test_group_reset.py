@@ -5,6 +5,9 @@ do not hold a reset back."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -80,3 +83,25 @@ async def test_the_cli_names_the_live_consumers(node):
         await consumer.close()
         await trio.to_thread.run_sync(lambda: rocket("group", "reset", "orders", "--group", "billing", "--to", "earliest",
                                                      server=server))
+
+
+async def test_a_stopped_cli_consumer_leaves_its_group_at_once(node):
+    """`rocket consume --follow` stopped by SIGTERM (systemd, timeout) commits and leaves the group, as Ctrl-C does:
+    a reset right after it is not refused, and nothing it printed is read again."""
+    server = f"127.0.0.1:{node.tcp_port}"
+    async with connect(server) as channel:
+        admin = Admin(channel)
+        await admin.create_topic("audit", 2)
+        async with open_producer(channel, "audit") as producer:
+            await producer.send_many([Message(f"a{i}".encode(), key=f"k{i}") for i in range(10)])
+        command = [sys.executable, "-m", "rocket", "consume", "audit", "--group", "auditors", "--follow",
+                   "--format", "raw", "--server", server]
+        follower = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        printed = [await trio.to_thread.run_sync(follower.stdout.readline) for _ in range(10)]
+        assert sorted(printed) == sorted(f"a{i}\n".encode() for i in range(10))
+        follower.send_signal(signal.SIGTERM)
+        returncode = await trio.to_thread.run_sync(follower.wait, 30)
+        assert returncode == 0 and b"consumed 10 messages" in follower.stderr.read()
+        described = await admin.describe_group("audit", "auditors")
+        assert [(queue["lag"], queue["member"]) for queue in described] == [(0, ""), (0, "")]
+        assert sum(queue["lag"] for queue in await admin.reset_group("audit", "auditors", "earliest")) == 10
