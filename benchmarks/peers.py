@@ -211,6 +211,7 @@ class Rocket(System):
                         found = await consumer.poll()
                         payload += sum(len(message.body) for message in found)
                     received += len(found)
+                    del found  # done with them before the next poll, as a loop over each poll is (not freed cold)
             seconds = time.perf_counter() - started
         return received, payload, seconds
 

@@ -261,8 +261,16 @@ def run_system(system: System, arguments, directory: Path, profile: bool) -> lis
         after = probe("raw-disk:after", size, messages)
         for run in produced:
             run["ratio_to_raw_disk_after"] = round(run["mb_per_s"] / after, 3) if after else None
-        record("consume", size, arguments.producers[0],
-               run_async(system, consume, first_stream, messages=messages, size=size))
+        profiler = None
+        if profile and system.name == "rocket":
+            # Reading, the client is what is busy (about a core) and the server is not: this profiles the harness's
+            # own process, where rocket's consumer decodes.
+            profiler = start_profiler(os.getpid(), Path(f"{arguments.out}-rocket-consume-{size}-client.svg"))
+        try:
+            result = run_async(system, consume, first_stream, messages=messages, size=size)
+        finally:
+            stop_profiler(profiler)
+        record("consume", size, arguments.producers[0], result)
         if system.reads_bodies:
             record("consume:bodies", size, arguments.producers[0],
                    run_async(system, consume, first_stream, messages=messages, size=size, bodies=True))
@@ -328,7 +336,7 @@ def parse_arguments(argv=None):
     parser.add_argument("--rate-fraction", type=float, default=0.5, help="fixed rate as a fraction of the peak")
     parser.add_argument("--rate-seconds", type=float, default=10.0, help="longest fixed-rate run")
     parser.add_argument("--rounds", type=int, default=1, help="rounds over all systems; tables show the median run")
-    parser.add_argument("--profile", action="store_true", help="py-spy flame graphs of the rocket server in round 1's produce and fixed-rate runs")
+    parser.add_argument("--profile", action="store_true", help="py-spy flame graphs: the rocket server in produce and fixed-rate runs, the client in consume")
     parser.add_argument("--data-parent", default=None, help="a directory on the disk under test (default: the temporary directory)")
     arguments = parser.parse_args(argv)
     arguments.sizes = [int(each) for each in arguments.sizes.split(",")]

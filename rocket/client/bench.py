@@ -127,6 +127,7 @@ async def bench_consume(channel, *, topic: str, messages: int, bodies: bool = Fa
         payload += sum(map(len, polled)) if bodies else sum(len(message.body) for message in polled)
         if on_progress:
             on_progress(len(polled))
+        del polled  # done with them before the next poll, as a loop over each poll is: not freed cold after it
     elapsed = time.perf_counter() - started
     what = "each body" if bodies else "every message"
     return {"topic": topic, "messages": received, "seconds": elapsed, "messages_per_s": received / elapsed,

@@ -286,7 +286,8 @@ async def test_pull_over_many_full_queues_fits_a_frame(node, serde):
 
     async with connect(server_of(node, "tcp"), "tcp", serde) as channel:
         await channel.call("CreateTopic", {"topic": "wide", "queues": 4})
-        big = batch_codec.encode([Message(bytes(1 << 20)) for _ in range(3)], 1)
+        per_batch = limits.read_bytes_max // limits.MiB // 2 + 1  # MiB messages: a batch over half a pull
+        big = batch_codec.encode([Message(bytes(limits.MiB)) for _ in range(per_batch)], 1)
         for queue in range(4):
             await channel.call("Produce", {"topic": "wide", "queue": queue, "batch": big})
         request = {"topic": "wide", "queues": [{"queue": q, "offset": 0} for q in range(4)],
@@ -295,4 +296,4 @@ async def test_pull_over_many_full_queues_fits_a_frame(node, serde):
         assert 1 <= len(response["batches"]) and sum(len(b["batch"]) for b in response["batches"]) <= max(
             limits.read_bytes_max, len(big))
         progressed = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
-        assert progressed[0] == 3 and all(progressed[q] == 0 for q in range(1, 4))
+        assert progressed[0] == per_batch and all(progressed[q] == 0 for q in range(1, 4))
