@@ -183,8 +183,9 @@ class QueueIndex:
                 batch.put(_ref_key(entry.position), key)
                 batch.put(_queue_prefix(b"t", topic, queue) + _u64.pack(entry.append_ms) + _u64.pack(entry.base_offset), b"")
             for (topic, queue), queue_stats in stats.items():
-                batch.put(_queue_prefix(b"s", topic, queue),
-                          _stats.pack(*dataclasses.astuple(queue_stats)))
+                batch.put(_queue_prefix(b"s", topic, queue), _stats.pack(
+                    queue_stats.next_offset, queue_stats.bytes, queue_stats.last_append_ms, queue_stats.group,
+                    queue_stats.available_from))  # in _stats's order; dataclasses.astuple deep-copies, per batch
             for group, topic, offsets in commits:
                 prefix = _offsets_prefix(group, topic)
                 for queue, offset in offsets.items():
