@@ -34,6 +34,9 @@ append_queue_bytes_max = 256 * MiB  # appends waiting for a flush before produce
 append_queue_wait_s_max = 30.0  # a producer held back longer than this gets OVERLOADED instead of waiting forever
 index_replay_records_per_write_max = 10_000  # replay writes the index in chunks so recovery memory stays bounded
 read_bytes_max = 8 * MiB  # one pull returns at most this many bytes of batches (or one larger batch)
+# Charged against a read's bytes for each batch besides its own: its queue, offset and length (JSON's keys at most
+# 60 bytes), so that a pull of many tiny batches fits a frame as a pull of big ones does.
+read_batch_overhead_bytes = 64
 pull_wait_ms_max = 60_000  # longest long-poll a client may ask for
 queues_per_topic_max = 1024  # dev-mode topics; cluster topics spread queues over groups
 topic_name_bytes_max = 249  # Kafka's limit; names become file and key prefixes

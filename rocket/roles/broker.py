@@ -382,7 +382,7 @@ class Broker:
             else:
                 response = await self._storage(route, group, "StorageRead", request)
             batches.extend(response["batches"])
-            budget -= sum(len(found["batch"]) for found in response["batches"])
+            budget -= sum(len(found["batch"]) + limits.read_batch_overhead_bytes for found in response["batches"])
             next_offsets.extend(response["next_offsets"])
         return {"batches": batches, "next_offsets": next_offsets}
 

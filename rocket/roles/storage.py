@@ -748,7 +748,7 @@ class StorageRole:
                 found, offset = await self._read_queue(topic, queue, offset, budget, first, tag_mask)
                 for base_offset, data in found:
                     batches.append({"queue": queue, "base_offset": base_offset, "batch": data})
-                    budget -= len(data)
+                    budget -= len(data) + limits.read_batch_overhead_bytes
             next_offsets.append({"queue": queue, "offset": offset})
         return {"batches": batches, "next_offsets": next_offsets}
 

@@ -307,10 +307,11 @@ class QueueIndex:
                         break
                     scanned_to = entry.base_offset + entry.count
                     continue
-                if total + entry.batch_bytes > max_bytes and (found or not at_least_one):
+                cost = entry.batch_bytes + limits.read_batch_overhead_bytes
+                if total + cost > max_bytes and (found or not at_least_one):
                     break
                 found.append(entry)
-                total += entry.batch_bytes
+                total += cost
                 scanned_to = entry.base_offset + entry.count
         return found, scanned_to
 

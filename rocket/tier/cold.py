@@ -59,10 +59,11 @@ class ColdReader:
             if tag_mask != ALL_TAGS and not entry.tag_summary & tag_mask:
                 next_offset = entry.base_offset + entry.count
                 continue
-            if total + entry.length > max_bytes and (chosen or not at_least_one):
+            cost = entry.length + limits.read_batch_overhead_bytes
+            if total + cost > max_bytes and (chosen or not at_least_one):
                 break
             chosen.append(entry)
-            total += entry.length
+            total += cost
             next_offset = entry.base_offset + entry.count
         found = []
         for entry in chosen:

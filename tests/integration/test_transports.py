@@ -297,3 +297,31 @@ async def test_pull_over_many_full_queues_fits_a_frame(node, serde):
             limits.read_bytes_max, len(big))
         progressed = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
         assert progressed[0] == per_batch and all(progressed[q] == 0 for q in range(1, 4))
+
+
+async def test_a_pull_of_many_tiny_batches_fits_a_frame_as_big_ones_do(node, monkeypatch):
+    """Each batch costs a response its queue and offset besides its bytes (and, in JSON, keys and base64): a read
+    charges that against max_bytes, so a pull of the smallest batches stays within 4/3 of it plus a constant, the
+    bound the frame limit is sized by. A smaller read limit stands in for 8 MiB of 42-byte batches."""
+    from rocket import limits
+    from rocket.serde import json_codec
+
+    monkeypatch.setattr(limits, "read_bytes_max", 16 * 1024)
+    tiny = batch_codec.encode_lines(b"x\n", 1)
+    async with connect(server_of(node, "tcp"), "tcp", "avro") as channel:
+        await channel.call("CreateTopic", {"topic": "tiny", "queues": 1})
+
+        async def produce(count: int) -> None:
+            for _ in range(count):
+                await channel.call("Produce", {"topic": "tiny", "queue": 0, "batch": tiny})
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                nursery.start_soon(produce, 75)
+        response = await channel.call("Pull", {"topic": "tiny", "queues": [{"queue": 0, "offset": 0}],
+                                               "max_bytes": limits.read_bytes_max})
+    count = len(response["batches"])
+    assert count == limits.read_bytes_max // (len(tiny) + limits.read_batch_overhead_bytes)
+    assert response["next_offsets"] == [{"queue": 0, "offset": count}]
+    as_json = json_codec.encode("PullResponse", response)  # batches inline, in base64
+    assert len(as_json) <= limits.read_bytes_max * 4 // 3 + 1024
