@@ -56,6 +56,7 @@ raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (
 raft_log_entries_max = 2_000  # applied entries a group keeps before it snapshots and compacts its log
 raft_log_bytes_max = 16 * MiB  # applied bytes a group keeps in memory before it snapshots and compacts its log
 raft_entry_bytes_max = batch_bytes_max + 64 * KiB  # one proposal: a produce batch and its routing header
+raft_round_wait_bytes_max = 512 * KiB  # a node's proposals wait for the fsync that runs until this many bytes wait
 raft_wal_segment_bytes = 64 * MiB  # WAL segment size: records (entry chunks, snapshots) are kept under a quarter
 raft_wal_segment_bytes_min = 33 * MiB  # ... and the biggest entry must fit such a quarter
 wal_direct_cached_bytes_default = 64 * MiB  # a direct WAL's newest bytes, kept in memory for reads

@@ -1,9 +1,11 @@
 """The multi-raft host: drives every Raft group of one node. Each round takes the Ready of every group,
-writes all of it to the WAL, and advances the cores; the next round is written as soon as this write is
-done, while fsyncs run one after the other, each covering every round written before it. Once the fsync
-of the round before it is done, a round's committed entries (written by earlier rounds) are applied; once
-its own fsync is done, its messages go out, coalesced into one payload per destination node: persist
-before send.
+writes all of it to the WAL, and advances the cores; fsyncs run one after the other, each covering every
+round written before it. While an fsync runs, this node's own proposals gather for the round written when
+it ends (group commit: a round costs the event loop more than an entry does), unless they come to
+limits.raft_round_wait_bytes_max, or messages from other nodes or a durable round need a round now: then
+the next round is written at once and its write overlaps the fsync. Once the fsync of the round before it
+is done, a round's committed entries (written by earlier rounds) are applied; once its own fsync is done,
+its messages go out, coalesced into one payload per destination node: persist before send.
 """
 
 from __future__ import annotations
@@ -103,6 +105,9 @@ class RaftHost:
         self._sync_lock = threading.Lock()
         self._rounds_on_disk = 0  # written by the worker threads (one round writes at a time)
         self._rounds_synced = 0  # as the worker threads know it, under the lock
+        self._durable_seen = 0  # _rounds_durable when the last round took its Readies
+        self._received = False  # messages from other nodes came since then: they do not wait for an fsync
+        self._unwritten_bytes = 0  # entries proposed and data to write since then
         self._pending: collections.deque[_Round] = collections.deque()  # rounds not yet released, in order
         # The round being written, until the next round (or a checkpoint) takes where its bytes lie: the
         # round loop goes on meanwhile, and the next round's write starts only after it.
@@ -152,6 +157,7 @@ class RaftHost:
                 self._touched(group, hosted)
                 if message.entries or message.type not in _upkeep:
                     hosted.idle_ticks = 0
+        self._received = True
         self._wake.set()
 
     def remove_group(self, group: int) -> None:
@@ -172,6 +178,7 @@ class RaftHost:
         alone); returns where each blob's bytes lie."""
         event, positions = trio.Event(), []
         self._data.append((blobs, event, positions))
+        self._unwritten_bytes += sum(map(len, blobs))
         await self._wait(event, limits.request_timeout_s_default, "data not written")
         return positions
 
@@ -200,6 +207,7 @@ class RaftHost:
         if len(data) > limits.raft_entry_bytes_max:
             raise RocketError(Code.BAD_REQUEST, f"an entry holds at most {limits.raft_entry_bytes_max} bytes")
         index = hosted.core.propose(data)
+        self._unwritten_bytes += len(data)
         hosted.idle_ticks = 0
         self._touched(group, hosted)
         return await self._wait_applied(hosted, index, timeout_s)
@@ -270,7 +278,8 @@ class RaftHost:
                     await self._wake.wait()
                     self._wake = trio.Event()
                     self._check_persisted()
-                    await self._round()
+                    if not self._gathering():
+                        await self._round()
         finally:
             with trio.CancelScope(shield=True):  # the WAL is closed after this returns: let its writes end
                 while self._persisting:
@@ -311,14 +320,21 @@ class RaftHost:
     def quiet_groups(self) -> int:
         return sum(1 for hosted in self.groups.values() if hosted.core.quiet)
 
+    def _gathering(self) -> bool:
+        """Whether this node's proposals wait for the fsync that runs, to be written together when it ends
+        (that fsync's _synced wakes the round loop): yes while they are small, and nothing else needs a round."""
+        return (self._rounds_written > self._rounds_durable == self._durable_seen and not self._received
+                and self._unwritten_bytes < limits.raft_round_wait_bytes_max)
+
     async def _round(self) -> None:
         """Write this round's Readies and advance the cores, then settle what the fsyncs done so far allow.
-        The round does not wait for an fsync: the next one is written as soon as this write is done, so
-        that proposals made during an fsync are on disk when it ends and the next fsync covers them. A
-        round's committed entries need only the rounds before it: the core hands out only entries it
-        counted stable when the Ready was taken, all written by earlier rounds (a leader's own copy counted
-        towards a commit included), whose positions are known (_collect_written at the start of each round)."""
+        The round does not wait for an fsync: once its write is done the next round may be written, so that
+        its entries are on disk when the fsync ends and the next fsync covers them. A round's committed
+        entries need only the rounds before it: the core hands out only entries it counted stable when the
+        Ready was taken, all written by earlier rounds (a leader's own copy counted towards a commit
+        included), whose positions are known (_collect_written at the start of each round)."""
         await self._collect_written()
+        self._durable_seen, self._received, self._unwritten_bytes = self._rounds_durable, False, 0
         self._settle()  # what the fsyncs done meanwhile allow, the round just collected included
         candidates, self._active = self._active, set()
         readies = [(group, self.groups[group], self.groups[group].core.ready()) for group in candidates

@@ -317,6 +317,46 @@ def test_a_proposal_is_answered_only_after_the_fsync_of_its_entry(tmp_path):
     assert machine.early == [] and sorted(d for d in machine.applied if d) == sorted(b"p%d" % n for n in range(20))
 
 
+def test_a_leaders_small_proposals_gather_while_an_fsync_runs_and_a_large_one_is_written_at_once(tmp_path):
+    """Group commit: proposals made while an fsync runs are written together when it ends, as one round
+    with one fsync (a round costs the event loop more than an entry); once limits.raft_round_wait_bytes_max
+    of them wait, the round is written at once, its write overlapping the fsync."""
+    wal = _GatedWal.open(tmp_path)
+    machine = _CheckedMachine(wal, 3)
+    answered: list[int] = []
+
+    async def scenario() -> None:
+        host = RaftHost(1, wal, lambda node, payload: None, tick_s=3600)
+        async with _running(host, wal) as nursery:
+            host.add_group(3, (1,), machine)
+            await _eventually(lambda: wal.syncs_begun == 1, "the election's round is being synced")
+            wal.gate.release()
+
+            async def propose(data: bytes) -> None:
+                answered.append(await host.propose(3, data))
+
+            nursery.start_soon(propose, b"first")
+            await _eventually(lambda: wal.syncs_begun == 2, "the first proposal's fsync begins")
+            writes = wal.writes
+            for number in range(5):  # spread out: each would be a round of its own if rounds did not wait
+                nursery.start_soon(propose, b"small %d" % number)
+                await trio.sleep(0.01)
+            assert wal.writes == writes and answered == []
+            wal.gate.release()  # the first fsync ends: the five are written as one round
+            await _eventually(lambda: wal.syncs_begun == 3, "the five's fsync begins")
+            assert wal.writes == writes + 1
+            await _eventually(lambda: len(answered) == 1, "the first proposal answered")
+            nursery.start_soon(propose, bytes(limits.raft_round_wait_bytes_max))
+            await _eventually(lambda: wal.writes == writes + 2, "the large proposal is written at once")
+            assert wal.syncs_begun == 3 and len(answered) == 1  # while the five's fsync is still held
+            wal.gate.release(2)
+            await _eventually(lambda: len(answered) == 7, "every proposal answered")
+
+    trio.run(scenario)
+    wal.close()
+    assert machine.early == [] and len([data for data in machine.applied if data]) == 7
+
+
 def test_rounds_are_written_while_an_fsync_is_held_and_the_next_fsync_covers_them_all(tmp_path):
     """The round loop does not wait for an fsync before it writes the next round: entries that arrive
     during a long fsync are on disk when it ends, one fsync makes them all durable, and only then are
