@@ -147,6 +147,12 @@ def parse_duration_s(text: str) -> float:
     return sum(float(number) * _duration_units_s[unit] for number, unit in parts)
 
 
+def read_charge(batch_bytes: int) -> int:
+    """What a stored batch costs a read's max_bytes: its bytes, and limits.read_batch_overhead_bytes for its queue,
+    offset and length in the response. Servers stop a read by it, and a consumer reads a full pull by it."""
+    return batch_bytes + limits.read_batch_overhead_bytes
+
+
 def tag_bit(tag: str) -> int:
     """The bit a tag sets in a batch's 64-bit tag summary (a one-hash Bloom filter)."""
     return 1 << (zlib.crc32(tag.encode()) & 63)

@@ -18,7 +18,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter, matches_all
-from rocket.model import Message, check_group_name
+from rocket.model import Message, check_group_name, read_charge
 from rocket.serde import batch as batch_codec
 
 
@@ -152,7 +152,7 @@ class Consumer:
         for entry in response["next_offsets"]:
             following[entry["queue"]] = max(following[entry["queue"]], entry["offset"])
         async with trio.open_nursery() as nursery:
-            charged = sum(len(stored["batch"]) + limits.read_batch_overhead_bytes for stored in response["batches"])
+            charged = sum(read_charge(len(stored["batch"])) for stored in response["batches"])
             if limit is None and charged * 2 >= self.max_bytes:  # as the server counts a pull's bytes
                 # A backlog: ask for the next pull now, so that the server reads and sends it while this one is
                 # decoded. It does not wait for new data (that is for the next poll's own pull).

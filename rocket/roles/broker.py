@@ -19,7 +19,8 @@ from rocket import __version__, limits
 from rocket.config import Address
 from rocket.errors import Code, RocketError
 from rocket.filter import Filter, SqlFilter, compile_filter
-from rocket.model import SYSTEM_PREFIX, TopicSpec, check_group_name, dead_letter_topic, unresolved_topic
+from rocket.model import (SYSTEM_PREFIX, TopicSpec, check_group_name, dead_letter_topic, read_charge,
+                          unresolved_topic)
 from rocket.roles.peers import RETRYABLE, Peers, address_of
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header
@@ -382,7 +383,7 @@ class Broker:
             else:
                 response = await self._storage(route, group, "StorageRead", request)
             batches.extend(response["batches"])
-            budget -= sum(len(found["batch"]) + limits.read_batch_overhead_bytes for found in response["batches"])
+            budget -= sum(read_charge(len(found["batch"])) for found in response["batches"])
             next_offsets.extend(response["next_offsets"])
         return {"batches": batches, "next_offsets": next_offsets}
 

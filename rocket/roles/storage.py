@@ -16,7 +16,8 @@ import trio
 from rocket import limits
 from rocket.config import Address, NodeConfig
 from rocket.errors import Code, RocketError
-from rocket.model import Message, check_group_name, check_topic_name, half_topic, timer_topic, unresolved_topic
+from rocket.model import (Message, check_group_name, check_topic_name, half_topic, read_charge, timer_topic,
+                          unresolved_topic)
 from rocket.raft.core import NotLeader, Role
 from rocket.raft.host import RaftHost
 from rocket.roles.peers import Peers, address_of
@@ -748,7 +749,7 @@ class StorageRole:
                 found, offset = await self._read_queue(topic, queue, offset, budget, first, tag_mask)
                 for base_offset, data in found:
                     batches.append({"queue": queue, "base_offset": base_offset, "batch": data})
-                    budget -= len(data) + limits.read_batch_overhead_bytes
+                    budget -= read_charge(len(data))
             next_offsets.append({"queue": queue, "offset": offset})
         return {"batches": batches, "next_offsets": next_offsets}
 

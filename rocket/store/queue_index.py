@@ -18,7 +18,7 @@ from pathlib import Path
 import plyvel
 
 from rocket import limits
-from rocket.model import half_topic
+from rocket.model import half_topic, read_charge
 from rocket.store.pop import PopQueue
 
 HALF_PREFIX = half_topic("")
@@ -307,7 +307,7 @@ class QueueIndex:
                         break
                     scanned_to = entry.base_offset + entry.count
                     continue
-                cost = entry.batch_bytes + limits.read_batch_overhead_bytes
+                cost = read_charge(entry.batch_bytes)
                 if total + cost > max_bytes and (found or not at_least_one):
                     break
                 found.append(entry)

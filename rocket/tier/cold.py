@@ -12,6 +12,7 @@ import logging
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.model import read_charge
 from rocket.serde import batch as batch_codec
 from rocket.tier.objectstore import ObjectStore
 from rocket.tier.piece import Piece, PieceBatch, decode_index
@@ -59,7 +60,7 @@ class ColdReader:
             if tag_mask != ALL_TAGS and not entry.tag_summary & tag_mask:
                 next_offset = entry.base_offset + entry.count
                 continue
-            cost = entry.length + limits.read_batch_overhead_bytes
+            cost = read_charge(entry.length)
             if total + cost > max_bytes and (chosen or not at_least_one):
                 break
             chosen.append(entry)
