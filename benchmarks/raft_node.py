@@ -15,7 +15,7 @@ import trio
 from rocket.errors import RocketError
 from rocket.raft.core import Role
 from rocket.raft.host import RaftHost
-from rocket.raft.links import PeerLinks
+from rocket.transport.links import PeerLinks
 from rocket.raft.wal import Wal
 from rocket.transport.rpc import Dispatcher, Lifecycle
 from rocket.transport.tcp import serve_tcp

@@ -90,6 +90,8 @@ pop_in_flight_per_queue_max = 100_000  # messages of one queue in flight for one
 pop_messages_max = 1024  # messages one receive hands out
 pop_attempts_default = 16  # deliveries before a message goes to the dead-letter queue (RocketMQ's maxReconsumeTimes)
 pop_invisible_s_max = 12 * 3600  # the longest a received message stays invisible (RocketMQ allows 12 hours)
+# RocketMQ's retry schedule (its delay levels from 1 s): the invisible time after the nth failed delivery.
+pop_retry_backoff_s = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
 # Cluster.
 node_heartbeat_s = 1.0  # how often a node reports itself and its load to the nameservers

@@ -93,6 +93,7 @@ def check_message_type(message_type: str) -> str:
     return message_type
 
 
+ALL_TAGS = 2**64 - 1  # the tag summary of a batch that may hold any tag (one indexed without a summary)
 SYSTEM_PREFIX = "%"  # names of system topics (timers, retries, dead letters) start with it, as in RocketMQ
 
 

@@ -26,11 +26,11 @@ import trio
 from rocket import limits
 from rocket.config import Address, NodeConfig
 from rocket.raft.host import RaftHost
-from rocket.raft.links import PeerLinks
+from rocket.transport.links import PeerLinks
 from rocket.raft.wal import Wal
 from rocket.roles.broker import Broker
 from rocket.roles.nameserver import Nameserver
-from rocket.roles.rocketmq import rocketmq_services
+from rocket.gateway.rocketmq import rocketmq_services
 from rocket.roles.peers import Peers
 from rocket.roles.storage import StorageRole
 from rocket.tier.local import LocalDirectoryStore
@@ -101,7 +101,7 @@ async def open_tier(config: NodeConfig):
         async with trio_asyncio.open_loop():
             async with open_s3_store(config.tier_s3_bucket, endpoint_url=config.tier_s3_endpoint or None,
                                      region=config.tier_s3_region, path_style=config.tier_s3_path_style) as store:
-                yield store  # tier_s3_prefix starts the keys of pieces (see rocket/tier/piece.py)
+                yield store  # tier_s3_prefix starts the keys of pieces (see rocket/serde/piece.py)
 
 
 def _tls_context(config: NodeConfig) -> ssl.SSLContext | None:

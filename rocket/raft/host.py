@@ -16,7 +16,6 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Protocol
 
 import trio
 
@@ -25,24 +24,12 @@ from rocket.errors import Code, RocketError, invariant
 from rocket.raft import codec
 from rocket.raft.core import Config, Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role
 from rocket.raft.wal import GroupState, Update, Wal
+from rocket.replication import StateMachine
 
 log = logging.getLogger("rocket.raft")
 
 _upkeep = {MessageType.HEARTBEAT, MessageType.HEARTBEAT_RESPONSE, MessageType.APPEND, MessageType.APPEND_RESPONSE}
 Post = Callable[[int, bytes], None]  # queue a payload for a node without waiting; it may be lost
-
-
-class StateMachine(Protocol):
-    """What a group applies: the storage role's queues and KV, or the nameserver's metadata.
-    apply returns one result per entry; the node that proposed an entry gets its result back.
-    positions tell where each entry's data lies in the node's WAL (wal.log), durable already: a
-    machine may index data there instead of writing it again."""
-
-    def apply(self, entries: list[Entry], positions: list[int]) -> list: ...
-
-    def snapshot(self) -> bytes: ...
-
-    def restore(self, data: bytes) -> None: ...
 
 
 class _Group:
@@ -75,6 +62,8 @@ class _Round:
 
 
 class RaftHost:
+    """The Raft replication engine (rocket.replication.Engine): every group this node hosts, on one WAL."""
+
     def __init__(self, node_id: int, wal: Wal, post: Post, tick_s: float = limits.raft_tick_s):
         self.node_id = node_id
         self.wal = wal
@@ -198,6 +187,34 @@ class RaftHost:
         """The node this node believes leads the group (0 when unknown or not hosted)."""
         hosted = self.groups.get(group)
         return hosted.core.leader if hosted is not None else 0
+
+    def machine_of(self, group: int) -> StateMachine | None:
+        hosted = self.groups.get(group)
+        return hosted.machine if hosted is not None else None
+
+    def leads(self, group: int) -> bool:
+        hosted = self.groups.get(group)
+        return hosted is not None and hosted.core.role == Role.LEADER
+
+    def voters(self, group: int) -> set[int]:
+        return set(self.groups[group].core.voters)
+
+    def replicas(self, group: int) -> set[int]:
+        core = self.groups[group].core
+        return core.voters | core.learners
+
+    def lagging(self, group: int) -> dict[int, int]:
+        core = self.groups[group].core
+        return {node: core.last_index - progress.match for node, progress in core.progress.items()
+                if progress.match < core.last_index}
+
+    def caught_up(self, group: int, node: int) -> bool:
+        core = self.groups[group].core
+        progress = core.progress.get(node)
+        return progress is not None and progress.match >= core.commit
+
+    def in_sync(self, group: int, lag_entries_max: int) -> bool:
+        return self.groups[group].core.in_sync(lag_entries_max)
 
     async def propose(self, group: int, data: bytes, timeout_s: float = limits.request_timeout_s_default):
         """Replicate data in the group's log; returns the state machine's result once it is applied here."""

@@ -21,7 +21,8 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.raft import codec
 from rocket.raft.core import Entry, HardState, Snapshot
-from rocket.store.commitlog import HEADER_BYTES, CommitLog
+from rocket.disk.commitlog import HEADER_BYTES, CommitLog
+from rocket.disk.files import fsync_directory
 
 ENTRIES, HARD_STATE, SNAPSHOT = 1, 2, 3
 DATA = 4  # bytes kept for a state machine outside any entry (a replica's backfilled batches): replay skips it
@@ -154,11 +155,7 @@ def _write_mark(directory: Path, position: int) -> None:
         file.flush()
         os.fdatasync(file.fileno())
     os.replace(temporary, directory / MARK_FILE)
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    fsync_directory(directory)
 
 
 def _entry_chunks(entries: list[Entry], bytes_max: int) -> list[list[Entry]]:

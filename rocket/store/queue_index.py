@@ -9,7 +9,6 @@ is reclaimed from its oldest segment on).
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import struct
 from collections.abc import Iterator
@@ -18,40 +17,18 @@ from pathlib import Path
 import plyvel
 
 from rocket import limits
-from rocket.model import half_topic, read_charge
+from rocket.model import ALL_TAGS, read_charge
 from rocket.store.pop import PopQueue
-
-HALF_PREFIX = half_topic("")
+from rocket.store.values import HALF_PREFIX, IndexEntry, QueueStats, Timer
 
 _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
 _entry = struct.Struct(">QIIqQQ")  # log position, count, batch bytes, first timestamp ms, append time ms, tags
 _entry_untagged = struct.Struct(">QIIqQ")  # as written before the tag summary was indexed
 _timer_place = struct.Struct(">QQI")  # due time ms, Raft group, check-backs so far (half messages)
-ALL_TAGS = 2**64 - 1  # the tag summary of a batch indexed without one: it may hold any tag
 _stats = struct.Struct(">QQQQQ")  # next offset, bytes, last append ms, Raft group, available from
 _applied_key = b"m/applied"
 _refs_key = b"m/refs"  # present once the index keeps WAL references (p keys); an older index is rebuilt
-
-
-@dataclasses.dataclass(slots=True, frozen=True)
-class IndexEntry:
-    base_offset: int
-    position: int
-    count: int
-    batch_bytes: int
-    first_timestamp_ms: int
-    append_ms: int
-    tag_summary: int = ALL_TAGS  # the batch header's 64-bit tag summary, so filters skip batches unread
-
-
-@dataclasses.dataclass(slots=True)
-class QueueStats:
-    next_offset: int = 0
-    bytes: int = 0
-    last_append_ms: int = 0
-    group: int = 0  # the Raft group the queue belongs to
-    available_from: int = 0  # batches before this offset are not on this replica (it installed a snapshot)
 
 
 def _queue_prefix(kind: bytes, topic: str, queue: int) -> bytes:
@@ -84,17 +61,6 @@ def _decode_entry(offset: int, value: bytes) -> IndexEntry:
     if len(value) == _entry_untagged.size:
         return IndexEntry(offset, *_entry_untagged.unpack(value))
     return IndexEntry(offset, *_entry.unpack(value))
-
-
-@dataclasses.dataclass(slots=True, frozen=True)
-class Timer:
-    """A delayed message waiting in a system queue (topic, queue, offset) for its delivery time."""
-
-    deliver_at_ms: int
-    topic: str
-    queue: int
-    offset: int
-    checks: int = 0  # a half message: how often its transaction was checked back
 
 
 def _pop_prefix(kind: bytes, key: tuple[str, str, int]) -> bytes:

@@ -12,13 +12,12 @@ import logging
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import read_charge
+from rocket.model import ALL_TAGS, read_charge
 from rocket.serde import batch as batch_codec
 from rocket.tier.objectstore import ObjectStore
-from rocket.tier.piece import Piece, PieceBatch, decode_index
+from rocket.serde.piece import Piece, PieceBatch, decode_index
 
 log = logging.getLogger("rocket.tier")
-ALL_TAGS = 2**64 - 1
 
 
 class ColdReader:

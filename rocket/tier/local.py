@@ -16,6 +16,7 @@ from pathlib import Path
 
 import trio
 
+from rocket.disk.files import fsync_directory
 from rocket.errors import Code, RocketError
 from rocket.limits import local_store_threads_max
 from rocket.tier.objectstore import ObjectInfo, check_data, check_key, check_prefix, check_range, list_objects_max
@@ -105,7 +106,7 @@ class LocalDirectoryStore:
         finally:
             if temporary.exists():
                 temporary.unlink()
-        _fsync_directory(path.parent)
+        fsync_directory(path.parent)
         return ObjectInfo(key, len(data), digest.hexdigest())
 
     def _make_directories(self, directory: Path, key: str) -> None:
@@ -122,7 +123,7 @@ class LocalDirectoryStore:
                                                         "exists, and the local store cannot hold keys under "
                                                         "it") from None
                 continue
-            _fsync_directory(parent)
+            fsync_directory(parent)
 
     def _get(self, key: str, start: int, end: int | None) -> bytes:
         descriptor = self._open_object(key)
@@ -198,7 +199,7 @@ class LocalDirectoryStore:
             if path.is_dir():
                 return  # unlink of a directory is EPERM on some systems; a directory is no object
             raise
-        _fsync_directory(path.parent)
+        fsync_directory(path.parent)
 
 
 def _read_footer(descriptor: int, key: str) -> tuple[int, bytes]:
@@ -223,10 +224,3 @@ def _pread_exactly(descriptor: int, count: int, offset: int, key: str) -> bytes:
         remaining -= len(chunk)
     return b"".join(chunks)
 
-
-def _fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

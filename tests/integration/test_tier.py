@@ -16,7 +16,7 @@ from rocket.client import Admin, SimpleConsumer, connect, open_consumer
 from rocket.errors import Code, RocketError
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
-from rocket.tier.piece import range_of_key
+from rocket.serde.piece import range_of_key
 from rocket.transport.listen import free_ports
 from tests.integration.test_tier_objectstore import CREDENTIALS, MotoServer, only_local_network, s3_store  # noqa: F401
 

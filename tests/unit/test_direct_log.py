@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.store import commitlog as commitlog_module
-from rocket.store.commitlog import ALIGN, HEADER_BYTES, CommitLog
+from rocket.disk import commitlog as commitlog_module
+from rocket.disk.commitlog import ALIGN, HEADER_BYTES, CommitLog
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this OS")
 

@@ -7,7 +7,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "rocket"
 IO_MODULES = {"trio", "socket", "asyncio", "time", "os", "pathlib", "plyvel", "io", "select", "threading"}
-CORES = ["serde/batch.py", "transport/frames.py", "raft/codec.py", "roles/metadata.py", "ml/placement.py",
+CORES = ["serde/batch.py", "transport/frames.py", "raft/codec.py", "roles/nameserver/metadata.py", "serde/piece.py", "ml/placement.py",
          "filter/__init__.py", "filter/tags.py", "filter/sql.py"]
 
 

@@ -6,7 +6,7 @@ import pytest
 from rocket.errors import Code, RocketError
 from rocket.ml.placement import LeastLoaded, NodeLoad
 from rocket.raft.core import Entry
-from rocket.roles.metadata import FIRST_STORAGE_GROUP, Metadata
+from rocket.roles.nameserver.metadata import FIRST_STORAGE_GROUP, Metadata
 
 
 def entries(*commands: dict, first: int = 1) -> list[Entry]:

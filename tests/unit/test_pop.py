@@ -8,7 +8,7 @@ import shutil
 
 from rocket.model import Message, dead_letter_topic
 from rocket.serde import batch as batch_codec
-from rocket.store.group import encode_pop
+from rocket.store.commands import encode_pop
 from rocket.store.pop import PopQueue
 from tests.unit.test_store import GROUP, Node, append_entry
 from tests.unit.test_timers import Log

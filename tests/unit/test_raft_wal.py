@@ -21,8 +21,8 @@ from rocket.raft import codec
 from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, Snapshot
 from rocket.raft.host import RaftHost
 from rocket.raft.wal import Update, Wal
-from rocket.store import commitlog
-from rocket.store.commitlog import CommitLog
+from rocket.disk import commitlog
+from rocket.disk.commitlog import CommitLog
 
 entries = st.lists(st.builds(Entry, st.integers(0, 2**40), st.integers(1, 2**40), st.binary(max_size=50),
                              st.sampled_from(list(EntryKind))), max_size=4)

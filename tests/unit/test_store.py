@@ -14,14 +14,15 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import Message
+from rocket.model import Message, timer_topic
 from rocket.raft.core import Entry
 from rocket.raft.wal import Update, Wal
 from rocket.serde import batch as batch_codec
-from rocket.store import group as group_module
-from rocket.store import commitlog as commitlog_module
-from rocket.store.commitlog import CommitLog
-from rocket.store.group import Store, encode_append, encode_offsets
+from rocket.store import store as store_module
+from rocket.disk import commitlog as commitlog_module
+from rocket.disk.commitlog import CommitLog
+from rocket.store.commands import encode_append, encode_move, encode_offsets, encode_timers
+from rocket.store.store import Store
 
 SEGMENT = limits.segment_bytes_min  # of the store's log and of the WAL
 GROUP = 3  # the Raft group most tests apply to
@@ -586,7 +587,7 @@ def test_a_sync_waits_for_one_in_flight_in_another_thread(tmp_path, monkeypatch)
     what the second must see durable too) is done, not as soon as it finds nothing left to sync."""
     import threading
 
-    from rocket.store import commitlog
+    from rocket.disk import commitlog
 
     log = CommitLog.open(tmp_path / "log", segment_bytes_max=limits.segment_bytes_min)
     log.append([(1, b"record")])
@@ -967,7 +968,7 @@ async def test_wait_for_data_wakes_when_an_apply_adds_data(tmp_path, autojump_cl
 async def test_background_sync_flushes_applied_entries(tmp_path, monkeypatch):
     """run() fsyncs applied writes within its interval, and only when there is something to sync."""
     interval_s = 0.02  # the real clock: the sync runs in a worker thread, which a mock clock jumps over
-    monkeypatch.setattr(group_module, "sync_interval_s", interval_s)
+    monkeypatch.setattr(store_module, "sync_interval_s", interval_s)
     store = Node(tmp_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
@@ -1031,14 +1032,14 @@ def test_settled_timer_batches_are_forgotten_and_pending_ones_stay_live(tmp_path
     with a pending timer stays live."""
     store = Node(tmp_path)
     soon, late = APPEND_MS + 1_000, APPEND_MS + 10**9
-    store.apply(GROUP, [Entry(1, 1, group_module.encode_timers("t", 0, APPEND_MS, timed_batch(0, 3, soon))),
-                        Entry(1, 2, group_module.encode_timers("t", 0, APPEND_MS, timed_batch(3, 2, late)))])
+    store.apply(GROUP, [Entry(1, 1, encode_timers("t", 0, APPEND_MS, timed_batch(0, 3, soon))),
+                        Entry(1, 2, encode_timers("t", 0, APPEND_MS, timed_batch(3, 2, late)))])
     [(topic, queue, offsets, batch)] = store.due_deliveries(GROUP, soon)
-    store.apply(GROUP, [Entry(1, 3, group_module.encode_move(topic, queue, soon, group_module.timer_topic("t"),
+    store.apply(GROUP, [Entry(1, 3, encode_move(topic, queue, soon, timer_topic("t"),
                                                              offsets, batch))])
     live, settled = store.wal_live(0, store.wal.log.end_position)
-    assert settled == [(group_module.timer_topic("t"), 0, 0)]
-    assert [(topic, entry.base_offset) for topic, _, entry in live] == [(group_module.timer_topic("t"), 3), ("t", 0)]
+    assert settled == [(timer_topic("t"), 0, 0)]
+    assert [(topic, entry.base_offset) for topic, _, entry in live] == [(timer_topic("t"), 3), ("t", 0)]
     store.forget(settled)
     assert store.wal_live(0, store.wal.log.end_position) == (live, [])
     store.close()

@@ -11,11 +11,11 @@ import pytest
 
 from rocket.errors import Code, RocketError
 from rocket.serde import batch as batch_codec
-from rocket.store.group import encode_drop_local, encode_expire, encode_offloaded, encode_truncate
+from rocket.store.commands import encode_drop_local, encode_expire, encode_offloaded, encode_truncate
 from rocket.tier import LocalDirectoryStore
 from rocket.tier.cold import ColdReader
-from rocket.tier.offload import Offloader, TierSettings
-from rocket.tier.piece import Piece
+from rocket.roles.storage.offload import Offloader, TierSettings
+from rocket.serde.piece import Piece
 from tests.unit.test_store import GROUP, Node, append_entry, make_batch, workload
 from tests.unit.test_timers import Log
 

@@ -11,7 +11,7 @@ from rocket import limits
 from rocket.model import Message, timer_topic
 from rocket.raft.core import Entry
 from rocket.serde import batch as batch_codec
-from rocket.store.group import encode_cancel, encode_move, encode_timers
+from rocket.store.commands import encode_cancel, encode_move, encode_timers
 from tests.unit.test_store import GROUP, Node
 
 NOW_MS = 1_700_000_000_000

@@ -20,10 +20,10 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.client.simple import RETRY_BACKOFF_S, received
 from rocket.model import Message, queue_for_key
 from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
+from rocket.serde.receive import parse_receipt, received
 from rocket.transport.http2 import GrpcCall, GrpcError, GrpcHandler, GrpcStatus
 from rocket.transport.rpc import Dispatcher, method_spec
 
@@ -310,7 +310,7 @@ class RocketMQProxy:
             # Consumers retry after rocket's backoff (1 s, 5 s, 10 s, 30 s ...) and give up where rocket does.
             settings.backoff_policy.Clear()
             settings.backoff_policy.max_attempts = self.max_attempts
-            for seconds in RETRY_BACKOFF_S:
+            for seconds in limits.pop_retry_backoff_s:
                 settings.backoff_policy.customized_backoff.next.add(seconds=seconds)
             fifo = False
             for entry in asked.subscription.subscriptions:
@@ -486,19 +486,12 @@ class RocketMQProxy:
         return definition.Message(topic=definition.Resource(name=topic["name"]), user_properties=properties,
                                   system_properties=system, body=message.body)
 
-    def _receipt(self, text: str) -> dict:
-        parts = text.split(".")
-        if len(parts) != 3 or not all(part.isdigit() for part in parts):
-            raise RocketError(Code.BAD_REQUEST, f"receipt handle {text[:64]!r}: not rocket's")
-        queue, offset, attempt = map(int, parts)
-        return {"queue": queue, "offset": offset, "attempt": attempt}
-
     async def ack_message(self, request, call: GrpcCall):
         service = self.service
         entries = list(request.entries)
         results = []
         try:
-            receipts = [self._receipt(entry.receipt_handle) for entry in entries]
+            receipts = [_receipt(entry.receipt_handle) for entry in entries]
             response = await self.dispatcher.local("Ack", {"topic": request.topic.name, "group": request.group.name,
                                                            "receipts": receipts, "invisible_ms": -1})
         except RocketError as error:
@@ -515,7 +508,7 @@ class RocketMQProxy:
     async def change_invisible_duration(self, request, call: GrpcCall):
         service = self.service
         try:
-            receipt = self._receipt(request.receipt_handle)
+            receipt = _receipt(request.receipt_handle)
             invisible_ms = _ms_of(request.invisible_duration, 0)
             if receipt["attempt"] >= self.max_attempts:
                 invisible_ms = 0  # a failure of the last attempt: the next receive moves it to the dead-letter queue
@@ -533,7 +526,7 @@ class RocketMQProxy:
         client calls this for a message it cannot consume, such as a FIFO one past its attempts)."""
         service = self.service
         try:
-            receipt = self._receipt(request.receipt_handle)
+            receipt = _receipt(request.receipt_handle)
             response = await self.dispatcher.local("DeadLetter", {
                 "topic": request.topic.name, "group": request.group.name, "receipts": [receipt], "invisible_ms": -1})
         except RocketError as error:
@@ -542,3 +535,8 @@ class RocketMQProxy:
             return service.ForwardMessageToDeadLetterQueueResponse(
                 status=self._status(INVALID_RECEIPT_HANDLE, "the receipt is stale"))
         return service.ForwardMessageToDeadLetterQueueResponse(status=self._status())
+
+
+def _receipt(text: str) -> dict:
+    queue, offset, attempt = parse_receipt(text)
+    return {"queue": queue, "offset": offset, "attempt": attempt}

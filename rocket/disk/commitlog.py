@@ -26,6 +26,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from rocket import limits
+from rocket.disk.files import fsync_directory
 from rocket.errors import Code, RocketError, invariant
 
 MAGIC = 0x524B4C43  # "CLKR" on disk: a record whose CRC is CRC-32C (Castagnoli, computed in hardware)
@@ -93,13 +94,6 @@ def _valid_record_after(view: memoryview, data: mmap.mmap, position: int) -> int
             candidate = data.find(magic_bytes, candidate + 1)
     return None
 
-
-def _fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 class _DirectTail:
@@ -200,12 +194,12 @@ class CommitLog:
         if not log._starts:
             log._starts = [0]
             log._path(0).touch()
-            _fsync_directory(directory)
+            fsync_directory(directory)
         # A crash right after a roll leaves an empty newest segment while the one before may still have
         # an unsynced tail: drop the empty one and recover the tail where the data really ends.
         while len(log._starts) > 1 and log._path(log._starts[-1]).stat().st_size == 0:
             log._path(log._starts.pop()).unlink()
-            _fsync_directory(directory)
+            fsync_directory(directory)
         log._check_sealed_segments()
         last = log._starts[-1]
         log._active_size = log._recover_tail(log._path(last))
@@ -470,7 +464,7 @@ class CommitLog:
                     os.close(descriptor)
                     self._retired_fds.discard(descriptor)
             if directory_dirty:
-                _fsync_directory(self.directory)
+                fsync_directory(self.directory)
         return durable_end
 
     def _reader(self, start: int) -> int:

@@ -24,7 +24,7 @@ from rocket.errors import Code, RocketError
 from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
 from rocket.model import check_message_type, check_retention_s, check_user_topic_name
 from rocket.raft.host import RaftHost
-from rocket.roles.metadata import META_GROUP, Metadata
+from rocket.roles.nameserver.metadata import META_GROUP, Metadata
 from rocket.roles.peers import RETRYABLE, Peers, address_of
 from rocket.transport.rpc import Dispatcher
 

@@ -2,7 +2,7 @@
 as their state machine. The leader of a group serves appends (replicated before they are answered)
 and reads; a follower in sync serves reads as a read replica; the leader carries out the membership
 changes of replica moves. With a tier (an ObjectStore), group leaders offload sealed runs of each queue
-and apply retention (rocket/tier/offload.py); reads of offsets no longer local go to the tier (cold.py).
+and apply retention (offload.py); reads of offsets no longer local go to the tier (rocket/tier/cold.py).
 """
 
 from __future__ import annotations
@@ -16,20 +16,21 @@ import trio
 from rocket import limits
 from rocket.config import Address, NodeConfig
 from rocket.errors import Code, RocketError
-from rocket.model import (Message, check_group_name, check_topic_name, half_topic, read_charge, timer_topic,
+from rocket.model import (ALL_TAGS, Message, check_group_name, check_topic_name, half_topic, read_charge, timer_topic,
                           unresolved_topic)
-from rocket.raft.core import NotLeader, Role
-from rocket.raft.host import RaftHost
+from rocket.raft.core import NotLeader
+from rocket.replication import Engine
 from rocket.roles.peers import Peers, address_of
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header, peek_count
 from rocket.filter import SqlFilter, compile_filter
-from rocket.store.group import (GroupMachine, Store, encode_append, encode_cancel, encode_half, encode_move,
-                                encode_offsets, encode_pop, encode_rearm, encode_timers)
-from rocket.store.queue_index import ALL_TAGS, IndexEntry
+from rocket.store.commands import (encode_append, encode_cancel, encode_half, encode_move, encode_offsets, encode_pop,
+                                   encode_rearm, encode_timers)
+from rocket.store.store import GroupMachine, Store
+from rocket.store.values import IndexEntry
 from rocket.tier.cold import ColdReader
 from rocket.tier.objectstore import ObjectStore
-from rocket.tier.offload import Offloader, TierSettings
+from rocket.roles.storage.offload import Offloader, TierSettings
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.storage")
@@ -41,7 +42,7 @@ class NotHosted(RocketError):
 
 
 class StorageRole:
-    def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, addresses: dict[int, tuple[str, int]],
+    def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
                  objects: ObjectStore | None = None):
         self.config = config
         self.host = host
@@ -126,10 +127,9 @@ class StorageRole:
 
     async def _heartbeat(self) -> None:
         groups = self._storage_groups()
-        leads = [group for group in groups if self.host.groups[group].core.role == Role.LEADER]
-        lagging = [{"group": group, "node": node, "entries": core.last_index - progress.match}
-                   for group in leads for core in (self.host.groups[group].core,)
-                   for node, progress in core.progress.items() if progress.match < core.last_index]
+        leads = [group for group in groups if self.host.leads(group)]
+        lagging = [{"group": group, "node": node, "entries": entries}
+                   for group in leads for node, entries in self.host.lagging(group).items()]
         wal = self.host.wal.log
         load = {"groups": len(groups), "leads": leads, "bytes": wal.end_position - wal.start_position,  # on disk
                 "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging}
@@ -148,7 +148,7 @@ class StorageRole:
             self.addresses[node["id"]] = (address.host, address.port)
         assigned = {group["id"] for group in assignment["groups"]}
         for group in assignment["groups"]:
-            if group["id"] not in self.host.groups:
+            if self.host.machine_of(group["id"]) is None:
                 self.host.add_group(group["id"], tuple(group["voters"]), GroupMachine(self.store, group["id"]),
                                     tuple(group["learners"]))
         for group in self._storage_groups() - assigned:
@@ -161,12 +161,11 @@ class StorageRole:
         while True:
             await trio.sleep(limits.node_heartbeat_s)
             for group, topic, queue, _ in self.store.gaps():
-                if group in self.host.groups:
+                if self.host.machine_of(group) is not None:
                     await self._backfill(group, topic, queue)
 
     async def _backfill(self, group: int, topic: str, queue: int) -> None:
-        core = self.host.groups[group].core
-        for source in sorted((core.voters | core.learners) - {self.config.node_id}):
+        for source in sorted(self.host.replicas(group) - {self.config.node_id}):
             if source not in self.addresses:
                 continue
             address = Address(*self.addresses[source])
@@ -260,7 +259,7 @@ class StorageRole:
     # ---- the tier ------------------------------------------------------------------------------------
 
     def _led_groups(self) -> list[int]:
-        return [group for group in self._storage_groups() if self.host.groups[group].core.role == Role.LEADER]
+        return [group for group in self._storage_groups() if self.host.leads(group)]
 
     async def _propose_tier(self, group: int, payload: bytes):
         return await self.host.propose(group, payload, limits.storage_append_wait_s_max)
@@ -323,19 +322,18 @@ class StorageRole:
             self._prefetching.discard(piece.key)
 
     def _storage_groups(self) -> set[int]:
-        return {group for group, hosted in self.host.groups.items() if isinstance(hosted.machine, GroupMachine)}
+        return {group for group in self.host.groups if isinstance(self.host.machine_of(group), GroupMachine)}
 
     def _hosted(self, group: int) -> None:
-        if group not in self.host.groups or not isinstance(self.host.groups[group].machine, GroupMachine):
+        if not isinstance(self.host.machine_of(group), GroupMachine):
             raise NotHosted(group, self.config.node_id)
 
     def _leads(self, group: int) -> None:
         """Reads are served by the group's leader, which holds everything committed: a follower may be
         behind (serving reads from followers in sync is for later)."""
         self._hosted(group)
-        core = self.host.groups[group].core
-        if core.role != Role.LEADER:
-            raise NotLeader(core.leader)
+        if not self.host.leads(group):
+            raise NotLeader(self.host.leader_of(group))
 
     @staticmethod
     def _positions(entries: list[dict], field: str) -> dict[int, int]:
@@ -392,8 +390,7 @@ class StorageRole:
             await trio.sleep(limits.timer_tick_s)
             now_ms = int(time.time() * 1000)
             for group in self.store.timer_groups(now_ms):
-                hosted = self.host.groups.get(group)
-                if hosted is None or hosted.core.role != Role.LEADER:
+                if not self.host.leads(group):
                     continue
                 try:
                     await self.fire_due_timers(group, now_ms)
@@ -424,22 +421,20 @@ class StorageRole:
         """One membership change on this group's leader; a change already made answers at once, so a
         nameserver can repeat a move's steps after a failure."""
         group, action, node = request["group"], request["action"], request["node"]
-        self._hosted(group)
-        core = self.host.groups[group].core
-        if core.role != Role.LEADER:
-            raise NotLeader(core.leader)
-        if action == "add_learner" and (node in core.learners or node in core.voters):
+        self._leads(group)
+        voters = self.host.voters(group)
+        if action == "add_learner" and node in self.host.replicas(group):
             return {}
         if action == "promote":
-            if node in core.voters:
+            if node in voters:
                 return {}
             await self._caught_up(group, node)
         if action == "remove":
-            if node not in core.voters and node not in core.learners:
+            if node not in self.host.replicas(group):
                 return {}
             if node == self.config.node_id:  # a leader does not remove itself: it hands over first
-                successor = max((voter for voter in core.voters if voter != node),
-                                key=lambda voter: core.progress[voter].match)
+                lagging = self.host.lagging(group)
+                successor = min((voter for voter in voters if voter != node), key=lambda voter: lagging.get(voter, 0))
                 self.host.transfer_leadership(group, successor)
                 raise RocketError(Code.UNAVAILABLE, f"leadership of group {group} moves to node {successor}; retry there")
         if action not in ("add_learner", "promote", "remove"):
@@ -451,9 +446,7 @@ class StorageRole:
         """Wait until a learner holds everything committed (bounded): only then may it vote."""
         with trio.move_on_after(limits.learner_catch_up_s_max):
             while True:
-                core = self.host.groups[group].core
-                progress = core.progress.get(node)
-                if progress is not None and progress.match >= core.commit:
+                if self.host.caught_up(group, node):
                     return
                 await trio.sleep(0.1)
         raise RocketError(Code.TIMEOUT, f"node {node} has not caught up with group {group} yet; retry")
@@ -756,8 +749,7 @@ class StorageRole:
     async def read(self, request: dict) -> dict:
         group = request["group"]
         self._hosted(group)
-        core = self.host.groups[group].core
-        in_sync = request["follower_ok"] and core.in_sync(limits.follower_read_lag_entries_max)
+        in_sync = request["follower_ok"] and self.host.in_sync(group, limits.follower_read_lag_entries_max)
         if not (request["any_replica"] or in_sync):
             self._leads(group)
         if in_sync:

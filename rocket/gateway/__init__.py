@@ -1,0 +1,1 @@
+"""Protocol adapters onto the dispatcher: they translate other protocols and carry no semantics of their own."""

@@ -1,0 +1,71 @@
+"""The seam between a group's state machine and the engine that replicates its log. The storage and nameserver roles
+speak to an Engine; raft/host.py (majority quorum) is one, and the controller mode of RIP-44 will be another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+
+class StateMachine(Protocol):
+    """What a group applies: the storage groups' queues and KV, or the nameserver's metadata.
+    apply returns one result per entry; the node that proposed an entry gets its result back.
+    positions tell where each entry's data lies in the node's WAL, durable already: a
+    machine may index data there instead of writing it again."""
+
+    def apply(self, entries: list, positions: list[int]) -> list: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+
+class Engine(Protocol):
+    """A replication engine hosting many groups on this node: proposals in, committed entries applied to each
+    group's StateMachine, and what the roles need to know of each group's replicas."""
+
+    groups: Mapping[int, object]  # the groups hosted here, by id
+    wal: object  # the node's WAL: entries' data lies in wal.log; wal.replay_start() is the oldest position it needs
+    sync_before_snapshots: Callable[[], None]  # makes the state machines' own writes durable
+
+    def add_group(self, group: int, voters: tuple[int, ...], machine: StateMachine,
+                  learners: tuple[int, ...] = ()) -> object: ...
+
+    def remove_group(self, group: int) -> None: ...
+
+    def machine_of(self, group: int) -> StateMachine | None:
+        """The group's state machine, or None if the group is not hosted here."""
+
+    def leads(self, group: int) -> bool: ...
+
+    def leader_of(self, group: int) -> int:
+        """The node this node believes leads the group (0 when unknown or not hosted)."""
+
+    def voters(self, group: int) -> set[int]: ...
+
+    def replicas(self, group: int) -> set[int]:
+        """The group's voters and learners."""
+
+    def lagging(self, group: int) -> dict[int, int]:
+        """On the leader: the replicas behind it, with the entries each lacks."""
+
+    def caught_up(self, group: int, node: int) -> bool:
+        """On the leader: whether node holds everything committed."""
+
+    def in_sync(self, group: int, lag_entries_max: int) -> bool:
+        """Whether this replica may serve reads: it leads, or follows within lag_entries_max of the leader."""
+
+    async def propose(self, group: int, data: bytes, timeout_s: float) -> object:
+        """Replicate data in the group's log; the state machine's result once it is applied here."""
+
+    async def propose_conf_change(self, group: int, action: str, node: int, timeout_s: float) -> int: ...
+
+    async def read_barrier(self, group: int, lease: bool = False, timeout_s: float = ...) -> None: ...
+
+    def transfer_leadership(self, group: int, to: int) -> None: ...
+
+    async def write_data(self, blobs: list[bytes]) -> list[int]:
+        """Make blobs durable in the node's WAL; where each blob's bytes lie."""
+
+    def unapplied_position_min(self) -> int | None: ...

@@ -1,0 +1,229 @@
+"""The Raft entry payloads of a storage group: a command byte, then its body. Encoders for the proposers,
+and decode() into typed commands, read once and applied by the state machine (store/machine.py). Pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import orjson
+
+from rocket.errors import Code, RocketError
+from rocket.model import half_topic, timer_topic
+from rocket.serde.piece import Piece
+
+APPEND_COMMAND = 1  # _append_head, topic, batch
+OFFSETS_COMMAND = 2  # JSON {group, topic, offsets}
+TIMER_COMMAND = 3  # as APPEND: a batch of timed messages for topic, kept in timer_topic(topic) until due
+MOVE_COMMAND = 4  # _append_head, topic, _source_length, source, _fire_count, offsets (u64 each), batch
+CANCEL_COMMAND = 5  # JSON {op: cancel|rearm, topic (a system topic), queue, offsets[, due_ms, next_ms]}
+POP_COMMAND = 6  # _json_length, JSON (see pop.decide), then for 'dead' the message's batch
+HALF_COMMAND = 7  # _append_head, topic, _check_at, batch: half messages, kept in half_topic(topic)
+TIER_COMMAND = 8  # JSON {op: offloaded|drop_local|expire|truncate, topic, queue, piece | to}: see manifest.decide
+_append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
+_source_length = struct.Struct("<H")
+_fire_count = struct.Struct("<I")
+_check_at = struct.Struct("<Q")  # when the half messages are first checked back, epoch ms
+_json_length = struct.Struct("<I")
+
+
+# ---- typed commands ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(slots=True)
+class Append:
+    """A batch appended to a queue: produced (APPEND), timed (TIMER, kept in the timer queue), half messages
+    of a transaction (HALF, kept in the half queue) or pending messages moved out of a system queue (MOVE,
+    only if every one of them is still pending there). batch_at: where the batch starts in the entry."""
+
+    command: int
+    topic: str
+    queue: int
+    append_ms: int
+    batch_at: int
+    batch: memoryview
+    source: str = ""  # MOVE: the system queue the messages leave
+    moved: tuple[int, ...] = ()  # MOVE: their offsets there
+    check_at_ms: int = 0  # HALF: when they are first checked back
+
+    @property
+    def stored_topic(self) -> str:
+        """The topic the batch is stored in."""
+        if self.command == TIMER_COMMAND:
+            return timer_topic(self.topic)
+        if self.command == HALF_COMMAND:
+            return half_topic(self.topic)
+        return self.topic
+
+
+@dataclasses.dataclass(slots=True)
+class CommitOffsets:
+    body: memoryview  # the JSON, logged as it came
+    consumer_group: str
+    topic: str
+    offsets: dict[int, int]
+
+
+@dataclasses.dataclass(slots=True)
+class Cancel:
+    """Drop pending messages of a system queue, if all are pending."""
+
+    topic: str
+    queue: int
+    offsets: list[int]
+
+
+@dataclasses.dataclass(slots=True)
+class Rearm:
+    """Move pending messages due at due_ms to next_ms, counting a check-back, if all are pending and due then."""
+
+    topic: str
+    queue: int
+    offsets: list[int]
+    due_ms: int
+    next_ms: int
+    checks: int
+
+
+@dataclasses.dataclass(slots=True)
+class PopCommand:
+    """A pop consumption change (see pop.decide); a 'dead' one carries the message's batch at batch_at."""
+
+    request: dict
+    batch_at: int
+    batch: memoryview
+
+
+@dataclasses.dataclass(slots=True)
+class TierCommand:
+    """A tier manifest change (see manifest.decide)."""
+
+    request: dict
+
+
+Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand
+
+
+def decode(data: bytes | memoryview) -> Command:
+    """A storage group's entry payload as its command. The leader proposed it, so a payload that does not decode
+    is damage: CORRUPT_DATA."""
+    view = memoryview(data)
+    command = view[0]
+    try:
+        if command in (APPEND_COMMAND, TIMER_COMMAND, MOVE_COMMAND, HALF_COMMAND):
+            return _decode_append(command, view)
+        if command == POP_COMMAND:
+            (length,) = _json_length.unpack_from(view, 1)
+            batch_at = 1 + _json_length.size + length
+            return PopCommand(orjson.loads(view[1 + _json_length.size:batch_at]), batch_at, view[batch_at:])
+        if command == TIER_COMMAND:
+            return TierCommand(orjson.loads(view[1:]))
+        if command == CANCEL_COMMAND:
+            request = orjson.loads(view[1:])
+            if request["op"] == "rearm":
+                return Rearm(request["topic"], request["queue"], request["offsets"], request["due_ms"],
+                             request["next_ms"], request["checks"])
+            return Cancel(request["topic"], request["queue"], request["offsets"])
+        if command == OFFSETS_COMMAND:
+            record = orjson.loads(view[1:])
+            return CommitOffsets(view[1:], record["group"], record["topic"],
+                                 {int(queue): offset for queue, offset in record["offsets"].items()})
+    except (struct.error, orjson.JSONDecodeError, KeyError, UnicodeDecodeError) as error:
+        raise RocketError(Code.CORRUPT_DATA, f"storage command {command} does not decode: {error}") from None
+    raise RocketError(Code.CORRUPT_DATA, f"unknown storage command {command}")
+
+
+def _decode_append(command: int, view: memoryview) -> Append:
+    _, queue, append_ms, name_length = _append_head.unpack_from(view)
+    batch_at = _append_head.size + name_length
+    topic = bytes(view[_append_head.size:batch_at]).decode()
+    source, moved, check_at_ms = "", (), 0
+    if command == MOVE_COMMAND:
+        (source_length,) = _source_length.unpack_from(view, batch_at)
+        source = bytes(view[batch_at + _source_length.size:batch_at + _source_length.size + source_length]).decode()
+        batch_at += _source_length.size + source_length
+        (count,) = _fire_count.unpack_from(view, batch_at)
+        moved = struct.unpack_from(f"<{count}Q", view, batch_at + _fire_count.size)
+        batch_at += _fire_count.size + 8 * count
+    elif command == HALF_COMMAND:
+        (check_at_ms,) = _check_at.unpack_from(view, batch_at)
+        batch_at += _check_at.size
+    return Append(command, topic, queue, append_ms, batch_at, view[batch_at:], source, moved, check_at_ms)
+
+
+# ---- encoders ----------------------------------------------------------------------------------------
+
+def encode_append(topic: str, queue: int, append_ms: int, batch: bytes | memoryview) -> bytes:
+    """A produce batch as one Raft entry. The leader stamps the append time, so replicas agree."""
+    name = topic.encode()
+    return b"".join((_append_head.pack(APPEND_COMMAND, queue, append_ms, len(name)), name, batch))
+
+
+def encode_timers(topic: str, queue: int, append_ms: int, batch: bytes | memoryview) -> bytes:
+    """A batch for a delay topic: stored in its timer queue, each message indexed by its delivery time."""
+    name = topic.encode()
+    return b"".join((_append_head.pack(TIMER_COMMAND, queue, append_ms, len(name)), name, batch))
+
+
+def encode_move(topic: str, queue: int, append_ms: int, source: str, offsets: list[int], batch: bytes) -> bytes:
+    """Pending messages of a system queue (source: due timers, committed half messages) appended to
+    topic's queue as one batch, on condition that every one is still pending (so a move proposed twice,
+    or racing a cancel, delivers nothing twice)."""
+    name, source_name = topic.encode(), source.encode()
+    return b"".join((_append_head.pack(MOVE_COMMAND, queue, append_ms, len(name)), name,
+                     _source_length.pack(len(source_name)), source_name,
+                     _fire_count.pack(len(offsets)), struct.pack(f"<{len(offsets)}Q", *offsets), batch))
+
+
+def encode_half(topic: str, queue: int, append_ms: int, check_at_ms: int, batch: bytes | memoryview) -> bytes:
+    """Half messages of a transaction: kept in half_topic(topic) until committed or rolled back."""
+    name = topic.encode()
+    return b"".join((_append_head.pack(HALF_COMMAND, queue, append_ms, len(name)), name, _check_at.pack(check_at_ms),
+                     batch))
+
+
+def encode_cancel(source: str, queue: int, offsets: list[int]) -> bytes:
+    """Drop pending messages of a system queue (a cancelled timer, a rolled-back transaction), if all are."""
+    return bytes([CANCEL_COMMAND]) + orjson.dumps({"op": "cancel", "topic": source, "queue": queue,
+                                                   "offsets": offsets})
+
+
+def encode_rearm(source: str, queue: int, offsets: list[int], due_ms: int, next_ms: int, checks: int) -> bytes:
+    """Move pending messages due at due_ms to next_ms, counting checks (half messages checked back), if
+    all still are pending and due then."""
+    return bytes([CANCEL_COMMAND]) + orjson.dumps({"op": "rearm", "topic": source, "queue": queue, "offsets": offsets,
+                                                   "due_ms": due_ms, "next_ms": next_ms, "checks": checks})
+
+
+def encode_pop(command: dict, batch: bytes = b"") -> bytes:
+    body = orjson.dumps(command)
+    return b"".join((bytes([POP_COMMAND]), _json_length.pack(len(body)), body, batch))
+
+
+def encode_offsets(group: str, topic: str, offsets: dict[int, int]) -> bytes:
+    body = orjson.dumps({"group": group, "topic": topic, "offsets": {str(q): o for q, o in offsets.items()}})
+    return bytes([OFFSETS_COMMAND]) + body
+
+
+def encode_offloaded(topic: str, queue: int, piece: Piece) -> bytes:
+    """A piece uploaded and verified: it joins the queue's manifest if it starts where the manifest ends."""
+    return bytes([TIER_COMMAND]) + orjson.dumps({"op": "offloaded", "topic": topic, "queue": queue,
+                                                 "piece": piece.to_wire()})
+
+
+def encode_drop_local(topic: str, queue: int, to_offset: int) -> bytes:
+    """Local data before to_offset goes (its index entries): only if the manifest holds all of it."""
+    return bytes([TIER_COMMAND]) + orjson.dumps({"op": "drop_local", "topic": topic, "queue": queue, "to": to_offset})
+
+
+def encode_expire(topic: str, queue: int, to_offset: int) -> bytes:
+    """Pieces ending at or before to_offset leave the manifest (total retention); the queue starts there."""
+    return bytes([TIER_COMMAND]) + orjson.dumps({"op": "expire", "topic": topic, "queue": queue, "to": to_offset})
+
+
+def encode_truncate(topic: str, queue: int, from_offset: int, to_offset: int, size: int) -> bytes:
+    """Local data [from_offset, to_offset), size bytes, that was never offloaded goes (total retention
+    without a tier): only if the queue's local data still starts at from_offset and nothing offloaded
+    lies after it."""
+    return bytes([TIER_COMMAND]) + orjson.dumps({"op": "truncate", "topic": topic, "queue": queue, "from": from_offset,
+                                                 "to": to_offset, "bytes": size})

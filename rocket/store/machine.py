@@ -1,0 +1,276 @@
+"""The storage state machine: the queues, consumer offsets, timers, pop state and tier manifests of the groups a node
+hosts. apply() takes a group's committed entries and returns their results and the Effects that the shell
+(store/store.py) persists. Pure: no I/O, no clock; the pending timers it checks are read through IndexView.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Protocol
+
+import orjson
+
+from rocket.errors import invariant
+from rocket.model import SYSTEM_PREFIX, dead_letter_topic
+from rocket.serde import batch as batch_codec
+from rocket.store import commands, manifest, pop, records
+from rocket.store.commands import Append, Cancel, CommitOffsets, PopCommand, Rearm, TierCommand
+from rocket.store.manifest import TierChange, TierQueue
+from rocket.store.pop import PopChange, PopQueue
+from rocket.store.values import HALF_PREFIX, IndexEntry, QueueStats, Timer
+
+NEVER_MS = 2**63 - 1  # the delivery time of no timer
+
+
+class IndexView(Protocol):
+    """What the machine reads of the index: the pending timers (kept there, not in memory)."""
+
+    def timer(self, topic: str, queue: int, offset: int) -> tuple[int, int, int] | None: ...
+
+    def timers(self, group: int, from_ms: int = 0, until_ms: int = 2**63 - 2, limit: int = 2**63 - 1,
+               halves: bool = False) -> list[Timer]: ...
+
+
+@dataclasses.dataclass(slots=True)
+class Effects:
+    """What applying a group's entries changed, for the shell to persist: the records for the store's log, the
+    index's changes, and the queues whose waiting readers look again."""
+
+    group: int
+    applied: int = 0  # the index of the last entry applied
+    records: list[tuple[int, bytes]] = dataclasses.field(default_factory=list)
+    index_entries: list[tuple[str, int, IndexEntry]] = dataclasses.field(default_factory=list)
+    commits: list[tuple[str, str, dict[int, int]]] = dataclasses.field(default_factory=list)
+    timers: list[tuple[int, Timer, bool]] = dataclasses.field(default_factory=list)
+    pop_changes: list[PopChange] = dataclasses.field(default_factory=list)
+    tier_changes: list[TierChange] = dataclasses.field(default_factory=list)
+    touched: dict[tuple[str, int], QueueStats] = dataclasses.field(default_factory=dict)  # queues appended to
+    woken: set[tuple[str, int]] = dataclasses.field(default_factory=set)  # besides touched ones
+
+
+class StorageMachine:
+    def __init__(self, index: IndexView):
+        self.index = index
+        self.queues: dict[tuple[str, int], QueueStats] = {}
+        self.applied: dict[int, int] = {}  # Raft group -> index of its last entry applied
+        self.pops: dict[pop.PopKey, PopQueue] = {}  # pop consumption: (consumer group, topic, queue) -> state
+        self.tier: dict[tuple[str, int], TierQueue] = {}  # the tier manifest of each queue that has one
+        self.next_due: dict[tuple[int, bool], int] = {}  # (Raft group, halves) -> nothing of it is due before this
+        # Queues appended to since the offloader last found nothing of them left to upload (all at open).
+        self.offload_candidates: set[tuple[str, int]] = set()
+        self._timer_changes: dict[tuple[str, int, int], int | None] = {}  # within one apply: set or done
+        self._handlers: dict[type, Callable] = {Append: self._append, CommitOffsets: self._commit_offsets,
+                                                Cancel: self._cancel, Rearm: self._rearm, PopCommand: self._pop,
+                                                TierCommand: self._tier_command}
+
+    def apply(self, group: int, entries, positions: list[int]) -> tuple[list, Effects | None]:
+        """Apply a group's committed entries, whose data lies in the WAL at positions. Results are (base offset,
+        count) for appends, timers and moves that delivered, False for a move that did not (its messages were no
+        longer pending), True or False for a cancel or rearm, and pop.decide's results for pop commands. No
+        effects if every entry was applied before (a restart re-applies what the store already holds)."""
+        done = self.applied.get(group, 0)
+        effects = Effects(group)
+        results: list = []
+        for entry, position in zip(entries, positions):
+            if entry.index <= done or not entry.data:  # applied before a restart, or a new leader's empty entry
+                results.append(None)
+                continue
+            command = commands.decode(entry.data)
+            results.append(self._handlers[type(command)](group, command, position, effects))
+        self._timer_changes.clear()
+        last = entries[-1].index if entries else done
+        if last <= done:
+            return results, None
+        if effects.timers:
+            effects.records.append((records.TIMERS, records.encode_timers(group, effects.timers)))
+        if effects.pop_changes:
+            effects.records.append((records.POPS, orjson.dumps([change.to_wire() for change in effects.pop_changes])))
+        if effects.tier_changes:
+            effects.records.append((records.TIER, orjson.dumps([
+                [topic, queue, orjson.Fragment(state), drop_below]
+                for topic, queue, state, drop_below in effects.tier_changes])))
+        effects.records.append((records.APPLIED, records.encode_applied(group, last)))
+        effects.applied = self.applied[group] = last
+        return results, effects
+
+    # ---- one handler per command ----------------------------------------------------------------------
+
+    def _append(self, group: int, command: Append, position: int, effects: Effects):
+        if command.command == commands.MOVE_COMMAND and not self._take_timers(
+                group, command.source, command.queue, command.moved, effects.timers):
+            return False  # not None: the Raft host answers None with the entry's index
+        stored_topic = command.stored_topic
+        invariant(position >= 0, f"group {group} entry at {command.topic}/{command.queue} was applied before it was "
+                                 f"persisted")
+        base_offset, count = self._index_batch(group, stored_topic, command.queue, command.batch,
+                                               position + command.batch_at, command.append_ms, effects)
+        if command.command == commands.TIMER_COMMAND:
+            for message in batch_codec.decode(command.batch, base_offset):
+                self._set_timer(group, Timer(message.deliver_at_ms or command.append_ms, stored_topic, command.queue,
+                                             message.offset), effects.timers)
+        elif command.command == commands.HALF_COMMAND:
+            for offset in range(base_offset, base_offset + count):
+                self._set_timer(group, Timer(command.check_at_ms, stored_topic, command.queue, offset), effects.timers)
+        return base_offset, count
+
+    def _index_batch(self, group: int, topic: str, queue: int, batch: memoryview, position: int, append_ms: int,
+                     effects: Effects) -> tuple[int, int]:
+        """A batch lying in the WAL at position joins its queue: (base offset, count)."""
+        header = batch_codec.peek_header(batch)  # checked before it was proposed
+        stats = self.queues.setdefault((topic, queue), QueueStats(group=group))
+        base_offset = stats.next_offset
+        stats.next_offset += header.count
+        stats.bytes += len(batch)
+        stats.last_append_ms = append_ms
+        effects.touched[(topic, queue)] = stats
+        if not topic.startswith(SYSTEM_PREFIX):
+            self.offload_candidates.add((topic, queue))
+        placed = IndexEntry(base_offset, position, header.count, len(batch), header.first_timestamp_ms, append_ms,
+                            header.tag_summary)
+        effects.records.append((records.BATCH, records.encode_batch(topic, queue, group, placed)))
+        effects.index_entries.append((topic, queue, placed))
+        return base_offset, header.count
+
+    def _commit_offsets(self, group: int, command: CommitOffsets, position: int, effects: Effects) -> None:
+        effects.records.append((records.OFFSETS, bytes(command.body)))
+        effects.commits.append((command.consumer_group, command.topic, command.offsets))
+
+    def _cancel(self, group: int, command: Cancel, position: int, effects: Effects) -> bool:
+        return self._take_timers(group, command.topic, command.queue, command.offsets, effects.timers)
+
+    def _rearm(self, group: int, command: Rearm, position: int, effects: Effects) -> bool:
+        if not self._take_timers(group, command.topic, command.queue, command.offsets, effects.timers, command.due_ms):
+            return False
+        for offset in command.offsets:
+            self._set_timer(group, Timer(command.next_ms, command.topic, command.queue, offset, command.checks),
+                            effects.timers)
+        return True
+
+    def _pop(self, group: int, command: PopCommand, position: int, effects: Effects):
+        request = command.request
+        result, change = pop.decide(self.pops, request)
+        if change is None:
+            return result
+        pop.apply_change(self.pops, change)
+        effects.pop_changes.append(change)
+        effects.woken.add((request["topic"], request["queue"]))  # a receive waiting on the queue looks again
+        if request["op"] == "dead":
+            self._index_batch(group, dead_letter_topic(request["consumer_group"], request["topic"]), request["queue"],
+                              command.batch, position + command.batch_at, request["now_ms"], effects)
+        return result
+
+    def _tier_command(self, group: int, command: TierCommand, position: int, effects: Effects) -> bool:
+        request = command.request
+        change = manifest.apply(self.tier, self.queues.get((request["topic"], request["queue"])), request)
+        if change is not None:
+            effects.tier_changes.append(change)
+        return change is not None
+
+    # ---- timers ---------------------------------------------------------------------------------------
+
+    def _set_timer(self, group: int, timer: Timer, timers: list) -> None:
+        self._timer_changes[(timer.topic, timer.queue, timer.offset)] = timer.deliver_at_ms
+        timers.append((group, timer, True))
+        kind = (group, timer.topic.startswith(HALF_PREFIX))
+        self.next_due[kind] = min(self.next_due.get(kind, NEVER_MS), timer.deliver_at_ms)
+
+    def _take_timers(self, group: int, topic: str, queue: int, offsets, timers: list, due_ms: int | None = None) -> bool:
+        """Mark pending timers done, if every one of them is pending (seen through the changes this apply
+        made so far), and due at due_ms if given; else change nothing."""
+        due = []
+        for offset in offsets:
+            place = (topic, queue, offset)
+            if place in self._timer_changes:
+                deliver_at_ms = self._timer_changes[place]
+            else:
+                found = self.index.timer(*place)
+                deliver_at_ms = found[0] if found is not None and found[1] == group else None
+            if deliver_at_ms is None or due_ms is not None and deliver_at_ms != due_ms:
+                return False
+            due.append(deliver_at_ms)
+        for offset, deliver_at_ms in zip(offsets, due):
+            self._timer_changes[(topic, queue, offset)] = None
+            timers.append((group, Timer(deliver_at_ms, topic, queue, offset), False))
+        return True
+
+    def replace_timers(self, group: int, timers: list[Timer]) -> list[tuple[int, Timer, bool]]:
+        """The changes that make a group's pending timers those of a snapshot."""
+        for halves in (False, True):
+            self.next_due[(group, halves)] = min((timer.deliver_at_ms for timer in timers
+                                                  if timer.topic.startswith(HALF_PREFIX) == halves), default=NEVER_MS)
+        return ([(group, timer, False) for halves in (False, True) for timer in self.index.timers(group, halves=halves)]
+                + [(group, timer, True) for timer in timers])
+
+    # ---- snapshots ------------------------------------------------------------------------------------
+
+    def group_of(self, topic: str, queue: int) -> int | None:
+        stats = self.queues.get((topic, queue))
+        return stats.group if stats is not None else None
+
+    def snapshot(self, group: int) -> bytes:
+        """The group's state as applied: its queue positions (so a replica that installs it assigns the same
+        offsets as the others from then on), timers, pop states and tier manifests."""
+        queues = [[topic, queue, stats.next_offset, stats.bytes, stats.last_append_ms]
+                  for (topic, queue), stats in self.queues.items() if stats.group == group]
+        timers = [[t.deliver_at_ms, t.topic, t.queue, t.offset, t.checks]
+                  for halves in (False, True) for t in self.index.timers(group, halves=halves)]
+        pops = [PopChange(key, state.cursor, dict(state.in_flight), reset=True).to_wire()
+                for key, state in self.pops.items() if self.group_of(key[1], key[2]) == group]
+        tier = [[topic, queue, state.to_wire()] for (topic, queue), state in self.tier.items()
+                if self.group_of(topic, queue) == group]
+        return orjson.dumps({"group": group, "applied": self.applied.get(group, 0), "queues": queues,
+                             "timers": timers, "pops": pops, "tier": tier})
+
+    def restore(self, group: int, data: bytes | memoryview) -> Effects | None:
+        """Install a snapshot taken past what this machine applied (else None): the group's queue positions, pop
+        states, tier manifests and timers become the snapshot's. The batches before it are not here."""
+        snapshot = Snapshot.decode(data)
+        if snapshot.applied <= self.applied.get(group, 0):
+            return None
+        effects = Effects(group, snapshot.applied, records=[(records.POSITIONS, bytes(data))])
+        self.queues.update(snapshot.queues)
+        self.applied[group] = snapshot.applied
+        effects.pop_changes = replace_pops(self.pops, snapshot.queues, snapshot.pops)
+        for change in effects.pop_changes:
+            pop.apply_change(self.pops, change)
+        self.tier.update(snapshot.tier)
+        effects.tier_changes = snapshot.tier_changes()
+        effects.timers = self.replace_timers(group, snapshot.timers)
+        effects.touched = snapshot.queues
+        return effects
+
+
+@dataclasses.dataclass(slots=True)
+class Snapshot:
+    """A group's snapshot, decoded."""
+
+    group: int
+    applied: int
+    queues: dict[tuple[str, int], QueueStats]
+    timers: list[Timer]
+    pops: list[PopChange]
+    tier: dict[tuple[str, int], TierQueue]
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> "Snapshot":
+        snapshot = orjson.loads(data)
+        group = snapshot["group"]
+        return cls(group, snapshot["applied"], {
+            (topic, queue): QueueStats(next_offset, size, last_append_ms, group, available_from=next_offset)
+            for topic, queue, next_offset, size, last_append_ms in snapshot["queues"]
+        }, [Timer(*timer) for timer in snapshot.get("timers", ())],
+            [PopChange.from_wire(wire) for wire in snapshot.get("pops", ())],
+            {(topic, queue): TierQueue.from_wire(state) for topic, queue, state in snapshot.get("tier", ())})
+
+    def tier_changes(self) -> list[TierChange]:
+        return [(topic, queue, orjson.dumps(state.to_wire()), state.local_from)
+                for (topic, queue), state in self.tier.items()]
+
+
+def replace_pops(pops: dict, positions: dict[tuple[str, int], QueueStats],
+                 snapshot_pops: list[PopChange]) -> list[PopChange]:
+    """The changes that make the pop states of a snapshot's queues those of the snapshot."""
+    replaced = {change.key for change in snapshot_pops}
+    return snapshot_pops + [PopChange(key, 0, reset=True) for key in pops
+                            if (key[1], key[2]) in positions and key not in replaced]

@@ -1,0 +1,212 @@
+"""The store's reads: batches of a queue within a byte budget (from the page cache at once, else in a worker
+thread), long-poll waits, queue positions and stats, pop states, and the tier manifest's answers. A mixin of Store,
+over the state machine's state (self.machine), the index and the WAL (self.data).
+"""
+
+from __future__ import annotations
+
+import trio
+
+from rocket.errors import Code, RocketError
+from rocket.serde import batch as batch_codec
+from rocket.serde.piece import Piece
+from rocket.store import pop
+from rocket.store.manifest import TierQueue
+from rocket.store.pop import PopQueue
+from rocket.model import ALL_TAGS
+from rocket.store.values import IndexEntry
+
+
+class Reads:
+    def applied(self, group: int) -> int:
+        return self.machine.applied.get(group, 0)
+
+    def fetch_offsets(self, group: str, topic: str) -> dict[int, int]:
+        return self.index.offsets(group, topic)
+
+    def read(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True) -> list[tuple[int, bytes]]:
+        """Stored batches from the one holding offset, up to max_bytes (and at least one if asked)."""
+        return self.read_from(topic, queue, offset, max_bytes, at_least_one)[0]
+
+    def read_from(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True,
+                  tag_mask: int = ALL_TAGS) -> tuple[list[tuple[int, bytes]], int]:
+        """As read, skipping batches whose tag summary shares no bit with tag_mask unread; with the offset
+        the next read starts at."""
+        entries, next_offset = self.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
+        return self.read_entries(topic, queue, entries), next_offset
+
+    async def fetch(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True,
+                    tag_mask: int = ALL_TAGS) -> tuple[list[tuple[int, bytes]], int]:
+        """read_from, reading batches that are not in the page cache in a worker thread, so that the event loop
+        does not wait for the disk."""
+        entries, next_offset = self.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
+        if self._cached(entries):
+            return self.read_entries(topic, queue, entries), next_offset
+        ahead, _ = self.locate(topic, queue, next_offset, max_bytes, False, tag_mask)  # the next read's
+        try:
+            found = await trio.to_thread.run_sync(self._read_entries_ahead, topic, queue, entries, ahead)
+        except RocketError:
+            if min(entry.position for entry in entries) >= self.data.start_position:
+                raise
+            # WAL reclamation deleted the segment meanwhile (its batches live on further on): read again.
+            return self.read_from(topic, queue, offset, max_bytes, at_least_one, tag_mask)
+        return found, next_offset
+
+    def locate(self, topic: str, queue: int, offset: int, max_bytes: int, at_least_one: bool = True,
+               tag_mask: int = ALL_TAGS) -> tuple[list[IndexEntry], int]:
+        """The index entries of the batches read_from returns, and the offset the next read starts at: all but
+        the reading of the batches, which may then run in a worker thread (read_entries)."""
+        stats = self.machine.queues.get((topic, queue))
+        next_offset = stats.next_offset if stats else 0
+        if offset > next_offset:
+            raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"offset {offset} is past the end ({next_offset}) of {topic}/{queue}")
+        if offset == next_offset:
+            return [], offset
+        if offset < stats.available_from:
+            raise RocketError(Code.UNAVAILABLE, f"this replica lacks {topic}/{queue} before offset "
+                              f"{stats.available_from} (it installed a snapshot); another replica has them")
+        entries, scanned_to = self.index.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
+        return entries, max(offset, scanned_to) if scanned_to is not None else offset
+
+    def read_entries(self, topic: str, queue: int, entries: list[IndexEntry],
+                     detached: bool = False) -> list[tuple[int, bytes]]:
+        """(base offset, batch) of each entry; detached, in any thread (see CommitLog.read_slice)."""
+        return [(entry.base_offset, self.read_entry(topic, queue, entry, detached)) for entry in entries]
+
+    def _read_entries_ahead(self, topic: str, queue: int, entries: list[IndexEntry],
+                            ahead: list[IndexEntry]) -> list[tuple[int, bytes]]:
+        """read_entries, detached; then have the kernel start reading the entries ahead, so that the next read
+        of a reader catching up finds them in the page cache (bare pulls of a backlog ran 1.3-1.45x faster)."""
+        found = self.read_entries(topic, queue, entries, detached=True)
+        self.data.read_ahead([(entry.position, entry.batch_bytes) for entry in ahead if not self._cached([entry])])
+        return found
+
+    def _cached(self, entries: list[IndexEntry]) -> bool:
+        """Whether reading these batches finds them in the page cache (see CommitLog.cached_from)."""
+        cached_from = self.data.cached_from
+        return all(entry.position >= cached_from for entry in entries)
+
+    def read_entry(self, topic: str, queue: int, entry: IndexEntry, detached: bool = False) -> bytes:
+        """An indexed batch from the WAL, checked against its own CRC and the index."""
+        try:
+            batch = self.data.read_slice(entry.position, entry.batch_bytes, detached)
+            count = batch_codec.check_header(batch).count  # the batch's own CRC covers it where it lies
+        except RocketError as error:  # damaged, or cut from the WAL although it was durable: data lost
+            raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}@{entry.base_offset} at WAL position "
+                              f"{entry.position}: {error.message}") from None
+        if count != entry.count:
+            raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}@{entry.base_offset}: WAL position "
+                              f"{entry.position} holds a batch of {count} messages, the index says {entry.count}")
+        return batch
+
+    async def wait_for_data(self, wants: dict[tuple[str, int], int], timeout_s: float) -> None:
+        """Return when any queue has data at or past the wanted offset, or after the timeout."""
+        for key, offset in wants.items():
+            stats = self.machine.queues.get(key)
+            if stats is not None and stats.next_offset > offset:
+                return
+        event = trio.Event()
+        for key in wants:
+            self._watchers.setdefault(key, set()).add(event)
+        try:
+            with trio.move_on_after(timeout_s):
+                await event.wait()
+        finally:
+            for key in wants:
+                watchers = self._watchers.get(key)
+                if watchers is not None:
+                    watchers.discard(event)
+                    if not watchers:
+                        del self._watchers[key]
+
+    def queue_stats(self, topic: str, queue: int) -> dict:
+        stats = self.machine.queues.get((topic, queue))
+        if stats is None:
+            return {"min_offset": 0, "next_offset": 0, "bytes": 0}
+        first = self.index.first_offset(topic, queue)
+        state = self.machine.tier.get((topic, queue))
+        if state is not None and state.pieces:
+            first = state.pieces[0].from_offset
+        elif state is not None:
+            first = max(first if first is not None else state.local_from, state.local_from)
+        return {"min_offset": stats.available_from if first is None else first, "next_offset": stats.next_offset,
+                "bytes": stats.bytes}
+
+    def pop_state(self, consumer_group: str, topic: str, queue: int) -> PopQueue:
+        return self.machine.pops.get((consumer_group, topic, queue), PopQueue())
+
+    def pop_states(self, topic: str) -> dict[pop.PopKey, PopQueue]:
+        return {key: state for key, state in self.machine.pops.items() if key[1] == topic}
+
+    def offset_for_time(self, topic: str, queue: int, timestamp_ms: int) -> int:
+        state = self.machine.tier.get((topic, queue))
+        if state is not None and state.pieces and timestamp_ms <= state.pieces[-1].last_append_ms:
+            for piece in state.pieces:  # tiered data is found to the piece; local data to the batch
+                if piece.last_append_ms >= timestamp_ms:
+                    if piece.from_offset < state.local_from:
+                        return piece.from_offset
+                    break
+        found = self.index.offset_for_time(topic, queue, timestamp_ms)
+        if found is not None:
+            return found
+        stats = self.machine.queues.get((topic, queue))
+        return stats.next_offset if stats else 0
+
+    # ---- the tier ------------------------------------------------------------------------------------
+
+    def tier_state(self, topic: str, queue: int) -> TierQueue | None:
+        return self.machine.tier.get((topic, queue))
+
+    def local_start(self, topic: str, queue: int) -> int:
+        """Offsets before this are no longer in the local index: they are read from the tier."""
+        state = self.machine.tier.get((topic, queue))
+        return state.local_from if state is not None else 0
+
+    def tier_piece(self, topic: str, queue: int, offset: int, force: bool = False) -> Piece | None:
+        """The piece a read at offset goes to: below local data always, within the tier too if forced."""
+        state = self.machine.tier.get((topic, queue))
+        if state is None or not (offset < state.local_from or force):
+            return None
+        return state.piece_at(offset)
+
+    def queues_of(self, groups: set[int], keys) -> list[tuple[int, str, int]]:
+        """(group, topic, queue) of those of keys (topic, queue) that belong to these groups."""
+        found = []
+        for key in keys:
+            stats = self.machine.queues.get(key)
+            if stats is not None and stats.group in groups:
+                found.append((stats.group, *key))
+        return found
+
+    def local_bytes(self, topic: str, queue: int, start: int, stop: int) -> int:
+        """Bytes of the locally indexed batches that start in [start, stop)."""
+        return self.index.bytes_between(topic, queue, start, stop)
+
+    def queue_bytes(self, topic: str, queue: int) -> int:
+        """Bytes ever stored in the queue (offloaded ones included), from memory."""
+        stats = self.machine.queues.get((topic, queue))
+        return stats.bytes if stats is not None else 0
+
+    def offload_run(self, topic: str, queue: int, piece_bytes: int, piece_age_ms: int, now_ms: int
+                    ) -> list[tuple[int, bytes, int, int]]:
+        """The next run of batches to offload, as (base offset, batch, append ms, tag summary): from where
+        the manifest ends, up to piece_bytes (at least one batch); only once the run is full (more data
+        follows it) or its first batch is older than piece_age_ms. Empty if nothing is due."""
+        stats = self.machine.queues.get((topic, queue))
+        state = self.machine.tier.get((topic, queue))
+        if stats is None:
+            return []
+        start = state.tiered_to if state is not None else self.index.first_offset(topic, queue)
+        if start is None or start >= stats.next_offset or start < stats.available_from:
+            return []
+        entries, scanned_to = self.index.locate(topic, queue, start, piece_bytes, True)
+        if not entries or entries[0].base_offset != start:
+            return []
+        full = scanned_to is not None and scanned_to < stats.next_offset
+        if not full and now_ms - entries[0].append_ms < piece_age_ms:
+            return []
+        found = []
+        for entry in entries:
+            batch = self.read_entry(topic, queue, entry)
+            found.append((entry.base_offset, batch, entry.append_ms, entry.tag_summary))
+        return found

@@ -1,0 +1,58 @@
+"""Reclaiming the WAL: the store knows which batches still lie in a WAL segment, forgets settled timer and half
+batches, and points batches at copies written further on, so that old segments can go. A mixin of Store.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from rocket import limits
+from rocket.store import records
+from rocket.store.values import HALF_PREFIX, IndexEntry
+from rocket.model import timer_topic
+
+TIMER_PREFIX = timer_topic("")
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[start:start + size] for start in range(0, len(items), size)]
+
+
+class Reclaim:
+    def wal_floor(self) -> int | None:
+        """The lowest WAL position an indexed batch lies at: the WAL segments wholly below it hold nothing
+        this store reads (once its log is synced)."""
+        return self.index.first_referenced()
+
+    def wal_live(self, start: int, stop: int) -> tuple[list[tuple[str, int, IndexEntry]], list[tuple[str, int, int]]]:
+        """The batches in WAL [start, stop), in WAL order: those still read, and timer and half batches whose
+        messages are all settled (delivered, cancelled, committed or rolled back), which nothing reads again
+        (see forget). Only reads the index: it may run in a worker thread."""
+        live, settled = [], []
+        for topic, queue, entry in self.index.referenced(start, stop):
+            if topic.startswith((TIMER_PREFIX, HALF_PREFIX)) and not self.index.pending_timer_in(
+                    topic, queue, entry.base_offset, entry.count):
+                settled.append((topic, queue, entry.base_offset))
+            else:
+                live.append((topic, queue, entry))
+        return live, settled
+
+    def forget(self, settled: list[tuple[str, int, int]]) -> None:
+        """Drop the index entries of settled timer and half batches (topic, queue, base offset): a settled
+        batch never has a pending timer again."""
+        for chunk in _chunks(settled, limits.index_replay_records_per_write_max):
+            self.log.append([(records.FORGOTTEN, orjson.dumps(chunk))])
+            self.index.forget(chunk)
+            self._dirty = True
+
+    def move_batches(self, moves: list[tuple[str, int, IndexEntry, int]]) -> int:
+        """Point batches (topic, queue, entry, new position) at copies of them written further on in the
+        WAL (durably), so the segment they lay in can go; a batch dropped or moved meanwhile is left
+        alone. Returns the bytes of the batches moved."""
+        moved = 0
+        for chunk in _chunks(moves, limits.index_replay_records_per_write_max):
+            wire = [(topic, queue, entry.base_offset, entry.position, new) for topic, queue, entry, new in chunk]
+            self.log.append([(records.MOVED, orjson.dumps(wire))])  # replayed as applied: each move is conditional
+            moved += sum(entry.batch_bytes for (_, _, entry, _), done in zip(chunk, self.index.move(wire)) if done)
+            self._dirty = True
+        return moved

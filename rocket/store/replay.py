@@ -1,0 +1,135 @@
+"""Recovery of the store: the index (LevelDB, written without sync) is brought up to the end of the store's log by
+replaying the log's records past the point the index reached, and the state machine gets the state rebuilt.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+
+from rocket import limits
+from rocket.disk.commitlog import HEADER_BYTES, CommitLog
+from rocket.errors import Code, RocketError
+from rocket.model import SYSTEM_PREFIX
+from rocket.store import pop, records
+from rocket.store.machine import Snapshot, StorageMachine, replace_pops
+from rocket.store.manifest import TierQueue
+from rocket.store.queue_index import QueueIndex
+from rocket.store.values import IndexEntry, QueueStats, Timer
+
+log = logging.getLogger("rocket.store")
+
+
+class Replay:
+    def __init__(self, commit_log: CommitLog, index: QueueIndex, machine: StorageMachine):
+        self.log, self.index, self.machine = commit_log, index, machine
+        self.stats = index.all_stats()
+        self.applied = index.groups_applied()
+        self.pops = index.pop_states()
+        self.tier = {key: TierQueue.from_wire(orjson.loads(state)) for key, state in index.tier_states().items()}
+        # Changes not written to the index yet: they are written in chunks, and before a record that changes
+        # what earlier ones may have added.
+        self.entries: list[tuple[str, int, IndexEntry]] = []
+        self.commits: list[tuple[str, str, dict[int, int]]] = []
+        self.timers: list[tuple[int, Timer, bool]] = []
+        self.pop_changes: list[pop.PopChange] = []
+        self._handlers = {records.BATCH: self._batch, records.OFFSETS: self._offsets, records.APPLIED: self._applied,
+                          records.TIMERS: self._timers, records.POPS: self._pops, records.POSITIONS: self._positions,
+                          records.TIER: self._tier, records.BACKFILLED: self._backfilled, records.MOVED: self._moved,
+                          records.FORGOTTEN: self._forgotten, records.AVAILABLE: self._available}
+
+    def run(self) -> None:
+        """Replay, then hand the machine its state."""
+        replayed = 0
+        for position, kind, body in self.log.scan(self.index.applied_position):
+            replayed += 1
+            handler = self._handlers.get(kind)
+            if handler is None:
+                raise RocketError(Code.CORRUPT_DATA, f"log record at {position} has unknown kind {kind}")
+            handler(position, body)
+            if (len(self.entries) + len(self.commits) + len(self.timers) + len(self.pop_changes)
+                    >= limits.index_replay_records_per_write_max):
+                self._flush(position + HEADER_BYTES + len(body))
+        self._flush(self.log.end_position)
+        if replayed:
+            log.info("replayed %d log records into the index", replayed)
+        machine = self.machine
+        machine.pops, machine.tier, machine.queues, machine.applied = self.pops, self.tier, self.stats, self.applied
+        machine.offload_candidates = {key for key in self.stats if not key[0].startswith(SYSTEM_PREFIX)}
+        for group in self.applied:
+            for halves in (False, True):
+                upcoming = self.index.timers(group, limit=1, halves=halves)
+                if upcoming:
+                    machine.next_due[(group, halves)] = upcoming[0].deliver_at_ms
+
+    def _flush(self, position: int) -> None:
+        """Write the pending changes to the index, which then holds the log up to position."""
+        self.index.apply(self.entries, self.stats, self.commits, self.applied, position, self.timers, self.pop_changes)
+        self.entries, self.commits, self.timers, self.pop_changes = [], [], [], []
+
+    def _batch(self, position: int, body: bytes) -> None:
+        topic, queue, group, entry = records.decode_batch(body)
+        queue_stats = self.stats.setdefault((topic, queue), QueueStats(group=group))
+        if entry.base_offset != queue_stats.next_offset:
+            raise RocketError(Code.CORRUPT_DATA, f"log record at {position} has offset {entry.base_offset} "
+                              f"for {topic}/{queue}, expected {queue_stats.next_offset}")
+        self.entries.append((topic, queue, entry))
+        queue_stats.next_offset += entry.count
+        queue_stats.bytes += entry.batch_bytes
+        queue_stats.last_append_ms = entry.append_ms
+
+    def _backfilled(self, position: int, body: bytes) -> None:
+        topic, queue, _, entry = records.decode_batch(body)
+        self.entries.append((topic, queue, entry))
+
+    def _offsets(self, position: int, body: bytes) -> None:
+        self.commits.append(records.decode_offsets(body))
+
+    def _applied(self, position: int, body: bytes) -> None:
+        group, index = records.decode_applied(body)
+        self.applied[group] = index
+
+    def _timers(self, position: int, body: bytes) -> None:
+        self.timers.extend(records.decode_timers(body))
+
+    def _pops(self, position: int, body: bytes) -> None:
+        for wire in orjson.loads(body):
+            self._pop_change(pop.PopChange.from_wire(wire))
+
+    def _pop_change(self, change: pop.PopChange) -> None:
+        self.pop_changes.append(change)
+        pop.apply_change(self.pops, change)
+
+    def _positions(self, position: int, body: bytes) -> None:
+        # Flush first: the snapshot's timers replace the group's, which earlier records may have set.
+        self._flush(position)
+        snapshot = Snapshot.decode(body)
+        self.stats.update(snapshot.queues)
+        self.applied[snapshot.group] = snapshot.applied
+        self.tier.update(snapshot.tier)
+        self.index.apply([], {}, [], {}, position, tier=snapshot.tier_changes())
+        self.timers.extend(self.machine.replace_timers(snapshot.group, snapshot.timers))
+        for change in replace_pops(self.pops, snapshot.queues, snapshot.pops):
+            self._pop_change(change)
+
+    def _tier(self, position: int, body: bytes) -> None:
+        # Flush first: the drops delete index entries that earlier records may have added.
+        self._flush(position)
+        changes = []
+        for topic, queue, state, drop_below in orjson.loads(body):
+            self.tier[(topic, queue)] = TierQueue.from_wire(state)
+            changes.append((topic, queue, orjson.dumps(state), drop_below))
+        self.index.apply([], {}, [], {}, position + HEADER_BYTES + len(body), tier=changes)
+
+    def _moved(self, position: int, body: bytes) -> None:
+        self._flush(position)  # these change index entries that earlier records may have added
+        self.index.move([tuple(move) for move in orjson.loads(body)])
+
+    def _forgotten(self, position: int, body: bytes) -> None:
+        self._flush(position)
+        self.index.forget([tuple(dropped) for dropped in orjson.loads(body)])
+
+    def _available(self, position: int, body: bytes) -> None:
+        topic, queue, offset = records.decode_available(body)
+        self.stats[(topic, queue)].available_from = offset

@@ -1,0 +1,184 @@
+"""The store of one storage node: the shell around the state machine of every storage group the node hosts.
+
+A group's Raft log is its commit log: a produce batch is written once, inside its entry in the node's WAL, fsync'ed
+before anything is acknowledged. The state machine (machine.py) decides what committed entries change; this shell
+persists its effects: small records in the store's own log (records.py, written without sync) and the index in
+LevelDB, which is rebuilt from them (replay.py). After a crash the groups re-apply from the WAL what the store lost;
+APPLIED records make that idempotent. The store is synced before a snapshot is written (the Raft host calls sync in
+its persist thread), so the Raft log may then be compacted up to it. Reads, timers and WAL reclaim are rooms of
+their own (reads.py, timers.py, reclaim.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from pathlib import Path
+
+import trio
+
+from rocket import limits
+from rocket.disk.commitlog import CommitLog
+from rocket.errors import Code, RocketError
+from rocket.serde import batch as batch_codec
+from rocket.store import records
+from rocket.store.machine import Effects, StorageMachine
+from rocket.store.queue_index import QueueIndex
+from rocket.store.values import IndexEntry
+from rocket.store.reads import Reads
+from rocket.store.reclaim import Reclaim
+from rocket.store.replay import Replay
+from rocket.store.timers import Timers
+
+log = logging.getLogger("rocket.store")
+sync_interval_s = 1.0  # how often the store's unsynced writes are flushed in the background
+
+
+class GroupMachine:
+    """One Raft group's view of the node's store: what the multi-raft host applies and snapshots."""
+
+    def __init__(self, store: "Store", group: int):
+        self.store = store
+        self.group = group
+
+    def apply(self, entries, positions: list[int]) -> list:
+        return self.store.apply(self.group, entries, positions)
+
+    def snapshot(self) -> bytes:
+        return self.store.snapshot(self.group)
+
+    def restore(self, data: bytes) -> None:
+        self.store.restore(self.group, data)
+
+
+class Store(Reads, Timers, Reclaim):
+    def __init__(self, commit_log: CommitLog, index: QueueIndex, data: CommitLog):
+        self.log = commit_log
+        self.index = index
+        self.data = data  # the WAL: where batches lie
+        self.machine = StorageMachine(index)
+        self._watchers: dict[tuple[str, int], set[trio.Event]] = {}
+        self._timer_batches: collections.OrderedDict = collections.OrderedDict()  # see Timers._timer_batch
+        self._timer_batches_bytes = 0
+        self._dirty = False
+        self.fsyncs = 0
+
+    @classmethod
+    def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_max_default) -> "Store":
+        """data is the node's Raft WAL, where the batches of applied entries lie."""
+        commit_log = CommitLog.open(directory / "log", segment_bytes_max)
+        index = QueueIndex(directory / "index")
+        if index.applied_position > commit_log.end_position:
+            log.warning("index is ahead of the log (its tail was cut back): rebuilding it from the log")
+            index.destroy_and_reopen()
+        elif not index.keeps_refs:
+            log.warning("index predates WAL references: rebuilding it from the log")
+            index.destroy_and_reopen()
+        store = cls(commit_log, index, data)
+        Replay(commit_log, index, store.machine).run()
+        return store
+
+    @property
+    def offload_candidates(self) -> set[tuple[str, int]]:
+        return self.machine.offload_candidates
+
+    # ---- the state machine's effects -------------------------------------------------------------------
+
+    def apply(self, group: int, entries, positions: list[int]) -> list:
+        """Apply a group's committed entries (see StorageMachine.apply) and persist what they changed."""
+        results, effects = self.machine.apply(group, entries, positions)
+        if effects is not None:
+            self._persist(effects)
+        return results
+
+    def _persist(self, effects: Effects) -> None:
+        self.log.append(effects.records)
+        self.index.apply(effects.index_entries, effects.touched, effects.commits, {effects.group: effects.applied},
+                         self.log.end_position, effects.timers, effects.pop_changes, effects.tier_changes)
+        self._dirty = True
+        for key in effects.woken.union(effects.touched):
+            for event in self._watchers.get(key, ()):
+                event.set()
+
+    def snapshot(self, group: int) -> bytes:
+        """The group's state as applied. What it covers lies in the store's own log, which must be made
+        durable (sync) before the snapshot is, so that the group's Raft log may then be dropped: the Raft
+        host does it in its persist thread (sync_before_snapshots)."""
+        return self.machine.snapshot(group)
+
+    def restore(self, group: int, data: bytes) -> None:
+        """Install a snapshot. On a restart the store already holds it; a replica that was sent one
+        by its leader lacks the batches before it: it takes the queue positions, so offsets agree,
+        refuses reads of the batches it lacks (UNAVAILABLE, so that a broker asks another replica)
+        until the storage role has backfilled them (see backfill)."""
+        if not data:
+            return
+        effects = self.machine.restore(group, data)
+        if effects is None:
+            return
+        log.warning("group %d: installed a snapshot at entry %d without its batches; they are fetched from the "
+                    "other replicas", group, effects.applied)
+        self._persist(effects)
+
+    # ---- backfill: the batches before an installed snapshot ---------------------------------------------
+
+    def gaps(self) -> list[tuple[int, str, int, int]]:
+        """(group, topic, queue, offset) for every queue whose batches before offset are not here."""
+        return [(stats.group, topic, queue, stats.available_from)
+                for (topic, queue), stats in self.machine.queues.items() if stats.available_from > 0]
+
+    def gap_end(self, topic: str, queue: int) -> int:
+        return self.machine.queues[(topic, queue)].available_from
+
+    def backfill(self, topic: str, queue: int, batches: list[tuple[int, bytes]], positions: list[int],
+                 start: int | None, last: bool) -> int:
+        """Index batches fetched from another replica for a queue's gap (their bytes now lie durably in
+        the WAL at positions), in chunks that follow each other without holes: each starts where the
+        previous one said the next starts (start; None for the first). With the last chunk, which must
+        end where the gap did, the queue holds what that replica held."""
+        stats = self.machine.queues[(topic, queue)]
+        written, entries = [], []
+        expected = start if start is not None else batches[0][0] if batches else stats.available_from
+        for (base_offset, batch), position in zip(batches, positions):
+            header = batch_codec.check_header(batch)
+            if base_offset != expected:
+                raise RocketError(Code.CORRUPT_DATA, f"backfill of {topic}/{queue}: batch at {base_offset}, "
+                                  f"expected {expected}")
+            expected = base_offset + header.count
+            entry = IndexEntry(base_offset, position, header.count, len(batch), header.first_timestamp_ms,
+                               stats.last_append_ms)
+            written.append((records.BACKFILLED, records.encode_batch(topic, queue, stats.group, entry)))
+            entries.append((topic, queue, entry))
+        if last:
+            if expected != stats.available_from:
+                raise RocketError(Code.CORRUPT_DATA, f"backfill of {topic}/{queue} ends at {expected}, the gap at "
+                                  f"{stats.available_from}")
+            written.append((records.AVAILABLE, records.encode_available(topic, queue, 0)))
+            stats.available_from = 0
+        self.log.append(written)  # the queue's bytes counted these already: the snapshot carried them
+        self.index.apply(entries, {(topic, queue): stats}, [], {}, self.log.end_position)
+        self._dirty = True
+        return expected
+
+    # ---- durability ------------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Make durable what the store appended before the call, also when a background sync of it is
+        still in flight (CommitLog.sync waits for that one). May run in any thread."""
+        dirty, self._dirty = self._dirty, False
+        self.log.sync()
+        if dirty:
+            self.fsyncs += 1
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Flush the store's writes in the background, so that a snapshot's sync has little left to do."""
+        task_status.started()
+        while True:
+            await trio.sleep(sync_interval_s)
+            if self._dirty:
+                await trio.to_thread.run_sync(self.sync)
+
+    def close(self) -> None:
+        self.sync()
+        self.log.close()
+        self.index.close()

@@ -1,0 +1,41 @@
+"""The values the queue index holds and the state machine works on: a batch's index entry, a queue's stats, a
+pending timer. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rocket.model import ALL_TAGS, half_topic
+
+HALF_PREFIX = half_topic("")
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class IndexEntry:
+    base_offset: int
+    position: int
+    count: int
+    batch_bytes: int
+    first_timestamp_ms: int
+    append_ms: int
+    tag_summary: int = ALL_TAGS  # the batch header's 64-bit tag summary, so filters skip batches unread
+
+
+@dataclasses.dataclass(slots=True)
+class QueueStats:
+    next_offset: int = 0
+    bytes: int = 0
+    last_append_ms: int = 0
+    group: int = 0  # the Raft group the queue belongs to
+    available_from: int = 0  # batches before this offset are not on this replica (it installed a snapshot)
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class Timer:
+    """A delayed message waiting in a system queue (topic, queue, offset) for its delivery time."""
+
+    deliver_at_ms: int
+    topic: str
+    queue: int
+    offset: int
+    checks: int = 0  # a half message: how often its transaction was checked back
