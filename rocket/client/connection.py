@@ -17,7 +17,7 @@ from rocket import limits
 from rocket.config import Address, ConfigError, parse_address
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import serde_named
-from rocket.transport.http2 import open_http2_channel
+from rocket.transport.h2_client import open_http2_channel
 from rocket.transport.pool import ChannelPool
 from rocket.transport.tcp import open_tcp_channel
 

@@ -7,8 +7,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "rocket"
 IO_MODULES = {"trio", "socket", "asyncio", "time", "os", "pathlib", "plyvel", "io", "select", "threading"}
-CORES = ["serde/batch.py", "transport/frames.py", "raft/codec.py", "roles/metadata.py", "ml/placement.py",
-         "filter/__init__.py", "filter/tags.py", "filter/sql.py"]
+CORES = ["serde/batch.py", "transport/frames.py", "transport/grpc_wire.py", "raft/codec.py", "roles/metadata.py",
+         "ml/placement.py", "filter/__init__.py", "filter/tags.py", "filter/sql.py"]
 
 
 def imported_modules(path: Path) -> set[str]:
