@@ -15,6 +15,7 @@ from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter
 from rocket.model import Message, check_group_name
 from rocket.serde import batch as batch_codec
+from rocket.transport.channel import Channel
 
 log = logging.getLogger("rocket.client")
 
@@ -63,7 +64,7 @@ def received(response: dict, topic: str) -> tuple[list[Message], list[dict]]:
 
 
 class SimpleConsumer:
-    def __init__(self, channel, topic: str, group: str, *, invisible_s: float = 30.0,
+    def __init__(self, channel: Channel, topic: str, group: str, *, invisible_s: float = 30.0,
                  max_attempts: int = limits.pop_attempts_default, backoff_s: tuple[float, ...] = RETRY_BACKOFF_S,
                  filter_type: str = "tag", filter: str = "*"):
         self.channel = channel

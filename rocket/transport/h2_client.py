@@ -15,6 +15,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_BY_CONTENT_TYPE, serde_named
+from rocket.transport.channel import Channel
 from rocket.transport.grpc_wire import split_messages
 from rocket.transport.h2_endpoint import Endpoint, header_dict, path_prefix, receive_bytes
 from rocket.transport.listen import connect
@@ -48,7 +49,7 @@ def _reset_error(error_code: int) -> RocketError:
     return RocketError(Code.CONNECTION_LOST, f"the server reset the stream ({error_code!r})")
 
 
-class Http2Channel(Endpoint):
+class Http2Channel(Endpoint, Channel):
     """A client connection: many concurrent calls, one HTTP/2 stream each; the same API as TcpChannel."""
 
     def __init__(self, stream: trio.SocketStream, serde: ModuleType, authority: str):
