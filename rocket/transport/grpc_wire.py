@@ -4,10 +4,11 @@ rocket's own HTTP/2 streams), grpc-timeout parsing and grpc-message encoding."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from rocket import limits
 
-header_text_chars_max = 1024  # rocket-message trailers: proxies and clients drop very long header values
+header_text_chars_max = 1024  # grpc-message and rocket-message: proxies and clients drop very long header values
 message_prefix = struct.Struct(">BI")  # gRPC framing: compressed flag (always 0), big-endian message length
 grpc_message_bytes_max = limits.frame_bytes_max  # one gRPC message, either way: the RPC body bound
 grpc_buffered_bytes_max = 2 * grpc_message_bytes_max  # a gRPC stream's unread input, so a peer cannot fill memory
@@ -71,7 +72,7 @@ def grpc_message_text(text: str) -> str:
                    for char in text[:header_text_chars_max])
 
 
-def split_messages(buffer: bytearray, check) -> list[bytes]:
+def split_messages(buffer: bytearray, check: Callable[[int, int], None]) -> list[bytes]:
     """Remove and return the complete length-prefixed messages at the front of buffer (gRPC's framing:
     1 flag byte, 4-byte length); check(flag, length) refuses a prefix."""
     messages, offset = [], 0
