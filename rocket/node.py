@@ -34,7 +34,7 @@ from rocket.gateway.rocketmq import rocketmq_services
 from rocket.roles.peers import Peers
 from rocket.roles.storage import StorageRole
 from rocket.tier.local import LocalDirectoryStore
-from rocket.transport.http2 import serve_http2
+from rocket.transport.h2_server import serve_http2
 from rocket.transport.listen import cancel_on
 from rocket.transport.pool import ChannelPool
 from rocket.transport.rpc import Dispatcher, Lifecycle

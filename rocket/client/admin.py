@@ -5,10 +5,11 @@ from __future__ import annotations
 from rocket.errors import Code, RocketError
 from rocket.model import Message, TopicSpec, queue_for_key
 from rocket.serde import batch as batch_codec
+from rocket.transport.channel import Channel
 
 
 class Admin:
-    def __init__(self, channel):
+    def __init__(self, channel: Channel):
         self.channel = channel
 
     async def create_topic(self, name: str, queues: int, message_type: str = "normal") -> TopicSpec:

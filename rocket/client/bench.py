@@ -19,6 +19,7 @@ from rocket.client.consumer import Consumer
 from rocket.client.producer import Receipt, open_producer
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
+from rocket.transport.channel import Channel
 
 
 def raw_disk_bandwidth(directory: Path, total_bytes: int = 256 * limits.MiB, seconds_max: float = 20.0,
@@ -82,7 +83,7 @@ def build_batches(messages: int, size: int, batch_bytes: int) -> list[bytes]:
     return batches
 
 
-async def bench_produce(channel, *, messages: int, size: int, batch_bytes: int, in_flight: int,
+async def bench_produce(channel: Channel, *, messages: int, size: int, batch_bytes: int, in_flight: int,
                         topic: str | None = None, queues: int = 8, on_progress=None) -> dict:
     topic = topic or f"bench-{uuid.uuid4().hex[:8]}"
     topics = await channel.call("ListTopics", {})
@@ -110,7 +111,7 @@ async def bench_produce(channel, *, messages: int, size: int, batch_bytes: int, 
     }
 
 
-async def bench_consume(channel, *, topic: str, messages: int, bodies: bool = False, on_progress=None) -> dict:
+async def bench_consume(channel: Channel, *, topic: str, messages: int, bodies: bool = False, on_progress=None) -> dict:
     """Read messages (or with bodies, only their bodies: Consumer.poll_bodies) from the earliest offset."""
     consumer = Consumer(channel, topic, f"bench-{uuid.uuid4().hex[:8]}", start="earliest", wait_ms=200,
                         max_bytes=limits.read_bytes_max)

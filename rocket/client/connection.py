@@ -17,7 +17,8 @@ from rocket import limits
 from rocket.config import Address, ConfigError, parse_address
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import serde_named
-from rocket.transport.http2 import open_http2_channel
+from rocket.transport.channel import Channel
+from rocket.transport.h2_client import open_http2_channel
 from rocket.transport.pool import ChannelPool
 from rocket.transport.tcp import open_tcp_channel
 
@@ -26,8 +27,8 @@ DEFAULT_SERVERS = {"tcp": "127.0.0.1:9876", "http2": "127.0.0.1:9877"}
 MOVE_ON = (Code.CONNECTION_LOST, Code.UNAVAILABLE)  # the server is gone or cannot serve: try the next one
 
 
-class FailoverChannel:
-    """call() and stream() like a single channel's, over a list of servers."""
+class FailoverChannel(Channel):
+    """A Channel over a list of servers: each call goes to the current one, and moves on when it is gone."""
 
     def __init__(self, pool: ChannelPool, servers: list[Address]):
         self._pool = pool
@@ -89,8 +90,8 @@ def _servers(server: str | None, transport: str) -> list[Address]:
 
 @asynccontextmanager
 async def connect(server: str | None = None, transport: str = "tcp", serde: str = "json",
-                  discover: bool = False) -> AsyncIterator:
-    """Yield a channel with call(method, message) and stream(method, message). server is HOST:PORT,
+                  discover: bool = False) -> AsyncIterator[Channel]:
+    """Yield a Channel (call(method, message) and stream(method, message)). server is HOST:PORT,
     or (over TCP) several of them separated by commas."""
     if transport not in TRANSPORTS:
         raise RocketError(Code.BAD_REQUEST, f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")

@@ -20,6 +20,7 @@ from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter, matches_all
 from rocket.model import Message, check_group_name, read_charge
 from rocket.serde import batch as batch_codec
+from rocket.transport.channel import Channel
 
 
 def parse_start(text: str) -> str | int:
@@ -41,7 +42,7 @@ MODES = ("clustering", "broadcasting")
 
 
 class Consumer:
-    def __init__(self, channel, topic: str, group: str, *, start: str | int = "latest",
+    def __init__(self, channel: Channel, topic: str, group: str, *, start: str | int = "latest",
                  max_bytes: int = 4 * limits.MiB, wait_ms: int = 1000, filter_type: str = "tag", filter: str = "*",
                  mode: str = "clustering", member: str | None = None):
         """filter_type "tag" takes a tag expression ('a || b', '*'), "sql" an SQL92 expression over
@@ -271,7 +272,7 @@ class Consumer:
 
 
 @asynccontextmanager
-async def open_consumer(channel, topic: str, group: str, **options):
+async def open_consumer(channel: Channel, topic: str, group: str, **options):
     consumer = Consumer(channel, topic, group, **options)
     await consumer.open()
     try:

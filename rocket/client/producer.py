@@ -21,6 +21,7 @@ from rocket import limits
 from rocket.errors import RocketError, collapse_single_error
 from rocket.model import Message, queue_for_key
 from rocket.serde import batch as batch_codec
+from rocket.transport.channel import Channel
 
 
 @dataclasses.dataclass(slots=True)
@@ -44,7 +45,7 @@ class _Pending:
 
 
 class Producer:
-    def __init__(self, channel, topic: str, queues: int, nursery: trio.Nursery, *,
+    def __init__(self, channel: Channel, topic: str, queues: int, nursery: trio.Nursery, *,
                  linger_s: float, batch_bytes: int, in_flight_max: int):
         self.channel = channel
         self.topic = topic
@@ -184,7 +185,7 @@ class Producer:
 
 
 @asynccontextmanager
-async def open_producer(channel, topic: str, *, linger_s: float = limits.producer_linger_ms_default / 1000,
+async def open_producer(channel: Channel, topic: str, *, linger_s: float = limits.producer_linger_ms_default / 1000,
                         batch_bytes: int = limits.producer_batch_bytes_default,
                         in_flight_max: int = limits.producer_in_flight_batches_max):
     described = await channel.call("DescribeTopic", {"topic": topic})

@@ -15,11 +15,12 @@ from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter
 from rocket.model import Message, check_group_name
 from rocket.serde.receive import parse_receipt, received
+from rocket.transport.channel import Channel
 
 log = logging.getLogger("rocket.client")
 
 class SimpleConsumer:
-    def __init__(self, channel, topic: str, group: str, *, invisible_s: float = 30.0,
+    def __init__(self, channel: Channel, topic: str, group: str, *, invisible_s: float = 30.0,
                  max_attempts: int = limits.pop_attempts_default, backoff_s: tuple[float, ...] = limits.pop_retry_backoff_s,
                  filter_type: str = "tag", filter: str = "*"):
         self.channel = channel

@@ -17,6 +17,7 @@ import trio
 from rocket.errors import RocketError, collapse_single_error
 from rocket.model import Message, queue_for_key
 from rocket.serde import batch as batch_codec
+from rocket.transport.channel import Channel
 
 log = logging.getLogger("rocket.client")
 
@@ -45,7 +46,7 @@ Checker = Callable[[Transaction, list[Message]], Awaitable[Outcome]]
 
 
 class TransactionProducer:
-    def __init__(self, channel, topic: str, queues: int, checker: Checker | None):
+    def __init__(self, channel: Channel, topic: str, queues: int, checker: Checker | None):
         self.channel = channel
         self.topic = topic
         self.queues = queues
@@ -100,7 +101,7 @@ class TransactionProducer:
 
 
 @asynccontextmanager
-async def open_transaction_producer(channel, topic: str, checker: Checker | None = None):
+async def open_transaction_producer(channel: Channel, topic: str, checker: Checker | None = None):
     """A transactional producer; with a checker it answers check-backs while open."""
     described = await channel.call("DescribeTopic", {"topic": topic})
     producer = TransactionProducer(channel, topic, described["topic"]["queues"], checker)

@@ -24,7 +24,8 @@ from rocket.model import Message, queue_for_key
 from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
 from rocket.serde.receive import parse_receipt, received
-from rocket.transport.http2 import GrpcCall, GrpcError, GrpcHandler, GrpcStatus
+from rocket.transport.grpc_wire import GrpcError, GrpcStatus
+from rocket.transport.h2_server import GrpcCall, GrpcHandler
 from rocket.transport.rpc import Dispatcher, method_spec
 
 log = logging.getLogger("rocket.rocketmq")

@@ -18,6 +18,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_ID_OF, serde_named
 from rocket.transport import frames
+from rocket.transport.channel import Channel
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
 from rocket.transport.listen import connect, cancel_on, serve_connections
 from rocket.transport.rpc import Dispatcher, Lifecycle, attach, encode_error, method_spec, serde_for_id
@@ -191,7 +192,7 @@ class _ServerConnection:
                 pass
 
 
-class TcpChannel:
+class TcpChannel(Channel):
     """A client connection: many concurrent calls multiplexed by request id over one socket."""
 
     def __init__(self, stream: trio.SocketStream, serde: ModuleType):

@@ -14,8 +14,9 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.serde import avro_codec, json_codec
-from rocket.transport import http2
-from rocket.transport.http2 import open_http2_channel, serve_http2
+from rocket.transport import h2_endpoint
+from rocket.transport.h2_client import open_http2_channel
+from rocket.transport.h2_server import serve_http2
 from rocket.transport.rpc import Dispatcher, Lifecycle
 
 SERDES = ["json", "avro"]
@@ -115,11 +116,11 @@ async def test_unary_call_with_each_serde(server, serde):
 
 
 @pytest.mark.parametrize("serde", SERDES)
-@pytest.mark.parametrize("window_bytes", [http2.stream_window_bytes, 64 * 1024])
+@pytest.mark.parametrize("window_bytes", [h2_endpoint.stream_window_bytes, 64 * 1024])
 async def test_four_mebibyte_bodies_cross_flow_control(server, monkeypatch, serde, window_bytes):
     """4 MiB goes up and 4 MiB comes down, also when small windows force waits for WINDOW_UPDATE."""
-    monkeypatch.setattr(http2, "stream_window_bytes", window_bytes)
-    monkeypatch.setattr(http2, "connection_window_bytes", max(window_bytes, http2.default_window_bytes))
+    monkeypatch.setattr(h2_endpoint, "stream_window_bytes", window_bytes)
+    monkeypatch.setattr(h2_endpoint, "connection_window_bytes", max(window_bytes, h2_endpoint.default_window_bytes))
     size = 4 * limits.MiB
     async with open_http2_channel("127.0.0.1", server.port, serde) as channel:
         produced = await channel.call("Produce", {"topic": "t", "queue": 0, "batch": b"\x07" * size})

@@ -1,0 +1,386 @@
+"""The HTTP/2 server (serve_http2): rocket calls to the dispatcher, and gRPC (application/grpc) calls to a
+table of GrpcHandlers, each handed a GrpcCall; over h2c, or TLS negotiated by ALPN."""
+
+from __future__ import annotations
+
+import logging
+import math
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from types import ModuleType
+
+import h2.errors
+import h2.events
+import h2.exceptions
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.serde import json_codec
+from rocket.transport.grpc_wire import (GrpcError, GrpcStatus, check_grpc_prefix, grpc_buffered_bytes_max,
+                                        grpc_message_bytes_max, grpc_message_text, grpc_timeout_s, is_grpc,
+                                        message_prefix, split_messages)
+from rocket.transport.h2_endpoint import (Endpoint, goodbye_timeout_s, header_dict, method_of, path_prefix,
+                                          receive_bytes, rocket_trailers, serde_of, status_of)
+from rocket.transport.listen import serve_connections
+from rocket.transport.rpc import Dispatcher, Lifecycle, encode_error
+
+log = logging.getLogger("rocket.http2")
+
+
+class GrpcCall:
+    """One gRPC call as its handler sees it: the request headers, the messages the client sends (raw
+    protobuf bytes), and a send for response messages. The transport writes headers and trailers."""
+
+    def __init__(self, connection: _ServerConnection, stream_id: int, headers: dict[str, str]):
+        self.headers = headers
+        self._connection = connection
+        self._stream_id = stream_id
+        self._buffer = bytearray()  # received bytes not yet split into messages
+        self._messages: deque[bytes] = deque()
+        self._arrived = trio.Event()
+        self.client_done = False  # the client ended its side of the stream
+        self.failure: GrpcError | None = None  # what the input turned out to break
+        self.headers_sent = False
+        self.deadline = math.inf  # trio time by which the client's grpc-timeout expires
+
+    def _on_data(self, data: bytes) -> None:
+        if self.failure is not None:
+            return
+        self._buffer += data
+        try:
+            self._messages.extend(split_messages(self._buffer, check_grpc_prefix))
+        except GrpcError as error:
+            self.failure = error
+        if len(self._buffer) > grpc_buffered_bytes_max or sum(map(len, self._messages)) > grpc_buffered_bytes_max:
+            self.failure = GrpcError(GrpcStatus.RESOURCE_EXHAUSTED, "the client sent more than the server buffers")
+        self._arrived.set()
+
+    def _on_end(self) -> None:
+        self.client_done = True
+        if self._buffer and self.failure is None:
+            self.failure = GrpcError(GrpcStatus.INTERNAL, "the request stream ended inside a message")
+        self._arrived.set()
+
+    async def receive(self) -> bytes | None:
+        """The client's next message, or None once it has ended its side of the stream."""
+        while True:
+            if self.failure is not None:
+                raise self.failure
+            if self._messages:
+                return self._messages.popleft()
+            if self.client_done:
+                return None
+            self._arrived = trio.Event()
+            await self._arrived.wait()
+
+    async def receive_one(self) -> bytes:
+        """A unary request: exactly one message."""
+        message = await self.receive()
+        if message is None:
+            raise GrpcError(GrpcStatus.INTERNAL, "the client sent no request message")
+        return message
+
+    async def send(self, message: bytes) -> None:
+        if len(message) > grpc_message_bytes_max:
+            raise GrpcError(GrpcStatus.RESOURCE_EXHAUSTED, f"response of {len(message)} bytes exceeds the limit")
+        self.send_headers()
+        await self._connection.send_data(self._stream_id, message_prefix.pack(0, len(message)) + message)
+
+    def send_headers(self) -> None:
+        if not self.headers_sent:
+            self.headers_sent = True
+            self._connection.connection.send_headers(
+                self._stream_id, [(":status", "200"), ("content-type", "application/grpc")])
+
+
+GrpcHandler = Callable[[GrpcCall], Awaitable[None]]
+
+
+async def serve_http2(dispatcher: Dispatcher, lifecycle: Lifecycle, host: str, port: int, *,
+                      grpc: dict[str, GrpcHandler] | None = None, tls: ssl.SSLContext | None = None,
+                      task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve h2c (or, with a TLS context, HTTP/2 over TLS negotiated by ALPN) until the lifecycle drains;
+    reports the bound port through task_status. grpc maps "/package.Service/Method" paths to handlers of
+    application/grpc calls."""
+
+    async def run_connection(stream: trio.abc.Stream) -> None:
+        if tls is not None:
+            stream = trio.SSLStream(stream, tls, server_side=True)
+            with trio.move_on_after(limits.tls_handshake_s):
+                try:
+                    await stream.do_handshake()
+                except trio.BrokenResourceError as error:
+                    log.info("TLS handshake failed: %s", error.__cause__ or error)
+            if not stream.selected_alpn_protocol() == "h2":  # no handshake, or a client that did not ask for h2
+                await trio.aclose_forcefully(stream)
+                return
+        try:
+            await _ServerConnection(dispatcher, lifecycle, stream, grpc or {}).run()
+        except Exception:
+            # A bug reached by one peer's bytes must not take the listener and every other client with it.
+            log.exception("HTTP/2 connection failed")
+
+    async def refuse_connection(stream: trio.SocketStream) -> None:
+        return None  # closing is the refusal: HTTP/2 has no way to answer before the preface
+
+    await serve_connections(lifecycle, host, port, run_connection, refuse_connection, task_status=task_status)
+
+
+class _Request:
+    """One stream's request as it arrives; a client reset cancels its scope, and so its handler."""
+
+    def __init__(self, headers: dict[str, str]):
+        self.headers = headers
+        self.body = bytearray()
+        self.scope = trio.CancelScope()
+        self.refusal: RocketError | None = None
+        self.complete = False  # the client has ended its side of the stream
+        self.answering = False  # a task is running the call
+        self.grpc: GrpcCall | None = None  # an application/grpc call, answered by a handler from the grpc table
+        self.handler_scope = trio.CancelScope()  # a gRPC handler's: a deadline or the drain ends it, not the answer
+
+
+class _ServerConnection(Endpoint):
+    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.SocketStream,
+                 grpc: dict[str, GrpcHandler]):
+        super().__init__(stream, client_side=False)
+        self.dispatcher = dispatcher
+        self.grpc = grpc
+        self.lifecycle = lifecycle
+        self.requests: dict[int, _Request] = {}  # bounded by h2, which enforces MAX_CONCURRENT_STREAMS
+        self.requests_done = trio.Event()
+        self.requests_done.set()
+        self.waiting_for_items: set[trio.CancelScope] = set()
+        self.draining = False
+        self.peer_gone = False
+
+    async def run(self) -> None:
+        async with self.socket_stream, trio.open_nursery() as tasks:
+            tasks.start_soon(self.write_loop)
+            self.start()
+            async with trio.open_nursery() as calls:
+                calls.start_soon(self._read_loop, calls)
+                await self._drain()
+                calls.cancel_scope.cancel()
+            if not self.peer_gone:
+                self.connection.close_connection()
+                with trio.move_on_after(goodbye_timeout_s):
+                    await self.flush()
+            tasks.cancel_scope.cancel()
+
+    async def _drain(self) -> None:
+        """Once the node drains: refuse new streams, end server streams, give other calls the grace period.
+        Reading goes on meanwhile, because answers larger than a window need the client's WINDOW_UPDATEs."""
+        await self.lifecycle.draining.wait()
+        self.draining = True
+        for scope in list(self.waiting_for_items):
+            scope.cancel()
+        for request in list(self.requests.values()):
+            request.handler_scope.cancel()  # gRPC streams (long polls, telemetry) end with UNAVAILABLE
+        with trio.move_on_after(limits.shutdown_grace_s):
+            while self.requests:
+                await self.requests_done.wait()
+
+    async def _read_loop(self, calls: trio.Nursery) -> None:
+        while not self.peer_gone:
+            try:
+                data = await self.socket_stream.receive_some(receive_bytes)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                break
+            try:
+                events = self.connection.receive_data(data)
+            except h2.exceptions.ProtocolError as error:
+                log.info("closing an HTTP/2 connection after a protocol error: %s", error)
+                with trio.move_on_after(goodbye_timeout_s):
+                    await self.flush()  # h2 has queued a GOAWAY saying why
+                break
+            for event in events:
+                self._on_event(event, calls)
+            await self.flush()  # waiting here stops reading from a client that does not read our answers
+        self.peer_gone = True
+        calls.cancel_scope.cancel()
+
+    def _on_event(self, event: h2.events.Event, calls: trio.Nursery) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            self._on_request(event, calls)
+        elif isinstance(event, h2.events.DataReceived):
+            self._on_data(event, calls)
+        elif isinstance(event, h2.events.StreamEnded):
+            self._on_request_complete(event.stream_id, calls)
+        elif isinstance(event, h2.events.StreamReset):
+            self._on_reset(event.stream_id)
+        elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
+            self.open_window()
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.peer_gone = True  # h2 refuses to send anything after GOAWAY, so nothing is left to do
+
+    def _on_request(self, event: h2.events.RequestReceived, calls: trio.Nursery) -> None:
+        if self.draining:
+            # REFUSED_STREAM tells the client the call never ran, so retrying elsewhere is safe.
+            self.connection.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
+        request = self.requests[event.stream_id] = _Request(header_dict(event.headers))
+        if self.requests_done.is_set():
+            self.requests_done = trio.Event()
+        if is_grpc(request.headers) and not request.headers.get(":path", "").startswith(path_prefix):
+            # A gRPC call starts at its headers: a bidirectional stream's handler answers while it reads.
+            request.grpc = GrpcCall(self, event.stream_id, request.headers)
+            self._answer_soon(event.stream_id, request, calls)
+
+    def _on_data(self, event: h2.events.DataReceived, calls: trio.Nursery) -> None:
+        # Bodies are bounded below, per stream, so the window can reopen as soon as bytes arrive.
+        self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        request = self.requests.get(event.stream_id)
+        if request is not None and request.grpc is not None:
+            request.grpc._on_data(event.data)  # bounded there: past grpc_buffered_bytes_max the call fails
+            return
+        if request is None or request.answering:
+            return
+        if len(request.body) + len(event.data) > limits.frame_bytes_max:
+            request.body = bytearray()
+            request.refusal = RocketError(Code.FRAME_TOO_LARGE, f"request body exceeds {limits.frame_bytes_max} bytes")
+            self._answer_soon(event.stream_id, request, calls)
+            return
+        request.body += event.data
+
+    def _on_request_complete(self, stream_id: int, calls: trio.Nursery) -> None:
+        request = self.requests.get(stream_id)
+        if request is not None:
+            request.complete = True
+            if request.grpc is not None:
+                request.grpc._on_end()
+            elif not request.answering:
+                self._answer_soon(stream_id, request, calls)
+
+    def _on_reset(self, stream_id: int) -> None:
+        request = self.requests.get(stream_id)
+        if request is not None:
+            request.scope.cancel()
+            if not request.answering:
+                self._forget(stream_id)
+        self.open_window()  # a sender waiting on this stream's window must wake to see it closed
+
+    def _forget(self, stream_id: int) -> None:
+        self.requests.pop(stream_id, None)
+        if not self.requests:
+            self.requests_done.set()
+
+    def _answer_soon(self, stream_id: int, request: _Request, calls: trio.Nursery) -> None:
+        request.answering = True
+        self.lifecycle.call_started()
+        calls.start_soon(self._call, stream_id, request)
+
+    async def _call(self, stream_id: int, request: _Request) -> None:
+        try:
+            with request.scope:
+                if request.grpc is not None:
+                    await self._answer_grpc(stream_id, request)
+                else:
+                    await self._answer(stream_id, request)
+        except h2.exceptions.StreamClosedError:
+            pass  # the client reset the stream while we answered; nobody is left to tell
+        finally:
+            self._forget(stream_id)
+            self.lifecycle.call_finished()
+
+    async def _answer(self, stream_id: int, request: _Request) -> None:
+        serde: ModuleType = json_codec  # errors found before the content-type is understood are told in JSON
+        try:
+            if request.refusal is not None:
+                raise request.refusal
+            method = method_of(request.headers)
+            serde = serde_of(request.headers)
+            if self.dispatcher.is_streaming(method):
+                await self._stream(stream_id, method, serde, bytes(request.body))
+                return
+            body, _ = await self.dispatcher.call(method, serde, bytes(request.body))
+        except RocketError as error:
+            await self._respond(stream_id, serde, encode_error(serde, error), error)
+            if not request.complete:
+                # RFC 9113 8.1: after a complete answer, NO_ERROR asks the client to stop sending its body.
+                self.connection.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                await self.flush()
+            return
+        await self._respond(stream_id, serde, body, None)
+
+    async def _answer_grpc(self, stream_id: int, request: _Request) -> None:
+        """Run the path's handler; every outcome, even a crash, ends in grpc-status trailers."""
+        call = request.grpc
+        failure: GrpcError | None = None
+        try:
+            path = request.headers.get(":path", "")
+            handler = self.grpc.get(path)
+            if request.headers.get(":method") != "POST":
+                raise GrpcError(GrpcStatus.UNIMPLEMENTED, f"{request.headers.get(':method')} {path}: calls are POST")
+            if handler is None:
+                raise GrpcError(GrpcStatus.UNIMPLEMENTED, f"unknown method {path[:200]!r}")
+            timeout_s = grpc_timeout_s(request.headers.get("grpc-timeout"))
+            if timeout_s is not None:
+                call.deadline = request.handler_scope.deadline = trio.current_time() + timeout_s
+            with request.handler_scope:
+                await handler(call)
+            if request.handler_scope.cancelled_caught:
+                if self.draining:
+                    raise GrpcError(GrpcStatus.UNAVAILABLE, "the server is shutting down")
+                raise GrpcError(GrpcStatus.DEADLINE_EXCEEDED, "the call's grpc-timeout passed")
+        except GrpcError as error:
+            failure = error
+        except Exception as error:  # a handler's bug must end this call only, and say so
+            log.exception("gRPC method %s failed", request.headers.get(":path"))
+            failure = GrpcError(GrpcStatus.INTERNAL, f"{type(error).__name__} in the server")
+        trailers = [("grpc-status", str(failure.status if failure else GrpcStatus.OK))]
+        if failure is not None:
+            trailers.append(("grpc-message", grpc_message_text(failure.message)))
+        if call.headers_sent:
+            self.connection.send_headers(stream_id, trailers, end_stream=True)
+        else:  # a trailers-only response
+            call.headers_sent = True
+            self.connection.send_headers(stream_id, [(":status", "200"), ("content-type", "application/grpc"),
+                                                     *trailers], end_stream=True)
+        await self.flush()
+        if not request.complete:  # stop a client still sending: the call is over (RFC 9113 8.1)
+            self.connection.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+            await self.flush()
+
+    async def _respond(self, stream_id: int, serde: ModuleType, body: bytes, error: RocketError | None) -> None:
+        headers = [(":status", str(status_of(error))), ("content-type", serde.content_type)]
+        if error is not None:
+            headers.append(("rocket-error", error.code.name))
+        self.connection.send_headers(stream_id, headers)
+        await self.send_data(stream_id, body)
+        self.connection.send_headers(stream_id, rocket_trailers(error), end_stream=True)
+        await self.flush()
+
+    async def _stream(self, stream_id: int, method: str, serde: ModuleType, body: bytes) -> None:
+        self.connection.send_headers(stream_id, [(":status", "200"), ("content-type", serde.content_type)])
+        await self.flush()
+        try:
+            async with aclosing(self.dispatcher.stream(method, serde, body)) as items:
+                failure = await self._send_items(stream_id, items)
+        except RocketError as error:
+            failure = error
+        self.connection.send_headers(stream_id, rocket_trailers(failure), end_stream=True)
+        await self.flush()
+
+    async def _send_items(self, stream_id: int, items: AsyncIterator[bytes]) -> RocketError | None:
+        """Send each item whole; draining interrupts only the wait for the next one."""
+        while True:
+            with trio.CancelScope() as waiting:
+                self.waiting_for_items.add(waiting)
+                if self.draining:
+                    waiting.cancel()
+                try:
+                    item = await anext(items)
+                except StopAsyncIteration:
+                    return None
+                finally:
+                    self.waiting_for_items.discard(waiting)
+            if waiting.cancelled_caught:
+                return RocketError(Code.UNAVAILABLE, "the server is shutting down")
+            await self.send_data(stream_id, message_prefix.pack(0, len(item)) + item)
+
