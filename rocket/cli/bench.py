@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from rocket import limits
+from rocket.cli import disk_probe
 from rocket.cli.common import Serde, Server, Transport, out, progress_bar, runs_client
 from rocket.client import bench as bench_module
 from rocket.client import connect
@@ -55,15 +56,15 @@ async def bench_produce(
 ) -> None:
     """Durable produce throughput and latency, beside the disk's raw fdatasync bandwidth."""
     probe_bytes = max(256 * limits.MiB, min(messages * size, 4096 * limits.MiB))
-    before = await trio.to_thread.run_sync(bench_module.raw_disk_bandwidth, disk_dir, probe_bytes)
-    direct = await trio.to_thread.run_sync(bench_module.raw_disk_bandwidth_direct, disk_dir, probe_bytes)
+    before = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth, disk_dir, probe_bytes)
+    direct = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth_direct, disk_dir, probe_bytes)
     async with connect(server, transport, serde) as channel:
         with progress_bar(messages) as progress:
             task = progress.add_task("producing", total=messages)
             result = await bench_module.bench_produce(
                 channel, messages=messages, size=size, batch_bytes=batch_bytes, in_flight=in_flight, topic=topic,
                 on_progress=lambda n: progress.update(task, advance=n))
-    after = await trio.to_thread.run_sync(bench_module.raw_disk_bandwidth, disk_dir, probe_bytes)
+    after = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth, disk_dir, probe_bytes)
     _bench_report("rocket bench produce", result, [before, after], json_file, direct)
 
 
@@ -78,7 +79,7 @@ async def bench_consume(
     server: Server = None, transport: Transport = "tcp", serde: Serde = "avro",
 ) -> None:
     """Consume throughput from the earliest offset, as a new group."""
-    disk = await trio.to_thread.run_sync(bench_module.raw_disk_bandwidth, disk_dir)
+    disk = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth, disk_dir)
     async with connect(server, transport, serde) as channel:
         with progress_bar(messages) as progress:
             task = progress.add_task("consuming", total=messages)
