@@ -6,7 +6,6 @@ import sys
 from typing import Annotated
 
 import orjson
-import trio
 import typer
 from rich.table import Table
 
@@ -56,17 +55,11 @@ async def cluster_drain(node: int, server: Server = None, transport: Transport =
     """Move every replica off a storage node so that it can be shut down."""
     async with connect(server, transport, serde) as channel:
         admin = Admin(channel)
-        await admin.drain_node(node, not undo)
-        out.print(f"node {node} {'takes replicas again' if undo else 'is draining'}")
-        if not wait or undo:
+        if undo or not wait:
+            await admin.drain_node(node, not undo)
+            out.print(f"node {node} {'takes replicas again' if undo else 'is draining'}")
             return
-        with trio.fail_after(timeout_s), progress_bar(None, "replicas") as progress:
+        with progress_bar(None, "replicas") as progress:
             task = progress.add_task(f"replicas left on node {node}")
-            while True:
-                status = await admin.cluster_status()
-                left = sum(node in group["voters"] + group["learners"] for group in status["groups"])
-                progress.update(task, completed=left)
-                if not left:
-                    break
-                await trio.sleep(1)
+            await admin.drain_node_and_wait(node, timeout_s, on_progress=lambda left: progress.update(task, completed=left))
     out.print(f"node {node} holds no replica: it can be shut down")

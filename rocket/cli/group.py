@@ -9,8 +9,7 @@ import typer
 from rich.table import Table
 
 from rocket.cli.common import Serde, Server, Transport, err, format_message, out, runs_client
-from rocket.client import Admin, connect, open_consumer, open_producer, parse_start
-from rocket.model import dead_letter_topic
+from rocket.client import Admin, connect, parse_start
 
 app = typer.Typer(no_args_is_help=True, help="Consumer groups: positions, lag, reset.")
 dlq_app = typer.Typer(no_args_is_help=True, help="A consumer group's dead letters: list them, send them again.")
@@ -68,13 +67,11 @@ async def dlq_list(topic: str, group: Annotated[str, typer.Option("--group")],
                    output_format: Annotated[str, typer.Option("--format", help="text, json or raw (body only).")] = "text",
                    server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
     """Print a group's dead letters of a topic (where they came from and how often they were tried)."""
-    dead_letters = dead_letter_topic(group, topic)
+    listed = 0
     async with connect(server, transport, serde) as channel:
-        async with open_consumer(channel, dead_letters, group + "%list", start="earliest", wait_ms=0) as consumer:
-            listed = 0
-            while messages := await consumer.poll():
-                sys.stdout.buffer.write(b"".join(format_message(m, topic, output_format) for m in messages))
-                listed += len(messages)
+        async for messages in Admin(channel).dead_letters(topic, group):
+            sys.stdout.buffer.write(b"".join(format_message(m, topic, output_format) for m in messages))
+            listed += len(messages)
     err.print(f"{listed:,} dead letters of group {group} on {topic}")
 
 
@@ -83,15 +80,6 @@ async def dlq_list(topic: str, group: Annotated[str, typer.Option("--group")],
 async def dlq_resend(topic: str, group: Annotated[str, typer.Option("--group")],
                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
     """Send a group's dead letters to their topic again; each is resent once (the position is kept)."""
-    dead_letters = dead_letter_topic(group, topic)
-    resent = 0
-    async with connect(server, transport, serde) as channel, open_producer(channel, topic) as producer:
-        async with open_consumer(channel, dead_letters, group + "%resend", start="earliest", wait_ms=0) as consumer:
-            while messages := await consumer.poll():
-                for message in messages:
-                    message.properties = {name: value for name, value in message.properties.items()
-                                          if not name.startswith("DLQ_")}
-                await producer.send_many(messages)
-                await consumer.commit()
-                resent += len(messages)
+    async with connect(server, transport, serde) as channel:
+        resent = await Admin(channel).resend_dead_letters(topic, group)
     out.print(f"resent {resent:,} dead letters of group {group} to {topic}")
