@@ -10,7 +10,7 @@ import trio
 from rocket.client.consumer import open_consumer
 from rocket.client.producer import open_producer
 from rocket.errors import Code, RocketError
-from rocket.model import Message, TopicSpec, dead_letter_topic, queue_for_key
+from rocket.model import Message, TopicSpec, dead_letter_topic, queue_for_key, timer_topic
 from rocket.serde import batch as batch_codec
 
 
@@ -123,6 +123,25 @@ class Admin:
                 if message.offset == offset:
                     return message
         raise RocketError(Code.NOT_FOUND, f"{topic} has no message {queue}.{offset}")
+
+    async def get_message_or_scheduled(self, topic: str, queue: int, offset: int) -> Message:
+        """The message at queue and offset or, on a delay topic, the delayed message whose timer id is
+        QUEUE.OFFSET and that waits for its time (NOT_FOUND if neither is stored)."""
+        try:
+            return await self.get_message(topic, queue, offset)
+        except RocketError as error:
+            if error.code not in (Code.NOT_FOUND, Code.OFFSET_OUT_OF_RANGE):
+                raise
+            spec, _ = await self.describe_topic(topic)
+            if spec.message_type != "delay":
+                raise
+        try:
+            return await self.get_message(timer_topic(topic), queue, offset)
+        except RocketError as error:
+            if error.code not in (Code.NOT_FOUND, Code.OFFSET_OUT_OF_RANGE):
+                raise
+        raise RocketError(Code.NOT_FOUND, f"{topic} has no message {queue}.{offset}, and no delayed message waits "
+                                          "with that timer id")
 
     async def find_messages(self, topic: str, key: str, start_ms: int = 0, end_ms: int | None = None,
                             limit: int = 64) -> list[Message]:
