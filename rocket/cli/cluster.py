@@ -9,7 +9,7 @@ import orjson
 import typer
 from rich.table import Table
 
-from rocket.cli.common import Serde, Server, Transport, out, progress_bar, runs_client
+from rocket.cli.common import Serde, Server, Transport, out, plural, progress_bar, runs_client
 from rocket.client import Admin, connect
 
 app = typer.Typer(no_args_is_help=True, help="Inspect the cluster: nodes, groups, leaders, load.")
@@ -27,7 +27,8 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
         sys.stdout.write(orjson.dumps(status).decode() + "\n")
         return
     out.print(f"nameservers {status['nameservers']}, leader [bold]{status['nameserver_leader'] or 'none'}[/bold]; "
-              f"metadata version {status['version']}; {status['topics']} topics; {len(status['groups'])} storage groups")
+              f"metadata version {status['version']}; {plural(status['topics'], 'topic')}; "
+              f"{plural(len(status['groups']), 'storage group')}")
     nodes = Table("node", "address", "roles", "state", "heartbeat", "groups", "leads", "stored", "free disk",
                   title="nodes")
     for node in status["nodes"]:
@@ -48,10 +49,11 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
 
 @app.command("drain")
 @runs_client
-async def cluster_drain(node: int, server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+async def cluster_drain(node: Annotated[int, typer.Argument(help="The storage node's id (--node-id).", show_default=False)],
+                        server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
                         undo: Annotated[bool, typer.Option("--undo", help="Let the node take replicas again.")] = False,
                         wait: Annotated[bool, typer.Option("--wait", help="Wait until no replica is left on it.")] = False,
-                        timeout_s: Annotated[float, typer.Option("--timeout-s")] = 600.0) -> None:
+                        timeout_s: Annotated[float, typer.Option("--timeout-s", help="With --wait: give up waiting (exit 1) after this many seconds.")] = 600.0) -> None:
     """Move every replica off a storage node so that it can be shut down."""
     async with connect(server, transport, serde) as channel:
         admin = Admin(channel)

@@ -8,8 +8,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from rocket.cli.common import Serde, Server, Transport, err, format_message, out, runs_client
-from rocket.client import Admin, connect, parse_start
+from rocket.cli.common import (Serde, Server, Transport, err, format_message, out, parse_position, plural, runs_client,
+                               usage_error)
+from rocket.client import Admin, connect
+
+Topic = Annotated[str, typer.Argument(help="The topic the group consumes.", show_default=False)]
+Group = Annotated[str, typer.Option("--group", help="The consumer group.", show_default=False)]
 
 app = typer.Typer(no_args_is_help=True, help="Consumer groups: positions, lag, reset.")
 dlq_app = typer.Typer(no_args_is_help=True, help="A consumer group's dead letters: list them, send them again.")
@@ -34,36 +38,45 @@ def _group_table(topic: str, group: str, queues: list[dict]) -> Table:
 
 @app.command("describe")
 @runs_client
-async def group_describe(topic: str, group: Annotated[str, typer.Option("--group")],
+async def group_describe(topic: Topic, group: Group,
                          server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
-    """A group's positions on a topic, per queue: pull position, the live consumer reading it, pop cursor, messages in
-    flight, lag."""
+    """A group's positions on a topic, per queue.
+
+    For each queue: the pull position, the live consumer reading it, the pop cursor, messages in flight, lag and dead
+    letters.
+    """
     async with connect(server, transport, serde) as channel:
         out.print(_group_table(topic, group, await Admin(channel).describe_group(topic, group)))
 
 
 @app.command("reset")
 @runs_client
-async def group_reset(topic: str, group: Annotated[str, typer.Option("--group")],
+async def group_reset(topic: Topic, group: Group,
                       to: Annotated[str, typer.Option("--to", help="earliest, latest, an ISO time, or (with --queue) "
                                                                   "an offset.")],
                       queue: Annotated[int, typer.Option("--queue", help="Only this queue (-1: every queue).")] = -1,
                       server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
-    """Move a group's positions (pull and pop) on every queue, or on one; what it had in flight is dropped. An
-    offset steps past a batch that its consumers cannot read (BAD_BATCH names where the next one starts).
-    Refused (GROUP_ACTIVE) while the group's pull consumers run: their next commit would undo it."""
+    """Move a group's positions (pull and pop) on every queue, or on one.
+
+    What the group had in flight is dropped. An offset steps past a batch that its consumers cannot read (BAD_BATCH
+    names where the next one starts). Refused (GROUP_ACTIVE) while the group's pull consumers run: their next commit
+    would undo it.
+    """
+    if to.isdigit() and queue < 0:
+        usage_error(f"--to {to}: an offset names one queue; give it with --queue")
+    position = int(to) if to.isdigit() else parse_position(to, "--to")
     async with connect(server, transport, serde) as channel:
         admin = Admin(channel)
         if to.isdigit():
-            queues = await admin.seek_group(topic, group, queue, int(to))
+            queues = await admin.seek_group(topic, group, queue, position)
         else:
-            queues = await admin.reset_group(topic, group, parse_start(to), queue)
+            queues = await admin.reset_group(topic, group, position, queue)
         out.print(_group_table(topic, group, queues))
 
 
 @dlq_app.command("list")
 @runs_client
-async def dlq_list(topic: str, group: Annotated[str, typer.Option("--group")],
+async def dlq_list(topic: Topic, group: Group,
                    output_format: Annotated[str, typer.Option("--format", help="text, json or raw (body only).")] = "text",
                    server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
     """Print a group's dead letters of a topic (where they came from and how often they were tried)."""
@@ -72,14 +85,14 @@ async def dlq_list(topic: str, group: Annotated[str, typer.Option("--group")],
         async for messages in Admin(channel).dead_letters(topic, group):
             sys.stdout.buffer.write(b"".join(format_message(m, topic, output_format) for m in messages))
             listed += len(messages)
-    err.print(f"{listed:,} dead letters of group {group} on {topic}")
+    err.print(f"{plural(listed, 'dead letter')} of group {group} on {topic}")
 
 
 @dlq_app.command("resend")
 @runs_client
-async def dlq_resend(topic: str, group: Annotated[str, typer.Option("--group")],
+async def dlq_resend(topic: Topic, group: Group,
                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
     """Send a group's dead letters to their topic again; each is resent once (the position is kept)."""
     async with connect(server, transport, serde) as channel:
         resent = await Admin(channel).resend_dead_letters(topic, group)
-    out.print(f"resent {resent:,} dead letters of group {group} to {topic}")
+    out.print(f"resent {plural(resent, 'dead letter')} of group {group} to {topic}")

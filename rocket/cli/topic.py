@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from rocket.cli.common import Serde, Server, Transport, fail, out, runs_client, size
+from rocket.cli.common import Serde, Server, Transport, out, plural, runs_client, size, usage_error
 from rocket.client import Admin, connect
 from rocket.errors import RocketError
 from rocket.model import parse_duration_s
@@ -19,13 +19,14 @@ tier_app = typer.Typer(no_args_is_help=True, help="Tiered storage: what is local
 
 @app.command("create")
 @runs_client
-async def topic_create(name: str, queues: Annotated[int, typer.Option("--queues")] = 8,
+async def topic_create(name: Annotated[str, typer.Argument(help="The topic's name.", show_default=False)],
+                       queues: Annotated[int, typer.Option("--queues", help="Queues: the topic's unit of order and of parallel reads.")] = 8,
                        message_type: Annotated[str, typer.Option("--type", help="normal, fifo, delay or transaction: the sends the topic accepts.")] = "normal",
                        server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
     """Create a topic with a number of queues and a message type."""
     async with connect(server, transport, serde) as channel:
         spec = await Admin(channel).create_topic(name, queues, message_type)
-    out.print(f"created {spec.message_type} topic [bold]{spec.name}[/bold] with {spec.queues} queues")
+    out.print(f"created {spec.message_type} topic [bold]{spec.name}[/bold] with {plural(spec.queues, 'queue')}")
 
 
 def _retention(text: str | None, option: str) -> float | None:
@@ -39,7 +40,7 @@ def _retention(text: str | None, option: str) -> float | None:
     try:
         return parse_duration_s(text)
     except RocketError as error:
-        fail(f"{option}: {error.message}", 2)
+        usage_error(f"{option}: {error.message}")
 
 
 def _show_retention(seconds: float) -> str:
@@ -55,7 +56,7 @@ def _show_retention(seconds: float) -> str:
 
 @app.command("update")
 @runs_client
-async def topic_update(name: str,
+async def topic_update(name: Annotated[str, typer.Argument(help="The topic to change.", show_default=False)],
                        retention: Annotated[Optional[str], typer.Option("--retention", help="Total retention: data older is deleted from the tier (365d, 12h, forever, default).")] = None,
                        local_retention: Annotated[Optional[str], typer.Option("--local-retention", help="Hot retention: local data older goes once it is offloaded (1h, forever, default).")] = None,
                        server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
@@ -109,7 +110,8 @@ async def topic_list(server: Server = None, transport: Transport = "tcp", serde:
 
 @app.command("describe")
 @runs_client
-async def topic_describe(name: str, server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+async def topic_describe(name: Annotated[str, typer.Argument(help="The topic to describe.", show_default=False)],
+                         server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
     """Show a topic's queues: offsets and sizes."""
     async with connect(server, transport, serde) as channel:
         spec, queues = await Admin(channel).describe_topic(name)
