@@ -45,16 +45,17 @@ async def consume(
         usage_error(error.message)
     filter_type, expression = ("sql", sql) if sql is not None else ("tag", "*" if tag is None else tag)
     received = 0
+    stop = trio.CancelScope()  # the reading loop's alone: the connection must outlive it, to commit and leave
     async with trio.open_nursery() as nursery:
         # Stop on a signal from here on, through the consumer's cleanup: Trio would otherwise raise
         # KeyboardInterrupt wherever the Ctrl-C lands, in any task, skipping the count below.
-        await nursery.start(_cancel_on_stop_signals, nursery.cancel_scope)
+        await nursery.start(_cancel_on_stop_signals, stop)
         async with connect(server, transport, serde) as channel:
             async with open_consumer(channel, topic, group, start=start_position, mode=mode, member=member,
                                      wait_ms=1000 if (follow or count) else 300, filter_type=filter_type,
                                      filter=expression) as consumer:
                 bodies_only = output_format == "raw" and matches_all(consumer.filter)  # no Message made per message
-                with progress_bar(count) as progress:
+                with stop, progress_bar(count) as progress:
                     task = progress.add_task("consuming", total=count)
                     while count is None or received < count:
                         before = dict(consumer.positions)
