@@ -57,7 +57,7 @@ def one_round(arguments, number: int, nodes: int = 1) -> dict:
     server = servers[0]
     profiler = None
     try:
-        readies = [re.search(rb"tcp=[^:]+:(\d+) http2=(\d+)", each.stdout.readline()) for each in servers]
+        readies = [re.search(rb"tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+)", each.stdout.readline()) for each in servers]
         ready = readies[0]
         port = (ready.group(1) if arguments.transport == "tcp" else ready.group(2)).decode()
         if arguments.profile and number == 0:

@@ -30,7 +30,7 @@ from rocket.client import SimpleConsumer, connect, open_producer
 from rocket.model import Message
 
 RESULTS = Path(__file__).parent / "results"
-READY = re.compile(rb"rocket ready tcp=[^:]+:(\d+) http2=(\d+)")
+READY = re.compile(rb"rocket ready tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+)")
 
 OFFICIAL = textwrap.dedent("""
     import json, sys, time

@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers.py and produce
 
 from peers import SYSTEMS, System, find_binary  # noqa: E402
 
-from rocket.client.bench import percentile, raw_disk_bandwidth, raw_disk_bandwidth_direct  # noqa: E402
+from rocket.cli.disk_probe import raw_disk_bandwidth, raw_disk_bandwidth_direct  # noqa: E402
+from rocket.client.bench import percentile  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 READ_TIMEOUT_S = 120.0  # a reader that has not seen every message by then reports what it got

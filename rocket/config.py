@@ -261,6 +261,11 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
             document = tomllib.loads(config_file.read_text())
         except FileNotFoundError:
             raise ConfigError(f"config: file {config_file} does not exist") from None
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"config: {config_file} is not UTF-8 text (byte {error.start}): TOML files are "
+                              "UTF-8") from None
+        except OSError as error:
+            raise ConfigError(f"config: cannot read {config_file}: {error.strerror}") from None
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"config: {config_file} is not valid TOML: {error}") from None
         for key, value in document.items():

@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import fcntl
 import logging
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -25,6 +27,7 @@ import trio
 
 from rocket import limits
 from rocket.config import Address, NodeConfig
+from rocket.errors import collapse_single_error
 from rocket.raft.host import RaftHost
 from rocket.transport.links import PeerLinks
 from rocket.raft.wal import Wal
@@ -41,6 +44,13 @@ from rocket.transport.rpc import Dispatcher, Lifecycle
 from rocket.transport.tcp import serve_tcp
 
 log = logging.getLogger("rocket.node")
+
+
+LOCK_FILE = "node.lock"  # in the data directory: held (flock) while a node runs on it
+
+
+class StartupError(Exception):
+    """The node cannot start: a port in use, a data directory another node holds. One line for its operator."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -116,11 +126,49 @@ def _tls_context(config: NodeConfig) -> ssl.SSLContext | None:
 
 
 async def run_node(config: NodeConfig, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    async with open_tier(config) as objects:
-        await _run_node(config, objects, handle_signals, task_status)
+    created = not config.data_dir.exists()
+    ready = trio.Event()
+    try:
+        with _lock_data_directory(config.data_dir):
+            async with open_tier(config) as objects:
+                await _run_node(config, objects, handle_signals, task_status, ready)
+    except BaseException:
+        # A node that failed before it served holds nothing anyone was told is stored: leave no directory behind
+        # that a retry (with another port, say) would then take for this node's.
+        if created and not ready.is_set():
+            shutil.rmtree(config.data_dir, ignore_errors=True)
+        raise
 
 
-async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_status) -> None:
+@contextlib.contextmanager
+def _lock_data_directory(data_dir):
+    """Hold the data directory for this node alone: a second node on it would write the same WAL."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise StartupError(f"data directory {data_dir} is in use by another rocket node (pid {holder}): stop "
+                               "that node, or give this one another --data-dir") from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+async def _listen(start, what: str, address: Address) -> int:
+    """Start a listener; a port that cannot be bound is a StartupError naming the address and its option."""
+    try:
+        with collapse_single_error():
+            return await start()
+    except OSError as error:
+        raise StartupError(f"cannot listen on {address} ({what}): {error.strerror or error}") from None
+
+
+async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_status, ready: trio.Event) -> None:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     dispatcher = Dispatcher()
     lifecycle = Lifecycle()
@@ -137,7 +185,8 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             if handle_signals:
                 nursery.start_soon(_wait_for_signal, stop)
             # Listen first: a node told to listen on port 0 tells the others the port it got.
-            tcp_port = await nursery.start(serve_tcp, dispatcher, lifecycle, config.listen.host, config.listen.port)
+            tcp_port = await _listen(partial(nursery.start, serve_tcp, dispatcher, lifecycle, config.listen.host,
+                                             config.listen.port), "TCP, --listen", config.listen)
             if config.listen.port == 0:
                 config = dataclasses.replace(config, listen=Address(config.listen.host, tcp_port))
             http2_port = None
@@ -146,8 +195,9 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                 grpc = {}  # RocketMQ 5 clients, served by brokers
                 if "broker" in config.roles:
                     grpc = rocketmq_services(dispatcher, config.rocketmq_max_attempts)
-                http2_port = await nursery.start(partial(serve_http2, grpc=grpc, tls=_tls_context(config)), dispatcher,
-                                                 lifecycle, listen.host, listen.port)
+                http2_port = await _listen(partial(nursery.start, partial(serve_http2, grpc=grpc, tls=_tls_context(config)),
+                                                   dispatcher, lifecycle, listen.host, listen.port),
+                                           "HTTP/2, --http2-listen", listen)
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
             links = PeerLinks(config.node_id, addresses)
             host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
@@ -180,9 +230,11 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             else:
                 await nursery.start(peers.report_forever)
             if not stop.is_set():
-                print(f"rocket ready tcp={config.listen.host}:{tcp_port} http2={http2_port or 'off'} "
+                http2 = f"{config.http2_listen.host}:{http2_port}" if http2_port else "off"
+                print(f"rocket ready tcp={config.listen.host}:{tcp_port} http2={http2} "
                       f"node={config.node_id} roles={','.join(config.roles)} data={config.data_dir} "
                       f"pid={os.getpid()}", flush=True)
+                ready.set()
                 _notify_systemd("READY=1")
                 task_status.started(Ready(tcp_port, http2_port))
             await stop.wait()

@@ -13,7 +13,7 @@ import pytest
 
 from rocket import config as config_module
 
-READY = re.compile(rb"rocket ready tcp=[^:]+:(\d+) http2=(\d+|off)")
+READY = re.compile(rb"rocket ready tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+|off)")
 
 
 def node_config(data_dir: Path, **overrides) -> config_module.NodeConfig:

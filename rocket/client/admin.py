@@ -1,9 +1,16 @@
-"""Topic administration over a channel."""
+"""Administration over a channel: topics, groups, messages, nodes, and the workflows built of them (a group's dead
+letters listed or sent again, a node drained until it holds no replica)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+
+import trio
+
+from rocket.client.consumer import open_consumer
+from rocket.client.producer import open_producer
 from rocket.errors import Code, RocketError
-from rocket.model import Message, TopicSpec, queue_for_key
+from rocket.model import Message, TopicSpec, dead_letter_topic, queue_for_key, timer_topic
 from rocket.serde import batch as batch_codec
 from rocket.transport.channel import Channel
 
@@ -49,6 +56,49 @@ class Admin:
         """Move every replica off a storage node (or, with draining False, let it take replicas again)."""
         await self.channel.call("DrainNode", {"node": node, "draining": draining})
 
+    async def drain_node_and_wait(self, node: int, timeout_s: float, poll_s: float = 1.0,
+                                  on_progress: Callable[[int], None] | None = None) -> None:
+        """Drain a storage node and wait until it holds no replica (TIMEOUT if some are left after timeout_s);
+        on_progress gets the count of replicas left at each look."""
+        await self.drain_node(node)
+        with trio.move_on_after(timeout_s):
+            while True:
+                status = await self.cluster_status()
+                left = sum(node in group["voters"] + group["learners"] for group in status["groups"])
+                if on_progress is not None:
+                    on_progress(left)
+                if not left:
+                    return
+                await trio.sleep(poll_s)
+        raise RocketError(Code.TIMEOUT, f"node {node} still holds {left:,} replicas after {timeout_s:g} s; "
+                                        "it keeps draining")
+
+    async def dead_letters(self, topic: str, group: str) -> AsyncIterator[list[Message]]:
+        """A group's dead letters of a topic, batch by batch, from the first; reading them moves nothing."""
+        async with open_consumer(self.channel, dead_letter_topic(group, topic), group + "%list", start="earliest",
+                                 wait_ms=0) as consumer:
+            while messages := await consumer.poll():
+                yield messages
+
+    async def resend_dead_letters(self, topic: str, group: str,
+                                  on_progress: Callable[[int], None] | None = None) -> int:
+        """Send a group's dead letters to their topic again, without their DLQ_ properties; the count resent.
+        Each is resent once: the resender's own position on the dead letters is committed after every batch."""
+        resent = 0
+        async with open_producer(self.channel, topic) as producer, open_consumer(
+                self.channel, dead_letter_topic(group, topic), group + "%resend", start="earliest",
+                wait_ms=0) as consumer:
+            while messages := await consumer.poll():
+                for message in messages:
+                    message.properties = {name: value for name, value in message.properties.items()
+                                          if not name.startswith("DLQ_")}
+                await producer.send_many(messages)
+                await consumer.commit()
+                resent += len(messages)
+                if on_progress is not None:
+                    on_progress(len(messages))
+        return resent
+
     async def describe_group(self, topic: str, group: str) -> list[dict]:
         """Per queue: the group's pull position, the live pull consumer reading it (member), pop consumption, lag
         and dead letters."""
@@ -74,6 +124,25 @@ class Admin:
                 if message.offset == offset:
                     return message
         raise RocketError(Code.NOT_FOUND, f"{topic} has no message {queue}.{offset}")
+
+    async def get_message_or_scheduled(self, topic: str, queue: int, offset: int) -> Message:
+        """The message at queue and offset or, on a delay topic, the delayed message whose timer id is
+        QUEUE.OFFSET and that waits for its time (NOT_FOUND if neither is stored)."""
+        try:
+            return await self.get_message(topic, queue, offset)
+        except RocketError as error:
+            if error.code not in (Code.NOT_FOUND, Code.OFFSET_OUT_OF_RANGE):
+                raise
+            spec, _ = await self.describe_topic(topic)
+            if spec.message_type != "delay":
+                raise
+        try:
+            return await self.get_message(timer_topic(topic), queue, offset)
+        except RocketError as error:
+            if error.code not in (Code.NOT_FOUND, Code.OFFSET_OUT_OF_RANGE):
+                raise
+        raise RocketError(Code.NOT_FOUND, f"{topic} has no message {queue}.{offset}, and no delayed message waits "
+                                          "with that timer id")
 
     async def find_messages(self, topic: str, key: str, start_ms: int = 0, end_ms: int | None = None,
                             limit: int = 64) -> list[Message]:

@@ -62,3 +62,16 @@ def test_roles_accept_lists_and_all():
     """Comma-separated roles and 'all' expand to the canonical order."""
     assert config.parse_roles("roles", "broker,nameserver") == ("nameserver", "broker")
     assert config.parse_roles("roles", "all") == config.ROLES
+
+
+@pytest.mark.parametrize("content", [b"listen = \"\xff\xfe\"\n", None])
+def test_an_unreadable_config_file_is_one_line(tmp_path: Path, content):
+    """A config file that is not UTF-8, or a directory, raises a one-line ConfigError naming the file."""
+    file = tmp_path / "rocket.toml"
+    if content is None:
+        file.mkdir()
+    else:
+        file.write_bytes(content)
+    with pytest.raises(ConfigError) as caught:
+        config.load(file, {}, {})
+    assert str(file) in str(caught.value) and "\n" not in str(caught.value)

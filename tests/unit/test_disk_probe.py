@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from rocket.client import bench
+from rocket.cli import disk_probe
 
 
 def test_probes_write_what_they_report_and_leave_no_file(tmp_path):
-    for probe in (bench.raw_disk_bandwidth, bench.raw_disk_bandwidth_direct):
+    for probe in (disk_probe.raw_disk_bandwidth, disk_probe.raw_disk_bandwidth_direct):
         result = probe(tmp_path, 4 << 20)
         if result is None:  # this file system refuses O_DIRECT
             continue
@@ -31,8 +31,8 @@ def test_the_direct_probe_is_none_where_the_file_system_refuses_o_direct_and_oth
         return real_open(path, flags, *arguments)
 
     monkeypatch.setattr(os, "open", refusing_open)
-    assert bench.raw_disk_bandwidth_direct(tmp_path, 1 << 20) is None
-    assert bench.raw_disk_bandwidth(tmp_path, 1 << 20)["bytes"] == 1 << 20
+    assert disk_probe.raw_disk_bandwidth_direct(tmp_path, 1 << 20) is None
+    assert disk_probe.raw_disk_bandwidth(tmp_path, 1 << 20)["bytes"] == 1 << 20
     failure[0] = errno.EIO
     with pytest.raises(OSError):
-        bench.raw_disk_bandwidth_direct(tmp_path, 1 << 20)
+        disk_probe.raw_disk_bandwidth_direct(tmp_path, 1 << 20)

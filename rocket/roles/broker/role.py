@@ -19,7 +19,7 @@ from rocket import __version__, limits
 from rocket.config import Address
 from rocket.errors import Code, RocketError
 from rocket.filter import Filter, SqlFilter, compile_filter
-from rocket.model import (SYSTEM_PREFIX, TopicSpec, check_group_name, dead_letter_topic, read_charge,
+from rocket.model import (SYSTEM_PREFIX, TopicSpec, check_group_name, dead_letter_topic, read_charge, timer_topic,
                           unresolved_topic)
 from rocket.roles.peers import RETRYABLE, Peers, address_of
 from rocket.serde import batch as batch_codec
@@ -40,12 +40,16 @@ class _Route:
 
 DEAD_LETTER_PREFIX = dead_letter_topic("", "")[:-1]  # "%DLQ%"
 UNRESOLVED_PREFIX = unresolved_topic("")
+TIMER_PREFIX = timer_topic("")  # a delay topic's waiting messages, read by their timer id (rocket message get)
 
 
 def _system_base(topic: str) -> str:
-    """The topic beside whose queues a readable system queue lies: %DLQ%group%topic, %TXN_UNRESOLVED%topic."""
+    """The topic beside whose queues a readable system queue lies: %DLQ%group%topic, %TXN_UNRESOLVED%topic,
+    %TIMER%topic."""
     if topic.startswith(UNRESOLVED_PREFIX):
         return topic[len(UNRESOLVED_PREFIX):]
+    if topic.startswith(TIMER_PREFIX):
+        return topic[len(TIMER_PREFIX):]
     if topic.startswith(DEAD_LETTER_PREFIX):
         consumer_group, _, base = topic[len(DEAD_LETTER_PREFIX):].partition("%")
         if dead_letter_topic(consumer_group, base) == topic:

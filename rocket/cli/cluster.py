@@ -1,0 +1,67 @@
+"""Cluster commands: status of nodes and storage groups, and draining a node."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import orjson
+import typer
+from rich.table import Table
+
+from rocket.cli.common import Serde, Server, Transport, out, plural, progress_bar, runs_client
+from rocket.client import Admin, connect
+
+app = typer.Typer(no_args_is_help=True, help="Inspect the cluster: nodes, groups, leaders, load.")
+
+
+@app.command("status")
+@runs_client
+async def cluster_status(server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                         groups: Annotated[bool, typer.Option("--groups", help="Also list every storage group.")] = False,
+                         as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False) -> None:
+    """Nodes with their roles, liveness and load; storage groups with their replicas and leaders."""
+    async with connect(server, transport, serde) as channel:
+        status = await Admin(channel).cluster_status()
+    if as_json:
+        sys.stdout.write(orjson.dumps(status).decode() + "\n")
+        return
+    out.print(f"nameservers {status['nameservers']}, leader [bold]{status['nameserver_leader'] or 'none'}[/bold]; "
+              f"metadata version {status['version']}; {plural(status['topics'], 'topic')}; "
+              f"{plural(len(status['groups']), 'storage group')}")
+    nodes = Table("node", "address", "roles", "state", "heartbeat", "groups", "leads", "stored", "free disk",
+                  title="nodes")
+    for node in status["nodes"]:
+        load = node["load"]
+        age = f"{node['heartbeat_age_ms'] / 1000:.1f} s ago" if node["heartbeat_age_ms"] >= 0 else "-"
+        state = {"up": "[green]up[/green]", "down": "[red]down[/red]"}.get(node["state"], f"[yellow]{node['state']}[/yellow]")
+        nodes.add_row(str(node["id"]), node["address"], ",".join(node["roles"]), state, age, str(load["groups"]),
+                      str(len(load["leads"])), f"{load['bytes']:,}", f"{load['free_disk_bytes'] / 2**30:,.1f} GiB")
+    out.print(nodes)
+    if groups:
+        table = Table("group", "voters", "learners", "leader", "behind (node: entries)", title="storage groups")
+        for group in status["groups"]:
+            behind = ", ".join(f"{lag['node']}: {lag['entries']:,}" for lag in group["lagging"])
+            table.add_row(str(group["id"]), ",".join(map(str, group["voters"])), ",".join(map(str, group["learners"])),
+                          str(group["leader"] or "-"), behind)
+        out.print(table)
+
+
+@app.command("drain")
+@runs_client
+async def cluster_drain(node: Annotated[int, typer.Argument(help="The storage node's id (--node-id).", show_default=False)],
+                        server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                        undo: Annotated[bool, typer.Option("--undo", help="Let the node take replicas again.")] = False,
+                        wait: Annotated[bool, typer.Option("--wait", help="Wait until no replica is left on it.")] = False,
+                        timeout_s: Annotated[float, typer.Option("--timeout-s", help="With --wait: give up waiting (exit 1) after this many seconds.")] = 600.0) -> None:
+    """Move every replica off a storage node so that it can be shut down."""
+    async with connect(server, transport, serde) as channel:
+        admin = Admin(channel)
+        if undo or not wait:
+            await admin.drain_node(node, not undo)
+            out.print(f"node {node} {'takes replicas again' if undo else 'is draining'}")
+            return
+        with progress_bar(None, "replicas") as progress:
+            task = progress.add_task(f"replicas left on node {node}")
+            await admin.drain_node_and_wait(node, timeout_s, on_progress=lambda left: progress.update(task, completed=left))
+    out.print(f"node {node} holds no replica: it can be shut down")

@@ -1,0 +1,143 @@
+"""What every command shares: the consoles, the connection options, one-line failures, progress and formats."""
+
+from __future__ import annotations
+
+import functools
+from typing import Annotated, Optional
+
+import orjson
+import trio
+import typer
+import typer.core
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+
+from rocket.client import parse_start
+from rocket.client.connection import DEFAULT_SERVERS
+from rocket.errors import Code, RocketError, collapse_single_error, leaf_exceptions
+from rocket.model import Message
+
+out = Console()
+err = Console(stderr=True)
+
+USAGE_ERROR = 2  # the command line is wrong: nothing was asked of a server
+REFUSED = 1  # a server refused the request, or none could be reached
+INTERRUPTED = 130  # Ctrl-C, as shells report a SIGINT
+
+Server = Annotated[Optional[str], typer.Option(
+    "--server", envvar="ROCKET_SERVER", show_default=f"{DEFAULT_SERVERS['tcp']}, or {DEFAULT_SERVERS['http2']} over http2",
+    help="HOST:PORT of a rocket server, or several comma-separated (TCP: calls move on when one is gone).")]
+Transport = Annotated[str, typer.Option("--transport", help="tcp (the --listen port) or http2 (the --http2-listen port).")]
+Serde = Annotated[str, typer.Option("--serde", help="json or avro: how requests and responses are encoded.")]
+
+_display_type_rich = typer.core.TyperOption.display_type_rich
+
+
+def _no_type_on_flags(option: typer.core.TyperOption, ctx) -> str | None:
+    """A flag takes no value, so its help shows none (typer shows <bool>, which reads as if it took one)."""
+    return None if option.is_flag else _display_type_rich(option, ctx)
+
+
+typer.core.TyperOption.display_type_rich = _no_type_on_flags
+
+
+def fail(message: str, status: int) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(status)
+
+
+def usage_error(message: str) -> None:
+    fail(message, USAGE_ERROR)
+
+
+def parse_position(text: str, option: str, times_only: bool = False) -> str | int:
+    """earliest, latest or an ISO time (as epoch ms) for option; anything else is a usage error naming it."""
+    expected = "an ISO time, such as 2030-01-31T09:00" if times_only else "earliest, latest or an ISO time"
+    try:
+        position = parse_start(text)
+    except RocketError:
+        position = None
+    if position is None or (times_only and isinstance(position, str)):
+        usage_error(f"{option} {text!r}: expected {expected} (UTC unless it names a zone)")
+    return position
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """1 topic, 2 topics, 1,000 messages."""
+    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
+
+
+def wrong_port_hint(error: RocketError, transport: str) -> str:
+    """What the port probably is, when its answer was not the protocol asked for."""
+    if transport == "tcp" and "frame version" in error.message:
+        return (f" (the port does not speak rocket's TCP frames: an HTTP/2 port? Use --transport http2 there, or "
+                f"the TCP port, {DEFAULT_SERVERS['tcp']} by default)")
+    if transport == "http2" and "as an HTTP/2 server" in error.message:
+        return (f" (a rocket TCP port? Use --transport tcp there, or the HTTP/2 port, {DEFAULT_SERVERS['http2']} "
+                "by default)")
+    if error.code == Code.UNKNOWN_METHOD:
+        return " (the port answered, but does not serve rocket's client calls: is it a rocket node's --listen port?)"
+    return ""
+
+
+def runs_client(function):
+    """Run an async command body under trio: a rocket error becomes one clear line and exit 1, Ctrl-C exit 130."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            with collapse_single_error():
+                return trio.run(functools.partial(function, *args, **kwargs))
+        except RocketError as error:
+            fail(f"{error.code.name}: {error.message}{wrong_port_hint(error, kwargs.get('transport', 'tcp'))}", REFUSED)
+        except KeyboardInterrupt:
+            raise typer.Exit(INTERRUPTED)
+        except BaseExceptionGroup as group:
+            # Ctrl-C may land while several tasks end at once, each with something to say: the interrupt wins.
+            leaves = list(leaf_exceptions(group))
+            if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+                raise typer.Exit(INTERRUPTED)
+            exits = [leaf for leaf in leaves if isinstance(leaf, typer.Exit)]
+            if exits:
+                raise exits[0] from None
+            refusals = [leaf for leaf in leaves if isinstance(leaf, RocketError)]
+            if refusals and len(refusals) == len(leaves):
+                fail(f"{refusals[0].code.name}: {refusals[0].message}", REFUSED)
+            raise
+
+    return wrapper
+
+
+def progress_bar(total: int | None, unit: str = "messages") -> Progress:
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    if unit == "bytes":
+        columns = [TextColumn("[bold]{task.description}"), BarColumn(), TransferSpeedColumn(), TimeElapsedColumn()]
+    return Progress(*columns, console=err, disable=not err.is_terminal, transient=False)
+
+
+def size(count: int) -> str:
+    """Bytes for people: 512 B, 1.5 KiB, 3.2 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:,} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
+        count /= 1024
+    return ""
+
+
+def format_message(message: Message, topic: str, output_format: str) -> bytes:
+    if output_format == "json":
+        return orjson.dumps({
+            "topic": topic, "queue": message.queue, "offset": message.offset, "key": message.key,
+            "tag": message.tag, "properties": message.properties, "timestamp_ms": message.timestamp_ms,
+            "body": message.body.decode("utf-8", "replace"),
+        }) + b"\n"
+    if output_format == "raw":
+        return message.body + b"\n"
+    meta = f"{message.queue}:{message.offset}"
+    if message.key:
+        meta += f" key={message.key}"
+    if message.tag:
+        meta += f" tag={message.tag}"
+    for name, value in message.properties.items():
+        meta += f" {name}={value}"
+    return meta.encode() + b" " + message.body + b"\n"

@@ -1,0 +1,48 @@
+"""`rocket run`: start a node from its config, environment and flags."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Annotated, Optional
+
+import trio
+import typer
+
+from rocket.cli.common import fail
+from rocket.config import ConfigError, load_from_environment
+from rocket.errors import RocketError, collapse_single_error
+
+
+def run(
+    role: Annotated[Optional[str], typer.Option("--role", help="all, or a comma-separated list of nameserver, storage, broker.")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="TOML config file.")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where data lives (default ./rocket-data).")] = None,
+    listen: Annotated[Optional[str], typer.Option("--listen", help="TCP HOST:PORT (default 127.0.0.1:9876).")] = None,
+    http2_listen: Annotated[Optional[str], typer.Option("--http2-listen", help="HTTP/2 HOST:PORT or 'off' (default 127.0.0.1:9877).")] = None,
+    log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug, info, warning or error (default info).")] = None,
+    node_id: Annotated[Optional[int], typer.Option("--node-id", help="This node's id in the cluster (default 1).")] = None,
+    nameservers: Annotated[Optional[str], typer.Option("--nameservers", help="ID@HOST:PORT,... of the nameserver group (default: this node alone).")] = None,
+    advertise: Annotated[Optional[str], typer.Option("--advertise", help="HOST:PORT other nodes reach this one at (default: --listen).")] = None,
+) -> None:
+    """Run a node. With no flags: dev mode, all roles in one process, data in ./rocket-data."""
+    from rocket.node import StartupError, keep_freed_memory, run_node
+
+    flags = {"roles": role, "data_dir": data_dir, "listen": listen, "http2_listen": http2_listen, "log_level": log_level,
+             "node_id": node_id, "nameservers": nameservers, "advertise": advertise}
+    try:
+        node_config = load_from_environment(config, flags)
+    except ConfigError as error:
+        fail(f"config: {error}", 2)
+    logging.basicConfig(level=node_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keep_freed_memory()
+    try:
+        with collapse_single_error():
+            trio.run(functools.partial(run_node, node_config))
+    except RocketError as error:
+        fail(f"{error.code.name}: {error.message}", 2 if error.code.name == "CONFIG_INVALID" else 1)
+    except StartupError as error:
+        fail(f"cannot start: {error}", 1)
+    except OSError as error:
+        fail(f"cannot start: {error}", 1)
