@@ -16,10 +16,10 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.serde.piece import Piece, build, queue_prefix, range_of_key
 from rocket.store.commands import encode_drop_local, encode_expire, encode_offloaded, encode_truncate
 from rocket.store.store import Store
 from rocket.tier.objectstore import ObjectStore
-from rocket.serde.piece import Piece, build, queue_prefix, range_of_key
 
 log = logging.getLogger("rocket.tier")
 

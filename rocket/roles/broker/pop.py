@@ -1,0 +1,78 @@
+"""Pop (simple) consumption on the broker: receive hands out messages from every queue's storage group, and
+receipts are acked, made visible again or dead-lettered where their queue is. A mixin of Broker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.model import check_group_name
+
+
+class PopConsumption:
+    async def receive(self, request: dict) -> dict:
+        """Pop consumption over all queues of the topic, storage group after storage group (starting at a
+        different one each time, so receivers spread); waits up to wait_ms for messages."""
+        route = await self._route(request["topic"])
+        check_group_name(request["group"])
+        self._filter(request)  # a malformed filter is refused here, with its position
+        groups = list(self._by_group(route, range(route.spec.queues)).items())
+        start = next(self._round_robin.setdefault("%receive%" + route.spec.name, itertools.count())) % len(groups)
+        groups = groups[start:] + groups[:start]
+        wanted = min(max(request["max_messages"], 1), limits.pop_messages_max)
+        deadline = trio.current_time() + min(max(request["wait_ms"], 0), limits.pull_wait_ms_max) / 1000
+        while True:
+            fifo = route.spec.message_type == "fifo"
+            response = {"batches": [], "handles": [], "cursors": [], "next_visible_ms": 0, "fifo": fifo}
+            for group, queues in groups:
+                if len(response["handles"]) >= wanted:
+                    break
+                found = await self._storage(route, group, "StoragePop", {
+                    "group": group, "consumer_group": request["group"], "topic": route.spec.name, "queues": queues,
+                    "max_messages": wanted - len(response["handles"]), "invisible_ms": request["invisible_ms"],
+                    "wait_ms": 0, "max_attempts": request["max_attempts"], "filter_type": request["filter_type"],
+                    "filter": request["filter"], "fifo": fifo})
+                for field in ("batches", "handles", "cursors"):
+                    response[field].extend(found[field])
+                if found["next_visible_ms"]:
+                    response["next_visible_ms"] = min(response["next_visible_ms"] or found["next_visible_ms"],
+                                                      found["next_visible_ms"])
+            left_s = deadline - trio.current_time()
+            if response["handles"] or left_s <= 0:
+                return response
+            if response["next_visible_ms"]:
+                left_s = min(left_s, max(0.05, response["next_visible_ms"] / 1000 - time.time()))
+            await self._wait_for_data(route, {entry["queue"]: entry["offset"] for entry in response["cursors"]}, left_s)
+
+    async def ack(self, request: dict) -> dict:
+        return await self._receipt({**request, "invisible_ms": -1})
+
+    async def change_invisible(self, request: dict) -> dict:
+        """Make a received message visible again after invisible_ms (0: at once, for a retry now)."""
+        if request["invisible_ms"] < 0:
+            raise RocketError(Code.BAD_REQUEST, f"invisible_ms {request['invisible_ms']} is negative")
+        return await self._receipt(request)
+
+    async def dead_letter(self, request: dict) -> dict:
+        """Move received messages to the group's dead-letter queue now, whatever their attempts (RocketMQ's
+        ForwardMessageToDeadLetterQueue); answers the receipts that were stale."""
+        return await self._receipt({**request, "invisible_ms": -1}, dead=True)
+
+    async def _receipt(self, request: dict, dead: bool = False) -> dict:
+        """On each storage group of the receipts' queues."""
+        route = await self._route(request["topic"])
+        consumer_group = check_group_name(request["group"])
+        by_group: dict[int, list[dict]] = {}
+        for receipt in request["receipts"]:
+            by_group.setdefault(route.queue_groups[self._queue(route.spec, receipt["queue"])], []).append(receipt)
+        stale = []
+        for group, receipts in by_group.items():
+            response = await self._storage(route, group, "StorageReceipt", {
+                **request, "group": group, "consumer_group": consumer_group, "receipts": receipts, "dead": dead})
+            stale.extend(response["stale"])
+        return {"stale": stale}

@@ -1,0 +1,81 @@
+"""Produce on the broker: a batch is checked (header, CRC, the topic's message type) and appended by its queue's
+storage group, unread; timers and transactions are ended there too. A mixin of Broker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import AsyncIterator
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.model import TopicSpec
+from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header
+
+log = logging.getLogger("rocket.broker")
+
+
+def _check_message_type(spec: TopicSpec, flags: int) -> None:
+    """A topic takes only sends of its type (RocketMQ 5's topic message type check)."""
+    timed = bool(flags & FLAG_TIMED)
+    if spec.message_type == "system":
+        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"{spec.name!r} is a system queue: only the system writes there "
+                          "(rocket dlq resend sends dead letters to their topic again)")
+    if bool(flags & FLAG_TRANSACTION) != (spec.message_type == "transaction"):
+        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {spec.name!r} is a {spec.message_type} topic: "
+                          "transactional (half) messages go to transaction topics, and only they")
+    if timed and spec.message_type != "delay":
+        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {spec.name!r} is a {spec.message_type} topic: messages "
+                          "with a delivery time go to a delay topic")
+    if not timed and spec.message_type == "delay":
+        raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {spec.name!r} is a delay topic: give each message a "
+                          "delivery time")
+
+
+class Produce:
+    async def produce(self, request: dict) -> dict:
+        """Check the batch's header and CRC (its messages stay undecoded) and send it to its group."""
+        route = await self._route(request["topic"])
+        spec = route.spec
+        _check_message_type(spec, check_header(request["batch"]).flags)
+        queue = request["queue"]
+        if queue == -1:  # any queue: spread batches round robin
+            queue = next(self._round_robin.setdefault(spec.name, itertools.count())) % spec.queues
+        group = route.queue_groups[self._queue(spec, queue)]
+        return await self._storage(route, group, "StorageAppend",
+                                   {"group": group, "topic": spec.name, "queue": queue, "batch": request["batch"]})
+
+    async def _on_queue(self, method: str, request: dict) -> dict:
+        """A storage call on the group of the request's queue."""
+        route = await self._route(request["topic"])
+        group = route.queue_groups[self._queue(route.spec, request["queue"])]
+        return await self._storage(route, group, method, {**request, "group": group})
+
+    async def cancel_timer(self, request: dict) -> dict:
+        """Drop a delayed message that has not been delivered yet."""
+        return await self._on_queue("StorageCancelTimer", request)
+
+    async def end_transaction(self, request: dict) -> dict:
+        return await self._on_queue("StorageEndTransaction", request)
+
+    async def transaction_checks(self, request: dict) -> AsyncIterator[dict]:
+        """Stream the topic's transactions due for a check back to the producer that asked, every
+        limits.transaction_check_poll_s; each goes to one asker per check interval."""
+        route = await self._route(request["topic"])
+        if route.spec.message_type != "transaction":
+            raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {route.spec.name!r} is not a transaction topic")
+        while True:
+            for group, queues in self._by_group(route, range(route.spec.queues)).items():
+                try:
+                    found = await self._storage(route, group, "StorageTransactionChecks",
+                                                {"group": group, "topic": route.spec.name, "queues": queues})
+                except RocketError as error:  # a group without a leader now: the next round asks again
+                    log.info("transaction checks of %s on group %d: %s", route.spec.name, group, error)
+                    continue
+                if found["checks"]:
+                    yield found
+            await trio.sleep(limits.transaction_check_poll_s)
+            route = await self._route(route.spec.name)

@@ -1,0 +1,152 @@
+"""Pull consumption on the broker: batches past the client's positions within a byte budget, from any replica in
+sync, filtered by tag summary on storage and by SQL here; a long poll waits on storage for data. A mixin of Broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.filter import Filter, SqlFilter, compile_filter
+from rocket.model import read_charge
+from rocket.roles.broker.routes import Route
+from rocket.roles.peers import RETRYABLE
+from rocket.serde import batch as batch_codec
+
+log = logging.getLogger("rocket.broker")
+
+
+def _may_match(chosen: SqlFilter, batch: bytes) -> bool:
+    """Whether a message of the batch matches; a batch that cannot be read goes to the client, whose poll names
+    it (BAD_BATCH with its offsets) and can step past it, where failing the pull would stop every queue."""
+    messages = batch_codec.readable(batch)
+    return messages is None or any(chosen.matches(message) for message in messages)
+
+
+class Pull:
+    async def _pull_positions(self, request: dict) -> tuple[Route, dict[int, int]]:
+        route = await self._route(request["topic"])
+        positions: dict[int, int] = {}
+        for entry in request["queues"]:
+            queue = self._queue(route.spec, entry["queue"])
+            if entry["offset"] < 0:
+                raise RocketError(Code.BAD_REQUEST, f"offset {entry['offset']} for queue {queue} is negative")
+            positions[queue] = entry["offset"]
+        if not positions:
+            raise RocketError(Code.BAD_REQUEST, "pull needs at least one queue")
+        return route, positions
+
+    async def _replica_read(self, route: Route, group: int, request: dict) -> dict:
+        """A read spread over the group's replicas: a follower in sync answers as a read replica; one
+        that is not (or is gone) sends the read to the leader."""
+        voters = sorted(route.voters.get(group, ()))
+        if voters:
+            turn = self._read_turns[group] = self._read_turns.get(group, -1) + 1
+            address = self._addresses.get(voters[turn % len(voters)])
+            if address is not None:
+                try:
+                    return await self.peers.call(address, "StorageRead", {**request, "follower_ok": True},
+                                                 limits.storage_call_s_max)
+                except RocketError as error:  # OFFSET_OUT_OF_RANGE: the replica has not caught up to there yet
+                    if error.code not in RETRYABLE and error.code != Code.OFFSET_OUT_OF_RANGE:
+                        raise
+        return await self._storage(route, group, "StorageRead", request)
+
+    async def _read(self, route: Route, positions: dict[int, int], max_bytes: int, replicas: bool = True,
+                    tag_mask: int = -1) -> dict:
+        """Read group after group with what is left of the byte budget, so a response fits a frame;
+        from any replica in sync, or from the leaders alone."""
+        batches: list[dict] = []
+        next_offsets: list[dict] = []
+        budget = max_bytes
+        for group, queues in self._by_group(route, positions).items():
+            wanted = [{"queue": queue, "offset": positions[queue]} for queue in queues]
+            if budget <= 0:
+                next_offsets.extend(wanted)
+                continue
+            request = {"group": group, "topic": route.spec.name, "queues": wanted, "max_bytes": budget, "wait_ms": 0,
+                       "at_least_one": not batches, "any_replica": False, "follower_ok": False, "tag_mask": tag_mask}
+            if replicas:
+                response = await self._replica_read(route, group, request)
+            else:
+                response = await self._storage(route, group, "StorageRead", request)
+            batches.extend(response["batches"])
+            budget -= sum(read_charge(len(found["batch"])) for found in response["batches"])
+            next_offsets.extend(response["next_offsets"])
+        return {"batches": batches, "next_offsets": next_offsets}
+
+    async def _wait_for_data(self, route: Route, positions: dict[int, int], wait_s: float) -> None:
+        """Long-poll every group at once; return when one of them has data, or after wait_s. A group that
+        fails the poll ends the wait too: the caller reads again, and that read reports the failure."""
+        async def wait_on(group: int, queues: list[int], done: trio.CancelScope) -> None:
+            try:
+                await self._storage(route, group, "StorageRead", {
+                    "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": 0,
+                    "at_least_one": False, "any_replica": False, "follower_ok": False, "tag_mask": -1,
+                    "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
+                    timeout_s=wait_s + limits.storage_call_s_max)
+            except RocketError as error:
+                log.info("long poll of %s on group %d: %s", route.spec.name, group, error)
+            done.cancel()
+
+        with trio.move_on_after(wait_s + 1):
+            async with trio.open_nursery() as nursery:
+                for group, queues in self._by_group(route, positions).items():
+                    nursery.start_soon(wait_on, group, queues, nursery.cancel_scope)
+
+    def _filter(self, request: dict) -> Filter:
+        """The pull's filter, compiled once per expression (BAD_FILTER names where it does not parse)."""
+        key = (request["filter_type"], request["filter"])
+        found = self._filters.get(key)
+        if found is None:
+            found = compile_filter(*key)
+            if len(self._filters) >= limits.filters_cached_max:
+                del self._filters[next(iter(self._filters))]
+            self._filters[key] = found
+        return found
+
+    async def _read_filtered(self, route: Route, positions: dict[int, int], max_bytes: int, chosen: Filter) -> dict:
+        """A read from any replica in sync, else from the leaders, of the batches that may hold a match:
+        storage skips batches by their tag summary unread; an SQL filter decodes the rest here and keeps
+        the batches with a match. Clients filter the messages of the batches they get."""
+        tag_mask = -1 if chosen.tag_mask is None else chosen.tag_mask - 2**64 * (chosen.tag_mask >= 2**63)
+        response = await self._read(route, positions, max_bytes, tag_mask=tag_mask)
+        if not response["batches"]:  # a replica may lag: nothing new means nothing on the leaders
+            response = await self._read(route, positions, max_bytes, replicas=False, tag_mask=tag_mask)
+        if isinstance(chosen, SqlFilter):
+            response["batches"] = [stored for stored in response["batches"] if _may_match(chosen, stored["batch"])]
+        return response
+
+    async def pull(self, request: dict) -> dict:
+        """Batches past the positions that may hold messages the filter matches; waits up to wait_ms for
+        some, reading on past batches the filter skipped."""
+        route, positions = await self._pull_positions(request)
+        chosen = self._filter(request)
+        max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
+        deadline = trio.current_time() + min(max(request["wait_ms"], 0), limits.pull_wait_ms_max) / 1000
+        while True:
+            response = await self._read_filtered(route, positions, max_bytes, chosen)
+            if response["batches"] or trio.current_time() >= deadline:
+                return response
+            moved = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
+            if moved == positions:
+                await self._wait_for_data(route, positions, deadline - trio.current_time())
+            positions = moved
+
+    async def subscribe(self, request: dict) -> AsyncIterator[dict]:
+        """Stream pull responses as data arrives, each continuing where the previous ended."""
+        route, positions = await self._pull_positions(request)
+        chosen = self._filter(request)
+        max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
+        while True:
+            response = await self._read_filtered(route, positions, max_bytes, chosen)
+            moved = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
+            if response["batches"]:
+                yield response
+            elif moved == positions:
+                await self._wait_for_data(route, positions, limits.pull_wait_ms_max / 1000)
+            positions = moved

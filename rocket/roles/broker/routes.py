@@ -1,0 +1,102 @@
+"""Routes on the broker: each topic's queue -> storage group map and the groups' replicas, cached from the nameservers
+(refreshed on a newer metadata version, by age, and on errors), and calls to storage that retry on a group's other
+replicas when one is gone or no longer leads. A mixin of Broker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.model import SYSTEM_PREFIX, TopicSpec, dead_letter_topic, timer_topic, unresolved_topic
+from rocket.roles.peers import RETRYABLE, address_of
+
+log = logging.getLogger("rocket.broker")
+
+
+@dataclasses.dataclass(slots=True)
+class Route:
+    spec: TopicSpec
+    version: int
+    queue_groups: list[int]
+    voters: dict[int, tuple[int, ...]]
+    fetched_at: float
+
+
+DEAD_LETTER_PREFIX = dead_letter_topic("", "")[:-1]  # "%DLQ%"
+UNRESOLVED_PREFIX = unresolved_topic("")
+TIMER_PREFIX = timer_topic("")  # a delay topic's waiting messages, read by their timer id (rocket message get)
+
+
+DEAD_LETTER_PREFIX = dead_letter_topic("", "")[:-1]  # "%DLQ%"
+UNRESOLVED_PREFIX = unresolved_topic("")
+TIMER_PREFIX = timer_topic("")  # a delay topic's waiting messages, read by their timer id (rocket message get)
+
+
+def _system_base(topic: str) -> str:
+    """The topic beside whose queues a readable system queue lies: %DLQ%group%topic, %TXN_UNRESOLVED%topic,
+    %TIMER%topic."""
+    if topic.startswith(UNRESOLVED_PREFIX):
+        return topic[len(UNRESOLVED_PREFIX):]
+    if topic.startswith(TIMER_PREFIX):
+        return topic[len(TIMER_PREFIX):]
+    if topic.startswith(DEAD_LETTER_PREFIX):
+        consumer_group, _, base = topic[len(DEAD_LETTER_PREFIX):].partition("%")
+        if dead_letter_topic(consumer_group, base) == topic:
+            return base
+    raise RocketError(Code.UNKNOWN_TOPIC, f"{topic!r} is not a topic, nor the dead letters (%DLQ%GROUP%TOPIC) or "
+                      "unresolved transactions (%TXN_UNRESOLVED%TOPIC) of one")
+
+
+class Routes:
+    async def _route(self, topic: str, refresh: bool = False) -> Route:
+        if topic.startswith(SYSTEM_PREFIX):  # dead letters and unresolved transactions lie beside the topic's queues
+            base = _system_base(topic)
+            route = await self._route(base, refresh)
+            return dataclasses.replace(route, spec=dataclasses.replace(route.spec, name=topic, message_type="system"))
+        route = self._routes.get(topic)
+        if (route is None or refresh or route.version < self.peers.metadata_version  # the metadata changed
+                or trio.current_time() - route.fetched_at > limits.route_ttl_s):
+            response = await self.peers.nameserver("GetRoute", {"topic": topic})
+            for node in response["nodes"]:
+                self._addresses[node["id"]] = address_of(node["address"])
+            voters = {}
+            for group in response["groups"]:
+                voters[group["id"]] = tuple(group["voters"])
+                if group["leader"] and (refresh or group["id"] not in self._leaders):
+                    self._leaders[group["id"]] = group["leader"]
+            spec = TopicSpec.from_wire(response["topic"])
+            route = Route(spec, response["version"], response["queue_groups"], voters, trio.current_time())
+            self._routes[topic] = route
+        return route
+
+    async def _storage(self, route: Route, group: int, method: str, request: dict,
+                       timeout_s: float = limits.storage_call_s_max) -> dict:
+        """Call the group's leader as far as known, else each replica in turn; refresh the route and
+        try again until limits.storage_retry_s_max has passed (or, for a long poll, the call's timeout)."""
+        failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
+        with trio.move_on_after(max(limits.storage_retry_s_max, timeout_s)):
+            for attempt in itertools.count():
+                voters = route.voters.get(group, ())
+                leader = self._leaders.get(group)
+                for node in sorted(voters, key=lambda voter: voter != leader):
+                    address = self._addresses.get(node)
+                    if address is None:
+                        continue
+                    try:
+                        response = await self.peers.call(address, method, request, timeout_s)
+                    except RocketError as error:
+                        if error.code not in RETRYABLE:
+                            raise
+                        failure = error
+                        continue
+                    self._leaders[group] = node
+                    return response
+                await trio.sleep(min(0.05 * 2 ** attempt, 1.0))
+                route = await self._route(route.spec.name, refresh=True)
+        raise failure

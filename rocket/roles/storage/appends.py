@@ -1,0 +1,64 @@
+"""Appends on a group's leader: produce batches (timed and transactional ones to their system queues), stamped with
+the leader's append time, and consumer offsets commits. A mixin of StorageRole.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.model import check_group_name, check_topic_name
+from rocket.serde import batch as batch_codec
+from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header
+from rocket.store.commands import encode_append, encode_half, encode_offsets, encode_pop, encode_timers
+
+
+class Appends:
+    async def append(self, request: dict) -> dict:
+        """Stamp a batch, replicate it, answer with its offsets. The broker checked the batch's CRC; the
+        header is checked again here, because the offsets given out depend on it."""
+        group, topic, queue, batch = request["group"], request["topic"], request["queue"], request["batch"]
+        self._hosted(group)
+        check_topic_name(topic)
+        self._positions([{"queue": queue, "offset": 0}], "offset")
+        flags = check_header(batch, crc=False).flags
+        append_ms = self._stamp(topic, queue)
+        if flags & FLAG_TIMED:
+            self._check_delivery_times(batch, append_ms)
+            entry = encode_timers(topic, queue, append_ms, batch)
+        elif flags & FLAG_TRANSACTION:
+            batch_codec.decode(batch)  # its checks and its commit read the half messages: BAD_BATCH now, not then
+            entry = encode_half(topic, queue, append_ms, append_ms + int(self.config.transaction_timeout_s * 1000), batch)
+        else:
+            entry = encode_append(topic, queue, append_ms, batch)
+        base_offset, count = await self.host.propose(group, entry, limits.storage_append_wait_s_max)
+        return {"queue": queue, "base_offset": base_offset, "count": count, "scheduled": bool(flags & FLAG_TIMED)}
+
+    def _stamp(self, topic: str, queue: int) -> int:
+        """Append times never go backwards within a queue on this leader; replicas take the stamp."""
+        append_ms = max(int(time.time() * 1000), self._last_append_ms.get((topic, queue), 0))
+        self._last_append_ms[(topic, queue)] = append_ms
+        return append_ms
+
+    @staticmethod
+    def _check_delivery_times(batch, now_ms: int) -> None:
+        """Delivery times must lie within limits.timer_delay_s_max; a time past is due at once."""
+        latest_ms = now_ms + limits.timer_delay_s_max * 1000
+        for message in batch_codec.decode(batch):
+            if message.deliver_at_ms > latest_ms:
+                raise RocketError(Code.BAD_REQUEST, f"message {message.offset} is due "
+                                  f"{(message.deliver_at_ms - now_ms) / 86_400_000:,.0f} days from now; the most is "
+                                  f"{limits.timer_delay_s_max // 86_400} days")
+
+    async def commit_offsets(self, request: dict) -> dict:
+        self._hosted(request["group"])
+        consumer_group = check_group_name(request["consumer_group"])
+        check_topic_name(request["topic"])
+        offsets = self._positions(request["offsets"], "offset")
+        await self.host.propose(request["group"], encode_offsets(consumer_group, request["topic"], offsets))
+        for queue, offset in offsets.items() if request["reset_pop"] else ():
+            await self.host.propose(request["group"], encode_pop({
+                "op": "reset", "consumer_group": consumer_group, "topic": request["topic"], "queue": queue,
+                "cursor": offset}))
+        return {}

@@ -1,0 +1,41 @@
+"""Consumer group membership on the leader of the group's queue 0: soft state, rebuilt by heartbeats. A mixin of
+StorageRole.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.model import check_group_name, check_topic_name
+
+
+class ConsumerGroups:
+    async def group_heartbeat(self, request: dict) -> dict:
+        """The live members of a consumer group on a topic, on the leader of the storage group of its
+        queue 0. Soft state: after a change of leader the members are back within a heartbeat, and until
+        then a member may read a queue another one reads too (duplicates, never a gap: positions are
+        committed). No member leaving (member "") only reads who is live."""
+        self._leads(request["group"])
+        key = (check_group_name(request["consumer_group"]), check_topic_name(request["topic"]))
+        member = request["member"]
+        if len(member) > limits.group_name_bytes_max or not (member or request["leave"]):
+            raise RocketError(Code.BAD_REQUEST, f"member id must be 1-{limits.group_name_bytes_max} characters")
+        now = trio.current_time()
+        if now - self._members_swept_at > limits.group_member_expiry_s:  # groups all of whose members left
+            self._members_swept_at = now
+            for gone in [name for name, members in self._members.items() if max(members.values()) < now]:
+                del self._members[gone]
+        members = self._members.setdefault(key, {})
+        for gone in [name for name, expires in members.items() if expires < now]:
+            del members[gone]
+        if request["leave"]:
+            members.pop(member, None)
+        elif member in members or len(members) < limits.group_members_max:
+            members[member] = now + limits.group_member_expiry_s
+        else:
+            raise RocketError(Code.OVERLOADED, f"group {key[0]!r} on {key[1]!r} has {len(members)} members already")
+        if not members:
+            del self._members[key]
+        return {"members": sorted(members), "queues": []}

@@ -1,0 +1,87 @@
+"""Reads of a group's queues, on its leader or on a follower in sync: batches within a byte budget, from the WAL or
+from the tier for what is no longer local; a long poll waits for data and returns it. A mixin of StorageRole.
+"""
+
+from __future__ import annotations
+
+from rocket import limits
+from rocket.model import ALL_TAGS, read_charge
+
+
+class Reads:
+    async def _read_queue(self, topic: str, queue: int, offset: int, budget: int, first: bool,
+                          tag_mask: int) -> tuple[list[tuple[int, bytes]], int]:
+        """A queue's batches from offset: from the tier for what is no longer local (or, in force mode,
+        for all that is offloaded), else from the WAL."""
+        force = self.offloader.settings.force_reads
+        piece = self.store.tier_piece(topic, queue, offset, force) if self.cold is not None else None
+        if piece is None:
+            return await self.store.fetch(topic, queue, offset, budget, first, tag_mask)
+        found, next_offset = await self.cold.read(piece, offset, budget, first, tag_mask)
+        following = self.store.tier_piece(topic, queue, piece.to_offset, force)
+        if following is not None and following.key not in self._prefetching and self._nursery is not None:
+            self._nursery.start_soon(self._prefetch, following)
+        return found, next_offset
+
+    async def _prefetch(self, piece) -> None:
+        self._prefetching.add(piece.key)
+        try:
+            await self.cold.prefetch(piece)
+        finally:
+            self._prefetching.discard(piece.key)
+
+    async def _read(self, topic: str, positions: dict[int, int], max_bytes: int, at_least_one: bool,
+                    tag_mask: int = ALL_TAGS) -> dict:
+        batches: list[dict] = []
+        next_offsets: list[dict] = []
+        budget = max_bytes
+        for queue, offset in positions.items():
+            # Past the first batch the budget is strict, so a response never exceeds a frame.
+            first = at_least_one and not batches
+            if budget > 0 or first:
+                found, offset = await self._read_queue(topic, queue, offset, budget, first, tag_mask)
+                for base_offset, data in found:
+                    batches.append({"queue": queue, "base_offset": base_offset, "batch": data})
+                    budget -= read_charge(len(data))
+            next_offsets.append({"queue": queue, "offset": offset})
+        return {"batches": batches, "next_offsets": next_offsets}
+
+    async def read(self, request: dict) -> dict:
+        group = request["group"]
+        self._hosted(group)
+        in_sync = request["follower_ok"] and self.host.in_sync(group, limits.follower_read_lag_entries_max)
+        if not (request["any_replica"] or in_sync):
+            self._leads(group)
+        if in_sync:
+            self.replica_reads += 1
+        topic = request["topic"]
+        positions = self._positions(request["queues"], "offset")
+        max_bytes = max(0, min(request["max_bytes"], limits.read_bytes_max))
+        tag_mask = request["tag_mask"] & ALL_TAGS  # a signed long on the wire; -1 reads every batch
+        response = await self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
+        wait_ms = min(max(request["wait_ms"], 0), limits.pull_wait_ms_max)
+        if not response["batches"] and wait_ms:  # wait past what the filter skipped
+            positions = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
+            await self.store.wait_for_data({(topic, queue): offset for queue, offset in positions.items()},
+                                           wait_ms / 1000)
+            response = await self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
+        return response
+
+    async def queues(self, request: dict) -> dict:
+        self._leads(request["group"])
+        topic = request["topic"]
+        self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset")
+        offsets, pops = [], []
+        if request["consumer_group"]:
+            committed = self.store.fetch_offsets(request["consumer_group"], topic)
+            offsets = [{"queue": queue, "offset": committed[queue]} for queue in request["queues"] if queue in committed]
+            for queue in request["queues"]:
+                state = self.store.pop_state(request["consumer_group"], topic, queue)
+                pops.append({"queue": queue, "cursor": state.cursor, "done_before": state.done_before(),
+                             "in_flight": len(state.in_flight)})
+        time_offsets = []
+        if request["timestamp_ms"] >= 0:
+            time_offsets = [{"queue": queue, "offset": self.store.offset_for_time(topic, queue, request["timestamp_ms"])}
+                            for queue in request["queues"]]
+        return {"queues": [{"queue": queue, **self.store.queue_stats(topic, queue)} for queue in request["queues"]],
+                "offsets": offsets, "time_offsets": time_offsets, "pops": pops}

@@ -1,0 +1,120 @@
+"""Which groups this node hosts and with whom: the heartbeat that brings the nameservers' assignment, the membership
+changes of replica moves (on a group's leader), and the backfill of the batches a replica lacks after it installed a
+snapshot. A mixin of StorageRole.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import trio
+
+from rocket import limits
+from rocket.config import Address
+from rocket.errors import Code, RocketError
+from rocket.roles.peers import address_of
+from rocket.serde.batch import peek_count
+from rocket.store.store import GroupMachine
+
+log = logging.getLogger("rocket.storage")
+
+
+class Replicas:
+    async def _heartbeat(self) -> None:
+        groups = self._storage_groups()
+        leads = [group for group in groups if self.host.leads(group)]
+        lagging = [{"group": group, "node": node, "entries": entries}
+                   for group in leads for node, entries in self.host.lagging(group).items()]
+        wal = self.host.wal.log
+        load = {"groups": len(groups), "leads": leads, "bytes": wal.end_position - wal.start_position,  # on disk
+                "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging}
+        assignment = await self.peers.heartbeat(load, self._assignment_version)
+        if assignment is None:
+            return
+        if not assignment["unchanged"]:
+            self._assign(assignment)
+        self.assigned.set()
+
+    def _assign(self, assignment: dict) -> None:
+        """Host the groups assigned to this node, and stop hosting the ones moved off it."""
+        self._assignment_version = assignment["version"]
+        for node in assignment["nodes"]:
+            address = address_of(node["address"])
+            self.addresses[node["id"]] = (address.host, address.port)
+        assigned = {group["id"] for group in assignment["groups"]}
+        for group in assignment["groups"]:
+            if self.host.machine_of(group["id"]) is None:
+                self.host.add_group(group["id"], tuple(group["voters"]), GroupMachine(self.store, group["id"]),
+                                    tuple(group["learners"]))
+        for group in self._storage_groups() - assigned:
+            log.info("storage group %d moved off this node", group)
+            self.host.remove_group(group)
+
+    async def _backfill_forever(self) -> None:
+        """A replica that installed a snapshot lacks the batches before it: fetch them from the other
+        replicas, one queue at a time, until no gap is left."""
+        while True:
+            await trio.sleep(limits.node_heartbeat_s)
+            for group, topic, queue, _ in self.store.gaps():
+                if self.host.machine_of(group) is not None:
+                    await self._backfill(group, topic, queue)
+
+    async def _backfill(self, group: int, topic: str, queue: int) -> None:
+        for source in sorted(self.host.replicas(group) - {self.config.node_id}):
+            if source not in self.addresses:
+                continue
+            address = Address(*self.addresses[source])
+            try:
+                start = None  # the first chunk starts wherever the source's local data starts
+                while True:
+                    first = start if start is not None else self.store.local_start(topic, queue)
+                    request = {"group": group, "topic": topic, "queues": [{"queue": queue, "offset": first}],
+                               "max_bytes": limits.read_bytes_max, "wait_ms": 0, "at_least_one": True,
+                               "any_replica": True, "follower_ok": False}
+                    gap_end = self.store.gap_end(topic, queue)
+                    found = [(batch["base_offset"], bytes(batch["batch"]))
+                             for batch in (await self.peers.call(address, "StorageRead", request))["batches"]
+                             if batch["base_offset"] < gap_end]
+                    last = not found or found[-1][0] + peek_count(found[-1][1]) >= gap_end
+                    positions = await self.host.write_data([batch for _, batch in found])
+                    start = self.store.backfill(topic, queue, found, positions, start, last)
+                    if last:
+                        log.info("group %d: %s/%d backfilled from node %d", group, topic, queue, source)
+                        return
+            except RocketError as error:
+                log.warning("group %d: backfilling %s/%d from node %d: %s", group, topic, queue, source, error)
+
+    async def members(self, request: dict) -> dict:
+        """One membership change on this group's leader; a change already made answers at once, so a
+        nameserver can repeat a move's steps after a failure."""
+        group, action, node = request["group"], request["action"], request["node"]
+        self._leads(group)
+        voters = self.host.voters(group)
+        if action == "add_learner" and node in self.host.replicas(group):
+            return {}
+        if action == "promote":
+            if node in voters:
+                return {}
+            await self._caught_up(group, node)
+        if action == "remove":
+            if node not in self.host.replicas(group):
+                return {}
+            if node == self.config.node_id:  # a leader does not remove itself: it hands over first
+                lagging = self.host.lagging(group)
+                successor = min((voter for voter in voters if voter != node), key=lambda voter: lagging.get(voter, 0))
+                self.host.transfer_leadership(group, successor)
+                raise RocketError(Code.UNAVAILABLE, f"leadership of group {group} moves to node {successor}; retry there")
+        if action not in ("add_learner", "promote", "remove"):
+            raise RocketError(Code.BAD_REQUEST, f"unknown membership change {action!r}")
+        await self.host.propose_conf_change(group, action, node, limits.storage_append_wait_s_max)
+        return {}
+
+    async def _caught_up(self, group: int, node: int) -> None:
+        """Wait until a learner holds everything committed (bounded): only then may it vote."""
+        with trio.move_on_after(limits.learner_catch_up_s_max):
+            while True:
+                if self.host.caught_up(group, node):
+                    return
+                await trio.sleep(0.1)
+        raise RocketError(Code.TIMEOUT, f"node {node} has not caught up with group {group} yet; retry")
