@@ -154,6 +154,39 @@ def read_charge(batch_bytes: int) -> int:
     return batch_bytes + limits.read_batch_overhead_bytes
 
 
+class ReadBudget:
+    """A read's byte budget, the one rule of every read path (the index, the tier, storage, the broker): batches are
+    taken while their read_charge fits in max_bytes, and the first one whatever its size if at_least_one, so that a
+    read gets past a batch bigger than its budget. Past the first batch the budget is strict, so a response never
+    exceeds a frame."""
+
+    __slots__ = ("bytes_left", "at_least_one", "taken")
+
+    def __init__(self, max_bytes: int, at_least_one: bool = True):
+        self.bytes_left = max_bytes
+        self.at_least_one = at_least_one
+        self.taken = 0
+
+    @property
+    def first(self) -> bool:
+        """Whether the next batch is taken whatever its size."""
+        return self.at_least_one and not self.taken
+
+    @property
+    def spent(self) -> bool:
+        """Whether no further batch can be taken."""
+        return self.bytes_left <= 0 and not self.first
+
+    def take(self, batch_bytes: int) -> bool:
+        """Take a batch if it fits (or is the first); False, changing nothing, if it does not."""
+        cost = read_charge(batch_bytes)
+        if cost > self.bytes_left and not self.first:
+            return False
+        self.bytes_left -= cost
+        self.taken += 1
+        return True
+
+
 def tag_bit(tag: str) -> int:
     """The bit a tag sets in a batch's 64-bit tag summary (a one-hash Bloom filter)."""
     return 1 << (zlib.crc32(tag.encode()) & 63)

@@ -17,7 +17,7 @@ from pathlib import Path
 import plyvel
 
 from rocket import limits
-from rocket.model import ALL_TAGS, read_charge
+from rocket.model import ALL_TAGS, ReadBudget
 from rocket.store.pop import PopQueue
 from rocket.store.values import HALF_PREFIX, IndexEntry, QueueStats, Timer
 
@@ -262,7 +262,8 @@ class QueueIndex:
                 start = key
                 break
         found: list[IndexEntry] = []
-        total = skipped = 0
+        budget = ReadBudget(max_bytes, at_least_one)
+        skipped = 0
         scanned_to = None
         with self._db.iterator(start=start, stop=_prefix_end(prefix)) as forwards:
             for key, value in forwards:
@@ -273,11 +274,9 @@ class QueueIndex:
                         break
                     scanned_to = entry.base_offset + entry.count
                     continue
-                cost = read_charge(entry.batch_bytes)
-                if total + cost > max_bytes and (found or not at_least_one):
+                if not budget.take(entry.batch_bytes):
                     break
                 found.append(entry)
-                total += cost
                 scanned_to = entry.base_offset + entry.count
         return found, scanned_to
 

@@ -12,7 +12,7 @@ import logging
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import ALL_TAGS, read_charge
+from rocket.model import ALL_TAGS, ReadBudget
 from rocket.serde import batch as batch_codec
 from rocket.tier.objectstore import ObjectStore
 from rocket.serde.piece import Piece, PieceBatch, decode_index
@@ -53,17 +53,15 @@ class ColdReader:
         entries = await self.index(piece)
         at = max(0, bisect.bisect_right([entry.base_offset for entry in entries], offset) - 1)
         chosen: list[PieceBatch] = []
-        total = 0
+        budget = ReadBudget(max_bytes, at_least_one)
         next_offset = max(offset, piece.from_offset)
         for entry in entries[at:]:
             if tag_mask != ALL_TAGS and not entry.tag_summary & tag_mask:
                 next_offset = entry.base_offset + entry.count
                 continue
-            cost = read_charge(entry.length)
-            if total + cost > max_bytes and (chosen or not at_least_one):
+            if not budget.take(entry.length):
                 break
             chosen.append(entry)
-            total += cost
             next_offset = entry.base_offset + entry.count
         found = []
         for entry in chosen:

@@ -5,7 +5,7 @@ from the tier for what is no longer local; a long poll waits for data and return
 from __future__ import annotations
 
 from rocket import limits
-from rocket.model import ALL_TAGS, read_charge
+from rocket.model import ALL_TAGS, ReadBudget
 
 
 class Reads:
@@ -34,15 +34,13 @@ class Reads:
                     tag_mask: int = ALL_TAGS) -> dict:
         batches: list[dict] = []
         next_offsets: list[dict] = []
-        budget = max_bytes
+        budget = ReadBudget(max_bytes, at_least_one)
         for queue, offset in positions.items():
-            # Past the first batch the budget is strict, so a response never exceeds a frame.
-            first = at_least_one and not batches
-            if budget > 0 or first:
-                found, offset = await self._read_queue(topic, queue, offset, budget, first, tag_mask)
+            if not budget.spent:
+                found, offset = await self._read_queue(topic, queue, offset, budget.bytes_left, budget.first, tag_mask)
                 for base_offset, data in found:
                     batches.append({"queue": queue, "base_offset": base_offset, "batch": data})
-                    budget -= read_charge(len(data))
+                    budget.take(len(data))  # the queue's read kept to what was left of the budget
             next_offsets.append({"queue": queue, "offset": offset})
         return {"batches": batches, "next_offsets": next_offsets}
 
