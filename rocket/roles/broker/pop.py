@@ -5,6 +5,7 @@ receipts are acked, made visible again or dead-lettered where their queue is. A 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 
 import trio
@@ -12,6 +13,9 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name
+from rocket.roles.broker.routes import Route
+
+log = logging.getLogger("rocket.broker")
 
 
 class PopConsumption:
@@ -48,6 +52,26 @@ class PopConsumption:
             if response["next_visible_ms"]:
                 left_s = min(left_s, max(0.05, response["next_visible_ms"] / 1000 - time.time()))
             await self._wait_for_data(route, {entry["queue"]: entry["offset"] for entry in response["cursors"]}, left_s)
+
+    async def _wait_for_data(self, route: Route, positions: dict[int, int], wait_s: float) -> None:
+        """Long-poll every group at once, reading nothing; return when one of them has data, or after wait_s. A
+        group that fails the poll ends the wait too: the caller pops again, and that reports the failure. (A pop
+        that waits itself would hand out messages even when its answer is dropped, as a cancelled one's is.)"""
+        async def wait_on(group: int, queues: list[int], done: trio.CancelScope) -> None:
+            try:
+                await self._storage(route, group, "StorageRead", {
+                    "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": 0,
+                    "at_least_one": False, "any_replica": False, "follower_ok": False, "tag_mask": -1,
+                    "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
+                    timeout_s=wait_s + limits.storage_call_s_max)
+            except RocketError as error:
+                log.info("long poll of %s on group %d: %s", route.spec.name, group, error)
+            done.cancel()
+
+        with trio.move_on_after(wait_s + 1):
+            async with trio.open_nursery() as nursery:
+                for group, queues in self._by_group(route, positions).items():
+                    nursery.start_soon(wait_on, group, queues, nursery.cancel_scope)
 
     async def ack(self, request: dict) -> dict:
         return await self._receipt({**request, "invisible_ms": -1})

@@ -12,7 +12,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import Filter, SqlFilter, compile_filter
-from rocket.model import read_charge
+from rocket.model import ReadBudget
 from rocket.roles.broker.routes import Route
 from rocket.roles.peers import RETRYABLE
 from rocket.serde import batch as batch_codec
@@ -62,41 +62,61 @@ class Pull:
         from any replica in sync, or from the leaders alone."""
         batches: list[dict] = []
         next_offsets: list[dict] = []
-        budget = max_bytes
+        budget = ReadBudget(max_bytes)
         for group, queues in self._by_group(route, positions).items():
             wanted = [{"queue": queue, "offset": positions[queue]} for queue in queues]
-            if budget <= 0:
+            if budget.spent:
                 next_offsets.extend(wanted)
                 continue
-            request = {"group": group, "topic": route.spec.name, "queues": wanted, "max_bytes": budget, "wait_ms": 0,
-                       "at_least_one": not batches, "any_replica": False, "follower_ok": False, "tag_mask": tag_mask}
+            request = {"group": group, "topic": route.spec.name, "queues": wanted, "max_bytes": budget.bytes_left,
+                       "wait_ms": 0, "at_least_one": budget.first, "any_replica": False, "follower_ok": False,
+                       "tag_mask": tag_mask}
             if replicas:
                 response = await self._replica_read(route, group, request)
             else:
                 response = await self._storage(route, group, "StorageRead", request)
             batches.extend(response["batches"])
-            budget -= sum(read_charge(len(found["batch"])) for found in response["batches"])
+            for found in response["batches"]:
+                budget.take(len(found["batch"]))  # storage kept to what was left of the budget
             next_offsets.extend(response["next_offsets"])
         return {"batches": batches, "next_offsets": next_offsets}
 
-    async def _wait_for_data(self, route: Route, positions: dict[int, int], wait_s: float) -> None:
-        """Long-poll every group at once; return when one of them has data, or after wait_s. A group that
-        fails the poll ends the wait too: the caller reads again, and that read reports the failure."""
-        async def wait_on(group: int, queues: list[int], done: trio.CancelScope) -> None:
+    async def _long_poll(self, route: Route, positions: dict[int, int], max_bytes: int, tag_mask: int,
+                         wait_s: float) -> dict:
+        """One storage call per group, to its leader, all at once: each reads, waits up to wait_s if it found
+        nothing, and reads again. The first group that answers with batches ends the others' waits; the answer
+        is its batches (within max_bytes), with every other queue where it was or where its group's read
+        skipped to. A group that fails ends the wait too: the caller's next read reports the failure."""
+        answers: list[dict] = []
+        found: list[dict] = []
+
+        async def poll(group: int, queues: list[int], done: trio.CancelScope) -> None:
             try:
-                await self._storage(route, group, "StorageRead", {
-                    "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": 0,
-                    "at_least_one": False, "any_replica": False, "follower_ok": False, "tag_mask": -1,
+                answer = await self._storage(route, group, "StorageRead", {
+                    "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": max_bytes,
+                    "at_least_one": True, "any_replica": False, "follower_ok": False, "tag_mask": tag_mask,
                     "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
                     timeout_s=wait_s + limits.storage_call_s_max)
             except RocketError as error:
                 log.info("long poll of %s on group %d: %s", route.spec.name, group, error)
-            done.cancel()
+                done.cancel()
+                return
+            answers.append(answer)
+            if answer["batches"]:
+                found.append(answer)
+                done.cancel()
 
-        with trio.move_on_after(wait_s + 1):
+        with trio.move_on_after(wait_s + limits.storage_call_s_max):
             async with trio.open_nursery() as nursery:
                 for group, queues in self._by_group(route, positions).items():
-                    nursery.start_soon(wait_on, group, queues, nursery.cancel_scope)
+                    nursery.start_soon(poll, group, queues, nursery.cancel_scope)
+        winner = found[0] if found else None
+        moved = dict(positions)
+        for answer in answers:
+            if answer is winner or not answer["batches"]:
+                moved.update((entry["queue"], entry["offset"]) for entry in answer["next_offsets"])
+        return {"batches": winner["batches"] if winner else [],
+                "next_offsets": [{"queue": queue, "offset": offset} for queue, offset in moved.items()]}
 
     def _filter(self, request: dict) -> Filter:
         """The pull's filter, compiled once per expression (BAD_FILTER names where it does not parse)."""
@@ -109,44 +129,47 @@ class Pull:
             self._filters[key] = found
         return found
 
-    async def _read_filtered(self, route: Route, positions: dict[int, int], max_bytes: int, chosen: Filter) -> dict:
-        """A read from any replica in sync, else from the leaders, of the batches that may hold a match:
-        storage skips batches by their tag summary unread; an SQL filter decodes the rest here and keeps
-        the batches with a match. Clients filter the messages of the batches they get."""
+    async def _read_filtered(self, route: Route, positions: dict[int, int], max_bytes: int, chosen: Filter,
+                             wait_s: float = 0.0, leaders_if_empty: bool = True) -> dict:
+        """The batches that may hold a match: storage skips batches by their tag summary unread; an SQL filter
+        decodes the rest here and keeps the batches with a match. Clients filter the messages of the batches they
+        get. Read from any replica in sync (and, if that finds nothing and leaders_if_empty, from the leaders: a
+        replica may lag), or with wait_s, long-polled on the leaders."""
         tag_mask = -1 if chosen.tag_mask is None else chosen.tag_mask - 2**64 * (chosen.tag_mask >= 2**63)
-        response = await self._read(route, positions, max_bytes, tag_mask=tag_mask)
-        if not response["batches"]:  # a replica may lag: nothing new means nothing on the leaders
-            response = await self._read(route, positions, max_bytes, replicas=False, tag_mask=tag_mask)
+        if wait_s > 0:
+            response = await self._long_poll(route, positions, max_bytes, tag_mask, wait_s)
+        else:
+            response = await self._read(route, positions, max_bytes, tag_mask=tag_mask)
+            if not response["batches"] and leaders_if_empty:
+                response = await self._read(route, positions, max_bytes, replicas=False, tag_mask=tag_mask)
         if isinstance(chosen, SqlFilter):
             response["batches"] = [stored for stored in response["batches"] if _may_match(chosen, stored["batch"])]
         return response
 
     async def pull(self, request: dict) -> dict:
-        """Batches past the positions that may hold messages the filter matches; waits up to wait_ms for
-        some, reading on past batches the filter skipped."""
+        """Batches past the positions that may hold messages the filter matches. With wait_ms, a read that finds
+        none is followed by long polls (one storage call per group, which waits and returns data) until some
+        match or the time is up, reading on past batches the filter skipped."""
         route, positions = await self._pull_positions(request)
         chosen = self._filter(request)
         max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
         deadline = trio.current_time() + min(max(request["wait_ms"], 0), limits.pull_wait_ms_max) / 1000
-        while True:
-            response = await self._read_filtered(route, positions, max_bytes, chosen)
-            if response["batches"] or trio.current_time() >= deadline:
-                return response
-            moved = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
-            if moved == positions:
-                await self._wait_for_data(route, positions, deadline - trio.current_time())
-            positions = moved
+        response = await self._read_filtered(route, positions, max_bytes, chosen,
+                                             leaders_if_empty=trio.current_time() >= deadline)
+        while not response["batches"] and trio.current_time() < deadline:
+            positions = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
+            response = await self._read_filtered(route, positions, max_bytes, chosen, deadline - trio.current_time())
+        return response
 
     async def subscribe(self, request: dict) -> AsyncIterator[dict]:
         """Stream pull responses as data arrives, each continuing where the previous ended."""
         route, positions = await self._pull_positions(request)
         chosen = self._filter(request)
         max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
+        wait_s = 0.0
         while True:
-            response = await self._read_filtered(route, positions, max_bytes, chosen)
-            moved = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
+            response = await self._read_filtered(route, positions, max_bytes, chosen, wait_s, leaders_if_empty=False)
+            positions = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
             if response["batches"]:
                 yield response
-            elif moved == positions:
-                await self._wait_for_data(route, positions, limits.pull_wait_ms_max / 1000)
-            positions = moved
+            wait_s = 0.0 if response["batches"] else limits.pull_wait_ms_max / 1000

@@ -1,0 +1,51 @@
+"""What a long poll costs storage: the broker's first read, then one storage call per group that waits and returns
+the data, never a wait and then reads again."""
+
+import pytest
+import trio
+
+from rocket.client import Admin, open_producer
+from rocket.client.connection import connect
+from rocket.model import Message
+from rocket.roles.storage.reads import Reads
+
+
+@pytest.fixture
+def storage_reads(monkeypatch):
+    """The StorageRead calls the node serves, as (wait_ms, batches answered), in order."""
+    calls: list[tuple[int, int]] = []
+    serve = Reads.read
+
+    async def counted(self, request: dict) -> dict:
+        response = await serve(self, request)
+        calls.append((request["wait_ms"], len(response["batches"])))
+        return response
+
+    monkeypatch.setattr(Reads, "read", counted)
+    return calls
+
+
+async def test_an_empty_long_poll_is_one_read_then_one_waiting_call(storage_reads, node):
+    """A pull on an empty queue that waits and times out costs two storage reads: one that finds nothing and one
+    that waits; a message sent during the wait comes back from that waiting call, with no read after it."""
+    async with connect(f"127.0.0.1:{node.tcp_port}") as channel:
+        await Admin(channel).create_topic("quiet", 1)
+        storage_reads.clear()
+        pulled = await channel.call("Pull", {"topic": "quiet", "queues": [{"queue": 0, "offset": 0}],
+                                             "wait_ms": 300})
+        assert pulled["batches"] == []
+        assert [wait_ms for wait_ms, _ in storage_reads] == [0, pytest.approx(300, abs=50)]
+
+        storage_reads.clear()
+
+        async def send_later() -> None:
+            await trio.sleep(0.3)
+            async with open_producer(channel, "quiet") as producer:
+                await producer.send(Message(b"late"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_later)
+            pulled = await channel.call("Pull", {"topic": "quiet", "queues": [{"queue": 0, "offset": 0}],
+                                                 "wait_ms": 10_000}, timeout_s=20)
+        assert len(pulled["batches"]) == 1
+        assert len(storage_reads) == 2 and storage_reads[0] == (0, 0) and storage_reads[1][1] == 1
