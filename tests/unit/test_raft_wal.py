@@ -135,7 +135,7 @@ def test_a_wal_that_keeps_data_replays_from_its_checkpoint_mark(tmp_path):
 def test_payloads_to_a_peer_are_split_to_fit_a_frame():
     """A round's messages to one node are cut into payloads under the limit, in order, none lost."""
     from rocket import limits
-    from rocket.raft.host import _chunks
+    from rocket.raft.rounds import _chunks
 
     big = Entry(1, 1, bytes(64 * 1024))
     messages = [(group, Message(MessageType.APPEND, 1, 2, 1, entries=(big,))) for group in range(300)]

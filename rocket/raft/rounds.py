@@ -1,0 +1,379 @@
+"""The multi-raft host's round loop. Each round takes the Ready of every touched group, writes all of it to the WAL
+in a worker thread, and advances the cores; fsyncs run one after the other, each covering every round written
+before it. While an fsync runs, this node's own proposals gather for the round written when it ends (group
+commit: a round costs the event loop more than an entry does), unless they come to
+limits.raft_round_wait_bytes_max, or messages from other nodes or a durable round need a round now: then the next
+round is written at once and its write overlaps the fsync. Once the fsync of the round before it is done, a round's
+committed entries (written by earlier rounds) are applied; once its own fsync is done, its messages go out,
+coalesced into one payload per destination node: persist before send. A mixin of RaftHost, which holds the state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+
+import trio
+
+from rocket import limits
+from rocket.errors import invariant
+from rocket.raft import codec
+from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role
+from rocket.raft.wal import Update
+from rocket.replication import StateMachine
+
+log = logging.getLogger("rocket.raft")
+
+
+class Group:
+    """A group this node hosts: its core, its state machine, and what waits on it."""
+
+    def __init__(self, core: RaftCore, machine: StateMachine, written: HardState):
+        self.core = core
+        self.machine = machine
+        self.written = written  # the last hard state written: one with the same term and vote may wait
+        self.waiters: dict[int, tuple[int, trio.Event, list]] = {}  # index -> (term, event, outcome)
+        self.idle_ticks = 0  # ticks since the group last had work; a leader quiesces it past a bound
+        self.log_bytes = 0  # bytes applied since the last snapshot: the log is compacted past a bound
+        self.positions: dict[int, int] = {}  # entry index -> where its data lies in the WAL, until applied
+        self.reads: dict[int, tuple[trio.Event, list]] = {}  # read request id -> (event, [index once released])
+        # What the machine holds: the core counts a Ready's entries as applied when it is advanced, but
+        # the host applies them only once the fsync covering them is done.
+        self.applied = core.applied
+
+
+@dataclasses.dataclass(slots=True)
+class Round:
+    """A round written to the WAL whose effects wait for fsyncs: its committed entries to apply (once the
+    rounds before it are durable), then messages to send, data writers to answer, and the snapshots to
+    install (with the entries committed after them) once it is durable itself."""
+
+    number: int  # the count of rounds written to the WAL, this one included (previous if it wrote nothing)
+    previous: int  # the rounds written before it: its committed entries lie in them
+    readies: list[tuple[int, Group, Ready]]
+    data: list[tuple[list[bytes], trio.Event, list]]
+    data_positions: list[list[int]]
+    applied: bool = False
+
+
+class Rounds:
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._token = trio.lowlevel.current_trio_token()
+                nursery.start_soon(self._ticker)
+                task_status.started()
+                while True:
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                    self._check_persisted()
+                    if not self._gathering():
+                        await self._round()
+        finally:
+            with trio.CancelScope(shield=True):  # the WAL is closed after this returns: let its writes end
+                while self._persisting:
+                    await self._persisted.wait()
+
+    async def _ticker(self) -> None:
+        while True:
+            await trio.sleep(self.tick_s)
+            self._tick()
+            self._wake.set()
+
+    def _tick(self) -> None:
+        """Tick the groups that are awake, quiesce idle ones this node leads, wake quiet ones whose
+        leader has gone silent, and send one liveness heartbeat to each peer node."""
+        self.ticks += 1
+        self._deferred_due = bool(self._deferred)
+        if self.ticks % 50 == 1:  # membership changes slowly: refresh the set of peer nodes now and then
+            self._peers = set().union(*(h.core.voters | h.core.learners for h in self.groups.values())) - {self.node_id}
+        silent_after = 2 * limits.raft_election_ticks
+        if self.ticks % 10 == 0:  # the liveness scan of quiet groups runs once a second at the default tick
+            for group, hosted in self.groups.items():
+                core = hosted.core
+                if core.quiet and core.leader != self.node_id:
+                    if self.ticks - self._last_heard.get(core.leader, -silent_after) > silent_after:
+                        core.wake()  # its leader's node went silent: let the election timer run again
+                        self._touched(group, hosted)
+        for group in list(self._awake):
+            hosted = self.groups[group]
+            core = hosted.core
+            core.tick()
+            hosted.idle_ticks += 1
+            if hosted.idle_ticks >= limits.raft_quiesce_ticks and core.role == Role.LEADER and not hosted.waiters:
+                core.quiesce()
+            self._touched(group, hosted)
+        for peer in self._peers:
+            self._post(peer, codec.encode_messages([(0, Message(MessageType.HEARTBEAT, self.node_id, peer, 0))]))
+
+    def quiet_groups(self) -> int:
+        return sum(1 for hosted in self.groups.values() if hosted.core.quiet)
+
+    def _gathering(self) -> bool:
+        """Whether this node's proposals wait for the fsync that runs, to be written together when it ends
+        (that fsync's _synced wakes the round loop): yes while they are small, and nothing else needs a round."""
+        return (self._rounds_written > self._rounds_durable == self._durable_seen and not self._received
+                and self._unwritten_bytes < limits.raft_round_wait_bytes_max)
+
+    async def _round(self) -> None:
+        """Write this round's Readies and advance the cores, then settle what the fsyncs done so far allow.
+        The round does not wait for an fsync: once its write is done the next round may be written, so that
+        its entries are on disk when the fsync ends and the next fsync covers them. A round's committed
+        entries need only the rounds before it: the core hands out only entries it counted stable when the
+        Ready was taken, all written by earlier rounds (a leader's own copy counted towards a commit
+        included), whose positions are known (_collect_written at the start of each round)."""
+        await self._collect_written()
+        self._durable_seen, self._received, self._unwritten_bytes = self._rounds_durable, False, 0
+        self._settle()  # what the fsyncs done meanwhile allow, the round just collected included
+        candidates, self._active = self._active, set()
+        readies = [(group, self.groups[group], self.groups[group].core.ready()) for group in candidates
+                   if self.groups[group].core.has_ready()]
+        updates = []
+        for group, hosted, ready in readies:
+            hard_state = ready.hard_state
+            if hard_state is not None and not ready.entries and ready.snapshot is None \
+                    and (hard_state.term, hard_state.vote) == (hosted.written.term, hosted.written.vote):
+                self._deferred[group] = hard_state
+            elif hard_state is not None or ready.entries or ready.snapshot is not None:
+                if hard_state is not None:
+                    hosted.written = hard_state
+                    self._deferred.pop(group, None)
+                updates.append(Update(group, hard_state, ready.entries, ready.snapshot))
+        compacted = bool(self._compactions)
+        updates += self._compactions
+        self._compactions = []
+        data, self._data = self._data, []
+        previous = self._rounds_written
+        current = Round(previous, previous, readies, data, [])
+        if updates or data or (self._deferred and self._deferred_due and self._rounds_durable == previous):
+            deferred = [Update(group, hard_state, [], None) for group, hard_state in self._deferred.items()]
+            self._deferred, self._deferred_due = {}, False
+            self._write(current, deferred + updates, compacted)
+        for group, hosted, ready in readies:
+            # The core now counts this round's entries as stable: a leader may count its own copy towards
+            # a commit. No one learns of that commit, and no entry is applied, before this fsync is done.
+            hosted.core.advance(ready)
+            if hosted.core.has_ready():
+                self._active.add(group)
+                self._wake.set()
+        if readies or data:
+            self._pending.append(current)
+            self._settle()
+        if self.wal.sealed_segments() >= limits.raft_wal_segments_max:
+            await self._checkpoint()
+
+    def _write(self, current: Round, updates: list[Update], compacted: bool) -> None:
+        """Number the round and start writing it in a worker thread, which goes on to its fsync. The
+        previous round's write is done (_collect_written), so rounds reach the WAL in order."""
+        invariant(self._writing is None, "one round is written at a time")
+        self._rounds_written = current.number = current.number + 1
+        written, result = trio.Event(), []
+        self._persisting += 1
+        trio.lowlevel.start_thread_soon(
+            functools.partial(self._persist, current.number, updates, [blobs for blobs, _, _ in current.data],
+                              written, result, compacted),
+            lambda outcome: self._token.run_sync_soon(self._persist_ended, getattr(outcome, "error", None)))
+        self._writing = (current, written, result)
+
+    def _persist_ended(self, error: BaseException | None) -> None:
+        """In the trio thread: a persist thread returned. If it failed, what the round loop waits for never
+        comes: wake it, to raise the error."""
+        self._persisting -= 1
+        self._persisted.set()
+        self._persisted = trio.Event()
+        if error is not None and self._persist_error is None:
+            self._persist_error = error
+            self._durable_changed.set()
+            self._wake.set()
+            if self._writing is not None:
+                self._writing[1].set()
+
+    def _check_persisted(self) -> None:
+        if self._persist_error is not None:
+            raise self._persist_error
+
+    async def _collect_written(self) -> None:
+        """Wait until the round being written is written, and take where its entries and data lie."""
+        if self._writing is None:
+            return
+        current, written, result = self._writing
+        await written.wait()
+        self._check_persisted()
+        self._writing = None
+        [(positions, current.data_positions)] = result
+        for group, found in positions.items():
+            if group in self.groups:
+                self.groups[group].positions.update(found)
+
+    def _settle(self) -> None:
+        """In round order: apply each round's committed entries once the rounds before it are durable,
+        and release it once it is durable itself. Called once the round being written is collected, so
+        that a durable round's data positions are known."""
+        while self._pending:
+            current = self._pending[0]
+            if not current.applied:
+                if self._rounds_durable < current.previous:
+                    return
+                current.applied = True
+                for group, hosted, ready in current.readies:
+                    if ready.snapshot is None:
+                        self._apply_ready(group, hosted, ready)
+            if self._rounds_durable < current.number:
+                return
+            invariant(not self._writing or self._writing[0] is not current, "a round is released once collected")
+            self._pending.popleft()
+            self._release(current)
+
+    async def _checkpoint(self) -> None:
+        """Once every round written is durable and released, so that what was persisted counts as
+        stable and applied, and before any core steps again. Every group is compacted first: the
+        checkpoint then rewrites little more than hard states and snapshots."""
+        await self._collect_written()
+        await self._durable(self._rounds_written)
+        self._settle()
+        invariant(not self._pending, "every round is released before a checkpoint")
+        for group, hosted in self.groups.items():
+            self._compact(group, hosted)
+        live = [self._checkpoint_of(group, hosted) for group, hosted in self.groups.items()]
+        self._compactions = []  # the checkpoint holds every snapshot
+        self._deferred, self._deferred_due = {}, False  # and every hard state
+        await trio.to_thread.run_sync(self._checkpoint_now, live)
+
+    def _persist(self, number: int, updates: list[Update], data: list[list[bytes]], written: trio.Event,
+                 result: list, compacted: bool) -> None:
+        """In a worker thread: write the round and tell the round loop, then make it durable as soon as
+        the fsync before it is done (unless one that began after this write covered it already). A round
+        with compactions first makes durable what their snapshots cover outside the WAL."""
+        if compacted:
+            self.sync_before_snapshots()
+        positions = self.wal.write(updates)
+        result.append((positions, [self.wal.write_data(blobs) for blobs in data]))
+        self._rounds_on_disk = number
+        self._token.run_sync_soon(written.set)
+        with self._sync_lock:
+            if self._rounds_synced >= number:
+                return
+            covered = self._rounds_on_disk  # a round written meanwhile is made durable by this fsync too
+            self.wal.sync()
+            self.fsyncs += 1
+            self._rounds_synced = covered
+        self._token.run_sync_soon(self._synced, covered)
+
+    def _checkpoint_now(self, live: list[Update]) -> None:
+        self.sync_before_snapshots()  # the checkpoint holds every group's snapshot
+        with self._sync_lock:  # no fsync of a round runs beside the checkpoint's own
+            self.wal.checkpoint(live)
+
+    def _synced(self, number: int) -> None:
+        """In the trio thread: rounds up to number are durable."""
+        if number > self._rounds_durable:
+            self._rounds_durable = number
+            self._durable_changed.set()
+            self._durable_changed = trio.Event()
+            self._wake.set()  # the round loop settles the rounds this fsync made durable
+
+    async def _durable(self, number: int) -> None:
+        while self._rounds_durable < number:
+            self._check_persisted()
+            await self._durable_changed.wait()
+
+    def _release(self, synced: Round) -> None:
+        """The round's bytes are durable: answer data writers, send its messages, and install its
+        snapshots."""
+        for (_, event, positions), found in zip(synced.data, synced.data_positions):
+            positions.extend(found)
+            event.set()
+        outgoing: dict[int, list[tuple[int, Message]]] = {}
+        for group, _, ready in synced.readies:
+            for message in ready.messages:
+                outgoing.setdefault(message.to, []).append((group, message))
+        for destination, messages in outgoing.items():
+            for chunk in _chunks(messages):
+                self._post(destination, codec.encode_messages(chunk))
+        for group, hosted, ready in synced.readies:
+            if ready.snapshot is not None:
+                self._apply_ready(group, hosted, ready)
+
+    def _apply_ready(self, group: int, hosted: Group, ready: Ready) -> None:
+        """Install the Ready's snapshot, apply its committed entries and serve the reads they allow."""
+        if self.groups.get(group) is not hosted:
+            return  # moved off this node since
+        if ready.snapshot is not None:
+            hosted.machine.restore(ready.snapshot.data)
+            hosted.applied = ready.snapshot.index
+            hosted.positions = {i: p for i, p in hosted.positions.items() if i > ready.snapshot.index}
+        if ready.committed_entries:
+            self._apply(hosted, ready.committed_entries)
+        for request_id, index in ready.read_states:
+            read = hosted.reads.get(request_id)
+            if read is not None:
+                read[1].append(index)
+        self._release_reads(hosted)
+        compacted = self._maybe_compact(group, hosted)
+        if compacted is not None:
+            self._compactions.append(compacted)  # written with the next round; the WAL still holds the log
+            self._wake.set()
+
+    @staticmethod
+    def _checkpoint_of(group: int, hosted: Group) -> Update:
+        core = hosted.core
+        stable = [entry for entry in core.log if entry.index <= core.stable_index]
+        return Update(group, HardState(core.term, core.vote, core.commit), stable, core.snapshot)
+
+    def _maybe_compact(self, group: int, hosted: Group) -> Update | None:
+        """Snapshot a group whose log grew long, so its log (and the WAL) can shrink."""
+        core = hosted.core
+        if hosted.applied - core.snapshot.index < limits.raft_log_entries_max and hosted.log_bytes < limits.raft_log_bytes_max:
+            return None
+        return self._compact(group, hosted)
+
+    def _compact(self, group: int, hosted: Group) -> Update | None:
+        core = hosted.core
+        if hosted.applied <= core.snapshot.index:
+            return None  # also when a snapshot installed in the core is not yet in the machine
+        data = hosted.machine.snapshot()
+        if len(data) > self.wal.log.segment_bytes_max // 4:
+            # Snapshots live in the WAL for now, so a huge one cannot be taken: keep the log instead.
+            log.warning("group %d: a snapshot of %d bytes does not fit the WAL; its log is not compacted", group,
+                        len(data))
+            hosted.idle_ticks = 0
+            return None
+        core.compact(hosted.applied, data)
+        hosted.log_bytes = 0
+        return Update(group, None, [], core.snapshot)
+
+    @staticmethod
+    def _apply(hosted: Group, entries: list[Entry]) -> None:
+        """Apply committed entries and hand each waiting proposer its entry's result."""
+        normal = [entry for entry in entries if entry.kind == EntryKind.NORMAL]
+        positions = {entry.index: hosted.positions.pop(entry.index, -1) for entry in entries}
+        applied = hosted.machine.apply(normal, [positions[entry.index] for entry in normal])
+        results = dict(zip((entry.index for entry in normal), applied))
+        hosted.log_bytes += sum(len(entry.data) for entry in entries)
+        hosted.applied = entries[-1].index
+        for entry in entries:
+            waiter = hosted.waiters.get(entry.index)
+            if waiter is not None:
+                term, event, outcome = waiter
+                outcome.extend((entry.term == term, results.get(entry.index)))
+                event.set()
+
+
+def _message_bytes(message: Message) -> int:
+    size = 96 + sum(len(entry.data) + 32 for entry in message.entries)
+    return size + (len(message.snapshot.data) + 64 if message.snapshot is not None else 0)
+
+
+def _chunks(messages: list[tuple[int, Message]]) -> list[list[tuple[int, Message]]]:
+    """Split one destination's messages into payloads that each fit an RPC frame."""
+    chunks: list[list[tuple[int, Message]]] = [[]]
+    size = 0
+    for pair in messages:
+        message_size = _message_bytes(pair[1])
+        if chunks[-1] and size + message_size > limits.raft_payload_bytes_max:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(pair)
+        size += message_size
+    return chunks
