@@ -3,6 +3,8 @@
 No I/O and no clock: time passes only through tick(), and the caller persists, sends and applies what
 Ready holds (persist before send). Pre-vote, check-quorum, pipelined replication with flow control,
 ReadIndex reads, leadership transfer, learners with single-server membership change, snapshots.
+Why one module of about 800 lines: it is one state machine whose step functions share its invariants (terms,
+votes, progress, the log); etcd's raft.go keeps them together for the same reason, and the tests drive it whole.
 """
 
 from __future__ import annotations
