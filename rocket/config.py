@@ -12,6 +12,8 @@ import tomllib
 from pathlib import Path
 
 from rocket import limits
+from rocket.errors import RocketError
+from rocket.model import Address, parse_duration_s
 
 ROLES = ("nameserver", "storage", "broker")
 TIER_BACKENDS = ("local", "s3", "off")
@@ -20,15 +22,6 @@ TIER_READ_MODES = ("not_in_disk", "force")  # RocketMQ's tieredStorageLevel: tie
 
 class ConfigError(Exception):
     """An invalid setting: the message names the key and what is wrong with it."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Address:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,10 +95,10 @@ def parse_address(key: str, value: object, allow_off: bool = False) -> Address |
     text = str(value).strip()
     if allow_off and text.lower() in ("", "off", "none"):
         return None
-    host, separator, port_text = text.rpartition(":")
-    if not separator or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigError(f"{key}: expected HOST:PORT with a port of 0-65535, got {text!r}")
-    return Address(host.strip("[]"), int(port_text))
+    try:
+        return Address.parse(text)
+    except ValueError as error:
+        raise ConfigError(f"{key}: {error}") from None
 
 
 def parse_roles(key: str, value: object) -> tuple[str, ...]:
@@ -160,9 +153,6 @@ def _parse_float(key: str, value: object, low: float, high: float) -> float:
 def _parse_duration(key: str, value: object) -> float:
     """Seconds, as a number or a duration such as 90s, 1h or 365d."""
     if isinstance(value, str) and value.strip() and not value.strip().replace(".", "", 1).isdigit():
-        from rocket.model import parse_duration_s
-        from rocket.errors import RocketError
-
         try:
             value = parse_duration_s(value)
         except RocketError as error:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import zlib
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import msgspec
 
@@ -91,6 +91,25 @@ def check_message_type(message_type: str) -> str:
     if message_type not in MESSAGE_TYPES:
         raise RocketError(Code.BAD_REQUEST, f"message type {message_type!r} is not one of {', '.join(MESSAGE_TYPES)}")
     return message_type
+
+
+class Address(NamedTuple):
+    """A node's or a server's HOST:PORT. A tuple, so it unpacks and keys a dict as (host, port) does."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Address":
+        """HOST:PORT (an IPv6 host in brackets); ValueError saying what is wrong."""
+        text = text.strip()
+        host, separator, port_text = text.rpartition(":")
+        if not separator or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+            raise ValueError(f"expected HOST:PORT with a port of 0-65535, got {text!r}")
+        return cls(host.strip("[]"), int(port_text))
 
 
 ALL_TAGS = 2**64 - 1  # the tag summary of a batch that may hold any tag (one indexed without a summary)

@@ -26,18 +26,19 @@ from functools import partial
 import trio
 
 from rocket import limits
-from rocket.config import Address, NodeConfig
+from rocket.config import NodeConfig
 from rocket.errors import collapse_single_error
+from rocket.gateway.rocketmq import rocketmq_services
+from rocket.model import Address
 from rocket.raft.host import RaftHost
-from rocket.transport.links import PeerLinks
 from rocket.raft.wal import Wal
 from rocket.roles.broker import Broker
 from rocket.roles.nameserver import Nameserver
-from rocket.gateway.rocketmq import rocketmq_services
 from rocket.roles.peers import Peers
 from rocket.roles.storage import StorageRole
 from rocket.tier.local import LocalDirectoryStore
 from rocket.transport.h2_server import serve_http2
+from rocket.transport.links import PeerLinks
 from rocket.transport.listen import cancel_on
 from rocket.transport.pool import ChannelPool
 from rocket.transport.rpc import Dispatcher, Lifecycle

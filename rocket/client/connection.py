@@ -14,8 +14,9 @@ from contextlib import asynccontextmanager
 import trio
 
 from rocket import limits
-from rocket.config import Address, ConfigError, parse_address
+from rocket.config import ConfigError, parse_address
 from rocket.errors import Code, RocketError, collapse_single_error
+from rocket.model import Address
 from rocket.serde import serde_named
 from rocket.transport.channel import Channel
 from rocket.transport.h2_client import open_http2_channel
@@ -47,7 +48,7 @@ class FailoverChannel(Channel):
         failure = RocketError(Code.UNAVAILABLE, "no server to call")
         for server in self._each_server():
             try:
-                return await self._pool.call((server.host, server.port), method, message, timeout_s, sent)
+                return await self._pool.call(server, method, message, timeout_s, sent)
             except RocketError as error:
                 if error.code not in MOVE_ON:
                     raise
@@ -60,7 +61,7 @@ class FailoverChannel(Channel):
         failure = RocketError(Code.UNAVAILABLE, "no server to call")
         for server in self._each_server():
             try:
-                channel = await self._pool.channel((server.host, server.port))
+                channel = await self._pool.channel(server)
             except RocketError as error:
                 failure = error
                 continue

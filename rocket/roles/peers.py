@@ -8,17 +8,14 @@ import logging
 import trio
 
 from rocket import limits
-from rocket.config import Address, NodeConfig, parse_address
+from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
+from rocket.model import Address
 from rocket.transport.pool import ChannelPool
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.peers")
 RETRYABLE = (Code.UNAVAILABLE, Code.CONNECTION_LOST, Code.TIMEOUT)  # another node may answer instead
-
-
-def address_of(text: str) -> Address:
-    return parse_address("address", text)
 
 
 class Peers:
@@ -35,7 +32,7 @@ class Peers:
                    timeout_s: float = limits.request_timeout_s_default) -> dict:
         if address == self.address:
             return await self.dispatcher.local(method, request)
-        return await self.pool.call((address.host, address.port), method, request, timeout_s)
+        return await self.pool.call(address, method, request, timeout_s)
 
     async def nameserver(self, method: str, request: dict, timeout_s: float = limits.request_timeout_s_default) -> dict:
         """Ask the nameservers, starting with the one that answered last; the next one on failure."""

@@ -9,10 +9,9 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.model import Address
 from rocket.transport.tcp import TcpChannel, open_tcp_channel
 
-
-Address = tuple[str, int]  # host, port
 
 
 class ChannelPool:

@@ -18,9 +18,9 @@ import trio
 import trio._core._run as trio_run
 
 from rocket import limits
-from rocket.config import Address, NodeConfig
+from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
-from rocket.model import Message
+from rocket.model import Address, Message
 from rocket.raft.host import RaftHost
 from rocket.raft.wal import Wal
 from rocket.roles.broker import Broker

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from rocket import config
-from rocket.config import Address, ConfigError
+from rocket.config import ConfigError
+from rocket.model import Address
 
 
 def test_precedence_file_then_environment_then_flags(tmp_path: Path):

@@ -8,10 +8,9 @@ from __future__ import annotations
 import itertools
 import logging
 
-from rocket.config import Address
 from rocket.errors import Code, RocketError
 from rocket.filter import Filter
-from rocket.model import TopicSpec
+from rocket.model import Address, TopicSpec
 from rocket.roles.broker.admin import Admin
 from rocket.roles.broker.groups import ConsumerGroups
 from rocket.roles.broker.pop import PopConsumption

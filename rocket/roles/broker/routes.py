@@ -13,8 +13,8 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import SYSTEM_PREFIX, TopicSpec, dead_letter_topic, timer_topic, unresolved_topic
-from rocket.roles.peers import RETRYABLE, address_of
+from rocket.model import SYSTEM_PREFIX, Address, TopicSpec, dead_letter_topic, timer_topic, unresolved_topic
+from rocket.roles.peers import RETRYABLE
 
 log = logging.getLogger("rocket.broker")
 
@@ -64,7 +64,7 @@ class Routes:
                 or trio.current_time() - route.fetched_at > limits.route_ttl_s):
             response = await self.peers.nameserver("GetRoute", {"topic": topic})
             for node in response["nodes"]:
-                self._addresses[node["id"]] = address_of(node["address"])
+                self._addresses[node["id"]] = Address.parse(node["address"])
             voters = {}
             for group in response["groups"]:
                 voters[group["id"]] = tuple(group["voters"])

@@ -22,10 +22,10 @@ from rocket import limits
 from rocket.config import ROLES, ConfigError, NodeConfig, parse_address
 from rocket.errors import Code, RocketError
 from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
-from rocket.model import check_message_type, check_retention_s, check_user_topic_name
+from rocket.model import Address, check_message_type, check_retention_s, check_user_topic_name
 from rocket.raft.host import RaftHost
 from rocket.roles.nameserver.metadata import META_GROUP, Metadata
-from rocket.roles.peers import RETRYABLE, Peers, address_of
+from rocket.roles.peers import RETRYABLE, Peers
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.nameserver")
@@ -199,7 +199,7 @@ class Nameserver:
                     if info is None or self._node_state(voter)[0] == "down":
                         continue
                     try:
-                        await self.peers.call(address_of(info.address), "StorageMembers",
+                        await self.peers.call(Address.parse(info.address), "StorageMembers",
                                               {"group": group, "action": action, "node": node})
                         self._leaders[group] = voter
                         return

@@ -11,9 +11,8 @@ import shutil
 import trio
 
 from rocket import limits
-from rocket.config import Address
+from rocket.model import Address
 from rocket.errors import Code, RocketError
-from rocket.roles.peers import address_of
 from rocket.serde.batch import peek_count
 from rocket.store.store import GroupMachine
 
@@ -40,7 +39,7 @@ class Replicas:
         """Host the groups assigned to this node, and stop hosting the ones moved off it."""
         self._assignment_version = assignment["version"]
         for node in assignment["nodes"]:
-            address = address_of(node["address"])
+            address = Address.parse(node["address"])
             self.addresses[node["id"]] = (address.host, address.port)
         assigned = {group["id"] for group in assignment["groups"]}
         for group in assignment["groups"]:
