@@ -4,6 +4,7 @@ from rocket.errors import invariant
 
 KiB = 1024
 MiB = 1024 * KiB
+GiB = 1024 * MiB
 
 # Batches: the unit of work on the hot path.
 batch_bytes_max = 8 * MiB  # one batch is one log record and one RPC body; bounds memory per request
@@ -60,17 +61,17 @@ raft_round_wait_bytes_max = 512 * KiB  # a node's proposals wait for the fsync t
 raft_wal_segment_bytes = 64 * MiB  # WAL segment size: records (entry chunks, snapshots) are kept under a quarter
 raft_wal_segment_bytes_min = 33 * MiB  # ... and the biggest entry must fit such a quarter
 wal_direct_cached_bytes_default = 64 * MiB  # a direct WAL's newest bytes, kept in memory for reads
-malloc_mmap_threshold = 32 * MiB  # a node's allocations below this come from malloc's heap (glibc's most) ...
-malloc_trim_threshold = 256 * MiB  # ... and up to this much freed memory stays in each malloc arena: warm pages
+malloc_mmap_threshold_bytes = 32 * MiB  # a node's allocations below this come from malloc's heap (glibc's most) ...
+malloc_trim_threshold_bytes = 256 * MiB  # ... and up to this much freed memory stays in each malloc arena: warm pages
 malloc_pretouch_bytes = 128 * MiB  # touched at start and kept: a node's first big blocks reuse it, no fresh pages
 wal_reclaim_s = 5.0  # how often a storage node looks for WAL segments nothing needs any more
 wal_reclaim_window_segments = 4  # the oldest segments whose live share decides whether live batches move forward
 wal_live_fraction_max = 0.5  # ... when at most this share of them is live: copying costs at most what it frees
 wal_rescan_s = 60.0  # a pinned oldest segment is scanned again after this long, or once local data went
 raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites live groups and drops the rest
-raft_outbox_payloads_max = 256
+raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they are dropped, as by a network
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
-raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered  # payloads queued for one peer; beyond this they are dropped, as by a network
+raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered
 
 # Timers (delay topics).
 timer_tick_s = 0.1  # how often a group leader looks for due timers: delivery is this precise, and better than 1 s
@@ -111,7 +112,6 @@ member_change_s_max = 30.0  # one step of a replica move (on the group's leader)
 replica_moves_max = 4  # replica moves the nameserver runs at once: recovery must not swamp the cluster
 
 # Tier (object store).
-GiB = 1024 * MiB
 object_key_bytes_max = 1 * KiB  # S3's limit for a key (UTF-8); the same keys must work on every backend
 object_key_segment_bytes_max = 255  # NAME_MAX: each '/'-separated segment is a file name on the local store
 object_bytes_max = 5 * GiB  # S3's limit for a single-part PUT; the tier does no multipart upload
@@ -164,5 +164,5 @@ invariant(storage_append_wait_s_max < storage_call_s_max < storage_retry_s_max, 
 invariant(tier_piece_bytes_min <= tier_piece_bytes_default <= tier_piece_bytes_max, "piece sizes are ordered")
 invariant(tier_piece_bytes_max <= object_bytes_max, "a piece is one object")
 invariant(read_bytes_max <= cold_cache_bytes_max, "a cold read fits the cache")
-invariant(MiB < malloc_mmap_threshold and malloc_pretouch_bytes < malloc_trim_threshold,
+invariant(MiB < malloc_mmap_threshold_bytes and malloc_pretouch_bytes < malloc_trim_threshold_bytes,
           "the pretouched blocks come from malloc's heap and stay there once freed")
