@@ -22,6 +22,19 @@ connections_max = 4096  # open client connections per listener; file descriptors
 tls_handshake_s = 10.0  # a TLS client that has not finished its handshake by then is dropped (a slow one holds a slot)
 stream_items_queued_max = 8  # server-stream items waiting for the socket before the producer blocks
 http2_streams_per_connection_max = 128  # concurrent HTTP/2 streams per connection (SETTINGS)
+tcp_receive_bytes = 256 * KiB  # one read from a TCP connection: many small frames; a large one goes to its own buffer
+tcp_send_buffers_max = 64  # buffers per sendmsg, well under IOV_MAX (1024)
+frame_shared_buffer_bytes_max = 64 * KiB  # larger frames are received into their own buffer: one copy, no memmove
+frame_spare_buffers_max = 3  # a reusing decoder's buffers: a response being decoded, one pulled ahead, one arriving
+http2_receive_bytes = 1 * MiB  # one read from an HTTP/2 connection: a whole DATA frame of ours at a time
+http2_stream_window_bytes = 16 * MiB  # bulk produce must not stall on the 64 KiB default window
+http2_connection_window_bytes = 4 * http2_stream_window_bytes  # one stream whose reader stalls must not starve the others
+http2_frame_bytes_max = 1 * MiB  # our SETTINGS_MAX_FRAME_SIZE: fewer, larger DATA frames, less per-frame Python work
+http2_goodbye_timeout_s = 1.0  # a closing connection waits this long to deliver GOAWAY to a peer that may not read
+header_text_chars_max = 1024  # grpc-message and rocket-message: proxies and clients drop very long header values
+grpc_message_bytes_max = frame_bytes_max  # one gRPC message, either way: the RPC body bound
+grpc_buffered_bytes_max = 2 * grpc_message_bytes_max  # a gRPC stream's unread input, so a peer cannot fill memory
+grpc_timeout_s_max = 24 * 3600.0  # a longer grpc-timeout is treated as none worth tracking
 
 # Store.
 segment_bytes_max_default = 256 * MiB  # a sealed segment is the tier's upload unit
@@ -72,6 +85,7 @@ raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites li
 raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they are dropped, as by a network
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
 raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered
+raft_link_reconnect_s = 0.2  # pause before reconnecting to a peer that is down
 
 # Timers (delay topics).
 timer_tick_s = 0.1  # how often a group leader looks for due timers: delivery is this precise, and better than 1 s
@@ -153,6 +167,12 @@ shutdown_grace_s = 10.0  # SIGTERM drains for at most this long before cancellin
 
 invariant(message_bytes_max < batch_bytes_max, "a message must fit in a batch")
 invariant(batch_bytes_max < frame_bytes_max, "a batch must fit in a frame")
+invariant(16 * KiB <= http2_frame_bytes_max < 16 * MiB, "RFC 9113 allows SETTINGS_MAX_FRAME_SIZE from 2^14 to 2^24 - 1")
+invariant(http2_frame_bytes_max <= http2_stream_window_bytes <= http2_connection_window_bytes < 2**31,
+          "a full DATA frame fits a stream's window, a stream's window the connection's, both under RFC 9113's 2^31 - 1")
+invariant(http2_connection_window_bytes >= 65_535, "the connection window is only raised from RFC 9113's initial 65,535")
+invariant(frame_bytes_max <= http2_stream_window_bytes, "a whole request body fits a stream's window: no wait mid-body")
+invariant(grpc_message_bytes_max < grpc_buffered_bytes_max, "a stream's unread input holds at least one whole message")
 invariant(max(read_bytes_max, batch_bytes_max) * 4 // 3 + 64 * KiB <= frame_bytes_max, "a pull response fits a frame")
 invariant(segment_bytes_min <= segment_bytes_max_default, "segment bounds are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
