@@ -108,6 +108,19 @@ pop_invisible_s_max = 12 * 3600  # the longest a received message stays invisibl
 # RocketMQ's retry schedule (its delay levels from 1 s): the invisible time after the nth failed delivery.
 pop_retry_backoff_s = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
+# RocketMQ gRPC gateway.
+rocketmq_receive_answer_margin_s = 1.0  # a long poll answers "not found" this long before the client's deadline expires
+rocketmq_receive_slice_s = 5.0  # a long poll asks the broker in slices, each within the broker's storage retries
+rocketmq_receive_wait_s_default = 20.0  # RocketMQ's default long-polling timeout, when a request names none
+rocketmq_invisible_s_default = 30.0  # RocketMQ's default invisible duration, when a request names none
+rocketmq_topic_cache_s = 5.0  # topic types and queue counts are read at most this often per topic (sends need them)
+rocketmq_telemetry_topics_max = 256  # transaction topics one Telemetry stream has check-backs forwarded for
+rocketmq_topic_cache_entries_max = 4096  # bounds the topic cache; the oldest entry goes first
+rocketmq_receive_messages_default = 32  # messages a RocketMQ consumer receives at once, told in its settings
+rocketmq_send_attempts_max = 3  # tries of one send a RocketMQ producer makes, told in its settings: few, as brokers
+rocketmq_send_backoff_s_min = 0.01  # ... retry storage themselves; its first wait between tries, later ones double ...
+rocketmq_send_backoff_s_max = 1.0  # ... up to this (RocketMQ's own defaults: 3 tries, 10 ms doubling to 1 s)
+
 # Cluster.
 node_heartbeat_s = 1.0  # how often a node reports itself and its load to the nameservers
 assignment_ask_s_min = 0.01  # a storage node asked about a group it lacks asks the nameservers at most this often
@@ -179,6 +192,12 @@ invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
 invariant(raft_payload_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a Raft payload fits a frame, even in JSON")
 invariant(raft_entry_bytes_max <= raft_wal_segment_bytes_min // 4 <= raft_wal_segment_bytes // 4, "one entry fits a WAL record")
+invariant(rocketmq_receive_slice_s < storage_retry_s_max and rocketmq_receive_slice_s * 1000 <= pull_wait_ms_max,
+          "a RocketMQ receive's slice is one broker long poll, which ends within the broker's storage retries")
+invariant(rocketmq_receive_wait_s_default * 1000 <= pull_wait_ms_max, "RocketMQ's default long poll is one rocket allows")
+invariant(rocketmq_invisible_s_default <= pop_invisible_s_max, "RocketMQ's default invisible time is one rocket allows")
+invariant(rocketmq_receive_messages_default <= pop_messages_max, "a RocketMQ receive batch is one pop")
+invariant(rocketmq_send_backoff_s_min <= rocketmq_send_backoff_s_max, "RocketMQ send backoff bounds are ordered")
 invariant(node_heartbeat_s < node_suspect_s < node_down_s, "liveness states are ordered")
 invariant(storage_append_wait_s_max < storage_call_s_max < storage_retry_s_max, "a storage call ends before its retries")
 invariant(tier_piece_bytes_min <= tier_piece_bytes_default <= tier_piece_bytes_max, "piece sizes are ordered")
