@@ -67,6 +67,11 @@ raft_tick_s = 0.1  # one Raft tick; elections take 10-20 ticks, heartbeats every
 raft_election_ticks = 10  # Config.election_ticks: ticks without a leader before a pre-vote
 raft_heartbeat_ticks = 3  # a leader heartbeats three times per election timeout, not ten: thousands of groups
 raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (no ticks, no heartbeats)
+raft_liveness_scan_ticks = 10  # how often a node looks for quiet groups whose leader went silent: 1 s at 0.1 s ticks
+raft_peers_refresh_ticks = 50  # how often a node recomputes its peer nodes from its groups: membership changes slowly
+raft_append_messages_in_flight_max = 64  # Config: append messages sent to one follower and not yet answered
+raft_entries_per_message_max = 256  # Config: entries in one append message, so a lagging follower catches up in steps
+raft_message_bytes_max = 1 * MiB  # Config: entry bytes in one append message (at least one entry is always sent)
 raft_log_entries_max = 2_000  # applied entries a group keeps before it snapshots and compacts its log
 raft_log_bytes_max = 16 * MiB  # applied bytes a group keeps in memory before it snapshots and compacts its log
 raft_entry_bytes_max = batch_bytes_max + 64 * KiB  # one proposal: a produce batch and its routing header
@@ -190,6 +195,9 @@ invariant(max(read_bytes_max, batch_bytes_max) * 4 // 3 + 64 * KiB <= frame_byte
 invariant(segment_bytes_min <= segment_bytes_max_default, "segment bounds are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
+invariant(raft_heartbeat_ticks < raft_election_ticks, "elections take longer than heartbeats (Config.validate)")
+invariant(raft_liveness_scan_ticks <= 2 * raft_election_ticks, "the scan runs within the silence (two election timeouts) that wakes a quiet group")
+invariant(raft_message_bytes_max <= raft_payload_bytes_max, "an append message of small entries fits one RaftStep payload")
 invariant(raft_payload_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a Raft payload fits a frame, even in JSON")
 invariant(raft_entry_bytes_max <= raft_wal_segment_bytes_min // 4 <= raft_wal_segment_bytes // 4, "one entry fits a WAL record")
 invariant(rocketmq_receive_slice_s < storage_retry_s_max and rocketmq_receive_slice_s * 1000 <= pull_wait_ms_max,
