@@ -142,6 +142,11 @@ storage_retry_s_max = 15.0  # a broker retries a storage call on other replicas 
 learner_catch_up_s_max = 5.0  # a promotion waits this long for the learner to catch up, then the mover retries
 member_change_s_max = 30.0  # one step of a replica move (on the group's leader) before the move is retried
 replica_moves_max = 4  # replica moves the nameserver runs at once: recovery must not swamp the cluster
+# The least-loaded placement score, in replicas: a node's hosted replicas count one each, and these add to them.
+placement_lead_replicas = 0.5  # a group led weighs half a replica more: the leader serves its writes and most reads
+placement_replica_bytes = 64 * GiB  # stored bytes that weigh as much as one replica, so full disks fill last
+placement_free_disk_bytes_min = 10 * GiB  # a node with less free disk than this (and some reported) ...
+placement_low_disk_replicas = 4.0  # ... weighs this many replicas more: new groups go elsewhere while others can take them
 
 # Tier (object store).
 object_key_bytes_max = 1 * KiB  # S3's limit for a key (UTF-8); the same keys must work on every backend
