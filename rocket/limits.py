@@ -37,9 +37,10 @@ grpc_buffered_bytes_max = 2 * grpc_message_bytes_max  # a gRPC stream's unread i
 grpc_timeout_s_max = 24 * 3600.0  # a longer grpc-timeout is treated as none worth tracking
 
 # Store.
-segment_bytes_max_default = 256 * MiB  # a sealed segment is the tier's upload unit
+segment_bytes_default = 256 * MiB  # a sealed segment is the tier's upload unit
 log_write_bytes_max = MiB  # a commit log writes a round in calls of at most this many bytes (see CommitLog._write)
 segment_bytes_min = 1 * MiB  # smaller segments would turn every batch into a file
+segment_bytes_max = 4 * GiB  # the largest segment_bytes a config may set: more is a typo, not a wish
 log_record_bytes_max = batch_bytes_max + 64 * KiB  # a log record is one batch plus its routing header
 log_reader_fds_max = 64  # open read descriptors on sealed segments; older ones are reopened on demand
 direct_log_chunk_bytes = 8 * MiB  # a direct log's cached tail comes in chunks of this size, reused once out of the cache
@@ -67,6 +68,8 @@ storage_groups_max = 100_000  # Raft groups in one cluster: a node holds 10,000,
 
 # Raft.
 raft_tick_s = 0.1  # one Raft tick; elections take 10-20 ticks, heartbeats every tick
+raft_tick_s_min = 0.01  # the shortest raft_tick_s a config may set: shorter ticks spend the node on timers
+raft_tick_s_max = 10.0  # the longest: elections would take minutes
 raft_election_ticks = 10  # Config.election_ticks: ticks without a leader before a pre-vote
 raft_heartbeat_ticks = 3  # a leader heartbeats three times per election timeout, not ten: thousands of groups
 raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (no ticks, no heartbeats)
@@ -79,9 +82,11 @@ raft_log_entries_max = 2_000  # applied entries a group keeps before it snapshot
 raft_log_bytes_max = 16 * MiB  # applied bytes a group keeps in memory before it snapshots and compacts its log
 raft_entry_bytes_max = batch_bytes_max + 64 * KiB  # one proposal: a produce batch and its routing header
 raft_round_wait_bytes_max = 512 * KiB  # a node's proposals wait for the fsync that runs until this many bytes wait
-raft_wal_segment_bytes = 64 * MiB  # WAL segment size: records (entry chunks, snapshots) are kept under a quarter
+raft_wal_segment_bytes_default = 64 * MiB  # WAL segment size: records (entry chunks, snapshots) are kept under a quarter
 raft_wal_segment_bytes_min = 33 * MiB  # ... and the biggest entry must fit such a quarter
+raft_wal_segment_bytes_max = 4 * GiB  # the largest wal_segment_bytes a config may set: more is a typo, not a wish
 wal_direct_cached_bytes_default = 64 * MiB  # a direct WAL's newest bytes, kept in memory for reads
+wal_cached_bytes_max = 2**50  # the largest wal_cached_bytes a config may set: more is a typo
 malloc_mmap_threshold_bytes = 32 * MiB  # a node's allocations below this come from malloc's heap (glibc's most) ...
 malloc_trim_threshold_bytes = 256 * MiB  # ... and up to this much freed memory stays in each malloc arena: warm pages
 malloc_pretouch_bytes = 128 * MiB  # touched at start and kept: a node's first big blocks reuse it, no fresh pages
@@ -102,6 +107,9 @@ timer_batches_cached_bytes_max = 64 * MiB  # decoded timer batches kept: one bat
 timer_fire_messages_max = 10_000  # due timers one group delivers per round, so a backlog is worked off in bounded steps
 
 transaction_check_poll_s = 1.0  # how often a broker looks for transactions to check back, for a producer listening
+transaction_s_min = 0.1  # the bounds of transaction_timeout_s and transaction_check_s a config may set ...
+transaction_s_max = 86_400.0  # ... a tenth of a second to a day; outside them is a typo, not a policy
+checks_config_max = 1000  # transaction_checks_max and rocketmq_max_attempts: more is a typo, not a policy
 
 # Consumer groups (pull, clustering mode).
 group_member_expiry_s = 6.0  # a member that has not heartbeaten (polled) this long leaves the group
@@ -130,6 +138,7 @@ rocketmq_send_backoff_s_min = 0.01  # ... retry storage themselves; its first wa
 rocketmq_send_backoff_s_max = 1.0  # ... up to this (RocketMQ's own defaults: 3 tries, 10 ms doubling to 1 s)
 
 # Cluster.
+replication_max = 7  # replicas of one group a config may ask for: each is a full copy and a vote
 node_heartbeat_s = 1.0  # how often a node reports itself and its load to the nameservers
 assignment_ask_s_min = 0.01  # a storage node asked about a group it lacks asks the nameservers at most this often
 assignment_wait_s_max = 2.0  # such a call waits this long for the answer, then fails UNAVAILABLE (the broker retries)
@@ -190,6 +199,7 @@ request_timeout_s_default = 30.0  # an RPC without an answer by then fails with 
 
 # Shutdown.
 shutdown_grace_s = 10.0  # SIGTERM drains for at most this long before cancelling
+shutdown_grace_s_max = 3600.0  # the longest shutdown_grace_s a config may set: an hour; more is a typo
 
 invariant(message_bytes_max < batch_bytes_max, "a message must fit in a batch")
 invariant(batch_bytes_max < frame_bytes_max, "a batch must fit in a frame")
@@ -200,20 +210,24 @@ invariant(http2_connection_window_bytes >= 65_535, "the connection window is onl
 invariant(frame_bytes_max <= http2_stream_window_bytes, "a whole request body fits a stream's window: no wait mid-body")
 invariant(grpc_message_bytes_max < grpc_buffered_bytes_max, "a stream's unread input holds at least one whole message")
 invariant(max(read_bytes_max, batch_bytes_max) * 4 // 3 + 64 * KiB <= frame_bytes_max, "a pull response fits a frame")
-invariant(segment_bytes_min <= segment_bytes_max_default, "segment bounds are ordered")
+invariant(segment_bytes_min <= segment_bytes_default <= segment_bytes_max, "segment sizes are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
 invariant(raft_heartbeat_ticks < raft_election_ticks, "elections take longer than heartbeats (Config.validate)")
 invariant(raft_liveness_scan_ticks <= 2 * raft_election_ticks, "the scan runs within the silence (two election timeouts) that wakes a quiet group")
 invariant(raft_message_bytes_max <= raft_payload_bytes_max, "an append message of small entries fits one RaftStep payload")
 invariant(raft_payload_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a Raft payload fits a frame, even in JSON")
-invariant(raft_entry_bytes_max <= raft_wal_segment_bytes_min // 4 <= raft_wal_segment_bytes // 4, "one entry fits a WAL record")
+invariant(raft_entry_bytes_max <= raft_wal_segment_bytes_min // 4, "one entry fits a WAL record")
+invariant(raft_wal_segment_bytes_min <= raft_wal_segment_bytes_default <= raft_wal_segment_bytes_max, "WAL segment sizes are ordered")
 invariant(rocketmq_receive_slice_s < storage_retry_s_max and rocketmq_receive_slice_s * 1000 <= pull_wait_ms_max,
           "a RocketMQ receive's slice is one broker long poll, which ends within the broker's storage retries")
 invariant(rocketmq_receive_wait_s_default * 1000 <= pull_wait_ms_max, "RocketMQ's default long poll is one rocket allows")
 invariant(rocketmq_invisible_s_default <= pop_invisible_s_max, "RocketMQ's default invisible time is one rocket allows")
 invariant(rocketmq_receive_messages_default <= pop_messages_max, "a RocketMQ receive batch is one pop")
 invariant(rocketmq_send_backoff_s_min <= rocketmq_send_backoff_s_max, "RocketMQ send backoff bounds are ordered")
+invariant(raft_tick_s_min <= raft_tick_s <= raft_tick_s_max, "the default tick is one a config may set")
+invariant(shutdown_grace_s <= shutdown_grace_s_max, "the default grace is one a config may set")
+invariant(pop_attempts_default <= checks_config_max, "the default rocketmq_max_attempts is one a config may set")
 invariant(node_heartbeat_s < node_suspect_s < node_down_s, "liveness states are ordered")
 invariant(storage_append_wait_s_max < storage_call_s_max < storage_retry_s_max, "a storage call ends before its retries")
 invariant(tier_piece_bytes_min <= tier_piece_bytes_default <= tier_piece_bytes_max, "piece sizes are ordered")

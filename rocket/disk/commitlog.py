@@ -185,7 +185,7 @@ class CommitLog:
         self._uncached_to = 0  # pages of the bytes before this position were dropped after their write
 
     @classmethod
-    def open(cls, directory: Path, segment_bytes_max: int = limits.segment_bytes_max_default,
+    def open(cls, directory: Path, segment_bytes_max: int = limits.segment_bytes_default,
              cached_bytes: int = 0, direct: bool = False) -> "CommitLog":
         directory.mkdir(parents=True, exist_ok=True)
         log = cls(directory, segment_bytes_max, cached_bytes, direct)

@@ -63,7 +63,7 @@ class Store(Reads, Timers, Reclaim):
         self.fsyncs = 0
 
     @classmethod
-    def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_max_default) -> "Store":
+    def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_default) -> "Store":
         """data is the node's Raft WAL, where the batches of applied entries lie."""
         commit_log = CommitLog.open(directory / "log", segment_bytes_max)
         index = QueueIndex(directory / "index")

@@ -679,7 +679,7 @@ def test_a_round_is_written_in_calls_of_at_most_the_write_limit(tmp_path, monkey
     bytes each, filled as far as the limit lets; short writes resume where they stopped; the records read back."""
     step = 256 * 1024
     monkeypatch.setattr(limits, "log_write_bytes_max", step)
-    log = CommitLog.open(tmp_path / "log", segment_bytes_max=limits.segment_bytes_max_default)
+    log = CommitLog.open(tmp_path / "log", segment_bytes_max=limits.segment_bytes_default)
     calls: list[int] = []
     real_writev = os.writev
 
