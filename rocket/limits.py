@@ -63,6 +63,7 @@ topics_max = 100_000  # metadata held in memory by the nameserver
 filter_expression_bytes_max = 4 * KiB  # a filter is parsed per subscription; longer ones are hostile
 filter_skipped_batches_max = 10_000  # batches a filtered read skips by their tag summary before it answers
 filters_cached_max = 1024  # compiled filters a broker keeps: subscriptions repeat their expression
+error_excerpt_chars_max = 200  # error messages quote what they refuse, but not a 4 KiB filter or path in full
 filter_nesting_max = 64  # parentheses and NOT nest at most this deep, so parsing never exhausts the stack
 storage_groups_max = 100_000  # Raft groups in one cluster: a node holds 10,000, a cluster a million queues
 
@@ -197,6 +198,12 @@ producer_in_flight_batches_max = 64  # batches sent and not yet acknowledged, pe
 connect_timeout_s = 5.0  # a peer that does not accept a connection by then counts as down
 request_timeout_s_default = 30.0  # an RPC without an answer by then fails with TIMEOUT
 
+# The command line.
+send_first_batch_bytes = 64 * KiB  # rocket send's first batch for each queue: a short file still reaches every queue
+bench_topic_retention_s = 60.0  # what a bench topic made up for one run keeps, once the run is over
+bench_probe_bytes_min = 256 * MiB  # the disk probe beside a bench writes at least this much, for a steady figure ...
+bench_probe_bytes_max = 4 * GiB  # ... and at most this much (or what the bench sends, between the two)
+
 # Shutdown.
 shutdown_grace_s = 10.0  # SIGTERM drains for at most this long before cancelling
 shutdown_grace_s_max = 3600.0  # the longest shutdown_grace_s a config may set: an hour; more is a typo
@@ -213,6 +220,8 @@ invariant(max(read_bytes_max, batch_bytes_max) * 4 // 3 + 64 * KiB <= frame_byte
 invariant(segment_bytes_min <= segment_bytes_default <= segment_bytes_max, "segment sizes are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
+invariant(send_first_batch_bytes <= producer_batch_bytes_default, "rocket send's first batches are smaller ones")
+invariant(bench_probe_bytes_min <= bench_probe_bytes_max, "the bench's disk probe bounds are ordered")
 invariant(raft_heartbeat_ticks < raft_election_ticks, "elections take longer than heartbeats (Config.validate)")
 invariant(raft_liveness_scan_ticks <= 2 * raft_election_ticks, "the scan runs within the silence (two election timeouts) that wakes a quiet group")
 invariant(raft_message_bytes_max <= raft_payload_bytes_max, "an append message of small entries fits one RaftStep payload")

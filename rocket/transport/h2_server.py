@@ -317,7 +317,7 @@ class _ServerConnection(Endpoint):
             if request.headers.get(":method") != "POST":
                 raise GrpcError(GrpcStatus.UNIMPLEMENTED, f"{request.headers.get(':method')} {path}: calls are POST")
             if handler is None:
-                raise GrpcError(GrpcStatus.UNIMPLEMENTED, f"unknown method {path[:200]!r}")
+                raise GrpcError(GrpcStatus.UNIMPLEMENTED, f"unknown method {path[:limits.error_excerpt_chars_max]!r}")
             timeout_s = grpc_timeout_s(request.headers.get("grpc-timeout"))
             if timeout_s is not None:
                 call.deadline = request.handler_scope.deadline = trio.current_time() + timeout_s
