@@ -195,6 +195,12 @@ cold_index_cache_entries_max = 4096  # sidecar indexes kept decoded (LRU): one p
 producer_linger_ms_default = 5  # how long a producer waits to fill a batch
 producer_batch_bytes_default = 1 * MiB  # bytes after which a producer sends a batch at once
 producer_in_flight_batches_max = 64  # batches sent and not yet acknowledged, per producer
+consumer_pull_bytes_default = 4 * MiB  # bytes a consumer asks for per pull: many batches per round trip
+consumer_wait_ms_default = 1000  # how long a consumer's pull waits on empty queues before it polls again
+simple_invisible_s_default = 30.0  # RocketMQ's default invisible duration for a received message
+simple_receive_messages_default = 32  # messages one SimpleConsumer.receive asks for (RocketMQ's receive batch)
+simple_receive_wait_s_default = 5.0  # how long one receive waits for messages to arrive
+simple_listener_tasks_default = 16  # messages a push-style listener handles at once
 connect_timeout_s = 5.0  # a peer that does not accept a connection by then counts as down
 request_timeout_s_default = 30.0  # an RPC without an answer by then fails with TIMEOUT
 
@@ -220,6 +226,10 @@ invariant(max(read_bytes_max, batch_bytes_max) * 4 // 3 + 64 * KiB <= frame_byte
 invariant(segment_bytes_min <= segment_bytes_default <= segment_bytes_max, "segment sizes are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
+invariant(consumer_pull_bytes_default <= read_bytes_max, "a consumer's pull asks no more than one read returns")
+invariant(consumer_wait_ms_default <= pull_wait_ms_max, "a consumer's default wait is one the broker allows")
+invariant(simple_invisible_s_default <= pop_invisible_s_max, "the default invisible time is one storage allows")
+invariant(simple_receive_messages_default <= pop_messages_max, "a default receive is one pop")
 invariant(send_first_batch_bytes <= producer_batch_bytes_default, "rocket send's first batches are smaller ones")
 invariant(bench_probe_bytes_min <= bench_probe_bytes_max, "the bench's disk probe bounds are ordered")
 invariant(raft_heartbeat_ticks < raft_election_ticks, "elections take longer than heartbeats (Config.validate)")
