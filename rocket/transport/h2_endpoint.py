@@ -16,7 +16,7 @@ from rocket.errors import Code, RocketError
 from rocket.serde import SERDE_BY_CONTENT_TYPE, json_codec
 from rocket.transport.rpc import method_spec
 
-default_window_bytes = 65_535  # RFC 9113's initial connection window, which we raise at start: a format constant
+DEFAULT_WINDOW_BYTES = 65_535  # RFC 9113's initial connection window, which we raise at start: a format constant
 path_prefix = "/rocket.v1/"
 
 STATUS_OF_CODE = {
@@ -114,7 +114,7 @@ class Endpoint:
         # large DATA frames in the same read as the ACK would fail with FRAME_SIZE_ERROR. Accepting them
         # early is safe: it is the size we just advertised.
         self.connection.max_inbound_frame_size = limits.http2_frame_bytes_max
-        self.connection.increment_flow_control_window(limits.http2_connection_window_bytes - default_window_bytes)
+        self.connection.increment_flow_control_window(limits.http2_connection_window_bytes - DEFAULT_WINDOW_BYTES)
         self.wake_writer()
 
     def wake_writer(self) -> None:
