@@ -32,8 +32,8 @@ class NodeConfig:
     http2_listen: Address | None = Address("127.0.0.1", 9877)
     http2_tls_cert: Path | None = None  # with http2_tls_key: the HTTP/2 listener speaks TLS (ALPN h2) instead of h2c
     http2_tls_key: Path | None = None
-    segment_bytes: int = limits.segment_bytes_max_default
-    wal_segment_bytes: int = limits.raft_wal_segment_bytes
+    segment_bytes: int = limits.segment_bytes_default
+    wal_segment_bytes: int = limits.raft_wal_segment_bytes_default
     # The WAL's newest bytes kept in the page cache; older pages are dropped once written or read, and reads of
     # them go to the disk in a worker thread. 0: the OS decides. On a VM that hands free memory back to its host
     # (virtio-balloon free page reporting), a write into a fresh page costs a host fault, and a bound (such as
@@ -157,7 +157,7 @@ def _parse_duration(key: str, value: object) -> float:
             value = parse_duration_s(value)
         except RocketError as error:
             raise ConfigError(f"{key}: {error.message}") from None
-    return _parse_float(key, value, 0.0, 100 * 365 * 86_400.0)
+    return _parse_float(key, value, 0.0, limits.retention_s_max)
 
 
 def _parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
@@ -212,13 +212,13 @@ def _convert(key: str, value: object) -> object:
     if key == "http2_listen":
         return parse_address(key, value, allow_off=True)
     if key == "segment_bytes":
-        return _parse_int(key, value, limits.segment_bytes_min, 4 * 1024 * limits.MiB)
+        return _parse_int(key, value, limits.segment_bytes_min, limits.segment_bytes_max)
     if key == "wal_segment_bytes":
-        return _parse_int(key, value, limits.raft_wal_segment_bytes_min, 4 * 1024 * limits.MiB)
+        return _parse_int(key, value, limits.raft_wal_segment_bytes_min, limits.raft_wal_segment_bytes_max)
     if key == "wal_cached_bytes":
-        return _parse_int(key, value, 0, 2**50)
+        return _parse_int(key, value, 0, limits.wal_cached_bytes_max)
     if key == "shutdown_grace_s":
-        return _parse_float(key, value, 0.0, 3600.0)
+        return _parse_float(key, value, 0.0, limits.shutdown_grace_s_max)
     if key == "node_id":
         return _parse_int(key, value, 1, 2**31 - 1)
     if key == "nameservers":
@@ -226,15 +226,15 @@ def _convert(key: str, value: object) -> object:
     if key == "advertise":
         return parse_address(key, value, allow_off=True)
     if key == "replication":
-        return _parse_int(key, value, 1, 7)
+        return _parse_int(key, value, 1, limits.replication_max)
     if key == "storage_groups":
         return _parse_int(key, value, 1, limits.storage_groups_max)
     if key == "raft_tick_s":
-        return _parse_float(key, value, 0.01, 10.0)
+        return _parse_float(key, value, limits.raft_tick_s_min, limits.raft_tick_s_max)
     if key in ("transaction_timeout_s", "transaction_check_s"):
-        return _parse_float(key, value, 0.1, 86_400.0)
+        return _parse_float(key, value, limits.transaction_s_min, limits.transaction_s_max)
     if key in ("transaction_checks_max", "rocketmq_max_attempts"):
-        return _parse_int(key, value, 1, 1000)
+        return _parse_int(key, value, 1, limits.checks_config_max)
     if key == "log_level":
         level = str(value).lower()
         if level not in ("debug", "info", "warning", "error"):

@@ -4,6 +4,7 @@ from rocket.errors import invariant
 
 KiB = 1024
 MiB = 1024 * KiB
+GiB = 1024 * MiB
 
 # Batches: the unit of work on the hot path.
 batch_bytes_max = 8 * MiB  # one batch is one log record and one RPC body; bounds memory per request
@@ -21,13 +22,30 @@ connections_max = 4096  # open client connections per listener; file descriptors
 tls_handshake_s = 10.0  # a TLS client that has not finished its handshake by then is dropped (a slow one holds a slot)
 stream_items_queued_max = 8  # server-stream items waiting for the socket before the producer blocks
 http2_streams_per_connection_max = 128  # concurrent HTTP/2 streams per connection (SETTINGS)
+tcp_receive_bytes = 256 * KiB  # one read from a TCP connection: many small frames; a large one goes to its own buffer
+tcp_send_buffers_max = 64  # buffers per sendmsg, well under IOV_MAX (1024)
+frame_shared_buffer_bytes_max = 64 * KiB  # larger frames are received into their own buffer: one copy, no memmove
+frame_spare_buffers_max = 3  # a reusing decoder's buffers: a response being decoded, one pulled ahead, one arriving
+http2_receive_bytes = 1 * MiB  # one read from an HTTP/2 connection: a whole DATA frame of ours at a time
+http2_stream_window_bytes = 16 * MiB  # bulk produce must not stall on the 64 KiB default window
+http2_connection_window_bytes = 4 * http2_stream_window_bytes  # one stream whose reader stalls must not starve the others
+http2_frame_bytes_max = 1 * MiB  # our SETTINGS_MAX_FRAME_SIZE: fewer, larger DATA frames, less per-frame Python work
+http2_goodbye_timeout_s = 1.0  # a closing connection waits this long to deliver GOAWAY to a peer that may not read
+header_text_chars_max = 1024  # grpc-message and rocket-message: proxies and clients drop very long header values
+grpc_message_bytes_max = frame_bytes_max  # one gRPC message, either way: the RPC body bound
+grpc_buffered_bytes_max = 2 * grpc_message_bytes_max  # a gRPC stream's unread input, so a peer cannot fill memory
+grpc_timeout_s_max = 24 * 3600.0  # a longer grpc-timeout is treated as none worth tracking
 
 # Store.
-segment_bytes_max_default = 256 * MiB  # a sealed segment is the tier's upload unit
+segment_bytes_default = 256 * MiB  # a sealed segment is the tier's upload unit
 log_write_bytes_max = MiB  # a commit log writes a round in calls of at most this many bytes (see CommitLog._write)
 segment_bytes_min = 1 * MiB  # smaller segments would turn every batch into a file
+segment_bytes_max = 4 * GiB  # the largest segment_bytes a config may set: more is a typo, not a wish
 log_record_bytes_max = batch_bytes_max + 64 * KiB  # a log record is one batch plus its routing header
 log_reader_fds_max = 64  # open read descriptors on sealed segments; older ones are reopened on demand
+direct_log_chunk_bytes = 8 * MiB  # a direct log's cached tail comes in chunks of this size, reused once out of the cache
+direct_log_spare_chunks_max = 2  # chunks kept for reuse: a fresh one is zeroed and faulted in page by page
+store_sync_s = 1.0  # how often the store's unsynced writes (LevelDB, the log) are flushed in the background
 group_commit_bytes_max = 4 * MiB  # one fdatasync covers at most this much, bounding ack latency
 group_commit_records_max = 100_000  # and at most this many records per flush
 append_queue_bytes_max = 256 * MiB  # appends waiting for a flush before producers are held back
@@ -45,32 +63,43 @@ topics_max = 100_000  # metadata held in memory by the nameserver
 filter_expression_bytes_max = 4 * KiB  # a filter is parsed per subscription; longer ones are hostile
 filter_skipped_batches_max = 10_000  # batches a filtered read skips by their tag summary before it answers
 filters_cached_max = 1024  # compiled filters a broker keeps: subscriptions repeat their expression
+error_excerpt_chars_max = 200  # error messages quote what they refuse, but not a 4 KiB filter or path in full
 filter_nesting_max = 64  # parentheses and NOT nest at most this deep, so parsing never exhausts the stack
 storage_groups_max = 100_000  # Raft groups in one cluster: a node holds 10,000, a cluster a million queues
 
 # Raft.
 raft_tick_s = 0.1  # one Raft tick; elections take 10-20 ticks, heartbeats every tick
+raft_tick_s_min = 0.01  # the shortest raft_tick_s a config may set: shorter ticks spend the node on timers
+raft_tick_s_max = 10.0  # the longest: elections would take minutes
 raft_election_ticks = 10  # Config.election_ticks: ticks without a leader before a pre-vote
 raft_heartbeat_ticks = 3  # a leader heartbeats three times per election timeout, not ten: thousands of groups
 raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (no ticks, no heartbeats)
+raft_liveness_scan_ticks = 10  # how often a node looks for quiet groups whose leader went silent: 1 s at 0.1 s ticks
+raft_peers_refresh_ticks = 50  # how often a node recomputes its peer nodes from its groups: membership changes slowly
+raft_append_messages_in_flight_max = 64  # Config: append messages sent to one follower and not yet answered
+raft_entries_per_message_max = 256  # Config: entries in one append message, so a lagging follower catches up in steps
+raft_message_bytes_max = 1 * MiB  # Config: entry bytes in one append message (at least one entry is always sent)
 raft_log_entries_max = 2_000  # applied entries a group keeps before it snapshots and compacts its log
 raft_log_bytes_max = 16 * MiB  # applied bytes a group keeps in memory before it snapshots and compacts its log
 raft_entry_bytes_max = batch_bytes_max + 64 * KiB  # one proposal: a produce batch and its routing header
 raft_round_wait_bytes_max = 512 * KiB  # a node's proposals wait for the fsync that runs until this many bytes wait
-raft_wal_segment_bytes = 64 * MiB  # WAL segment size: records (entry chunks, snapshots) are kept under a quarter
+raft_wal_segment_bytes_default = 64 * MiB  # WAL segment size: records (entry chunks, snapshots) are kept under a quarter
 raft_wal_segment_bytes_min = 33 * MiB  # ... and the biggest entry must fit such a quarter
+raft_wal_segment_bytes_max = 4 * GiB  # the largest wal_segment_bytes a config may set: more is a typo, not a wish
 wal_direct_cached_bytes_default = 64 * MiB  # a direct WAL's newest bytes, kept in memory for reads
-malloc_mmap_threshold = 32 * MiB  # a node's allocations below this come from malloc's heap (glibc's most) ...
-malloc_trim_threshold = 256 * MiB  # ... and up to this much freed memory stays in each malloc arena: warm pages
+wal_cached_bytes_max = 2**50  # the largest wal_cached_bytes a config may set: more is a typo
+malloc_mmap_threshold_bytes = 32 * MiB  # a node's allocations below this come from malloc's heap (glibc's most) ...
+malloc_trim_threshold_bytes = 256 * MiB  # ... and up to this much freed memory stays in each malloc arena: warm pages
 malloc_pretouch_bytes = 128 * MiB  # touched at start and kept: a node's first big blocks reuse it, no fresh pages
 wal_reclaim_s = 5.0  # how often a storage node looks for WAL segments nothing needs any more
 wal_reclaim_window_segments = 4  # the oldest segments whose live share decides whether live batches move forward
 wal_live_fraction_max = 0.5  # ... when at most this share of them is live: copying costs at most what it frees
 wal_rescan_s = 60.0  # a pinned oldest segment is scanned again after this long, or once local data went
 raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites live groups and drops the rest
-raft_outbox_payloads_max = 256
+raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they are dropped, as by a network
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
-raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered  # payloads queued for one peer; beyond this they are dropped, as by a network
+raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered
+raft_link_reconnect_s = 0.2  # pause before reconnecting to a peer that is down
 
 # Timers (delay topics).
 timer_tick_s = 0.1  # how often a group leader looks for due timers: delivery is this precise, and better than 1 s
@@ -79,6 +108,9 @@ timer_batches_cached_bytes_max = 64 * MiB  # decoded timer batches kept: one bat
 timer_fire_messages_max = 10_000  # due timers one group delivers per round, so a backlog is worked off in bounded steps
 
 transaction_check_poll_s = 1.0  # how often a broker looks for transactions to check back, for a producer listening
+transaction_s_min = 0.1  # the bounds of transaction_timeout_s and transaction_check_s a config may set ...
+transaction_s_max = 86_400.0  # ... a tenth of a second to a day; outside them is a typo, not a policy
+checks_config_max = 1000  # transaction_checks_max and rocketmq_max_attempts: more is a typo, not a policy
 
 # Consumer groups (pull, clustering mode).
 group_member_expiry_s = 6.0  # a member that has not heartbeaten (polled) this long leaves the group
@@ -93,7 +125,21 @@ pop_invisible_s_max = 12 * 3600  # the longest a received message stays invisibl
 # RocketMQ's retry schedule (its delay levels from 1 s): the invisible time after the nth failed delivery.
 pop_retry_backoff_s = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
+# RocketMQ gRPC gateway.
+rocketmq_receive_answer_margin_s = 1.0  # a long poll answers "not found" this long before the client's deadline expires
+rocketmq_receive_slice_s = 5.0  # a long poll asks the broker in slices, each within the broker's storage retries
+rocketmq_receive_wait_s_default = 20.0  # RocketMQ's default long-polling timeout, when a request names none
+rocketmq_invisible_s_default = 30.0  # RocketMQ's default invisible duration, when a request names none
+rocketmq_topic_cache_s = 5.0  # topic types and queue counts are read at most this often per topic (sends need them)
+rocketmq_telemetry_topics_max = 256  # transaction topics one Telemetry stream has check-backs forwarded for
+rocketmq_topic_cache_entries_max = 4096  # bounds the topic cache; the oldest entry goes first
+rocketmq_receive_messages_default = 32  # messages a RocketMQ consumer receives at once, told in its settings
+rocketmq_send_attempts_max = 3  # tries of one send a RocketMQ producer makes, told in its settings: few, as brokers
+rocketmq_send_backoff_s_min = 0.01  # ... retry storage themselves; its first wait between tries, later ones double ...
+rocketmq_send_backoff_s_max = 1.0  # ... up to this (RocketMQ's own defaults: 3 tries, 10 ms doubling to 1 s)
+
 # Cluster.
+replication_max = 7  # replicas of one group a config may ask for: each is a full copy and a vote
 node_heartbeat_s = 1.0  # how often a node reports itself and its load to the nameservers
 assignment_ask_s_min = 0.01  # a storage node asked about a group it lacks asks the nameservers at most this often
 assignment_wait_s_max = 2.0  # such a call waits this long for the answer, then fails UNAVAILABLE (the broker retries)
@@ -109,9 +155,13 @@ storage_retry_s_max = 15.0  # a broker retries a storage call on other replicas 
 learner_catch_up_s_max = 5.0  # a promotion waits this long for the learner to catch up, then the mover retries
 member_change_s_max = 30.0  # one step of a replica move (on the group's leader) before the move is retried
 replica_moves_max = 4  # replica moves the nameserver runs at once: recovery must not swamp the cluster
+# The least-loaded placement score, in replicas: a node's hosted replicas count one each, and these add to them.
+placement_lead_replicas = 0.5  # a group led weighs half a replica more: the leader serves its writes and most reads
+placement_replica_bytes = 64 * GiB  # stored bytes that weigh as much as one replica, so full disks fill last
+placement_free_disk_bytes_min = 10 * GiB  # a node with less free disk than this (and some reported) ...
+placement_low_disk_replicas = 4.0  # ... weighs this many replicas more: new groups go elsewhere while others can take them
 
 # Tier (object store).
-GiB = 1024 * MiB
 object_key_bytes_max = 1 * KiB  # S3's limit for a key (UTF-8); the same keys must work on every backend
 object_key_segment_bytes_max = 255  # NAME_MAX: each '/'-separated segment is a file name on the local store
 object_bytes_max = 5 * GiB  # S3's limit for a single-part PUT; the tier does no multipart upload
@@ -145,24 +195,62 @@ cold_index_cache_entries_max = 4096  # sidecar indexes kept decoded (LRU): one p
 producer_linger_ms_default = 5  # how long a producer waits to fill a batch
 producer_batch_bytes_default = 1 * MiB  # bytes after which a producer sends a batch at once
 producer_in_flight_batches_max = 64  # batches sent and not yet acknowledged, per producer
+consumer_pull_bytes_default = 4 * MiB  # bytes a consumer asks for per pull: many batches per round trip
+consumer_wait_ms_default = 1000  # how long a consumer's pull waits on empty queues before it polls again
+simple_invisible_s_default = 30.0  # RocketMQ's default invisible duration for a received message
+simple_receive_messages_default = 32  # messages one SimpleConsumer.receive asks for (RocketMQ's receive batch)
+simple_receive_wait_s_default = 5.0  # how long one receive waits for messages to arrive
+simple_listener_tasks_default = 16  # messages a push-style listener handles at once
 connect_timeout_s = 5.0  # a peer that does not accept a connection by then counts as down
 request_timeout_s_default = 30.0  # an RPC without an answer by then fails with TIMEOUT
 
+# The command line.
+send_first_batch_bytes = 64 * KiB  # rocket send's first batch for each queue: a short file still reaches every queue
+bench_topic_retention_s = 60.0  # what a bench topic made up for one run keeps, once the run is over
+bench_probe_bytes_min = 256 * MiB  # the disk probe beside a bench writes at least this much, for a steady figure ...
+bench_probe_bytes_max = 4 * GiB  # ... and at most this much (or what the bench sends, between the two)
+
 # Shutdown.
 shutdown_grace_s = 10.0  # SIGTERM drains for at most this long before cancelling
+shutdown_grace_s_max = 3600.0  # the longest shutdown_grace_s a config may set: an hour; more is a typo
 
 invariant(message_bytes_max < batch_bytes_max, "a message must fit in a batch")
 invariant(batch_bytes_max < frame_bytes_max, "a batch must fit in a frame")
+invariant(16 * KiB <= http2_frame_bytes_max < 16 * MiB, "RFC 9113 allows SETTINGS_MAX_FRAME_SIZE from 2^14 to 2^24 - 1")
+invariant(http2_frame_bytes_max <= http2_stream_window_bytes <= http2_connection_window_bytes < 2**31,
+          "a full DATA frame fits a stream's window, a stream's window the connection's, both under RFC 9113's 2^31 - 1")
+invariant(http2_connection_window_bytes >= 65_535, "the connection window is only raised from RFC 9113's initial 65,535")
+invariant(frame_bytes_max <= http2_stream_window_bytes, "a whole request body fits a stream's window: no wait mid-body")
+invariant(grpc_message_bytes_max < grpc_buffered_bytes_max, "a stream's unread input holds at least one whole message")
 invariant(max(read_bytes_max, batch_bytes_max) * 4 // 3 + 64 * KiB <= frame_bytes_max, "a pull response fits a frame")
-invariant(segment_bytes_min <= segment_bytes_max_default, "segment bounds are ordered")
+invariant(segment_bytes_min <= segment_bytes_default <= segment_bytes_max, "segment sizes are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
+invariant(consumer_pull_bytes_default <= read_bytes_max, "a consumer's pull asks no more than one read returns")
+invariant(consumer_wait_ms_default <= pull_wait_ms_max, "a consumer's default wait is one the broker allows")
+invariant(simple_invisible_s_default <= pop_invisible_s_max, "the default invisible time is one storage allows")
+invariant(simple_receive_messages_default <= pop_messages_max, "a default receive is one pop")
+invariant(send_first_batch_bytes <= producer_batch_bytes_default, "rocket send's first batches are smaller ones")
+invariant(bench_probe_bytes_min <= bench_probe_bytes_max, "the bench's disk probe bounds are ordered")
+invariant(raft_heartbeat_ticks < raft_election_ticks, "elections take longer than heartbeats (Config.validate)")
+invariant(raft_liveness_scan_ticks <= 2 * raft_election_ticks, "the scan runs within the silence (two election timeouts) that wakes a quiet group")
+invariant(raft_message_bytes_max <= raft_payload_bytes_max, "an append message of small entries fits one RaftStep payload")
 invariant(raft_payload_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a Raft payload fits a frame, even in JSON")
-invariant(raft_entry_bytes_max <= raft_wal_segment_bytes_min // 4 <= raft_wal_segment_bytes // 4, "one entry fits a WAL record")
+invariant(raft_entry_bytes_max <= raft_wal_segment_bytes_min // 4, "one entry fits a WAL record")
+invariant(raft_wal_segment_bytes_min <= raft_wal_segment_bytes_default <= raft_wal_segment_bytes_max, "WAL segment sizes are ordered")
+invariant(rocketmq_receive_slice_s < storage_retry_s_max and rocketmq_receive_slice_s * 1000 <= pull_wait_ms_max,
+          "a RocketMQ receive's slice is one broker long poll, which ends within the broker's storage retries")
+invariant(rocketmq_receive_wait_s_default * 1000 <= pull_wait_ms_max, "RocketMQ's default long poll is one rocket allows")
+invariant(rocketmq_invisible_s_default <= pop_invisible_s_max, "RocketMQ's default invisible time is one rocket allows")
+invariant(rocketmq_receive_messages_default <= pop_messages_max, "a RocketMQ receive batch is one pop")
+invariant(rocketmq_send_backoff_s_min <= rocketmq_send_backoff_s_max, "RocketMQ send backoff bounds are ordered")
+invariant(raft_tick_s_min <= raft_tick_s <= raft_tick_s_max, "the default tick is one a config may set")
+invariant(shutdown_grace_s <= shutdown_grace_s_max, "the default grace is one a config may set")
+invariant(pop_attempts_default <= checks_config_max, "the default rocketmq_max_attempts is one a config may set")
 invariant(node_heartbeat_s < node_suspect_s < node_down_s, "liveness states are ordered")
 invariant(storage_append_wait_s_max < storage_call_s_max < storage_retry_s_max, "a storage call ends before its retries")
 invariant(tier_piece_bytes_min <= tier_piece_bytes_default <= tier_piece_bytes_max, "piece sizes are ordered")
 invariant(tier_piece_bytes_max <= object_bytes_max, "a piece is one object")
 invariant(read_bytes_max <= cold_cache_bytes_max, "a cold read fits the cache")
-invariant(MiB < malloc_mmap_threshold and malloc_pretouch_bytes < malloc_trim_threshold,
+invariant(MiB < malloc_mmap_threshold_bytes and malloc_pretouch_bytes < malloc_trim_threshold_bytes,
           "the pretouched blocks come from malloc's heap and stay there once freed")

@@ -75,8 +75,8 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-    if not (mallopt(m_mmap_threshold, limits.malloc_mmap_threshold)
-            and mallopt(m_trim_threshold, limits.malloc_trim_threshold)):
+    if not (mallopt(m_mmap_threshold, limits.malloc_mmap_threshold_bytes)
+            and mallopt(m_trim_threshold, limits.malloc_trim_threshold_bytes)):
         return False
     blocks = [b"\x01" * limits.MiB for _ in range(limits.malloc_pretouch_bytes // limits.MiB)]
     del blocks

@@ -19,7 +19,6 @@ from rocket.client import bench as bench_module
 app = typer.Typer(no_args_is_help=True, help="Measure produce and consume against a running server.")
 
 DEV_DATA_DIR = Path("rocket-data")  # where `rocket run` keeps its data by default
-BENCH_RETENTION_S = 60.0  # what a bench topic made up for one run keeps, once the run is over
 
 
 def _bench_report(title: str, result: dict, disks: list[dict], json_file: Optional[Path],
@@ -74,7 +73,7 @@ async def bench_produce(
 ) -> None:
     """Durable produce throughput and latency, beside the disk's raw fdatasync bandwidth."""
     disk_dir = _disk_directory(disk_dir)
-    probe_bytes = max(256 * limits.MiB, min(messages * size, 4096 * limits.MiB))
+    probe_bytes = max(limits.bench_probe_bytes_min, min(messages * size, limits.bench_probe_bytes_max))
     before = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth, disk_dir, probe_bytes)
     direct = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth_direct, disk_dir, probe_bytes)
     async with connect(server, transport, serde) as channel:
@@ -85,13 +84,13 @@ async def bench_produce(
                 on_progress=lambda n: progress.update(task, advance=n))
         if topic is None:
             # rocket deletes no topic yet: a retention this short lets the storage nodes drop the data soon.
-            await Admin(channel).update_topic(result["topic"], BENCH_RETENTION_S, BENCH_RETENTION_S)
+            await Admin(channel).update_topic(result["topic"], limits.bench_topic_retention_s, limits.bench_topic_retention_s)
     after = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth, disk_dir, probe_bytes)
     _bench_report("rocket bench produce", result, [before, after], json_file, direct)
     megabytes = messages * size / 1e6
     if topic is None:
         err.print(f"topic {result['topic']} holds the {megabytes:,.0f} MB sent; its retention is now "
-                  f"{BENCH_RETENTION_S:g} s, so the storage nodes drop them soon (rocket cannot delete a topic yet)")
+                  f"{limits.bench_topic_retention_s:g} s, so the storage nodes drop them soon (rocket cannot delete a topic yet)")
     else:
         err.print(f"topic {topic} keeps the {megabytes:,.0f} MB sent (for bench consume); `rocket topic update {topic} "
                   "--retention 1m --local-retention 1m` lets them go")

@@ -18,7 +18,6 @@ from rocket.errors import Code, RocketError
 from rocket.model import Message, parse_duration_s, queue_for_key
 from rocket.serde import batch as batch_codec
 
-FIRST_CHUNK_BYTES = 64 * limits.KiB  # the first batch for each queue: a short file still reaches every queue
 
 
 def _read_chunks(stream, first_bytes: int, first_count: int, chunk_bytes: int):
@@ -148,7 +147,7 @@ async def _send_lines(producer, stream, total: int | None, template: Message) ->
         return None if chunk is None else (encode(chunk), chunk.count(b"\n"), len(chunk))
 
     sent_messages = 0
-    chunks = _read_chunks(stream, FIRST_CHUNK_BYTES, producer.queues, limits.producer_batch_bytes_default)
+    chunks = _read_chunks(stream, limits.send_first_batch_bytes, producer.queues, limits.producer_batch_bytes_default)
     with stream, progress_bar(total, "bytes") as progress:
         task = progress.add_task("sending", total=total)
         while (batch := await trio.to_thread.run_sync(next_batch, chunks)) is not None:

@@ -43,7 +43,7 @@ MODES = ("clustering", "broadcasting")
 
 class Consumer:
     def __init__(self, channel: Channel, topic: str, group: str, *, start: str | int = "latest",
-                 max_bytes: int = 4 * limits.MiB, wait_ms: int = 1000, filter_type: str = "tag", filter: str = "*",
+                 max_bytes: int = limits.consumer_pull_bytes_default, wait_ms: int = limits.consumer_wait_ms_default, filter_type: str = "tag", filter: str = "*",
                  mode: str = "clustering", member: str | None = None):
         """filter_type "tag" takes a tag expression ('a || b', '*'), "sql" an SQL92 expression over
         properties (and TAGS, KEYS); a malformed one fails open() with BAD_FILTER and its position.

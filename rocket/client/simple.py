@@ -20,7 +20,7 @@ from rocket.transport.channel import Channel
 log = logging.getLogger("rocket.client")
 
 class SimpleConsumer:
-    def __init__(self, channel: Channel, topic: str, group: str, *, invisible_s: float = 30.0,
+    def __init__(self, channel: Channel, topic: str, group: str, *, invisible_s: float = limits.simple_invisible_s_default,
                  max_attempts: int = limits.pop_attempts_default, backoff_s: tuple[float, ...] = limits.pop_retry_backoff_s,
                  filter_type: str = "tag", filter: str = "*"):
         self.channel = channel
@@ -33,7 +33,8 @@ class SimpleConsumer:
         self.filter = compile_filter(filter_type, filter)
         self.fifo = False  # the topic is FIFO (learnt from the first receive)
 
-    async def receive(self, max_messages: int = 32, wait_s: float = 5.0) -> list[Message]:
+    async def receive(self, max_messages: int = limits.simple_receive_messages_default,
+                      wait_s: float = limits.simple_receive_wait_s_default) -> list[Message]:
         """Up to max_messages, each invisible to the group's other receivers until acked or its invisible
         time runs out; waits up to wait_s for some."""
         request = {"topic": self.topic, "group": self.group, "max_messages": max_messages,
@@ -90,7 +91,8 @@ class PushConsumer:
     On a FIFO topic each queue's messages are handled one after the other, in order; after a failure the
     rest of them come back with the failed one, so order holds across retries."""
 
-    def __init__(self, consumer: SimpleConsumer, listener: Callable[[Message], Awaitable[None]], concurrency: int = 16):
+    def __init__(self, consumer: SimpleConsumer, listener: Callable[[Message], Awaitable[None]],
+                 concurrency: int = limits.simple_listener_tasks_default):
         self.consumer = consumer
         self.listener = listener
         self.concurrency = concurrency

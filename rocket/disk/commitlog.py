@@ -40,7 +40,6 @@ _iov_max = min(os.sysconf("SC_IOV_MAX"), 1024)
 _fadvise = getattr(os, "posix_fadvise", None)  # not on macOS: there the OS alone decides what stays cached
 _O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux; elsewhere a direct log writes through the page cache
 ALIGN = 4096  # O_DIRECT offsets, lengths and buffers are multiples of the device's block size; 4 KiB covers all
-_chunk_bytes = 8 * limits.MiB  # the direct tail's memory comes in chunks of this size, reused once out of the cache
 
 
 def _drop_cached(descriptor: int, offset: int, length: int) -> None:
@@ -124,13 +123,13 @@ class _DirectTail:
 
     def _add_chunk(self, position: int, size: int) -> None:
         """A new newest chunk for log bytes from position, with room for size bytes."""
-        size = max(_chunk_bytes, -(-size // ALIGN) * ALIGN)
-        chunk = self._spare.pop() if size == _chunk_bytes and self._spare else mmap.mmap(-1, size)
+        size = max(limits.direct_log_chunk_bytes, -(-size // ALIGN) * ALIGN)
+        chunk = self._spare.pop() if size == limits.direct_log_chunk_bytes and self._spare else mmap.mmap(-1, size)
         with self.lock:
             self.chunks.append((position, chunk))
             while len(self.chunks) > 1 and position - self.chunks[1][0] >= self.keep_bytes:
                 old = self.chunks.pop(0)[1]
-                if len(old) == _chunk_bytes and len(self._spare) < 2:
+                if len(old) == limits.direct_log_chunk_bytes and len(self._spare) < limits.direct_log_spare_chunks_max:
                     self._spare.append(old)
 
     def stage(self, parts: list[bytes | memoryview], size: int) -> tuple[memoryview, int]:
@@ -186,7 +185,7 @@ class CommitLog:
         self._uncached_to = 0  # pages of the bytes before this position were dropped after their write
 
     @classmethod
-    def open(cls, directory: Path, segment_bytes_max: int = limits.segment_bytes_max_default,
+    def open(cls, directory: Path, segment_bytes_max: int = limits.segment_bytes_default,
              cached_bytes: int = 0, direct: bool = False) -> "CommitLog":
         directory.mkdir(parents=True, exist_ok=True)
         log = cls(directory, segment_bytes_max, cached_bytes, direct)

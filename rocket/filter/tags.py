@@ -10,12 +10,11 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Message, tag_bit
 
-_EXCERPT_CHARACTERS_MAX = 200  # error messages quote the expression, but not a 4 KiB one in full
-
 
 def bad_filter(kind: str, what: str, position: int, expression: str) -> RocketError:
     """The one error every filter kind raises: what is wrong, where (0-based character), in what."""
-    shown = expression if len(expression) <= _EXCERPT_CHARACTERS_MAX else expression[:_EXCERPT_CHARACTERS_MAX] + "..."
+    excerpt_chars_max = limits.error_excerpt_chars_max
+    shown = expression if len(expression) <= excerpt_chars_max else expression[:excerpt_chars_max] + "..."
     return RocketError(Code.BAD_FILTER, f"{kind} filter: {what} at position {position} in '{shown}'")
 
 

@@ -31,13 +31,6 @@ from rocket.transport.rpc import Dispatcher, method_spec
 log = logging.getLogger("rocket.rocketmq")
 
 SERVICE = "apache.rocketmq.v2.MessagingService"
-receive_answer_margin_s = 1.0  # a long poll answers "not found" this long before the client's deadline expires
-receive_slice_s = 5.0  # a long poll asks the broker in slices: its own long polls must end within its storage retries
-receive_wait_s_default = 20.0  # RocketMQ's default long-polling timeout, when a request names none
-invisible_s_default = 30.0  # RocketMQ's default invisible duration, when a request names none
-topic_cache_s = 5.0  # topic types and queue counts are read at most this often per topic (sends need them)
-telemetry_topics_max = 256  # transaction topics one Telemetry stream has check-backs forwarded for
-topic_cache_entries_max = 4096  # bounds the topic cache; the oldest entry goes first
 KEYS_PROPERTY = "__rmq.keys"  # a message's RocketMQ keys, space-separated, when rocket's one key cannot hold them
 ID_PROPERTY = "__rmq.id"  # the message id the client gave, handed back on receive
 BORN_HOST_PROPERTY = "__rmq.born_host"
@@ -195,14 +188,14 @@ class RocketMQProxy:
     # ---- topics and routes -----------------------------------------------------------------------------
 
     async def _topic(self, name: str) -> dict:
-        """The topic's TopicInfo (type, queues), cached for topic_cache_s."""
+        """The topic's TopicInfo (type, queues), cached for limits.rocketmq_topic_cache_s."""
         now = trio.current_time()
         found = self._topics.get(name)
-        if found is not None and now - found[0] < topic_cache_s:
+        if found is not None and now - found[0] < limits.rocketmq_topic_cache_s:
             return found[1]
         topic = (await self.dispatcher.local("DescribeTopic", {"topic": name}))["topic"]
         self._topics.pop(name, None)
-        if len(self._topics) >= topic_cache_entries_max:
+        if len(self._topics) >= limits.rocketmq_topic_cache_entries_max:
             del self._topics[next(iter(self._topics))]
         self._topics[name] = (now, topic)
         return topic
@@ -266,7 +259,7 @@ class RocketMQProxy:
                 await send(self.service.TelemetryCommand(status=self._status(),
                                                          settings=await self._settings(command.settings)))
                 for resource in command.settings.publishing.topics if command.settings.HasField("publishing") else ():
-                    if resource.name in checked or len(checked) >= telemetry_topics_max:
+                    if resource.name in checked or len(checked) >= limits.rocketmq_telemetry_topics_max:
                         continue
                     try:
                         topic = await self._topic(resource.name)
@@ -300,9 +293,9 @@ class RocketMQProxy:
         settings = self.definition.Settings()
         settings.CopyFrom(asked)
         settings.request_timeout.seconds = int(limits.request_timeout_s_default)
-        settings.backoff_policy.max_attempts = 3
-        settings.backoff_policy.exponential_backoff.initial.nanos = 10_000_000
-        settings.backoff_policy.exponential_backoff.max.seconds = 1
+        settings.backoff_policy.max_attempts = limits.rocketmq_send_attempts_max
+        settings.backoff_policy.exponential_backoff.initial.FromNanoseconds(int(limits.rocketmq_send_backoff_s_min * 1e9))
+        settings.backoff_policy.exponential_backoff.max.FromNanoseconds(int(limits.rocketmq_send_backoff_s_max * 1e9))
         settings.backoff_policy.exponential_backoff.multiplier = 2.0
         if asked.HasField("publishing"):
             settings.publishing.max_body_size = limits.message_bytes_max
@@ -320,9 +313,9 @@ class RocketMQProxy:
                 except RocketError:
                     continue  # an unknown topic: its receives will say so
             settings.subscription.fifo = fifo
-            settings.subscription.receive_batch_size = min(32, limits.pop_messages_max)
+            settings.subscription.receive_batch_size = limits.rocketmq_receive_messages_default
             if not asked.subscription.HasField("long_polling_timeout"):
-                settings.subscription.long_polling_timeout.seconds = int(receive_wait_s_default)
+                settings.subscription.long_polling_timeout.seconds = int(limits.rocketmq_receive_wait_s_default)
         return settings
 
     # ---- sending -----------------------------------------------------------------------------------------
@@ -422,19 +415,19 @@ class RocketMQProxy:
         """A long poll: a status, then the messages; "message not found" shortly before the client's deadline."""
         service = self.service
         topic_name = request.message_queue.topic.name
-        wait_s = _ms_of(request.long_polling_timeout, receive_wait_s_default) / 1000
+        wait_s = _ms_of(request.long_polling_timeout, limits.rocketmq_receive_wait_s_default) / 1000
         if math.isfinite(call.deadline):
-            wait_s = min(wait_s, call.deadline - trio.current_time() - receive_answer_margin_s)
+            wait_s = min(wait_s, call.deadline - trio.current_time() - limits.rocketmq_receive_answer_margin_s)
         expression = request.filter_expression
         filter_type = "sql" if expression.type == 2 else "tag"
         deadline = trio.current_time() + max(0.0, wait_s)
         try:
             topic = await self._topic(topic_name)
             while True:
-                slice_s = min(receive_slice_s, max(0.0, deadline - trio.current_time()))
+                slice_s = min(limits.rocketmq_receive_slice_s, max(0.0, deadline - trio.current_time()))
                 response = await self.dispatcher.local("Receive", {
                     "topic": topic_name, "group": request.group.name, "max_messages": max(1, request.batch_size),
-                    "invisible_ms": _ms_of(request.invisible_duration, invisible_s_default),
+                    "invisible_ms": _ms_of(request.invisible_duration, limits.rocketmq_invisible_s_default),
                     "wait_ms": int(slice_s * 1000), "max_attempts": self.max_attempts,
                     "filter_type": filter_type, "filter": expression.expression or ("*" if filter_type == "tag" else "")})
                 if response["handles"] or trio.current_time() >= deadline:
@@ -453,7 +446,7 @@ class RocketMQProxy:
                                                            "receipts": unreadable, "invisible_ms": -1})
             except RocketError as error:  # they come back after their invisible time, and go then
                 log.warning("dead-lettering unreadable messages of %s: %s", topic_name, error)
-        invisible_ms = _ms_of(request.invisible_duration, invisible_s_default)
+        invisible_ms = _ms_of(request.invisible_duration, limits.rocketmq_invisible_s_default)
         for message in messages:
             handle = {"queue": message.queue, "offset": message.offset, "attempt": message.attempt}
             yield service.ReceiveMessageResponse(message=self._to_rocketmq(topic, message, handle, invisible_ms))

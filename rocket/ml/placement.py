@@ -6,9 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
+from rocket import limits
 from rocket.errors import Code, RocketError
-
-GiB = 1 << 30
 
 
 @dataclasses.dataclass(slots=True)
@@ -31,8 +30,11 @@ class LeastLoaded:
     """Each replica goes to the available node with the lowest score that does not hold one yet."""
 
     def score(self, load: NodeLoad) -> float:
-        free_penalty = 4.0 if load.free_disk_bytes and load.free_disk_bytes < 10 * GiB else 0.0
-        return load.replicas + 0.5 * load.leads + load.bytes / (64 * GiB) + free_penalty
+        """In replicas: each hosted replica counts one, and leads, stored bytes and a low disk add their weights."""
+        low_disk = load.free_disk_bytes and load.free_disk_bytes < limits.placement_free_disk_bytes_min
+        free_penalty = limits.placement_low_disk_replicas if low_disk else 0.0
+        return (load.replicas + limits.placement_lead_replicas * load.leads
+                + load.bytes / limits.placement_replica_bytes + free_penalty)
 
     def place(self, groups: int, replicas: int, nodes: list[NodeLoad]) -> list[tuple[int, ...]]:
         loads = {load.node: dataclasses.replace(load) for load in nodes if load.available}

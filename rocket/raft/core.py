@@ -104,9 +104,9 @@ class Config:
     learners: tuple[int, ...] = ()
     election_ticks: int = limits.raft_election_ticks
     heartbeat_ticks: int = limits.raft_heartbeat_ticks
-    max_inflight_messages: int = 64  # append messages in flight to one follower
-    max_entries_per_message: int = 256
-    max_bytes_per_message: int = 1 << 20
+    append_messages_in_flight_max: int = limits.raft_append_messages_in_flight_max
+    entries_per_message_max: int = limits.raft_entries_per_message_max
+    message_bytes_max: int = limits.raft_message_bytes_max
     pre_vote: bool = True
     check_quorum: bool = True
     seed: int = 0
@@ -115,7 +115,7 @@ class Config:
         invariant(self.node_id != NONE, "node ids start at 1")
         invariant(self.heartbeat_ticks >= 1 and self.election_ticks > self.heartbeat_ticks,
                   "elections must take longer than heartbeats")
-        invariant(self.max_inflight_messages >= 1 and self.max_entries_per_message >= 1, "flow control needs room")
+        invariant(self.append_messages_in_flight_max >= 1 and self.entries_per_message_max >= 1, "flow control needs room")
         invariant(not set(self.voters) & set(self.learners), "a node is a voter or a learner, not both")
 
 
@@ -127,7 +127,7 @@ class NotLeader(RocketError):
 
 class _Progress:
     """What the leader knows of one follower: PROBE sends one message at a time until the follower's
-    position is found; REPLICATE pipelines up to max_inflight_messages; SNAPSHOT waits for one."""
+    position is found; REPLICATE pipelines up to append_messages_in_flight_max; SNAPSHOT waits for one."""
 
     PROBE, REPLICATE, SNAPSHOT = 1, 2, 3
 
@@ -668,7 +668,7 @@ class RaftCore:
         # The follower is alive, yet appends or a snapshot sent to it may have been lost (it was down):
         # free one slot of a full window (etcd's FreeFirstOne), and send a snapshot again once one
         # has gone unanswered for an election timeout, so that a returning follower always catches up.
-        if progress.state == _Progress.REPLICATE and len(progress.inflight) >= self.config.max_inflight_messages:
+        if progress.state == _Progress.REPLICATE and len(progress.inflight) >= self.config.append_messages_in_flight_max:
             progress.inflight.popleft()
         if progress.state == _Progress.SNAPSHOT and self.ticks - progress.snapshot_tick >= self.config.election_ticks:
             progress.become_probe()
@@ -708,7 +708,7 @@ class RaftCore:
         progress = self.progress[peer]
         if progress.state == _Progress.SNAPSHOT or progress.paused:
             return False
-        if progress.state == _Progress.REPLICATE and len(progress.inflight) >= self.config.max_inflight_messages:
+        if progress.state == _Progress.REPLICATE and len(progress.inflight) >= self.config.append_messages_in_flight_max:
             return False
         previous = progress.next - 1
         previous_term = self.term_at(previous)
@@ -718,8 +718,8 @@ class RaftCore:
             progress.snapshot_tick = self.ticks
             self._send(Message(MessageType.SNAPSHOT, self.id, peer, self.term, snapshot=self.snapshot))
             return True
-        high = min(self.last_index + 1, progress.next + self.config.max_entries_per_message)
-        entries = tuple(self._entries(progress.next, high, self.config.max_bytes_per_message))
+        high = min(self.last_index + 1, progress.next + self.config.entries_per_message_max)
+        entries = tuple(self._entries(progress.next, high, self.config.message_bytes_max))
         self._send(Message(MessageType.APPEND, self.id, peer, self.term, previous_term, previous, entries, self.commit))
         if progress.state == _Progress.REPLICATE and entries:
             progress.next = entries[-1].index + 1

@@ -86,10 +86,10 @@ class Rounds:
         leader has gone silent, and send one liveness heartbeat to each peer node."""
         self.ticks += 1
         self._deferred_due = bool(self._deferred)
-        if self.ticks % 50 == 1:  # membership changes slowly: refresh the set of peer nodes now and then
+        if self.ticks % limits.raft_peers_refresh_ticks == 1:  # membership changes slowly: refresh the peer nodes
             self._peers = set().union(*(h.core.voters | h.core.learners for h in self.groups.values())) - {self.node_id}
         silent_after = 2 * limits.raft_election_ticks
-        if self.ticks % 10 == 0:  # the liveness scan of quiet groups runs once a second at the default tick
+        if self.ticks % limits.raft_liveness_scan_ticks == 0:  # the liveness scan of quiet groups
             for group, hosted in self.groups.items():
                 core = hosted.core
                 if core.quiet and core.leader != self.node_id:

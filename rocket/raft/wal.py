@@ -61,7 +61,7 @@ class Wal:
         self._replay_start = max(_read_mark(commit_log.directory), commit_log.start_position)
 
     @classmethod
-    def open(cls, directory: Path, segment_bytes_max: int = limits.raft_wal_segment_bytes,
+    def open(cls, directory: Path, segment_bytes_max: int = limits.raft_wal_segment_bytes_default,
              keep_segments: bool = False, cached_bytes: int = 0, direct: bool = False) -> "Wal":
         if direct and not cached_bytes:
             cached_bytes = limits.wal_direct_cached_bytes_default

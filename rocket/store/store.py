@@ -31,7 +31,6 @@ from rocket.store.replay import Replay
 from rocket.store.timers import Timers
 
 log = logging.getLogger("rocket.store")
-sync_interval_s = 1.0  # how often the store's unsynced writes are flushed in the background
 
 
 class GroupMachine:
@@ -64,7 +63,7 @@ class Store(Reads, Timers, Reclaim):
         self.fsyncs = 0
 
     @classmethod
-    def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_max_default) -> "Store":
+    def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_default) -> "Store":
         """data is the node's Raft WAL, where the batches of applied entries lie."""
         commit_log = CommitLog.open(directory / "log", segment_bytes_max)
         index = QueueIndex(directory / "index")
@@ -174,7 +173,7 @@ class Store(Reads, Timers, Reclaim):
         """Flush the store's writes in the background, so that a snapshot's sync has little left to do."""
         task_status.started()
         while True:
-            await trio.sleep(sync_interval_s)
+            await trio.sleep(limits.store_sync_s)
             if self._dirty:
                 await trio.to_thread.run_sync(self.sync)
 

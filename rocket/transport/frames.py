@@ -24,8 +24,6 @@ _message_length = struct.Struct(">I")
 FLAG_ATTACHMENT = 0x01
 FLAG_ATTACHMENTS = 0x02
 FLAGS_KNOWN = FLAG_ATTACHMENT | FLAG_ATTACHMENTS
-large_frame_bytes = 64 * 1024  # frames above this are received into their own buffer: one copy, no memmove
-_spare_buffers = 3  # a reusing decoder's buffers: a response being decoded, one pulled ahead, one arriving
 
 
 class Kind(enum.IntEnum):
@@ -95,7 +93,7 @@ class FrameDecoder:
         self._large: memoryview | None = None  # the frame being received into its own buffer
         self._large_filled = 0
         self._spares: list[bytearray] = []  # with reuse: the newest first
-        self._spares_max = _spare_buffers if reuse else 0
+        self._spares_max = limits.frame_spare_buffers_max if reuse else 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._large is None:
@@ -133,7 +131,7 @@ class FrameDecoder:
             return None
         end = 4 + self._check_header(buffer)
         if len(buffer) < end:
-            if end > large_frame_bytes:
+            if end > limits.frame_shared_buffer_bytes_max:
                 self._large = self._large_buffer(end)
                 self._large[: len(buffer)] = buffer
                 self._large_filled = len(buffer)

@@ -8,11 +8,7 @@ from collections.abc import Callable
 
 from rocket import limits
 
-header_text_chars_max = 1024  # grpc-message and rocket-message: proxies and clients drop very long header values
 message_prefix = struct.Struct(">BI")  # gRPC framing: compressed flag (always 0), big-endian message length
-grpc_message_bytes_max = limits.frame_bytes_max  # one gRPC message, either way: the RPC body bound
-grpc_buffered_bytes_max = 2 * grpc_message_bytes_max  # a gRPC stream's unread input, so a peer cannot fill memory
-grpc_timeout_s_max = 24 * 3600.0  # a longer grpc-timeout is treated as none worth tracking
 GRPC_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 
@@ -45,9 +41,9 @@ def check_grpc_prefix(flag: int, length: int) -> None:
         raise GrpcError(GrpcStatus.UNIMPLEMENTED, "compressed messages are not supported (no grpc-encoding)")
     if flag != 0:
         raise GrpcError(GrpcStatus.INTERNAL, f"malformed message prefix: compressed flag {flag}")
-    if length > grpc_message_bytes_max:
+    if length > limits.grpc_message_bytes_max:
         raise GrpcError(GrpcStatus.RESOURCE_EXHAUSTED,
-                        f"message of {length} bytes exceeds the limit of {grpc_message_bytes_max}")
+                        f"message of {length} bytes exceeds the limit of {limits.grpc_message_bytes_max}")
 
 
 def grpc_timeout_s(value: str | None) -> float | None:
@@ -58,7 +54,7 @@ def grpc_timeout_s(value: str | None) -> float | None:
     if not digits.isdigit() or len(digits) > 8 or unit not in GRPC_TIMEOUT_UNITS:
         raise GrpcError(GrpcStatus.INVALID_ARGUMENT, f"malformed grpc-timeout {value[:32]!r}")
     timeout_s = int(digits) * GRPC_TIMEOUT_UNITS[unit]
-    return None if timeout_s > grpc_timeout_s_max else timeout_s
+    return None if timeout_s > limits.grpc_timeout_s_max else timeout_s
 
 
 def is_grpc(headers: dict[str, str]) -> bool:
@@ -69,7 +65,7 @@ def is_grpc(headers: dict[str, str]) -> bool:
 def grpc_message_text(text: str) -> str:
     """grpc-message is percent-encoded UTF-8 (gRPC over HTTP/2, "Responses")."""
     return "".join(char if " " <= char <= "~" and char != "%" else "".join(f"%{byte:02X}" for byte in char.encode())
-                   for char in text[:header_text_chars_max])
+                   for char in text[:limits.header_text_chars_max])
 
 
 def split_messages(buffer: bytearray, check: Callable[[int, int], None]) -> list[bytes]:

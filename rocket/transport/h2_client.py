@@ -17,7 +17,7 @@ from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_BY_CONTENT_TYPE, serde_named
 from rocket.transport.channel import Channel
 from rocket.transport.grpc_wire import split_messages
-from rocket.transport.h2_endpoint import Endpoint, header_dict, path_prefix, receive_bytes
+from rocket.transport.h2_endpoint import Endpoint, header_dict, path_prefix
 from rocket.transport.listen import connect
 from rocket.transport.rpc import method_spec
 
@@ -200,7 +200,7 @@ class Http2Channel(Endpoint, Channel):
     async def read_loop(self) -> None:
         try:
             while True:
-                data = await self.socket_stream.receive_some(receive_bytes)
+                data = await self.socket_stream.receive_some(limits.http2_receive_bytes)
                 if not data:
                     self._fail(RocketError(Code.CONNECTION_LOST, "the server closed the connection"))
                     return

@@ -14,15 +14,9 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.serde import SERDE_BY_CONTENT_TYPE, json_codec
-from rocket.transport.grpc_wire import header_text_chars_max
 from rocket.transport.rpc import method_spec
 
-receive_bytes = 1024 * 1024
-stream_window_bytes = 16 * limits.MiB  # bulk produce must not stall on the 64 KiB default window
-connection_window_bytes = 4 * stream_window_bytes  # one stream whose reader stalls must not starve the others
-frame_bytes = 1 * limits.MiB  # fewer, larger DATA frames: less per-frame Python work
-default_window_bytes = 65_535  # RFC 9113's initial connection window, which we raise at start
-goodbye_timeout_s = 1.0  # a closing connection waits this long to deliver GOAWAY to a peer that may not read
+DEFAULT_WINDOW_BYTES = 65_535  # RFC 9113's initial connection window, which we raise at start: a format constant
 path_prefix = "/rocket.v1/"
 
 STATUS_OF_CODE = {
@@ -55,7 +49,7 @@ def rocket_trailers(error: RocketError | None) -> list[tuple[str, str]]:
 
 def header_text(text: str) -> str:
     """Header values may not hold control characters or surrounding whitespace."""
-    return "".join(char if char.isprintable() else " " for char in text)[:header_text_chars_max].strip()
+    return "".join(char if char.isprintable() else " " for char in text)[:limits.header_text_chars_max].strip()
 
 
 def header_dict(pairs) -> dict[str, str]:
@@ -65,8 +59,8 @@ def header_dict(pairs) -> dict[str, str]:
 
 def _local_settings(client_side: bool) -> dict[int, int]:
     settings = {
-        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: stream_window_bytes,
-        h2.settings.SettingCodes.MAX_FRAME_SIZE: frame_bytes,
+        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: limits.http2_stream_window_bytes,
+        h2.settings.SettingCodes.MAX_FRAME_SIZE: limits.http2_frame_bytes_max,
     }
     if client_side:
         settings[h2.settings.SettingCodes.ENABLE_PUSH] = 0
@@ -119,8 +113,8 @@ class Endpoint:
         # h2 raises its frame-size check only on the peer's ACK, and applies it from the next receive_data;
         # large DATA frames in the same read as the ACK would fail with FRAME_SIZE_ERROR. Accepting them
         # early is safe: it is the size we just advertised.
-        self.connection.max_inbound_frame_size = frame_bytes
-        self.connection.increment_flow_control_window(connection_window_bytes - default_window_bytes)
+        self.connection.max_inbound_frame_size = limits.http2_frame_bytes_max
+        self.connection.increment_flow_control_window(limits.http2_connection_window_bytes - DEFAULT_WINDOW_BYTES)
         self.wake_writer()
 
     def wake_writer(self) -> None:

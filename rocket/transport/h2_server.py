@@ -19,11 +19,10 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.serde import json_codec
-from rocket.transport.grpc_wire import (GrpcError, GrpcStatus, check_grpc_prefix, grpc_buffered_bytes_max,
-                                        grpc_message_bytes_max, grpc_message_text, grpc_timeout_s, is_grpc,
-                                        message_prefix, split_messages)
-from rocket.transport.h2_endpoint import (Endpoint, goodbye_timeout_s, header_dict, method_of, path_prefix,
-                                          receive_bytes, rocket_trailers, serde_of, status_of)
+from rocket.transport.grpc_wire import (GrpcError, GrpcStatus, check_grpc_prefix, grpc_message_text, grpc_timeout_s,
+                                        is_grpc, message_prefix, split_messages)
+from rocket.transport.h2_endpoint import (Endpoint, header_dict, method_of, path_prefix, rocket_trailers, serde_of,
+                                          status_of)
 from rocket.transport.listen import serve_connections
 from rocket.transport.rpc import Dispatcher, Lifecycle, encode_error
 
@@ -54,7 +53,7 @@ class GrpcCall:
             self._messages.extend(split_messages(self._buffer, check_grpc_prefix))
         except GrpcError as error:
             self.failure = error
-        if len(self._buffer) > grpc_buffered_bytes_max or sum(map(len, self._messages)) > grpc_buffered_bytes_max:
+        if len(self._buffer) > limits.grpc_buffered_bytes_max or sum(map(len, self._messages)) > limits.grpc_buffered_bytes_max:
             self.failure = GrpcError(GrpcStatus.RESOURCE_EXHAUSTED, "the client sent more than the server buffers")
         self._arrived.set()
 
@@ -84,7 +83,7 @@ class GrpcCall:
         return message
 
     async def send(self, message: bytes) -> None:
-        if len(message) > grpc_message_bytes_max:
+        if len(message) > limits.grpc_message_bytes_max:
             raise GrpcError(GrpcStatus.RESOURCE_EXHAUSTED, f"response of {len(message)} bytes exceeds the limit")
         self.send_headers()
         await self._connection.send_data(self._stream_id, message_prefix.pack(0, len(message)) + message)
@@ -167,7 +166,7 @@ class _ServerConnection(Endpoint):
                 calls.cancel_scope.cancel()
             if not self.peer_gone:
                 self.connection.close_connection()
-                with trio.move_on_after(goodbye_timeout_s):
+                with trio.move_on_after(limits.http2_goodbye_timeout_s):
                     await self.flush()
             tasks.cancel_scope.cancel()
 
@@ -187,7 +186,7 @@ class _ServerConnection(Endpoint):
     async def _read_loop(self, calls: trio.Nursery) -> None:
         while not self.peer_gone:
             try:
-                data = await self.socket_stream.receive_some(receive_bytes)
+                data = await self.socket_stream.receive_some(limits.http2_receive_bytes)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""
             if not data:
@@ -196,7 +195,7 @@ class _ServerConnection(Endpoint):
                 events = self.connection.receive_data(data)
             except h2.exceptions.ProtocolError as error:
                 log.info("closing an HTTP/2 connection after a protocol error: %s", error)
-                with trio.move_on_after(goodbye_timeout_s):
+                with trio.move_on_after(limits.http2_goodbye_timeout_s):
                     await self.flush()  # h2 has queued a GOAWAY saying why
                 break
             for event in events:
@@ -237,7 +236,7 @@ class _ServerConnection(Endpoint):
         self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         request = self.requests.get(event.stream_id)
         if request is not None and request.grpc is not None:
-            request.grpc._on_data(event.data)  # bounded there: past grpc_buffered_bytes_max the call fails
+            request.grpc._on_data(event.data)  # bounded there: past limits.grpc_buffered_bytes_max the call fails
             return
         if request is None or request.answering:
             return
@@ -318,7 +317,7 @@ class _ServerConnection(Endpoint):
             if request.headers.get(":method") != "POST":
                 raise GrpcError(GrpcStatus.UNIMPLEMENTED, f"{request.headers.get(':method')} {path}: calls are POST")
             if handler is None:
-                raise GrpcError(GrpcStatus.UNIMPLEMENTED, f"unknown method {path[:200]!r}")
+                raise GrpcError(GrpcStatus.UNIMPLEMENTED, f"unknown method {path[:limits.error_excerpt_chars_max]!r}")
             timeout_s = grpc_timeout_s(request.headers.get("grpc-timeout"))
             if timeout_s is not None:
                 call.deadline = request.handler_scope.deadline = trio.current_time() + timeout_s

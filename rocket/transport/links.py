@@ -12,7 +12,6 @@ from rocket.errors import Code, RocketError
 from rocket.transport.tcp import open_tcp_channel
 
 log = logging.getLogger("rocket.raft")
-reconnect_s = 0.2  # pause before reconnecting to a peer that is down
 
 
 class PeerLinks:
@@ -60,7 +59,7 @@ class PeerLinks:
                     inbox.receive_nowait()
                 except trio.WouldBlock:
                     break
-            await trio.sleep(reconnect_s)
+            await trio.sleep(limits.raft_link_reconnect_s)
 
     async def _call(self, channel, payload: bytes, window: trio.Semaphore, connection: trio.CancelScope) -> None:
         try:

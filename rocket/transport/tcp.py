@@ -24,8 +24,6 @@ from rocket.transport.listen import connect, cancel_on, serve_connections
 from rocket.transport.rpc import Dispatcher, Lifecycle, attach, encode_error, method_spec, serde_for_id
 
 log = logging.getLogger("rocket.tcp")
-receive_bytes = 256 * 1024
-send_buffers_max = 64  # buffers per sendmsg, well under IOV_MAX (1024)
 
 
 async def serve_tcp(
@@ -52,7 +50,7 @@ async def receive_into(stream: trio.SocketStream, decoder: FrameDecoder) -> int:
     The rest of a large frame goes straight from the kernel into that frame's buffer, with no copy."""
     target = decoder.writable()
     if target is None:
-        data = await stream.receive_some(receive_bytes)
+        data = await stream.receive_some(limits.tcp_receive_bytes)
         decoder.feed(data)
         return len(data)
     try:
@@ -68,7 +66,7 @@ async def send_parts(stream: trio.SocketStream, parts) -> None:
     views = [memoryview(part) for part in parts if len(part)]
     while views:
         try:
-            sent = await stream.socket.sendmsg(views[:send_buffers_max])
+            sent = await stream.socket.sendmsg(views[:limits.tcp_send_buffers_max])
         except OSError as error:
             if stream.socket.fileno() == -1:
                 raise trio.ClosedResourceError("the connection was closed") from None

@@ -20,7 +20,7 @@ class Script:
 
     def _boot(self, node: int) -> RaftCore:
         hard_state, entries = self.disks[node]
-        config = Config(node, VOTERS, max_entries_per_message=1, pre_vote=False, check_quorum=False, seed=node)
+        config = Config(node, VOTERS, entries_per_message_max=1, pre_vote=False, check_quorum=False, seed=node)
         return RaftCore(config, hard_state, list(entries))
 
     def restart(self, node: int) -> None:

@@ -25,7 +25,7 @@ CHUNK = 64 * 1024  # small chunks, so that a short test fills, drops and uses ch
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(commitlog_module, "_chunk_bytes", CHUNK)
+    monkeypatch.setattr(limits, "direct_log_chunk_bytes", CHUNK)
 
 
 def open_pair(directory: Path, cached_bytes: int = 3 * CHUNK) -> tuple[CommitLog, CommitLog]:

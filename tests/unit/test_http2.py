@@ -116,11 +116,11 @@ async def test_unary_call_with_each_serde(server, serde):
 
 
 @pytest.mark.parametrize("serde", SERDES)
-@pytest.mark.parametrize("window_bytes", [h2_endpoint.stream_window_bytes, 64 * 1024])
+@pytest.mark.parametrize("window_bytes", [limits.http2_stream_window_bytes, 64 * 1024])
 async def test_four_mebibyte_bodies_cross_flow_control(server, monkeypatch, serde, window_bytes):
     """4 MiB goes up and 4 MiB comes down, also when small windows force waits for WINDOW_UPDATE."""
-    monkeypatch.setattr(h2_endpoint, "stream_window_bytes", window_bytes)
-    monkeypatch.setattr(h2_endpoint, "connection_window_bytes", max(window_bytes, h2_endpoint.default_window_bytes))
+    monkeypatch.setattr(limits, "http2_stream_window_bytes", window_bytes)
+    monkeypatch.setattr(limits, "http2_connection_window_bytes", max(window_bytes, h2_endpoint.DEFAULT_WINDOW_BYTES))
     size = 4 * limits.MiB
     async with open_http2_channel("127.0.0.1", server.port, serde) as channel:
         produced = await channel.call("Produce", {"topic": "t", "queue": 0, "batch": b"\x07" * size})

@@ -57,7 +57,7 @@ def test_a_follower_back_after_its_appends_were_lost_catches_up():
     for _ in range(200):
         leader.propose(b"y")
         pump(cores, down)
-    assert len(leader.progress[3].inflight) == leader.config.max_inflight_messages
+    assert len(leader.progress[3].inflight) == leader.config.append_messages_in_flight_max
     restart(cores, 3)
     tick(cores, 30)
     assert cores[3].last_index == leader.last_index == 201

@@ -18,7 +18,6 @@ from rocket.model import Message, timer_topic
 from rocket.raft.core import Entry
 from rocket.raft.wal import Update, Wal
 from rocket.serde import batch as batch_codec
-from rocket.store import store as store_module
 from rocket.disk import commitlog as commitlog_module
 from rocket.disk.commitlog import CommitLog
 from rocket.store.commands import encode_append, encode_move, encode_offsets, encode_timers
@@ -680,7 +679,7 @@ def test_a_round_is_written_in_calls_of_at_most_the_write_limit(tmp_path, monkey
     bytes each, filled as far as the limit lets; short writes resume where they stopped; the records read back."""
     step = 256 * 1024
     monkeypatch.setattr(limits, "log_write_bytes_max", step)
-    log = CommitLog.open(tmp_path / "log", segment_bytes_max=limits.segment_bytes_max_default)
+    log = CommitLog.open(tmp_path / "log", segment_bytes_max=limits.segment_bytes_default)
     calls: list[int] = []
     real_writev = os.writev
 
@@ -968,7 +967,7 @@ async def test_wait_for_data_wakes_when_an_apply_adds_data(tmp_path, autojump_cl
 async def test_background_sync_flushes_applied_entries(tmp_path, monkeypatch):
     """run() fsyncs applied writes within its interval, and only when there is something to sync."""
     interval_s = 0.02  # the real clock: the sync runs in a worker thread, which a mock clock jumps over
-    monkeypatch.setattr(store_module, "sync_interval_s", interval_s)
+    monkeypatch.setattr(limits, "store_sync_s", interval_s)
     store = Node(tmp_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
