@@ -6,7 +6,9 @@ With cached_bytes, only the log's newest cached_bytes stay in the page cache: ol
 once written or read, so that the next writes and reads reuse them (0: the OS decides, as for any file).
 With direct, writes bypass the page cache (O_DIRECT, whole aligned blocks from memory of the log's own), and
 the newest cached_bytes are read from that memory; a segment's file may then end in zeros up to a block
-boundary until it is sealed or closed, which recovery cuts like any torn tail.
+boundary until it is sealed or closed, which recovery cuts like any torn tail. The record format is record.py,
+the direct log's memory direct.py. About 450 lines, one class: segments, appends, syncs and reads share the
+segment table, the tail and the reader cache, under one lock discipline.
 """
 
 from __future__ import annotations
@@ -16,153 +18,28 @@ import contextlib
 import errno
 import mmap
 import os
-import struct
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
-from crc32c import crc32c
-
 from rocket import limits
+from rocket.disk.direct import ALIGN, DirectTail
 from rocket.disk.files import fsync_directory
+from rocket.disk.record import (HEADER, HEADER_BYTES, LEGACY_MAGIC, MAGIC, Body, crc_of, record_at, record_parts,
+                                 valid_record_after)
 from rocket.errors import Code, RocketError, invariant
 
-MAGIC = 0x524B4C43  # "CLKR" on disk: a record whose CRC is CRC-32C (Castagnoli, computed in hardware)
-LEGACY_MAGIC = 0x524B4C47  # "GLKR": a record written before, whose CRC is zlib's CRC-32; still read
-_magic_bytes = (struct.pack("<I", MAGIC), struct.pack("<I", LEGACY_MAGIC))
-_header = struct.Struct("<IIIB")  # magic, body length, crc (over length, kind, body), kind
-HEADER_BYTES = _header.size
-_length_kind = struct.Struct("<IB")
 SUFFIX = ".log"
 _iov_max = min(os.sysconf("SC_IOV_MAX"), 1024)
 _fadvise = getattr(os, "posix_fadvise", None)  # not on macOS: there the OS alone decides what stays cached
 _O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux; elsewhere a direct log writes through the page cache
-ALIGN = 4096  # O_DIRECT offsets, lengths and buffers are multiples of the device's block size; 4 KiB covers all
 
 
 def _drop_cached(descriptor: int, offset: int, length: int) -> None:
     """Let the kernel free the file's clean cached pages in this range (dirty ones stay until written)."""
     if _fadvise is not None and length > 0:
         _fadvise(descriptor, offset, length, os.POSIX_FADV_DONTNEED)
-
-
-Body = bytes | memoryview | tuple[bytes | memoryview, ...]  # a tuple is written as its parts, uncopied
-
-
-def _crc(magic: int, body_length: int, kind: int, body: bytes | memoryview) -> int | None:
-    """The CRC of a record with this magic, or None for a magic that is not a record's."""
-    if magic == MAGIC:
-        return crc32c(body, crc32c(_length_kind.pack(body_length, kind)))
-    if magic == LEGACY_MAGIC:
-        return zlib.crc32(body, zlib.crc32(_length_kind.pack(body_length, kind)))
-    return None
-
-
-def _record_parts(kind: int, body: Body) -> list[bytes | memoryview]:
-    """A record as buffers for writev: its header, then the body's parts as they are."""
-    parts = list(body) if isinstance(body, tuple) else [body]
-    length = sum(len(part) for part in parts)
-    crc = crc32c(_length_kind.pack(length, kind))
-    for part in parts:
-        crc = crc32c(part, crc)
-    return [_header.pack(MAGIC, length, crc, kind), *parts]
-
-
-def _record_at(view: memoryview, position: int) -> tuple[int, int] | None:
-    """(kind, end) of a valid record starting at position in view, or None."""
-    if position + HEADER_BYTES > len(view):
-        return None
-    magic, length, crc, kind = _header.unpack_from(view, position)
-    end = position + HEADER_BYTES + length
-    if length > limits.log_record_bytes_max or end > len(view):
-        return None
-    if _crc(magic, length, kind, view[position + HEADER_BYTES : end]) != crc:
-        return None
-    return kind, end
-
-
-def _valid_record_after(view: memoryview, data: mmap.mmap, position: int) -> int | None:
-    """The position of any valid record after position (used to tell a torn tail from damage)."""
-    for magic_bytes in _magic_bytes:
-        candidate = data.find(magic_bytes, position + 1)
-        while candidate != -1:
-            if _record_at(view, candidate) is not None:
-                return candidate
-            candidate = data.find(magic_bytes, candidate + 1)
-    return None
-
-
-
-class _DirectTail:
-    """The newest bytes of a direct log, in page-aligned memory: the source of its O_DIRECT writes and the
-    cache its reads of those bytes come from. Each write goes out as whole blocks: from the start of the
-    block the previous write ended in (written again, the same bytes), to the end of the block it ends in,
-    padded with zeros. Chunks hold contiguous bytes of one segment; when one fills, the next starts with a
-    copy of the partial last block. Chunks older than the newest keep_bytes are reused for new ones."""
-
-    def __init__(self, keep_bytes: int):
-        self.keep_bytes = keep_bytes
-        self.lock = threading.Lock()  # readers copy out under it, so that no chunk is reused under a read
-        self.chunks: list[tuple[int, mmap.mmap]] = []  # (log position of byte 0, memory), oldest first
-        self._spare: list[mmap.mmap] = []
-        self._file_offset = 0  # where byte 0 of the newest chunk lies in the active segment (a block boundary)
-        self._fill = 0  # bytes of the newest chunk that hold log bytes
-
-    @property
-    def cached_from(self) -> int:
-        return self.chunks[0][0] if self.chunks else 0
-
-    def start_segment(self, position: int, tail: bytes = b"", tail_offset: int = 0) -> None:
-        """The active segment, starting at log position position, now ends with tail, a partial block at
-        file offset tail_offset (empty for a new segment)."""
-        self._add_chunk(position + tail_offset, len(tail))
-        self.chunks[-1][1][: len(tail)] = tail
-        self._file_offset, self._fill = tail_offset, len(tail)
-
-    def _add_chunk(self, position: int, size: int) -> None:
-        """A new newest chunk for log bytes from position, with room for size bytes."""
-        size = max(limits.direct_log_chunk_bytes, -(-size // ALIGN) * ALIGN)
-        chunk = self._spare.pop() if size == limits.direct_log_chunk_bytes and self._spare else mmap.mmap(-1, size)
-        with self.lock:
-            self.chunks.append((position, chunk))
-            while len(self.chunks) > 1 and position - self.chunks[1][0] >= self.keep_bytes:
-                old = self.chunks.pop(0)[1]
-                if len(old) == limits.direct_log_chunk_bytes and len(self._spare) < limits.direct_log_spare_chunks_max:
-                    self._spare.append(old)
-
-    def stage(self, parts: list[bytes | memoryview], size: int) -> tuple[memoryview, int]:
-        """Copy parts (size bytes, the log's next) into memory; returns the blocks to write and their file offset."""
-        position, chunk = self.chunks[-1]
-        if self._fill + size > len(chunk):
-            kept = self._fill % ALIGN
-            block = self._fill - kept
-            self._add_chunk(position + block, kept + size)
-            self.chunks[-1][1][:kept] = chunk[block : self._fill]
-            self._file_offset += block
-            self._fill = kept
-            chunk = self.chunks[-1][1]
-        at = self._fill
-        for part in parts:
-            part_bytes = memoryview(part).nbytes
-            chunk[at : at + part_bytes] = part
-            at += part_bytes
-        first, end = self._fill - self._fill % ALIGN, -(-at // ALIGN) * ALIGN
-        chunk[at:end] = bytes(end - at)  # a reused chunk holds old bytes: recovery must find zeros past the end
-        self._fill = at
-        return memoryview(chunk)[first:end], self._file_offset + first
-
-    def read(self, position: int, length: int) -> bytes | None:
-        """The log's bytes at position, if memory still holds all of them (the caller checks that they were
-        written: position + length <= end)."""
-        with self.lock:
-            for start, chunk in reversed(self.chunks):
-                if start <= position:
-                    if position + length - start > len(chunk):
-                        return None
-                    return chunk[position - start : position - start + length]
-        return None
 
 
 class CommitLog:
@@ -172,7 +49,7 @@ class CommitLog:
         self.directory = directory
         self.segment_bytes_max = segment_bytes_max
         self.cached_bytes = cached_bytes
-        self._tail = _DirectTail(cached_bytes) if direct and _O_DIRECT else None
+        self._tail = DirectTail(cached_bytes) if direct and _O_DIRECT else None
         self._starts: list[int] = []
         self._active_fd = -1
         self._active_size = 0
@@ -259,9 +136,9 @@ class CommitLog:
             try:
                 position = 0
                 while position < size:
-                    found = _record_at(view, position)
+                    found = record_at(view, position)
                     if found is None:
-                        following = _valid_record_after(view, data, position)
+                        following = valid_record_after(view, data, position)
                         if following is not None:
                             raise RocketError(
                                 Code.CORRUPT_DATA,
@@ -308,7 +185,7 @@ class CommitLog:
         pending: list[bytes | memoryview] = []
         pending_bytes = 0
         for kind, body in records:
-            parts = _record_parts(kind, body)
+            parts = record_parts(kind, body)
             size = sum(len(part) for part in parts)
             invariant(size <= self.segment_bytes_max, "a record must fit in a segment")
             if self._active_size + pending_bytes + size > self.segment_bytes_max and self._active_size + pending_bytes:
@@ -486,11 +363,11 @@ class CommitLog:
         head = self._pread(start, position, HEADER_BYTES)
         if len(head) < HEADER_BYTES:
             raise self._damage(start, position, "record header runs past the end of the segment")
-        magic, length, crc, kind = _header.unpack(head)
+        magic, length, crc, kind = HEADER.unpack(head)
         if magic not in (MAGIC, LEGACY_MAGIC) or length > limits.log_record_bytes_max:
             raise self._damage(start, position, "bad record header")
         body = self._pread(start, position + HEADER_BYTES, length)
-        if len(body) != length or _crc(magic, length, kind, body) != crc:
+        if len(body) != length or crc_of(magic, length, kind, body) != crc:
             raise self._damage(start, position, "record checksum mismatch")
         return kind, body
 

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.disk import commitlog as commitlog_module
-from rocket.disk.commitlog import ALIGN, HEADER_BYTES, CommitLog
+from rocket.disk.commitlog import HEADER_BYTES, CommitLog
+from rocket.disk.direct import ALIGN
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this OS")
 

@@ -21,8 +21,8 @@ from rocket.raft import codec
 from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, Snapshot
 from rocket.raft.host import RaftHost
 from rocket.raft.wal import Update, Wal
-from rocket.disk import commitlog
 from rocket.disk.commitlog import CommitLog
+from rocket.disk.record import LEGACY_MAGIC
 
 entries = st.lists(st.builds(Entry, st.integers(0, 2**40), st.integers(1, 2**40), st.binary(max_size=50),
                              st.sampled_from(list(EntryKind))), max_size=4)
@@ -449,7 +449,7 @@ def test_records_of_the_legacy_format_are_read_beside_new_ones(tmp_path):
     with open(segment, "ab") as file:  # as the code before wrote them
         for body in (b"legacy one", b"legacy two"):
             crc = zlib.crc32(body, zlib.crc32(struct.pack("<IB", len(body), 7)))
-            file.write(struct.pack("<IIIB", commitlog.LEGACY_MAGIC, len(body), crc, 7) + body)
+            file.write(struct.pack("<IIIB", LEGACY_MAGIC, len(body), crc, 7) + body)
     log = CommitLog.open(tmp_path, 1 << 20)
     log.append([(9, b"new after")])
     assert [(kind, body) for _, kind, body in log.scan(0)] == [
