@@ -1,6 +1,7 @@
 """Whole roles in a simulated cluster: the real nameserver, storage and broker code of several nodes in
-one trio run, on trio's MockClock, over an in-memory network that delays and drops, with nodes that
-crash (as kill -9: what they wrote stays on disk) and restart.
+one trio run, wired by node.py's own build_roles, on trio's MockClock (wall time moves with it), over an
+in-memory network that delays and drops, with nodes that crash (as kill -9: what they wrote stays on disk)
+and restart.
 
 One seeded random source decides the delays, the losses, which node a writer asks and trio's own
 scheduling order; blocking file I/O runs inline instead of in worker threads, so that the clock
@@ -18,18 +19,21 @@ import trio
 import trio._core._run as trio_run
 
 from rocket import limits
+from rocket.clock import Clock, TrioWallClock
 from rocket.config import Address, NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.model import Message
+from rocket.node import build_roles
 from rocket.raft.host import RaftHost
 from rocket.raft.wal import Wal
-from rocket.roles.broker import Broker
-from rocket.roles.nameserver import Nameserver
 from rocket.roles.peers import RETRYABLE, Peers
 from rocket.roles.storage import StorageRole
 from rocket.serde import batch as batch_codec
 from rocket.serde import avro_codec
 from rocket.transport.rpc import Dispatcher, method_spec
+
+
+EPOCH_S = 1_700_000_000.0  # the simulated wall time when trio's clock reads 0
 
 
 @dataclasses.dataclass
@@ -101,11 +105,12 @@ class SimPool:
 
 
 class SimNode:
-    """One node's roles, as rocket/node.py wires them, on the simulated network."""
+    """One node's roles, wired by node.py's build_roles, on the simulated network and clock."""
 
-    def __init__(self, config: NodeConfig, network: Network):
+    def __init__(self, config: NodeConfig, network: Network, clock: Clock):
         self.config = config
         self.network = network
+        self.clock = clock
         self.up = False
         self.starts = 0
         self._nursery: trio.Nursery | None = None
@@ -125,27 +130,16 @@ class SimNode:
         addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
         self.host = RaftHost(config.node_id, wal, functools.partial(self.network.post, config.node_id),
                              tick_s=config.raft_tick_s)
-
-        async def raft_step(request: dict) -> dict:
-            self.host.receive(request["payload"])
-            return {}
-
-        self.dispatcher.handle("RaftStep", raft_step)
         peers = Peers(config, self.dispatcher, SimPool(self.network, config.node_id))
-        nameserver = Nameserver(config, self.host, peers)
-        self.storage = StorageRole(config, self.host, peers, addresses)
-        nameserver.register(self.dispatcher)
-        self.storage.register(self.dispatcher)
-        Broker(peers, config.roles).register(self.dispatcher, forward_status=False)
+        roles = build_roles(config, self.host, peers, self.dispatcher, self.clock, addresses)
+        self.storage = roles.storage
         try:
             with trio.CancelScope() as self._scope:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     self.up = True
                     self.starts += 1
-                    await nursery.start(self.host.run)
-                    await nursery.start(nameserver.serve)
-                    await nursery.start(self.storage.serve)
+                    await roles.start(nursery)
                     await self.storage.assigned.wait()
                     task_status.started()
         finally:
@@ -308,7 +302,8 @@ async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int
     believing it leads, and comes back); then consume everything and check it."""
     trio_run._r.seed(seed)  # trio's own scheduling choices follow the seed too
     network = Network(random.Random(seed), faults)
-    nodes = {node: SimNode(node_config(node, 3, base, groups), network) for node in (1, 2, 3)}
+    clock = TrioWallClock(EPOCH_S)
+    nodes = {node: SimNode(node_config(node, 3, base, groups), network, clock) for node in (1, 2, 3)}
     report: dict = {"seed": seed, "kills": []}
     async with trio.open_nursery() as nursery:
         async with trio.open_nursery() as starting:

@@ -5,7 +5,6 @@ receipts are acked, made visible again or dead-lettered where their queue is. A 
 from __future__ import annotations
 
 import itertools
-import time
 
 import trio
 
@@ -46,7 +45,7 @@ class PopConsumption:
             if response["handles"] or left_s <= 0:
                 return response
             if response["next_visible_ms"]:
-                left_s = min(left_s, max(0.05, response["next_visible_ms"] / 1000 - time.time()))
+                left_s = min(left_s, max(0.05, response["next_visible_ms"] / 1000 - self.clock.wall_s()))
             await self._wait_for_data(route, {entry["queue"]: entry["offset"] for entry in response["cursors"]}, left_s)
 
     async def ack(self, request: dict) -> dict:
