@@ -1,7 +1,7 @@
 """Whole roles in a simulated cluster: the real nameserver, storage and broker code of several nodes in
 one trio run, wired by node.py's own build_roles, on trio's MockClock (wall time moves with it), over an
-in-memory network that delays and drops, with nodes that crash (as kill -9: what they wrote stays on disk)
-and restart.
+in-memory network that delays and drops, with nodes that crash as in a power cut (their logs lose what was
+written after their last sync) and restart.
 
 One seeded random source decides the delays, the losses, which node a writer asks and trio's own
 scheduling order; blocking file I/O runs inline instead of in worker threads, so that the clock
@@ -21,6 +21,7 @@ import trio._core._run as trio_run
 from rocket import limits
 from rocket.clock import Clock, TrioWallClock
 from rocket.config import Address, NodeConfig
+from rocket.disk.commitlog import SUFFIX, CommitLog
 from rocket.errors import Code, RocketError
 from rocket.model import Message
 from rocket.node import build_roles
@@ -104,13 +105,64 @@ class SimPool:
         return await self.network.call(self.node, address, method, request, timeout_s)
 
 
+class Disk:
+    """A node's commit logs (its WAL and its store's log) as a power cut leaves them: each keeps what its last
+    sync made durable. watch() notes, at each sync of a log, where what it made durable ends; cut() is the
+    power going: no sync reaches the disk after it; lose_unsynced(), once the node's files are closed, cuts
+    every watched log's files back to that point and deletes the segments that start after it."""
+
+    def __init__(self):
+        self._durable: dict[str, tuple[Path, int]] = {}  # log name -> (its directory, where its last sync ended)
+        self._cut = False
+        self.lost_bytes: dict[str, int] = {}  # a log's name -> bytes written but never synced, lost at crashes
+
+    def watch(self, name: str, log: CommitLog) -> None:
+        self._durable[name] = (log.directory, log.end_position)  # what a log holds when it opens is on the disk
+        self.lost_bytes.setdefault(name, 0)
+        synced = log.sync
+
+        def sync() -> int:
+            if not self._cut:
+                self._durable[name] = (log.directory, synced())
+            return self._durable[name][1]
+
+        log.sync = sync  # on this log object alone: production durability is unchanged
+
+    def cut(self) -> None:
+        self._cut = True
+
+    def lose_unsynced(self) -> None:
+        """After cut(), cut the watched logs' files back to their last sync; then forget them (a restart
+        watches the logs it opens)."""
+        if self._cut:
+            for name, (directory, durable) in self._durable.items():
+                self.lost_bytes[name] += _cut_back(directory, durable)
+        self._durable, self._cut = {}, False
+
+
+def _cut_back(directory: Path, durable: int) -> int:
+    """Truncate a commit log's segment files to log position durable; returns the bytes cut."""
+    lost = 0
+    for path in directory.glob(f"*{SUFFIX}"):
+        start, size = int(path.name[: -len(SUFFIX)]), path.stat().st_size
+        if start > durable:
+            path.unlink()  # created after the last sync, whose directory fsync it missed
+            lost += size
+        elif size > durable - start:
+            with open(path, "r+b") as file:
+                file.truncate(durable - start)
+            lost += size - (durable - start)
+    return lost
+
+
 class SimNode:
-    """One node's roles, wired by node.py's build_roles, on the simulated network and clock."""
+    """One node's roles, wired by node.py's build_roles, on the simulated network, disk and clock."""
 
     def __init__(self, config: NodeConfig, network: Network, clock: Clock):
         self.config = config
         self.network = network
         self.clock = clock
+        self.disk = Disk()
         self.up = False
         self.starts = 0
         self._nursery: trio.Nursery | None = None
@@ -127,12 +179,14 @@ class SimNode:
         self.dispatcher = Dispatcher()
         self.stopped = trio.Event()
         wal = Wal.open(config.data_dir / "raft", keep_segments=True)
+        self.disk.watch("wal", wal.log)
         addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
         self.host = RaftHost(config.node_id, wal, functools.partial(self.network.post, config.node_id),
                              tick_s=config.raft_tick_s)
         peers = Peers(config, self.dispatcher, SimPool(self.network, config.node_id))
         roles = build_roles(config, self.host, peers, self.dispatcher, self.clock, addresses)
         self.storage = roles.storage
+        self.disk.watch("store log", self.storage.store.log)
         try:
             with trio.CancelScope() as self._scope:
                 async with trio.open_nursery() as nursery:
@@ -146,11 +200,14 @@ class SimNode:
             self.up = False
             self.storage.store.close()
             wal.close()
+            self.disk.lose_unsynced()
             self.stopped.set()
 
     def crash(self) -> None:
-        """kill -9: every task of the node ends at once; its files keep what was written."""
+        """A power cut: every task of the node ends at once, and its logs lose what was written after their
+        last sync (LevelDB, written without sync and rebuilt from the store's log, keeps what it has)."""
         self.up = False
+        self.disk.cut()
         self._scope.cancel()
 
     async def serve(self, method: str, request: dict) -> dict:
@@ -344,6 +401,8 @@ async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int
         consumed = {queue: await consume_queue(network, "orders", queue) for queue in range(8)}
         report.update(check_consumed(writers, consumed))
         report["replica_reads"] = sum(node.storage.replica_reads for node in nodes.values())
+        report["unsynced_bytes_lost"] = {name: sum(node.disk.lost_bytes.get(name, 0) for node in nodes.values())
+                                         for name in ("wal", "store log")}
         report.update({"batches": len(writers.acks), "resends": writers.resends, "calls": network.calls,
                        "answers_lost": network.lost, "simulated_s": round(trio.current_time(), 1)})
         for node in nodes.values():
