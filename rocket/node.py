@@ -26,6 +26,7 @@ from functools import partial
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
 from rocket.config import NodeConfig
 from rocket.errors import collapse_single_error
 from rocket.gateway.rocketmq import rocketmq_services
@@ -37,6 +38,7 @@ from rocket.roles.nameserver import Nameserver
 from rocket.roles.peers import Peers
 from rocket.roles.storage import StorageRole
 from rocket.tier.local import LocalDirectoryStore
+from rocket.tier.objectstore import ObjectStore
 from rocket.transport.h2_server import serve_http2
 from rocket.transport.links import PeerLinks
 from rocket.transport.listen import cancel_on
@@ -169,10 +171,55 @@ async def _listen(start, what: str, address: Address) -> int:
         raise StartupError(f"cannot listen on {address} ({what}): {error.strerror or error}") from None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Roles:
+    """The roles of one node, as build_roles wired them (None: a role the node does not run)."""
+
+    host: RaftHost
+    peers: Peers
+    nameserver: Nameserver | None
+    storage: StorageRole | None
+    broker: Broker | None
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        """Start the Raft host and the roles' services in nursery; a node without storage reports its load itself.
+        Returns once they run (a storage node then waits for its assignment: see StorageRole.assigned)."""
+        await nursery.start(self.host.run)
+        if self.nameserver is not None:
+            await nursery.start(self.nameserver.serve)
+        if self.storage is not None:
+            await nursery.start(self.storage.serve)
+        else:
+            await nursery.start(self.peers.report_forever)
+
+
+def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Dispatcher, clock: Clock,
+                addresses: dict[int, tuple[str, int]], objects: ObjectStore | None = None) -> Roles:
+    """Make the roles config asks for over this node's Raft host and peers, reading clock, and register their
+    methods (and RaftStep, into host) with dispatcher. The one place roles are wired: node.py and the roles
+    simulator both call it; what differs between them (network, disk, clock) comes in as arguments."""
+    async def raft_step(request: dict) -> dict:
+        host.receive(request["payload"])
+        return {}
+
+    dispatcher.handle("RaftStep", raft_step)
+    nameserver = Nameserver(config, host, peers, clock) if "nameserver" in config.roles else None
+    storage = StorageRole(config, host, peers, addresses, clock, objects) if "storage" in config.roles else None
+    broker = Broker(peers, config.roles, clock) if "broker" in config.roles else None
+    if nameserver is not None:
+        nameserver.register(dispatcher)
+    if storage is not None:
+        storage.register(dispatcher)
+    if broker is not None:
+        broker.register(dispatcher, forward_status=nameserver is None)
+    return Roles(host, peers, nameserver, storage, broker)
+
+
 async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_status, ready: trio.Event) -> None:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     dispatcher = Dispatcher()
     lifecycle = Lifecycle()
+    clock = Clock()
     # A storage node's WAL holds the batches its store indexes: checkpoints keep its old segments, the
     # storage role deletes them once nothing lies in them that it reads (StorageRole.reclaim_wal).
     wal = Wal.open(config.data_dir / "raft", config.wal_segment_bytes, keep_segments="storage" in config.roles,
@@ -195,41 +242,23 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                 listen = config.http2_listen
                 grpc = {}  # RocketMQ 5 clients, served by brokers
                 if "broker" in config.roles:
-                    grpc = rocketmq_services(dispatcher, config.rocketmq_max_attempts)
+                    grpc = rocketmq_services(dispatcher, clock, config.rocketmq_max_attempts)
                 http2_port = await _listen(partial(nursery.start, partial(serve_http2, grpc=grpc, tls=_tls_context(config)),
                                                    dispatcher, lifecycle, listen.host, listen.port),
                                            "HTTP/2, --http2-listen", listen)
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
             links = PeerLinks(config.node_id, addresses)
             host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
-
-            async def raft_step(request: dict) -> dict:
-                host.receive(request["payload"])
-                return {}
-
-            dispatcher.handle("RaftStep", raft_step)
             pool = ChannelPool()
-            peers = Peers(config, dispatcher, pool)
-            nameserver = Nameserver(config, host, peers) if "nameserver" in config.roles else None
-            storage = StorageRole(config, host, peers, addresses, objects) if "storage" in config.roles else None
-            if nameserver is not None:
-                nameserver.register(dispatcher)
-            if storage is not None:
-                storage.register(dispatcher)
-            if "broker" in config.roles:
-                Broker(peers, config.roles).register(dispatcher, forward_status=nameserver is None)
+            roles = build_roles(config, host, Peers(config, dispatcher, pool), dispatcher, clock, addresses, objects)
+            storage = roles.storage
             await nursery.start(pool.run)
             await nursery.start(links.run)
-            await nursery.start(host.run)
-            if nameserver is not None:
-                await nursery.start(nameserver.serve)
+            await roles.start(nursery)
             if storage is not None:
-                await nursery.start(storage.serve)
                 with trio.CancelScope() as waiting:  # registered with the nameservers: topics can be placed here
                     nursery.start_soon(cancel_on, stop, waiting)  # unless told to stop first
                     await storage.assigned.wait()
-            else:
-                await nursery.start(peers.report_forever)
             if not stop.is_set():
                 http2 = f"{config.http2_listen.host}:{http2_port}" if http2_port else "off"
                 print(f"rocket ready tcp={config.listen.host}:{tcp_port} http2={http2} "

@@ -10,7 +10,6 @@ import logging
 import math
 import re
 import sys
-import time
 import types
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,6 +18,7 @@ from pathlib import Path
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.model import Message, queue_for_key
 from rocket.serde import avro_codec
@@ -92,7 +92,7 @@ def _load_module(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def rocketmq_services(dispatcher: Dispatcher, max_attempts: int = limits.pop_attempts_default
+def rocketmq_services(dispatcher: Dispatcher, clock: Clock, max_attempts: int = limits.pop_attempts_default
                       ) -> dict[str, GrpcHandler]:
     """The gRPC handler table for serve_http2; empty (and logged) when the protobuf modules are missing.
     max_attempts: deliveries before a message goes to the dead-letter queue (RocketMQ sets it per consumer
@@ -101,7 +101,7 @@ def rocketmq_services(dispatcher: Dispatcher, max_attempts: int = limits.pop_att
     if protocol is None:
         log.info("RocketMQ 5 gRPC API off: install rocket[rocketmq] (rocketmq-python-client, protobuf) to serve it")
         return {}
-    return RocketMQProxy(dispatcher, *protocol, max_attempts=max_attempts).handlers()
+    return RocketMQProxy(dispatcher, *protocol, clock=clock, max_attempts=max_attempts).handlers()
 
 
 def _status_of(error: RocketError) -> int:
@@ -116,9 +116,10 @@ def _ms_of(duration, default_s: float) -> int:
 
 class RocketMQProxy:
     def __init__(self, dispatcher: Dispatcher, definition: types.ModuleType, service: types.ModuleType,
-                 max_attempts: int = limits.pop_attempts_default):
+                 clock: Clock, max_attempts: int = limits.pop_attempts_default):
         assert max_attempts >= 1
         self.dispatcher = dispatcher
+        self.clock = clock
         self.max_attempts = max_attempts
         self.definition = definition
         self.service = service
@@ -189,7 +190,7 @@ class RocketMQProxy:
 
     async def _topic(self, name: str) -> dict:
         """The topic's TopicInfo (type, queues), cached for limits.rocketmq_topic_cache_s."""
-        now = trio.current_time()
+        now = self.clock.now_s()
         found = self._topics.get(name)
         if found is not None and now - found[0] < limits.rocketmq_topic_cache_s:
             return found[1]
@@ -362,7 +363,7 @@ class RocketMQProxy:
             else:
                 queue = first.queue_id if 0 <= first.queue_id < topic["queues"] else -1
             transaction = first.message_type == 4
-            batch = batch_codec.encode(converted, int(time.time() * 1000), transaction=transaction)
+            batch = batch_codec.encode(converted, self.clock.wall_ms(), transaction=transaction)
             reply = await self.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch})
         except (RocketError, OSError, EOFError) as error:
             error = error if isinstance(error, RocketError) else RocketError(Code.BAD_REQUEST, f"body: {error}")
@@ -451,7 +452,7 @@ class RocketMQProxy:
             handle = {"queue": message.queue, "offset": message.offset, "attempt": message.attempt}
             yield service.ReceiveMessageResponse(message=self._to_rocketmq(topic, message, handle, invisible_ms))
         answered = service.ReceiveMessageResponse()  # when the messages left: push consumers measure latency from it
-        answered.delivery_timestamp.FromMilliseconds(int(time.time() * 1000))
+        answered.delivery_timestamp.FromMilliseconds(self.clock.wall_ms())
         yield answered
 
     def _to_rocketmq(self, topic: dict, message: Message, handle: dict, invisible_ms: int):

@@ -1,6 +1,7 @@
 """Whole roles in a simulated cluster: the real nameserver, storage and broker code of several nodes in
-one trio run, on trio's MockClock, over an in-memory network that delays and drops, with nodes that
-crash (as kill -9: what they wrote stays on disk) and restart.
+one trio run, wired by node.py's own build_roles, on trio's MockClock (wall time moves with it), over an
+in-memory network that delays and drops, with nodes that crash as in a power cut (their logs lose what was
+written after their last sync) and restart.
 
 One seeded random source decides the delays, the losses, which node a writer asks and trio's own
 scheduling order; blocking file I/O runs inline instead of in worker threads, so that the clock
@@ -18,18 +19,21 @@ import trio
 import trio._core._run as trio_run
 
 from rocket import limits
+from rocket.clock import Clock, TrioWallClock
 from rocket.config import NodeConfig
+from rocket.disk.commitlog import SUFFIX, CommitLog
 from rocket.errors import Code, RocketError
 from rocket.model import Address, Message
+from rocket.node import build_roles
 from rocket.raft.host import RaftHost
 from rocket.raft.wal import Wal
-from rocket.roles.broker import Broker
-from rocket.roles.nameserver import Nameserver
 from rocket.roles.peers import RETRYABLE, Peers
 from rocket.roles.storage import StorageRole
 from rocket.serde import batch as batch_codec
 from rocket.serde import avro_codec
 from rocket.transport.rpc import Dispatcher, method_spec
+
+EPOCH_S = 1_700_000_000.0  # the simulated wall time when trio's clock reads 0
 
 
 @dataclasses.dataclass
@@ -100,12 +104,64 @@ class SimPool:
         return await self.network.call(self.node, address, method, request, timeout_s)
 
 
-class SimNode:
-    """One node's roles, as rocket/node.py wires them, on the simulated network."""
+class Disk:
+    """A node's commit logs (its WAL and its store's log) as a power cut leaves them: each keeps what its last
+    sync made durable. watch() notes, at each sync of a log, where what it made durable ends; cut() is the
+    power going: no sync reaches the disk after it; lose_unsynced(), once the node's files are closed, cuts
+    every watched log's files back to that point and deletes the segments that start after it."""
 
-    def __init__(self, config: NodeConfig, network: Network):
+    def __init__(self):
+        self._durable: dict[str, tuple[Path, int]] = {}  # log name -> (its directory, where its last sync ended)
+        self._cut = False
+        self.lost_bytes: dict[str, int] = {}  # a log's name -> bytes written but never synced, lost at crashes
+
+    def watch(self, name: str, log: CommitLog) -> None:
+        self._durable[name] = (log.directory, log.end_position)  # what a log holds when it opens is on the disk
+        self.lost_bytes.setdefault(name, 0)
+        synced = log.sync
+
+        def sync() -> int:
+            if not self._cut:
+                self._durable[name] = (log.directory, synced())
+            return self._durable[name][1]
+
+        log.sync = sync  # on this log object alone: production durability is unchanged
+
+    def cut(self) -> None:
+        self._cut = True
+
+    def lose_unsynced(self) -> None:
+        """After cut(), cut the watched logs' files back to their last sync; then forget them (a restart
+        watches the logs it opens)."""
+        if self._cut:
+            for name, (directory, durable) in self._durable.items():
+                self.lost_bytes[name] += _cut_back(directory, durable)
+        self._durable, self._cut = {}, False
+
+
+def _cut_back(directory: Path, durable: int) -> int:
+    """Truncate a commit log's segment files to log position durable; returns the bytes cut."""
+    lost = 0
+    for path in directory.glob(f"*{SUFFIX}"):
+        start, size = int(path.name[: -len(SUFFIX)]), path.stat().st_size
+        if start > durable:
+            path.unlink()  # created after the last sync, whose directory fsync it missed
+            lost += size
+        elif size > durable - start:
+            with open(path, "r+b") as file:
+                file.truncate(durable - start)
+            lost += size - (durable - start)
+    return lost
+
+
+class SimNode:
+    """One node's roles, wired by node.py's build_roles, on the simulated network, disk and clock."""
+
+    def __init__(self, config: NodeConfig, network: Network, clock: Clock):
         self.config = config
         self.network = network
+        self.clock = clock
+        self.disk = Disk()
         self.up = False
         self.starts = 0
         self._nursery: trio.Nursery | None = None
@@ -122,41 +178,35 @@ class SimNode:
         self.dispatcher = Dispatcher()
         self.stopped = trio.Event()
         wal = Wal.open(config.data_dir / "raft", keep_segments=True)
+        self.disk.watch("wal", wal.log)
         addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
         self.host = RaftHost(config.node_id, wal, functools.partial(self.network.post, config.node_id),
                              tick_s=config.raft_tick_s)
-
-        async def raft_step(request: dict) -> dict:
-            self.host.receive(request["payload"])
-            return {}
-
-        self.dispatcher.handle("RaftStep", raft_step)
         peers = Peers(config, self.dispatcher, SimPool(self.network, config.node_id))
-        nameserver = Nameserver(config, self.host, peers)
-        self.storage = StorageRole(config, self.host, peers, addresses)
-        nameserver.register(self.dispatcher)
-        self.storage.register(self.dispatcher)
-        Broker(peers, config.roles).register(self.dispatcher, forward_status=False)
+        roles = build_roles(config, self.host, peers, self.dispatcher, self.clock, addresses)
+        self.storage = roles.storage
+        self.disk.watch("store log", self.storage.store.log)
         try:
             with trio.CancelScope() as self._scope:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     self.up = True
                     self.starts += 1
-                    await nursery.start(self.host.run)
-                    await nursery.start(nameserver.serve)
-                    await nursery.start(self.storage.serve)
+                    await roles.start(nursery)
                     await self.storage.assigned.wait()
                     task_status.started()
         finally:
             self.up = False
             self.storage.store.close()
             wal.close()
+            self.disk.lose_unsynced()
             self.stopped.set()
 
     def crash(self) -> None:
-        """kill -9: every task of the node ends at once; its files keep what was written."""
+        """A power cut: every task of the node ends at once, and its logs lose what was written after their
+        last sync (LevelDB, written without sync and rebuilt from the store's log, keeps what it has)."""
         self.up = False
+        self.disk.cut()
         self._scope.cancel()
 
     async def serve(self, method: str, request: dict) -> dict:
@@ -308,7 +358,8 @@ async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int
     believing it leads, and comes back); then consume everything and check it."""
     trio_run._r.seed(seed)  # trio's own scheduling choices follow the seed too
     network = Network(random.Random(seed), faults)
-    nodes = {node: SimNode(node_config(node, 3, base, groups), network) for node in (1, 2, 3)}
+    clock = TrioWallClock(EPOCH_S)
+    nodes = {node: SimNode(node_config(node, 3, base, groups), network, clock) for node in (1, 2, 3)}
     report: dict = {"seed": seed, "kills": []}
     async with trio.open_nursery() as nursery:
         async with trio.open_nursery() as starting:
@@ -349,6 +400,8 @@ async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int
         consumed = {queue: await consume_queue(network, "orders", queue) for queue in range(8)}
         report.update(check_consumed(writers, consumed))
         report["replica_reads"] = sum(node.storage.replica_reads for node in nodes.values())
+        report["unsynced_bytes_lost"] = {name: sum(node.disk.lost_bytes.get(name, 0) for node in nodes.values())
+                                         for name in ("wal", "store log")}
         report.update({"batches": len(writers.acks), "resends": writers.resends, "calls": network.calls,
                        "answers_lost": network.lost, "simulated_s": round(trio.current_time(), 1)})
         for node in nodes.values():

@@ -34,3 +34,11 @@ def test_runtime_never_imports_pyspark():
     """Only jobs/ may use pyspark."""
     for path in ROOT.rglob("*.py"):
         assert "pyspark" not in imported_modules(path), path
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for folder in ("roles", "gateway")
+                                         for p in (ROOT / folder).rglob("*.py")))
+def test_roles_read_the_clock_they_are_given(path):
+    """Roles and gateways take wall and monotonic time from the Clock node.py gives them (rocket/clock.py), so
+    that a simulator can move both: none imports time."""
+    assert "time" not in imported_modules(ROOT / path)

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.serde import batch as batch_codec
 from rocket.store.commands import encode_drop_local, encode_expire, encode_offloaded, encode_truncate
@@ -30,7 +31,7 @@ def make_offloader(node: Node, objects, retention: tuple[float, float] = (0.0, 1
 
     options = {"piece_bytes": 12_000, "piece_age_s": 0.0, **settings}
     return Offloader(node.store, objects, TierSettings(prefix="tier", **options), propose, lambda: [GROUP],
-                     lambda topic: retention)
+                     lambda topic: retention, Clock())
 
 
 async def scan_until_done(offloader: Offloader) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 
+from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.filter import Filter
 from rocket.model import Address, TopicSpec
@@ -24,8 +25,9 @@ log = logging.getLogger("rocket.broker")
 
 
 class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups):
-    def __init__(self, peers: Peers, roles: tuple[str, ...]):
+    def __init__(self, peers: Peers, roles: tuple[str, ...], clock: Clock):
         self.peers = peers
+        self.clock = clock
         self.roles = roles
         self._routes: dict[str, Route] = {}
         self._leaders: dict[int, int] = {}  # storage group -> the node that last served it as leader

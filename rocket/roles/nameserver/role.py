@@ -13,12 +13,12 @@ nameserver leader resumes moves it finds recorded.
 from __future__ import annotations
 
 import logging
-import time
 
 import orjson
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
 from rocket.config import ROLES, ConfigError, NodeConfig, parse_address
 from rocket.errors import Code, RocketError
 from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
@@ -32,8 +32,10 @@ log = logging.getLogger("rocket.nameserver")
 
 
 class Nameserver:
-    def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, placement: Placement | None = None):
+    def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, clock: Clock,
+                 placement: Placement | None = None):
         self.config = config
+        self.clock = clock
         self.host = host
         self.peers = peers
         self.placement = placement or LeastLoaded()
@@ -251,7 +253,7 @@ class Nameserver:
                 new_groups = [{"id": first + i, "voters": list(voters)} for i, voters in enumerate(placed)]
             command = {"op": "create_topic", "name": name, "queues": request["queues"],
                        "message_type": request["message_type"],
-                       "created_ms": int(time.time() * 1000), "new_groups": new_groups,
+                       "created_ms": self.clock.wall_ms(), "new_groups": new_groups,
                        "groups": pool + [group["id"] for group in new_groups]}
             await self._propose(command)
         return self.metadata.topic(name).to_wire()

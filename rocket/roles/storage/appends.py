@@ -4,7 +4,6 @@ the leader's append time, and consumer offsets commits. A mixin of StorageRole.
 
 from __future__ import annotations
 
-import time
 
 from rocket import limits
 from rocket.errors import Code, RocketError
@@ -37,7 +36,7 @@ class Appends:
 
     def _stamp(self, topic: str, queue: int) -> int:
         """Append times never go backwards within a queue on this leader; replicas take the stamp."""
-        append_ms = max(int(time.time() * 1000), self._last_append_ms.get((topic, queue), 0))
+        append_ms = max(self.clock.wall_ms(), self._last_append_ms.get((topic, queue), 0))
         self._last_append_ms[(topic, queue)] = append_ms
         return append_ms
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
 
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.serde.piece import Piece, build, queue_prefix, range_of_key
 from rocket.store.commands import encode_drop_local, encode_expire, encode_offloaded, encode_truncate
@@ -46,8 +46,9 @@ class Offloader:
 
     def __init__(self, store: Store, objects: ObjectStore | None, settings: TierSettings,
                  propose: Callable[[int, bytes], Awaitable], leads: Callable[[], Iterable[int]],
-                 retention: Callable[[str], tuple[float, float]]):
+                 retention: Callable[[str], tuple[float, float]], clock: Clock):
         self.store = store
+        self.clock = clock
         self.objects = objects
         self.settings = settings
         self.propose = propose
@@ -72,7 +73,7 @@ class Offloader:
         to since they last had nothing pending) or to drop or expire (those with pieces, when their
         retention may have come); returns the pieces uploaded. Idle queues cost nothing."""
         uploads = 0
-        now = trio.current_time()
+        now = self.clock.now_s()
         led = set(self.leads())
         for number, (group, topic, queue) in enumerate(self.store.queues_of(led, self.store.offload_candidates)):
             if number % 1000 == 999:
@@ -105,7 +106,7 @@ class Offloader:
         self.failures += 1
         backoff = self._backoff.setdefault(key, _Backoff())
         backoff.wait_s = min(max(backoff.wait_s * 2, limits.tier_scan_s), limits.tier_backoff_s_max)
-        backoff.until = trio.current_time() + backoff.wait_s
+        backoff.until = self.clock.now_s() + backoff.wait_s
         log.warning("tier: %s/%d: %s (retrying in %.0f s)", key[0], key[1], error, backoff.wait_s)
 
     def _due(self, topic: str, queue: int, now_s: float) -> bool:
@@ -114,7 +115,7 @@ class Offloader:
         pending_bytes = self.store.queue_bytes(topic, queue) - (
             state.offloaded_bytes + state.truncated_bytes if state is not None else 0)
         tiered_to = state.tiered_to if state is not None else 0
-        self._retention_due.setdefault((topic, queue), trio.current_time())  # it has pieces, or soon will
+        self._retention_due.setdefault((topic, queue), self.clock.now_s())  # it has pieces, or soon will
         if pending_bytes <= 0 or self.objects is None:
             self._pending_seen.pop((topic, queue), None)
             self.store.offload_candidates.discard((topic, queue))  # until it is appended to again
@@ -129,9 +130,9 @@ class Offloader:
 
     async def offload(self, group: int, topic: str, queue: int) -> bool:
         """Upload the queue's next piece if one is due; True once the manifest holds it."""
-        if not self._due(topic, queue, time.monotonic()):
+        if not self._due(topic, queue, self.clock.now_s()):
             return False
-        now_ms = int(time.time() * 1000)
+        now_ms = self.clock.wall_ms()
         run = self.store.offload_run(topic, queue, self.settings.piece_bytes,
                                      int(self.settings.piece_age_s * 1000), now_ms)
         if not run:
@@ -181,7 +182,7 @@ class Offloader:
         """Local data older than the total retention that no piece holds goes (where the tier is off, or
         was down for longer than the retention)."""
         start = state.local_from if state is not None else 0
-        end = self.store.index.offset_for_time(topic, queue, int((time.time() - retention_s) * 1000))
+        end = self.store.index.offset_for_time(topic, queue, int((self.clock.wall_s() - retention_s) * 1000))
         if end is None:
             end = self.store.queue_stats(topic, queue)["next_offset"]
         if end > start:
@@ -193,7 +194,7 @@ class Offloader:
         again after the shorter of the two (at most limits.tier_retention_check_s)."""
         state = self.store.tier_state(topic, queue)
         retention_s, local_retention_s = self.retention(topic)
-        self._retention_due[(topic, queue)] = trio.current_time() + min(
+        self._retention_due[(topic, queue)] = self.clock.now_s() + min(
             [limits.tier_retention_check_s] + [seconds for seconds in (retention_s, local_retention_s) if seconds > 0])
         if retention_s > 0 and (state is None or not state.pieces):
             await self._truncate(group, topic, queue, state, retention_s)
@@ -204,7 +205,7 @@ class Offloader:
             self._swept.add((topic, queue))
         if not state.pieces:
             return
-        now_ms = int(time.time() * 1000)
+        now_ms = self.clock.wall_ms()
         if local_retention_s > 0:
             drop_to = None
             for piece in state.pieces:

@@ -4,7 +4,6 @@ made visible again, or sent to the dead letters once they used up their attempts
 
 from __future__ import annotations
 
-import time
 
 import trio
 
@@ -42,7 +41,7 @@ class Pops:
             if response["handles"] or wake_s <= 0:
                 return response
             if response["next_visible_ms"]:
-                wake_s = min(wake_s, max(0.05, response["next_visible_ms"] / 1000 - time.time()))
+                wake_s = min(wake_s, max(0.05, response["next_visible_ms"] / 1000 - self.clock.wall_s()))
             await self.store.wait_for_data({(topic, entry["queue"]): entry["offset"] for entry in response["cursors"]},
                                            wake_s)
 
@@ -54,7 +53,7 @@ class Pops:
         lock = self._pop_locks.setdefault(key, trio.Lock())
         try:
             async with lock:
-                now_ms = int(time.time() * 1000)
+                now_ms = self.clock.wall_ms()
                 state = self.store.pop_state(*key)
                 again = []
                 for offset, (visible_ms, attempt) in sorted(state.in_flight.items()):
@@ -168,7 +167,7 @@ class Pops:
             command = {"op": "ack", "consumer_group": consumer_group, "topic": topic, "queue": queue, "receipts": receipts}
             if request["invisible_ms"] >= 0:
                 invisible_ms = min(request["invisible_ms"], limits.pop_invisible_s_max * 1000)
-                command.update(op="change", visible_at_ms=int(time.time() * 1000) + invisible_ms)
+                command.update(op="change", visible_at_ms=self.clock.wall_ms() + invisible_ms)
             current = await self.host.propose(group, encode_pop(command))
             stale.extend({"queue": queue, "offset": offset, "attempt": attempt}
                          for (offset, attempt), ok in zip(receipts, current) if not ok)
@@ -191,7 +190,7 @@ class Pops:
                     for offset, attempt in receipts:
                         found = self.store.pop_state(*key).in_flight.get(offset)
                         if found is None or found[1] != attempt or not await self._dead_letter(
-                                group, key, offset, attempt, found[0], int(time.time() * 1000)):
+                                group, key, offset, attempt, found[0], self.clock.wall_ms()):
                             stale.append({"queue": queue, "offset": offset, "attempt": attempt})
             finally:
                 self._drop_pop_lock(key, lock)

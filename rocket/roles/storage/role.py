@@ -11,6 +11,7 @@ import logging
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.raft.core import NotLeader
@@ -41,8 +42,9 @@ class NotHosted(RocketError):
 
 class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, ConsumerGroups, Tiering, WalReclaim):
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
-                 objects: ObjectStore | None = None):
+                 clock: Clock, objects: ObjectStore | None = None):
         self.config = config
+        self.clock = clock
         self.host = host
         self.peers = peers
         self.addresses = addresses  # node id -> address, shared with the Raft links
@@ -70,7 +72,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
                                 config.tier_local_retention_s, config.tier_read_mode == "force")
         # Without an object store it applies total retention to local data only.
         self.offloader = Offloader(self.store, objects, settings, self._propose_tier, self._led_groups,
-                                   self.retention_of)
+                                   self.retention_of, clock)
 
     def register(self, dispatcher: Dispatcher) -> None:
         for method, handler in (("StorageAppend", self.append), ("StorageRead", self.read),

@@ -5,7 +5,6 @@ A mixin of StorageRole.
 from __future__ import annotations
 
 import logging
-import time
 
 import trio
 
@@ -22,7 +21,7 @@ class Timers:
         """On the groups this node leads, deliver due timers every limits.timer_tick_s."""
         while True:
             await trio.sleep(limits.timer_tick_s)
-            now_ms = int(time.time() * 1000)
+            now_ms = self.clock.wall_ms()
             for group in self.store.timer_groups(now_ms):
                 if not self.host.leads(group):
                     continue

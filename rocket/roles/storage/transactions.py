@@ -5,7 +5,6 @@ ones whose producers did not say are listed for check-back. A mixin of StorageRo
 from __future__ import annotations
 
 import logging
-import time
 
 from rocket import limits
 from rocket.errors import Code, RocketError
@@ -33,7 +32,7 @@ class Transactions:
                 messages = []
             done = bool(messages) and bool(await self.host.propose(group, encode_move(
                 topic, queue, self._stamp(topic, queue), half_topic(topic), offsets,
-                batch_codec.encode(messages, int(time.time() * 1000))), limits.storage_append_wait_s_max))
+                batch_codec.encode(messages, self.clock.wall_ms())), limits.storage_append_wait_s_max))
         else:
             done = await self.host.propose(group, encode_cancel(half_topic(topic), queue, offsets))
         if not done:
@@ -49,7 +48,7 @@ class Transactions:
         self._leads(group)
         topic = check_topic_name(request["topic"])
         queues = set(self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset"))
-        now_ms = int(time.time() * 1000)
+        now_ms = self.clock.wall_ms()
         waiting = half_topic(topic)
         transactions: dict[tuple[int, int], list] = {}  # (queue, first half offset) -> due ms, checks, offsets
         for timer in self.store.due_timers(group, now_ms, limits.timer_fire_messages_max, halves=True):
