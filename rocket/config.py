@@ -71,7 +71,7 @@ class NodeConfig:
     tier_s3_prefix: str = ""
     tier_s3_path_style: bool = True
     tier_retention_s: float = 0.0
-    tier_local_retention_s: float = 3 * 86_400.0
+    tier_local_retention_s: float = limits.tier_local_retention_s_default
     tier_read_mode: str = "not_in_disk"
     tier_piece_bytes: int = limits.tier_piece_bytes_default
     tier_piece_age_s: float = limits.tier_piece_age_s_default

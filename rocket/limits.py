@@ -122,6 +122,8 @@ pop_in_flight_per_queue_max = 100_000  # messages of one queue in flight for one
 pop_messages_max = 1024  # messages one receive hands out
 pop_attempts_default = 16  # deliveries before a message goes to the dead-letter queue (RocketMQ's maxReconsumeTimes)
 pop_invisible_s_max = 12 * 3600  # the longest a received message stays invisible (RocketMQ allows 12 hours)
+pop_invisible_s_min = 1.0  # the shortest: a receiver gets a moment to process before the message may reappear
+pop_wake_s_min = 0.05  # a waiting receive looks again at least this far apart, though a reappearance is due sooner
 # RocketMQ's retry schedule (its delay levels from 1 s): the invisible time after the nth failed delivery.
 pop_retry_backoff_s = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
@@ -152,6 +154,10 @@ follower_read_lag_entries_max = 16  # a follower this close to its leader's comm
 storage_call_s_max = 8.0  # one storage call (an append waits for a quorum) before the broker tries another replica
 storage_append_wait_s_max = 6.0  # an append waits this long to be applied, then the broker retries elsewhere
 storage_retry_s_max = 15.0  # a broker retries a storage call on other replicas for at most this long
+storage_retry_backoff_s_min = 0.05  # the broker's first wait before trying a group's replicas again; later ones double
+storage_retry_backoff_s_max = 1.0  # ... up to this, so a new leader is found within a second of its election
+membership_poll_s = 0.1  # how often a leader looks whether a learner caught up before promoting it
+replica_move_retry_s = 0.2  # a nameserver's pause before asking a group's replicas again for a membership change
 learner_catch_up_s_max = 5.0  # a promotion waits this long for the learner to catch up, then the mover retries
 member_change_s_max = 30.0  # one step of a replica move (on the group's leader) before the move is retried
 replica_moves_max = 4  # replica moves the nameserver runs at once: recovery must not swamp the cluster
@@ -180,6 +186,7 @@ tier_piece_bytes_default = 64 * MiB  # an offloaded piece: big enough that PUT o
 tier_piece_bytes_min = 1 * KiB  # tests offload tiny pieces; smaller ones would make one object per batch
 tier_piece_bytes_max = 1 * GiB  # a piece is built in memory before its PUT
 tier_piece_age_s_default = 600.0  # a quiet queue's data is offloaded after this long even if below the piece size
+tier_local_retention_s_default = 3 * 86_400.0  # a topic's data stays on local disk this long once offloaded
 tier_scan_s = 1.0  # how often a group leader looks for data to offload, expire or drop locally
 tier_topics_refresh_s = 5.0  # how often the offloader refreshes topic retention settings from the nameservers
 tier_retention_check_s = tier_topics_refresh_s  # the longest a queue's retentions wait to be looked at: they may change

@@ -49,7 +49,7 @@ class PopConsumption:
             if response["handles"] or left_s <= 0:
                 return response
             if response["next_visible_ms"]:
-                left_s = min(left_s, max(0.05, response["next_visible_ms"] / 1000 - self.clock.wall_s()))
+                left_s = min(left_s, max(limits.pop_wake_s_min, response["next_visible_ms"] / 1000 - self.clock.wall_s()))
             await self._wait_for_data(route, {entry["queue"]: entry["offset"] for entry in response["cursors"]}, left_s)
 
     async def _wait_for_data(self, route: Route, positions: dict[int, int], wait_s: float) -> None:

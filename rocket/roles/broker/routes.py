@@ -97,6 +97,6 @@ class Routes:
                         continue
                     self._leaders[group] = node
                     return response
-                await trio.sleep(min(0.05 * 2 ** attempt, 1.0))
+                await trio.sleep(min(limits.storage_retry_backoff_s_min * 2 ** attempt, limits.storage_retry_backoff_s_max))
                 route = await self._route(route.spec.name, refresh=True)
         raise failure

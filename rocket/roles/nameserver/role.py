@@ -209,7 +209,7 @@ class Nameserver:
                         if error.code not in RETRYABLE:
                             raise
                         failure = error
-                await trio.sleep(0.2)
+                await trio.sleep(limits.replica_move_retry_s)
         raise failure
 
     async def drain_node(self, request: dict) -> dict:

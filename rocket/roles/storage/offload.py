@@ -30,7 +30,7 @@ class TierSettings:
     piece_bytes: int = limits.tier_piece_bytes_default
     piece_age_s: float = limits.tier_piece_age_s_default
     retention_s: float = 0.0  # default total retention; 0 keeps data for ever
-    local_retention_s: float = 3 * 86_400.0  # default local retention; 0 keeps local data for ever
+    local_retention_s: float = limits.tier_local_retention_s_default  # 0 keeps local data for ever
     force_reads: bool = False  # read offloaded data from the tier even while it is still local
 
 

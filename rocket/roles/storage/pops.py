@@ -27,7 +27,7 @@ class Pops:
         topic = check_topic_name(request["topic"])
         queues = list(self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset"))
         chosen = compile_filter(request["filter_type"], request["filter"])
-        invisible_ms = min(max(request["invisible_ms"], 1_000), limits.pop_invisible_s_max * 1000)
+        invisible_ms = min(max(request["invisible_ms"], int(limits.pop_invisible_s_min * 1000)), limits.pop_invisible_s_max * 1000)
         wanted = min(max(request["max_messages"], 1), limits.pop_messages_max)
         attempts_max = max(1, request["max_attempts"])
         deadline = trio.current_time() + min(max(request["wait_ms"], 0), limits.pull_wait_ms_max) / 1000
@@ -41,7 +41,7 @@ class Pops:
             if response["handles"] or wake_s <= 0:
                 return response
             if response["next_visible_ms"]:
-                wake_s = min(wake_s, max(0.05, response["next_visible_ms"] / 1000 - self.clock.wall_s()))
+                wake_s = min(wake_s, max(limits.pop_wake_s_min, response["next_visible_ms"] / 1000 - self.clock.wall_s()))
             await self.store.wait_for_data({(topic, entry["queue"]): entry["offset"] for entry in response["cursors"]},
                                            wake_s)
 
@@ -138,7 +138,7 @@ class Pops:
         except RocketError as error:  # it goes as an empty message that says why; its bytes stay where they are
             if error.code != Code.BAD_BATCH:
                 raise
-            message = Message(b"", properties={"DLQ_MALFORMED": error.message[:200]}, timestamp_ms=now_ms)
+            message = Message(b"", properties={"DLQ_MALFORMED": error.message[:limits.error_excerpt_chars_max]}, timestamp_ms=now_ms)
         message.properties = {**message.properties, "DLQ_ORIGIN_QUEUE": str(queue), "DLQ_ORIGIN_OFFSET": str(offset),
                               "DLQ_ATTEMPTS": str(attempt)}
         return bool(await self.host.propose(group, encode_pop({

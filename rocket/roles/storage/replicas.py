@@ -115,5 +115,5 @@ class Replicas:
             while True:
                 if self.host.caught_up(group, node):
                     return
-                await trio.sleep(0.1)
+                await trio.sleep(limits.membership_poll_s)
         raise RocketError(Code.TIMEOUT, f"node {node} has not caught up with group {group} yet; retry")
