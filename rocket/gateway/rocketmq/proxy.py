@@ -1,0 +1,167 @@
+"""The RocketMQ 5 proxy: apache.rocketmq.v2.MessagingService (gRPC) mapped onto the broker's methods through the
+dispatcher, so RocketMQ 5 clients run unchanged. Protobuf classes come from rocketmq-python-client's generated
+*_pb2 modules (protocol.py); without that package the service is off. This module wires the calls and answers
+routes; telemetry.py, sending.py and receiving.py hold the rest."""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections.abc import Awaitable, Callable
+
+from rocket import limits
+from rocket.clock import Clock
+from rocket.errors import RocketError
+from rocket.gateway.rocketmq.protocol import AUTHORIZATION, MESSAGE_TYPE_OF, OK, SERVICE, load_protocol, status_of
+from rocket.gateway.rocketmq.receiving import Receiving
+from rocket.gateway.rocketmq.sending import Sending
+from rocket.gateway.rocketmq.telemetry import Telemetry
+from rocket.transport.grpc_wire import GrpcError, GrpcStatus
+from rocket.transport.h2_server import GrpcCall, GrpcHandler
+from rocket.transport.rpc import Dispatcher
+
+log = logging.getLogger("rocket.rocketmq")
+
+
+def rocketmq_services(dispatcher: Dispatcher, clock: Clock, max_attempts: int = limits.pop_attempts_default
+                      ) -> dict[str, GrpcHandler]:
+    """The gRPC handler table for serve_http2; empty (and logged) when the protobuf modules are missing.
+    max_attempts: deliveries before a message goes to the dead-letter queue (RocketMQ sets it per consumer
+    group on the server; here one value for the node, the setting rocketmq_max_attempts)."""
+    protocol = load_protocol()
+    if protocol is None:
+        log.info("RocketMQ 5 gRPC API off: install rocket[rocketmq] (rocketmq-python-client, protobuf) to serve it")
+        return {}
+    return RocketMQProxy(dispatcher, *protocol, clock=clock, max_attempts=max_attempts).handlers()
+
+
+class RocketMQProxy(Telemetry, Sending, Receiving):
+    def __init__(self, dispatcher: Dispatcher, definition: types.ModuleType, service: types.ModuleType,
+                 clock: Clock, max_attempts: int = limits.pop_attempts_default):
+        assert max_attempts >= 1
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.max_attempts = max_attempts
+        self.definition = definition
+        self.service = service
+        self._topics: dict[str, tuple[float, dict]] = {}  # name -> (fetched at, TopicInfo)
+
+    def handlers(self) -> dict[str, GrpcHandler]:
+        service = self.service
+        unary = {
+            "QueryRoute": (service.QueryRouteRequest, self.query_route),
+            "Heartbeat": (service.HeartbeatRequest, self.heartbeat),
+            "SendMessage": (service.SendMessageRequest, self.send_message),
+            "QueryAssignment": (service.QueryAssignmentRequest, self.query_assignment),
+            "AckMessage": (service.AckMessageRequest, self.ack_message),
+            "ChangeInvisibleDuration": (service.ChangeInvisibleDurationRequest, self.change_invisible_duration),
+            "ForwardMessageToDeadLetterQueue": (service.ForwardMessageToDeadLetterQueueRequest,
+                                                self.forward_message_to_dead_letter_queue),
+            "EndTransaction": (service.EndTransactionRequest, self.end_transaction),
+            "NotifyClientTermination": (service.NotifyClientTerminationRequest, self.notify_client_termination),
+            "RecallMessage": (service.RecallMessageRequest, self.recall_message),
+        }
+        table = {f"/{SERVICE}/{name}": self._unary(request_type, method) for name, (request_type, method) in unary.items()}
+        table[f"/{SERVICE}/ReceiveMessage"] = self._server_stream(service.ReceiveMessageRequest, self.receive_message)
+        table[f"/{SERVICE}/Telemetry"] = self._checked(self.telemetry)
+        return table
+
+    # ---- framing of calls ------------------------------------------------------------------------------
+
+    def _checked(self, handler: Callable[[GrpcCall], Awaitable[None]]) -> GrpcHandler:
+        async def handle(call: GrpcCall) -> None:
+            if call.headers.get("x-mq-namespace"):
+                raise GrpcError(GrpcStatus.UNIMPLEMENTED, "namespaces are not supported by rocket yet: "
+                                "leave the client's namespace empty")
+            authorization = call.headers.get("authorization")
+            if authorization is not None and not AUTHORIZATION.fullmatch(authorization):
+                # No ACLs yet, so any well-formed signature passes; a malformed header is not ignored.
+                raise GrpcError(GrpcStatus.UNAUTHENTICATED, "malformed authorization header: expected "
+                                "'MQv2-HMAC-SHA1 Credential=AK, SignedHeaders=x-mq-date-time, Signature=HEX'")
+            await handler(call)
+        return handle
+
+    def _parse(self, request_type, data: bytes):
+        try:
+            return request_type.FromString(data)
+        except Exception:  # protobuf's DecodeError, whatever module it comes from
+            raise GrpcError(GrpcStatus.INTERNAL, f"malformed {request_type.DESCRIPTOR.name}") from None
+
+    def _unary(self, request_type, method) -> GrpcHandler:
+        async def handle(call: GrpcCall) -> None:
+            request = self._parse(request_type, await call.receive_one())
+            response = await method(request, call)
+            await call.send(response.SerializeToString())
+        return self._checked(handle)
+
+    def _server_stream(self, request_type, method) -> GrpcHandler:
+        async def handle(call: GrpcCall) -> None:
+            request = self._parse(request_type, await call.receive_one())
+            async for response in method(request, call):
+                await call.send(response.SerializeToString())
+        return self._checked(handle)
+
+    def _status(self, code: int = OK, message: str = "OK"):
+        return self.definition.Status(code=code, message=message)
+
+    def _error_status(self, error: RocketError):
+        return self._status(status_of(error), f"{error.code.name}: {error.message}")
+
+    # ---- topics and routes -----------------------------------------------------------------------------
+
+    async def _topic(self, name: str) -> dict:
+        """The topic's TopicInfo (type, queues), cached for limits.rocketmq_topic_cache_s."""
+        now = self.clock.now_s()
+        found = self._topics.get(name)
+        if found is not None and now - found[0] < limits.rocketmq_topic_cache_s:
+            return found[1]
+        topic = (await self.dispatcher.local("DescribeTopic", {"topic": name}))["topic"]
+        self._topics.pop(name, None)
+        if len(self._topics) >= limits.rocketmq_topic_cache_entries_max:
+            del self._topics[next(iter(self._topics))]
+        self._topics[name] = (now, topic)
+        return topic
+
+    def _endpoints(self, requested, call: GrpcCall):
+        """Routes point the client back at the endpoint it reached: rocket's brokers are all alike."""
+        if requested is not None and requested.addresses:
+            return requested
+        host, _, port = call.headers.get(":authority", "127.0.0.1:9877").rpartition(":")
+        return self.definition.Endpoints(scheme=1, addresses=[self.definition.Address(host=host, port=int(port or 0))])
+
+    def _queues(self, topic: dict, endpoints) -> list:
+        definition = self.definition
+        broker = definition.Broker(name="rocket", id=0, endpoints=endpoints)
+        return [definition.MessageQueue(topic=definition.Resource(name=topic["name"]), id=queue, permission=4,
+                                        broker=broker, accept_message_types=[MESSAGE_TYPE_OF.get(topic["message_type"], 1)])
+                for queue in range(topic["queues"])]
+
+    async def query_route(self, request, call: GrpcCall):
+        try:
+            topic = await self._topic(request.topic.name)
+        except RocketError as error:
+            return self.service.QueryRouteResponse(status=self._error_status(error))
+        queues = self._queues(topic, self._endpoints(request.endpoints, call))
+        return self.service.QueryRouteResponse(status=self._status(), message_queues=queues)
+
+    async def query_assignment(self, request, call: GrpcCall):
+        """One assignment: a receive pops from every queue of the topic, so more would only repeat it."""
+        try:
+            topic = await self._topic(request.topic.name)
+        except RocketError as error:
+            return self.service.QueryAssignmentResponse(status=self._error_status(error))
+        queue = self._queues(topic, self._endpoints(request.endpoints, call))[0]
+        return self.service.QueryAssignmentResponse(status=self._status(),
+                                                    assignments=[self.definition.Assignment(message_queue=queue)])
+
+    async def heartbeat(self, request, call: GrpcCall):
+        return self.service.HeartbeatResponse(status=self._status())
+
+    async def notify_client_termination(self, request, call: GrpcCall):
+        return self.service.NotifyClientTerminationResponse(status=self._status())
+
+    # ---- telemetry ---------------------------------------------------------------------------------------
+
+    # ---- receiving ---------------------------------------------------------------------------------------
+
+

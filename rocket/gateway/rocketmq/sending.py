@@ -1,0 +1,103 @@
+"""RocketMQ 5's SendMessage, EndTransaction and RecallMessage: messages converted to rocket's and sent as one
+batch per queue through the broker's methods. A mixin of RocketMQProxy.
+"""
+
+from __future__ import annotations
+
+import gzip
+
+from rocket.errors import Code, RocketError
+from rocket.gateway.rocketmq.protocol import BORN_HOST_PROPERTY, ID_PROPERTY, INVALID_TRANSACTION_ID, KEYS_PROPERTY
+from rocket.model import Message, queue_for_key
+from rocket.serde import batch as batch_codec
+from rocket.transport.h2_server import GrpcCall
+
+class Sending:
+    def _to_rocket(self, message, fifo: bool) -> Message:
+        system = message.system_properties
+        body = message.body
+        if system.body_encoding == 2:  # GZIP: rocket stores plain bodies, which every client can read
+            body = gzip.decompress(body)
+        properties = dict(message.user_properties)
+        if any(name.startswith("__rmq.") for name in properties):
+            raise RocketError(Code.BAD_REQUEST, "user properties starting with '__rmq.' are reserved")
+        keys = [key for key in system.keys if key]
+        key = system.message_group if system.HasField("message_group") else (keys[0] if keys else "")
+        if keys and keys != [key]:
+            properties[KEYS_PROPERTY] = " ".join(keys)
+        if system.message_id:
+            properties[ID_PROPERTY] = system.message_id
+        if system.born_host:
+            properties[BORN_HOST_PROPERTY] = system.born_host
+        born_ms = system.born_timestamp.seconds * 1000 + system.born_timestamp.nanos // 1_000_000
+        deliver_at_ms = 0
+        if system.HasField("delivery_timestamp"):
+            deliver_at_ms = max(1, system.delivery_timestamp.seconds * 1000 + system.delivery_timestamp.nanos // 1_000_000)
+        return Message(body, key=key, tag=system.tag if system.HasField("tag") else "", properties=properties,
+                       timestamp_ms=born_ms, deliver_at_ms=deliver_at_ms)
+
+    async def send_message(self, request, call: GrpcCall):
+        """The request's messages as one batch (they share a topic; the first picks the queue)."""
+        service = self.service
+        messages = list(request.messages)
+        if not messages:
+            return service.SendMessageResponse(status=self._status(40000, "no messages"))
+        try:
+            name = messages[0].topic.name
+            if any(message.topic.name != name for message in messages):
+                raise RocketError(Code.BAD_REQUEST, "the messages of one SendMessage go to one topic")
+            topic = await self._topic(name)
+            fifo = topic["message_type"] == "fifo"
+            converted = [self._to_rocket(message, fifo) for message in messages]
+            first = messages[0].system_properties
+            if fifo and converted[0].key:
+                queue = queue_for_key(converted[0].key, topic["queues"])  # the message group picks the queue
+            else:
+                queue = first.queue_id if 0 <= first.queue_id < topic["queues"] else -1
+            transaction = first.message_type == 4
+            batch = batch_codec.encode(converted, self.clock.wall_ms(), transaction=transaction)
+            reply = await self.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch})
+        except (RocketError, OSError, EOFError) as error:
+            error = error if isinstance(error, RocketError) else RocketError(Code.BAD_REQUEST, f"body: {error}")
+            status = self._error_status(error)
+            return service.SendMessageResponse(status=status, entries=[service.SendResultEntry(status=status)])
+        entries = []
+        for index, message in enumerate(messages):
+            offset = reply["base_offset"] + index
+            entry = service.SendResultEntry(status=self._status(), offset=offset,
+                                            message_id=message.system_properties.message_id or f"{reply['queue']}.{offset}")
+            if transaction:
+                entry.transaction_id = f"{reply['queue']}.{reply['base_offset']}.{reply['count']}"
+            if reply.get("scheduled"):
+                entry.recall_handle = f"{reply['queue']}.{offset}"
+            entries.append(entry)
+        return service.SendMessageResponse(status=self._status(), entries=entries)
+
+    async def end_transaction(self, request, call: GrpcCall):
+        parts = request.transaction_id.split(".")
+        if len(parts) != 3 or not all(part.isdigit() for part in parts):
+            return self.service.EndTransactionResponse(
+                status=self._status(INVALID_TRANSACTION_ID, f"transaction id {request.transaction_id!r}: not rocket's"))
+        if request.resolution == 0 and request.source == 2:  # a check's UNKNOWN: the broker checks again later
+            return self.service.EndTransactionResponse(status=self._status())
+        if request.resolution not in (1, 2):
+            return self.service.EndTransactionResponse(status=self._status(40000, "resolution is COMMIT or ROLLBACK"))
+        queue, offset, count = map(int, parts)
+        try:
+            await self.dispatcher.local("EndTransaction", {"topic": request.topic.name, "queue": queue, "offset": offset,
+                                                           "count": count, "commit": request.resolution == 1})
+        except RocketError as error:
+            return self.service.EndTransactionResponse(status=self._error_status(error))
+        return self.service.EndTransactionResponse(status=self._status())
+
+    async def recall_message(self, request, call: GrpcCall):
+        """Cancel a delayed message before its time: the recall handle is its timer id."""
+        parts = request.recall_handle.split(".")
+        if len(parts) != 2 or not all(part.isdigit() for part in parts):
+            return self.service.RecallMessageResponse(status=self._status(40000, "malformed recall handle"))
+        try:
+            await self.dispatcher.local("CancelTimer", {"topic": request.topic.name, "queue": int(parts[0]),
+                                                        "offset": int(parts[1])})
+        except RocketError as error:
+            return self.service.RecallMessageResponse(status=self._error_status(error))
+        return self.service.RecallMessageResponse(status=self._status(), message_id=request.recall_handle)
