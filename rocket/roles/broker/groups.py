@@ -25,13 +25,7 @@ class ConsumerGroups:
     async def commit_offsets(self, request: dict) -> dict:
         consumer_group = check_group_name(request["group"])
         route = await self._route(request["topic"])
-        offsets: dict[int, int] = {}
-        for entry in request["offsets"]:
-            queue = self._queue(route.spec, entry["queue"])
-            if entry["offset"] < 0:
-                raise RocketError(Code.BAD_REQUEST, f"offset {entry['offset']} for queue {queue} is negative")
-            offsets[queue] = entry["offset"]
-        await self._commit(route, consumer_group, offsets)
+        await self._commit(route, consumer_group, self._offsets(route, request["offsets"]))
         return {}
 
     async def _commit(self, route: Route, consumer_group: str, offsets: dict[int, int], reset_pop: bool = False) -> None:

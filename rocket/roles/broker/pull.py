@@ -30,12 +30,7 @@ def _may_match(chosen: SqlFilter, batch: bytes) -> bool:
 class Pull:
     async def _pull_positions(self, request: dict) -> tuple[Route, dict[int, int]]:
         route = await self._route(request["topic"])
-        positions: dict[int, int] = {}
-        for entry in request["queues"]:
-            queue = self._queue(route.spec, entry["queue"])
-            if entry["offset"] < 0:
-                raise RocketError(Code.BAD_REQUEST, f"offset {entry['offset']} for queue {queue} is negative")
-            positions[queue] = entry["offset"]
+        positions = self._offsets(route, request["queues"])
         if not positions:
             raise RocketError(Code.BAD_REQUEST, "pull needs at least one queue")
         return route, positions

@@ -9,9 +9,8 @@ import itertools
 import logging
 
 from rocket.clock import Clock
-from rocket.errors import Code, RocketError
 from rocket.filter import Filter
-from rocket.model import Address, TopicSpec
+from rocket.model import Address
 from rocket.roles.broker.admin import Admin
 from rocket.roles.broker.groups import ConsumerGroups
 from rocket.roles.broker.pop import PopConsumption
@@ -66,30 +65,3 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups):
             handlers["DrainNode"] = self.drain_node
         for name, handler in handlers.items():
             dispatcher.handle(name, handler)
-
-    # ---- routes and storage calls --------------------------------------------------------------------
-
-
-    # ---- methods -------------------------------------------------------------------------------------
-
-    def _queue(self, spec: TopicSpec, queue: int) -> int:
-        if not 0 <= queue < spec.queues:
-            raise RocketError(Code.BAD_QUEUE, f"topic {spec.name!r} has queues 0..{spec.queues - 1}, not {queue}")
-        return queue
-
-    def _by_group(self, route: Route, queues) -> dict[int, list[int]]:
-        groups: dict[int, list[int]] = {}
-        for queue in queues:
-            groups.setdefault(route.queue_groups[self._queue(route.spec, queue)], []).append(queue)
-        return groups
-
-    async def _queues(self, route: Route, consumer_group: str = "", timestamp_ms: int = -1) -> list[dict]:
-        """StorageQueues for every queue of the topic, group by group."""
-        responses = []
-        for group, queues in self._by_group(route, range(route.spec.queues)).items():
-            responses.append(await self._storage(route, group, "StorageQueues", {
-                "group": group, "topic": route.spec.name, "queues": queues, "consumer_group": consumer_group,
-                "timestamp_ms": timestamp_ms}))
-        return responses
-
-

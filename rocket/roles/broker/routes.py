@@ -75,6 +75,36 @@ class Routes:
             self._routes[topic] = route
         return route
 
+    def _queue(self, spec: TopicSpec, queue: int) -> int:
+        if not 0 <= queue < spec.queues:
+            raise RocketError(Code.BAD_QUEUE, f"topic {spec.name!r} has queues 0..{spec.queues - 1}, not {queue}")
+        return queue
+
+    def _by_group(self, route: Route, queues) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        for queue in queues:
+            groups.setdefault(route.queue_groups[self._queue(route.spec, queue)], []).append(queue)
+        return groups
+
+    async def _queues(self, route: Route, consumer_group: str = "", timestamp_ms: int = -1) -> list[dict]:
+        """StorageQueues for every queue of the topic, group by group."""
+        responses = []
+        for group, queues in self._by_group(route, range(route.spec.queues)).items():
+            responses.append(await self._storage(route, group, "StorageQueues", {
+                "group": group, "topic": route.spec.name, "queues": queues, "consumer_group": consumer_group,
+                "timestamp_ms": timestamp_ms}))
+        return responses
+
+    def _offsets(self, route: Route, entries: list[dict]) -> dict[int, int]:
+        """queue -> offset of a request's entries, each queue one of the topic's and each offset not negative."""
+        offsets: dict[int, int] = {}
+        for entry in entries:
+            queue = self._queue(route.spec, entry["queue"])
+            if entry["offset"] < 0:
+                raise RocketError(Code.BAD_REQUEST, f"offset {entry['offset']} for queue {queue} is negative")
+            offsets[queue] = entry["offset"]
+        return offsets
+
     async def _storage(self, route: Route, group: int, method: str, request: dict,
                        timeout_s: float = limits.storage_call_s_max) -> dict:
         """Call the group's leader as far as known, else each replica in turn; refresh the route and
