@@ -8,12 +8,12 @@ from __future__ import annotations
 import trio
 
 from rocket.errors import Code, RocketError
+from rocket.model import ALL_TAGS
 from rocket.serde import batch as batch_codec
 from rocket.serde.piece import Piece
 from rocket.store import pop
 from rocket.store.manifest import TierQueue
 from rocket.store.pop import PopQueue
-from rocket.model import ALL_TAGS
 from rocket.store.values import IndexEntry
 
 

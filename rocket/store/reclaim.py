@@ -7,9 +7,9 @@ from __future__ import annotations
 import orjson
 
 from rocket import limits
+from rocket.model import timer_topic
 from rocket.store import records
 from rocket.store.values import HALF_PREFIX, IndexEntry
-from rocket.model import timer_topic
 
 TIMER_PREFIX = timer_topic("")
 

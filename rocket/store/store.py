@@ -24,11 +24,11 @@ from rocket.serde import batch as batch_codec
 from rocket.store import records
 from rocket.store.machine import Effects, StorageMachine
 from rocket.store.queue_index import QueueIndex
-from rocket.store.values import IndexEntry
 from rocket.store.reads import Reads
 from rocket.store.reclaim import Reclaim
 from rocket.store.replay import Replay
 from rocket.store.timers import Timers
+from rocket.store.values import IndexEntry
 
 log = logging.getLogger("rocket.store")
 

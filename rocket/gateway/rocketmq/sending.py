@@ -12,6 +12,7 @@ from rocket.model import Message, queue_for_key
 from rocket.serde import batch as batch_codec
 from rocket.transport.h2_server import GrpcCall
 
+
 class Sending:
     def _to_rocket(self, message, fifo: bool) -> Message:
         system = message.system_properties

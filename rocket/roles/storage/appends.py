@@ -4,7 +4,6 @@ the leader's append time, and consumer offsets commits. A mixin of StorageRole.
 
 from __future__ import annotations
 
-
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name, check_topic_name

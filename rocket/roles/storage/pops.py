@@ -4,7 +4,6 @@ made visible again, or sent to the dead letters once they used up their attempts
 
 from __future__ import annotations
 
-
 import trio
 
 from rocket import limits

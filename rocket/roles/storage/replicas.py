@@ -11,8 +11,8 @@ import shutil
 import trio
 
 from rocket import limits
-from rocket.model import Address
 from rocket.errors import Code, RocketError
+from rocket.model import Address
 from rocket.serde.batch import peek_count
 from rocket.store.store import GroupMachine
 
