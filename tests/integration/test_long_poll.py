@@ -1,13 +1,29 @@
 """What a long poll costs storage: the broker's first read, then one storage call per group that waits and returns
-the data, never a wait and then reads again."""
+the data, never a wait and then reads again; a receive on a one-group topic is one pop that waits."""
 
 import pytest
 import trio
 
-from rocket.client import Admin, open_producer
+from rocket.client import Admin, SimpleConsumer, open_producer
 from rocket.client.connection import connect
 from rocket.model import Message
+from rocket.roles.storage.pops import Pops
 from rocket.roles.storage.reads import Reads
+
+
+@pytest.fixture
+def storage_pops(monkeypatch):
+    """The StoragePop calls the node serves, as (wait_ms, messages handed out), in order."""
+    calls: list[tuple[int, int]] = []
+    serve = Pops.pop
+
+    async def counted(self, request: dict) -> dict:
+        response = await serve(self, request)
+        calls.append((request["wait_ms"], len(response["handles"])))
+        return response
+
+    monkeypatch.setattr(Pops, "pop", counted)
+    return calls
 
 
 @pytest.fixture
@@ -49,3 +65,24 @@ async def test_an_empty_long_poll_is_one_read_then_one_waiting_call(storage_read
                                                  "wait_ms": 10_000}, timeout_s=20)
         assert len(pulled["batches"]) == 1
         assert len(storage_reads) == 2 and storage_reads[0] == (0, 0) and storage_reads[1][1] == 1
+
+
+async def test_a_receive_on_one_group_is_one_pop_that_waits(storage_pops, storage_reads, node):
+    """A receive that waits on a topic of one storage group is one StoragePop that waits and hands out the message
+    sent meanwhile: no pop, wait and pop again."""
+    async with connect(f"127.0.0.1:{node.tcp_port}") as channel:
+        await Admin(channel).create_topic("jobs", 1)
+        storage_pops.clear()
+        storage_reads.clear()
+
+        async def send_later() -> None:
+            await trio.sleep(0.3)
+            async with open_producer(channel, "jobs") as producer:
+                await producer.send(Message(b"job"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_later)
+            received = await SimpleConsumer(channel, "jobs", "workers").receive(wait_s=10)
+        assert [message.body for message in received] == [b"job"]
+        assert len(storage_pops) == 1 and storage_pops[0][0] > 9000 and storage_pops[0][1] == 1
+        assert storage_reads == []

@@ -20,7 +20,8 @@ log = logging.getLogger("rocket.broker")
 class PopConsumption:
     async def receive(self, request: dict) -> dict:
         """Pop consumption over all queues of the topic, storage group after storage group (starting at a
-        different one each time, so receivers spread); waits up to wait_ms for messages."""
+        different one each time, so receivers spread); waits up to wait_ms for messages. A topic whose queues lie in
+        one storage group waits in that group's pop call, which returns the messages: one storage call."""
         route = await self._route(request["topic"])
         check_group_name(request["group"])
         self._filter(request)  # a malformed filter is refused here, with its position
@@ -35,11 +36,13 @@ class PopConsumption:
             for group, queues in groups:
                 if len(response["handles"]) >= wanted:
                     break
+                wait_s = max(0.0, deadline - trio.current_time()) if len(groups) == 1 else 0.0
                 found = await self._storage(route, group, "StoragePop", {
                     "group": group, "consumer_group": request["group"], "topic": route.spec.name, "queues": queues,
                     "max_messages": wanted - len(response["handles"]), "invisible_ms": request["invisible_ms"],
-                    "wait_ms": 0, "max_attempts": request["max_attempts"], "filter_type": request["filter_type"],
-                    "filter": request["filter"], "fifo": fifo})
+                    "wait_ms": int(wait_s * 1000), "max_attempts": request["max_attempts"],
+                    "filter_type": request["filter_type"], "filter": request["filter"], "fifo": fifo},
+                    timeout_s=wait_s + limits.storage_call_s_max)
                 for field in ("batches", "handles", "cursors"):
                     response[field].extend(found[field])
                 if found["next_visible_ms"]:
