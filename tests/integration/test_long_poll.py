@@ -11,34 +11,30 @@ from rocket.roles.storage.pops import Pops
 from rocket.roles.storage.reads import Reads
 
 
-@pytest.fixture
-def storage_pops(monkeypatch):
-    """The StoragePop calls the node serves, as (wait_ms, messages handed out), in order."""
+def counted(monkeypatch, role_class, method: str, handed_out) -> list[tuple[int, int]]:
+    """Record (wait_ms, handed_out(response)) of each call of role_class.method the node serves, in order."""
     calls: list[tuple[int, int]] = []
-    serve = Pops.pop
+    serve = getattr(role_class, method)
 
-    async def counted(self, request: dict) -> dict:
+    async def recorded(self, request: dict) -> dict:
         response = await serve(self, request)
-        calls.append((request["wait_ms"], len(response["handles"])))
+        calls.append((request["wait_ms"], handed_out(response)))
         return response
 
-    monkeypatch.setattr(Pops, "pop", counted)
+    monkeypatch.setattr(role_class, method, recorded)
     return calls
 
 
 @pytest.fixture
 def storage_reads(monkeypatch):
-    """The StorageRead calls the node serves, as (wait_ms, batches answered), in order."""
-    calls: list[tuple[int, int]] = []
-    serve = Reads.read
+    """The StorageRead calls: (wait_ms, batches answered)."""
+    return counted(monkeypatch, Reads, "read", lambda response: len(response["batches"]))
 
-    async def counted(self, request: dict) -> dict:
-        response = await serve(self, request)
-        calls.append((request["wait_ms"], len(response["batches"])))
-        return response
 
-    monkeypatch.setattr(Reads, "read", counted)
-    return calls
+@pytest.fixture
+def storage_pops(monkeypatch):
+    """The StoragePop calls: (wait_ms, messages handed out)."""
+    return counted(monkeypatch, Pops, "pop", lambda response: len(response["handles"]))
 
 
 async def test_an_empty_long_poll_is_one_read_then_one_waiting_call(storage_reads, node):
