@@ -25,6 +25,13 @@ def counted(monkeypatch, role_class, method: str, handed_out) -> list[tuple[int,
     return calls
 
 
+async def send_after(channel, topic: str, body: bytes, delay_s: float) -> None:
+    """Send one message once a long poll is waiting."""
+    await trio.sleep(delay_s)
+    async with open_producer(channel, topic) as producer:
+        await producer.send(Message(body))
+
+
 @pytest.fixture
 def storage_reads(monkeypatch):
     """The StorageRead calls: (wait_ms, batches answered)."""
@@ -50,13 +57,8 @@ async def test_an_empty_long_poll_is_one_read_then_one_waiting_call(storage_read
 
         storage_reads.clear()
 
-        async def send_later() -> None:
-            await trio.sleep(0.3)
-            async with open_producer(channel, "quiet") as producer:
-                await producer.send(Message(b"late"))
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(send_later)
+            nursery.start_soon(send_after, channel, "quiet", b"late", 0.3)
             pulled = await channel.call("Pull", {"topic": "quiet", "queues": [{"queue": 0, "offset": 0}],
                                                  "wait_ms": 10_000}, timeout_s=20)
         assert len(pulled["batches"]) == 1
@@ -71,13 +73,8 @@ async def test_a_receive_on_one_group_is_one_pop_that_waits(storage_pops, storag
         storage_pops.clear()
         storage_reads.clear()
 
-        async def send_later() -> None:
-            await trio.sleep(0.3)
-            async with open_producer(channel, "jobs") as producer:
-                await producer.send(Message(b"job"))
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(send_later)
+            nursery.start_soon(send_after, channel, "jobs", b"job", 0.3)
             received = await SimpleConsumer(channel, "jobs", "workers").receive(wait_s=10)
         assert [message.body for message in received] == [b"job"]
         assert len(storage_pops) == 1 and storage_pops[0][0] > 9000 and storage_pops[0][1] == 1
