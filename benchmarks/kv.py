@@ -367,6 +367,14 @@ def markdown(report: dict) -> str:
                     cells.append(f"{rocket['operations_per_s'] / run['operations_per_s']:.2f}x"
                                  if run and run["operations_per_s"] else "-")
             lines.append(f"| {operation} | {clients} | " + " | ".join(cells) + " |")
+    lines += ["", "CPU of the server / of the client process, % of one core over the run (a system's clients all "
+              "run in one Python process: near 100%, it bounds the run):", "",
+              "| workload | clients | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for operation in WORKLOADS:
+        for clients in report["settings"]["clients"]:
+            cells = [f"{run['server_cpu_percent']} / {run['client_cpu_percent']}" if run else "-"
+                     for run in (runs.get((name, operation, clients)) for name in names)]
+            lines.append(f"| {operation} | {clients} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
