@@ -151,7 +151,7 @@ class KvIndex:
         if current is not None and current.revision <= revision:
             return current
         prefix = b"v" + shard_prefix(bucket, shard) + _u16.pack(len(key.encode())) + key.encode()
-        with self._db.iterator(prefix=prefix, stop=prefix + _u64.pack(revision + 1), reverse=True) as older:
+        with self._db.iterator(start=prefix, stop=prefix + _u64.pack(revision + 1), reverse=True) as older:
             for _, raw in older:
                 return _decode_state(raw) if raw != _TOMBSTONE else None
         return None
@@ -208,7 +208,7 @@ class KvIndex:
         shard_key = b"e" + shard_prefix(bucket, shard)
         wanted = prefix.encode()
         found, size, next_revision = [], 0, from_revision
-        with self._db.iterator(start=shard_key + _u64.pack(from_revision), prefix=shard_key) as events:
+        with self._db.iterator(start=shard_key + _u64.pack(from_revision), stop=_prefix_end(shard_key)) as events:
             for raw_key, raw in events:
                 kind, length = _event.unpack_from(raw)
                 key = raw[_event.size:_event.size + length]
