@@ -31,7 +31,7 @@ _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
 _state = struct.Struct(">QQQQ")  # revision, create revision, version, expires ms
 _event = struct.Struct(">BH")  # kind, key length; then the key, then _state and the value (a put's)
-_shard_record = struct.Struct(">QQ")  # group, revision
+_shard_record = struct.Struct(">QQI")  # group, revision, history
 _record_head = struct.Struct(">II")  # a snapshot record: key length, value length
 _TOMBSTONE = b""
 
@@ -85,7 +85,7 @@ class KvIndex:
         return {_u64.unpack(key[1:])[0]: _u64.unpack(value)[0] for key, value in self._db.iterator(prefix=b"a")}
 
     def shards(self) -> dict[tuple[str, int], list[int]]:
-        """(bucket, shard) -> [group, revision]"""
+        """(bucket, shard) -> [group, revision, history]"""
         found = {}
         for key, value in self._db.iterator(prefix=b"r"):
             bucket, shard = key[1:-_u32.size - 1].decode(), _u32.unpack(key[-_u32.size:])[0]
@@ -101,9 +101,13 @@ class KvIndex:
         with self._db.write_batch(sync=False) as batch:
             for change in changes:
                 self._write_change(batch, group, change)
-            for (bucket, shard), (holder, revision) in shards.items():
-                batch.put(b"r" + shard_prefix(bucket, shard), _shard_record.pack(holder, revision))
+            self._write_shards(batch, shards)
             batch.put(b"a" + _u64.pack(group), _u64.pack(applied))
+
+    @staticmethod
+    def _write_shards(batch, shards: dict[tuple[str, int], list[int]]) -> None:
+        for (bucket, shard), record in shards.items():
+            batch.put(b"r" + shard_prefix(bucket, shard), _shard_record.pack(*record))
 
     def _write_change(self, batch, group: int, change: KvChange) -> None:
         shard = shard_prefix(change.bucket, change.shard)
@@ -304,7 +308,6 @@ class KvIndex:
                 if at != len(view):
                     raise RocketError(Code.CORRUPT_DATA, "a KV snapshot chunk ends inside a record")
         with self._db.write_batch(sync=False) as batch:
-            for (bucket, shard), (holder, revision) in shards.items():
-                batch.put(b"r" + shard_prefix(bucket, shard), _shard_record.pack(holder, revision))
+            self._write_shards(batch, shards)
             batch.put(b"a" + _u64.pack(group), _u64.pack(applied))
 

@@ -62,14 +62,15 @@ class Effects:
     woken: set[tuple[str, int]] = dataclasses.field(default_factory=set)  # besides touched ones
     kv_applied: int = 0  # the index of the last entry applied to the KV part (0: the KV part did not move)
     kv_changes: list[KvChange] = dataclasses.field(default_factory=list)
-    kv_shards: dict[tuple[str, int], list[int]] = dataclasses.field(default_factory=dict)  # touched: [group, revision]
+    kv_shards: dict[tuple[str, int], list[int]] = dataclasses.field(default_factory=dict)  # touched ones, as kv_shards
 
 
 class StorageMachine:
     def __init__(self, index: IndexView, kv: KvView):
         self.index = index
         self.kv = kv
-        self.kv_shards: dict[tuple[str, int], list[int]] = {}  # (bucket, shard) -> [its group, its revision]
+        # (bucket, shard) -> [its group, its revision, the bucket's history as its last change had it]
+        self.kv_shards: dict[tuple[str, int], list[int]] = {}
         self.kv_applied: dict[int, int] = {}  # Raft group -> index of its last entry applied to the KV part
         self._kv_changed: dict[tuple[str, int], dict] = {}  # within one apply: keys changed, per shard
         self.queues: dict[tuple[str, int], QueueStats] = {}
@@ -196,8 +197,8 @@ class StorageMachine:
 
     def _kv_txn(self, group: int, txn: Txn, position: int, effects: Effects) -> dict:
         place = (txn.bucket, txn.shard)
-        shard = self.kv_shards.setdefault(place, [group, 0])
-        shard[0] = group  # a shard moves with its bucket's queue assignment, never between live groups
+        shard = self.kv_shards.setdefault(place, [group, 0, txn.history])
+        shard[0], shard[2] = group, txn.history
         changed = self._kv_changed.setdefault(place, {})
         decision = ShardTxn(txn, shard[1], lambda key: self.kv.get(txn.bucket, txn.shard, key),
                             lambda prefix, limit: self.kv.keys(txn.bucket, txn.shard, prefix, limit), changed)
@@ -259,8 +260,8 @@ class StorageMachine:
                 for key, state in self.pops.items() if self.group_of(key[1], key[2]) == group]
         tier = [[topic, queue, state.to_wire()] for (topic, queue), state in self.tier.items()
                 if self.group_of(topic, queue) == group]
-        kv = [[bucket, shard, revision] for (bucket, shard), (holder, revision) in self.kv_shards.items()
-              if holder == group]
+        kv = [[bucket, shard, revision, history] for (bucket, shard), (holder, revision, history)
+              in self.kv_shards.items() if holder == group]
         return orjson.dumps({"group": group, "applied": self.applied.get(group, 0), "queues": queues,
                              "timers": timers, "pops": pops, "tier": tier, "kv": kv})
 
@@ -272,7 +273,7 @@ class StorageMachine:
         effects = Effects(group)
         if snapshot.applied > self.kv_applied.get(group, 0):
             effects.kv_applied = self.kv_applied[group] = snapshot.applied
-            effects.kv_shards = {place: [group, revision] for place, revision in snapshot.kv.items()}
+            effects.kv_shards = {place: [group, *kept] for place, kept in snapshot.kv.items()}
             self.kv_shards.update(effects.kv_shards)
         if snapshot.applied <= self.applied.get(group, 0):
             return effects if effects.kv_applied else None
@@ -299,7 +300,7 @@ class Snapshot:
     timers: list[Timer]
     pops: list[PopChange]
     tier: dict[tuple[str, int], TierQueue]
-    kv: dict[tuple[str, int], int]  # (bucket, shard) -> revision
+    kv: dict[tuple[str, int], tuple[int, int]]  # (bucket, shard) -> (revision, history)
 
     @classmethod
     def decode(cls, data: bytes | memoryview) -> "Snapshot":
@@ -311,7 +312,7 @@ class Snapshot:
         }, [Timer(*timer) for timer in snapshot.get("timers", ())],
             [PopChange.from_wire(wire) for wire in snapshot.get("pops", ())],
             {(topic, queue): TierQueue.from_wire(state) for topic, queue, state in snapshot.get("tier", ())},
-            {(bucket, shard): revision for bucket, shard, revision in snapshot.get("kv", ())})
+            {(bucket, shard): (revision, history) for bucket, shard, revision, history in snapshot.get("kv", ())})
 
     def tier_changes(self) -> list[TierChange]:
         return [(topic, queue, orjson.dumps(state.to_wire()), state.local_from)

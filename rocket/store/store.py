@@ -125,7 +125,7 @@ class Store(Reads, Timers, Reclaim):
         so that the group's Raft log may then be dropped: the Raft host does it in its persist thread
         (sync_before_snapshots). The KV records come from a LevelDB snapshot taken now: iterate them anywhere."""
         head = self.machine.snapshot(group)
-        shards = [place for place, (holder, _) in self.machine.kv_shards.items() if holder == group]
+        shards = [place for place, (holder, *_) in self.machine.kv_shards.items() if holder == group]
         kv = self.kv.snapshot_chunks(group, shards)
         yield head
         yield from kv

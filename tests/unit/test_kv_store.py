@@ -151,7 +151,7 @@ def test_a_lost_kv_directory_is_rebuilt_from_the_log(tmp_path):
     # The Raft host re-applies the log from its snapshot on: the store part skips it, the KV part takes it.
     reopened.store.apply(GROUP, entries, [-1] * len(entries))
     assert reopened.kv.digest("b", 0) == digest
-    assert reopened.machine.kv_shards[("b", 0)] == [GROUP, 41]
+    assert reopened.machine.kv_shards[("b", 0)] == [GROUP, 41, 1]
 
 
 def test_hash_tags_pin_keys_to_one_shard():
