@@ -31,6 +31,11 @@ class Code(enum.IntEnum):
     WRONG_MESSAGE_TYPE = 20  # a send does not match the topic's message type (normal, fifo, delay, transaction)
     NOT_FOUND = 21  # a message, timer or receipt that does not exist (any more)
     GROUP_ACTIVE = 22  # a consumer group with live pull members cannot be reset: their commits would undo it
+    CAS_FAILED = 23  # a KV compare did not hold; the message names the key's current revision
+    COMPACTED = 24  # a KV revision older than the history kept; the message names the oldest one available
+    UNKNOWN_BUCKET = 25
+    BUCKET_EXISTS = 26
+    CROSS_SHARD = 27  # a KV transaction whose keys lie in different shards (a hash tag {...} keeps them together)
 
 
 class RocketError(Exception):

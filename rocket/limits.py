@@ -101,6 +101,25 @@ raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to 
 raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered
 raft_link_reconnect_s = 0.2  # pause before reconnecting to a peer that is down
 
+# Key-value buckets (RIP-22).
+kv_key_bytes_max = 4 * KiB  # keys are LevelDB keys and travel in every event and range page
+kv_value_bytes_max = 1 * MiB  # a value is one field of one Raft entry; larger state belongs in a topic
+kv_txn_bytes_max = 4 * MiB  # keys and values of one transaction: one Raft entry, replicated and applied at once
+kv_txn_ops_max = 128  # compares plus operations of one transaction: one Raft entry applied at once (etcd's default)
+kv_range_keys_default = 1000  # keys of one range page when the caller names no limit
+kv_range_keys_max = 10_000  # keys of one range page: bounds a response and the time one read holds a shard
+kv_range_bytes_max = 4 * MiB  # bytes of keys and values of one range page, so a page of big values fits a frame
+kv_shards_max = 256  # shards of one bucket; each is a storage group's share
+kv_history_max = 64  # revisions kept per key (NATS KV's bound too)
+kv_events_kept_default = 100_000  # revisions of a shard kept for watches that resume; older ones get COMPACTED
+kv_watch_events_max = 1000  # events of one watch read: bounds what a slow watcher makes the server hold
+kv_watch_wait_ms_max = 30_000  # how long one watch read waits for new events before it answers empty
+kv_delete_prefix_keys_max = 1000  # keys one delete_prefix command removes; the broker repeats it until none is left
+kv_expire_keys_max = 256  # expired keys one expiry pass proposes deleting, per group
+kv_expire_scan_s = 0.25  # how often a group's leader looks for keys past their TTL
+kv_ttl_s_max = 10 * 365 * 86_400  # a TTL beyond ten years is a mistake, not a lease
+kv_snapshot_chunk_bytes_max = 1 * MiB  # KV records of a group's snapshot are written and streamed in chunks of this
+
 # Timers (delay topics).
 timer_tick_s = 0.1  # how often a group leader looks for due timers: delivery is this precise, and better than 1 s
 timer_delay_s_max = 400 * 86_400  # the furthest delivery time accepted: a year and then some, as users ask
@@ -261,3 +280,7 @@ invariant(tier_piece_bytes_max <= object_bytes_max, "a piece is one object")
 invariant(read_bytes_max <= cold_cache_bytes_max, "a cold read fits the cache")
 invariant(MiB < malloc_mmap_threshold_bytes and malloc_pretouch_bytes < malloc_trim_threshold_bytes,
           "the pretouched blocks come from malloc's heap and stay there once freed")
+invariant(kv_value_bytes_max + kv_key_bytes_max < kv_range_bytes_max <= read_bytes_max, "one key and its value fit a range page, and a page fits a response")
+invariant(kv_range_keys_default <= kv_range_keys_max, "the default range page is one the server allows")
+invariant(kv_watch_events_max <= kv_events_kept_default, "a watch read returns fewer events than a shard keeps")
+invariant(kv_value_bytes_max + kv_key_bytes_max < kv_txn_bytes_max < raft_entry_bytes_max, "a put fits a transaction, a transaction one Raft entry")

@@ -50,6 +50,13 @@ class TopicSpec:
     message_type: str = "normal"  # one of MESSAGE_TYPES: which sends the topic accepts
     retention_s: float = -1.0  # total retention (data older is deleted from the tier); 0 for ever, -1 the default
     local_retention_s: float = -1.0  # hot retention (local data older goes once offloaded); 0 for ever, -1 default
+    history: int = 1  # a KV bucket's revisions kept per key (a bucket is a topic of type "kv", its shards the queues)
+    ttl_ms: int = 0  # a KV bucket's default TTL of its keys (0: none)
+
+    @property
+    def bucket(self) -> str:
+        """A KV bucket's own name (its topic is bucket_topic(name))."""
+        return self.name[len(KV_PREFIX):]
 
     def group_of(self, queue: int) -> int:
         """The storage group of a queue: queues hash onto the topic's groups, offset per topic so that
@@ -59,14 +66,15 @@ class TopicSpec:
     def to_wire(self) -> dict:
         return {"name": self.name, "queues": self.queues, "created_ms": self.created_ms,
                 "message_type": self.message_type, "retention_s": int(self.retention_s),
-                "local_retention_s": int(self.local_retention_s)}
+                "local_retention_s": int(self.local_retention_s), "history": self.history, "ttl_ms": self.ttl_ms}
 
     @classmethod
     def from_wire(cls, payload: dict) -> "TopicSpec":
         return cls(payload["name"], int(payload["queues"]), int(payload.get("created_ms", 0)),
                    message_type=payload.get("message_type", "normal"),
                    retention_s=float(payload.get("retention_s", -1.0)),
-                   local_retention_s=float(payload.get("local_retention_s", -1.0)))
+                   local_retention_s=float(payload.get("local_retention_s", -1.0)),
+                   history=int(payload.get("history", 1)), ttl_ms=int(payload.get("ttl_ms", 0)))
 
 
 def check_retention_s(name: str, value: float) -> float:
@@ -136,6 +144,15 @@ def dead_letter_topic(consumer_group: str, topic: str) -> str:
     """The system queues where a consumer group's messages of a topic go once they used up their delivery
     attempts, queue for queue beside the topic's (RocketMQ's %DLQ%group, per topic)."""
     return f"{SYSTEM_PREFIX}DLQ%{consumer_group}%{topic}"
+
+
+KV_PREFIX = SYSTEM_PREFIX + "KV%"
+
+
+def bucket_topic(bucket: str) -> str:
+    """The topic a KV bucket is kept as in the metadata: its shards are the topic's queues, placed and routed as
+    queues are."""
+    return KV_PREFIX + bucket
 
 
 def check_user_topic_name(name: str) -> str:

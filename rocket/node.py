@@ -187,6 +187,8 @@ class Roles:
         await nursery.start(self.host.run)
         if self.nameserver is not None:
             await nursery.start(self.nameserver.serve)
+        if self.broker is not None:
+            await nursery.start(self.broker.serve)
         if self.storage is not None:
             await nursery.start(self.storage.serve)
         else:

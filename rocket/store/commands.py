@@ -12,6 +12,7 @@ import orjson
 from rocket.errors import Code, RocketError
 from rocket.model import half_topic, timer_topic
 from rocket.serde.piece import Piece
+from rocket.store.kv import Compare, Op, Txn
 
 APPEND_COMMAND = 1  # _append_head, topic, batch
 OFFSETS_COMMAND = 2  # JSON {group, topic, offsets}
@@ -21,6 +22,7 @@ CANCEL_COMMAND = 5  # JSON {op: cancel|rearm, topic (a system topic), queue, off
 POP_COMMAND = 6  # _json_length, JSON (see pop.decide), then for 'dead' the message's batch
 HALF_COMMAND = 7  # _append_head, topic, _check_at, batch: half messages, kept in half_topic(topic)
 TIER_COMMAND = 8  # JSON {op: offloaded|drop_local|expire|truncate, topic, queue, piece | to}: see manifest.decide
+KV_COMMAND = 9  # _json_length, JSON (see encode_kv), then the transaction's values one after the other
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
 _source_length = struct.Struct("<H")
 _fire_count = struct.Struct("<I")
@@ -101,7 +103,7 @@ class TierCommand:
     request: dict
 
 
-Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand
+Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand | Txn
 
 
 def decode(data: bytes | memoryview) -> Command:
@@ -118,6 +120,8 @@ def decode(data: bytes | memoryview) -> Command:
             return PopCommand(orjson.loads(view[1 + _json_length.size:batch_at]), batch_at, view[batch_at:])
         if command == TIER_COMMAND:
             return TierCommand(orjson.loads(view[1:]))
+        if command == KV_COMMAND:
+            return _decode_kv(view)
         if command == CANCEL_COMMAND:
             request = orjson.loads(view[1:])
             if request["op"] == "rearm":
@@ -128,7 +132,7 @@ def decode(data: bytes | memoryview) -> Command:
             record = orjson.loads(view[1:])
             return CommitOffsets(view[1:], record["group"], record["topic"],
                                  {int(queue): offset for queue, offset in record["offsets"].items()})
-    except (struct.error, orjson.JSONDecodeError, KeyError, UnicodeDecodeError) as error:
+    except (struct.error, orjson.JSONDecodeError, KeyError, UnicodeDecodeError, ValueError, TypeError) as error:
         raise RocketError(Code.CORRUPT_DATA, f"storage command {command} does not decode: {error}") from None
     raise RocketError(Code.CORRUPT_DATA, f"unknown storage command {command}")
 
@@ -149,6 +153,26 @@ def _decode_append(command: int, view: memoryview) -> Append:
         (check_at_ms,) = _check_at.unpack_from(view, batch_at)
         batch_at += _check_at.size
     return Append(command, topic, queue, append_ms, batch_at, view[batch_at:], source, moved, check_at_ms)
+
+
+def _decode_kv(view: memoryview) -> Txn:
+    (length,) = _json_length.unpack_from(view, 1)
+    at = 1 + _json_length.size + length
+    request = orjson.loads(view[1 + _json_length.size:at])
+
+    def value(length: int) -> bytes:
+        nonlocal at
+        at += length
+        return bytes(view[at - length:at])
+
+    compares = [Compare(key, target, op, number, value(length)) for key, target, op, number, length
+                in request["compare"]]
+    success, failure = ([Op(op, key, value(length), ttl_ms) for op, key, length, ttl_ms in request[branch]]
+                        for branch in ("success", "failure"))
+    if at != len(view):
+        raise ValueError(f"values end at {at}, the entry at {len(view)}")
+    return Txn(request["bucket"], request["shard"], request["now_ms"], request["history"], compares, success,
+               failure)
 
 
 # ---- encoders ----------------------------------------------------------------------------------------
@@ -227,3 +251,14 @@ def encode_truncate(topic: str, queue: int, from_offset: int, to_offset: int, si
     lies after it."""
     return bytes([TIER_COMMAND]) + orjson.dumps({"op": "truncate", "topic": topic, "queue": queue, "from": from_offset,
                                                  "to": to_offset, "bytes": size})
+
+
+def encode_kv(txn: Txn) -> bytes:
+    """A KV transaction on one shard as one Raft entry; the leader stamps now_ms, so replicas expire alike."""
+    body = orjson.dumps({
+        "bucket": txn.bucket, "shard": txn.shard, "now_ms": txn.now_ms, "history": txn.history,
+        "compare": [[c.key, c.target, c.op, c.number, len(c.value)] for c in txn.compare],
+        "success": [[o.op, o.key, len(o.value), o.ttl_ms] for o in txn.success],
+        "failure": [[o.op, o.key, len(o.value), o.ttl_ms] for o in txn.failure]})
+    return b"".join((bytes([KV_COMMAND]), _json_length.pack(len(body)), body, *(c.value for c in txn.compare),
+                     *(o.value for o in txn.success), *(o.value for o in txn.failure)))

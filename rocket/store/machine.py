@@ -1,6 +1,10 @@
-"""The storage state machine: the queues, consumer offsets, timers, pop state and tier manifests of the groups a node
-hosts. apply() takes a group's committed entries and returns their results and the Effects that the shell
-(store/store.py) persists. Pure: no I/O, no clock; the pending timers it checks are read through IndexView.
+"""The storage state machine: the queues, consumer offsets, timers, pop state, tier manifests and KV shards of the
+groups a node hosts. apply() takes a group's committed entries and returns their results and the Effects that the
+shell (store/store.py) persists. Pure: no I/O, no clock; the pending timers it checks are read through IndexView, the
+KV keys through KvView.
+
+The KV state is kept apart from the rest (its own LevelDB, its own last applied entry per group), so that it can be
+rebuilt alone: entries are applied to the KV part past kv_applied and to the rest past applied.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from rocket.model import SYSTEM_PREFIX, dead_letter_topic
 from rocket.serde import batch as batch_codec
 from rocket.store import commands, manifest, pop, records
 from rocket.store.commands import Append, Cancel, CommitOffsets, PopCommand, Rearm, TierCommand
+from rocket.store.kv import KeyState, KvChange, ShardTxn, Txn
 from rocket.store.manifest import TierChange, TierQueue
 from rocket.store.pop import PopChange, PopQueue
 from rocket.store.values import HALF_PREFIX, IndexEntry, QueueStats, Timer
@@ -30,6 +35,14 @@ class IndexView(Protocol):
 
     def timers(self, group: int, from_ms: int = 0, until_ms: int = 2**63 - 2, limit: int = 2**63 - 1,
                halves: bool = False) -> list[Timer]: ...
+
+
+class KvView(Protocol):
+    """What the machine reads of the KV index: a key's state, and the keys with a prefix."""
+
+    def get(self, bucket: str, shard: int, key: str) -> KeyState | None: ...
+
+    def keys(self, bucket: str, shard: int, prefix: str, limit: int) -> list[str]: ...
 
 
 @dataclasses.dataclass(slots=True)
@@ -47,11 +60,19 @@ class Effects:
     tier_changes: list[TierChange] = dataclasses.field(default_factory=list)
     touched: dict[tuple[str, int], QueueStats] = dataclasses.field(default_factory=dict)  # queues appended to
     woken: set[tuple[str, int]] = dataclasses.field(default_factory=set)  # besides touched ones
+    kv_applied: int = 0  # the index of the last entry applied to the KV part (0: the KV part did not move)
+    kv_changes: list[KvChange] = dataclasses.field(default_factory=list)
+    kv_shards: dict[tuple[str, int], list[int]] = dataclasses.field(default_factory=dict)  # touched ones, as kv_shards
 
 
 class StorageMachine:
-    def __init__(self, index: IndexView):
+    def __init__(self, index: IndexView, kv: KvView):
         self.index = index
+        self.kv = kv
+        # (bucket, shard) -> [its group, its revision, the bucket's history as its last change had it]
+        self.kv_shards: dict[tuple[str, int], list[int]] = {}
+        self.kv_applied: dict[int, int] = {}  # Raft group -> index of its last entry applied to the KV part
+        self._kv_changed: dict[tuple[str, int], dict] = {}  # within one apply: keys changed, per shard
         self.queues: dict[tuple[str, int], QueueStats] = {}
         self.applied: dict[int, int] = {}  # Raft group -> index of its last entry applied
         self.pops: dict[pop.PopKey, PopQueue] = {}  # pop consumption: (consumer group, topic, queue) -> state
@@ -62,26 +83,33 @@ class StorageMachine:
         self._timer_changes: dict[tuple[str, int, int], int | None] = {}  # within one apply: set or done
         self._handlers: dict[type, Callable] = {Append: self._append, CommitOffsets: self._commit_offsets,
                                                 Cancel: self._cancel, Rearm: self._rearm, PopCommand: self._pop,
-                                                TierCommand: self._tier_command}
+                                                TierCommand: self._tier_command, Txn: self._kv_txn}
 
     def apply(self, group: int, entries, positions: list[int]) -> tuple[list, Effects | None]:
         """Apply a group's committed entries, whose data lies in the WAL at positions. Results are (base offset,
         count) for appends, timers and moves that delivered, False for a move that did not (its messages were no
         longer pending), True or False for a cancel or rearm, and pop.decide's results for pop commands. No
         effects if every entry was applied before (a restart re-applies what the store already holds)."""
-        done = self.applied.get(group, 0)
+        done, kv_done = self.applied.get(group, 0), self.kv_applied.get(group, 0)
         effects = Effects(group)
         results: list = []
         for entry, position in zip(entries, positions):
-            if entry.index <= done or not entry.data:  # applied before a restart, or a new leader's empty entry
+            # Applied before a restart, or a new leader's empty entry.
+            if entry.index <= min(done, kv_done) or not entry.data:
                 results.append(None)
                 continue
             command = commands.decode(entry.data)
-            results.append(self._handlers[type(command)](group, command, position, effects))
+            if entry.index <= (kv_done if type(command) is Txn else done):
+                results.append(None)
+            else:
+                results.append(self._handlers[type(command)](group, command, position, effects))
         self._timer_changes.clear()
+        self._kv_changed.clear()
         last = entries[-1].index if entries else done
+        if last > kv_done:
+            effects.kv_applied = self.kv_applied[group] = last
         if last <= done:
-            return results, None
+            return results, effects if effects.kv_applied else None
         if effects.timers:
             effects.records.append((records.TIMERS, records.encode_timers(group, effects.timers)))
         if effects.pop_changes:
@@ -167,6 +195,19 @@ class StorageMachine:
             effects.tier_changes.append(change)
         return change is not None
 
+    def _kv_txn(self, group: int, txn: Txn, position: int, effects: Effects) -> dict:
+        place = (txn.bucket, txn.shard)
+        shard = self.kv_shards.setdefault(place, [group, 0, txn.history])
+        shard[0], shard[2] = group, txn.history
+        changed = self._kv_changed.setdefault(place, {})
+        decision = ShardTxn(txn, shard[1], lambda key: self.kv.get(txn.bucket, txn.shard, key),
+                            lambda prefix, limit: self.kv.keys(txn.bucket, txn.shard, prefix, limit), changed)
+        result = decision.decide()
+        shard[1] = decision.revision
+        effects.kv_changes.extend(decision.changes)
+        effects.kv_shards[place] = shard
+        return result
+
     # ---- timers ---------------------------------------------------------------------------------------
 
     def _set_timer(self, group: int, timer: Timer, timers: list) -> None:
@@ -219,16 +260,24 @@ class StorageMachine:
                 for key, state in self.pops.items() if self.group_of(key[1], key[2]) == group]
         tier = [[topic, queue, state.to_wire()] for (topic, queue), state in self.tier.items()
                 if self.group_of(topic, queue) == group]
+        kv = [[bucket, shard, revision, history] for (bucket, shard), (holder, revision, history)
+              in self.kv_shards.items() if holder == group]
         return orjson.dumps({"group": group, "applied": self.applied.get(group, 0), "queues": queues,
-                             "timers": timers, "pops": pops, "tier": tier})
+                             "timers": timers, "pops": pops, "tier": tier, "kv": kv})
 
     def restore(self, group: int, data: bytes | memoryview) -> Effects | None:
         """Install a snapshot taken past what this machine applied (else None): the group's queue positions, pop
-        states, tier manifests and timers become the snapshot's. The batches before it are not here."""
+        states, tier manifests and timers become the snapshot's (the batches before it are not here), and its KV
+        shards' revisions if the KV part is behind it too (kv_applied set: the shell takes the KV records)."""
         snapshot = Snapshot.decode(data)
+        effects = Effects(group)
+        if snapshot.applied > self.kv_applied.get(group, 0):
+            effects.kv_applied = self.kv_applied[group] = snapshot.applied
+            effects.kv_shards = {place: [group, *kept] for place, kept in snapshot.kv.items()}
+            self.kv_shards.update(effects.kv_shards)
         if snapshot.applied <= self.applied.get(group, 0):
-            return None
-        effects = Effects(group, snapshot.applied, records=[(records.POSITIONS, bytes(data))])
+            return effects if effects.kv_applied else None
+        effects.applied, effects.records = snapshot.applied, [(records.POSITIONS, bytes(data))]
         self.queues.update(snapshot.queues)
         self.applied[group] = snapshot.applied
         effects.pop_changes = replace_pops(self.pops, snapshot.queues, snapshot.pops)
@@ -251,6 +300,7 @@ class Snapshot:
     timers: list[Timer]
     pops: list[PopChange]
     tier: dict[tuple[str, int], TierQueue]
+    kv: dict[tuple[str, int], tuple[int, int]]  # (bucket, shard) -> (revision, history)
 
     @classmethod
     def decode(cls, data: bytes | memoryview) -> "Snapshot":
@@ -261,7 +311,8 @@ class Snapshot:
             for topic, queue, next_offset, size, last_append_ms in snapshot["queues"]
         }, [Timer(*timer) for timer in snapshot.get("timers", ())],
             [PopChange.from_wire(wire) for wire in snapshot.get("pops", ())],
-            {(topic, queue): TierQueue.from_wire(state) for topic, queue, state in snapshot.get("tier", ())})
+            {(topic, queue): TierQueue.from_wire(state) for topic, queue, state in snapshot.get("tier", ())},
+            {(bucket, shard): (revision, history) for bucket, shard, revision, history in snapshot.get("kv", ())})
 
     def tier_changes(self) -> list[TierChange]:
         return [(topic, queue, orjson.dumps(state.to_wire()), state.local_from)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import struct
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import trio
@@ -22,6 +24,7 @@ from rocket.disk.commitlog import CommitLog
 from rocket.errors import Code, RocketError
 from rocket.serde import batch as batch_codec
 from rocket.store import records
+from rocket.store.kv_index import KvIndex
 from rocket.store.machine import Effects, StorageMachine
 from rocket.store.queue_index import QueueIndex
 from rocket.store.reads import Reads
@@ -44,19 +47,29 @@ class GroupMachine:
         return self.store.apply(self.group, entries, positions)
 
     def snapshot(self) -> bytes:
-        return self.store.snapshot(self.group)
+        head, *kv = self.store.snapshot(self.group)
+        return b"".join((_head_length.pack(len(head)), head, *kv))
 
     def restore(self, data: bytes) -> None:
-        self.store.restore(self.group, data)
+        if data:
+            (length,) = _head_length.unpack_from(data)
+            head = data[_head_length.size:_head_length.size + length]
+            self.store.restore(self.group, (head, data[_head_length.size + length:]))
+
+
+_head_length = struct.Struct("<I")
 
 
 class Store(Reads, Timers, Reclaim):
-    def __init__(self, commit_log: CommitLog, index: QueueIndex, data: CommitLog):
+    def __init__(self, commit_log: CommitLog, index: QueueIndex, data: CommitLog, kv: KvIndex):
         self.log = commit_log
         self.index = index
         self.data = data  # the WAL: where batches lie
-        self.machine = StorageMachine(index)
+        self.kv = kv
+        self.machine = StorageMachine(index, kv)
+        self.machine.kv_shards, self.machine.kv_applied = kv.shards(), kv.applied()
         self._watchers: dict[tuple[str, int], set[trio.Event]] = {}
+        self._kv_watchers: dict[tuple[str, int], set[trio.Event]] = {}
         self._timer_batches: collections.OrderedDict = collections.OrderedDict()  # see Timers._timer_batch
         self._timer_batches_bytes = 0
         self._dirty = False
@@ -73,7 +86,7 @@ class Store(Reads, Timers, Reclaim):
         elif not index.keeps_refs:
             log.warning("index predates WAL references: rebuilding it from the log")
             index.destroy_and_reopen()
-        store = cls(commit_log, index, data)
+        store = cls(commit_log, index, data, KvIndex(directory / "kv"))
         Replay(commit_log, index, store.machine).run()
         return store
 
@@ -91,33 +104,71 @@ class Store(Reads, Timers, Reclaim):
         return results
 
     def _persist(self, effects: Effects) -> None:
-        self.log.append(effects.records)
-        self.index.apply(effects.index_entries, effects.touched, effects.commits, {effects.group: effects.applied},
-                         self.log.end_position, effects.timers, effects.pop_changes, effects.tier_changes)
-        self._dirty = True
-        for key in effects.woken.union(effects.touched):
-            for event in self._watchers.get(key, ()):
-                event.set()
+        if effects.applied:
+            self.log.append(effects.records)
+            self.index.apply(effects.index_entries, effects.touched, effects.commits, {effects.group: effects.applied},
+                             self.log.end_position, effects.timers, effects.pop_changes, effects.tier_changes)
+            self._dirty = True
+            for key in effects.woken.union(effects.touched):
+                for event in self._watchers.get(key, ()):
+                    event.set()
+        if effects.kv_applied:
+            self.kv.apply(effects.kv_changes, effects.kv_shards, effects.group, effects.kv_applied)
+            self._dirty = True
+            for key in effects.kv_shards:
+                for event in self._kv_watchers.get(key, ()):
+                    event.set()
 
-    def snapshot(self, group: int) -> bytes:
-        """The group's state as applied. What it covers lies in the store's own log, which must be made
-        durable (sync) before the snapshot is, so that the group's Raft log may then be dropped: the Raft
-        host does it in its persist thread (sync_before_snapshots)."""
-        return self.machine.snapshot(group)
+    def snapshot(self, group: int) -> Iterator[bytes]:
+        """The group's state as applied: a head (the machine's snapshot), then its KV records. What the head covers
+        lies in the store's own log and the KV index, which must be made durable (sync) before the snapshot is,
+        so that the group's Raft log may then be dropped: the Raft host does it in its persist thread
+        (sync_before_snapshots). The KV records come from a LevelDB snapshot taken now: iterate them anywhere."""
+        head = self.machine.snapshot(group)
+        shards = [place for place, (holder, *_) in self.machine.kv_shards.items() if holder == group]
+        kv = self.kv.snapshot_chunks(group, shards)
+        yield head
+        yield from kv
 
-    def restore(self, group: int, data: bytes) -> None:
+    def restore(self, group: int, chunks: Iterable[bytes]) -> None:
         """Install a snapshot. On a restart the store already holds it; a replica that was sent one
         by its leader lacks the batches before it: it takes the queue positions, so offsets agree,
         refuses reads of the batches it lacks (UNAVAILABLE, so that a broker asks another replica)
-        until the storage role has backfilled them (see backfill)."""
-        if not data:
+        until the storage role has backfilled them (see backfill). The KV state is taken whole when the KV
+        index is behind the snapshot (a new replica, or a KV directory lost)."""
+        chunks = iter(chunks)
+        head = next(chunks, b"")
+        if not head:
             return
-        effects = self.machine.restore(group, data)
+        effects = self.machine.restore(group, head)
         if effects is None:
             return
-        log.warning("group %d: installed a snapshot at entry %d without its batches; they are fetched from the "
-                    "other replicas", group, effects.applied)
+        if effects.applied:
+            log.warning("group %d: installed a snapshot at entry %d without its batches; they are fetched from the "
+                        "other replicas", group, effects.applied)
+        if effects.kv_applied:
+            log.warning("group %d: the KV state of its shards is taken from the snapshot at entry %d", group,
+                        effects.kv_applied)
+            self.kv.restore(group, effects.kv_shards, chunks, effects.kv_applied)
+            effects.kv_applied = 0  # written whole
         self._persist(effects)
+
+    async def kv_wait(self, bucket: str, shard: int, revision: int, timeout_s: float) -> None:
+        """Return when the shard's revision passes revision, or after the timeout."""
+        place = (bucket, shard)
+        found = self.machine.kv_shards.get(place)
+        if found is not None and found[1] > revision:
+            return
+        event = trio.Event()
+        self._kv_watchers.setdefault(place, set()).add(event)
+        try:
+            with trio.move_on_after(timeout_s):
+                await event.wait()
+        finally:
+            watchers = self._kv_watchers[place]
+            watchers.discard(event)
+            if not watchers:
+                del self._kv_watchers[place]
 
     # ---- backfill: the batches before an installed snapshot ---------------------------------------------
 
@@ -167,6 +218,8 @@ class Store(Reads, Timers, Reclaim):
         dirty, self._dirty = self._dirty, False
         self.log.sync()
         if dirty:
+            self.kv.sync()
+        if dirty:
             self.fsyncs += 1
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -181,3 +234,4 @@ class Store(Reads, Timers, Reclaim):
         self.sync()
         self.log.close()
         self.index.close()
+        self.kv.close()

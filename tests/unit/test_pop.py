@@ -77,7 +77,7 @@ def test_pop_state_survives_a_reopen_an_index_rebuild_and_a_snapshot(tmp_path):
     node = Node(tmp_path / "leader")
     replica, replica_log = filled(tmp_path / "replica")
     replica_log.apply(command("pop", cursor=0, next=9, new=[8], again=[], visible_at_ms=1))
-    replica.restore(GROUP, node.snapshot(GROUP))
+    replica.restore(GROUP, list(node.snapshot(GROUP)))
     assert replica.pop_state(*KEY) == expected
     replica.close()
     replica = Node(tmp_path / "replica")

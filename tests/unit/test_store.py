@@ -569,7 +569,7 @@ def test_snapshots_leave_the_sync_to_the_raft_host(tmp_path):
     writing it makes what was applied durable, and counts only when something was."""
     store = Node(tmp_path)
     store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 2))])
-    store.snapshot(GROUP)
+    list(store.snapshot(GROUP))
     assert store.fsyncs == 0
     store.sync()
     assert store.fsyncs == 1
@@ -740,7 +740,7 @@ def test_snapshot_restore_makes_replicas_assign_the_same_offsets(tmp_path):
     """A replica that installs a group's snapshot takes its applied index and queue positions (and
     nothing of other groups), so later entries get the same offsets on both."""
     source = snapshot_source(tmp_path / "one")
-    data = source.snapshot(GROUP)
+    data = list(source.snapshot(GROUP))
     replica = Node(tmp_path / "two")
     replica.restore(GROUP, data)
     assert replica.applied(GROUP) == source.applied(GROUP) == 21
@@ -773,7 +773,7 @@ def test_a_restored_replica_refuses_reads_of_batches_it_lacks(tmp_path):
     another replica), never a silent skip to later batches; min_offset says where its data starts."""
     source = snapshot_source(tmp_path / "one")
     replica = Node(tmp_path / "two")
-    replica.restore(GROUP, source.snapshot(GROUP))
+    replica.restore(GROUP, list(source.snapshot(GROUP)))
     replica.apply(GROUP, workload(batches=2, per_batch=10, first_index=22, first_batch=20))
     with pytest.raises(RocketError) as refused:
         replica.read("t", 0, 0, 1 << 20)
@@ -790,7 +790,7 @@ def test_a_restored_replica_backfills_its_gap_in_chunks_and_keeps_it(tmp_path):
     last chunk that ends short of the gap is refused."""
     source = snapshot_source(tmp_path / "one")
     replica = Node(tmp_path / "two")
-    replica.restore(GROUP, source.snapshot(GROUP))
+    replica.restore(GROUP, list(source.snapshot(GROUP)))
     later = workload(batches=2, per_batch=10, first_index=22, first_batch=20)
     assert replica.apply(GROUP, later) == source.apply(GROUP, later)
     assert replica.gaps() == [(GROUP, "t", 0, 100), (GROUP, "t", 1, 100)]
@@ -827,14 +827,14 @@ def test_restoring_an_old_snapshot_is_a_no_op(tmp_path):
     """A snapshot at or below what the store applied (as on a restart) changes nothing, nor does an
     empty one."""
     store = snapshot_source(tmp_path)
-    old = store.snapshot(GROUP)
+    old = list(store.snapshot(GROUP))
     store.apply(GROUP, workload(batches=2, per_batch=10, first_index=22, first_batch=20))
-    current = store.snapshot(GROUP)
+    current = list(store.snapshot(GROUP))
     before = state(store, {"t": 2})
     end = store.log.end_position
     for data in (old, current, b""):
         store.restore(GROUP, data)
-    store.restore(GROUP + 100, b"")
+    store.restore(GROUP + 100, [])
     assert state(store, {"t": 2}) == before
     assert store.log.end_position == end
     assert store.applied(GROUP) == 23 and store.applied(GROUP + 100) == 0
@@ -856,7 +856,7 @@ def test_snapshot_after_a_reopen_carries_the_queue_positions(tmp_path):
     snapshot_source(tmp_path / "one").close()
     source = Node(tmp_path / "one")
     replica = Node(tmp_path / "two")
-    replica.restore(GROUP, source.snapshot(GROUP))
+    replica.restore(GROUP, list(source.snapshot(GROUP)))
     assert replica.applied(GROUP) == 21
     assert [replica.queue_stats("t", q)["next_offset"] for q in range(2)] == [100, 100]
     more = workload(batches=2, per_batch=10, first_index=22, first_batch=20)
@@ -870,7 +870,7 @@ def test_restored_positions_survive_an_index_rebuild(tmp_path):
     can lose its index and rebuild it."""
     source = snapshot_source(tmp_path / "one")
     replica = Node(tmp_path / "two")
-    replica.restore(GROUP, source.snapshot(GROUP))
+    replica.restore(GROUP, list(source.snapshot(GROUP)))
     more = workload(batches=2, per_batch=10, first_index=22, first_batch=20)
     assert replica.apply(GROUP, more) == [(100, 10), (100, 10)]
     replica.close()
@@ -979,7 +979,7 @@ async def test_background_sync_flushes_applied_entries(tmp_path, monkeypatch):
                 await trio.sleep(interval_s / 4)
         await trio.sleep(interval_s * 5)
         assert store.fsyncs == 1
-        store.snapshot(GROUP)  # nothing left for it to sync
+        list(store.snapshot(GROUP))  # nothing left for it to sync
         assert store.fsyncs == 1
         nursery.cancel_scope.cancel()
     store.close()

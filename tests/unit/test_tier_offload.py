@@ -108,7 +108,7 @@ async def test_the_manifest_survives_reopen_index_rebuild_and_snapshot(tmp_path)
         await make_offloader(node, objects, retention=(0.0, 1.0)).retain(GROUP, TOPIC, 0)
         before = {q: node.tier_state(TOPIC, q) for q in (0, 1)}
         assert before[0].local_from == 1000 and before[1].local_from == 0
-        snapshot = node.snapshot(GROUP)
+        snapshot = list(node.snapshot(GROUP))
         node.close()
         node = Node(tmp_path / "node")
         assert {q: node.tier_state(TOPIC, q) for q in (0, 1)} == before

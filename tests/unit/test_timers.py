@@ -136,7 +136,7 @@ def test_a_snapshot_carries_pending_timers_to_another_replica(tmp_path):
     log = Log(leader)
     schedule(log, 2, [NOW_MS + 3_000])
     schedule(log, 2, [NOW_MS + 4_000])
-    snapshot = leader.snapshot(GROUP)
+    snapshot = list(leader.snapshot(GROUP))
     replica = Node(tmp_path / "replica")
     schedule(Log(replica), 2, [NOW_MS + 99_000])  # a stale timer the snapshot replaces
     replica.restore(GROUP, snapshot)

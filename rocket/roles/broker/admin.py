@@ -15,7 +15,9 @@ class Admin:
         return await self.peers.nameserver("MetaCreateTopic", request, timeout_s=limits.leader_wait_s_max + 5)
 
     async def list_topics(self, request: dict) -> dict:
-        return await self.peers.nameserver("MetaListTopics", request)
+        """The topics, without the KV buckets kept as topics (KvListBuckets lists those)."""
+        topics = (await self.peers.nameserver("MetaListTopics", request))["topics"]
+        return {"topics": [topic for topic in topics if topic["message_type"] != "kv"]}
 
     async def update_topic(self, request: dict) -> dict:
         spec = await self.peers.nameserver("MetaUpdateTopic", request, timeout_s=limits.leader_wait_s_max + 5)

@@ -1,6 +1,6 @@
 """The broker role: the client-facing RPC methods, and nothing that cannot be lost. Topics and routes come from the
 nameservers (routes.py), messages and consumer offsets live in the storage groups. Any broker serves any client.
-One concern per module: routes.py, admin.py, produce.py, pull.py, pop.py, groups.py; this module wires them.
+One concern per module: routes.py, admin.py, produce.py, pull.py, pop.py, groups.py, kv.py; this module wires them.
 """
 
 from __future__ import annotations
@@ -8,11 +8,14 @@ from __future__ import annotations
 import itertools
 import logging
 
+import trio
+
 from rocket.clock import Clock
 from rocket.filter import Filter
 from rocket.model import Address
 from rocket.roles.broker.admin import Admin
 from rocket.roles.broker.groups import ConsumerGroups
+from rocket.roles.broker.kv import KeyValues
 from rocket.roles.broker.pop import PopConsumption
 from rocket.roles.broker.produce import Produce
 from rocket.roles.broker.pull import Pull
@@ -23,7 +26,7 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.broker")
 
 
-class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups):
+class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyValues):
     def __init__(self, peers: Peers, roles: tuple[str, ...], clock: Clock):
         self.peers = peers
         self.clock = clock
@@ -34,6 +37,15 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups):
         self._round_robin: dict[str, itertools.count] = {}
         self._read_turns: dict[int, int] = {}  # storage group -> which replica reads next
         self._filters: dict[tuple[str, str], Filter] = {}  # compiled filters, the most recent limits.filters_cached_max
+        self._nursery: trio.Nursery | None = None  # see serve
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Hold the nursery for tasks that serve a streaming call but cannot live in its frame (a stream's
+        generator must not hold a nursery across its yields): the shards a KV watch follows."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
 
     def register(self, dispatcher: Dispatcher, forward_status: bool) -> None:
         handlers = {
@@ -59,6 +71,16 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups):
             "DeadLetter": self.dead_letter,
             "UpdateTopic": self.update_topic,
             "TierStatus": self.tier_status,
+            "KvCreateBucket": self.kv_create_bucket,
+            "KvListBuckets": self.kv_list_buckets,
+            "KvDescribeBucket": self.kv_describe_bucket,
+            "KvDeleteBucket": self.kv_delete_bucket,
+            "KvPut": self.kv_put,
+            "KvGet": self.kv_get,
+            "KvDelete": self.kv_delete,
+            "KvRange": self.kv_range,
+            "KvTxn": self.kv_txn,
+            "KvWatch": self.kv_watch,
         }
         if forward_status:  # a broker without a nameserver beside it asks the nameservers
             handlers["ClusterStatus"] = self.cluster_status

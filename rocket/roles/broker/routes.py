@@ -13,7 +13,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import SYSTEM_PREFIX, Address, TopicSpec, dead_letter_topic, timer_topic, unresolved_topic
+from rocket.model import KV_PREFIX, SYSTEM_PREFIX, Address, TopicSpec, dead_letter_topic, timer_topic, unresolved_topic
 from rocket.roles.peers import RETRYABLE
 
 log = logging.getLogger("rocket.broker")
@@ -55,7 +55,8 @@ def _system_base(topic: str) -> str:
 
 class Routes:
     async def _route(self, topic: str, refresh: bool = False) -> Route:
-        if topic.startswith(SYSTEM_PREFIX):  # dead letters and unresolved transactions lie beside the topic's queues
+        # Dead letters and unresolved transactions lie beside the topic's queues (a KV bucket is a topic of its own).
+        if topic.startswith(SYSTEM_PREFIX) and not topic.startswith(KV_PREFIX):
             base = _system_base(topic)
             route = await self._route(base, refresh)
             return dataclasses.replace(route, spec=dataclasses.replace(route.spec, name=topic, message_type="system"))

@@ -14,7 +14,7 @@ import orjson
 
 from rocket import limits
 from rocket.errors import Code, RocketError, invariant
-from rocket.model import TopicSpec
+from rocket.model import KV_PREFIX, TopicSpec
 
 META_GROUP = 1  # the nameservers' own Raft group; storage groups are numbered from 2
 FIRST_STORAGE_GROUP = 2
@@ -37,6 +37,12 @@ class NodeInfo:
     address: str
     roles: tuple[str, ...]
     state: str = "up"
+
+
+def exists(name: str) -> RocketError:
+    if name.startswith(KV_PREFIX):
+        return RocketError(Code.BUCKET_EXISTS, f"bucket {name[len(KV_PREFIX):]!r} already exists")
+    return RocketError(Code.TOPIC_EXISTS, f"topic {name!r} already exists")
 
 
 class Metadata:
@@ -71,7 +77,7 @@ class Metadata:
         elif operation == "create_topic":
             name = command["name"]
             if name in self.topics:
-                raise RocketError(Code.TOPIC_EXISTS, f"topic {name!r} already exists")
+                raise exists(name)
             if len(self.topics) >= limits.topics_max:
                 raise RocketError(Code.OVERLOADED, f"the cluster holds the maximum of {limits.topics_max} topics")
             for group in command["new_groups"]:
@@ -81,7 +87,11 @@ class Metadata:
                 self.groups[group["id"]] = Members(tuple(group["voters"]))
             invariant(all(group in self.groups for group in command["groups"]), "a topic's groups exist")
             self.topics[name] = TopicSpec(name, command["queues"], command["created_ms"], tuple(command["groups"]),
-                                          command.get("message_type", "normal"))
+                                          command.get("message_type", "normal"), history=command.get("history", 1),
+                                          ttl_ms=command.get("ttl_ms", 0))
+        elif operation == "delete_topic":
+            self.topic(command["name"])
+            del self.topics[command["name"]]
         elif operation == "update_topic":
             spec = self.topic(command["name"])
             self.topics[spec.name] = dataclasses.replace(spec, retention_s=command["retention_s"],
@@ -112,7 +122,7 @@ class Metadata:
         return orjson.dumps({
             "version": self.version,
             "topics": [[s.name, s.queues, s.created_ms, list(s.groups), s.message_type, s.retention_s,
-                        s.local_retention_s] for s in self.topics.values()],
+                        s.local_retention_s, s.history, s.ttl_ms] for s in self.topics.values()],
             "groups": [[group, list(m.voters), list(m.learners), m.leaving] for group, m in self.groups.items()],
             "nodes": [dataclasses.asdict(node) for node in self.nodes.values()],
         })
@@ -134,6 +144,8 @@ class Metadata:
     def topic(self, name: str) -> TopicSpec:
         spec = self.topics.get(name)
         if spec is None:
+            if name.startswith(KV_PREFIX):
+                raise RocketError(Code.UNKNOWN_BUCKET, f"bucket {name[len(KV_PREFIX):]!r} does not exist")
             raise RocketError(Code.UNKNOWN_TOPIC, f"topic {name!r} does not exist")
         return spec
 

@@ -22,9 +22,10 @@ from rocket.clock import Clock
 from rocket.config import ROLES, ConfigError, NodeConfig, parse_address
 from rocket.errors import Code, RocketError
 from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
-from rocket.model import Address, check_message_type, check_retention_s, check_user_topic_name
+from rocket.model import (KV_PREFIX, Address, bucket_topic, check_message_type, check_name, check_retention_s,
+                          check_user_topic_name)
 from rocket.raft.host import RaftHost
-from rocket.roles.nameserver.metadata import META_GROUP, Metadata
+from rocket.roles.nameserver.metadata import META_GROUP, Metadata, exists
 from rocket.roles.peers import RETRYABLE, Peers
 from rocket.transport.rpc import Dispatcher
 
@@ -53,6 +54,8 @@ class Nameserver:
         dispatcher.handle("MetaCreateTopic", self.create_topic)
         dispatcher.handle("MetaListTopics", self.list_topics)
         dispatcher.handle("MetaUpdateTopic", self.update_topic)
+        dispatcher.handle("MetaCreateBucket", self.create_bucket)
+        dispatcher.handle("MetaDeleteBucket", self.delete_bucket)
         dispatcher.handle("ClusterStatus", self.cluster_status)
         dispatcher.handle("DrainNode", self.drain_node)
 
@@ -230,11 +233,34 @@ class Nameserver:
                               f"got {request['queues']}")
         return await self._on_leader("MetaCreateTopic", request, self._create_topic_here)
 
+    async def create_bucket(self, request: dict) -> dict:
+        """A KV bucket is kept as a topic of type "kv" (bucket_topic), its shards the topic's queues: placed,
+        routed and moved as queues are."""
+        check_name("bucket", request["bucket"], limits.topic_name_bytes_max - len(KV_PREFIX))
+        for field, low, high in (("shards", 1, limits.kv_shards_max), ("history", 1, limits.kv_history_max),
+                                 ("ttl_ms", 0, limits.kv_ttl_s_max * 1000)):
+            if not low <= request[field] <= high:
+                raise RocketError(Code.BAD_REQUEST, f"{field} must be {low}..{high}, got {request[field]}")
+        topic = {"topic": bucket_topic(request["bucket"]), "queues": request["shards"], "message_type": "kv",
+                 "history": request["history"], "ttl_ms": request["ttl_ms"]}
+        return await self._on_leader("MetaCreateBucket", request, lambda _: self._create_topic_here(topic))
+
+    async def delete_bucket(self, request: dict) -> dict:
+        """Forget a bucket (its keys were deleted first, by the broker); its shards' revisions go on if a bucket of
+        the same name comes again, so that no revision is ever reused."""
+        return await self._on_leader("MetaDeleteBucket", request, self._delete_bucket_here)
+
+    async def _delete_bucket_here(self, request: dict) -> dict:
+        name = bucket_topic(request["bucket"])
+        self.metadata.topic(name)
+        await self._propose({"op": "delete_topic", "name": name})
+        return {}
+
     async def _create_topic_here(self, request: dict) -> dict:
         name = request["topic"]
         async with self._creating:
             if name in self.metadata.topics:
-                raise RocketError(Code.TOPIC_EXISTS, f"topic {name!r} already exists")
+                raise exists(name)
             pool = sorted(self.metadata.groups)
             new_groups = []
             missing = self.config.storage_groups - len(pool)
@@ -254,7 +280,8 @@ class Nameserver:
             command = {"op": "create_topic", "name": name, "queues": request["queues"],
                        "message_type": request["message_type"],
                        "created_ms": self.clock.wall_ms(), "new_groups": new_groups,
-                       "groups": pool + [group["id"] for group in new_groups]}
+                       "groups": pool + [group["id"] for group in new_groups],
+                       "history": request.get("history", 1), "ttl_ms": request.get("ttl_ms", 0)}
             await self._propose(command)
         return self.metadata.topic(name).to_wire()
 

@@ -1,7 +1,7 @@
 """The storage role: hosts the groups the nameservers assign to this node, with the node's store as their state
 machine, over a replication engine. Its calls, one concern per module: replicas.py (assignment, replica moves,
 backfill), appends.py, reads.py, timers.py, transactions.py, pops.py, groups.py, tiering.py and offload.py (the
-tier), reclaim.py (the WAL). This module wires them and checks that a call's group is hosted, or led, here.
+tier), reclaim.py (the WAL), kv.py (KV shards). This module wires them and checks that a call's group is hosted, or led, here.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from rocket.replication import Engine
 from rocket.roles.peers import Peers
 from rocket.roles.storage.appends import Appends
 from rocket.roles.storage.groups import ConsumerGroups
+from rocket.roles.storage.kv import KeyValues
 from rocket.roles.storage.offload import Offloader, TierSettings
 from rocket.roles.storage.pops import Pops
 from rocket.roles.storage.reads import Reads
@@ -40,7 +41,7 @@ class NotHosted(RocketError):
         super().__init__(Code.UNAVAILABLE, f"storage group {group} is not hosted on node {node}")
 
 
-class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, ConsumerGroups, Tiering, WalReclaim):
+class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, ConsumerGroups, Tiering, WalReclaim, KeyValues):
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
                  clock: Clock, objects: ObjectStore | None = None):
         self.config = config
@@ -81,7 +82,9 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
                                 ("StoragePop", self.pop), ("StorageReceipt", self.receipt),
                                 ("StorageEndTransaction", self.end_transaction),
                                 ("StorageGroupHeartbeat", self.group_heartbeat),
-                                ("StorageTransactionChecks", self.transaction_checks), ("StorageTier", self.tier_status)):
+                                ("StorageTransactionChecks", self.transaction_checks), ("StorageTier", self.tier_status),
+                                ("StorageKvTxn", self.kv_txn), ("StorageKvRead", self.kv_read),
+                                ("StorageKvWatch", self.kv_watch)):
             dispatcher.handle(method, self._once_assigned(handler))
 
     def _once_assigned(self, handler):
@@ -107,6 +110,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
             nursery.start_soon(self._backfill_forever)
             nursery.start_soon(self._fire_timers_forever)
             nursery.start_soon(self._reclaim_wal_forever)
+            nursery.start_soon(self._expire_kv_forever)
             self._nursery = nursery
             nursery.start_soon(self._refresh_retention_forever)
             nursery.start_soon(self.offloader.run)

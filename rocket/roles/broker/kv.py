@@ -1,0 +1,246 @@
+"""The KV API on the broker (RIP-22): buckets, whose keys hash onto shards (a hash tag {...} keeps keys together), and
+put, get, delete, range, transactions and watch, each sent to the storage group of the key's shard. A bucket is kept
+by the nameservers as a topic of type "kv" whose queues are its shards, so routes, placement and replica moves are
+the topics'. A mixin of Broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import suppress
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.model import KV_PREFIX, bucket_topic
+from rocket.roles.broker.routes import Route
+from rocket.store.kv import check_key, check_value, shard_of
+from rocket.transport.rpc import as_rocket_error
+
+
+def bucket_info(topic: dict) -> dict:
+    return {"name": topic["name"][len(KV_PREFIX):], "shards": topic["queues"], "history": topic["history"],
+            "ttl_ms": topic["ttl_ms"], "created_ms": topic["created_ms"]}
+
+
+def prefix_end(prefix: str) -> str:
+    """The smallest key after every key that starts with prefix ('' when there is none: no bound)."""
+    while prefix and prefix[-1] == chr(0x10FFFF):
+        prefix = prefix[:-1]
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else ""
+
+
+class KeyValues:
+    # ---- buckets -------------------------------------------------------------------------------------
+
+    async def kv_create_bucket(self, request: dict) -> dict:
+        topic = await self.peers.nameserver("MetaCreateBucket", request, timeout_s=limits.leader_wait_s_max + 5)
+        return bucket_info(topic)
+
+    async def kv_list_buckets(self, request: dict) -> dict:
+        topics = (await self.peers.nameserver("MetaListTopics", {}))["topics"]
+        return {"buckets": [bucket_info(topic) for topic in topics if topic["message_type"] == "kv"]}
+
+    async def _bucket(self, name: str) -> Route:
+        return await self._route(bucket_topic(name))
+
+    async def kv_describe_bucket(self, request: dict) -> dict:
+        """Each shard's revision, keys, bytes and digest, as its leader holds them."""
+        route = await self._bucket(request["bucket"])
+        shards = []
+        for shard, group in enumerate(route.queue_groups):
+            found = await self._kv_read(route, shard, {"op": "digest"})
+            shards.append({"shard": shard, "group": group, "leader": self._leaders.get(group, 0),
+                           "revision": found["revision"], "keys": found["keys"], "bytes": found["bytes"],
+                           "digest": found["digest"]})
+        return {"bucket": bucket_info(route.spec.to_wire()), "shards": shards}
+
+    async def kv_delete_bucket(self, request: dict) -> dict:
+        """Delete every key (watchers see them go), then forget the bucket."""
+        route = await self._bucket(request["bucket"])
+        for shard in range(route.spec.queues):
+            await self._delete_prefix(route, shard, "")
+        await self.peers.nameserver("MetaDeleteBucket", request, timeout_s=limits.leader_wait_s_max + 5)
+        self._routes.pop(route.spec.name, None)
+        return {}
+
+    # ---- keys ----------------------------------------------------------------------------------------
+
+    async def _kv_txn(self, route: Route, shard: int, compare: list[dict], success: list[dict],
+                      failure: list[dict] = ()) -> dict:
+        group = route.queue_groups[shard]
+        for op in (*success, *failure):
+            if op.get("ttl_ms", -1) < 0:
+                op["ttl_ms"] = route.spec.ttl_ms if op["op"] == "put" else 0
+        return await self._storage(route, group, "StorageKvTxn", {
+            "group": group, "bucket": route.spec.bucket, "shard": shard, "history": route.spec.history,
+            "compare": compare, "success": list(success), "failure": list(failure)})
+
+    async def _kv_read(self, route: Route, shard: int, request: dict) -> dict:
+        group = route.queue_groups[shard]
+        read = {"group": group, "bucket": route.spec.bucket, "shard": shard, "key": "", "revision": 0, "start": "",
+                "end": "", "after": "", "limit": 0, "keys_only": False, "serializable": False, **request}
+        return await self._storage(route, group, "StorageKvRead", read)
+
+    async def kv_put(self, request: dict) -> dict:
+        route = await self._bucket(request["bucket"])
+        key = check_key(request["key"])
+        compare = []
+        if request["if_absent"]:
+            compare.append({"key": key, "target": "create_revision", "op": "==", "number": 0, "value": b""})
+        if request["if_revision"] >= 0:
+            compare.append({"key": key, "target": "revision", "op": "==", "number": request["if_revision"],
+                            "value": b""})
+        shard = shard_of(key, route.spec.queues)
+        result = await self._kv_txn(route, shard, compare, [
+            {"op": "put", "key": key, "value": check_value(request["value"]), "ttl_ms": request["ttl_ms"]}],
+            [{"op": "get", "key": key, "value": b"", "ttl_ms": 0}])
+        if not result["succeeded"]:
+            raise cas_failed(key, result)
+        return {"revision": result["results"][0]["revision"], "deleted": 0}
+
+    async def kv_get(self, request: dict) -> dict:
+        route = await self._bucket(request["bucket"])
+        key = check_key(request["key"])
+        if request["revision"] < 0:
+            raise RocketError(Code.BAD_REQUEST, f"revision must be 0 (the latest) or more, got {request['revision']}")
+        found = await self._kv_read(route, shard_of(key, route.spec.queues), {
+            "op": "get", "key": key, "revision": request["revision"], "serializable": request["serializable"]})
+        if not found["entries"]:
+            at = f" at revision {request['revision']}" if request["revision"] else ""
+            raise RocketError(Code.NOT_FOUND, f"key {key!r} is not in bucket {request['bucket']!r}{at}")
+        return {"entries": found["entries"], "more": False, "count": 1}
+
+    async def kv_delete(self, request: dict) -> dict:
+        route = await self._bucket(request["bucket"])
+        if request["prefix"]:
+            if request["if_revision"] >= 0:
+                raise RocketError(Code.BAD_REQUEST, "a prefix delete takes no if_revision")
+            deleted = revision = 0
+            for shard in range(route.spec.queues):
+                count, revision = await self._delete_prefix(route, shard, request["key"])
+                deleted += count
+            return {"revision": revision, "deleted": deleted}
+        key = check_key(request["key"])
+        compare = [] if request["if_revision"] < 0 else [
+            {"key": key, "target": "revision", "op": "==", "number": request["if_revision"], "value": b""}]
+        result = await self._kv_txn(route, shard_of(key, route.spec.queues), compare,
+                                    [{"op": "delete", "key": key, "value": b"", "ttl_ms": 0}],
+                                    [{"op": "get", "key": key, "value": b"", "ttl_ms": 0}])
+        if not result["succeeded"]:
+            raise cas_failed(key, result)
+        return {"revision": result["revision"], "deleted": result["results"][0]["deleted"]}
+
+    async def _delete_prefix(self, route: Route, shard: int, prefix: str) -> tuple[int, int]:
+        """Delete a shard's keys with a prefix, limits.kv_delete_prefix_keys_max per command: (deleted, revision)."""
+        deleted = 0
+        while True:
+            result = await self._kv_txn(route, shard, [], [{"op": "delete_prefix", "key": prefix, "value": b"",
+                                                            "ttl_ms": 0}])
+            deleted += result["results"][0]["deleted"]
+            if result["results"][0]["deleted"] < limits.kv_delete_prefix_keys_max:
+                return deleted, result["revision"]
+
+    async def kv_range(self, request: dict) -> dict:
+        """Keys in order across the shards, a page at a time: each shard gives its first keys after `after`,
+        and the page is the first `limit` of them all."""
+        route = await self._bucket(request["bucket"])
+        start, end = request["start"], request["end"]
+        if request["prefix"]:
+            if start or end:
+                raise RocketError(Code.BAD_REQUEST, "a range is a prefix or [start, end), not both")
+            start, end = request["prefix"], prefix_end(request["prefix"])
+        if request["limit"] < 0:
+            raise RocketError(Code.BAD_REQUEST, f"limit must be 0 (the default page) or more, got {request['limit']}")
+        limit = min(request["limit"] or limits.kv_range_keys_default, limits.kv_range_keys_max)
+        read = {"start": start, "end": end, "after": request["after"], "limit": limit,
+                "keys_only": request["keys_only"], "serializable": request["serializable"],
+                "op": "count" if request["count_only"] else "range"}
+        answers = await self._each_shard(route, read)
+        if request["count_only"]:
+            return {"entries": [], "more": False, "count": sum(answer["count"] for answer in answers)}
+        entries = sorted((entry for answer in answers for entry in answer["entries"]), key=lambda e: e["key"])
+        more = len(entries) > limit or any(answer["more"] for answer in answers)
+        if any(answer["more"] for answer in answers):  # keep keys before the first a shard left out
+            bound = min(answer["entries"][-1]["key"] for answer in answers if answer["more"])
+            entries = [entry for entry in entries if entry["key"] <= bound]
+        return {"entries": entries[:limit], "more": more, "count": 0}
+
+    async def _each_shard(self, route: Route, read: dict) -> list[dict]:
+        answers: list[dict] = [{}] * route.spec.queues
+
+        async def one(shard: int) -> None:
+            answers[shard] = await self._kv_read(route, shard, read)
+
+        async with trio.open_nursery() as nursery:
+            for shard in range(route.spec.queues):
+                nursery.start_soon(one, shard)
+        return answers
+
+    async def kv_txn(self, request: dict) -> dict:
+        """Atomic over the keys of one shard, like etcd's Txn; keys of different shards are refused."""
+        route = await self._bucket(request["bucket"])
+        keys = [c["key"] for c in request["compare"]] + [o["key"] for o in request["success"] + request["failure"]]
+        shards = {shard_of(key, route.spec.queues) for key in keys}
+        if len(shards) > 1:
+            raise RocketError(Code.CROSS_SHARD, f"the transaction's keys lie in {len(shards)} shards of bucket "
+                              f"{request['bucket']!r}; a transaction is atomic within one shard: give its keys one "
+                              "hash tag, as in {user-1}/profile and {user-1}/cart")
+        return await self._kv_txn(route, shards.pop() if shards else 0, request["compare"], request["success"],
+                                  request["failure"])
+
+    async def kv_watch(self, request: dict) -> AsyncIterator[dict]:
+        """Each shard's changes in revision order, from where the watcher asks (resuming after the last revision it
+        saw), read a bounded batch at a time: a slow watcher holds back only its own reads. A task per shard, in the
+        broker's nursery, follows the shard until the stream ends."""
+        route = await self._bucket(request["bucket"])
+        starts = {shard: request["from_revision"] if request["from_revision"] > 0 else -1
+                  for shard in range(route.spec.queues)}
+        for position in request["from_revisions"]:
+            if not 0 <= position["shard"] < route.spec.queues:
+                raise RocketError(Code.BAD_REQUEST, f"bucket {request['bucket']!r} has shards 0.."
+                                  f"{route.spec.queues - 1}, not {position['shard']}")
+            starts[position["shard"]] = position["revision"]
+        sender, receiver = trio.open_memory_channel(0)
+        followers = {shard: trio.CancelScope() for shard in starts}  # cancelled as the stream ends, started or not
+
+        async def follow(shard: int, revision: int, sender) -> None:
+            group = route.queue_groups[shard]
+            with followers[shard]:
+                async with sender:
+                    try:
+                        while True:
+                            found = await self._storage(route, group, "StorageKvWatch", {
+                                "group": group, "bucket": route.spec.bucket, "shard": shard,
+                                "prefix": request["prefix"], "from_revision": revision,
+                                "wait_ms": limits.kv_watch_wait_ms_max},
+                                timeout_s=limits.kv_watch_wait_ms_max / 1000 + limits.storage_call_s_max)
+                            revision = found["next_revision"]
+                            if found["events"]:
+                                await sender.send({"events": found["events"]})
+                    except trio.BrokenResourceError:
+                        return  # the watcher is gone
+                    except Exception as error:  # the stream ends with it
+                        with suppress(trio.BrokenResourceError):
+                            await sender.send(as_rocket_error(error, "KvWatch"))
+
+        async with sender:
+            for shard, revision in starts.items():
+                self._nursery.start_soon(follow, shard, revision, sender.clone())
+        try:
+            async with receiver:
+                async for batch in receiver:
+                    if isinstance(batch, RocketError):
+                        raise batch
+                    yield batch
+        finally:
+            for scope in followers.values():
+                scope.cancel()
+
+
+def cas_failed(key: str, result: dict) -> RocketError:
+    found = result["results"][0]["entries"] if result["results"] else []
+    current = found[0]["revision"] if found else 0
+    return RocketError(Code.CAS_FAILED, f"key {key!r} is at revision {current}"
+                       f"{'' if found else ' (absent)'}: the compare did not hold")

@@ -1,0 +1,111 @@
+"""KV shards on their group's replicas: transactions proposed by the leader (stamped with its clock, which decides
+TTL expiry for every replica), reads (linearizable on the leader behind a read barrier, serializable on a replica in
+sync), watches that wait for a shard's next revision, and the leader's expiry of keys past their TTL. A mixin of
+StorageRole.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.store.commands import encode_kv
+from rocket.store.kv import KIND_NAMES, Compare, Op, Txn, check_key, check_txn, entry
+
+log = logging.getLogger("rocket.storage")
+
+
+class KeyValues:
+    async def kv_txn(self, request: dict) -> dict:
+        group = request["group"]
+        self._leads(group)
+        txn = check_txn(Txn(request["bucket"], request["shard"], self.clock.wall_ms(), request["history"],
+                            [Compare(c["key"], c["target"], c["op"], c["number"], c["value"]) for c in request["compare"]],
+                            *([Op(o["op"], o["key"], o["value"], max(0, o["ttl_ms"])) for o in request[branch]]
+                              for branch in ("success", "failure"))))
+        return await self.host.propose(group, encode_kv(txn), limits.storage_append_wait_s_max)
+
+    async def _kv_readable(self, request: dict) -> None:
+        """Linearizable reads on the leader once it knows it still leads and applied all it committed (its lease,
+        or a round of heartbeats); serializable ones on any replica in sync."""
+        group = request["group"]
+        self._hosted(group)
+        if request.get("serializable") and self.host.in_sync(group, limits.follower_read_lag_entries_max):
+            return
+        self._leads(group)
+        await self.host.read_barrier(group, lease=True)
+
+    async def kv_read(self, request: dict) -> dict:
+        await self._kv_readable(request)
+        bucket, shard, kv = request["bucket"], request["shard"], self.store.kv
+        revision = self._kv_revision(bucket, shard)
+        now_ms = self.clock.wall_ms()
+        operation = request["op"]
+        if operation == "get":
+            key = check_key(request["key"])
+            state = (kv.get_at(bucket, shard, key, request["revision"]) if request["revision"] > 0
+                     else kv.get(bucket, shard, key))
+            found = [entry(key, state)] if state is not None and not state.expired(now_ms) else []
+            return {"entries": found, "revision": revision}
+        start, end = request["start"], request["end"] or None
+        if operation == "count":
+            count = await trio.to_thread.run_sync(kv.count, bucket, shard, start, end, now_ms)
+            return {"entries": [], "count": count, "revision": revision}
+        if operation == "digest":
+            keys, size, digest = await trio.to_thread.run_sync(kv.digest, bucket, shard)
+            return {"entries": [], "revision": revision, "keys": keys, "bytes": size, "digest": digest}
+        if operation != "range":
+            raise RocketError(Code.BAD_REQUEST, f"a KV read is get, range, count or digest, not {operation!r}")
+        limit = min(max(request["limit"], 1), limits.kv_range_keys_max)
+        found, more = kv.range(bucket, shard, start, end, request["after"] or None, limit, limits.kv_range_bytes_max,
+                               now_ms, request["keys_only"])
+        return {"entries": [entry(key, state) for key, state in found], "more": more, "revision": revision}
+
+    async def kv_watch(self, request: dict) -> dict:
+        """The shard's changes from a revision on, waiting up to wait_ms for the first; COMPACTED when the
+        revision is older than the events kept."""
+        group, bucket, shard = request["group"], request["bucket"], request["shard"]
+        self._leads(group)
+        revision = self._kv_revision(bucket, shard)
+        start = revision + 1 if request["from_revision"] < 0 else max(request["from_revision"], 1)
+        oldest = self.store.kv.oldest_event(bucket, shard, revision)
+        if start < oldest:
+            raise RocketError(Code.COMPACTED, f"revision {start} of {bucket!r} shard {shard} is compacted; the "
+                              f"oldest kept is {oldest}")
+        if start > revision:
+            await self.store.kv_wait(bucket, shard, start - 1, min(max(request["wait_ms"], 0),
+                                                                   limits.kv_watch_wait_ms_max) / 1000)
+            revision = self._kv_revision(bucket, shard)
+        events, next_revision = self.store.kv.events(bucket, shard, start, request["prefix"],
+                                                     limits.kv_watch_events_max, limits.kv_range_bytes_max)
+        for event in events:
+            event["shard"], event["kind"] = shard, KIND_NAMES[event["kind"]]
+        return {"events": events, "next_revision": max(next_revision, start), "revision": revision}
+
+    def _kv_revision(self, bucket: str, shard: int) -> int:
+        found = self.store.machine.kv_shards.get((bucket, shard))
+        return found[1] if found is not None else 0
+
+    async def _expire_kv_forever(self) -> None:
+        """On each group this node leads, delete the keys whose TTL passed: a transaction that looks at them
+        with the leader's clock, which expires them (a change every replica applies alike)."""
+        while True:
+            await trio.sleep(limits.kv_expire_scan_s)
+            now_ms = self.clock.wall_ms()
+            holders = {holder for holder, *_ in self.store.machine.kv_shards.values()}
+            for group in [group for group in holders if self.host.leads(group)]:
+                shards: dict[tuple[str, int], list[str]] = {}
+                for bucket, shard, key, _ in self.store.kv.expiring(group, now_ms, limits.kv_expire_keys_max):
+                    shards.setdefault((bucket, shard), []).append(key)
+                for (bucket, shard), keys in shards.items():
+                    for at in range(0, len(keys), limits.kv_txn_ops_max):
+                        history = self.store.machine.kv_shards[(bucket, shard)][2]
+                        txn = Txn(bucket, shard, now_ms, history, [],
+                                  [Op("get", key) for key in keys[at:at + limits.kv_txn_ops_max]], [])
+                        try:
+                            await self.host.propose(group, encode_kv(txn), limits.storage_append_wait_s_max)
+                        except RocketError as error:  # no longer leading, or slow: the next pass tries again
+                            log.info("group %d: expiring KV keys: %s", group, error)
