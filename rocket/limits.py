@@ -118,6 +118,8 @@ kv_delete_prefix_keys_max = 1000  # keys one delete_prefix command removes; the 
 kv_expire_keys_max = 256  # expired keys one expiry pass proposes deleting, per group
 kv_expire_scan_s = 0.25  # how often a group's leader looks for keys past their TTL
 kv_ttl_s_max = 10 * 365 * 86_400  # a TTL beyond ten years is a mistake, not a lease
+kv_export_idle_s = 60.0  # an export's LevelDB snapshot is let go when no page was asked for this long
+kv_exports_max = 16  # exports open at once on a storage node: each pins a LevelDB snapshot (old files stay)
 kv_snapshot_chunk_bytes_max = 1 * MiB  # KV records of a group's snapshot are written and streamed in chunks of this
 
 # Timers (delay topics).

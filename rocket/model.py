@@ -155,6 +155,21 @@ def bucket_topic(bucket: str) -> str:
     return KV_PREFIX + bucket
 
 
+def hash_tag(key: str) -> str:
+    """The part of a key that chooses its shard: the text between the first '{' and the next '}' when it is not
+    empty (Redis Cluster's rule), else the whole key."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1:end]
+    return key
+
+
+def shard_of(key: str, shards: int) -> int:
+    return zlib.crc32(hash_tag(key).encode()) % shards
+
+
 def check_user_topic_name(name: str) -> str:
     """A topic a user creates: a plain name that does not claim the system prefix."""
     check_topic_name(name)

@@ -13,7 +13,7 @@ import typer
 import typer.main
 
 import rocket
-from rocket.cli import bench, cluster, consume, group, message, run, send, topic
+from rocket.cli import bench, cluster, consume, group, kv, message, run, send, topic
 
 HELP = """rocket: messaging and streaming on Trio.
 
@@ -45,6 +45,7 @@ app.add_typer(message.app, name="message")
 app.add_typer(group.app, name="group")
 app.add_typer(topic.tier_app, name="tier")
 app.add_typer(group.dlq_app, name="dlq")
+app.add_typer(kv.app, name="kv")
 
 
 def _reflow(command: click.Command) -> None:

@@ -12,9 +12,14 @@ import of a bucket as a file.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import AsyncIterator
+from typing import BinaryIO
 
+from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.model import shard_of
+from rocket.serde import kv_export
 from rocket.transport.channel import Channel
 
 
@@ -161,3 +166,82 @@ class KV:
             for event in batch["events"]:
                 yield Event(event["shard"], event["kind"], event["key"], bytes(event["value"]), event["revision"],
                             event["create_revision"], event["version"], event["expires_ms"])
+
+    # ---- export and import ---------------------------------------------------------------------------
+
+    async def export(self, bucket: str, target: BinaryIO) -> dict:
+        """Write the bucket to target in the export format (serde/kv_export.py): each shard as of one revision,
+        streamed page by page. {"keys", "shards": {shard: revision}}"""
+        spec = next((info for info in await self.list_buckets() if info["name"] == bucket), None)
+        if spec is None:
+            raise RocketError(Code.UNKNOWN_BUCKET, f"bucket {bucket!r} does not exist")
+        target.write(kv_export.start())
+        target.write(kv_export.json_record(kv_export.HEAD, {
+            "bucket": bucket, "shards": spec["shards"], "history": spec["history"], "ttl_ms": spec["ttl_ms"],
+            "created_ms": spec["created_ms"], "exported_ms": int(time.time() * 1000)}))
+        shards: dict[int, int] = {}
+        keys = 0
+        async for page in self.channel.stream("KvExport", {"bucket": bucket}):
+            if page["shard"] not in shards:
+                shards[page["shard"]] = page["revision"]
+                target.write(kv_export.json_record(kv_export.SHARD, {"shard": page["shard"],
+                                                                     "revision": page["revision"]}))
+            for found in page["entries"]:
+                target.write(kv_export.key_record(found["key"], bytes(found["value"]), found["revision"],
+                                                  found["create_revision"], found["version"], found["expires_ms"]))
+            keys += len(page["entries"])
+        target.write(kv_export.json_record(kv_export.END, {"keys": keys, "shards": {
+            str(shard): revision for shard, revision in shards.items()}}))
+        return {"keys": keys, "shards": shards}
+
+    async def import_(self, bucket: str, source: BinaryIO, mode: str = "merge") -> dict:
+        """Put an export's keys into a bucket (created with the export's settings if it does not exist). merge
+        keeps keys the export lacks; replace deletes them first. Keys get new revisions here; a key whose TTL
+        passed is skipped, others keep their expiry time. Streamed: a transaction of keys per shard at a time.
+        The whole file is checked first (a damaged file changes nothing). {"keys", "skipped"}"""
+        if mode not in ("merge", "replace"):
+            raise RocketError(Code.BAD_REQUEST, f"mode is merge or replace, not {mode!r}")
+        at = source.tell()
+        for _ in kv_export.read(source):
+            pass
+        source.seek(at)
+        records = kv_export.read(source)
+        _, head = next(records)
+        if not any(info["name"] == bucket for info in await self.list_buckets()):
+            await self.create_bucket(bucket, head["shards"], head["history"], head["ttl_ms"] / 1000)
+        elif mode == "replace":
+            await self.delete_prefix(bucket, "")
+        shards = (await self.describe_bucket(bucket))["bucket"]["shards"]
+        pending: dict[int, list[dict]] = {}
+        sizes: dict[int, int] = {}
+        counts = {"keys": 0, "skipped": 0}
+
+        async def flush(shard: int) -> None:
+            ops = pending.pop(shard, [])
+            sizes.pop(shard, None)
+            if ops:
+                await self.txn(bucket, [], ops)
+                counts["keys"] += len(ops)
+
+        for kind, payload in records:
+            if kind != kv_export.KEY:
+                continue
+            key, value, _, _, _, expires_ms = kv_export.decode_key(payload)
+            ttl_ms = 0
+            if expires_ms:
+                ttl_ms = expires_ms - int(time.time() * 1000)
+                if ttl_ms <= 0:
+                    counts["skipped"] += 1
+                    continue
+            shard = shard_of(key, shards)
+            if sizes.get(shard, 0) + len(key) + len(value) > limits.kv_txn_bytes_max // 2:
+                await flush(shard)
+            pending.setdefault(shard, []).append({"op": "put", "key": key, "value": value, "ttl_ms": ttl_ms})
+            sizes[shard] = sizes.get(shard, 0) + len(key) + len(value)
+            if len(pending[shard]) >= limits.kv_txn_ops_max:
+                await flush(shard)
+            elif sum(sizes.values()) > limits.kv_txn_bytes_max:  # bounded memory over many shards
+                await flush(max(sizes, key=sizes.get))
+        for shard in list(pending):
+            await flush(shard)
+        return counts

@@ -313,10 +313,11 @@ class RaftCore:
         self._maybe_commit()
         return entry.index
 
-    def read_index(self, request_id: int, lease: bool = False) -> None:
+    def read_index(self, request_id: int, lease: bool = False) -> int | None:
         """Ask for a linearizable read: a read state (request_id, index) appears in a Ready once a
         quorum confirms this node still leads; the read is served when applied reaches index. With
-        lease, a leader whose lease holds answers at once, without a round of heartbeats."""
+        lease, a leader whose lease holds answers at once, without a round of heartbeats: then (and alone
+        in its group) the index is returned too, so the caller need not wait for the Ready."""
         self.wake()
         if self.role != Role.LEADER:
             raise NotLeader(self.leader)
@@ -324,10 +325,11 @@ class RaftCore:
             raise RocketError(Code.UNAVAILABLE, "the new leader has not committed in its term yet; retry")
         if self.voters == {self.id} or (lease and self.lease_valid()):
             self._read_states.append((request_id, self.commit))
-            return
+            return self.commit
         self._pending_reads[request_id] = (self.commit, {self.id})
         for peer in self.voters - {self.id}:
             self._send_heartbeat(peer, request_id)
+        return None
 
     def lease_valid(self) -> bool:
         """Whether no other leader can exist yet: a quorum answered heartbeats sent at most

@@ -213,8 +213,10 @@ class RaftHost(Rounds):
         event, released = trio.Event(), []
         hosted.reads[request_id] = (event, released)
         try:
-            hosted.core.read_index(request_id, lease)
+            confirmed_at = hosted.core.read_index(request_id, lease)
             self._touched(group, hosted)
+            if confirmed_at is not None and hosted.applied >= confirmed_at:
+                return  # the lease holds and all committed is applied: no round to wait for
             await self._wait(event, timeout_s, f"group {group}: leadership not confirmed")
         finally:
             hosted.reads.pop(request_id, None)

@@ -11,7 +11,6 @@ that every replica expires the same keys.
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from collections.abc import Callable
 
 from rocket import limits
@@ -79,21 +78,6 @@ class KvChange:
     state: KeyState | None
     previous: KeyState | None
     history: int
-
-
-def hash_tag(key: str) -> str:
-    """The part of a key that chooses its shard: the text between the first '{' and the next '}' when it is not
-    empty (Redis Cluster's rule), else the whole key."""
-    start = key.find("{")
-    if start >= 0:
-        end = key.find("}", start + 1)
-        if end > start + 1:
-            return key[start + 1:end]
-    return key
-
-
-def shard_of(key: str, shards: int) -> int:
-    return zlib.crc32(hash_tag(key).encode()) % shards
 
 
 def check_key(key: str) -> str:

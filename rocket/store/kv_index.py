@@ -170,15 +170,20 @@ class KvIndex:
                     break
         return found
 
+    def pin(self):
+        """A LevelDB snapshot: reads through it (range's source) see the state as of now. Close it when done."""
+        return self._db.snapshot()
+
     def range(self, bucket: str, shard: int, start: str, end: str | None, after: str | None, limit: int,
-              bytes_max: int, now_ms: int, keys_only: bool = False) -> tuple[list[tuple[str, KeyState]], bool]:
+              bytes_max: int, now_ms: int, keys_only: bool = False,
+              source=None) -> tuple[list[tuple[str, KeyState]], bool]:
         """Live keys in [start, end) after `after`, sorted, up to limit keys and about bytes_max bytes (at least
-        one): (keys with their states, whether more follow). keys_only leaves the values out."""
+        one): (keys with their states, whether more follow). keys_only leaves the values out; source: a pin()."""
         prefix = b"k" + shard_prefix(bucket, shard)
         first = prefix + (after.encode() + b"\0" if after is not None and after >= start else start.encode())
         stop = prefix + end.encode() if end is not None else _prefix_end(prefix)
         found, size = [], 0
-        with self._db.iterator(start=first, stop=stop) as items:
+        with (self._db if source is None else source).iterator(start=first, stop=stop) as items:
             for raw_key, raw in items:
                 state = _decode_state(raw)
                 if state.expired(now_ms):

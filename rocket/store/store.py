@@ -12,6 +12,7 @@ their own (reads.py, timers.py, reclaim.py).
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import struct
 from collections.abc import Iterable, Iterator
@@ -126,9 +127,7 @@ class Store(Reads, Timers, Reclaim):
         (sync_before_snapshots). The KV records come from a LevelDB snapshot taken now: iterate them anywhere."""
         head = self.machine.snapshot(group)
         shards = [place for place, (holder, *_) in self.machine.kv_shards.items() if holder == group]
-        kv = self.kv.snapshot_chunks(group, shards)
-        yield head
-        yield from kv
+        return itertools.chain((head,), self.kv.snapshot_chunks(group, shards))  # both taken now, not when iterated
 
     def restore(self, group: int, chunks: Iterable[bytes]) -> None:
         """Install a snapshot. On a restart the store already holds it; a replica that was sent one

@@ -67,6 +67,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("KvRange", "KvRangeRequest", "KvEntries", response_attachments=("entries", "value")),
         MethodSpec("KvTxn", "KvTxnRequest", "KvTxnResponse"),
         MethodSpec("KvWatch", "KvWatchRequest", "KvEvents", streaming=True),
+        MethodSpec("KvExport", "BucketRequest", "KvExportPage", streaming=True),
         # Between nodes: brokers and storage nodes to the nameservers,
         MethodSpec("NodeHeartbeat", "NodeHeartbeatRequest", "Assignment"),
         MethodSpec("GetRoute", "TopicRequest", "Route"),

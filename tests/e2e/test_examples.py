@@ -158,3 +158,38 @@ def test_cluster_script_starts_serves_and_stops(tmp_path):
     assert b"SIGKILL" not in stopped.stderr, "a node did not stop on SIGTERM in time:\n" + show(stopped)
     for log in sorted(base.glob("*/node.log")):
         assert "rocket.node: stopped" in log.read_text(), f"{log} shows no graceful stop"
+
+
+def test_kv_checkpoint_survives_kill_9_without_repeating_or_skipping_a_line(server_process, tmp_path):
+    """examples/kv_checkpoint.py is killed with SIGKILL again and again while it tails a file of 100,000 lines,
+    and restarted each time; in the end each line is in the bucket exactly once (version 1: never written twice),
+    in order, and the position is the file's end."""
+    from rocket.client import connect
+    from rocket.client.kv import KV
+    import trio
+
+    server = server_process().start()
+    path = tmp_path / "access.log"
+    lines = [f"GET /item/{number} 200 {random.Random(number).randint(1, 10**6)}" for number in range(100_000)]
+    path.write_text("".join(line + "\n" for line in lines))
+    command = [sys.executable, str(EXAMPLES / "kv_checkpoint.py"), str(path), "--bucket", "tail", "--source", "web",
+               "--server", server.server]
+    kills = 0
+    for delay_s in (0.7, 0.8, 0.9, 1.0, 1.1):
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay_s)
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            kills += 1
+        process.wait()
+    finished = subprocess.run(command, capture_output=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr.decode()[-2000:]
+    assert finished.stdout == b"100000 lines checkpointed\n" and kills >= 3
+
+    async def stored() -> list:
+        async with connect(server.server) as channel:
+            return [entry async for entry in KV(channel).range("tail", "{web}/line/")]
+
+    entries = trio.run(stored)
+    assert [entry.value.decode() for entry in entries] == lines
+    assert {entry.version for entry in entries} == {1}

@@ -180,3 +180,35 @@ async def test_history_gets_older_revisions_and_buckets_list_and_delete(kv):
     await kv.create_bucket("h")
     await expect(Code.NOT_FOUND, kv.get("h", "k"))
     assert await kv.put("h", "k", b"") > revisions[-1]  # revisions are never reused
+
+
+async def test_export_and_import_round_trip(kv, tmp_path):
+    await kv.create_bucket("src", shards=3, history=2)
+    for i in range(300):
+        await kv.put("src", f"k{i:03}", bytes([i % 256]) * (i % 50), ttl_s=3600 if i % 10 == 0 else None)
+    path = tmp_path / "src.rkv"
+    with path.open("wb") as handle:
+        written = await kv.export("src", handle)
+    assert written["keys"] == 300 and sorted(written["shards"]) == [0, 1, 2]
+    with path.open("rb") as handle:
+        assert await kv.import_("dst", handle) == {"keys": 300, "skipped": 0}
+    source = [e async for e in kv.range("src")]
+    copied = [e async for e in kv.range("dst")]
+    assert [(e.key, e.value) for e in copied] == [(e.key, e.value) for e in source]
+    # Expiry times carry over (as a TTL from the import's clock: within the test's few seconds).
+    assert all(abs(a.expires_ms - b.expires_ms) < 5000 and bool(a.expires_ms) == bool(b.expires_ms)
+               for a, b in zip(copied, source))
+    await kv.put("dst", "extra", b"")
+    with path.open("rb") as handle:
+        await kv.import_("dst", handle, "merge")
+    assert await kv.count("dst") == 301
+    with path.open("rb") as handle:
+        await kv.import_("dst", handle, "replace")
+    assert await kv.count("dst") == 300
+    damaged = tmp_path / "damaged.rkv"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    with damaged.open("rb") as handle:
+        await expect(Code.CORRUPT_DATA, kv.import_("other", handle))
+    assert [bucket["name"] for bucket in await kv.list_buckets()] == ["dst", "src"]  # nothing half-imported

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from rocket.raft.core import Entry
 from rocket.store.commands import encode_kv
-from rocket.store.kv import Compare, Op, Txn, hash_tag, shard_of
+from rocket.model import hash_tag, shard_of
+from rocket.store.kv import Compare, Op, Txn
 from rocket.store.store import GroupMachine
 from tests.unit.test_store import GROUP, Node
 

@@ -13,9 +13,9 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import KV_PREFIX, bucket_topic
+from rocket.model import KV_PREFIX, bucket_topic, shard_of
 from rocket.roles.broker.routes import Route
-from rocket.store.kv import check_key, check_value, shard_of
+from rocket.store.kv import check_key, check_value
 from rocket.transport.rpc import as_rocket_error
 
 
@@ -189,6 +189,19 @@ class KeyValues:
                               "hash tag, as in {user-1}/profile and {user-1}/cart")
         return await self._kv_txn(route, shards.pop() if shards else 0, request["compare"], request["success"],
                                   request["failure"])
+
+    async def kv_export(self, request: dict) -> AsyncIterator[dict]:
+        """Every key of the bucket, shard by shard, each shard as of one revision (a LevelDB snapshot its leader
+        pins for the export), a page at a time."""
+        route = await self._bucket(request["bucket"])
+        for shard in range(route.spec.queues):
+            cursor = ""
+            while True:
+                page = await self._kv_read(route, shard, {"op": "export", "cursor": cursor})
+                cursor = page["cursor"]
+                yield {"shard": shard, "revision": page["revision"], "entries": page["entries"], "last": not cursor}
+                if not cursor:
+                    break
 
     async def kv_watch(self, request: dict) -> AsyncIterator[dict]:
         """Each shard's changes in revision order, from where the watcher asks (resuming after the last revision it

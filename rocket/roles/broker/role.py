@@ -81,6 +81,7 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
             "KvRange": self.kv_range,
             "KvTxn": self.kv_txn,
             "KvWatch": self.kv_watch,
+            "KvExport": self.kv_export,
         }
         if forward_status:  # a broker without a nameserver beside it asks the nameservers
             handlers["ClusterStatus"] = self.cluster_status

@@ -54,15 +54,46 @@ class KeyValues:
         if operation == "count":
             count = await trio.to_thread.run_sync(kv.count, bucket, shard, start, end, now_ms)
             return {"entries": [], "count": count, "revision": revision}
+        if operation == "export":
+            return self._kv_export_page(bucket, shard, request["cursor"], revision, now_ms)
         if operation == "digest":
             keys, size, digest = await trio.to_thread.run_sync(kv.digest, bucket, shard)
             return {"entries": [], "revision": revision, "keys": keys, "bytes": size, "digest": digest}
         if operation != "range":
-            raise RocketError(Code.BAD_REQUEST, f"a KV read is get, range, count or digest, not {operation!r}")
+            raise RocketError(Code.BAD_REQUEST, f"a KV read is get, range, count, digest or export, not {operation!r}")
         limit = min(max(request["limit"], 1), limits.kv_range_keys_max)
         found, more = kv.range(bucket, shard, start, end, request["after"] or None, limit, limits.kv_range_bytes_max,
                                now_ms, request["keys_only"])
         return {"entries": [entry(key, state) for key, state in found], "more": more, "revision": revision}
+
+    def _kv_export_page(self, bucket: str, shard: int, cursor: str, revision: int, now_ms: int) -> dict:
+        """A page of a shard's keys as of one revision: the first page pins a LevelDB snapshot (cursor ''), the
+        next ones read it after the last key given (cursor 'id/last key'), until a page says no more."""
+        exports = self._kv_exports
+        now = trio.current_time()
+        for stale in [name for name, (pin, _, idle_at) in exports.items() if idle_at < now]:
+            exports.pop(stale)[0].close()
+        if not cursor:
+            if len(exports) >= limits.kv_exports_max:
+                raise RocketError(Code.OVERLOADED, f"{len(exports)} exports are open on node {self.config.node_id}; "
+                                  "retry when one ends")
+            self._kv_export_ids += 1
+            name, after = str(self._kv_export_ids), None
+            exports[name] = (self.store.kv.pin(), revision, now)
+        else:
+            name, _, after = cursor.partition("/")
+            if name not in exports:
+                raise RocketError(Code.NOT_FOUND, f"export {name} is over or was idle more than "
+                                  f"{limits.kv_export_idle_s:g} s; start it again")
+        pin, revision, _ = exports[name]
+        found, more = self.store.kv.range(bucket, shard, "", None, after, limits.kv_range_keys_max,
+                                          limits.kv_range_bytes_max, now_ms, source=pin)
+        if more:
+            exports[name] = (pin, revision, now + limits.kv_export_idle_s)
+        else:
+            exports.pop(name)[0].close()
+        return {"entries": [entry(key, state) for key, state in found], "more": more, "revision": revision,
+                "cursor": f"{name}/{found[-1][0]}" if more else ""}
 
     async def kv_watch(self, request: dict) -> dict:
         """The shard's changes from a revision on, waiting up to wait_ms for the first; COMPACTED when the
