@@ -111,6 +111,15 @@ class Routes:
         """Call the group's leader as far as known, else each replica in turn; refresh the route and
         try again until limits.storage_retry_s_max has passed (or, for a long poll, the call's timeout)."""
         failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
+        leader = self._leaders.get(group)
+        address = self._addresses.get(leader) if leader in route.voters.get(group, ()) else None
+        if address is not None:  # the usual case, first: no retry scope, no sort
+            try:
+                return await self.peers.call(address, method, request, timeout_s)
+            except RocketError as error:
+                if error.code not in RETRYABLE:
+                    raise
+                failure = error
         with trio.move_on_after(max(limits.storage_retry_s_max, timeout_s)):
             for attempt in itertools.count():
                 voters = route.voters.get(group, ())
