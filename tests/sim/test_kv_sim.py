@@ -1,15 +1,43 @@
-"""The KV API under the roles simulator's faults: a write whose answer is lost is applied once."""
+"""The KV API under the roles simulator's faults: a write whose answer is lost is applied once; a range whose shards
+cannot answer fails with their error."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
 from rocket.errors import Code, RocketError
 from rocket.model import bucket_topic
+from rocket.roles.peers import RETRYABLE
 from rocket.store.kv import shard_of
 from tests.sim.kv_sim import BUCKET, SHARDS, leader_of
 from tests.sim.roles_sim import NetworkFaults, cluster, start_nodes
+
+
+async def range_with_two_nodes_down(base) -> RocketError:
+    """The error a range over every shard gets from the one node left of three (its route cached by a put)."""
+    network, nodes = cluster(0, base, NetworkFaults(), groups=6)
+    async with trio.open_nursery() as nursery:
+        await start_nodes(nursery, nodes)
+        listen = nodes[3].config.listen
+        address = (listen.host, listen.port)
+        await network.call(0, address, "KvCreateBucket", {"bucket": BUCKET, "shards": SHARDS}, 30.0, True)
+        await network.call(0, address, "KvPut", {"bucket": BUCKET, "key": "k0", "value": b"v"}, 30.0, True)
+        for node in (1, 2):
+            nodes[node].crash()
+            await nodes[node].stopped.wait()
+        with pytest.raises(RocketError) as raised:
+            await network.call(0, address, "KvRange", {"bucket": BUCKET, "prefix": ""}, 60.0, True)
+        nodes[3].crash()
+    return raised.value
+
+
+def test_a_range_whose_shards_cannot_answer_fails_with_their_error_not_internal(fast_disk, inline_threads):
+    """A range reads every shard at once; when they fail, the caller gets a shard's error (here UNAVAILABLE: no
+    quorum), which it may retry, not INTERNAL made of the group of the shards' errors."""
+    error = trio.run(range_with_two_nodes_down, fast_disk, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert error.code in RETRYABLE, error
 
 
 async def put_whose_first_answer_is_lost(base) -> tuple[RocketError | None, dict]:

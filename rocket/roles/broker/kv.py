@@ -197,14 +197,23 @@ class KeyValues:
         return {"entries": entries[:limit], "more": more, "count": 0}
 
     async def _each_shard(self, route: Route, read: dict) -> list[dict]:
+        """Every shard's answer to read, at once; the first shard that fails ends the others, and its error (not a
+        group of them, which the caller would get as INTERNAL) is the call's."""
         answers: list[dict] = [{}] * route.spec.queues
+        failures: list[RocketError] = []
 
         async def one(shard: int) -> None:
-            answers[shard] = await self._kv_read(route, shard, read)
+            try:
+                answers[shard] = await self._kv_read(route, shard, read)
+            except RocketError as error:
+                failures.append(error)
+                nursery.cancel_scope.cancel()
 
         async with trio.open_nursery() as nursery:
             for shard in range(route.spec.queues):
                 nursery.start_soon(one, shard)
+        if failures:
+            raise failures[0]
         return answers
 
     async def kv_txn(self, request: dict) -> dict:
