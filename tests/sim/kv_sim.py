@@ -132,8 +132,9 @@ class KvClients:
 
     async def _cas(self, key, known, value, expected, revision):
         """RIP-22's compare-and-set, as the client's compare_and_set sends it: a transaction."""
-        compare = ({"key": key, "target": "create_revision", "op": "==", "number": 0, "value": b""}
-                   if expected is ABSENT else {"key": key, "target": "value", "op": "==", "number": 0, "value": expected})
+        compare = {"key": key, "target": "value", "op": "==", "number": 0, "value": expected}
+        if expected is ABSENT:
+            compare = {"key": key, "target": "create_revision", "op": "==", "number": 0, "value": b""}
         result = await self.call("KvTxn", {"compare": [compare], "success": [op("put", key, value)],
                                            "failure": [op("get", key)]})
         if result["succeeded"]:
@@ -178,7 +179,13 @@ def op(name: str, key: str, value: bytes = b"") -> dict:
     return {"op": name, "key": key, "value": value, "ttl_ms": -1}
 
 
+def pending(history: list[Operation]) -> int:
+    """How many operations got no answer."""
+    return sum(operation.responded == INFINITY for operation in history)
+
+
 def leader_of(nodes: dict[int, SimNode], group: int) -> int | None:
+    """The live node that leads group, as its own Raft core sees it (None while there is none)."""
     leaders = [number for number, node in nodes.items() if node.up and node.host.leads(group)]
     return leaders[0] if leaders else None
 
@@ -232,10 +239,7 @@ async def run_kv(seed: int, base: Path, scenario: KvScenario) -> dict:
     ok, problem = linearizable(clients.history)
     report.update(operations=len(clients.history), pending=pending(clients.history), linearizable=ok,
                   problem=problem, conflicts=clients.conflicts)
-    if not ok:
-        report["failing history"] = describe(clients.history, problem.split("'")[1])
+    if not ok:  # the first key whose history alone has no legal order
+        key = next(key for key in KEYS if not linearizable([o for o in clients.history if o.key == key])[0])
+        report["failing history"] = describe(clients.history, key)
     return report
-
-
-def pending(history: list[Operation]) -> int:
-    return sum(operation.responded == INFINITY for operation in history)
