@@ -1,7 +1,8 @@
 """A KV workload on the simulated roles: clients put, get, compare-and-set (by value, by revision, if absent),
 delete, swap in a transaction and range over single keys of a bucket with several shards, through the brokers' KV
-methods, while shard leaders crash or are cut off. The history goes to the linearizability checker, one register
-per key; a call without an answer (TIMEOUT, UNAVAILABLE, CONNECTION_LOST) has an unknown outcome.
+methods, while shard leaders crash, are cut off, or are split from the other nodes (the clients still reaching
+them). The history goes to the linearizability checker, one register per key; a call without an answer (TIMEOUT,
+UNAVAILABLE, CONNECTION_LOST) has an unknown outcome.
 
 Every write puts a value written nowhere else, so a key's revision names the value it holds: a put with
 if_revision=R is a compare-and-set from the value written at R (from absent when R is 0), and two answers that
@@ -28,7 +29,7 @@ BUCKET = "sim"
 SHARDS = 3
 KEYS = ("k0", "k1", "k2", "k3", "k4", "k5")  # two per shard, none a prefix of another: a prefix range reads one key
 CALL_TIMEOUT_S = 20.0  # longer than the broker's retries (limits.storage_retry_s_max): its own answer comes first
-OPERATIONS = {"put": 3, "get": 4, "range": 1, "cas": 3, "cas_revision": 3, "create": 1, "delete": 1, "swap": 2}
+OPERATIONS = {"put": 3, "get": 4, "range": 2, "cas": 3, "cas_revision": 3, "create": 2, "delete": 2, "swap": 2}
 
 
 @dataclasses.dataclass
@@ -36,7 +37,9 @@ class KvScenario:
     faults: NetworkFaults
     clients: int = 8
     rounds: int = 3  # faults, one after the other
-    crash: float = 0.5  # chance a fault is a crash (else the victim is cut off, running and believing it leads)
+    crash: float = 0.4  # chance a fault is a crash
+    isolate: float = 0.3  # chance the victim is cut off from everyone, running and believing it leads; otherwise
+    # it is split from the other nodes alone, and the clients still reach it
     think_s_max: float = 0.05  # a client waits up to this between two operations
 
 
@@ -192,8 +195,8 @@ def leader_of(nodes: dict[int, SimNode], group: int) -> int | None:
 
 async def run_kv(seed: int, base: Path, scenario: KvScenario) -> dict:
     """Three all-role nodes serve a bucket of SHARDS shards to the clients; scenario.rounds times the leader of
-    a random shard (now and then the nameserver leader) crashes and restarts, or is cut off and comes back. Then
-    every key is read once more, and the history is checked."""
+    a random shard (now and then the nameserver leader) crashes and restarts, or is cut off or split off for a while.
+    Then every key is read once more, and the history is checked."""
     network, nodes = cluster(seed, base, scenario.faults, groups=6)
     report: dict = {"seed": seed, "faults": []}
     async with trio.open_nursery() as nursery:
@@ -215,18 +218,20 @@ async def run_kv(seed: int, base: Path, scenario: KvScenario) -> dict:
             else:
                 shard = network.random.randrange(SHARDS)
                 what, victim = f"leader of shard {shard}", leader_of(nodes, route["queue_groups"][shard]) or 1
-            crash = network.random.random() < scenario.crash
-            report["faults"].append(f"{'crash' if crash else 'cut off'} {what} (node {victim})")
-            if crash:
+            chance = network.random.random()
+            fault = "crash" if chance < scenario.crash else "isolate" if chance < scenario.crash + scenario.isolate \
+                else "split"
+            report["faults"].append(f"{fault} {what} (node {victim})")
+            if fault == "crash":
                 nodes[victim].crash()
                 await nodes[victim].stopped.wait()
             else:
-                network.isolated.add(victim)
+                (network.isolated if fault == "isolate" else network.split).add(victim)
             await trio.sleep(1.5 + network.random.random() * 1.5)
-            if crash:
+            if fault == "crash":
                 await nursery.start(nodes[victim].run)
             else:
-                network.isolated.discard(victim)
+                (network.isolated if fault == "isolate" else network.split).discard(victim)
         await trio.sleep(1)
         stop.set()
         await finished.wait()

@@ -50,6 +50,7 @@ class Network:
         self.random = randomness
         self.faults = faults
         self.isolated: set[int] = set()  # nodes cut off from every other one (and from the client)
+        self.split: set[int] = set()  # nodes cut off from every other one, the client still reaching them
         self.nodes: dict[int, SimNode] = {}
         self.by_address: dict[tuple[str, int], SimNode] = {}
         self.calls = self.lost = 0
@@ -58,7 +59,11 @@ class Network:
         return self.random.uniform(0, self.faults.delay_s_max)
 
     def cut(self, sender: int, receiver: int) -> bool:
-        return sender != receiver and (sender in self.isolated or receiver in self.isolated)
+        if sender == receiver:
+            return False
+        if sender in self.isolated or receiver in self.isolated:
+            return True
+        return 0 not in (sender, receiver) and (sender in self.split or receiver in self.split)
 
     async def call(self, sender: int, address: tuple[str, int], method: str, request: dict, timeout_s: float,
                    reliable: bool = False) -> dict:
