@@ -11,12 +11,14 @@ import pytest
 import trio
 import trio.testing
 
+from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import bucket_topic
 from rocket.roles.peers import RETRYABLE
 from rocket.roles.storage import StorageRole
 from rocket.store.kv import ShardTxn, shard_of
 from tests.sim.kv_sim import BUCKET, OPERATIONS, SHARDS, KvScenario, leader_of, run_kv
+from tests.sim.linearizability import INFINITY
 from tests.sim.roles_sim import NetworkFaults, cluster, start_nodes
 
 KV_SEEDS = 10  # by default: each run simulates about 20 s of three nodes and takes about 1.5 s
@@ -138,3 +140,47 @@ def test_a_put_whose_answer_is_lost_is_applied_once(fast_disk, inline_threads):
                             clock=trio.testing.MockClock(autojump_threshold=0))
     assert (bytes(entry["value"]), entry["version"]) == (b"once", 1), entry
     assert error is not None and error.code == Code.CONNECTION_LOST, error
+
+
+async def put_cut_short_by_the_retry_deadline(base, plan: dict) -> tuple[RocketError | None, dict]:
+    """A put whose storage calls are refused until plan["refuse_until"], set 3 s before the broker's retries end; the
+    next call is applied but answered too late. Returns the put's error and the key as read afterwards."""
+    network, nodes = cluster(0, base, NetworkFaults(), groups=6)
+    async with trio.open_nursery() as nursery:
+        await start_nodes(nursery, nodes)
+        address = (nodes[1].config.listen.host, nodes[1].config.listen.port)
+        await network.call(0, address, "KvCreateBucket", {"bucket": BUCKET, "shards": SHARDS}, 30.0, True)
+        plan["refuse_until"] = trio.current_time() + limits.storage_retry_s_max - 3
+        error = None
+        try:
+            await network.call(0, address, "KvPut", {"bucket": BUCKET, "key": "k0", "value": b"late"}, 60.0, True)
+        except RocketError as raised:
+            error = raised
+        plan["refuse_until"] = -1.0
+        await trio.sleep(plan["late_s"])
+        found = await network.call(0, address, "KvGet", {"bucket": BUCKET, "key": "k0"}, 30.0, True)
+        for node in nodes.values():
+            node.crash()
+    return error, found["entries"][0]
+
+
+def test_a_write_out_when_the_broker_stops_retrying_is_unknown_not_unavailable(fast_disk, inline_threads,
+                                                                                monkeypatch):
+    """UNAVAILABLE from a KV write means no try was applied (a client may send it again); when the broker's retries
+    end while a try is out, that try may yet be applied, so the answer is TIMEOUT: the outcome is unknown."""
+    plan = {"refuse_until": INFINITY, "late_s": 10.0}
+    kv_txn = StorageRole.kv_txn
+
+    async def refused_then_late(self, request: dict) -> dict:
+        if trio.current_time() < plan["refuse_until"]:
+            raise RocketError(Code.UNAVAILABLE, "refused (planted)")
+        result = await kv_txn(self, request)
+        if plan["refuse_until"] > 0:
+            await trio.sleep(plan["late_s"])
+        return result
+
+    monkeypatch.setattr(StorageRole, "kv_txn", refused_then_late)
+    error, entry = trio.run(put_cut_short_by_the_retry_deadline, fast_disk, plan,
+                            clock=trio.testing.MockClock(autojump_threshold=0))
+    assert bytes(entry["value"]) == b"late", entry  # the try that was out was applied
+    assert error is not None and error.code == Code.TIMEOUT, error

@@ -83,7 +83,7 @@ class KeyValues:
         out and got no answer (TIMEOUT, CONNECTION_LOST): it may have been applied, and a second try would apply it
         twice (a put undoing a later one, a CAS answering CAS_FAILED to its own success). The caller then learns the
         outcome is unknown. UNAVAILABLE (no leader there, not hosted, not reachable, the entry lost to a leader
-        change) surely did not apply: that one is tried elsewhere."""
+        change) surely did not apply: that one is tried elsewhere, and answered when every try was refused."""
         failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
         with trio.move_on_after(limits.storage_retry_s_max):
             for attempt in itertools.count():
@@ -92,6 +92,8 @@ class KeyValues:
                     address = self._addresses.get(node)
                     if address is None:
                         continue
+                    failure = RocketError(Code.TIMEOUT, f"a KV write to storage group {group} got no answer within "
+                                          f"{limits.storage_retry_s_max} s: its outcome is unknown")  # while it is out
                     try:
                         response = await self.peers.call(address, "StorageKvTxn", request, limits.storage_call_s_max)
                     except RocketError as error:
