@@ -17,7 +17,7 @@ from rocket.model import bucket_topic
 from rocket.roles.peers import RETRYABLE
 from rocket.roles.storage import StorageRole
 from rocket.store.kv import ShardTxn, shard_of
-from tests.sim.kv_sim import BUCKET, OPERATIONS, SHARDS, KvScenario, leader_of, run_kv
+from tests.sim.kv_sim import BUCKET, OPERATIONS, SHARDS, KvScenario, create_bucket, leader_of, run_kv
 from tests.sim.linearizability import INFINITY
 from tests.sim.roles_sim import NetworkFaults, cluster, start_nodes
 
@@ -78,7 +78,7 @@ async def range_with_two_nodes_down(base) -> RocketError:
         await start_nodes(nursery, nodes)
         listen = nodes[3].config.listen
         address = (listen.host, listen.port)
-        await network.call(0, address, "KvCreateBucket", {"bucket": BUCKET, "shards": SHARDS}, 30.0, True)
+        await create_bucket(network, address)
         await network.call(0, address, "KvPut", {"bucket": BUCKET, "key": "k0", "value": b"v"}, 30.0, True)
         for node in (1, 2):
             nodes[node].crash()
@@ -103,8 +103,7 @@ async def put_whose_first_answer_is_lost(base) -> tuple[RocketError | None, dict
     async with trio.open_nursery() as nursery:
         await start_nodes(nursery, nodes)
         first = nodes[1].config.listen
-        await network.call(0, (first.host, first.port), "KvCreateBucket", {"bucket": BUCKET, "shards": SHARDS}, 30.0,
-                           True)
+        await create_bucket(network, (first.host, first.port))
         route = await network.call(0, (first.host, first.port), "GetRoute", {"topic": bucket_topic(BUCKET)}, 30.0, True)
         group = route["queue_groups"][shard_of("k0", SHARDS)]
         while leader_of(nodes, group) is None:
@@ -149,7 +148,7 @@ async def put_cut_short_by_the_retry_deadline(base, plan: dict) -> tuple[RocketE
     async with trio.open_nursery() as nursery:
         await start_nodes(nursery, nodes)
         address = (nodes[1].config.listen.host, nodes[1].config.listen.port)
-        await network.call(0, address, "KvCreateBucket", {"bucket": BUCKET, "shards": SHARDS}, 30.0, True)
+        await create_bucket(network, address)
         plan["refuse_until"] = trio.current_time() + limits.storage_retry_s_max - 3
         error = None
         try:
