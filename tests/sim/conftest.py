@@ -1,16 +1,53 @@
-"""Seeds for the simulation tests: `--seed N` replays one run exactly; `--sim-seeds N` runs N of them."""
+"""Seeds for the simulation tests: `--seed N` replays one run exactly; `--sim-seeds N` runs N of them (without it, 200,
+or fewer for a slower simulation that says so with its sim_seeds mark). Fixtures for the roles simulations: a disk in
+memory, blocking I/O inline."""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import outcome
+import pytest
+import trio
+
+DEFAULT_SEEDS = 200
 
 
 def pytest_addoption(parser):
     parser.addoption("--seed", type=int, default=None, help="replay the simulation with this seed only")
-    parser.addoption("--sim-seeds", type=int, default=200, help="how many seeds each simulation test runs")
+    parser.addoption("--sim-seeds", type=int, default=None,
+                     help="how many seeds each simulation test runs (default: 200, fewer for a slower one)")
 
 
 def pytest_generate_tests(metafunc):
     if "seed" in metafunc.fixturenames:
         chosen = metafunc.config.getoption("--seed")
         count = metafunc.config.getoption("--sim-seeds")
-        cap = metafunc.definition.get_closest_marker("sim_seeds")  # a slower simulation runs fewer
-        if cap is not None:
-            count = min(count, cap.args[0])
+        if count is None:
+            count = DEFAULT_SEEDS
+            cap = metafunc.definition.get_closest_marker("sim_seeds")  # a slower simulation runs fewer by default
+            if cap is not None:
+                count = min(count, cap.args[0])
         metafunc.parametrize("seed", [chosen] if chosen is not None else range(count))
+
+
+@pytest.fixture
+def fast_disk():
+    """A directory in memory when there is one: the simulation's fsyncs then cost nothing."""
+    parent = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    directory = Path(tempfile.mkdtemp(prefix="rocket-sim-", dir=parent))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def inline_threads(monkeypatch):
+    """Blocking I/O runs inline: with a worker thread busy, the mock clock would jump ahead of it."""
+    async def run_sync(function, *args, **_):
+        return function(*args)
+
+    def start_thread_soon(function, deliver, **_):
+        deliver(outcome.capture(function))
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
+    monkeypatch.setattr(trio.lowlevel, "start_thread_soon", start_thread_soon)

@@ -50,6 +50,7 @@ class Network:
         self.random = randomness
         self.faults = faults
         self.isolated: set[int] = set()  # nodes cut off from every other one (and from the client)
+        self.split: set[int] = set()  # nodes cut off from every other one, the client still reaching them
         self.nodes: dict[int, SimNode] = {}
         self.by_address: dict[tuple[str, int], SimNode] = {}
         self.calls = self.lost = 0
@@ -58,7 +59,11 @@ class Network:
         return self.random.uniform(0, self.faults.delay_s_max)
 
     def cut(self, sender: int, receiver: int) -> bool:
-        return sender != receiver and (sender in self.isolated or receiver in self.isolated)
+        if sender == receiver:
+            return False
+        if sender in self.isolated or receiver in self.isolated:
+            return True
+        return 0 not in (sender, receiver) and (sender in self.split or receiver in self.split)
 
     async def call(self, sender: int, address: tuple[str, int], method: str, request: dict, timeout_s: float,
                    reliable: bool = False) -> dict:
@@ -352,19 +357,29 @@ def node_config(node: int, nodes: int, base: Path, groups: int) -> NodeConfig:
                       node_id=node, nameservers=members, storage_groups=groups, replication=3)
 
 
+def cluster(seed: int, base: Path, faults: NetworkFaults, groups: int) -> tuple[Network, dict[int, SimNode]]:
+    """Three all-role nodes on one network, every random choice (trio's scheduling too) following the seed."""
+    trio_run._r.seed(seed)
+    network = Network(random.Random(seed), faults)
+    clock = TrioWallClock(EPOCH_S)
+    return network, {node: SimNode(node_config(node, 3, base, groups), network, clock) for node in (1, 2, 3)}
+
+
+async def start_nodes(nursery: trio.Nursery, nodes: dict[int, SimNode]) -> None:
+    """Run every node in nursery; return once each has its storage assignment."""
+    async with trio.open_nursery() as starting:
+        for node in nodes.values():
+            starting.start_soon(nursery.start, node.run)
+
+
 async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int = 6, partition: bool = False) -> dict:
     """Three all-role nodes under writes: crash the busiest storage leader, restart it, crash the
     nameserver leader, restart it (with partition, cut each off for a while instead: it keeps running,
     believing it leads, and comes back); then consume everything and check it."""
-    trio_run._r.seed(seed)  # trio's own scheduling choices follow the seed too
-    network = Network(random.Random(seed), faults)
-    clock = TrioWallClock(EPOCH_S)
-    nodes = {node: SimNode(node_config(node, 3, base, groups), network, clock) for node in (1, 2, 3)}
+    network, nodes = cluster(seed, base, faults, groups)
     report: dict = {"seed": seed, "kills": []}
     async with trio.open_nursery() as nursery:
-        async with trio.open_nursery() as starting:
-            for node in nodes.values():
-                starting.start_soon(nursery.start, node.run)
+        await start_nodes(nursery, nodes)
         first = nodes[1].config.listen
         await network.call(0, (first.host, first.port), "CreateTopic", {"topic": "orders", "queues": 8}, 30.0, True)
         writers = Writers(network, "orders", [0, 2, 4, 6], messages_per_batch=5)

@@ -4,11 +4,7 @@ message is consumed once, at its offset, in queue order, whatever the seed."""
 from __future__ import annotations
 
 import functools
-import shutil
-import tempfile
-from pathlib import Path
 
-import outcome
 import pytest
 import trio
 import trio.testing
@@ -18,28 +14,6 @@ from rocket.disk.commitlog import CommitLog
 from tests.sim.roles_sim import Disk, NetworkFaults, run_failover
 
 ROLE_SEEDS = 20  # at most, unless --seed: each run simulates about 20 s of a three-node cluster
-
-
-@pytest.fixture
-def fast_disk():
-    """A directory in memory when there is one: the simulation's fsyncs then cost nothing."""
-    parent = "/dev/shm" if Path("/dev/shm").is_dir() else None
-    directory = Path(tempfile.mkdtemp(prefix="rocket-sim-", dir=parent))
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def inline_threads(monkeypatch):
-    """Blocking I/O runs inline: with a worker thread busy, the mock clock would jump ahead of it."""
-    async def run_sync(function, *args, **_):
-        return function(*args)
-
-    def start_thread_soon(function, deliver, **_):
-        deliver(outcome.capture(function))
-
-    monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
-    monkeypatch.setattr(trio.lowlevel, "start_thread_soon", start_thread_soon)
 
 
 @pytest.mark.sim_seeds(ROLE_SEEDS)
