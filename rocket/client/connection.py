@@ -21,6 +21,7 @@ from rocket.serde import serde_named
 from rocket.transport.channel import Channel
 from rocket.transport.h2_client import open_http2_channel
 from rocket.transport.pool import ChannelPool
+from rocket.transport.rpc import method_spec
 from rocket.transport.tcp import open_tcp_channel
 
 TRANSPORTS = ("tcp", "http2")
@@ -44,13 +45,17 @@ class FailoverChannel(Channel):
 
     async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default,
                    sent: trio.Event | None = None) -> dict:
-        """The response to a request; sent, if given, is set once the request is written to a server."""
+        """The response to a request; sent, if given, is set once the request is written to a server. A method
+        that must not be applied twice (MethodSpec.at_most_once) moves on only if its request never went out:
+        a connection lost after that leaves its outcome unknown, which the caller is told."""
+        once = method_spec(method).at_most_once
         failure = RocketError(Code.UNAVAILABLE, "no server to call")
         for server in self._each_server():
+            went_out = sent if sent is not None else trio.Event()
             try:
-                return await self._pool.call(server, method, message, timeout_s, sent)
+                return await self._pool.call(server, method, message, timeout_s, went_out)
             except RocketError as error:
-                if error.code not in MOVE_ON:
+                if error.code not in MOVE_ON or once and error.code == Code.CONNECTION_LOST and went_out.is_set():
                     raise
                 failure = error
         raise failure

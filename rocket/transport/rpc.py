@@ -27,6 +27,8 @@ class MethodSpec:
     attachment_field: str | None = None  # a bytes field TCP may carry outside the serde, uncopied
     # (list field, bytes field of its items): bytes of a response that TCP carries outside the serde, uncopied
     response_attachments: tuple[str, str] | None = None
+    # A write that a resend could apply twice (KV): a client does not resend it once it went out unanswered.
+    at_most_once: bool = False
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -61,11 +63,11 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("KvListBuckets", "Empty", "ListBucketsResponse"),
         MethodSpec("KvDescribeBucket", "BucketRequest", "DescribeBucketResponse"),
         MethodSpec("KvDeleteBucket", "BucketRequest", "Empty"),
-        MethodSpec("KvPut", "KvPutRequest", "KvRevision", attachment_field="value"),
+        MethodSpec("KvPut", "KvPutRequest", "KvRevision", attachment_field="value", at_most_once=True),
         MethodSpec("KvGet", "KvGetRequest", "KvEntries", response_attachments=("entries", "value")),
-        MethodSpec("KvDelete", "KvDeleteRequest", "KvRevision"),
+        MethodSpec("KvDelete", "KvDeleteRequest", "KvRevision", at_most_once=True),
         MethodSpec("KvRange", "KvRangeRequest", "KvEntries", response_attachments=("entries", "value")),
-        MethodSpec("KvTxn", "KvTxnRequest", "KvTxnResponse"),
+        MethodSpec("KvTxn", "KvTxnRequest", "KvTxnResponse", at_most_once=True),
         MethodSpec("KvWatch", "KvWatchRequest", "KvEvents", streaming=True),
         MethodSpec("KvExport", "BucketRequest", "KvExportPage", streaming=True),
         # Between nodes: brokers and storage nodes to the nameservers,

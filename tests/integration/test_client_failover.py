@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
+import trio
+
 from rocket.client import connect
+from rocket.client.kv import KV
+from rocket.errors import Code, RocketError
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
 from rocket.transport.listen import free_ports
@@ -39,3 +45,29 @@ async def test_discovery_adds_the_brokers_the_cluster_knows(server_process, tmp_
     async with connect(server.server, discover=True) as channel:
         assert len(channel.servers) == 1  # a dev node is its only broker, at the port it got for port 0
         assert (await channel.call("Ping", {}))["roles"] == ["nameserver", "storage", "broker"]
+
+
+async def test_a_kv_write_whose_answer_is_lost_is_not_sent_to_the_next_server(node, nursery):
+    """A server that reads a request and drops the connection without answering: a Ping moves on to the next
+    server, but a KV put (MethodSpec.at_most_once) does not, since it may have been applied: CONNECTION_LOST, and
+    the put reached no other server."""
+    async def swallow(stream: trio.SocketStream) -> None:
+        async with stream:
+            await stream.receive_some()  # the request went out; no answer ever comes
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, swallow, 0, host="127.0.0.1"))
+    black_hole = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    live = f"127.0.0.1:{node.tcp_port}"
+    async with connect(live) as channel:
+        await KV(channel).create_bucket("once")
+    async with connect(f"{black_hole},{live}") as channel:
+        channel._at = 0
+        assert (await channel.call("Ping", {}))["roles"]
+        channel._at = 0
+        try:
+            await KV(channel).put("once", "k", b"v")
+            raise AssertionError("the put was answered")
+        except RocketError as error:
+            assert error.code == Code.CONNECTION_LOST
+    async with connect(live) as channel:
+        assert await KV(channel).count("once") == 0

@@ -18,10 +18,9 @@ from pathlib import Path
 import trio
 
 from rocket.errors import Code, RocketError
-from rocket.model import bucket_topic
+from rocket.model import bucket_topic, shard_of
 from rocket.roles.nameserver.metadata import META_GROUP
 from rocket.roles.peers import RETRYABLE
-from rocket.store.kv import shard_of
 from tests.sim.linearizability import ABSENT, INFINITY, Operation, describe, linearizable
 from tests.sim.roles_sim import Network, NetworkFaults, SimNode, cluster, start_nodes
 

@@ -13,10 +13,10 @@ import trio.testing
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import bucket_topic
+from rocket.model import bucket_topic, shard_of
 from rocket.roles.peers import RETRYABLE
 from rocket.roles.storage import StorageRole
-from rocket.store.kv import ShardTxn, shard_of
+from rocket.store.kv import ShardTxn
 from tests.sim.kv_sim import BUCKET, OPERATIONS, SHARDS, KvScenario, create_bucket, leader_of, run_kv
 from tests.sim.linearizability import INFINITY
 from tests.sim.roles_sim import NetworkFaults, cluster, start_nodes

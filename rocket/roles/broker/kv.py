@@ -6,7 +6,6 @@ the topics'. A mixin of Broker.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterator
 from contextlib import suppress
 
@@ -74,39 +73,9 @@ class KeyValues:
         for op in (*success, *failure):
             if op.get("ttl_ms", -1) < 0:
                 op["ttl_ms"] = route.spec.ttl_ms if op["op"] == "put" else 0
-        return await self._kv_write(route, group, {
+        return await self._storage(route, group, "StorageKvTxn", {
             "group": group, "bucket": route.spec.bucket, "shard": shard, "history": route.spec.history,
-            "compare": compare, "success": list(success), "failure": list(failure)})
-
-    async def _kv_write(self, route: Route, group: int, request: dict) -> dict:
-        """StorageKvTxn, tried on the group's replicas as _storage tries a call, but never again after a call that went
-        out and got no answer (TIMEOUT, CONNECTION_LOST): it may have been applied, and a second try would apply it
-        twice (a put undoing a later one, a CAS answering CAS_FAILED to its own success). The caller then learns the
-        outcome is unknown. UNAVAILABLE (no leader there, not hosted, not reachable, the entry lost to a leader
-        change) surely did not apply: that one is tried elsewhere, and answered when every try was refused."""
-        failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
-        with trio.move_on_after(limits.storage_retry_s_max):
-            for attempt in itertools.count():
-                leader = self._leaders.get(group)
-                for node in sorted(route.voters.get(group, ()), key=lambda voter: voter != leader):
-                    address = self._addresses.get(node)
-                    if address is None:
-                        continue
-                    failure = RocketError(Code.TIMEOUT, f"a KV write to storage group {group} got no answer within "
-                                          f"{limits.storage_retry_s_max} s: its outcome is unknown")  # while it is out
-                    try:
-                        response = await self.peers.call(address, "StorageKvTxn", request, limits.storage_call_s_max)
-                    except RocketError as error:
-                        if error.code != Code.UNAVAILABLE:
-                            raise
-                        failure = error
-                        continue
-                    self._leaders[group] = node
-                    return response
-                await trio.sleep(min(limits.storage_retry_backoff_s_min * 2 ** attempt,
-                                     limits.storage_retry_backoff_s_max))
-                route = await self._route(route.spec.name, refresh=True)
-        raise failure
+            "compare": compare, "success": list(success), "failure": list(failure)}, at_most_once=True)
 
     async def _kv_read(self, route: Route, shard: int, request: dict) -> dict:
         group = route.queue_groups[shard]

@@ -107,9 +107,17 @@ class Routes:
         return offsets
 
     async def _storage(self, route: Route, group: int, method: str, request: dict,
-                       timeout_s: float = limits.storage_call_s_max) -> dict:
+                       timeout_s: float = limits.storage_call_s_max, at_most_once: bool = False) -> dict:
         """Call the group's leader as far as known, else each replica in turn; refresh the route and
-        try again until limits.storage_retry_s_max has passed (or, for a long poll, the call's timeout)."""
+        try again until limits.storage_retry_s_max has passed (or, for a long poll, the call's timeout).
+
+        at_most_once: a write that must not be applied twice (KV) is tried again only after UNAVAILABLE (not
+        the leader, not hosted, unreachable, or its entry lost to a new leader: surely not applied). A call that
+        went out and got no answer (TIMEOUT, CONNECTION_LOST) may have been applied: its error is passed on, and
+        the caller learns the outcome is unknown; so is TIMEOUT when the retries run out with a call out."""
+        retryable = (Code.UNAVAILABLE,) if at_most_once else RETRYABLE
+        unknown = RocketError(Code.TIMEOUT, f"a write to storage group {group} got no answer within "
+                              f"{limits.storage_retry_s_max} s: its outcome is unknown")
         failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
         leader = self._leaders.get(group)
         address = self._addresses.get(leader) if leader in route.voters.get(group, ()) else None
@@ -117,7 +125,7 @@ class Routes:
             try:
                 return await self.peers.call(address, method, request, timeout_s)
             except RocketError as error:
-                if error.code not in RETRYABLE:
+                if error.code not in retryable:
                     raise
                 failure = error
         with trio.move_on_after(max(limits.storage_retry_s_max, timeout_s)):
@@ -128,10 +136,12 @@ class Routes:
                     address = self._addresses.get(node)
                     if address is None:
                         continue
+                    if at_most_once:
+                        failure = unknown  # while the call is out
                     try:
                         response = await self.peers.call(address, method, request, timeout_s)
                     except RocketError as error:
-                        if error.code not in RETRYABLE:
+                        if error.code not in retryable:
                             raise
                         failure = error
                         continue
