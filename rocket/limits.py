@@ -100,6 +100,9 @@ raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
 raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered
 raft_link_reconnect_s = 0.2  # pause before reconnecting to a peer that is down
+snapshot_chunk_bytes_max = 1 * MiB  # one chunk of a group snapshot: what a machine holds at once, and one fetch of its file
+snapshot_fetch_attempts_max = 10  # fetches of a snapshot file failing in a row before a replica gives up; Raft sends it again
+snapshot_fetch_retry_s = 0.5  # pause before a failed fetch of a snapshot file is resumed, so a lost peer is not hammered
 
 # Timers (delay topics).
 timer_tick_s = 0.1  # how often a group leader looks for due timers: delivery is this precise, and better than 1 s
@@ -244,6 +247,7 @@ invariant(raft_liveness_scan_ticks <= 2 * raft_election_ticks, "the scan runs wi
 invariant(raft_message_bytes_max <= raft_payload_bytes_max, "an append message of small entries fits one RaftStep payload")
 invariant(raft_payload_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a Raft payload fits a frame, even in JSON")
 invariant(raft_entry_bytes_max <= raft_wal_segment_bytes_min // 4, "one entry fits a WAL record")
+invariant(snapshot_chunk_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a snapshot fetch fits a frame, even in JSON")
 invariant(raft_wal_segment_bytes_min <= raft_wal_segment_bytes_default <= raft_wal_segment_bytes_max, "WAL segment sizes are ordered")
 invariant(rocketmq_receive_slice_s < storage_retry_s_max and rocketmq_receive_slice_s * 1000 <= pull_wait_ms_max,
           "a RocketMQ receive's slice is one broker long poll, which ends within the broker's storage retries")
