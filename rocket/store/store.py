@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import trio
@@ -43,11 +44,11 @@ class GroupMachine:
     def apply(self, entries, positions: list[int]) -> list:
         return self.store.apply(self.group, entries, positions)
 
-    def snapshot(self) -> bytes:
-        return self.store.snapshot(self.group)
+    def snapshot(self) -> list[bytes]:
+        return [self.store.snapshot(self.group)]  # taken now, in the event loop's thread
 
-    def restore(self, data: bytes) -> None:
-        self.store.restore(self.group, data)
+    def restore(self, chunks: Iterable[bytes]) -> None:
+        self.store.restore(self.group, next(iter(chunks), b""))
 
 
 class Store(Reads, Timers, Reclaim):

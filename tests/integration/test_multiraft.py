@@ -1,5 +1,6 @@
 """Three multi-raft hosts on real TCP: many groups replicate with one fsync per round for all of them,
-survive the loss of a node, and a restarted node recovers from its WAL and catches up."""
+survive the loss of a node, and a restarted node recovers from its WAL and catches up (by a snapshot file
+fetched from its leader when the log it lacks was compacted)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import pytest
 import trio
 
 from rocket.errors import Code, RocketError
+from rocket.model import Address
 from rocket.raft.core import Role
 from rocket.raft.host import RaftHost
 from rocket.transport.links import PeerLinks
 from rocket.raft.wal import Wal
+from rocket.transport.pool import ChannelPool
 from rocket.transport.rpc import Dispatcher, Lifecycle
 from rocket.transport.tcp import serve_tcp
 
@@ -21,7 +24,8 @@ VOTERS = (1, 2, 3)
 
 
 class ListMachine:
-    """Appends every value; keeps only the newest `keep` when given, so its snapshots stay small."""
+    """Appends every value; keeps only the newest `keep` when given, so its snapshots stay small. A snapshot
+    has one chunk per value."""
 
     def __init__(self, keep: int | None = None):
         self.values: list[bytes] = []
@@ -33,11 +37,11 @@ class ListMachine:
             del self.values[:-self.keep]
         return [None] * len(entries)
 
-    def snapshot(self) -> bytes:
-        return b"\n".join(self.values)
+    def snapshot(self) -> list[bytes]:
+        return list(self.values)
 
-    def restore(self, data: bytes) -> None:
-        self.values = data.split(b"\n") if data else []
+    def restore(self, chunks) -> None:
+        self.values = list(chunks)
 
 
 class Node:
@@ -51,6 +55,7 @@ class Node:
         self.scope: trio.CancelScope | None = None
         self.host: RaftHost | None = None
         self.machines: dict[int, ListMachine] = {}
+        self.fetch_addresses: dict[int, tuple[str, int]] = {}  # where to fetch other nodes' snapshots, if not there
 
     async def start(self, nursery: trio.Nursery) -> None:
         self.scope = trio.CancelScope()
@@ -69,12 +74,25 @@ class Node:
                 self.host.receive(request["payload"])
                 return {}
 
+            async def raft_snapshot_chunk(request):
+                return {"data": await self.host.snapshot_chunk(request["group"], request["name"], request["offset"])}
+
+            pool = ChannelPool()
+
+            async def fetch_snapshot_chunk(node: int, group: int, name: str, offset: int) -> bytes:
+                address = Address(*self.fetch_addresses.get(node, self.addresses[node]))
+                request = {"group": group, "name": name, "offset": offset}
+                return (await pool.call(address, "RaftSnapshotChunk", request))["data"]
+
             dispatcher.handle("RaftStep", raft_step)
+            dispatcher.handle("RaftSnapshotChunk", raft_snapshot_chunk)
+            self.host.fetch_snapshot_chunk = fetch_snapshot_chunk
             try:
                 async with trio.open_nursery() as nursery:
                     _, port = self.addresses.get(self.node_id, ("127.0.0.1", 0))
                     port = await nursery.start(serve_tcp, dispatcher, Lifecycle(), "127.0.0.1", port)
                     self.addresses[self.node_id] = ("127.0.0.1", port)
+                    await nursery.start(pool.run)
                     await nursery.start(links.run)
                     await nursery.start(self.host.run)
                     task_status.started()
