@@ -50,13 +50,14 @@ class RaftHost(Rounds):
         # How a follower fetches the file of a snapshot its leader sent; wired by the roles (None: it cannot).
         self.fetch_snapshot_chunk: FetchChunk | None = None
         self.snapshot_files = SnapshotFiles(wal.log.directory / snapshots.DIRECTORY)
-        # group -> the file of its snapshot in the WAL; on a start, files no WAL record refers to are deleted.
-        self._snapshot_names: dict[int, str] = {
-            group: snapshots.name_of(group, state.snapshot) for group, state in wal.groups.items()
-            if state.snapshot is not None and state.snapshot.data}
-        self.snapshot_files.keep_only(set(self._snapshot_names.values()))
+        replayed = {group: state.snapshot for group, state in wal.groups.items()
+                    if state.snapshot is not None and state.snapshot.data}
+        self.snapshot_files.keep_only({snapshots.name_of(group, snapshot) for group, snapshot in replayed.items()})
+        # group -> the index of its newest snapshot durable in the WAL: its files from before are deleted.
+        self._snapshots_durable = {group: snapshot.index for group, snapshot in replayed.items()}
         self._snapshot_jobs: list[SnapshotJob] = []  # snapshots taken, for the snapshot worker to write
-        self._snapshot_drops: list[str] = []  # snapshot files for it to delete
+        # For it to delete: a file by name, or (group, index) a group's files from before index.
+        self._snapshot_drops: list[str | tuple[int, int]] = []
         self._snapshot_worker = False  # it runs
         self._snapshotting: set[int] = set()  # groups whose snapshot it has yet to write
         self._snapshot_jobs_queued = self._snapshot_jobs_done = 0
@@ -188,14 +189,12 @@ class RaftHost(Rounds):
         finally:
             self._fetching.discard(group)
         log.info("group %d: fetched snapshot %s from node %d", group, name, message.sender)
-        if self.groups.get(group) is hosted:
+        if self.groups.get(group) is hosted:  # if the core does not install it now, a newer snapshot deletes it
             hosted.core.step(message)
             hosted.idle_ticks = 0
             self._touched(group, hosted)
             self._received = True
             self._wake.set()
-        if hosted.core.snapshot is not message.snapshot and self._snapshot_names.get(group) != name:
-            self._drop_snapshot_file(name)  # not installed after all: no WAL record will refer to it
 
     async def snapshot_chunk(self, group: int, name: str, offset: int) -> bytes:
         """At most limits.snapshot_chunk_bytes_max bytes of one of this node's snapshot files from offset, for

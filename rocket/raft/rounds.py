@@ -378,11 +378,15 @@ class Rounds:
             functools.partial(self._write_snapshots, jobs, drops),
             lambda outcome: self._token.run_sync_soon(self._snapshots_written, jobs, outcome))
 
-    def _write_snapshots(self, jobs: list[SnapshotJob], drops: list[str]) -> list[bytes | Exception]:
-        """In the snapshot worker: delete files no WAL record needs, then write each job's file and fsync them
-        and their directory, so that they are durable before a WAL record refers to them. What the snapshots
-        cover outside the WAL (the storage role's store log) is made durable first."""
-        self.snapshot_files.delete(drops)
+    def _write_snapshots(self, jobs: list[SnapshotJob], drops: list[str | tuple[int, int]]) -> list[bytes | Exception]:
+        """In the snapshot worker: delete files no core needs (by name, or a group's below an index), then write
+        each job's file and fsync them and their directory, so that they are durable before a WAL record refers
+        to them. What the snapshots cover outside the WAL (the storage role's store log) is made durable first."""
+        for drop in drops:
+            if isinstance(drop, str):
+                self.snapshot_files.delete([drop])
+            else:
+                self.snapshot_files.delete_older(*drop)
         if not jobs:
             return []
         self.sync_before_snapshots()
@@ -410,7 +414,9 @@ class Rounds:
                 log.warning("group %d: the snapshot at entry %d was not written, so its log is kept: %s", job.group,
                             job.index, written)
             elif self.groups.get(job.group) is not job.hosted or job.hosted.core.snapshot.index >= job.index:
-                self._drop_snapshot_file(snapshots.file_name(
+                # Stale (a newer snapshot was installed, or the group left): its index is at or below the commit,
+                # so no core installs it, and no Ready names it.
+                self._snapshot_drops.append(snapshots.file_name(
                     job.group, job.index, job.term, snapshots.Descriptor.decode(written).checksum))
             else:
                 job.hosted.core.compact(job.index, written)
@@ -421,22 +427,13 @@ class Rounds:
         self._start_snapshot_worker()
 
     def _snapshot_durable(self, group: int, snapshot: Snapshot) -> None:
-        """A WAL record of the group's snapshot is durable: the file of the one it replaces is needed no more."""
-        name = snapshots.name_of(group, snapshot)
-        previous = self._snapshot_names.get(group)
-        if name is None or name == previous:
+        """A WAL record of the group's snapshot is durable, and the rounds before it are released (their
+        snapshots restored): the group's files from before it are needed no more."""
+        if not snapshot.data or snapshot.index <= self._snapshots_durable.get(group, 0):
             return
-        self._snapshot_names[group] = name
-        if previous is not None:
-            self._drop_snapshot_file(previous)
-
-    def _drop_snapshot_file(self, name: str) -> None:
-        """Hide a snapshot file no WAL record refers to at once, so that no snapshot message finds it, and have the
-        snapshot worker delete it."""
-        hidden = self.snapshot_files.hide(name)
-        if hidden is not None:
-            self._snapshot_drops.append(hidden)
-            self._start_snapshot_worker()
+        self._snapshots_durable[group] = snapshot.index
+        self._snapshot_drops.append((group, snapshot.index))
+        self._start_snapshot_worker()
 
     @staticmethod
     def _apply(hosted: Group, entries: list[Entry]) -> None:

@@ -30,7 +30,7 @@ FRAME = struct.Struct("<II")  # a chunk's length and CRC-32C; the chunk follows
 FOOTER = struct.Struct("<IQQI")  # FOOTER_MARK, chunk count, file bytes, CRC-32C of every byte before the footer
 FOOTER_MARK = 0xFFFF_FFFF  # where a frame has its length: no chunk is that long
 DESCRIPTOR = struct.Struct("<4sQI")  # MAGIC, file bytes, file checksum
-SUFFIX, PARTIAL_SUFFIX, TEMPORARY_SUFFIX, DROPPED_SUFFIX = ".snap", ".part", ".tmp", ".dropped"
+SUFFIX, PARTIAL_SUFFIX, TEMPORARY_SUFFIX = ".snap", ".part", ".tmp"
 _NAME = re.compile(r"g(\d{1,20})-i(\d{1,20})-t(\d{1,20})-[0-9a-f]{8}\.snap")
 
 
@@ -322,18 +322,17 @@ class SnapshotFiles:
         finally:
             os.close(descriptor)
 
-    def hide(self, name: str) -> str | None:
-        """Rename a snapshot file that is to be deleted, so that nothing finds it from now on; its new name (None
-        if it is gone already). A rename is quick where deleting a large file is not."""
-        try:
-            os.replace(self.directory / name, self.directory / (name + DROPPED_SUFFIX))
-        except FileNotFoundError:
-            return None
-        return name + DROPPED_SUFFIX
-
     def delete(self, names: Iterable[str]) -> None:
         for name in names:
             (self.directory / name).unlink(missing_ok=True)
+
+    def delete_older(self, group: int, index: int) -> None:
+        """Delete the group's snapshot files from before index, once a snapshot at index is durable in the WAL:
+        the group's commit is past theirs, so no core installs them again (one fetched and found stale too)."""
+        for path in self.directory.glob(f"g{group}-i*{SUFFIX}"):
+            found = _NAME.fullmatch(path.name)
+            if found is not None and int(found.group(1)) == group and int(found.group(2)) < index:
+                path.unlink(missing_ok=True)
 
     def keep_only(self, names: set[str]) -> None:
         """Delete every file but these: at a start, those the WAL refers to (what a crash left half-written or

@@ -215,14 +215,24 @@ def test_a_node_serves_ranges_of_its_own_snapshot_files_only(tmp_path, monkeypat
 
 
 def test_only_the_files_the_wal_refers_to_are_kept(tmp_path):
-    """At a start, what a crash left (half-written, partial, unreferenced, being deleted) goes."""
+    """At a start, what a crash left (half-written, partial, unreferenced) goes."""
     files = SnapshotFiles(tmp_path)
     snapshot = Snapshot(9, 1, (1,), (), files.write(1, 9, 1, [b"kept"]))
     kept = snapshots.name_of(1, snapshot)
-    old = snapshots.name_of(1, Snapshot(5, 1, (1,), (), files.write(1, 5, 1, [b"old"])))
-    for leftover in ("g1-i12-t1.tmp", "g2-i3-t1-0000abcd.snap.part", old + ".dropped"):
+    files.write(1, 5, 1, [b"old"])
+    for leftover in ("g1-i12-t1.tmp", "g2-i3-t1-0000abcd.snap.part"):
         (tmp_path / leftover).write_bytes(b"?")
     files.keep_only({kept})
-    assert [path.name for path in tmp_path.iterdir()] == [kept]
-    assert files.hide(kept) == kept + ".dropped" and files.hide(kept) is None  # deleted later, found no more
-    assert not files.has(1, snapshot)
+    assert [path.name for path in tmp_path.iterdir()] == [kept] and files.has(1, snapshot)
+
+
+def test_a_durable_snapshot_deletes_its_groups_older_files_only(tmp_path):
+    """Once a group's snapshot at an index is durable, the group's files from before it go; its own, newer ones,
+    partial ones and other groups' (g1 is no prefix of g12's) stay."""
+    files = SnapshotFiles(tmp_path)
+    for group, index in ((1, 5), (1, 7), (1, 9), (1, 12), (12, 3), (2, 1)):
+        files.write(group, index, 1, [b"state"])
+    (tmp_path / "g1-i3-t1-0000abcd.snap.part").write_bytes(b"?")
+    files.delete_older(1, 9)
+    left = sorted(path.name.split("-t")[0] for path in tmp_path.iterdir())
+    assert left == ["g1-i12", "g1-i3", "g1-i9", "g12-i3", "g2-i1"]
