@@ -56,6 +56,7 @@ class Node:
         self.host: RaftHost | None = None
         self.machines: dict[int, ListMachine] = {}
         self.fetch_addresses: dict[int, tuple[str, int]] = {}  # where to fetch other nodes' snapshots, if not there
+        self.fetched: list[tuple[int, int, int | Code]] = []  # each snapshot fetch: (group, offset, bytes or error)
 
     async def start(self, nursery: trio.Nursery) -> None:
         self.scope = trio.CancelScope()
@@ -82,7 +83,13 @@ class Node:
             async def fetch_snapshot_chunk(node: int, group: int, name: str, offset: int) -> bytes:
                 address = Address(*self.fetch_addresses.get(node, self.addresses[node]))
                 request = {"group": group, "name": name, "offset": offset}
-                return (await pool.call(address, "RaftSnapshotChunk", request))["data"]
+                try:
+                    data = (await pool.call(address, "RaftSnapshotChunk", request))["data"]
+                except RocketError as error:
+                    self.fetched.append((group, offset, error.code))
+                    raise
+                self.fetched.append((group, offset, len(data)))
+                return data
 
             dispatcher.handle("RaftStep", raft_step)
             dispatcher.handle("RaftSnapshotChunk", raft_snapshot_chunk)
