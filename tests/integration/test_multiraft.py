@@ -136,19 +136,24 @@ async def leaders(nodes: list[Node]) -> dict[int, Node]:
             await trio.sleep(0.02)
 
 
+async def propose(nodes: list[Node], group: int, data: bytes) -> None:
+    """Propose data to the group through its leader, retrying where leadership moved."""
+    while True:
+        leader = (await leaders(nodes))[group]
+        try:
+            await leader.host.propose(group, data, 5)
+            return
+        except RocketError as error:
+            assert error.code == Code.UNAVAILABLE, error  # not the leader, or lost: never committed
+            await trio.sleep(0.05)
+
+
 async def propose_everywhere(nodes: list[Node], prefix: bytes, count: int) -> None:
     """Propose count values to every group through its leader, retrying where leadership moved."""
 
     async def one_group(group: int) -> None:
         for number in range(count):
-            while True:
-                leader = (await leaders(nodes))[group]
-                try:
-                    await leader.host.propose(group, b"%s-%d-%d" % (prefix, group, number), 5)
-                    break
-                except RocketError as error:
-                    assert error.code == Code.UNAVAILABLE, error  # not the leader, or lost: never committed
-                    await trio.sleep(0.05)
+            await propose(nodes, group, b"%s-%d-%d" % (prefix, group, number))
 
     async with trio.open_nursery() as nursery:
         for group in range(1, GROUPS + 1):
@@ -232,9 +237,8 @@ async def test_logs_compact_and_a_returning_node_installs_a_snapshot(tmp_path, m
         nodes[2].stop()
         await trio.sleep(0.1)
         payload = bytes(10_000)
-        by_group = await leaders(nodes[:2])
         for number in range(300):
-            await by_group[1].host.propose(1, payload + b"%d" % number, 10)
+            await propose(nodes[:2], 1, payload + b"%d" % number)
         assert all(node.host.groups[1].core.snapshot.index > 250 for node in nodes[:2])
         assert all(len(list(node.directory.glob("*.log"))) <= 4 for node in nodes[:2]), "old WAL segments deleted"
         await nodes[2].start(nursery)
