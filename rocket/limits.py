@@ -83,7 +83,7 @@ raft_log_entries_max = 2_000  # applied entries a group keeps before it snapshot
 raft_log_bytes_max = 16 * MiB  # applied bytes a group keeps in memory before it snapshots and compacts its log
 raft_entry_bytes_max = batch_bytes_max + 64 * KiB  # one proposal: a produce batch and its routing header
 raft_round_wait_bytes_max = 512 * KiB  # a node's proposals wait for the fsync that runs until this many bytes wait
-raft_wal_segment_bytes_default = 64 * MiB  # WAL segment size: records (entry chunks, snapshots) are kept under a quarter
+raft_wal_segment_bytes_default = 64 * MiB  # WAL segment size: records (entry chunks) are kept under a quarter
 raft_wal_segment_bytes_min = 33 * MiB  # ... and the biggest entry must fit such a quarter
 raft_wal_segment_bytes_max = 4 * GiB  # the largest wal_segment_bytes a config may set: more is a typo, not a wish
 wal_direct_cached_bytes_default = 64 * MiB  # a direct WAL's newest bytes, kept in memory for reads
@@ -100,6 +100,9 @@ raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
 raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered
 raft_link_reconnect_s = 0.2  # pause before reconnecting to a peer that is down
+snapshot_chunk_bytes_max = 1 * MiB  # one chunk of a group snapshot: what a machine holds at once, and one fetch of its file
+snapshot_fetch_attempts_max = 10  # fetches of a snapshot file failing in a row before a replica gives up; Raft sends it again
+snapshot_fetch_retry_s = 0.5  # pause before a failed fetch of a snapshot file is resumed, so a lost peer is not hammered
 
 # Key-value buckets (RIP-22).
 kv_key_bytes_max = 4 * KiB  # keys are LevelDB keys and travel in every event and range page
@@ -120,7 +123,6 @@ kv_expire_scan_s = 0.25  # how often a group's leader looks for keys past their 
 kv_ttl_s_max = 10 * 365 * 86_400  # a TTL beyond ten years is a mistake, not a lease
 kv_export_idle_s = 60.0  # an export's LevelDB snapshot is let go when no page was asked for this long
 kv_exports_max = 16  # exports open at once on a storage node: each pins a LevelDB snapshot (old files stay)
-kv_snapshot_chunk_bytes_max = 1 * MiB  # KV records of a group's snapshot are written and streamed in chunks of this
 
 # Timers (delay topics).
 timer_tick_s = 0.1  # how often a group leader looks for due timers: delivery is this precise, and better than 1 s
@@ -265,6 +267,7 @@ invariant(raft_liveness_scan_ticks <= 2 * raft_election_ticks, "the scan runs wi
 invariant(raft_message_bytes_max <= raft_payload_bytes_max, "an append message of small entries fits one RaftStep payload")
 invariant(raft_payload_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a Raft payload fits a frame, even in JSON")
 invariant(raft_entry_bytes_max <= raft_wal_segment_bytes_min // 4, "one entry fits a WAL record")
+invariant(snapshot_chunk_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a snapshot fetch fits a frame, even in JSON")
 invariant(raft_wal_segment_bytes_min <= raft_wal_segment_bytes_default <= raft_wal_segment_bytes_max, "WAL segment sizes are ordered")
 invariant(rocketmq_receive_slice_s < storage_retry_s_max and rocketmq_receive_slice_s * 1000 <= pull_wait_ms_max,
           "a RocketMQ receive's slice is one broker long poll, which ends within the broker's storage retries")

@@ -28,7 +28,7 @@ import trio
 from rocket import limits
 from rocket.clock import Clock
 from rocket.config import NodeConfig
-from rocket.errors import collapse_single_error
+from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.gateway.rocketmq import rocketmq_services
 from rocket.model import Address
 from rocket.raft.host import RaftHost
@@ -198,13 +198,25 @@ class Roles:
 def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Dispatcher, clock: Clock,
                 addresses: dict[int, tuple[str, int]], objects: ObjectStore | None = None) -> Roles:
     """Make the roles config asks for over this node's Raft host and peers, reading clock, and register their
-    methods (and RaftStep, into host) with dispatcher. The one place roles are wired: node.py and the roles
-    simulator both call it; what differs between them (network, disk, clock) comes in as arguments."""
+    methods (and RaftStep and RaftSnapshotChunk, into host) with dispatcher. The one place roles are wired: node.py
+    and the roles simulator both call it; what differs between them (network, disk, clock) comes in as arguments."""
     async def raft_step(request: dict) -> dict:
         host.receive(request["payload"])
         return {}
 
+    async def raft_snapshot_chunk(request: dict) -> dict:
+        return {"data": await host.snapshot_chunk(request["group"], request["name"], request["offset"])}
+
+    async def fetch_snapshot_chunk(node: int, group: int, name: str, offset: int) -> bytes:
+        """A follower's fetch of its leader's snapshot file, over the peers' pooled channels."""
+        if node not in addresses:
+            raise RocketError(Code.UNAVAILABLE, f"the address of node {node} is not known yet")
+        request = {"group": group, "name": name, "offset": offset}
+        return (await peers.call(Address(*addresses[node]), "RaftSnapshotChunk", request))["data"]
+
     dispatcher.handle("RaftStep", raft_step)
+    dispatcher.handle("RaftSnapshotChunk", raft_snapshot_chunk)
+    host.fetch_snapshot_chunk = fetch_snapshot_chunk
     nameserver = Nameserver(config, host, peers, clock) if "nameserver" in config.roles else None
     storage = StorageRole(config, host, peers, addresses, clock, objects) if "storage" in config.roles else None
     broker = Broker(peers, config.roles, clock) if "broker" in config.roles else None

@@ -59,7 +59,7 @@ class Snapshot:
     term: int
     voters: tuple[int, ...]
     learners: tuple[int, ...]
-    data: bytes = b""
+    data: bytes = b""  # opaque here: the host's descriptor of the snapshot's file
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """The multi-raft host: the Raft replication engine (rocket.replication.Engine) for every group of one node, on one
-WAL. This module is the engine's interface: groups hosted, proposals, reads, leadership. rounds.py is its round loop
-(group commit: one fsync for every group's writes, persist before send).
+WAL. This module is the engine's interface: groups hosted, proposals, reads, leadership, and snapshot files served
+to and fetched from other nodes. rounds.py is its round loop (group commit: one fsync for every group's writes,
+persist before send).
 """
 
 from __future__ import annotations
@@ -8,15 +9,16 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.raft import codec
-from rocket.raft.core import Config, HardState, MessageType, RaftCore, Role
-from rocket.raft.rounds import Group, Round, Rounds
+from rocket.raft import codec, snapshots
+from rocket.raft.core import Config, HardState, Message, MessageType, RaftCore, Role
+from rocket.raft.rounds import Group, Round, Rounds, SnapshotJob
+from rocket.raft.snapshots import SnapshotFiles
 from rocket.raft.wal import GroupState, Update, Wal
 from rocket.replication import StateMachine
 
@@ -24,6 +26,8 @@ log = logging.getLogger("rocket.raft")
 
 _upkeep = {MessageType.HEARTBEAT, MessageType.HEARTBEAT_RESPONSE, MessageType.APPEND, MessageType.APPEND_RESPONSE}
 Post = Callable[[int, bytes], None]  # queue a payload for a node without waiting; it may be lost
+# Bytes of a snapshot file on another node: (node, group, file name, offset) -> what snapshot_chunk answers there.
+FetchChunk = Callable[[int, int, str, int], Awaitable[bytes | memoryview]]
 
 
 class RaftHost(Rounds):
@@ -41,8 +45,25 @@ class RaftHost(Rounds):
         self._peers: set[int] = set()  # the other nodes of every hosted group
         self._compactions: list[Update] = []  # snapshots taken since the last round, to write with it
         # Makes durable what the machines' snapshots cover but keep outside the WAL (the storage role's
-        # store log); the persist thread calls it before it writes a snapshot, so the trio thread never waits.
+        # store log); the snapshot worker calls it before it writes snapshot files, so the trio thread never waits.
         self.sync_before_snapshots: Callable[[], None] = lambda: None
+        # How a follower fetches the file of a snapshot its leader sent; wired by the roles (None: it cannot).
+        self.fetch_snapshot_chunk: FetchChunk | None = None
+        self.snapshot_files = SnapshotFiles(wal.log.directory / snapshots.DIRECTORY)
+        replayed = {group: state.snapshot for group, state in wal.groups.items()
+                    if state.snapshot is not None and state.snapshot.data}
+        self.snapshot_files.keep_only({snapshots.name_of(group, snapshot) for group, snapshot in replayed.items()})
+        # group -> the index of its newest snapshot durable in the WAL: its files from before are deleted.
+        self._snapshots_durable = {group: snapshot.index for group, snapshot in replayed.items()}
+        self._snapshot_jobs: list[SnapshotJob] = []  # snapshots taken, for the snapshot worker to write
+        # For it to delete: a file by name, or (group, index) a group's files from before index.
+        self._snapshot_drops: list[str | tuple[int, int]] = []
+        self._snapshot_worker = False  # it runs
+        self._snapshotting: set[int] = set()  # groups whose snapshot it has yet to write
+        self._snapshot_jobs_queued = self._snapshot_jobs_done = 0
+        self._checkpoint_after: int | None = None  # a checkpoint waits until this many snapshot jobs are done
+        self._fetching: set[int] = set()  # groups fetching a snapshot file: one fetch per group at a time
+        self._nursery: trio.Nursery | None = None  # the round loop's, for the fetches
         self._data: list[tuple[list[bytes], trio.Event, list]] = []  # blobs to write with the next round
         # Hard states in which only the commit moved: Raft needs no commit on disk (a restarted node learns
         # it again), so they wait for the next round that writes anything else, or for a tick that finds the
@@ -91,7 +112,7 @@ class RaftHost(Rounds):
         config = Config(self.node_id, voters, learners, seed=group * 7919 + self.node_id)
         core = RaftCore(config, restored.hard_state, restored.entries, restored.snapshot)
         if restored.snapshot is not None:
-            machine.restore(restored.snapshot.data)
+            machine.restore(self.snapshot_files.chunks(group, restored.snapshot))
         if core.voters == {self.node_id}:
             core.campaign()  # alone: no one to wait for
         self.groups[group] = Group(core, machine, restored.hard_state)
@@ -107,12 +128,78 @@ class RaftHost(Rounds):
             self._last_heard[message.sender] = self.ticks
             hosted = self.groups.get(group)
             if hosted is not None and message.to == self.node_id:
+                if message.type == MessageType.SNAPSHOT and self._lacks_file(group, hosted, message):
+                    continue  # stepped once its file is fetched
                 hosted.core.step(message)
                 self._touched(group, hosted)
                 if message.entries or message.type not in _upkeep:
                     hosted.idle_ticks = 0
         self._received = True
         self._wake.set()
+
+    def _lacks_file(self, group: int, hosted: Group, message: Message) -> bool:
+        """Whether a snapshot the leader sent waits for its file, which a task then fetches (one per group);
+        the core answers one it would not install (stale, or behind the commit) without it."""
+        core = hosted.core
+        if message.term < core.term or message.snapshot.index <= core.commit:
+            return False
+        try:
+            if self.snapshot_files.has(group, message.snapshot):
+                return False
+        except RocketError as error:
+            log.warning("group %d: a snapshot from node %d is dropped: %s", group, message.sender, error.message)
+            return True
+        if self.fetch_snapshot_chunk is None:
+            log.warning("group %d: a snapshot from node %d is dropped: this node cannot fetch its file", group,
+                        message.sender)
+        elif group not in self._fetching and self._nursery is not None:
+            self._fetching.add(group)
+            self._nursery.start_soon(self._fetch_snapshot, group, hosted, message)
+        return True
+
+    async def _fetch_snapshot(self, group: int, hosted: Group, message: Message) -> None:
+        """Fetch a snapshot's file from the leader that sent it into a partial file, resuming from its length
+        after an error, then step the message (the core installs the snapshot, the round loop restores it)."""
+        name = snapshots.name_of(group, message.snapshot)
+        download = None
+        try:
+            download = await trio.to_thread.run_sync(self.snapshot_files.download, group, message.snapshot)
+            log.info("group %d: fetching snapshot %s from node %d at byte %d", group, name, message.sender,
+                     download.offset)
+            failures = 0
+            while not download.done:
+                try:
+                    piece = await self.fetch_snapshot_chunk(message.sender, group, name, download.offset)
+                    await trio.to_thread.run_sync(download.append, piece)
+                    failures = 0
+                except RocketError as error:
+                    failures += 1
+                    gone = error.code in (Code.NOT_FOUND, Code.BAD_REQUEST)  # the leader dropped it: a newer one comes
+                    if gone or failures >= limits.snapshot_fetch_attempts_max:
+                        raise
+                    log.info("group %d: fetching snapshot %s resumes at byte %d after: %s", group, name,
+                             download.offset, error.message)
+                    await trio.sleep(limits.snapshot_fetch_retry_s)
+            await trio.to_thread.run_sync(download.finish)
+        except (RocketError, OSError) as error:
+            log.warning("group %d: snapshot %s not fetched from node %d: %s", group, name, message.sender, error)
+            if download is not None:
+                download.close()
+            return
+        finally:
+            self._fetching.discard(group)
+        log.info("group %d: fetched snapshot %s from node %d", group, name, message.sender)
+        if self.groups.get(group) is hosted:  # if the core does not install it now, a newer snapshot deletes it
+            hosted.core.step(message)
+            hosted.idle_ticks = 0
+            self._touched(group, hosted)
+            self._received = True
+            self._wake.set()
+
+    async def snapshot_chunk(self, group: int, name: str, offset: int) -> bytes:
+        """At most limits.snapshot_chunk_bytes_max bytes of one of this node's snapshot files from offset, for
+        a replica fetching it (RaftSnapshotChunk)."""
+        return await trio.to_thread.run_sync(self.snapshot_files.read, group, name, offset)
 
     def remove_group(self, group: int) -> None:
         """Stop hosting a group this node is no longer a member of (its WAL records stay until a checkpoint)."""
@@ -126,6 +213,10 @@ class RaftHost(Rounds):
             for _, event, outcome in hosted.waiters.values():
                 outcome.extend((True, unknown))
                 event.set()
+            # Hosted here again, it restarts from what it holds now, not from what was replayed at open: the
+            # snapshot file that referred to may be deleted since.
+            now = self._checkpoint_of(group, hosted)
+            self.wal.groups[group] = GroupState(now.hard_state, now.entries, now.snapshot, dict(hosted.positions))
 
     async def write_data(self, blobs: list[bytes]) -> list[int]:
         """Make blobs durable in the WAL with the next round's fsync (the WAL is written by the rounds

@@ -5,7 +5,9 @@ commit: a round costs the event loop more than an entry does), unless they come 
 limits.raft_round_wait_bytes_max, or messages from other nodes or a durable round need a round now: then the next
 round is written at once and its write overlaps the fsync. Once the fsync of the round before it is done, a round's
 committed entries (written by earlier rounds) are applied; once its own fsync is done, its messages go out,
-coalesced into one payload per destination node: persist before send. A mixin of RaftHost, which holds the state.
+coalesced into one payload per destination node: persist before send. Snapshots are taken here and their files
+written by one worker thread beside the rounds (snapshots.py); a group's log is compacted once its file is durable.
+A mixin of RaftHost, which holds the state.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import logging
 import trio
 
 from rocket import limits
-from rocket.errors import invariant
-from rocket.raft import codec
-from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role
+from rocket.disk.files import fsync_directory
+from rocket.errors import RocketError, invariant
+from rocket.raft import codec, snapshots
+from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role, Snapshot
 from rocket.raft.wal import Update
 from rocket.replication import StateMachine
 
@@ -55,6 +58,18 @@ class Round:
     data: list[tuple[list[bytes], trio.Event, list]]
     data_positions: list[list[int]]
     applied: bool = False
+    snapshots: list[tuple[int, Snapshot]] = dataclasses.field(default_factory=list)  # (group, snapshot) it writes
+
+
+@dataclasses.dataclass(slots=True)
+class SnapshotJob:
+    """A snapshot taken of a group's machine at index, whose file the snapshot worker writes."""
+
+    group: int
+    hosted: Group
+    index: int
+    term: int
+    chunks: object  # the machine's Iterable[bytes], iterated in the worker thread
 
 
 class Rounds:
@@ -62,6 +77,7 @@ class Rounds:
         try:
             async with trio.open_nursery() as nursery:
                 self._token = trio.lowlevel.current_trio_token()
+                self._nursery = nursery
                 nursery.start_soon(self._ticker)
                 task_status.started()
                 while True:
@@ -140,16 +156,17 @@ class Rounds:
                     hosted.written = hard_state
                     self._deferred.pop(group, None)
                 updates.append(Update(group, hard_state, ready.entries, ready.snapshot))
-        compacted = bool(self._compactions)
-        updates += self._compactions
+        # Compactions first: a snapshot installed from the leader since is newer, and replay keeps the last one.
+        updates = self._compactions + updates
         self._compactions = []
         data, self._data = self._data, []
         previous = self._rounds_written
         current = Round(previous, previous, readies, data, [])
+        current.snapshots = [(update.group, update.snapshot) for update in updates if update.snapshot is not None]
         if updates or data or (self._deferred and self._deferred_due and self._rounds_durable == previous):
             deferred = [Update(group, hard_state, [], None) for group, hard_state in self._deferred.items()]
             self._deferred, self._deferred_due = {}, False
-            self._write(current, deferred + updates, compacted)
+            self._write(current, deferred + updates)
         for group, hosted, ready in readies:
             # The core now counts this round's entries as stable: a leader may count its own copy towards
             # a commit. No one learns of that commit, and no entry is applied, before this fsync is done.
@@ -157,13 +174,13 @@ class Rounds:
             if hosted.core.has_ready():
                 self._active.add(group)
                 self._wake.set()
-        if readies or data:
+        if readies or data or current.snapshots:
             self._pending.append(current)
             self._settle()
         if self.wal.sealed_segments() >= limits.raft_wal_segments_max:
-            await self._checkpoint()
+            await self._maybe_checkpoint()
 
-    def _write(self, current: Round, updates: list[Update], compacted: bool) -> None:
+    def _write(self, current: Round, updates: list[Update]) -> None:
         """Number the round and start writing it in a worker thread, which goes on to its fsync. The
         previous round's write is done (_collect_written), so rounds reach the WAL in order."""
         invariant(self._writing is None, "one round is written at a time")
@@ -172,7 +189,7 @@ class Rounds:
         self._persisting += 1
         trio.lowlevel.start_thread_soon(
             functools.partial(self._persist, current.number, updates, [blobs for blobs, _, _ in current.data],
-                              written, result, compacted),
+                              written, result),
             lambda outcome: self._token.run_sync_soon(self._persist_ended, getattr(outcome, "error", None)))
         self._writing = (current, written, result)
 
@@ -225,28 +242,35 @@ class Rounds:
             self._pending.popleft()
             self._release(current)
 
+    async def _maybe_checkpoint(self) -> None:
+        """Snapshot every group, then checkpoint once their files are written: the checkpoint then rewrites
+        little more than hard states and snapshot descriptors. The rounds go on while the files are written."""
+        if self._checkpoint_after is None:
+            for group, hosted in self.groups.items():
+                self._compact(group, hosted)
+            self._checkpoint_after = self._snapshot_jobs_queued
+        if self._snapshot_jobs_done >= self._checkpoint_after:
+            self._checkpoint_after = None
+            await self._checkpoint()
+
     async def _checkpoint(self) -> None:
         """Once every round written is durable and released, so that what was persisted counts as
-        stable and applied, and before any core steps again. Every group is compacted first: the
-        checkpoint then rewrites little more than hard states and snapshots."""
+        stable and applied, and before any core steps again."""
         await self._collect_written()
         await self._durable(self._rounds_written)
         self._settle()
         invariant(not self._pending, "every round is released before a checkpoint")
-        for group, hosted in self.groups.items():
-            self._compact(group, hosted)
         live = [self._checkpoint_of(group, hosted) for group, hosted in self.groups.items()]
         self._compactions = []  # the checkpoint holds every snapshot
         self._deferred, self._deferred_due = {}, False  # and every hard state
         await trio.to_thread.run_sync(self._checkpoint_now, live)
+        for update in live:
+            self._snapshot_durable(update.group, update.snapshot)
 
     def _persist(self, number: int, updates: list[Update], data: list[list[bytes]], written: trio.Event,
-                 result: list, compacted: bool) -> None:
+                 result: list) -> None:
         """In a worker thread: write the round and tell the round loop, then make it durable as soon as
-        the fsync before it is done (unless one that began after this write covered it already). A round
-        with compactions first makes durable what their snapshots cover outside the WAL."""
-        if compacted:
-            self.sync_before_snapshots()
+        the fsync before it is done (unless one that began after this write covered it already)."""
         positions = self.wal.write(updates)
         result.append((positions, [self.wal.write_data(blobs) for blobs in data]))
         self._rounds_on_disk = number
@@ -281,6 +305,8 @@ class Rounds:
     def _release(self, synced: Round) -> None:
         """The round's bytes are durable: answer data writers, send its messages, and install its
         snapshots."""
+        for group, snapshot in synced.snapshots:
+            self._snapshot_durable(group, snapshot)
         for (_, event, positions), found in zip(synced.data, synced.data_positions):
             positions.extend(found)
             event.set()
@@ -300,7 +326,8 @@ class Rounds:
         if self.groups.get(group) is not hosted:
             return  # moved off this node since
         if ready.snapshot is not None:
-            hosted.machine.restore(ready.snapshot.data)
+            # In this thread, as entries are applied; each chunk is checked before the machine gets it.
+            hosted.machine.restore(self.snapshot_files.chunks(group, ready.snapshot))
             hosted.applied = ready.snapshot.index
             hosted.positions = {i: p for i, p in hosted.positions.items() if i > ready.snapshot.index}
         if ready.committed_entries:
@@ -310,10 +337,7 @@ class Rounds:
             if read is not None:
                 read[1].append(index)
         self._release_reads(hosted)
-        compacted = self._maybe_compact(group, hosted)
-        if compacted is not None:
-            self._compactions.append(compacted)  # written with the next round; the WAL still holds the log
-            self._wake.set()
+        self._maybe_compact(group, hosted)
 
     @staticmethod
     def _checkpoint_of(group: int, hosted: Group) -> Update:
@@ -321,27 +345,95 @@ class Rounds:
         stable = [entry for entry in core.log if entry.index <= core.stable_index]
         return Update(group, HardState(core.term, core.vote, core.commit), stable, core.snapshot)
 
-    def _maybe_compact(self, group: int, hosted: Group) -> Update | None:
+    def _maybe_compact(self, group: int, hosted: Group) -> None:
         """Snapshot a group whose log grew long, so its log (and the WAL) can shrink."""
         core = hosted.core
         if hosted.applied - core.snapshot.index < limits.raft_log_entries_max and hosted.log_bytes < limits.raft_log_bytes_max:
-            return None
-        return self._compact(group, hosted)
+            return
+        self._compact(group, hosted)
 
-    def _compact(self, group: int, hosted: Group) -> Update | None:
+    def _compact(self, group: int, hosted: Group) -> None:
+        """Take a snapshot of the group's machine now, as applied, and hand it to the snapshot worker; the log is
+        compacted once its file is written (_snapshots_written)."""
         core = hosted.core
-        if hosted.applied <= core.snapshot.index:
-            return None  # also when a snapshot installed in the core is not yet in the machine
-        data = hosted.machine.snapshot()
-        if len(data) > self.wal.log.segment_bytes_max // 4:
-            # Snapshots live in the WAL for now, so a huge one cannot be taken: keep the log instead.
-            log.warning("group %d: a snapshot of %d bytes does not fit the WAL; its log is not compacted", group,
-                        len(data))
-            hosted.idle_ticks = 0
-            return None
-        core.compact(hosted.applied, data)
+        if hosted.applied <= core.snapshot.index or group in self._snapshotting:
+            return  # also when a snapshot installed in the core is not yet in the machine
+        index = hosted.applied
+        self._snapshotting.add(group)
+        self._snapshot_jobs.append(SnapshotJob(group, hosted, index, core.term_at(index), hosted.machine.snapshot()))
+        self._snapshot_jobs_queued += 1
         hosted.log_bytes = 0
-        return Update(group, None, [], core.snapshot)
+        self._start_snapshot_worker()
+
+    def _start_snapshot_worker(self) -> None:
+        """Hand what waits to the snapshot worker thread, unless it runs: one at a time, so that a burst of
+        compactions is written in turn and the rounds never wait for a snapshot file."""
+        if self._snapshot_worker or not (self._snapshot_jobs or self._snapshot_drops):
+            return
+        jobs, drops = self._snapshot_jobs, self._snapshot_drops
+        self._snapshot_jobs, self._snapshot_drops = [], []
+        self._snapshot_worker = True
+        self._persisting += 1
+        trio.lowlevel.start_thread_soon(
+            functools.partial(self._write_snapshots, jobs, drops),
+            lambda outcome: self._token.run_sync_soon(self._snapshots_written, jobs, outcome))
+
+    def _write_snapshots(self, jobs: list[SnapshotJob], drops: list[str | tuple[int, int]]) -> list[bytes | Exception]:
+        """In the snapshot worker: delete files no core needs (by name, or a group's below an index), then write
+        each job's file and fsync them and their directory, so that they are durable before a WAL record refers
+        to them. What the snapshots cover outside the WAL (the storage role's store log) is made durable first."""
+        for drop in drops:
+            if isinstance(drop, str):
+                self.snapshot_files.delete([drop])
+            else:
+                self.snapshot_files.delete_older(*drop)
+        if not jobs:
+            return []
+        self.sync_before_snapshots()
+        written: list[bytes | Exception] = []
+        for job in jobs:
+            try:
+                written.append(self.snapshot_files.write(job.group, job.index, job.term, job.chunks))
+            except (OSError, RocketError) as error:  # a full disk, say: the group keeps its log
+                written.append(error)
+        fsync_directory(self.snapshot_files.directory)
+        return written
+
+    def _snapshots_written(self, jobs: list[SnapshotJob], outcome) -> None:
+        """In the trio thread: the worker is done. Compact each group whose snapshot file was written and is
+        still news (a snapshot installed from the leader meanwhile may be newer); the WAL records of the
+        compactions go with the next round."""
+        self._snapshot_worker = False
+        error = getattr(outcome, "error", None)
+        if error is not None and not isinstance(error, OSError):
+            self._persist_ended(error)  # a bug: fail the round loop
+            return
+        for job, written in zip(jobs, [error] * len(jobs) if error is not None else outcome.value):
+            self._snapshotting.discard(job.group)
+            if isinstance(written, Exception):
+                log.warning("group %d: the snapshot at entry %d was not written, so its log is kept: %s", job.group,
+                            job.index, written)
+            elif self.groups.get(job.group) is not job.hosted or job.hosted.core.snapshot.index >= job.index:
+                # Stale (a newer snapshot was installed, or the group left): its index is at or below the commit,
+                # so no core installs it, and no Ready names it.
+                self._snapshot_drops.append(snapshots.file_name(
+                    job.group, job.index, job.term, snapshots.Descriptor.decode(written).checksum))
+            else:
+                job.hosted.core.compact(job.index, written)
+                self._compactions.append(Update(job.group, None, [], job.hosted.core.snapshot))
+        self._snapshot_jobs_done += len(jobs)
+        self._wake.set()
+        self._persist_ended(None)
+        self._start_snapshot_worker()
+
+    def _snapshot_durable(self, group: int, snapshot: Snapshot) -> None:
+        """A WAL record of the group's snapshot is durable, and the rounds before it are released (their
+        snapshots restored): the group's files from before it are needed no more."""
+        if not snapshot.data or snapshot.index <= self._snapshots_durable.get(group, 0):
+            return
+        self._snapshots_durable[group] = snapshot.index
+        self._snapshot_drops.append((group, snapshot.index))
+        self._start_snapshot_worker()
 
     @staticmethod
     def _apply(hosted: Group, entries: list[Entry]) -> None:

@@ -1,6 +1,8 @@
 """The node's Raft write-ahead log: every group's entries, hard states and snapshots in one commit log,
-so one fdatasync makes a whole round of Ready durable for all groups. Blocking file I/O; the host
-runs it in a worker thread. Replay rebuilds each group: later entries at an index replace the suffix.
+so one fdatasync makes a whole round of Ready durable for all groups. A snapshot record holds only the
+descriptor of the snapshot's file beside the WAL (snapshots.py), written and made durable before it.
+Blocking file I/O; the host runs it in a worker thread. Replay rebuilds each group: later entries at an
+index replace the suffix.
 
 The WAL is also where entries' data stays: write() tells where each entry's data lies, so that a
 state machine can index a produce batch where it already is instead of writing it a second time.
@@ -79,7 +81,7 @@ class Wal:
 
     def write(self, updates: list[Update]) -> dict[int, dict[int, int]]:
         """Append the updates (no sync). Returns, per group, where each entry's data now lies.
-        `groups` stays what was replayed at open."""
+        `groups` stays what was replayed at open (the host updates a group it stops hosting)."""
         records: list[tuple[int, bytes | tuple]] = []
         chunks: list[tuple[int, int, list[Entry]]] = []  # record number, group, entries
         for update in updates:

@@ -4,7 +4,7 @@ speak to an Engine; raft/host.py (majority quorum) is one, and the controller mo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 
@@ -16,9 +16,13 @@ class StateMachine(Protocol):
 
     def apply(self, entries: list, positions: list[int]) -> list: ...
 
-    def snapshot(self) -> bytes: ...
+    def snapshot(self) -> Iterable[bytes]:
+        """The state as applied at the moment of the call, as chunks of at most limits.snapshot_chunk_bytes_max
+        bytes. It is called in the event loop's thread but iterated in a worker thread, while entries are applied
+        meanwhile: a machine takes a copy (or a LevelDB snapshot) before it returns."""
 
-    def restore(self, data: bytes) -> None: ...
+    def restore(self, chunks: Iterable[bytes]) -> None:
+        """Install a snapshot: exactly the chunks snapshot() gave, with the same boundaries, in order."""
 
 
 class Engine(Protocol):

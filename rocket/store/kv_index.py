@@ -267,7 +267,7 @@ class KvIndex:
 
     def snapshot_chunks(self, group: int, shards: Iterable[tuple[str, int]]) -> Iterator[bytes]:
         """A group's KV records as of the call (a LevelDB snapshot), in chunks of about
-        limits.kv_snapshot_chunk_bytes_max; iterate it in any thread. Watch events are not carried."""
+        limits.snapshot_chunk_bytes_max; iterate it in any thread. Watch events are not carried."""
         snapshot = self._db.snapshot()
         prefixes = [kind + shard_prefix(bucket, shard) for bucket, shard in shards for kind in (b"k", b"v")]
         prefixes.append(b"x" + _u64.pack(group))
@@ -279,7 +279,7 @@ class KvIndex:
                     for raw_key, raw in items:
                         parts.append(_record_head.pack(len(raw_key), len(raw)) + raw_key + raw)
                         size += len(parts[-1])
-                        if size >= limits.kv_snapshot_chunk_bytes_max:
+                        if size >= limits.snapshot_chunk_bytes_max:
                             yield b"".join(parts)
                             parts, size = [], 0
             if parts:

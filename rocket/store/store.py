@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -47,18 +46,11 @@ class GroupMachine:
     def apply(self, entries, positions: list[int]) -> list:
         return self.store.apply(self.group, entries, positions)
 
-    def snapshot(self) -> bytes:
-        head, *kv = self.store.snapshot(self.group)
-        return b"".join((_head_length.pack(len(head)), head, *kv))
+    def snapshot(self) -> Iterator[bytes]:
+        return self.store.snapshot(self.group)  # taken now, in the event loop's thread; iterated in a worker
 
-    def restore(self, data: bytes) -> None:
-        if data:
-            (length,) = _head_length.unpack_from(data)
-            head = data[_head_length.size:_head_length.size + length]
-            self.store.restore(self.group, (head, data[_head_length.size + length:]))
-
-
-_head_length = struct.Struct("<I")
+    def restore(self, chunks: Iterable[bytes]) -> None:
+        self.store.restore(self.group, chunks)
 
 
 class Store(Reads, Timers, Reclaim):

@@ -27,6 +27,7 @@ class MethodSpec:
     attachment_field: str | None = None  # a bytes field TCP may carry outside the serde, uncopied
     # (list field, bytes field of its items): bytes of a response that TCP carries outside the serde, uncopied
     response_attachments: tuple[str, str] | None = None
+    response_attachment: str | None = None  # or a response's one bytes field, carried the same way
     # A write that a resend could apply twice (KV): a client does not resend it once it went out unanswered.
     at_most_once: bool = False
 
@@ -55,6 +56,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("ChangeInvisible", "ReceiptRequest", "ReceiptResponse"),
         MethodSpec("DeadLetter", "ReceiptRequest", "ReceiptResponse"),
         MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload"),
+        MethodSpec("RaftSnapshotChunk", "RaftSnapshotChunkRequest", "RaftSnapshotChunkResponse",
+                   response_attachment="data"),
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
         MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),
         MethodSpec("UpdateTopic", "UpdateTopicRequest", "TopicInfo"),
@@ -118,6 +121,8 @@ def serde_for_id(serde_id: int) -> ModuleType:
 
 def detach(spec: MethodSpec, response: dict) -> tuple[dict, list | None]:
     """The response without its attachable bytes, and those bytes in order (None if it has none)."""
+    if spec.response_attachment is not None:
+        return {**response, spec.response_attachment: b""}, [response[spec.response_attachment]]
     if spec.response_attachments is None:
         return response, None
     items_field, bytes_field = spec.response_attachments
@@ -128,6 +133,9 @@ def detach(spec: MethodSpec, response: dict) -> tuple[dict, list | None]:
 
 def attach(spec: MethodSpec, response: dict, attachments: list) -> dict:
     """Put detached bytes back into the response they were taken from."""
+    if spec.response_attachment is not None and len(attachments) == 1:
+        response[spec.response_attachment] = attachments[0]
+        return response
     items = response[spec.response_attachments[0]] if spec.response_attachments else ()
     if len(items) != len(attachments):
         raise RocketError(Code.UNDECODABLE, f"{spec.name} response has {len(items)} items and "

@@ -1,5 +1,6 @@
 """Three multi-raft hosts on real TCP: many groups replicate with one fsync per round for all of them,
-survive the loss of a node, and a restarted node recovers from its WAL and catches up."""
+survive the loss of a node, and a restarted node recovers from its WAL and catches up (by a snapshot file
+fetched from its leader when the log it lacks was compacted)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import pytest
 import trio
 
 from rocket.errors import Code, RocketError
+from rocket.model import Address
 from rocket.raft.core import Role
 from rocket.raft.host import RaftHost
 from rocket.transport.links import PeerLinks
 from rocket.raft.wal import Wal
+from rocket.transport.pool import ChannelPool
 from rocket.transport.rpc import Dispatcher, Lifecycle
 from rocket.transport.tcp import serve_tcp
 
@@ -21,7 +24,8 @@ VOTERS = (1, 2, 3)
 
 
 class ListMachine:
-    """Appends every value; keeps only the newest `keep` when given, so its snapshots stay small."""
+    """Appends every value; keeps only the newest `keep` when given, so its snapshots stay small. A snapshot
+    has one chunk per value."""
 
     def __init__(self, keep: int | None = None):
         self.values: list[bytes] = []
@@ -33,11 +37,11 @@ class ListMachine:
             del self.values[:-self.keep]
         return [None] * len(entries)
 
-    def snapshot(self) -> bytes:
-        return b"\n".join(self.values)
+    def snapshot(self) -> list[bytes]:
+        return list(self.values)
 
-    def restore(self, data: bytes) -> None:
-        self.values = data.split(b"\n") if data else []
+    def restore(self, chunks) -> None:
+        self.values = list(chunks)
 
 
 class Node:
@@ -51,6 +55,8 @@ class Node:
         self.scope: trio.CancelScope | None = None
         self.host: RaftHost | None = None
         self.machines: dict[int, ListMachine] = {}
+        self.fetch_addresses: dict[int, tuple[str, int]] = {}  # where to fetch other nodes' snapshots, if not there
+        self.fetched: list[tuple[int, int, int | Code]] = []  # each snapshot fetch: (group, offset, bytes or error)
 
     async def start(self, nursery: trio.Nursery) -> None:
         self.scope = trio.CancelScope()
@@ -69,12 +75,31 @@ class Node:
                 self.host.receive(request["payload"])
                 return {}
 
+            async def raft_snapshot_chunk(request):
+                return {"data": await self.host.snapshot_chunk(request["group"], request["name"], request["offset"])}
+
+            pool = ChannelPool()
+
+            async def fetch_snapshot_chunk(node: int, group: int, name: str, offset: int) -> bytes:
+                address = Address(*self.fetch_addresses.get(node, self.addresses[node]))
+                request = {"group": group, "name": name, "offset": offset}
+                try:
+                    data = (await pool.call(address, "RaftSnapshotChunk", request))["data"]
+                except RocketError as error:
+                    self.fetched.append((group, offset, error.code))
+                    raise
+                self.fetched.append((group, offset, len(data)))
+                return data
+
             dispatcher.handle("RaftStep", raft_step)
+            dispatcher.handle("RaftSnapshotChunk", raft_snapshot_chunk)
+            self.host.fetch_snapshot_chunk = fetch_snapshot_chunk
             try:
                 async with trio.open_nursery() as nursery:
                     _, port = self.addresses.get(self.node_id, ("127.0.0.1", 0))
                     port = await nursery.start(serve_tcp, dispatcher, Lifecycle(), "127.0.0.1", port)
                     self.addresses[self.node_id] = ("127.0.0.1", port)
+                    await nursery.start(pool.run)
                     await nursery.start(links.run)
                     await nursery.start(self.host.run)
                     task_status.started()
@@ -111,19 +136,24 @@ async def leaders(nodes: list[Node]) -> dict[int, Node]:
             await trio.sleep(0.02)
 
 
+async def propose(nodes: list[Node], group: int, data: bytes) -> None:
+    """Propose data to the group through its leader, retrying where leadership moved."""
+    while True:
+        leader = (await leaders(nodes))[group]
+        try:
+            await leader.host.propose(group, data, 5)
+            return
+        except RocketError as error:
+            assert error.code == Code.UNAVAILABLE, error  # not the leader, or lost: never committed
+            await trio.sleep(0.05)
+
+
 async def propose_everywhere(nodes: list[Node], prefix: bytes, count: int) -> None:
     """Propose count values to every group through its leader, retrying where leadership moved."""
 
     async def one_group(group: int) -> None:
         for number in range(count):
-            while True:
-                leader = (await leaders(nodes))[group]
-                try:
-                    await leader.host.propose(group, b"%s-%d-%d" % (prefix, group, number), 5)
-                    break
-                except RocketError as error:
-                    assert error.code == Code.UNAVAILABLE, error  # not the leader, or lost: never committed
-                    await trio.sleep(0.05)
+            await propose(nodes, group, b"%s-%d-%d" % (prefix, group, number))
 
     async with trio.open_nursery() as nursery:
         for group in range(1, GROUPS + 1):
@@ -207,9 +237,8 @@ async def test_logs_compact_and_a_returning_node_installs_a_snapshot(tmp_path, m
         nodes[2].stop()
         await trio.sleep(0.1)
         payload = bytes(10_000)
-        by_group = await leaders(nodes[:2])
         for number in range(300):
-            await by_group[1].host.propose(1, payload + b"%d" % number, 10)
+            await propose(nodes[:2], 1, payload + b"%d" % number)
         assert all(node.host.groups[1].core.snapshot.index > 250 for node in nodes[:2])
         assert all(len(list(node.directory.glob("*.log"))) <= 4 for node in nodes[:2]), "old WAL segments deleted"
         await nodes[2].start(nursery)

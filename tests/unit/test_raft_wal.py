@@ -204,10 +204,10 @@ class _CheckedMachine:
         self.applied += [entry.data for entry in entries]
         return [None] * len(entries)
 
-    def snapshot(self) -> bytes:
-        return b""
+    def snapshot(self) -> list[bytes]:
+        return []
 
-    def restore(self, data: bytes) -> None:
+    def restore(self, chunks) -> None:
         pass
 
 
@@ -463,10 +463,10 @@ def test_records_of_the_legacy_format_are_read_beside_new_ones(tmp_path):
     assert caught.value.code == Code.CORRUPT_DATA
 
 
-def test_a_compactions_outside_state_is_synced_in_the_persist_thread_before_its_snapshot_is_written(tmp_path,
-                                                                                                    monkeypatch):
+def test_a_compactions_outside_state_is_synced_in_a_worker_thread_before_its_snapshot_is_written(tmp_path,
+                                                                                                  monkeypatch):
     """A group that compacts its log hands the sync of what its snapshot covers outside the WAL (the store's
-    log) to the persist thread, which runs it before writing the snapshot: never on the trio thread."""
+    log) to the snapshot worker thread, which runs it before the snapshot is written: never on the trio thread."""
     monkeypatch.setattr(limits, "raft_log_entries_max", 5)
     wal = _GatedWal.open(tmp_path)
     machine = _CheckedMachine(wal, 3)

@@ -9,6 +9,7 @@ every change, so a cached route knows it is stale.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import orjson
 
@@ -118,16 +119,17 @@ class Metadata:
         self.version += 1
         return self.topics[command["name"]] if operation in ("create_topic", "update_topic") else None
 
-    def snapshot(self) -> bytes:
-        return orjson.dumps({
+    def snapshot(self) -> list[bytes]:
+        return [orjson.dumps({
             "version": self.version,
             "topics": [[s.name, s.queues, s.created_ms, list(s.groups), s.message_type, s.retention_s,
                         s.local_retention_s, s.history, s.ttl_ms] for s in self.topics.values()],
             "groups": [[group, list(m.voters), list(m.learners), m.leaving] for group, m in self.groups.items()],
             "nodes": [dataclasses.asdict(node) for node in self.nodes.values()],
-        })
+        })]
 
-    def restore(self, data: bytes) -> None:
+    def restore(self, chunks: Iterable[bytes]) -> None:
+        data = b"".join(chunks)
         if not data:
             return
         state = orjson.loads(data)
