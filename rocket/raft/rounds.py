@@ -346,9 +346,14 @@ class Rounds:
         return Update(group, HardState(core.term, core.vote, core.commit), stable, core.snapshot)
 
     def _maybe_compact(self, group: int, hosted: Group) -> None:
-        """Snapshot a group whose log grew long, so its log (and the WAL) can shrink."""
+        """Snapshot a group whose log grew long, so its log (and the WAL) can shrink; but not before the log
+        applied since the last snapshot is a fair share of that snapshot's size, so that a big state (a KV shard
+        of gigabytes) is not rewritten whole for every few entries."""
         core = hosted.core
         if hosted.applied - core.snapshot.index < limits.raft_log_entries_max and hosted.log_bytes < limits.raft_log_bytes_max:
+            return
+        if core.snapshot.data and hosted.log_bytes * limits.raft_snapshot_log_ratio < snapshots.Descriptor.decode(
+                core.snapshot.data).size:
             return
         self._compact(group, hosted)
 
