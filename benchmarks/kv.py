@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers.py, run.py and
 
 from million_queues import cpu_s  # noqa: E402
 from peers import HOST, Nats, Redis, Rocket, ServerProcess, System, find_binary  # noqa: E402
-from run import RESULTS, Start, machine, summarize, system_version  # noqa: E402
+from run import RESULTS, Start, machine, parse_systems, summarize, system_version  # noqa: E402
 
 from rocket.transport.listen import free_ports  # noqa: E402
 
@@ -429,10 +429,7 @@ def parse_arguments(argv=None):
     if arguments.quick:
         arguments.seconds = QUICK_SECONDS
     arguments.clients = [int(each) for each in arguments.clients.split(",")]
-    arguments.systems = [each.strip() for each in arguments.systems.split(",") if each.strip()]
-    unknown = [each for each in arguments.systems if each not in SYSTEMS]
-    if unknown:
-        parser.error(f"unknown systems {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
+    arguments.systems = parse_systems(parser, arguments.systems, SYSTEMS)
     return arguments
 
 

@@ -348,11 +348,17 @@ def parse_arguments(argv=None):
     if len(counts) != len(arguments.sizes):
         parser.error("--messages takes one number or one per size")
     arguments.messages = counts
-    arguments.systems = [each.strip() for each in arguments.systems.split(",") if each.strip()]
-    unknown = [each for each in arguments.systems if each not in SYSTEMS]
-    if unknown:
-        parser.error(f"unknown systems {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
+    arguments.systems = parse_systems(parser, arguments.systems, SYSTEMS)
     return arguments
+
+
+def parse_systems(parser: argparse.ArgumentParser, text: str, known) -> list[str]:
+    """--systems a,b: the names, each one of known, else a usage error listing them."""
+    systems = [each.strip() for each in text.split(",") if each.strip()]
+    unknown = [each for each in systems if each not in known]
+    if unknown:
+        parser.error(f"unknown systems {', '.join(unknown)}; known: {', '.join(known)}")
+    return systems
 
 
 def main(argv=None) -> None:
