@@ -111,6 +111,7 @@ snapshot_fetch_retry_s = 0.5  # pause before a failed fetch of a snapshot file i
 kv_key_bytes_max = 4 * KiB  # keys are LevelDB keys and travel in every event and range page
 kv_value_bytes_max = 1 * MiB  # a value is one field of one Raft entry; larger state belongs in a topic
 kv_txn_bytes_max = 4 * MiB  # keys and values of one transaction: one Raft entry, replicated and applied at once
+kv_batch_txns_max = 256  # transactions a broker sends a group's leader at once (one Raft entry), as they came together
 kv_txn_ops_max = 128  # compares plus operations of one transaction: one Raft entry applied at once (etcd's default)
 kv_range_keys_default = 1000  # keys of one range page when the caller names no limit
 kv_range_keys_max = 10_000  # keys of one range page: bounds a response and the time one read holds a shard

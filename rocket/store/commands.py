@@ -12,7 +12,7 @@ import orjson
 from rocket.errors import Code, RocketError
 from rocket.model import half_topic, timer_topic
 from rocket.serde.piece import Piece
-from rocket.store.kv import Compare, Op, Txn
+from rocket.store.kv import Compare, KvBatch, Op, Txn
 
 APPEND_COMMAND = 1  # _append_head, topic, batch
 OFFSETS_COMMAND = 2  # JSON {group, topic, offsets}
@@ -22,7 +22,7 @@ CANCEL_COMMAND = 5  # JSON {op: cancel|rearm, topic (a system topic), queue, off
 POP_COMMAND = 6  # _json_length, JSON (see pop.decide), then for 'dead' the message's batch
 HALF_COMMAND = 7  # _append_head, topic, _check_at, batch: half messages, kept in half_topic(topic)
 TIER_COMMAND = 8  # JSON {op: offloaded|drop_local|expire|truncate, topic, queue, piece | to}: see manifest.decide
-KV_COMMAND = 9  # _json_length, JSON (see encode_kv), then the transaction's values one after the other
+KV_COMMAND = 9  # _json_length, JSON (see encode_kv), then the transactions' values one after the other
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
 _source_length = struct.Struct("<H")
 _fire_count = struct.Struct("<I")
@@ -103,7 +103,7 @@ class TierCommand:
     request: dict
 
 
-Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand | Txn
+Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand | KvBatch
 
 
 def decode(data: bytes | memoryview) -> Command:
@@ -155,7 +155,7 @@ def _decode_append(command: int, view: memoryview) -> Append:
     return Append(command, topic, queue, append_ms, batch_at, view[batch_at:], source, moved, check_at_ms)
 
 
-def _decode_kv(view: memoryview) -> Txn:
+def _decode_kv(view: memoryview) -> KvBatch:
     (length,) = _json_length.unpack_from(view, 1)
     at = 1 + _json_length.size + length
     request = orjson.loads(view[1 + _json_length.size:at])
@@ -165,14 +165,15 @@ def _decode_kv(view: memoryview) -> Txn:
         at += length
         return bytes(view[at - length:at])
 
-    compares = [Compare(key, target, op, number, value(length)) for key, target, op, number, length
-                in request["compare"]]
-    success, failure = ([Op(op, key, value(length), ttl_ms) for op, key, length, ttl_ms in request[branch]]
-                        for branch in ("success", "failure"))
+    txns = []
+    for bucket, shard, history, compare, success, failure in request["txns"]:
+        compares = [Compare(key, target, op, number, value(length)) for key, target, op, number, length in compare]
+        txns.append(Txn(bucket, shard, request["now_ms"], history, compares,
+                        *([Op(op, key, value(length), ttl_ms) for op, key, length, ttl_ms in branch]
+                          for branch in (success, failure))))
     if at != len(view):
         raise ValueError(f"values end at {at}, the entry at {len(view)}")
-    return Txn(request["bucket"], request["shard"], request["now_ms"], request["history"], compares, success,
-               failure)
+    return KvBatch(txns)
 
 
 # ---- encoders ----------------------------------------------------------------------------------------
@@ -253,12 +254,12 @@ def encode_truncate(topic: str, queue: int, from_offset: int, to_offset: int, si
                                                  "to": to_offset, "bytes": size})
 
 
-def encode_kv(txn: Txn) -> bytes:
-    """A KV transaction on one shard as one Raft entry; the leader stamps now_ms, so replicas expire alike."""
-    body = orjson.dumps({
-        "bucket": txn.bucket, "shard": txn.shard, "now_ms": txn.now_ms, "history": txn.history,
-        "compare": [[c.key, c.target, c.op, c.number, len(c.value)] for c in txn.compare],
-        "success": [[o.op, o.key, len(o.value), o.ttl_ms] for o in txn.success],
-        "failure": [[o.op, o.key, len(o.value), o.ttl_ms] for o in txn.failure]})
-    return b"".join((bytes([KV_COMMAND]), _json_length.pack(len(body)), body, *(c.value for c in txn.compare),
-                     *(o.value for o in txn.success), *(o.value for o in txn.failure)))
+def encode_kv(txns: list[Txn]) -> bytes:
+    """KV transactions (each on one shard of the group) as one Raft entry, applied one after the other. The leader
+    stamps now_ms (the first's is the entry's), so replicas expire alike."""
+    body = orjson.dumps({"now_ms": txns[0].now_ms, "txns": [
+        [txn.bucket, txn.shard, txn.history, [[c.key, c.target, c.op, c.number, len(c.value)] for c in txn.compare],
+         [[o.op, o.key, len(o.value), o.ttl_ms] for o in txn.success],
+         [[o.op, o.key, len(o.value), o.ttl_ms] for o in txn.failure]] for txn in txns]})
+    return b"".join((bytes([KV_COMMAND]), _json_length.pack(len(body)), body,
+                     *(part.value for txn in txns for part in (*txn.compare, *txn.success, *txn.failure))))

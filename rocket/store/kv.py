@@ -67,6 +67,14 @@ class Txn:
 
 
 @dataclasses.dataclass(slots=True)
+class KvBatch:
+    """Transactions a leader proposed together (as many callers' puts arrived at once): one Raft entry, applied one
+    after the other, each deciding alone."""
+
+    txns: list[Txn]
+
+
+@dataclasses.dataclass(slots=True)
 class KvChange:
     """One revision of a shard: the key's new state (None when deleted or expired) and the one it replaced."""
 
@@ -94,6 +102,19 @@ def check_value(value: bytes | memoryview) -> bytes | memoryview:
     return value
 
 
+def txn_from_wire(wire: dict, now_ms: int) -> Txn:
+    """A transaction as the storage RPC carries it (StorageKvTxn), stamped with the leader's clock."""
+    return Txn(wire["bucket"], wire["shard"], now_ms, wire["history"],
+               [Compare(c["key"], c["target"], c["op"], c["number"], c["value"]) for c in wire["compare"]],
+               *([Op(o["op"], o["key"], o["value"], max(0, o["ttl_ms"])) for o in wire[branch]]
+                 for branch in ("success", "failure")))
+
+
+def txn_bytes(txn: Txn) -> int:
+    """Its keys and values: what it adds to a Raft entry."""
+    return sum(len(part.key) + len(part.value) for part in (*txn.compare, *txn.success, *txn.failure))
+
+
 def check_txn(txn: Txn) -> Txn:
     """What the proposer checks before a transaction enters the log: sizes, names and the one-shard rule is the
     broker's (it knows the bucket); here, what every replica relies on."""
@@ -101,13 +122,12 @@ def check_txn(txn: Txn) -> Txn:
     if operations > limits.kv_txn_ops_max:
         raise RocketError(Code.BAD_REQUEST, f"a transaction holds at most {limits.kv_txn_ops_max} compares and "
                           f"operations, got {operations}")
-    size = 0
     for compare in txn.compare:
         check_key(compare.key)
+        check_value(compare.value)
         if compare.target not in TARGETS or compare.op not in COMPARISONS:
             raise RocketError(Code.BAD_REQUEST, f"a compare's target is one of {', '.join(TARGETS)} and its op one of "
                               f"{' '.join(COMPARISONS)}, got {compare.target!r} {compare.op!r}")
-        size += len(compare.key) + len(check_value(compare.value))
     for op in txn.success + txn.failure:
         if op.op not in OPS:
             raise RocketError(Code.BAD_REQUEST, f"a transaction's operation is one of {', '.join(OPS)}, got {op.op!r}")
@@ -118,7 +138,8 @@ def check_txn(txn: Txn) -> Txn:
         if not 0 <= op.ttl_ms <= limits.kv_ttl_s_max * 1000:
             raise RocketError(Code.BAD_REQUEST, f"a TTL must be 0 (none) to {limits.kv_ttl_s_max} s, got "
                               f"{op.ttl_ms} ms")
-        size += len(op.key) + len(check_value(op.value))
+        check_value(op.value)
+    size = txn_bytes(txn)
     if size > limits.kv_txn_bytes_max:
         raise RocketError(Code.BAD_REQUEST, f"a transaction's keys and values must total at most "
                           f"{limits.kv_txn_bytes_max} bytes, got {size}")

@@ -20,7 +20,7 @@ from rocket.model import SYSTEM_PREFIX, dead_letter_topic
 from rocket.serde import batch as batch_codec
 from rocket.store import commands, manifest, pop, records
 from rocket.store.commands import Append, Cancel, CommitOffsets, PopCommand, Rearm, TierCommand
-from rocket.store.kv import KeyState, KvChange, ShardTxn, Txn
+from rocket.store.kv import KeyState, KvBatch, KvChange, ShardTxn, Txn
 from rocket.store.manifest import TierChange, TierQueue
 from rocket.store.pop import PopChange, PopQueue
 from rocket.store.values import HALF_PREFIX, IndexEntry, QueueStats, Timer
@@ -83,7 +83,7 @@ class StorageMachine:
         self._timer_changes: dict[tuple[str, int, int], int | None] = {}  # within one apply: set or done
         self._handlers: dict[type, Callable] = {Append: self._append, CommitOffsets: self._commit_offsets,
                                                 Cancel: self._cancel, Rearm: self._rearm, PopCommand: self._pop,
-                                                TierCommand: self._tier_command, Txn: self._kv_txn}
+                                                TierCommand: self._tier_command, KvBatch: self._kv_batch}
 
     def apply(self, group: int, entries, positions: list[int]) -> tuple[list, Effects | None]:
         """Apply a group's committed entries, whose data lies in the WAL at positions. Results are (base offset,
@@ -99,7 +99,7 @@ class StorageMachine:
                 results.append(None)
                 continue
             command = commands.decode(entry.data)
-            if entry.index <= (kv_done if type(command) is Txn else done):
+            if entry.index <= (kv_done if type(command) is KvBatch else done):
                 results.append(None)
             else:
                 results.append(self._handlers[type(command)](group, command, position, effects))
@@ -195,7 +195,10 @@ class StorageMachine:
             effects.tier_changes.append(change)
         return change is not None
 
-    def _kv_txn(self, group: int, txn: Txn, position: int, effects: Effects) -> dict:
+    def _kv_batch(self, group: int, batch: KvBatch, position: int, effects: Effects) -> list[dict]:
+        return [self._kv_txn(group, txn, effects) for txn in batch.txns]
+
+    def _kv_txn(self, group: int, txn: Txn, effects: Effects) -> dict:
         place = (txn.bucket, txn.shard)
         shard = self.kv_shards.setdefault(place, [group, 0, txn.history])
         shard[0], shard[2] = group, txn.history

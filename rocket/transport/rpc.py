@@ -94,7 +94,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("StorageTransactionChecks", "StorageTransactionChecksRequest", "TransactionChecksResponse"),
         MethodSpec("StorageReceipt", "StorageReceiptRequest", "ReceiptResponse"),
         MethodSpec("StorageTier", "StorageTierRequest", "StorageTierResponse"),
-        MethodSpec("StorageKvTxn", "StorageKvTxnRequest", "KvTxnResponse"),
+        MethodSpec("StorageKvTxn", "StorageKvTxnRequest", "StorageKvTxnResponse"),
         MethodSpec("StorageKvRead", "StorageKvReadRequest", "StorageKvReadResponse",
                    response_attachments=("entries", "value")),
         MethodSpec("StorageKvWatch", "StorageKvWatchRequest", "StorageKvWatchResponse"),

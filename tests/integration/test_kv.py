@@ -212,3 +212,29 @@ async def test_export_and_import_round_trip(kv, tmp_path):
     with damaged.open("rb") as handle:
         await expect(Code.CORRUPT_DATA, kv.import_("other", handle))
     assert [bucket["name"] for bucket in await kv.list_buckets()] == ["dst", "src"]  # nothing half-imported
+
+
+async def test_concurrent_writes_batched_together_each_decide_alone(kv):
+    """64 clients' CAS increments of one key arrive together and go to storage in batches (one Raft entry each):
+    every success is counted once in the final value, and a bad transaction among them fails alone."""
+    await kv.create_bucket("counter")
+    await kv.put("counter", "n", b"0")
+    successes = 0
+
+    async def increment() -> None:
+        nonlocal successes
+        while True:
+            entry = await kv.get("counter", "n")
+            try:
+                await kv.put("counter", "n", str(int(entry.value) + 1).encode(), if_revision=entry.revision)
+            except RocketError as error:
+                assert error.code == Code.CAS_FAILED
+                continue
+            successes += 1
+            return
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(64):
+            nursery.start_soon(increment)
+        nursery.start_soon(expect, Code.BAD_REQUEST, kv.txn("counter", [], [{"op": "put", "key": ""}]))
+    assert successes == 64 and (await kv.get("counter", "n")).value == b"64"

@@ -33,8 +33,8 @@ class Shard:
         entries = []
         for one in txns:
             self.index += 1
-            entries.append(Entry(1, self.index, encode_kv(one)))
-        return self.node.apply(self.group, entries)
+            entries.append(Entry(1, self.index, encode_kv([one])))
+        return [results[0] for results in self.node.apply(self.group, entries)]
 
     def put(self, key, value: bytes, **options) -> dict:
         return self.run(txn(success=[Op("put", key, value, options.pop("ttl_ms", 0))], **options))[0]
@@ -143,8 +143,8 @@ def test_a_lost_kv_directory_is_rebuilt_from_the_log(tmp_path):
     shard.run(*[txn(success=[Op("put", f"k{i % 7}", str(i).encode())], history=2) for i in range(40)])
     shard.run(txn(success=[Op("delete_prefix", "k1")]))
     digest = node.kv.digest("b", 0)
-    entries = [Entry(1, i + 1, encode_kv(txn(success=[Op("put", f"k{i % 7}", str(i).encode())], history=2)))
-               for i in range(40)] + [Entry(1, 41, encode_kv(txn(success=[Op("delete_prefix", "k1")])))]
+    entries = [Entry(1, i + 1, encode_kv([txn(success=[Op("put", f"k{i % 7}", str(i).encode())], history=2)]))
+               for i in range(40)] + [Entry(1, 41, encode_kv([txn(success=[Op("delete_prefix", "k1")])]))]
     node.close()
     shutil.rmtree(tmp_path / "kv")
     reopened = Node(tmp_path)

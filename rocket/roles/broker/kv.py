@@ -6,6 +6,7 @@ the topics'. A mixin of Broker.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import suppress
 
@@ -15,8 +16,19 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import KV_PREFIX, bucket_topic, shard_of
 from rocket.roles.broker.routes import Route
-from rocket.store.kv import check_key, check_value
+from rocket.store.kv import check_key, check_txn, check_value, txn_bytes, txn_from_wire
 from rocket.transport.rpc import as_rocket_error
+
+
+@dataclasses.dataclass(slots=True)
+class KvCall:
+    """The transactions of one StorageKvTxn call, and its outcome once done."""
+
+    txns: list[dict] = dataclasses.field(default_factory=list)
+    bytes: int = 0
+    done: trio.Event = dataclasses.field(default_factory=trio.Event)
+    results: list[dict] | None = None
+    error: RocketError | None = None
 
 
 def bucket_info(topic: dict) -> dict:
@@ -69,13 +81,47 @@ class KeyValues:
 
     async def _kv_txn(self, route: Route, shard: int, compare: list[dict], success: list[dict],
                       failure: list[dict] = ()) -> dict:
-        group = route.queue_groups[shard]
+        """A transaction on one shard, checked here (it goes in a batch with others, which a bad one must not fail)
+        and sent with the others that came for the shard's group meanwhile (_kv_batched)."""
         for op in (*success, *failure):
             if op.get("ttl_ms", -1) < 0:
                 op["ttl_ms"] = route.spec.ttl_ms if op["op"] == "put" else 0
-        return await self._storage(route, group, "StorageKvTxn", {
-            "group": group, "bucket": route.spec.bucket, "shard": shard, "history": route.spec.history,
-            "compare": compare, "success": list(success), "failure": list(failure)}, at_most_once=True)
+        txn = {"bucket": route.spec.bucket, "shard": shard, "history": route.spec.history, "compare": compare,
+               "success": list(success), "failure": list(failure)}
+        size = txn_bytes(check_txn(txn_from_wire(txn, 0)))
+        return await self._kv_batched(route, route.queue_groups[shard], txn, size)
+
+    async def _kv_batched(self, route: Route, group: int, txn: dict, size: int) -> dict:
+        """Group commit of KV writes, like a batch of messages: one StorageKvTxn (one Raft entry) at a time per
+        group carries every transaction that arrived while the one before was out. The first of a batch sends it,
+        shielded, so that the others' writes do not depend on its caller staying; each gets its own result, or the
+        batch's error (an outcome unknown is unknown for all of them)."""
+        batch = self._kv_open.get(group)
+        first = batch is None or len(batch.txns) >= limits.kv_batch_txns_max or \
+            batch.bytes + size > limits.kv_txn_bytes_max
+        if first:
+            batch = self._kv_open[group] = KvCall()
+        slot = len(batch.txns)
+        batch.txns.append(txn)
+        batch.bytes += size
+        if first:
+            with trio.CancelScope(shield=True):
+                try:
+                    async with self._kv_sending.setdefault(group, trio.Lock()):
+                        if self._kv_open.get(group) is batch:
+                            del self._kv_open[group]  # those who come now start the next batch
+                        response = await self._storage(route, group, "StorageKvTxn",
+                                                       {"group": group, "txns": batch.txns}, at_most_once=True)
+                        batch.results = response["results"]
+                except RocketError as error:
+                    batch.error = error
+                finally:
+                    batch.done.set()
+        else:
+            await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+        return batch.results[slot]
 
     async def _kv_read(self, route: Route, shard: int, request: dict) -> dict:
         group = route.queue_groups[shard]

@@ -38,6 +38,8 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
         self._read_turns: dict[int, int] = {}  # storage group -> which replica reads next
         self._filters: dict[tuple[str, str], Filter] = {}  # compiled filters, the most recent limits.filters_cached_max
         self._nursery: trio.Nursery | None = None  # see serve
+        self._kv_open: dict = {}  # storage group -> the KV batch that takes transactions now (see kv.py)
+        self._kv_sending: dict[int, trio.Lock] = {}  # storage group -> held while its KV batch call is out
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Hold the nursery for tasks that serve a streaming call but cannot live in its frame (a stream's

@@ -13,20 +13,26 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.store.commands import encode_kv
-from rocket.store.kv import KIND_NAMES, Compare, Op, Txn, check_key, check_txn, entry
+from rocket.store.kv import KIND_NAMES, Op, Txn, check_key, check_txn, entry, txn_from_wire
 
 log = logging.getLogger("rocket.storage")
 
 
 class KeyValues:
     async def kv_txn(self, request: dict) -> dict:
+        """Transactions that came to a broker together for this group: one Raft entry, one result each."""
         group = request["group"]
         self._leads(group)
-        txn = check_txn(Txn(request["bucket"], request["shard"], self.clock.wall_ms(), request["history"],
-                            [Compare(c["key"], c["target"], c["op"], c["number"], c["value"]) for c in request["compare"]],
-                            *([Op(o["op"], o["key"], o["value"], max(0, o["ttl_ms"])) for o in request[branch]]
-                              for branch in ("success", "failure"))))
-        return await self.host.propose(group, encode_kv(txn), limits.storage_append_wait_s_max)
+        if not 1 <= len(request["txns"]) <= limits.kv_batch_txns_max:
+            raise RocketError(Code.BAD_REQUEST, f"1-{limits.kv_batch_txns_max} transactions at once, not "
+                              f"{len(request['txns'])}")
+        now_ms = self.clock.wall_ms()
+        txns = [check_txn(txn_from_wire(txn, now_ms)) for txn in request["txns"]]
+        entry = encode_kv(txns)
+        if len(entry) > limits.raft_entry_bytes_max:
+            raise RocketError(Code.BAD_REQUEST, f"transactions of {len(entry)} bytes in all; at most "
+                              f"{limits.raft_entry_bytes_max} go at once")
+        return {"results": await self.host.propose(group, entry, limits.storage_append_wait_s_max)}
 
     async def _kv_readable(self, request: dict) -> None:
         """Linearizable reads on the leader once it knows it still leads and applied all it committed (its lease,
@@ -137,6 +143,6 @@ class KeyValues:
                         txn = Txn(bucket, shard, now_ms, history, [],
                                   [Op("get", key) for key in keys[at:at + limits.kv_txn_ops_max]], [])
                         try:
-                            await self.host.propose(group, encode_kv(txn), limits.storage_append_wait_s_max)
+                            await self.host.propose(group, encode_kv([txn]), limits.storage_append_wait_s_max)
                         except RocketError as error:  # no longer leading, or slow: the next pass tries again
                             log.info("group %d: expiring KV keys: %s", group, error)
