@@ -38,11 +38,20 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def anonymous_bytes(pid: int) -> int:
+    """The process's own memory: RSS without the pages of files it maps (LevelDB maps its table files; those pages
+    are page cache, which the kernel takes back under pressure)."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Anonymous:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 class PeakRss:
-    """Samples a process's RSS every 0.2 s in a thread; peak holds the largest seen."""
+    """Samples a process's RSS (and its anonymous part) every 0.2 s in a thread; peak holds the largest seen."""
 
     def __init__(self, pid: int):
-        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self.pid, self.peak, self.anonymous_peak, self._stop = pid, 0, 0, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -50,6 +59,7 @@ class PeakRss:
         while not self._stop.wait(0.2):
             try:
                 self.peak = max(self.peak, rss_bytes(self.pid))
+                self.anonymous_peak = max(self.anonymous_peak, anonymous_bytes(self.pid))
             except OSError:
                 return
 
@@ -57,6 +67,19 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
         return self.peak
+
+
+def limit_memory(pid: int, limit_mib: int) -> Path | None:
+    """Put a process in a memory cgroup (v1) of limit_mib: page cache counts against it and is reclaimed within it,
+    so the process runs only if its own memory fits. None when this machine offers no such cgroup."""
+    root = Path("/sys/fs/cgroup/memory")
+    if not (root / "memory.limit_in_bytes").exists():
+        return None
+    group = root / f"rocket-kv-capacity-{pid}"
+    group.mkdir(exist_ok=True)
+    (group / "memory.limit_in_bytes").write_text(str(limit_mib * 2**20))
+    (group / "cgroup.procs").write_text(str(pid))
+    return group
 
 
 async def load(server: str, keys: int, shards: int, writers: int) -> float:
@@ -112,12 +135,15 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=10_000_000)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--writers", type=int, default=8)
+    parser.add_argument("--memory-limit-mib", type=int, default=0,
+                        help="run the node in a memory cgroup of this size (its page cache counts too)")
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kv-capacity-") as directory:
         data = Path(directory)
         node = subprocess.Popen([sys.executable, "-m", "rocket", "run", "--data-dir", str(data / "data"), "--listen",
                                  "127.0.0.1:0", "--http2-listen", "off"], stdout=subprocess.PIPE,
                                 stderr=open(data / "node.log", "wb"))
+        cgroup = None
         try:
             match = None
             while match is None:
@@ -126,6 +152,7 @@ def main() -> None:
                     raise RuntimeError((data / "node.log").read_text()[-2000:])
                 match = READY.search(line)
             server = f"127.0.0.1:{int(match.group(1))}"
+            cgroup = limit_memory(node.pid, arguments.memory_limit_mib) if arguments.memory_limit_mib else None
             peak = PeakRss(node.pid)
             load_s = trio.run(load, server, arguments.keys, arguments.shards, arguments.writers)
             after_load = rss_bytes(node.pid)
@@ -139,6 +166,10 @@ def main() -> None:
                 "keys": arguments.keys, "value_bytes": len(VALUE), "shards": arguments.shards,
                 "load_s": round(load_s, 1), "puts_per_s": round(arguments.keys / load_s),
                 "node_rss_after_load_mib": round(after_load / 2**20), "node_rss_peak_mib": round(node_peak / 2**20),
+                "node_anonymous_peak_mib": round(peak.anonymous_peak / 2**20),
+                "memory_limit_mib": arguments.memory_limit_mib if cgroup else None,
+                "cgroup_peak_mib": round(int((cgroup / "memory.max_usage_in_bytes").read_text()) / 2**20)
+                if cgroup else None,
                 "scanned": scanned, "scan_s": round(scan_s, 1),
                 "export_s": round(export_s, 1), "export_bytes": export.stat().st_size,
                 "export_rss_peak_mib": round(export_rss / 2**20),
@@ -149,6 +180,8 @@ def main() -> None:
         finally:
             node.terminate()
             node.wait(60)
+            if cgroup is not None:
+                cgroup.rmdir()
     print(json.dumps(result, indent=2))
     out = ROOT / "benchmarks" / "results" / "kv_capacity.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
