@@ -174,7 +174,7 @@ class RaftHost(Rounds):
                     failures = 0
                 except RocketError as error:
                     failures += 1
-                    gone = error.code in (Code.NOT_FOUND, Code.BAD_REQUEST)  # the leader dropped it: a newer one comes
+                    gone = error.code in (Code.NOT_FOUND, Code.BAD_REQUEST)  # superseded there: Raft sends the next
                     if gone or failures >= limits.snapshot_fetch_attempts_max:
                         raise
                     log.info("group %d: fetching snapshot %s resumes at byte %d after: %s", group, name,
