@@ -28,11 +28,11 @@ class KeyValues:
                               f"{len(request['txns'])}")
         now_ms = self.clock.wall_ms()
         txns = [check_txn(txn_from_wire(txn, now_ms)) for txn in request["txns"]]
-        entry = encode_kv(txns)
-        if len(entry) > limits.raft_entry_bytes_max:
-            raise RocketError(Code.BAD_REQUEST, f"transactions of {len(entry)} bytes in all; at most "
+        payload = encode_kv(txns)
+        if len(payload) > limits.raft_entry_bytes_max:
+            raise RocketError(Code.BAD_REQUEST, f"transactions of {len(payload)} bytes in all; at most "
                               f"{limits.raft_entry_bytes_max} go at once")
-        return {"results": await self.host.propose(group, entry, limits.storage_append_wait_s_max)}
+        return {"results": await self.host.propose(group, payload, limits.storage_append_wait_s_max)}
 
     async def _kv_readable(self, request: dict) -> None:
         """Linearizable reads on the leader once it knows it still leads and applied all it committed (its lease,
