@@ -188,7 +188,7 @@ class Roles:
         if self.nameserver is not None:
             await nursery.start(self.nameserver.serve)
         if self.broker is not None:
-            await nursery.start(self.broker.serve)
+            await nursery.start(self.broker.run)
         if self.storage is not None:
             await nursery.start(self.storage.serve)
         else:

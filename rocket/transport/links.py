@@ -9,23 +9,17 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.transport.background import Background
 from rocket.transport.tcp import open_tcp_channel
 
 log = logging.getLogger("rocket.raft")
 
 
-class PeerLinks:
+class PeerLinks(Background):
     def __init__(self, node_id: int, addresses: dict[int, tuple[str, int]]):
         self.node_id = node_id
         self.addresses = addresses  # shared, not copied: membership may add nodes later
         self._outboxes: dict[int, trio.MemorySendChannel] = {}
-        self._nursery: trio.Nursery | None = None
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
 
     def post(self, destination: int, payload: bytes) -> None:
         outbox = self._outboxes.get(destination)

@@ -10,22 +10,16 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Address
+from rocket.transport.background import Background
 from rocket.transport.tcp import TcpChannel, open_tcp_channel
 
 
 
-class ChannelPool:
+class ChannelPool(Background):
     def __init__(self, serde: str = "avro"):
         self._serde = serde
         self._channels: dict[Address, TcpChannel] = {}
         self._opening: dict[Address, trio.Lock] = {}
-        self._nursery: trio.Nursery | None = None
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
 
     async def call(self, address: Address, method: str, request: dict,
                    timeout_s: float = limits.request_timeout_s_default, sent: trio.Event | None = None) -> dict:

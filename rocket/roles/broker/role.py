@@ -21,12 +21,16 @@ from rocket.roles.broker.produce import Produce
 from rocket.roles.broker.pull import Pull
 from rocket.roles.broker.routes import Route, Routes
 from rocket.roles.peers import Peers
+from rocket.transport.background import Background
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.broker")
 
 
-class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyValues):
+class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyValues, Background):
+    """run() holds the nursery (Background) of tasks that serve a streaming call but cannot live in its frame (a
+    stream's generator must not hold a nursery across its yields): the shards a KV watch follows."""
+
     def __init__(self, peers: Peers, roles: tuple[str, ...], clock: Clock):
         self.peers = peers
         self.clock = clock
@@ -37,17 +41,8 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
         self._round_robin: dict[str, itertools.count] = {}
         self._read_turns: dict[int, int] = {}  # storage group -> which replica reads next
         self._filters: dict[tuple[str, str], Filter] = {}  # compiled filters, the most recent limits.filters_cached_max
-        self._nursery: trio.Nursery | None = None  # see serve
         self._kv_open: dict = {}  # storage group -> the KV batch that takes transactions now (see kv.py)
         self._kv_sending: dict[int, trio.Lock] = {}  # storage group -> held while its KV batch call is out
-
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Hold the nursery for tasks that serve a streaming call but cannot live in its frame (a stream's
-        generator must not hold a nursery across its yields): the shards a KV watch follows."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
 
     def register(self, dispatcher: Dispatcher, forward_status: bool) -> None:
         handlers = {
