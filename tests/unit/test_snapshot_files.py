@@ -140,12 +140,17 @@ def test_a_download_resumes_from_its_partial_file(tmp_path):
     assert target.read_bytes() == content
 
 
+def third_frame() -> int:
+    """Where the third frame of a file of CHUNKS starts."""
+    return snapshots.HEADER.size + sum(snapshots.FRAME.size + len(chunk) for chunk in CHUNKS[:2])
+
+
 def test_a_partial_file_with_a_damaged_frame_resumes_before_it(tmp_path):
     """Damage in what an earlier fetch left is cut off: the fetch resumes where the damaged frame starts."""
     source, descriptor = written(tmp_path)
     content = source.read_bytes()
     target = tmp_path / "fetched.snap"
-    third = snapshots.HEADER.size + 2 * snapshots.FRAME.size + len(CHUNKS[0])  # where the third frame starts
+    third = third_frame()
     partial = target.with_name(target.name + snapshots.PARTIAL_SUFFIX)
     partial.write_bytes(content[:third + 100] + b"\xff" + content[third + 101:len(content) - 10])
     download = Download(target, descriptor)
@@ -162,7 +167,7 @@ def test_a_piece_that_fails_its_frame_is_cut_off_and_fetched_again(tmp_path):
     content = source.read_bytes()
     target = tmp_path / "fetched.snap"
     download = Download(target, descriptor)
-    third = snapshots.HEADER.size + 2 * snapshots.FRAME.size + len(CHUNKS[0])
+    third = third_frame()
     download.append(content[:third + 50])
     bad = bytearray(content[third + 50:])
     bad[100] ^= 0x80
