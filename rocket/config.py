@@ -75,6 +75,9 @@ class NodeConfig:
     tier_read_mode: str = "not_in_disk"
     tier_piece_bytes: int = limits.tier_piece_bytes_default
     tier_piece_age_s: float = limits.tier_piece_age_s_default
+    # Telemetry: how often the node samples its metrics into Avro files under data_dir/telemetry, shipped to the
+    # object store's telemetry/ (the tier's store: a local directory in dev mode, S3 in a cluster). 0: off.
+    telemetry_interval_s: float = 10.0
 
     @property
     def address(self) -> Address:
@@ -197,6 +200,11 @@ def _convert(key: str, value: object) -> object:
         return text
     if key in ("tier_s3_path_style", "wal_direct_io"):
         return _parse_bool(key, value)
+    if key == "telemetry_interval_s":
+        interval_s = _parse_duration(key, value)
+        if interval_s and interval_s < limits.telemetry_interval_s_min:
+            raise ConfigError(f"{key}: 0 (off) or at least {limits.telemetry_interval_s_min} s, got {value!r}")
+        return interval_s
     if key in ("tier_retention_s", "tier_local_retention_s", "tier_piece_age_s"):
         return _parse_duration(key, value)
     if key == "tier_piece_bytes":

@@ -244,6 +244,10 @@ bench_topic_retention_s = 60.0  # what a bench topic made up for one run keeps, 
 bench_probe_bytes_min = 256 * MiB  # the disk probe beside a bench writes at least this much, for a steady figure ...
 bench_probe_bytes_max = 4 * GiB  # ... and at most this much (or what the bench sends, between the two)
 
+# Telemetry: the node's sampler.
+telemetry_interval_s_min = 0.05  # a shorter sampling interval is a typo: each sample costs a look at every group
+telemetry_flush_s_max = 5.0  # on shutdown, the last sample is written and shipped within this, or left for the next start
+
 # Shutdown.
 shutdown_grace_s = 10.0  # SIGTERM drains for at most this long before cancelling
 shutdown_grace_s_max = 3600.0  # the longest shutdown_grace_s a config may set: an hour; more is a typo

@@ -37,6 +37,9 @@ from rocket.roles.broker import Broker
 from rocket.roles.nameserver import Nameserver
 from rocket.roles.peers import Peers
 from rocket.roles.storage import StorageRole
+from rocket.telemetry.registry import Telemetry
+from rocket.telemetry.runner import raft_metrics, run_telemetry, traffic_metrics
+from rocket.telemetry.spool import Spool
 from rocket.tier.local import LocalDirectoryStore
 from rocket.tier.objectstore import ObjectStore
 from rocket.transport.h2_server import serve_http2
@@ -98,9 +101,9 @@ def _notify_systemd(message: str) -> None:
 
 @contextlib.asynccontextmanager
 async def open_tier(config: NodeConfig):
-    """The object store a storage node offloads to (None without the storage role or with tier_backend off).
-    S3 runs aiobotocore on asyncio inside this Trio process through trio-asyncio."""
-    if "storage" not in config.roles or config.tier_backend == "off":
+    """The node's object store (None with tier_backend off): a storage node offloads to it, and every node ships
+    its telemetry to it. S3 runs aiobotocore on asyncio inside this Trio process through trio-asyncio."""
+    if config.tier_backend == "off":
         yield None
     elif config.tier_backend == "local":
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -229,6 +232,19 @@ def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Di
     return Roles(host, peers, nameserver, storage, broker)
 
 
+def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle) -> Telemetry:
+    """The node's metrics registry, fed by its Raft host, peers, listeners and store."""
+    telemetry = Telemetry(config.node_id, config.data_dir)
+    host, store = roles.host, roles.storage.store if roles.storage is not None else None
+    roles.peers.telemetry = telemetry
+    host.on_fsync = telemetry.observe_fsync
+    telemetry.add_collector(raft_metrics(host, store))
+    telemetry.add_collector(traffic_metrics(lifecycle.traffic))
+    if store is not None:
+        telemetry.traffic = lambda: (store.take_traffic(), {group for group in host.groups if host.leads(group)})
+    return telemetry
+
+
 async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_status, ready: trio.Event) -> None:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     dispatcher = Dispatcher()
@@ -269,6 +285,10 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             await nursery.start(pool.run)
             await nursery.start(links.run)
             await roles.start(nursery)
+            telemetry = node_telemetry(config, roles, lifecycle)
+            if config.telemetry_interval_s:
+                spool = await trio.to_thread.run_sync(partial(Spool, config.data_dir / "telemetry"))
+                await nursery.start(run_telemetry, telemetry, spool, objects, config.telemetry_interval_s)
             if storage is not None:
                 with trio.CancelScope() as waiting:  # registered with the nameservers: topics can be placed here
                     nursery.start_soon(cancel_on, stop, waiting)  # unless told to stop first

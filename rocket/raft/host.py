@@ -72,6 +72,7 @@ class RaftHost(Rounds):
         self._deferred_due = False
         self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
         self.fsyncs = 0
+        self.on_fsync: Callable[[float], None] = lambda seconds: None  # telemetry: each WAL fsync's time, in its thread
         # Rounds are numbered as they are written. A round's worker thread goes on from its write to
         # its fsync, one fsync at a time (the lock), so that the disk never waits for this thread.
         self._rounds_written = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 
 import trio
 
@@ -279,7 +280,9 @@ class Rounds:
             if self._rounds_synced >= number:
                 return
             covered = self._rounds_on_disk  # a round written meanwhile is made durable by this fsync too
+            started = time.perf_counter()
             self.wal.sync()
+            self.on_fsync(time.perf_counter() - started)
             self.fsyncs += 1
             self._rounds_synced = covered
         self._token.run_sync_soon(self._synced, covered)

@@ -12,6 +12,7 @@ from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.model import Address
 from rocket.transport.pool import ChannelPool
+from rocket.telemetry.registry import Telemetry
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.peers")
@@ -27,12 +28,23 @@ class Peers:
         self.nameservers = list(config.nameserver_members().values())
         self._nameserver_at = 0  # the nameserver that answered last: asked first next time
         self.metadata_version = 0  # the newest metadata version a heartbeat answer carried
+        self.telemetry: Telemetry | None = None  # where calls to other nodes are timed and their errors counted
 
     async def call(self, address: Address, method: str, request: dict,
                    timeout_s: float = limits.request_timeout_s_default) -> dict:
         if address == self.address:
             return await self.dispatcher.local(method, request)
-        return await self.pool.call(address, method, request, timeout_s)
+        if self.telemetry is None:
+            return await self.pool.call(address, method, request, timeout_s)
+        started = self.telemetry.clock()
+        try:
+            response = await self.pool.call(address, method, request, timeout_s)
+        except RocketError as error:
+            self.telemetry.call_failed(str(address), error.code.name)
+            raise
+        if not request.get("wait_ms"):  # a long poll's time is how long it waited, not the peer's speed
+            self.telemetry.call_took(str(address), started)
+        return response
 
     async def nameserver(self, method: str, request: dict, timeout_s: float = limits.request_timeout_s_default) -> dict:
         """Ask the nameservers, starting with the one that answered last; the next one on failure."""
@@ -57,11 +69,15 @@ class Peers:
         request = {"node": self.config.node_id, "address": str(self.address), "roles": list(self.config.roles),
                    "load": load or {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0, "lagging": []},
                    "assignment_version": assignment_version}
+        started = self.telemetry.clock() if self.telemetry is not None else 0.0
         try:
             assignment = await self.nameserver("NodeHeartbeat", request, timeout_s=limits.leader_wait_s_max + 5)
         except RocketError as error:
             log.warning("heartbeat to the nameservers failed: %s", error)
             return None
+        finally:
+            if self.telemetry is not None:
+                self.telemetry.heartbeat_took(started)
         self.metadata_version = max(self.metadata_version, assignment["version"])
         return assignment
 

@@ -146,7 +146,9 @@ class StorageMachine:
                      effects: Effects) -> tuple[int, int]:
         """A batch lying in the WAL at position joins its queue: (base offset, count)."""
         header = batch_codec.peek_header(batch)  # checked before it was proposed
-        stats = self.queues.setdefault((topic, queue), QueueStats(group=group))
+        stats = self.queues.get((topic, queue))
+        if stats is None:  # a new queue: telemetry counts its traffic from zero
+            stats = self.queues[(topic, queue)] = QueueStats(group=group, sampled=(0, 0, 0, 0))
         base_offset = stats.next_offset
         stats.next_offset += header.count
         stats.bytes += len(batch)

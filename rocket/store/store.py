@@ -31,7 +31,7 @@ from rocket.store.reads import Reads
 from rocket.store.reclaim import Reclaim
 from rocket.store.replay import Replay
 from rocket.store.timers import Timers
-from rocket.store.values import IndexEntry
+from rocket.store.values import IndexEntry, QueueStats
 
 log = logging.getLogger("rocket.store")
 
@@ -67,6 +67,7 @@ class Store(Reads, Timers, Reclaim):
         self._timer_batches_bytes = 0
         self._dirty = False
         self.fsyncs = 0
+        self.traffic: dict[tuple[str, int], QueueStats] = {}  # queues appended to or read since take_traffic
 
     @classmethod
     def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_default) -> "Store":
@@ -102,6 +103,9 @@ class Store(Reads, Timers, Reclaim):
             self.index.apply(effects.index_entries, effects.touched, effects.commits, {effects.group: effects.applied},
                              self.log.end_position, effects.timers, effects.pop_changes, effects.tier_changes)
             self._dirty = True
+            self.traffic.update(effects.touched)
+            for consumer_group, topic, offsets in effects.commits:
+                self._count_commits(consumer_group, topic, offsets)
             for key in effects.woken.union(effects.touched):
                 for event in self._watchers.get(key, ()):
                     event.set()
@@ -111,6 +115,39 @@ class Store(Reads, Timers, Reclaim):
             for key in effects.kv_shards:
                 for event in self._kv_watchers.get(key, ()):
                     event.set()
+
+    def count_read(self, topic: str, queue: int, batches: list[tuple[int, bytes]]) -> None:
+        """Telemetry: a read of the queue returned these batches."""
+        stats = self.machine.queues.get((topic, queue))
+        if stats is not None and batches:
+            stats.out_messages += sum(batch_codec.peek_count(data) for _, data in batches)
+            stats.out_bytes += sum(len(data) for _, data in batches)
+            self.traffic[(topic, queue)] = stats
+
+    def _count_commits(self, consumer_group: str, topic: str, offsets: dict[int, int]) -> None:
+        """Telemetry: a queue's backlog is what its slowest consumer group has yet to commit."""
+        for queue, offset in offsets.items():
+            stats = self.machine.queues.get((topic, queue))
+            if stats is not None:
+                if stats.committed is None:
+                    stats.committed = {}
+                stats.committed[consumer_group] = offset
+                self.traffic[(topic, queue)] = stats
+
+    def take_traffic(self) -> list[tuple[str, int, int, tuple[int, int, int, int], tuple[int, int, int, int] | None]]:
+        """Telemetry: the queues appended to, read or committed since the last call, as (topic, queue, group, totals,
+        increases, backlog): totals are (messages in, bytes in, messages out, bytes out), in since the queue began, out
+        since this node started; increases are since the last call, None on a queue's first; backlog is the messages
+        its slowest consumer group has not committed, None before a group committed on it since this node started."""
+        taken, self.traffic = self.traffic, {}
+        result = []
+        for (topic, queue), stats in taken.items():
+            totals = (stats.next_offset, stats.bytes, stats.out_messages, stats.out_bytes)
+            before, stats.sampled = stats.sampled, totals
+            increases = None if before is None else tuple(now - then for now, then in zip(totals, before))
+            backlog = None if not stats.committed else max(0, stats.next_offset - min(stats.committed.values()))
+            result.append((topic, queue, stats.group, totals, increases, backlog))
+        return result
 
     def snapshot(self, group: int) -> Iterator[bytes]:
         """The group's state as applied: a head (the machine's snapshot), then its KV records. What the head covers

@@ -28,6 +28,12 @@ class QueueStats:
     last_append_ms: int = 0
     group: int = 0  # the Raft group the queue belongs to
     available_from: int = 0  # batches before this offset are not on this replica (it installed a snapshot)
+    # Telemetry, on this node only, since it started: what reads returned, and the in and out totals as the last
+    # telemetry sample saw them (Store.take_traffic); None until then, unless the queue began on this node.
+    out_messages: int = 0
+    out_bytes: int = 0
+    sampled: tuple[int, int, int, int] | None = None
+    committed: dict[str, int] | None = None  # consumer group -> offset it committed on this queue since then
 
 
 @dataclasses.dataclass(slots=True, frozen=True)

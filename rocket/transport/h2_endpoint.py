@@ -14,7 +14,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.serde import SERDE_BY_CONTENT_TYPE, json_codec
-from rocket.transport.rpc import method_spec
+from rocket.transport.rpc import Traffic, method_spec
 
 DEFAULT_WINDOW_BYTES = 65_535  # RFC 9113's initial connection window, which we raise at start: a format constant
 path_prefix = "/rocket.v1/"
@@ -95,8 +95,9 @@ class Endpoint:
     """What client and server share: the h2 state machine, the one task that writes to the socket, and
     sends that respect the peer's flow-control windows."""
 
-    def __init__(self, socket_stream: trio.SocketStream, client_side: bool):
+    def __init__(self, socket_stream: trio.SocketStream, client_side: bool, traffic: Traffic | None = None):
         self.socket_stream = socket_stream
+        self.traffic = traffic or Traffic()  # bytes received (counted by the read loop) and sent
         self.client_side = client_side
         config = h2.config.H2Configuration(client_side=client_side, header_encoding=None)
         self.connection = h2.connection.H2Connection(config=config)
@@ -138,6 +139,7 @@ class Endpoint:
                 data = self.connection.data_to_send()
                 if data:
                     await self.socket_stream.send_all(data)
+                    self.traffic.sent_bytes += len(data)
                 self._flushes_done = target
                 self._announce_flush()
         except (trio.BrokenResourceError, trio.ClosedResourceError):

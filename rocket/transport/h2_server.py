@@ -145,7 +145,7 @@ class _Request:
 class _ServerConnection(Endpoint):
     def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.SocketStream,
                  grpc: dict[str, GrpcHandler]):
-        super().__init__(stream, client_side=False)
+        super().__init__(stream, client_side=False, traffic=lifecycle.traffic)
         self.dispatcher = dispatcher
         self.grpc = grpc
         self.lifecycle = lifecycle
@@ -191,6 +191,7 @@ class _ServerConnection(Endpoint):
                 data = b""
             if not data:
                 break
+            self.traffic.received_bytes += len(data)
             try:
                 events = self.connection.receive_data(data)
             except h2.exceptions.ProtocolError as error:

@@ -222,10 +222,21 @@ class Dispatcher:
             raise as_rocket_error(error, name) from None
 
 
-class Lifecycle:
-    """Shared by every listener: stops accepting and reading on drain, and counts calls in flight."""
+class Traffic:
+    """Bytes received and sent on some connections (a node's listeners share one: telemetry reads it)."""
+
+    __slots__ = ("received_bytes", "sent_bytes")
 
     def __init__(self) -> None:
+        self.received_bytes = 0
+        self.sent_bytes = 0
+
+
+class Lifecycle:
+    """Shared by every listener: stops accepting and reading on drain, counts calls in flight, and the traffic."""
+
+    def __init__(self) -> None:
+        self.traffic = Traffic()
         self.draining = trio.Event()
         self._calls_in_flight = 0
         self._idle = trio.Event()

@@ -132,10 +132,13 @@ class _ServerConnection:
 
     async def _read_loop(self, calls: trio.Nursery) -> None:
         decoder = FrameDecoder()
+        traffic = self.lifecycle.traffic
         while True:
-            if not await receive_into(self.stream, decoder):
+            received = await receive_into(self.stream, decoder)
+            if not received:
                 self.peer_gone = True
                 return
+            traffic.received_bytes += received
             while (frame := decoder.next_frame()) is not None:
                 await self._dispatch(frame, calls)
 
@@ -183,6 +186,7 @@ class _ServerConnection:
                 self.streams.pop(frame.request_id, None)
 
     async def _send(self, *parts: bytes | memoryview) -> None:
+        self.lifecycle.traffic.sent_bytes += sum(map(len, parts))
         async with self.send_lock:
             try:
                 await send_parts(self.stream, parts)

@@ -38,6 +38,7 @@ class Reads:
         for queue, offset in positions.items():
             if not budget.spent:
                 found, offset = await self._read_queue(topic, queue, offset, budget.bytes_left, budget.first, tag_mask)
+                self.store.count_read(topic, queue, found)
                 for base_offset, data in found:
                     batches.append({"queue": queue, "base_offset": base_offset, "batch": data})
                     budget.take(len(data))  # the queue's read kept to what was left of the budget

@@ -1,0 +1,202 @@
+"""One node's metrics: prometheus_client's registry, which the Prometheus endpoint can expose as it is, and the sampler
+that turns one look at it into TelemetrySample records (rocket/serde/schemas/rocket.v1.TelemetrySample.avsc) for the
+spool every telemetry_interval_s.
+
+Nothing here is on the hot path. Components count in attributes they keep anyway (a Raft host's fsyncs, a queue's
+next offset and bytes), or observe a histogram once per fsync or peer call; the registry reads them when it is
+collected. Per-queue and per-group traffic goes only to the telemetry files (Store.take_traffic), never to the
+registry: a node may hold a million queues, and Prometheus wants few series.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+# Upper bounds in seconds: an fsync takes 0.1 ms on a fast SSD and up to seconds on a failing disk.
+FSYNC_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
+                 5.0, float("inf"))
+RPC_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+               float("inf"))
+QUANTILES = (("p50", 0.5), ("p99", 0.99))
+
+
+class Telemetry:
+    """A node's registry and its sampler. `collectors` are callables returning prometheus_client metric families,
+    read at each collection; `traffic` returns the per-queue traffic since its last call (Store.take_traffic) with
+    the groups this node leads, and may be None (a node without storage)."""
+
+    def __init__(self, node_id: int, data_dir: Path):
+        self.node_id = node_id
+        self.data_dir = data_dir
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        self.fsync_seconds = Histogram("rocket_fsync_seconds", "Time of one fsync of the Raft WAL, which every "
+                                       "acknowledged write waits for", buckets=FSYNC_BUCKETS, registry=self.registry)
+        self.peer_rpc_seconds = Histogram("rocket_peer_rpc_seconds", "Time of one call to another node, by its "
+                                          "address", ["peer"], buckets=RPC_BUCKETS, registry=self.registry)
+        self.peer_rpc_errors = Counter("rocket_peer_rpc_errors", "Calls to another node that failed, by address and "
+                                       "error code", ["peer", "code"], registry=self.registry)
+        self.heartbeat_seconds = Gauge("rocket_heartbeat_seconds", "Time of this node's last heartbeat to the "
+                                       "nameservers", registry=self.registry)
+        self.samples_dropped = Counter("rocket_telemetry_dropped_samples", "Telemetry samples dropped: the spool was "
+                                       "full, or could not be written", registry=self.registry)
+        self._fsync_max_s = 0.0  # the slowest fsync since the last sample
+        self._collectors: list[Callable[[], Iterable[Metric]]] = [self._node_metrics]
+        self.registry.register(self)
+        self.traffic: Callable[[], tuple[list, set[int]]] | None = None
+        self._sampled_s: float | None = None
+        self._counters: dict[tuple, float] = {}  # (sample name, labels) -> value at the last sample
+        self._buckets: dict[tuple, list[float]] = {}  # (histogram, labels) -> bucket counts at the last sample
+        self._group_totals: dict[int, list[int]] = {}  # group -> [messages in, bytes in, messages out, bytes out]
+
+    def add_collector(self, collect: Callable[[], Iterable[Metric]]) -> None:
+        self._collectors.append(collect)
+
+    clock = staticmethod(time.perf_counter)  # what the roles time calls with: they read no clock themselves
+
+    def call_took(self, peer: str, started: float) -> None:
+        self.peer_rpc_seconds.labels(peer).observe(time.perf_counter() - started)
+
+    def call_failed(self, peer: str, code: str) -> None:
+        self.peer_rpc_errors.labels(peer, code).inc()
+
+    def heartbeat_took(self, started: float) -> None:
+        self.heartbeat_seconds.set(time.perf_counter() - started)
+
+    def observe_fsync(self, seconds: float) -> None:
+        """Called by the thread that ran the fsync."""
+        self.fsync_seconds.observe(seconds)
+        if seconds > self._fsync_max_s:
+            self._fsync_max_s = seconds
+
+    def collect(self) -> Iterable[Metric]:
+        """prometheus_client's collector protocol: every family the components' collectors give."""
+        for collect in self._collectors:
+            yield from collect()
+
+    def _node_metrics(self) -> Iterable[Metric]:
+        disk = GaugeMetricFamily("rocket_disk_free_bytes", "Free bytes on the data directory's file system")
+        disk.add_metric([], shutil.disk_usage(self.data_dir).free)
+        yield disk
+
+    def sample(self, now_s: float) -> list[dict]:
+        """TelemetrySample records of every series now: gauges as they are; counters with their rate since the last
+        sample; histograms as count and sum (counters) and the p50 and p99 of what they observed since the last
+        sample; the fsync max since then; then the queues' and groups' traffic."""
+        interval_s = None if self._sampled_s is None else max(now_s - self._sampled_s, 1e-9)
+        self._sampled_s = now_s
+        time_ms = int(now_s * 1000)
+        records: list[dict] = []
+
+        def add(metric: str, labels: dict, value: float, rate: float | None = None) -> None:
+            records.append({"time_ms": time_ms, "node": self.node_id, "metric": metric, "labels": labels,
+                            "value": float(value), "rate": rate})
+
+        def counter(metric: str, labels: dict, value: float) -> None:
+            key = (metric, tuple(sorted(labels.items())))
+            before = self._counters.get(key)
+            self._counters[key] = value
+            rate = None if interval_s is None or before is None or value < before else (value - before) / interval_s
+            add(metric, labels, value, rate)
+
+        for family in self.registry.collect():
+            if family.type == "histogram":
+                self._histogram(family, counter, add)
+            elif family.type == "counter":
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        counter(sample.name, sample.labels, sample.value)
+            elif family.type == "gauge":
+                for sample in family.samples:
+                    add(sample.name, sample.labels, sample.value)
+        fsync_max_s, self._fsync_max_s = self._fsync_max_s, 0.0
+        add("rocket_fsync_seconds_max", {}, fsync_max_s)
+        if self.traffic is not None:
+            self._traffic(add, interval_s)
+        return records
+
+    def _histogram(self, family: Metric, counter, add) -> None:
+        by_labels: dict[tuple, list] = {}
+        for sample in family.samples:
+            labels = {name: value for name, value in sample.labels.items() if name != "le"}
+            if sample.name.endswith("_bucket"):
+                by_labels.setdefault(tuple(sorted(labels.items())), []).append(
+                    (float(sample.labels["le"]), sample.value))
+            elif sample.name.endswith(("_count", "_sum")):
+                counter(sample.name, labels, sample.value)
+        for labels, buckets in by_labels.items():
+            counts = [count for _, count in buckets]
+            before = self._buckets.get((family.name, labels))
+            self._buckets[(family.name, labels)] = counts
+            increases = counts if before is None else [now - then for now, then in zip(counts, before)]
+            for name, quantile in QUANTILES:
+                value = bucket_quantile(quantile, [bound for bound, _ in buckets], increases)
+                if value is not None:
+                    add(f"{family.name}_{name}", dict(labels), value)
+
+    def _traffic(self, add, interval_s: float | None) -> None:
+        """Per queue, on the node that leads its group (the cluster counts each queue once): messages and bytes in
+        and out, totals and rates, and the backlog of its slowest consumer group; per group, the same summed, on every
+        replica."""
+        queues, leads = self.traffic()
+        names = ("in_messages", "in_bytes", "out_messages", "out_bytes")
+        for topic, queue, group, totals, increases, backlog in queues:
+            group_totals = self._group_totals.setdefault(group, [0, 0, 0, 0])
+            if increases is not None:
+                for number, increase in enumerate(increases):
+                    group_totals[number] += increase
+            if group in leads:
+                labels = {"topic": topic, "queue": str(queue), "group": str(group)}
+                for name, total, increase in zip(names, totals, increases or (None,) * 4):
+                    rate = None if increase is None or interval_s is None else increase / interval_s
+                    add(f"rocket_queue_{name}_total", labels, total, rate)
+                if backlog is not None:
+                    add("rocket_queue_backlog_messages", labels, backlog)
+        for group, group_totals in sorted(self._group_totals.items()):
+            for name, total in zip(names, group_totals):
+                key = (f"rocket_group_{name}_total", (("group", str(group)),))
+                before = self._counters.get(key)
+                self._counters[key] = total
+                rate = None if before is None or interval_s is None else (total - before) / interval_s
+                add(key[0], {"group": str(group), "leader": str(int(group in leads))}, total, rate)
+
+
+def bucket_quantile(quantile: float, bounds: list[float], cumulative: list[float]) -> float | None:
+    """The quantile of what a histogram's cumulative bucket counts hold, interpolated linearly within the bucket it
+    falls in (as Prometheus's histogram_quantile does); None when they hold nothing. Past the last finite bound, that
+    bound."""
+    total = cumulative[-1] if cumulative else 0
+    if total <= 0:
+        return None
+    rank = quantile * total
+    lower, below = 0.0, 0.0
+    for bound, count in zip(bounds, cumulative):
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = count - below
+            return min(bound, lower + (bound - lower) * ((rank - below) / inside if inside else 1.0))
+        lower, below = bound, count
+    return lower
+
+
+def counter_family(name: str, documentation: str, labels: list[str], values: Iterable[tuple[list[str], float]]
+                   ) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for label_values, value in values:
+        family.add_metric(label_values, value)
+    return family
+
+
+def gauge_family(name: str, documentation: str, labels: list[str], values: Iterable[tuple[list[str], float]]
+                 ) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for label_values, value in values:
+        family.add_metric(label_values, value)
+    return family

@@ -1,0 +1,82 @@
+"""The node's telemetry task: every telemetry_interval_s it samples the registry (registry.py) into the spool
+(spool.py), in a worker thread; beside it the shipper (ship.py) moves closed spool files to the object store. On
+shutdown the open file is closed and shipped, within a bound. It never waits on the hot path: a sample reads counters
+the components keep, and a spool that cannot be written drops the sample and counts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+import trio
+
+from rocket import limits
+from rocket.telemetry.registry import Telemetry, counter_family, gauge_family
+from rocket.telemetry.ship import ship_forever, ship_once
+from rocket.telemetry.spool import Spool
+from rocket.tier.objectstore import ObjectStore
+
+log = logging.getLogger("rocket.telemetry")
+
+
+def raft_metrics(host, store) -> Iterable:
+    """A Raft host's fsyncs and WAL bytes, and per group it hosts: whether this node leads it, and each lagging
+    replica's entries behind. store (or None): the storage role's, whose own fsyncs count too."""
+    wal_start = host.wal.log.end_position
+
+    def collect():
+        yield counter_family("rocket_fsyncs", "fsyncs of the Raft WAL and the store", [],
+                             [([], host.fsyncs + (store.fsyncs if store is not None else 0))])
+        yield counter_family("rocket_wal_written_bytes", "Bytes written to the Raft WAL since the node started", [],
+                             [([], host.wal.log.end_position - wal_start)])
+        groups = sorted(host.groups)
+        yield gauge_family("rocket_group_leader", "1 where this node leads the Raft group", ["group"],
+                           [([str(group)], float(host.leads(group))) for group in groups])
+        yield gauge_family("rocket_group_lag_entries", "Entries a replica lacks, on the group's leader",
+                           ["group", "replica"],
+                           [([str(group), str(node)], entries) for group in groups if host.leads(group)
+                            for node, entries in host.lagging(group).items()])
+    return collect
+
+
+def traffic_metrics(traffic) -> Iterable:
+    """The bytes a node's listeners received and sent (rocket.transport.rpc.Traffic)."""
+
+    def collect():
+        yield counter_family("rocket_received_bytes", "Bytes the node's listeners received", [],
+                             [([], traffic.received_bytes)])
+        yield counter_family("rocket_sent_bytes", "Bytes the node's listeners sent", [], [([], traffic.sent_bytes)])
+    return collect
+
+
+async def run_telemetry(telemetry: Telemetry, spool: Spool, objects: ObjectStore | None, interval_s: float, *,
+                        task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Sample every interval_s and ship, until cancelled; then close the open file and ship it (bounded)."""
+    async with trio.open_nursery() as nursery:
+        if objects is not None:
+            nursery.start_soon(ship_forever, spool, objects, telemetry.node_id, interval_s)
+        task_status.started()
+        try:
+            while True:
+                await trio.sleep(interval_s)
+                await sample_once(telemetry, spool)
+        finally:
+            with trio.move_on_after(limits.telemetry_flush_s_max) as scope:
+                scope.shield = True
+                await sample_once(telemetry, spool)
+                await trio.to_thread.run_sync(spool.rotate)
+                if objects is not None:
+                    await ship_once(spool, objects, telemetry.node_id)
+
+
+async def sample_once(telemetry: Telemetry, spool: Spool) -> None:
+    records = telemetry.sample(time.time())
+    dropped_before = spool.dropped_records
+    try:
+        await trio.to_thread.run_sync(spool.append, records)
+    except OSError as error:
+        log.warning("telemetry: a sample of %d records was dropped: %s", len(records), error)
+        telemetry.samples_dropped.inc(len(records))
+    telemetry.samples_dropped.inc(spool.dropped_records - dropped_before)
