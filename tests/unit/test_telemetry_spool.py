@@ -1,16 +1,23 @@
-"""The telemetry spool: rotation, the byte bound, crash recovery."""
+"""The telemetry spool (rotation, the byte bound, crash recovery) and its shipper to the object store."""
 
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 import fastavro
 from fastavro.validation import ValidationError
 import pytest
+import trio
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
+from rocket.errors import Code, RocketError
+from rocket.telemetry.ship import object_key, read_samples, ship_forever, ship_now, ship_once
 from rocket.telemetry.spool import OPEN_NAME, Spool, parse_closed_name
+from rocket.tier.local import LocalDirectoryStore
 
 TIME_MS = 1_700_000_000_000  # 2023-11-14T22:13:20Z
 NODE_ID = 7
@@ -35,8 +42,7 @@ class FakeClock:
 
 
 def read_path(path: Path) -> list[dict]:
-    with open(path, "rb") as file:
-        return list(fastavro.reader(file))
+    return read_samples(path.read_bytes())
 
 
 def spooled_records(spool: Spool) -> list[dict]:
@@ -49,6 +55,27 @@ def spooled_records(spool: Spool) -> list[dict]:
 def spool_in(directory: Path, **limits) -> Spool:
     limits = {"file_age_s": 60.0, "file_bytes_max": 1 << 20, "spool_bytes_max": 8 << 20} | limits
     return Spool(directory, **limits)
+
+
+class FailingStore:
+    """An object store that is down (UNAVAILABLE) for its first `failures` puts, then stores in memory."""
+
+    def __init__(self, failures: int, objects_wanted: int = 0):
+        self.failures = failures
+        self.objects: dict[str, bytes] = {}
+        self.put_times: list[float] = []
+        self.objects_wanted = objects_wanted
+        self.has_objects_wanted = trio.Event() if objects_wanted else None
+
+    async def put(self, key: str, data: bytes):
+        if self.has_objects_wanted is not None:
+            self.put_times.append(trio.current_time())
+        if self.failures > 0:
+            self.failures -= 1
+            raise RocketError(Code.UNAVAILABLE, "the store is down")
+        self.objects[key] = data
+        if self.has_objects_wanted is not None and len(self.objects) >= self.objects_wanted:
+            self.has_objects_wanted.set()
 
 
 def test_appends_are_blocks_of_one_file_closed_by_rotate(tmp_path):
@@ -197,3 +224,136 @@ def test_reopen_finds_closed_files_and_applies_the_bound(tmp_path):
     spool = spool_in(tmp_path, file_bytes_max=1000, spool_bytes_max=sum(sizes[2:]))
     assert [parse_closed_name(path.name)[0] for path in spool.closed()] == [TIME_MS + 20_000, TIME_MS + 30_000]
     assert (spool.dropped_files, spool.dropped_records) == (2, 100)
+
+
+async def test_ship_once_puts_partitioned_keys_and_deletes_locally(tmp_path):
+    """Each closed file goes to the store under v1/node=<id>/date=<UTC day of its first sample>/<name>, then away."""
+    spool = spool_in(tmp_path / "spool")
+    spool.append(samples(TIME_MS, 3))
+    spool.rotate()
+    spool.append(samples(TIME_MS + 86_400_000, 2))
+    spool.rotate()
+    names = [path.name for path in spool.closed()]
+    store = LocalDirectoryStore(tmp_path / "store")
+    assert await ship_once(spool, store, NODE_ID) == 2
+    keys = [info.key for info in await store.list("telemetry/")]
+    assert keys == [f"telemetry/v1/node=7/date=2023-11-14/{names[0]}", f"telemetry/v1/node=7/date=2023-11-15/{names[1]}"]
+    assert read_samples(await store.get(keys[0])) == samples(TIME_MS, 3)
+    assert spool.closed() == [] and spool.bytes == 0 and os.listdir(tmp_path / "spool") == []
+    assert await ship_once(spool, store, NODE_ID) == 0
+
+
+async def test_ship_now_rotates_and_ships_everything(tmp_path):
+    """On a graceful stop the open file's records are shipped too."""
+    spool = spool_in(tmp_path / "spool")
+    spool.append(samples(TIME_MS, 2))
+    store = LocalDirectoryStore(tmp_path / "store")
+    assert await ship_now(spool, store, NODE_ID, prefix="t/") == 1
+    [info] = await store.list("t/v1/node=7/")
+    assert read_samples(await store.get(info.key)) == samples(TIME_MS, 2)
+    assert os.listdir(tmp_path / "spool") == []
+
+
+async def test_failed_put_keeps_the_files_for_a_later_pass(tmp_path):
+    """A store that is down fails the pass and keeps every file; the next pass ships them all, in order."""
+    spool = spool_in(tmp_path)
+    for step in range(3):
+        spool.append(samples(TIME_MS + step * 10_000, 2))
+        spool.rotate()
+    names = [path.name for path in spool.closed()]
+    store = FailingStore(failures=1)
+    with pytest.raises(RocketError):
+        await ship_once(spool, store, NODE_ID)
+    assert [path.name for path in spool.closed()] == names
+    assert await ship_once(spool, store, NODE_ID) == 3
+    assert list(store.objects) == [object_key("telemetry/", NODE_ID, name) for name in names]
+    assert spool.closed() == []
+
+
+async def test_a_file_that_vanished_meanwhile_is_skipped(tmp_path):
+    """A closed file gone between listing and reading (the bound dropped it) is skipped, not an error."""
+    spool = spool_in(tmp_path)
+    for step in range(3):
+        spool.append(samples(TIME_MS + step * 10_000, 2))
+        spool.rotate()
+    paths = spool.closed()
+    store = FailingStore(failures=0)
+    original_put = store.put
+
+    async def put_then_lose_the_next(key, data):
+        paths[1].unlink(missing_ok=True)
+        await original_put(key, data)
+
+    store.put = put_then_lose_the_next
+    assert await ship_once(spool, store, NODE_ID) == 2
+    assert sorted(store.objects) == [object_key("telemetry/", NODE_ID, paths[index].name) for index in (0, 2)]
+
+
+async def test_ship_forever_backs_off_warns_once_per_outage_and_catches_up(tmp_path, autojump_clock, caplog):
+    """Through an outage of several passes the waits double up to the bound, one warning is logged, and then the
+    files kept meanwhile are shipped."""
+    spool = spool_in(tmp_path)
+    for step in range(2):
+        spool.append(samples(TIME_MS + step * 10_000, 2))
+        spool.rotate()
+    store = FailingStore(failures=4, objects_wanted=2)
+    with caplog.at_level(logging.INFO, logger="rocket.telemetry"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: ship_forever(spool, store, NODE_ID, interval_s=10.0, retry_s_max=40.0))
+            # No deadline of our own here: the clock jumps only to the shipper's waits, which makes them exact.
+            await store.has_objects_wanted.wait()
+            nursery.cancel_scope.cancel()
+    passes = [time - store.put_times[0] for time in store.put_times]
+    assert passes == [0.0, 10.0, 30.0, 70.0, 110.0, 110.0]  # waits 10, 20, 40, 40 (capped), then both files
+    assert caplog.text.count("shipping to the object store failed") == 1
+    assert "works again" in caplog.text
+    assert spool.closed() == []
+
+
+# Random runs of append, rotate, reopen and shipping (to a store up or down) against a tight bound.
+operations = st.lists(
+    st.one_of(st.tuples(st.just("append"), st.integers(1, 300)), st.just(("rotate",)), st.just(("reopen",)),
+              st.just(("ship",)), st.just(("ship_down",))),
+    max_size=25)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations)
+def test_every_record_is_shipped_dropped_or_spooled(steps):
+    """No record is lost uncounted: records shipped + dropped + still spooled == records appended."""
+    with tempfile.TemporaryDirectory() as temporary:
+        root = Path(temporary)
+        clock = FakeClock()
+
+        def open_spool() -> Spool:
+            return Spool(root / "spool", file_age_s=25.0, file_bytes_max=3000, spool_bytes_max=9000, clock=clock)
+
+        spool = open_spool()
+        dropped_before = appended = time_ms = 0
+        for step in steps:
+            if step[0] == "append":
+                spool.append([sample(TIME_MS + time_ms, time_ms + index) for index in range(step[1])])
+                appended += step[1]
+                time_ms += 10_000
+                clock.now += 10.0
+                assert spool.bytes <= 9000
+            elif step[0] == "rotate":
+                spool.rotate()
+            elif step[0] == "reopen":
+                dropped_before += spool.dropped_records
+                spool = open_spool()
+            else:
+                store = LocalDirectoryStore(root / "store") if step[0] == "ship" else FailingStore(failures=1)
+                try:
+                    trio.run(ship_once, spool, store, NODE_ID)
+                except RocketError:
+                    assert step[0] == "ship_down"
+
+        async def shipped_records() -> int:
+            store = LocalDirectoryStore(root / "store")
+            return sum([len(read_samples(await store.get(info.key))) for info in await store.list("")])
+
+        shipped = trio.run(shipped_records)
+        dropped = dropped_before + spool.dropped_records
+        event(f"records dropped: {dropped > 0}, shipped: {shipped > 0}")
+        assert shipped + dropped + len(spooled_records(spool)) == appended
