@@ -225,6 +225,14 @@ cold_cache_bytes_max = 64 * MiB  # fetched ranges of tiered objects a node keeps
 cold_read_ahead_bytes = 4 * MiB  # a cold read fetches at least this much of a piece, so the next reads hit the cache
 cold_index_cache_entries_max = 4096  # sidecar indexes kept decoded (LRU): one per piece read recently
 
+# Telemetry (the learning loop): samples spooled on local disk as Avro files, shipped to the object store.
+telemetry_interval_s_default = 10.0  # how often a node samples its metrics into the spool
+telemetry_file_age_s = 60.0  # an open spool file is closed, and so becomes shippable, once this old ...
+telemetry_file_bytes_max = 4 * MiB  # ... or once this big
+telemetry_spool_bytes_max = 64 * MiB  # a node's spool files together; beyond it the oldest closed files are dropped
+telemetry_ship_interval_s = telemetry_file_age_s  # how often the shipper looks for closed files: one closes that often
+telemetry_ship_retry_s_max = 300.0  # after failed passes the shipper's wait doubles up to this, so an outage costs little
+
 # Client.
 producer_linger_ms_default = 5  # how long a producer waits to fill a batch
 producer_batch_bytes_default = 1 * MiB  # bytes after which a producer sends a batch at once
@@ -291,6 +299,8 @@ invariant(storage_append_wait_s_max < storage_call_s_max < storage_retry_s_max, 
 invariant(tier_piece_bytes_min <= tier_piece_bytes_default <= tier_piece_bytes_max, "piece sizes are ordered")
 invariant(tier_piece_bytes_max <= object_bytes_max, "a piece is one object")
 invariant(read_bytes_max <= cold_cache_bytes_max, "a cold read fits the cache")
+invariant(telemetry_file_bytes_max < telemetry_spool_bytes_max, "the spool holds closed files besides the open one")
+invariant(telemetry_ship_interval_s <= telemetry_ship_retry_s_max, "a failed pass never shortens the shipper's wait")
 invariant(MiB < malloc_mmap_threshold_bytes and malloc_pretouch_bytes < malloc_trim_threshold_bytes,
           "the pretouched blocks come from malloc's heap and stay there once freed")
 invariant(kv_value_bytes_max + kv_key_bytes_max < kv_range_bytes_max <= read_bytes_max, "one key and its value fit a range page, and a page fits a response")
