@@ -77,7 +77,7 @@ class NodeConfig:
     tier_piece_age_s: float = limits.tier_piece_age_s_default
     # Telemetry: how often the node samples its metrics into Avro files under data_dir/telemetry, shipped to the
     # object store's telemetry/ (the tier's store: a local directory in dev mode, S3 in a cluster). 0: off.
-    telemetry_interval_s: float = 10.0
+    telemetry_interval_s: float = limits.telemetry_interval_s_default
 
     @property
     def address(self) -> Address:

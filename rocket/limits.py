@@ -227,6 +227,8 @@ cold_index_cache_entries_max = 4096  # sidecar indexes kept decoded (LRU): one p
 
 # Telemetry (the learning loop): samples spooled on local disk as Avro files, shipped to the object store.
 telemetry_interval_s_default = 10.0  # how often a node samples its metrics into the spool
+telemetry_interval_s_min = 0.05  # a shorter interval is a typo: each sample looks at every group and moved queue
+telemetry_flush_s_max = 5.0  # on shutdown the last sample is spooled and shipped within this; the rest after a restart
 telemetry_file_age_s = 60.0  # an open spool file is closed, and so becomes shippable, once this old ...
 telemetry_file_bytes_max = 4 * MiB  # ... or once this big
 telemetry_spool_bytes_max = 64 * MiB  # a node's spool files together; beyond it the oldest closed files are dropped
@@ -251,10 +253,6 @@ send_first_batch_bytes = 64 * KiB  # rocket send's first batch for each queue: a
 bench_topic_retention_s = 60.0  # what a bench topic made up for one run keeps, once the run is over
 bench_probe_bytes_min = 256 * MiB  # the disk probe beside a bench writes at least this much, for a steady figure ...
 bench_probe_bytes_max = 4 * GiB  # ... and at most this much (or what the bench sends, between the two)
-
-# Telemetry: the node's sampler.
-telemetry_interval_s_min = 0.05  # a shorter sampling interval is a typo: each sample costs a look at every group
-telemetry_flush_s_max = 5.0  # on shutdown, the last sample is written and shipped within this, or left for the next start
 
 # Shutdown.
 shutdown_grace_s = 10.0  # SIGTERM drains for at most this long before cancelling

@@ -288,7 +288,9 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             telemetry = node_telemetry(config, roles, lifecycle)
             if config.telemetry_interval_s:
                 spool = await trio.to_thread.run_sync(partial(Spool, config.data_dir / "telemetry"))
-                await nursery.start(run_telemetry, telemetry, spool, objects, config.telemetry_interval_s)
+                prefix = f"{config.tier_s3_prefix}/telemetry/" if config.tier_s3_prefix else "telemetry/"
+                await nursery.start(partial(run_telemetry, telemetry, spool, objects, config.telemetry_interval_s,
+                                            prefix=prefix))
             if storage is not None:
                 with trio.CancelScope() as waiting:  # registered with the nameservers: topics can be placed here
                     nursery.start_soon(cancel_on, stop, waiting)  # unless told to stop first

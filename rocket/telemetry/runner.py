@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 
 import trio
 
 from rocket import limits
+from rocket.errors import RocketError
 from rocket.telemetry.registry import Telemetry, counter_family, gauge_family
-from rocket.telemetry.ship import ship_forever, ship_once
+from rocket.telemetry.ship import KEY_PREFIX_DEFAULT, ship_forever, ship_now
 from rocket.telemetry.spool import Spool
 from rocket.tier.objectstore import ObjectStore
 
 log = logging.getLogger("rocket.telemetry")
 
 
-def raft_metrics(host, store) -> Iterable:
+def raft_metrics(host, store) -> Callable[[], Iterable]:
     """A Raft host's fsyncs and WAL bytes, and per group it hosts: whether this node leads it, and each lagging
     replica's entries behind. store (or None): the storage role's, whose own fsyncs count too."""
     wal_start = host.wal.log.end_position
@@ -41,7 +43,7 @@ def raft_metrics(host, store) -> Iterable:
     return collect
 
 
-def traffic_metrics(traffic) -> Iterable:
+def traffic_metrics(traffic) -> Callable[[], Iterable]:
     """The bytes a node's listeners received and sent (rocket.transport.rpc.Traffic)."""
 
     def collect():
@@ -52,11 +54,12 @@ def traffic_metrics(traffic) -> Iterable:
 
 
 async def run_telemetry(telemetry: Telemetry, spool: Spool, objects: ObjectStore | None, interval_s: float, *,
-                        task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Sample every interval_s and ship, until cancelled; then close the open file and ship it (bounded)."""
+                        prefix: str = KEY_PREFIX_DEFAULT, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Sample every interval_s and ship, until cancelled; then sample once more, close the open file and ship it,
+    within limits.telemetry_flush_s_max (what is left is shipped after the next start)."""
     async with trio.open_nursery() as nursery:
         if objects is not None:
-            nursery.start_soon(ship_forever, spool, objects, telemetry.node_id, interval_s)
+            nursery.start_soon(partial(ship_forever, spool, objects, telemetry.node_id, prefix=prefix))
         task_status.started()
         try:
             while True:
@@ -66,9 +69,12 @@ async def run_telemetry(telemetry: Telemetry, spool: Spool, objects: ObjectStore
             with trio.move_on_after(limits.telemetry_flush_s_max) as scope:
                 scope.shield = True
                 await sample_once(telemetry, spool)
-                await trio.to_thread.run_sync(spool.rotate)
                 if objects is not None:
-                    await ship_once(spool, objects, telemetry.node_id)
+                    try:
+                        await ship_now(spool, objects, telemetry.node_id, prefix=prefix)
+                    except (RocketError, OSError) as error:
+                        log.warning("telemetry: the last files were not shipped, they will be after a restart: %s",
+                                    error)
 
 
 async def sample_once(telemetry: Telemetry, spool: Spool) -> None:

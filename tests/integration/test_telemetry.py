@@ -11,6 +11,7 @@ from rocket.client import connect, open_consumer
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
 from rocket.telemetry.ship import read_samples
+from rocket.tier.local import LocalDirectoryStore
 
 MESSAGES = 3_000
 
@@ -34,10 +35,11 @@ async def test_a_node_ships_telemetry_of_its_traffic_to_the_object_store(server_
     await trio.sleep(0.6)
     assert server.terminate() == 0  # a graceful stop ships the open file
 
-    shipped = sorted((server.data_dir / "tier" / "telemetry").rglob("*.avro"))
-    assert shipped, "no telemetry file reached the object store"
-    assert all(path.relative_to(server.data_dir / "tier").parts[:3][2] == "node=1" for path in shipped), shipped
-    records = [record for path in shipped for record in read_samples(path.read_bytes())]
+    async with LocalDirectoryStore(server.data_dir / "tier") as objects:
+        shipped = await objects.list("telemetry/")
+        assert shipped, "no telemetry file reached the object store"
+        assert all(info.key.startswith("telemetry/v1/node=1/date=") for info in shipped), shipped
+        records = [record for info in shipped for record in read_samples(await objects.get(info.key))]
     by_metric = collections.defaultdict(list)
     for record in records:
         assert record["node"] == 1
