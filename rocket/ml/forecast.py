@@ -1,0 +1,156 @@
+"""The load forecaster's features and its scorer (issue 30). Pure: no I/O, no clock, no pyspark.
+
+One definition of the features serves both sides: the PySpark job (jobs/features.py) calls `queue_features` inside its
+executors to build the training rows, and the nameserver calls it at placement time, so a model never sees features
+computed differently from those it was trained on.
+
+A queue's history is its bytes/s in, in one-minute steps (`STEP_MS`), as the telemetry of its group's leader
+reported it (`rocket_queue_in_bytes_total`'s rate, averaged per step). A queue reports only when it moved: a missing
+step is an idle minute, 0 bytes/s.
+
+The model file is JSON (`MODEL_FORMAT`, version `MODEL_VERSION`): the feature names in order, the horizon it predicts,
+the trees of a gradient-boosted ensemble with their weights, and the training metrics. `Forecaster.from_json` refuses
+a file that is not exactly that, with one line saying why (ModelError), and the caller falls back to a heuristic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+
+STEP_MS = 60_000  # one step of a queue's history
+MODEL_FORMAT = "rocket.forecast"
+MODEL_VERSION = 1
+FEATURES = (
+    "rate_1m",  # bytes/s in over the last step
+    "rate_10m",  # ... over the last 10 steps
+    "rate_60m",  # ... over the last 60 steps
+    "rate_max_10m",  # the busiest of the last 10 steps
+    "trend_10m",  # rate_10m less the 10 steps before them
+    "hour_sin", "hour_cos",  # the time of day (UTC), on a circle
+    "weekday_sin", "weekday_cos",  # the day of the week, on a circle
+    "age_h",  # hours since the queue's first step with traffic (capped: see AGE_H_MAX)
+    "topic_queues",  # queues of its topic
+    "topic_rate_10m",  # bytes/s in of its whole topic over the last 10 steps
+)
+AGE_H_MAX = 24 * 90  # older than this counts as this old: a model trained on 30 days knows no older queue
+TREE_DEPTH_MAX = 32  # deeper is not a tree Spark's GBT grows (maxDepth <= 30), so a corrupt file
+TREES_MAX = 10_000
+
+
+class ModelError(ValueError):
+    """A model file that cannot be used, and why, in one line."""
+
+
+def window_mean(steps: Mapping[int, float], last_step: int, count: int) -> float:
+    """The mean of steps last_step-count+1 .. last_step, a missing step counting 0."""
+    return sum(steps.get(step, 0.0) for step in range(last_step - count + 1, last_step + 1)) / count
+
+
+def queue_features(steps: Mapping[int, float], now_ms: int, first_step: int, topic_queues: int,
+                   topic_rate_10m: float) -> list[float]:
+    """The feature vector (in FEATURES order) of a queue at now_ms, from its history: step number (ms // STEP_MS) ->
+    mean bytes/s in. Only steps before now's step count (now's is not over)."""
+    last = now_ms // STEP_MS - 1
+    rate_10m = window_mean(steps, last, 10)
+    day_fraction = (now_ms % 86_400_000) / 86_400_000
+    week_fraction = ((now_ms // 86_400_000 + 3) % 7 + day_fraction) / 7  # 1970-01-01 was a Thursday: Monday is 0
+    age_h = min(max(0.0, (last - first_step + 1) * STEP_MS / 3_600_000), AGE_H_MAX)
+    return [
+        steps.get(last, 0.0),
+        rate_10m,
+        window_mean(steps, last, 60),
+        max(steps.get(step, 0.0) for step in range(last - 9, last + 1)),
+        rate_10m - window_mean(steps, last - 10, 10),
+        math.sin(2 * math.pi * day_fraction), math.cos(2 * math.pi * day_fraction),
+        math.sin(2 * math.pi * week_fraction), math.cos(2 * math.pi * week_fraction),
+        age_h,
+        float(topic_queues),
+        topic_rate_10m,
+    ]
+
+
+def future_rate(steps: Mapping[int, float], now_ms: int, horizon_steps: int) -> float:
+    """What the forecaster learns to predict: the mean bytes/s in over the horizon from now's step on."""
+    first = now_ms // STEP_MS
+    return window_mean(steps, first + horizon_steps - 1, horizon_steps)
+
+
+class Forecaster:
+    """A gradient-boosted ensemble of regression trees: the prediction is the weighted sum of the trees' leaves.
+    A node is {"feature": index, "threshold": t, "left": node, "right": node} (left when x[feature] <= t), or a
+    leaf {"value": v}."""
+
+    def __init__(self, document: dict):
+        self.document = document
+        self.version: str = document["model_version"]
+        self.horizon_steps: int = document["horizon_steps"]
+        self.trees = [(tree["weight"], tree["root"]) for tree in document["trees"]]
+        self.metrics: dict = document["metrics"]
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Forecaster:
+        try:
+            document = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ModelError(f"not JSON: {error}") from None
+        check_model(document)
+        return cls(document)
+
+    def predict(self, features: Sequence[float]) -> float:
+        """Bytes/s in over the horizon; never negative (a tree may extrapolate below zero)."""
+        total = 0.0
+        for weight, node in self.trees:
+            while "value" not in node:
+                node = node["left"] if features[node["feature"]] <= node["threshold"] else node["right"]
+            total += weight * node["value"]
+        return max(0.0, total)
+
+
+def check_model(document: object) -> None:
+    """Raise ModelError unless document is a forecaster this code can score: the format and version, the same
+    features in the same order, and trees whose every node is well formed."""
+    if not isinstance(document, dict):
+        raise ModelError("a model is a JSON object")
+    if document.get("format") != MODEL_FORMAT or document.get("format_version") != MODEL_VERSION:
+        raise ModelError(f"format {document.get('format')!r} version {document.get('format_version')!r}; this node "
+                         f"reads {MODEL_FORMAT!r} version {MODEL_VERSION}")
+    if document.get("features") != list(FEATURES):
+        raise ModelError(f"its features {document.get('features')!r} are not this node's {list(FEATURES)!r}")
+    if not isinstance(document.get("model_version"), str) or not document["model_version"]:
+        raise ModelError("model_version must be a non-empty string")
+    horizon = document.get("horizon_steps")
+    if not isinstance(horizon, int) or isinstance(horizon, bool) or not 1 <= horizon <= 7 * 24 * 60:
+        raise ModelError(f"horizon_steps must be 1..10080 steps of a minute, got {horizon!r}")
+    if not isinstance(document.get("metrics"), dict):
+        raise ModelError("metrics must be an object")
+    trees = document.get("trees")
+    if not isinstance(trees, list) or not 1 <= len(trees) <= TREES_MAX:
+        raise ModelError(f"trees must be a list of 1..{TREES_MAX} trees")
+    for number, tree in enumerate(trees):
+        if not isinstance(tree, dict) or not _finite(tree.get("weight")):
+            raise ModelError(f"tree {number}: a tree is an object with a finite weight")
+        _check_node(tree.get("root"), f"tree {number}", 0)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_node(node: object, where: str, depth: int) -> None:
+    if depth > TREE_DEPTH_MAX:
+        raise ModelError(f"{where}: deeper than {TREE_DEPTH_MAX}")
+    if not isinstance(node, dict):
+        raise ModelError(f"{where}: a node is an object")
+    if "value" in node:
+        if not _finite(node["value"]) or len(node) != 1:
+            raise ModelError(f"{where}: a leaf is {{\"value\": a finite number}}")
+        return
+    feature = node.get("feature")
+    if not isinstance(feature, int) or isinstance(feature, bool) or not 0 <= feature < len(FEATURES):
+        raise ModelError(f"{where}: feature must be an index below {len(FEATURES)}, got {feature!r}")
+    if not _finite(node.get("threshold")) or set(node) != {"feature", "threshold", "left", "right"}:
+        raise ModelError(f"{where}: a split is {{feature, threshold, left, right}} with a finite threshold")
+    _check_node(node["left"], where, depth + 1)
+    _check_node(node["right"], where, depth + 1)
