@@ -193,6 +193,11 @@ placement_lead_replicas = 0.5  # a group led weighs half a replica more: the lea
 placement_replica_bytes = 64 * GiB  # stored bytes that weigh as much as one replica, so full disks fill last
 placement_free_disk_bytes_min = 10 * GiB  # a node with less free disk than this (and some reported) ...
 placement_low_disk_replicas = 4.0  # ... weighs this many replicas more: new groups go elsewhere while others can take them
+placement_node_weight = 0.5  # queue placement: a group's leader's load (all it leads) weighs half as much as its own
+model_poll_s = 30.0  # how often a nameserver reads the forecast model again: a new one is in use within this
+model_stale_s = 14 * 86_400.0  # a model trained longer ago than this no longer places queues (the fallback does)
+placement_explanations_max = 10_000  # topics whose last placement the leader can explain, newest kept
+load_history_steps = 90  # minutes of traffic per group and topic the nameserver keeps for the forecaster (it reads 60)
 
 # Tier (object store).
 object_key_bytes_max = 1 * KiB  # S3's limit for a key (UTF-8); the same keys must work on every backend

@@ -52,6 +52,9 @@ class TopicSpec:
     local_retention_s: float = -1.0  # hot retention (local data older goes once offloaded); 0 for ever, -1 default
     history: int = 1  # a KV bucket's revisions kept per key (a bucket is a topic of type "kv", its shards the queues)
     ttl_ms: int = 0  # a KV bucket's default TTL of its keys (0: none)
+    # The group of each queue, as placement chose it (issue 30); empty for a topic placed before that, whose queues
+    # hash onto its groups. A queue never changes group: its group's replicas move instead, with its log.
+    queue_groups: tuple[int, ...] = ()
 
     @property
     def bucket(self) -> str:
@@ -59,8 +62,10 @@ class TopicSpec:
         return self.name[len(KV_PREFIX):]
 
     def group_of(self, queue: int) -> int:
-        """The storage group of a queue: queues hash onto the topic's groups, offset per topic so that
-        many small topics spread over all groups."""
+        """The storage group of a queue: the one placement chose, or for a topic placed before placement
+        chose, a hash onto the topic's groups, offset per topic so that many small topics spread over all groups."""
+        if self.queue_groups:
+            return self.queue_groups[queue]
         return self.groups[(zlib.crc32(self.name.encode()) + queue) % len(self.groups)]
 
     def to_wire(self) -> dict:

@@ -220,7 +220,7 @@ def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Di
     dispatcher.handle("RaftStep", raft_step)
     dispatcher.handle("RaftSnapshotChunk", raft_snapshot_chunk)
     host.fetch_snapshot_chunk = fetch_snapshot_chunk
-    nameserver = Nameserver(config, host, peers, clock) if "nameserver" in config.roles else None
+    nameserver = Nameserver(config, host, peers, clock, objects=objects) if "nameserver" in config.roles else None
     storage = StorageRole(config, host, peers, addresses, clock, objects) if "storage" in config.roles else None
     broker = Broker(peers, config.roles, clock) if "broker" in config.roles else None
     if nameserver is not None:

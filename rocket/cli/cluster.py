@@ -1,4 +1,4 @@
-"""Cluster commands: status of nodes and storage groups, and draining a node."""
+"""Cluster commands: status of nodes and storage groups, queue placement, and draining a node."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
     out.print(f"nameservers {status['nameservers']}, leader [bold]{status['nameserver_leader'] or 'none'}[/bold]; "
               f"metadata version {status['version']}; {plural(status['topics'], 'topic')}; "
               f"{plural(len(status['groups']), 'storage group')}")
+    out.print(f"queue placement: {status['placement'] or '-'}")
     nodes = Table("node", "address", "roles", "state", "heartbeat", "groups", "leads", "stored", "free disk",
                   title="nodes")
     for node in status["nodes"]:
@@ -45,6 +46,33 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
             table.add_row(str(group["id"]), ",".join(map(str, group["voters"])), ",".join(map(str, group["learners"])),
                           str(group["leader"] or "-"), behind)
         out.print(table)
+
+
+@app.command("placement")
+@runs_client
+async def cluster_placement(explain: Annotated[str, typer.Option("--explain", help="The topic (or %KV%bucket) whose queues to explain.", show_default=False)],
+                            server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                            as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False) -> None:
+    """Where each queue of a topic went and why: its group and node, its predicted load, and the runner-up."""
+    async with connect(server, transport, serde) as channel:
+        placed = await Admin(channel).placement_explain(explain)
+    if as_json:
+        sys.stdout.write(orjson.dumps(placed).decode() + "\n")
+        return
+    out.print(f"topic [bold]{placed['topic']}[/bold]: placed by {placed['predictor'] or '-'}; "
+              f"now {placed['model']}")
+    table = Table("queue", "group", "node", "queue predicted", "group score", "runner-up", "its score",
+                  title="placement (bytes/s over the forecast horizon)")
+
+    def rate(value: float) -> str:
+        return "-" if value < 0 else f"{value:,.0f}"
+
+    for row in placed["queues"]:
+        table.add_row(str(row["queue"]), str(row["group"]), str(row["node"] or "-"), rate(row["predicted"]),
+                      rate(row["score"]), str(row["runner_up"] or "-"), rate(row["runner_up_score"]))
+    out.print(table)
+    if placed["note"]:
+        out.print(placed["note"])
 
 
 @app.command("drain")

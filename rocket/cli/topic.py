@@ -59,14 +59,15 @@ def _show_retention(seconds: float) -> str:
 async def topic_update(name: Annotated[str, typer.Argument(help="The topic to change.", show_default=False)],
                        retention: Annotated[Optional[str], typer.Option("--retention", help="Total retention: data older is deleted from the tier (365d, 12h, forever, default).")] = None,
                        local_retention: Annotated[Optional[str], typer.Option("--local-retention", help="Hot retention: local data older goes once it is offloaded (1h, forever, default).")] = None,
+                       queues: Annotated[Optional[int], typer.Option("--queues", help="Raise the topic's queues to this many; the new ones go where the predicted load is lowest (see rocket cluster placement --explain).")] = None,
                        server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
-    """Change a topic's retention settings."""
+    """Change a topic's retention settings, or add queues to it."""
     retention_s = _retention(retention, "--retention")
     local_retention_s = _retention(local_retention, "--local-retention")
     async with connect(server, transport, serde) as channel:
-        spec = await Admin(channel).update_topic(name, retention_s, local_retention_s)
-    out.print(f"topic [bold]{spec.name}[/bold]: retention {_show_retention(spec.retention_s)}, local retention "
-              f"{_show_retention(spec.local_retention_s)}")
+        spec = await Admin(channel).update_topic(name, retention_s, local_retention_s, queues)
+    out.print(f"topic [bold]{spec.name}[/bold]: {plural(spec.queues, 'queue')}, retention "
+              f"{_show_retention(spec.retention_s)}, local retention {_show_retention(spec.local_retention_s)}")
 
 
 @tier_app.command("status")

@@ -25,14 +25,21 @@ class Admin:
             "CreateTopic", {"topic": name, "queues": queues, "message_type": message_type}))
 
     async def update_topic(self, name: str, retention_s: float | None = None,
-                           local_retention_s: float | None = None) -> TopicSpec:
+                           local_retention_s: float | None = None, queues: int | None = None) -> TopicSpec:
         """Set a topic's total and local retention in whole seconds (0 keeps data for ever, -1 takes the
-        node's default; None leaves a setting as it is)."""
+        node's default; None leaves a setting as it is), or raise its queues to `queues`: the new queues go to the
+        groups with the lowest predicted load, and the existing ones stay where they are. Keys map onto queues by
+        their count, so a key's later messages may go to another queue than its earlier ones."""
         def wire(seconds: float | None) -> int:
             return -2 if seconds is None else -1 if seconds < 0 else max(1, round(seconds)) if seconds else 0
 
         return TopicSpec.from_wire(await self.channel.call(
-            "UpdateTopic", {"topic": name, "retention_s": wire(retention_s), "local_retention_s": wire(local_retention_s)}))
+            "UpdateTopic", {"topic": name, "retention_s": wire(retention_s), "local_retention_s": wire(local_retention_s),
+                            "queues": -2 if queues is None else queues}))
+
+    async def placement_explain(self, topic: str) -> dict:
+        """Per queue of the topic: the group and node placement chose, the predicted load, and the runner-up."""
+        return await self.channel.call("PlacementExplain", {"topic": topic})
 
     async def tier_status(self, topic: str = "") -> list[tuple[TopicSpec, list[dict]]]:
         """Per topic (one, or every one): per queue its first, local, tiered and next offsets, its local,

@@ -51,3 +51,59 @@ class LeastLoaded:
                 chosen.append(node)
             placed.append(tuple(sorted(chosen)))
         return placed
+
+
+@dataclasses.dataclass(slots=True)
+class GroupLoad:
+    """A storage group as queue placement sees it."""
+
+    group: int
+    leader: int  # the node leading it (0: unknown)
+    predicted: float  # bytes/s in it is expected to carry over the forecast's horizon
+    queues: int  # queues of every topic it holds
+    topic_queues: int = 0  # queues of the topic being placed it holds
+    available: bool = True  # every voter up and not draining: never place on a group that is not
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class QueueChoice:
+    """Where one new queue went and why: the scores (predicted bytes/s of the group and of its leader's node, with
+    what this placement put there before) of the chosen group and of the runner-up."""
+
+    queue: int
+    group: int
+    node: int
+    predicted: float  # the new queue's own predicted bytes/s
+    score: float
+    runner_up: int  # 0: there was no other group
+    runner_up_score: float
+
+
+def place_queues(first_queue: int, count: int, queue_predicted: float, groups: list[GroupLoad]) -> list[QueueChoice]:
+    """New queues first_queue.. of a topic, each expected to carry queue_predicted bytes/s, onto the available
+    groups with the lowest predicted load: a group's own, plus limits.placement_node_weight times the load of every
+    group its leader leads (a hot node's other groups count too), plus what this placement adds. Ties go to the
+    group holding fewer of the topic's queues, then fewer queues, then the lower id, so that a topic with no
+    history still spreads over the groups."""
+    candidates = [dataclasses.replace(load) for load in groups if load.available]
+    if not candidates:
+        raise RocketError(Code.UNAVAILABLE, "no storage group has all its replicas on available nodes")
+    node_load: dict[int, float] = {}
+    for load in candidates:
+        node_load[load.leader] = node_load.get(load.leader, 0.0) + load.predicted
+
+    def score(load: GroupLoad) -> float:
+        return load.predicted + limits.placement_node_weight * node_load[load.leader]
+
+    choices = []
+    for queue in range(first_queue, first_queue + count):
+        ranked = sorted(candidates, key=lambda load: (score(load), load.topic_queues, load.queues, load.group))
+        chosen = ranked[0]
+        runner_up = ranked[1] if len(ranked) > 1 else None
+        choices.append(QueueChoice(queue, chosen.group, chosen.leader, queue_predicted, score(chosen),
+                                   runner_up.group if runner_up else 0, score(runner_up) if runner_up else 0.0))
+        chosen.predicted += queue_predicted
+        node_load[chosen.leader] += queue_predicted
+        chosen.topic_queues += 1
+        chosen.queues += 1
+    return choices

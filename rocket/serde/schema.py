@@ -82,6 +82,10 @@ def _walk(schema, value, path: str, decoding: bool):
                 return base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):
                 raise _bad(path, "invalid base64") from None
+        if schema in ("double", "float"):
+            if decoding and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise _bad(path, "expected a number")
+            return float(value)
         if schema == "boolean":
             if decoding and not isinstance(value, bool):
                 raise _bad(path, "expected true or false")

@@ -68,6 +68,7 @@ class Store(Reads, Timers, Reclaim):
         self._dirty = False
         self.fsyncs = 0
         self.traffic: dict[tuple[str, int], QueueStats] = {}  # queues appended to or read since take_traffic
+        self.bytes_in: dict[tuple[str, int], int] = {}  # (topic, group) -> bytes appended since take_bytes_in
 
     @classmethod
     def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_default) -> "Store":
@@ -104,6 +105,9 @@ class Store(Reads, Timers, Reclaim):
                              self.log.end_position, effects.timers, effects.pop_changes, effects.tier_changes)
             self._dirty = True
             self.traffic.update(effects.touched)
+            bytes_in = self.bytes_in
+            for topic, _, entry in effects.index_entries:
+                bytes_in[(topic, effects.group)] = bytes_in.get((topic, effects.group), 0) + entry.batch_bytes
             for consumer_group, topic, offsets in effects.commits:
                 self._count_commits(consumer_group, topic, offsets)
             for key in effects.woken.union(effects.touched):
@@ -133,6 +137,11 @@ class Store(Reads, Timers, Reclaim):
                     stats.committed = {}
                 stats.committed[consumer_group] = offset
                 self.traffic[(topic, queue)] = stats
+
+    def take_bytes_in(self) -> dict[tuple[str, int], int]:
+        """The nameserver's load history: bytes appended per (topic, group) since the last call."""
+        taken, self.bytes_in = self.bytes_in, {}
+        return taken
 
     def take_traffic(self) -> list[tuple[str, int, int, tuple[int, int, int, int], tuple[int, int, int, int] | None]]:
         """Telemetry: the queues appended to, read or committed since the last call, as (topic, queue, group, totals,

@@ -60,6 +60,7 @@ METHODS: dict[str, MethodSpec] = {
                    response_attachment="data"),
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
         MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),
+        MethodSpec("PlacementExplain", "TopicRequest", "PlacementExplainResponse"),
         MethodSpec("UpdateTopic", "UpdateTopicRequest", "TopicInfo"),
         MethodSpec("TierStatus", "TierStatusRequest", "TierStatusResponse"),
         MethodSpec("KvCreateBucket", "CreateBucketRequest", "BucketInfo"),

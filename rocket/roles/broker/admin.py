@@ -44,6 +44,9 @@ class Admin:
     async def cluster_status(self, request: dict) -> dict:
         return await self.peers.nameserver("ClusterStatus", request, timeout_s=limits.leader_wait_s_max + 5)
 
+    async def placement_explain(self, request: dict) -> dict:
+        return await self.peers.nameserver("PlacementExplain", request, timeout_s=limits.leader_wait_s_max + 5)
+
     async def drain_node(self, request: dict) -> dict:
         return await self.peers.nameserver("DrainNode", request, timeout_s=limits.leader_wait_s_max + 5)
 

@@ -83,5 +83,6 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
         if forward_status:  # a broker without a nameserver beside it asks the nameservers
             handlers["ClusterStatus"] = self.cluster_status
             handlers["DrainNode"] = self.drain_node
+            handlers["PlacementExplain"] = self.placement_explain
         for name, handler in handlers.items():
             dispatcher.handle(name, handler)

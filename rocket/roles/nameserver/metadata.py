@@ -87,9 +87,11 @@ class Metadata:
             for group in command["new_groups"]:
                 self.groups[group["id"]] = Members(tuple(group["voters"]))
             invariant(all(group in self.groups for group in command["groups"]), "a topic's groups exist")
+            queue_groups = tuple(command.get("queue_groups", ()))
+            invariant(not queue_groups or len(queue_groups) == command["queues"], "one group per queue")
             self.topics[name] = TopicSpec(name, command["queues"], command["created_ms"], tuple(command["groups"]),
                                           command.get("message_type", "normal"), history=command.get("history", 1),
-                                          ttl_ms=command.get("ttl_ms", 0))
+                                          ttl_ms=command.get("ttl_ms", 0), queue_groups=queue_groups)
         elif operation == "delete_topic":
             self.topic(command["name"])
             del self.topics[command["name"]]
@@ -97,6 +99,16 @@ class Metadata:
             spec = self.topic(command["name"])
             self.topics[spec.name] = dataclasses.replace(spec, retention_s=command["retention_s"],
                                                          local_retention_s=command["local_retention_s"])
+        elif operation == "add_queues":
+            spec = self.topic(command["name"])
+            if spec.queues != command["from_queues"]:
+                raise RocketError(Code.UNAVAILABLE, f"topic {spec.name!r} has {spec.queues} queues now, not "
+                                  f"{command['from_queues']}; retry")
+            invariant(all(group in self.groups for group in command["queue_groups"]), "new queues' groups exist")
+            queue_groups = tuple(spec.group_of(queue) for queue in range(spec.queues)) + tuple(command["queue_groups"])
+            self.topics[spec.name] = dataclasses.replace(
+                spec, queues=len(queue_groups), queue_groups=queue_groups,
+                groups=tuple(sorted(set(spec.groups) | set(command["queue_groups"]))))
         elif operation == "node_state":
             node = self.nodes.get(command["node"])
             if node is None:
@@ -117,13 +129,13 @@ class Metadata:
         else:
             invariant(False, f"unknown metadata command {operation!r}")
         self.version += 1
-        return self.topics[command["name"]] if operation in ("create_topic", "update_topic") else None
+        return self.topics[command["name"]] if operation in ("create_topic", "update_topic", "add_queues") else None
 
     def snapshot(self) -> list[bytes]:
         return [orjson.dumps({
             "version": self.version,
             "topics": [[s.name, s.queues, s.created_ms, list(s.groups), s.message_type, s.retention_s,
-                        s.local_retention_s, s.history, s.ttl_ms] for s in self.topics.values()],
+                        s.local_retention_s, s.history, s.ttl_ms, list(s.queue_groups)] for s in self.topics.values()],
             "groups": [[group, list(m.voters), list(m.learners), m.leaving] for group, m in self.groups.items()],
             "nodes": [dataclasses.asdict(node) for node in self.nodes.values()],
         })]
@@ -134,7 +146,8 @@ class Metadata:
             return
         state = orjson.loads(data)
         self.version = state["version"]
-        self.topics = {name: TopicSpec(name, queues, created, tuple(groups), *rest)
+        self.topics = {name: TopicSpec(name, queues, created, tuple(groups), *rest[:5],
+                                       queue_groups=tuple(rest[5]) if len(rest) > 5 else ())
                        for name, queues, created, groups, *rest in state["topics"]}
         self.groups = {group: Members(tuple(voters), tuple(learners), leaving)
                        for group, voters, learners, leaving in state["groups"]}
@@ -163,7 +176,7 @@ class Metadata:
     def route(self, name: str, leaders: dict[int, int]) -> dict:
         """Everything a broker needs to reach a topic's queues: queue -> group -> voters -> addresses."""
         spec = self.topic(name)
-        groups = sorted(set(spec.groups))
+        groups = sorted(set(spec.queue_groups or spec.groups))
         members = {node for group in groups for node in self.members_of(group)}
         return {
             "version": self.version,

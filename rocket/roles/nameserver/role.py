@@ -26,15 +26,16 @@ from rocket.model import (KV_PREFIX, Address, bucket_topic, check_message_type, 
                           check_user_topic_name)
 from rocket.raft.host import RaftHost
 from rocket.roles.nameserver.metadata import META_GROUP, Metadata, exists
+from rocket.roles.nameserver.queues import QueuePlacement
 from rocket.roles.peers import RETRYABLE, Peers
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.nameserver")
 
 
-class Nameserver:
+class Nameserver(QueuePlacement):
     def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, clock: Clock,
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, objects=None):
         self.config = config
         self.clock = clock
         self.host = host
@@ -47,6 +48,7 @@ class Nameserver:
         self._leaders: dict[int, int] = {}  # storage group -> the node that last reported leading it
         self._creating = trio.Lock()  # topic creations are placed one at a time
         self._moving: set[int] = set()  # storage groups whose replica move runs now
+        self._init_queue_placement(objects)
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("NodeHeartbeat", self.node_heartbeat)
@@ -58,10 +60,12 @@ class Nameserver:
         dispatcher.handle("MetaDeleteBucket", self.delete_bucket)
         dispatcher.handle("ClusterStatus", self.cluster_status)
         dispatcher.handle("DrainNode", self.drain_node)
+        dispatcher.handle("PlacementExplain", self.placement_explain)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """On the leader: plan replica moves every heartbeat interval; the moves run here too."""
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._follow_model_forever)
             task_status.started()
             while True:
                 await trio.sleep(limits.node_heartbeat_s)
@@ -111,6 +115,7 @@ class Nameserver:
             await self._propose({"op": "register", "node": node, "address": request["address"],
                                  "roles": list(request["roles"])})
         self._heartbeats[node] = (trio.current_time(), request["load"])
+        self._record_traffic(request["load"])
         for group in request["load"]["leads"]:
             self._leaders[group] = node
         if request["assignment_version"] == self.metadata.version:  # nothing changed: spare 10,000 groups
@@ -277,16 +282,20 @@ class Nameserver:
                 first = self.metadata.next_group_id()
                 placed = self.placement.place(missing, replicas, loads)
                 new_groups = [{"id": first + i, "voters": list(voters)} for i, voters in enumerate(placed)]
+            groups = pool + [group["id"] for group in new_groups]
+            voters = {group: self.metadata.groups[group].voters for group in pool}
+            voters.update({group["id"]: tuple(group["voters"]) for group in new_groups})
+            queue_groups = [choice.group for choice in self._place(None, name, 0, request["queues"], voters)]
             command = {"op": "create_topic", "name": name, "queues": request["queues"],
                        "message_type": request["message_type"],
-                       "created_ms": self.clock.wall_ms(), "new_groups": new_groups,
-                       "groups": pool + [group["id"] for group in new_groups],
+                       "created_ms": self.clock.wall_ms(), "new_groups": new_groups, "groups": groups,
+                       "queue_groups": queue_groups,
                        "history": request.get("history", 1), "ttl_ms": request.get("ttl_ms", 0)}
             await self._propose(command)
         return self.metadata.topic(name).to_wire()
 
     async def update_topic(self, request: dict) -> dict:
-        """Change a topic's retention settings in whole seconds (-2 leaves one as it is)."""
+        """Change a topic's retention settings in whole seconds, or add queues (-2 leaves one as it is)."""
         check_user_topic_name(request["topic"])
         for field in ("retention_s", "local_retention_s"):
             if request[field] != -2:
@@ -295,10 +304,16 @@ class Nameserver:
 
     async def _update_topic_here(self, request: dict) -> dict:
         spec = self.metadata.topic(request["topic"])
-        retention_s = spec.retention_s if request["retention_s"] == -2 else request["retention_s"]
-        local_s = spec.local_retention_s if request["local_retention_s"] == -2 else request["local_retention_s"]
-        await self._propose({"op": "update_topic", "name": spec.name, "retention_s": float(retention_s),
-                             "local_retention_s": float(local_s)})
+        adding = request.get("queues", -2) != -2
+        if adding:
+            async with self._creating:  # placed one at a time, as creations are
+                await self._add_queues_here(self.metadata.topic(spec.name), request["queues"])
+        if not adding or request["retention_s"] != -2 or request["local_retention_s"] != -2:
+            spec = self.metadata.topic(spec.name)
+            retention_s = spec.retention_s if request["retention_s"] == -2 else request["retention_s"]
+            local_s = spec.local_retention_s if request["local_retention_s"] == -2 else request["local_retention_s"]
+            await self._propose({"op": "update_topic", "name": spec.name, "retention_s": float(retention_s),
+                                 "local_retention_s": float(local_s)})
         return self.metadata.topic(spec.name).to_wire()
 
     def _in_sync(self) -> bool:
@@ -361,4 +376,5 @@ class Nameserver:
                        for group in sorted(self.metadata.groups)],
             "moving": len(self._moving),
             "topics": len(self.metadata.topics),
+            "placement": self.model_state,
         }

@@ -26,8 +26,17 @@ class Replicas:
         lagging = [{"group": group, "node": node, "entries": entries}
                    for group in leads for node, entries in self.host.lagging(group).items()]
         wal = self.host.wal.log
+        led = set(leads)
+        group_bytes: dict[int, int] = {}
+        topic_bytes: dict[str, int] = {}
+        for (topic, group), count in self.store.take_bytes_in().items():
+            if group in led:
+                group_bytes[group] = group_bytes.get(group, 0) + count
+                topic_bytes[topic] = topic_bytes.get(topic, 0) + count
         load = {"groups": len(groups), "leads": leads, "bytes": wal.end_position - wal.start_position,  # on disk
-                "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging}
+                "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging,
+                "group_bytes_in": [{"group": group, "bytes": count} for group, count in group_bytes.items()],
+                "topic_bytes_in": [{"topic": topic, "bytes": count} for topic, count in topic_bytes.items()]}
         assignment = await self.peers.heartbeat(load, self._assignment_version)
         if assignment is None:
             return

@@ -1,0 +1,89 @@
+"""What the nameserver knows of traffic, and what it predicts of it (issue 30). Pure: no I/O, no clock.
+
+Storage nodes report, with each heartbeat, the bytes appended since their last one to the groups they lead, per
+group and per topic. `LoadHistory` adds them up into one-minute steps (forecast.STEP_MS) per series, for the last
+`limits.load_history_steps` steps. A `Predictor` turns a series into the bytes/s it expects over the next horizon:
+`ModelPredictor` with a trained forecaster, `RecentPredictor` (the load-aware fallback) with the last 10 minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Protocol
+
+from rocket import limits
+from rocket.ml.forecast import STEP_MS, Forecaster, queue_features, window_mean
+
+
+class LoadHistory:
+    """Bytes per one-minute step of each series (a group, a topic), kept for the last limits.load_history_steps
+    steps; a series with no bytes for that long is forgotten."""
+
+    def __init__(self) -> None:
+        self._steps: dict[Hashable, dict[int, float]] = {}
+        self._first: dict[Hashable, int] = {}  # series -> its first step with bytes
+
+    def add(self, series: Hashable, at_ms: int, byte_count: float) -> None:
+        if byte_count <= 0:
+            return
+        step = at_ms // STEP_MS
+        steps = self._steps.setdefault(series, {})
+        steps[step] = steps.get(step, 0.0) + byte_count
+        self._first.setdefault(series, step)
+
+    def forget_before(self, now_ms: int) -> None:
+        """Drop steps older than the window, and series left with none."""
+        oldest = now_ms // STEP_MS - limits.load_history_steps
+        for series in list(self._steps):
+            steps = self._steps[series]
+            for step in [step for step in steps if step < oldest]:
+                del steps[step]
+            if not steps:
+                del self._steps[series]
+                self._first.pop(series, None)
+
+    def rates(self, series: Hashable) -> dict[int, float]:
+        """Step -> mean bytes/s in that step."""
+        return {step: total * 1000 / STEP_MS for step, total in self._steps.get(series, {}).items()}
+
+    def first_step(self, series: Hashable, now_ms: int) -> int:
+        return self._first.get(series, now_ms // STEP_MS)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+
+class Predictor(Protocol):
+    name: str
+
+    def predict(self, history: LoadHistory, series: Hashable, now_ms: int, *, members: int = 1,
+                context: Hashable | None = None) -> float:
+        """Bytes/s the series is expected to carry over the horizon. members and context: the size of the
+        series' family and the series of the family (a topic for a queue); by default the series itself."""
+        ...
+
+
+class RecentPredictor:
+    """The fallback without a (valid, fresh) model: the next minutes look like the last ten."""
+
+    name = "recent load (no model)"
+
+    def predict(self, history: LoadHistory, series: Hashable, now_ms: int, *, members: int = 1,
+                context: Hashable | None = None) -> float:
+        return window_mean(history.rates(series), now_ms // STEP_MS - 1, 10)
+
+
+class ModelPredictor:
+    """The trained forecaster, fed the same features the Spark job trained it on."""
+
+    def __init__(self, model: Forecaster):
+        self.model = model
+        self.name = f"model {model.version}"
+
+    def predict(self, history: LoadHistory, series: Hashable, now_ms: int, *, members: int = 1,
+                context: Hashable | None = None) -> float:
+        steps = history.rates(series)
+        family = history.rates(context) if context is not None else steps
+        features = queue_features(steps, now_ms, history.first_step(series, now_ms), members,
+                                  window_mean(family, now_ms // STEP_MS - 1, 10))
+        return self.model.predict(features)

@@ -1,0 +1,164 @@
+"""Queue placement by predicted load (issue 30). A mixin of Nameserver.
+
+Every nameserver follows the forecast model in the object store (`models/forecast/latest.json`, which the Spark job
+writes): it reads it again every limits.model_poll_s, and uses it while it is valid and fresh; otherwise it falls back
+to the recent load and logs why, once per change. The leader keeps each storage group's and topic's traffic, from the
+storage nodes' heartbeats, in one-minute steps (rocket.ml.load.LoadHistory: a new leader starts without it).
+
+A new queue goes to the group with the lowest predicted load (rocket.ml.placement.place_queues), and the choice is
+recorded in the topic's metadata: a queue never moves to another group afterwards, so its order and offsets stay as
+they are (its group's replicas may move, with their log). `rocket topic update --queues N` adds queues the same way;
+a KV bucket's shards are fixed, since its keys hash onto them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.ml.forecast import Forecaster, ModelError
+from rocket.ml.load import LoadHistory, ModelPredictor, Predictor, RecentPredictor
+from rocket.ml.placement import GroupLoad, QueueChoice, place_queues
+from rocket.model import KV_PREFIX, TopicSpec
+
+log = logging.getLogger("rocket.nameserver")
+
+MODEL_KEY = "models/forecast/latest.json"
+
+
+class QueuePlacement:
+    def _init_queue_placement(self, objects) -> None:
+        self.objects = objects  # the node's object store, where models are (None: never a model)
+        self.history = LoadHistory()
+        self.predictor: Predictor = RecentPredictor()
+        self.model_state = "no model"  # what `rocket cluster status` shows
+        self._model_text: bytes | None = None
+        self._explanations: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        prefix = self.config.tier_s3_prefix
+        self._model_key = f"{prefix}/{MODEL_KEY}" if prefix else MODEL_KEY
+
+    # ---- load and the model --------------------------------------------------------------------------
+
+    def _record_traffic(self, load: dict) -> None:
+        now_ms = self.clock.wall_ms()
+        for entry in load.get("group_bytes_in", ()):
+            self.history.add(("group", entry["group"]), now_ms, entry["bytes"])
+        for entry in load.get("topic_bytes_in", ()):
+            self.history.add(("topic", entry["topic"]), now_ms, entry["bytes"])
+
+    async def _follow_model_forever(self) -> None:
+        while True:
+            await self._follow_model()
+            self.history.forget_before(self.clock.wall_ms())
+            await trio.sleep(limits.model_poll_s)
+
+    async def _follow_model(self) -> None:
+        """Take the model file if it changed; refuse it, or a stale one, for the fallback, saying why once."""
+        text = None
+        if self.objects is not None:
+            try:
+                text = await self.objects.get(self._model_key)
+            except RocketError as error:
+                if error.code != Code.NOT_FOUND:
+                    log.warning("forecast model: cannot read %s (%s); keeping what was in use", self._model_key, error)
+                    return
+        if text is None:
+            self._use(RecentPredictor(), "no model", None)
+            return
+        if text != self._model_text or isinstance(self.predictor, ModelPredictor):
+            try:
+                model = Forecaster.from_json(text)
+            except ModelError as error:
+                self._use(RecentPredictor(), f"model refused: {error}", text)
+                return
+            age_s = (self.clock.wall_ms() - int(model.metrics.get("trained_at_ms", 0))) / 1000
+            if age_s > limits.model_stale_s:
+                self._use(RecentPredictor(), f"model {model.version} is stale: trained {age_s / 86_400:.1f} days ago",
+                          text)
+                return
+            if not isinstance(self.predictor, ModelPredictor) or self.predictor.model.version != model.version:
+                self._use(ModelPredictor(model), f"model {model.version}", text)
+
+    def _use(self, predictor: Predictor, state: str, text: bytes | None) -> None:
+        if state != self.model_state:
+            report = log.warning if "refused" in state or "stale" in state else log.info
+            report("queue placement: %s; placing by %s", state, predictor.name)
+        self.predictor, self.model_state, self._model_text = predictor, state, text
+
+    # ---- placement -----------------------------------------------------------------------------------
+
+    def _group_loads(self, topic: str, voters: dict[int, tuple[int, ...]], now_ms: int) -> list[GroupLoad]:
+        queues_in: collections.Counter = collections.Counter()
+        topic_queues: collections.Counter = collections.Counter()
+        for spec in self.metadata.topics.values():
+            for queue in range(spec.queues):
+                group = spec.group_of(queue)
+                queues_in[group] += 1
+                if spec.name == topic:
+                    topic_queues[group] += 1
+        loads = []
+        for group, members in sorted(voters.items()):
+            leaving = any(self._leaving(voter) for voter in members)
+            loads.append(GroupLoad(group, self._leaders.get(group) or members[0],
+                                   self.predictor.predict(self.history, ("group", group), now_ms,
+                                                          members=max(1, queues_in[group])),
+                                   queues_in[group], topic_queues[group], not leaving))
+        if not any(load.available for load in loads):  # better a group short of a replica than none
+            for load in loads:
+                load.available = True
+        return loads
+
+    def _place(self, spec: TopicSpec | None, topic: str, first_queue: int, count: int,
+               voters: dict[int, tuple[int, ...]]) -> list[QueueChoice]:
+        """Groups for queues first_queue.. of topic (spec: as it is now, None when it is new), among the groups
+        given with their voters, and the record of why, for `rocket cluster placement --explain`."""
+        now_ms = self.clock.wall_ms()
+        queues_after = first_queue + count
+        topic_predicted = self.predictor.predict(self.history, ("topic", topic), now_ms, members=max(1, first_queue))
+        loads = self._group_loads(topic, voters, now_ms)
+        choices = place_queues(first_queue, count, topic_predicted / queues_after, loads)
+        earlier = self._explanations.pop(topic, None) if spec is not None else None
+        self._explanations[topic] = {
+            "topic": topic, "predictor": self.predictor.name, "placed_ms": now_ms,
+            "queues": (earlier["queues"] if earlier else []) + [
+                {"queue": choice.queue, "group": choice.group, "node": choice.node, "predicted": choice.predicted,
+                 "score": choice.score, "runner_up": choice.runner_up, "runner_up_score": choice.runner_up_score}
+                for choice in choices]}
+        while len(self._explanations) > limits.placement_explanations_max:
+            self._explanations.popitem(last=False)
+        return choices
+
+    async def _add_queues_here(self, spec: TopicSpec, queues: int) -> None:
+        if spec.name.startswith(KV_PREFIX):
+            raise RocketError(Code.BAD_REQUEST, f"bucket {spec.bucket!r} keeps its {spec.queues} shards: its keys "
+                              "hash onto them")
+        if queues <= spec.queues:
+            raise RocketError(Code.BAD_REQUEST, f"topic {spec.name!r} has {spec.queues} queues; queues can only be "
+                              f"added, got {queues}")
+        if queues > limits.queues_per_topic_max:
+            raise RocketError(Code.BAD_REQUEST, f"queues must be 1..{limits.queues_per_topic_max}, got {queues}")
+        voters = {group: members.voters for group, members in self.metadata.groups.items()}
+        choices = self._place(spec, spec.name, spec.queues, queues - spec.queues, voters)
+        await self._propose({"op": "add_queues", "name": spec.name, "from_queues": spec.queues,
+                             "queue_groups": [choice.group for choice in choices]})
+
+    async def placement_explain(self, request: dict) -> dict:
+        return await self._on_leader("PlacementExplain", request, self._explain_here)
+
+    async def _explain_here(self, request: dict) -> dict:
+        spec = self.metadata.topic(request["topic"])
+        recorded = self._explanations.get(spec.name)
+        rows = {row["queue"]: row for row in (recorded["queues"] if recorded else [])}
+        queues = [rows.get(queue) or {"queue": queue, "group": spec.group_of(queue), "node": 0, "predicted": -1.0,
+                                      "score": -1.0, "runner_up": 0, "runner_up_score": -1.0}
+                  for queue in range(spec.queues)]
+        note = "" if recorded and len(rows) == spec.queues else (
+            "queues without scores were placed before this nameserver led"
+            + ("" if spec.queue_groups else ", by a hash onto the topic's groups"))
+        return {"topic": spec.name, "predictor": recorded["predictor"] if recorded else "",
+                "model": self.model_state, "placed_ms": recorded["placed_ms"] if recorded else 0,
+                "queues": queues, "note": note}

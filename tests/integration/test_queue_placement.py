@@ -1,0 +1,106 @@
+"""A running node takes the forecast model from its object store without a restart, places new queues by it (as
+`rocket cluster placement --explain` shows), refuses a corrupt or stale model for the fallback, and adds queues to a
+topic without moving the ones it has, or their data (issue 30)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import trio
+
+from rocket import limits
+from rocket.client import Admin, connect, open_consumer
+from rocket.ml.forecast import FEATURES, MODEL_FORMAT, MODEL_VERSION
+from rocket.model import Message
+from rocket.node import run_node
+from rocket.serde import batch as batch_codec
+from rocket.tier.local import LocalDirectoryStore
+from tests.conftest import node_config
+
+KEY = "models/forecast/latest.json"
+
+
+def model(version: str, trained_at_ms: int) -> bytes:
+    return json.dumps({
+        "format": MODEL_FORMAT, "format_version": MODEL_VERSION, "features": list(FEATURES), "model_version": version,
+        "horizon_steps": 10, "metrics": {"trained_at_ms": trained_at_ms},
+        "trees": [{"weight": 1.0, "root": {"feature": 1, "threshold": 1000.0, "left": {"value": 100.0},
+                                           "right": {"value": 50_000.0}}}]}).encode()
+
+
+async def placement_state(admin: Admin, wanted: str) -> str:
+    with trio.fail_after(10):
+        while not (state := (await admin.cluster_status())["placement"]).startswith(wanted):
+            await trio.sleep(0.05)
+    return state
+
+
+async def test_the_model_is_taken_without_a_restart_and_places_new_queues(nursery, tmp_path, monkeypatch):
+    monkeypatch.setattr(limits, "model_poll_s", 0.1)  # before the node starts: its first wait is this long
+    node = await nursery.start(lambda task_status: run_node(node_config(tmp_path / "data"), handle_signals=False,
+                                                            task_status=task_status))
+    now_ms = time.time_ns() // 1_000_000
+    async with connect(f"127.0.0.1:{node.tcp_port}") as channel, \
+            LocalDirectoryStore(tmp_path / "data" / "tier") as objects:
+        admin = Admin(channel)
+        await admin.create_topic("before", 4)
+        assert await placement_state(admin, "no model") == "no model"
+        explained = await admin.placement_explain("before")
+        assert explained["predictor"] == "recent load (no model)"
+        assert sorted({row["group"] for row in explained["queues"]}) == sorted(
+            {row["group"] for row in explained["queues"]})  # every queue has a group
+        assert len({row["group"] for row in explained["queues"]}) == 4, explained  # no history: spread out
+
+        await objects.put(KEY, model("v1", now_ms))
+        assert await placement_state(admin, "model v1") == "model v1"
+        await admin.create_topic("after", 3)
+        explained = await admin.placement_explain("after")
+        assert explained["predictor"] == "model v1" and explained["model"] == "model v1"
+        for row in explained["queues"]:
+            assert row["predicted"] >= 0 and row["node"] == 1 and row["runner_up"] != row["group"]
+            assert row["score"] <= row["runner_up_score"]
+
+        await objects.put(KEY, b'{"format": "rocket.forecast", "format_version": 99}')
+        refused = await placement_state(admin, "model refused")
+        assert "version 99" in refused
+        await admin.create_topic("fallback", 2)
+        assert (await admin.placement_explain("fallback"))["predictor"] == "recent load (no model)"
+
+        await objects.put(KEY, model("v0", now_ms - int(30 * 86_400_000)))
+        assert "stale" in await placement_state(admin, "model v0 is stale")
+
+
+async def test_added_queues_leave_the_old_ones_and_their_data_where_they_were(node):
+    async with connect(f"127.0.0.1:{node.tcp_port}") as channel:
+        admin = Admin(channel)
+        await admin.create_topic("orders", 3)
+        before = (await channel.call("GetRoute", {"topic": "orders"}))["queue_groups"]
+        for queue in range(3):
+            batch = batch_codec.encode([Message(f"{queue}-{n}".encode()) for n in range(10)], 1_700_000_000_000)
+            await channel.call("Produce", {"topic": "orders", "queue": queue, "batch": batch})
+        spec = await admin.update_topic("orders", queues=7)
+        assert spec.queues == 7
+        after = (await channel.call("GetRoute", {"topic": "orders"}))["queue_groups"]
+        assert after[:3] == before and len(after) == 7
+        explained = await admin.placement_explain("orders")
+        assert [row["queue"] for row in explained["queues"]] == list(range(7))
+        for queue in range(3, 7):
+            batch = batch_codec.encode([Message(f"{queue}-0".encode())], 1_700_000_000_000)
+            reply = await channel.call("Produce", {"topic": "orders", "queue": queue, "batch": batch})
+            assert reply["base_offset"] == 0
+        received: dict[int, list[bytes]] = {}
+        async with open_consumer(channel, "orders", "check", start="earliest", wait_ms=200) as consumer:
+            while messages := await consumer.poll():
+                for message in messages:
+                    received.setdefault(message.queue, []).append(message.body)
+        assert {queue: len(bodies) for queue, bodies in received.items()} == {0: 10, 1: 10, 2: 10, 3: 1, 4: 1, 5: 1,
+                                                                              6: 1}
+        assert received[1] == [f"1-{n}".encode() for n in range(10)]  # in order, at the offsets they had
+        for bad, code in ((5, "BAD_REQUEST"), (100_000, "BAD_REQUEST")):
+            try:
+                await admin.update_topic("orders", queues=bad)
+            except Exception as error:  # noqa: BLE001 - the code is what is checked
+                assert code in str(error)
+            else:
+                raise AssertionError(f"queues={bad} was accepted")

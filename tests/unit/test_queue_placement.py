@@ -1,0 +1,148 @@
+"""Queue placement by predicted load (issue 30): the pure pieces (load history, predictors, place_queues, the model
+file's checks) and the metadata's queue-to-group table."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rocket.errors import Code, RocketError
+from rocket.ml.forecast import FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, Forecaster, ModelError, queue_features
+from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor
+from rocket.ml.placement import GroupLoad, place_queues
+from rocket.raft.core import Entry
+from rocket.roles.nameserver.metadata import Metadata
+
+NOW_MS = 1_800_000_000_000 // STEP_MS * STEP_MS  # the start of a step
+
+
+def model_document(**overrides) -> dict:
+    """A forecaster whose one tree says: 100 bytes/s, or 50,000 where rate_10m (feature 1) is above 1,000."""
+    document = {"format": MODEL_FORMAT, "format_version": MODEL_VERSION, "features": list(FEATURES),
+                "model_version": "20261126T1200Z-abc", "horizon_steps": 10,
+                "trees": [{"weight": 1.0, "root": {"feature": 1, "threshold": 1000.0,
+                                                              "left": {"value": 100.0}, "right": {"value": 50_000.0}}}],
+                "metrics": {"trained_at_ms": NOW_MS, "rmse": 1.0}}
+    document.update(overrides)
+    return document
+
+
+def test_history_sums_reports_into_steps_and_forgets_old_ones():
+    history = LoadHistory()
+    history.add(("group", 2), NOW_MS - STEP_MS + 1, 30_000)
+    history.add(("group", 2), NOW_MS - 1, 30_000)  # two nodes' reports in one step add up
+    history.add(("group", 2), NOW_MS - 5 * STEP_MS, 6_000)
+    assert history.rates(("group", 2)) == {NOW_MS // STEP_MS - 1: 1000.0, NOW_MS // STEP_MS - 5: 100.0}
+    assert RecentPredictor().predict(history, ("group", 2), NOW_MS) == pytest.approx(110.0)  # (1000 + 100) / 10
+    history.forget_before(NOW_MS + 86 * STEP_MS)
+    assert history.rates(("group", 2)) == {NOW_MS // STEP_MS - 1: 1000.0}
+    history.forget_before(NOW_MS + 200 * STEP_MS)
+    assert len(history) == 0
+
+
+def test_the_model_predictor_feeds_the_features_the_job_trained_on():
+    history = LoadHistory()
+    for minute in range(1, 11):
+        history.add(("topic", "hot"), NOW_MS - minute * STEP_MS, 5_000 * 60)  # 5,000 bytes/s for 10 minutes
+    model = Forecaster.from_json(json.dumps(model_document()))
+    predictor = ModelPredictor(model)
+    assert predictor.predict(history, ("topic", "hot"), NOW_MS) == 50_000.0
+    assert predictor.predict(history, ("topic", "cold"), NOW_MS) == 100.0
+    steps = history.rates(("topic", "hot"))
+    features = queue_features(steps, NOW_MS, min(steps), 1, 5_000.0)
+    assert features[FEATURES.index("rate_10m")] == pytest.approx(5_000.0)
+    assert features[FEATURES.index("age_h")] == pytest.approx(10 / 60)
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"format": "other"}, "format"),
+    ({"features": list(FEATURES)[:-1]}, "features"),
+    ({"trees": []}, "trees"),
+    ({"trees": [{"weight": 1.0, "root": {"feature": 99, "threshold": 1.0, "left": {"value": 1.0},
+                                         "right": {"value": 2.0}}}]}, "feature"),
+    ({"trees": [{"weight": 1.0, "root": {"value": float("nan")}}]}, "leaf"),
+    ({"horizon_steps": 0}, "horizon"),
+    ({"model_version": ""}, "model_version"),
+])
+def test_a_corrupt_model_is_refused_with_its_reason(change, reason):
+    with pytest.raises(ModelError, match=reason):
+        Forecaster.from_json(json.dumps(model_document(**change)))
+
+
+def test_a_model_file_that_is_not_json_is_refused():
+    with pytest.raises(ModelError, match="not JSON"):
+        Forecaster.from_json(b"\x00garbage")
+
+
+def test_new_queues_go_to_the_groups_with_the_lowest_predicted_load():
+    groups = [GroupLoad(2, leader=1, predicted=90_000.0, queues=4), GroupLoad(3, leader=2, predicted=10.0, queues=4),
+              GroupLoad(4, leader=3, predicted=0.0, queues=4), GroupLoad(5, leader=3, predicted=0.0, queues=0,
+                                                                         available=False)]
+    choices = place_queues(0, 3, 1_000.0, groups)
+    assert [choice.group for choice in choices] == [4, 3, 4]
+    assert choices[0].runner_up == 3 and choices[0].score < choices[0].runner_up_score
+    assert all(choice.group != 5 for choice in choices)  # a group with a replica on a draining node: never
+    assert groups[2].predicted == 0.0  # the caller's loads are not changed
+
+
+def test_a_topic_without_history_still_spreads_over_the_groups():
+    groups = [GroupLoad(group, leader=group, predicted=0.0, queues=0) for group in (2, 3, 4, 5)]
+    choices = place_queues(0, 8, 0.0, groups)
+    assert sorted(choice.group for choice in choices) == [2, 2, 3, 3, 4, 4, 5, 5]
+
+
+def test_no_available_group_is_unavailable():
+    with pytest.raises(RocketError) as refused:
+        place_queues(0, 1, 1.0, [GroupLoad(2, 1, 0.0, 0, available=False)])
+    assert refused.value.code == Code.UNAVAILABLE
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1e9), min_size=1, max_size=12), st.integers(1, 40),
+       st.floats(min_value=0, max_value=1e7))
+def test_placement_never_picks_a_group_scored_worse_than_another(predicted, count, queue_load):
+    groups = [GroupLoad(2 + number, leader=2 + number, predicted=value, queues=0) for number, value in
+              enumerate(predicted)]
+    choices = place_queues(0, count, queue_load, groups)
+    assert len(choices) == count
+    for choice in choices:
+        assert choice.runner_up == 0 or choice.score <= choice.runner_up_score
+
+
+def apply(metadata: Metadata, *commands: dict) -> list:
+    return metadata.apply([Entry(1, number + 1, orjson.dumps(command)) for number, command in enumerate(commands)],
+                          [-1] * len(commands))
+
+
+def test_placed_queues_keep_their_groups_when_queues_are_added_and_across_a_snapshot():
+    metadata = Metadata()
+    new_groups = [{"id": group, "voters": [1]} for group in (2, 3, 4)]
+    [spec] = apply(metadata, {"op": "create_topic", "name": "orders", "queues": 3, "created_ms": 1,
+                              "new_groups": new_groups, "groups": [2, 3, 4], "queue_groups": [4, 4, 2]})
+    assert [spec.group_of(queue) for queue in range(3)] == [4, 4, 2]
+    assert metadata.route("orders", {})["queue_groups"] == [4, 4, 2]
+    [grown] = apply(metadata, {"op": "add_queues", "name": "orders", "from_queues": 3, "queue_groups": [3, 3]})
+    assert grown.queues == 5 and [grown.group_of(queue) for queue in range(5)] == [4, 4, 2, 3, 3]
+    [stale] = apply(metadata, {"op": "add_queues", "name": "orders", "from_queues": 3, "queue_groups": [2]})
+    assert isinstance(stale, RocketError) and metadata.topics["orders"].queues == 5
+    restored = Metadata()
+    restored.restore(metadata.snapshot())
+    assert restored.topics == metadata.topics
+
+
+def test_a_topic_placed_by_hash_keeps_its_queues_where_they_were_when_queues_are_added():
+    metadata = Metadata()
+    [spec] = apply(metadata, {"op": "create_topic", "name": "old", "queues": 4, "created_ms": 1,
+                              "new_groups": [{"id": group, "voters": [1]} for group in (2, 3, 4)], "groups": [2, 3, 4]})
+    before = [spec.group_of(queue) for queue in range(4)]
+    [grown] = apply(metadata, {"op": "add_queues", "name": "old", "from_queues": 4, "queue_groups": [2]})
+    assert [grown.group_of(queue) for queue in range(5)] == before + [2]
+    # A snapshot written before queue_groups existed (nine fields per topic) still restores.
+    state = orjson.loads(metadata.snapshot()[0])
+    state["topics"] = [topic[:9] for topic in state["topics"]]
+    old = Metadata()
+    old.restore([orjson.dumps(state)])
+    assert old.topics["old"].queue_groups == () and old.topics["old"].groups == (2, 3, 4)
