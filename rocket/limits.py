@@ -197,6 +197,10 @@ placement_node_weight = 0.5  # queue placement: a group's leader's load (all it 
 model_poll_s = 30.0  # how often a nameserver reads the forecast model again: a new one is in use within this
 model_stale_s = 14 * 86_400.0  # a model trained longer ago than this no longer places queues (the fallback does)
 placement_explanations_max = 10_000  # topics whose last placement the leader can explain, newest kept
+leader_group_bytes_s = 64 * KiB  # leader balancing: a led group weighs this many bytes/s more than its predicted load
+leader_balance_ratio = 0.1  # ... nodes within this share of their mean led load are balanced (Kafka: 10%) ...
+leader_balance_bytes_s = 128 * KiB  # ... as are nodes within this many bytes/s of each other (2 idle groups)
+leader_transfer_s = 2.0  # at most one leadership transfer this often: a transfer pauses the group's writes briefly
 load_history_steps = 90  # minutes of traffic per group and topic the nameserver keeps for the forecaster (it reads 60)
 
 # Tier (object store).

@@ -107,3 +107,36 @@ def place_queues(first_queue: int, count: int, queue_predicted: float, groups: l
         chosen.topic_queues += 1
         chosen.queues += 1
     return choices
+
+
+def leader_transfer(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], nodes: list[int]
+                    ) -> tuple[int, int] | None:
+    """The one leadership transfer (group, to node) that best evens out the predicted load the nodes lead, or None
+    when the nodes are within limits.leader_balance_ratio of their mean (or limits.leader_balance_bytes_s of each
+    other). Each led group weighs its predicted bytes/s plus limits.leader_group_bytes_s, so that leader counts even
+    out when there is no traffic. Only to an available node (in nodes) among the group's voters, and only when it
+    narrows the gap between the two nodes."""
+    if len(nodes) < 2:
+        return None
+    weight = {load.group: load.predicted + limits.leader_group_bytes_s for load in groups}
+    led = {node: 0.0 for node in nodes}
+    for load in groups:
+        if load.leader in led:
+            led[load.leader] += weight[load.group]
+    high = max(nodes, key=lambda node: (led[node], node))
+    low_ranked = sorted(nodes, key=lambda node: (led[node], node))
+    mean = sum(led.values()) / len(led)
+    if led[high] - led[low_ranked[0]] <= max(limits.leader_balance_bytes_s, limits.leader_balance_ratio * mean):
+        return None
+    best = None
+    for load in groups:
+        if load.leader != high:
+            continue
+        for target in low_ranked:
+            if target == high or target not in voters.get(load.group, ()):
+                continue
+            gap_after = abs((led[high] - weight[load.group]) - (led[target] + weight[load.group]))
+            if gap_after < led[high] - led[target] and (best is None or gap_after < best[0]):
+                best = (gap_after, load.group, target)
+            break  # the least loaded voter of this group is the one to try
+    return None if best is None else (best[1], best[2])

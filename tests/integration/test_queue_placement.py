@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import trio
 
 from rocket import limits
@@ -16,7 +17,9 @@ from rocket.model import Message
 from rocket.node import run_node
 from rocket.serde import batch as batch_codec
 from rocket.tier.local import LocalDirectoryStore
+from rocket.transport.listen import free_ports
 from tests.conftest import node_config
+from tests.integration.test_cluster import Node, cluster_status
 
 KEY = "models/forecast/latest.json"
 
@@ -104,3 +107,54 @@ async def test_added_queues_leave_the_old_ones_and_their_data_where_they_were(no
                 assert code in str(error)
             else:
                 raise AssertionError(f"queues={bad} was accepted")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Three all-role nodes with 12 storage groups (not started)."""
+    ports = free_ports(3)
+    nameservers = ",".join(f"{node}@127.0.0.1:{port}" for node, port in zip((1, 2, 3), ports))
+    nodes = {node: Node(node, port, nameservers, tmp_path, environment={
+        "ROCKET_STORAGE_GROUPS": "12", "ROCKET_REPLICATION": "3"}) for node, port in zip((1, 2, 3), ports)}
+    try:
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.kill()
+
+
+async def test_a_restarted_node_is_given_leaderships_back(cluster):
+    """Node 3 of three is killed, so that nodes 1 and 2 lead every group; once it is back, the nameserver moves
+    leaderships to it until the led load is even (idle groups weigh the same: leader counts even out)."""
+    for node in cluster.values():
+        node.start()
+    for node in cluster.values():
+        await node.wait_ready()
+    servers = [node.server for node in cluster.values()]
+    async with connect(servers[0]) as channel:
+        await channel.call("CreateTopic", {"topic": "orders", "queues": 12}, timeout_s=30)
+
+    def leads(status: dict) -> dict[int, int]:
+        counts = {node: 0 for node in cluster}
+        for group in status["groups"]:
+            if group["leader"] in counts:
+                counts[group["leader"]] += 1
+        return counts
+
+    cluster[3].kill()
+    with trio.fail_after(60):
+        while (status := await cluster_status(servers[:2])) is None or leads(status)[3] or \
+                sum(leads(status).values()) < len(status["groups"]):
+            await trio.sleep(0.5)
+    cluster[3].start()
+    await cluster[3].wait_ready()
+    groups = len(status["groups"])
+    with trio.fail_after(90):
+        while True:
+            status = await cluster_status(servers)
+            if status is not None:
+                counts = leads(status)
+                if sum(counts.values()) == groups and max(counts.values()) - min(counts.values()) <= 2:
+                    break
+            await trio.sleep(0.5)
+    assert counts[3] >= groups // 3 - 2, counts

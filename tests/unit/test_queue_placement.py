@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rocket.errors import Code, RocketError
 from rocket.ml.forecast import FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, Forecaster, ModelError, queue_features
 from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor
-from rocket.ml.placement import GroupLoad, place_queues
+from rocket.ml.placement import GroupLoad, leader_transfer, place_queues
 from rocket.raft.core import Entry
 from rocket.roles.nameserver.metadata import Metadata
 
@@ -146,3 +146,31 @@ def test_a_topic_placed_by_hash_keeps_its_queues_where_they_were_when_queues_are
     old = Metadata()
     old.restore([orjson.dumps(state)])
     assert old.topics["old"].queue_groups == () and old.topics["old"].groups == (2, 3, 4)
+
+
+def test_leadership_moves_from_the_node_leading_the_most_predicted_load_to_a_voter_leading_less():
+    voters = {group: (1, 2, 3) for group in range(2, 10)}
+    idle = [GroupLoad(group, leader=1, predicted=0.0, queues=0) for group in range(2, 10)]  # node 1 leads all 8
+    assert leader_transfer(idle, voters, [1, 2, 3]) == (2, 2) or leader_transfer(idle, voters, [1, 2, 3])[1] in (2, 3)
+    hot = [GroupLoad(group, leader=1, predicted=5e6, queues=0) for group in (2, 3)] + [
+        GroupLoad(group, leader=2, predicted=0.0, queues=0) for group in range(4, 10)]
+    assert leader_transfer(hot, voters, [1, 2, 3]) == (2, 3)  # a hot group to the least loaded voter
+    assert leader_transfer(hot, {2: (1, 2), 3: (1, 2)} | {g: voters[g] for g in range(4, 10)}, [1, 2, 3]) == (2, 2)
+    assert leader_transfer(hot, voters, [1, 2]) == (2, 2)  # node 3 is down or draining: never to it
+    one_hot = [GroupLoad(2, leader=1, predicted=10e6, queues=0)] + [GroupLoad(3, leader=2, predicted=0.0, queues=0)]
+    assert leader_transfer(one_hot, voters, [1, 2, 3]) is None  # moving it would only move the gap
+
+
+@given(st.lists(st.tuples(st.integers(1, 4), st.floats(0, 1e7)), min_size=1, max_size=40))
+def test_repeated_transfers_even_out_the_led_load_and_stop(groups):
+    loads = [GroupLoad(2 + number, leader=leader, predicted=predicted, queues=0)
+             for number, (leader, predicted) in enumerate(groups)]
+    voters = {load.group: (1, 2, 3, 4) for load in loads}
+    for _ in range(10 * len(loads) + 10):
+        transfer = leader_transfer(loads, voters, [1, 2, 3, 4])
+        if transfer is None:
+            break
+        group, target = transfer
+        next(load for load in loads if load.group == group).leader = target
+    else:
+        raise AssertionError("transfers never stopped")

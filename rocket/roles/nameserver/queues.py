@@ -22,8 +22,8 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.ml.forecast import Forecaster, ModelError
 from rocket.ml.load import LoadHistory, ModelPredictor, Predictor, RecentPredictor
-from rocket.ml.placement import GroupLoad, QueueChoice, place_queues
-from rocket.model import KV_PREFIX, TopicSpec
+from rocket.ml.placement import GroupLoad, QueueChoice, leader_transfer, place_queues
+from rocket.model import KV_PREFIX, Address, TopicSpec
 
 log = logging.getLogger("rocket.nameserver")
 
@@ -38,6 +38,7 @@ class QueuePlacement:
         self.model_state = "no model"  # what `rocket cluster status` shows
         self._model_text: bytes | None = None
         self._explanations: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        self._last_transfer = float("-inf")  # trio time of the last leadership transfer this leader asked for
         prefix = self.config.tier_s3_prefix
         self._model_key = f"{prefix}/{MODEL_KEY}" if prefix else MODEL_KEY
 
@@ -131,6 +132,38 @@ class QueuePlacement:
         while len(self._explanations) > limits.placement_explanations_max:
             self._explanations.popitem(last=False)
         return choices
+
+    async def _balance_leaders(self) -> None:
+        """On the leader, at most once per limits.leader_transfer_s: move one group's leadership from the node that
+        leads the most predicted load to the least loaded of the group's voters (rocket.ml.placement.leader_transfer).
+        The group's leader does it (StorageMembers "transfer"); the next heartbeats tell who leads."""
+        now = trio.current_time()
+        if now - self._last_transfer < limits.leader_transfer_s or self._moving:
+            return
+        now_ms = self.clock.wall_ms()
+        voters = {group: members.voters for group, members in self.metadata.groups.items() if not members.learners}
+        loads = [GroupLoad(group, self._leaders.get(group, 0),
+                           self.predictor.predict(self.history, ("group", group), now_ms), 0)
+                 for group in voters]
+        nodes = [load.node for load in self._loads() if load.available]
+        transfer = leader_transfer(loads, voters, nodes)
+        if transfer is None:
+            return
+        group, target = transfer
+        self._last_transfer = now
+        leader = self._leaders.get(group)
+        info = self.metadata.nodes.get(leader)
+        if info is None:
+            return
+        try:
+            await self.peers.call(Address.parse(info.address), "StorageMembers",
+                                  {"group": group, "action": "transfer", "node": target})
+        except RocketError as error:
+            log.info("group %d: leadership transfer from node %d to node %d: %s", group, leader, target, error)
+            return
+        log.info("group %d: leadership moves from node %d to node %d to even out the predicted load", group, leader,
+                 target)
+        self._leaders[group] = target
 
     async def _add_queues_here(self, spec: TopicSpec, queues: int) -> None:
         if spec.name.startswith(KV_PREFIX):

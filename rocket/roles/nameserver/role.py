@@ -72,8 +72,9 @@ class Nameserver(QueuePlacement):
                 if self.leads():
                     try:
                         await self._plan_moves(nursery)
+                        await self._balance_leaders()
                     except RocketError as error:
-                        log.warning("planning replica moves: %s", error)
+                        log.warning("planning replica moves and leaders: %s", error)
 
     def leads(self) -> bool:
         return self.host.leader_of(META_GROUP) == self.config.node_id

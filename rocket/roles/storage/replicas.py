@@ -94,8 +94,8 @@ class Replicas:
                 log.warning("group %d: backfilling %s/%d from node %d: %s", group, topic, queue, source, error)
 
     async def members(self, request: dict) -> dict:
-        """One membership change on this group's leader; a change already made answers at once, so a
-        nameserver can repeat a move's steps after a failure."""
+        """One membership change on this group's leader, or a transfer of its leadership; a change already made
+        answers at once, so a nameserver can repeat a move's steps after a failure."""
         group, action, node = request["group"], request["action"], request["node"]
         self._leads(group)
         voters = self.host.voters(group)
@@ -113,6 +113,13 @@ class Replicas:
                 successor = min((voter for voter in voters if voter != node), key=lambda voter: lagging.get(voter, 0))
                 self.host.transfer_leadership(group, successor)
                 raise RocketError(Code.UNAVAILABLE, f"leadership of group {group} moves to node {successor}; retry there")
+        if action == "transfer":  # leadership, to a voter that holds all this one committed
+            if node == self.config.node_id:
+                return {}
+            if node not in voters or not self.host.caught_up(group, node):
+                raise RocketError(Code.UNAVAILABLE, f"node {node} is not a caught-up voter of group {group}; retry")
+            self.host.transfer_leadership(group, node)
+            return {}
         if action not in ("add_learner", "promote", "remove"):
             raise RocketError(Code.BAD_REQUEST, f"unknown membership change {action!r}")
         await self.host.propose_conf_change(group, action, node, limits.storage_append_wait_s_max)
