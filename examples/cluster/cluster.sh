@@ -130,7 +130,9 @@ start_node() {
     if [[ -f "$log" ]]; then
         mv -f "$log" "$log.1"
     fi
-    "${ROCKET_CMD[@]}" run --config "$CONFIG_DIR/$name.toml" \
+    # One object store for the whole cluster, as S3 would be: offloaded pieces any leader can read, every node's
+    # telemetry, and the models the nameservers place queues by (unless the environment names another).
+    ROCKET_TIER_DIRECTORY="${ROCKET_TIER_DIRECTORY:-$BASE_DIR/tier}" "${ROCKET_CMD[@]}" run --config "$CONFIG_DIR/$name.toml" \
         --data-dir "$(data_dir "$name")" \
         --listen "$(tcp_address "$name")" \
         --http2-listen "$(http2_address "$name")" \
