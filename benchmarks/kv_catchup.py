@@ -13,7 +13,7 @@ every 0.25 s), whether the drop came mid-file and how many bytes had arrived, an
 Writes benchmarks/results/kv_catchup.json; node logs stay in the run's directory under --data-parent.
 
     PYTHONPATH=. python benchmarks/kv_catchup.py [--gib 2] [--value-kib 16] [--writers 4] [--drop ss|kill|none]
-        [--drop-at 0.4] [--data-parent /tmp] [--keep-data]
+        [--drop-at 0.4] [--write-during-mib-s 0] [--data-parent /tmp] [--keep-data]
 """
 
 from __future__ import annotations
@@ -126,31 +126,34 @@ class Node:
 
 
 def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM of a process, in bytes ({} once it is gone)."""
+    """VmRSS, VmHWM, RssAnon (its own memory) and RssFile (pages of files it maps: LevelDB maps its tables) of a
+    process, in bytes ({} once it is gone)."""
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
         return {}
-    return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in lines if line.startswith(("VmRSS", "VmHWM"))}
+    return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in lines if line.startswith(("VmRSS", "VmHWM", "RssAnon", "RssFile"))}
 
 
 class RssSampler:
-    """Samples the nodes' VmRSS every 0.2 s in a thread; peak[node] is the largest seen since reset()."""
+    """Samples the nodes' VmRSS and RssAnon every 0.2 s in a thread; peak[node] and anonymous[node] are the largest
+    seen since reset()."""
 
     def __init__(self, nodes: dict[int, Node]):
-        self.nodes, self.peak, self._stop = nodes, {}, threading.Event()
+        self.nodes, self.peak, self.anonymous, self._stop = nodes, {}, {}, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def reset(self) -> None:
-        self.peak = {}
+        self.peak, self.anonymous = {}, {}
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             for node in self.nodes.values():
                 if node.process is not None and node.process.poll() is None:
-                    rss = proc_status(node.pid).get("VmRSS", 0)
-                    self.peak[node.node_id] = max(self.peak.get(node.node_id, 0), rss)
+                    status = proc_status(node.pid)
+                    self.peak[node.node_id] = max(self.peak.get(node.node_id, 0), status.get("VmRSS", 0))
+                    self.anonymous[node.node_id] = max(self.anonymous.get(node.node_id, 0), status.get("RssAnon", 0))
 
     def stop(self) -> None:
         self._stop.set()
@@ -390,6 +393,8 @@ async def run(arguments, base: Path) -> dict:
                                         for node in NAMESERVERS}
         result["hwm_after_load_mib"] = {node: round(proc_status(nodes[node].pid).get("VmHWM", 0) / 2**20)
                                         for node in NAMESERVERS}
+        result["anonymous_after_load_mib"] = {node: round(proc_status(nodes[node].pid).get("RssAnon", 0) / 2**20)
+                                              for node in NAMESERVERS}
         result["data_dir_bytes_node1"] = sum(path.stat().st_size for path in nodes[1].data_dir.rglob("*")
                                              if path.is_file())
         print(f"snapshot files on the leaders {leaders}: {result['snapshot_files_on_leaders']}", flush=True)
@@ -455,16 +460,51 @@ async def run(arguments, base: Path) -> dict:
                 NEW in group["voters"] and DRAINED not in group["voters"] + group["learners"] and not group["learners"]
                 for group in status["groups"] if group["id"] in groups)
 
+        overwriting = {"keys": 0, "stop": trio.Event(), "writers": 0}
+
+        async def overwrite(number: int) -> None:
+            """Put keys again, with the values they hold, at write_during_mib_s in all: the leaders' logs grow and
+            they compact (and delete the snapshot files before) while node 4 fetches."""
+            overwriting["writers"] += 1
+            rate = arguments.write_during_mib_s * 2**20 / value_bytes / 2  # keys per second, per writer
+            began, index, sent = time.monotonic(), number * keys // 2, 0
+            async with connect(servers[number % len(servers)], serde="avro") as channel:
+                kv = KV(channel)
+                pending: dict[int, list[dict]] = {}
+                while not overwriting["stop"].is_set():
+                    key = key_of(index % keys)
+                    ops = pending.setdefault(shard_of(key, arguments.shards), [])
+                    ops.append({"op": "put", "key": key, "value": value_of(pool, index % keys)})
+                    index += 1
+                    if len(ops) == PUTS_PER_TXN:
+                        await kv.txn(BUCKET, [], list(ops))
+                        ops.clear()
+                        sent += PUTS_PER_TXN
+                        overwriting["keys"] += PUTS_PER_TXN
+                        await trio.sleep(max(0.0, began + sent / rate - time.monotonic()))
+            overwriting["writers"] -= 1
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pinger.run)
             nursery.start_soon(watch_and_drop)
+            if arguments.write_during_mib_s:
+                nursery.start_soon(overwrite, 0)
+                nursery.start_soon(overwrite, 1)
             await wait_status(servers, moved, arguments.timeout_s, "node 4 a voter of every group, node 3 of none")
             moved_s = time.monotonic() - transfer_started
+            moved_peaks = {node: round(peak / 2**20) for node, peak in sorted(sampler.peak.items())}
+            moved_anonymous = {node: round(peak / 2**20) for node, peak in sorted(sampler.anonymous.items())}
+            reference = before
+            if arguments.write_during_mib_s:
+                overwriting["stop"].set()
+                while overwriting["writers"]:
+                    await trio.sleep(0.1)
+                reference = await describe(servers[0])
             # 5. caught up: each shard's digest on node 4 is the leader's
             digests: dict[int, dict] = {}
             with trio.fail_after(arguments.timeout_s):
-                while len(digests) < len(before["shards"]):
-                    for shard in before["shards"]:
+                while len(digests) < len(reference["shards"]):
+                    for shard in reference["shards"]:
                         if shard["shard"] in digests:
                             continue
                         try:
@@ -477,7 +517,7 @@ async def run(arguments, base: Path) -> dict:
                     await trio.sleep(0.5)
             caught_up_s = time.monotonic() - transfer_started
             nursery.cancel_scope.cancel()
-        peaks = dict(sampler.peak)
+        peaks, anonymous = dict(sampler.peak), dict(sampler.anonymous)
         after = await describe(servers[0])
         status = await cluster_status(servers)
 
@@ -513,10 +553,16 @@ async def run(arguments, base: Path) -> dict:
             snapshots_installed_kv=installed,
             node4_snapshot_files=nodes[NEW].snapshot_files(),
             digests_equal={shard: digests[shard]["digest"] for shard in sorted(digests)},
-            digests_after_equal_before=[s["digest"] for s in after["shards"]] == [s["digest"] for s in before["shards"]],
+            digests_after_equal_reference=[s["digest"] for s in after["shards"]] == [
+                s["digest"] for s in reference["shards"]],
+            write_during_mib_s=arguments.write_during_mib_s, keys_overwritten_during=overwriting["keys"],
+            snapshots_not_fetched=len(re.findall(r"not fetched from node", text)),
+            fetches_started=len(re.findall(r"fetching snapshot \S+ from node", text)),
             sample_reads=len(sample), sample_wrong=wrong,
             drop=drop,
-            peak_rss_during_transfer_mib={node: round(peak / 2**20) for node, peak in sorted(peaks.items())},
+            peak_rss_until_moved_mib=moved_peaks, peak_anonymous_until_moved_mib=moved_anonymous,
+            peak_rss_until_digests_mib={node: round(peak / 2**20) for node, peak in sorted(peaks.items())},
+            peak_anonymous_until_digests_mib={node: round(peak / 2**20) for node, peak in sorted(anonymous.items())},
             hwm_mib={node: round(proc_status(nodes[node].pid).get("VmHWM", 0) / 2**20) for node in nodes},
             leaders_at_start=leaders,
             leaders_at_end={group["id"]: group["leader"] for group in status["groups"]},
@@ -545,6 +591,8 @@ def main() -> None:
     parser.add_argument("--drop", choices=("ss", "kill", "none"), default="ss",
                         help="ss: ss -K node 4's TCP connections mid-transfer; kill: SIGKILL node 4 and restart it")
     parser.add_argument("--drop-at", type=float, default=0.4, help="drop once a file on its way is this far through")
+    parser.add_argument("--write-during-mib-s", type=float, default=0,
+                        help="keep putting (the same values again) at this rate while node 4 catches up")
     parser.add_argument("--sample", type=int, default=300, help="keys read back from node 4")
     parser.add_argument("--timeout-s", type=float, default=1800)
     parser.add_argument("--data-parent", default="/tmp")
@@ -555,6 +603,19 @@ def main() -> None:
     started = time.monotonic()
     try:
         result = trio.run(run, arguments, base)
+    except Exception as error:  # the figures of a failed run: what node 4's log says it fetched and installed
+        text = (base / "node4.log").read_text(errors="replace") if (base / "node4.log").exists() else ""
+        result = {"error": repr(error)[:3000], "run_directory": str(base), "gib": arguments.gib,
+                  "drop_mode": arguments.drop, "write_during_mib_s": arguments.write_during_mib_s,
+                  "fetches_started": len(re.findall(r"fetching snapshot \S+ from node", text)),
+                  "snapshots_fetched": len(re.findall(r"fetched snapshot \S+ from node", text)),
+                  "snapshots_not_fetched": len(re.findall(r"not fetched from node", text)),
+                  "snapshots_installed_kv": len(re.findall(r"the KV state of its shards is taken", text)),
+                  "moved": re.findall(r"group \d+: replica moved from node \d+ to node \d+", "".join(
+                      (base / f"node{node}.log").read_text(errors="replace") for node in NAMESERVERS
+                      if (base / f"node{node}.log").exists()))}
+        Path(arguments.out).write_text(json.dumps(result, indent=2) + "\n")
+        raise
     finally:
         if not arguments.keep_data:
             for data in base.glob("data*"):
