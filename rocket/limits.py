@@ -105,6 +105,7 @@ raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet 
 raft_link_reconnect_s = 0.2  # pause before reconnecting to a peer that is down
 snapshot_chunk_bytes_max = 1 * MiB  # one chunk of a group snapshot: what a machine holds at once, and one fetch of its file
 snapshot_fetch_attempts_max = 10  # fetches of a snapshot file failing in a row before a replica gives up; Raft sends it again
+snapshot_served_keep_s = 30.0  # a snapshot file a replica read this recently outlives its group's next snapshot
 snapshot_fetch_retry_s = 0.5  # pause before a failed fetch of a snapshot file is resumed, so a lost peer is not hammered
 
 # Key-value buckets (RIP-22).

@@ -12,7 +12,8 @@ import dataclasses
 import os
 import re
 import struct
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from crc32c import crc32c
@@ -268,9 +269,11 @@ class Download:
 class SnapshotFiles:
     """The snapshot files of one node's groups, in one directory: written, read, served and fetched."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, clock: Callable[[], float] = time.monotonic):
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._served: dict[str, float] = {}  # file name -> when a replica last read it (a fetch in progress)
 
     def write(self, group: int, index: int, term: int, chunks: Iterable[bytes]) -> bytes:
         """Write a snapshot taken at index (term) and fsync it; its descriptor, Snapshot.data. The caller fsyncs the
@@ -315,6 +318,7 @@ class SnapshotFiles:
             descriptor = os.open(self.directory / name, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise RocketError(Code.NOT_FOUND, f"snapshot {name} is not on this node (any more)") from None
+        self._served[name] = self._clock()
         try:
             if not 0 <= offset <= os.fstat(descriptor).st_size:
                 raise RocketError(Code.BAD_REQUEST, f"offset {offset} is outside snapshot {name}")
@@ -328,11 +332,17 @@ class SnapshotFiles:
 
     def delete_older(self, group: int, index: int) -> None:
         """Delete the group's snapshot files from before index, once a snapshot at index is durable in the WAL:
-        the group's commit is past theirs, so no core installs them again (one fetched and found stale too)."""
+        the group's commit is past theirs, so no core installs them again (one fetched and found stale too). A file
+        a replica read within limits.snapshot_served_keep_s stays until the group's next snapshot: that replica is
+        fetching it, and would otherwise start over with the next one, which a fast enough writer outdates again."""
+        now = self._clock()
         for path in self.directory.glob(f"g{group}-i*{SUFFIX}"):
             found = _NAME.fullmatch(path.name)
             if found is not None and int(found.group(1)) == group and int(found.group(2)) < index:
+                if now - self._served.get(path.name, float("-inf")) < limits.snapshot_served_keep_s:
+                    continue
                 path.unlink(missing_ok=True)
+                self._served.pop(path.name, None)
 
     def keep_only(self, names: set[str]) -> None:
         """Delete every file but these: at a start, those the WAL refers to (what a crash left half-written or

@@ -241,3 +241,20 @@ def test_a_durable_snapshot_deletes_its_groups_older_files_only(tmp_path):
     files.delete_older(1, 9)
     left = sorted(path.name.split("-t")[0] for path in tmp_path.iterdir())
     assert left == ["g1-i12", "g1-i3", "g1-i9", "g12-i3", "g2-i1"]
+
+
+def test_a_file_a_replica_is_fetching_outlives_the_next_snapshot_for_a_while(tmp_path):
+    """A leader that compacts again while a replica fetches its last file keeps that file (the replica would start
+    over with the new one, which a fast writer outdates in turn); once nobody read it for a while, it goes."""
+    now = [100.0]
+    files = SnapshotFiles(tmp_path, clock=lambda: now[0])
+    old = snapshots.name_of(2, Snapshot(5, 1, (1,), (), files.write(2, 5, 1, [b"state"] * 3)))
+    files.write(2, 9, 1, [b"newer"])
+    assert files.read(2, old, 0)
+    now[0] += limits.snapshot_served_keep_s / 2
+    files.delete_older(2, 9)
+    assert (tmp_path / old).exists()
+    assert files.read(2, old, 0)  # the fetch goes on
+    now[0] += limits.snapshot_served_keep_s + 1
+    files.delete_older(2, 9)
+    assert not (tmp_path / old).exists()
