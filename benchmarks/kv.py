@@ -42,14 +42,17 @@ from rocket.transport.listen import free_ports  # noqa: E402
 BUCKET = "bench"
 VALUE_BYTES = 1024
 KEYS = 1000  # written before the timed runs; gets read them at random
-WORKLOADS = ("put", "get", "cas")
+WORKLOADS = ("put", "get", "cas", "ping")  # ping: a round trip that does no work, the floor of the transport
 QUICK_SECONDS = 2.0
 
 
 class KVSystem(System):
     """Besides start and stop (peers.py): `setup()` makes the bucket, and `client()` opens one connection and
     yields an object with `put(key, value) -> token`, `get(key) -> value` and `cas(key, token, value) -> token`,
-    where a token is what the next compare-and-set compares: a revision, or for Redis the value."""
+    where a token is what the next compare-and-set compares: a revision, or for Redis the value; and, where the
+    system has one (pings), `ping()`: a request the server answers without work."""
+
+    pings = False
 
     async def setup(self) -> None:
         """Nothing to make by default: etcd and Redis have one key space."""
@@ -64,6 +67,7 @@ class KVSystem(System):
 class RocketKV(Rocket, KVSystem):
     """Over the channel benchmarks/run.py uses (TCP, Avro)."""
 
+    pings = True
     durability = ("every change is a Raft entry of its shard's storage group, fdatasynced before the answer (group "
                   "commit), one dev-mode node; gets are linearizable (serializable=False: a read barrier, no log "
                   "write); CAS is a put with if_revision")
@@ -87,6 +91,9 @@ class RocketKV(Rocket, KVSystem):
             kv = KV(channel)
 
             class Client:
+                async def ping(self) -> None:
+                    await channel.call("Ping", {})
+
                 async def put(self, key: str, value: bytes) -> int:
                     return await kv.put(BUCKET, key, value)
 
@@ -155,6 +162,8 @@ class RedisKV(Redis, KVSystem):
     CAS_SCRIPT = ("if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return 1 end "
                   "return 0")
 
+    pings = True
+
     def __init__(self):
         super().__init__("always")
         self.name = "redis"
@@ -166,6 +175,9 @@ class RedisKV(Redis, KVSystem):
             script = redis.register_script(self.CAS_SCRIPT)
 
             class Client:
+                async def ping(self) -> None:
+                    await redis.ping()
+
                 async def put(self, key: str, value: bytes) -> bytes:
                     await redis.set(key, value)
                     return value
@@ -182,6 +194,7 @@ class RedisKV(Redis, KVSystem):
 
 
 class NatsKV(Nats, KVSystem):
+    pings = True
     durability = (Nats.durability + "; the bucket is a file-storage stream (history 1) without direct get, so a get "
                   "is answered by the stream's leader")
 
@@ -198,6 +211,9 @@ class NatsKV(Nats, KVSystem):
             kv = await connection.jetstream().key_value(BUCKET)
 
             class Client:
+                async def ping(self) -> None:
+                    await connection.flush()  # NATS's PING, answered by PONG
+
                 async def put(self, key: str, value: bytes) -> int:
                     return await kv.put(key, value)
 
@@ -272,7 +288,9 @@ async def workload(system: KVSystem, operation: str, *, clients: int, seconds: f
             stop_at = start.at + seconds
             done = 0
             while (began := time.perf_counter()) < stop_at:
-                if operation == "put":
+                if operation == "ping":
+                    await client.ping()
+                elif operation == "put":
                     await client.put(keys[(number + done * clients) % len(keys)], values[done % 2])
                 elif operation == "get":
                     value = await client.get(keys[chooser.randrange(len(keys))])
@@ -315,6 +333,8 @@ def run_all(systems: list[KVSystem], arguments, directory: Path) -> dict[str, li
             for operation in WORKLOADS:
                 for clients in arguments.clients:
                     for system in systems:
+                        if operation == "ping" and not system.pings:
+                            continue
                         result = anyio.run(functools.partial(workload, system, operation, clients=clients,
                                                              seconds=arguments.seconds, keys=keys, values=values),
                                            backend=system.backend)
