@@ -102,3 +102,20 @@ def test_no_import_cycle():
     for unit in sorted(edges):
         found = cycle_from(unit, []) if unit not in done else None
         assert found is None, " -> ".join(found)
+
+
+def test_the_runtime_never_imports_the_jobs_or_pyspark():
+    """jobs/ (PySpark) imports rocket, never the other way: a node runs without pyspark (DESIGN.md, the learning
+    loop)."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT.parent)}: {name}" for name in names
+                      if name.split(".")[0] in ("jobs", "pyspark")]
+    assert not found, found

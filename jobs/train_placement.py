@@ -1,0 +1,242 @@
+"""Train the placement load forecaster (issue 30): queue features -> Spark's GBTRegressor -> the JSON model
+rocket.ml.forecast scores (the nameserver loads `models/forecast/latest.json` from the object store).
+
+    python -m jobs.train_placement --telemetry rocket-data/tier/telemetry --models rocket-data/tier
+    spark-submit --master spark://HOST:7077 jobs/train_placement.py --telemetry s3a://B/telemetry --models s3a://B
+
+The rows are split by time: the last --held-out-days are held out for evaluation, or, when the data spans less
+than twice that, its last 20% of time; training rows whose horizon reaches into the held-out time are left out, so
+no label the model is scored on was seen in training. The model is compared with the naive forecaster (the queue's
+last minute) on the held-out rows, then exported, and the export is proven: rocket.ml.forecast.Forecaster, given the
+exported JSON, must predict what Spark predicts for a sample of held-out rows, or nothing is written.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if not __package__:  # spark-submit jobs/train_placement.py: the tree's root on the path, so that `import jobs` works
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+from datetime import datetime, timezone  # noqa: E402
+from typing import NamedTuple  # noqa: E402
+
+from rocket.ml.forecast import FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, Forecaster  # noqa: E402
+
+DAY_MS = 86_400_000
+HELD_OUT_FRACTION = 0.2  # of the data's time, when it spans less than twice --held-out-days
+MODELS_PREFIX = "models/forecast/"
+CHECK_ROWS = 200  # held-out rows the export is proven on
+CHECK_TOLERANCE = 1e-6  # relative (absolute below 1 byte/s)
+
+
+class TrainError(RuntimeError):
+    """The data cannot train a model, or the export does not predict what Spark does."""
+
+
+def held_out_from(first_ms: int, last_ms: int, held_out_days: float) -> int:
+    """The first at_ms of the held-out rows, of rows from first_ms to last_ms."""
+    held_out_ms = held_out_days * DAY_MS
+    span_ms = last_ms - first_ms + STEP_MS
+    if span_ms >= 2 * held_out_ms:
+        start = last_ms + STEP_MS - held_out_ms
+    else:
+        start = last_ms + STEP_MS - HELD_OUT_FRACTION * span_ms
+    return int(math.floor(start / STEP_MS) * STEP_MS)  # at least one step held out
+
+
+def split(queues, held_out_days: float, horizon_steps: int):
+    """(train, held_out, held_out_from_ms) of the queues/ rows."""
+    from pyspark.sql import functions as F
+
+    bounds = queues.agg(F.min("at_ms"), F.max("at_ms"), F.count("*")).first()
+    if not bounds[2]:
+        raise TrainError("no queue rows: the telemetry holds no queue traffic, or spans less than the horizon")
+    start = held_out_from(bounds[0], bounds[1], held_out_days)
+    train = queues.filter(F.col("at_ms") + horizon_steps * STEP_MS <= start)
+    held_out = queues.filter(F.col("at_ms") >= start)
+    return train, held_out, start
+
+
+def export_tree(java_node) -> dict:
+    """A Spark tree node (through py4j) in forecast.py's format."""
+    kind = java_node.getClass().getSimpleName()
+    if kind == "LeafNode":
+        return {"value": float(java_node.prediction())}
+    if kind != "InternalNode":
+        raise TrainError(f"a tree node of class {kind}")
+    split_ = java_node.split()
+    if split_.getClass().getSimpleName() != "ContinuousSplit":
+        raise TrainError(f"a split of class {split_.getClass().getSimpleName()}: only continuous features are known")
+    return {"feature": int(split_.featureIndex()), "threshold": float(split_.threshold()),
+            "left": export_tree(java_node.leftChild()), "right": export_tree(java_node.rightChild())}
+
+
+def export_model(model, horizon_steps: int, metrics: dict, now: datetime) -> dict:
+    """The forecast.py document of a fitted GBTRegressionModel."""
+    trees = [{"weight": float(weight), "root": export_tree(tree._java_obj.rootNode())}
+             for tree, weight in zip(model.trees, model.treeWeights)]
+    digest = hashlib.sha256(json.dumps(trees, sort_keys=True).encode()).hexdigest()[:8]
+    return {"format": MODEL_FORMAT, "format_version": MODEL_VERSION,
+            "model_version": f"{now.strftime('%Y%m%dT%H%M%SZ')}-{digest}", "features": list(FEATURES),
+            "horizon_steps": horizon_steps, "trees": trees, "metrics": metrics}
+
+
+def errors(frame, predicted: str) -> tuple[float, float]:
+    """RMSE and MAE of column predicted against label."""
+    from pyspark.sql import functions as F
+
+    error = F.col(predicted) - F.col("label")
+    row = frame.agg(F.sqrt(F.avg(error * error)), F.avg(F.abs(error))).first()
+    return float(row[0]), float(row[1])
+
+
+def check_export(text: str, predictions) -> int:
+    """Raise TrainError unless Forecaster.from_json(text) predicts what Spark did (clamped at 0, as Forecaster
+    clamps) for up to CHECK_ROWS held-out rows; return how many were compared."""
+    forecaster = Forecaster.from_json(text)
+    rows = predictions.select(*FEATURES, "prediction").limit(CHECK_ROWS).collect()
+    for row in rows:
+        features = [row[name] for name in FEATURES]
+        ours, spark = forecaster.predict(features), max(0.0, row["prediction"])
+        if abs(ours - spark) > CHECK_TOLERANCE * max(1.0, abs(spark)):
+            raise TrainError(f"the exported model predicts {ours!r} where Spark predicts {spark!r} for {features}")
+    return len(rows)
+
+
+class Trained(NamedTuple):
+    document: dict  # the model file's, its export checked
+    model: object  # Spark's GBTRegressionModel
+    held_out: object  # the held-out rows (DataFrame, with a features vector)
+
+
+def train(spark, queues, *, held_out_days: float, horizon_steps: int, max_iter: int = 30, max_depth: int = 4,
+          seed: int = 30) -> Trained:
+    """Fit, evaluate and export the forecaster on queues/ rows."""
+    import pyspark
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.ml.regression import GBTRegressor
+    from pyspark.sql import functions as F
+
+    found = {row[0] for row in queues.select("horizon_steps").distinct().collect()}
+    if found - {horizon_steps}:
+        raise TrainError(f"the features were built for a horizon of {sorted(found)} steps, not {horizon_steps}")
+    train_rows, held_out_rows, start = split(queues, held_out_days, horizon_steps)
+    assembler = VectorAssembler(inputCols=list(FEATURES), outputCol="features")
+    train_rows = assembler.transform(train_rows).persist()
+    held_out_rows = assembler.transform(held_out_rows).persist()
+    rows_train, rows_held_out = train_rows.count(), held_out_rows.count()
+    if rows_train < 2 or rows_held_out < 1:
+        raise TrainError(f"{rows_train} training and {rows_held_out} held-out rows: too few to train on")
+    regressor = GBTRegressor(featuresCol="features", labelCol="label", maxIter=max_iter, maxDepth=max_depth,
+                             stepSize=0.1, seed=seed)
+    model = regressor.fit(train_rows)
+    predictions = model.transform(held_out_rows).withColumn("served", F.greatest(F.col("prediction"), F.lit(0.0)))
+    rmse, mae = errors(predictions, "served")  # the served prediction: Forecaster clamps at 0
+    naive_rmse, naive_mae = errors(predictions, "naive")
+    now = datetime.now(timezone.utc)
+    metrics = {"rmse": rmse, "mae": mae, "naive_rmse": naive_rmse, "naive_mae": naive_mae, "rows_train": rows_train,
+               "rows_held_out": rows_held_out, "held_out_from_ms": start, "trained_at_ms": int(now.timestamp() * 1000),
+               "spark_version": pyspark.__version__}
+    document = export_model(model, horizon_steps, metrics, now)
+    check_export(json.dumps(document), predictions)
+    train_rows.unpersist()
+    return Trained(document, model, held_out_rows)
+
+
+def write_model(spark, models: str, document: dict) -> list[str]:
+    """Put the model under models (an object store's root) as models/forecast/<version>.json and .../latest.json.
+    A local directory is written through LocalDirectoryStore, so it has the footer a node reads; any other Hadoop
+    path (s3a://bucket: S3 objects have no footer) through Hadoop's file system."""
+    data = json.dumps(document, indent=1).encode()
+    keys = [f"{MODELS_PREFIX}{document['model_version']}.json", f"{MODELS_PREFIX}latest.json"]
+    scheme = models.split("://", 1)[0] if "://" in models else ""
+    if scheme in ("", "file"):
+        import trio
+
+        from rocket.tier.local import LocalDirectoryStore
+
+        async def put() -> None:
+            async with LocalDirectoryStore(models.removeprefix("file://")) as store:
+                for key in keys:
+                    await store.put(key, data)
+
+        trio.run(put)
+    else:
+        jvm = spark.sparkContext._jvm
+        for key in keys:
+            path = jvm.org.apache.hadoop.fs.Path(f"{models.rstrip('/')}/{key}")
+            stream = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).create(path, True)
+            try:
+                stream.write(bytearray(data))
+            finally:
+                stream.close()
+    return keys
+
+
+def summary(document: dict) -> str:
+    metrics = document["metrics"]
+    improvement = (100 * (metrics["naive_rmse"] - metrics["rmse"]) / metrics["naive_rmse"]
+                   if metrics["naive_rmse"] else 0.0)
+    return (f"forecast: model={document['model_version']} rmse={metrics['rmse']:.1f} "
+            f"naive_rmse={metrics['naive_rmse']:.1f} improvement={improvement:.1f}% "
+            f"rows={metrics['rows_train'] + metrics['rows_held_out']}")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    from jobs.features import HORIZON_STEPS_DEFAULT
+
+    parser = argparse.ArgumentParser(prog="python -m jobs.train_placement", description=__doc__.splitlines()[0])
+    parser.add_argument("--telemetry", help="the telemetry/ prefix of an object store, or its root")
+    parser.add_argument("--features", help="a features directory (jobs.features --out) to train on instead")
+    parser.add_argument("--models", required=True, help="the object store root the model is put under")
+    parser.add_argument("--master", default=None, help="Spark master (default local[*], or spark-submit's)")
+    parser.add_argument("--held-out-days", type=float, default=7.0)
+    parser.add_argument("--horizon-steps", type=int, default=HORIZON_STEPS_DEFAULT)
+    parser.add_argument("--max-iter", type=int, default=30, help="trees (default %(default)s)")
+    parser.add_argument("--max-depth", type=int, default=4, help="of each tree (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=30)
+    args = parser.parse_args(argv)
+    if bool(args.telemetry) == bool(args.features):
+        parser.error("give --telemetry or --features")
+    return args
+
+
+def run(spark, args: argparse.Namespace) -> Trained:
+    """Build (or read) the queue features, train, write the model; return its document."""
+    from jobs.features import queue_table
+    from jobs.spark import load_telemetry
+
+    if args.features:
+        queues = spark.read.parquet(f"{args.features.rstrip('/')}/queues")
+    else:
+        queues = queue_table(spark, load_telemetry(spark, args.telemetry).samples, args.horizon_steps)
+    queues = queues.persist()
+    trained = train(spark, queues, held_out_days=args.held_out_days, horizon_steps=args.horizon_steps,
+                    max_iter=args.max_iter, max_depth=args.max_depth, seed=args.seed)
+    queues.unpersist()
+    write_model(spark, args.models, trained.document)
+    return trained
+
+
+def main(argv: list[str] | None = None) -> None:
+    from jobs.spark import session
+
+    args = parse(argv)
+    spark = session(args.master, "rocket-train-placement")
+    try:
+        trained = run(spark, args)
+    except TrainError as error:
+        raise SystemExit(f"forecast: {error}") from None
+    print(summary(trained.document))
+
+
+if __name__ == "__main__":
+    from jobs.train_placement import main as run_main  # this module by name: Spark ships its functions by reference
+
+    run_main()
