@@ -1,9 +1,12 @@
 """Telemetry to feature tables (issue 30), as Parquet under --out:
 
-- `queues/`: one row per queue per minute step t whose horizon is inside the data: topic, queue, group, at_ms
-  (t's start), the forecaster's FEATURES at at_ms, `label` (its mean bytes/s in over the horizon from t on),
-  `naive` (rate_1m: the "last value" forecaster to beat) and `horizon_steps`. The features are
-  rocket.ml.forecast.queue_features, called in the executors: the nameserver calls the same function when it scores.
+- `queues/`: one row per series per minute step t whose horizon is inside the data: `series` (queue, topic or group),
+  topic, queue, group (-1 where the series is not one), at_ms (t's start), the forecaster's FEATURES at at_ms,
+  `label` (its mean bytes/s in over the horizon from t on), `naive` (rate_1m: the "last value" forecaster to beat)
+  and `horizon_steps`. The features are rocket.ml.forecast.queue_features, called in the executors: the nameserver
+  calls the same function when it scores. It forecasts topics (a new queue's share of its topic) and groups (where
+  queues go) as well as queues, so their sums are rows too: a topic's with its queues for topic_queues, a group's with
+  its queues seen so far; for both, their own rate as topic_rate_10m (rocket.ml.load.ModelPredictor does the same).
 - `groups/`: per storage group per step: bytes/s and messages/s in and out, and the node that led it.
 - `nodes/`: per node per step: CPU, memory, disk, fsyncs, WAL, network, peer calls, heartbeat (issue 31's
   unhealthy-node detection trains on it).
@@ -119,14 +122,49 @@ def queue_rows(topic: str, queue: int, group: int, steps: dict[int, float], topi
         now_ms = step * STEP_MS
         topic_queues = 1 + max(number for number, queue_first in topic_queue_firsts if queue_first < step)
         features = queue_features(steps, now_ms, first, topic_queues, window_mean(topic_steps, step - 1, 10))
-        yield (topic, queue, group, now_ms, *features, future_rate(steps, now_ms, horizon_steps), features[0],
+        yield ("queue", topic, queue, group, now_ms, *features, future_rate(steps, now_ms, horizon_steps), features[0],
                horizon_steps)
+
+
+def sum_rows(series: str, topic: str, group: int, steps: dict[int, float], member_firsts: list[tuple[int, int]],
+             last_data_step: int, horizon_steps: int, numbered: bool):
+    """The rows of a sum of queues (a topic's, or a group's): members at t is, for a topic (numbered), its highest
+    queue number seen before t plus one, as queue_rows has it; for a group, its queues seen before t. The family is
+    the series itself."""
+    first = min(steps)
+    for step in range(first + 1, last_data_step - horizon_steps + 2):
+        now_ms = step * STEP_MS
+        seen = [member for member, member_first in member_firsts if member_first < step]
+        members = 1 + max(seen) if numbered else len(seen)
+        features = queue_features(steps, now_ms, first, max(1, members), window_mean(steps, step - 1, 10))
+        yield (series, topic, -1, group, now_ms, *features, future_rate(steps, now_ms, horizon_steps), features[0],
+               horizon_steps)
+
+
+def group_histories(histories):
+    """RDD of (group, ({step: bytes/s in of its queues}, [(member number, its first step)])) of queue_histories."""
+    def add(group, item):
+        member, steps = item
+        for step, rate in steps.items():
+            group[0][step] = group[0].get(step, 0.0) + rate
+        group[1].append((member, min(steps)))
+        return group
+
+    def merge(a, b):
+        for step, rate in b[0].items():
+            a[0][step] = a[0].get(step, 0.0) + rate
+        a[1].extend(b[1])
+        return a
+
+    return (histories.map(lambda item: (item[1][0], (hash(item[0]), item[1][1])))
+            .aggregateByKey(({}, []), add, merge))
 
 
 def queue_schema():
     from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, StructField, StructType
 
-    return StructType([StructField("topic", StringType(), False), StructField("queue", IntegerType(), False),
+    return StructType([StructField("series", StringType(), False),
+                       StructField("topic", StringType(), False), StructField("queue", IntegerType(), False),
                        StructField("group", IntegerType(), False), StructField("at_ms", LongType(), False),
                        *(StructField(name, DoubleType(), False) for name in FEATURES),
                        StructField("label", DoubleType(), False), StructField("naive", DoubleType(), False),
@@ -144,8 +182,19 @@ def queue_table(spark, samples, horizon_steps: int = HORIZON_STEPS_DEFAULT, exte
         topic, ((queue, group, history), (topic_history, firsts)) = item
         return queue_rows(topic, queue, group, history, topic_history, firsts, last_data_step, horizon_steps)
 
-    joined = histories.map(lambda item: (item[0][0], (item[0][1], *item[1]))).join(topic_histories(histories))
-    return spark.createDataFrame(joined.flatMap(rows), queue_schema())
+    def topic_sum_rows(item):
+        topic, (steps, firsts) = item
+        return sum_rows("topic", topic, -1, steps, firsts, last_data_step, horizon_steps, numbered=True)
+
+    def group_sum_rows(item):
+        group, (steps, firsts) = item
+        return sum_rows("group", "", group, steps, firsts, last_data_step, horizon_steps, numbered=False)
+
+    topics = topic_histories(histories).persist()
+    joined = histories.map(lambda item: (item[0][0], (item[0][1], *item[1]))).join(topics)
+    every = joined.flatMap(rows).union(topics.flatMap(topic_sum_rows)).union(
+        group_histories(histories).flatMap(group_sum_rows))
+    return spark.createDataFrame(every, queue_schema())
 
 
 def samples_frame(spark, samples):
@@ -206,7 +255,7 @@ def write_features(spark, telemetry: str, out: str, horizon_steps: int = HORIZON
               "first_ms": extent[0] * STEP_MS, "last_ms": (extent[1] + 1) * STEP_MS}
     out = out.rstrip("/")
     queues = queue_table(spark, loaded.samples, horizon_steps, extent)
-    tables = {"queues": queues.orderBy("topic", "queue", "at_ms"), "groups": group_table(frame),
+    tables = {"queues": queues.orderBy("series", "topic", "queue", "group", "at_ms"), "groups": group_table(frame),
               "nodes": node_table(frame)}
     for name, table in tables.items():
         table.coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}")

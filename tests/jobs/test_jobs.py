@@ -70,7 +70,7 @@ def test_queue_features_agree_with_the_raw_samples(features, samples):
     _, counts, tables = features
     assert counts["corrupt"] == 0 and counts["objects"] == len(list(DATA.rglob("*.avro")))
     assert counts["samples"] == len(samples)
-    rows = tables["queues"]
+    rows = [row for row in tables["queues"] if row["series"] == "queue"]
     assert {(row["topic"], row["queue"]) for row in rows} == {
         (topic, queue) for topic, queues in TOPIC_QUEUES.items() for queue in range(queues)}
     last_step = max(record["time_ms"] for record in samples) // STEP_MS
@@ -106,10 +106,31 @@ def test_queue_features_agree_with_the_raw_samples(features, samples):
     assert max(bursty) > 5 * min(bursty) > 0
 
 
+def test_topics_and_groups_are_series_of_their_queues_sums(features):
+    """The forecaster also predicts topics and groups (the nameserver asks it for both): their rows' recent rates
+    are the sums of their queues' at the same step, and a topic's queue count is its queues'."""
+    _, _, tables = features
+    by_series = collections.defaultdict(dict)
+    for row in tables["queues"]:
+        key = {"queue": (row["topic"], row["queue"]), "topic": row["topic"], "group": row["group"]}[row["series"]]
+        by_series[row["series"]].setdefault(key, {})[row["at_ms"]] = row
+    assert set(by_series["topic"]) == set(TOPIC_QUEUES)
+    assert set(by_series["group"]) == {row["group"] for row in tables["queues"] if row["series"] == "queue"}
+    for series, members in (("topic", lambda queue_key, row: queue_key[0]), ("group", lambda queue_key, row: row["group"])):
+        for key, rows in by_series[series].items():
+            for at_ms, row in rows.items():
+                parts = [queue_rows[at_ms]["rate_10m"] for queue_key, queue_rows in by_series["queue"].items()
+                         if at_ms in queue_rows and members(queue_key, queue_rows[at_ms]) == key]
+                assert row["rate_10m"] == pytest.approx(sum(parts), rel=1e-6, abs=1e-6), (series, key, at_ms)
+                assert row["topic_rate_10m"] == pytest.approx(row["rate_10m"])
+    for topic, rows in by_series["topic"].items():
+        assert rows[max(rows)]["topic_queues"] == TOPIC_QUEUES[topic]
+
+
 def test_group_and_node_tables(features):
     _, counts, tables = features
     groups = tables["groups"]
-    queue_groups = {row["group"] for row in tables["queues"]}
+    queue_groups = {row["group"] for row in tables["queues"] if row["series"] == "queue"}
     assert queue_groups <= {row["group"] for row in groups}
     assert all(row["leader"] == 1 and row["at_ms"] % STEP_MS == 0 for row in groups)
     assert all(row[column] is None or row[column] >= 0 for row in groups
