@@ -139,8 +139,14 @@ def train(spark, queues, *, held_out_days: float, horizon_steps: int, max_iter: 
     predictions = model.transform(held_out_rows).withColumn("served", F.greatest(F.col("prediction"), F.lit(0.0)))
     rmse, mae = errors(predictions, "served")  # the served prediction: Forecaster clamps at 0
     naive_rmse, naive_mae = errors(predictions, "naive")
+    by_series = {}
+    for series in sorted(row[0] for row in predictions.select("series").distinct().collect()):
+        rows = predictions.filter(F.col("series") == series)
+        (series_rmse, _), (series_naive_rmse, _) = errors(rows, "served"), errors(rows, "naive")
+        by_series[series] = {"rmse": series_rmse, "naive_rmse": series_naive_rmse, "rows_held_out": rows.count()}
     now = datetime.now(timezone.utc)
-    metrics = {"rmse": rmse, "mae": mae, "naive_rmse": naive_rmse, "naive_mae": naive_mae, "rows_train": rows_train,
+    metrics = {"rmse": rmse, "mae": mae, "naive_rmse": naive_rmse, "naive_mae": naive_mae, "by_series": by_series,
+               "rows_train": rows_train,
                "rows_held_out": rows_held_out, "held_out_from_ms": start, "trained_at_ms": int(now.timestamp() * 1000),
                "spark_version": pyspark.__version__}
     document = export_model(model, horizon_steps, metrics, now)

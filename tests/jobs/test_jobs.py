@@ -168,8 +168,10 @@ def test_training_exports_a_model_that_scores_as_spark_does(spark, features, tmp
     assert forecaster.version == trained.document["model_version"] and forecaster.horizon_steps == HORIZON_STEPS
     assert len(forecaster.trees) == 8
     metrics = forecaster.metrics
-    assert set(metrics) == {"rmse", "mae", "naive_rmse", "naive_mae", "rows_train", "rows_held_out",
+    assert set(metrics) == {"rmse", "mae", "naive_rmse", "naive_mae", "by_series", "rows_train", "rows_held_out",
                             "held_out_from_ms", "trained_at_ms", "spark_version"}
+    assert set(metrics["by_series"]) == {"queue", "topic", "group"}
+    assert sum(part["rows_held_out"] for part in metrics["by_series"].values()) == metrics["rows_held_out"]
     assert metrics["rows_train"] > metrics["rows_held_out"] > 0
     assert all(math.isfinite(metrics[name]) and metrics[name] >= 0 for name in ("rmse", "mae", "naive_rmse"))
     # The file the node reads predicts what Spark predicts, on every held-out row.
