@@ -380,6 +380,13 @@ class RaftCore:
                 progress.recent_active = True
                 progress.lease_tick = -1  # no ticks passed while quiet: a lease needs fresh answers
 
+    def sending_snapshot(self) -> bool:
+        """Whether, as leader, a follower is installing this node's current snapshot: it will need the entries after
+        it from the log (compacting them away would send it another snapshot, and so on while writes go on)."""
+        return self.role == Role.LEADER and any(
+            progress.state == _Progress.SNAPSHOT and progress.pending_snapshot == self.snapshot.index
+            for peer, progress in self.progress.items() if peer != self.id)
+
     def compact(self, index: int, data: bytes) -> None:
         """Replace the log up to index (applied) with a snapshot of the state machine."""
         invariant(self.snapshot.index < index <= self.applied, "compact only what is applied")
