@@ -380,11 +380,15 @@ class RaftCore:
                 progress.recent_active = True
                 progress.lease_tick = -1  # no ticks passed while quiet: a lease needs fresh answers
 
-    def sending_snapshot(self) -> bool:
-        """Whether, as leader, a follower is installing this node's current snapshot: it will need the entries after
-        it from the log (compacting them away would send it another snapshot, and so on while writes go on)."""
+    def follower_behind_snapshot(self) -> bool:
+        """Whether, as leader, a follower that answers heartbeats lacks this node's current snapshot: it is
+        installing it (or will be sent it), and then needs the entries after it from the log. Compacting them away
+        would send it another snapshot after each install, for as long as writes go on. (While it fetches a big file,
+        the leader may count it silent and probe it again: its state alone does not tell. A follower that is down
+        holds nothing back.)"""
+        recent = self.ticks - 2 * self.config.election_ticks
         return self.role == Role.LEADER and any(
-            progress.state == _Progress.SNAPSHOT and progress.pending_snapshot == self.snapshot.index
+            progress.match < self.snapshot.index and progress.lease_tick >= recent
             for peer, progress in self.progress.items() if peer != self.id)
 
     def compact(self, index: int, data: bytes) -> None:
