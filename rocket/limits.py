@@ -84,7 +84,8 @@ raft_log_bytes_max = 16 * MiB  # applied bytes a group keeps in memory before it
 # ... unless they are less than 1/ratio of its last snapshot: a big state (KV) is then written whole at most once per
 # that much log, so snapshots write at most ratio times what entries do, and the log held is at most 1/ratio of it.
 raft_snapshot_log_ratio = 8
-raft_catch_up_log_bytes_max = 4 * raft_log_bytes_max  # log a leader keeps, past its compaction bound, for a follower installing its snapshot
+raft_catch_up_log_bytes_max = 4 * raft_log_bytes_max  # log a leader keeps, past its compaction bound, for a follower catching up ...
+raft_catch_up_heard_s = 30.0  # ... that answered a heartbeat this recently (installing a big snapshot silences it for seconds)
 raft_entry_bytes_max = batch_bytes_max + 64 * KiB  # one proposal: a produce batch and its routing header
 raft_round_wait_bytes_max = 512 * KiB  # a node's proposals wait for the fsync that runs until this many bytes wait
 raft_wal_segment_bytes_default = 64 * MiB  # WAL segment size: records (entry chunks) are kept under a quarter

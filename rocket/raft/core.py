@@ -380,15 +380,16 @@ class RaftCore:
                 progress.recent_active = True
                 progress.lease_tick = -1  # no ticks passed while quiet: a lease needs fresh answers
 
-    def follower_behind_snapshot(self) -> bool:
-        """Whether, as leader, a follower that answers heartbeats lacks this node's current snapshot: it is
-        installing it (or will be sent it), and then needs the entries after it from the log. Compacting them away
-        would send it another snapshot after each install, for as long as writes go on. (While it fetches a big file,
-        the leader may count it silent and probe it again: its state alone does not tell. A follower that is down
-        holds nothing back.)"""
-        recent = self.ticks - 2 * self.config.election_ticks
+    def follower_lacks(self, index: int, heard_ticks: int) -> bool:
+        """Whether, as leader, a follower that answered a heartbeat within heard_ticks lacks entries up to index: it
+        was away, or is installing a snapshot, or catching up from the log after one. Compacting to index would
+        leave it needing a snapshot (another one after each install, for as long as writes go on). Followers in sync
+        hold index already (the commit counted them). (While it fetches a big file, the leader may count it silent
+        and probe it again: its state alone does not tell; and installing one keeps it from answering for seconds. A
+        follower that is down longer holds nothing back.)"""
+        recent = self.ticks - heard_ticks
         return self.role == Role.LEADER and any(
-            progress.match < self.snapshot.index and progress.lease_tick >= recent
+            progress.match < index and progress.lease_tick >= recent
             for peer, progress in self.progress.items() if peer != self.id)
 
     def compact(self, index: int, data: bytes) -> None:

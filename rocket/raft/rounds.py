@@ -351,16 +351,17 @@ class Rounds:
     def _maybe_compact(self, group: int, hosted: Group) -> None:
         """Snapshot a group whose log grew long, so its log (and the WAL) can shrink; but not before the log
         applied since the last snapshot is a fair share of that snapshot's size, so that a big state (a KV shard
-        of gigabytes) is not rewritten whole for every few entries, nor while a follower installs the last
-        snapshot (within limits.raft_catch_up_log_bytes_max): it catches up from the log after it."""
+        of gigabytes) is not rewritten whole for every few entries, nor while a follower catches up (it
+        installs a snapshot, then needs the entries after it), within limits.raft_catch_up_log_bytes_max."""
         core = hosted.core
         if hosted.applied - core.snapshot.index < limits.raft_log_entries_max and hosted.log_bytes < limits.raft_log_bytes_max:
             return
         if core.snapshot.data and hosted.log_bytes * limits.raft_snapshot_log_ratio < snapshots.Descriptor.decode(
                 core.snapshot.data).size:
             return
-        if core.sending_snapshot() and hosted.log_bytes < limits.raft_catch_up_log_bytes_max:
-            return  # a follower installs the last snapshot: keep the entries it needs after it, up to a bound
+        if hosted.log_bytes < limits.raft_catch_up_log_bytes_max and core.follower_lacks(
+                hosted.applied, int(limits.raft_catch_up_heard_s / self.tick_s)):
+            return  # a follower catches up: keep the entries it needs, up to a bound
         self._compact(group, hosted)
 
     def _compact(self, group: int, hosted: Group) -> None:

@@ -56,6 +56,7 @@ async def test_a_lagging_replica_fetches_a_snapshot_of_many_chunks_across_a_drop
     monkeypatch.setattr(limits, "raft_log_entries_max", 20)
     monkeypatch.setattr(limits, "snapshot_chunk_bytes_max", 16 * limits.KiB)
     monkeypatch.setattr(limits, "snapshot_fetch_retry_s", 0.05)
+    monkeypatch.setattr(limits, "raft_catch_up_heard_s", 0.0)  # node 3's silence holds no compaction back
     async with running_nodes(tmp_path) as (nodes, nursery):
         await propose_everywhere(nodes, b"x", 1)
         nodes[2].stop()
@@ -89,3 +90,23 @@ async def test_a_lagging_replica_fetches_a_snapshot_of_many_chunks_across_a_drop
         assert sum(outcome for _, outcome in fetched if not isinstance(outcome, Code)) == size
         held = sorted(path.name for path in (nodes[2].directory / snapshots.DIRECTORY).iterdir())
         assert held == [snapshots.name_of(1, installed)]  # no partial file left
+
+
+async def test_a_replica_away_for_a_short_while_catches_up_from_the_log(tmp_path, monkeypatch):
+    """The same absence, but node 3 was heard from within limits.raft_catch_up_heard_s: its leader holds compaction
+    back (the log is far below limits.raft_catch_up_log_bytes_max), so node 3 catches up from entries, with no
+    snapshot to fetch, as etcd keeps entries for a slow follower."""
+    monkeypatch.setattr(limits, "raft_log_entries_max", 20)
+    async with running_nodes(tmp_path) as (nodes, nursery):
+        await propose_everywhere(nodes, b"x", 1)
+        nodes[2].stop()
+        await trio.sleep(0.1)
+        for number in range(300):
+            await propose(nodes[:2], 1, b"%d-" % number + bytes(10_000))
+        await nodes[2].start(nursery)
+        with trio.fail_after(30):
+            while not len(nodes[2].machines[1].values) == 301 == len(nodes[0].machines[1].values):
+                await trio.sleep(0.05)
+        assert nodes[2].machines[1].values == nodes[0].machines[1].values
+        assert not [fetch for fetch in nodes[2].fetched if fetch[0] == 1], "it fetched a snapshot"
+        assert nodes[0].host.groups[1].core.snapshot.index < 100 or nodes[1].host.groups[1].core.snapshot.index < 100
