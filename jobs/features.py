@@ -92,14 +92,15 @@ def queue_histories(samples):
             .map(keyed).aggregateByKey(((-1, -1), {}), add, merge).mapValues(finish))
 
 
-def topic_histories(histories):
-    """RDD of (topic, ({step: bytes/s in of all its queues}, [(queue, its first step)])) of queue_histories."""
-    def add(topic, item):
-        queue, steps = item
+def sum_histories(histories, key_of):
+    """RDD of (key, ({step: bytes/s in of its queues}, [(member, its first step)])) of queue_histories, where
+    key_of(item) gives a queue's (key, member): (topic, queue number) to sum topics, (group, 0) to sum groups."""
+    def add(total, item):
+        member, steps = item
         for step, rate in steps.items():
-            topic[0][step] = topic[0].get(step, 0.0) + rate
-        topic[1].append((queue, min(steps)))
-        return topic
+            total[0][step] = total[0].get(step, 0.0) + rate
+        total[1].append((member, min(steps)))
+        return total
 
     def merge(a, b):
         for step, rate in b[0].items():
@@ -107,8 +108,16 @@ def topic_histories(histories):
         a[1].extend(b[1])
         return a
 
-    return (histories.map(lambda item: (item[0][0], (item[0][1], item[1][1])))
-            .aggregateByKey(({}, []), add, merge))
+    def keyed(item):
+        key, member = key_of(item)
+        return key, (member, item[1][1])
+
+    return histories.map(keyed).aggregateByKey(({}, []), add, merge)
+
+
+def topic_histories(histories):
+    """(topic, ({step: bytes/s in of all its queues}, [(queue, its first step)])) of queue_histories."""
+    return sum_histories(histories, lambda item: (item[0][0], item[0][1]))
 
 
 def queue_rows(topic: str, queue: int, group: int, steps: dict[int, float], topic_steps: dict[int, float],
@@ -142,22 +151,8 @@ def sum_rows(series: str, topic: str, group: int, steps: dict[int, float], membe
 
 
 def group_histories(histories):
-    """RDD of (group, ({step: bytes/s in of its queues}, [(member number, its first step)])) of queue_histories."""
-    def add(group, item):
-        member, steps = item
-        for step, rate in steps.items():
-            group[0][step] = group[0].get(step, 0.0) + rate
-        group[1].append((member, min(steps)))
-        return group
-
-    def merge(a, b):
-        for step, rate in b[0].items():
-            a[0][step] = a[0].get(step, 0.0) + rate
-        a[1].extend(b[1])
-        return a
-
-    return (histories.map(lambda item: (item[1][0], (hash(item[0]), item[1][1])))
-            .aggregateByKey(({}, []), add, merge))
+    """(group, ({step: bytes/s in of its queues}, [(0, a queue's first step)])) of queue_histories."""
+    return sum_histories(histories, lambda item: (item[1][0], 0))
 
 
 def queue_schema():

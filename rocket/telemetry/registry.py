@@ -186,17 +186,18 @@ def bucket_quantile(quantile: float, bounds: list[float], cumulative: list[float
     return lower
 
 
-def counter_family(name: str, documentation: str, labels: list[str], values: Iterable[tuple[list[str], float]]
-                   ) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, documentation, labels=labels)
+def family(kind: type[CounterMetricFamily] | type[GaugeMetricFamily], name: str, documentation: str,
+           labels: list[str], values: Iterable[tuple[list[str], float]]) -> Metric:
+    """A metric family of a collector (kind: CounterMetricFamily or GaugeMetricFamily), one value per label values."""
+    found = kind(name, documentation, labels=labels)
     for label_values, value in values:
-        family.add_metric(label_values, value)
-    return family
+        found.add_metric(label_values, value)
+    return found
 
 
-def gauge_family(name: str, documentation: str, labels: list[str], values: Iterable[tuple[list[str], float]]
-                 ) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, documentation, labels=labels)
-    for label_values, value in values:
-        family.add_metric(label_values, value)
-    return family
+def counter_family(name: str, documentation: str, labels: list[str], values) -> Metric:
+    return family(CounterMetricFamily, name, documentation, labels, values)
+
+
+def gauge_family(name: str, documentation: str, labels: list[str], values) -> Metric:
+    return family(GaugeMetricFamily, name, documentation, labels, values)
