@@ -115,7 +115,7 @@ def leader_transfer(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]],
     when the nodes are within limits.leader_balance_ratio of their mean (or limits.leader_balance_bytes_s of each
     other). Each led group weighs its predicted bytes/s plus limits.leader_group_bytes_s, so that leader counts even
     out when there is no traffic. Only to an available node (in nodes) among the group's voters, and only when it
-    narrows the gap between the two nodes."""
+    narrows the gap between the two nodes by limits.leader_group_bytes_s at least, so that transfers stop."""
     if len(nodes) < 2:
         return None
     weight = {load.group: load.predicted + limits.leader_group_bytes_s for load in groups}
@@ -136,7 +136,9 @@ def leader_transfer(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]],
             if target == high or target not in voters.get(load.group, ()):
                 continue
             gap_after = abs((led[high] - weight[load.group]) - (led[target] + weight[load.group]))
-            if gap_after < led[high] - led[target] and (best is None or gap_after < best[0]):
+            # It must narrow the gap by a group's weight at least: moves of next to nothing could go round.
+            if gap_after <= led[high] - led[target] - limits.leader_group_bytes_s and (
+                    best is None or gap_after < best[0]):
                 best = (gap_after, load.group, target)
             break  # the least loaded voter of this group is the one to try
     return None if best is None else (best[1], best[2])

@@ -20,7 +20,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.ml.forecast import Forecaster, ModelError
+from rocket.ml.forecast import STEP_MS, Forecaster, ModelError
 from rocket.ml.load import LoadHistory, ModelPredictor, Predictor, RecentPredictor
 from rocket.ml.placement import GroupLoad, QueueChoice, leader_transfer, place_queues
 from rocket.model import KV_PREFIX, Address, TopicSpec
@@ -38,6 +38,8 @@ class QueuePlacement:
         self.model_state = "no model"  # what `rocket cluster status` shows
         self._model_text: bytes | None = None
         self._explanations: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        self._predicted_for: tuple = ()  # (step, predictor) the cached predictions are of
+        self._predicted: dict[tuple, float] = {}
         self._last_transfer = float("-inf")  # trio time of the last leadership transfer this leader asked for
         prefix = self.config.tier_s3_prefix
         self._model_key = f"{prefix}/{MODEL_KEY}" if prefix else MODEL_KEY
@@ -68,7 +70,8 @@ class QueuePlacement:
                     log.warning("forecast model: cannot read %s (%s); keeping what was in use", self._model_key, error)
                     return
         if text is None:
-            self._use(RecentPredictor(), "no model", None)
+            if self.model_state != "no model":
+                self._use(RecentPredictor(), "no model", None)
             return
         if text != self._model_text or isinstance(self.predictor, ModelPredictor):
             try:
@@ -90,6 +93,18 @@ class QueuePlacement:
             report("queue placement: %s; placing by %s", state, predictor.name)
         self.predictor, self.model_state, self._model_text = predictor, state, text
 
+    def _predict(self, series: tuple, now_ms: int, members: int) -> float:
+        """The predictor's bytes/s for a series, kept until the minute ends or the predictor changes: the history
+        moves by whole steps, and leader balancing asks for every group every few seconds."""
+        step = now_ms // STEP_MS
+        if self._predicted_for != (step, self.predictor):
+            self._predicted_for, self._predicted = (step, self.predictor), {}
+        key = (series, members)
+        found = self._predicted.get(key)
+        if found is None:
+            found = self._predicted[key] = self.predictor.predict(self.history, series, now_ms, members=members)
+        return found
+
     # ---- placement -----------------------------------------------------------------------------------
 
     def _group_loads(self, topic: str, voters: dict[int, tuple[int, ...]], now_ms: int) -> list[GroupLoad]:
@@ -105,8 +120,7 @@ class QueuePlacement:
         for group, members in sorted(voters.items()):
             leaving = any(self._leaving(voter) for voter in members)
             loads.append(GroupLoad(group, self._leaders.get(group) or members[0],
-                                   self.predictor.predict(self.history, ("group", group), now_ms,
-                                                          members=max(1, queues_in[group])),
+                                   self._predict(("group", group), now_ms, max(1, queues_in[group])),
                                    queues_in[group], topic_queues[group], not leaving))
         if not any(load.available for load in loads):  # better a group short of a replica than none
             for load in loads:
@@ -119,7 +133,7 @@ class QueuePlacement:
         given with their voters, and the record of why, for `rocket cluster placement --explain`."""
         now_ms = self.clock.wall_ms()
         queues_after = first_queue + count
-        topic_predicted = self.predictor.predict(self.history, ("topic", topic), now_ms, members=max(1, first_queue))
+        topic_predicted = self._predict(("topic", topic), now_ms, max(1, first_queue))
         loads = self._group_loads(topic, voters, now_ms)
         choices = place_queues(first_queue, count, topic_predicted / queues_after, loads)
         earlier = self._explanations.pop(topic, None) if spec is not None else None
@@ -143,7 +157,7 @@ class QueuePlacement:
         now_ms = self.clock.wall_ms()
         voters = {group: members.voters for group, members in self.metadata.groups.items() if not members.learners}
         loads = [GroupLoad(group, self._leaders.get(group, 0),
-                           self.predictor.predict(self.history, ("group", group), now_ms), 0)
+                           self._predict(("group", group), now_ms, 1), 0)
                  for group in voters]
         nodes = [load.node for load in self._loads() if load.available]
         transfer = leader_transfer(loads, voters, nodes)
