@@ -84,7 +84,7 @@ def export_model(model, horizon_steps: int, metrics: dict, now: datetime) -> dic
     digest = hashlib.sha256(json.dumps(trees, sort_keys=True).encode()).hexdigest()[:8]
     return {"format": MODEL_FORMAT, "format_version": MODEL_VERSION,
             "model_version": f"{now.strftime('%Y%m%dT%H%M%SZ')}-{digest}", "features": list(FEATURES),
-            "horizon_steps": horizon_steps, "trees": trees, "metrics": metrics}
+            "horizon_steps": horizon_steps, "target": "change", "trees": trees, "metrics": metrics}
 
 
 def errors(frame, predicted: str) -> tuple[float, float]:
@@ -97,13 +97,13 @@ def errors(frame, predicted: str) -> tuple[float, float]:
 
 
 def check_export(text: str, predictions) -> int:
-    """Raise TrainError unless Forecaster.from_json(text) predicts what Spark did (clamped at 0, as Forecaster
-    clamps) for up to CHECK_ROWS held-out rows; return how many were compared."""
+    """Raise TrainError unless Forecaster.from_json(text) predicts what Spark served (its change added to the last
+    value, clamped at 0, as Forecaster does) for up to CHECK_ROWS held-out rows; return how many were compared."""
     forecaster = Forecaster.from_json(text)
-    rows = predictions.select(*FEATURES, "prediction").limit(CHECK_ROWS).collect()
+    rows = predictions.select(*FEATURES, "served").limit(CHECK_ROWS).collect()
     for row in rows:
         features = [row[name] for name in FEATURES]
-        ours, spark = forecaster.predict(features), max(0.0, row["prediction"])
+        ours, spark = forecaster.predict(features), row["served"]
         if abs(ours - spark) > CHECK_TOLERANCE * max(1.0, abs(spark)):
             raise TrainError(f"the exported model predicts {ours!r} where Spark predicts {spark!r} for {features}")
     return len(rows)
@@ -133,10 +133,14 @@ def train(spark, queues, *, held_out_days: float, horizon_steps: int, max_iter: 
     rows_train, rows_held_out = train_rows.count(), held_out_rows.count()
     if rows_train < 2 or rows_held_out < 1:
         raise TrainError(f"{rows_train} training and {rows_held_out} held-out rows: too few to train on")
-    regressor = GBTRegressor(featuresCol="features", labelCol="label", maxIter=max_iter, maxDepth=max_depth,
+    # The trees learn the change from the last value (target "change"): they only correct the naive forecast, and a
+    # change scales with the series, where a level beyond what training saw is out of a tree's reach.
+    train_rows = train_rows.withColumn("change", F.col("label") - F.col("naive"))
+    regressor = GBTRegressor(featuresCol="features", labelCol="change", maxIter=max_iter, maxDepth=max_depth,
                              stepSize=0.1, seed=seed)
     model = regressor.fit(train_rows)
-    predictions = model.transform(held_out_rows).withColumn("served", F.greatest(F.col("prediction"), F.lit(0.0)))
+    predictions = model.transform(held_out_rows).withColumn(
+        "served", F.greatest(F.col("prediction") + F.col("naive"), F.lit(0.0)))
     rmse, mae = errors(predictions, "served")  # the served prediction: Forecaster clamps at 0
     naive_rmse, naive_mae = errors(predictions, "naive")
     by_series = {}

@@ -9,7 +9,9 @@ reported it (`rocket_queue_in_bytes_total`'s rate, averaged per step). A queue r
 step is an idle minute, 0 bytes/s.
 
 The model file is JSON (`MODEL_FORMAT`, version `MODEL_VERSION`): the feature names in order, the horizon it predicts,
-the trees of a gradient-boosted ensemble with their weights, and the training metrics. `Forecaster.from_json` refuses
+the trees of a gradient-boosted ensemble with their weights, what the trees predict (`target`: the level itself, or
+its change from rate_1m, the "last value" forecast, which the trees then only correct: trees cannot extrapolate past
+the levels they were trained on, while a change scales with the series), and the training metrics. `Forecaster.from_json` refuses
 a file that is not exactly that, with one line saying why (ModelError), and the caller falls back to a heuristic.
 """
 
@@ -20,6 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 STEP_MS = 60_000  # one step of a queue's history
+TARGETS = ("level", "change")  # what the trees predict: bytes/s, or bytes/s less rate_1m
 MODEL_FORMAT = "rocket.forecast"
 MODEL_VERSION = 1
 FEATURES = (
@@ -87,6 +90,7 @@ class Forecaster:
         self.version: str = document["model_version"]
         self.horizon_steps: int = document["horizon_steps"]
         self.trees = [(tree["weight"], tree["root"]) for tree in document["trees"]]
+        self.change = document.get("target", "level") == "change"
         self.metrics: dict = document["metrics"]
 
     @classmethod
@@ -105,6 +109,8 @@ class Forecaster:
             while "value" not in node:
                 node = node["left"] if features[node["feature"]] <= node["threshold"] else node["right"]
             total += weight * node["value"]
+        if self.change:
+            total += features[0]  # rate_1m
         return max(0.0, total)
 
 
@@ -123,6 +129,8 @@ def check_model(document: object) -> None:
     horizon = document.get("horizon_steps")
     if not isinstance(horizon, int) or isinstance(horizon, bool) or not 1 <= horizon <= 7 * 24 * 60:
         raise ModelError(f"horizon_steps must be 1..10080 steps of a minute, got {horizon!r}")
+    if document.get("target", "level") not in TARGETS:
+        raise ModelError(f"target must be one of {', '.join(TARGETS)}, got {document.get('target')!r}")
     if not isinstance(document.get("metrics"), dict):
         raise ModelError("metrics must be an object")
     trees = document.get("trees")

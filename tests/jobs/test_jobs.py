@@ -179,7 +179,7 @@ def test_training_exports_a_model_that_scores_as_spark_does(spark, features, tmp
     assert predicted and all(row["at_ms"] >= metrics["held_out_from_ms"] for row in predicted)
     for row in predicted:
         ours = forecaster.predict([row[name] for name in FEATURES])
-        assert ours == pytest.approx(max(0.0, row["prediction"]), rel=1e-6, abs=1e-6)
+        assert ours == pytest.approx(max(0.0, row["prediction"] + row["rate_1m"]), rel=1e-6, abs=1e-6)
     assert json.loads(latest)["features"] == list(FEATURES)
 
 

@@ -174,3 +174,16 @@ def test_repeated_transfers_even_out_the_led_load_and_stop(groups):
         next(load for load in loads if load.group == group).leader = target
     else:
         raise AssertionError("transfers never stopped")
+
+
+def test_a_model_of_changes_adds_its_trees_to_the_last_value():
+    """target "change": the trees correct rate_1m, so a series beyond any level seen in training still scales."""
+    document = model_document(target="change", trees=[{"weight": 1.0, "root": {"value": -50.0}}])
+    model = Forecaster.from_json(json.dumps(document))
+    features = [0.0] * len(FEATURES)
+    features[FEATURES.index("rate_1m")] = 1e9
+    assert model.predict(features) == 1e9 - 50.0
+    features[FEATURES.index("rate_1m")] = 10.0
+    assert model.predict(features) == 0.0  # never below zero
+    with pytest.raises(ModelError, match="target"):
+        Forecaster.from_json(json.dumps(model_document(target="ratio")))
