@@ -73,6 +73,11 @@ async def test_the_model_is_taken_without_a_restart_and_places_new_queues(nurser
         await objects.put(KEY, model("v0", now_ms - int(30 * 86_400_000)))
         assert "stale" in await placement_state(admin, "model v0 is stale")
 
+        losing = json.loads(model("v2", now_ms))
+        losing["metrics"].update(rmse=2000.0, naive_rmse=1000.0)
+        await objects.put(KEY, json.dumps(losing).encode())
+        assert "worse than the last value" in await placement_state(admin, "model v2 refused")
+
 
 async def test_added_queues_leave_the_old_ones_and_their_data_where_they_were(node):
     async with connect(f"127.0.0.1:{node.tcp_port}") as channel:

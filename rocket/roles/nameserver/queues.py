@@ -1,8 +1,9 @@
 """Queue placement by predicted load (issue 30). A mixin of Nameserver.
 
 Every nameserver follows the forecast model in the object store (`models/forecast/latest.json`, which the Spark job
-writes): it reads it again every limits.model_poll_s, and uses it while it is valid and fresh; otherwise it falls back
-to the recent load and logs why, once per change. The leader keeps each storage group's and topic's traffic, from the
+writes): it reads it again every limits.model_poll_s, and uses it while it is valid, fresh, and no worse on its held-out
+data than the last-value forecast (its metrics say); otherwise it falls back to the recent load and logs why, once per
+change. The leader keeps each storage group's and topic's traffic, from the
 storage nodes' heartbeats, in one-minute steps (rocket.ml.load.LoadHistory: a new leader starts without it).
 
 A new queue goes to the group with the lowest predicted load (rocket.ml.placement.place_queues), and the choice is
@@ -83,6 +84,11 @@ class QueuePlacement:
             if age_s > limits.model_stale_s:
                 self._use(RecentPredictor(), f"model {model.version} is stale: trained {age_s / 86_400:.1f} days ago",
                           text)
+                return
+            rmse, naive_rmse = model.metrics.get("rmse"), model.metrics.get("naive_rmse")
+            if isinstance(rmse, (int, float)) and isinstance(naive_rmse, (int, float)) and rmse > naive_rmse:
+                self._use(RecentPredictor(), f"model {model.version} refused: on held-out data it forecast worse "
+                          f"than the last value (RMSE {rmse:,.0f} against {naive_rmse:,.0f})", text)
                 return
             if not isinstance(self.predictor, ModelPredictor) or self.predictor.model.version != model.version:
                 self._use(ModelPredictor(model), f"model {model.version}", text)
