@@ -150,6 +150,10 @@ def extract_recorded(tier_dir: str, day_s: float) -> dict:
     for (topic, _, minute), (rate, count) in sums.items():
         series = topics.setdefault(topic, [0.0] * (last - first + 1))
         series[minute - first] += rate / count
+    busy = [minute for minute in range(last - first + 1) if any(series[minute] > 0 for series in topics.values())]
+    if busy:  # the minutes the workload ran: not the cluster's idle ones before and after
+        topics = {topic: series[busy[0]:busy[-1] + 1] for topic, series in topics.items()}
+        first, last = first + busy[0], first + busy[-1]
     return {"source": str(tier_dir), "files": len(files), "first_ms": first * 60_000, "minutes": last - first + 1,
             "day_s": day_s, "topics": {topic: [round(rate, 1) for rate in series]
                                        for topic, series in sorted(topics.items())}}
