@@ -79,7 +79,8 @@ sys.path.insert(0, str(ROOT))
 from rocket import limits  # noqa: E402
 from rocket.ml.forecast import STEP_MS, Forecaster, future_rate, queue_features, window_mean  # noqa: E402
 from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor  # noqa: E402
-from rocket.ml.placement import GroupLoad, LeastLoaded, NodeLoad, leader_transfer, place_queues  # noqa: E402
+from rocket.ml.placement import (GroupLoad, LeastLoaded, NodeLoad, leader_transfer, new_queue_load,  # noqa: E402
+                                  place_queues)
 from rocket.model import TopicSpec  # noqa: E402
 
 EPOCH_MS = int(datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp() * 1000)  # a Monday, 00:00 UTC
@@ -373,8 +374,11 @@ class Cluster:
                                self.predict(self.history, ("group", group), step, max(1, int(self.queues_in[group]))),
                                int(self.queues_in[group]), topic_queues[group], True)
                      for group in range(scale.groups)]
-            topic_predicted = self.predict(self.topic_history(topic, step), ("topic", name), step, max(1, before))
-            chosen = [choice.group for choice in place_queues(before, after - before, topic_predicted / after, loads)]
+            history = self.topic_history(topic, step)
+            topic_predicted = (self.predict(history, ("topic", name), step, after)
+                               if history.rates(("topic", name)) else None)
+            chosen = [choice.group for choice in place_queues(before, after - before,
+                                                              new_queue_load(topic_predicted, after, loads), loads)]
         self.queue_groups[topic].extend(chosen)
         for group in chosen:
             self.queues_in[group] += 1
@@ -384,9 +388,11 @@ class Cluster:
         self.place_s += time.perf_counter() - started
 
     def balance(self, step: int) -> None:
-        """The nameserver's _balance_leaders, up to moves_per_step times: group predictions with members = 1."""
+        """The nameserver's _balance_leaders, up to moves_per_step times: group predictions with members = the
+        group's queues, as placement and the training rows have them."""
         scale = self.trace.scale
-        loads = [GroupLoad(group, int(self.leaders[group]), self.predict(self.history, ("group", group), step, 1), 0)
+        loads = [GroupLoad(group, int(self.leaders[group]),
+                           self.predict(self.history, ("group", group), step, max(1, int(self.queues_in[group]))), 0)
                  for group in range(scale.groups)]
         self.predicted[:, step] = [load.predicted for load in loads]
         self.predicted_members[:, step] = [self.predict(self.history, ("group", group), step,

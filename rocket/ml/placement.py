@@ -79,12 +79,24 @@ class QueueChoice:
     runner_up_score: float
 
 
+def new_queue_load(topic_predicted: float | None, queues_after: int, groups: list[GroupLoad]) -> float:
+    """The bytes/s each new queue of a topic is expected to carry: its topic's predicted load spread over the queues
+    it will have; for a topic without traffic yet (None), the load of the cluster's average queue. A new topic's
+    queues then weigh something, and spread over the groups instead of piling onto the least loaded one (what a
+    forecast of an empty history says: nothing)."""
+    if topic_predicted is not None:
+        return topic_predicted / max(1, queues_after)
+    return sum(load.predicted for load in groups) / max(1, sum(load.queues for load in groups))
+
+
 def place_queues(first_queue: int, count: int, queue_predicted: float, groups: list[GroupLoad]) -> list[QueueChoice]:
     """New queues first_queue.. of a topic, each expected to carry queue_predicted bytes/s, onto the available
     groups with the lowest predicted load: a group's own, plus limits.placement_node_weight times the load of every
-    group its leader leads (a hot node's other groups count too), plus what this placement adds. Ties go to the
-    group holding fewer of the topic's queues, then fewer queues, then the lower id, so that a topic with no
-    history still spreads over the groups."""
+    group its leader leads (a hot node's other groups count too), plus what this placement adds (queue_predicted
+    each: see new_queue_load). A topic's queues spread evenly first, as Kafka spreads a topic's partitions over its
+    brokers: no group takes more than ceil(the topic's queues / available groups) of them, so that one topic's
+    traffic, whatever it turns out to be, is not one group's. Load chooses within that. Ties go to the group holding
+    fewer of the topic's queues, then fewer queues, then the lower id."""
     candidates = [dataclasses.replace(load) for load in groups if load.available]
     if not candidates:
         raise RocketError(Code.UNAVAILABLE, "no storage group has all its replicas on available nodes")
@@ -95,9 +107,11 @@ def place_queues(first_queue: int, count: int, queue_predicted: float, groups: l
     def score(load: GroupLoad) -> float:
         return load.predicted + limits.placement_node_weight * node_load[load.leader]
 
+    topic_cap = -(-(sum(load.topic_queues for load in groups) + count) // len(candidates))
     choices = []
     for queue in range(first_queue, first_queue + count):
-        ranked = sorted(candidates, key=lambda load: (score(load), load.topic_queues, load.queues, load.group))
+        allowed = [load for load in candidates if load.topic_queues < topic_cap] or candidates
+        ranked = sorted(allowed, key=lambda load: (score(load), load.topic_queues, load.queues, load.group))
         chosen = ranked[0]
         runner_up = ranked[1] if len(ranked) > 1 else None
         choices.append(QueueChoice(queue, chosen.group, chosen.leader, queue_predicted, score(chosen),

@@ -3,6 +3,7 @@ file's checks) and the metadata's queue-to-group table."""
 
 from __future__ import annotations
 
+import collections
 import json
 
 import orjson
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from rocket.errors import Code, RocketError
 from rocket.ml.forecast import FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, Forecaster, ModelError, queue_features
 from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor
-from rocket.ml.placement import GroupLoad, leader_transfer, place_queues
+from rocket.ml.placement import GroupLoad, leader_transfer, new_queue_load, place_queues
 from rocket.raft.core import Entry
 from rocket.roles.nameserver.metadata import Metadata
 
@@ -80,13 +81,17 @@ def test_a_model_file_that_is_not_json_is_refused():
 
 def test_new_queues_go_to_the_groups_with_the_lowest_predicted_load():
     groups = [GroupLoad(2, leader=1, predicted=90_000.0, queues=4), GroupLoad(3, leader=2, predicted=10.0, queues=4),
-              GroupLoad(4, leader=3, predicted=0.0, queues=4), GroupLoad(5, leader=3, predicted=0.0, queues=0,
-                                                                         available=False)]
-    choices = place_queues(0, 3, 1_000.0, groups)
-    assert [choice.group for choice in choices] == [4, 3, 4]
+              GroupLoad(4, leader=3, predicted=0.0, queues=4), GroupLoad(5, leader=4, predicted=5_000.0, queues=4),
+              GroupLoad(6, leader=5, predicted=0.0, queues=0, available=False)]
+    choices = place_queues(0, 2, 1_000.0, groups)
+    assert [choice.group for choice in choices] == [4, 3]  # the two least loaded of the four available
     assert choices[0].runner_up == 3 and choices[0].score < choices[0].runner_up_score
-    assert all(choice.group != 5 for choice in choices)  # a group with a replica on a draining node: never
+    assert all(choice.group != 6 for choice in choices)  # a group with a replica on a draining node: never
     assert groups[2].predicted == 0.0  # the caller's loads are not changed
+    # Six queues over four groups: at most ceil(6 / 4) = 2 each, so the three least loaded take two, the hot one none.
+    assert sorted(choice.group for choice in place_queues(0, 6, 1_000.0, groups)) == [3, 3, 4, 4, 5, 5]
+    # Eight: two each, the hot group too; a topic's traffic is spread before it is known.
+    assert sorted(choice.group for choice in place_queues(0, 8, 1_000.0, groups)) == [2, 2, 3, 3, 4, 4, 5, 5]
 
 
 def test_a_topic_without_history_still_spreads_over_the_groups():
@@ -187,3 +192,14 @@ def test_a_model_of_changes_adds_its_trees_to_the_last_value():
     assert model.predict(features) == 0.0  # never below zero
     with pytest.raises(ModelError, match="target"):
         Forecaster.from_json(json.dumps(model_document(target="ratio")))
+
+
+def test_a_new_topics_queues_weigh_an_average_queue_and_spread():
+    """A topic with no traffic yet: each queue weighs the cluster's average queue (a forecast of nothing would pile
+    them all onto the least loaded group, as benchmarks/placement_eval.py found); one with history, its share."""
+    groups = [GroupLoad(2, 1, 8_000.0, 8), GroupLoad(3, 2, 4_000.0, 8), GroupLoad(4, 3, 0.0, 8), GroupLoad(5, 1, 0.0, 8)]
+    assert new_queue_load(None, 8, groups) == 12_000.0 / 32
+    assert new_queue_load(1_600.0, 8, groups) == 200.0
+    choices = place_queues(0, 8, new_queue_load(None, 8, groups), groups)
+    assert {choice.group for choice in choices} >= {4, 5} and len({choice.group for choice in choices}) >= 2
+    assert max(collections.Counter(choice.group for choice in choices).values()) <= 6

@@ -23,7 +23,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.ml.forecast import STEP_MS, Forecaster, ModelError
 from rocket.ml.load import LoadHistory, ModelPredictor, Predictor, RecentPredictor
-from rocket.ml.placement import GroupLoad, QueueChoice, leader_transfer, place_queues
+from rocket.ml.placement import GroupLoad, QueueChoice, leader_transfer, new_queue_load, place_queues
 from rocket.model import KV_PREFIX, Address, TopicSpec
 
 log = logging.getLogger("rocket.nameserver")
@@ -113,7 +113,8 @@ class QueuePlacement:
 
     # ---- placement -----------------------------------------------------------------------------------
 
-    def _group_loads(self, topic: str, voters: dict[int, tuple[int, ...]], now_ms: int) -> list[GroupLoad]:
+    def _queue_counts(self, topic: str = "") -> tuple[collections.Counter, collections.Counter]:
+        """Queues per group: of every topic, and of topic."""
         queues_in: collections.Counter = collections.Counter()
         topic_queues: collections.Counter = collections.Counter()
         for spec in self.metadata.topics.values():
@@ -122,6 +123,10 @@ class QueuePlacement:
                 queues_in[group] += 1
                 if spec.name == topic:
                     topic_queues[group] += 1
+        return queues_in, topic_queues
+
+    def _group_loads(self, topic: str, voters: dict[int, tuple[int, ...]], now_ms: int) -> list[GroupLoad]:
+        queues_in, topic_queues = self._queue_counts(topic)
         loads = []
         for group, members in sorted(voters.items()):
             leaving = any(self._leaving(voter) for voter in members)
@@ -139,9 +144,10 @@ class QueuePlacement:
         given with their voters, and the record of why, for `rocket cluster placement --explain`."""
         now_ms = self.clock.wall_ms()
         queues_after = first_queue + count
-        topic_predicted = self._predict(("topic", topic), now_ms, max(1, first_queue))
         loads = self._group_loads(topic, voters, now_ms)
-        choices = place_queues(first_queue, count, topic_predicted / queues_after, loads)
+        topic_predicted = (self._predict(("topic", topic), now_ms, queues_after)
+                           if self.history.rates(("topic", topic)) else None)
+        choices = place_queues(first_queue, count, new_queue_load(topic_predicted, queues_after, loads), loads)
         earlier = self._explanations.pop(topic, None) if spec is not None else None
         self._explanations[topic] = {
             "topic": topic, "predictor": self.predictor.name, "placed_ms": now_ms,
@@ -162,8 +168,9 @@ class QueuePlacement:
             return
         now_ms = self.clock.wall_ms()
         voters = {group: members.voters for group, members in self.metadata.groups.items() if not members.learners}
+        queues_in, _ = self._queue_counts()
         loads = [GroupLoad(group, self._leaders.get(group, 0),
-                           self._predict(("group", group), now_ms, 1), 0)
+                           self._predict(("group", group), now_ms, max(1, queues_in[group])), 0)
                  for group in voters]
         nodes = [load.node for load in self._loads() if load.available]
         transfer = leader_transfer(loads, voters, nodes)
