@@ -232,6 +232,7 @@ async def test_logs_compact_and_a_returning_node_installs_a_snapshot(tmp_path, m
 
     monkeypatch.setattr(limits, "raft_log_entries_max", 20)
     monkeypatch.setattr(limits, "raft_wal_segments_max", 2)
+    monkeypatch.setattr(limits, "raft_catch_up_heard_s", 0.0)  # node 3's recent silence holds no compaction back
     async with running_nodes(tmp_path, wal_segment_bytes=1 << 20, keep=10) as (nodes, nursery):
         await propose_everywhere(nodes, b"x", 2)
         nodes[2].stop()
