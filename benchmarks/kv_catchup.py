@@ -34,14 +34,16 @@ from pathlib import Path
 
 import trio
 
-from rocket.client import connect
-from rocket.client.kv import KV
-from rocket.errors import RocketError
-from rocket.model import shard_of
-from rocket.transport.listen import free_ports
-
 ROOT = Path(__file__).resolve().parents[1]
-READY = re.compile(rb"rocket ready tcp=[^ ]+ http2=off node=(\d+)")
+sys.path.insert(0, str(ROOT))  # the tests' cluster harness, whatever the current directory
+
+from rocket.client import connect  # noqa: E402
+from rocket.client.kv import KV  # noqa: E402
+from rocket.errors import RocketError  # noqa: E402
+from rocket.model import shard_of  # noqa: E402
+from rocket.transport.listen import free_ports  # noqa: E402
+from tests.integration.test_cluster import Node as ClusterNode  # noqa: E402
+from tests.integration.test_cluster import cluster_status  # noqa: E402
 BUCKET = "catchup"
 GROUPS = 3
 REPLICATION = 3
@@ -54,48 +56,21 @@ LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 
 # ---- processes -----------------------------------------------------------------------------------------------
 
-class Node:
-    """One `python -m rocket run` process on a fixed port and data directory; killable and restartable."""
+class Node(ClusterNode):
+    """The integration tests' `rocket run` process (tests/integration/test_cluster.py), with this benchmark's groups,
+    its pid, and a graceful stop."""
 
     def __init__(self, node_id: int, port: int, nameservers: str, base: Path, roles: str):
-        self.node_id, self.port, self.nameservers, self.roles = node_id, port, nameservers, roles
-        self.data_dir = base / f"data{node_id}"
-        self.out_path, self.log_path = base / f"node{node_id}.out", base / f"node{node_id}.log"
-        self.process: subprocess.Popen | None = None
-        self.starts = 0
-
-    @property
-    def server(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        super().__init__(node_id, port, nameservers, base, roles, {
+            "ROCKET_STORAGE_GROUPS": str(GROUPS), "ROCKET_REPLICATION": str(REPLICATION),
+            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
-    def start(self) -> None:
-        env = {**os.environ, "ROCKET_STORAGE_GROUPS": str(GROUPS), "ROCKET_REPLICATION": str(REPLICATION),
-               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        command = [sys.executable, "-m", "rocket", "run", "--role", self.roles, "--node-id", str(self.node_id),
-                   "--nameservers", self.nameservers, "--listen", self.server, "--http2-listen", "off",
-                   "--data-dir", str(self.data_dir)]
-        with open(self.out_path, "ab") as out, open(self.log_path, "ab") as log:
-            log.write(f"---- start {self.starts + 1} at {time.strftime('%H:%M:%S')}\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(command, stdout=out, stderr=log, env=env)
-        self.starts += 1
-
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
-        with trio.fail_after(timeout_s):
-            while len(READY.findall(self.out_path.read_bytes() if self.out_path.exists() else b"")) < self.starts:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"node {self.node_id} exited with {self.process.returncode}: "
-                                       f"{self.log_path.read_text()[-3000:]}")
-                await trio.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
+        await super().wait_ready(timeout_s)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -193,17 +168,6 @@ def value_of(pool: list[bytes], index: int) -> bytes:
 
 
 # ---- cluster calls ---------------------------------------------------------------------------------------------
-
-async def cluster_status(servers: list[str], timeout_s: float = 3.0) -> dict | None:
-    for server in servers:
-        with trio.move_on_after(timeout_s):
-            try:
-                async with connect(server) as channel:
-                    return await channel.call("ClusterStatus", {}, timeout_s=timeout_s)
-            except RocketError:
-                continue
-    return None
-
 
 async def wait_status(servers: list[str], condition, timeout_s: float, what: str) -> dict:
     last = None
