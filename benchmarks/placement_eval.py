@@ -77,7 +77,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rocket import limits  # noqa: E402
-from rocket.ml.forecast import STEP_MS, Forecaster, future_rate, queue_features, window_mean  # noqa: E402
+from rocket.ml.forecast import CALENDAR, STEP_MS, Forecaster, future_rate, queue_features, window_mean  # noqa: E402
 from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor  # noqa: E402
 from rocket.ml.placement import (GroupLoad, LeastLoaded, NodeLoad, leader_transfer, new_queue_load,  # noqa: E402
                                   place_queues)
@@ -276,13 +276,13 @@ class CalendarForecaster:
 
     def predict(self, features: list[float]) -> float:
         features = list(features)
-        features[5:9] = calendar(self.scale, self.step)
+        features[CALENDAR] = calendar(self.scale, self.step)
         return self.model.predict(features)
 
 
 def calendar(scale: Scale, step: int) -> list[float]:
     """The hour and weekday features of a step's simulated wall time, from rocket's own queue_features."""
-    return queue_features({}, EPOCH_MS + step * scale.step_min * 60_000, 0, 1, 0.0)[5:9]
+    return queue_features({}, EPOCH_MS + step * scale.step_min * 60_000, 0, 1, 0.0)[CALENDAR]
 
 
 class OraclePredictor:
@@ -462,7 +462,7 @@ def series_rows(kind: str, topic: str, queue: int, group: int, steps_of: np.ndar
         now_ms = step * STEP_MS
         features = queue_features(steps, now_ms, first, max(1, members_of(step)),
                                   window_mean(family_steps, step - 1, 10))
-        features[5:9] = calendar(scale, step)
+        features[CALENDAR] = calendar(scale, step)
         yield (kind, topic, queue, group, now_ms, *features, future_rate(steps, now_ms, HORIZON_STEPS), features[0],
                HORIZON_STEPS)
 

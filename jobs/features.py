@@ -6,7 +6,7 @@
   and `horizon_steps`. The features are rocket.ml.forecast.queue_features, called in the executors: the nameserver
   calls the same function when it scores. It forecasts topics (a new queue's share of its topic) and groups (where
   queues go) as well as queues, so their sums are rows too: a topic's with its queues for topic_queues, a group's with
-  its queues seen so far; for both, their own rate as topic_rate_10m (rocket.ml.load.ModelPredictor does the same).
+  its queues seen so far; each is its own family (topic_share 1), as rocket.ml.load.ModelPredictor has it.
 - `groups/`: per storage group per step: bytes/s and messages/s in and out, and the node that led it.
 - `nodes/`: per node per step: CPU, memory, disk, fsyncs, WAL, network, peer calls, heartbeat (issue 31's
   unhealthy-node detection trains on it).
@@ -124,7 +124,7 @@ def queue_rows(topic: str, queue: int, group: int, steps: dict[int, float], topi
                topic_queue_firsts: list[tuple[int, int]], last_data_step: int, horizon_steps: int):
     """The rows of one queue: one per step t from the one after its first report until the last whose horizon ends
     inside the data. topic_queues at t is the highest queue number of the topic seen before t, plus one (a topic's
-    queues are numbered from 0, and an idle queue reports nothing); topic_rate_10m is the topic's bytes/s in
+    queues are numbered from 0, and an idle queue reports nothing); topic_share is against the topic's bytes/s in
     (topic_steps: the sum of its queues' steps) over the 10 steps before t."""
     first = min(steps)
     for step in range(first + 1, last_data_step - horizon_steps + 2):

@@ -26,7 +26,7 @@ import math  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
-from rocket.ml.forecast import FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, Forecaster  # noqa: E402
+from rocket.ml.forecast import CHANGE_MAX, FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, TARGET, Forecaster  # noqa: E402
 
 DAY_MS = 86_400_000
 HELD_OUT_FRACTION = 0.2  # of the data's time, when it spans less than twice --held-out-days
@@ -84,7 +84,7 @@ def export_model(model, horizon_steps: int, metrics: dict, now: datetime) -> dic
     digest = hashlib.sha256(json.dumps(trees, sort_keys=True).encode()).hexdigest()[:8]
     return {"format": MODEL_FORMAT, "format_version": MODEL_VERSION,
             "model_version": f"{now.strftime('%Y%m%dT%H%M%SZ')}-{digest}", "features": list(FEATURES),
-            "horizon_steps": horizon_steps, "target": "change", "trees": trees, "metrics": metrics}
+            "horizon_steps": horizon_steps, "target": TARGET, "trees": trees, "metrics": metrics}
 
 
 def errors(frame, predicted: str) -> tuple[float, float]:
@@ -97,8 +97,8 @@ def errors(frame, predicted: str) -> tuple[float, float]:
 
 
 def check_export(text: str, predictions) -> int:
-    """Raise TrainError unless Forecaster.from_json(text) predicts what Spark served (its change added to the last
-    value, clamped at 0, as Forecaster does) for up to CHECK_ROWS held-out rows; return how many were compared."""
+    """Raise TrainError unless Forecaster.from_json(text) predicts what Spark served (the last value plus the scale
+    times Spark's prediction, clamped at 0, as Forecaster does) for up to CHECK_ROWS held-out rows; return how many were compared."""
     forecaster = Forecaster.from_json(text)
     rows = predictions.select(*FEATURES, "served").limit(CHECK_ROWS).collect()
     for row in rows:
@@ -116,7 +116,7 @@ class Trained(NamedTuple):
 
 
 def train(spark, queues, *, held_out_days: float, horizon_steps: int, max_iter: int = 30, max_depth: int = 4,
-          seed: int = 30) -> Trained:
+          seed: int = 30, weight: str = "none") -> Trained:
     """Fit, evaluate and export the forecaster on queues/ rows."""
     import pyspark
     from pyspark.ml.feature import VectorAssembler
@@ -133,14 +133,20 @@ def train(spark, queues, *, held_out_days: float, horizon_steps: int, max_iter: 
     rows_train, rows_held_out = train_rows.count(), held_out_rows.count()
     if rows_train < 2 or rows_held_out < 1:
         raise TrainError(f"{rows_train} training and {rows_held_out} held-out rows: too few to train on")
-    # The trees learn the change from the last value (target "change"): they only correct the naive forecast, and a
-    # change scales with the series, where a level beyond what training saw is out of a tree's reach.
-    train_rows = train_rows.withColumn("change", F.col("label") - F.col("naive"))
-    regressor = GBTRegressor(featuresCol="features", labelCol="change", maxIter=max_iter, maxDepth=max_depth,
-                             stepSize=0.1, seed=seed)
+    # The trees learn the change from the last value in units of the series' scale (rocket.ml.forecast): they only
+    # correct the naive forecast, and a pattern learnt on a small series carries to a large one.
+    # A series that leaps from nothing (a topic born, a burst on an idle queue) has a change of thousands of scales:
+    # clipped at CHANGE_MAX, as the scorer clips, so that no leaf learns such a leap and serves it to a big series.
+    # Rows weigh their scale: a big series' error costs more bytes/s (its squared error is scale^2 times that in
+    # scales; weighing it so much lets a few series decide every tree).
+    change = (F.col("label") - F.col("naive")) / F.col("scale")
+    train_rows = train_rows.withColumn("target", F.least(F.greatest(change, F.lit(-CHANGE_MAX)), F.lit(CHANGE_MAX)))
+    regressor = GBTRegressor(featuresCol="features", labelCol="target", weightCol="scale", maxIter=max_iter,
+                             maxDepth=max_depth, stepSize=0.1, seed=seed)
     model = regressor.fit(train_rows)
     predictions = model.transform(held_out_rows).withColumn(
-        "served", F.greatest(F.col("prediction") + F.col("naive"), F.lit(0.0)))
+        "served", F.greatest(F.col("naive") + F.col("scale") * F.least(F.greatest(
+            F.col("prediction"), F.lit(-CHANGE_MAX)), F.lit(CHANGE_MAX)), F.lit(0.0)))
     rmse, mae = errors(predictions, "served")  # the served prediction: Forecaster clamps at 0
     naive_rmse, naive_mae = errors(predictions, "naive")
     by_series = {}

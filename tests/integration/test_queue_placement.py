@@ -12,7 +12,7 @@ import trio
 
 from rocket import limits
 from rocket.client import Admin, connect, open_consumer
-from rocket.ml.forecast import FEATURES, MODEL_FORMAT, MODEL_VERSION
+from rocket.ml.forecast import FEATURES, MODEL_FORMAT, MODEL_VERSION, TARGET
 from rocket.model import Message
 from rocket.node import run_node
 from rocket.serde import batch as batch_codec
@@ -27,9 +27,9 @@ KEY = "models/forecast/latest.json"
 def model(version: str, trained_at_ms: int) -> bytes:
     return json.dumps({
         "format": MODEL_FORMAT, "format_version": MODEL_VERSION, "features": list(FEATURES), "model_version": version,
-        "horizon_steps": 10, "metrics": {"trained_at_ms": trained_at_ms},
-        "trees": [{"weight": 1.0, "root": {"feature": 1, "threshold": 1000.0, "left": {"value": 100.0},
-                                           "right": {"value": 50_000.0}}}]}).encode()
+        "horizon_steps": 10, "target": TARGET, "metrics": {"trained_at_ms": trained_at_ms},
+        "trees": [{"weight": 1.0, "root": {"feature": 1, "threshold": 1000.0, "left": {"value": 5.0},
+                                           "right": {"value": 9.0}}}]}).encode()
 
 
 async def placement_state(admin: Admin, wanted: str) -> str:

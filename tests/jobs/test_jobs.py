@@ -21,7 +21,7 @@ import trio  # noqa: E402
 from jobs.features import NODE_COLUMNS, write_features  # noqa: E402
 from jobs.spark import load_telemetry, objects_glob, session  # noqa: E402
 from jobs.train_placement import held_out_from, run, summary  # noqa: E402
-from rocket.ml.forecast import FEATURES, STEP_MS, Forecaster  # noqa: E402
+from rocket.ml.forecast import CHANGE_MAX, FEATURES, STEP_MS, Forecaster  # noqa: E402
 from rocket.telemetry.ship import read_samples  # noqa: E402
 from rocket.tier.local import FOOTER_BYTES, LocalDirectoryStore  # noqa: E402
 
@@ -66,6 +66,11 @@ def test_telemetry_is_found_under_the_tier_root_or_its_telemetry_prefix(spark):
     assert objects_glob(spark, str(DATA / "telemetry") + "/") == f"{DATA}/telemetry/v1/node=*/date=*/*.avro"
 
 
+def rate_10m(row) -> float:
+    """A row's bytes/s over its last 10 steps (its features are in units of its scale)."""
+    return row["last_10m"] * row["scale"]
+
+
 def test_queue_features_agree_with_the_raw_samples(features, samples):
     _, counts, tables = features
     assert counts["corrupt"] == 0 and counts["objects"] == len(list(DATA.rglob("*.avro")))
@@ -78,7 +83,8 @@ def test_queue_features_agree_with_the_raw_samples(features, samples):
         assert row["at_ms"] % STEP_MS == 0 and row["at_ms"] // STEP_MS + HORIZON_STEPS - 1 <= last_step
         assert all(math.isfinite(row[name]) for name in FEATURES), row
         assert row["label"] >= 0 and row["naive"] == row["rate_1m"] and row["horizon_steps"] == HORIZON_STEPS
-        assert row["rate_max_10m"] >= row["rate_10m"] >= 0
+        assert row["busiest_10m"] >= row["last_10m"] >= 0 and row["scale"] >= 1
+        assert row["last_1m"] * row["scale"] == pytest.approx(row["rate_1m"])
     by_queue = collections.defaultdict(list)
     for row in rows:
         by_queue[row["topic"], row["queue"]].append(row)
@@ -98,7 +104,7 @@ def test_queue_features_agree_with_the_raw_samples(features, samples):
             assert summed == pytest.approx(grew, rel=0.05), (topic, queue)
         else:
             assert summed == 0
-    rising = [row["rate_10m"] for row in by_queue["rising", 0]]
+    rising = [rate_10m(row) for row in by_queue["rising", 0]]
     assert rising[-1] > 2 * rising[0] > 0
     dying = by_queue["dying", 0]
     assert dying[-1]["rate_1m"] == 0 < dying[0]["rate_1m"]  # it stopped two thirds of the way through
@@ -119,10 +125,10 @@ def test_topics_and_groups_are_series_of_their_queues_sums(features):
     for series, members in (("topic", lambda queue_key, row: queue_key[0]), ("group", lambda queue_key, row: row["group"])):
         for key, rows in by_series[series].items():
             for at_ms, row in rows.items():
-                parts = [queue_rows[at_ms]["rate_10m"] for queue_key, queue_rows in by_series["queue"].items()
+                parts = [rate_10m(queue_rows[at_ms]) for queue_key, queue_rows in by_series["queue"].items()
                          if at_ms in queue_rows and members(queue_key, queue_rows[at_ms]) == key]
-                assert row["rate_10m"] == pytest.approx(sum(parts), rel=1e-6, abs=1e-6), (series, key, at_ms)
-                assert row["topic_rate_10m"] == pytest.approx(row["rate_10m"])
+                assert rate_10m(row) == pytest.approx(sum(parts), rel=1e-6, abs=1e-6), (series, key, at_ms)
+                assert row["topic_share"] == 1.0
     for topic, rows in by_series["topic"].items():
         assert rows[max(rows)]["topic_queues"] == TOPIC_QUEUES[topic]
 
@@ -179,7 +185,8 @@ def test_training_exports_a_model_that_scores_as_spark_does(spark, features, tmp
     assert predicted and all(row["at_ms"] >= metrics["held_out_from_ms"] for row in predicted)
     for row in predicted:
         ours = forecaster.predict([row[name] for name in FEATURES])
-        assert ours == pytest.approx(max(0.0, row["prediction"] + row["rate_1m"]), rel=1e-6, abs=1e-6)
+        change = min(max(row["prediction"], -CHANGE_MAX), CHANGE_MAX)
+        assert ours == pytest.approx(max(0.0, row["rate_1m"] + row["scale"] * change), rel=1e-6, abs=1e-6)
     assert json.loads(latest)["features"] == list(FEATURES)
 
 

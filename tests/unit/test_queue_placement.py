@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rocket.errors import Code, RocketError
-from rocket.ml.forecast import FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, Forecaster, ModelError, queue_features
+from rocket.ml.forecast import (CHANGE_MAX, FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, TARGET, Forecaster,
+                                 ModelError, queue_features)
 from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor
 from rocket.ml.placement import GroupLoad, leader_transfer, new_queue_load, place_queues
 from rocket.raft.core import Entry
@@ -22,11 +23,11 @@ NOW_MS = 1_800_000_000_000 // STEP_MS * STEP_MS  # the start of a step
 
 
 def model_document(**overrides) -> dict:
-    """A forecaster whose one tree says: 100 bytes/s, or 50,000 where rate_10m (feature 1) is above 1,000."""
+    """A forecaster whose one tree says: rate_1m plus 5 scales, or 9 where the scale (feature 1) is above 1,000."""
     document = {"format": MODEL_FORMAT, "format_version": MODEL_VERSION, "features": list(FEATURES),
-                "model_version": "20261126T1200Z-abc", "horizon_steps": 10,
+                "model_version": "20261126T1200Z-abc", "horizon_steps": 10, "target": TARGET,
                 "trees": [{"weight": 1.0, "root": {"feature": 1, "threshold": 1000.0,
-                                                              "left": {"value": 100.0}, "right": {"value": 50_000.0}}}],
+                                                   "left": {"value": 5.0}, "right": {"value": 9.0}}}],
                 "metrics": {"trained_at_ms": NOW_MS, "rmse": 1.0}}
     document.update(overrides)
     return document
@@ -51,11 +52,14 @@ def test_the_model_predictor_feeds_the_features_the_job_trained_on():
         history.add(("topic", "hot"), NOW_MS - minute * STEP_MS, 5_000 * 60)  # 5,000 bytes/s for 10 minutes
     model = Forecaster.from_json(json.dumps(model_document()))
     predictor = ModelPredictor(model)
-    assert predictor.predict(history, ("topic", "hot"), NOW_MS) == 50_000.0
-    assert predictor.predict(history, ("topic", "cold"), NOW_MS) == 100.0
+    assert predictor.predict(history, ("topic", "hot"), NOW_MS) == pytest.approx(5_000 + 9 * 5_000)
+    assert predictor.predict(history, ("topic", "cold"), NOW_MS) == 5.0  # no traffic: 0 + 5 scales of 1 byte/s
     steps = history.rates(("topic", "hot"))
     features = queue_features(steps, NOW_MS, min(steps), 1, 5_000.0)
-    assert features[FEATURES.index("rate_10m")] == pytest.approx(5_000.0)
+    assert features[FEATURES.index("scale")] == pytest.approx(5_000.0)  # the 10 minutes' mean > the hour's
+    assert features[FEATURES.index("last_10m")] == pytest.approx(1.0)
+    assert features[FEATURES.index("last_60m")] == pytest.approx(1 / 6)
+    assert features[FEATURES.index("topic_share")] == pytest.approx(1.0)
     assert features[FEATURES.index("age_h")] == pytest.approx(10 / 60)
 
 
@@ -181,17 +185,21 @@ def test_repeated_transfers_even_out_the_led_load_and_stop(groups):
         raise AssertionError("transfers never stopped")
 
 
-def test_a_model_of_changes_adds_its_trees_to_the_last_value():
-    """target "change": the trees correct rate_1m, so a series beyond any level seen in training still scales."""
-    document = model_document(target="change", trees=[{"weight": 1.0, "root": {"value": -50.0}}])
-    model = Forecaster.from_json(json.dumps(document))
+def test_the_trees_correct_the_last_value_in_scales_of_the_series():
+    """The prediction is rate_1m + scale x the trees' sum, the sum clipped at +-CHANGE_MAX scales: a series beyond
+    any level seen in training still scales, and no leaf can serve a leap of thousands of scales."""
+    model = Forecaster.from_json(json.dumps(model_document(trees=[{"weight": 1.0, "root": {"value": -0.5}}])))
     features = [0.0] * len(FEATURES)
-    features[FEATURES.index("rate_1m")] = 1e9
-    assert model.predict(features) == 1e9 - 50.0
+    features[FEATURES.index("rate_1m")], features[FEATURES.index("scale")] = 1e9, 1e9
+    assert model.predict(features) == 0.5e9
     features[FEATURES.index("rate_1m")] = 10.0
     assert model.predict(features) == 0.0  # never below zero
-    with pytest.raises(ModelError, match="target"):
-        Forecaster.from_json(json.dumps(model_document(target="ratio")))
+    leap = Forecaster.from_json(json.dumps(model_document(trees=[{"weight": 2.0, "root": {"value": 1e6}}])))
+    features[FEATURES.index("rate_1m")], features[FEATURES.index("scale")] = 100.0, 10.0
+    assert leap.predict(features) == 100.0 + 10.0 * CHANGE_MAX
+    for target in ("change", "level", None):
+        with pytest.raises(ModelError, match="target"):
+            Forecaster.from_json(json.dumps(model_document(target=target)))
 
 
 def test_a_new_topics_queues_weigh_an_average_queue_and_spread():
