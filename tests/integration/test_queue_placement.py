@@ -163,3 +163,44 @@ async def test_a_restarted_node_is_given_leaderships_back(cluster):
                     break
             await trio.sleep(0.5)
     assert counts[3] >= groups // 3 - 2, counts
+
+
+async def test_storage_groups_are_created_as_storage_nodes_join(tmp_path):
+    """Three nodes make 3 groups (ROCKET_STORAGE_GROUPS per 3 nodes); a fourth, storage-only node joins: the pool
+    grows to ceil(3 x 4 / 3) = 4, the new group has a replica on the new node (it holds the fewest), it is served
+    (it elects a leader), and a new topic's queues spread over it too."""
+    ports = free_ports(4)
+    nameservers = ",".join(f"{node}@127.0.0.1:{port}" for node, port in zip((1, 2, 3), ports))
+    environment = {"ROCKET_STORAGE_GROUPS": "3", "ROCKET_REPLICATION": "3"}
+    nodes = {node: Node(node, port, nameservers, tmp_path, roles="all" if node <= 3 else "storage",
+                        environment=environment) for node, port in zip((1, 2, 3, 4), ports)}
+    servers = [node.server for node in nodes.values()][:3]
+    try:
+        for node in list(nodes.values())[:3]:
+            node.start()
+        for node in list(nodes.values())[:3]:
+            await node.wait_ready()
+        async with connect(servers[0]) as channel:
+            await channel.call("CreateTopic", {"topic": "orders", "queues": 3}, timeout_s=30)
+        status = await cluster_status(servers)
+        assert len(status["groups"]) == 3
+        nodes[4].start()
+        await nodes[4].wait_ready()
+        with trio.fail_after(60):
+            while (status := await cluster_status(servers)) is None or len(status["groups"]) < 4 or \
+                    not all(group["leader"] for group in status["groups"]):
+                await trio.sleep(0.5)
+        new = status["groups"][-1]
+        assert len(status["groups"]) == 4 and 4 in new["voters"] and len(new["voters"]) == 3, status["groups"]
+        async with connect(servers[0]) as channel:
+            await channel.call("CreateTopic", {"topic": "fresh", "queues": 4}, timeout_s=30)
+            queue_groups = (await channel.call("GetRoute", {"topic": "fresh"}))["queue_groups"]
+            reply = await channel.call("Produce", {"topic": "fresh", "queue": queue_groups.index(new["id"]),
+                                                   "batch": batch_codec.encode([Message(b"x")], 1_700_000_000_000)})
+        assert sorted(queue_groups) == sorted(group["id"] for group in status["groups"])
+        assert reply["base_offset"] == 0
+        await trio.sleep(3)  # a heartbeat or two: the pool stays at 4 (no node joined)
+        assert len((await cluster_status(servers))["groups"]) == 4
+    finally:
+        for node in nodes.values():
+            node.kill()

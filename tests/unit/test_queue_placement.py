@@ -142,6 +142,18 @@ def test_placed_queues_keep_their_groups_when_queues_are_added_and_across_a_snap
     assert restored.topics == metadata.topics
 
 
+def test_groups_created_for_new_nodes_join_the_pool_once():
+    metadata = Metadata()
+    apply(metadata, {"op": "create_topic", "name": "orders", "queues": 1, "created_ms": 1,
+                     "new_groups": [{"id": 2, "voters": [1, 2, 3]}], "groups": [2]})
+    version = metadata.version
+    [created, again] = apply(metadata, {"op": "create_groups", "new_groups": [{"id": 3, "voters": [4, 1, 2]}]},
+                             {"op": "create_groups", "new_groups": [{"id": 3, "voters": [4, 2, 3]}]})
+    assert created is None and isinstance(again, RocketError)  # a stale proposal: the id is taken
+    assert metadata.groups[3].voters == (4, 1, 2) and metadata.version > version
+    assert [group["id"] for group in metadata.assignment(4)["groups"]] == [3]
+
+
 def test_a_topic_placed_by_hash_keeps_its_queues_where_they_were_when_queues_are_added():
     metadata = Metadata()
     [spec] = apply(metadata, {"op": "create_topic", "name": "old", "queues": 4, "created_ms": 1,

@@ -81,17 +81,15 @@ class Metadata:
                 raise exists(name)
             if len(self.topics) >= limits.topics_max:
                 raise RocketError(Code.OVERLOADED, f"the cluster holds the maximum of {limits.topics_max} topics")
-            for group in command["new_groups"]:
-                if group["id"] in self.groups:
-                    raise RocketError(Code.UNAVAILABLE, f"storage group {group['id']} exists already; retry")
-            for group in command["new_groups"]:
-                self.groups[group["id"]] = Members(tuple(group["voters"]))
+            self._add_groups(command["new_groups"])
             invariant(all(group in self.groups for group in command["groups"]), "a topic's groups exist")
             queue_groups = tuple(command.get("queue_groups", ()))
             invariant(not queue_groups or len(queue_groups) == command["queues"], "one group per queue")
             self.topics[name] = TopicSpec(name, command["queues"], command["created_ms"], tuple(command["groups"]),
                                           command.get("message_type", "normal"), history=command.get("history", 1),
                                           ttl_ms=command.get("ttl_ms", 0), queue_groups=queue_groups)
+        elif operation == "create_groups":  # more storage nodes joined: more groups for new queues
+            self._add_groups(command["new_groups"])
         elif operation == "delete_topic":
             self.topic(command["name"])
             del self.topics[command["name"]]
@@ -163,6 +161,13 @@ class Metadata:
                 raise RocketError(Code.UNKNOWN_BUCKET, f"bucket {name[len(KV_PREFIX):]!r} does not exist")
             raise RocketError(Code.UNKNOWN_TOPIC, f"topic {name!r} does not exist")
         return spec
+
+    def _add_groups(self, new_groups: list[dict]) -> None:
+        for group in new_groups:
+            if group["id"] in self.groups:
+                raise RocketError(Code.UNAVAILABLE, f"storage group {group['id']} exists already; retry")
+        for group in new_groups:
+            self.groups[group["id"]] = Members(tuple(group["voters"]))
 
     def storage_nodes(self) -> list[NodeInfo]:
         return [node for node in self.nodes.values() if "storage" in node.roles]

@@ -63,7 +63,8 @@ class Nameserver(QueuePlacement):
         dispatcher.handle("PlacementExplain", self.placement_explain)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """On the leader: plan replica moves every heartbeat interval; the moves run here too."""
+        """On the leader, every heartbeat interval: create storage groups as storage nodes join, plan replica
+        moves (they run here too), and balance leaders."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_model_forever)
             task_status.started()
@@ -71,6 +72,7 @@ class Nameserver(QueuePlacement):
                 await trio.sleep(limits.node_heartbeat_s)
                 if self.leads():
                     try:
+                        await self._grow_pool()
                         await self._plan_moves(nursery)
                         await self._balance_leaders()
                     except RocketError as error:
@@ -269,9 +271,9 @@ class Nameserver(QueuePlacement):
                 raise exists(name)
             pool = sorted(self.metadata.groups)
             new_groups = []
-            missing = self.config.storage_groups - len(pool)
+            loads = self._loads()
+            missing = self._pool_size(loads) - len(pool)
             if missing > 0:
-                loads = self._loads()
                 available = sum(load.available for load in loads)
                 if not available:
                     raise RocketError(Code.UNAVAILABLE, "no storage node is up yet; retry")
@@ -280,9 +282,7 @@ class Nameserver(QueuePlacement):
                     report = log.warning if self.config.nameservers else log.info  # dev mode is one node
                     report("placing %d storage groups on %d replicas: only %d storage nodes are up", missing,
                            replicas, available)
-                first = self.metadata.next_group_id()
-                placed = self.placement.place(missing, replicas, loads)
-                new_groups = [{"id": first + i, "voters": list(voters)} for i, voters in enumerate(placed)]
+                new_groups = self._new_groups(missing, replicas, loads)
             groups = pool + [group["id"] for group in new_groups]
             voters = {group: self.metadata.groups[group].voters for group in pool}
             voters.update({group["id"]: tuple(group["voters"]) for group in new_groups})
@@ -294,6 +294,33 @@ class Nameserver(QueuePlacement):
                        "history": request.get("history", 1), "ttl_ms": request.get("ttl_ms", 0)}
             await self._propose(command)
         return self.metadata.topic(name).to_wire()
+
+    def _pool_size(self, loads: list[NodeLoad]) -> int:
+        """The storage groups the cluster should have: `storage_groups` per `replication` storage nodes up (at least
+        `storage_groups`), so that each node holds about as many replicas however many nodes there are."""
+        available = sum(load.available for load in loads)
+        wanted = -(-self.config.storage_groups * available // self.config.replication)
+        return min(max(self.config.storage_groups, wanted), limits.storage_groups_max)
+
+    def _new_groups(self, count: int, replicas: int, loads: list[NodeLoad]) -> list[dict]:
+        first = self.metadata.next_group_id()
+        return [{"id": first + number, "voters": list(voters)}
+                for number, voters in enumerate(self.placement.place(count, replicas, loads))]
+
+    async def _grow_pool(self) -> None:
+        """Storage nodes joined: create groups for new queues on them (their replicas go to the nodes holding the
+        fewest). Only once the first topic made the pool, and with every group fully replicated."""
+        if not self.metadata.groups:
+            return
+        loads = self._loads()
+        missing = self._pool_size(loads) - len(self.metadata.groups)
+        if missing <= 0 or sum(load.available for load in loads) < self.config.replication:
+            return
+        async with self._creating:
+            new_groups = self._new_groups(missing, self.config.replication, loads)
+            await self._propose({"op": "create_groups", "new_groups": new_groups})
+        log.info("%d storage nodes up: created storage groups %s", sum(load.available for load in loads),
+                 ", ".join(str(group["id"]) for group in new_groups))
 
     async def update_topic(self, request: dict) -> dict:
         """Change a topic's retention settings in whole seconds, or add queues (-2 leaves one as it is)."""
