@@ -204,10 +204,6 @@ leader_group_bytes_s = 64 * KiB  # leader balancing: a led group weighs this man
 leader_balance_ratio = 0.1  # ... nodes within this share of their mean led load are balanced (Kafka: 10%) ...
 leader_balance_bytes_s = 128 * KiB  # ... as are nodes within this many bytes/s of each other (2 idle groups)
 leader_transfer_s = 2.0  # at most one leadership transfer this often: a transfer pauses the group's writes briefly
-replica_balance_ratio = 0.25  # replica moves by load: nodes within this share of their mean hosted load are balanced
-replica_balance_bytes_s = 1 * MiB  # ... as are nodes within this many bytes/s of each other (a move copies a group)
-replica_load_move_s = 600.0  # at most one replica move for load this often: the move budget (moves for
-#   replica counts, down or draining nodes are not counted against it)
 load_history_steps = 90  # minutes of traffic per group and topic the nameserver keeps for the forecaster (it reads 60)
 
 # Tier (object store).

@@ -4,7 +4,7 @@ and the trained model of rocket/ml plugs into the same interface later. Pure: no
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from rocket import limits
 from rocket.errors import Code, RocketError
@@ -156,62 +156,3 @@ def leader_transfer(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]],
                 best = (gap_after, load.group, target)
             break  # the least loaded voter of this group is the one to try
     return None if best is None else (best[1], best[2])
-
-
-class ReplicaMove(NamedTuple):
-    group: int
-    source: int
-    target: int
-    for_load: bool  # by the second rule of replica_move: it counts against the move budget
-
-
-def replica_move(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], nodes: list[int],
-                 load_moves: bool = True) -> ReplicaMove | None:
-    """The one replica move among available nodes, or None:
-    - when replica counts differ by more than one, from the node holding the most to the one holding the fewest
-      (a node that joined fills up), the group that best evens out the predicted load they host;
-    - else, when load_moves (the caller's move budget allows one), from the node hosting the most predicted load
-      to the one hosting the least (holding no more replicas), the group that best evens them out, when they are
-      further apart than limits.replica_balance_ratio of the mean (or limits.replica_balance_bytes_s) and the move
-      narrows their gap by a group's weight at least. A move that leaves the counts two apart is undone by the
-      first rule with a colder group: two moves that swap a hot group for a cold one.
-    Every replica writes all its group's bytes, so a node hosts the sum of its groups' predicted bytes/s, each plus
-    limits.leader_group_bytes_s. Groups in voters only: the caller leaves out groups that are moving already."""
-    if len(nodes) < 2:
-        return None
-    weight = {load.group: load.predicted + limits.leader_group_bytes_s for load in groups}
-    hosted = {node: 0.0 for node in nodes}
-    count = {node: 0 for node in nodes}
-    for group, members in voters.items():
-        for member in members:
-            if member in hosted:
-                hosted[member] += weight.get(group, limits.leader_group_bytes_s)
-                count[member] += 1
-
-    def best_group(high: int, low: int, narrow_by: float) -> int | None:
-        best = None
-        for group, members in sorted(voters.items()):
-            if high not in members or low in members:
-                continue
-            gap_after = abs((hosted[high] - weight.get(group, 0.0)) - (hosted[low] + weight.get(group, 0.0)))
-            if gap_after <= abs(hosted[high] - hosted[low]) - narrow_by and (best is None or gap_after < best[0]):
-                best = (gap_after, group)
-        return None if best is None else best[1]
-
-    most = max(nodes, key=lambda node: (count[node], -node))
-    fewest = min(nodes, key=lambda node: (count[node], node))
-    if count[most] - count[fewest] > 1:
-        group = best_group(most, fewest, -float("inf"))  # any group: the counts decide
-        return None if group is None else ReplicaMove(group, most, fewest, False)
-    if not load_moves:
-        return None
-    high = max(nodes, key=lambda node: (hosted[node], -node))
-    mean = sum(hosted.values()) / len(hosted)
-    for low in sorted(nodes, key=lambda node: (hosted[node], node)):
-        if hosted[high] - hosted[low] <= max(limits.replica_balance_bytes_s, limits.replica_balance_ratio * mean):
-            return None
-        if count[low] <= count[high]:
-            group = best_group(high, low, limits.leader_group_bytes_s)
-            if group is not None:
-                return ReplicaMove(group, high, low, True)
-    return None

@@ -15,7 +15,7 @@ from rocket.errors import Code, RocketError
 from rocket.ml.forecast import (CHANGE_MAX, FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, TARGET, Forecaster,
                                  ModelError, queue_features)
 from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor
-from rocket.ml.placement import GroupLoad, ReplicaMove, leader_transfer, new_queue_load, place_queues, replica_move
+from rocket.ml.placement import GroupLoad, leader_transfer, new_queue_load, place_queues
 from rocket.raft.core import Entry
 from rocket.roles.nameserver.metadata import Metadata
 
@@ -223,27 +223,3 @@ def test_a_new_topics_queues_weigh_an_average_queue_and_spread():
     choices = place_queues(0, 8, new_queue_load(None, 8, groups), groups)
     assert {choice.group for choice in choices} >= {4, 5} and len({choice.group for choice in choices}) >= 2
     assert max(collections.Counter(choice.group for choice in choices).values()) <= 6
-
-
-def test_replica_moves_fill_a_new_node_then_even_out_the_predicted_load_they_host():
-    # Counts first: node 4 joined empty, so a replica moves to it, the group that best evens the hosted load.
-    voters = {2: (1, 2, 3), 3: (1, 2, 3), 4: (1, 2, 3)}
-    busy = [GroupLoad(2, 1, 0.0, 0), GroupLoad(3, 1, 9e6, 0), GroupLoad(4, 1, 0.0, 0)]
-    move = replica_move(busy, voters, [1, 2, 3, 4])
-    assert move == ReplicaMove(3, 1, 4, False)  # 3 replicas against 0; the hot group halves the gap
-    assert replica_move(busy, voters, [1, 2, 3, 4], load_moves=False) == move  # counts are not budgeted
-    # Counts even (2 each), load not: the hot group's replica leaves the node hosting both hot groups.
-    voters = {2: (1, 2), 3: (1, 3), 4: (2, 4), 5: (3, 4)}
-    loads = [GroupLoad(2, 1, 8e6, 0), GroupLoad(3, 1, 8e6, 0), GroupLoad(4, 2, 0.0, 0), GroupLoad(5, 3, 0.0, 0)]
-    move = replica_move(loads, voters, [1, 2, 3, 4])
-    assert move is not None and move.source == 1 and move.target == 4 and move.for_load
-    assert replica_move(loads, voters, [1, 2, 3, 4], load_moves=False) is None  # the budget is spent
-    # Within limits.replica_balance_bytes_s of each other: nothing moves, and an even cluster stays put.
-    quiet = [GroupLoad(group, 1, 1_000.0, 0) for group in voters]
-    assert replica_move(quiet, voters, [1, 2, 3, 4]) is None
-    # After the load move node 1 holds 1 replica and node 4 holds 3: the count rule takes a cold group back.
-    after = {2: (1, 2), 3: (3, 4), 4: (2, 4), 5: (3, 4)}
-    back = replica_move(loads, after, [1, 2, 3, 4])
-    assert back is not None and back.source == 4 and back.target == 1 and back.group in (4, 5)
-    assert replica_move(loads, {**after, back.group: tuple(sorted({1} | set(after[back.group]) - {4}))},
-                        [1, 2, 3, 4]) is None  # balanced now: the two moves swapped a hot group for a cold one

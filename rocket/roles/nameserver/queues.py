@@ -159,13 +159,6 @@ class QueuePlacement:
             self._explanations.popitem(last=False)
         return choices
 
-    def _predicted_groups(self, voters: dict[int, tuple[int, ...]]) -> list[GroupLoad]:
-        """Each group's predicted bytes/s and its leader, for leader balancing and replica moves."""
-        now_ms = self.clock.wall_ms()
-        queues_in, _ = self._queue_counts()
-        return [GroupLoad(group, self._leaders.get(group, 0),
-                          self._predict(("group", group), now_ms, max(1, queues_in[group])), 0) for group in voters]
-
     async def _balance_leaders(self) -> None:
         """On the leader, at most once per limits.leader_transfer_s: move one group's leadership from the node that
         leads the most predicted load to the least loaded of the group's voters (rocket.ml.placement.leader_transfer).
@@ -173,9 +166,14 @@ class QueuePlacement:
         now = trio.current_time()
         if now - self._last_transfer < limits.leader_transfer_s or self._moving:
             return
+        now_ms = self.clock.wall_ms()
         voters = {group: members.voters for group, members in self.metadata.groups.items() if not members.learners}
+        queues_in, _ = self._queue_counts()
+        loads = [GroupLoad(group, self._leaders.get(group, 0),
+                           self._predict(("group", group), now_ms, max(1, queues_in[group])), 0)
+                 for group in voters]
         nodes = [load.node for load in self._loads() if load.available]
-        transfer = leader_transfer(self._predicted_groups(voters), voters, nodes)
+        transfer = leader_transfer(loads, voters, nodes)
         if transfer is None:
             return
         group, target = transfer

@@ -4,8 +4,7 @@ by any nameserver from its applied state. The leader alone tracks liveness and l
 heartbeats, in memory: a new leader learns them again within a heartbeat.
 
 The leader also moves replicas, a bounded number at a time: off nodes that are down or draining,
-from the node holding the most replicas to the one holding the fewest (a new node fills up), and, within
-a move budget, from the node hosting the most predicted load to the least (rocket.ml.placement.replica_move). A move is recorded in
+and from the most loaded node to the least loaded one (a new node fills up). A move is recorded in
 the metadata first (the new replica joins as a learner), then carried out on the group's leader
 (add learner, promote once caught up, remove the old replica), then recorded as done; a new
 nameserver leader resumes moves it finds recorded.
@@ -22,7 +21,7 @@ from rocket import limits
 from rocket.clock import Clock
 from rocket.config import ROLES, ConfigError, NodeConfig, parse_address
 from rocket.errors import Code, RocketError
-from rocket.ml.placement import LeastLoaded, NodeLoad, Placement, replica_move
+from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
 from rocket.model import (KV_PREFIX, Address, bucket_topic, check_message_type, check_name, check_retention_s,
                           check_user_topic_name)
 from rocket.raft.host import RaftHost
@@ -49,7 +48,6 @@ class Nameserver(QueuePlacement):
         self._leaders: dict[int, int] = {}  # storage group -> the node that last reported leading it
         self._creating = trio.Lock()  # topic creations are placed one at a time
         self._moving: set[int] = set()  # storage groups whose replica move runs now
-        self._last_load_move = -limits.replica_load_move_s  # trio time of the last replica move for load
         self._init_queue_placement(objects)
 
     def register(self, dispatcher: Dispatcher) -> None:
@@ -170,18 +168,18 @@ class Nameserver(QueuePlacement):
             self._start_move(nursery, group)
         if self._moving:
             return
-        voters = {group: members.voters for group, members in self.metadata.groups.items() if not members.learners}
-        now = trio.current_time()
-        move = replica_move(self._predicted_groups(voters), voters,
-                            [load.node for load in self._loads() if load.available],
-                            load_moves=now - self._last_load_move >= limits.replica_load_move_s)
-        if move is not None:
-            if move.for_load:
-                self._last_load_move = now
-                log.info("group %d: a replica moves from node %d to node %d to even out the predicted load",
-                         move.group, move.source, move.target)
-            await self._propose({"op": "move_start", "group": move.group, "add": move.target, "remove": move.source})
-            self._start_move(nursery, move.group)
+        available = [load for load in self._loads() if load.available]
+        if len(available) < 2:
+            return
+        low = min(available, key=lambda load: (load.replicas, load.node))
+        high = max(available, key=lambda load: (load.replicas, -load.node))
+        if high.replicas - low.replicas <= 1:
+            return
+        for group, members in self.metadata.groups.items():
+            if high.node in members.voters and low.node not in members.voters and not members.learners:
+                await self._propose({"op": "move_start", "group": group, "add": low.node, "remove": high.node})
+                self._start_move(nursery, group)
+                return
 
     def _start_move(self, nursery: trio.Nursery, group: int) -> None:
         self._moving.add(group)
