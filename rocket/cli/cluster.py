@@ -29,7 +29,8 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
     out.print(f"nameservers {status['nameservers']}, leader [bold]{status['nameserver_leader'] or 'none'}[/bold]; "
               f"metadata version {status['version']}; {plural(status['topics'], 'topic')}; "
               f"{plural(len(status['groups']), 'storage group')}")
-    out.print(f"queue placement: {status['placement'] or '-'}")
+    out.print(f"queue placement: {status['placement'] or '-'}; load history of {status.get('load_series', 0)} "
+              "groups and topics")
     nodes = Table("node", "address", "roles", "state", "heartbeat", "groups", "leads", "stored", "free disk",
                   title="nodes")
     for node in status["nodes"]:

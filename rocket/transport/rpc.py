@@ -61,6 +61,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
         MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),
         MethodSpec("PlacementExplain", "TopicRequest", "PlacementExplainResponse"),
+        MethodSpec("MetaLoadShare", "LoadShareRequest", "Empty"),
         MethodSpec("UpdateTopic", "UpdateTopicRequest", "TopicInfo"),
         MethodSpec("TierStatus", "TierStatusRequest", "TierStatusResponse"),
         MethodSpec("KvCreateBucket", "CreateBucketRequest", "BucketInfo"),

@@ -4,7 +4,8 @@ Every nameserver follows the forecast model in the object store (`models/forecas
 writes): it reads it again every limits.model_poll_s, and uses it while it is valid, fresh, and no worse on its held-out
 data than the last-value forecast (its metrics say); otherwise it falls back to the recent load and logs why, once per
 change. The leader keeps each storage group's and topic's traffic, from the
-storage nodes' heartbeats, in one-minute steps (rocket.ml.load.LoadHistory: a new leader starts without it).
+storage nodes' heartbeats, in one-minute steps (rocket.ml.load.LoadHistory), and sends what it recorded to the other
+nameservers every heartbeat interval, so that a new leader has the history: an hour of it feeds the model.
 
 A new queue goes to the group with the lowest predicted load (rocket.ml.placement.place_queues), and the choice is
 recorded in the topic's metadata: a queue never moves to another group afterwards, so its order and offsets stay as
@@ -35,6 +36,7 @@ class QueuePlacement:
     def _init_queue_placement(self, objects) -> None:
         self.objects = objects  # the node's object store, where models are (None: never a model)
         self.history = LoadHistory()
+        self._unshared: collections.Counter = collections.Counter()  # (series, step) -> bytes the others lack
         self.predictor: Predictor = RecentPredictor()
         self.model_state = "no model"  # what `rocket cluster status` shows
         self._model_text: bytes | None = None
@@ -48,11 +50,40 @@ class QueuePlacement:
     # ---- load and the model --------------------------------------------------------------------------
 
     def _record_traffic(self, load: dict) -> None:
+        """On the leader: a heartbeat's bytes into the history, and into what the other nameservers are sent."""
         now_ms = self.clock.wall_ms()
-        for entry in load.get("group_bytes_in", ()):
-            self.history.add(("group", entry["group"]), now_ms, entry["bytes"])
-        for entry in load.get("topic_bytes_in", ()):
-            self.history.add(("topic", entry["topic"]), now_ms, entry["bytes"])
+        step = now_ms // STEP_MS
+        reports = [(("group", entry["group"]), entry["bytes"]) for entry in load.get("group_bytes_in", ())]
+        reports += [(("topic", entry["topic"]), entry["bytes"]) for entry in load.get("topic_bytes_in", ())]
+        for series, count in reports:
+            self.history.add(series, now_ms, count)
+            if count > 0 and len(self.members) > 1:
+                self._unshared[series, step] += count
+
+    async def _share_history(self) -> None:
+        """On the leader, every heartbeat interval: the history it recorded since, to the other nameservers (best
+        effort), so that a new leader has the old one's: placement and leader balancing need an hour of it."""
+        if not self._unshared:
+            return
+        steps = [{"kind": kind, "group": key if kind == "group" else 0, "topic": key if kind == "topic" else "",
+                  "step": step, "bytes": count} for ((kind, key), step), count in self._unshared.items()]
+        self._unshared.clear()
+        for member, address in self.members.items():
+            if member == self.config.node_id:
+                continue
+            with trio.move_on_after(limits.node_heartbeat_s):
+                try:
+                    await self.peers.call(address, "MetaLoadShare", {"steps": steps})
+                except RocketError as error:
+                    log.debug("load history to nameserver %d: %s", member, error)
+
+    async def load_share(self, request: dict) -> dict:
+        """On the other nameservers: the leader's history of its last interval."""
+        if not self.leads():
+            for entry in request["steps"]:
+                series = ("group", entry["group"]) if entry["kind"] == "group" else ("topic", entry["topic"])
+                self.history.add(series, entry["step"] * STEP_MS, entry["bytes"])
+        return {}
 
     async def _follow_model_forever(self) -> None:
         while True:

@@ -61,6 +61,7 @@ class Nameserver(QueuePlacement):
         dispatcher.handle("ClusterStatus", self.cluster_status)
         dispatcher.handle("DrainNode", self.drain_node)
         dispatcher.handle("PlacementExplain", self.placement_explain)
+        dispatcher.handle("MetaLoadShare", self.load_share)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """On the leader, every heartbeat interval: create storage groups as storage nodes join, plan replica
@@ -75,6 +76,7 @@ class Nameserver(QueuePlacement):
                         await self._grow_pool()
                         await self._plan_moves(nursery)
                         await self._balance_leaders()
+                        await self._share_history()
                     except RocketError as error:
                         log.warning("planning replica moves and leaders: %s", error)
 
@@ -405,4 +407,5 @@ class Nameserver(QueuePlacement):
             "moving": len(self._moving),
             "topics": len(self.metadata.topics),
             "placement": self.model_state,
+            "load_series": len(self.history),
         }
