@@ -175,7 +175,8 @@ def test_training_exports_a_model_that_scores_as_spark_does(spark, features, tmp
     assert len(forecaster.trees) == 8
     metrics = forecaster.metrics
     assert set(metrics) == {"rmse", "mae", "naive_rmse", "naive_mae", "by_series", "rows_train", "rows_held_out",
-                            "held_out_from_ms", "trained_at_ms", "spark_version"}
+                            "rows_validation", "shrink", "held_out_from_ms", "trained_at_ms", "spark_version"}
+    assert 0 < metrics["rows_validation"] < metrics["rows_train"] and 0 <= metrics["shrink"] <= 1
     assert set(metrics["by_series"]) == {"queue", "topic", "group"}
     assert sum(part["rows_held_out"] for part in metrics["by_series"].values()) == metrics["rows_held_out"]
     assert metrics["rows_train"] > metrics["rows_held_out"] > 0
@@ -185,7 +186,7 @@ def test_training_exports_a_model_that_scores_as_spark_does(spark, features, tmp
     assert predicted and all(row["at_ms"] >= metrics["held_out_from_ms"] for row in predicted)
     for row in predicted:
         ours = forecaster.predict([row[name] for name in FEATURES])
-        change = min(max(row["prediction"], -CHANGE_MAX), CHANGE_MAX)
+        change = min(max(row["prediction"] * metrics["shrink"], -CHANGE_MAX), CHANGE_MAX)
         assert ours == pytest.approx(max(0.0, row["rate_1m"] + row["scale"] * change), rel=1e-6, abs=1e-6)
     assert json.loads(latest)["features"] == list(FEATURES)
 
