@@ -1,0 +1,893 @@
+"""Real faults on one node of a local cluster (examples/cluster), each changeable while the node runs, and a label
+per fault run ({"kind", "node", "severity", "start_ms", "end_ms"}, wall-clock ms, one JSON line each) for the
+unhealthy-node detector to train on. Kinds: slow_disk (a FUSE passthrough that delays fsync, as Scylla's
+CharybdeFS), link (a TCP proxy with latency, jitter, stalls as loss, a bandwidth limit and resets), cpu (cgroup
+cpu.max), control (no fault: counts false positives).
+
+    # Before `cluster.sh start`: put storage2's data dir on slowfs (factor 1) and its inbound links behind a proxy.
+    python benchmarks/faults.py prepare --base /tmp/fx/rc --node storage2 --slow-disk --proxy [--port-base 9500]
+    PORT_BASE=9500 examples/cluster/cluster.sh start /tmp/fx/rc
+    # 10 s from now, make storage2's disk 10x slower for 60 s; append the label.
+    python benchmarks/faults.py run --base /tmp/fx/rc --node storage2 --kind slow_disk --severity 10 \
+        --after-s 10 --for-s 60 --labels /tmp/fx/labels.jsonl
+    examples/cluster/cluster.sh stop /tmp/fx/rc
+    python benchmarks/faults.py teardown --base /tmp/fx/rc      # stops the proxies, unmounts slowfs
+
+Severity: slow_disk, the factor N (each fsync takes N times its real time, at least N x 0.5 ms); link, the one-way
+latency in ms added to every chunk the proxy forwards (jitter: a fifth of it); cpu, the factor N (cpu.max gives the
+process 1/N of one CPU); control, anything (recorded as given). A fault starts when `run` writes it, and slowfs and
+the proxy pick it up within CONTROL_POLL_S.
+
+prepare --slow-disk moves BASE/NODE/data to BASE/NODE/data.backing (once) and mounts slowfs on BASE/NODE/data, run by
+`faults.py slowfs` (control file BASE/NODE/slowfs.json: {"factor": N, "write_delay_ms": W}). prepare --proxy starts
+`faults.py proxy` on 127.0.0.1:(PORT_BASE + node id + 50) in front of the node (control file BASE/NODE/proxy.json:
+{"latency_ms", "jitter_ms", "loss", "bandwidth_bytes_per_s", "reset"}) and writes BASE/NODE/node.env with
+ROCKET_ADVERTISE=that address, which cluster.sh adds to the node's environment: the other nodes then reach the node
+through the proxy (the node's own outgoing connections do not pass it). This works for storage nodes and brokers,
+whose address the others learn from the nameservers; the nameservers' addresses are fixed by --nameservers.
+teardown (after `cluster.sh stop`) leaves data.backing, which the next prepare mounts again.
+
+The tools alone:
+    python benchmarks/faults.py slowfs BACKING MOUNTPOINT --control FILE
+    python benchmarks/faults.py proxy 127.0.0.1:LISTEN_PORT HOST:PORT --control FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import random
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import trio
+
+CONTROL_POLL_S = 0.5  # how soon slowfs and the proxy see a changed control file
+LOSS_STALL_S = 0.2  # a lost segment costs TCP about one minimum retransmission timeout (200 ms on Linux)
+CHUNK_BYTES_MAX = 64 * 1024  # the most the proxy reads, delays and forwards as one chunk
+PROXY_QUEUE_CHUNKS_MAX = 16  # chunks in flight inside the proxy per direction (bounds its memory)
+FSYNC_DELAY_FLOOR_S_PER_FACTOR = 0.0005  # a slow fsync takes at least factor x 0.5 ms, even over a fast real one
+MOUNT_WAIT_S = 10.0
+STOP_WAIT_S = 10.0
+PROXY_PORT_OFFSET = 50  # a node's proxy listens on PORT_BASE + node id + 50 (cluster.sh uses up to + 32)
+NODE_IDS = {"ns1": 1, "ns2": 2, "ns3": 3, "storage1": 11, "storage2": 12, "storage3": 13, "broker1": 21, "broker2": 22}
+KINDS = ("slow_disk", "link", "cpu", "control")
+CGROUP_PARENT = "rocket-faults"
+CPU_PERIOD_US = 100_000
+NODE_ENV_HEADER = "# written by benchmarks/faults.py prepare; teardown removes it\n"
+
+
+class FaultError(Exception):
+    """A fault that cannot be applied, with a one-line reason."""
+
+
+# ---- control files: JSON that a running tool polls
+
+
+def write_control(path: Path, values: dict) -> None:
+    """Atomically, so that a poller never reads half a file."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(values) + "\n")
+    os.replace(temporary, path)
+
+
+async def follow_control(path: Path, apply, interval_s: float = CONTROL_POLL_S) -> None:
+    """Call apply(dict) with the file's content now and whenever it changes; a bad file keeps the last settings."""
+    seen = None
+    while True:
+        try:
+            status = path.stat()
+            version = (status.st_mtime_ns, status.st_size, status.st_ino)
+            if version != seen:
+                seen = version
+                apply(json.loads(path.read_text()))
+        except FileNotFoundError:
+            pass
+        except (ValueError, TypeError, OSError) as error:
+            print(f"faults: control file {path}: {error}; keeping the last settings", file=sys.stderr, flush=True)
+        await trio.sleep(interval_s)
+
+
+def settings_from(cls, values: dict):
+    known = {each.name for each in fields(cls)}
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    settings = cls(**{key: float(value) for key, value in values.items()})
+    settings.check()
+    return settings
+
+
+# ---- link: a TCP fault proxy
+
+
+@dataclass(frozen=True)
+class LinkSettings:
+    latency_ms: float = 0.0  # added to every chunk, each direction
+    jitter_ms: float = 0.0  # uniform in [-jitter, +jitter] on top of the latency; order is kept
+    loss: float = 0.0  # probability per chunk of a LOSS_STALL_S stall (TCP retransmits; it never loses bytes)
+    bandwidth_bytes_per_s: float = 0.0  # per connection and direction; 0: unlimited
+    reset: float = 0.0  # probability per chunk that the proxy resets both connections
+
+    def check(self) -> None:
+        if min(self.latency_ms, self.jitter_ms, self.bandwidth_bytes_per_s) < 0:
+            raise ValueError("latency_ms, jitter_ms and bandwidth_bytes_per_s must not be negative")
+        if not (0 <= self.loss <= 1 and 0 <= self.reset <= 1):
+            raise ValueError("loss and reset are probabilities from 0 to 1")
+
+
+class Holder:
+    """The settings now in force; the control follower replaces them."""
+
+    def __init__(self, settings):
+        self.settings = settings
+
+
+def abort(stream: trio.SocketStream) -> None:
+    """Make the coming close send RST, as a crashed peer or a middlebox reset would."""
+    try:
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+
+
+async def _read_chunks(source: trio.SocketStream, chunks: trio.MemorySendChannel) -> None:
+    async with chunks:
+        while chunk := await source.receive_some(CHUNK_BYTES_MAX):
+            await chunks.send((trio.current_time(), chunk))
+
+
+async def _write_chunks(chunks: trio.MemoryReceiveChannel, destination: trio.SocketStream, holder: Holder,
+                        reset_connection) -> None:
+    due = 0.0  # when the previous chunk went out: chunks keep their order whatever the jitter
+    paced_until = 0.0
+    async for arrived, chunk in chunks:
+        settings: LinkSettings = holder.settings
+        delay_s = max(0.0, settings.latency_ms + random.uniform(-settings.jitter_ms, settings.jitter_ms)) / 1000
+        due = max(due, arrived + delay_s)
+        await trio.sleep_until(due)
+        if random.random() < settings.loss:
+            await trio.sleep(LOSS_STALL_S)
+        if random.random() < settings.reset:
+            reset_connection()
+            return
+        if settings.bandwidth_bytes_per_s:
+            paced_until = max(paced_until, trio.current_time()) + len(chunk) / settings.bandwidth_bytes_per_s
+        await destination.send_all(chunk)
+        if paced_until:
+            await trio.sleep_until(paced_until)
+        due = max(due, trio.current_time())
+    await destination.send_eof()
+
+
+async def _forward(source, destination, holder: Holder, reset_connection) -> None:
+    send, receive = trio.open_memory_channel(PROXY_QUEUE_CHUNKS_MAX)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_read_chunks, source, send)
+            nursery.start_soon(_write_chunks, receive, destination, holder, reset_connection)
+    except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        reset_connection()  # one side failed: the other sees it as a reset too
+
+
+async def _proxy_connection(client: trio.SocketStream, target: tuple[str, int], holder: Holder) -> None:
+    try:
+        server = await trio.open_tcp_stream(*target)
+    except OSError:
+        abort(client)
+        await client.aclose()
+        return
+    async with client, server:
+        with trio.CancelScope() as connection:
+            def reset_connection() -> None:
+                abort(client)
+                abort(server)
+                connection.cancel()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_forward, client, server, holder, reset_connection)
+                nursery.start_soon(_forward, server, client, holder, reset_connection)
+
+
+async def run_proxy(listen: tuple[str, int], target: tuple[str, int], control: Path,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until cancelled; reports the port it listens on."""
+    holder = Holder(LinkSettings())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follow_control, control, lambda values: setattr(holder, "settings",
+                                                                          settings_from(LinkSettings, values)))
+        listeners = await trio.open_tcp_listeners(listen[1], host=listen[0])
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(lambda stream: _proxy_connection(stream, target, holder), listeners)
+
+
+# ---- slow_disk: a FUSE passthrough that delays fsync
+
+
+@dataclass(frozen=True)
+class DiskSettings:
+    factor: float = 1.0  # fsync and fdatasync take this many times as long (1: untouched)
+    write_delay_ms: float = 0.0  # added to every write
+
+    def check(self) -> None:
+        if self.factor < 1 or self.write_delay_ms < 0:
+            raise ValueError("factor must be at least 1 and write_delay_ms not negative")
+
+
+def fsync_delay_s(factor: float, real_s: float) -> float:
+    if factor <= 1:
+        return 0.0
+    return max((factor - 1) * real_s, factor * FSYNC_DELAY_FLOOR_S_PER_FACTOR)
+
+
+def _make_operations():
+    import pyfuse3
+    from pyfuse3 import FUSEError
+
+    def fuse_error(error: OSError) -> FUSEError:
+        return FUSEError(error.errno or errno.EIO)
+
+    class SlowOperations(pyfuse3.Operations):
+        """pyfuse3's passthroughfs example, with one backing descriptor per open (so a file opened for reading
+        and then for writing works), directory renames that move the paths below them, and slow fsyncs."""
+
+        def __init__(self, backing: str):
+            super().__init__()
+            self.settings = DiskSettings()
+            self.paths: dict[int, set[str]] = {pyfuse3.ROOT_INODE: {backing}}
+            self.lookups: dict[int, int] = {}
+            self.open_descriptors: dict[int, set[int]] = {}  # inode -> backing descriptors open on it
+            self.descriptor_inodes: dict[int, int] = {}
+
+        def path(self, inode: int) -> str:
+            try:
+                return next(iter(self.paths[inode]))
+            except (KeyError, StopIteration):
+                raise FUSEError(errno.ENOENT) from None
+
+        def remember(self, inode: int, path: str) -> None:
+            self.lookups[inode] = self.lookups.get(inode, 0) + 1
+            self.paths.setdefault(inode, set()).add(path)
+
+        def forget_path(self, inode: int, path: str) -> None:
+            paths = self.paths.get(inode)
+            if paths is not None:
+                paths.discard(path)
+
+        async def forget(self, inode_list) -> None:
+            for inode, count in inode_list:
+                left = self.lookups.get(inode, 0) - count
+                if left > 0:
+                    self.lookups[inode] = left
+                    continue
+                self.lookups.pop(inode, None)
+                if inode not in self.open_descriptors:
+                    self.paths.pop(inode, None)
+
+        def attributes(self, path: str | None = None, descriptor: int | None = None):
+            try:
+                status = os.lstat(path) if descriptor is None else os.fstat(descriptor)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entry = pyfuse3.EntryAttributes()
+            for name in ("st_ino", "st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev", "st_size", "st_atime_ns",
+                         "st_mtime_ns", "st_ctime_ns", "st_blksize", "st_blocks"):
+                setattr(entry, name, getattr(status, name))
+            entry.generation = 0
+            entry.entry_timeout = 0
+            entry.attr_timeout = 0
+            return entry
+
+        async def lookup(self, parent_inode, name, ctx=None):
+            name_text = os.fsdecode(name)
+            path = os.path.join(self.path(parent_inode), name_text)
+            entry = self.attributes(path=path)
+            if name_text not in (".", ".."):
+                self.remember(entry.st_ino, path)
+            return entry
+
+        async def getattr(self, inode, ctx=None):
+            descriptors = self.open_descriptors.get(inode)
+            if descriptors:
+                return self.attributes(descriptor=next(iter(descriptors)))
+            return self.attributes(path=self.path(inode))
+
+        async def setattr(self, inode, attr, fields, fh, ctx):
+            target = fh if fh is not None else self.path(inode)
+            try:
+                if fields.update_size:
+                    os.truncate(target, attr.st_size)
+                if fields.update_mode:
+                    os.chmod(target, stat.S_IMODE(attr.st_mode))
+                if fields.update_uid or fields.update_gid:
+                    uid = attr.st_uid if fields.update_uid else -1
+                    gid = attr.st_gid if fields.update_gid else -1
+                    os.chown(target, uid, gid) if fh is not None else os.lchown(target, uid, gid)
+                if fields.update_atime or fields.update_mtime:
+                    old = os.fstat(fh) if fh is not None else os.lstat(target)
+                    atime_ns = attr.st_atime_ns if fields.update_atime else old.st_atime_ns
+                    mtime_ns = attr.st_mtime_ns if fields.update_mtime else old.st_mtime_ns
+                    if fh is not None:
+                        os.utime(fh, ns=(atime_ns, mtime_ns))
+                    else:
+                        os.utime(target, ns=(atime_ns, mtime_ns), follow_symlinks=False)
+            except OSError as error:
+                raise fuse_error(error) from None
+            return await self.getattr(inode)
+
+        async def readlink(self, inode, ctx):
+            try:
+                return os.fsencode(os.readlink(self.path(inode)))
+            except OSError as error:
+                raise fuse_error(error) from None
+
+        async def opendir(self, inode, ctx):
+            return inode
+
+        async def readdir(self, fh, start_id, token):
+            directory = self.path(fh)
+            try:
+                names = os.listdir(directory)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entries = []
+            for name in names:
+                try:
+                    entry = self.attributes(path=os.path.join(directory, name))
+                except FUSEError:
+                    continue  # removed since listdir
+                entries.append((entry.st_ino, name, entry))
+            # Offsets are inode numbers, so a listing that changes between calls neither repeats nor skips
+            # the entries that stay.
+            for inode, name, entry in sorted(entries):
+                if inode <= start_id:
+                    continue
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), entry, inode):
+                    break
+                self.remember(inode, os.path.join(directory, name))
+
+        async def fsyncdir(self, fh, datasync):
+            def sync() -> None:
+                descriptor = os.open(self.path(fh), os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(descriptor)
+                finally:
+                    os.close(descriptor)
+
+            await self.slow_sync(sync)
+
+        async def mkdir(self, parent_inode, name, mode, ctx):
+            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
+            try:
+                os.mkdir(path, mode & ~ctx.umask)
+                os.chown(path, ctx.uid, ctx.gid)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entry = self.attributes(path=path)
+            self.remember(entry.st_ino, path)
+            return entry
+
+        async def mknod(self, parent_inode, name, mode, rdev, ctx):
+            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
+            try:
+                os.mknod(path, mode & ~ctx.umask, rdev)
+                os.chown(path, ctx.uid, ctx.gid)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entry = self.attributes(path=path)
+            self.remember(entry.st_ino, path)
+            return entry
+
+        async def symlink(self, parent_inode, name, target, ctx):
+            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
+            try:
+                os.symlink(os.fsdecode(target), path)
+                os.lchown(path, ctx.uid, ctx.gid)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entry = self.attributes(path=path)
+            self.remember(entry.st_ino, path)
+            return entry
+
+        async def link(self, inode, new_parent_inode, new_name, ctx):
+            path = os.path.join(self.path(new_parent_inode), os.fsdecode(new_name))
+            try:
+                os.link(self.path(inode), path, follow_symlinks=False)
+            except OSError as error:
+                raise fuse_error(error) from None
+            self.remember(inode, path)
+            return await self.getattr(inode)
+
+        async def remove(self, parent_inode, name, remove) -> None:
+            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
+            try:
+                inode = os.lstat(path).st_ino
+                remove(path)
+            except OSError as error:
+                raise fuse_error(error) from None
+            self.forget_path(inode, path)
+
+        async def unlink(self, parent_inode, name, ctx):
+            await self.remove(parent_inode, name, os.unlink)
+
+        async def rmdir(self, parent_inode, name, ctx):
+            await self.remove(parent_inode, name, os.rmdir)
+
+        async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+            if flags:
+                raise FUSEError(errno.EINVAL)  # RENAME_NOREPLACE, RENAME_EXCHANGE: rocket does not use them
+            old = os.path.join(self.path(parent_inode_old), os.fsdecode(name_old))
+            new = os.path.join(self.path(parent_inode_new), os.fsdecode(name_new))
+            try:
+                replaced = os.lstat(new).st_ino
+            except OSError:
+                replaced = None
+            try:
+                os.rename(old, new)
+                inode = os.lstat(new).st_ino
+            except OSError as error:
+                raise fuse_error(error) from None
+            if replaced is not None and replaced != inode:
+                self.forget_path(replaced, new)
+            for paths in self.paths.values():  # the path itself, and everything below a renamed directory
+                moved = {each for each in paths if each == old or each.startswith(old + os.sep)}
+                paths.difference_update(moved)
+                paths.update(new + each[len(old):] for each in moved)
+
+        async def statfs(self, ctx):
+            root = self.path(pyfuse3.ROOT_INODE)
+            try:
+                status = os.statvfs(root)
+            except OSError as error:
+                raise fuse_error(error) from None
+            data = pyfuse3.StatvfsData()
+            for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail"):
+                setattr(data, name, getattr(status, name))
+            data.f_namemax = status.f_namemax
+            return data
+
+        def opened(self, inode: int, descriptor: int):
+            self.open_descriptors.setdefault(inode, set()).add(descriptor)
+            self.descriptor_inodes[descriptor] = inode
+            return pyfuse3.FileInfo(fh=descriptor)
+
+        @staticmethod
+        def backing_flags(flags: int) -> int:
+            # The kernel has already placed appends at the end; O_APPEND would make pwrite ignore the offset.
+            # O_DIRECT would demand aligned buffers of this process; the delay is what we emulate, not the cache.
+            return flags & ~(os.O_APPEND | getattr(os, "O_DIRECT", 0)) | os.O_CLOEXEC
+
+        async def open(self, inode, flags, ctx):
+            try:
+                descriptor = os.open(self.path(inode), self.backing_flags(flags))
+            except OSError as error:
+                raise fuse_error(error) from None
+            return self.opened(inode, descriptor)
+
+        async def create(self, parent_inode, name, mode, flags, ctx):
+            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
+            try:
+                descriptor = os.open(path, self.backing_flags(flags) | os.O_CREAT, mode & ~ctx.umask)
+                os.fchown(descriptor, ctx.uid, ctx.gid)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entry = self.attributes(descriptor=descriptor)
+            self.remember(entry.st_ino, path)
+            return self.opened(entry.st_ino, descriptor), entry
+
+        async def read(self, fh, off, size):
+            try:
+                return os.pread(fh, size, off)
+            except OSError as error:
+                raise fuse_error(error) from None
+
+        async def write(self, fh, off, buf):
+            delay_ms = self.settings.write_delay_ms
+            if delay_ms:
+                await trio.sleep(delay_ms / 1000)
+            try:
+                return os.pwrite(fh, buf, off)
+            except OSError as error:
+                raise fuse_error(error) from None
+
+        async def flush(self, fh):
+            pass  # close() of one descriptor: nothing to do until release
+
+        async def release(self, fh):
+            inode = self.descriptor_inodes.pop(fh)
+            descriptors = self.open_descriptors[inode]
+            descriptors.discard(fh)
+            if not descriptors:
+                del self.open_descriptors[inode]
+                if inode not in self.lookups:
+                    self.paths.pop(inode, None)
+            try:
+                os.close(fh)
+            except OSError as error:
+                raise fuse_error(error) from None
+
+        async def fsync(self, fh, datasync):
+            await self.slow_sync(lambda: (os.fdatasync if datasync else os.fsync)(fh))
+
+        async def slow_sync(self, sync) -> None:
+            """Run the real sync in a thread (other requests go on), then stretch it by the factor in force."""
+            started = time.monotonic()
+            try:
+                await trio.to_thread.run_sync(sync)
+            except OSError as error:
+                raise fuse_error(error) from None
+            delay_s = fsync_delay_s(self.settings.factor, time.monotonic() - started)
+            if delay_s:
+                await trio.sleep(delay_s)
+
+    return SlowOperations
+
+
+def serve_slowfs(backing: Path, mountpoint: Path, control: Path) -> None:
+    """Mount, serve until SIGTERM or SIGINT, unmount."""
+    import pyfuse3
+
+    operations = _make_operations()(str(backing.resolve()))
+
+    def apply(values: dict) -> None:
+        operations.settings = settings_from(DiskSettings, values)
+        print(f"slowfs: {operations.settings}", file=sys.stderr, flush=True)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow_control, control, apply)
+            nursery.start_soon(terminate_on_signal, pyfuse3.terminate)
+            await pyfuse3.main(min_tasks=4, max_tasks=64)
+            nursery.cancel_scope.cancel()
+
+    pyfuse3.init(operations, str(mountpoint), set(pyfuse3.default_options) | {"fsname=rocket-slowfs"})
+    try:
+        trio.run(main)
+    except BaseException:
+        pyfuse3.close(unmount=False)
+        raise
+    pyfuse3.close(unmount=True)
+
+
+async def terminate_on_signal(terminate) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            terminate()
+            return
+
+
+def is_slowfs_mount(mountpoint: Path) -> bool:
+    wanted = str(mountpoint.resolve()).replace(" ", "\\040")
+    for line in Path("/proc/mounts").read_text().splitlines():
+        device, point, *_ = line.split()
+        if point == wanted and device == "rocket-slowfs":
+            return True
+    return False
+
+
+def start_slowfs(backing: Path, mountpoint: Path, control: Path, log: Path) -> subprocess.Popen:
+    """`faults.py slowfs` in a session of its own (it outlives the caller), once its mount is there."""
+    if is_slowfs_mount(mountpoint):
+        raise FaultError(f"{mountpoint} is already a slowfs mount")
+    with open(log, "ab") as output:
+        process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "slowfs", str(backing),
+                                    str(mountpoint), "--control", str(control)],
+                                   stdin=subprocess.DEVNULL, stdout=output, stderr=output, start_new_session=True)
+    deadline = time.monotonic() + MOUNT_WAIT_S
+    while not is_slowfs_mount(mountpoint):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            tail = log.read_text(errors="replace")[-1000:]
+            raise FaultError(f"slowfs did not mount {mountpoint} (exit {process.wait()}): {tail}")
+        time.sleep(0.05)
+    return process
+
+
+def stop_process(pid: int) -> None:
+    """SIGTERM, wait, SIGKILL: only the pid given, which this tool started."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:  # not our child: poll for its exit
+            if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+                return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def unmount(mountpoint: Path) -> None:
+    """Lazily, so that a slowfs that died (the mount answering 'Transport endpoint is not connected') goes too."""
+    if is_slowfs_mount(mountpoint):
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+# ---- cpu: cgroup cpu.max (v2), or cpu.cfs_quota_us where cpu is bound to a v1 hierarchy
+
+
+def _mounts(fstype: str) -> list[tuple[Path, set[str]]]:
+    found = []
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _, point, kind, options, *_ = line.split()
+        if kind == fstype:
+            found.append((Path(point), set(options.split(","))))
+    return found
+
+
+def _cgroup_of(pid: int, v2: bool) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (v2 and controllers == "") or (not v2 and "cpu" in controllers.split(",")):
+            return path
+    raise FaultError(f"process {pid} has no {'cgroup v2' if v2 else 'cpu cgroup v1'} entry in /proc/{pid}/cgroup")
+
+
+@dataclass
+class CpuThrottle:
+    pid: int
+    group: Path  # the cgroup the pid was moved to
+    original: Path  # where it came from, and goes back to
+
+    def release(self) -> None:
+        try:
+            (self.original / "cgroup.procs").write_text(str(self.pid))
+        except ProcessLookupError:
+            pass  # it exited while throttled
+        except OSError as error:
+            if error.errno != errno.ESRCH:
+                raise
+        self.group.rmdir()
+
+
+def _cpu_root() -> tuple[Path, bool]:
+    """The hierarchy that has the cpu controller, and whether it is v2."""
+    for point, _ in _mounts("cgroup2"):
+        controllers = (point / "cgroup.controllers").read_text().split()
+        if "cpu" in controllers:
+            return point, True
+    for point, options in _mounts("cgroup"):
+        if "cpu" in options:
+            return point, False
+    if not _mounts("cgroup2"):
+        raise FaultError("cgroup v2 is not mounted (no cgroup2 in /proc/mounts), nor a v1 cpu hierarchy")
+    raise FaultError("the cpu controller is in no cgroup hierarchy here (cgroup.controllers of the cgroup2 mount "
+                     "lacks cpu, and no v1 cgroup is mounted with cpu)")
+
+
+def throttle_cpu(pid: int, name: str, quota_us: int, period_us: int = CPU_PERIOD_US) -> CpuThrottle:
+    """Move the process into CGROUP_PARENT/name with quota_us of CPU time per period_us."""
+    if not (1000 <= quota_us and 1000 <= period_us <= 1_000_000):
+        raise FaultError(f"cpu quota {quota_us} us per {period_us} us: both at least 1000 us, period at most 1 s")
+    root, v2 = _cpu_root()
+    original = root / _cgroup_of(pid, v2).lstrip("/")
+    parent, group = root / CGROUP_PARENT, root / CGROUP_PARENT / name
+    try:
+        parent.mkdir(exist_ok=True)
+        if v2:
+            # The controller has to be enabled on the way down: in the root's and in the parent's subtree_control.
+            for each in (root, parent):
+                if "cpu" not in (each / "cgroup.subtree_control").read_text().split():
+                    (each / "cgroup.subtree_control").write_text("+cpu")
+        group.mkdir()
+        if v2:
+            (group / "cpu.max").write_text(f"{quota_us} {period_us}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(period_us))
+            (group / "cpu.cfs_quota_us").write_text(str(quota_us))
+        (group / "cgroup.procs").write_text(str(pid))
+    except OSError as error:
+        if group.exists():
+            group.rmdir()
+        raise FaultError(f"cannot throttle pid {pid} in {group}: {error.strerror or error}") from None
+    return CpuThrottle(pid, group, original)
+
+
+# ---- prepare, run, teardown on an examples/cluster base directory
+
+
+def node_dir(base: Path, node: str) -> Path:
+    if node not in NODE_IDS:
+        raise FaultError(f"unknown node {node}; the cluster's nodes are {', '.join(NODE_IDS)}")
+    return base / node
+
+
+def node_pid(base: Path, node: str) -> int | None:
+    try:
+        pid = int((node_dir(base, node) / "node.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if Path(f"/proc/{pid}").exists() and not _zombie(pid) else None
+
+
+def prepare(base: Path, node: str, slow_disk: bool, proxy: bool, port_base: int) -> None:
+    directory = node_dir(base, node)
+    directory.mkdir(parents=True, exist_ok=True)
+    if node_pid(base, node):
+        raise FaultError(f"{node} is running; prepare before `cluster.sh start`")
+    if slow_disk:
+        data, backing = directory / "data", directory / "data.backing"
+        if data.exists() and not backing.exists() and not is_slowfs_mount(data):
+            data.rename(backing)  # an existing node keeps its data, now under slowfs
+        backing.mkdir(exist_ok=True)
+        data.mkdir(exist_ok=True)
+        control = directory / "slowfs.json"
+        write_control(control, {"factor": 1})
+        process = start_slowfs(backing, data, control, directory / "slowfs.log")
+        (directory / "slowfs.pid").write_text(f"{process.pid}\n")
+        print(f"{node}: {data} is slowfs over {backing} (pid {process.pid}, control {control})")
+    if proxy:
+        node_port = port_base + NODE_IDS[node]
+        proxy_port = node_port + PROXY_PORT_OFFSET
+        control = directory / "proxy.json"
+        write_control(control, {})
+        with open(directory / "proxy.log", "ab") as output:
+            process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "proxy",
+                                        f"127.0.0.1:{proxy_port}", f"127.0.0.1:{node_port}", "--control",
+                                        str(control)], stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                                       start_new_session=True)
+        (directory / "proxy.pid").write_text(f"{process.pid}\n")
+        (directory / "node.env").write_text(f"{NODE_ENV_HEADER}ROCKET_ADVERTISE=127.0.0.1:{proxy_port}\n")
+        print(f"{node}: proxy 127.0.0.1:{proxy_port} -> 127.0.0.1:{node_port} (pid {process.pid}, control {control});"
+              f" {directory / 'node.env'} sets ROCKET_ADVERTISE=127.0.0.1:{proxy_port} (cluster.sh reads it)")
+
+
+def teardown(base: Path) -> None:
+    for node in NODE_IDS:
+        directory = base / node
+        if not directory.is_dir():
+            continue
+        if node_pid(base, node):
+            raise FaultError(f"{node} still runs; run `cluster.sh stop {base}` first")
+        for tool in ("proxy", "slowfs"):
+            pid_file = directory / f"{tool}.pid"
+            if pid_file.exists():
+                stop_process(int(pid_file.read_text()))
+                pid_file.unlink()
+                print(f"{node}: stopped {tool}")
+        unmount(directory / "data")
+        env_file = directory / "node.env"
+        if env_file.exists() and env_file.read_text().startswith(NODE_ENV_HEADER):
+            env_file.unlink()
+
+
+def fault_actions(base: Path, node: str, kind: str, severity: float):
+    """(apply, remove) for one fault, checked now, before any waiting."""
+    directory = node_dir(base, node)
+    if kind == "control":
+        return (lambda: None), (lambda: None)
+    if kind == "slow_disk":
+        control = directory / "slowfs.json"
+        if not is_slowfs_mount(directory / "data"):
+            raise FaultError(f"{directory / 'data'} is not a slowfs mount; run `faults.py prepare --slow-disk` "
+                             "before `cluster.sh start`")
+        DiskSettings(factor=severity).check()
+        return (lambda: write_control(control, {"factor": severity})), (lambda: write_control(control, {"factor": 1}))
+    if kind == "link":
+        control = directory / "proxy.json"
+        if not control.exists():
+            raise FaultError(f"no proxy for {node} ({control} is missing); run `faults.py prepare --proxy` before "
+                             "`cluster.sh start`")
+        settings = {"latency_ms": severity, "jitter_ms": severity / 5}
+        LinkSettings(**settings).check()
+        return (lambda: write_control(control, settings)), (lambda: write_control(control, {}))
+    if kind == "cpu":
+        pid = node_pid(base, node)
+        if pid is None:
+            raise FaultError(f"{node} is not running (no live pid in {directory / 'node.pid'})")
+        if severity < 1:
+            raise FaultError("cpu severity is a slowdown factor, at least 1")
+        throttles = []
+        return (lambda: throttles.append(throttle_cpu(pid, node, int(CPU_PERIOD_US / severity)))), \
+            (lambda: [each.release() for each in throttles])
+    raise FaultError(f"unknown kind {kind}; kinds: {', '.join(KINDS)}")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def run(base: Path, node: str, kind: str, severity: float, after_s: float, for_s: float, labels: Path) -> dict:
+    """Apply the fault after after_s for for_s, then append its label; an interrupt ends it early, labelled."""
+    apply, remove = fault_actions(base, node, kind, severity)
+    time.sleep(after_s)
+    apply()
+    start_ms = now_ms()
+    print(f"{kind} on {node}, severity {severity}, for {for_s} s", flush=True)
+    try:
+        time.sleep(for_s)
+    finally:
+        remove()
+        label = {"kind": kind, "node": node, "severity": severity, "start_ms": start_ms, "end_ms": now_ms()}
+        with open(labels, "a") as file:
+            file.write(json.dumps(label) + "\n")
+        print(f"label: {json.dumps(label)}", flush=True)
+    return label
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    slowfs = commands.add_parser("slowfs", help="mount BACKING at MOUNTPOINT with slow fsyncs, until SIGTERM")
+    slowfs.add_argument("backing", type=Path)
+    slowfs.add_argument("mountpoint", type=Path)
+    slowfs.add_argument("--control", type=Path, required=True, help='JSON: {"factor": N, "write_delay_ms": W}')
+    proxy = commands.add_parser("proxy", help="forward LISTEN to TARGET with link faults, until SIGTERM")
+    proxy.add_argument("listen", type=parse_address)
+    proxy.add_argument("target", type=parse_address)
+    proxy.add_argument("--control", type=Path, required=True,
+                       help='JSON: {"latency_ms", "jitter_ms", "loss", "bandwidth_bytes_per_s", "reset"}')
+    prepare_command = commands.add_parser("prepare", help="before cluster.sh start: slowfs and/or proxy for a node")
+    prepare_command.add_argument("--base", type=Path, required=True)
+    prepare_command.add_argument("--node", required=True, choices=NODE_IDS)
+    prepare_command.add_argument("--slow-disk", action="store_true")
+    prepare_command.add_argument("--proxy", action="store_true")
+    prepare_command.add_argument("--port-base", type=int, default=int(os.environ.get("PORT_BASE", "9100")),
+                                 help="the PORT_BASE cluster.sh will start with (default: $PORT_BASE or 9100)")
+    run_command = commands.add_parser("run", help="one fault on a running node, then its label")
+    run_command.add_argument("--base", type=Path, required=True)
+    run_command.add_argument("--node", required=True, choices=NODE_IDS)
+    run_command.add_argument("--kind", required=True, choices=KINDS)
+    run_command.add_argument("--severity", type=float, required=True)
+    run_command.add_argument("--after-s", type=float, default=0.0)
+    run_command.add_argument("--for-s", type=float, required=True)
+    run_command.add_argument("--labels", type=Path, required=True, help="JSON-lines file the label is appended to")
+    teardown_command = commands.add_parser("teardown", help="after cluster.sh stop: stop proxies, unmount slowfs")
+    teardown_command.add_argument("--base", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "slowfs":
+            serve_slowfs(args.backing, args.mountpoint, args.control)
+        elif args.command == "proxy":
+            trio.run(_proxy_main, args.listen, args.target, args.control)
+        elif args.command == "prepare":
+            if not (args.slow_disk or args.proxy):
+                parser.error("prepare: give --slow-disk, --proxy or both")
+            prepare(args.base.resolve(), args.node, args.slow_disk, args.proxy, args.port_base)
+        elif args.command == "run":
+            run(args.base.resolve(), args.node, args.kind, args.severity, args.after_s, args.for_s, args.labels)
+        else:
+            teardown(args.base.resolve())
+    except FaultError as error:
+        print(f"faults: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _proxy_main(listen, target, control: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(run_proxy, listen, target, control)
+        print(f"proxy 127.0.0.1:{port} -> {target[0]}:{target[1]}", file=sys.stderr, flush=True)
+        await terminate_on_signal(nursery.cancel_scope.cancel)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The TCP fault proxy of benchmarks/faults.py, in process on loopback: only lower bounds on time, never upper."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import faults  # noqa: E402
+
+
+async def echo(stream: trio.SocketStream) -> None:
+    async with stream:
+        try:
+            while data := await stream.receive_some(65536):
+                await stream.send_all(data)
+        except trio.BrokenResourceError:
+            pass
+
+
+async def sink(stream: trio.SocketStream) -> None:
+    """Counts nothing: reads until EOF, then answers with one byte so the sender knows all arrived."""
+    async with stream:
+        while await stream.receive_some(65536):
+            pass
+        await stream.send_all(b"!")
+
+
+@pytest.fixture
+async def proxy(nursery, tmp_path):
+    """start(handler, **settings) -> (client stream factory, control file path)."""
+
+    async def start(handler, **settings):
+        control = tmp_path / "proxy.json"
+        faults.write_control(control, settings)
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        target_port = listeners[0].socket.getsockname()[1]
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
+        port = await nursery.start(faults.run_proxy, ("127.0.0.1", 0), ("127.0.0.1", target_port), control)
+        return (lambda: trio.open_tcp_stream("127.0.0.1", port)), control
+
+    return start
+
+
+async def round_trip_s(connect, payload: bytes = b"ping") -> float:
+    async with await connect() as stream:
+        started = trio.current_time()
+        await stream.send_all(payload)
+        received = b""
+        while len(received) < len(payload):
+            received += await stream.receive_some(65536)
+        assert received == payload
+        return trio.current_time() - started
+
+
+async def test_forwards_bytes_intact(proxy):
+    """Four MiB of varied bytes come back through the proxy unchanged, in order."""
+    connect, _ = await proxy(echo)
+    payload = bytes(range(256)) * (16 * 1024)
+    async with await connect() as stream:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream.send_all, payload)
+            received = bytearray()
+            while len(received) < len(payload):
+                received += await stream.receive_some(65536)
+    assert bytes(received) == payload
+
+
+async def test_latency_delays_each_direction(proxy):
+    """With 100 ms latency both ways, a round trip takes at least 200 ms."""
+    connect, _ = await proxy(echo, latency_ms=100)
+    assert await round_trip_s(connect) >= 0.2
+
+
+async def test_bandwidth_limit(proxy):
+    """One MB through a 2 MB/s limit takes at least 0.4 s."""
+    connect, _ = await proxy(sink, bandwidth_bytes_per_s=2_000_000)
+    async with await connect() as stream:
+        started = trio.current_time()
+        await stream.send_all(b"x" * 1_000_000)
+        await stream.send_eof()
+        assert await stream.receive_some(1) == b"!"
+        assert trio.current_time() - started >= 0.4
+
+
+async def test_reset_closes_the_client_connection(proxy):
+    """With reset probability 1, the first chunk makes the proxy reset the client's connection."""
+    connect, _ = await proxy(echo, reset=1.0)
+    async with await connect() as stream:
+        await stream.send_all(b"ping")
+        with trio.fail_after(10):
+            try:
+                data = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                data = None  # ECONNRESET
+        assert not data
+
+
+async def test_loss_stalls(proxy):
+    """With loss probability 1, every chunk stalls for a retransmission timeout: a round trip takes >= 0.4 s."""
+    connect, _ = await proxy(echo, loss=1.0)
+    assert await round_trip_s(connect) >= 2 * faults.LOSS_STALL_S
+
+
+async def test_control_file_changes_take_effect(proxy):
+    """Latency written to the control file while the proxy runs applies to connections after the next poll."""
+    connect, control = await proxy(echo)
+    await round_trip_s(connect)
+    faults.write_control(control, {"latency_ms": 300})
+    await trio.sleep(3 * faults.CONTROL_POLL_S)
+    assert await round_trip_s(connect) >= 0.6
+
+
+def test_bad_settings_are_refused():
+    """Unknown keys and out-of-range values raise instead of silently applying."""
+    with pytest.raises(ValueError):
+        faults.settings_from(faults.LinkSettings, {"latency": 5})
+    with pytest.raises(ValueError):
+        faults.settings_from(faults.LinkSettings, {"loss": 2})
