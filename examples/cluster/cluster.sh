@@ -13,6 +13,7 @@
 #   ROCKET_BIN       the command that runs rocket (default: `rocket` if on PATH, else `python3 -m rocket`)
 #   START_TIMEOUT_S  how long start waits for every node to be ready (default 60)
 #   STOP_TIMEOUT_S   how long stop waits after SIGTERM before SIGKILL (default 20; nodes drain for 10)
+# BASE_DIR/NODE/node.env, if present: KEY=VALUE lines added to that node's environment alone.
 set -euo pipefail
 
 CONFIG_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -124,15 +125,20 @@ running_pid() {
 }
 
 start_node() {
-    local name=$1 log
+    local name=$1 log node_env=()
     log=$(log_file "$name")
     mkdir -p "$(data_dir "$name")"
     if [[ -f "$log" ]]; then
         mv -f "$log" "$log.1"
     fi
+    # Extra environment for this node alone (benchmarks/faults.py prepare writes ROCKET_ADVERTISE there).
+    if [[ -f "$BASE_DIR/$name/node.env" ]]; then
+        mapfile -t node_env < <(grep -E '^[A-Za-z_][A-Za-z0-9_]*=' "$BASE_DIR/$name/node.env")
+    fi
     # One object store for the whole cluster, as S3 would be: offloaded pieces any leader can read, every node's
     # telemetry, and the models the nameservers place queues by (unless the environment names another).
-    ROCKET_TIER_DIRECTORY="${ROCKET_TIER_DIRECTORY:-$BASE_DIR/tier}" "${ROCKET_CMD[@]}" run --config "$CONFIG_DIR/$name.toml" \
+    env ROCKET_TIER_DIRECTORY="${ROCKET_TIER_DIRECTORY:-$BASE_DIR/tier}" "${node_env[@]+"${node_env[@]}"}" \
+        "${ROCKET_CMD[@]}" run --config "$CONFIG_DIR/$name.toml" \
         --data-dir "$(data_dir "$name")" \
         --listen "$(tcp_address "$name")" \
         --http2-listen "$(http2_address "$name")" \
