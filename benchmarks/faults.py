@@ -2,7 +2,8 @@
 per fault run ({"kind", "node", "severity", "start_ms", "end_ms"}, wall-clock ms, one JSON line each) for the
 unhealthy-node detector to train on. Kinds: slow_disk (a FUSE passthrough that delays fsync, as Scylla's
 CharybdeFS), link (a TCP proxy with latency, jitter, stalls as loss, a bandwidth limit and resets), cpu (cgroup
-cpu.max), control (no fault: counts false positives).
+v2 cpu.max; cpu.cfs_quota_us where the cpu controller is bound to a v1 hierarchy), control (no fault: counts
+false positives).
 
     # Before `cluster.sh start`: put storage2's data dir on slowfs (factor 1) and its inbound links behind a proxy.
     python benchmarks/faults.py prepare --base /tmp/fx/rc --node storage2 --slow-disk --proxy [--port-base 9500]

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import trio
 
 from rocket.client import connect, open_consumer, open_producer
 from rocket.model import Message
