@@ -128,14 +128,19 @@ def cluster(tmp_path):
             node.kill()
 
 
-async def test_a_restarted_node_is_given_leaderships_back(cluster):
-    """Node 3 of three is killed, so that nodes 1 and 2 lead every group; once it is back, the nameserver moves
-    leaderships to it until the led load is even (idle groups weigh the same: leader counts even out)."""
+async def start_all(cluster: dict) -> list[str]:
+    """Start every node, wait until each is ready; their servers."""
     for node in cluster.values():
         node.start()
     for node in cluster.values():
         await node.wait_ready()
-    servers = [node.server for node in cluster.values()]
+    return [node.server for node in cluster.values()]
+
+
+async def test_a_restarted_node_is_given_leaderships_back(cluster):
+    """Node 3 of three is killed, so that nodes 1 and 2 lead every group; once it is back, the nameserver moves
+    leaderships to it until the led load is even (idle groups weigh the same: leader counts even out)."""
+    servers = await start_all(cluster)
     async with connect(servers[0]) as channel:
         await channel.call("CreateTopic", {"topic": "orders", "queues": 12}, timeout_s=30)
 
@@ -209,20 +214,17 @@ async def test_storage_groups_are_created_as_storage_nodes_join(tmp_path):
 async def test_a_new_nameserver_leader_has_the_load_history_of_the_old_one(cluster):
     """The leader sends the traffic it records to the other nameservers: once the leader is killed (after the
     traffic stopped, so that no heartbeat brings any), the new leader still knows the groups and the topic."""
-    for node in cluster.values():
-        node.start()
-    for node in cluster.values():
-        await node.wait_ready()
-    servers = [node.server for node in cluster.values()]
+    servers = await start_all(cluster)
     async with connect(servers[0]) as channel:
         await channel.call("CreateTopic", {"topic": "orders", "queues": 3}, timeout_s=30)
         for queue in range(3):
             batch = batch_codec.encode([Message(b"x" * 1000) for _ in range(50)], 1_700_000_000_000)
             await channel.call("Produce", {"topic": "orders", "queue": queue, "batch": batch}, timeout_s=10)
-    with trio.fail_after(30):
-        while (status := await cluster_status(servers)) is None or status["load_series"] < 2:
+    with trio.fail_after(30):  # 3 queues on 3 of the 12 groups, and the topic
+        while (status := await cluster_status(servers)) is None or status["load_series"] < 4:
             await trio.sleep(0.2)
     await trio.sleep(2)  # a heartbeat interval or two: the leader has sent what it recorded
+    status = await cluster_status(servers)
     before, leader = status["load_series"], status["nameserver_leader"]
     cluster[leader].kill()
     others = [node.server for number, node in cluster.items() if number != leader]
