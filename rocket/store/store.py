@@ -120,11 +120,13 @@ class Store(Reads, Timers, Reclaim):
                 for event in self._kv_watchers.get(key, ()):
                     event.set()
 
-    def count_read(self, topic: str, queue: int, batches: list[tuple[int, bytes]]) -> None:
-        """Telemetry: a read of the queue returned these batches."""
+    def count_read(self, topic: str, queue: int, batches: list[tuple[int, bytes]], messages: int | None = None) -> None:
+        """Telemetry: a read of the queue returned these batches, with messages of theirs (all, by default; a
+        receive hands out some of a batch's messages)."""
         stats = self.machine.queues.get((topic, queue))
         if stats is not None and batches:
-            stats.out_messages += sum(batch_codec.peek_count(data) for _, data in batches)
+            stats.out_messages += (sum(batch_codec.peek_count(data) for _, data in batches) if messages is None
+                                   else messages)
             stats.out_bytes += sum(len(data) for _, data in batches)
             self.traffic[(topic, queue)] = stats
 

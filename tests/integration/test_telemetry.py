@@ -8,6 +8,7 @@ import collections
 import trio
 
 from rocket.client import connect, open_consumer
+from rocket.client.simple import SimpleConsumer
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
 from rocket.telemetry.ship import read_samples
@@ -32,6 +33,12 @@ async def test_a_node_ships_telemetry_of_its_traffic_to_the_object_store(server_
             received += len(messages)
             await consumer.commit()
     assert received == MESSAGES
+    async with connect(server.server) as channel:  # a receive hands out 10 messages of a batch of 30
+        await channel.call("CreateTopic", {"topic": "jobs", "queues": 1})
+        batch = batch_codec.encode([Message(b"y" * 100) for _ in range(30)], 1_700_000_000_000)
+        await channel.call("Produce", {"topic": "jobs", "queue": 0, "batch": batch})
+        popped = await SimpleConsumer(channel, "jobs", "workers").receive(10)
+        assert len(popped) == 10
     await trio.sleep(0.6)
     assert server.terminate() == 0  # a graceful stop ships the open file
 
@@ -60,6 +67,7 @@ async def test_a_node_ships_telemetry_of_its_traffic_to_the_object_store(server_
     assert last("rocket_sent_bytes_total")["value"] > MESSAGES * 100
     assert last("rocket_queue_in_messages_total", topic="orders", queue="0")["value"] == MESSAGES
     assert last("rocket_queue_out_messages_total", topic="orders", queue="0")["value"] == MESSAGES
+    assert last("rocket_queue_out_messages_total", topic="jobs", queue="0")["value"] == 10
     assert last("rocket_queue_backlog_messages", topic="orders", queue="0")["value"] == 0  # all consumed, committed
     rates = [record["rate"] for record in by_metric["rocket_queue_in_messages_total"]
              if record["labels"]["topic"] == "orders" and record["rate"] is not None]

@@ -84,8 +84,10 @@ class Pops:
             for offset, _, _ in again:
                 found, _ = await self._read_queue(topic, queue, offset, 1, True, ALL_TAGS)
                 batches.update(found)
+            served = sorted(batches.items())
+            self.store.count_read(topic, queue, served, messages=len(handed))
             response["batches"].extend({"queue": queue, "base_offset": base_offset, "batch": batch}
-                                       for base_offset, batch in sorted(batches.items()))
+                                       for base_offset, batch in served)
             response["handles"].extend({"queue": queue, "offset": offset, "attempt": attempt,
                                         "visible_at_ms": now_ms + invisible_ms} for offset, attempt in handed)
         finally:
