@@ -43,6 +43,8 @@ GROUP_RATES = {  # column -> metric (its rate, bytes or messages per second)
 # column -> (metric, what of a sample, how the step's samples combine). Rates are per second.
 NODE_COLUMNS = {
     "cpu_seconds_per_s": ("process_cpu_seconds_total", "rate", "avg"),
+    "cpu_steal_per_s": ("rocket_cpu_steal_seconds_total", "rate", "avg"),  # the machine's, all CPUs
+    "cpu_throttled_per_s": ("rocket_cpu_throttled_seconds_total", "rate", "avg"),  # by the process's cgroup quota
     "rss_bytes": ("process_resident_memory_bytes", "value", "avg"),
     "disk_free_bytes": ("rocket_disk_free_bytes", "value", "min"),
     "fsync_p50_s": ("rocket_fsync_seconds_p50", "value", "avg"),

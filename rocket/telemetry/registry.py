@@ -10,6 +10,7 @@ registry: a node may hold a million queues, and Prometheus wants few series.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -84,6 +85,13 @@ class Telemetry:
         disk = GaugeMetricFamily("rocket_disk_free_bytes", "Free bytes on the data directory's file system")
         disk.add_metric([], shutil.disk_usage(self.data_dir).free)
         yield disk
+        steal, throttled = cpu_steal_s(), cpu_throttled_s()
+        if steal is not None:
+            yield counter_family("rocket_cpu_steal_seconds", "CPU time the hypervisor gave other guests, all CPUs of "
+                                 "this machine", [], [([], steal)])
+        if throttled is not None:
+            yield counter_family("rocket_cpu_throttled_seconds", "Time this process's cgroup was held back by its "
+                                 "CPU quota", [], [([], throttled)])
 
     def sample(self, now_s: float) -> list[dict]:
         """TelemetrySample records of every series now: gauges as they are; counters with their rate since the last
@@ -201,3 +209,43 @@ def counter_family(name: str, documentation: str, labels: list[str], values) -> 
 
 def gauge_family(name: str, documentation: str, labels: list[str], values) -> Metric:
     return family(GaugeMetricFamily, name, documentation, labels, values)
+
+
+def cpu_steal_s(stat: Path = Path("/proc/stat")) -> float | None:
+    """The machine's CPU steal time so far (the eighth value of /proc/stat's "cpu" line, in clock ticks), or None
+    where there is no such file."""
+    try:
+        fields = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 and fields[0] == "cpu" else None
+
+
+def cpu_throttled_s(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
+                    ) -> float | None:
+    """How long this process's cgroup was throttled by its CPU quota so far: cgroup v2's cpu.stat throttled_usec,
+    or v1's throttled_time (ns) where the cpu controller is bound to a v1 hierarchy; None without either. Read
+    each time: a process may be moved to another cgroup while it runs."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            candidates = [(root / "cpu" / path.lstrip("/") / "cpu.stat", "throttled_time", 1e-9),
+                          (root / "cpu,cpuacct" / path.lstrip("/") / "cpu.stat", "throttled_time", 1e-9)]
+        elif controllers == "":
+            candidates = [(root / path.lstrip("/") / "cpu.stat", "throttled_usec", 1e-6),
+                          (root / "unified" / path.lstrip("/") / "cpu.stat", "throttled_usec", 1e-6)]
+        else:
+            continue
+        for stat, key, unit in candidates:
+            try:
+                for entry in stat.read_text().splitlines():
+                    name, _, value = entry.partition(" ")
+                    if name == key:
+                        return int(value) * unit
+            except (OSError, ValueError):
+                continue
+    return None

@@ -53,7 +53,7 @@ async def test_a_node_ships_telemetry_of_its_traffic_to_the_object_store(server_
         by_metric[record["metric"]].append(record)
     for metric in ("process_cpu_seconds_total", "process_resident_memory_bytes", "rocket_disk_free_bytes",
                    "rocket_fsync_seconds_p99", "rocket_fsync_seconds_max", "rocket_heartbeat_seconds",
-                   "rocket_group_leader"):
+                   "rocket_group_leader", "rocket_cpu_steal_seconds_total"):
         assert metric in by_metric, (metric, sorted(by_metric))
 
     def last(metric: str, **labels) -> dict:

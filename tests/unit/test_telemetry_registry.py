@@ -3,13 +3,15 @@ of each interval, and per-queue traffic on the group's leader only."""
 
 from __future__ import annotations
 
+import os
+
 import fastavro
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from rocket.serde.schema import avro_schema
-from rocket.telemetry.registry import Telemetry, bucket_quantile, counter_family
+from rocket.telemetry.registry import Telemetry, bucket_quantile, counter_family, cpu_steal_s, cpu_throttled_s
 
 
 def by_metric(records: list[dict], metric: str) -> list[dict]:
@@ -98,3 +100,26 @@ def test_every_sample_fits_the_avro_schema(tmp_path):
     assert all(fastavro.validate(record, schema) for record in records)
     assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "rocket_disk_free_bytes",
             "rocket_peer_rpc_seconds_count"} <= {record["metric"] for record in records}
+
+
+def test_cpu_steal_and_throttling_are_read_from_proc_and_the_cgroup(tmp_path):
+    stat = tmp_path / "stat"
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat.write_text(f"cpu  100 2 30 4000 5 0 6 {3 * ticks} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    assert cpu_steal_s(stat) == 3.0
+    assert cpu_steal_s(tmp_path / "absent") is None
+    # cgroup v1: the cpu controller's own hierarchy, throttled_time in ns.
+    proc = tmp_path / "cgroup"
+    proc.write_text("4:memory:/x\n1:cpu,cpuacct:/rocket-faults/storage2\n0::/\n")
+    v1 = tmp_path / "fs" / "cpu,cpuacct" / "rocket-faults" / "storage2"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.stat").write_text("nr_periods 10\nnr_throttled 4\nthrottled_time 2500000000\n")
+    assert cpu_throttled_s(proc, tmp_path / "fs") == 2.5
+    # cgroup v2: one hierarchy, throttled_usec.
+    proc.write_text("0::/system.slice/rocket.service\n")
+    v2 = tmp_path / "fs" / "system.slice" / "rocket.service"
+    v2.mkdir(parents=True)
+    (v2 / "cpu.stat").write_text("usage_usec 9\nnr_throttled 1\nthrottled_usec 1500000\n")
+    assert cpu_throttled_s(proc, tmp_path / "fs") == 1.5
+    (v2 / "cpu.stat").unlink()
+    assert cpu_throttled_s(proc, tmp_path / "fs") is None  # no cpu controller there: nothing to report
