@@ -205,6 +205,17 @@ leader_balance_ratio = 0.1  # ... nodes within this share of their mean led load
 leader_balance_bytes_s = 128 * KiB  # ... as are nodes within this many bytes/s of each other (2 idle groups)
 leader_transfer_s = 2.0  # at most one leadership transfer this often: a transfer pauses the group's writes briefly
 load_history_steps = 90  # minutes of traffic per group and topic the nameserver keeps for the forecaster (it reads 60)
+# Unhealthy nodes (issue 31): the nameserver leader judges each storage node once per window, from its heartbeats.
+health_window_s_default = 10.0  # one judgement per node this often: enough fsyncs and calls in it for a p99 and a rate
+health_window_s_min = 1.0  # a config's shortest window: it spans at least one heartbeat of every node
+health_window_s_max = 600.0  # ... and its longest: a node slower than this to judge is judged too late to help
+health_fsync_p99_s_min = 0.005  # a window's fsync p99 above this may be a slow disk (an SSD syncs in 0.1-2 ms) ...
+health_fsync_peer_ratio = 4.0  # ... when it is also this many times the other storage nodes' median p99 (not a slow cluster)
+health_fsyncs_min = 20  # a window with fewer fsyncs than this says nothing of the disk: a p99 of three is noise
+health_error_rate_max = 0.2  # a node that fails more than this share of the calls other nodes make to it is unhealthy ...
+health_calls_min = 20  # ... if they made this many at least in the window
+health_degrade_windows = 3  # unhealthy windows in a row before a node is degraded: one slow window is not a fault
+health_recover_windows = 6  # healthy windows in a row before a degraded node returns: twice as long, so it cannot flap
 
 # Tier (object store).
 object_key_bytes_max = 1 * KiB  # S3's limit for a key (UTF-8); the same keys must work on every backend
@@ -317,3 +328,6 @@ invariant(kv_value_bytes_max + kv_key_bytes_max < kv_range_bytes_max <= read_byt
 invariant(kv_range_keys_default <= kv_range_keys_max, "the default range page is one the server allows")
 invariant(kv_watch_events_max <= kv_events_kept_default, "a watch read returns fewer events than a shard keeps")
 invariant(kv_value_bytes_max + kv_key_bytes_max < kv_txn_bytes_max < raft_entry_bytes_max, "a put fits a transaction, a transaction one Raft entry")
+invariant(health_window_s_min <= health_window_s_default <= health_window_s_max, "the default health window is one a config may set")
+invariant(health_window_s_min >= node_heartbeat_s, "a health window holds a heartbeat of every node")
+invariant(health_degrade_windows < health_recover_windows, "a degraded node returns more slowly than it left: no flapping")
