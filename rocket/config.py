@@ -78,6 +78,8 @@ class NodeConfig:
     # Telemetry: how often the node samples its metrics into Avro files under data_dir/telemetry, shipped to the
     # object store's telemetry/ (the tier's store: a local directory in dev mode, S3 in a cluster). 0: off.
     telemetry_interval_s: float = limits.telemetry_interval_s_default
+    # Unhealthy nodes: the nameserver leader judges each storage node's fsync p99 and failing calls once per window.
+    health_window_s: float = limits.health_window_s_default
 
     @property
     def address(self) -> Address:
@@ -205,6 +207,8 @@ def _convert(key: str, value: object) -> object:
         if interval_s and interval_s < limits.telemetry_interval_s_min:
             raise ConfigError(f"{key}: 0 (off) or at least {limits.telemetry_interval_s_min} s, got {value!r}")
         return interval_s
+    if key == "health_window_s":
+        return _parse_float(key, value, limits.health_window_s_min, limits.health_window_s_max)
     if key in ("tier_retention_s", "tier_local_retention_s", "tier_piece_age_s"):
         return _parse_duration(key, value)
     if key == "tier_piece_bytes":

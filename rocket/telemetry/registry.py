@@ -76,6 +76,27 @@ class Telemetry:
         if seconds > self._fsync_max_s:
             self._fsync_max_s = seconds
 
+    def health_counts(self) -> dict:
+        """What a storage node's heartbeat tells the nameservers about its health, all cumulative since it started:
+        its fsyncs per bucket of FSYNC_BUCKETS, and per address of another node the calls made to it that ended
+        (answered or failed) and those that failed. Read once per heartbeat from the histograms the fsyncs and calls
+        feed anyway."""
+        fsync = [int(sample.value) for metric in self.fsync_seconds.collect() for sample in metric.samples
+                 if sample.name.endswith("_bucket")]
+        calls: dict[str, list[int]] = {}
+        for metric in self.peer_rpc_seconds.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_count"):
+                    calls.setdefault(sample.labels["peer"], [0, 0])[0] += int(sample.value)
+        for metric in self.peer_rpc_errors.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    entry = calls.setdefault(sample.labels["peer"], [0, 0])
+                    entry[0] += int(sample.value)
+                    entry[1] += int(sample.value)
+        return {"fsync_buckets": fsync, "peer_calls": [{"peer": peer, "calls": ended, "errors": failed}
+                                                        for peer, (ended, failed) in sorted(calls.items())]}
+
     def collect(self) -> Iterable[Metric]:
         """prometheus_client's collector protocol: every family the components' collectors give."""
         for collect in self._collectors:
