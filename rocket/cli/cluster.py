@@ -1,4 +1,4 @@
-"""Cluster commands: status of nodes and storage groups, queue placement, and draining a node."""
+"""Cluster commands: status of nodes and storage groups, queue placement, node health, and draining a node."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import orjson
 import typer
 from rich.table import Table
 
-from rocket.cli.common import Serde, Server, Transport, out, plural, progress_bar, runs_client
+from rocket.cli.common import Serde, Server, Transport, out, plural, progress_bar, runs_client, usage_error
 from rocket.client import Admin, connect
 
 app = typer.Typer(no_args_is_help=True, help="Inspect the cluster: nodes, groups, leaders, load.")
@@ -31,13 +31,17 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
               f"{plural(len(status['groups']), 'storage group')}")
     out.print(f"queue placement: {status['placement'] or '-'}; load history of {status.get('load_series', 0)} "
               "groups and topics")
-    nodes = Table("node", "address", "roles", "state", "heartbeat", "groups", "leads", "stored", "free disk",
+    nodes = Table("node", "address", "roles", "state", "health", "heartbeat", "groups", "leads", "stored", "free disk",
                   title="nodes")
     for node in status["nodes"]:
         load = node["load"]
         age = f"{node['heartbeat_age_ms'] / 1000:.1f} s ago" if node["heartbeat_age_ms"] >= 0 else "-"
         state = {"up": "[green]up[/green]", "down": "[red]down[/red]"}.get(node["state"], f"[yellow]{node['state']}[/yellow]")
-        nodes.add_row(str(node["id"]), node["address"], ",".join(node["roles"]), state, age, str(load["groups"]),
+        health = {"healthy": "[green]healthy[/green]", "": "-"}.get(node.get("health", ""),
+                                                                  f"[red]{node.get('health')}[/red]")
+        if node.get("health") == "degraded":
+            health += f": {node.get('health_reason', '')}"
+        nodes.add_row(str(node["id"]), node["address"], ",".join(node["roles"]), state, health, age, str(load["groups"]),
                       str(len(load["leads"])), f"{load['bytes']:,}", f"{load['free_disk_bytes'] / 2**30:,.1f} GiB")
     out.print(nodes)
     if groups:
@@ -74,6 +78,46 @@ async def cluster_placement(explain: Annotated[str, typer.Option("--explain", he
     out.print(table)
     if placed["note"]:
         out.print(placed["note"])
+
+
+@app.command("health")
+@runs_client
+async def cluster_health(state: Annotated[str | None, typer.Argument(help="With --pin: healthy, degraded or auto (the judge decides again).", show_default=False)] = None,
+                         node: Annotated[int, typer.Option("--node", help="Only this storage node.")] = 0,
+                         pin: Annotated[int, typer.Option("--pin", help="Pin this storage node to STATE by hand.", show_default=False)] = 0,
+                         server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                         as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False) -> None:
+    """Each storage node's health: its last window's features (fsync p99 against the other nodes' median, the error
+    rate of calls to it), the scorer's verdict, and the runs of windows that degrade it or bring it back."""
+    if (pin == 0) != (state is None):
+        usage_error("pin a node with --pin NODE healthy|degraded|auto; without --pin, give no state")
+    async with connect(server, transport, serde) as channel:
+        admin = Admin(channel)
+        if pin:
+            await admin.pin_node_health(pin, state)
+            out.print(f"node {pin} pinned {state}" if state != "auto" else f"node {pin}: the judge decides again")
+            return
+        health = await admin.node_health(node)
+    if as_json:
+        sys.stdout.write(orjson.dumps(health).decode() + "\n")
+        return
+    out.print(f"scorer [bold]{health['scorer']}[/bold]; windows of {health['window_s']:g} s, "
+              f"{health['windows_judged']} judged; degraded after {health['degrade_windows']} unhealthy windows, "
+              f"back after {health['recover_windows']} healthy ones")
+    table = Table("node", "state", "pin", "fsync p99", "peers' p99", "calls to it", "failed", "verdict",
+                  "unhealthy run", "healthy run", "reason", title="node health (last window)")
+    for row in health["nodes"]:
+        features = {feature["name"]: feature["value"] for feature in row["features"]}
+
+        def ms(name: str) -> str:
+            return f"{features[name] * 1000:.1f} ms" if name in features else "-"
+
+        failed = f"{features['call_error_rate']:.0%}" if "call_error_rate" in features else "-"
+        state_text = "[red]degraded[/red]" if row["state"] == "degraded" else "[green]healthy[/green]"
+        table.add_row(str(row["node"]), state_text, row["pin"], ms("fsync_p99_s"), ms("peer_fsync_p99_s"),
+                      str(row["calls"]), failed, row["verdict"], str(row["unhealthy_windows"]),
+                      str(row["healthy_windows"]), row["reason"])
+    out.print(table)
 
 
 @app.command("drain")

@@ -59,6 +59,15 @@ class Admin:
         """Nodes (roles, liveness, load), storage groups (voters, leader) and the nameserver leader."""
         return await self.channel.call("ClusterStatus", {})
 
+    async def node_health(self, node: int = 0) -> dict:
+        """Per storage node (one, or every one with 0): its last health window's features, the verdict, the runs of
+        unhealthy and healthy windows, its state and pin."""
+        return await self.channel.call("NodeHealth", {"node": node})
+
+    async def pin_node_health(self, node: int, pin: str) -> None:
+        """Pin a storage node healthy or degraded, or hand it back to the judge with "auto"."""
+        await self.channel.call("PinNodeHealth", {"node": node, "pin": pin})
+
     async def drain_node(self, node: int, draining: bool = True) -> None:
         """Move every replica off a storage node (or, with draining False, let it take replicas again)."""
         await self.channel.call("DrainNode", {"node": node, "draining": draining})

@@ -156,3 +156,22 @@ def leader_transfer(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]],
                 best = (gap_after, load.group, target)
             break  # the least loaded voter of this group is the one to try
     return None if best is None else (best[1], best[2])
+
+
+def degraded_leader_transfer(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], nodes: list[int],
+                             degraded: set[int]) -> tuple[int, int] | None:
+    """The one leadership transfer (group, to node) off a degraded node: its group with the most predicted load, to
+    that group's voter among nodes (the available, healthy ones) that leads the least; None when no degraded node
+    leads a group that has such a voter."""
+    led = {node: 0.0 for node in nodes}
+    for load in groups:
+        if load.leader in led:
+            led[load.leader] += load.predicted + limits.leader_group_bytes_s
+    for load in sorted(groups, key=lambda load: (-load.predicted, load.group)):
+        if load.leader not in degraded:
+            continue
+        targets = [node for node in voters.get(load.group, ()) if node in led]
+        if targets:
+            return load.group, min(targets, key=lambda node: (led[node], node))
+    return None
+

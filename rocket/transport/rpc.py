@@ -61,6 +61,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
         MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),
         MethodSpec("PlacementExplain", "TopicRequest", "PlacementExplainResponse"),
+        MethodSpec("NodeHealth", "NodeHealthRequest", "NodeHealthResponse"),
+        MethodSpec("PinNodeHealth", "PinNodeHealthRequest", "Empty"),
         MethodSpec("MetaLoadShare", "LoadShareRequest", "Empty"),
         MethodSpec("UpdateTopic", "UpdateTopicRequest", "TopicInfo"),
         MethodSpec("TierStatus", "TierStatusRequest", "TierStatusResponse"),

@@ -1,5 +1,5 @@
 """Topic and cluster administration on the broker: create, list, describe and update topics, tier and cluster status,
-drains; what the nameservers keep is asked of them. A mixin of Broker.
+drains, node health; what the nameservers keep is asked of them. A mixin of Broker.
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ class Admin:
 
     async def placement_explain(self, request: dict) -> dict:
         return await self.peers.nameserver("PlacementExplain", request, timeout_s=limits.leader_wait_s_max + 5)
+
+    async def node_health(self, request: dict) -> dict:
+        return await self.peers.nameserver("NodeHealth", request, timeout_s=limits.leader_wait_s_max + 5)
+
+    async def pin_node_health(self, request: dict) -> dict:
+        return await self.peers.nameserver("PinNodeHealth", request, timeout_s=limits.leader_wait_s_max + 5)
 
     async def drain_node(self, request: dict) -> dict:
         return await self.peers.nameserver("DrainNode", request, timeout_s=limits.leader_wait_s_max + 5)

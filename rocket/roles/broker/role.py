@@ -84,5 +84,7 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
             handlers["ClusterStatus"] = self.cluster_status
             handlers["DrainNode"] = self.drain_node
             handlers["PlacementExplain"] = self.placement_explain
+            handlers["NodeHealth"] = self.node_health
+            handlers["PinNodeHealth"] = self.pin_node_health
         for name, handler in handlers.items():
             dispatcher.handle(name, handler)

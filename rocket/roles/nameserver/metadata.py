@@ -15,6 +15,7 @@ import orjson
 
 from rocket import limits
 from rocket.errors import Code, RocketError, invariant
+from rocket.ml.health import PINS as HEALTH_PINS
 from rocket.model import KV_PREFIX, TopicSpec
 
 META_GROUP = 1  # the nameservers' own Raft group; storage groups are numbered from 2
@@ -38,6 +39,7 @@ class NodeInfo:
     address: str
     roles: tuple[str, ...]
     state: str = "up"
+    health_pin: str = "auto"  # an operator's pin of a storage node's health: healthy, degraded, or auto (judged)
 
 
 def exists(name: str) -> RocketError:
@@ -73,7 +75,7 @@ class Metadata:
             node = NodeInfo(command["node"], command["address"], tuple(command["roles"]))
             known = self.nodes.get(node.id)
             if known is not None:
-                node.state = known.state
+                node.state, node.health_pin = known.state, known.health_pin
             self.nodes[node.id] = node
         elif operation == "create_topic":
             name = command["name"]
@@ -113,6 +115,12 @@ class Metadata:
                 raise RocketError(Code.BAD_REQUEST, f"node {command['node']} is not registered")
             invariant(command["state"] in NODE_STATES, "a known node state")
             node.state = command["state"]
+        elif operation == "health_pin":
+            node = self.nodes.get(command["node"])
+            if node is None:
+                raise RocketError(Code.BAD_REQUEST, f"node {command['node']} is not registered")
+            invariant(command["pin"] in HEALTH_PINS, "a known health pin")
+            node.health_pin = command["pin"]
         elif operation == "move_start":
             members = self.groups.get(command["group"])
             if members is None or members.learners or command["add"] in members.voters:
@@ -149,7 +157,8 @@ class Metadata:
                        for name, queues, created, groups, *rest in state["topics"]}
         self.groups = {group: Members(tuple(voters), tuple(learners), leaving)
                        for group, voters, learners, leaving in state["groups"]}
-        self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"])
+        self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"],
+                                           node.get("health_pin", "auto"))  # snapshots before pins had none
                       for node in state["nodes"]}
 
     # ---- queries -------------------------------------------------------------------------------------

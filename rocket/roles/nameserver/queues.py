@@ -24,7 +24,8 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.ml.forecast import STEP_MS, Forecaster, ModelError
 from rocket.ml.load import LoadHistory, ModelPredictor, Predictor, RecentPredictor
-from rocket.ml.placement import GroupLoad, QueueChoice, leader_transfer, new_queue_load, place_queues
+from rocket.ml.placement import (GroupLoad, QueueChoice, degraded_leader_transfer, leader_transfer, new_queue_load,
+                                 place_queues)
 from rocket.model import KV_PREFIX, Address, TopicSpec
 
 log = logging.getLogger("rocket.nameserver")
@@ -158,12 +159,12 @@ class QueuePlacement:
 
     def _group_loads(self, topic: str, voters: dict[int, tuple[int, ...]], now_ms: int) -> list[GroupLoad]:
         queues_in, topic_queues = self._queue_counts(topic)
-        loads = []
+        loads, degraded = [], self.degraded()
         for group, members in sorted(voters.items()):
             leaving = any(self._leaving(voter) for voter in members)
-            loads.append(GroupLoad(group, self._leaders.get(group) or members[0],
-                                   self._predict(("group", group), now_ms, max(1, queues_in[group])),
-                                   queues_in[group], topic_queues[group], not leaving))
+            leader = self._leaders.get(group) or members[0]
+            loads.append(GroupLoad(group, leader, self._predict(("group", group), now_ms, max(1, queues_in[group])),
+                                   queues_in[group], topic_queues[group], not leaving and leader not in degraded))
         if not any(load.available for load in loads):  # better a group short of a replica than none
             for load in loads:
                 load.available = True
@@ -191,8 +192,9 @@ class QueuePlacement:
         return choices
 
     async def _balance_leaders(self) -> None:
-        """On the leader, at most once per limits.leader_transfer_s: move one group's leadership from the node that
-        leads the most predicted load to the least loaded of the group's voters (rocket.ml.placement.leader_transfer).
+        """On the leader, at most once per limits.leader_transfer_s: move one group's leadership off a degraded node,
+        to the healthy voter leading the least predicted load; or else from the node that leads the most predicted
+        load to the least loaded of the group's voters (rocket.ml.placement.leader_transfer), never a degraded one.
         The group's leader does it (StorageMembers "transfer"); the next heartbeats tell who leads."""
         now = trio.current_time()
         if now - self._last_transfer < limits.leader_transfer_s or self._moving:
@@ -203,8 +205,9 @@ class QueuePlacement:
         loads = [GroupLoad(group, self._leaders.get(group, 0),
                            self._predict(("group", group), now_ms, max(1, queues_in[group])), 0)
                  for group in voters]
-        nodes = [load.node for load in self._loads() if load.available]
-        transfer = leader_transfer(loads, voters, nodes)
+        degraded = self.degraded()
+        nodes = [load.node for load in self._loads() if load.available and load.node not in degraded]
+        transfer = degraded_leader_transfer(loads, voters, nodes, degraded) or leader_transfer(loads, voters, nodes)
         if transfer is None:
             return
         group, target = transfer
@@ -219,8 +222,8 @@ class QueuePlacement:
         except RocketError as error:
             log.info("group %d: leadership transfer from node %d to node %d: %s", group, leader, target, error)
             return
-        log.info("group %d: leadership moves from node %d to node %d to even out the predicted load", group, leader,
-                 target)
+        log.info("group %d: leadership moves from node %d to node %d %s", group, leader, target,
+                 "off a degraded node" if leader in degraded else "to even out the predicted load")
         self._leaders[group] = target
 
     async def _add_queues_here(self, spec: TopicSpec, queues: int) -> None:

@@ -25,6 +25,7 @@ from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
 from rocket.model import (KV_PREFIX, Address, bucket_topic, check_message_type, check_name, check_retention_s,
                           check_user_topic_name)
 from rocket.raft.host import RaftHost
+from rocket.roles.nameserver.health import NodeHealthChecks
 from rocket.roles.nameserver.metadata import META_GROUP, Metadata, exists
 from rocket.roles.nameserver.queues import QueuePlacement
 from rocket.roles.peers import RETRYABLE, Peers
@@ -33,7 +34,7 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.nameserver")
 
 
-class Nameserver(QueuePlacement):
+class Nameserver(QueuePlacement, NodeHealthChecks):
     def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, clock: Clock,
                  placement: Placement | None = None, objects=None):
         self.config = config
@@ -49,6 +50,7 @@ class Nameserver(QueuePlacement):
         self._creating = trio.Lock()  # topic creations are placed one at a time
         self._moving: set[int] = set()  # storage groups whose replica move runs now
         self._init_queue_placement(objects)
+        self._init_health()
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("NodeHeartbeat", self.node_heartbeat)
@@ -62,6 +64,8 @@ class Nameserver(QueuePlacement):
         dispatcher.handle("DrainNode", self.drain_node)
         dispatcher.handle("PlacementExplain", self.placement_explain)
         dispatcher.handle("MetaLoadShare", self.load_share)
+        dispatcher.handle("NodeHealth", self.node_health)
+        dispatcher.handle("PinNodeHealth", self.pin_node_health)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """On the leader, every heartbeat interval: create storage groups as storage nodes join, plan replica
@@ -73,6 +77,7 @@ class Nameserver(QueuePlacement):
                 await trio.sleep(limits.node_heartbeat_s)
                 if self.leads():
                     try:
+                        self._judge_health()
                         await self._grow_pool()
                         await self._plan_moves(nursery)
                         await self._balance_leaders()
@@ -137,12 +142,18 @@ class Nameserver(QueuePlacement):
         return state, int(age_s * 1000)
 
     def _loads(self) -> list[NodeLoad]:
-        loads = []
+        """The storage nodes as replica placement sees them: available when up, not draining and not degraded. A
+        degraded node still counts as available when the others are too few for a group's replicas (better a slow
+        replica than a missing one); it is never leaving: its replicas stay where they are."""
+        loads, degraded = [], self.degraded()
         for node in self.metadata.storage_nodes():
             load = self._heartbeats.get(node.id, (0, {}))[1]
             loads.append(NodeLoad(node.id, self.metadata.replicas(node.id), len(load.get("leads", ())),
                                   load.get("bytes", 0), load.get("free_disk_bytes", 0),
                                   self._node_state(node.id)[0] == "up" and node.state == "up"))
+        if sum(load.available and load.node not in degraded for load in loads) >= self.config.replication:
+            for load in loads:
+                load.available = load.available and load.node not in degraded
         return loads
 
     def _leaving(self, node: int) -> bool:
@@ -394,9 +405,10 @@ class Nameserver(QueuePlacement):
             liveness, age_ms = self._node_state(node.id)
             load = self._heartbeats.get(node.id, (0, {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0,
                                                       "lagging": []}))[1]
+            health, reason = self._health_of(node.id)
             nodes.append({"id": node.id, "address": node.address, "roles": list(node.roles),
                           "state": liveness if node.state == "up" else node.state, "heartbeat_age_ms": age_ms,
-                          "load": load})
+                          "load": load, "health": health, "health_reason": reason})
         return {
             "version": self.metadata.version,
             "nameserver_leader": self.host.leader_of(META_GROUP),
