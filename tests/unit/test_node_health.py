@@ -1,10 +1,18 @@
 """Unhealthy-node decisions on scripted windows (issue 31): the threshold scorer, and the judge's hysteresis, minority
-cap, pins and refusal to flap."""
+cap, pins and refusal to flap; the nameserver's windows from heartbeat counts, pins in the metadata, and leaderships
+off a degraded node."""
 
 from __future__ import annotations
 
+import orjson
+
 from rocket import limits
 from rocket.ml.health import DEGRADED, HEALTHY, HealthJudge, NodeWindow, ThresholdScorer
+from rocket.ml.placement import GroupLoad, degraded_leader_transfer
+from rocket.raft.core import Entry
+from rocket.roles.nameserver.health import fsync_window, node_windows
+from rocket.roles.nameserver.metadata import Metadata
+from rocket.telemetry.registry import FSYNC_BUCKETS
 
 NODES = [1, 2, 3]
 
@@ -102,3 +110,52 @@ def test_a_window_without_data_keeps_the_runs():
     for window in [windows({3: 0.05}), windows({3: 0.05})[:2], windows({3: 0.05}), windows({3: 0.05})]:
         judge.judge([scorer.score(node, window) for node in window], NODES, {})
     assert judge.nodes[3].state == DEGRADED and judge.nodes[3].unhealthy_windows == 3
+
+
+def test_windows_are_the_differences_of_the_heartbeats_counts():
+    """The nameserver's window: fsync p99 from bucket differences (None below the minimum count or after a restart),
+    and the calls other nodes made to a node by its address, with their failures."""
+    def buckets(fast: int, slow: int) -> list[int]:  # fast ones under 1 ms, slow ones under 50 ms (cumulative)
+        return [0] * 4 + [fast] * 5 + [fast + slow] * (len(FSYNC_BUCKETS) - 9)
+
+    assert fsync_window(buckets(100, 0), buckets(100, 100))[1] == 100
+    assert 0.02 < fsync_window(buckets(100, 0), buckets(100, 100))[0] <= 0.05
+    assert fsync_window(buckets(100, 0), buckets(105, 0)) == (None, 5)  # too few to say
+    assert fsync_window(buckets(100, 0), buckets(50, 0)) == (None, 0)  # restarted: counts went back
+    before = {1: {"fsync_buckets": buckets(10, 0), "peer_calls": [{"peer": "h:3", "calls": 10, "errors": 0}]},
+              3: {"fsync_buckets": buckets(10, 0), "peer_calls": []}}
+    after = {1: {"fsync_buckets": buckets(60, 0), "peer_calls": [{"peer": "h:3", "calls": 60, "errors": 20},
+                                                                 {"peer": "h:1", "calls": 5, "errors": 5}]},
+             3: {"fsync_buckets": buckets(10, 50), "peer_calls": []}, 2: {"fsync_buckets": buckets(60, 0)}}
+    windows = {window.node: window for window in node_windows(before, after, {"h:1": 1, "h:3": 3})}
+    assert windows[3].calls == 50 and windows[3].call_errors == 20 and windows[3].fsyncs == 50
+    assert windows[1].calls == 0  # its calls to itself do not count
+    assert windows[2].fsync_p99_s is None  # no count at the window's start
+
+
+def test_pins_are_kept_in_the_metadata_and_its_snapshots():
+    """A health_pin command sets a node's pin; a snapshot keeps it; a snapshot from before pins reads as auto."""
+    metadata = Metadata()
+    commands = [{"op": "register", "node": 3, "address": "h:3", "roles": ["storage"]},
+                {"op": "health_pin", "node": 3, "pin": "degraded"},
+                {"op": "register", "node": 3, "address": "h:4", "roles": ["storage"]},
+                {"op": "health_pin", "node": 9, "pin": "degraded"}]
+    results = metadata.apply([Entry(1, number + 1, orjson.dumps(command)) for number, command in enumerate(commands)],
+                             None)
+    assert metadata.nodes[3].health_pin == "degraded" and "BAD_REQUEST" in str(results[-1])
+    restored = Metadata()
+    restored.restore(metadata.snapshot())
+    assert restored.nodes[3].health_pin == "degraded"
+    old = orjson.loads(b"".join(metadata.snapshot()))
+    del old["nodes"][0]["health_pin"]
+    restored.restore([orjson.dumps(old)])
+    assert restored.nodes[3].health_pin == "auto"
+
+
+def test_leaderships_leave_a_degraded_node_for_its_least_loaded_healthy_voter():
+    """The busiest group a degraded node leads goes first, to the healthy voter leading least."""
+    groups = [GroupLoad(2, 3, 100.0, 0), GroupLoad(3, 3, 900.0, 0), GroupLoad(4, 1, 50.0, 0)]
+    voters = {2: (1, 2, 3), 3: (1, 2, 3), 4: (1, 2, 3)}
+    assert degraded_leader_transfer(groups, voters, [1, 2], {3}) == (3, 2)
+    assert degraded_leader_transfer(groups, voters, [1, 2], set()) is None
+    assert degraded_leader_transfer(groups, {2: (3,), 3: (3,), 4: (1,)}, [1, 2], {3}) is None  # no healthy voter
