@@ -1,0 +1,335 @@
+"""The slow disk of benchmarks/faults.py: a FUSE passthrough (pyfuse3, on trio) over a backing directory that
+delays fsync and fdatasync, and optionally writes, by the DiskSettings its server is given (faults.py `slowfs`
+polls a control file for them). This is the technique of Scylla's CharybdeFS.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from dataclasses import dataclass
+
+import trio
+
+FSYNC_DELAY_FLOOR_S_PER_FACTOR = 0.0005  # a slow fsync takes at least factor x 0.5 ms, even over a fast real one
+
+
+@dataclass(frozen=True)
+class DiskSettings:
+    factor: float = 1.0  # fsync and fdatasync take this many times as long (1: untouched)
+    write_delay_ms: float = 0.0  # added to every write
+
+    def check(self) -> None:
+        if self.factor < 1 or self.write_delay_ms < 0:
+            raise ValueError("factor must be at least 1 and write_delay_ms not negative")
+
+
+def fsync_delay_s(factor: float, real_s: float) -> float:
+    if factor <= 1:
+        return 0.0
+    return max((factor - 1) * real_s, factor * FSYNC_DELAY_FLOOR_S_PER_FACTOR)
+
+
+def make_operations():
+    import pyfuse3
+    from pyfuse3 import FUSEError
+
+    def fuse_error(error: OSError) -> FUSEError:
+        return FUSEError(error.errno or errno.EIO)
+
+    class SlowOperations(pyfuse3.Operations):
+        """pyfuse3's passthroughfs example, with one backing descriptor per open (so a file opened for reading
+        and then for writing works), directory renames that move the paths below them, and slow fsyncs."""
+
+        def __init__(self, backing: str):
+            super().__init__()
+            self.settings = DiskSettings()
+            self.paths: dict[int, set[str]] = {pyfuse3.ROOT_INODE: {backing}}
+            self.lookups: dict[int, int] = {}
+            self.open_descriptors: dict[int, set[int]] = {}  # inode -> backing descriptors open on it
+            self.descriptor_inodes: dict[int, int] = {}
+
+        def path(self, inode: int) -> str:
+            try:
+                return next(iter(self.paths[inode]))
+            except (KeyError, StopIteration):
+                raise FUSEError(errno.ENOENT) from None
+
+        def remember(self, inode: int, path: str) -> None:
+            self.lookups[inode] = self.lookups.get(inode, 0) + 1
+            self.paths.setdefault(inode, set()).add(path)
+
+        def forget_path(self, inode: int, path: str) -> None:
+            paths = self.paths.get(inode)
+            if paths is not None:
+                paths.discard(path)
+
+        async def forget(self, inode_list) -> None:
+            for inode, count in inode_list:
+                left = self.lookups.get(inode, 0) - count
+                if left > 0:
+                    self.lookups[inode] = left
+                    continue
+                self.lookups.pop(inode, None)
+                if inode not in self.open_descriptors:
+                    self.paths.pop(inode, None)
+
+        def attributes(self, path: str | None = None, descriptor: int | None = None):
+            try:
+                status = os.lstat(path) if descriptor is None else os.fstat(descriptor)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entry = pyfuse3.EntryAttributes()
+            for name in ("st_ino", "st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev", "st_size", "st_atime_ns",
+                         "st_mtime_ns", "st_ctime_ns", "st_blksize", "st_blocks"):
+                setattr(entry, name, getattr(status, name))
+            entry.generation = 0
+            entry.entry_timeout = 0
+            entry.attr_timeout = 0
+            return entry
+
+        async def lookup(self, parent_inode, name, ctx=None):
+            name_text = os.fsdecode(name)
+            path = os.path.join(self.path(parent_inode), name_text)
+            entry = self.attributes(path=path)
+            if name_text not in (".", ".."):
+                self.remember(entry.st_ino, path)
+            return entry
+
+        async def getattr(self, inode, ctx=None):
+            descriptors = self.open_descriptors.get(inode)
+            if descriptors:
+                return self.attributes(descriptor=next(iter(descriptors)))
+            return self.attributes(path=self.path(inode))
+
+        async def setattr(self, inode, attr, fields, fh, ctx):
+            target = fh if fh is not None else self.path(inode)
+            try:
+                if fields.update_size:
+                    os.truncate(target, attr.st_size)
+                if fields.update_mode:
+                    os.chmod(target, stat.S_IMODE(attr.st_mode))
+                if fields.update_uid or fields.update_gid:
+                    uid = attr.st_uid if fields.update_uid else -1
+                    gid = attr.st_gid if fields.update_gid else -1
+                    os.chown(target, uid, gid) if fh is not None else os.lchown(target, uid, gid)
+                if fields.update_atime or fields.update_mtime:
+                    old = os.fstat(fh) if fh is not None else os.lstat(target)
+                    atime_ns = attr.st_atime_ns if fields.update_atime else old.st_atime_ns
+                    mtime_ns = attr.st_mtime_ns if fields.update_mtime else old.st_mtime_ns
+                    if fh is not None:
+                        os.utime(fh, ns=(atime_ns, mtime_ns))
+                    else:
+                        os.utime(target, ns=(atime_ns, mtime_ns), follow_symlinks=False)
+            except OSError as error:
+                raise fuse_error(error) from None
+            return await self.getattr(inode)
+
+        async def readlink(self, inode, ctx):
+            try:
+                return os.fsencode(os.readlink(self.path(inode)))
+            except OSError as error:
+                raise fuse_error(error) from None
+
+        async def opendir(self, inode, ctx):
+            return inode
+
+        async def readdir(self, fh, start_id, token):
+            directory = self.path(fh)
+            try:
+                names = os.listdir(directory)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entries = []
+            for name in names:
+                try:
+                    entry = self.attributes(path=os.path.join(directory, name))
+                except FUSEError:
+                    continue  # removed since listdir
+                entries.append((entry.st_ino, name, entry))
+            # Offsets are inode numbers, so a listing that changes between calls neither repeats nor skips
+            # the entries that stay.
+            for inode, name, entry in sorted(entries):
+                if inode <= start_id:
+                    continue
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), entry, inode):
+                    break
+                self.remember(inode, os.path.join(directory, name))
+
+        async def fsyncdir(self, fh, datasync):
+            def sync() -> None:
+                descriptor = os.open(self.path(fh), os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(descriptor)
+                finally:
+                    os.close(descriptor)
+
+            await self.slow_sync(sync)
+
+        async def mkdir(self, parent_inode, name, mode, ctx):
+            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
+            try:
+                os.mkdir(path, mode & ~ctx.umask)
+                os.chown(path, ctx.uid, ctx.gid)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entry = self.attributes(path=path)
+            self.remember(entry.st_ino, path)
+            return entry
+
+        async def mknod(self, parent_inode, name, mode, rdev, ctx):
+            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
+            try:
+                os.mknod(path, mode & ~ctx.umask, rdev)
+                os.chown(path, ctx.uid, ctx.gid)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entry = self.attributes(path=path)
+            self.remember(entry.st_ino, path)
+            return entry
+
+        async def symlink(self, parent_inode, name, target, ctx):
+            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
+            try:
+                os.symlink(os.fsdecode(target), path)
+                os.lchown(path, ctx.uid, ctx.gid)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entry = self.attributes(path=path)
+            self.remember(entry.st_ino, path)
+            return entry
+
+        async def link(self, inode, new_parent_inode, new_name, ctx):
+            path = os.path.join(self.path(new_parent_inode), os.fsdecode(new_name))
+            try:
+                os.link(self.path(inode), path, follow_symlinks=False)
+            except OSError as error:
+                raise fuse_error(error) from None
+            self.remember(inode, path)
+            return await self.getattr(inode)
+
+        async def remove(self, parent_inode, name, remove) -> None:
+            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
+            try:
+                inode = os.lstat(path).st_ino
+                remove(path)
+            except OSError as error:
+                raise fuse_error(error) from None
+            self.forget_path(inode, path)
+
+        async def unlink(self, parent_inode, name, ctx):
+            await self.remove(parent_inode, name, os.unlink)
+
+        async def rmdir(self, parent_inode, name, ctx):
+            await self.remove(parent_inode, name, os.rmdir)
+
+        async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+            if flags:
+                raise FUSEError(errno.EINVAL)  # RENAME_NOREPLACE, RENAME_EXCHANGE: rocket does not use them
+            old = os.path.join(self.path(parent_inode_old), os.fsdecode(name_old))
+            new = os.path.join(self.path(parent_inode_new), os.fsdecode(name_new))
+            try:
+                replaced = os.lstat(new).st_ino
+            except OSError:
+                replaced = None
+            try:
+                os.rename(old, new)
+                inode = os.lstat(new).st_ino
+            except OSError as error:
+                raise fuse_error(error) from None
+            if replaced is not None and replaced != inode:
+                self.forget_path(replaced, new)
+            for paths in self.paths.values():  # the path itself, and everything below a renamed directory
+                moved = {each for each in paths if each == old or each.startswith(old + os.sep)}
+                paths.difference_update(moved)
+                paths.update(new + each[len(old):] for each in moved)
+
+        async def statfs(self, ctx):
+            root = self.path(pyfuse3.ROOT_INODE)
+            try:
+                status = os.statvfs(root)
+            except OSError as error:
+                raise fuse_error(error) from None
+            data = pyfuse3.StatvfsData()
+            for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail"):
+                setattr(data, name, getattr(status, name))
+            data.f_namemax = status.f_namemax
+            return data
+
+        def opened(self, inode: int, descriptor: int):
+            self.open_descriptors.setdefault(inode, set()).add(descriptor)
+            self.descriptor_inodes[descriptor] = inode
+            return pyfuse3.FileInfo(fh=descriptor)
+
+        @staticmethod
+        def backing_flags(flags: int) -> int:
+            # The kernel has already placed appends at the end; O_APPEND would make pwrite ignore the offset.
+            # O_DIRECT would demand aligned buffers of this process; the delay is what we emulate, not the cache.
+            return flags & ~(os.O_APPEND | getattr(os, "O_DIRECT", 0)) | os.O_CLOEXEC
+
+        async def open(self, inode, flags, ctx):
+            try:
+                descriptor = os.open(self.path(inode), self.backing_flags(flags))
+            except OSError as error:
+                raise fuse_error(error) from None
+            return self.opened(inode, descriptor)
+
+        async def create(self, parent_inode, name, mode, flags, ctx):
+            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
+            try:
+                descriptor = os.open(path, self.backing_flags(flags) | os.O_CREAT, mode & ~ctx.umask)
+                os.fchown(descriptor, ctx.uid, ctx.gid)
+            except OSError as error:
+                raise fuse_error(error) from None
+            entry = self.attributes(descriptor=descriptor)
+            self.remember(entry.st_ino, path)
+            return self.opened(entry.st_ino, descriptor), entry
+
+        async def read(self, fh, off, size):
+            try:
+                return os.pread(fh, size, off)
+            except OSError as error:
+                raise fuse_error(error) from None
+
+        async def write(self, fh, off, buf):
+            delay_ms = self.settings.write_delay_ms
+            if delay_ms:
+                await trio.sleep(delay_ms / 1000)
+            try:
+                return os.pwrite(fh, buf, off)
+            except OSError as error:
+                raise fuse_error(error) from None
+
+        async def flush(self, fh):
+            pass  # close() of one descriptor: nothing to do until release
+
+        async def release(self, fh):
+            inode = self.descriptor_inodes.pop(fh)
+            descriptors = self.open_descriptors[inode]
+            descriptors.discard(fh)
+            if not descriptors:
+                del self.open_descriptors[inode]
+                if inode not in self.lookups:
+                    self.paths.pop(inode, None)
+            try:
+                os.close(fh)
+            except OSError as error:
+                raise fuse_error(error) from None
+
+        async def fsync(self, fh, datasync):
+            await self.slow_sync(lambda: (os.fdatasync if datasync else os.fsync)(fh))
+
+        async def slow_sync(self, sync) -> None:
+            """Run the real sync in a thread (other requests go on), then stretch it by the factor in force."""
+            started = time.monotonic()
+            try:
+                await trio.to_thread.run_sync(sync)
+            except OSError as error:
+                raise fuse_error(error) from None
+            delay_s = fsync_delay_s(self.settings.factor, time.monotonic() - started)
+            if delay_s:
+                await trio.sleep(delay_s)
+
+    return SlowOperations
