@@ -168,38 +168,29 @@ def make_operations():
 
             await self.slow_sync(sync)
 
-        async def mkdir(self, parent_inode, name, mode, ctx):
+        def make_node(self, parent_inode, name, make, owner) -> pyfuse3.EntryAttributes:
+            """make(path) a node in the parent, owner(path) give it the caller's uid and gid; its attributes."""
             path = os.path.join(self.path(parent_inode), os.fsdecode(name))
             try:
-                os.mkdir(path, mode & ~ctx.umask)
-                os.chown(path, ctx.uid, ctx.gid)
+                make(path)
+                owner(path)
             except OSError as error:
                 raise fuse_error(error) from None
             entry = self.attributes(path=path)
             self.remember(entry.st_ino, path)
             return entry
+
+        async def mkdir(self, parent_inode, name, mode, ctx):
+            return self.make_node(parent_inode, name, lambda path: os.mkdir(path, mode & ~ctx.umask),
+                               lambda path: os.chown(path, ctx.uid, ctx.gid))
 
         async def mknod(self, parent_inode, name, mode, rdev, ctx):
-            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
-            try:
-                os.mknod(path, mode & ~ctx.umask, rdev)
-                os.chown(path, ctx.uid, ctx.gid)
-            except OSError as error:
-                raise fuse_error(error) from None
-            entry = self.attributes(path=path)
-            self.remember(entry.st_ino, path)
-            return entry
+            return self.make_node(parent_inode, name, lambda path: os.mknod(path, mode & ~ctx.umask, rdev),
+                               lambda path: os.chown(path, ctx.uid, ctx.gid))
 
         async def symlink(self, parent_inode, name, target, ctx):
-            path = os.path.join(self.path(parent_inode), os.fsdecode(name))
-            try:
-                os.symlink(os.fsdecode(target), path)
-                os.lchown(path, ctx.uid, ctx.gid)
-            except OSError as error:
-                raise fuse_error(error) from None
-            entry = self.attributes(path=path)
-            self.remember(entry.st_ino, path)
-            return entry
+            return self.make_node(parent_inode, name, lambda path: os.symlink(os.fsdecode(target), path),
+                               lambda path: os.lchown(path, ctx.uid, ctx.gid))
 
         async def link(self, inode, new_parent_inode, new_name, ctx):
             path = os.path.join(self.path(new_parent_inode), os.fsdecode(new_name))

@@ -110,17 +110,11 @@ class Metadata:
                 spec, queues=len(queue_groups), queue_groups=queue_groups,
                 groups=tuple(sorted(set(spec.groups) | set(command["queue_groups"]))))
         elif operation == "node_state":
-            node = self.nodes.get(command["node"])
-            if node is None:
-                raise RocketError(Code.BAD_REQUEST, f"node {command['node']} is not registered")
             invariant(command["state"] in NODE_STATES, "a known node state")
-            node.state = command["state"]
+            self._registered(command["node"]).state = command["state"]
         elif operation == "health_pin":
-            node = self.nodes.get(command["node"])
-            if node is None:
-                raise RocketError(Code.BAD_REQUEST, f"node {command['node']} is not registered")
             invariant(command["pin"] in HEALTH_PINS, "a known health pin")
-            node.health_pin = command["pin"]
+            self._registered(command["node"]).health_pin = command["pin"]
         elif operation == "move_start":
             members = self.groups.get(command["group"])
             if members is None or members.learners or command["add"] in members.voters:
@@ -170,6 +164,12 @@ class Metadata:
                 raise RocketError(Code.UNKNOWN_BUCKET, f"bucket {name[len(KV_PREFIX):]!r} does not exist")
             raise RocketError(Code.UNKNOWN_TOPIC, f"topic {name!r} does not exist")
         return spec
+
+    def _registered(self, node: int) -> NodeInfo:
+        found = self.nodes.get(node)
+        if found is None:
+            raise RocketError(Code.BAD_REQUEST, f"node {node} is not registered")
+        return found
 
     def _add_groups(self, new_groups: list[dict]) -> None:
         for group in new_groups:
