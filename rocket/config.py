@@ -80,6 +80,8 @@ class NodeConfig:
     telemetry_interval_s: float = limits.telemetry_interval_s_default
     # Unhealthy nodes: the nameserver leader judges each storage node's fsync p99 and failing calls once per window.
     health_window_s: float = limits.health_window_s_default
+    # false: judge and report, but act only on operators' pins (to measure what acting is worth)
+    health_act: bool = True
 
     @property
     def address(self) -> Address:
@@ -200,7 +202,7 @@ def _convert(key: str, value: object) -> object:
         if text and not text.startswith(("http://", "https://")):
             raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
         return text
-    if key in ("tier_s3_path_style", "wal_direct_io"):
+    if key in ("tier_s3_path_style", "wal_direct_io", "health_act"):
         return _parse_bool(key, value)
     if key == "telemetry_interval_s":
         interval_s = _parse_duration(key, value)

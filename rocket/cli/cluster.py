@@ -101,23 +101,27 @@ async def cluster_health(state: Annotated[str | None, typer.Argument(help="With 
     if as_json:
         sys.stdout.write(orjson.dumps(health).decode() + "\n")
         return
-    out.print(f"scorer [bold]{health['scorer']}[/bold]; windows of {health['window_s']:g} s, "
+    out.print(f"scorer [bold]{health['scorer']}[/bold] ({health['model']}); windows of {health['window_s']:g} s, "
               f"{health['windows_judged']} judged; degraded after {health['degrade_windows']} unhealthy windows, "
               f"back after {health['recover_windows']} healthy ones")
-    table = Table("node", "state", "pin", "fsync p99", "peers' p99", "calls to it", "failed", "verdict",
-                  "unhealthy run", "healthy run", "reason", title="node health (last window)")
+    table = Table("node", "state", "pin", "fsync p99", "calls to it", "their p99", "failed", "CPU denied",
+                  "Raft lag", "score", "unhealthy run", "healthy run", "reason", title="node health (last window)")
+
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1000:.1f} ms" if seconds >= 0 else "-"
+
     for row in health["nodes"]:
-        features = {feature["name"]: feature["value"] for feature in row["features"]}
-
-        def ms(name: str) -> str:
-            return f"{features[name] * 1000:.1f} ms" if name in features else "-"
-
-        failed = f"{features['call_error_rate']:.0%}" if "call_error_rate" in features else "-"
+        failed = f"{row['call_errors'] / row['calls']:.0%}" if row["calls"] else "-"
         state_text = "[red]degraded[/red]" if row["state"] == "degraded" else "[green]healthy[/green]"
-        table.add_row(str(row["node"]), state_text, row["pin"], ms("fsync_p99_s"), ms("peer_fsync_p99_s"),
-                      str(row["calls"]), failed, row["verdict"], str(row["unhealthy_windows"]),
+        table.add_row(str(row["node"]), state_text, row["pin"], ms(row["fsync_p99_s"]), str(row["calls"]),
+                      ms(row["call_p99_s"]), failed, f"{row['cpu_starved_s'] / health['window_s']:.0%}",
+                      str(row["raft_lag_entries"]), f"{row['score']:.2f}", str(row["unhealthy_windows"]),
                       str(row["healthy_windows"]), row["reason"])
     out.print(table)
+    for row in health["nodes"] if node else ():  # one node: the verdict and the features it rests on
+        out.print(f"node {row['node']}: {row['verdict']}")
+        for feature in row["features"]:
+            out.print(f"  {feature['name']} = {feature['value']:.4g}")
 
 
 @app.command("drain")

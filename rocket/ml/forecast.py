@@ -27,6 +27,8 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 
+from rocket.ml.trees import ModelError, check_trees, ensemble_sum
+
 STEP_MS = 60_000  # one step of a queue's history
 TARGET = "relative_change"  # what the trees predict: (bytes/s over the horizon - rate_1m) / scale
 MODEL_FORMAT = "rocket.forecast"
@@ -50,12 +52,6 @@ CALENDAR = slice(FEATURES.index("hour_sin"), FEATURES.index("weekday_cos") + 1)
 SCALE_MIN = 1.0  # bytes/s
 CHANGE_MAX = 10.0  # scales: the trees' correction is within +-this (training clips its targets, the scorer its sum)
 AGE_H_MAX = 24 * 90  # older than this counts as this old: a model trained on 30 days knows no older queue
-TREE_DEPTH_MAX = 32  # deeper is not a tree Spark's GBT grows (maxDepth <= 30), so a corrupt file
-TREES_MAX = 10_000
-
-
-class ModelError(ValueError):
-    """A model file that cannot be used, and why, in one line."""
 
 
 def window_mean(steps: Mapping[int, float], last_step: int, count: int) -> float:
@@ -121,12 +117,7 @@ class Forecaster:
 
     def predict(self, features: Sequence[float]) -> float:
         """Bytes/s in over the horizon; never negative (a tree may extrapolate below zero)."""
-        total = 0.0
-        for weight, node in self.trees:
-            while "value" not in node:
-                node = node["left"] if features[node["feature"]] <= node["threshold"] else node["right"]
-            total += weight * node["value"]
-        total = min(max(total, -CHANGE_MAX), CHANGE_MAX)
+        total = min(max(ensemble_sum(self.trees, features), -CHANGE_MAX), CHANGE_MAX)
         return max(0.0, features[0] + features[1] * total)  # rate_1m + scale x the correction
 
 
@@ -149,32 +140,4 @@ def check_model(document: object) -> None:
         raise ModelError(f"target must be {TARGET!r}, got {document.get('target')!r}")
     if not isinstance(document.get("metrics"), dict):
         raise ModelError("metrics must be an object")
-    trees = document.get("trees")
-    if not isinstance(trees, list) or not 1 <= len(trees) <= TREES_MAX:
-        raise ModelError(f"trees must be a list of 1..{TREES_MAX} trees")
-    for number, tree in enumerate(trees):
-        if not isinstance(tree, dict) or not _finite(tree.get("weight")):
-            raise ModelError(f"tree {number}: a tree is an object with a finite weight")
-        _check_node(tree.get("root"), f"tree {number}", 0)
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_node(node: object, where: str, depth: int) -> None:
-    if depth > TREE_DEPTH_MAX:
-        raise ModelError(f"{where}: deeper than {TREE_DEPTH_MAX}")
-    if not isinstance(node, dict):
-        raise ModelError(f"{where}: a node is an object")
-    if "value" in node:
-        if not _finite(node["value"]) or len(node) != 1:
-            raise ModelError(f"{where}: a leaf is {{\"value\": a finite number}}")
-        return
-    feature = node.get("feature")
-    if not isinstance(feature, int) or isinstance(feature, bool) or not 0 <= feature < len(FEATURES):
-        raise ModelError(f"{where}: feature must be an index below {len(FEATURES)}, got {feature!r}")
-    if not _finite(node.get("threshold")) or set(node) != {"feature", "threshold", "left", "right"}:
-        raise ModelError(f"{where}: a split is {{feature, threshold, left, right}} with a finite threshold")
-    _check_node(node["left"], where, depth + 1)
-    _check_node(node["right"], where, depth + 1)
+    check_trees(document.get("trees"), len(FEATURES))

@@ -6,10 +6,13 @@ hysteresis, operator pins and a minority cap. Pure: no I/O, no clock; windows co
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import statistics
 from typing import Protocol
 
 from rocket import limits
+from rocket.ml.trees import ModelError, check_trees, ensemble_sum, finite
 
 HEALTHY, DEGRADED, AUTO = "healthy", "degraded", "auto"
 PINS = (HEALTHY, DEGRADED, AUTO)
@@ -17,18 +20,99 @@ PINS = (HEALTHY, DEGRADED, AUTO)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeWindow:
-    """What one storage node's heartbeats showed in one window."""
+    """What one storage node's heartbeats (and its group leaders') showed in one window. The nameserver leader logs
+    every window it judges to its telemetry (`WINDOW_FIELDS`), and the Spark job trains on those logged windows:
+    the model learns from exactly what it will be shown."""
 
     node: int
     fsync_p99_s: float | None = None  # None: too few fsyncs to say (limits.health_fsyncs_min)
     fsyncs: int = 0
     calls: int = 0  # calls the other nodes made to this one (that ended: answered or failed)
     call_errors: int = 0  # ... and those that failed
+    call_p99_s: float | None = None  # the p99 of the answered ones (None: fewer than limits.health_calls_min)
+    cpu_starved_s: float = 0.0  # CPU seconds the node was denied in the window (steal and cgroup throttling)
+    raft_lag_entries: int = 0  # entries it was behind its groups' leaders at the window's end, summed
+    followed: int = 0  # groups it follows (a voter, not the leader): what raft_lag_entries is over
+    seconds: float = limits.health_window_s_default  # the window's length
+    at_ms: int = 0  # the window's end, wall-clock ms
 
     @property
     def error_rate(self) -> float | None:
         """The share of calls to this node that failed; None with too few to say (limits.health_calls_min)."""
         return self.call_errors / self.calls if self.calls >= limits.health_calls_min else None
+
+
+WINDOW_FIELDS = tuple(field.name for field in dataclasses.fields(NodeWindow))
+KINDS = ("slow_disk", "link", "cpu")  # the faults a verdict names (faults.py injects each)
+# The model's features of a node's window, all relative to the other storage nodes' windows of the same time where
+# that makes sense, so that a busy or slow period of the whole cluster is nobody's fault. Perseus (FAST 2023) regresses
+# latency on throughput across the fleet; here a node's latency over its peers' median sits beside its throughput
+# over theirs, and the trees learn where a ratio stops being load.
+FEATURES = (
+    "fsync_p99_log10",  # seconds; missing: the peers' median
+    "fsync_peer_log2",  # log2 of the fsync p99 over the peers' median
+    "fsyncs_peer_log2",  # log2 of its fsyncs (+1) over the peers' median (+1): the throughput the latency is at
+    "call_p99_log10",  # seconds, of the calls the other nodes made to it; missing: the peers' median
+    "call_peer_log2",
+    "calls_peer_log2",
+    "call_error_rate",  # missing: 0
+    "cpu_starved_share",  # CPU seconds denied per second
+    "cpu_starved_peer",  # ... minus the peers' median
+    "raft_lag_log10",  # log10 of 1 + the entries it is behind, per group it follows
+    "raft_lag_peer_log2",
+)
+FLOOR_S = 1e-5  # latencies below this (and a missing peer median) count as this
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _log2_ratio(value: float | None, reference: float | None, floor: float) -> float:
+    if value is None or reference is None:
+        return 0.0
+    return math.log2(max(value, floor) / max(reference, floor))
+
+
+def health_features(node: NodeWindow, peers: list[NodeWindow]) -> list[float]:
+    """FEATURES of node's window, given every storage node's window of the same time (node's own is skipped). One
+    definition: the nameserver calls it to score, and the Spark job inside its executors to build training rows."""
+    others = [peer for peer in peers if peer.node != node.node]
+    fsync_median = _median([peer.fsync_p99_s for peer in others if peer.fsync_p99_s is not None])
+    call_median = _median([peer.call_p99_s for peer in others if peer.call_p99_s is not None])
+    fsyncs_median = _median([peer.fsyncs for peer in others])
+    calls_median = _median([peer.calls for peer in others])
+    starved = node.cpu_starved_s / max(node.seconds, 1e-3)
+    starved_median = _median([peer.cpu_starved_s / max(peer.seconds, 1e-3) for peer in others]) or 0.0
+    lag = node.raft_lag_entries / node.followed if node.followed else 0.0
+    lag_median = _median([peer.raft_lag_entries / peer.followed for peer in others if peer.followed])
+    fsync = node.fsync_p99_s if node.fsync_p99_s is not None else fsync_median
+    call = node.call_p99_s if node.call_p99_s is not None else call_median
+    return [
+        math.log10(max(fsync or FLOOR_S, FLOOR_S)),
+        _log2_ratio(node.fsync_p99_s, fsync_median, FLOOR_S),
+        _log2_ratio(node.fsyncs + 1, None if fsyncs_median is None else fsyncs_median + 1, 1.0),
+        math.log10(max(call or FLOOR_S, FLOOR_S)),
+        _log2_ratio(node.call_p99_s, call_median, FLOOR_S),
+        _log2_ratio(node.calls + 1, None if calls_median is None else calls_median + 1, 1.0),
+        node.error_rate or 0.0,
+        starved,
+        starved - starved_median,
+        math.log10(1.0 + lag),
+        _log2_ratio(lag + 1.0, None if lag_median is None else lag_median + 1.0, 1.0),
+    ]
+
+
+def evidence(node: NodeWindow) -> frozenset[str]:
+    """The KINDS a window can tell about: a disk with enough fsyncs, a link with enough calls or a group to follow;
+    CPU always. A degraded node returns only on windows that speak of what degraded it (a node that leads nothing
+    gets few calls, and their absence says nothing of its links)."""
+    kinds = {"cpu"}
+    if node.fsync_p99_s is not None:
+        kinds.add("slow_disk")
+    if node.calls >= limits.health_calls_min or node.followed:
+        kinds.add("link")
+    return frozenset(kinds)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,6 +122,8 @@ class Verdict:
     reason: str  # one line for an operator: "slow disk: ...", "failing calls: ...", or why it is healthy
     score: float  # how far past its bounds, 1.0 at a bound: the worst-scoring node is degraded first
     features: dict[str, float]  # the features the verdict rests on, by name, most telling first
+    kind: str = ""  # of KINDS when unhealthy: what is wrong
+    judged: frozenset[str] = frozenset(KINDS)  # the kinds the window had evidence of (evidence())
 
 
 class Scorer(Protocol):
@@ -80,15 +166,119 @@ class ThresholdScorer:
             error_score = error_rate / self.error_rate_max
         if error_score > fsync_score:  # the most telling feature first
             features = {"call_error_rate": features.pop("call_error_rate"), **features}
+        judged = evidence(node)
         if fsync_score >= 1.0 and fsync_score >= error_score:
             return Verdict(node.node, True, f"slow disk: fsync p99 {node.fsync_p99_s * 1000:.1f} ms, "
-                           f"{features['fsync_peer_ratio']:.1f}x the other nodes' median", fsync_score, features)
+                           f"{features['fsync_peer_ratio']:.1f}x the other nodes' median", fsync_score, features,
+                           "slow_disk", judged)
         if error_score >= 1.0:
             return Verdict(node.node, True, f"failing calls: {error_rate:.0%} of {node.calls} calls from other "
-                           "nodes failed", error_score, features)
+                           "nodes failed", error_score, features, "link", judged)
         if node.fsync_p99_s is None and error_rate is None:
-            return Verdict(node.node, False, "no data in this window", 0.0, features)
-        return Verdict(node.node, False, "within bounds", max(fsync_score, error_score), features)
+            return Verdict(node.node, False, "no data in this window", 0.0, features, "", judged)
+        return Verdict(node.node, False, "within bounds", max(fsync_score, error_score), features, "", judged)
+
+
+MODEL_FORMAT = "rocket.health"
+MODEL_VERSION = 1
+KIND_NAMES = {"slow_disk": "slow disk", "link": "slow or failing link", "cpu": "CPU starved"}
+
+
+class HealthModel:
+    """The node-health model jobs/train_health.py exports: per kind of fault, a gradient-boosted ensemble of
+    classification trees (Spark's GBTClassifier: the probability is 1 / (1 + exp(-2 x the trees' sum))), the
+    probability above which a window is that kind of unhealthy (chosen by the job for the best F1), and the features'
+    importances. The file is JSON (MODEL_FORMAT, MODEL_VERSION); from_json refuses anything else with one line."""
+
+    def __init__(self, document: dict):
+        self.document = document
+        self.version: str = document["model_version"]
+        self.window_s: float = document["window_s"]
+        self.metrics: dict = document["metrics"]
+        self.kinds = {kind: ([(tree["weight"], tree["root"]) for tree in spec["trees"]], spec["threshold"],
+                             spec["importances"]) for kind, spec in document["kinds"].items()}
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> HealthModel:
+        try:
+            document = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ModelError(f"not JSON: {error}") from None
+        check_model(document)
+        return cls(document)
+
+    def probabilities(self, features: list[float]) -> dict[str, float]:
+        return {kind: 1.0 / (1.0 + math.exp(-2.0 * min(max(ensemble_sum(trees, features), -300.0), 300.0)))
+                for kind, (trees, _, _) in self.kinds.items()}
+
+
+def check_model(document: object) -> None:
+    """Raise ModelError unless document is a node-health model this code can score."""
+    if not isinstance(document, dict):
+        raise ModelError("a model is a JSON object")
+    if document.get("format") != MODEL_FORMAT or document.get("format_version") != MODEL_VERSION:
+        raise ModelError(f"format {document.get('format')!r} version {document.get('format_version')!r}; this node "
+                         f"reads {MODEL_FORMAT!r} version {MODEL_VERSION}")
+    if document.get("features") != list(FEATURES):
+        raise ModelError(f"its features {document.get('features')!r} are not this node's {list(FEATURES)!r}")
+    if not isinstance(document.get("model_version"), str) or not document["model_version"]:
+        raise ModelError("model_version must be a non-empty string")
+    if not finite(document.get("window_s")) or not document["window_s"] > 0:
+        raise ModelError(f"window_s must be a positive number, got {document.get('window_s')!r}")
+    if not isinstance(document.get("metrics"), dict):
+        raise ModelError("metrics must be an object")
+    kinds = document.get("kinds")
+    if not isinstance(kinds, dict) or not kinds or not set(kinds) <= set(KINDS):
+        raise ModelError(f"kinds must be an object of some of {', '.join(KINDS)}")
+    for kind, spec in kinds.items():
+        if not isinstance(spec, dict):
+            raise ModelError(f"kinds.{kind} must be an object")
+        check_trees(spec.get("trees"), len(FEATURES), f"kinds.{kind}.trees")
+        if not finite(spec.get("threshold")) or not 0 < spec["threshold"] < 1:
+            raise ModelError(f"kinds.{kind}.threshold must be a probability in (0, 1)")
+        importances = spec.get("importances")
+        if not isinstance(importances, list) or len(importances) != len(FEATURES) or not all(map(finite, importances)):
+            raise ModelError(f"kinds.{kind}.importances must be {len(FEATURES)} numbers")
+
+
+def describe(kind: str, node: NodeWindow, features: list[float]) -> str:
+    """What an operator checks first for a kind of fault, in the window's own figures."""
+    named = dict(zip(FEATURES, features))
+    if kind == "slow_disk":
+        p99 = f"{node.fsync_p99_s * 1000:.1f} ms" if node.fsync_p99_s is not None else "unknown"
+        return f"fsync p99 {p99}, {2 ** named['fsync_peer_log2']:.1f}x the other nodes' median"
+    if kind == "link":
+        p99 = f"{node.call_p99_s * 1000:.1f} ms" if node.call_p99_s is not None else "unknown"
+        return (f"calls to it: p99 {p99}, {2 ** named['call_peer_log2']:.1f}x the other nodes', "
+                f"{named['call_error_rate']:.0%} failed; {node.raft_lag_entries} entries behind its leaders")
+    return f"denied {named['cpu_starved_share']:.0%} of a CPU"
+
+
+class ModelScorer:
+    """Scores windows with a HealthModel: unhealthy when some kind's probability reaches that kind's threshold (the
+    worst kind, relative to its threshold, names the reason). The verdict's features are the kind's most important
+    ones, with this window's values."""
+
+    def __init__(self, model: HealthModel):
+        self.model = model
+        self.name = f"model {model.version}"
+
+    def score(self, node: NodeWindow, peers: list[NodeWindow]) -> Verdict:
+        features = health_features(node, peers)
+        probabilities = self.model.probabilities(features)
+        judged = evidence(node)
+        kind = max(probabilities, key=lambda kind: (probabilities[kind] / self.model.kinds[kind][1], kind))
+        threshold, importances = self.model.kinds[kind][1], self.model.kinds[kind][2]
+        score = probabilities[kind] / threshold
+        top = sorted(range(len(FEATURES)), key=lambda index: -importances[index])[:4]
+        named = {f"p_{name}": probabilities[name] for name in sorted(probabilities, key=probabilities.get,
+                                                                        reverse=True)}
+        named.update((FEATURES[index], features[index]) for index in top)
+        if score >= 1.0:
+            return Verdict(node.node, True, f"{KIND_NAMES[kind]}: {describe(kind, node, features)} (p={probabilities[kind]:.2f})",
+                           score, named, kind, judged)
+        return Verdict(node.node, False, f"within bounds (worst: {KIND_NAMES[kind]}, p={probabilities[kind]:.2f} "
+                       f"of {threshold:.2f})", score, named, "", judged)
 
 
 @dataclasses.dataclass(slots=True)
@@ -104,6 +294,7 @@ class NodeHealth:
     healthy_windows: int = 0
     reason: str = ""  # why it is in its state, for `rocket cluster status`
     verdict: Verdict | None = None
+    kind: str = ""  # what degraded it (of KINDS), while it is
 
 
 class HealthJudge:
@@ -147,6 +338,7 @@ class HealthJudge:
                                  "minority cap allows"
                 continue
             health.automatic = health.state = DEGRADED
+            health.kind = health.verdict.kind if health.verdict else ""
         return self.nodes
 
     def _count(self, health: NodeHealth) -> None:
@@ -155,13 +347,17 @@ class HealthJudge:
         verdict = health.verdict
         if verdict is None:
             return
+        if health.automatic == DEGRADED and not verdict.unhealthy and health.kind and health.kind not in verdict.judged:
+            health.reason = f"degraded ({KIND_NAMES.get(health.kind, health.kind)}); this window had no evidence of it"
+            return
         if verdict.unhealthy:
             health.unhealthy_windows, health.healthy_windows = health.unhealthy_windows + 1, 0
         else:
             health.unhealthy_windows, health.healthy_windows = 0, health.healthy_windows + 1
         if health.automatic == DEGRADED:
             if health.healthy_windows >= self.recover_windows:
-                health.automatic, health.reason = HEALTHY, f"recovered: healthy for {health.healthy_windows} windows"
+                health.automatic, health.kind = HEALTHY, ""
+                health.reason = f"recovered: healthy for {health.healthy_windows} windows"
             elif verdict.unhealthy:
                 health.reason = f"{verdict.reason} ({health.unhealthy_windows} windows)"
             else:

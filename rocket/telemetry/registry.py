@@ -10,6 +10,7 @@ registry: a node may hold a million queues, and Prometheus wants few series.
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import time
@@ -25,6 +26,7 @@ FSYNC_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.0
 RPC_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
                float("inf"))
 QUANTILES = (("p50", 0.5), ("p99", 0.99))
+NOTED_MAX = 100_000  # records noted between two samples (an hour of 10 s health windows of 100 nodes is 40,000)
 
 
 class Telemetry:
@@ -55,6 +57,7 @@ class Telemetry:
         self._counters: dict[tuple, float] = {}  # (sample name, labels) -> value at the last sample
         self._buckets: dict[tuple, list[float]] = {}  # (histogram, labels) -> bucket counts at the last sample
         self._group_totals: dict[int, list[int]] = {}  # group -> [messages in, bytes in, messages out, bytes out]
+        self._noted: collections.deque[dict] = collections.deque(maxlen=NOTED_MAX)  # what roles noted since the last sample
 
     def add_collector(self, collect: Callable[[], Iterable[Metric]]) -> None:
         self._collectors.append(collect)
@@ -78,24 +81,37 @@ class Telemetry:
 
     def health_counts(self) -> dict:
         """What a storage node's heartbeat tells the nameservers about its health, all cumulative since it started:
-        its fsyncs per bucket of FSYNC_BUCKETS, and per address of another node the calls made to it that ended
-        (answered or failed) and those that failed. Read once per heartbeat from the histograms the fsyncs and calls
+        its fsyncs per bucket of FSYNC_BUCKETS; per address of another node, the calls made to it that ended
+        (answered or failed), those that failed, and the answered ones per bucket of RPC_BUCKETS; and the CPU time
+        it was denied (steal and cgroup throttling). Read once per heartbeat from the histograms the fsyncs and calls
         feed anyway."""
         fsync = [int(sample.value) for metric in self.fsync_seconds.collect() for sample in metric.samples
                  if sample.name.endswith("_bucket")]
-        calls: dict[str, list[int]] = {}
+        calls: dict[str, dict] = {}
         for metric in self.peer_rpc_seconds.collect():
             for sample in metric.samples:
+                entry = calls.setdefault(sample.labels["peer"], {"calls": 0, "errors": 0, "buckets": []})
                 if sample.name.endswith("_count"):
-                    calls.setdefault(sample.labels["peer"], [0, 0])[0] += int(sample.value)
+                    entry["calls"] += int(sample.value)
+                elif sample.name.endswith("_bucket"):
+                    entry["buckets"].append(int(sample.value))
         for metric in self.peer_rpc_errors.collect():
             for sample in metric.samples:
                 if sample.name.endswith("_total"):
-                    entry = calls.setdefault(sample.labels["peer"], [0, 0])
-                    entry[0] += int(sample.value)
-                    entry[1] += int(sample.value)
-        return {"fsync_buckets": fsync, "peer_calls": [{"peer": peer, "calls": ended, "errors": failed}
-                                                        for peer, (ended, failed) in sorted(calls.items())]}
+                    entry = calls.setdefault(sample.labels["peer"], {"calls": 0, "errors": 0, "buckets": []})
+                    entry["calls"] += int(sample.value)
+                    entry["errors"] += int(sample.value)
+        starved = (cpu_steal_s() or 0.0) + (cpu_throttled_s() or 0.0)
+        return {"fsync_buckets": fsync, "cpu_starved_s": starved,
+                "peer_calls": [{"peer": peer, **entry} for peer, entry in sorted(calls.items())]}
+
+    def note(self, time_ms: int, metric: str, labels: dict[str, str], value: float) -> None:
+        """A record for the next sample, as a role measured it at time_ms (the nameserver's judged health windows):
+        never in the registry. Past TELEMETRY_NOTED_MAX waiting, the oldest are dropped and counted."""
+        if len(self._noted) == NOTED_MAX:
+            self.samples_dropped.inc()
+        self._noted.append({"time_ms": time_ms, "node": self.node_id, "metric": metric, "labels": labels,
+                            "value": float(value), "rate": None})
 
     def collect(self) -> Iterable[Metric]:
         """prometheus_client's collector protocol: every family the components' collectors give."""
@@ -148,6 +164,8 @@ class Telemetry:
         add("rocket_fsync_seconds_max", {}, fsync_max_s)
         if self.traffic is not None:
             self._traffic(add, interval_s)
+        records += self._noted
+        self._noted.clear()
         return records
 
     def _histogram(self, family: Metric, counter, add) -> None:

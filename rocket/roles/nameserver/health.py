@@ -15,69 +15,134 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.ml.health import AUTO, DEGRADED, PINS, HealthJudge, NodeWindow, Scorer, ThresholdScorer
-from rocket.telemetry.registry import FSYNC_BUCKETS, bucket_quantile
+from rocket.ml.health import (AUTO, DEGRADED, PINS, WINDOW_FIELDS, HealthJudge, HealthModel, ModelScorer, NodeWindow,
+                              Scorer, ThresholdScorer)
+from rocket.ml.trees import ModelError
+from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS, bucket_quantile
 
 log = logging.getLogger("rocket.nameserver")
 
+HEALTH_MODEL_KEY = "models/health/latest.json"
+WINDOW_METRIC = "rocket_health_window_"  # + a NodeWindow field: the windows judged, noted in the telemetry
 
-def fsync_window(before: list[int], after: list[int]) -> tuple[float | None, int]:
-    """(p99 in seconds or None, fsyncs) of a window, from the cumulative bucket counts at its ends; None too when
-    the counts went back (the node restarted) or there were too few fsyncs to say."""
-    if len(after) != len(FSYNC_BUCKETS) or len(before) not in (0, len(after)):
+
+def quantile_window(before: list[int], after: list[int], bounds: tuple[float, ...], least: int
+                    ) -> tuple[float | None, int]:
+    """(p99 in seconds or None, observations) of a window, from a histogram's cumulative bucket counts at its ends;
+    None too when the counts went back (the node restarted) or there were fewer than least observations."""
+    if len(after) != len(bounds) or len(before) not in (0, len(after)):
         return None, 0
     increases = [now - then for now, then in zip(after, before or [0] * len(after))]
     if any(increase < 0 for increase in increases):
         return None, 0
-    fsyncs = increases[-1]
-    if fsyncs < limits.health_fsyncs_min:
-        return None, fsyncs
-    return bucket_quantile(0.99, list(FSYNC_BUCKETS), increases), fsyncs
+    if increases[-1] < least:
+        return None, increases[-1]
+    return bucket_quantile(0.99, list(bounds), increases), increases[-1]
 
 
-def node_windows(before: dict[int, dict], after: dict[int, dict], addresses: dict[str, int]) -> list[NodeWindow]:
-    """Every node of after, its window since before (node -> heartbeat load, with fsync_buckets and peer_calls):
-    its fsync p99, and the calls the other nodes made to it (by its address) that ended and failed."""
-    calls = {node: [0, 0] for node in after}
+def fsync_window(before: list[int], after: list[int]) -> tuple[float | None, int]:
+    return quantile_window(before, after, FSYNC_BUCKETS, limits.health_fsyncs_min)
+
+
+def node_windows(before: dict[int, dict], after: dict[int, dict], addresses: dict[str, int],
+                 seconds: float = limits.health_window_s_default, at_ms: int = 0,
+                 followed: dict[int, int] | None = None) -> list[NodeWindow]:
+    """Every node of after, its window since before (node -> heartbeat load, with fsync_buckets, peer_calls,
+    cpu_starved_s and lagging): its fsync p99; the calls the other nodes made to it (by its address) that ended and
+    failed, and the p99 of the answered ones, their histograms summed over the callers; the CPU it was denied; and
+    how far behind its groups' leaders it was at the end (followed: node -> the groups it follows)."""
+    calls = {node: [0, 0, [0] * len(RPC_BUCKETS)] for node in after}
+    lag = {node: 0 for node in after}
     for reporter, load in after.items():
+        for entry in load.get("lagging", ()):
+            if entry["node"] in lag:
+                lag[entry["node"]] += entry["entries"]
         if reporter not in before:
             continue  # its counts began within the window, or before it: no difference to take
         earlier = {entry["peer"]: entry for entry in before[reporter].get("peer_calls", ())}
         for entry in load.get("peer_calls", ()):
             target = addresses.get(entry["peer"])
-            then = earlier.get(entry["peer"], {"calls": 0, "errors": 0})
+            then = earlier.get(entry["peer"], {"calls": 0, "errors": 0, "buckets": []})
             ended, failed = entry["calls"] - then["calls"], entry["errors"] - then["errors"]
             if target in calls and target != reporter and ended >= 0 and failed >= 0:
                 calls[target][0] += ended
                 calls[target][1] += failed
+                buckets, old = entry.get("buckets", []), then.get("buckets") or [0] * len(RPC_BUCKETS)
+                if len(buckets) == len(RPC_BUCKETS) == len(old) and all(a >= b for a, b in zip(buckets, old)):
+                    calls[target][2] = [total + a - b for total, a, b in zip(calls[target][2], buckets, old)]
     windows = []
     for node, load in sorted(after.items()):
         earlier = before.get(node)
         p99_s, fsyncs = (fsync_window(earlier.get("fsync_buckets", []), load.get("fsync_buckets", []))
                          if earlier is not None else (None, 0))
-        windows.append(NodeWindow(node, p99_s, fsyncs, calls[node][0], calls[node][1]))
+        call_p99_s, _ = quantile_window([], calls[node][2], RPC_BUCKETS, limits.health_calls_min)
+        starved = (max(0.0, load.get("cpu_starved_s", 0.0) - earlier.get("cpu_starved_s", 0.0))
+                   if earlier is not None else 0.0)
+        windows.append(NodeWindow(node, p99_s, fsyncs, calls[node][0], calls[node][1], call_p99_s, starved,
+                                  lag[node], (followed or {}).get(node, 0), seconds, at_ms))
     return windows
 
 
 class NodeHealthChecks:
     def _init_health(self, scorer: Scorer | None = None) -> None:
-        self.scorer: Scorer = scorer or ThresholdScorer()
+        self.threshold = ThresholdScorer()
+        self.scorer: Scorer = scorer or self.threshold
+        self.health_model_state = "no model"  # what `rocket cluster health` shows
+        self._health_model_text: bytes | None = None
         self.judge = HealthJudge()
         self._window_began: float | None = None  # trio time; None: no window yet on this leader
         self._window_counts: dict[int, dict] = {}  # node -> its counts when the window began
         self.windows: dict[int, NodeWindow] = {}  # the last window judged, per node
         self.windows_judged = 0
+        prefix = self.config.tier_s3_prefix
+        self._health_model_key = f"{prefix}/{HEALTH_MODEL_KEY}" if prefix else HEALTH_MODEL_KEY
+
+    async def _follow_health_model(self) -> None:
+        """Score with the model in the object store while it is valid, fresh, trained on windows like this
+        cluster's, and no worse than the threshold on its held-out runs; else with the threshold, saying why once."""
+        readable, text = await self._read_model(self._health_model_key, "health model")
+        if not readable or text == self._health_model_text:
+            return
+        if text is None:
+            self._score_by(self.threshold, "no model", None)
+            return
+        try:
+            model = HealthModel.from_json(text)
+        except ModelError as error:
+            self._score_by(self.threshold, f"model refused: {error}", text)
+            return
+        age_s = (self.clock.wall_ms() - int(model.metrics.get("trained_at_ms", 0))) / 1000
+        window_s = self.config.health_window_s
+        f1, threshold_f1 = model.metrics.get("f1"), model.metrics.get("threshold_f1")
+        if age_s > limits.model_stale_s:
+            self._score_by(self.threshold, f"model {model.version} is stale: trained {age_s / 86_400:.1f} days ago",
+                           text)
+        elif not 0.5 <= model.window_s / window_s <= 2.0:
+            self._score_by(self.threshold, f"model {model.version} refused: trained on {model.window_s:g} s windows, "
+                           f"this cluster judges {window_s:g} s ones", text)
+        elif isinstance(f1, (int, float)) and isinstance(threshold_f1, (int, float)) and f1 < threshold_f1:
+            self._score_by(self.threshold, f"model {model.version} refused: on held-out runs its F1 {f1:.2f} is "
+                           f"below the threshold's {threshold_f1:.2f}", text)
+        else:
+            self._score_by(ModelScorer(model), f"model {model.version}", text)
+
+    def _score_by(self, scorer: Scorer, state: str, text: bytes | None) -> None:
+        if state != self.health_model_state:
+            report = log.warning if "refused" in state or "stale" in state else log.info
+            report("node health: %s; scoring by %s", state, scorer.name)
+        self.scorer, self.health_model_state, self._health_model_text = scorer, state, text
 
     def degraded(self) -> set[int]:
         """The storage nodes to lead nothing and get nothing new: the judge's, and the ones pinned degraded (so
         that a pin acts at once, not at the next window)."""
         pinned = {node.id for node in self.metadata.nodes.values() if node.health_pin == DEGRADED}
         unpinned = {node.id for node in self.metadata.nodes.values() if node.health_pin != AUTO}
-        return pinned | (self.judge.degraded() - unpinned)
+        return pinned | (self.judge.degraded() - unpinned if self.config.health_act else set())
 
     def _counts_now(self) -> dict[int, dict]:
         storage = {node.id for node in self.metadata.storage_nodes()}
-        return {node: {"fsync_buckets": load.get("fsync_buckets", []), "peer_calls": load.get("peer_calls", [])}
+        return {node: {"fsync_buckets": load.get("fsync_buckets", []), "peer_calls": load.get("peer_calls", []),
+                       "cpu_starved_s": load.get("cpu_starved_s", 0.0), "lagging": load.get("lagging", [])}
                 for node, (_, load) in self._heartbeats.items()
                 if node in storage and self._node_state(node)[0] == "up"}
 
@@ -91,18 +156,50 @@ class NodeHealthChecks:
             return
         after = self._counts_now()
         addresses = {node.address: node.id for node in self.metadata.nodes.values()}
-        windows = node_windows(self._window_counts, after, addresses)
+        followed: dict[int, int] = {}
+        for group, members in self.metadata.groups.items():
+            for voter in members.voters:
+                if voter != self._leaders.get(group):
+                    followed[voter] = followed.get(voter, 0) + 1
+        windows = node_windows(self._window_counts, after, addresses, now - self._window_began,
+                               self.clock.wall_ms(), followed)
         self._window_began, self._window_counts = now, after
         self.windows = {window.node: window for window in windows}
         self.windows_judged += 1
+        self._note_windows(windows)
         before = self.degraded()
-        verdicts = [self.scorer.score(window, windows) for window in windows]
+        verdicts = [self._score(window, windows) for window in windows]
         pins = {node.id: node.health_pin for node in self.metadata.storage_nodes()}
         judged = self.judge.judge(verdicts, sorted(pins), pins)
         for node in sorted(self.degraded() ^ before):
             report = log.warning if node in self.degraded() else log.info
             report("node %d is %s: %s", node, judged[node].state if node in judged else "healthy",
                    judged[node].reason if node in judged else "")
+
+    def _score(self, window: NodeWindow, windows: list[NodeWindow]):
+        """The scorer's verdict; the threshold's if the model fails on this window (logged: never act on a failed
+        model)."""
+        if self.scorer is self.threshold:
+            return self.threshold.score(window, windows)
+        try:
+            return self.scorer.score(window, windows)
+        except (ArithmeticError, ValueError, TypeError, KeyError, IndexError) as error:
+            log.warning("node health: %s failed on node %d's window (%r); the threshold judges it", self.scorer.name,
+                        window.node, error)
+            return self.threshold.score(window, windows)
+
+    def _note_windows(self, windows: list[NodeWindow]) -> None:
+        """Every window judged into this node's telemetry, field by field (a missing p99 left out): the health
+        model trains on them (jobs/train_health.py)."""
+        telemetry = self.peers.telemetry
+        if telemetry is None:
+            return
+        for window in windows:
+            labels = {"target": str(window.node)}
+            for field in WINDOW_FIELDS[1:]:
+                value = getattr(window, field)
+                if value is not None:
+                    telemetry.note(window.at_ms, WINDOW_METRIC + field, labels, value)
 
     def _health_of(self, node: int) -> tuple[str, str]:
         """(healthy | degraded, the reason) of a storage node, or ("", "") for other nodes."""
@@ -138,10 +235,14 @@ class NodeHealthChecks:
                 "healthy_windows": health.healthy_windows if health else 0,
                 "fsyncs": window.fsyncs if window else 0,
                 "calls": window.calls if window else 0, "call_errors": window.call_errors if window else 0,
+                "fsync_p99_s": window.fsync_p99_s if window and window.fsync_p99_s is not None else -1.0,
+                "call_p99_s": window.call_p99_s if window and window.call_p99_s is not None else -1.0,
+                "cpu_starved_s": window.cpu_starved_s if window else 0.0,
+                "raft_lag_entries": window.raft_lag_entries if window else 0,
                 "unhealthy": bool(verdict and verdict.unhealthy), "score": verdict.score if verdict else 0.0,
                 "verdict": verdict.reason if verdict else "no window yet",
                 "features": [{"name": name, "value": value} for name, value in (verdict.features if verdict else {}).items()]})
-        return {"scorer": self.scorer.name, "window_s": self.config.health_window_s,
+        return {"scorer": self.scorer.name, "model": self.health_model_state, "window_s": self.config.health_window_s,
                 "windows_judged": self.windows_judged, "degrade_windows": self.judge.degrade_windows,
                 "recover_windows": self.judge.recover_windows, "nodes": nodes}
 

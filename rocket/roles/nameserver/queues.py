@@ -89,19 +89,15 @@ class QueuePlacement:
     async def _follow_model_forever(self) -> None:
         while True:
             await self._follow_model()
+            await self._follow_health_model()
             self.history.forget_before(self.clock.wall_ms())
             await trio.sleep(limits.model_poll_s)
 
     async def _follow_model(self) -> None:
         """Take the model file if it changed; refuse it, or a stale one, for the fallback, saying why once."""
-        text = None
-        if self.objects is not None:
-            try:
-                text = await self.objects.get(self._model_key)
-            except RocketError as error:
-                if error.code != Code.NOT_FOUND:
-                    log.warning("forecast model: cannot read %s (%s); keeping what was in use", self._model_key, error)
-                    return
+        readable, text = await self._read_model(self._model_key, "forecast model")
+        if not readable:
+            return
         if text is None:
             if self.model_state != "no model":
                 self._use(RecentPredictor(), "no model", None)
@@ -124,6 +120,19 @@ class QueuePlacement:
                 return
             if not isinstance(self.predictor, ModelPredictor) or self.predictor.model.version != model.version:
                 self._use(ModelPredictor(model), f"model {model.version}", text)
+
+    async def _read_model(self, key: str, what: str) -> tuple[bool, bytes | None]:
+        """(readable, the file or None where there is none) of a model in the object store; not readable (logged)
+        when the store failed: keep what was in use."""
+        if self.objects is None:
+            return True, None
+        try:
+            return True, await self.objects.get(key)
+        except RocketError as error:
+            if error.code == Code.NOT_FOUND:
+                return True, None
+            log.warning("%s: cannot read %s (%s); keeping what was in use", what, key, error)
+            return False, None
 
     def _use(self, predictor: Predictor, state: str, text: bytes | None) -> None:
         if state != self.model_state:

@@ -1,0 +1,59 @@
+"""Gradient-boosted tree ensembles as the Spark jobs export them (jobs/models.py): the checks a model file must pass
+and the weighted sum of its trees' leaves. Pure: the forecaster (forecast.py) and the node-health model (health.py)
+score with it. A tree is {"weight": w, "root": node}; a node is {"feature": index, "threshold": t, "left": node,
+"right": node} (left when x[feature] <= t), or a leaf {"value": v}.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+TREE_DEPTH_MAX = 32  # deeper is not a tree Spark's GBT grows (maxDepth <= 30), so a corrupt file
+TREES_MAX = 10_000
+
+
+class ModelError(ValueError):
+    """A model file this node cannot use, with one line saying why."""
+
+
+def finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_trees(trees: object, features: int, where: str = "trees") -> None:
+    """Raise ModelError unless trees is a list of 1..TREES_MAX well-formed trees over `features` features."""
+    if not isinstance(trees, list) or not 1 <= len(trees) <= TREES_MAX:
+        raise ModelError(f"{where} must be a list of 1..{TREES_MAX} trees")
+    for number, tree in enumerate(trees):
+        if not isinstance(tree, dict) or not finite(tree.get("weight")):
+            raise ModelError(f"{where}[{number}]: a tree is an object with a finite weight")
+        _check_node(tree.get("root"), f"{where}[{number}]", 0, features)
+
+
+def _check_node(node: object, where: str, depth: int, features: int) -> None:
+    if depth > TREE_DEPTH_MAX:
+        raise ModelError(f"{where}: deeper than {TREE_DEPTH_MAX}")
+    if not isinstance(node, dict):
+        raise ModelError(f"{where}: a node is an object")
+    if "value" in node:
+        if not finite(node["value"]) or len(node) != 1:
+            raise ModelError(f"{where}: a leaf is {{\"value\": a finite number}}")
+        return
+    feature = node.get("feature")
+    if not isinstance(feature, int) or isinstance(feature, bool) or not 0 <= feature < features:
+        raise ModelError(f"{where}: feature must be an index below {features}, got {feature!r}")
+    if not finite(node.get("threshold")) or set(node) != {"feature", "threshold", "left", "right"}:
+        raise ModelError(f"{where}: a split is {{feature, threshold, left, right}} with a finite threshold")
+    _check_node(node["left"], where, depth + 1, features)
+    _check_node(node["right"], where, depth + 1, features)
+
+
+def ensemble_sum(trees: Sequence[tuple[float, dict]], features: Sequence[float]) -> float:
+    """The weighted sum of the leaves that features reach, over (weight, root) pairs."""
+    total = 0.0
+    for weight, node in trees:
+        while "value" not in node:
+            node = node["left"] if features[node["feature"]] <= node["threshold"] else node["right"]
+        total += weight * node["value"]
+    return total
