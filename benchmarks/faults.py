@@ -1,5 +1,5 @@
 """Real faults on one node of a local cluster (examples/cluster), each changeable while the node runs, and a label
-per fault run ({"kind", "node", "severity", "start_ms", "end_ms"}, wall-clock ms, one JSON line each) for the
+per fault run ({"kind", "node", "node_id", "severity", "start_ms", "end_ms"}, wall-clock ms, one JSON line each) for the
 unhealthy-node detector to train on. Kinds: slow_disk (a FUSE passthrough that delays fsync, as Scylla's
 CharybdeFS), link (a TCP proxy with latency, jitter, stalls as loss, a bandwidth limit and resets), cpu (cgroup
 v2 cpu.max; cpu.cfs_quota_us where the cpu controller is bound to a v1 hierarchy), control (no fault: counts
@@ -500,7 +500,8 @@ def run(base: Path, node: str, kind: str, severity: float, after_s: float, for_s
         time.sleep(for_s)
     finally:
         remove()
-        label = {"kind": kind, "node": node, "severity": severity, "start_ms": start_ms, "end_ms": now_ms()}
+        label = {"kind": kind, "node": node, "node_id": NODE_IDS.get(node, 0), "severity": severity,
+                 "start_ms": start_ms, "end_ms": now_ms()}
         with open(labels, "a") as file:
             file.write(json.dumps(label) + "\n")
         print(f"label: {json.dumps(label)}", flush=True)
