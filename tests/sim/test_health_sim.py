@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from rocket.errors import Code, RocketError
+from rocket.roles.nameserver.metadata import META_GROUP
 from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS, Telemetry
 from tests.sim.roles_sim import NetworkFaults, cluster, start_nodes
 
@@ -63,36 +64,41 @@ def fast(*_) -> float:
     return FAST_S
 
 
-async def scenario(base, fsync_s, error_share, seconds: float, objects=None) -> dict:
+async def scenario(base, fsync_s, error_share, seconds: float, objects=None, **config) -> dict:
     """Three nodes with scripted health for `seconds` of simulated time; what the nameserver leader decided,
-    sampled every half window: the degraded set over time, and the groups each node led."""
-    _, nodes = cluster(7, base, NetworkFaults(), groups=3)
+    sampled every half window: the degraded set over time, and the groups each node led (and, in "replicas", the
+    replicas each held then)."""
+    network, nodes = cluster(7, base, NetworkFaults(), groups=3)
     addresses = {number: str(node.config.address) for number, node in nodes.items()}
     origin = [float("inf")]
     for number, node in nodes.items():
-        node.config = dataclasses.replace(node.config, health_window_s=WINDOW_S)
+        node.config = dataclasses.replace(node.config, health_window_s=WINDOW_S, **config)
         node.telemetry = ScriptedHealth(number, node.config.data_dir, addresses, fsync_s, error_share, origin)
         node.nameserver_objects = objects
     timeline: list[tuple[float, frozenset[int], dict[int, int]]] = []
+    replicas: list[dict[int, int]] = []
     async with trio.open_nursery() as nursery:
         await start_nodes(nursery, nodes)
+        first = nodes[1].config.listen  # the first topic makes the pool of storage groups
+        await network.call(0, (first.host, first.port), "CreateTopic", {"topic": "orders", "queues": 6}, 30.0, True)
         began = origin[0] = trio.current_time()
         while trio.current_time() - began < seconds:
             await trio.sleep(WINDOW_S / 2)
             leader = next((node.nameserver for node in nodes.values() if node.up and node.nameserver.leads()), None)
             if leader is not None:
-                leads = {number: sum(1 for group in node.host.groups if node.host.leads(group))
+                leads = {number: sum(1 for group in node.host.groups if group != META_GROUP and node.host.leads(group))
                          for number, node in nodes.items()}
                 timeline.append((trio.current_time() - began, frozenset(leader.degraded()), leads))
+                replicas.append({number: leader.metadata.replicas(number) for number in nodes})
         states = {number: node.nameserver.health_model_state for number, node in nodes.items()}
         for node in nodes.values():
             node.crash()
-    return {"timeline": timeline, "model_states": states}
+    return {"timeline": timeline, "model_states": states, "replicas": replicas}
 
 
-def run(base, fsync_s, error_share, seconds: float, objects=None) -> dict:
+def run(base, fsync_s, error_share, seconds: float, objects=None, **config) -> dict:
     clock = trio.testing.MockClock(autojump_threshold=0)
-    return trio.run(functools.partial(scenario, base, fsync_s, error_share, seconds, objects), clock=clock)
+    return trio.run(functools.partial(scenario, base, fsync_s, error_share, seconds, objects, **config), clock=clock)
 
 
 def transitions(timeline) -> list[tuple[float, frozenset[int]]]:
@@ -115,7 +121,20 @@ def test_a_slow_disk_is_degraded_after_three_windows_leads_nothing_and_returns_a
     assert 30 + 5 * WINDOW_S <= returned_at <= 30 + 8 * WINDOW_S, changes  # 6 healthy windows
     # while degraded, its leaderships moved off within a few heartbeats
     settled = [leads for at, degraded, leads in report["timeline"] if degraded_at + 5 <= at < returned_at]
-    assert settled and all(leads[2] == 0 for leads in settled), settled
+    assert settled and all(leads[2] == 0 and sum(leads.values()) == 3 for leads in settled), settled
+
+
+def test_the_replicas_of_a_node_degraded_past_the_limit_move_to_healthy_nodes(fast_disk, inline_threads):
+    """Two replicas per group over three nodes: node 2, degraded from about 11 s, holds its replicas until it has
+    been degraded for health_move_after_s, then they move to the healthy nodes, a move at a time at most
+    limits.replica_moves_max."""
+    report = run(fast_disk, lambda node, t: 0.05 if node == 2 and t >= 5 else FAST_S, never, 60,
+                 replication=2, health_move_after_s=20.0)
+    degraded_at = next(at for at, degraded, _ in report["timeline"] if degraded == {2})
+    held = [(at, replicas[2]) for (at, _, _), replicas in zip(report["timeline"], report["replicas"])]
+    assert all(count > 0 for at, count in held if at < degraded_at + 20 - WINDOW_S), held
+    first, last = report["replicas"][0], report["replicas"][-1]
+    assert held[-1][1] == 0 and sum(last.values()) == sum(first.values()), (first, last)  # none lost on the way
 
 
 def test_never_more_than_a_minority_degraded(fast_disk, inline_threads):

@@ -94,6 +94,7 @@ class NodeHealthChecks:
         self._window_counts: dict[int, dict] = {}  # node -> its counts when the window began
         self.windows: dict[int, NodeWindow] = {}  # the last window judged, per node
         self.windows_judged = 0
+        self._degraded_since: dict[int, float] = {}  # node -> trio time it was first seen degraded, while it is
         prefix = self.config.tier_s3_prefix
         self._health_model_key = f"{prefix}/{HEALTH_MODEL_KEY}" if prefix else HEALTH_MODEL_KEY
 
@@ -171,10 +172,17 @@ class NodeHealthChecks:
         verdicts = [self._score(window, windows) for window in windows]
         pins = {node.id: node.health_pin for node in self.metadata.storage_nodes()}
         judged = self.judge.judge(verdicts, sorted(pins), pins)
-        for node in sorted(self.degraded() ^ before):
+        now_degraded = self.degraded()
+        self._degraded_since = {node: self._degraded_since.get(node, now) for node in now_degraded}
+        for node in sorted(now_degraded ^ before):
             report = log.warning if node in self.degraded() else log.info
             report("node %d is %s: %s", node, judged[node].state if node in judged else "healthy",
                    judged[node].reason if node in judged else "")
+
+    def _degraded_for_s(self, node: int) -> float | None:
+        """How long the node has been degraded, as of the last window; None when it is not."""
+        since = self._degraded_since.get(node)
+        return None if since is None or node not in self.degraded() else trio.current_time() - since
 
     def _score(self, window: NodeWindow, windows: list[NodeWindow]):
         """The scorer's verdict; the threshold's if the model fails on this window (logged: never act on a failed
