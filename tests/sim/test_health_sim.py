@@ -64,10 +64,10 @@ def fast(*_) -> float:
     return FAST_S
 
 
-async def scenario(base, fsync_s, error_share, seconds: float, objects=None, **config) -> dict:
+async def scenario(base, fsync_s, error_share, seconds: float, objects=None, actions=(), **config) -> dict:
     """Three nodes with scripted health for `seconds` of simulated time; what the nameserver leader decided,
     sampled every half window: the degraded set over time, and the groups each node led (and, in "replicas", the
-    replicas each held then)."""
+    replicas each held then). actions: (t, function of the nodes) to run once t has passed."""
     network, nodes = cluster(7, base, NetworkFaults(), groups=3)
     addresses = {number: str(node.config.address) for number, node in nodes.items()}
     origin = [float("inf")]
@@ -77,15 +77,20 @@ async def scenario(base, fsync_s, error_share, seconds: float, objects=None, **c
         node.nameserver_objects = objects
     timeline: list[tuple[float, frozenset[int], dict[int, int]]] = []
     replicas: list[dict[int, int]] = []
+    leader_ids: list[int] = []
     async with trio.open_nursery() as nursery:
         await start_nodes(nursery, nodes)
         first = nodes[1].config.listen  # the first topic makes the pool of storage groups
         await network.call(0, (first.host, first.port), "CreateTopic", {"topic": "orders", "queues": 6}, 30.0, True)
         began = origin[0] = trio.current_time()
+        pending = sorted(actions, key=lambda action: action[0])
         while trio.current_time() - began < seconds:
             await trio.sleep(WINDOW_S / 2)
+            while pending and trio.current_time() - began >= pending[0][0]:
+                pending.pop(0)[1](nodes)
             leader = next((node.nameserver for node in nodes.values() if node.up and node.nameserver.leads()), None)
             if leader is not None:
+                leader_ids.append(leader.config.node_id)
                 leads = {number: sum(1 for group in node.host.groups if group != META_GROUP and node.host.leads(group))
                          for number, node in nodes.items()}
                 timeline.append((trio.current_time() - began, frozenset(leader.degraded()), leads))
@@ -93,12 +98,13 @@ async def scenario(base, fsync_s, error_share, seconds: float, objects=None, **c
         states = {number: node.nameserver.health_model_state for number, node in nodes.items()}
         for node in nodes.values():
             node.crash()
-    return {"timeline": timeline, "model_states": states, "replicas": replicas}
+    return {"timeline": timeline, "model_states": states, "replicas": replicas, "leaders": leader_ids}
 
 
-def run(base, fsync_s, error_share, seconds: float, objects=None, **config) -> dict:
+def run(base, fsync_s, error_share, seconds: float, objects=None, actions=(), **config) -> dict:
     clock = trio.testing.MockClock(autojump_threshold=0)
-    return trio.run(functools.partial(scenario, base, fsync_s, error_share, seconds, objects, **config), clock=clock)
+    return trio.run(functools.partial(scenario, base, fsync_s, error_share, seconds, objects, actions, **config),
+                    clock=clock)
 
 
 def transitions(timeline) -> list[tuple[float, frozenset[int]]]:
@@ -135,6 +141,24 @@ def test_the_replicas_of_a_node_degraded_past_the_limit_move_to_healthy_nodes(fa
     assert all(count > 0 for at, count in held if at < degraded_at + 20 - WINDOW_S), held
     first, last = report["replicas"][0], report["replicas"][-1]
     assert held[-1][1] == 0 and sum(last.values()) == sum(first.values()), (first, last)  # none lost on the way
+
+
+def test_a_new_nameserver_leader_keeps_the_degraded_nodes(fast_disk, inline_threads):
+    """The judge's states are in the metadata: when the nameserver leadership moves while node 3 is degraded, the
+    new leader starts with node 3 degraded (not healthy for three windows, handing it leaderships back)."""
+    leaders = []
+
+    def move_nameserver_leadership(nodes) -> None:
+        leader = next(number for number, node in nodes.items() if node.nameserver.leads())
+        target = next(number for number in nodes if number not in (leader, 3))
+        leaders.append((leader, target))
+        nodes[leader].host.transfer_leadership(META_GROUP, target)
+
+    report = run(fast_disk, lambda node, t: 0.05 if node == 3 and t >= 5 else FAST_S, never, 40,
+                 actions=[(20.0, move_nameserver_leadership)])
+    changes = transitions(report["timeline"])
+    assert [degraded for _, degraded in changes] == [frozenset({3})], (changes, leaders)
+    assert report["leaders"][-1] == leaders[0][1], (report["leaders"], leaders)
 
 
 def test_never_more_than_a_minority_degraded(fast_disk, inline_threads):

@@ -144,22 +144,24 @@ def test_windows_are_the_differences_of_the_heartbeats_counts():
 
 
 def test_pins_are_kept_in_the_metadata_and_its_snapshots():
-    """A health_pin command sets a node's pin; a snapshot keeps it; a snapshot from before pins reads as auto."""
+    """A health_pin command sets a node's pin, health_judged what the judge degraded it for; a snapshot keeps both; a
+    snapshot from before them reads as auto and not degraded."""
     metadata = Metadata()
     commands = [{"op": "register", "node": 3, "address": "h:3", "roles": ["storage"]},
                 {"op": "health_pin", "node": 3, "pin": "degraded"},
                 {"op": "register", "node": 3, "address": "h:4", "roles": ["storage"]},
-                {"op": "health_pin", "node": 9, "pin": "degraded"}]
+                {"op": "health_pin", "node": 9, "pin": "degraded"},
+                {"op": "health_judged", "node": 3, "degraded_for": "slow_disk"}]
     results = metadata.apply([Entry(1, number + 1, orjson.dumps(command)) for number, command in enumerate(commands)],
                              None)
-    assert metadata.nodes[3].health_pin == "degraded" and "BAD_REQUEST" in str(results[-1])
+    assert metadata.nodes[3].health_pin == "degraded" and "BAD_REQUEST" in str(results[-2])
     restored = Metadata()
     restored.restore(metadata.snapshot())
-    assert restored.nodes[3].health_pin == "degraded"
+    assert restored.nodes[3].health_pin == "degraded" and restored.nodes[3].degraded_for == "slow_disk"
     old = orjson.loads(b"".join(metadata.snapshot()))
-    del old["nodes"][0]["health_pin"]
+    del old["nodes"][0]["health_pin"], old["nodes"][0]["degraded_for"]
     restored.restore([orjson.dumps(old)])
-    assert restored.nodes[3].health_pin == "auto"
+    assert restored.nodes[3].health_pin == "auto" and restored.nodes[3].degraded_for == ""
 
 
 def test_leaderships_leave_a_degraded_node_for_its_least_loaded_healthy_voter():

@@ -75,15 +75,17 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
             task_status.started()
             while True:
                 await trio.sleep(limits.node_heartbeat_s)
-                if self.leads():
-                    try:
-                        self._judge_health()
-                        await self._grow_pool()
-                        await self._plan_moves(nursery)
-                        await self._balance_leaders()
-                        await self._share_history()
-                    except RocketError as error:
-                        log.warning("planning replica moves and leaders: %s", error)
+                if not self.leads():
+                    self._window_began = None  # a later term starts its windows afresh, from the metadata
+                    continue
+                try:
+                    await self._judge_health()
+                    await self._grow_pool()
+                    await self._plan_moves(nursery)
+                    await self._balance_leaders()
+                    await self._share_history()
+                except RocketError as error:
+                    log.warning("planning replica moves and leaders: %s", error)
 
     def leads(self) -> bool:
         return self.host.leader_of(META_GROUP) == self.config.node_id
