@@ -43,6 +43,7 @@ class NodeWindow:
 
 
 WINDOW_FIELDS = tuple(field.name for field in dataclasses.fields(NodeWindow))
+WINDOW_METRIC = "rocket_health_window_"  # + a field: the windows the nameserver judged, noted in its telemetry
 KINDS = ("slow_disk", "link", "cpu")  # the faults a verdict names (faults.py injects each)
 # The model's features of a node's window, all relative to the other storage nodes' windows of the same time where
 # that makes sense, so that a busy or slow period of the whole cluster is nobody's fault. Perseus (FAST 2023) regresses

@@ -15,15 +15,14 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.ml.health import (AUTO, DEGRADED, KIND_NAMES, PINS, WINDOW_FIELDS, HealthJudge, HealthModel, ModelScorer,
-                              NodeHealth, NodeWindow, Scorer, ThresholdScorer)
+from rocket.ml.health import (AUTO, DEGRADED, KIND_NAMES, PINS, WINDOW_FIELDS, WINDOW_METRIC, HealthJudge,
+                              HealthModel, ModelScorer, NodeHealth, NodeWindow, Scorer, ThresholdScorer)
 from rocket.ml.trees import ModelError
 from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS, bucket_quantile
 
 log = logging.getLogger("rocket.nameserver")
 
 HEALTH_MODEL_KEY = "models/health/latest.json"
-WINDOW_METRIC = "rocket_health_window_"  # + a NodeWindow field: the windows judged, noted in the telemetry
 
 
 def quantile_window(before: list[int], after: list[int], bounds: tuple[float, ...], least: int
