@@ -66,9 +66,11 @@ class Peers:
         """Report this node, its roles and load to the nameservers; returns its assignment (marked
         unchanged when it is still the one of assignment_version), or None (logged) when no nameserver
         answered."""
+        load = dict(load or {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0, "lagging": []})
+        if self.telemetry is not None:  # the nameservers judge storage nodes' health from every node's counts
+            load.update(self.telemetry.health_counts())
         request = {"node": self.config.node_id, "address": str(self.address), "roles": list(self.config.roles),
-                   "load": load or {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0, "lagging": []},
-                   "assignment_version": assignment_version}
+                   "load": load, "assignment_version": assignment_version}
         started = self.telemetry.clock() if self.telemetry is not None else 0.0
         try:
             assignment = await self.nameserver("NodeHeartbeat", request, timeout_s=limits.leader_wait_s_max + 5)

@@ -191,6 +191,8 @@ def test_windows_carry_the_calls_p99_the_cpu_denied_and_the_raft_lag():
     assert windows[3].cpu_starved_s == 2.5 and windows[3].raft_lag_entries == 40 and windows[3].followed == 2
     assert windows[3].seconds == 5.0 and windows[3].at_ms == 1234
     assert windows[1].call_p99_s is None  # nobody called it
+    only_storage = node_windows(before, after, {"h:3": 3}, 5.0, 1234, {3: 2}, judged={3})  # 1 and 2: brokers
+    assert [window.node for window in only_storage] == [3] and only_storage[0].calls == 50
 
 
 def model_document(**change) -> dict:

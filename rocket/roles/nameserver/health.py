@@ -45,13 +45,15 @@ def fsync_window(before: list[int], after: list[int]) -> tuple[float | None, int
 
 def node_windows(before: dict[int, dict], after: dict[int, dict], addresses: dict[str, int],
                  seconds: float = limits.health_window_s_default, at_ms: int = 0,
-                 followed: dict[int, int] | None = None) -> list[NodeWindow]:
-    """Every node of after, its window since before (node -> heartbeat load, with fsync_buckets, peer_calls,
-    cpu_starved_s and lagging): its fsync p99; the calls the other nodes made to it (by its address) that ended and
-    failed, and the p99 of the answered ones, their histograms summed over the callers; the CPU it was denied; and
-    how far behind its groups' leaders it was at the end (followed: node -> the groups it follows)."""
-    calls = {node: [0, 0, [0] * len(RPC_BUCKETS)] for node in after}
-    lag = {node: 0 for node in after}
+                 followed: dict[int, int] | None = None, judged: set[int] | None = None) -> list[NodeWindow]:
+    """Every judged node of after (all of them by default), its window since before (node -> heartbeat load, with
+    fsync_buckets, peer_calls, cpu_starved_s and lagging; every node of after reports its calls): its fsync p99; the
+    calls the other nodes made to it (by its address) that ended and failed, and the p99 of the answered ones, their
+    histograms summed over the callers; the CPU it was denied; and how far behind its groups' leaders it was at the
+    end (followed: node -> the groups it follows)."""
+    judged = set(after) if judged is None else judged & set(after)
+    calls = {node: [0, 0, [0] * len(RPC_BUCKETS)] for node in judged}
+    lag = {node: 0 for node in judged}
     for reporter, load in after.items():
         for entry in load.get("lagging", ()):
             if entry["node"] in lag:
@@ -70,8 +72,8 @@ def node_windows(before: dict[int, dict], after: dict[int, dict], addresses: dic
                 if len(buckets) == len(RPC_BUCKETS) == len(old) and all(a >= b for a, b in zip(buckets, old)):
                     calls[target][2] = [total + a - b for total, a, b in zip(calls[target][2], buckets, old)]
     windows = []
-    for node, load in sorted(after.items()):
-        earlier = before.get(node)
+    for node in sorted(judged):
+        load, earlier = after[node], before.get(node)
         p99_s, fsyncs = (fsync_window(earlier.get("fsync_buckets", []), load.get("fsync_buckets", []))
                          if earlier is not None else (None, 0))
         call_p99_s, _ = quantile_window([], calls[node][2], RPC_BUCKETS, limits.health_calls_min)
@@ -140,11 +142,11 @@ class NodeHealthChecks:
         return pinned | (self.judge.degraded() - unpinned if self.config.health_act else set())
 
     def _counts_now(self) -> dict[int, dict]:
-        storage = {node.id for node in self.metadata.storage_nodes()}
+        """Every node's counts that are up: storage nodes are judged, and every node (brokers call storage nodes
+        most) reports its calls to the others."""
         return {node: {"fsync_buckets": load.get("fsync_buckets", []), "peer_calls": load.get("peer_calls", []),
                        "cpu_starved_s": load.get("cpu_starved_s", 0.0), "lagging": load.get("lagging", [])}
-                for node, (_, load) in self._heartbeats.items()
-                if node in storage and self._node_state(node)[0] == "up"}
+                for node, (_, load) in self._heartbeats.items() if self._node_state(node)[0] == "up"}
 
     async def _judge_health(self) -> None:
         """On the leader, every heartbeat interval: close the window once health_window_s passed, and judge it.
@@ -167,8 +169,9 @@ class NodeHealthChecks:
             for voter in members.voters:
                 if voter != self._leaders.get(group):
                     followed[voter] = followed.get(voter, 0) + 1
+        storage = {node.id for node in self.metadata.storage_nodes()}
         windows = node_windows(self._window_counts, after, addresses, now - self._window_began,
-                               self.clock.wall_ms(), followed)
+                               self.clock.wall_ms(), followed, storage)
         self._window_began, self._window_counts = now, after
         self.windows = {window.node: window for window in windows}
         self.windows_judged += 1

@@ -37,8 +37,6 @@ class Replicas:
                 "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging,
                 "group_bytes_in": [{"group": group, "bytes": count} for group, count in group_bytes.items()],
                 "topic_bytes_in": [{"topic": topic, "bytes": count} for topic, count in topic_bytes.items()]}
-        if self.peers.telemetry is not None:  # the nameservers judge the node's health from these (issue 31)
-            load.update(self.peers.telemetry.health_counts())
         assignment = await self.peers.heartbeat(load, self._assignment_version)
         if assignment is None:
             return
