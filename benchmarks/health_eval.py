@@ -83,7 +83,7 @@ class Mode:
 
 
 FULL = Mode("full", 5.0, 60.0, 45.0, 5.0, 30.0, {"slow_disk": (2, 5, 20), "link": (1, 5, 20), "cpu": (2, 4, 8)})
-QUICK = Mode("quick", 2.0, 12.0, 15.0, 2.0, 10.0, {"slow_disk": (5,), "link": (5,), "cpu": (4,)})
+QUICK = Mode("quick", 2.0, 12.0, 15.0, 2.0, 4.0, {"slow_disk": (5,), "link": (5,), "cpu": (4,)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,6 +243,19 @@ def false_rates(false: list[dict], labels: list[Label], span_ms: tuple[int, int]
             "overall_false": len(false), "node_hours": clear_node_h}
 
 
+def episodes(scored: list, labels: list[Label]) -> list[dict]:
+    """Per label (controls too), the windows of its node wholly inside it and the kinds the scorer called them."""
+    found = []
+    for label in labels:
+        called = Counter(verdict.kind if verdict.unhealthy else HEALTHY for window, verdict in scored
+                         if window.node == label.node_id and label.start_ms <= window.at_ms - int(window.seconds * 1000)
+                         and window.at_ms <= label.end_ms)
+        found.append({"kind": label.kind, "node": label.node_id, "severity": label.severity,
+                      "start_ms": label.start_ms, "end_ms": label.end_ms, "windows": sum(called.values()),
+                      "called": dict(called)})
+    return found
+
+
 def evaluate(scorer: Scorer, judged: list[Judgement], labels: list[Label], window_s: float,
              span_ms: tuple[int, int]) -> dict:
     """Every figure of one scorer on one schedule's judgements."""
@@ -250,7 +263,9 @@ def evaluate(scorer: Scorer, judged: list[Judgement], labels: list[Label], windo
     found = detections(degrades, labels, window_s)
     return {"scorer": scorer.name, "windows": window_metrics(scored, labels), "detection": found,
             "false_degradations_per_node_hour": false_rates(found["false"], labels, span_ms),
-            "degrades": [dataclasses.asdict(each) for each in degrades]}
+            "episodes": episodes(scored, labels), "degrades": [dataclasses.asdict(each) for each in degrades],
+            "unhealthy_windows": [[window.at_ms, window.node, verdict.kind] for window, verdict in scored
+                                  if verdict.unhealthy]}
 
 
 # ---- the cluster ---------------------------------------------------------------------------------------------------
@@ -434,21 +449,28 @@ def chart(path: Path, results: dict, labels: list[Label], span_ms: tuple[int, in
     bars.set_ylabel("F1 of windows (TEST schedule)")
     bars.legend(fontsize=8)
     colours = {"slow_disk": "tab:orange", "link": "tab:purple", "cpu": "tab:red", "control": "lightgrey"}
-    for label in labels:
-        row = STORAGE_IDS.index(label.node_id)
+    for label in labels:  # a control run concerns every node: none is under a fault
+        row, height = (-0.4, len(STORAGE) - 0.2) if label.kind == "control" else (STORAGE_IDS.index(label.node_id)
+                                                                                 - 0.4, 0.8)
         timeline.broken_barh([((label.start_ms - span_ms[0]) / 1000, (label.end_ms - label.start_ms) / 1000)],
-                             (row - 0.4, 0.8), color=colours[label.kind], alpha=0.6)
+                             (row, height), color=colours[label.kind], alpha=0.5)
     for index, (name, figures) in enumerate(results.items()):
+        offset, colour = -0.2 + 0.4 * index, "black" if index == 0 else "tab:blue"
+        unhealthy = figures["unhealthy_windows"]
+        timeline.scatter([(at_ms - span_ms[0]) / 1000 for at_ms, _, _ in unhealthy],
+                         [STORAGE_IDS.index(node) + offset for _, node, _ in unhealthy], marker="|", s=40,
+                         color=colour, label=f"{name}: unhealthy window", zorder=3)
         degrades = figures["degrades"]
         timeline.scatter([(each["at_ms"] - span_ms[0]) / 1000 for each in degrades],
-                         [STORAGE_IDS.index(each["node"]) - 0.2 + 0.4 * index for each in degrades],
-                         marker="v^"[index % 2], color="black" if index == 0 else "tab:blue", label=f"{name} degrades",
-                         zorder=3)
+                         [STORAGE_IDS.index(each["node"]) + offset for each in degrades], marker="v^"[index % 2],
+                         s=60, color=colour, label=f"{name}: degrades", zorder=4)
     for kind, colour in colours.items():
         timeline.bar(0, 0, color=colour, label=kind)
     timeline.set_yticks(range(len(STORAGE)), STORAGE)
     timeline.set_xlabel("seconds into the TEST schedule")
-    timeline.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    timeline.set_ylim(-0.6, len(STORAGE) - 0.4)
+    timeline.set_xlim(0, (span_ms[1] - span_ms[0]) / 1000)
+    timeline.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -502,6 +524,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--gap-s", type=float, default=None, help="seconds clear after each fault (the mode's)")
     parser.add_argument("--master", default="local[2]", help="the training job's Spark master")
     parser.add_argument("--keep", action="store_true", help="keep BASE (the cluster's data, logs, labels)")
+    parser.add_argument("--from-base", default="", help="a BASE kept by --keep: train and score its run again, "
+                        "without a cluster")
     return parser.parse_args(argv)
 
 
@@ -531,11 +555,14 @@ def run_cluster(mode: Mode, base: Path) -> dict:
             started_ms = faults.now_ms()
             run_schedule(rc, schedule(mode, shift), base / f"{schedule_name}.jsonl", load)
             spans[schedule_name] = (started_ms, faults.now_ms())
+        (base / "spans.json").write_text(json.dumps(spans))
     finally:
+        log("stopping the load and the cluster, tearing the faults down")
         stop_load(load)
         if (rc / "port_base").exists():
             cluster_sh("stop", rc, environment, base / "cluster.log")
         faults.teardown(rc)
+        log("stopped")
     return spans
 
 
@@ -547,10 +574,14 @@ def main(argv=None) -> None:
     mode = dataclasses.replace(mode, fault_s=arguments.fault_s or mode.fault_s, gap_s=arguments.gap_s or mode.gap_s)
     out = Path(arguments.out or ROOT / "benchmarks/results" / ("health_eval_quick" if arguments.quick else "health_eval"))
     out.mkdir(parents=True, exist_ok=True)
-    base = Path(tempfile.mkdtemp(prefix="health-eval-", dir="/tmp"))
+    base = Path(arguments.from_base or tempfile.mkdtemp(prefix="health-eval-", dir="/tmp"))
     timings = {}
     try:
-        spans = run_cluster(mode, base)
+        if arguments.from_base:
+            spans = {name: tuple(span) for name, span in json.loads((base / "spans.json").read_text()).items()}
+            shutil.rmtree(base / "models", ignore_errors=True)
+        else:
+            spans = run_cluster(mode, base)
         timings["cluster_s"] = time.monotonic() - started
         mark = time.monotonic()
         trained = train_model(base / "rc" / "tier", base / "train.jsonl", base / "test.jsonl", base / "models",
@@ -558,6 +589,7 @@ def main(argv=None) -> None:
         timings["train_s"] = time.monotonic() - mark
         log(f"training: {trained.note}")
         records = window_records(base / "rc")
+        log(f"{len(records):,} window records read")
         judged_all = judgements(records)
         test_span = spans["test"]
         judged = [each for each in judged_all if test_span[0] <= each.at_ms <= test_span[1]]
@@ -567,6 +599,7 @@ def main(argv=None) -> None:
         chart_path = chart(out / "health_eval.png", results, test_labels, test_span)
         timings["total_s"] = time.monotonic() - started
         report = {"mode": dataclasses.asdict(mode), "wall_s": round(timings["total_s"], 1),
+                  "rescored_from_base": bool(arguments.from_base),
                   "timings_s": {key: round(value, 1) for key, value in timings.items()},
                   "model_version": trained.model.version if trained.model else None, "training": trained.note,
                   "threshold_params": trained.threshold_params,
@@ -579,7 +612,7 @@ def main(argv=None) -> None:
                   "scorers": results, "chart": chart_path.name}
         (out / "result.json").write_text(json.dumps(report, indent=1))
     finally:
-        if arguments.keep or any(faults.is_slowfs_mount(base / "rc" / name / "data") for name in STORAGE):
+        if arguments.keep or arguments.from_base or any(faults.is_slowfs_mount(base / "rc" / name / "data") for name in STORAGE):
             log(f"kept {base}")
         else:
             shutil.rmtree(base, ignore_errors=True)

@@ -63,6 +63,8 @@ def test_a_slow_disk_is_detected_after_three_windows_and_scored_per_kind():
     assert detection["faults"][0]["degraded_as"] == "slow_disk"
     assert detection["late"] == [] and detection["false"] == []
     assert figures["false_degradations_per_node_hour"]["overall"] == 0.0
+    assert [(each["kind"], each["windows"], each["called"]) for each in figures["episodes"]] == [
+        ("slow_disk", 10, {"slow_disk": 10}), ("control", 9, {"healthy": 9})]
 
 
 def test_false_positive_windows_lower_precision_and_a_false_degradation_is_counted_per_node_hour():
