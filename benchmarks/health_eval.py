@@ -377,6 +377,37 @@ class Trained:
     seconds: float = 0.0
 
 
+def job_telemetry(records: list[dict], spans: dict, test_labels: list[Label], root: Path) -> Path:
+    """The window records the job may see, as telemetry objects under root (each reporter's as one spool file,
+    shipped by rocket's own spool and shipper): those of the TRAIN schedule, and of the TEST schedule only those
+    inside its fault runs, which the job holds out. The TEST schedule's gaps would otherwise be training windows,
+    and the scores below, taken over the whole TEST schedule, would count windows the model was fitted on."""
+    import trio
+
+    from rocket.telemetry.ship import ship_once
+    from rocket.telemetry.spool import Spool
+    from rocket.tier.local import LocalDirectoryStore
+
+    def wanted(record: dict) -> bool:
+        time_ms = record["time_ms"]
+        return time_ms < spans["test"][0] or any(label.start_ms <= time_ms <= label.end_ms for label in test_labels)
+
+    by_reporter: dict[int, list[dict]] = {}
+    for record in filter(wanted, records):
+        by_reporter.setdefault(record["node"], []).append(record)
+
+    async def ship() -> None:
+        async with LocalDirectoryStore(root) as store:
+            for reporter, mine in by_reporter.items():
+                spool = Spool(root.parent / f"spool-{reporter}")
+                spool.append(sorted(mine, key=lambda record: record["time_ms"]))
+                spool.rotate()
+                await ship_once(spool, store, reporter)
+
+    trio.run(ship)
+    return root
+
+
 def read_model(models: Path) -> str:
     """models/health/latest.json from a LocalDirectoryStore root (its footer checked and stripped)."""
     import trio
@@ -579,21 +610,23 @@ def main(argv=None) -> None:
     try:
         if arguments.from_base:
             spans = {name: tuple(span) for name, span in json.loads((base / "spans.json").read_text()).items()}
-            shutil.rmtree(base / "models", ignore_errors=True)
         else:
             spans = run_cluster(mode, base)
         timings["cluster_s"] = time.monotonic() - started
+        records = window_records(base / "rc")
+        test_labels = read_labels(base / "test.jsonl")
+        log(f"{len(records):,} window records read")
         mark = time.monotonic()
-        trained = train_model(base / "rc" / "tier", base / "train.jsonl", base / "test.jsonl", base / "models",
+        for stale in ("models", "job"):  # a --from-base run's earlier ones
+            shutil.rmtree(base / stale, ignore_errors=True)
+        telemetry = job_telemetry(records, spans, test_labels, base / "job" / "tier")
+        trained = train_model(telemetry, base / "train.jsonl", base / "test.jsonl", base / "models",
                               arguments.master, base / "train.log")
         timings["train_s"] = time.monotonic() - mark
         log(f"training: {trained.note}")
-        records = window_records(base / "rc")
-        log(f"{len(records):,} window records read")
         judged_all = judgements(records)
         test_span = spans["test"]
         judged = [each for each in judged_all if test_span[0] <= each.at_ms <= test_span[1]]
-        test_labels = read_labels(base / "test.jsonl")
         results = {name: evaluate(scorer, judged, test_labels, mode.window_s, test_span)
                    for name, scorer in scorers(trained).items()}
         chart_path = chart(out / "health_eval.png", results, test_labels, test_span)
