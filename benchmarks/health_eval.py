@@ -322,10 +322,11 @@ def start_load(base: Path, port_base: int) -> subprocess.Popen:
 
 
 def stop_load(process: subprocess.Popen | None) -> None:
+    """SIGTERM ends it at once (a load generator has nothing to flush: what it sent is acknowledged or not)."""
     if process is not None and process.poll() is None:
-        process.send_signal(signal.SIGINT)
+        process.terminate()
         try:
-            process.wait(timeout=15)
+            process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
