@@ -16,9 +16,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from rocket.ml.health import KINDS, WINDOW_FIELDS, NodeWindow
-
-WINDOW_METRIC = "rocket_health_window_"  # rocket.roles.nameserver.health notes under these names
+from rocket.ml.health import KINDS, WINDOW_FIELDS, WINDOW_METRIC, NodeWindow
 HEALTHY = "healthy"
 INT_FIELDS = {field.name for field in dataclasses.fields(NodeWindow) if field.type in ("int", int)}
 

@@ -21,12 +21,12 @@ if not __package__:  # spark-submit jobs/train_placement.py: the tree's root on 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
+from jobs.models import TrainError, export_trees, model_version, write_model  # noqa: E402
 from rocket.ml.forecast import CHANGE_MAX, FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, TARGET, Forecaster  # noqa: E402
 
 DAY_MS = 86_400_000
@@ -35,10 +35,6 @@ MODELS_PREFIX = "models/forecast/"
 CHECK_ROWS = 200  # held-out rows the export is proven on
 CHECK_TOLERANCE = 1e-6  # relative (absolute below 1 byte/s)
 SHRINKS = tuple(step / 10 for step in range(11))  # shares of the trees' correction the model may serve
-
-
-class TrainError(RuntimeError):
-    """The data cannot train a model, or the export does not predict what Spark does."""
 
 
 def held_out_from(first_ms: int, last_ms: int, held_out_days: float) -> int:
@@ -65,20 +61,6 @@ def split(queues, held_out_days: float, horizon_steps: int):
     return train, held_out, start
 
 
-def export_tree(java_node) -> dict:
-    """A Spark tree node (through py4j) in forecast.py's format."""
-    kind = java_node.getClass().getSimpleName()
-    if kind == "LeafNode":
-        return {"value": float(java_node.prediction())}
-    if kind != "InternalNode":
-        raise TrainError(f"a tree node of class {kind}")
-    split_ = java_node.split()
-    if split_.getClass().getSimpleName() != "ContinuousSplit":
-        raise TrainError(f"a split of class {split_.getClass().getSimpleName()}: only continuous features are known")
-    return {"feature": int(split_.featureIndex()), "threshold": float(split_.threshold()),
-            "left": export_tree(java_node.leftChild()), "right": export_tree(java_node.rightChild())}
-
-
 def served(shrink: float):
     """The column of what the exported model serves: the last value plus the scale times shrink times Spark's
     prediction, that clipped at +-CHANGE_MAX, and never below 0 (rocket.ml.forecast.Forecaster.predict)."""
@@ -90,11 +72,9 @@ def served(shrink: float):
 
 def export_model(model, horizon_steps: int, metrics: dict, now: datetime, shrink: float = 1.0) -> dict:
     """The forecast.py document of a fitted GBTRegressionModel, its tree weights times shrink."""
-    trees = [{"weight": float(weight) * shrink, "root": export_tree(tree._java_obj.rootNode())}
-             for tree, weight in zip(model.trees, model.treeWeights)]
-    digest = hashlib.sha256(json.dumps(trees, sort_keys=True).encode()).hexdigest()[:8]
+    trees = export_trees(model, shrink)
     return {"format": MODEL_FORMAT, "format_version": MODEL_VERSION,
-            "model_version": f"{now.strftime('%Y%m%dT%H%M%SZ')}-{digest}", "features": list(FEATURES),
+            "model_version": model_version(trees, now), "features": list(FEATURES),
             "horizon_steps": horizon_steps, "target": TARGET, "trees": trees, "metrics": metrics}
 
 
@@ -187,36 +167,6 @@ def train(spark, queues, *, held_out_days: float, horizon_steps: int, max_iter: 
     return Trained(document, model, held_out_rows)
 
 
-def write_model(spark, models: str, document: dict) -> list[str]:
-    """Put the model under models (an object store's root) as models/forecast/<version>.json and .../latest.json.
-    A local directory is written through LocalDirectoryStore, so it has the footer a node reads; any other Hadoop
-    path (s3a://bucket: S3 objects have no footer) through Hadoop's file system."""
-    data = json.dumps(document, indent=1).encode()
-    keys = [f"{MODELS_PREFIX}{document['model_version']}.json", f"{MODELS_PREFIX}latest.json"]
-    scheme = models.split("://", 1)[0] if "://" in models else ""
-    if scheme in ("", "file"):
-        import trio
-
-        from rocket.tier.local import LocalDirectoryStore
-
-        async def put() -> None:
-            async with LocalDirectoryStore(models.removeprefix("file://")) as store:
-                for key in keys:
-                    await store.put(key, data)
-
-        trio.run(put)
-    else:
-        jvm = spark.sparkContext._jvm
-        for key in keys:
-            path = jvm.org.apache.hadoop.fs.Path(f"{models.rstrip('/')}/{key}")
-            stream = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).create(path, True)
-            try:
-                stream.write(bytearray(data))
-            finally:
-                stream.close()
-    return keys
-
-
 def summary(document: dict) -> str:
     metrics = document["metrics"]
     improvement = (100 * (metrics["naive_rmse"] - metrics["rmse"]) / metrics["naive_rmse"]
@@ -258,7 +208,7 @@ def run(spark, args: argparse.Namespace) -> Trained:
     trained = train(spark, queues, held_out_days=args.held_out_days, horizon_steps=args.horizon_steps,
                     max_iter=args.max_iter, max_depth=args.max_depth, seed=args.seed)
     queues.unpersist()
-    write_model(spark, args.models, trained.document)
+    write_model(spark, args.models, MODELS_PREFIX, trained.document)
     return trained
 
 

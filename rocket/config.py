@@ -82,6 +82,8 @@ class NodeConfig:
     health_window_s: float = limits.health_window_s_default
     # false: judge and report, but act only on operators' pins (to measure what acting is worth)
     health_act: bool = True
+    # a node degraded this long has its replicas moved away, within the replica move budget
+    health_move_after_s: float = limits.health_move_after_s_default
 
     @property
     def address(self) -> Address:
@@ -211,6 +213,8 @@ def _convert(key: str, value: object) -> object:
         return interval_s
     if key == "health_window_s":
         return _parse_float(key, value, limits.health_window_s_min, limits.health_window_s_max)
+    if key == "health_move_after_s":
+        return _parse_float(key, value, limits.health_move_after_s_min, limits.health_move_after_s_max)
     if key in ("tier_retention_s", "tier_local_retention_s", "tier_piece_age_s"):
         return _parse_duration(key, value)
     if key == "tier_piece_bytes":

@@ -216,6 +216,9 @@ health_error_rate_max = 0.2  # a node that fails more than this share of the cal
 health_calls_min = 20  # ... if they made this many at least in the window
 health_degrade_windows = 3  # unhealthy windows in a row before a node is degraded: one slow window is not a fault
 health_recover_windows = 6  # healthy windows in a row before a degraded node returns: twice as long, so it cannot flap
+health_move_after_s_default = 600.0  # a node degraded this long has its replicas moved to healthy nodes (a slow disk that lasts)
+health_move_after_s_min = 0.0  # 0: at once (tests, and operators who would rather move than wait)
+health_move_after_s_max = 7 * 86_400.0  # a longer wait is no policy: pin the node or drain it
 
 # Tier (object store).
 object_key_bytes_max = 1 * KiB  # S3's limit for a key (UTF-8); the same keys must work on every backend

@@ -43,6 +43,7 @@ class NodeWindow:
 
 
 WINDOW_FIELDS = tuple(field.name for field in dataclasses.fields(NodeWindow))
+WINDOW_METRIC = "rocket_health_window_"  # + a field: the windows the nameserver judged, noted in its telemetry
 KINDS = ("slow_disk", "link", "cpu")  # the faults a verdict names (faults.py injects each)
 # The model's features of a node's window, all relative to the other storage nodes' windows of the same time where
 # that makes sense, so that a busy or slow period of the whole cluster is nobody's fault. Perseus (FAST 2023) regresses
@@ -166,7 +167,7 @@ class ThresholdScorer:
             error_score = error_rate / self.error_rate_max
         if error_score > fsync_score:  # the most telling feature first
             features = {"call_error_rate": features.pop("call_error_rate"), **features}
-        judged = evidence(node)
+        judged = evidence(node) - {"cpu"}  # the threshold knows nothing of CPU
         if fsync_score >= 1.0 and fsync_score >= error_score:
             return Verdict(node.node, True, f"slow disk: fsync p99 {node.fsync_p99_s * 1000:.1f} ms, "
                            f"{features['fsync_peer_ratio']:.1f}x the other nodes' median", fsync_score, features,
@@ -343,10 +344,13 @@ class HealthJudge:
 
     def _count(self, health: NodeHealth) -> None:
         """A window's verdict into the node's runs, its automatic recovery, and its reason. No verdict (no heartbeat
-        in the window) is evidence of neither a fault nor health: the runs stay as they are."""
+        in the window), or one without evidence (too few fsyncs and calls to say; for a degraded node, nothing of
+        what degraded it), is evidence of neither a fault nor health: the runs stay as they are."""
         verdict = health.verdict
         if verdict is None:
             return
+        if not verdict.unhealthy and not verdict.judged:
+            return  # no evidence of anything (too few fsyncs and calls): neither a fault nor health
         if health.automatic == DEGRADED and not verdict.unhealthy and health.kind and health.kind not in verdict.judged:
             health.reason = f"degraded ({KIND_NAMES.get(health.kind, health.kind)}); this window had no evidence of it"
             return

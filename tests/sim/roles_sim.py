@@ -174,6 +174,9 @@ class SimNode:
         self.stopped = trio.Event()
         self.host: RaftHost | None = None
         self.storage: StorageRole | None = None
+        self.nameserver = None  # its Nameserver role, once it runs
+        self.telemetry = None  # a Telemetry for its calls and heartbeats (scripted health counts), if a test sets one
+        self.nameserver_objects = None  # the object store its nameserver reads models from, if a test sets one
         self.dispatcher = Dispatcher()
         network.nodes[config.node_id] = self
         network.by_address[(config.listen.host, config.listen.port)] = self
@@ -188,8 +191,11 @@ class SimNode:
         self.host = RaftHost(config.node_id, wal, functools.partial(self.network.post, config.node_id),
                              tick_s=config.raft_tick_s)
         peers = Peers(config, self.dispatcher, SimPool(self.network, config.node_id))
+        peers.telemetry = self.telemetry
         roles = build_roles(config, self.host, peers, self.dispatcher, self.clock, addresses)
-        self.storage = roles.storage
+        self.storage, self.nameserver = roles.storage, roles.nameserver
+        if self.nameserver is not None and self.nameserver_objects is not None:
+            self.nameserver.objects = self.nameserver_objects
         self.disk.watch("store log", self.storage.store.log)
         try:
             with trio.CancelScope() as self._scope:

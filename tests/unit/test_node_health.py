@@ -4,15 +4,25 @@ off a degraded node."""
 
 from __future__ import annotations
 
+import math
+
 import orjson
+import pytest
+import trio
 
 from rocket import limits
-from rocket.ml.health import DEGRADED, HEALTHY, HealthJudge, NodeWindow, ThresholdScorer
+from rocket.clock import TrioWallClock
+from rocket.config import NodeConfig
+from rocket.errors import Code, RocketError
+from rocket.ml.health import (DEGRADED, FEATURES, HEALTHY, HealthJudge, HealthModel, ModelScorer, NodeWindow,
+                              ThresholdScorer, health_features)
+from rocket.ml.trees import ModelError
 from rocket.ml.placement import GroupLoad, degraded_leader_transfer
 from rocket.raft.core import Entry
-from rocket.roles.nameserver.health import fsync_window, node_windows
+from rocket.roles.nameserver.health import NodeHealthChecks, fsync_window, node_windows
 from rocket.roles.nameserver.metadata import Metadata
-from rocket.telemetry.registry import FSYNC_BUCKETS
+from rocket.roles.nameserver.queues import QueuePlacement
+from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS
 
 NODES = [1, 2, 3]
 
@@ -134,22 +144,24 @@ def test_windows_are_the_differences_of_the_heartbeats_counts():
 
 
 def test_pins_are_kept_in_the_metadata_and_its_snapshots():
-    """A health_pin command sets a node's pin; a snapshot keeps it; a snapshot from before pins reads as auto."""
+    """A health_pin command sets a node's pin, health_judged what the judge degraded it for; a snapshot keeps both; a
+    snapshot from before them reads as auto and not degraded."""
     metadata = Metadata()
     commands = [{"op": "register", "node": 3, "address": "h:3", "roles": ["storage"]},
                 {"op": "health_pin", "node": 3, "pin": "degraded"},
                 {"op": "register", "node": 3, "address": "h:4", "roles": ["storage"]},
-                {"op": "health_pin", "node": 9, "pin": "degraded"}]
+                {"op": "health_pin", "node": 9, "pin": "degraded"},
+                {"op": "health_judged", "node": 3, "degraded_for": "slow_disk"}]
     results = metadata.apply([Entry(1, number + 1, orjson.dumps(command)) for number, command in enumerate(commands)],
                              None)
-    assert metadata.nodes[3].health_pin == "degraded" and "BAD_REQUEST" in str(results[-1])
+    assert metadata.nodes[3].health_pin == "degraded" and "BAD_REQUEST" in str(results[-2])
     restored = Metadata()
     restored.restore(metadata.snapshot())
-    assert restored.nodes[3].health_pin == "degraded"
+    assert restored.nodes[3].health_pin == "degraded" and restored.nodes[3].degraded_for == "slow_disk"
     old = orjson.loads(b"".join(metadata.snapshot()))
-    del old["nodes"][0]["health_pin"]
+    del old["nodes"][0]["health_pin"], old["nodes"][0]["degraded_for"]
     restored.restore([orjson.dumps(old)])
-    assert restored.nodes[3].health_pin == "auto"
+    assert restored.nodes[3].health_pin == "auto" and restored.nodes[3].degraded_for == ""
 
 
 def test_leaderships_leave_a_degraded_node_for_its_least_loaded_healthy_voter():
@@ -159,3 +171,114 @@ def test_leaderships_leave_a_degraded_node_for_its_least_loaded_healthy_voter():
     assert degraded_leader_transfer(groups, voters, [1, 2], {3}) == (3, 2)
     assert degraded_leader_transfer(groups, voters, [1, 2], set()) is None
     assert degraded_leader_transfer(groups, {2: (3,), 3: (3,), 4: (1,)}, [1, 2], {3}) is None  # no healthy voter
+
+
+def test_windows_carry_the_calls_p99_the_cpu_denied_and_the_raft_lag():
+    """The answered calls' histograms are summed over the callers for the p99; CPU denied is the difference of the
+    node's count; lag is what its groups' leaders report at the window's end, over the groups it follows."""
+    def calls(fast: int, slow: int) -> list[int]:  # fast ones under 1 ms, slow ones under 100 ms (cumulative)
+        return [0] * 2 + [fast] * 6 + [fast + slow] * (len(RPC_BUCKETS) - 8)
+
+    before = {1: {"peer_calls": [{"peer": "h:3", "calls": 10, "errors": 0, "buckets": calls(10, 0)}]},
+              2: {"peer_calls": [{"peer": "h:3", "calls": 0, "errors": 0, "buckets": calls(0, 0)}]},
+              3: {"cpu_starved_s": 1.0}}
+    after = {1: {"peer_calls": [{"peer": "h:3", "calls": 40, "errors": 0, "buckets": calls(20, 20)}],
+                 "lagging": [{"group": 5, "node": 3, "entries": 40}]},
+             2: {"peer_calls": [{"peer": "h:3", "calls": 20, "errors": 0, "buckets": calls(0, 20)}]},
+             3: {"cpu_starved_s": 3.5}}
+    windows = {window.node: window for window in node_windows(before, after, {"h:3": 3}, 5.0, 1234, {3: 2})}
+    assert windows[3].calls == 50 and 0.05 < windows[3].call_p99_s <= 0.1  # 40 slow of 50 answered
+    assert windows[3].cpu_starved_s == 2.5 and windows[3].raft_lag_entries == 40 and windows[3].followed == 2
+    assert windows[3].seconds == 5.0 and windows[3].at_ms == 1234
+    assert windows[1].call_p99_s is None  # nobody called it
+
+
+def model_document(**change) -> dict:
+    """A hand-made model: slow_disk when the fsync p99 is over 4x the peers' median (log2 > 2)."""
+    split = {"feature": FEATURES.index("fsync_peer_log2"), "threshold": 2.0, "left": {"value": -2.0},
+             "right": {"value": 2.0}}
+    document = {"format": "rocket.health", "format_version": 1, "model_version": "m1", "features": list(FEATURES),
+                "window_s": 10.0, "metrics": {"f1": 0.95, "threshold_f1": 0.8, "trained_at_ms": 0},
+                "kinds": {"slow_disk": {"trees": [{"weight": 1.0, "root": split}], "threshold": 0.5,
+                                        "importances": [1.0 if name == "fsync_peer_log2" else 0.0
+                                                        for name in FEATURES]}}}
+    document.update(change)
+    return document
+
+
+def test_the_model_scorer_names_the_kind_and_the_features_it_rests_on():
+    model = HealthModel.from_json(orjson.dumps(model_document()))
+    scorer = ModelScorer(model)
+    verdict = scorer.score(NodeWindow(3, 0.040, 500), windows())
+    assert verdict.unhealthy and verdict.kind == "slow_disk" and verdict.reason.startswith("slow disk: fsync p99 40.0")
+    assert verdict.features["p_slow_disk"] > 0.95 and verdict.features["fsync_peer_log2"] > 5
+    assert not scorer.score(NodeWindow(3, 0.002, 500), windows()).unhealthy
+    features = health_features(NodeWindow(3, None, 0), windows())
+    assert features[FEATURES.index("fsync_peer_log2")] == 0.0  # missing: like its peers
+    assert all(math.isfinite(value) for value in features)
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"format_version": 2}, "version"), ({"features": ["x"]}, "features"), ({"window_s": 0}, "window_s"),
+    ({"kinds": {"disk": {}}}, "kinds"), ({"kinds": {}}, "kinds"),
+    ({"kinds": {"cpu": {"trees": [], "threshold": 0.5, "importances": [0.0] * len(FEATURES)}}}, "trees"),
+    ({"kinds": {"cpu": {"trees": [{"weight": 1.0, "root": {"value": 1.0}}], "threshold": 1.5,
+                        "importances": [0.0] * len(FEATURES)}}}, "threshold"),
+])
+def test_a_corrupt_health_model_is_refused_with_its_reason(change, reason):
+    with pytest.raises(ModelError, match=reason):
+        HealthModel.from_json(orjson.dumps(model_document(**change)))
+    with pytest.raises(ModelError, match="JSON"):
+        HealthModel.from_json(b"{")
+
+
+def test_a_degraded_node_returns_only_on_evidence_of_what_degraded_it():
+    """Degraded for failing calls, it then leads nothing and gets no calls: windows without calls say nothing of
+    its links, however healthy its disk; windows with calls that succeed bring it back."""
+    judge, scorer = HealthJudge(), ThresholdScorer()
+
+    def judged(window: list[NodeWindow]) -> str:
+        return judge.judge([scorer.score(node, window) for node in window], NODES, {})[2].state
+
+    failing = windows(errors={2: 50})
+    assert [judged(failing) for _ in range(3)][-1] == DEGRADED
+    no_calls = [NodeWindow(node, 0.001, 500) for node in NODES]
+    assert all(judged(no_calls) == DEGRADED for _ in range(10))
+    assert judge.nodes[2].reason.endswith("no evidence of it")
+    assert [judged(windows()) for _ in range(6)][-1] == HEALTHY
+
+
+def test_the_nameserver_scores_by_a_model_only_while_it_is_fresh_fits_and_beats_the_threshold():
+    class Store:
+        text: bytes | None = None
+
+        async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+            if self.text is None:
+                raise RocketError(Code.NOT_FOUND, key)
+            return self.text
+
+    class Host(NodeHealthChecks):
+        def __init__(self):
+            self.config = NodeConfig(health_window_s=10.0)
+            self.clock = TrioWallClock(10_000.0)  # wall_ms 10,000,000 at the start of a run
+            self.objects = Store()
+            self._init_health()
+
+        _read_model = QueuePlacement._read_model
+
+    host = Host()
+    states = []
+    for document in (None, model_document(metrics={"trained_at_ms": 9_000_000, "f1": 0.9, "threshold_f1": 0.8}),
+                     model_document(metrics={"trained_at_ms": 9_000_000, "f1": 0.7, "threshold_f1": 0.8}),
+                     model_document(window_s=60.0, metrics={"trained_at_ms": 9_000_000}),
+                     model_document(metrics={"trained_at_ms": 10_000_000 - int(limits.model_stale_s * 1000) - 1}),
+                     {"format": "nonsense"}):
+        host.objects.text = None if document is None else orjson.dumps(document)
+        trio.run(host._follow_health_model)
+        states.append((host.scorer.name, host.health_model_state))
+    assert states[0] == ("threshold", "no model")
+    assert states[1] == ("model m1", "model m1")
+    assert states[2][0] == "threshold" and "F1 0.70 is below the threshold's 0.80" in states[2][1]
+    assert states[3][0] == "threshold" and "trained on 60 s windows" in states[3][1]
+    assert states[4][0] == "threshold" and "stale" in states[4][1]
+    assert states[5][0] == "threshold" and states[5][1].startswith("model refused: format")

@@ -15,15 +15,14 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.ml.health import (AUTO, DEGRADED, PINS, WINDOW_FIELDS, HealthJudge, HealthModel, ModelScorer, NodeWindow,
-                              Scorer, ThresholdScorer)
+from rocket.ml.health import (AUTO, DEGRADED, KIND_NAMES, PINS, WINDOW_FIELDS, WINDOW_METRIC, HealthJudge,
+                              HealthModel, ModelScorer, NodeHealth, NodeWindow, Scorer, ThresholdScorer)
 from rocket.ml.trees import ModelError
 from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS, bucket_quantile
 
 log = logging.getLogger("rocket.nameserver")
 
 HEALTH_MODEL_KEY = "models/health/latest.json"
-WINDOW_METRIC = "rocket_health_window_"  # + a NodeWindow field: the windows judged, noted in the telemetry
 
 
 def quantile_window(before: list[int], after: list[int], bounds: tuple[float, ...], least: int
@@ -94,6 +93,7 @@ class NodeHealthChecks:
         self._window_counts: dict[int, dict] = {}  # node -> its counts when the window began
         self.windows: dict[int, NodeWindow] = {}  # the last window judged, per node
         self.windows_judged = 0
+        self._degraded_since: dict[int, float] = {}  # node -> trio time it was first seen degraded, while it is
         prefix = self.config.tier_s3_prefix
         self._health_model_key = f"{prefix}/{HEALTH_MODEL_KEY}" if prefix else HEALTH_MODEL_KEY
 
@@ -146,11 +146,17 @@ class NodeHealthChecks:
                 for node, (_, load) in self._heartbeats.items()
                 if node in storage and self._node_state(node)[0] == "up"}
 
-    def _judge_health(self) -> None:
-        """On the leader, every heartbeat interval: close the window once health_window_s passed, and judge it."""
+    async def _judge_health(self) -> None:
+        """On the leader, every heartbeat interval: close the window once health_window_s passed, and judge it.
+        A new leader starts from the degraded nodes the metadata records (its judge's runs start empty)."""
         now = trio.current_time()
         if self._window_began is None:
             self._window_began, self._window_counts = now, self._counts_now()
+            self.judge.nodes = {node.id: NodeHealth(node.id, DEGRADED, DEGRADED, reason="degraded (judged by the "
+                                                    f"previous leader: {KIND_NAMES.get(node.degraded_for, '?')})",
+                                                    kind=node.degraded_for)
+                                for node in self.metadata.storage_nodes() if node.degraded_for}
+            self._degraded_since = {node: now for node in self.judge.nodes}
             return
         if now - self._window_began < self.config.health_window_s:
             return
@@ -171,10 +177,22 @@ class NodeHealthChecks:
         verdicts = [self._score(window, windows) for window in windows]
         pins = {node.id: node.health_pin for node in self.metadata.storage_nodes()}
         judged = self.judge.judge(verdicts, sorted(pins), pins)
-        for node in sorted(self.degraded() ^ before):
+        now_degraded = self.degraded()
+        self._degraded_since = {node: self._degraded_since.get(node, now) for node in now_degraded}
+        for node in sorted(now_degraded ^ before):
             report = log.warning if node in self.degraded() else log.info
             report("node %d is %s: %s", node, judged[node].state if node in judged else "healthy",
                    judged[node].reason if node in judged else "")
+        for info in self.metadata.storage_nodes():  # the judge's states into the metadata, for the next leader
+            health = judged.get(info.id)
+            degraded_for = (health.kind or "unknown") if health and health.automatic == DEGRADED else ""
+            if degraded_for != info.degraded_for:
+                await self._propose({"op": "health_judged", "node": info.id, "degraded_for": degraded_for})
+
+    def _degraded_for_s(self, node: int) -> float | None:
+        """How long the node has been degraded, as of the last window; None when it is not."""
+        since = self._degraded_since.get(node)
+        return None if since is None or node not in self.degraded() else trio.current_time() - since
 
     def _score(self, window: NodeWindow, windows: list[NodeWindow]):
         """The scorer's verdict; the threshold's if the model fails on this window (logged: never act on a failed

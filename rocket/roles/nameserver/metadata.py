@@ -40,6 +40,7 @@ class NodeInfo:
     roles: tuple[str, ...]
     state: str = "up"
     health_pin: str = "auto"  # an operator's pin of a storage node's health: healthy, degraded, or auto (judged)
+    degraded_for: str = ""  # what the health judge degraded it for (of rocket.ml.health.KINDS); "": not degraded
 
 
 def exists(name: str) -> RocketError:
@@ -75,7 +76,7 @@ class Metadata:
             node = NodeInfo(command["node"], command["address"], tuple(command["roles"]))
             known = self.nodes.get(node.id)
             if known is not None:
-                node.state, node.health_pin = known.state, known.health_pin
+                node.state, node.health_pin, node.degraded_for = known.state, known.health_pin, known.degraded_for
             self.nodes[node.id] = node
         elif operation == "create_topic":
             name = command["name"]
@@ -115,6 +116,8 @@ class Metadata:
         elif operation == "health_pin":
             invariant(command["pin"] in HEALTH_PINS, "a known health pin")
             self._registered(command["node"]).health_pin = command["pin"]
+        elif operation == "health_judged":  # the leader's judge changed its mind: a new leader starts from here
+            self._registered(command["node"]).degraded_for = command["degraded_for"]
         elif operation == "move_start":
             members = self.groups.get(command["group"])
             if members is None or members.learners or command["add"] in members.voters:
@@ -152,7 +155,8 @@ class Metadata:
         self.groups = {group: Members(tuple(voters), tuple(learners), leaving)
                        for group, voters, learners, leaving in state["groups"]}
         self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"],
-                                           node.get("health_pin", "auto"))  # snapshots before pins had none
+                                           node.get("health_pin", "auto"),  # snapshots before pins had none
+                                           node.get("degraded_for", ""))
                       for node in state["nodes"]}
 
     # ---- queries -------------------------------------------------------------------------------------

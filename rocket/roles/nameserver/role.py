@@ -75,15 +75,17 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
             task_status.started()
             while True:
                 await trio.sleep(limits.node_heartbeat_s)
-                if self.leads():
-                    try:
-                        self._judge_health()
-                        await self._grow_pool()
-                        await self._plan_moves(nursery)
-                        await self._balance_leaders()
-                        await self._share_history()
-                    except RocketError as error:
-                        log.warning("planning replica moves and leaders: %s", error)
+                if not self.leads():
+                    self._window_began = None  # a later term starts its windows afresh, from the metadata
+                    continue
+                try:
+                    await self._judge_health()
+                    await self._grow_pool()
+                    await self._plan_moves(nursery)
+                    await self._balance_leaders()
+                    await self._share_history()
+                except RocketError as error:
+                    log.warning("planning replica moves and leaders: %s", error)
 
     def leads(self) -> bool:
         return self.host.leader_of(META_GROUP) == self.config.node_id
@@ -144,7 +146,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
     def _loads(self) -> list[NodeLoad]:
         """The storage nodes as replica placement sees them: available when up, not draining and not degraded. A
         degraded node still counts as available when the others are too few for a group's replicas (better a slow
-        replica than a missing one); it is never leaving: its replicas stay where they are."""
+        replica than a missing one). Its replicas stay where they are until it has been degraded for
+        health_move_after_s (_leaving)."""
         loads, degraded = [], self.degraded()
         for node in self.metadata.storage_nodes():
             load = self._heartbeats.get(node.id, (0, {}))[1]
@@ -157,13 +160,15 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
         return loads
 
     def _leaving(self, node: int) -> bool:
-        info = self.metadata.nodes.get(node)
-        return self._node_state(node)[0] == "down" or (info is not None and info.state == "draining")
+        """Down, draining, or degraded for health_move_after_s: its replicas go elsewhere (where there is room)."""
+        info, degraded_s = self.metadata.nodes.get(node), self._degraded_for_s(node)
+        return (self._node_state(node)[0] == "down" or (info is not None and info.state == "draining")
+                or (degraded_s is not None and degraded_s >= self.config.health_move_after_s))
 
     # ---- replica moves -------------------------------------------------------------------------------
 
     async def _plan_moves(self, nursery: trio.Nursery) -> None:
-        """Resume recorded moves, replace replicas on down or draining nodes, then even out the load."""
+        """Resume recorded moves, replace replicas on down, draining or long-degraded nodes, then even out the load."""
         for group, members in list(self.metadata.groups.items()):
             if len(self._moving) >= limits.replica_moves_max:
                 return
