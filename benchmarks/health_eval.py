@@ -3,7 +3,7 @@ in a real examples/cluster, under a steady load. Not part of CI; needs /dev/fuse
 and root (benchmarks/faults.py), and pyspark for the training job.
 
     PYTHONPATH=. python benchmarks/health_eval.py --quick      # 2 s windows, one severity per kind: under 5 min
-    PYTHONPATH=. python benchmarks/health_eval.py              # 5 s windows, three severities per kind: ~45 min
+    PYTHONPATH=. python benchmarks/health_eval.py              # 5 s windows, three severities per kind: ~40 min
 
 What it does, in the order it runs:
 
