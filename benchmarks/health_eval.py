@@ -20,8 +20,9 @@ What it does, in the order it runs:
    middle severity. The schedules pair kinds with nodes differently: a kind's fault at a severity hits another node
    in TEST than in TRAIN. Labels go to BASE/train.jsonl and BASE/test.jsonl. Then the load stops, the cluster stops
    (each node ships its telemetry on the way out) and faults.py tears down.
-3. Training. `python -m jobs.train_health` on the cluster's telemetry, --labels train, --test-labels test, models to
-   BASE/models (one function, train_model; without the job in this tree the model is the default ThresholdScorer).
+3. Training. `python -m jobs.train_health` --labels train, --test-labels test, models to BASE/models (one function,
+   train_model; without the job in this tree the model is the default ThresholdScorer), on a copy of the telemetry's
+   window records without the TEST schedule's gaps (the job would train on them; they are scored here).
 4. Scoring, offline: the judged windows the nameserver leader noted in its telemetry (read from the object store,
    and from any spool file a node left), those of the TEST schedule in time order, through each scorer (the model;
    the threshold with the parameters the job tuned) and a HealthJudge (3 unhealthy windows degrade, 6 healthy ones
