@@ -1,6 +1,6 @@
 """Real faults on one node of a local cluster (examples/cluster), each changeable while the node runs, and a label
-per fault run ({"kind", "node", "node_id", "severity", "start_ms", "end_ms"}, wall-clock ms, one JSON line each) for the
-unhealthy-node detector to train on. Kinds: slow_disk (a FUSE passthrough that delays fsync, as Scylla's
+per fault run ({"kind", "node", "node_id", "severity", "start_ms", "end_ms", "fault"}, wall-clock ms, one JSON line
+each) for the unhealthy-node detector to train on. Kinds: slow_disk (a FUSE passthrough that delays fsync, as Scylla's
 CharybdeFS), link (a TCP proxy with latency, jitter, stalls as loss, a bandwidth limit and resets), cpu (cgroup
 v2 cpu.max; cpu.cfs_quota_us where the cpu controller is bound to a v1 hierarchy), control (no fault: counts
 false positives).
@@ -11,13 +11,18 @@ false positives).
     # 10 s from now, make storage2's disk 10x slower for 60 s; append the label.
     python benchmarks/faults.py run --base /tmp/fx/rc --node storage2 --kind slow_disk --severity 10 \
         --after-s 10 --for-s 60 --labels /tmp/fx/labels.jsonl
+    # storage2's inbound links stall 5% of their chunks (as lost segments) for 60 s.
+    python benchmarks/faults.py run --base /tmp/fx/rc --node storage2 --kind link --loss --severity 5 --for-s 60 \
+        --labels /tmp/fx/labels.jsonl
     examples/cluster/cluster.sh stop /tmp/fx/rc
     python benchmarks/faults.py teardown --base /tmp/fx/rc      # stops the proxies, unmounts slowfs
 
 Severity: slow_disk, the factor N (each fsync takes N times its real time, at least N x 0.5 ms); link, the one-way
-latency in ms added to every chunk the proxy forwards (jitter: a fifth of it); cpu, the factor N (cpu.max gives the
-process 1/N of one CPU); control, anything (recorded as given). A fault starts when `run` writes it, and slowfs and
-the proxy pick it up within CONTROL_POLL_S.
+latency in ms added to every chunk the proxy forwards (jitter: a fifth of it), or with --loss the percentage of chunks
+stalled LOSS_STALL_S as a lost segment would be; cpu, the factor N (cpu.max gives the process 1/N of one CPU);
+control, anything (recorded as given). A label also carries "fault": the settings applied (the proxy's or slowfs's
+control values, or the CPU quota). A fault starts when `run` writes it, and slowfs and the proxy pick it up within
+CONTROL_POLL_S.
 
 prepare --slow-disk moves BASE/NODE/data to BASE/NODE/data.backing (once) and mounts slowfs on BASE/NODE/data, run by
 `faults.py slowfs` (control file BASE/NODE/slowfs.json: {"factor": N, "write_delay_ms": W}). prepare --proxy starts
@@ -453,26 +458,30 @@ def teardown(base: Path) -> None:
             env_file.unlink()
 
 
-def fault_actions(base: Path, node: str, kind: str, severity: float):
-    """(apply, remove) for one fault, checked now, before any waiting."""
+def fault_actions(base: Path, node: str, kind: str, severity: float, loss: bool = False):
+    """(apply, remove, the settings applied) for one fault, checked now, before any waiting. loss: a link fault
+    stalls severity percent of the chunks instead of delaying each by severity ms."""
     directory = node_dir(base, node)
+    if loss and kind != "link":
+        raise FaultError("--loss is a kind of link fault")
     if kind == "control":
-        return (lambda: None), (lambda: None)
+        return (lambda: None), (lambda: None), {}
     if kind == "slow_disk":
         control = directory / "slowfs.json"
         if not is_slowfs_mount(directory / "data"):
             raise FaultError(f"{directory / 'data'} is not a slowfs mount; run `faults.py prepare --slow-disk` "
                              "before `cluster.sh start`")
         DiskSettings(factor=severity).check()
-        return (lambda: write_control(control, {"factor": severity})), (lambda: write_control(control, {"factor": 1}))
+        return (lambda: write_control(control, {"factor": severity})), (lambda: write_control(control, {"factor": 1})), \
+            {"factor": severity}
     if kind == "link":
         control = directory / "proxy.json"
         if not control.exists():
             raise FaultError(f"no proxy for {node} ({control} is missing); run `faults.py prepare --proxy` before "
                              "`cluster.sh start`")
-        settings = {"latency_ms": severity, "jitter_ms": severity / 5}
+        settings = {"loss": severity / 100} if loss else {"latency_ms": severity, "jitter_ms": severity / 5}
         LinkSettings(**settings).check()
-        return (lambda: write_control(control, settings)), (lambda: write_control(control, {}))
+        return (lambda: write_control(control, settings)), (lambda: write_control(control, {})), settings
     if kind == "cpu":
         pid = node_pid(base, node)
         if pid is None:
@@ -480,8 +489,9 @@ def fault_actions(base: Path, node: str, kind: str, severity: float):
         if severity < 1:
             raise FaultError("cpu severity is a slowdown factor, at least 1")
         throttles = []
-        return (lambda: throttles.append(throttle_cpu(pid, node, int(CPU_PERIOD_US / severity)))), \
-            (lambda: [each.release() for each in throttles])
+        quota_us = int(CPU_PERIOD_US / severity)
+        return (lambda: throttles.append(throttle_cpu(pid, node, quota_us))), \
+            (lambda: [each.release() for each in throttles]), {"quota_us": quota_us, "period_us": CPU_PERIOD_US}
     raise FaultError(f"unknown kind {kind}; kinds: {', '.join(KINDS)}")
 
 
@@ -489,19 +499,20 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def run(base: Path, node: str, kind: str, severity: float, after_s: float, for_s: float, labels: Path) -> dict:
+def run(base: Path, node: str, kind: str, severity: float, after_s: float, for_s: float, labels: Path,
+        loss: bool = False) -> dict:
     """Apply the fault after after_s for for_s, then append its label; an interrupt ends it early, labelled."""
-    apply, remove = fault_actions(base, node, kind, severity)
+    apply, remove, settings = fault_actions(base, node, kind, severity, loss)
     time.sleep(after_s)
     apply()
     start_ms = now_ms()
-    print(f"{kind} on {node}, severity {severity}, for {for_s} s", flush=True)
+    print(f"{kind} on {node}, severity {severity} ({json.dumps(settings)}), for {for_s} s", flush=True)
     try:
         time.sleep(for_s)
     finally:
         remove()
         label = {"kind": kind, "node": node, "node_id": NODE_IDS.get(node, 0), "severity": severity,
-                 "start_ms": start_ms, "end_ms": now_ms()}
+                 "start_ms": start_ms, "end_ms": now_ms(), "fault": settings}
         with open(labels, "a") as file:
             file.write(json.dumps(label) + "\n")
         print(f"label: {json.dumps(label)}", flush=True)
@@ -540,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     run_command.add_argument("--node", required=True, choices=NODE_IDS)
     run_command.add_argument("--kind", required=True, choices=KINDS)
     run_command.add_argument("--severity", type=float, required=True)
+    run_command.add_argument("--loss", action="store_true",
+                             help="link only: severity is the percentage of chunks stalled as lost, not latency in ms")
     run_command.add_argument("--after-s", type=float, default=0.0)
     run_command.add_argument("--for-s", type=float, required=True)
     run_command.add_argument("--labels", type=Path, required=True, help="JSON-lines file the label is appended to")
@@ -556,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("prepare: give --slow-disk, --proxy or both")
             prepare(args.base.resolve(), args.node, args.slow_disk, args.proxy, args.port_base)
         elif args.command == "run":
-            run(args.base.resolve(), args.node, args.kind, args.severity, args.after_s, args.for_s, args.labels)
+            run(args.base.resolve(), args.node, args.kind, args.severity, args.after_s, args.for_s, args.labels,
+                args.loss)
         else:
             teardown(args.base.resolve())
     except FaultError as error:

@@ -94,7 +94,7 @@ async def scenario(server: str, base: Path, rate: float, factor: float, warm_s: 
             storage = [node for node in status["nodes"] if node["id"] in (11, 12, 13)]
             victim = max(storage, key=lambda node: (len(node["load"]["leads"]), -node["id"]))
             name = {11: "storage1", 12: "storage2", 13: "storage3"}[victim["id"]]
-            apply, remove = faults.fault_actions(base, name, "slow_disk", factor)
+            apply, remove, _ = faults.fault_actions(base, name, "slow_disk", factor)
             apply()
             events["fault"] = trio.current_time() - started
             print(f"slow disk x{factor:g} on {name} (it led {len(victim['load']['leads'])} groups)", flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -121,3 +122,23 @@ def test_bad_settings_are_refused():
         faults.settings_from(faults.LinkSettings, {"latency": 5})
     with pytest.raises(ValueError):
         faults.settings_from(faults.LinkSettings, {"loss": 2})
+
+
+def test_a_loss_run_writes_the_loss_to_the_proxy_and_labels_it_a_link_fault(tmp_path):
+    """`run --kind link --loss --severity 5` sets the proxy's loss to 0.05 for the run, clears it after, and appends
+    a "link" label whose "fault" says what was injected; --loss on another kind is refused."""
+    (tmp_path / "storage2").mkdir()
+    control = tmp_path / "storage2" / "proxy.json"
+    faults.write_control(control, {})
+    seen = []
+    original = faults.write_control
+    faults.write_control = lambda path, values: (seen.append(values), original(path, values))
+    try:
+        label = faults.run(tmp_path, "storage2", "link", 5, 0, 0, tmp_path / "labels.jsonl", loss=True)
+    finally:
+        faults.write_control = original
+    assert seen == [{"loss": 0.05}, {}]
+    assert label["kind"] == "link" and label["fault"] == {"loss": 0.05} and label["node_id"] == 12
+    assert json.loads((tmp_path / "labels.jsonl").read_text()) == label
+    with pytest.raises(faults.FaultError):
+        faults.fault_actions(tmp_path, "storage2", "cpu", 4, loss=True)
