@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "cluster" / "cluster.sh"
 STORAGE = ("storage1", "storage2", "storage3")
 SENDERS = 16
-SETTLE_S = 5.0  # after the victim leads nothing, before its p99 counts as "after"
+SETTLE_S = 10.0  # after the victim leads nothing, before its p99 counts as "after": the sends queued behind the slow disk drain
 POLL_S = 1.0
 
 
@@ -125,8 +125,13 @@ def summarise(run: dict, warm_s: float, after_from_s: float, end_s: float) -> di
         p99 = percentile(values, 0.99)
         out[phase] = {"sends": len(values), "p50_ms": round(percentile(values, 0.5) * 1000, 2) if values else None,
                       "p99_ms": round(p99 * 1000, 2) if p99 is not None else None}
-    healthy = out["healthy"]["p99_ms"]
-    out["after_over_healthy_p99"] = round(out["fault_after"]["p99_ms"] / healthy, 2) if healthy else None
+    healthy, after = out["healthy"]["p99_ms"], out["fault_after"]["p99_ms"]
+    out["after_over_healthy_p99"] = round(after / healthy, 2) if healthy and after is not None else None
+    # p99 per 5 s of the run: the timeline the figures come from
+    buckets: dict[int, list[float]] = {}
+    for at, latency in run["latencies"]:
+        buckets.setdefault(int(at // 5) * 5, []).append(latency)
+    out["p99_ms_per_5s"] = {at: round(percentile(values, 0.99) * 1000, 1) for at, values in sorted(buckets.items())}
     return out
 
 
@@ -161,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.warm_s, args.healthy_s, args.fault_s = (15.0, 30.0, 75.0) if args.quick else (20.0, 60.0, 150.0)
     began = time.monotonic()
-    port_base = 9600 + random.randrange(20) * 100
+    port_base = 9700 + random.randrange(20) * 100
     runs = {mode: run_mode(mode, args, port_base) for mode in ("act", "off")}
     acted = runs["act"]["events"]
     if "led_nothing" not in acted:
