@@ -23,11 +23,10 @@ caller falls back to a heuristic.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 
-from rocket.ml.trees import ModelError, check_trees, ensemble_sum
+from rocket.ml.trees import ModelError, check_header, check_trees, ensemble_sum, parse
 
 STEP_MS = 60_000  # one step of a queue's history
 TARGET = "relative_change"  # what the trees predict: (bytes/s over the horizon - rate_1m) / scale
@@ -108,10 +107,7 @@ class Forecaster:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Forecaster:
-        try:
-            document = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ModelError(f"not JSON: {error}") from None
+        document = parse(text)
         check_model(document)
         return cls(document)
 
@@ -124,20 +120,10 @@ class Forecaster:
 def check_model(document: object) -> None:
     """Raise ModelError unless document is a forecaster this code can score: the format and version, the same
     features in the same order, and trees whose every node is well formed."""
-    if not isinstance(document, dict):
-        raise ModelError("a model is a JSON object")
-    if document.get("format") != MODEL_FORMAT or document.get("format_version") != MODEL_VERSION:
-        raise ModelError(f"format {document.get('format')!r} version {document.get('format_version')!r}; this node "
-                         f"reads {MODEL_FORMAT!r} version {MODEL_VERSION}")
-    if document.get("features") != list(FEATURES):
-        raise ModelError(f"its features {document.get('features')!r} are not this node's {list(FEATURES)!r}")
-    if not isinstance(document.get("model_version"), str) or not document["model_version"]:
-        raise ModelError("model_version must be a non-empty string")
+    check_header(document, MODEL_FORMAT, MODEL_VERSION, FEATURES)
     horizon = document.get("horizon_steps")
     if not isinstance(horizon, int) or isinstance(horizon, bool) or not 1 <= horizon <= 7 * 24 * 60:
         raise ModelError(f"horizon_steps must be 1..10080 steps of a minute, got {horizon!r}")
     if document.get("target") != TARGET:
         raise ModelError(f"target must be {TARGET!r}, got {document.get('target')!r}")
-    if not isinstance(document.get("metrics"), dict):
-        raise ModelError("metrics must be an object")
     check_trees(document.get("trees"), len(FEATURES))

@@ -6,13 +6,12 @@ hysteresis, operator pins and a minority cap. Pure: no I/O, no clock; windows co
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from typing import Protocol
 
 from rocket import limits
-from rocket.ml.trees import ModelError, check_trees, ensemble_sum, finite
+from rocket.ml.trees import ModelError, check_header, check_trees, ensemble_sum, finite, parse
 
 HEALTHY, DEGRADED, AUTO = "healthy", "degraded", "auto"
 PINS = (HEALTHY, DEGRADED, AUTO)
@@ -201,10 +200,7 @@ class HealthModel:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> HealthModel:
-        try:
-            document = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ModelError(f"not JSON: {error}") from None
+        document = parse(text)
         check_model(document)
         return cls(document)
 
@@ -215,19 +211,9 @@ class HealthModel:
 
 def check_model(document: object) -> None:
     """Raise ModelError unless document is a node-health model this code can score."""
-    if not isinstance(document, dict):
-        raise ModelError("a model is a JSON object")
-    if document.get("format") != MODEL_FORMAT or document.get("format_version") != MODEL_VERSION:
-        raise ModelError(f"format {document.get('format')!r} version {document.get('format_version')!r}; this node "
-                         f"reads {MODEL_FORMAT!r} version {MODEL_VERSION}")
-    if document.get("features") != list(FEATURES):
-        raise ModelError(f"its features {document.get('features')!r} are not this node's {list(FEATURES)!r}")
-    if not isinstance(document.get("model_version"), str) or not document["model_version"]:
-        raise ModelError("model_version must be a non-empty string")
+    check_header(document, MODEL_FORMAT, MODEL_VERSION, FEATURES)
     if not finite(document.get("window_s")) or not document["window_s"] > 0:
         raise ModelError(f"window_s must be a positive number, got {document.get('window_s')!r}")
-    if not isinstance(document.get("metrics"), dict):
-        raise ModelError("metrics must be an object")
     kinds = document.get("kinds")
     if not isinstance(kinds, dict) or not kinds or not set(kinds) <= set(KINDS):
         raise ModelError(f"kinds must be an object of some of {', '.join(KINDS)}")

@@ -6,6 +6,7 @@ score with it. A tree is {"weight": w, "root": node}; a node is {"feature": inde
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 
@@ -19,6 +20,30 @@ class ModelError(ValueError):
 
 def finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse(text: str | bytes) -> object:
+    """A model file's JSON, or ModelError."""
+    try:
+        return json.loads(text)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ModelError(f"not JSON: {error}") from None
+
+
+def check_header(document: object, model_format: str, version: int, features: Sequence[str]) -> None:
+    """Raise ModelError unless document is an object of this format and version, over exactly these features in
+    this order, with a model_version and metrics: what every model file has."""
+    if not isinstance(document, dict):
+        raise ModelError("a model is a JSON object")
+    if document.get("format") != model_format or document.get("format_version") != version:
+        raise ModelError(f"format {document.get('format')!r} version {document.get('format_version')!r}; this node "
+                         f"reads {model_format!r} version {version}")
+    if document.get("features") != list(features):
+        raise ModelError(f"its features {document.get('features')!r} are not this node's {list(features)!r}")
+    if not isinstance(document.get("model_version"), str) or not document["model_version"]:
+        raise ModelError("model_version must be a non-empty string")
+    if not isinstance(document.get("metrics"), dict):
+        raise ModelError("metrics must be an object")
 
 
 def check_trees(trees: object, features: int, where: str = "trees") -> None:
