@@ -1,4 +1,4 @@
-"""benchmarks/health_eval.py's figures on scripted windows (no cluster): the replay through a scorer and HealthJudge,
+"""benchmarks/health_metrics.py (health_eval.py's figures) on scripted windows (no cluster): the replay through a scorer and HealthJudge,
 window precision, recall and F1 per kind, detection latency and misses, and false degradations per node-hour."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import health_eval  # noqa: E402
+import health_metrics  # noqa: E402
 from jobs.health_data import Label  # noqa: E402
 from rocket.ml.health import NodeWindow, ThresholdScorer  # noqa: E402
 
@@ -41,7 +42,7 @@ def scripted(slow: dict[int, set[int]], count: int) -> list[dict]:
 def test_judgements_group_by_reporter_and_time_and_drop_duplicates():
     """A record shipped twice (object store and spool) counts once; judgements come out oldest first."""
     records = scripted({}, 3)
-    judged = health_eval.judgements(list(reversed(records)) + records[:8])
+    judged = health_metrics.judgements(list(reversed(records)) + records[:8])
     assert [each.at_ms for each in judged] == [T0, T0 + 2000, T0 + 4000]
     assert [window.node for window in judged[0].windows] == [11, 12, 13]
     assert judged[0].windows[0] == NodeWindow(11, 0.001, 100, seconds=WINDOW_S, at_ms=T0)
@@ -50,10 +51,10 @@ def test_judgements_group_by_reporter_and_time_and_drop_duplicates():
 def test_a_slow_disk_is_detected_after_three_windows_and_scored_per_kind():
     """Node 12 slow in windows 5..14 (a fault from window 4's end to window 14's end): the threshold judges the ten
     windows inside slow_disk, the judge degrades it at the third; precision and recall 1, latency 3 windows."""
-    judged = health_eval.judgements(scripted({12: set(range(5, 15))}, 30))
+    judged = health_metrics.judgements(scripted({12: set(range(5, 15))}, 30))
     fault = Label("slow_disk", 12, 5.0, T0 + 4 * 2000, T0 + 14 * 2000)
     control = Label("control", 11, 0.0, T0 + 20 * 2000, T0 + 29 * 2000)
-    figures = health_eval.evaluate(ThresholdScorer(), judged, [fault, control], WINDOW_S, (T0 - 2000, T0 + 29 * 2000))
+    figures = health_metrics.evaluate(ThresholdScorer(), judged, [fault, control], WINDOW_S, (T0 - 2000, T0 + 29 * 2000))
     windows = figures["windows"]
     assert windows["truth"] == {"healthy": 80, "slow_disk": 10}
     assert windows["kinds"]["slow_disk"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "true_positives": 10}
@@ -70,10 +71,10 @@ def test_a_slow_disk_is_detected_after_three_windows_and_scored_per_kind():
 def test_false_positive_windows_lower_precision_and_a_false_degradation_is_counted_per_node_hour():
     """Node 13 slow for 4 windows during the control run: 4 false slow_disk windows, one false degradation in the
     control run's 3 nodes x 18 s; a fault never seen is a miss."""
-    judged = health_eval.judgements(scripted({12: {5, 6}, 13: {20, 21, 22, 23}}, 30))
+    judged = health_metrics.judgements(scripted({12: {5, 6}, 13: {20, 21, 22, 23}}, 30))
     fault = Label("slow_disk", 12, 5.0, T0 + 4 * 2000, T0 + 10 * 2000)
     control = Label("control", 11, 0.0, T0 + 20 * 2000, T0 + 29 * 2000)
-    figures = health_eval.evaluate(ThresholdScorer(), judged, [fault, control], WINDOW_S, (T0 - 2000, T0 + 29 * 2000))
+    figures = health_metrics.evaluate(ThresholdScorer(), judged, [fault, control], WINDOW_S, (T0 - 2000, T0 + 29 * 2000))
     slow_disk = figures["windows"]["kinds"]["slow_disk"]
     assert slow_disk["precision"] == pytest.approx(2 / 6) and slow_disk["recall"] == pytest.approx(2 / 6)
     assert figures["detection"]["kinds"]["slow_disk"]["missed"] == 1
@@ -85,17 +86,17 @@ def test_false_positive_windows_lower_precision_and_a_false_degradation_is_count
 
 def test_a_degradation_just_after_the_fault_is_late_not_false():
     """Degraded two windows after its fault ended (past end + one window): late, neither a detection nor false."""
-    degrades = [health_eval.Degrade(T0 + 16_000, 12, "slow_disk")]
+    degrades = [health_metrics.Degrade(T0 + 16_000, 12, "slow_disk")]
     fault = Label("slow_disk", 12, 5.0, T0, T0 + 12_000)
-    found = health_eval.detections(degrades, [fault], WINDOW_S)
+    found = health_metrics.detections(degrades, [fault], WINDOW_S)
     assert found["kinds"]["slow_disk"]["missed"] == 1 and len(found["late"]) == 1 and found["false"] == []
 
 
 def test_percentile_is_nearest_rank():
     """p50 and p99 are latencies some fault had; none without detections."""
-    assert health_eval.percentile([3.0, 1.0, 2.0, 10.0], 0.5) == 2.0
-    assert health_eval.percentile([3.0, 1.0, 2.0, 10.0], 0.99) == 10.0
-    assert health_eval.percentile([], 0.5) is None
+    assert health_metrics.percentile([3.0, 1.0, 2.0, 10.0], 0.5) == 2.0
+    assert health_metrics.percentile([3.0, 1.0, 2.0, 10.0], 0.99) == 10.0
+    assert health_metrics.percentile([], 0.5) is None
 
 
 def test_schedules_pair_each_kind_with_another_node_in_test():
