@@ -1,5 +1,6 @@
-"""benchmarks/health_metrics.py (health_eval.py's figures) on scripted windows (no cluster): the replay through a scorer and HealthJudge,
-window precision, recall and F1 per kind, detection latency and misses, and false degradations per node-hour."""
+"""benchmarks/health_metrics.py (health_eval.py's figures) on scripted windows (no cluster): the replay through a
+scorer and HealthJudge, window precision, recall and F1 per kind, detection latency and misses, and false
+degradations per node-hour."""
 
 from __future__ import annotations
 
