@@ -284,3 +284,9 @@ def test_the_nameserver_scores_by_a_model_only_while_it_is_fresh_fits_and_beats_
     assert states[3][0] == "threshold" and "trained on 60 s windows" in states[3][1]
     assert states[4][0] == "threshold" and "stale" in states[4][1]
     assert states[5][0] == "threshold" and states[5][1].startswith("model refused: format")
+    host.objects.text = orjson.dumps(model_document(metrics={"trained_at_ms": 9_000_000}))
+    trio.run(host._follow_health_model)
+    assert host.scorer.name == "model m1"
+    host.clock = TrioWallClock(10_000.0 + limits.model_stale_s)  # the same file, two weeks on
+    trio.run(host._follow_health_model)
+    assert host.scorer.name == "threshold" and "stale" in host.health_model_state

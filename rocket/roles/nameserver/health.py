@@ -103,8 +103,8 @@ class NodeHealthChecks:
         """Score with the model in the object store while it is valid, fresh, trained on windows like this
         cluster's, and no worse than the threshold on its held-out runs; else with the threshold, saying why once."""
         readable, text = await self._read_model(self._health_model_key, "health model")
-        if not readable or text == self._health_model_text:
-            return
+        if not readable or (text == self._health_model_text and not isinstance(self.scorer, ModelScorer)):
+            return  # unchanged, and refused (a model in use is checked again: it grows stale)
         if text is None:
             self._score_by(self.threshold, "no model", None)
             return
