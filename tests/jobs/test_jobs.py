@@ -19,7 +19,7 @@ pytest.importorskip("pyspark")
 import trio  # noqa: E402
 
 from jobs.features import NODE_COLUMNS, write_features  # noqa: E402
-from jobs.spark import load_telemetry, objects_glob, session  # noqa: E402
+from jobs.spark import load_telemetry, objects_glob  # noqa: E402
 from jobs.train_placement import held_out_from, run, summary  # noqa: E402
 from rocket.ml.forecast import CHANGE_MAX, FEATURES, STEP_MS, Forecaster  # noqa: E402
 from rocket.telemetry.ship import read_samples  # noqa: E402
@@ -28,13 +28,6 @@ from rocket.tier.local import FOOTER_BYTES, LocalDirectoryStore  # noqa: E402
 DATA = Path(__file__).parent / "data" / "tier"
 HORIZON_STEPS = 2
 TOPIC_QUEUES = {"steady": 2, "rising": 2, "bursty": 3, "dying": 1}  # make_sample.TOPICS
-
-
-@pytest.fixture(scope="module")
-def spark():
-    spark = session("local[1]", "rocket-jobs-tests")
-    yield spark
-    spark.stop()
 
 
 @pytest.fixture(scope="module")

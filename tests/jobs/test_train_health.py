@@ -19,7 +19,6 @@ import trio  # noqa: E402
 
 from jobs.health_data import Label, window_label  # noqa: E402
 from jobs.models import TrainError  # noqa: E402
-from jobs.spark import session  # noqa: E402
 from jobs.train_health import (MODELS_PREFIX, THRESHOLD_GRID, held_out_from, load_labels, main, parse, run,  # noqa: E402
                                score_outcomes, summary)
 from rocket.ml.health import FEATURES, KINDS, HealthModel, ModelScorer, NodeWindow  # noqa: E402
@@ -90,13 +89,6 @@ async def ship(tier: Path, reporter: int, judged: list[list[NodeWindow]], spool_
             spool.append(telemetry.sample(windows[0].at_ms / 1000))
     async with LocalDirectoryStore(tier) as store:
         assert await ship_now(spool, store, reporter) >= 1
-
-
-@pytest.fixture(scope="module")
-def spark():
-    spark = session("local[2]", "rocket-train-health-tests")
-    yield spark
-    spark.stop()
 
 
 @pytest.fixture(scope="module")
