@@ -36,6 +36,8 @@ class Code(enum.IntEnum):
     UNKNOWN_BUCKET = 25
     BUCKET_EXISTS = 26
     CROSS_SHARD = 27  # a KV transaction whose keys lie in different shards (a hash tag {...} keeps them together)
+    NOT_ENOUGH_REPLICAS = 28  # a controller-mode group has fewer replicas in sync than its class's min_in_sync_replicas
+    FENCED = 29  # a request made under an epoch the controller has moved past (a deposed master, a stale change)
 
 
 class RocketError(Exception):
