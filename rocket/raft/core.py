@@ -219,13 +219,17 @@ class RaftCore:
             raise NotLeader(self.leader)
         if self.term_at(self.commit) != self.term:
             raise RocketError(Code.UNAVAILABLE, "the new leader has not committed in its term yet; retry")
-        if self.voters == {self.id} or (lease and self.lease_valid()):
+        if self._confirmed({self.id}) or (lease and self.lease_valid()):
             self._read_states.append((request_id, self.commit))
             return self.commit
         self._pending_reads[request_id] = (self.commit, {self.id})
         for peer in self.voters - {self.id}:
             self._send_heartbeat(peer, request_id)
         return None
+
+    def _confirmed(self, acknowledged: set[int]) -> bool:
+        """Whether these nodes' answers confirm that this node still leads: a quorum of the voters."""
+        return len(acknowledged & self.voters) > len(self.voters) // 2
 
     def lease_valid(self) -> bool:
         """Whether no other leader can exist yet: a quorum answered heartbeats sent at most
@@ -441,19 +445,22 @@ class RaftCore:
             elif message.type == MessageType.PRE_VOTE:
                 self._send(Message(MessageType.PRE_VOTE_RESPONSE, self.id, message.sender, self.term, reject=True))
             return
-        handler = {
-            MessageType.PRE_VOTE: self._on_vote_request,
-            MessageType.VOTE: self._on_vote_request,
-            MessageType.PRE_VOTE_RESPONSE: self._on_vote_response,
-            MessageType.VOTE_RESPONSE: self._on_vote_response,
-            MessageType.APPEND: self._on_append,
-            MessageType.HEARTBEAT: self._on_heartbeat,
-            MessageType.SNAPSHOT: self._on_snapshot,
-            MessageType.APPEND_RESPONSE: self._on_append_response,
-            MessageType.HEARTBEAT_RESPONSE: self._on_heartbeat_response,
-            MessageType.TIMEOUT_NOW: self._on_timeout_now,
-        }[message.type]
-        handler(message)
+        handler = self._HANDLERS.get(message.type)
+        if handler is not None:  # another engine's message (a misrouted or forged one) is dropped
+            getattr(self, handler)(message)
+
+    _HANDLERS = {
+        MessageType.PRE_VOTE: "_on_vote_request",
+        MessageType.VOTE: "_on_vote_request",
+        MessageType.PRE_VOTE_RESPONSE: "_on_vote_response",
+        MessageType.VOTE_RESPONSE: "_on_vote_response",
+        MessageType.APPEND: "_on_append",
+        MessageType.HEARTBEAT: "_on_heartbeat",
+        MessageType.SNAPSHOT: "_on_snapshot",
+        MessageType.APPEND_RESPONSE: "_on_append_response",
+        MessageType.HEARTBEAT_RESPONSE: "_on_heartbeat_response",
+        MessageType.TIMEOUT_NOW: "_on_timeout_now",
+    }
 
     def _keeps_quiet(self, message: Message) -> bool:
         """Messages that need no timers: the current leader's heartbeats (answered while quiet) and
@@ -587,7 +594,7 @@ class RaftCore:
         if message.context in self._pending_reads:
             index, acknowledged = self._pending_reads[message.context]
             acknowledged.add(message.sender)
-            if len(acknowledged & self.voters) > len(self.voters) // 2:
+            if self._confirmed(acknowledged):
                 del self._pending_reads[message.context]
                 self._read_states.append((message.context, index))
 

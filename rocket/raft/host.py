@@ -16,6 +16,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.raft import codec, snapshots
+from rocket.raft.controlled import Control, ControlledCore, SyncStateRequest
 from rocket.raft.core import Config, HardState, Message, MessageType, RaftCore, Role
 from rocket.raft.rounds import Group, Round, Rounds, SnapshotJob
 from rocket.raft.snapshots import SnapshotFiles
@@ -107,20 +108,45 @@ class RaftHost(Rounds):
             self._awake.add(group)
 
     def add_group(self, group: int, voters: tuple[int, ...], machine: StateMachine,
-                  learners: tuple[int, ...] = ()) -> RaftCore:
-        """Host a group, restoring it from the WAL if it was here before the restart."""
+                  learners: tuple[int, ...] = (), control: Control | None = None) -> RaftCore:
+        """Host a group, restoring it from the WAL if it was here before the restart: a Raft group, or with
+        control a controller-mode group (RIP-44), whose master the controller names."""
         restored = self.wal.groups.get(group, GroupState())
         config = Config(self.node_id, voters, learners, seed=group * 7919 + self.node_id)
-        core = RaftCore(config, restored.hard_state, restored.entries, restored.snapshot)
+        core = (RaftCore if control is None else ControlledCore)(config, restored.hard_state, restored.entries,
+                                                                 restored.snapshot)
         if restored.snapshot is not None:
             machine.restore(self.snapshot_files.chunks(group, restored.snapshot))
         if core.voters == {self.node_id}:
             core.campaign()  # alone: no one to wait for
         self.groups[group] = Group(core, machine, restored.hard_state)
+        if control is not None:
+            core.control(control)
         self.groups[group].positions = restored.positions
         self._touched(group, self.groups[group])
         self._wake.set()
         return core
+
+    def control(self, group: int, control: Control) -> None:
+        """The controller's word on a controller-mode group hosted here (its master, epochs and SyncStateSet)."""
+        hosted = self.groups.get(group)
+        if hosted is not None and isinstance(hosted.core, ControlledCore):
+            hosted.core.control(control)
+            hosted.idle_ticks = 0
+            self._touched(group, hosted)
+            self._wake.set()
+
+    def controlled(self, group: int) -> ControlledCore | None:
+        """The group's controller-mode core, or None (a Raft group, or not hosted here)."""
+        hosted = self.groups.get(group)
+        return hosted.core if hosted is not None and isinstance(hosted.core, ControlledCore) else None
+
+    def sync_state_refused(self, group: int, request: SyncStateRequest) -> None:
+        core = self.controlled(group)
+        if core is not None:
+            core.sync_state_refused(request)
+            self._touched(group, self.groups[group])
+            self._wake.set()
 
     def receive(self, payload: bytes | memoryview) -> None:
         """Messages from another node; ones for groups not hosted here are dropped (Raft retries).

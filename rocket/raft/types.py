@@ -31,6 +31,8 @@ class MessageType(enum.IntEnum):
     HEARTBEAT_RESPONSE = 8
     SNAPSHOT = 9
     TIMEOUT_NOW = 10
+    EPOCH_QUERY = 11  # controller mode: a slave's last epoch (log_term) and log end (index), to a new master
+    EPOCH_ANSWER = 12  # ... the master's largest epoch up to it (log_term) and where that epoch ends (index)
 
 
 class EntryKind(enum.IntEnum):

@@ -1,0 +1,233 @@
+"""A controller-mode group's replica (RIP-44): master-slave replication whose master a controller names.
+
+The controller (in the nameservers' metadata, rocket.roles.nameserver.controller) holds, per group, the master, its
+epoch, the SyncStateSet (SSS: the replicas known to hold everything acknowledged) and the SSS's epoch, and tells
+each replica through its assignment (control()). This core is the Raft core with the parts that differ replaced:
+- no elections: the controller's word makes a master (at its epoch, the core's term) or a slave;
+- an entry is committed (acknowledged) once every member of the SSS holds it durably, and, while a change of the
+  SSS is asked of the controller, every member of the new set too: the commit waits for the union of both;
+- the master asks for a slave behind for ha_max_lag_s to leave the SSS, and for one that caught up to rejoin
+  (sync_state_request); only the controller's answer changes the SSS. A master cut off from the controller thus
+  cannot shrink its SSS: it never acknowledges alone behind the controller's back (DESIGN.md, "Controller mode");
+- a slave that meets a new master first compares epochs with it (EPOCH_QUERY, EPOCH_ANSWER: Kafka's leader-epoch
+  truncation) and truncates what lies past the last entry they agree on; only then does it accept entries. Each
+  entry carries its epoch (its term), so the epoch list, (epoch, start offset), is read off the log and its
+  snapshot: it is persisted with them, in the WAL.
+Replication itself (pipelined appends, flow control, snapshots to a slave far behind, persist before send) is the
+Raft core's, as is the log. The state machine above does not know which engine it has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rocket.errors import Code, RocketError, invariant
+from rocket.raft.core import RaftCore
+from rocket.raft.types import NONE, Config, Entry, HardState, Message, MessageType, Role, Snapshot
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Control:
+    """The controller's word on a group: who is master at which epoch, and the SyncStateSet at its epoch."""
+
+    master: int
+    master_epoch: int
+    sync_state_set: frozenset[int]
+    sync_state_set_epoch: int
+    min_in_sync_replicas: int = 1
+    lag_ticks_max: int = 50  # a slave behind this many ticks leaves the SSS (ha_max_lag_s over the tick)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SyncStateRequest:
+    """A change of the SSS the master asks of the controller, made against the SSS epoch it knows."""
+
+    group_master: int
+    master_epoch: int
+    sync_state_set_epoch: int
+    sync_state_set: frozenset[int]
+
+
+class ControlledCore(RaftCore):
+    def __init__(self, config: Config, hard_state: HardState = HardState(), entries: list[Entry] | None = None,
+                 snapshot: Snapshot | None = None):
+        super().__init__(dataclasses.replace(config, check_quorum=False, pre_vote=False), hard_state, entries,
+                         snapshot)
+        self.sync_state_set: frozenset[int] = frozenset()
+        self.sync_state_set_epoch = 0
+        self.min_in_sync_replicas = 1
+        self.lag_ticks_max = 50
+        self.requested: SyncStateRequest | None = None  # asked of the controller, not yet answered
+        self._synced_with: tuple[int, int] | None = None  # (epoch, master) whose epochs this slave compared
+        self._query_tick = -1  # a slave asks a master for its epochs at most once a tick
+        self._caught_up_tick: dict[int, int] = {}  # slave -> the last tick it reached the master's mark
+        self._mark: dict[int, int] = {}  # slave -> the master's log end when it last reached the mark
+
+    # ---- the controller's word -----------------------------------------------------------------
+
+    def control(self, control: Control) -> None:
+        """Follow the controller: become master or slave at its epoch, and take its SSS. A word from an epoch
+        older than this replica's is stale (a new master's appends brought the news first) and ignored."""
+        self.min_in_sync_replicas = control.min_in_sync_replicas
+        self.lag_ticks_max = control.lag_ticks_max
+        if control.master_epoch < self.term:
+            return
+        if control.master == self.id:
+            if control.master_epoch > self.term or self.role != Role.LEADER:
+                self.term, self.vote = control.master_epoch, NONE
+                self._become_leader()
+            if control.sync_state_set_epoch > self.sync_state_set_epoch:
+                self.sync_state_set = control.sync_state_set | {self.id}
+                self.sync_state_set_epoch = control.sync_state_set_epoch
+                if self.requested is not None and self.requested.sync_state_set_epoch < self.sync_state_set_epoch:
+                    self.requested = None  # answered: applied (this is it) or superseded
+                self._maybe_commit()
+        elif control.master_epoch > self.term or self.leader != control.master or self.role != Role.FOLLOWER:
+            invariant(control.master_epoch > self.term or self.role != Role.LEADER, "one master per epoch")
+            self._become_follower(control.master_epoch, control.master)
+            self.wake()
+
+    def sync_state_request(self) -> SyncStateRequest | None:
+        """As master: the change of the SSS to ask of the controller, if one is wanted (slaves behind for
+        lag_ticks_max leave; slaves holding everything committed and keeping up join). Until it is answered, the
+        commit waits for the old and the new set both, and the same request is returned (to send again)."""
+        if self.role != Role.LEADER:
+            return None
+        if self.requested is not None:
+            return self.requested
+        current = self.sync_state_set
+        behind = {node for node in current - {self.id}
+                  if self.ticks - self._caught_up_tick.get(node, self.ticks) > self.lag_ticks_max}
+        joining = {node for node in self.voters - current
+                   if node in self.progress and self.progress[node].match >= self.commit
+                   and self.ticks - self._caught_up_tick.get(node, -self.lag_ticks_max - 1) <= self.lag_ticks_max}
+        wanted = (current - behind) | joining
+        if wanted == current:
+            return None
+        self.requested = SyncStateRequest(self.id, self.term, self.sync_state_set_epoch, frozenset(wanted))
+        return self.requested
+
+    def sync_state_refused(self, request: SyncStateRequest) -> None:
+        """The controller refused the request for good (not for a stale epoch: then its control() brings what
+        holds): it was not applied, so the commit no longer waits for its set."""
+        if self.requested == request:
+            self.requested = None
+            self._maybe_commit()
+
+    # ---- what differs from Raft ----------------------------------------------------------------
+
+    def campaign(self) -> None:
+        """No elections: the controller names the master."""
+
+    def _campaign(self, pre_vote: bool, forced: bool = False) -> None:
+        pass  # the election timer runs on, so that in_sync() tells a slave whose master went silent
+
+    def _on_vote_request(self, message: Message) -> None:
+        pass
+
+    def _on_timeout_now(self, message: Message) -> None:
+        pass
+
+    def transfer_leadership(self, to: int) -> None:
+        raise RocketError(Code.BAD_REQUEST, "a controller-mode group's master is the controller's choice")
+
+    def propose_conf_change(self, action: str, node: int) -> int:
+        raise RocketError(Code.BAD_REQUEST, "a controller-mode group's replicas do not change (yet)")
+
+    def lease_valid(self) -> bool:
+        return False  # no leases: a deposed master learns of its successor only from it or the controller
+
+    def _confirmed(self, acknowledged: set[int]) -> bool:
+        """A read is confirmed by every member of the SSS: a successor is elected from it, and would answer with
+        its newer epoch (which deposes this master) instead."""
+        return self.sync_state_set <= acknowledged | {self.id}
+
+    def _propose(self, data: bytes, kind) -> int:
+        if self.role == Role.LEADER and len(self.sync_state_set) < self.min_in_sync_replicas:
+            raise RocketError(Code.NOT_ENOUGH_REPLICAS, f"{len(self.sync_state_set)} replicas are in sync; the "
+                              f"storage class needs {self.min_in_sync_replicas}")
+        return super()._propose(data, kind)
+
+    def _become_leader(self) -> None:
+        super()._become_leader()
+        self.requested = None
+        self._caught_up_tick = {node: self.ticks for node in self.voters}
+        self._mark = {node: 0 for node in self.voters}
+
+    def _become_follower(self, term: int, leader: int) -> None:
+        if self.role == Role.LEADER:
+            self.requested = None
+            self.sync_state_set, self.sync_state_set_epoch = frozenset(), 0  # the controller tells again
+        super()._become_follower(term, leader)
+
+    def _maybe_commit(self) -> None:
+        """Commit what every member of the SSS holds, and of the set asked for while a change is pending."""
+        if self.role != Role.LEADER or not self.sync_state_set:
+            return
+        required = self.sync_state_set | (self.requested.sync_state_set if self.requested else frozenset())
+        candidate = min(self.progress[node].match if node in self.progress else 0 for node in required | {self.id})
+        if candidate > self.commit and self.term_at(candidate) == self.term:
+            self._commit_to(candidate)
+            self._broadcast_append()
+
+    def tick(self) -> None:
+        super().tick()
+        if self.role == Role.LEADER and not self.quiet:
+            for node, progress in self.progress.items():
+                if node != self.id and progress.match >= self._mark.get(node, 0):
+                    self._caught_up_tick[node] = self.ticks
+                    self._mark[node] = self.last_index
+
+    # ---- epochs: a slave meets a master --------------------------------------------------------
+
+    _HANDLERS = {**RaftCore._HANDLERS, MessageType.EPOCH_QUERY: "_on_epoch_query",
+                 MessageType.EPOCH_ANSWER: "_on_epoch_answer"}
+
+    def _on_append(self, message: Message) -> None:
+        if self._synced_with != (self.term, message.sender):
+            self.leader = message.sender
+            self.election_elapsed = 0
+            if self.role != Role.FOLLOWER:
+                self._become_follower(message.term, message.sender)
+            if self._query_tick != self.ticks:
+                self._query_tick = self.ticks
+                self._send(Message(MessageType.EPOCH_QUERY, self.id, message.sender, self.term,
+                                   log_term=self.last_term, index=self.last_index))
+            return
+        super()._on_append(message)
+
+    def epoch_end(self, epoch: int) -> tuple[int, int]:
+        """(the largest epoch up to epoch that this log knows, the index after that epoch's last entry): where an
+        entry of a later epoch starts, or the log's end."""
+        end = self.last_index + 1
+        for entry in self.log:
+            if entry.term > epoch:
+                end = entry.index
+                break
+        known = self.term_at(end - 1)
+        return (known if known is not None else self.snapshot.term), end
+
+    def _on_epoch_query(self, message: Message) -> None:
+        """As master: answer where the slave's last epoch ends here, and replicate from there."""
+        if self.role != Role.LEADER or message.sender not in self.progress:
+            return
+        epoch, end = self.epoch_end(message.log_term)
+        self._send(Message(MessageType.EPOCH_ANSWER, self.id, message.sender, self.term, log_term=epoch, index=end))
+        progress = self.progress[message.sender]
+        progress.become_probe()
+        progress.next = max(progress.match + 1, min(end, message.index + 1))
+        self._send_append(message.sender)
+
+    def _on_epoch_answer(self, message: Message) -> None:
+        """As slave: truncate past the last entry both logs agree on (never below the commit: committed entries
+        are in every later master's log), then accept this master's entries. A truncation is written with the
+        next entries (they replace the log from their index on); if the slave restarts first, it asks again."""
+        if message.sender != self.leader or self.role != Role.FOLLOWER:
+            return
+        _, own_end = self.epoch_end(message.log_term)
+        keep = max(min(message.index, own_end) - 1, self.commit, self.snapshot.index)
+        if keep < self.last_index:
+            del self.log[keep - self.snapshot.index:]
+            self.stable_index = min(self.stable_index, keep)
+            self._reload_configuration()
+        self._synced_with = (self.term, message.sender)
