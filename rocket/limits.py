@@ -197,6 +197,10 @@ placement_replica_bytes = 64 * GiB  # stored bytes that weigh as much as one rep
 placement_free_disk_bytes_min = 10 * GiB  # a node with less free disk than this (and some reported) ...
 placement_low_disk_replicas = 4.0  # ... weighs this many replicas more: new groups go elsewhere while others can take them
 placement_node_weight = 0.5  # queue placement: a group's leader's load (all it leads) weighs half as much as its own
+# Controller mode (RIP-44): two-replica groups whose master a controller in the nameservers names.
+controller_check_s = 0.25  # how often the nameserver leader looks for controller-mode masters whose heartbeats lapsed
+controller_lapse_s = 2.5  # a master silent this long is replaced (from its SyncStateSet): 2.5 missed heartbeats
+controller_sync_state_s = 0.2  # how often a master asks the controller for the SyncStateSet changes it wants
 model_poll_s = 30.0  # how often a nameserver reads the forecast model again: a new one is in use within this
 model_stale_s = 14 * 86_400.0  # a model trained longer ago than this no longer places queues (the fallback does)
 placement_explanations_max = 10_000  # topics whose last placement the leader can explain, newest kept
@@ -334,3 +338,4 @@ invariant(kv_value_bytes_max + kv_key_bytes_max < kv_txn_bytes_max < raft_entry_
 invariant(health_window_s_min <= health_window_s_default <= health_window_s_max, "the default health window is one a config may set")
 invariant(health_window_s_min >= node_heartbeat_s, "a health window holds a heartbeat of every node")
 invariant(health_degrade_windows < health_recover_windows, "a degraded node returns more slowly than it left: no flapping")
+invariant(node_heartbeat_s < controller_lapse_s < node_down_s, "a master is replaced after missed heartbeats, before it is down")

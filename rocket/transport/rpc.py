@@ -79,6 +79,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("KvExport", "BucketRequest", "KvExportPage", streaming=True),
         # Between nodes: brokers and storage nodes to the nameservers,
         MethodSpec("NodeHeartbeat", "NodeHeartbeatRequest", "Assignment"),
+        MethodSpec("ControllerAlterSyncStateSet", "AlterSyncStateSetRequest", "ControlState"),
         MethodSpec("GetRoute", "TopicRequest", "Route"),
         MethodSpec("MetaCreateTopic", "CreateTopicRequest", "TopicInfo"),
         MethodSpec("MetaListTopics", "Empty", "ListTopicsResponse"),

@@ -25,6 +25,7 @@ from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
 from rocket.model import (KV_PREFIX, Address, bucket_topic, check_message_type, check_name, check_retention_s,
                           check_user_topic_name)
 from rocket.raft.host import RaftHost
+from rocket.roles.nameserver.controller import Controller
 from rocket.roles.nameserver.health import NodeHealthChecks
 from rocket.roles.nameserver.metadata import META_GROUP, Metadata, exists
 from rocket.roles.nameserver.queues import QueuePlacement
@@ -34,7 +35,7 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.nameserver")
 
 
-class Nameserver(QueuePlacement, NodeHealthChecks):
+class Nameserver(QueuePlacement, NodeHealthChecks, Controller):
     def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, clock: Clock,
                  placement: Placement | None = None, objects=None):
         self.config = config
@@ -51,9 +52,11 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
         self._moving: set[int] = set()  # storage groups whose replica move runs now
         self._init_queue_placement(objects)
         self._init_health()
+        self._init_controller()
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("NodeHeartbeat", self.node_heartbeat)
+        dispatcher.handle("ControllerAlterSyncStateSet", self.alter_sync_state_set)
         dispatcher.handle("GetRoute", self.get_route)
         dispatcher.handle("MetaCreateTopic", self.create_topic)
         dispatcher.handle("MetaListTopics", self.list_topics)
@@ -72,6 +75,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
         moves (they run here too), and balance leaders."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_model_forever)
+            nursery.start_soon(self._control_forever)
             task_status.started()
             while True:
                 await trio.sleep(limits.node_heartbeat_s)

@@ -13,6 +13,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Address
+from rocket.raft.controlled import Control
 from rocket.serde.batch import peek_count
 from rocket.store.store import GroupMachine
 
@@ -33,10 +34,13 @@ class Replicas:
             if group in led:
                 group_bytes[group] = group_bytes.get(group, 0) + count
                 topic_bytes[topic] = topic_bytes.get(topic, 0) + count
+        controlled = [{"group": group, "epoch": core.term, "last_index": core.last_index}
+                      for group in groups if (core := self.host.controlled(group)) is not None]
         load = {"groups": len(groups), "leads": leads, "bytes": wal.end_position - wal.start_position,  # on disk
                 "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging,
                 "group_bytes_in": [{"group": group, "bytes": count} for group, count in group_bytes.items()],
-                "topic_bytes_in": [{"topic": topic, "bytes": count} for topic, count in topic_bytes.items()]}
+                "topic_bytes_in": [{"topic": topic, "bytes": count} for topic, count in topic_bytes.items()],
+                "controlled": controlled}
         assignment = await self.peers.heartbeat(load, self._assignment_version)
         if assignment is None:
             return
@@ -52,12 +56,52 @@ class Replicas:
             self.addresses[node["id"]] = (address.host, address.port)
         assigned = {group["id"] for group in assignment["groups"]}
         for group in assignment["groups"]:
+            control = self._control_of(group)
             if self.host.machine_of(group["id"]) is None:
                 self.host.add_group(group["id"], tuple(group["voters"]), GroupMachine(self.store, group["id"]),
-                                    tuple(group["learners"]))
+                                    tuple(group["learners"]), control)
+            elif control is not None:
+                self.host.control(group["id"], control)
         for group in self._storage_groups() - assigned:
             log.info("storage group %d moved off this node", group)
             self.host.remove_group(group)
+
+    def _control_of(self, group: dict) -> Control | None:
+        """The controller's word on a controller-mode group, from its assignment (None for a Raft group)."""
+        if group.get("mode", "raft") != "controller":
+            return None
+        return Control(group["master"], group["master_epoch"], frozenset(group["sync_state_set"]),
+                       group["sync_state_set_epoch"], group["min_in_sync_replicas"],
+                       max(1, round(group["ha_max_lag_s"] / self.host.tick_s)))
+
+    async def _sync_states_forever(self) -> None:
+        """As master of controller-mode groups: ask the controller for the SyncStateSet changes each wants, one
+        request per group until answered. Only the controller's answer changes the set: a master cut off from it
+        keeps waiting for every member it had (DESIGN.md, "Controller mode")."""
+        while True:
+            await trio.sleep(limits.controller_sync_state_s)
+            for group in self._storage_groups():
+                core = self.host.controlled(group)
+                request = core.sync_state_request() if core is not None else None
+                if request is None:
+                    continue
+                try:
+                    answer = await self.peers.nameserver("ControllerAlterSyncStateSet", {
+                        "group": group, "master": request.group_master, "master_epoch": request.master_epoch,
+                        "sync_state_set_epoch": request.sync_state_set_epoch,
+                        "sync_state_set": sorted(request.sync_state_set)})
+                except RocketError as error:
+                    if error.code == Code.BAD_REQUEST:
+                        self.host.sync_state_refused(group, request)
+                    else:  # FENCED, or no answer: what holds comes with the next assignment; asked again meanwhile
+                        log.info("group %d: the SyncStateSet change %s: %s", group, sorted(request.sync_state_set),
+                                 error)
+                    continue
+                log.info("group %d: SyncStateSet %s at epoch %d", group, answer["sync_state_set"],
+                         answer["sync_state_set_epoch"])
+                self.host.control(group, Control(answer["master"], answer["master_epoch"],
+                                                 frozenset(answer["sync_state_set"]), answer["sync_state_set_epoch"],
+                                                 core.min_in_sync_replicas, core.lag_ticks_max))
 
     async def _backfill_forever(self) -> None:
         """A replica that installed a snapshot lacks the batches before it: fetch them from the other

@@ -110,6 +110,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
         async with trio.open_nursery() as nursery:
             await nursery.start(self.store.run)
             nursery.start_soon(self._backfill_forever)
+            nursery.start_soon(self._sync_states_forever)
             nursery.start_soon(self._fire_timers_forever)
             nursery.start_soon(self._reclaim_wal_forever)
             nursery.start_soon(self._expire_kv_forever)
