@@ -6,6 +6,7 @@ import pytest
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.roles.nameserver.classes import check_class_request
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, Control, Metadata
 from tests.unit.test_metadata import apply, create, registered
 
@@ -176,3 +177,33 @@ def test_a_snapshot_from_before_classes_restores_into_the_default_class():
     assert metadata.raft_groups() == [2]
     [made] = apply(metadata, create_class("gold", [{"id": 3, "voters": [1, 2]}]))
     assert made.name == "gold" and metadata.version == 8
+
+
+def request(**changes) -> dict:
+    return {"name": "gold", "mode": "controller", "replicas": 2, "groups": 0, "min_in_sync_replicas": 1,
+            "unclean_election": False, "ha_max_lag_s": 5.0, **changes}
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"name": "bad name!"}, "storage class name 'bad name!'"),
+    ({"name": ""}, "storage class name ''"),
+    ({"mode": "paxos"}, "mode must be one of raft, controller, got 'paxos'"),
+    ({"replicas": 1}, "a controller-mode class needs 2..7 replicas"),
+    ({"mode": "raft", "replicas": 0}, "replicas must be 1..7, got 0"),
+    ({"replicas": 8}, "a controller-mode class needs 2..7 replicas"),
+    ({"min_in_sync_replicas": 3}, "min_in_sync_replicas must be 1..2"),
+    ({"min_in_sync_replicas": 0}, "min_in_sync_replicas must be 1..2"),
+    ({"ha_max_lag_s": 0.0}, "ha_max_lag_s must be 0.5..3600 seconds"),
+    ({"ha_max_lag_s": float("nan")}, "ha_max_lag_s must be"),
+    ({"groups": -1}, "groups must be 1..100000"),
+])
+def test_a_bad_class_request_is_refused_in_one_line(changes, says):
+    with pytest.raises(RocketError) as caught:
+        check_class_request(request(**changes))
+    assert caught.value.code == Code.BAD_REQUEST and says in caught.value.message and "\n" not in caught.value.message
+
+
+def test_good_class_requests_pass():
+    for changes in ({}, {"mode": "raft", "replicas": 1}, {"replicas": 3, "min_in_sync_replicas": 3, "groups": 4},
+                    {"ha_max_lag_s": limits.ha_lag_s_max, "unclean_election": True}):
+        check_class_request(request(**changes))
