@@ -21,8 +21,9 @@ async def refusal(call) -> RocketError:
     return refused.value
 
 
-async def test_dev_mode_lists_the_raft_class_and_refuses_what_it_cannot_hold(node):
-    async with connect(f"127.0.0.1:{node.tcp_port}") as channel:
+@pytest.mark.parametrize("serde", ["json", "avro"])
+async def test_dev_mode_lists_the_raft_class_and_refuses_what_it_cannot_hold(node, serde):
+    async with connect(f"127.0.0.1:{node.tcp_port}", serde=serde) as channel:
         admin = Admin(channel)
         [raft] = await admin.storage_classes()
         assert (raft["name"], raft["mode"], raft["groups"]) == ("raft", "raft", [])  # no topic yet: no group
