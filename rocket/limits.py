@@ -209,6 +209,13 @@ leader_balance_ratio = 0.1  # ... nodes within this share of their mean led load
 leader_balance_bytes_s = 128 * KiB  # ... as are nodes within this many bytes/s of each other (2 idle groups)
 leader_transfer_s = 2.0  # at most one leadership transfer this often: a transfer pauses the group's writes briefly
 load_history_steps = 90  # minutes of traffic per group and topic the nameserver keeps for the forecaster (it reads 60)
+# Storage classes (issue 32): named pools of storage groups, in Raft or controller mode (RIP-44).
+storage_classes_max = 64  # classes in one cluster: each is a pool of groups an operator tells apart by name
+storage_class_name_bytes_max = 64  # a class's name is carried in every group's info and shown in tables
+ha_lag_s_default = 5.0  # a slave further behind its master than this leaves the sync state set
+ha_lag_s_min = 0.5  # ... at least: shorter, one slow fsync or pause would shrink the set and stall acks
+ha_lag_s_max = 3600.0  # ... at most: a slave an hour behind is no copy to fail over to
+elections_kept_max = 200  # the metadata's last controller elections, for describe: every snapshot carries them
 # Unhealthy nodes (issue 31): the nameserver leader judges each storage node once per window, from its heartbeats.
 health_window_s_default = 10.0  # one judgement per node this often: enough fsyncs and calls in it for a p99 and a rate
 health_window_s_min = 1.0  # a config's shortest window: it spans at least one heartbeat of every node
@@ -339,3 +346,4 @@ invariant(health_window_s_min <= health_window_s_default <= health_window_s_max,
 invariant(health_window_s_min >= node_heartbeat_s, "a health window holds a heartbeat of every node")
 invariant(health_degrade_windows < health_recover_windows, "a degraded node returns more slowly than it left: no flapping")
 invariant(node_heartbeat_s < controller_lapse_s < node_down_s, "a master is replaced after missed heartbeats, before it is down")
+invariant(ha_lag_s_min <= ha_lag_s_default <= ha_lag_s_max, "the default sync lag is one a class may set")

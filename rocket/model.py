@@ -39,6 +39,7 @@ class Message(msgspec.Struct, gc=False, array_like=True):
 
 
 MESSAGE_TYPES = ("normal", "fifo", "delay", "transaction")  # RocketMQ 5's TopicMessageType
+DEFAULT_STORAGE_CLASS = "raft"  # the implicit storage class: the Raft groups the nameservers make as nodes join
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
@@ -55,6 +56,7 @@ class TopicSpec:
     # The group of each queue, as placement chose it (issue 30); empty for a topic placed before that, whose queues
     # hash onto its groups. A queue never changes group: its group's replicas move instead, with its log.
     queue_groups: tuple[int, ...] = ()
+    storage_class: str = DEFAULT_STORAGE_CLASS  # the class whose groups hold its queues (issue 32), fixed at creation
 
     @property
     def bucket(self) -> str:
@@ -71,7 +73,8 @@ class TopicSpec:
     def to_wire(self) -> dict:
         return {"name": self.name, "queues": self.queues, "created_ms": self.created_ms,
                 "message_type": self.message_type, "retention_s": int(self.retention_s),
-                "local_retention_s": int(self.local_retention_s), "history": self.history, "ttl_ms": self.ttl_ms}
+                "local_retention_s": int(self.local_retention_s), "history": self.history, "ttl_ms": self.ttl_ms,
+                "storage_class": self.storage_class}
 
     @classmethod
     def from_wire(cls, payload: dict) -> "TopicSpec":
@@ -79,7 +82,8 @@ class TopicSpec:
                    message_type=payload.get("message_type", "normal"),
                    retention_s=float(payload.get("retention_s", -1.0)),
                    local_retention_s=float(payload.get("local_retention_s", -1.0)),
-                   history=int(payload.get("history", 1)), ttl_ms=int(payload.get("ttl_ms", 0)))
+                   history=int(payload.get("history", 1)), ttl_ms=int(payload.get("ttl_ms", 0)),
+                   storage_class=payload.get("storage_class", DEFAULT_STORAGE_CLASS))
 
 
 def check_retention_s(name: str, value: float) -> float:

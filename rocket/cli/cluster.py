@@ -1,18 +1,24 @@
-"""Cluster commands: status of nodes and storage groups, queue placement, node health, and draining a node."""
+"""Cluster commands: status of nodes and storage groups, queue placement, node health, draining a node, and storage
+classes."""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Annotated
 
 import orjson
 import typer
 from rich.table import Table
 
+from rocket import limits
 from rocket.cli.common import Serde, Server, Transport, out, plural, progress_bar, runs_client, usage_error
 from rocket.client import Admin, connect
 
 app = typer.Typer(no_args_is_help=True, help="Inspect the cluster: nodes, groups, leaders, load.")
+class_app = typer.Typer(no_args_is_help=True, help="Storage classes: named pools of storage groups, in raft or "
+                        "controller mode, that topics are placed on.")
+app.add_typer(class_app, name="storage-class")
 
 
 @app.command("status")
@@ -45,11 +51,11 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
                       str(len(load["leads"])), f"{load['bytes']:,}", f"{load['free_disk_bytes'] / 2**30:,.1f} GiB")
     out.print(nodes)
     if groups:
-        table = Table("group", "voters", "learners", "leader", "behind (node: entries)", title="storage groups")
+        table = Table("group", "class", "voters", "learners", "leader", "behind (node: entries)", title="storage groups")
         for group in status["groups"]:
             behind = ", ".join(f"{lag['node']}: {lag['entries']:,}" for lag in group["lagging"])
-            table.add_row(str(group["id"]), ",".join(map(str, group["voters"])), ",".join(map(str, group["learners"])),
-                          str(group["leader"] or "-"), behind)
+            table.add_row(str(group["id"]), group.get("storage_class", "raft"), ",".join(map(str, group["voters"])),
+                          ",".join(map(str, group["learners"])), str(group["leader"] or "-"), behind)
         out.print(table)
 
 
@@ -142,3 +148,86 @@ async def cluster_drain(node: Annotated[int, typer.Argument(help="The storage no
             task = progress.add_task(f"replicas left on node {node}")
             await admin.drain_node_and_wait(node, timeout_s, on_progress=lambda left: progress.update(task, completed=left))
     out.print(f"node {node} holds no replica: it can be shut down")
+
+
+@class_app.command("create")
+@runs_client
+async def storage_class_create(name: Annotated[str, typer.Argument(help="The class's name, as topic create --storage-class names it.", show_default=False)],
+                               mode: Annotated[str, typer.Option("--mode", help="controller (RIP-44: a master and slaves, the master named by the controller) or raft.")] = "controller",
+                               replicas: Annotated[int, typer.Option("--replicas", help="Replicas of each group, each on its own storage node.")] = 2,
+                               groups: Annotated[int, typer.Option("--groups", help="Storage groups to make for the class.", show_default="the nameservers' storage_groups")] = 0,
+                               min_in_sync_replicas: Annotated[int, typer.Option("--min-in-sync-replicas", help="Controller mode: a write is acknowledged once this many replicas hold it.")] = 1,
+                               unclean_election: Annotated[bool, typer.Option("--unclean-election", help="Controller mode: let a replica out of the sync state set become master when none in it is up (it may lose writes).")] = False,
+                               ha_max_lag_s: Annotated[float, typer.Option("--ha-max-lag-s", help="Controller mode: a slave further behind its master than this many seconds leaves the sync state set.")] = limits.ha_lag_s_default,
+                               server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Create a storage class: a named pool of new storage groups that topics can be placed on."""
+    async with connect(server, transport, serde) as channel:
+        made = await Admin(channel).create_storage_class(name, mode, replicas, groups, min_in_sync_replicas,
+                                                         unclean_election, ha_max_lag_s)
+    out.print(f"created {made['mode']}-mode storage class [bold]{made['name']}[/bold]: "
+              f"{plural(len(made['groups']), 'group')} of {plural(made['replicas'], 'replica')} "
+              f"({', '.join(str(group['id']) for group in made['groups'])})")
+
+
+def _min_in_sync(storage_class: dict) -> str:
+    """Raft mode acknowledges on a majority of the replicas; controller mode on min_in_sync_replicas of them."""
+    return str(storage_class["min_in_sync_replicas"]) if storage_class["mode"] == "controller" else "majority"
+
+
+@class_app.command("list")
+@runs_client
+async def storage_class_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                             as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False) -> None:
+    """The storage classes, the default (raft) first: their mode, replicas and groups."""
+    async with connect(server, transport, serde) as channel:
+        classes = await Admin(channel).storage_classes()
+    if as_json:
+        sys.stdout.write(orjson.dumps({"classes": classes}).decode() + "\n")
+        return
+    table = Table("name", "mode", "replicas", "min in sync", "groups", title="storage classes")
+    for storage_class in classes:
+        table.add_row(storage_class["name"], storage_class["mode"], str(storage_class["replicas"]),
+                      _min_in_sync(storage_class), f"{len(storage_class['groups']):,}")
+    out.print(table)
+
+
+@class_app.command("describe")
+@runs_client
+async def storage_class_describe(name: Annotated[str, typer.Argument(help="The storage class.", show_default=False)],
+                                 server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                                 as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False) -> None:
+    """A storage class's settings, its groups (master, epochs, sync state set) and their recent elections."""
+    async with connect(server, transport, serde) as channel:
+        [storage_class] = await Admin(channel).storage_classes(name)
+    if as_json:
+        sys.stdout.write(orjson.dumps(storage_class).decode() + "\n")
+        return
+    controller = storage_class["mode"] == "controller"
+    line = (f"storage class [bold]{storage_class['name']}[/bold]: {storage_class['mode']} mode, "
+            f"{plural(storage_class['replicas'], 'replica')}, acknowledged by {_min_in_sync(storage_class)}")
+    if controller:
+        line += (f"; a slave {storage_class['ha_max_lag_s']:g} s behind leaves the sync state set; unclean elections "
+                 f"{'allowed' if storage_class['unclean_election'] else 'refused'}")
+    out.print(line)
+    table = Table("group", "replicas", "master" if controller else "leader", "epoch", "sync state set", "sss epoch",
+                  title="storage groups")
+    for group in storage_class["groups"]:
+        table.add_row(str(group["id"]), ",".join(map(str, group["voters"])), str(group["leader"] or "-"),
+                      str(group["master_epoch"]) if controller else "-",
+                      ",".join(map(str, group["sync_state_set"])) if controller else "-",
+                      str(group["sync_state_set_epoch"]) if controller else "-")
+    out.print(table)
+    if not controller:
+        return
+    if not storage_class["elections"]:
+        out.print("no elections since the class was made")
+        return
+    out.print("recent elections, newest first:")
+    for election in reversed(storage_class["elections"]):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(election["at_ms"] / 1000))
+        row = (f"  {when} UTC  group {election['group']}: node {election['master']} master at epoch "
+               f"{election['master_epoch']} (was node {election['previous']})")
+        if election["unclean"]:
+            row += (f" [red]unclean: possible loss: entries past {election['master_last_index']:,}[/red] (the previous "
+                    f"master had {election['previous_last_index']:,})")
+        out.print(row)

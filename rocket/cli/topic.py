@@ -11,7 +11,7 @@ from rich.table import Table
 from rocket.cli.common import Serde, Server, Transport, out, plural, runs_client, size, usage_error
 from rocket.client import Admin, connect
 from rocket.errors import RocketError
-from rocket.model import parse_duration_s
+from rocket.model import DEFAULT_STORAGE_CLASS, parse_duration_s
 
 app = typer.Typer(no_args_is_help=True, help="Create, list and describe topics.")
 tier_app = typer.Typer(no_args_is_help=True, help="Tiered storage: what is local, offloaded and pending.")
@@ -22,11 +22,13 @@ tier_app = typer.Typer(no_args_is_help=True, help="Tiered storage: what is local
 async def topic_create(name: Annotated[str, typer.Argument(help="The topic's name.", show_default=False)],
                        queues: Annotated[int, typer.Option("--queues", help="Queues: the topic's unit of order and of parallel reads.")] = 8,
                        message_type: Annotated[str, typer.Option("--type", help="normal, fifo, delay or transaction: the sends the topic accepts.")] = "normal",
+                       storage_class: Annotated[str, typer.Option("--storage-class", help="The storage class whose groups hold the queues (see rocket cluster storage-class list).")] = DEFAULT_STORAGE_CLASS,
                        server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
-    """Create a topic with a number of queues and a message type."""
+    """Create a topic with a number of queues and a message type, in a storage class."""
     async with connect(server, transport, serde) as channel:
-        spec = await Admin(channel).create_topic(name, queues, message_type)
-    out.print(f"created {spec.message_type} topic [bold]{spec.name}[/bold] with {plural(spec.queues, 'queue')}")
+        spec = await Admin(channel).create_topic(name, queues, message_type, storage_class)
+    placed = "" if spec.storage_class == DEFAULT_STORAGE_CLASS else f" in storage class {spec.storage_class}"
+    out.print(f"created {spec.message_type} topic [bold]{spec.name}[/bold] with {plural(spec.queues, 'queue')}{placed}")
 
 
 def _retention(text: str | None, option: str) -> float | None:
@@ -116,7 +118,9 @@ async def topic_describe(name: Annotated[str, typer.Argument(help="The topic to 
     """Show a topic's queues: offsets and sizes."""
     async with connect(server, transport, serde) as channel:
         spec, queues = await Admin(channel).describe_topic(name)
-    table = Table("queue", "min offset", "next offset", "messages", "bytes", title=f"{spec.message_type} topic {spec.name}")
+    placed = "" if spec.storage_class == DEFAULT_STORAGE_CLASS else f" (storage class {spec.storage_class})"
+    table = Table("queue", "min offset", "next offset", "messages", "bytes",
+                  title=f"{spec.message_type} topic {spec.name}{placed}")
     for q in queues:
         table.add_row(str(q["queue"]), f"{q['min_offset']:,}", f"{q['next_offset']:,}",
                       f"{q['next_offset'] - q['min_offset']:,}", f"{q['bytes']:,}")

@@ -1,5 +1,5 @@
-"""Administration over a channel: topics, groups, messages, nodes, and the workflows built of them (a group's dead
-letters listed or sent again, a node drained until it holds no replica)."""
+"""Administration over a channel: topics, storage classes, groups, messages, nodes, and the workflows built of them (a
+group's dead letters listed or sent again, a node drained until it holds no replica)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from collections.abc import AsyncIterator, Callable
 
 import trio
 
+from rocket import limits
 from rocket.client.consumer import open_consumer
 from rocket.client.producer import open_producer
 from rocket.errors import Code, RocketError
-from rocket.model import Message, TopicSpec, dead_letter_topic, queue_for_key, timer_topic
+from rocket.model import DEFAULT_STORAGE_CLASS, Message, TopicSpec, dead_letter_topic, queue_for_key, timer_topic
 from rocket.serde import batch as batch_codec
 from rocket.transport.channel import Channel
 
@@ -19,10 +20,31 @@ class Admin:
     def __init__(self, channel: Channel):
         self.channel = channel
 
-    async def create_topic(self, name: str, queues: int, message_type: str = "normal") -> TopicSpec:
-        """message_type: normal, fifo, delay or transaction; a topic accepts only sends of its type."""
+    async def create_topic(self, name: str, queues: int, message_type: str = "normal",
+                           storage_class: str = DEFAULT_STORAGE_CLASS) -> TopicSpec:
+        """message_type: normal, fifo, delay or transaction; a topic accepts only sends of its type. Its queues go to
+        the groups of storage_class (see create_storage_class)."""
         return TopicSpec.from_wire(await self.channel.call(
-            "CreateTopic", {"topic": name, "queues": queues, "message_type": message_type}))
+            "CreateTopic", {"topic": name, "queues": queues, "message_type": message_type,
+                            "storage_class": storage_class}))
+
+    async def create_storage_class(self, name: str, mode: str = "controller", replicas: int = 2, groups: int = 0,
+                                   min_in_sync_replicas: int = 1, unclean_election: bool = False,
+                                   ha_max_lag_s: float = limits.ha_lag_s_default) -> dict:
+        """A named pool of new storage groups of `replicas` each (groups 0: the nameservers' storage_groups), in raft
+        or controller mode (RIP-44: a master and slaves; a write is acknowledged once every replica in sync holds it,
+        and refused while fewer than min_in_sync_replicas are; a slave more than ha_max_lag_s behind leaves the sync
+        state set; unclean_election lets a replica out of it become master, losing what it lacks). The class as
+        StorageClasses describes it."""
+        return await self.channel.call("CreateStorageClass", {
+            "name": name, "mode": mode, "replicas": replicas, "groups": groups,
+            "min_in_sync_replicas": min_in_sync_replicas, "unclean_election": unclean_election,
+            "ha_max_lag_s": ha_max_lag_s})
+
+    async def storage_classes(self, name: str = "") -> list[dict]:
+        """Every storage class, the default (raft) first, each with its groups (master, epochs, sync state set); or
+        only the one named, with its groups' recent elections."""
+        return (await self.channel.call("StorageClasses", {"name": name}))["classes"]
 
     async def update_topic(self, name: str, retention_s: float | None = None,
                            local_retention_s: float | None = None, queues: int | None = None) -> TopicSpec:

@@ -64,6 +64,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("NodeHealth", "NodeHealthRequest", "NodeHealthResponse"),
         MethodSpec("PinNodeHealth", "PinNodeHealthRequest", "Empty"),
         MethodSpec("MetaLoadShare", "LoadShareRequest", "Empty"),
+        MethodSpec("CreateStorageClass", "CreateStorageClassRequest", "StorageClassInfo"),
+        MethodSpec("StorageClasses", "StorageClassesRequest", "StorageClassesResponse"),
         MethodSpec("UpdateTopic", "UpdateTopicRequest", "TopicInfo"),
         MethodSpec("TierStatus", "TierStatusRequest", "TierStatusResponse"),
         MethodSpec("KvCreateBucket", "CreateBucketRequest", "BucketInfo"),
@@ -86,6 +88,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("MetaUpdateTopic", "UpdateTopicRequest", "TopicInfo"),
         MethodSpec("MetaCreateBucket", "CreateBucketRequest", "TopicInfo"),
         MethodSpec("MetaDeleteBucket", "BucketRequest", "Empty"),
+        MethodSpec("MetaCreateStorageClass", "CreateStorageClassRequest", "StorageClassInfo"),
+        MethodSpec("MetaStorageClasses", "StorageClassesRequest", "StorageClassesResponse"),
         # and brokers to storage nodes.
         MethodSpec("StorageAppend", "StorageAppendRequest", "ProduceResponse", attachment_field="batch"),
         MethodSpec("StorageRead", "StorageReadRequest", "PullResponse", response_attachments=("batches", "batch")),

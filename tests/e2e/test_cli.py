@@ -156,3 +156,37 @@ def test_bench_produce_then_consume_report_beside_the_raw_disk(server_process, t
         rocket("bench", "consume", "--topic", "bench", "--messages", "3000", *bodies, "--disk-dir", str(tmp_path / "disk"),
                "--json", str(consumed), server=server)
         assert json.loads(consumed.read_text())["result"]["messages"] == 3000
+
+
+def test_storage_class_commands(server_process):
+    """One storage node: storage-class list shows the default raft class; a controller-mode class of two replicas is
+    refused UNAVAILABLE in one line, and bad settings BAD_REQUEST; a raft-mode class is made, described, listed, and
+    a topic placed in it."""
+    server = server_process().start()
+    listed = rocket("cluster", "storage-class", "list", server=server).stdout.decode()
+    assert "raft" in listed and "majority" in listed
+    short = rocket("cluster", "storage-class", "create", "gold", "--mode", "controller", "--replicas", "2",
+                   server=server, check=False)
+    assert short.returncode == 1 and short.stderr.decode().count("\n") == 1
+    assert b"UNAVAILABLE: storage class 'gold' needs 2 storage nodes up for its 2 replicas; 1 is up" in short.stderr
+    for bad, says in [(("--mode", "paxos"), b"mode must be one of raft, controller"),
+                      (("--replicas", "1"), b"needs 2..7 replicas"),
+                      (("--min-in-sync-replicas", "3"), b"min_in_sync_replicas must be 1..2"),
+                      (("--ha-max-lag-s", "0.1"), b"ha_max_lag_s must be 0.5..3600 seconds")]:
+        refused = rocket("cluster", "storage-class", "create", "gold", *bad, server=server, check=False)
+        assert refused.returncode == 1 and b"error: BAD_REQUEST: " in refused.stderr and says in refused.stderr, bad
+
+    made = rocket("cluster", "storage-class", "create", "fast", "--mode", "raft", "--replicas", "1", "--groups", "2",
+                  server=server).stdout.decode()
+    assert "created raft-mode storage class fast: 2 groups of 1 replica" in made
+    topic = rocket("topic", "create", "quick", "--queues", "4", "--storage-class", "fast", server=server)
+    assert b"with 4 queues in storage class fast" in topic.stdout
+    missing = rocket("topic", "create", "slow", "--storage-class", "gold", server=server, check=False)
+    assert missing.returncode == 1 and b"storage class 'gold' does not exist" in missing.stderr
+    described = json.loads(rocket("cluster", "storage-class", "describe", "fast", "--json", server=server).stdout)
+    assert described["name"] == "fast" and described["mode"] == "raft" and len(described["groups"]) == 2
+    text = rocket("cluster", "storage-class", "describe", "fast", server=server).stdout.decode()
+    assert "storage class fast: raft mode, 1 replica" in text
+    assert all(str(group["id"]) in text for group in described["groups"])
+    classes = json.loads(rocket("cluster", "storage-class", "list", "--json", server=server).stdout)["classes"]
+    assert [entry["name"] for entry in classes] == ["raft", "fast"]

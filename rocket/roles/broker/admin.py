@@ -1,5 +1,5 @@
-"""Topic and cluster administration on the broker: create, list, describe and update topics, tier and cluster status,
-drains, node health; what the nameservers keep is asked of them. A mixin of Broker.
+"""Topic and cluster administration on the broker: create, list, describe and update topics, storage classes, tier and
+cluster status, drains, node health; what the nameservers keep is asked of them. A mixin of Broker.
 """
 
 from __future__ import annotations
@@ -13,6 +13,12 @@ class Admin:
 
     async def create_topic(self, request: dict) -> dict:
         return await self.peers.nameserver("MetaCreateTopic", request, timeout_s=limits.leader_wait_s_max + 5)
+
+    async def create_storage_class(self, request: dict) -> dict:
+        return await self.peers.nameserver("MetaCreateStorageClass", request, timeout_s=limits.leader_wait_s_max + 5)
+
+    async def storage_classes(self, request: dict) -> dict:
+        return await self.peers.nameserver("MetaStorageClasses", request, timeout_s=limits.leader_wait_s_max + 5)
 
     async def list_topics(self, request: dict) -> dict:
         """The topics, without the KV buckets kept as topics (KvListBuckets lists those)."""

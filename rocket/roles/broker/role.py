@@ -67,6 +67,8 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
             "ChangeInvisible": self.change_invisible,
             "DeadLetter": self.dead_letter,
             "UpdateTopic": self.update_topic,
+            "CreateStorageClass": self.create_storage_class,
+            "StorageClasses": self.storage_classes,
             "TierStatus": self.tier_status,
             "KvCreateBucket": self.kv_create_bucket,
             "KvListBuckets": self.kv_list_buckets,

@@ -1,9 +1,10 @@
 """The cluster metadata (RIP-18): the nameserver group's Raft state machine. Pure: no I/O, no clock.
 
 It holds topics (with the storage groups their queues hash onto), storage groups and their voters,
-and the node registry. Commands are JSON objects decided by the nameserver leader (which did the
-placement and read the clock) and applied identically on every nameserver. `version` rises with
-every change, so a cached route knows it is stale.
+the storage classes (issue 32) with, for controller-mode groups, the controller's master, sync state
+set and epochs, and the node registry. Commands are JSON objects decided by the nameserver leader
+(which did the placement and read the clock) and applied identically on every nameserver. `version`
+rises with every change, so a cached route knows it is stale.
 """
 
 from __future__ import annotations
@@ -16,21 +17,53 @@ import orjson
 from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 from rocket.ml.health import PINS as HEALTH_PINS
-from rocket.model import KV_PREFIX, TopicSpec
+from rocket.model import DEFAULT_STORAGE_CLASS, KV_PREFIX, TopicSpec
 
 META_GROUP = 1  # the nameservers' own Raft group; storage groups are numbered from 2
 FIRST_STORAGE_GROUP = 2
 NODE_STATES = ("up", "draining")
+STORAGE_MODES = ("raft", "controller")
+DEFAULT_CLASS = DEFAULT_STORAGE_CLASS  # implicit, not stored: mode raft, the config's replication, the nodes' groups
+
+
+@dataclasses.dataclass(slots=True)
+class StorageClass:
+    """A named pool of storage groups that topics are placed on. In controller mode (RIP-44) a group has a master
+    and slaves, and the controller in this metadata names the master and the replicas in sync."""
+
+    name: str
+    mode: str  # one of STORAGE_MODES
+    replicas: int
+    min_in_sync_replicas: int = 1  # controller mode: writes are refused (NOT_ENOUGH_REPLICAS) with fewer in sync
+    unclean_election: bool = False  # controller mode: whether a replica out of sync may become master
+    ha_max_lag_s: float = limits.ha_lag_s_default  # controller mode: a slave further behind leaves the set
+
+
+@dataclasses.dataclass(slots=True)
+class Control:
+    """The controller's view of a controller-mode group: its master, and the replicas known to hold everything
+    acknowledged (the SyncStateSet). Each epoch rises with its part, so a stale request is FENCED."""
+
+    master: int
+    master_epoch: int
+    sync_state_set: tuple[int, ...]
+    sync_state_set_epoch: int
+
+    def to_wire(self) -> dict:
+        return {"master": self.master, "master_epoch": self.master_epoch,
+                "sync_state_set": list(self.sync_state_set), "sync_state_set_epoch": self.sync_state_set_epoch}
 
 
 @dataclasses.dataclass(slots=True)
 class Members:
     """A storage group's replicas. While a replica moves, the new one is a learner and `leaving`
-    names the one it replaces (0 when it only adds)."""
+    names the one it replaces (0 when it only adds). A controller-mode group has `control`."""
 
     voters: tuple[int, ...]
     learners: tuple[int, ...] = ()
     leaving: int = 0
+    storage_class: str = DEFAULT_CLASS
+    control: Control | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -49,11 +82,21 @@ def exists(name: str) -> RocketError:
     return RocketError(Code.TOPIC_EXISTS, f"topic {name!r} already exists")
 
 
+def class_exists(name: str) -> RocketError:
+    return RocketError(Code.BAD_REQUEST, f"storage class {name!r} exists")
+
+
+def unknown_class(name: str) -> RocketError:
+    return RocketError(Code.BAD_REQUEST, f"storage class {name!r} does not exist")
+
+
 class Metadata:
     def __init__(self) -> None:
         self.topics: dict[str, TopicSpec] = {}
         self.groups: dict[int, Members] = {}
         self.nodes: dict[int, NodeInfo] = {}
+        self.classes: dict[str, StorageClass] = {}  # the ones operators made; not the default
+        self.elections: list[dict] = []  # the last limits.elections_kept_max masters chosen, oldest first
         self.version = 0
 
     # ---- the state machine ---------------------------------------------------------------------------
@@ -72,6 +115,7 @@ class Metadata:
 
     def _command(self, command: dict):
         operation = command["op"]
+        result = None
         if operation == "register":
             node = NodeInfo(command["node"], command["address"], tuple(command["roles"]))
             known = self.nodes.get(node.id)
@@ -80,17 +124,23 @@ class Metadata:
             self.nodes[node.id] = node
         elif operation == "create_topic":
             name = command["name"]
+            storage_class = command.get("storage_class", DEFAULT_CLASS)
             if name in self.topics:
                 raise exists(name)
             if len(self.topics) >= limits.topics_max:
                 raise RocketError(Code.OVERLOADED, f"the cluster holds the maximum of {limits.topics_max} topics")
+            if storage_class != DEFAULT_CLASS and storage_class not in self.classes:
+                raise unknown_class(storage_class)
             self._add_groups(command["new_groups"])
             invariant(all(group in self.groups for group in command["groups"]), "a topic's groups exist")
+            invariant(all(self.groups[group].storage_class == storage_class for group in command["groups"]),
+                      "a topic's groups are of its storage class")
             queue_groups = tuple(command.get("queue_groups", ()))
             invariant(not queue_groups or len(queue_groups) == command["queues"], "one group per queue")
             self.topics[name] = TopicSpec(name, command["queues"], command["created_ms"], tuple(command["groups"]),
                                           command.get("message_type", "normal"), history=command.get("history", 1),
-                                          ttl_ms=command.get("ttl_ms", 0), queue_groups=queue_groups)
+                                          ttl_ms=command.get("ttl_ms", 0), queue_groups=queue_groups,
+                                          storage_class=storage_class)
         elif operation == "create_groups":  # more storage nodes joined: more groups for new queues
             self._add_groups(command["new_groups"])
         elif operation == "delete_topic":
@@ -105,7 +155,8 @@ class Metadata:
             if spec.queues != command["from_queues"]:
                 raise RocketError(Code.UNAVAILABLE, f"topic {spec.name!r} has {spec.queues} queues now, not "
                                   f"{command['from_queues']}; retry")
-            invariant(all(group in self.groups for group in command["queue_groups"]), "new queues' groups exist")
+            invariant(all(group in self.groups and self.groups[group].storage_class == spec.storage_class
+                          for group in command["queue_groups"]), "new queues' groups exist, of the topic's class")
             queue_groups = tuple(spec.group_of(queue) for queue in range(spec.queues)) + tuple(command["queue_groups"])
             self.topics[spec.name] = dataclasses.replace(
                 spec, queues=len(queue_groups), queue_groups=queue_groups,
@@ -120,27 +171,117 @@ class Metadata:
             self._registered(command["node"]).degraded_for = command["degraded_for"]
         elif operation == "move_start":
             members = self.groups.get(command["group"])
+            if members is not None and members.control is not None:
+                raise RocketError(Code.BAD_REQUEST, f"group {command['group']} is in controller mode: the controller "
+                                  "keeps its replicas")
             if members is None or members.learners or command["add"] in members.voters:
                 raise RocketError(Code.UNAVAILABLE, f"group {command['group']} cannot start that move now")
-            self.groups[command["group"]] = Members(members.voters, (command["add"],), command["remove"])
+            self.groups[command["group"]] = dataclasses.replace(members, learners=(command["add"],),
+                                                                leaving=command["remove"])
         elif operation == "move_done":
             members = self.groups.get(command["group"])
             if members is None or not members.learners:
                 raise RocketError(Code.UNAVAILABLE, f"group {command['group']} has no move to finish")
             voters = tuple(sorted((set(members.voters) - {members.leaving}) | set(members.learners)))
-            self.groups[command["group"]] = Members(voters)
+            self.groups[command["group"]] = dataclasses.replace(members, voters=voters, learners=(), leaving=0)
+        elif operation == "create_class":
+            result = self._create_class(command)
+        elif operation == "elect_master":
+            result = self._elect_master(command)
+        elif operation == "alter_sync_state_set":
+            result = self._alter_sync_state_set(command)
         else:
             invariant(False, f"unknown metadata command {operation!r}")
         self.version += 1
-        return self.topics[command["name"]] if operation in ("create_topic", "update_topic", "add_queues") else None
+        if operation in ("create_topic", "update_topic", "add_queues"):
+            return self.topics[command["name"]]
+        return result
+
+    # ---- storage classes and the controller (RIP-44) -------------------------------------------------
+
+    def _create_class(self, command: dict) -> StorageClass:
+        """A class and its groups; a controller-mode group starts with its first voter as master and every replica
+        in sync (they are all empty)."""
+        name = command["name"]
+        if name == DEFAULT_CLASS or name in self.classes:
+            raise class_exists(name)
+        if len(self.classes) >= limits.storage_classes_max:
+            raise RocketError(Code.OVERLOADED, f"the cluster holds the maximum of {limits.storage_classes_max} "
+                              "storage classes")
+        invariant(command["mode"] in STORAGE_MODES, "a known storage mode")
+        invariant(all(len(group["voters"]) == command["replicas"] for group in command["new_groups"]),
+                  "a class's groups have its replicas")
+        storage_class = StorageClass(name, command["mode"], command["replicas"], command["min_in_sync_replicas"],
+                                     command["unclean_election"], float(command["ha_max_lag_s"]))
+        self._add_groups(command["new_groups"], name, controlled=storage_class.mode == "controller")
+        self.classes[name] = storage_class
+        return storage_class
+
+    def _control(self, group: int) -> tuple[Members, Control]:
+        members = self.groups.get(group)
+        if members is None:
+            raise RocketError(Code.BAD_REQUEST, f"storage group {group} does not exist")
+        if members.control is None:
+            raise RocketError(Code.BAD_REQUEST, f"storage group {group} is not in controller mode")
+        return members, members.control
+
+    def _elect_master(self, command: dict) -> dict:
+        """A new master, decided under the master epoch it replaces: alone in the sync state set, since only it is
+        known to hold everything it will acknowledge."""
+        group, master = command["group"], command["master"]
+        members, control = self._control(group)
+        if control.master_epoch != command["from_epoch"]:
+            raise RocketError(Code.FENCED, f"group {group} is at master epoch {control.master_epoch}, not "
+                              f"{command['from_epoch']}")
+        if master not in members.voters:
+            raise RocketError(Code.BAD_REQUEST, f"node {master} is not a replica of group {group}")
+        if not command["unclean"] and master not in control.sync_state_set:
+            raise RocketError(Code.BAD_REQUEST, f"node {master} is not in group {group}'s sync state set "
+                              f"{list(control.sync_state_set)}: only an unclean election may choose it")
+        elected = Control(master, control.master_epoch + 1, (master,), control.sync_state_set_epoch + 1)
+        self.groups[group] = dataclasses.replace(members, control=elected)
+        self.elections.append({"group": group, "master_epoch": elected.master_epoch, "master": master,
+                               "previous": control.master, "unclean": bool(command["unclean"]),
+                               "at_ms": command["at_ms"], "previous_last_index": command["previous_last_index"],
+                               "master_last_index": command["master_last_index"]})
+        del self.elections[:-limits.elections_kept_max]
+        return elected.to_wire()
+
+    def _alter_sync_state_set(self, command: dict) -> dict:
+        """The master's new sync state set, decided under the epochs it was asked under: a deposed master's or an
+        older change is FENCED."""
+        group, master = command["group"], command["master"]
+        members, control = self._control(group)
+        if (control.master, control.master_epoch, control.sync_state_set_epoch) != (
+                master, command["master_epoch"], command["sync_state_set_epoch"]):
+            raise RocketError(Code.FENCED, f"group {group} has master {control.master} at epoch "
+                              f"{control.master_epoch}, sync state set epoch {control.sync_state_set_epoch}; the "
+                              f"change was asked by node {master} at epochs {command['master_epoch']} and "
+                              f"{command['sync_state_set_epoch']}")
+        wanted = tuple(sorted(set(command["sync_state_set"])))
+        if master not in wanted:
+            raise RocketError(Code.BAD_REQUEST, f"group {group}'s master {master} must be in its sync state set")
+        strangers = sorted(set(wanted) - set(members.voters))
+        if strangers:
+            raise RocketError(Code.BAD_REQUEST, f"nodes {strangers} are not replicas of group {group}")
+        altered = dataclasses.replace(control, sync_state_set=wanted,
+                                      sync_state_set_epoch=control.sync_state_set_epoch + 1)
+        self.groups[group] = dataclasses.replace(members, control=altered)
+        return altered.to_wire()
 
     def snapshot(self) -> list[bytes]:
         return [orjson.dumps({
             "version": self.version,
             "topics": [[s.name, s.queues, s.created_ms, list(s.groups), s.message_type, s.retention_s,
-                        s.local_retention_s, s.history, s.ttl_ms, list(s.queue_groups)] for s in self.topics.values()],
-            "groups": [[group, list(m.voters), list(m.learners), m.leaving] for group, m in self.groups.items()],
+                        s.local_retention_s, s.history, s.ttl_ms, list(s.queue_groups), s.storage_class]
+                       for s in self.topics.values()],
+            "groups": [[group, list(m.voters), list(m.learners), m.leaving, m.storage_class,
+                        None if m.control is None else [m.control.master, m.control.master_epoch,
+                                                        list(m.control.sync_state_set), m.control.sync_state_set_epoch]]
+                       for group, m in self.groups.items()],
             "nodes": [dataclasses.asdict(node) for node in self.nodes.values()],
+            "classes": [dataclasses.asdict(storage_class) for storage_class in self.classes.values()],
+            "elections": self.elections,
         })]
 
     def restore(self, chunks: Iterable[bytes]) -> None:
@@ -149,11 +290,17 @@ class Metadata:
             return
         state = orjson.loads(data)
         self.version = state["version"]
+        # Snapshots written before a field was added lack it: it takes its default.
         self.topics = {name: TopicSpec(name, queues, created, tuple(groups), *rest[:5],
-                                       queue_groups=tuple(rest[5]) if len(rest) > 5 else ())
+                                       queue_groups=tuple(rest[5]) if len(rest) > 5 else (),
+                                       storage_class=rest[6] if len(rest) > 6 else DEFAULT_CLASS)
                        for name, queues, created, groups, *rest in state["topics"]}
-        self.groups = {group: Members(tuple(voters), tuple(learners), leaving)
-                       for group, voters, learners, leaving in state["groups"]}
+        self.groups = {group: Members(tuple(voters), tuple(learners), leaving, rest[0] if rest else DEFAULT_CLASS,
+                                      Control(rest[1][0], rest[1][1], tuple(rest[1][2]), rest[1][3])
+                                      if len(rest) > 1 and rest[1] is not None else None)
+                       for group, voters, learners, leaving, *rest in state["groups"]}
+        self.classes = {entry["name"]: StorageClass(**entry) for entry in state.get("classes", ())}
+        self.elections = list(state.get("elections", ()))
         self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"],
                                            node.get("health_pin", "auto"),  # snapshots before pins had none
                                            node.get("degraded_for", ""))
@@ -175,12 +322,14 @@ class Metadata:
             raise RocketError(Code.BAD_REQUEST, f"node {node} is not registered")
         return found
 
-    def _add_groups(self, new_groups: list[dict]) -> None:
+    def _add_groups(self, new_groups: list[dict], storage_class: str = DEFAULT_CLASS, controlled: bool = False) -> None:
         for group in new_groups:
             if group["id"] in self.groups:
                 raise RocketError(Code.UNAVAILABLE, f"storage group {group['id']} exists already; retry")
         for group in new_groups:
-            self.groups[group["id"]] = Members(tuple(group["voters"]))
+            voters = tuple(group["voters"])
+            control = Control(voters[0], 1, tuple(sorted(voters)), 1) if controlled else None
+            self.groups[group["id"]] = Members(voters, storage_class=storage_class, control=control)
 
     def storage_nodes(self) -> list[NodeInfo]:
         return [node for node in self.nodes.values() if "storage" in node.roles]
@@ -210,10 +359,46 @@ class Metadata:
     def replicas(self, node: int) -> int:
         return sum(node in self.members_of(group) for group in self.groups)
 
+    def leader_of(self, group: int, leaders: dict[int, int]) -> int:
+        """A controller-mode group's master (the controller's choice), else the node that reported leading it (in
+        leaders), or 0. A group being placed is not in the metadata yet: it is a Raft group."""
+        members = self.groups.get(group)
+        return members.control.master if members is not None and members.control else leaders.get(group, 0)
+
     def group_info(self, group: int, leaders: dict[int, int]) -> dict:
         members = self.groups[group]
-        return {"id": group, "voters": list(members.voters), "learners": list(members.learners),
-                "leader": leaders.get(group, 0)}
+        info = {"id": group, "voters": list(members.voters), "learners": list(members.learners),
+                "leader": self.leader_of(group, leaders), "storage_class": members.storage_class, "mode": "raft",
+                "master": 0, "master_epoch": 0, "sync_state_set": [], "sync_state_set_epoch": 0,
+                "min_in_sync_replicas": 0, "ha_max_lag_s": 0.0, "unclean_election": False}
+        if members.control is not None:
+            storage_class = self.classes[members.storage_class]
+            info.update(members.control.to_wire(), mode="controller",
+                        min_in_sync_replicas=storage_class.min_in_sync_replicas,
+                        ha_max_lag_s=storage_class.ha_max_lag_s, unclean_election=storage_class.unclean_election)
+        return info
+
+    def class_groups(self, name: str) -> list[int]:
+        """The groups of a storage class (BAD_REQUEST if there is no such class): where its topics' queues go."""
+        if name != DEFAULT_CLASS and name not in self.classes:
+            raise unknown_class(name)
+        return sorted(group for group, members in self.groups.items() if members.storage_class == name)
+
+    def raft_groups(self) -> list[int]:
+        """The default class's groups: the pool the nameservers grow as storage nodes join."""
+        return self.class_groups(DEFAULT_CLASS)
+
+    def storage_classes(self, replication: int) -> list[StorageClass]:
+        """Every class, the default first: it is not stored, and its replicas are the config's replication."""
+        default = StorageClass(DEFAULT_CLASS, "raft", replication)
+        return [default] + [self.classes[name] for name in sorted(self.classes)]
+
+    def describe_class(self, storage_class: StorageClass, leaders: dict[int, int], elections: bool) -> dict:
+        """A class with its groups' info and, if asked, the elections kept of its groups."""
+        groups = self.class_groups(storage_class.name)
+        members = set(groups)
+        return {**dataclasses.asdict(storage_class), "groups": [self.group_info(group, leaders) for group in groups],
+                "elections": [entry for entry in self.elections if entry["group"] in members] if elections else []}
 
     def assignment(self, node: int) -> dict:
         """The storage groups a node hosts, with the addresses of their members."""

@@ -10,7 +10,7 @@ nameservers every heartbeat interval, so that a new leader has the history: an h
 A new queue goes to the group with the lowest predicted load (rocket.ml.placement.place_queues), and the choice is
 recorded in the topic's metadata: a queue never moves to another group afterwards, so its order and offsets stay as
 they are (its group's replicas may move, with their log). `rocket topic update --queues N` adds queues the same way;
-a KV bucket's shards are fixed, since its keys hash onto them.
+a KV bucket's shards are fixed, since its keys hash onto them. A topic's queues go only to its storage class's groups.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ class QueuePlacement:
         loads, degraded = [], self.degraded()
         for group, members in sorted(voters.items()):
             leaving = any(self._leaving(voter) for voter in members)
-            leader = self._leaders.get(group) or members[0]
+            leader = self.metadata.leader_of(group, self._leaders) or members[0]
             loads.append(GroupLoad(group, leader, self._predict(("group", group), now_ms, max(1, queues_in[group])),
                                    queues_in[group], topic_queues[group], not leaving and leader not in degraded))
         if not any(load.available for load in loads):  # better a group short of a replica than none
@@ -204,12 +204,14 @@ class QueuePlacement:
         """On the leader, at most once per limits.leader_transfer_s: move one group's leadership off a degraded node,
         to the healthy voter leading the least predicted load; or else from the node that leads the most predicted
         load to the least loaded of the group's voters (rocket.ml.placement.leader_transfer), never a degraded one.
-        The group's leader does it (StorageMembers "transfer"); the next heartbeats tell who leads."""
+        The group's leader does it (StorageMembers "transfer"); the next heartbeats tell who leads. Controller-mode
+        groups are left out, degraded or not: the controller names their master."""
         now = trio.current_time()
         if now - self._last_transfer < limits.leader_transfer_s or self._moving:
             return
         now_ms = self.clock.wall_ms()
-        voters = {group: members.voters for group, members in self.metadata.groups.items() if not members.learners}
+        voters = {group: members.voters for group, members in self.metadata.groups.items()
+                  if not members.learners and members.control is None}
         queues_in, _ = self._queue_counts()
         loads = [GroupLoad(group, self._leaders.get(group, 0),
                            self._predict(("group", group), now_ms, max(1, queues_in[group])), 0)
@@ -244,7 +246,7 @@ class QueuePlacement:
                               f"added, got {queues}")
         if queues > limits.queues_per_topic_max:
             raise RocketError(Code.BAD_REQUEST, f"queues must be 1..{limits.queues_per_topic_max}, got {queues}")
-        voters = {group: members.voters for group, members in self.metadata.groups.items()}
+        voters = {group: self.metadata.groups[group].voters for group in self.metadata.class_groups(spec.storage_class)}
         choices = self._place(spec, spec.name, spec.queues, queues - spec.queues, voters)
         await self._propose({"op": "add_queues", "name": spec.name, "from_queues": spec.queues,
                              "queue_groups": [choice.group for choice in choices]})

@@ -7,7 +7,8 @@ The leader also moves replicas, a bounded number at a time: off nodes that are d
 and from the most loaded node to the least loaded one (a new node fills up). A move is recorded in
 the metadata first (the new replica joins as a learner), then carried out on the group's leader
 (add learner, promote once caught up, remove the old replica), then recorded as done; a new
-nameserver leader resumes moves it finds recorded.
+nameserver leader resumes moves it finds recorded. Controller-mode groups (issue 32) are neither moved nor
+rebalanced here: their members and master are the controller's business.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
 from rocket.model import (KV_PREFIX, Address, bucket_topic, check_message_type, check_name, check_retention_s,
                           check_user_topic_name)
 from rocket.raft.host import RaftHost
+from rocket.roles.nameserver.classes import StorageClasses
 from rocket.roles.nameserver.controller import Controller
 from rocket.roles.nameserver.health import NodeHealthChecks
-from rocket.roles.nameserver.metadata import META_GROUP, Metadata, exists
+from rocket.roles.nameserver.metadata import DEFAULT_CLASS, META_GROUP, Metadata, exists
 from rocket.roles.nameserver.queues import QueuePlacement
 from rocket.roles.peers import RETRYABLE, Peers
 from rocket.transport.rpc import Dispatcher
@@ -35,7 +37,7 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.nameserver")
 
 
-class Nameserver(QueuePlacement, NodeHealthChecks, Controller):
+class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, Controller):
     def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, clock: Clock,
                  placement: Placement | None = None, objects=None):
         self.config = config
@@ -69,6 +71,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks, Controller):
         dispatcher.handle("MetaLoadShare", self.load_share)
         dispatcher.handle("NodeHealth", self.node_health)
         dispatcher.handle("PinNodeHealth", self.pin_node_health)
+        dispatcher.handle("MetaCreateStorageClass", self.create_storage_class)
+        dispatcher.handle("MetaStorageClasses", self.storage_classes)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """On the leader, every heartbeat interval: create storage groups as storage nodes join, plan replica
@@ -172,11 +176,12 @@ class Nameserver(QueuePlacement, NodeHealthChecks, Controller):
     # ---- replica moves -------------------------------------------------------------------------------
 
     async def _plan_moves(self, nursery: trio.Nursery) -> None:
-        """Resume recorded moves, replace replicas on down, draining or long-degraded nodes, then even out the load."""
+        """Resume recorded moves, replace replicas on down, draining or long-degraded nodes, then even out the load.
+        Controller-mode groups are left alone: the controller keeps their members (moving them is future work)."""
         for group, members in list(self.metadata.groups.items()):
             if len(self._moving) >= limits.replica_moves_max:
                 return
-            if group in self._moving:
+            if group in self._moving or members.control is not None:
                 continue
             if not members.learners:
                 leaving = [voter for voter in members.voters if self._leaving(voter)]
@@ -198,7 +203,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks, Controller):
         if high.replicas - low.replicas <= 1:
             return
         for group, members in self.metadata.groups.items():
-            if high.node in members.voters and low.node not in members.voters and not members.learners:
+            if (high.node in members.voters and low.node not in members.voters and not members.learners
+                    and members.control is None):
                 await self._propose({"op": "move_start", "group": group, "add": low.node, "remove": high.node})
                 self._start_move(nursery, group)
                 return
@@ -258,6 +264,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, Controller):
     async def create_topic(self, request: dict) -> dict:
         check_user_topic_name(request["topic"])
         check_message_type(request["message_type"])
+        check_name("storage class", request.get("storage_class", DEFAULT_CLASS), limits.storage_class_name_bytes_max)
         if not 1 <= request["queues"] <= limits.queues_per_topic_max:
             raise RocketError(Code.BAD_REQUEST, f"queues must be 1..{limits.queues_per_topic_max}, "
                               f"got {request['queues']}")
@@ -287,14 +294,17 @@ class Nameserver(QueuePlacement, NodeHealthChecks, Controller):
         return {}
 
     async def _create_topic_here(self, request: dict) -> dict:
+        """The queues go to the groups of the topic's storage class: for the default one, the Raft groups, made here
+        while there are fewer than the pool size; another class's were made with it."""
         name = request["topic"]
+        storage_class = request.get("storage_class", DEFAULT_CLASS)
         async with self._creating:
             if name in self.metadata.topics:
                 raise exists(name)
-            pool = sorted(self.metadata.groups)
+            pool = self.metadata.class_groups(storage_class)
             new_groups = []
             loads = self._loads()
-            missing = self._pool_size(loads) - len(pool)
+            missing = self._pool_size(loads) - len(pool) if storage_class == DEFAULT_CLASS else 0
             if missing > 0:
                 available = sum(load.available for load in loads)
                 if not available:
@@ -312,14 +322,15 @@ class Nameserver(QueuePlacement, NodeHealthChecks, Controller):
             command = {"op": "create_topic", "name": name, "queues": request["queues"],
                        "message_type": request["message_type"],
                        "created_ms": self.clock.wall_ms(), "new_groups": new_groups, "groups": groups,
-                       "queue_groups": queue_groups,
+                       "queue_groups": queue_groups, "storage_class": storage_class,
                        "history": request.get("history", 1), "ttl_ms": request.get("ttl_ms", 0)}
             await self._propose(command)
         return self.metadata.topic(name).to_wire()
 
     def _pool_size(self, loads: list[NodeLoad]) -> int:
-        """The storage groups the cluster should have: `storage_groups` per `replication` storage nodes up (at least
-        `storage_groups`), so that each node holds about as many replicas however many nodes there are."""
+        """The Raft groups (the default class's) the cluster should have: `storage_groups` per `replication` storage
+        nodes up (at least `storage_groups`), so that each node holds about as many replicas however many nodes
+        there are."""
         available = sum(load.available for load in loads)
         wanted = -(-self.config.storage_groups * available // self.config.replication)
         return min(max(self.config.storage_groups, wanted), limits.storage_groups_max)
@@ -332,10 +343,11 @@ class Nameserver(QueuePlacement, NodeHealthChecks, Controller):
     async def _grow_pool(self) -> None:
         """Storage nodes joined: create groups for new queues on them (their replicas go to the nodes holding the
         fewest). Only once the first topic made the pool, and with every group fully replicated."""
-        if not self.metadata.groups:
+        pool = self.metadata.raft_groups()
+        if not pool:
             return
         loads = self._loads()
-        missing = self._pool_size(loads) - len(self.metadata.groups)
+        missing = self._pool_size(loads) - len(pool)
         if missing <= 0 or sum(load.available for load in loads) < self.config.replication:
             return
         async with self._creating:
