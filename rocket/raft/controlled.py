@@ -58,6 +58,10 @@ class ControlledCore(RaftCore):
         self.min_in_sync_replicas = 1
         self.lag_ticks_max = 50
         self.requested: SyncStateRequest | None = None  # asked of the controller, not yet answered
+        # A master back at the epoch it held before a restart forgot the request it had pending, which may still be
+        # applied (in flight), or be applied already while the word it got is older: until the controller applies a
+        # request of this incarnation, the commit waits for every replica.
+        self._unsure = False
         self._synced_with: tuple[int, int] | None = None  # (epoch, master) whose epochs this slave compared
         self._query_tick = -1  # a slave asks a master for its epochs at most once a tick
         self._caught_up_tick: dict[int, int] = {}  # slave -> the last tick it reached the master's mark
@@ -74,13 +78,19 @@ class ControlledCore(RaftCore):
             return
         if control.master == self.id:
             if control.master_epoch > self.term or self.role != Role.LEADER:
+                unsure = control.master_epoch == self.term  # a restart: see _unsure
                 self.term, self.vote = control.master_epoch, NONE
                 self._become_leader()
+                self._unsure = unsure
             if control.sync_state_set_epoch > self.sync_state_set_epoch:
+                requested = self.requested
                 self.sync_state_set = control.sync_state_set | {self.id}
                 self.sync_state_set_epoch = control.sync_state_set_epoch
-                if self.requested is not None and self.requested.sync_state_set_epoch < self.sync_state_set_epoch:
+                if requested is not None and requested.sync_state_set_epoch < self.sync_state_set_epoch:
                     self.requested = None  # answered: applied (this is it) or superseded
+                    if (requested.sync_state_set_epoch + 1, requested.sync_state_set) == (
+                            self.sync_state_set_epoch, self.sync_state_set):
+                        self._unsure = False  # this incarnation's request applied: none of an earlier one can be
                 self._maybe_commit()
         elif control.master_epoch > self.term or self.leader != control.master or self.role != Role.FOLLOWER:
             invariant(control.master_epoch > self.term or self.role != Role.LEADER, "one master per epoch")
@@ -102,8 +112,9 @@ class ControlledCore(RaftCore):
                    if node in self.progress and self.progress[node].match >= self.commit
                    and self.ticks - self._caught_up_tick.get(node, -self.lag_ticks_max - 1) <= self.lag_ticks_max}
         wanted = (current - behind) | joining
-        if wanted == current:
-            return None
+        if wanted == current and not self._unsure:
+            return None  # (an unsure master asks for its set as it is: that moves the controller's epoch past any
+            # request of its previous incarnation)
         self.requested = SyncStateRequest(self.id, self.term, self.sync_state_set_epoch, frozenset(wanted))
         return self.requested
 
@@ -155,6 +166,7 @@ class ControlledCore(RaftCore):
         self._mark = {node: 0 for node in self.voters}
 
     def _become_follower(self, term: int, leader: int) -> None:
+        self._unsure = False
         if self.role == Role.LEADER:
             self.requested = None
             self.sync_state_set, self.sync_state_set_epoch = frozenset(), 0  # the controller tells again
@@ -165,6 +177,8 @@ class ControlledCore(RaftCore):
         if self.role != Role.LEADER or not self.sync_state_set:
             return
         required = self.sync_state_set | (self.requested.sync_state_set if self.requested else frozenset())
+        if self._unsure:
+            required |= self.voters
         candidate = min(self.progress[node].match if node in self.progress else 0 for node in required | {self.id})
         if candidate > self.commit and self.term_at(candidate) == self.term:
             self._commit_to(candidate)
@@ -212,7 +226,8 @@ class ControlledCore(RaftCore):
         if self.role != Role.LEADER or message.sender not in self.progress:
             return
         epoch, end = self.epoch_end(message.log_term)
-        self._send(Message(MessageType.EPOCH_ANSWER, self.id, message.sender, self.term, log_term=epoch, index=end))
+        self._send(Message(MessageType.EPOCH_ANSWER, self.id, message.sender, self.term, log_term=epoch, index=end,
+                           context=message.log_term, reject_hint=message.index))  # the query it answers
         progress = self.progress[message.sender]
         progress.become_probe()
         progress.next = max(progress.match + 1, min(end, message.index + 1))
@@ -222,8 +237,10 @@ class ControlledCore(RaftCore):
         """As slave: truncate past the last entry both logs agree on (never below the commit: committed entries
         are in every later master's log), then accept this master's entries. A truncation is written with the
         next entries (they replace the log from their index on); if the slave restarts first, it asks again."""
-        if message.sender != self.leader or self.role != Role.FOLLOWER:
-            return
+        if message.sender != self.leader or self.role != Role.FOLLOWER or self._synced_with == (self.term, self.leader):
+            return  # a late answer would truncate entries accepted (and acknowledged) since
+        if (message.context, message.reject_hint) != (self.last_term, self.last_index):
+            return  # an answer to a query about another log end (before a restart, or entries since)
         _, own_end = self.epoch_end(message.log_term)
         keep = max(min(message.index, own_end) - 1, self.commit, self.snapshot.index)
         if keep < self.last_index:

@@ -32,7 +32,8 @@ class MessageType(enum.IntEnum):
     SNAPSHOT = 9
     TIMEOUT_NOW = 10
     EPOCH_QUERY = 11  # controller mode: a slave's last epoch (log_term) and log end (index), to a new master
-    EPOCH_ANSWER = 12  # ... the master's largest epoch up to it (log_term) and where that epoch ends (index)
+    EPOCH_ANSWER = 12  # ... the master's largest epoch up to it (log_term) and where it ends (index); context and
+    # reject_hint echo the query's log_term and index, so that a late answer is known
 
 
 class EntryKind(enum.IntEnum):

@@ -1,13 +1,12 @@
 """Controller-mode groups (RIP-44) under the deterministic simulator: whatever the seed, no acknowledged entry is lost,
 one master acknowledges per epoch, and committed prefixes agree; planted bugs are caught; RocketMQ's races around a
 SyncStateSet change during a master switch (apache/rocketmq #5663, #7689) play out scripted. Two bugs the simulator
-found in ControlledCore are shown by strict xfail tests; until they are fixed in rocket/raft/controlled.py the random
-runs use the fixes proposed here (ROCKET_SIM_UNFIXED=1 runs them on the core as it is). A failure names its seed."""
+found in ControlledCore (a late EPOCH_ANSWER truncating acknowledged entries; a master restarted at its epoch forgetting
+its pending SyncStateSet request) have regression tests at the end. A failure names its seed."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 
@@ -27,102 +26,6 @@ EVERYTHING = Faults(drop=0.05, delay_max=4, crash=0.015, down_steps_max=25, part
 PLANTED_SEEDS_MAX = 200  # a planted bug must be caught within this many seeds
 
 
-# ---- the fixes proposed for rocket/raft/controlled.py (bugs 1 and 2, shown by the xfail tests at the end) -----------
-
-def _on_epoch_query_fixed(self, message: Message) -> None:
-    """Bug 1's fix, master side: the answer names the query it answers (its log_term and index)."""
-    if self.role != Role.LEADER or message.sender not in self.progress:
-        return
-    epoch, end = self.epoch_end(message.log_term)
-    self._send(Message(MessageType.EPOCH_ANSWER, self.id, message.sender, self.term, log_term=epoch, index=end,
-                       context=message.log_term, reject_hint=message.index))
-    progress = self.progress[message.sender]
-    progress.become_probe()
-    progress.next = max(progress.match + 1, min(end, message.index + 1))
-    self._send_append(message.sender)
-
-
-def _on_epoch_answer_fixed(self, message: Message) -> None:
-    """Bug 1's fix, slave side: a late answer (once synced, or to a query about another log end, as before a
-    restart) would truncate entries this slave accepted, and acknowledged, since: it is ignored."""
-    if message.sender != self.leader or self.role != Role.FOLLOWER or self._synced_with == (self.term, message.sender):
-        return
-    if (message.context, message.reject_hint) != (self.last_term, self.last_index):
-        return
-    _, own_end = self.epoch_end(message.log_term)
-    keep = max(min(message.index, own_end) - 1, self.commit, self.snapshot.index)
-    if keep < self.last_index:
-        del self.log[keep - self.snapshot.index:]
-        self.stable_index = min(self.stable_index, keep)
-        self._reload_configuration()
-    self._synced_with = (self.term, message.sender)
-
-
-_control = ControlledCore.control
-_sync_state_request = ControlledCore.sync_state_request
-_become_follower = ControlledCore._become_follower
-
-
-def _control_fixed(self, control) -> None:
-    """Bug 2's fix: a master back at the epoch it held before a restart forgot the request it had pending, which may
-    still be applied (in flight), or be applied already while the word it gets is older: until the controller
-    applies a request of this incarnation, the commit waits for every replica."""
-    if control.master == self.id and control.master_epoch >= self.term:
-        if control.master_epoch > self.term:
-            self._unsure = False
-        elif self.role != Role.LEADER:
-            self._unsure = True
-    requested = self.requested
-    _control(self, control)
-    if (self._unsure and requested is not None and self.role == Role.LEADER
-            and self.sync_state_set_epoch == requested.sync_state_set_epoch + 1
-            and self.sync_state_set == requested.sync_state_set):
-        self._unsure = False
-        self._maybe_commit()
-
-
-def _sync_state_request_fixed(self) -> SyncStateRequest | None:
-    """Bug 2's fix: an unsure master asks for its SSS as it is, to move the controller's SSS epoch past any request
-    of its previous incarnation."""
-    request = _sync_state_request(self)
-    if request is None and self._unsure and self.role == Role.LEADER and self.sync_state_set:
-        self.requested = SyncStateRequest(self.id, self.term, self.sync_state_set_epoch, self.sync_state_set)
-        return self.requested
-    return request
-
-
-def _maybe_commit_fixed(self) -> None:
-    if self.role != Role.LEADER or not self.sync_state_set:
-        return
-    required = self.sync_state_set | (self.requested.sync_state_set if self.requested else frozenset())
-    if self._unsure:
-        required |= self.voters
-    candidate = min(self.progress[node].match if node in self.progress else 0 for node in required | {self.id})
-    if candidate > self.commit and self.term_at(candidate) == self.term:
-        self._commit_to(candidate)
-        self._broadcast_append()
-
-
-def _become_follower_fixed(self, term: int, leader: int) -> None:
-    self._unsure = False
-    _become_follower(self, term, leader)
-
-
-PROPOSED_FIXES = {"_on_epoch_query": _on_epoch_query_fixed, "_on_epoch_answer": _on_epoch_answer_fixed,
-                  "control": _control_fixed, "sync_state_request": _sync_state_request_fixed,
-                  "_maybe_commit": _maybe_commit_fixed, "_become_follower": _become_follower_fixed}
-
-
-@pytest.fixture
-def fixed_core(monkeypatch):
-    """ControlledCore with the proposed fixes, so that the random runs test everything else; remove once they land."""
-    if os.environ.get("ROCKET_SIM_UNFIXED"):
-        return
-    monkeypatch.setattr(ControlledCore, "_unsure", False, raising=False)
-    for name, function in PROPOSED_FIXES.items():
-        monkeypatch.setattr(ControlledCore, name, function)
-
-
 def run(seed: int, size: int, faults: Faults, **options) -> Group:
     try:
         group = simulate(seed, size, dataclasses.replace(faults), **options)
@@ -135,25 +38,25 @@ def run(seed: int, size: int, faults: Faults, **options) -> Group:
 
 # ---- random runs ----------------------------------------------------------------------------------------------------
 
-def test_two_replicas_under_crashes_and_losses(seed, fixed_core):
+def test_two_replicas_under_crashes_and_losses(seed):
     """Two replicas crash (losing what they had not persisted), messages and the controller's answers are lost or
     late: no acknowledged entry is lost, one master acknowledges per epoch, committed prefixes agree."""
     run(seed, 2, CRASHES)
 
 
-def test_two_replicas_with_the_master_cut_from_the_controller(seed, fixed_core):
+def test_two_replicas_with_the_master_cut_from_the_controller(seed):
     """The master is cut from the controller while it still reaches its slave and the clients: the controller elects
     the slave from the SSS, and the old master cannot acknowledge anything the new one lacks."""
     run(seed, 2, MASTER_CUT)
 
 
-def test_three_replicas_with_partitions_and_controller_downtime(seed, fixed_core):
+def test_three_replicas_with_partitions_and_controller_downtime(seed):
     """Three replicas split at random, each may be cut from the controller, which goes down for a while (its Raft
     leader changes): the SSS shrinks and grows and masters change without losing an acknowledged entry."""
     run(seed, 3, PARTITIONS)
 
 
-def test_all_faults_together(seed, fixed_core):
+def test_all_faults_together(seed):
     """Crashes, losses, delays, partitions, the master cut from the controller, controller downtime and lost answers,
     with two replicas for even seeds and three for odd ones."""
     run(seed, 2 + seed % 2, EVERYTHING)
@@ -169,8 +72,11 @@ def _commit_counting_the_master_alone(self) -> None:
             self._broadcast_append()
 
 
+SYNC_STATE_REQUEST = ControlledCore.sync_state_request
+
+
 def _adopting_its_own_request(self) -> SyncStateRequest | None:
-    request = _sync_state_request(self)
+    request = SYNC_STATE_REQUEST(self)
     if request is not None:  # the master changes its SSS without waiting for the controller's word
         self.sync_state_set, self.requested = request.sync_state_set, None
         self._maybe_commit()
@@ -189,7 +95,7 @@ PLANTED = {  # bug: (faults, options of the Group, (ControlledCore attribute, re
 
 
 @pytest.mark.parametrize("bug", list(PLANTED))
-def test_a_planted_bug_is_caught(bug, fixed_core, monkeypatch):
+def test_a_planted_bug_is_caught(bug, monkeypatch):
     """The checkers have teeth: each planted bug makes one fire within PLANTED_SEEDS_MAX seeds."""
     faults, options, patch = PLANTED[bug]
     if patch is not None:
@@ -372,7 +278,7 @@ def test_master_and_controller_fail_together_and_writes_resume_at_once():
     group.settle()
 
 
-# ---- bugs found in ControlledCore (strict xfail until rocket/raft/controlled.py is fixed) ---------------------------
+# ---- bugs the simulator found in ControlledCore, fixed: their scripts stay as regression tests ---------------------
 
 def late_epoch_answer(seed: int = 1) -> tuple[Group, int, int]:
     """Bug 1's script: the slave restarts and asks the master for its epochs; the first answer is late, and arrives
@@ -400,33 +306,28 @@ def late_epoch_answer(seed: int = 1) -> tuple[Group, int, int]:
     return group, master, slave
 
 
-@pytest.mark.xfail(strict=True, raises=SafetyViolation, reason="BUG 1 in ControlledCore: a late EPOCH_ANSWER "
-                   "truncates entries the slave already acknowledged")
-def test_bug_a_late_epoch_answer_truncates_acknowledged_entries():
-    """A late EPOCH_ANSWER (the master's log end when it answered an earlier query) truncates the entries the slave
-    accepted and acknowledged since; the master counted them, so an entry acknowledged by the SSS is gone from the
-    slave. (Seed 1, step 47: replica 1 drops e23 at 24, acknowledged by master 2 that step.)"""
+def test_a_late_epoch_answer_truncates_nothing():
+    """A late EPOCH_ANSWER (the master's log end when it answered an earlier query) is ignored: it used to truncate the
+    entries the slave accepted and acknowledged since, which the master had counted (seed 1, step 47: replica 1
+    dropped e23 at 24, acknowledged by master 2 that step). The answer now echoes its query."""
     group, master, slave = late_epoch_answer()
     group.check_holds_acknowledged(slave, "after a late epoch answer")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG 1 in ControlledCore: after a late EPOCH_ANSWER "
-                   "the master's match for the slave is past its log, and the slave never catches up")
-def test_bug_a_late_epoch_answer_stalls_the_slave_forever():
-    """After the late answer, the master's match for the slave is past the slave's log: the master takes the slave's
-    rejections for stale ones, the slave never catches up and never rejoins the SSS, even with every fault healed."""
+def test_a_late_epoch_answer_leaves_the_slave_catching_up():
+    """After the late answer the slave still catches up and rejoins the SSS once every fault is healed (it used to be
+    stuck: the master's match for it lay past its truncated log, and its rejections looked stale)."""
     group, _, _ = late_epoch_answer()
     group.settle()
 
 
-@pytest.mark.xfail(strict=True, raises=SafetyViolation, reason="BUG 2 in ControlledCore: a master restarted at its "
-                   "epoch forgets its pending SSS request and acknowledges with a smaller set than the controller's")
-def test_bug_a_restarted_master_forgets_its_pending_expand():
+def test_a_restarted_master_waits_for_every_replica_until_its_own_request_applies():
     """The master asks to add the slave (SSS {master} -> {master, slave}) and crashes before the request arrives; it
     restarts, the controller names it master again with SSS {master} (the request is not applied yet), and it
-    acknowledges alone. Then the request arrives and is applied, its answer lost: the controller's SSS has the slave,
-    the master's does not. Split from the slave, its heartbeats lapsing, the master acknowledges entries the slave
-    never gets; the controller elects the slave and they are lost. (Seed 1: e25 at 27, step 70.)"""
+    would acknowledge alone. Then the request arrives and is applied, its answer lost: the controller's SSS has the
+    slave, the master's does not. Split from the slave, its heartbeats lapsing, the master used to acknowledge entries
+    the slave never got, lost when the controller elected the slave (seed 1: e25 at 27, step 70). Now a master back
+    at its epoch waits for every replica until a request of its own is applied: nothing acknowledged is lost."""
     group, master, slave = two_in_sync()
     group.partition({master}, {slave})
     group.run_until(lambda: group.nodes[master].core.sync_state_set == frozenset({master}), what="the shrink")
@@ -442,21 +343,3 @@ def test_bug_a_restarted_master_forgets_its_pending_expand():
     group.deliver_now(first_of(lambda *item: item[3] is expand[3]))
     assert group.controller.outcomes[-1][1:] == (expand[3], "applied")
     group.run_until(lambda: group.controller.master == slave, what="the slave elected")
-
-
-UNFIXED_SEEDS_MAX = 1000
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUGS 1 and 2 in ControlledCore: random runs find them on the core as it is")
-@pytest.mark.parametrize("size, faults", [(2, CRASHES), (2, MASTER_CUT), (None, EVERYTHING)],
-                         ids=["crashes", "master cut", "everything"])
-def test_bug_random_runs_fail_on_the_core_as_it_is(size, faults):
-    """Without the fixes, random runs fail within UNFIXED_SEEDS_MAX seeds (found first: crashes 12 and master cut 81
-    stall, bug 1; everything 66 stalls, bug 1; crashes 401 and 979 and everything 500 and 755 lose acknowledged
-    entries or diverge, bugs 1 and 2)."""
-    for seed in range(UNFIXED_SEEDS_MAX):
-        try:
-            simulate(seed, size or 2 + seed % 2, dataclasses.replace(faults))
-        except AssertionError as failure:
-            raise AssertionError(f"seed {seed}: {str(failure).splitlines()[0]}") from failure
