@@ -25,6 +25,7 @@ from rocket.disk.commitlog import SUFFIX, CommitLog
 from rocket.errors import Code, RocketError
 from rocket.model import Address, Message
 from rocket.node import build_roles
+from rocket.raft.core import Role
 from rocket.raft.host import RaftHost
 from rocket.raft.wal import Wal
 from rocket.roles.peers import RETRYABLE, Peers
@@ -34,6 +35,8 @@ from rocket.serde import avro_codec
 from rocket.transport.rpc import Dispatcher, method_spec
 
 EPOCH_S = 1_700_000_000.0  # the simulated wall time when trio's clock reads 0
+SIMULATED_S_MAX = 300.0  # a controller-mode run that has not ended by then is stuck: it fails, not spins
+CONTROLLER_METHODS = {"NodeHeartbeat", "ControllerAlterSyncStateSet"}  # a storage node's calls to the controller
 
 
 @dataclasses.dataclass
@@ -50,6 +53,7 @@ class Network:
         self.random = randomness
         self.faults = faults
         self.isolated: set[int] = set()  # nodes cut off from every other one (and from the client)
+        self.controller_cut: set[int] = set()  # nodes whose calls to the controller (their heartbeats) go unanswered
         self.split: set[int] = set()  # nodes cut off from every other one, the client still reaching them
         self.nodes: dict[int, SimNode] = {}
         self.by_address: dict[tuple[str, int], SimNode] = {}
@@ -72,7 +76,7 @@ class Network:
         target = self.by_address.get(address)
         if target is None or not target.up:
             raise RocketError(Code.UNAVAILABLE, f"cannot connect to {address[0]}:{address[1]}")
-        if self.cut(sender, target.config.node_id):
+        if self.cut(sender, target.config.node_id) or (sender in self.controller_cut and method in CONTROLLER_METHODS):
             await trio.sleep(min(timeout_s, limits.connect_timeout_s))
             raise RocketError(Code.TIMEOUT, f"{method} got no answer (partitioned)")
         self.calls += 1
@@ -427,4 +431,140 @@ async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int
                        "answers_lost": network.lost, "simulated_s": round(trio.current_time(), 1)})
         for node in nodes.values():
             node.crash()
+    return report
+
+
+# ---- controller mode (RIP-44) ---------------------------------------------------------------------------------------
+
+
+class MasterLog:
+    """Every time a node became master of a controller-mode group, at which epoch (only the controller's word, which
+    hosts get through add_group and control, makes a master): two masters of one epoch would break the controller's
+    promise."""
+
+    def __init__(self):
+        self.masters: dict[tuple[int, int], set[int]] = {}  # (group, epoch) -> nodes that were master at it
+        self._originals = RaftHost.add_group, RaftHost.control
+
+    def __enter__(self) -> MasterLog:
+        recorder, (add_group, control) = self, self._originals
+
+        def note(host: RaftHost, group: int) -> None:
+            core = host.controlled(group)
+            if core is not None and core.role == Role.LEADER:
+                recorder.masters.setdefault((group, core.term), set()).add(host.node_id)
+
+        def noted_add_group(host: RaftHost, group: int, *args, **kwargs):
+            core = add_group(host, group, *args, **kwargs)
+            note(host, group)
+            return core
+
+        def noted_control(host: RaftHost, group: int, word) -> None:
+            control(host, group, word)
+            note(host, group)
+
+        RaftHost.add_group, RaftHost.control = noted_add_group, noted_control
+        return self
+
+    def __exit__(self, *_) -> None:
+        RaftHost.add_group, RaftHost.control = self._originals
+
+
+def check_controlled_logs(nodes: dict[int, SimNode]) -> int:
+    """Replicas of each controller-mode group hold the same entries up to the lower of their commits; returns the
+    entries compared."""
+    compared = 0
+    cores: dict[int, list] = {}
+    for node in nodes.values():
+        for group in node.host.groups:
+            core = node.host.controlled(group)
+            if core is not None:
+                cores.setdefault(group, []).append(core)
+    for group, replicas in cores.items():
+        for first, second in zip(replicas, replicas[1:]):
+            low = max(first.snapshot.index, second.snapshot.index) + 1
+            high = min(first.commit, second.commit, first.last_index, second.last_index)
+            for index in range(low, high + 1):
+                one, other = first._entries(index, index + 1), second._entries(index, index + 1)
+                assert one == other, f"group {group}: replicas {first.id} and {second.id} differ at committed {index}"
+                compared += 1
+    return compared
+
+
+async def masters(network: Network) -> dict[int, int]:
+    """group -> its master, as the controller has it (asked through a live node)."""
+    asked = next(node.config.listen for node in network.nodes.values() if node.up)
+    classes = await network.call(0, (asked.host, asked.port), "StorageClasses", {"name": "pair"}, 30.0, True)
+    return {group["id"]: group["master"] for group in classes["classes"][0]["groups"]}
+
+
+async def run_controller_failover(seed: int, base: Path, faults: NetworkFaults, scenario: str) -> dict:
+    """Three all-role nodes, a topic on a controller-mode class of two replicas per group, under writes. Scenarios:
+    crashes (the node mastering the most groups, restarted; then the nameserver leader's node with the masters it
+    hosts, the controller's leader and masters at once, as in apache/rocketmq#7689), partitions (the busiest master cut off from the other nodes while the client still
+    reaches it; then the nameserver leader isolated), controller_cut (a master's calls to the controller go
+    unanswered while it reaches everyone else). Then everything is consumed and checked, and the replicas' logs
+    compared; the controller's elections and the masters each epoch had are reported."""
+    network, nodes = cluster(seed, base, faults, groups=2)
+    report: dict = {"seed": seed, "scenario": scenario, "faults": []}
+    with MasterLog() as master_log, trio.fail_after(SIMULATED_S_MAX):
+        async with trio.open_nursery() as nursery:
+            await start_nodes(nursery, nodes)
+            first = nodes[1].config.listen
+            await network.call(0, (first.host, first.port), "CreateStorageClass", {
+                "name": "pair", "mode": "controller", "replicas": 2, "groups": 3, "min_in_sync_replicas": 1,
+                "unclean_election": False, "ha_max_lag_s": 2.0}, 30.0, True)
+            await network.call(0, (first.host, first.port), "CreateTopic",
+                               {"topic": "orders", "queues": 8, "storage_class": "pair"}, 30.0, True)
+            writers = Writers(network, "orders", [0, 2, 4, 6], messages_per_batch=5)
+            stop, written = trio.Event(), trio.Event()
+            nursery.start_soon(writers.run, stop, written)
+            await trio.sleep(2 + network.random.random())
+            for step in range(2):
+                asked = next(node.config.listen for node in nodes.values() if node.up)
+                status = await network.call(0, (asked.host, asked.port), "ClusterStatus", {}, 30.0, True)
+                leader = status["nameserver_leader"] or 1
+                by_master = sorted((await masters(network)).values())
+                busiest = max(set(by_master), key=lambda node: (by_master.count(node), node))
+                if scenario == "crashes":  # the second crash takes the controller's leader and the masters it hosts
+                    victims = {busiest} if step == 0 else {leader}
+                    for victim in victims:
+                        nodes[victim].crash()
+                    for victim in victims:
+                        await nodes[victim].stopped.wait()
+                elif scenario == "partitions":
+                    victims = {busiest} if step == 0 else {leader}
+                    (network.split if step == 0 else network.isolated).update(victims)
+                else:
+                    followers = [node for node in by_master if node != leader] or by_master
+                    victims = {max(set(followers), key=followers.count)}
+                    network.controller_cut.update(victims)
+                acked_before = len(writers.acks)
+                faulted_at = trio.current_time()
+                with trio.move_on_after(10):
+                    while len(writers.acks) == acked_before:
+                        await trio.sleep(0.05)
+                report["faults"].append({"step": step, "victims": sorted(victims), "nameserver_leader": leader,
+                                         "first_ack_after_s": round(trio.current_time() - faulted_at, 2)})
+                await trio.sleep(4 + network.random.random() * 2)
+                if scenario == "crashes":
+                    for victim in victims:
+                        await nursery.start(nodes[victim].run)
+                else:
+                    network.split.clear(), network.isolated.clear(), network.controller_cut.clear()
+                await trio.sleep(4)
+            stop.set()
+            await written.wait()
+            consumed = {queue: await consume_queue(network, "orders", queue) for queue in range(8)}
+            report.update(check_consumed(writers, consumed))
+            report["compared_entries"] = check_controlled_logs(nodes)
+            asked = next(node.config.listen for node in nodes.values() if node.up)
+            described = await network.call(0, (asked.host, asked.port), "StorageClasses", {"name": "pair"}, 30.0, True)
+            report["elections"] = len(described["classes"][0]["elections"])
+            report.update({"batches": len(writers.acks), "resends": writers.resends, "answers_lost": network.lost,
+                           "simulated_s": round(trio.current_time(), 1)})
+            for node in nodes.values():
+                node.crash()
+    report["two_masters_in_an_epoch"] = {f"{group}@{epoch}": sorted(found)
+                                         for (group, epoch), found in master_log.masters.items() if len(found) > 1}
     return report
