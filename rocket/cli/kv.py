@@ -59,11 +59,12 @@ async def bucket_create(name: Bucket,
                         shards: Annotated[int, typer.Option("--shards", help="Storage groups the keys hash onto.")] = 1,
                         history: Annotated[int, typer.Option("--history", help="Revisions kept per key.")] = 1,
                         ttl: Annotated[Optional[str], typer.Option("--ttl", help="The keys' default TTL (30s, 1h); none by default.")] = None,
+                        storage_class: Annotated[str, typer.Option("--storage-class", help="The storage class whose groups hold the shards (rocket cluster storage-class list).")] = "raft",
                         server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
     """Create a bucket."""
     ttl_s = _duration_s(ttl, "--ttl") or 0
     async with connect(server, transport, serde) as channel:
-        info = await KV(channel).create_bucket(name, shards, history, ttl_s)
+        info = await KV(channel).create_bucket(name, shards, history, ttl_s, storage_class)
     out.print(f"created bucket [bold]{info['name']}[/bold] with {plural(info['shards'], 'shard')}, history "
               f"{info['history']}, ttl {_ttl_text(info['ttl_ms'])}")
 

@@ -61,9 +61,11 @@ class KV:
 
     # ---- buckets -------------------------------------------------------------------------------------
 
-    async def create_bucket(self, name: str, shards: int = 1, history: int = 1, ttl_s: float = 0) -> dict:
+    async def create_bucket(self, name: str, shards: int = 1, history: int = 1, ttl_s: float = 0,
+                            storage_class: str = "raft") -> dict:
+        """A bucket whose shards are groups of storage_class (a controller-mode class keeps two copies, say)."""
         return await self.channel.call("KvCreateBucket", {"bucket": name, "shards": shards, "history": history,
-                                                          "ttl_ms": int(ttl_s * 1000)})
+                                                          "ttl_ms": int(ttl_s * 1000), "storage_class": storage_class})
 
     async def list_buckets(self) -> list[dict]:
         return (await self.channel.call("KvListBuckets", {}))["buckets"]

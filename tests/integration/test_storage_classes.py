@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from rocket.client import Admin, connect, open_consumer, open_producer
+from rocket.client.kv import KV
 from rocket.errors import Code, RocketError
 from rocket.model import Message
 from rocket.transport.listen import free_ports
@@ -116,6 +117,13 @@ async def test_three_nodes_make_a_controller_class_whose_masters_reach_routes_an
             voters = {group["id"]: group["voters"] for group in made["groups"]}
             assert any(3 in members for members in voters.values())
             await admin.create_topic("orders", 8, storage_class="gold")
+            kv = KV(channel)  # a bucket's shards on the controller's groups: linearizable reads confirmed by the SSS
+            await kv.create_bucket("cfg", shards=2, storage_class="gold")
+            assert set((await channel.call("GetRoute", {"topic": "%KV%cfg"}))["queue_groups"]) <= set(masters)
+            revision = await kv.put("cfg", "mode", b"fast")
+            assert (await kv.get("cfg", "mode")).value == b"fast" and revision >= 1
+            assert (await refusal(kv.create_bucket("other", storage_class="tin"))).message == (
+                "storage class 'tin' does not exist")
             route = await channel.call("GetRoute", {"topic": "orders"})
             assert set(route["queue_groups"]) <= set(masters)
             assert {group["id"]: group["leader"] for group in route["groups"]} == {

@@ -278,8 +278,9 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, Controller):
                                  ("ttl_ms", 0, limits.kv_ttl_s_max * 1000)):
             if not low <= request[field] <= high:
                 raise RocketError(Code.BAD_REQUEST, f"{field} must be {low}..{high}, got {request[field]}")
+        check_name("storage class", request["storage_class"], limits.storage_class_name_bytes_max)
         topic = {"topic": bucket_topic(request["bucket"]), "queues": request["shards"], "message_type": "kv",
-                 "history": request["history"], "ttl_ms": request["ttl_ms"]}
+                 "history": request["history"], "ttl_ms": request["ttl_ms"], "storage_class": request["storage_class"]}
         return await self._on_leader("MetaCreateBucket", request, lambda _: self._create_topic_here(topic))
 
     async def delete_bucket(self, request: dict) -> dict:
