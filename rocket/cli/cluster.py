@@ -156,7 +156,7 @@ async def storage_class_create(name: Annotated[str, typer.Argument(help="The cla
                                mode: Annotated[str, typer.Option("--mode", help="controller (RIP-44: a master and slaves, the master named by the controller) or raft.")] = "controller",
                                replicas: Annotated[int, typer.Option("--replicas", help="Replicas of each group, each on its own storage node.")] = 2,
                                groups: Annotated[int, typer.Option("--groups", help="Storage groups to make for the class.", show_default="the nameservers' storage_groups")] = 0,
-                               min_in_sync_replicas: Annotated[int, typer.Option("--min-in-sync-replicas", help="Controller mode: a write is acknowledged once this many replicas hold it.")] = 1,
+                               min_in_sync_replicas: Annotated[int, typer.Option("--min-in-sync-replicas", help="Controller mode: writes are refused (NOT_ENOUGH_REPLICAS) while fewer replicas than this are in sync; each write is acknowledged once every replica in sync holds it.")] = 1,
                                unclean_election: Annotated[bool, typer.Option("--unclean-election", help="Controller mode: let a replica out of the sync state set become master when none in it is up (it may lose writes).")] = False,
                                ha_max_lag_s: Annotated[float, typer.Option("--ha-max-lag-s", help="Controller mode: a slave further behind its master than this many seconds leaves the sync state set.")] = limits.ha_lag_s_default,
                                server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
@@ -169,9 +169,12 @@ async def storage_class_create(name: Annotated[str, typer.Argument(help="The cla
               f"({', '.join(str(group['id']) for group in made['groups'])})")
 
 
-def _min_in_sync(storage_class: dict) -> str:
-    """Raft mode acknowledges on a majority of the replicas; controller mode on min_in_sync_replicas of them."""
-    return str(storage_class["min_in_sync_replicas"]) if storage_class["mode"] == "controller" else "majority"
+def _acknowledged_by(storage_class: dict) -> str:
+    """Raft mode acknowledges on a majority of the replicas; controller mode on every replica in sync, and refuses
+    writes while fewer than min_in_sync_replicas are."""
+    if storage_class["mode"] != "controller":
+        return "a majority"
+    return f"all in sync (at least {storage_class['min_in_sync_replicas']})"
 
 
 @class_app.command("list")
@@ -184,10 +187,10 @@ async def storage_class_list(server: Server = None, transport: Transport = "tcp"
     if as_json:
         sys.stdout.write(orjson.dumps({"classes": classes}).decode() + "\n")
         return
-    table = Table("name", "mode", "replicas", "min in sync", "groups", title="storage classes")
+    table = Table("name", "mode", "replicas", "acknowledged by", "groups", title="storage classes")
     for storage_class in classes:
         table.add_row(storage_class["name"], storage_class["mode"], str(storage_class["replicas"]),
-                      _min_in_sync(storage_class), f"{len(storage_class['groups']):,}")
+                      _acknowledged_by(storage_class), f"{len(storage_class['groups']):,}")
     out.print(table)
 
 
@@ -204,7 +207,7 @@ async def storage_class_describe(name: Annotated[str, typer.Argument(help="The s
         return
     controller = storage_class["mode"] == "controller"
     line = (f"storage class [bold]{storage_class['name']}[/bold]: {storage_class['mode']} mode, "
-            f"{plural(storage_class['replicas'], 'replica')}, acknowledged by {_min_in_sync(storage_class)}")
+            f"{plural(storage_class['replicas'], 'replica')}, acknowledged by {_acknowledged_by(storage_class)}")
     if controller:
         line += (f"; a slave {storage_class['ha_max_lag_s']:g} s behind leaves the sync state set; unclean elections "
                  f"{'allowed' if storage_class['unclean_election'] else 'refused'}")
