@@ -77,7 +77,7 @@ class Replicas:
     async def _sync_states_forever(self) -> None:
         """As master of controller-mode groups: ask the controller for the SyncStateSet changes each wants, one
         request per group until answered. Only the controller's answer changes the set: a master cut off from it
-        keeps waiting for every member it had (DESIGN.md, "Controller mode")."""
+        keeps waiting for every member it had (ARCHITECTURE.md, "Controller mode")."""
         while True:
             await trio.sleep(limits.controller_sync_state_s)
             for group in self._storage_groups():
@@ -93,9 +93,10 @@ class Replicas:
                 except RocketError as error:
                     if error.code == Code.BAD_REQUEST:
                         self.host.sync_state_refused(group, request)
-                    else:  # FENCED, or no answer: what holds comes with the next assignment; asked again meanwhile
-                        log.info("group %d: the SyncStateSet change %s: %s", group, sorted(request.sync_state_set),
-                                 error)
+                    else:  # FENCED, or no answer (the heartbeats warn of that): what holds comes with the next
+                        # assignment; asked again meanwhile
+                        log.debug("group %d: the SyncStateSet change %s: %s", group, sorted(request.sync_state_set),
+                                  error)
                     continue
                 log.info("group %d: SyncStateSet %s at epoch %d", group, answer["sync_state_set"],
                          answer["sync_state_set_epoch"])
