@@ -501,10 +501,11 @@ async def masters(network: Network) -> dict[int, int]:
 async def run_controller_failover(seed: int, base: Path, faults: NetworkFaults, scenario: str) -> dict:
     """Three all-role nodes, a topic on a controller-mode class of two replicas per group, under writes. Scenarios:
     crashes (the node mastering the most groups, restarted; then the nameserver leader's node with the masters it
-    hosts, the controller's leader and masters at once, as in apache/rocketmq#7689), partitions (the busiest master cut off from the other nodes while the client still
-    reaches it; then the nameserver leader isolated), controller_cut (a master's calls to the controller go
-    unanswered while it reaches everyone else). Then everything is consumed and checked, and the replicas' logs
-    compared; the controller's elections and the masters each epoch had are reported."""
+    hosts, the controller's leader and masters at once, as in apache/rocketmq#7689), partitions (the busiest master
+    cut off from the other nodes while the client still reaches it; then the nameserver leader isolated),
+    controller_cut (a master's calls to the controller go unanswered while it reaches everyone else). Then everything
+    is consumed and checked, and the replicas' logs compared; the controller's elections and the masters each epoch
+    had are reported."""
     network, nodes = cluster(seed, base, faults, groups=2)
     report: dict = {"seed": seed, "scenario": scenario, "faults": []}
     with MasterLog() as master_log, trio.fail_after(SIMULATED_S_MAX):
