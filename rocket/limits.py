@@ -180,6 +180,7 @@ node_down_s = 10.0  # a node silent this long is down
 leader_wait_s_max = 10.0  # a call that needs a leader waits this long for an election before UNAVAILABLE
 leader_poll_s = 0.05  # how often such a call looks again
 route_ttl_s = 10.0  # a broker refreshes a cached route at least this often, and at once on errors
+route_retry_s = 1.0  # ... but while no nameserver answers, it serves the route it has and asks again this often
 follower_read_lag_entries_max = 16  # a follower this close to its leader's commit serves reads as a read replica
 storage_call_s_max = 8.0  # one storage call (an append waits for a quorum) before the broker tries another replica
 storage_append_wait_s_max = 6.0  # an append waits this long to be applied, then the broker retries elsewhere
@@ -347,3 +348,4 @@ invariant(health_window_s_min >= node_heartbeat_s, "a health window holds a hear
 invariant(health_degrade_windows < health_recover_windows, "a degraded node returns more slowly than it left: no flapping")
 invariant(node_heartbeat_s < controller_lapse_s < node_down_s, "a master is replaced after missed heartbeats, before it is down")
 invariant(ha_lag_s_min <= ha_lag_s_default <= ha_lag_s_max, "the default sync lag is one a class may set")
+invariant(route_retry_s < route_ttl_s, "a route kept through a nameserver outage is asked for again within its life")

@@ -63,7 +63,17 @@ class Routes:
         route = self._routes.get(topic)
         if (route is None or refresh or route.version < self.peers.metadata_version  # the metadata changed
                 or trio.current_time() - route.fetched_at > limits.route_ttl_s):
-            response = await self.peers.nameserver("GetRoute", {"topic": topic})
+            try:
+                response = await self.peers.nameserver("GetRoute", {"topic": topic})
+            except RocketError as error:
+                if route is None or error.code not in RETRYABLE:
+                    raise
+                # No nameserver answers: serve the route known (a storage node that no longer leads a group names
+                # its leader), and ask again after route_retry_s rather than on every call.
+                log.info("topic %s: the route is kept while no nameserver answers: %s", topic, error)
+                self._routes[topic] = dataclasses.replace(
+                    route, fetched_at=trio.current_time() - limits.route_ttl_s + limits.route_retry_s)
+                return route
             for node in response["nodes"]:
                 self._addresses[node["id"]] = Address.parse(node["address"])
             voters = {}
