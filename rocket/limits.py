@@ -201,6 +201,7 @@ placement_node_weight = 0.5  # queue placement: a group's leader's load (all it 
 # Controller mode (RIP-44): two-replica groups whose master a controller in the nameservers names.
 controller_check_s = 0.25  # how often the nameserver leader looks for controller-mode masters whose heartbeats lapsed
 controller_lapse_s = 2.5  # a master silent this long is replaced (from its SyncStateSet): 2.5 missed heartbeats
+controller_orphan_heartbeat_s = 0.25  # a node whose controller-mode replica's master went silent heartbeats this often
 controller_sync_state_s = 0.2  # how often a master asks the controller for the SyncStateSet changes it wants
 model_poll_s = 30.0  # how often a nameserver reads the forecast model again: a new one is in use within this
 model_stale_s = 14 * 86_400.0  # a model trained longer ago than this no longer places queues (the fallback does)
@@ -349,3 +350,4 @@ invariant(health_degrade_windows < health_recover_windows, "a degraded node retu
 invariant(node_heartbeat_s < controller_lapse_s < node_down_s, "a master is replaced after missed heartbeats, before it is down")
 invariant(ha_lag_s_min <= ha_lag_s_default <= ha_lag_s_max, "the default sync lag is one a class may set")
 invariant(route_retry_s < route_ttl_s, "a route kept through a nameserver outage is asked for again within its life")
+invariant(controller_orphan_heartbeat_s < node_heartbeat_s, "a replica without a master asks sooner, not later")

@@ -14,6 +14,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Address
 from rocket.raft.controlled import Control
+from rocket.raft.core import Role
 from rocket.serde.batch import peek_count
 from rocket.store.store import GroupMachine
 
@@ -47,6 +48,15 @@ class Replicas:
         if not assignment["unchanged"]:
             self._assign(assignment)
         self.assigned.set()
+
+    def _heartbeat_interval_s(self) -> float:
+        """How long until the next heartbeat: sooner while a controller-mode replica here has heard nothing from its
+        master for an election timeout, so that it learns of the controller's election (in the answer) soon."""
+        for group in self._storage_groups():
+            core = self.host.controlled(group)
+            if core is not None and core.role != Role.LEADER and core.election_elapsed >= core.config.election_ticks:
+                return limits.controller_orphan_heartbeat_s
+        return limits.node_heartbeat_s
 
     def _assign(self, assignment: dict) -> None:
         """Host the groups assigned to this node, and stop hosting the ones moved off it."""

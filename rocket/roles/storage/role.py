@@ -128,7 +128,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
                     self._heartbeats_done = self._heartbeats_started
                     self._heartbeat_done.set()
                     self._heartbeat_done = trio.Event()
-                with trio.move_on_after(limits.node_heartbeat_s):
+                with trio.move_on_after(self._heartbeat_interval_s()):
                     await self._ask_now.wait()  # a group not hosted yet: ask at once, but not twice within the minimum
                     await trio.sleep_until(asked_at + limits.assignment_ask_s_min)
 
