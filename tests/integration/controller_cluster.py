@@ -32,7 +32,9 @@ QUEUES = 6
 # The default (Raft) class: no topic of this cluster uses it, but its settings must fit two storage nodes.
 ENVIRONMENT = {"ROCKET_STORAGE_GROUPS": "2", "ROCKET_REPLICATION": "2"}
 FAILOVER_WAIT_S_MAX = 30.0  # a failover slower than this fails the run; the figures themselves are reported
-IN_SYNC_WAIT_S_MAX = 40.0  # a restarted replica back in every group's sync state set within this
+# A restarted replica back in every group's sync state set within this (under load it has taken 38 s: it joins only
+# when the master, asking every controller_sync_state_s, finds it holding everything committed)
+IN_SYNC_WAIT_S_MAX = 90.0
 POLL_S = 0.1
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 

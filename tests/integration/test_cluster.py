@@ -37,7 +37,9 @@ GROUPS = 100
 QUEUES = 32
 WRITER_QUEUES = (0, 4, 8, 12, 16, 20, 24, 28)  # one writer, one sequential stream of batches, per queue
 BATCH = 20
-SEQ_SPAN = 1_000_000  # sequence numbers of queue q are q * SEQ_SPAN + n: unique over the test
+# Sequence numbers of queue q are q * SEQ_SPAN + n: unique over the test, and over a soak of hours
+# (benchmarks/controller_failover.py wrote 1.7 million messages to one queue in 14 minutes).
+SEQ_SPAN = 1_000_000_000
 FAILOVER = (Code.CONNECTION_LOST, Code.UNAVAILABLE, Code.TIMEOUT)  # outcome unknown: reconnect and resend
 BOUND_S = 30.0  # loose bound for each failover figure; the figures themselves are printed
 CAUGHT_UP_ENTRIES = 200  # a replica this close to its leader's log has caught up (writes go on meanwhile)
@@ -175,6 +177,7 @@ class Writers:
                             if self.stop.is_set():
                                 self.done += 1
                                 return
+                            assert count + BATCH <= SEQ_SPAN, f"queue {queue}'s writer ran out of sequence numbers"
                             pending = [queue * SEQ_SPAN + count + i for i in range(BATCH)]
                             count += BATCH
                         else:
