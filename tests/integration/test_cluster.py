@@ -37,11 +37,14 @@ GROUPS = 100
 QUEUES = 32
 WRITER_QUEUES = (0, 4, 8, 12, 16, 20, 24, 28)  # one writer, one sequential stream of batches, per queue
 BATCH = 20
-SEQ_SPAN = 1_000_000  # sequence numbers of queue q are q * SEQ_SPAN + n: unique over the test
+# Sequence numbers of queue q are q * SEQ_SPAN + n: unique over the test, and over a soak of hours
+# (benchmarks/controller_failover.py wrote 1.7 million messages to one queue in 14 minutes).
+SEQ_SPAN = 1_000_000_000
 FAILOVER = (Code.CONNECTION_LOST, Code.UNAVAILABLE, Code.TIMEOUT)  # outcome unknown: reconnect and resend
 BOUND_S = 30.0  # loose bound for each failover figure; the figures themselves are printed
 CAUGHT_UP_ENTRIES = 200  # a replica this close to its leader's log has caught up (writes go on meanwhile)
 READY = re.compile(rb"rocket ready tcp=[^ ]+ http2=off node=(\d+)")
+ROOT = Path(__file__).resolve().parents[2]  # the tree whose rocket the nodes run
 
 
 def make_message(queue: int, seq: int) -> Message:
@@ -79,7 +82,9 @@ class Node:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        env = {**os.environ, **self.environment}
+        # The process runs this tree's rocket, not whatever an editable install points at.
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path, **self.environment}
         command = [sys.executable, "-m", "rocket", "run", "--role", self.roles, "--node-id", str(self.node_id),
                    "--nameservers", self.nameservers, "--listen", self.server, "--http2-listen", "off",
                    "--data-dir", str(self.data_dir)]
@@ -141,6 +146,7 @@ class Ack:
     base_offset: int
     seqs: list[int]
     node: int  # whose broker acknowledged
+    sent_at: float = 0.0  # trio.current_time() when this send of the batch went out
 
 
 @dataclasses.dataclass
@@ -171,15 +177,17 @@ class Writers:
                             if self.stop.is_set():
                                 self.done += 1
                                 return
+                            assert count + BATCH <= SEQ_SPAN, f"queue {queue}'s writer ran out of sequence numbers"
                             pending = [queue * SEQ_SPAN + count + i for i in range(BATCH)]
                             count += BATCH
                         else:
                             self.resends += 1
                         self.sent.update(pending)
                         batch = batch_codec.encode([make_message(queue, seq) for seq in pending], 1_700_000_000_000)
+                        sent_at = trio.current_time()
                         reply = await channel.call("Produce", {"topic": "orders", "queue": queue, "batch": batch})
                         assert reply["queue"] == queue and reply["count"] == len(pending), reply
-                        self.acks.append(Ack(trio.current_time(), queue, reply["base_offset"], pending, node))
+                        self.acks.append(Ack(trio.current_time(), queue, reply["base_offset"], pending, node, sent_at))
                         pending = None
             except RocketError as error:
                 if error.code not in FAILOVER:
