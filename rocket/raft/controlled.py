@@ -65,6 +65,9 @@ class ControlledCore(RaftCore):
         self._synced_with: tuple[int, int] | None = None  # (epoch, master) whose epochs this slave compared
         self._query_tick = -1  # a slave asks a master for its epochs at most once a tick
         self._caught_up_tick: dict[int, int] = {}  # slave -> the last tick it reached the master's mark
+        # Slaves outside the SSS that keep up: the commit waits for them too (never unsafe), so that one soon holds
+        # everything committed and may be asked in; under steady writes it otherwise trails the commit by an entry.
+        self._joining: frozenset[int] = frozenset()
         self._mark: dict[int, int] = {}  # slave -> the master's log end when it last reached the mark
 
     # ---- the controller's word -----------------------------------------------------------------
@@ -99,8 +102,9 @@ class ControlledCore(RaftCore):
 
     def sync_state_request(self) -> SyncStateRequest | None:
         """As master: the change of the SSS to ask of the controller, if one is wanted (slaves behind for
-        lag_ticks_max leave; slaves holding everything committed and keeping up join). Until it is answered, the
-        commit waits for the old and the new set both, and the same request is returned (to send again)."""
+        lag_ticks_max leave; slaves that keep up join once they hold everything committed, the commit waiting for
+        them meanwhile). Until it is answered, the commit waits for the old and the new set both, and the same request
+        is returned (to send again)."""
         if self.role != Role.LEADER:
             return None
         if self.requested is not None:
@@ -108,9 +112,11 @@ class ControlledCore(RaftCore):
         current = self.sync_state_set
         behind = {node for node in current - {self.id}
                   if self.ticks - self._caught_up_tick.get(node, self.ticks) > self.lag_ticks_max}
-        joining = {node for node in self.voters - current
-                   if node in self.progress and self.progress[node].match >= self.commit
-                   and self.ticks - self._caught_up_tick.get(node, -self.lag_ticks_max - 1) <= self.lag_ticks_max}
+        self._joining = frozenset(
+            node for node in self.voters - current if node in self.progress
+            and self.ticks - self._caught_up_tick.get(node, -self.lag_ticks_max - 1) <= self.lag_ticks_max)
+        self._maybe_commit()  # a slave that stopped keeping up no longer holds it back
+        joining = {node for node in self._joining if self.progress[node].match >= self.commit}
         wanted = (current - behind) | joining
         if wanted == current and not self._unsure:
             return None  # (an unsure master asks for its set as it is: that moves the controller's epoch past any
@@ -161,7 +167,7 @@ class ControlledCore(RaftCore):
 
     def _become_leader(self) -> None:
         super()._become_leader()
-        self.requested = None
+        self.requested, self._joining = None, frozenset()
         self._caught_up_tick = {node: self.ticks for node in self.voters}
         self._mark = {node: 0 for node in self.voters}
 
@@ -176,7 +182,8 @@ class ControlledCore(RaftCore):
         """Commit what every member of the SSS holds, and of the set asked for while a change is pending."""
         if self.role != Role.LEADER or not self.sync_state_set:
             return
-        required = self.sync_state_set | (self.requested.sync_state_set if self.requested else frozenset())
+        required = (self.sync_state_set | self._joining
+                    | (self.requested.sync_state_set if self.requested else frozenset()))
         if self._unsure:
             required |= self.voters
         candidate = min(self.progress[node].match if node in self.progress else 0 for node in required | {self.id})

@@ -131,7 +131,12 @@ class RaftHost(Rounds):
         """The controller's word on a controller-mode group hosted here (its master, epochs and SyncStateSet)."""
         hosted = self.groups.get(group)
         if hosted is not None and isinstance(hosted.core, ControlledCore):
+            before = hosted.core.role, hosted.core.term, hosted.core.leader
             hosted.core.control(control)
+            after = hosted.core.role, hosted.core.term, hosted.core.leader
+            if after != before:
+                log.info("group %d: %s at epoch %d (the controller's word)", group, "master" if after[0] == Role.LEADER
+                         else f"slave of node {after[2]}", after[1])
             hosted.idle_ticks = 0
             self._touched(group, hosted)
             self._wake.set()

@@ -54,9 +54,11 @@ class Controller:
     def _heard_within(self, node: int, seconds: float) -> bool:
         """Whether the node's heartbeat came within seconds; one not heard yet gets the doubt for seconds after
         this leader's election."""
+        return self._silent_s(node) < seconds
+
+    def _silent_s(self, node: int) -> float:
         heard = self._heartbeats.get(node)
-        since = heard[0] if heard is not None else self._led_since
-        return trio.current_time() - since < seconds
+        return trio.current_time() - (heard[0] if heard is not None else self._led_since)
 
     def _log_end(self, node: int, group: int) -> int:
         """The last index of the node's replica of the group, as its last heartbeat reported (-1: unknown)."""
@@ -96,4 +98,4 @@ class Controller:
                           control.master_epoch + 1, control.master, master_end, previous_end)
             else:
                 log.warning("group %d: node %d is master at epoch %d (master %d silent for %.1f s)", group, master,
-                            control.master_epoch + 1, control.master, limits.controller_lapse_s)
+                            control.master_epoch + 1, control.master, self._silent_s(control.master))
