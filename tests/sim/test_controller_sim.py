@@ -124,6 +124,17 @@ def two_in_sync(seed: int = 1) -> tuple[Group, int, int]:
     return group, master, 3 - master
 
 
+def shrink_then_hold_the_expand(group: Group, master: int, slave: int) -> None:
+    """Split the two until the SSS is the master alone, heal, and hold the master's requests until it asks to add
+    the slave back."""
+    group.partition({master}, {slave})
+    group.run_until(lambda: group.nodes[master].core.sync_state_set == frozenset({master}), what="the shrink")
+    group.blocked = set()
+    group.intercept = requests_of(master)
+    group.run_until(lambda: any(item[3].sync_state_set == frozenset({master, slave}) for item in group.held),
+                    what="the expand asked")
+
+
 def requests_of(master: int):
     return lambda kind, sender, to, payload: kind == "request" and sender == master
 
@@ -220,12 +231,7 @@ def expand_then_elect(group: Group, master: int, slave: int, check_joining: bool
     """Race (iii)'s script: with SSS {master}, the slave catches up and the master asks to add it; while the request
     is in flight, the master acknowledges. Then the controller applies it, its answer is lost, the two are split and
     the master's heartbeats stop: the controller elects the slave. Returns the acknowledgements made meanwhile."""
-    group.partition({master}, {slave})
-    group.run_until(lambda: group.nodes[master].core.sync_state_set == frozenset({master}), what="the shrink")
-    group.blocked = set()
-    group.intercept = requests_of(master)
-    group.run_until(lambda: any(item[3].sync_state_set == frozenset({master, slave}) for item in group.held),
-                    what="the expand asked")
+    shrink_then_hold_the_expand(group, master, slave)
     acknowledged = len(group.acknowledged)
     for _ in range(30):
         group.step()
@@ -329,12 +335,7 @@ def test_a_restarted_master_waits_for_every_replica_until_its_own_request_applie
     the slave never got, lost when the controller elected the slave (seed 1: e25 at 27, step 70). Now a master back
     at its epoch waits for every replica until a request of its own is applied: nothing acknowledged is lost."""
     group, master, slave = two_in_sync()
-    group.partition({master}, {slave})
-    group.run_until(lambda: group.nodes[master].core.sync_state_set == frozenset({master}), what="the shrink")
-    group.blocked = set()
-    group.intercept = requests_of(master)
-    group.run_until(lambda: any(item[3].sync_state_set == frozenset({master, slave}) for item in group.held),
-                    what="the expand asked")
+    shrink_then_hold_the_expand(group, master, slave)
     expand = next(item for item in group.held if item[3].sync_state_set == frozenset({master, slave}))
     group.crash(master, 1)
     group.run_until(lambda: group.master() is not None and group.master().id == master, what="the master back")
