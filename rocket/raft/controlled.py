@@ -65,6 +65,7 @@ class ControlledCore(RaftCore):
         self._synced_with: tuple[int, int] | None = None  # (epoch, master) whose epochs this slave compared
         self._query_tick = -1  # a slave asks a master for its epochs at most once a tick
         self._caught_up_tick: dict[int, int] = {}  # slave -> the last tick it reached the master's mark
+        self._led_since_tick = 0  # when this replica became master: an SSS member not heard since is given that long
         # Slaves outside the SSS that keep up: the commit waits for them too (never unsafe), so that one soon holds
         # everything committed and may be asked in; under steady writes it otherwise trails the commit by an entry.
         self._joining: frozenset[int] = frozenset()
@@ -111,7 +112,7 @@ class ControlledCore(RaftCore):
             return self.requested
         current = self.sync_state_set
         behind = {node for node in current - {self.id}
-                  if self.ticks - self._caught_up_tick.get(node, self.ticks) > self.lag_ticks_max}
+                  if self.ticks - self._caught_up_tick.get(node, self._led_since_tick) > self.lag_ticks_max}
         self._joining = frozenset(
             node for node in self.voters - current if node in self.progress
             and self.ticks - self._caught_up_tick.get(node, -self.lag_ticks_max - 1) <= self.lag_ticks_max)
@@ -168,8 +169,10 @@ class ControlledCore(RaftCore):
     def _become_leader(self) -> None:
         super()._become_leader()
         self.requested, self._joining = None, frozenset()
-        self._caught_up_tick = {node: self.ticks for node in self.voters}
-        self._mark = {node: 0 for node in self.voters}
+        # A slave keeps up once it holds the log as it is now, then each time it reaches where the log ended the time
+        # before; one that never does (down) keeps up never: it joins nothing and holds no commit back.
+        self._led_since_tick, self._caught_up_tick = self.ticks, {}
+        self._mark = {node: self.last_index for node in self.voters}
 
     def _become_follower(self, term: int, leader: int) -> None:
         self._unsure = False
@@ -195,7 +198,7 @@ class ControlledCore(RaftCore):
         super().tick()
         if self.role == Role.LEADER and not self.quiet:
             for node, progress in self.progress.items():
-                if node != self.id and progress.match >= self._mark.get(node, 0):
+                if node != self.id and progress.match >= self._mark.get(node, self.last_index):
                     self._caught_up_tick[node] = self.ticks
                     self._mark[node] = self.last_index
 
