@@ -4,7 +4,7 @@ No I/O and no clock: time passes only through tick(), and the caller persists, s
 Ready holds (persist before send). Pre-vote, check-quorum, pipelined replication with flow control,
 ReadIndex reads, leadership transfer, learners with single-server membership change, snapshots.
 Its types are in rocket.raft.types (imported here, so `from rocket.raft.core import Entry` works as before). Why
-one module of about 680 lines: it is one state machine whose step functions share its invariants (terms, votes,
+one module of about 700 lines: it is one state machine whose step functions share its invariants (terms, votes,
 progress, the log); etcd's raft.go keeps them together for the same reason, and the tests drive it whole.
 """
 
