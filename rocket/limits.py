@@ -169,6 +169,20 @@ rocketmq_receive_messages_default = 32  # messages a RocketMQ consumer receives 
 rocketmq_send_attempts_max = 3  # tries of one send a RocketMQ producer makes, told in its settings: few, as brokers
 rocketmq_send_backoff_s_min = 0.01  # ... retry storage themselves; its first wait between tries, later ones double ...
 rocketmq_send_backoff_s_max = 1.0  # ... up to this (RocketMQ's own defaults: 3 tries, 10 ms doubling to 1 s)
+tcp_sniff_bytes = 6  # a connection's first bytes that tell rocket's frames from remoting's (gateway/remoting/codec.py)
+tcp_sniff_s_max = 60.0  # a connection that sends fewer bytes than that for this long is closed
+remoting_frame_bytes_max = 16 * MiB  # one remoting frame (RocketMQ's own limit): a batch send of 4 MiB messages fits
+remoting_header_bytes_max = 64 * 1024 - 1  # a remoting header; longer ones are refused, which keeps the protocols apart
+remoting_in_flight_per_connection_max = 256  # requests of one remoting connection served at once (pulls wait)
+remoting_topic_cache_s = 5.0  # topic queue counts and live brokers are read at most this often for routes
+remoting_topic_cache_entries_max = 4096  # bounds the gateway's topic cache; the oldest entry goes first
+remoting_member_refresh_s = 2.0  # connected consumers kept in their groups, and pulled offsets written, this often
+remoting_pull_messages_max = 1024  # messages in one pull answer, whatever maxMsgNums asks
+remoting_pull_bytes_max = 4 * MiB  # bytes read for one pull answer
+remoting_reconsume_times_default = 16  # RocketMQ's maxReconsumeTimes, when a send-back names none
+remoting_lock_expiry_s = 60.0  # an orderly consumer's queue lock lapses unless renewed (RocketMQ's rebalance lock)
+remoting_locks_max = 100_000  # queue locks one broker holds
+remoting_query_scan_messages_max = 100_000  # messages one QUERY_MESSAGE reads looking for a key (no key index)
 
 # Cluster.
 replication_max = 7  # replicas of one group a config may ask for: each is a full copy and a vote

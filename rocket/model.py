@@ -156,6 +156,7 @@ def dead_letter_topic(consumer_group: str, topic: str) -> str:
 
 
 KV_PREFIX = SYSTEM_PREFIX + "KV%"
+RETRY_PREFIX = SYSTEM_PREFIX + "RETRY%"  # %RETRY%group: a remoting consumer group's retries, a delay topic of its own
 
 
 def bucket_topic(bucket: str) -> str:

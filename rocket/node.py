@@ -29,6 +29,7 @@ from rocket import limits
 from rocket.clock import Clock
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError, collapse_single_error
+from rocket.gateway.remoting import RemotingGateway, looks_like_remoting
 from rocket.gateway.rocketmq import rocketmq_services
 from rocket.model import Address
 from rocket.raft.host import RaftHost
@@ -263,8 +264,13 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             if handle_signals:
                 nursery.start_soon(_wait_for_signal, stop)
             # Listen first: a node told to listen on port 0 tells the others the port it got.
-            tcp_port = await _listen(partial(nursery.start, serve_tcp, dispatcher, lifecycle, config.listen.host,
-                                             config.listen.port), "TCP, --listen", config.listen)
+            remoting = None  # RocketMQ's remoting clients, on the same port (told apart by their first bytes)
+            if "broker" in config.roles or "nameserver" in config.roles:
+                gateway = RemotingGateway(dispatcher, clock, lifecycle)
+                await nursery.start(gateway.run)
+                remoting = (looks_like_remoting, gateway.serve)
+            tcp_port = await _listen(partial(nursery.start, partial(serve_tcp, other=remoting), dispatcher, lifecycle,
+                                             config.listen.host, config.listen.port), "TCP, --listen", config.listen)
             if config.listen.port == 0:
                 config = dataclasses.replace(config, listen=Address(config.listen.host, tcp_port))
             http2_port = None

@@ -179,6 +179,10 @@ class StorageMachine:
 
     def _pop(self, group: int, command: PopCommand, position: int, effects: Effects):
         request = command.request
+        if request["op"] == "bury":  # messages a consumer gave up on, never popped: to the dead letters as they are
+            self._index_batch(group, dead_letter_topic(request["consumer_group"], request["topic"]), request["queue"],
+                              command.batch, position + command.batch_at, request["now_ms"], effects)
+            return True
         result, change = pop.decide(self.pops, request)
         if change is None:
             return result

@@ -55,6 +55,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("Ack", "ReceiptRequest", "ReceiptResponse"),
         MethodSpec("ChangeInvisible", "ReceiptRequest", "ReceiptResponse"),
         MethodSpec("DeadLetter", "ReceiptRequest", "ReceiptResponse"),
+        MethodSpec("Bury", "BuryRequest", "Empty", attachment_field="batch"),
         MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload"),
         MethodSpec("RaftSnapshotChunk", "RaftSnapshotChunkRequest", "RaftSnapshotChunkResponse",
                    response_attachment="data"),
@@ -102,6 +103,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("StorageEndTransaction", "StorageEndTransactionRequest", "Empty"),
         MethodSpec("StorageTransactionChecks", "StorageTransactionChecksRequest", "TransactionChecksResponse"),
         MethodSpec("StorageReceipt", "StorageReceiptRequest", "ReceiptResponse"),
+        MethodSpec("StorageBury", "StorageBuryRequest", "Empty", attachment_field="batch"),
         MethodSpec("StorageTier", "StorageTierRequest", "StorageTierResponse"),
         MethodSpec("StorageKvTxn", "StorageKvTxnRequest", "StorageKvTxnResponse"),
         MethodSpec("StorageKvRead", "StorageKvReadRequest", "StorageKvReadResponse",
@@ -191,6 +193,10 @@ class Dispatcher:
             return await handler(request)
         except Exception as error:
             raise as_rocket_error(error, name) from None
+
+    def serves(self, name: str) -> bool:
+        """Whether this node's roles serve the method."""
+        return name in self._handlers
 
     def is_streaming(self, name: str) -> bool:
         return method_spec(name).streaming

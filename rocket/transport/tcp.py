@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import ModuleType
 
@@ -32,12 +32,33 @@ async def serve_tcp(
     host: str,
     port: int,
     *,
+    other: tuple[Callable[[bytes], bool], Callable[[trio.SocketStream, bytes], Awaitable[None]]] | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the TCP protocol until the lifecycle drains; reports the bound port through task_status."""
+    """Serve the TCP protocol until the lifecycle drains; reports the bound port through task_status.
+    other: (is_other, serve_other) for a second protocol on the same port. A connection's first
+    limits.tcp_sniff_bytes decide: is_other(them) hands the connection, with them, to serve_other."""
 
     async def run_connection(stream: trio.SocketStream) -> None:
-        await _ServerConnection(dispatcher, lifecycle, stream).run()
+        first = b""
+        if other is not None:
+            is_other, serve_other = other
+            with trio.move_on_after(limits.tcp_sniff_s_max):
+                while len(first) < limits.tcp_sniff_bytes:
+                    try:
+                        data = await stream.receive_some(limits.tcp_receive_bytes)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        data = b""
+                    if not data:
+                        break
+                    first += data
+            if len(first) < limits.tcp_sniff_bytes:  # closed, or silent: nothing to serve
+                await stream.aclose()
+                return
+            if is_other(first):
+                await serve_other(stream, first)
+                return
+        await _ServerConnection(dispatcher, lifecycle, stream).run(first)
 
     async def refuse_connection(stream: trio.SocketStream) -> None:
         await _send_quietly(stream, _error_frame(1, 0, RocketError(Code.OVERLOADED, "too many connections")))
@@ -104,10 +125,10 @@ class _ServerConnection:
         self.in_flight = trio.Semaphore(limits.in_flight_requests_per_connection_max)
         self.streams: dict[int, trio.CancelScope] = {}
 
-    async def run(self) -> None:
+    async def run(self, first: bytes = b"") -> None:
         async with self.stream:
             async with trio.open_nursery() as calls:
-                await self._read_until_done(calls)
+                await self._read_until_done(calls, first)
                 # Streams never end by themselves; in-flight unary calls get a bounded time to answer.
                 for scope in list(self.streams.values()):
                     scope.cancel()
@@ -116,12 +137,12 @@ class _ServerConnection:
                 else:
                     calls.cancel_scope.deadline = trio.current_time() + limits.shutdown_grace_s
 
-    async def _read_until_done(self, calls: trio.Nursery) -> None:
+    async def _read_until_done(self, calls: trio.Nursery, first: bytes) -> None:
         with trio.CancelScope() as read_scope:
             async with trio.open_nursery() as watcher:
                 watcher.start_soon(cancel_on, self.lifecycle.draining, read_scope)
                 try:
-                    await self._read_loop(calls)
+                    await self._read_loop(calls, first)
                 except FrameError as error:
                     await self._send(_error_frame(1, error.request_id, error))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -130,10 +151,13 @@ class _ServerConnection:
 
     peer_gone = False
 
-    async def _read_loop(self, calls: trio.Nursery) -> None:
+    async def _read_loop(self, calls: trio.Nursery, first: bytes) -> None:
         decoder = FrameDecoder()
+        decoder.feed(first)
         traffic = self.lifecycle.traffic
         while True:
+            while (frame := decoder.next_frame()) is not None:
+                await self._dispatch(frame, calls)
             received = await receive_into(self.stream, decoder)
             if not received:
                 self.peer_gone = True

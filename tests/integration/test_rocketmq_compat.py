@@ -123,6 +123,30 @@ def test_delay_message_arrives_no_earlier_than_its_delivery_time(rocket_server):
     assert entry["delivery_ms"] == result["deliver_at_ms"]
 
 
+def test_delay_message_with_milliseconds_in_the_seconds_field_is_read_as_milliseconds(rocket_server):
+    """rocketmq-python-client 5.1.2 puts a millisecond delivery time into Timestamp.seconds (its own test sets
+    `current_mills() + 60_000`); rocket reads such a value (later than the year 5000 as seconds) as milliseconds."""
+    create_topic(rocket_server, "later-ms", "delay")
+    result = run_client(rocket_server, "later-ms", """
+        producer = Producer(config, (topic,))
+        producer.startup()
+        built = message("remind me in ms", tag="t")
+        deliver_at_ms = int(time.time() * 1000) + 3000
+        built.delivery_timestamp = deliver_at_ms  # as the client's example and test do
+        producer.send(built)
+        producer.shutdown()
+        consumer = SimpleConsumer(config, "reminders", {topic: FilterExpression()}, 25)
+        consumer.startup()
+        got = receive_all(consumer, 1)
+        consumer.shutdown()
+        report({"deliver_at_ms": deliver_at_ms, "got": got})
+    """)
+    [entry] = result["got"]
+    assert entry["body"] == "remind me in ms"
+    assert result["deliver_at_ms"] <= entry["at_ms"] < result["deliver_at_ms"] + 15_000
+    assert entry["delivery_ms"] == result["deliver_at_ms"]
+
+
 def test_fifo_messages_arrive_in_order_per_message_group(rocket_server):
     """On a FIFO topic the messages of each message group are received in the order they were sent."""
     create_topic(rocket_server, "ledger", "fifo")

@@ -12,6 +12,9 @@ from rocket.model import Message, queue_for_key
 from rocket.serde import batch as batch_codec
 from rocket.transport.h2_server import GrpcCall
 
+# rocketmq-python-client 5.1.2 writes milliseconds into Timestamp.seconds; as seconds this is 5000-01-01.
+MILLISECONDS_IN_SECONDS_FIELD_AFTER = 95_617_584_000
+
 
 class Sending:
     def _to_rocket(self, message, fifo: bool) -> Message:
@@ -33,7 +36,11 @@ class Sending:
         born_ms = system.born_timestamp.seconds * 1000 + system.born_timestamp.nanos // 1_000_000
         deliver_at_ms = 0
         if system.HasField("delivery_timestamp"):
-            deliver_at_ms = max(1, system.delivery_timestamp.seconds * 1000 + system.delivery_timestamp.nanos // 1_000_000)
+            seconds, nanos = system.delivery_timestamp.seconds, system.delivery_timestamp.nanos
+            if seconds > MILLISECONDS_IN_SECONDS_FIELD_AFTER:
+                deliver_at_ms = seconds
+            else:
+                deliver_at_ms = max(1, seconds * 1000 + nanos // 1_000_000)
         return Message(body, key=key, tag=system.tag if system.HasField("tag") else "", properties=properties,
                        timestamp_ms=born_ms, deliver_at_ms=deliver_at_ms)
 

@@ -12,6 +12,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name
+from rocket.serde.batch import check_header
 from rocket.roles.broker.routes import Route
 
 log = logging.getLogger("rocket.broker")
@@ -88,6 +89,18 @@ class PopConsumption:
         """Move received messages to the group's dead-letter queue now, whatever their attempts (RocketMQ's
         ForwardMessageToDeadLetterQueue); answers the receipts that were stale."""
         return await self._receipt({**request, "invisible_ms": -1}, dead=True)
+
+    async def bury(self, request: dict) -> dict:
+        """Put a batch of messages a consumer gave up on in the group's dead letters beside the topic's queue, as
+        they are (the remoting gateway's retries past maxReconsumeTimes: those messages were never popped)."""
+        route = await self._route(request["topic"])
+        consumer_group = check_group_name(request["group"])
+        check_header(request["batch"])
+        group = route.queue_groups[self._queue(route.spec, request["queue"])]
+        await self._storage(route, group, "StorageBury", {"group": group, "consumer_group": consumer_group,
+                                                          "topic": route.spec.name, "queue": request["queue"],
+                                                          "batch": request["batch"]})
+        return {}
 
     async def _receipt(self, request: dict, dead: bool = False) -> dict:
         """On each storage group of the receipts' queues."""

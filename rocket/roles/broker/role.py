@@ -66,6 +66,7 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
             "Ack": self.ack,
             "ChangeInvisible": self.change_invisible,
             "DeadLetter": self.dead_letter,
+            "Bury": self.bury,
             "UpdateTopic": self.update_topic,
             "CreateStorageClass": self.create_storage_class,
             "StorageClasses": self.storage_classes,

@@ -13,7 +13,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import KV_PREFIX, SYSTEM_PREFIX, Address, TopicSpec, dead_letter_topic, timer_topic, unresolved_topic
+from rocket.model import KV_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, Address, TopicSpec, dead_letter_topic, timer_topic, unresolved_topic
 from rocket.roles.peers import RETRYABLE
 
 log = logging.getLogger("rocket.broker")
@@ -26,11 +26,6 @@ class Route:
     queue_groups: list[int]
     voters: dict[int, tuple[int, ...]]
     fetched_at: float
-
-
-DEAD_LETTER_PREFIX = dead_letter_topic("", "")[:-1]  # "%DLQ%"
-UNRESOLVED_PREFIX = unresolved_topic("")
-TIMER_PREFIX = timer_topic("")  # a delay topic's waiting messages, read by their timer id (rocket message get)
 
 
 DEAD_LETTER_PREFIX = dead_letter_topic("", "")[:-1]  # "%DLQ%"
@@ -56,7 +51,7 @@ def _system_base(topic: str) -> str:
 class Routes:
     async def _route(self, topic: str, refresh: bool = False) -> Route:
         # Dead letters and unresolved transactions lie beside the topic's queues (a KV bucket is a topic of its own).
-        if topic.startswith(SYSTEM_PREFIX) and not topic.startswith(KV_PREFIX):
+        if topic.startswith(SYSTEM_PREFIX) and not topic.startswith((KV_PREFIX, RETRY_PREFIX)):
             base = _system_base(topic)
             route = await self._route(base, refresh)
             return dataclasses.replace(route, spec=dataclasses.replace(route.spec, name=topic, message_type="system"))

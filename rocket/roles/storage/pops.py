@@ -147,6 +147,17 @@ class Pops:
             "attempt": attempt, "visible_ms": visible_ms, "now_ms": now_ms}, batch_codec.encode([message], now_ms)),
             limits.storage_append_wait_s_max))
 
+    async def bury(self, request: dict) -> dict:
+        """A batch a consumer gave up on, appended to the group's dead letters beside the queue as it is."""
+        group = request["group"]
+        self._hosted(group)
+        self._positions([{"queue": request["queue"], "offset": 0}], "offset")
+        await self.host.propose(group, encode_pop({
+            "op": "bury", "consumer_group": check_group_name(request["consumer_group"]),
+            "topic": check_topic_name(request["topic"]), "queue": request["queue"], "now_ms": self.clock.wall_ms()},
+            bytes(request["batch"])), limits.storage_append_wait_s_max)
+        return {}
+
     async def receipt(self, request: dict) -> dict:
         """Ack received messages (invisible_ms -1), or make them visible again after invisible_ms: one
         conditional command per queue, proposed together; or (dead) move them to the dead-letter queue.

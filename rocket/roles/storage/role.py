@@ -82,6 +82,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
                                 ("StorageCommitOffsets", self.commit_offsets), ("StorageQueues", self.queues),
                                 ("StorageMembers", self.members), ("StorageCancelTimer", self.cancel_timer),
                                 ("StoragePop", self.pop), ("StorageReceipt", self.receipt),
+                                ("StorageBury", self.bury),
                                 ("StorageEndTransaction", self.end_transaction),
                                 ("StorageGroupHeartbeat", self.group_heartbeat),
                                 ("StorageTransactionChecks", self.transaction_checks), ("StorageTier", self.tier_status),

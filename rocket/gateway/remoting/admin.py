@@ -1,0 +1,137 @@
+"""Remoting lookups and mqadmin basics: VIEW_MESSAGE_BY_ID, QUERY_MESSAGE by key, topic creation and listing,
+topic stats, consumer connections, broker runtime info. A mixin of RemotingGateway.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from rocket import __version__, limits
+from rocket.errors import Code, RocketError
+from rocket.gateway.remoting import messages as layout
+from rocket.gateway.remoting.codec import Command, ResponseCode
+from rocket.model import KV_PREFIX
+from rocket.serde import batch as batch_codec
+
+MESSAGE_TYPE_OF_ATTRIBUTE = {"NORMAL": "normal", "FIFO": "fifo", "DELAY": "delay", "TRANSACTION": "transaction"}
+
+
+class Administration:
+    async def view_message(self, command: Command, connection) -> Command:
+        """The message an offsetMsgId's commit log offset names (the topic named too, by 5.x clients)."""
+        topic_hash, queue, low = layout.split_commit_log_offset(int(command.ext["offset"]))
+        topic = await self._topic_by_hash(topic_hash, command.ext.get("topic", ""))
+        info = await self._queue_info(topic, queue)
+        message = await self._message_at(topic, queue, layout.unwrap_offset(low, info["next_offset"]))
+        if message is None:
+            return command.reply(ResponseCode.SYSTEM_ERROR, f"NOT_FOUND: {topic} has no message {queue} at that offset")
+        return command.reply(body=self._stored(message, topic, layout.host_bytes(connection.local)))
+
+    async def query_message(self, command: Command, connection) -> Command:
+        """Messages of a topic with a key (or, with _UNIQUE_KEY_QUERY, a client message id) stored in a time range:
+        every queue is read over that range, at most limits.remoting_query_scan_messages_max messages in all (rocket
+        has no key index)."""
+        header = command.ext
+        topic, key = header["topic"], header["key"]
+        unique = header.get("_UNIQUE_KEY_QUERY") == "true"
+        wanted = max(1, min(int(header.get("maxNum", "32") or 32), limits.remoting_pull_messages_max))
+        begin, end = int(header.get("beginTimestamp", "0") or 0), int(header.get("endTimestamp", "0") or 0) or 1 << 62
+        starts = (await self.dispatcher.local("SearchOffset", {"topic": topic, "timestamp_ms": begin}))["offsets"]
+        ends = {info["queue"]: info["next_offset"]
+                for info in (await self.dispatcher.local("DescribeTopic", {"topic": topic}))["queues"]}
+        host = layout.host_bytes(connection.local)
+        found: list[bytes] = []
+        scanned = 0
+        for start in starts:
+            queue, offset = start["queue"], start["offset"]
+            while offset < ends.get(queue, 0) and len(found) < wanted and scanned < limits.remoting_query_scan_messages_max:
+                response = await self.dispatcher.local("Pull", {
+                    "topic": topic, "queues": [{"queue": queue, "offset": offset}], "max_bytes": limits.remoting_pull_bytes_max,
+                    "wait_ms": 0, "filter_type": "tag", "filter": "*"})
+                if not response["batches"]:
+                    break
+                for stored in response["batches"]:
+                    for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
+                        scanned += 1
+                        if message.timestamp_ms > end:
+                            offset = ends.get(queue, 0)
+                            break
+                        properties = layout.remoting_properties(message)
+                        keys = properties.get(layout.UNIQ_KEY, "").split() if unique else \
+                            properties.get(layout.KEYS, "").split(" ")
+                        if key in keys and len(found) < wanted:
+                            found.append(self._stored(message, topic, host))
+                offset = max(offset, next((entry["offset"] for entry in response["next_offsets"]
+                                           if entry["queue"] == queue), offset))
+        if not found:
+            return command.reply(ResponseCode.QUERY_NOT_FOUND, f"no message with key {key!r} in {topic} in that time")
+        return command.reply(ext={"indexLastUpdateTimestamp": self.clock.wall_ms(), "indexLastUpdatePhyoffset": 0},
+                             body=b"".join(found))
+
+    async def create_topic(self, command: Command, connection) -> Command:
+        """mqadmin updateTopic: a new topic with writeQueueNums queues, its message type from the 5.x attribute
+        +message.type (NORMAL by default); an existing one is left as it is (rocket changes queues with
+        `rocket topic update`)."""
+        header = command.ext
+        name = header["topic"]
+        queues = int(header.get("writeQueueNums") or header.get("readQueueNums") or 8)
+        attributes = header.get("attributes") or ""
+        message_type = "normal"
+        for attribute in attributes.split(","):
+            name_part, _, value = attribute.lstrip("+").partition("=")
+            if name_part == "message.type":
+                message_type = MESSAGE_TYPE_OF_ATTRIBUTE.get(value.upper(), "")
+                if not message_type:
+                    raise RocketError(Code.BAD_REQUEST, f"message.type {value!r} is not NORMAL, FIFO, DELAY or TRANSACTION")
+        try:
+            await self.dispatcher.local("CreateTopic", {"topic": name, "queues": queues, "message_type": message_type,
+                                                        "storage_class": "raft"})
+        except RocketError as error:
+            if error.code != Code.TOPIC_EXISTS:
+                raise
+        self._topics.pop(name, None)
+        return command.reply()
+
+    async def all_topic_config(self, command: Command, connection) -> Command:
+        topics = (await self.dispatcher.local("ListTopics", {}))["topics"]
+        table = {topic["name"]: {"topicName": topic["name"], "readQueueNums": topic["queues"],
+                                 "writeQueueNums": topic["queues"], "perm": 6, "topicFilterType": "SINGLE_TAG",
+                                 "topicSysFlag": 0, "order": topic["message_type"] == "fifo",
+                                 "attributes": {"message.type": topic["message_type"].upper()}}
+                 for topic in topics if not topic["name"].startswith(KV_PREFIX)}
+        return command.reply(body=orjson.dumps({"topicConfigTable": table,
+                                                "dataVersion": {"timestamp": self.clock.wall_ms(), "counter": 0}}))
+
+    async def topic_stats(self, command: Command, connection) -> Command:
+        name = command.ext["topic"]
+        described = await self.dispatcher.local("DescribeTopic", {"topic": name})
+        table = {}
+        for info in described["queues"]:
+            queue = {"topic": name, "brokerName": self.cluster, "queueId": info["queue"]}
+            key = orjson.dumps(queue).decode()
+            table[key] = {"minOffset": info["min_offset"], "maxOffset": info["next_offset"], "lastUpdateTimestamp": 0}
+        return command.reply(body=orjson.dumps({"offsetTable": table}))
+
+    async def consumer_connections(self, command: Command, connection) -> Command:
+        group_name = command.ext["consumerGroup"]
+        members = self._groups.get(group_name, {})
+        if not members:
+            return command.reply(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group {group_name} is not online here")
+        connections = [{"clientId": client, "clientAddr": member.connection.peer, "language": "JAVA", "version": 0}
+                       for client, member in members.items()]
+        subscriptions = {topic: {"topic": topic, "subString": expression, "expressionType": kind, "tagsSet": [],
+                                 "codeSet": [], "subVersion": 0}
+                         for member in members.values() for topic, (kind, expression) in member.subscriptions.items()}
+        return command.reply(body=orjson.dumps({"connectionSet": connections, "subscriptionTable": subscriptions,
+                                                "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+                                                "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET"}))
+
+    async def runtime_info(self, command: Command, connection) -> Command:
+        table = {"brokerVersionDesc": f"rocket {__version__}", "brokerVersion": "0",
+                 "remotingClients": str(sum(len(members) for members in self._groups.values())),
+                 "bootTimestamp": str(self._started_ms)}
+        return command.reply(body=orjson.dumps({"table": table}))
+
+    async def delete_topic(self, command: Command, connection) -> Command:
+        return command.reply(ResponseCode.SYSTEM_ERROR, "UNSUPPORTED: rocket does not delete topics yet; their data "
+                             "ages out with the topic's retention")

@@ -1,0 +1,195 @@
+"""Remoting clients and their groups: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, and
+NOTIFY_CONSUMER_IDS_CHANGED pushed when a group's members change. A mixin of RemotingGateway.
+
+A consumer is a member of its group for as long as its connection lives, as in RocketMQ: the gateway keeps it in
+rocket's cluster-wide group membership (GroupHeartbeat, per subscribed topic) every
+limits.remoting_member_refresh_s, well inside rocket's member expiry, so every broker answers the same member list.
+A closed connection or UNREGISTER_CLIENT leaves at once. Committed offsets are kept here and written every
+limits.remoting_offset_flush_s (and when a client leaves), not once per pull: a pull carries its consumer's commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import orjson
+import trio
+
+from rocket import limits
+from rocket.errors import RocketError
+from rocket.gateway.remoting.codec import Command, RequestCode, ResponseCode
+from rocket.model import RETRY_PREFIX
+
+log = logging.getLogger("rocket.remoting")
+
+
+@dataclasses.dataclass
+class Member:
+    client: str
+    connection: object
+    subscriptions: dict[str, tuple[str, str]]  # topic -> (expression type, expression)
+
+
+class Clients:
+    def __init__(self) -> None:
+        self._groups: dict[str, dict[str, Member]] = {}  # consumer group -> client id -> member
+        self._producers: dict[str, dict[str, object]] = {}  # producer group -> client id -> connection
+        self._members_seen: dict[tuple[str, str], list[str]] = {}  # (group, topic) -> members, as last read
+        self._offsets: dict[tuple[str, str], dict[int, int]] = {}  # (group, topic) -> queue -> offset, unwritten
+        self._retry_topics_made: set[str] = set()
+
+    async def heart_beat(self, command: Command, connection) -> Command:
+        data = orjson.loads(command.body or b"{}")
+        client = str(data.get("clientID", ""))
+        if not client:
+            raise ValueError("the heartbeat names no clientID")
+        for producer in data.get("producerDataSet") or ():
+            group = self._producers.setdefault(str(producer.get("groupName", "")), {})
+            if client in group or len(group) < limits.group_members_max:
+                group[client] = connection
+        for consumer in data.get("consumerDataSet") or ():
+            group_name = str(consumer.get("groupName", ""))
+            subscriptions = {str(entry["topic"]): (str(entry.get("expressionType") or "TAG"),
+                                                   str(entry.get("subString") or "*"))
+                             for entry in consumer.get("subscriptionDataSet") or ()}
+            members = self._groups.setdefault(group_name, {})
+            if client not in members and len(members) >= limits.group_members_max:
+                continue
+            fresh = client not in members or members[client].subscriptions.keys() != subscriptions.keys()
+            members[client] = Member(client, connection, subscriptions)
+            if consumer.get("messageModel") != "BROADCASTING":
+                await self._ensure_retry_topic(group_name)
+            if fresh:
+                await self._refresh_group(group_name)
+        return command.reply()
+
+    async def _ensure_retry_topic(self, group: str) -> None:
+        """A clustering consumer group's retry topic, %RETRY%group (RocketMQ's broker makes it at the group's first
+        heartbeat): a delay topic with one queue, where CONSUMER_SEND_MSG_BACK puts messages to consume again."""
+        name = RETRY_PREFIX + group
+        if name in self._retry_topics_made:
+            return
+        try:
+            await self._topic(name)
+        except RocketError:
+            try:
+                await self.dispatcher.local("CreateTopic", {"topic": name, "queues": 1, "message_type": "delay",
+                                                            "storage_class": "raft"})
+            except RocketError as error:
+                if "exists" not in error.message:
+                    log.warning("cannot create the retry topic %s: %s", name, error)
+                    return
+            self._topics.pop(name, None)
+        self._retry_topics_made.add(name)
+
+    async def unregister_client(self, command: Command, connection) -> Command:
+        client = command.ext.get("clientID", "")
+        for group_name in (command.ext.get("consumerGroup"),):
+            if group_name and self._groups.get(group_name, {}).pop(client, None) is not None:
+                await self._flush_offsets()
+                await self._refresh_group(group_name, leaving=client)
+        if command.ext.get("producerGroup"):
+            self._producers.get(command.ext["producerGroup"], {}).pop(client, None)
+        return command.reply()
+
+    async def connection_closed(self, connection) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(limits.shutdown_grace_s):
+            for group_name, members in list(self._groups.items()):
+                gone = [client for client, member in members.items() if member.connection is connection]
+                for client in gone:
+                    del members[client]
+                    await self._flush_offsets()
+                    await self._refresh_group(group_name, leaving=client)
+                if not members:
+                    self._groups.pop(group_name, None)
+            for clients in self._producers.values():
+                for client in [client for client, held in clients.items() if held is connection]:
+                    del clients[client]
+
+    async def consumer_list(self, command: Command, connection) -> Command:
+        group_name = command.ext["consumerGroup"]
+        topics = self._group_topics(group_name)
+        if not topics:
+            return command.reply(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group {group_name} has no "
+                                 "consumer online here: send a heartbeat first")
+        members: set[str] = set()
+        for topic in topics:
+            members.update(self._members_seen.get((group_name, topic)) or await self._refresh(group_name, topic))
+        return command.reply(body=orjson.dumps({"consumerIdList": sorted(members)}))
+
+    def _group_topics(self, group_name: str) -> list[str]:
+        return sorted({topic for member in self._groups.get(group_name, {}).values() for topic in member.subscriptions})
+
+    async def _refresh_group(self, group_name: str, leaving: str = "") -> None:
+        for topic in self._group_topics(group_name):
+            await self._refresh(group_name, topic)
+        if leaving:
+            for (group, topic) in [key for key in self._members_seen if key[0] == group_name]:
+                await self._refresh(group, topic, leaving)
+
+    async def _refresh(self, group_name: str, topic: str, leaving: str = "") -> list[str]:
+        """Keep this gateway's members of the group alive on the topic (and a leaving one out); the members, and
+        a NOTIFY_CONSUMER_IDS_CHANGED to the local ones when they changed."""
+        local = [client for client, member in self._groups.get(group_name, {}).items() if topic in member.subscriptions]
+        members: list[str] = []
+        try:
+            if leaving:
+                members = (await self.dispatcher.local("GroupHeartbeat", {"group": group_name, "topic": topic,
+                                                                         "member": leaving, "leave": True}))["members"]
+            for client in local:
+                members = (await self.dispatcher.local("GroupHeartbeat", {"group": group_name, "topic": topic,
+                                                                         "member": client, "leave": False}))["members"]
+            if not local and not leaving:
+                members = (await self.dispatcher.local("GroupHeartbeat", {"group": group_name, "topic": topic,
+                                                                         "member": "", "leave": True}))["members"]
+        except RocketError as error:
+            log.info("membership of %s on %s: %s", group_name, topic, error)
+            return self._members_seen.get((group_name, topic), local)
+        before = self._members_seen.get((group_name, topic))
+        if local or leaving:
+            self._members_seen[(group_name, topic)] = members
+        else:
+            self._members_seen.pop((group_name, topic), None)
+        if before is not None and before != members:
+            notice = Command(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, ext={"consumerGroup": group_name})
+            for client in local:
+                connection = self._groups[group_name][client].connection
+                await connection.notify(Command(notice.code, ext=dict(notice.ext)))
+        return members
+
+    async def keep_members(self) -> None:
+        """Every limits.remoting_member_refresh_s: the local members kept alive, and the unwritten offsets written."""
+        while True:
+            await trio.sleep(limits.remoting_member_refresh_s)
+            await self._flush_offsets()
+            for group_name in list(self._groups):
+                for topic in self._group_topics(group_name):
+                    await self._refresh(group_name, topic)
+
+    def subscription_of(self, group_name: str, topic: str) -> tuple[str, str]:
+        for member in self._groups.get(group_name, {}).values():
+            if topic in member.subscriptions:
+                return member.subscriptions[topic]
+        return ("TAG", "*")
+
+    def producer_connections(self, group_name: str) -> list:
+        return list(self._producers.get(group_name, {}).values())
+
+    def commit_later(self, group_name: str, topic: str, queue: int, offset: int) -> None:
+        self._offsets.setdefault((group_name, topic), {})[queue] = offset
+
+    def uncommitted(self, group_name: str, topic: str, queue: int) -> int | None:
+        return self._offsets.get((group_name, topic), {}).get(queue)
+
+    async def _flush_offsets(self) -> None:
+        pending, self._offsets = self._offsets, {}
+        for (group_name, topic), offsets in pending.items():
+            try:
+                await self.dispatcher.local("CommitOffsets", {"group": group_name, "topic": topic, "offsets": [
+                    {"queue": queue, "offset": offset} for queue, offset in offsets.items()]})
+            except RocketError as error:  # kept for the next round, unless newer ones came meanwhile
+                log.info("committing offsets of %s on %s: %s", group_name, topic, error)
+                newer = self._offsets.setdefault((group_name, topic), {})
+                for queue, offset in offsets.items():
+                    newer.setdefault(queue, offset)

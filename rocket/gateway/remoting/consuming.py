@@ -1,0 +1,212 @@
+"""Remoting consumption: PULL_MESSAGE (long polls, TAG and SQL92 subscriptions, the commit-offset flag), the
+offset requests, CONSUMER_SEND_MSG_BACK onto %RETRY%group and rocket's dead letters, and the orderly consumers'
+queue locks. A mixin of RemotingGateway.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.filter import compile_filter
+from rocket.gateway.remoting import messages as layout
+from rocket.gateway.remoting.codec import Command, ResponseCode
+from rocket.model import RETRY_PREFIX, Message
+from rocket.serde import batch as batch_codec
+
+PULL_COMMIT_OFFSET, PULL_SUSPEND, PULL_SUBSCRIPTION = 1, 2, 4  # PullSysFlag's bits
+
+
+def _int(header: dict[str, str], name: str, default: int | None = None) -> int:
+    value = header.get(name)
+    if value in (None, "", "null"):
+        if default is None:
+            raise ValueError(f"header field {name} is missing")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"header field {name}={value[:40]!r} is not an integer") from None
+
+
+class Consuming:
+    async def pull_message(self, command: Command, connection) -> Command:
+        header = command.ext
+        group, topic_name = header["consumerGroup"], header["topic"]
+        queue, offset = _int(header, "queueId"), _int(header, "queueOffset")
+        sys_flag = _int(header, "sysFlag", 0)
+        if sys_flag & PULL_COMMIT_OFFSET and _int(header, "commitOffset", -1) >= 0:
+            self.commit_later(group, topic_name, queue, _int(header, "commitOffset"))
+        if sys_flag & PULL_SUBSCRIPTION and header.get("subscription"):
+            kind, expression = header.get("expressionType") or "TAG", header["subscription"]
+        else:
+            kind, expression = self.subscription_of(group, topic_name)
+        chosen = compile_filter("sql" if kind.upper() == "SQL92" else "tag", expression)
+        wait_ms = min(_int(header, "suspendTimeoutMillis", 0), limits.pull_wait_ms_max) if sys_flag & PULL_SUSPEND else 0
+        count_max = max(1, min(_int(header, "maxMsgNums", 32), limits.remoting_pull_messages_max))
+        try:
+            response = await self.dispatcher.local("Pull", {
+                "topic": topic_name, "queues": [{"queue": queue, "offset": offset}], "max_bytes": limits.remoting_pull_bytes_max,
+                "wait_ms": wait_ms, "filter_type": "sql" if kind.upper() == "SQL92" else "tag", "filter": expression})
+        except RocketError as error:
+            if error.code != Code.OFFSET_OUT_OF_RANGE:
+                raise
+            info = await self._queue_info(topic_name, queue)
+            moved = info["next_offset"] if offset > info["next_offset"] else info["min_offset"]
+            return command.reply(ResponseCode.PULL_OFFSET_MOVED, f"offset {offset} is outside the queue",
+                                 {"nextBeginOffset": moved, "minOffset": info["min_offset"],
+                                  "maxOffset": info["next_offset"], "suggestWhichBrokerId": 0})
+        next_offset = next((entry["offset"] for entry in response["next_offsets"] if entry["queue"] == queue), offset)
+        found: list[Message] = []
+        for stored in response["batches"]:
+            for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
+                if message.offset < offset:
+                    continue
+                if len(found) >= count_max:
+                    next_offset = min(next_offset, message.offset)
+                    break
+                if chosen.matches(message):
+                    found.append(message)
+        fields = {"nextBeginOffset": next_offset, "minOffset": 0, "maxOffset": next_offset, "suggestWhichBrokerId": 0}
+        if not found:
+            return command.reply(ResponseCode.PULL_NOT_FOUND, "no new message", fields)
+        host = layout.host_bytes(connection.local)
+        body = b"".join(self._stored(message, topic_name, host) for message in found)
+        return command.reply(ext=fields, body=body)
+
+    def _stored(self, message: Message, topic: str, host: tuple[bytes, int]) -> bytes:
+        properties = layout.remoting_properties(message)
+        try:
+            reconsume = int(properties.get(layout.RECONSUME_TIME, "0"))
+        except ValueError:
+            reconsume = 0
+        return layout.encode_stored(message, topic, host, reconsume, properties)
+
+    async def _queue_info(self, topic: str, queue: int) -> dict:
+        described = await self.dispatcher.local("DescribeTopic", {"topic": topic})
+        for info in described["queues"]:
+            if info["queue"] == queue:
+                return info
+        raise RocketError(Code.BAD_QUEUE, f"topic {topic!r} has no queue {queue}")
+
+    # ---- offsets -------------------------------------------------------------------------------------------
+
+    async def query_consumer_offset(self, command: Command, connection) -> Command:
+        header = command.ext
+        group, topic, queue = header["consumerGroup"], header["topic"], _int(header, "queueId")
+        offset = self.uncommitted(group, topic, queue)
+        if offset is None:
+            fetched = await self.dispatcher.local("FetchOffsets", {"group": group, "topic": topic})
+            offset = next((entry["offset"] for entry in fetched["offsets"] if entry["queue"] == queue), None)
+        if offset is None or offset < 0:
+            return command.reply(ResponseCode.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group consumer "
+                                 "boot first")
+        return command.reply(ext={"offset": offset})
+
+    async def update_consumer_offset(self, command: Command, connection) -> Command:
+        header = command.ext
+        self.commit_later(header["consumerGroup"], header["topic"], _int(header, "queueId"),
+                          _int(header, "commitOffset"))
+        return command.reply()
+
+    async def max_offset(self, command: Command, connection) -> Command:
+        info = await self._queue_info(command.ext["topic"], _int(command.ext, "queueId"))
+        return command.reply(ext={"offset": info["next_offset"]})
+
+    async def min_offset(self, command: Command, connection) -> Command:
+        info = await self._queue_info(command.ext["topic"], _int(command.ext, "queueId"))
+        return command.reply(ext={"offset": info["min_offset"]})
+
+    async def search_offset(self, command: Command, connection) -> Command:
+        queue = _int(command.ext, "queueId")
+        found = await self.dispatcher.local("SearchOffset", {"topic": command.ext["topic"],
+                                                             "timestamp_ms": _int(command.ext, "timestamp")})
+        offset = next((entry["offset"] for entry in found["offsets"] if entry["queue"] == queue), None)
+        if offset is None:
+            raise RocketError(Code.BAD_QUEUE, f"topic {command.ext['topic']!r} has no queue {queue}")
+        return command.reply(ext={"offset": offset})
+
+    async def earliest_store_time(self, command: Command, connection) -> Command:
+        topic, queue = command.ext["topic"], _int(command.ext, "queueId")
+        info = await self._queue_info(topic, queue)
+        message = await self._message_at(topic, queue, info["min_offset"]) if info["next_offset"] > info["min_offset"] else None
+        return command.reply(ext={"timestamp": message.timestamp_ms if message else 0})
+
+    async def _message_at(self, topic: str, queue: int, offset: int) -> Message | None:
+        response = await self.dispatcher.local("Pull", {"topic": topic, "queues": [{"queue": queue, "offset": offset}],
+                                                        "max_bytes": 1, "wait_ms": 0, "filter_type": "tag", "filter": "*"})
+        for stored in response["batches"]:
+            for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
+                if message.offset == offset:
+                    return message
+        return None
+
+    # ---- retries ---------------------------------------------------------------------------------------------
+
+    async def send_back(self, command: Command, connection) -> Command:
+        """A message the consumer failed: to %RETRY%group after its delay level (0: the server's choice, level 3
+        plus its reconsume times, as RocketMQ), or to rocket's dead letters of its topic once it was consumed
+        maxReconsumeTimes times (or the level is negative)."""
+        header = command.ext
+        group = header["group"]
+        topic_hash, queue, low = layout.split_commit_log_offset(_int(header, "offset"))
+        retry_topic = RETRY_PREFIX + group
+        topic = await self._topic_by_hash(topic_hash, retry_topic, header.get("originTopic", ""))
+        info = await self._queue_info(topic, queue)
+        message = await self._message_at(topic, queue, layout.unwrap_offset(low, info["next_offset"]))
+        if message is None:
+            return command.reply(ResponseCode.SYSTEM_ERROR, f"NOT_FOUND: no message at that offset of {topic}")
+        properties = dict(message.properties)
+        origin_topic = properties.get(layout.RETRY_TOPIC, header.get("originTopic") or topic)
+        properties.setdefault(layout.RETRY_TOPIC, origin_topic)
+        properties.setdefault(layout.ORIGIN_MESSAGE_ID, header.get("originMsgId", ""))
+        properties.setdefault(ORIGIN_QUEUE, str(queue))
+        times = int(properties.get(layout.RECONSUME_TIME, "0") or 0) + 1
+        properties[layout.RECONSUME_TIME] = str(times)
+        level = _int(header, "delayLevel", 0)
+        max_times = _int(header, "maxReconsumeTimes", limits.remoting_reconsume_times_default)
+        now_ms = self.clock.wall_ms()
+        again = Message(message.body, key=message.key, tag=message.tag, properties=properties,
+                        timestamp_ms=message.timestamp_ms)
+        if level < 0 or times > max_times:
+            origin_queue = int(properties.get(ORIGIN_QUEUE, "0") or 0)
+            await self.dispatcher.local("Bury", {"topic": origin_topic, "group": group, "queue": origin_queue,
+                                                 "batch": batch_codec.encode([again], now_ms)})
+            return command.reply()
+        level = level or 3 + times - 1
+        again.deliver_at_ms = now_ms + layout.DELAY_LEVELS_S[min(level, len(layout.DELAY_LEVELS_S)) - 1] * 1000
+        await self._ensure_retry_topic(group)
+        await self.dispatcher.local("Produce", {"topic": retry_topic, "queue": -1,
+                                                "batch": batch_codec.encode([again], now_ms)})
+        return command.reply()
+
+    # ---- orderly consumers' locks ------------------------------------------------------------------------------
+
+    async def lock_batch(self, command: Command, connection) -> Command:
+        """Lock queues for an orderly consumer: those free, or already its, or whose holder stopped renewing for
+        limits.remoting_lock_expiry_s (RocketMQ's 60 s rebalance lock). Held by this broker."""
+        request = orjson.loads(command.body or b"{}")
+        group, client = str(request.get("consumerGroup", "")), str(request.get("clientId", ""))
+        now = self.clock.now_s()
+        locked = []
+        for queue in request.get("mqSet") or ():
+            key = (group, str(queue.get("topic", "")), int(queue.get("queueId", -1)))
+            holder = self._locks.get(key)
+            if holder is None or holder[0] == client or now - holder[1] > limits.remoting_lock_expiry_s:
+                if key in self._locks or len(self._locks) < limits.remoting_locks_max:
+                    self._locks[key] = (client, now)
+                    locked.append(queue)
+        return command.reply(body=orjson.dumps({"lockOKMQSet": locked}))
+
+    async def unlock_batch(self, command: Command, connection) -> Command:
+        request = orjson.loads(command.body or b"{}")
+        group, client = str(request.get("consumerGroup", "")), str(request.get("clientId", ""))
+        for queue in request.get("mqSet") or ():
+            key = (group, str(queue.get("topic", "")), int(queue.get("queueId", -1)))
+            if self._locks.get(key, ("",))[0] == client:
+                del self._locks[key]
+        return command.reply()
+
+
+ORIGIN_QUEUE = "ORIGIN_QUEUE_ID"  # the queue a retried message came from: its dead letter lies beside it

@@ -1,0 +1,228 @@
+"""RocketMQ's message layouts as remoting clients read and write them (pure): the stored-message layout of pull
+and lookup answers (apache/rocketmq's MessageDecoder), the batch body of SEND_BATCH_MESSAGE, the properties
+string, message ids, and delay levels.
+
+A message id (offsetMsgId) is RocketMQ's: the broker's IPv4 address and port, then an 8-byte "commit log
+offset". rocket has no commit log offsets: a message is (topic, queue, offset). The 8 bytes carry that identity:
+    bits 62-47: crc32(topic) & 0xFFFF | bits 46-37: queue (rocket's topics have at most 1024) | bits 36-0: offset
+so an id, and the commitLogOffset a client sends back, names the message. The topic is found among those whose
+name hashes alike (the request names it too where the protocol allows); an offset past 2**37 (137 billion
+messages in one queue) wraps, and the lookup takes the latest message it can be.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import zlib
+
+from rocket import limits
+from rocket.model import Message
+
+MAGIC_V1 = -626843481  # 0xDAA320A7: topic length in one byte
+MAGIC_V2 = -626843477  # 0xDAA320AB: topic length in two bytes (topics longer than 127 bytes)
+SYSFLAG_COMPRESSED = 1
+SYSFLAG_MULTI_TAGS = 2
+SYSFLAG_TRANSACTION_PREPARED = 1 << 2
+SYSFLAG_TRANSACTION_MASK = 3 << 2
+SYSFLAG_COMPRESSION_TYPE_MASK = 7 << 8  # 5.x: which compression (zlib 1<<8 is the default; lz4, zstd)
+NAME_VALUE = "\x01"
+PROPERTY = "\x02"
+KEYS = "KEYS"
+TAGS = "TAGS"
+UNIQ_KEY = "UNIQ_KEY"
+DELAY = "DELAY"
+TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+TIMER_DELAY_MS = "TIMER_DELAY_MS"
+RETRY_TOPIC = "RETRY_TOPIC"
+ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+RECONSUME_TIME = "RECONSUME_TIME"
+MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+TRANSACTION_PREPARED = "TRAN_MSG"
+PRODUCER_GROUP = "PGROUP"
+CLIENT_ONLY = frozenset({DELAY, TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS, "WAIT", TRANSACTION_PREPARED})
+# RocketMQ's messageDelayLevel default: level N waits DELAY_LEVELS_S[N - 1]
+DELAY_LEVELS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+
+_QUEUE_BITS, _OFFSET_BITS = 10, 37
+_stored = struct.Struct(">iiiiiqqiq4siq4siiqi")
+_batch_head = struct.Struct(">iiiii")
+
+
+class BadMessage(ValueError):
+    """A message the client sent that cannot be read: the reason, one line."""
+
+
+def properties_text(properties: dict[str, str]) -> str:
+    return "".join(f"{name}{NAME_VALUE}{value}{PROPERTY}" for name, value in properties.items())
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    properties = {}
+    for pair in text.split(PROPERTY):
+        if pair:
+            name, separator, value = pair.partition(NAME_VALUE)
+            if not separator:
+                raise BadMessage(f"property {pair[:40]!r} has no value separator")
+            properties[name] = value
+    return properties
+
+
+def commit_log_offset(topic: str, queue: int, offset: int) -> int:
+    return ((topic_hash(topic) << (_QUEUE_BITS + _OFFSET_BITS)) | (queue << _OFFSET_BITS)
+            | (offset & ((1 << _OFFSET_BITS) - 1)))
+
+
+def topic_hash(topic: str) -> int:
+    return zlib.crc32(topic.encode()) & 0xFFFF
+
+
+def split_commit_log_offset(value: int) -> tuple[int, int, int]:
+    """(topic hash, queue, offset modulo 2**37) of a commitLogOffset rocket gave out."""
+    if not 0 <= value < 1 << 63:
+        raise BadMessage(f"commit log offset {value} is not one rocket gave out")
+    return (value >> (_QUEUE_BITS + _OFFSET_BITS), (value >> _OFFSET_BITS) & ((1 << _QUEUE_BITS) - 1),
+            value & ((1 << _OFFSET_BITS) - 1))
+
+
+def unwrap_offset(low: int, next_offset: int) -> int:
+    """The latest offset below next_offset whose low 37 bits are low."""
+    span = 1 << _OFFSET_BITS
+    if next_offset <= span:
+        return low
+    candidate = (next_offset - 1) // span * span + low
+    return candidate if candidate < next_offset else candidate - span
+
+
+def message_id(host: bytes, port: int, offset: int) -> str:
+    return (host + struct.pack(">iq", port, offset)).hex().upper()
+
+
+def parse_message_id(text: str) -> tuple[str, int]:
+    """(broker address, commit log offset) of an offsetMsgId."""
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raise BadMessage(f"message id {text[:40]!r} is not hex") from None
+    if len(raw) != 16:
+        raise BadMessage(f"message id {text[:40]!r} is not 16 bytes (32 hex digits)")
+    port, offset = struct.unpack(">iq", raw[4:])
+    return f"{socket.inet_ntoa(raw[:4])}:{port}", offset
+
+
+def host_bytes(address: str) -> tuple[bytes, int]:
+    """An "ip:port" (IPv4, as RocketMQ's ids hold) as 4 bytes and a port; other addresses as 0.0.0.0."""
+    host, _, port = address.rpartition(":")
+    try:
+        return socket.inet_aton(host), int(port or 0)
+    except (OSError, ValueError):
+        return bytes(4), int(port) if port.isdigit() else 0
+
+
+def encode_stored(message: Message, topic: str, store_host: tuple[bytes, int], reconsume_times: int = 0,
+                  properties: dict[str, str] | None = None) -> bytes:
+    """One message in RocketMQ's stored-message layout (MessageDecoder.decode reads it). Bodies are stored plain,
+    so the compressed flag is never set; born host is the address the producer gave, if any."""
+    topic_bytes = topic.encode()
+    props = properties_text(properties if properties is not None else message.properties).encode()
+    if len(props) > 0x7FFF:
+        props = b""  # a client reads a signed 16-bit length; rocket's own properties can be longer
+    v2 = len(topic_bytes) > 127
+    offset_id = commit_log_offset(topic, message.queue, message.offset)
+    fields = _stored.pack(
+        0, MAGIC_V2 if v2 else MAGIC_V1, zlib.crc32(message.body) & 0x7FFFFFFF, message.queue, 0, message.offset,
+        offset_id, 0, message.timestamp_ms, bytes(4), 0, message.timestamp_ms, store_host[0], store_host[1],
+        reconsume_times, 0, len(message.body))
+    topic_length = struct.pack(">h", len(topic_bytes)) if v2 else struct.pack(">b", len(topic_bytes))
+    parts = [fields, message.body, topic_length, topic_bytes, struct.pack(">h", len(props)), props]
+    total = sum(map(len, parts))
+    return struct.pack(">i", total) + b"".join(parts)[4:]
+
+
+def decode_batch(body: bytes) -> list[tuple[bytes, int, dict[str, str]]]:
+    """SEND_BATCH_MESSAGE's body (MessageDecoder.encodeMessages): per message total size, magic, body CRC, flag,
+    body, properties; as (body, flag, properties)."""
+    messages = []
+    position = 0
+    view = memoryview(body)
+    while position < len(body):
+        if len(messages) >= limits.batch_messages_max:
+            raise BadMessage("too many messages in one batch")
+        try:
+            total, _magic, _crc, flag, body_length = _batch_head.unpack_from(view, position)
+            start = position + _batch_head.size
+            if total < _batch_head.size + 2 or position + total > len(body) or body_length < 0 \
+                    or start + body_length + 2 > position + total:
+                raise BadMessage(f"message {len(messages)} of the batch: sizes {total}/{body_length} do not fit")
+            message_body = bytes(view[start:start + body_length])
+            (properties_length,) = struct.unpack_from(">h", view, start + body_length)
+            props_start = start + body_length + 2
+            if properties_length < 0 or props_start + properties_length > position + total:
+                raise BadMessage(f"message {len(messages)} of the batch: properties length {properties_length}")
+            properties = parse_properties(bytes(view[props_start:props_start + properties_length]).decode())
+        except struct.error:
+            raise BadMessage(f"message {len(messages)} of the batch is cut short") from None
+        except UnicodeDecodeError:
+            raise BadMessage(f"message {len(messages)} of the batch: properties are not UTF-8") from None
+        messages.append((message_body, flag, properties))
+        position += total
+    return messages
+
+
+def uncompress(body: bytes, sys_flag: int) -> bytes:
+    """A body sent compressed (sysFlag bit 0): zlib, RocketMQ's default and 4.x's only compression."""
+    if not sys_flag & SYSFLAG_COMPRESSED:
+        return body
+    kind = (sys_flag & SYSFLAG_COMPRESSION_TYPE_MASK) >> 8
+    if kind not in (0, 1):
+        raise BadMessage("only zlib-compressed bodies are accepted (set the client's compression type to ZLIB)")
+    try:
+        decompressor = zlib.decompressobj()
+        plain = decompressor.decompress(body, limits.message_bytes_max + 1)
+    except zlib.error as error:
+        raise BadMessage(f"the compressed body does not inflate: {error}") from None
+    if len(plain) > limits.message_bytes_max or decompressor.unconsumed_tail:
+        raise BadMessage(f"the body inflates past {limits.message_bytes_max} bytes")
+    return plain
+
+
+def delay_of(properties: dict[str, str], now_ms: int) -> int:
+    """The delivery time (epoch ms, 0: at once) that a message's delay properties ask for: DELAY (levels 1-18),
+    or 5.x's TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS."""
+    try:
+        if TIMER_DELIVER_MS in properties:
+            return max(1, int(properties[TIMER_DELIVER_MS]))
+        if TIMER_DELAY_SEC in properties:
+            return now_ms + int(properties[TIMER_DELAY_SEC]) * 1000
+        if TIMER_DELAY_MS in properties:
+            return now_ms + int(properties[TIMER_DELAY_MS])
+        level = int(properties.get(DELAY, "0") or 0)
+    except ValueError:
+        raise BadMessage("a delay property is not an integer") from None
+    if level <= 0:
+        return 0
+    return now_ms + DELAY_LEVELS_S[min(level, len(DELAY_LEVELS_S)) - 1] * 1000
+
+
+def to_rocket(body: bytes, properties: dict[str, str], born_ms: int, now_ms: int) -> Message:
+    """A remoting message as rocket's: the first of its KEYS is rocket's key (all of them stay in KEYS), TAGS its
+    tag, the rest its properties; the delay properties become its delivery time."""
+    keys = properties.get(KEYS, "")
+    tag = properties.get(TAGS, "")
+    deliver_at_ms = delay_of(properties, now_ms)
+    kept = {name: value for name, value in properties.items() if name not in CLIENT_ONLY and name != TAGS}
+    if keys and " " not in keys:
+        kept.pop(KEYS)
+    return Message(body, key=keys.split(" ")[0] if keys else "", tag=tag, properties=kept,
+                   timestamp_ms=born_ms or now_ms, deliver_at_ms=deliver_at_ms)
+
+
+def remoting_properties(message: Message) -> dict[str, str]:
+    """rocket's message's properties as a remoting client reads them: KEYS and TAGS put back."""
+    properties = dict(message.properties)
+    if message.key and KEYS not in properties:
+        properties[KEYS] = message.key
+    if message.tag:
+        properties[TAGS] = message.tag
+    return properties

@@ -1,0 +1,112 @@
+"""The nameserver's remoting requests: routes, cluster info, the topic list, KV config. A mixin of RemotingGateway.
+
+Routes. rocket's brokers are stateless: any broker serves any queue. A route names ONE broker, the cluster's
+name, holding all the topic's queues, so a queue's identity (broker name, queue id), and the offsets clients
+keep by it, never change. Its address table lists every live broker: id 0, the one producers send to and
+consumers pull from, is chosen per asking connection by rendezvous hashing, which spreads clients evenly
+over brokers and gives one client the same broker at every refresh while that broker lives; when it dies, only
+its clients move. The other live brokers follow as ids 1, 2, ... for clients that fail over by id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import orjson
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.gateway.remoting.codec import Command, ResponseCode
+from rocket.model import KV_PREFIX
+
+PERM_READ_WRITE = 6  # RocketMQ's PermName: 4 read | 2 write
+
+
+class Naming:
+    async def _topic(self, name: str) -> dict:
+        """The topic's TopicInfo, cached for limits.remoting_topic_cache_s."""
+        now = self.clock.now_s()
+        found = self._topics.get(name)
+        if found is not None and now - found[0] < limits.remoting_topic_cache_s:
+            return found[1]
+        if not name or name.startswith(KV_PREFIX):
+            raise RocketError(Code.UNKNOWN_TOPIC, f"no topic {name!r}")
+        if self.dispatcher.serves("GetRoute"):  # a nameserver here: no storage call needed
+            topic = (await self.dispatcher.local("GetRoute", {"topic": name}))["topic"]
+        else:
+            topic = (await self.dispatcher.local("DescribeTopic", {"topic": name}))["topic"]
+        if topic["message_type"] == "kv":
+            raise RocketError(Code.UNKNOWN_TOPIC, f"{name!r} is a KV bucket, not a topic")
+        self._topics.pop(name, None)
+        while len(self._topics) >= limits.remoting_topic_cache_entries_max:
+            del self._topics[next(iter(self._topics))]
+        self._topics[name] = (now, topic)
+        return topic
+
+    async def _live_brokers(self, connection) -> list[str]:
+        """The remoting (TCP) addresses of the brokers that are up, cached for limits.remoting_topic_cache_s; this
+        node's own address when no nameserver answers."""
+        at, brokers = self._brokers
+        now = self.clock.now_s()
+        if now - at < limits.remoting_topic_cache_s and brokers:
+            return brokers
+        try:
+            status = await self.dispatcher.local("ClusterStatus", {})
+            brokers = sorted(node["address"] for node in status["nodes"]
+                             if "broker" in node["roles"] and node["state"] in ("up", "unknown"))
+        except RocketError:
+            brokers = []
+        if not brokers and self.dispatcher.serves("Produce"):
+            brokers = [connection.local]
+        self._brokers = (now, brokers)
+        return brokers
+
+    async def get_route(self, command: Command, connection) -> Command:
+        name = command.ext["topic"]
+        try:
+            topic = await self._topic(name)
+        except RocketError as error:
+            if error.code != Code.UNKNOWN_TOPIC:
+                raise
+            return command.reply(ResponseCode.TOPIC_NOT_EXIST, f"No topic route info in name server for the topic: "
+                                 f"{name} (create it: rocket topic create {name})")
+        brokers = _rendezvous(await self._live_brokers(connection), connection.peer)
+        if not brokers:
+            raise RocketError(Code.UNAVAILABLE, "no broker is up")
+        route = {
+            "orderTopicConf": None,
+            "queueDatas": [{"brokerName": self.cluster, "readQueueNums": topic["queues"],
+                            "writeQueueNums": topic["queues"], "perm": PERM_READ_WRITE, "topicSysFlag": 0}],
+            "brokerDatas": [{"cluster": self.cluster, "brokerName": self.cluster,
+                             "brokerAddrs": {str(index): address for index, address in enumerate(brokers)}}],
+            "filterServerTable": {},
+        }
+        return command.reply(body=orjson.dumps(route))
+
+    async def cluster_info(self, command: Command, connection) -> Command:
+        brokers = await self._live_brokers(connection)
+        info = {"brokerAddrTable": {self.cluster: {"cluster": self.cluster, "brokerName": self.cluster,
+                                                   "brokerAddrs": {str(index): address
+                                                                   for index, address in enumerate(brokers)}}},
+                "clusterAddrTable": {self.cluster: [self.cluster]}}
+        return command.reply(body=orjson.dumps(info))
+
+    async def topic_list(self, command: Command, connection) -> Command:
+        topics = (await self.dispatcher.local("ListTopics", {}))["topics"] if self.dispatcher.serves("ListTopics") \
+            else (await self.dispatcher.local("MetaListTopics", {}))["topics"]
+        names = [topic["name"] for topic in topics if topic["message_type"] != "kv"]
+        return command.reply(body=orjson.dumps({"topicList": names}))
+
+    async def kv_config(self, command: Command, connection) -> Command:
+        """rocket keeps no nameserver KV config (RocketMQ's ORDER_TOPIC_CONFIG and project namespaces): every key
+        is absent, the answer clients expect when none was set."""
+        return command.reply(ResponseCode.QUERY_NOT_FOUND,
+                             f"No config item, Namespace: {command.ext.get('namespace', '')} "
+                             f"Key: {command.ext.get('key', '')}")
+
+
+def _rendezvous(brokers: list[str], client: str) -> list[str]:
+    """The brokers, ordered by their rendezvous weight for this client (highest first)."""
+    def weight(address: str) -> bytes:
+        return hashlib.blake2b(f"{client}|{address}".encode(), digest_size=8).digest()
+    return sorted(brokers, key=weight, reverse=True)

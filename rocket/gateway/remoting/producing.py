@@ -1,0 +1,88 @@
+"""Remoting sends (SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE) and END_TRANSACTION: messages converted to
+rocket's and produced as one batch through the broker. A mixin of RemotingGateway.
+"""
+
+from __future__ import annotations
+
+from rocket.errors import Code, RocketError
+from rocket.gateway.remoting import messages as layout
+from rocket.gateway.remoting.codec import Command, RequestCode
+from rocket.serde import batch as batch_codec
+
+# SEND_MESSAGE_V2's one-letter header fields (SendMessageRequestHeaderV2) -> SendMessageRequestHeader's names
+V2_FIELDS = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums", "e": "queueId",
+             "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties", "j": "reconsumeTimes",
+             "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch", "n": "brokerName"}
+COMMIT, ROLLBACK = 8, 12  # END_TRANSACTION's commitOrRollback (MessageSysFlag's transaction types); 0: unknown
+
+
+def send_header(command: Command) -> dict[str, str]:
+    if command.code == RequestCode.SEND_MESSAGE_V2 or (command.code == RequestCode.SEND_BATCH_MESSAGE and "b" in command.ext):
+        return {V2_FIELDS.get(name, name): value for name, value in command.ext.items()}
+    return command.ext
+
+
+class Producing:
+    async def send_message(self, command: Command, connection) -> Command:
+        header = send_header(command)
+        name = header["topic"]
+        topic = await self._topic(name)
+        sys_flag = int(header.get("sysFlag", "0") or 0)
+        now_ms = self.clock.wall_ms()
+        born_ms = int(header.get("bornTimestamp", "0") or 0)
+        if command.code == RequestCode.SEND_BATCH_MESSAGE or header.get("batch") == "true":
+            sent = [(body, properties) for body, _, properties in layout.decode_batch(command.body)]
+            if not sent:
+                raise layout.BadMessage("the batch holds no message")
+        else:
+            sent = [(layout.uncompress(command.body, sys_flag),
+                     layout.parse_properties(header.get("properties", "")))]
+        transaction = bool(sys_flag & layout.SYSFLAG_TRANSACTION_PREPARED) or \
+            sent[0][1].get(layout.TRANSACTION_PREPARED) == "true"
+        converted = [layout.to_rocket(body, properties, born_ms, now_ms) for body, properties in sent]
+        if transaction:
+            group = header.get("producerGroup", "")
+            for message in converted:
+                message.properties[layout.PRODUCER_GROUP] = group
+            self.producing_transactions(name, group)
+        queue = int(header.get("queueId", "-1") or -1)
+        if not 0 <= queue < topic["queues"]:
+            queue = -1
+        batch = batch_codec.encode(converted, now_ms, transaction=transaction)
+        reply = await self.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch})
+        host = layout.host_bytes(connection.local)
+        ids = [layout.message_id(host[0], host[1], layout.commit_log_offset(name, reply["queue"], offset))
+               for offset in range(reply["base_offset"], reply["base_offset"] + reply["count"])]
+        fields = {"msgId": ",".join(ids), "queueId": reply["queue"], "queueOffset": reply["base_offset"]}
+        if transaction:
+            fields["transactionId"] = f"{reply['queue']}.{reply['base_offset']}.{reply['count']}"
+        return command.reply(ext=fields)
+
+    async def end_transaction(self, command: Command, connection) -> Command:
+        """Commit or roll back a half message (or a batch of them). The transaction id is the one the send
+        answered, QUEUE.OFFSET.COUNT; a client that sends another finds the message by its commitLogOffset."""
+        header = command.ext
+        resolution = int(header.get("commitOrRollback", "0") or 0)
+        if resolution not in (COMMIT, ROLLBACK):
+            return command.reply()  # unknown: the broker checks back later
+        parts = header.get("transactionId", "").split(".")
+        topic_hash, queue, low = layout.split_commit_log_offset(int(header.get("commitLogOffset", "0") or 0))
+        topic = await self._topic_by_hash(topic_hash, header.get("topic", ""))
+        if len(parts) == 3 and all(part.isdigit() for part in parts):
+            queue, offset, count = map(int, parts)
+        else:
+            offset, count = int(header.get("tranStateTableOffset", low)), 1
+        await self.dispatcher.local("EndTransaction", {"topic": topic, "queue": queue, "offset": offset,
+                                                       "count": count, "commit": resolution == COMMIT})
+        return command.reply()
+
+    async def _topic_by_hash(self, topic_hash: int, *named: str) -> str:
+        """The topic a commitLogOffset names: one of the named ones if it hashes alike, else the first topic
+        that does."""
+        for name in named:
+            if name and layout.topic_hash(name) == topic_hash:
+                return name
+        for topic in (await self.dispatcher.local("ListTopics", {}))["topics"]:
+            if layout.topic_hash(topic["name"]) == topic_hash:
+                return topic["name"]
+        raise RocketError(Code.NOT_FOUND, "no topic holds the message this id names")

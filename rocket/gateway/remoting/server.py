@@ -1,0 +1,239 @@
+"""The remoting gateway's connections: frames in, one task per request (a pull may wait seconds), responses out
+whole; requests from the server to a client (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) go out on the
+client's connection. The handlers are the mixins' methods, one table by request code.
+
+rocket's TCP port serves both protocols: a connection whose first bytes look like a remoting frame
+(codec.looks_like_remoting) comes here, so `namesrvAddr=HOST:9876` works unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import orjson
+import trio
+
+from rocket import limits
+from rocket.clock import Clock
+from rocket.errors import Code, RocketError
+from rocket.gateway.remoting import codec
+from rocket.gateway.remoting.admin import Administration
+from rocket.gateway.remoting.clients import Clients
+from rocket.gateway.remoting.codec import Command, RemotingError, RequestCode, ResponseCode
+from rocket.gateway.remoting.consuming import Consuming
+from rocket.gateway.remoting.messages import BadMessage
+from rocket.gateway.remoting.naming import Naming
+from rocket.gateway.remoting.producing import Producing
+from rocket.transport.listen import cancel_on
+from rocket.transport.rpc import Dispatcher, Lifecycle
+
+log = logging.getLogger("rocket.remoting")
+
+RESPONSE_OF_CODE = {  # rocket's error codes -> RocketMQ's response codes
+    Code.UNKNOWN_TOPIC: ResponseCode.TOPIC_NOT_EXIST, Code.BAD_FILTER: ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+    Code.BAD_REQUEST: ResponseCode.MESSAGE_ILLEGAL, Code.BAD_BATCH: ResponseCode.MESSAGE_ILLEGAL,
+    Code.WRONG_MESSAGE_TYPE: ResponseCode.MESSAGE_ILLEGAL, Code.FRAME_TOO_LARGE: ResponseCode.MESSAGE_ILLEGAL,
+    Code.OVERLOADED: ResponseCode.SYSTEM_BUSY, Code.UNAVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    Code.TIMEOUT: ResponseCode.SYSTEM_BUSY, Code.NOT_ENOUGH_REPLICAS: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+}
+
+
+class Connection:
+    """One client connection: writes whole frames under a lock, and matches the client's answers to the server's
+    own requests by opaque."""
+
+    def __init__(self, stream: trio.SocketStream, serialize: int):
+        self.stream = stream
+        self.serialize = serialize  # the client's header serialization: server requests use it too
+        self.peer = _address(stream, "getpeername")
+        self.local = _address(stream, "getsockname")
+        self._send_lock = trio.Lock()
+        self._waiting: dict[int, trio.MemorySendChannel] = {}
+        self._opaque = 0
+        self.closed = trio.Event()
+
+    async def send(self, command: Command) -> None:
+        async with self._send_lock:
+            for part in codec.encode(command):
+                if part:
+                    await self.stream.send_all(part)
+
+    async def request(self, command: Command, timeout_s: float) -> Command | None:
+        """Send a request to the client; its response, or None if it did not answer in time (or is gone)."""
+        self._opaque = (self._opaque + 1) & 0x3FFFFFFF
+        command.opaque = self._opaque
+        command.serialize = self.serialize
+        sender, receiver = trio.open_memory_channel(1)
+        self._waiting[command.opaque] = sender
+        try:
+            await self.send(command)
+            with trio.move_on_after(timeout_s):
+                return await receiver.receive()
+            return None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return None
+        finally:
+            self._waiting.pop(command.opaque, None)
+
+    async def notify(self, command: Command) -> None:
+        """A oneway request to the client; a dead connection is not an error here."""
+        command.flag |= codec.FLAG_ONEWAY
+        command.serialize = self.serialize
+        try:
+            await self.send(command)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    def answered(self, command: Command) -> None:
+        waiting = self._waiting.pop(command.opaque, None)
+        if waiting is not None:
+            waiting.send_nowait(command)
+
+
+def _address(stream: trio.SocketStream, which: str) -> str:
+    try:
+        host, port = getattr(stream.socket, which)()[:2]
+        return f"{host}:{port}"
+    except (OSError, ValueError):
+        return "0.0.0.0:0"
+
+
+class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
+    def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle, *, cluster: str = "rocket"):
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.lifecycle = lifecycle
+        self.cluster = cluster
+        self._handlers: dict[int, Callable[[Command, Connection], Awaitable[Command]]] = self._table()
+        self._topics: dict[str, tuple[float, dict]] = {}
+        self._brokers: tuple[float, list[str]] = (-1e9, [])
+        self._started_ms = clock.wall_ms()
+        self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, queue) -> (client, renewed)
+        Clients.__init__(self)
+
+    def _table(self) -> dict[int, Callable[[Command, Connection], Awaitable[Command]]]:
+        code = RequestCode
+        return {
+            code.GET_ROUTEINFO_BY_TOPIC: self.get_route, code.GET_BROKER_CLUSTER_INFO: self.cluster_info,
+            code.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.topic_list, code.GET_KV_CONFIG: self.kv_config,
+            code.GET_KV_CONFIG_BY_VALUE: self.kv_config,
+            code.SEND_MESSAGE: self.send_message, code.SEND_MESSAGE_V2: self.send_message,
+            code.SEND_BATCH_MESSAGE: self.send_message, code.END_TRANSACTION: self.end_transaction,
+            code.PULL_MESSAGE: self.pull_message, code.QUERY_CONSUMER_OFFSET: self.query_consumer_offset,
+            code.UPDATE_CONSUMER_OFFSET: self.update_consumer_offset, code.GET_MAX_OFFSET: self.max_offset,
+            code.GET_MIN_OFFSET: self.min_offset, code.SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset,
+            code.GET_EARLIEST_MSG_STORETIME: self.earliest_store_time,
+            code.HEART_BEAT: self.heart_beat, code.UNREGISTER_CLIENT: self.unregister_client,
+            code.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list, code.CONSUMER_SEND_MSG_BACK: self.send_back,
+            code.LOCK_BATCH_MQ: self.lock_batch, code.UNLOCK_BATCH_MQ: self.unlock_batch,
+            code.VIEW_MESSAGE_BY_ID: self.view_message, code.QUERY_MESSAGE: self.query_message,
+            code.UPDATE_AND_CREATE_TOPIC: self.create_topic, code.GET_ALL_TOPIC_CONFIG: self.all_topic_config,
+            code.GET_TOPIC_STATS_INFO: self.topic_stats, code.GET_CONSUMER_CONNECTION_LIST: self.consumer_connections,
+            code.GET_BROKER_RUNTIME_INFO: self.runtime_info, code.DELETE_TOPIC_IN_BROKER: self.delete_topic,
+        }
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The gateway's own tasks (group membership kept alive for connected consumers), until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.keep_members)
+            task_status.started()
+
+    async def serve(self, stream: trio.SocketStream, first: bytes) -> None:
+        """Serve one connection whose first bytes (already read) are `first`."""
+        reader = codec.FrameReader()
+        reader.feed(first)
+        connection = Connection(stream, codec.JSON)
+        in_flight = trio.Semaphore(limits.remoting_in_flight_per_connection_max)
+        try:
+            async with trio.open_nursery() as calls:
+                with trio.CancelScope() as reading:
+                    calls.start_soon(cancel_on, self.lifecycle.draining, reading)
+                    try:
+                        while True:
+                            while (frame := reader.next_frame()) is not None:
+                                await self._received(frame, connection, calls, in_flight)
+                            data = await stream.receive_some(limits.tcp_receive_bytes)
+                            if not data:
+                                break
+                            self.lifecycle.traffic.received_bytes += len(data)
+                            reader.feed(data)
+                    except RemotingError as error:  # the framing is broken: say why, and close
+                        log.info("remoting client %s: %s; closing", connection.peer, error)
+                        await _send_quietly(connection, Command(ResponseCode.SYSTEM_ERROR, 0, codec.FLAG_RESPONSE,
+                                                                f"BAD_FRAME: {error}"))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+                calls.cancel_scope.cancel()
+        finally:
+            connection.closed.set()
+            await self.connection_closed(connection)
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _received(self, frame: bytes, connection: Connection, calls: trio.Nursery,
+                        in_flight: trio.Semaphore) -> None:
+        try:
+            command = codec.decode(frame)
+        except RemotingError as error:
+            opaque = _opaque_of(frame)
+            if opaque is None:
+                raise
+            await connection.send(Command(ResponseCode.SYSTEM_ERROR, opaque, codec.FLAG_RESPONSE,
+                                          f"BAD_FRAME: {error}"))
+            return
+        connection.serialize = command.serialize
+        if command.is_response:
+            connection.answered(command)
+            return
+        await in_flight.acquire()
+        self.lifecycle.call_started()
+        calls.start_soon(self._call, command, connection, in_flight)
+
+    async def _call(self, command: Command, connection: Connection, in_flight: trio.Semaphore) -> None:
+        try:
+            response = await self._answer(command, connection)
+            if not command.is_oneway:
+                await connection.send(response)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            in_flight.release()
+            self.lifecycle.call_finished()
+
+    async def _answer(self, command: Command, connection: Connection) -> Command:
+        handler = self._handlers.get(command.code)
+        if handler is None:
+            return command.reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                 f"REQUEST_CODE_NOT_SUPPORTED: request code {command.code} is not served by rocket")
+        try:
+            return await handler(command, connection)
+        except RocketError as error:
+            return command.reply(RESPONSE_OF_CODE.get(error.code, ResponseCode.SYSTEM_ERROR),
+                                 f"{error.code.name}: {error.message}")
+        except (BadMessage, KeyError, ValueError) as error:
+            reason = f"missing header field {error}" if isinstance(error, KeyError) else str(error)
+            return command.reply(ResponseCode.MESSAGE_ILLEGAL if isinstance(error, BadMessage)
+                                 else ResponseCode.SYSTEM_ERROR, f"BAD_REQUEST: {reason}")
+        except Exception as error:
+            log.exception("remoting request code %d failed", command.code)
+            return command.reply(ResponseCode.SYSTEM_ERROR, f"INTERNAL: {type(error).__name__}")
+
+
+def _opaque_of(frame: bytes) -> int | None:
+    """The opaque of a frame whose header is bad but whose framing is whole, when it can be found, so that the
+    client's call fails at once rather than timing out."""
+    try:
+        header = orjson.loads(frame[4:4 + (int.from_bytes(frame[1:4], "big"))])
+        opaque = header.get("opaque") if isinstance(header, dict) else None
+        return opaque if isinstance(opaque, int) and not isinstance(opaque, bool) else None
+    except Exception:
+        return None
+
+
+async def _send_quietly(connection: Connection, command: Command) -> None:
+    with trio.move_on_after(limits.shutdown_grace_s):
+        try:
+            await connection.send(command)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
