@@ -21,7 +21,8 @@
 //                        [--fail-until-attempt N] [--fail-body-regex R] [--max-reconsume N] [--from first|last]
 //                        [--count N] [--timeout-s S] [--rebalance-ms MS] [--persist-ms MS] [--trace-pulled]
 //     {"ready":true,"clientId"} once started; one line per message handed to the handler
-//     {"body","msgId","tags","keys","props","reconsumeTimes","queueId","queueOffset","topic","ok"}; the handler
+//     {"body","msgId","tags","keys","props","reconsumeTimes","queueId","queueOffset","topic","localRetry","ok"}
+//     (localRetry: ali-ons tries the same message again itself, its send back having failed); the handler
 //     throws (ok false) for a message whose reconsumeTimes < --fail-until-attempt, or whose body matches
 //     --fail-body-regex. {"rebalance":[queue ids]} whenever the set of the topic's queues this consumer holds
 //     changes. With --trace-pulled, {"pulled":{...}} for every message the server returned, before ali-ons' own
@@ -301,10 +302,14 @@ async function consume(argv) {
   });
 
   let stopping = false;
+  let holding = false; // --count reached: later messages are held, not handled, until the close
   let succeeded = 0;
   let failed = 0;
   let lastQueues = '[]';
   const holdForever = new Promise(() => {});
+  // ali-ons retries a message locally (the same object, reconsumeTimes + 1, after 5 s) when its send back to the
+  // broker (CONSUMER_SEND_MSG_BACK, then a send to %RETRY%group) failed: such tries are marked localRetry.
+  const handed = new WeakSet();
 
   function heldQueues() {
     const ids = [];
@@ -329,10 +334,12 @@ async function consume(argv) {
   }
 
   async function handle(msg) {
-    if (stopping) {
+    if (stopping || holding) {
       // Not acknowledged: its queue's offset stays before it, so the next holder of the queue gets it.
       return holdForever;
     }
+    const localRetry = handed.has(msg);
+    handed.add(msg);
     const body = msg.body ? msg.body.toString() : '';
     const ok = !(msg.reconsumeTimes < failUntil) && !(failRegex && failRegex.test(body));
     out({
@@ -345,6 +352,7 @@ async function consume(argv) {
       queueId: msg.queueId,
       queueOffset: msg.queueOffset,
       topic: msg.topic,
+      localRetry,
       ok,
     });
     if (!ok) {
@@ -353,7 +361,9 @@ async function consume(argv) {
     }
     succeeded++;
     if (opts.count !== undefined && succeeded >= opts.count) {
-      // After this message's offset is updated: ali-ons does that as soon as the handler's promise resolves.
+      // ali-ons hands over the next message of a pulled batch in the same turn of the event loop: hold it now.
+      // Close in a later turn, once ali-ons updated this message's offset (it does so when the handler resolves).
+      holding = true;
       setImmediate(() => stop('count'));
     }
   }
