@@ -48,10 +48,12 @@ def node_binary() -> str:
 
 
 def _tail(path: Path, size: int = 3000) -> str:
+    """The end of a log, without the stack frames ("    at ...") of Node's errors."""
     try:
-        return path.read_text(errors="replace")[-size:]
+        text = path.read_text(errors="replace")
     except OSError:
         return ""
+    return "\n".join(line for line in text.splitlines() if not line.startswith("    at "))[-size:]
 
 
 class Driver:
@@ -319,6 +321,10 @@ def test_failing_message_is_retried_then_dead_lettered(aons):
     consumer.stop()
 
     tries = [line for line in consumer.messages() if line["body"] == "r-0"]
+    local = [line["reconsumeTimes"] for line in tries if line["localRetry"]]
+    assert not local, (
+        f"ali-ons retried r-0 itself (reconsumeTimes {local}): its CONSUMER_SEND_MSG_BACK failed, and so did its "
+        f"fallback, a send to %RETRY%aons-retriers\ndriver stderr: {consumer.stderr()}\nserver log: {aons.server_log()}")
     assert [line["body"] for line in dead] == ["r-0"], (
         f"dead letters of aons-retriers on aons-retry: {dead} (r-0 was tried with reconsumeTimes "
         f"{[line['reconsumeTimes'] for line in tries]})\ndriver stderr: {consumer.stderr()}\n"
