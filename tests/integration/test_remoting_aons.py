@@ -29,6 +29,16 @@ WAIT_S = 45.0
 # ali-ons rebalances on a timer only (it ignores the broker's NOTIFY_CONSUMER_IDS_CHANGED); 1 s instead of its 10 s.
 REBALANCE_MS = 1000
 REPEATS_MAX = 3  # "a handful" of messages consumed again after a restart of the consumer
+DESCRIBE_GROUP = """
+import json, sys, trio
+from rocket.client import Admin, connect
+
+async def main():
+    async with connect(sys.argv[1], "tcp", "json") as channel:
+        print(json.dumps(await Admin(channel).describe_group(sys.argv[2], sys.argv[3])))
+
+trio.run(main)
+"""
 
 
 @pytest.fixture
@@ -185,6 +195,13 @@ class Aons:
         """rocket's own CLI against the server."""
         return subprocess.run([sys.executable, "-m", "rocket", *args, "--server", self.namesrv], capture_output=True,
                               text=True, timeout=timeout_s)
+
+    def group_positions(self, topic: str, group: str) -> list[dict]:
+        """The group's positions on the topic, per queue, as rocket's Admin.describe_group gives them."""
+        described = subprocess.run([sys.executable, "-c", DESCRIBE_GROUP, self.namesrv, topic, group],
+                                   capture_output=True, text=True, timeout=60)
+        assert described.returncode == 0, described.stderr
+        return json.loads(described.stdout)
 
     def create_topic(self, name: str, queues: int = 4) -> None:
         created = self.rocket("topic", "create", name, "--queues", str(queues))
@@ -377,13 +394,14 @@ def test_consumers_of_a_group_split_the_queues_and_take_them_back(aons):
 
 @pytest.mark.parametrize("queues", [1, 4])
 def test_offsets_survive_a_consumer_restart(aons, queues):
-    """Consume 20 of 40, close (ali-ons persists its offsets with UPDATE_CONSUMER_OFFSET), start again from the last
-    offset: the other 20 come, and the first 20 (but a handful) not again. With 4 queues, the queues the first run
-    held but never consumed from are committed by ali-ons as -1 (its persistAll writes `offset || -1`), and a
-    RocketMQ broker answers a query for such a queue whose first message is still stored with 0, not -1."""
+    """Consume 20 of 40, close (ali-ons persists its offsets with UPDATE_CONSUMER_OFFSET): the group's positions on
+    the server are those offsets. Start again from the last offset: the other 20 come, and the first 20 (but a
+    handful) not again. With 4 queues, ali-ons commits -1 for a queue it held but never consumed from (its
+    persistAll writes `offset || -1`), and a RocketMQ broker answers a query for such a queue, whose first message
+    is still stored, with 0 (ConsumerManageProcessor.queryConsumerOffset), so it is read from its start."""
     topic = f"aons-resume-{queues}"
     aons.create_topic(topic, queues=queues)
-    aons.produce(topic, 40, "--body-prefix", "o-")
+    queue_of = {line["body"]: line["queueId"] for line in aons.produce(topic, 40, "--body-prefix", "o-")}
     first = aons.consume(topic, "aons-resumers", "--from", "first", "--count", "20")
     assert first.wait_for(lambda lines: any("closed" in line for line in lines)), (
         f"the first run did not consume 20: {first.bodies()}\n{first.stderr()}\nserver log: {aons.server_log()}")
@@ -392,11 +410,31 @@ def test_offsets_survive_a_consumer_restart(aons, queues):
     done = first.bodies()
     assert len(done) == 20
 
+    problems = []
+    # ali-ons consumes each queue in order, so what it consumed of a queue is a prefix: the offset it commits is its
+    # length. Queues it consumed nothing from are left out (it commits -1 for them).
+    expected = dict(Counter(queue_of[body] for body in done))
+    deadline = time.monotonic() + 10
+    while True:
+        positions = {entry["queue"]: entry["committed"] for entry in aons.group_positions(topic, "aons-resumers")}
+        if all(positions.get(queue) == offset for queue, offset in expected.items()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if any(positions.get(queue) != offset for queue, offset in expected.items()):
+        problems.append(f"after the close the group's committed positions are {positions}, not the offsets ali-ons "
+                        f"committed {expected}")
+
     rest = {f"o-{i}" for i in range(40)} - set(done)
     second = aons.consume(topic, "aons-resumers", "--from", "last")
-    consumed_or_fail(aons, second, rest, "after the restart")
-    time.sleep(1)  # repeats of the first run's messages would have come with the rest
+    if not second.wait_for(covered(rest)):
+        missing = rest - set(second.bodies())
+        problems.append(f"after the restart {len(missing)} of the other 20 never came, from queues "
+                        f"{sorted({queue_of[body] for body in missing})} (the first run consumed "
+                        f"{expected} per queue)")
+    else:
+        time.sleep(1)  # repeats of the first run's messages would have come with the rest
     second.stop()
+    assert not problems, "; ".join(problems) + f"\nsecond run: {second.stderr()}\nserver log: {aons.server_log()}"
     again = set(second.bodies()) & set(done)
     if again:
         warnings.warn(f"{len(again)} of the first run's 20 messages consumed again after the restart: {sorted(again)}")
