@@ -35,8 +35,8 @@ def server(server_process):
 
 
 def send(client: RemotingClient, topic: str, body: bytes, queue: int = 0, properties: dict | None = None,
-         **options) -> dict:
-    response = client.request(R.SEND_MESSAGE_V2, {"a": "producers", "b": topic, "e": queue, "f": 0,
+         group: str = "producers", **options) -> dict:
+    response = client.request(R.SEND_MESSAGE_V2, {"a": group, "b": topic, "e": queue, "f": 0,
                                                   "g": int(time.time() * 1000),
                                                   "i": layout.properties_text(properties or {})}, body, **options)
     assert response.code == 0, response.remark
@@ -253,3 +253,44 @@ def test_kill_9_during_a_long_pull_loses_nothing_acknowledged(server):
     assert [each["body"] for each in found] == [f"before-{index}".encode() for index in range(5)]
     send(again, "orders", b"after", queue=0)
     assert pull(again, "orders", 0, 5, wait_ms=5000)[2][0]["body"] == b"after"
+
+
+def test_transactions_end_by_the_producer_and_by_its_answer_to_a_check_back(monkeypatch, server_process):
+    """A half message is invisible until END_TRANSACTION commits it; one left open is checked back with
+    CHECK_TRANSACTION_STATE on a connection of its producer group, and the producer's END_TRANSACTION answer
+    (from the check) commits it; a rolled-back one is never delivered."""
+    monkeypatch.setenv("ROCKET_TRANSACTION_TIMEOUT_S", "1")
+    monkeypatch.setenv("ROCKET_TRANSACTION_CHECK_S", "1")
+    server = server_process().start()
+    rocket(server, "topic", "create", "payments", "--queues", "1", "--type", "transaction")
+    producer = RemotingClient(server.tcp_port)
+    producer.request(R.HEART_BEAT, body=orjson.dumps({"clientID": "10.0.0.1@1", "producerDataSet": [
+        {"groupName": "payers"}], "consumerDataSet": []}))
+
+    def half(body: bytes) -> dict:
+        return send(producer, "payments", body, properties={"TRAN_MSG": "true", "PGROUP": "payers",
+                                                            "UNIQ_KEY": body.decode().upper()}, group="payers")
+
+    committed, rolled_back, checked = half(b"commit-me"), half(b"roll-me-back"), half(b"check-me")
+    assert pull(producer, "payments", 0, 0)[0] == ResponseCode.PULL_NOT_FOUND  # nothing visible yet
+    for sent, resolution in ((committed, 8), (rolled_back, 12)):
+        producer.request(R.END_TRANSACTION, {"producerGroup": "payers", "transactionId": sent["transactionId"],
+                                             "commitLogOffset": layout.parse_message_id(sent["msgId"])[1],
+                                             "tranStateTableOffset": sent["queueOffset"], "commitOrRollback": resolution,
+                                             "fromTransactionCheck": "false"}, oneway=True)
+    check = producer.next_command()  # the open one is checked back on the producer's connection
+    while check.code != R.CHECK_TRANSACTION_STATE:
+        check = producer.next_command()
+    assert check.ext["transactionId"] == checked["transactionId"] and check.ext["msgId"] == "CHECK-ME"
+    assert decode_stored(check.body)[0]["body"] == b"check-me"
+    producer.request(R.END_TRANSACTION, {"producerGroup": "payers", "transactionId": check.ext["transactionId"],
+                                         "commitLogOffset": check.ext["commitLogOffset"],
+                                         "tranStateTableOffset": check.ext["tranStateTableOffset"],
+                                         "commitOrRollback": 8, "fromTransactionCheck": "true"}, oneway=True)
+    reader = RemotingClient(server.tcp_port)
+    got, offset, deadline = [], 0, time.time() + 30
+    while len(got) < 2 and time.time() < deadline:
+        code, header, found = pull(reader, "payments", 0, offset, wait_ms=1000)
+        got += [each["body"] for each in found]
+        offset = int(header.get("nextBeginOffset", offset))
+    assert sorted(got) == [b"check-me", b"commit-me"]
