@@ -181,6 +181,7 @@ remoting_pull_messages_max = 1024  # messages in one pull answer, whatever maxMs
 remoting_pull_bytes_max = 4 * MiB  # bytes read for one pull answer
 remoting_reconsume_times_default = 16  # RocketMQ's maxReconsumeTimes, when a send-back names none
 remoting_lock_expiry_s = 60.0  # an orderly consumer's queue lock lapses unless renewed (RocketMQ's rebalance lock)
+remoting_transaction_topics_max = 256  # transaction topics whose checks one broker forwards to remoting producers
 remoting_locks_max = 100_000  # queue locks one broker holds
 remoting_query_scan_messages_max = 100_000  # messages one QUERY_MESSAGE reads looking for a key (no key index)
 

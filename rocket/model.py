@@ -181,9 +181,10 @@ def shard_of(key: str, shards: int) -> int:
 
 
 def check_user_topic_name(name: str) -> str:
-    """A topic a user creates: a plain name that does not claim the system prefix."""
+    """A topic a user creates: a plain name that does not claim the system prefix (a consumer group's retry
+    topic, %RETRY%group, is one a RocketMQ client or mqadmin may make)."""
     check_topic_name(name)
-    if name.startswith(SYSTEM_PREFIX):
+    if name.startswith(SYSTEM_PREFIX) and not name.startswith(RETRY_PREFIX):
         raise RocketError(Code.BAD_REQUEST, f"topic names starting with {SYSTEM_PREFIX!r} are reserved for the system")
     return name
 

@@ -17,7 +17,7 @@ import orjson
 import trio
 
 from rocket import limits
-from rocket.errors import RocketError
+from rocket.errors import Code, RocketError
 from rocket.gateway.remoting.codec import Command, RequestCode, ResponseCode
 from rocket.model import RETRY_PREFIX
 
@@ -77,10 +77,12 @@ class Clients:
                 await self.dispatcher.local("CreateTopic", {"topic": name, "queues": 1, "message_type": "delay",
                                                             "storage_class": "raft"})
             except RocketError as error:
-                if "exists" not in error.message:
+                if error.code != Code.TOPIC_EXISTS:
                     log.warning("cannot create the retry topic %s: %s", name, error)
                     return
             self._topics.pop(name, None)
+        if len(self._retry_topics_made) >= limits.remoting_topic_cache_entries_max:
+            self._retry_topics_made.clear()
         self._retry_topics_made.add(name)
 
     async def unregister_client(self, command: Command, connection) -> Command:

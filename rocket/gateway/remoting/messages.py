@@ -3,11 +3,13 @@ and lookup answers (apache/rocketmq's MessageDecoder), the batch body of SEND_BA
 string, message ids, and delay levels.
 
 A message id (offsetMsgId) is RocketMQ's: the broker's IPv4 address and port, then an 8-byte "commit log
-offset". rocket has no commit log offsets: a message is (topic, queue, offset). The 8 bytes carry that identity:
-    bits 62-47: crc32(topic) & 0xFFFF | bits 46-37: queue (rocket's topics have at most 1024) | bits 36-0: offset
-so an id, and the commitLogOffset a client sends back, names the message. The topic is found among those whose
-name hashes alike (the request names it too where the protocol allows); an offset past 2**37 (137 billion
-messages in one queue) wraps, and the lookup takes the latest message it can be.
+offset". rocket has no commit log offsets: a message is (topic, queue, offset). The 8 bytes carry that identity
+in 53 bits, because JavaScript clients (ali-ons) read the offset into a double:
+    bits 52-44: crc32(topic) & 0x1FF | bits 43-34: queue (rocket's topics have at most 1024) | bits 33-0: offset
+so an id, and the commitLogOffset a client sends back, names the message. The topic is found among those the
+request names (a send-back: the group's retry topic and the message's topic) and then among all topics whose
+name hashes alike; an offset past 2**34 (17 billion messages in one queue) wraps, and the lookup takes the
+latest message it can be.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ CLIENT_ONLY = frozenset({DELAY, TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_M
 # RocketMQ's messageDelayLevel default: level N waits DELAY_LEVELS_S[N - 1]
 DELAY_LEVELS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
-_QUEUE_BITS, _OFFSET_BITS = 10, 37
+_HASH_BITS, _QUEUE_BITS, _OFFSET_BITS = 9, 10, 34
 _stored = struct.Struct(">iiiiiqqiq4siq4siiqi")
 _batch_head = struct.Struct(">iiiii")
 
@@ -75,19 +77,19 @@ def commit_log_offset(topic: str, queue: int, offset: int) -> int:
 
 
 def topic_hash(topic: str) -> int:
-    return zlib.crc32(topic.encode()) & 0xFFFF
+    return zlib.crc32(topic.encode()) & ((1 << _HASH_BITS) - 1)
 
 
 def split_commit_log_offset(value: int) -> tuple[int, int, int]:
-    """(topic hash, queue, offset modulo 2**37) of a commitLogOffset rocket gave out."""
-    if not 0 <= value < 1 << 63:
+    """(topic hash, queue, offset modulo 2**34) of a commitLogOffset rocket gave out."""
+    if not 0 <= value < 1 << (_HASH_BITS + _QUEUE_BITS + _OFFSET_BITS):
         raise BadMessage(f"commit log offset {value} is not one rocket gave out")
     return (value >> (_QUEUE_BITS + _OFFSET_BITS), (value >> _OFFSET_BITS) & ((1 << _QUEUE_BITS) - 1),
             value & ((1 << _OFFSET_BITS) - 1))
 
 
 def unwrap_offset(low: int, next_offset: int) -> int:
-    """The latest offset below next_offset whose low 37 bits are low."""
+    """The latest offset below next_offset whose low 34 bits are low."""
     span = 1 << _OFFSET_BITS
     if next_offset <= span:
         return low

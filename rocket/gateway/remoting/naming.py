@@ -17,7 +17,7 @@ import orjson
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.gateway.remoting.codec import Command, ResponseCode
-from rocket.model import KV_PREFIX
+from rocket.model import KV_PREFIX, RETRY_PREFIX
 
 PERM_READ_WRITE = 6  # RocketMQ's PermName: 4 read | 2 write
 
@@ -63,6 +63,8 @@ class Naming:
 
     async def get_route(self, command: Command, connection) -> Command:
         name = command.ext["topic"]
+        if name.startswith(RETRY_PREFIX):  # a consumer may ask before its first heartbeat made it
+            await self._ensure_retry_topic(name[len(RETRY_PREFIX):])
         try:
             topic = await self._topic(name)
         except RocketError as error:

@@ -4,10 +4,19 @@ rocket's and produced as one batch through the broker. A mixin of RemotingGatewa
 
 from __future__ import annotations
 
+import logging
+
+import trio
+
+from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.gateway.remoting import messages as layout
 from rocket.gateway.remoting.codec import Command, RequestCode
+from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
+from rocket.transport.rpc import method_spec
+
+log = logging.getLogger("rocket.remoting")
 
 # SEND_MESSAGE_V2's one-letter header fields (SendMessageRequestHeaderV2) -> SendMessageRequestHeader's names
 V2_FIELDS = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums", "e": "queueId",
@@ -86,3 +95,44 @@ class Producing:
             if layout.topic_hash(topic["name"]) == topic_hash:
                 return topic["name"]
         raise RocketError(Code.NOT_FOUND, "no topic holds the message this id names")
+
+    # ---- transaction check-backs ---------------------------------------------------------------------------
+
+    def producing_transactions(self, topic: str, group: str) -> None:
+        """A remoting producer sent half messages to the topic: the topic's due checks are forwarded from now on
+        (one follower per topic, at most limits.remoting_transaction_topics_max)."""
+        if topic in self._checked or len(self._checked) >= limits.remoting_transaction_topics_max:
+            return
+        self._checked.add(topic)
+        self._nursery.start_soon(self._forward_checks, topic)
+
+    async def _forward_checks(self, topic: str) -> None:
+        """The broker's TransactionChecks stream of the topic, each check sent as CHECK_TRANSACTION_STATE to a
+        connected producer of the message's group; its END_TRANSACTION answer ends the transaction. A check with no
+        producer connected here is left to the next round."""
+        spec = method_spec("TransactionChecks")
+        request = avro_codec.encode(spec.request_type, {"topic": topic})
+        while True:
+            try:
+                async for item in self.dispatcher.stream("TransactionChecks", avro_codec, request):
+                    for check in avro_codec.decode(spec.response_type, item)["checks"]:
+                        await self._check_back(topic, check)
+            except RocketError as error:
+                log.info("transaction checks of %s: %s; listening again", topic, error)
+            await trio.sleep(limits.transaction_check_poll_s)
+
+    async def _check_back(self, topic: str, check: dict) -> None:
+        first = batch_codec.decode(check["batch"], check["offset"], check["queue"])[0]
+        connections = self.producer_connections(first.properties.get(layout.PRODUCER_GROUP, ""))
+        if not connections:
+            return
+        connection = connections[check["offset"] % len(connections)]
+        host = layout.host_bytes(connection.local)
+        offset_id = layout.commit_log_offset(topic, check["queue"], check["offset"])
+        header = {"tranStateTableOffset": str(check["offset"]), "commitLogOffset": str(offset_id),
+                  "msgId": first.properties.get(layout.UNIQ_KEY, ""),
+                  "transactionId": f"{check['queue']}.{check['offset']}.{check['count']}",
+                  "offsetMsgId": layout.message_id(host[0], host[1], offset_id)}
+        await connection.notify(Command(RequestCode.CHECK_TRANSACTION_STATE, ext=header,
+                                        body=self._stored(first, topic, host)))
+

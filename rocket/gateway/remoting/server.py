@@ -109,6 +109,8 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
         self._topics: dict[str, tuple[float, dict]] = {}
         self._brokers: tuple[float, list[str]] = (-1e9, [])
         self._started_ms = clock.wall_ms()
+        self._checked: set[str] = set()  # transaction topics whose checks are forwarded
+        self._nursery: trio.Nursery | None = None
         self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, queue) -> (client, renewed)
         Clients.__init__(self)
 
@@ -134,8 +136,10 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
         }
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """The gateway's own tasks (group membership kept alive for connected consumers), until cancelled."""
+        """The gateway's own tasks (group membership kept alive for connected consumers, transaction checks
+        forwarded to producers), until cancelled."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self.keep_members)
             task_status.started()
 

@@ -1,0 +1,296 @@
+"""RocketMQ's remoting protocol against a real `rocket run`, at the protocol level, with rocket's own small remoting
+client (tests/remoting_client.py): both header serializations, unknown codes, malformed and huge frames, message
+ids, batches, compressed bodies, lookups, one message readable over every protocol, and a kill -9 during a long
+pull. ali-ons, the real Node.js client, is in test_remoting_aons.py."""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zlib
+
+import orjson
+import pytest
+
+from rocket.gateway.remoting import messages as layout
+from rocket.gateway.remoting.codec import ROCKETMQ, RequestCode as R, ResponseCode
+from tests.remoting_client import RemotingClient, json_frame
+
+
+def rocket(server, *args: str, timeout_s: float = 60) -> str:
+    return subprocess.run([sys.executable, "-m", "rocket", *args, "--server", server.server], check=True,
+                          capture_output=True, text=True, timeout=timeout_s).stdout
+
+
+@pytest.fixture
+def server(server_process):
+    started = server_process().start()
+    rocket(started, "topic", "create", "orders", "--queues", "4")
+    return started
+
+
+def send(client: RemotingClient, topic: str, body: bytes, queue: int = 0, properties: dict | None = None,
+         group: str = "producers", **options) -> dict:
+    response = client.request(R.SEND_MESSAGE_V2, {"a": group, "b": topic, "e": queue, "f": 0,
+                                                  "g": int(time.time() * 1000),
+                                                  "i": layout.properties_text(properties or {})}, body, **options)
+    assert response.code == 0, response.remark
+    return response.ext
+
+
+def pull(client: RemotingClient, topic: str, queue: int, offset: int, wait_ms: int = 0, group: str = "readers",
+         **extra) -> tuple[int, dict, list[dict]]:
+    response = client.request(R.PULL_MESSAGE, {"consumerGroup": group, "topic": topic, "queueId": queue,
+                                               "queueOffset": offset, "maxMsgNums": 32, "sysFlag": 2 if wait_ms else 0,
+                                               "suspendTimeoutMillis": wait_ms, "commitOffset": 0, **extra})
+    return response.code, response.ext, decode_stored(response.body) if response.code == 0 else []
+
+
+def decode_stored(body: bytes) -> list[dict]:
+    """MessageDecoder.decodes, written from its layout apart from the gateway's encoder."""
+    found, position = [], 0
+    while position < len(body):
+        (total, magic, crc, queue, _flag, queue_offset, commit_offset, _sys, born, _bh, _bp, stored, host, port,
+         reconsume, _prepared, body_length) = struct.unpack_from(">iiiiiqqiq4siq4siiqi", body, position)
+        at = position + struct.calcsize(">iiiiiqqiq4siq4siiqi")
+        message_body = body[at:at + body_length]
+        at += body_length
+        if magic == layout.MAGIC_V1:
+            topic_length = body[at]
+            at += 1
+        else:
+            (topic_length,) = struct.unpack_from(">h", body, at)
+            at += 2
+        topic = body[at:at + topic_length].decode()
+        at += topic_length
+        (properties_length,) = struct.unpack_from(">h", body, at)
+        properties = layout.parse_properties(body[at + 2:at + 2 + properties_length].decode())
+        assert at + 2 + properties_length == position + total
+        assert crc == zlib.crc32(message_body) & 0x7FFFFFFF
+        found.append({"topic": topic, "queue": queue, "offset": queue_offset, "body": message_body,
+                      "properties": properties, "reconsume": reconsume, "born": born, "stored": stored,
+                      "msg_id": layout.message_id(host, port, commit_offset)})
+        position += total
+    return found
+
+
+def test_routes_name_the_broker_and_unknown_topics_are_answered(server):
+    client = RemotingClient(server.tcp_port)
+    route = client.json(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "orders"})
+    assert route["queueDatas"] == [{"brokerName": "rocket", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6,
+                                    "topicSysFlag": 0}]
+    assert route["brokerDatas"][0]["brokerAddrs"] == {"0": server.server}
+    missing = client.request(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "nope"})
+    assert missing.code == ResponseCode.TOPIC_NOT_EXIST and "nope" in missing.remark
+    cluster = client.json(R.GET_BROKER_CLUSTER_INFO)
+    assert cluster["clusterAddrTable"] == {"rocket": ["rocket"]}
+    assert "orders" in client.json(R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)["topicList"]
+
+
+def test_a_message_round_trips_with_its_id_keys_tags_and_properties(server):
+    client = RemotingClient(server.tcp_port)
+    sent = send(client, "orders", b"hello", queue=2,
+                properties={"TAGS": "red", "KEYS": "k1 k2", "UNIQ_KEY": "C0A80001000018B4AAC2", "color": "blue"})
+    assert sent["queueId"] == "2" and sent["queueOffset"] == "0"
+    code, header, found = pull(client, "orders", 2, 0)
+    assert code == 0 and header["nextBeginOffset"] == "1"
+    [message] = found
+    assert message["body"] == b"hello" and message["topic"] == "orders" and message["offset"] == 0
+    assert message["properties"]["TAGS"] == "red" and message["properties"]["KEYS"] == "k1 k2"
+    assert message["properties"]["UNIQ_KEY"] == "C0A80001000018B4AAC2" and message["properties"]["color"] == "blue"
+    assert message["msg_id"] == sent["msgId"]  # the offsetMsgId the send answered is the one the pull shows
+    _, offset = layout.parse_message_id(sent["msgId"])
+    viewed = client.request(R.VIEW_MESSAGE_BY_ID, {"offset": offset})
+    assert viewed.code == 0 and decode_stored(viewed.body)[0]["body"] == b"hello"
+    by_key = client.request(R.QUERY_MESSAGE, {"topic": "orders", "key": "k2", "maxNum": 8, "beginTimestamp": 0,
+                                              "endTimestamp": int(time.time() * 1000) + 60_000})
+    assert by_key.code == 0 and [each["body"] for each in decode_stored(by_key.body)] == [b"hello"]
+    by_id = client.request(R.QUERY_MESSAGE, {"topic": "orders", "key": "C0A80001000018B4AAC2", "maxNum": 8,
+                                             "beginTimestamp": 0, "endTimestamp": int(time.time() * 1000) + 60_000,
+                                             "_UNIQUE_KEY_QUERY": "true"})
+    assert by_id.code == 0 and decode_stored(by_id.body)[0]["body"] == b"hello"
+
+
+def test_batches_compressed_bodies_and_tag_and_sql_subscriptions(server):
+    client = RemotingClient(server.tcp_port)
+    batch = b""
+    for index in range(6):
+        properties = layout.properties_text({"TAGS": ("a", "b", "c")[index % 3], "n": str(index)}).encode()
+        body = f"m{index}".encode()
+        size = 4 + 4 + 4 + 4 + 4 + len(body) + 2 + len(properties)
+        batch += struct.pack(">iiiii", size, 0, zlib.crc32(body) & 0x7FFFFFFF, 0, len(body)) + body
+        batch += struct.pack(">h", len(properties)) + properties
+    response = client.request(R.SEND_BATCH_MESSAGE, {"a": "producers", "b": "orders", "e": 1, "f": 0, "g": 0,
+                                                     "i": "", "m": "true"}, batch)
+    assert response.code == 0, response.remark
+    assert len(response.ext["msgId"].split(",")) == 6
+    compressed = client.request(R.SEND_MESSAGE, {"producerGroup": "producers", "topic": "orders", "queueId": 1,
+                                                 "sysFlag": 1, "bornTimestamp": 0, "flag": 0, "properties": ""},
+                                zlib.compress(b"squeezed" * 100))
+    assert compressed.code == 0, compressed.remark
+    code, _, found = pull(client, "orders", 1, 0, subscription="a||c", sysFlag=4, expressionType="TAG")
+    assert code == 0 and [each["body"] for each in found] == [b"m0", b"m2", b"m3", b"m5"]
+    code, _, found = pull(client, "orders", 1, 0, subscription="n >= 4", sysFlag=4, expressionType="SQL92")
+    assert [each["body"] for each in found] == [b"m4", b"m5"]
+    code, _, found = pull(client, "orders", 1, 6)
+    assert found[0]["body"] == b"squeezed" * 100  # stored plain: every client reads it
+    bad = client.request(R.PULL_MESSAGE, {"consumerGroup": "g", "topic": "orders", "queueId": 1, "queueOffset": 0,
+                                          "sysFlag": 4, "subscription": "n >>> 4", "expressionType": "SQL92"})
+    assert bad.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
+
+
+def test_offsets_and_their_queries(server):
+    client = RemotingClient(server.tcp_port)
+    for index in range(3):
+        send(client, "orders", f"o{index}".encode(), queue=3)
+    assert client.request(R.GET_MAX_OFFSET, {"topic": "orders", "queueId": 3}).ext["offset"] == "3"
+    assert client.request(R.GET_MIN_OFFSET, {"topic": "orders", "queueId": 3}).ext["offset"] == "0"
+    assert client.request(R.SEARCH_OFFSET_BY_TIMESTAMP, {"topic": "orders", "queueId": 3,
+                                                         "timestamp": 0}).ext["offset"] == "0"
+    assert int(client.request(R.GET_EARLIEST_MSG_STORETIME, {"topic": "orders", "queueId": 3}).ext["timestamp"]) > 0
+    query = {"consumerGroup": "billing", "topic": "orders", "queueId": 3}
+    assert client.request(R.QUERY_CONSUMER_OFFSET, query).code == ResponseCode.QUERY_NOT_FOUND
+    client.request(R.UPDATE_CONSUMER_OFFSET, {**query, "commitOffset": 2}, oneway=True)
+    assert client.request(R.QUERY_CONSUMER_OFFSET, query).ext["offset"] == "2"
+    pull(client, "orders", 3, 2, group="billing", sysFlag=1, commitOffset=3)  # the commit-offset flag
+    assert client.request(R.QUERY_CONSUMER_OFFSET, query).ext["offset"] == "3"
+    row = re.compile(r"│ 3\s+│ 3\s+│ 3\s+│")  # queue 3: next offset 3, pull position 3
+    deadline = time.time() + 30  # written to storage within the flush interval: rocket's own CLI sees it
+    while not row.search(rocket(server, "group", "describe", "orders", "--group", "billing")):
+        assert time.time() < deadline
+        time.sleep(0.5)
+
+
+def test_unknown_codes_and_malformed_frames_get_answers_and_the_server_keeps_serving(server):
+    client = RemotingClient(server.tcp_port)
+    unknown = client.request(9999)
+    assert unknown.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "9999" in unknown.remark
+    binary = client.request(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "orders"}, serialize=ROCKETMQ)
+    assert binary.code == 0 and binary.serialize == ROCKETMQ  # answered in the request's serialization
+    missing = client.request(R.PULL_MESSAGE, {"topic": "orders"})
+    assert missing.code == ResponseCode.SYSTEM_ERROR and "consumerGroup" in missing.remark
+    bad_number = client.request(R.PULL_MESSAGE, {"consumerGroup": "g", "topic": "orders", "queueId": "x",
+                                                 "queueOffset": 0})
+    assert bad_number.code == ResponseCode.SYSTEM_ERROR and "queueId" in bad_number.remark
+    client.send_raw(json_frame(b'{"code": "ten", "opaque": 77}'))  # a whole frame, a bad header: answered
+    answer = client.response(77)
+    assert answer.code == ResponseCode.SYSTEM_ERROR and "BAD_FRAME" in answer.remark
+    assert client.request(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "orders"}).code == 0  # still open
+    for hostile in (struct.pack(">I", 1 << 30) + b"\x00" * 8,  # a length past the limit
+                    struct.pack(">II", 8, 0x1000) + b"\x00" * 4,  # a header length past the frame
+                    json_frame(b"[1, 2]"),  # a header that is not an object, and no opaque to answer
+                    json_frame(b"\x00" * 8, serialize=ROCKETMQ)):  # a binary header cut short
+        raw = socket.create_connection(("127.0.0.1", server.tcp_port), timeout=10)
+        raw.sendall(hostile)
+        reply = b""
+        while chunk := raw.recv(65536):
+            reply += chunk
+        raw.close()
+        assert b"BAD_FRAME" in reply  # one answer saying why, then closed
+    assert "created" in rocket(server, "topic", "create", "after", "--queues", "1")  # rocket's own protocol too
+    send(client, "orders", b"still here")
+
+
+def test_a_message_is_readable_over_every_protocol(server):
+    """rocket's own CLI, the remoting protocol and RocketMQ 5's gRPC (the official client) each read what the
+    others sent."""
+    pytest.importorskip("rocketmq.grpc_protocol")
+    from tests.integration.test_rocketmq_compat import run_client
+    client = RemotingClient(server.tcp_port)
+    rocket(server, "send", "orders", "from-rocket")
+    run_client(server, "orders", """
+        producer = Producer(config, (topic,))
+        producer.startup()
+        producer.send(message("from-grpc", tag="g", properties={"p": "1"}))
+        producer.shutdown()
+        report({})
+    """)
+    send(client, "orders", b"from-remoting", queue=0, properties={"TAGS": "r", "KEYS": "rk"})
+    bodies = []
+    for queue in range(4):
+        bodies += [each["body"] for each in pull(client, "orders", queue, 0)[2]]
+    assert sorted(bodies) == [b"from-grpc", b"from-remoting", b"from-rocket"]
+    consumed = rocket(server, "consume", "orders", "--group", "cli-readers", "--from", "earliest", "--count", "3",
+                      "--format", "json")
+    assert all(body in consumed for body in ("from-rocket", "from-grpc", "from-remoting"))
+    received = run_client(server, "orders", """
+        consumer = SimpleConsumer(config, "grpc-readers", {topic: FilterExpression()}, 25)
+        consumer.startup()
+        got = receive_all(consumer, 3)
+        consumer.shutdown()
+        report(sorted((entry["body"], entry["tag"] or "") for entry in got))
+    """)
+    assert ["from-remoting", "r"] in received and ["from-rocket", ""] in received
+
+
+def test_kill_9_during_a_long_pull_loses_nothing_acknowledged(server):
+    client = RemotingClient(server.tcp_port)
+    acknowledged = [send(client, "orders", f"before-{index}".encode(), queue=0)["queueOffset"] for index in range(5)]
+    assert acknowledged == ["0", "1", "2", "3", "4"]
+    waiting = RemotingClient(server.tcp_port)
+    outcome = {}
+
+    def long_pull() -> None:
+        try:
+            outcome["pull"] = pull(waiting, "orders", 0, 5, wait_ms=20_000)
+        except (ConnectionError, OSError) as error:
+            outcome["error"] = error
+
+    reader = threading.Thread(target=long_pull)
+    reader.start()
+    time.sleep(1.0)
+    server.kill()
+    reader.join(10)
+    assert "error" in outcome  # the connection broke: the client reconnects
+    server.start(extra=("--listen", server.server))
+    again = RemotingClient(server.tcp_port)
+    code, _, found = pull(again, "orders", 0, 0)
+    assert [each["body"] for each in found] == [f"before-{index}".encode() for index in range(5)]
+    send(again, "orders", b"after", queue=0)
+    assert pull(again, "orders", 0, 5, wait_ms=5000)[2][0]["body"] == b"after"
+
+
+def test_transactions_end_by_the_producer_and_by_its_answer_to_a_check_back(monkeypatch, server_process):
+    """A half message is invisible until END_TRANSACTION commits it; one left open is checked back with
+    CHECK_TRANSACTION_STATE on a connection of its producer group, and the producer's END_TRANSACTION answer
+    (from the check) commits it; a rolled-back one is never delivered."""
+    monkeypatch.setenv("ROCKET_TRANSACTION_TIMEOUT_S", "1")
+    monkeypatch.setenv("ROCKET_TRANSACTION_CHECK_S", "1")
+    server = server_process().start()
+    rocket(server, "topic", "create", "payments", "--queues", "1", "--type", "transaction")
+    producer = RemotingClient(server.tcp_port)
+    producer.request(R.HEART_BEAT, body=orjson.dumps({"clientID": "10.0.0.1@1", "producerDataSet": [
+        {"groupName": "payers"}], "consumerDataSet": []}))
+
+    def half(body: bytes) -> dict:
+        return send(producer, "payments", body, properties={"TRAN_MSG": "true", "PGROUP": "payers",
+                                                            "UNIQ_KEY": body.decode().upper()}, group="payers")
+
+    committed, rolled_back, checked = half(b"commit-me"), half(b"roll-me-back"), half(b"check-me")
+    assert pull(producer, "payments", 0, 0)[0] == ResponseCode.PULL_NOT_FOUND  # nothing visible yet
+    for sent, resolution in ((committed, 8), (rolled_back, 12)):
+        producer.request(R.END_TRANSACTION, {"producerGroup": "payers", "transactionId": sent["transactionId"],
+                                             "commitLogOffset": layout.parse_message_id(sent["msgId"])[1],
+                                             "tranStateTableOffset": sent["queueOffset"], "commitOrRollback": resolution,
+                                             "fromTransactionCheck": "false"}, oneway=True)
+    check = producer.next_command()  # the open one is checked back on the producer's connection
+    while check.code != R.CHECK_TRANSACTION_STATE:
+        check = producer.next_command()
+    assert check.ext["transactionId"] == checked["transactionId"] and check.ext["msgId"] == "CHECK-ME"
+    assert decode_stored(check.body)[0]["body"] == b"check-me"
+    producer.request(R.END_TRANSACTION, {"producerGroup": "payers", "transactionId": check.ext["transactionId"],
+                                         "commitLogOffset": check.ext["commitLogOffset"],
+                                         "tranStateTableOffset": check.ext["tranStateTableOffset"],
+                                         "commitOrRollback": 8, "fromTransactionCheck": "true"}, oneway=True)
+    reader = RemotingClient(server.tcp_port)
+    got, offset, deadline = [], 0, time.time() + 30
+    while len(got) < 2 and time.time() < deadline:
+        code, header, found = pull(reader, "payments", 0, offset, wait_ms=1000)
+        got += [each["body"] for each in found]
+        offset = int(header.get("nextBeginOffset", offset))
+    assert sorted(got) == [b"check-me", b"commit-me"]
