@@ -14,7 +14,7 @@ latest message it can be.
 
 from __future__ import annotations
 
-import socket
+import ipaddress
 import struct
 import zlib
 
@@ -110,15 +110,15 @@ def parse_message_id(text: str) -> tuple[str, int]:
     if len(raw) != 16:
         raise BadMessage(f"message id {text[:40]!r} is not 16 bytes (32 hex digits)")
     port, offset = struct.unpack(">iq", raw[4:])
-    return f"{socket.inet_ntoa(raw[:4])}:{port}", offset
+    return f"{ipaddress.IPv4Address(raw[:4])}:{port}", offset
 
 
 def host_bytes(address: str) -> tuple[bytes, int]:
     """An "ip:port" (IPv4, as RocketMQ's ids hold) as 4 bytes and a port; other addresses as 0.0.0.0."""
     host, _, port = address.rpartition(":")
     try:
-        return socket.inet_aton(host), int(port or 0)
-    except (OSError, ValueError):
+        return ipaddress.IPv4Address(host).packed, int(port or 0)
+    except ValueError:
         return bytes(4), int(port) if port.isdigit() else 0
 
 
