@@ -1,8 +1,11 @@
-"""The official RocketMQ 5 Python client against rocket, beside rocket's own client, in one run: one
-`rocket run` process on 127.0.0.1; the official Producer sends N messages one at a time (its send is
-synchronous) and its SimpleConsumer receives and acks them (batches of 32, one ack call per message, as
-that client offers); then rocket's own Producer and SimpleConsumer do the same over TCP, one awaited send
-at a time and also pipelined (rocket's producer batches), and receive with one ack call per batch.
+"""The official RocketMQ 5 Python client (gRPC) and the Node.js remoting client ali-ons against rocket, beside
+rocket's own client, in one run: one `rocket run` process on 127.0.0.1; the official Producer sends N messages
+one at a time (its send is synchronous) and its SimpleConsumer receives and acks them (batches of 32, one ack
+call per message, as that client offers); ali-ons (tests/node/aons.js, installed with
+`npm ci --prefix tests/node`; skipped without it) sends N one at a time (awaiting each) and its push consumer
+consumes them, timed from its first output line to its last; then rocket's own Producer and SimpleConsumer do the
+same over TCP, one awaited send at a time and also pipelined (rocket's producer batches), and receive with one
+ack call per batch.
 
     python benchmarks/rocketmq_client.py [--messages 2000] [--size 256]
 
@@ -60,6 +63,35 @@ OFFICIAL = textwrap.dedent("""
 """)
 
 
+NODE_DRIVER = Path(__file__).parent.parent / "tests" / "node" / "aons.js"
+
+
+def ali_ons(server: str, topic: str, count: int, size: int) -> dict | None:
+    """Seconds from ali-ons' first acknowledged send to its last, and from its first consumed message to its
+    last, or None without node and the driver's packages."""
+    node = shutil.which("node")
+    if node is None or not (NODE_DRIVER.parent / "node_modules" / "ali-ons").is_dir():
+        return None
+    timings = {}
+    for phase, arguments in (("send_s", ["produce", "--count", str(count), "--body-prefix", "x" * size]),
+                             ("receive_s", ["consume", "--group", "bench-aons", "--from", "first", "--count",
+                                            str(count), "--timeout-s", "900"])):
+        process = subprocess.Popen([node, str(NODE_DRIVER), *arguments, "--namesrv", server, "--topic", topic],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        first = last = None
+        lines = 0
+        for line in process.stdout:
+            if line.startswith('{"body"'):
+                last = time.perf_counter()
+                first = first or last
+                lines += 1
+        process.wait()
+        if lines < count or first is None:
+            raise SystemExit(f"ali-ons {phase}: {lines} of {count} messages")
+        timings[phase] = (last - first) * count / max(1, count - 1)
+    return timings
+
+
 async def rocket_client(server: str, topic: str, count: int, size: int) -> dict:
     body = b"x" * size
     async with connect(server) as channel:
@@ -102,7 +134,7 @@ def main() -> None:
                 raise SystemExit(f"rocket run exited: {(directory / 'server.log').read_text()[-2000:]}")
             match = READY.search(line)
         server, endpoint = f"127.0.0.1:{int(match.group(1))}", f"127.0.0.1:{int(match.group(2))}"
-        for topic in ("bench-official", "bench-rocket"):
+        for topic in ("bench-official", "bench-rocket", "bench-remoting"):
             subprocess.run([sys.executable, "-m", "rocket", "topic", "create", topic, "--queues", "8", "--server",
                             server], check=True, capture_output=True)
         completed = subprocess.run([sys.executable, "-c", OFFICIAL, endpoint, "bench-official", str(count), str(size)],
@@ -111,6 +143,7 @@ def main() -> None:
         if not lines:
             raise SystemExit(f"official client failed: {completed.stderr[-3000:]}")
         official = json.loads(lines[0][len("RESULT "):])
+        remoting = ali_ons(server, "bench-remoting", count, size)
         own = trio.run(rocket_client, server, "bench-rocket", count, size)
     finally:
         process.kill()
@@ -121,6 +154,8 @@ def main() -> None:
         "command": " ".join(["python", "benchmarks/rocketmq_client.py", *sys.argv[1:]]),
         "messages": count, "message_bytes": size,
         "official_send_per_s": count / official["send_s"], "official_receive_ack_per_s": count / official["receive_s"],
+        "ali_ons_send_per_s": count / remoting["send_s"] if remoting else None,
+        "ali_ons_consume_per_s": count / remoting["receive_s"] if remoting else None,
         "rocket_send_one_by_one_per_s": count / own["send_one_by_one_s"],
         "rocket_send_pipelined_per_s": count / own["send_pipelined_s"],
         "rocket_receive_ack_per_s": 2 * count / own["receive_s"],

@@ -161,7 +161,7 @@ def decode_only_remoting_error(frame: bytes) -> None:
     try:
         codec.decode(frame)
     except RemotingError as error:
-        assert isinstance(error.fatal, bool)
+        assert str(error) and "\n" not in str(error)  # one line that says why
 
 
 @settings(max_examples=400, deadline=None)
@@ -605,23 +605,15 @@ def test_uncompress_random_bytes_only_bad_message(body):
 
 
 def test_uncompress_refuses_zstd():
-    with pytest.raises(BadMessage, match="zlib"):
+    with pytest.raises(BadMessage, match="ZLIB"):
         messages.uncompress(b"\x28\xb5\x2f\xfd", messages.SYSFLAG_COMPRESSED | (2 << 8))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "uncompress accepts compression types 0 and 1, but RocketMQ 5's MessageSysFlag has COMPRESSION_LZ4_TYPE = 1<<8, "
-    "COMPRESSION_ZSTD_TYPE = 2<<8, COMPRESSION_ZLIB_TYPE = 3<<8 (CompressionType.findByValue: 0 and 3 are ZLIB, 1 "
-    "is LZ4): a 5.x producer's default ZLIB body (sysFlag 1 | 3<<8) is refused"))
 def test_uncompress_rocketmq5_zlib_type():
     plain = b"x" * 5000
     assert messages.uncompress(zlib.compress(plain), messages.SYSFLAG_COMPRESSED | (3 << 8)) == plain
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "uncompress returns the partial output of a truncated zlib stream (it never checks decompressor.eof), so a body "
-    "cut short (even an empty one) is stored shorter instead of refused; Java's InflaterInputStream throws "
-    "EOFException"))
 @pytest.mark.parametrize("keep", ["nothing", "half", "all but the adler32"])
 def test_uncompress_truncated_stream(keep):
     compressed = zlib.compress(b"0123456789" * 1000)

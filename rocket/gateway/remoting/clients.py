@@ -116,8 +116,8 @@ class Clients:
             return command.reply(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group {group_name} has no "
                                  "consumer online here: send a heartbeat first")
         members: set[str] = set()
-        for topic in topics:
-            members.update(self._members_seen.get((group_name, topic)) or await self._refresh(group_name, topic))
+        for topic in topics:  # read now: members that joined through another broker count at once
+            members.update(await self._refresh(group_name, topic))
         return command.reply(body=orjson.dumps({"consumerIdList": sorted(members)}))
 
     def _group_topics(self, group_name: str) -> list[str]:

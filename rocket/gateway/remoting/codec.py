@@ -85,12 +85,7 @@ class ResponseCode:
 
 
 class RemotingError(Exception):
-    """Malformed input: the one-line reason, and whether the connection can still be trusted (a bad frame
-    cannot, a bad header field of a whole frame can)."""
-
-    def __init__(self, message: str, fatal: bool = True):
-        super().__init__(message)
-        self.fatal = fatal
+    """Malformed input, with the one-line reason."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -129,6 +124,8 @@ def _text(value) -> str:
 def encode(command: Command) -> list[bytes]:
     """The frame as buffers to send one after the other (the body is not joined)."""
     header = _encode_binary(command) if command.serialize == ROCKETMQ else _encode_json(command)
+    if len(header) > limits.remoting_header_bytes_max:
+        raise RemotingError(f"a header of {len(header)} bytes is over {limits.remoting_header_bytes_max}")
     return [_prefix.pack(4 + len(header) + len(command.body), (command.serialize << 24) | len(header)), header,
             command.body]
 

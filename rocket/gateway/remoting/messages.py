@@ -14,7 +14,7 @@ latest message it can be.
 
 from __future__ import annotations
 
-import socket
+import ipaddress
 import struct
 import zlib
 
@@ -27,7 +27,7 @@ SYSFLAG_COMPRESSED = 1
 SYSFLAG_MULTI_TAGS = 2
 SYSFLAG_TRANSACTION_PREPARED = 1 << 2
 SYSFLAG_TRANSACTION_MASK = 3 << 2
-SYSFLAG_COMPRESSION_TYPE_MASK = 7 << 8  # 5.x: which compression (zlib 1<<8 is the default; lz4, zstd)
+SYSFLAG_COMPRESSION_TYPE_MASK = 7 << 8  # 5.x: which compression (LZ4 1, Zstandard 2, zlib 3; 0 is zlib too)
 NAME_VALUE = "\x01"
 PROPERTY = "\x02"
 KEYS = "KEYS"
@@ -110,22 +110,22 @@ def parse_message_id(text: str) -> tuple[str, int]:
     if len(raw) != 16:
         raise BadMessage(f"message id {text[:40]!r} is not 16 bytes (32 hex digits)")
     port, offset = struct.unpack(">iq", raw[4:])
-    return f"{socket.inet_ntoa(raw[:4])}:{port}", offset
+    return f"{ipaddress.IPv4Address(raw[:4])}:{port}", offset
 
 
 def host_bytes(address: str) -> tuple[bytes, int]:
     """An "ip:port" (IPv4, as RocketMQ's ids hold) as 4 bytes and a port; other addresses as 0.0.0.0."""
     host, _, port = address.rpartition(":")
     try:
-        return socket.inet_aton(host), int(port or 0)
-    except (OSError, ValueError):
+        return ipaddress.IPv4Address(host).packed, int(port or 0)
+    except ValueError:
         return bytes(4), int(port) if port.isdigit() else 0
 
 
 def encode_stored(message: Message, topic: str, store_host: tuple[bytes, int], reconsume_times: int = 0,
                   properties: dict[str, str] | None = None) -> bytes:
     """One message in RocketMQ's stored-message layout (MessageDecoder.decode reads it). Bodies are stored plain,
-    so the compressed flag is never set; born host is the address the producer gave, if any."""
+    so the compressed flag is never set; the born host is not kept (0.0.0.0:0)."""
     topic_bytes = topic.encode()
     props = properties_text(properties if properties is not None else message.properties).encode()
     if len(props) > 0x7FFF:
@@ -173,12 +173,15 @@ def decode_batch(body: bytes) -> list[tuple[bytes, int, dict[str, str]]]:
 
 
 def uncompress(body: bytes, sys_flag: int) -> bytes:
-    """A body sent compressed (sysFlag bit 0): zlib, RocketMQ's default and 4.x's only compression."""
+    """A body sent compressed (sysFlag bit 0) with zlib: 4.x's only compression, and 5.x's default (compression type
+    0 or 3 in sysFlag bits 8-10, as CompressionType.findByValue reads them). LZ4 (1) and Zstandard (2) are refused,
+    and so is a stream cut short."""
     if not sys_flag & SYSFLAG_COMPRESSED:
         return body
     kind = (sys_flag & SYSFLAG_COMPRESSION_TYPE_MASK) >> 8
-    if kind not in (0, 1):
-        raise BadMessage("only zlib-compressed bodies are accepted (set the client's compression type to ZLIB)")
+    if kind not in (0, 3):
+        raise BadMessage(f"compression type {kind} (LZ4 is 1, Zstandard 2) is not accepted: set the client's "
+                         "compression type to ZLIB")
     try:
         decompressor = zlib.decompressobj()
         plain = decompressor.decompress(body, limits.message_bytes_max + 1)
@@ -186,6 +189,8 @@ def uncompress(body: bytes, sys_flag: int) -> bytes:
         raise BadMessage(f"the compressed body does not inflate: {error}") from None
     if len(plain) > limits.message_bytes_max or decompressor.unconsumed_tail:
         raise BadMessage(f"the body inflates past {limits.message_bytes_max} bytes")
+    if not decompressor.eof:
+        raise BadMessage("the compressed body is cut short")
     return plain
 
 
