@@ -351,7 +351,6 @@ def test_failing_message_is_retried_then_dead_lettered(aons):
     assert [line["body"] for line in consumer.messages() if line["ok"]] == ["r-1"]
 
 
-@pytest.mark.slow
 def test_consumers_of_a_group_split_the_queues_and_take_them_back(aons):
     """A alone holds the 4 queues; B joins the group and they hold 2 each; B leaves and A holds 4 again; every
     message sent before, during and after is consumed by one of them."""
