@@ -18,7 +18,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.gateway.remoting.codec import Command, RequestCode, ResponseCode
+from rocket.gateway.remoting.codec import Command, RequestCode, ResponseCode, json_body, objects
 from rocket.model import RETRY_PREFIX
 
 log = logging.getLogger("rocket.remoting")
@@ -40,19 +40,19 @@ class Clients:
         self._retry_topics_made: set[str] = set()
 
     async def heart_beat(self, command: Command, connection) -> Command:
-        data = orjson.loads(command.body or b"{}")
+        data = json_body(command)
         client = str(data.get("clientID", ""))
         if not client:
             raise ValueError("the heartbeat names no clientID")
-        for producer in data.get("producerDataSet") or ():
+        for producer in objects(data.get("producerDataSet"), "producerDataSet"):
             group = self._producers.setdefault(str(producer.get("groupName", "")), {})
             if client in group or len(group) < limits.group_members_max:
                 group[client] = connection
-        for consumer in data.get("consumerDataSet") or ():
+        for consumer in objects(data.get("consumerDataSet"), "consumerDataSet"):
             group_name = str(consumer.get("groupName", ""))
-            subscriptions = {str(entry["topic"]): (str(entry.get("expressionType") or "TAG"),
-                                                   str(entry.get("subString") or "*"))
-                             for entry in consumer.get("subscriptionDataSet") or ()}
+            subscriptions = {str(entry.get("topic", "")): (str(entry.get("expressionType") or "TAG"),
+                                                           str(entry.get("subString") or "*"))
+                             for entry in objects(consumer.get("subscriptionDataSet"), "subscriptionDataSet")}
             members = self._groups.setdefault(group_name, {})
             if client not in members and len(members) >= limits.group_members_max:
                 continue

@@ -110,9 +110,32 @@ class Command:
 
     def reply(self, code: int = ResponseCode.SUCCESS, remark: str | None = None, ext: dict | None = None,
               body: bytes = b"") -> "Command":
-        """The response to this request: same opaque and serialization; ext values become strings."""
+        """The response to this request: same opaque and serialization; ext values become strings; the remark is
+        one line (what a client echoed back in it included) of at most limits.error_excerpt_chars_max."""
         fields = {name: _text(value) for name, value in (ext or {}).items() if value is not None}
+        if remark is not None:
+            remark = " ".join(remark.split())[:limits.error_excerpt_chars_max]
         return Command(code, self.opaque, FLAG_RESPONSE, remark, fields, body, "JAVA", self.version, self.serialize)
+
+
+def json_body(command: Command) -> dict:
+    """A request's JSON body (heartbeats, queue locks) as an object; ValueError says what is wrong with it."""
+    try:
+        value = orjson.loads(command.body or b"{}")
+    except orjson.JSONDecodeError as error:
+        raise ValueError(f"the body is not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError("the body is not a JSON object")
+    return value
+
+
+def objects(value, name: str) -> list[dict]:
+    """A JSON field that holds a list of objects (absent or null: none)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise ValueError(f"{name} is not a list of objects")
+    return value
 
 
 def _text(value) -> str:

@@ -11,7 +11,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter
 from rocket.gateway.remoting import messages as layout
-from rocket.gateway.remoting.codec import Command, ResponseCode
+from rocket.gateway.remoting.codec import Command, ResponseCode, json_body, objects
 from rocket.model import RETRY_PREFIX, Message
 from rocket.serde import batch as batch_codec
 
@@ -186,12 +186,12 @@ class Consuming:
     async def lock_batch(self, command: Command, connection) -> Command:
         """Lock queues for an orderly consumer: those free, or already its, or whose holder stopped renewing for
         limits.remoting_lock_expiry_s (RocketMQ's 60 s rebalance lock). Held by this broker."""
-        request = orjson.loads(command.body or b"{}")
+        request = json_body(command)
         group, client = str(request.get("consumerGroup", "")), str(request.get("clientId", ""))
         now = self.clock.now_s()
         locked = []
-        for queue in request.get("mqSet") or ():
-            key = (group, str(queue.get("topic", "")), int(queue.get("queueId", -1)))
+        for queue in objects(request.get("mqSet"), "mqSet"):
+            key = _lock_key(group, queue)
             holder = self._locks.get(key)
             if holder is None or holder[0] == client or now - holder[1] > limits.remoting_lock_expiry_s:
                 if key in self._locks or len(self._locks) < limits.remoting_locks_max:
@@ -200,13 +200,20 @@ class Consuming:
         return command.reply(body=orjson.dumps({"lockOKMQSet": locked}))
 
     async def unlock_batch(self, command: Command, connection) -> Command:
-        request = orjson.loads(command.body or b"{}")
+        request = json_body(command)
         group, client = str(request.get("consumerGroup", "")), str(request.get("clientId", ""))
-        for queue in request.get("mqSet") or ():
-            key = (group, str(queue.get("topic", "")), int(queue.get("queueId", -1)))
+        for queue in objects(request.get("mqSet"), "mqSet"):
+            key = _lock_key(group, queue)
             if self._locks.get(key, ("",))[0] == client:
                 del self._locks[key]
         return command.reply()
+
+
+def _lock_key(group: str, queue: dict) -> tuple[str, str, int]:
+    queue_id = queue.get("queueId")
+    if isinstance(queue_id, bool) or not isinstance(queue_id, int):
+        raise ValueError(f"mqSet: queueId {queue_id!r} is not an integer")
+    return group, str(queue.get("topic", "")), queue_id
 
 
 ORIGIN_QUEUE = "ORIGIN_QUEUE_ID"  # the queue a retried message came from: its dead letter lies beside it

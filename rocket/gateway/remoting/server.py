@@ -40,41 +40,21 @@ RESPONSE_OF_CODE = {  # rocket's error codes -> RocketMQ's response codes
 
 
 class Connection:
-    """One client connection: writes whole frames under a lock, and matches the client's answers to the server's
-    own requests by opaque."""
+    """One client connection: whole frames written under a lock. The server's own requests to the client
+    (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) are oneway, as in RocketMQ."""
 
     def __init__(self, stream: trio.SocketStream, serialize: int):
         self.stream = stream
-        self.serialize = serialize  # the client's header serialization: server requests use it too
+        self.serialize = serialize  # the client's header serialization: the server's requests use it too
         self.peer = _address(stream, "getpeername")
         self.local = _address(stream, "getsockname")
         self._send_lock = trio.Lock()
-        self._waiting: dict[int, trio.MemorySendChannel] = {}
-        self._opaque = 0
-        self.closed = trio.Event()
 
     async def send(self, command: Command) -> None:
         async with self._send_lock:
             for part in codec.encode(command):
                 if part:
                     await self.stream.send_all(part)
-
-    async def request(self, command: Command, timeout_s: float) -> Command | None:
-        """Send a request to the client; its response, or None if it did not answer in time (or is gone)."""
-        self._opaque = (self._opaque + 1) & 0x3FFFFFFF
-        command.opaque = self._opaque
-        command.serialize = self.serialize
-        sender, receiver = trio.open_memory_channel(1)
-        self._waiting[command.opaque] = sender
-        try:
-            await self.send(command)
-            with trio.move_on_after(timeout_s):
-                return await receiver.receive()
-            return None
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return None
-        finally:
-            self._waiting.pop(command.opaque, None)
 
     async def notify(self, command: Command) -> None:
         """A oneway request to the client; a dead connection is not an error here."""
@@ -84,11 +64,6 @@ class Connection:
             await self.send(command)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
-
-    def answered(self, command: Command) -> None:
-        waiting = self._waiting.pop(command.opaque, None)
-        if waiting is not None:
-            waiting.send_nowait(command)
 
 
 def _address(stream: trio.SocketStream, which: str) -> str:
@@ -168,9 +143,11 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
                                                                 f"BAD_FRAME: {error}"))
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass
-                calls.cancel_scope.cancel()
+                if reading.cancelled_caught:  # the node drains: calls in flight get a bounded time to answer
+                    calls.cancel_scope.deadline = trio.current_time() + limits.shutdown_grace_s
+                else:  # the client is gone: nobody reads the answers
+                    calls.cancel_scope.cancel()
         finally:
-            connection.closed.set()
             await self.connection_closed(connection)
             with trio.CancelScope(shield=True):
                 await stream.aclose()
@@ -187,8 +164,7 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
                                           f"BAD_FRAME: {error}"))
             return
         connection.serialize = command.serialize
-        if command.is_response:
-            connection.answered(command)
+        if command.is_response:  # the server's requests are oneway: nothing waits for an answer
             return
         await in_flight.acquire()
         self.lifecycle.call_started()
