@@ -13,9 +13,6 @@ from pathlib import Path
 from rocket.errors import Code, RocketError
 
 SERVICE = "apache.rocketmq.v2.MessagingService"
-KEYS_PROPERTY = "__rmq.keys"  # a message's RocketMQ keys, space-separated, when rocket's one key cannot hold them
-ID_PROPERTY = "__rmq.id"  # the message id the client gave, handed back on receive
-BORN_HOST_PROPERTY = "__rmq.born_host"
 
 MESSAGE_TYPE_OF = {"normal": 1, "fifo": 2, "delay": 3, "transaction": 4}  # rocket's -> apache.rocketmq.v2.MessageType
 STATUS_OF_CODE = {  # rocket's error codes -> apache.rocketmq.v2.Code

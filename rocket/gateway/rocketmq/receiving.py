@@ -13,7 +13,8 @@ import trio
 
 from rocket import limits
 from rocket.errors import RocketError
-from rocket.gateway.rocketmq.protocol import (BORN_HOST_PROPERTY, ID_PROPERTY, INVALID_RECEIPT_HANDLE, KEYS_PROPERTY, MESSAGE_NOT_FOUND, MESSAGE_TYPE_OF, ms_of)
+from rocket.gateway.properties import BORN_HOST_PROPERTY, ID_PROPERTY, KEYS_PROPERTY
+from rocket.gateway.rocketmq.protocol import INVALID_RECEIPT_HANDLE, MESSAGE_NOT_FOUND, MESSAGE_TYPE_OF, ms_of
 from rocket.model import Message
 from rocket.serde.receive import parse_receipt, received
 from rocket.transport.h2_server import GrpcCall
