@@ -66,7 +66,8 @@ class Receiving:
         answered.delivery_timestamp.FromMilliseconds(self.clock.wall_ms())
         yield answered
 
-    def _to_rocketmq(self, topic: dict, message: Message, handle: dict, invisible_ms: int):
+    def _to_rocketmq(self, topic: dict, message: Message, handle: dict | None, invisible_ms: int):
+        """handle None: a pulled message, which has no receipt handle, attempt or invisible time."""
         definition = self.definition
         properties = dict(message.properties)
         fifo = topic["message_type"] == "fifo"
@@ -78,8 +79,11 @@ class Receiving:
             keys=keys, message_id=message_id, born_host=born_host, store_host="rocket",
             body_digest=definition.Digest(type=1, checksum=format(zlib.crc32(message.body) & 0xFFFFFFFF, "08X")),
             body_encoding=1, message_type=MESSAGE_TYPE_OF.get(topic["message_type"], 1), queue_id=message.queue,
-            queue_offset=message.offset, delivery_attempt=handle["attempt"],
-            receipt_handle=f"{handle['queue']}.{handle['offset']}.{handle['attempt']}")
+            queue_offset=message.offset)
+        if handle is not None:
+            system.delivery_attempt = handle["attempt"]
+            system.receipt_handle = f"{handle['queue']}.{handle['offset']}.{handle['attempt']}"
+            system.invisible_duration.FromMilliseconds(invisible_ms)
         if message.tag:
             system.tag = message.tag
         if fifo and message.key:
@@ -88,7 +92,6 @@ class Receiving:
         system.store_timestamp.FromMilliseconds(message.timestamp_ms)
         if message.deliver_at_ms or topic["message_type"] == "delay":  # a delivered one's timestamp is its time
             system.delivery_timestamp.FromMilliseconds(message.deliver_at_ms or message.timestamp_ms)
-        system.invisible_duration.FromMilliseconds(invisible_ms)
         return definition.Message(topic=definition.Resource(name=topic["name"]), user_properties=properties,
                                   system_properties=system, body=message.body)
 
