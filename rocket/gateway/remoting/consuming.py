@@ -10,6 +10,7 @@ import orjson
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter
+from rocket.gateway.reads import matching, queue_info
 from rocket.gateway.remoting import messages as layout
 from rocket.gateway.remoting.codec import Command, ResponseCode, json_body, objects
 from rocket.model import RETRY_PREFIX, Message
@@ -57,17 +58,7 @@ class Consuming:
             return command.reply(ResponseCode.PULL_OFFSET_MOVED, f"offset {offset} is outside the queue",
                                  {"nextBeginOffset": moved, "minOffset": info["min_offset"],
                                   "maxOffset": info["next_offset"], "suggestWhichBrokerId": 0})
-        next_offset = next((entry["offset"] for entry in response["next_offsets"] if entry["queue"] == queue), offset)
-        found: list[Message] = []
-        for stored in response["batches"]:
-            for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
-                if message.offset < offset:
-                    continue
-                if len(found) >= count_max:
-                    next_offset = min(next_offset, message.offset)
-                    break
-                if chosen.matches(message):
-                    found.append(message)
+        found, next_offset = matching(response, queue, offset, chosen, count_max)
         fields = {"nextBeginOffset": next_offset, "minOffset": 0, "maxOffset": next_offset, "suggestWhichBrokerId": 0}
         if not found:
             return command.reply(ResponseCode.PULL_NOT_FOUND, "no new message", fields)
@@ -84,11 +75,7 @@ class Consuming:
         return layout.encode_stored(message, topic, host, reconsume, properties)
 
     async def _queue_info(self, topic: str, queue: int) -> dict:
-        described = await self.dispatcher.local("DescribeTopic", {"topic": topic})
-        for info in described["queues"]:
-            if info["queue"] == queue:
-                return info
-        raise RocketError(Code.BAD_QUEUE, f"topic {topic!r} has no queue {queue}")
+        return await queue_info(self.dispatcher, topic, queue)
 
     # ---- offsets -------------------------------------------------------------------------------------------
 

@@ -12,10 +12,9 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.filter import Filter, compile_filter
+from rocket.filter import compile_filter
+from rocket.gateway.reads import matching, queue_info
 from rocket.gateway.rocketmq.protocol import MESSAGE_NOT_FOUND, OFFSET_NOT_FOUND, ms_of
-from rocket.model import Message
-from rocket.serde import batch as batch_codec
 from rocket.transport.h2_server import GrpcCall
 
 BEGINNING, END, TIMESTAMP = 0, 1, 2  # apache.rocketmq.v2.QueryOffsetPolicy
@@ -47,14 +46,14 @@ class Pulling:
                     "topic": topic_name, "queues": [{"queue": queue, "offset": offset}],
                     "max_bytes": limits.rocketmq_pull_bytes_max, "wait_ms": int(slice_s * 1000),
                     "filter_type": filter_type, "filter": text})
-                found, offset = _matching(response, queue, offset, chosen, count_max)
+                found, offset = matching(response, queue, offset, chosen, count_max)
                 if found or trio.current_time() >= deadline:
                     break
         except RocketError as error:
             yield service.PullMessageResponse(status=self._error_status(error))
             if error.code == Code.OFFSET_OUT_OF_RANGE:  # where the queue's messages are, as RocketMQ answers
                 try:
-                    info = await self._queue_info(topic_name, queue)
+                    info = await queue_info(self.dispatcher, topic_name, queue)
                 except RocketError:
                     return
                 moved = info["next_offset"] if offset > info["next_offset"] else info["min_offset"]
@@ -103,7 +102,7 @@ class Pulling:
                 if offset is None:
                     raise RocketError(Code.BAD_QUEUE, f"topic {topic_name!r} has no queue {queue}")
             elif policy in (BEGINNING, END):
-                info = await self._queue_info(topic_name, queue)
+                info = await queue_info(self.dispatcher, topic_name, queue)
                 offset = info["min_offset"] if policy == BEGINNING else info["next_offset"]
             else:
                 raise RocketError(Code.BAD_REQUEST, f"unknown query_offset_policy {policy}")
@@ -111,25 +110,3 @@ class Pulling:
             return self.service.QueryOffsetResponse(status=self._error_status(error))
         return self.service.QueryOffsetResponse(status=self._status(), offset=offset)
 
-    async def _queue_info(self, topic: str, queue: int) -> dict:
-        described = await self.dispatcher.local("DescribeTopic", {"topic": topic})
-        for info in described["queues"]:
-            if info["queue"] == queue:
-                return info
-        raise RocketError(Code.BAD_QUEUE, f"topic {topic!r} has no queue {queue}")
-
-
-def _matching(response: dict, queue: int, offset: int, chosen: Filter, count_max: int) -> tuple[list[Message], int]:
-    """The pulled messages from offset on that match (a pull returns whole batches that may), count_max at most,
-    and the offset after them: the first message not sent when the count cut it short."""
-    next_offset = next((entry["offset"] for entry in response["next_offsets"] if entry["queue"] == queue), offset)
-    found: list[Message] = []
-    for stored in response["batches"]:
-        for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
-            if message.offset < offset:
-                continue
-            if len(found) >= count_max:
-                return found, message.offset
-            if chosen.matches(message):
-                found.append(message)
-    return found, next_offset
