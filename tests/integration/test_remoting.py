@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rocket.gateway.remoting import messages as layout
-from rocket.gateway.remoting.codec import ROCKETMQ, RequestCode as R, ResponseCode
+from rocket.gateway.remoting.codec import ROCKETMQ, Command, RequestCode as R, ResponseCode
 from tests.remoting_client import RemotingClient, json_frame
 
 
@@ -338,3 +338,30 @@ def hostile_client(server) -> RemotingClient:
     if _hostile.get("port") != server.tcp_port:
         _hostile.update(port=server.tcp_port, client=RemotingClient(server.tcp_port, timeout_s=60))
     return _hostile["client"]
+
+
+def test_consumers_are_told_when_their_group_changes(server):
+    """A consumer that joins, or leaves by closing its connection, makes the broker push
+    NOTIFY_CONSUMER_IDS_CHANGED to the group's other consumers; the member list follows."""
+
+    def heartbeat(client: RemotingClient, client_id: str) -> None:
+        client.request(R.HEART_BEAT, body=orjson.dumps({"clientID": client_id, "producerDataSet": [],
+            "consumerDataSet": [{"groupName": "watchers", "messageModel": "CLUSTERING",
+                                 "subscriptionDataSet": [{"topic": "orders", "subString": "*"}]}]}))
+
+    def next_notice(client: RemotingClient) -> Command:
+        while not client.pushed:
+            client.pushed.append(client.next_command())
+        return client.pushed.pop(0)
+
+    first, second = RemotingClient(server.tcp_port), RemotingClient(server.tcp_port)
+    heartbeat(first, "10.0.0.1@first")
+    heartbeat(second, "10.0.0.2@second")
+    notice = next_notice(first)
+    assert notice.code == R.NOTIFY_CONSUMER_IDS_CHANGED and notice.ext == {"consumerGroup": "watchers"}
+    assert notice.is_oneway
+    members = first.json(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "watchers"})["consumerIdList"]
+    assert members == ["10.0.0.1@first", "10.0.0.2@second"]
+    second.close()
+    assert next_notice(first).code == R.NOTIFY_CONSUMER_IDS_CHANGED
+    assert first.json(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "watchers"})["consumerIdList"] == ["10.0.0.1@first"]
