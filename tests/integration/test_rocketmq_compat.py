@@ -273,6 +273,52 @@ def test_push_consumer_acks_successes_retries_failures_then_dead_letters_them(mo
     assert sorted(listed.stdout.split()) == ["bad-0", "bad-3"]
 
 
+def test_the_groups_settings_give_the_official_push_consumer_its_attempts_and_backoff(server_process):
+    """A group made with `rocket group create --max-attempts 2 --retry-backoff 4s` (the node's rocketmq_max_attempts
+    left at 16): the Telemetry settings tell the official PushConsumer 2 attempts and a 4 s backoff (rocket's own
+    first step is 1 s), the broker gives up where the group says, and what failed twice lands in the dead letters."""
+    server = server_process().start()
+    create_topic(server, "refunds", "normal")
+    subprocess.run([sys.executable, "-m", "rocket", "group", "create", "refunding", "--max-attempts", "2",
+                    "--retry-backoff", "4s", "--server", server.server], check=True, capture_output=True, timeout=60)
+    result = run_client(server, "refunds", """
+        import collections, threading
+        from rocketmq import ConsumeResult, MessageListener, PushConsumer
+        producer = Producer(config, (topic,))
+        producer.startup()
+        for body in ("bad-0", "good-1"):
+            producer.send(message(body))
+        producer.shutdown()
+        seen, lock, failed_at = collections.Counter(), threading.Lock(), []
+        class Listener(MessageListener):
+            def consume(self, received):
+                body = received.body.decode()
+                with lock:
+                    seen[body] += 1
+                    if body.startswith("bad-"):
+                        failed_at.append(time.time())
+                return ConsumeResult.FAILURE if body.startswith("bad-") else ConsumeResult.SUCCESS
+        consumer = PushConsumer(config, "refunding", Listener(), {topic: FilterExpression()})
+        consumer.startup()
+        deadline = time.time() + 60
+        while time.time() < deadline and not (seen["bad-0"] >= 2 and seen["good-1"] >= 1):
+            time.sleep(0.2)
+        time.sleep(3)  # a third delivery would come now; none must
+        consumer.shutdown()
+        receiver = SimpleConsumer(config, "refunding", {topic: FilterExpression()}, 25)
+        receiver.startup()
+        left = receiver.receive(16, 3)
+        receiver.shutdown()
+        report({"seen": dict(seen), "left": len(left), "gap_s": failed_at[-1] - failed_at[0]})
+    """)
+    assert {"seen": result["seen"], "left": result["left"]} == {"seen": {"bad-0": 2, "good-1": 1}, "left": 0}
+    assert result["gap_s"] >= 3.5, result
+    listed = subprocess.run([sys.executable, "-m", "rocket", "dlq", "list", "refunds", "--group", "refunding",
+                             "--format", "raw", "--server", server.server], check=True, capture_output=True,
+                            text=True, timeout=60)
+    assert listed.stdout.split() == ["bad-0"]
+
+
 def test_fifo_push_consumer_forwards_a_failing_message_to_the_dead_letters(monkeypatch, server_process):
     """On a FIFO topic the official PushConsumer retries a failing message in order, locally, then gives up on it
     with ForwardMessageToDeadLetterQueue: it lands in the group's dead-letter queue, is not delivered again, and

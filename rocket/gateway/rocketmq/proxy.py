@@ -127,6 +127,20 @@ class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
         self._topics[name] = (now, topic)
         return topic
 
+    async def _group_settings(self, group: str) -> dict:
+        """The consumer group's settings as the broker applies them (GroupSettings: cached there a few seconds);
+        max_attempts 0 and an empty backoff when the group sets none, or when they cannot be read."""
+        try:
+            return await self.dispatcher.local("GroupSettings", {"group": group})
+        except RocketError as error:
+            log.info("consumer group %s: settings not read: %s", group, error)
+            return {"group": group, "max_attempts": 0, "retry_backoff_s": [], "consume_mode": "clustering",
+                    "fifo": False}
+
+    async def _max_attempts(self, group: str) -> int:
+        """The group's max attempts, or the node's rocketmq_max_attempts when the group sets none."""
+        return (await self._group_settings(group))["max_attempts"] or self.max_attempts
+
     def _endpoints(self, requested, call: GrpcCall):
         """Routes point the client back at the endpoint it reached: rocket's brokers are all alike."""
         if requested is not None and requested.addresses:

@@ -119,7 +119,7 @@ class Receiving:
         try:
             receipt = _receipt(request.receipt_handle)
             invisible_ms = ms_of(request.invisible_duration, 0)
-            if receipt["attempt"] >= self.max_attempts:
+            if receipt["attempt"] >= await self._max_attempts(request.group.name):
                 invisible_ms = 0  # a failure of the last attempt: the next receive moves it to the dead-letter queue
             response = await self.dispatcher.local("ChangeInvisible", {
                 "topic": request.topic.name, "group": request.group.name, "receipts": [receipt],
