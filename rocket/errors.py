@@ -38,6 +38,8 @@ class Code(enum.IntEnum):
     CROSS_SHARD = 27  # a KV transaction whose keys lie in different shards (a hash tag {...} keeps them together)
     NOT_ENOUGH_REPLICAS = 28  # a controller-mode group has fewer replicas in sync than its class's min_in_sync_replicas
     FENCED = 29  # a request made under an epoch the controller has moved past (a deposed master, a stale change)
+    GROUP_EXISTS = 30  # a consumer group's settings were created before: update them instead
+    UNKNOWN_GROUP = 31  # a consumer group with no settings in the metadata (create them first)
 
 
 class RocketError(Exception):

@@ -156,6 +156,11 @@ pop_invisible_s_min = 1.0  # the shortest: a receiver gets a moment to process b
 pop_wake_s_min = 0.05  # a waiting receive looks again at least this far apart, though a reappearance is due sooner
 # RocketMQ's retry schedule (its delay levels from 1 s): the invisible time after the nth failed delivery.
 pop_retry_backoff_s = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+# Consumer-group settings (max attempts, retry backoff, consume mode, FIFO) in the nameservers' metadata (RIP-18).
+consumer_groups_max = 10_000  # groups with settings in one cluster: every metadata snapshot carries them all
+group_retry_backoff_steps_max = 64  # steps of a group's retry backoff: RocketMQ's delay levels are 18; more is a typo
+group_settings_cache_s = 5.0  # a broker reads a group's settings at most this often: an update is in force within it
+group_settings_cache_entries_max = 4096  # bounds a broker's cache of group settings; the oldest entry goes first
 
 # RocketMQ gRPC gateway.
 rocketmq_receive_answer_margin_s = 1.0  # a long poll answers "not found" this long before the client's deadline expires
@@ -166,6 +171,8 @@ rocketmq_topic_cache_s = 5.0  # topic types and queue counts are read at most th
 rocketmq_telemetry_topics_max = 256  # transaction topics one Telemetry stream has check-backs forwarded for
 rocketmq_topic_cache_entries_max = 4096  # bounds the topic cache; the oldest entry goes first
 rocketmq_receive_messages_default = 32  # messages a RocketMQ consumer receives at once, told in its settings
+rocketmq_pull_messages_max = 1024  # messages in one PullMessage answer, whatever batch_size asks
+rocketmq_pull_bytes_max = 4 * MiB  # bytes read for one PullMessage answer
 rocketmq_send_attempts_max = 3  # tries of one send a RocketMQ producer makes, told in its settings: few, as brokers
 rocketmq_send_backoff_s_min = 0.01  # ... retry storage themselves; its first wait between tries, later ones double ...
 rocketmq_send_backoff_s_max = 1.0  # ... up to this (RocketMQ's own defaults: 3 tries, 10 ms doubling to 1 s)
@@ -366,3 +373,4 @@ invariant(node_heartbeat_s < controller_lapse_s < node_down_s, "a master is repl
 invariant(ha_lag_s_min <= ha_lag_s_default <= ha_lag_s_max, "the default sync lag is one a class may set")
 invariant(route_retry_s < route_ttl_s, "a route kept through a nameserver outage is asked for again within its life")
 invariant(controller_orphan_heartbeat_s < node_heartbeat_s, "a replica without a master asks sooner, not later")
+invariant(len(pop_retry_backoff_s) <= group_retry_backoff_steps_max, "rocket's default backoff is one a group may set")

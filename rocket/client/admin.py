@@ -46,6 +46,30 @@ class Admin:
         only the one named, with its groups' recent elections."""
         return (await self.channel.call("StorageClasses", {"name": name}))["classes"]
 
+    async def create_consumer_group(self, group: str, max_attempts: int = 0, retry_backoff_s: tuple[float, ...] = (),
+                                    consume_mode: str = "clustering", fifo: bool = False) -> dict:
+        """Keep a consumer group's settings in the metadata (GROUP_EXISTS if it has some): deliveries before the
+        dead letters (0: none set, each consumer's own), the invisible time after each failed delivery (empty:
+        rocket's 1 s, 5 s, 10 s, 30 s ...), clustering or broadcasting, and whether it consumes in order. Every
+        broker applies them to the group's receives within limits.group_settings_cache_s."""
+        return await self.channel.call("CreateConsumerGroup", {
+            "group": group, "max_attempts": max_attempts, "retry_backoff_s": [float(s) for s in retry_backoff_s],
+            "consume_mode": consume_mode, "fifo": fifo})
+
+    async def update_consumer_group(self, group: str, *, max_attempts: int | None = None,
+                                    retry_backoff_s: tuple[float, ...] | None = None, consume_mode: str | None = None,
+                                    fifo: bool | None = None) -> dict:
+        """Change the settings given (None leaves one as it is; max_attempts 0 and an empty backoff go back to the
+        defaults); UNKNOWN_GROUP if the group has none yet. The group's settings after the change."""
+        given = {"max_attempts": max_attempts, "consume_mode": consume_mode, "fifo": fifo,
+                 "retry_backoff_s": None if retry_backoff_s is None else [float(s) for s in retry_backoff_s]}
+        given = {field: value for field, value in given.items() if value is not None}
+        return await self.channel.call("UpdateConsumerGroup", {"group": group, **given, "fields": sorted(given)})
+
+    async def consumer_groups(self, group: str = "") -> list[dict]:
+        """Every consumer group with settings, by name, or the one named (UNKNOWN_GROUP if it has none)."""
+        return (await self.channel.call("ConsumerGroups", {"group": group}))["groups"]
+
     async def update_topic(self, name: str, retention_s: float | None = None,
                            local_retention_s: float | None = None, queues: int | None = None) -> TopicSpec:
         """Set a topic's total and local retention in whole seconds (0 keeps data for ever, -1 takes the

@@ -32,6 +32,10 @@ class SimpleConsumer:
         self.filter_type = filter_type
         self.filter = compile_filter(filter_type, filter)
         self.fifo = False  # the topic is FIFO (learnt from the first receive)
+        # The group's settings in the metadata, learnt from each receive: its max attempts override max_attempts (the
+        # broker applies them), and its retry backoff, when it sets one, backoff_s.
+        self.group_max_attempts = 0
+        self.group_backoff_s: tuple[float, ...] = ()
 
     async def receive(self, max_messages: int = limits.simple_receive_messages_default,
                       wait_s: float = limits.simple_receive_wait_s_default) -> list[Message]:
@@ -42,6 +46,8 @@ class SimpleConsumer:
                    "filter_type": self.filter_type, "filter": self.filter.expression}
         response = await self.channel.call("Receive", request, timeout_s=limits.request_timeout_s_default + wait_s)
         self.fifo = response["fifo"]
+        self.group_max_attempts = response.get("max_attempts", 0)
+        self.group_backoff_s = tuple(response.get("retry_backoff_s", ()))
         messages, unreadable = received(response, self.topic)
         if unreadable:  # a stale receipt: another receiver has it now, and does the same
             await self.channel.call("DeadLetter", {"topic": self.topic, "group": self.group, "invisible_ms": -1,
@@ -80,8 +86,10 @@ class SimpleConsumer:
             raise RocketError(Code.NOT_FOUND, f"receipt {message.receipt} is stale")
 
     async def nack(self, message: Message) -> None:
-        """Processing failed: deliver the message again after the backoff for its attempt."""
-        backoff_s = self.backoff_s[min(message.attempt, len(self.backoff_s)) - 1]
+        """Processing failed: deliver the message again after the backoff for its attempt (the group's, when its
+        settings set one)."""
+        backoff = self.group_backoff_s or self.backoff_s
+        backoff_s = backoff[min(message.attempt, len(backoff)) - 1]
         await self.change_invisible(message, backoff_s)
 
 

@@ -67,6 +67,11 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("MetaLoadShare", "LoadShareRequest", "Empty"),
         MethodSpec("CreateStorageClass", "CreateStorageClassRequest", "StorageClassInfo"),
         MethodSpec("StorageClasses", "StorageClassesRequest", "StorageClassesResponse"),
+        MethodSpec("CreateConsumerGroup", "CreateConsumerGroupRequest", "ConsumerGroupInfo"),
+        MethodSpec("UpdateConsumerGroup", "UpdateConsumerGroupRequest", "ConsumerGroupInfo"),
+        MethodSpec("ConsumerGroups", "ConsumerGroupsRequest", "ConsumerGroupsResponse"),
+        # A group's settings as the broker applies them (cached a few seconds; max_attempts 0 when none is set).
+        MethodSpec("GroupSettings", "ConsumerGroupsRequest", "ConsumerGroupInfo"),
         MethodSpec("UpdateTopic", "UpdateTopicRequest", "TopicInfo"),
         MethodSpec("TierStatus", "TierStatusRequest", "TierStatusResponse"),
         MethodSpec("KvCreateBucket", "CreateBucketRequest", "BucketInfo"),
@@ -91,6 +96,9 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("MetaDeleteBucket", "BucketRequest", "Empty"),
         MethodSpec("MetaCreateStorageClass", "CreateStorageClassRequest", "StorageClassInfo"),
         MethodSpec("MetaStorageClasses", "StorageClassesRequest", "StorageClassesResponse"),
+        MethodSpec("MetaCreateConsumerGroup", "CreateConsumerGroupRequest", "ConsumerGroupInfo"),
+        MethodSpec("MetaUpdateConsumerGroup", "UpdateConsumerGroupRequest", "ConsumerGroupInfo"),
+        MethodSpec("MetaConsumerGroups", "ConsumerGroupsRequest", "ConsumerGroupsResponse"),
         # and brokers to storage nodes.
         MethodSpec("StorageAppend", "StorageAppendRequest", "ProduceResponse", attachment_field="batch"),
         MethodSpec("StorageRead", "StorageReadRequest", "PullResponse", response_attachments=("batches", "batch")),

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rocket.gateway.remoting import messages as layout
-from rocket.gateway.remoting.codec import ROCKETMQ, RequestCode as R, ResponseCode
+from rocket.gateway.remoting.codec import ROCKETMQ, Command, RequestCode as R, ResponseCode
 from tests.remoting_client import RemotingClient, json_frame
 
 
@@ -338,3 +338,65 @@ def hostile_client(server) -> RemotingClient:
     if _hostile.get("port") != server.tcp_port:
         _hostile.update(port=server.tcp_port, client=RemotingClient(server.tcp_port, timeout_s=60))
     return _hostile["client"]
+
+
+def test_consumers_are_told_when_their_group_changes(server):
+    """A consumer that joins, or leaves by closing its connection, makes the broker push
+    NOTIFY_CONSUMER_IDS_CHANGED to the group's other consumers; the member list follows."""
+
+    def heartbeat(client: RemotingClient, client_id: str) -> None:
+        client.request(R.HEART_BEAT, body=orjson.dumps({"clientID": client_id, "producerDataSet": [],
+            "consumerDataSet": [{"groupName": "watchers", "messageModel": "CLUSTERING",
+                                 "subscriptionDataSet": [{"topic": "orders", "subString": "*"}]}]}))
+
+    def next_notice(client: RemotingClient) -> Command:
+        while not client.pushed:
+            client.pushed.append(client.next_command())
+        return client.pushed.pop(0)
+
+    first, second = RemotingClient(server.tcp_port), RemotingClient(server.tcp_port)
+    heartbeat(first, "10.0.0.1@first")
+    heartbeat(second, "10.0.0.2@second")
+    notice = next_notice(first)
+    assert notice.code == R.NOTIFY_CONSUMER_IDS_CHANGED and notice.ext == {"consumerGroup": "watchers"}
+    assert notice.is_oneway
+    members = first.json(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "watchers"})["consumerIdList"]
+    assert members == ["10.0.0.1@first", "10.0.0.2@second"]
+    second.close()
+    assert next_notice(first).code == R.NOTIFY_CONSUMER_IDS_CHANGED
+    assert first.json(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "watchers"})["consumerIdList"] == ["10.0.0.1@first"]
+
+
+def test_send_back_retries_after_the_groups_backoff_then_dead_letters(server):
+    """CONSUMER_SEND_MSG_BACK under the group's settings (rocket group create --max-attempts 2 --retry-backoff 1s):
+    the message comes back on %RETRY%group after 1 s with its reconsume times, and the next send-back buries it in
+    the group's dead letters of its topic, beside its queue."""
+    rocket(server, "group", "create", "payers", "--max-attempts", "2", "--retry-backoff", "1s")
+    client = RemotingClient(server.tcp_port)
+    client.request(R.HEART_BEAT, body=orjson.dumps({"clientID": "10.0.0.1@1", "producerDataSet": [],
+        "consumerDataSet": [{"groupName": "payers", "messageModel": "CLUSTERING",
+                             "subscriptionDataSet": [{"topic": "orders", "subString": "*"}]}]}))
+    sent = send(client, "orders", b"flaky", queue=3, properties={"KEYS": "k", "UNIQ_KEY": "FLAKY1"})
+    [original] = pull(client, "orders", 3, 0, group="payers")[2]
+    _, offset = layout.parse_message_id(original["msg_id"])
+    failed_at = time.time()
+    back = client.request(R.CONSUMER_SEND_MSG_BACK, {"offset": offset, "group": "payers", "delayLevel": 0,
+                                                     "originMsgId": "FLAKY1", "originTopic": "orders",
+                                                     "maxReconsumeTimes": 16})
+    assert back.code == 0, back.remark
+    retried: list[dict] = []
+    while not retried:
+        assert time.time() - failed_at < 30
+        retried = pull(client, "%RETRY%payers", 0, 0, wait_ms=2000, group="payers")[2]
+    assert time.time() - failed_at >= 0.9  # the group's backoff, not RocketMQ's 10 s level
+    [again] = retried
+    assert again["body"] == b"flaky" and again["reconsume"] == 1 and again["topic"] == "%RETRY%payers"
+    assert again["properties"]["RETRY_TOPIC"] == "orders" and again["properties"]["UNIQ_KEY"] == "FLAKY1"
+    _, retry_offset = layout.parse_message_id(again["msg_id"])
+    buried = client.request(R.CONSUMER_SEND_MSG_BACK, {"offset": retry_offset, "group": "payers", "delayLevel": 0,
+                                                       "originMsgId": "FLAKY1", "originTopic": "orders",
+                                                       "maxReconsumeTimes": 16})
+    assert buried.code == 0, buried.remark
+    dead = rocket(server, "dlq", "list", "orders", "--group", "payers")
+    assert "flaky" in dead and "3:0" in dead  # beside queue 3, where it was sent
+    assert sent["queueId"] == "3"

@@ -1,8 +1,10 @@
 """RocketMQ 5 compatibility: the official Python client (rocketmq-python-client, run in its own process because
-it configures logging globally) against a real `rocket run`, and gRPC error answers over a raw socket."""
+it configures logging globally) against a real `rocket run`; gRPC error answers, PullMessage and the offset calls
+(which that client lacks) over a raw socket."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import socket
 import subprocess
@@ -271,6 +273,52 @@ def test_push_consumer_acks_successes_retries_failures_then_dead_letters_them(mo
     assert sorted(listed.stdout.split()) == ["bad-0", "bad-3"]
 
 
+def test_the_groups_settings_give_the_official_push_consumer_its_attempts_and_backoff(server_process):
+    """A group made with `rocket group create --max-attempts 2 --retry-backoff 4s` (the node's rocketmq_max_attempts
+    left at 16): the Telemetry settings tell the official PushConsumer 2 attempts and a 4 s backoff (rocket's own
+    first step is 1 s), the broker gives up where the group says, and what failed twice lands in the dead letters."""
+    server = server_process().start()
+    create_topic(server, "refunds", "normal")
+    subprocess.run([sys.executable, "-m", "rocket", "group", "create", "refunding", "--max-attempts", "2",
+                    "--retry-backoff", "4s", "--server", server.server], check=True, capture_output=True, timeout=60)
+    result = run_client(server, "refunds", """
+        import collections, threading
+        from rocketmq import ConsumeResult, MessageListener, PushConsumer
+        producer = Producer(config, (topic,))
+        producer.startup()
+        for body in ("bad-0", "good-1"):
+            producer.send(message(body))
+        producer.shutdown()
+        seen, lock, failed_at = collections.Counter(), threading.Lock(), []
+        class Listener(MessageListener):
+            def consume(self, received):
+                body = received.body.decode()
+                with lock:
+                    seen[body] += 1
+                    if body.startswith("bad-"):
+                        failed_at.append(time.time())
+                return ConsumeResult.FAILURE if body.startswith("bad-") else ConsumeResult.SUCCESS
+        consumer = PushConsumer(config, "refunding", Listener(), {topic: FilterExpression()})
+        consumer.startup()
+        deadline = time.time() + 60
+        while time.time() < deadline and not (seen["bad-0"] >= 2 and seen["good-1"] >= 1):
+            time.sleep(0.2)
+        time.sleep(3)  # a third delivery would come now; none must
+        consumer.shutdown()
+        receiver = SimpleConsumer(config, "refunding", {topic: FilterExpression()}, 25)
+        receiver.startup()
+        left = receiver.receive(16, 3)
+        receiver.shutdown()
+        report({"seen": dict(seen), "left": len(left), "gap_s": failed_at[-1] - failed_at[0]})
+    """)
+    assert {"seen": result["seen"], "left": result["left"]} == {"seen": {"bad-0": 2, "good-1": 1}, "left": 0}
+    assert result["gap_s"] >= 3.5, result
+    listed = subprocess.run([sys.executable, "-m", "rocket", "dlq", "list", "refunds", "--group", "refunding",
+                             "--format", "raw", "--server", server.server], check=True, capture_output=True,
+                            text=True, timeout=60)
+    assert listed.stdout.split() == ["bad-0"]
+
+
 def test_fifo_push_consumer_forwards_a_failing_message_to_the_dead_letters(monkeypatch, server_process):
     """On a FIFO topic the official PushConsumer retries a failing message in order, locally, then gives up on it
     with ForwardMessageToDeadLetterQueue: it lands in the group's dead-letter queue, is not delivered again, and
@@ -467,6 +515,42 @@ def grpc_exchange(port: int, path: str, data: bytes, extra_headers=()) -> dict[s
             sock.sendall(connection.data_to_send())
 
 
+def grpc_stream(port: int, path: str, request) -> tuple[dict[str, str], list[bytes]]:
+    """One gRPC call of a protobuf request on a fresh h2c connection; the headers and trailers, and every
+    message of the response stream."""
+    payload = request.SerializeToString()
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    connection.initiate_connection()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        stream_id = connection.get_next_available_stream_id()
+        connection.send_headers(stream_id, [(":method", "POST"), (":scheme", "http"), (":authority", f"127.0.0.1:{port}"),
+                                            (":path", path), ("content-type", "application/grpc"), ("te", "trailers")])
+        connection.send_data(stream_id, b"\0" + len(payload).to_bytes(4, "big") + payload, end_stream=True)
+        sock.sendall(connection.data_to_send())
+        fields: dict[str, str] = {}
+        body = b""
+        ended = False
+        while not ended:
+            received = sock.recv(65536)
+            assert received, f"the server closed the connection; fields so far {fields}"
+            for event in connection.receive_data(received):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    fields.update(dict(event.headers))
+                if isinstance(event, h2.events.DataReceived) and event.stream_id == stream_id:
+                    body += event.data
+                    connection.acknowledge_received_data(event.flow_controlled_length, stream_id)
+                if isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)) and event.stream_id == stream_id:
+                    ended = True
+            sock.sendall(connection.data_to_send())
+    messages = []
+    while body:
+        assert body[0] == 0, "a compressed message"
+        length = int.from_bytes(body[1:5], "big")
+        messages.append(body[5:5 + length])
+        body = body[5 + length:]
+    return fields, messages
+
+
 def test_malformed_frames_and_unknown_methods_get_grpc_statuses(rocket_server):
     """Unknown methods, bad message prefixes, oversized lengths, truncated messages and undecodable protobuf
     each get a gRPC error status, and the server keeps answering valid calls afterwards."""
@@ -586,3 +670,121 @@ def test_unreadable_messages_go_to_the_dead_letters_and_the_rest_are_received(ro
     """)
     assert result["got"] == ["m0", "m1", "m2", "m3", "m4"]
     assert trio.run(dead_letters) == 2
+
+
+# ---- PullMessage and the offset calls (raw gRPC: rocketmq-python-client 5.1.2 has no pull consumer) --------
+
+def call_unary(port: int, method: str, request, response_type):
+    fields, [answer] = grpc_stream(port, SERVICE_PATH + method, request)
+    assert fields["grpc-status"] == "0", fields
+    return response_type.FromString(answer)
+
+
+def pull(port: int, topic: str, offset: int, batch_size: int = 0, tag: str = "", sql: str = "", wait_s: int = 1):
+    """A PullMessage of queue 0: its status code, the bodies pulled (with their queue offsets) and next_offset."""
+    from rocketmq.grpc_protocol import definition_pb2, service_pb2
+    request = service_pb2.PullMessageRequest(
+        group=definition_pb2.Resource(name="pullers"), offset=offset, batch_size=batch_size,
+        message_queue=definition_pb2.MessageQueue(topic=definition_pb2.Resource(name=topic), id=0),
+        filter_expression=definition_pb2.FilterExpression(type=2 if sql else 1, expression=sql or tag or "*"))
+    request.long_polling_timeout.FromSeconds(wait_s)
+    fields, answers = grpc_stream(port, SERVICE_PATH + "PullMessage", request)
+    assert fields["grpc-status"] == "0", fields
+    responses = [service_pb2.PullMessageResponse.FromString(answer) for answer in answers]
+    assert responses[0].WhichOneof("content") == "status" and responses[-1].WhichOneof("content") == "next_offset"
+    assert all(response.WhichOneof("content") == "message" for response in responses[1:-1])
+    bodies = [(response.message.body.decode(), response.message.system_properties.queue_offset)
+              for response in responses[1:-1]]
+    for response in responses[1:-1]:
+        assert not response.message.system_properties.receipt_handle
+    return responses[0].status.code, bodies, responses[-1].next_offset
+
+
+def test_pull_message_reads_a_queue_from_an_offset_with_filters_and_long_polls(rocket_server):
+    """PullMessage answers a status, the queue's messages from the offset in order, then next_offset; a tag or
+    SQL filter keeps the matching ones, batch_size stops early (next_offset is the first message not sent), an
+    empty queue long-polls and answers MESSAGE_NOT_FOUND, an offset past the end ILLEGAL_OFFSET and where to
+    pull; QueryOffset gives the queue's beginning, end and the offset of a time."""
+    from rocketmq.grpc_protocol import definition_pb2, service_pb2
+    create_topic(rocket_server, "ledger", "normal", queues=1)
+    sent = run_client(rocket_server, "ledger", """
+        producer = Producer(config, (topic,))
+        producer.startup()
+        for i in range(3):
+            producer.send(message(f"e-{i}", tag="ab"[i % 2], properties={"n": str(i)}))
+        time.sleep(0.5)
+        middle_ms = int(time.time() * 1000)
+        time.sleep(0.5)
+        for i in range(3, 5):
+            producer.send(message(f"e-{i}", tag="ab"[i % 2], properties={"n": str(i)}))
+        producer.shutdown()
+        report({"middle_ms": middle_ms})
+    """)
+    port = rocket_server.http2_port
+    everything = [(f"e-{i}", i) for i in range(5)]
+    assert pull(port, "ledger", 0) == (20000, everything, 5)
+    assert pull(port, "ledger", 2) == (20000, everything[2:], 5)
+    assert pull(port, "ledger", 0, tag="a") == (20000, everything[0::2], 5)
+    assert pull(port, "ledger", 1, sql="n >= 3") == (20000, everything[3:], 5)
+    assert pull(port, "ledger", 0, batch_size=2) == (20000, everything[:2], 2)
+    code, bodies, next_offset = pull(port, "ledger", 0, batch_size=2, tag="b")
+    assert (code, bodies) == (20000, [("e-1", 1), ("e-3", 3)]) and next_offset in (4, 5)  # e-4 does not match
+    started = time.monotonic()
+    assert pull(port, "ledger", 5, wait_s=2) == (40401, [], 5)
+    assert time.monotonic() - started >= 1.5
+    assert pull(port, "ledger", 4, tag="b", wait_s=1) == (40401, [], 5)  # nothing matched: pull on from 5
+    assert pull(port, "ledger", 100) == (40019, [], 5)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a message sent during a long poll ends it
+        started = time.monotonic()
+        waiting = pool.submit(pull, port, "ledger", 5, wait_s=15)
+        time.sleep(1)
+        subprocess.run([sys.executable, "-m", "rocket", "send", "ledger", "late", "--tag", "a", "--server",
+                        rocket_server.server], check=True, capture_output=True, timeout=60)
+        assert waiting.result(timeout=30) == (20000, [("late", 5)], 6)
+        assert time.monotonic() - started < 10
+    fields, [answer] = grpc_stream(port, SERVICE_PATH + "PullMessage", service_pb2.PullMessageRequest(
+        message_queue=definition_pb2.MessageQueue(topic=definition_pb2.Resource(name="no-such-topic"))))
+    assert service_pb2.PullMessageResponse.FromString(answer).status.code == 40402
+
+    def query(policy: int, timestamp_ms: int = 0) -> tuple[int, int]:
+        request = service_pb2.QueryOffsetRequest(
+            message_queue=definition_pb2.MessageQueue(topic=definition_pb2.Resource(name="ledger"), id=0),
+            query_offset_policy=policy)
+        request.timestamp.FromMilliseconds(timestamp_ms)
+        response = call_unary(port, "QueryOffset", request, service_pb2.QueryOffsetResponse)
+        return response.status.code, response.offset
+
+    assert query(definition_pb2.BEGINNING) == (20000, 0)
+    assert query(definition_pb2.END) == (20000, 6)
+    assert query(definition_pb2.TIMESTAMP, sent["middle_ms"]) == (20000, 3)
+    assert query(definition_pb2.TIMESTAMP, 0) == (20000, 0)
+    assert query(definition_pb2.TIMESTAMP, int(time.time() * 1000) + 60_000) == (20000, 6)
+
+
+def test_update_offset_then_get_offset_round_trips(rocket_server):
+    """UpdateOffset commits a group's offset in a queue and GetOffset reads it back; a group that never
+    committed one gets OFFSET_NOT_FOUND."""
+    from rocketmq.grpc_protocol import definition_pb2, service_pb2
+    create_topic(rocket_server, "tally", "normal", queues=2)
+    run_client(rocket_server, "tally", """
+        producer = Producer(config, (topic,))
+        producer.startup()
+        for i in range(6):
+            producer.send(message(f"t-{i}"))
+        producer.shutdown()
+        report({})
+    """)
+    port = rocket_server.http2_port
+    queue = definition_pb2.MessageQueue(topic=definition_pb2.Resource(name="tally"), id=1)
+
+    def get(group: str) -> tuple[int, int]:
+        response = call_unary(port, "GetOffset", service_pb2.GetOffsetRequest(
+            group=definition_pb2.Resource(name=group), message_queue=queue), service_pb2.GetOffsetResponse)
+        return response.status.code, response.offset
+
+    assert get("counters")[0] == 40404
+    updated = call_unary(port, "UpdateOffset", service_pb2.UpdateOffsetRequest(
+        group=definition_pb2.Resource(name="counters"), message_queue=queue, offset=2), service_pb2.UpdateOffsetResponse)
+    assert updated.status.code == 20000
+    assert get("counters") == (20000, 2)
+    assert get("strangers")[0] == 40404

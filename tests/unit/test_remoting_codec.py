@@ -653,11 +653,15 @@ def test_delay_of_non_integer(properties):
 
 
 def test_to_rocket_keys_tags_delay():
-    message = messages.to_rocket(b"b", {"KEYS": "a b", "TAGS": "t", "DELAY": "2", "x": "1"}, born_ms=5, now_ms=NOW)
+    message = messages.to_rocket(b"b", {"KEYS": "a b", "TAGS": "t", "DELAY": "2", "x": "1", "UNIQ_KEY": "ID1"},
+                                 born_ms=5, now_ms=NOW, born_host="10.1.2.3:4567")
     assert message.key == "a" and message.tag == "t"
-    assert message.properties == {"KEYS": "a b", "x": "1"}
+    # kept as the gRPC gateway keeps them (rocket/gateway/properties.py): one message, read alike over both
+    assert message.properties == {"__rmq.keys": "a b", "x": "1", "__rmq.id": "ID1", "__rmq.born_host": "10.1.2.3:4567"}
     assert message.deliver_at_ms == NOW + 5000 and message.timestamp_ms == 5 and message.body == b"b"
-    assert messages.remoting_properties(message) == {"KEYS": "a b", "x": "1", "TAGS": "t"}
+    assert messages.remoting_properties(message) == {"KEYS": "a b", "x": "1", "TAGS": "t", "UNIQ_KEY": "ID1"}
+    stored = messages.encode_stored(_stored_copy(message), "t", (bytes(4), 0))
+    assert stored[48:52] == bytes([10, 1, 2, 3]) and struct.unpack(">i", stored[52:56])[0] == 4567  # born host
 
     single = messages.to_rocket(b"b", {"KEYS": "only", "TIMER_DELAY_SEC": "1", "WAIT": "true", "TRAN_MSG": "true"},
                                 born_ms=0, now_ms=NOW)
@@ -674,7 +678,7 @@ def test_to_rocket_keys_tags_delay():
        tag=st.text(alphabet="xyz", max_size=3))
 def test_to_rocket_then_remoting_properties(properties, keys, tag):
     properties = {name: value for name, value in properties.items()
-                  if name not in messages.CLIENT_ONLY and name not in (messages.KEYS, messages.TAGS)}
+                  if name not in messages.CLIENT_ONLY and name not in messages.RENAMED and not name.startswith("__rmq.")}
     sent = dict(properties)
     if keys:
         sent[messages.KEYS] = " ".join(keys)
@@ -688,3 +692,10 @@ def test_to_rocket_then_remoting_properties(properties, keys, tag):
 def test_json_encode_is_plain_json():
     header = orjson.loads(codec._encode_json(Command(10, 3, 0, None, {"a": "1"})))
     assert header["code"] == 10 and header["extFields"] == {"a": "1"} and "remark" not in header
+
+
+def _stored_copy(message):
+    """The message as stored at queue 0, offset 0."""
+    return messages.Message(message.body, key=message.key, tag=message.tag, properties=message.properties,
+                            timestamp_ms=message.timestamp_ms, queue=0, offset=0)
+

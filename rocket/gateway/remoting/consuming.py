@@ -10,6 +10,7 @@ import orjson
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter
+from rocket.gateway.reads import matching, queue_info
 from rocket.gateway.remoting import messages as layout
 from rocket.gateway.remoting.codec import Command, ResponseCode, json_body, objects
 from rocket.model import RETRY_PREFIX, Message
@@ -57,17 +58,7 @@ class Consuming:
             return command.reply(ResponseCode.PULL_OFFSET_MOVED, f"offset {offset} is outside the queue",
                                  {"nextBeginOffset": moved, "minOffset": info["min_offset"],
                                   "maxOffset": info["next_offset"], "suggestWhichBrokerId": 0})
-        next_offset = next((entry["offset"] for entry in response["next_offsets"] if entry["queue"] == queue), offset)
-        found: list[Message] = []
-        for stored in response["batches"]:
-            for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
-                if message.offset < offset:
-                    continue
-                if len(found) >= count_max:
-                    next_offset = min(next_offset, message.offset)
-                    break
-                if chosen.matches(message):
-                    found.append(message)
+        found, next_offset = matching(response, queue, offset, chosen, count_max)
         fields = {"nextBeginOffset": next_offset, "minOffset": 0, "maxOffset": next_offset, "suggestWhichBrokerId": 0}
         if not found:
             return command.reply(ResponseCode.PULL_NOT_FOUND, "no new message", fields)
@@ -84,11 +75,7 @@ class Consuming:
         return layout.encode_stored(message, topic, host, reconsume, properties)
 
     async def _queue_info(self, topic: str, queue: int) -> dict:
-        described = await self.dispatcher.local("DescribeTopic", {"topic": topic})
-        for info in described["queues"]:
-            if info["queue"] == queue:
-                return info
-        raise RocketError(Code.BAD_QUEUE, f"topic {topic!r} has no queue {queue}")
+        return await queue_info(self.dispatcher, topic, queue)
 
     # ---- offsets -------------------------------------------------------------------------------------------
 
@@ -145,9 +132,10 @@ class Consuming:
     # ---- retries ---------------------------------------------------------------------------------------------
 
     async def send_back(self, command: Command, connection) -> Command:
-        """A message the consumer failed: to %RETRY%group after its delay level (0: the server's choice, level 3
-        plus its reconsume times, as RocketMQ), or to rocket's dead letters of its topic once it was consumed
-        maxReconsumeTimes times (or the level is negative)."""
+        """A message the consumer failed: to %RETRY%group after its delay level (0: the server's choice: the group's
+        retry backoff if it has one (rocket group create --retry-backoff), else level 3 plus its reconsume times, as
+        RocketMQ), or to rocket's dead letters of its topic once it was consumed maxReconsumeTimes times (the group's
+        max attempts less one where set, else the client's), or at once for a negative level."""
         header = command.ext
         group = header["group"]
         topic_hash, queue, low = layout.split_commit_log_offset(_int(header, "offset"))
@@ -165,7 +153,11 @@ class Consuming:
         times = int(properties.get(layout.RECONSUME_TIME, "0") or 0) + 1
         properties[layout.RECONSUME_TIME] = str(times)
         level = _int(header, "delayLevel", 0)
-        max_times = _int(header, "maxReconsumeTimes", limits.remoting_reconsume_times_default)
+        settings = await self.dispatcher.local("GroupSettings", {"group": group})
+        if settings["max_attempts"]:  # the group's setting (rocket group create/update) wins over the client's
+            max_times = settings["max_attempts"] - 1
+        else:
+            max_times = _int(header, "maxReconsumeTimes", limits.remoting_reconsume_times_default)
         now_ms = self.clock.wall_ms()
         again = Message(message.body, key=message.key, tag=message.tag, properties=properties,
                         timestamp_ms=message.timestamp_ms)
@@ -174,8 +166,12 @@ class Consuming:
             await self.dispatcher.local("Bury", {"topic": origin_topic, "group": group, "queue": origin_queue,
                                                  "batch": batch_codec.encode([again], now_ms)})
             return command.reply()
-        level = level or 3 + times - 1
-        again.deliver_at_ms = now_ms + layout.DELAY_LEVELS_S[min(level, len(layout.DELAY_LEVELS_S)) - 1] * 1000
+        backoff = settings["retry_backoff_s"]
+        if level == 0 and backoff:  # the server's choice, and the group names its backoff
+            delay_s = backoff[min(times, len(backoff)) - 1]
+        else:
+            delay_s = layout.DELAY_LEVELS_S[min(level or 3 + times - 1, len(layout.DELAY_LEVELS_S)) - 1]
+        again.deliver_at_ms = now_ms + max(1, int(delay_s * 1000))
         await self._ensure_retry_topic(group)
         await self.dispatcher.local("Produce", {"topic": retry_topic, "queue": -1,
                                                 "batch": batch_codec.encode([again], now_ms)})

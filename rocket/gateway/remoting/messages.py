@@ -19,6 +19,7 @@ import struct
 import zlib
 
 from rocket import limits
+from rocket.gateway.properties import BORN_HOST_PROPERTY, ID_PROPERTY, KEYS_PROPERTY
 from rocket.model import Message
 
 MAGIC_V1 = -626843481  # 0xDAA320A7: topic length in one byte
@@ -44,6 +45,7 @@ MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 TRANSACTION_PREPARED = "TRAN_MSG"
 PRODUCER_GROUP = "PGROUP"
 CLIENT_ONLY = frozenset({DELAY, TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS, "WAIT", TRANSACTION_PREPARED})
+RENAMED = frozenset({KEYS, TAGS, UNIQ_KEY})  # kept in rocket's fields, or in the gateways' shared properties
 # RocketMQ's messageDelayLevel default: level N waits DELAY_LEVELS_S[N - 1]
 DELAY_LEVELS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
@@ -125,8 +127,9 @@ def host_bytes(address: str) -> tuple[bytes, int]:
 def encode_stored(message: Message, topic: str, store_host: tuple[bytes, int], reconsume_times: int = 0,
                   properties: dict[str, str] | None = None) -> bytes:
     """One message in RocketMQ's stored-message layout (MessageDecoder.decode reads it). Bodies are stored plain,
-    so the compressed flag is never set; the born host is not kept (0.0.0.0:0)."""
+    so the compressed flag is never set; the born host is the producer's address where a gateway kept it (IPv4)."""
     topic_bytes = topic.encode()
+    born = host_bytes(message.properties.get(BORN_HOST_PROPERTY, ""))
     props = properties_text(properties if properties is not None else message.properties).encode()
     if len(props) > 0x7FFF:
         props = b""  # a client reads a signed 16-bit length; rocket's own properties can be longer
@@ -134,7 +137,7 @@ def encode_stored(message: Message, topic: str, store_host: tuple[bytes, int], r
     offset_id = commit_log_offset(topic, message.queue, message.offset)
     fields = _stored.pack(
         0, MAGIC_V2 if v2 else MAGIC_V1, zlib.crc32(message.body) & 0x7FFFFFFF, message.queue, 0, message.offset,
-        offset_id, 0, message.timestamp_ms, bytes(4), 0, message.timestamp_ms, store_host[0], store_host[1],
+        offset_id, 0, message.timestamp_ms, born[0], born[1], message.timestamp_ms, store_host[0], store_host[1],
         reconsume_times, 0, len(message.body))
     topic_length = struct.pack(">h", len(topic_bytes)) if v2 else struct.pack(">b", len(topic_bytes))
     parts = [fields, message.body, topic_length, topic_bytes, struct.pack(">h", len(props)), props]
@@ -212,24 +215,34 @@ def delay_of(properties: dict[str, str], now_ms: int) -> int:
     return now_ms + DELAY_LEVELS_S[min(level, len(DELAY_LEVELS_S)) - 1] * 1000
 
 
-def to_rocket(body: bytes, properties: dict[str, str], born_ms: int, now_ms: int) -> Message:
-    """A remoting message as rocket's: the first of its KEYS is rocket's key (all of them stay in KEYS), TAGS its
-    tag, the rest its properties; the delay properties become its delivery time."""
-    keys = properties.get(KEYS, "")
-    tag = properties.get(TAGS, "")
+def to_rocket(body: bytes, properties: dict[str, str], born_ms: int, now_ms: int, born_host: str = "") -> Message:
+    """A remoting message as rocket's, kept as the gRPC gateway keeps its messages (rocket/gateway/properties.py):
+    the first of its KEYS is rocket's key (several go to __rmq.keys), TAGS its tag, UNIQ_KEY __rmq.id, the
+    producer's address __rmq.born_host, the rest its properties; the delay properties become its delivery time."""
+    keys = properties.get(KEYS, "").split()
     deliver_at_ms = delay_of(properties, now_ms)
-    kept = {name: value for name, value in properties.items() if name not in CLIENT_ONLY and name != TAGS}
-    if keys and " " not in keys:
-        kept.pop(KEYS)
-    return Message(body, key=keys.split(" ")[0] if keys else "", tag=tag, properties=kept,
+    kept = {name: value for name, value in properties.items() if name not in CLIENT_ONLY and name not in RENAMED}
+    if len(keys) > 1:
+        kept[KEYS_PROPERTY] = " ".join(keys)
+    if properties.get(UNIQ_KEY):
+        kept[ID_PROPERTY] = properties[UNIQ_KEY]
+    if born_host:
+        kept[BORN_HOST_PROPERTY] = born_host
+    return Message(body, key=keys[0] if keys else "", tag=properties.get(TAGS, ""), properties=kept,
                    timestamp_ms=born_ms or now_ms, deliver_at_ms=deliver_at_ms)
 
 
 def remoting_properties(message: Message) -> dict[str, str]:
-    """rocket's message's properties as a remoting client reads them: KEYS and TAGS put back."""
+    """rocket's message's properties as a remoting client reads them: KEYS, TAGS and UNIQ_KEY put back (a message
+    sent over gRPC reads alike), the producer's address left out (it goes in the layout's born host)."""
     properties = dict(message.properties)
-    if message.key and KEYS not in properties:
-        properties[KEYS] = message.key
+    keys = properties.pop(KEYS_PROPERTY, "") or message.key
+    if keys:
+        properties[KEYS] = keys
     if message.tag:
         properties[TAGS] = message.tag
+    unique = properties.pop(ID_PROPERTY, "")
+    if unique:
+        properties[UNIQ_KEY] = unique
+    properties.pop(BORN_HOST_PROPERTY, None)
     return properties

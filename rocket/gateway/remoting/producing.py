@@ -48,7 +48,7 @@ class Producing:
                      layout.parse_properties(header.get("properties", "")))]
         transaction = bool(sys_flag & layout.SYSFLAG_TRANSACTION_PREPARED) or \
             sent[0][1].get(layout.TRANSACTION_PREPARED) == "true"
-        converted = [layout.to_rocket(body, properties, born_ms, now_ms) for body, properties in sent]
+        converted = [layout.to_rocket(body, properties, born_ms, now_ms, connection.peer) for body, properties in sent]
         if transaction:
             group = header.get("producerGroup", "")
             for message in converted:
@@ -130,7 +130,7 @@ class Producing:
         host = layout.host_bytes(connection.local)
         offset_id = layout.commit_log_offset(topic, check["queue"], check["offset"])
         header = {"tranStateTableOffset": str(check["offset"]), "commitLogOffset": str(offset_id),
-                  "msgId": first.properties.get(layout.UNIQ_KEY, ""),
+                  "msgId": layout.remoting_properties(first).get(layout.UNIQ_KEY, ""),
                   "transactionId": f"{check['queue']}.{check['offset']}.{check['count']}",
                   "offsetMsgId": layout.message_id(host[0], host[1], offset_id)}
         await connection.notify(Command(RequestCode.CHECK_TRANSACTION_STATE, ext=header,

@@ -13,20 +13,19 @@ from pathlib import Path
 from rocket.errors import Code, RocketError
 
 SERVICE = "apache.rocketmq.v2.MessagingService"
-KEYS_PROPERTY = "__rmq.keys"  # a message's RocketMQ keys, space-separated, when rocket's one key cannot hold them
-ID_PROPERTY = "__rmq.id"  # the message id the client gave, handed back on receive
-BORN_HOST_PROPERTY = "__rmq.born_host"
 
 MESSAGE_TYPE_OF = {"normal": 1, "fifo": 2, "delay": 3, "transaction": 4}  # rocket's -> apache.rocketmq.v2.MessageType
 STATUS_OF_CODE = {  # rocket's error codes -> apache.rocketmq.v2.Code
     Code.UNKNOWN_TOPIC: 40402, Code.WRONG_MESSAGE_TYPE: 40014, Code.BAD_FILTER: 40010, Code.NOT_FOUND: 40400,
     Code.BAD_REQUEST: 40000, Code.BAD_BATCH: 40000, Code.BAD_QUEUE: 40000, Code.UNDECODABLE: 40000,
-    Code.FRAME_TOO_LARGE: 41300, Code.TIMEOUT: 50400, Code.OVERLOADED: 42900, Code.UNAVAILABLE: 50001,
+    Code.OFFSET_OUT_OF_RANGE: 40019, Code.FRAME_TOO_LARGE: 41300, Code.TIMEOUT: 50400, Code.OVERLOADED: 42900,
+    Code.UNAVAILABLE: 50001,
 }
 AUTHORIZATION = re.compile(r"MQv2-HMAC-SHA1 Credential=[^,\s]*, ?SignedHeaders=[a-z0-9-]+(;[a-z0-9-]+)*, ?"
                            r"Signature=[0-9A-Fa-f]+")  # RocketMQ 5's HMAC signature of the x-mq-date-time header
 OK = 20000
 MESSAGE_NOT_FOUND = 40401
+OFFSET_NOT_FOUND = 40404
 INVALID_RECEIPT_HANDLE = 40013
 INVALID_TRANSACTION_ID = 40008
 ILLEGAL_MESSAGE_ID = 40009

@@ -1,7 +1,7 @@
 """The RocketMQ 5 proxy: apache.rocketmq.v2.MessagingService (gRPC) mapped onto the broker's methods through the
 dispatcher, so RocketMQ 5 clients run unchanged. Protobuf classes come from rocketmq-python-client's generated
 *_pb2 modules (protocol.py); without that package the service is off. This module wires the calls and answers
-routes; telemetry.py, sending.py and receiving.py hold the rest."""
+routes; telemetry.py, sending.py, receiving.py and pulling.py hold the rest."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import RocketError
 from rocket.gateway.rocketmq.protocol import AUTHORIZATION, MESSAGE_TYPE_OF, OK, SERVICE, load_protocol, status_of
+from rocket.gateway.rocketmq.pulling import Pulling
 from rocket.gateway.rocketmq.receiving import Receiving
 from rocket.gateway.rocketmq.sending import Sending
 from rocket.gateway.rocketmq.telemetry import Telemetry
@@ -35,7 +36,7 @@ def rocketmq_services(dispatcher: Dispatcher, clock: Clock, max_attempts: int = 
     return RocketMQProxy(dispatcher, *protocol, clock=clock, max_attempts=max_attempts).handlers()
 
 
-class RocketMQProxy(Telemetry, Sending, Receiving):
+class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
     def __init__(self, dispatcher: Dispatcher, definition: types.ModuleType, service: types.ModuleType,
                  clock: Clock, max_attempts: int = limits.pop_attempts_default):
         assert max_attempts >= 1
@@ -60,9 +61,13 @@ class RocketMQProxy(Telemetry, Sending, Receiving):
             "EndTransaction": (service.EndTransactionRequest, self.end_transaction),
             "NotifyClientTermination": (service.NotifyClientTerminationRequest, self.notify_client_termination),
             "RecallMessage": (service.RecallMessageRequest, self.recall_message),
+            "UpdateOffset": (service.UpdateOffsetRequest, self.update_offset),
+            "GetOffset": (service.GetOffsetRequest, self.get_offset),
+            "QueryOffset": (service.QueryOffsetRequest, self.query_offset),
         }
         table = {f"/{SERVICE}/{name}": self._unary(request_type, method) for name, (request_type, method) in unary.items()}
         table[f"/{SERVICE}/ReceiveMessage"] = self._server_stream(service.ReceiveMessageRequest, self.receive_message)
+        table[f"/{SERVICE}/PullMessage"] = self._server_stream(service.PullMessageRequest, self.pull_message)
         table[f"/{SERVICE}/Telemetry"] = self._checked(self.telemetry)
         return table
 
@@ -121,6 +126,20 @@ class RocketMQProxy(Telemetry, Sending, Receiving):
             del self._topics[next(iter(self._topics))]
         self._topics[name] = (now, topic)
         return topic
+
+    async def _group_settings(self, group: str) -> dict:
+        """The consumer group's settings as the broker applies them (GroupSettings: cached there a few seconds);
+        max_attempts 0 and an empty backoff when the group sets none, or when they cannot be read."""
+        try:
+            return await self.dispatcher.local("GroupSettings", {"group": group})
+        except RocketError as error:
+            log.info("consumer group %s: settings not read: %s", group, error)
+            return {"group": group, "max_attempts": 0, "retry_backoff_s": [], "consume_mode": "clustering",
+                    "fifo": False}
+
+    async def _max_attempts(self, group: str) -> int:
+        """The group's max attempts, or the node's rocketmq_max_attempts when the group sets none."""
+        return (await self._group_settings(group))["max_attempts"] or self.max_attempts
 
     def _endpoints(self, requested, call: GrpcCall):
         """Routes point the client back at the endpoint it reached: rocket's brokers are all alike."""

@@ -13,7 +13,8 @@ import trio
 
 from rocket import limits
 from rocket.errors import RocketError
-from rocket.gateway.rocketmq.protocol import (BORN_HOST_PROPERTY, ID_PROPERTY, INVALID_RECEIPT_HANDLE, KEYS_PROPERTY, MESSAGE_NOT_FOUND, MESSAGE_TYPE_OF, ms_of)
+from rocket.gateway.properties import BORN_HOST_PROPERTY, ID_PROPERTY, KEYS_PROPERTY
+from rocket.gateway.rocketmq.protocol import INVALID_RECEIPT_HANDLE, MESSAGE_NOT_FOUND, MESSAGE_TYPE_OF, ms_of
 from rocket.model import Message
 from rocket.serde.receive import parse_receipt, received
 from rocket.transport.h2_server import GrpcCall
@@ -65,7 +66,8 @@ class Receiving:
         answered.delivery_timestamp.FromMilliseconds(self.clock.wall_ms())
         yield answered
 
-    def _to_rocketmq(self, topic: dict, message: Message, handle: dict, invisible_ms: int):
+    def _to_rocketmq(self, topic: dict, message: Message, handle: dict | None, invisible_ms: int):
+        """handle None: a pulled message, which has no receipt handle, attempt or invisible time."""
         definition = self.definition
         properties = dict(message.properties)
         fifo = topic["message_type"] == "fifo"
@@ -77,8 +79,11 @@ class Receiving:
             keys=keys, message_id=message_id, born_host=born_host, store_host="rocket",
             body_digest=definition.Digest(type=1, checksum=format(zlib.crc32(message.body) & 0xFFFFFFFF, "08X")),
             body_encoding=1, message_type=MESSAGE_TYPE_OF.get(topic["message_type"], 1), queue_id=message.queue,
-            queue_offset=message.offset, delivery_attempt=handle["attempt"],
-            receipt_handle=f"{handle['queue']}.{handle['offset']}.{handle['attempt']}")
+            queue_offset=message.offset)
+        if handle is not None:
+            system.delivery_attempt = handle["attempt"]
+            system.receipt_handle = f"{handle['queue']}.{handle['offset']}.{handle['attempt']}"
+            system.invisible_duration.FromMilliseconds(invisible_ms)
         if message.tag:
             system.tag = message.tag
         if fifo and message.key:
@@ -87,7 +92,6 @@ class Receiving:
         system.store_timestamp.FromMilliseconds(message.timestamp_ms)
         if message.deliver_at_ms or topic["message_type"] == "delay":  # a delivered one's timestamp is its time
             system.delivery_timestamp.FromMilliseconds(message.deliver_at_ms or message.timestamp_ms)
-        system.invisible_duration.FromMilliseconds(invisible_ms)
         return definition.Message(topic=definition.Resource(name=topic["name"]), user_properties=properties,
                                   system_properties=system, body=message.body)
 
@@ -115,7 +119,7 @@ class Receiving:
         try:
             receipt = _receipt(request.receipt_handle)
             invisible_ms = ms_of(request.invisible_duration, 0)
-            if receipt["attempt"] >= self.max_attempts:
+            if receipt["attempt"] >= await self._max_attempts(request.group.name):
                 invisible_ms = 0  # a failure of the last attempt: the next receive moves it to the dead-letter queue
             response = await self.dispatcher.local("ChangeInvisible", {
                 "topic": request.topic.name, "group": request.group.name, "receipts": [receipt],

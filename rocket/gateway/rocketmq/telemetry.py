@@ -81,12 +81,14 @@ class Telemetry:
             settings.publishing.max_body_size = limits.message_bytes_max
             settings.publishing.validate_message_type = True
         elif asked.HasField("subscription"):
-            # Consumers retry after rocket's backoff (1 s, 5 s, 10 s, 30 s ...) and give up where rocket does.
+            # Consumers retry after the group's backoff (or rocket's: 1 s, 5 s, 10 s, 30 s ...) and give up where the
+            # group's settings say (or the node's rocketmq_max_attempts), as the broker's receives do.
+            group = await self._group_settings(asked.subscription.group.name)
             settings.backoff_policy.Clear()
-            settings.backoff_policy.max_attempts = self.max_attempts
-            for seconds in limits.pop_retry_backoff_s:
-                settings.backoff_policy.customized_backoff.next.add(seconds=seconds)
-            fifo = False
+            settings.backoff_policy.max_attempts = group["max_attempts"] or self.max_attempts
+            for seconds in group["retry_backoff_s"] or limits.pop_retry_backoff_s:
+                settings.backoff_policy.customized_backoff.next.add().FromNanoseconds(int(seconds * 1e9))
+            fifo = group["fifo"]
             for entry in asked.subscription.subscriptions:
                 try:
                     fifo = fifo or (await self._topic(entry.topic.name))["message_type"] == "fifo"

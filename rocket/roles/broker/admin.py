@@ -1,10 +1,19 @@
-"""Topic and cluster administration on the broker: create, list, describe and update topics, storage classes, tier and
-cluster status, drains, node health; what the nameservers keep is asked of them. A mixin of Broker.
+"""Topic and cluster administration on the broker: create, list, describe and update topics, storage classes,
+consumer groups' settings, tier and cluster status, drains, node health; what the nameservers keep is asked of them.
+A mixin of Broker.
 """
 
 from __future__ import annotations
 
+import logging
+
+import trio
+
 from rocket import __version__, limits
+from rocket.errors import Code, RocketError
+from rocket.model import check_group_name
+
+log = logging.getLogger("rocket.broker")
 
 
 class Admin:
@@ -19,6 +28,48 @@ class Admin:
 
     async def storage_classes(self, request: dict) -> dict:
         return await self.peers.nameserver("MetaStorageClasses", request, timeout_s=limits.leader_wait_s_max + 5)
+
+    async def create_consumer_group(self, request: dict) -> dict:
+        made = await self.peers.nameserver("MetaCreateConsumerGroup", request, timeout_s=limits.leader_wait_s_max + 5)
+        self._group_settings.pop(request["group"], None)
+        return made
+
+    async def update_consumer_group(self, request: dict) -> dict:
+        updated = await self.peers.nameserver("MetaUpdateConsumerGroup", request, timeout_s=limits.leader_wait_s_max + 5)
+        self._group_settings.pop(request["group"], None)
+        return updated
+
+    async def consumer_groups(self, request: dict) -> dict:
+        return await self.peers.nameserver("MetaConsumerGroups", request, timeout_s=limits.leader_wait_s_max + 5)
+
+    async def group_settings(self, request: dict) -> dict:
+        """A group's settings as this broker applies them to its receives (at most limits.group_settings_cache_s
+        old): a group without settings answers max_attempts 0 (none set), the default backoff (empty), clustering,
+        not FIFO. What a gateway reads to honour the group's max attempts and backoff."""
+        name = check_group_name(request["group"])
+        return await self._settings_of(name) or {"group": name, "max_attempts": 0, "retry_backoff_s": [],
+                                                 "consume_mode": "clustering", "fifo": False}
+
+    async def _settings_of(self, group: str) -> dict | None:
+        """The group's settings (None: it has none), read from the nameservers at most every
+        limits.group_settings_cache_s; while they do not answer, what was known (or none) is kept that long."""
+        now = trio.current_time()
+        cached = self._group_settings.get(group)
+        if cached is not None and now - cached[0] < limits.group_settings_cache_s:
+            return cached[1]
+        try:
+            settings = (await self.peers.nameserver("MetaConsumerGroups", {"group": group},
+                                                    timeout_s=limits.storage_call_s_max))["groups"][0]
+        except RocketError as error:
+            settings = None if cached is None else cached[1]
+            if error.code != Code.UNKNOWN_GROUP:
+                log.info("consumer group %s: settings kept as they were (%s): %s", group,
+                         "none" if settings is None else "known", error)
+        self._group_settings.pop(group, None)
+        if len(self._group_settings) >= limits.group_settings_cache_entries_max:
+            del self._group_settings[next(iter(self._group_settings))]
+        self._group_settings[group] = (now, settings)
+        return settings
 
     async def list_topics(self, request: dict) -> dict:
         """The topics, without the KV buckets kept as topics (KvListBuckets lists those)."""

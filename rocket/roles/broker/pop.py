@@ -22,9 +22,13 @@ class PopConsumption:
     async def receive(self, request: dict) -> dict:
         """Pop consumption over all queues of the topic, storage group after storage group (starting at a
         different one each time, so receivers spread); waits up to wait_ms for messages. A topic whose queues lie in
-        one storage group waits in that group's pop call, which returns the messages: one storage call."""
+        one storage group waits in that group's pop call, which returns the messages: one storage call. The group's
+        settings in the metadata, when they set max attempts, override the request's (so every client and gateway
+        gives up where the group says), and the response names them."""
         route = await self._route(request["topic"])
         check_group_name(request["group"])
+        settings = await self._settings_of(request["group"]) or {"max_attempts": 0, "retry_backoff_s": []}
+        max_attempts = settings["max_attempts"] or request["max_attempts"]
         self._filter(request)  # a malformed filter is refused here, with its position
         groups = list(self._by_group(route, range(route.spec.queues)).items())
         start = next(self._round_robin.setdefault("%receive%" + route.spec.name, itertools.count())) % len(groups)
@@ -33,7 +37,8 @@ class PopConsumption:
         deadline = trio.current_time() + min(max(request["wait_ms"], 0), limits.pull_wait_ms_max) / 1000
         while True:
             fifo = route.spec.message_type == "fifo"
-            response = {"batches": [], "handles": [], "cursors": [], "next_visible_ms": 0, "fifo": fifo}
+            response = {"batches": [], "handles": [], "cursors": [], "next_visible_ms": 0, "fifo": fifo,
+                        "max_attempts": settings["max_attempts"], "retry_backoff_s": settings["retry_backoff_s"]}
             for group, queues in groups:
                 if len(response["handles"]) >= wanted:
                     break
@@ -41,7 +46,7 @@ class PopConsumption:
                 found = await self._storage(route, group, "StoragePop", {
                     "group": group, "consumer_group": request["group"], "topic": route.spec.name, "queues": queues,
                     "max_messages": wanted - len(response["handles"]), "invisible_ms": request["invisible_ms"],
-                    "wait_ms": int(wait_s * 1000), "max_attempts": request["max_attempts"],
+                    "wait_ms": int(wait_s * 1000), "max_attempts": max_attempts,
                     "filter_type": request["filter_type"], "filter": request["filter"], "fifo": fifo},
                     timeout_s=wait_s + limits.storage_call_s_max)
                 for field in ("batches", "handles", "cursors"):

@@ -43,6 +43,8 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
         self._filters: dict[tuple[str, str], Filter] = {}  # compiled filters, the most recent limits.filters_cached_max
         self._kv_open: dict = {}  # storage group -> the KV batch that takes transactions now (see kv.py)
         self._kv_sending: dict[int, trio.Lock] = {}  # storage group -> held while its KV batch call is out
+        # consumer group -> (read at, its settings or None): the latest limits.group_settings_cache_entries_max
+        self._group_settings: dict[str, tuple[float, dict | None]] = {}
 
     def register(self, dispatcher: Dispatcher, forward_status: bool) -> None:
         handlers = {
@@ -70,6 +72,10 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
             "UpdateTopic": self.update_topic,
             "CreateStorageClass": self.create_storage_class,
             "StorageClasses": self.storage_classes,
+            "CreateConsumerGroup": self.create_consumer_group,
+            "UpdateConsumerGroup": self.update_consumer_group,
+            "ConsumerGroups": self.consumer_groups,
+            "GroupSettings": self.group_settings,
             "TierStatus": self.tier_status,
             "KvCreateBucket": self.kv_create_bucket,
             "KvListBuckets": self.kv_list_buckets,

@@ -2,7 +2,8 @@
 
 It holds topics (with the storage groups their queues hash onto), storage groups and their voters,
 the storage classes (issue 32) with, for controller-mode groups, the controller's master, sync state
-set and epochs, and the node registry. Commands are JSON objects decided by the nameserver leader
+set and epochs, the consumer groups' settings (max attempts, retry backoff, consume mode, FIFO), and the
+node registry. Commands are JSON objects decided by the nameserver leader
 (which did the placement and read the clock) and applied identically on every nameserver. `version`
 rises with every change, so a cached route knows it is stale.
 """
@@ -17,13 +18,15 @@ import orjson
 from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 from rocket.ml.health import PINS as HEALTH_PINS
-from rocket.model import DEFAULT_STORAGE_CLASS, KV_PREFIX, TopicSpec
+from rocket.model import DEFAULT_STORAGE_CLASS, KV_PREFIX, TopicSpec, check_group_name
 
 META_GROUP = 1  # the nameservers' own Raft group; storage groups are numbered from 2
 FIRST_STORAGE_GROUP = 2
 NODE_STATES = ("up", "draining")
 STORAGE_MODES = ("raft", "controller")
 DEFAULT_CLASS = DEFAULT_STORAGE_CLASS  # implicit, not stored: mode raft, the config's replication, the nodes' groups
+CONSUME_MODES = ("clustering", "broadcasting")
+CONSUMER_GROUP_FIELDS = ("max_attempts", "retry_backoff_s", "consume_mode", "fifo")  # what an update may change
 
 
 @dataclasses.dataclass(slots=True)
@@ -67,6 +70,64 @@ class Members:
 
 
 @dataclasses.dataclass(slots=True)
+class ConsumerGroup:
+    """A consumer group's settings, which every broker and gateway reads (RocketMQ keeps them per group on the
+    server: its subscription group config)."""
+
+    name: str
+    max_attempts: int = 0  # deliveries before the dead letters; 0: none set, the consumer's own (its request's)
+    retry_backoff_s: tuple[float, ...] = ()  # the invisible time after the nth failed delivery; (): rocket's default
+    consume_mode: str = "clustering"  # one of CONSUME_MODES
+    fifo: bool = False  # its consumers take a FIFO topic's messages in order
+
+    def to_wire(self) -> dict:
+        return {"group": self.name, "max_attempts": self.max_attempts, "retry_backoff_s": list(self.retry_backoff_s),
+                "consume_mode": self.consume_mode, "fifo": self.fifo}
+
+
+def check_consumer_group(settings: dict) -> dict:
+    """The settings given (any of CONSUMER_GROUP_FIELDS), normalised; each refused in one line saying what is
+    allowed."""
+    checked = {}
+    for field, value in settings.items():
+        if field == "max_attempts":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limits.checks_config_max:
+                raise RocketError(Code.BAD_REQUEST, f"max_attempts must be 1..{limits.checks_config_max} (0: none "
+                                  f"set, the consumer's own), got {value!r}")
+        elif field == "retry_backoff_s":
+            if not isinstance(value, (list, tuple)) or not all(
+                    isinstance(seconds, (int, float)) and not isinstance(seconds, bool) for seconds in value):
+                raise RocketError(Code.BAD_REQUEST, f"retry_backoff_s must be a list of seconds, got {value!r}")
+            value = tuple(float(seconds) for seconds in value)
+            if len(value) > limits.group_retry_backoff_steps_max:
+                raise RocketError(Code.BAD_REQUEST, f"retry_backoff_s has {len(value)} steps; at most "
+                                  f"{limits.group_retry_backoff_steps_max}")
+            if not all(0 <= seconds <= limits.pop_invisible_s_max for seconds in value):
+                raise RocketError(Code.BAD_REQUEST, f"each step of retry_backoff_s must be 0..{limits.pop_invisible_s_max} "
+                                  f"seconds, got {list(value)}")
+        elif field == "consume_mode":
+            if value not in CONSUME_MODES:
+                raise RocketError(Code.BAD_REQUEST, f"consume_mode must be one of {', '.join(CONSUME_MODES)}, got "
+                                  f"{value!r}")
+        elif field == "fifo":
+            if not isinstance(value, bool):
+                raise RocketError(Code.BAD_REQUEST, f"fifo must be true or false, got {value!r}")
+        else:
+            raise RocketError(Code.BAD_REQUEST, f"a consumer group has no setting {field!r}: only "
+                              f"{', '.join(CONSUMER_GROUP_FIELDS)}")
+        checked[field] = value
+    return checked
+
+
+def group_exists(name: str) -> RocketError:
+    return RocketError(Code.GROUP_EXISTS, f"consumer group {name!r} exists: change its settings with update")
+
+
+def unknown_group(name: str) -> RocketError:
+    return RocketError(Code.UNKNOWN_GROUP, f"consumer group {name!r} has no settings: create it first")
+
+
+@dataclasses.dataclass(slots=True)
 class NodeInfo:
     id: int
     address: str
@@ -97,6 +158,7 @@ class Metadata:
         self.nodes: dict[int, NodeInfo] = {}
         self.classes: dict[str, StorageClass] = {}  # the ones operators made; not the default
         self.elections: list[dict] = []  # the last limits.elections_kept_max masters chosen, oldest first
+        self.consumer_groups: dict[str, ConsumerGroup] = {}  # consumer group name -> its settings
         self.version = 0
 
     # ---- the state machine ---------------------------------------------------------------------------
@@ -190,6 +252,10 @@ class Metadata:
             result = self._elect_master(command)
         elif operation == "alter_sync_state_set":
             result = self._alter_sync_state_set(command)
+        elif operation == "create_consumer_group":
+            result = self._create_consumer_group(command)
+        elif operation == "update_consumer_group":
+            result = self._update_consumer_group(command)
         else:
             invariant(False, f"unknown metadata command {operation!r}")
         self.version += 1
@@ -216,6 +282,35 @@ class Metadata:
         self._add_groups(command["new_groups"], name, controlled=storage_class.mode == "controller")
         self.classes[name] = storage_class
         return storage_class
+
+    # ---- consumer groups' settings --------------------------------------------------------------------
+
+    def _create_consumer_group(self, command: dict) -> ConsumerGroup:
+        name = check_group_name(command["group"])
+        settings = check_consumer_group(command["settings"])
+        if name in self.consumer_groups:
+            raise group_exists(name)
+        if len(self.consumer_groups) >= limits.consumer_groups_max:
+            raise RocketError(Code.OVERLOADED, f"the cluster holds the maximum of {limits.consumer_groups_max} "
+                              "consumer groups with settings")
+        self.consumer_groups[name] = made = ConsumerGroup(name, **settings)
+        return made
+
+    def _update_consumer_group(self, command: dict) -> ConsumerGroup:
+        """Only the settings given change."""
+        name = command["group"]
+        settings = check_consumer_group(command["settings"])
+        known = self.consumer_groups.get(name)
+        if known is None:
+            raise unknown_group(name)
+        self.consumer_groups[name] = updated = dataclasses.replace(known, **settings)
+        return updated
+
+    def consumer_group(self, name: str) -> ConsumerGroup:
+        found = self.consumer_groups.get(name)
+        if found is None:
+            raise unknown_group(name)
+        return found
 
     def _control(self, group: int) -> tuple[Members, Control]:
         members = self.groups.get(group)
@@ -282,6 +377,7 @@ class Metadata:
             "nodes": [dataclasses.asdict(node) for node in self.nodes.values()],
             "classes": [dataclasses.asdict(storage_class) for storage_class in self.classes.values()],
             "elections": self.elections,
+            "consumer_groups": [group.to_wire() for group in self.consumer_groups.values()],
         })]
 
     def restore(self, chunks: Iterable[bytes]) -> None:
@@ -301,6 +397,10 @@ class Metadata:
                        for group, voters, learners, leaving, *rest in state["groups"]}
         self.classes = {entry["name"]: StorageClass(**entry) for entry in state.get("classes", ())}
         self.elections = list(state.get("elections", ()))
+        self.consumer_groups = {entry["group"]: ConsumerGroup(entry["group"], entry["max_attempts"],
+                                                              tuple(entry["retry_backoff_s"]), entry["consume_mode"],
+                                                              entry["fifo"])
+                                for entry in state.get("consumer_groups", ())}  # snapshots before settings had none
         self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"],
                                            node.get("health_pin", "auto"),  # snapshots before pins had none
                                            node.get("degraded_for", ""))

@@ -27,6 +27,7 @@ from rocket.model import (KV_PREFIX, Address, bucket_topic, check_message_type, 
                           check_user_topic_name)
 from rocket.raft.host import RaftHost
 from rocket.roles.nameserver.classes import StorageClasses
+from rocket.roles.nameserver.consumer_groups import ConsumerGroupSettings
 from rocket.roles.nameserver.controller import Controller
 from rocket.roles.nameserver.health import NodeHealthChecks
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, META_GROUP, Metadata, exists
@@ -37,7 +38,7 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.nameserver")
 
 
-class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, Controller):
+class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroupSettings, Controller):
     def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, clock: Clock,
                  placement: Placement | None = None, objects=None):
         self.config = config
@@ -73,6 +74,9 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, Controller):
         dispatcher.handle("PinNodeHealth", self.pin_node_health)
         dispatcher.handle("MetaCreateStorageClass", self.create_storage_class)
         dispatcher.handle("MetaStorageClasses", self.storage_classes)
+        dispatcher.handle("MetaCreateConsumerGroup", self.create_consumer_group)
+        dispatcher.handle("MetaUpdateConsumerGroup", self.update_consumer_group)
+        dispatcher.handle("MetaConsumerGroups", self.consumer_groups)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """On the leader, every heartbeat interval: create storage groups as storage nodes join, plan replica
