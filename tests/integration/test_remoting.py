@@ -156,7 +156,9 @@ def test_offsets_and_their_queries(server):
                                                          "timestamp": 0}).ext["offset"] == "0"
     assert int(client.request(R.GET_EARLIEST_MSG_STORETIME, {"topic": "orders", "queueId": 3}).ext["timestamp"]) > 0
     query = {"consumerGroup": "billing", "topic": "orders", "queueId": 3}
-    assert client.request(R.QUERY_CONSUMER_OFFSET, query).code == ResponseCode.QUERY_NOT_FOUND
+    new_group = client.request(R.QUERY_CONSUMER_OFFSET, query)  # a young queue: 0, as RocketMQ answers
+    assert new_group.code == 0 and new_group.ext["offset"] == "0"
+    client.request(R.UPDATE_CONSUMER_OFFSET, {**query, "commitOffset": -1}, oneway=True)  # "nothing consumed"
     client.request(R.UPDATE_CONSUMER_OFFSET, {**query, "commitOffset": 2}, oneway=True)
     assert client.request(R.QUERY_CONSUMER_OFFSET, query).ext["offset"] == "2"
     pull(client, "orders", 3, 2, group="billing", sysFlag=1, commitOffset=3)  # the commit-offset flag

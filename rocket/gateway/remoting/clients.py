@@ -179,7 +179,10 @@ class Clients:
         return list(self._producers.get(group_name, {}).values())
 
     def commit_later(self, group_name: str, topic: str, queue: int, offset: int) -> None:
-        self._offsets.setdefault((group_name, topic), {})[queue] = offset
+        """Keep a commit for the next write; a negative one means nothing was consumed (ali-ons commits -1 for a
+        queue it held at offset 0) and is not kept."""
+        if offset >= 0:
+            self._offsets.setdefault((group_name, topic), {})[queue] = offset
 
     def uncommitted(self, group_name: str, topic: str, queue: int) -> int | None:
         return self._offsets.get((group_name, topic), {}).get(queue)

@@ -87,8 +87,12 @@ class Consuming:
             fetched = await self.dispatcher.local("FetchOffsets", {"group": group, "topic": topic})
             offset = next((entry["offset"] for entry in fetched["offsets"] if entry["queue"] == queue), None)
         if offset is None or offset < 0:
-            return command.reply(ResponseCode.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group consumer "
-                                 "boot first")
+            # RocketMQ answers 0 for a queue whose first message is still at offset 0 (and in memory), so a new
+            # group reads a young queue from its start whatever its consumeFromWhere: clients count on it.
+            if (await self._queue_info(topic, queue))["min_offset"] > 0:
+                return command.reply(ResponseCode.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group "
+                                     "consumer boot first")
+            offset = 0
         return command.reply(ext={"offset": offset})
 
     async def update_consumer_offset(self, command: Command, connection) -> Command:
