@@ -43,6 +43,11 @@ trio.run(main)
 
 @pytest.fixture
 def node_binary() -> str:
+    return node_or_skip()
+
+
+def node_or_skip() -> str:
+    """node, with the driver's packages installed; else a skip (a failure on CI, which installs them)."""
     node = shutil.which("node")
     missing = []
     if node is None:
@@ -464,3 +469,21 @@ def test_messages_cross_between_rocket_and_ali_ons(aons):
     assert message["body"] == "hello from ali-ons 0" and message["tag"] == "y", message
     assert message["properties"].get("color") == "blue", message
     assert "k-node-0" in (message["key"], message["properties"].get("KEYS")), message
+
+
+def test_kill_9_during_a_long_pull_loses_nothing_acknowledged(aons):
+    """`rocket run` is killed with -9 while an ali-ons push consumer waits in long pulls, and restarted on the same
+    port: ali-ons reconnects by itself, and every message acknowledged to its producer, before the kill and after
+    the restart, is consumed."""
+    aons.create_topic("aons-crash", queues=2)
+    aons.produce("aons-crash", 10, "--body-prefix", "before-")
+    consumer = aons.consume("aons-crash", "aons-survivors", "--from", "first", timeout_s=150)
+    consumed_or_fail(aons, consumer, {f"before-{i}" for i in range(10)}, "before the kill")
+    time.sleep(1.5)  # its pulls now wait on the empty queues
+    aons.server.kill()
+    aons.server.start(extra=("--listen", aons.server.server))
+    aons.produce("aons-crash", 10, "--body-prefix", "after-", timeout_s=90)
+    consumed_or_fail(aons, consumer, {f"before-{i}" for i in range(10)} | {f"after-{i}" for i in range(10)},
+                     "after the restart", timeout_s=90)
+    consumer.stop()
+    report_repeats("kill -9", consumer.bodies())

@@ -15,6 +15,7 @@ from rocket.gateway.remoting.messages import parse_message_id
 from rocket.transport.listen import free_ports
 from tests.integration.test_cluster import Node
 from tests.integration.test_remoting import pull, rocket, send
+from tests.integration.test_remoting_aons import Aons, consumed_or_fail, node_or_skip
 from tests.remoting_client import RemotingClient
 
 ROLES = {1: "nameserver", 2: "nameserver", 3: "nameserver", 11: "storage", 12: "storage", 13: "storage",
@@ -75,3 +76,20 @@ def test_routes_list_every_broker_and_groups_span_brokers(split_cluster):
     while through_second.json(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "billing"})["consumerIdList"] != ["10.0.0.2@b"]:
         assert time.time() < deadline
         time.sleep(0.5)
+
+
+def test_ali_ons_sends_and_consumes_through_the_cluster(split_cluster, tmp_path):
+    """ali-ons, given a nameserver's address only, sends through the brokers the route names and a push consumer
+    gets every message back."""
+    node = node_or_skip()
+    rocket(split_cluster[21], "topic", "create", "cluster-orders", "--queues", "4")
+    runner = Aons(node, split_cluster[1], tmp_path)
+    try:
+        sent = runner.produce("cluster-orders", 40, "--body-prefix", "c-")
+        assert len({line["msgId"] for line in sent}) == 40
+        consumer = runner.consume("cluster-orders", "cluster-readers", "--from", "first")
+        consumed_or_fail(runner, consumer, {f"c-{i}" for i in range(40)}, "through the cluster", timeout_s=90)
+        consumer.stop()
+    finally:
+        runner.kill_all()
+
