@@ -86,11 +86,10 @@ class Clients:
         self._retry_topics_made.add(name)
 
     async def unregister_client(self, command: Command, connection) -> Command:
-        client = command.ext.get("clientID", "")
-        for group_name in (command.ext.get("consumerGroup"),):
-            if group_name and self._groups.get(group_name, {}).pop(client, None) is not None:
-                await self._flush_offsets()
-                await self._refresh_group(group_name, leaving=client)
+        client, group_name = command.ext.get("clientID", ""), command.ext.get("consumerGroup")
+        if group_name and self._groups.get(group_name, {}).pop(client, None) is not None:
+            await self._flush_offsets()
+            await self._refresh_group(group_name, leaving=client)
         if command.ext.get("producerGroup"):
             self._producers.get(command.ext["producerGroup"], {}).pop(client, None)
         return command.reply()
