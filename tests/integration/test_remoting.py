@@ -402,3 +402,31 @@ def test_send_back_retries_after_the_groups_backoff_then_dead_letters(server):
     dead = rocket(server, "dlq", "list", "orders", "--group", "payers")
     assert "flaky" in dead and "3:0" in dead  # beside queue 3, where it was sent
     assert sent["queueId"] == "3"
+
+
+def test_mqadmin_basics(server):
+    """What mqadmin's updateTopic, topicList, topicStatus, consumerConnection and brokerStatus call."""
+    client = RemotingClient(server.tcp_port)
+    created = client.request(R.UPDATE_AND_CREATE_TOPIC, {"topic": "audits", "readQueueNums": 2, "writeQueueNums": 2,
+                                                         "perm": 6, "attributes": "+message.type=FIFO"})
+    assert created.code == 0, created.remark
+    config = client.json(R.GET_ALL_TOPIC_CONFIG)["topicConfigTable"]
+    assert config["audits"]["writeQueueNums"] == 2 and config["audits"]["order"] is True
+    bad = client.request(R.UPDATE_AND_CREATE_TOPIC, {"topic": "odd", "writeQueueNums": 1,
+                                                     "attributes": "+message.type=PIGEON"})
+    assert bad.code == ResponseCode.MESSAGE_ILLEGAL and "PIGEON" in bad.remark
+    send(client, "orders", b"one", queue=1)
+    stats = client.json(R.GET_TOPIC_STATS_INFO, {"topic": "orders"})["offsetTable"]
+    by_queue = {orjson.loads(key)["queueId"]: value for key, value in stats.items()}
+    assert by_queue[1] == {"minOffset": 0, "maxOffset": 1, "lastUpdateTimestamp": 0} and len(by_queue) == 4
+    assert client.request(R.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": "nobody"}).code == \
+        ResponseCode.CONSUMER_NOT_ONLINE
+    client.request(R.HEART_BEAT, body=orjson.dumps({"clientID": "10.0.0.9@9", "producerDataSet": [],
+        "consumerDataSet": [{"groupName": "auditors", "messageModel": "CLUSTERING",
+                             "subscriptionDataSet": [{"topic": "orders", "subString": "a||b"}]}]}))
+    connections = client.json(R.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": "auditors"})
+    assert [each["clientId"] for each in connections["connectionSet"]] == ["10.0.0.9@9"]
+    assert connections["subscriptionTable"]["orders"]["subString"] == "a||b"
+    assert client.json(R.GET_BROKER_RUNTIME_INFO)["table"]["brokerVersionDesc"].startswith("rocket ")
+    refused = client.request(R.DELETE_TOPIC_IN_BROKER, {"topic": "audits"})
+    assert refused.code == ResponseCode.SYSTEM_ERROR and "UNSUPPORTED" in refused.remark
