@@ -430,3 +430,23 @@ def test_mqadmin_basics(server):
     assert client.json(R.GET_BROKER_RUNTIME_INFO)["table"]["brokerVersionDesc"].startswith("rocket ")
     refused = client.request(R.DELETE_TOPIC_IN_BROKER, {"topic": "audits"})
     assert refused.code == ResponseCode.SYSTEM_ERROR and "UNSUPPORTED" in refused.remark
+
+
+def test_delay_levels_and_timer_properties_deliver_later(server):
+    """DELAY=1 (level 1: 1 s) and 5.x's TIMER_DELAY_SEC on a delay topic arrive no earlier than asked; a normal
+    topic refuses a delayed message with a remark that says why (RocketMQ 5's message type check)."""
+    rocket(server, "topic", "create", "reminders", "--queues", "1", "--type", "delay")
+    client = RemotingClient(server.tcp_port)
+    sent_at = time.time()
+    send(client, "reminders", b"level-1", properties={"DELAY": "1"})
+    send(client, "reminders", b"in-2s", properties={"TIMER_DELAY_SEC": "2"})
+    got: dict[bytes, float] = {}
+    offset, deadline = 0, time.time() + 30
+    while len(got) < 2 and time.time() < deadline:
+        code, header, found = pull(client, "reminders", 0, offset, wait_ms=1000)
+        got.update((each["body"], time.time()) for each in found)
+        offset = int(header.get("nextBeginOffset", offset))
+    assert got[b"level-1"] - sent_at >= 0.9 and got[b"in-2s"] - sent_at >= 1.9
+    refused = client.request(R.SEND_MESSAGE_V2, {"a": "p", "b": "orders", "e": 0, "f": 0, "g": 0,
+                                                 "i": layout.properties_text({"DELAY": "3"})}, b"late")
+    assert refused.code == ResponseCode.MESSAGE_ILLEGAL and "delay topic" in refused.remark
