@@ -24,12 +24,17 @@ class ConfigError(Exception):
     """An invalid setting: the message names the key and what is wrong with it."""
 
 
+DEFAULT_LISTEN = Address("127.0.0.1", 9876)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeConfig:
     roles: tuple[str, ...] = ROLES
     data_dir: Path = Path("rocket-data")
-    listen: Address = Address("127.0.0.1", 9876)
+    listen: Address = DEFAULT_LISTEN
     http2_listen: Address | None = Address("127.0.0.1", 9877)
+    # HTTP/1.1 (/metrics, /healthz, /readyz); when no source sets it, _dev_http_listen chooses.
+    http_listen: Address | None = None
     http2_tls_cert: Path | None = None  # with http2_tls_key: the HTTP/2 listener speaks TLS (ALPN h2) instead of h2c
     http2_tls_key: Path | None = None
     segment_bytes: int = limits.segment_bytes_default
@@ -227,7 +232,7 @@ def _convert(key: str, value: object) -> object:
         return Path(str(value))
     if key == "listen":
         return parse_address(key, value)
-    if key == "http2_listen":
+    if key in ("http2_listen", "http_listen"):
         return parse_address(key, value, allow_off=True)
     if key == "segment_bytes":
         return _parse_int(key, value, limits.segment_bytes_min, limits.segment_bytes_max)
@@ -288,6 +293,8 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
     for key, value in flags.items():
         if value is not None:
             values[key] = _convert(key, value)
+    if "http_listen" not in values:
+        values["http_listen"] = _dev_http_listen(values)
     config = NodeConfig(**values)
     if not config.nameservers and "nameserver" not in config.roles:
         raise ConfigError("nameservers: a node without the nameserver role needs the nameserver group, as "
@@ -307,6 +314,17 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
             raise ConfigError(f"http2_tls_cert: cannot load {config.http2_tls_cert} with the key "
                               f"{config.http2_tls_key}: {error}") from None
     return config
+
+
+def _dev_http_listen(values: dict[str, object]) -> Address | None:
+    """http_listen when none is set: in dev mode (no nameservers named) port 9878 beside the default TCP port 9876,
+    a free port beside a free one (tests); otherwise off, as several nodes on one machine would share a port."""
+    if values.get("nameservers"):
+        return None
+    listen = values.get("listen", DEFAULT_LISTEN)
+    if listen.port == DEFAULT_LISTEN.port:
+        return Address(listen.host, 9878)
+    return Address(listen.host, 0) if listen.port == 0 else None
 
 
 def load_from_environment(config_file: Path | None, flags: dict[str, object]) -> NodeConfig:

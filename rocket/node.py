@@ -23,6 +23,7 @@ import socket
 import ssl
 from functools import partial
 
+import prometheus_client
 import trio
 
 from rocket import limits
@@ -48,6 +49,7 @@ from rocket.transport.links import PeerLinks
 from rocket.transport.listen import cancel_on
 from rocket.transport.pool import ChannelPool
 from rocket.transport.rpc import Dispatcher, Lifecycle
+from rocket.transport.http1 import serve_http1
 from rocket.transport.tcp import serve_tcp
 
 log = logging.getLogger("rocket.node")
@@ -64,6 +66,7 @@ class StartupError(Exception):
 class Ready:
     tcp_port: int
     http2_port: int | None
+    http_port: int | None = None
 
 
 def keep_freed_memory() -> bool:
@@ -233,6 +236,34 @@ def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Di
     return Roles(host, peers, nameserver, storage, broker)
 
 
+class _Metrics:
+    """The HTTP/1.1 pages: /metrics (the telemetry registry in Prometheus's text format, once the roles run),
+    /healthz (the process serves), /readyz (ready, and not draining)."""
+
+    def __init__(self, ready: trio.Event, lifecycle: Lifecycle):
+        self.ready = ready
+        self.lifecycle = lifecycle
+        self.telemetry: Telemetry | None = None
+
+    def routes(self) -> dict:
+        return {"/metrics": self.metrics, "/healthz": self.healthz, "/readyz": self.readyz}
+
+    async def metrics(self):
+        if self.telemetry is None:
+            return 503, "text/plain; charset=utf-8", b"starting: no metrics yet\n"
+        return 200, prometheus_client.CONTENT_TYPE_LATEST, prometheus_client.generate_latest(self.telemetry.registry)
+
+    async def healthz(self):
+        return 200, "text/plain; charset=utf-8", b"ok\n"
+
+    async def readyz(self):
+        if self.lifecycle.draining.is_set():
+            return 503, "text/plain; charset=utf-8", b"draining\n"
+        if not self.ready.is_set():
+            return 503, "text/plain; charset=utf-8", b"starting\n"
+        return 200, "text/plain; charset=utf-8", b"ready\n"
+
+
 def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle) -> Telemetry:
     """The node's metrics registry, fed by its Raft host, peers, listeners and store."""
     telemetry = Telemetry(config.node_id, config.data_dir)
@@ -282,6 +313,11 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                 http2_port = await _listen(partial(nursery.start, partial(serve_http2, grpc=grpc, tls=_tls_context(config)),
                                                    dispatcher, lifecycle, listen.host, listen.port),
                                            "HTTP/2, --http2-listen", listen)
+            http_port, metrics = None, _Metrics(ready, lifecycle)
+            if config.http_listen is not None:
+                http_port = await _listen(partial(nursery.start, serve_http1, lifecycle, config.http_listen.host,
+                                                  config.http_listen.port, metrics.routes()),
+                                          "HTTP/1.1, --http-listen", config.http_listen)
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
             links = PeerLinks(config.node_id, addresses)
             host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
@@ -292,6 +328,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             await nursery.start(links.run)
             await roles.start(nursery)
             telemetry = node_telemetry(config, roles, lifecycle)
+            metrics.telemetry = telemetry
             if config.telemetry_interval_s:
                 spool = await trio.to_thread.run_sync(partial(Spool, config.data_dir / "telemetry"))
                 prefix = f"{config.tier_s3_prefix}/telemetry/" if config.tier_s3_prefix else "telemetry/"
@@ -305,10 +342,11 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                 http2 = f"{config.http2_listen.host}:{http2_port}" if http2_port else "off"
                 print(f"rocket ready tcp={config.listen.host}:{tcp_port} http2={http2} "
                       f"node={config.node_id} roles={','.join(config.roles)} data={config.data_dir} "
-                      f"pid={os.getpid()}", flush=True)
+                      f"pid={os.getpid()} http={f'{config.http_listen.host}:{http_port}' if http_port else 'off'}",
+                      flush=True)
                 ready.set()
                 _notify_systemd("READY=1")
-                task_status.started(Ready(tcp_port, http2_port))
+                task_status.started(Ready(tcp_port, http2_port, http_port))
             await stop.wait()
             log.info("shutting down: draining %d calls in flight", lifecycle.calls_in_flight)
             _notify_systemd("STOPPING=1")

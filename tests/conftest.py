@@ -14,6 +14,7 @@ import pytest
 from rocket import config as config_module
 
 READY = re.compile(rb"rocket ready tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+|off)")
+READY_HTTP = re.compile(rb" http=(?:[^: ]+:)?(\d+|off)")
 
 
 def node_config(data_dir: Path, **overrides) -> config_module.NodeConfig:
@@ -39,6 +40,7 @@ class ServerProcess:
         self.process: subprocess.Popen | None = None
         self.tcp_port = 0
         self.http2_port = 0
+        self.http_port = 0
 
     def start(self, timeout_s: float = 30.0, extra: tuple[str, ...] = ()) -> "ServerProcess":
         command = [sys.executable, "-m", "rocket", "run", "--data-dir", str(self.data_dir),
@@ -54,6 +56,8 @@ class ServerProcess:
             if match:
                 self.tcp_port = int(match.group(1))
                 self.http2_port = int(match.group(2)) if match.group(2) != b"off" else 0
+                http = READY_HTTP.search(line)
+                self.http_port = int(http.group(1)) if http and http.group(1) != b"off" else 0
                 return self
         raise RuntimeError("rocket run did not become ready")
 

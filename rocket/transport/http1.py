@@ -1,0 +1,145 @@
+"""HTTP/1.1 on h11: what HTTP/1.1 clients expect of a node (Prometheus scrapes, health probes). GET and HEAD of
+the paths a route table names, keep-alive, bounded requests; every other request gets a status that says why
+(400 malformed, 404, 405, 413, 431), and a malformed one closes its connection."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import h11
+import trio
+
+from rocket import limits
+from rocket.transport.listen import serve_connections
+from rocket.transport.rpc import Lifecycle
+
+log = logging.getLogger("rocket.http1")
+
+Response = tuple[int, str, bytes]  # status, content type, body
+Route = Callable[[], Awaitable[Response]]
+
+
+async def serve_http1(lifecycle: Lifecycle, host: str, port: int, routes: dict[str, Route], *,
+                      task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve HTTP/1.1 until the lifecycle drains; reports the bound port through task_status."""
+
+    async def run_connection(stream: trio.SocketStream) -> None:
+        try:
+            await _serve(stream, routes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception:  # one peer's bytes must not take the listener with them
+            log.exception("HTTP/1.1 connection failed")
+
+    async def refuse_connection(stream: trio.SocketStream) -> None:
+        await _answer_once(stream, 503, b"too many connections\n")
+
+    await serve_connections(lifecycle, host, port, run_connection, refuse_connection, task_status=task_status)
+
+
+async def _serve(stream: trio.SocketStream, routes: dict[str, Route]) -> None:
+    connection = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.http1_header_bytes_max)
+    while True:
+        with trio.move_on_after(limits.http1_idle_s) as idle:
+            event = await _next_event(stream, connection)
+        if idle.cancelled_caught or event is None:
+            return
+        if isinstance(event, h11.ConnectionClosed):
+            return
+        if isinstance(event, _Refusal):  # the request could not be read: answer why, then close
+            await _send(stream, connection, event.status, "text/plain; charset=utf-8", event.reason.encode() + b"\n",
+                        close=True)
+            return
+        request: h11.Request = event
+        status, content_type, body = await _route(request, routes)
+        if not await _drain_body(stream, connection):
+            await _send(stream, connection, 413, "text/plain; charset=utf-8", b"request body too large\n", close=True)
+            return
+        await _send(stream, connection, status, content_type, b"" if request.method == b"HEAD" else body,
+                    length=len(body))
+        if connection.our_state is h11.MUST_CLOSE:
+            return
+        try:
+            connection.start_next_cycle()
+        except h11.LocalProtocolError:
+            return
+
+
+class _Refusal:
+    def __init__(self, status: int, reason: str):
+        self.status, self.reason = status, reason
+
+
+async def _next_event(stream: trio.SocketStream, connection: h11.Connection):
+    """The next request (or ConnectionClosed), a _Refusal for one that cannot be read, None once the peer left."""
+    while True:
+        try:
+            event = connection.next_event()
+        except h11.RemoteProtocolError as error:
+            return _Refusal(error.error_status_hint, f"malformed request: {error}")
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(limits.tcp_receive_bytes)
+            try:
+                connection.receive_data(data)
+            except h11.RemoteProtocolError as error:
+                return _Refusal(error.error_status_hint, f"malformed request: {error}")
+            if not data and connection.their_state is h11.IDLE:
+                return None
+            continue
+        return event
+
+
+async def _drain_body(stream: trio.SocketStream, connection: h11.Connection) -> bool:
+    """Read and drop the request's body (these paths take none); False past limits.http1_body_bytes_max."""
+    received = 0
+    while True:
+        event = connection.next_event()
+        if isinstance(event, h11.EndOfMessage):
+            return True
+        if isinstance(event, h11.Data):
+            received += len(event.data)
+            if received > limits.http1_body_bytes_max:
+                return False
+            continue
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(limits.tcp_receive_bytes)
+            if not data:
+                return False
+            connection.receive_data(data)
+            continue
+        return False
+
+
+async def _route(request: h11.Request, routes: dict[str, Route]) -> Response:
+    path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
+    route = routes.get(path)
+    if route is None:
+        return 404, "text/plain; charset=utf-8", f"no page {path[:limits.error_excerpt_chars_max]}\n".encode()
+    if request.method not in (b"GET", b"HEAD"):
+        return 405, "text/plain; charset=utf-8", b"only GET and HEAD are served\n"
+    return await route()
+
+
+async def _send(stream: trio.SocketStream, connection: h11.Connection, status: int, content_type: str, body: bytes,
+                close: bool = False, length: int | None = None) -> None:
+    headers = [("content-type", content_type), ("content-length", str(len(body) if length is None else length)),
+               ("server", "rocket")]
+    if close:
+        headers.append(("connection", "close"))
+    try:
+        data = connection.send(h11.Response(status_code=status, headers=headers))
+        data += connection.send(h11.Data(data=body)) if body else b""
+        data += connection.send(h11.EndOfMessage())
+    except h11.LocalProtocolError:  # the request's state forbids an answer (it was not read): close instead
+        return
+    await stream.send_all(data)
+
+
+async def _answer_once(stream: trio.SocketStream, status: int, body: bytes) -> None:
+    with trio.move_on_after(limits.shutdown_grace_s):
+        try:
+            await stream.send_all(f"HTTP/1.1 {status} \r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+                                  .encode() + body)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass

@@ -1,0 +1,105 @@
+"""The HTTP/1.1 listener of `rocket run`: /metrics in Prometheus's text format (read back with prometheus_client's
+own parser), /healthz and /readyz, keep-alive, curl as an HTTP/1.1 client, and hostile requests answered with a
+status that says why, the listener serving on."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@pytest.fixture
+def server(server_process):
+    started = server_process().start()
+    assert started.http_port, "dev mode on a free TCP port listens for HTTP/1.1 on a free port too"
+    return started
+
+
+def exchange(port: int, request: bytes) -> bytes:
+    """Send raw bytes (then nothing more: the write side is shut) and read until the server closes or answers one
+    whole response."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(request)
+        connection.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+            head, separator, body = answer.partition(b"\r\n\r\n")
+            if separator and b"content-length:" in head.lower():
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                if len(body) >= length:
+                    break
+        return answer
+
+
+def get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
+    answer = exchange(port, f"GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, body
+
+
+def test_metrics_parse_with_prometheus_clients_parser(server):
+    subprocess.run([sys.executable, "-m", "rocket", "topic", "create", "orders", "--server", server.server],
+                   check=True, capture_output=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "rocket", "send", "orders", "hello", "--server", server.server],
+                   check=True, capture_output=True, timeout=60)
+    status, headers, body = get(server.http_port, "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=")
+    families = {family.name: family for family in text_string_to_metric_families(body.decode())}
+    assert "process_cpu_seconds" in families and "process_resident_memory_bytes" in families
+    fsync = [name for name in families if "fsync" in name]
+    assert fsync, sorted(families)
+    samples = [sample for name in fsync for sample in families[name].samples]
+    assert any(sample.name.endswith("_count") and sample.value > 0 for sample in samples)  # the send was synced
+
+
+def test_health_and_readiness_and_errors(server):
+    assert get(server.http_port, "/healthz")[:1] == (200,) and get(server.http_port, "/healthz")[2] == b"ok\n"
+    assert get(server.http_port, "/readyz")[0] == 200
+    assert get(server.http_port, "/nope")[0] == 404
+    assert exchange(server.http_port, b"POST /metrics HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi"
+                    ).startswith(b"HTTP/1.1 405")
+    head = exchange(server.http_port, b"HEAD /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"content-length: 3" in head and head.endswith(b"\r\n\r\n")
+    # two requests on one connection (keep-alive), the second after the first's answer
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as connection:
+        for _ in range(2):
+            connection.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"ok\n"):
+                answer += connection.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200")
+
+
+def test_curl_speaks_http1_to_it(server):
+    if shutil.which("curl") is None:
+        pytest.skip("needs curl")
+    completed = subprocess.run(["curl", "-sS", "--http1.1", "-o", "-", "-w", "\n%{http_code} %{http_version}",
+                                f"http://127.0.0.1:{server.http_port}/readyz"], capture_output=True, text=True,
+                               timeout=30)
+    assert completed.stdout.endswith("ready\n\n200 1.1"), completed
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(request=st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda method, target, junk: method + b" " + target + b" HTTP/1.1\r\n" + junk + b"\r\n\r\n",
+              st.sampled_from([b"GET", b"POST", b"PUT", b"\x00", b"G ET"]),
+              st.sampled_from([b"/metrics", b"/readyz", b"*", b"/%00", b"/" + b"a" * 20000]),
+              st.binary(max_size=100))))
+def test_hostile_requests_get_a_status_and_the_listener_serves_on(server, request):
+    answer = exchange(server.http_port, request)
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 "), answer[:200]
+    if answer:
+        assert int(answer.split()[1]) in (200, 400, 404, 405, 413, 414, 431, 501), answer[:200]
+    assert get(server.http_port, "/healthz")[0] == 200
+    assert b"Traceback" not in server.log_path.read_bytes()
