@@ -264,9 +264,10 @@ class _Metrics:
         return 200, "text/plain; charset=utf-8", b"ready\n"
 
 
-def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle) -> Telemetry:
-    """The node's metrics registry, fed by its Raft host, peers, listeners and store."""
+def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispatcher: Dispatcher) -> Telemetry:
+    """The node's metrics registry, fed by its Raft host, peers, listeners, dispatcher and store."""
     telemetry = Telemetry(config.node_id, config.data_dir)
+    dispatcher.on_call = telemetry.observe_call
     host, store = roles.host, roles.storage.store if roles.storage is not None else None
     roles.peers.telemetry = telemetry
     host.on_fsync = telemetry.observe_fsync
@@ -327,7 +328,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             await nursery.start(pool.run)
             await nursery.start(links.run)
             await roles.start(nursery)
-            telemetry = node_telemetry(config, roles, lifecycle)
+            telemetry = node_telemetry(config, roles, lifecycle, dispatcher)
             metrics.telemetry = telemetry
             if config.telemetry_interval_s:
                 spool = await trio.to_thread.run_sync(partial(Spool, config.data_dir / "telemetry"))

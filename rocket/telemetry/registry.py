@@ -45,6 +45,11 @@ class Telemetry:
                                           "address", ["peer"], buckets=RPC_BUCKETS, registry=self.registry)
         self.peer_rpc_errors = Counter("rocket_peer_rpc_errors", "Calls to another node that failed, by address and "
                                        "error code", ["peer", "code"], registry=self.registry)
+        self.rpc_seconds = Histogram("rocket_rpc_seconds", "Time of one call this node served from a client or "
+                                     "another node, by method (long polls included)", ["method"],
+                                     buckets=RPC_BUCKETS, registry=self.registry)
+        self.rpc_errors = Counter("rocket_rpc_errors", "Calls this node served that failed, by method and error code",
+                                  ["method", "code"], registry=self.registry)
         self.heartbeat_seconds = Gauge("rocket_heartbeat_seconds", "Time of this node's last heartbeat to the "
                                        "nameservers", registry=self.registry)
         self.samples_dropped = Counter("rocket_telemetry_dropped_samples", "Telemetry samples dropped: the spool was "
@@ -72,6 +77,12 @@ class Telemetry:
 
     def heartbeat_took(self, started: float) -> None:
         self.heartbeat_seconds.set(time.perf_counter() - started)
+
+    def observe_call(self, method: str, seconds: float, error: str | None) -> None:
+        """One call served (Dispatcher.on_call): its time, and its error code if it failed."""
+        self.rpc_seconds.labels(method).observe(seconds)
+        if error is not None:
+            self.rpc_errors.labels(method, error).inc()
 
     def observe_fsync(self, seconds: float) -> None:
         """Called by the thread that ran the fsync."""

@@ -181,6 +181,8 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self._handlers: dict[str, Callable] = {}
+        # Told of every call served from the wire: method, seconds, error code name or None (the node's metrics).
+        self.on_call: Callable[[str, float, str | None], None] | None = None
 
     def handle(self, name: str, handler: Callable) -> None:
         method_spec(name)
@@ -223,10 +225,14 @@ class Dispatcher:
             if isinstance(attachment, list):
                 raise RocketError(Code.BAD_REQUEST, f"{name} takes one attachment")
             request[spec.attachment_field] = attachment
+        started = trio.current_time()
         try:
             response = await handler(request)
         except Exception as error:
-            raise as_rocket_error(error, name) from None
+            failure = as_rocket_error(error, name)
+            self._observe(name, started, failure.code.name)
+            raise failure from None
+        self._observe(name, started, None)
         attachments = None
         if detached:
             response, attachments = detach(spec, response)
@@ -238,11 +244,19 @@ class Dispatcher:
         if not spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is not a streaming method")
         request = serde.decode(spec.request_type, body)
+        started = trio.current_time()
         try:
             async for item in handler(request):
                 yield serde.encode(spec.response_type, item)
         except Exception as error:
-            raise as_rocket_error(error, name) from None
+            failure = as_rocket_error(error, name)
+            self._observe(name, started, failure.code.name)
+            raise failure from None
+        self._observe(name, started, None)
+
+    def _observe(self, name: str, started: float, error: str | None) -> None:
+        if self.on_call is not None:
+            self.on_call(name, trio.current_time() - started, error)
 
 
 class Traffic:

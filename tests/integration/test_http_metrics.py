@@ -52,6 +52,9 @@ def test_metrics_parse_with_prometheus_clients_parser(server):
                    check=True, capture_output=True, timeout=60)
     subprocess.run([sys.executable, "-m", "rocket", "send", "orders", "hello", "--server", server.server],
                    check=True, capture_output=True, timeout=60)
+    again = subprocess.run([sys.executable, "-m", "rocket", "topic", "create", "orders", "--server", server.server],
+                           capture_output=True, timeout=60)
+    assert again.returncode != 0  # TOPIC_EXISTS: counted as an error of CreateTopic
     status, headers, body = get(server.http_port, "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain; version=")
     families = {family.name: family for family in text_string_to_metric_families(body.decode())}
@@ -60,6 +63,12 @@ def test_metrics_parse_with_prometheus_clients_parser(server):
     assert fsync, sorted(families)
     samples = [sample for name in fsync for sample in families[name].samples]
     assert any(sample.name.endswith("_count") and sample.value > 0 for sample in samples)  # the send was synced
+    calls = {sample.labels["method"]: sample.value for sample in families["rocket_rpc_seconds"].samples
+             if sample.name == "rocket_rpc_seconds_count"}
+    assert calls["Produce"] >= 1 and calls["CreateTopic"] >= 2  # per method, as the node served them
+    errors = {(sample.labels["method"], sample.labels["code"]): sample.value
+              for sample in families["rocket_rpc_errors"].samples if sample.name == "rocket_rpc_errors_total"}
+    assert errors[("CreateTopic", "TOPIC_EXISTS")] == 1
 
 
 def test_health_and_readiness_and_errors(server):
