@@ -37,8 +37,8 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
               f"{plural(len(status['groups']), 'storage group')}")
     out.print(f"queue placement: {status['placement'] or '-'}; load history of {status.get('load_series', 0)} "
               "groups and topics")
-    nodes = Table("node", "address", "roles", "state", "health", "heartbeat", "groups", "leads", "stored", "free disk",
-                  title="nodes")
+    nodes = Table("node", "address", "roles", "version", "state", "health", "heartbeat", "groups", "leads", "stored",
+                  "free disk", title="nodes")
     for node in status["nodes"]:
         load = node["load"]
         age = f"{node['heartbeat_age_ms'] / 1000:.1f} s ago" if node["heartbeat_age_ms"] >= 0 else "-"
@@ -47,7 +47,8 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
                                                                   f"[red]{node.get('health')}[/red]")
         if node.get("health") == "degraded":
             health += f": {node.get('health_reason', '')}"
-        nodes.add_row(str(node["id"]), node["address"], ",".join(node["roles"]), state, health, age, str(load["groups"]),
+        nodes.add_row(str(node["id"]), node["address"], ",".join(node["roles"]), node.get("version") or "-", state, health,
+                      age, str(load["groups"]),
                       str(len(load["leads"])), f"{load['bytes']:,}", f"{load['free_disk_bytes'] / 2**30:,.1f} GiB")
     out.print(nodes)
     if groups:

@@ -7,7 +7,7 @@ import logging
 
 import trio
 
-from rocket import limits
+from rocket import __version__, limits
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.model import Address
@@ -70,7 +70,7 @@ class Peers:
         if self.telemetry is not None:  # the nameservers judge storage nodes' health from every node's counts
             load.update(self.telemetry.health_counts())
         request = {"node": self.config.node_id, "address": str(self.address), "roles": list(self.config.roles),
-                   "load": load, "assignment_version": assignment_version}
+                   "load": load, "assignment_version": assignment_version, "version": __version__}
         started = self.telemetry.clock() if self.telemetry is not None else 0.0
         try:
             assignment = await self.nameserver("NodeHeartbeat", request, timeout_s=limits.leader_wait_s_max + 5)

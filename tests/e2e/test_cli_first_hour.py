@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from rocket import __version__ as rocket_version
 from tests.e2e.test_cli import rocket
 
 
@@ -139,6 +140,9 @@ def test_plurals_delays_and_lookups_by_timer_id(server_process):
     consumed = rocket("consume", "single", "--group", "g", server=server)
     assert b"consumed 1 message " in consumed.stderr
     assert b"; 1 topic;" in rocket("cluster", "status", server=server).stdout
+    status = json.loads(rocket("cluster", "status", "--json", server=server).stdout)
+    assert [node["version"] for node in status["nodes"]] == [rocket_version]  # what `rocket --version` prints
+    assert rocket("--version", server=None).stdout.decode().strip() == f"rocket {rocket_version}"
 
     rocket("topic", "create", "later", "--type", "delay", server=server)
     scheduled = rocket("send", "later", "soon", "--delay", "1h", server=server).stdout.decode()
