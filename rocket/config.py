@@ -35,6 +35,9 @@ class NodeConfig:
     http2_listen: Address | None = Address("127.0.0.1", 9877)
     # HTTP/1.1 (/metrics, /healthz, /readyz); when no source sets it, _dev_http_listen chooses.
     http_listen: Address | None = None
+    # Shared by a cluster's nodes (config file or ROCKET_CLUSTER_SECRET): with it, the methods between nodes answer
+    # only connections that proved they know it (PeerHello); without it they answer anyone who reaches the port.
+    cluster_secret: str = dataclasses.field(default="", repr=False)
     http2_tls_cert: Path | None = None  # with http2_tls_key: the HTTP/2 listener speaks TLS (ALPN h2) instead of h2c
     http2_tls_key: Path | None = None
     segment_bytes: int = limits.segment_bytes_default
@@ -234,6 +237,11 @@ def _convert(key: str, value: object) -> object:
         return parse_address(key, value)
     if key in ("http2_listen", "http_listen"):
         return parse_address(key, value, allow_off=True)
+    if key == "cluster_secret":
+        if len(str(value)) < limits.cluster_secret_chars_min:
+            raise ConfigError(f"cluster_secret: at least {limits.cluster_secret_chars_min} characters (a random one: "
+                              "python3 -c 'import secrets; print(secrets.token_hex(32))')")
+        return str(value)
     if key == "segment_bytes":
         return _parse_int(key, value, limits.segment_bytes_min, limits.segment_bytes_max)
     if key == "wal_segment_bytes":

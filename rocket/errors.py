@@ -40,6 +40,7 @@ class Code(enum.IntEnum):
     FENCED = 29  # a request made under an epoch the controller has moved past (a deposed master, a stale change)
     GROUP_EXISTS = 30  # a consumer group's settings were created before: update them instead
     UNKNOWN_GROUP = 31  # a consumer group with no settings in the metadata (create them first)
+    UNAUTHENTICATED = 32  # a call that needs credentials it did not bring (a node's, for the methods between nodes)
 
 
 class RocketError(Exception):

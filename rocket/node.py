@@ -50,6 +50,7 @@ from rocket.transport.listen import cancel_on
 from rocket.transport.pool import ChannelPool
 from rocket.transport.rpc import Dispatcher, Lifecycle
 from rocket.transport.http1 import serve_http1
+from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp import serve_tcp
 
 log = logging.getLogger("rocket.node")
@@ -236,6 +237,27 @@ def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Di
     return Roles(host, peers, nameserver, storage, broker)
 
 
+def _peer_auth(config: NodeConfig, dispatcher: Dispatcher, clock: Clock) -> PeerAuth | None:
+    """With a cluster secret, the methods between nodes answer only connections that said PeerHello with it."""
+    if not config.cluster_secret:
+        if config.nameservers:
+            log.warning("no cluster_secret: the methods between nodes answer anyone who reaches this node's TCP port")
+        dispatcher.handle("PeerHello", _accept_hello)
+        return None
+    auth = PeerAuth(config.cluster_secret.encode(), config.node_id, clock.wall_ms)
+    dispatcher.peer_auth = auth
+
+    async def hello(request: dict) -> dict:
+        auth.check(request)
+        return {}
+    dispatcher.handle("PeerHello", hello)
+    return auth
+
+
+async def _accept_hello(request: dict) -> dict:
+    return {}  # no cluster secret: a hello proves nothing, and nothing needs proving
+
+
 class _Metrics:
     """The HTTP/1.1 pages: /metrics (the telemetry registry in Prometheus's text format, once the roles run),
     /healthz (the process serves), /readyz (ready, and not draining)."""
@@ -291,6 +313,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
         log.warning("wal_direct_io: %s has no O_DIRECT, so the WAL writes through the page cache", wal.log.directory)
     stop = trio.Event()
     storage: StorageRole | None = None
+    peer_auth = _peer_auth(config, dispatcher, clock)
     try:
         async with trio.open_nursery() as nursery:
             if handle_signals:
@@ -320,9 +343,9 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                                                   config.http_listen.port, metrics.routes()),
                                           "HTTP/1.1, --http-listen", config.http_listen)
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
-            links = PeerLinks(config.node_id, addresses)
+            links = PeerLinks(config.node_id, addresses, peer_auth)
             host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
-            pool = ChannelPool()
+            pool = ChannelPool(auth=peer_auth)
             roles = build_roles(config, host, Peers(config, dispatcher, pool), dispatcher, clock, addresses, objects)
             storage = roles.storage
             await nursery.start(pool.run)

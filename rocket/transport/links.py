@@ -10,15 +10,17 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.transport.background import Background
+from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp import open_tcp_channel
 
 log = logging.getLogger("rocket.raft")
 
 
 class PeerLinks(Background):
-    def __init__(self, node_id: int, addresses: dict[int, tuple[str, int]]):
+    def __init__(self, node_id: int, addresses: dict[int, tuple[str, int]], auth: PeerAuth | None = None):
         self.node_id = node_id
         self.addresses = addresses  # shared, not copied: membership may add nodes later
+        self.auth = auth  # with a cluster secret, each link says PeerHello first
         self._outboxes: dict[int, trio.MemorySendChannel] = {}
 
     def post(self, destination: int, payload: bytes) -> None:
@@ -39,7 +41,8 @@ class PeerLinks(Background):
         while True:
             with trio.CancelScope() as connection:
                 try:
-                    async with open_tcp_channel(host, port, "avro") as channel, trio.open_nursery() as calls:
+                    hello = self.auth.hello() if self.auth is not None else None
+                    async with open_tcp_channel(host, port, "avro", hello) as channel, trio.open_nursery() as calls:
                         # Calls are pipelined: waiting for each answer would allow one payload per round trip.
                         window = trio.Semaphore(limits.raft_payloads_in_flight_max)
                         async for payload in inbox:

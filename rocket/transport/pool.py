@@ -11,13 +11,15 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Address
 from rocket.transport.background import Background
+from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp import TcpChannel, open_tcp_channel
 
 
 
 class ChannelPool(Background):
-    def __init__(self, serde: str = "avro"):
+    def __init__(self, serde: str = "avro", auth: PeerAuth | None = None):
         self._serde = serde
+        self._auth = auth  # with a cluster secret, each channel says PeerHello first
         self._channels: dict[Address, TcpChannel] = {}
         self._opening: dict[Address, trio.Lock] = {}
 
@@ -45,7 +47,8 @@ class ChannelPool(Background):
         started, channel = False, None
         with trio.CancelScope(deadline=trio.current_time() + limits.connect_timeout_s) as connecting:
             try:
-                async with open_tcp_channel(*address, self._serde) as channel:
+                hello = self._auth.hello() if self._auth is not None else None
+                async with open_tcp_channel(*address, self._serde, hello) as channel:
                     connecting.deadline = math.inf
                     self._channels[address] = channel
                     task_status.started(channel)

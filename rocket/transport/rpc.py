@@ -30,12 +30,15 @@ class MethodSpec:
     response_attachment: str | None = None  # or a response's one bytes field, carried the same way
     # A write that a resend could apply twice (KV): a client does not resend it once it went out unanswered.
     at_most_once: bool = False
+    # Between nodes only: with a cluster secret, served only on connections that said PeerHello (peer_auth.py).
+    internal: bool = False
 
 
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
         MethodSpec("Ping", "Empty", "ServerInfo"),
+        MethodSpec("PeerHello", "PeerHelloRequest", "Empty"),
         MethodSpec("CreateTopic", "CreateTopicRequest", "TopicInfo"),
         MethodSpec("ListTopics", "Empty", "ListTopicsResponse"),
         MethodSpec("DescribeTopic", "TopicRequest", "DescribeTopicResponse"),
@@ -56,15 +59,15 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("ChangeInvisible", "ReceiptRequest", "ReceiptResponse"),
         MethodSpec("DeadLetter", "ReceiptRequest", "ReceiptResponse"),
         MethodSpec("Bury", "BuryRequest", "Empty", attachment_field="batch"),
-        MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload"),
+        MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload", internal=True),
         MethodSpec("RaftSnapshotChunk", "RaftSnapshotChunkRequest", "RaftSnapshotChunkResponse",
-                   response_attachment="data"),
+                   response_attachment="data", internal=True),
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
         MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),
         MethodSpec("PlacementExplain", "TopicRequest", "PlacementExplainResponse"),
         MethodSpec("NodeHealth", "NodeHealthRequest", "NodeHealthResponse"),
         MethodSpec("PinNodeHealth", "PinNodeHealthRequest", "Empty"),
-        MethodSpec("MetaLoadShare", "LoadShareRequest", "Empty"),
+        MethodSpec("MetaLoadShare", "LoadShareRequest", "Empty", internal=True),
         MethodSpec("CreateStorageClass", "CreateStorageClassRequest", "StorageClassInfo"),
         MethodSpec("StorageClasses", "StorageClassesRequest", "StorageClassesResponse"),
         MethodSpec("CreateConsumerGroup", "CreateConsumerGroupRequest", "ConsumerGroupInfo"),
@@ -86,37 +89,39 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("KvWatch", "KvWatchRequest", "KvEvents", streaming=True),
         MethodSpec("KvExport", "BucketRequest", "KvExportPage", streaming=True),
         # Between nodes: brokers and storage nodes to the nameservers,
-        MethodSpec("NodeHeartbeat", "NodeHeartbeatRequest", "Assignment"),
-        MethodSpec("ControllerAlterSyncStateSet", "AlterSyncStateSetRequest", "ControlState"),
-        MethodSpec("GetRoute", "TopicRequest", "Route"),
-        MethodSpec("MetaCreateTopic", "CreateTopicRequest", "TopicInfo"),
-        MethodSpec("MetaListTopics", "Empty", "ListTopicsResponse"),
-        MethodSpec("MetaUpdateTopic", "UpdateTopicRequest", "TopicInfo"),
-        MethodSpec("MetaCreateBucket", "CreateBucketRequest", "TopicInfo"),
-        MethodSpec("MetaDeleteBucket", "BucketRequest", "Empty"),
-        MethodSpec("MetaCreateStorageClass", "CreateStorageClassRequest", "StorageClassInfo"),
-        MethodSpec("MetaStorageClasses", "StorageClassesRequest", "StorageClassesResponse"),
-        MethodSpec("MetaCreateConsumerGroup", "CreateConsumerGroupRequest", "ConsumerGroupInfo"),
-        MethodSpec("MetaUpdateConsumerGroup", "UpdateConsumerGroupRequest", "ConsumerGroupInfo"),
-        MethodSpec("MetaConsumerGroups", "ConsumerGroupsRequest", "ConsumerGroupsResponse"),
+        MethodSpec("NodeHeartbeat", "NodeHeartbeatRequest", "Assignment", internal=True),
+        MethodSpec("ControllerAlterSyncStateSet", "AlterSyncStateSetRequest", "ControlState", internal=True),
+        MethodSpec("GetRoute", "TopicRequest", "Route", internal=True),
+        MethodSpec("MetaCreateTopic", "CreateTopicRequest", "TopicInfo", internal=True),
+        MethodSpec("MetaListTopics", "Empty", "ListTopicsResponse", internal=True),
+        MethodSpec("MetaUpdateTopic", "UpdateTopicRequest", "TopicInfo", internal=True),
+        MethodSpec("MetaCreateBucket", "CreateBucketRequest", "TopicInfo", internal=True),
+        MethodSpec("MetaDeleteBucket", "BucketRequest", "Empty", internal=True),
+        MethodSpec("MetaCreateStorageClass", "CreateStorageClassRequest", "StorageClassInfo", internal=True),
+        MethodSpec("MetaStorageClasses", "StorageClassesRequest", "StorageClassesResponse", internal=True),
+        MethodSpec("MetaCreateConsumerGroup", "CreateConsumerGroupRequest", "ConsumerGroupInfo", internal=True),
+        MethodSpec("MetaUpdateConsumerGroup", "UpdateConsumerGroupRequest", "ConsumerGroupInfo", internal=True),
+        MethodSpec("MetaConsumerGroups", "ConsumerGroupsRequest", "ConsumerGroupsResponse", internal=True),
         # and brokers to storage nodes.
-        MethodSpec("StorageAppend", "StorageAppendRequest", "ProduceResponse", attachment_field="batch"),
-        MethodSpec("StorageRead", "StorageReadRequest", "PullResponse", response_attachments=("batches", "batch")),
-        MethodSpec("StorageCommitOffsets", "StorageOffsetsRequest", "Empty"),
-        MethodSpec("StorageQueues", "StorageQueuesRequest", "StorageQueuesResponse"),
-        MethodSpec("StorageMembers", "StorageMembersRequest", "Empty"),
-        MethodSpec("StorageCancelTimer", "StorageTimerRequest", "Empty"),
-        MethodSpec("StoragePop", "StoragePopRequest", "ReceiveResponse"),
-        MethodSpec("StorageGroupHeartbeat", "StorageGroupHeartbeatRequest", "GroupHeartbeatResponse"),
-        MethodSpec("StorageEndTransaction", "StorageEndTransactionRequest", "Empty"),
-        MethodSpec("StorageTransactionChecks", "StorageTransactionChecksRequest", "TransactionChecksResponse"),
-        MethodSpec("StorageReceipt", "StorageReceiptRequest", "ReceiptResponse"),
-        MethodSpec("StorageBury", "StorageBuryRequest", "Empty", attachment_field="batch"),
-        MethodSpec("StorageTier", "StorageTierRequest", "StorageTierResponse"),
-        MethodSpec("StorageKvTxn", "StorageKvTxnRequest", "StorageKvTxnResponse"),
+        MethodSpec("StorageAppend", "StorageAppendRequest", "ProduceResponse", attachment_field="batch", internal=True),
+        MethodSpec("StorageRead", "StorageReadRequest", "PullResponse", response_attachments=("batches", "batch"),
+                   internal=True),
+        MethodSpec("StorageCommitOffsets", "StorageOffsetsRequest", "Empty", internal=True),
+        MethodSpec("StorageQueues", "StorageQueuesRequest", "StorageQueuesResponse", internal=True),
+        MethodSpec("StorageMembers", "StorageMembersRequest", "Empty", internal=True),
+        MethodSpec("StorageCancelTimer", "StorageTimerRequest", "Empty", internal=True),
+        MethodSpec("StoragePop", "StoragePopRequest", "ReceiveResponse", internal=True),
+        MethodSpec("StorageGroupHeartbeat", "StorageGroupHeartbeatRequest", "GroupHeartbeatResponse", internal=True),
+        MethodSpec("StorageEndTransaction", "StorageEndTransactionRequest", "Empty", internal=True),
+        MethodSpec("StorageTransactionChecks", "StorageTransactionChecksRequest", "TransactionChecksResponse",
+                   internal=True),
+        MethodSpec("StorageReceipt", "StorageReceiptRequest", "ReceiptResponse", internal=True),
+        MethodSpec("StorageBury", "StorageBuryRequest", "Empty", attachment_field="batch", internal=True),
+        MethodSpec("StorageTier", "StorageTierRequest", "StorageTierResponse", internal=True),
+        MethodSpec("StorageKvTxn", "StorageKvTxnRequest", "StorageKvTxnResponse", internal=True),
         MethodSpec("StorageKvRead", "StorageKvReadRequest", "StorageKvReadResponse",
-                   response_attachments=("entries", "value")),
-        MethodSpec("StorageKvWatch", "StorageKvWatchRequest", "StorageKvWatchResponse"),
+                   response_attachments=("entries", "value"), internal=True),
+        MethodSpec("StorageKvWatch", "StorageKvWatchRequest", "StorageKvWatchResponse", internal=True),
     ]
 }
 
@@ -183,13 +188,17 @@ class Dispatcher:
         self._handlers: dict[str, Callable] = {}
         # Told of every call served from the wire: method, seconds, error code name or None (the node's metrics).
         self.on_call: Callable[[str, float, str | None], None] | None = None
+        # With a cluster secret: internal methods only for connections that said PeerHello (peer_auth.py).
+        self.peer_auth = None
 
     def handle(self, name: str, handler: Callable) -> None:
         method_spec(name)
         self._handlers[name] = handler
 
-    def _resolve(self, name: str) -> tuple[MethodSpec, Callable]:
+    def _resolve(self, name: str, peer: bool = True) -> tuple[MethodSpec, Callable]:
         spec = method_spec(name)
+        if spec.internal and not peer and self.peer_auth is not None:
+            raise RocketError(Code.UNAUTHENTICATED, f"{name} is for the cluster's nodes: a node says PeerHello first")
         handler = self._handlers.get(name)
         if handler is None:
             raise RocketError(Code.UNKNOWN_METHOD, f"method {name!r} is not served by this node's roles")
@@ -212,10 +221,12 @@ class Dispatcher:
         return method_spec(name).streaming
 
     async def call(self, name: str, serde: ModuleType, body: bytes | memoryview,
-                   attachment: memoryview | None = None, detached: bool = False) -> tuple[bytes, list | None]:
+                   attachment: memoryview | None = None, detached: bool = False,
+                   peer: bool = False) -> tuple[bytes, list | None]:
         """Run a unary method: the encoded response and, if detached, its attachable bytes apart from it
-        (see MethodSpec.response_attachments). Raises RocketError for every failure."""
-        spec, handler = self._resolve(name)
+        (see MethodSpec.response_attachments). peer: the connection said PeerHello. Raises RocketError for every
+        failure."""
+        spec, handler = self._resolve(name, peer)
         if spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is a streaming method")
         request = serde.decode(spec.request_type, body)
@@ -238,9 +249,10 @@ class Dispatcher:
             response, attachments = detach(spec, response)
         return serde.encode(spec.response_type, response), attachments
 
-    async def stream(self, name: str, serde: ModuleType, body: bytes | memoryview) -> AsyncIterator[bytes]:
+    async def stream(self, name: str, serde: ModuleType, body: bytes | memoryview,
+                     peer: bool = False) -> AsyncIterator[bytes]:
         """Run a streaming method, yielding encoded items; raises RocketError for every failure."""
-        spec, handler = self._resolve(name)
+        spec, handler = self._resolve(name, peer)
         if not spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is not a streaming method")
         request = serde.decode(spec.request_type, body)

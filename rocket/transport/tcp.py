@@ -124,6 +124,7 @@ class _ServerConnection:
         self.send_lock = trio.Lock()
         self.in_flight = trio.Semaphore(limits.in_flight_requests_per_connection_max)
         self.streams: dict[int, trio.CancelScope] = {}
+        self.peer = False  # said PeerHello: may call the methods between nodes
 
     async def run(self, first: bytes = b"") -> None:
         async with self.stream:
@@ -186,7 +187,9 @@ class _ServerConnection:
                     await self._stream(frame, serde)
                     return
                 body, attachments = await self.dispatcher.call(frame.method, serde, frame.body, frame.attachment,
-                                                               detached=True)
+                                                               detached=True, peer=self.peer)
+                if frame.method == "PeerHello":  # it was accepted: this connection is a node of the cluster's
+                    self.peer = True
                 reply = frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body, attachment=attachments)
             except RocketError as error:
                 reply = [_error_frame(frame.serde, frame.request_id, error)]
@@ -201,7 +204,7 @@ class _ServerConnection:
         with trio.CancelScope() as scope:
             self.streams[frame.request_id] = scope
             try:
-                async for item in self.dispatcher.stream(frame.method, serde, frame.body):
+                async for item in self.dispatcher.stream(frame.method, serde, frame.body, peer=self.peer):
                     await self._send(frames.encode(Kind.STREAM_ITEM, frame.serde, frame.request_id, item))
                 await self._send(frames.encode(Kind.STREAM_END, frame.serde, frame.request_id))
             except RocketError as error:
@@ -338,7 +341,8 @@ class TcpChannel(Channel):
 
 
 @asynccontextmanager
-async def open_tcp_channel(host: str, port: int, serde_name: str = "json"):
+async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello: dict | None = None):
+    """A channel to host:port; with hello (a PeerHelloRequest), one that said it first: a node's, to another."""
     serde = serde_named(serde_name)
     stream = await connect(host, port)
     with collapse_single_error():
@@ -346,6 +350,8 @@ async def open_tcp_channel(host: str, port: int, serde_name: str = "json"):
             channel = TcpChannel(stream, serde)
             nursery.start_soon(channel.read_loop)
             try:
+                if hello is not None:
+                    await channel.call("PeerHello", hello)
                 yield channel
             finally:
                 nursery.cancel_scope.cancel()
