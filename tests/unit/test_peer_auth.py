@@ -56,3 +56,11 @@ def test_the_methods_between_nodes_are_internal_and_the_clients_ones_are_not():
                "ControllerAlterSyncStateSet") for name in internal)
     assert not internal & {"Produce", "Pull", "CreateTopic", "StorageClasses", "ClusterStatus", "PeerHello", "Ping",
                            "DrainNode", "KvPut", "Receive"}
+
+
+def test_the_secret_is_long_enough_and_never_printed():
+    from rocket import config
+    with pytest.raises(config.ConfigError, match="at least 16"):
+        config.load(None, {"ROCKET_CLUSTER_SECRET": "short"}, {})
+    loaded = config.load(None, {"ROCKET_CLUSTER_SECRET": "s" * 32}, {})
+    assert loaded.cluster_secret == "s" * 32 and "s" * 32 not in repr(loaded)
