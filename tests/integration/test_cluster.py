@@ -14,6 +14,7 @@ group) and the totals. Node logs are in the test's tmp_path (node<N>.log, stdout
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import re
@@ -113,6 +114,23 @@ class Node:
     def exited_by_itself(self) -> int | None:
         """The exit status if the process ended although nobody killed it."""
         return self.process.poll() if self.process is not None else None
+
+
+@contextlib.contextmanager
+def running(nodes: dict[int, Node], ready_s: float = 90.0):
+    """Start the nodes, wait until each printed its ready line, and kill them all at the end."""
+    try:
+        for node in nodes.values():
+            node.start()
+
+        async def ready() -> None:
+            for node in nodes.values():
+                await node.wait_ready(ready_s)
+        trio.run(ready)
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.kill()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from rocket.model import Message
 from rocket.serde import batch as batch_codec
 from rocket.transport.listen import free_ports
 from rocket.transport.peer_auth import PeerAuth
-from tests.integration.test_cluster import Node
+from tests.integration.test_cluster import Node, running
 
 SECRET = "0123456789abcdef-the-cluster-secret"
 NODES = (1, 2, 3)
@@ -30,18 +30,8 @@ def secured(tmp_path):
     nodes = {node: Node(node, port, nameservers, tmp_path, environment={
         "ROCKET_STORAGE_GROUPS": "4", "ROCKET_REPLICATION": "3", "ROCKET_CLUSTER_SECRET": SECRET})
         for node, port in zip(NODES, ports)}
-    try:
-        for node in nodes.values():
-            node.start()
-
-        async def ready() -> None:
-            for node in nodes.values():
-                await node.wait_ready(90)
-        trio.run(ready)
+    with running(nodes):
         yield nodes
-    finally:
-        for node in nodes.values():
-            node.kill()
 
 
 def rocket(node: Node, *args: str) -> str:

@@ -8,12 +8,11 @@ import time
 
 import orjson
 import pytest
-import trio
 
 from rocket.gateway.remoting.codec import RequestCode as R
 from rocket.gateway.remoting.messages import parse_message_id
 from rocket.transport.listen import free_ports
-from tests.integration.test_cluster import Node
+from tests.integration.test_cluster import Node, running
 from tests.integration.test_remoting import pull, rocket, send
 from tests.integration.test_remoting_aons import Aons, consumed_or_fail, node_or_skip
 from tests.remoting_client import RemotingClient
@@ -29,18 +28,8 @@ def split_cluster(tmp_path):
     nodes = {node: Node(node, ports[node], nameservers, tmp_path, roles=roles,
                         environment={"ROCKET_STORAGE_GROUPS": "4", "ROCKET_REPLICATION": "3"})
              for node, roles in ROLES.items()}
-    try:
-        for node in nodes.values():
-            node.start()
-
-        async def ready() -> None:
-            for node in nodes.values():
-                await node.wait_ready(90)
-        trio.run(ready)
+    with running(nodes):
         yield nodes
-    finally:
-        for node in nodes.values():
-            node.kill()
 
 
 def test_routes_list_every_broker_and_groups_span_brokers(split_cluster):
