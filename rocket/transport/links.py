@@ -48,8 +48,9 @@ class PeerLinks(Background):
                         async for payload in inbox:
                             await window.acquire()
                             calls.start_soon(self._call, channel, payload, window, connection)
-                except RocketError as error:
-                    log.debug("link to node %d: %s", destination, error)
+                except RocketError as error:  # a refused hello is a misconfiguration: say it where it is seen
+                    level = logging.WARNING if error.code == Code.UNAUTHENTICATED else logging.DEBUG
+                    log.log(level, "link to node %d: %s", destination, error)
             # Whatever queued while the peer was down is stale by now: Raft resends what matters.
             while True:
                 try:
