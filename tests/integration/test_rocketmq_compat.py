@@ -228,6 +228,57 @@ def test_transaction_check_back_commits_an_open_transaction(monkeypatch, server_
     assert result["got"] == ["forgotten"]
 
 
+PUSH_FAILING = """
+    import collections, threading
+    from rocketmq import ConsumeResult, MessageListener, PushConsumer
+    group, bodies, attempts = sys.argv[3], sys.argv[4].split(","), int(sys.argv[5])
+    producer = Producer(config, (topic,))
+    producer.startup()
+    for body in bodies:
+        producer.send(message(body))
+    producer.shutdown()
+    seen, lock, failed_at = collections.Counter(), threading.Lock(), []
+    class Listener(MessageListener):
+        def consume(self, received):
+            body = received.body.decode()
+            with lock:
+                seen[body] += 1
+                if body.startswith("bad-"):
+                    failed_at.append(time.time())
+            return ConsumeResult.FAILURE if body.startswith("bad-") else ConsumeResult.SUCCESS
+    consumer = PushConsumer(config, group, Listener(), {topic: FilterExpression()})
+    consumer.startup()
+    deadline = time.time() + 60
+    while time.time() < deadline and not all(seen[body] >= (attempts if body.startswith("bad-") else 1)
+                                             for body in bodies):
+        time.sleep(0.2)
+    time.sleep(3)  # one more delivery would come now; none must
+    consumer.shutdown()
+    # The group's next receive moves what failed its last attempt to the dead letters, handing out nothing.
+    receiver = SimpleConsumer(config, group, {topic: FilterExpression()}, 25)
+    receiver.startup()
+    left = receiver.receive(16, 3)
+    receiver.shutdown()
+    report({"seen": dict(seen), "left": len(left), "gap_s": failed_at[-1] - failed_at[0] if failed_at else 0})
+"""
+
+
+def push_consumer_failing(server, topic: str, group: str, bodies: list[str], attempts: int) -> dict:
+    """The official PushConsumer of a group on the topic, whose listener fails the bodies named bad-*: how often
+    each body came, what the group's next receive got, and the time between a failing body's first and last
+    delivery; then the group's dead letters as rocket's own CLI lists them."""
+    completed = subprocess.run([sys.executable, "-c", CLIENT_PRELUDE + textwrap.dedent(PUSH_FAILING),
+                                f"127.0.0.1:{server.http2_port}", topic, group, ",".join(bodies), str(attempts)],
+                               capture_output=True, text=True, timeout=180)
+    results = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    assert results, f"client failed: {completed.stdout[-2000:]} {completed.stderr[-3000:]}"
+    result = json.loads(results[0][len("RESULT "):])
+    listed = subprocess.run([sys.executable, "-m", "rocket", "dlq", "list", topic, "--group", group, "--format", "raw",
+                             "--server", server.server], check=True, capture_output=True, text=True, timeout=60)
+    result["dead"] = sorted(listed.stdout.split())
+    return result
+
+
 def test_push_consumer_acks_successes_retries_failures_then_dead_letters_them(monkeypatch, server_process):
     """The official PushConsumer's listener: successes are acked and come once; failures come back (the retry
     backoff the server's settings give) and, after the last attempt, land in the group's dead-letter queue,
@@ -235,42 +286,10 @@ def test_push_consumer_acks_successes_retries_failures_then_dead_letters_them(mo
     monkeypatch.setenv("ROCKET_ROCKETMQ_MAX_ATTEMPTS", "3")
     server = server_process().start()
     create_topic(server, "invoices", "normal")
-    result = run_client(server, "invoices", """
-        import collections, threading
-        from rocketmq import ConsumeResult, MessageListener, PushConsumer
-        producer = Producer(config, (topic,))
-        producer.startup()
-        for i in range(6):
-            producer.send(message(("bad-" if i % 3 == 0 else "good-") + str(i)))
-        producer.shutdown()
-        seen = collections.Counter()
-        lock = threading.Lock()
-        class Listener(MessageListener):
-            def consume(self, received):
-                body = received.body.decode()
-                with lock:
-                    seen[body] += 1
-                return ConsumeResult.FAILURE if body.startswith("bad-") else ConsumeResult.SUCCESS
-        consumer = PushConsumer(config, "accounting", Listener(), {topic: FilterExpression()})
-        consumer.startup()
-        deadline = time.time() + 60
-        while time.time() < deadline and not (seen["bad-0"] >= 3 and seen["bad-3"] >= 3):
-            time.sleep(0.2)
-        time.sleep(3)  # a fourth delivery would come now; none must
-        consumer.shutdown()
-        # The group's next receive moves what failed its last attempt to the dead letters, handing out nothing.
-        receiver = SimpleConsumer(config, "accounting", {topic: FilterExpression()}, 25)
-        receiver.startup()
-        left = receiver.receive(16, 3)
-        receiver.shutdown()
-        report({"seen": dict(seen), "left": len(left)})
-    """)
+    bodies = [("bad-" if i % 3 == 0 else "good-") + str(i) for i in range(6)]
+    result = push_consumer_failing(server, "invoices", "accounting", bodies, 3)
     assert result["seen"] == {"bad-0": 3, "bad-3": 3, "good-1": 1, "good-2": 1, "good-4": 1, "good-5": 1}
-    assert result["left"] == 0
-    listed = subprocess.run([sys.executable, "-m", "rocket", "dlq", "list", "invoices", "--group", "accounting",
-                             "--format", "raw", "--server", server.server], check=True, capture_output=True,
-                            text=True, timeout=60)
-    assert sorted(listed.stdout.split()) == ["bad-0", "bad-3"]
+    assert result["left"] == 0 and result["dead"] == ["bad-0", "bad-3"]
 
 
 def test_the_groups_settings_give_the_official_push_consumer_its_attempts_and_backoff(server_process):
@@ -281,42 +300,10 @@ def test_the_groups_settings_give_the_official_push_consumer_its_attempts_and_ba
     create_topic(server, "refunds", "normal")
     subprocess.run([sys.executable, "-m", "rocket", "group", "create", "refunding", "--max-attempts", "2",
                     "--retry-backoff", "4s", "--server", server.server], check=True, capture_output=True, timeout=60)
-    result = run_client(server, "refunds", """
-        import collections, threading
-        from rocketmq import ConsumeResult, MessageListener, PushConsumer
-        producer = Producer(config, (topic,))
-        producer.startup()
-        for body in ("bad-0", "good-1"):
-            producer.send(message(body))
-        producer.shutdown()
-        seen, lock, failed_at = collections.Counter(), threading.Lock(), []
-        class Listener(MessageListener):
-            def consume(self, received):
-                body = received.body.decode()
-                with lock:
-                    seen[body] += 1
-                    if body.startswith("bad-"):
-                        failed_at.append(time.time())
-                return ConsumeResult.FAILURE if body.startswith("bad-") else ConsumeResult.SUCCESS
-        consumer = PushConsumer(config, "refunding", Listener(), {topic: FilterExpression()})
-        consumer.startup()
-        deadline = time.time() + 60
-        while time.time() < deadline and not (seen["bad-0"] >= 2 and seen["good-1"] >= 1):
-            time.sleep(0.2)
-        time.sleep(3)  # a third delivery would come now; none must
-        consumer.shutdown()
-        receiver = SimpleConsumer(config, "refunding", {topic: FilterExpression()}, 25)
-        receiver.startup()
-        left = receiver.receive(16, 3)
-        receiver.shutdown()
-        report({"seen": dict(seen), "left": len(left), "gap_s": failed_at[-1] - failed_at[0]})
-    """)
-    assert {"seen": result["seen"], "left": result["left"]} == {"seen": {"bad-0": 2, "good-1": 1}, "left": 0}
+    result = push_consumer_failing(server, "refunds", "refunding", ["bad-0", "good-1"], 2)
+    assert result["seen"] == {"bad-0": 2, "good-1": 1} and result["left"] == 0
     assert result["gap_s"] >= 3.5, result
-    listed = subprocess.run([sys.executable, "-m", "rocket", "dlq", "list", "refunds", "--group", "refunding",
-                             "--format", "raw", "--server", server.server], check=True, capture_output=True,
-                            text=True, timeout=60)
-    assert listed.stdout.split() == ["bad-0"]
+    assert result["dead"] == ["bad-0"]
 
 
 def test_fifo_push_consumer_forwards_a_failing_message_to_the_dead_letters(monkeypatch, server_process):
