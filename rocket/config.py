@@ -38,6 +38,10 @@ class NodeConfig:
     # Shared by a cluster's nodes (config file or ROCKET_CLUSTER_SECRET): with it, the methods between nodes answer
     # only connections that proved they know it (PeerHello); without it they answer anyone who reaches the port.
     cluster_secret: str = dataclasses.field(default="", repr=False)
+    # Every call from a client by a signed-in user whom the policies allow (rocket/access.py); needs cluster_secret,
+    # which user secrets are sealed under. The first user, `admin`, gets auth_admin_secret, or one printed once.
+    auth: bool = False
+    auth_admin_secret: str = dataclasses.field(default="", repr=False)
     http2_tls_cert: Path | None = None  # with http2_tls_key: the HTTP/2 listener speaks TLS (ALPN h2) instead of h2c
     http2_tls_key: Path | None = None
     segment_bytes: int = limits.segment_bytes_default
@@ -212,7 +216,7 @@ def _convert(key: str, value: object) -> object:
         if text and not text.startswith(("http://", "https://")):
             raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
         return text
-    if key in ("tier_s3_path_style", "wal_direct_io", "health_act"):
+    if key in ("tier_s3_path_style", "wal_direct_io", "health_act", "auth"):
         return _parse_bool(key, value)
     if key == "telemetry_interval_s":
         interval_s = _parse_duration(key, value)
@@ -237,9 +241,9 @@ def _convert(key: str, value: object) -> object:
         return parse_address(key, value)
     if key in ("http2_listen", "http_listen"):
         return parse_address(key, value, allow_off=True)
-    if key == "cluster_secret":
+    if key in ("cluster_secret", "auth_admin_secret"):
         if len(str(value)) < limits.cluster_secret_chars_min:
-            raise ConfigError(f"cluster_secret: at least {limits.cluster_secret_chars_min} characters (a random one: "
+            raise ConfigError(f"{key}: at least {limits.cluster_secret_chars_min} characters (a random one: "
                               "python3 -c 'import secrets; print(secrets.token_hex(32))')")
         return str(value)
     if key == "segment_bytes":
@@ -312,6 +316,8 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
                           "must be one of them")
     if config.tier_backend == "s3" and not config.tier_s3_bucket:
         raise ConfigError("tier_s3_bucket: the s3 tier backend needs a bucket")
+    if config.auth and not config.cluster_secret:
+        raise ConfigError("auth: needs cluster_secret, the key user secrets are sealed under (the same on every node)")
     if (config.http2_tls_cert is None) != (config.http2_tls_key is None):
         raise ConfigError("http2_tls_cert: TLS needs both http2_tls_cert and http2_tls_key")
     if config.http2_tls_cert is not None:

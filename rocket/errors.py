@@ -41,6 +41,7 @@ class Code(enum.IntEnum):
     GROUP_EXISTS = 30  # a consumer group's settings were created before: update them instead
     UNKNOWN_GROUP = 31  # a consumer group with no settings in the metadata (create them first)
     UNAUTHENTICATED = 32  # a call that needs credentials it did not bring (a node's, for the methods between nodes)
+    PERMISSION_DENIED = 33  # the caller is known, and no policy allows the call (or one denies it)
 
 
 class RocketError(Exception):

@@ -27,6 +27,7 @@ import prometheus_client
 import trio
 
 from rocket import limits
+from rocket.access import Access, cluster_key
 from rocket.clock import Clock
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError, collapse_single_error
@@ -254,6 +255,31 @@ def _peer_auth(config: NodeConfig, dispatcher: Dispatcher, clock: Clock) -> Peer
     return auth
 
 
+def _access(config: NodeConfig, dispatcher: Dispatcher, clock: Clock) -> Access | None:
+    """With auth on, every call from the wire needs a signed-in user whom the policies allow."""
+    if not config.auth:
+        return None
+    dispatcher.access = Access(cluster_key(config.cluster_secret), clock.wall_ms, clock.now_s)
+    return dispatcher.access
+
+
+async def _follow_acl(access: Access, peers: Peers, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Keep the node's users and policies those of the metadata (a change applies within limits.acl_refresh_s);
+    started once the first ones with a user arrived (the first user is made at a cluster's first start)."""
+    started = False
+    while True:
+        try:
+            state = await peers.nameserver("MetaAclState", {"version": access.version})
+            if state["changed"]:
+                access.update(state)
+        except RocketError as error:
+            log.warning("auth: reading users and policies from the nameservers: %s", error)
+        if not started and access.users:
+            task_status.started()
+            started = True
+        await trio.sleep(limits.acl_refresh_s)
+
+
 async def _accept_hello(request: dict) -> dict:
     return {}  # no cluster secret: a hello proves nothing, and nothing needs proving
 
@@ -314,6 +340,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
     stop = trio.Event()
     storage: StorageRole | None = None
     peer_auth = _peer_auth(config, dispatcher, clock)
+    access = _access(config, dispatcher, clock)
     try:
         async with trio.open_nursery() as nursery:
             if handle_signals:
@@ -351,6 +378,8 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             await nursery.start(pool.run)
             await nursery.start(links.run)
             await roles.start(nursery)
+            if access is not None:
+                await nursery.start(_follow_acl, access, roles.peers)
             telemetry = node_telemetry(config, roles, lifecycle, dispatcher)
             metrics.telemetry = telemetry
             if config.telemetry_interval_s:

@@ -26,12 +26,13 @@ def run(
     node_id: Annotated[Optional[int], typer.Option("--node-id", help="This node's id in the cluster (default 1).")] = None,
     nameservers: Annotated[Optional[str], typer.Option("--nameservers", help="ID@HOST:PORT,... of the nameserver group (default: this node alone).")] = None,
     advertise: Annotated[Optional[str], typer.Option("--advertise", help="HOST:PORT other nodes reach this one at (default: --listen).")] = None,
+    auth: Annotated[Optional[bool], typer.Option("--auth/--no-auth", help="Every client call needs a user the policies allow (needs cluster_secret).")] = None,
 ) -> None:
     """Run a node. With no flags: dev mode, all roles in one process, data in ./rocket-data."""
     from rocket.node import StartupError, keep_freed_memory, run_node
 
     flags = {"roles": role, "data_dir": data_dir, "listen": listen, "http2_listen": http2_listen, "http_listen": http_listen, "log_level": log_level,
-             "node_id": node_id, "nameservers": nameservers, "advertise": advertise}
+             "node_id": node_id, "nameservers": nameservers, "advertise": advertise, "auth": auth}
     try:
         node_config = load_from_environment(config, flags)
     except ConfigError as error:

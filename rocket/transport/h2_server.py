@@ -23,8 +23,8 @@ from rocket.transport.grpc_wire import (GrpcError, GrpcStatus, check_grpc_prefix
                                         is_grpc, message_prefix, split_messages)
 from rocket.transport.h2_endpoint import (Endpoint, header_dict, method_of, path_prefix, rocket_trailers, serde_of,
                                           status_of)
-from rocket.transport.listen import serve_connections
-from rocket.transport.rpc import Dispatcher, Lifecycle, encode_error
+from rocket.transport.listen import serve_connections, source_of
+from rocket.transport.rpc import Caller, Dispatcher, Lifecycle, encode_error
 
 log = logging.getLogger("rocket.http2")
 
@@ -155,6 +155,7 @@ class _ServerConnection(Endpoint):
         self.waiting_for_items: set[trio.CancelScope] = set()
         self.draining = False
         self.peer_gone = False
+        self.caller = Caller(source=source_of(stream))  # a connection signs in once (Authenticate), as over TCP
 
     async def run(self) -> None:
         async with self.socket_stream, trio.open_nursery() as tasks:
@@ -298,7 +299,7 @@ class _ServerConnection(Endpoint):
             if self.dispatcher.is_streaming(method):
                 await self._stream(stream_id, method, serde, bytes(request.body))
                 return
-            body, _ = await self.dispatcher.call(method, serde, bytes(request.body))
+            body, _ = await self.dispatcher.call(method, serde, bytes(request.body), caller=self.caller)
         except RocketError as error:
             await self._respond(stream_id, serde, encode_error(serde, error), error)
             if not request.complete:
@@ -360,7 +361,7 @@ class _ServerConnection(Endpoint):
         self.connection.send_headers(stream_id, [(":status", "200"), ("content-type", serde.content_type)])
         await self.flush()
         try:
-            async with aclosing(self.dispatcher.stream(method, serde, body)) as items:
+            async with aclosing(self.dispatcher.stream(method, serde, body, caller=self.caller)) as items:
                 failure = await self._send_items(stream_id, items)
         except RocketError as error:
             failure = error

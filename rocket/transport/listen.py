@@ -90,3 +90,11 @@ async def serve_connections(lifecycle: Lifecycle, host: str, port: int, run_conn
 
         nursery.start_soon(accept_until_drained)
         task_status.started(bound_port)
+
+
+def source_of(stream) -> str:
+    """The IP address a connection comes from ("" if it is gone, or has no socket); under TLS, its transport's."""
+    try:
+        return str(getattr(stream, "transport_stream", stream).socket.getpeername()[0])
+    except (AttributeError, OSError, IndexError, TypeError):
+        return ""

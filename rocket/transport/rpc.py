@@ -12,6 +12,7 @@ from types import ModuleType
 
 import trio
 
+from rocket import access
 from rocket.errors import Code, RocketError
 from rocket.serde import SERDE_IDS
 
@@ -39,6 +40,14 @@ METHODS: dict[str, MethodSpec] = {
     for spec in [
         MethodSpec("Ping", "Empty", "ServerInfo"),
         MethodSpec("PeerHello", "PeerHelloRequest", "Empty"),
+        MethodSpec("Authenticate", "AuthenticateRequest", "Empty"),
+        MethodSpec("AclWhoAmI", "Empty", "AclUser"),
+        MethodSpec("AclCreateUser", "AclCreateUserRequest", "AclUser"),
+        MethodSpec("AclDeleteUser", "AclUserRequest", "Empty"),
+        MethodSpec("AclUsers", "Empty", "AclUsersResponse"),
+        MethodSpec("AclGrant", "AclPolicy", "AclPolicy"),
+        MethodSpec("AclRevoke", "AclPolicy", "Empty"),
+        MethodSpec("AclPolicies", "AclUserRequest", "AclPoliciesResponse"),
         MethodSpec("CreateTopic", "CreateTopicRequest", "TopicInfo"),
         MethodSpec("ListTopics", "Empty", "ListTopicsResponse"),
         MethodSpec("DescribeTopic", "TopicRequest", "DescribeTopicResponse"),
@@ -102,6 +111,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("MetaCreateConsumerGroup", "CreateConsumerGroupRequest", "ConsumerGroupInfo", internal=True),
         MethodSpec("MetaUpdateConsumerGroup", "UpdateConsumerGroupRequest", "ConsumerGroupInfo", internal=True),
         MethodSpec("MetaConsumerGroups", "ConsumerGroupsRequest", "ConsumerGroupsResponse", internal=True),
+        # Users (their secrets sealed) and policies, for nodes to enforce: unchanged since `version`, none are sent.
+        MethodSpec("MetaAclState", "AclStateRequest", "AclState", internal=True),
         # and brokers to storage nodes.
         MethodSpec("StorageAppend", "StorageAppendRequest", "ProduceResponse", attachment_field="batch", internal=True),
         MethodSpec("StorageRead", "StorageReadRequest", "PullResponse", response_attachments=("batches", "batch"),
@@ -181,6 +192,14 @@ def as_rocket_error(error: BaseException, method: str) -> RocketError:
     return RocketError(Code.INTERNAL, f"{method} failed: {type(error).__name__}")
 
 
+@dataclasses.dataclass(slots=True)
+class Caller:
+    """Who is at the other end of a connection, as far as it proved: calls from the wire carry one."""
+    source: str = ""  # the IP address it connects from
+    peer: bool = False  # a node of the cluster (PeerHello accepted): may call everything
+    user: str | None = None  # signed in (Authenticate accepted)
+
+
 class Dispatcher:
     """Maps method names to handlers and turns request bytes into response bytes."""
 
@@ -190,15 +209,25 @@ class Dispatcher:
         self.on_call: Callable[[str, float, str | None], None] | None = None
         # With a cluster secret: internal methods only for connections that said PeerHello (peer_auth.py).
         self.peer_auth = None
+        # With auth on: every call from the wire by a signed-in user whom the policies allow (rocket/access.py).
+        self.access: access.Access | None = None
 
     def handle(self, name: str, handler: Callable) -> None:
         method_spec(name)
         self._handlers[name] = handler
 
-    def _resolve(self, name: str, peer: bool = True) -> tuple[MethodSpec, Callable]:
+    def _resolve(self, name: str, caller: Caller | None = None) -> tuple[MethodSpec, Callable]:
         spec = method_spec(name)
-        if spec.internal and not peer and self.peer_auth is not None:
-            raise RocketError(Code.UNAUTHENTICATED, f"{name} is for the cluster's nodes: a node says PeerHello first")
+        if caller is not None and not caller.peer:
+            if spec.internal and self.peer_auth is not None:
+                raise RocketError(Code.UNAUTHENTICATED, f"{name} is for the cluster's nodes: a node says PeerHello "
+                                  "first")
+            if self.access is not None and caller.user is None and name not in access.OPEN:
+                raise self.access.failed(caller.source, RocketError(
+                    Code.UNAUTHENTICATED, f"{name} needs credentials: sign in (--user and --secret, ROCKET_USER and "
+                    "ROCKET_SECRET, or ~/.config/rocket/credentials)"))
+        if name in ("Authenticate", "AclWhoAmI"):  # about the connection: the dispatcher answers them
+            return spec, None
         handler = self._handlers.get(name)
         if handler is None:
             raise RocketError(Code.UNKNOWN_METHOD, f"method {name!r} is not served by this node's roles")
@@ -220,16 +249,32 @@ class Dispatcher:
     def is_streaming(self, name: str) -> bool:
         return method_spec(name).streaming
 
+    def _authorize(self, name: str, caller: Caller | None, request: dict) -> None:
+        if caller is None or caller.peer or self.access is None or name in access.OPEN:
+            return
+        self.access.authorize(caller.user, access.needs_of(name, request), caller.source)
+
+    def _about_connection(self, name: str, request: dict, caller: Caller) -> dict:
+        if name == "AclWhoAmI":
+            user = self.access.users.get(caller.user) if self.access is not None and caller.user else None
+            return {"user": caller.user or "", "super": caller.peer or user is not None and user.super}
+        # Authenticate: with auth off any hello is welcome (a client with credentials works anywhere)
+        caller.user = request["user"] if self.access is None else self.access.authenticate(request, caller.source)
+        return {}
+
     async def call(self, name: str, serde: ModuleType, body: bytes | memoryview,
                    attachment: memoryview | None = None, detached: bool = False,
-                   peer: bool = False) -> tuple[bytes, list | None]:
+                   caller: Caller | None = None) -> tuple[bytes, list | None]:
         """Run a unary method: the encoded response and, if detached, its attachable bytes apart from it
-        (see MethodSpec.response_attachments). peer: the connection said PeerHello. Raises RocketError for every
-        failure."""
-        spec, handler = self._resolve(name, peer)
+        (see MethodSpec.response_attachments). caller: who called from the wire (None: this process, trusted).
+        Raises RocketError for every failure."""
+        spec, handler = self._resolve(name, caller)
         if spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is a streaming method")
         request = serde.decode(spec.request_type, body)
+        self._authorize(name, caller, request)
+        if handler is None:
+            return serde.encode(spec.response_type, self._about_connection(name, request, caller or Caller())), None
         if attachment is not None:
             if spec.attachment_field is None:
                 raise RocketError(Code.BAD_REQUEST, f"{name} takes no attachments")
@@ -244,18 +289,21 @@ class Dispatcher:
             self._observe(name, started, failure.code.name)
             raise failure from None
         self._observe(name, started, None)
+        if name == "PeerHello" and caller is not None:  # accepted: the connection is a node of the cluster's
+            caller.peer = True
         attachments = None
         if detached:
             response, attachments = detach(spec, response)
         return serde.encode(spec.response_type, response), attachments
 
     async def stream(self, name: str, serde: ModuleType, body: bytes | memoryview,
-                     peer: bool = False) -> AsyncIterator[bytes]:
+                     caller: Caller | None = None) -> AsyncIterator[bytes]:
         """Run a streaming method, yielding encoded items; raises RocketError for every failure."""
-        spec, handler = self._resolve(name, peer)
+        spec, handler = self._resolve(name, caller)
         if not spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is not a streaming method")
         request = serde.decode(spec.request_type, body)
+        self._authorize(name, caller, request)
         started = trio.current_time()
         try:
             async for item in handler(request):

@@ -20,8 +20,8 @@ from rocket.serde import SERDE_ID_OF, serde_named
 from rocket.transport import frames
 from rocket.transport.channel import Channel
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
-from rocket.transport.listen import connect, cancel_on, serve_connections
-from rocket.transport.rpc import Dispatcher, Lifecycle, attach, encode_error, method_spec, serde_for_id
+from rocket.transport.listen import cancel_on, connect, serve_connections, source_of
+from rocket.transport.rpc import Caller, Dispatcher, Lifecycle, attach, encode_error, method_spec, serde_for_id
 
 log = logging.getLogger("rocket.tcp")
 
@@ -124,7 +124,7 @@ class _ServerConnection:
         self.send_lock = trio.Lock()
         self.in_flight = trio.Semaphore(limits.in_flight_requests_per_connection_max)
         self.streams: dict[int, trio.CancelScope] = {}
-        self.peer = False  # said PeerHello: may call the methods between nodes
+        self.caller = Caller(source=source_of(stream))  # and who it proved to be: PeerHello, Authenticate
 
     async def run(self, first: bytes = b"") -> None:
         async with self.stream:
@@ -187,9 +187,7 @@ class _ServerConnection:
                     await self._stream(frame, serde)
                     return
                 body, attachments = await self.dispatcher.call(frame.method, serde, frame.body, frame.attachment,
-                                                               detached=True, peer=self.peer)
-                if frame.method == "PeerHello":  # it was accepted: this connection is a node of the cluster's
-                    self.peer = True
+                                                               detached=True, caller=self.caller)
                 reply = frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body, attachment=attachments)
             except RocketError as error:
                 reply = [_error_frame(frame.serde, frame.request_id, error)]
@@ -204,7 +202,7 @@ class _ServerConnection:
         with trio.CancelScope() as scope:
             self.streams[frame.request_id] = scope
             try:
-                async for item in self.dispatcher.stream(frame.method, serde, frame.body, peer=self.peer):
+                async for item in self.dispatcher.stream(frame.method, serde, frame.body, caller=self.caller):
                     await self._send(frames.encode(Kind.STREAM_ITEM, frame.serde, frame.request_id, item))
                 await self._send(frames.encode(Kind.STREAM_END, frame.serde, frame.request_id))
             except RocketError as error:
@@ -341,8 +339,9 @@ class TcpChannel(Channel):
 
 
 @asynccontextmanager
-async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello: dict | None = None):
-    """A channel to host:port; with hello (a PeerHelloRequest), one that said it first: a node's, to another."""
+async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello: tuple[str, dict] | None = None):
+    """A channel to host:port; with hello (a method and its request: PeerHello, Authenticate), one that said it
+    first."""
     serde = serde_named(serde_name)
     stream = await connect(host, port)
     with collapse_single_error():
@@ -351,7 +350,7 @@ async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello
             nursery.start_soon(channel.read_loop)
             try:
                 if hello is not None:
-                    await channel.call("PeerHello", hello)
+                    await channel.call(*hello)
                 yield channel
             finally:
                 nursery.cancel_scope.cancel()

@@ -69,12 +69,12 @@ def test_nodes_with_a_secret_serve_and_outsiders_cannot_call_between_nodes(secur
                                                 "lagging": []}}),
                     ("GetRoute", {"topic": "orders"})):
                 await refused(channel, method, request)
-            wrong = PeerAuth(b"not the cluster's secret at all", 9, lambda: int(time.time() * 1000)).hello()
+            wrong = PeerAuth(b"not the cluster's secret at all", 9, lambda: int(time.time() * 1000)).hello()[1]
             await refused(channel, "PeerHello", wrong)
             await refused(channel, "GetRoute", {"topic": "orders"})  # a refused hello grants nothing
-            skewed = PeerAuth(SECRET.encode(), 9, lambda: int(time.time() * 1000) - 120_000).hello()
+            skewed = PeerAuth(SECRET.encode(), 9, lambda: int(time.time() * 1000) - 120_000).hello()[1]
             await refused(channel, "PeerHello", skewed)
-        right = PeerAuth(SECRET.encode(), 9, lambda: int(time.time() * 1000)).hello()
+        right = PeerAuth(SECRET.encode(), 9, lambda: int(time.time() * 1000)).hello()[1]
         async with connect(first.server) as channel:
             await channel.call("PeerHello", right)
             assert (await channel.call("GetRoute", {"topic": "orders"}))["topic"]["name"] == "orders"
@@ -97,7 +97,7 @@ def test_http2_refuses_the_methods_between_nodes_with_a_secret(server_process, m
         async with connect(f"127.0.0.1:{server.http2_port}", "http2") as channel:
             await channel.call("CreateTopic", {"topic": "t", "queues": 1})
             await refused(channel, "GetRoute", {"topic": "t"})
-            right = PeerAuth(SECRET.encode(), 9, lambda: int(time.time() * 1000)).hello()
+            right = PeerAuth(SECRET.encode(), 9, lambda: int(time.time() * 1000)).hello()[1]
             await channel.call("PeerHello", right)  # accepted, but HTTP/2 keeps no connection state for it
             await refused(channel, "MetaCreateTopic", {"topic": "u", "queues": 1})
 

@@ -29,21 +29,21 @@ def refused(auth: PeerAuth, hello: dict, why: str) -> None:
 def test_a_hello_of_the_same_secret_is_accepted_once():
     clock = Clock()
     sender, receiver = PeerAuth(SECRET, 2, clock), PeerAuth(SECRET, 1, clock)
-    hello = sender.hello()
+    hello = sender.hello()[1]
     receiver.check(hello)
     refused(receiver, hello, "replayed")
-    receiver.check(sender.hello())  # a new nonce
+    receiver.check(sender.hello()[1])  # a new nonce
 
 
 def test_other_secrets_tampering_truncation_and_skew_are_refused():
     clock = Clock()
     receiver = PeerAuth(SECRET, 1, clock)
-    refused(receiver, PeerAuth(b"another cluster's secret", 2, clock).hello(), "MAC")
-    hello = PeerAuth(SECRET, 2, clock).hello()
-    refused(receiver, {**hello, "node": 3}, "MAC")  # another node's name on it
-    refused(receiver, {**hello, "time_ms": hello["time_ms"] + 1}, "MAC")
-    refused(receiver, {**hello, "mac": hello["mac"][:-2]}, "MAC")
-    refused(receiver, {**hello, "mac": ""}, "MAC")
+    refused(receiver, PeerAuth(b"another cluster's secret", 2, clock).hello()[1], "signature")
+    hello = PeerAuth(SECRET, 2, clock).hello()[1]
+    refused(receiver, {**hello, "node": 3}, "signature")  # another node's name on it
+    refused(receiver, {**hello, "time_ms": hello["time_ms"] + 1}, "signature")
+    refused(receiver, {**hello, "mac": hello["mac"][:-2]}, "signature")
+    refused(receiver, {**hello, "mac": ""}, "signature")
     clock.ms += 61_000  # the sender's clock is 61 s behind
     refused(receiver, hello, "clock")
 

@@ -98,20 +98,9 @@ class Admin:
             topics.append({"topic": route.spec.to_wire(), "queues": sorted(queues, key=lambda info: info["queue"])})
         return {"topics": topics}
 
-    async def cluster_status(self, request: dict) -> dict:
-        return await self.peers.nameserver("ClusterStatus", request, timeout_s=limits.leader_wait_s_max + 5)
-
-    async def placement_explain(self, request: dict) -> dict:
-        return await self.peers.nameserver("PlacementExplain", request, timeout_s=limits.leader_wait_s_max + 5)
-
-    async def node_health(self, request: dict) -> dict:
-        return await self.peers.nameserver("NodeHealth", request, timeout_s=limits.leader_wait_s_max + 5)
-
-    async def pin_node_health(self, request: dict) -> dict:
-        return await self.peers.nameserver("PinNodeHealth", request, timeout_s=limits.leader_wait_s_max + 5)
-
-    async def drain_node(self, request: dict) -> dict:
-        return await self.peers.nameserver("DrainNode", request, timeout_s=limits.leader_wait_s_max + 5)
+    async def forward(self, method: str, request: dict) -> dict:
+        """A call the nameservers answer, made on a broker without a nameserver beside it."""
+        return await self.peers.nameserver(method, request, timeout_s=limits.leader_wait_s_max + 5)
 
     async def describe_topic(self, request: dict) -> dict:
         route = await self._route(request["topic"])

@@ -5,6 +5,7 @@ One concern per module: routes.py, admin.py, produce.py, pull.py, pop.py, groups
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 
@@ -25,6 +26,11 @@ from rocket.transport.background import Background
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.broker")
+
+
+# What the nameservers answer, which a broker forwards: cluster status and operations, users and policies.
+FORWARDED = ("ClusterStatus", "DrainNode", "PlacementExplain", "NodeHealth", "PinNodeHealth", "AclCreateUser",
+             "AclDeleteUser", "AclUsers", "AclGrant", "AclRevoke", "AclPolicies")
 
 
 class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyValues, Background):
@@ -90,10 +96,7 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
             "KvExport": self.kv_export,
         }
         if forward_status:  # a broker without a nameserver beside it asks the nameservers
-            handlers["ClusterStatus"] = self.cluster_status
-            handlers["DrainNode"] = self.drain_node
-            handlers["PlacementExplain"] = self.placement_explain
-            handlers["NodeHealth"] = self.node_health
-            handlers["PinNodeHealth"] = self.pin_node_health
+            for name in FORWARDED:
+                handlers[name] = functools.partial(self.forward, name)
         for name, handler in handlers.items():
             dispatcher.handle(name, handler)

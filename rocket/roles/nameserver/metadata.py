@@ -159,6 +159,10 @@ class Metadata:
         self.classes: dict[str, StorageClass] = {}  # the ones operators made; not the default
         self.elections: list[dict] = []  # the last limits.elections_kept_max masters chosen, oldest first
         self.consumer_groups: dict[str, ConsumerGroup] = {}  # consumer group name -> its settings
+        # Users (secrets sealed under the cluster key: rocket/access.py) and policies, and their own version.
+        self.users: dict[str, dict] = {}  # name -> {"sealed", "super", "created_ms"}
+        self.policies: dict[tuple[str, str, str], dict] = {}  # (user, resource, effect) -> AclPolicy
+        self.acl_version = 0
         self.version = 0
 
     # ---- the state machine ---------------------------------------------------------------------------
@@ -256,12 +260,52 @@ class Metadata:
             result = self._create_consumer_group(command)
         elif operation == "update_consumer_group":
             result = self._update_consumer_group(command)
+        elif operation in ("create_user", "delete_user", "grant", "revoke"):
+            result = self._acl(command)
         else:
             invariant(False, f"unknown metadata command {operation!r}")
         self.version += 1
         if operation in ("create_topic", "update_topic", "add_queues"):
             return self.topics[command["name"]]
         return result
+
+    # ---- users and policies -------------------------------------------------------------------------
+
+    def _acl(self, command: dict):
+        operation = command["op"]
+        if operation == "create_user":
+            name = command["user"]
+            if name in self.users:
+                raise RocketError(Code.BAD_REQUEST, f"user {name!r} exists: delete it first to change its secret")
+            if len(self.users) >= limits.users_max:
+                raise RocketError(Code.OVERLOADED, f"the cluster holds the maximum of {limits.users_max} users")
+            self.users[name] = {"sealed": command["sealed"], "super": command["super"],
+                                "created_ms": command["created_ms"]}
+        elif operation == "delete_user":
+            self.user(command["user"])
+            del self.users[command["user"]]
+            self.policies = {key: policy for key, policy in self.policies.items() if key[0] != command["user"]}
+        elif operation == "grant":
+            policy = command["policy"]
+            self.user(policy["user"])
+            key = (policy["user"], policy["resource"], policy["effect"])
+            if key not in self.policies and len(self.policies) >= limits.policies_max:
+                raise RocketError(Code.OVERLOADED, f"the cluster holds the maximum of {limits.policies_max} policies")
+            self.policies[key] = policy
+        else:  # revoke: the user's policies on the resource, of the effect if one is named
+            removed = [key for key in self.policies if key[:2] == (command["user"], command["resource"])
+                       and command["effect"] in ("", key[2])]
+            if not removed:
+                raise RocketError(Code.NOT_FOUND, f"user {command['user']!r} has no policy on {command['resource']}")
+            for key in removed:
+                del self.policies[key]
+        self.acl_version += 1
+
+    def user(self, name: str) -> dict:
+        found = self.users.get(name)
+        if found is None:
+            raise RocketError(Code.NOT_FOUND, f"no user {name!r}")
+        return found
 
     # ---- storage classes and the controller (RIP-44) -------------------------------------------------
 
@@ -378,6 +422,9 @@ class Metadata:
             "classes": [dataclasses.asdict(storage_class) for storage_class in self.classes.values()],
             "elections": self.elections,
             "consumer_groups": [group.to_wire() for group in self.consumer_groups.values()],
+            "users": self.users,
+            "policies": list(self.policies.values()),
+            "acl_version": self.acl_version,
         })]
 
     def restore(self, chunks: Iterable[bytes]) -> None:
@@ -401,6 +448,10 @@ class Metadata:
                                                               tuple(entry["retry_backoff_s"]), entry["consume_mode"],
                                                               entry["fifo"])
                                 for entry in state.get("consumer_groups", ())}  # snapshots before settings had none
+        self.users = state.get("users", {})  # snapshots before users had none
+        self.policies = {(policy["user"], policy["resource"], policy["effect"]): policy
+                         for policy in state.get("policies", ())}
+        self.acl_version = state.get("acl_version", 0)
         self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"],
                                            node.get("health_pin", "auto"),  # snapshots before pins had none
                                            node.get("degraded_for", ""))

@@ -26,6 +26,7 @@ from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
 from rocket.model import (KV_PREFIX, Address, bucket_topic, check_message_type, check_name, check_retention_s,
                           check_user_topic_name)
 from rocket.raft.host import RaftHost
+from rocket.roles.nameserver.acl import AclAdmin
 from rocket.roles.nameserver.classes import StorageClasses
 from rocket.roles.nameserver.consumer_groups import ConsumerGroupSettings
 from rocket.roles.nameserver.controller import Controller
@@ -38,7 +39,7 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.nameserver")
 
 
-class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroupSettings, Controller):
+class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroupSettings, Controller, AclAdmin):
     def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, clock: Clock,
                  placement: Placement | None = None, objects=None):
         self.config = config
@@ -57,6 +58,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
         self._init_queue_placement(objects)
         self._init_health()
         self._init_controller()
+        self._init_acl()
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("NodeHeartbeat", self.node_heartbeat)
@@ -78,6 +80,15 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
         dispatcher.handle("MetaCreateConsumerGroup", self.create_consumer_group)
         dispatcher.handle("MetaUpdateConsumerGroup", self.update_consumer_group)
         dispatcher.handle("MetaConsumerGroups", self.consumer_groups)
+        dispatcher.handle("MetaAclState", self.acl_state)
+        for name, handler in self.acl_methods().items():
+            dispatcher.handle(name, handler)
+
+    def acl_methods(self) -> dict:
+        """The user and policy calls; a broker without a nameserver forwards them here."""
+        return {"AclCreateUser": self.acl_create_user, "AclDeleteUser": self.acl_delete_user,
+                "AclUsers": self.acl_users, "AclGrant": self.acl_grant, "AclRevoke": self.acl_revoke,
+                "AclPolicies": self.acl_policies}
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """On the leader, every heartbeat interval: create storage groups as storage nodes join, plan replica
@@ -85,6 +96,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_model_forever)
             nursery.start_soon(self._control_forever)
+            if self.config.auth:
+                nursery.start_soon(self._bootstrap_admin_forever)
             task_status.started()
             while True:
                 await trio.sleep(limits.node_heartbeat_s)

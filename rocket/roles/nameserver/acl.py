@@ -1,0 +1,126 @@
+"""Users and policies in the metadata (rocket/access.py has the model): the calls that create, list and delete them,
+the state nodes fetch to enforce them, and the first user of a cluster with auth on. A mixin of Nameserver.
+
+A user's secret is sealed under the cluster key before it is proposed, so the Raft log, its snapshots and every
+node's disk hold it only sealed; nodes unseal it with the same key (all hold the cluster secret).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import trio
+
+from rocket import access, limits
+from rocket.errors import Code, RocketError
+
+log = logging.getLogger("rocket.nameserver")
+
+
+class AclAdmin:
+    def _init_acl(self) -> None:
+        self._acl_key = access.cluster_key(self.config.cluster_secret) if self.config.cluster_secret else None
+
+    def _sealing_key(self) -> bytes:
+        if self._acl_key is None:
+            raise RocketError(Code.BAD_REQUEST, "users need a cluster_secret on the nameservers: their secrets are "
+                              "sealed under it")
+        return self._acl_key
+
+    async def acl_create_user(self, request: dict) -> dict:
+        access.check_user_name(request["user"])
+        if request["secret"] and len(request["secret"]) < limits.cluster_secret_chars_min:
+            raise RocketError(Code.BAD_REQUEST, f"a secret has at least {limits.cluster_secret_chars_min} characters")
+        self._sealing_key()
+        return await self._on_leader("AclCreateUser", request, self._create_user_here)
+
+    async def _create_user_here(self, request: dict) -> dict:
+        name, secret = request["user"], request["secret"] or access.new_secret()
+        created_ms = self.clock.wall_ms()
+        await self._propose({"op": "create_user", "user": name, "super": request["super"], "created_ms": created_ms,
+                             "sealed": access.seal(self._sealing_key(), name, secret)})
+        log.info("user %s created%s", name, " (super user)" if request["super"] else "")
+        return {"user": name, "secret": secret, "super": request["super"], "created_ms": created_ms}
+
+    async def acl_delete_user(self, request: dict) -> dict:
+        return await self._on_leader("AclDeleteUser", request, self._delete_user_here)
+
+    async def _delete_user_here(self, request: dict) -> dict:
+        self.metadata.user(request["user"])
+        await self._propose({"op": "delete_user", "user": request["user"]})
+        log.info("user %s deleted, with its policies", request["user"])
+        return {}
+
+    async def acl_users(self, request: dict) -> dict:
+        return await self._read("AclUsers", request, self._users_here)
+
+    async def _users_here(self, request: dict) -> dict:
+        users = self.metadata.users
+        return {"users": [{"user": name, "secret": "", "super": users[name]["super"],
+                           "created_ms": users[name]["created_ms"]} for name in sorted(users)]}
+
+    async def acl_grant(self, request: dict) -> dict:
+        policy = {"user": access.check_user_name(request["user"]), "resource": access.check_resource(request["resource"]),
+                  "actions": list(access.check_actions(request["actions"])), "cidrs": list(access.check_cidrs(
+                      request["cidrs"]))}
+        if request["effect"] not in access.EFFECTS:
+            raise RocketError(Code.BAD_REQUEST, f"effect {request['effect']!r}: allow or deny")
+        policy["effect"] = request["effect"]
+        return await self._on_leader("AclGrant", policy, self._grant_here)
+
+    async def _grant_here(self, policy: dict) -> dict:
+        self.metadata.user(policy["user"])
+        await self._propose({"op": "grant", "policy": policy})
+        log.info("policy: %s", policy)
+        return policy
+
+    async def acl_revoke(self, request: dict) -> dict:
+        """The user's policies on the resource (the one of the effect given, if one is)."""
+        if request["effect"] not in ("", *access.EFFECTS):
+            raise RocketError(Code.BAD_REQUEST, f"effect {request['effect']!r}: allow, deny, or empty for both")
+        return await self._on_leader("AclRevoke", request, self._revoke_here)
+
+    async def _revoke_here(self, request: dict) -> dict:
+        await self._propose({"op": "revoke", "user": request["user"], "resource": request["resource"],
+                             "effect": request["effect"]})
+        log.info("revoked: %s's policies on %s", request["user"], request["resource"])
+        return {}
+
+    async def acl_policies(self, request: dict) -> dict:
+        return await self._read("AclPolicies", request, self._policies_here)
+
+    async def _policies_here(self, request: dict) -> dict:
+        policies = sorted(self.metadata.policies.items())
+        return {"policies": [policy for key, policy in policies if request["user"] in ("", key[0])]}
+
+    async def acl_state(self, request: dict) -> dict:
+        """For nodes to enforce: nothing when the version asked is current."""
+        return await self._read("MetaAclState", request, self._acl_state_here)
+
+    async def _acl_state_here(self, request: dict) -> dict:
+        metadata = self.metadata
+        if request["version"] == metadata.acl_version:
+            return {"version": metadata.acl_version, "changed": False, "users": [], "policies": []}
+        return {"version": metadata.acl_version, "changed": True,
+                "users": [{"user": name, **user} for name, user in metadata.users.items()],
+                "policies": list(metadata.policies.values())}
+
+    async def _bootstrap_admin_forever(self) -> None:
+        """With auth on, the leader makes the first user, `admin` (super), once: with the configured secret, or a
+        new one printed once to stderr and the log."""
+        while not self.metadata.users:
+            if self.leads():
+                configured = self.config.auth_admin_secret
+                try:
+                    made = await self._create_user_here({"user": "admin", "secret": configured, "super": True})
+                except RocketError as error:
+                    log.warning("auth: making the first user: %s", error)
+                else:
+                    if not configured:
+                        line = (f"rocket: auth is on; the first user is admin, secret {made['secret']} (shown once: "
+                                "keep it, e.g. in ~/.config/rocket/credentials)")
+                        print(line, file=sys.stderr, flush=True)
+                        log.warning("%s", line)
+                    return
+            await trio.sleep(limits.acl_refresh_s)
