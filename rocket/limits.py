@@ -176,6 +176,14 @@ rocketmq_pull_bytes_max = 4 * MiB  # bytes read for one PullMessage answer
 rocketmq_send_attempts_max = 3  # tries of one send a RocketMQ producer makes, told in its settings: few, as brokers
 rocketmq_send_backoff_s_min = 0.01  # ... retry storage themselves; its first wait between tries, later ones double ...
 rocketmq_send_backoff_s_max = 1.0  # ... up to this (RocketMQ's own defaults: 3 tries, 10 ms doubling to 1 s)
+# A RocketMQ 5 client signs only its x-mq-date-time (MQv2-HMAC-SHA1), and apache/rocketmq's proxy never bounds it:
+# neither ACL 1.0 (PlainAccessResource) nor 2.0 (DefaultAuthenticationContextBuilder) checks the time. The Java,
+# Python, Go and C# clients format their LOCAL time with a literal Z (only C++ and Node.js sign UTC), so the window
+# must admit every zone in use, UTC-12 to UTC+14, on top of a clock error; it still bounds a captured header's replay.
+rocketmq_signature_clock_error_s_max = 15 * 60.0  # a signer's clock may be off this far (AWS SigV4's 15 minutes)
+# x-mq-date-time may be this far after the gateway's clock (a client at UTC+14) ...
+rocketmq_signature_ahead_s_max = 14 * 3600.0 + rocketmq_signature_clock_error_s_max
+rocketmq_signature_behind_s_max = 12 * 3600.0 + rocketmq_signature_clock_error_s_max  # ... or this far before (UTC-12)
 http1_header_bytes_max = 16 * KiB  # an HTTP/1.1 request's line and headers; longer ones get 431
 http1_body_bytes_max = 64 * KiB  # an HTTP/1.1 request's body (the pages served take none); more gets 413
 http1_idle_s = 60.0  # an HTTP/1.1 connection with no request for this long is closed (scrapers keep theirs alive)
@@ -350,6 +358,8 @@ invariant(simple_invisible_s_default <= pop_invisible_s_max, "the default invisi
 invariant(simple_receive_messages_default <= pop_messages_max, "a default receive is one pop")
 invariant(send_first_batch_bytes <= producer_batch_bytes_default, "rocket send's first batches are smaller ones")
 invariant(bench_probe_bytes_min <= bench_probe_bytes_max, "the bench's disk probe bounds are ordered")
+invariant(rocketmq_signature_ahead_s_max >= 14 * 3600 and rocketmq_signature_behind_s_max >= 12 * 3600,
+          "RocketMQ 5 clients that sign local time labelled Z would be refused in some zones (UTC-12 to UTC+14)")
 invariant(raft_heartbeat_ticks < raft_election_ticks, "elections take longer than heartbeats (Config.validate)")
 invariant(raft_liveness_scan_ticks <= 2 * raft_election_ticks, "the scan runs within the silence (two election timeouts) that wakes a quiet group")
 invariant(raft_message_bytes_max <= raft_payload_bytes_max, "an append message of small entries fits one RaftStep payload")
