@@ -372,7 +372,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
             links = PeerLinks(config.node_id, addresses, peer_auth)
             host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
-            pool = ChannelPool(auth=peer_auth)
+            pool = ChannelPool(hello=peer_auth.hello if peer_auth is not None else None)
             roles = build_roles(config, host, Peers(config, dispatcher, pool), dispatcher, clock, addresses, objects)
             storage = roles.storage
             await nursery.start(pool.run)

@@ -6,6 +6,7 @@ One module per command family; this one assembles them into the typer app that `
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Annotated
 
 import click
@@ -13,7 +14,7 @@ import typer
 import typer.main
 
 import rocket
-from rocket.cli import bench, cluster, consume, group, kv, message, run, send, topic
+from rocket.cli import acl, bench, cluster, consume, group, kv, message, run, send, topic
 
 HELP = """rocket: messaging and streaming on Trio.
 
@@ -33,8 +34,14 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
-                                                   help="Print rocket's version and exit.")] = False) -> None:
+                                                   help="Print rocket's version and exit.")] = False,
+             user: Annotated[str, typer.Option("--user", envvar="ROCKET_USER", show_default=False,
+                                               help="Sign in as this user (else ~/.config/rocket/credentials).")] = "",
+             secret: Annotated[str, typer.Option("--secret", envvar="ROCKET_SECRET", show_default=False,
+                                                 help="The user's secret.")] = "") -> None:
     """rocket: messaging and streaming on Trio."""
+    if user or secret:  # every client the command opens reads them (rocket.client.credentials)
+        os.environ["ROCKET_USER"], os.environ["ROCKET_SECRET"] = user, secret
 app.command("run")(run.run)
 app.command("send")(send.send)
 app.command("consume")(consume.consume)
@@ -46,6 +53,7 @@ app.add_typer(group.app, name="group")
 app.add_typer(topic.tier_app, name="tier")
 app.add_typer(group.dlq_app, name="dlq")
 app.add_typer(kv.app, name="kv")
+app.add_typer(acl.app, name="acl")
 
 
 def _reflow(command: click.Command) -> None:

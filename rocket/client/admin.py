@@ -70,6 +70,37 @@ class Admin:
         """Every consumer group with settings, by name, or the one named (UNKNOWN_GROUP if it has none)."""
         return (await self.channel.call("ConsumerGroups", {"group": group}))["groups"]
 
+    async def create_user(self, user: str, secret: str = "", super_user: bool = False) -> dict:
+        """A user (an access key); the cluster makes the secret when none is given. The answer alone holds it."""
+        return await self.channel.call("AclCreateUser", {"user": user, "secret": secret, "super": super_user})
+
+    async def delete_user(self, user: str) -> None:
+        """A user and its policies; its connections are refused from the next call on."""
+        await self.channel.call("AclDeleteUser", {"user": user})
+
+    async def users(self) -> list[dict]:
+        return (await self.channel.call("AclUsers", {}))["users"]
+
+    async def grant(self, user: str, resource: str, actions: list[str], deny: bool = False,
+                    cidrs: list[str] = ()) -> dict:
+        """Allow (or deny) a user actions on resources matching a pattern (topic:orders, topic:orders-*, group:g,
+        bucket:b, cluster), from the networks given (none: from anywhere). Replaces the user's policy of that
+        effect on that resource."""
+        return await self.channel.call("AclGrant", {"user": user, "resource": resource, "actions": list(actions),
+                                                    "effect": "deny" if deny else "allow", "cidrs": list(cidrs)})
+
+    async def revoke(self, user: str, resource: str, effect: str = "") -> None:
+        """Drop the user's policies on the resource: the one of the effect (allow, deny), or both."""
+        await self.channel.call("AclRevoke", {"user": user, "resource": resource, "actions": [], "effect": effect,
+                                              "cidrs": []})
+
+    async def policies(self, user: str = "") -> list[dict]:
+        return (await self.channel.call("AclPolicies", {"user": user}))["policies"]
+
+    async def whoami(self) -> dict:
+        """The user this connection signed in as ("" when none), and whether it is a super user."""
+        return await self.channel.call("AclWhoAmI", {})
+
     async def update_topic(self, name: str, retention_s: float | None = None,
                            local_retention_s: float | None = None, queues: int | None = None) -> TopicSpec:
         """Set a topic's total and local retention in whole seconds (0 keeps data for ever, -1 takes the

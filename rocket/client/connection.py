@@ -14,6 +14,8 @@ from contextlib import asynccontextmanager
 import trio
 
 from rocket import limits
+from rocket.access import Credentials
+from rocket.client.credentials import hello_of, load_credentials
 from rocket.config import ConfigError, parse_address
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.model import Address
@@ -96,26 +98,30 @@ def _servers(server: str | None, transport: str) -> list[Address]:
 
 @asynccontextmanager
 async def connect(server: str | None = None, transport: str = "tcp", serde: str = "json",
-                  discover: bool = False) -> AsyncIterator[Channel]:
+                  discover: bool = False, credentials: Credentials | None = None) -> AsyncIterator[Channel]:
     """Yield a Channel (call(method, message) and stream(method, message)). server is HOST:PORT,
-    or (over TCP) several of them separated by commas."""
+    or (over TCP) several of them separated by commas. Each connection signs in with the credentials, else those
+    of the environment or the credentials file (client/credentials.py), if any."""
     if transport not in TRANSPORTS:
         raise RocketError(Code.BAD_REQUEST, f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
     serde_named(serde)
     servers = _servers(server, transport)
+    hello = hello_of(credentials or load_credentials())
     if transport == "http2":
         if len(servers) > 1 or discover:
             raise RocketError(Code.BAD_REQUEST, "several servers and discovery are for TCP")
         async with open_http2_channel(servers[0].host, servers[0].port, serde) as channel:
+            if hello is not None:
+                await channel.call(*hello())
             yield channel
         return
     if len(servers) == 1 and not discover:
-        async with open_tcp_channel(servers[0].host, servers[0].port, serde) as channel:
+        async with open_tcp_channel(servers[0].host, servers[0].port, serde, hello() if hello else None) as channel:
             yield channel
         return
     with collapse_single_error():
         async with trio.open_nursery() as nursery:
-            pool = ChannelPool(serde)
+            pool = ChannelPool(serde, hello)
             await nursery.start(pool.run)
             channel = FailoverChannel(pool, servers)
             if discover:

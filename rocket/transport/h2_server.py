@@ -44,6 +44,8 @@ class GrpcCall:
         self.failure: GrpcError | None = None  # what the input turned out to break
         self.headers_sent = False
         self.deadline = math.inf  # trio time by which the client's grpc-timeout expires
+        self.source = connection.caller.source  # the client's IP address
+        self.user: str | None = None  # with auth on, the user the call's signature names (the gateway checks it)
 
     def _on_data(self, data: bytes) -> None:
         if self.failure is not None:

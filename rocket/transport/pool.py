@@ -4,6 +4,7 @@ kept while it works and reopened after it breaks. The channels live in the pool'
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import trio
 
@@ -11,15 +12,14 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Address
 from rocket.transport.background import Background
-from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp import TcpChannel, open_tcp_channel
 
 
 
 class ChannelPool(Background):
-    def __init__(self, serde: str = "avro", auth: PeerAuth | None = None):
+    def __init__(self, serde: str = "avro", hello: Callable[[], tuple[str, dict]] | None = None):
         self._serde = serde
-        self._auth = auth  # with a cluster secret, each channel says PeerHello first
+        self._hello = hello  # each channel's first call: a node's PeerHello, a client's Authenticate
         self._channels: dict[Address, TcpChannel] = {}
         self._opening: dict[Address, trio.Lock] = {}
 
@@ -47,7 +47,7 @@ class ChannelPool(Background):
         started, channel = False, None
         with trio.CancelScope(deadline=trio.current_time() + limits.connect_timeout_s) as connecting:
             try:
-                hello = self._auth.hello() if self._auth is not None else None
+                hello = self._hello() if self._hello is not None else None
                 async with open_tcp_channel(*address, self._serde, hello) as channel:
                     connecting.deadline = math.inf
                     self._channels[address] = channel

@@ -2,9 +2,9 @@
 'use strict';
 
 // The Node.js RocketMQ remoting client ali-ons (tests/node/package.json pins it) driven against a rocket server, as
-// an application on an open-source cluster uses it: `nameSrv` is rocket's TCP address, no access keys (ali-ons signs
-// requests only when accessKey and secretKey are set; an open-source broker has no ACL to check them). For
-// tests/integration/test_remoting_aons.py.
+// an application on an open-source cluster uses it: `nameSrv` is rocket's TCP address. With AONS_ACCESS_KEY and
+// AONS_SECRET_KEY in the environment it signs every request with them (accessKey and secretKey), for a rocket that
+// runs with auth on. For tests/integration/test_remoting_aons.py.
 //
 // Output: JSON lines on stdout, one object each, and nothing else there; ali-ons' own logs go to stderr (warnings and
 // errors; everything with --verbose or AONS_VERBOSE=1).
@@ -53,6 +53,8 @@ function log() {
   process.stderr.write('aons: ' + util.format.apply(util, arguments) + '\n');
 }
 
+const CREDENTIALS = process.env.AONS_ACCESS_KEY
+  ? { accessKey: process.env.AONS_ACCESS_KEY, secretKey: process.env.AONS_SECRET_KEY } : {};
 const VERBOSE = process.argv.indexOf('--verbose') >= 0 || !!process.env.AONS_VERBOSE;
 
 // ali-ons' logger interface (info, warn, error, debug); the default one is console, this one is stderr.
@@ -181,6 +183,7 @@ async function produce(argv) {
   setTimeout(() => fail(3, `produce: not done in ${timeoutS} s`), timeoutS * 1000).unref();
 
   const producer = new Producer({
+    ...CREDENTIALS,
     nameSrv: opts.namesrv,
     httpclient: NO_HTTP_CLIENT,
     producerGroup: opts.group || 'aons-producer',
@@ -279,6 +282,7 @@ async function consume(argv) {
   }
 
   const options = {
+    ...CREDENTIALS,
     nameSrv: opts.namesrv,
     httpclient: NO_HTTP_CLIENT,
     consumerGroup: opts.group,

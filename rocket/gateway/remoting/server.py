@@ -19,12 +19,14 @@ from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.gateway.remoting import codec
 from rocket.gateway.remoting.admin import Administration
+from rocket.gateway.remoting.authorization import authorize
 from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, RemotingError, RequestCode, ResponseCode
 from rocket.gateway.remoting.consuming import Consuming
 from rocket.gateway.remoting.messages import BadMessage
 from rocket.gateway.remoting.naming import Naming
 from rocket.gateway.remoting.producing import Producing
+from rocket.gateway.remoting.signature import DENIED_CODE
 from rocket.transport.listen import cancel_on
 from rocket.transport.rpc import Dispatcher, Lifecycle
 
@@ -36,6 +38,7 @@ RESPONSE_OF_CODE = {  # rocket's error codes -> RocketMQ's response codes
     Code.WRONG_MESSAGE_TYPE: ResponseCode.MESSAGE_ILLEGAL, Code.FRAME_TOO_LARGE: ResponseCode.MESSAGE_ILLEGAL,
     Code.OVERLOADED: ResponseCode.SYSTEM_BUSY, Code.UNAVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
     Code.TIMEOUT: ResponseCode.SYSTEM_BUSY, Code.NOT_ENOUGH_REPLICAS: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    Code.UNAUTHENTICATED: DENIED_CODE, Code.PERMISSION_DENIED: ResponseCode.NO_PERMISSION,
 }
 
 
@@ -187,6 +190,8 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
             return command.reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                  f"REQUEST_CODE_NOT_SUPPORTED: request code {command.code} is not served by rocket")
         try:
+            if self.dispatcher.access is not None:
+                authorize(self.dispatcher.access, command, connection.peer.rsplit(":", 1)[0])
             return await handler(command, connection)
         except RocketError as error:
             return command.reply(RESPONSE_OF_CODE.get(error.code, ResponseCode.SYSTEM_ERROR),

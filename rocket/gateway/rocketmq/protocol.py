@@ -5,7 +5,6 @@ grpcio or OpenTelemetry)."""
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 import types
 from pathlib import Path
@@ -21,8 +20,6 @@ STATUS_OF_CODE = {  # rocket's error codes -> apache.rocketmq.v2.Code
     Code.OFFSET_OUT_OF_RANGE: 40019, Code.FRAME_TOO_LARGE: 41300, Code.TIMEOUT: 50400, Code.OVERLOADED: 42900,
     Code.UNAVAILABLE: 50001,
 }
-AUTHORIZATION = re.compile(r"MQv2-HMAC-SHA1 Credential=[^,\s]*, ?SignedHeaders=[a-z0-9-]+(;[a-z0-9-]+)*, ?"
-                           r"Signature=[0-9A-Fa-f]+")  # RocketMQ 5's HMAC signature of the x-mq-date-time header
 OK = 20000
 MESSAGE_NOT_FOUND = 40401
 OFFSET_NOT_FOUND = 40404

@@ -11,11 +11,13 @@ from collections.abc import Awaitable, Callable
 
 from rocket import limits
 from rocket.clock import Clock
-from rocket.errors import RocketError
-from rocket.gateway.rocketmq.protocol import AUTHORIZATION, MESSAGE_TYPE_OF, OK, SERVICE, load_protocol, status_of
+from rocket.errors import Code, RocketError
+from rocket.gateway.rocketmq.protocol import MESSAGE_TYPE_OF, OK, SERVICE, load_protocol, status_of
 from rocket.gateway.rocketmq.pulling import Pulling
 from rocket.gateway.rocketmq.receiving import Receiving
 from rocket.gateway.rocketmq.sending import Sending
+from rocket.gateway.rocketmq.authorization import grpc_needs
+from rocket.gateway.rocketmq.signature import verify_grpc
 from rocket.gateway.rocketmq.telemetry import Telemetry
 from rocket.transport.grpc_wire import GrpcError, GrpcStatus
 from rocket.transport.h2_server import GrpcCall, GrpcHandler
@@ -65,9 +67,12 @@ class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
             "GetOffset": (service.GetOffsetRequest, self.get_offset),
             "QueryOffset": (service.QueryOffsetRequest, self.query_offset),
         }
-        table = {f"/{SERVICE}/{name}": self._unary(request_type, method) for name, (request_type, method) in unary.items()}
-        table[f"/{SERVICE}/ReceiveMessage"] = self._server_stream(service.ReceiveMessageRequest, self.receive_message)
-        table[f"/{SERVICE}/PullMessage"] = self._server_stream(service.PullMessageRequest, self.pull_message)
+        table = {f"/{SERVICE}/{name}": self._unary(name, request_type, method)
+                 for name, (request_type, method) in unary.items()}
+        table[f"/{SERVICE}/ReceiveMessage"] = self._server_stream("ReceiveMessage", service.ReceiveMessageRequest,
+                                                                              self.receive_message)
+        table[f"/{SERVICE}/PullMessage"] = self._server_stream("PullMessage", service.PullMessageRequest,
+                                                                           self.pull_message)
         table[f"/{SERVICE}/Telemetry"] = self._checked(self.telemetry)
         return table
 
@@ -78,13 +83,24 @@ class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
             if call.headers.get("x-mq-namespace"):
                 raise GrpcError(GrpcStatus.UNIMPLEMENTED, "namespaces are not supported by rocket yet: "
                                 "leave the client's namespace empty")
-            authorization = call.headers.get("authorization")
-            if authorization is not None and not AUTHORIZATION.fullmatch(authorization):
-                # No ACLs yet, so any well-formed signature passes; a malformed header is not ignored.
-                raise GrpcError(GrpcStatus.UNAUTHENTICATED, "malformed authorization header: expected "
-                                "'MQv2-HMAC-SHA1 Credential=AK, SignedHeaders=x-mq-date-time, Signature=HEX'")
+            access = self.dispatcher.access
+            if access is not None:  # with auth on: a valid signature names the user (checked per call, as apache's)
+                try:
+                    call.user = verify_grpc(call.headers, access.secret_of, self.clock.wall_ms())
+                except RocketError as error:
+                    raise GrpcError(GrpcStatus.UNAUTHENTICATED, access.failed(call.source, error).message) from None
             await handler(call)
         return handle
+
+    def _authorize(self, name: str, request, call: GrpcCall) -> None:
+        """With auth on: what the call needs of the policies (grpc_needs), or PERMISSION_DENIED."""
+        access = self.dispatcher.access
+        if access is not None:
+            try:
+                access.authorize(call.user, grpc_needs(name, request), call.source)
+            except RocketError as error:
+                raise GrpcError(GrpcStatus.PERMISSION_DENIED if error.code == Code.PERMISSION_DENIED
+                                else GrpcStatus.UNAUTHENTICATED, error.message) from None
 
     def _parse(self, request_type, data: bytes):
         try:
@@ -92,16 +108,18 @@ class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
         except Exception:  # protobuf's DecodeError, whatever module it comes from
             raise GrpcError(GrpcStatus.INTERNAL, f"malformed {request_type.DESCRIPTOR.name}") from None
 
-    def _unary(self, request_type, method) -> GrpcHandler:
+    def _unary(self, name: str, request_type, method) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
             request = self._parse(request_type, await call.receive_one())
+            self._authorize(name, request, call)
             response = await method(request, call)
             await call.send(response.SerializeToString())
         return self._checked(handle)
 
-    def _server_stream(self, request_type, method) -> GrpcHandler:
+    def _server_stream(self, name: str, request_type, method) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
             request = self._parse(request_type, await call.receive_one())
+            self._authorize(name, request, call)
             async for response in method(request, call):
                 await call.send(response.SerializeToString())
         return self._checked(handle)

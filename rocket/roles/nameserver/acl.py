@@ -108,7 +108,7 @@ class AclAdmin:
 
     async def _bootstrap_admin_forever(self) -> None:
         """With auth on, the leader makes the first user, `admin` (super), once: with the configured secret, or a
-        new one printed once to stderr and the log."""
+        new one printed once to stderr."""
         while not self.metadata.users:
             if self.leads():
                 configured = self.config.auth_admin_secret
@@ -120,7 +120,6 @@ class AclAdmin:
                     if not configured:
                         line = (f"rocket: auth is on; the first user is admin, secret {made['secret']} (shown once: "
                                 "keep it, e.g. in ~/.config/rocket/credentials)")
-                        print(line, file=sys.stderr, flush=True)
-                        log.warning("%s", line)
+                        print(line, file=sys.stderr, flush=True)  # not logged: logs are kept and shipped
                     return
             await trio.sleep(limits.acl_refresh_s)

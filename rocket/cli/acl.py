@@ -1,0 +1,125 @@
+"""Users and policies: who may do what (`rocket run --auth` enforces them)."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+from typing import Annotated, Optional
+
+import orjson
+import typer
+from rich.table import Table
+
+from rocket.cli.common import Serde, Server, Transport, out, runs_client, usage_error
+from rocket.client import Admin, connect
+
+app = typer.Typer(no_args_is_help=True, help="Users and policies: who may publish, subscribe, administer.")
+user_app = typer.Typer(no_args_is_help=True, help="Users: an access key and its secret.")
+app.add_typer(user_app, name="user")
+
+User = Annotated[str, typer.Argument(help="The user (its access key).", show_default=False)]
+Resource = Annotated[str, typer.Option("--resource", help="cluster, or topic:NAME, group:NAME, bucket:NAME; a name "
+                                       "may end in * (topic:orders-*).", show_default=False)]
+Json = Annotated[bool, typer.Option("--json", help="Print as JSON.")]
+
+
+@user_app.command("create")
+@runs_client
+async def user_create(user: User,
+                      secret: Annotated[Optional[str], typer.Option(
+                          "--user-secret", help="Its secret (default: one the cluster makes, printed once).",
+                          show_default=False)] = None,
+                      super_user: Annotated[bool, typer.Option("--super", help="Allowed everything.")] = False,
+                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Create a user. Its secret is shown once: the cluster keeps it only sealed."""
+    async with connect(server, transport, serde) as channel:
+        made = await Admin(channel).create_user(user, secret or "", super_user)
+    out.print(f"created user [bold]{made['user']}[/bold]{' (super user)' if made['super'] else ''}")
+    out.print(f"secret: {made['secret']}", highlight=False, soft_wrap=True)
+
+
+@user_app.command("list")
+@runs_client
+async def user_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                    as_json: Json = False) -> None:
+    """The users (never their secrets)."""
+    async with connect(server, transport, serde) as channel:
+        users = await Admin(channel).users()
+    if as_json:
+        sys.stdout.write(orjson.dumps({"users": users}).decode() + "\n")
+        return
+    table = Table("user", "super", "created", title="users")
+    for user in users:
+        created = datetime.fromtimestamp(user["created_ms"] / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        table.add_row(user["user"], "yes" if user["super"] else "no", created)
+    out.print(table)
+
+
+@user_app.command("delete")
+@runs_client
+async def user_delete(user: User, server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Delete a user and its policies."""
+    async with connect(server, transport, serde) as channel:
+        await Admin(channel).delete_user(user)
+    out.print(f"deleted user [bold]{user}[/bold] and its policies")
+
+
+@app.command("grant")
+@runs_client
+async def grant(user: User, resource: Resource,
+                actions: Annotated[str, typer.Option("--actions", help="Comma-separated: pub, sub, admin, kv-read, "
+                                                     "kv-write.", show_default=False)],
+                deny: Annotated[bool, typer.Option("--deny", help="Deny them instead (a deny wins over any allow).")]
+                = False,
+                cidr: Annotated[Optional[list[str]], typer.Option("--cidr", help="Only from this network (repeat "
+                                                                  "for several; default: from anywhere).")] = None,
+                server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Allow (or deny) a user actions on a resource; replaces its policy of that kind on that resource."""
+    wanted = [action.strip() for action in actions.split(",") if action.strip()]
+    if not wanted:
+        usage_error("--actions: name at least one of pub, sub, admin, kv-read, kv-write")
+    async with connect(server, transport, serde) as channel:
+        policy = await Admin(channel).grant(user, resource, wanted, deny, cidr or [])
+    out.print(_policies_table([policy]))
+
+
+@app.command("revoke")
+@runs_client
+async def revoke(user: User, resource: Resource,
+                 effect: Annotated[str, typer.Option("--effect", help="allow or deny; default both.")] = "",
+                 server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """Drop a user's policies on a resource."""
+    async with connect(server, transport, serde) as channel:
+        await Admin(channel).revoke(user, resource, effect)
+    out.print(f"revoked {user}'s policies on {resource}")
+
+
+@app.command("list")
+@runs_client
+async def policy_list(user: Annotated[str, typer.Option("--user-name", help="Only this user's.")] = "",
+                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                      as_json: Json = False) -> None:
+    """The policies, by user and resource."""
+    async with connect(server, transport, serde) as channel:
+        policies = await Admin(channel).policies(user)
+    if as_json:
+        sys.stdout.write(orjson.dumps({"policies": policies}).decode() + "\n")
+        return
+    out.print(_policies_table(policies) if policies else "no policies")
+
+
+@app.command("whoami")
+@runs_client
+async def whoami(server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+    """The user this client signs in as."""
+    async with connect(server, transport, serde) as channel:
+        me = await Admin(channel).whoami()
+    out.print(f"{me['user'] or '(not signed in)'}{' (super user)' if me['super'] else ''}")
+
+
+def _policies_table(policies: list[dict]) -> Table:
+    table = Table("user", "resource", "actions", "effect", "from", title="policies")
+    for policy in policies:
+        table.add_row(policy["user"], policy["resource"], ", ".join(policy["actions"]), policy["effect"],
+                      ", ".join(policy["cidrs"]) or "anywhere")
+    return table
