@@ -4,6 +4,8 @@ kept while it works and reopened after it breaks. The channels live in the pool'
 from __future__ import annotations
 
 import math
+import ssl
+from collections.abc import Callable
 
 import trio
 
@@ -15,11 +17,15 @@ from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp import TcpChannel, open_tcp_channel
 
 
-
 class ChannelPool(Background):
-    def __init__(self, serde: str = "avro", auth: PeerAuth | None = None):
+    def __init__(self, serde: str = "avro", auth: PeerAuth | None = None,
+                 tls: Callable[[], ssl.SSLContext | None] | None = None, server_name: str | None = None):
         self._serde = serde
         self._auth = auth  # with a cluster secret, each channel says PeerHello first
+        # TLS: the context for each new channel (a node's is reloaded on SIGHUP), and the name the servers'
+        # certificates are checked against (default: each address's host)
+        self._tls = tls
+        self._server_name = server_name
         self._channels: dict[Address, TcpChannel] = {}
         self._opening: dict[Address, trio.Lock] = {}
 
@@ -48,7 +54,8 @@ class ChannelPool(Background):
         with trio.CancelScope(deadline=trio.current_time() + limits.connect_timeout_s) as connecting:
             try:
                 hello = self._auth.hello() if self._auth is not None else None
-                async with open_tcp_channel(*address, self._serde, hello) as channel:
+                tls = self._tls() if self._tls is not None else None
+                async with open_tcp_channel(*address, self._serde, hello, tls, self._server_name) as channel:
                     connecting.deadline = math.inf
                     self._channels[address] = channel
                     task_status.started(channel)

@@ -188,7 +188,8 @@ class Dispatcher:
         self._handlers: dict[str, Callable] = {}
         # Told of every call served from the wire: method, seconds, error code name or None (the node's metrics).
         self.on_call: Callable[[str, float, str | None], None] | None = None
-        # With a cluster secret: internal methods only for connections that said PeerHello (peer_auth.py).
+        # With a cluster secret (or tls_ca): internal methods only for connections that said PeerHello (peer_auth.py)
+        # or whose client certificate verified (tls.py).
         self.peer_auth = None
 
     def handle(self, name: str, handler: Callable) -> None:
