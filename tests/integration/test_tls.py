@@ -93,6 +93,12 @@ def test_enforcing_serves_tls_clients_and_refuses_plain_ones_clearly(server_proc
     assert route["brokerDatas"][0]["brokerAddrs"] == {"0": server.server}
     remoting.close()
     assert "TLS handshake from 127.0.0.1:" in server.log_path.read_text()  # the --tls client, logged, survived
+    # HTTP/2 serves the same certificate (no http2_tls_* of its own), ALPN h2.
+    context = client_context(ca_path)
+    context.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", server.http2_port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as wrapped:
+            assert wrapped.selected_alpn_protocol() == "h2"
     cli(server.server, "topic", "list", *tls)  # the listener still serves
 
 
