@@ -5,7 +5,8 @@ storage groups assigned to it if it stores. Roles reach each other through Peers
 directly when they share the process. Dev mode (all roles, no nameservers configured) is a cluster
 of one node.
 
-SIGTERM or SIGINT: stop accepting and reading, let calls in flight finish (bounded), flush, close.
+SIGTERM or SIGINT: stop accepting and reading, let calls in flight finish (bounded), flush, close. SIGHUP: re-read the
+TLS certificate, key and CA files for new connections (transport/tls.py).
 Readiness is printed as one line ("rocket ready ...") and sent to systemd when NOTIFY_SOCKET is set.
 """
 
@@ -338,9 +339,11 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                                                   config.http_listen.port, metrics.routes()),
                                           "HTTP/1.1, --http-listen", config.http_listen)
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
-            links = PeerLinks(config.node_id, addresses, peer_auth, tls=lambda: tls.peer)
+            # In permissive mode (a cluster moving to TLS) a node falls back to plain to a node without TLS yet.
+            fallback = tls.mode == "permissive"
+            links = PeerLinks(config.node_id, addresses, peer_auth, tls=lambda: tls.peer, plain_fallback=fallback)
             host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
-            pool = ChannelPool(auth=peer_auth, tls=lambda: tls.peer)
+            pool = ChannelPool(auth=peer_auth, tls=lambda: tls.peer, plain_fallback=fallback)
             roles = build_roles(config, host, Peers(config, dispatcher, pool), dispatcher, clock, addresses, objects)
             storage = roles.storage
             await nursery.start(pool.run)

@@ -20,11 +20,12 @@ log = logging.getLogger("rocket.raft")
 
 class PeerLinks(Background):
     def __init__(self, node_id: int, addresses: dict[int, tuple[str, int]], auth: PeerAuth | None = None,
-                 tls: Callable[[], ssl.SSLContext | None] | None = None):
+                 tls: Callable[[], ssl.SSLContext | None] | None = None, plain_fallback: bool = False):
         self.node_id = node_id
         self.addresses = addresses  # shared, not copied: membership may add nodes later
         self.auth = auth  # with a cluster secret, each link says PeerHello first
         self.tls = tls  # with TLS, each link's context as it is when it connects (reloaded on SIGHUP)
+        self.plain_fallback = plain_fallback  # tls_mode permissive: plain to a node that speaks no TLS yet
         self._outboxes: dict[int, trio.MemorySendChannel] = {}
 
     def post(self, destination: int, payload: bytes) -> None:
@@ -47,7 +48,7 @@ class PeerLinks(Background):
                 try:
                     hello = self.auth.hello() if self.auth is not None else None
                     tls = self.tls() if self.tls is not None else None
-                    async with (open_tcp_channel(host, port, "avro", hello, tls) as channel,
+                    async with (open_tcp_channel(host, port, "avro", hello, tls, None, self.plain_fallback) as channel,
                                 trio.open_nursery() as calls):
                         # Calls are pipelined: waiting for each answer would allow one payload per round trip.
                         window = trio.Semaphore(limits.raft_payloads_in_flight_max)

@@ -19,13 +19,15 @@ from rocket.transport.tcp import TcpChannel, open_tcp_channel
 
 class ChannelPool(Background):
     def __init__(self, serde: str = "avro", auth: PeerAuth | None = None,
-                 tls: Callable[[], ssl.SSLContext | None] | None = None, server_name: str | None = None):
+                 tls: Callable[[], ssl.SSLContext | None] | None = None, server_name: str | None = None,
+                 plain_fallback: bool = False):
         self._serde = serde
         self._auth = auth  # with a cluster secret, each channel says PeerHello first
         # TLS: the context for each new channel (a node's is reloaded on SIGHUP), and the name the servers'
         # certificates are checked against (default: each address's host)
         self._tls = tls
         self._server_name = server_name
+        self._plain_fallback = plain_fallback  # tls_mode permissive: plain to a node that speaks no TLS yet
         self._channels: dict[Address, TcpChannel] = {}
         self._opening: dict[Address, trio.Lock] = {}
 
@@ -55,7 +57,8 @@ class ChannelPool(Background):
             try:
                 hello = self._auth.hello() if self._auth is not None else None
                 tls = self._tls() if self._tls is not None else None
-                async with open_tcp_channel(*address, self._serde, hello, tls, self._server_name) as channel:
+                async with open_tcp_channel(*address, self._serde, hello, tls, self._server_name,
+                                            self._plain_fallback) as channel:
                     connecting.deadline = math.inf
                     self._channels[address] = channel
                     task_status.started(channel)

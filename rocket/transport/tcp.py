@@ -419,13 +419,21 @@ class TcpChannel(Channel):
 
 @asynccontextmanager
 async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello: dict | None = None,
-                           tls: ssl.SSLContext | None = None, server_name: str | None = None):
+                           tls: ssl.SSLContext | None = None, server_name: str | None = None,
+                           plain_fallback: bool = False):
     """A channel to host:port; with hello (a PeerHelloRequest), one that said it first: a node's, to another.
-    With tls, over TLS, the server's certificate checked against server_name (else host)."""
+    With tls, over TLS, the server's certificate checked against server_name (else host); with plain_fallback (a
+    node in tls_mode permissive), plain once the server answered the handshake with something other than TLS."""
     serde = serde_named(serde_name)
     stream = await connect(host, port)
     if tls is not None:
-        stream = await client_handshake(stream, tls, host, port, server_name)
+        try:
+            stream = await client_handshake(stream, tls, host, port, server_name)
+        except RocketError as error:
+            if not (plain_fallback and "WRONG_VERSION_NUMBER" in error.message):
+                raise
+            log.info("%s:%s speaks no TLS: connecting without (tls_mode permissive)", host, port)
+            stream = await connect(host, port)
     with collapse_single_error():
         async with stream, trio.open_nursery() as nursery:
             channel = TcpChannel(stream, serde)

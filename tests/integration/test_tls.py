@@ -25,6 +25,7 @@ from rocket.gateway.remoting.codec import RequestCode
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
 from rocket.transport.listen import free_ports
+from rocket.transport.tcp import open_tcp_channel
 from rocket.transport.tls import client_context
 from tests.integration.test_cluster import Node, running
 from tests.remoting_client import RemotingClient
@@ -260,3 +261,18 @@ def test_a_cluster_talks_mutual_tls_and_nodes_without_its_certificates_are_refus
     finally:
         rogue.kill()
     assert all(node.exited_by_itself() is None for node in nodes.values())
+
+
+def test_a_permissive_node_falls_back_to_plain_to_a_node_without_tls(server_process, authority):
+    """A cluster moving to TLS: a node restarted in permissive mode still reaches one that speaks no TLS yet."""
+    _, _, _, ca_path = authority
+    server = server_process().start()  # plain
+    context = client_context(ca_path)
+
+    async def reach() -> None:
+        with pytest.raises(RocketError, match="the server may not speak TLS"):
+            async with open_tcp_channel("127.0.0.1", server.tcp_port, tls=context):
+                pass
+        async with open_tcp_channel("127.0.0.1", server.tcp_port, tls=context, plain_fallback=True) as channel:
+            assert "topics" in await channel.call("ListTopics", {})
+    trio.run(reach)
