@@ -46,7 +46,9 @@ def start_node(data: Path, environment: dict[str, str]) -> tuple[subprocess.Pope
 
 def one_run(kind: str, messages: int, certs: dict[str, Path]) -> dict:
     data = Path(tempfile.mkdtemp(prefix=f"rocket-security-{kind}-"))
-    environment = {} if kind == "plain" else {"ROCKET_TLS_CERT": str(certs["cert"]), "ROCKET_TLS_KEY": str(certs["key"])}
+    environment = {}
+    if kind == "tls":
+        environment = {"ROCKET_TLS_CERT": str(certs["cert"]), "ROCKET_TLS_KEY": str(certs["key"])}
     node, port = start_node(data / "data", environment)
     try:
         async def produce() -> dict:
