@@ -17,6 +17,7 @@ from rocket.model import Address, parse_duration_s
 
 ROLES = ("nameserver", "storage", "broker")
 TIER_BACKENDS = ("local", "s3", "off")
+TLS_MODES = ("enforcing", "permissive")  # RocketMQ's TlsMode, without its "disabled": no tls_cert is that
 TIER_READ_MODES = ("not_in_disk", "force")  # RocketMQ's tieredStorageLevel: tier only what is not local, or always
 
 
@@ -44,6 +45,15 @@ class NodeConfig:
     auth_admin_secret: str = dataclasses.field(default="", repr=False)
     http2_tls_cert: Path | None = None  # with http2_tls_key: the HTTP/2 listener speaks TLS (ALPN h2) instead of h2c
     http2_tls_key: Path | None = None
+    # This node's certificate chain and key: the TCP listener speaks TLS, and HTTP/2 too unless http2_tls_* are set.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # The cluster's CA bundle: with it, nodes talk mutual TLS (each presents tls_cert, and verifies the other's
+    # against tls_ca), and a connection whose client certificate verified is a node of the cluster.
+    tls_ca: Path | None = None
+    # enforcing: only TLS on the TCP port; permissive: plain and TLS both (told apart by the first byte), to move a
+    # cluster to TLS one node at a time.
+    tls_mode: str = "enforcing"
     segment_bytes: int = limits.segment_bytes_default
     wal_segment_bytes: int = limits.raft_wal_segment_bytes_default
     # The WAL's newest bytes kept in the page cache; older pages are dropped once written or read, and reads of
@@ -202,7 +212,9 @@ def _convert(key: str, value: object) -> object:
         return _parse_choice(key, value, TIER_BACKENDS)
     if key == "tier_read_mode":
         return _parse_choice(key, value, TIER_READ_MODES)
-    if key in ("http2_tls_cert", "http2_tls_key"):
+    if key == "tls_mode":
+        return _parse_choice(key, value, TLS_MODES)
+    if key in ("http2_tls_cert", "http2_tls_key", "tls_cert", "tls_key", "tls_ca"):
         path = Path(str(value))
         if not path.is_file():
             raise ConfigError(f"{key}: {path} is not a file")
@@ -318,16 +330,28 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
         raise ConfigError("tier_s3_bucket: the s3 tier backend needs a bucket")
     if config.auth and not config.cluster_secret:
         raise ConfigError("auth: needs cluster_secret, the key user secrets are sealed under (the same on every node)")
-    if (config.http2_tls_cert is None) != (config.http2_tls_key is None):
-        raise ConfigError("http2_tls_cert: TLS needs both http2_tls_cert and http2_tls_key")
-    if config.http2_tls_cert is not None:
-        try:
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(config.http2_tls_cert,
-                                                                                config.http2_tls_key)
-        except (ssl.SSLError, OSError) as error:
-            raise ConfigError(f"http2_tls_cert: cannot load {config.http2_tls_cert} with the key "
-                              f"{config.http2_tls_key}: {error}") from None
+    _check_tls(config)
     return config
+
+
+def _check_tls(config: NodeConfig) -> None:
+    """Certificates come with their keys and load; a CA bundle needs this node's certificate, and loads."""
+    for prefix in ("http2_tls", "tls"):
+        cert, key = getattr(config, f"{prefix}_cert"), getattr(config, f"{prefix}_key")
+        if (cert is None) != (key is None):
+            raise ConfigError(f"{prefix}_cert: TLS needs both {prefix}_cert and {prefix}_key")
+        if cert is not None:
+            try:
+                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+            except (ssl.SSLError, OSError) as error:
+                raise ConfigError(f"{prefix}_cert: cannot load {cert} with the key {key}: {error}") from None
+    if config.tls_ca is not None:
+        if config.tls_cert is None:
+            raise ConfigError("tls_ca: mutual TLS needs this node's own certificate too (tls_cert and tls_key)")
+        try:
+            ssl.create_default_context(cafile=str(config.tls_ca))
+        except (ssl.SSLError, OSError) as error:
+            raise ConfigError(f"tls_ca: cannot load {config.tls_ca} as a CA bundle: {error}") from None
 
 
 def _dev_http_listen(values: dict[str, object]) -> Address | None:

@@ -19,7 +19,9 @@ frame_bytes_max = batch_bytes_max * 4 // 3 + 64 * KiB  # one batch plus envelope
 method_name_bytes_max = 128  # method names are short identifiers
 in_flight_requests_per_connection_max = 256  # pipelining depth before the reader stops reading
 connections_max = 4096  # open client connections per listener; file descriptors are finite
-tls_handshake_s = 10.0  # a TLS client that has not finished its handshake by then is dropped (a slow one holds a slot)
+# A TLS client that has not finished its handshake by then is dropped: a slow or silent one holds a connection slot
+# (limits.connections_max), and a handshake takes a few round trips, milliseconds even across regions.
+tls_handshake_s_max = 10.0
 stream_items_queued_max = 8  # server-stream items waiting for the socket before the producer blocks
 http2_streams_per_connection_max = 128  # concurrent HTTP/2 streams per connection (SETTINGS)
 tcp_receive_bytes = 256 * KiB  # one read from a TCP connection: many small frames; a large one goes to its own buffer
@@ -397,3 +399,6 @@ invariant(ha_lag_s_min <= ha_lag_s_default <= ha_lag_s_max, "the default sync la
 invariant(route_retry_s < route_ttl_s, "a route kept through a nameserver outage is asked for again within its life")
 invariant(controller_orphan_heartbeat_s < node_heartbeat_s, "a replica without a master asks sooner, not later")
 invariant(len(pop_retry_backoff_s) <= group_retry_backoff_steps_max, "rocket's default backoff is one a group may set")
+invariant(connect_timeout_s <= tls_handshake_s_max <= tcp_sniff_s_max,
+          "a node's own handshake (within connect_timeout_s) ends before a listener drops it, and a TLS client gets no "
+          "longer than a plain one to send its first bytes")

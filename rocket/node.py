@@ -5,7 +5,8 @@ storage groups assigned to it if it stores. Roles reach each other through Peers
 directly when they share the process. Dev mode (all roles, no nameservers configured) is a cluster
 of one node.
 
-SIGTERM or SIGINT: stop accepting and reading, let calls in flight finish (bounded), flush, close.
+SIGTERM or SIGINT: stop accepting and reading, let calls in flight finish (bounded), flush, close. SIGHUP: re-read the
+TLS certificate, key and CA files for new connections (transport/tls.py).
 Readiness is printed as one line ("rocket ready ...") and sent to systemd when NOTIFY_SOCKET is set.
 """
 
@@ -20,7 +21,6 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 from functools import partial
 
 import prometheus_client
@@ -53,6 +53,7 @@ from rocket.transport.rpc import Dispatcher, Lifecycle
 from rocket.transport.http1 import serve_http1
 from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp import serve_tcp
+from rocket.transport.tls import NodeTls
 
 log = logging.getLogger("rocket.node")
 
@@ -124,17 +125,6 @@ async def open_tier(config: NodeConfig):
             async with open_s3_store(config.tier_s3_bucket, endpoint_url=config.tier_s3_endpoint or None,
                                      region=config.tier_s3_region, path_style=config.tier_s3_path_style) as store:
                 yield store  # tier_s3_prefix starts the keys of pieces (see rocket/serde/piece.py)
-
-
-def _tls_context(config: NodeConfig) -> ssl.SSLContext | None:
-    """The HTTP/2 listener's TLS: the configured certificate chain and key, TLS 1.2 or later, ALPN h2 only."""
-    if config.http2_tls_cert is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(config.http2_tls_cert, config.http2_tls_key)  # config.load checked that it loads
-    context.set_alpn_protocols(["h2"])
-    return context
 
 
 async def run_node(config: NodeConfig, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -238,21 +228,18 @@ def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Di
     return Roles(host, peers, nameserver, storage, broker)
 
 
-def _peer_auth(config: NodeConfig, dispatcher: Dispatcher, clock: Clock) -> PeerAuth | None:
-    """With a cluster secret, the methods between nodes answer only connections that said PeerHello with it."""
+def _peer_auth(config: NodeConfig, dispatcher: Dispatcher, clock: Clock, tls: NodeTls) -> PeerAuth | None:
+    """With a cluster secret, the methods between nodes answer only connections that said PeerHello with it; with
+    tls_ca (and tls_mode enforcing), only connections whose client certificate verified against it (or, with a
+    secret too, that said PeerHello)."""
+    dispatcher.peers_only = bool(config.cluster_secret) or (tls.verifies_peers and not tls.plain_accepted)
     if not config.cluster_secret:
-        if config.nameservers:
-            log.warning("no cluster_secret: the methods between nodes answer anyone who reaches this node's TCP port")
-        dispatcher.handle("PeerHello", _accept_hello)
+        if config.nameservers and not dispatcher.peers_only:
+            log.warning("no cluster_secret and no tls_ca (with tls_mode enforcing): the methods between nodes answer "
+                        "anyone who reaches this node's TCP port")
         return None
-    auth = PeerAuth(config.cluster_secret.encode(), config.node_id, clock.wall_ms)
-    dispatcher.peer_auth = auth
-
-    async def hello(request: dict) -> dict:
-        auth.check(request)
-        return {}
-    dispatcher.handle("PeerHello", hello)
-    return auth
+    dispatcher.peer_auth = PeerAuth(config.cluster_secret.encode(), config.node_id, clock.wall_ms)
+    return dispatcher.peer_auth
 
 
 def _access(config: NodeConfig, dispatcher: Dispatcher, clock: Clock) -> Access | None:
@@ -278,10 +265,6 @@ async def _follow_acl(access: Access, peers: Peers, *, task_status=trio.TASK_STA
             task_status.started()
             started = True
         await trio.sleep(limits.acl_refresh_s)
-
-
-async def _accept_hello(request: dict) -> dict:
-    return {}  # no cluster secret: a hello proves nothing, and nothing needs proving
 
 
 class _Metrics:
@@ -339,19 +322,20 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
         log.warning("wal_direct_io: %s has no O_DIRECT, so the WAL writes through the page cache", wal.log.directory)
     stop = trio.Event()
     storage: StorageRole | None = None
-    peer_auth = _peer_auth(config, dispatcher, clock)
+    tls = NodeTls(config)  # config.load checked that the files load
+    peer_auth = _peer_auth(config, dispatcher, clock, tls)
     access = _access(config, dispatcher, clock)
     try:
         async with trio.open_nursery() as nursery:
             if handle_signals:
-                nursery.start_soon(_wait_for_signal, stop)
+                nursery.start_soon(_wait_for_signal, stop, tls.reload)
             # Listen first: a node told to listen on port 0 tells the others the port it got.
             remoting = None  # RocketMQ's remoting clients, on the same port (told apart by their first bytes)
             if "broker" in config.roles or "nameserver" in config.roles:
                 gateway = RemotingGateway(dispatcher, clock, lifecycle)
                 await nursery.start(gateway.run)
                 remoting = (looks_like_remoting, gateway.serve)
-            tcp_port = await _listen(partial(nursery.start, partial(serve_tcp, other=remoting), dispatcher, lifecycle,
+            tcp_port = await _listen(partial(nursery.start, partial(serve_tcp, other=remoting, tls=tls), dispatcher, lifecycle,
                                              config.listen.host, config.listen.port), "TCP, --listen", config.listen)
             if config.listen.port == 0:
                 config = dataclasses.replace(config, listen=Address(config.listen.host, tcp_port))
@@ -361,7 +345,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                 grpc = {}  # RocketMQ 5 clients, served by brokers
                 if "broker" in config.roles:
                     grpc = rocketmq_services(dispatcher, clock, config.rocketmq_max_attempts)
-                http2_port = await _listen(partial(nursery.start, partial(serve_http2, grpc=grpc, tls=_tls_context(config)),
+                http2_port = await _listen(partial(nursery.start, partial(serve_http2, grpc=grpc, tls=lambda: tls.http2),
                                                    dispatcher, lifecycle, listen.host, listen.port),
                                            "HTTP/2, --http2-listen", listen)
             http_port, metrics = None, _Metrics(ready, lifecycle)
@@ -370,9 +354,12 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                                                   config.http_listen.port, metrics.routes()),
                                           "HTTP/1.1, --http-listen", config.http_listen)
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
-            links = PeerLinks(config.node_id, addresses, peer_auth)
+            # In permissive mode (a cluster moving to TLS) a node falls back to plain to a node without TLS yet.
+            fallback = tls.mode == "permissive"
+            links = PeerLinks(config.node_id, addresses, peer_auth, tls=lambda: tls.peer, plain_fallback=fallback)
             host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
-            pool = ChannelPool(hello=peer_auth.hello if peer_auth is not None else None)
+            pool = ChannelPool(hello=peer_auth.hello if peer_auth is not None else None, tls=lambda: tls.peer,
+                               plain_fallback=fallback)
             roles = build_roles(config, host, Peers(config, dispatcher, pool), dispatcher, clock, addresses, objects)
             storage = roles.storage
             await nursery.start(pool.run)
@@ -414,9 +401,14 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
     log.info("stopped")
 
 
-async def _wait_for_signal(stop: trio.Event) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+async def _wait_for_signal(stop: trio.Event, reload=None) -> None:
+    """SIGTERM or SIGINT: stop. SIGHUP: reload (the TLS certificates), and go on."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("received %s", signal.Signals(signum).name)
+            if signum == signal.SIGHUP:
+                if reload is not None:
+                    reload()
+                continue
             stop.set()
             return

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import inspect
+from pathlib import Path
 from typing import Annotated, Optional
 
 import orjson
@@ -13,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
 from rocket.client import parse_start
-from rocket.client.connection import DEFAULT_SERVERS
+from rocket.client.connection import DEFAULT_SERVERS, default_tls
 from rocket.errors import Code, RocketError, collapse_single_error, leaf_exceptions
 from rocket.model import Message
 
@@ -29,6 +31,11 @@ Server = Annotated[Optional[str], typer.Option(
     help="HOST:PORT of a rocket server, or several comma-separated (TCP: calls move on when one is gone).")]
 Transport = Annotated[str, typer.Option("--transport", help="tcp (the --listen port) or http2 (the --http2-listen port).")]
 Serde = Annotated[str, typer.Option("--serde", help="json or avro: how requests and responses are encoded.")]
+Tls = Annotated[bool, typer.Option(
+    "--tls", help="TCP over TLS: the server's certificate verified against the system's CAs (--tls-ca: against yours).")]
+TlsCa = Annotated[Optional[Path], typer.Option(
+    "--tls-ca", envvar="ROCKET_TLS_CA", dir_okay=False,
+    help="CA bundle (PEM) the server's certificate must verify against; implies --tls.")]
 
 _display_type_rich = typer.core.TyperOption.display_type_rich
 
@@ -81,10 +88,14 @@ def wrong_port_hint(error: RocketError, transport: str) -> str:
 
 
 def runs_client(function):
-    """Run an async command body under trio: a rocket error becomes one clear line and exit 1, Ctrl-C exit 130."""
+    """Run an async command body under trio: a rocket error becomes one clear line and exit 1, Ctrl-C exit 130.
+    A command that takes --server also gets --tls and --tls-ca: what connect() uses when not told otherwise."""
 
     @functools.wraps(function)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args, tls: bool = False, tls_ca: Path | None = None, **kwargs):
+        if tls_ca is not None and not tls_ca.is_file():
+            usage_error(f"--tls-ca {tls_ca}: no such file")
+        default_tls.set(tls_ca if tls_ca is not None else tls)  # trio.run's tasks start in a copy of this context
         try:
             with collapse_single_error():
                 return trio.run(functools.partial(function, *args, **kwargs))
@@ -105,6 +116,16 @@ def runs_client(function):
                 fail(f"{refusals[0].code.name}: {refusals[0].message}", REFUSED)
             raise
 
+    signature = inspect.signature(function, eval_str=True)
+    if "server" in signature.parameters:  # a client command: it connects, so it may connect over TLS
+        added = [inspect.Parameter("tls", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Tls),
+                 inspect.Parameter("tls_ca", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TlsCa)]
+        parameters = [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY) if parameter.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY) else parameter
+            for parameter in signature.parameters.values()]
+        wrapper.__signature__ = signature.replace(parameters=parameters + added)
+        wrapper.__annotations__ = {**{name: parameter.annotation for name, parameter in signature.parameters.items()},
+                                   "tls": Tls, "tls_ca": TlsCa}
     return wrapper
 
 

@@ -7,9 +7,12 @@ discover, the client also asks the cluster for its brokers and uses all of them.
 
 from __future__ import annotations
 
+import contextvars
 import random
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import trio
 
@@ -25,6 +28,7 @@ from rocket.transport.h2_client import open_http2_channel
 from rocket.transport.pool import ChannelPool
 from rocket.transport.rpc import method_spec
 from rocket.transport.tcp import open_tcp_channel
+from rocket.transport.tls import as_client_context
 
 TRANSPORTS = ("tcp", "http2")
 DEFAULT_SERVERS = {"tcp": "127.0.0.1:9876", "http2": "127.0.0.1:9877"}
@@ -96,32 +100,46 @@ def _servers(server: str | None, transport: str) -> list[Address]:
         raise RocketError(Code.BAD_REQUEST, str(error)) from None
 
 
+# The TLS a connect() without tls= uses: the CLI sets it from --tls and --tls-ca (cli/common.py), for every command.
+default_tls: contextvars.ContextVar[ssl.SSLContext | str | Path | bool | None] = contextvars.ContextVar(
+    "default_tls", default=None)
+
+
 @asynccontextmanager
 async def connect(server: str | None = None, transport: str = "tcp", serde: str = "json",
-                  discover: bool = False, credentials: Credentials | None = None) -> AsyncIterator[Channel]:
+                  discover: bool = False, credentials: Credentials | None = None,
+                  tls: ssl.SSLContext | str | Path | bool | None = None,
+                  tls_server_name: str | None = None) -> AsyncIterator[Channel]:
     """Yield a Channel (call(method, message) and stream(method, message)). server is HOST:PORT,
     or (over TCP) several of them separated by commas. Each connection signs in with the credentials, else those
-    of the environment or the credentials file (client/credentials.py), if any."""
+    of the environment or the credentials file (client/credentials.py), if any. tls: an ssl.SSLContext, a CA
+    bundle's path, or True (the system's CAs): the server's certificate must verify, and name the host connected to
+    (or tls_server_name). Without tls, default_tls's."""
     if transport not in TRANSPORTS:
         raise RocketError(Code.BAD_REQUEST, f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
     serde_named(serde)
     servers = _servers(server, transport)
     hello = hello_of(credentials or load_credentials())
+    context = as_client_context(tls if tls is not None else default_tls.get())
     if transport == "http2":
         if len(servers) > 1 or discover:
             raise RocketError(Code.BAD_REQUEST, "several servers and discovery are for TCP")
+        if context is not None:
+            raise RocketError(Code.BAD_REQUEST, "this client speaks TLS over TCP only: use --transport tcp")
         async with open_http2_channel(servers[0].host, servers[0].port, serde) as channel:
             if hello is not None:
                 await channel.call(*hello())
             yield channel
         return
     if len(servers) == 1 and not discover:
-        async with open_tcp_channel(servers[0].host, servers[0].port, serde, hello() if hello else None) as channel:
+        async with open_tcp_channel(servers[0].host, servers[0].port, serde, hello() if hello else None, tls=context,
+                                    server_name=tls_server_name) as channel:
             yield channel
         return
     with collapse_single_error():
         async with trio.open_nursery() as nursery:
-            pool = ChannelPool(serde, hello)
+            pool = ChannelPool(serde, hello, tls=None if context is None else lambda: context,
+                               server_name=tls_server_name)
             await nursery.start(pool.run)
             channel = FailoverChannel(pool, servers)
             if discover:

@@ -101,16 +101,19 @@ GrpcHandler = Callable[[GrpcCall], Awaitable[None]]
 
 
 async def serve_http2(dispatcher: Dispatcher, lifecycle: Lifecycle, host: str, port: int, *,
-                      grpc: dict[str, GrpcHandler] | None = None, tls: ssl.SSLContext | None = None,
+                      grpc: dict[str, GrpcHandler] | None = None,
+                      tls: ssl.SSLContext | Callable[[], ssl.SSLContext | None] | None = None,
                       task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve h2c (or, with a TLS context, HTTP/2 over TLS negotiated by ALPN) until the lifecycle drains;
     reports the bound port through task_status. grpc maps "/package.Service/Method" paths to handlers of
-    application/grpc calls."""
+    application/grpc calls. tls may be a function that returns the context for each new connection (one reloaded
+    on SIGHUP: transport/tls.py)."""
 
     async def run_connection(stream: trio.abc.Stream) -> None:
-        if tls is not None:
-            stream = trio.SSLStream(stream, tls, server_side=True)
-            with trio.move_on_after(limits.tls_handshake_s):
+        context = tls() if callable(tls) else tls
+        if context is not None:
+            stream = trio.SSLStream(stream, context, server_side=True)
+            with trio.move_on_after(limits.tls_handshake_s_max):
                 try:
                     await stream.do_handshake()
                 except trio.BrokenResourceError as error:

@@ -4,6 +4,8 @@ RaftStep calls, fed by a bounded queue (a full queue drops payloads, which Raft 
 from __future__ import annotations
 
 import logging
+import ssl
+from collections.abc import Callable
 
 import trio
 
@@ -17,10 +19,13 @@ log = logging.getLogger("rocket.raft")
 
 
 class PeerLinks(Background):
-    def __init__(self, node_id: int, addresses: dict[int, tuple[str, int]], auth: PeerAuth | None = None):
+    def __init__(self, node_id: int, addresses: dict[int, tuple[str, int]], auth: PeerAuth | None = None,
+                 tls: Callable[[], ssl.SSLContext | None] | None = None, plain_fallback: bool = False):
         self.node_id = node_id
         self.addresses = addresses  # shared, not copied: membership may add nodes later
         self.auth = auth  # with a cluster secret, each link says PeerHello first
+        self.tls = tls  # with TLS, each link's context as it is when it connects (reloaded on SIGHUP)
+        self.plain_fallback = plain_fallback  # tls_mode permissive: plain to a node that speaks no TLS yet
         self._outboxes: dict[int, trio.MemorySendChannel] = {}
 
     def post(self, destination: int, payload: bytes) -> None:
@@ -42,14 +47,17 @@ class PeerLinks(Background):
             with trio.CancelScope() as connection:
                 try:
                     hello = self.auth.hello() if self.auth is not None else None
-                    async with open_tcp_channel(host, port, "avro", hello) as channel, trio.open_nursery() as calls:
+                    tls = self.tls() if self.tls is not None else None
+                    async with (open_tcp_channel(host, port, "avro", hello, tls, None, self.plain_fallback) as channel,
+                                trio.open_nursery() as calls):
                         # Calls are pipelined: waiting for each answer would allow one payload per round trip.
                         window = trio.Semaphore(limits.raft_payloads_in_flight_max)
                         async for payload in inbox:
                             await window.acquire()
                             calls.start_soon(self._call, channel, payload, window, connection)
-                except RocketError as error:  # a refused hello is a misconfiguration: say it where it is seen
-                    level = logging.WARNING if error.code == Code.UNAUTHENTICATED else logging.DEBUG
+                except RocketError as error:  # a refused hello or certificate is a misconfiguration: say it here
+                    refused = error.code == Code.UNAUTHENTICATED or "TLS handshake" in error.message
+                    level = logging.WARNING if refused else logging.DEBUG
                     log.log(level, "link to node %d: %s", destination, error)
             # Whatever queued while the peer was down is stale by now: Raft resends what matters.
             while True:

@@ -4,6 +4,7 @@ kept while it works and reopened after it breaks. The channels live in the pool'
 from __future__ import annotations
 
 import math
+import ssl
 from collections.abc import Callable
 
 import trio
@@ -15,11 +16,17 @@ from rocket.transport.background import Background
 from rocket.transport.tcp import TcpChannel, open_tcp_channel
 
 
-
 class ChannelPool(Background):
-    def __init__(self, serde: str = "avro", hello: Callable[[], tuple[str, dict]] | None = None):
+    def __init__(self, serde: str = "avro", hello: Callable[[], tuple[str, dict]] | None = None,
+                 tls: Callable[[], ssl.SSLContext | None] | None = None, server_name: str | None = None,
+                 plain_fallback: bool = False):
         self._serde = serde
         self._hello = hello  # each channel's first call: a node's PeerHello, a client's Authenticate
+        # TLS: the context for each new channel (a node's is reloaded on SIGHUP), and the name the servers'
+        # certificates are checked against (default: each address's host)
+        self._tls = tls
+        self._server_name = server_name
+        self._plain_fallback = plain_fallback  # tls_mode permissive: plain to a node that speaks no TLS yet
         self._channels: dict[Address, TcpChannel] = {}
         self._opening: dict[Address, trio.Lock] = {}
 
@@ -48,7 +55,9 @@ class ChannelPool(Background):
         with trio.CancelScope(deadline=trio.current_time() + limits.connect_timeout_s) as connecting:
             try:
                 hello = self._hello() if self._hello is not None else None
-                async with open_tcp_channel(*address, self._serde, hello) as channel:
+                tls = self._tls() if self._tls is not None else None
+                async with open_tcp_channel(*address, self._serde, hello, tls, self._server_name,
+                                            self._plain_fallback) as channel:
                     connecting.deadline = math.inf
                     self._channels[address] = channel
                     task_status.started(channel)

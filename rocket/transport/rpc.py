@@ -207,8 +207,10 @@ class Dispatcher:
         self._handlers: dict[str, Callable] = {}
         # Told of every call served from the wire: method, seconds, error code name or None (the node's metrics).
         self.on_call: Callable[[str, float, str | None], None] | None = None
-        # With a cluster secret: internal methods only for connections that said PeerHello (peer_auth.py).
-        self.peer_auth = None
+        # With a cluster secret (or tls_ca): internal methods only for connections that said PeerHello (peer_auth.py)
+        # or whose client certificate verified (tls.py).
+        self.peers_only = False
+        self.peer_auth = None  # with a cluster secret, what checks a PeerHello
         # With auth on: every call from the wire by a signed-in user whom the policies allow (rocket/access.py).
         self.access: access.Access | None = None
 
@@ -219,14 +221,14 @@ class Dispatcher:
     def _resolve(self, name: str, caller: Caller | None = None) -> tuple[MethodSpec, Callable]:
         spec = method_spec(name)
         if caller is not None and not caller.peer:
-            if spec.internal and self.peer_auth is not None:
+            if spec.internal and self.peers_only:
                 raise RocketError(Code.UNAUTHENTICATED, f"{name} is for the cluster's nodes: a node says PeerHello "
                                   "first")
             if self.access is not None and caller.user is None and name not in access.OPEN:
                 raise self.access.failed(caller.source, RocketError(
                     Code.UNAUTHENTICATED, f"{name} needs credentials: sign in (--user and --secret, ROCKET_USER and "
                     "ROCKET_SECRET, or ~/.config/rocket/credentials)"))
-        if name in ("Authenticate", "AclWhoAmI"):  # about the connection: the dispatcher answers them
+        if name in ("PeerHello", "Authenticate", "AclWhoAmI"):  # about the connection: the dispatcher answers them
             return spec, None
         handler = self._handlers.get(name)
         if handler is None:
@@ -258,6 +260,11 @@ class Dispatcher:
         if name == "AclWhoAmI":
             user = self.access.users.get(caller.user) if self.access is not None and caller.user else None
             return {"user": caller.user or "", "super": caller.peer or user is not None and user.super}
+        if name == "PeerHello":  # without a cluster secret a hello proves nothing (and nothing needs proving by one)
+            if self.peer_auth is not None:
+                self.peer_auth.check(request)
+                caller.peer = True
+            return {}
         # Authenticate: with auth off any hello is welcome (a client with credentials works anywhere)
         caller.user = request["user"] if self.access is None else self.access.authenticate(request, caller.source)
         return {}
@@ -289,8 +296,6 @@ class Dispatcher:
             self._observe(name, started, failure.code.name)
             raise failure from None
         self._observe(name, started, None)
-        if name == "PeerHello" and caller is not None:  # accepted: the connection is a node of the cluster's
-            caller.peer = True
         attachments = None
         if detached:
             response, attachments = detach(spec, response)

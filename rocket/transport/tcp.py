@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import ModuleType
@@ -22,6 +24,7 @@ from rocket.transport.channel import Channel
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
 from rocket.transport.listen import cancel_on, connect, serve_connections, source_of
 from rocket.transport.rpc import Caller, Dispatcher, Lifecycle, attach, encode_error, method_spec, serde_for_id
+from rocket.transport.tls import HANDSHAKE, NodeTls, client_handshake, handshake
 
 log = logging.getLogger("rocket.tcp")
 
@@ -32,14 +35,33 @@ async def serve_tcp(
     host: str,
     port: int,
     *,
-    other: tuple[Callable[[bytes], bool], Callable[[trio.SocketStream, bytes], Awaitable[None]]] | None = None,
+    other: tuple[Callable[[bytes], bool], Callable[[trio.abc.Stream, bytes], Awaitable[None]]] | None = None,
+    tls: NodeTls | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the TCP protocol until the lifecycle drains; reports the bound port through task_status.
     other: (is_other, serve_other) for a second protocol on the same port. A connection's first
-    limits.tcp_sniff_bytes decide: is_other(them) hands the connection, with them, to serve_other."""
+    limits.tcp_sniff_bytes decide: is_other(them) hands the connection, with them, to serve_other.
+    tls: the node's TLS (transport/tls.py): a connection whose first byte opens a TLS handshake is served over TLS,
+    with tls.tcp as it is when it connects; one that does not, only in permissive mode. The sniff for other
+    protocols reads the decrypted bytes. With tls_ca, a connection whose client certificate verified is a peer."""
 
     async def run_connection(stream: trio.SocketStream) -> None:
+        peer = False
+        context = tls.tcp if tls is not None else None
+        if context is not None:
+            first_byte = await _peek_first_byte(stream)
+            if first_byte is None:  # closed, or silent
+                await stream.aclose()
+                return
+            if first_byte == HANDSHAKE:
+                stream = await _accept_tls(stream, context)
+                if stream is None:
+                    return
+                peer = tls.verifies_peers and bool(stream.getpeercert())
+            elif not tls.plain_accepted:
+                await _refuse_plain(stream)
+                return
         first = b""
         if other is not None:
             is_other, serve_other = other
@@ -53,12 +75,12 @@ async def serve_tcp(
                         break
                     first += data
             if len(first) < limits.tcp_sniff_bytes:  # closed, or silent: nothing to serve
-                await stream.aclose()
+                await trio.aclose_forcefully(stream)
                 return
             if is_other(first):
                 await serve_other(stream, first)
                 return
-        await _ServerConnection(dispatcher, lifecycle, stream).run(first)
+        await _ServerConnection(dispatcher, lifecycle, stream, peer).run(first)
 
     async def refuse_connection(stream: trio.SocketStream) -> None:
         await _send_quietly(stream, _error_frame(1, 0, RocketError(Code.OVERLOADED, "too many connections")))
@@ -66,13 +88,62 @@ async def serve_tcp(
     await serve_connections(lifecycle, host, port, run_connection, refuse_connection, task_status=task_status)
 
 
-async def receive_into(stream: trio.SocketStream, decoder: FrameDecoder) -> int:
+async def _peek_first_byte(stream: trio.SocketStream) -> int | None:
+    """The connection's first byte, left in the socket for whoever reads next; None if it closes or stays silent."""
+    with trio.move_on_after(limits.tcp_sniff_s_max):
+        try:
+            first = await stream.socket.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return None
+        return first[0] if first else None
+    return None
+
+
+async def _accept_tls(stream: trio.SocketStream, context: ssl.SSLContext) -> trio.SSLStream | None:
+    """The server side of a TLS handshake within limits.tls_handshake_s_max; None (logged once, with the client's
+    address, and the connection closed) if it fails."""
+    wrapped = trio.SSLStream(stream, context, server_side=True, https_compatible=True)
+    try:
+        await handshake(wrapped)
+        return wrapped
+    except trio.TooSlowError:
+        reason = f"not finished within {limits.tls_handshake_s_max:g} s"
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+        reason = str(error.__cause__ or error)
+    try:
+        source = "%s:%s" % stream.socket.getpeername()[:2]
+    except OSError:
+        source = "a client"
+    log.info("TLS handshake from %s failed: %s", source, reason)
+    await trio.aclose_forcefully(wrapped)
+    return None
+
+
+async def _refuse_plain(stream: trio.SocketStream) -> None:
+    """Tell a plain client, in a frame it reads, that this port takes TLS only; then close."""
+    error = RocketError(Code.UNAUTHENTICATED, "this port takes TLS only (tls_mode enforcing): connect with TLS "
+                        "(the CLI's --tls or --tls-ca)")
+    await _send_quietly(stream, _error_frame(1, 0, error))
+    with trio.move_on_after(0.2):  # what the client sent unread would turn the close into a reset, losing the answer
+        try:
+            await stream.receive_some(limits.tcp_receive_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    await trio.aclose_forcefully(stream)
+
+
+async def receive_into(stream: trio.abc.ReceiveStream, decoder: FrameDecoder) -> int:
     """Receive what the peer sent into the decoder; 0 once the peer closed or reset the connection.
-    The rest of a large frame goes straight from the kernel into that frame's buffer, with no copy."""
+    The rest of a large frame goes straight from the kernel into that frame's buffer, with no copy (over TLS, one)."""
     target = decoder.writable()
     if target is None:
         data = await stream.receive_some(limits.tcp_receive_bytes)
         decoder.feed(data)
+        return len(data)
+    if not isinstance(stream, trio.SocketStream):  # TLS: the decrypted bytes, copied in
+        data = await stream.receive_some(min(len(target), limits.tcp_receive_bytes))
+        target[:len(data)] = data
+        decoder.wrote(len(data))
         return len(data)
     try:
         received = await stream.socket.recv_into(target)
@@ -82,8 +153,12 @@ async def receive_into(stream: trio.SocketStream, decoder: FrameDecoder) -> int:
     return received
 
 
-async def send_parts(stream: trio.SocketStream, parts) -> None:
-    """Send buffers in order, joining none of them: as many per sendmsg as the kernel takes."""
+async def send_parts(stream: trio.abc.SendStream, parts) -> None:
+    """Send buffers in order, joining none of them: as many per sendmsg as the kernel takes (over TLS, joined, as
+    each record is encrypted from one buffer anyway)."""
+    if not isinstance(stream, trio.SocketStream):
+        await stream.send_all(b"".join(parts))
+        return
     views = [memoryview(part) for part in parts if len(part)]
     while views:
         try:
@@ -117,14 +192,16 @@ def _error_frame(serde_id: int, request_id: int, error: RocketError) -> bytes:
 
 
 class _ServerConnection:
-    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.SocketStream):
+    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.abc.Stream, peer: bool = False):
         self.dispatcher = dispatcher
         self.lifecycle = lifecycle
         self.stream = stream
         self.send_lock = trio.Lock()
         self.in_flight = trio.Semaphore(limits.in_flight_requests_per_connection_max)
         self.streams: dict[int, trio.CancelScope] = {}
-        self.caller = Caller(source=source_of(stream))  # and who it proved to be: PeerHello, Authenticate
+        # Who it proved to be: a node of the cluster (its client certificate verified against tls_ca, or it said
+        # PeerHello) may call the methods between nodes; a user signed in with Authenticate.
+        self.caller = Caller(source=source_of(stream), peer=peer)
 
     async def run(self, first: bytes = b"") -> None:
         async with self.stream:
@@ -222,7 +299,7 @@ class _ServerConnection:
 class TcpChannel(Channel):
     """A client connection: many concurrent calls multiplexed by request id over one socket."""
 
-    def __init__(self, stream: trio.SocketStream, serde: ModuleType):
+    def __init__(self, stream: trio.abc.Stream, serde: ModuleType):
         self._stream = stream
         self._serde = serde
         self._serde_id = SERDE_ID_OF[serde.name]
@@ -339,11 +416,22 @@ class TcpChannel(Channel):
 
 
 @asynccontextmanager
-async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello: tuple[str, dict] | None = None):
+async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello: tuple[str, dict] | None = None,
+                           tls: ssl.SSLContext | None = None, server_name: str | None = None,
+                           plain_fallback: bool = False):
     """A channel to host:port; with hello (a method and its request: PeerHello, Authenticate), one that said it
-    first."""
+    first. With tls, over TLS, the server's certificate checked against server_name (else host); with plain_fallback
+    (a node in tls_mode permissive), plain once the server answered the handshake with something other than TLS."""
     serde = serde_named(serde_name)
     stream = await connect(host, port)
+    if tls is not None:
+        try:
+            stream = await client_handshake(stream, tls, host, port, server_name)
+        except RocketError as error:
+            if not (plain_fallback and "WRONG_VERSION_NUMBER" in error.message):
+                raise
+            log.info("%s:%s speaks no TLS: connecting without (tls_mode permissive)", host, port)
+            stream = await connect(host, port)
     with collapse_single_error():
         async with stream, trio.open_nursery() as nursery:
             channel = TcpChannel(stream, serde)
