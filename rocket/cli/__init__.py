@@ -13,7 +13,7 @@ import typer
 import typer.main
 
 import rocket
-from rocket.cli import bench, cluster, consume, group, kv, message, run, send, topic
+from rocket.cli import bench, cluster, consume, group, kv, message, run, send, top, topic
 
 HELP = """rocket: messaging and streaming on Trio.
 
@@ -46,6 +46,7 @@ app.add_typer(group.app, name="group")
 app.add_typer(topic.tier_app, name="tier")
 app.add_typer(group.dlq_app, name="dlq")
 app.add_typer(kv.app, name="kv")
+app.command("top")(top.top)
 
 
 def _reflow(command: click.Command) -> None:

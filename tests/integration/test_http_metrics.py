@@ -4,6 +4,7 @@ status that says why, the listener serving on."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -192,3 +193,25 @@ def test_per_queue_series_only_when_asked(server_process, tmp_path):
     assert sum(produced.values()) == 6 and set(produced) <= {"0", "1", "2", "3"}
     assert values(families, "rocket_topic_produced_messages_total", topic="orders") == [6]
     assert set(produced) == {sample.labels["queue"] for sample in families["rocket_queue_backlog_messages"].samples}
+
+
+def test_rocket_top_once_shows_topics_lag_calls_and_raft(server, tmp_path):
+    rocket(server, "topic", "create", "orders", "--queues", "2")
+    lines = tmp_path / "lines"
+    lines.write_text("".join(f"message {number}\n" for number in range(12)))
+    rocket(server, "send", "orders", "--file", str(lines))
+    rocket(server, "consume", "orders", "--group", "billing", "--count", "5")
+    shown = subprocess.run([sys.executable, "-m", "rocket", "top", "--http", f"127.0.0.1:{server.http_port}", "--once",
+                            "--interval", "0.3"], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "COLUMNS": "160"})
+    assert shown.returncode == 0, shown.stderr
+    screen = shown.stdout
+    assert "node 1 (nameserver,storage,broker)" in screen and "leader" in screen
+    [orders] = [line for line in screen.splitlines() if "│ orders " in line and "billing" not in line]
+    assert orders.split("│")[4].strip() == "12"  # produced
+    [billing] = [line for line in screen.splitlines() if "│ billing " in line]
+    assert billing.split("│")[3].strip() == "7"  # lag
+    assert [line for line in screen.splitlines() if "│ Produce " in line]
+    refused = subprocess.run([sys.executable, "-m", "rocket", "top", "--http", "127.0.0.1:1", "--once"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "cannot read http://127.0.0.1:1/metrics" in refused.stderr

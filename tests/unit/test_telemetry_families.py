@@ -136,3 +136,12 @@ def test_the_grafana_dashboard_uses_only_metrics_the_registry_has(tmp_path):
     assert all(panel["datasource"]["uid"] == "${datasource}" for panel in dashboard["panels"] if "targets" in panel)
     assert any("histogram_quantile(0.99" in expression and "rocket_rpc_seconds_bucket" in expression
                for expression in expressions)
+
+
+def test_rocket_tops_quantile_agrees_with_the_samplers():
+    from rocket.cli.top import quantile
+    from rocket.telemetry.registry import bucket_quantile
+
+    bounds = [0.001, 0.01, 0.1, float("inf")]
+    for cumulative in ([0, 10, 10, 10], [3, 5, 9, 10], [0, 0, 0, 5], [0, 0, 0, 0]):
+        assert quantile(0.99, list(zip(bounds, cumulative))) == bucket_quantile(0.99, bounds, cumulative)
