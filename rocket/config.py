@@ -100,6 +100,8 @@ class NodeConfig:
     # Telemetry: how often the node samples its metrics into Avro files under data_dir/telemetry, shipped to the
     # object store's telemetry/ (the tier's store: a local directory in dev mode, S3 in a cluster). 0: off.
     telemetry_interval_s: float = limits.telemetry_interval_s_default
+    # /metrics: per-queue series too (rocket_queue_*), one per queue this node leads; off, a topic's are summed.
+    metrics_per_queue: bool = False
     # Unhealthy nodes: the nameserver leader judges each storage node's fsync p99 and failing calls once per window.
     health_window_s: float = limits.health_window_s_default
     # false: judge and report, but act only on operators' pins (to measure what acting is worth)
@@ -228,7 +230,7 @@ def _convert(key: str, value: object) -> object:
         if text and not text.startswith(("http://", "https://")):
             raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
         return text
-    if key in ("tier_s3_path_style", "wal_direct_io", "health_act", "auth"):
+    if key in ("tier_s3_path_style", "wal_direct_io", "health_act", "auth", "metrics_per_queue"):
         return _parse_bool(key, value)
     if key == "telemetry_interval_s":
         interval_s = _parse_duration(key, value)

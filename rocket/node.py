@@ -297,6 +297,10 @@ class _Metrics:
 
 def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispatcher: Dispatcher) -> Telemetry:
     """The node's metrics registry, fed by its Raft host, peers, listeners, dispatcher and store."""
+    import rocket
+    from rocket.store.meter import QueueMeter
+    from rocket.telemetry import families
+
     telemetry = Telemetry(config.node_id, config.data_dir)
     dispatcher.on_call = telemetry.observe_call
     host, store = roles.host, roles.storage.store if roles.storage is not None else None
@@ -304,8 +308,15 @@ def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispa
     host.on_fsync = telemetry.observe_fsync
     telemetry.add_collector(raft_metrics(host, store))
     telemetry.add_collector(traffic_metrics(lifecycle.traffic))
+    host.on_commit = telemetry.commit_seconds.observe
+    telemetry.add_collector(families.node_metrics(config.node_id, config.roles, rocket.__version__,
+                                                  lifecycle.draining.is_set))
+    telemetry.add_collector(families.raft_state_metrics(host))
     if store is not None:
         telemetry.traffic = lambda: (store.take_traffic(), {group for group in host.groups if host.leads(group)})
+        telemetry.add_collector(families.store_metrics(QueueMeter(store), host.leads, config.metrics_per_queue))
+        telemetry.add_collector(families.tier_metrics(roles.storage.offloader, roles.storage.cold))
+        telemetry.add_collector(families.kv_metrics(roles.storage, host.leads))
     return telemetry
 
 

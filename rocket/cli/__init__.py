@@ -14,7 +14,7 @@ import typer
 import typer.main
 
 import rocket
-from rocket.cli import acl, bench, cluster, consume, group, kv, message, run, send, topic
+from rocket.cli import acl, bench, cluster, consume, group, kv, message, run, send, top, topic
 
 HELP = """rocket: messaging and streaming on Trio.
 
@@ -54,6 +54,7 @@ app.add_typer(topic.tier_app, name="tier")
 app.add_typer(group.dlq_app, name="dlq")
 app.add_typer(kv.app, name="kv")
 app.add_typer(acl.app, name="acl")
+app.command("top")(top.top)
 
 
 def _reflow(command: click.Command) -> None:

@@ -341,5 +341,12 @@ class QueueIndex:
         return {_u32.unpack(key[len(prefix):])[0]: _u64.unpack(value)[0]
                 for key, value in self._db.iterator(prefix=prefix)}
 
+    def all_offsets(self) -> Iterator[tuple[str, str, int, int]]:
+        """Every committed offset, as (consumer group, topic, queue, offset): read once, when a node's metrics
+        start (rocket.store.meter)."""
+        for key, value in self._db.iterator(prefix=b"o"):
+            group, topic = key[1:-5].split(b"\0", 1)  # see _offsets_prefix
+            yield group.decode(), topic.decode(), _u32.unpack(key[-4:])[0], _u64.unpack(value)[0]
+
     def close(self) -> None:
         self._db.close()

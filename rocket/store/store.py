@@ -69,6 +69,7 @@ class Store(Reads, Timers, Reclaim):
         self.fsyncs = 0
         self.traffic: dict[tuple[str, int], QueueStats] = {}  # queues appended to or read since take_traffic
         self.bytes_in: dict[tuple[str, int], int] = {}  # (topic, group) -> bytes appended since take_bytes_in
+        self.changed: set[tuple[str, int]] = set()  # queues appended to, read or committed since the meter looked
 
     @classmethod
     def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_default) -> "Store":
@@ -105,6 +106,7 @@ class Store(Reads, Timers, Reclaim):
                              self.log.end_position, effects.timers, effects.pop_changes, effects.tier_changes)
             self._dirty = True
             self.traffic.update(effects.touched)
+            self.changed.update(effects.touched)
             bytes_in = self.bytes_in
             for topic, _, entry in effects.index_entries:
                 bytes_in[(topic, effects.group)] = bytes_in.get((topic, effects.group), 0) + entry.batch_bytes
@@ -129,6 +131,7 @@ class Store(Reads, Timers, Reclaim):
                                    else messages)
             stats.out_bytes += sum(len(data) for _, data in batches)
             self.traffic[(topic, queue)] = stats
+            self.changed.add((topic, queue))
 
     def _count_commits(self, consumer_group: str, topic: str, offsets: dict[int, int]) -> None:
         """Telemetry: a queue's backlog is what its slowest consumer group has yet to commit."""
@@ -139,6 +142,7 @@ class Store(Reads, Timers, Reclaim):
                     stats.committed = {}
                 stats.committed[consumer_group] = offset
                 self.traffic[(topic, queue)] = stats
+                self.changed.add((topic, queue))
 
     def take_bytes_in(self) -> dict[tuple[str, int], int]:
         """The nameserver's load history: bytes appended per (topic, group) since the last call."""

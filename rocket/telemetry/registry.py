@@ -5,7 +5,8 @@ spool every telemetry_interval_s.
 Nothing here is on the hot path. Components count in attributes they keep anyway (a Raft host's fsyncs, a queue's
 next offset and bytes), or observe a histogram once per fsync or peer call; the registry reads them when it is
 collected. Per-queue and per-group traffic goes only to the telemetry files (Store.take_traffic), never to the
-registry: a node may hold a million queues, and Prometheus wants few series.
+registry: a node may hold a million queues, and Prometheus wants few series. The endpoint's per-topic sums (and the
+opt-in per-queue series, `metrics_per_queue`) are families.py's collectors.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 # Upper bounds in seconds: an fsync takes 0.1 ms on a fast SSD and up to seconds on a failing disk.
@@ -39,8 +40,12 @@ class Telemetry:
         self.data_dir = data_dir
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        PlatformCollector(registry=self.registry)  # python_info
         self.fsync_seconds = Histogram("rocket_fsync_seconds", "Time of one fsync of the Raft WAL, which every "
                                        "acknowledged write waits for", buckets=FSYNC_BUCKETS, registry=self.registry)
+        self.commit_seconds = Histogram("rocket_raft_commit_seconds", "Time from a proposal on this node to its "
+                                        "entry committed and applied here; sampled, one proposal timed at a time "
+                                        "(about one per round)", buckets=RPC_BUCKETS, registry=self.registry)
         self.peer_rpc_seconds = Histogram("rocket_peer_rpc_seconds", "Time of one call to another node, by its "
                                           "address", ["peer"], buckets=RPC_BUCKETS, registry=self.registry)
         self.peer_rpc_errors = Counter("rocket_peer_rpc_errors", "Calls to another node that failed, by address and "

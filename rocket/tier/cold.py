@@ -32,6 +32,8 @@ class ColdReader:
         self._cached_bytes = 0
         self.fetched_bytes = 0  # bytes fetched from the object store, for status and benchmarks
         self.gets = 0
+        self.batches_read = 0  # batches read from offloaded pieces, for the node's metrics
+        self.cache_hits = 0  # of them, those whose bytes were in the cache
 
     async def index(self, piece: Piece) -> list[PieceBatch]:
         entries = self._indexes.get(piece.key)
@@ -67,6 +69,7 @@ class ColdReader:
         for entry in chosen:
             batch = await self._batch(piece, entry)
             found.append((entry.base_offset, batch))
+        self.batches_read += len(found)
         return found, max(offset, next_offset)
 
     async def prefetch(self, piece: Piece) -> None:
@@ -105,6 +108,7 @@ class ColdReader:
             chunk = self._chunks.get((piece.key, start))
             if chunk is not None and start + len(chunk) >= entry.position + entry.length:
                 self._chunks.move_to_end((piece.key, start))
+                self.cache_hits += 1
                 return start, chunk
         start = entry.position
         end = min(piece.size, max(entry.position + entry.length, start + self.read_ahead_bytes))

@@ -32,7 +32,14 @@ class KeyValues:
         if len(payload) > limits.raft_entry_bytes_max:
             raise RocketError(Code.BAD_REQUEST, f"transactions of {len(payload)} bytes in all; at most "
                               f"{limits.raft_entry_bytes_max} go at once")
-        return {"results": await self.host.propose(group, payload, limits.storage_append_wait_s_max)}
+        results = await self.host.propose(group, payload, limits.storage_append_wait_s_max)
+        counts = self.kv_counts  # the node's metrics: counted once the entry is applied
+        counts["txns"] += len(txns)
+        for txn, result in zip(txns, results):  # the operations of the branch each ran (results: StorageMachine's)
+            ran = txn.success if not isinstance(result, dict) or result.get("succeeded", True) else txn.failure
+            for op in ran:
+                counts[op.op] = counts.get(op.op, 0) + 1
+        return {"results": results}
 
     async def _kv_readable(self, request: dict) -> None:
         """Linearizable reads on the leader once it knows it still leads and applied all it committed (its lease,
@@ -46,6 +53,7 @@ class KeyValues:
 
     async def kv_read(self, request: dict) -> dict:
         await self._kv_readable(request)
+        self.kv_reads[request["op"]] = self.kv_reads.get(request["op"], 0) + 1  # the node's metrics, by kind
         bucket, shard, kv = request["bucket"], request["shard"], self.store.kv
         revision = self._kv_revision(bucket, shard)
         now_ms = self.clock.wall_ms()

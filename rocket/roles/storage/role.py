@@ -68,6 +68,8 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
         self._nursery: trio.Nursery | None = None
         self._kv_exports: dict[str, tuple] = {}  # export id -> (LevelDB snapshot, revision, idle at): see kv.py
         self._kv_export_ids = 0
+        self.kv_counts: dict[str, int] = {"txns": 0}  # transactions applied on this leader, and their operations by kind
+        self.kv_reads: dict[str, int] = {}  # KV reads served, by kind (get, range, count, ...)
         self.wal_moved_bytes = 0  # batches copied forward so that old WAL segments could go
         self._wal_drops_seen, self._wal_rescan_at = -1, 0.0  # the store's drops at the last scan of the WAL's oldest
         settings = TierSettings(config.tier_s3_prefix if config.tier_backend == "s3" else "",
