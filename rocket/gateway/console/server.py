@@ -64,14 +64,17 @@ class Console:
         try:
             with trio.fail_after(CALL_S):
                 topics = (await self.dispatcher.local("TierStatus", {"topic": ""}))["topics"]
+            totals = {entry["topic"]["name"]: Totals(sum(queue["next_offset"] for queue in entry["queues"]),
+                                                     sum(queue["local_bytes"] + queue["tiered_bytes"]
+                                                         for queue in entry["queues"]),
+                                                     entry["topic"].get("created_ms", 0))
+                      for entry in topics if not entry["topic"]["name"].startswith(SYSTEM_PREFIX)}
         except (RocketError, trio.TooSlowError) as error:
             log.debug("console sample: %s", error)
             return False
-        totals = {entry["topic"]["name"]: Totals(sum(queue["next_offset"] for queue in entry["queues"]),
-                                                 sum(queue["local_bytes"] + queue["tiered_bytes"]
-                                                     for queue in entry["queues"]),
-                                                 entry["topic"].get("created_ms", 0))
-                  for entry in topics if not entry["topic"]["name"].startswith(SYSTEM_PREFIX)}
+        except Exception:  # the charts must not take the node down with them
+            log.exception("console sample failed")
+            return False
         self.history.add(self.clock.wall_ms(), totals)
         return True
 
