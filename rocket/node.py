@@ -31,6 +31,7 @@ from rocket.access import Access, cluster_key
 from rocket.clock import Clock
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError, collapse_single_error
+from rocket.gateway.console import Console
 from rocket.gateway.remoting import RemotingGateway, looks_like_remoting
 from rocket.gateway.rocketmq import rocketmq_services
 from rocket.model import Address
@@ -361,8 +362,10 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                                            "HTTP/2, --http2-listen", listen)
             http_port, metrics = None, _Metrics(ready, lifecycle)
             if config.http_listen is not None:
+                console = Console(dispatcher, clock, config.node_id, tuple(config.roles))  # the web console, read-only
+                await nursery.start(console.run)
                 http_port = await _listen(partial(nursery.start, serve_http1, lifecycle, config.http_listen.host,
-                                                  config.http_listen.port, metrics.routes()),
+                                                  config.http_listen.port, {**console.routes(), **metrics.routes()}),
                                           "HTTP/1.1, --http-listen", config.http_listen)
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
             # In permissive mode (a cluster moving to TLS) a node falls back to plain to a node without TLS yet.

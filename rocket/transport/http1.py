@@ -1,10 +1,15 @@
-"""HTTP/1.1 on h11: what HTTP/1.1 clients expect of a node (Prometheus scrapes, health probes). GET and HEAD of
-the paths a route table names, keep-alive, bounded requests; every other request gets a status that says why
-(400 malformed, 404, 405, 413, 431), and a malformed one closes its connection."""
+"""HTTP/1.1 on h11: what HTTP/1.1 clients expect of a node (Prometheus scrapes, health probes, the web console).
+GET and HEAD of the paths a route table names, keep-alive, bounded requests; every other request gets a status that
+says why (400 malformed, 404, 405, 413, 431), and a malformed one closes its connection.
+
+A route table's key is an exact path (its route takes no argument), or a prefix ending in "*" (its route takes the
+percent-decoded path and the query string's fields, the first value of each): an exact path wins, then the longest
+prefix."""
 
 from __future__ import annotations
 
 import logging
+import urllib.parse
 from collections.abc import Awaitable, Callable
 
 import h11
@@ -17,7 +22,7 @@ from rocket.transport.rpc import Lifecycle
 log = logging.getLogger("rocket.http1")
 
 Response = tuple[int, str, bytes]  # status, content type, body
-Route = Callable[[], Awaitable[Response]]
+Route = Callable[[], Awaitable[Response]]  # or, for a prefix ending in "*": (path, query) -> Response
 
 
 async def serve_http1(lifecycle: Lifecycle, host: str, port: int, routes: dict[str, Route], *,
@@ -112,13 +117,22 @@ async def _drain_body(stream: trio.SocketStream, connection: h11.Connection) -> 
 
 
 async def _route(request: h11.Request, routes: dict[str, Route]) -> Response:
-    path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
-    route = routes.get(path)
+    target, _, query = request.target.decode("ascii", "replace").partition("?")
+    path = urllib.parse.unquote(target, errors="replace")
+    route, prefixed = routes.get(target), False
     if route is None:
-        return 404, "text/plain; charset=utf-8", f"no page {path[:limits.error_excerpt_chars_max]}\n".encode()
+        prefixes = [key for key in routes if key.endswith("*") and path.startswith(key[:-1])]
+        route, prefixed = (routes[max(prefixes, key=len)], True) if prefixes else (None, False)
+    if route is None:
+        return 404, "text/plain; charset=utf-8", f"no page {target[:limits.error_excerpt_chars_max]}\n".encode()
     if request.method not in (b"GET", b"HEAD"):
         return 405, "text/plain; charset=utf-8", b"only GET and HEAD are served\n"
-    return await route()
+    if not prefixed:
+        return await route()
+    fields = {}
+    for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True, errors="replace"):
+        fields.setdefault(name, value)
+    return await route(path, fields)
 
 
 async def _send(stream: trio.SocketStream, connection: h11.Connection, status: int, content_type: str, body: bytes,
