@@ -12,8 +12,10 @@ from types import ModuleType
 
 import trio
 
+from rocket import __version__
 from rocket.errors import Code, RocketError
 from rocket.serde import SERDE_IDS
+from rocket.serde.schema import SCHEMA_VERSION
 
 log = logging.getLogger("rocket.rpc")
 
@@ -38,6 +40,8 @@ METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
         MethodSpec("Ping", "Empty", "ServerInfo"),
+        # A client's first call on a connection: the schema versions (serde/versions.py). The dispatcher answers it.
+        MethodSpec("Hello", "Hello", "Hello"),
         MethodSpec("PeerHello", "PeerHelloRequest", "Empty"),
         MethodSpec("CreateTopic", "CreateTopicRequest", "TopicInfo"),
         MethodSpec("ListTopics", "Empty", "ListTopicsResponse"),
@@ -190,6 +194,11 @@ class Dispatcher:
         self.on_call: Callable[[str, float, str | None], None] | None = None
         # With a cluster secret: internal methods only for connections that said PeerHello (peer_auth.py).
         self.peer_auth = None
+        self._handlers["Hello"] = self._hello
+
+    @staticmethod
+    async def _hello(request: dict) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "version": __version__}
 
     def handle(self, name: str, handler: Callable) -> None:
         method_spec(name)

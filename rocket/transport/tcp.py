@@ -14,9 +14,11 @@ from types import ModuleType
 
 import trio
 
-from rocket import limits
+from rocket import __version__, limits
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_ID_OF, serde_named
+from rocket.serde.schema import SCHEMA_VERSION
+from rocket.serde.versions import for_peer, peer_version_of
 from rocket.transport import frames
 from rocket.transport.channel import Channel
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
@@ -125,6 +127,7 @@ class _ServerConnection:
         self.in_flight = trio.Semaphore(limits.in_flight_requests_per_connection_max)
         self.streams: dict[int, trio.CancelScope] = {}
         self.peer = False  # said PeerHello: may call the methods between nodes
+        self.peer_version = 1  # the client's schema version, from its Hello (one that says nothing is version 1)
 
     async def run(self, first: bytes = b"") -> None:
         async with self.stream:
@@ -182,7 +185,7 @@ class _ServerConnection:
     async def _call(self, frame: Frame) -> None:
         try:
             try:
-                serde = serde_for_id(frame.serde)
+                serde = for_peer(serde_for_id(frame.serde), self.peer_version)
                 if self.dispatcher.is_streaming(frame.method):
                     await self._stream(frame, serde)
                     return
@@ -190,6 +193,8 @@ class _ServerConnection:
                                                                detached=True, peer=self.peer)
                 if frame.method == "PeerHello":  # it was accepted: this connection is a node of the cluster's
                     self.peer = True
+                elif frame.method == "Hello":  # from now on, requests and responses are in the client's version
+                    self.peer_version = peer_version_of(serde.decode("Hello", frame.body)["schema_version"])
                 reply = frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body, attachment=attachments)
             except RocketError as error:
                 reply = [_error_frame(frame.serde, frame.request_id, error)]
@@ -227,12 +232,27 @@ class TcpChannel(Channel):
     def __init__(self, stream: trio.SocketStream, serde: ModuleType):
         self._stream = stream
         self._serde = serde
+        self.peer_version: int | None = None  # the server's schema version, once hello() asked it
         self._serde_id = SERDE_ID_OF[serde.name]
         self._request_ids = itertools.count(1)
         self._waiting: dict[int, trio.MemorySendChannel] = {}
         self._send_lock = trio.Lock()
         self._broken: RocketError | None = None
         self.closed = trio.Event()  # set once the connection is broken or closed
+
+    async def hello(self) -> int:
+        """Tell the server this side's schema version and learn its own (a server too old to know Hello is
+        version 1); from then on this channel writes and reads messages in the older of the two."""
+        try:
+            reply = await self.call("Hello", {"schema_version": SCHEMA_VERSION, "version": __version__})
+            version = peer_version_of(reply["schema_version"])
+        except RocketError as error:
+            if error.code != Code.UNKNOWN_METHOD:
+                raise
+            version = 1
+        self.peer_version = version
+        self._serde = for_peer(self._serde, version)
+        return version
 
     async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default,
                    sent: trio.Event | None = None) -> dict:
@@ -342,7 +362,8 @@ class TcpChannel(Channel):
 
 @asynccontextmanager
 async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello: dict | None = None):
-    """A channel to host:port; with hello (a PeerHelloRequest), one that said it first: a node's, to another."""
+    """A channel to host:port that said Hello (schema versions); with hello (a PeerHelloRequest), one that said
+    that next: a node's, to another."""
     serde = serde_named(serde_name)
     stream = await connect(host, port)
     with collapse_single_error():
@@ -350,6 +371,7 @@ async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello
             channel = TcpChannel(stream, serde)
             nursery.start_soon(channel.read_loop)
             try:
+                await channel.hello()
                 if hello is not None:
                     await channel.call("PeerHello", hello)
                 yield channel
