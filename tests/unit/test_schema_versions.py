@@ -14,6 +14,8 @@ import trio
 from rocket.errors import Code, RocketError
 from rocket.serde import avro_codec, json_codec, schema, versions
 from rocket.serde.schema import SCHEMA_VERSION
+from rocket.transport.h2_client import open_http2_channel
+from rocket.transport.h2_server import serve_http2
 from rocket.transport.rpc import Dispatcher, Lifecycle
 from rocket.transport.tcp import TcpChannel, open_tcp_channel, serve_tcp
 
@@ -187,3 +189,30 @@ class OldAvro:
 
     def decode(self, type_name: str, data) -> dict:
         return old_decode(type_name, bytes(data))
+
+
+async def test_http2_client_and_server_agree_on_the_older_version():
+    """Over HTTP/2 the client asks Hello before its first call and says in rocket-schema the version its body is in;
+    a server that knows no Hello is version 1, and gets version 1's schemas."""
+    seen = []
+
+    async def heartbeat(request: dict) -> dict:
+        seen.append(request)
+        return {"version": 1, "groups": [], "nodes": [], "unchanged": True}
+
+    current, old = Dispatcher(), Dispatcher()
+    old._handlers.pop("Hello")
+    for dispatcher in (current, old):
+        dispatcher.handle("NodeHeartbeat", heartbeat)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_http2, current, Lifecycle(), "127.0.0.1", 0)
+        old_port = await nursery.start(serve_http2, old, Lifecycle(), "127.0.0.1", 0)
+        async with open_http2_channel("127.0.0.1", port, "avro") as channel:
+            await channel.call("NodeHeartbeat", {**HEARTBEAT, "schema_version": SCHEMA_VERSION})
+            assert channel.peer_version == SCHEMA_VERSION
+        assert seen[-1]["schema_version"] == SCHEMA_VERSION
+        async with open_http2_channel("127.0.0.1", old_port, "avro") as channel:
+            await channel.call("NodeHeartbeat", {**HEARTBEAT, "schema_version": SCHEMA_VERSION})
+            assert channel.peer_version == 1
+        assert seen[-1] == filled("NodeHeartbeatRequest", {**HEARTBEAT, "schema_version": 1})
+        nursery.cancel_scope.cancel()
