@@ -185,7 +185,9 @@ class _ServerConnection:
     async def _call(self, frame: Frame) -> None:
         try:
             try:
-                serde = for_peer(serde_for_id(frame.serde), self.peer_version)
+                serde = serde_for_id(frame.serde)
+                if self.peer_version < SCHEMA_VERSION:  # an older client's: its schemas (same version: no cost)
+                    serde = for_peer(serde, self.peer_version)
                 if self.dispatcher.is_streaming(frame.method):
                     await self._stream(frame, serde)
                     return
