@@ -36,7 +36,7 @@ EFFECTS = ("allow", "deny")
 
 # ---- what each of rocket's methods needs -------------------------------------------------------------------------
 
-OPEN = frozenset({"Ping", "PeerHello", "Authenticate"})  # before signing in
+OPEN = frozenset({"Ping", "Hello", "PeerHello", "Authenticate"})  # before signing in
 SIGNED_IN = frozenset({  # reads of the cluster's shape: any signed-in user (as Kafka's Describe on a cluster)
     "ListTopics", "DescribeTopic", "ClusterStatus", "PlacementExplain", "NodeHealth", "StorageClasses",
     "ConsumerGroups", "GroupSettings", "TierStatus", "KvListBuckets", "AclWhoAmI"})

@@ -47,7 +47,7 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
                                                                   f"[red]{node.get('health')}[/red]")
         if node.get("health") == "degraded":
             health += f": {node.get('health_reason', '')}"
-        nodes.add_row(str(node["id"]), node["address"], ",".join(node["roles"]), node.get("version") or "-", state, health,
+        nodes.add_row(str(node["id"]), node["address"], ",".join(node["roles"]), _version_of(node), state, health,
                       age, str(load["groups"]),
                       str(len(load["leads"])), f"{load['bytes']:,}", f"{load['free_disk_bytes'] / 2**30:,.1f} GiB")
     out.print(nodes)
@@ -235,3 +235,8 @@ async def storage_class_describe(name: Annotated[str, typer.Argument(help="The s
             row += (f" [red]unclean: possible loss: entries past {election['master_last_index']:,}[/red] (the previous "
                     f"master had {election['previous_last_index']:,})")
         out.print(row)
+
+
+def _version_of(node: dict) -> str:
+    """A node's rocket version and schema version (serde/versions.py): a rolling upgrade shows here."""
+    return f"{node.get('version') or '-'} (schema {node.get('schema_version', 1)})"

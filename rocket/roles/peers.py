@@ -11,6 +11,7 @@ from rocket import __version__, limits
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.model import Address
+from rocket.serde.schema import SCHEMA_VERSION
 from rocket.transport.pool import ChannelPool
 from rocket.telemetry.registry import Telemetry
 from rocket.transport.rpc import Dispatcher
@@ -70,7 +71,8 @@ class Peers:
         if self.telemetry is not None:  # the nameservers judge storage nodes' health from every node's counts
             load.update(self.telemetry.health_counts())
         request = {"node": self.config.node_id, "address": str(self.address), "roles": list(self.config.roles),
-                   "load": load, "assignment_version": assignment_version, "version": __version__}
+                   "load": load, "assignment_version": assignment_version, "version": __version__,
+                   "schema_version": SCHEMA_VERSION}
         started = self.telemetry.clock() if self.telemetry is not None else 0.0
         try:
             assignment = await self.nameserver("NodeHeartbeat", request, timeout_s=limits.leader_wait_s_max + 5)

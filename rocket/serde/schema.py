@@ -17,6 +17,8 @@ import fastavro.schema
 from rocket.errors import Code, RocketError
 
 NAMESPACE = "rocket.v1"
+# The schema set's version (see versions.py): raise it, and freeze, whenever a .avsc file changes.
+SCHEMA_VERSION = 2
 SCHEMA_DIRECTORY = Path(__file__).parent / "schemas"
 _int_bounds = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
 
@@ -35,7 +37,8 @@ def avro_schema(type_name: str):
 
 
 @functools.cache
-def _raw_definitions() -> dict[str, dict]:
+def raw_definitions() -> dict[str, dict]:
+    """The current schema set: full type name -> its .avsc definition."""
     definitions = {}
     for path in SCHEMA_DIRECTORY.glob("*.avsc"):
         definition = json.loads(path.read_text())
@@ -44,17 +47,17 @@ def _raw_definitions() -> dict[str, dict]:
 
 
 def known_types() -> list[str]:
-    return sorted(name.rsplit(".", 1)[1] for name in _raw_definitions())
+    return sorted(name.rsplit(".", 1)[1] for name in raw_definitions())
 
 
 def to_json_ready(type_name: str, value: dict) -> dict:
     """Turn bytes into base64 so orjson can write the message."""
-    return _walk(_raw_definitions()[full_name(type_name)], value, "", decoding=False)
+    return _walk(raw_definitions()[full_name(type_name)], value, "", decoding=False)
 
 
 def from_json_ready(type_name: str, value: object) -> dict:
     """Validate a parsed JSON message against its schema and turn base64 back into bytes."""
-    return _walk(_raw_definitions()[full_name(type_name)], value, "", decoding=True)
+    return _walk(raw_definitions()[full_name(type_name)], value, "", decoding=True)
 
 
 def _bad(path: str, problem: str) -> RocketError:
@@ -90,7 +93,7 @@ def _walk(schema, value, path: str, decoding: bool):
             if decoding and not isinstance(value, bool):
                 raise _bad(path, "expected true or false")
             return value
-        return _walk(_raw_definitions()[full_name(schema)], value, path, decoding)
+        return _walk(raw_definitions()[full_name(schema)], value, path, decoding)
     kind = schema["type"]
     if kind == "array":
         if not isinstance(value, list):

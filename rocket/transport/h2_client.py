@@ -12,9 +12,11 @@ import h2.events
 import h2.exceptions
 import trio
 
-from rocket import limits
+from rocket import __version__, limits
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_BY_CONTENT_TYPE, serde_named
+from rocket.serde.schema import SCHEMA_VERSION
+from rocket.serde.versions import for_peer, peer_version_of
 from rocket.transport.channel import Channel
 from rocket.transport.grpc_wire import split_messages
 from rocket.transport.h2_endpoint import Endpoint, header_dict, path_prefix
@@ -56,6 +58,11 @@ class Http2Channel(Endpoint, Channel):
         super().__init__(stream, client_side=True)
         self._serde = serde
         self._authority = authority
+        # The server's schema version (serde/versions.py), asked with Hello before the first call; the requests
+        # say in their rocket-schema header the version they are written in, which the answers are written in too.
+        self.peer_version: int | None = None
+        self._schema_header = str(SCHEMA_VERSION)
+        self._hello_lock = trio.Lock()
         self._responses: dict[int, _Response] = {}
         self._stream_slots = trio.Semaphore(limits.http2_streams_per_connection_max)
         self._broken: RocketError | None = None
@@ -64,6 +71,8 @@ class Http2Channel(Endpoint, Channel):
     async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default,
                    sent: trio.Event | None = None) -> dict:
         """The response to a request; sent, if given, is set once the request is written."""
+        if self.peer_version is None and method != "Hello":
+            await self.hello()
         spec = method_spec(method)
         body = self._serde.encode(spec.request_type, message)
         try:
@@ -79,6 +88,8 @@ class Http2Channel(Endpoint, Channel):
 
     async def stream(self, method: str, message: dict) -> AsyncIterator[dict]:
         """Yield a server stream's items; leaving the loop early resets the stream."""
+        if self.peer_version is None:
+            await self.hello()
         spec = method_spec(method)
         body = self._serde.encode(spec.request_type, message)
         async with self._open_stream(method, body) as response:
@@ -95,6 +106,23 @@ class Http2Channel(Endpoint, Channel):
                         raise RocketError(Code.CONNECTION_LOST, "the stream ended inside a message")
                     return
                 await response.changed.wait()
+
+    async def hello(self) -> int:
+        """Learn the server's schema version (a server too old to know Hello is version 1); from then on this
+        channel writes and reads messages in the older of the two."""
+        async with self._hello_lock:
+            if self.peer_version is None:
+                try:
+                    reply = await self.call("Hello", {"schema_version": SCHEMA_VERSION, "version": __version__})
+                    version = peer_version_of(reply["schema_version"])
+                except RocketError as error:
+                    if error.code != Code.UNKNOWN_METHOD:
+                        raise
+                    version = 1
+                self._serde = for_peer(self._serde, version)
+                self._schema_header = str(min(version, SCHEMA_VERSION))
+                self.peer_version = version
+        return self.peer_version
 
     async def _read_body(self, response: _Response) -> bytes:
         body = bytearray()
@@ -156,7 +184,8 @@ class Http2Channel(Endpoint, Channel):
             stream_id = self.connection.get_next_available_stream_id()
             self.connection.send_headers(stream_id, [
                 (":method", "POST"), (":scheme", "http"), (":authority", self._authority),
-                (":path", path_prefix + method), ("content-type", self._serde.content_type)])
+                (":path", path_prefix + method), ("content-type", self._serde.content_type),
+                ("rocket-schema", self._schema_header)])
         except h2.exceptions.ProtocolError as error:
             raise RocketError(Code.CONNECTION_LOST, f"cannot open a stream: {error}") from None
         response = _Response(stream_id)

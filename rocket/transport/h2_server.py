@@ -19,6 +19,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.serde import json_codec
+from rocket.serde.versions import for_peer, peer_version_of
 from rocket.transport.grpc_wire import (GrpcError, GrpcStatus, check_grpc_prefix, grpc_message_text, grpc_timeout_s,
                                         is_grpc, message_prefix, split_messages)
 from rocket.transport.h2_endpoint import (Endpoint, header_dict, method_of, path_prefix, rocket_trailers, serde_of,
@@ -300,7 +301,7 @@ class _ServerConnection(Endpoint):
             if request.refusal is not None:
                 raise request.refusal
             method = method_of(request.headers)
-            serde = serde_of(request.headers)
+            serde = for_peer(serde_of(request.headers), peer_version_of(request.headers.get("rocket-schema")))
             if self.dispatcher.is_streaming(method):
                 await self._stream(stream_id, method, serde, bytes(request.body))
                 return

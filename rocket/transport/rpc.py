@@ -12,9 +12,10 @@ from types import ModuleType
 
 import trio
 
-from rocket import access
+from rocket import __version__, access
 from rocket.errors import Code, RocketError
 from rocket.serde import SERDE_IDS
+from rocket.serde.schema import SCHEMA_VERSION
 
 log = logging.getLogger("rocket.rpc")
 
@@ -39,6 +40,8 @@ METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
         MethodSpec("Ping", "Empty", "ServerInfo"),
+        # A client's first call on a connection: the schema versions (serde/versions.py). The dispatcher answers it.
+        MethodSpec("Hello", "Hello", "Hello"),
         MethodSpec("PeerHello", "PeerHelloRequest", "Empty"),
         MethodSpec("Authenticate", "AuthenticateRequest", "Empty"),
         MethodSpec("AclWhoAmI", "Empty", "AclUser"),
@@ -213,6 +216,11 @@ class Dispatcher:
         self.peer_auth = None  # with a cluster secret, what checks a PeerHello
         # With auth on: every call from the wire by a signed-in user whom the policies allow (rocket/access.py).
         self.access: access.Access | None = None
+        self._handlers["Hello"] = self._hello
+
+    @staticmethod
+    async def _hello(request: dict) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "version": __version__}
 
     def handle(self, name: str, handler: Callable) -> None:
         method_spec(name)

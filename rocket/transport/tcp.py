@@ -16,9 +16,11 @@ from types import ModuleType
 
 import trio
 
-from rocket import limits
+from rocket import __version__, limits
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_ID_OF, serde_named
+from rocket.serde.schema import SCHEMA_VERSION
+from rocket.serde.versions import for_peer, peer_version_of
 from rocket.transport import frames
 from rocket.transport.channel import Channel
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
@@ -202,6 +204,7 @@ class _ServerConnection:
         # Who it proved to be: a node of the cluster (its client certificate verified against tls_ca, or it said
         # PeerHello) may call the methods between nodes; a user signed in with Authenticate.
         self.caller = Caller(source=source_of(stream), peer=peer)
+        self.peer_version = 1  # the client's schema version, from its Hello (one that says nothing is version 1)
 
     async def run(self, first: bytes = b"") -> None:
         async with self.stream:
@@ -260,11 +263,15 @@ class _ServerConnection:
         try:
             try:
                 serde = serde_for_id(frame.serde)
+                if self.peer_version < SCHEMA_VERSION:  # an older client's: its schemas (same version: no cost)
+                    serde = for_peer(serde, self.peer_version)
                 if self.dispatcher.is_streaming(frame.method):
                     await self._stream(frame, serde)
                     return
                 body, attachments = await self.dispatcher.call(frame.method, serde, frame.body, frame.attachment,
                                                                detached=True, caller=self.caller)
+                if frame.method == "Hello":  # from now on, requests and responses are in the client's version
+                    self.peer_version = peer_version_of(serde.decode("Hello", frame.body)["schema_version"])
                 reply = frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body, attachment=attachments)
             except RocketError as error:
                 reply = [_error_frame(frame.serde, frame.request_id, error)]
@@ -302,12 +309,27 @@ class TcpChannel(Channel):
     def __init__(self, stream: trio.abc.Stream, serde: ModuleType):
         self._stream = stream
         self._serde = serde
+        self.peer_version: int | None = None  # the server's schema version, once hello() asked it
         self._serde_id = SERDE_ID_OF[serde.name]
         self._request_ids = itertools.count(1)
         self._waiting: dict[int, trio.MemorySendChannel] = {}
         self._send_lock = trio.Lock()
         self._broken: RocketError | None = None
         self.closed = trio.Event()  # set once the connection is broken or closed
+
+    async def hello(self) -> int:
+        """Tell the server this side's schema version and learn its own (a server too old to know Hello is
+        version 1); from then on this channel writes and reads messages in the older of the two."""
+        try:
+            reply = await self.call("Hello", {"schema_version": SCHEMA_VERSION, "version": __version__})
+            version = peer_version_of(reply["schema_version"])
+        except RocketError as error:
+            if error.code != Code.UNKNOWN_METHOD:
+                raise
+            version = 1
+        self.peer_version = version
+        self._serde = for_peer(self._serde, version)
+        return version
 
     async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default,
                    sent: trio.Event | None = None) -> dict:
@@ -419,9 +441,10 @@ class TcpChannel(Channel):
 async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello: tuple[str, dict] | None = None,
                            tls: ssl.SSLContext | None = None, server_name: str | None = None,
                            plain_fallback: bool = False):
-    """A channel to host:port; with hello (a method and its request: PeerHello, Authenticate), one that said it
-    first. With tls, over TLS, the server's certificate checked against server_name (else host); with plain_fallback
-    (a node in tls_mode permissive), plain once the server answered the handshake with something other than TLS."""
+    """A channel to host:port that said Hello (schema versions); with hello (a method and its request: PeerHello,
+    Authenticate), one that said that next. With tls, over TLS, the server's certificate checked against server_name
+    (else host); with plain_fallback (a node in tls_mode permissive), plain once the server answered the handshake
+    with something other than TLS."""
     serde = serde_named(serde_name)
     stream = await connect(host, port)
     if tls is not None:
@@ -437,6 +460,7 @@ async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello
             channel = TcpChannel(stream, serde)
             nursery.start_soon(channel.read_loop)
             try:
+                await channel.hello()
                 if hello is not None:
                     await channel.call(*hello)
                 yield channel

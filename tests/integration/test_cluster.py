@@ -65,6 +65,8 @@ def check_intact(message: Message) -> int:
 class Node:
     """One `python -m rocket run` process with a fixed port and data dir, killable and restartable."""
 
+    root = ROOT  # the tree whose rocket it runs (test_upgrade.py sets an older release's)
+
     def __init__(self, node_id: int, port: int, nameservers: str, base: Path, roles: str = "all",
                  environment: dict[str, str] | None = None):
         self.node_id = node_id
@@ -84,7 +86,7 @@ class Node:
 
     def start(self) -> None:
         # The process runs this tree's rocket, not whatever an editable install points at.
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path, **self.environment}
         command = [sys.executable, "-m", "rocket", "run", "--role", self.roles, "--node-id", str(self.node_id),
                    "--nameservers", self.nameservers, "--listen", self.server, "--http2-listen", "off",
@@ -92,7 +94,8 @@ class Node:
         with open(self.out_path, "ab") as out, open(self.log_path, "ab") as log:
             log.write(f"---- start {self.starts + 1} at {time.strftime('%H:%M:%S')}\n".encode())
             log.flush()
-            self.process = subprocess.Popen(command, stdout=out, stderr=log, env=env)
+            # cwd too: `python -m` puts the working directory first on the path.
+            self.process = subprocess.Popen(command, stdout=out, stderr=log, env=env, cwd=self.root)
         self.starts += 1
 
     def ready_lines(self) -> int:

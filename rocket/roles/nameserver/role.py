@@ -51,7 +51,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
         self.metadata = Metadata()
         host.add_group(META_GROUP, tuple(self.members), self.metadata)
         self._heartbeats: dict[int, tuple[float, dict]] = {}  # node -> (when, load): on the leader only
-        self._versions: dict[int, str] = {}  # node -> its rocket version, from its last heartbeat (on the leader)
+        # node -> its rocket version and schema version, from its last heartbeat (on the leader)
+        self._versions: dict[int, tuple[str, int]] = {}
         self._leaders: dict[int, int] = {}  # storage group -> the node that last reported leading it
         self._creating = trio.Lock()  # topic creations are placed one at a time
         self._moving: set[int] = set()  # storage groups whose replica move runs now
@@ -153,7 +154,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
             await self._propose({"op": "register", "node": node, "address": request["address"],
                                  "roles": list(request["roles"])})
         self._heartbeats[node] = (trio.current_time(), request["load"])
-        self._versions[node] = request.get("version", "")
+        self._versions[node] = (request.get("version", ""), request.get("schema_version", 1))
         self._record_traffic(request["load"])
         for group in request["load"]["leads"]:
             self._leaders[group] = node
@@ -450,7 +451,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
             nodes.append({"id": node.id, "address": node.address, "roles": list(node.roles),
                           "state": liveness if node.state == "up" else node.state, "heartbeat_age_ms": age_ms,
                           "load": load, "health": health, "health_reason": reason,
-                          "version": self._versions.get(node.id, "")})
+                          "version": self._versions.get(node.id, ("", 1))[0],
+                          "schema_version": self._versions.get(node.id, ("", 1))[1]})
         return {
             "version": self.metadata.version,
             "nameserver_leader": self.host.leader_of(META_GROUP),
