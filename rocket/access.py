@@ -250,7 +250,7 @@ class Access:
         self.policies: dict[str, list[Policy]] = {}  # user -> theirs
         self.version = -1  # the metadata's ACL version these came from; -1: none yet
         self._hellos = HelloCheck("auth")
-        self._failures: collections.OrderedDict[str, list] = collections.OrderedDict()  # source -> [since, count]
+        self._failures: collections.OrderedDict[str, list] = collections.OrderedDict()  # source -> a minute's counts
 
     def update(self, state: dict) -> None:
         """Take an AclState answer (users with sealed secrets, policies) from the metadata."""
@@ -298,8 +298,9 @@ class Access:
         now = self._monotonic()
         window = self._failures.pop(source, None)
         if window is None or now - window[0] > 60:
-            window = [now, 0]
+            window = [now, 0, 0]  # since, refusals, of them failed sign-ins (what guessing makes)
         window[1] += 1
+        window[2] += error.code == Code.UNAUTHENTICATED
         self._failures[source] = window
         while len(self._failures) > limits.auth_failure_sources_max:
             self._failures.popitem(last=False)
@@ -312,5 +313,5 @@ class Access:
     def _refuse_if_guessing(self, source: str) -> None:
         window = self._failures.get(source)
         if window is not None and self._monotonic() - window[0] <= 60 \
-                and window[1] >= limits.auth_failures_per_minute_max:
+                and window[2] >= limits.auth_failures_per_minute_max:
             raise RocketError(Code.UNAUTHENTICATED, f"too many failed sign-ins from {source} this minute: wait")
