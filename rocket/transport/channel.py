@@ -8,7 +8,10 @@ from typing import Protocol
 
 import trio
 
-from rocket import limits
+from rocket import __version__, limits
+from rocket.errors import Code, RocketError
+from rocket.serde.schema import SCHEMA_VERSION
+from rocket.serde.versions import peer_version_of
 
 
 class Channel(Protocol):
@@ -26,6 +29,18 @@ class Channel(Protocol):
         """A server stream's items in order (an async generator); an error ends it, and leaving the loop early
         cancels the stream on the server."""
         ...
+
+
+async def server_schema_version(channel: Channel) -> int:
+    """Tell the server this side's schema version with Hello, and learn its own (a server too old to know Hello is
+    version 1): a channel then writes and reads messages in the older of the two."""
+    try:
+        reply = await channel.call("Hello", {"schema_version": SCHEMA_VERSION, "version": __version__})
+    except RocketError as error:
+        if error.code != Code.UNKNOWN_METHOD:
+            raise
+        return 1
+    return peer_version_of(reply["schema_version"])
 
 
 # Three other classes have a `call`, and are not Channels because they take something a Channel does not:

@@ -12,12 +12,12 @@ import h2.events
 import h2.exceptions
 import trio
 
-from rocket import __version__, limits
+from rocket import limits
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_BY_CONTENT_TYPE, serde_named
 from rocket.serde.schema import SCHEMA_VERSION
-from rocket.serde.versions import for_peer, peer_version_of
-from rocket.transport.channel import Channel
+from rocket.serde.versions import for_peer
+from rocket.transport.channel import Channel, server_schema_version
 from rocket.transport.grpc_wire import split_messages
 from rocket.transport.h2_endpoint import Endpoint, header_dict, path_prefix
 from rocket.transport.listen import connect
@@ -112,13 +112,7 @@ class Http2Channel(Endpoint, Channel):
         channel writes and reads messages in the older of the two."""
         async with self._hello_lock:
             if self.peer_version is None:
-                try:
-                    reply = await self.call("Hello", {"schema_version": SCHEMA_VERSION, "version": __version__})
-                    version = peer_version_of(reply["schema_version"])
-                except RocketError as error:
-                    if error.code != Code.UNKNOWN_METHOD:
-                        raise
-                    version = 1
+                version = await server_schema_version(self)
                 self._serde = for_peer(self._serde, version)
                 self._schema_header = str(min(version, SCHEMA_VERSION))
                 self.peer_version = version

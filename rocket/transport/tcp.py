@@ -16,13 +16,13 @@ from types import ModuleType
 
 import trio
 
-from rocket import __version__, limits
+from rocket import limits
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_ID_OF, serde_named
 from rocket.serde.schema import SCHEMA_VERSION
 from rocket.serde.versions import for_peer, peer_version_of
 from rocket.transport import frames
-from rocket.transport.channel import Channel
+from rocket.transport.channel import Channel, server_schema_version
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
 from rocket.transport.listen import cancel_on, connect, serve_connections, source_of
 from rocket.transport.rpc import Caller, Dispatcher, Lifecycle, attach, encode_error, method_spec, serde_for_id
@@ -320,13 +320,7 @@ class TcpChannel(Channel):
     async def hello(self) -> int:
         """Tell the server this side's schema version and learn its own (a server too old to know Hello is
         version 1); from then on this channel writes and reads messages in the older of the two."""
-        try:
-            reply = await self.call("Hello", {"schema_version": SCHEMA_VERSION, "version": __version__})
-            version = peer_version_of(reply["schema_version"])
-        except RocketError as error:
-            if error.code != Code.UNKNOWN_METHOD:
-                raise
-            version = 1
+        version = await server_schema_version(self)
         self.peer_version = version
         self._serde = for_peer(self._serde, version)
         return version
