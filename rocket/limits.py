@@ -196,6 +196,7 @@ user_name_chars_max = 64  # a user's name (its access key)
 users_max = 10_000  # users in the metadata: every node holds them all
 policies_max = 100_000  # policies in the metadata: every node holds them all, and checks a user's on each call
 acl_refresh_s = 1.0  # a node asks the metadata for changed users and policies this often: a revoke applies within it
+acl_first_wait_s_max = 15.0  # a starting node waits this long for its first users before it says ready regardless
 auth_failures_per_minute_max = 30  # refused sign-ins from one source in a minute before it is refused unheard
 auth_failures_logged_per_minute = 5  # refusals logged per source and minute; the rest are counted in one line
 auth_failure_sources_max = 10_000  # sources whose refusals are counted; the oldest is forgotten first

@@ -251,10 +251,9 @@ def _access(config: NodeConfig, dispatcher: Dispatcher, clock: Clock) -> Access 
     return dispatcher.access
 
 
-async def _follow_acl(access: Access, peers: Peers, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _follow_acl(access: Access, peers: Peers, loaded: trio.Event) -> None:
     """Keep the node's users and policies those of the metadata (a change applies within limits.acl_refresh_s);
-    started once the first ones with a user arrived (the first user is made at a cluster's first start)."""
-    started = False
+    loaded is set once the first ones with a user arrived (the first user is made at a cluster's first start)."""
     while True:
         try:
             state = await peers.nameserver("MetaAclState", {"version": access.version})
@@ -262,9 +261,8 @@ async def _follow_acl(access: Access, peers: Peers, *, task_status=trio.TASK_STA
                 access.update(state)
         except RocketError as error:
             log.warning("auth: reading users and policies from the nameservers: %s", error)
-        if not started and access.users:
-            task_status.started()
-            started = True
+        if access.users:
+            loaded.set()
         await trio.sleep(limits.acl_refresh_s)
 
 
@@ -379,8 +377,11 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             await nursery.start(pool.run)
             await nursery.start(links.run)
             await roles.start(nursery)
-            if access is not None:
-                await nursery.start(_follow_acl, access, roles.peers)
+            if access is not None:  # ready once it knows users, or after a bound (no nameserver answers yet)
+                loaded = trio.Event()
+                nursery.start_soon(_follow_acl, access, roles.peers, loaded)
+                with trio.move_on_after(limits.acl_first_wait_s_max):
+                    await loaded.wait()
             telemetry = node_telemetry(config, roles, lifecycle, dispatcher)
             metrics.telemetry = telemetry
             if config.telemetry_interval_s:
