@@ -283,3 +283,50 @@ def test_ali_ons_with_an_access_key_produces_and_consumes_and_without_one_cannot
             aons.produce("orders-a", 1, "--body-prefix", "unsigned-", timeout_s=15)
     finally:
         aons.kill_all()
+
+
+def test_a_cluster_with_auth_enforces_the_same_users_on_every_node(tmp_path):
+    """Three nameserver nodes and a broker without one: users made through the broker (it forwards to the
+    nameservers' leader) sign in on every node, and a revoke reaches every node."""
+    from rocket.transport.listen import free_ports
+    from tests.integration.test_cluster import Node, running
+
+    ports = free_ports(4)
+    nameservers = ",".join(f"{node}@127.0.0.1:{port}" for node, port in zip((1, 2, 3), ports))
+    environment = {"ROCKET_STORAGE_GROUPS": "2", "ROCKET_REPLICATION": "3", "ROCKET_CLUSTER_SECRET": CLUSTER_SECRET,
+                   "ROCKET_AUTH": "true", "ROCKET_AUTH_ADMIN_SECRET": ADMIN.secret}
+    nodes = {node: Node(node, port, nameservers, tmp_path, roles="all" if node < 4 else "broker",
+                        environment=environment) for node, port in zip((1, 2, 3, 4), ports)}
+    with running(nodes):
+        async def scenario() -> None:
+            async with connect(nodes[4].server, credentials=ADMIN) as channel:
+                admin = Admin(channel)
+                await admin.create_topic("ledger", 2)
+                await admin.create_user("alice", ALICE.secret)
+                await admin.grant("alice", "topic:ledger", ["pub", "sub"])
+            for node in nodes.values():  # every node learns alice and her policy within a second or two
+                with trio.fail_after(15):
+                    while True:
+                        try:
+                            await call_on(node.server, "Produce", {"topic": "ledger", "queue": -1,
+                                                                   "batch": batch(f"via {node.node_id}".encode())})
+                            break
+                        except RocketError as error:
+                            assert error.code in (Code.UNAUTHENTICATED, Code.PERMISSION_DENIED), error
+                            await trio.sleep(0.3)
+            async with connect(nodes[2].server, credentials=ADMIN) as channel:
+                await Admin(channel).revoke("alice", "topic:ledger")
+            for node in nodes.values():
+                with trio.fail_after(15):
+                    while True:
+                        try:
+                            await call_on(node.server, "Produce", {"topic": "ledger", "queue": -1, "batch": batch()})
+                        except RocketError as error:
+                            assert error.code == Code.PERMISSION_DENIED, error
+                            break
+                        await trio.sleep(0.3)
+
+        async def call_on(server: str, method: str, request: dict) -> dict:
+            async with connect(server, credentials=ALICE) as channel:
+                return await channel.call(method, request)
+        trio.run(scenario)
