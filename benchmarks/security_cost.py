@@ -110,14 +110,30 @@ def main() -> None:
                       f"p99 {result['latency_ms_p99']:6.1f} ms", flush=True)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    medians, ratios, round_ratios = summary(runs)
+    print("median " + ", ".join(f"{kind} {medians[kind]:,.0f} msgs/s ({ratios[kind]:.2f} of plain)" for kind in KINDS)
+          + f" ({arguments.messages:,} messages of 1 KiB per run, {arguments.rounds} rounds, {os.cpu_count()} CPUs)")
+    print("median of each round's ratio to its plain run: "
+          + ", ".join(f"{kind} {round_ratios[kind]:.2f}" for kind in KINDS))
+    if arguments.json:
+        arguments.json.write_text(json.dumps({"runs": runs, "medians_messages_per_s": medians,
+                                              "ratios_to_plain": ratios, "round_ratios_to_plain": round_ratios},
+                                             indent=2))
+
+
+def summary(runs: list[dict]) -> tuple[dict, dict, dict]:
+    """Per configuration: the median msgs/s, its ratio to plain's median, and the median over rounds of each round's
+    ratio to that round's plain run (steadier when the machine's load drifts between rounds, as other jobs come and
+    go: a round's runs follow each other within seconds)."""
     medians = {kind: statistics.median(run["messages_per_s"] for run in runs if run["transport"] == kind)
                for kind in KINDS}
     ratios = {kind: medians[kind] / medians["plain"] for kind in KINDS}
-    print("median " + ", ".join(f"{kind} {medians[kind]:,.0f} msgs/s ({ratios[kind]:.2f} of plain)" for kind in KINDS)
-          + f" ({arguments.messages:,} messages of 1 KiB per run, {arguments.rounds} rounds, {os.cpu_count()} CPUs)")
-    if arguments.json:
-        arguments.json.write_text(json.dumps({"runs": runs, "medians_messages_per_s": medians,
-                                              "ratios_to_plain": ratios}, indent=2))
+    by_round: dict[int, dict[str, float]] = {}
+    for run in runs:
+        by_round.setdefault(run["round"], {})[run["transport"]] = run["messages_per_s"]
+    round_ratios = {kind: statistics.median(rates[kind] / rates["plain"] for rates in by_round.values())
+                    for kind in KINDS}
+    return medians, ratios, round_ratios
 
 
 if __name__ == "__main__":
