@@ -121,3 +121,10 @@ async def test_a_user_sees_the_lists_and_what_they_may_sub_on_and_is_refused_the
     assert sorted(set(described)) == [("audit", "orders")]
     for path in ("/", "/topics", "/storage", "/messages"):  # the cluster's lists: any signed-in user
         assert (await page(path, {}, alice))[0] == 200, path
+
+
+async def test_a_page_denied_outright_says_so_without_suggesting_a_grant():
+    console, access, _ = console_with_auth()
+    access.policies["alice"].append(Policy("alice", "topic:orders", ("sub",), "deny"))
+    status, _, body = await console.routes()["/*"]("/topics/orders", {}, basic("alice", "alice-secret"))
+    assert status == 403 and b"sub on topic:orders is denied" in body and b"acl grant" not in body

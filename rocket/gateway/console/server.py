@@ -116,8 +116,6 @@ class Console:
         self.history.add(self.clock.wall_ms(), totals)
         return True
 
-    # Reading the node's methods.
-
     # Who reads: with auth on, a user signed in with HTTP Basic credentials, and what the policies let them read.
 
     def sign_in(self, asked: Asked | None) -> Viewer:
@@ -152,6 +150,8 @@ class Console:
         try:
             self.access.authorize(viewer.user, needs, viewer.source)
         except RocketError as error:
+            if "no policy allows" not in error.message:  # denied outright, or the user is gone: no grant helps
+                raise Refused(error.message) from None
             grants = "; ".join(f"rocket acl grant {viewer.user} --resource {resource} --actions {action}"
                                for action, resource in needs)
             raise Refused(f"{error.message}. An admin grants it with: {grants}") from None
