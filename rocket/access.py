@@ -272,7 +272,7 @@ class Access:
 
     def authenticate(self, request: dict, source: str) -> str:
         """The user a hello proves, or UNAUTHENTICATED (counted against the source)."""
-        self._refuse_if_guessing(source)
+        self.refuse_if_guessing(source)
         user = self.users.get(request["user"])
         try:
             if user is None:
@@ -310,7 +310,8 @@ class Access:
             log.warning("refused %s: more refusals this minute are not logged", source or "a caller")
         return error
 
-    def _refuse_if_guessing(self, source: str) -> None:
+    def refuse_if_guessing(self, source: str) -> None:
+        """Raise UNAUTHENTICATED while a source has failed too often this minute (sign-ins and the console's checks)."""
         window = self._failures.get(source)
         if window is not None and self._monotonic() - window[0] <= 60 \
                 and window[2] >= limits.auth_failures_per_minute_max:

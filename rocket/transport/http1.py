@@ -3,11 +3,13 @@ GET and HEAD of the paths a route table names, keep-alive, bounded requests; eve
 says why (400 malformed, 404, 405, 413, 431), and a malformed one closes its connection.
 
 A route table's key is an exact path (its route takes no argument), or a prefix ending in "*" (its route takes the
-percent-decoded path and the query string's fields, the first value of each): an exact path wins, then the longest
-prefix."""
+percent-decoded path, the query string's fields, the first value of each, and the request's `Asked`: its headers and
+the client's address): an exact path wins, then the longest prefix. A route answers (status, content type, body), and
+may add a fourth item, headers to send with it (a 401's WWW-Authenticate)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -16,13 +18,20 @@ import h11
 import trio
 
 from rocket import limits
-from rocket.transport.listen import serve_connections
+from rocket.transport.listen import serve_connections, source_of
 from rocket.transport.rpc import Lifecycle
 
 log = logging.getLogger("rocket.http1")
 
-Response = tuple[int, str, bytes]  # status, content type, body
-Route = Callable[[], Awaitable[Response]]  # or, for a prefix ending in "*": (path, query) -> Response
+Response = tuple[int, str, bytes]  # status, content type, body; or with a fourth item, [(header, value)] to add
+Route = Callable[[], Awaitable[Response]]  # or, for a prefix ending in "*": (path, query, Asked) -> Response
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Asked:
+    """What a prefix route learns of its request besides the path and query."""
+    headers: dict[str, str]  # names in lower case; the first value of each
+    source: str = ""  # the client's IP address ("" if unknown)
 
 
 async def serve_http1(lifecycle: Lifecycle, host: str, port: int, routes: dict[str, Route], *,
@@ -31,7 +40,7 @@ async def serve_http1(lifecycle: Lifecycle, host: str, port: int, routes: dict[s
 
     async def run_connection(stream: trio.SocketStream) -> None:
         try:
-            await _serve(stream, routes)
+            await _serve(stream, routes, source_of(stream))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except Exception:  # one peer's bytes must not take the listener with them
@@ -43,7 +52,7 @@ async def serve_http1(lifecycle: Lifecycle, host: str, port: int, routes: dict[s
     await serve_connections(lifecycle, host, port, run_connection, refuse_connection, task_status=task_status)
 
 
-async def _serve(stream: trio.SocketStream, routes: dict[str, Route]) -> None:
+async def _serve(stream: trio.SocketStream, routes: dict[str, Route], source: str = "") -> None:
     connection = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.http1_header_bytes_max)
     while True:
         with trio.move_on_after(limits.http1_idle_s) as idle:
@@ -57,12 +66,12 @@ async def _serve(stream: trio.SocketStream, routes: dict[str, Route]) -> None:
                         close=True)
             return
         request: h11.Request = event
-        status, content_type, body = await _route(request, routes)
+        status, content_type, body, *extra = await _route(request, routes, source)
         if not await _drain_body(stream, connection):
             await _send(stream, connection, 413, "text/plain; charset=utf-8", b"request body too large\n", close=True)
             return
         await _send(stream, connection, status, content_type, b"" if request.method == b"HEAD" else body,
-                    length=len(body))
+                    length=len(body), extra=extra[0] if extra else ())
         if connection.our_state is h11.MUST_CLOSE:
             return
         try:
@@ -116,7 +125,7 @@ async def _drain_body(stream: trio.SocketStream, connection: h11.Connection) -> 
         return False
 
 
-async def _route(request: h11.Request, routes: dict[str, Route]) -> Response:
+async def _route(request: h11.Request, routes: dict[str, Route], source: str = "") -> Response:
     target, _, query = request.target.decode("ascii", "replace").partition("?")
     path = urllib.parse.unquote(target, errors="replace")
     route, prefixed = routes.get(target), False
@@ -129,16 +138,18 @@ async def _route(request: h11.Request, routes: dict[str, Route]) -> Response:
         return 405, "text/plain; charset=utf-8", b"only GET and HEAD are served\n"
     if not prefixed:
         return await route()
-    fields = {}
+    fields, headers = {}, {}
     for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True, errors="replace"):
         fields.setdefault(name, value)
-    return await route(path, fields)
+    for name, value in request.headers:  # h11 gives the names in lower case
+        headers.setdefault(name.decode("ascii", "replace"), value.decode("latin-1"))
+    return await route(path, fields, Asked(headers, source))
 
 
 async def _send(stream: trio.SocketStream, connection: h11.Connection, status: int, content_type: str, body: bytes,
-                close: bool = False, length: int | None = None) -> None:
+                close: bool = False, length: int | None = None, extra=()) -> None:
     headers = [("content-type", content_type), ("content-length", str(len(body) if length is None else length)),
-               ("server", "rocket")]
+               ("server", "rocket"), *extra]
     if close:
         headers.append(("connection", "close"))
     try:

@@ -1,7 +1,9 @@
 """The web console of `rocket run` (rocket/gateway/console), looked at by headless Chromium as a user would: a dev
 node with topics, messages and a consumer group behind, every page's DOM checked for what the node holds (topic
 names and counts, the group's lag, a message found by key, the rate chart drawn) and a screenshot of each saved in
-pytest's tmp dir. Without chromium the tests skip; on CI (CI=true) they fail, since .ci/run installs it."""
+pytest's tmp dir. Without chromium the tests skip; on CI (CI=true) they fail, since .ci/run installs it. With auth on
+(a node started with a cluster secret and ROCKET_AUTH=true), urllib and curl check who sees what, and Chromium too
+when it is there."""
 
 from __future__ import annotations
 
@@ -154,3 +156,84 @@ def test_chromium_reads_every_console_page(server_process, tmp_path):
     assert browser.dom("/healthz").count("ok") == 1
     shots = sorted(path.name for path in tmp_path.glob("*.png"))
     assert shots == ["cluster.png", "groups.png", "messages.png", "storage.png", "topic.png", "topics.png"]
+
+
+ADMIN_SECRET = "console-admin-secret-1"
+
+
+def http_get(url: str, user: str | None = None, secret: str | None = None) -> tuple[int, dict, str]:
+    """GET with urllib, with HTTP Basic credentials if given: (status, headers, body), errors included."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url)
+    if user is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read().decode()
+
+
+def test_with_auth_on_the_console_asks_for_a_user_and_shows_each_what_they_may_read(server_process, monkeypatch,
+                                                                                      tmp_path):
+    monkeypatch.setenv("ROCKET_CLUSTER_SECRET", "console-cluster-secret-1")
+    monkeypatch.setenv("ROCKET_AUTH", "true")
+    monkeypatch.setenv("ROCKET_AUTH_ADMIN_SECRET", ADMIN_SECRET)
+    server = server_process().start()
+    base = f"http://127.0.0.1:{server.http_port}"
+
+    def admin(*args: str) -> str:
+        return rocket(server, "--user", "admin", "--secret", ADMIN_SECRET, *args)
+
+    # Without credentials: 401 and the Basic challenge, on every console page; the node's own paths stay open.
+    for path in ("/", "/topics", "/topics/orders", "/groups", "/messages?topic=orders"):
+        status, headers, body = http_get(base + path)
+        assert status == 401 and headers.get("www-authenticate") == 'Basic realm="rocket"', (path, status, body)
+    assert http_get(base + "/healthz")[0] == 200 and http_get(base + "/readyz")[0] == 200
+    assert http_get(base + "/metrics")[0] == 200
+    assert http_get(base + "/", "admin", "not-the-secret")[0] == 401
+
+    admin("topic", "create", "orders", "--queues", "2")
+    admin("topic", "create", "payments", "--queues", "2")
+    admin("send", "orders", "order one", "--key", "k-1")
+    admin("send", "payments", "payment one", "--key", "k-2")
+    admin("acl", "user", "create", "alice", "--user-secret", "alice-secret-0123456789")
+    admin("acl", "grant", "alice", "--resource", "topic:orders", "--actions", "sub")
+
+    # The admin (a super user) reads everything.
+    for path in ("/", "/topics", "/topics/payments", "/groups", "/storage", "/messages?topic=payments"):
+        status, _, body = http_get(base + path, "admin", ADMIN_SECRET)
+        assert status == 200 and "signed in as admin" in body, (path, status)
+    assert "payment one" in http_get(base + "/messages?topic=payments", "admin", ADMIN_SECRET)[2]
+
+    # alice (sub on topic:orders): once the policy reached the node, the lists, orders and its messages; not payments.
+    deadline = time.monotonic() + 10
+    while (found := http_get(base + "/topics/orders", "alice", "alice-secret-0123456789"))[0] != 200:
+        assert time.monotonic() < deadline, found
+        time.sleep(0.2)
+    assert "Topic orders" in text_of(found[2]) and "signed in as alice" in found[2]
+    status, _, body = http_get(base + "/topics", "alice", "alice-secret-0123456789")
+    assert status == 200 and "payments" in body  # listing the cluster needs only a signed-in user
+    status, _, body = http_get(base + "/messages?topic=orders", "alice", "alice-secret-0123456789")
+    assert status == 200 and "order one" in body
+    for path in ("/topics/payments", "/messages?topic=payments"):
+        status, _, body = http_get(base + path, "alice", "alice-secret-0123456789")
+        assert status == 403 and "no policy allows sub on topic:payments" in body and "payment one" not in body, path
+    status, _, body = http_get(base + "/groups/billing", "alice", "alice-secret-0123456789")
+    assert status == 403 and "no policy allows sub on group:billing" in body
+
+    # curl, as an operator would.
+    done = subprocess.run(["curl", "-sS", "-u", "alice:alice-secret-0123456789", "-o", "/dev/null", "-w", "%{http_code}",
+                           f"{base}/topics/payments"], capture_output=True, timeout=60)
+    assert done.stdout == b"403", done
+
+    # A browser, with the credentials in the URL.
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is not None:
+        browser = Browser(binary, f"http://alice:alice-secret-0123456789@127.0.0.1:{server.http_port}", tmp_path)
+        text = text_of(browser.dom("/topics/orders"))
+        assert "Topic orders" in text and "signed in as alice" in text, text
+        browser.screenshot("/topics/orders", "topic-as-alice")

@@ -74,6 +74,7 @@ class Node:
     node_id: int = 0
     roles: tuple[str, ...] = ()
     version: str = ""
+    user: str = ""  # with auth on: who reads the page
 
 
 def notice(text: str) -> Safe:
@@ -100,6 +101,8 @@ def facts(pairs: list[tuple[str, object]]) -> Safe:
 def layout(title: str, here: str, node: Node, *sections: str) -> str:
     nav = "".join(f'<a href="{path}"{" class=here" if path == here else ""}>{name}</a>' for path, name in NAV)
     who = f"node {node.node_id} · {', '.join(node.roles)} · rocket {node.version}"
+    if node.user:
+        who += f" · signed in as {node.user}"
     return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
             f"<title>{esc(title)} · rocket</title><link rel=stylesheet href=/static/console.css></head><body>"
             f'<header><span class="brand">rocket</span><nav>{nav}</nav><span class="node">{esc(who)}</span></header>'
@@ -352,3 +355,7 @@ def not_found_page(node: Node, path: str) -> str:
 
 def error_page(node: Node, text: str) -> str:
     return layout("Error", "", node, notice(text))
+
+
+def refused_page(node: Node, text: str) -> str:
+    return layout("Not allowed", "", node, notice(text))

@@ -1,10 +1,23 @@
 """The web console (issue 34): read-only pages on the node's HTTP/1.1 listener, like RocketMQ's dashboard. It reads
 through the node's own methods (dispatcher.local), as the other gateways do, and keeps its own rate history, sampled
-by a task in the node's nursery. A method this node's roles do not serve, or that fails, is a notice on the page."""
+by a task in the node's nursery. A method this node's roles do not serve, or that fails, is a notice on the page.
+
+It is read-only: no page writes anything (no admin actions). With auth on (rocket/access.py), every page but the
+stylesheet asks for HTTP Basic credentials (the user's access key and secret; 401 and `WWW-Authenticate` without
+them), and shows what that user may read: the cluster's lists to any signed-in user, as the methods behind them
+(access.SIGNED_IN); a topic's page and its messages only with sub on topic:NAME, a group's with sub on group:NAME
+(403 otherwise, naming what is missing). Within a page, every method it calls is checked as that user, and what the
+user may not read (another group's position on a topic) is left out with a notice naming it. /metrics and the
+probes are not the console's: they stay open."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextvars
+import dataclasses
 import datetime
+import hmac
 import logging
 import math
 from importlib import resources
@@ -12,13 +25,14 @@ from importlib import resources
 import trio
 
 from rocket import __version__
+from rocket.access import Access, denial, needs_of
 from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.gateway.console import pages
 from rocket.gateway.console.history import RateHistory, Totals
 from rocket.model import SYSTEM_PREFIX, Message, dead_letter_topic, queue_for_key, timer_topic
 from rocket.serde import batch as batch_codec
-from rocket.transport.http1 import Response
+from rocket.transport.http1 import Asked, Response
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.console")
@@ -34,22 +48,46 @@ MESSAGES_MAX = 50  # messages one search shows
 SCAN_MESSAGES_MAX = 20_000  # messages one search reads at most (there is no key index)
 PULL_BYTES = 1 << 20
 DLQ_PREFIX = dead_letter_topic("", "")[:-2]  # "%DLQ"
+OPEN_PATHS = frozenset({"/static/console.css"})  # what needs no sign-in with auth on: the stylesheet, the same for all
+SIGN_IN = [("www-authenticate", 'Basic realm="rocket"')]
+HIDDEN_NAMED_MAX = 5  # what a page left out for its reader: named up to this many, the rest counted
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Viewer:
+    """Who reads a page with auth on: the user its Basic credentials proved, and the client's address."""
+    user: str
+    source: str
+
+
+# The reader of the page being served; None with auth off (each HTTP/1.1 connection is one task, serving its
+# requests one at a time, so the page's reads all see their own reader).
+_viewer: contextvars.ContextVar[Viewer | None] = contextvars.ContextVar("console_viewer", default=None)
+
+
+class Refused(Exception):
+    """A page its reader may not read at all: a 403 whose notice says what is missing."""
 
 
 class Console:
     def __init__(self, dispatcher: Dispatcher, clock: Clock, node_id: int = 0, roles: tuple[str, ...] = (),
-                 sample_every_s: float = SAMPLE_EVERY_S, points_max: int = POINTS_MAX):
+                 sample_every_s: float = SAMPLE_EVERY_S, points_max: int = POINTS_MAX, access: Access | None = None):
         self.dispatcher = dispatcher
         self.clock = clock
-        self.node = pages.Node(node_id, tuple(roles), __version__)
+        self.access = access  # with auth on: the node's users and policies, which every page is read under
+        self._node = pages.Node(node_id, tuple(roles), __version__)
         self.sample_every_s = sample_every_s
         self.history = RateHistory(points_max)
 
+    @property
+    def node(self) -> pages.Node:
+        """This node, for the header, with the page's reader when auth is on."""
+        viewer = _viewer.get()
+        return self._node if viewer is None else dataclasses.replace(self._node, user=viewer.user)
+
     def routes(self) -> dict:
         """For serve_http1: "/" and every path under it (the node's exact paths, /metrics and the probes, win)."""
-        async def root() -> Response:
-            return await self.page("/", {})
-        return {"/": root, "/*": self.page}
+        return {"/*": self.page}
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Sample the topics' totals every sample_every_s, for the charts (retried every second until one works)."""
@@ -78,13 +116,78 @@ class Console:
         self.history.add(self.clock.wall_ms(), totals)
         return True
 
+    # Who reads: with auth on, a user signed in with HTTP Basic credentials, and what the policies let them read.
+
+    def sign_in(self, asked: Asked | None) -> Viewer:
+        """The user a request's Basic credentials prove (access key, secret), or UNAUTHENTICATED. Wrong credentials
+        are counted against the client's address as any failed sign-in (access.failed); none at all, a browser's
+        first request, are not."""
+        source = asked.source if asked is not None else ""
+        self.access.refuse_if_guessing(source)
+        header = asked.headers.get("authorization", "") if asked is not None else ""
+        if not header:
+            raise RocketError(Code.UNAUTHENTICATED, "the console needs a user: sign in with an access key and its "
+                              "secret")
+        scheme, _, encoded = header.partition(" ")
+        try:
+            user, colon, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            colon = ""
+        if scheme.lower() != "basic" or not colon:
+            raise self.access.failed(source, RocketError(Code.UNAUTHENTICATED, "console: the Authorization header "
+                                                         "holds no HTTP Basic credentials"))
+        secret = self.access.secret_of(user)
+        if secret is None or not hmac.compare_digest(secret, password.encode()):
+            raise self.access.failed(source, RocketError(Code.UNAUTHENTICATED,
+                                                         f"console: no user {user!r} with that secret"))
+        return Viewer(user, source)
+
+    def require(self, needs: list[tuple[str, str]]) -> None:
+        """A page's own check: raise Refused (counted against the reader's address) unless its reader may."""
+        viewer = _viewer.get()
+        if viewer is None:
+            return
+        try:
+            self.access.authorize(viewer.user, needs, viewer.source)
+        except RocketError as error:
+            if "no policy allows" not in error.message:  # denied outright, or the user is gone: no grant helps
+                raise Refused(error.message) from None
+            grants = "; ".join(f"rocket acl grant {viewer.user} --resource {resource} --actions {action}"
+                               for action, resource in needs)
+            raise Refused(f"{error.message}. An admin grants it with: {grants}") from None
+
+    def denied(self, needs: list[tuple[str, str]]) -> str | None:
+        """Why the page's reader may not read what needs names (None if they may). Not counted as a failure: the
+        page, not its reader, chose to look (a topic's page looks at every known group's position on it)."""
+        viewer = _viewer.get()
+        if viewer is None:
+            return None
+        user = self.access.users.get(viewer.user)
+        if user is None:
+            return f"user {viewer.user!r} no longer exists"
+        return None if user.super else denial(self.access.policies.get(viewer.user, ()), needs, viewer.source)
+
+    def hidden_note(self, hidden: list[str]) -> list[str]:
+        """The notice for what a page left out for its reader, naming what is missing."""
+        hidden = list(dict.fromkeys(hidden))
+        if not hidden:
+            return []
+        viewer = _viewer.get()
+        more = f"; and {len(hidden) - HIDDEN_NAMED_MAX} more" if len(hidden) > HIDDEN_NAMED_MAX else ""
+        return [f"Left out, as {viewer.user if viewer else 'you'} may not read it: "
+                + "; ".join(hidden[:HIDDEN_NAMED_MAX]) + more + "."]
+
     # Reading the node's methods.
 
     async def call(self, name: str, request: dict) -> tuple[dict | None, str]:
-        """(the answer, "") or (None, why not): not served by this node's roles, failed, or no answer in CALL_S."""
+        """(the answer, "") or (None, why not): not served by this node's roles, not the reader's to read (auth on),
+        failed, or no answer in CALL_S."""
         if not self.dispatcher.serves(name):
             return None, (f"This node's roles ({', '.join(self.node.roles) or 'none'}) do not serve {name}: "
                           "open the console of a node with a broker role.")
+        why = self.denied(needs_of(name, request))
+        if why is not None:
+            return None, f"{name} is not shown: {why}."
         try:
             with trio.fail_after(CALL_S):
                 return await self.dispatcher.local(name, request), ""
@@ -110,11 +213,17 @@ class Console:
                         break
         return dict(sorted(groups.items())), user, why or why_topics
 
-    async def positions(self, group: str, topics: list[str], budget: list[int]) -> tuple[list[tuple[str, list[dict]]], list[str]]:
+    async def positions(self, group: str, topics: list[str], budget: list[int],
+                        hidden: list[str]) -> tuple[list[tuple[str, list[dict]]], list[str]]:
         """The topics on which the group has a position (committed, popped, in flight, dead letters or a member),
-        with its GroupQueue per queue; budget[0] DescribeGroup calls at most (spent from it)."""
+        with its GroupQueue per queue; budget[0] DescribeGroup calls at most (spent from it). A (group, topic) the
+        page's reader may not read is skipped, and why added to hidden."""
         found, notes = [], []
         for topic in topics:
+            why = self.denied(needs_of("DescribeGroup", {"topic": topic, "group": group}))
+            if why is not None:
+                hidden.append(why)
+                continue
             if budget[0] <= 0:
                 notes.append(f"not every topic was read for {group}: at most {DESCRIBES_MAX} lookups a page")
                 break
@@ -131,12 +240,24 @@ class Console:
 
     # The pages.
 
-    async def page(self, path: str, query: dict[str, str]) -> Response:
+    async def page(self, path: str, query: dict[str, str], asked: Asked | None = None) -> Response:
+        path = path.rstrip("/") or "/"
+        viewer = None
+        if self.access is not None and path not in OPEN_PATHS:
+            try:
+                viewer = self.sign_in(asked)
+            except RocketError as error:
+                return 401, "text/plain; charset=utf-8", f"{error.message}\n".encode(), SIGN_IN
+        token = _viewer.set(viewer)
         try:
-            return await self._page(path.rstrip("/") or "/", query)
+            return await self._page(path, query)
+        except Refused as refused:
+            return 403, HTML, pages.refused_page(self.node, str(refused)).encode()
         except Exception as error:  # a page must not take the listener down: say what failed
             log.exception("console page %s failed", path)
             return 500, HTML, pages.error_page(self.node, f"this page failed: {type(error).__name__}: {error}").encode()
+        finally:
+            _viewer.reset(token)
 
     async def _page(self, path: str, query: dict[str, str]) -> Response:
         if path == "/":
@@ -180,17 +301,19 @@ class Console:
                                             self.sample_every_s, cut).encode()
 
     async def topic(self, name: str) -> Response:
+        self.require([("sub", f"topic:{name}")])  # its queues, rates and readers: as much as reading it tells
         described, why = await self.call("DescribeTopic", {"topic": name})
         if described is None:
             return 404 if "UNKNOWN_TOPIC" in why else 200, HTML, pages.topic_page(
                 self.node, name, None, why, None, [], "", [], self.now(), self.sample_every_s).encode()
         tier, _ = await self.call("TierStatus", {"topic": name})
         groups, _, why_groups = await self.known_groups()
-        budget, found, notes = [DESCRIBES_MAX], [], [why_groups] if why_groups else []
+        budget, found, notes, hidden = [DESCRIBES_MAX], [], [why_groups] if why_groups else [], []
         for group in groups:
-            positions, group_notes = await self.positions(group, [name], budget)
+            positions, group_notes = await self.positions(group, [name], budget, hidden)
             found.extend((group, queues) for _, queues in positions)
             notes.extend(group_notes)
+        notes.extend(self.hidden_note(hidden))
         tier_queues = tier["topics"][0]["queues"] if tier and tier["topics"] else None
         return 200, HTML, pages.topic_page(self.node, name, described, why, tier_queues, found,
                                            " ".join(dict.fromkeys(notes)), self.history.rates(name), self.now(),
@@ -200,16 +323,18 @@ class Console:
         groups, topics, why = await self.known_groups()
         if not groups and why:
             return 200, HTML, pages.groups_page(self.node, None, why, []).encode()
-        budget, rows, notes = [DESCRIBES_MAX], [], [why] if why else []
+        budget, rows, notes, hidden = [DESCRIBES_MAX], [], [why] if why else [], []
         for group, settings in groups.items():
-            positions, group_notes = await self.positions(group, topics, budget)
+            positions, group_notes = await self.positions(group, topics, budget, hidden)
             rows.append(pages.GroupRow(group, settings, positions))
             notes.extend(group_notes)
+        notes.extend(self.hidden_note(hidden))
         notes.append("Listed: the groups with settings (rocket group create) or with dead letters. "
                      "Look any other group up by name.")
         return 200, HTML, pages.groups_page(self.node, rows, "", list(dict.fromkeys(notes))).encode()
 
     async def group(self, name: str, topic: str) -> Response:
+        self.require([("sub", f"group:{name}")])
         settings, why = await self.call("ConsumerGroups", {"group": name})
         notes = []
         if settings is None and "NOT_FOUND" not in why and "BAD_REQUEST" not in why:
@@ -220,10 +345,11 @@ class Console:
             _, topics, why_topics = await self.known_groups()
             if why_topics:
                 notes.append(why_topics)
-        positions, more = await self.positions(name, topics, [DESCRIBES_MAX])
+        hidden: list[str] = []
+        positions, more = await self.positions(name, topics, [DESCRIBES_MAX], hidden)
         found_settings = (settings or {}).get("groups") or [None]
         return 200, HTML, pages.group_page(self.node, name, found_settings[0], positions,
-                                           list(dict.fromkeys(notes + more))).encode()
+                                           list(dict.fromkeys(notes + more)) + self.hidden_note(hidden)).encode()
 
     async def storage(self) -> Response:
         classes, why = await self.call("StorageClasses", {"name": ""})
@@ -238,6 +364,9 @@ class Console:
         if not topic:
             return 200, HTML, pages.messages_page(self.node, query, None, "Name a topic to browse its messages.",
                                                   "").encode()
+        # Reading its messages needs what a Pull does. This one check covers the page's reads of the topic (its
+        # SearchOffset and Pull calls below, and on a delay topic its timer topic's).
+        self.require(needs_of("Pull", {"topic": topic}))
         try:
             found, what, note = await self.find(topic, query)
         except RocketError as error:
