@@ -318,7 +318,7 @@ def storage_page(node: Node, classes: list[dict] | None, classes_notice: str, st
             lag = ", ".join(f'node {entry["node"]}: {entry["entries"]:,}' for entry in group.get("lagging", []))
             controlled = group.get("mode") == "controller"
             rows.append([group["id"], group.get("storage_class", ""), group.get("mode", ""),
-                         Safe(f'<span class="bad">none</span>') if not group.get("leader") else group["leader"],
+                         Safe('<span class="bad">none</span>') if not group.get("leader") else group["leader"],
                          ", ".join(map(str, group["voters"])), ", ".join(map(str, group.get("learners", []))),
                          lag or "none", ", ".join(map(str, group.get("sync_state_set", []))) if controlled else "",
                          f'{group.get("master_epoch", 0)}/{group.get("sync_state_set_epoch", 0)}' if controlled else ""])
