@@ -232,6 +232,13 @@ def test_the_official_grpc_client_works_with_credentials_and_fails_without(secur
     assert wrong["sent"] is not True and not isinstance(wrong["got"], list), wrong
     bob = compat.run_client(secured, "orders-a", script, f"bob:{BOB.secret}", "billing")
     assert bob["sent"] is not True and "PERMISSION_DENIED" in bob["sent"] + str(bob["got"]), bob
+    for header in ("Bearer abc", "MQv2-HMAC-SHA1 Credential=alice", "MQv2-HMAC-SHA1 Credential=alice, "
+                   "SignedHeaders=x-mq-date-time, Signature=not-hex"):  # malformed, and unsigned, over raw gRPC
+        answer = compat.grpc_exchange(secured.http2_port, compat.SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00",
+                                      [("authorization", header)])
+        assert answer["grpc-status"] == "16" and "authorization" in answer["grpc-message"], (header, answer)
+    unsigned = compat.grpc_exchange(secured.http2_port, compat.SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00", [])
+    assert unsigned["grpc-status"] == "16", unsigned
 
 
 def remoting(client: RemotingClient, credentials: Credentials | None, code: int, ext: dict, body: bytes = b""):

@@ -533,19 +533,16 @@ def test_malformed_frames_and_unknown_methods_get_grpc_statuses(rocket_server):
     assert answer["grpc-status"] == "0" and answer["content-type"] == "application/grpc"
 
 
-def test_namespaces_are_refused_and_authorization_headers_are_read(rocket_server):
-    """A namespace is refused by name (rocket has no tenants yet), an empty one is fine; a malformed HMAC
-    authorization header is UNAUTHENTICATED, a well-formed one passes (no ACLs yet), as does none."""
+def test_namespaces_are_refused_and_authorization_headers_are_ignored_with_auth_off(rocket_server):
+    """A namespace is refused by name (rocket has no tenants yet), an empty one is fine; with auth off (dev mode) the
+    authorization header is not looked at, whatever its form (test_auth.py checks it with auth on)."""
     port = rocket_server.http2_port
     refused = grpc_exchange(port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00", [("x-mq-namespace", "tenant-a")])
     assert refused["grpc-status"] == "12" and "namespace" in refused["grpc-message"]
     assert grpc_exchange(port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00", [("x-mq-namespace", "")])["grpc-status"] == "0"
-    for malformed in ("Bearer abc", "MQv2-HMAC-SHA1 Credential=ak", "MQv2-HMAC-SHA1 Credential=ak, "
-                      "SignedHeaders=x-mq-date-time, Signature=not-hex"):
-        answer = grpc_exchange(port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00", [("authorization", malformed)])
-        assert answer["grpc-status"] == "16" and "authorization" in answer["grpc-message"], malformed
-    signed = "MQv2-HMAC-SHA1 Credential=ak, SignedHeaders=x-mq-date-time, Signature=0a1B2c"
-    assert grpc_exchange(port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00", [("authorization", signed)])["grpc-status"] == "0"
+    for header in ("Bearer abc", "MQv2-HMAC-SHA1 Credential=ak, SignedHeaders=x-mq-date-time, Signature=0a1B2c"):
+        answer = grpc_exchange(port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00", [("authorization", header)])
+        assert answer["grpc-status"] == "0", header
 
 
 def test_a_client_with_credentials_sends_and_receives(rocket_server):
