@@ -28,6 +28,7 @@ import trio
 
 from rocket import limits
 from rocket.access import Access, cluster_key
+from rocket.quotas import Quotas
 from rocket.clock import Clock
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError, collapse_single_error
@@ -251,17 +252,26 @@ def _access(config: NodeConfig, dispatcher: Dispatcher, clock: Clock) -> Access 
     return dispatcher.access
 
 
-async def _follow_acl(access: Access, peers: Peers, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Keep the node's users and policies those of the metadata (a change applies within limits.acl_refresh_s);
-    started once the first ones with a user arrived (the first user is made at a cluster's first start)."""
-    started = False
+async def _follow_acl(access: Access | None, quotas: Quotas | None, peers: Peers, *,
+                      task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Keep the node's users, policies (with auth on) and client quotas (on brokers) those of the metadata (a change
+    applies within limits.acl_refresh_s); with auth on, started once the first ones with a user arrived (the first
+    user is made at a cluster's first start)."""
+    started = access is None
+    if started:
+        task_status.started()
+    version = -1
     while True:
         try:
-            state = await peers.nameserver("MetaAclState", {"version": access.version})
+            state = await peers.nameserver("MetaAclState", {"version": version})
             if state["changed"]:
-                access.update(state)
+                if access is not None:
+                    access.update(state)
+                if quotas is not None:
+                    quotas.update(state["quotas"])
+                version = state["version"]
         except RocketError as error:
-            log.warning("auth: reading users and policies from the nameservers: %s", error)
+            log.warning("reading users, policies and quotas from the nameservers: %s", error)
         if not started and access.users:
             task_status.started()
             started = True
@@ -379,8 +389,11 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             await nursery.start(pool.run)
             await nursery.start(links.run)
             await roles.start(nursery)
-            if access is not None:
-                await nursery.start(_follow_acl, access, roles.peers)
+            quotas = None
+            if "broker" in config.roles:  # client quotas: enforced by the dispatcher, on brokers (rocket/quotas.py)
+                dispatcher.quotas = quotas = Quotas(clock.now_s)
+            if access is not None or quotas is not None:
+                await nursery.start(_follow_acl, access, quotas, roles.peers)
             telemetry = node_telemetry(config, roles, lifecycle, dispatcher)
             metrics.telemetry = telemetry
             if config.telemetry_interval_s:
