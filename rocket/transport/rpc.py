@@ -290,9 +290,9 @@ class Dispatcher:
         spec, handler = self._resolve(name, caller)
         if spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is a streaming method")
-        charged = self._charged(caller)
+        charged = self.charged(caller)
         if charged:
-            await self._held(caller)
+            await self.held(caller)
         request = serde.decode(spec.request_type, body)
         self._authorize(name, caller, request)
         if handler is None:
@@ -325,22 +325,24 @@ class Dispatcher:
                 encoded = serde.encode(spec.response_type, {**response, "throttle_ms": math.ceil(throttle_s * 1000)})
         return encoded, attachments
 
-    def _charged(self, caller: Caller | None) -> bool:
+    def charged(self, caller: Caller | None) -> bool:
         """Whether a call counts against the quotas: one from the wire, not a node's, while any quota is set."""
         return self.quotas is not None and caller is not None and not caller.peer and bool(self.quotas.entities)
 
     @staticmethod
-    async def _held(caller: Caller) -> None:
+    async def held(caller: Caller) -> None:
         """Wait while the caller's connection is throttled (Kafka mutes the channel): a client that ignores its
         throttle time is held all the same."""
         wait = caller.muted_until - trio.current_time()
         if wait > 0:
             await trio.sleep(wait)
 
-    def charge(self, caller: Caller, topic: str, produced: int = 0, consumed: int = 0, requests: int = 1) -> float:
-        """Charge a call served to its user's (with auth on) and its topic's quotas; returns its throttle in
-        seconds, and mutes the caller's connection for that long."""
-        user = caller.user if self.access is not None else None
+    def charge(self, caller: Caller, topic: str, produced: int = 0, consumed: int = 0, requests: int = 1,
+               user: str | None = None) -> float:
+        """Charge a call served to its user's (with auth on: user, else the connection's) and its topic's quotas;
+        returns its throttle in seconds, and mutes the caller's connection for that long. The gateways, whose
+        protocols sign each request, call it with the request's user."""
+        user = (user or caller.user) if self.access is not None else None
         throttle_s = self.quotas.charge(user, topic, produced, consumed, requests)
         if throttle_s:
             caller.muted_until = max(caller.muted_until, trio.current_time() + throttle_s)
@@ -354,9 +356,9 @@ class Dispatcher:
             raise RocketError(Code.BAD_REQUEST, f"{name} is not a streaming method")
         request = serde.decode(spec.request_type, body)
         self._authorize(name, caller, request)
-        charged = self._charged(caller)
+        charged = self.charged(caller)
         if charged:
-            await self._held(caller)
+            await self.held(caller)
             self.charge(caller, request.get("topic") or "")
         started = trio.current_time()
         try:
