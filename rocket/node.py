@@ -270,8 +270,9 @@ async def _follow_acl(access: Access | None, quotas: Quotas | None, peers: Peers
                 if quotas is not None:
                     quotas.update(state["quotas"])
                 version = state["version"]
-        except RocketError as error:
-            log.warning("reading users, policies and quotas from the nameservers: %s", error)
+        except RocketError as error:  # without auth, only quotas wait on it: no warnings while a cluster starts
+            (log.warning if access is not None else log.debug)(
+                "reading users, policies and quotas from the nameservers: %s", error)
         if not started and access.users:
             task_status.started()
             started = True

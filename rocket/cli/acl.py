@@ -1,4 +1,5 @@
-"""Users and policies: who may do what (`rocket run --auth` enforces them); client quotas: how fast (brokers throttle)."""
+"""Users and policies: who may do what (`rocket run --auth` enforces them); client quotas: how fast, per broker
+(brokers throttle a client over its quota)."""
 
 from __future__ import annotations
 
