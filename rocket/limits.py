@@ -200,6 +200,11 @@ acl_first_wait_s_max = 15.0  # a starting node waits this long for its first use
 auth_failures_per_minute_max = 30  # refused sign-ins from one source in a minute before it is refused unheard
 auth_failures_logged_per_minute = 5  # refusals logged per source and minute; the rest are counted in one line
 auth_failure_sources_max = 10_000  # sources whose refusals are counted; the oldest is forgotten first
+quotas_max = 10_000  # client quotas in the metadata (user:, user:*, topic: entities): every broker holds them all
+quota_buckets_max = 100_000  # token buckets a broker keeps (per user or topic and rate); the least recently used goes
+quota_burst_s = 1.0  # a bucket holds this many seconds of its rate: a quiet client may burst that much
+quota_throttle_s_max = 30.0  # one answer's throttle time at most (Kafka caps it at its quota window): debt beyond waits
+quota_idle_s = 60.0  # a bucket unused this long is full again, as a new one would be: it is dropped
 tcp_sniff_bytes = 6  # a connection's first bytes that tell rocket's frames from remoting's (gateway/remoting/codec.py)
 tcp_sniff_s_max = 60.0  # a connection that sends fewer bytes than that for this long is closed
 remoting_frame_bytes_max = 16 * MiB  # one remoting frame (RocketMQ's own limit): a batch send of 4 MiB messages fits
@@ -403,3 +408,5 @@ invariant(len(pop_retry_backoff_s) <= group_retry_backoff_steps_max, "rocket's d
 invariant(connect_timeout_s <= tls_handshake_s_max <= tcp_sniff_s_max,
           "a node's own handshake (within connect_timeout_s) ends before a listener drops it, and a TLS client gets no "
           "longer than a plain one to send its first bytes")
+invariant(quota_throttle_s_max + quota_burst_s <= quota_idle_s,
+          "a bucket idle for quota_idle_s has repaid its deepest debt and refilled: dropping it changes nothing")

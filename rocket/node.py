@@ -28,6 +28,7 @@ import trio
 
 from rocket import limits
 from rocket.access import Access, cluster_key
+from rocket.quotas import Quotas
 from rocket.clock import Clock
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError, collapse_single_error
@@ -251,17 +252,24 @@ def _access(config: NodeConfig, dispatcher: Dispatcher, clock: Clock) -> Access 
     return dispatcher.access
 
 
-async def _follow_acl(access: Access, peers: Peers, loaded: trio.Event) -> None:
-    """Keep the node's users and policies those of the metadata (a change applies within limits.acl_refresh_s);
-    loaded is set once the first ones with a user arrived (the first user is made at a cluster's first start)."""
+async def _follow_acl(access: Access | None, quotas: Quotas | None, peers: Peers, loaded: trio.Event) -> None:
+    """Keep the node's users, policies (with auth on) and client quotas (on brokers) those of the metadata (a change
+    applies within limits.acl_refresh_s); loaded is set once they arrived, with auth on once with a user (the first
+    user is made at a cluster's first start)."""
+    version = -1
     while True:
         try:
-            state = await peers.nameserver("MetaAclState", {"version": access.version})
+            state = await peers.nameserver("MetaAclState", {"version": version})
             if state["changed"]:
-                access.update(state)
-        except RocketError as error:
-            log.warning("auth: reading users and policies from the nameservers: %s", error)
-        if access.users:
+                if access is not None:
+                    access.update(state)
+                if quotas is not None:
+                    quotas.update(state["quotas"])
+                version = state["version"]
+        except RocketError as error:  # without auth, only quotas wait on it: no warnings while a cluster starts
+            (log.warning if access is not None else log.debug)(
+                "reading users, policies and quotas from the nameservers: %s", error)
+        if access is None or access.users:
             loaded.set()
         await trio.sleep(limits.acl_refresh_s)
 
@@ -377,11 +385,15 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             await nursery.start(pool.run)
             await nursery.start(links.run)
             await roles.start(nursery)
-            if access is not None:  # ready once it knows users, or after a bound (no nameserver answers yet)
+            quotas = None
+            if "broker" in config.roles:  # client quotas: enforced by the dispatcher, on brokers (rocket/quotas.py)
+                dispatcher.quotas = quotas = Quotas(clock.now_s)
+            if access is not None or quotas is not None:
                 loaded = trio.Event()
-                nursery.start_soon(_follow_acl, access, roles.peers, loaded)
-                with trio.move_on_after(limits.acl_first_wait_s_max):
-                    await loaded.wait()
+                nursery.start_soon(_follow_acl, access, quotas, roles.peers, loaded)
+                if access is not None:  # ready once it knows users, or after a bound (no nameserver answers yet)
+                    with trio.move_on_after(limits.acl_first_wait_s_max):
+                        await loaded.wait()
             telemetry = node_telemetry(config, roles, lifecycle, dispatcher)
             metrics.telemetry = telemetry
             if config.telemetry_interval_s:

@@ -97,6 +97,19 @@ class Admin:
     async def policies(self, user: str = "") -> list[dict]:
         return (await self.channel.call("AclPolicies", {"user": user}))["policies"]
 
+    async def set_quota(self, entity: str, produce_bytes_per_s: int = 0, consume_bytes_per_s: int = 0,
+                        requests_per_s: float = 0.0) -> dict:
+        """Set an entity's client quota (user:NAME, user:*, topic:NAME; per broker; 0: unlimited)."""
+        return await self.channel.call("AclSetQuota", {
+            "entity": entity, "produce_bytes_per_s": produce_bytes_per_s, "consume_bytes_per_s": consume_bytes_per_s,
+            "requests_per_s": float(requests_per_s)})
+
+    async def delete_quota(self, entity: str) -> None:
+        await self.channel.call("AclSetQuota", {"entity": entity, "delete": True})
+
+    async def quotas(self, entity: str = "") -> list[dict]:
+        return (await self.channel.call("AclQuotas", {"entity": entity}))["quotas"]
+
     async def whoami(self) -> dict:
         """The user this connection signed in as ("" when none), and whether it is a super user."""
         return await self.channel.call("AclWhoAmI", {})

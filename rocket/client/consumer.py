@@ -19,6 +19,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter, matches_all
 from rocket.model import Message, check_group_name, read_charge
+from rocket.client.throttle import Throttle
 from rocket.serde import batch as batch_codec
 from rocket.transport.channel import Channel
 
@@ -69,6 +70,7 @@ class Consumer:
         self._heartbeat_at = 0.0
         # A pull sent while the previous response was decoded: (the positions it asked for, its response).
         self._ahead: tuple[dict[int, int], dict] | None = None
+        self.throttle = Throttle()  # client quotas: what the broker told to wait (client/throttle.py)
         # (queue, offset, BAD_BATCH) of a batch that cannot be read: poll raises it while the queue is there.
         self._malformed: tuple[int, int, RocketError] | None = None
 
@@ -184,8 +186,11 @@ class Consumer:
             "filter_type": self.filter_type,
             "filter": self.filter.expression,
         }
-        return await self.channel.call("Pull", request, timeout_s=limits.request_timeout_s_default + wait_ms / 1000,
-                                       sent=sent)
+        await self.throttle.wait()
+        response = await self.channel.call("Pull", request, timeout_s=limits.request_timeout_s_default + wait_ms / 1000,
+                                           sent=sent)
+        self.throttle.told(response)
+        return response
 
     async def _pull_ahead(self, positions: dict[int, int], sent: trio.Event) -> None:
         """Fetch what follows positions for the next poll (sent is set once the request is out, or it failed);

@@ -21,6 +21,7 @@ from rocket import limits
 from rocket.errors import RocketError, collapse_single_error
 from rocket.model import Message, queue_for_key
 from rocket.serde import batch as batch_codec
+from rocket.client.throttle import Throttle
 from rocket.transport.channel import Channel
 
 
@@ -31,6 +32,7 @@ class Receipt:
     count: int
     latency_s: float
     scheduled: bool = False  # the messages wait for their delivery time; queue.offset are their timer ids
+    throttle_ms: int = 0  # over a quota: the broker's throttle time, which the producer waits before its next batch
 
 
 @dataclasses.dataclass
@@ -61,6 +63,7 @@ class Producer:
         self._idle = trio.Event()
         self._tasks = 0
         self._idle.set()
+        self.throttle = Throttle()  # client quotas: what the broker told to wait (client/throttle.py)
 
     def _choose_queue(self, message: Message) -> int:
         if message.key:
@@ -123,10 +126,11 @@ class Producer:
             pending.done.set()
 
     async def _produce(self, encoded: bytes, queue: int) -> Receipt:
+        await self.throttle.wait()
         started = time.perf_counter()
         response = await self.channel.call("Produce", {"topic": self.topic, "queue": queue, "batch": encoded})
         return Receipt(response["queue"], response["base_offset"], response["count"], time.perf_counter() - started,
-                       response["scheduled"])
+                       response["scheduled"], self.throttle.told(response))
 
     async def send_many(self, messages: list[Message]) -> list[Receipt]:
         """Group messages into batches per queue and send them pipelined; returns one receipt per batch."""

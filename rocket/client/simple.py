@@ -14,6 +14,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter
 from rocket.model import Message, check_group_name
+from rocket.client.throttle import Throttle
 from rocket.serde.receive import parse_receipt, received
 from rocket.transport.channel import Channel
 
@@ -36,6 +37,7 @@ class SimpleConsumer:
         # broker applies them), and its retry backoff, when it sets one, backoff_s.
         self.group_max_attempts = 0
         self.group_backoff_s: tuple[float, ...] = ()
+        self.throttle = Throttle()  # client quotas: what the broker told to wait (client/throttle.py)
 
     async def receive(self, max_messages: int = limits.simple_receive_messages_default,
                       wait_s: float = limits.simple_receive_wait_s_default) -> list[Message]:
@@ -44,7 +46,9 @@ class SimpleConsumer:
         request = {"topic": self.topic, "group": self.group, "max_messages": max_messages,
                    "invisible_ms": self.invisible_ms, "wait_ms": int(wait_s * 1000), "max_attempts": self.max_attempts,
                    "filter_type": self.filter_type, "filter": self.filter.expression}
+        await self.throttle.wait()
         response = await self.channel.call("Receive", request, timeout_s=limits.request_timeout_s_default + wait_s)
+        self.throttle.told(response)
         self.fifo = response["fifo"]
         self.group_max_attempts = response.get("max_attempts", 0)
         self.group_backoff_s = tuple(response.get("retry_backoff_s", ()))

@@ -46,6 +46,7 @@ class GrpcCall:
         self.headers_sent = False
         self.deadline = math.inf  # trio time by which the client's grpc-timeout expires
         self.source = connection.caller.source  # the client's IP address
+        self.caller = connection.caller  # its connection's: what client quotas hold (rpc.py, Dispatcher.charge)
         self.user: str | None = None  # with auth on, the user the call's signature names (the gateway checks it)
 
     def _on_data(self, data: bytes) -> None:

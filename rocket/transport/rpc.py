@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import ModuleType
 
 import trio
 
-from rocket import __version__, access
+from rocket import __version__, access, quotas
 from rocket.errors import Code, RocketError
 from rocket.serde import SERDE_IDS
 from rocket.serde.schema import SCHEMA_VERSION
@@ -51,6 +52,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("AclGrant", "AclPolicy", "AclPolicy"),
         MethodSpec("AclRevoke", "AclPolicy", "Empty"),
         MethodSpec("AclPolicies", "AclUserRequest", "AclPoliciesResponse"),
+        MethodSpec("AclSetQuota", "AclQuota", "AclQuota"),
+        MethodSpec("AclQuotas", "AclQuotasRequest", "AclQuotasResponse"),
         MethodSpec("CreateTopic", "CreateTopicRequest", "TopicInfo"),
         MethodSpec("ListTopics", "Empty", "ListTopicsResponse"),
         MethodSpec("DescribeTopic", "TopicRequest", "DescribeTopicResponse"),
@@ -139,6 +142,12 @@ METHODS: dict[str, MethodSpec] = {
     ]
 }
 
+# Client quotas (rocket/quotas.py): the methods whose request bytes count as produced and whose answer's bytes as
+# consumed, and those whose answer says how long the client is throttled for (every call counts one request).
+PRODUCING = frozenset({"Produce"})
+CONSUMING = frozenset({"Pull", "Subscribe", "Receive"})
+TELLS_THROTTLE = frozenset({"Produce", "Pull", "Receive"})  # their responses have throttle_ms
+
 UnaryHandler = Callable[[dict], Awaitable[dict]]
 StreamHandler = Callable[[dict], AsyncIterator[dict]]
 
@@ -201,6 +210,7 @@ class Caller:
     source: str = ""  # the IP address it connects from
     peer: bool = False  # a node of the cluster (PeerHello accepted): may call everything
     user: str | None = None  # signed in (Authenticate accepted)
+    muted_until: float = 0.0  # over a quota: no call of this connection's is served before (trio's clock)
 
 
 class Dispatcher:
@@ -216,6 +226,8 @@ class Dispatcher:
         self.peer_auth = None  # with a cluster secret, what checks a PeerHello
         # With auth on: every call from the wire by a signed-in user whom the policies allow (rocket/access.py).
         self.access: access.Access | None = None
+        # On brokers: the client quotas, charged for every call from the wire that is not a node's (rocket/quotas.py).
+        self.quotas: quotas.Quotas | None = None
         self._handlers["Hello"] = self._hello
 
     @staticmethod
@@ -286,6 +298,9 @@ class Dispatcher:
         spec, handler = self._resolve(name, caller)
         if spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is a streaming method")
+        charged = self.charged(caller)
+        if charged:
+            await self.held(caller)
         request = serde.decode(spec.request_type, body)
         self._authorize(name, caller, request)
         if handler is None:
@@ -302,12 +317,44 @@ class Dispatcher:
         except Exception as error:
             failure = as_rocket_error(error, name)
             self._observe(name, started, failure.code.name)
+            if charged:
+                self.charge(caller, request.get("topic") or "")
             raise failure from None
         self._observe(name, started, None)
         attachments = None
         if detached:
             response, attachments = detach(spec, response)
-        return serde.encode(spec.response_type, response), attachments
+        encoded = serde.encode(spec.response_type, response)
+        if charged:  # Kafka's way: served first, then the debt decides the throttle of the answer and what follows
+            produced = len(body) + (len(attachment) if attachment is not None else 0) if name in PRODUCING else 0
+            consumed = len(encoded) + sum(map(len, attachments or ())) if name in CONSUMING else 0
+            throttle_s = self.charge(caller, request.get("topic") or "", produced, consumed)
+            if throttle_s and name in TELLS_THROTTLE:
+                encoded = serde.encode(spec.response_type, {**response, "throttle_ms": math.ceil(throttle_s * 1000)})
+        return encoded, attachments
+
+    def charged(self, caller: Caller | None) -> bool:
+        """Whether a call counts against the quotas: one from the wire, not a node's, while any quota is set."""
+        return self.quotas is not None and caller is not None and not caller.peer and bool(self.quotas.entities)
+
+    @staticmethod
+    async def held(caller: Caller) -> None:
+        """Wait while the caller's connection is throttled (Kafka mutes the channel): a client that ignores its
+        throttle time is held all the same."""
+        wait = caller.muted_until - trio.current_time()
+        if wait > 0:
+            await trio.sleep(wait)
+
+    def charge(self, caller: Caller, topic: str, produced: int = 0, consumed: int = 0, requests: int = 1,
+               user: str | None = None) -> float:
+        """Charge a call served to its user's (with auth on: user, else the connection's) and its topic's quotas;
+        returns its throttle in seconds, and mutes the caller's connection for that long. The gateways, whose
+        protocols sign each request, call it with the request's user."""
+        user = (user or caller.user) if self.access is not None else None
+        throttle_s = self.quotas.charge(user, topic, produced, consumed, requests)
+        if throttle_s:
+            caller.muted_until = max(caller.muted_until, trio.current_time() + throttle_s)
+        return throttle_s
 
     async def stream(self, name: str, serde: ModuleType, body: bytes | memoryview,
                      caller: Caller | None = None) -> AsyncIterator[bytes]:
@@ -317,10 +364,19 @@ class Dispatcher:
             raise RocketError(Code.BAD_REQUEST, f"{name} is not a streaming method")
         request = serde.decode(spec.request_type, body)
         self._authorize(name, caller, request)
+        charged = self.charged(caller)
+        if charged:
+            await self.held(caller)
+            self.charge(caller, request.get("topic") or "")
         started = trio.current_time()
         try:
             async for item in handler(request):
-                yield serde.encode(spec.response_type, item)
+                encoded = serde.encode(spec.response_type, item)
+                yield encoded
+                if charged and name in CONSUMING:  # a stream is held item by item
+                    throttle_s = self.charge(caller, request.get("topic") or "", consumed=len(encoded), requests=0)
+                    if throttle_s:
+                        await trio.sleep(throttle_s)
         except Exception as error:
             failure = as_rocket_error(error, name)
             self._observe(name, started, failure.code.name)

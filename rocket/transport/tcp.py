@@ -255,6 +255,9 @@ class _ServerConnection:
             return
         if frame.kind != Kind.REQUEST:
             raise FrameError(Code.BAD_FRAME, f"a client may not send {frame.kind.name} frames", frame.request_id)
+        muted_s = self.caller.muted_until - trio.current_time()
+        if muted_s > 0:  # over a quota (rpc.py): read nothing more of this connection until its throttle passed
+            await trio.sleep(muted_s)
         await self.in_flight.acquire()
         self.lifecycle.call_started()
         calls.start_soon(self._call, frame)

@@ -125,7 +125,7 @@ async def test_local_channel_answers_as_a_remote_server_does(channel):
     """A call goes through the serde both ways: defaults are filled in and bytes come back as views."""
     produced = await channel.call("Produce", {"topic": "orders", "queue": 2,
                                               "batch": batch_codec.encode([Message(b"a")], 1)})
-    assert produced == {"queue": 2, "base_offset": 0, "count": 1, "scheduled": False}
+    assert produced == {"queue": 2, "base_offset": 0, "count": 1, "scheduled": False, "throttle_ms": 0}
     pulled = await channel.call("Pull", {"topic": "orders", "queues": [{"queue": 2, "offset": 0}]})
     assert isinstance(pulled["batches"][0]["batch"], memoryview)
     assert batch_codec.decode(pulled["batches"][0]["batch"])[0].body == b"a"

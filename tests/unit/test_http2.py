@@ -112,7 +112,7 @@ async def test_unary_call_with_each_serde(server, serde):
     async with open_http2_channel("127.0.0.1", server.port, serde) as channel:
         assert await channel.call("Ping", {}) == {"version": "test-1", "roles": ["broker", "nameserver"]}
         produced = await channel.call("Produce", {"topic": "abc", "queue": 7, "batch": b"12345"})
-    assert produced == {"queue": 7, "base_offset": 5, "count": 3, "scheduled": False}
+    assert produced == {"queue": 7, "base_offset": 5, "count": 3, "scheduled": False, "throttle_ms": 0}
 
 
 @pytest.mark.parametrize("serde", SERDES)

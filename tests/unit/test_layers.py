@@ -12,7 +12,7 @@ CORES = ["serde/batch.py", "serde/piece.py", "disk/record.py", "transport/frames
          "gateway/rocketmq/signature.py", "raft/codec.py", "raft/types.py", "raft/controlled.py",
          "roles/nameserver/metadata.py", "ml/placement.py", "ml/forecast.py", "ml/load.py", "ml/health.py", "ml/trees.py", "filter/__init__.py", "filter/tags.py", "filter/sql.py",
          "store/commands.py", "store/records.py", "store/manifest.py", "store/machine.py", "store/values.py",
-         "store/pop.py"]
+         "store/pop.py", "quotas.py"]
 
 
 def imported_modules(path: Path) -> set[str]:

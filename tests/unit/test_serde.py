@@ -14,6 +14,7 @@ pull_responses = st.fixed_dictionaries({
         "queue": st.integers(0, 2**31 - 1), "base_offset": st.integers(0, 2**63 - 1), "batch": st.binary(max_size=100),
     }), max_size=5),
     "next_offsets": st.lists(st.fixed_dictionaries({"queue": st.integers(0, 1000), "offset": st.integers(0, 2**62)}), max_size=5),
+    "throttle_ms": st.integers(0, 2**31),
 })
 
 

@@ -19,7 +19,7 @@ from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.gateway.remoting import codec
 from rocket.gateway.remoting.admin import Administration
-from rocket.gateway.remoting.authorization import authorize
+from rocket.gateway.remoting.authorization import NEEDS, authorize
 from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, RemotingError, RequestCode, ResponseCode
 from rocket.gateway.remoting.consuming import Consuming
@@ -28,7 +28,7 @@ from rocket.gateway.remoting.naming import Naming
 from rocket.gateway.remoting.producing import Producing
 from rocket.gateway.remoting.signature import DENIED_CODE
 from rocket.transport.listen import cancel_on
-from rocket.transport.rpc import Dispatcher, Lifecycle
+from rocket.transport.rpc import Caller, Dispatcher, Lifecycle
 
 log = logging.getLogger("rocket.remoting")
 
@@ -52,6 +52,7 @@ class Connection:
         self.peer = _address(stream, "getpeername")
         self.local = _address(stream, "getsockname")
         self._send_lock = trio.Lock()
+        self.caller = Caller(source=self.peer.rsplit(":", 1)[0])  # what client quotas hold (Dispatcher.charge)
 
     async def send(self, command: Command) -> None:
         async with self._send_lock:
@@ -190,9 +191,21 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
             return command.reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                  f"REQUEST_CODE_NOT_SUPPORTED: request code {command.code} is not served by rocket")
         try:
+            user = None
             if self.dispatcher.access is not None:
-                authorize(self.dispatcher.access, command, connection.peer.rsplit(":", 1)[0])
-            return await handler(command, connection)
+                user = authorize(self.dispatcher.access, command, connection.peer.rsplit(":", 1)[0])
+            if not self.dispatcher.charged(connection.caller):
+                return await handler(command, connection)
+            # client quotas: held while throttled (remoting's answers have no throttle time to tell), then charged
+            await self.dispatcher.held(connection.caller)
+            reply = await handler(command, connection)
+            needs = NEEDS.get(command.code)
+            topic = command.ext.get(needs[1][0], "") if needs is not None else ""
+            producing = needs is not None and needs[0] == "pub"
+            consuming = reply is not None and command.code == RequestCode.PULL_MESSAGE
+            self.dispatcher.charge(connection.caller, topic, user=user, produced=len(command.body) if producing else 0,
+                                   consumed=len(reply.body) if consuming else 0)
+            return reply
         except RocketError as error:
             return command.reply(RESPONSE_OF_CODE.get(error.code, ResponseCode.SYSTEM_ERROR),
                                  f"{error.code.name}: {error.message}")

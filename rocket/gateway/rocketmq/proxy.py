@@ -9,6 +9,8 @@ import logging
 import types
 from collections.abc import Awaitable, Callable
 
+import trio
+
 from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import Code, RocketError
@@ -110,18 +112,36 @@ class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
 
     def _unary(self, name: str, request_type, method) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
-            request = self._parse(request_type, await call.receive_one())
+            data = await call.receive_one()
+            request = self._parse(request_type, data)
             self._authorize(name, request, call)
+            charged = self.dispatcher.charged(call.caller)
+            if charged:  # client quotas: held while throttled (RocketMQ's answers have no throttle time to tell)
+                await self.dispatcher.held(call.caller)
             response = await method(request, call)
-            await call.send(response.SerializeToString())
+            encoded = response.SerializeToString()
+            if charged:
+                self.dispatcher.charge(call.caller, _topic_of(name, request),
+                                       produced=len(data) if name == "SendMessage" else 0, user=call.user)
+            await call.send(encoded)
         return self._checked(handle)
 
     def _server_stream(self, name: str, request_type, method) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
             request = self._parse(request_type, await call.receive_one())
             self._authorize(name, request, call)
+            charged = self.dispatcher.charged(call.caller)
+            if charged:
+                await self.dispatcher.held(call.caller)
+                self.dispatcher.charge(call.caller, _topic_of(name, request), user=call.user)
             async for response in method(request, call):
-                await call.send(response.SerializeToString())
+                encoded = response.SerializeToString()
+                await call.send(encoded)
+                if charged:  # ReceiveMessage, PullMessage: consumed bytes, held message by message
+                    throttle_s = self.dispatcher.charge(call.caller, _topic_of(name, request), consumed=len(encoded),
+                                                        requests=0, user=call.user)
+                    if throttle_s:
+                        await trio.sleep(throttle_s)
         return self._checked(handle)
 
     def _status(self, code: int = OK, message: str = "OK"):
@@ -202,3 +222,9 @@ class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
     # ---- receiving ---------------------------------------------------------------------------------------
 
 
+def _topic_of(name: str, request) -> str:
+    """The topic a call's quota is charged to (its first, if it names several), or ""."""
+    for _, resource in grpc_needs(name, request):
+        if resource.startswith("topic:"):
+            return resource[len("topic:"):]
+    return ""

@@ -28,9 +28,9 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.broker")
 
 
-# What the nameservers answer, which a broker forwards: cluster status and operations, users and policies.
+# What the nameservers answer, which a broker forwards: cluster status and operations, users, policies and quotas.
 FORWARDED = ("ClusterStatus", "DrainNode", "PlacementExplain", "NodeHealth", "PinNodeHealth", "AclCreateUser",
-             "AclDeleteUser", "AclUsers", "AclGrant", "AclRevoke", "AclPolicies")
+             "AclDeleteUser", "AclUsers", "AclGrant", "AclRevoke", "AclPolicies", "AclSetQuota", "AclQuotas")
 
 
 class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyValues, Background):

@@ -1,4 +1,4 @@
-"""Users and policies in the metadata (rocket/access.py has the model): the calls that create, list and delete them,
+"""Users, policies and client quotas in the metadata (rocket/access.py has the model): the calls that create, list and delete them,
 the state nodes fetch to enforce them, and the first user of a cluster with auth on. A mixin of Nameserver.
 
 A user's secret is sealed under the cluster key before it is proposed, so the Raft log, its snapshots and every
@@ -12,7 +12,7 @@ import sys
 
 import trio
 
-from rocket import access, limits
+from rocket import access, limits, quotas
 from rocket.errors import Code, RocketError
 
 log = logging.getLogger("rocket.nameserver")
@@ -94,6 +94,31 @@ class AclAdmin:
         policies = sorted(self.metadata.policies.items())
         return {"policies": [policy for key, policy in policies if request["user"] in ("", key[0])]}
 
+    async def acl_set_quota(self, request: dict) -> dict:
+        """Set an entity's quota, or drop it (delete)."""
+        if request.get("delete"):
+            return await self._on_leader("AclSetQuota", {"entity": quotas.check_entity(request["entity"]),
+                                                         "delete": True}, self._delete_quota_here)
+        return await self._on_leader("AclSetQuota", quotas.check_quota(request), self._set_quota_here)
+
+    async def _set_quota_here(self, quota: dict) -> dict:
+        quota = {key: quota[key] for key in ("entity", *quotas.RATES)}
+        await self._propose({"op": "set_quota", "quota": quota})
+        log.info("quota: %s", quota)
+        return quota
+
+    async def _delete_quota_here(self, request: dict) -> dict:
+        await self._propose({"op": "delete_quota", "entity": request["entity"]})
+        log.info("quota on %s dropped", request["entity"])
+        return {"entity": request["entity"], "delete": True}
+
+    async def acl_quotas(self, request: dict) -> dict:
+        return await self._read("AclQuotas", request, self._quotas_here)
+
+    async def _quotas_here(self, request: dict) -> dict:
+        found = self.metadata.quotas
+        return {"quotas": [found[entity] for entity in sorted(found) if request["entity"] in ("", entity)]}
+
     async def acl_state(self, request: dict) -> dict:
         """For nodes to enforce: nothing when the version asked is current."""
         return await self._read("MetaAclState", request, self._acl_state_here)
@@ -101,10 +126,10 @@ class AclAdmin:
     async def _acl_state_here(self, request: dict) -> dict:
         metadata = self.metadata
         if request["version"] == metadata.acl_version:
-            return {"version": metadata.acl_version, "changed": False, "users": [], "policies": []}
+            return {"version": metadata.acl_version, "changed": False, "users": [], "policies": [], "quotas": []}
         return {"version": metadata.acl_version, "changed": True,
                 "users": [{"user": name, **user} for name, user in metadata.users.items()],
-                "policies": list(metadata.policies.values())}
+                "policies": list(metadata.policies.values()), "quotas": list(metadata.quotas.values())}
 
     async def _bootstrap_admin_forever(self) -> None:
         """With auth on, the leader makes the first user, `admin` (super), once: with the configured secret, or a

@@ -162,6 +162,8 @@ class Metadata:
         # Users (secrets sealed under the cluster key: rocket/access.py) and policies, and their own version.
         self.users: dict[str, dict] = {}  # name -> {"sealed", "super", "created_ms"}
         self.policies: dict[tuple[str, str, str], dict] = {}  # (user, resource, effect) -> AclPolicy
+        # Client quotas (rocket/quotas.py): entity (user:NAME, user:*, topic:NAME) -> AclQuota; under acl_version too.
+        self.quotas: dict[str, dict] = {}
         self.acl_version = 0
         self.version = 0
 
@@ -260,7 +262,7 @@ class Metadata:
             result = self._create_consumer_group(command)
         elif operation == "update_consumer_group":
             result = self._update_consumer_group(command)
-        elif operation in ("create_user", "delete_user", "grant", "revoke"):
+        elif operation in ("create_user", "delete_user", "grant", "revoke", "set_quota", "delete_quota"):
             result = self._acl(command)
         else:
             invariant(False, f"unknown metadata command {operation!r}")
@@ -292,6 +294,14 @@ class Metadata:
             if key not in self.policies and len(self.policies) >= limits.policies_max:
                 raise RocketError(Code.OVERLOADED, f"the cluster holds the maximum of {limits.policies_max} policies")
             self.policies[key] = policy
+        elif operation == "set_quota":
+            quota = command["quota"]
+            if quota["entity"] not in self.quotas and len(self.quotas) >= limits.quotas_max:
+                raise RocketError(Code.OVERLOADED, f"the cluster holds the maximum of {limits.quotas_max} quotas")
+            self.quotas[quota["entity"]] = quota
+        elif operation == "delete_quota":
+            if self.quotas.pop(command["entity"], None) is None:
+                raise RocketError(Code.NOT_FOUND, f"no quota on {command['entity']}")
         else:  # revoke: the user's policies on the resource, of the effect if one is named
             removed = [key for key in self.policies if key[:2] == (command["user"], command["resource"])
                        and command["effect"] in ("", key[2])]
@@ -425,6 +435,7 @@ class Metadata:
             "users": self.users,
             "policies": list(self.policies.values()),
             "acl_version": self.acl_version,
+            "quotas": list(self.quotas.values()),
         })]
 
     def restore(self, chunks: Iterable[bytes]) -> None:
@@ -451,6 +462,7 @@ class Metadata:
         self.users = state.get("users", {})  # snapshots before users had none
         self.policies = {(policy["user"], policy["resource"], policy["effect"]): policy
                          for policy in state.get("policies", ())}
+        self.quotas = {quota["entity"]: quota for quota in state.get("quotas", ())}  # snapshots before quotas had none
         self.acl_version = state.get("acl_version", 0)
         self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"],
                                            node.get("health_pin", "auto"),  # snapshots before pins had none

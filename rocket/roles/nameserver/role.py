@@ -89,7 +89,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
         """The user and policy calls; a broker without a nameserver forwards them here."""
         return {"AclCreateUser": self.acl_create_user, "AclDeleteUser": self.acl_delete_user,
                 "AclUsers": self.acl_users, "AclGrant": self.acl_grant, "AclRevoke": self.acl_revoke,
-                "AclPolicies": self.acl_policies}
+                "AclPolicies": self.acl_policies, "AclSetQuota": self.acl_set_quota, "AclQuotas": self.acl_quotas}
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """On the leader, every heartbeat interval: create storage groups as storage nodes join, plan replica
