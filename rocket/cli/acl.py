@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import re
-import sys
 from datetime import datetime, timezone
 from typing import Annotated, Optional
 
-import orjson
 import typer
 from rich.table import Table
 
-from rocket.cli.common import Serde, Server, Transport, out, runs_client, size, usage_error
+from rocket.cli.common import Serde, Server, Transport, out, print_json, runs_client, size, usage_error
 from rocket.client import Admin, connect
 
 app = typer.Typer(no_args_is_help=True, help="Users and policies: who may publish, subscribe, administer.")
@@ -51,7 +49,7 @@ async def user_list(server: Server = None, transport: Transport = "tcp", serde: 
     async with connect(server, transport, serde) as channel:
         users = await Admin(channel).users()
     if as_json:
-        sys.stdout.write(orjson.dumps({"users": users}).decode() + "\n")
+        print_json({"users": users})
         return
     table = Table("user", "super", "created", title="users")
     for user in users:
@@ -108,7 +106,7 @@ async def policy_list(user: Annotated[str, typer.Option("--user-name", help="Onl
     async with connect(server, transport, serde) as channel:
         policies = await Admin(channel).policies(user)
     if as_json:
-        sys.stdout.write(orjson.dumps({"policies": policies}).decode() + "\n")
+        print_json({"policies": policies})
         return
     out.print(_policies_table(policies) if policies else "no policies")
 
@@ -176,7 +174,7 @@ async def quota_list(server: Server = None, transport: Transport = "tcp", serde:
     async with connect(server, transport, serde) as channel:
         quotas = await Admin(channel).quotas()
     if as_json:
-        sys.stdout.write(orjson.dumps({"quotas": quotas}).decode() + "\n")
+        print_json({"quotas": quotas})
         return
     out.print(_quotas_table(quotas) if quotas else "no quotas")
 

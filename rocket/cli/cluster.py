@@ -3,16 +3,15 @@ classes."""
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Annotated
 
-import orjson
 import typer
 from rich.table import Table
 
 from rocket import limits
-from rocket.cli.common import Serde, Server, Transport, out, plural, progress_bar, runs_client, usage_error
+from rocket.cli.common import (Serde, Server, Transport, out, plural, print_json, progress_bar, runs_client,
+                               usage_error)
 from rocket.client import Admin, connect
 
 app = typer.Typer(no_args_is_help=True, help="Inspect the cluster: nodes, groups, leaders, load.")
@@ -30,7 +29,7 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
     async with connect(server, transport, serde) as channel:
         status = await Admin(channel).cluster_status()
     if as_json:
-        sys.stdout.write(orjson.dumps(status).decode() + "\n")
+        print_json(status)
         return
     out.print(f"nameservers {status['nameservers']}, leader [bold]{status['nameserver_leader'] or 'none'}[/bold]; "
               f"metadata version {status['version']}; {plural(status['topics'], 'topic')}; "
@@ -69,7 +68,7 @@ async def cluster_placement(explain: Annotated[str, typer.Option("--explain", he
     async with connect(server, transport, serde) as channel:
         placed = await Admin(channel).placement_explain(explain)
     if as_json:
-        sys.stdout.write(orjson.dumps(placed).decode() + "\n")
+        print_json(placed)
         return
     out.print(f"topic [bold]{placed['topic']}[/bold]: placed by {placed['predictor'] or '-'}; "
               f"now {placed['model']}")
@@ -106,7 +105,7 @@ async def cluster_health(state: Annotated[str | None, typer.Argument(help="With 
             return
         health = await admin.node_health(node)
     if as_json:
-        sys.stdout.write(orjson.dumps(health).decode() + "\n")
+        print_json(health)
         return
     out.print(f"scorer [bold]{health['scorer']}[/bold] ({health['model']}); windows of {health['window_s']:g} s, "
               f"{health['windows_judged']} judged; degraded after {health['degrade_windows']} unhealthy windows, "
@@ -186,7 +185,7 @@ async def storage_class_list(server: Server = None, transport: Transport = "tcp"
     async with connect(server, transport, serde) as channel:
         classes = await Admin(channel).storage_classes()
     if as_json:
-        sys.stdout.write(orjson.dumps({"classes": classes}).decode() + "\n")
+        print_json({"classes": classes})
         return
     table = Table("name", "mode", "replicas", "acknowledged by", "groups", title="storage classes")
     for storage_class in classes:
@@ -204,7 +203,7 @@ async def storage_class_describe(name: Annotated[str, typer.Argument(help="The s
     async with connect(server, transport, serde) as channel:
         [storage_class] = await Admin(channel).storage_classes(name)
     if as_json:
-        sys.stdout.write(orjson.dumps(storage_class).decode() + "\n")
+        print_json(storage_class)
         return
     controller = storage_class["mode"] == "controller"
     line = (f"storage class [bold]{storage_class['name']}[/bold]: {storage_class['mode']} mode, "

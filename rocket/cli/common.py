@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import inspect
 from pathlib import Path
 from typing import Annotated, Optional
@@ -67,6 +68,11 @@ def parse_position(text: str, option: str, times_only: bool = False) -> str | in
     if position is None or (times_only and isinstance(position, str)):
         usage_error(f"{option} {text!r}: expected {expected} (UTC unless it names a zone)")
     return position
+
+
+def print_json(value) -> None:
+    """A command's --json answer: one line of JSON on stdout."""
+    sys.stdout.write(orjson.dumps(value).decode() + "\n")
 
 
 def plural(count: int, noun: str, nouns: str | None = None) -> str:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Optional
 
-import orjson
 import typer
 from rich.table import Table
 
-from rocket.cli.common import (Serde, Server, Transport, err, format_message, out, parse_position, plural, runs_client,
-                               usage_error)
+from rocket.cli.common import (Serde, Server, Transport, err, format_message, out, parse_position, plural, print_json,
+                               runs_client, usage_error)
 from rocket import limits
 from rocket.client import Admin, connect
 from rocket.errors import RocketError
@@ -116,7 +115,7 @@ async def group_list(server: Server = None, transport: Transport = "tcp", serde:
     async with connect(server, transport, serde) as channel:
         groups = await Admin(channel).consumer_groups()
     if as_json:
-        sys.stdout.write(orjson.dumps({"groups": groups}).decode() + "\n")
+        print_json({"groups": groups})
         return
     out.print(_settings_table(groups) if groups else "no consumer group has settings")
 
@@ -129,7 +128,7 @@ async def group_settings(group: GroupName, server: Server = None, transport: Tra
     async with connect(server, transport, serde) as channel:
         [settings] = await Admin(channel).consumer_groups(group)
     if as_json:
-        sys.stdout.write(orjson.dumps(settings).decode() + "\n")
+        print_json(settings)
         return
     out.print(_settings_table([settings]))
 
