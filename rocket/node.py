@@ -370,8 +370,9 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             if config.http_listen is not None:
                 console = Console(dispatcher, clock, config.node_id, tuple(config.roles), access=access)  # read-only
                 await nursery.start(console.run)
-                http_port = await _listen(partial(nursery.start, serve_http1, lifecycle, config.http_listen.host,
-                                                  config.http_listen.port, {**console.routes(), **metrics.routes()}),
+                http_port = await _listen(partial(nursery.start, partial(serve_http1, tls=lambda: tls.http1), lifecycle,
+                                                  config.http_listen.host, config.http_listen.port,
+                                                  {**console.routes(), **metrics.routes()}),
                                           "HTTP/1.1, --http-listen", config.http_listen)
             addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
             # In permissive mode (a cluster moving to TLS) a node falls back to plain to a node without TLS yet.

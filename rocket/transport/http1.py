@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable
 
@@ -20,6 +21,7 @@ import trio
 from rocket import limits
 from rocket.transport.listen import serve_connections, source_of
 from rocket.transport.rpc import Lifecycle
+from rocket.transport.tls import handshake
 
 log = logging.getLogger("rocket.http1")
 
@@ -35,12 +37,24 @@ class Asked:
 
 
 async def serve_http1(lifecycle: Lifecycle, host: str, port: int, routes: dict[str, Route], *,
+                      tls: Callable[[], ssl.SSLContext | None] | None = None,
                       task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve HTTP/1.1 until the lifecycle drains; reports the bound port through task_status."""
+    """Serve HTTP/1.1 until the lifecycle drains; reports the bound port through task_status. tls: the context for
+    each new connection (HTTPS), or None (one reloaded on SIGHUP: transport/tls.py)."""
 
     async def run_connection(stream: trio.SocketStream) -> None:
+        source = source_of(stream)
+        context = tls() if tls is not None else None
+        if context is not None:
+            stream = trio.SSLStream(stream, context, server_side=True, https_compatible=True)
+            try:
+                await handshake(stream)
+            except (trio.BrokenResourceError, trio.TooSlowError) as error:
+                log.info("HTTPS handshake with %s failed: %s", source, error.__cause__ or error)
+                await trio.aclose_forcefully(stream)
+                return
         try:
-            await _serve(stream, routes, source_of(stream))
+            await _serve(stream, routes, source)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except Exception:  # one peer's bytes must not take the listener with them

@@ -67,13 +67,14 @@ def as_client_context(tls: ssl.SSLContext | str | Path | bool | None) -> ssl.SSL
 
 
 class NodeTls:
-    """A node's contexts, from its config: tcp (the TCP listener's), http2 (the HTTP/2 listener's, ALPN h2), peer
-    (its connections to other nodes). None where the config asks for no TLS."""
+    """A node's contexts, from its config: tcp (the TCP listener's), http2 (the HTTP/2 listener's, ALPN h2), http1
+    (the HTTP/1.1 listener's: /metrics, probes and the console over HTTPS), peer (its connections to other nodes).
+    None where the config asks for no TLS."""
 
     def __init__(self, config: NodeConfig):
         self.config = config
         self.mode = config.tls_mode
-        self.tcp, self.http2, self.peer = self._build()
+        self.tcp, self.http2, self.http1, self.peer = self._build()
 
     @property
     def verifies_peers(self) -> bool:
@@ -85,22 +86,23 @@ class NodeTls:
         """The TCP port serves connections without TLS too: no certificate, or permissive mode."""
         return self.tcp is None or self.mode == "permissive"
 
-    def _build(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None, ssl.SSLContext | None]:
+    def _build(self) -> tuple[ssl.SSLContext | None, ...]:
         config = self.config
-        tcp = peer = http2 = None
+        tcp = peer = http2 = http1 = None
         if config.tls_cert is not None:
             tcp = server_context(config.tls_cert, config.tls_key, config.tls_ca)
+            http1 = server_context(config.tls_cert, config.tls_key, alpn=["http/1.1"])
             peer = client_context(config.tls_ca, config.tls_cert, config.tls_key)
         if config.http2_tls_cert is not None:
             http2 = server_context(config.http2_tls_cert, config.http2_tls_key, alpn=["h2"])
         elif config.tls_cert is not None:
             http2 = server_context(config.tls_cert, config.tls_key, alpn=["h2"])
-        return tcp, http2, peer
+        return tcp, http2, http1, peer
 
     def reload(self) -> bool:
         """Re-read the certificate, key and CA files; False (logged, the old contexts kept) when one does not load."""
         try:
-            self.tcp, self.http2, self.peer = self._build()
+            self.tcp, self.http2, self.http1, self.peer = self._build()
         except (OSError, ssl.SSLError) as error:
             log.error("TLS reload failed, the certificates in use are kept: %s", error)
             return False

@@ -100,6 +100,13 @@ def test_enforcing_serves_tls_clients_and_refuses_plain_ones_clearly(server_proc
     with socket.create_connection(("127.0.0.1", server.http2_port), timeout=10) as raw:
         with context.wrap_socket(raw, server_hostname="127.0.0.1") as wrapped:
             assert wrapped.selected_alpn_protocol() == "h2"
+    # And HTTP/1.1 (/metrics, probes, the console) is HTTPS with it.
+    metrics = subprocess.run(["curl", "-s", "--cacert", str(ca_path), "--max-time", "10",
+                              f"https://127.0.0.1:{server.http_port}/metrics"], capture_output=True, text=True)
+    assert metrics.returncode == 0 and "rocket_rpc_seconds" in metrics.stdout, metrics
+    plain_http = subprocess.run(["curl", "-s", "--max-time", "10", f"http://127.0.0.1:{server.http_port}/healthz"],
+                                capture_output=True, text=True)
+    assert plain_http.returncode != 0 or "ok" not in plain_http.stdout, plain_http
     cli(server.server, "topic", "list", *tls)  # the listener still serves
 
 

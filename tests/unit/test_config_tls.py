@@ -64,7 +64,7 @@ def test_node_tls_builds_each_context_and_keeps_them_when_a_reload_fails(files):
         None, None, None, True, False)
     loaded = config.load(None, env(tls_cert=files["cert"], tls_key=files["key"], tls_ca=files["ca"]), {})
     tls = NodeTls(loaded)
-    assert tls.tcp is not None and tls.http2 is not None and tls.peer is not None
+    assert tls.tcp is not None and tls.http2 is not None and tls.http1 is not None and tls.peer is not None
     assert (tls.plain_accepted, tls.verifies_peers) == (False, True)
     assert tls.tcp.minimum_version.name == "TLSv1_2" and tls.peer.check_hostname
     contexts = (tls.tcp, tls.http2, tls.peer)
