@@ -1,6 +1,8 @@
 """The produce batch: a 40-byte header (count, flags, timestamps, tag summary, CRC) and its payload.
 
-Pure codec: no I/O. The server only calls check_header(); clients encode and decode messages.
+Pure codec: no I/O. The broker takes a batch into a queue after check_produced() (its header, CRC and records);
+storage checks headers; clients encode and decode messages. Decoding raises RocketError(BAD_BATCH) on any
+malformed batch, never another error: a batch stored before records were checked must not stop its readers.
 Payload is either per-message records or, with FLAG_DELIMITED, newline-terminated bodies. A version 3
 batch's records are one msgpack array of records, each a Message's leading fields in order, so that
 msgspec decodes a batch into Messages in C; versions 1 and 2 (fixed record heads) are still read.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import typing
 import zlib
 from array import array
 
@@ -41,7 +44,25 @@ class _Body(msgspec.Struct, array_like=True, gc=False):
     body: bytes
 
 
+def _record_struct(fields_max: int) -> type:
+    """A Message's leading fields, as a record holds them, with their types and defaults (so decoding into it
+    checks exactly what decoding into Messages checks), refusing a record with more fields than a writer writes."""
+    hints = typing.get_type_hints(Message, include_extras=True)
+    names = Message.__struct_fields__
+    defaults = dict(zip(names[len(names) - len(Message.__struct_defaults__):], Message.__struct_defaults__))
+    fields = [(name, hints[name], defaults[name]) if name in defaults else (name, hints[name])
+              for name in names[:fields_max]]
+    return msgspec.defstruct("Record", fields, array_like=True, gc=False, forbid_unknown_fields=True)
+
+
+_RECORD_FIELDS = Message.__struct_fields__.index("deliver_at_ms") + 1  # what encode() writes at most
+_Record = _record_struct(_RECORD_FIELDS)
+_field_readers = {name: msgspec.msgpack.Decoder(typing.get_type_hints(Message, include_extras=True)[name]).decode
+                  for name in Message.__struct_fields__}
 _read_records = msgspec.msgpack.Decoder(list[Message]).decode
+_read_produced = msgspec.msgpack.Decoder(list[_Record]).decode
+_read_raw = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
+_UNREADABLE = (msgspec.DecodeError, UnicodeDecodeError)  # msgspec raises the latter for a str that is not UTF-8
 _read_bodies = msgspec.msgpack.Decoder(list[_Body]).decode
 _write_records = msgspec.msgpack.Encoder().encode
 
@@ -204,15 +225,56 @@ def _deliver_at(text: str, index: int) -> int:
     return int(text)
 
 
-def _records(read, batch: bytes | memoryview, header: BatchHeader) -> list:
+def _records(read, batch: bytes | memoryview, header: BatchHeader, fields_max: int = len(Message.__struct_fields__)
+             ) -> list:
     """A version 3 batch's records, read in C by msgspec; as many as the header counts."""
+    payload = memoryview(batch)[HEADER_BYTES:]
     try:
-        records = read(memoryview(batch)[HEADER_BYTES:])
-    except msgspec.DecodeError as error:  # ValidationError is one too
-        raise _bad(f"malformed records: {error}") from None
+        records = read(payload)
+    except _UNREADABLE as error:  # ValidationError is a DecodeError too
+        raise _bad(f"malformed records: {_unreadable_record(payload, fields_max) or error}") from None
     if len(records) != header.count:
         raise _bad(f"batch holds {len(records)} records, header says {header.count}")
     return records
+
+
+def _unreadable_record(payload: memoryview, fields_max: int) -> str | None:
+    """Which record and field of a payload the decoder refused, and why; the slow path, taken only after a refusal
+    (None if the records are not even an array of values)."""
+    try:
+        records = _read_raw(payload)
+    except _UNREADABLE:
+        return None
+    names = Message.__struct_fields__
+    for index, record in enumerate(records):
+        try:
+            fields = _read_raw(record)
+        except _UNREADABLE:
+            return f"record {index} is not an array of fields"
+        if not fields or len(fields) > fields_max:
+            return f"record {index} has {len(fields)} fields, where a record has 1 to {fields_max}"
+        for name, field in zip(names, fields):
+            try:
+                _field_readers[name](field)
+            except _UNREADABLE as error:
+                return f"record {index} field {name}: {error}"
+    return None
+
+
+def check_produced(batch: bytes | memoryview) -> BatchHeader:
+    """check_header() and then every record as readers decode them, in C: what the broker checks before a batch
+    joins a queue, so that no reader meets a record it cannot decode (BAD_BATCH naming the record and field)."""
+    header = check_header(batch)
+    if header.flags & FLAG_DELIMITED:
+        data = batch if isinstance(batch, bytes) else bytes(batch)
+        lines = data.count(b"\n", HEADER_BYTES)
+        if lines != header.count or not data.endswith(b"\n"):
+            raise _bad(f"delimited batch holds {lines} lines ending in a newline, header says {header.count}")
+    elif header.version >= 3:
+        _records(_read_produced, batch, header, _RECORD_FIELDS)
+    else:  # an old writer's fixed record heads: decoded in Python, as readers do
+        _legacy_decode(batch, header, 0, -1)
+    return header
 
 
 def bodies(batch: bytes | memoryview) -> list[bytes]:
@@ -272,8 +334,9 @@ def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> 
 
 
 def readable(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> list[Message] | None:
-    """decode(), or None for a batch whose records cannot be read. The broker checks a batch's header and CRC,
-    not its records, so a producer can store such a batch: a reader that scans must step past it."""
+    """decode(), or None for a batch whose records cannot be read. The broker checks records before it stores
+    a batch (check_produced), but older versions checked only its header and CRC, so a queue may hold such a
+    batch: a reader that scans must step past it."""
     try:
         return decode(batch, base_offset, queue)
     except RocketError as error:

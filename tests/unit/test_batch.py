@@ -242,3 +242,112 @@ def test_readable_is_decode_or_none_for_a_batch_that_cannot_be_read():
     assert batch.readable(good, 10, 2) == batch.decode(good, 10, 2)
     assert batch.readable(seal(msgspec.msgpack.encode([["text body"]]), 1)) is None
     assert batch.readable(good[:-1] + bytes([good[-1] ^ 1])) is None  # a checksum that fails
+
+
+# ---- a poison batch (issue 35): a right CRC, and record fields that are not what a reader decodes ----------------
+
+def _str_of(raw: bytes) -> bytes:
+    """A msgpack str whose bytes are raw, UTF-8 or not (msgspec writes only valid ones)."""
+    return (bytes([0xA0 | len(raw)]) if len(raw) < 32 else b"\xd9" + bytes([len(raw)])) + raw
+
+
+def _array_of(items: list[bytes]) -> bytes:
+    return bytes([0x90 | len(items)]) + b"".join(items)
+
+
+def _map_of(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    return bytes([0x80 | len(pairs)]) + b"".join(name + value for name, value in pairs)
+
+
+raw_strs = st.binary(max_size=12).map(_str_of)  # mostly not UTF-8
+any_field = st.one_of(raw_strs, msgpack_values.map(msgspec.msgpack.encode),
+                      st.lists(st.tuples(raw_strs | st.text(max_size=4).map(msgspec.msgpack.encode), raw_strs),
+                               max_size=3).map(_map_of))
+
+
+@st.composite
+def poisoned_records(draw) -> tuple[bytes, int]:
+    """A valid batch's records with random fields put in their place: any msgpack, and str whose bytes are
+    anything (a key, a tag, a property name or value that is not UTF-8)."""
+    originals = draw(st.lists(messages, min_size=1, max_size=4))
+    records = []
+    for message in originals:
+        fields = [msgspec.msgpack.encode(value) for value in
+                  (message.body, message.key, message.tag, message.properties, message.timestamp_ms or 1)]
+        for _ in range(draw(st.integers(0, 3))):
+            position = draw(st.integers(0, len(fields)))
+            if position == len(fields) and len(fields) < 12:
+                fields.append(draw(any_field))
+            elif position < len(fields):
+                fields[position] = draw(any_field)
+        records.append(_array_of(fields))
+    return _array_of(records), len(originals)
+
+
+@settings(max_examples=1000)
+@given(poisoned_records())
+def test_random_record_fields_under_a_right_crc_are_read_or_refused_with_bad_batch(poisoned):
+    """Every decode a reader uses (decode, readable, bodies) and the broker's check (check_produced) reads
+    such a batch or refuses it with BAD_BATCH, never another exception; what the broker takes in, every
+    reader can read."""
+    payload, count = poisoned
+    encoded = seal(payload, count)
+    outcomes = {}
+    for read in (batch.check_produced, batch.decode, batch.bodies, batch.readable):
+        try:
+            outcomes[read.__name__] = read(encoded)
+        except RocketError as error:
+            assert error.code == Code.BAD_BATCH, error
+            outcomes[read.__name__] = None
+    if outcomes["check_produced"] is not None:
+        assert outcomes["decode"] is not None and outcomes["bodies"] is not None
+    assert outcomes["readable"] == outcomes["decode"]
+
+
+@pytest.mark.parametrize("record, where", [
+    ([b"a", b"\xff\xfe"], "record 1 field key: 'utf-8' codec can't decode"),
+    ([b"a", b"", b"\xc3("], "record 1 field tag: 'utf-8' codec can't decode"),
+    ([b"a", b"", b"", {b"\xff": b"v"}], "record 1 field properties: 'utf-8' codec can't decode"),
+    ([b"a", b"", b"", {b"n": b"\xed\xa0\x80"}], "record 1 field properties: 'utf-8' codec can't decode"),  # a surrogate
+])
+def test_a_str_that_is_not_utf8_is_bad_batch_naming_its_record_and_field(record, where):
+    """Keys, tags and properties that are not UTF-8 are BAD_BATCH for every reader, never UnicodeDecodeError."""
+    fields = [msgspec.msgpack.encode(record[0])]
+    fields += [_map_of([(_str_of(k), _str_of(v)) for k, v in f.items()]) if isinstance(f, dict) else _str_of(f)
+               for f in record[1:]]
+    fields.append(msgspec.msgpack.encode(5))
+    poisoned = seal(_array_of([msgspec.msgpack.encode([b"fine", "", "", {}, 5]), _array_of(fields)]), 2)
+    for read in (batch.check_produced, batch.decode):
+        with pytest.raises(RocketError) as caught:
+            read(poisoned)
+        assert caught.value.code == Code.BAD_BATCH and where in caught.value.message
+    assert batch.readable(poisoned) is None
+    assert batch.bodies(poisoned) == [b"fine", b"a"]  # a reader of bodies alone never decodes the rest
+
+
+@given(st.lists(messages, min_size=1, max_size=30))
+def test_what_encode_writes_passes_the_produce_check(originals):
+    """What clients write (every field of any message) passes the broker's check."""
+    assert batch.check_produced(batch.encode(originals, 1)).count == len(originals)
+
+
+def test_the_produce_check_refuses_what_no_writer_writes():
+    """Records longer than a writer writes (a receipt, an attempt), and delimited batches whose lines disagree
+    with the header, are refused at produce; legacy batches are checked as they are read."""
+    long = seal(msgspec.msgpack.encode([[b"a", "", "", {}, 5, -1, -1, 0, "1.2.3", 4]]), 1)
+    assert batch.decode(long)[0].receipt == "1.2.3"  # a reader takes it
+    with pytest.raises(RocketError) as caught:
+        batch.check_produced(long)
+    assert caught.value.code == Code.BAD_BATCH and "record 0 has 10 fields" in caught.value.message
+    lines = batch.encode_lines(b"a\nb\n", 1)
+    assert batch.check_produced(lines).count == 2
+    assert batch.check_produced(memoryview(lines)).count == 2
+    for payload, count in ((b"a\nb\n", 3), (b"a\nb", 2)):
+        with pytest.raises(RocketError) as caught:
+            batch.check_produced(seal(payload, count, flags=batch.FLAG_DELIMITED))
+        assert caught.value.code == Code.BAD_BATCH and "delimited batch" in caught.value.message
+    old = legacy([Message(b"one", key="k"), Message(b"two", tag="t")])
+    assert batch.check_produced(old).count == 2
+    with pytest.raises(RocketError) as caught:
+        batch.check_produced(seal(old[batch.HEADER_BYTES:], 3, version=2))  # fewer records than the header says
+    assert caught.value.code == Code.BAD_BATCH

@@ -12,7 +12,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name
-from rocket.serde.batch import check_header
+from rocket.serde.batch import check_produced
 from rocket.roles.broker.routes import Route
 
 log = logging.getLogger("rocket.broker")
@@ -100,7 +100,7 @@ class PopConsumption:
         they are (the remoting gateway's retries past maxReconsumeTimes: those messages were never popped)."""
         route = await self._route(request["topic"])
         consumer_group = check_group_name(request["group"])
-        check_header(request["batch"])
+        check_produced(request["batch"])
         group = route.queue_groups[self._queue(route.spec, request["queue"])]
         await self._storage(route, group, "StorageBury", {"group": group, "consumer_group": consumer_group,
                                                           "topic": route.spec.name, "queue": request["queue"],

@@ -1,5 +1,6 @@
-"""Produce on the broker: a batch is checked (header, CRC, the topic's message type) and appended by its queue's
-storage group, unread; timers and transactions are ended there too. A mixin of Broker.
+"""Produce on the broker: a batch is checked (header, CRC, its records as readers decode them, the topic's message
+type) and appended by its queue's storage group as it came; timers and transactions are ended there too. A mixin of
+Broker.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import TopicSpec
-from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header
+from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_produced
 
 log = logging.getLogger("rocket.broker")
 
@@ -37,10 +38,11 @@ def _check_message_type(spec: TopicSpec, flags: int) -> None:
 
 class Produce:
     async def produce(self, request: dict) -> dict:
-        """Check the batch's header and CRC (its messages stay undecoded) and send it to its group."""
+        """Check the batch's header, CRC and records (decoded in C, then dropped: the batch goes on as it came) and
+        send it to its group."""
         route = await self._route(request["topic"])
         spec = route.spec
-        _check_message_type(spec, check_header(request["batch"]).flags)
+        _check_message_type(spec, check_produced(request["batch"]).flags)
         queue = request["queue"]
         if queue == -1:  # any queue: spread batches round robin
             queue = next(self._round_robin.setdefault(spec.name, itertools.count())) % spec.queues
