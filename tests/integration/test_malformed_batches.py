@@ -1,7 +1,9 @@
-"""A batch with a right CRC but records that cannot be read: the broker checks only a batch's header and CRC,
-so a producer can store one. It must not stop a queue's readers: a pull consumer is told where it lies and
-steps past it with seek(), an SQL filter hands it on instead of failing the pull, and pop consumption sends
-its messages to the dead letters at once while the rest of the queue is delivered."""
+"""A batch with a right CRC but records that cannot be read. The broker refuses one at produce now
+(tests/integration/test_poison_batch.py), but older brokers checked only a batch's header and CRC, so a queue
+may hold one: these tests store it as they did, with StorageAppend. It must not stop a queue's readers: a pull
+consumer is told where it lies and steps past it with seek(), an SQL filter hands it on instead of failing the
+pull, and pop consumption sends its messages to the dead letters at once while the rest of the queue is
+delivered."""
 
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ from tests.e2e.test_cli import rocket
 
 def unreadable_batch(count: int, flags: int = 0) -> bytes:
     """A version 3 batch whose CRC is right and whose count records are text where bodies must be bytes."""
-    payload = msgspec.msgpack.encode([["text, not bytes"]] * count)
+    return sealed(msgspec.msgpack.encode([["text, not bytes"]] * count), count, flags)
+
+
+def sealed(payload: bytes, count: int, flags: int = 0) -> bytes:
+    """A batch of a version 3 payload as given, with a right header and CRC."""
     now_ms = int(time.time() * 1000)
     head = bytearray(batch_codec._header.pack(batch_codec.MAGIC, batch_codec.VERSION, flags, count, now_ms, now_ms,
                                               0, len(payload), 0))
@@ -39,7 +45,14 @@ async def fill(channel, topic: str) -> None:
                unreadable_batch(2),
                batch_codec.encode([Message(f"m{i}".encode(), properties={"n": str(i)}) for i in (3, 4)], now_ms)]
     for encoded in batches:
-        await channel.call("Produce", {"topic": topic, "queue": 0, "batch": encoded})
+        await store(channel, topic, encoded)
+
+
+async def store(channel, topic: str, encoded: bytes, queue: int = 0) -> None:
+    """Append a batch to a queue as a broker of an older version did: straight to its storage group, its records
+    unchecked (a node without a cluster secret takes calls between nodes from anyone)."""
+    group = (await channel.call("GetRoute", {"topic": topic}))["queue_groups"][queue]
+    await channel.call("StorageAppend", {"group": group, "topic": topic, "queue": queue, "batch": encoded})
 
 
 @pytest.mark.parametrize("bodies", [False, True])
