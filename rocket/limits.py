@@ -27,6 +27,9 @@ http2_streams_per_connection_max = 128  # concurrent HTTP/2 streams per connecti
 tcp_receive_bytes = 256 * KiB  # one read from a TCP connection: many small frames; a large one goes to its own buffer
 tcp_send_buffers_max = 64  # buffers per sendmsg, well under IOV_MAX (1024)
 frame_shared_buffer_bytes_max = 64 * KiB  # larger frames are received into their own buffer: one copy, no memmove
+# A server's large frame gets a buffer this many times what arrived, grown by this factor as it fills (frames.py):
+# a claimed length costs nothing until its bytes come, and the copies as it grows add at most 1/(factor - 1) of it.
+frame_buffer_growth = 4
 frame_spare_buffers_max = 3  # a reusing decoder's buffers: a response being decoded, one pulled ahead, one arriving
 http2_receive_bytes = 1 * MiB  # one read from an HTTP/2 connection: a whole DATA frame of ours at a time
 http2_stream_window_bytes = 16 * MiB  # bulk produce must not stall on the 64 KiB default window
