@@ -159,6 +159,24 @@ async def test_idle_connections_close_but_long_polls_streams_and_pools_live_on(h
     closed = await closed_within(stream, IDLE_S + 5)
     assert closed is not None and closed >= IDLE_S - 0.5, closed
 
+    # A remoting frame begun (its first bytes say remoting: codec.looks_like_remoting) and never finished: closed
+    # after FRAME_S; one whole remoting request and then silence: closed after IDLE_S.
+    begun = await trio.open_tcp_stream("127.0.0.1", server.tcp_port)
+    await begun.send_all(struct.pack(">IB", 1000, 0) + b"\x00\x00\x10{")
+    header = b'{"code":34,"flag":0,"language":"JAVA","opaque":1,"serializeTypeCurrentRPC":"JSON","version":399}'
+    asked = await trio.open_tcp_stream("127.0.0.1", server.tcp_port)
+    await asked.send_all(struct.pack(">II", 4 + len(header), len(header)) + header)
+    async with trio.open_nursery() as nursery:
+        times = {}
+
+        async def watch(name: str, stream: trio.SocketStream) -> None:
+            times[name] = await closed_within(stream, FRAME_S + 5)
+
+        nursery.start_soon(watch, "begun", begun)
+        nursery.start_soon(watch, "asked", asked)
+    assert times["begun"] is not None and FRAME_S - 0.5 <= times["begun"], times
+    assert times["asked"] is not None and IDLE_S - 0.5 <= times["asked"] < FRAME_S, times
+
     # A long poll longer than IDLE_S is answered, and its connection kept: a call is in flight.
     async with connect(server.server) as channel:
         started = time.monotonic()
