@@ -67,6 +67,10 @@ class NodeConfig:
     # file system has no O_DIRECT (tmpfs), or the OS.
     wal_direct_io: bool = False
     shutdown_grace_s: float = limits.shutdown_grace_s
+    # The TCP port's connections (rocket's frames and remoting's): closed when a request frame takes longer than
+    # tcp_frame_s to arrive, or when one has no call in flight (a long poll and a stream are calls) for tcp_idle_s.
+    tcp_frame_s: float = limits.tcp_frame_s_default
+    tcp_idle_s: float = limits.tcp_idle_s_default
     log_level: str = "info"
     # The cluster: this node's id, the nameserver group (id -> address; empty: this node alone),
     # the address the other nodes reach this one at (default: listen), and the storage layout.
@@ -268,6 +272,10 @@ def _convert(key: str, value: object) -> object:
         return _parse_int(key, value, 0, limits.wal_cached_bytes_max)
     if key == "shutdown_grace_s":
         return _parse_float(key, value, 0.0, limits.shutdown_grace_s_max)
+    if key == "tcp_frame_s":
+        return _parse_float(key, value, limits.tcp_frame_s_min, limits.tcp_frame_s_max)
+    if key == "tcp_idle_s":
+        return _parse_float(key, value, limits.tcp_idle_s_min, limits.tcp_idle_s_max)
     if key == "node_id":
         return _parse_int(key, value, 1, 2**31 - 1)
     if key == "nameservers":

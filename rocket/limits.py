@@ -27,6 +27,9 @@ http2_streams_per_connection_max = 128  # concurrent HTTP/2 streams per connecti
 tcp_receive_bytes = 256 * KiB  # one read from a TCP connection: many small frames; a large one goes to its own buffer
 tcp_send_buffers_max = 64  # buffers per sendmsg, well under IOV_MAX (1024)
 frame_shared_buffer_bytes_max = 64 * KiB  # larger frames are received into their own buffer: one copy, no memmove
+# A server's large frame gets a buffer this many times what arrived, grown by this factor as it fills (frames.py):
+# a claimed length costs nothing until its bytes come, and the copies as it grows add at most 1/(factor - 1) of it.
+frame_buffer_growth = 4
 frame_spare_buffers_max = 3  # a reusing decoder's buffers: a response being decoded, one pulled ahead, one arriving
 http2_receive_bytes = 1 * MiB  # one read from an HTTP/2 connection: a whole DATA frame of ours at a time
 http2_stream_window_bytes = 16 * MiB  # bulk produce must not stall on the 64 KiB default window
@@ -207,6 +210,19 @@ quota_throttle_s_max = 30.0  # one answer's throttle time at most (Kafka caps it
 quota_idle_s = 60.0  # a bucket unused this long is full again, as a new one would be: it is dropped
 tcp_sniff_bytes = 6  # a connection's first bytes that tell rocket's frames from remoting's (gateway/remoting/codec.py)
 tcp_sniff_s_max = 60.0  # a connection that sends fewer bytes than that for this long is closed
+# A request frame's first byte to its last, counting only the server's waiting (tcp_frame_s): a slow-sending peer
+# (slowloris) holds a connection and a frame's buffer. The largest frame (frame_bytes_max) needs 1.5 Mbit/s for 60 s.
+tcp_frame_s_default = 60.0
+tcp_frame_s_min = 0.1  # a config's shortest: a loaded node may pause this long between two reads of one frame
+tcp_frame_s_max = 3600.0  # ... and its longest: more is no limit
+# A TCP connection with no call in flight (a long poll and a stream are calls) this long is closed (tcp_idle_s): its
+# slot (connections_max) and socket go back. Pools and failover channels reconnect on their next call.
+tcp_idle_s_default = 900.0
+tcp_idle_s_min = 0.1  # a config's shortest (tests); a real one is minutes
+tcp_idle_s_max = 7 * 86_400.0  # ... and its longest: more is no limit
+# Frames not yet whole, held by all a listener's TCP connections together (FrameDecoder.held_bytes); past it the
+# connection holding the most is closed (OVERLOADED). 24 of the largest frames arriving at once fit.
+tcp_partial_frames_bytes_max = 256 * MiB
 remoting_frame_bytes_max = 16 * MiB  # one remoting frame (RocketMQ's own limit): a batch send of 4 MiB messages fits
 remoting_header_bytes_max = 64 * 1024 - 1  # a remoting header; longer ones are refused, which keeps the protocols apart
 remoting_in_flight_per_connection_max = 256  # requests of one remoting connection served at once (pulls wait)
@@ -410,3 +426,9 @@ invariant(connect_timeout_s <= tls_handshake_s_max <= tcp_sniff_s_max,
           "longer than a plain one to send its first bytes")
 invariant(quota_throttle_s_max + quota_burst_s <= quota_idle_s,
           "a bucket idle for quota_idle_s has repaid its deepest debt and refilled: dropping it changes nothing")
+invariant(tcp_frame_s_min <= tcp_frame_s_default <= tcp_frame_s_max, "the default frame time is one a config may set")
+invariant(tcp_idle_s_min <= tcp_idle_s_default <= tcp_idle_s_max, "the default idle time is one a config may set")
+invariant(tcp_idle_s_default >= 10 * pull_wait_ms_max / 1000 and tcp_idle_s_default >= 10 * http1_idle_s,
+          "an idle client connection lives well past a long poll's gap and an HTTP/1.1 keep-alive: reconnects stay rare")
+invariant(tcp_partial_frames_bytes_max >= 16 * frame_bytes_max and tcp_partial_frames_bytes_max >= 64 * tcp_receive_bytes,
+          "many producers' largest frames arrive at once without one being closed")

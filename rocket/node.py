@@ -350,10 +350,11 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             # Listen first: a node told to listen on port 0 tells the others the port it got.
             remoting = None  # RocketMQ's remoting clients, on the same port (told apart by their first bytes)
             if "broker" in config.roles or "nameserver" in config.roles:
-                gateway = RemotingGateway(dispatcher, clock, lifecycle)
+                gateway = RemotingGateway(dispatcher, clock, lifecycle, frame_s=config.tcp_frame_s, idle_s=config.tcp_idle_s)
                 await nursery.start(gateway.run)
                 remoting = (looks_like_remoting, gateway.serve)
-            tcp_port = await _listen(partial(nursery.start, partial(serve_tcp, other=remoting, tls=tls), dispatcher, lifecycle,
+            tcp_port = await _listen(partial(nursery.start, partial(serve_tcp, other=remoting, tls=tls, frame_s=config.tcp_frame_s,
+                                                                    idle_s=config.tcp_idle_s), dispatcher, lifecycle,
                                              config.listen.host, config.listen.port), "TCP, --listen", config.listen)
             if config.listen.port == 0:
                 config = dataclasses.replace(config, listen=Address(config.listen.host, tcp_port))

@@ -85,13 +85,21 @@ class FrameDecoder:
     With reuse, large frames are received into the last few buffers again once nothing holds a view of
     them any more (a pull response's batches are views into its frame until they are decoded). A new
     buffer is zeroed, and on a VM faulted in page by page: 6-9% of a consumer's profile. A client keeps
-    them; a server, with a connection per producer, does not."""
+    them; a server, with a connection per producer, does not.
+
+    Without reuse (a server's), memory follows the bytes that arrived, not the length a header claims: a large
+    frame stays in the shared buffer until limits.frame_shared_buffer_bytes_max of it arrived, then gets a buffer
+    limits.frame_buffer_growth times that (or the whole frame, if smaller), grown by that factor each time it
+    fills. So a frame held is at most that factor times what arrived, and a frame of up to that factor times the
+    first read (a 1 MiB batch) is still received with no copy. held_bytes says what a connection holds."""
 
     def __init__(self, frame_bytes_max: int = limits.frame_bytes_max, reuse: bool = False):
         self._buffer = bytearray()
         self._frame_bytes_max = frame_bytes_max
-        self._large: memoryview | None = None  # the frame being received into its own buffer
+        self._large: memoryview | None = None  # the frame being received into its own buffer, or its first part
         self._large_filled = 0
+        self._large_end = 0  # the whole frame's length: len(self._large) once it is all allocated
+        self._grows = not reuse
         self._spares: list[bytearray] = []  # with reuse: the newest first
         self._spares_max = limits.frame_spare_buffers_max if reuse else 0
 
@@ -100,16 +108,24 @@ class FrameDecoder:
             self._buffer += data
             return
         view = memoryview(data)
-        taken = min(len(view), len(self._large) - self._large_filled)
-        self._large[self._large_filled : self._large_filled + taken] = view[:taken]
-        self._large_filled += taken
-        if taken < len(view):
-            self._buffer += view[taken:]
+        while len(view):
+            target = self.writable()
+            if target is None or not len(target):  # the frame is whole: the rest begins the next ones
+                self._buffer += view
+                return
+            taken = min(len(view), len(target))
+            target[:taken] = view[:taken]
+            self._large_filled += taken
+            view = view[taken:]
 
     def writable(self) -> memoryview | None:
         """Where received bytes may be written directly (the rest of a large frame), saving a copy."""
         if self._large is None:
             return None
+        if self._large_filled == len(self._large) < self._large_end:  # full, and more to come: grow it
+            grown = memoryview(bytearray(min(self._large_end, len(self._large) * limits.frame_buffer_growth)))
+            grown[: self._large_filled] = self._large
+            self._large = grown
         return self._large[self._large_filled :]
 
     def wrote(self, count: int) -> None:
@@ -120,11 +136,16 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         return len(self._buffer) + self._large_filled
 
+    @property
+    def held_bytes(self) -> int:
+        """The memory this decoder holds for frames not yet whole: the shared buffer and a large frame's buffer."""
+        return len(self._buffer) + (len(self._large) if self._large is not None else 0)
+
     def next_frame(self) -> Frame | None:
         if self._large is not None:
-            if self._large_filled < len(self._large):
+            if self._large_filled < self._large_end:
                 return None
-            frame, self._large, self._large_filled = self._large, None, 0
+            frame, self._large, self._large_filled, self._large_end = self._large, None, 0, 0
             return self._parse(frame)
         buffer = self._buffer
         if len(buffer) < HEADER_BYTES:
@@ -132,9 +153,15 @@ class FrameDecoder:
         end = 4 + self._check_header(buffer)
         if len(buffer) < end:
             if end > limits.frame_shared_buffer_bytes_max:
-                self._large = self._large_buffer(end)
+                if not self._grows:
+                    self._large = self._large_buffer(end)
+                elif len(buffer) >= limits.frame_shared_buffer_bytes_max:  # enough arrived to be worth a buffer
+                    self._large = memoryview(bytearray(min(end, len(buffer) * limits.frame_buffer_growth)))
+                else:  # a header, perhaps with nothing behind it: no more memory than what came
+                    return None
                 self._large[: len(buffer)] = buffer
                 self._large_filled = len(buffer)
+                self._large_end = end
                 buffer.clear()
             return None
         frame = self._parse(memoryview(bytes(buffer[:end])))

@@ -1,6 +1,9 @@
 """The TCP transport: length-prefixed frames (frames.py), pipelined calls, server-streamed responses.
 
-Server: one reader per connection, one task per call (bounded), whole frames written under a lock.
+Server: one reader per connection, one task per call (bounded), whole frames written under a lock. A connection
+is closed when a request frame takes longer than frame_s to arrive (time the server spends not reading excluded), when
+it has no call in flight (a long poll and a stream are calls) for idle_s, and, the one holding the most, when the
+listener's connections together hold more than limits.tcp_partial_frames_bytes_max of frames not yet whole.
 Client: TcpChannel multiplexes calls over one connection by request id.
 """
 
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,6 +43,8 @@ async def serve_tcp(
     *,
     other: tuple[Callable[[bytes], bool], Callable[[trio.abc.Stream, bytes], Awaitable[None]]] | None = None,
     tls: NodeTls | None = None,
+    frame_s: float = limits.tcp_frame_s_default,
+    idle_s: float = limits.tcp_idle_s_default,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the TCP protocol until the lifecycle drains; reports the bound port through task_status.
@@ -46,7 +52,10 @@ async def serve_tcp(
     limits.tcp_sniff_bytes decide: is_other(them) hands the connection, with them, to serve_other.
     tls: the node's TLS (transport/tls.py): a connection whose first byte opens a TLS handshake is served over TLS,
     with tls.tcp as it is when it connects; one that does not, only in permissive mode. The sniff for other
-    protocols reads the decrypted bytes. With tls_ca, a connection whose client certificate verified is a peer."""
+    protocols reads the decrypted bytes. With tls_ca, a connection whose client certificate verified is a peer.
+    frame_s, idle_s: a request frame's longest arrival and a connection's longest idleness (the node's tcp_frame_s
+    and tcp_idle_s)."""
+    budget = ReceiveBudget(limits.tcp_partial_frames_bytes_max)
 
     async def run_connection(stream: trio.SocketStream) -> None:
         peer = False
@@ -82,7 +91,8 @@ async def serve_tcp(
             if is_other(first):
                 await serve_other(stream, first)
                 return
-        await _ServerConnection(dispatcher, lifecycle, stream, peer).run(first)
+        await _ServerConnection(dispatcher, lifecycle, stream, peer, frame_s=frame_s, idle_s=idle_s,
+                                budget=budget).run(first)
 
     async def refuse_connection(stream: trio.SocketStream) -> None:
         await _send_quietly(stream, _error_frame(1, 0, RocketError(Code.OVERLOADED, "too many connections")))
@@ -193,8 +203,42 @@ def _error_frame(serde_id: int, request_id: int, error: RocketError) -> bytes:
     return frames.encode(Kind.ERROR, serde_id, request_id, encode_error(serde, error))
 
 
+class ReceiveBudget:
+    """The bytes a listener's connections hold for frames not yet whole (FrameDecoder.held_bytes), together. Past
+    bytes_max the connection holding the most is closed, OVERLOADED: a decoder's memory follows what arrived, and
+    this bounds what arrived and is not whole yet across many connections."""
+
+    def __init__(self, bytes_max: int):
+        self.bytes_max = bytes_max
+        self.total = 0
+        self._held: dict[_ServerConnection, int] = {}
+
+    def hold(self, connection: _ServerConnection, count: int) -> None:
+        """Say what connection holds now (0 once it is closed)."""
+        self.total -= self._held.pop(connection, 0)
+        if count and connection.closing is None:
+            self._held[connection] = count
+            self.total += count
+        while self.total > self.bytes_max:
+            biggest = max(self._held, key=self._held.__getitem__)
+            held = self._held.pop(biggest)
+            self.total -= held
+            biggest.close_for(RocketError(
+                Code.OVERLOADED, f"the server holds {self.total + held} bytes of frames not yet whole, over its limit "
+                f"of {self.bytes_max}; this connection held the most ({held}): closing it"))
+
+
+class _Closing(Exception):
+    """The server closes the connection: error (if any) is sent to the client first."""
+
+    def __init__(self, error: RocketError | None):
+        self.error = error
+
+
 class _ServerConnection:
-    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.abc.Stream, peer: bool = False):
+    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.abc.Stream, peer: bool = False, *,
+                 frame_s: float = limits.tcp_frame_s_default, idle_s: float = limits.tcp_idle_s_default,
+                 budget: ReceiveBudget | None = None):
         self.dispatcher = dispatcher
         self.lifecycle = lifecycle
         self.stream = stream
@@ -205,6 +249,28 @@ class _ServerConnection:
         # PeerHello) may call the methods between nodes; a user signed in with Authenticate.
         self.caller = Caller(source=source_of(stream), peer=peer)
         self.peer_version = 1  # the client's schema version, from its Hello (one that says nothing is version 1)
+        self.frame_s = frame_s
+        self.idle_s = idle_s
+        self.budget = budget
+        self.closing: RocketError | None = None  # why the server closes the connection (ReceiveBudget)
+        self._read_scope: trio.CancelScope | None = None
+        self._receiving: trio.CancelScope | None = None  # the receive under way, whose deadline a call's end moves
+        self._partial = False  # whether that receive waits for the rest of a frame (else for a new one)
+
+    def close_for(self, error: RocketError) -> None:
+        """Stop reading, tell the client error, and close (in-flight calls get the usual grace)."""
+        self.closing = error
+        if self._read_scope is not None:
+            self._read_scope.cancel()
+
+    def _deadline(self, waited_s: float) -> float:
+        """When the receive starting now gives up: the frame begun gets frame_s of the server's waiting in all; a
+        connection with no call in flight (a long poll, a stream) gets idle_s; one with calls in flight, no limit."""
+        if self._partial:
+            return trio.current_time() + self.frame_s - waited_s
+        if self.in_flight.value < limits.in_flight_requests_per_connection_max:
+            return math.inf
+        return trio.current_time() + self.idle_s
 
     async def run(self, first: bytes = b"") -> None:
         async with self.stream:
@@ -220,6 +286,7 @@ class _ServerConnection:
 
     async def _read_until_done(self, calls: trio.Nursery, first: bytes) -> None:
         with trio.CancelScope() as read_scope:
+            self._read_scope = read_scope
             async with trio.open_nursery() as watcher:
                 watcher.start_soon(cancel_on, self.lifecycle.draining, read_scope)
                 try:
@@ -228,7 +295,17 @@ class _ServerConnection:
                     await self._send(_error_frame(1, error.request_id, error))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     self.peer_gone = True
+                except _Closing as closing:
+                    self.closing = closing.error
+                    if closing.error is None:  # idle: nobody waits for anything
+                        self.peer_gone = True
                 watcher.cancel_scope.cancel()
+        if self.budget is not None:
+            self.budget.hold(self, 0)
+        if self.closing is not None:
+            log.debug("closing the connection from %s: %s", self.caller.source, self.closing.message)
+            with trio.move_on_after(1):
+                await self._send(_error_frame(1, 0, self.closing))
 
     peer_gone = False
 
@@ -236,16 +313,33 @@ class _ServerConnection:
         decoder = FrameDecoder()
         decoder.feed(first)
         traffic = self.lifecycle.traffic
+        waited_s = 0.0  # how long the server waited for the rest of the frame begun (not while it did not read)
         while True:
             while (frame := decoder.next_frame()) is not None:
+                waited_s = 0.0
                 await self._dispatch(frame, calls)
-            received = await receive_into(self.stream, decoder)
+            self._partial = decoder.buffered_bytes > 0
+            if not self._partial:
+                waited_s = 0.0
+            if self.budget is not None:
+                self.budget.hold(self, decoder.held_bytes)
+            with trio.CancelScope(deadline=self._deadline(waited_s)) as receiving:
+                self._receiving = receiving
+                started = trio.current_time()
+                try:
+                    received = await receive_into(self.stream, decoder)
+                finally:
+                    self._receiving = None
+                    waited_s += trio.current_time() - started
+            if receiving.cancelled_caught:
+                if self._partial:
+                    raise _Closing(RocketError(Code.TIMEOUT, f"a request frame did not arrive whole within "
+                                               f"{self.frame_s:g} s: closing the connection"))
+                raise _Closing(None)
             if not received:
                 self.peer_gone = True
                 return
             traffic.received_bytes += received
-            while (frame := decoder.next_frame()) is not None:
-                await self._dispatch(frame, calls)
 
     async def _dispatch(self, frame: Frame, calls: trio.Nursery) -> None:
         if frame.kind == Kind.CANCEL:
@@ -282,6 +376,8 @@ class _ServerConnection:
         finally:
             self.lifecycle.call_finished()
             self.in_flight.release()
+            if self._receiving is not None and not self._partial:  # perhaps idle now: the idle clock starts
+                self._receiving.deadline = self._deadline(0.0)
 
     async def _stream(self, frame: Frame, serde: ModuleType) -> None:
         if frame.request_id in self.streams:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rocket import limits
 from rocket.errors import Code
 from rocket.transport import frames
 from rocket.transport.frames import FrameDecoder, FrameError, Kind
@@ -109,11 +110,51 @@ def receive(decoder: FrameDecoder, data: bytes) -> frames.Frame:
     """As a socket delivers a large frame: its first bytes, then the rest into the frame's own buffer."""
     decoder.feed(data[:100])
     assert decoder.next_frame() is None
-    decoder.writable()[:] = data[100:]  # what recv_into(writable()) does
-    decoder.wrote(len(data) - 100)
-    frame = decoder.next_frame()
-    assert frame is not None and decoder.buffered_bytes == 0
+    position = 100
+    while (frame := decoder.next_frame()) is None:
+        target = decoder.writable()
+        if target is None:  # a server's decoder: into the shared buffer until enough came for a buffer of its own
+            decoder.feed(data[position : position + limits.tcp_receive_bytes])
+            position += limits.tcp_receive_bytes
+            continue
+        taken = min(len(target), len(data) - position)
+        target[:taken] = data[position : position + taken]  # what recv_into(writable()) does
+        decoder.wrote(taken)
+        position += taken
+    assert decoder.buffered_bytes == 0
     return frame
+
+
+def test_a_claimed_length_costs_nothing_until_its_bytes_arrive():
+    """A server's decoder: a header that claims the largest frame holds no more than what came; as the frame
+    arrives, it holds at most frame_buffer_growth times that, and the frame decodes whole."""
+    body = bytes(range(256)) * (limits.frame_bytes_max // 256 - 1)
+    data = frames.encode(Kind.REQUEST, 1, 5, body, method="Produce")
+    decoder = FrameDecoder()
+    decoder.feed(data[:frames.HEADER_BYTES])
+    assert decoder.next_frame() is None and decoder.held_bytes == frames.HEADER_BYTES
+    arrived = frames.HEADER_BYTES
+    while arrived < len(data):
+        target = decoder.writable()
+        if target is None:
+            piece = data[arrived : arrived + 1000]
+            decoder.feed(piece)
+        else:
+            piece = data[arrived : arrived + min(len(target), 100_000)]
+            target[: len(piece)] = piece
+            decoder.wrote(len(piece))
+        arrived += len(piece)
+        assert decoder.held_bytes <= max(arrived, limits.frame_buffer_growth * arrived), arrived
+        frame = decoder.next_frame()
+        assert (frame is None) == (arrived < len(data))
+    assert frame.method == "Produce" and bytes(frame.body) == body and decoder.held_bytes == 0
+
+
+def test_a_client_decoder_allocates_a_large_frame_at_its_header():
+    """A client's (reusing) decoder trusts its server: the whole buffer at once, filled with no copy."""
+    decoder = FrameDecoder(reuse=True)
+    decoder.feed(frames.encode(Kind.RESPONSE, 1, 5, b"x" * 1_000_000)[:100])
+    assert decoder.next_frame() is None and decoder.held_bytes >= 1_000_000
 
 
 @pytest.mark.parametrize("reuse", [True, False])

@@ -263,6 +263,11 @@ class FrameReader:
     def feed(self, data: bytes) -> None:
         self._buffer += data
 
+    @property
+    def buffered_bytes(self) -> int:
+        """What arrived of frames not yet whole: memory follows it, never a length a frame claims."""
+        return len(self._buffer)
+
     def next_frame(self) -> bytes | None:
         if len(self._buffer) < 4:
             return None

@@ -9,6 +9,7 @@ rocket's TCP port serves both protocols: a connection whose first bytes look lik
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -53,6 +54,14 @@ class Connection:
         self.local = _address(stream, "getsockname")
         self._send_lock = trio.Lock()
         self.caller = Caller(source=self.peer.rsplit(":", 1)[0])  # what client quotas hold (Dispatcher.charge)
+        self.in_flight = trio.Semaphore(limits.remoting_in_flight_per_connection_max)
+        self.receiving: trio.CancelScope | None = None  # the receive under way, whose deadline a call's end moves
+        self.partial = False  # whether that receive waits for the rest of a frame (else for a new one)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request is being served (a pull that waits is)."""
+        return self.in_flight.value < limits.remoting_in_flight_per_connection_max
 
     async def send(self, command: Command) -> None:
         async with self._send_lock:
@@ -79,8 +88,13 @@ def _address(stream: trio.abc.Stream, which: str) -> str:
 
 
 class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
-    def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle, *, cluster: str = "rocket"):
+    def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle, *, cluster: str = "rocket",
+                 frame_s: float = limits.tcp_frame_s_default, idle_s: float = limits.tcp_idle_s_default):
         self.dispatcher = dispatcher
+        # a connection is closed when a request frame takes longer than frame_s to arrive (the server's waiting), or
+        # when it has no request in flight for idle_s (the node's tcp_frame_s and tcp_idle_s)
+        self.frame_s = frame_s
+        self.idle_s = idle_s
         self.clock = clock
         self.lifecycle = lifecycle
         self.cluster = cluster
@@ -127,7 +141,8 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
         reader = codec.FrameReader()
         reader.feed(first)
         connection = Connection(stream, codec.JSON)
-        in_flight = trio.Semaphore(limits.remoting_in_flight_per_connection_max)
+        in_flight = connection.in_flight
+        waited_s = 0.0  # how long the server waited for the rest of the frame begun (not while it did not read)
         try:
             async with trio.open_nursery() as calls:
                 with trio.CancelScope() as reading:
@@ -135,8 +150,24 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
                     try:
                         while True:
                             while (frame := reader.next_frame()) is not None:
+                                waited_s = 0.0
                                 await self._received(frame, connection, calls, in_flight)
-                            data = await stream.receive_some(limits.tcp_receive_bytes)
+                            connection.partial = reader.buffered_bytes > 0
+                            if not connection.partial:
+                                waited_s = 0.0
+                            with trio.CancelScope(deadline=self._deadline(connection, waited_s)) as receiving:
+                                connection.receiving = receiving
+                                started = trio.current_time()
+                                try:
+                                    data = await stream.receive_some(limits.tcp_receive_bytes)
+                                finally:
+                                    connection.receiving = None
+                                    waited_s += trio.current_time() - started
+                            if receiving.cancelled_caught:
+                                log.debug("remoting client %s: %s; closing", connection.peer,
+                                          f"a frame took over {self.frame_s:g} s" if connection.partial
+                                          else f"idle for {self.idle_s:g} s")
+                                break
                             if not data:
                                 break
                             self.lifecycle.traffic.received_bytes += len(data)
@@ -184,6 +215,15 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
         finally:
             in_flight.release()
             self.lifecycle.call_finished()
+            if connection.receiving is not None and not connection.partial:  # perhaps idle now: its clock starts
+                connection.receiving.deadline = self._deadline(connection, 0.0)
+
+    def _deadline(self, connection: Connection, waited_s: float) -> float:
+        """When a connection's receive starting now gives up: a frame begun gets frame_s of the server's waiting in
+        all; a connection with no request in flight gets idle_s; one with requests in flight, no limit."""
+        if connection.partial:
+            return trio.current_time() + self.frame_s - waited_s
+        return math.inf if connection.busy else trio.current_time() + self.idle_s
 
     async def _answer(self, command: Command, connection: Connection) -> Command:
         handler = self._handlers.get(command.code)
