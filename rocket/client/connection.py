@@ -27,7 +27,6 @@ from rocket.transport.channel import Channel
 from rocket.transport.h2_client import open_http2_channel
 from rocket.transport.pool import ChannelPool
 from rocket.transport.rpc import method_spec
-from rocket.transport.tcp import open_tcp_channel
 from rocket.transport.tls import as_client_context
 
 TRANSPORTS = ("tcp", "http2")
@@ -131,17 +130,16 @@ async def connect(server: str | None = None, transport: str = "tcp", serde: str 
                 await channel.call(*hello())
             yield channel
         return
-    if len(servers) == 1 and not discover:
-        async with open_tcp_channel(servers[0].host, servers[0].port, serde, hello() if hello else None, tls=context,
-                                    server_name=tls_server_name) as channel:
-            yield channel
-        return
     with collapse_single_error():
         async with trio.open_nursery() as nursery:
+            # Even to one server: the pool opens a new connection when the server closed the last (an idle one, or
+            # one the server went away from), as a client of a long-lived application expects.
             pool = ChannelPool(serde, hello, tls=None if context is None else lambda: context,
                                server_name=tls_server_name)
             await nursery.start(pool.run)
             channel = FailoverChannel(pool, servers)
+            if len(servers) == 1 and not discover:
+                await pool.channel(servers[0])  # a server that cannot be reached fails connect(), as it always did
             if discover:
                 await channel.discover()
             try:
