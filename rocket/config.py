@@ -71,6 +71,10 @@ class NodeConfig:
     # tcp_frame_s to arrive, or when one has no call in flight (a long poll and a stream are calls) for tcp_idle_s.
     tcp_frame_s: float = limits.tcp_frame_s_default
     tcp_idle_s: float = limits.tcp_idle_s_default
+    # HTTP/2 connections: one with no open stream this long is closed (GOAWAY); a request body, or a gRPC message,
+    # not complete this long after it began is reset. Open gRPC streams (telemetry, long polls) are not idle.
+    http2_idle_s: float = limits.http2_idle_s_default
+    http2_request_s: float = limits.http2_request_s_default
     log_level: str = "info"
     # The cluster: this node's id, the nameserver group (id -> address; empty: this node alone),
     # the address the other nodes reach this one at (default: listen), and the storage layout.
@@ -276,6 +280,8 @@ def _convert(key: str, value: object) -> object:
         return _parse_float(key, value, limits.tcp_frame_s_min, limits.tcp_frame_s_max)
     if key == "tcp_idle_s":
         return _parse_float(key, value, limits.tcp_idle_s_min, limits.tcp_idle_s_max)
+    if key in ("http2_idle_s", "http2_request_s"):
+        return _parse_float(key, value, limits.http2_timeout_s_min, limits.http2_timeout_s_max)
     if key == "node_id":
         return _parse_int(key, value, 1, 2**31 - 1)
     if key == "nameservers":

@@ -32,8 +32,25 @@ frame_shared_buffer_bytes_max = 64 * KiB  # larger frames are received into thei
 frame_buffer_growth = 4
 frame_spare_buffers_max = 3  # a reusing decoder's buffers: a response being decoded, one pulled ahead, one arriving
 http2_receive_bytes = 1 * MiB  # one read from an HTTP/2 connection: a whole DATA frame of ours at a time
-http2_stream_window_bytes = 16 * MiB  # bulk produce must not stall on the 64 KiB default window
-http2_connection_window_bytes = 4 * http2_stream_window_bytes  # one stream whose reader stalls must not starve the others
+# HTTP/2 receive windows. The server gives a stream's window back as its body arrives, up to the body's bound, and
+# the connection's only while the connection holds less than http2_connection_held_bytes_max of partly received
+# bodies (past it, only its fullest stream gets window, so that one completes and frees its bytes).
+http2_stream_window_bytes = 1 * MiB  # a stream's initial window: 64 KiB stalls bulk produce; bigger lets each stream hold more
+http2_connection_window_bytes = 8 * http2_stream_window_bytes  # what a client may send on a connection before it hears back
+# Partly received request bodies and unread gRPC input one HTTP/2 connection makes the server hold, bytes, before the
+# server stops giving it connection window for any but its fullest stream. A connection then holds at most this, plus
+# its connection window, plus one body, plus what its other streams' windows still allow (at most a stream window each).
+http2_connection_held_bytes_max = 16 * MiB
+# The same over all HTTP/2 connections of a node, bytes: past it the connection holding most has its fullest stream
+# reset (ENHANCE_YOUR_CALM), until the node holds less. Many hostile connections cannot grow the node past it.
+http2_held_bytes_max = 256 * MiB
+http2_idle_s_default = 120.0  # an HTTP/2 connection with no open stream this long gets GOAWAY and is closed (slowloris)
+# A request body (or one gRPC message) not complete this long after it began gets RST_STREAM (CANCEL): a slow or
+# stalled sender holds its bytes no longer. gRPC streams between messages (telemetry, long polls) are not timed.
+http2_request_s_default = 60.0
+http2_timeout_s_min = 0.1  # the bounds of http2_idle_s and http2_request_s a config may set: shorter is a typo ...
+http2_timeout_s_max = 86_400.0  # ... and so is longer than a day
+http2_watch_s_max = 1.0  # an HTTP/2 connection looks at its timeouts at least this often: they are that precise
 http2_frame_bytes_max = 1 * MiB  # our SETTINGS_MAX_FRAME_SIZE: fewer, larger DATA frames, less per-frame Python work
 http2_goodbye_timeout_s = 1.0  # a closing connection waits this long to deliver GOAWAY to a peer that may not read
 header_text_chars_max = 1024  # grpc-message and rocket-message: proxies and clients drop very long header values
@@ -370,8 +387,17 @@ invariant(16 * KiB <= http2_frame_bytes_max < 16 * MiB, "RFC 9113 allows SETTING
 invariant(http2_frame_bytes_max <= http2_stream_window_bytes <= http2_connection_window_bytes < 2**31,
           "a full DATA frame fits a stream's window, a stream's window the connection's, both under RFC 9113's 2^31 - 1")
 invariant(http2_connection_window_bytes >= 65_535, "the connection window is only raised from RFC 9113's initial 65,535")
-invariant(frame_bytes_max <= http2_stream_window_bytes, "a whole request body fits a stream's window: no wait mid-body")
-invariant(grpc_message_bytes_max < grpc_buffered_bytes_max, "a stream's unread input holds at least one whole message")
+invariant(http2_stream_window_bytes <= frame_bytes_max <= http2_connection_held_bytes_max,
+          "a body larger than a stream's window completes as its window is given back, and one body fits a connection's hold")
+invariant(http2_connection_held_bytes_max + http2_connection_window_bytes + frame_bytes_max
+          + http2_streams_per_connection_max * http2_stream_window_bytes <= http2_held_bytes_max,
+          "one connection at its worst stays under the node's bound: only many connections reach it")
+invariant(http2_timeout_s_min <= min(http2_idle_s_default, http2_request_s_default)
+          and max(http2_idle_s_default, http2_request_s_default) <= http2_timeout_s_max,
+          "the default HTTP/2 timeouts are ones a config may set")
+invariant(http2_watch_s_max <= http2_request_s_default, "timeouts are looked at well within their length")
+invariant(grpc_message_bytes_max + 5 + http2_stream_window_bytes <= grpc_buffered_bytes_max,
+          "a gRPC stream's unread input holds a whole message and the window a client may still send past it")
 invariant(max(read_bytes_max, batch_bytes_max) * 4 // 3 + 64 * KiB <= frame_bytes_max, "a pull response fits a frame")
 invariant(segment_bytes_min <= segment_bytes_default <= segment_bytes_max, "segment sizes are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")

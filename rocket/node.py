@@ -364,7 +364,8 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                 grpc = {}  # RocketMQ 5 clients, served by brokers
                 if "broker" in config.roles:
                     grpc = rocketmq_services(dispatcher, clock, config.rocketmq_max_attempts)
-                http2_port = await _listen(partial(nursery.start, partial(serve_http2, grpc=grpc, tls=lambda: tls.http2),
+                http2_port = await _listen(partial(nursery.start, partial(serve_http2, grpc=grpc, tls=lambda: tls.http2,
+                                                           idle_s=config.http2_idle_s, request_s=config.http2_request_s),
                                                    dispatcher, lifecycle, listen.host, listen.port),
                                            "HTTP/2, --http2-listen", listen)
             http_port, metrics = None, _Metrics(ready, lifecycle)

@@ -49,9 +49,10 @@ class GrpcCall:
         self.caller = connection.caller  # its connection's: what client quotas hold (rpc.py, Dispatcher.charge)
         self.user: str | None = None  # with auth on, the user the call's signature names (the gateway checks it)
 
-    def _on_data(self, data: bytes) -> None:
+    def _on_data(self, data: bytes) -> bool:
+        """Take the client's bytes; False if they are not kept (the call already failed)."""
         if self.failure is not None:
-            return
+            return False
         self._buffer += data
         try:
             self._messages.extend(split_messages(self._buffer, check_grpc_prefix))
@@ -60,6 +61,12 @@ class GrpcCall:
         if len(self._buffer) > limits.grpc_buffered_bytes_max or sum(map(len, self._messages)) > limits.grpc_buffered_bytes_max:
             self.failure = GrpcError(GrpcStatus.RESOURCE_EXHAUSTED, "the client sent more than the server buffers")
         self._arrived.set()
+        return True
+
+    @property
+    def partial(self) -> bool:
+        """A message has begun and not yet fully arrived: what http2_request_s times."""
+        return bool(self._buffer) and self.failure is None and not self.client_done
 
     def _on_end(self) -> None:
         self.client_done = True
@@ -73,7 +80,10 @@ class GrpcCall:
             if self.failure is not None:
                 raise self.failure
             if self._messages:
-                return self._messages.popleft()
+                message = self._messages.popleft()
+                # Taken by the handler: its bytes (and prefix) are no longer held, and the client may send more.
+                self._connection.release(self._stream_id, len(message) + message_prefix.size)
+                return message
             if self.client_done:
                 return None
             self._arrived = trio.Event()
@@ -105,11 +115,15 @@ GrpcHandler = Callable[[GrpcCall], Awaitable[None]]
 async def serve_http2(dispatcher: Dispatcher, lifecycle: Lifecycle, host: str, port: int, *,
                       grpc: dict[str, GrpcHandler] | None = None,
                       tls: ssl.SSLContext | Callable[[], ssl.SSLContext | None] | None = None,
+                      idle_s: float = limits.http2_idle_s_default, request_s: float = limits.http2_request_s_default,
                       task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve h2c (or, with a TLS context, HTTP/2 over TLS negotiated by ALPN) until the lifecycle drains;
     reports the bound port through task_status. grpc maps "/package.Service/Method" paths to handlers of
     application/grpc calls. tls may be a function that returns the context for each new connection (one reloaded
-    on SIGHUP: transport/tls.py)."""
+    on SIGHUP: transport/tls.py). A connection with no open stream for idle_s is closed (GOAWAY); a request body,
+    or a gRPC message, not complete request_s after it began is reset. The listener's connections share one bound
+    of partly received bodies (limits.http2_held_bytes_max)."""
+    held = HeldBodies()
 
     async def run_connection(stream: trio.abc.Stream) -> None:
         context = tls() if callable(tls) else tls
@@ -124,7 +138,7 @@ async def serve_http2(dispatcher: Dispatcher, lifecycle: Lifecycle, host: str, p
                 await trio.aclose_forcefully(stream)
                 return
         try:
-            await _ServerConnection(dispatcher, lifecycle, stream, grpc or {}).run()
+            await _ServerConnection(dispatcher, lifecycle, stream, grpc or {}, held, idle_s, request_s).run()
         except Exception:
             # A bug reached by one peer's bytes must not take the listener and every other client with it.
             log.exception("HTTP/2 connection failed")
@@ -135,11 +149,29 @@ async def serve_http2(dispatcher: Dispatcher, lifecycle: Lifecycle, host: str, p
     await serve_connections(lifecycle, host, port, run_connection, refuse_connection, task_status=task_status)
 
 
+class HeldBodies:
+    """The bytes of partly received request bodies (and unread gRPC input) that one listener's connections hold,
+    and those connections: past limits.http2_held_bytes_max the biggest holder's fullest stream is reset."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.connections: set[_ServerConnection] = set()
+
+    def enforce(self) -> None:
+        while self.total > limits.http2_held_bytes_max and self.connections:
+            holder = max(self.connections, key=lambda connection: connection.held)
+            if not holder.shed():
+                return
+
+
 class _Request:
     """One stream's request as it arrives; a client reset cancels its scope, and so its handler."""
 
-    def __init__(self, headers: dict[str, str]):
+    def __init__(self, headers: dict[str, str], now: float):
         self.headers = headers
+        self.held = 0  # bytes of its body (or unread gRPC input) the server holds; counted in the connection's
+        self.window_owed = 0  # flow-controlled bytes received whose stream window is not yet given back
+        self.started = now  # trio time its headers arrived: a body must complete within request_s of it
         self.body = bytearray()
         self.scope = trio.CancelScope()
         self.refusal: RocketError | None = None
@@ -151,8 +183,15 @@ class _Request:
 
 class _ServerConnection(Endpoint):
     def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.SocketStream,
-                 grpc: dict[str, GrpcHandler]):
+                 grpc: dict[str, GrpcHandler], held_bodies: HeldBodies | None = None,
+                 idle_s: float = limits.http2_idle_s_default, request_s: float = limits.http2_request_s_default):
         super().__init__(stream, client_side=False, traffic=lifecycle.traffic)
+        self.held_bodies = held_bodies or HeldBodies()
+        self.held = 0  # bytes of partly received bodies this connection holds (limits.http2_connection_held_bytes_max)
+        self.connection_window_owed = 0  # flow-controlled bytes received whose connection window is not given back
+        self.idle_s = idle_s
+        self.request_s = request_s
+        self.open_scope = trio.CancelScope()  # cancelled when the connection has been idle for idle_s
         self.dispatcher = dispatcher
         self.grpc = grpc
         self.lifecycle = lifecycle
@@ -165,12 +204,23 @@ class _ServerConnection(Endpoint):
         self.caller = Caller(source=source_of(stream))  # a connection signs in once (Authenticate), as over TCP
 
     async def run(self) -> None:
+        self.held_bodies.connections.add(self)
+        try:
+            await self._run()
+        finally:
+            self.held_bodies.connections.discard(self)
+            for stream_id in list(self.requests):
+                self._release_all(stream_id)
+
+    async def _run(self) -> None:
         async with self.socket_stream, trio.open_nursery() as tasks:
             tasks.start_soon(self.write_loop)
             self.start()
             async with trio.open_nursery() as calls:
                 calls.start_soon(self._read_loop, calls)
-                await self._drain()
+                calls.start_soon(self._watch)
+                with self.open_scope:
+                    await self._drain()
                 calls.cancel_scope.cancel()
             if not self.peer_gone:
                 self.connection.close_connection()
@@ -191,6 +241,134 @@ class _ServerConnection(Endpoint):
             while self.requests:
                 await self.requests_done.wait()
 
+    async def _watch(self) -> None:
+        """The timeouts: a connection with no open stream for idle_s is closed; a body not complete within
+        request_s of its headers (a gRPC message within request_s of its first bytes) is reset."""
+        idle_since = trio.current_time()
+        while True:
+            await trio.sleep(min(limits.http2_watch_s_max, self.idle_s / 4, self.request_s / 4))
+            now = trio.current_time()
+            if self.requests:
+                idle_since = now
+            elif now - idle_since >= self.idle_s:
+                log.info("closing an HTTP/2 connection from %s: no stream for %s s", self.caller.source, self.idle_s)
+                self.open_scope.cancel()
+                return
+            for stream_id, request in list(self.requests.items()):
+                if request.grpc is not None:
+                    if not request.grpc.partial:
+                        request.started = now  # a message's time starts at its first bytes
+                        continue
+                elif request.answering:
+                    continue
+                if now - request.started >= self.request_s:
+                    log.info("resetting HTTP/2 stream %d from %s: its request did not arrive within %s s",
+                             stream_id, self.caller.source, self.request_s)
+                    self._reset_held(stream_id, h2.errors.ErrorCodes.CANCEL)
+            self.wake_writer()
+
+    def release(self, stream_id: int, size: int) -> None:
+        """The application took size bytes of a stream's input: they are no longer held, and the windows reopen."""
+        request = self.requests.get(stream_id)
+        if request is None or size <= 0:
+            return
+        size = min(size, request.held)
+        request.held -= size
+        self.held -= size
+        self.held_bodies.total -= size
+        self._give_windows()
+        self.wake_writer()
+
+    def _release_all(self, stream_id: int) -> None:
+        request = self.requests.get(stream_id)
+        if request is not None:
+            request.window_owed = 0  # nothing more is read on it
+            self.release(stream_id, request.held)
+
+    def _fullest(self) -> int | None:
+        """The stream that holds most and may still receive (within its bound): the one that gets window past the
+        connection's bound."""
+        best, best_held = None, -1
+        for stream_id, request in self.requests.items():
+            if best_held < request.held <= self._bound_of(request) and self._receiving(request):
+                best, best_held = stream_id, request.held
+        return best
+
+    @staticmethod
+    def _receiving(request: _Request) -> bool:
+        if request.grpc is not None:
+            return not request.grpc.client_done and request.grpc.failure is None
+        return not request.complete and not request.answering
+
+    @staticmethod
+    def _bound_of(request: _Request) -> int:
+        return limits.grpc_message_bytes_max + message_prefix.size if request.grpc is not None else limits.frame_bytes_max
+
+    def _give_windows(self) -> None:
+        """Give back the windows of received bytes, as far as the bounds allow. Under
+        limits.http2_connection_held_bytes_max every stream gets its window back while its input is within its
+        bound, and the connection its window. Past it only the fullest stream does, and the connection only enough
+        window for that stream's: it completes, its body goes to the handler, and the connection holds less."""
+        open_connection = self.held <= limits.http2_connection_held_bytes_max
+        fullest = None if open_connection else self._fullest()
+        for stream_id, request in self.requests.items():
+            if not request.window_owed:
+                continue
+            if not self._receiving(request):
+                request.window_owed = 0  # the client has sent its last: no stream window is needed
+            elif request.held <= self._bound_of(request) and (open_connection or stream_id == fullest):
+                self._open_window_of(request.window_owed, stream_id)
+                request.window_owed = 0
+        if not self.connection_window_owed:
+            return
+        if open_connection:
+            self._open_window_of(self.connection_window_owed, None)
+            self.connection_window_owed = 0
+        elif fullest is not None:
+            try:
+                need = (self.connection._get_stream_by_id(fullest).inbound_flow_control_window
+                        - self.connection.inbound_flow_control_window)
+            except h2.exceptions.ProtocolError:
+                return
+            grant = min(need, self.connection_window_owed)
+            if grant > 0:
+                self._open_window_of(grant, None)
+                self.connection_window_owed -= grant
+
+    def _open_window_of(self, size: int, stream_id: int | None) -> None:
+        if size <= 0:
+            return
+        try:
+            self.connection.increment_flow_control_window(size, stream_id)
+        except (KeyError, h2.exceptions.ProtocolError):
+            pass  # the stream is gone meanwhile (h2 forgets closed streams): it needs no window
+
+    def _reset_held(self, stream_id: int, error_code: h2.errors.ErrorCodes) -> None:
+        """Reset a stream whose request the server will not wait for: its bytes go, its handler is cancelled."""
+        request = self.requests.get(stream_id)
+        self._release_all(stream_id)
+        try:
+            self.connection.reset_stream(stream_id, error_code)
+        except h2.exceptions.ProtocolError:
+            pass  # already closed: nothing to tell the client
+        if request is not None:
+            request.scope.cancel()
+            if not request.answering:
+                self._forget(stream_id)
+        self.open_window()
+
+    def shed(self) -> bool:
+        """Reset this connection's fullest stream because the node holds too much; False if it has none."""
+        best = max(self.requests, key=lambda stream_id: self.requests[stream_id].held, default=None)
+        if best is None or self.requests[best].held <= 0:
+            return False
+        log.warning("resetting HTTP/2 stream %d from %s (ENHANCE_YOUR_CALM): partly received bodies on this node "
+                    "exceed %d bytes and its connection holds most", best, self.caller.source,
+                    limits.http2_held_bytes_max)
+        self._reset_held(best, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self.wake_writer()
+        return True
+
     async def _read_loop(self, calls: trio.Nursery) -> None:
         while not self.peer_gone:
             try:
@@ -209,6 +387,8 @@ class _ServerConnection(Endpoint):
                 break
             for event in events:
                 self._on_event(event, calls)
+            self._give_windows()
+            self.held_bodies.enforce()
             await self.flush()  # waiting here stops reading from a client that does not read our answers
         self.peer_gone = True
         calls.cancel_scope.cancel()
@@ -232,7 +412,7 @@ class _ServerConnection(Endpoint):
             # REFUSED_STREAM tells the client the call never ran, so retrying elsewhere is safe.
             self.connection.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
-        request = self.requests[event.stream_id] = _Request(header_dict(event.headers))
+        request = self.requests[event.stream_id] = _Request(header_dict(event.headers), trio.current_time())
         if self.requests_done.is_set():
             self.requests_done = trio.Event()
         if is_grpc(request.headers) and not request.headers.get(":path", "").startswith(path_prefix):
@@ -241,11 +421,14 @@ class _ServerConnection(Endpoint):
             self._answer_soon(event.stream_id, request, calls)
 
     def _on_data(self, event: h2.events.DataReceived, calls: trio.Nursery) -> None:
-        # Bodies are bounded below, per stream, so the window can reopen as soon as bytes arrive.
-        self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        # The windows reopen as the application takes the bytes (_give_windows, after each read), never merely
+        # because they arrived: what a connection makes the server hold is bounded.
+        self.connection_window_owed += event.flow_controlled_length
         request = self.requests.get(event.stream_id)
         if request is not None and request.grpc is not None:
-            request.grpc._on_data(event.data)  # bounded there: past limits.grpc_buffered_bytes_max the call fails
+            # bounded there too: past limits.grpc_buffered_bytes_max the call fails
+            if request.grpc._on_data(event.data):
+                self._hold(request, event)
             return
         if request is None or request.answering:
             return
@@ -255,6 +438,13 @@ class _ServerConnection(Endpoint):
             self._answer_soon(event.stream_id, request, calls)
             return
         request.body += event.data
+        self._hold(request, event)
+
+    def _hold(self, request: _Request, event: h2.events.DataReceived) -> None:
+        request.held += len(event.data)
+        request.window_owed += event.flow_controlled_length
+        self.held += len(event.data)
+        self.held_bodies.total += len(event.data)
 
     def _on_request_complete(self, stream_id: int, calls: trio.Nursery) -> None:
         request = self.requests.get(stream_id)
@@ -266,6 +456,7 @@ class _ServerConnection(Endpoint):
                 self._answer_soon(stream_id, request, calls)
 
     def _on_reset(self, stream_id: int) -> None:
+        self._release_all(stream_id)
         request = self.requests.get(stream_id)
         if request is not None:
             request.scope.cancel()
@@ -274,12 +465,15 @@ class _ServerConnection(Endpoint):
         self.open_window()  # a sender waiting on this stream's window must wake to see it closed
 
     def _forget(self, stream_id: int) -> None:
+        self._release_all(stream_id)
         self.requests.pop(stream_id, None)
         if not self.requests:
             self.requests_done.set()
 
     def _answer_soon(self, stream_id: int, request: _Request, calls: trio.Nursery) -> None:
         request.answering = True
+        if request.grpc is None:
+            self._release_all(stream_id)  # the body goes to the handler (or is refused): no longer held here
         self.lifecycle.call_started()
         calls.start_soon(self._call, stream_id, request)
 
@@ -290,8 +484,11 @@ class _ServerConnection(Endpoint):
                     await self._answer_grpc(stream_id, request)
                 else:
                     await self._answer(stream_id, request)
-        except h2.exceptions.StreamClosedError:
-            pass  # the client reset the stream while we answered; nobody is left to tell
+        except h2.exceptions.ProtocolError as error:
+            # The client reset the stream while we answered (StreamClosedError), or h2 has forgotten it already and
+            # takes our answer for a new stream (StreamIDTooLowError), or the connection is closing: nobody is left
+            # to tell, and the connection's other streams must go on.
+            log.debug("HTTP/2 stream %d: answer dropped (%s: %s)", stream_id, type(error).__name__, error)
         finally:
             self._forget(stream_id)
             self.lifecycle.call_finished()
