@@ -251,6 +251,7 @@ class Access:
         self.version = -1  # the metadata's ACL version these came from; -1: none yet
         self._hellos = HelloCheck("auth")
         self._failures: collections.OrderedDict[str, list] = collections.OrderedDict()  # source -> a minute's counts
+        self.refusals: collections.Counter[str] = collections.Counter()  # code name -> refusals (the node's metrics)
 
     def update(self, state: dict) -> None:
         """Take an AclState answer (users with sealed secrets, policies) from the metadata."""
@@ -295,6 +296,7 @@ class Access:
 
     def failed(self, source: str, error: RocketError) -> RocketError:
         """Count a refusal against its source and log it (the first few per source and minute); returns it."""
+        self.refusals[error.code.name] += 1
         now = self._monotonic()
         window = self._failures.pop(source, None)
         if window is None or now - window[0] > 60:

@@ -319,6 +319,7 @@ def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispa
     telemetry.add_collector(families.node_metrics(config.node_id, config.roles, rocket.__version__,
                                                   lifecycle.draining.is_set))
     telemetry.add_collector(families.raft_state_metrics(host))
+    telemetry.add_collector(families.access_metrics(dispatcher.access, dispatcher.quotas))
     if store is not None:
         telemetry.traffic = lambda: (store.take_traffic(), {group for group in host.groups if host.leads(group)})
         telemetry.add_collector(families.store_metrics(QueueMeter(store), host.leads, config.metrics_per_queue))

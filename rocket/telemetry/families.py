@@ -62,6 +62,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                              "delete, delete_prefix, get), on this leader"),
     "rocket_kv_reads": ("counter", "KV reads this node served, by kind (get, range, count, digest, export)"),
     "rocket_kv_shards": ("gauge", "KV shards in the storage groups this node leads"),
+    # auth and client quotas
+    "rocket_auth_users": ("gauge", "Users this node enforces (with auth on)"),
+    "rocket_auth_policies": ("gauge", "Policies this node enforces (with auth on)"),
+    "rocket_auth_refusals": ("counter", "Calls and sign-ins this node refused, by code (UNAUTHENTICATED, "
+                             "PERMISSION_DENIED), since it started"),
+    "rocket_quota_throttled_calls": ("counter", "Client calls this broker throttled for being over a quota"),
+    "rocket_quota_throttled_seconds": ("counter", "The throttle times this broker gave, summed"),
 }
 STATES = ("leader", "follower", "candidate")
 
@@ -160,6 +167,21 @@ def tier_metrics(offloader, cold) -> Callable[[], Iterable[Metric]]:
             yield _family("rocket_tier_cold_cache_hits", [], [([], cold.cache_hits)])
             yield _family("rocket_tier_cold_gets", [], [([], cold.gets)])
             yield _family("rocket_tier_cold_fetched_bytes", [], [([], cold.fetched_bytes)])
+    return collect
+
+
+def access_metrics(access, quotas) -> Callable[[], Iterable[Metric]]:
+    """With auth on, the node's rocket.access.Access (else None); on brokers, its rocket.quotas.Quotas (else None)."""
+
+    def collect():
+        if access is not None:
+            yield _family("rocket_auth_users", [], [([], len(access.users))])
+            yield _family("rocket_auth_policies", [], [([], sum(map(len, access.policies.values())))])
+            yield _family("rocket_auth_refusals", ["code"], [([code], count) for code, count in
+                                                            sorted(access.refusals.items())])
+        if quotas is not None:
+            yield _family("rocket_quota_throttled_calls", [], [([], quotas.throttled)])
+            yield _family("rocket_quota_throttled_seconds", [], [([], quotas.throttled_s)])
     return collect
 
 

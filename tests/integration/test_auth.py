@@ -142,6 +142,21 @@ def test_rockets_own_protocol_refuses_what_no_policy_allows(secured, transport):
     assert code_of(secured, ADMIN, "DescribeTopic", {"topic": "alices-own"}) == Code.UNKNOWN_TOPIC
 
 
+def test_refusals_and_users_are_in_the_nodes_metrics(secured):
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    assert code_of(secured, BOB, "Produce", {"topic": "payments", "queue": -1, "batch": batch()}) == DENIED
+    assert code_of(secured, None, "ListTopics", {}) == UNSIGNED
+    with urllib.request.urlopen(f"http://127.0.0.1:{secured.http_port}/metrics", timeout=10) as answer:
+        families = {family.name: family for family in text_string_to_metric_families(answer.read().decode())}
+    refusals = {sample.labels["code"]: sample.value for sample in families["rocket_auth_refusals"].samples
+                if sample.name.endswith("_total")}
+    assert refusals["PERMISSION_DENIED"] >= 1 and refusals["UNAUTHENTICATED"] >= 1, refusals
+    assert families["rocket_auth_users"].samples[0].value >= 4  # admin, alice, bob, eve
+    assert families["rocket_auth_policies"].samples[0].value >= 5
+
+
 def test_a_revoke_or_a_deleted_user_applies_within_a_second_or_two(secured):
     produce = {"topic": "orders-a", "queue": -1, "batch": batch()}
 

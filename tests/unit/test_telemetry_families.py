@@ -102,6 +102,8 @@ def full_registry(tmp_path) -> Telemetry:
     telemetry.add_collector(families.tier_metrics(offloader, cold))
     storage = SimpleNamespace(kv_counts={"txns": 0}, kv_reads={}, store=store)
     telemetry.add_collector(families.kv_metrics(storage, host.leads))
+    access = SimpleNamespace(users={"alice": None}, policies={"alice": [None, None]}, refusals={"PERMISSION_DENIED": 3})
+    telemetry.add_collector(families.access_metrics(access, SimpleNamespace(throttled=2, throttled_s=0.5)))
     return telemetry
 
 
