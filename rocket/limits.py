@@ -168,6 +168,7 @@ checks_config_max = 1000  # transaction_checks_max and rocketmq_max_attempts: mo
 group_member_expiry_s = 6.0  # a member that has not heartbeaten (polled) this long leaves the group
 group_heartbeat_s = 1.0  # how often a pull consumer heartbeats, from its polls
 group_members_max = 1024  # members of one consumer group on one topic; more is a runaway client
+group_member_keys_max = 100_000  # (consumer group, topic) pairs with live members on one node; more is a runaway
 
 # Pop (simple) consumption.
 pop_in_flight_per_queue_max = 100_000  # messages of one queue in flight for one group: state kept per message

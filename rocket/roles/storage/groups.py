@@ -23,10 +23,14 @@ class ConsumerGroups:
         if len(member) > limits.group_name_bytes_max or not (member or request["leave"]):
             raise RocketError(Code.BAD_REQUEST, f"member id must be 1-{limits.group_name_bytes_max} characters")
         now = trio.current_time()
-        if now - self._members_swept_at > limits.group_member_expiry_s:  # groups all of whose members left
+        full = key not in self._members and len(self._members) >= limits.group_member_keys_max
+        if full or now - self._members_swept_at > limits.group_member_expiry_s:  # groups all of whose members left
             self._members_swept_at = now
             for gone in [name for name, members in self._members.items() if max(members.values()) < now]:
                 del self._members[gone]
+        if key not in self._members and len(self._members) >= limits.group_member_keys_max:
+            raise RocketError(Code.OVERLOADED, f"this storage group holds members of {len(self._members)} consumer "
+                              "groups and topics already: a runaway client?")
         members = self._members.setdefault(key, {})
         for gone in [name for name, expires in members.items() if expires < now]:
             del members[gone]
