@@ -201,6 +201,19 @@ _duration_units_s = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86_400}
 _duration_pattern = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
+def parse_iso_ms(text: str, what: str) -> int:
+    """An ISO 8601 time (UTC unless it names its zone) as epoch ms; BAD_REQUEST naming what, as "what: ...", if not."""
+    import datetime
+
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise RocketError(Code.BAD_REQUEST, f"{what}: expected an ISO 8601 time, such as 2030-01-31T09:00") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
 def parse_duration_s(text: str) -> float:
     """'90s', '5m', '1h30m', '365d', '250ms' -> seconds."""
     parts = _duration_pattern.findall(text.strip())

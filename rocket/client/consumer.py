@@ -18,7 +18,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter, matches_all
-from rocket.model import Message, check_group_name, read_charge
+from rocket.model import Message, check_group_name, parse_iso_ms, read_charge
 from rocket.client.throttle import Throttle
 from rocket.serde import batch as batch_codec
 from rocket.transport.channel import Channel
@@ -26,17 +26,9 @@ from rocket.transport.channel import Channel
 
 def parse_start(text: str) -> str | int:
     """'earliest', 'latest', or an ISO-8601 time (UTC unless it names a zone) as epoch ms."""
-    import datetime
-
     if text in ("earliest", "latest"):
         return text
-    try:
-        moment = datetime.datetime.fromisoformat(text)
-    except ValueError:
-        raise RocketError(Code.BAD_REQUEST, f"--from {text!r}: expected earliest, latest or an ISO time") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return int(moment.timestamp() * 1000)
+    return parse_iso_ms(text, f"--from {text!r}: earliest, latest or a time")
 
 
 MODES = ("clustering", "broadcasting")

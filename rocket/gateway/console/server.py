@@ -16,7 +16,6 @@ import base64
 import binascii
 import contextvars
 import dataclasses
-import datetime
 import hmac
 import logging
 import math
@@ -30,7 +29,7 @@ from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.gateway.console import pages
 from rocket.gateway.console.history import RateHistory, Totals
-from rocket.model import SYSTEM_PREFIX, Message, dead_letter_topic, queue_for_key, timer_topic
+from rocket.model import SYSTEM_PREFIX, Message, dead_letter_topic, parse_iso_ms, queue_for_key, timer_topic
 from rocket.serde import batch as batch_codec
 from rocket.transport.http1 import Asked, Response
 from rocket.transport.rpc import Dispatcher
@@ -477,10 +476,4 @@ def parse_time(text: str, name: str) -> int | None:
         return None
     if text.isdigit():
         return int(text)
-    try:
-        moment = datetime.datetime.fromisoformat(text)
-    except ValueError:
-        raise RocketError(Code.BAD_REQUEST, f"{name}: {text!r} is neither epoch ms nor an ISO 8601 time") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return int(moment.timestamp() * 1000)
+    return parse_iso_ms(text, f"{name}: {text!r} is neither epoch ms nor a time")
