@@ -42,6 +42,7 @@ class Code(enum.IntEnum):
     UNKNOWN_GROUP = 31  # a consumer group with no settings in the metadata (create them first)
     UNAUTHENTICATED = 32  # a call that needs credentials it did not bring (a node's, for the methods between nodes)
     PERMISSION_DENIED = 33  # the caller is known, and no policy allows the call (or one denies it)
+    UNKNOWN_SEQUENCE = 34  # a batch sent again, older than the storage group remembers of its producer: outcome unknown
 
 
 class RocketError(Exception):

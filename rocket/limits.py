@@ -363,6 +363,12 @@ telemetry_ship_retry_s_max = 300.0  # after failed passes the shipper's wait dou
 producer_linger_ms_default = 5  # how long a producer waits to fill a batch
 producer_batch_bytes_default = 1 * MiB  # bytes after which a producer sends a batch at once
 producer_in_flight_batches_max = 64  # batches sent and not yet acknowledged, per producer
+# Idempotent produce (store/producers.py): what a storage group remembers of each producer, per queue.
+producer_sequences_kept_max = producer_in_flight_batches_max  # the last batches' answers: a retry of any batch in flight
+# finds its own; one older than these gets UNKNOWN_SEQUENCE
+producer_states_per_group_max = 10_000  # (producer, queue) pairs a storage group remembers; past it the least recently
+# used is forgotten (its retries would be stored again), so state is bounded however many producers come and go
+producer_state_idle_s_max = 86_400  # a producer silent this long on a queue is forgotten (Kafka's producer.id.expiration)
 consumer_pull_bytes_default = 4 * MiB  # bytes a consumer asks for per pull: many batches per round trip
 consumer_wait_ms_default = 1000  # how long a consumer's pull waits on empty queues before it polls again
 simple_invisible_s_default = 30.0  # RocketMQ's default invisible duration for a received message
@@ -403,6 +409,8 @@ invariant(max(read_bytes_max, batch_bytes_max) * 4 // 3 + 64 * KiB <= frame_byte
 invariant(segment_bytes_min <= segment_bytes_default <= segment_bytes_max, "segment sizes are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
+invariant(producer_sequences_kept_max >= producer_in_flight_batches_max,
+          "a storage group remembers the answer of every batch a producer may have in flight")
 invariant(consumer_pull_bytes_default <= read_bytes_max, "a consumer's pull asks no more than one read returns")
 invariant(consumer_wait_ms_default <= pull_wait_ms_max, "a consumer's default wait is one the broker allows")
 invariant(simple_invisible_s_default <= pop_invisible_s_max, "the default invisible time is one storage allows")

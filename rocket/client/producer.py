@@ -4,7 +4,11 @@ Three ways in: send() for one message at a time (batched with concurrent senders
 send_many() for a list, and send_encoded() for batches the caller built (e.g. lines of a file).
 Batches for one queue are stored in the order they were handed over: each queue has a lane that sends
 its next batch once the one before is answered (the server may take concurrent requests in any order).
-Batches for any queue (queue -1; the server spreads them) are pipelined, up to in_flight_max at once.
+Batches for any queue (queue -1; spread round robin here) are pipelined, up to in_flight_max at once.
+
+Producers are idempotent: each has a random id and numbers its batches, so that a batch sent again after a lost
+answer (the failover channel moves on to another broker, a broker retries its storage call) is stored once and gets
+its first answer (store/producers.py). That is why the producer, not the broker, picks the queue of every batch.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
+import secrets
 import time
 from contextlib import asynccontextmanager
 
@@ -33,6 +39,19 @@ class Receipt:
     latency_s: float
     scheduled: bool = False  # the messages wait for their delivery time; queue.offset are their timer ids
     throttle_ms: int = 0  # over a quota: the broker's throttle time, which the producer waits before its next batch
+
+
+class Sequencer:
+    """An idempotent producer's id (random, 63 bits) and its batches' sequence."""
+
+    def __init__(self) -> None:
+        self.producer_id = secrets.randbits(63) or 1
+        self._sequences = itertools.count()
+
+    def produce_request(self, topic: str, queue: int, batch: bytes) -> dict:
+        """A Produce request for a new batch: sending this same request again cannot store the batch twice."""
+        return {"topic": topic, "queue": queue, "batch": batch, "producer_id": self.producer_id,
+                "sequence": next(self._sequences)}
 
 
 @dataclasses.dataclass
@@ -64,9 +83,10 @@ class Producer:
         self._tasks = 0
         self._idle.set()
         self.throttle = Throttle()  # client quotas: what the broker told to wait (client/throttle.py)
+        self.sequencer = Sequencer()
 
-    def _choose_queue(self, message: Message) -> int:
-        if message.key:
+    def _choose_queue(self, message: Message | None = None) -> int:
+        if message is not None and message.key:
             return queue_for_key(message.key, self.queues)
         self._round_robin = (self._round_robin + 1) % self.queues
         return self._round_robin
@@ -128,7 +148,7 @@ class Producer:
     async def _produce(self, encoded: bytes, queue: int) -> Receipt:
         await self.throttle.wait()
         started = time.perf_counter()
-        response = await self.channel.call("Produce", {"topic": self.topic, "queue": queue, "batch": encoded})
+        response = await self.channel.call("Produce", self.sequencer.produce_request(self.topic, queue, encoded))
         return Receipt(response["queue"], response["base_offset"], response["count"], time.perf_counter() - started,
                        response["scheduled"], self.throttle.told(response))
 
@@ -160,7 +180,7 @@ class Producer:
             self._idle = trio.Event()
         self._tasks += 1
         if queue == -1:
-            self._nursery.start_soon(self._send_tracked, encoded, queue, receipts)
+            self._nursery.start_soon(self._send_tracked, encoded, self._choose_queue(), receipts)
         else:
             self._in_order(queue, functools.partial(self._send_tracked, encoded, queue, receipts))
 

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from rocket.client.producer import Sequencer
 from rocket.errors import RocketError, collapse_single_error
 from rocket.model import Message, queue_for_key
 from rocket.serde import batch as batch_codec
@@ -52,6 +53,7 @@ class TransactionProducer:
         self.queues = queues
         self.checker = checker
         self._round_robin = 0
+        self.sequencer = Sequencer()  # idempotent: half messages sent again are stored once
 
     async def send_half(self, *messages: Message) -> Transaction:
         """Store messages as one transaction's half messages: invisible until commit. With a key, the
@@ -61,7 +63,7 @@ class TransactionProducer:
         else:
             self._round_robin = queue = (self._round_robin + 1) % self.queues
         batch = batch_codec.encode(list(messages), int(time.time() * 1000), transaction=True)
-        reply = await self.channel.call("Produce", {"topic": self.topic, "queue": queue, "batch": batch})
+        reply = await self.channel.call("Produce", self.sequencer.produce_request(self.topic, queue, batch))
         return Transaction(self.topic, reply["queue"], reply["base_offset"], reply["count"])
 
     async def end(self, transaction: Transaction, commit: bool) -> None:

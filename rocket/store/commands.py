@@ -23,11 +23,13 @@ POP_COMMAND = 6  # _json_length, JSON (see pop.decide), then for 'dead' the mess
 HALF_COMMAND = 7  # _append_head, topic, _check_at, batch: half messages, kept in half_topic(topic)
 TIER_COMMAND = 8  # JSON {op: offloaded|drop_local|expire|truncate, topic, queue, piece | to}: see manifest.decide
 KV_COMMAND = 9  # _json_length, JSON (see encode_kv), then the transactions' values one after the other
+SEQUENCED_COMMAND = 10  # _sequenced, then an APPEND, TIMER or HALF entry: a producer's numbered batch (producers.py)
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
 _source_length = struct.Struct("<H")
 _fire_count = struct.Struct("<I")
 _check_at = struct.Struct("<Q")  # when the half messages are first checked back, epoch ms
 _json_length = struct.Struct("<I")
+_sequenced = struct.Struct("<BQQ")  # command, producer id, sequence
 
 
 # ---- typed commands ---------------------------------------------------------------------------------
@@ -47,6 +49,8 @@ class Append:
     source: str = ""  # MOVE: the system queue the messages leave
     moved: tuple[int, ...] = ()  # MOVE: their offsets there
     check_at_ms: int = 0  # HALF: when they are first checked back
+    producer: int = 0  # SEQUENCED: the producer's id (0: a batch without one) and the batch's sequence
+    sequence: int = 0
 
     @property
     def stored_topic(self) -> str:
@@ -112,6 +116,14 @@ def decode(data: bytes | memoryview) -> Command:
     view = memoryview(data)
     command = view[0]
     try:
+        if command == SEQUENCED_COMMAND:
+            _, producer, sequence = _sequenced.unpack_from(view)
+            if view[_sequenced.size] not in (APPEND_COMMAND, TIMER_COMMAND, HALF_COMMAND):
+                raise ValueError(f"a sequenced entry holds command {view[_sequenced.size]}")
+            append = _decode_append(view[_sequenced.size], view[_sequenced.size:])
+            append.batch_at += _sequenced.size
+            append.producer, append.sequence = producer, sequence
+            return append
         if command in (APPEND_COMMAND, TIMER_COMMAND, MOVE_COMMAND, HALF_COMMAND):
             return _decode_append(command, view)
         if command == POP_COMMAND:
@@ -178,16 +190,26 @@ def _decode_kv(view: memoryview) -> KvBatch:
 
 # ---- encoders ----------------------------------------------------------------------------------------
 
-def encode_append(topic: str, queue: int, append_ms: int, batch: bytes | memoryview) -> bytes:
-    """A produce batch as one Raft entry. The leader stamps the append time, so replicas agree."""
+def _sequence_head(sequence: tuple[int, int] | None) -> bytes:
+    """A produced batch's entry starts with its producer's id and its sequence, when it has them."""
+    return _sequenced.pack(SEQUENCED_COMMAND, *sequence) if sequence else b""
+
+
+def encode_append(topic: str, queue: int, append_ms: int, batch: bytes | memoryview,
+                  sequence: tuple[int, int] | None = None) -> bytes:
+    """A produce batch as one Raft entry. The leader stamps the append time, so replicas agree. sequence: the
+    producer's id and the batch's sequence, so that the batch is stored once however often it is sent."""
     name = topic.encode()
-    return b"".join((_append_head.pack(APPEND_COMMAND, queue, append_ms, len(name)), name, batch))
+    return b"".join((_sequence_head(sequence), _append_head.pack(APPEND_COMMAND, queue, append_ms, len(name)), name,
+                     batch))
 
 
-def encode_timers(topic: str, queue: int, append_ms: int, batch: bytes | memoryview) -> bytes:
+def encode_timers(topic: str, queue: int, append_ms: int, batch: bytes | memoryview,
+                  sequence: tuple[int, int] | None = None) -> bytes:
     """A batch for a delay topic: stored in its timer queue, each message indexed by its delivery time."""
     name = topic.encode()
-    return b"".join((_append_head.pack(TIMER_COMMAND, queue, append_ms, len(name)), name, batch))
+    return b"".join((_sequence_head(sequence), _append_head.pack(TIMER_COMMAND, queue, append_ms, len(name)), name,
+                     batch))
 
 
 def encode_move(topic: str, queue: int, append_ms: int, source: str, offsets: list[int], batch: bytes) -> bytes:
@@ -200,11 +222,12 @@ def encode_move(topic: str, queue: int, append_ms: int, source: str, offsets: li
                      _fire_count.pack(len(offsets)), struct.pack(f"<{len(offsets)}Q", *offsets), batch))
 
 
-def encode_half(topic: str, queue: int, append_ms: int, check_at_ms: int, batch: bytes | memoryview) -> bytes:
+def encode_half(topic: str, queue: int, append_ms: int, check_at_ms: int, batch: bytes | memoryview,
+                sequence: tuple[int, int] | None = None) -> bytes:
     """Half messages of a transaction: kept in half_topic(topic) until committed or rolled back."""
     name = topic.encode()
-    return b"".join((_append_head.pack(HALF_COMMAND, queue, append_ms, len(name)), name, _check_at.pack(check_at_ms),
-                     batch))
+    return b"".join((_sequence_head(sequence), _append_head.pack(HALF_COMMAND, queue, append_ms, len(name)), name,
+                     _check_at.pack(check_at_ms), batch))
 
 
 def encode_cancel(source: str, queue: int, offsets: list[int]) -> bytes:

@@ -19,6 +19,7 @@ from rocket.errors import invariant
 from rocket.model import SYSTEM_PREFIX, dead_letter_topic
 from rocket.serde import batch as batch_codec
 from rocket.store import commands, manifest, pop, records
+from rocket.store.producers import Producers
 from rocket.store.commands import Append, Cancel, CommitOffsets, PopCommand, Rearm, TierCommand
 from rocket.store.kv import KeyState, KvBatch, KvChange, ShardTxn, Txn
 from rocket.store.manifest import TierChange, TierQueue
@@ -63,6 +64,8 @@ class Effects:
     kv_applied: int = 0  # the index of the last entry applied to the KV part (0: the KV part did not move)
     kv_changes: list[KvChange] = dataclasses.field(default_factory=list)
     kv_shards: dict[tuple[str, int], list[int]] = dataclasses.field(default_factory=dict)  # touched ones, as kv_shards
+    producer_changes: list = dataclasses.field(default_factory=list)  # producers' answers remembered and forgotten
+    producers_restored: list | None = None  # a snapshot installed: its producers' rows, which replace the group's
 
 
 class StorageMachine:
@@ -77,6 +80,8 @@ class StorageMachine:
         self.applied: dict[int, int] = {}  # Raft group -> index of its last entry applied
         self.pops: dict[pop.PopKey, PopQueue] = {}  # pop consumption: (consumer group, topic, queue) -> state
         self.tier: dict[tuple[str, int], TierQueue] = {}  # the tier manifest of each queue that has one
+        self.producers = Producers()  # each producer's latest batches per queue, so a batch sent again is not stored
+        self._entry_index = 0  # within one apply: the entry being applied
         self.next_due: dict[tuple[int, bool], int] = {}  # (Raft group, halves) -> nothing of it is due before this
         # Queues appended to since the offloader last found nothing of them left to upload (all at open).
         self.offload_candidates: set[tuple[str, int]] = set()
@@ -102,6 +107,7 @@ class StorageMachine:
             if entry.index <= (kv_done if type(command) is KvBatch else done):
                 results.append(None)
             else:
+                self._entry_index = entry.index
                 results.append(self._handlers[type(command)](group, command, position, effects))
         self._timer_changes.clear()
         self._kv_changed.clear()
@@ -114,6 +120,8 @@ class StorageMachine:
             effects.records.append((records.TIMERS, records.encode_timers(group, effects.timers)))
         if effects.pop_changes:
             effects.records.append((records.POPS, orjson.dumps([change.to_wire() for change in effects.pop_changes])))
+        if effects.producer_changes:
+            effects.records.append((records.PRODUCERS, orjson.dumps(effects.producer_changes)))
         if effects.tier_changes:
             effects.records.append((records.TIER, orjson.dumps([
                 [topic, queue, orjson.Fragment(state), drop_below]
@@ -125,6 +133,11 @@ class StorageMachine:
     # ---- one handler per command ----------------------------------------------------------------------
 
     def _append(self, group: int, command: Append, position: int, effects: Effects):
+        if command.producer:  # a batch applied before gets its first answer
+            key = (command.producer, command.topic, command.queue)
+            known = self.producers.check(group, key, command.sequence)
+            if known is not None:
+                return known
         if command.command == commands.MOVE_COMMAND and not self._take_timers(
                 group, command.source, command.queue, command.moved, effects.timers):
             return False  # not None: the Raft host answers None with the entry's index
@@ -140,6 +153,9 @@ class StorageMachine:
         elif command.command == commands.HALF_COMMAND:
             for offset in range(base_offset, base_offset + count):
                 self._set_timer(group, Timer(command.check_at_ms, stored_topic, command.queue, offset), effects.timers)
+        if command.producer:
+            self.producers.record(group, key, command.sequence, (base_offset, count), self._entry_index,
+                                  command.append_ms, effects.producer_changes)
         return base_offset, count
 
     def _index_batch(self, group: int, topic: str, queue: int, batch: memoryview, position: int, append_ms: int,
@@ -272,7 +288,8 @@ class StorageMachine:
         kv = [[bucket, shard, revision, history] for (bucket, shard), (holder, revision, history)
               in self.kv_shards.items() if holder == group]
         return orjson.dumps({"group": group, "applied": self.applied.get(group, 0), "queues": queues,
-                             "timers": timers, "pops": pops, "tier": tier, "kv": kv})
+                             "timers": timers, "pops": pops, "tier": tier, "kv": kv,
+                             "producers": self.producers.snapshot(group)})
 
     def restore(self, group: int, data: bytes | memoryview) -> Effects | None:
         """Install a snapshot taken past what this machine applied (else None): the group's queue positions, pop
@@ -295,6 +312,7 @@ class StorageMachine:
         self.tier.update(snapshot.tier)
         effects.tier_changes = snapshot.tier_changes()
         effects.timers = self.replace_timers(group, snapshot.timers)
+        effects.producers_restored = self.producers.restore(group, snapshot.producers)
         effects.touched = snapshot.queues
         return effects
 
@@ -310,6 +328,7 @@ class Snapshot:
     pops: list[PopChange]
     tier: dict[tuple[str, int], TierQueue]
     kv: dict[tuple[str, int], tuple[int, int]]  # (bucket, shard) -> (revision, history)
+    producers: list  # Producers.snapshot's
 
     @classmethod
     def decode(cls, data: bytes | memoryview) -> "Snapshot":
@@ -321,7 +340,8 @@ class Snapshot:
         }, [Timer(*timer) for timer in snapshot.get("timers", ())],
             [PopChange.from_wire(wire) for wire in snapshot.get("pops", ())],
             {(topic, queue): TierQueue.from_wire(state) for topic, queue, state in snapshot.get("tier", ())},
-            {(bucket, shard): (revision, history) for bucket, shard, revision, history in snapshot.get("kv", ())})
+            {(bucket, shard): (revision, history) for bucket, shard, revision, history in snapshot.get("kv", ())},
+            snapshot.get("producers", []))
 
     def tier_changes(self) -> list[TierChange]:
         return [(topic, queue, orjson.dumps(state.to_wire()), state.local_from)

@@ -27,6 +27,7 @@ _entry = struct.Struct(">QIIqQQ")  # log position, count, batch bytes, first tim
 _entry_untagged = struct.Struct(">QIIqQ")  # as written before the tag summary was indexed
 _timer_place = struct.Struct(">QQI")  # due time ms, Raft group, check-backs so far (half messages)
 _stats = struct.Struct(">QQQQQ")  # next offset, bytes, last append ms, Raft group, available from
+_answer = struct.Struct(">QIQQ")  # a producer's batch: base offset, count; the entry index, append ms of its last use
 _applied_key = b"m/applied"
 _refs_key = b"m/refs"  # present once the index keeps WAL references (p keys); an older index is rebuilt
 
@@ -77,6 +78,11 @@ def _pop_key(prefix: bytes, kind: bytes) -> tuple[str, str, int]:
 _in_flight = struct.Struct(">QI")  # visible again at ms, delivery attempt
 
 
+def _producer_key(group: int, producer: int, topic: str, queue: int, sequence: int) -> bytes:
+    """r: Raft group, producer, queue, topic, sequence -> the batch's answer (store/producers.py)."""
+    return b"r" + _u64.pack(group) + _u64.pack(producer) + _u32.pack(queue) + topic.encode() + b"\0" + _u64.pack(sequence)
+
+
 def _offsets_prefix(group: str, topic: str) -> bytes:
     return b"o" + group.encode() + b"\0" + topic.encode() + b"\0"
 
@@ -112,11 +118,17 @@ class QueueIndex:
     def apply(self, entries: list[tuple[str, int, IndexEntry]], stats: dict[tuple[str, int], QueueStats],
               commits: list[tuple[str, str, dict[int, int]]], groups_applied: dict[int, int],
               applied_position: int, timers: list[tuple[int, Timer, bool]] = (), pops: list = (),
-              tier: list[tuple[str, int, bytes, int | None]] = ()) -> None:
+              tier: list[tuple[str, int, bytes, int | None]] = (), producers: list = ()) -> None:
         """Record stored batches, queue stats, offset commits, timers set or done (group, timer, set),
         pop consumption changes, tier states (topic, queue, state, drop the entries below this offset or
-        None) and how far each Raft group got, up to applied_position of the log, in one write."""
+        None), producers' answers remembered and forgotten (store/producers.py's changes) and how far each Raft group got, up to
+        applied_position of the log, in one write."""
         with self._db.write_batch(sync=False) as batch:
+            for change in producers:
+                if len(change) == 5:
+                    batch.delete(_producer_key(*change))
+                else:
+                    batch.put(_producer_key(*change[:5]), _answer.pack(*change[5:]))
             for topic, queue, state, drop_below in tier:
                 batch.put(_queue_prefix(b"T", topic, queue), state)
                 if drop_below is not None:
@@ -239,6 +251,23 @@ class QueueIndex:
     def tier_states(self) -> dict[tuple[str, int], bytes]:
         """Every queue's tier state as stored (see Store: the manifest of offloaded pieces)."""
         return {(key[1:-5].decode(), _u32.unpack(key[-4:])[0]): value for key, value in self._db.iterator(prefix=b"T")}
+
+    def replace_producers(self, group: int, rows: list) -> None:
+        """Make a group's producers' answers these rows (a snapshot's)."""
+        prefix = b"r" + _u64.pack(group)
+        with self._db.write_batch(sync=False) as batch:
+            for key in self._db.iterator(prefix=prefix, include_value=False):
+                batch.delete(key)
+            for row in rows:
+                batch.put(_producer_key(*row[:5]), _answer.pack(*row[5:]))
+
+    def producer_rows(self) -> Iterator[tuple]:
+        """Every producer's answer the index holds, as store/producers.py's rows."""
+        for key, value in self._db.iterator(prefix=b"r"):
+            group, producer = _u64.unpack_from(key, 1)[0], _u64.unpack_from(key, 9)[0]
+            (queue,) = _u32.unpack_from(key, 17)
+            yield (group, producer, key[21:-9].decode(), queue, _u64.unpack_from(key, len(key) - 8)[0],
+                   *_answer.unpack(value))
 
     def groups_applied(self) -> dict[int, int]:
         return {_u64.unpack(key[1:])[0]: _u64.unpack(value)[0] for key, value in self._db.iterator(prefix=b"g")}

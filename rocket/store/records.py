@@ -22,6 +22,7 @@ POPS = 8  # pop consumption changes: JSON [PopChange.to_wire(), ...]
 TIER = 9  # tier manifest changes: JSON [[topic, queue, TierQueue.to_wire(), drop local entries below or None], ...]
 MOVED = 10  # batches copied forward in the WAL (see Store.move_batches): JSON [[topic, queue, offset, old, new], ...]
 FORGOTTEN = 11  # settled timer and half batches no one reads again: JSON [[topic, queue, offset], ...]
+PRODUCERS = 12  # producers' answers remembered and forgotten, in order: JSON [producers.Change, ...]
 _available = struct.Struct("<QH")  # offset, topic length; then topic, then the queue (u32)
 _batch_head = struct.Struct("<H")  # topic length; then topic, then _batch_place
 _batch_place = struct.Struct("<IQQQQIIqQ")  # queue, base offset, append ms, Raft group, where the batch lies

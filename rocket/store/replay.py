@@ -15,6 +15,7 @@ from rocket.model import SYSTEM_PREFIX
 from rocket.store import pop, records
 from rocket.store.machine import Snapshot, StorageMachine, replace_pops
 from rocket.store.manifest import TierQueue
+from rocket.store.producers import Producers
 from rocket.store.queue_index import QueueIndex
 from rocket.store.values import IndexEntry, QueueStats, Timer
 
@@ -34,10 +35,12 @@ class Replay:
         self.commits: list[tuple[str, str, dict[int, int]]] = []
         self.timers: list[tuple[int, Timer, bool]] = []
         self.pop_changes: list[pop.PopChange] = []
+        self.producer_changes: list = []
         self._handlers = {records.BATCH: self._batch, records.OFFSETS: self._offsets, records.APPLIED: self._applied,
                           records.TIMERS: self._timers, records.POPS: self._pops, records.POSITIONS: self._positions,
                           records.TIER: self._tier, records.BACKFILLED: self._backfilled, records.MOVED: self._moved,
-                          records.FORGOTTEN: self._forgotten, records.AVAILABLE: self._available}
+                          records.FORGOTTEN: self._forgotten, records.AVAILABLE: self._available,
+                          records.PRODUCERS: self._producers}
 
     def run(self) -> None:
         """Replay, then hand the machine its state."""
@@ -49,13 +52,14 @@ class Replay:
                 raise RocketError(Code.CORRUPT_DATA, f"log record at {position} has unknown kind {kind}")
             handler(position, body)
             if (len(self.entries) + len(self.commits) + len(self.timers) + len(self.pop_changes)
-                    >= limits.index_replay_records_per_write_max):
+                    + len(self.producer_changes) >= limits.index_replay_records_per_write_max):
                 self._flush(position + HEADER_BYTES + len(body))
         self._flush(self.log.end_position)
         if replayed:
             log.info("replayed %d log records into the index", replayed)
         machine = self.machine
         machine.pops, machine.tier, machine.queues, machine.applied = self.pops, self.tier, self.stats, self.applied
+        machine.producers = Producers.load(self.index.producer_rows())
         machine.offload_candidates = {key for key in self.stats if not key[0].startswith(SYSTEM_PREFIX)}
         for group in self.applied:
             for halves in (False, True):
@@ -65,8 +69,9 @@ class Replay:
 
     def _flush(self, position: int) -> None:
         """Write the pending changes to the index, which then holds the log up to position."""
-        self.index.apply(self.entries, self.stats, self.commits, self.applied, position, self.timers, self.pop_changes)
-        self.entries, self.commits, self.timers, self.pop_changes = [], [], [], []
+        self.index.apply(self.entries, self.stats, self.commits, self.applied, position, self.timers, self.pop_changes,
+                         producers=self.producer_changes)
+        self.entries, self.commits, self.timers, self.pop_changes, self.producer_changes = [], [], [], [], []
 
     def _batch(self, position: int, body: bytes) -> None:
         topic, queue, group, entry = records.decode_batch(body)
@@ -109,9 +114,13 @@ class Replay:
         self.applied[snapshot.group] = snapshot.applied
         self.tier.update(snapshot.tier)
         self.index.apply([], {}, [], {}, position, tier=snapshot.tier_changes())
+        self.index.replace_producers(snapshot.group, Producers().restore(snapshot.group, snapshot.producers))
         self.timers.extend(self.machine.replace_timers(snapshot.group, snapshot.timers))
         for change in replace_pops(self.pops, snapshot.queues, snapshot.pops):
             self._pop_change(change)
+
+    def _producers(self, position: int, body: bytes) -> None:
+        self.producer_changes.extend(tuple(change) for change in orjson.loads(body))
 
     def _tier(self, position: int, body: bytes) -> None:
         # Flush first: the drops delete index entries that earlier records may have added.

@@ -102,8 +102,11 @@ class Store(Reads, Timers, Reclaim):
     def _persist(self, effects: Effects) -> None:
         if effects.applied:
             self.log.append(effects.records)
+            if effects.producers_restored is not None:
+                self.index.replace_producers(effects.group, effects.producers_restored)
             self.index.apply(effects.index_entries, effects.touched, effects.commits, {effects.group: effects.applied},
-                             self.log.end_position, effects.timers, effects.pop_changes, effects.tier_changes)
+                             self.log.end_position, effects.timers, effects.pop_changes, effects.tier_changes,
+                             effects.producer_changes)
             self._dirty = True
             self.traffic.update(effects.touched)
             self.changed.update(effects.touched)

@@ -28,7 +28,7 @@ def test_pull_response_round_trips(serde, message):
 @pytest.mark.parametrize("serde", SERDES, ids=lambda s: s.name)
 def test_produce_request_round_trips(serde):
     """Bytes fields survive both serdes."""
-    message = {"topic": "orders", "queue": -1, "batch": bytes(range(256))}
+    message = {"topic": "orders", "queue": -1, "batch": bytes(range(256)), "producer_id": 2**63 - 1, "sequence": 7}
     assert serde.decode("ProduceRequest", serde.encode("ProduceRequest", message)) == message
 
 

@@ -39,7 +39,7 @@ def _check_message_type(spec: TopicSpec, flags: int) -> None:
 class Produce:
     async def produce(self, request: dict) -> dict:
         """Check the batch's header, CRC and records (decoded in C, then dropped: the batch goes on as it came) and
-        send it to its group."""
+        send it to its group, numbered by its producer (or else by this broker), so that retries store it once."""
         route = await self._route(request["topic"])
         spec = route.spec
         _check_message_type(spec, check_produced(request["batch"]).flags)
@@ -47,8 +47,14 @@ class Produce:
         if queue == -1:  # any queue: spread batches round robin
             queue = next(self._round_robin.setdefault(spec.name, itertools.count())) % spec.queues
         group = route.queue_groups[self._queue(spec, queue)]
-        return await self._storage(route, group, "StorageAppend",
-                                   {"group": group, "topic": spec.name, "queue": queue, "batch": request["batch"]})
+        producer, sequence = request.get("producer_id", 0), request.get("sequence", 0)
+        if not producer:
+            producer, sequence = self._producer_id, next(self._sequences)
+        elif producer < 0 or sequence < 0:
+            raise RocketError(Code.BAD_REQUEST, f"producer_id and sequence are not negative: {producer}, {sequence}")
+        return await self._storage(route, group, "StorageAppend", {
+            "group": group, "topic": spec.name, "queue": queue, "batch": request["batch"], "producer_id": producer,
+            "sequence": sequence})
 
     async def _on_queue(self, method: str, request: dict) -> dict:
         """A storage call on the group of the request's queue."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import secrets
 
 import trio
 
@@ -45,6 +46,10 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
         self._leaders: dict[int, int] = {}  # storage group -> the node that last served it as leader
         self._addresses: dict[int, Address] = {}
         self._round_robin: dict[str, itertools.count] = {}
+        # The producer the broker is for clients that number no batches (its gateways'), so that its own storage
+        # retries store a batch once: a random id, and one sequence for all its batches (store/producers.py).
+        self._producer_id = secrets.randbits(63) or 1
+        self._sequences = itertools.count()
         self._read_turns: dict[int, int] = {}  # storage group -> which replica reads next
         self._filters: dict[tuple[str, str], Filter] = {}  # compiled filters, the most recent limits.filters_cached_max
         self._kv_open: dict = {}  # storage group -> the KV batch that takes transactions now (see kv.py)

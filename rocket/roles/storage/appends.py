@@ -15,21 +15,26 @@ from rocket.store.commands import encode_append, encode_half, encode_offsets, en
 class Appends:
     async def append(self, request: dict) -> dict:
         """Stamp a batch, replicate it, answer with its offsets. The broker checked the batch's CRC; the
-        header is checked again here, because the offsets given out depend on it."""
+        header is checked again here, because the offsets given out depend on it. A batch with its producer's id
+        and sequence is stored once, however often it comes (store/producers.py)."""
         group, topic, queue, batch = request["group"], request["topic"], request["queue"], request["batch"]
         self._hosted(group)
         check_topic_name(topic)
         self._positions([{"queue": queue, "offset": 0}], "offset")
         flags = check_header(batch, crc=False).flags
         append_ms = self._stamp(topic, queue)
+        sequence = (request["producer_id"], request["sequence"]) if request.get("producer_id") else None
+        if sequence and min(sequence) < 0:
+            raise RocketError(Code.BAD_REQUEST, f"producer_id and sequence are not negative: {sequence}")
         if flags & FLAG_TIMED:
             self._check_delivery_times(batch, append_ms)
-            entry = encode_timers(topic, queue, append_ms, batch)
+            entry = encode_timers(topic, queue, append_ms, batch, sequence)
         elif flags & FLAG_TRANSACTION:
             batch_codec.decode(batch)  # its checks and its commit read the half messages: BAD_BATCH now, not then
-            entry = encode_half(topic, queue, append_ms, append_ms + int(self.config.transaction_timeout_s * 1000), batch)
+            entry = encode_half(topic, queue, append_ms, append_ms + int(self.config.transaction_timeout_s * 1000), batch,
+                                sequence)
         else:
-            entry = encode_append(topic, queue, append_ms, batch)
+            entry = encode_append(topic, queue, append_ms, batch, sequence)
         base_offset, count = await self.host.propose(group, entry, limits.storage_append_wait_s_max)
         return {"queue": queue, "base_offset": base_offset, "count": count, "scheduled": bool(flags & FLAG_TIMED)}
 
