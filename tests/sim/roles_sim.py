@@ -19,6 +19,7 @@ import trio
 import trio._core._run as trio_run
 
 from rocket import limits
+from rocket.client.producer import Sequencer
 from rocket.clock import Clock, TrioWallClock
 from rocket.config import NodeConfig
 from rocket.disk.commitlog import SUFFIX, CommitLog
@@ -266,7 +267,8 @@ class Ack:
 
 class Writers:
     """Sequential produce streams, one per queue, through a random live broker; an answer that does not
-    come (node gone, lost, timed out) is resent elsewhere, which may store a duplicate."""
+    come (node gone, lost, timed out) is resent elsewhere, as the same request: an idempotent producer's numbered
+    batch (client/producer.py's Sequencer), which is stored once however often it is sent."""
 
     def __init__(self, network: Network, topic: str, queues: list[int], messages_per_batch: int):
         self.network = network
@@ -277,6 +279,7 @@ class Writers:
         self.sent: set[int] = set()
         self.resends = 0
         self._next_seq = 0
+        self.sequencer = Sequencer()
 
     async def run(self, stop: trio.Event, done: trio.Event) -> None:
         async with trio.open_nursery() as nursery:
@@ -291,6 +294,7 @@ class Writers:
             batch = batch_codec.encode([Message(f"m{seq}".encode(), properties={"seq": str(seq)}) for seq in seqs],
                                        1_700_000_000_000)
             self.sent.update(seqs)
+            request = self.sequencer.produce_request(self.topic, queue, batch)
             while True:
                 live = [node for node in self.network.nodes.values() if node.up]
                 node = self.network.random.choice(live) if live else None
@@ -298,7 +302,7 @@ class Writers:
                     if node is None:
                         raise RocketError(Code.UNAVAILABLE, "no node is up")
                     reply = await self.network.call(0, (node.config.listen.host, node.config.listen.port), "Produce",
-                                                    {"topic": self.topic, "queue": queue, "batch": batch}, 10.0)
+                                                    request, 10.0)
                     break
                 except RocketError as error:
                     if error.code not in RETRYABLE:
