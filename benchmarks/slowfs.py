@@ -159,6 +159,8 @@ def make_operations():
                 try:
                     if os.lstat(path).st_ino == inode:
                         os.unlink(path)
+                        print(f"slowfs: crash: removed {path}, created and not made durable", file=sys.stderr,
+                              flush=True)
                         entries_dropped += 1
                         self.forget_path(inode, path)
                         self.invalidate(inode)
