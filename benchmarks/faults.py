@@ -25,7 +25,8 @@ control values, or the CPU quota). A fault starts when `run` writes it, and slow
 CONTROL_POLL_S.
 
 prepare --slow-disk moves BASE/NODE/data to BASE/NODE/data.backing (once) and mounts slowfs on BASE/NODE/data, run by
-`faults.py slowfs` (control file BASE/NODE/slowfs.json: {"factor": N, "write_delay_ms": W}). prepare --proxy starts
+`faults.py slowfs` (control file BASE/NODE/slowfs.json: {"factor": N, "write_delay_ms": W, "lazy": true|false,
+"crash": C}; lazy, raising C drops every write not fsynced, as a power loss would: crash_slowfs). prepare --proxy starts
 `faults.py proxy` on 127.0.0.1:(PORT_BASE + node id + 50) in front of the node (control file BASE/NODE/proxy.json:
 {"latency_ms", "jitter_ms", "loss", "bandwidth_bytes_per_s", "reset"}) and writes BASE/NODE/node.env with
 ROCKET_ADVERTISE=that address, which cluster.sh adds to the node's environment: the other nodes then reach the node
@@ -104,11 +105,12 @@ async def follow_control(path: Path, apply, interval_s: float = CONTROL_POLL_S) 
 
 
 def settings_from(cls, values: dict):
-    known = {each.name for each in fields(cls)}
-    unknown = set(values) - known
+    """The settings of a control file's values, each of its field's type (the type of the field's default)."""
+    known = {each.name: type(each.default) for each in fields(cls)}
+    unknown = set(values) - set(known)
     if unknown:
         raise ValueError(f"unknown keys {sorted(unknown)}; known: {sorted(known)}")
-    settings = cls(**{key: float(value) for key, value in values.items()})
+    settings = cls(**{key: known[key](value) for key, value in values.items()})
     settings.check()
     return settings
 
@@ -226,8 +228,14 @@ def serve_slowfs(backing: Path, mountpoint: Path, control: Path) -> None:
     operations = make_operations()(str(backing.resolve()))
 
     def apply(values: dict) -> None:
-        operations.settings = settings_from(DiskSettings, values)
+        settings = settings_from(DiskSettings, values)
+        crash = settings.crash > operations.settings.crash
+        operations.settings = settings
         print(f"slowfs: {operations.settings}", file=sys.stderr, flush=True)
+        if crash:
+            counts = {"crash": settings.crash, **operations.crash()}
+            print(f"slowfs: crashed: {counts}", file=sys.stderr, flush=True)
+            write_control(crashed_path(control), counts)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -250,6 +258,31 @@ async def terminate_on_signal(terminate) -> None:
         async for _ in signals:
             terminate()
             return
+
+
+def crashed_path(control: Path) -> Path:
+    """Where slowfs says which crash it last carried out, and what it dropped."""
+    return control.with_name(control.name + ".crashed")
+
+
+def crash_slowfs(control: Path, timeout_s: float = MOUNT_WAIT_S) -> dict:
+    """Make a lazy slowfs drop everything not fsynced (its control's crash counter goes up by one), and wait
+    until it has: what it dropped, {"crash", "files_reverted", "bytes_dropped", "files_removed"}."""
+    values = json.loads(control.read_text())
+    if not values.get("lazy"):
+        raise FaultError(f"{control} does not make slowfs lazy: a crash would drop nothing")
+    values["crash"] = values.get("crash", 0) + 1
+    write_control(control, values)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            counts = json.loads(crashed_path(control).read_text())
+            if counts["crash"] >= values["crash"]:
+                return counts
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+    raise FaultError(f"slowfs did not carry out crash {values['crash']} within {timeout_s} s")
 
 
 def is_slowfs_mount(mountpoint: Path) -> bool:

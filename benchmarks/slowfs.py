@@ -1,6 +1,7 @@
-"""The slow disk of benchmarks/faults.py: a FUSE passthrough (pyfuse3, on trio) over a backing directory that
+"""The test disk of benchmarks/faults.py: a FUSE passthrough (pyfuse3, on trio) over a backing directory that
 delays fsync and fdatasync, and optionally writes, by the DiskSettings its server is given (faults.py `slowfs`
-polls a control file for them). This is the technique of Scylla's CharybdeFS.
+polls a control file for them), as Scylla's CharybdeFS; and, lazy, loses what was not fsynced at a crash, as
+Jepsen's LazyFS: see UndoLog and SlowOperations.crash for what a crash drops and what it keeps.
 """
 
 from __future__ import annotations
@@ -8,18 +9,22 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 import time
 from dataclasses import dataclass
 
 import trio
 
 FSYNC_DELAY_FLOOR_S_PER_FACTOR = 0.0005  # a slow fsync takes at least factor x 0.5 ms, even over a fast real one
+UNDO_BYTES_MAX = 1 << 30  # a lazy disk keeps at most 1 GiB of overwritten synced bytes; past it writes fail (EIO)
 
 
 @dataclass(frozen=True)
 class DiskSettings:
     factor: float = 1.0  # fsync and fdatasync take this many times as long (1: untouched)
     write_delay_ms: float = 0.0  # added to every write
+    lazy: bool = False  # track what is not fsynced, so that a crash can drop it (from when it is turned on)
+    crash: int = 0  # a counter: each increase drops everything not fsynced, as a power loss would (when lazy)
 
     def check(self) -> None:
         if self.factor < 1 or self.write_delay_ms < 0:
@@ -32,6 +37,65 @@ def fsync_delay_s(factor: float, real_s: float) -> float:
     return max((factor - 1) * real_s, factor * FSYNC_DELAY_FLOOR_S_PER_FACTOR)
 
 
+class UndoLog:
+    """What one file held at its last fsync, for the changes made since: its size then, and the synced bytes that
+    writes and truncations have overwritten since (each byte saved once, the first time). revert() puts the file
+    back as it was at that fsync. It works on a descriptor of its own (O_RDWR), opened on the file's backing."""
+
+    def __init__(self, descriptor: int):
+        self.descriptor = descriptor
+        self.synced_size = os.fstat(descriptor).st_size
+        self.saved: list[tuple[int, bytes]] = []  # (offset, the synced bytes there); the ranges never overlap
+        self.covered: list[tuple[int, int]] = []  # the saved ranges, [start, end), sorted and merged
+        self.saved_bytes = 0
+
+    def before_change(self, start: int, end: int) -> None:
+        """Save the synced bytes of [start, end) not saved yet: call before writing or truncating them."""
+        end = min(end, self.synced_size)
+        for gap_start, gap_end in self._gaps(start, end):
+            data = os.pread(self.descriptor, gap_end - gap_start, gap_start)
+            if len(data) != gap_end - gap_start:  # the file is shorter than its synced size: a truncation
+                raise AssertionError(f"read {len(data)} of {gap_end - gap_start} synced bytes at {gap_start}")
+            self.saved.append((gap_start, data))
+            self.saved_bytes += len(data)
+            self._cover(gap_start, gap_end)
+
+    def _gaps(self, start: int, end: int) -> list[tuple[int, int]]:
+        gaps = []
+        for covered_start, covered_end in self.covered:
+            if covered_end <= start:
+                continue
+            if covered_start >= end:
+                break
+            if covered_start > start:
+                gaps.append((start, covered_start))
+            start = max(start, covered_end)
+        if start < end:
+            gaps.append((start, end))
+        return gaps
+
+    def _cover(self, start: int, end: int) -> None:
+        merged = []
+        for each_start, each_end in sorted(self.covered + [(start, end)]):
+            if merged and each_start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], each_end))
+            else:
+                merged.append((each_start, each_end))
+        self.covered = merged
+
+    def revert(self) -> int:
+        """Back to the last fsync; the bytes this drops (written past the synced size, or over synced bytes)."""
+        size = os.fstat(self.descriptor).st_size
+        dropped = max(0, size - self.synced_size) + self.saved_bytes
+        os.ftruncate(self.descriptor, self.synced_size)
+        for offset, data in self.saved:
+            os.pwrite(self.descriptor, data, offset)
+        return dropped
+
+    def close(self) -> None:
+        os.close(self.descriptor)
+
+
 def make_operations():
     import pyfuse3
     from pyfuse3 import FUSEError
@@ -41,7 +105,11 @@ def make_operations():
 
     class SlowOperations(pyfuse3.Operations):
         """pyfuse3's passthroughfs example, with one backing descriptor per open (so a file opened for reading
-        and then for writing works), directory renames that move the paths below them, and slow fsyncs."""
+        and then for writing works), directory renames that move the paths below them, and slow fsyncs.
+
+        Lazy, it also keeps per file an UndoLog of its changes since its last fsync or fdatasync, and the files
+        created since their directory's last fsync (or their own: as ext4 and XFS make a new file's entry durable
+        with the file), and crash() drops both. Renames, unlinks, links and mkdir last at once (not modeled)."""
 
         def __init__(self, backing: str):
             super().__init__()
@@ -50,6 +118,67 @@ def make_operations():
             self.lookups: dict[int, int] = {}
             self.open_descriptors: dict[int, set[int]] = {}  # inode -> backing descriptors open on it
             self.descriptor_inodes: dict[int, int] = {}
+            self.unsynced: dict[int, UndoLog] = {}  # lazy: inode -> its changes since its last fsync
+            self.unsynced_entries: dict[int, str] = {}  # lazy: inode -> backing path of a file created, not durable
+
+        # ---- lazy: what is not fsynced, and the crash that drops it
+
+        def changing(self, inode: int, backing: int | str, start: int, end: int) -> None:
+            """Before a write or truncation of [start, end) of the file (backing: a descriptor or path of it)."""
+            if not self.settings.lazy:
+                return
+            undo = self.unsynced.get(inode)
+            if undo is None:
+                source = f"/proc/self/fd/{backing}" if isinstance(backing, int) else backing
+                try:
+                    undo = self.unsynced[inode] = UndoLog(os.open(source, os.O_RDWR | os.O_CLOEXEC))
+                except OSError as error:
+                    raise fuse_error(error) from None
+            if sum(each.saved_bytes for each in self.unsynced.values()) + (end - start) > UNDO_BYTES_MAX:
+                print(f"slowfs: more than {UNDO_BYTES_MAX} unsynced overwritten bytes; failing the write",
+                      file=sys.stderr, flush=True)
+                raise FUSEError(errno.EIO)
+            undo.before_change(start, end)
+
+        def synced(self, inode: int) -> None:
+            undo = self.unsynced.pop(inode, None)
+            if undo is not None:
+                undo.close()
+            self.unsynced_entries.pop(inode, None)
+
+        def crash(self) -> dict:
+            """Drop everything not fsynced, as a power loss would: every file back to its content at its last
+            fsync, and files created since their last fsync or their directory's gone. The counts dropped."""
+            bytes_dropped = 0
+            for inode, undo in self.unsynced.items():
+                bytes_dropped += undo.revert()
+                undo.close()
+                self.invalidate(inode)
+            entries_dropped = 0
+            for inode, path in self.unsynced_entries.items():
+                try:
+                    if os.lstat(path).st_ino == inode:
+                        os.unlink(path)
+                        print(f"slowfs: crash: removed {path}, created and not made durable", file=sys.stderr,
+                              flush=True)
+                        entries_dropped += 1
+                        self.forget_path(inode, path)
+                        self.invalidate(inode)
+                except FileNotFoundError:
+                    pass
+            counts = {"files_reverted": len(self.unsynced), "bytes_dropped": bytes_dropped,
+                      "files_removed": entries_dropped}
+            self.unsynced.clear()
+            self.unsynced_entries.clear()
+            return counts
+
+        @staticmethod
+        def invalidate(inode: int) -> None:
+            """The kernel forgets the inode's cached pages and attributes, which no longer hold after a crash."""
+            try:
+                pyfuse3.invalidate_inode(inode, attr_only=False)
+            except OSError:
+                pass  # an inode the kernel does not know: nothing cached
 
         def path(self, inode: int) -> str:
             try:
@@ -108,6 +237,8 @@ def make_operations():
             target = fh if fh is not None else self.path(inode)
             try:
                 if fields.update_size:
+                    size = os.fstat(fh).st_size if fh is not None else os.stat(target).st_size
+                    self.changing(inode, target, attr.st_size, size)
                     os.truncate(target, attr.st_size)
                 if fields.update_mode:
                     os.chmod(target, stat.S_IMODE(attr.st_mode))
@@ -166,6 +297,11 @@ def make_operations():
                 finally:
                     os.close(descriptor)
 
+            if self.settings.lazy:  # the entries of the directory are durable from now
+                directory = self.path(fh)
+                for inode in [each for each, path in self.unsynced_entries.items()
+                              if os.path.dirname(path) == directory]:
+                    del self.unsynced_entries[inode]
             await self.slow_sync(sync)
 
         def make_node(self, parent_inode, name, make, owner) -> pyfuse3.EntryAttributes:
@@ -204,11 +340,15 @@ def make_operations():
         async def remove(self, parent_inode, name, remove) -> None:
             path = os.path.join(self.path(parent_inode), os.fsdecode(name))
             try:
-                inode = os.lstat(path).st_ino
+                status = os.lstat(path)
                 remove(path)
             except OSError as error:
                 raise fuse_error(error) from None
-            self.forget_path(inode, path)
+            self.forget_path(status.st_ino, path)
+            if self.unsynced_entries.get(status.st_ino) == path:
+                del self.unsynced_entries[status.st_ino]
+            if status.st_nlink <= 1 and stat.S_ISREG(status.st_mode):
+                self.synced(status.st_ino)  # the unlink lasts at once, so the file's content is gone for good
 
         async def unlink(self, parent_inode, name, ctx):
             await self.remove(parent_inode, name, os.unlink)
@@ -232,6 +372,11 @@ def make_operations():
                 raise fuse_error(error) from None
             if replaced is not None and replaced != inode:
                 self.forget_path(replaced, new)
+                self.unsynced_entries.pop(replaced, None)
+            self.unsynced_entries.pop(inode, None)  # a rename lasts at once, and with it the entry it moves
+            for each, path in list(self.unsynced_entries.items()):  # files created below a renamed directory
+                if path.startswith(old + os.sep):
+                    self.unsynced_entries[each] = new + path[len(old):]
             for paths in self.paths.values():  # the path itself, and everything below a renamed directory
                 moved = {each for each in paths if each == old or each.startswith(old + os.sep)}
                 paths.difference_update(moved)
@@ -252,7 +397,8 @@ def make_operations():
         def opened(self, inode: int, descriptor: int):
             self.open_descriptors.setdefault(inode, set()).add(descriptor)
             self.descriptor_inodes[descriptor] = inode
-            return pyfuse3.FileInfo(fh=descriptor)
+            # Lazy, the kernel must not keep a file's pages from one open to the next: a crash changes them.
+            return pyfuse3.FileInfo(fh=descriptor, keep_cache=not self.settings.lazy)
 
         @staticmethod
         def backing_flags(flags: int) -> int:
@@ -261,14 +407,18 @@ def make_operations():
             return flags & ~(os.O_APPEND | getattr(os, "O_DIRECT", 0)) | os.O_CLOEXEC
 
         async def open(self, inode, flags, ctx):
+            path = self.path(inode)
             try:
-                descriptor = os.open(self.path(inode), self.backing_flags(flags))
+                if flags & os.O_TRUNC:
+                    self.changing(inode, path, 0, os.stat(path).st_size)
+                descriptor = os.open(path, self.backing_flags(flags))
             except OSError as error:
                 raise fuse_error(error) from None
             return self.opened(inode, descriptor)
 
         async def create(self, parent_inode, name, mode, flags, ctx):
             path = os.path.join(self.path(parent_inode), os.fsdecode(name))
+            new = not os.path.lexists(path)
             try:
                 descriptor = os.open(path, self.backing_flags(flags) | os.O_CREAT, mode & ~ctx.umask)
                 os.fchown(descriptor, ctx.uid, ctx.gid)
@@ -276,6 +426,9 @@ def make_operations():
                 raise fuse_error(error) from None
             entry = self.attributes(descriptor=descriptor)
             self.remember(entry.st_ino, path)
+            if new and self.settings.lazy:
+                self.unsynced_entries[entry.st_ino] = path
+                self.changing(entry.st_ino, descriptor, 0, 0)  # its synced content: none
             return self.opened(entry.st_ino, descriptor), entry
 
         async def read(self, fh, off, size):
@@ -288,6 +441,7 @@ def make_operations():
             delay_ms = self.settings.write_delay_ms
             if delay_ms:
                 await trio.sleep(delay_ms / 1000)
+            self.changing(self.descriptor_inodes[fh], fh, off, off + len(buf))
             try:
                 return os.pwrite(fh, buf, off)
             except OSError as error:
@@ -310,6 +464,8 @@ def make_operations():
                 raise fuse_error(error) from None
 
         async def fsync(self, fh, datasync):
+            # Synced as of the call: a write that comes in while the real sync runs is not in it.
+            self.synced(self.descriptor_inodes[fh])
             await self.slow_sync(lambda: (os.fdatasync if datasync else os.fsync)(fh))
 
         async def slow_sync(self, sync) -> None:

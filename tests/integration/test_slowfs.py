@@ -1,5 +1,5 @@
 """benchmarks/faults.py's slowfs, mounted for real over FUSE: a passthrough that files and a rocket node work on,
-and that makes fsync slower when its control file says so."""
+that makes fsync slower when its control file says so, and that, lazy, drops every write not fsynced at a crash."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.conftest import ServerProcess
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import faults  # noqa: E402
-from slowfs import FSYNC_DELAY_FLOOR_S_PER_FACTOR  # noqa: E402
+from slowfs import FSYNC_DELAY_FLOOR_S_PER_FACTOR, UndoLog  # noqa: E402
 
 if not os.path.exists("/dev/fuse"):
     pytest.skip("no /dev/fuse on this machine: slowfs cannot mount", allow_module_level=True)
@@ -27,13 +27,14 @@ if importlib.util.find_spec("pyfuse3") is None:
                 allow_module_level=True)
 
 
-@pytest.fixture
-def slowfs(tmp_path):
-    """(mountpoint, backing, control file) of a slowfs at factor 1; unmounted after the test."""
+@pytest.fixture(params=[False], ids=["eager"])
+def slowfs(tmp_path, request):
+    """(mountpoint, backing, control file) of a slowfs at factor 1, lazy if the param says so; unmounted after
+    the test."""
     backing, mountpoint, control = tmp_path / "backing", tmp_path / "mount", tmp_path / "slowfs.json"
     backing.mkdir()
     mountpoint.mkdir()
-    faults.write_control(control, {"factor": 1})
+    faults.write_control(control, {"factor": 1, "lazy": request.param})
     process = faults.start_slowfs(backing, mountpoint, control, tmp_path / "slowfs.log")
     try:
         yield mountpoint, backing, control
@@ -123,3 +124,92 @@ async def test_rocket_node_on_slowfs(slowfs, tmp_path, monkeypatch, direct):
     finally:
         server.kill()
     assert any((backing / "data").iterdir())
+
+
+lazy = pytest.mark.parametrize("slowfs", [True], ids=["lazy"], indirect=True)
+
+
+def fsync_path(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def test_undo_log_keeps_each_synced_byte_once(tmp_path):
+    """An UndoLog saves the synced bytes that overlapping writes and a truncation overwrite, once each, and puts
+    back exactly the synced content, whatever was written over or past it."""
+    path = tmp_path / "file"
+    path.write_bytes(b"0123456789")
+    undo = UndoLog(os.open(path, os.O_RDWR))
+    with open(path, "r+b") as file:
+        for offset, data in ((2, b"ab"), (1, b"XYZW"), (8, b"tail-past-the-end")):
+            undo.before_change(offset, offset + len(data))
+            file.seek(offset)
+            file.write(data)
+            file.flush()
+        undo.before_change(4, path.stat().st_size)
+        file.truncate(4)
+    assert undo.saved_bytes == 10 - 0 - 1 and undo.covered == [(1, 10)]
+    assert path.read_bytes() == b"0XYZ"
+    assert undo.revert() == 9
+    undo.close()
+    assert path.read_bytes() == b"0123456789"
+
+
+@lazy
+def test_lazy_crash_keeps_only_what_was_fsynced(slowfs):
+    """Write, fsync, write more (past the end, over synced bytes, a truncation): a crash leaves exactly the synced
+    content, read through the mount (no stale kernel cache) and in the backing file."""
+    mountpoint, backing, control = slowfs
+    (mountpoint / "dir").mkdir()
+    log = mountpoint / "dir" / "log"
+    descriptor = os.open(log, os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(descriptor, b"synced-" * 1000)
+    os.fdatasync(descriptor)
+    fsync_path(mountpoint / "dir")
+    os.write(descriptor, b"appended-not-synced")
+    os.pwrite(descriptor, b"OVERWRITE", 100)
+    os.close(descriptor)
+    rewritten = mountpoint / "dir" / "rewritten"
+    rewritten.write_bytes(b"old content, synced")
+    fsync_path(rewritten)
+    with open(rewritten, "r+b") as file:
+        file.truncate(3)
+        file.write(b"-new and longer than before, unsynced")
+    assert log.read_bytes().endswith(b"appended-not-synced")
+    counts = faults.crash_slowfs(control)
+    assert counts["files_reverted"] == 2 and counts["files_removed"] == 0
+    assert counts["bytes_dropped"] >= len(b"appended-not-synced") + len(b"OVERWRITE")
+    assert log.read_bytes() == b"synced-" * 1000 == (backing / "dir" / "log").read_bytes()
+    assert rewritten.read_bytes() == b"old content, synced"
+    descriptor = os.open(log, os.O_RDWR | os.O_APPEND)  # the file goes on from its synced end
+    os.write(descriptor, b"after")
+    os.fsync(descriptor)
+    os.close(descriptor)
+    assert faults.crash_slowfs(control)["files_reverted"] == 0
+    assert log.read_bytes() == b"synced-" * 1000 + b"after"
+
+
+@lazy
+def test_lazy_crash_removes_files_whose_entry_was_not_synced(slowfs):
+    """A file created since its directory's last fsync, and never fsynced itself, is gone after a crash; one
+    whose directory or itself was fsynced stays (with its synced content only), and so does a renamed one."""
+    mountpoint, backing, control = slowfs
+    directory = mountpoint / "d"
+    directory.mkdir()
+    (directory / "directory-synced").write_bytes(b"content not synced")
+    fsync_path(directory)
+    (directory / "never-synced").write_bytes(b"lost")
+    (directory / "file-synced").write_bytes(b"kept")
+    fsync_path(directory / "file-synced")
+    (directory / "created.tmp").write_bytes(b"renamed")
+    os.replace(directory / "created.tmp", directory / "renamed")
+    counts = faults.crash_slowfs(control)
+    assert counts["files_removed"] == 1
+    assert sorted(os.listdir(directory)) == ["directory-synced", "file-synced", "renamed"]
+    assert sorted(os.listdir(backing / "d")) == ["directory-synced", "file-synced", "renamed"]
+    assert (directory / "directory-synced").read_bytes() == b""
+    assert (directory / "file-synced").read_bytes() == b"kept"
+    assert (directory / "renamed").read_bytes() == b""
