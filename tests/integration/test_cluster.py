@@ -28,6 +28,7 @@ import pytest
 import trio
 
 from rocket.client import Consumer, connect
+from rocket.client.producer import Sequencer
 from rocket.errors import Code, RocketError
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
@@ -183,11 +184,13 @@ class Writers:
     errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     async def write(self, queue: int, first_node_index: int) -> None:
-        """One sequential stream of batches to queue; on an unknown outcome, the next broker gets the same batch."""
+        """One sequential stream of batches to queue; on an unknown outcome, the next broker gets the same batch, as
+        the same request: numbered by its producer (client/producer.py's Sequencer), so it is stored once."""
         order = list(self.servers)
         index = first_node_index
         count = 0
         pending: list[int] | None = None
+        sequencer = Sequencer()
         while True:
             node = order[index % len(order)]
             try:
@@ -201,12 +204,13 @@ class Writers:
                             assert count + BATCH <= SEQ_SPAN, f"queue {queue}'s writer ran out of sequence numbers"
                             pending = [queue * SEQ_SPAN + count + i for i in range(BATCH)]
                             count += BATCH
+                            request = sequencer.produce_request("orders", queue, batch_codec.encode(
+                                [make_message(queue, seq) for seq in pending], 1_700_000_000_000))
                         else:
                             self.resends += 1
                         self.sent.update(pending)
-                        batch = batch_codec.encode([make_message(queue, seq) for seq in pending], 1_700_000_000_000)
                         sent_at = trio.current_time()
-                        reply = await channel.call("Produce", {"topic": "orders", "queue": queue, "batch": batch})
+                        reply = await channel.call("Produce", request)
                         assert reply["queue"] == queue and reply["count"] == len(pending), reply
                         self.acks.append(Ack(trio.current_time(), queue, reply["base_offset"], pending, node, sent_at))
                         pending = None
@@ -452,5 +456,6 @@ async def test_three_kills_under_load_lose_no_acknowledged_message(cluster, tmp_
           f"{time.monotonic() - started:.1f} s", flush=True)
     acked = result["acked"]
     assert len(acked) > 1000
+    assert result["duplicates"] == 0, result["duplicated_batches"]  # idempotent producers: resends stored once
     for kill in kills:
         assert kill.first_ack_s < BOUND_S and kill.all_writers_s < BOUND_S and kill.all_led_s < BOUND_S, kill
