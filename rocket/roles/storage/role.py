@@ -54,12 +54,13 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
         # (topic, queue) -> its last append time, most recent last: limits.append_stamp_queues_max (appends.py)
         self._last_append_ms: dict[tuple[str, int], int] = {}
         self._append_ms_floor = 0  # the latest time of the queues dropped from it
-        self.assigned = trio.Event()  # set once the first assignment arrived
+        self.assigned = trio.Event()  # set once the first assignment arrived, or was restored from disk
         self._ask_now = trio.Event()  # a call named a group not hosted yet: ask for the assignment at once
         self._heartbeats_started = self._heartbeats_done = 0
         self._heartbeat_done = trio.Event()  # set (and replaced) as each heartbeat ends
         self.replica_reads = 0  # reads served as a follower in sync
         self._assignment_version = -1  # the metadata version of the assignment this node holds
+        self._saved_assignment: tuple | None = None  # (groups, nodes) of the assignment saved last (replicas.py)
         # One pop at a time per group and queue. Bounded by the pops under way: a lock goes once no task holds or
         # waits for it (pops.py, _drop_pop_lock), and each pop is a call, which the connection limits bound.
         self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}
@@ -120,6 +121,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
         """Flush the store in the background and report to the nameservers until cancelled."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.store.run)
+            self._restore_assignment()  # the groups it hosted, before any nameserver answers
             nursery.start_soon(self._backfill_forever)
             nursery.start_soon(self._sync_states_forever)
             nursery.start_soon(self._fire_timers_forever)
