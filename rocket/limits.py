@@ -169,6 +169,9 @@ group_member_expiry_s = 6.0  # a member that has not heartbeaten (polled) this l
 group_heartbeat_s = 1.0  # how often a pull consumer heartbeats, from its polls
 group_members_max = 1024  # members of one consumer group on one topic; more is a runaway client
 group_member_keys_max = 100_000  # (consumer group, topic) pairs with live members on one node; more is a runaway
+# Queues whose last append time a storage node keeps, to stamp its queues' appends monotonically; the least recently
+# appended goes first, its time folded into one floor that every queue's next stamp stays above.
+append_stamp_queues_max = 100_000
 
 # Pop (simple) consumption.
 pop_in_flight_per_queue_max = 100_000  # messages of one queue in flight for one group: state kept per message
@@ -184,6 +187,7 @@ consumer_groups_max = 10_000  # groups with settings in one cluster: every metad
 group_retry_backoff_steps_max = 64  # steps of a group's retry backoff: RocketMQ's delay levels are 18; more is a typo
 group_settings_cache_s = 5.0  # a broker reads a group's settings at most this often: an update is in force within it
 group_settings_cache_entries_max = 4096  # bounds a broker's cache of group settings; the oldest entry goes first
+round_robin_topics_max = 100_000  # a broker's per-topic queue rotations (produce, receive); one dropped starts at queue 0
 
 # RocketMQ gRPC gateway.
 rocketmq_receive_answer_margin_s = 1.0  # a long poll answers "not found" this long before the client's deadline expires
@@ -253,6 +257,8 @@ remoting_reconsume_times_default = 16  # RocketMQ's maxReconsumeTimes, when a se
 remoting_lock_expiry_s = 60.0  # an orderly consumer's queue lock lapses unless renewed (RocketMQ's rebalance lock)
 remoting_transaction_topics_max = 256  # transaction topics whose checks one broker forwards to remoting producers
 remoting_locks_max = 100_000  # queue locks one broker holds
+remoting_client_groups_max = 10_000  # producer and consumer groups, each, with clients connected to one broker
+remoting_unwritten_offsets_keys_max = 100_000  # (group, topic) pairs of pulled offsets a broker holds before they are written
 remoting_query_scan_messages_max = 100_000  # messages one QUERY_MESSAGE reads looking for a key (no key index)
 
 # Cluster.

@@ -13,3 +13,15 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def replace_durably(path: Path, data: bytes) -> None:
+    """Write a small file whole or not at all: a temporary beside it, fsynced, renamed over it, the directory fsynced.
+    A crash leaves the old file or the new one, never a mix (a leftover temporary is overwritten next time)."""
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    fsync_directory(path.parent)

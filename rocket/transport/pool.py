@@ -27,6 +27,7 @@ class ChannelPool(Background):
         self._tls = tls
         self._server_name = server_name
         self._plain_fallback = plain_fallback  # tls_mode permissive: plain to a node that speaks no TLS yet
+        # Keyed by the addresses this node calls: its peers' and nameservers', from config and metadata, not clients.
         self._channels: dict[Address, TcpChannel] = {}
         self._opening: dict[Address, trio.Lock] = {}
 

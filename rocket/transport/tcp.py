@@ -244,7 +244,7 @@ class _ServerConnection:
         self.stream = stream
         self.send_lock = trio.Lock()
         self.in_flight = trio.Semaphore(limits.in_flight_requests_per_connection_max)
-        self.streams: dict[int, trio.CancelScope] = {}
+        self.streams: dict[int, trio.CancelScope] = {}  # request id -> its open stream: each holds an in-flight slot
         # Who it proved to be: a node of the cluster (its client certificate verified against tls_ca, or it said
         # PeerHello) may call the methods between nodes; a user signed in with Authenticate.
         self.caller = Caller(source=source_of(stream), peer=peer)

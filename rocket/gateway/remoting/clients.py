@@ -33,11 +33,15 @@ class Member:
 
 class Clients:
     def __init__(self) -> None:
+        # Groups with clients connected here, at most limits.remoting_client_groups_max of each kind, each of at most
+        # limits.group_members_max clients; a group goes when its last client leaves.
         self._groups: dict[str, dict[str, Member]] = {}  # consumer group -> client id -> member
         self._producers: dict[str, dict[str, object]] = {}  # producer group -> client id -> connection
-        self._members_seen: dict[tuple[str, str], list[str]] = {}  # (group, topic) -> members, as last read
-        self._offsets: dict[tuple[str, str], dict[int, int]] = {}  # (group, topic) -> queue -> offset, unwritten
-        self._retry_topics_made: set[str] = set()
+        # (group, topic) -> members, as last read: kept only while a local member subscribes to the topic
+        self._members_seen: dict[tuple[str, str], list[str]] = {}
+        # (group, topic) -> queue -> offset, unwritten: at most limits.remoting_unwritten_offsets_keys_max pairs
+        self._offsets: dict[tuple[str, str], dict[int, int]] = {}
+        self._retry_topics_made: set[str] = set()  # cleared at limits.remoting_topic_cache_entries_max
 
     async def heart_beat(self, command: Command, connection) -> Command:
         data = json_body(command)
@@ -45,16 +49,16 @@ class Clients:
         if not client:
             raise ValueError("the heartbeat names no clientID")
         for producer in objects(data.get("producerDataSet"), "producerDataSet"):
-            group = self._producers.setdefault(str(producer.get("groupName", "")), {})
-            if client in group or len(group) < limits.group_members_max:
+            group = _group_of(self._producers, str(producer.get("groupName", "")))
+            if group is not None and (client in group or len(group) < limits.group_members_max):
                 group[client] = connection
         for consumer in objects(data.get("consumerDataSet"), "consumerDataSet"):
             group_name = str(consumer.get("groupName", ""))
             subscriptions = {str(entry.get("topic", "")): (str(entry.get("expressionType") or "TAG"),
                                                            str(entry.get("subString") or "*"))
                              for entry in objects(consumer.get("subscriptionDataSet"), "subscriptionDataSet")}
-            members = self._groups.setdefault(group_name, {})
-            if client not in members and len(members) >= limits.group_members_max:
+            members = _group_of(self._groups, group_name)
+            if members is None or client not in members and len(members) >= limits.group_members_max:
                 continue
             fresh = client not in members or members[client].subscriptions.keys() != subscriptions.keys()
             members[client] = Member(client, connection, subscriptions)
@@ -88,10 +92,13 @@ class Clients:
     async def unregister_client(self, command: Command, connection) -> Command:
         client, group_name = command.ext.get("clientID", ""), command.ext.get("consumerGroup")
         if group_name and self._groups.get(group_name, {}).pop(client, None) is not None:
+            if not self._groups[group_name]:
+                del self._groups[group_name]
             await self._flush_offsets()
             await self._refresh_group(group_name, leaving=client)
-        if command.ext.get("producerGroup"):
-            self._producers.get(command.ext["producerGroup"], {}).pop(client, None)
+        producers = self._producers.get(command.ext.get("producerGroup", ""))
+        if producers is not None and producers.pop(client, None) is not None and not producers:
+            del self._producers[command.ext["producerGroup"]]
         return command.reply()
 
     async def connection_closed(self, connection) -> None:
@@ -104,9 +111,11 @@ class Clients:
                     await self._refresh_group(group_name, leaving=client)
                 if not members:
                     self._groups.pop(group_name, None)
-            for clients in self._producers.values():
+            for group_name, clients in list(self._producers.items()):
                 for client in [client for client, held in clients.items() if held is connection]:
                     del clients[client]
+                if not clients:
+                    del self._producers[group_name]
 
     async def consumer_list(self, command: Command, connection) -> Command:
         group_name = command.ext["consumerGroup"]
@@ -148,7 +157,7 @@ class Clients:
             log.info("membership of %s on %s: %s", group_name, topic, error)
             return self._members_seen.get((group_name, topic), local)
         before = self._members_seen.get((group_name, topic))
-        if local or leaving:
+        if local:  # who to tell of a change: without local members there is no one
             self._members_seen[(group_name, topic)] = members
         else:
             self._members_seen.pop((group_name, topic), None)
@@ -180,8 +189,16 @@ class Clients:
     def commit_later(self, group_name: str, topic: str, queue: int, offset: int) -> None:
         """Keep a commit for the next write; a negative one means nothing was consumed (ali-ons commits -1 for a
         queue it held at offset 0) and is not kept."""
-        if offset >= 0:
-            self._offsets.setdefault((group_name, topic), {})[queue] = offset
+        key = (group_name, topic)
+        if offset < 0:
+            return
+        if key not in self._offsets and len(self._offsets) >= limits.remoting_unwritten_offsets_keys_max:
+            # Not kept (storage unreachable this long, or a runaway client): the consumer's next pull carries its
+            # commit again, and until one is written a restarted consumer reads from the last written (at least once).
+            log.info("unwritten offsets of %d groups and topics are held already: not keeping %s on %s",
+                     len(self._offsets), group_name, topic)
+            return
+        self._offsets.setdefault(key, {})[queue] = offset
 
     def uncommitted(self, group_name: str, topic: str, queue: int) -> int | None:
         return self._offsets.get((group_name, topic), {}).get(queue)
@@ -194,6 +211,17 @@ class Clients:
                     {"queue": queue, "offset": offset} for queue, offset in offsets.items()]})
             except RocketError as error:  # kept for the next round, unless newer ones came meanwhile
                 log.info("committing offsets of %s on %s: %s", group_name, topic, error)
+                if (group_name, topic) not in self._offsets and \
+                        len(self._offsets) >= limits.remoting_unwritten_offsets_keys_max:
+                    continue  # newer pairs took the room: these consumers commit again with their next pull
                 newer = self._offsets.setdefault((group_name, topic), {})
                 for queue, offset in offsets.items():
                     newer.setdefault(queue, offset)
+
+
+def _group_of(groups: dict[str, dict], name: str) -> dict | None:
+    """The group's clients, a new group's if fewer than limits.remoting_client_groups_max have clients here."""
+    found = groups.get(name)
+    if found is None and len(groups) < limits.remoting_client_groups_max:
+        found = groups[name] = {}
+    return found

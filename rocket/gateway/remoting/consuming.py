@@ -194,10 +194,17 @@ class Consuming:
             key = _lock_key(group, queue)
             holder = self._locks.get(key)
             if holder is None or holder[0] == client or now - holder[1] > limits.remoting_lock_expiry_s:
+                if key not in self._locks and len(self._locks) >= limits.remoting_locks_max:
+                    self._sweep_locks(now)
                 if key in self._locks or len(self._locks) < limits.remoting_locks_max:
                     self._locks[key] = (client, now)
                     locked.append(queue)
         return command.reply(body=orjson.dumps({"lockOKMQSet": locked}))
+
+    def _sweep_locks(self, now: float) -> None:
+        """Locks not renewed for limits.remoting_lock_expiry_s are free to take: they go before a lock is refused."""
+        for key in [key for key, (_, renewed) in self._locks.items() if now - renewed > limits.remoting_lock_expiry_s]:
+            del self._locks[key]
 
     async def unlock_batch(self, command: Command, connection) -> Command:
         request = json_body(command)

@@ -99,12 +99,13 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
         self.lifecycle = lifecycle
         self.cluster = cluster
         self._handlers: dict[int, Callable[[Command, Connection], Awaitable[Command]]] = self._table()
-        self._topics: dict[str, tuple[float, dict]] = {}
+        self._topics: dict[str, tuple[float, dict]] = {}  # name -> (read at, topic): limits.remoting_topic_cache_entries_max
         self._brokers: tuple[float, list[str]] = (-1e9, [])
         self._started_ms = clock.wall_ms()
-        self._checked: set[str] = set()  # transaction topics whose checks are forwarded
+        self._checked: set[str] = set()  # transaction topics whose checks are forwarded: remoting_transaction_topics_max
         self._nursery: trio.Nursery | None = None
-        self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, queue) -> (client, renewed)
+        # (group, topic, queue) -> (client, renewed): at most limits.remoting_locks_max, lapsed ones swept first
+        self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}
         Clients.__init__(self)
 
     def _table(self) -> dict[int, Callable[[Command, Connection], Awaitable[Command]]]:

@@ -49,7 +49,7 @@ class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
         self.max_attempts = max_attempts
         self.definition = definition
         self.service = service
-        self._topics: dict[str, tuple[float, dict]] = {}  # name -> (fetched at, TopicInfo)
+        self._topics: dict[str, tuple[float, dict]] = {}  # name -> (fetched at, TopicInfo): rocketmq_topic_cache_entries_max
 
     def handlers(self) -> dict[str, GrpcHandler]:
         service = self.service

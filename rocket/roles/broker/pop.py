@@ -4,7 +4,6 @@ receipts are acked, made visible again or dead-lettered where their queue is. A 
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 import trio
@@ -31,7 +30,7 @@ class PopConsumption:
         max_attempts = settings["max_attempts"] or request["max_attempts"]
         self._filter(request)  # a malformed filter is refused here, with its position
         groups = list(self._by_group(route, range(route.spec.queues)).items())
-        start = next(self._round_robin.setdefault("%receive%" + route.spec.name, itertools.count())) % len(groups)
+        start = self._turn("%receive%" + route.spec.name) % len(groups)
         groups = groups[start:] + groups[:start]
         wanted = min(max(request["max_messages"], 1), limits.pop_messages_max)
         deadline = trio.current_time() + min(max(request["wait_ms"], 0), limits.pull_wait_ms_max) / 1000

@@ -5,7 +5,6 @@ Broker.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import AsyncIterator
 
@@ -45,7 +44,7 @@ class Produce:
         _check_message_type(spec, check_produced(request["batch"]).flags)
         queue = request["queue"]
         if queue == -1:  # any queue: spread batches round robin
-            queue = next(self._round_robin.setdefault(spec.name, itertools.count())) % spec.queues
+            queue = self._turn(spec.name) % spec.queues
         group = route.queue_groups[self._queue(spec, queue)]
         producer, sequence = request.get("producer_id", 0), request.get("sequence", 0)
         if not producer:

@@ -42,18 +42,22 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
         self.peers = peers
         self.clock = clock
         self.roles = roles
+        # Keyed by topics, storage groups and nodes the metadata holds (a route is kept only once the nameservers
+        # gave it): bounded by limits.topics_max, storage_groups_max and the nodes.
         self._routes: dict[str, Route] = {}
         self._leaders: dict[int, int] = {}  # storage group -> the node that last served it as leader
         self._addresses: dict[int, Address] = {}
-        self._round_robin: dict[str, itertools.count] = {}
         # The producer the broker is for clients that number no batches (its gateways'), so that its own storage
         # retries store a batch once: a random id, and one sequence for all its batches (store/producers.py).
         self._producer_id = secrets.randbits(63) or 1
         self._sequences = itertools.count()
         self._read_turns: dict[int, int] = {}  # storage group -> which replica reads next
+        self._round_robin: dict[str, int] = {}  # topic -> its last turn: limits.round_robin_topics_max (routes.py)
         self._filters: dict[tuple[str, str], Filter] = {}  # compiled filters, the most recent limits.filters_cached_max
-        self._kv_open: dict = {}  # storage group -> the KV batch that takes transactions now (see kv.py)
-        self._kv_sending: dict[int, trio.Lock] = {}  # storage group -> held while its KV batch call is out
+        # storage group -> the KV batch that takes transactions now, and the lock held while its call is out (kv.py):
+        # a route's groups, so bounded by limits.storage_groups_max
+        self._kv_open: dict = {}
+        self._kv_sending: dict[int, trio.Lock] = {}
         # consumer group -> (read at, its settings or None): the latest limits.group_settings_cache_entries_max
         self._group_settings: dict[str, tuple[float, dict | None]] = {}
 

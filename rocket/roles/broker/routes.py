@@ -49,6 +49,17 @@ def _system_base(topic: str) -> str:
 
 
 class Routes:
+    def _turn(self, name: str) -> int:
+        """The next of a topic's round-robin turns (produce to any queue, receive from its groups). A system topic's
+        name holds a consumer group a client chose, so only the limits.round_robin_topics_max most recently used
+        topics keep theirs; one dropped starts again at 0, which only shifts where its rotation begins."""
+        turns = self._round_robin
+        turn = turns.pop(name, -1) + 1
+        turns[name] = turn  # at the end: the dict is in the order the topics were last used
+        if len(turns) > limits.round_robin_topics_max:
+            del turns[next(iter(turns))]
+        return turn
+
     async def _route(self, topic: str, refresh: bool = False) -> Route:
         # Dead letters and unresolved transactions lie beside the topic's queues (a KV bucket is a topic of its own).
         if topic.startswith(SYSTEM_PREFIX) and not topic.startswith((KV_PREFIX, RETRY_PREFIX)):

@@ -50,6 +50,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
         self.members = config.nameserver_members()
         self.metadata = Metadata()
         host.add_group(META_GROUP, tuple(self.members), self.metadata)
+        # Keyed by nodes, each registered in the metadata by its first heartbeat, and by the metadata's groups.
         self._heartbeats: dict[int, tuple[float, dict]] = {}  # node -> (when, load): on the leader only
         # node -> its rocket version and schema version, from its last heartbeat (on the leader)
         self._versions: dict[int, tuple[str, int]] = {}
@@ -157,7 +158,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
         self._versions[node] = (request.get("version", ""), request.get("schema_version", 1))
         self._record_traffic(request["load"])
         for group in request["load"]["leads"]:
-            self._leaders[group] = node
+            if group in self.metadata.groups:  # only groups that exist: _leaders stays within storage_groups_max
+                self._leaders[group] = node
         if request["assignment_version"] == self.metadata.version:  # nothing changed: spare 10,000 groups
             return {"version": self.metadata.version, "groups": [], "nodes": [], "unchanged": True}
         return {**self.metadata.assignment(node), "unchanged": False}

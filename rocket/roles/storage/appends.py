@@ -39,9 +39,14 @@ class Appends:
         return {"queue": queue, "base_offset": base_offset, "count": count, "scheduled": bool(flags & FLAG_TIMED)}
 
     def _stamp(self, topic: str, queue: int) -> int:
-        """Append times never go backwards within a queue on this leader; replicas take the stamp."""
-        append_ms = max(self.clock.wall_ms(), self._last_append_ms.get((topic, queue), 0))
-        self._last_append_ms[(topic, queue)] = append_ms
+        """Append times never go backwards within a queue on this leader; replicas take the stamp. The least
+        recently appended of limits.append_stamp_queues_max queues goes, its time kept in a floor all stamps keep."""
+        stamps = self._last_append_ms
+        append_ms = max(self.clock.wall_ms(), stamps.pop((topic, queue), self._append_ms_floor))
+        stamps[(topic, queue)] = append_ms  # at the end: the dict is in the order queues were last appended to
+        if len(stamps) > limits.append_stamp_queues_max:
+            oldest = next(iter(stamps))
+            self._append_ms_floor = max(self._append_ms_floor, stamps.pop(oldest))
         return append_ms
 
     @staticmethod

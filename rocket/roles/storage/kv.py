@@ -17,6 +17,8 @@ from rocket.store.kv import KIND_NAMES, Op, Txn, check_key, check_txn, entry, tx
 
 log = logging.getLogger("rocket.storage")
 
+KV_READ_KINDS = frozenset({"get", "range", "count", "digest", "export"})  # StorageKvRead's ops
+
 
 class KeyValues:
     async def kv_txn(self, request: dict) -> dict:
@@ -53,11 +55,13 @@ class KeyValues:
 
     async def kv_read(self, request: dict) -> dict:
         await self._kv_readable(request)
-        self.kv_reads[request["op"]] = self.kv_reads.get(request["op"], 0) + 1  # the node's metrics, by kind
+        operation = request["op"]
+        if operation not in KV_READ_KINDS:  # before it is counted: the kinds are the metric's labels, a fixed set
+            raise RocketError(Code.BAD_REQUEST, f"a KV read is get, range, count, digest or export, not {operation!r}")
+        self.kv_reads[operation] = self.kv_reads.get(operation, 0) + 1  # the node's metrics, by kind
         bucket, shard, kv = request["bucket"], request["shard"], self.store.kv
         revision = self._kv_revision(bucket, shard)
         now_ms = self.clock.wall_ms()
-        operation = request["op"]
         if operation == "get":
             key = check_key(request["key"])
             state = (kv.get_at(bucket, shard, key, request["revision"]) if request["revision"] > 0
@@ -73,8 +77,6 @@ class KeyValues:
         if operation == "digest":
             keys, size, digest = await trio.to_thread.run_sync(kv.digest, bucket, shard)
             return {"entries": [], "revision": revision, "keys": keys, "bytes": size, "digest": digest}
-        if operation != "range":
-            raise RocketError(Code.BAD_REQUEST, f"a KV read is get, range, count, digest or export, not {operation!r}")
         limit = min(max(request["limit"], 1), limits.kv_range_keys_max)
         found, more = kv.range(bucket, shard, start, end, request["after"] or None, limit, limits.kv_range_bytes_max,
                                now_ms, request["keys_only"])

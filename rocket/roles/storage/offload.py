@@ -54,7 +54,9 @@ class Offloader:
         self.propose = propose
         self.leads = leads
         self.retention = retention
-        self._backoff: dict[tuple[str, int], _Backoff] = {}
+        # These four are keyed by queues the store holds (Store.queues_of picks every key they get), each of which
+        # the store already keeps a QueueStats of in memory: they cost a small multiple of that, never more queues.
+        self._backoff: dict[tuple[str, int], _Backoff] = {}  # queue -> its wait after a failure; gone once it passed
         self._pending_seen: dict[tuple[str, int], tuple[int, float]] = {}  # queue -> (tiered to, first seen)
         self._retention_due: dict[tuple[str, int], float] = {}  # queue -> when to look at its retentions again
         self._swept: set[tuple[str, int]] = set()  # queues whose expired objects this offloader looked for

@@ -15,6 +15,7 @@ from rocket.errors import Code, RocketError
 from rocket.model import Address
 from rocket.raft.controlled import Control
 from rocket.raft.core import Role
+from rocket.roles.storage import assignment as stored_assignment
 from rocket.serde.batch import peek_count
 from rocket.store.store import GroupMachine
 
@@ -47,7 +48,34 @@ class Replicas:
             return
         if not assignment["unchanged"]:
             self._assign(assignment)
+            self._save_assignment(assignment)
         self.assigned.set()
+
+    def _restore_assignment(self) -> None:
+        """Before any heartbeat: host the groups of the assignment saved last, with their members' addresses, so a
+        node restarted while no nameserver answers rejoins its groups. The first answer reconciles (_assign)."""
+        saved = stored_assignment.load(self.config.data_dir, self.config.node_id)
+        if saved is None:
+            return
+        self._assign(saved)
+        self._saved_assignment = (saved["groups"], saved["nodes"])
+        log.info("hosting the %d storage groups of the assignment saved at metadata version %d, until a nameserver "
+                 "answers", len(saved["groups"]), saved["version"])
+        self.assigned.set()
+
+    def _save_assignment(self, assignment: dict) -> None:
+        """Keep the assignment on disk when its groups or nodes changed (a new metadata version alone is not worth an
+        fsync: the next answer after a restart brings it). Written in the event loop's thread, which keeps the
+        roles simulator deterministic; it is rare and small (a replica move, a new group, a node's new address)."""
+        content = (assignment["groups"], assignment["nodes"])
+        if content == self._saved_assignment:
+            return
+        try:
+            stored_assignment.save(self.config.data_dir, self.config.node_id, assignment)
+        except OSError as error:  # a full or failing disk: keep serving; a restart then waits for a nameserver
+            log.error("cannot save this node's assignment to %s: %s", self.config.data_dir, error)
+            return
+        self._saved_assignment = content
 
     def _heartbeat_interval_s(self) -> float:
         """How long until the next heartbeat: sooner while a controller-mode replica here has heard nothing from its

@@ -51,25 +51,34 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
         self.addresses = addresses  # node id -> address, shared with the Raft links
         self.store = Store.open(config.data_dir / "storage", host.wal.log, segment_bytes_max=config.segment_bytes)
         host.sync_before_snapshots = self.store.sync  # a group's snapshot covers the store's log up to it
+        # (topic, queue) -> its last append time, most recent last: limits.append_stamp_queues_max (appends.py)
         self._last_append_ms: dict[tuple[str, int], int] = {}
-        self.assigned = trio.Event()  # set once the first assignment arrived
+        self._append_ms_floor = 0  # the latest time of the queues dropped from it
+        self.assigned = trio.Event()  # set once the first assignment arrived, or was restored from disk
         self._ask_now = trio.Event()  # a call named a group not hosted yet: ask for the assignment at once
         self._heartbeats_started = self._heartbeats_done = 0
         self._heartbeat_done = trio.Event()  # set (and replaced) as each heartbeat ends
         self.replica_reads = 0  # reads served as a follower in sync
         self._assignment_version = -1  # the metadata version of the assignment this node holds
-        self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}  # one pop at a time per group and queue
-        self._members: dict[tuple[str, str], dict[str, float]] = {}  # (consumer group, topic) -> member -> expiry
+        self._saved_assignment: tuple | None = None  # (groups, nodes) of the assignment saved last (replicas.py)
+        # One pop at a time per group and queue. Bounded by the pops under way: a lock goes once no task holds or
+        # waits for it (pops.py, _drop_pop_lock), and each pop is a call, which the connection limits bound.
+        self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}
+        # (consumer group, topic) -> member -> expiry: limits.group_member_keys_max, members expire (groups.py)
+        self._members: dict[tuple[str, str], dict[str, float]] = {}
         self._members_swept_at = 0.0
         self.objects = objects
         self.cold = ColdReader(objects) if objects is not None else None
-        self._retention: dict[str, tuple[float, float]] = {}  # topic -> its own (retention_s, local_retention_s)
-        self._prefetching: set[str] = set()  # pieces being read ahead
+        # topic -> its own (retention_s, local_retention_s): replaced whole from the metadata's topics (tiering.py),
+        # so bounded by limits.topics_max
+        self._retention: dict[str, tuple[float, float]] = {}
+        self._prefetching: set[str] = set()  # pieces being read ahead: one per read under way, removed as it ends
         self._nursery: trio.Nursery | None = None
-        self._kv_exports: dict[str, tuple] = {}  # export id -> (LevelDB snapshot, revision, idle at): see kv.py
+        # export id -> (LevelDB snapshot, revision, idle at): ids are ours, at most limits.kv_exports_max (kv.py)
+        self._kv_exports: dict[str, tuple] = {}
         self._kv_export_ids = 0
         self.kv_counts: dict[str, int] = {"txns": 0}  # transactions applied on this leader, and their operations by kind
-        self.kv_reads: dict[str, int] = {}  # KV reads served, by kind (get, range, count, ...)
+        self.kv_reads: dict[str, int] = {}  # KV reads served, by kind: kv.KV_READ_KINDS only
         self.wal_moved_bytes = 0  # batches copied forward so that old WAL segments could go
         self._wal_drops_seen, self._wal_rescan_at = -1, 0.0  # the store's drops at the last scan of the WAL's oldest
         settings = TierSettings(config.tier_s3_prefix if config.tier_backend == "s3" else "",
@@ -112,6 +121,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
         """Flush the store in the background and report to the nameservers until cancelled."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.store.run)
+            self._restore_assignment()  # the groups it hosted, before any nameserver answers
             nursery.start_soon(self._backfill_forever)
             nursery.start_soon(self._sync_states_forever)
             nursery.start_soon(self._fire_timers_forever)
