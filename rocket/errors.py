@@ -42,6 +42,7 @@ class Code(enum.IntEnum):
     UNKNOWN_GROUP = 31  # a consumer group with no settings in the metadata (create them first)
     UNAUTHENTICATED = 32  # a call that needs credentials it did not bring (a node's, for the methods between nodes)
     PERMISSION_DENIED = 33  # the caller is known, and no policy allows the call (or one denies it)
+    DISK_FULL = 34  # the node's data disk has less free space than its reserve: new data is refused until space returns
 
 
 class RocketError(Exception):
