@@ -43,6 +43,7 @@ class Code(enum.IntEnum):
     UNAUTHENTICATED = 32  # a call that needs credentials it did not bring (a node's, for the methods between nodes)
     PERMISSION_DENIED = 33  # the caller is known, and no policy allows the call (or one denies it)
     UNKNOWN_SEQUENCE = 34  # a batch sent again, older than the storage group remembers of its producer: outcome unknown
+    DISK_FULL = 35  # the node's data disk has less free space than its reserve: new data is refused until space returns
 
 
 class RocketError(Exception):

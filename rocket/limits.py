@@ -123,6 +123,15 @@ wal_reclaim_window_segments = 4  # the oldest segments whose live share decides 
 wal_live_fraction_max = 0.5  # ... when at most this share of them is live: copying costs at most what it frees
 wal_rescan_s = 60.0  # a pinned oldest segment is scanned again after this long, or once local data went
 raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites live groups and drops the rest
+# Free space a node keeps on its data disk: below it, new data (produce, KV puts) is refused with DISK_FULL, so that a
+# batch already past the check, and what the node must still write (votes, offsets commits, checkpoints), fit.
+disk_reserve_bytes = 32 * MiB
+# ... and below this much, every proposal is refused (offsets commits, metadata): what is applied must still fit the
+# store's log and LevelDB, which a full disk would fail in the middle of an apply.
+disk_floor_bytes = 8 * MiB
+disk_probe_s = 0.5  # how often a node looks at its data disk's free space: a refusal ends this soon after space returns
+disk_full_retry_s_min = 0.05  # a WAL write refused for want of space (ENOSPC) is tried again after this, doubling ...
+disk_full_retry_s_max = 1.0  # ... up to this: a freed disk is used within a second, and a full one costs no busy loop
 raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they are dropped, as by a network
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
 raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered
@@ -473,3 +482,7 @@ invariant(tcp_idle_s_default >= 10 * pull_wait_ms_max / 1000 and tcp_idle_s_defa
           "an idle client connection lives well past a long poll's gap and an HTTP/1.1 keep-alive: reconnects stay rare")
 invariant(tcp_partial_frames_bytes_max >= 16 * frame_bytes_max and tcp_partial_frames_bytes_max >= 64 * tcp_receive_bytes,
           "many producers' largest frames arrive at once without one being closed")
+invariant(disk_reserve_bytes >= 2 * raft_entry_bytes_max + disk_floor_bytes, "a batch that passed the free-space check, and the "
+          "bookkeeping after it, fit in the reserve")
+invariant(disk_full_retry_s_min <= disk_full_retry_s_max <= disk_probe_s * 4, "retries of a refused write back off "
+          "to about as often as the disk is looked at")

@@ -8,7 +8,8 @@ With direct, writes bypass the page cache (O_DIRECT, whole aligned blocks from m
 the newest cached_bytes are read from that memory; a segment's file may then end in zeros up to a block
 boundary until it is sealed or closed, which recovery cuts like any torn tail. The record format is record.py,
 the direct log's memory direct.py. About 450 lines, one class: segments, appends, syncs and reads share the
-segment table, the tail and the reader cache, under one lock discipline.
+segment table, the tail and the reader cache, under one lock discipline. An append that fails (ENOSPC) leaves
+the log ending at its last whole record, so the caller may append again once space returns.
 """
 
 from __future__ import annotations
@@ -206,6 +207,16 @@ class CommitLog:
         (benchmarks/RESULTS.md, "Writes of at most 1 MiB")."""
         if self._tail is not None:
             return self._write_direct(buffers)
+        try:
+            self._write_buffered(buffers)
+        except OSError:
+            # A full disk, say: what a short write left past the last whole record is cut, so that the log
+            # ends at a record again and a retry's bytes follow it, not a torn one.
+            os.ftruncate(self._active_fd, self._active_size)
+            raise
+        self._drop_written()
+
+    def _write_buffered(self, buffers: list[bytes | memoryview]) -> None:
         step = limits.log_write_bytes_max
         views = (memoryview(buffer).cast("B") for buffer in buffers)
         buffers = [view[at : at + step] for view in views for at in range(0, len(view), step)]
@@ -226,20 +237,26 @@ class CommitLog:
                     buffers[first] = buffers[first][written:]
                     written = 0
         self._written(total_written)
-        self._drop_written()
 
     def _write_direct(self, buffers: list[bytes | memoryview]) -> None:
         """Copy into the tail's memory and write whole blocks from there, at their place in the segment."""
         size = sum(len(buffer) for buffer in buffers)
         if not size:
             return
+        mark = self._tail.mark()
         blocks, offset = self._tail.stage(buffers, size)
-        with blocks:
-            while len(blocks):
-                written = os.pwrite(self._active_fd, blocks, offset)
-                if written % ALIGN:
-                    raise OSError(errno.EIO, f"{self._path(self._starts[-1])}: direct write stopped off a block")
-                blocks, offset = blocks[written:], offset + written
+        try:
+            with blocks:
+                while len(blocks):
+                    written = os.pwrite(self._active_fd, blocks, offset)
+                    if written % ALIGN:
+                        raise OSError(errno.EIO, f"{self._path(self._starts[-1])}: direct write stopped off a block")
+                    blocks, offset = blocks[written:], offset + written
+        except OSError:
+            # As in _write: memory and file end at the last whole record again, and a retry writes from there.
+            self._tail.rewind(mark)
+            os.ftruncate(self._active_fd, self._active_size)
+            raise
         self._written(size)
 
     def _written(self, size: int) -> None:

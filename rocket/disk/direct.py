@@ -49,6 +49,18 @@ class DirectTail:
                 if len(old) == limits.direct_log_chunk_bytes and len(self._spare) < limits.direct_log_spare_chunks_max:
                     self._spare.append(old)
 
+    def mark(self) -> tuple[mmap.mmap, int, int]:
+        """Where the staged bytes end, for rewind."""
+        return self.chunks[-1][1], self._file_offset, self._fill
+
+    def rewind(self, mark: tuple[mmap.mmap, int, int]) -> None:
+        """Forget what was staged since mark (its write failed): the next stage copies over it. A chunk that
+        stage added is dropped; the chunk that was newest at mark is never released by stage, so it is still here."""
+        newest, self._file_offset, self._fill = mark
+        with self.lock:
+            while self.chunks[-1][1] is not newest:
+                self.chunks.pop()
+
     def stage(self, parts: list[bytes | memoryview], size: int) -> tuple[memoryview, int]:
         """Copy parts (size bytes, the log's next) into memory; returns the blocks to write and their file offset."""
         position, chunk = self.chunks[-1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -25,3 +26,15 @@ def replace_durably(path: Path, data: bytes) -> None:
         os.fsync(file.fileno())
     os.replace(temporary, path)
     fsync_directory(path.parent)
+
+
+def free_bytes(directory: Path) -> int:
+    """Bytes an unprivileged writer may still put on the file system that holds directory."""
+    status = os.statvfs(directory)
+    return status.f_bavail * status.f_frsize
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether an error is the file system refusing bytes for want of space (or of quota): an operating
+    error the writer survives, unlike damage."""
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)

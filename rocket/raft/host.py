@@ -99,6 +99,11 @@ class RaftHost(Rounds):
         self._persisting = 0
         self._persisted = trio.Event()
         self._persist_error: BaseException | None = None
+        self._stopping = False  # the round loop ends: a round waiting for disk space fails instead
+        # Why this node refuses new data now ("" while it takes it): its data disk is under limits.disk_reserve_bytes,
+        # or the WAL refused a write for want of space, until the round loop's watch finds the reserve free again.
+        self.disk_refusal = ""
+        self.disk_free_bytes = 2**63  # as last seen; under limits.disk_floor_bytes every proposal is refused
         self._token: trio.lowlevel.TrioToken | None = None
         # Only groups touched since the last round are asked for a Ready, and only awake groups are
         # ticked: thousands of quiet groups then cost nothing per tick.
@@ -316,6 +321,8 @@ class RaftHost(Rounds):
             raise RocketError(Code.UNAVAILABLE, f"group {group} is not hosted on node {self.node_id}")
         if len(data) > limits.raft_entry_bytes_max:
             raise RocketError(Code.BAD_REQUEST, f"an entry holds at most {limits.raft_entry_bytes_max} bytes")
+        if self.disk_refusal and self.disk_free_bytes < limits.disk_floor_bytes:
+            raise RocketError(Code.DISK_FULL, self.disk_refusal)  # its apply could fail writing the store
         index = hosted.core.propose(data)
         self._unwritten_bytes += len(data)
         hosted.idle_ticks = 0

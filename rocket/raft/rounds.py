@@ -7,11 +7,13 @@ round is written at once and its write overlaps the fsync. Once the fsync of the
 committed entries (written by earlier rounds) are applied; once its own fsync is done, its messages go out,
 coalesced into one payload per destination node: persist before send. Snapshots are taken here and their files
 written by one worker thread beside the rounds (snapshots.py); a group's log is compacted once its file is durable.
-A mixin of RaftHost, which holds the state.
+A full disk is an operating error: a round the WAL refuses (ENOSPC) is written again once space returns, and while
+free space is under limits.disk_reserve_bytes the node refuses new data (disk_refusal). A mixin of RaftHost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -20,7 +22,7 @@ import time
 import trio
 
 from rocket import limits
-from rocket.disk.files import fsync_directory
+from rocket.disk.files import free_bytes, fsync_directory, out_of_space
 from rocket.errors import RocketError, invariant
 from rocket.raft import codec, snapshots
 from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role, Snapshot
@@ -80,6 +82,7 @@ class Rounds:
                 self._token = trio.lowlevel.current_trio_token()
                 self._nursery = nursery
                 nursery.start_soon(self._ticker)
+                nursery.start_soon(self._watch_disk)
                 task_status.started()
                 while True:
                     await self._wake.wait()
@@ -88,6 +91,7 @@ class Rounds:
                     if not self._gathering():
                         await self._round()
         finally:
+            self._stopping = True  # a round waiting for disk space gives up: the node is going
             with trio.CancelScope(shield=True):  # the WAL is closed after this returns: let its writes end
                 while self._persisting:
                     await self._persisted.wait()
@@ -97,6 +101,32 @@ class Rounds:
             await trio.sleep(self.tick_s)
             self._tick()
             self._wake.set()
+
+    async def _watch_disk(self) -> None:
+        """Look at the data disk's free space now and then: refuse new data below the reserve, and take it
+        again once space returns (a refusal after ENOSPC too), without a restart."""
+        while True:
+            await trio.sleep(limits.disk_probe_s)
+            try:
+                free = free_bytes(self.wal.log.directory)
+            except OSError:
+                continue
+            self.disk_free_bytes = free
+            if free < limits.disk_reserve_bytes:
+                self._disk_full(f"{free // limits.MiB} MiB free", free)
+            elif self.disk_refusal:
+                log.warning("node %d: the data disk has %d MiB free again: new data is taken", self.node_id,
+                            free // limits.MiB)
+                self.disk_refusal = ""
+
+    def _disk_full(self, why: str, free: int) -> None:
+        """In the trio thread: refuse new data until _watch_disk finds the reserve free again."""
+        self.disk_free_bytes = min(self.disk_free_bytes, free)
+        if not self.disk_refusal:
+            log.warning("node %d: the data disk is full (%s): new data is refused until %d MiB are free",
+                        self.node_id, why, limits.disk_reserve_bytes // limits.MiB)
+        self.disk_refusal = (f"node {self.node_id}: the disk of {self.wal.log.directory} is full ({why}); new data "
+                             f"is refused until {limits.disk_reserve_bytes // limits.MiB} MiB are free")
 
     def _tick(self) -> None:
         """Tick the groups that are awake, quiesce idle ones this node leads, wake quiet ones whose
@@ -246,6 +276,8 @@ class Rounds:
     async def _maybe_checkpoint(self) -> None:
         """Snapshot every group, then checkpoint once their files are written: the checkpoint then rewrites
         little more than hard states and snapshot descriptors. The rounds go on while the files are written."""
+        if self.disk_refusal:
+            return  # a checkpoint adds bytes before it frees any (a storage node's WAL keeps its segments)
         if self._checkpoint_after is None:
             for group, hosted in self.groups.items():
                 self._compact(group, hosted)
@@ -262,9 +294,19 @@ class Rounds:
         self._settle()
         invariant(not self._pending, "every round is released before a checkpoint")
         live = [self._checkpoint_of(group, hosted) for group, hosted in self.groups.items()]
+        compactions, deferred = self._compactions, self._deferred
         self._compactions = []  # the checkpoint holds every snapshot
         self._deferred, self._deferred_due = {}, False  # and every hard state
-        await trio.to_thread.run_sync(self._checkpoint_now, live)
+        try:
+            await trio.to_thread.run_sync(self._checkpoint_now, live)
+        except OSError as error:
+            if not out_of_space(error):
+                raise
+            # Nothing is marked: replay still starts before it. What it would have held goes with the next rounds.
+            self._compactions = compactions + self._compactions
+            self._deferred = {**deferred, **self._deferred}
+            self._disk_full(f"a checkpoint failed: {error.strerror}", 0)
+            return
         for update in live:
             self._snapshot_durable(update.group, update.snapshot)
 
@@ -272,8 +314,7 @@ class Rounds:
                  result: list) -> None:
         """In a worker thread: write the round and tell the round loop, then make it durable as soon as
         the fsync before it is done (unless one that began after this write covered it already)."""
-        positions = self.wal.write(updates)
-        result.append((positions, [self.wal.write_data(blobs) for blobs in data]))
+        result.append(self._write_round(updates, data))
         self._rounds_on_disk = number
         self._token.run_sync_soon(written.set)
         with self._sync_lock:
@@ -286,6 +327,30 @@ class Rounds:
             self.fsyncs += 1
             self._rounds_synced = covered
         self._token.run_sync_soon(self._synced, covered)
+
+    def _write_round(self, updates: list[Update], data: list[list[bytes]]) -> tuple[dict, list[list[int]]]:
+        """In a persist thread: write the round's updates and data. A full disk refuses them (ENOSPC) with the log
+        cut back to its last whole record (CommitLog.append); the round is then written again, after pauses that
+        double, until space returns. It cannot fail instead: its cores were advanced as if it were written.
+        Nothing of it goes out before its fsync, and records written twice replay as once."""
+        pause_s = limits.disk_full_retry_s_min
+        while True:
+            try:
+                written = self.wal.write(updates), [self.wal.write_data(blobs) for blobs in data]
+            except OSError as error:
+                if not out_of_space(error) or self._stopping:
+                    raise
+                self._token.run_sync_soon(self._disk_full, f"a WAL write failed: {error.strerror}", 0)
+                time.sleep(pause_s)
+                pause_s = min(2 * pause_s, limits.disk_full_retry_s_max)
+                continue
+            if pause_s > limits.disk_full_retry_s_min:
+                log.warning("node %d: the WAL took a round again after a full disk", self.node_id)
+            with contextlib.suppress(OSError):
+                free = free_bytes(self.wal.log.directory)
+                if free < limits.disk_reserve_bytes:
+                    self._token.run_sync_soon(self._disk_full, f"{free // limits.MiB} MiB free", free)
+            return written
 
     def _checkpoint_now(self, live: list[Update]) -> None:
         self.sync_before_snapshots()  # the checkpoint holds every group's snapshot

@@ -32,6 +32,7 @@ class Engine(Protocol):
     groups: Mapping[int, object]  # the groups hosted here, by id
     wal: object  # the node's WAL: entries' data lies in wal.log; wal.replay_start() is the oldest position it needs
     sync_before_snapshots: Callable[[], None]  # makes the state machines' own writes durable
+    disk_refusal: str  # why the node refuses new data now, its disk being full ("" while it has room)
 
     def add_group(self, group: int, voters: tuple[int, ...], machine: StateMachine,
                   learners: tuple[int, ...] = ()) -> object: ...

@@ -40,6 +40,7 @@ RESPONSE_OF_CODE = {  # rocket's error codes -> RocketMQ's response codes
     Code.OVERLOADED: ResponseCode.SYSTEM_BUSY, Code.UNAVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
     Code.TIMEOUT: ResponseCode.SYSTEM_BUSY, Code.NOT_ENOUGH_REPLICAS: ResponseCode.FLUSH_SLAVE_TIMEOUT,
     Code.UNAUTHENTICATED: DENIED_CODE, Code.PERMISSION_DENIED: ResponseCode.NO_PERMISSION,
+    Code.DISK_FULL: ResponseCode.SERVICE_NOT_AVAILABLE,  # what a RocketMQ broker answers when its disk is full
 }
 
 

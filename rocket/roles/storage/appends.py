@@ -1,5 +1,6 @@
 """Appends on a group's leader: produce batches (timed and transactional ones to their system queues), stamped with
-the leader's append time, and consumer offsets commits. A mixin of StorageRole.
+the leader's append time, refused with DISK_FULL while the node's disk is full, and consumer offsets commits. A mixin
+of StorageRole.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class Appends:
         and sequence is stored once, however often it comes (store/producers.py)."""
         group, topic, queue, batch = request["group"], request["topic"], request["queue"], request["batch"]
         self._hosted(group)
+        self._room_for_data()
         check_topic_name(topic)
         self._positions([{"queue": queue, "offset": 0}], "offset")
         flags = check_header(batch, crc=False).flags
@@ -37,6 +39,12 @@ class Appends:
             entry = encode_append(topic, queue, append_ms, batch, sequence)
         base_offset, count = await self.host.propose(group, entry, limits.storage_append_wait_s_max)
         return {"queue": queue, "base_offset": base_offset, "count": count, "scheduled": bool(flags & FLAG_TIMED)}
+
+    def _room_for_data(self) -> None:
+        """New data (a produce, a KV put) needs the disk's free space above its reserve; offsets commits, acks and
+        other small control writes do not ask, and take the reserve, so that consumers go on while it is full."""
+        if self.host.disk_refusal:
+            raise RocketError(Code.DISK_FULL, self.host.disk_refusal)
 
     def _stamp(self, topic: str, queue: int) -> int:
         """Append times never go backwards within a queue on this leader; replicas take the stamp. The least

@@ -30,6 +30,8 @@ class KeyValues:
                               f"{len(request['txns'])}")
         now_ms = self.clock.wall_ms()
         txns = [check_txn(txn_from_wire(txn, now_ms)) for txn in request["txns"]]
+        if any(op.op == "put" for txn in txns for op in txn.success + txn.failure):
+            self._room_for_data()
         payload = encode_kv(txns)
         if len(payload) > limits.raft_entry_bytes_max:
             raise RocketError(Code.BAD_REQUEST, f"transactions of {len(payload)} bytes in all; at most "
