@@ -120,3 +120,64 @@ async def test_full_disk_refuses_writes_keeps_reads_and_resumes(server_process, 
         assert seen.get(seq) == position, f"acknowledged message {seq} at {position} is not there"
     # Refused batches were never acknowledged; none of them shows up either (each was refused before its proposal).
     assert set(seen) == set(acked)
+
+
+async def test_a_full_storage_node_hands_its_leaderships_over_and_the_cluster_keeps_writing(small_disk, tmp_path):
+    """Three nodes, one of whose data disk fills (a filler file under the reserve): it hands over every group it
+    leads and leads none while full, writers never stop, and nothing acknowledged is lost or stored twice."""
+    from rocket.transport.listen import free_ports
+    from tests.integration.test_cluster import Node, Writers, cluster_status, verify_acknowledged, \
+        wait_all_groups_led
+
+    groups, ids = 6, (1, 2, 3)
+    ports = free_ports(len(ids))
+    nameservers = ",".join(f"{node}@127.0.0.1:{port}" for node, port in zip(ids, ports))
+    environment = {"ROCKET_STORAGE_GROUPS": str(groups), "ROCKET_REPLICATION": "3"}
+    nodes = {node: Node(node, port, nameservers, tmp_path, environment=environment) for node, port in zip(ids, ports)}
+    full = nodes[1]
+    full.data_dir = small_disk / "data"
+    servers = [node.server for node in nodes.values()]
+    try:
+        for node in nodes.values():
+            node.start()
+        for node in nodes.values():
+            await node.wait_ready()
+        async with connect(servers[1]) as channel:
+            await channel.call("CreateTopic", {"topic": "orders", "queues": 8}, timeout_s=30)
+        await wait_all_groups_led(servers, set(ids), timeout_s=30, groups=groups)
+        writers = Writers({node: nodes[node].server for node in (2, 3)})
+        async with trio.open_nursery() as nursery:
+            for index, queue in enumerate((0, 2, 4, 6)):
+                nursery.start_soon(writers.write, queue, index)
+            await trio.sleep(2)
+            room = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+            with open(small_disk / "filler", "wb") as filler:  # leaves half the reserve free
+                os.posix_fallocate(filler.fileno(), 0, max(1, room - limits.disk_reserve_bytes // 2))
+            filled_at = trio.current_time()
+            with trio.fail_after(20):
+                while True:  # the node's next heartbeats hand its groups over, and the nameservers lead none back
+                    status = await cluster_status(servers[1:])
+                    if status is not None and len(status["groups"]) == groups and all(
+                            group["leader"] in (2, 3) for group in status["groups"]):
+                        break
+                    await trio.sleep(0.2)
+            handed_over_s = trio.current_time() - filled_at
+            acked_before = len(writers.acks)
+            await trio.sleep(3)
+            assert len(writers.acks) > acked_before, "writers stalled while one node's disk was full"
+            status = await cluster_status(servers[1:])
+            assert all(group["leader"] != 1 for group in status["groups"]), status["groups"]
+            (small_disk / "filler").unlink()
+            await trio.sleep(2)
+            writers.stop.set()
+            with trio.fail_after(30):
+                while writers.done < 4:
+                    await trio.sleep(0.1)
+        assert full.exited_by_itself() is None, full.log_path.read_text()[-3000:]
+        result = await verify_acknowledged(writers, servers[1], tmp_path)
+        print(f"full node handed its leaderships over in {handed_over_s:.1f} s; acknowledged {result['acknowledged']},"
+              f" duplicates {result['duplicates']}, writer errors {dict(writers.errors)}")
+        assert result["acknowledged"] > 0 and result["duplicates"] == 0
+    finally:
+        for node in nodes.values():
+            node.kill()

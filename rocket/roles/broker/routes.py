@@ -128,10 +128,13 @@ class Routes:
         try again until limits.storage_retry_s_max has passed (or, for a long poll, the call's timeout).
 
         at_most_once: a write that must not be applied twice (KV) is tried again only after UNAVAILABLE (not
-        the leader, not hosted, unreachable, or its entry lost to a new leader: surely not applied). A call that
+        the leader, not hosted, unreachable, or its entry lost to a new leader: surely not applied) or, in a group
+        of several replicas, DISK_FULL (refused before it was proposed; the leader hands its groups over). A call that
         went out and got no answer (TIMEOUT, CONNECTION_LOST) may have been applied: its error is passed on, and
         the caller learns the outcome is unknown; so is TIMEOUT when the retries run out with a call out."""
         retryable = (Code.UNAVAILABLE,) if at_most_once else RETRYABLE
+        if len(route.voters.get(group, ())) > 1:  # refused unproposed: the group's next leader may have room
+            retryable += (Code.DISK_FULL,)
         unknown = RocketError(Code.TIMEOUT, f"a write to storage group {group} got no answer within "
                               f"{limits.storage_retry_s_max} s: its outcome is unknown")
         failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")

@@ -139,7 +139,14 @@ class NodeHealthChecks:
         that a pin acts at once, not at the next window)."""
         pinned = {node.id for node in self.metadata.nodes.values() if node.health_pin == DEGRADED}
         unpinned = {node.id for node in self.metadata.nodes.values() if node.health_pin != AUTO}
-        return pinned | (self.judge.degraded() - unpinned if self.config.health_act else set())
+        return pinned | self.disk_full() | (self.judge.degraded() - unpinned if self.config.health_act else set())
+
+    def disk_full(self) -> set[int]:
+        """Storage nodes whose last heartbeat had less free disk than limits.disk_reserve_bytes: they refuse new
+        data (DISK_FULL), so they lead nothing until they report room again (their replicas stay)."""
+        return {node.id for node in self.metadata.storage_nodes()
+                if "free_disk_bytes" in self._heartbeats.get(node.id, (0, {}))[1]
+                and self._heartbeats[node.id][1]["free_disk_bytes"] < limits.disk_reserve_bytes}
 
     def _counts_now(self) -> dict[int, dict]:
         """Every node's counts that are up: storage nodes are judged, and every node (brokers call storage nodes

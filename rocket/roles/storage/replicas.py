@@ -25,6 +25,8 @@ log = logging.getLogger("rocket.storage")
 class Replicas:
     async def _heartbeat(self) -> None:
         groups = self._storage_groups()
+        if self.host.disk_refusal:
+            self._hand_over_leadership(groups)
         leads = [group for group in groups if self.host.leads(group)]
         lagging = [{"group": group, "node": node, "entries": entries}
                    for group in leads for node, entries in self.host.lagging(group).items()]
@@ -50,6 +52,21 @@ class Replicas:
             self._assign(assignment)
             self._save_assignment(assignment)
         self.assigned.set()
+
+    def _hand_over_leadership(self, groups: list[int]) -> None:
+        """While this node's disk is full it refuses new data: each Raft group it leads goes to the caught-up voter
+        that lags least, so the group takes writes through the others (the nameservers, seeing the free disk in the
+        heartbeat, lead nothing back here until there is room). Controller-mode groups follow their controller."""
+        for group in groups:
+            if not self.host.leads(group) or self.host.controlled(group) is not None:
+                continue
+            lagging = self.host.lagging(group)
+            others = [voter for voter in self.host.voters(group)
+                      if voter != self.config.node_id and self.host.caught_up(group, voter)]
+            if others:
+                successor = min(others, key=lambda voter: lagging.get(voter, 0))
+                log.warning("group %d: this node's disk is full; leadership goes to node %d", group, successor)
+                self.host.transfer_leadership(group, successor)
 
     def _restore_assignment(self) -> None:
         """Before any heartbeat: host the groups of the assignment saved last, with their members' addresses, so a
