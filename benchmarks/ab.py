@@ -25,8 +25,11 @@ READY = re.compile(r"rocket ready tcp=[^:]+:(\d+)")
 
 def rocket(tree: Path, *args: str, **options) -> subprocess.CompletedProcess:
     environment = dict(os.environ, PYTHONPATH=str(tree))
-    return subprocess.run([sys.executable, "-m", "rocket", *args], env=environment, capture_output=True, text=True,
-                          check=True, **options)
+    done = subprocess.run([sys.executable, "-m", "rocket", *args], env=environment, capture_output=True, text=True,
+                          **options)
+    if done.returncode:
+        raise SystemExit(f"rocket {' '.join(args)} of {tree} exited {done.returncode}: {done.stderr[-2000:]}")
+    return done
 
 
 def one_run(tree: Path, messages: int) -> dict:

@@ -36,7 +36,7 @@ _IDLE_MS = limits.producer_state_idle_s_max * 1000
 
 @dataclasses.dataclass(slots=True)
 class ProducerState:
-    answers: dict[int, tuple[int, int]]  # sequence -> (base offset, count)
+    answers: dict[int, tuple[int, int]]  # sequence -> (base offset, count), in sequence order
     last_index: int  # the entry that used it last: the order in which states are forgotten
     last_ms: int
 
@@ -54,7 +54,7 @@ class Producers:
         answer = state.answers.get(sequence)
         if answer is not None:
             return answer
-        if len(state.answers) >= limits.producer_sequences_kept_max and sequence < min(state.answers):
+        if len(state.answers) >= limits.producer_sequences_kept_max and sequence < next(iter(state.answers)):
             return RocketError(Code.UNKNOWN_SEQUENCE, f"batch {sequence} of producer {key[0]:x} on {key[1]}/{key[2]} "
                                f"is older than the {len(state.answers)} this queue remembers: whether it was stored "
                                "is not known")
@@ -63,18 +63,26 @@ class Producers:
     def record(self, group: int, key: Key, sequence: int, answer: tuple[int, int], index: int, now_ms: int,
                changes: list[Change]) -> None:
         """A new batch applied at entry index: remember its answer, forgetting what falls out (both to changes)."""
-        states = self.groups.setdefault(group, {})
+        states = self.groups.get(group)
+        if states is None:
+            states = self.groups[group] = {}
         state = states.pop(key, None)  # put back last: the most recently used
         if state is None:
             state = ProducerState({}, index, now_ms)
         states[key] = state
-        state.answers[sequence] = answer
-        state.last_index, state.last_ms = index, max(state.last_ms, now_ms)
-        changes.append((group, *key, sequence, *answer, index, state.last_ms))
-        if len(state.answers) > limits.producer_sequences_kept_max:
-            oldest = min(state.answers)
-            del state.answers[oldest]
-            changes.append((group, *key, oldest))
+        answers = state.answers
+        in_order = not answers or sequence > next(reversed(answers))
+        answers[sequence] = answer
+        if not in_order:  # batches in flight applied out of order: rare, and the answers stay sorted
+            answers = state.answers = dict(sorted(answers.items()))
+        state.last_index = index
+        if now_ms > state.last_ms:
+            state.last_ms = now_ms
+        changes.append((group, key[0], key[1], key[2], sequence, answer[0], answer[1], index, state.last_ms))
+        if len(answers) > limits.producer_sequences_kept_max:
+            oldest = next(iter(answers))
+            del answers[oldest]
+            changes.append((group, key[0], key[1], key[2], oldest))
         while states:
             first = next(iter(states))
             if len(states) <= limits.producer_states_per_group_max and states[first].last_ms >= now_ms - _IDLE_MS:
@@ -95,7 +103,7 @@ class Producers:
         rows = []
         for producer, topic, queue, last_index, last_ms, answers in wire:
             states[(producer, topic, queue)] = ProducerState({sequence: (base, count) for sequence, base, count
-                                                               in answers}, last_index, last_ms)
+                                                               in sorted(answers)}, last_index, last_ms)
             rows.extend((group, producer, topic, queue, sequence, base, count, last_index, last_ms)
                         for sequence, base, count in answers)
         return rows
@@ -111,4 +119,7 @@ class Producers:
             states[key] = state
             state.answers[sequence] = (base, count)
             state.last_index, state.last_ms = index, max(state.last_ms, at_ms)
+        for states in producers.groups.values():
+            for state in states.values():
+                state.answers = dict(sorted(state.answers.items()))
         return producers
