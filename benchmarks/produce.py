@@ -55,15 +55,18 @@ def one_round(arguments, number: int, nodes: int = 1) -> dict:
     data = Path(tempfile.mkdtemp(prefix="rocket-bench-", dir=arguments.data_parent))
     servers = start_nodes(data, nodes, arguments.tier)
     server = servers[0]
-    profiler = None
+    profilers = []
     try:
         readies = [re.search(rb"tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+)", each.stdout.readline()) for each in servers]
         ready = readies[0]
         port = (ready.group(1) if arguments.transport == "tcp" else ready.group(2)).decode()
-        if arguments.profile and number == 0:
-            svg = Path(arguments.out) / f"produce-server-{arguments.transport}.svg"
-            profiler = subprocess.Popen(["py-spy", "record", "-o", str(svg), "--pid", str(server.pid)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if arguments.profile and number == 0:  # every node: an SVG and its collapsed stacks (to sum by frame)
+            for index, each in enumerate(servers):
+                stem = Path(arguments.out) / f"produce-server-{arguments.transport}-{nodes}-node{index + 1}"
+                profilers += [subprocess.Popen(["py-spy", "record", "-o", f"{stem}.{kind}", "--format", form,
+                                                "--pid", str(each.pid)],
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              for kind, form in (("svg", "flamegraph"), ("txt", "raw"))]
         common = ("--server", f"127.0.0.1:{port}", "--transport", arguments.transport, "--serde", arguments.serde,
                   "--disk-dir", str(data))
         produced_file, consumed_file = data / "produce.json", data / "consume.json"
@@ -75,8 +78,9 @@ def one_round(arguments, number: int, nodes: int = 1) -> dict:
                "--messages", str(arguments.messages), "--json", str(consumed_file))
         return {"produce": produced, "consume": json.loads(consumed_file.read_text())}
     finally:
-        if profiler is not None:
+        for profiler in profilers:
             profiler.send_signal(signal.SIGINT)
+        for profiler in profilers:
             profiler.wait(60)
         for each in servers:
             each.send_signal(signal.SIGTERM)
