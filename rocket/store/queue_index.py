@@ -30,6 +30,7 @@ _stats = struct.Struct(">QQQQQ")  # next offset, bytes, last append ms, Raft gro
 _answer = struct.Struct(">QIQQ")  # a producer's batch: base offset, count; the entry index, append ms of its last use
 _applied_key = b"m/applied"
 _refs_key = b"m/refs"  # present once the index keeps WAL references (p keys); an older index is rebuilt
+_synced_key = b"m/synced"  # written with sync=True by a checkpoint (see sync)
 
 
 def _queue_prefix(kind: bytes, topic: str, queue: int) -> bytes:
@@ -114,6 +115,17 @@ class QueueIndex:
     def applied_position(self) -> int:
         raw = self._db.get(_applied_key)
         return _u64.unpack(raw)[0] if raw else 0
+
+    def sync(self) -> int:
+        """Make every write before the call durable (a synced write syncs LevelDB's log, which holds them all), and
+        return how far into the store's log the index had reached before it: no crash takes it back below that."""
+        reached = self.applied_position
+        self._db.put(_synced_key, b"", sync=True)
+        return reached
+
+    def rewind(self, position: int) -> None:
+        """Durably say the index reached position of the store's log (see Store.open: an index ahead of its log)."""
+        self._db.put(_applied_key, _u64.pack(position), sync=True)
 
     def apply(self, entries: list[tuple[str, int, IndexEntry]], stats: dict[tuple[str, int], QueueStats],
               commits: list[tuple[str, str, dict[int, int]]], groups_applied: dict[int, int],

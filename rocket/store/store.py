@@ -3,8 +3,9 @@
 A group's Raft log is its commit log: a produce batch is written once, inside its entry in the node's WAL, fsync'ed
 before anything is acknowledged. The state machine (machine.py) decides what committed entries change; this shell
 persists its effects: small records in the store's own log (records.py, written without sync) and the index in
-LevelDB, which is rebuilt from them (replay.py). After a crash the groups re-apply from the WAL what the store lost;
-APPLIED records make that idempotent. The store is synced before a snapshot is written (the Raft host calls sync in
+LevelDB, which a replay of them brings up to date (replay.py). A checkpoint syncs LevelDB and deletes the log below
+it (checkpoint). After a crash the groups re-apply from the WAL what the store lost; APPLIED records make that
+idempotent. The store is synced before a snapshot is written (the Raft host calls sync in
 its persist thread), so the Raft log may then be compacted up to it. Reads, timers and WAL reclaim are rooms of
 their own (reads.py, timers.py, reclaim.py).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -66,6 +68,8 @@ class Store(Reads, Timers, Reclaim):
         self._timer_batches: collections.OrderedDict = collections.OrderedDict()  # see Timers._timer_batch
         self._timer_batches_bytes = 0
         self._dirty = False
+        self._checkpointed = commit_log.start_position  # the log below this was dropped by a checkpoint
+        self._checkpointing = threading.Lock()  # one checkpoint at a time: sync may run in several threads
         self.fsyncs = 0
         self.traffic: dict[tuple[str, int], QueueStats] = {}  # queues appended to or read since take_traffic
         self.bytes_in: dict[tuple[str, int], int] = {}  # (topic, group) -> bytes appended since take_bytes_in
@@ -73,15 +77,11 @@ class Store(Reads, Timers, Reclaim):
 
     @classmethod
     def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_default) -> "Store":
-        """data is the node's Raft WAL, where the batches of applied entries lie."""
-        commit_log = CommitLog.open(directory / "log", segment_bytes_max)
+        """data is the node's Raft WAL, where the batches of applied entries lie. The store's own log takes segments of
+        at most limits.store_log_segment_bytes_max, however large segment_bytes_max (see checkpoint)."""
+        commit_log = CommitLog.open(directory / "log", min(segment_bytes_max, limits.store_log_segment_bytes_max))
         index = QueueIndex(directory / "index")
-        if index.applied_position > commit_log.end_position:
-            log.warning("index is ahead of the log (its tail was cut back): rebuilding it from the log")
-            index.destroy_and_reopen()
-        elif not index.keeps_refs:
-            log.warning("index predates WAL references: rebuilding it from the log")
-            index.destroy_and_reopen()
+        _match_index_to_log(index, commit_log)
         store = cls(commit_log, index, data, KvIndex(directory / "kv"))
         Replay(commit_log, index, store.machine).run()
         return store
@@ -260,13 +260,32 @@ class Store(Reads, Timers, Reclaim):
 
     def sync(self) -> None:
         """Make durable what the store appended before the call, also when a background sync of it is
-        still in flight (CommitLog.sync waits for that one). May run in any thread."""
+        still in flight (CommitLog.sync waits for that one); then checkpoint once the log grew by
+        limits.store_log_checkpoint_bytes since the last checkpoint. May run in any thread."""
         dirty, self._dirty = self._dirty, False
-        self.log.sync()
+        durable = self.log.sync()
         if dirty:
             self.kv.sync()
-        if dirty:
             self.fsyncs += 1
+        if durable - self._checkpointed >= limits.store_log_checkpoint_bytes:
+            self.checkpoint(durable)
+
+    def checkpoint(self, durable: int) -> int:
+        """Delete the store log's segments that LevelDB durably covers, as the Raft WAL drops what its checkpoint
+        holds; durable is where a sync of the log (just now) made it durable up to. Returns how many went.
+
+        The order is what Store.open counts on. The log is synced first, then LevelDB (a synced write makes every
+        write before it durable), at the position it had reached, read before: after any crash the index is at or
+        past the floor, and the log ends at or past it too. The segments that end at or below the floor go, and
+        that is made durable at once, so that a crash never leaves a hole among the segments."""
+        with self._checkpointing:
+            floor = min(durable, self.index.sync())
+            removed = self.log.delete_before(floor)
+            if removed:
+                self.log.sync()  # fsyncs the directory
+                log.info("store log checkpointed at position %d: %d segments deleted", floor, removed)
+            self._checkpointed = max(self._checkpointed, floor)
+            return removed
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Flush the store's writes in the background, so that a snapshot's sync has little left to do."""
@@ -281,3 +300,32 @@ class Store(Reads, Timers, Reclaim):
         self.log.close()
         self.index.close()
         self.kv.close()
+
+
+def _match_index_to_log(index: QueueIndex, commit_log: CommitLog) -> None:
+    """Make the index one that a replay of the log from where it reached brings up to date, or refuse to open.
+    Checkpoints delete the log below what LevelDB holds durably (Store.checkpoint): an index that needs the log
+    from before its first segment cannot be rebuilt."""
+    whole = commit_log.start_position == 0
+    if not index.keeps_refs:
+        if not whole:
+            raise RocketError(Code.CORRUPT_DATA, f"the store's index in {index.path} predates WAL references and must "
+                              f"be rebuilt, but its log starts at {commit_log.start_position} (checkpointed)")
+        log.warning("index predates WAL references: rebuilding it from the log")
+        index.destroy_and_reopen()
+    elif index.applied_position > commit_log.end_position:
+        # The log lost an unsynced tail that LevelDB kept (they are synced apart). The index is the newer state and
+        # a consistent one: each of its writes is atomic and names the Raft entries it applied, so the groups
+        # re-apply from the WAL only what came after. It is kept (a rebuild from the log would need the whole log,
+        # which checkpoints delete, and would go back in time). It is told, durably and before anything is
+        # appended, that it reached the log's end, so a replay starts where the next records lie; and the log is
+        # checkpointed there, since the records before it (some of their successors lost) could never be replayed.
+        log.warning("index is ahead of the log (its unsynced tail was lost, at %d of %d): keeping the index",
+                    commit_log.end_position, index.applied_position)
+        index.rewind(commit_log.end_position)
+        commit_log.delete_before(commit_log.roll())
+        commit_log.sync()
+    elif index.applied_position < commit_log.start_position:
+        raise RocketError(Code.CORRUPT_DATA, f"the store's index in {index.path} reached position "
+                          f"{index.applied_position} of its log, which starts at {commit_log.start_position} "
+                          f"(checkpointed): the index was lost or replaced, and cannot be rebuilt from the log")

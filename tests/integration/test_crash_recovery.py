@@ -170,3 +170,60 @@ async def fill_topic(server: str) -> None:
         for index in range(20):
             batch = batch_codec.encode([make_message(index * 10 + i) for i in range(10)], 1_700_000_000_000)
             await channel.call("Produce", {"topic": "orders", "queue": index % 2, "batch": batch})
+
+
+WIDE_QUEUES = 1024  # a commit of every queue's offset is some 2 KiB of store log per storage group: the log grows fast
+
+
+def store_log_starts(data_dir) -> list[int]:
+    return sorted(int(path.stem) for path in (data_dir / "storage" / "log").glob("*.log"))
+
+
+async def commit_wide(channel, round_number: int) -> None:
+    await channel.call("CommitOffsets", {"group": "wide", "topic": "wide", "offsets": [
+        {"queue": queue, "offset": round_number * 10 + queue} for queue in range(WIDE_QUEUES)]})
+
+
+async def test_sigkill_after_the_store_log_was_checkpointed_loses_nothing(server_process):
+    """Once checkpoints deleted the store log's first segments (limits.store_log_checkpoint_bytes), a node killed with
+    SIGKILL restarts from LevelDB and the rest of the log: every acknowledged message is read back at its offset,
+    a consumer group resumes where it committed, and the last commit of a wide topic holds on every queue."""
+    server = server_process().start()
+    async with connect(server.server) as channel:
+        await channel.call("CreateTopic", {"topic": "orders", "queues": QUEUES})
+        await channel.call("CreateTopic", {"topic": "wide", "queues": WIDE_QUEUES})
+    by_queue: dict[int, list[int]] = {queue: [] for queue in range(QUEUES)}
+    for seq in range(20_000):
+        by_queue[queue_for_key(make_message(seq).key, QUEUES)].append(seq)
+    sent: set[int] = set()
+    acked: dict[int, tuple[int, int]] = {}
+    first_half = {queue: seqs[:len(seqs) // 2] for queue, seqs in by_queue.items()}
+    await produce(server.server, first_half, sent, acked, kill_after=None, kill=None)
+    part = await consume_all(server.server, "audit", limit=len(acked) // 2)
+
+    rounds = 0
+    async with connect(server.server) as channel:
+        with trio.move_on_after(120):
+            while store_log_starts(server.data_dir)[0] == 0:  # the background sync checkpoints once a second
+                for _ in range(20):
+                    rounds += 1
+                    await commit_wide(channel, rounds)
+        assert store_log_starts(server.data_dir)[0] > 0, "the store log was never checkpointed"
+        rest = {queue: seqs[len(seqs) // 2:] for queue, seqs in by_queue.items()}
+        await produce(server.server, rest, sent, acked, kill_after=None, kill=None)  # records past the checkpoint
+        rounds += 1
+        await commit_wide(channel, rounds)
+    assert len(acked) == 20_000
+    server.kill()
+
+    server.start()
+    assert store_log_starts(server.data_dir)[0] > 0
+    seen = {check_intact(message): (message.queue, message.offset) for message in await consume_all(server.server, "billing")}
+    assert seen == acked
+    remainder = await consume_all(server.server, "audit")
+    assert sorted(int(m.properties["seq"]) for m in part + remainder) == sorted(acked)
+    async with connect(server.server) as channel:
+        offsets = (await channel.call("FetchOffsets", {"group": "wide", "topic": "wide"}))["offsets"]
+    assert {entry["queue"]: entry["offset"] for entry in offsets} == {
+        queue: rounds * 10 + queue for queue in range(WIDE_QUEUES)}
+    assert "rebuilding" not in server.log_path.read_text()

@@ -365,9 +365,10 @@ def test_lost_index_is_rebuilt_from_the_log(tmp_path):
     store.close()
 
 
-def test_index_ahead_of_a_cut_log_is_rebuilt(tmp_path):
-    """When the log loses its unsynced tail but the index kept it, the index is rebuilt to match the
-    log, and the group re-applies the lost entries to the same offsets."""
+def test_index_ahead_of_a_cut_log_is_kept(tmp_path):
+    """When the log loses its unsynced tail but the index kept it, the index is kept (it is the newer state, and
+    checkpoints leave no whole log to rebuild it from): the group's entries apply once, and records appended
+    after the cut are replayed from where they lie (the index was rewound to the log's end, durably)."""
     entries = workload(batches=10, per_batch=20)
     fill(tmp_path, entries[:8])
     cut_at = Node(tmp_path)
@@ -378,10 +379,19 @@ def test_index_ahead_of_a_cut_log_is_rebuilt(tmp_path):
     with open(segment, "r+b") as file:  # as if the last two applies never reached the disk
         file.truncate(end_after_8 - int(segment.name[:-4]))
     store = Node(tmp_path)
-    assert store.applied(GROUP) == 8
-    assert [store.queue_stats("t", q)["next_offset"] for q in range(2)] == [80, 80]
-    assert store.apply(GROUP, entries) == [None] * 8 + [(80, 20), (80, 20)]
-    assert [len(bodies(store, "t", q)) for q in range(2)] == [100, 100]
+    assert store.applied(GROUP) == 10
+    assert [store.queue_stats("t", q)["next_offset"] for q in range(2)] == [100, 100]
+    assert store.index.applied_position == store.log.end_position == end_after_8
+    assert store.log.start_position == end_after_8  # checkpointed there: the records before it are not replayed
+    shutil.copytree(tmp_path / "index", tmp_path / "index-at-open")  # LevelDB as its synced writes left it
+    assert store.apply(GROUP, entries) == [None] * 10
+    assert store.apply(GROUP, [append_entry(11, "t", 0, make_batch(0, 5))]) == [(100, 5)]
+    store.close()
+    shutil.rmtree(tmp_path / "index")  # a power cut lost LevelDB's writes since: they are replayed from the log
+    (tmp_path / "index-at-open").rename(tmp_path / "index")
+    store = Node(tmp_path)
+    assert store.applied(GROUP) == 11
+    assert [len(bodies(store, "t", q)) for q in range(2)] == [105, 100]
     store.close()
 
 
@@ -390,8 +400,9 @@ def test_index_ahead_of_a_cut_log_is_rebuilt(tmp_path):
 
 @pytest.mark.parametrize("damage", ["cut", "garbage", "zeros"])
 def test_torn_tail_is_cut_back(tmp_path, damage):
-    """A tail of the store's log torn mid-record, or followed by junk, is cut to the last good record; the applied index
-    says what was lost, and re-applying the group's entries restores it at the same offsets."""
+    """A tail of the store's log torn mid-record, or followed by junk, is cut to the last good record; the index, which
+    kept what the cut records said, stays (see test_index_ahead_of_a_cut_log_is_kept), so re-applying the group's
+    entries changes nothing and the next entry goes on at the next offsets."""
     entries = workload(batches=40, per_batch=50)
     fill(tmp_path, entries)  # one apply per entry: each ends with its APPLIED record
     segment = segments(tmp_path)[-1]
@@ -403,13 +414,13 @@ def test_torn_tail_is_cut_back(tmp_path, damage):
             file.seek(size)
             file.write(os.urandom(5000) if damage == "garbage" else bytes(5000))
     store = Node(tmp_path)
-    assert segment.stat().st_size < size if damage == "cut" else segment.stat().st_size == size
-    kept = store.queue_stats("t", 1)["next_offset"]
-    assert kept == (1000 if damage != "cut" else 950)
-    assert store.applied(GROUP) == (40 if damage != "cut" else 39)
-    assert store.queue_stats("t", 0)["next_offset"] == 1000
-    results = store.apply(GROUP, entries)
-    assert results == [None] * 40 if damage != "cut" else [None] * 39 + [(950, 50)]
+    if damage == "cut":
+        assert not segment.exists()  # the index was ahead of the cut log: kept, and the log checkpointed at its end
+    else:
+        assert segment.stat().st_size == size
+    assert [store.queue_stats("t", q)["next_offset"] for q in range(2)] == [1000, 1000]
+    assert store.applied(GROUP) == 40
+    assert store.apply(GROUP, entries) == [None] * 40
     assert store.apply(GROUP, [append_entry(41, "t", 1, make_batch(9999, 5))]) == [(1000, 5)]
     queue_1 = bodies(store, "t", 1)
     assert len(queue_1) == 1005
