@@ -293,14 +293,6 @@ async def test_partitions_stop_the_minority_and_lose_nothing(nodes, tmp_path):
 
     results = []
     for cut, prober in cuts:
-        if os.environ.get("DEBUG_PARTITIONS"):
-            for queue in WRITER_QUEUES:
-                mine = [ack for ack in writers.acks if ack.queue == queue]
-                before = [ack for ack in mine if ack.at <= cut.cut_at][-1:]
-                during = in_window(mine, cut.cut_at, cut.healed_at)
-                after = [ack for ack in mine if ack.at > cut.healed_at][:1]
-                print(queue, [(round(ack.at - cut.cut_at, 2), round(ack.sent_at - cut.cut_at, 2), ack.node)
-                              for ack in before + during[:3] + after])
         results.append(figures(cut, writers, prober))
         report(cut, results[-1])
     print(f"totals: acknowledged {result['acknowledged']} messages in {result['batches']} batches, lost 0; consumed "
