@@ -20,7 +20,6 @@ import dataclasses
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import trio
