@@ -28,11 +28,15 @@ prepare --slow-disk moves BASE/NODE/data to BASE/NODE/data.backing (once) and mo
 `faults.py slowfs` (control file BASE/NODE/slowfs.json: {"factor": N, "write_delay_ms": W, "lazy": true|false,
 "crash": C}; lazy, raising C drops every write not fsynced, as a power loss would: crash_slowfs). prepare --proxy starts
 `faults.py proxy` on 127.0.0.1:(PORT_BASE + node id + 50) in front of the node (control file BASE/NODE/proxy.json:
-{"latency_ms", "jitter_ms", "loss", "bandwidth_bytes_per_s", "reset"}) and writes BASE/NODE/node.env with
-ROCKET_ADVERTISE=that address, which cluster.sh adds to the node's environment: the other nodes then reach the node
-through the proxy (the node's own outgoing connections do not pass it). This works for storage nodes and brokers,
-whose address the others learn from the nameservers; the nameservers' addresses are fixed by --nameservers.
-teardown (after `cluster.sh stop`) leaves data.backing, which the next prepare mounts again.
+{"latency_ms", "jitter_ms", "loss", "bandwidth_bytes_per_s", "reset", "partition", "partition_mode"}) and writes
+BASE/NODE/node.env with ROCKET_ADVERTISE=that address, which cluster.sh adds to the node's environment: the other
+nodes then reach the node through the proxy (the node's own outgoing connections do not pass it). This works for
+storage nodes and brokers, whose address the others learn from the nameservers; the nameservers' addresses are fixed
+by --nameservers. teardown (after `cluster.sh stop`) leaves data.backing, which the next prepare mounts again.
+
+A partition ("partition": which directions are cut, "partition_mode": hold or reset) cuts every caller of the proxy
+alike. To cut one pair of nodes, each node needs a proxy per peer: benchmarks/routed.py runs a node whose calls to
+given addresses go to given proxies instead (tests/integration/test_partitions.py).
 
 The tools alone:
     python benchmarks/faults.py slowfs BACKING MOUNTPOINT --control FILE
@@ -65,6 +69,9 @@ CHUNK_BYTES_MAX = 64 * 1024  # the most the proxy reads, delays and forwards as 
 PROXY_QUEUE_CHUNKS_MAX = 16  # chunks in flight inside the proxy per direction (bounds its memory)
 MOUNT_WAIT_S = 10.0
 STOP_WAIT_S = 10.0
+PARTITION_POLL_S = 0.02  # how often a held chunk or connection looks whether the partition healed
+PARTITIONS = ("", "to_target", "from_target", "both")
+PARTITION_MODES = ("hold", "reset")
 PROXY_PORT_OFFSET = 50  # a node's proxy listens on PORT_BASE + node id + 50 (cluster.sh uses up to + 32)
 NODE_IDS = {"ns1": 1, "ns2": 2, "ns3": 3, "storage1": 11, "storage2": 12, "storage3": 13, "broker1": 21, "broker2": 22}
 KINDS = ("slow_disk", "link", "cpu", "control")
@@ -125,12 +132,25 @@ class LinkSettings:
     loss: float = 0.0  # probability per chunk of a LOSS_STALL_S stall (TCP retransmits; it never loses bytes)
     bandwidth_bytes_per_s: float = 0.0  # per connection and direction; 0: unlimited
     reset: float = 0.0  # probability per chunk that the proxy resets both connections
+    # A partition: the directions whose bytes do not pass ("to_target": client to target, "from_target", "both").
+    partition: str = ""
+    # hold: the bytes wait, as TCP retransmits across a partition, and pass once it heals; a new connection is
+    # accepted but gets no answer (no handshake crosses a partition). reset: such connections are reset instead.
+    partition_mode: str = "hold"
 
     def check(self) -> None:
         if min(self.latency_ms, self.jitter_ms, self.bandwidth_bytes_per_s) < 0:
             raise ValueError("latency_ms, jitter_ms and bandwidth_bytes_per_s must not be negative")
         if not (0 <= self.loss <= 1 and 0 <= self.reset <= 1):
             raise ValueError("loss and reset are probabilities from 0 to 1")
+        if self.partition not in PARTITIONS:
+            raise ValueError(f"partition is one of {PARTITIONS}")
+        if self.partition_mode not in PARTITION_MODES:
+            raise ValueError(f"partition_mode is one of {PARTITION_MODES}")
+
+    def blocks(self, direction: str) -> bool:
+        """Whether bytes going direction ("to_target" or "from_target") are cut off."""
+        return self.partition in (direction, "both")
 
 
 class Holder:
@@ -154,8 +174,17 @@ async def _read_chunks(source: trio.SocketStream, chunks: trio.MemorySendChannel
             await chunks.send((trio.current_time(), chunk))
 
 
+async def _held_while_partitioned(holder: Holder, direction: str) -> bool:
+    """Wait while direction is held cut off; False when the partition resets connections instead."""
+    while holder.settings.blocks(direction):
+        if holder.settings.partition_mode == "reset":
+            return False
+        await trio.sleep(PARTITION_POLL_S)
+    return True
+
+
 async def _write_chunks(chunks: trio.MemoryReceiveChannel, destination: trio.SocketStream, holder: Holder,
-                        reset_connection) -> None:
+                        reset_connection, direction: str) -> None:
     due = 0.0  # when the previous chunk went out: chunks keep their order whatever the jitter
     paced_until = 0.0
     async for arrived, chunk in chunks:
@@ -163,6 +192,10 @@ async def _write_chunks(chunks: trio.MemoryReceiveChannel, destination: trio.Soc
         delay_s = max(0.0, settings.latency_ms + random.uniform(-settings.jitter_ms, settings.jitter_ms)) / 1000
         due = max(due, arrived + delay_s)
         await trio.sleep_until(due)
+        if not await _held_while_partitioned(holder, direction):
+            reset_connection()
+            return
+        settings = holder.settings
         if random.random() < settings.loss:
             await trio.sleep(LOSS_STALL_S)
         if random.random() < settings.reset:
@@ -177,17 +210,23 @@ async def _write_chunks(chunks: trio.MemoryReceiveChannel, destination: trio.Soc
     await destination.send_eof()
 
 
-async def _forward(source, destination, holder: Holder, reset_connection) -> None:
+async def _forward(source, destination, holder: Holder, reset_connection, direction: str) -> None:
     send, receive = trio.open_memory_channel(PROXY_QUEUE_CHUNKS_MAX)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_chunks, source, send)
-            nursery.start_soon(_write_chunks, receive, destination, holder, reset_connection)
+            nursery.start_soon(_write_chunks, receive, destination, holder, reset_connection, direction)
     except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         reset_connection()  # one side failed: the other sees it as a reset too
 
 
 async def _proxy_connection(client: trio.SocketStream, target: tuple[str, int], holder: Holder) -> None:
+    # No handshake crosses a partition, whichever way it cuts: the target is not connected to until it heals.
+    if not (await _held_while_partitioned(holder, "to_target")
+            and await _held_while_partitioned(holder, "from_target")):
+        abort(client)
+        await client.aclose()
+        return
     try:
         server = await trio.open_tcp_stream(*target)
     except OSError:
@@ -202,20 +241,27 @@ async def _proxy_connection(client: trio.SocketStream, target: tuple[str, int], 
                 connection.cancel()
 
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_forward, client, server, holder, reset_connection)
-                nursery.start_soon(_forward, server, client, holder, reset_connection)
+                nursery.start_soon(_forward, client, server, holder, reset_connection, "to_target")
+                nursery.start_soon(_forward, server, client, holder, reset_connection, "from_target")
+
+
+async def serve_proxy(listen: tuple[str, int], target: tuple[str, int], holder: Holder,
+                      task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until cancelled with the settings holder holds at each chunk (a caller in process changes them at
+    once); reports the port it listens on."""
+    listeners = await trio.open_tcp_listeners(listen[1], host=listen[0])
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(lambda stream: _proxy_connection(stream, target, holder), listeners)
 
 
 async def run_proxy(listen: tuple[str, int], target: tuple[str, int], control: Path,
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve until cancelled; reports the port it listens on."""
+    """Serve until cancelled with the settings of the control file; reports the port it listens on."""
     holder = Holder(LinkSettings())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(follow_control, control, lambda values: setattr(holder, "settings",
                                                                           settings_from(LinkSettings, values)))
-        listeners = await trio.open_tcp_listeners(listen[1], host=listen[0])
-        task_status.started(listeners[0].socket.getsockname()[1])
-        await trio.serve_listeners(lambda stream: _proxy_connection(stream, target, holder), listeners)
+        task_status.started(await nursery.start(serve_proxy, listen, target, holder))
 
 
 # ---- slow_disk: a FUSE passthrough that delays fsync (benchmarks/slowfs.py)
@@ -571,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     proxy.add_argument("listen", type=parse_address)
     proxy.add_argument("target", type=parse_address)
     proxy.add_argument("--control", type=Path, required=True,
-                       help='JSON: {"latency_ms", "jitter_ms", "loss", "bandwidth_bytes_per_s", "reset"}')
+                       help='JSON: {"latency_ms", "jitter_ms", "loss", "bandwidth_bytes_per_s", "reset", "partition", '
+                            '"partition_mode"}')
     prepare_command = commands.add_parser("prepare", help="before cluster.sh start: slowfs and/or proxy for a node")
     prepare_command.add_argument("--base", type=Path, required=True)
     prepare_command.add_argument("--node", required=True, choices=NODE_IDS)

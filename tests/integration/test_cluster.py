@@ -67,6 +67,7 @@ class Node:
     """One `python -m rocket run` process with a fixed port and data dir, killable and restartable."""
 
     root = ROOT  # the tree whose rocket it runs (test_upgrade.py sets an older release's)
+    launcher: tuple[str, ...] = ("-m", "rocket")  # what python runs (test_partitions.py: benchmarks/routed.py)
 
     def __init__(self, node_id: int, port: int, nameservers: str, base: Path, roles: str = "all",
                  environment: dict[str, str] | None = None):
@@ -89,7 +90,7 @@ class Node:
         # The process runs this tree's rocket, not whatever an editable install points at.
         path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path, **self.environment}
-        command = [sys.executable, "-m", "rocket", "run", "--role", self.roles, "--node-id", str(self.node_id),
+        command = [sys.executable, *self.launcher, "run", "--role", self.roles, "--node-id", str(self.node_id),
                    "--nameservers", self.nameservers, "--listen", self.server, "--http2-listen", "off",
                    "--data-dir", str(self.data_dir)]
         with open(self.out_path, "ab") as out, open(self.log_path, "ab") as log:
@@ -182,6 +183,7 @@ class Writers:
     failovers: int = 0
     resends: int = 0
     errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    timeout_s: float = 30.0  # of each produce call: past it the outcome is unknown, and the next broker gets it
 
     async def write(self, queue: int, first_node_index: int) -> None:
         """One sequential stream of batches to queue; on an unknown outcome, the next broker gets the same batch, as
@@ -210,7 +212,7 @@ class Writers:
                             self.resends += 1
                         self.sent.update(pending)
                         sent_at = trio.current_time()
-                        reply = await channel.call("Produce", request)
+                        reply = await channel.call("Produce", request, timeout_s=self.timeout_s)
                         assert reply["queue"] == queue and reply["count"] == len(pending), reply
                         self.acks.append(Ack(trio.current_time(), queue, reply["base_offset"], pending, node, sent_at))
                         pending = None

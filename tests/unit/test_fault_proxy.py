@@ -142,3 +142,115 @@ def test_a_loss_run_writes_the_loss_to_the_proxy_and_labels_it_a_link_fault(tmp_
     assert json.loads((tmp_path / "labels.jsonl").read_text()) == label
     with pytest.raises(faults.FaultError):
         faults.fault_actions(tmp_path, "storage2", "cpu", 4, loss=True)
+
+
+class Talker:
+    """A target that records what it receives and sends a dot every 20 ms, so each direction shows on its own."""
+
+    def __init__(self):
+        self.received = bytearray()
+
+    async def __call__(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._dots, stream)
+                    while data := await stream.receive_some(65536):
+                        self.received += data
+                    nursery.cancel_scope.cancel()
+            except trio.BrokenResourceError:
+                pass
+
+    async def _dots(self, stream: trio.SocketStream) -> None:
+        while True:
+            await stream.send_all(b".")
+            await trio.sleep(0.02)
+
+
+async def received_within(stream: trio.SocketStream, seconds: float) -> bytes:
+    received = b""
+    with trio.move_on_after(seconds):
+        while True:
+            received += await stream.receive_some(65536)
+    return received
+
+
+async def partition(control, **settings) -> None:
+    faults.write_control(control, settings)
+    await trio.sleep(3 * faults.CONTROL_POLL_S)
+
+
+async def test_a_one_way_partition_holds_one_direction_and_heals(proxy):
+    """Cut to the target, the client's bytes wait while the target's still arrive; cut from it, the reverse; healed,
+    what waited arrives, in order."""
+    talker = Talker()
+    connect, control = await proxy(talker)
+    async with await connect() as stream:
+        assert await received_within(stream, 0.2)
+        await partition(control, partition="to_target")
+        await stream.send_all(b"held")
+        assert await received_within(stream, 0.5), "the target's bytes pass a cut to the target"
+        assert b"held" not in talker.received
+        await partition(control, partition="from_target")
+        assert talker.received.endswith(b"held"), "healed toward the target, what waited arrived"
+        await received_within(stream, 0.1)  # what was on its way before the cut
+        await stream.send_all(b"passes")
+        assert not await received_within(stream, 0.5), "nothing from the target passes a cut from it"
+        assert talker.received.endswith(b"passes")
+        await partition(control)
+        assert await received_within(stream, 0.5)
+
+
+async def test_a_two_way_partition_holds_new_connections_until_healed(proxy):
+    """Cut both ways, a new connection is accepted but nothing comes back; healed, its round trip completes."""
+    connect, control = await proxy(echo)
+    await partition(control, partition="both")
+    async with await connect() as stream:
+        await stream.send_all(b"ping")
+        assert not await received_within(stream, 0.5)
+        await partition(control)
+        with trio.fail_after(10):
+            received = b""
+            while len(received) < 4:
+                received += await stream.receive_some(65536)
+        assert received == b"ping"
+
+
+async def test_a_partition_in_reset_mode_resets_connections(proxy):
+    """In reset mode a new connection is reset at once, and so is an open one when a chunk meets the cut."""
+    connect, control = await proxy(echo)
+    async with await connect() as open_stream:
+        await open_stream.send_all(b"ping")
+        assert await open_stream.receive_some(65536) == b"ping"
+        await partition(control, partition="to_target", partition_mode="reset")
+        for stream in (open_stream, await connect()):
+            with trio.fail_after(10):
+                try:
+                    await stream.send_all(b"ping")
+                    data = await stream.receive_some(65536)
+                except trio.BrokenResourceError:
+                    data = None  # ECONNRESET
+            assert not data
+
+
+def test_bad_partition_settings_are_refused():
+    """A partition names directions and a mode the proxy knows."""
+    with pytest.raises(ValueError):
+        faults.settings_from(faults.LinkSettings, {"partition": "sideways"})
+    with pytest.raises(ValueError):
+        faults.settings_from(faults.LinkSettings, {"partition": "both", "partition_mode": "drop"})
+
+
+def test_routes_resolve_a_node_address_to_its_proxy(monkeypatch):
+    """benchmarks/routed.py: a routed HOST:PORT resolves to its proxy, numeric hosts included; others as before."""
+    import socket
+
+    import routed
+
+    monkeypatch.setattr(socket, "getaddrinfo", socket.getaddrinfo)  # restored after the test
+    routed.install(routed.parse_routes('{"127.0.0.1:7002": "127.0.0.1:7102"}'))
+    assert {info[4][1] for info in socket.getaddrinfo("127.0.0.1", 7002, type=socket.SOCK_STREAM)} == {7102}
+    assert {info[4][1] for info in socket.getaddrinfo("127.0.0.1", "7002")} == {7102}
+    assert {info[4][1] for info in socket.getaddrinfo("127.0.0.1", 7003)} == {7003}
+    with pytest.raises(ValueError):
+        routed.parse_routes('{"127.0.0.1": "127.0.0.1:7102"}')

@@ -138,6 +138,7 @@ class Routes:
         unknown = RocketError(Code.TIMEOUT, f"a write to storage group {group} got no answer within "
                               f"{limits.storage_retry_s_max} s: its outcome is unknown")
         failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
+        silent: set[int] = set()  # replicas that did not answer this call: asked last (a partition, a hung node)
         leader = self._leaders.get(group)
         address = self._addresses.get(leader) if leader in route.voters.get(group, ()) else None
         if address is not None:  # the usual case, first: no retry scope, no sort
@@ -147,11 +148,13 @@ class Routes:
                 if error.code not in retryable:
                     raise
                 failure = error
+                if error.code != Code.UNAVAILABLE:
+                    silent.add(leader)
         with trio.move_on_after(max(limits.storage_retry_s_max, timeout_s)):
             for attempt in itertools.count():
                 voters = route.voters.get(group, ())
                 leader = self._leaders.get(group)
-                for node in sorted(voters, key=lambda voter: voter != leader):
+                for node in sorted(voters, key=lambda voter: (voter in silent, voter != leader)):
                     address = self._addresses.get(node)
                     if address is None:
                         continue
@@ -163,6 +166,8 @@ class Routes:
                         if error.code not in retryable:
                             raise
                         failure = error
+                        if error.code != Code.UNAVAILABLE:
+                            silent.add(node)
                         continue
                     self._leaders[group] = node
                     return response

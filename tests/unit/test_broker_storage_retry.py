@@ -1,0 +1,57 @@
+"""The broker's storage calls (roles/broker/routes.py, `Routes._storage`) when a group's leader stops answering, as
+behind a partition: the next try goes to the other replicas, not to the silent one again."""
+
+from __future__ import annotations
+
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.model import Address, TopicSpec
+from rocket.roles.broker.routes import Route, Routes
+
+SILENT, NEW_LEADER, FOLLOWER = 1, 2, 3
+
+
+class Peers:
+    """Node 1 holds every call until its timeout (a partition); node 2 leads now; node 3 follows."""
+
+    metadata_version = 0
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    async def call(self, address: Address, method: str, request: dict, timeout_s: float) -> dict:
+        node = address.port
+        self.calls.append(node)
+        if node == SILENT:
+            await trio.sleep(timeout_s)
+            raise RocketError(Code.TIMEOUT, "no answer")
+        if node == FOLLOWER:
+            raise RocketError(Code.UNAVAILABLE, "not the leader")
+        return {"ok": True}
+
+    async def nameserver(self, method: str, request: dict) -> dict:
+        raise RocketError(Code.UNAVAILABLE, "no nameserver answers")
+
+
+class Broker(Routes):
+    def __init__(self):
+        self.peers = Peers()
+        self._routes = {}
+        self._round_robin = {}
+        self._leaders = {7: SILENT}
+        self._addresses = {node: Address("127.0.0.1", node) for node in (SILENT, NEW_LEADER, FOLLOWER)}
+
+
+async def test_a_leader_that_does_not_answer_is_tried_last(autojump_clock):
+    """Once the known leader's call timed out, the other replicas are tried before it again: the call is served
+    after one storage call's timeout, not two."""
+    broker = Broker()
+    route = Route(TopicSpec("orders", queues=1), 1, [7], {7: (SILENT, NEW_LEADER, FOLLOWER)}, trio.current_time())
+    broker._routes["orders"] = route
+    started = trio.current_time()
+    assert await broker._storage(route, 7, "StorageAppend", {"group": 7}) == {"ok": True}
+    assert trio.current_time() - started < limits.storage_call_s_max + 1
+    assert broker.peers.calls == [SILENT, NEW_LEADER]
+    assert broker._leaders[7] == NEW_LEADER
