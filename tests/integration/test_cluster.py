@@ -4,8 +4,8 @@ followed by a restart on the same data directory: the node leading the most stor
 nameserver leader, and a node whose broker a writer is using. Each restarted node must catch up: its
 replicas of the written queues reach what the others held when it came back (asked of each storage node
 directly with the internal StorageQueues method). Afterwards every acknowledged message is consumed, intact,
-at the offset it was acknowledged at, in per-queue order, with no gaps in the offsets; duplicates from
-resends after an unknown outcome are counted, not forbidden.
+at the offset it was acknowledged at, in per-queue order, with no gaps in the offsets, and exactly once: a batch
+resent after an unknown outcome is the same numbered request (idempotent producers), stored once.
 
 Run with -s to see one line per kill (how long until produce resumes and until the survivors lead every
 group) and the totals. Node logs are in the test's tmp_path (node<N>.log, stdout in node<N>.out).
