@@ -36,6 +36,16 @@ def rocket(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "rocket", *args], check=True, stdout=subprocess.DEVNULL)
 
 
+def cpu_seconds(processes: list[subprocess.Popen]) -> float:
+    """The CPU time (user and system) the processes used so far: a figure the machine's noise moves less than
+    throughput, since a process waiting for the CPU uses none."""
+    ticks = 0
+    for process in processes:
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime: the 14th and 15th fields
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def start_nodes(data: Path, nodes: int, tier: str = "local") -> list[subprocess.Popen]:
     """One dev-mode node, or a cluster of all-role nodes on free ports; returns once all are ready."""
     if nodes == 1:
@@ -60,20 +70,24 @@ def one_round(arguments, number: int, nodes: int = 1) -> dict:
         readies = [re.search(rb"tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+)", each.stdout.readline()) for each in servers]
         ready = readies[0]
         port = (ready.group(1) if arguments.transport == "tcp" else ready.group(2)).decode()
-        if arguments.profile and number == 0:  # every node: an SVG and its collapsed stacks (to sum by frame)
+        if arguments.profile and number == 0:  # every node: an SVG and its collapsed stacks (to sum by frame), of
+            # the threads holding the GIL: where the CPU goes
             for index, each in enumerate(servers):
                 stem = Path(arguments.out) / f"produce-server-{arguments.transport}-{nodes}-node{index + 1}"
                 profilers += [subprocess.Popen(["py-spy", "record", "-o", f"{stem}.{kind}", "--format", form,
-                                                "--pid", str(each.pid)],
+                                                "--gil", "--nonblocking", "--pid", str(each.pid)],
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                               for kind, form in (("svg", "flamegraph"), ("txt", "raw"))]
         common = ("--server", f"127.0.0.1:{port}", "--transport", arguments.transport, "--serde", arguments.serde,
                   "--disk-dir", str(data))
         produced_file, consumed_file = data / "produce.json", data / "consume.json"
+        cpu_before = cpu_seconds(servers)
         rocket("bench", "produce", *common, "--messages", str(arguments.messages), "--size", str(arguments.size),
                "--in-flight", str(arguments.in_flight), "--batch-bytes", str(arguments.batch_bytes),
                "--json", str(produced_file))
         produced = json.loads(produced_file.read_text())
+        # Server CPU per batch, all nodes together (with three nodes: the leader's, its followers', the brokers').
+        produced["server_cpu_us_per_batch"] = (cpu_seconds(servers) - cpu_before) / produced["result"]["batches"] * 1e6
         rocket("bench", "consume", *common, "--topic", produced["result"]["topic"],
                "--messages", str(arguments.messages), "--json", str(consumed_file))
         return {"produce": produced, "consume": json.loads(consumed_file.read_text())}
@@ -118,6 +132,7 @@ def main() -> None:
         "raw_disk_mb_per_s": [round(r["produce"]["raw_disk_mb_per_s"], 1) for r in rounds],
         "produce_latency_ms_p50": [round(r["produce"]["result"]["latency_ms_p50"], 1) for r in rounds],
         "produce_latency_ms_p99": [round(r["produce"]["result"]["latency_ms_p99"], 1) for r in rounds],
+        "server_cpu_us_per_batch": [round(r["produce"]["server_cpu_us_per_batch"]) for r in rounds],
         "consume_mb_per_s": [round(r["consume"]["result"]["mb_per_s"], 1) for r in rounds],
         "consume_messages_per_s": [round(r["consume"]["result"]["messages_per_s"]) for r in rounds],
     }
@@ -146,6 +161,8 @@ def compare_cluster(arguments) -> None:
         "cluster_latency_ms_p50": [round(r["cluster"]["produce"]["result"]["latency_ms_p50"], 1) for r in rounds],
         "cluster_latency_ms_p99": [round(r["cluster"]["produce"]["result"]["latency_ms_p99"], 1) for r in rounds],
         "cluster_consume_mb_per_s": [round(r["cluster"]["consume"]["result"]["mb_per_s"], 1) for r in rounds],
+        "single_server_cpu_us_per_batch": [round(r["single"]["produce"]["server_cpu_us_per_batch"]) for r in rounds],
+        "cluster_server_cpu_us_per_batch": [round(r["cluster"]["produce"]["server_cpu_us_per_batch"]) for r in rounds],
     }
     summary["median"] = {name: statistics.median(values) for name, values in summary.items()}
     output = Path(arguments.out) / f"produce-cluster-{arguments.transport}-{arguments.serde}.json"
