@@ -64,7 +64,6 @@ def start_nodes(data: Path, nodes: int, tier: str = "local") -> list[subprocess.
 def one_round(arguments, number: int, nodes: int = 1) -> dict:
     data = Path(tempfile.mkdtemp(prefix="rocket-bench-", dir=arguments.data_parent))
     servers = start_nodes(data, nodes, arguments.tier)
-    server = servers[0]
     profilers = []
     try:
         readies = [re.search(rb"tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+)", each.stdout.readline()) for each in servers]

@@ -88,7 +88,8 @@ async def test_corrupt_batch_is_refused(node):
     await exchange(node.tcp_port, frames.encode(Kind.REQUEST, 1, 1, b'{"topic": "t", "queues": 1}', "CreateTopic"))
     damaged = bytearray(batch.encode([Message(b"payload")], 1))
     damaged[-1] ^= 0xFF
-    body = avro_codec.encode("ProduceRequest", {"topic": "t", "queue": 0, "batch": bytes(damaged)})
+    # A connection that says no Hello speaks schema version 1.
+    body = for_peer(avro_codec, 1).encode("ProduceRequest", {"topic": "t", "queue": 0, "batch": bytes(damaged)})
     describe = frames.encode(Kind.REQUEST, 1, 3, b'{"topic": "t"}', "DescribeTopic")
     answers, _ = await exchange(node.tcp_port, frames.encode(Kind.REQUEST, 2, 2, body, "Produce") + describe)
     by_id = {frame.request_id: frame for frame in answers}
@@ -108,12 +109,12 @@ async def test_pull_batches_travel_as_attachments_and_requests_may_not_send_list
                    expect=1)
     requests = []
     for request_id, encoded in enumerate(produced, 2):
-        body = avro_codec.encode("ProduceRequest", {"topic": "t", "queue": 0, "batch": b""})
+        body = for_peer(avro_codec, 1).encode("ProduceRequest", {"topic": "t", "queue": 0, "batch": b""})
         requests.append(frames.encode(Kind.REQUEST, 2, request_id, body, "Produce", attachment=encoded))
     await exchange(node.tcp_port, b"".join(requests), expect=len(requests))
     pull = avro_codec.encode("PullRequest", {"topic": "t", "queues": [{"queue": 0, "offset": 0}], "max_bytes": 1 << 20,
                                              "wait_ms": 0, "filter_type": "tag", "filter": "*"})
-    listed = frames.encode(Kind.REQUEST, 2, 11, avro_codec.encode("ProduceRequest", {"topic": "t", "queue": 0,
+    listed = frames.encode(Kind.REQUEST, 2, 11, for_peer(avro_codec, 1).encode("ProduceRequest", {"topic": "t", "queue": 0,
                                                                                     "batch": b""}),
                            "Produce", attachment=[produced[0]])
     answers, closed = await exchange(node.tcp_port, frames.encode(Kind.REQUEST, 2, 10, pull, "Pull") + listed, expect=2)
