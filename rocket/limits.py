@@ -118,6 +118,7 @@ wal_cached_bytes_max = 2**50  # the largest wal_cached_bytes a config may set: m
 malloc_mmap_threshold_bytes = 32 * MiB  # a node's allocations below this come from malloc's heap (glibc's most) ...
 malloc_trim_threshold_bytes = 256 * MiB  # ... and up to this much freed memory stays in each malloc arena: warm pages
 malloc_pretouch_bytes = 128 * MiB  # touched at start and kept: a node's first big blocks reuse it, no fresh pages
+malloc_pretouch_slice_bytes = 1 * MiB  # touched at a time, after the ready line: a first request waits for one slice at most
 wal_reclaim_s = 5.0  # how often a storage node looks for WAL segments nothing needs any more
 wal_reclaim_window_segments = 4  # the oldest segments whose live share decides whether live batches move forward
 wal_live_fraction_max = 0.5  # ... when at most this share of them is live: copying costs at most what it frees
@@ -438,6 +439,7 @@ invariant(tier_piece_bytes_max <= object_bytes_max, "a piece is one object")
 invariant(read_bytes_max <= cold_cache_bytes_max, "a cold read fits the cache")
 invariant(telemetry_file_bytes_max < telemetry_spool_bytes_max, "the spool holds closed files besides the open one")
 invariant(telemetry_ship_interval_s <= telemetry_ship_retry_s_max, "a failed pass never shortens the shipper's wait")
+invariant(MiB <= malloc_pretouch_slice_bytes <= malloc_pretouch_bytes, "the heap is touched in whole slices of 1 MiB blocks")
 invariant(MiB < malloc_mmap_threshold_bytes and malloc_pretouch_bytes < malloc_trim_threshold_bytes,
           "the pretouched blocks come from malloc's heap and stay there once freed")
 invariant(kv_value_bytes_max + kv_key_bytes_max < kv_range_bytes_max <= read_bytes_max, "one key and its value fit a range page, and a page fits a response")
