@@ -74,16 +74,16 @@ class Ready:
     http_port: int | None = None
 
 
-def keep_freed_memory() -> bool:
+def keep_freed_memory(pretouch_bytes: int = limits.malloc_pretouch_bytes) -> bool:
     """Have glibc's malloc serve big blocks (a 1 MiB batch, a read) from its heap, and keep freed heap memory,
     instead of mapping fresh pages for each block and unmapping them once freed. A fresh page costs a fault
     on first touch, and on a VM that hands free memory back to its host a host fault too: produce of 1 GB ran
     1.2x faster with warm pages (benchmarks/RESULTS.md, "Direct I/O, warm memory and a pipelined round loop").
-    Then touch limits.malloc_pretouch_bytes of that heap once and free it, as RocketMQ's system guide has its
+    Then touch pretouch_bytes of that heap once and free it, as RocketMQ's system guide has its
     broker pre-touch the Java heap (-XX:+AlwaysPreTouch): until the heap has grown to its working size, each new
     1 MiB block faults again (0.6 ms of the trio thread per produce batch, against 0.07 ms in warm pages;
-    RESULTS.md, "A heap touched at start"). Process-wide; False where the C library has no mallopt (macOS) or
-    refuses the values."""
+    RESULTS.md, "A heap touched at start"). `rocket run` touches it after the ready line instead (touch_heap).
+    Process-wide; False where the C library has no mallopt (macOS) or refuses the values."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
@@ -92,9 +92,20 @@ def keep_freed_memory() -> bool:
     if not (mallopt(m_mmap_threshold, limits.malloc_mmap_threshold_bytes)
             and mallopt(m_trim_threshold, limits.malloc_trim_threshold_bytes)):
         return False
-    blocks = [b"\x01" * limits.MiB for _ in range(limits.malloc_pretouch_bytes // limits.MiB)]
+    blocks = [b"\x01" * limits.MiB for _ in range(pretouch_bytes // limits.MiB)]
     del blocks
     return True
+
+
+async def touch_heap(total_bytes: int) -> None:
+    """keep_freed_memory's touch of the heap, done once the node serves: in slices, between which requests run, so
+    that it delays the first ones by one slice at most instead of delaying the ready line by all of it (60 ms of
+    a restart). In the trio thread, whose malloc arena (the main one) the requests' blocks come from."""
+    blocks: list[bytes] = []
+    while len(blocks) * limits.MiB < total_bytes:
+        blocks.extend(b"\x01" * limits.MiB for _ in range(limits.malloc_pretouch_slice_bytes // limits.MiB))
+        await trio.sleep(0)
+    del blocks
 
 
 def _notify_systemd(message: str) -> None:
@@ -129,13 +140,15 @@ async def open_tier(config: NodeConfig):
                 yield store  # tier_s3_prefix starts the keys of pieces (see rocket/serde/piece.py)
 
 
-async def run_node(config: NodeConfig, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run_node(config: NodeConfig, *, handle_signals: bool = True, pretouch_bytes: int = 0,
+                   task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run the node until told to stop; once it is ready, touch pretouch_bytes of the heap (touch_heap)."""
     created = not config.data_dir.exists()
     ready = trio.Event()
     try:
         with _lock_data_directory(config.data_dir):
             async with open_tier(config) as objects:
-                await _run_node(config, objects, handle_signals, task_status, ready)
+                await _run_node(config, objects, handle_signals, task_status, ready, pretouch_bytes)
     except BaseException:
         # A node that failed before it served holds nothing anyone was told is stored: leave no directory behind
         # that a retry (with another port, say) would then take for this node's.
@@ -328,7 +341,8 @@ def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispa
     return telemetry
 
 
-async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_status, ready: trio.Event) -> None:
+async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_status, ready: trio.Event,
+                    pretouch_bytes: int) -> None:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     dispatcher = Dispatcher()
     lifecycle = Lifecycle()
@@ -418,6 +432,8 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                 ready.set()
                 _notify_systemd("READY=1")
                 task_status.started(Ready(tcp_port, http2_port, http_port))
+                if pretouch_bytes:
+                    nursery.start_soon(touch_heap, pretouch_bytes)
             await stop.wait()
             log.info("shutting down: draining %d calls in flight", lifecycle.calls_in_flight)
             _notify_systemd("STOPPING=1")

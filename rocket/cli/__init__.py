@@ -1,12 +1,14 @@
 """The `rocket` command: run a node, administer topics, send, consume and benchmark.
 
-One module per command family; this one assembles them into the typer app that `main` runs.
+One module per command family; this one assembles them into the typer app that `main` runs. `rocket run` gets an
+app of its command alone: a node's start then skips importing the client commands (and what they import).
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import sys
 from typing import Annotated
 
 import click
@@ -14,7 +16,7 @@ import typer
 import typer.main
 
 import rocket
-from rocket.cli import acl, bench, cluster, consume, group, kv, message, run, send, top, topic
+from rocket.cli import run
 
 HELP = """rocket: messaging and streaming on Trio.
 
@@ -23,8 +25,6 @@ code, such as UNKNOWN_TOPIC); 2 for a usage error (a bad option or argument: not
 for a Ctrl-C that could not stop the command cleanly.
 """
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP)
-
 
 def _print_version(asked: bool) -> None:
     if asked:
@@ -32,7 +32,6 @@ def _print_version(asked: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                                    help="Print rocket's version and exit.")] = False,
              user: Annotated[str, typer.Option("--user", envvar="ROCKET_USER", show_default=False,
@@ -42,19 +41,38 @@ def _options(version: Annotated[bool, typer.Option("--version", callback=_print_
     """rocket: messaging and streaming on Trio."""
     if user or secret:  # every client the command opens reads them (rocket.client.credentials)
         os.environ["ROCKET_USER"], os.environ["ROCKET_SECRET"] = user, secret
-app.command("run")(run.run)
-app.command("send")(send.send)
-app.command("consume")(consume.consume)
-app.add_typer(topic.app, name="topic")
-app.add_typer(bench.app, name="bench")
-app.add_typer(cluster.app, name="cluster")
-app.add_typer(message.app, name="message")
-app.add_typer(group.app, name="group")
-app.add_typer(topic.tier_app, name="tier")
-app.add_typer(group.dlq_app, name="dlq")
-app.add_typer(kv.app, name="kv")
-app.add_typer(acl.app, name="acl")
-app.command("top")(top.top)
+
+
+def build_app(node_only: bool = False) -> typer.Typer:
+    """The typer app: every command, or with node_only `run` alone (the same command, help and options)."""
+    built = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP)
+    built.callback()(_options)
+    built.command("run")(run.run)
+    if node_only:
+        return built
+    from rocket.cli import acl, bench, cluster, consume, group, kv, message, send, top, topic
+
+    built.command("send")(send.send)
+    built.command("consume")(consume.consume)
+    built.add_typer(topic.app, name="topic")
+    built.add_typer(bench.app, name="bench")
+    built.add_typer(cluster.app, name="cluster")
+    built.add_typer(message.app, name="message")
+    built.add_typer(group.app, name="group")
+    built.add_typer(topic.tier_app, name="tier")
+    built.add_typer(group.dlq_app, name="dlq")
+    built.add_typer(kv.app, name="kv")
+    built.add_typer(acl.app, name="acl")
+    built.command("top")(top.top)
+    return built
+
+
+def __getattr__(name: str):
+    """`app`, the whole command tree, is built when first asked for (tests walk it), not at import."""
+    if name == "app":
+        globals()["app"] = built = build_app()
+        return built
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _reflow(command: click.Command) -> None:
@@ -67,6 +85,6 @@ def _reflow(command: click.Command) -> None:
 
 
 def main() -> None:
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(build_app(node_only=sys.argv[1:2] == ["run"]))
     _reflow(command)
     command()

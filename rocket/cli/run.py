@@ -10,9 +10,17 @@ from typing import Annotated, Optional
 import trio
 import typer
 
-from rocket.cli.common import fail
+from rocket import limits
 from rocket.config import ConfigError, load_from_environment
 from rocket.errors import RocketError, collapse_single_error
+
+
+def fail(message: str, status: int) -> None:
+    """common.fail, imported only when a node fails to start: common brings in the client, which a node's start
+    does without."""
+    from rocket.cli.common import fail as fail_with
+
+    fail_with(message, status)
 
 
 def run(
@@ -38,10 +46,11 @@ def run(
     except ConfigError as error:
         fail(f"config: {error}", 2)
     logging.basicConfig(level=node_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    keep_freed_memory()
+    kept = keep_freed_memory(pretouch_bytes=0)  # the node touches the heap once it is ready
     try:
         with collapse_single_error():
-            trio.run(functools.partial(run_node, node_config))
+            trio.run(functools.partial(run_node, node_config,
+                                       pretouch_bytes=limits.malloc_pretouch_bytes if kept else 0))
     except RocketError as error:
         fail(f"{error.code.name}: {error.message}", 2 if error.code.name == "CONFIG_INVALID" else 1)
     except StartupError as error:

@@ -337,7 +337,9 @@ class RaftCore:
                 for peer in self.progress:
                     if peer != self.id:
                         self._send_heartbeat(peer, 0)
-        elif self.election_elapsed >= self.randomized_election_ticks and self.id in self.voters:
+        elif self.id in self.voters and (self.election_elapsed >= self.randomized_election_ticks
+                                         or self.voters == {self.id}):
+            # The only voter has no one to wait for, nor any vote to split: it elects itself on its next tick.
             self._campaign(pre_vote=self.config.pre_vote)
 
     def in_sync(self, entries_max: int) -> bool:

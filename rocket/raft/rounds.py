@@ -208,7 +208,8 @@ class Rounds:
         if readies or data or current.snapshots:
             self._pending.append(current)
             self._settle()
-        if self.wal.sealed_segments() >= limits.raft_wal_segments_max:
+        if (self.wal.sealed_segments() >= limits.raft_wal_segments_max
+                or self.wal.replay_bytes() >= limits.raft_wal_replay_bytes_max):
             await self._maybe_checkpoint()
 
     def _write(self, current: Round, updates: list[Update]) -> None:

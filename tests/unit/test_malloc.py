@@ -60,3 +60,26 @@ def test_the_first_blocks_come_from_pages_touched_at_start():
     assert applied == "True"
     assert default > pages * 0.9, default  # every page of every block faulted
     assert kept < pages * 0.1, (kept, default)  # the heap touched at start held them all
+
+
+async def test_the_heap_is_touched_after_ready_in_slices_between_which_requests_run():
+    """touch_heap yields after each slice: a request arriving meanwhile waits for one slice, not the whole touch."""
+    import trio
+
+    from rocket import limits
+    from rocket.node import touch_heap
+
+    slices = 8
+    served_during: list[bool] = []
+    async with trio.open_nursery() as nursery:
+        done = trio.Event()
+
+        async def touch() -> None:
+            await touch_heap(slices * limits.malloc_pretouch_slice_bytes)
+            done.set()
+
+        nursery.start_soon(touch)
+        while not done.is_set():
+            served_during.append(True)
+            await trio.sleep(0)
+    assert len(served_during) >= slices // 2
