@@ -68,6 +68,7 @@ class Node:
 
     root = ROOT  # the tree whose rocket it runs (test_upgrade.py sets an older release's)
     launcher: tuple[str, ...] = ("-m", "rocket")  # what python runs (test_partitions.py: benchmarks/routed.py)
+    ready_pattern = READY  # its ready line, as command() starts it
 
     def __init__(self, node_id: int, port: int, nameservers: str, base: Path, roles: str = "all",
                  environment: dict[str, str] | None = None):
@@ -86,13 +87,17 @@ class Node:
     def server(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        """The `rocket run` command line (benchmarks/kill_loop.py's nodes take theirs from a config file)."""
+        return [sys.executable, *self.launcher, "run", "--role", self.roles, "--node-id", str(self.node_id),
+                "--nameservers", self.nameservers, "--listen", self.server, "--http2-listen", "off",
+                "--data-dir", str(self.data_dir)]
+
     def start(self) -> None:
         # The process runs this tree's rocket, not whatever an editable install points at.
         path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path, **self.environment}
-        command = [sys.executable, *self.launcher, "run", "--role", self.roles, "--node-id", str(self.node_id),
-                   "--nameservers", self.nameservers, "--listen", self.server, "--http2-listen", "off",
-                   "--data-dir", str(self.data_dir)]
+        command = self.command()
         with open(self.out_path, "ab") as out, open(self.log_path, "ab") as log:
             log.write(f"---- start {self.starts + 1} at {time.strftime('%H:%M:%S')}\n".encode())
             log.flush()
@@ -101,7 +106,7 @@ class Node:
         self.starts += 1
 
     def ready_lines(self) -> int:
-        return len(READY.findall(self.out_path.read_bytes())) if self.out_path.exists() else 0
+        return len(self.ready_pattern.findall(self.out_path.read_bytes())) if self.out_path.exists() else 0
 
     async def wait_ready(self, timeout_s: float = 40.0) -> None:
         with trio.fail_after(timeout_s):
