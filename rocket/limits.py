@@ -297,6 +297,9 @@ storage_append_wait_s_max = 6.0  # an append waits this long to be applied, then
 storage_retry_s_max = 15.0  # a broker retries a storage call on other replicas for at most this long
 storage_retry_backoff_s_min = 0.05  # the broker's first wait before trying a group's replicas again; later ones double
 storage_retry_backoff_s_max = 0.5  # ... up to this, so a new leader (or master) is found within half a second of its election
+storage_silent_s = 10.0  # a storage node that left a call unanswered is asked last by the broker's calls for this long ...
+storage_silent_probe_s = 1.0  # ... and given this long to answer: a cut-off leader costs its groups' writers a second,
+# not a storage call's timeout each, while the others elect a new one (a write it took is then sent again, numbered)
 membership_poll_s = 0.1  # how often a leader looks whether a learner caught up before promoting it
 replica_move_retry_s = 0.2  # a nameserver's pause before asking a group's replicas again for a membership change
 learner_catch_up_s_max = 5.0  # a promotion waits this long for the learner to catch up, then the mover retries

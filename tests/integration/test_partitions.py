@@ -199,6 +199,12 @@ def check(cut: Cut, writers: Writers, prober: Writers, result: dict) -> None:
     assert result["probe_failures"], f"{cut.what}: the prober never failed: the partition did not cut it off"
     assert result["longest_majority_gap_s"] < GAP_S, f"{cut.what}: the majority acknowledged nothing for " \
                                                      f"{result['longest_majority_gap_s']:.2f} s"
+    if cut.queues is not None:  # cut from one leader only: a call in flight to it at the cut waits out its timeout;
+        # after that the broker asks the silent node last and briefly (limits.storage_silent_probe_s), for its other
+        # calls too, so no writer waits a second timeout (before that, writers waited two, 16 s)
+        bound_s = limits.storage_call_s_max + GAP_S / 2
+        slow = {queue: round(after, 2) for queue, after in result["resumed_s"].items() if after >= bound_s}
+        assert not slow, f"{cut.what}: writers of queues {sorted(slow)} acknowledged nothing for {slow} s"
 
 
 @pytest.fixture

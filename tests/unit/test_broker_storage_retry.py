@@ -1,11 +1,13 @@
 """The broker's storage calls (roles/broker/routes.py, `Routes._storage`) when a group's leader stops answering, as
-behind a partition: the next try goes to the other replicas, not to the silent one again."""
+behind a partition: the next try goes to the other replicas, not to the silent one again, and so do the broker's
+other calls for a while (limits.storage_silent_s), each giving the silent node only a short probe."""
 
 from __future__ import annotations
 
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.model import Address, TopicSpec
 from rocket.roles.broker.routes import Route, Routes
@@ -40,7 +42,9 @@ class Broker(Routes):
         self.peers = Peers()
         self._routes = {}
         self._round_robin = {}
-        self._leaders = {7: SILENT}
+        self._leaders = {7: SILENT, 8: SILENT}
+        self._silent = {}
+        self.clock = Clock()
         self._addresses = {node: Address("127.0.0.1", node) for node in (SILENT, NEW_LEADER, FOLLOWER)}
 
 
@@ -55,3 +59,22 @@ async def test_a_leader_that_does_not_answer_is_tried_last(autojump_clock):
     assert trio.current_time() - started < limits.storage_call_s_max + 1
     assert broker.peers.calls == [SILENT, NEW_LEADER]
     assert broker._leaders[7] == NEW_LEADER
+
+
+async def test_every_call_asks_a_silent_node_last_and_briefly(autojump_clock):
+    """Once one call found a leader silent, the broker's next calls, for its other groups too, go to the other
+    replicas first and give the silent node only limits.storage_silent_probe_s: served without a storage call's
+    timeout each. Once it answers again, it is asked first again."""
+    broker = Broker()
+    route = Route(TopicSpec("orders", queues=2), 1, [7, 8], {7: (SILENT, NEW_LEADER, FOLLOWER),
+                                                            8: (SILENT, FOLLOWER)}, trio.current_time())
+    broker._routes["orders"] = route
+    await broker._storage(route, 7, "StorageAppend", {"group": 7})  # waits out one timeout: node 1 is silent
+    broker.peers.calls.clear()
+    started = trio.current_time()
+    with trio.move_on_after(limits.storage_silent_probe_s * 3):  # group 8 has no other leader: probes only
+        await broker._storage(route, 8, "StorageAppend", {"group": 8})
+    assert trio.current_time() - started < limits.storage_silent_probe_s * 3 + 0.01
+    assert broker.peers.calls[:2] == [FOLLOWER, SILENT]  # the follower first, then a probe of the silent node
+    assert broker.peers.calls.count(SILENT) >= 2  # each probe ended after storage_silent_probe_s, not a call's timeout
+    assert limits.storage_silent_probe_s < limits.storage_call_s_max

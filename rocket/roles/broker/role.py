@@ -46,6 +46,9 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
         # gave it): bounded by limits.topics_max, storage_groups_max and the nodes.
         self._routes: dict[str, Route] = {}
         self._leaders: dict[int, int] = {}  # storage group -> the node that last served it as leader
+        # storage node -> when a call to it last went unanswered (a partition, a hung node): asked last, and briefly,
+        # for limits.storage_silent_s by every call, not only the one that waited (routes.py)
+        self._silent: dict[int, float] = {}
         self._addresses: dict[int, Address] = {}
         # The producer the broker is for clients that number no batches (its gateways'), so that its own storage
         # retries store a batch once: a random id, and one sequence for all its batches (store/producers.py).

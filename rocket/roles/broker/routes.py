@@ -122,6 +122,30 @@ class Routes:
             offsets[queue] = entry["offset"]
         return offsets
 
+    def _is_silent(self, node: int) -> bool:
+        """Whether a call to the node went unanswered in the last limits.storage_silent_s."""
+        at = self._silent.get(node)
+        return at is not None and self.clock.now_s() - at < limits.storage_silent_s
+
+    async def _call_storage(self, node: int, address: Address, method: str, request: dict, timeout_s: float) -> dict:
+        """One storage call, noting whether the node answered (any answer, an error too: a TIMEOUT it gives is an
+        answer) or left it unanswered (no answer in time, the connection lost)."""
+        with trio.move_on_after(timeout_s) as waited:
+            try:
+                response = await self.peers.call(address, method, request, timeout_s + 1.0)  # waited ends it first
+            except RocketError as error:
+                if error.code == Code.CONNECTION_LOST:
+                    self._silent[node] = self.clock.now_s()  # keyed by the cluster's storage nodes: bounded
+                elif self._silent:
+                    self._silent.pop(node, None)
+                raise
+        if waited.cancelled_caught:
+            self._silent[node] = self.clock.now_s()
+            raise RocketError(Code.TIMEOUT, f"storage node {node} did not answer {method} within {timeout_s} s")
+        if self._silent:
+            self._silent.pop(node, None)
+        return response
+
     async def _storage(self, route: Route, group: int, method: str, request: dict,
                        timeout_s: float = limits.storage_call_s_max, at_most_once: bool = False) -> dict:
         """Call the group's leader as far as known, else each replica in turn; refresh the route and
@@ -138,36 +162,32 @@ class Routes:
         unknown = RocketError(Code.TIMEOUT, f"a write to storage group {group} got no answer within "
                               f"{limits.storage_retry_s_max} s: its outcome is unknown")
         failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
-        silent: set[int] = set()  # replicas that did not answer this call: asked last (a partition, a hung node)
         leader = self._leaders.get(group)
         address = self._addresses.get(leader) if leader in route.voters.get(group, ()) else None
-        if address is not None:  # the usual case, first: no retry scope, no sort
+        if address is not None and not self._is_silent(leader):  # the usual case, first: no retry scope, no sort
             try:
-                return await self.peers.call(address, method, request, timeout_s)
+                return await self._call_storage(leader, address, method, request, timeout_s)
             except RocketError as error:
                 if error.code not in retryable:
                     raise
                 failure = error
-                if error.code != Code.UNAVAILABLE:
-                    silent.add(leader)
         with trio.move_on_after(max(limits.storage_retry_s_max, timeout_s)):
             for attempt in itertools.count():
                 voters = route.voters.get(group, ())
                 leader = self._leaders.get(group)
-                for node in sorted(voters, key=lambda voter: (voter in silent, voter != leader)):
+                for node in sorted(voters, key=lambda voter: (self._is_silent(voter), voter != leader)):
                     address = self._addresses.get(node)
                     if address is None:
                         continue
                     if at_most_once:
                         failure = unknown  # while the call is out
                     try:
-                        response = await self.peers.call(address, method, request, timeout_s)
+                        response = await self._call_storage(node, address, method, request, min(
+                            timeout_s, limits.storage_silent_probe_s) if self._is_silent(node) else timeout_s)
                     except RocketError as error:
                         if error.code not in retryable:
                             raise
                         failure = error
-                        if error.code != Code.UNAVAILABLE:
-                            silent.add(node)
                         continue
                     self._leaders[group] = node
                     return response
