@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 import signal
 import subprocess
@@ -15,6 +17,15 @@ from rocket import config as config_module
 
 READY = re.compile(rb"rocket ready tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+|off)")
 READY_HTTP = re.compile(rb" http=(?:[^: ]+:)?(\d+|off)")
+
+
+def skip_module_without_fuse(what: str) -> None:
+    """Skip a whole test module where a FUSE file system cannot mount: no /dev/fuse, or no pyfuse3."""
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip(f"no /dev/fuse on this machine: {what} cannot mount", allow_module_level=True)
+    if importlib.util.find_spec("pyfuse3") is None:
+        pytest.skip("pyfuse3 is not installed (pip install pyfuse3; needs Debian libfuse3-dev fuse3 pkg-config)",
+                    allow_module_level=True)
 
 
 def node_config(data_dir: Path, **overrides) -> config_module.NodeConfig:

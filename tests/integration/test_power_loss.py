@@ -5,22 +5,19 @@ acknowledged. The cycles are benchmarks/power_loss.py's; ROCKET_POWER_LOSS_CYCLE
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_module_without_fuse
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import power_loss  # noqa: E402
 
-if not os.path.exists("/dev/fuse"):
-    pytest.skip("no /dev/fuse on this machine: the lazy slowfs cannot mount", allow_module_level=True)
-if importlib.util.find_spec("pyfuse3") is None:
-    pytest.skip("pyfuse3 is not installed (pip install pyfuse3; needs Debian libfuse3-dev fuse3 pkg-config)",
-                allow_module_level=True)
+skip_module_without_fuse("the lazy slowfs")
 
 CYCLES = int(os.environ.get("ROCKET_POWER_LOSS_CYCLES", "5"))
 

@@ -3,7 +3,6 @@ that makes fsync slower when its control file says so, and that, lazy, drops eve
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import time
@@ -13,18 +12,14 @@ import pytest
 
 from rocket.client import connect, open_consumer, open_producer
 from rocket.model import Message
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, skip_module_without_fuse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import faults  # noqa: E402
 from slowfs import FSYNC_DELAY_FLOOR_S_PER_FACTOR, UndoLog  # noqa: E402
 
-if not os.path.exists("/dev/fuse"):
-    pytest.skip("no /dev/fuse on this machine: slowfs cannot mount", allow_module_level=True)
-if importlib.util.find_spec("pyfuse3") is None:
-    pytest.skip("pyfuse3 is not installed (pip install pyfuse3; needs Debian libfuse3-dev fuse3 pkg-config)",
-                allow_module_level=True)
+skip_module_without_fuse("slowfs")
 
 
 @pytest.fixture(params=[False], ids=["eager"])
