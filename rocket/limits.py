@@ -94,6 +94,8 @@ filters_cached_max = 1024  # compiled filters a broker keeps: subscriptions repe
 error_excerpt_chars_max = 200  # error messages quote what they refuse, but not a 4 KiB filter or path in full
 filter_nesting_max = 64  # parentheses and NOT nest at most this deep, so parsing never exhausts the stack
 storage_groups_max = 100_000  # Raft groups in one cluster: a node holds 10,000, a cluster a million queues
+nodes_max = 1_000  # nodes one cluster registers: a heartbeat of a new node past it is refused, so callers cannot grow
+# the metadata and the nameservers' per-node maps (heartbeats, versions, health windows) without end
 
 # Raft.
 raft_tick_s = 0.1  # one Raft tick; elections take 10-20 ticks, heartbeats every tick

@@ -237,3 +237,26 @@ async def test_hostile_calls_between_nodes_get_stable_codes_and_harm_nothing(nod
         reply = await channel.call("Produce", {"topic": "t", "queue": 0, "batch": good})
         assert reply["base_offset"] == 1  # nothing hostile was stored
     await assert_serving(node.tcp_port)
+
+
+async def test_heartbeats_of_new_nodes_past_the_limit_are_refused(node, monkeypatch):
+    """Anyone who may call NodeHeartbeat (without a cluster secret, anyone) could register nodes without end; past
+    limits.nodes_max a new node is refused with OVERLOADED, and nodes already known keep beating."""
+    from rocket.client import connect
+
+    monkeypatch.setattr(limits, "nodes_max", 3)
+    load = {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0, "lagging": []}
+
+    async def beat(channel, node_id: int) -> dict:
+        return await channel.call("NodeHeartbeat", {"node": node_id, "address": f"127.0.0.1:{1000 + node_id}",
+                                                    "roles": ["broker"], "load": load, "assignment_version": -1})
+
+    async with connect(f"127.0.0.1:{node.tcp_port}") as channel:
+        for node_id in (2, 3):  # with the dev node itself, three
+            await beat(channel, node_id)
+        with pytest.raises(RocketError) as refused:
+            await beat(channel, 4)
+        assert refused.value.code == Code.OVERLOADED and "nodes_max" in refused.value.message
+        assert not (await beat(channel, 3))["unchanged"]  # a known node goes on
+        status = await channel.call("ClusterStatus", {})
+        assert sorted(entry["id"] for entry in status["nodes"]) == [1, 2, 3]

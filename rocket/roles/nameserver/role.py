@@ -151,6 +151,9 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
     async def _heartbeat_here(self, request: dict) -> dict:
         node = request["node"]
         known = self.metadata.nodes.get(node)
+        if known is None and len(self.metadata.nodes) >= limits.nodes_max:
+            raise RocketError(Code.OVERLOADED, f"the cluster has {len(self.metadata.nodes)} nodes, the most it takes "
+                              f"(limits.nodes_max); node {node} is not registered")
         if known is None or known.address != request["address"] or list(known.roles) != list(request["roles"]):
             await self._propose({"op": "register", "node": node, "address": request["address"],
                                  "roles": list(request["roles"])})
