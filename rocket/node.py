@@ -396,6 +396,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             fallback = tls.mode == "permissive"
             links = PeerLinks(config.node_id, addresses, peer_auth, tls=lambda: tls.peer, plain_fallback=fallback)
             host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
+            host.peer_versions = links.versions  # what release each peer runs: see Engine.replicas_speak
             pool = ChannelPool(hello=peer_auth.hello if peer_auth is not None else None, tls=lambda: tls.peer,
                                plain_fallback=fallback)
             roles = build_roles(config, host, Peers(config, dispatcher, pool), dispatcher, clock, addresses, objects)

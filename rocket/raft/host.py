@@ -102,6 +102,8 @@ class RaftHost(Rounds):
         self._stopping = False  # the round loop ends: a round waiting for disk space fails instead
         # Why this node refuses new data now ("" while it takes it): its data disk is under limits.disk_reserve_bytes,
         # or the WAL refused a write for want of space, until the round loop's watch finds the reserve free again.
+        # node -> the schema version its Raft link said on connecting (transport/links.py); None: not known here
+        self.peer_versions: dict[int, int] | None = None
         self.disk_refusal = ""
         self.disk_free_bytes = 2**63  # as last seen; under limits.disk_floor_bytes every proposal is refused
         self._token: trio.lowlevel.TrioToken | None = None
@@ -300,6 +302,12 @@ class RaftHost(Rounds):
     def replicas(self, group: int) -> set[int]:
         core = self.groups[group].core
         return core.voters | core.learners
+
+    def replicas_speak(self, group: int, schema_version: int) -> bool:
+        if self.peer_versions is None:  # no links that say (the roles simulator: one release)
+            return True
+        return all(self.peer_versions.get(node, 0) >= schema_version for node in self.replicas(group)
+                   if node != self.node_id)
 
     def lagging(self, group: int) -> dict[int, int]:
         core = self.groups[group].core

@@ -52,6 +52,10 @@ class Engine(Protocol):
     def replicas(self, group: int) -> set[int]:
         """The group's voters and learners."""
 
+    def replicas_speak(self, group: int, schema_version: int) -> bool:
+        """Whether every other replica of the group is known to run a release of at least this schema version (what
+        its link said on connecting): only then may entries that older releases cannot apply go into the log."""
+
     def lagging(self, group: int) -> dict[int, int]:
         """On the leader: the replicas behind it, with the entries each lacks."""
 

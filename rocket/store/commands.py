@@ -24,6 +24,7 @@ HALF_COMMAND = 7  # _append_head, topic, _check_at, batch: half messages, kept i
 TIER_COMMAND = 8  # JSON {op: offloaded|drop_local|expire|truncate, topic, queue, piece | to}: see manifest.decide
 KV_COMMAND = 9  # _json_length, JSON (see encode_kv), then the transactions' values one after the other
 SEQUENCED_COMMAND = 10  # _sequenced, then an APPEND, TIMER or HALF entry: a producer's numbered batch (producers.py)
+SEQUENCED_SINCE_SCHEMA = 3  # the first release (by schema version) whose replicas apply SEQUENCED entries
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
 _source_length = struct.Struct("<H")
 _fire_count = struct.Struct("<I")

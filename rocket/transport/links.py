@@ -27,6 +27,7 @@ class PeerLinks(Background):
         self.tls = tls  # with TLS, each link's context as it is when it connects (reloaded on SIGHUP)
         self.plain_fallback = plain_fallback  # tls_mode permissive: plain to a node that speaks no TLS yet
         self._outboxes: dict[int, trio.MemorySendChannel] = {}
+        self.versions: dict[int, int] = {}  # peer -> the schema version its node said when the link last connected
 
     def post(self, destination: int, payload: bytes) -> None:
         outbox = self._outboxes.get(destination)
@@ -50,6 +51,7 @@ class PeerLinks(Background):
                     tls = self.tls() if self.tls is not None else None
                     async with (open_tcp_channel(host, port, "avro", hello, tls, None, self.plain_fallback) as channel,
                                 trio.open_nursery() as calls):
+                        self.versions[destination] = channel.peer_version or 1
                         # Calls are pipelined: waiting for each answer would allow one payload per round trip.
                         window = trio.Semaphore(limits.raft_payloads_in_flight_max)
                         async for payload in inbox:

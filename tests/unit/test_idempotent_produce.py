@@ -124,3 +124,25 @@ def test_the_state_is_the_same_on_every_replica_that_applies_the_same_entries(tm
     one.close()
     two.close()
     assert Node(tmp_path / "one").machine.producers.groups == Node(tmp_path / "two").machine.producers.groups
+
+
+def test_numbered_entries_wait_until_every_replica_runs_a_release_that_applies_them(tmp_path):
+    """In a rolling upgrade a replica of an older release cannot apply a SEQUENCED entry: the leader numbers a
+    group's batches only once every other replica's link said a schema version that has them (an unknown one
+    counts as older); a group of one numbers at once."""
+    from rocket.raft.host import RaftHost
+    from rocket.raft.wal import Wal
+    from rocket.store.commands import SEQUENCED_SINCE_SCHEMA
+    from tests.unit.test_raft_restart import ListMachine
+
+    host = RaftHost(1, Wal.open(tmp_path, 64 * limits.MiB), lambda node, payload: None, tick_s=0.01)
+    host.add_group(1, (1,), ListMachine())
+    host.add_group(2, (1, 2, 3), ListMachine())
+    host.peer_versions = {}
+    assert host.replicas_speak(1, SEQUENCED_SINCE_SCHEMA)
+    assert not host.replicas_speak(2, SEQUENCED_SINCE_SCHEMA)  # nothing known of nodes 2 and 3 yet
+    host.peer_versions.update({2: SEQUENCED_SINCE_SCHEMA, 3: SEQUENCED_SINCE_SCHEMA - 1})
+    assert not host.replicas_speak(2, SEQUENCED_SINCE_SCHEMA)
+    host.peer_versions[3] = SEQUENCED_SINCE_SCHEMA
+    assert host.replicas_speak(2, SEQUENCED_SINCE_SCHEMA)
+    host.wal.close()

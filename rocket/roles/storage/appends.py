@@ -10,7 +10,8 @@ from rocket.errors import Code, RocketError
 from rocket.model import check_group_name, check_topic_name
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header
-from rocket.store.commands import encode_append, encode_half, encode_offsets, encode_pop, encode_timers
+from rocket.store.commands import (SEQUENCED_SINCE_SCHEMA, encode_append, encode_half, encode_offsets, encode_pop,
+                                   encode_timers)
 
 
 class Appends:
@@ -25,7 +26,9 @@ class Appends:
         self._positions([{"queue": queue, "offset": 0}], "offset")
         flags = check_header(batch, crc=False).flags
         append_ms = self._stamp(topic, queue)
-        sequence = (request["producer_id"], request["sequence"]) if request.get("producer_id") else None
+        # Numbered only where every replica applies it: in a rolling upgrade, an older one could not.
+        sequence = (request["producer_id"], request["sequence"]) if request.get("producer_id") and \
+            self.host.replicas_speak(group, SEQUENCED_SINCE_SCHEMA) else None
         if sequence and min(sequence) < 0:
             raise RocketError(Code.BAD_REQUEST, f"producer_id and sequence are not negative: {sequence}")
         if flags & FLAG_TIMED:
