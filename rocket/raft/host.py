@@ -79,14 +79,17 @@ class RaftHost(Rounds):
         # at a time on the node, so about one per round however many entries a round carries.
         self.on_commit: Callable[[float], None] | None = None
         self._timing = False
-        # Rounds are numbered as they are written. A round's worker thread goes on from its write to
-        # its fsync, one fsync at a time (the lock), so that the disk never waits for this thread.
+        # Rounds are numbered as they are written (rounds.py, _write). One syncer thread at a time fsyncs
+        # them, and goes on fsyncing while rounds were written meanwhile, so that the disk never waits for
+        # this thread and a busy node wakes no thread per round.
         self._rounds_written = 0
         self._rounds_durable = 0  # as the trio thread knows it
         self._durable_changed = trio.Event()
-        self._sync_lock = threading.Lock()
-        self._rounds_on_disk = 0  # written by the worker threads (one round writes at a time)
-        self._rounds_synced = 0  # as the worker threads know it, under the lock
+        self._sync_lock = threading.Lock()  # an fsync of rounds, or a checkpoint: one at a time
+        self._syncer_lock = threading.Lock()  # guards the two below
+        self._rounds_on_disk = 0  # written by the round loop or a worker thread (one round writes at a time)
+        self._syncing = False  # the syncer runs (rounds.py, _sync_rounds), in a worker thread
+        self._rounds_synced = 0  # as the syncer knows it
         self._durable_seen = 0  # _rounds_durable when the last round took its Readies
         self._received = False  # messages from other nodes came since then: they do not wait for an fsync
         self._unwritten_bytes = 0  # entries proposed and data to write since then
@@ -94,8 +97,9 @@ class RaftHost(Rounds):
         # The round being written, until the next round (or a checkpoint) takes where its bytes lie: the
         # round loop goes on meanwhile, and the next round's write starts only after it.
         self._writing: tuple[Round, trio.Event, list] | None = None
-        # Persist threads are started at once, not as a task that waits for the scheduler's next batch;
-        # run() does not return while one is in flight, and the first one to fail fails the round loop.
+        # Persist threads (the syncer, a round written while the disk is full or direct) are started at once,
+        # not as a task that waits for the scheduler's next batch; run() does not return while one is in
+        # flight, and the first one to fail fails the round loop.
         self._persisting = 0
         self._persisted = trio.Event()
         self._persist_error: BaseException | None = None

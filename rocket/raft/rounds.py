@@ -1,6 +1,6 @@
 """The multi-raft host's round loop. Each round takes the Ready of every touched group, writes all of it to the WAL
-in a worker thread, and advances the cores; fsyncs run one after the other, each covering every round written
-before it. While an fsync runs, this node's own proposals gather for the round written when it ends (group
+(into the page cache, in this thread), and advances the cores; one syncer thread runs the fsyncs one after the
+other, each covering every round written before it. While an fsync runs, this node's own proposals gather for the round written when it ends (group
 commit: a round costs the event loop more than an entry does), unless they come to
 limits.raft_round_wait_bytes_max, or messages from other nodes or a durable round need a round now: then the next
 round is written at once and its write overlaps the fsync. Once the fsync of the round before it is done, a round's
@@ -213,17 +213,34 @@ class Rounds:
             await self._maybe_checkpoint()
 
     def _write(self, current: Round, updates: list[Update]) -> None:
-        """Number the round and start writing it in a worker thread, which goes on to its fsync. The
+        """Number the round and write it: here, into the page cache, where a write costs less than handing it to a
+        thread (each hand-off wakes a thread, a context switch taken while this thread holds the GIL); in a worker
+        thread when the WAL writes direct (each write waits for the device) or when a write here found the disk full
+        (the worker writes it again until space returns). Either way the fsync runs in the syncer thread. The
         previous round's write is done (_collect_written), so rounds reach the WAL in order."""
         invariant(self._writing is None, "one round is written at a time")
         self._rounds_written = current.number = current.number + 1
         written, result = trio.Event(), []
+        self._writing = (current, written, result)
+        data = [blobs for blobs, _, _ in current.data]
+        if not self.wal.log.direct:
+            try:
+                result.append(self._write_once(updates, data))
+            except OSError as error:
+                if not out_of_space(error):
+                    raise
+                self._disk_full(f"a WAL write failed: {error.strerror}", 0)
+            else:
+                written.set()
+                if self._wrote(current.number):
+                    self._start_persist(self._sync_rounds)
+                return
+        self._start_persist(functools.partial(self._persist, current.number, updates, data, written, result))
+
+    def _start_persist(self, work) -> None:
         self._persisting += 1
         trio.lowlevel.start_thread_soon(
-            functools.partial(self._persist, current.number, updates, [blobs for blobs, _, _ in current.data],
-                              written, result),
-            lambda outcome: self._token.run_sync_soon(self._persist_ended, getattr(outcome, "error", None)))
-        self._writing = (current, written, result)
+            work, lambda outcome: self._token.run_sync_soon(self._persist_ended, getattr(outcome, "error", None)))
 
     def _persist_ended(self, error: BaseException | None) -> None:
         """In the trio thread: a persist thread returned. If it failed, what the round loop waits for never
@@ -313,31 +330,59 @@ class Rounds:
 
     def _persist(self, number: int, updates: list[Update], data: list[list[bytes]], written: trio.Event,
                  result: list) -> None:
-        """In a worker thread: write the round and tell the round loop, then make it durable as soon as
-        the fsync before it is done (unless one that began after this write covered it already)."""
+        """In a worker thread: write the round (again and again while the disk is full) and tell the round loop, then
+        go on as the syncer unless one runs."""
         result.append(self._write_round(updates, data))
-        self._rounds_on_disk = number
         self._token.run_sync_soon(written.set)
-        with self._sync_lock:
-            if self._rounds_synced >= number:
-                return
-            covered = self._rounds_on_disk  # a round written meanwhile is made durable by this fsync too
-            started = time.perf_counter()
-            self.wal.sync()
-            self.on_fsync(time.perf_counter() - started)
-            self.fsyncs += 1
-            self._rounds_synced = covered
-        self._token.run_sync_soon(self._synced, covered)
+        if self._wrote(number):
+            self._sync_rounds()
+
+    def _wrote(self, number: int) -> bool:
+        """Rounds up to number are written (in any thread); whether the caller is to run the syncer, which is
+        the case when none runs: one that runs fsyncs again for them when its fsync ends, so that under load
+        rounds are made durable without waking a thread for each."""
+        with self._syncer_lock:
+            self._rounds_on_disk = number
+            if self._syncing:
+                return False
+            self._syncing = True
+            return True
+
+    def _sync_rounds(self) -> None:
+        """The syncer, in a worker thread: fsync until every round written is durable, each fsync covering every
+        round written before it began, and tell the round loop after each."""
+        while True:
+            with self._syncer_lock:
+                covered = self._rounds_on_disk
+                if self._rounds_synced >= covered:
+                    self._syncing = False
+                    return
+            with self._sync_lock:
+                started = time.perf_counter()
+                self.wal.sync()
+                self.on_fsync(time.perf_counter() - started)
+                self.fsyncs += 1
+                self._rounds_synced = covered
+            self._token.run_sync_soon(self._synced, covered)
+
+    def _write_once(self, updates: list[Update], data: list[list[bytes]]) -> tuple[dict, list[list[int]]]:
+        """Write the round's updates and data; a full disk refuses them (ENOSPC) with the log cut back to its last
+        whole record (CommitLog.append). Free space under the reserve makes the node refuse new data."""
+        written = self.wal.write(updates), [self.wal.write_data(blobs) for blobs in data]
+        with contextlib.suppress(OSError):
+            free = free_bytes(self.wal.log.directory)
+            if free < limits.disk_reserve_bytes:
+                self._token.run_sync_soon(self._disk_full, f"{free // limits.MiB} MiB free", free)
+        return written
 
     def _write_round(self, updates: list[Update], data: list[list[bytes]]) -> tuple[dict, list[list[int]]]:
-        """In a persist thread: write the round's updates and data. A full disk refuses them (ENOSPC) with the log
-        cut back to its last whole record (CommitLog.append); the round is then written again, after pauses that
-        double, until space returns. It cannot fail instead: its cores were advanced as if it were written.
-        Nothing of it goes out before its fsync, and records written twice replay as once."""
+        """In a persist thread: write the round, again after pauses that double while the disk is full, until space
+        returns. It cannot fail instead: its cores were advanced as if it were written. Nothing of it goes out
+        before its fsync, and records written twice replay as once."""
         pause_s = limits.disk_full_retry_s_min
         while True:
             try:
-                written = self.wal.write(updates), [self.wal.write_data(blobs) for blobs in data]
+                written = self._write_once(updates, data)
             except OSError as error:
                 if not out_of_space(error) or self._stopping:
                     raise
@@ -347,10 +392,6 @@ class Rounds:
                 continue
             if pause_s > limits.disk_full_retry_s_min:
                 log.warning("node %d: the WAL took a round again after a full disk", self.node_id)
-            with contextlib.suppress(OSError):
-                free = free_bytes(self.wal.log.directory)
-                if free < limits.disk_reserve_bytes:
-                    self._token.run_sync_soon(self._disk_full, f"{free // limits.MiB} MiB free", free)
             return written
 
     def _checkpoint_now(self, live: list[Update]) -> None:

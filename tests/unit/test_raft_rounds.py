@@ -1,0 +1,79 @@
+"""How the round loop persists rounds: written in the event loop's thread into the page cache, made durable by one
+syncer thread that goes on while rounds were written during its fsync, and a round the disk refused (ENOSPC) written
+again by a worker thread once space returns, with nothing acknowledged before it is durable."""
+
+from __future__ import annotations
+
+import errno
+
+import trio
+
+from rocket import limits
+from rocket.raft.host import RaftHost
+from rocket.raft.wal import Wal
+from tests.unit.test_raft_restart import ListMachine
+
+
+def open_host(directory) -> RaftHost:
+    return RaftHost(1, Wal.open(directory, 64 * limits.MiB), lambda node, payload: None, tick_s=0.01)
+
+
+async def test_concurrent_proposals_are_durable_with_fewer_fsyncs_than_rounds_and_survive_a_restart(tmp_path):
+    """Many proposers at once: every proposal answers only once durable (it is in the WAL after a reopen), and the
+    syncer's fsyncs cover several rounds each instead of one thread started per round."""
+    host = open_host(tmp_path)
+    host.add_group(1, (1,), ListMachine())
+    values = [f"v{i}".encode() for i in range(400)]
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(host.run)
+
+        async def propose(value: bytes) -> None:
+            await host.propose(1, value, timeout_s=10)
+
+        async with trio.open_nursery() as proposers:
+            for value in values:
+                proposers.start_soon(propose, value)
+        assert host.fsyncs <= host._rounds_written
+        assert host._rounds_synced == host._rounds_on_disk == host._rounds_written
+        nursery.cancel_scope.cancel()
+    assert not host._syncing
+    host.wal.close()
+
+    reopened = open_host(tmp_path)
+    machine = ListMachine()
+    reopened.add_group(1, (1,), machine)
+    replayed = {entry.data for entry in reopened.groups[1].core.log}
+    assert set(values) <= replayed
+    reopened.wal.close()
+
+
+async def test_a_round_the_full_disk_refused_is_written_again_once_space_returns(tmp_path, monkeypatch):
+    """The first writes fail with ENOSPC: the node refuses new data (disk_refusal), the round is written again by a
+    worker thread until the disk takes it, and the proposal is answered only then."""
+    host = open_host(tmp_path)
+    host.add_group(1, (1,), ListMachine())
+    monkeypatch.setattr(limits, "disk_full_retry_s_min", 0.01)
+    write = host.wal.write
+    refusals = []
+
+    def refusing(updates):
+        if any(update.entries for update in updates) and len(refusals) < 3:
+            refusals.append(1)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(updates)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(host.run)
+        await host.propose(1, b"warm", timeout_s=10)  # the group leads: its first round is written
+        monkeypatch.setattr(host.wal, "write", refusing)
+        await host.propose(1, b"after a full disk", timeout_s=10)
+        assert len(refusals) == 3
+        assert "is full" in host.disk_refusal
+        nursery.cancel_scope.cancel()
+    host.wal.close()
+
+    reopened = open_host(tmp_path)
+    reopened.add_group(1, (1,), ListMachine())
+    assert b"after a full disk" in {entry.data for entry in reopened.groups[1].core.log}
+    reopened.wal.close()
