@@ -91,7 +91,7 @@ class RaftHost(Rounds):
         self._syncing = False  # the syncer runs (rounds.py, _sync_rounds), in a worker thread
         self._rounds_synced = 0  # as the syncer knows it
         self._durable_seen = 0  # _rounds_durable when the last round took its Readies
-        self._received = False  # messages from other nodes came since then: they do not wait for an fsync
+        self._received = False  # messages other than appends came since then: they do not wait for an fsync
         self._unwritten_bytes = 0  # entries proposed and data to write since then
         self._pending: collections.deque[Round] = collections.deque()  # rounds not yet released, in order
         # The round being written, until the next round (or a checkpoint) takes where its bytes lie: the
@@ -172,6 +172,7 @@ class RaftHost(Rounds):
     def receive(self, payload: bytes | memoryview) -> None:
         """Messages from another node; ones for groups not hosted here are dropped (Raft retries).
         Group 0 carries the node-to-node heartbeat that keeps liveness known while groups are quiet."""
+        urgent = False
         for group, message in codec.decode_messages(payload):
             self._last_heard[message.sender] = self.ticks
             hosted = self.groups.get(group)
@@ -182,7 +183,15 @@ class RaftHost(Rounds):
                 self._touched(group, hosted)
                 if message.entries or message.type not in _upkeep:
                     hosted.idle_ticks = 0
-        self._received = True
+            if message.type == MessageType.APPEND:
+                self._unwritten_bytes += sum(len(entry.data) for entry in message.entries)
+            else:
+                urgent = True
+        # Appends to a follower wait for the fsync that runs, as this node's own proposals do (rounds.py,
+        # _gathering): written when it ends, they are durable as soon as if written now, since the next fsync
+        # could not begin before it; and all that came meanwhile then takes one round, one fsync and one answer.
+        # Anything else (answers a leader counts, votes, heartbeats) is stepped in a round now.
+        self._received = self._received or urgent
         self._wake.set()
 
     def _lacks_file(self, group: int, hosted: Group, message: Message) -> bool:

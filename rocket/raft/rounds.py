@@ -1,9 +1,9 @@
 """The multi-raft host's round loop. Each round takes the Ready of every touched group, writes all of it to the WAL
 (into the page cache, in this thread), and advances the cores; one syncer thread runs the fsyncs one after the
 other, each covering every round written before it. While an fsync runs, this node's own proposals gather for the round written when it ends (group
-commit: a round costs the event loop more than an entry does), unless they come to
-limits.raft_round_wait_bytes_max, or messages from other nodes or a durable round need a round now: then the next
-round is written at once and its write overlaps the fsync. Once the fsync of the round before it is done, a round's
+commit: a round costs the event loop more than an entry does), and so do the appends other nodes' leaders send, unless
+they come to limits.raft_round_wait_bytes_max, or other messages from other nodes or a durable round need a round
+now: then the next round is written at once and its write overlaps the fsync. Once the fsync of the round before it is done, a round's
 committed entries (written by earlier rounds) are applied; once its own fsync is done, its messages go out,
 coalesced into one payload per destination node: persist before send. Snapshots are taken here and their files
 written by one worker thread beside the rounds (snapshots.py); a group's log is compacted once its file is durable.
@@ -158,8 +158,9 @@ class Rounds:
         return sum(1 for hosted in self.groups.values() if hosted.core.quiet)
 
     def _gathering(self) -> bool:
-        """Whether this node's proposals wait for the fsync that runs, to be written together when it ends
-        (that fsync's _synced wakes the round loop): yes while they are small, and nothing else needs a round."""
+        """Whether this node's proposals and the appends its leaders sent wait for the fsync that runs, to be written
+        together when it ends (that fsync's _synced wakes the round loop): yes while they are small, and nothing else
+        needs a round."""
         return (self._rounds_written > self._rounds_durable == self._durable_seen and not self._received
                 and self._unwritten_bytes < limits.raft_round_wait_bytes_max)
 
