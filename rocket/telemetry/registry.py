@@ -68,6 +68,10 @@ class Telemetry:
         self._buckets: dict[tuple, list[float]] = {}  # (histogram, labels) -> bucket counts at the last sample
         self._group_totals: dict[int, list[int]] = {}  # group -> [messages in, bytes in, messages out, bytes out]
         self._noted: collections.deque[dict] = collections.deque(maxlen=NOTED_MAX)  # what roles noted since the last sample
+        # The labelled histograms observed on every call: labels() costs more than the observation. Bounded by the
+        # dispatcher's methods and by the nodes (limits.nodes_max), as the histograms' own series are.
+        self._call_histograms: dict[str, Histogram] = {}
+        self._peer_histograms: dict[str, Histogram] = {}
 
     def add_collector(self, collect: Callable[[], Iterable[Metric]]) -> None:
         self._collectors.append(collect)
@@ -75,7 +79,10 @@ class Telemetry:
     clock = staticmethod(time.perf_counter)  # what the roles time calls with: they read no clock themselves
 
     def call_took(self, peer: str, started: float) -> None:
-        self.peer_rpc_seconds.labels(peer).observe(time.perf_counter() - started)
+        histogram = self._peer_histograms.get(peer)
+        if histogram is None:
+            histogram = self._peer_histograms[peer] = self.peer_rpc_seconds.labels(peer)
+        histogram.observe(time.perf_counter() - started)
 
     def call_failed(self, peer: str, code: str) -> None:
         self.peer_rpc_errors.labels(peer, code).inc()
@@ -85,7 +92,10 @@ class Telemetry:
 
     def observe_call(self, method: str, seconds: float, error: str | None) -> None:
         """One call served (Dispatcher.on_call): its time, and its error code if it failed."""
-        self.rpc_seconds.labels(method).observe(seconds)
+        histogram = self._call_histograms.get(method)
+        if histogram is None:
+            histogram = self._call_histograms[method] = self.rpc_seconds.labels(method)
+        histogram.observe(seconds)
         if error is not None:
             self.rpc_errors.labels(method, error).inc()
 
