@@ -146,7 +146,6 @@ disk_full_retry_s_min = 0.05  # a WAL write refused for want of space (ENOSPC) i
 disk_full_retry_s_max = 1.0  # ... up to this: a freed disk is used within a second, and a full one costs no busy loop
 raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they are dropped, as by a network
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
-raft_payloads_in_flight_max = 32  # RaftStep calls sent to one peer and not yet answered
 raft_link_reconnect_s = 0.2  # pause before reconnecting to a peer that is down
 snapshot_chunk_bytes_max = 1 * MiB  # one chunk of a group snapshot: what a machine holds at once, and one fetch of its file
 snapshot_fetch_attempts_max = 10  # fetches of a snapshot file failing in a row before a replica gives up; Raft sends it again

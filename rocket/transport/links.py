@@ -1,5 +1,5 @@
 """Raft messages between nodes over the project's RPC layer: one TCP connection per peer carrying
-RaftStep calls, fed by a bounded queue (a full queue drops payloads, which Raft tolerates)."""
+RaftStep posts (answers unawaited), fed by a bounded queue (a full queue drops payloads, which Raft tolerates)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.transport.background import Background
+from rocket.transport.listen import cancel_on
 from rocket.transport.peer_auth import PeerAuth
-from rocket.transport.tcp import open_tcp_channel
+from rocket.transport.tcp import TcpChannel, open_tcp_channel
 
 log = logging.getLogger("rocket.raft")
 
@@ -50,17 +51,17 @@ class PeerLinks(Background):
                     hello = self.auth.hello() if self.auth is not None else None
                     tls = self.tls() if self.tls is not None else None
                     async with (open_tcp_channel(host, port, "avro", hello, tls, None, self.plain_fallback) as channel,
-                                trio.open_nursery() as calls):
+                                trio.open_nursery() as watcher):
                         self.versions[destination] = channel.peer_version or 1
-                        # Calls are pipelined: waiting for each answer would allow one payload per round trip.
-                        window = trio.Semaphore(limits.raft_payloads_in_flight_max)
-                        async for payload in inbox:
-                            await window.acquire()
-                            calls.start_soon(self._call, channel, payload, window, connection)
+                        # A broken read loop is a broken link, even while nothing is being written.
+                        watcher.start_soon(cancel_on, channel.closed, connection)
+                        await self._send_all(channel, inbox)
                 except RocketError as error:  # a refused hello or certificate is a misconfiguration: say it here
                     refused = error.code == Code.UNAUTHENTICATED or "TLS handshake" in error.message
                     level = logging.WARNING if refused else logging.DEBUG
                     log.log(level, "link to node %d: %s", destination, error)
+            if connection.cancelled_caught:
+                log.debug("link to node %d: the connection closed", destination)
             # Whatever queued while the peer was down is stale by now: Raft resends what matters.
             while True:
                 try:
@@ -69,12 +70,9 @@ class PeerLinks(Background):
                     break
             await trio.sleep(limits.raft_link_reconnect_s)
 
-    async def _call(self, channel, payload: bytes, window: trio.Semaphore, connection: trio.CancelScope) -> None:
-        try:
-            await channel.call("RaftStep", {"sender": self.node_id, "payload": payload}, timeout_s=5)
-        except RocketError as error:
-            log.debug("Raft messages to a peer lost: %s", error)  # Raft resends what matters
-            if error.code in (Code.CONNECTION_LOST, Code.UNAVAILABLE, Code.TIMEOUT):
-                connection.cancel()  # reconnect
-        finally:
-            window.release()
+    async def _send_all(self, channel: TcpChannel, inbox: trio.MemoryReceiveChannel) -> None:
+        """Post each payload as it comes, from this one task: nobody needs RaftStep's answer (Raft tolerates lost
+        messages), so a payload costs one write and no waiting. A full socket holds this task back, and the outbox,
+        full, drops what comes meanwhile. Raises CONNECTION_LOST once a write fails."""
+        async for payload in inbox:
+            await channel.post("RaftStep", {"sender": self.node_id, "payload": payload})

@@ -35,6 +35,14 @@ class MethodSpec:
     at_most_once: bool = False
     # Between nodes only: with a cluster secret, served only on connections that said PeerHello (peer_auth.py).
     internal: bool = False
+    # TCP serves it in the connection's read loop, in order, with no task and no in-flight slot: per message, that
+    # cost is most of a small call's. Only for a handler that never waits (no I/O, no lock, no sleep): one that waits
+    # stalls every request behind it on the connection. The checks (peers, access) and the answer stay as for any call.
+    inline: bool = False
+
+    def __post_init__(self) -> None:
+        if self.inline and self.streaming:
+            raise ValueError(f"{self.name}: a stream cannot be served inline")
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -74,7 +82,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("ChangeInvisible", "ReceiptRequest", "ReceiptResponse"),
         MethodSpec("DeadLetter", "ReceiptRequest", "ReceiptResponse"),
         MethodSpec("Bury", "BuryRequest", "Empty", attachment_field="batch"),
-        MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload", internal=True),
+        MethodSpec("RaftStep", "RaftStepRequest", "Empty", attachment_field="payload", internal=True,
+                   inline=True),  # its handler hands the payload to RaftHost.receive, which does not wait
         MethodSpec("RaftSnapshotChunk", "RaftSnapshotChunkRequest", "RaftSnapshotChunkResponse",
                    response_attachment="data", internal=True),
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),

@@ -1,10 +1,11 @@
 """The TCP transport: length-prefixed frames (frames.py), pipelined calls, server-streamed responses.
 
-Server: one reader per connection, one task per call (bounded), whole frames written under a lock. A connection
-is closed when a request frame takes longer than frame_s to arrive (time the server spends not reading excluded), when
-it has no call in flight (a long poll and a stream are calls) for idle_s, and, the one holding the most, when the
-listener's connections together hold more than limits.tcp_partial_frames_bytes_max of frames not yet whole.
-Client: TcpChannel multiplexes calls over one connection by request id.
+Server: one reader per connection, one task per call (bounded; the reader serves an inline method's calls itself, in
+order), whole frames written under a lock. A connection is closed when a request frame takes longer than frame_s to
+arrive (time the server spends not reading excluded), when it has no call in flight (a long poll and a stream are
+calls) for idle_s, and, the one holding the most, when the listener's connections together hold more than
+limits.tcp_partial_frames_bytes_max of frames not yet whole.
+Client: TcpChannel multiplexes calls over one connection by request id; a post is a request nobody waits for.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from rocket.transport import frames
 from rocket.transport.channel import Channel, server_schema_version
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
 from rocket.transport.listen import cancel_on, connect, serve_connections, source_of
-from rocket.transport.rpc import Caller, Dispatcher, Lifecycle, attach, encode_error, method_spec, serde_for_id
+from rocket.transport.rpc import METHODS, Caller, Dispatcher, Lifecycle, attach, encode_error, method_spec, serde_for_id
 from rocket.transport.tls import HANDSHAKE, NodeTls, client_handshake, handshake
 
 log = logging.getLogger("rocket.tcp")
@@ -256,6 +257,7 @@ class _ServerConnection:
         self._read_scope: trio.CancelScope | None = None
         self._receiving: trio.CancelScope | None = None  # the receive under way, whose deadline a call's end moves
         self._partial = False  # whether that receive waits for the rest of a frame (else for a new one)
+        self._replies: list = []  # answers to inline requests (MethodSpec.inline), sent together before the next read
 
     def close_for(self, error: RocketError) -> None:
         """Stop reading, tell the client error, and close (in-flight calls get the usual grace)."""
@@ -318,6 +320,7 @@ class _ServerConnection:
             while (frame := decoder.next_frame()) is not None:
                 waited_s = 0.0
                 await self._dispatch(frame, calls)
+            await self._flush_replies()
             self._partial = decoder.buffered_bytes > 0
             if not self._partial:
                 waited_s = 0.0
@@ -352,24 +355,47 @@ class _ServerConnection:
         muted_s = self.caller.muted_until - trio.current_time()
         if muted_s > 0:  # over a quota (rpc.py): read nothing more of this connection until its throttle passed
             await trio.sleep(muted_s)
+        spec = METHODS.get(frame.method)
+        if spec is not None and spec.inline:
+            self._replies += await self._unary(frame)
+            return
+        await self._flush_replies()  # before this call may wait for a slot
         await self.in_flight.acquire()
         self.lifecycle.call_started()
         calls.start_soon(self._call, frame)
 
+    def _serde_of(self, frame: Frame) -> ModuleType:
+        """The serde a request is in: an older client's is read in its schemas (same version: no cost)."""
+        serde = serde_for_id(frame.serde)
+        if self.peer_version < SCHEMA_VERSION:
+            serde = for_peer(serde, self.peer_version)
+        return serde
+
+    async def _flush_replies(self) -> None:
+        """Send the answers to inline requests served so far, in one write."""
+        if self._replies:
+            replies, self._replies = self._replies, []
+            await self._send(*replies)
+
+    async def _unary(self, frame: Frame) -> list:
+        """The reply frame's parts for a unary request: its response, or the error it met."""
+        try:
+            serde = self._serde_of(frame)
+            body, attachments = await self.dispatcher.call(frame.method, serde, frame.body, frame.attachment,
+                                                           detached=True, caller=self.caller)
+        except RocketError as error:
+            return [_error_frame(frame.serde, frame.request_id, error)]
+        if frame.method == "Hello":  # from now on, requests and responses are in the client's version
+            self.peer_version = peer_version_of(serde.decode("Hello", frame.body)["schema_version"])
+        return frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body, attachment=attachments)
+
     async def _call(self, frame: Frame) -> None:
         try:
             try:
-                serde = serde_for_id(frame.serde)
-                if self.peer_version < SCHEMA_VERSION:  # an older client's: its schemas (same version: no cost)
-                    serde = for_peer(serde, self.peer_version)
                 if self.dispatcher.is_streaming(frame.method):
-                    await self._stream(frame, serde)
+                    await self._stream(frame, self._serde_of(frame))
                     return
-                body, attachments = await self.dispatcher.call(frame.method, serde, frame.body, frame.attachment,
-                                                               detached=True, caller=self.caller)
-                if frame.method == "Hello":  # from now on, requests and responses are in the client's version
-                    self.peer_version = peer_version_of(serde.decode("Hello", frame.body)["schema_version"])
-                reply = frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body, attachment=attachments)
+                reply = await self._unary(frame)
             except RocketError as error:
                 reply = [_error_frame(frame.serde, frame.request_id, error)]
             await self._send(*reply)
@@ -443,6 +469,14 @@ class TcpChannel(Channel):
             attach(spec, response, attachments)
         return response
 
+    async def post(self, method: str, message: dict) -> None:
+        """Write a request and wait for no answer: for messages whose loss the sender tolerates (Raft's), so each
+        costs no waiter and no timeout. The server still answers (older senders wait for it): the read loop drops
+        the answer, and logs an error answer at debug level. Raises CONNECTION_LOST once the channel is broken."""
+        if self._broken is not None:
+            raise self._broken
+        await self._write(*self._request_parts(method, message, next(self._request_ids)))
+
     async def stream(self, method: str, message: dict) -> AsyncIterator[dict]:
         """Yield a server stream's items; leaving the loop early cancels the stream on the server."""
         spec = method_spec(method)
@@ -466,17 +500,22 @@ class TcpChannel(Channel):
     async def _send_request(self, method: str, message: dict, queue_size: int):
         if self._broken is not None:
             raise self._broken
+        request_id = next(self._request_ids)
+        parts = self._request_parts(method, message, request_id)
+        sender, receiver = trio.open_memory_channel(queue_size)
+        self._waiting[request_id] = sender
+        await self._write(*parts)
+        return request_id, receiver
+
+    def _request_parts(self, method: str, message: dict, request_id: int) -> list:
+        """A request frame's parts, its attachment (if the method has one) carried apart, uncopied."""
         spec = method_spec(method)
         attachment = None
         if spec.attachment_field is not None:
             attachment = message[spec.attachment_field]
             message = {**message, spec.attachment_field: b""}
         body = self._serde.encode(spec.request_type, message)
-        request_id = next(self._request_ids)
-        sender, receiver = trio.open_memory_channel(queue_size)
-        self._waiting[request_id] = sender
-        await self._write(*frames.encode_parts(Kind.REQUEST, self._serde_id, request_id, body, method, attachment))
-        return request_id, receiver
+        return frames.encode_parts(Kind.REQUEST, self._serde_id, request_id, body, method, attachment)
 
     async def _write(self, *parts: bytes | memoryview) -> None:
         async with self._send_lock:
@@ -522,8 +561,18 @@ class TcpChannel(Channel):
                             await sender.send((frame.kind, frame.body, frame.attachment))
                         except trio.BrokenResourceError:
                             pass  # the caller gave up (timeout or cancel)
+                    elif frame.kind == Kind.ERROR and log.isEnabledFor(logging.DEBUG):  # a post's, or a call's
+                        self._unheard_error(frame)  # given up: nobody to tell
         except (trio.BrokenResourceError, trio.ClosedResourceError, FrameError) as error:
             self._fail(RocketError(Code.CONNECTION_LOST, f"connection lost: {error}"))
+
+    def _unheard_error(self, frame: Frame) -> None:
+        """Log an error answer nobody waits for: a refused post (a link's RaftStep) says so here, and only here."""
+        try:
+            error = RocketError.from_wire(self._serde.decode("Error", frame.body))
+        except RocketError as undecodable:  # unreadable, and still nobody's to fail
+            error = undecodable
+        log.debug("request %d answered %s, nobody waiting: %s", frame.request_id, error.code.name, error.message)
 
     @staticmethod
     def _serde_for(frame: Frame) -> ModuleType:

@@ -1,0 +1,188 @@
+"""Raft links over TCP: TcpChannel.post (a request nobody waits for), RaftStep served inline in the server's read
+loop (MethodSpec.inline), and PeerLinks posting over one channel per peer, reconnecting once it breaks."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import pytest
+import trio
+
+from rocket import limits
+from rocket.errors import Code, RocketError
+from rocket.transport import rpc
+from rocket.transport.links import PeerLinks
+from rocket.transport.peer_auth import PeerAuth
+from rocket.transport.rpc import Dispatcher, Lifecycle
+from rocket.transport.tcp import open_tcp_channel, serve_tcp
+
+SECRET = b"a cluster secret of some length"
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RaftServer:
+    """A TCP server whose RaftStep handler records each payload, as RaftHost.receive would take it."""
+
+    def __init__(self, secret: bytes | None = None):
+        self.payloads: list[bytes] = []
+        self.arrived = trio.Event()  # set once `expected` payloads arrived
+        self.expected = 1
+        self.observed: list[tuple[str, str | None]] = []  # (method, error) the dispatcher's telemetry saw
+        self.dispatcher = Dispatcher()
+        self.dispatcher.on_call = lambda method, seconds, error: self.observed.append((method, error))
+        if secret is not None:
+            self.dispatcher.peers_only = True
+            self.dispatcher.peer_auth = PeerAuth(secret, 1, wall_ms)
+        self.dispatcher.handle("RaftStep", self._raft_step)
+        self.serving = trio.CancelScope()
+
+    async def _raft_step(self, request: dict) -> dict:
+        self.payloads.append(bytes(request["payload"]))
+        if len(self.payloads) >= self.expected:
+            self.arrived.set()
+        return {}
+
+    async def serve(self, nursery: trio.Nursery, port: int = 0) -> int:
+        """Serve on port (0: any free one) until stop(); returns the port."""
+        return await nursery.start(self._serve, port)
+
+    async def _serve(self, port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with self.serving:
+            await serve_tcp(self.dispatcher, Lifecycle(), "127.0.0.1", port, task_status=task_status)
+
+    def stop(self) -> None:
+        """Stop serving and close every connection, as a node that goes down."""
+        self.serving.cancel()
+
+
+def step(index: int) -> dict:
+    return {"sender": 2, "payload": index.to_bytes(4, "big")}
+
+
+async def test_an_error_answer_to_a_post_neither_fails_the_channel_nor_stays_behind(nursery, caplog):
+    """Posts a server refuses (RaftStep from a connection that said no PeerHello) are each logged at debug with the
+    code; the channel keeps working and holds nothing for them."""
+    caplog.set_level(logging.DEBUG, logger="rocket.tcp")
+    server = RaftServer(SECRET)
+    port = await server.serve(nursery)
+    async with open_tcp_channel("127.0.0.1", port, "avro") as channel:
+        for index in range(50):
+            await channel.post("RaftStep", step(index))
+        # Answers come in order on one connection: once Hello's is read, so are the fifty before it.
+        assert await channel.hello() == channel.peer_version
+        assert not channel.closed.is_set() and channel._waiting == {}
+    refusals = [record for record in caplog.records
+                if record.name == "rocket.tcp" and record.levelno == logging.DEBUG and "UNAUTHENTICATED" in
+                record.getMessage()]
+    assert len(refusals) == 50
+    assert server.payloads == []
+
+
+async def test_a_post_after_the_server_closed_raises_connection_lost(nursery):
+    """Losing the connection fails a channel of posts as it fails one of calls: closed is set, and the next post
+    raises CONNECTION_LOST."""
+    server = RaftServer()
+    port = await server.serve(nursery)
+    async with open_tcp_channel("127.0.0.1", port, "avro") as channel:
+        await channel.post("RaftStep", step(0))
+        await server.arrived.wait()
+        server.stop()
+        with trio.fail_after(5):
+            await channel.closed.wait()
+        with pytest.raises(RocketError) as error:
+            await channel.post("RaftStep", step(1))
+        assert error.value.code == Code.CONNECTION_LOST
+    assert server.payloads == [step(0)["payload"]]
+
+
+async def test_an_inline_method_is_served_in_order_without_taking_a_slot(nursery, monkeypatch):
+    """With the connection's one in-flight slot held by a call that waits, RaftSteps on the same connection are
+    still served, in the order sent, and a RaftStep call (an older link's) gets its answer."""
+    monkeypatch.setattr(limits, "in_flight_requests_per_connection_max", 1)
+    server = RaftServer()
+    server.expected = 200
+    entered, release = trio.Event(), trio.Event()
+
+    async def delete_user(request: dict) -> dict:  # any method not inline, holding its slot until released
+        entered.set()
+        await release.wait()
+        return {}
+
+    server.dispatcher.handle("AclDeleteUser", delete_user)
+    port = await server.serve(nursery)
+    async with open_tcp_channel("127.0.0.1", port, "avro") as channel, trio.open_nursery() as calls:
+        calls.start_soon(channel.call, "AclDeleteUser", {"user": "someone"})
+        await entered.wait()
+        for index in range(199):
+            await channel.post("RaftStep", step(index))
+        with trio.fail_after(5):
+            assert await channel.call("RaftStep", step(199)) == {}
+            await server.arrived.wait()
+        assert server.payloads == [step(index)["payload"] for index in range(200)]
+        assert not release.is_set()  # the slot was held throughout
+        release.set()
+    assert server.observed.count(("RaftStep", None)) == 200  # telemetry sees inline calls too
+
+
+async def test_raft_step_is_refused_to_a_caller_that_is_not_a_peer(nursery):
+    """With a cluster secret, RaftStep (inline) is refused UNAUTHENTICATED to a connection that said no
+    PeerHello, or a wrong one, and served to one that said the right one."""
+    server = RaftServer(SECRET)
+    port = await server.serve(nursery)
+    outsider = PeerAuth(b"not the cluster's secret at all", 2, wall_ms)
+    for hello in (None, outsider.hello()):
+        with pytest.raises(RocketError) as error:
+            async with open_tcp_channel("127.0.0.1", port, "avro", hello) as channel:
+                await channel.call("RaftStep", step(0))
+        assert error.value.code == Code.UNAUTHENTICATED
+    assert server.payloads == []
+    async with open_tcp_channel("127.0.0.1", port, "avro", PeerAuth(SECRET, 2, wall_ms).hello()) as channel:
+        assert await channel.call("RaftStep", step(1)) == {}
+        await channel.post("RaftStep", step(2))
+        server.expected = 2
+        with trio.fail_after(5):
+            await server.arrived.wait()
+    assert server.payloads == [step(1)["payload"], step(2)["payload"]]
+
+
+async def test_links_talk_to_a_server_that_serves_raft_step_as_a_task(nursery, monkeypatch):
+    """An older node serves RaftStep as any call (a task each): a link's posts reach it in order all the same."""
+    old = dataclasses.replace(rpc.METHODS["RaftStep"], inline=False)
+    monkeypatch.setitem(rpc.METHODS, "RaftStep", old)
+    server = RaftServer()
+    server.expected = 100
+    port = await server.serve(nursery)
+    links = PeerLinks(2, {1: ("127.0.0.1", port)})
+    await nursery.start(links.run)
+    for index in range(100):
+        links.post(1, step(index)["payload"])
+        await trio.sleep(0)
+    with trio.fail_after(5):
+        await server.arrived.wait()
+    assert server.payloads == [step(index)["payload"] for index in range(100)]
+
+
+async def test_a_link_reconnects_once_its_connection_closes_even_while_idle(nursery):
+    """When the peer closes the connection, the link notices through the channel's read loop (nothing being
+    written), connects again, and its next payloads arrive."""
+    first, second = RaftServer(), RaftServer()
+    port = await first.serve(nursery)
+    links = PeerLinks(2, {1: ("127.0.0.1", port)})
+    await nursery.start(links.run)
+    links.post(1, b"before")
+    with trio.fail_after(5):
+        await first.arrived.wait()
+    first.stop()
+    await second.serve(nursery, port)
+    with trio.fail_after(5):  # the link says Hello to the new server with no payload to send
+        while ("Hello", None) not in second.observed:
+            await trio.sleep(0.05)
+    links.post(1, b"after")
+    with trio.fail_after(5):
+        await second.arrived.wait()
+    assert first.payloads == [b"before"] and second.payloads == [b"after"]
