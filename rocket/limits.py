@@ -147,6 +147,7 @@ disk_full_retry_s_max = 1.0  # ... up to this: a freed disk is used within a sec
 raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they are dropped, as by a network
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
 raft_link_reconnect_s = 0.2  # pause before reconnecting to a peer that is down
+raft_link_silent_s = 5.0  # a link whose peer left its payloads unanswered this long reconnects (a host gone silently)
 snapshot_chunk_bytes_max = 1 * MiB  # one chunk of a group snapshot: what a machine holds at once, and one fetch of its file
 snapshot_fetch_attempts_max = 10  # fetches of a snapshot file failing in a row before a replica gives up; Raft sends it again
 snapshot_served_keep_s = 30.0  # a snapshot file a replica read this recently outlives its group's next snapshot

@@ -1,5 +1,6 @@
 """Raft messages between nodes over the project's RPC layer: one TCP connection per peer carrying
-RaftStep posts (answers unawaited), fed by a bounded queue (a full queue drops payloads, which Raft tolerates)."""
+RaftStep posts (answers unawaited, but a peer that leaves them unanswered is connected to again), fed by a bounded
+queue (a full queue drops payloads, which Raft tolerates)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ class PeerLinks(Background):
                         self.versions[destination] = channel.peer_version or 1
                         # A broken read loop is a broken link, even while nothing is being written.
                         watcher.start_soon(cancel_on, channel.closed, connection)
+                        watcher.start_soon(self._watch_answers, channel, destination, connection)
                         await self._send_all(channel, inbox)
                 except RocketError as error:  # a refused hello or certificate is a misconfiguration: say it here
                     refused = error.code == Code.UNAUTHENTICATED or "TLS handshake" in error.message
@@ -69,6 +71,18 @@ class PeerLinks(Background):
                 except trio.WouldBlock:
                     break
             await trio.sleep(limits.raft_link_reconnect_s)
+
+    @staticmethod
+    async def _watch_answers(channel: TcpChannel, destination: int, connection: trio.CancelScope) -> None:
+        """Reconnect once the peer left posts unanswered for limits.raft_link_silent_s: a host gone without a reset
+        (powered off, cut off) breaks no write for minutes, while a new connection finds it as soon as it is back."""
+        while True:
+            await trio.sleep(limits.raft_link_silent_s / 4)
+            if channel.posts_unanswered and trio.current_time() - channel.posts_heard_at > limits.raft_link_silent_s:
+                log.debug("link to node %d: %d payloads unanswered for %.1f s: reconnecting", destination,
+                          channel.posts_unanswered, limits.raft_link_silent_s)
+                connection.cancel()
+                return
 
     async def _send_all(self, channel: TcpChannel, inbox: trio.MemoryReceiveChannel) -> None:
         """Post each payload as it comes, from this one task: nobody needs RaftStep's answer (Raft tolerates lost

@@ -441,6 +441,10 @@ class TcpChannel(Channel):
         self._send_lock = trio.Lock()
         self._broken: RocketError | None = None
         self.closed = trio.Event()  # set once the connection is broken or closed
+        # Posts the server has not answered yet, and when it last answered one (or the wait began): a peer that
+        # stopped answering (a host gone without a reset) shows here, since no call times out.
+        self.posts_unanswered = 0
+        self.posts_heard_at = 0.0
 
     async def hello(self) -> int:
         """Tell the server this side's schema version and learn its own (a server too old to know Hello is
@@ -475,6 +479,9 @@ class TcpChannel(Channel):
         the answer, and logs an error answer at debug level. Raises CONNECTION_LOST once the channel is broken."""
         if self._broken is not None:
             raise self._broken
+        if not self.posts_unanswered:
+            self.posts_heard_at = trio.current_time()  # the wait for an answer starts now
+        self.posts_unanswered += 1
         await self._write(*self._request_parts(method, message, next(self._request_ids)))
 
     async def stream(self, method: str, message: dict) -> AsyncIterator[dict]:
@@ -561,8 +568,12 @@ class TcpChannel(Channel):
                             await sender.send((frame.kind, frame.body, frame.attachment))
                         except trio.BrokenResourceError:
                             pass  # the caller gave up (timeout or cancel)
-                    elif frame.kind == Kind.ERROR and log.isEnabledFor(logging.DEBUG):  # a post's, or a call's
-                        self._unheard_error(frame)  # given up: nobody to tell
+                    else:  # a post's answer, or a call's its caller gave up on: the server is there
+                        if self.posts_unanswered:
+                            self.posts_unanswered -= 1
+                        self.posts_heard_at = trio.current_time()
+                        if frame.kind == Kind.ERROR and log.isEnabledFor(logging.DEBUG):
+                            self._unheard_error(frame)  # nobody to tell
         except (trio.BrokenResourceError, trio.ClosedResourceError, FrameError) as error:
             self._fail(RocketError(Code.CONNECTION_LOST, f"connection lost: {error}"))
 

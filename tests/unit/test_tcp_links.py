@@ -186,3 +186,28 @@ async def test_a_link_reconnects_once_its_connection_closes_even_while_idle(nurs
     with trio.fail_after(5):
         await second.arrived.wait()
     assert first.payloads == [b"before"] and second.payloads == [b"after"]
+
+
+async def test_a_link_whose_peer_stops_answering_reconnects(nursery, monkeypatch):
+    """A peer that takes the payloads but answers none (a host gone without a reset looks the same to the sender:
+    no write fails) is left after limits.raft_link_silent_s, and the link connects again."""
+    monkeypatch.setattr(limits, "raft_link_silent_s", 0.4)
+    server = RaftServer()
+    hung = trio.Event()
+
+    async def never_answers(request: dict) -> dict:
+        server.payloads.append(bytes(request["payload"]))
+        await hung.wait()
+        return {}
+
+    monkeypatch.setitem(rpc.METHODS, "RaftStep", dataclasses.replace(rpc.METHODS["RaftStep"], inline=False))
+    server.dispatcher.handle("RaftStep", never_answers)
+    port = await server.serve(nursery)
+    links = PeerLinks(2, {1: ("127.0.0.1", port)})
+    await nursery.start(links.run)
+    links.post(1, b"unanswered")
+    with trio.fail_after(5):
+        while server.observed.count(("Hello", None)) < 2:  # the second connection's Hello
+            await trio.sleep(0.05)
+    assert server.payloads == [b"unanswered"]
+    hung.set()
