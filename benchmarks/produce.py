@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from rocket.transport.listen import free_ports
@@ -44,6 +45,17 @@ def cpu_seconds(processes: list[subprocess.Popen]) -> float:
         fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         ticks += int(fields[11]) + int(fields[12])  # utime, stime: the 14th and 15th fields
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def settle(processes: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
+    """Wait until the nodes are idle: after its ready line a node touches its heap (limits.malloc_pretouch_bytes),
+    which would count in the first workload's CPU (a fifth of a short run's, with 1 MiB batches)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = cpu_seconds(processes)
+        time.sleep(0.25)
+        if cpu_seconds(processes) - before < 0.02 * len(processes):
+            return
 
 
 def start_nodes(data: Path, nodes: int, tier: str = "local") -> list[subprocess.Popen]:
@@ -69,6 +81,7 @@ def one_round(arguments, number: int, nodes: int = 1) -> dict:
         readies = [re.search(rb"tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+)", each.stdout.readline()) for each in servers]
         ready = readies[0]
         port = (ready.group(1) if arguments.transport == "tcp" else ready.group(2)).decode()
+        settle(servers)
         if arguments.profile and number == 0:  # every node: an SVG and its collapsed stacks (to sum by frame), of
             # the threads holding the GIL: where the CPU goes
             for index, each in enumerate(servers):
