@@ -238,6 +238,13 @@ def _append(group: int, index: int, commit: int) -> bytes:
     return codec.encode_messages([(group, message)])
 
 
+def _with_heartbeat(group: int, payload: bytes) -> bytes:
+    """The payload's messages and a heartbeat of leader 2: a message other than an append, which takes a round now
+    instead of waiting for the fsync that runs."""
+    heartbeat = Message(MessageType.HEARTBEAT, 2, 1, 1, 0, 0, (), 0)
+    return codec.encode_messages(codec.decode_messages(payload) + [(group, heartbeat)])
+
+
 def _acknowledged(sent: list[Message]) -> list[int]:
     """The entry indexes node 1 acknowledged, in the order it sent them."""
     return [m.index for m in sent if m.type == MessageType.APPEND_RESPONSE and not m.reject]
@@ -245,8 +252,8 @@ def _acknowledged(sent: list[Message]) -> list[int]:
 
 def test_a_rounds_messages_and_entries_wait_for_its_fsync_while_the_next_round_is_written(tmp_path):
     """Persist before send with overlapped rounds: while a round's fsync is held back, the next round's
-    entries are written, yet no acknowledgement leaves the node and no entry is applied until the fsync
-    covering it is done."""
+    entries are written (a heartbeat came with them: it takes a round now), yet no acknowledgement leaves the node
+    and no entry is applied until the fsync covering it is done."""
     group = 7
     wal = _GatedWal.open(tmp_path)
     machine = _CheckedMachine(wal, group)
@@ -265,7 +272,7 @@ def test_a_rounds_messages_and_entries_wait_for_its_fsync_while_the_next_round_i
             host.add_group(group, (1, 2, 3), machine)
             host.receive(_append(group, 1, 0))
             await _eventually(lambda: wal.syncs_begun == 1, "the first round's fsync begins")
-            host.receive(_append(group, 2, 1))  # commits entry 1
+            host.receive(_with_heartbeat(group, _append(group, 2, 1)))  # commits entry 1
             await _eventually(lambda: wal.writes == 2, "the second round is written during the first fsync")
             await trio.sleep(0.05)
             assert _acknowledged(sent) == [] and machine.applied == []
@@ -357,10 +364,10 @@ def test_a_leaders_small_proposals_gather_while_an_fsync_runs_and_a_large_one_is
     assert machine.early == [] and len([data for data in machine.applied if data]) == 7
 
 
-def test_rounds_are_written_while_an_fsync_is_held_and_the_next_fsync_covers_them_all(tmp_path):
-    """The round loop does not wait for an fsync before it writes the next round: entries that arrive
-    during a long fsync are on disk when it ends, one fsync makes them all durable, and only then are
-    they acknowledged."""
+def test_appends_that_arrive_during_an_fsync_wait_for_it_and_take_one_round_and_one_fsync(tmp_path):
+    """A follower's appends that arrive during a long fsync wait for it, as a node's own proposals do: written
+    when it ends, in one round, they are made durable by one fsync, and only then acknowledged. They are no later
+    than if written at once: the next fsync could not begin before this one ended."""
     group = 7
     wal = _GatedWal.open(tmp_path)
     sent: list[Message] = []
@@ -374,13 +381,16 @@ def test_rounds_are_written_while_an_fsync_is_held_and_the_next_fsync_covers_the
             host.add_group(group, (1, 2, 3), _CheckedMachine(wal, group))
             host.receive(_append(group, 1, 0))
             await _eventually(lambda: wal.syncs_begun == 1, "the first round's fsync begins")
+            writes = wal.writes
             for index in (2, 3, 4):
                 host.receive(_append(group, index, 0))
-                await _eventually(lambda: wal.written.get(group) == index, f"entry {index} written meanwhile")
+                await trio.sleep(0.05)
+            assert wal.written[group] == 1 and wal.writes == writes, "appends written during the fsync"
             assert wal.syncs_begun == 1 and _acknowledged(sent) == []
             wal.gate.release(2)  # the first fsync, then the one that covers entries 2 to 4
             await _eventually(lambda: _acknowledged(sent) == [1, 2, 3, 4], "every entry acknowledged")
             assert wal.syncs_begun == 2 and wal.durable[group] == 4
+            assert wal.writes == writes + 1, "entries 2 to 4 took one round"
             wal.gate.release(1000)
             host.receive(_append(group, 5, 0))  # alone: the end of its fsync, not a tick, releases it
             await _eventually(lambda: _acknowledged(sent)[-1:] == [5], "entry 5 acknowledged without a tick")
