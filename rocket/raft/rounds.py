@@ -1,14 +1,15 @@
 """The multi-raft host's round loop. Each round takes the Ready of every touched group, writes all of it to the WAL
 (into the page cache, in this thread), and advances the cores; one syncer thread runs the fsyncs one after the
-other, each covering every round written before it. While an fsync runs, this node's own proposals gather for the round written when it ends (group
-commit: a round costs the event loop more than an entry does), and so do the appends other nodes' leaders send, unless
-they come to limits.raft_round_wait_bytes_max, or other messages from other nodes or a durable round need a round
-now: then the next round is written at once and its write overlaps the fsync. Once the fsync of the round before it is done, a round's
-committed entries (written by earlier rounds) are applied; once its own fsync is done, its messages go out,
-coalesced into one payload per destination node: persist before send. Snapshots are taken here and their files
-written by one worker thread beside the rounds (snapshots.py); a group's log is compacted once its file is durable.
-A full disk is an operating error: a round the WAL refuses (ENOSPC) is written again once space returns, and while
-free space is under limits.disk_reserve_bytes the node refuses new data (disk_refusal). A mixin of RaftHost.
+other, each covering every round written before it. While an fsync runs, this node's own proposals gather for the
+round written when it ends (group commit: a round costs the event loop more than an entry does), and so do the
+appends other nodes' leaders send, unless they come to limits.raft_round_wait_bytes_max, or other messages from
+other nodes or a durable round need a round now: then the next round is written at once and its write overlaps the
+fsync. Once the fsync of the round before it is done, a round's committed entries (written by earlier rounds) are
+applied; once its own fsync is done, its messages go out, coalesced into one payload per destination node: persist
+before send. Snapshots are taken here and their files written by one worker thread beside the rounds
+(snapshots.py); a group's log is compacted once its file is durable. A full disk is an operating error: a round the
+WAL refuses (ENOSPC) is written again once space returns, and while free space is under limits.disk_reserve_bytes
+the node refuses new data (disk_refusal). A mixin of RaftHost.
 """
 
 from __future__ import annotations
