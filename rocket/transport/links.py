@@ -15,7 +15,7 @@ from rocket.errors import Code, RocketError
 from rocket.transport.background import Background
 from rocket.transport.listen import cancel_on
 from rocket.transport.peer_auth import PeerAuth
-from rocket.transport.tcp import TcpChannel, open_tcp_channel
+from rocket.transport.tcp_client import TcpChannel, open_tcp_channel
 
 log = logging.getLogger("rocket.raft")
 

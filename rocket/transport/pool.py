@@ -13,7 +13,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Address
 from rocket.transport.background import Background
-from rocket.transport.tcp import TcpChannel, open_tcp_channel
+from rocket.transport.tcp_client import TcpChannel, open_tcp_channel
 
 
 class ChannelPool(Background):

@@ -1,37 +1,33 @@
-"""The TCP transport: length-prefixed frames (frames.py), pipelined calls, server-streamed responses.
+"""The TCP transport's server: length-prefixed frames (frames.py), pipelined calls, server-streamed responses.
 
 Server: one reader per connection, one task per call (bounded; the reader serves an inline method's calls itself, in
 order), whole frames written under a lock. A connection is closed when a request frame takes longer than frame_s to
 arrive (time the server spends not reading excluded), when it has no call in flight (a long poll and a stream are
 calls) for idle_s, and, the one holding the most, when the listener's connections together hold more than
 limits.tcp_partial_frames_bytes_max of frames not yet whole.
-Client: TcpChannel multiplexes calls over one connection by request id; a post is a request nobody waits for.
+The client is tcp_client.py.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 
 import trio
 
 from rocket import limits
-from rocket.errors import Code, RocketError, collapse_single_error
-from rocket.serde import SERDE_ID_OF, serde_named
+from rocket.errors import Code, RocketError
 from rocket.serde.schema import SCHEMA_VERSION
 from rocket.serde.versions import for_peer, peer_version_of
 from rocket.transport import frames
-from rocket.transport.channel import Channel, server_schema_version
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
-from rocket.transport.listen import cancel_on, connect, serve_connections, source_of
-from rocket.transport.rpc import METHODS, Caller, Dispatcher, Lifecycle, attach, encode_error, method_spec, serde_for_id
-from rocket.transport.tls import HANDSHAKE, NodeTls, client_handshake, handshake
+from rocket.transport.listen import cancel_on, serve_connections, source_of
+from rocket.transport.rpc import METHODS, Caller, Dispatcher, Lifecycle, encode_error, serde_for_id
+from rocket.transport.tls import HANDSHAKE, NodeTls, handshake
 
 log = logging.getLogger("rocket.tcp")
 
@@ -426,196 +422,3 @@ class _ServerConnection:
                 await send_parts(self.stream, parts)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
-
-
-class TcpChannel(Channel):
-    """A client connection: many concurrent calls multiplexed by request id over one socket."""
-
-    def __init__(self, stream: trio.abc.Stream, serde: ModuleType):
-        self._stream = stream
-        self._serde = serde
-        self.peer_version: int | None = None  # the server's schema version, once hello() asked it
-        self._serde_id = SERDE_ID_OF[serde.name]
-        self._request_ids = itertools.count(1)
-        self._waiting: dict[int, trio.MemorySendChannel] = {}
-        self._send_lock = trio.Lock()
-        self._broken: RocketError | None = None
-        self.closed = trio.Event()  # set once the connection is broken or closed
-        # Posts the server has not answered yet, and when it last answered one (or the wait began): a peer that
-        # stopped answering (a host gone without a reset) shows here, since no call times out.
-        self.posts_unanswered = 0
-        self.posts_heard_at = 0.0
-
-    async def hello(self) -> int:
-        """Tell the server this side's schema version and learn its own (a server too old to know Hello is
-        version 1); from then on this channel writes and reads messages in the older of the two."""
-        version = await server_schema_version(self)
-        self.peer_version = version
-        self._serde = for_peer(self._serde, version)
-        return version
-
-    async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default,
-                   sent: trio.Event | None = None) -> dict:
-        """The response to a request; sent, if given, is set once the request is written."""
-        spec = method_spec(method)
-        request_id, receiver = await self._send_request(method, message, 1)
-        if sent is not None:
-            sent.set()
-        try:
-            with trio.fail_after(timeout_s):
-                kind, body, attachments = await self._receive(receiver)
-        except trio.TooSlowError:
-            raise RocketError(Code.TIMEOUT, f"{method} got no answer within {timeout_s} s") from None
-        finally:
-            self._waiting.pop(request_id, None)
-        response = self._decode(spec.response_type, kind, body)
-        if isinstance(attachments, list):
-            attach(spec, response, attachments)
-        return response
-
-    async def post(self, method: str, message: dict) -> None:
-        """Write a request and wait for no answer: for messages whose loss the sender tolerates (Raft's), so each
-        costs no waiter and no timeout. The server still answers (older senders wait for it): the read loop drops
-        the answer, and logs an error answer at debug level. Raises CONNECTION_LOST once the channel is broken."""
-        if self._broken is not None:
-            raise self._broken
-        if not self.posts_unanswered:
-            self.posts_heard_at = trio.current_time()  # the wait for an answer starts now
-        self.posts_unanswered += 1
-        await self._write(*self._request_parts(method, message, next(self._request_ids)))
-
-    async def stream(self, method: str, message: dict) -> AsyncIterator[dict]:
-        """Yield a server stream's items; leaving the loop early cancels the stream on the server."""
-        spec = method_spec(method)
-        request_id, receiver = await self._send_request(method, message, limits.stream_items_queued_max)
-        finished = False
-        try:
-            while True:
-                kind, body, _ = await self._receive(receiver)
-                if kind == Kind.STREAM_END:
-                    finished = True
-                    return
-                if kind == Kind.ERROR:
-                    finished = True
-                yield self._decode(spec.response_type, kind, body)
-        finally:
-            self._waiting.pop(request_id, None)
-            if not finished and self._broken is None:
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    await self._write(frames.encode(Kind.CANCEL, self._serde_id, request_id))
-
-    async def _send_request(self, method: str, message: dict, queue_size: int):
-        if self._broken is not None:
-            raise self._broken
-        request_id = next(self._request_ids)
-        parts = self._request_parts(method, message, request_id)
-        sender, receiver = trio.open_memory_channel(queue_size)
-        self._waiting[request_id] = sender
-        await self._write(*parts)
-        return request_id, receiver
-
-    def _request_parts(self, method: str, message: dict, request_id: int) -> list:
-        """A request frame's parts, its attachment (if the method has one) carried apart, uncopied."""
-        spec = method_spec(method)
-        attachment = None
-        if spec.attachment_field is not None:
-            attachment = message[spec.attachment_field]
-            message = {**message, spec.attachment_field: b""}
-        body = self._serde.encode(spec.request_type, message)
-        return frames.encode_parts(Kind.REQUEST, self._serde_id, request_id, body, method, attachment)
-
-    async def _write(self, *parts: bytes | memoryview) -> None:
-        async with self._send_lock:
-            try:
-                await send_parts(self._stream, parts)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                self._fail(RocketError(Code.CONNECTION_LOST, f"connection lost while sending: {error}"))
-                raise self._broken from None
-
-    async def _receive(self, receiver: trio.MemoryReceiveChannel) -> tuple[Kind, bytes, list | None]:
-        try:
-            return await receiver.receive()
-        except trio.EndOfChannel:
-            raise self._broken or RocketError(Code.CONNECTION_LOST, "connection closed") from None
-
-    def _decode(self, response_type: str, kind: Kind, body: bytes) -> dict:
-        if kind == Kind.ERROR:
-            raise RocketError.from_wire(self._serde.decode("Error", body))
-        return self._serde.decode(response_type, body)
-
-    def _fail(self, error: RocketError) -> None:
-        if self._broken is None:
-            self._broken = error
-        self.closed.set()
-        for sender in self._waiting.values():
-            sender.close()
-        self._waiting.clear()
-
-    async def read_loop(self) -> None:
-        decoder = FrameDecoder(reuse=True)
-        try:
-            while True:
-                if not await receive_into(self._stream, decoder):
-                    self._fail(RocketError(Code.CONNECTION_LOST, "server closed the connection"))
-                    return
-                while (frame := decoder.next_frame()) is not None:
-                    sender = self._waiting.get(frame.request_id)
-                    if frame.request_id == 0 and frame.kind == Kind.ERROR:
-                        self._fail(RocketError.from_wire(self._serde_for(frame).decode("Error", frame.body)))
-                        return
-                    if sender is not None:
-                        try:
-                            await sender.send((frame.kind, frame.body, frame.attachment))
-                        except trio.BrokenResourceError:
-                            pass  # the caller gave up (timeout or cancel)
-                    else:  # a post's answer, or a call's its caller gave up on: the server is there
-                        if self.posts_unanswered:
-                            self.posts_unanswered -= 1
-                        self.posts_heard_at = trio.current_time()
-                        if frame.kind == Kind.ERROR and log.isEnabledFor(logging.DEBUG):
-                            self._unheard_error(frame)  # nobody to tell
-        except (trio.BrokenResourceError, trio.ClosedResourceError, FrameError) as error:
-            self._fail(RocketError(Code.CONNECTION_LOST, f"connection lost: {error}"))
-
-    def _unheard_error(self, frame: Frame) -> None:
-        """Log an error answer nobody waits for: a refused post (a link's RaftStep) says so here, and only here."""
-        try:
-            error = RocketError.from_wire(self._serde.decode("Error", frame.body))
-        except RocketError as undecodable:  # unreadable, and still nobody's to fail
-            error = undecodable
-        log.debug("request %d answered %s, nobody waiting: %s", frame.request_id, error.code.name, error.message)
-
-    @staticmethod
-    def _serde_for(frame: Frame) -> ModuleType:
-        return serde_for_id(frame.serde)
-
-
-@asynccontextmanager
-async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello: tuple[str, dict] | None = None,
-                           tls: ssl.SSLContext | None = None, server_name: str | None = None,
-                           plain_fallback: bool = False):
-    """A channel to host:port that said Hello (schema versions); with hello (a method and its request: PeerHello,
-    Authenticate), one that said that next. With tls, over TLS, the server's certificate checked against server_name
-    (else host); with plain_fallback (a node in tls_mode permissive), plain once the server answered the handshake
-    with something other than TLS."""
-    serde = serde_named(serde_name)
-    stream = await connect(host, port)
-    if tls is not None:
-        try:
-            stream = await client_handshake(stream, tls, host, port, server_name)
-        except RocketError as error:
-            if not (plain_fallback and "WRONG_VERSION_NUMBER" in error.message):
-                raise
-            log.info("%s:%s speaks no TLS: connecting without (tls_mode permissive)", host, port)
-            stream = await connect(host, port)
-    with collapse_single_error():
-        async with stream, trio.open_nursery() as nursery:
-            channel = TcpChannel(stream, serde)
-            nursery.start_soon(channel.read_loop)
-            try:
-                await channel.hello()
-                if hello is not None:
-                    await channel.call(*hello)
-                yield channel
-            finally:
-                nursery.cancel_scope.cancel()

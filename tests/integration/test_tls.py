@@ -25,7 +25,7 @@ from rocket.gateway.remoting.codec import RequestCode
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
 from rocket.transport.listen import free_ports
-from rocket.transport.tcp import open_tcp_channel
+from rocket.transport.tcp_client import open_tcp_channel
 from rocket.transport.tls import client_context
 from tests.integration.test_cluster import Node, running
 from tests.remoting_client import RemotingClient

@@ -19,7 +19,7 @@ from rocket.transport.channel import Channel
 from rocket.transport.h2_client import Http2Channel
 from rocket.transport.local import LocalChannel, MockChannel
 from rocket.transport.rpc import Dispatcher
-from rocket.transport.tcp import TcpChannel
+from rocket.transport.tcp_client import TcpChannel
 
 
 class MemoryBroker:

@@ -17,7 +17,8 @@ from rocket.serde.schema import SCHEMA_VERSION
 from rocket.transport.h2_client import open_http2_channel
 from rocket.transport.h2_server import serve_http2
 from rocket.transport.rpc import Dispatcher, Lifecycle
-from rocket.transport.tcp import TcpChannel, open_tcp_channel, serve_tcp
+from rocket.transport.tcp import serve_tcp
+from rocket.transport.tcp_client import TcpChannel, open_tcp_channel
 
 HEARTBEAT = {"node": 7, "address": "127.0.0.1:9000", "roles": ["storage"],
              "load": {"groups": 1, "leads": [3], "bytes": 10, "free_disk_bytes": 20, "lagging": []},

@@ -16,7 +16,8 @@ from rocket.transport import rpc
 from rocket.transport.links import PeerLinks
 from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.rpc import Dispatcher, Lifecycle
-from rocket.transport.tcp import open_tcp_channel, serve_tcp
+from rocket.transport.tcp import serve_tcp
+from rocket.transport.tcp_client import open_tcp_channel
 
 SECRET = b"a cluster secret of some length"
 
