@@ -3,6 +3,7 @@ test, runs `rocket bench produce` and `rocket bench consume` against it, and rep
 
     python benchmarks/produce.py --rounds 3 --messages 600000 --size 1024 [--transport tcp] [--profile]
     python benchmarks/produce.py --nodes 1,3     # each round: one node, then a three-node cluster
+    python benchmarks/produce.py --half-peak     # then the same again paced at half that rate: its latency
 
 With --nodes 3 the cluster is three all-role processes on this machine (one nameserver group, every
 storage group replicated three times, so every byte is written three times to the same disk), and
@@ -31,6 +32,7 @@ from pathlib import Path
 from rocket.transport.listen import free_ports
 
 RESULTS = Path(__file__).parent / "results"
+PACED_IN_FLIGHT = 64  # --half-peak's window: room enough that a paced send never waits for an answer
 
 
 def rocket(*args: str) -> None:
@@ -100,6 +102,13 @@ def one_round(arguments, number: int, nodes: int = 1) -> dict:
         produced = json.loads(produced_file.read_text())
         # Server CPU per batch, all nodes together (with three nodes: the leader's, its followers', the brokers').
         produced["server_cpu_us_per_batch"] = (cpu_seconds(servers) - cpu_before) / produced["result"]["batches"] * 1e6
+        if arguments.half_peak:  # the same workload again, paced at half the rate just measured: latency at that load
+            paced_file = data / "paced.json"
+            rate = produced["result"]["batches"] / produced["result"]["seconds"] / 2
+            rocket("bench", "produce", *common, "--messages", str(arguments.messages), "--size", str(arguments.size),
+                   "--in-flight", str(PACED_IN_FLIGHT), "--batch-bytes", str(arguments.batch_bytes),
+                   "--rate", f"{rate:.3f}", "--json", str(paced_file))
+            produced["half_peak"] = json.loads(paced_file.read_text())
         rocket("bench", "consume", *common, "--topic", produced["result"]["topic"],
                "--messages", str(arguments.messages), "--json", str(consumed_file))
         return {"produce": produced, "consume": json.loads(consumed_file.read_text())}
@@ -131,6 +140,9 @@ def main() -> None:
                              "fill, on the same disk) or off")
     parser.add_argument("--nodes", default="1", choices=["1", "3", "1,3"],
                         help="one node, a three-node cluster, or both in every round")
+    parser.add_argument("--half-peak", action="store_true",
+                        help="after each produce, the same workload paced at half its rate (rocket bench produce "
+                             "--rate): the latency at half of peak")
     parser.add_argument("--out", default=str(RESULTS), help="the directory the results (and --profile's SVG) go to")
     arguments = parser.parse_args()
     Path(arguments.out).mkdir(parents=True, exist_ok=True)
@@ -147,6 +159,7 @@ def main() -> None:
         "server_cpu_us_per_batch": [round(r["produce"]["server_cpu_us_per_batch"]) for r in rounds],
         "consume_mb_per_s": [round(r["consume"]["result"]["mb_per_s"], 1) for r in rounds],
         "consume_messages_per_s": [round(r["consume"]["result"]["messages_per_s"]) for r in rounds],
+        **half_peak([r["produce"] for r in rounds], ""),
     }
     summary["median"] = {name: statistics.median(values) for name, values in summary.items()}
     settings = vars(arguments)
@@ -154,6 +167,17 @@ def main() -> None:
     output = Path(arguments.out) / f"produce{cluster}-{arguments.transport}-{arguments.serde}.json"
     output.write_text(json.dumps({"settings": settings, "summary": summary, "rounds": rounds}, indent=2))
     print(json.dumps(summary, indent=2))
+
+
+def half_peak(produced: list[dict], prefix: str) -> dict:
+    """With --half-peak: each round's paced produce, its rate and latency."""
+    if not all("half_peak" in each for each in produced):
+        return {}
+    paced = [each["half_peak"]["result"] for each in produced]
+    return {f"{prefix}half_peak_mb_per_s": [round(each["mb_per_s"], 1) for each in paced],
+            f"{prefix}half_peak_latency_ms_p50": [round(each["latency_ms_p50"], 1) for each in paced],
+            f"{prefix}half_peak_latency_ms_p99": [round(each["latency_ms_p99"], 1) for each in paced],
+            f"{prefix}half_peak_send_late_ms_p99": [round(each["send_late_ms_p99"], 1) for each in paced]}
 
 
 def compare_cluster(arguments) -> None:
@@ -175,6 +199,8 @@ def compare_cluster(arguments) -> None:
         "cluster_consume_mb_per_s": [round(r["cluster"]["consume"]["result"]["mb_per_s"], 1) for r in rounds],
         "single_server_cpu_us_per_batch": [round(r["single"]["produce"]["server_cpu_us_per_batch"]) for r in rounds],
         "cluster_server_cpu_us_per_batch": [round(r["cluster"]["produce"]["server_cpu_us_per_batch"]) for r in rounds],
+        **half_peak([r["single"]["produce"] for r in rounds], "single_"),
+        **half_peak([r["cluster"]["produce"] for r in rounds], "cluster_"),
     }
     summary["median"] = {name: statistics.median(values) for name, values in summary.items()}
     output = Path(arguments.out) / f"produce-cluster-{arguments.transport}-{arguments.serde}.json"

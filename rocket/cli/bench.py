@@ -65,6 +65,8 @@ async def bench_produce(
     size: Annotated[int, typer.Option("--size", help="Body bytes per message.")] = 1024,
     batch_bytes: Annotated[int, typer.Option("--batch-bytes", help="Bytes of messages per batch sent.")] = limits.producer_batch_bytes_default,
     in_flight: Annotated[int, typer.Option("--in-flight", help="Batches in flight at once.")] = 16,
+    rate: Annotated[float, typer.Option("--rate", help="Batches sent a second, each at its due time (0: as fast as "
+                                        "--in-flight allows). For latency at a given load: give --in-flight room.")] = 0.0,
     topic: Annotated[Optional[str], typer.Option("--topic", help="Send to this topic, created if it does not exist "
                                                  "and kept (default: a new bench-... topic whose data expires after the run).")] = None,
     disk_dir: DiskDir = None,
@@ -81,7 +83,7 @@ async def bench_produce(
             task = progress.add_task("producing", total=messages)
             result = await bench_module.bench_produce(
                 channel, messages=messages, size=size, batch_bytes=batch_bytes, in_flight=in_flight, topic=topic,
-                on_progress=lambda n: progress.update(task, advance=n))
+                rate=rate, on_progress=lambda n: progress.update(task, advance=n))
         if topic is None:
             # rocket deletes no topic yet: a retention this short lets the storage nodes drop the data soon.
             await Admin(channel).update_topic(result["topic"], limits.bench_topic_retention_s, limits.bench_topic_retention_s)
