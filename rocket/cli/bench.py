@@ -25,14 +25,15 @@ def _bench_report(title: str, result: dict, disks: list[dict], json_file: Option
                   direct: dict | None = None) -> None:
     """Print and save a result beside the raw disk bandwidth, probed before and after the run (and with
     O_DIRECT, which takes no page-cache page, as rocket's WAL with wal_direct_io)."""
-    raw_mb_per_s = sum(disk["mb_per_s"] for disk in disks) / len(disks)
+    raw_mb_per_s = sum(disk["mb_per_s"] for disk in disks) / len(disks) if disks else 0.0
     ratio = result["mb_per_s"] / raw_mb_per_s if raw_mb_per_s else 0.0
     table = Table("metric", "value", title=title)
     for name, value in result.items():
         table.add_row(name, f"{value:,.2f}" if isinstance(value, float) else str(value))
-    probes = " / ".join(f"{disk['mb_per_s']:,.1f}" for disk in disks)
-    table.add_row("raw disk MB/s (1 MiB + fdatasync), before / after", probes)
-    table.add_row("ratio to raw disk (mean of probes)", f"{ratio:.2f}")
+    if disks:
+        probes = " / ".join(f"{disk['mb_per_s']:,.1f}" for disk in disks)
+        table.add_row("raw disk MB/s (1 MiB + fdatasync), before / after", probes)
+        table.add_row("ratio to raw disk (mean of probes)", f"{ratio:.2f}")
     report = {"result": result, "raw_disk": disks, "raw_disk_mb_per_s": raw_mb_per_s, "ratio_to_raw_disk": ratio}
     if direct is not None:
         report["raw_disk_direct"] = direct
@@ -71,13 +72,16 @@ async def bench_produce(
                                                  "and kept (default: a new bench-... topic whose data expires after the run).")] = None,
     disk_dir: DiskDir = None,
     json_file: JsonFile = None,
+    probe: Annotated[bool, typer.Option("--probe/--no-probe", help="Probe the raw disk before and after (its writes "
+                                        "are still flushed when the run starts: without, for latency at a given load).")] = True,
     server: Server = None, transport: Transport = "tcp", serde: Serde = "avro",
 ) -> None:
     """Durable produce throughput and latency, beside the disk's raw fdatasync bandwidth."""
     disk_dir = _disk_directory(disk_dir)
     probe_bytes = max(limits.bench_probe_bytes_min, min(messages * size, limits.bench_probe_bytes_max))
-    before = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth, disk_dir, probe_bytes)
-    direct = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth_direct, disk_dir, probe_bytes)
+    if probe:
+        before = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth, disk_dir, probe_bytes)
+        direct = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth_direct, disk_dir, probe_bytes)
     async with connect(server, transport, serde) as channel:
         with progress_bar(messages) as progress:
             task = progress.add_task("producing", total=messages)
@@ -87,8 +91,11 @@ async def bench_produce(
         if topic is None:
             # rocket deletes no topic yet: a retention this short lets the storage nodes drop the data soon.
             await Admin(channel).update_topic(result["topic"], limits.bench_topic_retention_s, limits.bench_topic_retention_s)
-    after = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth, disk_dir, probe_bytes)
-    _bench_report("rocket bench produce", result, [before, after], json_file, direct)
+    if probe:
+        after = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth, disk_dir, probe_bytes)
+        _bench_report("rocket bench produce", result, [before, after], json_file, direct)
+    else:
+        _bench_report("rocket bench produce", result, [], json_file)
     megabytes = messages * size / 1e6
     if topic is None:
         err.print(f"topic {result['topic']} holds the {megabytes:,.0f} MB sent; its retention is now "

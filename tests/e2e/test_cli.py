@@ -156,11 +156,14 @@ def test_bench_produce_then_consume_report_beside_the_raw_disk(server_process, t
         rocket("bench", "consume", "--topic", "bench", "--messages", "3000", *bodies, "--disk-dir", str(tmp_path / "disk"),
                "--json", str(consumed), server=server)
         assert json.loads(consumed.read_text())["result"]["messages"] == 3000
-    # --rate paces the sends (a latency at a given load): 67 batches at 40 a second take at least 1.65 s
+    # --rate paces the sends (a latency at a given load): 67 batches at 40 a second take at least 1.65 s; --no-probe
+    # leaves the disk alone
     paced = tmp_path / "paced.json"
     rocket("bench", "produce", "--messages", "1000", "--batch-bytes", "16384", "--rate", "40", "--in-flight", "64",
-           "--topic", "paced", "--disk-dir", str(tmp_path / "disk"), "--json", str(paced), server=server)
-    result = json.loads(paced.read_text())["result"]
+           "--topic", "paced", "--no-probe", "--json", str(paced), server=server)
+    report = json.loads(paced.read_text())
+    assert report["raw_disk"] == [] and "raw_disk_direct" not in report
+    result = report["result"]
     assert result["batches"] == 67 and result["rate_batches_per_s"] == 40 and result["seconds"] >= 66 / 40
     assert result["send_late_ms_p99"] >= 0 and result["latency_ms_p99"] > 0
 
