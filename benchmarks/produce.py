@@ -103,11 +103,10 @@ def one_round(arguments, number: int, nodes: int = 1) -> dict:
         # Server CPU per batch, all nodes together (with three nodes: the leader's, its followers', the brokers').
         produced["server_cpu_us_per_batch"] = (cpu_seconds(servers) - cpu_before) / produced["result"]["batches"] * 1e6
         if arguments.half_peak:  # the same workload again, paced at half the rate just measured: latency at that
-            # load, on the same topic (a new topic's first sends wait for its queues to be known, 1-2 s on a cluster),
-            # with no disk probe (its writes would still be flushing when the run starts)
+            # load, with no disk probe (its writes would still be flushing when the run starts)
             paced_file = data / "paced.json"
             rate = produced["result"]["batches"] / produced["result"]["seconds"] / 2
-            rocket("bench", "produce", *common, "--topic", produced["result"]["topic"], "--no-probe",
+            rocket("bench", "produce", *common, "--no-probe",
                    "--messages", str(arguments.messages), "--size", str(arguments.size),
                    "--in-flight", str(PACED_IN_FLIGHT), "--batch-bytes", str(arguments.batch_bytes),
                    "--rate", f"{rate:.3f}", "--json", str(paced_file))
