@@ -49,7 +49,10 @@ async def bench_produce(channel: Channel, *, messages: int, size: int, batch_byt
     for room in the window, which that latency does not count: give in_flight room)."""
     topic = topic or f"bench-{uuid.uuid4().hex[:8]}"
     topics = await channel.call("ListTopics", {})
-    if topic not in {entry["name"] for entry in topics["topics"]}:
+    existing = {entry["name"]: entry["queues"] for entry in topics["topics"]}
+    if topic in existing:
+        queues = existing[topic]
+    else:
         await channel.call("CreateTopic", {"topic": topic, "queues": queues})
     batches = build_batches(messages, size, batch_bytes)
     receipts: list[Receipt] = []

@@ -157,7 +157,8 @@ def test_bench_produce_then_consume_report_beside_the_raw_disk(server_process, t
                "--json", str(consumed), server=server)
         assert json.loads(consumed.read_text())["result"]["messages"] == 3000
     # --rate paces the sends (a latency at a given load): 67 batches at 40 a second take at least 1.65 s; --no-probe
-    # leaves the disk alone
+    # leaves the disk alone; a topic of 2 queues gets its warm-up messages in those 2
+    rocket("topic", "create", "paced", "--queues", "2", server=server)
     paced = tmp_path / "paced.json"
     rocket("bench", "produce", "--messages", "1000", "--batch-bytes", "16384", "--rate", "40", "--in-flight", "64",
            "--topic", "paced", "--no-probe", "--json", str(paced), server=server)
