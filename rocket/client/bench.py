@@ -57,8 +57,9 @@ async def bench_produce(channel: Channel, *, messages: int, size: int, batch_byt
     batches = build_batches(messages, size, batch_bytes)
     receipts: list[Receipt] = []
     async with open_producer(channel, topic, in_flight_max=in_flight) as producer:
-        # Before the clock: a message to each queue, since the first sends after a cluster starts wait about 1.3 s
-        # (counted, that wait is a paced run's p99, and a part of a short run's throughput).
+        # Before the clock: a message to each queue, since the first sends of a cluster's first topic wait about 1.3 s
+        # while the storage groups it made are hosted and elected (counted, that is a paced run's p99, and a part of a
+        # short run's throughput).
         for queue in range(queues):
             await producer.send_encoded(batch_codec.encode([Message(b"warm-up")], int(time.time() * 1000)), queue)
         await producer.flush()
