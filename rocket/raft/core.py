@@ -95,7 +95,9 @@ class RaftCore:
         self._last_hard_state = HardState(self.term, self.vote, self.commit)
         self.quiet = False  # an idle group's host stops ticking it until traffic or wake() arrives
         self.ticks = 0  # this node's clock, in ticks; leases are measured on it
-        self._booting = True  # a restarted node may have promised a leader its vote: it waits an election out
+        # A restarted node may have promised a leader its vote: it waits an election out. One that never voted (a new
+        # replica) promised nothing.
+        self._booting = bool(self.term or self.vote)
         self._reset_election_timeout()
 
     # ---- the log ---------------------------------------------------------------------------------
@@ -314,6 +316,12 @@ class RaftCore:
     # ---- time ------------------------------------------------------------------------------------
 
     def _reset_election_timeout(self) -> None:
+        if self.term == 0 and self.id == self.config.first_voter and self.id in self.voters:
+            # A group that never held an election (a new one): its first voter asks for votes soon and again until
+            # one is held, while the others wait out the usual timeout: the first leader comes as soon as a quorum
+            # hosts the group, with no split vote. (A pre-vote changes no one's term.)
+            self.randomized_election_ticks = self.config.first_election_ticks
+            return
         ticks = self.config.election_ticks
         self.randomized_election_ticks = ticks + self._random.randrange(ticks)
 

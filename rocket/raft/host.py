@@ -18,7 +18,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.raft import codec, snapshots
 from rocket.raft.controlled import Control, ControlledCore, SyncStateRequest
-from rocket.raft.core import Config, HardState, Message, MessageType, RaftCore, Role
+from rocket.raft.core import NONE, Config, HardState, Message, MessageType, RaftCore, Role
 from rocket.raft.rounds import Group, Round, Rounds, SnapshotJob
 from rocket.raft.snapshots import SnapshotFiles
 from rocket.raft.wal import GroupState, Update, Wal
@@ -128,7 +128,9 @@ class RaftHost(Rounds):
         """Host a group, restoring it from the WAL if it was here before the restart: a Raft group, or with
         control a controller-mode group (RIP-44), whose master the controller names."""
         restored = self.wal.groups.get(group, GroupState())
-        config = Config(self.node_id, voters, learners, seed=group * 7919 + self.node_id)
+        # A new group's first leader: its voters in turn by group number, so that new groups' leaders are spread.
+        first_voter = sorted(voters)[group % len(voters)] if voters and control is None else NONE
+        config = Config(self.node_id, voters, learners, seed=group * 7919 + self.node_id, first_voter=first_voter)
         core = (RaftCore if control is None else ControlledCore)(config, restored.hard_state, restored.entries,
                                                                  restored.snapshot)
         if restored.snapshot is not None:

@@ -99,6 +99,10 @@ class Config:
     voters: tuple[int, ...]
     learners: tuple[int, ...] = ()
     election_ticks: int = limits.raft_election_ticks
+    first_election_ticks: int = limits.raft_first_election_ticks
+    # In a group that never held an election (a new one), the voter that asks for votes first, every
+    # first_election_ticks, while the others wait out election_ticks: no split vote (NONE: none asks early).
+    first_voter: int = NONE
     heartbeat_ticks: int = limits.raft_heartbeat_ticks
     append_messages_in_flight_max: int = limits.raft_append_messages_in_flight_max
     entries_per_message_max: int = limits.raft_entries_per_message_max
@@ -111,6 +115,7 @@ class Config:
         invariant(self.node_id != NONE, "node ids start at 1")
         invariant(self.heartbeat_ticks >= 1 and self.election_ticks > self.heartbeat_ticks,
                   "elections must take longer than heartbeats")
+        invariant(1 <= self.first_election_ticks < self.election_ticks, "the first election comes before the timeout")
         invariant(self.append_messages_in_flight_max >= 1 and self.entries_per_message_max >= 1, "flow control needs room")
         invariant(not set(self.voters) & set(self.learners), "a node is a voter or a learner, not both")
 

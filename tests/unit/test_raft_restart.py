@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 
 from rocket import limits
-from rocket.raft.core import Config, RaftCore, Role
+from rocket.raft.core import Config, HardState, MessageType, RaftCore, Role
 from rocket.raft.host import RaftHost
 from rocket.raft.wal import Wal
 
@@ -41,15 +41,32 @@ async def propose_all(host: RaftHost, group: int, values: list[bytes]) -> None:
 
 
 def test_the_only_voter_campaigns_on_its_first_tick_and_others_wait_a_timeout():
-    """A core whose configuration has one voter, itself, leads after one tick; a core with other voters does not
-    campaign before its election timeout."""
+    """A core whose configuration has one voter, itself, leads after one tick; a core with other voters that held
+    an election before its restart does not campaign before its election timeout. In a group that never held one
+    (a new group), the first voter asks for votes after raft_first_election_ticks, and again as often until one is
+    held, while the others wait out the timeout; and its replicas, which never voted, grant pre-votes at once."""
     alone = RaftCore(Config(1, (1,)))
     alone.tick()
     assert alone.role == Role.LEADER and alone.leader == 1
-    among_three = RaftCore(Config(1, (1, 2, 3)))
+    restarted = RaftCore(Config(1, (1, 2, 3)), HardState(term=3, vote=2))
     for _ in range(limits.raft_election_ticks - 1):
-        among_three.tick()
-    assert among_three.role == Role.FOLLOWER and among_three.votes == {}
+        restarted.tick()
+    assert restarted.role == Role.FOLLOWER and restarted.votes == {}
+    new = [RaftCore(Config(node, (1, 2, 3), first_voter=1)) for node in (1, 2, 3)]
+    for _ in range(limits.raft_first_election_ticks):
+        for core in new:
+            core.tick()
+    assert [core.role for core in new] == [Role.PRE_CANDIDATE, Role.FOLLOWER, Role.FOLLOWER]
+    [pre_vote, _] = new[0].ready().messages
+    assert pre_vote.type == MessageType.PRE_VOTE and pre_vote.term == 1
+    new[1].step(pre_vote)
+    [granted] = new[1].ready().messages
+    assert granted.type == MessageType.PRE_VOTE_RESPONSE and not granted.reject
+    new[0].step(granted)  # a quorum: the real vote follows, at term 1
+    assert new[0].role == Role.CANDIDATE and new[0].term == 1
+    for _ in range(limits.raft_first_election_ticks):
+        new[2].tick()  # not asked, and not the first voter: it waits out the timeout
+    assert new[2].role == Role.FOLLOWER and new[2].votes == {}
     learner = RaftCore(Config(2, (1,), learners=(2,)))  # one voter, but not this node: it never campaigns
     for _ in range(3 * limits.raft_election_ticks):
         learner.tick()
@@ -73,6 +90,8 @@ async def test_a_restarted_single_voter_group_leads_before_any_tick(tmp_path):
     among_three = restarted.add_group(2, (1, 2, 3), ListMachine())
     assert alone.role == Role.LEADER and alone.term == term_before + 1
     assert among_three.role == Role.FOLLOWER and among_three.leader == 0
+    # It never held an election (its other voters never ran): as that new group's first voter (group 2 of voters 1-3:
+    # node 3), this node would ask soon; it is not, and waits.
     assert among_three.randomized_election_ticks >= limits.raft_election_ticks
     await propose_all(restarted, 1, [b"d"])
     assert machine.values == [b"a", b"b", b"c", b"d"]
