@@ -4,6 +4,7 @@ test, runs `rocket bench produce` and `rocket bench consume` against it, and rep
     python benchmarks/produce.py --rounds 3 --messages 600000 --size 1024 [--transport tcp] [--profile]
     python benchmarks/produce.py --nodes 1,3     # each round: one node, then a three-node cluster
     python benchmarks/produce.py --half-peak     # then the same again paced at half that rate: its latency
+    python benchmarks/produce.py --syscalls      # each node's system calls per batch in round 1 (strace -c)
 
 With --nodes 3 the cluster is three all-role processes on this machine (one nameserver group, every
 storage group replicated three times, so every byte is written three times to the same disk), and
@@ -75,6 +76,36 @@ def start_nodes(data: Path, nodes: int, tier: str = "local") -> list[subprocess.
             for command in commands]
 
 
+def trace_syscalls(servers: list[subprocess.Popen]) -> list[tuple[subprocess.Popen, Path]]:
+    """strace -c on every thread of each node (-f: and the threads they start), until syscall_counts."""
+    tracers = []
+    for index, each in enumerate(servers):
+        output = Path(tempfile.mkstemp(prefix=f"strace-node{index + 1}-")[1])
+        command = ["strace", "-c", "-f", "-o", str(output)]
+        for task in os.listdir(f"/proc/{each.pid}/task"):
+            command += ["-p", task]
+        tracers.append((subprocess.Popen(command, stderr=subprocess.DEVNULL), output))
+    time.sleep(1)  # attached
+    return tracers
+
+
+def syscall_counts(tracers: list[tuple[subprocess.Popen, Path]], batches: int) -> dict[str, dict[str, float]]:
+    """Stop the tracers; per node, the system calls made per batch (those made at least once per 20 batches)."""
+    for tracer, _ in tracers:
+        tracer.send_signal(signal.SIGINT)
+    counts = {}
+    for index, (tracer, output) in enumerate(tracers):
+        tracer.wait(30)
+        calls = {}
+        for line in output.read_text().splitlines():  # % time, seconds, usecs/call, calls, [errors,] syscall
+            fields = line.split()
+            if len(fields) >= 5 and fields[3].isdigit() and int(fields[3]) >= batches / 20:
+                calls[fields[-1]] = round(int(fields[3]) / batches, 2)
+        counts[f"node{index + 1}"] = calls
+        output.unlink()
+    return counts
+
+
 def one_round(arguments, number: int, nodes: int = 1) -> dict:
     data = Path(tempfile.mkdtemp(prefix="rocket-bench-", dir=arguments.data_parent))
     servers = start_nodes(data, nodes, arguments.tier)
@@ -95,11 +126,14 @@ def one_round(arguments, number: int, nodes: int = 1) -> dict:
         common = ("--server", f"127.0.0.1:{port}", "--transport", arguments.transport, "--serde", arguments.serde,
                   "--disk-dir", str(data))
         produced_file, consumed_file = data / "produce.json", data / "consume.json"
+        tracers = trace_syscalls(servers) if arguments.syscalls and number == 0 else []
         cpu_before = cpu_seconds(servers)
         rocket("bench", "produce", *common, "--messages", str(arguments.messages), "--size", str(arguments.size),
                "--in-flight", str(arguments.in_flight), "--batch-bytes", str(arguments.batch_bytes),
                "--json", str(produced_file))
         produced = json.loads(produced_file.read_text())
+        if tracers:
+            produced["syscalls_per_batch"] = syscall_counts(tracers, produced["result"]["batches"])
         # Server CPU per batch, all nodes together (with three nodes: the leader's, its followers', the brokers').
         produced["server_cpu_us_per_batch"] = (cpu_seconds(servers) - cpu_before) / produced["result"]["batches"] * 1e6
         if arguments.half_peak:  # the same workload again, paced at half the rate just measured: latency at that
@@ -136,6 +170,8 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--batch-bytes", type=int, default=1 << 20)
     parser.add_argument("--profile", action="store_true", help="record the server with py-spy in round 1")
+    parser.add_argument("--syscalls", action="store_true",
+                        help="count each node's system calls per batch with strace -c in round 1's produce")
     parser.add_argument("--data-parent", default=None, help="a directory on the disk under test (default: the temporary directory)")
     parser.add_argument("--tier", default="local", choices=["local", "off"],
                         help="the node's tier backend: local (the default: pieces are copied to DATA_DIR/tier as they "
