@@ -48,6 +48,8 @@ class Group:
         # What the machine holds: the core counts a Ready's entries as applied when it is advanced, but
         # the host applies them only once the fsync covering them is done.
         self.applied = core.applied
+        # The commit the rounds already durable justify: what a leader's appends may carry before their own fsync.
+        self.durable_commit = core.commit
 
 
 @dataclasses.dataclass(slots=True)
@@ -200,6 +202,7 @@ class Rounds:
             deferred = [Update(group, hard_state, [], None) for group, hard_state in self._deferred.items()]
             self._deferred, self._deferred_due = {}, False
             self._write(current, deferred + updates)
+        self._send_appends(readies)
         for group, hosted, ready in readies:
             # The core now counts this round's entries as stable: a leader may count its own copy towards
             # a commit. No one learns of that commit, and no entry is applied, before this fsync is done.
@@ -423,15 +426,37 @@ class Rounds:
             positions.extend(found)
             event.set()
         outgoing: dict[int, list[tuple[int, Message]]] = {}
-        for group, _, ready in synced.readies:
+        for group, hosted, ready in synced.readies:
+            if ready.hard_state is not None and ready.hard_state.commit > hosted.durable_commit:
+                hosted.durable_commit = ready.hard_state.commit
             for message in ready.messages:
-                outgoing.setdefault(message.to, []).append((group, message))
-        for destination, messages in outgoing.items():
-            for chunk in _chunks(messages):
-                self._post(destination, codec.encode_messages(chunk))
+                if message.type != MessageType.APPEND:  # sent once written (_send_appends)
+                    outgoing.setdefault(message.to, []).append((group, message))
+        self._post_all(outgoing)
         for group, hosted, ready in synced.readies:
             if ready.snapshot is not None:
                 self._apply_ready(group, hosted, ready)
+
+    def _send_appends(self, readies: list[tuple[int, Group, Ready]]) -> None:
+        """A leader's appends go out as soon as their round is handed to the WAL, not after its fsync: the followers
+        write and fsync their copies while the leader fsyncs its own (the Raft thesis, 10.2.1). The term and vote of
+        a leader are durable (its vote requests went out after their fsync). The commit an append carries is capped
+        at what the rounds already durable justify: the leader's own copy counts towards a commit once written
+        (advance), and no one learns of that commit, nor applies it, before the fsync covering it."""
+        outgoing: dict[int, list[tuple[int, Message]]] = {}
+        for group, hosted, ready in readies:
+            for message in ready.messages:
+                if message.type == MessageType.APPEND:
+                    if message.commit > hosted.durable_commit:
+                        message = dataclasses.replace(message, commit=hosted.durable_commit)
+                    outgoing.setdefault(message.to, []).append((group, message))
+        self._post_all(outgoing)
+
+    def _post_all(self, outgoing: dict[int, list[tuple[int, Message]]]) -> None:
+        """One payload per destination node (more where they would not fit a frame)."""
+        for destination, messages in outgoing.items():
+            for chunk in _chunks(messages):
+                self._post(destination, codec.encode_messages(chunk))
 
     def _apply_ready(self, group: int, hosted: Group, ready: Ready) -> None:
         """Install the Ready's snapshot, apply its committed entries and serve the reads they allow."""

@@ -80,3 +80,68 @@ async def test_a_round_the_full_disk_refused_is_written_again_once_space_returns
     reopened.add_group(1, (1,), ListMachine())
     assert b"after a full disk" in {entry.data for entry in reopened.groups[1].core.log}
     reopened.wal.close()
+
+
+async def test_a_leaders_appends_go_out_before_its_fsync_with_the_commit_already_durable(tmp_path):
+    """Two nodes, node 1 leading: while node 1's fsync is held, its append of a new entry reaches node 2 (which
+    writes and fsyncs it meanwhile, the Raft thesis's 10.2.1), carrying no commit the held fsync would justify; the
+    proposal is answered only once node 1's own fsync is done."""
+    import threading
+
+    from rocket.raft import codec
+    from rocket.raft.core import MessageType, Role
+
+    hosts: dict[int, RaftHost] = {}
+    seen: list = []  # (commit carried, node 1's durable commit then) of each append to node 2 with entries
+
+    def post(sender: int):
+        def deliver(node: int, payload) -> None:
+            for group, message in codec.decode_messages(bytes(payload)):
+                if message.type == MessageType.APPEND and message.entries and group == 2:
+                    seen.append((message.commit, hosts[1].groups[2].durable_commit, hosts[1]._rounds_durable,
+                                 hosts[1]._rounds_written))
+            hosts[node].receive(payload)
+        return deliver
+
+    for node in (1, 2):
+        hosts[node] = RaftHost(node, Wal.open(tmp_path / str(node), 64 * limits.MiB), post(node), tick_s=0.01)
+        hosts[node].add_group(2, (1, 2), ListMachine())  # group 2 of voters 1, 2: node 1 asks first
+    async with trio.open_nursery() as nursery:
+        for host in hosts.values():
+            await nursery.start(host.run)
+        with trio.fail_after(5):
+            while hosts[1].groups[2].core.role != Role.LEADER:
+                await trio.sleep(0.01)
+        await hosts[1].propose(2, b"warm", timeout_s=10)
+        held, sync = threading.Event(), hosts[1].wal.sync
+
+        def held_sync() -> None:
+            held.wait(10)
+            sync()
+        hosts[1].wal.sync = held_sync
+        seen.clear()
+        answered = trio.Event()
+
+        async def propose() -> None:
+            await hosts[1].propose(2, b"during the held fsync", timeout_s=10)
+            answered.set()
+        nursery.start_soon(propose)
+        with trio.fail_after(5):
+            while not any(value == b"during the held fsync" for value in hosts[2].groups[2].machine.values) \
+                    and not seen:
+                await trio.sleep(0.01)
+        # The append left node 1 while its round was written but not durable, with the commit already durable.
+        assert seen and all(durable < written for _, _, durable, written in seen[:1]), seen
+        assert all(commit <= durable_commit for commit, durable_commit, _, _ in seen), seen
+        with trio.fail_after(5):  # node 2 holds the entry durably (its fsync was not held)
+            while hosts[2].groups[2].core.stable_index < hosts[1].groups[2].core.last_index \
+                    or hosts[2]._rounds_synced < hosts[2]._rounds_written:
+                await trio.sleep(0.01)
+        await trio.sleep(0.1)
+        assert not answered.is_set()  # node 1's copy is not durable yet: no answer
+        held.set()
+        with trio.fail_after(5):
+            await answered.wait()
+        nursery.cancel_scope.cancel()
+    for host in hosts.values():
+        host.wal.close()
