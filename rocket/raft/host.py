@@ -1,7 +1,7 @@
 """The multi-raft host: the Raft replication engine (rocket.replication.Engine) for every group of one node, on one
 WAL. This module is the engine's interface: groups hosted, proposals, reads, leadership, and snapshot files served
 to and fetched from other nodes. rounds.py is its round loop (group commit: one fsync for every group's writes,
-persist before send).
+persist before send; a leader's appends go out once written, with a commit durable rounds justify).
 """
 
 from __future__ import annotations

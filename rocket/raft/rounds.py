@@ -6,10 +6,12 @@ appends other nodes' leaders send, unless they come to limits.raft_round_wait_by
 other nodes or a durable round need a round now: then the next round is written at once and its write overlaps the
 fsync. Once the fsync of the round before it is done, a round's committed entries (written by earlier rounds) are
 applied; once its own fsync is done, its messages go out, coalesced into one payload per destination node: persist
-before send. Snapshots are taken here and their files written by one worker thread beside the rounds
-(snapshots.py); a group's log is compacted once its file is durable. A full disk is an operating error: a round the
-WAL refuses (ENOSPC) is written again once space returns, and while free space is under limits.disk_reserve_bytes
-the node refuses new data (disk_refusal). A mixin of RaftHost.
+before send, except a leader's appends, which go out as soon as their round is written (the followers fsync while
+the leader does; the commit they carry is capped at what durable rounds justify). Snapshots are taken here and their
+files written by one worker thread beside the rounds (snapshots.py); a group's log is compacted once its file is
+durable. A full disk is an operating error: a round the WAL refuses (ENOSPC) is written again once space returns,
+and while free space is under limits.disk_reserve_bytes the node refuses new data (disk_refusal). A mixin of
+RaftHost.
 """
 
 from __future__ import annotations
@@ -382,8 +384,8 @@ class Rounds:
 
     def _write_round(self, updates: list[Update], data: list[list[bytes]]) -> tuple[dict, list[list[int]]]:
         """In a persist thread: write the round, again after pauses that double while the disk is full, until space
-        returns. It cannot fail instead: its cores were advanced as if it were written. Nothing of it goes out
-        before its fsync, and records written twice replay as once."""
+        returns. It cannot fail instead: its cores were advanced as if it were written. Nothing of it but a leader's
+        appends (_send_appends) goes out before its fsync, and records written twice replay as once."""
         pause_s = limits.disk_full_retry_s_min
         while True:
             try:
