@@ -102,7 +102,7 @@ raft_tick_s = 0.1  # one Raft tick; elections take 10-20 ticks, heartbeats every
 raft_tick_s_min = 0.01  # the shortest raft_tick_s a config may set: shorter ticks spend the node on timers
 raft_tick_s_max = 10.0  # the longest: elections would take minutes
 raft_election_ticks = 10  # Config.election_ticks: ticks without a leader before a pre-vote
-raft_first_election_ticks = 2  # a group that never held an election (a new one): its lowest voter asks this often
+raft_first_election_ticks = 2  # a group that never held an election (a new one): its first voter asks this often
 raft_heartbeat_ticks = 3  # a leader heartbeats three times per election timeout, not ten: thousands of groups
 raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (no ticks, no heartbeats)
 raft_liveness_scan_ticks = 10  # how often a node looks for quiet groups whose leader went silent: 1 s at 0.1 s ticks
@@ -453,7 +453,7 @@ invariant(bench_probe_bytes_min <= bench_probe_bytes_max, "the bench's disk prob
 invariant(rocketmq_signature_ahead_s_max >= 14 * 3600 and rocketmq_signature_behind_s_max >= 12 * 3600,
           "RocketMQ 5 clients that sign local time labelled Z would be refused in some zones (UTC-12 to UTC+14)")
 invariant(raft_heartbeat_ticks < raft_election_ticks, "elections take longer than heartbeats (Config.validate)")
-invariant(raft_first_election_ticks < raft_election_ticks, "a new group's lowest voter asks before the others time out")
+invariant(raft_first_election_ticks < raft_election_ticks, "a new group's first voter asks before the others time out")
 invariant(raft_liveness_scan_ticks <= 2 * raft_election_ticks, "the scan runs within the silence (two election timeouts) that wakes a quiet group")
 invariant(raft_message_bytes_max <= raft_payload_bytes_max, "an append message of small entries fits one RaftStep payload")
 invariant(raft_payload_bytes_max * 4 // 3 + 64 * KiB <= frame_bytes_max, "a Raft payload fits a frame, even in JSON")
