@@ -19,7 +19,8 @@ from rocket.errors import Code, RocketError
 from rocket.raft import codec, snapshots
 from rocket.raft.controlled import Control, ControlledCore, SyncStateRequest
 from rocket.raft.core import NONE, Config, HardState, Message, MessageType, RaftCore, Role
-from rocket.raft.rounds import Group, Round, Rounds, SnapshotJob
+from rocket.raft.compaction import SnapshotJob
+from rocket.raft.rounds import Group, Round, Rounds
 from rocket.raft.snapshots import SnapshotFiles
 from rocket.raft.wal import GroupState, Update, Wal
 from rocket.replication import StateMachine
