@@ -5,6 +5,7 @@ test, runs `rocket bench produce` and `rocket bench consume` against it, and rep
     python benchmarks/produce.py --nodes 1,3     # each round: one node, then a three-node cluster
     python benchmarks/produce.py --half-peak     # then the same again paced at half that rate: its latency
     python benchmarks/produce.py --syscalls      # each node's system calls per batch in round 1 (strace -c)
+    python benchmarks/produce.py --floor         # and before each round, the floor under it (benchmarks/floor.py)
 
 With --nodes 3 the cluster is three all-role processes on this machine (one nameserver group, every
 storage group replicated three times, so every byte is written three times to the same disk), and
@@ -30,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import floor
 from rocket.transport.listen import free_ports
 
 RESULTS = Path(__file__).parent / "results"
@@ -107,6 +109,11 @@ def syscall_counts(tracers: list[tuple[subprocess.Popen, Path]], batches: int) -
 
 
 def one_round(arguments, number: int, nodes: int = 1) -> dict:
+    # The floor first, with no node running: a bare Trio echo of requests the size of a batch, as many in flight.
+    floors = {}
+    if arguments.floor:
+        requests = max(1000, min(20_000, (256 << 20) // arguments.batch_bytes))
+        floors = floor.measure(arguments.batch_bytes, requests, [arguments.in_flight], arguments.data_parent)
     data = Path(tempfile.mkdtemp(prefix="rocket-bench-", dir=arguments.data_parent))
     servers = start_nodes(data, nodes, arguments.tier)
     profilers = []
@@ -136,15 +143,21 @@ def one_round(arguments, number: int, nodes: int = 1) -> dict:
             produced["syscalls_per_batch"] = syscall_counts(tracers, produced["result"]["batches"])
         # Server CPU per batch, all nodes together (with three nodes: the leader's, its followers', the brokers').
         produced["server_cpu_us_per_batch"] = (cpu_seconds(servers) - cpu_before) / produced["result"]["batches"] * 1e6
+        if floors:
+            produced["floor"] = floors
         if arguments.half_peak:  # the same workload again, paced at half the rate just measured: latency at that
             # load, with no disk probe (its writes would still be flushing when the run starts)
             paced_file = data / "paced.json"
             rate = produced["result"]["batches"] / produced["result"]["seconds"] / 2
+            cpu_before = cpu_seconds(servers)
             rocket("bench", "produce", *common, "--no-probe",
                    "--messages", str(arguments.messages), "--size", str(arguments.size),
                    "--in-flight", str(PACED_IN_FLIGHT), "--batch-bytes", str(arguments.batch_bytes),
                    "--rate", f"{rate:.3f}", "--json", str(paced_file))
             produced["half_peak"] = json.loads(paced_file.read_text())
+            # At half the rate a batch may cost more: fewer batches share each round, fsync and wake-up.
+            produced["half_peak"]["server_cpu_us_per_batch"] = ((cpu_seconds(servers) - cpu_before)
+                                                                / produced["half_peak"]["result"]["batches"] * 1e6)
         rocket("bench", "consume", *common, "--topic", produced["result"]["topic"],
                "--messages", str(arguments.messages), "--json", str(consumed_file))
         return {"produce": produced, "consume": json.loads(consumed_file.read_text())}
@@ -181,6 +194,11 @@ def main() -> None:
     parser.add_argument("--half-peak", action="store_true",
                         help="after each produce, the same workload paced at half its rate (rocket bench produce "
                              "--rate): the latency at half of peak")
+    parser.add_argument("--floor", action="store_true",
+                        help="before each round, with no node running, the floor under a batch's cost "
+                             "(benchmarks/floor.py: a bare Trio echo of batch-sized requests, as many in flight, "
+                             "the same on blocking sockets, and write+fdatasync), and the server's CPU per batch "
+                             "over the Trio echo's")
     parser.add_argument("--out", default=str(RESULTS), help="the directory the results (and --profile's SVG) go to")
     arguments = parser.parse_args()
     Path(arguments.out).mkdir(parents=True, exist_ok=True)
@@ -198,6 +216,7 @@ def main() -> None:
         "consume_mb_per_s": [round(r["consume"]["result"]["mb_per_s"], 1) for r in rounds],
         "consume_messages_per_s": [round(r["consume"]["result"]["messages_per_s"]) for r in rounds],
         **half_peak([r["produce"] for r in rounds], ""),
+        **floor_summary([r["produce"] for r in rounds], "", arguments.in_flight),
     }
     summary["median"] = {name: statistics.median(values) for name, values in summary.items()}
     settings = vars(arguments)
@@ -215,7 +234,24 @@ def half_peak(produced: list[dict], prefix: str) -> dict:
     return {f"{prefix}half_peak_mb_per_s": [round(each["mb_per_s"], 1) for each in paced],
             f"{prefix}half_peak_latency_ms_p50": [round(each["latency_ms_p50"], 1) for each in paced],
             f"{prefix}half_peak_latency_ms_p99": [round(each["latency_ms_p99"], 1) for each in paced],
-            f"{prefix}half_peak_send_late_ms_p99": [round(each["send_late_ms_p99"], 1) for each in paced]}
+            f"{prefix}half_peak_send_late_ms_p99": [round(each["send_late_ms_p99"], 1) for each in paced],
+            f"{prefix}half_peak_server_cpu_us_per_batch": [round(each["half_peak"].get("server_cpu_us_per_batch", 0))
+                                                           for each in produced]}
+
+
+def floor_summary(produced: list[dict], prefix: str, in_flight: int) -> dict:
+    """With --floor: each round's floor, and the server's CPU per batch over the bare Trio echo's per request."""
+    if not all("floor" in each for each in produced):
+        return {}
+    echoes = [each["floor"][f"trio_in_flight_{in_flight}"]["server_cpu_us_per_request"] for each in produced]
+    return {f"{prefix}floor_trio_echo_cpu_us": [round(each, 1) for each in echoes],
+            f"{prefix}floor_sockets_echo_cpu_us": [
+                round(each["floor"][f"sockets_in_flight_{in_flight}"]["server_cpu_us_per_request"], 1)
+                for each in produced],
+            f"{prefix}floor_write_fdatasync_cpu_us": [round(each["floor"]["disk"]["cpu_us_per_write"], 1)
+                                                      for each in produced],
+            f"{prefix}server_cpu_over_trio_echo": [round(each["server_cpu_us_per_batch"] / echo, 1) if echo else None
+                                                   for each, echo in zip(produced, echoes)]}
 
 
 def compare_cluster(arguments) -> None:
@@ -239,6 +275,8 @@ def compare_cluster(arguments) -> None:
         "cluster_server_cpu_us_per_batch": [round(r["cluster"]["produce"]["server_cpu_us_per_batch"]) for r in rounds],
         **half_peak([r["single"]["produce"] for r in rounds], "single_"),
         **half_peak([r["cluster"]["produce"] for r in rounds], "cluster_"),
+        **floor_summary([r["single"]["produce"] for r in rounds], "single_", arguments.in_flight),
+        **floor_summary([r["cluster"]["produce"] for r in rounds], "cluster_", arguments.in_flight),
     }
     summary["median"] = {name: statistics.median(values) for name, values in summary.items()}
     output = Path(arguments.out) / f"produce-cluster-{arguments.transport}-{arguments.serde}.json"

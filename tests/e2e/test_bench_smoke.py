@@ -84,12 +84,17 @@ def test_disk_modes_measures_every_mode(tmp_path):
 
 def test_produce_benchmark_writes_where_it_is_told(tmp_path):
     """benchmarks/produce.py, one tiny round on one node: produce and consume give rates beside the raw disk, in --out
-    (not in benchmarks/results, where the committed figures live)."""
+    (not in benchmarks/results, where the committed figures live); with --floor, the bare echo servers' CPU per
+    request and rocket's over it, the echo servers gone afterwards."""
     out = tmp_path / "out"
     finished = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "produce.py"), "--rounds", "1", "--messages", str(MESSAGES),
-         "--data-parent", str(tmp_path), "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+         "--batch-bytes", "65536", "--floor", "--data-parent", str(tmp_path), "--out", str(out)],
+        capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     summary = json.loads((out / "produce-tcp-avro.json").read_text())["summary"]
     assert summary["produce_mb_per_s"][0] > 0 and summary["raw_disk_mb_per_s"][0] > 0, summary
     assert summary["consume_messages_per_s"][0] > 0, summary
+    assert summary["floor_trio_echo_cpu_us"][0] > 0 and summary["floor_write_fdatasync_cpu_us"][0] > 0, summary
+    assert summary["server_cpu_over_trio_echo"][0] > 1, summary
+    assert "floor.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
