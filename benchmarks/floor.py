@@ -3,13 +3,16 @@ does nothing with it, and what writing it durably costs, measured beside rocket 
 
     python benchmarks/floor.py --size 16384 --requests 20000 --in-flight 1,8
 
-Three figures, each per request of --size bytes, as server CPU (user and system) the way benchmarks/produce.py
+Four figures, each per request of --size bytes, as server CPU (user and system) the way benchmarks/produce.py
 counts rocket's (`server_cpu_us_per_batch`):
 - trio: an echo server on Trio, rocket's runtime (trio.serve_tcp; each request a length-prefixed frame read with
   receive_some, answered with an 8-byte frame by send_all): the least any server on this runtime spends to take a
   request and answer it;
 - sockets: the same server on blocking sockets in one thread, no event loop: the kernel's loopback TCP and the
   interpreter's few lines;
+- trio-durable: the Trio echo that makes each read's whole requests durable before it answers them: written to a
+  file in the event loop's thread, fdatasync in a worker thread (trio.to_thread), as rocket's single node does:
+  the least a durable server on this runtime spends per batch, with group commit as the window allows;
 - disk: write(2) of the bytes, then fdatasync(2), in this process: one write made durable, unshared.
 The client is this process, on blocking sockets, with --in-flight requests outstanding (its CPU is not counted).
 benchmarks/produce.py --floor runs this before each round and sets rocket's CPU per batch against it.
@@ -30,6 +33,7 @@ import time
 from pathlib import Path
 
 REPLY = struct.pack(">I", 4) + b"done"
+KINDS = ("trio", "sockets", "trio-durable")
 
 
 def _serve_trio(port: int) -> None:
@@ -51,6 +55,37 @@ def _serve_trio(port: int) -> None:
 
     async def main() -> None:
         await trio.serve_tcp(handle, port, host="127.0.0.1")
+
+    trio.run(main)
+
+
+def _serve_trio_durable(port: int, directory: str | None) -> None:
+    """The Trio echo that first makes each read's whole requests durable: written to a file in the event loop's
+    thread, then fdatasync in a worker thread, then answered (rocket's single node does the same, and more)."""
+    import trio
+
+    handle, path = tempfile.mkstemp(prefix="rocket-floor-", dir=directory)
+    os.unlink(path)
+
+    async def handle_connection(stream) -> None:
+        held = bytearray()
+        while True:
+            data = await stream.receive_some(1 << 20)
+            if not data:
+                return
+            held += data
+            answers = whole = 0
+            while len(held) >= whole + 4 and len(held) >= whole + 4 + int.from_bytes(held[whole:whole + 4], "big"):
+                whole += 4 + int.from_bytes(held[whole:whole + 4], "big")
+                answers += 1
+            if answers:
+                os.write(handle, held[:whole])
+                del held[:whole]
+                await trio.to_thread.run_sync(os.fdatasync, handle)
+                await stream.send_all(REPLY * answers)
+
+    async def main() -> None:
+        await trio.serve_tcp(handle_connection, port, host="127.0.0.1")
 
     trio.run(main)
 
@@ -83,10 +118,11 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def echo(kind: str, size: int, requests: int, in_flight: int) -> dict:
+def echo(kind: str, size: int, requests: int, in_flight: int, directory: str | None = None) -> dict:
     """Server CPU and wall time per request of size bytes, in_flight outstanding, against a fresh server."""
     port = _free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--port", str(port)])
+    server = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--port", str(port)]
+                              + (["--data-parent", directory] if directory else []))
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -151,8 +187,8 @@ def disk(size: int, writes: int, directory: str | None) -> dict:
 def measure(size: int, requests: int, in_flights: list[int], directory: str | None = None) -> dict:
     result: dict = {"size": size, "requests": requests}
     for in_flight in in_flights:
-        for kind in ("trio", "sockets"):
-            result[f"{kind}_in_flight_{in_flight}"] = echo(kind, size, requests, in_flight)
+        for kind in KINDS:
+            result[f"{kind}_in_flight_{in_flight}"] = echo(kind, size, requests, in_flight, directory)
     result["disk"] = disk(size, max(200, requests // 10), directory)
     return result
 
@@ -164,11 +200,14 @@ def main() -> None:
     parser.add_argument("--in-flight", default="1,8", help="comma-separated windows of outstanding requests")
     parser.add_argument("--data-parent", default=None, help="where the disk figure writes (default: the temporary "
                                                              "directory)")
-    parser.add_argument("--serve", choices=("trio", "sockets"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.serve:
-        (_serve_trio if arguments.serve == "trio" else _serve_sockets)(arguments.port)
+        if arguments.serve == "trio-durable":
+            _serve_trio_durable(arguments.port, arguments.data_parent)
+        else:
+            (_serve_trio if arguments.serve == "trio" else _serve_sockets)(arguments.port)
         return
     in_flights = [int(each) for each in arguments.in_flight.split(",")]
     print(json.dumps(measure(arguments.size, arguments.requests, in_flights, arguments.data_parent), indent=2))

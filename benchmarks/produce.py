@@ -240,18 +240,26 @@ def half_peak(produced: list[dict], prefix: str) -> dict:
 
 
 def floor_summary(produced: list[dict], prefix: str, in_flight: int) -> dict:
-    """With --floor: each round's floor, and the server's CPU per batch over the bare Trio echo's per request."""
+    """With --floor: each round's floors, and the server's CPU per batch over the bare Trio echo's per request and
+    over the durable echo's (the floor of a single node's durable produce)."""
     if not all("floor" in each for each in produced):
         return {}
-    echoes = [each["floor"][f"trio_in_flight_{in_flight}"]["server_cpu_us_per_request"] for each in produced]
-    return {f"{prefix}floor_trio_echo_cpu_us": [round(each, 1) for each in echoes],
-            f"{prefix}floor_sockets_echo_cpu_us": [
-                round(each["floor"][f"sockets_in_flight_{in_flight}"]["server_cpu_us_per_request"], 1)
-                for each in produced],
+
+    def per_request(kind: str) -> list[float]:
+        return [each["floor"][f"{kind}_in_flight_{in_flight}"]["server_cpu_us_per_request"] for each in produced]
+
+    def over(floors: list[float]) -> list[float | None]:
+        return [round(each["server_cpu_us_per_batch"] / floor_us, 1) if floor_us else None
+                for each, floor_us in zip(produced, floors)]
+
+    echo, durable = per_request("trio"), per_request("trio-durable")
+    return {f"{prefix}floor_trio_echo_cpu_us": [round(each, 1) for each in echo],
+            f"{prefix}floor_sockets_echo_cpu_us": [round(each, 1) for each in per_request("sockets")],
+            f"{prefix}floor_trio_durable_cpu_us": [round(each, 1) for each in durable],
             f"{prefix}floor_write_fdatasync_cpu_us": [round(each["floor"]["disk"]["cpu_us_per_write"], 1)
                                                       for each in produced],
-            f"{prefix}server_cpu_over_trio_echo": [round(each["server_cpu_us_per_batch"] / echo, 1) if echo else None
-                                                   for each, echo in zip(produced, echoes)]}
+            f"{prefix}server_cpu_over_trio_echo": over(echo),
+            f"{prefix}server_cpu_over_trio_durable": over(durable)}
 
 
 def compare_cluster(arguments) -> None:
