@@ -36,56 +36,37 @@ REPLY = struct.pack(">I", 4) + b"done"
 KINDS = ("trio", "sockets", "trio-durable")
 
 
-def _serve_trio(port: int) -> None:
+def _whole_requests(held: bytearray) -> tuple[int, int]:
+    """How many whole length-prefixed requests held starts with, and how many bytes they take."""
+    count = end = 0
+    while len(held) >= end + 4 and len(held) >= (after := end + 4 + int.from_bytes(held[end:end + 4], "big")):
+        count, end = count + 1, after
+    return count, end
+
+
+def _serve_trio(port: int, durable: bool, directory: str | None) -> None:
+    """The Trio echo; durable: each read's whole requests are first written to a file in the event loop's thread and
+    fdatasync'd in a worker thread, then answered (what rocket's single node does, and more)."""
     import trio
 
-    async def handle(stream) -> None:
+    if durable:
+        handle, path = tempfile.mkstemp(prefix="rocket-floor-", dir=directory)
+        os.unlink(path)
+
+    async def serve(stream) -> None:
         held = bytearray()
-        while True:
-            data = await stream.receive_some(1 << 20)
-            if not data:
-                return
+        while data := await stream.receive_some(1 << 20):
             held += data
-            answers = 0
-            while len(held) >= 4 and len(held) >= 4 + int.from_bytes(held[:4], "big"):
-                del held[:4 + int.from_bytes(held[:4], "big")]
-                answers += 1
-            if answers:
-                await stream.send_all(REPLY * answers)
+            count, end = _whole_requests(held)
+            if count:
+                if durable:
+                    os.write(handle, held[:end])
+                    await trio.to_thread.run_sync(os.fdatasync, handle)
+                del held[:end]
+                await stream.send_all(REPLY * count)
 
     async def main() -> None:
-        await trio.serve_tcp(handle, port, host="127.0.0.1")
-
-    trio.run(main)
-
-
-def _serve_trio_durable(port: int, directory: str | None) -> None:
-    """The Trio echo that first makes each read's whole requests durable: written to a file in the event loop's
-    thread, then fdatasync in a worker thread, then answered (rocket's single node does the same, and more)."""
-    import trio
-
-    handle, path = tempfile.mkstemp(prefix="rocket-floor-", dir=directory)
-    os.unlink(path)
-
-    async def handle_connection(stream) -> None:
-        held = bytearray()
-        while True:
-            data = await stream.receive_some(1 << 20)
-            if not data:
-                return
-            held += data
-            answers = whole = 0
-            while len(held) >= whole + 4 and len(held) >= whole + 4 + int.from_bytes(held[whole:whole + 4], "big"):
-                whole += 4 + int.from_bytes(held[whole:whole + 4], "big")
-                answers += 1
-            if answers:
-                os.write(handle, held[:whole])
-                del held[:whole]
-                await trio.to_thread.run_sync(os.fdatasync, handle)
-                await stream.send_all(REPLY * answers)
-
-    async def main() -> None:
-        await trio.serve_tcp(handle_connection, port, host="127.0.0.1")
+        await trio.serve_tcp(serve, port, host="127.0.0.1")
 
     trio.run(main)
 
@@ -98,12 +79,10 @@ def _serve_sockets(port: int) -> None:
         held = bytearray()
         while data := connection.recv(1 << 20):
             held += data
-            answers = 0
-            while len(held) >= 4 and len(held) >= 4 + int.from_bytes(held[:4], "big"):
-                del held[:4 + int.from_bytes(held[:4], "big")]
-                answers += 1
-            if answers:
-                connection.sendall(REPLY * answers)
+            count, end = _whole_requests(held)
+            if count:
+                del held[:end]
+                connection.sendall(REPLY * count)
         connection.close()
 
 
@@ -204,10 +183,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.serve:
-        if arguments.serve == "trio-durable":
-            _serve_trio_durable(arguments.port, arguments.data_parent)
+        if arguments.serve == "sockets":
+            _serve_sockets(arguments.port)
         else:
-            (_serve_trio if arguments.serve == "trio" else _serve_sockets)(arguments.port)
+            _serve_trio(arguments.port, arguments.serve == "trio-durable", arguments.data_parent)
         return
     in_flights = [int(each) for each in arguments.in_flight.split(",")]
     print(json.dumps(measure(arguments.size, arguments.requests, in_flights, arguments.data_parent), indent=2))
