@@ -197,8 +197,8 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true",
                         help="before each round, with no node running, the floor under a batch's cost "
                              "(benchmarks/floor.py: a bare Trio echo of batch-sized requests, as many in flight, "
-                             "the same on blocking sockets, and write+fdatasync), and the server's CPU per batch "
-                             "over the Trio echo's")
+                             "the same on blocking sockets, a durable Trio echo, and write+fdatasync), and the "
+                             "server's CPU per batch over the Trio echo's and the durable echo's")
     parser.add_argument("--out", default=str(RESULTS), help="the directory the results (and --profile's SVG) go to")
     arguments = parser.parse_args()
     Path(arguments.out).mkdir(parents=True, exist_ok=True)
