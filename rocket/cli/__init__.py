@@ -1,7 +1,12 @@
 """The `rocket` command: run a node, administer topics, send, consume and benchmark.
 
-One module per command family; this one assembles them into the typer app that `main` runs. `rocket run` gets an
-app of its command alone: a node's start then skips importing the client commands (and what they import).
+One module per command family; this one assembles them into the typer app (`build_app`) that `main` runs. `rocket
+run` gets an app of its command alone: a node's start then skips importing the client commands (and what they
+import). The families: `run`, `send`, `consume`, `topic` (and `tier`), `message`, `group` (consumer-group settings:
+`create`, `update`, `list`, `settings`; positions: `describe`, `reset`; and `dlq` beside it), `cluster` (and `cluster
+storage-class`), `bench`, `kv`, `acl` (users and policies: `user create|list|delete`, `grant`, `revoke`, `list`,
+`whoami`; client quotas: `quota set|list|delete`) and `top`. `common.py` holds the exit codes, the one-line errors and
+the connection options. `disk_probe.py` is the raw `write` + `fdatasync` probe that benchmarks compare against.
 """
 
 from __future__ import annotations
@@ -11,9 +16,9 @@ import os
 import sys
 from typing import Annotated
 
-import click
 import typer
 import typer.main
+from typer.core import TyperCommand, TyperGroup
 
 import rocket
 from rocket.cli import run
@@ -75,7 +80,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _reflow(command: click.Command) -> None:
+def _reflow(command: TyperCommand | TyperGroup) -> None:
     """Join each help paragraph's lines: typer's rich help keeps a docstring's line breaks, so a description
     wrapped at the source's width would show broken mid-sentence at the terminal's."""
     if command.help:
