@@ -257,8 +257,16 @@ def _unreadable_record(payload: memoryview, fields_max: int) -> str | None:
             try:
                 _field_readers[name](field)
             except _UNREADABLE as error:
-                return f"record {index} field {name}: {error}"
+                return f"record {index} field {name}: {_why(error)}"
     return None
+
+
+def _why(error: Exception) -> str:
+    """rocket's own words for a string that is not UTF-8, whatever msgspec's version says (older ones raised
+    UnicodeDecodeError, 0.23 a DecodeError of its own); the decoder's text for anything else."""
+    if isinstance(error, UnicodeDecodeError) or "utf-8" in str(error).lower():
+        return "not valid UTF-8"
+    return str(error)
 
 
 def check_produced(batch: bytes | memoryview) -> BatchHeader:
