@@ -19,6 +19,37 @@ READY = re.compile(rb"rocket ready tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+|off)")
 READY_HTTP = re.compile(rb" http=(?:[^: ]+:)?(\d+|off)")
 
 
+# The fast lane (`./test fast`): folders whose tests need nothing outside Python and this package's test extra: no
+# external server, Java, Node or browser. A test there that skips is a test that belongs in another lane, so its skip
+# fails loudly instead of hiding (tests/integration, tests/e2e and tests/jobs are the full lane's).
+FAST_LANE = {Path(__file__).parent / "unit", Path(__file__).parent / "sim"}
+
+
+def in_fast_lane(path: Path) -> bool:
+    return any(folder in Path(path).parents for folder in FAST_LANE)
+
+
+def _no_skip_in_fast_lane(report, path: Path) -> None:
+    if report.skipped and not hasattr(report, "wasxfail") and in_fast_lane(path):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = (f"{reason}: a test of the fast lane (tests/unit, tests/sim) may not skip; what it needs "
+                           f"makes it a full-lane test (tests/integration)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _no_skip_in_fast_lane(outcome.get_result(), item.path)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    if isinstance(collector, pytest.Module):
+        _no_skip_in_fast_lane(outcome.get_result(), collector.path)
+
+
 def skip_module_without_fuse(what: str) -> None:
     """Skip a whole test module where a FUSE file system cannot mount: no /dev/fuse, or no pyfuse3."""
     if not os.path.exists("/dev/fuse"):

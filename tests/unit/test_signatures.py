@@ -10,11 +10,6 @@ import datetime
 import functools
 import hashlib
 import hmac
-import json
-import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -22,7 +17,6 @@ from hypothesis import strategies as st
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.gateway.remoting import codec
 from rocket.gateway.remoting.signature import VERSION_4_9_3, sign_remoting, signed_content, verify_remoting
 from rocket.gateway.rocketmq.signature import DENIED_STATUS, sign_grpc, verify_grpc
 
@@ -311,50 +305,3 @@ def test_any_fields_signed_the_java_way_are_accepted(fields, body):
     fields.pop("_UNIQUE_KEY_QUERY", None)
     fields["Signature"] = java_acl_signature(fields, body, SK.decode())
     assert verify_remoting(fields, body, secret_of, version=453) == AK
-
-
-NODE_DIR = Path(__file__).resolve().parents[1] / "node"
-ALI_ONS_SIGN = """
-const dir = process.argv[1];
-const Channel = require(dir + '/node_modules/ali-ons/lib/channel');
-const RemotingCommand = require(dir + '/node_modules/ali-ons/lib/protocol/command/remoting_command');
-const input = JSON.parse(process.argv[2]);
-const command = RemotingCommand.createRequestCommand(input.code, input.header);
-if (input.body) command.body = Buffer.from(input.body, 'base64');
-// ali-ons's own signing (Channel.beforeRequest), without a connection: only these getters are read.
-Channel.prototype.beforeRequest.call({ accessKey: input.ak, secretKey: input.sk, onsChannel: 'ALIYUN' }, command);
-process.stdout.write(command.encode().toString('base64'));
-"""
-
-
-def ali_ons_frame(header: dict, body: bytes, access_key: str = AK, secret: str = SK.decode()) -> codec.Command:
-    """The frame ali-ons would send for this custom header and body, decoded by rocket's codec."""
-    node = shutil.which("node")
-    if node is None or not (NODE_DIR / "node_modules" / "ali-ons" / "package.json").exists():
-        reason = "node or tests/node/node_modules/ali-ons is missing (npm ci --prefix tests/node)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI: {reason}")
-        pytest.skip(reason)
-    arguments = json.dumps({"code": 310, "header": header, "body": base64.b64encode(body).decode(), "ak": access_key,
-                            "sk": secret})
-    encoded = subprocess.run([node, "-e", ALI_ONS_SIGN, str(NODE_DIR), arguments], check=True, capture_output=True,
-                             timeout=60).stdout
-    return codec.decode(base64.b64decode(encoded)[4:])
-
-
-def test_ali_ons_own_signature_is_accepted():
-    header = {"producerGroup": "pg", "topic": "TopicA", "defaultTopic": "TBW102", "defaultTopicQueueNums": 4,
-              "queueId": 2, "sysFlag": 0, "bornTimestamp": 1700000000000, "flag": 0,
-              "properties": "KEYS\u0001k1\u0002TAGS\u0001t\u0002", "reconsumeTimes": 0, "unitMode": False,
-              "maxReconsumeTimes": None, "note": "é ☃ \U0001f600", "\ufffd": "x", "\U0001f600": "y"}
-    command = ali_ons_frame(header, b"ali-ons body \x00\xff")
-    assert command.ext["OnsChannel"] == "ALIYUN" and command.ext["AccessKey"] == AK
-    assert "maxReconsumeTimes" not in command.ext  # null fields are neither sent nor signed
-    assert verify_remoting(command.ext, command.body, secret_of, version=command.version) == AK
-    assert command.ext["Signature"] == java_acl_signature(command.ext, command.body, SK.decode())
-
-
-def test_ali_ons_with_a_wrong_secret_is_refused():
-    command = ali_ons_frame({"topic": "TopicA"}, b"", secret="wrong")
-    refused(lambda: verify_remoting(command.ext, command.body, secret_of, version=command.version),
-            "signature does not match")
