@@ -1,4 +1,4 @@
-"""Who may do what: users, policies, and the decision on each call (pure; the clock is passed in).
+"""Who may do what (issue 34): users, policies, and the decision on each call (pure; the clock is passed in).
 
 The model is RocketMQ 5's ACL 2.0 and Kafka's ACLs:
 - A *user* is an access key with a secret (and may be a super user, allowed everything). Secrets are kept in the
@@ -6,10 +6,13 @@ The model is RocketMQ 5's ACL 2.0 and Kafka's ACLs:
 - A *policy* gives a user actions (pub, sub, admin, kv-read, kv-write) on a resource pattern (`topic:orders`,
   `topic:orders-*`, `group:billing`, `bucket:cfg`, `cluster`), allowed or denied, optionally only from some
   source networks. A call needs each of its (action, resource) pairs allowed by some policy and denied by none:
-  deny wins.
+  deny wins. This module says what each of rocket's methods needs.
 - A connection proves who it is with a *signed hello* (an HMAC-SHA256 under the secret of its user's time and a fresh
-  nonce, refused when skewed or replayed), once at connect; node-to-node connections do the same under the cluster
-  secret (transport/peer_auth.py). The gateways verify RocketMQ's own per-request signatures against the same users.
+  nonce, refused when skewed or replayed), once at connect (Authenticate); node-to-node connections do the same under
+  the cluster secret (PeerHello, transport/peer_auth.py). The gateways verify RocketMQ's own per-request signatures
+  against the same users.
+`Access` is what a node enforces: the users and policies of the metadata, with refusals counted per source. The
+dispatcher and the gateways call it.
 """
 
 from __future__ import annotations

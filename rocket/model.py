@@ -1,4 +1,4 @@
-"""Shared domain types: one Message, one TopicSpec, and the names and checks they share."""
+"""Shared domain types: one Message, one TopicSpec, Address, ReadBudget, and the names and checks they share."""
 
 from __future__ import annotations
 

@@ -5,14 +5,16 @@ Quotas live in the metadata beside users and policies (roles/nameserver/metadata
   as in Kafka: a `user:NAME` quota replaces `user:*`, it does not merge with it field by field);
 - `topic:NAME`: every client's calls on that topic, together (one bucket per topic, shared by all its clients).
 Each sets `produce_bytes_per_s`, `consume_bytes_per_s` and `requests_per_s`; 0 means unlimited. A call on a topic
-with a quota and by a user with one is held by both: its throttle is the longer.
+with a quota and by a user with one is held by both: its throttle is the longer. Nodes get them with the users and
+policies (MetaAclState).
 
 Each broker enforces them alone, with a token bucket per entity and rate (so a client talking to N brokers gets N
-times its quota, as with Kafka's per-broker quotas). The transport's dispatcher charges a call after serving it: the
-bytes of a Produce request, of a Pull, Subscribe or Receive answer, one request for every call from the wire. A
-bucket may go into debt; the time until the debt is repaid is the call's throttle time. The answer carries it
-(`throttle_ms`) and the connection reads no further request until it has passed (Kafka mutes the channel), so a
-client that ignores it is held too. Without auth calls carry no user: only topic quotas apply.
+times its quota, as with Kafka's per-broker quotas); the buckets are bounded, the least recently used and the idle
+dropped. The transport's dispatcher charges a call after serving it: the bytes of a Produce request, of a Pull,
+Subscribe or Receive answer, one request for every call from the wire. A bucket may go into debt; the time until the
+debt is repaid is the call's throttle time. The answer carries it (`throttle_ms`) and the connection reads no further
+request until it has passed (Kafka mutes the channel), so a client that ignores it is held too. Without auth calls
+carry no user: only topic quotas apply. The clients' side is client/throttle.py.
 
 Pure: the clock is a function the owner passes (the node's `Clock`).
 """

@@ -8,7 +8,8 @@ each replica through its assignment (control()). This core is the Raft core with
   SSS is asked of the controller, every member of the new set too: the commit waits for the union of both;
 - the master asks for a slave behind for ha_max_lag_s to leave the SSS, and for one that caught up to rejoin
   (sync_state_request); only the controller's answer changes the SSS. A master cut off from the controller thus
-  cannot shrink its SSS: it never acknowledges alone behind the controller's back (ARCHITECTURE.md, "Controller mode");
+  cannot shrink its SSS: it never acknowledges alone behind the controller's back (the argument is in
+  rocket/raft/__init__.py, "Controller mode");
 - a slave that meets a new master first compares epochs with it (EPOCH_QUERY, EPOCH_ANSWER: Kafka's leader-epoch
   truncation) and truncates what lies past the last entry they agree on; only then does it accept entries. Each
   entry carries its epoch (its term), so the epoch list, (epoch, start offset), is read off the log and its

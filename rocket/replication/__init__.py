@@ -1,5 +1,7 @@
-"""The seam between a group's state machine and the engine that replicates its log. The storage and nameserver roles
-speak to an Engine; raft/host.py (majority quorum) is one, and the controller mode of RIP-44 will be another.
+"""The seam between a group's state machine and the engine that replicates its log: the StateMachine and Engine
+protocols. The storage and nameserver roles speak to an Engine. raft/host.py implements it for both replication
+modes: a group's core is raft/core.py (Raft, majority quorum) or raft/controlled.py (controller mode, RIP-44; see
+rocket/raft/__init__.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,4 @@
+"""The roles a node may run: nameserver/ (the cluster metadata), storage/ (the storage groups) and broker/ (stateless,
+facing the clients). node.py makes and wires them (build_roles); peers.py carries their calls to each other. Roles
+read time only from the Clock they are given (rocket/clock.py).
+"""

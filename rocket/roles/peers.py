@@ -1,5 +1,7 @@
-"""Calls from one role to another: over a pooled TCP channel to another node, or straight to this
-node's own handler when the callee lives in the same process (dev mode runs every role in one)."""
+"""Calls from one role to another: over a pooled TCP channel (ChannelPool) to another node, or straight to this
+node's own handler when the callee lives in the same process (dev mode runs every role in one). Nameserver
+discovery: calls to the nameservers go first to the one that answered last, then to the others in turn.
+"""
 
 from __future__ import annotations
 

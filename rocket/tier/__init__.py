@@ -1,5 +1,7 @@
 """Tiered storage: the ObjectStore interface and its backends (a local directory; S3 and compatibles).
 
+objectstore.py is the interface, local.py the directory, s3.py S3 through aiobotocore and trio-asyncio. cold.py reads
+offloaded pieces, with a cache; the offloader that writes them is roles/storage/offload.py.
 The S3 backend imports aiobotocore and trio-asyncio, so it is loaded only when first named.
 """
 

@@ -1,0 +1,34 @@
+"""How calls travel: between clients and nodes, and between nodes.
+
+channel.py is the one Channel interface (call, stream) that every channel implements; local.py has the ones that
+never leave the process. rpc.py is the dispatcher: every method is defined once (METHODS), and the transports only
+move bytes. The dispatcher gives each connection its Caller. With auth on, every call from the wire is checked
+against rocket/access.py. On brokers, every client call is charged to the client quotas of rocket/quotas.py after it
+is served: its answer's `throttle_ms` is set, and the connection's next call is held while it is throttled.
+
+The listeners. TCP: tcp.py is the server, tcp_client.py the client (TcpChannel), frames.py the codec (a server's
+decoder holds the bytes that arrived, never the length a header claims). Remoting's connections share the TCP
+port and its limits. HTTP/2 on h2: h2_endpoint.py, h2_server.py and h2_client.py, with grpc_wire.py for gRPC. The
+HTTP/2 server gives receive windows back as handlers take the bytes, so partly received bodies are bounded per
+connection and per node (limits.http2_*held_bytes_max; past the node's bound, the biggest holder's fullest stream is
+reset). It closes connections idle `http2_idle_s`, resets bodies not complete within `http2_request_s`, and one
+stream's h2 error ends that stream only. HTTP/1.1 on h11: http1.py serves the node's /metrics, /healthz, /readyz and
+the web console.
+
+Between nodes. links.py carries Raft messages: each payload is a RaftStep post from the link's one task, served
+inline in the peer's read loop (MethodSpec.inline); a peer that leaves posts unanswered limits.raft_link_silent_s is
+connected to again. pool.py holds the channels to other nodes, peer_auth.py admits them (PeerHello), and tls.py
+builds every SSL context. listen.py accepts and opens connections. background.py is the nursery of tasks that
+outlive their call; links, the pool and the broker hold one.
+
+Schema versions (issue 34). A TCP client's first call is Hello (open_tcp_channel, before PeerHello): its schema
+version, answered with the server's. A server too old to know Hello answers UNKNOWN_METHOD: version 1. The server
+takes a connection that said nothing for version 1. Node-to-node connections (pool.py, links.py) are TCP channels,
+so they say it too. Over HTTP/2 the client asks Hello before its first call, and each request's `rocket-schema`
+header says the version its body is in and its answer is wanted in (absent: 1). The dispatcher answers Hello; the
+TCP and HTTP/2 transports then read and write each connection's messages in the older of the two versions, with the
+codecs of rocket/serde/versions.py.
+
+To add a client RPC method: define it once in the dispatcher's method table, write its handler in the broker module
+of its concern, and add its Avro schemas under rocket/serde/schemas/. It is then served over TCP and HTTP/2 alike.
+"""

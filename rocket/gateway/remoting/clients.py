@@ -5,7 +5,9 @@ A consumer is a member of its group for as long as its connection lives, as in R
 rocket's cluster-wide group membership (GroupHeartbeat, per subscribed topic) every
 limits.remoting_member_refresh_s, well inside rocket's member expiry, so every broker answers the same member list.
 A closed connection or UNREGISTER_CLIENT leaves at once. Committed offsets are kept here and written every
-limits.remoting_offset_flush_s (and when a client leaves), not once per pull: a pull carries its consumer's commit.
+limits.remoting_member_refresh_s (and when a client leaves), not once per pull: a pull carries its consumer's commit.
+At most limits.remoting_client_groups_max groups of each kind are kept, a group forgotten with its last client, and
+at most limits.remoting_unwritten_offsets_keys_max (group, topic) pairs of unwritten offsets.
 """
 
 from __future__ import annotations

@@ -1,4 +1,16 @@
-"""The broker role: stateless, it speaks the client protocol and carries the message semantics."""
+"""The broker role: stateless, it speaks the client protocol and carries the message semantics.
+
+role.py wires one mixin per concern. What the modules' own docstrings do not say:
+- routes.py serves its cached routes stale while no nameserver answers. A storage node that left a call unanswered
+  is asked last by every call for limits.storage_silent_s (a partitioned or hung leader), and given only
+  limits.storage_silent_probe_s to answer. DISK_FULL is retried on a group's other replicas. Round-robin turns are
+  kept per topic, for the limits.round_robin_topics_max most recently used.
+- produce.py numbers the batches of clients that number none with the broker's own producer id.
+- admin.py's GroupSettings is what gateways call for a consumer group's settings. Receive takes a group's max
+  attempts over the request's.
+- kv.py sends a group's writes in batches, one StorageKvTxn call (one Raft entry) out at a time per group. It merges
+  ranges across shards, and follows watches with tasks in the broker's nursery.
+"""
 
 from rocket.roles.broker.role import Broker
 
