@@ -3,11 +3,14 @@
 Every node runs one multi-raft host: the nameservers' metadata group if it is a nameserver, and the
 storage groups assigned to it if it stores. Roles reach each other through Peers: over TCP, or
 directly when they share the process. Dev mode (all roles, no nameservers configured) is a cluster
-of one node.
+of one node. build_roles is the one place roles are made and wired: run_node and the roles simulator
+(tests/sim/roles_sim.py) both call it. The node also holds its data directory's lock and opens the listeners.
 
 SIGTERM or SIGINT: stop accepting and reading, let calls in flight finish (bounded), flush, close. SIGHUP: re-read the
 TLS certificate, key and CA files for new connections (transport/tls.py).
-Readiness is printed as one line ("rocket ready ...") and sent to systemd when NOTIFY_SOCKET is set.
+Readiness is printed as one line ("rocket ready ...") and sent to systemd when NOTIFY_SOCKET is set (READY=1, then
+STOPPING=1 when it drains, and WATCHDOG=1 at half the unit's WatchdogSec= if it set one). After that line,
+`rocket run` touches the heap (touch_heap, limits.malloc_pretouch_bytes), in slices between requests.
 """
 
 from __future__ import annotations
@@ -109,14 +112,40 @@ async def touch_heap(total_bytes: int) -> None:
 
 
 def _notify_systemd(message: str) -> None:
+    """sd_notify(3): one datagram to NOTIFY_SOCKET when systemd set it (`@` names an abstract socket). A socket that
+    cannot be reached is logged, never fatal: the node serves whether or not its supervisor listens."""
     address = os.environ.get("NOTIFY_SOCKET")
     if not address:
         return
     if address.startswith("@"):
         address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
-        notify.connect(address)
-        notify.sendall(message.encode())
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+            notify.connect(address)
+            notify.sendall(message.encode())
+    except OSError as error:
+        log.warning("systemd's NOTIFY_SOCKET %s did not take %s: %s", address.replace("\0", "@"), message, error)
+
+
+def watchdog_interval_s() -> float | None:
+    """How often to send WATCHDOG=1: half of what the unit's WatchdogSec= set (WATCHDOG_USEC), as
+    sd_watchdog_enabled(3) advises. None without a watchdog, or when WATCHDOG_PID names another process."""
+    pid = os.environ.get("WATCHDOG_PID")
+    try:
+        usec = int(os.environ.get("WATCHDOG_USEC", "0"))
+    except ValueError:
+        return None
+    if usec <= 0 or (pid and pid != str(os.getpid())):
+        return None
+    return usec / 2e6
+
+
+async def _keep_watchdog(interval_s: float) -> None:
+    """WATCHDOG=1 while the event loop turns: a loop wedged in a blocking call stops the pings, and systemd kills and
+    restarts the node (Restart=on-failure)."""
+    while True:
+        _notify_systemd("WATCHDOG=1")
+        await trio.sleep(interval_s)
 
 
 @contextlib.asynccontextmanager
@@ -362,6 +391,8 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(_wait_for_signal, stop, tls.reload)
+            if (watchdog_s := watchdog_interval_s()) is not None:
+                nursery.start_soon(_keep_watchdog, watchdog_s)  # from the start: a storage node's READY=1 may wait
             # Listen first: a node told to listen on port 0 tells the others the port it got.
             remoting = None  # RocketMQ's remoting clients, on the same port (told apart by their first bytes)
             if "broker" in config.roles or "nameserver" in config.roles:
