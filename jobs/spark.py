@@ -33,8 +33,12 @@ LOCAL_CONF = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127
 
 def session(master: str | None = None, app: str = "rocket-jobs", conf: dict[str, str] | None = None):
     """A SparkSession on master: local[*] unless given, or under spark-submit the --master it was given."""
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
+    try:
+        from pyspark import SparkConf
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise SystemExit("rocket's jobs run on Spark: pip install 'rocket[ml]' (PySpark and numpy; Spark needs "
+                         "Java 17)") from None
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # local executors run this interpreter, rocket on it
     if master is None and "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit: the --master it was given
