@@ -4,6 +4,7 @@ no new ones once the node drains) and opening them, with one error for a server 
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
 from collections.abc import Awaitable, Callable
 
@@ -42,13 +43,45 @@ def unpaced_on_loopback(stream: trio.SocketStream) -> None:
         pass
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports nobody listens on right now, to start servers on (tests, benchmarks, example clusters)."""
-    sockets = [socket.socket() for _ in range(count)]
+FREE_PORTS_LOW = 20000  # above the well-known servers' ports (rocket's 9876-9878, NATS, Redis, etcd, AMQP)
+
+
+def _ephemeral_low() -> int:
+    """Where the kernel's ephemeral ports start: what bind(port 0) and outgoing connections take."""
     try:
-        for each in sockets:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            return int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports nobody holds right now, to start servers on (tests, benchmarks, example clusters). They are drawn below
+    the kernel's ephemeral range, so that no bind to port 0 and no outgoing connection's source port takes one
+    between this call and the server's bind: a cluster test under the whole suite's load once found its node's port
+    so taken ('Address already in use'). Where that range leaves too little room, the kernel chooses."""
+    low = _ephemeral_low()
+    draw = random.SystemRandom()
+    chosen: list[int] = []
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count * 20 if low - FREE_PORTS_LOW >= 1000 else 0):
+            if len(chosen) == count:
+                break
+            port = draw.randrange(FREE_PORTS_LOW, low)
+            each = socket.socket()
+            sockets.append(each)
+            try:
+                each.bind((host, port))  # held until all are chosen, so no port is given twice
+            except OSError:
+                continue
+            chosen.append(port)
+        while len(chosen) < count:
+            each = socket.socket()
+            sockets.append(each)
             each.bind((host, 0))
-        return [each.getsockname()[1] for each in sockets]
+            chosen.append(each.getsockname()[1])
+        return chosen
     finally:
         for each in sockets:
             each.close()
