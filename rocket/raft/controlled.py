@@ -161,11 +161,11 @@ class ControlledCore(RaftCore):
         its newer epoch (which deposes this master) instead."""
         return self.sync_state_set <= acknowledged | {self.id}
 
-    def _propose(self, data: bytes, kind) -> int:
+    def check_proposable(self) -> None:
         if self.role == Role.LEADER and len(self.sync_state_set) < self.min_in_sync_replicas:
             raise RocketError(Code.NOT_ENOUGH_REPLICAS, f"{len(self.sync_state_set)} replicas are in sync; the "
                               f"storage class needs {self.min_in_sync_replicas}")
-        return super()._propose(data, kind)
+        super().check_proposable()
 
     def _become_leader(self) -> None:
         super()._become_leader()

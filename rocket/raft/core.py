@@ -153,7 +153,7 @@ class RaftCore(LeaderReplication):
             raise RocketError(Code.BAD_REQUEST, "transfer leadership before removing the leader")
         if action == "promote" and node not in self.learners:
             raise RocketError(Code.BAD_REQUEST, f"node {node} must catch up as a learner before it votes")
-        index = self._propose(f"{action}:{node}".encode(), EntryKind.CONF_CHANGE)
+        index = self._propose([f"{action}:{node}".encode()], EntryKind.CONF_CHANGE)
         self.pending_conf_index = index
         return index
 
@@ -161,19 +161,28 @@ class RaftCore(LeaderReplication):
 
     def propose(self, data: bytes) -> int:
         """Append data to the log as leader; returns its index (committed later, or lost to a new leader)."""
-        return self._propose(data, EntryKind.NORMAL)
+        return self._propose([data], EntryKind.NORMAL)
 
-    def _propose(self, data: bytes, kind: EntryKind) -> int:
-        self.wake()
+    def propose_many(self, datas: list[bytes]) -> int:
+        """Append entries to the log as leader, all or none, sending each follower what flow control allows once
+        (etcd's MsgProp carries many entries); returns the first one's index, the others following it."""
+        return self._propose(datas, EntryKind.NORMAL)
+
+    def check_proposable(self) -> None:
+        """Raise what a proposal made now would meet: this node does not lead, or its leadership is moving."""
         if self.role != Role.LEADER:
             raise NotLeader(self.leader)
         if self.transferee != NONE:
             raise RocketError(Code.UNAVAILABLE, f"leadership is moving to {self.transferee}")
-        entry = Entry(self.term, self.last_index + 1, data, kind)
-        self._append([entry])
+
+    def _propose(self, datas: list[bytes], kind: EntryKind) -> int:
+        self.wake()
+        self.check_proposable()
+        first = self.last_index + 1
+        self._append([Entry(self.term, first + number, data, kind) for number, data in enumerate(datas)])
         self._broadcast_append()
         self._maybe_commit()
-        return entry.index
+        return first
 
     def read_index(self, request_id: int, lease: bool = False) -> int | None:
         """Ask for a linearizable read: a read state (request_id, index) appears in a Ready once a

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.parked import Deadlines, Slot
 from rocket.raft import codec, snapshots
 from rocket.raft.controlled import Control, ControlledCore, SyncStateRequest
 from rocket.raft.core import NONE, Config, HardState, Message, MessageType, RaftCore, Role
@@ -116,6 +118,8 @@ class RaftHost(Rounds):
         # ticked: thousands of quiet groups then cost nothing per tick.
         self._active: set[int] = set()
         self._awake: set[int] = set()
+        self._proposing: set[int] = set()  # groups with proposals buffered for the next round (Group.proposals)
+        self._deadlines = Deadlines()  # parked proposals with a timeout, swept each tick
 
     def _touched(self, group: int, hosted: Group) -> None:
         self._active.add(group)
@@ -270,9 +274,12 @@ class RaftHost(Rounds):
         if hosted is not None:  # its proposals may have been committed by the others, or not
             unknown = RocketError(Code.TIMEOUT, f"group {group} moved off node {self.node_id}: the outcome of "
                                   "its proposal is unknown")
-            for _, event, outcome in hosted.waiters.values():
-                outcome.extend((True, unknown))
-                event.set()
+            for _, slot in hosted.waiters.values():
+                slot.complete(unknown)
+            unproposed = RocketError(Code.UNAVAILABLE, f"group {group} moved off node {self.node_id} before the "
+                                     "proposal was made; retry")
+            for _, slot in hosted.proposals:
+                slot.complete(unproposed)
             # Hosted here again, it restarts from what it holds now, not from what was replayed at open: the
             # snapshot file that referred to may be deleted since.
             now = self._checkpoint_of(group, hosted)
@@ -340,6 +347,25 @@ class RaftHost(Rounds):
 
     async def propose(self, group: int, data: bytes, timeout_s: float = limits.request_timeout_s_default):
         """Replicate data in the group's log; returns the state machine's result once it is applied here."""
+        event, outcome = trio.Event(), []
+        slot = Slot(lambda result: (outcome.append(result), event.set()))
+        self.propose_parked(group, data, slot)
+        try:
+            await self._wait(event, timeout_s, f"group {group}: the proposal was not applied")
+        except RocketError:
+            slot.done = True  # its result, if it comes, is dropped
+            raise
+        [result] = outcome
+        if isinstance(result, RocketError):
+            raise result
+        return result
+
+    def propose_parked(self, group: int, data: bytes, slot: Slot, timeout_s: float = math.inf) -> None:
+        """Propose without waiting: the entry waits in the group's buffer, which the next round proposes in one go
+        (propose_many). slot completes once, in the trio thread: with the state machine's result once applied here,
+        or with the RocketError the proposal met (leadership lost before or after it was proposed, the group moved
+        off this node, or timeout_s passed: swept each tick; parked proposals share one timeout). Raises RocketError,
+        with nothing proposed, when the proposal cannot be taken now (not hosted, not the leader, too big, no disk)."""
         hosted = self.groups.get(group)
         if hosted is None:
             raise RocketError(Code.UNAVAILABLE, f"group {group} is not hosted on node {self.node_id}")
@@ -347,19 +373,30 @@ class RaftHost(Rounds):
             raise RocketError(Code.BAD_REQUEST, f"an entry holds at most {limits.raft_entry_bytes_max} bytes")
         if self.disk_refusal and self.disk_free_bytes < limits.disk_floor_bytes:
             raise RocketError(Code.DISK_FULL, self.disk_refusal)  # its apply could fail writing the store
-        index = hosted.core.propose(data)
+        hosted.core.wake()
+        hosted.core.check_proposable()
+        if timeout_s < math.inf:
+            slot.deadline = trio.current_time() + timeout_s
+            self._deadlines.add(slot)
+        if self.on_commit is not None and not self._timing:  # sampled: one proposal timed at a time
+            slot = self._timed(slot)
+        hosted.proposals.append((data, slot))
+        self._proposing.add(group)
         self._unwritten_bytes += len(data)
         hosted.idle_ticks = 0
         self._touched(group, hosted)
-        if self._timing or self.on_commit is None:
-            return await self._wait_applied(hosted, index, timeout_s)
+        self._wake.set()
+
+    def _timed(self, slot: Slot) -> Slot:
+        """slot, its time from proposal to result told to on_commit (on success)."""
         self._timing, started = True, time.perf_counter()
-        try:
-            result = await self._wait_applied(hosted, index, timeout_s)
-        finally:
+
+        def finish(outcome: object) -> None:
             self._timing = False
-        self.on_commit(time.perf_counter() - started)
-        return result
+            if not isinstance(outcome, RocketError):
+                self.on_commit(time.perf_counter() - started)
+            slot.complete(outcome)
+        return Slot(finish)
 
     async def propose_conf_change(self, group: int, action: str, node: int,
                                   timeout_s: float = limits.request_timeout_s_default) -> int:
@@ -405,18 +442,15 @@ class RaftHost(Rounds):
 
     async def _wait_applied(self, hosted: Group, index: int, timeout_s: float):
         """The entry's result once applied (the index, for membership changes)."""
-        outcome: list = []
-        event = trio.Event()
-        hosted.waiters[index] = (hosted.core.term, event, outcome)
+        event, outcome = trio.Event(), []
+        hosted.waiters[index] = (hosted.core.term, Slot(lambda result: (outcome.append(result), event.set())))
         try:
             await self._wait(event, timeout_s, f"entry {index} not applied")
         finally:
             hosted.waiters.pop(index, None)
-        kept, result = outcome
-        if not kept:
-            raise RocketError(Code.UNAVAILABLE, f"entry {index} was lost to a leader change; retry")
+        [result] = outcome
         if isinstance(result, RocketError):
             raise result
-        return index if result is None else result
+        return result
 
 

@@ -25,7 +25,8 @@ import trio
 
 from rocket import limits
 from rocket.disk.files import free_bytes, out_of_space
-from rocket.errors import invariant
+from rocket.errors import Code, RocketError, invariant
+from rocket.parked import Slot
 from rocket.raft import codec
 from rocket.raft.compaction import Compaction
 from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role, Snapshot
@@ -42,7 +43,8 @@ class Group:
         self.core = core
         self.machine = machine
         self.written = written  # the last hard state written: one with the same term and vote may wait
-        self.waiters: dict[int, tuple[int, trio.Event, list]] = {}  # index -> (term, event, outcome)
+        self.waiters: dict[int, tuple[int, Slot]] = {}  # index -> (term it was proposed in, the proposer's slot)
+        self.proposals: list[tuple[bytes, Slot]] = []  # buffered for the next round, which proposes them in one go
         self.idle_ticks = 0  # ticks since the group last had work; a leader quiesces it past a bound
         self.log_bytes = 0  # bytes applied since the last snapshot: the log is compacted past a bound
         self.positions: dict[int, int] = {}  # entry index -> where its data lies in the WAL, until applied
@@ -127,6 +129,9 @@ class Rounds(Compaction):
         leader has gone silent, and send one liveness heartbeat to each peer node."""
         self.ticks += 1
         self._deferred_due = bool(self._deferred)
+        if self._deadlines:
+            self._deadlines.sweep(trio.current_time(), lambda: RocketError(
+                Code.TIMEOUT, f"a write was not applied in time on node {self.node_id}: its outcome is unknown"))
         if self.ticks % limits.raft_peers_refresh_ticks == 1:  # membership changes slowly: refresh the peer nodes
             self._peers = set().union(*(h.core.voters | h.core.learners for h in self.groups.values())) - {self.node_id}
         silent_after = 2 * limits.raft_election_ticks
@@ -168,6 +173,7 @@ class Rounds(Compaction):
         await self._collect_written()
         self._durable_seen, self._received, self._unwritten_bytes = self._rounds_durable, False, 0
         self._settle()  # what the fsyncs done meanwhile allow, the round just collected included
+        self._propose_buffered()
         candidates, self._active = self._active, set()
         readies = [(group, self.groups[group], self.groups[group].core.ready()) for group in candidates
                    if self.groups[group].core.has_ready()]
@@ -483,11 +489,34 @@ class Rounds(Compaction):
         hosted.log_bytes += sum(len(entry.data) for entry in entries)
         hosted.applied = entries[-1].index
         for entry in entries:
-            waiter = hosted.waiters.get(entry.index)
+            waiter = hosted.waiters.pop(entry.index, None)
             if waiter is not None:
-                term, event, outcome = waiter
-                outcome.extend((entry.term == term, results.get(entry.index)))
-                event.set()
+                term, slot = waiter
+                if entry.term != term:
+                    slot.complete(RocketError(Code.UNAVAILABLE, f"entry {entry.index} was lost to a leader change; "
+                                              "retry"))
+                else:
+                    result = results.get(entry.index)
+                    slot.complete(entry.index if result is None else result)
+
+    def _propose_buffered(self) -> None:
+        """Propose each group's buffered proposals in one go: one append per follower for all of them. A group whose
+        leadership was lost meanwhile fails them, unproposed."""
+        for group in self._proposing:
+            hosted = self.groups.get(group)
+            if hosted is None or not hosted.proposals:
+                continue
+            proposals, hosted.proposals = hosted.proposals, []
+            try:
+                first = hosted.core.propose_many([data for data, _ in proposals])
+            except RocketError as error:
+                for _, slot in proposals:
+                    slot.complete(error)
+                continue
+            term = hosted.core.term
+            for index, (_, slot) in enumerate(proposals, first):
+                hosted.waiters[index] = (term, slot)
+        self._proposing.clear()
 
 
 def _message_bytes(message: Message) -> int:

@@ -70,6 +70,10 @@ class Engine(Protocol):
     async def propose(self, group: int, data: bytes, timeout_s: float) -> object:
         """Replicate data in the group's log; the state machine's result once it is applied here."""
 
+    def propose_parked(self, group: int, data: bytes, slot, timeout_s: float) -> None:
+        """propose without waiting: slot (rocket.parked.Slot) completes once with the result or the RocketError met;
+        raises RocketError, with nothing proposed, when it cannot be taken now."""
+
     async def propose_conf_change(self, group: int, action: str, node: int, timeout_s: float) -> int: ...
 
     async def read_barrier(self, group: int, lease: bool = False, timeout_s: float = ...) -> None: ...

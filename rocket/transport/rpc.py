@@ -15,6 +15,7 @@ import trio
 
 from rocket import __version__, access, quotas
 from rocket.errors import Code, RocketError
+from rocket.parked import Slot, Unparked
 from rocket.serde import SERDE_IDS
 from rocket.serde.schema import SCHEMA_VERSION
 
@@ -227,6 +228,7 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self._handlers: dict[str, Callable] = {}
+        self._parked: dict[str, Callable[[dict, Slot], None]] = {}  # the data plane's handlers (park)
         # Told of every call served from the wire: method, seconds, error code name or None (the node's metrics).
         self.on_call: Callable[[str, float, str | None], None] | None = None
         # With a cluster secret (or tls_ca): internal methods only for connections that said PeerHello (peer_auth.py)
@@ -243,9 +245,55 @@ class Dispatcher:
     async def _hello(request: dict) -> dict:
         return {"schema_version": SCHEMA_VERSION, "version": __version__}
 
-    def handle(self, name: str, handler: Callable) -> None:
+    def handle(self, name: str, handler: Callable, parked: Callable[[dict, Slot], None] | None = None) -> None:
+        """handler serves the method as a task; parked, if given, serves it on the data plane (park)."""
         method_spec(name)
         self._handlers[name] = handler
+        if parked is not None:
+            self._parked[name] = parked
+
+    def parks(self, name: str) -> bool:
+        """Whether the method has a data-plane handler here (park)."""
+        return name in self._parked
+
+    def park(self, name: str, serde: ModuleType, body: bytes | memoryview, attachment: memoryview | None,
+             caller: Caller, slot: Slot) -> None:
+        """Serve a call from the wire on the data plane, in the caller's read loop: decoded, checked and authorized
+        as call() does, then handed to the method's parked handler, which parks it. slot completes once with the
+        encoded response and its attachments (call()'s result), or with a RocketError. Raises Unparked, having done
+        nothing, when the call must be served by call() as a task instead (a throttled caller, or the handler's
+        say); RocketError when it is refused at once."""
+        if self.charged(caller):  # quotas hold a call as it waits: the task path's
+            raise Unparked
+        spec, handler = self._resolve(name, caller)
+        request = serde.decode(spec.request_type, body)
+        self._authorize(name, caller, request)
+        if attachment is not None:
+            if spec.attachment_field is None or isinstance(attachment, list):
+                raise RocketError(Code.BAD_REQUEST, f"{name} takes no attachments" if spec.attachment_field is None
+                                  else f"{name} takes one attachment")
+            request[spec.attachment_field] = attachment
+        started = trio.current_time()
+
+        def answer(outcome: object) -> None:
+            if isinstance(outcome, RocketError):
+                self._observe(name, started, outcome.code.name)
+                slot.complete(outcome)
+                return
+            self._observe(name, started, None)
+            response, attachments = detach(spec, outcome)
+            slot.complete((serde.encode(spec.response_type, response), attachments))
+        try:
+            self._parked[name](request, Slot(answer))
+        except (Unparked, RocketError):
+            raise
+        except Exception as error:
+            raise as_rocket_error(error, name) from None
+
+    def park_local(self, name: str, request: dict, slot: Slot) -> None:
+        """Hand a call from this process (one role to another) to the method's parked handler: no serde, no
+        checks, as local() does. Raises Unparked or RocketError as park() does."""
+        self._parked[name](request, slot)
 
     def _resolve(self, name: str, caller: Caller | None = None) -> tuple[MethodSpec, Callable]:
         spec = method_spec(name)

@@ -10,6 +10,7 @@ The client is tcp_client.py.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import socket
@@ -21,6 +22,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.parked import Slot, Unparked
 from rocket.serde.schema import SCHEMA_VERSION
 from rocket.serde.versions import for_peer, peer_version_of
 from rocket.transport import frames
@@ -254,6 +256,12 @@ class _ServerConnection:
         self._receiving: trio.CancelScope | None = None  # the receive under way, whose deadline a call's end moves
         self._partial = False  # whether that receive waits for the rest of a frame (else for a new one)
         self._replies: list = []  # answers to inline requests (MethodSpec.inline), sent together before the next read
+        # The data plane (_park): calls parked, their answers queued for the writer task, sent once per round.
+        self._parked = 0
+        self._answers: list = []
+        self._answers_ready = trio.Event()
+        self._writer_started = False
+        self._reading_done = False
 
     def close_for(self, error: RocketError) -> None:
         """Stop reading, tell the client error, and close (in-flight calls get the usual grace)."""
@@ -274,6 +282,8 @@ class _ServerConnection:
         async with self.stream:
             async with trio.open_nursery() as calls:
                 await self._read_until_done(calls, first)
+                self._reading_done = True
+                self._answers_ready.set()  # the writer ends once the parked calls are answered
                 # Streams never end by themselves; in-flight unary calls get a bounded time to answer.
                 for scope in list(self.streams.values()):
                     scope.cancel()
@@ -355,10 +365,58 @@ class _ServerConnection:
         if spec is not None and spec.inline:
             self._replies += await self._unary(frame)
             return
+        if self.in_flight.value and self.dispatcher.parks(frame.method) and self._park(frame, calls):
+            return
         await self._flush_replies()  # before this call may wait for a slot
         await self.in_flight.acquire()
         self.lifecycle.call_started()
         calls.start_soon(self._call, frame)
+
+    def _park(self, frame: Frame, calls: trio.Nursery) -> bool:
+        """Serve a data-plane call here, in the read loop, with no task: parked (rocket/parked.py), it holds an
+        in-flight slot until its answer is queued for the writer. False, with nothing done, if it must be a task."""
+        self.in_flight.acquire_nowait()
+        self.lifecycle.call_started()
+        self._parked += 1
+        if not self._writer_started:
+            calls.start_soon(self._write_answers)
+            self._writer_started = True
+        slot = Slot(functools.partial(self._answer_parked, frame))
+        try:
+            self.dispatcher.park(frame.method, self._serde_of(frame), frame.body, frame.attachment, self.caller, slot)
+        except Unparked:
+            self._parked -= 1
+            self.lifecycle.call_finished()
+            self.in_flight.release()
+            return False
+        except RocketError as error:
+            slot.complete(error)
+        return True
+
+    def _answer_parked(self, frame: Frame, outcome: object) -> None:
+        """A parked call's answer: queued for the writer, with everything else the same round completes."""
+        if isinstance(outcome, RocketError):
+            self._answers.append(_error_frame(frame.serde, frame.request_id, outcome))
+        else:
+            body, attachments = outcome
+            self._answers += frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body,
+                                                 attachment=attachments)
+        self._answers_ready.set()
+        self._parked -= 1
+        self.lifecycle.call_finished()
+        self.in_flight.release()
+        if self._receiving is not None and not self._partial:  # perhaps idle now: the idle clock starts
+            self._receiving.deadline = self._deadline(0.0)
+
+    async def _write_answers(self) -> None:
+        """Send parked calls' answers as they come: whatever one round completed, in one write. Ends once the
+        connection reads no more and every parked call was answered (or with the calls' grace, like a task)."""
+        while not (self._reading_done and not self._parked and not self._answers):
+            await self._answers_ready.wait()
+            self._answers_ready = trio.Event()
+            if self._answers:
+                answers, self._answers = self._answers, []
+                await self._send(*answers)
 
     def _serde_of(self, frame: Frame) -> ModuleType:
         """The serde a request is in: an older client's is read in its schemas (same version: no cost)."""

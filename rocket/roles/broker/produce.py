@@ -13,6 +13,9 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import TopicSpec
+from rocket.parked import Slot, Unparked
+from rocket.roles.broker.routes import Route
+from rocket.roles.peers import RETRYABLE
 from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_produced
 
 log = logging.getLogger("rocket.broker")
@@ -40,20 +43,57 @@ class Produce:
         """Check the batch's header, CRC and records (decoded in C, then dropped: the batch goes on as it came) and
         send it to its group, numbered by its producer (or else by this broker), so that retries store it once."""
         route = await self._route(request["topic"])
-        spec = route.spec
-        _check_message_type(spec, check_produced(request["batch"]).flags)
-        queue = request["queue"]
+        queue, group = self._produce_queue(route, request["queue"])
+        return await self._storage(route, group, "StorageAppend", self._append_call(route.spec, request, queue, group))
+
+    def produce_parked(self, request: dict, slot: Slot) -> None:
+        """produce on the data plane: when the route is cached and the group's leader is this node, the append is
+        parked with the storage role in this process, and slot completes when its round applies it. An append that
+        meets a leader change afterwards is sent again as a task, with the same producer sequence (_storage's
+        retries). Raises Unparked, before checking the batch, when the call must go to another node (as a task)."""
+        route = self._route_cached(request["topic"])
+        queue, group = self._produce_queue(route, request["queue"])
+        leader = self._leaders.get(group)
+        if (leader not in route.voters.get(group, ()) or self._addresses.get(leader) != self.peers.address
+                or self._nursery is None or not self.peers.dispatcher.parks("StorageAppend")):
+            raise Unparked
+        call = self._append_call(route.spec, request, queue, group)
+
+        def finish(outcome: object) -> None:
+            if isinstance(outcome, RocketError) and outcome.code in RETRYABLE:
+                self._nursery.start_soon(self._append_again, route, group, call, slot)
+            else:
+                slot.complete(outcome)
+        try:
+            self.peers.dispatcher.park_local("StorageAppend", call, Slot(finish))
+        except RocketError as error:
+            if error.code in RETRYABLE:  # not proposed (this node no longer leads it): the task path finds the leader
+                raise Unparked from None
+            raise
+
+    async def _append_again(self, route: Route, group: int, call: dict, slot: Slot) -> None:
+        try:
+            outcome = await self._storage(route, group, "StorageAppend", call)
+        except RocketError as error:
+            outcome = error
+        slot.complete(outcome)
+
+    def _produce_queue(self, route: Route, queue: int) -> tuple[int, int]:
+        """The queue a produce goes to (any: round robin) and its storage group."""
         if queue == -1:  # any queue: spread batches round robin
-            queue = self._turn(spec.name) % spec.queues
-        group = route.queue_groups[self._queue(spec, queue)]
+            queue = self._turn(route.spec.name) % route.spec.queues
+        return queue, route.queue_groups[self._queue(route.spec, queue)]
+
+    def _append_call(self, spec: TopicSpec, request: dict, queue: int, group: int) -> dict:
+        """The StorageAppend of a produce, its batch checked."""
+        _check_message_type(spec, check_produced(request["batch"]).flags)
         producer, sequence = request.get("producer_id", 0), request.get("sequence", 0)
         if not producer:
             producer, sequence = self._producer_id, next(self._sequences)
         elif producer < 0 or sequence < 0:
             raise RocketError(Code.BAD_REQUEST, f"producer_id and sequence are not negative: {producer}, {sequence}")
-        return await self._storage(route, group, "StorageAppend", {
-            "group": group, "topic": spec.name, "queue": queue, "batch": request["batch"], "producer_id": producer,
-            "sequence": sequence})
+        return {"group": group, "topic": spec.name, "queue": queue, "batch": request["batch"], "producer_id": producer,
+                "sequence": sequence}
 
     async def _on_queue(self, method: str, request: dict) -> dict:
         """A storage call on the group of the request's queue."""

@@ -14,6 +14,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import KV_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, Address, TopicSpec, dead_letter_topic, timer_topic, unresolved_topic
+from rocket.parked import Unparked
 from rocket.roles.peers import RETRYABLE
 
 log = logging.getLogger("rocket.broker")
@@ -90,6 +91,15 @@ class Routes:
             spec = TopicSpec.from_wire(response["topic"])
             route = Route(spec, response["version"], response["queue_groups"], voters, trio.current_time())
             self._routes[topic] = route
+        return route
+
+    def _route_cached(self, topic: str) -> Route:
+        """The route _route would give without asking anyone (cached and fresh); else Unparked: the call that needs
+        it is served as a task, which may wait for the nameservers."""
+        route = self._routes.get(topic)
+        if (route is None or topic.startswith(SYSTEM_PREFIX) or route.version < self.peers.metadata_version
+                or trio.current_time() - route.fetched_at > limits.route_ttl_s):
+            raise Unparked
         return route
 
     def _queue(self, spec: TopicSpec, queue: int) -> int:

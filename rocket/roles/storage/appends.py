@@ -5,13 +5,21 @@ of StorageRole.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name, check_topic_name
+from rocket.parked import Slot, Unparked
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header
 from rocket.store.commands import (SEQUENCED_SINCE_SCHEMA, encode_append, encode_half, encode_offsets, encode_pop,
                                    encode_timers)
+
+
+class NotHosted(RocketError):
+    def __init__(self, group: int, node: int):
+        super().__init__(Code.UNAVAILABLE, f"storage group {group} is not hosted on node {node}")
 
 
 class Appends:
@@ -19,6 +27,21 @@ class Appends:
         """Stamp a batch, replicate it, answer with its offsets. The broker checked the batch's CRC; the
         header is checked again here, because the offsets given out depend on it. A batch with its producer's id
         and sequence is stored once, however often it comes (store/producers.py)."""
+        entry, answer = self._append_entry(request)
+        return answer(await self.host.propose(request["group"], entry, limits.storage_append_wait_s_max))
+
+    def append_parked(self, request: dict, slot: Slot) -> None:
+        """append on the data plane: the entry is proposed with a parked slot, which the round that applies it
+        completes. Raises Unparked (nothing proposed) when the group is not hosted here yet: the call then waits
+        for this node's assignment as a task."""
+        try:
+            entry, answer = self._append_entry(request)
+        except NotHosted:
+            raise Unparked from None
+        self.host.propose_parked(request["group"], entry, slot.then(answer), limits.storage_append_wait_s_max)
+
+    def _append_entry(self, request: dict) -> tuple[bytes, Callable[[tuple[int, int]], dict]]:
+        """The checked, stamped entry of a StorageAppend, and what makes its answer from the applied result."""
         group, topic, queue, batch = request["group"], request["topic"], request["queue"], request["batch"]
         self._hosted(group)
         self._room_for_data()
@@ -40,8 +63,9 @@ class Appends:
                                 sequence)
         else:
             entry = encode_append(topic, queue, append_ms, batch, sequence)
-        base_offset, count = await self.host.propose(group, entry, limits.storage_append_wait_s_max)
-        return {"queue": queue, "base_offset": base_offset, "count": count, "scheduled": bool(flags & FLAG_TIMED)}
+        scheduled = bool(flags & FLAG_TIMED)
+        return entry, lambda applied: {"queue": queue, "base_offset": applied[0], "count": applied[1],
+                                       "scheduled": scheduled}
 
     def _room_for_data(self) -> None:
         """New data (a produce, a KV put) needs the disk's free space above its reserve; offsets commits, acks and

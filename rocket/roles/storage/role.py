@@ -17,7 +17,7 @@ from rocket.errors import Code, RocketError
 from rocket.raft.core import NotLeader
 from rocket.replication import Engine
 from rocket.roles.peers import Peers
-from rocket.roles.storage.appends import Appends
+from rocket.roles.storage.appends import Appends, NotHosted
 from rocket.roles.storage.groups import ConsumerGroups
 from rocket.roles.storage.kv import KeyValues
 from rocket.roles.storage.offload import Offloader, TierSettings
@@ -34,11 +34,6 @@ from rocket.tier.objectstore import ObjectStore
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.storage")
-
-
-class NotHosted(RocketError):
-    def __init__(self, group: int, node: int):
-        super().__init__(Code.UNAVAILABLE, f"storage group {group} is not hosted on node {node}")
 
 
 class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, ConsumerGroups, Tiering, WalReclaim, KeyValues):
@@ -99,7 +94,8 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
                                 ("StorageTransactionChecks", self.transaction_checks), ("StorageTier", self.tier_status),
                                 ("StorageKvTxn", self.kv_txn), ("StorageKvRead", self.kv_read),
                                 ("StorageKvWatch", self.kv_watch)):
-            dispatcher.handle(method, self._once_assigned(handler))
+            dispatcher.handle(method, self._once_assigned(handler),
+                              parked=self.append_parked if method == "StorageAppend" else None)
 
     def _once_assigned(self, handler):
         """A call that names a group this node does not host yet (a topic just created, a replica just added) asks
