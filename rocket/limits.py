@@ -110,6 +110,9 @@ raft_first_election_ticks = 2  # a group that never held an election (a new one)
 raft_heartbeat_ticks = 3  # a leader heartbeats three times per election timeout, not ten: thousands of groups
 raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (no ticks, no heartbeats)
 raft_liveness_scan_ticks = 10  # how often a node looks for quiet groups whose leader went silent: 1 s at 0.1 s ticks
+# While every group a node hosts is quiet, its ticker wakes this many ticks apart (woken at once by a group's work),
+# and the node's liveness heartbeats go out as seldom: an idle node then costs a few wake-ups a second, not dozens.
+raft_idle_ticks = 5
 raft_peers_refresh_ticks = 50  # how often a node recomputes its peer nodes from its groups: membership changes slowly
 raft_append_messages_in_flight_max = 64  # Config: append messages sent to one follower and not yet answered
 raft_entries_per_message_max = 256  # Config: entries in one append message, so a lagging follower catches up in steps
@@ -181,6 +184,9 @@ kv_exports_max = 16  # exports open at once on a storage node: each pins a Level
 
 # Timers (delay topics).
 timer_tick_s = 0.1  # how often a group leader looks for due timers: delivery is this precise, and better than 1 s
+# A loop that sleeps until it has work (due timers, expiring keys, controller-mode groups) looks again at least this
+# often anyway: for work that came without a wake-up (a group whose leadership moved here).
+idle_recheck_s = 1.0
 timer_delay_s_max = 400 * 86_400  # the furthest delivery time accepted: a year and then some, as users ask
 timer_batches_cached_bytes_max = 64 * MiB  # decoded timer batches kept: one batch's timers fall due over time
 timer_fire_messages_max = 10_000  # due timers one group delivers per round, so a backlog is worked off in bounded steps
@@ -511,3 +517,7 @@ invariant(disk_reserve_bytes >= 2 * raft_entry_bytes_max + disk_floor_bytes, "a 
           "bookkeeping after it, fit in the reserve")
 invariant(disk_full_retry_s_min <= disk_full_retry_s_max <= disk_probe_s * 4, "retries of a refused write back off "
           "to about as often as the disk is looked at")
+invariant(2 * raft_idle_ticks <= raft_liveness_scan_ticks <= 2 * raft_election_ticks,
+          "while idle, a node hears each peer's liveness heartbeat at least twice before a scan could count it silent")
+invariant(idle_recheck_s < controller_lapse_s, "a controller-mode group's lapsed master is seen by the controller's "
+          "idle recheck before its lapse counts")

@@ -118,6 +118,7 @@ class RaftHost(Rounds):
         # ticked: thousands of quiet groups then cost nothing per tick.
         self._active: set[int] = set()
         self._awake: set[int] = set()
+        self._woken: trio.Event | None = None  # while the ticker waits as for an idle node (rounds.py, _ticker)
         self._proposing: set[int] = set()  # groups with proposals buffered for the next round (Group.proposals)
         self._deadlines = Deadlines()  # parked proposals with a timeout, swept each tick
 
@@ -127,6 +128,8 @@ class RaftHost(Rounds):
             self._awake.discard(group)
         else:
             self._awake.add(group)
+            if self._woken is not None:  # the ticker sleeps as for an idle node: tick again now
+                self._woken.set()
 
     def add_group(self, group: int, voters: tuple[int, ...], machine: StateMachine,
                   learners: tuple[int, ...] = (), control: Control | None = None) -> RaftCore:

@@ -93,9 +93,18 @@ class Rounds(Compaction):
                     await self._persisted.wait()
 
     async def _ticker(self) -> None:
+        """Tick every tick_s while a group is awake or a parked proposal waits for its deadline; else every
+        limits.raft_idle_ticks ticks, counted as the time that passed, unless a group wakes first."""
         while True:
-            await trio.sleep(self.tick_s)
-            self._tick()
+            started = trio.current_time()
+            if self._awake or self._deadlines:
+                await trio.sleep(self.tick_s)
+            else:
+                self._woken = woken = trio.Event()
+                with trio.move_on_after(self.tick_s * limits.raft_idle_ticks):
+                    await woken.wait()
+                self._woken = None
+            self._tick(max(1, round((trio.current_time() - started) / self.tick_s)))
             self._wake.set()
 
     async def _watch_disk(self) -> None:
@@ -124,18 +133,21 @@ class Rounds(Compaction):
         self.disk_refusal = (f"node {self.node_id}: the disk of {self.wal.log.directory} is full ({why}); new data "
                              f"is refused until {limits.disk_reserve_bytes // limits.MiB} MiB are free")
 
-    def _tick(self) -> None:
-        """Tick the groups that are awake, quiesce idle ones this node leads, wake quiet ones whose
-        leader has gone silent, and send one liveness heartbeat to each peer node."""
-        self.ticks += 1
+    def _tick(self, ticks: int = 1) -> None:
+        """Count ticks that passed, tick the groups that are awake, quiesce idle ones this node leads, wake quiet
+        ones whose leader has gone silent, and send one liveness heartbeat to each peer node."""
+        before = self.ticks
+        self.ticks += ticks
         self._deferred_due = bool(self._deferred)
         if self._deadlines:
             self._deadlines.sweep(trio.current_time(), lambda: RocketError(
                 Code.TIMEOUT, f"a write was not applied in time on node {self.node_id}: its outcome is unknown"))
-        if self.ticks % limits.raft_peers_refresh_ticks == 1:  # membership changes slowly: refresh the peer nodes
+        every = limits.raft_peers_refresh_ticks  # membership changes slowly: refresh the peer nodes at ticks 1, 51...
+        if (before - 1) // every != (self.ticks - 1) // every:
             self._peers = set().union(*(h.core.voters | h.core.learners for h in self.groups.values())) - {self.node_id}
         silent_after = 2 * limits.raft_election_ticks
-        if self.ticks % limits.raft_liveness_scan_ticks == 0:  # the liveness scan of quiet groups
+        if before // limits.raft_liveness_scan_ticks != self.ticks // limits.raft_liveness_scan_ticks:  # the
+            # liveness scan of quiet groups
             for group, hosted in self.groups.items():
                 core = hosted.core
                 if core.quiet and core.leader != self.node_id:

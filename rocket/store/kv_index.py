@@ -236,6 +236,14 @@ class KvIndex:
                 next_revision = revision + 1
         return found, next_revision
 
+    def next_expiry_ms(self, group: int) -> int | None:
+        """When the group's first key with a TTL expires; None if none has one."""
+        prefix = b"x" + _u64.pack(group)
+        with self._db.iterator(prefix=prefix, include_value=False) as keys:
+            for raw_key in keys:
+                return _u64.unpack_from(raw_key, len(prefix))[0]
+        return None
+
     def expiring(self, group: int, until_ms: int, limit: int) -> list[tuple[str, int, str, int]]:
         """(bucket, shard, key, revision) of a group's keys whose TTL passed by until_ms, the oldest first."""
         prefix = b"x" + _u64.pack(group)

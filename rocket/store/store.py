@@ -74,6 +74,10 @@ class Store(Reads, Timers, Reclaim):
         self.traffic: dict[tuple[str, int], QueueStats] = {}  # queues appended to or read since take_traffic
         self.bytes_in: dict[tuple[str, int], int] = {}  # (topic, group) -> bytes appended since take_bytes_in
         self.changed: set[tuple[str, int]] = set()  # queues appended to, read or committed since the meter looked
+        # Set when an apply sets or takes timers, or changes KV: the loops that sleep until they have work (the timer
+        # loop, KV expiry) put a new event here before they sleep.
+        self.timers_changed = trio.Event()
+        self.kv_changed = trio.Event()
 
     @classmethod
     def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_default) -> "Store":
@@ -118,9 +122,12 @@ class Store(Reads, Timers, Reclaim):
             for key in effects.woken.union(effects.touched):
                 for event in self._watchers.get(key, ()):
                     event.set()
+            if effects.timers:
+                self.timers_changed.set()
         if effects.kv_applied:
             self.kv.apply(effects.kv_changes, effects.kv_shards, effects.group, effects.kv_applied)
             self._dirty = True
+            self.kv_changed.set()
             for key in effects.kv_shards:
                 for event in self._kv_watchers.get(key, ()):
                     event.set()

@@ -94,6 +94,13 @@ class Timers:
             self._timer_batches_bytes -= cache.popitem(last=False)[1][0]
         return base_offset, messages
 
+    def next_timer_ms(self, leads) -> tuple[int, bool]:
+        """The earliest time a timer of a group for which leads(group) holds may fall due (NEVER_MS: none), and
+        whether any group has a timer at all."""
+        pending = [(group, next_ms) for (group, halves), next_ms in self.machine.next_due.items()
+                   if not halves and next_ms < NEVER_MS]
+        return min((next_ms for group, next_ms in pending if leads(group)), default=NEVER_MS), bool(pending)
+
     def timer_groups(self, now_ms: int) -> list[int]:
         """Groups that may have timers due by now_ms."""
         return [group for (group, halves), next_ms in self.machine.next_due.items() if not halves and next_ms <= now_ms]

@@ -39,8 +39,12 @@ class Controller:
                                     "sync_state_set": sorted(request["sync_state_set"])})
 
     async def _control_forever(self) -> None:
+        """As the nameservers' leader, elect a new master for each controller-mode group whose master lapsed: every
+        limits.controller_check_s while there are such groups, every limits.idle_recheck_s while there are none (a
+        new group's master lapses no sooner than limits.controller_lapse_s after its creation)."""
         while True:
-            await trio.sleep(limits.controller_check_s)
+            controlled = any(members.control is not None for members in self.metadata.groups.values())
+            await trio.sleep(limits.controller_check_s if controlled else limits.idle_recheck_s)
             if not self.leads():
                 self._led_since = None
                 continue

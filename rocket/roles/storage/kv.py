@@ -7,6 +7,7 @@ StorageRole.
 from __future__ import annotations
 
 import logging
+import math
 
 import trio
 
@@ -140,12 +141,23 @@ class KeyValues:
 
     async def _expire_kv_forever(self) -> None:
         """On each group this node leads, delete the keys whose TTL passed: a transaction that looks at them
-        with the leader's clock, which expires them (a change every replica applies alike)."""
+        with the leader's clock, which expires them (a change every replica applies alike). At most every
+        limits.kv_expire_scan_s; between passes the loop sleeps until the first key with a TTL in a group it leads
+        expires, or KV changes, or, while groups hold KV shards, limits.idle_recheck_s passed (leadership moves)."""
         while True:
             await trio.sleep(limits.kv_expire_scan_s)
             now_ms = self.clock.wall_ms()
             holders = {holder for holder, *_ in self.store.machine.kv_shards.values()}
-            for group in [group for group in holders if self.host.leads(group)]:
+            led = [group for group in holders if self.host.leads(group)]
+            due_ms = min((expiry for group in led if (expiry := self.store.kv.next_expiry_ms(group)) is not None),
+                         default=None)
+            if due_ms is None or due_ms > now_ms:
+                self.store.kv_changed = changed = trio.Event()
+                wait_s = (due_ms - now_ms) / 1000 if due_ms is not None else math.inf
+                with trio.move_on_after(min(wait_s, limits.idle_recheck_s if holders else math.inf)):
+                    await changed.wait()
+                continue
+            for group in led:
                 shards: dict[tuple[str, int], list[str]] = {}
                 for bucket, shard, key, _ in self.store.kv.expiring(group, now_ms, limits.kv_expire_keys_max):
                     shards.setdefault((bucket, shard), []).append(key)

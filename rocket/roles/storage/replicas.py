@@ -133,8 +133,9 @@ class Replicas:
         """As master of controller-mode groups: ask the controller for the SyncStateSet changes each wants, one
         request per group until answered. Only the controller's answer changes the set: a master cut off from it
         keeps waiting for every member it had (ARCHITECTURE.md, "Controller mode")."""
-        while True:
-            await trio.sleep(limits.controller_sync_state_s)
+        while True:  # every limits.controller_sync_state_s while this node hosts controller-mode groups
+            controlled = [group for group in self._storage_groups() if self.host.controlled(group) is not None]
+            await trio.sleep(limits.controller_sync_state_s if controlled else limits.idle_recheck_s)
             for group in self._storage_groups():
                 core = self.host.controlled(group)
                 request = core.sync_state_request() if core is not None else None

@@ -5,6 +5,7 @@ A mixin of StorageRole.
 from __future__ import annotations
 
 import logging
+import math
 
 import trio
 
@@ -18,10 +19,19 @@ log = logging.getLogger("rocket.storage")
 
 class Timers:
     async def _fire_timers_forever(self) -> None:
-        """On the groups this node leads, deliver due timers every limits.timer_tick_s."""
+        """On the groups this node leads, deliver due timers, at most every limits.timer_tick_s (their precision).
+        Between passes the loop sleeps until the earliest timer of a group it leads falls due, or an apply sets one,
+        or, while other groups hold timers, limits.idle_recheck_s passed (their leadership may come here)."""
         while True:
             await trio.sleep(limits.timer_tick_s)
             now_ms = self.clock.wall_ms()
+            due_ms, any_timer = self.store.next_timer_ms(self.host.leads)
+            if due_ms > now_ms:
+                self.store.timers_changed = changed = trio.Event()
+                with trio.move_on_after(min((due_ms - now_ms) / 1000,
+                                            limits.idle_recheck_s if any_timer else math.inf)):
+                    await changed.wait()
+                now_ms = self.clock.wall_ms()
             for group in self.store.timer_groups(now_ms):
                 if not self.host.leads(group):
                     continue
