@@ -6,6 +6,12 @@ move bytes. The dispatcher gives each connection its Caller. With auth on, every
 against rocket/access.py. On brokers, every client call is charged to the client quotas of rocket/quotas.py after it
 is served: its answer's `throttle_ms` is set, and the connection's next call is held while it is throttled.
 
+The data plane. A method may have a parked handler besides its task handler (Dispatcher.handle(..., parked=)):
+Produce on brokers, StorageAppend on storage nodes. Over TCP such a call takes no task: Dispatcher.park decodes and
+authorizes it as call() does and the handler parks it (rocket/parked.py); the Raft round that applies its entry
+completes it, and the connection's writer sends that round's answers in one write. A throttled caller, or a call the
+handler cannot serve without waiting (Unparked: no cached route, a leader on another node), is a task as before.
+
 The listeners. TCP: tcp.py is the server, tcp_client.py the client (TcpChannel), frames.py the codec (a server's
 decoder holds the bytes that arrived, never the length a header claims). Remoting's connections share the TCP
 port and its limits. HTTP/2 on h2: h2_endpoint.py, h2_server.py and h2_client.py, with grpc_wire.py for gRPC. The

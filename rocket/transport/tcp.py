@@ -1,7 +1,9 @@
 """The TCP transport's server: length-prefixed frames (frames.py), pipelined calls, server-streamed responses.
 
 Server: one reader per connection, one task per call (bounded; the reader serves an inline method's calls itself, in
-order), whole frames written under a lock. A connection is closed when a request frame takes longer than frame_s to
+order), whole frames written under a lock. A data-plane call (a method with a parked handler: Produce, StorageAppend)
+takes no task: the reader parks it (rocket/parked.py), and a writer task per connection sends whatever answers one
+Raft round completed in one write; one the handler cannot park (Unparked) is a task as usual. A connection is closed when a request frame takes longer than frame_s to
 arrive (time the server spends not reading excluded), when it has no call in flight (a long poll and a stream are
 calls) for idle_s, and, the one holding the most, when the listener's connections together hold more than
 limits.tcp_partial_frames_bytes_max of frames not yet whole.
