@@ -15,6 +15,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import KV_PREFIX, bucket_topic, shard_of
+from rocket.parked import Slot, Unparked
 from rocket.roles.broker.routes import Route
 from rocket.store.kv import check_key, check_txn, check_value, txn_bytes, txn_from_wire
 from rocket.transport.rpc import as_rocket_error
@@ -83,13 +84,19 @@ class KeyValues:
                       failure: list[dict] = ()) -> dict:
         """A transaction on one shard, checked here (it goes in a batch with others, which a bad one must not fail)
         and sent with the others that came for the shard's group meanwhile (_kv_batched)."""
+        txn, size = self._kv_txn_checked(route, shard, compare, success, failure)
+        return await self._kv_batched(route, route.queue_groups[shard], txn, size)
+
+    @staticmethod
+    def _kv_txn_checked(route: Route, shard: int, compare: list[dict], success: list[dict],
+                        failure: list[dict] = ()) -> tuple[dict, int]:
+        """A transaction as StorageKvTxn carries it, its puts' TTLs the bucket's unless given, checked; and its size."""
         for op in (*success, *failure):
             if op.get("ttl_ms", -1) < 0:
                 op["ttl_ms"] = route.spec.ttl_ms if op["op"] == "put" else 0
         txn = {"bucket": route.spec.bucket, "shard": shard, "history": route.spec.history, "compare": compare,
                "success": list(success), "failure": list(failure)}
-        size = txn_bytes(check_txn(txn_from_wire(txn, 0)))
-        return await self._kv_batched(route, route.queue_groups[shard], txn, size)
+        return txn, txn_bytes(check_txn(txn_from_wire(txn, 0)))
 
     async def _kv_batched(self, route: Route, group: int, txn: dict, size: int) -> dict:
         """Group commit of KV writes, like a batch of messages: one StorageKvTxn (one Raft entry) at a time per
@@ -131,6 +138,47 @@ class KeyValues:
 
     async def kv_put(self, request: dict) -> dict:
         route = await self._bucket(request["bucket"])
+        shard, txn, size = self._put_txn(route, request)
+        return _put_answer(txn, await self._kv_batched(route, route.queue_groups[shard], txn, size))
+
+    def kv_put_parked(self, request: dict, slot: Slot) -> None:
+        """kv_put on the data plane: when the bucket's route is cached and this node leads the key's shard, the put
+        is one StorageKvTxn parked with the storage role in this process (the Raft round proposes all that came
+        meanwhile in one go, instead of _kv_batched's one call at a time). One that meets a leader change before it
+        was proposed (UNAVAILABLE: surely not applied) is sent again as a task, as _storage retries a put."""
+        route = self._route_cached(bucket_topic(request["bucket"]))
+        shard, txn, size = self._put_txn(route, request)
+        group = route.queue_groups[shard]
+        if not self._led_here(route, group, "StorageKvTxn"):
+            raise Unparked
+
+        async def again() -> None:
+            try:
+                outcome = _put_answer(txn, await self._kv_batched(route, group, txn, size))
+            except RocketError as error:
+                outcome = error
+            slot.complete(outcome)
+
+        def finish(outcome: object) -> None:
+            if isinstance(outcome, RocketError):
+                if outcome.code == Code.UNAVAILABLE:
+                    self._nursery.start_soon(again)
+                else:
+                    slot.complete(outcome)
+                return
+            try:
+                slot.complete(_put_answer(txn, outcome["results"][0]))
+            except RocketError as error:
+                slot.complete(error)
+        try:
+            self.peers.dispatcher.park_local("StorageKvTxn", {"group": group, "txns": [txn]}, Slot(finish))
+        except RocketError as error:
+            if error.code == Code.UNAVAILABLE:  # not proposed: this node no longer leads the shard
+                raise Unparked from None
+            raise
+
+    def _put_txn(self, route: Route, request: dict) -> tuple[int, dict, int]:
+        """A KvPut as a transaction on its key's shard: (shard, the transaction, its size)."""
         key = check_key(request["key"])
         compare = []
         if request["if_absent"]:
@@ -139,12 +187,10 @@ class KeyValues:
             compare.append({"key": key, "target": "revision", "op": "==", "number": request["if_revision"],
                             "value": b""})
         shard = shard_of(key, route.spec.queues)
-        result = await self._kv_txn(route, shard, compare, [
+        txn, size = self._kv_txn_checked(route, shard, compare, [
             {"op": "put", "key": key, "value": check_value(request["value"]), "ttl_ms": request["ttl_ms"]}],
             [{"op": "get", "key": key, "value": b"", "ttl_ms": 0}])
-        if not result["succeeded"]:
-            raise cas_failed(key, result)
-        return {"revision": result["results"][0]["revision"], "deleted": 0}
+        return shard, txn, size
 
     async def kv_get(self, request: dict) -> dict:
         route = await self._bucket(request["bucket"])
@@ -305,6 +351,13 @@ class KeyValues:
         finally:
             for scope in followers.values():
                 scope.cancel()
+
+
+def _put_answer(txn: dict, result: dict) -> dict:
+    """A KvPut's answer from its transaction's result; CAS_FAILED if its compare did not hold."""
+    if not result["succeeded"]:
+        raise cas_failed(txn["success"][0]["key"], result)
+    return {"revision": result["results"][0]["revision"], "deleted": 0}
 
 
 def cas_failed(key: str, result: dict) -> RocketError:

@@ -53,9 +53,7 @@ class Produce:
         retries). Raises Unparked, before checking the batch, when the call must go to another node (as a task)."""
         route = self._route_cached(request["topic"])
         queue, group = self._produce_queue(route, request["queue"])
-        leader = self._leaders.get(group)
-        if (leader not in route.voters.get(group, ()) or self._addresses.get(leader) != self.peers.address
-                or self._nursery is None or not self.peers.dispatcher.parks("StorageAppend")):
+        if not self._led_here(route, group, "StorageAppend"):
             raise Unparked
         call = self._append_call(route.spec, request, queue, group)
 

@@ -111,4 +111,4 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
             for name in FORWARDED:
                 handlers[name] = functools.partial(self.forward, name)
         for name, handler in handlers.items():
-            dispatcher.handle(name, handler, parked=self.produce_parked if name == "Produce" else None)
+            dispatcher.handle(name, handler, parked={"Produce": self.produce_parked, "KvPut": self.kv_put_parked}.get(name))

@@ -97,10 +97,18 @@ class Routes:
         """The route _route would give without asking anyone (cached and fresh); else Unparked: the call that needs
         it is served as a task, which may wait for the nameservers."""
         route = self._routes.get(topic)
-        if (route is None or topic.startswith(SYSTEM_PREFIX) or route.version < self.peers.metadata_version
+        if (route is None or topic.startswith(SYSTEM_PREFIX) and not topic.startswith((KV_PREFIX, RETRY_PREFIX))
+                or route.version < self.peers.metadata_version
                 or trio.current_time() - route.fetched_at > limits.route_ttl_s):
             raise Unparked
         return route
+
+    def _led_here(self, route: Route, group: int, method: str) -> bool:
+        """Whether the group's leader, as far as known, is this node, whose storage role parks method: a call for
+        it may then be parked with it (Dispatcher.park_local), in this process."""
+        leader = self._leaders.get(group)
+        return (leader in route.voters.get(group, ()) and self._addresses.get(leader) == self.peers.address
+                and self._nursery is not None and self.peers.dispatcher.parks(method))
 
     def _queue(self, spec: TopicSpec, queue: int) -> int:
         if not 0 <= queue < spec.queues:

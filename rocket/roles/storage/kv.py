@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.parked import Slot, Unparked
+from rocket.roles.storage.appends import NotHosted
 from rocket.store.commands import encode_kv
 from rocket.store.kv import KIND_NAMES, Op, Txn, check_key, check_txn, entry, txn_from_wire
 
@@ -24,6 +27,19 @@ KV_READ_KINDS = frozenset({"get", "range", "count", "digest", "export"})  # Stor
 class KeyValues:
     async def kv_txn(self, request: dict) -> dict:
         """Transactions that came to a broker together for this group: one Raft entry, one result each."""
+        payload, answer = self._kv_entry(request)
+        return answer(await self.host.propose(request["group"], payload, limits.storage_append_wait_s_max))
+
+    def kv_txn_parked(self, request: dict, slot: Slot) -> None:
+        """kv_txn on the data plane: proposed with a parked slot, which the round that applies it completes."""
+        try:
+            payload, answer = self._kv_entry(request)
+        except NotHosted:
+            raise Unparked from None
+        self.host.propose_parked(request["group"], payload, slot.then(answer), limits.storage_append_wait_s_max)
+
+    def _kv_entry(self, request: dict) -> tuple[bytes, Callable[[list], dict]]:
+        """A StorageKvTxn's checked Raft entry, and what makes its answer from the applied results."""
         group = request["group"]
         self._leads(group)
         if not 1 <= len(request["txns"]) <= limits.kv_batch_txns_max:
@@ -37,14 +53,16 @@ class KeyValues:
         if len(payload) > limits.raft_entry_bytes_max:
             raise RocketError(Code.BAD_REQUEST, f"transactions of {len(payload)} bytes in all; at most "
                               f"{limits.raft_entry_bytes_max} go at once")
-        results = await self.host.propose(group, payload, limits.storage_append_wait_s_max)
-        counts = self.kv_counts  # the node's metrics: counted once the entry is applied
-        counts["txns"] += len(txns)
-        for txn, result in zip(txns, results):  # the operations of the branch each ran (results: StorageMachine's)
-            ran = txn.success if not isinstance(result, dict) or result.get("succeeded", True) else txn.failure
-            for op in ran:
-                counts[op.op] = counts.get(op.op, 0) + 1
-        return {"results": results}
+
+        def answer(results: list) -> dict:
+            counts = self.kv_counts  # the node's metrics: counted once the entry is applied
+            counts["txns"] += len(txns)
+            for txn, result in zip(txns, results):  # the operations of the branch each ran (StorageMachine's results)
+                ran = txn.success if not isinstance(result, dict) or result.get("succeeded", True) else txn.failure
+                for op in ran:
+                    counts[op.op] = counts.get(op.op, 0) + 1
+            return {"results": results}
+        return payload, answer
 
     async def _kv_readable(self, request: dict) -> None:
         """Linearizable reads on the leader once it knows it still leads and applied all it committed (its lease,

@@ -94,8 +94,8 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
                                 ("StorageTransactionChecks", self.transaction_checks), ("StorageTier", self.tier_status),
                                 ("StorageKvTxn", self.kv_txn), ("StorageKvRead", self.kv_read),
                                 ("StorageKvWatch", self.kv_watch)):
-            dispatcher.handle(method, self._once_assigned(handler),
-                              parked=self.append_parked if method == "StorageAppend" else None)
+            dispatcher.handle(method, self._once_assigned(handler), parked={
+                "StorageAppend": self.append_parked, "StorageKvTxn": self.kv_txn_parked}.get(method))
 
     def _once_assigned(self, handler):
         """A call that names a group this node does not host yet (a topic just created, a replica just added) asks
