@@ -314,7 +314,24 @@ class Dispatcher:
 
     async def local(self, name: str, request: dict):
         """Call this node's own handler directly, without serde or socket: one role to another in
-        the same process. Raises RocketError like a remote call."""
+        the same process (a gateway's produce too). Raises RocketError like a remote call. A method with a parked
+        handler is served by it, this task waiting for the slot (which completes exactly once: rocket/parked.py),
+        unless it cannot park the call."""
+        parked = self._parked.get(name)
+        if parked is not None:
+            done, outcome = trio.Event(), []
+            try:
+                parked(request, Slot(lambda result: (outcome.append(result), done.set())))
+            except Unparked:
+                pass
+            except Exception as error:
+                raise as_rocket_error(error, name) from None
+            else:
+                await done.wait()
+                [result] = outcome
+                if isinstance(result, RocketError):
+                    raise result
+                return result
         _, handler = self._resolve(name)
         try:
             return await handler(request)
