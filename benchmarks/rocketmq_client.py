@@ -7,7 +7,10 @@ consumes them, timed from its first output line to its last; then rocket's own P
 same over TCP, one awaited send at a time and also pipelined (rocket's producer batches), and receive with one
 ack call per batch.
 
-    python benchmarks/rocketmq_client.py [--messages 2000] [--size 256]
+    python benchmarks/rocketmq_client.py [--messages 2000] [--size 256] [--senders 64] [--out DIR]
+
+With --senders N, the official client keeps N sends outstanding (send_async) and ali-ons runs N senders at once
+(aons.js --senders): the shape in which a gateway's one-message send meets the server's per-request cost.
 
 Prints messages/s for each and writes benchmarks/results/rocketmq-client.json. The official client runs in
 its own process (it configures logging globally).
@@ -38,16 +41,27 @@ READY = re.compile(rb"rocket ready tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+)")
 OFFICIAL = textwrap.dedent("""
     import json, sys, time
     from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
-    endpoint, topic, count, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    from concurrent.futures import FIRST_COMPLETED, wait
+    endpoint, topic, count, size, senders = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     config = ClientConfiguration(endpoint, Credentials(), request_timeout=10)
     producer = Producer(config, (topic,))
     producer.startup()
     body = b"x" * size
     started = time.perf_counter()
+    pending = set()
     for _ in range(count):
         message = Message()
         message.topic, message.body = topic, body
-        producer.send(message)
+        if senders == 1:
+            producer.send(message)
+            continue
+        if len(pending) >= senders:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()
+        pending.add(producer.send_async(message))
+    for future in pending:
+        future.result()
     send_s = time.perf_counter() - started
     producer.shutdown()
     consumer = SimpleConsumer(config, "bench-official", {topic: FilterExpression()}, 30)
@@ -66,14 +80,15 @@ OFFICIAL = textwrap.dedent("""
 NODE_DRIVER = Path(__file__).parent.parent / "tests" / "node" / "aons.js"
 
 
-def ali_ons(server: str, topic: str, count: int, size: int) -> dict | None:
+def ali_ons(server: str, topic: str, count: int, size: int, senders: int = 1) -> dict | None:
     """Seconds from ali-ons' first acknowledged send to its last, and from its first consumed message to its
     last, or None without node and the driver's packages."""
     node = shutil.which("node")
     if node is None or not (NODE_DRIVER.parent / "node_modules" / "ali-ons").is_dir():
         return None
     timings = {}
-    for phase, arguments in (("send_s", ["produce", "--count", str(count), "--body-prefix", "x" * size]),
+    for phase, arguments in (("send_s", ["produce", "--count", str(count), "--body-prefix", "x" * size,
+                                         "--senders", str(senders)]),
                              ("receive_s", ["consume", "--group", "bench-aons", "--from", "first", "--count",
                                             str(count), "--timeout-s", "900"])):
         process = subprocess.Popen([node, str(NODE_DRIVER), *arguments, "--namesrv", server, "--topic", topic],
@@ -120,6 +135,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--senders", type=int, default=1, help="sends outstanding at once (official client, ali-ons)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     arguments = parser.parse_args()
     count, size = arguments.messages, arguments.size
     directory = Path(tempfile.mkdtemp(prefix="rocket-rmq-bench-"))
@@ -137,13 +154,14 @@ def main() -> None:
         for topic in ("bench-official", "bench-rocket", "bench-remoting"):
             subprocess.run([sys.executable, "-m", "rocket", "topic", "create", topic, "--queues", "8", "--server",
                             server], check=True, capture_output=True)
-        completed = subprocess.run([sys.executable, "-c", OFFICIAL, endpoint, "bench-official", str(count), str(size)],
+        completed = subprocess.run([sys.executable, "-c", OFFICIAL, endpoint, "bench-official", str(count), str(size),
+                                    str(arguments.senders)],
                                    capture_output=True, text=True, timeout=1800)
         lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
         if not lines:
             raise SystemExit(f"official client failed: {completed.stderr[-3000:]}")
         official = json.loads(lines[0][len("RESULT "):])
-        remoting = ali_ons(server, "bench-remoting", count, size)
+        remoting = ali_ons(server, "bench-remoting", count, size, arguments.senders)
         own = trio.run(rocket_client, server, "bench-rocket", count, size)
     finally:
         process.kill()
@@ -152,7 +170,7 @@ def main() -> None:
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", "benchmarks/rocketmq_client.py", *sys.argv[1:]]),
-        "messages": count, "message_bytes": size,
+        "messages": count, "message_bytes": size, "senders": arguments.senders,
         "official_send_per_s": count / official["send_s"], "official_receive_ack_per_s": count / official["receive_s"],
         "ali_ons_send_per_s": count / remoting["send_s"] if remoting else None,
         "ali_ons_consume_per_s": count / remoting["receive_s"] if remoting else None,
@@ -160,8 +178,8 @@ def main() -> None:
         "rocket_send_pipelined_per_s": count / own["send_pipelined_s"],
         "rocket_receive_ack_per_s": 2 * count / own["receive_s"],
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rocketmq-client.json").write_text(json.dumps(result, indent=2) + "\n")
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    (arguments.out / "rocketmq-client.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

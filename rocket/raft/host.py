@@ -121,6 +121,7 @@ class RaftHost(Rounds):
         self._woken: trio.Event | None = None  # while the ticker waits as for an idle node (rounds.py, _ticker)
         self._proposing: set[int] = set()  # groups with proposals buffered for the next round (Group.proposals)
         self._deadlines = Deadlines()  # parked proposals with a timeout, swept each tick
+        self._round_hooks: list[Callable[[], None]] = []  # on_round
 
     def _touched(self, group: int, hosted: Group) -> None:
         self._active.add(group)
@@ -388,6 +389,15 @@ class RaftHost(Rounds):
         self._unwritten_bytes += len(data)
         hosted.idle_ticks = 0
         self._touched(group, hosted)
+        self._wake.set()
+
+    def on_round(self, hook: Callable[[], None]) -> None:
+        """hook() runs at the start of every round, before the buffered proposals are proposed: a role that merges
+        what came meanwhile into few proposals (KV transactions) makes them then (propose_parked)."""
+        self._round_hooks.append(hook)
+
+    def wake_round(self) -> None:
+        """Have the round loop run a round soon (for an on_round hook's work)."""
         self._wake.set()
 
     def _timed(self, slot: Slot) -> Slot:

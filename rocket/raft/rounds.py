@@ -185,6 +185,8 @@ class Rounds(Compaction):
         await self._collect_written()
         self._durable_seen, self._received, self._unwritten_bytes = self._rounds_durable, False, 0
         self._settle()  # what the fsyncs done meanwhile allow, the round just collected included
+        for hook in self._round_hooks:
+            hook()
         self._propose_buffered()
         candidates, self._active = self._active, set()
         readies = [(group, self.groups[group], self.groups[group].core.ready()) for group in candidates

@@ -74,6 +74,12 @@ class Engine(Protocol):
         """propose without waiting: slot (rocket.parked.Slot) completes once with the result or the RocketError met;
         raises RocketError, with nothing proposed, when it cannot be taken now."""
 
+    def on_round(self, hook: Callable[[], None]) -> None:
+        """hook() runs at the start of every replication round, before the proposals buffered are proposed."""
+
+    def wake_round(self) -> None:
+        """Have a round run soon."""
+
     async def propose_conf_change(self, group: int, action: str, node: int, timeout_s: float) -> int: ...
 
     async def read_barrier(self, group: int, lease: bool = False, timeout_s: float = ...) -> None: ...

@@ -10,6 +10,7 @@
 // errors; everything with --verbose or AONS_VERBOSE=1).
 //
 //   node aons.js produce --namesrv H:P --topic T --count N [--tags a,b,c] [--key-prefix K] [--prop k=v ...]
+//                        [--senders N]  (N sends outstanding at once; one by default, in order)
 //                        [--body-prefix P] [--delay-level L] [--group PG] [--timeout-s S]
 //     message i has body P+i (P: msg-), tag tags[i % len] (none without --tags), key K+i, the --prop properties
 //     ({i} in a value stands for i) and the delay level L. One line per acknowledged send
@@ -166,6 +167,7 @@ async function produce(argv) {
   const opts = parseArgs(argv, {
     namesrv: 'string', topic: 'string', count: 'int', tags: 'string', 'key-prefix': 'string', prop: 'list',
     'body-prefix': 'string', 'delay-level': 'int', group: 'string', 'timeout-s': 'int', verbose: 'bool',
+    senders: 'int',
   });
   required(opts, [ 'namesrv', 'topic', 'count' ]);
   const tags = opts.tags ? opts.tags.split(',').map(tag => tag.trim()).filter(Boolean) : [];
@@ -196,7 +198,24 @@ async function produce(argv) {
     return fail(1, 'produce: the producer did not start: ' + describe(err));
   }
 
-  for (let i = 0; i < opts.count; i++) {
+  // --senders N: N sends outstanding at once (benchmarks/rocketmq_client.py); by default one, in order.
+  let next = 0;
+  let failed = null;
+  const sendAll = async () => {
+    while (next < opts.count && failed === null) {
+      const code = await sendOne(next++);
+      if (code !== null) {
+        failed = code;
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.max(1, opts.senders || 1) }, sendAll));
+  if (failed !== null) {
+    return failed;
+  }
+  out({ done: opts.count });
+
+  async function sendOne(i) {
     const body = bodyPrefix + i;
     const tag = tags.length ? tags[i % tags.length] : null;
     const msg = new Message(opts.topic, tag, body);
@@ -232,8 +251,8 @@ async function produce(argv) {
     if (result.sendStatus !== 'SEND_OK') {
       return fail(1, `produce: send of ${JSON.stringify(body)} answered ${result.sendStatus}`);
     }
+    return null;
   }
-  out({ done: opts.count });
 
   let code = 0;
   try {

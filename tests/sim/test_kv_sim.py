@@ -14,6 +14,7 @@ import trio.testing
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import bucket_topic, shard_of
+from rocket.parked import Unparked
 from rocket.roles.peers import RETRYABLE
 from rocket.roles.storage import StorageRole
 from rocket.store.kv import ShardTxn
@@ -178,7 +179,11 @@ def test_a_write_out_when_the_broker_stops_retrying_is_unknown_not_unavailable(f
             await trio.sleep(plan["late_s"])
         return result
 
+    def served_as_a_task(self, request: dict, slot) -> None:
+        raise Unparked  # the planted refusals and the late answer are the task handler's
+
     monkeypatch.setattr(StorageRole, "kv_txn", refused_then_late)
+    monkeypatch.setattr(StorageRole, "kv_txn_parked", served_as_a_task)
     error, entry = trio.run(put_cut_short_by_the_retry_deadline, fast_disk, plan,
                             clock=trio.testing.MockClock(autojump_threshold=0))
     assert bytes(entry["value"]) == b"late", entry  # the try that was out was applied

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 
 import trio
 
@@ -17,7 +16,7 @@ from rocket.errors import Code, RocketError
 from rocket.parked import Slot, Unparked
 from rocket.roles.storage.appends import NotHosted
 from rocket.store.commands import encode_kv
-from rocket.store.kv import KIND_NAMES, Op, Txn, check_key, check_txn, entry, txn_from_wire
+from rocket.store.kv import KIND_NAMES, Op, Txn, check_key, check_txn, entry, txn_bytes, txn_from_wire
 
 log = logging.getLogger("rocket.storage")
 
@@ -27,19 +26,52 @@ KV_READ_KINDS = frozenset({"get", "range", "count", "digest", "export"})  # Stor
 class KeyValues:
     async def kv_txn(self, request: dict) -> dict:
         """Transactions that came to a broker together for this group: one Raft entry, one result each."""
-        payload, answer = self._kv_entry(request)
-        return answer(await self.host.propose(request["group"], payload, limits.storage_append_wait_s_max))
+        txns = self._kv_checked(request)
+        results = await self.host.propose(request["group"], self._kv_payload(txns), limits.storage_append_wait_s_max)
+        return self._kv_answer(txns, results)
 
     def kv_txn_parked(self, request: dict, slot: Slot) -> None:
-        """kv_txn on the data plane: proposed with a parked slot, which the round that applies it completes."""
+        """kv_txn on the data plane: the transactions wait, parked, for the next Raft round, which proposes every
+        group's waiting transactions as one entry (_propose_kv), and its apply answers each."""
         try:
-            payload, answer = self._kv_entry(request)
+            txns = self._kv_checked(request)
         except NotHosted:
             raise Unparked from None
-        self.host.propose_parked(request["group"], payload, slot.then(answer), limits.storage_append_wait_s_max)
+        self._kv_waiting.setdefault(request["group"], []).append((txns, slot))
+        self.host.wake_round()
 
-    def _kv_entry(self, request: dict) -> tuple[bytes, Callable[[list], dict]]:
-        """A StorageKvTxn's checked Raft entry, and what makes its answer from the applied results."""
+    def _propose_kv(self) -> None:
+        """At the start of each Raft round (RaftHost.on_round): each group's waiting transactions, as few entries as
+        limits.kv_batch_txns_max and kv_txn_bytes_max allow; each entry's apply answers its callers."""
+        waiting, self._kv_waiting = self._kv_waiting, {}
+        for group, calls in waiting.items():
+            chunk: list[tuple[list[Txn], Slot]] = []
+            count = size = 0
+            for txns, slot in calls:
+                more = sum(map(txn_bytes, txns))
+                if chunk and (count + len(txns) > limits.kv_batch_txns_max or size + more > limits.kv_txn_bytes_max):
+                    self._propose_kv_chunk(group, chunk)
+                    chunk, count, size = [], 0, 0
+                chunk.append((txns, slot))
+                count, size = count + len(txns), size + more
+            self._propose_kv_chunk(group, chunk)
+
+    def _propose_kv_chunk(self, group: int, chunk: list[tuple[list[Txn], Slot]]) -> None:
+        def answer_each(outcome: object) -> None:
+            at = 0
+            for txns, slot in chunk:
+                slot.complete(outcome if isinstance(outcome, RocketError)
+                              else self._kv_answer(txns, outcome[at:at + len(txns)]))
+                at += len(txns)
+        entry = Slot(answer_each)
+        try:
+            self.host.propose_parked(group, self._kv_payload([txn for txns, _ in chunk for txn in txns]), entry,
+                                     limits.storage_append_wait_s_max)
+        except RocketError as error:
+            entry.complete(error)
+
+    def _kv_checked(self, request: dict) -> list[Txn]:
+        """A StorageKvTxn's transactions, checked, stamped with this leader's clock."""
         group = request["group"]
         self._leads(group)
         if not 1 <= len(request["txns"]) <= limits.kv_batch_txns_max:
@@ -49,20 +81,24 @@ class KeyValues:
         txns = [check_txn(txn_from_wire(txn, now_ms)) for txn in request["txns"]]
         if any(op.op == "put" for txn in txns for op in txn.success + txn.failure):
             self._room_for_data()
+        return txns
+
+    @staticmethod
+    def _kv_payload(txns: list[Txn]) -> bytes:
         payload = encode_kv(txns)
         if len(payload) > limits.raft_entry_bytes_max:
             raise RocketError(Code.BAD_REQUEST, f"transactions of {len(payload)} bytes in all; at most "
                               f"{limits.raft_entry_bytes_max} go at once")
+        return payload
 
-        def answer(results: list) -> dict:
-            counts = self.kv_counts  # the node's metrics: counted once the entry is applied
-            counts["txns"] += len(txns)
-            for txn, result in zip(txns, results):  # the operations of the branch each ran (StorageMachine's results)
-                ran = txn.success if not isinstance(result, dict) or result.get("succeeded", True) else txn.failure
-                for op in ran:
-                    counts[op.op] = counts.get(op.op, 0) + 1
-            return {"results": results}
-        return payload, answer
+    def _kv_answer(self, txns: list[Txn], results: list) -> dict:
+        counts = self.kv_counts  # the node's metrics: counted once the entry is applied
+        counts["txns"] += len(txns)
+        for txn, result in zip(txns, results):  # the operations of the branch each ran (StorageMachine's results)
+            ran = txn.success if not isinstance(result, dict) or result.get("succeeded", True) else txn.failure
+            for op in ran:
+                counts[op.op] = counts.get(op.op, 0) + 1
+        return {"results": results}
 
     async def _kv_readable(self, request: dict) -> None:
         """Linearizable reads on the leader once it knows it still leads and applied all it committed (its lease,
