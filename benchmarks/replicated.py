@@ -80,21 +80,13 @@ class RocketCluster(RocketKV):
             Rocket.stop(self)
 
 
-class NatsCluster(Nats):
-    durability = ("three nats-server in one cluster, a JetStream file-stored stream with 3 replicas; acknowledged once "
-                  "a quorum wrote it to the OS (fsync every 2 minutes)")
+class Cluster:
+    """Three server processes of one system, started together; the client talks to the first."""
 
-    def start(self, directory: Path) -> None:
-        ports = free_ports(2 * NODES)
-        routes = ",".join(f"nats://{HOST}:{ports[NODES + n]}" for n in range(NODES))
-        self.servers = []
-        for n in range(NODES):
-            self.servers.append(ServerProcess(
-                [find_binary("nats-server"), "--js", "-sd", str(directory / f"nats{n}"), "-a", HOST, "-p",
-                 str(ports[n]), "-n", f"n{n}", "--cluster_name", "bench", "--cluster",
-                 f"nats://{HOST}:{ports[NODES + n]}", "--routes", routes], directory / f"nats{n}.log"))
-        for n, server in enumerate(self.servers):
-            server.wait_for_port(ports[n])
+    def _start_all(self, commands: list[list[str]], logs: list[Path], ports: list[int]) -> None:
+        self.servers = [ServerProcess(command, log) for command, log in zip(commands, logs)]
+        for port, server in zip(ports, self.servers):
+            server.wait_for_port(port)
         self.port = ports[0]
         self.server = self.servers[0]
 
@@ -105,6 +97,19 @@ class NatsCluster(Nats):
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
+
+
+class NatsCluster(Cluster, Nats):
+    durability = ("three nats-server in one cluster, a JetStream file-stored stream with 3 replicas; acknowledged once "
+                  "a quorum wrote it to the OS (fsync every 2 minutes)")
+
+    def start(self, directory: Path) -> None:
+        ports = free_ports(2 * NODES)
+        routes = ",".join(f"nats://{HOST}:{ports[NODES + n]}" for n in range(NODES))
+        self._start_all([[find_binary("nats-server"), "--js", "-sd", str(directory / f"nats{n}"), "-a", HOST, "-p",
+                          str(ports[n]), "-n", f"n{n}", "--cluster_name", "bench", "--cluster",
+                          f"nats://{HOST}:{ports[NODES + n]}", "--routes", routes] for n in range(NODES)],
+                        [directory / f"nats{n}.log" for n in range(NODES)], ports[:NODES])
 
     async def create(self, stream: str) -> None:
         from nats.js.api import StorageType
@@ -122,32 +127,19 @@ class NatsCluster(Nats):
                 await asyncio.sleep(0.5)
 
 
-class EtcdCluster(Etcd):
+class EtcdCluster(Cluster, Etcd):
     durability = "a 3-member etcd cluster: the Raft WAL fdatasynced on a quorum before a put is answered"
 
     def start(self, directory: Path) -> None:
         ports = free_ports(2 * NODES)
         cluster = ",".join(f"m{n}=http://{HOST}:{ports[NODES + n]}" for n in range(NODES))
-        self.servers = []
-        for n in range(NODES):
-            client_url, peer_url = f"http://{HOST}:{ports[n]}", f"http://{HOST}:{ports[NODES + n]}"
-            self.servers.append(ServerProcess(
-                [find_binary("etcd"), "--name", f"m{n}", "--data-dir", str(directory / f"etcd{n}"),
-                 "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-                 "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                 "--initial-cluster", cluster, "--initial-cluster-state", "new"], directory / f"etcd{n}.log"))
-        for n, server in enumerate(self.servers):
-            server.wait_for_port(ports[n])
-        self.port = ports[0]
-        self.server = self.servers[0]
-
-    @property
-    def pids(self) -> list[int]:
-        return [server.pid for server in self.servers]
-
-    def stop(self) -> None:
-        for server in self.servers:
-            server.stop()
+        self._start_all([[find_binary("etcd"), "--name", f"m{n}", "--data-dir", str(directory / f"etcd{n}"),
+                          "--listen-client-urls", f"http://{HOST}:{ports[n]}",
+                          "--advertise-client-urls", f"http://{HOST}:{ports[n]}",
+                          "--listen-peer-urls", f"http://{HOST}:{ports[NODES + n]}",
+                          "--initial-advertise-peer-urls", f"http://{HOST}:{ports[NODES + n]}",
+                          "--initial-cluster", cluster, "--initial-cluster-state", "new"] for n in range(NODES)],
+                        [directory / f"etcd{n}.log" for n in range(NODES)], ports[:NODES])
 
 
 def cpu_of(system) -> float:
