@@ -112,7 +112,7 @@ raft_quiesce_ticks = 20  # ticks without work before a leader quiets its group (
 raft_liveness_scan_ticks = 10  # how often a node looks for quiet groups whose leader went silent: 1 s at 0.1 s ticks
 # While every group a node hosts is quiet, its ticker wakes this many ticks apart (woken at once by a group's work),
 # and the node's liveness heartbeats go out as seldom: an idle node then costs a few wake-ups a second, not dozens.
-raft_idle_ticks = 5
+raft_idle_ticks = 10
 raft_peers_refresh_ticks = 50  # how often a node recomputes its peer nodes from its groups: membership changes slowly
 raft_append_messages_in_flight_max = 64  # Config: append messages sent to one follower and not yet answered
 raft_entries_per_message_max = 256  # Config: entries in one append message, so a lagging follower catches up in steps
@@ -517,7 +517,8 @@ invariant(disk_reserve_bytes >= 2 * raft_entry_bytes_max + disk_floor_bytes, "a 
           "bookkeeping after it, fit in the reserve")
 invariant(disk_full_retry_s_min <= disk_full_retry_s_max <= disk_probe_s * 4, "retries of a refused write back off "
           "to about as often as the disk is looked at")
-invariant(2 * raft_idle_ticks <= raft_liveness_scan_ticks <= 2 * raft_election_ticks,
-          "while idle, a node hears each peer's liveness heartbeat at least twice before a scan could count it silent")
+invariant(raft_idle_ticks <= raft_election_ticks and raft_liveness_scan_ticks <= 2 * raft_election_ticks,
+          "while idle, a node hears each peer's liveness heartbeat at least twice in the 2 election timeouts after "
+          "which a scan counts it silent")
 invariant(idle_recheck_s < controller_lapse_s, "a controller-mode group's lapsed master is seen by the controller's "
           "idle recheck before its lapse counts")
