@@ -28,7 +28,10 @@ Finish = Callable[[object], None]
 
 class Unparked(Exception):
     """Raised by a data-plane handler, before it did anything, when the call cannot be served without waiting (its
-    route or its group's leader is elsewhere or unknown): the call is served as a task instead."""
+    route or its group's leader is elsewhere or unknown): the call is served as a task instead, with the request
+    already decoded (request, set by Dispatcher.park)."""
+
+    request: dict | None = None
 
 
 class Slot:

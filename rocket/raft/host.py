@@ -379,11 +379,11 @@ class RaftHost(Rounds):
             raise RocketError(Code.DISK_FULL, self.disk_refusal)  # its apply could fail writing the store
         hosted.core.wake()
         hosted.core.check_proposable()
-        if timeout_s < math.inf:
-            slot.deadline = trio.current_time() + timeout_s
-            self._deadlines.add(slot)
         if self.on_commit is not None and not self._timing:  # sampled: one proposal timed at a time
             slot = self._timed(slot)
+        if timeout_s < math.inf:  # the sweep completes what the round would: the timing ends with it
+            slot.deadline = trio.current_time() + timeout_s
+            self._deadlines.add(slot)
         hosted.proposals.append((data, slot))
         self._proposing.add(group)
         self._unwritten_bytes += len(data)

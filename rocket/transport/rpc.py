@@ -285,7 +285,10 @@ class Dispatcher:
             slot.complete((serde.encode(spec.response_type, response), attachments))
         try:
             self._parked[name](request, Slot(answer))
-        except (Unparked, RocketError):
+        except Unparked as unparked:
+            unparked.request = request  # decoded: call() takes it as it is
+            raise
+        except RocketError:
             raise
         except Exception as error:
             raise as_rocket_error(error, name) from None
@@ -365,17 +368,17 @@ class Dispatcher:
 
     async def call(self, name: str, serde: ModuleType, body: bytes | memoryview,
                    attachment: memoryview | None = None, detached: bool = False,
-                   caller: Caller | None = None) -> tuple[bytes, list | None]:
+                   caller: Caller | None = None, decoded: dict | None = None) -> tuple[bytes, list | None]:
         """Run a unary method: the encoded response and, if detached, its attachable bytes apart from it
         (see MethodSpec.response_attachments). caller: who called from the wire (None: this process, trusted).
-        Raises RocketError for every failure."""
+        decoded: the request as park() decoded it, if it went there first. Raises RocketError for every failure."""
         spec, handler = self._resolve(name, caller)
         if spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is a streaming method")
         charged = self.charged(caller)
         if charged:
             await self.held(caller)
-        request = serde.decode(spec.request_type, body)
+        request = decoded if decoded is not None else serde.decode(spec.request_type, body)
         self._authorize(name, caller, request)
         if handler is None:
             return serde.encode(spec.response_type, self._about_connection(name, request, caller or Caller())), None

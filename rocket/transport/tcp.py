@@ -367,16 +367,20 @@ class _ServerConnection:
         if spec is not None and spec.inline:
             self._replies += await self._unary(frame)
             return
-        if self.in_flight.value and self.dispatcher.parks(frame.method) and self._park(frame, calls):
-            return
+        decoded = None
+        if self.in_flight.value and self.dispatcher.parks(frame.method):
+            parked, decoded = self._park(frame, calls)
+            if parked:
+                return
         await self._flush_replies()  # before this call may wait for a slot
         await self.in_flight.acquire()
         self.lifecycle.call_started()
-        calls.start_soon(self._call, frame)
+        calls.start_soon(self._call, frame, decoded)
 
-    def _park(self, frame: Frame, calls: trio.Nursery) -> bool:
+    def _park(self, frame: Frame, calls: trio.Nursery) -> tuple[bool, dict | None]:
         """Serve a data-plane call here, in the read loop, with no task: parked (rocket/parked.py), it holds an
-        in-flight slot until its answer is queued for the writer. False, with nothing done, if it must be a task."""
+        in-flight slot until its answer is queued for the writer. (False, the request if decoded), with nothing done,
+        if it must be a task."""
         self.in_flight.acquire_nowait()
         self.lifecycle.call_started()
         self._parked += 1
@@ -386,14 +390,14 @@ class _ServerConnection:
         slot = Slot(functools.partial(self._answer_parked, frame))
         try:
             self.dispatcher.park(frame.method, self._serde_of(frame), frame.body, frame.attachment, self.caller, slot)
-        except Unparked:
+        except Unparked as unparked:
             self._parked -= 1
             self.lifecycle.call_finished()
             self.in_flight.release()
-            return False
+            return False, unparked.request
         except RocketError as error:
             slot.complete(error)
-        return True
+        return True, None
 
     def _answer_parked(self, frame: Frame, outcome: object) -> None:
         """A parked call's answer: queued for the writer, with everything else the same round completes."""
@@ -433,25 +437,25 @@ class _ServerConnection:
             replies, self._replies = self._replies, []
             await self._send(*replies)
 
-    async def _unary(self, frame: Frame) -> list:
+    async def _unary(self, frame: Frame, decoded: dict | None = None) -> list:
         """The reply frame's parts for a unary request: its response, or the error it met."""
         try:
             serde = self._serde_of(frame)
             body, attachments = await self.dispatcher.call(frame.method, serde, frame.body, frame.attachment,
-                                                           detached=True, caller=self.caller)
+                                                           detached=True, caller=self.caller, decoded=decoded)
         except RocketError as error:
             return [_error_frame(frame.serde, frame.request_id, error)]
         if frame.method == "Hello":  # from now on, requests and responses are in the client's version
             self.peer_version = peer_version_of(serde.decode("Hello", frame.body)["schema_version"])
         return frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body, attachment=attachments)
 
-    async def _call(self, frame: Frame) -> None:
+    async def _call(self, frame: Frame, decoded: dict | None = None) -> None:
         try:
             try:
                 if self.dispatcher.is_streaming(frame.method):
                     await self._stream(frame, self._serde_of(frame))
                     return
-                reply = await self._unary(frame)
+                reply = await self._unary(frame, decoded)
             except RocketError as error:
                 reply = [_error_frame(frame.serde, frame.request_id, error)]
             await self._send(*reply)

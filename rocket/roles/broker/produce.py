@@ -52,9 +52,14 @@ class Produce:
         meets a leader change afterwards is sent again as a task, with the same producer sequence (_storage's
         retries). Raises Unparked, before checking the batch, when the call must go to another node (as a task)."""
         route = self._route_cached(request["topic"])
-        queue, group = self._produce_queue(route, request["queue"])
+        queue = request["queue"]
+        if queue == -1:  # the turn produce would take, taken only if the call is parked here
+            queue = self._next_turn(route.spec.name) % route.spec.queues
+        group = route.queue_groups[self._queue(route.spec, queue)]
         if not self._led_here(route, group, "StorageAppend"):
             raise Unparked
+        if request["queue"] == -1:
+            self._turn(route.spec.name)
         call = self._append_call(route.spec, request, queue, group)
 
         def finish(outcome: object) -> None:

@@ -61,6 +61,10 @@ class Routes:
             del turns[next(iter(turns))]
         return turn
 
+    def _next_turn(self, name: str) -> int:
+        """The turn _turn would give now, not taken."""
+        return self._round_robin.get(name, -1) + 1
+
     async def _route(self, topic: str, refresh: bool = False) -> Route:
         # Dead letters and unresolved transactions lie beside the topic's queues (a KV bucket is a topic of its own).
         if topic.startswith(SYSTEM_PREFIX) and not topic.startswith((KV_PREFIX, RETRY_PREFIX)):

@@ -1,0 +1,97 @@
+"""A produce on the broker's data plane (roles/broker/produce.py, `produce_parked`): parked with the storage role in
+this process when this node leads the queue's group, a task otherwise; round robin stays even across both; and an
+append that meets a leader change after it was proposed is sent again, numbered as before."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import trio
+import trio.testing
+
+from rocket.errors import Code, RocketError
+from rocket.model import Address, Message, TopicSpec
+from rocket.parked import Slot, Unparked
+from rocket.roles.broker.produce import Produce
+from rocket.roles.broker.routes import Route, Routes
+from rocket.serde import batch as batch_codec
+from rocket.transport.rpc import Dispatcher
+
+HERE, THERE = Address("127.0.0.1", 1), Address("127.0.0.1", 2)
+BATCH = batch_codec.encode([Message(b"x")], 1)
+
+
+class Peers:
+    metadata_version = 0
+
+    def __init__(self, dispatcher: Dispatcher):
+        self.dispatcher = dispatcher
+        self.address = HERE
+        self.calls: list[dict] = []
+
+    async def call(self, address: Address, method: str, request: dict, timeout_s: float) -> dict:
+        self.calls.append(request)
+        return {"queue": request["queue"], "base_offset": 40, "count": 1, "scheduled": False}
+
+
+class Broker(Routes, Produce):
+    def __init__(self, nursery: trio.Nursery):
+        self.dispatcher = Dispatcher()
+        self.parked: list[tuple[dict, Slot]] = []
+        self.dispatcher.handle("StorageAppend", None, parked=lambda request, slot: self.parked.append((request, slot)))
+        self.peers = Peers(self.dispatcher)
+        self._nursery = nursery
+        self._round_robin = {}
+        self._silent = {}
+        self._producer_id, self._sequences = 9, itertools.count()
+        self._addresses = {1: HERE, 2: THERE}
+        self._leaders = {10: 1, 11: 2, 12: 1, 13: 2}  # the groups of queues 0 and 2 are led here
+        self._routes = {"orders": Route(TopicSpec("orders", queues=4), 1, [10, 11, 12, 13],
+                                        {group: (1, 2) for group in (10, 11, 12, 13)}, trio.current_time())}
+
+    def produce(self, request: dict) -> None:  # the task path's choice of queue, as Broker.produce makes it
+        return self._produce_queue(self._routes["orders"], request["queue"])
+
+
+async def test_round_robin_stays_even_when_some_queues_are_led_elsewhere(nursery):
+    """A produce to any queue takes its turn only where it is parked: one that must go to another node's leader
+    leaves the turn to the task that serves it, so queues get batches in turn, parked or not."""
+    broker = Broker(nursery)
+    queues = []
+    for _ in range(8):
+        request = {"topic": "orders", "queue": -1, "batch": BATCH}
+        try:
+            broker.produce_parked(request, Slot(lambda outcome: None))
+            queues.append(broker.parked[-1][0]["queue"])
+        except Unparked:
+            queues.append(broker.produce(request)[0])
+    assert queues == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert [request["queue"] for request, _ in broker.parked] == [0, 2, 0, 2]
+
+
+@pytest.mark.parametrize("code", [Code.UNAVAILABLE, Code.TIMEOUT])
+async def test_an_append_lost_to_a_leader_change_or_swept_is_sent_again_with_its_sequence(nursery, code):
+    """As the task path's retries (_storage) do: the storage role stores a numbered batch once however often it
+    comes (store/producers.py), so an unknown outcome is safe to try again."""
+    broker = Broker(nursery)
+    answers = []
+    broker.produce_parked({"topic": "orders", "queue": 0, "batch": BATCH}, Slot(answers.append))
+    [(call, slot)] = broker.parked
+    assert call["producer_id"] == 9 and call["sequence"] == 0
+    slot.complete(RocketError(code, "lost, or not applied in time"))
+    await trio.testing.wait_all_tasks_blocked()
+    assert broker.peers.calls == [call]  # the same call, its producer id and sequence as they were
+    assert answers == [{"queue": 0, "base_offset": 40, "count": 1, "scheduled": False}]
+
+
+@pytest.mark.parametrize("code", [Code.BAD_REQUEST, Code.DISK_FULL])
+async def test_an_append_that_fails_otherwise_is_answered_with_its_error(nursery, code):
+    broker = Broker(nursery)
+    answers = []
+    broker.produce_parked({"topic": "orders", "queue": 0, "batch": BATCH, "producer_id": 3, "sequence": 1},
+                          Slot(answers.append))
+    error = RocketError(code, "no")
+    broker.parked[0][1].complete(error)
+    await trio.testing.wait_all_tasks_blocked()
+    assert answers == [error] and broker.peers.calls == []
