@@ -7,7 +7,11 @@ snapshot files in snapshots/ beside it: the WAL, the core and InstallSnapshot ca
 the engine's interface (rocket.replication.Engine); snapshot files are served to and fetched from other nodes with
 RaftSnapshotChunk, resumable. rounds.py is the host's round loop, compaction.py its log compaction.
 
-Rounds (rounds.py says how they run). A direct WAL's rounds, and a round refused for space, are written by a worker
+Rounds (rounds.py says how they run). Proposals wait in a buffer per group, each with its parked slot
+(rocket/parked.py), and a round proposes each group's buffer at once (RaftCore.propose_many: one append per
+follower); on_round hooks (the storage role's KV merge) run first. A parked proposal's deadline is swept each tick.
+While every group is quiet the ticker wakes every limits.raft_idle_ticks ticks, and at once when one wakes. A direct
+WAL's rounds, and a round refused for space, are written by a worker
 thread, not the event loop's. That a leader's appends carry only a commit durable rounds justify is the Raft thesis,
 10.2.1. A quiet group is not ticked until traffic comes, or its leader is gone. A checkpoint is taken after
 limits.raft_wal_segments_max sealed segments or limits.raft_wal_replay_bytes_max bytes of WAL since the last one,

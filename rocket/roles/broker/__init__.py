@@ -5,10 +5,14 @@ role.py wires one mixin per concern. What the modules' own docstrings do not say
   is asked last by every call for limits.storage_silent_s (a partitioned or hung leader), and given only
   limits.storage_silent_probe_s to answer. DISK_FULL is retried on a group's other replicas. Round-robin turns are
   kept per topic, for the limits.round_robin_topics_max most recently used.
-- produce.py numbers the batches of clients that number none with the broker's own producer id.
+- produce.py numbers the batches of clients that number none with the broker's own producer id. A produce (and a KV
+  put, kv.py) whose group this node leads is parked with the storage role in this process (the data plane,
+  rocket/parked.py); one for another node's leader is a task, which takes the round-robin turn the parked attempt
+  left untaken.
 - admin.py's GroupSettings is what gateways call for a consumer group's settings. Receive takes a group's max
   attempts over the request's.
-- kv.py sends a group's writes in batches, one StorageKvTxn call (one Raft entry) out at a time per group. It merges
+- kv.py sends a group's writes in batches, one StorageKvTxn call out at a time per group, when the group's leader is
+  another node (a leader merges the parked calls of a round into one Raft entry: roles/storage/kv.py). It merges
   ranges across shards, and follows watches with tasks in the broker's nursery.
 """
 
