@@ -36,6 +36,11 @@ class ChannelPool(Background):
         channel = await self.channel(address)
         return await channel.call(method, request, timeout_s, sent)
 
+    def open_channel(self, address: Address) -> TcpChannel | None:
+        """The open channel to address, or None if there is none now (channel() opens one)."""
+        channel = self._channels.get(address)
+        return channel if channel is not None and not channel.closed.is_set() else None
+
     async def channel(self, address: Address) -> TcpChannel:
         """The open channel to address, opened now if there is none or it broke."""
         channel = self._channels.get(address)

@@ -15,6 +15,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError, collapse_single_error
+from rocket.parked import Slot
 from rocket.serde import SERDE_ID_OF, serde_named
 from rocket.serde.versions import for_peer
 from rocket.transport import frames
@@ -45,6 +46,9 @@ class TcpChannel(Channel):
         # stopped answering (a host gone without a reset) shows here, since no call times out.
         self.posts_unanswered = 0
         self.posts_heard_at = 0.0
+        # Requests call_parked queued for write_loop, which writes all queued meanwhile at once.
+        self._outbox: list = []
+        self._outbox_ready = trio.Event()
 
     async def hello(self) -> int:
         """Tell the server this side's schema version and learn its own (a server too old to know Hello is
@@ -72,6 +76,28 @@ class TcpChannel(Channel):
         if isinstance(attachments, list):
             attach(spec, response, attachments)
         return response
+
+    def call_parked(self, method: str, message: dict, slot: Slot) -> None:
+        """call() without a task, for the data plane: the request joins write_loop's next write, and slot completes
+        with the response, or the RocketError met (the server's answer, the connection lost). Nothing here times out:
+        the caller sweeps the slot's deadline. Raises CONNECTION_LOST, doing nothing, once the channel is broken."""
+        if self._broken is not None:
+            raise self._broken
+        request_id = next(self._request_ids)
+        self._waiting[request_id] = _ParkedCall(self, request_id, method_spec(method), slot)
+        self._outbox += self._request_parts(method, message, request_id)
+        self._outbox_ready.set()
+
+    async def write_loop(self) -> None:
+        """Write what call_parked queued: everything queued meanwhile in one write."""
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready = trio.Event()
+            parts, self._outbox = self._outbox, []
+            try:
+                await self._write(*parts)
+            except RocketError:
+                return  # broken: _fail told every call waiting
 
     async def post(self, method: str, message: dict) -> None:
         """Write a request and wait for no answer: for messages whose loss the sender tolerates (Raft's), so each
@@ -190,6 +216,29 @@ class TcpChannel(Channel):
         return serde_for_id(frame.serde)
 
 
+class _ParkedCall:
+    """A call_parked call, where the read loop looks for a call's waiter: its answer completes the slot."""
+
+    __slots__ = ("channel", "request_id", "spec", "slot")
+
+    def __init__(self, channel: TcpChannel, request_id: int, spec, slot: Slot):
+        self.channel, self.request_id, self.spec, self.slot = channel, request_id, spec, slot
+
+    async def send(self, answer: tuple) -> None:
+        kind, body, attachments = answer
+        self.channel._waiting.pop(self.request_id, None)
+        try:
+            response = self.channel._decode(self.spec.response_type, kind, body)
+            if isinstance(attachments, list):
+                attach(self.spec, response, attachments)
+        except RocketError as error:
+            response = error
+        self.slot.complete(response)
+
+    def close(self) -> None:
+        self.slot.complete(self.channel._broken or RocketError(Code.CONNECTION_LOST, "connection closed"))
+
+
 @asynccontextmanager
 async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello: tuple[str, dict] | None = None,
                            tls: ssl.SSLContext | None = None, server_name: str | None = None,
@@ -212,6 +261,7 @@ async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello
         async with stream, trio.open_nursery() as nursery:
             channel = TcpChannel(stream, serde)
             nursery.start_soon(channel.read_loop)
+            nursery.start_soon(channel.write_loop)
             try:
                 await channel.hello()
                 if hello is not None:

@@ -113,6 +113,11 @@ class SimPool:
                    timeout_s: float = limits.request_timeout_s_default) -> dict:
         return await self.network.call(self.node, address, method, request, timeout_s)
 
+    @staticmethod
+    def open_channel(address: tuple[str, int]) -> None:
+        """No channel is held open here: a broker's calls to another node's leader go as tasks, through call()."""
+        return None
+
 
 class Disk:
     """A node's commit logs (its WAL and its store's log) as a power cut leaves them: each keeps what its last

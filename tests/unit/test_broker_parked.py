@@ -10,9 +10,11 @@ import pytest
 import trio
 import trio.testing
 
+from rocket.clock import Clock
+from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Address, Message, TopicSpec
-from rocket.parked import Slot, Unparked
+from rocket.parked import Deadlines, Slot, Unparked
 from rocket.roles.broker.produce import Produce
 from rocket.roles.broker.routes import Route, Routes
 from rocket.serde import batch as batch_codec
@@ -22,12 +24,32 @@ HERE, THERE = Address("127.0.0.1", 1), Address("127.0.0.1", 2)
 BATCH = batch_codec.encode([Message(b"x")], 1)
 
 
+class Channel:
+    """An open channel to node 2: what call_parked sent, each with its slot."""
+
+    def __init__(self):
+        self.sent: list[tuple[dict, Slot]] = []
+
+    def call_parked(self, method: str, request: dict, slot: Slot) -> None:
+        self.sent.append((request, slot))
+
+
+class Pool:
+    def __init__(self):
+        self.channels: dict[Address, Channel] = {}
+
+    def open_channel(self, address: Address) -> Channel | None:
+        return self.channels.get(address)
+
+
 class Peers:
     metadata_version = 0
+    telemetry = None
 
     def __init__(self, dispatcher: Dispatcher):
         self.dispatcher = dispatcher
         self.address = HERE
+        self.pool = Pool()
         self.calls: list[dict] = []
 
     async def call(self, address: Address, method: str, request: dict, timeout_s: float) -> dict:
@@ -45,6 +67,8 @@ class Broker(Routes, Produce):
         self._round_robin = {}
         self._silent = {}
         self._producer_id, self._sequences = 9, itertools.count()
+        self._forwarded, self._sweeping = Deadlines(), False
+        self.clock = Clock()
         self._addresses = {1: HERE, 2: THERE}
         self._leaders = {10: 1, 11: 2, 12: 1, 13: 2}  # the groups of queues 0 and 2 are led here
         self._routes = {"orders": Route(TopicSpec("orders", queues=4), 1, [10, 11, 12, 13],
@@ -95,3 +119,30 @@ async def test_an_append_that_fails_otherwise_is_answered_with_its_error(nursery
     broker.parked[0][1].complete(error)
     await trio.testing.wait_all_tasks_blocked()
     assert answers == [error] and broker.peers.calls == []
+
+
+async def test_a_produce_for_another_nodes_leader_is_forwarded_without_a_task_over_its_open_channel(nursery):
+    """With a channel to the leader open, the append goes out on it (TcpChannel.call_parked) and its answer
+    completes the produce: round robin takes every queue in turn, none of them a task."""
+    broker = Broker(nursery)
+    channel = broker.peers.pool.channels[THERE] = Channel()
+    answers = []
+    for _ in range(4):
+        broker.produce_parked({"topic": "orders", "queue": -1, "batch": BATCH}, Slot(answers.append))
+    assert [request["queue"] for request, _ in broker.parked] == [0, 2]
+    assert [request["queue"] for request, _ in channel.sent] == [1, 3]
+    channel.sent[0][1].complete({"queue": 1, "base_offset": 7, "count": 1, "scheduled": False})
+    assert answers == [{"queue": 1, "base_offset": 7, "count": 1, "scheduled": False}]
+
+
+async def test_a_forwarded_append_left_unanswered_times_out_marks_the_node_and_is_sent_again(autojump_clock, nursery):
+    broker = Broker(nursery)
+    channel = broker.peers.pool.channels[THERE] = Channel()
+    answers = []
+    broker.produce_parked({"topic": "orders", "queue": 1, "batch": BATCH}, Slot(answers.append))
+    [(call, _)] = channel.sent
+    await trio.sleep(limits.storage_call_s_max + 2 * limits.raft_tick_s)  # the sweep fails it, then the task
+    assert broker._is_silent(2)
+    assert broker.peers.calls == [call]  # sent again by _storage, as it was numbered
+    assert answers == [{"queue": 1, "base_offset": 40, "count": 1, "scheduled": False}]
+    assert not broker._sweeping  # nothing left to sweep: the sweeper ended

@@ -47,19 +47,20 @@ class Produce:
         return await self._storage(route, group, "StorageAppend", self._append_call(route.spec, request, queue, group))
 
     def produce_parked(self, request: dict, slot: Slot) -> None:
-        """produce on the data plane: when the route is cached and the group's leader is this node, the append is
-        parked with the storage role in this process, and slot completes when its round applies it. An append that
-        meets a leader change afterwards is sent again as a task, with the same producer sequence (_storage's
-        retries). Raises Unparked, before checking the batch, when the call must go to another node (as a task)."""
+        """produce on the data plane: when the route is cached, the append is parked with the storage role in this
+        process if this node leads the group, or sent without a task to the leader on another node over its open
+        channel; slot completes when the leader's round applies it. An append that meets a leader change, a lost
+        connection or no answer is sent again as a task, with the same producer sequence (_storage's retries).
+        Raises Unparked, before checking the batch, when the call must be a task from the start (no cached route,
+        no known leader, or no open channel to it)."""
         route = self._route_cached(request["topic"])
         queue = request["queue"]
         if queue == -1:  # the turn produce would take, taken only if the call is parked here
             queue = self._next_turn(route.spec.name) % route.spec.queues
         group = route.queue_groups[self._queue(route.spec, queue)]
-        if not self._led_here(route, group, "StorageAppend"):
+        here = self._led_here(route, group, "StorageAppend")
+        if not here and self.peers.pool.open_channel(self._addresses.get(self._leaders.get(group))) is None:
             raise Unparked
-        if request["queue"] == -1:
-            self._turn(route.spec.name)
         call = self._append_call(route.spec, request, queue, group)
 
         def finish(outcome: object) -> None:
@@ -67,12 +68,17 @@ class Produce:
                 self._nursery.start_soon(self._append_again, route, group, call, slot)
             else:
                 slot.complete(outcome)
-        try:
-            self.peers.dispatcher.park_local("StorageAppend", call, Slot(finish))
-        except RocketError as error:
-            if error.code in RETRYABLE:  # not proposed (this node no longer leads it): the task path finds the leader
-                raise Unparked from None
-            raise
+        if here:
+            try:
+                self.peers.dispatcher.park_local("StorageAppend", call, Slot(finish))
+            except RocketError as error:
+                if error.code not in RETRYABLE:
+                    raise
+                here = False  # not proposed: this node no longer leads the group
+        if not here and not self._forward_parked(route, group, "StorageAppend", call, Slot(finish)):
+            raise Unparked
+        if request["queue"] == -1:
+            self._turn(route.spec.name)
 
     async def _append_again(self, route: Route, group: int, call: dict, slot: Slot) -> None:
         try:

@@ -15,6 +15,7 @@ import trio
 from rocket.clock import Clock
 from rocket.filter import Filter
 from rocket.model import Address
+from rocket.parked import Deadlines
 from rocket.roles.broker.admin import Admin
 from rocket.roles.broker.groups import ConsumerGroups
 from rocket.roles.broker.kv import KeyValues
@@ -50,6 +51,8 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
         # for limits.storage_silent_s by every call, not only the one that waited (routes.py)
         self._silent: dict[int, float] = {}
         self._addresses: dict[int, Address] = {}
+        self._forwarded = Deadlines()  # storage calls forwarded without a task (routes.py, _forward_parked)
+        self._sweeping = False
         # The producer the broker is for clients that number no batches (its gateways'), so that its own storage
         # retries store a batch once: a random id, and one sequence for all its batches (store/producers.py).
         self._producer_id = secrets.randbits(63) or 1

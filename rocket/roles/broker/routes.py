@@ -14,7 +14,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import KV_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, Address, TopicSpec, dead_letter_topic, timer_topic, unresolved_topic
-from rocket.parked import Unparked
+from rocket.parked import Deadlines, Slot, Unparked
 from rocket.roles.peers import RETRYABLE
 
 log = logging.getLogger("rocket.broker")
@@ -113,6 +113,51 @@ class Routes:
         leader = self._leaders.get(group)
         return (leader in route.voters.get(group, ()) and self._addresses.get(leader) == self.peers.address
                 and self._nursery is not None and self.peers.dispatcher.parks(method))
+
+    def _forward_parked(self, route: Route, group: int, method: str, request: dict, slot: Slot) -> bool:
+        """Send a storage call to the group's leader on another node without a task (TcpChannel.call_parked), when
+        that leader is known, not silent, and a channel to it is open; False, with nothing sent, otherwise. slot
+        completes with the answer or the error met; an unanswered call fails TIMEOUT after limits.storage_call_s_max
+        (swept each tick) and marks the node silent, as _call_storage does."""
+        leader = self._leaders.get(group)
+        address = self._addresses.get(leader) if leader in route.voters.get(group, ()) else None
+        if address is None or address == self.peers.address or self._nursery is None or self._is_silent(leader):
+            return False
+        channel = self.peers.pool.open_channel(address)
+        if channel is None:
+            return False
+        telemetry, peer = self.peers.telemetry, str(address)
+        started = telemetry.clock() if telemetry is not None else 0.0
+
+        def answered(outcome: object) -> None:
+            if isinstance(outcome, RocketError):
+                if outcome.code in (Code.CONNECTION_LOST, Code.TIMEOUT):
+                    self._silent[leader] = self.clock.now_s()
+                if telemetry is not None:
+                    telemetry.call_failed(peer, outcome.code.name)
+            elif telemetry is not None:
+                telemetry.call_took(peer, started)
+            slot.complete(outcome)
+        forwarded = Slot(answered, trio.current_time() + limits.storage_call_s_max)
+        try:
+            channel.call_parked(method, request, forwarded)
+        except RocketError:  # the channel broke just now: the task path opens another
+            return False
+        self._forwarded.add(forwarded)
+        if not self._sweeping:
+            self._sweeping = True
+            self._nursery.start_soon(self._sweep_forwarded)
+        return True
+
+    async def _sweep_forwarded(self) -> None:
+        """Time out forwarded calls left unanswered, each tick while there are any (then the task ends)."""
+        try:
+            while self._forwarded:
+                await trio.sleep(limits.raft_tick_s)
+                self._forwarded.sweep(trio.current_time(), lambda: RocketError(
+                    Code.TIMEOUT, f"a storage node did not answer within {limits.storage_call_s_max} s"))
+        finally:
+            self._sweeping = False
 
     def _queue(self, spec: TopicSpec, queue: int) -> int:
         if not 0 <= queue < spec.queues:
