@@ -10,7 +10,9 @@ The data plane. A method may have a parked handler besides its task handler (Dis
 Produce on brokers, StorageAppend on storage nodes. Over TCP such a call takes no task: Dispatcher.park decodes and
 authorizes it as call() does and the handler parks it (rocket/parked.py); the Raft round that applies its entry
 completes it, and the connection's writer sends that round's answers in one write. A throttled caller, or a call the
-handler cannot serve without waiting (Unparked: no cached route, a leader on another node), is a task as before.
+handler cannot serve without waiting (Unparked: no cached route, no open channel to the leader), is a task as
+before. TcpChannel.call_parked is the client side: a call that waits as a slot, its request written by the channel's
+writer with the others queued meanwhile, for a broker's produce forwarded to another node's leader.
 
 The listeners. TCP: tcp.py is the server, tcp_client.py the client (TcpChannel), frames.py the codec (a server's
 decoder holds the bytes that arrived, never the length a header claims). Remoting's connections share the TCP

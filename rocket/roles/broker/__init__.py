@@ -7,7 +7,8 @@ role.py wires one mixin per concern. What the modules' own docstrings do not say
   kept per topic, for the limits.round_robin_topics_max most recently used.
 - produce.py numbers the batches of clients that number none with the broker's own producer id. A produce (and a KV
   put, kv.py) whose group this node leads is parked with the storage role in this process (the data plane,
-  rocket/parked.py); one for another node's leader is a task, which takes the round-robin turn the parked attempt
+  rocket/parked.py); a produce for another node's leader goes on the open channel to it without a task
+  (routes.py, _forward_parked). Without either it is a task, which takes the round-robin turn the parked attempt
   left untaken.
 - admin.py's GroupSettings is what gateways call for a consumer group's settings. Receive takes a group's max
   attempts over the request's.
