@@ -36,7 +36,7 @@ class Unparked(Exception):
 
 class Slot:
     __slots__ = ("_finish", "deadline", "done")
-    late = 0  # completions dropped because the slot had completed already (tests and the simulator read it)
+    late = 0  # completions dropped because the slot had completed already (the tests read it)
 
     def __init__(self, finish: Finish, deadline: float = math.inf):
         self._finish = finish
