@@ -94,10 +94,11 @@ async def test_round_robin_stays_even_when_some_queues_are_led_elsewhere(nursery
     assert [request["queue"] for request, _ in broker.parked] == [0, 2, 0, 2]
 
 
-@pytest.mark.parametrize("code", [Code.UNAVAILABLE, Code.TIMEOUT])
+@pytest.mark.parametrize("code", [Code.UNAVAILABLE, Code.TIMEOUT, Code.DISK_FULL])
 async def test_an_append_lost_to_a_leader_change_or_swept_is_sent_again_with_its_sequence(nursery, code):
     """As the task path's retries (_storage) do: the storage role stores a numbered batch once however often it
-    comes (store/producers.py), so an unknown outcome is safe to try again."""
+    comes (store/producers.py), so an unknown outcome is safe to try again; a leader whose disk is full refused it
+    unproposed, and another replica may lead with room."""
     broker = Broker(nursery)
     answers = []
     broker.produce_parked({"topic": "orders", "queue": 0, "batch": BATCH}, Slot(answers.append))
@@ -109,7 +110,7 @@ async def test_an_append_lost_to_a_leader_change_or_swept_is_sent_again_with_its
     assert answers == [{"queue": 0, "base_offset": 40, "count": 1, "scheduled": False}]
 
 
-@pytest.mark.parametrize("code", [Code.BAD_REQUEST, Code.DISK_FULL])
+@pytest.mark.parametrize("code", [Code.BAD_REQUEST, Code.NOT_ENOUGH_REPLICAS])
 async def test_an_append_that_fails_otherwise_is_answered_with_its_error(nursery, code):
     broker = Broker(nursery)
     answers = []

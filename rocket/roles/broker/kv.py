@@ -159,9 +159,11 @@ class KeyValues:
                 outcome = error
             slot.complete(outcome)
 
+        retryable = self._retryable(route, group, at_most_once=True)
+
         def finish(outcome: object) -> None:
             if isinstance(outcome, RocketError):
-                if outcome.code == Code.UNAVAILABLE:
+                if outcome.code in retryable:
                     self._nursery.start_soon(again)
                 else:
                     slot.complete(outcome)
@@ -173,7 +175,7 @@ class KeyValues:
         try:
             self.peers.dispatcher.park_local("StorageKvTxn", {"group": group, "txns": [txn]}, Slot(finish))
         except RocketError as error:
-            if error.code == Code.UNAVAILABLE:  # not proposed: this node no longer leads the shard
+            if error.code in retryable:  # not proposed (no longer the leader, or its disk is full): _storage retries
                 raise Unparked from None
             raise
 

@@ -15,7 +15,6 @@ from rocket.errors import Code, RocketError
 from rocket.model import TopicSpec
 from rocket.parked import Slot, Unparked
 from rocket.roles.broker.routes import Route
-from rocket.roles.peers import RETRYABLE
 from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_produced
 
 log = logging.getLogger("rocket.broker")
@@ -62,9 +61,10 @@ class Produce:
         if not here and self.peers.pool.open_channel(self._addresses.get(self._leaders.get(group))) is None:
             raise Unparked
         call = self._append_call(route.spec, request, queue, group)
+        retryable = self._retryable(route, group)
 
         def finish(outcome: object) -> None:
-            if isinstance(outcome, RocketError) and outcome.code in RETRYABLE:
+            if isinstance(outcome, RocketError) and outcome.code in retryable:
                 self._nursery.start_soon(self._append_again, route, group, call, slot)
             else:
                 slot.complete(outcome)
@@ -72,9 +72,9 @@ class Produce:
             try:
                 self.peers.dispatcher.park_local("StorageAppend", call, Slot(finish))
             except RocketError as error:
-                if error.code not in RETRYABLE:
+                if error.code not in retryable:
                     raise
-                here = False  # not proposed: this node no longer leads the group
+                raise Unparked from None  # not proposed (no longer the leader, or its disk is full): _storage retries
         if not here and not self._forward_parked(route, group, "StorageAppend", call, Slot(finish)):
             raise Unparked
         if request["queue"] == -1:

@@ -97,6 +97,14 @@ class Routes:
             self._routes[topic] = route
         return route
 
+    @staticmethod
+    def _retryable(route: Route, group: int, at_most_once: bool = False) -> tuple[Code, ...]:
+        """The errors after which a storage call is tried again on the group's other replicas (see _storage)."""
+        retryable = (Code.UNAVAILABLE,) if at_most_once else RETRYABLE
+        if len(route.voters.get(group, ())) > 1:  # refused unproposed: the group's next leader may have room
+            retryable += (Code.DISK_FULL,)
+        return retryable
+
     def _route_cached(self, topic: str) -> Route:
         """The route _route would give without asking anyone (cached and fresh); else Unparked: the call that needs
         it is served as a task, which may wait for the nameservers."""
@@ -223,9 +231,7 @@ class Routes:
         of several replicas, DISK_FULL (refused before it was proposed; the leader hands its groups over). A call that
         went out and got no answer (TIMEOUT, CONNECTION_LOST) may have been applied: its error is passed on, and
         the caller learns the outcome is unknown; so is TIMEOUT when the retries run out with a call out."""
-        retryable = (Code.UNAVAILABLE,) if at_most_once else RETRYABLE
-        if len(route.voters.get(group, ())) > 1:  # refused unproposed: the group's next leader may have room
-            retryable += (Code.DISK_FULL,)
+        retryable = self._retryable(route, group, at_most_once)
         unknown = RocketError(Code.TIMEOUT, f"a write to storage group {group} got no answer within "
                               f"{limits.storage_retry_s_max} s: its outcome is unknown")
         failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
