@@ -147,3 +147,13 @@ async def test_a_forwarded_append_left_unanswered_times_out_marks_the_node_and_i
     assert broker.peers.calls == [call]  # sent again by _storage, as it was numbered
     assert answers == [{"queue": 1, "base_offset": 40, "count": 1, "scheduled": False}]
     assert not broker._sweeping  # nothing left to sweep: the sweeper ended
+
+
+async def test_a_timeout_the_leader_answers_is_an_answer_not_silence(nursery):
+    """As _call_storage counts it: the node answered (its own write timed out), so it is not asked last."""
+    broker = Broker(nursery)
+    channel = broker.peers.pool.channels[THERE] = Channel()
+    broker.produce_parked({"topic": "orders", "queue": 1, "batch": BATCH}, Slot(lambda outcome: None))
+    channel.sent[0][1].complete(RocketError(Code.TIMEOUT, "a write was not applied in time on node 2"))
+    await trio.testing.wait_all_tasks_blocked()
+    assert not broker._is_silent(2)

@@ -29,6 +29,9 @@ class Route:
     fetched_at: float
 
 
+# What a forwarded call left unanswered past its deadline meets (_sweep_forwarded): unlike a TIMEOUT the storage node
+# answered, it marks the node silent.
+_UNANSWERED = RocketError(Code.TIMEOUT, f"a storage node did not answer within {limits.storage_call_s_max} s")
 DEAD_LETTER_PREFIX = dead_letter_topic("", "")[:-1]  # "%DLQ%"
 UNRESOLVED_PREFIX = unresolved_topic("")
 TIMER_PREFIX = timer_topic("")  # a delay topic's waiting messages, read by their timer id (rocket message get)
@@ -139,12 +142,13 @@ class Routes:
 
         def answered(outcome: object) -> None:
             if isinstance(outcome, RocketError):
-                if outcome.code in (Code.CONNECTION_LOST, Code.TIMEOUT):
-                    self._silent[leader] = self.clock.now_s()
+                self._heard(leader, not (outcome.code == Code.CONNECTION_LOST or outcome is _UNANSWERED))
                 if telemetry is not None:
                     telemetry.call_failed(peer, outcome.code.name)
-            elif telemetry is not None:
-                telemetry.call_took(peer, started)
+            else:
+                self._heard(leader, True)
+                if telemetry is not None:
+                    telemetry.call_took(peer, started)
             slot.complete(outcome)
         forwarded = Slot(answered, trio.current_time() + limits.storage_call_s_max)
         try:
@@ -162,8 +166,7 @@ class Routes:
         try:
             while self._forwarded:
                 await trio.sleep(limits.raft_tick_s)
-                self._forwarded.sweep(trio.current_time(), lambda: RocketError(
-                    Code.TIMEOUT, f"a storage node did not answer within {limits.storage_call_s_max} s"))
+                self._forwarded.sweep(trio.current_time(), lambda: _UNANSWERED)
         finally:
             self._sweeping = False
 
@@ -209,17 +212,21 @@ class Routes:
             try:
                 response = await self.peers.call(address, method, request, timeout_s + 1.0)  # waited ends it first
             except RocketError as error:
-                if error.code == Code.CONNECTION_LOST:
-                    self._silent[node] = self.clock.now_s()  # keyed by the cluster's storage nodes: bounded
-                elif self._silent:
-                    self._silent.pop(node, None)
+                self._heard(node, error.code != Code.CONNECTION_LOST)
                 raise
         if waited.cancelled_caught:
-            self._silent[node] = self.clock.now_s()
+            self._heard(node, False)
             raise RocketError(Code.TIMEOUT, f"storage node {node} did not answer {method} within {timeout_s} s")
-        if self._silent:
-            self._silent.pop(node, None)
+        self._heard(node, True)
         return response
+
+    def _heard(self, node: int, answered: bool) -> None:
+        """Note whether a call to node got an answer (any answer, an error too: a TIMEOUT it gives is an answer) or
+        none (no answer in time, the connection lost): a node left unanswered is asked last (_is_silent)."""
+        if not answered:
+            self._silent[node] = self.clock.now_s()  # keyed by the cluster's storage nodes: bounded
+        elif self._silent:
+            self._silent.pop(node, None)
 
     async def _storage(self, route: Route, group: int, method: str, request: dict,
                        timeout_s: float = limits.storage_call_s_max, at_most_once: bool = False) -> dict:
