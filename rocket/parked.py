@@ -18,6 +18,8 @@ import logging
 import math
 from collections.abc import Callable
 
+import trio
+
 from rocket.errors import Code, RocketError
 
 log = logging.getLogger("rocket.parked")
@@ -69,6 +71,27 @@ class Slot:
                     outcome = RocketError(Code.INTERNAL, f"the answer failed: {type(error).__name__}: {error}")
             self.complete(outcome)
         return Slot(finish, self.deadline)
+
+
+class Awaited(Slot):
+    """A slot a task waits for: the control plane's way onto a data-plane path (RaftHost.propose, Dispatcher.local).
+    Once event is set, value() is the outcome, or raises the RocketError it was."""
+
+    __slots__ = ("_outcome", "event")
+
+    def __init__(self) -> None:
+        super().__init__(self._arrived)
+        self.event = trio.Event()
+        self._outcome: object = None
+
+    def _arrived(self, outcome: object) -> None:
+        self._outcome = outcome
+        self.event.set()
+
+    def value(self) -> object:
+        if isinstance(self._outcome, RocketError):
+            raise self._outcome
+        return self._outcome
 
 
 class Deadlines:

@@ -17,7 +17,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.parked import Deadlines, Slot
+from rocket.parked import Awaited, Deadlines, Slot
 from rocket.raft import codec, snapshots
 from rocket.raft.controlled import Control, ControlledCore, SyncStateRequest
 from rocket.raft.core import NONE, Config, HardState, Message, MessageType, RaftCore, Role
@@ -351,18 +351,14 @@ class RaftHost(Rounds):
 
     async def propose(self, group: int, data: bytes, timeout_s: float = limits.request_timeout_s_default):
         """Replicate data in the group's log; returns the state machine's result once it is applied here."""
-        event, outcome = trio.Event(), []
-        slot = Slot(lambda result: (outcome.append(result), event.set()))
+        slot = Awaited()
         self.propose_parked(group, data, slot)
         try:
-            await self._wait(event, timeout_s, f"group {group}: the proposal was not applied")
+            await self._wait(slot.event, timeout_s, f"group {group}: the proposal was not applied")
         except RocketError:
             slot.done = True  # its result, if it comes, is dropped
             raise
-        [result] = outcome
-        if isinstance(result, RocketError):
-            raise result
-        return result
+        return slot.value()
 
     def propose_parked(self, group: int, data: bytes, slot: Slot, timeout_s: float = math.inf) -> None:
         """Propose without waiting: the entry waits in the group's buffer, which the next round proposes in one go
@@ -455,15 +451,12 @@ class RaftHost(Rounds):
 
     async def _wait_applied(self, hosted: Group, index: int, timeout_s: float):
         """The entry's result once applied (the index, for membership changes)."""
-        event, outcome = trio.Event(), []
-        hosted.waiters[index] = (hosted.core.term, Slot(lambda result: (outcome.append(result), event.set())))
+        slot = Awaited()
+        hosted.waiters[index] = (hosted.core.term, slot)
         try:
-            await self._wait(event, timeout_s, f"entry {index} not applied")
+            await self._wait(slot.event, timeout_s, f"entry {index} not applied")
         finally:
             hosted.waiters.pop(index, None)
-        [result] = outcome
-        if isinstance(result, RocketError):
-            raise result
-        return result
+        return slot.value()
 
 

@@ -15,7 +15,7 @@ import trio
 
 from rocket import __version__, access, quotas
 from rocket.errors import Code, RocketError
-from rocket.parked import Slot, Unparked
+from rocket.parked import Awaited, Slot, Unparked
 from rocket.serde import SERDE_IDS
 from rocket.serde.schema import SCHEMA_VERSION
 
@@ -322,19 +322,16 @@ class Dispatcher:
         unless it cannot park the call."""
         parked = self._parked.get(name)
         if parked is not None:
-            done, outcome = trio.Event(), []
+            slot = Awaited()
             try:
-                parked(request, Slot(lambda result: (outcome.append(result), done.set())))
+                parked(request, slot)
             except Unparked:
                 pass
             except Exception as error:
                 raise as_rocket_error(error, name) from None
             else:
-                await done.wait()
-                [result] = outcome
-                if isinstance(result, RocketError):
-                    raise result
-                return result
+                await slot.event.wait()
+                return slot.value()
         _, handler = self._resolve(name)
         try:
             return await handler(request)
