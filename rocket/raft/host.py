@@ -7,6 +7,7 @@ persist before send; a leader's appends go out once written, with a commit durab
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import threading
@@ -122,6 +123,9 @@ class RaftHost(Rounds):
         self._proposing: set[int] = set()  # groups with proposals buffered for the next round (Group.proposals)
         self._deadlines = Deadlines()  # parked proposals with a timeout, swept each tick
         self._round_hooks: list[Callable[[], None]] = []  # on_round
+        # What the round loop applies a round's entries within: the storage role's Store.holding, so that a round's
+        # changes to the store are written once for all its groups.
+        self.applying: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def _touched(self, group: int, hosted: Group) -> None:
         self._active.add(group)

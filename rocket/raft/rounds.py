@@ -298,9 +298,10 @@ class Rounds(Compaction):
                 if self._rounds_durable < current.previous:
                     return
                 current.applied = True
-                for group, hosted, ready in current.readies:
-                    if ready.snapshot is None:
-                        self._apply_ready(group, hosted, ready)
+                with self.applying():
+                    for group, hosted, ready in current.readies:
+                        if ready.snapshot is None:
+                            self._apply_ready(group, hosted, ready)
             if self._rounds_durable < current.number:
                 return
             invariant(not self._writing or self._writing[0] is not current, "a round is released once collected")

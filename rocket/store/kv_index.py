@@ -94,15 +94,15 @@ class KvIndex:
 
     # ---- writes --------------------------------------------------------------------------------------
 
-    def apply(self, changes: list[KvChange], shards: dict[tuple[str, int], list[int]], group: int,
-              applied: int) -> None:
-        """Record a group's changes, the revisions of the shards they touched and its last entry applied, in one
-        write without sync."""
+    def apply(self, groups: list[tuple[list[KvChange], dict[tuple[str, int], list[int]], int, int]]) -> None:
+        """Record groups' changes, the revisions of the shards they touched and their last entries applied, each
+        given as (changes, shards, group, applied), in one write without sync."""
         with self._db.write_batch(sync=False) as batch:
-            for change in changes:
-                self._write_change(batch, group, change)
-            self._write_shards(batch, shards)
-            batch.put(b"a" + _u64.pack(group), _u64.pack(applied))
+            for changes, shards, group, applied in groups:
+                for change in changes:
+                    self._write_change(batch, group, change)
+                self._write_shards(batch, shards)
+                batch.put(b"a" + _u64.pack(group), _u64.pack(applied))
 
     @staticmethod
     def _write_shards(batch, shards: dict[tuple[str, int], list[int]]) -> None:

@@ -13,6 +13,7 @@ their own (reads.py, timers.py, reclaim.py).
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import threading
@@ -78,6 +79,7 @@ class Store(Reads, Timers, Reclaim):
         # loop, KV expiry) put a new event here before they sleep.
         self.timers_changed = trio.Event()
         self.kv_changed = trio.Event()
+        self._held: list[Effects] | None = None  # what applies changed, persisted at the end of holding()
 
     @classmethod
     def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_default) -> "Store":
@@ -97,40 +99,77 @@ class Store(Reads, Timers, Reclaim):
     # ---- the state machine's effects -------------------------------------------------------------------
 
     def apply(self, group: int, entries, positions: list[int]) -> list:
-        """Apply a group's committed entries (see StorageMachine.apply) and persist what they changed."""
+        """Apply a group's committed entries (see StorageMachine.apply) and persist what they changed: now, or at the
+        end of the holding() block this runs in."""
         results, effects = self.machine.apply(group, entries, positions)
         if effects is not None:
-            self._persist(effects)
+            if self._held is None:
+                self._persist([effects])
+            else:
+                if any(held.group == group for held in self._held):
+                    self._flush_held()  # a group's apply reads what its earlier ones wrote (timers, pops, KV keys)
+                self._held.append(effects)
         return results
 
-    def _persist(self, effects: Effects) -> None:
-        if effects.applied:
-            self.log.append(effects.records)
-            if effects.producers_restored is not None:
-                self.index.replace_producers(effects.group, effects.producers_restored)
-            self.index.apply(effects.index_entries, effects.touched, effects.commits, {effects.group: effects.applied},
-                             self.log.end_position, effects.timers, effects.pop_changes, effects.tier_changes,
-                             effects.producer_changes)
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Within the block, what applies change is persisted once, at its end: one write to the store's log and one
+        to each index for every group a Raft round applied, not one per group. Nothing reads the index in between:
+        the block is the round loop's apply, in the trio thread, and snapshot and restore persist what is held
+        first."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held:
+                self._persist(held)
+
+    def _flush_held(self) -> None:
+        if self._held:
+            held, self._held = self._held, []
+            self._persist(held)
+
+    def _persist(self, held: list[Effects]) -> None:
+        applied = [effects for effects in held if effects.applied]
+        if applied:
+            self.log.append([record for effects in applied for record in effects.records])
+            for effects in applied:
+                if effects.producers_restored is not None:
+                    self.index.replace_producers(effects.group, effects.producers_restored)
+            entries = [entry for effects in applied for entry in effects.index_entries]
+            touched = {key: stats for effects in applied for key, stats in effects.touched.items()}
+            commits = [commit for effects in applied for commit in effects.commits]
+            timers = [timer for effects in applied for timer in effects.timers]
+            pops = [change for effects in applied for change in effects.pop_changes]
+            tier = [change for effects in applied for change in effects.tier_changes]
+            producers = [change for effects in applied for change in effects.producer_changes]
+            self.index.apply(entries, touched, commits, {effects.group: effects.applied for effects in applied},
+                             self.log.end_position, timers, pops, tier, producers)
             self._dirty = True
-            self.traffic.update(effects.touched)
-            self.changed.update(effects.touched)
+            self.traffic.update(touched)
+            self.changed.update(touched)
             bytes_in = self.bytes_in
-            for topic, _, entry in effects.index_entries:
-                bytes_in[(topic, effects.group)] = bytes_in.get((topic, effects.group), 0) + entry.batch_bytes
-            for consumer_group, topic, offsets in effects.commits:
+            for effects in applied:
+                for topic, _, entry in effects.index_entries:
+                    bytes_in[(topic, effects.group)] = bytes_in.get((topic, effects.group), 0) + entry.batch_bytes
+                for key in effects.woken.union(effects.touched):
+                    for event in self._watchers.get(key, ()):
+                        event.set()
+            for consumer_group, topic, offsets in commits:
                 self._count_commits(consumer_group, topic, offsets)
-            for key in effects.woken.union(effects.touched):
-                for event in self._watchers.get(key, ()):
-                    event.set()
-            if effects.timers:
+            if timers:
                 self.timers_changed.set()
-        if effects.kv_applied:
-            self.kv.apply(effects.kv_changes, effects.kv_shards, effects.group, effects.kv_applied)
+        kv = [(effects.kv_changes, effects.kv_shards, effects.group, effects.kv_applied) for effects in held
+              if effects.kv_applied]
+        if kv:
+            self.kv.apply(kv)
             self._dirty = True
             self.kv_changed.set()
-            for key in effects.kv_shards:
-                for event in self._kv_watchers.get(key, ()):
-                    event.set()
+            for _, shards, _, _ in kv:
+                for key in shards:
+                    for event in self._kv_watchers.get(key, ()):
+                        event.set()
 
     def count_read(self, topic: str, queue: int, batches: list[tuple[int, bytes]], messages: int | None = None) -> None:
         """Telemetry: a read of the queue returned these batches, with messages of theirs (all, by default; a
@@ -179,6 +218,7 @@ class Store(Reads, Timers, Reclaim):
         lies in the store's own log and the KV index, which must be made durable (sync) before the snapshot is,
         so that the group's Raft log may then be dropped: the Raft host does it in its persist thread
         (sync_before_snapshots). The KV records come from a LevelDB snapshot taken now: iterate them anywhere."""
+        self._flush_held()
         head = self.machine.snapshot(group)
         shards = [place for place, (holder, *_) in self.machine.kv_shards.items() if holder == group]
         return itertools.chain((head,), self.kv.snapshot_chunks(group, shards))  # both taken now, not when iterated
@@ -189,6 +229,7 @@ class Store(Reads, Timers, Reclaim):
         refuses reads of the batches it lacks (UNAVAILABLE, so that a broker asks another replica)
         until the storage role has backfilled them (see backfill). The KV state is taken whole when the KV
         index is behind the snapshot (a new replica, or a KV directory lost)."""
+        self._flush_held()
         chunks = iter(chunks)
         head = next(chunks, b"")
         if not head:
@@ -204,7 +245,7 @@ class Store(Reads, Timers, Reclaim):
                         effects.kv_applied)
             self.kv.restore(group, effects.kv_shards, chunks, effects.kv_applied)
             effects.kv_applied = 0  # written whole
-        self._persist(effects)
+        self._persist([effects])
 
     async def kv_wait(self, bucket: str, shard: int, revision: int, timeout_s: float) -> None:
         """Return when the shard's revision passes revision, or after the timeout."""

@@ -220,6 +220,41 @@ def test_a_batch_is_written_once(tmp_path):
     store.close()
 
 
+def test_a_rounds_applies_are_written_once_for_all_its_groups(tmp_path):
+    """Within holding() (the round loop's apply), the groups' changes reach the index in one write at the end; a
+    group applied again first writes what it changed before (its apply reads it), and so does a snapshot. The store
+    then holds exactly what applying each group alone wrote, also after a reopen."""
+    def groups_of(first_index: int) -> dict[int, list[Entry]]:
+        return {group: workload(batches=4, first_index=first_index, topic=f"g{group}") for group in (3, 4, 5)}
+
+    alone, held = Node(tmp_path / "alone"), Node(tmp_path / "held")
+    for group, entries in groups_of(1).items():
+        alone.apply(group, entries)
+    writes = []
+    index_apply = held.store.index.apply
+    held.store.index.apply = lambda *args, **kwargs: (writes.append(args[3]), index_apply(*args, **kwargs))
+    with held.store.holding():
+        for group, entries in groups_of(1).items():
+            held.apply(group, entries[:2])
+        assert writes == []
+        held.apply(3, groups_of(1)[3][2:])  # group 3 again: its first apply is written, with the others held so far
+        assert writes == [{3: 2, 4: 2, 5: 2}]
+        held.snapshot(4)
+        assert writes == [{3: 2, 4: 2, 5: 2}, {3: 4}]
+        for group in (4, 5):
+            held.apply(group, groups_of(1)[group][2:])
+    assert writes == [{3: 2, 4: 2, 5: 2}, {3: 4}, {4: 4, 5: 4}]
+    topics = {f"g{group}": 2 for group in (3, 4, 5)}
+    expected = state(alone, topics)
+    assert all(stats["next_offset"] == 100 for stats, _, _ in expected.values())
+    for _ in range(2):
+        assert state(held, topics) == expected
+        held.close()
+        held = Node(tmp_path / "held")
+    held.close()
+    alone.close()
+
+
 def test_unknown_queues_read_as_empty(tmp_path):
     """A queue nothing was applied to has no data, zero stats, and offset 0 for any time; reading
     past its end is OFFSET_OUT_OF_RANGE."""

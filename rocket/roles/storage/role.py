@@ -76,6 +76,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
         # Parked StorageKvTxn calls by group, proposed together at the start of the next Raft round (kv.py)
         self._kv_waiting: dict[int, list] = {}
         host.on_round(self._propose_kv)
+        host.applying = self.store.holding
         self.kv_reads: dict[str, int] = {}  # KV reads served, by kind: kv.KV_READ_KINDS only
         self.wal_moved_bytes = 0  # batches copied forward so that old WAL segments could go
         self._wal_drops_seen, self._wal_rescan_at = -1, 0.0  # the store's drops at the last scan of the WAL's oldest
