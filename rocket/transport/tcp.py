@@ -204,6 +204,32 @@ def _error_frame(serde_id: int, request_id: int, error: RocketError) -> bytes:
     return frames.encode(Kind.ERROR, serde_id, request_id, encode_error(serde, error))
 
 
+class Outbox:
+    """Frames queued by code that does not wait (a parked call's answer, a request sent without a task) for the one
+    task that writes them: everything queued meanwhile goes in one write."""
+
+    def __init__(self) -> None:
+        self.parts: list = []
+        self._ready = trio.Event()
+
+    def put(self, parts: list) -> None:
+        self.parts += parts
+        self._ready.set()
+
+    def wake(self) -> None:
+        """Have write_each look at done() again."""
+        self._ready.set()
+
+    async def write_each(self, write: Callable[..., Awaitable[None]], done: Callable[[], bool] = lambda: False) -> None:
+        """Write what is queued with write(*parts) as it comes, until done() holds and nothing is queued."""
+        while not (done() and not self.parts):
+            await self._ready.wait()
+            self._ready = trio.Event()
+            if self.parts:
+                parts, self.parts = self.parts, []
+                await write(*parts)
+
+
 class ReceiveBudget:
     """The bytes a listener's connections hold for frames not yet whole (FrameDecoder.held_bytes), together. Past
     bytes_max the connection holding the most is closed, OVERLOADED: a decoder's memory follows what arrived, and
@@ -260,8 +286,7 @@ class _ServerConnection:
         self._replies: list = []  # answers to inline requests (MethodSpec.inline), sent together before the next read
         # The data plane (_park): calls parked, their answers queued for the writer task, sent once per round.
         self._parked = 0
-        self._answers: list = []
-        self._answers_ready = trio.Event()
+        self._answers = Outbox()  # parked calls' answers (_write_answers)
         self._writer_started = False
         self._reading_done = False
 
@@ -285,7 +310,7 @@ class _ServerConnection:
             async with trio.open_nursery() as calls:
                 await self._read_until_done(calls, first)
                 self._reading_done = True
-                self._answers_ready.set()  # the writer ends once the parked calls are answered
+                self._answers.wake()  # the writer ends once the parked calls are answered
                 # Streams never end by themselves; in-flight unary calls get a bounded time to answer.
                 for scope in list(self.streams.values()):
                     scope.cancel()
@@ -402,12 +427,11 @@ class _ServerConnection:
     def _answer_parked(self, frame: Frame, outcome: object) -> None:
         """A parked call's answer: queued for the writer, with everything else the same round completes."""
         if isinstance(outcome, RocketError):
-            self._answers.append(_error_frame(frame.serde, frame.request_id, outcome))
+            self._answers.put([_error_frame(frame.serde, frame.request_id, outcome)])
         else:
             body, attachments = outcome
-            self._answers += frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body,
-                                                 attachment=attachments)
-        self._answers_ready.set()
+            self._answers.put(frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body,
+                                                  attachment=attachments))
         self._parked -= 1
         self.lifecycle.call_finished()
         self.in_flight.release()
@@ -417,12 +441,7 @@ class _ServerConnection:
     async def _write_answers(self) -> None:
         """Send parked calls' answers as they come: whatever one round completed, in one write. Ends once the
         connection reads no more and every parked call was answered (or with the calls' grace, like a task)."""
-        while not (self._reading_done and not self._parked and not self._answers):
-            await self._answers_ready.wait()
-            self._answers_ready = trio.Event()
-            if self._answers:
-                answers, self._answers = self._answers, []
-                await self._send(*answers)
+        await self._answers.write_each(self._send, lambda: self._reading_done and not self._parked)
 
     def _serde_of(self, frame: Frame) -> ModuleType:
         """The serde a request is in: an older client's is read in its schemas (same version: no cost)."""

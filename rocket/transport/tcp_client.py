@@ -23,7 +23,7 @@ from rocket.transport.channel import Channel, server_schema_version
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
 from rocket.transport.listen import connect
 from rocket.transport.rpc import attach, method_spec, serde_for_id
-from rocket.transport.tcp import receive_into, send_parts
+from rocket.transport.tcp import Outbox, receive_into, send_parts
 from rocket.transport.tls import client_handshake
 
 log = logging.getLogger("rocket.tcp")
@@ -47,8 +47,7 @@ class TcpChannel(Channel):
         self.posts_unanswered = 0
         self.posts_heard_at = 0.0
         # Requests call_parked queued for write_loop, which writes all queued meanwhile at once.
-        self._outbox: list = []
-        self._outbox_ready = trio.Event()
+        self._outbox = Outbox()  # call_parked's requests (write_loop)
 
     async def hello(self) -> int:
         """Tell the server this side's schema version and learn its own (a server too old to know Hello is
@@ -85,19 +84,14 @@ class TcpChannel(Channel):
             raise self._broken
         request_id = next(self._request_ids)
         self._waiting[request_id] = _ParkedCall(self, request_id, method_spec(method), slot)
-        self._outbox += self._request_parts(method, message, request_id)
-        self._outbox_ready.set()
+        self._outbox.put(self._request_parts(method, message, request_id))
 
     async def write_loop(self) -> None:
         """Write what call_parked queued: everything queued meanwhile in one write."""
-        while True:
-            await self._outbox_ready.wait()
-            self._outbox_ready = trio.Event()
-            parts, self._outbox = self._outbox, []
-            try:
-                await self._write(*parts)
-            except RocketError:
-                return  # broken: _fail told every call waiting
+        try:
+            await self._outbox.write_each(self._write)
+        except RocketError:
+            return  # broken: _fail told every call waiting
 
     async def post(self, method: str, message: dict) -> None:
         """Write a request and wait for no answer: for messages whose loss the sender tolerates (Raft's), so each
