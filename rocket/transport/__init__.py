@@ -23,9 +23,9 @@ reset). It closes connections idle `http2_idle_s`, resets bodies not complete wi
 stream's h2 error ends that stream only. HTTP/1.1 on h11: http1.py serves the node's /metrics, /healthz, /readyz and
 the web console.
 
-Between nodes. links.py carries Raft messages: each payload is a RaftStep post from the link's one task, served
-inline in the peer's read loop (MethodSpec.inline); a peer that leaves posts unanswered limits.raft_link_silent_s is
-connected to again. pool.py holds the channels to other nodes, peer_auth.py admits them (PeerHello), and tls.py
+Between nodes. links.py carries Raft messages: each payload is a RaftStep post (a POST frame, never answered) from
+the link's one task, served in the peer's read loop; a peer that leaves the link's Hello unanswered
+limits.raft_link_silent_s is connected to again. pool.py holds the channels to other nodes, peer_auth.py admits them (PeerHello), and tls.py
 builds every SSL context. listen.py accepts and opens connections. background.py is the nursery of tasks that
 outlive their call; links, the pool and the broker hold one.
 

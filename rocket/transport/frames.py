@@ -33,6 +33,10 @@ class Kind(enum.IntEnum):
     STREAM_ITEM = 4
     STREAM_END = 5
     CANCEL = 6
+    POST = 7  # a request nobody answers, errors included: served in the read loop (Raft's messages between nodes)
+
+
+POST_SINCE_SCHEMA = 4  # the first schema version (serde/schema.py) whose servers take POST frames
 
 
 @dataclasses.dataclass(slots=True)

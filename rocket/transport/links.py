@@ -1,6 +1,6 @@
 """Raft messages between nodes over the project's RPC layer: one TCP connection per peer carrying
-RaftStep posts (answers unawaited, but a peer that leaves them unanswered is connected to again), fed by a bounded
-queue (a full queue drops payloads, which Raft tolerates)."""
+RaftStep posts (one-way: POST frames, which the peer answers not at all; a peer that leaves the link's Hello unanswered
+is connected to again), fed by a bounded queue (a full queue drops payloads, which Raft tolerates)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.transport.background import Background
+from rocket.transport.channel import server_schema_version
 from rocket.transport.listen import cancel_on
 from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp_client import TcpChannel, open_tcp_channel
@@ -56,7 +57,7 @@ class PeerLinks(Background):
                         self.versions[destination] = channel.peer_version or 1
                         # A broken read loop is a broken link, even while nothing is being written.
                         watcher.start_soon(cancel_on, channel.closed, connection)
-                        watcher.start_soon(self._watch_answers, channel, destination, connection)
+                        watcher.start_soon(self._watch_peer, channel, destination, connection)
                         await self._send_all(channel, inbox)
                 except RocketError as error:  # a refused hello or certificate is a misconfiguration: say it here
                     refused = error.code == Code.UNAUTHENTICATED or "TLS handshake" in error.message
@@ -73,20 +74,23 @@ class PeerLinks(Background):
             await trio.sleep(limits.raft_link_reconnect_s)
 
     @staticmethod
-    async def _watch_answers(channel: TcpChannel, destination: int, connection: trio.CancelScope) -> None:
-        """Reconnect once the peer left posts unanswered for limits.raft_link_silent_s: a host gone without a reset
-        (powered off, cut off) breaks no write for minutes, while a new connection finds it as soon as it is back."""
+    async def _watch_peer(channel: TcpChannel, destination: int, connection: trio.CancelScope) -> None:
+        """Reconnect once the peer leaves a Hello (which every node's dispatcher answers) unanswered for
+        limits.raft_link_silent_s. Posts get no answer, and a host gone without a reset (powered off, cut off) breaks
+        no write for minutes, while a new connection finds it as soon as it is back."""
         while True:
             await trio.sleep(limits.raft_link_silent_s / 4)
-            if channel.posts_unanswered and trio.current_time() - channel.posts_heard_at > limits.raft_link_silent_s:
-                log.debug("link to node %d: %d payloads unanswered for %.1f s: reconnecting", destination,
-                          channel.posts_unanswered, limits.raft_link_silent_s)
+            try:
+                with trio.fail_after(limits.raft_link_silent_s):
+                    await server_schema_version(channel)
+            except (RocketError, trio.TooSlowError) as error:
+                log.debug("link to node %d: no answer to Hello (%s): reconnecting", destination, error)
                 connection.cancel()
                 return
 
     async def _send_all(self, channel: TcpChannel, inbox: trio.MemoryReceiveChannel) -> None:
         """Post each payload as it comes, from this one task: nobody needs RaftStep's answer (Raft tolerates lost
-        messages), so a payload costs one write and no waiting. A full socket holds this task back, and the outbox,
+        messages), so a payload costs one write, no waiting, and no answer from a peer that takes POST frames. A full socket holds this task back, and the outbox,
         full, drops what comes meanwhile. Raises CONNECTION_LOST once a write fails."""
         async for payload in inbox:
             await channel.post("RaftStep", {"sender": self.node_id, "payload": payload})

@@ -383,11 +383,14 @@ class _ServerConnection:
             if scope is not None:
                 scope.cancel()
             return
-        if frame.kind != Kind.REQUEST:
+        if frame.kind not in (Kind.REQUEST, Kind.POST):
             raise FrameError(Code.BAD_FRAME, f"a client may not send {frame.kind.name} frames", frame.request_id)
         muted_s = self.caller.muted_until - trio.current_time()
         if muted_s > 0:  # over a quota (rpc.py): read nothing more of this connection until its throttle passed
             await trio.sleep(muted_s)
+        if frame.kind == Kind.POST:
+            await self._posted(frame)
+            return
         spec = METHODS.get(frame.method)
         if spec is not None and spec.inline:
             self._replies += await self._unary(frame)
@@ -449,6 +452,25 @@ class _ServerConnection:
         if self.peer_version < SCHEMA_VERSION:
             serde = for_peer(serde, self.peer_version)
         return serde
+
+    async def _posted(self, frame: Frame) -> None:
+        """A POST: served here in the read loop, as an inline request is, and answered with nothing. Its sender hears
+        of no refusal, so it is logged here: the first of a connection as a warning, later ones at debug level. Only
+        inline methods (which do not wait) may be posted: another closes the connection with BAD_FRAME."""
+        spec = METHODS.get(frame.method)
+        if spec is None or not spec.inline:
+            raise FrameError(Code.BAD_FRAME, f"{frame.method!r} cannot be posted: only methods served in the read "
+                             "loop (RaftStep) can", frame.request_id)
+        try:
+            await self.dispatcher.call(frame.method, self._serde_of(frame), frame.body, frame.attachment,
+                                       detached=True, caller=self.caller)
+        except RocketError as error:
+            self._posts_refused += 1
+            log.log(logging.WARNING if self._posts_refused == 1 else logging.DEBUG, "a %s posted by %s was refused "
+                    "(%d on this connection): %s: %s", frame.method, self.caller.source, self._posts_refused,
+                    error.code.name, error.message)
+
+    _posts_refused = 0
 
     async def _flush_replies(self) -> None:
         """Send the answers to inline requests served so far, in one write."""

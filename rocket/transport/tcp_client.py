@@ -20,7 +20,7 @@ from rocket.serde import SERDE_ID_OF, serde_named
 from rocket.serde.versions import for_peer
 from rocket.transport import frames
 from rocket.transport.channel import Channel, server_schema_version
-from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
+from rocket.transport.frames import POST_SINCE_SCHEMA, Frame, FrameDecoder, FrameError, Kind
 from rocket.transport.listen import connect
 from rocket.transport.rpc import attach, method_spec, serde_for_id
 from rocket.transport.tcp import Outbox, receive_into, send_parts
@@ -42,12 +42,7 @@ class TcpChannel(Channel):
         self._send_lock = trio.Lock()
         self._broken: RocketError | None = None
         self.closed = trio.Event()  # set once the connection is broken or closed
-        # Posts the server has not answered yet, and when it last answered one (or the wait began): a peer that
-        # stopped answering (a host gone without a reset) shows here, since no call times out.
-        self.posts_unanswered = 0
-        self.posts_heard_at = 0.0
-        # Requests call_parked queued for write_loop, which writes all queued meanwhile at once.
-        self._outbox = Outbox()  # call_parked's requests (write_loop)
+        self._outbox = Outbox()  # call_parked's requests, for write_loop
 
     async def hello(self) -> int:
         """Tell the server this side's schema version and learn its own (a server too old to know Hello is
@@ -94,15 +89,14 @@ class TcpChannel(Channel):
             return  # broken: _fail told every call waiting
 
     async def post(self, method: str, message: dict) -> None:
-        """Write a request and wait for no answer: for messages whose loss the sender tolerates (Raft's), so each
-        costs no waiter and no timeout. The server still answers (older senders wait for it): the read loop drops
-        the answer, and logs an error answer at debug level. Raises CONNECTION_LOST once the channel is broken."""
+        """Write a request nobody waits for: for messages whose loss the sender tolerates (Raft's), so each costs no
+        waiter, no timeout and, to a server of schema version POST_SINCE_SCHEMA on (hello), no answer: a POST frame.
+        An older server answers the request: the read loop drops the answer, and logs an error answer at debug level.
+        Raises CONNECTION_LOST once the channel is broken."""
         if self._broken is not None:
             raise self._broken
-        if not self.posts_unanswered:
-            self.posts_heard_at = trio.current_time()  # the wait for an answer starts now
-        self.posts_unanswered += 1
-        await self._write(*self._request_parts(method, message, next(self._request_ids)))
+        kind = Kind.POST if (self.peer_version or 1) >= POST_SINCE_SCHEMA else Kind.REQUEST
+        await self._write(*self._request_parts(method, message, next(self._request_ids), kind))
 
     async def stream(self, method: str, message: dict) -> AsyncIterator[dict]:
         """Yield a server stream's items; leaving the loop early cancels the stream on the server."""
@@ -134,7 +128,7 @@ class TcpChannel(Channel):
         await self._write(*parts)
         return request_id, receiver
 
-    def _request_parts(self, method: str, message: dict, request_id: int) -> list:
+    def _request_parts(self, method: str, message: dict, request_id: int, kind: Kind = Kind.REQUEST) -> list:
         """A request frame's parts, its attachment (if the method has one) carried apart, uncopied."""
         spec = method_spec(method)
         attachment = None
@@ -142,7 +136,7 @@ class TcpChannel(Channel):
             attachment = message[spec.attachment_field]
             message = {**message, spec.attachment_field: b""}
         body = self._serde.encode(spec.request_type, message)
-        return frames.encode_parts(Kind.REQUEST, self._serde_id, request_id, body, method, attachment)
+        return frames.encode_parts(kind, self._serde_id, request_id, body, method, attachment)
 
     async def _write(self, *parts: bytes | memoryview) -> None:
         async with self._send_lock:
@@ -188,12 +182,8 @@ class TcpChannel(Channel):
                             await sender.send((frame.kind, frame.body, frame.attachment))
                         except trio.BrokenResourceError:
                             pass  # the caller gave up (timeout or cancel)
-                    else:  # a post's answer, or a call's its caller gave up on: the server is there
-                        if self.posts_unanswered:
-                            self.posts_unanswered -= 1
-                        self.posts_heard_at = trio.current_time()
-                        if frame.kind == Kind.ERROR and log.isEnabledFor(logging.DEBUG):
-                            self._unheard_error(frame)  # nobody to tell
+                    elif frame.kind == Kind.ERROR and log.isEnabledFor(logging.DEBUG):  # an older server's answer
+                        self._unheard_error(frame)  # to a post, or a call's its caller gave up on: nobody to tell
         except (trio.BrokenResourceError, trio.ClosedResourceError, FrameError) as error:
             self._fail(RocketError(Code.CONNECTION_LOST, f"connection lost: {error}"))
 

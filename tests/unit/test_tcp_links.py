@@ -1,5 +1,6 @@
-"""Raft links over TCP: TcpChannel.post (a request nobody waits for), RaftStep served inline in the server's read
-loop (MethodSpec.inline), and PeerLinks posting over one channel per peer, reconnecting once it breaks."""
+"""Raft links over TCP: TcpChannel.post (a request nobody waits for: a POST frame, never answered, to a server of
+schema version 4 on), RaftStep served inline in the server's read loop (MethodSpec.inline), and PeerLinks posting over
+one channel per peer, reconnecting once it breaks or its peer leaves a Hello unanswered."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.transport import rpc
+from rocket.transport import frames, rpc
 from rocket.transport.links import PeerLinks
 from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.rpc import Dispatcher, Lifecycle
 from rocket.transport.tcp import serve_tcp
+from rocket.transport.channel import server_schema_version
+from rocket.transport.frames import Kind
 from rocket.transport.tcp_client import open_tcp_channel
 
 SECRET = b"a cluster secret of some length"
@@ -65,23 +68,92 @@ def step(index: int) -> dict:
     return {"sender": 2, "payload": index.to_bytes(4, "big")}
 
 
-async def test_an_error_answer_to_a_post_neither_fails_the_channel_nor_stays_behind(nursery, caplog):
-    """Posts a server refuses (RaftStep from a connection that said no PeerHello) are each logged at debug with the
-    code; the channel keeps working and holds nothing for them."""
+async def test_a_refused_post_is_logged_by_the_server_and_neither_fails_the_channel_nor_stays_behind(nursery, caplog):
+    """Posts a server refuses (RaftStep from a connection that said no PeerHello) get no answer: the server logs
+    them, the first as a warning and the rest at debug level, each with the code; the channel keeps working and holds
+    nothing for them."""
     caplog.set_level(logging.DEBUG, logger="rocket.tcp")
     server = RaftServer(SECRET)
     port = await server.serve(nursery)
     async with open_tcp_channel("127.0.0.1", port, "avro") as channel:
         for index in range(50):
             await channel.post("RaftStep", step(index))
-        # Answers come in order on one connection: once Hello's is read, so are the fifty before it.
+        # Requests are served in order on one connection: once Hello is answered, the fifty before it were served.
         assert await channel.hello() == channel.peer_version
         assert not channel.closed.is_set() and channel._waiting == {}
-    refusals = [record for record in caplog.records
-                if record.name == "rocket.tcp" and record.levelno == logging.DEBUG and "UNAUTHENTICATED" in
-                record.getMessage()]
-    assert len(refusals) == 50
+    refusals = [record.levelno for record in caplog.records
+                if record.name == "rocket.tcp" and "UNAUTHENTICATED" in record.getMessage()]
+    assert refusals == [logging.WARNING] + [logging.DEBUG] * 49
     assert server.payloads == []
+
+
+@pytest.mark.parametrize("server_version", [4, 3])
+async def test_a_post_is_a_post_frame_to_a_new_server_and_an_answered_request_to_an_older_one(
+        nursery, monkeypatch, server_version):
+    """A server of schema version 4 on answers no post: the channel writes POST frames and reads nothing back for
+    them. To an older one (version 3) the channel writes requests, which it answers, and the channel drops the
+    answers. Either way the payloads arrive in order."""
+    written: list[tuple[Kind, str]] = []
+    encode_parts = frames.encode_parts
+
+    def recording(kind, serde_id, request_id, body, method="", attachment=None):
+        written.append((Kind(kind), method))
+        return encode_parts(kind, serde_id, request_id, body, method, attachment)
+
+    monkeypatch.setattr(frames, "encode_parts", recording)
+    server = RaftServer()
+    server.expected = 20
+
+    async def hello(request: dict) -> dict:
+        return {"schema_version": server_version, "version": "old" if server_version < 4 else "new"}
+
+    server.dispatcher._handlers["Hello"] = hello
+    port = await server.serve(nursery)
+    async with open_tcp_channel("127.0.0.1", port, "avro") as channel:
+        assert channel.peer_version == server_version
+        written.clear()
+        for index in range(20):
+            await channel.post("RaftStep", step(index))
+        with trio.fail_after(5):
+            await server.arrived.wait()
+            await server_schema_version(channel)  # answered after the posts: any answer to them came before
+    assert server.payloads == [step(index)["payload"] for index in range(20)]
+    posted = [entry for entry in written if entry[1] == "RaftStep"]
+    answers = [kind for kind, _ in written if kind == Kind.RESPONSE]
+    if server_version >= 4:
+        assert posted == [(Kind.POST, "RaftStep")] * 20 and len(answers) == 1  # Hello's
+    else:
+        assert posted == [(Kind.REQUEST, "RaftStep")] * 20 and len(answers) == 21
+
+
+async def test_hostile_posts_are_refused_in_one_line_and_the_server_goes_on(nursery, caplog):
+    """Over a raw socket: a POST of a method that waits (Produce) closes the connection with a one-line BAD_FRAME; a
+    POST of RaftStep with a body that is not one is logged and answered with nothing, and the connection goes on."""
+    server = RaftServer()
+    port = await server.serve(nursery)
+
+    async def answers(stream: trio.SocketStream, data: bytes) -> list[frames.Frame]:
+        await stream.send_all(data)
+        decoder, found = frames.FrameDecoder(), []
+        with trio.move_on_after(1):
+            while chunk := await stream.receive_some(65536):
+                decoder.feed(chunk)
+                while (frame := decoder.next_frame()) is not None:
+                    found.append(frame)
+        return found
+
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        [refusal] = await answers(stream, frames.encode(Kind.POST, 1, 5, b"{}", "Produce"))
+    assert (refusal.kind, refusal.request_id) == (Kind.ERROR, 5)
+    body = bytes(refusal.body)
+    assert b"BAD_FRAME" in body and b"cannot be posted" in body and b"\n" not in body
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        found = await answers(stream, frames.encode(Kind.POST, 1, 6, b"[not json", "RaftStep")
+                              + frames.encode(Kind.REQUEST, 1, 7, b'{"schema_version": 4}', "Hello"))
+    assert [(frame.kind, frame.request_id) for frame in found] == [(Kind.RESPONSE, 7)]
+    assert server.payloads == []
+    assert any("RaftStep posted by" in record.getMessage() and record.levelno == logging.WARNING
+               for record in caplog.records)
 
 
 async def test_a_post_after_the_server_closed_raises_connection_lost(nursery):
@@ -152,10 +224,12 @@ async def test_raft_step_is_refused_to_a_caller_that_is_not_a_peer(nursery):
 
 
 async def test_links_talk_to_a_server_that_serves_raft_step_as_a_task(nursery, monkeypatch):
-    """An older node serves RaftStep as any call (a task each): a link's posts reach it in order all the same."""
+    """An older node (schema version 1: before Hello) serves RaftStep as any call (a task each), and answers it: a
+    link's posts reach it in order all the same."""
     old = dataclasses.replace(rpc.METHODS["RaftStep"], inline=False)
     monkeypatch.setitem(rpc.METHODS, "RaftStep", old)
     server = RaftServer()
+    del server.dispatcher._handlers["Hello"]  # UNKNOWN_METHOD: the link takes it for version 1
     server.expected = 100
     port = await server.serve(nursery)
     links = PeerLinks(2, {1: ("127.0.0.1", port)})
@@ -190,19 +264,19 @@ async def test_a_link_reconnects_once_its_connection_closes_even_while_idle(nurs
 
 
 async def test_a_link_whose_peer_stops_answering_reconnects(nursery, monkeypatch):
-    """A peer that takes the payloads but answers none (a host gone without a reset looks the same to the sender:
-    no write fails) is left after limits.raft_link_silent_s, and the link connects again."""
+    """A peer that takes the payloads but answers nothing more (a host gone without a reset looks the same to the
+    sender: no write fails; posts get no answer anyway) leaves the link's Hello unanswered: after
+    limits.raft_link_silent_s the link connects again."""
     monkeypatch.setattr(limits, "raft_link_silent_s", 0.4)
     server = RaftServer()
     hung = trio.Event()
 
-    async def never_answers(request: dict) -> dict:
+    async def hangs(request: dict) -> dict:  # served inline: the connection reads nothing more
         server.payloads.append(bytes(request["payload"]))
         await hung.wait()
         return {}
 
-    monkeypatch.setitem(rpc.METHODS, "RaftStep", dataclasses.replace(rpc.METHODS["RaftStep"], inline=False))
-    server.dispatcher.handle("RaftStep", never_answers)
+    server.dispatcher.handle("RaftStep", hangs)
     port = await server.serve(nursery)
     links = PeerLinks(2, {1: ("127.0.0.1", port)})
     await nursery.start(links.run)
