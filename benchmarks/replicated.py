@@ -17,7 +17,9 @@ fsync per round); etcd does the same on a quorum; NATS JetStream writes to the O
 
 Writes DIR/replicated.json and DIR/replicated.md (default benchmarks/results); its last line is
 `replicated: produce-1k=X produce-16k=Y kv-put-1=Z kv-put-64=W`, rocket's rate over its peer's, medians of the
-rounds. Needs `pip install -e '.[bench]'` and `apt-get install nats-server etcd-server`. Not part of CI.
+rounds. With --in-flight-sweep 1,16,64 it runs produce-1k only, at each number of requests in flight, and prints
+each result (server CPU per message summed and per server process). Needs `pip install -e '.[bench]'` and
+`apt-get install nats-server etcd-server`. Not part of CI.
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ async def produce(system, size: int, seconds: float, batch_messages: int = 1, in
     async with system.producer(stream) as sender:
         await sender.send(batch)  # connected, the stream's leader known
         stop_at = time.perf_counter() + seconds
-        cpu_before, started = cpu_of(system), time.perf_counter()
+        cpu_before, started = [cpu_s(pid) for pid in system.pids], time.perf_counter()
 
         async def one() -> None:
             while (began := time.perf_counter()) < stop_at:
@@ -169,10 +171,11 @@ async def produce(system, size: int, seconds: float, batch_messages: int = 1, in
             for _ in range(in_flight):
                 group.start_soon(one)
         elapsed_s = time.perf_counter() - started
-        cpu_used = cpu_of(system) - cpu_before
+        cpu_used = [cpu_s(pid) - before for pid, before in zip(system.pids, cpu_before)]
     latencies_s.sort()
     return {"messages_per_s": round(counts[0] / elapsed_s), "server_cpu_us_per_message":
-            round(cpu_used / counts[0] * 1e6, 1), "p99_ms": round(latencies_s[int(0.99 * len(latencies_s))] * 1e3, 1)}
+            round(sum(cpu_used) / counts[0] * 1e6, 1), "p99_ms": round(latencies_s[int(0.99 * len(latencies_s))] * 1e3, 1),
+            "each_server_cpu_us_per_message": [round(used / counts[0] * 1e6) for used in cpu_used]}
 
 
 async def put(system, clients: int, seconds: float) -> dict:
@@ -215,6 +218,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--systems", default="rocket,nats,etcd")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--in-flight-sweep", default="", metavar="N,N,...",
+                        help="instead of the workloads: produce-1k at each of these requests in flight, and print")
     arguments = parser.parse_args()
     wanted = arguments.systems.split(",")
     makers = {"rocket": RocketCluster, "nats": NatsCluster, "etcd": EtcdCluster}
@@ -233,6 +238,15 @@ def main() -> None:
             if name == "rocket":
                 anyio.run(system.setup, backend="trio")
             systems[name] = system
+        if arguments.in_flight_sweep:
+            for number in range(arguments.rounds):
+                for in_flight in map(int, arguments.in_flight_sweep.split(",")):
+                    for name, system in systems.items():
+                        if name != "etcd":
+                            result = anyio.run(functools.partial(produce, system, size=1024, seconds=arguments.seconds,
+                                                                 in_flight=in_flight), backend=system.backend)
+                            print(f"produce-1k, {in_flight} in flight, {name}: {result}", flush=True)
+            return
         for number in range(arguments.rounds):
             print(f"round {number + 1}", flush=True)
             rounds.append(run_round(systems, arguments.seconds))
