@@ -7,6 +7,7 @@ the topics'. A mixin of Broker.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import AsyncIterator
 from contextlib import suppress
 
@@ -139,7 +140,10 @@ class KeyValues:
     async def kv_put(self, request: dict) -> dict:
         route = await self._bucket(request["bucket"])
         shard, txn, size = self._put_txn(route, request)
-        return _put_answer(txn, await self._kv_batched(route, route.queue_groups[shard], txn, size))
+        return await self._put_batched(route, route.queue_groups[shard], txn, size)
+
+    async def _put_batched(self, route: Route, group: int, txn: dict, size: int) -> dict:
+        return _put_answer(txn, await self._kv_batched(route, group, txn, size))
 
     def kv_put_parked(self, request: dict, slot: Slot) -> None:
         """kv_put on the data plane: when the bucket's route is cached and this node leads the key's shard, the put
@@ -152,19 +156,13 @@ class KeyValues:
         if not self._led_here(route, group, "StorageKvTxn"):
             raise Unparked
 
-        async def again() -> None:
-            try:
-                outcome = _put_answer(txn, await self._kv_batched(route, group, txn, size))
-            except RocketError as error:
-                outcome = error
-            slot.complete(outcome)
-
         retryable = self._retryable(route, group, at_most_once=True)
 
         def finish(outcome: object) -> None:
             if isinstance(outcome, RocketError):
                 if outcome.code in retryable:
-                    self._nursery.start_soon(again)
+                    self._nursery.start_soon(self._complete_later, slot,
+                                             functools.partial(self._put_batched, route, group, txn, size))
                 else:
                     slot.complete(outcome)
                 return

@@ -5,6 +5,7 @@ Broker.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
 
@@ -53,19 +54,18 @@ class Produce:
         Raises Unparked, before checking the batch, when the call must be a task from the start (no cached route,
         no known leader, or no open channel to it)."""
         route = self._route_cached(request["topic"])
-        queue = request["queue"]
-        if queue == -1:  # the turn produce would take, taken only if the call is parked here
-            queue = self._next_turn(route.spec.name) % route.spec.queues
-        group = route.queue_groups[self._queue(route.spec, queue)]
+        queue, group = self._produce_queue(route, request["queue"], take=False)  # taken once the call is parked
         here = self._led_here(route, group, "StorageAppend")
-        if not here and self.peers.pool.open_channel(self._addresses.get(self._leaders.get(group))) is None:
+        leader = None if here else self._leader_channel(route, group)
+        if not here and leader is None:
             raise Unparked
         call = self._append_call(route.spec, request, queue, group)
         retryable = self._retryable(route, group)
 
         def finish(outcome: object) -> None:
             if isinstance(outcome, RocketError) and outcome.code in retryable:
-                self._nursery.start_soon(self._append_again, route, group, call, slot)
+                self._nursery.start_soon(self._complete_later, slot,
+                                         functools.partial(self._storage, route, group, "StorageAppend", call))
             else:
                 slot.complete(outcome)
         if here:
@@ -75,22 +75,16 @@ class Produce:
                 if error.code not in retryable:
                     raise
                 raise Unparked from None  # not proposed (no longer the leader, or its disk is full): _storage retries
-        if not here and not self._forward_parked(route, group, "StorageAppend", call, Slot(finish)):
+        elif not self._forward_parked(leader, "StorageAppend", call, Slot(finish)):
             raise Unparked
         if request["queue"] == -1:
             self._turn(route.spec.name)
 
-    async def _append_again(self, route: Route, group: int, call: dict, slot: Slot) -> None:
-        try:
-            outcome = await self._storage(route, group, "StorageAppend", call)
-        except RocketError as error:
-            outcome = error
-        slot.complete(outcome)
-
-    def _produce_queue(self, route: Route, queue: int) -> tuple[int, int]:
-        """The queue a produce goes to (any: round robin) and its storage group."""
+    def _produce_queue(self, route: Route, queue: int, take: bool = True) -> tuple[int, int]:
+        """The queue a produce goes to (any: round robin, the turn taken unless take is False) and its storage group."""
         if queue == -1:  # any queue: spread batches round robin
-            queue = self._turn(route.spec.name) % route.spec.queues
+            name = route.spec.name
+            queue = (self._turn(name) if take else self._next_turn(name)) % route.spec.queues
         return queue, route.queue_groups[self._queue(route.spec, queue)]
 
     def _append_call(self, spec: TopicSpec, request: dict, queue: int, group: int) -> dict:

@@ -8,14 +8,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import KV_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, Address, TopicSpec, dead_letter_topic, timer_topic, unresolved_topic
-from rocket.parked import Deadlines, Slot, Unparked
+from rocket.parked import Slot, Unparked
 from rocket.roles.peers import RETRYABLE
+from rocket.transport.tcp_client import TcpChannel
 
 log = logging.getLogger("rocket.broker")
 
@@ -125,18 +127,22 @@ class Routes:
         return (leader in route.voters.get(group, ()) and self._addresses.get(leader) == self.peers.address
                 and self._nursery is not None and self.peers.dispatcher.parks(method))
 
-    def _forward_parked(self, route: Route, group: int, method: str, request: dict, slot: Slot) -> bool:
-        """Send a storage call to the group's leader on another node without a task (TcpChannel.call_parked), when
-        that leader is known, not silent, and a channel to it is open; False, with nothing sent, otherwise. slot
-        completes with the answer or the error met; an unanswered call fails TIMEOUT after limits.storage_call_s_max
-        (swept each tick) and marks the node silent, as _call_storage does."""
+    def _leader_channel(self, route: Route, group: int) -> tuple[int, Address, TcpChannel] | None:
+        """The group's leader on another node, its address and the open channel to it, when that leader is known and
+        not silent and the channel is open (what _forward_parked sends on); else None."""
         leader = self._leaders.get(group)
         address = self._addresses.get(leader) if leader in route.voters.get(group, ()) else None
         if address is None or address == self.peers.address or self._nursery is None or self._is_silent(leader):
-            return False
+            return None
         channel = self.peers.pool.open_channel(address)
-        if channel is None:
-            return False
+        return (leader, address, channel) if channel is not None else None
+
+    def _forward_parked(self, to: tuple[int, Address, TcpChannel], method: str, request: dict, slot: Slot) -> bool:
+        """Send a storage call without a task (TcpChannel.call_parked) to the leader _leader_channel found; False, with
+        nothing sent, if its channel broke just now. slot completes with the answer or the error met; an unanswered
+        call fails TIMEOUT after limits.storage_call_s_max (swept each tick) and marks the node silent, as
+        _call_storage does."""
+        leader, address, channel = to
         telemetry, peer = self.peers.telemetry, str(address)
         started = telemetry.clock() if telemetry is not None else 0.0
 
@@ -160,6 +166,16 @@ class Routes:
             self._sweeping = True
             self._nursery.start_soon(self._sweep_forwarded)
         return True
+
+    @staticmethod
+    async def _complete_later(slot: Slot, attempt: Callable[[], Awaitable[object]]) -> None:
+        """A parked call tried again as a task (a storage call that met a leader change, say): slot completes with
+        what attempt() returns or the RocketError it raises."""
+        try:
+            outcome = await attempt()
+        except RocketError as error:
+            outcome = error
+        slot.complete(outcome)
 
     async def _sweep_forwarded(self) -> None:
         """Time out forwarded calls left unanswered, each tick while there are any (then the task ends)."""
