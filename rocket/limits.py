@@ -220,6 +220,8 @@ group_retry_backoff_steps_max = 64  # steps of a group's retry backoff: RocketMQ
 group_settings_cache_s = 5.0  # a broker reads a group's settings at most this often: an update is in force within it
 group_settings_cache_entries_max = 4096  # bounds a broker's cache of group settings; the oldest entry goes first
 round_robin_topics_max = 100_000  # a broker's per-topic queue rotations (produce, receive); one dropped starts at queue 0
+produce_sticky_batches = 64  # produces to any queue a broker sends to one queue before the next, unless one is answered first
+produce_sticky_bytes = 256 * KiB  # a batch this big to any queue moves the next ones to the next queue at once
 
 # RocketMQ gRPC gateway.
 rocketmq_receive_answer_margin_s = 1.0  # a long poll answers "not found" this long before the client's deadline expires

@@ -1,6 +1,7 @@
 """A produce on the broker's data plane (roles/broker/produce.py, `produce_parked`): parked with the storage role in
-this process when this node leads the queue's group, a task otherwise; round robin stays even across both; and an
-append that meets a leader change after it was proposed is sent again, numbered as before."""
+this process when this node leads the queue's group, a task otherwise; produces to any queue stick to one queue until
+one is answered, and take their turns evenly across both paths; and an append that meets a leader change after it was
+proposed is sent again, numbered as before."""
 
 from __future__ import annotations
 
@@ -78,9 +79,10 @@ class Broker(Routes, Produce):
         return self._produce_queue(self._routes["orders"], request["queue"])
 
 
-async def test_round_robin_stays_even_when_some_queues_are_led_elsewhere(nursery):
+async def test_round_robin_stays_even_when_some_queues_are_led_elsewhere(nursery, monkeypatch):
     """A produce to any queue takes its turn only where it is parked: one that must go to another node's leader
     leaves the turn to the task that serves it, so queues get batches in turn, parked or not."""
+    monkeypatch.setattr(limits, "produce_sticky_batches", 1)  # a queue per batch: round robin
     broker = Broker(nursery)
     queues = []
     for _ in range(8):
@@ -92,6 +94,55 @@ async def test_round_robin_stays_even_when_some_queues_are_led_elsewhere(nursery
             queues.append(broker.produce(request)[0])
     assert queues == [0, 1, 2, 3, 0, 1, 2, 3]
     assert [request["queue"] for request, _ in broker.parked] == [0, 2, 0, 2]
+
+
+def send_to_any_queue(broker: Broker) -> tuple[int, Slot]:
+    """A produce to any queue, parked here or forwarded to node 2: the queue it went to, and its slot there."""
+    channel = broker.peers.pool.channels.setdefault(THERE, Channel())
+    parked, forwarded = len(broker.parked), len(channel.sent)
+    broker.produce_parked({"topic": "orders", "queue": -1, "batch": BATCH}, Slot(lambda outcome: None))
+    [(request, slot)] = broker.parked[parked:] + channel.sent[forwarded:]
+    return request["queue"], slot
+
+
+def answer(slot: Slot, queue: int) -> None:
+    slot.complete({"queue": queue, "base_offset": 0, "count": 1, "scheduled": False})
+
+
+async def test_produces_to_any_queue_stick_to_one_queue_until_one_is_answered(nursery, monkeypatch):
+    """Kafka's sticky partitioner (KIP-480): the produces sent while none is answered go to one queue, so that one
+    Raft round of one group carries them; the first answer moves the next ones on, and answers to produces sent
+    before it do not move them again. Without answers a queue takes at most limits.produce_sticky_batches."""
+    monkeypatch.setattr(limits, "produce_sticky_batches", 3)
+    broker = Broker(nursery)
+    sent = [send_to_any_queue(broker) for _ in range(4)]  # none answered: three to queue 0, then the fourth moves on
+    assert [queue for queue, _ in sent] == [0, 0, 0, 1]
+    answer(sent[3][1], 1)  # answered: the next go to queue 2
+    sent.append(send_to_any_queue(broker))
+    answer(sent[0][1], 0)  # an older turn's answer: they stay
+    sent.append(send_to_any_queue(broker))
+    assert [queue for queue, _ in sent[4:]] == [2, 2]
+    sent[5][1].complete(RocketError(Code.NOT_ENOUGH_REPLICAS, "no"))  # a failure moves them on too
+    sent.append(send_to_any_queue(broker))
+    assert sent[6][0] == 3
+
+
+async def test_a_big_batch_to_any_queue_moves_the_next_ones_on(nursery, monkeypatch):
+    """A batch of limits.produce_sticky_bytes fills a round alone: big batches go round robin, over the leaders."""
+    monkeypatch.setattr(limits, "produce_sticky_bytes", len(BATCH))
+    broker = Broker(nursery)
+    assert [send_to_any_queue(broker)[0] for _ in range(5)] == [0, 1, 2, 3, 0]
+
+
+async def test_one_produce_at_a_time_to_any_queue_goes_round_robin(nursery):
+    """Each answered before the next is sent: every queue in turn, as before stickiness."""
+    broker = Broker(nursery)
+    queues = []
+    for _ in range(6):
+        queue, slot = send_to_any_queue(broker)
+        queues.append(queue)
+        answer(slot, queue)
+    assert queues == [0, 1, 2, 3, 0, 1]
 
 
 @pytest.mark.parametrize("code", [Code.UNAVAILABLE, Code.TIMEOUT, Code.DISK_FULL])
@@ -122,9 +173,11 @@ async def test_an_append_that_fails_otherwise_is_answered_with_its_error(nursery
     assert answers == [error] and broker.peers.calls == []
 
 
-async def test_a_produce_for_another_nodes_leader_is_forwarded_without_a_task_over_its_open_channel(nursery):
+async def test_a_produce_for_another_nodes_leader_is_forwarded_without_a_task_over_its_open_channel(nursery,
+                                                                                                   monkeypatch):
     """With a channel to the leader open, the append goes out on it (TcpChannel.call_parked) and its answer
     completes the produce: round robin takes every queue in turn, none of them a task."""
+    monkeypatch.setattr(limits, "produce_sticky_batches", 1)
     broker = Broker(nursery)
     channel = broker.peers.pool.channels[THERE] = Channel()
     answers = []

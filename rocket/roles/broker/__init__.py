@@ -8,8 +8,9 @@ role.py wires one mixin per concern. What the modules' own docstrings do not say
 - produce.py numbers the batches of clients that number none with the broker's own producer id. A produce (and a KV
   put, kv.py) whose group this node leads is parked with the storage role in this process (the data plane,
   rocket/parked.py); a produce for another node's leader goes on the open channel to it without a task
-  (routes.py, _forward_parked). Without either it is a task, which takes the round-robin turn the parked attempt
-  left untaken.
+  (routes.py, _forward_parked). Without either it is a task, which takes the turn the parked attempt left untaken.
+  Produces to any queue (-1) stick to one queue until one of them is answered (Kafka's sticky partitioner,
+  _produce_queue), so that one group's Raft round carries the batches sent meanwhile.
 - admin.py's GroupSettings is what gateways call for a consumer group's settings. Receive takes a group's max
   attempts over the request's.
 - kv.py sends a group's writes in batches, one StorageKvTxn call out at a time per group, when the group's leader is

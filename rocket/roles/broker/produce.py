@@ -43,8 +43,13 @@ class Produce:
         """Check the batch's header, CRC and records (decoded in C, then dropped: the batch goes on as it came) and
         send it to its group, numbered by its producer (or else by this broker), so that retries store it once."""
         route = await self._route(request["topic"])
-        queue, group = self._produce_queue(route, request["queue"])
-        return await self._storage(route, group, "StorageAppend", self._append_call(route.spec, request, queue, group))
+        queue, group, ticket = self._produce_queue(route, request["queue"], batch=request["batch"])
+        try:
+            return await self._storage(route, group, "StorageAppend",
+                                       self._append_call(route.spec, request, queue, group))
+        finally:
+            if ticket is not None:
+                self._move_on(route.spec.name, ticket)
 
     def produce_parked(self, request: dict, slot: Slot) -> None:
         """produce on the data plane: when the route is cached, the append is parked with the storage role in this
@@ -54,7 +59,7 @@ class Produce:
         Raises Unparked, before checking the batch, when the call must be a task from the start (no cached route,
         no known leader, or no open channel to it)."""
         route = self._route_cached(request["topic"])
-        queue, group = self._produce_queue(route, request["queue"], take=False)  # taken once the call is parked
+        queue, group, ticket = self._produce_queue(route, request["queue"], take=False)  # taken once it is parked
         here = self._led_here(route, group, "StorageAppend")
         leader = None if here else self._leader_channel(route, group)
         if not here and leader is None:
@@ -63,6 +68,8 @@ class Produce:
         retryable = self._retryable(route, group)
 
         def finish(outcome: object) -> None:
+            if ticket is not None:
+                self._move_on(route.spec.name, ticket)
             if isinstance(outcome, RocketError) and outcome.code in retryable:
                 self._nursery.start_soon(self._complete_later, slot,
                                          functools.partial(self._storage, route, group, "StorageAppend", call))
@@ -77,15 +84,40 @@ class Produce:
                 raise Unparked from None  # not proposed (no longer the leader, or its disk is full): _storage retries
         elif not self._forward_parked(leader, "StorageAppend", call, Slot(finish)):
             raise Unparked
-        if request["queue"] == -1:
-            self._turn(route.spec.name)
+        if ticket is not None:
+            self._take_ticket(route.spec.name, request["batch"])
 
-    def _produce_queue(self, route: Route, queue: int, take: bool = True) -> tuple[int, int]:
-        """The queue a produce goes to (any: round robin, the turn taken unless take is False) and its storage group."""
-        if queue == -1:  # any queue: spread batches round robin
+    def _produce_queue(self, route: Route, queue: int, take: bool = True,
+                       batch: bytes | memoryview = b"") -> tuple[int, int, int | None]:
+        """The queue a produce goes to, its storage group, and, for any queue (-1), the ticket it took (unless take is
+        False: the caller takes it once the call is parked), whose queue is the topic's sticky one.
+
+        Produces to any queue stick to one queue until one of them is answered (or fails), or
+        limits.produce_sticky_batches went there: Kafka's sticky partitioner (KIP-480). The batches sent meanwhile reach
+        one storage group, whose next Raft round carries them together, where round robin spread them over as many
+        groups, each paying a round's costs for one of them. One at a time, each answered before the next is sent, is
+        round robin. A batch of limits.produce_sticky_bytes or more moves the next ones on at once: it fills a round
+        alone, and such batches spread over the groups' leaders."""
+        ticket = None
+        if queue == -1:
             name = route.spec.name
-            queue = (self._turn(name) if take else self._next_turn(name)) % route.spec.queues
-        return queue, route.queue_groups[self._queue(route.spec, queue)]
+            ticket = self._take_ticket(name, batch) if take else self._next_turn(name)
+            queue = ticket // limits.produce_sticky_batches % route.spec.queues
+        return queue, route.queue_groups[self._queue(route.spec, queue)], ticket
+
+    def _move_on(self, topic: str, ticket: int) -> None:
+        """The produce to any queue that took ticket was answered: the topic's next ones go to the next queue, unless
+        they already do."""
+        stride = limits.produce_sticky_batches
+        last = self._round_robin.get(topic)
+        if last is not None and last // stride == ticket // stride:
+            self._round_robin[topic] = (ticket // stride + 1) * stride - 1
+
+    def _take_ticket(self, topic: str, batch: bytes | memoryview) -> int:
+        ticket = self._turn(topic)
+        if len(batch) >= limits.produce_sticky_bytes:
+            self._move_on(topic, ticket)
+        return ticket
 
     def _append_call(self, spec: TopicSpec, request: dict, queue: int, group: int) -> dict:
         """The StorageAppend of a produce, its batch checked."""
