@@ -5,6 +5,11 @@ send_many() for a list, and send_encoded() for batches the caller built (e.g. li
 Batches for one queue are stored in the order they were handed over: each queue has a lane that sends
 its next batch once the one before is answered (the server may take concurrent requests in any order).
 Batches for any queue (queue -1; spread round robin here) are pipelined, up to in_flight_max at once.
+send() puts a message without a key in the batch filling for the current queue, and moves to the next queue once that
+batch goes (Kafka's sticky partitioner, KIP-480): concurrent sends make one batch, not one per queue. A batch goes
+at once while none of the producer's batches is in flight, and else once one is answered or its linger ends,
+whichever comes first (Nagle's rule): a lone send waits for nothing, and under load a batch gathers what came while
+the one before it was out.
 
 Producers are idempotent: each has a random id and numbers its batches, so that a batch sent again after a lost
 answer (the failover channel moves on to another broker, a broker retries its storage call) is stored once and gets
@@ -61,6 +66,7 @@ class _Pending:
     messages: list[Message] = dataclasses.field(default_factory=list)
     bytes: int = 0
     done: trio.Event = dataclasses.field(default_factory=trio.Event)
+    linger: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)  # cancelled once it goes
     receipt: Receipt | None = None
     error: RocketError | None = None
 
@@ -77,7 +83,9 @@ class Producer:
         self._in_flight = trio.Semaphore(in_flight_max)
         self._pending: dict[int, _Pending] = {}
         self._lanes: dict[int, collections.deque] = {}  # per queue, batches handed over and not yet sent
-        self._round_robin = 0
+        self._sending = 0  # batches of send() flushed and not answered yet
+        self._round_robin = secrets.randbelow(queues)  # each producer starts at a queue of its own, as Kafka's do
+        self._sticky = self._choose_queue()  # where send() puts messages without a key, until their batch goes
         self._failure: RocketError | None = None
         self._idle = trio.Event()
         self._tasks = 0
@@ -95,16 +103,18 @@ class Producer:
         """Send one message; returns it with queue and offset once it is durable. A delayed message
         (deliver_at_ms set, to a delay topic) gets the queue and offset of its timer: its id for
         cancel_timer, until it is delivered at its time with an offset of the topic."""
-        queue = self._choose_queue(message)
+        queue = queue_for_key(message.key, self.queues) if message.key else self._sticky
         pending = self._pending.get(queue)
+        lingers = pending is not None
         if pending is None:
             pending = self._pending[queue] = _Pending()
-            self._nursery.start_soon(self._linger_then_flush, queue, pending)
         index = len(pending.messages)
         pending.messages.append(message)
         pending.bytes += len(message.body) + len(message.key) + 32
-        if pending.bytes >= self._batch_bytes:
+        if pending.bytes >= self._batch_bytes or not self._sending:
             self._flush_pending(queue)
+        elif not lingers:
+            self._nursery.start_soon(self._linger_then_flush, queue, pending)
         await pending.done.wait()
         if pending.error is not None:
             raise pending.error
@@ -113,12 +123,17 @@ class Producer:
         return message
 
     async def _linger_then_flush(self, queue: int, pending: _Pending) -> None:
-        await trio.sleep(self._linger_s)
+        with pending.linger:
+            await trio.sleep(self._linger_s)
         if self._pending.get(queue) is pending:
             self._flush_pending(queue)
 
     def _flush_pending(self, queue: int) -> None:
+        self._sending += 1
         pending = self._pending.pop(queue)
+        pending.linger.cancel()
+        if queue == self._sticky:
+            self._sticky = self._choose_queue()
         self._in_order(queue, functools.partial(self._send_pending, queue, pending))
 
     def _in_order(self, queue: int, send) -> None:
@@ -144,6 +159,10 @@ class Producer:
             pending.error = error
         finally:
             pending.done.set()
+            self._sending -= 1
+            if not self._sending:  # nothing in flight: what gathered meanwhile goes now
+                for waiting in list(self._pending):
+                    self._flush_pending(waiting)
 
     async def _produce(self, encoded: bytes, queue: int) -> Receipt:
         await self.throttle.wait()

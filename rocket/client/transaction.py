@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -52,7 +53,7 @@ class TransactionProducer:
         self.topic = topic
         self.queues = queues
         self.checker = checker
-        self._round_robin = 0
+        self._round_robin = secrets.randbelow(queues)  # each producer starts at a queue of its own (producer.py)
         self.sequencer = Sequencer()  # idempotent: half messages sent again are stored once
 
     async def send_half(self, *messages: Message) -> Transaction:

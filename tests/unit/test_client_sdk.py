@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from rocket import limits
 from rocket.client.admin import Admin
@@ -206,17 +207,25 @@ async def test_send_many_cuts_batches_at_batch_bytes(broker, channel):
     assert [message.offset for message in broker.messages("orders", queue)] == list(range(10))
 
 
-async def test_concurrent_sends_within_the_linger_share_one_batch(autojump_clock):
-    """Sends made while a queue's linger runs go out as one Produce, and each learns its own offset."""
+def held_produce() -> tuple[MockChannel, trio.Event]:
+    """A channel whose Produce answers once the event is set: the first batch stays in flight until then."""
+    release = trio.Event()
 
     async def produce(request: dict) -> dict:
+        await release.wait()
         return {"queue": request["queue"], "base_offset": 100, "count": batch_codec.peek_count(request["batch"]),
                 "scheduled": False}
 
-    channel = MockChannel({"Produce": produce})
+    return MockChannel({"Produce": produce}), release
+
+
+async def test_sends_made_while_a_batch_is_in_flight_share_the_next_one(autojump_clock):
+    """Nagle's rule: the first send goes at once; those made while it is out go as one Produce once it is answered,
+    and each learns its own offset."""
+    channel, release = held_produce()
     sent: list[Message] = []
     async with trio.open_nursery() as nursery:
-        producer = Producer(channel, "orders", 4, nursery, linger_s=0.01, batch_bytes=limits.MiB, in_flight_max=4)
+        producer = Producer(channel, "orders", 4, nursery, linger_s=60, batch_bytes=limits.MiB, in_flight_max=4)
 
         async def send(index: int) -> None:
             sent.append(await producer.send(Message(b"%d" % index, key="same")))
@@ -224,25 +233,49 @@ async def test_concurrent_sends_within_the_linger_share_one_batch(autojump_clock
         async with trio.open_nursery() as senders:
             for index in range(5):
                 senders.start_soon(send, index)
-    [request] = channel.messages("Produce")
-    assert request["queue"] == queue_for_key("same", 4)
-    stored = [message.body for message in batch_codec.decode(request["batch"], 100)]
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(channel.messages("Produce")) == 1  # the rest wait for it, not for the linger of 60 s
+            release.set()
+        assert trio.current_time() < 1
+    first, second = channel.messages("Produce")
+    assert first["queue"] == second["queue"] == queue_for_key("same", 4)
+    assert [batch_codec.peek_count(request["batch"]) for request in (first, second)] == [1, 4]
+    stored = [message.body for request in (first, second) for message in batch_codec.decode(request["batch"], 100)]
     assert sorted(stored) == [b"0", b"1", b"2", b"3", b"4"]
-    assert len(sent) == 5 and all(stored[message.offset - 100] == message.body for message in sent)
+    assert len(sent) == 5 and {message.offset for message in sent} == {100, 101, 102, 103}
 
 
 async def test_messages_without_a_key_go_round_the_queues(autojump_clock):
-    """Unkeyed sends, one after the other, visit every queue in turn."""
+    """Unkeyed sends, one after the other, visit every queue in turn, from a queue each producer draws; each goes
+    at once, alone, waiting for no linger."""
 
     async def produce(request: dict) -> dict:
         return {"queue": request["queue"], "base_offset": 0, "count": 1, "scheduled": False}
 
     channel = MockChannel({"Produce": produce})
     async with trio.open_nursery() as nursery:
-        producer = Producer(channel, "orders", 4, nursery, linger_s=0.01, batch_bytes=limits.MiB, in_flight_max=4)
+        producer = Producer(channel, "orders", 4, nursery, linger_s=60, batch_bytes=limits.MiB, in_flight_max=4)
         for index in range(8):
             await producer.send(Message(b"%d" % index))
-    assert [request["queue"] for request in channel.messages("Produce")] == [1, 2, 3, 0, 1, 2, 3, 0]
+        assert trio.current_time() < 1
+    queues = [request["queue"] for request in channel.messages("Produce")]
+    assert queues == [(queues[0] + turn) % 4 for turn in range(8)]
+
+
+async def test_concurrent_sends_without_a_key_fill_one_batch_then_move_to_the_next_queue(autojump_clock):
+    """Kafka's sticky partitioner: unkeyed sends made while a batch fills join it, whatever their number, rather
+    than one batch per queue; the sends after it went fill the next queue's."""
+    channel, release = held_produce()
+    async with trio.open_nursery() as nursery:
+        producer = Producer(channel, "orders", 4, nursery, linger_s=60, batch_bytes=limits.MiB, in_flight_max=4)
+        async with trio.open_nursery() as senders:
+            for index in range(6):
+                senders.start_soon(producer.send, Message(b"%d" % index))
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+    [first, second] = [(request["queue"], batch_codec.peek_count(request["batch"]))
+                       for request in channel.messages("Produce")]
+    assert (first[1], second[1]) == (1, 5) and second[0] == (first[0] + 1) % 4
 
 
 async def test_a_refused_batch_fails_its_senders_and_the_next_flush(autojump_clock):
