@@ -68,6 +68,18 @@ def run_client(server, topic: str, script: str, *arguments: str, timeout_s: floa
     raise AssertionError(f"client failed ({completed.returncode}): {completed.stdout[-2000:]} {completed.stderr[-3000:]}")
 
 
+def send_plain(server, topic: str, count: int) -> None:
+    """The official Producer sends count messages, one after the other, with bodies m-0, m-1..."""
+    run_client(server, topic, """
+        producer = Producer(config, (topic,))
+        producer.startup()
+        for i in range(int(sys.argv[3])):
+            producer.send(message(f"m-{i}"))
+        producer.shutdown()
+        report({})
+    """, str(count))
+
+
 def create_topic(server, name: str, message_type: str, queues: int = 4) -> None:
     subprocess.run([sys.executable, "-m", "rocket", "topic", "create", name, "--queues", str(queues), "--type",
                     message_type, "--server", server.server], check=True, capture_output=True, timeout=60)
@@ -103,6 +115,23 @@ def test_normal_send_and_simple_consumer_round_trip(rocket_server):
         assert entry["keys"] == sorted([f"key-{i}", "common"])
         assert entry["properties"] == {"region": "eu", "n": str(i)}
     assert result["again"] == 0
+
+
+def test_normal_sends_go_to_the_queues_the_broker_picks(rocket_server):
+    """The official client names no queue (every send says queue 0): as Apache RocketMQ's proxy does, the broker
+    picks one, and one send at a time visits every queue in turn."""
+    import trio
+
+    from rocket.client import Admin, connect
+
+    async def stored() -> dict[int, int]:
+        async with connect(rocket_server.server) as channel:
+            _, queues = await Admin(channel).describe_topic("spread")
+            return {queue["queue"]: queue["next_offset"] for queue in queues}
+
+    create_topic(rocket_server, "spread", "normal", queues=4)
+    send_plain(rocket_server, "spread", 8)
+    assert trio.run(stored) == {0: 2, 1: 2, 2: 2, 3: 2}
 
 
 @pytest.mark.parametrize("unit", ["seconds", "milliseconds"])
@@ -728,14 +757,7 @@ def test_update_offset_then_get_offset_round_trips(rocket_server):
     committed one gets OFFSET_NOT_FOUND."""
     from rocketmq.grpc_protocol import definition_pb2, service_pb2
     create_topic(rocket_server, "tally", "normal", queues=2)
-    run_client(rocket_server, "tally", """
-        producer = Producer(config, (topic,))
-        producer.startup()
-        for i in range(6):
-            producer.send(message(f"t-{i}"))
-        producer.shutdown()
-        report({})
-    """)
+    send_plain(rocket_server, "tally", 6)
     port = rocket_server.http2_port
     queue = definition_pb2.MessageQueue(topic=definition_pb2.Resource(name="tally"), id=1)
 

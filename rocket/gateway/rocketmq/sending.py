@@ -61,8 +61,10 @@ class Sending:
             first = messages[0].system_properties
             if fifo and converted[0].key:
                 queue = queue_for_key(converted[0].key, topic["queues"])  # the message group picks the queue
-            else:
+            elif fifo:
                 queue = first.queue_id if 0 <= first.queue_id < topic["queues"] else -1
+            else:  # the broker picks, as Apache RocketMQ's proxy does (SendMessageQueueSelector): its sticky queue
+                queue = -1
             transaction = first.message_type == 4
             batch = batch_codec.encode(converted, self.clock.wall_ms(), transaction=transaction)
             reply = await self.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch})
