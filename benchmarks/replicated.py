@@ -9,6 +9,9 @@ write on three replicas, one Python client, every system in turn in each round.
   file-stored stream with three replicas, the client on server 1).
 - batched-1k: 1 KiB messages in batches of 1 MiB, 8 in flight: rocket against the same NATS cluster sending the
   same messages one publish each with 64 acks outstanding (what nats-py does best).
+- sends-1k: 256 tasks, each sending one 1 KiB message and waiting for it to be stored, then the next: rocket's SDK
+  (`Producer.send()`, which batches what concurrent sends hand over within its linger) against NATS's publish with
+  its acknowledgement (256 outstanding).
 - kv-put-1 and kv-put-64: puts of 1 KiB values with 1 and 64 clients, each on its own connection: rocket's KV on
   the same three nodes against a 3-member etcd cluster (every client on member 1).
 
@@ -148,15 +151,16 @@ def cpu_of(system) -> float:
     return sum(cpu_s(pid) for pid in system.pids)
 
 
-async def produce(system, size: int, seconds: float, batch_messages: int = 1, in_flight: int = IN_FLIGHT) -> dict:
+async def produce(system, size: int, seconds: float, batch_messages: int = 1, in_flight: int = IN_FLIGHT,
+                  sdk: bool = False) -> dict:
     """Messages of size bytes, batch_messages per request (NATS: one publish each), in_flight requests
-    outstanding on one connection, for seconds."""
+    outstanding on one connection, for seconds; with sdk, in_flight tasks calling rocket's Producer.send()."""
     stream = f"{STREAM}{next(_streams)}"  # a new stream per run: its first round's groups are not reused
     await system.create(stream)
     batch = system.prepare(stream, batch_messages, bytes(size))
     counts = [0]
     latencies_s: list[float] = []
-    async with system.producer(stream) as sender:
+    async with (sdk_sender(system, stream, size) if sdk else system.producer(stream)) as sender:
         await sender.send(batch)  # connected, the stream's leader known
         stop_at = time.perf_counter() + seconds
         cpu_before, started = [cpu_s(pid) for pid in system.pids], time.perf_counter()
@@ -178,6 +182,23 @@ async def produce(system, size: int, seconds: float, batch_messages: int = 1, in
             "each_server_cpu_us_per_message": [round(used / counts[0] * 1e6) for used in cpu_used]}
 
 
+@contextlib.asynccontextmanager
+async def sdk_sender(system, stream: str, size: int):
+    """rocket's SDK as produce()'s sender: each send is one Producer.send() of a message without a key, which the
+    producer batches with what the other senders hand over within its linger."""
+    from rocket.client.producer import open_producer
+    from rocket.model import Message
+
+    body = bytes(size)
+    async with system._channel() as channel, open_producer(channel, stream) as producer:
+
+        class Sender:
+            async def send(self, batch) -> None:
+                await producer.send(Message(body))
+
+        yield Sender()
+
+
 async def put(system, clients: int, seconds: float) -> dict:
     keys = [f"key-{number}" for number in range(1000)]
     values = (b"a" * VALUE_BYTES, b"b" * VALUE_BYTES)
@@ -191,6 +212,7 @@ WORKLOADS = {
     "produce-1k": ("nats", functools.partial(produce, size=1024)),
     "produce-16k": ("nats", functools.partial(produce, size=16384)),
     "batched-1k": ("nats", None),  # below: rocket batches, NATS publishes one by one
+    "sends-1k": ("nats", None),  # below: rocket's Producer.send(), NATS's publish, 256 at once
     "kv-put-1": ("etcd", functools.partial(put, clients=1)),
     "kv-put-64": ("etcd", functools.partial(put, clients=64)),
 }
@@ -206,6 +228,8 @@ def run_round(systems: dict, seconds: float) -> dict[str, dict[str, dict]]:
             if name == "batched-1k":
                 function = functools.partial(produce, size=1024, batch_messages=1024, in_flight=8) \
                     if system_name == "rocket" else functools.partial(produce, size=1024)
+            elif name == "sends-1k":
+                function = functools.partial(produce, size=1024, in_flight=256, sdk=system_name == "rocket")
             result = anyio.run(functools.partial(function, system, seconds=seconds), backend=system.backend)
             found.setdefault(name, {})[system_name] = result
             print(f"{name} {system_name}: {result}", flush=True)
