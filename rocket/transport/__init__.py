@@ -24,8 +24,9 @@ stream's h2 error ends that stream only. HTTP/1.1 on h11: http1.py serves the no
 the web console.
 
 Between nodes. links.py carries Raft messages: each payload is a RaftStep post (a POST frame, never answered) from
-the link's one task, served in the peer's read loop; a peer that leaves the link's Hello unanswered
-limits.raft_link_silent_s is connected to again. pool.py holds the channels to other nodes, peer_auth.py admits them (PeerHello), and tls.py
+the link's one task, served in the peer's read loop; a link whose posts the peer's host leaves unacknowledged
+limits.raft_link_silent_s is broken by the kernel (TCP_USER_TIMEOUT, listen.connect) and connected again.
+pool.py holds the channels to other nodes, peer_auth.py admits them (PeerHello), and tls.py
 builds every SSL context. listen.py accepts and opens connections. background.py is the nursery of tasks that
 outlive their call; links, the pool and the broker hold one.
 

@@ -1,6 +1,8 @@
 """Raft messages between nodes over the project's RPC layer: one TCP connection per peer carrying
-RaftStep posts (one-way: POST frames, which the peer answers not at all; a peer that leaves the link's Hello unanswered
-is connected to again), fed by a bounded queue (a full queue drops payloads, which Raft tolerates)."""
+RaftStep posts (one-way: POST frames, which the peer answers not at all), fed by a bounded queue (a full queue drops
+payloads, which Raft tolerates). A link whose posts wait limits.raft_link_silent_s for the peer's acknowledgement is
+broken by the kernel (TCP_USER_TIMEOUT) and connected again: the host's liveness heartbeats, a post to every peer at
+least once a second, keep bytes on the link, so a host gone without a reset is noticed without a task that asks."""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.transport.background import Background
-from rocket.transport.channel import server_schema_version
 from rocket.transport.listen import cancel_on
 from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp_client import TcpChannel, open_tcp_channel
@@ -52,12 +53,12 @@ class PeerLinks(Background):
                 try:
                     hello = self.auth.hello() if self.auth is not None else None
                     tls = self.tls() if self.tls is not None else None
-                    async with (open_tcp_channel(host, port, "avro", hello, tls, None, self.plain_fallback) as channel,
+                    async with (open_tcp_channel(host, port, "avro", hello, tls, None, self.plain_fallback,
+                                                 limits.raft_link_silent_s) as channel,
                                 trio.open_nursery() as watcher):
                         self.versions[destination] = channel.peer_version or 1
                         # A broken read loop is a broken link, even while nothing is being written.
                         watcher.start_soon(cancel_on, channel.closed, connection)
-                        watcher.start_soon(self._watch_peer, channel, destination, connection)
                         await self._send_all(channel, inbox)
                 except RocketError as error:  # a refused hello or certificate is a misconfiguration: say it here
                     refused = error.code == Code.UNAUTHENTICATED or "TLS handshake" in error.message
@@ -72,21 +73,6 @@ class PeerLinks(Background):
                 except trio.WouldBlock:
                     break
             await trio.sleep(limits.raft_link_reconnect_s)
-
-    @staticmethod
-    async def _watch_peer(channel: TcpChannel, destination: int, connection: trio.CancelScope) -> None:
-        """Reconnect once the peer leaves a Hello (which every node's dispatcher answers) unanswered for
-        limits.raft_link_silent_s. Posts get no answer, and a host gone without a reset (powered off, cut off) breaks
-        no write for minutes, while a new connection finds it as soon as it is back."""
-        while True:
-            await trio.sleep(limits.raft_link_silent_s / 4)
-            try:
-                with trio.fail_after(limits.raft_link_silent_s):
-                    await server_schema_version(channel)
-            except (RocketError, trio.TooSlowError) as error:
-                log.debug("link to node %d: no answer to Hello (%s): reconnecting", destination, error)
-                connection.cancel()
-                return
 
     async def _send_all(self, channel: TcpChannel, inbox: trio.MemoryReceiveChannel) -> None:
         """Post each payload as it comes, from this one task: nobody needs RaftStep's answer (Raft tolerates lost

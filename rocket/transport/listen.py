@@ -17,12 +17,17 @@ from rocket.transport.rpc import Lifecycle
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 
 
-async def connect(host: str, port: int) -> trio.SocketStream:
+async def connect(host: str, port: int, unacknowledged_s: float | None = None) -> trio.SocketStream:
+    """A TCP connection to host:port. With unacknowledged_s, the kernel breaks it once bytes sent on it wait that
+    long for the peer's acknowledgement, or for room in its window (TCP_USER_TIMEOUT, RFC 5482): a host gone without
+    a reset (powered off, cut off) is noticed by a connection that writes, with no wake-up of its own."""
     try:
         stream = await trio.open_tcp_stream(host, port)
     except OSError as error:
         raise RocketError(Code.UNAVAILABLE, f"cannot connect to {host}:{port}: {error.strerror or error}") from None
     unpaced_on_loopback(stream)
+    if unacknowledged_s is not None and hasattr(socket, "TCP_USER_TIMEOUT"):
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, round(unacknowledged_s * 1000)))
     return stream
 
 

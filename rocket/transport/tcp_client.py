@@ -226,13 +226,14 @@ class _ParkedCall:
 @asynccontextmanager
 async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello: tuple[str, dict] | None = None,
                            tls: ssl.SSLContext | None = None, server_name: str | None = None,
-                           plain_fallback: bool = False):
+                           plain_fallback: bool = False, unacknowledged_s: float | None = None):
     """A channel to host:port that said Hello (schema versions); with hello (a method and its request: PeerHello,
     Authenticate), one that said that next. With tls, over TLS, the server's certificate checked against server_name
     (else host); with plain_fallback (a node in tls_mode permissive), plain once the server answered the handshake
-    with something other than TLS."""
+    with something other than TLS. With unacknowledged_s, the connection breaks once what it sent waits that long
+    for the server's acknowledgement (listen.connect)."""
     serde = serde_named(serde_name)
-    stream = await connect(host, port)
+    stream = await connect(host, port, unacknowledged_s)
     if tls is not None:
         try:
             stream = await client_handshake(stream, tls, host, port, server_name)
@@ -240,7 +241,7 @@ async def open_tcp_channel(host: str, port: int, serde_name: str = "json", hello
             if not (plain_fallback and "WRONG_VERSION_NUMBER" in error.message):
                 raise
             log.info("%s:%s speaks no TLS: connecting without (tls_mode permissive)", host, port)
-            stream = await connect(host, port)
+            stream = await connect(host, port, unacknowledged_s)
     with collapse_single_error():
         async with stream, trio.open_nursery() as nursery:
             channel = TcpChannel(stream, serde)

@@ -1,6 +1,6 @@
 """Raft links over TCP: TcpChannel.post (a request nobody waits for: a POST frame, never answered, to a server of
 schema version 4 on), RaftStep served inline in the server's read loop (MethodSpec.inline), and PeerLinks posting over
-one channel per peer, reconnecting once it breaks or its peer leaves a Hello unanswered."""
+one channel per peer, reconnecting once it breaks or its peer's host leaves its posts unacknowledged."""
 
 from __future__ import annotations
 
@@ -263,11 +263,11 @@ async def test_a_link_reconnects_once_its_connection_closes_even_while_idle(nurs
     assert first.payloads == [b"before"] and second.payloads == [b"after"]
 
 
-async def test_a_link_whose_peer_stops_answering_reconnects(nursery, monkeypatch):
-    """A peer that takes the payloads but answers nothing more (a host gone without a reset looks the same to the
-    sender: no write fails; posts get no answer anyway) leaves the link's Hello unanswered: after
-    limits.raft_link_silent_s the link connects again."""
-    monkeypatch.setattr(limits, "raft_link_silent_s", 0.4)
+async def test_a_link_whose_posts_stay_unacknowledged_reconnects(nursery, monkeypatch):
+    """A peer that takes a payload and then reads nothing more: once its window is full, what the link sends waits
+    unacknowledged, as it does to a host gone without a reset; after limits.raft_link_silent_s the kernel breaks the
+    connection (TCP_USER_TIMEOUT) and the link connects again, with no Hello of its own meanwhile."""
+    monkeypatch.setattr(limits, "raft_link_silent_s", 0.5)
     server = RaftServer()
     hung = trio.Event()
 
@@ -282,7 +282,11 @@ async def test_a_link_whose_peer_stops_answering_reconnects(nursery, monkeypatch
     await nursery.start(links.run)
     links.post(1, b"unanswered")
     with trio.fail_after(5):
+        while not server.payloads:
+            await trio.sleep(0.01)
+    with trio.fail_after(30):
         while server.observed.count(("Hello", None)) < 2:  # the second connection's Hello
-            await trio.sleep(0.05)
-    assert server.payloads == [b"unanswered"]
+            links.post(1, bytes(256 * limits.KiB))  # fills the windows; a full outbox drops the rest
+            await trio.sleep(0.01)
+    assert server.payloads[0] == b"unanswered" and server.observed == [("Hello", None)] * 2  # no Hello but the two
     hung.set()
