@@ -149,13 +149,13 @@ disk_reserve_bytes = 32 * MiB
 # ... and below this much, every proposal is refused (offsets commits, metadata): what is applied must still fit the
 # store's log and LevelDB, which a full disk would fail in the middle of an apply.
 disk_floor_bytes = 8 * MiB
-disk_probe_s = 0.5  # how often a node looks at its data disk's free space: a refusal ends this soon after space returns
+disk_probe_s = 0.5  # a node looks at its data disk's free space at most this often, at Raft ticks (idle: each second)
 disk_full_retry_s_min = 0.05  # a WAL write refused for want of space (ENOSPC) is tried again after this, doubling ...
 disk_full_retry_s_max = 1.0  # ... up to this: a freed disk is used within a second, and a full one costs no busy loop
 raft_outbox_payloads_max = 256  # payloads queued for one peer; beyond this they are dropped, as by a network
 raft_payload_bytes_max = 4 * MiB  # one RaftStep payload; a round's messages to a peer are split to fit
 raft_link_reconnect_s = 0.2  # pause before reconnecting to a peer that is down
-raft_link_silent_s = 5.0  # a link whose peer left its Hello unanswered this long reconnects (a host gone silently)
+raft_link_silent_s = 5.0  # a link whose posts the peer left unacknowledged this long reconnects (a host gone silently)
 snapshot_chunk_bytes_max = 1 * MiB  # one chunk of a group snapshot: what a machine holds at once, and one fetch of its file
 snapshot_fetch_attempts_max = 10  # fetches of a snapshot file failing in a row before a replica gives up; Raft sends it again
 snapshot_served_keep_s = 30.0  # a snapshot file a replica read this recently outlives its group's next snapshot
@@ -254,7 +254,8 @@ hello_nonces_max = 100_000  # hello nonces remembered per kind to refuse replays
 user_name_chars_max = 64  # a user's name (its access key)
 users_max = 10_000  # users in the metadata: every node holds them all
 policies_max = 100_000  # policies in the metadata: every node holds them all, and checks a user's on each call
-acl_refresh_s = 1.0  # a node asks the metadata for changed users and policies this often: a revoke applies within it
+acl_refresh_s = 1.0  # a node asks for users, policies and quotas again this soon after a failed ask, or while none
+acl_recheck_s = 30.0  # ... and this often without a heartbeat saying the metadata changed (which asks at once)
 acl_first_wait_s_max = 15.0  # a starting node waits this long for its first users before it says ready regardless
 auth_failures_per_minute_max = 30  # refused sign-ins from one source in a minute before it is refused unheard
 auth_failures_logged_per_minute = 5  # refusals logged per source and minute; the rest are counted in one line

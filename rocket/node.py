@@ -295,11 +295,15 @@ def _access(config: NodeConfig, dispatcher: Dispatcher, clock: Clock) -> Access 
 
 
 async def _follow_acl(access: Access | None, quotas: Quotas | None, peers: Peers, loaded: trio.Event) -> None:
-    """Keep the node's users, policies (with auth on) and client quotas (on brokers) those of the metadata (a change
-    applies within limits.acl_refresh_s); loaded is set once they arrived, with auth on once with a user (the first
-    user is made at a cluster's first start)."""
+    """Keep the node's users, policies (with auth on) and client quotas (on brokers) those of the metadata; loaded is
+    set once they arrived, with auth on once with a user (the first user is made at a cluster's first start). They
+    are asked for again when a heartbeat answer says the metadata changed (every change of users, policies and quotas
+    is one), so a change applies within limits.node_heartbeat_s; and, should that be missed, every
+    limits.acl_recheck_s. Until they arrived, and after a failed ask, again after limits.acl_refresh_s."""
     version = -1
     while True:
+        changed = peers.metadata_changed  # one set while asking is not missed
+        failed = False
         try:
             state = await peers.nameserver("MetaAclState", {"version": version})
             if state["changed"]:
@@ -309,11 +313,13 @@ async def _follow_acl(access: Access | None, quotas: Quotas | None, peers: Peers
                     quotas.update(state["quotas"])
                 version = state["version"]
         except RocketError as error:  # without auth, only quotas wait on it: no warnings while a cluster starts
+            failed = True
             (log.warning if access is not None else log.debug)(
                 "reading users, policies and quotas from the nameservers: %s", error)
         if access is None or access.users:
             loaded.set()
-        await trio.sleep(limits.acl_refresh_s)
+        with trio.move_on_after(limits.acl_refresh_s if failed or not loaded.is_set() else limits.acl_recheck_s):
+            await changed.wait()
 
 
 class _Metrics:

@@ -31,6 +31,7 @@ class Peers:
         self.nameservers = list(config.nameserver_members().values())
         self._nameserver_at = 0  # the nameserver that answered last: asked first next time
         self.metadata_version = 0  # the newest metadata version a heartbeat answer carried
+        self.metadata_changed = trio.Event()  # set (and replaced) when a heartbeat answer carries a newer version
         self.telemetry: Telemetry | None = None  # where calls to other nodes are timed and their errors counted
 
     async def call(self, address: Address, method: str, request: dict,
@@ -84,7 +85,10 @@ class Peers:
         finally:
             if self.telemetry is not None:
                 self.telemetry.heartbeat_took(started)
-        self.metadata_version = max(self.metadata_version, assignment["version"])
+        if assignment["version"] > self.metadata_version:
+            self.metadata_version = assignment["version"]
+            self.metadata_changed.set()
+            self.metadata_changed = trio.Event()
         return assignment
 
     async def report_forever(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -76,7 +76,7 @@ def secured(tmp_path_factory):
             await admin.grant("alice", "bucket:cfg", ["kv-read"])
             await admin.grant("eve", "topic:orders-*", ["pub"], cidrs=["10.0.0.0/8"])  # never from here
     trio.run(setup)
-    time.sleep(1.5)  # policies reach the node's enforcement within limits.acl_refresh_s
+    time.sleep(1.5)  # policies reach the node's enforcement within a heartbeat (limits.node_heartbeat_s)
     yield server
     server.kill()
 

@@ -59,7 +59,8 @@ def messages(total_bytes: int, size: int = KiB) -> list[Message]:
 
 
 async def until_known(node: Node, credentials: Credentials) -> None:
-    """A new user reaches the node's enforcement within limits.acl_refresh_s: sign in until it is known."""
+    """A new user reaches the node's enforcement within a heartbeat (limits.node_heartbeat_s): sign in until it is
+    known."""
     with trio.fail_after(30):
         while True:
             try:
@@ -72,7 +73,7 @@ async def until_known(node: Node, credentials: Credentials) -> None:
 
 
 async def until_throttled(send) -> None:
-    """Quotas reach the broker within limits.acl_refresh_s: send until an answer says to wait."""
+    """Quotas reach the broker within a heartbeat (limits.node_heartbeat_s): send until an answer says to wait."""
     with trio.fail_after(30):
         while not await send():
             await trio.sleep(0.2)
