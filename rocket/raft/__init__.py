@@ -24,9 +24,9 @@ while the others wait out the usual timeout.
 
 A full disk is an operating error. A round the WAL refuses (ENOSPC) is written again, with backoff, until space
 returns: its cores were advanced, so it cannot fail, and nothing of it but a leader's appends is sent before its
-fsync. A checkpoint refused is put off. A watch of the data disk's free space (every limits.disk_probe_s) sets
-disk_refusal under limits.disk_reserve_bytes and clears it when space returns, without a restart; under
-limits.disk_floor_bytes every proposal is refused with DISK_FULL.
+fsync. A checkpoint refused is put off. A look at the data disk's free space at ticks (at most every
+limits.disk_probe_s) sets disk_refusal under limits.disk_reserve_bytes and clears it when space returns, without a
+restart; under limits.disk_floor_bytes every proposal is refused with DISK_FULL.
 
 Compaction. A KV shard's snapshot can be gigabytes, so a group compacts its log only once the log since its last
 snapshot is 1/8 of that snapshot's size (limits.raft_snapshot_log_ratio). A leader holds compaction back (up to

@@ -114,6 +114,7 @@ class RaftHost(Rounds):
         self.peer_versions: dict[int, int] | None = None
         self.disk_refusal = ""
         self.disk_free_bytes = 2**63  # as last seen; under limits.disk_floor_bytes every proposal is refused
+        self._disk_looked_at = -math.inf  # when a tick last looked at the disk's free space (_look_at_disk)
         self._token: trio.lowlevel.TrioToken | None = None
         # Only groups touched since the last round are asked for a Ready, and only awake groups are
         # ticked: thousands of quiet groups then cost nothing per tick.

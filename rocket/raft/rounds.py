@@ -78,7 +78,6 @@ class Rounds(Compaction):
                 self._token = trio.lowlevel.current_trio_token()
                 self._nursery = nursery
                 nursery.start_soon(self._ticker)
-                nursery.start_soon(self._watch_disk)
                 task_status.started()
                 while True:
                     await self._wake.wait()
@@ -107,22 +106,25 @@ class Rounds(Compaction):
             self._tick(max(1, round((trio.current_time() - started) / self.tick_s)))
             self._wake.set()
 
-    async def _watch_disk(self) -> None:
-        """Look at the data disk's free space now and then: refuse new data below the reserve, and take it
-        again once space returns (a refusal after ENOSPC too), without a restart."""
-        while True:
-            await trio.sleep(limits.disk_probe_s)
-            try:
-                free = free_bytes(self.wal.log.directory)
-            except OSError:
-                continue
-            self.disk_free_bytes = free
-            if free < limits.disk_reserve_bytes:
-                self._disk_full(f"{free // limits.MiB} MiB free", free)
-            elif self.disk_refusal:
-                log.warning("node %d: the data disk has %d MiB free again: new data is taken", self.node_id,
-                            free // limits.MiB)
-                self.disk_refusal = ""
+    def _look_at_disk(self) -> None:
+        """At a tick, at most every limits.disk_probe_s: look at the data disk's free space, to refuse new data below
+        the reserve, and take it again once space returns (a refusal after ENOSPC too), without a restart. A round's
+        write looks too (_write_once): this finds what others did to the disk meanwhile."""
+        now = trio.current_time()
+        if now < self._disk_looked_at + limits.disk_probe_s:
+            return
+        self._disk_looked_at = now
+        try:
+            free = free_bytes(self.wal.log.directory)
+        except OSError:
+            return
+        self.disk_free_bytes = free
+        if free < limits.disk_reserve_bytes:
+            self._disk_full(f"{free // limits.MiB} MiB free", free)
+        elif self.disk_refusal:
+            log.warning("node %d: the data disk has %d MiB free again: new data is taken", self.node_id,
+                        free // limits.MiB)
+            self.disk_refusal = ""
 
     def _disk_full(self, why: str, free: int) -> None:
         """In the trio thread: refuse new data until _watch_disk finds the reserve free again."""
@@ -138,6 +140,7 @@ class Rounds(Compaction):
         ones whose leader has gone silent, and send one liveness heartbeat to each peer node."""
         before = self.ticks
         self.ticks += ticks
+        self._look_at_disk()
         self._deferred_due = bool(self._deferred)
         if self._deadlines:
             self._deadlines.sweep(trio.current_time(), lambda: RocketError(
