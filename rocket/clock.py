@@ -5,6 +5,7 @@ one; a simulator gives them one whose wall time moves with trio's MockClock, so 
 
 from __future__ import annotations
 
+import math
 import time
 
 import trio
@@ -33,3 +34,17 @@ class TrioWallClock(Clock):
 
     def wall_s(self) -> float:
         return self.epoch_s + trio.current_time()
+
+
+def on_the_grid(period_s: float) -> float:
+    """The next time on trio's clock that is a whole multiple of period_s. Periodic loops that wait for it wake
+    together, one wake-up of the process for all of them (as the kernel rounds timers: round_jiffies), where each
+    waiting period_s from its own last pass would wake it on a phase of its own. A loop still passes once per period."""
+    # A time within a millionth of a period of a multiple counts as on it: landing there (an autojump clock lands
+    # exactly on the multiple waited for), the division may round down (43 * 0.1 / 0.1 < 43), or the product up.
+    return (math.floor(trio.current_time() / period_s + 1e-6) + 1) * period_s
+
+
+async def sleep_periodic(period_s: float) -> None:
+    """Sleep until on_the_grid(period_s): the wait between the passes of a loop that runs every period_s."""
+    await trio.sleep_until(on_the_grid(period_s))

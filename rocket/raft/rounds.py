@@ -24,6 +24,7 @@ import time
 import trio
 
 from rocket import limits
+from rocket.clock import on_the_grid, sleep_periodic
 from rocket.disk.files import free_bytes, out_of_space
 from rocket.errors import Code, RocketError, invariant
 from rocket.parked import Slot
@@ -93,14 +94,15 @@ class Rounds(Compaction):
 
     async def _ticker(self) -> None:
         """Tick every tick_s while a group is awake or a parked proposal waits for its deadline; else every
-        limits.raft_idle_ticks ticks, counted as the time that passed, unless a group wakes first."""
+        limits.raft_idle_ticks ticks, counted as the time that passed, unless a group wakes first. On the grid of the
+        node's periodic loops (clock.on_the_grid): one wake-up for all that fall due together."""
         while True:
             started = trio.current_time()
             if self._awake or self._deadlines:
-                await trio.sleep(self.tick_s)
+                await sleep_periodic(self.tick_s)
             else:
                 self._woken = woken = trio.Event()
-                with trio.move_on_after(self.tick_s * limits.raft_idle_ticks):
+                with trio.move_on_at(on_the_grid(self.tick_s * limits.raft_idle_ticks)):
                     await woken.wait()
                 self._woken = None
             self._tick(max(1, round((trio.current_time() - started) / self.tick_s)))

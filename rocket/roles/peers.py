@@ -10,6 +10,7 @@ import logging
 import trio
 
 from rocket import __version__, limits
+from rocket.clock import sleep_periodic
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.model import Address
@@ -96,4 +97,4 @@ class Peers:
         task_status.started()
         while True:
             await self.heartbeat()
-            await trio.sleep(limits.node_heartbeat_s)
+            await sleep_periodic(limits.node_heartbeat_s)

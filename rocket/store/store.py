@@ -23,6 +23,7 @@ from pathlib import Path
 import trio
 
 from rocket import limits
+from rocket.clock import sleep_periodic
 from rocket.disk.commitlog import CommitLog
 from rocket.errors import Code, RocketError
 from rocket.serde import batch as batch_codec
@@ -339,7 +340,7 @@ class Store(Reads, Timers, Reclaim):
         """Flush the store's writes in the background, so that a snapshot's sync has little left to do."""
         task_status.started()
         while True:
-            await trio.sleep(limits.store_sync_s)
+            await sleep_periodic(limits.store_sync_s)
             if self._dirty:
                 await trio.to_thread.run_sync(self.sync)
 

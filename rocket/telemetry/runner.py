@@ -14,6 +14,7 @@ from functools import partial
 import trio
 
 from rocket import limits
+from rocket.clock import sleep_periodic
 from rocket.errors import RocketError
 from rocket.telemetry.registry import Telemetry, counter_family, gauge_family
 from rocket.telemetry.ship import KEY_PREFIX_DEFAULT, ship_forever, ship_now
@@ -63,7 +64,7 @@ async def run_telemetry(telemetry: Telemetry, spool: Spool, objects: ObjectStore
         task_status.started()
         try:
             while True:
-                await trio.sleep(interval_s)
+                await sleep_periodic(interval_s)
                 await sample_once(telemetry, spool)
         finally:
             with trio.move_on_after(limits.telemetry_flush_s_max) as scope:

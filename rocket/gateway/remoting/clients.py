@@ -19,6 +19,7 @@ import orjson
 import trio
 
 from rocket import limits
+from rocket.clock import sleep_periodic
 from rocket.errors import Code, RocketError
 from rocket.gateway.remoting.codec import Command, RequestCode, ResponseCode, json_body, objects
 from rocket.model import RETRY_PREFIX
@@ -173,7 +174,7 @@ class Clients:
     async def keep_members(self) -> None:
         """Every limits.remoting_member_refresh_s: the local members kept alive, and the unwritten offsets written."""
         while True:
-            await trio.sleep(limits.remoting_member_refresh_s)
+            await sleep_periodic(limits.remoting_member_refresh_s)
             await self._flush_offsets()
             for group_name in list(self._groups):
                 for topic in self._group_topics(group_name):

@@ -19,6 +19,7 @@ import logging
 import trio
 
 from rocket import limits
+from rocket.clock import sleep_periodic
 from rocket.errors import RocketError
 
 log = logging.getLogger("rocket.controller")
@@ -44,7 +45,7 @@ class Controller:
         new group's master lapses no sooner than limits.controller_lapse_s after its creation)."""
         while True:
             controlled = any(members.control is not None for members in self.metadata.groups.values())
-            await trio.sleep(limits.controller_check_s if controlled else limits.idle_recheck_s)
+            await sleep_periodic(limits.controller_check_s if controlled else limits.idle_recheck_s)
             if not self.leads():
                 self._led_since = None
                 continue

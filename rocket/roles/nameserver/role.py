@@ -19,7 +19,7 @@ import orjson
 import trio
 
 from rocket import limits
-from rocket.clock import Clock
+from rocket.clock import Clock, sleep_periodic
 from rocket.config import ROLES, ConfigError, NodeConfig, parse_address
 from rocket.errors import Code, RocketError
 from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
@@ -102,7 +102,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
                 nursery.start_soon(self._bootstrap_admin_forever)
             task_status.started()
             while True:
-                await trio.sleep(limits.node_heartbeat_s)
+                await sleep_periodic(limits.node_heartbeat_s)
                 if not self.leads():
                     self._window_began = None  # a later term starts its windows afresh, from the metadata
                     continue

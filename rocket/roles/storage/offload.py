@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import trio
 
 from rocket import limits
-from rocket.clock import Clock
+from rocket.clock import Clock, sleep_periodic
 from rocket.errors import Code, RocketError
 from rocket.serde.piece import Piece, build, queue_prefix, range_of_key
 from rocket.store.commands import encode_drop_local, encode_expire, encode_offloaded, encode_truncate
@@ -67,7 +67,7 @@ class Offloader:
 
     async def run(self) -> None:
         while True:
-            await trio.sleep(limits.tier_scan_s)
+            await sleep_periodic(limits.tier_scan_s)
             await self.scan()
 
     async def scan(self) -> int:

@@ -9,6 +9,7 @@ import logging
 import trio
 
 from rocket import limits
+from rocket.clock import sleep_periodic
 from rocket.store.values import IndexEntry
 
 log = logging.getLogger("rocket.storage")
@@ -17,7 +18,7 @@ log = logging.getLogger("rocket.storage")
 class WalReclaim:
     async def _reclaim_wal_forever(self) -> None:
         while True:
-            await trio.sleep(limits.wal_reclaim_s)
+            await sleep_periodic(limits.wal_reclaim_s)
             await self.reclaim_wal()
 
     async def reclaim_wal(self) -> int:

@@ -11,6 +11,7 @@ import shutil
 import trio
 
 from rocket import limits
+from rocket.clock import sleep_periodic
 from rocket.errors import Code, RocketError
 from rocket.model import Address
 from rocket.raft.controlled import Control
@@ -135,7 +136,7 @@ class Replicas:
         keeps waiting for every member it had (ARCHITECTURE.md, "Controller mode")."""
         while True:  # every limits.controller_sync_state_s while this node hosts controller-mode groups
             controlled = [group for group in self._storage_groups() if self.host.controlled(group) is not None]
-            await trio.sleep(limits.controller_sync_state_s if controlled else limits.idle_recheck_s)
+            await sleep_periodic(limits.controller_sync_state_s if controlled else limits.idle_recheck_s)
             for group in self._storage_groups():
                 core = self.host.controlled(group)
                 request = core.sync_state_request() if core is not None else None
@@ -164,7 +165,7 @@ class Replicas:
         """A replica that installed a snapshot lacks the batches before it: fetch them from the other
         replicas, one queue at a time, until no gap is left."""
         while True:
-            await trio.sleep(limits.node_heartbeat_s)
+            await sleep_periodic(limits.node_heartbeat_s)
             for group, topic, queue, _ in self.store.gaps():
                 if self.host.machine_of(group) is not None:
                     await self._backfill(group, topic, queue)

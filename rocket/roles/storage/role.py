@@ -11,7 +11,7 @@ import logging
 import trio
 
 from rocket import limits
-from rocket.clock import Clock
+from rocket.clock import Clock, on_the_grid
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.raft.core import NotLeader
@@ -141,7 +141,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
                     self._heartbeats_done = self._heartbeats_started
                     self._heartbeat_done.set()
                     self._heartbeat_done = trio.Event()
-                with trio.move_on_after(self._heartbeat_interval_s()):
+                with trio.move_on_at(on_the_grid(self._heartbeat_interval_s())):
                     await self._ask_now.wait()  # a group not hosted yet: ask at once, but not twice within the minimum
                     await trio.sleep_until(asked_at + limits.assignment_ask_s_min)
 
