@@ -365,10 +365,12 @@ class Dispatcher:
 
     async def call(self, name: str, serde: ModuleType, body: bytes | memoryview,
                    attachment: memoryview | None = None, detached: bool = False,
-                   caller: Caller | None = None, decoded: dict | None = None) -> tuple[bytes, list | None]:
+                   caller: Caller | None = None, decoded: dict | None = None,
+                   answered: bool = True) -> tuple[bytes, list | None]:
         """Run a unary method: the encoded response and, if detached, its attachable bytes apart from it
         (see MethodSpec.response_attachments). caller: who called from the wire (None: this process, trusted).
-        decoded: the request as park() decoded it, if it went there first. Raises RocketError for every failure."""
+        decoded: the request as park() decoded it, if it went there first. A call nobody hears the answer of (a POST
+        frame's) is not answered: (b"", None), the response not encoded. Raises RocketError for every failure."""
         spec, handler = self._resolve(name, caller)
         if spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is a streaming method")
@@ -395,6 +397,8 @@ class Dispatcher:
                 self.charge(caller, request.get("topic") or "")
             raise failure from None
         self._observe(name, started, None)
+        if not answered:
+            return b"", None
         attachments = None
         if detached:
             response, attachments = detach(spec, response)

@@ -463,7 +463,7 @@ class _ServerConnection:
                              "loop (RaftStep) can", frame.request_id)
         try:
             await self.dispatcher.call(frame.method, self._serde_of(frame), frame.body, frame.attachment,
-                                       detached=True, caller=self.caller)
+                                       caller=self.caller, answered=False)
         except RocketError as error:
             self._posts_refused += 1
             log.log(logging.WARNING if self._posts_refused == 1 else logging.DEBUG, "a %s posted by %s was refused "
