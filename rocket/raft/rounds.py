@@ -129,7 +129,7 @@ class Rounds(Compaction):
             self.disk_refusal = ""
 
     def _disk_full(self, why: str, free: int) -> None:
-        """In the trio thread: refuse new data until _watch_disk finds the reserve free again."""
+        """In the trio thread: refuse new data until _look_at_disk finds the reserve free again."""
         self.disk_free_bytes = min(self.disk_free_bytes, free)
         if not self.disk_refusal:
             log.warning("node %d: the data disk is full (%s): new data is refused until %d MiB are free",
