@@ -53,12 +53,110 @@ def known_types() -> list[str]:
 
 def to_json_ready(type_name: str, value: dict) -> dict:
     """Turn bytes into base64 so orjson can write the message."""
-    return _walk(raw_definitions()[full_name(type_name)], value, "", decoding=False)
+    try:
+        return _compiled(full_name(type_name), False)(value)
+    except Exception:  # the walk below says what is wrong, with the field's path
+        return _walk(raw_definitions()[full_name(type_name)], value, "", decoding=False)
 
 
 def from_json_ready(type_name: str, value: object) -> dict:
     """Validate a parsed JSON message against its schema and turn base64 back into bytes."""
-    return _walk(raw_definitions()[full_name(type_name)], value, "", decoding=True)
+    try:
+        return _compiled(full_name(type_name), True)(value)
+    except Exception:
+        return _walk(raw_definitions()[full_name(type_name)], value, "", decoding=True)
+
+
+class _Mismatch(Exception):
+    """A value does not fit its schema: _walk, run again, finds where and says so."""
+
+
+_MISSING = object()
+
+
+@functools.cache
+def _compiled(name: str, decoding: bool):
+    """_walk for one named type, done once: a function of a message that does what _walk does to it when it fits
+    (each field converted, defaults filled, other keys dropped), and raises when it does not. Built on first use, so
+    that a message costs no walk of its schema, no lookups of its types and no path of each field."""
+    convert = _compile(raw_definitions()[name], decoding)
+    return convert if convert is not None else (lambda value: value)
+
+
+def _compile(schema, decoding: bool):
+    """A function that converts a value of schema as _walk does, or None where _walk returns the value unchanged."""
+    if isinstance(schema, str):
+        if schema in _int_bounds:
+            if not decoding:
+                return None
+            low, high = _int_bounds[schema]
+
+            def integer(value):
+                if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                    raise _Mismatch
+                return value
+            return integer
+        if schema in ("string", "boolean"):
+            kind = str if schema == "string" else bool
+            return _checked(kind) if decoding else None
+        if schema == "bytes":
+            return _from_base64 if decoding else _to_base64
+        if schema in ("double", "float"):
+            return _to_float if decoding else float
+        named = full_name(schema)
+        return lambda value: _compiled(named, decoding)(value)  # looked up at use: a type may refer to itself
+    kind = schema["type"]
+    if kind == "array":
+        item = _compile(schema["items"], decoding)
+
+        def array(value):
+            if not isinstance(value, list):
+                raise _Mismatch
+            return value if item is None else [item(each) for each in value]
+        return array
+    if kind == "record":
+        fields = [(field["name"], _compile(field["type"], decoding), "default" in field, field.get("default"))
+                  for field in schema["fields"]]
+
+        def record(value):
+            if not isinstance(value, dict):
+                raise _Mismatch
+            result = {}
+            for name, convert, has_default, default in fields:
+                each = value.get(name, _MISSING)
+                if each is not _MISSING:
+                    result[name] = each if convert is None else convert(each)
+                elif has_default:
+                    result[name] = default
+                else:
+                    raise _Mismatch
+            return result
+        return record
+    return _compile(kind, decoding)
+
+
+def _checked(kind: type):
+    def check(value):
+        if not isinstance(value, kind):
+            raise _Mismatch
+        return value
+    return check
+
+
+def _to_base64(value) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+def _from_base64(value):
+    if not isinstance(value, str):
+        raise _Mismatch
+    return base64.b64decode(value, validate=True)
+
+
+def _to_float(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Mismatch
+    return float(value)
 
 
 def _bad(path: str, problem: str) -> RocketError:
