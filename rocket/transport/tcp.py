@@ -1,9 +1,11 @@
 """The TCP transport's server: length-prefixed frames (frames.py), pipelined calls, server-streamed responses.
 
 Server: one reader per connection, one task per call (bounded; the reader serves an inline method's calls itself, in
-order), whole frames written under a lock. A data-plane call (a method with a parked handler: Produce, StorageAppend)
-takes no task: the reader parks it (rocket/parked.py), and a writer task per connection sends whatever answers one
-Raft round completed in one write; one the handler cannot park (Unparked) is a task as usual. A connection is closed when a request frame takes longer than frame_s to
+order, and sends their answers together before it reads again), whole frames written under a lock. A data-plane call
+(a method with a parked handler: Produce, StorageAppend) takes no task: the reader parks it (rocket/parked.py); one
+the handler cannot park (Unparked) is a task as usual. A writer task per connection sends the answers of parked calls
+and of tasks: whatever one Raft round or one pass of the scheduler completed, in one write. A call holds its in-flight
+slot until its answer is written. A connection is closed when a request frame takes longer than frame_s to
 arrive (time the server spends not reading excluded), when it has no call in flight (a long poll and a stream are
 calls) for idle_s, and, the one holding the most, when the listener's connections together hold more than
 limits.tcp_partial_frames_bytes_max of frames not yet whole.
@@ -172,20 +174,24 @@ async def send_parts(stream: trio.abc.SendStream, parts) -> None:
     if not isinstance(stream, trio.SocketStream):
         await stream.send_all(b"".join(parts))
         return
-    views = [memoryview(part) for part in parts if len(part)]
-    while views:
+    pending = list(parts)
+    while pending:
+        batch = pending[:limits.tcp_send_buffers_max]
         try:
-            sent = await stream.socket.sendmsg(views[:limits.tcp_send_buffers_max])
+            sent = await stream.socket.sendmsg(batch)
         except OSError as error:
             if stream.socket.fileno() == -1:
                 raise trio.ClosedResourceError("the connection was closed") from None
             raise trio.BrokenResourceError(f"the connection broke: {error}") from error
-        while sent:
-            if sent >= len(views[0]):
-                sent -= len(views.pop(0))
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
+        if sent == sum(map(len, batch)):  # as a rule: all of them
+            del pending[:len(batch)]
+            continue
+        whole = 0
+        while sent >= len(pending[whole]):
+            sent -= len(pending[whole])
+            whole += 1
+        del pending[:whole]
+        pending[0] = memoryview(pending[0])[sent:]
 
 
 async def _send_quietly(stream: trio.abc.SendStream, data: bytes) -> None:
@@ -205,29 +211,40 @@ def _error_frame(serde_id: int, request_id: int, error: RocketError) -> bytes:
 
 
 class Outbox:
-    """Frames queued by code that does not wait (a parked call's answer, a request sent without a task) for the one
-    task that writes them: everything queued meanwhile goes in one write."""
+    """Frames queued by code that does not wait (a call's answer, a request sent without a task) for the one task that
+    writes them: everything queued meanwhile goes in one write. put's count says how many calls the parts answer:
+    write_each hands that count to sent() once they are written (or the write failed or was cancelled), so that a
+    call holds its place (an in-flight slot) until its answer has left, and a client that stops reading stops the
+    server's answers from piling up."""
 
     def __init__(self) -> None:
         self.parts: list = []
+        self.count = 0  # the calls that the parts queued answer
         self._ready = trio.Event()
 
-    def put(self, parts: list) -> None:
+    def put(self, parts: list, count: int = 0) -> None:
         self.parts += parts
+        self.count += count
         self._ready.set()
 
     def wake(self) -> None:
         """Have write_each look at done() again."""
         self._ready.set()
 
-    async def write_each(self, write: Callable[..., Awaitable[None]], done: Callable[[], bool] = lambda: False) -> None:
+    async def write_each(self, write: Callable[..., Awaitable[None]], done: Callable[[], bool] = lambda: False,
+                         sent: Callable[[int], None] | None = None) -> None:
         """Write what is queued with write(*parts) as it comes, until done() holds and nothing is queued."""
         while not (done() and not self.parts):
             await self._ready.wait()
             self._ready = trio.Event()
             if self.parts:
                 parts, self.parts = self.parts, []
-                await write(*parts)
+                count, self.count = self.count, 0
+                try:
+                    await write(*parts)
+                finally:
+                    if count and sent is not None:
+                        sent(count)
 
 
 class ReceiveBudget:
@@ -284,10 +301,13 @@ class _ServerConnection:
         self._receiving: trio.CancelScope | None = None  # the receive under way, whose deadline a call's end moves
         self._partial = False  # whether that receive waits for the rest of a frame (else for a new one)
         self._replies: list = []  # answers to inline requests (MethodSpec.inline), sent together before the next read
-        # The data plane (_park): calls parked, their answers queued for the writer task, sent once per round.
-        self._parked = 0
-        self._answers = Outbox()  # parked calls' answers (_write_answers)
+        # Unary calls' answers (a parked call's, a task's) are queued for one writer task (_write_answers): what
+        # a Raft round or one pass of the scheduler completed goes in one write. A call holds its in-flight slot until
+        # its answer was written.
+        self._open = 0  # calls served by a task or parked whose end (_ended) has not come: the writer waits for them
+        self._answers = Outbox()
         self._writer_started = False
+        self._writer_gone = False
         self._reading_done = False
 
     def close_for(self, error: RocketError) -> None:
@@ -310,7 +330,7 @@ class _ServerConnection:
             async with trio.open_nursery() as calls:
                 await self._read_until_done(calls, first)
                 self._reading_done = True
-                self._answers.wake()  # the writer ends once the parked calls are answered
+                self._answers.wake()  # the writer ends once the open calls are answered
                 # Streams never end by themselves; in-flight unary calls get a bounded time to answer.
                 for scope in list(self.streams.values()):
                     scope.cancel()
@@ -402,26 +422,39 @@ class _ServerConnection:
                 return
         await self._flush_replies()  # before this call may wait for a slot
         await self.in_flight.acquire()
-        self.lifecycle.call_started()
+        self._started(calls)
         calls.start_soon(self._call, frame, decoded)
+
+    def _started(self, calls: trio.Nursery) -> None:
+        """A call holds its in-flight slot (taken) from here until _ended, after its answer was written."""
+        self.lifecycle.call_started()
+        self._open += 1
+        if not self._writer_started:
+            calls.start_soon(self._write_answers)
+            self._writer_started = True
+
+    def _ended(self, count: int = 1) -> None:
+        """count calls ended: answered (their answers written, or the write failed) or not (a stream, a failure)."""
+        self._open -= count
+        for _ in range(count):
+            self.lifecycle.call_finished()
+            self.in_flight.release()
+        if self._reading_done and not self._open:
+            self._answers.wake()
+        if self._receiving is not None and not self._partial:  # perhaps idle now: the idle clock starts
+            self._receiving.deadline = self._deadline(0.0)
 
     def _park(self, frame: Frame, calls: trio.Nursery) -> tuple[bool, dict | None]:
         """Serve a data-plane call here, in the read loop, with no task: parked (rocket/parked.py), it holds an
         in-flight slot until its answer is queued for the writer. (False, the request if decoded), with nothing done,
         if it must be a task."""
         self.in_flight.acquire_nowait()
-        self.lifecycle.call_started()
-        self._parked += 1
-        if not self._writer_started:
-            calls.start_soon(self._write_answers)
-            self._writer_started = True
+        self._started(calls)
         slot = Slot(functools.partial(self._answer_parked, frame))
         try:
             self.dispatcher.park(frame.method, self._serde_of(frame), frame.body, frame.attachment, self.caller, slot)
         except Unparked as unparked:
-            self._parked -= 1
-            self.lifecycle.call_finished()
-            self.in_flight.release()
+            self._ended()
             return False, unparked.request
         except RocketError as error:
             slot.complete(error)
@@ -430,21 +463,31 @@ class _ServerConnection:
     def _answer_parked(self, frame: Frame, outcome: object) -> None:
         """A parked call's answer: queued for the writer, with everything else the same round completes."""
         if isinstance(outcome, RocketError):
-            self._answers.put([_error_frame(frame.serde, frame.request_id, outcome)])
+            self._answer([_error_frame(frame.serde, frame.request_id, outcome)])
         else:
             body, attachments = outcome
-            self._answers.put(frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body,
-                                                  attachment=attachments))
-        self._parked -= 1
-        self.lifecycle.call_finished()
-        self.in_flight.release()
-        if self._receiving is not None and not self._partial:  # perhaps idle now: the idle clock starts
-            self._receiving.deadline = self._deadline(0.0)
+            self._answer(frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body,
+                                             attachment=attachments))
+
+    def _answer(self, parts: list) -> None:
+        """Queue a call's answer for the writer; the call ends once it is written. After the writer's end (the
+        connection closed with calls still parked) the call just ends."""
+        if self._writer_gone:
+            self._ended()
+        else:
+            self._answers.put(parts, 1)
 
     async def _write_answers(self) -> None:
-        """Send parked calls' answers as they come: whatever one round completed, in one write. Ends once the
-        connection reads no more and every parked call was answered (or with the calls' grace, like a task)."""
-        await self._answers.write_each(self._send, lambda: self._reading_done and not self._parked)
+        """Send calls' answers as they come: whatever one round or one pass of the scheduler completed, in one
+        write. Ends once the connection reads no more and every open call ended (or with the calls' grace, like a
+        task); then the calls whose answers were never written end too."""
+        try:
+            await self._answers.write_each(self._send, lambda: self._reading_done and not self._open, self._ended)
+        finally:
+            self._writer_gone = True
+            if self._answers.count:
+                count, self._answers.count = self._answers.count, 0
+                self._ended(count)
 
     def _serde_of(self, frame: Frame) -> ModuleType:
         """The serde a request is in: an older client's is read in its schemas (same version: no cost)."""
@@ -491,6 +534,9 @@ class _ServerConnection:
         return frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body, attachment=attachments)
 
     async def _call(self, frame: Frame, decoded: dict | None = None) -> None:
+        """A call served by a task. It ends once its answer is written: here when it is the one call open on the
+        connection, else by the writer, with the answers of the calls that ended meanwhile, in one write."""
+        queued = False
         try:
             try:
                 if self.dispatcher.is_streaming(frame.method):
@@ -499,12 +545,14 @@ class _ServerConnection:
                 reply = await self._unary(frame, decoded)
             except RocketError as error:
                 reply = [_error_frame(frame.serde, frame.request_id, error)]
-            await self._send(*reply)
+            if self._open == 1 and not self._writer_gone:
+                await self._send(*reply)
+            else:
+                self._answer(reply)
+                queued = True
         finally:
-            self.lifecycle.call_finished()
-            self.in_flight.release()
-            if self._receiving is not None and not self._partial:  # perhaps idle now: the idle clock starts
-                self._receiving.deadline = self._deadline(0.0)
+            if not queued:  # else the writer ends it
+                self._ended()
 
     async def _stream(self, frame: Frame, serde: ModuleType) -> None:
         if frame.request_id in self.streams:
