@@ -49,7 +49,7 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in [
-        MethodSpec("Ping", "Empty", "ServerInfo"),
+        MethodSpec("Ping", "Empty", "ServerInfo", inline=True),  # its handler answers from what it holds
         # A client's first call on a connection: the schema versions (serde/versions.py). The dispatcher answers it.
         MethodSpec("Hello", "Hello", "Hello"),
         MethodSpec("PeerHello", "PeerHelloRequest", "Empty"),
