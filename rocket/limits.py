@@ -30,6 +30,7 @@ stream_items_queued_max = 8  # server-stream items waiting for the socket before
 http2_streams_per_connection_max = 128  # concurrent HTTP/2 streams per connection (SETTINGS)
 tcp_receive_bytes = 256 * KiB  # one read from a TCP connection: many small frames; a large one goes to its own buffer
 tcp_send_buffers_max = 64  # buffers per sendmsg, well under IOV_MAX (1024)
+frame_joined_bytes_max = 4 * KiB  # a frame with a body this small (no attachment) is encoded into one buffer
 frame_shared_buffer_bytes_max = 64 * KiB  # larger frames are received into their own buffer: one copy, no memmove
 # A server's large frame gets a buffer this many times what arrived, grown by this factor as it fills (frames.py):
 # a claimed length costs nothing until its bytes come, and the copies as it grows add at most 1/(factor - 1) of it.

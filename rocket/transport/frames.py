@@ -72,8 +72,12 @@ def encode_parts(kind: Kind, serde: int, request_id: int, body: bytes | memoryvi
         flags = FLAG_ATTACHMENT
         parts += [_message_length.pack(len(body)), body, attachment]
     else:
-        parts.append(body)
-    length = _after_length + sum(len(part) for part in parts)
+        length = _after_length + len(method_bytes) + len(body)
+        header = _header.pack(length, VERSION, kind, serde, flags, request_id, len(method_bytes))
+        if len(body) <= limits.frame_joined_bytes_max:  # one buffer: a small frame's copy costs less than its own
+            return [b"".join((header, method_bytes, body))]
+        return [header, method_bytes, body]
+    length = _after_length + sum(map(len, parts))
     parts[0] = _header.pack(length, VERSION, kind, serde, flags, request_id, len(method_bytes))
     return parts
 
