@@ -136,6 +136,11 @@ malloc_mmap_threshold_bytes = 32 * MiB  # a node's allocations below this come f
 malloc_trim_threshold_bytes = 256 * MiB  # ... and up to this much freed memory stays in each malloc arena: warm pages
 malloc_pretouch_bytes = 128 * MiB  # touched at start and kept: a node's first big blocks reuse it, no fresh pages
 malloc_pretouch_slice_bytes = 1 * MiB  # touched at a time, after the ready line: a first request waits for one slice at most
+# CPython's cyclic collector in `rocket run` (node.tune_collector): a young collection once this many more container
+# objects live than at the last one (CPython's default, 700, collected a node's round objects before they were freed,
+# and promoted them: 5-10% of a node's CPU under load went to collections, full ones of 40 ms among them)
+gc_young_objects = 50_000
+gc_older_collections = 20  # young (then middle-aged) collections between two of the next generation
 wal_reclaim_s = 5.0  # how often a storage node looks for WAL segments nothing needs any more
 wal_reclaim_window_segments = 4  # the oldest segments whose live share decides whether live batches move forward
 wal_live_fraction_max = 0.5  # ... when at most this share of them is live: copying costs at most what it frees

@@ -10,7 +10,8 @@ SIGTERM or SIGINT: stop accepting and reading, let calls in flight finish (bound
 TLS certificate, key and CA files for new connections (transport/tls.py).
 Readiness is printed as one line ("rocket ready ...") and sent to systemd when NOTIFY_SOCKET is set (READY=1, then
 STOPPING=1 when it drains, and WATCHDOG=1 at half the unit's WatchdogSec= if it set one). After that line,
-`rocket run` touches the heap (touch_heap, limits.malloc_pretouch_bytes), in slices between requests.
+`rocket run` touches the heap (touch_heap, limits.malloc_pretouch_bytes), in slices between requests, and freezes
+what the start-up made out of the cyclic collector's sight (tune_collector).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextlib
 import ctypes
 import dataclasses
 import fcntl
+import gc
 import logging
 import os
 import shutil
@@ -100,6 +102,15 @@ def keep_freed_memory(pretouch_bytes: int = limits.malloc_pretouch_bytes) -> boo
     return True
 
 
+def tune_collector() -> None:
+    """Set CPython's cyclic collector for a server's heap, process-wide: young collections only once
+    limits.gc_young_objects more container objects live than at the last one, so that the objects of a round or a
+    request are freed by their counts before a collection looks at them, not promoted to older generations whose
+    collections then walk them (benchmarks/RESULTS.md, "The collector"). `rocket run` freezes what the start-up made
+    once the node is ready (gc.freeze, freeze_startup): full collections no longer walk it."""
+    gc.set_threshold(limits.gc_young_objects, limits.gc_older_collections, limits.gc_older_collections)
+
+
 async def touch_heap(total_bytes: int) -> None:
     """keep_freed_memory's touch of the heap, done once the node serves: in slices, between which requests run, so
     that it delays the first ones by one slice at most instead of delaying the ready line by all of it (60 ms of
@@ -170,14 +181,16 @@ async def open_tier(config: NodeConfig):
 
 
 async def run_node(config: NodeConfig, *, handle_signals: bool = True, pretouch_bytes: int = 0,
-                   task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run the node until told to stop; once it is ready, touch pretouch_bytes of the heap (touch_heap)."""
+                   freeze_startup: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run the node until told to stop; once it is ready, touch pretouch_bytes of the heap (touch_heap), and with
+    freeze_startup (a process that runs one node: `rocket run`) move what the start-up made out of the collector's
+    sight (gc.freeze)."""
     created = not config.data_dir.exists()
     ready = trio.Event()
     try:
         with _lock_data_directory(config.data_dir):
             async with open_tier(config) as objects:
-                await _run_node(config, objects, handle_signals, task_status, ready, pretouch_bytes)
+                await _run_node(config, objects, handle_signals, task_status, ready, pretouch_bytes, freeze_startup)
     except BaseException:
         # A node that failed before it served holds nothing anyone was told is stored: leave no directory behind
         # that a retry (with another port, say) would then take for this node's.
@@ -377,7 +390,7 @@ def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispa
 
 
 async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_status, ready: trio.Event,
-                    pretouch_bytes: int) -> None:
+                    pretouch_bytes: int, freeze_startup: bool) -> None:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     dispatcher = Dispatcher()
     lifecycle = Lifecycle()
@@ -472,6 +485,8 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                 task_status.started(Ready(tcp_port, http2_port, http_port))
                 if pretouch_bytes:
                     nursery.start_soon(touch_heap, pretouch_bytes)
+                if freeze_startup:
+                    gc.freeze()
             await stop.wait()
             log.info("shutting down: draining %d calls in flight", lifecycle.calls_in_flight)
             _notify_systemd("STOPPING=1")

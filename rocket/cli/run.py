@@ -37,7 +37,7 @@ def run(
     auth: Annotated[Optional[bool], typer.Option("--auth/--no-auth", help="Every client call needs a user the policies allow (needs cluster_secret).")] = None,
 ) -> None:
     """Run a node. With no flags: dev mode, all roles in one process, data in ./rocket-data."""
-    from rocket.node import StartupError, keep_freed_memory, run_node
+    from rocket.node import StartupError, keep_freed_memory, run_node, tune_collector
 
     flags = {"roles": role, "data_dir": data_dir, "listen": listen, "http2_listen": http2_listen, "http_listen": http_listen, "log_level": log_level,
              "node_id": node_id, "nameservers": nameservers, "advertise": advertise, "auth": auth}
@@ -47,9 +47,10 @@ def run(
         fail(f"config: {error}", 2)
     logging.basicConfig(level=node_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     kept = keep_freed_memory(pretouch_bytes=0)  # the node touches the heap once it is ready
+    tune_collector()
     try:
         with collapse_single_error():
-            trio.run(functools.partial(run_node, node_config,
+            trio.run(functools.partial(run_node, node_config, freeze_startup=True,
                                        pretouch_bytes=limits.malloc_pretouch_bytes if kept else 0))
     except RocketError as error:
         fail(f"{error.code.name}: {error.message}", 2 if error.code.name == "CONFIG_INVALID" else 1)

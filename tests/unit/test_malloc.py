@@ -83,3 +83,31 @@ async def test_the_heap_is_touched_after_ready_in_slices_between_which_requests_
             served_during.append(True)
             await trio.sleep(0)
     assert len(served_during) >= slices // 2
+
+
+# Rounds, as a node's round loop makes them: a few thousand container objects alive together, then freed.
+ROUNDS = """
+import gc, sys
+from rocket.node import tune_collector
+if sys.argv[1] == "tuned":
+    tune_collector()
+collections = [0, 0, 0]
+gc.callbacks.append(lambda phase, info: phase == "stop" and collections.__setitem__(
+    info["generation"], collections[info["generation"]] + 1))
+for _ in range(300):
+    round_objects = [{"entry": (index, [index])} for index in range(2000)]
+    del round_objects
+print(*collections)
+"""
+
+
+def test_a_tuned_collector_leaves_the_objects_of_rounds_to_their_counts():
+    """tune_collector (rocket run): the objects of a round are freed by their reference counts, with no collection
+    looking at them; CPython's default collects them young several times a round, and older, ever more of them."""
+    def collections(mode: str) -> list[int]:
+        out = subprocess.run([sys.executable, "-c", ROUNDS, mode], capture_output=True, text=True, check=True)
+        return [int(count) for count in out.stdout.split()]
+
+    assert collections("tuned") == [0, 0, 0]
+    young, middle, full = collections("default")
+    assert young > 300 and middle > 30, (young, middle, full)
