@@ -3,15 +3,17 @@ that turns one look at it into TelemetrySample records (rocket/serde/schemas/roc
 spool every telemetry_interval_s.
 
 Nothing here is on the hot path. Components count in attributes they keep anyway (a Raft host's fsyncs, a queue's
-next offset and bytes), or observe a histogram once per fsync or peer call; the registry reads them when it is
-collected. Per-queue and per-group traffic goes only to the telemetry files (Store.take_traffic), never to the
+next offset and bytes), or observe a histogram once per fsync; every call a node serves or makes adds its time to
+a Timings (counts in a list, no lock). The registry reads them when it is collected. Per-queue and per-group traffic goes only to the telemetry files (Store.take_traffic), never to the
 registry: a node may hold a million queues, and Prometheus wants few series. The endpoint's per-topic sums (and the
 opt-in per-queue series, `metrics_per_queue`) are families.py's collectors.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
+import itertools
 import os
 import shutil
 import time
@@ -19,7 +21,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 # Upper bounds in seconds: an fsync takes 0.1 ms on a fast SSD and up to seconds on a failing disk.
 FSYNC_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
@@ -28,6 +31,38 @@ RPC_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 
                float("inf"))
 QUANTILES = (("p50", 0.5), ("p99", 0.99))
 NOTED_MAX = 100_000  # records noted between two samples (an hour of 10 s health windows of 100 nodes is 40,000)
+
+
+class Timings:
+    """A histogram of durations by one label, observed on every call (the calls a node serves, those it makes to
+    others): per label value, a count per bucket and the sum, in a list. prometheus_client's Histogram takes a lock per
+    counter it adds to, twice an observation, and its labels() costs more than that; this is observed by the trio thread
+    only. Collected as a Prometheus histogram family, the same as a labelled Histogram's."""
+
+    def __init__(self, name: str, documentation: str, label: str, buckets: tuple[float, ...]):
+        self.name = name
+        self.documentation = documentation
+        self.label = label
+        self.bounds = buckets  # the last one is infinity
+        self._bucket_names = [floatToGoString(bound) for bound in buckets]
+        self.series: dict[str, list] = {}  # label value -> [count in each bucket (not cumulative)..., sum]
+
+    def observe(self, value: str, seconds: float) -> None:
+        series = self.series.get(value)
+        if series is None:
+            series = self.series[value] = [0] * len(self.bounds) + [0.0]
+        series[bisect.bisect_left(self.bounds, seconds)] += 1
+        series[-1] += seconds
+
+    def cumulative(self, value: str) -> list[int]:
+        """The label value's bucket counts as Prometheus has them: each counts every observation up to its bound."""
+        return list(itertools.accumulate(self.series[value][:-1]))
+
+    def family(self) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, series in self.series.items():
+            family.add_metric([value], list(zip(self._bucket_names, self.cumulative(value))), series[-1])
+        return family
 
 
 class Telemetry:
@@ -46,13 +81,12 @@ class Telemetry:
         self.commit_seconds = Histogram("rocket_raft_commit_seconds", "Time from a proposal on this node to its "
                                         "entry committed and applied here; sampled, one proposal timed at a time "
                                         "(about one per round)", buckets=RPC_BUCKETS, registry=self.registry)
-        self.peer_rpc_seconds = Histogram("rocket_peer_rpc_seconds", "Time of one call to another node, by its "
-                                          "address", ["peer"], buckets=RPC_BUCKETS, registry=self.registry)
+        self.peer_rpc_seconds = Timings("rocket_peer_rpc_seconds", "Time of one call to another node, by its "
+                                        "address", "peer", RPC_BUCKETS)
         self.peer_rpc_errors = Counter("rocket_peer_rpc_errors", "Calls to another node that failed, by address and "
                                        "error code", ["peer", "code"], registry=self.registry)
-        self.rpc_seconds = Histogram("rocket_rpc_seconds", "Time of one call this node served from a client or "
-                                     "another node, by method (long polls included)", ["method"],
-                                     buckets=RPC_BUCKETS, registry=self.registry)
+        self.rpc_seconds = Timings("rocket_rpc_seconds", "Time of one call this node served from a client or "
+                                   "another node, by method (long polls included)", "method", RPC_BUCKETS)
         self.rpc_errors = Counter("rocket_rpc_errors", "Calls this node served that failed, by method and error code",
                                   ["method", "code"], registry=self.registry)
         self.heartbeat_seconds = Gauge("rocket_heartbeat_seconds", "Time of this node's last heartbeat to the "
@@ -60,7 +94,7 @@ class Telemetry:
         self.samples_dropped = Counter("rocket_telemetry_dropped_samples", "Telemetry samples dropped: the spool was "
                                        "full, or could not be written", registry=self.registry)
         self._fsync_max_s = 0.0  # the slowest fsync since the last sample
-        self._collectors: list[Callable[[], Iterable[Metric]]] = [self._node_metrics]
+        self._collectors: list[Callable[[], Iterable[Metric]]] = [self._node_metrics, self._timings]
         self.registry.register(self)
         self.traffic: Callable[[], tuple[list, set[int]]] | None = None
         self._sampled_s: float | None = None
@@ -68,10 +102,6 @@ class Telemetry:
         self._buckets: dict[tuple, list[float]] = {}  # (histogram, labels) -> bucket counts at the last sample
         self._group_totals: dict[int, list[int]] = {}  # group -> [messages in, bytes in, messages out, bytes out]
         self._noted: collections.deque[dict] = collections.deque(maxlen=NOTED_MAX)  # what roles noted since the last sample
-        # The labelled histograms observed on every call: labels() costs more than the observation. Bounded by the
-        # dispatcher's methods and by the nodes (limits.nodes_max), as the histograms' own series are.
-        self._call_histograms: dict[str, Histogram] = {}
-        self._peer_histograms: dict[str, Histogram] = {}
 
     def add_collector(self, collect: Callable[[], Iterable[Metric]]) -> None:
         self._collectors.append(collect)
@@ -79,10 +109,7 @@ class Telemetry:
     clock = staticmethod(time.perf_counter)  # what the roles time calls with: they read no clock themselves
 
     def call_took(self, peer: str, started: float) -> None:
-        histogram = self._peer_histograms.get(peer)
-        if histogram is None:
-            histogram = self._peer_histograms[peer] = self.peer_rpc_seconds.labels(peer)
-        histogram.observe(time.perf_counter() - started)
+        self.peer_rpc_seconds.observe(peer, time.perf_counter() - started)
 
     def call_failed(self, peer: str, code: str) -> None:
         self.peer_rpc_errors.labels(peer, code).inc()
@@ -92,10 +119,7 @@ class Telemetry:
 
     def observe_call(self, method: str, seconds: float, error: str | None) -> None:
         """One call served (Dispatcher.on_call): its time, and its error code if it failed."""
-        histogram = self._call_histograms.get(method)
-        if histogram is None:
-            histogram = self._call_histograms[method] = self.rpc_seconds.labels(method)
-        histogram.observe(seconds)
+        self.rpc_seconds.observe(method, seconds)
         if error is not None:
             self.rpc_errors.labels(method, error).inc()
 
@@ -114,13 +138,9 @@ class Telemetry:
         fsync = [int(sample.value) for metric in self.fsync_seconds.collect() for sample in metric.samples
                  if sample.name.endswith("_bucket")]
         calls: dict[str, dict] = {}
-        for metric in self.peer_rpc_seconds.collect():
-            for sample in metric.samples:
-                entry = calls.setdefault(sample.labels["peer"], {"calls": 0, "errors": 0, "buckets": []})
-                if sample.name.endswith("_count"):
-                    entry["calls"] += int(sample.value)
-                elif sample.name.endswith("_bucket"):
-                    entry["buckets"].append(int(sample.value))
+        for peer in self.peer_rpc_seconds.series:
+            buckets = self.peer_rpc_seconds.cumulative(peer)
+            calls[peer] = {"calls": buckets[-1], "errors": 0, "buckets": buckets}
         for metric in self.peer_rpc_errors.collect():
             for sample in metric.samples:
                 if sample.name.endswith("_total"):
@@ -143,6 +163,10 @@ class Telemetry:
         """prometheus_client's collector protocol: every family the components' collectors give."""
         for collect in self._collectors:
             yield from collect()
+
+    def _timings(self) -> Iterable[Metric]:
+        yield self.peer_rpc_seconds.family()
+        yield self.rpc_seconds.family()
 
     def _node_metrics(self) -> Iterable[Metric]:
         disk = GaugeMetricFamily("rocket_disk_free_bytes", "Free bytes on the data directory's file system")

@@ -7,11 +7,14 @@ import os
 
 import fastavro
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prometheus_client import CollectorRegistry, Histogram
+
 from rocket.serde.schema import avro_schema
-from rocket.telemetry.registry import Telemetry, bucket_quantile, counter_family, cpu_steal_s, cpu_throttled_s
+from rocket.telemetry.registry import (RPC_BUCKETS, Telemetry, Timings, bucket_quantile, counter_family, cpu_steal_s,
+                                       cpu_throttled_s)
 
 
 def by_metric(records: list[dict], metric: str) -> list[dict]:
@@ -93,7 +96,7 @@ def test_queue_traffic_is_reported_by_the_leader_and_summed_per_group(tmp_path):
 def test_every_sample_fits_the_avro_schema(tmp_path):
     telemetry = Telemetry(1, tmp_path)
     telemetry.observe_fsync(0.001)
-    telemetry.peer_rpc_seconds.labels("127.0.0.1:1").observe(0.002)
+    telemetry.peer_rpc_seconds.observe("127.0.0.1:1", 0.002)
     telemetry.sample(1.0)
     records = telemetry.sample(2.0)
     schema = avro_schema("TelemetrySample")
@@ -123,3 +126,24 @@ def test_cpu_steal_and_throttling_are_read_from_proc_and_the_cgroup(tmp_path):
     assert cpu_throttled_s(proc, tmp_path / "fs") == 1.5
     (v2 / "cpu.stat").unlink()
     assert cpu_throttled_s(proc, tmp_path / "fs") is None  # no cpu controller there: nothing to report
+
+
+@settings(max_examples=50, deadline=None)
+@given(observations=st.lists(st.tuples(st.sampled_from(["Produce", "Ping", "KvGet"]),
+                                       st.floats(min_value=0, max_value=100, allow_nan=False)), max_size=60))
+def test_timings_expose_what_a_labelled_histogram_does(observations):
+    """Timings (the calls' histograms, observed on every call without a lock) are collected as prometheus_client's
+    labelled Histogram would be for the same observations: the same samples, bucket by bucket."""
+    registry = CollectorRegistry()
+    histogram = Histogram("rocket_rpc_seconds", "calls", ["method"], buckets=RPC_BUCKETS, registry=registry)
+    timings = Timings("rocket_rpc_seconds", "calls", "method", RPC_BUCKETS)
+    for method, seconds in observations:
+        histogram.labels(method).observe(seconds)
+        timings.observe(method, seconds)
+
+    def samples(family) -> list:
+        return sorted((sample.name, tuple(sorted(sample.labels.items())), pytest.approx(sample.value))
+                      for sample in family.samples if not sample.name.endswith("_created"))
+
+    [expected] = registry.collect()
+    assert samples(timings.family()) == samples(expected)
