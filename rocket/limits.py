@@ -35,6 +35,9 @@ frame_shared_buffer_bytes_max = 64 * KiB  # larger frames are received into thei
 # A server's large frame gets a buffer this many times what arrived, grown by this factor as it fills (frames.py):
 # a claimed length costs nothing until its bytes come, and the copies as it grows add at most 1/(factor - 1) of it.
 frame_buffer_growth = 4
+# ... or the whole frame, when that is at most this much more: a 1 MiB batch's frame (a few dozen bytes over 1 MiB),
+# begun with a read of tcp_receive_bytes, gets one buffer, not a second one and a copy
+frame_buffer_slack_bytes = 64 * KiB
 frame_spare_buffers_max = 3  # a reusing decoder's buffers: a response being decoded, one pulled ahead, one arriving
 http2_receive_bytes = 1 * MiB  # one read from an HTTP/2 connection: a whole DATA frame of ours at a time
 # HTTP/2 receive windows. The server gives a stream's window back as its body arrives, up to the body's bound, and

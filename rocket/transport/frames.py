@@ -87,6 +87,12 @@ def encode(kind: Kind, serde: int, request_id: int, body: bytes | memoryview = b
     return b"".join(encode_parts(kind, serde, request_id, body, method, attachment))
 
 
+def _grown(held: int, end: int) -> int:
+    """The size of a large frame's next buffer, of a frame end bytes long, once held bytes of it filled the last."""
+    size = held * limits.frame_buffer_growth
+    return end if end - size <= limits.frame_buffer_slack_bytes else size
+
+
 class FrameDecoder:
     """Accumulates received bytes and yields whole frames; raises FrameError on broken framing.
 
@@ -97,9 +103,10 @@ class FrameDecoder:
 
     Without reuse (a server's), memory follows the bytes that arrived, not the length a header claims: a large
     frame stays in the shared buffer until limits.frame_shared_buffer_bytes_max of it arrived, then gets a buffer
-    limits.frame_buffer_growth times that (or the whole frame, if smaller), grown by that factor each time it
-    fills. So a frame held is at most that factor times what arrived, and a frame of up to that factor times the
-    first read (a 1 MiB batch) is still received with no copy. held_bytes says what a connection holds."""
+    limits.frame_buffer_growth times that (or the whole frame, if at most limits.frame_buffer_slack_bytes more),
+    grown by that factor each time it fills. So a frame held is at most that factor times what arrived plus the
+    slack, and a frame of up to that factor times the first read (a 1 MiB batch's) is received into one buffer,
+    with no copy. held_bytes says what a connection holds."""
 
     def __init__(self, frame_bytes_max: int = limits.frame_bytes_max, reuse: bool = False):
         self._buffer = bytearray()
@@ -131,7 +138,7 @@ class FrameDecoder:
         if self._large is None:
             return None
         if self._large_filled == len(self._large) < self._large_end:  # full, and more to come: grow it
-            grown = memoryview(bytearray(min(self._large_end, len(self._large) * limits.frame_buffer_growth)))
+            grown = memoryview(bytearray(_grown(len(self._large), self._large_end)))
             grown[: self._large_filled] = self._large
             self._large = grown
         return self._large[self._large_filled :]
@@ -164,7 +171,7 @@ class FrameDecoder:
                 if not self._grows:
                     self._large = self._large_buffer(end)
                 elif len(buffer) >= limits.frame_shared_buffer_bytes_max:  # enough arrived to be worth a buffer
-                    self._large = memoryview(bytearray(min(end, len(buffer) * limits.frame_buffer_growth)))
+                    self._large = memoryview(bytearray(_grown(len(buffer), end)))
                 else:  # a header, perhaps with nothing behind it: no more memory than what came
                     return None
                 self._large[: len(buffer)] = buffer
