@@ -4,14 +4,14 @@ pending timer. Pure."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from rocket.model import ALL_TAGS, half_topic
 
 HALF_PREFIX = half_topic("")
 
 
-@dataclasses.dataclass(slots=True, frozen=True)
-class IndexEntry:
+class IndexEntry(typing.NamedTuple):  # a tuple: made for every batch applied or read, a frozen dataclass costs 5x
     base_offset: int
     position: int
     count: int
