@@ -42,7 +42,7 @@ class EntryKind(enum.IntEnum):
     CONF_CHANGE = 1  # data: b"add_learner:N", b"promote:N" or b"remove:N"
 
 
-class Entry(typing.NamedTuple):  # a tuple: made for every entry proposed or received, a frozen dataclass costs 3x to make
+class Entry(typing.NamedTuple):  # made for every entry proposed or received: a frozen dataclass costs 3x to make
     term: int
     index: int
     data: bytes = b""

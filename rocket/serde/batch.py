@@ -66,7 +66,7 @@ _read_bodies = msgspec.msgpack.Decoder(list[_Body]).decode
 _write_records = msgspec.msgpack.Encoder().encode
 
 
-class BatchHeader(typing.NamedTuple):  # a tuple: made for every batch checked or applied, a frozen dataclass costs 3x to make
+class BatchHeader(typing.NamedTuple):  # made for every batch checked or applied: a frozen dataclass costs 3x to make
     flags: int
     count: int
     first_timestamp_ms: int

@@ -11,7 +11,7 @@ from rocket.model import ALL_TAGS, half_topic
 HALF_PREFIX = half_topic("")
 
 
-class IndexEntry(typing.NamedTuple):  # a tuple: made for every batch applied or read, a frozen dataclass costs 3x to make
+class IndexEntry(typing.NamedTuple):  # made for every batch applied or read: a frozen dataclass costs 3x to make
     base_offset: int
     position: int
     count: int

@@ -4,9 +4,10 @@ spool every telemetry_interval_s.
 
 Nothing here is on the hot path. Components count in attributes they keep anyway (a Raft host's fsyncs, a queue's
 next offset and bytes), or observe a histogram once per fsync; every call a node serves or makes adds its time to
-a Timings (counts in a list, no lock). The registry reads them when it is collected. Per-queue and per-group traffic goes only to the telemetry files (Store.take_traffic), never to the
-registry: a node may hold a million queues, and Prometheus wants few series. The endpoint's per-topic sums (and the
-opt-in per-queue series, `metrics_per_queue`) are families.py's collectors.
+a Timings (counts in a list, no lock). The registry reads them when it is collected. Per-queue and per-group
+traffic goes only to the telemetry files (Store.take_traffic), never to the registry: a node may hold a million
+queues, and Prometheus wants few series. The endpoint's per-topic sums (and the opt-in per-queue series,
+`metrics_per_queue`) are families.py's collectors.
 """
 
 from __future__ import annotations

@@ -144,7 +144,8 @@ def test_a_claimed_length_costs_nothing_until_its_bytes_arrive():
             target[: len(piece)] = piece
             decoder.wrote(len(piece))
         arrived += len(piece)
-        assert decoder.held_bytes <= max(arrived, limits.frame_buffer_growth * arrived + limits.frame_buffer_slack_bytes)
+        bound = limits.frame_buffer_growth * arrived + limits.frame_buffer_slack_bytes
+        assert decoder.held_bytes <= max(arrived, bound), arrived
         frame = decoder.next_frame()
         assert (frame is None) == (arrived < len(data))
     assert frame.method == "Produce" and bytes(frame.body) == body and decoder.held_bytes == 0
