@@ -141,7 +141,7 @@ malloc_pretouch_bytes = 128 * MiB  # touched at start and kept: a node's first b
 malloc_pretouch_slice_bytes = 1 * MiB  # touched at a time, after the ready line: a first request waits for one slice at most
 # CPython's cyclic collector in `rocket run` (node.tune_collector): a young collection once this many more container
 # objects live than at the last one (CPython's default, 700, collected a node's round objects before they were freed,
-# and promoted them: 5-10% of a node's CPU under load went to collections, full ones of 40 ms among them)
+# and promoted them: 4-10% of a node's CPU under load went to collections, full ones of 40 ms among them)
 gc_young_objects = 50_000
 gc_older_collections = 20  # young (then middle-aged) collections between two of the next generation
 wal_reclaim_s = 5.0  # how often a storage node looks for WAL segments nothing needs any more

@@ -59,24 +59,24 @@ class FrameError(RocketError):
 
 def encode_parts(kind: Kind, serde: int, request_id: int, body: bytes | memoryview = b"", method: str = "",
                  attachment: bytes | memoryview | list | None = None) -> list[bytes | memoryview]:
-    """A frame as buffers to send one after another, so that large attachments are never joined. A list
-    of attachments travels with their lengths (FLAG_ATTACHMENTS)."""
+    """A frame as buffers to send one after another, so that large attachments are never joined; a small frame
+    without attachments is one buffer (its copy costs less than a buffer of its own). A list of attachments travels
+    with their lengths (FLAG_ATTACHMENTS)."""
     method_bytes = method.encode("ascii")
-    flags = 0
+    if attachment is None:
+        header = _header.pack(_after_length + len(method_bytes) + len(body), VERSION, kind, serde, 0, request_id,
+                              len(method_bytes))
+        if len(body) <= limits.frame_joined_bytes_max:
+            return [b"".join((header, method_bytes, body))]
+        return [header, method_bytes, body]
     parts: list[bytes | memoryview] = [b"", method_bytes]
     if isinstance(attachment, list):
         flags = FLAG_ATTACHMENTS
         lengths = struct.pack(f">{len(attachment) + 1}I", len(attachment), *map(len, attachment))
         parts += [_message_length.pack(len(body)), body, lengths, *attachment]
-    elif attachment is not None:
+    else:
         flags = FLAG_ATTACHMENT
         parts += [_message_length.pack(len(body)), body, attachment]
-    else:
-        length = _after_length + len(method_bytes) + len(body)
-        header = _header.pack(length, VERSION, kind, serde, flags, request_id, len(method_bytes))
-        if len(body) <= limits.frame_joined_bytes_max:  # one buffer: a small frame's copy costs less than its own
-            return [b"".join((header, method_bytes, body))]
-        return [header, method_bytes, body]
     length = _after_length + sum(map(len, parts))
     parts[0] = _header.pack(length, VERSION, kind, serde, flags, request_id, len(method_bytes))
     return parts

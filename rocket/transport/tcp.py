@@ -446,8 +446,8 @@ class _ServerConnection:
 
     def _park(self, frame: Frame, calls: trio.Nursery) -> tuple[bool, dict | None]:
         """Serve a data-plane call here, in the read loop, with no task: parked (rocket/parked.py), it holds an
-        in-flight slot until its answer is queued for the writer. (False, the request if decoded), with nothing done,
-        if it must be a task."""
+        in-flight slot until the writer wrote its answer. (False, the request if decoded), with nothing done, if it
+        must be a task."""
         self.in_flight.acquire_nowait()
         self._started(calls)
         slot = Slot(functools.partial(self._answer_parked, frame))
