@@ -106,8 +106,8 @@ def tune_collector() -> None:
     """Set CPython's cyclic collector for a server's heap, process-wide: young collections only once
     limits.gc_young_objects more container objects live than at the last one, so that the objects of a round or a
     request are freed by their counts before a collection looks at them, not promoted to older generations whose
-    collections then walk them (benchmarks/RESULTS.md, "The request path and the collector"). `rocket run` freezes what the start-up made
-    once the node is ready (gc.freeze, freeze_startup): full collections no longer walk it."""
+    collections then walk them (benchmarks/RESULTS.md, "The request path and the collector"). `rocket run` freezes
+    what the start-up made once the node is ready (gc.freeze, freeze_startup): full collections no longer walk it."""
     gc.set_threshold(limits.gc_young_objects, limits.gc_older_collections, limits.gc_older_collections)
 
 
