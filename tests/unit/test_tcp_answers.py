@@ -70,8 +70,9 @@ async def test_answers_of_calls_that_end_together_go_in_one_write(nursery, write
         async with trio.open_nursery() as calls:
             for index in range(8):
                 calls.start_soon(call, index)
-            while server.entered < 8:
-                await trio.sleep(0.01)
+            with trio.fail_after(10):
+                while server.entered < 8:
+                    await trio.sleep(0.01)
             server.release.set()
         assert sorted(answers) == [(index, {}) for index in range(8)]
     assert len(writes) == 1, writes  # eight answers, one write
@@ -99,6 +100,9 @@ async def test_a_call_holds_its_slot_until_its_answer_is_written(nursery, writes
         async with trio.open_nursery() as calls:
             for index in range(6):
                 calls.start_soon(channel.call, "AclDeleteUser", {"user": f"u{index}"})
+            with trio.fail_after(10):
+                while server.entered < 2:
+                    await trio.sleep(0.01)
             await trio.sleep(0.3)
             assert server.entered == 2  # two answers wait to be written: the third call is not read
             writes.gate.set()
@@ -116,8 +120,9 @@ async def test_calls_whose_answers_were_never_written_end_when_the_client_goes(n
     body = avro_codec.encode("AclUserRequest", {"user": "u"})
     await stream.send_all(b"".join(b"".join(frames.encode_parts(Kind.REQUEST, 2, index, body, "AclDeleteUser"))
                                    for index in range(1, 5)))
-    while server.entered < 4:
-        await trio.sleep(0.01)
+    with trio.fail_after(10):
+        while server.entered < 4:
+            await trio.sleep(0.01)
     assert server.lifecycle.calls_in_flight == 4
     await stream.aclose()
     with trio.fail_after(limits.shutdown_grace_s + 5):
