@@ -120,8 +120,10 @@ class AclAdmin:
         return {"quotas": [found[entity] for entity in sorted(found) if request["entity"] in ("", entity)]}
 
     async def acl_state(self, request: dict) -> dict:
-        """For nodes to enforce: nothing when the version asked is current."""
-        return await self._read("MetaAclState", request, self._acl_state_here)
+        """For nodes to enforce: nothing when the version asked is current. Read on the leader: a node asks when a
+        heartbeat answer says the metadata changed, and a follower may not have applied that change yet (its answer
+        would leave the node on old policies until the next change or limits.acl_recheck_s)."""
+        return await self._read("MetaAclState", request, self._acl_state_here, locally=False)
 
     async def _acl_state_here(self, request: dict) -> dict:
         metadata = self.metadata
