@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPLY = struct.pack(">I", 4) + b"done"
@@ -117,19 +118,28 @@ def echo(kind: str, size: int, requests: int, in_flight: int, directory: str | N
         for _ in range(200):  # warm up: the server's imports and first allocations are not the figure
             client.sendall(request)
             _replies(client, pending)
-        cpu_before, started = process_cpu_s(server.pid), time.perf_counter()
-        sent = answered = 0
-        while answered < requests:
-            while sent < requests and sent - answered < in_flight:
-                client.sendall(request)
-                sent += 1
-            answered += _replies(client, pending)
-        seconds = time.perf_counter() - started
-        cpu = process_cpu_s(server.pid) - cpu_before
+        result = drive(client, server.pid, lambda number: request, lambda: _replies(client, pending), requests,
+                       in_flight)
         client.close()
     finally:
         server.kill()
         server.wait()
+    return result
+
+
+def drive(client: socket.socket, pid: int, request: Callable[[int], bytes], replies: Callable[[], int],
+          requests: int, in_flight: int) -> dict:
+    """Send request(n) for n = 1..requests, in_flight outstanding, replies() receiving until at least one answer is
+    whole and saying how many: the server's (pid's) CPU and the wall time per request."""
+    cpu_before, started = process_cpu_s(pid), time.perf_counter()
+    sent = answered = 0
+    while answered < requests:
+        while sent < requests and sent - answered < in_flight:
+            sent += 1
+            client.sendall(request(sent))
+        answered += replies()
+    seconds = time.perf_counter() - started
+    cpu = process_cpu_s(pid) - cpu_before
     return {"server_cpu_us_per_request": cpu / requests * 1e6, "wall_us_per_request": seconds / requests * 1e6}
 
 

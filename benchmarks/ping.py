@@ -17,12 +17,11 @@ import re
 import socket
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # floor.py and produce.py beside this file
 
-from floor import echo, process_cpu_s  # noqa: E402
+from floor import drive, echo  # noqa: E402
 from produce import start_nodes  # noqa: E402
 
 from rocket.serde import SERDE_ID_OF  # noqa: E402
@@ -66,20 +65,13 @@ def ping(requests: int, in_flight: int, serde: str) -> dict:
             for request_id in range(1, 301):  # warm up: imports and first allocations are not the figure
                 client.sendall(request(request_id))
                 _answers(client, held)
-            cpu_before, started = process_cpu_s(node.pid), time.perf_counter()
-            sent = answered = 0
-            while answered < requests:
-                while sent < requests and sent - answered < in_flight:
-                    sent += 1
-                    client.sendall(request(1000 + sent))
-                answered += _answers(client, held)
-            seconds = time.perf_counter() - started
-            cpu = process_cpu_s(node.pid) - cpu_before
+            result = drive(client, node.pid, lambda number: request(1000 + number), lambda: _answers(client, held),
+                           requests, in_flight)
             client.close()
         finally:
             node.kill()
             node.wait()
-    return {"server_cpu_us_per_request": cpu / requests * 1e6, "wall_us_per_request": seconds / requests * 1e6}
+    return result
 
 
 def main() -> None:
