@@ -1,6 +1,7 @@
-"""Serdes for RPC messages (JSON and Avro, chosen per call) and the produce batch format.
+"""Serdes for RPC messages (JSON, Avro and the lane, chosen per call) and the produce batch format.
 
-batch.py is the produce batch (CRC-32C), piece.py the offload unit, receive.py a pop response and its receipts, and
+lane.py is the data plane's serde: fixed binary layouts for the hot methods' messages, Avro for the rest; rocket's
+own client and the nodes speak it. batch.py is the produce batch (CRC-32C), piece.py the offload unit, receive.py a pop response and its receipts, and
 kv_export.py the KV export file. json_codec.py and avro_codec.py are the two serdes, over the schemas in
 schemas/*.avsc that schema.py loads.
 
@@ -24,9 +25,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from rocket.errors import Code, RocketError
-from rocket.serde import avro_codec, json_codec
+from rocket.serde import avro_codec, json_codec, lane
 
-SERDE_IDS: dict[int, ModuleType] = {1: json_codec, 2: avro_codec}
+SERDE_IDS: dict[int, ModuleType] = {1: json_codec, 2: avro_codec, 3: lane}
 SERDE_NAMES: dict[str, ModuleType] = {module.name: module for module in SERDE_IDS.values()}
 SERDE_ID_OF: dict[str, int] = {module.name: number for number, module in SERDE_IDS.items()}
 SERDE_BY_CONTENT_TYPE: dict[str, ModuleType] = {module.content_type: module for module in SERDE_IDS.values()}

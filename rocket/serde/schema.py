@@ -18,8 +18,9 @@ from rocket.errors import Code, RocketError
 
 NAMESPACE = "rocket.v1"
 # The schema set's version (see versions.py): raise it, and freeze, whenever a .avsc file changes, or what nodes of a
-# version do on the wire (4: the same schemas as 3; a node of 4 on takes POST frames, transport/frames.py).
-SCHEMA_VERSION = 4
+# version do on the wire (4: the same schemas as 3; a node of 4 on takes POST frames, transport/frames.py; 5: the same
+# schemas as 4; a node of 5 on speaks the lane, lane.py).
+SCHEMA_VERSION = 5
 SCHEMA_DIRECTORY = Path(__file__).parent / "schemas"
 _int_bounds = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
 

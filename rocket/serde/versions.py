@@ -28,7 +28,7 @@ from types import ModuleType
 import fastavro
 
 from rocket.errors import Code, RocketError
-from rocket.serde import schema
+from rocket.serde import avro_codec, lane, schema
 from rocket.serde.schema import SCHEMA_VERSION
 
 VERSIONS_DIRECTORY = schema.SCHEMA_DIRECTORY / "versions"
@@ -149,10 +149,23 @@ class OlderPeerAvro:
 
 @functools.cache
 def for_peer(codec: ModuleType, peer_version: int):
-    """The serde to talk to a peer of peer_version with: the codec itself unless the peer is older and it is Avro."""
-    if peer_version >= SCHEMA_VERSION or codec.name != "avro" or not changed_since(max(peer_version, 1)):
+    """The serde to talk to a peer of peer_version with: the codec itself unless the peer is older and it is Avro or
+    the lane. The lane of an older version lays its types out as that version's schemas do; a peer older than the
+    lane that speaks it anyway is read as this version's (a client asks spoken() before it speaks)."""
+    if peer_version >= SCHEMA_VERSION or codec.name == "json" or not changed_since(max(peer_version, 1)):
         return codec
+    if codec.name == "lane":
+        if peer_version < lane.LANE_SINCE_SCHEMA:
+            return codec
+        return lane.Lane(lane.layouts_of(definitions(peer_version), schema.raw_definitions()),
+                         for_peer(avro_codec, peer_version))
     return OlderPeerAvro(codec, max(peer_version, 1))
+
+
+def spoken(codec: ModuleType, server_version: int) -> ModuleType:
+    """The serde a client speaks to a server of server_version, having chosen codec: Avro for the lane to a server
+    older than the lane."""
+    return avro_codec if codec.name == "lane" and server_version < lane.LANE_SINCE_SCHEMA else codec
 
 
 def peer_version_of(value: object) -> int:

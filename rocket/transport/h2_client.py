@@ -16,7 +16,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.serde import SERDE_BY_CONTENT_TYPE, serde_named
 from rocket.serde.schema import SCHEMA_VERSION
-from rocket.serde.versions import for_peer
+from rocket.serde.versions import for_peer, spoken
 from rocket.transport.channel import Channel, server_schema_version
 from rocket.transport.grpc_wire import split_messages
 from rocket.transport.h2_endpoint import Endpoint, header_dict, path_prefix
@@ -56,7 +56,8 @@ class Http2Channel(Endpoint, Channel):
 
     def __init__(self, stream: trio.SocketStream, serde: ModuleType, authority: str):
         super().__init__(stream, client_side=True)
-        self._serde = serde
+        self._chosen = serde
+        self._serde = spoken(serde, 1)  # the lane once hello() heard a server that speaks it: Avro until then
         self._authority = authority
         # The server's schema version (serde/versions.py), asked with Hello before the first call; the requests
         # say in their rocket-schema header the version they are written in, which the answers are written in too.
@@ -113,7 +114,7 @@ class Http2Channel(Endpoint, Channel):
         async with self._hello_lock:
             if self.peer_version is None:
                 version = await server_schema_version(self)
-                self._serde = for_peer(self._serde, version)
+                self._serde = for_peer(spoken(self._chosen, version), version)
                 self._schema_header = str(min(version, SCHEMA_VERSION))
                 self.peer_version = version
         return self.peer_version

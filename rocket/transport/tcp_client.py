@@ -17,7 +17,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.parked import Slot
 from rocket.serde import SERDE_ID_OF, serde_named
-from rocket.serde.versions import for_peer
+from rocket.serde.versions import for_peer, spoken
 from rocket.transport import frames
 from rocket.transport.channel import Channel, server_schema_version
 from rocket.transport.frames import POST_SINCE_SCHEMA, Frame, FrameDecoder, FrameError, Kind
@@ -34,9 +34,10 @@ class TcpChannel(Channel):
 
     def __init__(self, stream: trio.abc.Stream, serde: ModuleType):
         self._stream = stream
-        self._serde = serde
+        self._chosen = serde
+        self._serde = spoken(serde, 1)  # the lane once hello() heard a server that speaks it: Avro until then
         self.peer_version: int | None = None  # the server's schema version, once hello() asked it
-        self._serde_id = SERDE_ID_OF[serde.name]
+        self._serde_id = SERDE_ID_OF[self._serde.name]
         self._request_ids = itertools.count(1)
         self._waiting: dict[int, trio.MemorySendChannel] = {}
         self._send_lock = trio.Lock()
@@ -49,7 +50,8 @@ class TcpChannel(Channel):
         version 1); from then on this channel writes and reads messages in the older of the two."""
         version = await server_schema_version(self)
         self.peer_version = version
-        self._serde = for_peer(self._serde, version)
+        self._serde = for_peer(spoken(self._chosen, version), version)
+        self._serde_id = SERDE_ID_OF[self._serde.name]
         return version
 
     async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default,

@@ -19,7 +19,7 @@ from rocket.transport.h2_client import open_http2_channel
 from rocket.transport.h2_server import serve_http2
 from rocket.transport.rpc import Dispatcher, Lifecycle
 
-SERDES = ["json", "avro"]
+SERDES = ["json", "avro", "lane"]
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 

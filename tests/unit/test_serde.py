@@ -5,9 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rocket.errors import Code, RocketError
-from rocket.serde import avro_codec, json_codec, schema
+from rocket.serde import avro_codec, json_codec, lane, schema
 
-SERDES = [json_codec, avro_codec]
+SERDES = [json_codec, avro_codec, lane]
 
 pull_responses = st.fixed_dictionaries({
     "batches": st.lists(st.fixed_dictionaries({
