@@ -14,8 +14,9 @@ import trio.testing
 from rocket.clock import Clock
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import Address, Message, TopicSpec
+from rocket.model import Address, Message, TopicSpec, bucket_topic, shard_of
 from rocket.parked import Deadlines, Slot, Unparked
+from rocket.roles.broker.kv import KeyValues
 from rocket.roles.broker.produce import Produce
 from rocket.roles.broker.routes import Route, Routes
 from rocket.serde import batch as batch_codec
@@ -210,3 +211,61 @@ async def test_a_timeout_the_leader_answers_is_an_answer_not_silence(nursery):
     channel.sent[0][1].complete(RocketError(Code.TIMEOUT, "a write was not applied in time on node 2"))
     await trio.testing.wait_all_tasks_blocked()
     assert not broker._is_silent(2)
+
+
+class KvBroker(Broker, KeyValues):
+    """A broker whose bucket `b` has two shards: shard 0's group (20) led here, shard 1's (21) on node 2."""
+
+    def __init__(self, nursery: trio.Nursery):
+        super().__init__(nursery)
+        self.dispatcher.handle("StorageKvTxn", None, parked=lambda request, slot: self.parked.append((request, slot)))
+        self._kv_open, self._kv_sending = {}, {}
+        self._leaders.update({20: 1, 21: 2})
+        self._routes[bucket_topic("b")] = Route(TopicSpec(bucket_topic("b"), queues=2, message_type="kv"),
+                                                1, [20, 21], {20: (1, 2), 21: (1, 2)}, trio.current_time())
+        self.keys = {shard: next(f"k{n}" for n in itertools.count() if shard_of(f"k{n}", 2) == shard)
+                     for shard in (0, 1)}
+
+
+def _applied(revision: int) -> dict:
+    return {"results": [{"succeeded": True, "revision": revision, "results": [{"revision": revision, "entries": []}]}]}
+
+
+async def test_a_kv_put_for_another_nodes_leader_is_forwarded_without_a_task(nursery):
+    """A put whose shard is led on node 2 goes out on the open channel to it as one StorageKvTxn, parked; one whose
+    shard is led here is parked with this node's storage role. Neither is a task."""
+    broker = KvBroker(nursery)
+    channel = broker.peers.pool.channels[THERE] = Channel()
+    answers = []
+    for shard in (0, 1):
+        broker.kv_put_parked({"bucket": "b", "key": broker.keys[shard], "value": b"v", "ttl_ms": -1,
+                              "if_revision": -1, "if_absent": False}, Slot(answers.append))
+    [(local, _)] = broker.parked
+    [(forwarded, slot)] = channel.sent
+    assert (local["group"], forwarded["group"]) == (20, 21)
+    assert forwarded["txns"][0]["success"][0]["key"] == broker.keys[1]
+    slot.complete(_applied(12))
+    assert answers == [{"revision": 12, "deleted": 0}]
+    assert broker.peers.calls == []
+
+
+@pytest.mark.parametrize("code, resent", [(Code.UNAVAILABLE, True), (Code.TIMEOUT, False),
+                                          (Code.CONNECTION_LOST, False)])
+async def test_a_forwarded_kv_put_is_sent_again_only_when_surely_not_applied(nursery, monkeypatch, code, resent):
+    """At most once: UNAVAILABLE (not the leader: not applied) is tried again as a task; an unknown outcome is the
+    put's answer."""
+    broker = KvBroker(nursery)
+    channel = broker.peers.pool.channels[THERE] = Channel()
+
+    async def storage(route, group, method, request, at_most_once=False, **_):
+        broker.peers.calls.append(request)
+        return _applied(30)
+    monkeypatch.setattr(broker, "_storage", storage)
+    answers = []
+    broker.kv_put_parked({"bucket": "b", "key": broker.keys[1], "value": b"v", "ttl_ms": -1, "if_revision": -1,
+                          "if_absent": False}, Slot(answers.append))
+    error = RocketError(code, "no")
+    channel.sent[0][1].complete(error)
+    await trio.testing.wait_all_tasks_blocked()
+    assert answers == ([{"revision": 30, "deleted": 0}] if resent else [error])
+    assert len(broker.peers.calls) == (1 if resent else 0)

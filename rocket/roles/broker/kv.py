@@ -146,14 +146,18 @@ class KeyValues:
         return _put_answer(txn, await self._kv_batched(route, group, txn, size))
 
     def kv_put_parked(self, request: dict, slot: Slot) -> None:
-        """kv_put on the data plane: when the bucket's route is cached and this node leads the key's shard, the put
-        is one StorageKvTxn parked with the storage role in this process (the Raft round proposes all that came
-        meanwhile in one go, instead of _kv_batched's one call at a time). One that meets a leader change before it
-        was proposed (UNAVAILABLE: surely not applied) is sent again as a task, as _storage retries a put."""
+        """kv_put on the data plane, when the bucket's route is cached: the put is one StorageKvTxn parked with the
+        storage role in this process when this node leads the key's shard (the Raft round proposes all that came
+        meanwhile in one go, instead of _kv_batched's one call at a time), or sent without a task on the open channel
+        to the shard's leader on another node, whose read loop parks it in turn (as produce forwards its appends).
+        One that meets a leader change before it was proposed (UNAVAILABLE: surely not applied) is sent again as a
+        task, as _storage retries a put; any other failure is the put's (at most once)."""
         route = self._route_cached(bucket_topic(request["bucket"]))
         shard, txn, size = self._put_txn(route, request)
         group = route.queue_groups[shard]
-        if not self._led_here(route, group, "StorageKvTxn"):
+        here = self._led_here(route, group, "StorageKvTxn")
+        leader = None if here else self._leader_channel(route, group)
+        if not here and leader is None:
             raise Unparked
 
         retryable = self._retryable(route, group, at_most_once=True)
@@ -170,8 +174,13 @@ class KeyValues:
                 slot.complete(_put_answer(txn, outcome["results"][0]))
             except RocketError as error:
                 slot.complete(error)
+        call = {"group": group, "txns": [txn]}
+        if not here:
+            if not self._forward_parked(leader, "StorageKvTxn", call, Slot(finish)):
+                raise Unparked
+            return
         try:
-            self.peers.dispatcher.park_local("StorageKvTxn", {"group": group, "txns": [txn]}, Slot(finish))
+            self.peers.dispatcher.park_local("StorageKvTxn", call, Slot(finish))
         except RocketError as error:
             if error.code in retryable:  # not proposed (no longer the leader, or its disk is full): _storage retries
                 raise Unparked from None
