@@ -168,7 +168,7 @@ class Rocket(System):
     async def _channel(self):
         from rocket.client import connect
 
-        async with connect(self.address, "tcp", "avro") as channel:
+        async with connect(self.address, "tcp", "lane") as channel:
             yield channel
 
     async def create(self, stream: str) -> None:

@@ -179,7 +179,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=600_000)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--transport", default="tcp", choices=["tcp", "http2"])
-    parser.add_argument("--serde", default="avro", choices=["json", "avro"])
+    parser.add_argument("--serde", default="lane", choices=["lane", "json", "avro"])
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--batch-bytes", type=int, default=1 << 20)
     parser.add_argument("--profile", action="store_true", help="record the server with py-spy in round 1")

@@ -33,7 +33,7 @@ async def user_create(user: User,
                           "--user-secret", help="Its secret (default: one the cluster makes, printed once).",
                           show_default=False)] = None,
                       super_user: Annotated[bool, typer.Option("--super", help="Allowed everything.")] = False,
-                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                      server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Create a user. Its secret is shown once: the cluster keeps it only sealed."""
     async with connect(server, transport, serde) as channel:
         made = await Admin(channel).create_user(user, secret or "", super_user)
@@ -43,7 +43,7 @@ async def user_create(user: User,
 
 @user_app.command("list")
 @runs_client
-async def user_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+async def user_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
                     as_json: Json = False) -> None:
     """The users (never their secrets)."""
     async with connect(server, transport, serde) as channel:
@@ -60,7 +60,7 @@ async def user_list(server: Server = None, transport: Transport = "tcp", serde: 
 
 @user_app.command("delete")
 @runs_client
-async def user_delete(user: User, server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+async def user_delete(user: User, server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Delete a user and its policies."""
     async with connect(server, transport, serde) as channel:
         await Admin(channel).delete_user(user)
@@ -76,7 +76,7 @@ async def grant(user: User, resource: Resource,
                 = False,
                 cidr: Annotated[Optional[list[str]], typer.Option("--cidr", help="Only from this network (repeat "
                                                                   "for several; default: from anywhere).")] = None,
-                server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Allow (or deny) a user actions on a resource; replaces its policy of that kind on that resource."""
     wanted = [action.strip() for action in actions.split(",") if action.strip()]
     if not wanted:
@@ -90,7 +90,7 @@ async def grant(user: User, resource: Resource,
 @runs_client
 async def revoke(user: User, resource: Resource,
                  effect: Annotated[str, typer.Option("--effect", help="allow or deny; default both.")] = "",
-                 server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                 server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Drop a user's policies on a resource."""
     async with connect(server, transport, serde) as channel:
         await Admin(channel).revoke(user, resource, effect)
@@ -100,7 +100,7 @@ async def revoke(user: User, resource: Resource,
 @app.command("list")
 @runs_client
 async def policy_list(user: Annotated[str, typer.Option("--user-name", help="Only this user's.")] = "",
-                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                      server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
                       as_json: Json = False) -> None:
     """The policies, by user and resource."""
     async with connect(server, transport, serde) as channel:
@@ -113,7 +113,7 @@ async def policy_list(user: Annotated[str, typer.Option("--user-name", help="Onl
 
 @app.command("whoami")
 @runs_client
-async def whoami(server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+async def whoami(server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """The user this client signs in as."""
     async with connect(server, transport, serde) as channel:
         me = await Admin(channel).whoami()
@@ -156,7 +156,7 @@ async def quota_set(entity: Entity,
                     consume: Annotated[str, typer.Option("--consume-bytes", help="Consumed bytes a second (0: "
                                                          "unlimited).")] = "0",
                     requests: Annotated[float, typer.Option("--requests", help="Calls a second (0: unlimited).")] = 0.0,
-                    server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                    server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Set an entity's quota, which each broker enforces on its own (a client of N brokers gets N times it)."""
     produce_bytes, consume_bytes = parse_rate("--produce-bytes", produce), parse_rate("--consume-bytes", consume)
     if requests < 0:
@@ -168,7 +168,7 @@ async def quota_set(entity: Entity,
 
 @quota_app.command("list")
 @runs_client
-async def quota_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+async def quota_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
                      as_json: Json = False) -> None:
     """The quotas, by entity."""
     async with connect(server, transport, serde) as channel:
@@ -182,7 +182,7 @@ async def quota_list(server: Server = None, transport: Transport = "tcp", serde:
 @quota_app.command("delete")
 @runs_client
 async def quota_delete(entity: Entity, server: Server = None, transport: Transport = "tcp",
-                       serde: Serde = "json") -> None:
+                       serde: Serde = "lane") -> None:
     """Drop an entity's quota (a user's falls back to user:*, if there is one)."""
     async with connect(server, transport, serde) as channel:
         await Admin(channel).delete_quota(entity)

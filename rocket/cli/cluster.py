@@ -22,7 +22,7 @@ app.add_typer(class_app, name="storage-class")
 
 @app.command("status")
 @runs_client
-async def cluster_status(server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+async def cluster_status(server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
                          groups: Annotated[bool, typer.Option("--groups", help="Also list every storage group.")] = False,
                          as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False) -> None:
     """Nodes with their roles, liveness and load; storage groups with their replicas and leaders."""
@@ -62,7 +62,7 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
 @app.command("placement")
 @runs_client
 async def cluster_placement(explain: Annotated[str, typer.Option("--explain", help="The topic (or %KV%bucket) whose queues to explain.", show_default=False)],
-                            server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                            server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
                             as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False) -> None:
     """Where each queue of a topic went and why: its group and node, its predicted load, and the runner-up."""
     async with connect(server, transport, serde) as channel:
@@ -91,7 +91,7 @@ async def cluster_placement(explain: Annotated[str, typer.Option("--explain", he
 async def cluster_health(state: Annotated[str | None, typer.Argument(help="With --pin: healthy, degraded or auto (the judge decides again).", show_default=False)] = None,
                          node: Annotated[int, typer.Option("--node", help="Only this storage node.")] = 0,
                          pin: Annotated[int, typer.Option("--pin", help="Pin this storage node to STATE by hand.", show_default=False)] = 0,
-                         server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                         server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
                          as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False) -> None:
     """Each storage node's health: its last window's features (fsync p99 against the other nodes' median, the error
     rate of calls to it), the scorer's verdict, and the runs of windows that degrade it or bring it back."""
@@ -133,7 +133,7 @@ async def cluster_health(state: Annotated[str | None, typer.Argument(help="With 
 @app.command("drain")
 @runs_client
 async def cluster_drain(node: Annotated[int, typer.Argument(help="The storage node's id (--node-id).", show_default=False)],
-                        server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                        server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
                         undo: Annotated[bool, typer.Option("--undo", help="Let the node take replicas again.")] = False,
                         wait: Annotated[bool, typer.Option("--wait", help="Wait until no replica is left on it.")] = False,
                         timeout_s: Annotated[float, typer.Option("--timeout-s", help="With --wait: give up waiting (exit 1) after this many seconds.")] = 600.0) -> None:
@@ -159,7 +159,7 @@ async def storage_class_create(name: Annotated[str, typer.Argument(help="The cla
                                min_in_sync_replicas: Annotated[int, typer.Option("--min-in-sync-replicas", help="Controller mode: writes are refused (NOT_ENOUGH_REPLICAS) while fewer replicas than this are in sync; each write is acknowledged once every replica in sync holds it.")] = 1,
                                unclean_election: Annotated[bool, typer.Option("--unclean-election", help="Controller mode: let a replica out of the sync state set become master when none in it is up (it may lose writes).")] = False,
                                ha_max_lag_s: Annotated[float, typer.Option("--ha-max-lag-s", help="Controller mode: a slave further behind its master than this many seconds leaves the sync state set.")] = limits.ha_lag_s_default,
-                               server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                               server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Create a storage class: a named pool of new storage groups that topics can be placed on."""
     async with connect(server, transport, serde) as channel:
         made = await Admin(channel).create_storage_class(name, mode, replicas, groups, min_in_sync_replicas,
@@ -179,7 +179,7 @@ def _acknowledged_by(storage_class: dict) -> str:
 
 @class_app.command("list")
 @runs_client
-async def storage_class_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+async def storage_class_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
                              as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False) -> None:
     """The storage classes, the default (raft) first: their mode, replicas and groups."""
     async with connect(server, transport, serde) as channel:
@@ -197,7 +197,7 @@ async def storage_class_list(server: Server = None, transport: Transport = "tcp"
 @class_app.command("describe")
 @runs_client
 async def storage_class_describe(name: Annotated[str, typer.Argument(help="The storage class.", show_default=False)],
-                                 server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+                                 server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
                                  as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False) -> None:
     """A storage class's settings, its groups (master, epochs, sync state set) and their recent elections."""
     async with connect(server, transport, serde) as channel:

@@ -31,7 +31,8 @@ Server = Annotated[Optional[str], typer.Option(
     "--server", envvar="ROCKET_SERVER", show_default=f"{DEFAULT_SERVERS['tcp']}, or {DEFAULT_SERVERS['http2']} over http2",
     help="HOST:PORT of a rocket server, or several comma-separated (TCP: calls move on when one is gone).")]
 Transport = Annotated[str, typer.Option("--transport", help="tcp (the --listen port) or http2 (the --http2-listen port).")]
-Serde = Annotated[str, typer.Option("--serde", help="json or avro: how requests and responses are encoded.")]
+Serde = Annotated[str, typer.Option("--serde", help="lane, json or avro: how requests and responses are encoded "
+                                    "(lane: fixed binary layouts for the data plane's messages, Avro for the rest).")]
 Tls = Annotated[bool, typer.Option(
     "--tls", help="TCP over TLS: the server's certificate verified against the system's CAs (--tls-ca: against yours).")]
 TlsCa = Annotated[Optional[Path], typer.Option(

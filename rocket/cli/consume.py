@@ -28,7 +28,7 @@ async def consume(
     sql: Annotated[Optional[str], typer.Option("--sql", help="Only messages whose properties match this SQL92 expression.")] = None,
     mode: Annotated[str, typer.Option("--mode", help="clustering (the group's live members split the queues) or broadcasting (each member reads all).")] = "clustering",
     member: Annotated[Optional[str], typer.Option("--member", help="This consumer's name in its group (broadcasting members resume by it).")] = None,
-    server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+    server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
 ) -> None:
     """Consume a topic as a group, printing messages and committing the group's position.
 

@@ -76,7 +76,7 @@ def _settings_table(groups: list[dict]) -> Table:
 async def group_create(group: GroupName, max_attempts: MaxAttempts = None, retry_backoff: RetryBackoff = None,
                        mode: Mode = None,
                        fifo: Annotated[bool, typer.Option("--fifo", help="The group consumes in order.")] = False,
-                       server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                       server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Keep a consumer group's settings in the cluster's metadata; every broker and gateway applies them.
 
     Refused (GROUP_EXISTS) if the group has settings already: change them with update.
@@ -95,7 +95,7 @@ async def group_update(group: GroupName, max_attempts: MaxAttempts = None, retry
                        mode: Mode = None,
                        fifo: Annotated[Optional[bool], typer.Option("--fifo/--no-fifo", help="Consume in order, or not.",
                                                                     show_default=False)] = None,
-                       server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                       server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Change a consumer group's settings: only those given change (UNKNOWN_GROUP if it has none yet)."""
     backoff = _backoff(retry_backoff)
     if max_attempts is None and backoff is None and mode is None and fifo is None:
@@ -109,7 +109,7 @@ async def group_update(group: GroupName, max_attempts: MaxAttempts = None, retry
 
 @app.command("list")
 @runs_client
-async def group_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+async def group_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
                      as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False) -> None:
     """The consumer groups with settings, and their settings."""
     async with connect(server, transport, serde) as channel:
@@ -122,7 +122,7 @@ async def group_list(server: Server = None, transport: Transport = "tcp", serde:
 
 @app.command("settings")
 @runs_client
-async def group_settings(group: GroupName, server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+async def group_settings(group: GroupName, server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
                          as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False) -> None:
     """One consumer group's settings (UNKNOWN_GROUP if it has none)."""
     async with connect(server, transport, serde) as channel:
@@ -136,7 +136,7 @@ async def group_settings(group: GroupName, server: Server = None, transport: Tra
 @app.command("describe")
 @runs_client
 async def group_describe(topic: Topic, group: Group,
-                         server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                         server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """A group's positions on a topic, per queue.
 
     For each queue: the pull position, the live consumer reading it, the pop cursor, messages in flight, lag and dead
@@ -152,7 +152,7 @@ async def group_reset(topic: Topic, group: Group,
                       to: Annotated[str, typer.Option("--to", help="earliest, latest, an ISO time, or (with --queue) "
                                                                   "an offset.")],
                       queue: Annotated[int, typer.Option("--queue", help="Only this queue (-1: every queue).")] = -1,
-                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                      server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Move a group's positions (pull and pop) on every queue, or on one.
 
     What the group had in flight is dropped. An offset steps past a batch that its consumers cannot read (BAD_BATCH
@@ -175,7 +175,7 @@ async def group_reset(topic: Topic, group: Group,
 @runs_client
 async def dlq_list(topic: Topic, group: Group,
                    output_format: Annotated[str, typer.Option("--format", help="text, json or raw (body only).")] = "text",
-                   server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                   server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Print a group's dead letters of a topic (where they came from and how often they were tried)."""
     listed = 0
     async with connect(server, transport, serde) as channel:
@@ -188,7 +188,7 @@ async def dlq_list(topic: Topic, group: Group,
 @dlq_app.command("resend")
 @runs_client
 async def dlq_resend(topic: Topic, group: Group,
-                     server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                     server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Send a group's dead letters to their topic again; each is resent once (the position is kept)."""
     async with connect(server, transport, serde) as channel:
         resent = await Admin(channel).resend_dead_letters(topic, group)

@@ -60,7 +60,7 @@ async def bucket_create(name: Bucket,
                         history: Annotated[int, typer.Option("--history", help="Revisions kept per key.")] = 1,
                         ttl: Annotated[Optional[str], typer.Option("--ttl", help="The keys' default TTL (30s, 1h); none by default.")] = None,
                         storage_class: Annotated[str, typer.Option("--storage-class", help="The storage class whose groups hold the shards (rocket cluster storage-class list).")] = "raft",
-                        server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                        server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Create a bucket."""
     ttl_s = _duration_s(ttl, "--ttl") or 0
     async with connect(server, transport, serde) as channel:
@@ -72,7 +72,7 @@ async def bucket_create(name: Bucket,
 @bucket_app.command("list")
 @runs_client
 async def bucket_list(output_format: Format = "text", server: Server = None, transport: Transport = "tcp",
-                      serde: Serde = "json") -> None:
+                      serde: Serde = "lane") -> None:
     """List buckets."""
     _format(output_format)
     async with connect(server, transport, serde) as channel:
@@ -90,7 +90,7 @@ async def bucket_list(output_format: Format = "text", server: Server = None, tra
 @bucket_app.command("describe")
 @runs_client
 async def bucket_describe(name: Bucket, output_format: Format = "text", server: Server = None,
-                          transport: Transport = "tcp", serde: Serde = "json") -> None:
+                          transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Each shard's group, leader, revision, keys, bytes and digest (equal on every replica at a revision, and
     after a rebuild from the log). Reads every key: slow on big buckets."""
     _format(output_format)
@@ -111,7 +111,7 @@ async def bucket_describe(name: Bucket, output_format: Format = "text", server: 
 @bucket_app.command("delete")
 @runs_client
 async def bucket_delete(name: Bucket, server: Server = None, transport: Transport = "tcp",
-                        serde: Serde = "json") -> None:
+                        serde: Serde = "lane") -> None:
     """Delete a bucket and every key in it (watchers see the keys go)."""
     async with connect(server, transport, serde) as channel:
         await KV(channel).delete_bucket(name)
@@ -127,7 +127,7 @@ async def kv_put(bucket: Bucket, key: Key,
                  ttl: Annotated[Optional[str], typer.Option("--ttl", help="The key expires after this (30s, 1h); the bucket's TTL by default.")] = None,
                  if_revision: Annotated[Optional[int], typer.Option("--if-revision", help="Put only if the key is at this revision (0: absent): CAS_FAILED otherwise.")] = None,
                  if_absent: Annotated[bool, typer.Option("--if-absent", help="Put only if there is no such key.")] = False,
-                 server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                 server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Put a key; prints its new revision."""
     if if_revision is not None and if_absent:
         usage_error("--if-revision and --if-absent: give one")
@@ -144,7 +144,7 @@ async def kv_get(bucket: Bucket, key: Key,
                  revision: Annotated[int, typer.Option("--revision", help="The key as it was at this revision of its shard (the bucket's history).")] = 0,
                  serializable: Annotated[bool, typer.Option("--serializable", help="Let a replica in sync answer, without a read barrier: faster, maybe a little stale.")] = False,
                  output_format: Format = "text", server: Server = None, transport: Transport = "tcp",
-                 serde: Serde = "json") -> None:
+                 serde: Serde = "lane") -> None:
     """Print a key's value (NOT_FOUND, exit 1, if there is none)."""
     _format(output_format)
     async with connect(server, transport, serde) as channel:
@@ -157,7 +157,7 @@ async def kv_get(bucket: Bucket, key: Key,
 async def kv_cas(bucket: Bucket, key: Key,
                  expected: Annotated[str, typer.Argument(help="The value the key must hold.", show_default=False)],
                  new: Annotated[str, typer.Argument(help="The value to put.", show_default=False)],
-                 server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                 server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Compare-and-set: put NEW if the key holds EXPECTED (CAS_FAILED, exit 1, otherwise); prints the revision."""
     async with connect(server, transport, serde) as channel:
         print(await KV(channel).compare_and_set(bucket, key, expected.encode(), new.encode()))
@@ -168,7 +168,7 @@ async def kv_cas(bucket: Bucket, key: Key,
 async def kv_del(bucket: Bucket, key: Key,
                  prefix: Annotated[bool, typer.Option("--prefix", help="Delete every key that starts with KEY.")] = False,
                  if_revision: Annotated[Optional[int], typer.Option("--if-revision", help="Delete only if the key is at this revision.")] = None,
-                 server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                 server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Delete a key, or every key with a prefix; prints how many went."""
     async with connect(server, transport, serde) as channel:
         kv = KV(channel)
@@ -185,7 +185,7 @@ async def kv_ls(bucket: Bucket,
                 keys_only: Annotated[bool, typer.Option("--keys-only", help="Keys without their values.")] = False,
                 count: Annotated[bool, typer.Option("--count", help="Only how many keys there are.")] = False,
                 output_format: Format = "text", server: Server = None, transport: Transport = "tcp",
-                serde: Serde = "json") -> None:
+                serde: Serde = "lane") -> None:
     """List keys in order, page by page across the shards."""
     _format(output_format)
     if limit is not None and limit < 1:
@@ -226,7 +226,7 @@ async def kv_watch(bucket: Bucket,
                    prefix: Annotated[str, typer.Argument(help="Only keys that start with it.")] = "",
                    from_revision: Annotated[Optional[str], typer.Option("--from-revision", help="Start at this revision (every shard), or SHARD:REVISION,...; from now on by default.")] = None,
                    output_format: Format = "text", server: Server = None, transport: Transport = "tcp",
-                   serde: Serde = "json") -> None:
+                   serde: Serde = "lane") -> None:
     """Print puts and deletes as they happen, in revision order per shard, until Ctrl-C."""
     _format(output_format)
     first, per_shard = _from_revisions(from_revision)
@@ -247,7 +247,7 @@ async def kv_watch(bucket: Bucket,
 @runs_client
 async def kv_txn(bucket: Bucket,
                  file: Annotated[Path, typer.Option("--file", help='JSON {"compare": [...], "success": [...], "failure": [...]}; values are UTF-8 strings.', show_default=False)],
-                 server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                 server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Run a transaction on one shard, like etcd's: compares, then the success or failure operations. Prints the
     result as JSON; exits 1 when the compares did not hold."""
     try:
@@ -271,7 +271,7 @@ async def kv_txn(bucket: Bucket,
 @runs_client
 async def kv_export(bucket: Bucket,
                     target: Annotated[Path, typer.Option("--out", help="The file to write.", show_default=False)],
-                    server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                    server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Write a bucket to a file: each shard at one revision, streamed, checksummed (the format is in
     rocket/serde/kv_export.py)."""
     partial = target.with_name(target.name + ".partial")
@@ -288,7 +288,7 @@ async def kv_export(bucket: Bucket,
 async def kv_import(bucket: Bucket,
                     source: Annotated[Path, typer.Option("--in", help="A file written by rocket kv export.", show_default=False)],
                     mode: Annotated[str, typer.Option("--mode", help="merge (keep keys the file lacks) or replace (delete them).")] = "merge",
-                    server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                    server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Put the keys of an export into a bucket (created with the export's settings if it does not exist)."""
     if mode not in ("merge", "replace"):
         usage_error(f"--mode {mode!r}: expected merge or replace")

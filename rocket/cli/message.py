@@ -21,7 +21,7 @@ app = typer.Typer(no_args_is_help=True, help="Single messages: get by id, find b
 async def message_get(topic: Annotated[str, typer.Argument(help="The topic the message was sent to.", show_default=False)],
                       message_id: Annotated[str, typer.Argument(help="QUEUE.OFFSET, as `rocket send` printed (a delayed message's timer id until it is delivered).", show_default=False)],
                       output_format: Annotated[str, typer.Option("--format", help="text, json or raw (body only).")] = "text",
-                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                      server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Print one message by its id, or a delayed one by its timer id."""
     try:
         queue, offset = parse_message_id(message_id)
@@ -40,7 +40,7 @@ async def message_find(topic: Annotated[str, typer.Argument(help="The topic to s
                        end: Annotated[Optional[str], typer.Option("--to", help="ISO time (default: now).")] = None,
                        limit: Annotated[int, typer.Option("--limit", help="Print at most this many messages.")] = 64,
                        output_format: Annotated[str, typer.Option("--format", help="text, json or raw (body only).")] = "text",
-                       server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                       server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Print the messages with a key stored in a time range.
 
     The key's queue is scanned over that range: there is no key index.
@@ -57,7 +57,7 @@ async def message_find(topic: Annotated[str, typer.Argument(help="The topic to s
 @runs_client
 async def message_cancel(topic: Annotated[str, typer.Argument(help="The delay topic the message was sent to.", show_default=False)],
                          timer_id: Annotated[str, typer.Argument(help="QUEUE.OFFSET, as `rocket send --delay` printed.", show_default=False)],
-                         server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                         server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Cancel a delayed message before its delivery time."""
     try:
         parse_message_id(timer_id)

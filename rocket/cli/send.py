@@ -95,7 +95,7 @@ async def send(
                                                 "message, batches spread over the queues unless --key is given.")] = None,
     delay: Annotated[Optional[str], typer.Option("--delay", help="Deliver after this long (90s, 5m, 2h, 365d): delay topics.")] = None,
     deliver_at: Annotated[Optional[str], typer.Option("--deliver-at", help="Deliver at this ISO time, UTC unless it names a zone: delay topics.")] = None,
-    server: Server = None, transport: Transport = "tcp", serde: Serde = "json",
+    server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
 ) -> None:
     """Send one message, or every line of a file as fast as the disk takes them."""
     if body is None and file is None:

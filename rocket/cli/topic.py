@@ -23,7 +23,7 @@ async def topic_create(name: Annotated[str, typer.Argument(help="The topic's nam
                        queues: Annotated[int, typer.Option("--queues", help="Queues: the topic's unit of order and of parallel reads.")] = 8,
                        message_type: Annotated[str, typer.Option("--type", help="normal, fifo, delay or transaction: the sends the topic accepts.")] = "normal",
                        storage_class: Annotated[str, typer.Option("--storage-class", help="The storage class whose groups hold the queues (see rocket cluster storage-class list).")] = DEFAULT_STORAGE_CLASS,
-                       server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                       server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Create a topic with a number of queues and a message type, in a storage class."""
     async with connect(server, transport, serde) as channel:
         spec = await Admin(channel).create_topic(name, queues, message_type, storage_class)
@@ -62,7 +62,7 @@ async def topic_update(name: Annotated[str, typer.Argument(help="The topic to ch
                        retention: Annotated[Optional[str], typer.Option("--retention", help="Total retention: data older is deleted from the tier (365d, 12h, forever, default).")] = None,
                        local_retention: Annotated[Optional[str], typer.Option("--local-retention", help="Hot retention: local data older goes once it is offloaded (1h, forever, default).")] = None,
                        queues: Annotated[Optional[int], typer.Option("--queues", help="Raise the topic's queues to this many; the new ones go where the predicted load is lowest (see rocket cluster placement --explain).")] = None,
-                       server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                       server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Change a topic's retention settings, or add queues to it."""
     retention_s = _retention(retention, "--retention")
     local_retention_s = _retention(local_retention, "--local-retention")
@@ -76,7 +76,7 @@ async def topic_update(name: Annotated[str, typer.Argument(help="The topic to ch
 @runs_client
 async def tier_status(topic: Annotated[Optional[str], typer.Argument(help="One topic; all by default.")] = None,
                       queues: Annotated[bool, typer.Option("--queues", help="One row per queue.")] = False,
-                      server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                      server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Per topic: local and tiered bytes, data pending upload, oldest offsets."""
     async with connect(server, transport, serde) as channel:
         topics = await Admin(channel).tier_status(topic or "")
@@ -98,7 +98,7 @@ async def tier_status(topic: Annotated[Optional[str], typer.Argument(help="One t
 
 @app.command("list")
 @runs_client
-async def topic_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+async def topic_list(server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """List topics."""
     async with connect(server, transport, serde) as channel:
         admin = Admin(channel)
@@ -114,7 +114,7 @@ async def topic_list(server: Server = None, transport: Transport = "tcp", serde:
 @app.command("describe")
 @runs_client
 async def topic_describe(name: Annotated[str, typer.Argument(help="The topic to describe.", show_default=False)],
-                         server: Server = None, transport: Transport = "tcp", serde: Serde = "json") -> None:
+                         server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Show a topic's queues: offsets and sizes."""
     async with connect(server, transport, serde) as channel:
         spec, queues = await Admin(channel).describe_topic(name)

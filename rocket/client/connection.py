@@ -105,7 +105,7 @@ default_tls: contextvars.ContextVar[ssl.SSLContext | str | Path | bool | None] =
 
 
 @asynccontextmanager
-async def connect(server: str | None = None, transport: str = "tcp", serde: str = "json",
+async def connect(server: str | None = None, transport: str = "tcp", serde: str = "lane",
                   discover: bool = False, credentials: Credentials | None = None,
                   tls: ssl.SSLContext | str | Path | bool | None = None,
                   tls_server_name: str | None = None) -> AsyncIterator[Channel]:

@@ -53,7 +53,7 @@ class PeerLinks(Background):
                 try:
                     hello = self.auth.hello() if self.auth is not None else None
                     tls = self.tls() if self.tls is not None else None
-                    async with (open_tcp_channel(host, port, "avro", hello, tls, None, self.plain_fallback,
+                    async with (open_tcp_channel(host, port, "lane", hello, tls, None, self.plain_fallback,
                                                  limits.raft_link_silent_s) as channel,
                                 trio.open_nursery() as watcher):
                         self.versions[destination] = channel.peer_version or 1

@@ -17,7 +17,7 @@ from rocket.transport.tcp_client import TcpChannel, open_tcp_channel
 
 
 class ChannelPool(Background):
-    def __init__(self, serde: str = "avro", hello: Callable[[], tuple[str, dict]] | None = None,
+    def __init__(self, serde: str = "lane", hello: Callable[[], tuple[str, dict]] | None = None,
                  tls: Callable[[], ssl.SSLContext | None] | None = None, server_name: str | None = None,
                  plain_fallback: bool = False):
         self._serde = serde

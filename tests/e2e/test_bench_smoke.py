@@ -92,7 +92,7 @@ def test_produce_benchmark_writes_where_it_is_told(tmp_path):
          "--batch-bytes", "65536", "--floor", "--data-parent", str(tmp_path), "--out", str(out)],
         capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    summary = json.loads((out / "produce-tcp-avro.json").read_text())["summary"]
+    summary = json.loads((out / "produce-tcp-lane.json").read_text())["summary"]
     assert summary["produce_mb_per_s"][0] > 0 and summary["raw_disk_mb_per_s"][0] > 0, summary
     assert summary["consume_messages_per_s"][0] > 0, summary
     assert summary["floor_trio_echo_cpu_us"][0] > 0 and summary["floor_write_fdatasync_cpu_us"][0] > 0, summary

@@ -11,7 +11,7 @@ from rocket.client.kv import KV
 from rocket.errors import Code, RocketError
 from rocket.model import Message
 from rocket.serde import batch as batch_codec
-from rocket.serde import json_codec
+from rocket.serde import SERDE_IDS
 from rocket.serde.schema import SCHEMA_VERSION
 from rocket.transport import frames
 from rocket.transport.listen import free_ports
@@ -65,7 +65,8 @@ async def test_a_kv_write_whose_answer_is_lost_is_not_sent_to_the_next_server(no
                 if frame.method != "Hello":  # the connection's first call (schema versions) is answered,
                     return  # the request went out; no answer ever comes
                 await stream.send_all(frames.encode(frames.Kind.RESPONSE, frame.serde, frame.request_id,
-                                                    json_codec.encode("Hello", {"schema_version": SCHEMA_VERSION})))
+                                                    SERDE_IDS[frame.serde].encode(
+                    "Hello", {"schema_version": SCHEMA_VERSION, "version": "swallow"})))
 
     listeners = await nursery.start(functools.partial(trio.serve_tcp, swallow, 0, host="127.0.0.1"))
     black_hole = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"

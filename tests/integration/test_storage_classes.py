@@ -22,7 +22,7 @@ async def refusal(call) -> RocketError:
     return refused.value
 
 
-@pytest.mark.parametrize("serde", ["json", "avro"])
+@pytest.mark.parametrize("serde", ["json", "avro", "lane"])
 async def test_dev_mode_lists_the_raft_class_and_refuses_what_it_cannot_hold(node, serde):
     async with connect(f"127.0.0.1:{node.tcp_port}", serde=serde) as channel:
         admin = Admin(channel)
