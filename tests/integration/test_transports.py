@@ -83,8 +83,8 @@ async def test_the_same_workload_over_the_lane_and_over_avro_stores_the_same_log
     assert lane["reads"]["lane"]["batches"] == avro["reads"]["avro"]["batches"]
     assert sorted(batch for _, _, batch in lane["reads"]["lane"]["batches"]) == sorted(produced)
     assert lane["reads"]["lane"]["next"] == avro["reads"]["avro"]["next"]
-    first = lane["revisions"][0]["revision"], avro["revisions"][0]["revision"]
-    assert [r["revision"] - first[0] for r in lane["revisions"]] == [r["revision"] - first[1] for r in avro["revisions"]]
+    apart = [[r["revision"] - log["revisions"][0]["revision"] for r in log["revisions"]] for log in (lane, avro)]
+    assert apart[0] == apart[1]
     for mine, theirs in zip(lane["reads"]["lane"]["entries"], avro["reads"]["avro"]["entries"]):
         assert [(e["key"], bytes(e["value"]), e["version"]) for e in mine["entries"]] == \
             [(e["key"], bytes(e["value"]), e["version"]) for e in theirs["entries"]]
