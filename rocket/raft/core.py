@@ -194,12 +194,22 @@ class RaftCore(LeaderReplication):
             raise NotLeader(self.leader)
         if self.term_at(self.commit) != self.term:
             raise RocketError(Code.UNAVAILABLE, "the new leader has not committed in its term yet; retry")
-        if self._confirmed({self.id}) or (lease and self.lease_valid()):
+        if self.readable_at(lease) is not None:
             self._read_states.append((request_id, self.commit))
             return self.commit
         self._pending_reads[request_id] = (self.commit, {self.id})
         for peer in self.voters - {self.id}:
             self._send_heartbeat(peer, request_id)
+        return None
+
+    def readable_at(self, lease: bool = True) -> int | None:
+        """The index a linearizable read may be served at now, with no round of heartbeats: the commit index, when
+        this node leads, has committed in its term, and is a quorum alone or (with lease) holds its lease; else
+        None. It records nothing and does not wake a quiet group (read_index does both)."""
+        if self.role != Role.LEADER or self.term_at(self.commit) != self.term:
+            return None
+        if self._confirmed({self.id}) or (lease and self.lease_valid()):
+            return self.commit
         return None
 
     def _confirmed(self, acknowledged: set[int]) -> bool:

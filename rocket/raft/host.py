@@ -439,6 +439,18 @@ class RaftHost(Rounds):
         finally:
             hosted.reads.pop(request_id, None)
 
+    def read_now(self, group: int) -> bool:
+        """Whether a linearizable read of the group may be served at once, in the caller's step, with no wait: the
+        group is awake, this node leads it by its lease (or alone), and it applied all it committed. Else the read
+        waits in read_barrier, which wakes a quiet group. A read counts as work: the group does not go quiet under
+        reads alone, which would cost the next one a round of heartbeats for its lease."""
+        hosted = self.groups.get(group)
+        if hosted is None or hosted.core.quiet:
+            return False
+        hosted.idle_ticks = 0
+        at = hosted.core.readable_at(lease=True)
+        return at is not None and hosted.applied >= at
+
     @staticmethod
     def _release_reads(hosted: Group) -> None:
         for event, released in hosted.reads.values():

@@ -7,7 +7,7 @@ against rocket/access.py. On brokers, every client call is charged to the client
 is served: its answer's `throttle_ms` is set, and the connection's next call is held while it is throttled.
 
 The data plane. A method may have a parked handler besides its task handler (Dispatcher.handle(..., parked=)):
-Produce on brokers, StorageAppend on storage nodes. Over TCP such a call takes no task: Dispatcher.park decodes and
+Produce, KvPut and KvGet on brokers, StorageAppend, StorageKvTxn and StorageKvRead on storage nodes. Over TCP such a call takes no task: Dispatcher.park decodes and
 authorizes it as call() does and the handler parks it (rocket/parked.py); the Raft round that applies its entry
 completes it, and the connection's writer sends that round's answers in one write. A throttled caller, or a call the
 handler cannot serve without waiting (Unparked: no cached route, no open channel to the leader), is a task as

@@ -238,3 +238,36 @@ async def test_concurrent_writes_batched_together_each_decide_alone(kv):
             nursery.start_soon(increment)
         nursery.start_soon(expect, Code.BAD_REQUEST, kv.txn("counter", [], [{"op": "put", "key": ""}]))
     assert successes == 64 and (await kv.get("counter", "n")).value == b"64"
+
+
+async def test_gets_on_a_leader_whose_lease_holds_take_no_task(nursery, tmp_path, monkeypatch):
+    """On a dev-mode node (every group led here, alone a quorum) a get is served in the connection's read loop:
+    after the first (the group may be quiet), none of a hundred goes to the task path (Broker.kv_get or the storage
+    role's kv_read), over the lane and over JSON alike."""
+    from rocket.node import run_node
+    from rocket.roles.broker.role import Broker
+    from rocket.roles.storage.role import StorageRole
+    from tests.conftest import node_config
+
+    tasks = []
+    for cls, name in ((Broker, "kv_get"), (StorageRole, "kv_read")):
+        def counting(original):
+            async def counted(self, request):
+                tasks.append(name)
+                return await original(self, request)
+            return counted
+        monkeypatch.setattr(cls, name, counting(getattr(cls, name)))
+    node = await nursery.start(lambda task_status: run_node(node_config(tmp_path / "data"), handle_signals=False,
+                                                            task_status=task_status))
+    for serde in ("lane", "json"):
+        async with connect(f"127.0.0.1:{node.tcp_port}", serde=serde) as channel:
+            kv = KV(channel)
+            if serde == "lane":
+                await kv.create_bucket("fast")
+            await kv.put("fast", "k", b"v")
+            await kv.get("fast", "k")
+            before = len(tasks)
+            for _ in range(100):
+                assert (await kv.get("fast", "k")).value == b"v"
+            assert len(tasks) == before, tasks
+            await expect(Code.NOT_FOUND, kv.get("fast", "absent"))

@@ -269,3 +269,48 @@ async def test_a_forwarded_kv_put_is_sent_again_only_when_surely_not_applied(nur
     await trio.testing.wait_all_tasks_blocked()
     assert answers == ([{"revision": 30, "deleted": 0}] if resent else [error])
     assert len(broker.peers.calls) == (1 if resent else 0)
+
+
+def _get(broker: KvBroker, shard: int) -> dict:
+    return {"bucket": "b", "key": broker.keys[shard], "revision": 0, "serializable": False}
+
+
+async def test_a_kv_get_is_parked_here_or_forwarded_without_a_task(nursery):
+    """A get of a shard led here is parked with this node's storage role; one led on node 2 goes out on the open
+    channel to it; each answers with the entry, or NOT_FOUND without one."""
+    broker = KvBroker(nursery)
+    broker.dispatcher.handle("StorageKvRead", None, parked=lambda request, slot: broker.parked.append((request, slot)))
+    channel = broker.peers.pool.channels[THERE] = Channel()
+    answers = []
+    for shard in (0, 1):
+        broker.kv_get_parked(_get(broker, shard), Slot(answers.append))
+    [(local, local_slot)] = broker.parked
+    [(forwarded, forwarded_slot)] = channel.sent
+    assert (local["group"], local["op"], local["key"]) == (20, "get", broker.keys[0])
+    assert (forwarded["group"], forwarded["shard"], forwarded["key"]) == (21, 1, broker.keys[1])
+    found = {"key": broker.keys[1], "value": b"v", "revision": 3, "create_revision": 3, "version": 1, "expires_ms": 0}
+    forwarded_slot.complete({"entries": [found], "revision": 3})
+    local_slot.complete({"entries": [], "revision": 3})
+    assert answers[0] == {"entries": [found], "more": False, "count": 1}
+    assert answers[1].code == Code.NOT_FOUND and broker.peers.calls == []
+
+
+async def test_a_forwarded_kv_get_that_meets_a_leader_change_is_asked_again_as_a_task(nursery, monkeypatch):
+    broker = KvBroker(nursery)
+    channel = broker.peers.pool.channels[THERE] = Channel()
+
+    async def kv_get(request: dict) -> dict:
+        return {"entries": [], "more": False, "count": 0, "asked": request["key"]}
+    monkeypatch.setattr(broker, "kv_get", kv_get)
+    answers = []
+    broker.kv_get_parked(_get(broker, 1), Slot(answers.append))
+    channel.sent[0][1].complete(RocketError(Code.UNAVAILABLE, "node 2 no longer leads group 21"))
+    await trio.testing.wait_all_tasks_blocked()
+    assert answers == [{"entries": [], "more": False, "count": 0, "asked": broker.keys[1]}]
+
+
+async def test_a_kv_get_with_a_bad_revision_is_refused_before_anything_is_sent(nursery):
+    broker = KvBroker(nursery)
+    with pytest.raises(RocketError) as refused:
+        broker.kv_get_parked({**_get(broker, 0), "revision": -1}, Slot(lambda outcome: None))
+    assert refused.value.code == Code.BAD_REQUEST and not broker.parked

@@ -13,9 +13,9 @@ role.py wires one mixin per concern. What the modules' own docstrings do not say
   _produce_queue), so that one group's Raft round carries the batches sent meanwhile.
 - admin.py's GroupSettings is what gateways call for a consumer group's settings. Receive takes a group's max
   attempts over the request's.
-- kv.py parks a KvPut as produce parks an append: with the storage role here when this node leads the key's shard,
-  else on the open channel to the shard's leader (a leader merges the parked calls of a round into one Raft entry:
-  roles/storage/kv.py). Without a cached route or an open channel, a put is a task, and the task path sends a
+- kv.py parks a KvPut or a KvGet as produce parks an append: with the storage role here when this node leads the
+  key's shard, else on the open channel to the shard's leader (a leader merges the parked puts of a round into one
+  Raft entry, and serves a get at once while its lease holds: roles/storage/kv.py). Without a cached route or an open channel, a put is a task, and the task path sends a
   group's writes in batches, one StorageKvTxn call out at a time per group. It merges ranges across shards, and
   follows watches with tasks in the broker's nursery.
 """

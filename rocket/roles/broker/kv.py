@@ -133,9 +133,7 @@ class KeyValues:
 
     async def _kv_read(self, route: Route, shard: int, request: dict) -> dict:
         group = route.queue_groups[shard]
-        read = {"group": group, "bucket": route.spec.bucket, "shard": shard, "key": "", "revision": 0, "start": "",
-                "end": "", "after": "", "limit": 0, "keys_only": False, "serializable": False, **request}
-        return await self._storage(route, group, "StorageKvRead", read)
+        return await self._storage(route, group, "StorageKvRead", _read_call(route, group, shard, request))
 
     async def kv_put(self, request: dict) -> dict:
         route = await self._bucket(request["bucket"])
@@ -203,15 +201,44 @@ class KeyValues:
 
     async def kv_get(self, request: dict) -> dict:
         route = await self._bucket(request["bucket"])
-        key = check_key(request["key"])
-        if request["revision"] < 0:
-            raise RocketError(Code.BAD_REQUEST, f"revision must be 0 (the latest) or more, got {request['revision']}")
-        found = await self._kv_read(route, shard_of(key, route.spec.queues), {
-            "op": "get", "key": key, "revision": request["revision"], "serializable": request["serializable"]})
-        if not found["entries"]:
-            at = f" at revision {request['revision']}" if request["revision"] else ""
-            raise RocketError(Code.NOT_FOUND, f"key {key!r} is not in bucket {request['bucket']!r}{at}")
-        return {"entries": found["entries"], "more": False, "count": 1}
+        key = _get_key(request)
+        return _get_answer(request, key, await self._kv_read(route, shard_of(key, route.spec.queues), _get_read(
+            request, key)))
+
+    def kv_get_parked(self, request: dict, slot: Slot) -> None:
+        """kv_get on the data plane, when the bucket's route is cached: parked with the storage role in this process
+        when this node leads the key's shard (served in this step when it need not wait: a lease, everything applied;
+        else Unparked, a task), or sent without a task on the open channel to the shard's leader on another node.
+        A forwarded one that meets a leader change is asked again as a task (a read may be)."""
+        route = self._route_cached(bucket_topic(request["bucket"]))
+        key = _get_key(request)
+        shard = shard_of(key, route.spec.queues)
+        group = route.queue_groups[shard]
+        here = self._led_here(route, group, "StorageKvRead")
+        leader = None if here else self._leader_channel(route, group)
+        if not here and leader is None:
+            raise Unparked
+        retryable = self._retryable(route, group)
+
+        def finish(outcome: object) -> None:
+            if isinstance(outcome, RocketError) and outcome.code in retryable and not here:
+                self._nursery.start_soon(self._complete_later, slot, functools.partial(self.kv_get, request))
+                return
+            try:
+                slot.complete(outcome if isinstance(outcome, RocketError) else _get_answer(request, key, outcome))
+            except RocketError as error:
+                slot.complete(error)
+        call = _read_call(route, group, shard, _get_read(request, key))
+        if not here:
+            if not self._forward_parked(leader, "StorageKvRead", call, Slot(finish)):
+                raise Unparked
+            return
+        try:
+            self.peers.dispatcher.park_local("StorageKvRead", call, Slot(finish))
+        except RocketError as error:
+            if error.code in retryable:  # no longer the leader, say: the task path asks the others
+                raise Unparked from None
+            raise
 
     async def kv_delete(self, request: dict) -> dict:
         route = await self._bucket(request["bucket"])
@@ -360,6 +387,32 @@ class KeyValues:
         finally:
             for scope in followers.values():
                 scope.cancel()
+
+
+def _read_call(route: Route, group: int, shard: int, request: dict) -> dict:
+    """A StorageKvRead of a shard: request's fields over the defaults."""
+    return {"group": group, "bucket": route.spec.bucket, "shard": shard, "key": "", "revision": 0, "start": "",
+            "end": "", "after": "", "limit": 0, "keys_only": False, "serializable": False, **request}
+
+
+def _get_key(request: dict) -> str:
+    """A KvGet's key, checked with its revision."""
+    key = check_key(request["key"])
+    if request["revision"] < 0:
+        raise RocketError(Code.BAD_REQUEST, f"revision must be 0 (the latest) or more, got {request['revision']}")
+    return key
+
+
+def _get_read(request: dict, key: str) -> dict:
+    return {"op": "get", "key": key, "revision": request["revision"], "serializable": request["serializable"]}
+
+
+def _get_answer(request: dict, key: str, found: dict) -> dict:
+    """A KvGet's answer from its StorageKvRead's; NOT_FOUND without an entry."""
+    if not found["entries"]:
+        at = f" at revision {request['revision']}" if request["revision"] else ""
+        raise RocketError(Code.NOT_FOUND, f"key {key!r} is not in bucket {request['bucket']!r}{at}")
+    return {"entries": found["entries"], "more": False, "count": 1}
 
 
 def _put_answer(txn: dict, result: dict) -> dict:

@@ -114,4 +114,5 @@ class Broker(Routes, Admin, Produce, Pull, PopConsumption, ConsumerGroups, KeyVa
             for name in FORWARDED:
                 handlers[name] = functools.partial(self.forward, name)
         for name, handler in handlers.items():
-            dispatcher.handle(name, handler, parked={"Produce": self.produce_parked, "KvPut": self.kv_put_parked}.get(name))
+            dispatcher.handle(name, handler, parked={"Produce": self.produce_parked, "KvPut": self.kv_put_parked,
+                                                       "KvGet": self.kv_get_parked}.get(name))

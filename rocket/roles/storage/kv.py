@@ -110,21 +110,34 @@ class KeyValues:
         self._leads(group)
         await self.host.read_barrier(group, lease=True)
 
+    def kv_read_parked(self, request: dict, slot: Slot) -> None:
+        """kv_read on the data plane, for a get that need not wait: a serializable one on a replica in sync, or a
+        linearizable one on a leader whose lease holds and that applied all it committed (RaftHost.read_now). It is
+        served at once, in the caller's step; any other read, or one of a group not hosted here, is Unparked, to wait as
+        a task (kv_read)."""
+        group = request["group"]
+        if request["op"] != "get":
+            raise Unparked
+        try:
+            self._hosted(group)
+        except NotHosted:  # not yet, perhaps: the task waits for this node's assignment (_once_assigned)
+            raise Unparked from None
+        if not (request.get("serializable") and self.host.in_sync(group, limits.follower_read_lag_entries_max)
+                or self.host.read_now(group)):
+            raise Unparked
+        slot.complete(self._kv_get(request))
+
     async def kv_read(self, request: dict) -> dict:
         await self._kv_readable(request)
         operation = request["op"]
         if operation not in KV_READ_KINDS:  # before it is counted: the kinds are the metric's labels, a fixed set
             raise RocketError(Code.BAD_REQUEST, f"a KV read is get, range, count, digest or export, not {operation!r}")
+        if operation == "get":
+            return self._kv_get(request)
         self.kv_reads[operation] = self.kv_reads.get(operation, 0) + 1  # the node's metrics, by kind
         bucket, shard, kv = request["bucket"], request["shard"], self.store.kv
         revision = self._kv_revision(bucket, shard)
         now_ms = self.clock.wall_ms()
-        if operation == "get":
-            key = check_key(request["key"])
-            state = (kv.get_at(bucket, shard, key, request["revision"]) if request["revision"] > 0
-                     else kv.get(bucket, shard, key))
-            found = [entry(key, state)] if state is not None and not state.expired(now_ms) else []
-            return {"entries": found, "revision": revision}
         start, end = request["start"], request["end"] or None
         if operation == "count":
             count = await trio.to_thread.run_sync(kv.count, bucket, shard, start, end, now_ms)
@@ -138,6 +151,16 @@ class KeyValues:
         found, more = kv.range(bucket, shard, start, end, request["after"] or None, limit, limits.kv_range_bytes_max,
                                now_ms, request["keys_only"])
         return {"entries": [entry(key, state) for key, state in found], "more": more, "revision": revision}
+
+    def _kv_get(self, request: dict) -> dict:
+        """A get, once it may be served: the key's entry (at the revision asked, or the latest) unless expired."""
+        self.kv_reads["get"] = self.kv_reads.get("get", 0) + 1
+        bucket, shard, kv = request["bucket"], request["shard"], self.store.kv
+        key = check_key(request["key"])
+        state = (kv.get_at(bucket, shard, key, request["revision"]) if request["revision"] > 0
+                 else kv.get(bucket, shard, key))
+        found = [entry(key, state)] if state is not None and not state.expired(self.clock.wall_ms()) else []
+        return {"entries": found, "revision": self._kv_revision(bucket, shard)}
 
     def _kv_export_page(self, bucket: str, shard: int, cursor: str, revision: int, now_ms: int) -> dict:
         """A page of a shard's keys as of one revision: the first page pins a LevelDB snapshot (cursor ''), the

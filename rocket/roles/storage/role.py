@@ -99,7 +99,8 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
                                 ("StorageKvTxn", self.kv_txn), ("StorageKvRead", self.kv_read),
                                 ("StorageKvWatch", self.kv_watch)):
             dispatcher.handle(method, self._once_assigned(handler), parked={
-                "StorageAppend": self.append_parked, "StorageKvTxn": self.kv_txn_parked}.get(method))
+                "StorageAppend": self.append_parked, "StorageKvTxn": self.kv_txn_parked,
+                "StorageKvRead": self.kv_read_parked}.get(method))
 
     def _once_assigned(self, handler):
         """A call that names a group this node does not host yet (a topic just created, a replica just added) asks
