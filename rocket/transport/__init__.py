@@ -6,16 +6,17 @@ move bytes. The dispatcher gives each connection its Caller. With auth on, every
 against rocket/access.py. On brokers, every client call is charged to the client quotas of rocket/quotas.py after it
 is served: its answer's `throttle_ms` is set, and the connection's next call is held while it is throttled.
 
-The data plane. A method may have a parked handler besides its task handler (Dispatcher.handle(..., parked=)):
-Produce, KvPut and KvGet on brokers, StorageAppend, StorageKvTxn and StorageKvRead on storage nodes. Over TCP such a call takes no task: Dispatcher.park decodes and
-authorizes it as call() does and the handler parks it (rocket/parked.py); the Raft round that applies its entry
-completes it, and the connection's writer sends that round's answers in one write. A throttled caller, or a call the
-handler cannot serve without waiting (Unparked: no cached route, no open channel to the leader), is a task as
-before. A call served by a task ends the same way: its answer goes to the connection's writer, which sends the
-answers of the calls that ended meanwhile in one write (a connection's only open call sends its own). Either way a
-call holds its in-flight slot until its answer is written, so a client that stops reading stops the server reading
-it. TcpChannel.call_parked is the client side: a call that waits as a slot, its request written by the channel's
-writer with the others queued meanwhile, for a broker's produce forwarded to another node's leader.
+The data plane. A method may have a parked handler besides its task handler (Dispatcher.handle(..., parked=)): Produce,
+KvPut and KvGet on brokers, StorageAppend, StorageKvTxn and StorageKvRead on storage nodes. Over TCP such a call takes
+no task: Dispatcher.park decodes and authorizes it as call() does and the handler parks it (rocket/parked.py); the Raft
+round that applies its entry (or, for a get, the leader's lease) completes it, and the connection's writer sends that
+round's answers in one write. A throttled caller, or a call the handler cannot serve without waiting (Unparked: no
+cached route, no open channel to the leader), is a task as before. A call served by a task ends the same way: its answer
+goes to the connection's writer, which sends the answers of the calls that ended meanwhile in one write (a connection's
+only open call sends its own). Either way a call holds its in-flight slot until its answer is written, so a client that
+stops reading stops the server reading it. TcpChannel.call_parked is the client side: a call that waits as a slot, its
+request written by the channel's writer with the others queued meanwhile, for a broker's produce forwarded to another
+node's leader.
 
 The listeners. TCP: tcp.py is the server, tcp_client.py the client (TcpChannel), frames.py the codec (a server's
 decoder holds the bytes that arrived, never the length a header claims). Remoting's connections share the TCP

@@ -16,7 +16,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import KV_PREFIX, bucket_topic, shard_of
-from rocket.parked import Slot, Unparked
+from rocket.parked import Slot
 from rocket.roles.broker.routes import Route
 from rocket.store.kv import check_key, check_txn, check_value, txn_bytes, txn_from_wire
 from rocket.transport.rpc import as_rocket_error
@@ -153,11 +153,7 @@ class KeyValues:
         route = self._route_cached(bucket_topic(request["bucket"]))
         shard, txn, size = self._put_txn(route, request)
         group = route.queue_groups[shard]
-        here = self._led_here(route, group, "StorageKvTxn")
-        leader = None if here else self._leader_channel(route, group)
-        if not here and leader is None:
-            raise Unparked
-
+        to = self._parking(route, group, "StorageKvTxn")
         retryable = self._retryable(route, group, at_most_once=True)
 
         def finish(outcome: object) -> None:
@@ -172,17 +168,7 @@ class KeyValues:
                 slot.complete(_put_answer(txn, outcome["results"][0]))
             except RocketError as error:
                 slot.complete(error)
-        call = {"group": group, "txns": [txn]}
-        if not here:
-            if not self._forward_parked(leader, "StorageKvTxn", call, Slot(finish)):
-                raise Unparked
-            return
-        try:
-            self.peers.dispatcher.park_local("StorageKvTxn", call, Slot(finish))
-        except RocketError as error:
-            if error.code in retryable:  # not proposed (no longer the leader, or its disk is full): _storage retries
-                raise Unparked from None
-            raise
+        self._park_storage(to, "StorageKvTxn", {"group": group, "txns": [txn]}, Slot(finish), retryable)
 
     def _put_txn(self, route: Route, request: dict) -> tuple[int, dict, int]:
         """A KvPut as a transaction on its key's shard: (shard, the transaction, its size)."""
@@ -214,31 +200,19 @@ class KeyValues:
         key = _get_key(request)
         shard = shard_of(key, route.spec.queues)
         group = route.queue_groups[shard]
-        here = self._led_here(route, group, "StorageKvRead")
-        leader = None if here else self._leader_channel(route, group)
-        if not here and leader is None:
-            raise Unparked
+        to = self._parking(route, group, "StorageKvRead")
         retryable = self._retryable(route, group)
 
         def finish(outcome: object) -> None:
-            if isinstance(outcome, RocketError) and outcome.code in retryable and not here:
+            if isinstance(outcome, RocketError) and outcome.code in retryable:
                 self._nursery.start_soon(self._complete_later, slot, functools.partial(self.kv_get, request))
                 return
             try:
                 slot.complete(outcome if isinstance(outcome, RocketError) else _get_answer(request, key, outcome))
             except RocketError as error:
                 slot.complete(error)
-        call = _read_call(route, group, shard, _get_read(request, key))
-        if not here:
-            if not self._forward_parked(leader, "StorageKvRead", call, Slot(finish)):
-                raise Unparked
-            return
-        try:
-            self.peers.dispatcher.park_local("StorageKvRead", call, Slot(finish))
-        except RocketError as error:
-            if error.code in retryable:  # no longer the leader, say: the task path asks the others
-                raise Unparked from None
-            raise
+        self._park_storage(to, "StorageKvRead", _read_call(route, group, shard, _get_read(request, key)), Slot(finish),
+                           retryable)
 
     async def kv_delete(self, request: dict) -> dict:
         route = await self._bucket(request["bucket"])

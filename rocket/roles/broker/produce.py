@@ -14,7 +14,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import TopicSpec
-from rocket.parked import Slot, Unparked
+from rocket.parked import Slot
 from rocket.roles.broker.routes import Route
 from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_produced
 
@@ -60,10 +60,7 @@ class Produce:
         no known leader, or no open channel to it)."""
         route = self._route_cached(request["topic"])
         queue, group, ticket = self._produce_queue(route, request["queue"], take=False)  # taken once it is parked
-        here = self._led_here(route, group, "StorageAppend")
-        leader = None if here else self._leader_channel(route, group)
-        if not here and leader is None:
-            raise Unparked
+        to = self._parking(route, group, "StorageAppend")
         call = self._append_call(route.spec, request, queue, group)
         retryable = self._retryable(route, group)
 
@@ -75,15 +72,7 @@ class Produce:
                                          functools.partial(self._storage, route, group, "StorageAppend", call))
             else:
                 slot.complete(outcome)
-        if here:
-            try:
-                self.peers.dispatcher.park_local("StorageAppend", call, Slot(finish))
-            except RocketError as error:
-                if error.code not in retryable:
-                    raise
-                raise Unparked from None  # not proposed (no longer the leader, or its disk is full): _storage retries
-        elif not self._forward_parked(leader, "StorageAppend", call, Slot(finish)):
-            raise Unparked
+        self._park_storage(to, "StorageAppend", call, Slot(finish), retryable)
         if ticket is not None:
             self._take_ticket(route.spec.name, request["batch"])
 

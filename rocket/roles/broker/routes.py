@@ -137,6 +137,33 @@ class Routes:
         channel = self.peers.pool.open_channel(address)
         return (leader, address, channel) if channel is not None else None
 
+    def _parking(self, route: Route, group: int, method: str) -> tuple[int, Address, TcpChannel] | None:
+        """Where a storage call of the group can wait without a task: None when this node leads the group (its storage
+        role parks method: _park_storage hands it over in this process), else the open channel to the leader on
+        another node (_leader_channel's). Raises Unparked when neither: the call is a task from the start."""
+        if self._led_here(route, group, method):
+            return None
+        to = self._leader_channel(route, group)
+        if to is None:
+            raise Unparked
+        return to
+
+    def _park_storage(self, to: tuple[int, Address, TcpChannel] | None, method: str, request: dict, slot: Slot,
+                      retryable: tuple[Code, ...]) -> None:
+        """Hand a storage call where _parking said, without a task; slot completes with its answer or error. Raises
+        Unparked, nothing sent, when the channel broke just now or this node's storage role refused it at once with
+        a retryable error (no longer the leader, a full disk): the task path tries the others."""
+        if to is not None:
+            if not self._forward_parked(to, method, request, slot):
+                raise Unparked
+            return
+        try:
+            self.peers.dispatcher.park_local(method, request, slot)
+        except RocketError as error:
+            if error.code in retryable:
+                raise Unparked from None
+            raise
+
     def _forward_parked(self, to: tuple[int, Address, TcpChannel], method: str, request: dict, slot: Slot) -> bool:
         """Send a storage call without a task (TcpChannel.call_parked) to the leader _leader_channel found; False, with
         nothing sent, if its channel broke just now. slot completes with the answer or the error met; an unanswered
