@@ -13,7 +13,8 @@ write on three replicas, one Python client, every system in turn in each round.
   (`Producer.send()`, which batches what concurrent sends hand over within its linger) against NATS's publish with
   its acknowledgement (256 outstanding).
 - kv-put-1 and kv-put-64: puts of 1 KiB values with 1 and 64 clients, each on its own connection: rocket's KV on
-  the same three nodes against a 3-member etcd cluster (every client on member 1).
+  the same three nodes against a 3-member etcd cluster (every client on member 1). rocket's result says which node
+  led the bucket's one shard (`shard_leader`; the clients are on node 1, which forwards the puts to another).
 
 Durability differs, and the table says how: rocket fdatasyncs every write on every replica before it answers (one
 fsync per round); etcd does the same on a quorum; NATS JetStream writes to the OS and fsyncs every 2 minutes.
@@ -205,7 +206,19 @@ async def put(system, clients: int, seconds: float) -> dict:
     cpu_before = cpu_of(system)
     result = await workload(system, "put", clients=clients, seconds=seconds, keys=keys, values=values)
     result["server_cpu_us_per_operation"] = round((cpu_of(system) - cpu_before) / result["operations"] * 1e6, 1)
-    return {key: result[key] for key in ("operations_per_s", "server_cpu_us_per_operation", "p99_ms") if key in result}
+    if isinstance(system, RocketCluster):  # the clients are on node 1: its puts are parked there or forwarded
+        result["shard_leader"] = await shard_leader(system)
+    return {key: result[key] for key in ("operations_per_s", "server_cpu_us_per_operation", "p99_ms", "shard_leader")
+            if key in result}
+
+
+async def shard_leader(system) -> int:
+    """The node that leads the KV bucket's one shard (1 is the clients' node), as KvDescribeBucket says."""
+    from kv import BUCKET
+
+    async with system._channel() as channel:
+        described = await channel.call("KvDescribeBucket", {"bucket": BUCKET})
+    return described["shards"][0]["leader"]
 
 
 WORKLOADS = {
