@@ -65,6 +65,9 @@ async def test_request_errors_have_stable_codes(node):
         frames.encode(Kind.REQUEST, 7, 6, b"{}", "Ping"),
         frames.encode(Kind.REQUEST, 1, 7, b'{"topic": "bad name!", "queues": 1}', "CreateTopic"),
         frames.encode(Kind.REQUEST, 1, 8, b"{}", "Ping"),
+        frames.encode(Kind.REQUEST, 3, 9, b"\xff\xff\xff\xff", "Produce"),  # the lane: shorter than its layout
+        frames.encode(Kind.REQUEST, 3, 10, struct.pack(">q?II", 0, False, 1, 1) + b"b\xff", "KvGet"),  # not UTF-8
+        frames.encode(Kind.REQUEST, 3, 11, struct.pack(">iqqII", 0, 0, 0, 2**31, 0) + b"t", "Produce"),  # past it
     ]
     answers, closed = await exchange(node.tcp_port, b"".join(requests), expect=len(requests))
     by_id = {frame.request_id: frame for frame in answers}
@@ -77,6 +80,7 @@ async def test_request_errors_have_stable_codes(node):
     assert error_code(by_id[6]) == "UNSUPPORTED_SERDE"
     assert error_code(by_id[7]) == "BAD_REQUEST"
     assert by_id[8].kind == Kind.RESPONSE
+    assert [error_code(by_id[number]) for number in (9, 10, 11)] == ["UNDECODABLE"] * 3
 
 
 async def test_corrupt_batch_is_refused(node):
@@ -151,13 +155,13 @@ async def test_half_a_frame_then_silence_does_not_block_others(node):
 
 
 async def test_random_bodies_never_break_the_server(node):
-    """Random bodies for every method and serde answer with a response or a non-INTERNAL error code,
+    """Random bodies for every method and serde (the lane's too) answer with a response or a non-INTERNAL error code,
     and the server keeps serving. Seeded, so a failure replays."""
     generator = random.Random(20261122)
     methods = [name for name, spec in sorted(METHODS.items()) if not spec.streaming] + ["Bogus"]
     for round_number in range(150):
         method = generator.choice(methods)
-        serde = generator.choice([1, 2])
+        serde = generator.choice([1, 2, 3])
         body = generator.randbytes(generator.randint(0, 300))
         if serde == 1 and generator.random() < 0.5:
             body = b'{"topic": "t", "queues": [], "batch": "' + body.hex().encode() + b'"}'
