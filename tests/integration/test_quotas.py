@@ -148,7 +148,9 @@ def test_a_topic_quota_holds_every_client_even_one_that_ignores_throttle_ms(with
                 told += (await channel.call("Produce", {"topic": "slow", "queue": 0, "batch": batch}))["throttle_ms"]
             elapsed = time.monotonic() - started
             # (1024 - 200) KiB of debt at 200 KiB/s, less the last call's throttle (nothing follows it): >= 3.7 s.
-            assert elapsed >= 3.5 and told >= 4000, (elapsed, told)
+            # What the calls are told adds up to about as much, less what the bucket refilled while they were served
+            # (a slow machine's 16 calls of 64 KiB took 3.93 s and were told 3,949 ms).
+            assert elapsed >= 3.5 and told >= 3500, (elapsed, told)
             print(f"1 MiB at 200 KiB/s, throttle_ms ignored: {elapsed:.1f} s, told {told} ms")
             # Other topics have no quota (and no user quota applies without auth).
             for _ in range(16):
