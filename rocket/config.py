@@ -54,7 +54,7 @@ class NodeConfig:
     # enforcing: only TLS on the TCP port; permissive: plain and TLS both (told apart by the first byte), to move a
     # cluster to TLS one node at a time.
     tls_mode: str = "enforcing"
-    segment_bytes: int = limits.segment_bytes_default
+    segment_bytes: int = limits.segment_bytes_default  # ignored: the segments of an earlier build's store log
     wal_segment_bytes: int = limits.raft_wal_segment_bytes_default
     # The WAL's newest bytes kept in the page cache; older pages are dropped once written or read, and reads of
     # them go to the disk in a worker thread. 0: the OS decides. On a VM that hands free memory back to its host

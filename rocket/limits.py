@@ -75,13 +75,7 @@ log_record_bytes_max = batch_bytes_max + 64 * KiB  # a log record is one batch p
 log_reader_fds_max = 64  # open read descriptors on sealed segments; older ones are reopened on demand
 direct_log_chunk_bytes = 8 * MiB  # a direct log's cached tail comes in chunks of this size, reused once out of the cache
 direct_log_spare_chunks_max = 2  # chunks kept for reuse: a fresh one is zeroed and faulted in page by page
-store_sync_s = 1.0  # how often the store's unsynced writes (LevelDB, the log) are flushed in the background
-# The store's own log is checkpointed once this many bytes were written past its last checkpoint: LevelDB is synced
-# and the log's segments below it deleted. A recovery replays at most this much (some 40,000 batches' records).
-store_log_checkpoint_bytes = 4 * MiB
-# A checkpoint deletes whole segments, so the store log's are small: the log keeps at most one besides the bytes past
-# its checkpoint (its records are some 100 bytes a batch; the data segments' size, segment_bytes, is for the tier).
-store_log_segment_bytes_max = 1 * MiB
+store_sync_s = 1.0  # how often the store's unsynced LevelDB writes are synced in the background
 group_commit_bytes_max = 4 * MiB  # one fdatasync covers at most this much, bounding ack latency
 group_commit_records_max = 100_000  # and at most this many records per flush
 append_queue_bytes_max = 256 * MiB  # appends waiting for a flush before producers are held back
@@ -156,7 +150,7 @@ raft_wal_replay_bytes_max = 256 * MiB
 # batch already past the check, and what the node must still write (votes, offsets commits, checkpoints), fit.
 disk_reserve_bytes = 32 * MiB
 # ... and below this much, every proposal is refused (offsets commits, metadata): what is applied must still fit the
-# store's log and LevelDB, which a full disk would fail in the middle of an apply.
+# store's LevelDB, which a full disk would fail in the middle of an apply.
 disk_floor_bytes = 8 * MiB
 disk_probe_s = 0.5  # a node looks at its data disk's free space at most this often, at Raft ticks (idle: each second)
 disk_full_retry_s_min = 0.05  # a WAL write refused for want of space (ENOSPC) is tried again after this, doubling ...
@@ -461,8 +455,6 @@ invariant(grpc_message_bytes_max + 5 + http2_stream_window_bytes <= grpc_buffere
 invariant(max(read_bytes_max, batch_bytes_max) * 4 // 3 + 64 * KiB <= frame_bytes_max, "a pull response fits a frame")
 invariant(segment_bytes_min <= segment_bytes_default <= segment_bytes_max, "segment sizes are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")
-invariant(segment_bytes_min <= store_log_segment_bytes_max <= store_log_checkpoint_bytes,
-          "a store log checkpoint frees whole segments")
 invariant(producer_batch_bytes_default <= batch_bytes_max, "producer batches fit the server limit")
 invariant(producer_sequences_kept_max >= producer_in_flight_batches_max,
           "a storage group remembers the answer of every batch a producer may have in flight")

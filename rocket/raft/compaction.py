@@ -83,7 +83,7 @@ class Compaction:
     def _write_snapshots(self, jobs: list[SnapshotJob], drops: list[str | tuple[int, int]]) -> list[bytes | Exception]:
         """In the snapshot worker: delete files no core needs (by name, or a group's below an index), then write
         each job's file and fsync them and their directory, so that they are durable before a WAL record refers
-        to them. What the snapshots cover outside the WAL (the storage role's store log) is made durable first."""
+        to them. What the snapshots cover outside the WAL (the storage role's LevelDB) is made durable first."""
         for drop in drops:
             if isinstance(drop, str):
                 self.snapshot_files.delete([drop])

@@ -51,7 +51,7 @@ class RaftHost(Rounds):
         self._peers: set[int] = set()  # the other nodes of every hosted group
         self._compactions: list[Update] = []  # snapshots taken since the last round, to write with it
         # Makes durable what the machines' snapshots cover but keep outside the WAL (the storage role's
-        # store log); the snapshot worker calls it before it writes snapshot files, so the trio thread never waits.
+        # LevelDB); the snapshot worker calls it before it writes snapshot files, so the trio thread never waits.
         self.sync_before_snapshots: Callable[[], None] = lambda: None
         # How a follower fetches the file of a snapshot its leader sent; wired by the roles (None: it cannot).
         self.fetch_snapshot_chunk: FetchChunk | None = None

@@ -3,20 +3,22 @@
 A storage group's Raft log is its commit log: a batch is written once, inside its Raft entry in the node's WAL.
 commands.py holds the entry payloads, decoded into typed commands (Append, CommitOffsets, Cancel, Rearm, PopCommand,
 TierCommand, and the KV's Txn). machine.py is StorageMachine, pure: apply(group, entries, positions) returns results
-and Effects (records to log, index changes, queues to wake), with one handler per command type, plus snapshot and
-restore. store.py is the thin shell: it persists Effects in the store's own log (records.py, unsynced) and in
-LevelDB (queue_index.py), wakes long polls, and handles backfill, sync and close. replay.py is recovery, with one
-handler per record kind. reads.py (reads within a byte budget), timers.py (due timers) and reclaim.py (WAL reclaim)
-are mixins of Store. meter.py is the store's numbers for /metrics. producers.py (idempotent produce), manifest.py
+and Effects (index changes, queues to wake), with one handler per command type, plus snapshot and restore.
+store.py is the thin shell: it persists Effects in LevelDB (queue_index.py), wakes long polls, and handles backfill,
+sync and close. replay.py loads the machine's state from the index at open, and replays once the store's own log
+that earlier builds kept (records.py is that log's format). reads.py (reads within a byte budget), timers.py (due
+timers) and reclaim.py (WAL reclaim) are mixins of Store. meter.py is the store's numbers for /metrics. producers.py (idempotent produce), manifest.py
 (the tier manifest and its commands), pop.py (pop consumption state) and values.py (the value types) are pure.
 kv.py decides KV transactions (pure): compares, puts, deletes, prefix deletes, gets, and the expiry of keys whose
 TTL passed by the leader's clock carried in the command; one revision per change, per shard. kv_index.py keeps the
 KV state on a LevelDB of its own (storage/kv). Controller-mode groups run the same state machine over their own core.
 
-Checkpoints. A sync checkpoints the store's log once it grew by limits.store_log_checkpoint_bytes: the log is
-synced, then LevelDB (QueueIndex.sync), and the log's segments below both are deleted. So at open an index ahead
-of a cut log is kept (the newer state), and one that needs the deleted log is refused. Replay starts where the index
-reached, at or past the last checkpoint, where the log now starts.
+One log. The WAL is the only log: the store writes LevelDB without sync, one atomic write per Raft round that names
+the entry each group applied. A power cut takes LevelDB back to its last synced write, and the groups apply again
+from the WAL what came after (the Raft host re-applies from its snapshot, and the machine skips what it holds). So
+the WAL may drop an entry only once LevelDB holds it durably: the Raft host syncs the store (Store.sync) before it
+writes a snapshot, and WAL reclaim syncs it before it deletes a segment. What is not in a group's log (backfilled
+batches, batches moved forward, settled timer batches forgotten) is redone if a power cut loses it.
 
 Snapshots. GroupMachine is one group's replication.StateMachine. Its snapshot is a sequence of chunks (about
 limits.snapshot_chunk_bytes_max each): the store's head (the machine's JSON), then the group's KV records, read

@@ -18,7 +18,7 @@ import orjson
 from rocket.errors import invariant
 from rocket.model import SYSTEM_PREFIX, dead_letter_topic
 from rocket.serde import batch as batch_codec
-from rocket.store import commands, manifest, pop, records
+from rocket.store import commands, manifest, pop
 from rocket.store.producers import Producers
 from rocket.store.commands import Append, Cancel, CommitOffsets, PopCommand, Rearm, TierCommand
 from rocket.store.kv import KeyState, KvBatch, KvChange, ShardTxn, Txn
@@ -48,12 +48,11 @@ class KvView(Protocol):
 
 @dataclasses.dataclass(slots=True)
 class Effects:
-    """What applying a group's entries changed, for the shell to persist: the records for the store's log, the
-    index's changes, and the queues whose waiting readers look again."""
+    """What applying a group's entries changed, for the shell to persist: the index's changes, and the queues whose
+    waiting readers look again."""
 
     group: int
     applied: int = 0  # the index of the last entry applied
-    records: list[tuple[int, bytes]] = dataclasses.field(default_factory=list)
     index_entries: list[tuple[str, int, IndexEntry]] = dataclasses.field(default_factory=list)
     commits: list[tuple[str, str, dict[int, int]]] = dataclasses.field(default_factory=list)
     timers: list[tuple[int, Timer, bool]] = dataclasses.field(default_factory=list)
@@ -116,17 +115,6 @@ class StorageMachine:
             effects.kv_applied = self.kv_applied[group] = last
         if last <= done:
             return results, effects if effects.kv_applied else None
-        if effects.timers:
-            effects.records.append((records.TIMERS, records.encode_timers(group, effects.timers)))
-        if effects.pop_changes:
-            effects.records.append((records.POPS, orjson.dumps([change.to_wire() for change in effects.pop_changes])))
-        if effects.producer_changes:
-            effects.records.append((records.PRODUCERS, orjson.dumps(effects.producer_changes)))
-        if effects.tier_changes:
-            effects.records.append((records.TIER, orjson.dumps([
-                [topic, queue, orjson.Fragment(state), drop_below]
-                for topic, queue, state, drop_below in effects.tier_changes])))
-        effects.records.append((records.APPLIED, records.encode_applied(group, last)))
         effects.applied = self.applied[group] = last
         return results, effects
 
@@ -174,12 +162,10 @@ class StorageMachine:
             self.offload_candidates.add((topic, queue))
         placed = IndexEntry(base_offset, position, header.count, len(batch), header.first_timestamp_ms, append_ms,
                             header.tag_summary)
-        effects.records.append((records.BATCH, records.encode_batch(topic, queue, group, placed)))
         effects.index_entries.append((topic, queue, placed))
         return base_offset, header.count
 
     def _commit_offsets(self, group: int, command: CommitOffsets, position: int, effects: Effects) -> None:
-        effects.records.append((records.OFFSETS, bytes(command.body)))
         effects.commits.append((command.consumer_group, command.topic, command.offsets))
 
     def _cancel(self, group: int, command: Cancel, position: int, effects: Effects) -> bool:
@@ -215,6 +201,10 @@ class StorageMachine:
         change = manifest.apply(self.tier, self.queues.get((request["topic"], request["queue"])), request)
         if change is not None:
             effects.tier_changes.append(change)
+            topic, queue, _, drop_below = change
+            if drop_below is not None:  # the index drops what it holds; what this apply added is dropped here
+                effects.index_entries = [(t, q, entry) for t, q, entry in effects.index_entries
+                                         if t != topic or q != queue or entry.base_offset >= drop_below]
         return change is not None
 
     def _kv_batch(self, group: int, batch: KvBatch, position: int, effects: Effects) -> list[dict]:
@@ -303,7 +293,7 @@ class StorageMachine:
             self.kv_shards.update(effects.kv_shards)
         if snapshot.applied <= self.applied.get(group, 0):
             return effects if effects.kv_applied else None
-        effects.applied, effects.records = snapshot.applied, [(records.POSITIONS, bytes(data))]
+        effects.applied = snapshot.applied
         self.queues.update(snapshot.queues)
         self.applied[group] = snapshot.applied
         effects.pop_changes = replace_pops(self.pops, snapshot.queues, snapshot.pops)

@@ -25,7 +25,7 @@ class PopQueue:
 
 @dataclasses.dataclass(slots=True)
 class PopChange:
-    """What one command changed, as the store's log records it and the index stores it."""
+    """What one command changed, as the index stores it."""
 
     key: PopKey
     cursor: int | None = None

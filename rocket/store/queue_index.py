@@ -1,5 +1,6 @@
-"""The queue index and consumer offsets on LevelDB (plyvel): derived state, written without sync
-and rebuilt by replaying the commit log. Sparse: one key per batch, not per message.
+"""The queue index, consumer offsets, timers, pop states, tier manifests and producers' answers on LevelDB (plyvel):
+written without sync, one atomic write per round that names the Raft entries each group applied, so that what a
+power cut takes is applied again from the WAL (see Store). Sparse: one key per batch, not per message.
 
 Besides each batch's entry (q: topic, queue, offset -> where it lies in the WAL), a reference key
 (p: WAL position -> the entry's q key) lists the batches in WAL order, so the WAL's lowest live position
@@ -28,7 +29,7 @@ _entry_untagged = struct.Struct(">QIIqQ")  # as written before the tag summary w
 _timer_place = struct.Struct(">QQI")  # due time ms, Raft group, check-backs so far (half messages)
 _stats = struct.Struct(">QQQQQ")  # next offset, bytes, last append ms, Raft group, available from
 _answer = struct.Struct(">QIQQ")  # a producer's batch: base offset, count; the entry index, append ms of its last use
-_applied_key = b"m/applied"
+_applied_key = b"m/applied"  # how far into the store's own log of an earlier build the index reached (replay.py)
 _refs_key = b"m/refs"  # present once the index keeps WAL references (p keys); an older index is rebuilt
 _synced_key = b"m/synced"  # written with sync=True by a checkpoint (see sync)
 
@@ -113,28 +114,27 @@ class QueueIndex:
 
     @property
     def applied_position(self) -> int:
+        """How far into the store's own log of an earlier build the index reached (replay.py's migration)."""
         raw = self._db.get(_applied_key)
         return _u64.unpack(raw)[0] if raw else 0
 
-    def sync(self) -> int:
-        """Make every write before the call durable (a synced write syncs LevelDB's log, which holds them all), and
-        return how far into the store's log the index had reached before it: no crash takes it back below that."""
-        reached = self.applied_position
+    def sync(self) -> None:
+        """Make every write before the call durable: a synced write syncs LevelDB's log, which holds them all."""
         self._db.put(_synced_key, b"", sync=True)
-        return reached
 
     def rewind(self, position: int) -> None:
-        """Durably say the index reached position of the store's log (see Store.open: an index ahead of its log)."""
+        """Durably say the index reached position of the store's old log (replay.py: an index ahead of that log)."""
         self._db.put(_applied_key, _u64.pack(position), sync=True)
 
     def apply(self, entries: list[tuple[str, int, IndexEntry]], stats: dict[tuple[str, int], QueueStats],
               commits: list[tuple[str, str, dict[int, int]]], groups_applied: dict[int, int],
-              applied_position: int, timers: list[tuple[int, Timer, bool]] = (), pops: list = (),
+              applied_position: int | None = None, timers: list[tuple[int, Timer, bool]] = (), pops: list = (),
               tier: list[tuple[str, int, bytes, int | None]] = (), producers: list = ()) -> None:
         """Record stored batches, queue stats, offset commits, timers set or done (group, timer, set),
         pop consumption changes, tier states (topic, queue, state, drop the entries below this offset or
-        None), producers' answers remembered and forgotten (store/producers.py's changes) and how far each Raft group got, up to
-        applied_position of the log, in one write."""
+        None), producers' answers remembered and forgotten (store/producers.py's changes) and how far each Raft
+        group got, in one write; and, in a migration, how far into the old log the index reached (applied_position).
+        """
         with self._db.write_batch(sync=False) as batch:
             for change in producers:
                 if len(change) == 5:
@@ -180,7 +180,8 @@ class QueueIndex:
                 prefix = _offsets_prefix(group, topic)
                 for queue, offset in offsets.items():
                     batch.put(prefix + _u32.pack(queue), _u64.pack(offset))
-            batch.put(_applied_key, _u64.pack(applied_position))
+            if applied_position is not None:
+                batch.put(_applied_key, _u64.pack(applied_position))
 
     def _drop_entries(self, batch, topic: str, queue: int, below: int) -> None:
         """Delete the index entries (and their time keys) of the batches before offset below."""

@@ -4,11 +4,8 @@ batches, and points batches at copies written further on, so that old segments c
 
 from __future__ import annotations
 
-import orjson
-
 from rocket import limits
 from rocket.model import timer_topic
-from rocket.store import records
 from rocket.store.values import HALF_PREFIX, IndexEntry
 
 TIMER_PREFIX = timer_topic("")
@@ -21,7 +18,7 @@ def _chunks(items: list, size: int) -> list[list]:
 class Reclaim:
     def wal_floor(self) -> int | None:
         """The lowest WAL position an indexed batch lies at: the WAL segments wholly below it hold nothing
-        this store reads (once its log is synced)."""
+        this store reads (once the index is synced)."""
         return self.index.first_referenced()
 
     def wal_live(self, start: int, stop: int) -> tuple[list[tuple[str, int, IndexEntry]], list[tuple[str, int, int]]]:
@@ -41,7 +38,6 @@ class Reclaim:
         """Drop the index entries of settled timer and half batches (topic, queue, base offset): a settled
         batch never has a pending timer again."""
         for chunk in _chunks(settled, limits.index_replay_records_per_write_max):
-            self.log.append([(records.FORGOTTEN, orjson.dumps(chunk))])
             self.index.forget(chunk)
             self._dirty = True
 
@@ -52,7 +48,6 @@ class Reclaim:
         moved = 0
         for chunk in _chunks(moves, limits.index_replay_records_per_write_max):
             wire = [(topic, queue, entry.base_offset, entry.position, new) for topic, queue, entry, new in chunk]
-            self.log.append([(records.MOVED, orjson.dumps(wire))])  # replayed as applied: each move is conditional
             moved += sum(entry.batch_bytes for (_, _, entry, _), done in zip(chunk, self.index.move(wire)) if done)
             self._dirty = True
         return moved

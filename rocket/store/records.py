@@ -1,5 +1,6 @@
-"""The records of the store's own log (kind, body): where each applied batch lies in the WAL, consumer offsets, how
-far each group got, and the other index changes. LevelDB is rebuilt from them (store/replay.py). Pure codecs.
+"""The records of the store's own log that earlier builds kept (kind, body): where each applied batch lies in the WAL,
+consumer offsets, how far each group got, and the other index changes. replay.py replays such a log into LevelDB once,
+at the first open by this build, and deletes it; the encoders let tests write one. Pure codecs.
 """
 
 from __future__ import annotations

@@ -1,15 +1,25 @@
-"""Recovery of the store: the index (LevelDB, written without sync) is brought up to the end of the store's log by
-replaying the log's records past the point the index reached, and the state machine gets the state rebuilt.
+"""The store's state at open, and the one-time migration of the store's own log.
+
+load() hands the state machine its state as the indexes hold it: queue positions, how far each group got, pop
+states, tier manifests, producers' answers and when each group's next timer is due.
+
+Earlier builds (up to December 2026) kept a log of their own beside the WAL (records.py): every apply wrote its records
+there, and LevelDB was rebuilt from it. The store now writes LevelDB alone, and a lost tail of its writes is applied
+again from the WAL (see Store). migrate() reads such a log once: it replays into the index the records past where the
+index reached, syncs the index, and deletes the log. Replay holds one handler per record kind.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+from pathlib import Path
 
 import orjson
 
 from rocket import limits
 from rocket.disk.commitlog import HEADER_BYTES, CommitLog
+from rocket.disk.files import fsync_directory
 from rocket.errors import Code, RocketError
 from rocket.model import SYSTEM_PREFIX
 from rocket.store import pop, records
@@ -20,6 +30,62 @@ from rocket.store.queue_index import QueueIndex
 from rocket.store.values import IndexEntry, QueueStats, Timer
 
 log = logging.getLogger("rocket.store")
+
+
+def load(index: QueueIndex, machine: StorageMachine) -> None:
+    """Give the machine the state the index holds."""
+    machine.queues, machine.applied = index.all_stats(), index.groups_applied()
+    machine.pops = index.pop_states()
+    machine.tier = {key: TierQueue.from_wire(orjson.loads(state)) for key, state in index.tier_states().items()}
+    machine.producers = Producers.load(index.producer_rows())
+    machine.offload_candidates = {key for key in machine.queues if not key[0].startswith(SYSTEM_PREFIX)}
+    for group in machine.applied:
+        for halves in (False, True):
+            upcoming = index.timers(group, limit=1, halves=halves)
+            if upcoming:
+                machine.next_due[(group, halves)] = upcoming[0].deliver_at_ms
+
+
+def migrate(directory: Path, index: QueueIndex, machine: StorageMachine) -> None:
+    """Bring the index up to the end of the store's own log in directory/log, if an earlier release left one, make
+    it durable, and delete the log. A crash on the way leaves the log to be replayed again at the next open."""
+    path = directory / "log"
+    if not path.exists():
+        return
+    commit_log = CommitLog.open(path, limits.segment_bytes_min)  # read, never rolled
+    try:
+        _match_index_to_log(index, commit_log)
+        Replay(commit_log, index, machine).run()
+    finally:
+        commit_log.close()
+    index.sync()
+    shutil.rmtree(path)
+    fsync_directory(directory)
+    log.info("the store's own log was replayed into the index and deleted: the store now writes the index alone")
+
+
+def _match_index_to_log(index: QueueIndex, commit_log: CommitLog) -> None:
+    """Make the index one that a replay of the log from where it reached brings up to date, or refuse to open.
+    Checkpoints deleted the log below what LevelDB held durably: an index that needs the log from before its first
+    segment cannot be rebuilt from it."""
+    whole = commit_log.start_position == 0
+    if not index.keeps_refs:
+        if not whole:
+            raise RocketError(Code.CORRUPT_DATA, f"the store's index in {index.path} predates WAL references and must "
+                              f"be rebuilt, but its log starts at {commit_log.start_position} (checkpointed)")
+        log.warning("index predates WAL references: rebuilding it from the log")
+        index.destroy_and_reopen()
+    elif index.applied_position > commit_log.end_position:
+        # The log lost an unsynced tail that LevelDB kept (they were synced apart). The index is the newer state and
+        # a consistent one: each of its writes is atomic and names the Raft entries it applied, so the groups
+        # re-apply from the WAL only what came after. The replay starts at the log's end: nothing is left to replay.
+        log.warning("index is ahead of the log (its unsynced tail was lost, at %d of %d): keeping the index",
+                    commit_log.end_position, index.applied_position)
+        index.rewind(commit_log.end_position)
+    elif index.applied_position < commit_log.start_position:
+        raise RocketError(Code.CORRUPT_DATA, f"the store's index in {index.path} reached position "
+                          f"{index.applied_position} of its log, which starts at {commit_log.start_position} "
+                          f"(checkpointed): the index was lost or replaced, and cannot be rebuilt from the log")
 
 
 class Replay:
@@ -43,7 +109,7 @@ class Replay:
                           records.PRODUCERS: self._producers}
 
     def run(self) -> None:
-        """Replay, then hand the machine its state."""
+        """Replay the records past where the index reached into it."""
         replayed = 0
         for position, kind, body in self.log.scan(self.index.applied_position):
             replayed += 1
@@ -57,15 +123,6 @@ class Replay:
         self._flush(self.log.end_position)
         if replayed:
             log.info("replayed %d log records into the index", replayed)
-        machine = self.machine
-        machine.pops, machine.tier, machine.queues, machine.applied = self.pops, self.tier, self.stats, self.applied
-        machine.producers = Producers.load(self.index.producer_rows())
-        machine.offload_candidates = {key for key in self.stats if not key[0].startswith(SYSTEM_PREFIX)}
-        for group in self.applied:
-            for halves in (False, True):
-                upcoming = self.index.timers(group, limit=1, halves=halves)
-                if upcoming:
-                    machine.next_due[(group, halves)] = upcoming[0].deliver_at_ms
 
     def _flush(self, position: int) -> None:
         """Write the pending changes to the index, which then holds the log up to position."""

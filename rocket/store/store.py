@@ -2,12 +2,11 @@
 
 A group's Raft log is its commit log: a produce batch is written once, inside its entry in the node's WAL, fsync'ed
 before anything is acknowledged. The state machine (machine.py) decides what committed entries change; this shell
-persists its effects: small records in the store's own log (records.py, written without sync) and the index in
-LevelDB, which a replay of them brings up to date (replay.py). A checkpoint syncs LevelDB and deletes the log below
-it (checkpoint). After a crash the groups re-apply from the WAL what the store lost; APPLIED records make that
-idempotent. The store is synced before a snapshot is written (the Raft host calls sync in
-its persist thread), so the Raft log may then be compacted up to it. Reads, timers and WAL reclaim are rooms of
-their own (reads.py, timers.py, reclaim.py).
+persists its effects in LevelDB (queue_index.py, kv_index.py), written without sync: each write is atomic and names
+the Raft entries it applied. After a crash (a power cut takes LevelDB back to its last synced write) the groups
+re-apply from the WAL what the store lost, and the entries it holds are skipped. The store is synced before a
+snapshot is written (the Raft host calls sync in its persist thread), so the Raft log may then be compacted up to
+it. Reads, timers and WAL reclaim are rooms of their own (reads.py, timers.py, reclaim.py).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import collections
 import contextlib
 import itertools
 import logging
-import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -27,13 +25,12 @@ from rocket.clock import sleep_periodic
 from rocket.disk.commitlog import CommitLog
 from rocket.errors import Code, RocketError
 from rocket.serde import batch as batch_codec
-from rocket.store import records
 from rocket.store.kv_index import KvIndex
 from rocket.store.machine import Effects, StorageMachine
 from rocket.store.queue_index import QueueIndex
 from rocket.store.reads import Reads
 from rocket.store.reclaim import Reclaim
-from rocket.store.replay import Replay
+from rocket.store.replay import load, migrate
 from rocket.store.timers import Timers
 from rocket.store.values import IndexEntry, QueueStats
 
@@ -58,8 +55,7 @@ class GroupMachine:
 
 
 class Store(Reads, Timers, Reclaim):
-    def __init__(self, commit_log: CommitLog, index: QueueIndex, data: CommitLog, kv: KvIndex):
-        self.log = commit_log
+    def __init__(self, index: QueueIndex, data: CommitLog, kv: KvIndex):
         self.index = index
         self.data = data  # the WAL: where batches lie
         self.kv = kv
@@ -69,9 +65,7 @@ class Store(Reads, Timers, Reclaim):
         self._kv_watchers: dict[tuple[str, int], set[trio.Event]] = {}
         self._timer_batches: collections.OrderedDict = collections.OrderedDict()  # see Timers._timer_batch
         self._timer_batches_bytes = 0
-        self._dirty = False
-        self._checkpointed = commit_log.start_position  # the log below this was dropped by a checkpoint
-        self._checkpointing = threading.Lock()  # one checkpoint at a time: sync may run in several threads
+        self._dirty = False  # written since the background sync last ran
         self.fsyncs = 0
         self.traffic: dict[tuple[str, int], QueueStats] = {}  # queues appended to or read since take_traffic
         self.bytes_in: dict[tuple[str, int], int] = {}  # (topic, group) -> bytes appended since take_bytes_in
@@ -83,14 +77,13 @@ class Store(Reads, Timers, Reclaim):
         self._held: list[Effects] | None = None  # what applies changed, persisted at the end of holding()
 
     @classmethod
-    def open(cls, directory: Path, data: CommitLog, segment_bytes_max: int = limits.segment_bytes_default) -> "Store":
-        """data is the node's Raft WAL, where the batches of applied entries lie. The store's own log takes segments of
-        at most limits.store_log_segment_bytes_max, however large segment_bytes_max (see checkpoint)."""
-        commit_log = CommitLog.open(directory / "log", min(segment_bytes_max, limits.store_log_segment_bytes_max))
+    def open(cls, directory: Path, data: CommitLog) -> "Store":
+        """data is the node's Raft WAL, where the batches of applied entries lie."""
+        directory.mkdir(parents=True, exist_ok=True)
         index = QueueIndex(directory / "index")
-        _match_index_to_log(index, commit_log)
-        store = cls(commit_log, index, data, KvIndex(directory / "kv"))
-        Replay(commit_log, index, store.machine).run()
+        store = cls(index, data, KvIndex(directory / "kv"))
+        migrate(directory, index, store.machine)  # the store's own log of an earlier build, if one is there
+        load(index, store.machine)
         return store
 
     @property
@@ -114,8 +107,8 @@ class Store(Reads, Timers, Reclaim):
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
-        """Within the block, what applies change is persisted once, at its end: one write to the store's log and one
-        to each index for every group a Raft round applied, not one per group. Nothing reads the index in between:
+        """Within the block, what applies change is persisted once, at its end: one write to each index for every
+        group a Raft round applied, not one per group. Nothing reads the index in between:
         the block is the round loop's apply, in the trio thread, and snapshot and restore persist what is held
         first."""
         self._held = []
@@ -134,7 +127,6 @@ class Store(Reads, Timers, Reclaim):
     def _persist(self, held: list[Effects]) -> None:
         applied = [effects for effects in held if effects.applied]
         if applied:
-            self.log.append([record for effects in applied for record in effects.records])
             for effects in applied:
                 if effects.producers_restored is not None:
                     self.index.replace_producers(effects.group, effects.producers_restored)
@@ -146,7 +138,7 @@ class Store(Reads, Timers, Reclaim):
             tier = [change for effects in applied for change in effects.tier_changes]
             producers = [change for effects in applied for change in effects.producer_changes]
             self.index.apply(entries, touched, commits, {effects.group: effects.applied for effects in applied},
-                             self.log.end_position, timers, pops, tier, producers)
+                             timers=timers, pops=pops, tier=tier, producers=producers)
             self._dirty = True
             self.traffic.update(touched)
             self.changed.update(touched)
@@ -216,7 +208,7 @@ class Store(Reads, Timers, Reclaim):
 
     def snapshot(self, group: int) -> Iterator[bytes]:
         """The group's state as applied: a head (the machine's snapshot), then its KV records. What the head covers
-        lies in the store's own log and the KV index, which must be made durable (sync) before the snapshot is,
+        lies in the indexes, which must be made durable (sync) before the snapshot is,
         so that the group's Raft log may then be dropped: the Raft host does it in its persist thread
         (sync_before_snapshots). The KV records come from a LevelDB snapshot taken now: iterate them anywhere."""
         self._flush_held()
@@ -282,7 +274,7 @@ class Store(Reads, Timers, Reclaim):
         previous one said the next starts (start; None for the first). With the last chunk, which must
         end where the gap did, the queue holds what that replica held."""
         stats = self.machine.queues[(topic, queue)]
-        written, entries = [], []
+        entries = []
         expected = start if start is not None else batches[0][0] if batches else stats.available_from
         for (base_offset, batch), position in zip(batches, positions):
             header = batch_codec.check_header(batch)
@@ -292,49 +284,26 @@ class Store(Reads, Timers, Reclaim):
             expected = base_offset + header.count
             entry = IndexEntry(base_offset, position, header.count, len(batch), header.first_timestamp_ms,
                                stats.last_append_ms)
-            written.append((records.BACKFILLED, records.encode_batch(topic, queue, stats.group, entry)))
             entries.append((topic, queue, entry))
         if last:
             if expected != stats.available_from:
                 raise RocketError(Code.CORRUPT_DATA, f"backfill of {topic}/{queue} ends at {expected}, the gap at "
                                   f"{stats.available_from}")
-            written.append((records.AVAILABLE, records.encode_available(topic, queue, 0)))
             stats.available_from = 0
-        self.log.append(written)  # the queue's bytes counted these already: the snapshot carried them
-        self.index.apply(entries, {(topic, queue): stats}, [], {}, self.log.end_position)
+        # The queue's bytes counted these already: the snapshot carried them. Lost to a power cut, the chunks are
+        # fetched again: the queue's gap is written with them, in one write.
+        self.index.apply(entries, {(topic, queue): stats}, [], {})
         self._dirty = True
         return expected
 
     # ---- durability ------------------------------------------------------------------------------------
 
     def sync(self) -> None:
-        """Make durable what the store appended before the call, also when a background sync of it is
-        still in flight (CommitLog.sync waits for that one); then checkpoint once the log grew by
-        limits.store_log_checkpoint_bytes since the last checkpoint. May run in any thread."""
-        dirty, self._dirty = self._dirty, False
-        durable = self.log.sync()
-        if dirty:
-            self.kv.sync()
-            self.fsyncs += 1
-        if durable - self._checkpointed >= limits.store_log_checkpoint_bytes:
-            self.checkpoint(durable)
-
-    def checkpoint(self, durable: int) -> int:
-        """Delete the store log's segments that LevelDB durably covers, as the Raft WAL drops what its checkpoint
-        holds; durable is where a sync of the log (just now) made it durable up to. Returns how many went.
-
-        The order is what Store.open counts on. The log is synced first, then LevelDB (a synced write makes every
-        write before it durable), at the position it had reached, read before: after any crash the index is at or
-        past the floor, and the log ends at or past it too. The segments that end at or below the floor go, and
-        that is made durable at once, so that a crash never leaves a hole among the segments."""
-        with self._checkpointing:
-            floor = min(durable, self.index.sync())
-            removed = self.log.delete_before(floor)
-            if removed:
-                self.log.sync()  # fsyncs the directory
-                log.info("store log checkpointed at position %d: %d segments deleted", floor, removed)
-            self._checkpointed = max(self._checkpointed, floor)
-            return removed
+        """Make durable what the store wrote before the call: a synced write to each LevelDB makes every write before
+        it durable, also those another thread's sync is still making durable. May run in any thread."""
+        self.index.sync()
+        self.kv.sync()
+        self.fsyncs += 1
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Flush the store's writes in the background, so that a snapshot's sync has little left to do."""
@@ -342,39 +311,11 @@ class Store(Reads, Timers, Reclaim):
         while True:
             await sleep_periodic(limits.store_sync_s)
             if self._dirty:
+                self._dirty = False
                 await trio.to_thread.run_sync(self.sync)
 
     def close(self) -> None:
         self.sync()
-        self.log.close()
         self.index.close()
         self.kv.close()
 
-
-def _match_index_to_log(index: QueueIndex, commit_log: CommitLog) -> None:
-    """Make the index one that a replay of the log from where it reached brings up to date, or refuse to open.
-    Checkpoints delete the log below what LevelDB holds durably (Store.checkpoint): an index that needs the log
-    from before its first segment cannot be rebuilt."""
-    whole = commit_log.start_position == 0
-    if not index.keeps_refs:
-        if not whole:
-            raise RocketError(Code.CORRUPT_DATA, f"the store's index in {index.path} predates WAL references and must "
-                              f"be rebuilt, but its log starts at {commit_log.start_position} (checkpointed)")
-        log.warning("index predates WAL references: rebuilding it from the log")
-        index.destroy_and_reopen()
-    elif index.applied_position > commit_log.end_position:
-        # The log lost an unsynced tail that LevelDB kept (they are synced apart). The index is the newer state and
-        # a consistent one: each of its writes is atomic and names the Raft entries it applied, so the groups
-        # re-apply from the WAL only what came after. It is kept (a rebuild from the log would need the whole log,
-        # which checkpoints delete, and would go back in time). It is told, durably and before anything is
-        # appended, that it reached the log's end, so a replay starts where the next records lie; and the log is
-        # checkpointed there, since the records before it (some of their successors lost) could never be replayed.
-        log.warning("index is ahead of the log (its unsynced tail was lost, at %d of %d): keeping the index",
-                    commit_log.end_position, index.applied_position)
-        index.rewind(commit_log.end_position)
-        commit_log.delete_before(commit_log.roll())
-        commit_log.sync()
-    elif index.applied_position < commit_log.start_position:
-        raise RocketError(Code.CORRUPT_DATA, f"the store's index in {index.path} reached position "
-                          f"{index.applied_position} of its log, which starts at {commit_log.start_position} "
-                          f"(checkpointed): the index was lost or replaced, and cannot be rebuilt from the log")

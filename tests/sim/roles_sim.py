@@ -120,7 +120,7 @@ class SimPool:
 
 
 class Disk:
-    """A node's commit logs (its WAL and its store's log) as a power cut leaves them: each keeps what its last
+    """A node's commit logs (its WAL) as a power cut leaves them: each keeps what its last
     sync made durable. watch() notes, at each sync of a log, where what it made durable ends; cut() is the
     power going: no sync reaches the disk after it; lose_unsynced(), once the node's files are closed, cuts
     every watched log's files back to that point and deletes the segments that start after it."""
@@ -206,7 +206,6 @@ class SimNode:
         self.storage, self.nameserver = roles.storage, roles.nameserver
         if self.nameserver is not None and self.nameserver_objects is not None:
             self.nameserver.objects = self.nameserver_objects
-        self.disk.watch("store log", self.storage.store.log)
         try:
             with trio.CancelScope() as self._scope:
                 async with trio.open_nursery() as nursery:
@@ -225,7 +224,8 @@ class SimNode:
 
     def crash(self) -> None:
         """A power cut: every task of the node ends at once, and its logs lose what was written after their
-        last sync (LevelDB, written without sync and rebuilt from the store's log, keeps what it has)."""
+        last sync (LevelDB, written without sync, keeps what it has: tests/unit/test_store_recovery.py and the
+        power-loss tests on a lazy file system cover it losing its unsynced writes)."""
         self.up = False
         self.disk.cut()
         self._scope.cancel()
@@ -435,7 +435,7 @@ async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int
         report.update(check_consumed(writers, consumed))
         report["replica_reads"] = sum(node.storage.replica_reads for node in nodes.values())
         report["unsynced_bytes_lost"] = {name: sum(node.disk.lost_bytes.get(name, 0) for node in nodes.values())
-                                         for name in ("wal", "store log")}
+                                         for name in ("wal",)}
         report.update({"batches": len(writers.acks), "resends": writers.resends, "calls": network.calls,
                        "answers_lost": network.lost, "simulated_s": round(trio.current_time(), 1)})
         for node in nodes.values():

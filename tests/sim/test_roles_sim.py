@@ -33,8 +33,6 @@ def test_roles_survive_two_failures_without_losing_an_acknowledged_message(
     assert report["acknowledged"] > 100 and len(report["kills"]) == 2
     assert report["duplicates"] == 0, report  # resent batches are numbered by their producer: stored once
     assert report["replica_reads"] > 0  # followers in sync served some of the reads
-    if not partition:  # each crash cut the store's log back to its last sync (once a second) and it recovered
-        assert report["unsynced_bytes_lost"]["store log"] > 0, report
 
 
 def test_a_crash_loses_what_was_written_after_the_last_sync(tmp_path):

@@ -143,14 +143,11 @@ def test_a_lost_kv_directory_is_rebuilt_from_the_log(tmp_path):
     shard.run(*[txn(success=[Op("put", f"k{i % 7}", str(i).encode())], history=2) for i in range(40)])
     shard.run(txn(success=[Op("delete_prefix", "k1")]))
     digest = node.kv.digest("b", 0)
-    entries = [Entry(1, i + 1, encode_kv([txn(success=[Op("put", f"k{i % 7}", str(i).encode())], history=2)]))
-               for i in range(40)] + [Entry(1, 41, encode_kv([txn(success=[Op("delete_prefix", "k1")])]))]
     node.close()
     shutil.rmtree(tmp_path / "kv")
+    # Node applies the log again at open, as the Raft host does from its snapshot on: the store part skips it, the KV
+    # part takes it.
     reopened = Node(tmp_path)
-    assert reopened.kv.digest("b", 0)[0] == 0
-    # The Raft host re-applies the log from its snapshot on: the store part skips it, the KV part takes it.
-    reopened.store.apply(GROUP, entries, [-1] * len(entries))
     assert reopened.kv.digest("b", 0) == digest
     assert reopened.machine.kv_shards[("b", 0)] == [GROUP, 41, 1]
 

@@ -100,7 +100,8 @@ async def test_local_data_stays_until_offloaded_and_conditional_commands_change_
 
 
 async def test_the_manifest_survives_reopen_index_rebuild_and_snapshot(tmp_path):
-    """The manifest and the local start are rebuilt from the store's log and carried by snapshots."""
+    """The manifest and the local start are rebuilt from the WAL (its entries applied again, all at once: the local
+    data dropped is dropped from what that apply adds too) and carried by snapshots."""
     node = Node(tmp_path / "node")
     node.apply(GROUP, workload())
     async with LocalDirectoryStore(tmp_path / "tier") as objects:
