@@ -51,6 +51,11 @@ class _Short(Exception):
     """The body ends before its layout does."""
 
 
+def _read(field: str, default, name: str) -> str:
+    """The generated encoder's expression for a field of the message: its default, in scope as name, if it has one."""
+    return f"message[{field!r}]" if default is _MISSING else f"message.get({field!r}, {name})"
+
+
 class _Layout:
     """One record's layout, as two functions written for it once (as dataclasses writes its methods), so that a
     message costs one struct call and a slice per variable field, no loop over fields:
@@ -88,16 +93,14 @@ class _Layout:
         values, lengths, tail, built = [], [], [], []
         for number, (field, code, default) in enumerate(scalars):
             scope[f"d{number}"] = default
-            getter = f"message[{field!r}]" if default is _MISSING else f"message.get({field!r}, d{number})"
-            encode.append(f"    s{number} = {getter}")
+            encode.append(f"    s{number} = {_read(field, default, f'd{number}')}")
             if code == "?":
                 encode.append(f"    if s{number}.__class__ is not bool: raise TypeError('{field} is not a boolean')")
             values.append(f"s{number}")
             built.append(f"{field!r}: s{number}")
         for number, (field, kind, codec, default) in enumerate(variables):
             scope[f"c{number}"], scope[f"e{number}"] = codec, default
-            getter = f"message[{field!r}]" if default is _MISSING else f"message.get({field!r}, e{number})"
-            encode.append(f"    v{number} = {getter}")
+            encode.append(f"    v{number} = {_read(field, default, f'e{number}')}")
             if kind == "record":
                 encode.append(f"    t{number} = []")
                 encode.append(f"    c{number}.encode(v{number}, t{number})")
