@@ -3,8 +3,8 @@
 load() hands the state machine its state as the indexes hold it: queue positions, how far each group got, pop
 states, tier manifests, producers' answers and when each group's next timer is due.
 
-Earlier builds (up to December 2026) kept a log of their own beside the WAL (records.py): every apply wrote its records
-there, and LevelDB was rebuilt from it. The store now writes LevelDB alone, and a lost tail of its writes is applied
+Earlier builds (up to December 2026) kept a log of their own beside the WAL (records.py): every apply wrote its
+records there, and LevelDB was rebuilt from it. The store now writes LevelDB alone, and a lost tail of its writes is applied
 again from the WAL (see Store). migrate() reads such a log once: it replays into the index the records past where the
 index reached, syncs the index, and deletes the log. Replay holds one handler per record kind.
 """
@@ -47,9 +47,12 @@ def load(index: QueueIndex, machine: StorageMachine) -> None:
 
 
 def migrate(directory: Path, index: QueueIndex, machine: StorageMachine) -> None:
-    """Bring the index up to the end of the store's own log in directory/log, if an earlier release left one, make
-    it durable, and delete the log. A crash on the way leaves the log to be replayed again at the next open."""
-    path = directory / "log"
+    """Bring the index up to the end of the store's own log in directory/log, if an earlier build left one, make it
+    durable, and delete the log. A crash before the log is renamed leaves it to be replayed again at the next open;
+    one after, a renamed log that the next open deletes."""
+    path, replayed = directory / "log", directory / "log.replayed"
+    if replayed.exists():
+        shutil.rmtree(replayed)
     if not path.exists():
         return
     commit_log = CommitLog.open(path, limits.segment_bytes_min)  # read, never rolled
@@ -59,8 +62,9 @@ def migrate(directory: Path, index: QueueIndex, machine: StorageMachine) -> None
     finally:
         commit_log.close()
     index.sync()
-    shutil.rmtree(path)
+    path.rename(replayed)
     fsync_directory(directory)
+    shutil.rmtree(replayed)
     log.info("the store's own log was replayed into the index and deleted: the store now writes the index alone")
 
 

@@ -189,3 +189,14 @@ def test_an_index_that_needs_the_deleted_part_of_an_old_log_is_refused(tmp_path)
         Node(tmp_path)
     assert caught.value.code == Code.CORRUPT_DATA
     assert "index" in caught.value.message and "cannot be rebuilt" in caught.value.message
+
+
+def test_a_replayed_log_whose_deletion_a_crash_cut_short_is_deleted_at_the_next_open(tmp_path):
+    """The migration syncs the index, then renames the old log before deleting it: a log found renamed was replayed
+    already, and goes."""
+    expected, _ = legacy_store(tmp_path, 10, 10)
+    (tmp_path / "log").rename(tmp_path / "log.replayed")
+    node = Node(tmp_path)
+    assert not (tmp_path / "log.replayed").exists() and not (tmp_path / "log").exists()
+    assert observed(node) == expected
+    node.close()
