@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import zlib
 from typing import Annotated, NamedTuple
@@ -189,7 +190,9 @@ def check_user_topic_name(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=4096)
 def check_topic_name(name: str) -> str:
+    """Checked once per name: every storage append checks its topic's, on the hot path (a refused one is not kept)."""
     return check_name("topic", name, limits.topic_name_bytes_max)
 
 

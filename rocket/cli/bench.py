@@ -74,7 +74,7 @@ async def bench_produce(
     json_file: JsonFile = None,
     probe: Annotated[bool, typer.Option("--probe/--no-probe", help="Probe the raw disk before and after (its writes "
                                         "are still flushed when the run starts: without, for latency at a given load).")] = True,
-    server: Server = None, transport: Transport = "tcp", serde: Serde = "avro",
+    server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
 ) -> None:
     """Durable produce throughput and latency, beside the disk's raw fdatasync bandwidth."""
     disk_dir = _disk_directory(disk_dir)
@@ -113,7 +113,7 @@ async def bench_consume(
     disk_dir: DiskDir = None,
     json_file: JsonFile = None,
     bodies: Annotated[bool, typer.Option("--bodies", help="Read bodies only (poll_bodies), not messages.")] = False,
-    server: Server = None, transport: Transport = "tcp", serde: Serde = "avro",
+    server: Server = None, transport: Transport = "tcp", serde: Serde = "lane",
 ) -> None:
     """Consume throughput from the earliest offset, as a new group."""
     disk = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth, _disk_directory(disk_dir))

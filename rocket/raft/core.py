@@ -556,7 +556,7 @@ class RaftCore(LeaderReplication):
     def has_ready(self) -> bool:
         return bool(self._outbox or self._read_states or self._snapshot_to_install
                     or self.last_index > self.stable_index or min(self.commit, self.stable_index) > self.applied
-                    or HardState(self.term, self.vote, self.commit) != self._last_hard_state)
+                    or (self.term, self.vote, self.commit) != self._last_hard_state)  # equal to a HardState alike
 
     def ready(self) -> Ready:
         hard_state = HardState(self.term, self.vote, self.commit)

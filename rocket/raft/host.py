@@ -338,8 +338,12 @@ class RaftHost(Rounds):
     def replicas_speak(self, group: int, schema_version: int) -> bool:
         if self.peer_versions is None:  # no links that say (the roles simulator: one release)
             return True
-        return all(self.peer_versions.get(node, 0) >= schema_version for node in self.replicas(group)
-                   if node != self.node_id)
+        core, versions = self.groups[group].core, self.peer_versions  # asked once per append: no set built
+        for nodes in (core.voters, core.learners):
+            for node in nodes:
+                if node != self.node_id and versions.get(node, 0) < schema_version:
+                    return False
+        return True
 
     def lagging(self, group: int) -> dict[int, int]:
         core = self.groups[group].core
