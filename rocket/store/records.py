@@ -17,7 +17,7 @@ OFFSETS = 2
 APPLIED = 3
 POSITIONS = 4  # a snapshot installed without its batches: the group's queue positions (JSON)
 BACKFILLED = 5  # a batch from before such a snapshot, fetched from another replica (as BATCH)
-AVAILABLE = 6  # a queue's batches are on this replica from this offset on again: encode_available
+AVAILABLE = 6  # a queue's batches are on this replica from this offset on again: decode_available
 TIMERS = 7  # timers set or done: JSON [group, [[deliver_at_ms, topic, queue, offset, set], ...]]
 POPS = 8  # pop consumption changes: JSON [PopChange.to_wire(), ...]
 TIER = 9  # tier manifest changes: JSON [[topic, queue, TierQueue.to_wire(), drop local entries below or None], ...]
@@ -78,11 +78,6 @@ def decode_timers(body: bytes | memoryview) -> list[tuple[int, Timer, bool]]:
     group, changes = orjson.loads(body)
     return [(group, Timer(deliver_at_ms, topic, queue, offset, checks), pending)
             for deliver_at_ms, topic, queue, offset, checks, pending in changes]
-
-
-def encode_available(topic: str, queue: int, offset: int) -> bytes:
-    name = topic.encode()
-    return _available.pack(offset, len(name)) + name + struct.pack("<I", queue)
 
 
 def decode_available(body: bytes) -> tuple[str, int, int]:

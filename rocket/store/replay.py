@@ -4,9 +4,9 @@ load() hands the state machine its state as the indexes hold it: queue positions
 states, tier manifests, producers' answers and when each group's next timer is due.
 
 Earlier builds (up to December 2026) kept a log of their own beside the WAL (records.py): every apply wrote its
-records there, and LevelDB was rebuilt from it. The store now writes LevelDB alone, and a lost tail of its writes is applied
-again from the WAL (see Store). migrate() reads such a log once: it replays into the index the records past where the
-index reached, syncs the index, and deletes the log. Replay holds one handler per record kind.
+records there, and LevelDB was rebuilt from it. The store now writes LevelDB alone, and a lost tail of its writes is
+applied again from the WAL (see Store). migrate() reads such a log once: it replays into the index the records past
+where the index reached, syncs the index, and deletes the log. Replay holds one handler per record kind.
 """
 
 from __future__ import annotations
