@@ -1,7 +1,7 @@
 """Replication: one multi-raft host per node, on one WAL, with two cores.
 
-core.py is the Raft core, shaped like etcd-raft (step, tick, ready, advance; no I/O), with the leader's side of
-replication in progress.py, a mixin of it. controlled.py is the controller-mode core (RIP-44), a subclass of it.
+core.py is the Raft core, shaped like etcd-raft (step, tick, ready, advance; no I/O); what its leader knows of each
+follower is progress.py's ProgressTracker, a type of its own (etcd's tracker). controlled.py is the controller-mode core (RIP-44), a subclass of it.
 types.py is their vocabulary and codec.py their messages. wal.py is the node's WAL, and snapshots.py the groups'
 snapshot files in snapshots/ beside it: the WAL, the core and InstallSnapshot carry only a descriptor. host.py is
 the engine's interface (rocket.replication.Engine); snapshot files are served to and fetched from other nodes with

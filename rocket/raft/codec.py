@@ -117,6 +117,8 @@ def decode_messages(data: bytes | memoryview) -> list[tuple[int, Message]]:
         snapshot = None
         if has_snapshot:
             snapshot, position = decode_snapshot(view, position)
+        elif kind == MessageType.SNAPSHOT:
+            raise _bad("snapshot message without its snapshot")
         messages.append((group, Message(MessageType(kind), sender, to, term, log_term, index, tuple(entries), commit,
                                         bool(reject), reject_hint, context, snapshot, bool(quiesce), leader_commit)))
     if position != len(view):

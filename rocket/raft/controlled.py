@@ -115,10 +115,10 @@ class ControlledCore(RaftCore):
         behind = {node for node in current - {self.id}
                   if self.ticks - self._caught_up_tick.get(node, self._led_since_tick) > self.lag_ticks_max}
         self._joining = frozenset(
-            node for node in self.voters - current if node in self.progress
+            node for node in self.voters - current if node in self.tracker
             and self.ticks - self._caught_up_tick.get(node, -self.lag_ticks_max - 1) <= self.lag_ticks_max)
         self._maybe_commit()  # a slave that stopped keeping up no longer holds it back
-        joining = {node for node in self._joining if self.progress[node].match >= self.commit}
+        joining = {node for node in self._joining if self.tracker[node].match >= self.commit}
         wanted = (current - behind) | joining
         if wanted == current and not self._unsure:
             return None  # (an unsure master asks for its set as it is: that moves the controller's epoch past any
@@ -190,7 +190,7 @@ class ControlledCore(RaftCore):
                     | (self.requested.sync_state_set if self.requested else frozenset()))
         if self._unsure:
             required |= self.voters
-        candidate = min(self.progress[node].match if node in self.progress else 0 for node in required | {self.id})
+        candidate = min(self.tracker[node].match if node in self.tracker else 0 for node in required | {self.id})
         if candidate > self.commit and self.term_at(candidate) == self.term:
             self._commit_to(candidate)
             self._broadcast_append()
@@ -198,7 +198,7 @@ class ControlledCore(RaftCore):
     def tick(self) -> None:
         super().tick()
         if self.role == Role.LEADER and not self.quiet:
-            for node, progress in self.progress.items():
+            for node, progress in self.tracker.items():
                 if node != self.id and progress.match >= self._mark.get(node, self.last_index):
                     self._caught_up_tick[node] = self.ticks
                     self._mark[node] = self.last_index
@@ -234,12 +234,12 @@ class ControlledCore(RaftCore):
 
     def _on_epoch_query(self, message: Message) -> None:
         """As master: answer where the slave's last epoch ends here, and replicate from there."""
-        if self.role != Role.LEADER or message.sender not in self.progress:
+        if self.role != Role.LEADER or message.sender not in self.tracker:
             return
         epoch, end = self.epoch_end(message.log_term)
         self._send(Message(MessageType.EPOCH_ANSWER, self.id, message.sender, self.term, log_term=epoch, index=end,
                            context=message.log_term, reject_hint=message.index))  # the query it answers
-        progress = self.progress[message.sender]
+        progress = self.tracker[message.sender]
         progress.become_probe()
         progress.next = max(progress.match + 1, min(end, message.index + 1))
         self._send_append(message.sender)

@@ -3,10 +3,9 @@
 No I/O and no clock: time passes only through tick(), and the caller persists, sends and applies what
 Ready holds (persist before send). Pre-vote, check-quorum, pipelined replication with flow control,
 ReadIndex reads, leadership transfer, learners with single-server membership change, snapshots.
-Its types are in rocket.raft.types (imported here, so `from rocket.raft.core import Entry` works as before). The
-leader's side of replication (each follower's progress, the flow control of appends, commit by counting matches) is
-the mixin in rocket.raft.progress, as etcd keeps tracker.Progress apart from raft.go; elections, terms, the log,
-membership, reads and Ready stay here, where their step functions share the invariants.
+Its types are in rocket.raft.types (imported here, so `from rocket.raft.core import Entry` works as before). What the
+leader knows of each follower is a ProgressTracker of its own (rocket.raft.progress), as etcd keeps its tracker apart
+from raft.go.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import random
 
 from rocket.errors import Code, RocketError, invariant
-from rocket.raft.progress import LeaderReplication, Progress
+from rocket.raft.progress import Progress, ProgressTracker
 from rocket.raft.types import (NONE, Config, Entry, EntryKind, HardState, Message, MessageType, NotLeader,  # noqa: F401
                                Ready, Role, Snapshot)
 
@@ -22,7 +21,7 @@ __all__ = ["NONE", "Config", "Entry", "EntryKind", "HardState", "Message", "Mess
            "Ready", "Role", "Snapshot"]
 
 
-class RaftCore(LeaderReplication):
+class RaftCore:
     def __init__(self, config: Config, hard_state: HardState = HardState(), entries: list[Entry] | None = None,
                  snapshot: Snapshot | None = None):
         config.validate()
@@ -32,7 +31,7 @@ class RaftCore(LeaderReplication):
         self.voters: set[int] = set(snapshot.voters if snapshot else config.voters)
         self.learners: set[int] = set(snapshot.learners if snapshot else config.learners)
         # The log holds entries after the snapshot: log[i] has index snapshot_index + 1 + i.
-        self.snapshot = snapshot or Snapshot(0, 0, tuple(sorted(self.voters)), tuple(sorted(self.learners)))
+        self.snapshot: Snapshot = snapshot or Snapshot(0, 0, tuple(sorted(self.voters)), tuple(sorted(self.learners)))
         self.log: list[Entry] = list(entries or [])
         invariant(not self.log or self.log[0].index == self.snapshot.index + 1, "the log follows its snapshot")
         self.role = Role.FOLLOWER
@@ -50,7 +49,7 @@ class RaftCore(LeaderReplication):
         self.randomized_election_ticks = 0
         self.transferee = NONE
         self.pending_conf_index = 0
-        self.progress: dict[int, Progress] = {}
+        self.tracker = ProgressTracker()  # while leading: every member's progress
         self.votes: dict[int, bool] = {}
         self._outbox: list[Message] = []
         self._read_states: list[tuple[int, int]] = []
@@ -138,11 +137,7 @@ class RaftCore(LeaderReplication):
             self.voters.discard(node)
             self.learners.discard(node)
         if self.role == Role.LEADER:
-            for member in self.voters | self.learners:
-                self.progress.setdefault(member, Progress(self.last_index + 1))
-            for member in list(self.progress):
-                if member not in self.voters and member not in self.learners:
-                    del self.progress[member]
+            self.tracker.set_members(self.voters | self.learners, self.last_index + 1)
 
     def propose_conf_change(self, action: str, node: int) -> int:
         """Add a learner, promote one to voter, or remove a member: one change at a time."""
@@ -222,11 +217,8 @@ class RaftCore(LeaderReplication):
         election_ticks of its own ticks (this assumes clocks tick at the same rate, as etcd's does)."""
         if self.role != Role.LEADER or not self.config.check_quorum or self.transferee != NONE:
             return False
-        sent = sorted((self.ticks if v == self.id else self.progress[v].lease_tick for v in self.voters
-                       if v == self.id or v in self.progress), reverse=True)
-        quorum = len(self.voters) // 2 + 1
-        return len(sent) >= quorum and sent[quorum - 1] >= 0 and self.ticks < sent[quorum - 1] + (
-            self.config.election_ticks - 1)
+        sent = self.tracker.quorum_lease_tick(self.voters, self.id, self.ticks)
+        return sent >= 0 and self.ticks < sent + self.config.election_ticks - 1
 
     def transfer_leadership(self, to: int) -> None:
         if self.role != Role.LEADER:
@@ -235,8 +227,7 @@ class RaftCore(LeaderReplication):
             raise RocketError(Code.BAD_REQUEST, f"node {to} is not another voter")
         self.transferee = to
         self.election_elapsed = 0
-        progress = self.progress[to]
-        if progress.match == self.last_index:
+        if self.tracker[to].match == self.last_index:
             self._send(Message(MessageType.TIMEOUT_NOW, self.id, to, self.term))
         else:
             self._send_append(to)
@@ -246,9 +237,9 @@ class RaftCore(LeaderReplication):
         and stop ticking. Returns whether the group went quiet."""
         if self.role != Role.LEADER or self._pending_reads or self.transferee != NONE:
             return False
-        if self.commit != self.last_index or any(p.match != self.last_index for p in self.progress.values()):
+        if self.commit != self.last_index or not self.tracker.all_hold(self.last_index):
             return False
-        for peer in self.progress:
+        for peer in self.tracker:
             if peer != self.id:
                 self._send(Message(MessageType.HEARTBEAT, self.id, peer, self.term, commit=self.commit, quiesce=True))
         self.quiet = True
@@ -261,9 +252,7 @@ class RaftCore(LeaderReplication):
         self.quiet = False
         if self.role == Role.LEADER:
             self.election_elapsed = 0
-            for progress in self.progress.values():
-                progress.recent_active = True
-                progress.lease_tick = -1  # no ticks passed while quiet: a lease needs fresh answers
+            self.tracker.woken()
 
     def follower_lacks(self, index: int, heard_ticks: int) -> bool:
         """Whether, as leader, a follower that answered a heartbeat within heard_ticks lacks entries up to index: it
@@ -272,15 +261,12 @@ class RaftCore(LeaderReplication):
         hold index already (the commit counted them). (While it fetches a big file, the leader may count it silent
         and probe it again: its state alone does not tell; and installing one keeps it from answering for seconds. A
         follower that is down longer holds nothing back.)"""
-        recent = self.ticks - heard_ticks
-        return self.role == Role.LEADER and any(
-            progress.match < index and progress.lease_tick >= recent
-            for peer, progress in self.progress.items() if peer != self.id)
+        return self.role == Role.LEADER and self.tracker.follower_lacks(index, self.ticks - heard_ticks, self.id)
 
     def compact(self, index: int, data: bytes) -> None:
         """Replace the log up to index (applied) with a snapshot of the state machine."""
         invariant(self.snapshot.index < index <= self.applied, "compact only what is applied")
-        term = self.term_at(index)
+        term = self.log[index - self.snapshot.index - 1].term  # in the log: after the snapshot, and applied
         voters, learners = self._configuration_at(index)
         self.log = self.log[index - self.snapshot.index:]
         self.snapshot = Snapshot(index, term, voters, learners, data)
@@ -319,13 +305,13 @@ class RaftCore(LeaderReplication):
             self.heartbeat_elapsed += 1
             if self.election_elapsed >= self.config.election_ticks:
                 self.election_elapsed = 0
-                if self.config.check_quorum and not self._quorum_active():
+                if self.config.check_quorum and not self.tracker.quorum_active(self.voters, self.id):
                     self._become_follower(self.term, NONE)
                     return
                 self.transferee = NONE
             if self.heartbeat_elapsed >= self.config.heartbeat_ticks:
                 self.heartbeat_elapsed = 0
-                for peer in self.progress:
+                for peer in self.tracker:
                     if peer != self.id:
                         self._send_heartbeat(peer, 0)
         elif self.id in self.voters and (self.election_elapsed >= self.randomized_election_ticks
@@ -346,12 +332,6 @@ class RaftCore(LeaderReplication):
         is this node need not wait to lead."""
         if self.role != Role.LEADER and self.id in self.voters:
             self._campaign(pre_vote=self.config.pre_vote)
-
-    def _quorum_active(self) -> bool:
-        active = {self.id} | {peer for peer, progress in self.progress.items() if progress.recent_active}
-        for progress in self.progress.values():
-            progress.recent_active = False
-        return len(active & self.voters) > len(self.voters) // 2
 
     # ---- roles -----------------------------------------------------------------------------------
 
@@ -402,15 +382,115 @@ class RaftCore(LeaderReplication):
         self.heartbeat_elapsed = 0
         self.election_elapsed = 0
         self.transferee = NONE
-        self.progress = {member: Progress(self.last_index + 1) for member in self.voters | self.learners}
-        self.progress[self.id].match = self.stable_index
-        self.progress[self.id].become_replicate()
+        self.tracker.reset(self.voters | self.learners, self.last_index + 1)
+        self.tracker[self.id].match = self.stable_index
+        self.tracker[self.id].become_replicate()
         conf_pending = [e.index for e in self._entries(self.commit + 1, self.last_index + 1)
                         if e.kind == EntryKind.CONF_CHANGE]
         self.pending_conf_index = conf_pending[-1] if conf_pending else 0
         # An empty entry of the new term lets the leader commit, and so serve reads, promptly.
         self._append([Entry(self.term, self.last_index + 1)])
         self._broadcast_append()
+
+    # ---- the leader's replication: appends and heartbeats to followers, their answers, commit ------------
+
+    def _on_append_response(self, message: Message) -> None:
+        if self.role != Role.LEADER or message.sender not in self.tracker:
+            return
+        progress = self.tracker[message.sender]
+        progress.recent_active = True
+        if message.reject:
+            stale = message.index <= progress.match or (
+                progress.state == Progress.PROBE and message.index != progress.next - 1)
+            if not stale:
+                progress.become_probe()
+                progress.next = max(progress.match + 1, min(message.index, message.reject_hint + 1))
+                self._send_append(message.sender)
+            return
+        if progress.acknowledge(message.index):
+            if progress.state == Progress.PROBE or (
+                    progress.state == Progress.SNAPSHOT and progress.match >= progress.pending_snapshot):
+                progress.become_replicate()
+            self._maybe_commit()
+            if message.sender == self.transferee and progress.match == self.last_index:
+                self._send(Message(MessageType.TIMEOUT_NOW, self.id, message.sender, self.term))
+        self._send_appends_while_room(message.sender)
+
+    def _on_heartbeat_response(self, message: Message) -> None:
+        if self.role != Role.LEADER or message.sender not in self.tracker:
+            return
+        progress = self.tracker[message.sender]
+        progress.recent_active = True
+        progress.paused = False
+        progress.lease_tick = max(progress.lease_tick, message.index)
+        # The follower is alive, yet appends or a snapshot sent to it may have been lost (it was down):
+        # free one slot of a full window (etcd's FreeFirstOne), and send a snapshot again once one
+        # has gone unanswered for an election timeout, so that a returning follower always catches up.
+        if progress.state == Progress.REPLICATE and len(progress.inflight) >= self.config.append_messages_in_flight_max:
+            progress.inflight.popleft()
+        if progress.state == Progress.SNAPSHOT and self.ticks - progress.snapshot_tick >= self.config.election_ticks:
+            progress.become_probe()
+        if progress.match < self.last_index:
+            self._send_append(message.sender)
+        if message.context in self._pending_reads:
+            index, acknowledged = self._pending_reads[message.context]
+            acknowledged.add(message.sender)
+            if self._confirmed(acknowledged):
+                del self._pending_reads[message.context]
+                self._read_states.append((message.context, index))
+
+    def _send_heartbeat(self, peer: int, context: int) -> None:
+        progress = self.tracker.get(peer)
+        commit = min(self.commit, progress.match) if progress else 0
+        self._send(Message(MessageType.HEARTBEAT, self.id, peer, self.term, index=self.ticks, commit=commit,
+                           context=context, leader_commit=self.commit))
+
+    def _broadcast_append(self) -> None:
+        for peer in self.tracker:
+            if peer != self.id:
+                self._send_appends_while_room(peer)
+
+    def _send_appends_while_room(self, peer: int) -> None:
+        progress = self.tracker[peer]
+        while progress.next <= self.last_index and self._send_append(peer):
+            if progress.state != Progress.REPLICATE:
+                break
+
+    def _send_append(self, peer: int) -> bool:
+        """Send the next entries to peer if flow control allows; returns whether anything was sent."""
+        progress = self.tracker[peer]
+        if progress.state == Progress.SNAPSHOT or progress.paused:
+            return False
+        if progress.state == Progress.REPLICATE and len(progress.inflight) >= self.config.append_messages_in_flight_max:
+            return False
+        previous = progress.next - 1
+        previous_term = self.term_at(previous)
+        if previous_term is None:
+            progress.state = Progress.SNAPSHOT
+            progress.pending_snapshot = self.snapshot.index
+            progress.snapshot_tick = self.ticks
+            self._send(Message(MessageType.SNAPSHOT, self.id, peer, self.term, snapshot=self.snapshot))
+            return True
+        high = min(self.last_index + 1, progress.next + self.config.entries_per_message_max)
+        entries = tuple(self._entries(progress.next, high, self.config.message_bytes_max))
+        self._send(Message(MessageType.APPEND, self.id, peer, self.term, previous_term, previous, entries, self.commit))
+        if progress.state == Progress.REPLICATE and entries:
+            progress.next = entries[-1].index + 1
+            progress.inflight.append(entries[-1].index)
+        elif progress.state == Progress.PROBE:
+            progress.paused = True
+        return True
+
+    def _maybe_commit(self) -> None:
+        candidate = self.tracker.committed(self.voters)
+        # Only entries of the current term are committed by counting (Raft, section 5.4.2).
+        if candidate > self.commit and self.term_at(candidate) == self.term:
+            self._commit_to(candidate)
+            self._broadcast_append()
+
+    def _commit_to(self, index: int) -> None:
+        if index > self.commit:
+            self.commit = index
 
     # ---- messages in -----------------------------------------------------------------------------
 
@@ -521,11 +601,13 @@ class RaftCore(LeaderReplication):
                            context=message.context))
 
     def _on_snapshot(self, message: Message) -> None:
+        snapshot = message.snapshot
+        if snapshot is None:
+            return  # only a forged message lacks it (the codec refuses one from the wire)
         self.leader = message.sender
         self.election_elapsed = 0
         if self.role != Role.FOLLOWER:
             self._become_follower(message.term, message.sender)
-        snapshot = message.snapshot
         if snapshot.index <= self.commit:
             self._send(Message(MessageType.APPEND_RESPONSE, self.id, message.sender, self.term, index=self.commit))
             return
@@ -584,5 +666,5 @@ class RaftCore(LeaderReplication):
             self.applied = ready.committed_entries[-1].index
         del self._outbox[: len(ready.messages)]
         del self._read_states[: len(ready.read_states)]
-        if self.role == Role.LEADER and self.progress[self.id].acknowledge(self.stable_index):
+        if self.role == Role.LEADER and self.tracker[self.id].acknowledge(self.stable_index):
             self._maybe_commit()

@@ -347,12 +347,11 @@ class RaftHost(Rounds):
 
     def lagging(self, group: int) -> dict[int, int]:
         core = self.groups[group].core
-        return {node: core.last_index - progress.match for node, progress in core.progress.items()
-                if progress.match < core.last_index}
+        return core.tracker.behind(core.last_index)
 
     def caught_up(self, group: int, node: int) -> bool:
         core = self.groups[group].core
-        progress = core.progress.get(node)
+        progress = core.tracker.get(node)
         return progress is not None and progress.match >= core.commit
 
     def in_sync(self, group: int, lag_entries_max: int) -> bool:

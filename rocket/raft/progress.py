@@ -1,13 +1,12 @@
-"""The leader's side of replication in the Raft core: what it knows of each follower (Progress, etcd's
-tracker.Progress) and the flow control of its appends, the answers that move a follower's progress, and commit by
-counting matches. A mixin of RaftCore (core.py), whose state it reads: no I/O and no clock, as the core.
+"""What a Raft leader knows of each member (etcd's tracker): a Progress per follower, with its flow control, and the
+ProgressTracker that holds them and answers the quorum's questions. Its own state only: the core (core.py) passes in
+the voters and its clock, and does the sending. No I/O and no clock, as the core.
 """
 
 from __future__ import annotations
 
 from collections import deque
-
-from rocket.raft.types import Message, MessageType, Role
+from collections.abc import Iterable, Iterator
 
 
 class Progress:
@@ -47,107 +46,75 @@ class Progress:
         return False
 
 
-class LeaderReplication:
-    """RaftCore's leader: its followers' progress (self.progress), the appends and heartbeats it sends them, and the
-    commit their answers allow."""
+class ProgressTracker:
+    """Every member's Progress while this node leads (etcd's tracker.ProgressTracker), and what a quorum of them holds,
+    answered and heard."""
 
-    def _on_append_response(self, message: Message) -> None:
-        if self.role != Role.LEADER or message.sender not in self.progress:
-            return
-        progress = self.progress[message.sender]
-        progress.recent_active = True
-        if message.reject:
-            stale = message.index <= progress.match or (
-                progress.state == Progress.PROBE and message.index != progress.next - 1)
-            if not stale:
-                progress.become_probe()
-                progress.next = max(progress.match + 1, min(message.index, message.reject_hint + 1))
-                self._send_append(message.sender)
-            return
-        if progress.acknowledge(message.index):
-            if progress.state == Progress.PROBE or (
-                    progress.state == Progress.SNAPSHOT and progress.match >= progress.pending_snapshot):
-                progress.become_replicate()
-            self._maybe_commit()
-            if message.sender == self.transferee and progress.match == self.last_index:
-                self._send(Message(MessageType.TIMEOUT_NOW, self.id, message.sender, self.term))
-        self._send_appends_while_room(message.sender)
+    def __init__(self) -> None:
+        self._members: dict[int, Progress] = {}
 
-    def _on_heartbeat_response(self, message: Message) -> None:
-        if self.role != Role.LEADER or message.sender not in self.progress:
-            return
-        progress = self.progress[message.sender]
-        progress.recent_active = True
-        progress.paused = False
-        progress.lease_tick = max(progress.lease_tick, message.index)
-        # The follower is alive, yet appends or a snapshot sent to it may have been lost (it was down):
-        # free one slot of a full window (etcd's FreeFirstOne), and send a snapshot again once one
-        # has gone unanswered for an election timeout, so that a returning follower always catches up.
-        if progress.state == Progress.REPLICATE and len(progress.inflight) >= self.config.append_messages_in_flight_max:
-            progress.inflight.popleft()
-        if progress.state == Progress.SNAPSHOT and self.ticks - progress.snapshot_tick >= self.config.election_ticks:
-            progress.become_probe()
-        if progress.match < self.last_index:
-            self._send_append(message.sender)
-        if message.context in self._pending_reads:
-            index, acknowledged = self._pending_reads[message.context]
-            acknowledged.add(message.sender)
-            if self._confirmed(acknowledged):
-                del self._pending_reads[message.context]
-                self._read_states.append((message.context, index))
+    def reset(self, members: Iterable[int], next_index: int) -> None:
+        """A new leader's view: every member's position unknown, probed from next_index."""
+        self._members = {member: Progress(next_index) for member in members}
 
-    def _send_heartbeat(self, peer: int, context: int) -> None:
-        progress = self.progress.get(peer)
-        commit = min(self.commit, progress.match) if progress else 0
-        self._send(Message(MessageType.HEARTBEAT, self.id, peer, self.term, index=self.ticks, commit=commit,
-                           context=context, leader_commit=self.commit))
+    def set_members(self, members: set[int], next_index: int) -> None:
+        """After a membership change: a Progress for each new member, none for one removed."""
+        for member in members:
+            self._members.setdefault(member, Progress(next_index))
+        for member in [member for member in self._members if member not in members]:
+            del self._members[member]
 
-    def _broadcast_append(self) -> None:
-        for peer in self.progress:
-            if peer != self.id:
-                self._send_appends_while_room(peer)
+    def __getitem__(self, member: int) -> Progress:
+        return self._members[member]
 
-    def _send_appends_while_room(self, peer: int) -> None:
-        progress = self.progress[peer]
-        while progress.next <= self.last_index and self._send_append(peer):
-            if progress.state != Progress.REPLICATE:
-                break
+    def __contains__(self, member: int) -> bool:
+        return member in self._members
 
-    def _send_append(self, peer: int) -> bool:
-        """Send the next entries to peer if flow control allows; returns whether anything was sent."""
-        progress = self.progress[peer]
-        if progress.state == Progress.SNAPSHOT or progress.paused:
-            return False
-        if progress.state == Progress.REPLICATE and len(progress.inflight) >= self.config.append_messages_in_flight_max:
-            return False
-        previous = progress.next - 1
-        previous_term = self.term_at(previous)
-        if previous_term is None:
-            progress.state = Progress.SNAPSHOT
-            progress.pending_snapshot = self.snapshot.index
-            progress.snapshot_tick = self.ticks
-            self._send(Message(MessageType.SNAPSHOT, self.id, peer, self.term, snapshot=self.snapshot))
-            return True
-        high = min(self.last_index + 1, progress.next + self.config.entries_per_message_max)
-        entries = tuple(self._entries(progress.next, high, self.config.message_bytes_max))
-        self._send(Message(MessageType.APPEND, self.id, peer, self.term, previous_term, previous, entries, self.commit))
-        if progress.state == Progress.REPLICATE and entries:
-            progress.next = entries[-1].index + 1
-            progress.inflight.append(entries[-1].index)
-        elif progress.state == Progress.PROBE:
-            progress.paused = True
-        return True
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._members)
 
-    def _maybe_commit(self) -> None:
-        matches = sorted((self.progress[v].match for v in self.voters if v in self.progress), reverse=True)
-        if not matches:
-            return
-        candidate = matches[len(self.voters) // 2] if len(matches) > len(self.voters) // 2 else 0
-        # Only entries of the current term are committed by counting (Raft, section 5.4.2).
-        if candidate > self.commit and self.term_at(candidate) == self.term:
-            self._commit_to(candidate)
-            self._broadcast_append()
+    def get(self, member: int) -> Progress | None:
+        return self._members.get(member)
 
-    def _commit_to(self, index: int) -> None:
-        if index > self.commit:
-            self.commit = index
+    def items(self) -> Iterable[tuple[int, Progress]]:
+        return self._members.items()
+
+    def committed(self, voters: set[int]) -> int:
+        """The highest index a quorum of the voters holds (0 while too few are tracked)."""
+        matches = sorted((self._members[v].match for v in voters if v in self._members), reverse=True)
+        return matches[len(voters) // 2] if len(matches) > len(voters) // 2 else 0
+
+    def quorum_active(self, voters: set[int], leader: int) -> bool:
+        """Whether a quorum (the leader counted) was heard from since the last call, which starts the count anew."""
+        active = {leader} | {member for member, progress in self._members.items() if progress.recent_active}
+        for progress in self._members.values():
+            progress.recent_active = False
+        return len(active & voters) > len(voters) // 2
+
+    def quorum_lease_tick(self, voters: set[int], leader: int, now: int) -> int:
+        """The leader's tick at which it sent the oldest heartbeat a quorum has answered since (the leader's own
+        counted as sent now), or -1 while no quorum has answered one."""
+        sent = sorted((now if v == leader else self._members[v].lease_tick for v in voters
+                       if v == leader or v in self._members), reverse=True)
+        quorum = len(voters) // 2 + 1
+        return sent[quorum - 1] if len(sent) >= quorum else -1
+
+    def all_hold(self, index: int) -> bool:
+        """Whether every member holds exactly up to index."""
+        return all(progress.match == index for progress in self._members.values())
+
+    def behind(self, index: int) -> dict[int, int]:
+        """The members that lack entries up to index, with how many each lacks."""
+        return {member: index - progress.match for member, progress in self._members.items() if progress.match < index}
+
+    def follower_lacks(self, index: int, heard_since_tick: int, leader: int) -> bool:
+        """Whether a follower that answered a heartbeat sent at heard_since_tick or later lacks entries up to index."""
+        return any(progress.match < index and progress.lease_tick >= heard_since_tick
+                   for member, progress in self._members.items() if member != leader)
+
+    def woken(self) -> None:
+        """After a quiet spell, in which no ticks passed: every member counts as heard, and a lease needs fresh
+        answers."""
+        for progress in self._members.values():
+            progress.recent_active = True
+            progress.lease_tick = -1

@@ -66,7 +66,7 @@ def test_all_faults_together(seed):
 
 def _commit_counting_the_master_alone(self) -> None:
     if self.role == Role.LEADER and self.sync_state_set:
-        candidate = self.progress[self.id].match
+        candidate = self.tracker[self.id].match
         if candidate > self.commit and self.term_at(candidate) == self.term:
             self._commit_to(candidate)
             self._broadcast_append()
@@ -261,7 +261,7 @@ def test_race_an_expand_pending_without_the_union_loses_entries(monkeypatch):
     acknowledges what the slave lacks, and checker 1 fires when the controller elects the slave."""
     def commit_by_the_current_set(self):
         if self.role == Role.LEADER and self.sync_state_set:
-            candidate = min(self.progress[node].match for node in self.sync_state_set | {self.id})
+            candidate = min(self.tracker[node].match for node in self.sync_state_set | {self.id})
             if candidate > self.commit and self.term_at(candidate) == self.term:
                 self._commit_to(candidate)
                 self._broadcast_append()

@@ -137,7 +137,7 @@ def test_the_scenario_catches_commit_by_counting(monkeypatch):
     import rocket.raft.core as core_module
 
     def commits_old_terms(self):
-        matches = sorted((self.progress[v].match for v in self.voters), reverse=True)
+        matches = sorted((self.tracker[v].match for v in self.voters), reverse=True)
         candidate = matches[len(self.voters) // 2]
         if candidate > self.commit:
             self._commit_to(candidate)

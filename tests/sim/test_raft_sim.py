@@ -213,7 +213,7 @@ def test_checkers_catch_planted_bugs(monkeypatch):
 
     def commits_alone(self):
         if self.term_at(self.last_index) == self.term:
-            self._commit_to(self.progress[self.id].match)
+            self._commit_to(self.tracker[self.id].match)
 
     monkeypatch.setattr(core_module.RaftCore, "_maybe_commit", commits_alone)
     assert _some_seed_fails(lambda seed: Cluster(seed=seed, size=3, faults=NASTY).run(600))

@@ -57,7 +57,7 @@ def test_a_follower_back_after_its_appends_were_lost_catches_up():
     for _ in range(200):
         leader.propose(b"y")
         pump(cores, down)
-    assert len(leader.progress[3].inflight) == leader.config.append_messages_in_flight_max
+    assert len(leader.tracker[3].inflight) == leader.config.append_messages_in_flight_max
     restart(cores, 3)
     tick(cores, 30)
     assert cores[3].last_index == leader.last_index == 201
@@ -78,6 +78,6 @@ def test_a_follower_back_after_its_snapshot_was_lost_gets_it_again():
             core.compact(core.applied, b"state")
     restart(cores, 3)
     tick(cores, 5, lose=lambda message: message.type == MessageType.SNAPSHOT)
-    assert leader.progress[3].state == leader.progress[3].SNAPSHOT
+    assert leader.tracker[3].state == leader.tracker[3].SNAPSHOT
     tick(cores, 40)
     assert cores[3].snapshot.index == 51 and cores[3].last_index == leader.last_index == 51

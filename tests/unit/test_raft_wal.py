@@ -32,7 +32,8 @@ snapshots = st.builds(Snapshot, st.integers(0, 2**40), st.integers(0, 2**40),
 messages = st.builds(Message, st.sampled_from(list(MessageType)), st.integers(1, 9), st.integers(1, 9),
                      st.integers(0, 2**40), st.integers(0, 2**40), st.integers(0, 2**40), entries.map(tuple),
                      st.integers(0, 2**40), st.booleans(), st.integers(0, 2**40), st.integers(0, 2**40),
-                     st.none() | snapshots, st.booleans(), st.integers(0, 2**40))
+                     st.none() | snapshots, st.booleans(), st.integers(0, 2**40)).filter(
+    lambda message: message.type != MessageType.SNAPSHOT or message.snapshot is not None)
 
 
 @given(st.lists(st.tuples(st.integers(0, 2**63), messages), max_size=5))
@@ -49,6 +50,14 @@ def test_garbage_is_refused_cleanly(data):
         codec.decode_messages(data)
     except RocketError as error:
         assert error.code == Code.BAD_REQUEST
+
+
+def test_a_snapshot_message_without_its_snapshot_is_refused():
+    """A peer's SNAPSHOT message must carry the snapshot: without it the core had nothing to install, and failed."""
+    payload = codec.encode_messages([(7, Message(MessageType.SNAPSHOT, 2, 1, 3))])
+    with pytest.raises(RocketError, match="snapshot message without its snapshot") as caught:
+        codec.decode_messages(payload)
+    assert caught.value.code == Code.BAD_REQUEST
 
 
 def test_wal_restores_groups_with_truncation_and_snapshots(tmp_path):
