@@ -13,6 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -21,7 +22,7 @@ from rocket.errors import Code, RocketError
 from rocket.parked import Awaited, Deadlines, Slot
 from rocket.raft import codec, snapshots
 from rocket.raft.controlled import Control, ControlledCore, SyncStateRequest
-from rocket.raft.core import NONE, Config, HardState, Message, MessageType, RaftCore, Role
+from rocket.raft.core import NONE, Config, HardState, Message, MessageType, RaftCore, Role, Snapshot
 from rocket.raft.compaction import SnapshotJob
 from rocket.raft.rounds import Group, Round, Rounds
 from rocket.raft.snapshots import SnapshotFiles
@@ -58,7 +59,7 @@ class RaftHost(Rounds):
         self.snapshot_files = SnapshotFiles(wal.log.directory / snapshots.DIRECTORY)
         replayed = {group: state.snapshot for group, state in wal.groups.items()
                     if state.snapshot is not None and state.snapshot.data}
-        self.snapshot_files.keep_only({snapshots.name_of(group, snapshot) for group, snapshot in replayed.items()})
+        self.snapshot_files.keep_only({snapshots.file_of(group, snapshot) for group, snapshot in replayed.items()})
         # group -> the index of its newest snapshot durable in the WAL: its files from before are deleted.
         self._snapshots_durable = {group: snapshot.index for group, snapshot in replayed.items()}
         self._snapshot_jobs: list[SnapshotJob] = []  # snapshots taken, for the snapshot worker to write
@@ -145,14 +146,14 @@ class RaftHost(Rounds):
         # A new group's first leader: its voters in turn by group number, so that new groups' leaders are spread.
         first_voter = sorted(voters)[group % len(voters)] if voters and control is None else NONE
         config = Config(self.node_id, voters, learners, seed=group * 7919 + self.node_id, first_voter=first_voter)
-        core = (RaftCore if control is None else ControlledCore)(config, restored.hard_state, restored.entries,
-                                                                 restored.snapshot)
+        core = (RaftCore(config, restored.hard_state, restored.entries, restored.snapshot) if control is None
+                else ControlledCore(config, restored.hard_state, restored.entries, restored.snapshot))
         if restored.snapshot is not None:
             machine.restore(self.snapshot_files.chunks(group, restored.snapshot))
         if core.voters == {self.node_id}:
             core.campaign()  # alone: no one to wait for
         self.groups[group] = Group(core, machine, restored.hard_state)
-        if control is not None:
+        if isinstance(core, ControlledCore) and control is not None:
             core.control(control)
         self.groups[group].positions = restored.positions
         self._touched(group, self.groups[group])
@@ -213,36 +214,38 @@ class RaftHost(Rounds):
     def _lacks_file(self, group: int, hosted: Group, message: Message) -> bool:
         """Whether a snapshot the leader sent waits for its file, which a task then fetches (one per group);
         the core answers one it would not install (stale, or behind the commit) without it."""
-        core = hosted.core
-        if message.term < core.term or message.snapshot.index <= core.commit:
+        core, snapshot = hosted.core, message.snapshot
+        if snapshot is None or message.term < core.term or snapshot.index <= core.commit:
             return False
         try:
-            if self.snapshot_files.has(group, message.snapshot):
+            if self.snapshot_files.has(group, snapshot):
                 return False
         except RocketError as error:
             log.warning("group %d: a snapshot from node %d is dropped: %s", group, message.sender, error.message)
             return True
-        if self.fetch_snapshot_chunk is None:
+        fetch = self.fetch_snapshot_chunk
+        if fetch is None:
             log.warning("group %d: a snapshot from node %d is dropped: this node cannot fetch its file", group,
                         message.sender)
         elif group not in self._fetching and self._nursery is not None:
             self._fetching.add(group)
-            self._nursery.start_soon(self._fetch_snapshot, group, hosted, message)
+            self._nursery.start_soon(self._fetch_snapshot, fetch, group, hosted, message, snapshot)
         return True
 
-    async def _fetch_snapshot(self, group: int, hosted: Group, message: Message) -> None:
+    async def _fetch_snapshot(self, fetch: FetchChunk, group: int, hosted: Group, message: Message,
+                              snapshot: Snapshot) -> None:
         """Fetch a snapshot's file from the leader that sent it into a partial file, resuming from its length
         after an error, then step the message (the core installs the snapshot, the round loop restores it)."""
-        name = snapshots.name_of(group, message.snapshot)
+        name = snapshots.file_of(group, snapshot)
         download = None
         try:
-            download = await trio.to_thread.run_sync(self.snapshot_files.download, group, message.snapshot)
+            download = await trio.to_thread.run_sync(self.snapshot_files.download, group, snapshot)
             log.info("group %d: fetching snapshot %s from node %d at byte %d", group, name, message.sender,
                      download.offset)
             failures = 0
             while not download.done:
                 try:
-                    piece = await self.fetch_snapshot_chunk(message.sender, group, name, download.offset)
+                    piece = await fetch(message.sender, group, name, download.offset)
                     await trio.to_thread.run_sync(download.append, piece)
                     failures = 0
                 except RocketError as error:
@@ -384,7 +387,7 @@ class RaftHost(Rounds):
         hosted.core.wake()
         hosted.core.check_proposable()
         if self.on_commit is not None and not self._timing:  # sampled: one proposal timed at a time
-            slot = self._timed(slot)
+            slot = self._timed(slot, self.on_commit)
         if timeout_s < math.inf:  # the sweep completes what the round would: the timing ends with it
             slot.deadline = trio.current_time() + timeout_s
             self._deadlines.add(slot)
@@ -404,14 +407,14 @@ class RaftHost(Rounds):
         """Have the round loop run a round soon (for an on_round hook's work)."""
         self._wake.set()
 
-    def _timed(self, slot: Slot) -> Slot:
+    def _timed(self, slot: Slot, on_commit: Callable[[float], None]) -> Slot:
         """slot, its time from proposal to result told to on_commit (on success)."""
         self._timing, started = True, time.perf_counter()
 
         def finish(outcome: object) -> None:
             self._timing = False
             if not isinstance(outcome, RocketError):
-                self.on_commit(time.perf_counter() - started)
+                on_commit(time.perf_counter() - started)
             slot.complete(outcome)
         return Slot(finish)
 
@@ -469,7 +472,7 @@ class RaftHost(Rounds):
         except trio.TooSlowError:
             raise RocketError(Code.TIMEOUT, f"{what} within {timeout_s} s") from None
 
-    async def _wait_applied(self, hosted: Group, index: int, timeout_s: float):
+    async def _wait_applied(self, hosted: Group, index: int, timeout_s: float) -> Any:
         """The entry's result once applied (the index, for membership changes)."""
         slot = Awaited()
         hosted.waiters[index] = (hosted.core.term, slot)

@@ -59,8 +59,11 @@ class Descriptor:
 
 def name_of(group: int, snapshot: Snapshot) -> str | None:
     """The file of a group's snapshot; None for the empty snapshot a group starts from."""
-    if not snapshot.data:
-        return None
+    return file_of(group, snapshot) if snapshot.data else None
+
+
+def file_of(group: int, snapshot: Snapshot) -> str:
+    """The file of a group's snapshot that has one (not the empty snapshot)."""
     return file_name(group, snapshot.index, snapshot.term, Descriptor.decode(snapshot.data).checksum)
 
 
@@ -301,7 +304,7 @@ class SnapshotFiles:
     def download(self, group: int, snapshot: Snapshot) -> Download:
         """Fetch a snapshot's file, resuming what an earlier fetch of it left; a group fetches one snapshot at a
         time, so the partial files of its others are deleted."""
-        name = name_of(group, snapshot)
+        name = file_of(group, snapshot)
         for partial in self.directory.glob(f"g{group}-*{PARTIAL_SUFFIX}"):
             if partial.name != name + PARTIAL_SUFFIX:
                 partial.unlink(missing_ok=True)

@@ -25,6 +25,7 @@ from rocket.raft import codec
 from rocket.raft.core import Entry, HardState, Snapshot
 from rocket.disk.commitlog import HEADER_BYTES, CommitLog
 from rocket.disk.files import fsync_directory
+from rocket.disk.record import Body
 
 ENTRIES, HARD_STATE, SNAPSHOT = 1, 2, 3
 DATA = 4  # bytes kept for a state machine outside any entry (a replica's backfilled batches): replay skips it
@@ -82,7 +83,7 @@ class Wal:
     def write(self, updates: list[Update]) -> dict[int, dict[int, int]]:
         """Append the updates (no sync). Returns, per group, where each entry's data now lies.
         `groups` stays what was replayed at open (the host updates a group it stops hosting)."""
-        records: list[tuple[int, bytes | tuple]] = []
+        records: list[tuple[int, Body]] = []
         chunks: list[tuple[int, int, list[Entry]]] = []  # record number, group, entries
         for update in updates:
             if update.snapshot is not None:
