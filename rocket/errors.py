@@ -6,6 +6,7 @@ Codes and their numbers never change meaning once released; add new ones at the 
 from __future__ import annotations
 
 import enum
+from typing import Literal
 
 
 class Code(enum.IntEnum):
@@ -90,7 +91,7 @@ class collapse_single_error:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind, error, traceback) -> bool:
+    def __exit__(self, kind, error, traceback) -> Literal[False]:  # never swallows an exception
         if isinstance(error, BaseExceptionGroup):
             leaves = list(leaf_exceptions(error))
             if len(leaves) == 1:

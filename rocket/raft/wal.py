@@ -1,8 +1,8 @@
 """The node's Raft write-ahead log: every group's entries, hard states and snapshots in one commit log,
 so one fdatasync makes a whole round of Ready durable for all groups. A snapshot record holds only the
 descriptor of the snapshot's file beside the WAL (snapshots.py), written and made durable before it.
-Blocking file I/O; the host runs it in a worker thread. Replay rebuilds each group: later entries at an
-index replace the suffix.
+Blocking file I/O: the rounds write in the event loop's thread (into the page cache) and fsync in the syncer
+thread (rounds.py). Replay rebuilds each group: later entries at an index replace the suffix.
 
 The WAL is also where entries' data stays: write() tells where each entry's data lies, so that a
 state machine can index a produce batch where it already is instead of writing it a second time.
