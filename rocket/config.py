@@ -10,6 +10,7 @@ import os
 import ssl
 import tomllib
 from pathlib import Path
+from typing import Any, Literal, cast, overload
 
 from rocket import limits
 from rocket.errors import RocketError
@@ -132,6 +133,14 @@ class NodeConfig:
 _keys = {field.name for field in dataclasses.fields(NodeConfig)}
 
 
+@overload
+def parse_address(key: str, value: object, allow_off: Literal[False] = False) -> Address: ...
+
+
+@overload
+def parse_address(key: str, value: object, allow_off: bool) -> Address | None: ...
+
+
 def parse_address(key: str, value: object, allow_off: bool = False) -> Address | None:
     text = str(value).strip()
     if allow_off and text.lower() in ("", "off", "none"):
@@ -183,7 +192,8 @@ def _parse_int(key: str, value: object, low: int, high: int) -> int:
 
 def _parse_float(key: str, value: object, low: float, high: float) -> float:
     try:
-        number = float(value)
+        # float() is handed whatever the source held; a value it cannot take raises TypeError, caught below.
+        number = float(cast(Any, value))
     except (TypeError, ValueError):
         raise ConfigError(f"{key}: expected a number, got {value!r}") from None
     if not low <= number <= high:
@@ -308,7 +318,8 @@ def _convert(key: str, value: object) -> object:
 
 def load(config_file: Path | None, environment: dict[str, str], flags: dict[str, object]) -> NodeConfig:
     """Merge the three sources, later ones winning, and validate every value."""
-    values: dict[str, object] = {}
+    # Any: _convert gives each key the type of its NodeConfig field.
+    values: dict[str, Any] = {}
     if config_file is not None:
         try:
             document = tomllib.loads(config_file.read_text())
@@ -375,7 +386,7 @@ def _dev_http_listen(values: dict[str, object]) -> Address | None:
     a free port beside a free one (tests); otherwise off, as several nodes on one machine would share a port."""
     if values.get("nameservers"):
         return None
-    listen = values.get("listen", DEFAULT_LISTEN)
+    listen = cast(Address, values.get("listen", DEFAULT_LISTEN))  # _convert parses "listen" to an Address
     if listen.port == DEFAULT_LISTEN.port:
         return Address(listen.host, 9878)
     return Address(listen.host, 0) if listen.port == 0 else None

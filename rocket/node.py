@@ -26,7 +26,9 @@ import os
 import shutil
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import cast
 
 import prometheus_client
 import trio
@@ -381,7 +383,7 @@ def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispa
                                                   lifecycle.draining.is_set))
     telemetry.add_collector(families.raft_state_metrics(host))
     telemetry.add_collector(families.access_metrics(dispatcher.access, dispatcher.quotas))
-    if store is not None:
+    if store is not None and roles.storage is not None:  # both or neither: store is roles.storage's
         telemetry.traffic = lambda: (store.take_traffic(), {group for group in host.groups if host.leads(group)})
         telemetry.add_collector(families.store_metrics(QueueMeter(store), host.leads, config.metrics_per_queue))
         telemetry.add_collector(families.tier_metrics(roles.storage.offloader, roles.storage.cold))
@@ -417,7 +419,10 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             if "broker" in config.roles or "nameserver" in config.roles:
                 gateway = RemotingGateway(dispatcher, clock, lifecycle, frame_s=config.tcp_frame_s, idle_s=config.tcp_idle_s)
                 await nursery.start(gateway.run)
-                remoting = (looks_like_remoting, gateway.serve)
+                # gateway.serve takes any trio Stream (a TLS one too: it reaches the socket through transport_stream),
+                # though its annotation says SocketStream.
+                serve_remoting = cast(Callable[[trio.abc.Stream, bytes], Awaitable[None]], gateway.serve)
+                remoting = (looks_like_remoting, serve_remoting)
             tcp_port = await _listen(partial(nursery.start, partial(serve_tcp, other=remoting, tls=tls, frame_s=config.tcp_frame_s,
                                                                     idle_s=config.tcp_idle_s), dispatcher, lifecycle,
                                              config.listen.host, config.listen.port), "TCP, --listen", config.listen)
@@ -475,10 +480,11 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                     nursery.start_soon(cancel_on, stop, waiting)  # unless told to stop first
                     await storage.assigned.wait()
             if not stop.is_set():
-                http2 = f"{config.http2_listen.host}:{http2_port}" if http2_port else "off"
+                http2 = f"{config.http2_listen.host}:{http2_port}" if http2_port and config.http2_listen else "off"
+                http = f"{config.http_listen.host}:{http_port}" if http_port and config.http_listen else "off"
                 print(f"rocket ready tcp={config.listen.host}:{tcp_port} http2={http2} "
                       f"node={config.node_id} roles={','.join(config.roles)} data={config.data_dir} "
-                      f"pid={os.getpid()} http={f'{config.http_listen.host}:{http_port}' if http_port else 'off'}",
+                      f"pid={os.getpid()} http={http}",
                       flush=True)
                 ready.set()
                 _notify_systemd("READY=1")

@@ -43,7 +43,7 @@ def check_entity(entity: str) -> str:
 
 def check_quota(request: dict) -> dict:
     """The quota's wire form (AclQuota), its rates checked: numbers, 0 (unlimited) or more."""
-    quota = {"entity": check_entity(request["entity"])}
+    quota: dict[str, object] = {"entity": check_entity(request["entity"])}
     for rate in RATES:
         value = request.get(rate, 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:

@@ -206,7 +206,7 @@ class CommitLog:
         a round of eight producers' batches written in one call took 2.1 ms per MiB, in calls of 1 MiB 0.5
         (benchmarks/RESULTS.md, "Writes of at most 1 MiB")."""
         if self._tail is not None:
-            return self._write_direct(buffers)
+            return self._write_direct(self._tail, buffers)
         try:
             self._write_buffered(buffers)
         except OSError:
@@ -238,13 +238,13 @@ class CommitLog:
                     written = 0
         self._written(total_written)
 
-    def _write_direct(self, buffers: list[bytes | memoryview]) -> None:
+    def _write_direct(self, tail: DirectTail, buffers: list[bytes | memoryview]) -> None:
         """Copy into the tail's memory and write whole blocks from there, at their place in the segment."""
         size = sum(len(buffer) for buffer in buffers)
         if not size:
             return
-        mark = self._tail.mark()
-        blocks, offset = self._tail.stage(buffers, size)
+        mark = tail.mark()
+        blocks, offset = tail.stage(buffers, size)
         try:
             with blocks:
                 while len(blocks):
@@ -254,7 +254,7 @@ class CommitLog:
                     blocks, offset = blocks[written:], offset + written
         except OSError:
             # As in _write: memory and file end at the last whole record again, and a retry writes from there.
-            self._tail.rewind(mark)
+            tail.rewind(mark)
             os.ftruncate(self._active_fd, self._active_size)
             raise
         self._written(size)

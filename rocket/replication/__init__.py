@@ -22,6 +22,7 @@ class StateMachine(Protocol):
         """The state as applied at the moment of the call, as chunks of at most limits.snapshot_chunk_bytes_max
         bytes. It is called in the event loop's thread but iterated in a worker thread, while entries are applied
         meanwhile: a machine takes a copy (or a LevelDB snapshot) before it returns."""
+        ...
 
     def restore(self, chunks: Iterable[bytes]) -> None:
         """Install a snapshot: exactly the chunks snapshot() gave, with the same boundaries, in order."""
@@ -31,8 +32,15 @@ class Engine(Protocol):
     """A replication engine hosting many groups on this node: proposals in, committed entries applied to each
     group's StateMachine, and what the roles need to know of each group's replicas."""
 
-    groups: Mapping[int, object]  # the groups hosted here, by id
-    wal: object  # the node's WAL: entries' data lies in wal.log; wal.replay_start() is the oldest position it needs
+    # Read-only properties, so that a host may hold narrower types (a dict of its groups, its Wal class).
+    @property
+    def groups(self) -> Mapping[int, object]: ...  # the groups hosted here, by id
+
+    @property
+    def wal(self) -> object:
+        """The node's WAL: entries' data lies in wal.log; wal.replay_start() is the oldest position it needs."""
+        ...
+
     sync_before_snapshots: Callable[[], None]  # makes the state machines' own writes durable
     disk_refusal: str  # why the node refuses new data now, its disk being full ("" while it has room)
 
@@ -48,24 +56,30 @@ class Engine(Protocol):
 
     def leader_of(self, group: int) -> int:
         """The node this node believes leads the group (0 when unknown or not hosted)."""
+        ...
 
     def voters(self, group: int) -> set[int]: ...
 
     def replicas(self, group: int) -> set[int]:
         """The group's voters and learners."""
+        ...
 
     def replicas_speak(self, group: int, schema_version: int) -> bool:
         """Whether every other replica of the group is known to run a release of at least this schema version (what
         its link said on connecting): only then may entries that older releases cannot apply go into the log."""
+        ...
 
     def lagging(self, group: int) -> dict[int, int]:
         """On the leader: the replicas behind it, with the entries each lacks."""
+        ...
 
     def caught_up(self, group: int, node: int) -> bool:
         """On the leader: whether node holds everything committed."""
+        ...
 
     def in_sync(self, group: int, lag_entries_max: int) -> bool:
         """Whether this replica may serve reads: it leads, or follows within lag_entries_max of the leader."""
+        ...
 
     async def propose(self, group: int, data: bytes, timeout_s: float) -> object:
         """Replicate data in the group's log; the state machine's result once it is applied here."""
@@ -88,5 +102,6 @@ class Engine(Protocol):
 
     async def write_data(self, blobs: list[bytes]) -> list[int]:
         """Make blobs durable in the node's WAL; where each blob's bytes lie."""
+        ...
 
     def unapplied_position_min(self) -> int | None: ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from rocket import limits
 from rocket.errors import Code, RocketError
@@ -19,7 +20,8 @@ from rocket.errors import Code, RocketError
 PUT, DELETE, EXPIRED = 1, 2, 3  # the kinds of change, as watchers see them (an expiry is a delete with a reason)
 KIND_NAMES = {PUT: "put", DELETE: "delete", EXPIRED: "expired"}
 TARGETS = ("revision", "create_revision", "version", "value")
-COMPARISONS: dict[str, Callable[[object, object], bool]] = {
+# Any: a comparison's operands are two of a key's targets of one kind (ints, or bytes for "value").
+COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
     "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b, ">": lambda a, b: a > b}
 OPS = ("put", "delete", "delete_prefix", "get")
 

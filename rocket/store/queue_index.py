@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import shutil
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import plyvel
 
@@ -128,8 +129,8 @@ class QueueIndex:
 
     def apply(self, entries: list[tuple[str, int, IndexEntry]], stats: dict[tuple[str, int], QueueStats],
               commits: list[tuple[str, str, dict[int, int]]], groups_applied: dict[int, int],
-              applied_position: int | None = None, timers: list[tuple[int, Timer, bool]] = (), pops: list = (),
-              tier: list[tuple[str, int, bytes, int | None]] = (), producers: list = ()) -> None:
+              applied_position: int | None = None, timers: Sequence[tuple[int, Timer, bool]] = (), pops: Sequence = (),
+              tier: Sequence[tuple[str, int, bytes, int | None]] = (), producers: Sequence = ()) -> None:
         """Record stored batches, queue stats, offset commits, timers set or done (group, timer, set),
         pop consumption changes, tier states (topic, queue, state, drop the entries below this offset or
         None), producers' answers remembered and forgotten (store/producers.py's changes) and how far each Raft
@@ -233,12 +234,14 @@ class QueueIndex:
                 key = _queue_prefix(b"q", topic, queue) + _u64.pack(offset)
                 value = self._db.get(key)
                 entry = _decode_entry(offset, value) if value is not None else None
-                moved.append(entry is not None and entry.position == old)
-                if moved[-1]:
+                if entry is not None and entry.position == old:
+                    moved.append(True)
                     batch.put(key, _entry.pack(new, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
                                                entry.append_ms, entry.tag_summary))
                     batch.delete(_ref_key(old))
                     batch.put(_ref_key(new), key)
+                else:
+                    moved.append(False)
         return moved
 
     def forget(self, dropped: list[tuple[str, int, int]]) -> None:
@@ -364,7 +367,8 @@ class QueueIndex:
                 (deliver_at_ms,) = _u64.unpack_from(key, 9)
                 topic, _, rest = key[17:].partition(b"\0")
                 place = (topic.decode(), _u32.unpack_from(rest)[0], _u64.unpack_from(rest, 4)[0])
-                checks = self.timer(*place)[2] if halves else 0
+                # A due key is written and deleted in the same write as its timer key: the timer is there.
+                checks = cast(tuple[int, int, int], self.timer(*place))[2] if halves else 0
                 found.append(Timer(deliver_at_ms, *place, checks))
         return found
 

@@ -5,6 +5,8 @@ over the state machine's state (self.machine), the index and the WAL (self.data)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import trio
 
 from rocket.errors import Code, RocketError
@@ -14,10 +16,21 @@ from rocket.serde.piece import Piece
 from rocket.store import pop
 from rocket.store.manifest import TierQueue
 from rocket.store.pop import PopQueue
-from rocket.store.values import IndexEntry
+from rocket.store.values import IndexEntry, QueueStats
+
+if TYPE_CHECKING:
+    from rocket.disk.commitlog import CommitLog
+    from rocket.store.machine import StorageMachine
+    from rocket.store.queue_index import QueueIndex
 
 
 class Reads:
+    # Set by Store.__init__: the state this mixin reads.
+    machine: StorageMachine
+    index: QueueIndex
+    data: CommitLog
+    _watchers: dict[tuple[str, int], set[trio.Event]]
+
     def applied(self, group: int) -> int:
         return self.machine.applied.get(group, 0)
 
@@ -62,9 +75,11 @@ class Reads:
             raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"offset {offset} is past the end ({next_offset}) of {topic}/{queue}")
         if offset == next_offset:
             return [], offset
-        if offset < stats.available_from:
+        # Offsets are at least 0 (StorageRole._positions), so a queue without stats has returned above.
+        available_from = cast(QueueStats, stats).available_from
+        if offset < available_from:
             raise RocketError(Code.UNAVAILABLE, f"this replica lacks {topic}/{queue} before offset "
-                              f"{stats.available_from} (it installed a snapshot); another replica has them")
+                              f"{available_from} (it installed a snapshot); another replica has them")
         entries, scanned_to = self.index.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
         return entries, max(offset, scanned_to) if scanned_to is not None else offset
 

@@ -4,9 +4,14 @@ batches, and points batches at copies written further on, so that old segments c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rocket import limits
 from rocket.model import timer_topic
 from rocket.store.values import HALF_PREFIX, IndexEntry
+
+if TYPE_CHECKING:
+    from rocket.store.queue_index import QueueIndex
 
 TIMER_PREFIX = timer_topic("")
 
@@ -16,6 +21,8 @@ def _chunks(items: list, size: int) -> list[list]:
 
 
 class Reclaim:
+    index: QueueIndex  # set by Store.__init__
+
     def wal_floor(self) -> int | None:
         """The lowest WAL position an indexed batch lies at: the WAL segments wholly below it hold nothing
         this store reads (once the index is synced)."""

@@ -4,14 +4,20 @@ batches kept in a bounded cache). A mixin of Store, over the machine's next due 
 
 from __future__ import annotations
 
+import collections
+from typing import TYPE_CHECKING
+
 import msgspec
 
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Message, timer_topic
 from rocket.serde import batch as batch_codec
-from rocket.store.machine import NEVER_MS
+from rocket.store.machine import NEVER_MS, StorageMachine
 from rocket.store.values import IndexEntry, Timer
+
+if TYPE_CHECKING:
+    from rocket.store.queue_index import QueueIndex
 
 
 def _batches_of(messages: list[Message]):
@@ -32,6 +38,16 @@ def _batches_of(messages: list[Message]):
 
 
 class Timers:
+    # Set by Store.__init__: the state this mixin reads.
+    machine: StorageMachine
+    index: QueueIndex
+    _timer_batches: collections.OrderedDict[tuple[str, int, int], tuple[int, list[Message]]]
+
+    if TYPE_CHECKING:
+        # Reads.read, which Store mixes in beside this.
+        def read(self, topic: str, queue: int, offset: int, max_bytes: int,
+                 at_least_one: bool = True) -> list[tuple[int, bytes]]: ...
+
     def due_timers(self, group: int, now_ms: int, limit: int, halves: bool = False) -> list[Timer]:
         """The group's pending timers (or half messages to check back) due by now_ms, earliest first (at
         most limit)."""
