@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 import typer.main
@@ -91,5 +91,5 @@ def _reflow(command: TyperCommand | TyperGroup) -> None:
 
 def main() -> None:
     command = typer.main.get_command(build_app(node_only=sys.argv[1:2] == ["run"]))
-    _reflow(command)
+    _reflow(cast("TyperCommand | TyperGroup", command))  # what typer builds its app of
     command()

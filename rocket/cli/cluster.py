@@ -4,7 +4,7 @@ classes."""
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 from rich.table import Table
@@ -100,7 +100,7 @@ async def cluster_health(state: Annotated[str | None, typer.Argument(help="With 
     async with connect(server, transport, serde) as channel:
         admin = Admin(channel)
         if pin:
-            await admin.pin_node_health(pin, state)
+            await admin.pin_node_health(pin, cast(str, state))  # a pin comes with its state: checked above
             out.print(f"node {pin} pinned {state}" if state != "auto" else f"node {pin}: the judge decides again")
             return
         health = await admin.node_health(node)

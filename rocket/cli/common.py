@@ -6,7 +6,7 @@ import functools
 import sys
 import inspect
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Literal, NoReturn, Optional, cast, overload
 
 import orjson
 import trio
@@ -42,23 +42,27 @@ TlsCa = Annotated[Optional[Path], typer.Option(
 _display_type_rich = typer.core.TyperOption.display_type_rich
 
 
-def _no_type_on_flags(option: typer.core.TyperOption, ctx) -> str | None:
+def _no_type_on_flags(self: typer.core.TyperOption, ctx) -> str | None:
     """A flag takes no value, so its help shows none (typer shows <bool>, which reads as if it took one)."""
-    return None if option.is_flag else _display_type_rich(option, ctx)
+    return None if self.is_flag else _display_type_rich(self, ctx)
 
 
 typer.core.TyperOption.display_type_rich = _no_type_on_flags
 
 
-def fail(message: str, status: int) -> None:
+def fail(message: str, status: int) -> NoReturn:
     err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(status)
 
 
-def usage_error(message: str) -> None:
+def usage_error(message: str) -> NoReturn:
     fail(message, USAGE_ERROR)
 
 
+@overload
+def parse_position(text: str, option: str, times_only: Literal[True]) -> int: ...
+@overload
+def parse_position(text: str, option: str, times_only: bool = False) -> str | int: ...
 def parse_position(text: str, option: str, times_only: bool = False) -> str | int:
     """earliest, latest or an ISO time (as epoch ms) for option; anything else is a usage error naming it."""
     expected = "an ISO time, such as 2030-01-31T09:00" if times_only else "earliest, latest or an ISO time"
@@ -130,7 +134,8 @@ def runs_client(function):
         parameters = [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY) if parameter.kind in (
             inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY) else parameter
             for parameter in signature.parameters.values()]
-        wrapper.__signature__ = signature.replace(parameters=parameters + added)
+        # The wrapper is a plain function, whose __signature__ typer reads; the functools stubs do not declare it.
+        cast(Any, wrapper).__signature__ = signature.replace(parameters=parameters + added)
         wrapper.__annotations__ = {**{name: parameter.annotation for name, parameter in signature.parameters.items()},
                                    "tls": Tls, "tls_ca": TlsCa}
     return wrapper
@@ -145,10 +150,11 @@ def progress_bar(total: int | None, unit: str = "messages") -> Progress:
 
 def size(count: int) -> str:
     """Bytes for people: 512 B, 1.5 KiB, 3.2 GiB."""
+    scaled: float = count
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:,} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
-        count /= 1024
+        if scaled < 1024 or unit == "GiB":
+            return f"{scaled:,} {unit}" if unit == "B" else f"{scaled:,.1f} {unit}"
+        scaled /= 1024
     return ""
 
 

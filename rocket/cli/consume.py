@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Optional, cast
 
 import trio
 import typer
@@ -14,6 +14,7 @@ from rocket.cli.common import (Serde, Server, Transport, err, format_message, pl
 from rocket.client import connect, open_consumer, parse_start
 from rocket.errors import RocketError
 from rocket.filter import matches_all
+from rocket.model import Message
 
 
 @runs_client
@@ -64,10 +65,13 @@ async def consume(
                         if not polled and not follow and count is None and consumer.positions == before:
                             break
                         if polled:
+                            # poll_bodies gives the bodies, poll the messages.
                             if bodies_only:
-                                sys.stdout.buffer.write(b"\n".join(polled) + b"\n")
+                                sys.stdout.buffer.write(b"\n".join(cast("list[bytes]", polled)) + b"\n")
                             else:
-                                sys.stdout.buffer.write(b"".join(format_message(m, topic, output_format) for m in polled))
+                                messages = cast("list[Message]", polled)
+                                lines = (format_message(m, topic, output_format) for m in messages)
+                                sys.stdout.buffer.write(b"".join(lines))
                             sys.stdout.buffer.flush()
                             received += len(polled)
                             progress.update(task, advance=len(polled))

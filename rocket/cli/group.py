@@ -165,7 +165,7 @@ async def group_reset(topic: Topic, group: Group,
     async with connect(server, transport, serde) as channel:
         admin = Admin(channel)
         if to.isdigit():
-            queues = await admin.seek_group(topic, group, queue, position)
+            queues = await admin.seek_group(topic, group, queue, int(to))
         else:
             queues = await admin.reset_group(topic, group, position, queue)
         out.print(_group_table(topic, group, queues))

@@ -6,7 +6,7 @@ import datetime
 import os
 import sys
 import time
-from typing import Annotated, Optional
+from typing import Annotated, Optional, cast
 
 import trio
 import typer
@@ -113,8 +113,8 @@ async def send(
         properties[name] = value
     lines = None if file is None else _open_lines(file)
     async with connect(server, transport, serde) as channel, open_producer(channel, topic) as producer:
-        if lines is None:
-            message = await producer.send(Message(body.encode(), key=key, tag=tag, properties=properties,
+        if lines is None:  # no --file, so a body: checked above
+            message = await producer.send(Message(cast(str, body).encode(), key=key, tag=tag, properties=properties,
                                                   deliver_at_ms=deliver_at_ms))
             message_id = f"{message.queue}.{message.offset}"
             if deliver_at_ms:

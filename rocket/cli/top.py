@@ -46,7 +46,8 @@ def _by(samples: Samples, name: str, *labels: str) -> dict[tuple[str, ...], floa
     return summed
 
 
-def _rate(now: Samples, before: Samples | None, seconds: float, name: str, *labels: str) -> dict[tuple, float]:
+def _rate(now: Samples, before: Samples | None, seconds: float, name: str,
+          *labels: str) -> dict[tuple, float | None]:
     """Per label values, the counter's increase per second since before (None without a look before, or after a
     reset)."""
     current = _by(now, name, *labels)

@@ -3,7 +3,7 @@ group's dead letters listed or sent again, a node drained until it holds no repl
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import trio
 
@@ -82,7 +82,7 @@ class Admin:
         return (await self.channel.call("AclUsers", {}))["users"]
 
     async def grant(self, user: str, resource: str, actions: list[str], deny: bool = False,
-                    cidrs: list[str] = ()) -> dict:
+                    cidrs: Sequence[str] = ()) -> dict:
         """Allow (or deny) a user actions on resources matching a pattern (topic:orders, topic:orders-*, group:g,
         bucket:b, cluster), from the networks given (none: from anywhere). Replaces the user's policy of that
         effect on that resource."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from typing import cast
 
 import trio
 
@@ -104,7 +105,11 @@ async def bench_consume(channel: Channel, *, topic: str, messages: int, bodies: 
         if scope.cancelled_caught or not polled:
             break
         received += len(polled)
-        payload += sum(map(len, polled)) if bodies else sum(len(message.body) for message in polled)
+        # poll_bodies gives the bodies, poll the messages.
+        if bodies:
+            payload += sum(map(len, cast("list[bytes]", polled)))
+        else:
+            payload += sum(len(message.body) for message in cast("list[Message]", polled))
         if on_progress:
             on_progress(len(polled))
         del polled  # done with them before the next poll, as a loop over each poll is: not freed cold after it

@@ -81,7 +81,7 @@ class Consumer:
         if self.start in ("earliest", "latest"):
             described = await self.channel.call("DescribeTopic", {"topic": self.topic})
             field = "min_offset" if self.start == "earliest" else "next_offset"
-            fallback = {entry["queue"]: entry[field] for entry in described["queues"]}
+            fallback: dict[int, int] = {entry["queue"]: entry[field] for entry in described["queues"]}
         else:
             found = await self.channel.call("SearchOffset", {"topic": self.topic, "timestamp_ms": self.start})
             fallback = {entry["queue"]: entry["offset"] for entry in found["offsets"]}

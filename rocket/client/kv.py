@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator
-from typing import BinaryIO
+from collections.abc import AsyncIterator, Sequence
+from typing import BinaryIO, cast
 
 from rocket import limits
 from rocket.errors import Code, RocketError
@@ -144,7 +144,7 @@ class KV:
             "keys_only": True, "count_only": True, "serializable": False})
         return response["count"]
 
-    async def txn(self, bucket: str, compare: list[dict], success: list[dict], failure: list[dict] = ()) -> dict:
+    async def txn(self, bucket: str, compare: list[dict], success: list[dict], failure: Sequence[dict] = ()) -> dict:
         """etcd's Txn on one shard: compares {key, target: revision|create_revision|version|value, op: ==|!=|<|>,
         number | value}, operations {op: put|delete|delete_prefix|get, key, value, ttl_ms}.
         {succeeded, revision, results: [{revision, deleted, entries}]}"""
@@ -209,6 +209,7 @@ class KV:
         source.seek(at)
         records = kv_export.read(source)
         _, head = next(records)
+        head = cast(dict, head)  # the first record is the HEAD, a JSON kind
         if not any(info["name"] == bucket for info in await self.list_buckets()):
             await self.create_bucket(bucket, head["shards"], head["history"], head["ttl_ms"] / 1000)
         elif mode == "replace":
@@ -228,7 +229,7 @@ class KV:
         for kind, payload in records:
             if kind != kv_export.KEY:
                 continue
-            key, value, _, _, _, expires_ms = kv_export.decode_key(payload)
+            key, value, _, _, _, expires_ms = kv_export.decode_key(cast(bytes, payload))  # KEY payloads are raw
             ttl_ms = 0
             if expires_ms:
                 ttl_ms = expires_ms - int(time.time() * 1000)
@@ -243,7 +244,7 @@ class KV:
             if len(pending[shard]) >= limits.kv_txn_ops_max:
                 await flush(shard)
             elif sum(sizes.values()) > limits.kv_txn_bytes_max:  # bounded memory over many shards
-                await flush(max(sizes, key=sizes.get))
+                await flush(max(sizes, key=sizes.__getitem__))
         for shard in list(pending):
             await flush(shard)
         return counts

@@ -25,6 +25,7 @@ import itertools
 import secrets
 import time
 from contextlib import asynccontextmanager
+from typing import cast
 
 import trio
 
@@ -118,8 +119,9 @@ class Producer:
         await pending.done.wait()
         if pending.error is not None:
             raise pending.error
-        message.queue = pending.receipt.queue
-        message.offset = pending.receipt.base_offset + index
+        receipt = cast(Receipt, pending.receipt)  # set when done without an error
+        message.queue = receipt.queue
+        message.offset = receipt.base_offset + index
         return message
 
     async def _linger_then_flush(self, queue: int, pending: _Pending) -> None:

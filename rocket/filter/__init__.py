@@ -16,8 +16,15 @@ __all__ = ["Filter", "MATCH_ALL", "SqlFilter", "TagFilter", "batch_may_match", "
 
 
 class Filter(Protocol):
-    expression: str
-    tag_mask: int | None  # OR of tag_bit over the tags named; None: the tag summary cannot rule a batch out
+    # Read-only properties: the filters are frozen dataclasses, whose fields a protocol's plain attributes would
+    # require to be writable.
+    @property
+    def expression(self) -> str: ...
+
+    @property
+    def tag_mask(self) -> int | None:
+        """OR of tag_bit over the tags named; None: the tag summary cannot rule a batch out."""
+        ...
 
     def matches(self, message: Message) -> bool: ...
 

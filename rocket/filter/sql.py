@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import re
-from typing import Callable, NamedTuple, Union
+from typing import Any, Callable, NamedTuple, Union, cast
 
 from rocket import limits
 from rocket.errors import InvariantViolation, RocketError
@@ -19,7 +19,7 @@ from rocket.model import Message
 Literal = Union[str, int, float, bool]  # bool is tested first everywhere: True is also an int
 
 _KEYWORDS = frozenset({"AND", "OR", "NOT", "BETWEEN", "IN", "IS", "NULL", "TRUE", "FALSE"})
-_OPERATORS: dict[str, Callable[[object, object], bool]] = {
+_OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
     "=": operator.eq, "<>": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
 }
 _MIRRORED = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}  # 5 < a is a > 5
@@ -132,7 +132,7 @@ def _tokenize(expression: str) -> list[Token]:
             character = expression[position]
             what = "unterminated string" if character in "'\"" else f"unexpected character {character!r}"
             raise bad_filter("sql", what, position, expression)
-        kind, text = match.lastgroup, match.group()
+        kind, text = cast(str, match.lastgroup), match.group()  # every alternative of _TOKEN is a named group
         if kind == "number":
             value = to_number(text)
         elif kind == "string":
@@ -234,7 +234,7 @@ class _Parser:
         if token.kind == "name":
             return token, None
         if token.kind in ("string", "number"):
-            return token, token.value
+            return token, cast(Literal, token.value)
         if token.kind == "keyword" and token.value in ("TRUE", "FALSE"):
             return token, token.value == "TRUE"
         if token.kind == "keyword" and token.value == "NULL":
@@ -245,7 +245,7 @@ class _Parser:
         token = self.take()
         if token.kind not in allowed:
             raise self.expected(what, token)
-        return token.value
+        return cast("str | int | float", token.value)  # allowed are string and number kinds
 
     def parse_predicate(self) -> Node:
         left, literal = self.parse_operand()
@@ -256,9 +256,9 @@ class _Parser:
         if token.kind == "keyword" and token.value in ("IS", "NOT", "BETWEEN", "IN"):
             if literal is not None:
                 raise self.fail(f"{token.value} needs a property on its left", token)
-            return self.parse_property_test(left.value)
+            return self.parse_property_test(cast(str, left.value))  # no literal: a name
         if literal is None:
-            return Truth(left.value)
+            return Truth(cast(str, left.value))
         if isinstance(literal, bool):
             return Constant(literal)
         raise self.fail("a string or number alone is not a condition", left)
@@ -267,10 +267,12 @@ class _Parser:
         right, right_literal = self.parse_operand()
         if (left_literal is None) == (right_literal is None):
             raise self.fail("a comparison needs a property on one side and a literal on the other", operator_token)
+        # One side is a name, the other a literal (checked above), and an operator token's value is the operator.
+        symbol = cast(str, operator_token.value)
         if left_literal is None:
-            name, comparison, literal = left.value, operator_token.value, right_literal
+            name, comparison, literal = cast(str, left.value), symbol, cast(Literal, right_literal)
         else:
-            name, comparison, literal = right.value, _MIRRORED[operator_token.value], left_literal
+            name, comparison, literal = cast(str, right.value), _MIRRORED[symbol], left_literal
         if isinstance(literal, bool) and comparison not in ("=", "<>"):
             raise self.fail("TRUE and FALSE compare only with = or <>", operator_token)
         return Compare(name, comparison, literal)
@@ -326,7 +328,7 @@ def _compile(node: Node) -> Evaluate:
         case Or(operands):
             parts = tuple(_compile(operand) for operand in operands)
 
-            def evaluate(message):
+            def evaluate(message: Message) -> bool | None:
                 result = False
                 for part in parts:
                     value = part(message)
@@ -338,7 +340,7 @@ def _compile(node: Node) -> Evaluate:
         case And(operands):
             parts = tuple(_compile(operand) for operand in operands)
 
-            def evaluate(message):
+            def evaluate(message: Message) -> bool | None:
                 result = True
                 for part in parts:
                     value = part(message)
@@ -350,7 +352,7 @@ def _compile(node: Node) -> Evaluate:
         case Not(operand):
             inner = _compile(operand)
 
-            def evaluate(message):
+            def evaluate(message: Message) -> bool | None:
                 value = inner(message)
                 return None if value is None else not value
         case Constant(value):
@@ -366,8 +368,10 @@ def _compile(node: Node) -> Evaluate:
         case Between(name, low, high):
             get = _getter(name)
             convert = (lambda text: text) if isinstance(low, str) else to_number
+            # A string's bounds are strings, a number's numbers (the parser checked), as convert's values are.
+            low, high = cast(Any, low), cast(Any, high)
 
-            def evaluate(message):
+            def evaluate(message: Message) -> bool | None:
                 value = convert(get(message))
                 return None if value is None else low <= value <= high
         case In(name, values):

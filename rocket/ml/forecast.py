@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from rocket.ml.trees import ModelError, check_header, check_trees, ensemble_sum, parse
 
@@ -109,7 +110,7 @@ class Forecaster:
     def from_json(cls, text: str | bytes) -> Forecaster:
         document = parse(text)
         check_model(document)
-        return cls(document)
+        return cls(cast(dict, document))  # check_model raised unless it is an object
 
     def predict(self, features: Sequence[float]) -> float:
         """Bytes/s in over the horizon; never negative (a tree may extrapolate below zero)."""
@@ -121,6 +122,7 @@ def check_model(document: object) -> None:
     """Raise ModelError unless document is a forecaster this code can score: the format and version, the same
     features in the same order, and trees whose every node is well formed."""
     check_header(document, MODEL_FORMAT, MODEL_VERSION, FEATURES)
+    document = cast(dict, document)  # check_header raised unless it is an object
     horizon = document.get("horizon_steps")
     if not isinstance(horizon, int) or isinstance(horizon, bool) or not 1 <= horizon <= 7 * 24 * 60:
         raise ModelError(f"horizon_steps must be 1..10080 steps of a minute, got {horizon!r}")

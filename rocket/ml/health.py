@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Protocol
+from typing import Protocol, cast
 
 from rocket import limits
 from rocket.ml.trees import ModelError, check_header, check_trees, ensemble_sum, finite, parse
@@ -168,7 +168,7 @@ class ThresholdScorer:
             features = {"call_error_rate": features.pop("call_error_rate"), **features}
         judged = evidence(node) - {"cpu"}  # the threshold knows nothing of CPU
         if fsync_score >= 1.0 and fsync_score >= error_score:
-            return Verdict(node.node, True, f"slow disk: fsync p99 {node.fsync_p99_s * 1000:.1f} ms, "
+            return Verdict(node.node, True, f"slow disk: fsync p99 {features['fsync_p99_s'] * 1000:.1f} ms, "
                            f"{features['fsync_peer_ratio']:.1f}x the other nodes' median", fsync_score, features,
                            "slow_disk", judged)
         if error_score >= 1.0:
@@ -202,7 +202,7 @@ class HealthModel:
     def from_json(cls, text: str | bytes) -> HealthModel:
         document = parse(text)
         check_model(document)
-        return cls(document)
+        return cls(cast(dict, document))  # check_model raised unless it is an object
 
     def probabilities(self, features: list[float]) -> dict[str, float]:
         return {kind: 1.0 / (1.0 + math.exp(-2.0 * min(max(ensemble_sum(trees, features), -300.0), 300.0)))
@@ -212,6 +212,7 @@ class HealthModel:
 def check_model(document: object) -> None:
     """Raise ModelError unless document is a node-health model this code can score."""
     check_header(document, MODEL_FORMAT, MODEL_VERSION, FEATURES)
+    document = cast(dict, document)  # check_header raised unless it is an object
     if not finite(document.get("window_s")) or not document["window_s"] > 0:
         raise ModelError(f"window_s must be a positive number, got {document.get('window_s')!r}")
     kinds = document.get("kinds")
@@ -258,7 +259,7 @@ class ModelScorer:
         threshold, importances = self.model.kinds[kind][1], self.model.kinds[kind][2]
         score = probabilities[kind] / threshold
         top = sorted(range(len(FEATURES)), key=lambda index: -importances[index])[:4]
-        named = {f"p_{name}": probabilities[name] for name in sorted(probabilities, key=probabilities.get,
+        named = {f"p_{name}": probabilities[name] for name in sorted(probabilities, key=probabilities.__getitem__,
                                                                         reverse=True)}
         named.update((FEATURES[index], features[index]) for index in top)
         if score >= 1.0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import cast
 
 import fastavro
 
@@ -30,4 +31,4 @@ def decode(type_name: str, data: bytes | memoryview) -> dict:
         raise RocketError(Code.UNDECODABLE, f"body is not valid Avro for {type_name}: {type(error).__name__}") from None
     if buffer.tell() != len(data):
         raise RocketError(Code.UNDECODABLE, f"{len(data) - buffer.tell()} bytes follow the Avro {type_name}")
-    return message
+    return cast(dict, message)  # a record schema reads as a dict

@@ -59,7 +59,8 @@ _Record = _record_struct(_RECORD_FIELDS)
 _field_readers = {name: msgspec.msgpack.Decoder(typing.get_type_hints(Message, include_extras=True)[name]).decode
                   for name in Message.__struct_fields__}
 _read_records = msgspec.msgpack.Decoder(list[Message]).decode
-_read_produced = msgspec.msgpack.Decoder(list[_Record]).decode
+# _Record is a class made at run time (defstruct), which pyright cannot take as a type.
+_read_produced = msgspec.msgpack.Decoder(list[_Record]).decode  # pyright: ignore[reportInvalidTypeForm]
 _read_raw = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 _UNREADABLE = (msgspec.DecodeError, UnicodeDecodeError)  # msgspec raises the latter for a str that is not UTF-8
 _read_bodies = msgspec.msgpack.Decoder(list[_Body]).decode

@@ -11,6 +11,7 @@ import binascii
 import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import fastavro.schema
 
@@ -164,7 +165,7 @@ def _bad(path: str, problem: str) -> RocketError:
     return RocketError(Code.BAD_REQUEST, f"field {path or '<body>'}: {problem}")
 
 
-def _walk(schema, value, path: str, decoding: bool):
+def _walk(schema, value, path: str, decoding: bool) -> Any:  # a value of schema's type
     if isinstance(schema, str):
         if schema in _int_bounds:
             if decoding:

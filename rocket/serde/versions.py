@@ -24,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any, cast
 
 import fastavro
 
@@ -141,25 +142,27 @@ class OlderPeerAvro:
                               f"{self.version}: {type(error).__name__}") from None
         if buffer.tell() != len(data):
             raise RocketError(Code.UNDECODABLE, f"{len(data) - buffer.tell()} bytes follow the Avro {type_name}")
-        return message
+        return cast(dict, message)  # a record schema reads as a dict
 
     def __repr__(self) -> str:
         return f"<avro for schema version {self.version}>"
 
 
 @functools.cache
-def for_peer(codec: ModuleType, peer_version: int):
+def for_peer(codec: ModuleType, peer_version: int) -> ModuleType:
     """The serde to talk to a peer of peer_version with: the codec itself unless the peer is older and it is Avro or
     the lane. The lane of an older version lays its types out as that version's schemas do; a peer older than the
     lane that speaks it anyway is read as this version's (a client asks spoken() before it speaks)."""
     if peer_version >= SCHEMA_VERSION or codec.name == "json" or not changed_since(max(peer_version, 1)):
         return codec
+    # A Lane and an OlderPeerAvro are typed as the codec modules they stand in for. And pyright takes a module
+    # itself for unhashable, though for_peer caches by it: avro_codec's cast.
     if codec.name == "lane":
         if peer_version < lane.LANE_SINCE_SCHEMA:
             return codec
-        return lane.Lane(lane.layouts_of(definitions(peer_version), schema.raw_definitions()),
-                         for_peer(avro_codec, peer_version))
-    return OlderPeerAvro(codec, max(peer_version, 1))
+        return cast(ModuleType, lane.Lane(lane.layouts_of(definitions(peer_version), schema.raw_definitions()),
+                                          for_peer(cast(ModuleType, avro_codec), peer_version)))
+    return cast(ModuleType, OlderPeerAvro(codec, max(peer_version, 1)))
 
 
 def spoken(codec: ModuleType, server_version: int) -> ModuleType:
@@ -171,7 +174,7 @@ def spoken(codec: ModuleType, server_version: int) -> ModuleType:
 def peer_version_of(value: object) -> int:
     """A peer's version as it said it (a header's text, a Hello's field); nothing or nonsense: version 1."""
     try:
-        version = int(value)
+        version = int(cast(Any, value))  # whatever the peer sent: int() raises on what is not a number
     except (TypeError, ValueError):
         return 1
     return version if version >= 1 else 1

@@ -214,7 +214,7 @@ class Telemetry:
         fsync_max_s, self._fsync_max_s = self._fsync_max_s, 0.0
         add("rocket_fsync_seconds_max", {}, fsync_max_s)
         if self.traffic is not None:
-            self._traffic(add, interval_s)
+            self._traffic(add, interval_s, self.traffic)
         records += self._noted
         self._noted.clear()
         return records
@@ -238,11 +238,11 @@ class Telemetry:
                 if value is not None:
                     add(f"{family.name}_{name}", dict(labels), value)
 
-    def _traffic(self, add, interval_s: float | None) -> None:
+    def _traffic(self, add, interval_s: float | None, traffic: Callable[[], tuple[list, set[int]]]) -> None:
         """Per queue, on the node that leads its group (the cluster counts each queue once): messages and bytes in
         and out, totals and rates, and the backlog of its slowest consumer group; per group, the same summed, on every
         replica."""
-        queues, leads = self.traffic()
+        queues, leads = traffic()
         names = ("in_messages", "in_bytes", "out_messages", "out_bytes")
         for topic, queue, group, totals, increases, backlog in queues:
             group_totals = self._group_totals.setdefault(group, [0, 0, 0, 0])

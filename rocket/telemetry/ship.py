@@ -9,6 +9,7 @@ import io
 import logging
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import cast
 
 import fastavro
 import trio
@@ -34,7 +35,7 @@ def object_key(prefix: str, node_id: int, name: str) -> str:
 
 def read_samples(data: bytes) -> list[dict]:
     """The TelemetrySample records of one spool file's bytes."""
-    return list(fastavro.reader(io.BytesIO(data)))
+    return cast("list[dict]", list(fastavro.reader(io.BytesIO(data))))  # a TelemetrySample record reads as a dict
 
 
 async def ship_once(spool: Spool, objects: ObjectStore, node_id: int, *, prefix: str = KEY_PREFIX_DEFAULT) -> int:

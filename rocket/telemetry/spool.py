@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import fastavro
 
@@ -272,7 +273,7 @@ class Spool:
             (self.directory / name).unlink(missing_ok=True)
             del self._closed[name]
             dropped_files += 1
-            dropped_records += parse_closed_name(name)[2]
+            dropped_records += cast("tuple[int, int, int, int]", parse_closed_name(name))[2]  # a closed file's name
         assert self._bytes() <= self.spool_bytes_max, (self._bytes(), self.spool_bytes_max)
         if dropped_files:
             self.dropped_files += dropped_files
@@ -291,7 +292,8 @@ def _complete_records(path: Path) -> tuple[list[dict], bool]:
         records: list[dict] = []
         try:
             for block in blocks:
-                records.extend(list(block))  # decoded whole: a block that fails to decode is torn
+                # Decoded whole: a block that fails to decode is torn. A TelemetrySample record reads as a dict.
+                records.extend(cast("list[dict]", list(block)))
         except Exception:  # a torn block shows as EOFError, ValueError (no sync marker), zlib.error, ...
             return records, False
     return records, True

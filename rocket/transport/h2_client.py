@@ -259,7 +259,8 @@ class Http2Channel(Endpoint, Channel):
         response.changed.set()
 
     def _on_stream_event(self, event: h2.events.Event) -> None:
-        response = self._responses.get(getattr(event, "stream_id", None))
+        # An event of no stream looks up stream 0, the connection's own: no request's, as None would be no key.
+        response = self._responses.get(getattr(event, "stream_id", 0))
         if response is None:
             return
         if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):

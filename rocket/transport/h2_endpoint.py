@@ -58,7 +58,7 @@ def header_dict(pairs) -> dict[str, str]:
 
 
 def _local_settings(client_side: bool) -> dict[int, int]:
-    settings = {
+    settings: dict[int, int] = {
         h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: limits.http2_stream_window_bytes,
         h2.settings.SettingCodes.MAX_FRAME_SIZE: limits.http2_frame_bytes_max,
     }
@@ -95,7 +95,7 @@ class Endpoint:
     """What client and server share: the h2 state machine, the one task that writes to the socket, and
     sends that respect the peer's flow-control windows."""
 
-    def __init__(self, socket_stream: trio.SocketStream, client_side: bool, traffic: Traffic | None = None):
+    def __init__(self, socket_stream: trio.abc.Stream, client_side: bool, traffic: Traffic | None = None):
         self.socket_stream = socket_stream
         self.traffic = traffic or Traffic()  # bytes received (counted by the read loop) and sent
         self.client_side = client_side

@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from types import ModuleType
+from typing import cast
 
 import h2.errors
 import h2.events
@@ -182,7 +183,7 @@ class _Request:
 
 
 class _ServerConnection(Endpoint):
-    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.SocketStream,
+    def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.abc.Stream,
                  grpc: dict[str, GrpcHandler], held_bodies: HeldBodies | None = None,
                  idle_s: float = limits.http2_idle_s_default, request_s: float = limits.http2_request_s_default):
         super().__init__(stream, client_side=False, traffic=lifecycle.traffic)
@@ -515,7 +516,7 @@ class _ServerConnection(Endpoint):
 
     async def _answer_grpc(self, stream_id: int, request: _Request) -> None:
         """Run the path's handler; every outcome, even a crash, ends in grpc-status trailers."""
-        call = request.grpc
+        call = cast(GrpcCall, request.grpc)  # _call sends only gRPC calls here
         failure: GrpcError | None = None
         try:
             path = request.headers.get(":path", "")

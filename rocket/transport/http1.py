@@ -14,6 +14,7 @@ import logging
 import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import h11
 import trio
@@ -26,7 +27,7 @@ from rocket.transport.tls import handshake
 log = logging.getLogger("rocket.http1")
 
 Response = tuple[int, str, bytes]  # status, content type, body; or with a fourth item, [(header, value)] to add
-Route = Callable[[], Awaitable[Response]]  # or, for a prefix ending in "*": (path, query, Asked) -> Response
+Route = Callable[..., Awaitable[Response]]  # () -> Response, or (path, query, Asked) -> Response for a prefix "...*"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,7 +43,8 @@ async def serve_http1(lifecycle: Lifecycle, host: str, port: int, routes: dict[s
     """Serve HTTP/1.1 until the lifecycle drains; reports the bound port through task_status. tls: the context for
     each new connection (HTTPS), or None (one reloaded on SIGHUP: transport/tls.py)."""
 
-    async def run_connection(stream: trio.SocketStream) -> None:
+    async def run_connection(socket_stream: trio.SocketStream) -> None:
+        stream: trio.abc.Stream = socket_stream  # an SSLStream once a TLS handshake is done
         source = source_of(stream)
         context = tls() if tls is not None else None
         if context is not None:
@@ -66,7 +68,7 @@ async def serve_http1(lifecycle: Lifecycle, host: str, port: int, routes: dict[s
     await serve_connections(lifecycle, host, port, run_connection, refuse_connection, task_status=task_status)
 
 
-async def _serve(stream: trio.SocketStream, routes: dict[str, Route], source: str = "") -> None:
+async def _serve(stream: trio.abc.Stream, routes: dict[str, Route], source: str = "") -> None:
     connection = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.http1_header_bytes_max)
     while True:
         with trio.move_on_after(limits.http1_idle_s) as idle:
@@ -79,7 +81,7 @@ async def _serve(stream: trio.SocketStream, routes: dict[str, Route], source: st
             await _send(stream, connection, event.status, "text/plain; charset=utf-8", event.reason.encode() + b"\n",
                         close=True)
             return
-        request: h11.Request = event
+        request = cast(h11.Request, event)  # the other events a new cycle starts with were handled above
         status, content_type, body, *extra = await _route(request, routes, source)
         if not await _drain_body(stream, connection):
             await _send(stream, connection, 413, "text/plain; charset=utf-8", b"request body too large\n", close=True)
@@ -99,7 +101,7 @@ class _Refusal:
         self.status, self.reason = status, reason
 
 
-async def _next_event(stream: trio.SocketStream, connection: h11.Connection):
+async def _next_event(stream: trio.abc.Stream, connection: h11.Connection):
     """The next request (or ConnectionClosed), a _Refusal for one that cannot be read, None once the peer left."""
     while True:
         try:
@@ -109,7 +111,8 @@ async def _next_event(stream: trio.SocketStream, connection: h11.Connection):
         if event is h11.NEED_DATA:
             data = await stream.receive_some(limits.tcp_receive_bytes)
             try:
-                connection.receive_data(data)
+                # h11 takes any bytes-like data (its docs), an SSLStream's bytearray too: its annotation says bytes.
+                connection.receive_data(data)  # pyright: ignore[reportArgumentType]
             except h11.RemoteProtocolError as error:
                 return _Refusal(error.error_status_hint, f"malformed request: {error}")
             if not data and connection.their_state is h11.IDLE:
@@ -118,7 +121,7 @@ async def _next_event(stream: trio.SocketStream, connection: h11.Connection):
         return event
 
 
-async def _drain_body(stream: trio.SocketStream, connection: h11.Connection) -> bool:
+async def _drain_body(stream: trio.abc.Stream, connection: h11.Connection) -> bool:
     """Read and drop the request's body (these paths take none); False past limits.http1_body_bytes_max."""
     received = 0
     while True:
@@ -134,7 +137,7 @@ async def _drain_body(stream: trio.SocketStream, connection: h11.Connection) -> 
             data = await stream.receive_some(limits.tcp_receive_bytes)
             if not data:
                 return False
-            connection.receive_data(data)
+            connection.receive_data(data)  # pyright: ignore[reportArgumentType]  # bytes-like: see _next_event
             continue
         return False
 
@@ -160,7 +163,7 @@ async def _route(request: h11.Request, routes: dict[str, Route], source: str = "
     return await route(path, fields, Asked(headers, source))
 
 
-async def _send(stream: trio.SocketStream, connection: h11.Connection, status: int, content_type: str, body: bytes,
+async def _send(stream: trio.abc.Stream, connection: h11.Connection, status: int, content_type: str, body: bytes,
                 close: bool = False, length: int | None = None, extra=()) -> None:
     headers = [("content-type", content_type), ("content-length", str(len(body) if length is None else length)),
                ("server", "rocket"), *extra]

@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from types import ModuleType
+from typing import Any, TypeGuard, cast
 
 import trio
 
@@ -18,6 +19,7 @@ from rocket.errors import Code, RocketError
 from rocket.parked import Awaited, Slot, Unparked
 from rocket.serde import SERDE_IDS
 from rocket.serde.schema import SCHEMA_VERSION
+from rocket.transport.peer_auth import PeerAuth
 
 log = logging.getLogger("rocket.rpc")
 
@@ -193,12 +195,16 @@ def attach(spec: MethodSpec, response: dict, attachments: list) -> dict:
     if spec.response_attachment is not None and len(attachments) == 1:
         response[spec.response_attachment] = attachments[0]
         return response
-    items = response[spec.response_attachments[0]] if spec.response_attachments else ()
+    if spec.response_attachments is None:
+        items, bytes_field = (), ""
+    else:
+        items_field, bytes_field = spec.response_attachments
+        items = response[items_field]
     if len(items) != len(attachments):
         raise RocketError(Code.UNDECODABLE, f"{spec.name} response has {len(items)} items and "
                           f"{len(attachments)} attachments")
     for item, attachment in zip(items, attachments):
-        item[spec.response_attachments[1]] = attachment
+        item[bytes_field] = attachment
     return response
 
 
@@ -234,7 +240,7 @@ class Dispatcher:
         # With a cluster secret (or tls_ca): internal methods only for connections that said PeerHello (peer_auth.py)
         # or whose client certificate verified (tls.py).
         self.peers_only = False
-        self.peer_auth = None  # with a cluster secret, what checks a PeerHello
+        self.peer_auth: PeerAuth | None = None  # with a cluster secret, what checks a PeerHello
         # With auth on: every call from the wire by a signed-in user whom the policies allow (rocket/access.py).
         self.access: access.Access | None = None
         # On brokers: the client quotas, charged for every call from the wire that is not a node's (rocket/quotas.py).
@@ -256,8 +262,8 @@ class Dispatcher:
         """Whether the method has a data-plane handler here (park)."""
         return name in self._parked
 
-    def park(self, name: str, serde: ModuleType, body: bytes | memoryview, attachment: memoryview | None,
-             caller: Caller, slot: Slot) -> None:
+    def park(self, name: str, serde: ModuleType, body: bytes | memoryview,
+             attachment: memoryview | list[memoryview] | None, caller: Caller, slot: Slot) -> None:
         """Serve a call from the wire on the data plane, in the caller's read loop: decoded, checked and authorized
         as call() does, then handed to the method's parked handler, which parks it. slot completes once with the
         encoded response and its attachments (call()'s result), or with a RocketError. Raises Unparked, having done
@@ -281,7 +287,7 @@ class Dispatcher:
                 slot.complete(outcome)
                 return
             self._observe(name, started, None)
-            response, attachments = detach(spec, outcome)
+            response, attachments = detach(spec, cast(dict, outcome))  # not an error: the handler's response
             slot.complete((serde.encode(spec.response_type, response), attachments))
         try:
             self._parked[name](request, Slot(answer))
@@ -298,7 +304,8 @@ class Dispatcher:
         checks, as local() does. Raises Unparked or RocketError as park() does."""
         self._parked[name](request, slot)
 
-    def _resolve(self, name: str, caller: Caller | None = None) -> tuple[MethodSpec, Callable]:
+    def _resolve(self, name: str, caller: Caller | None = None) -> tuple[MethodSpec, Callable[..., Any] | None]:
+        """The method's spec and handler; no handler for the methods about the connection, answered here."""
         spec = method_spec(name)
         if caller is not None and not caller.peer:
             if spec.internal and self.peers_only:
@@ -334,7 +341,7 @@ class Dispatcher:
                 return slot.value()
         _, handler = self._resolve(name)
         try:
-            return await handler(request)
+            return await cast(Callable, handler)(request)  # roles call roles' methods, never those without handler
         except Exception as error:
             raise as_rocket_error(error, name) from None
 
@@ -348,7 +355,8 @@ class Dispatcher:
     def _authorize(self, name: str, caller: Caller | None, request: dict) -> None:
         if caller is None or caller.peer or self.access is None or name in access.OPEN:
             return
-        self.access.authorize(caller.user, access.needs_of(name, request), caller.source)
+        # Signed in: _resolve refused a call without a user, unless the method is open.
+        self.access.authorize(cast(str, caller.user), access.needs_of(name, request), caller.source)
 
     def _about_connection(self, name: str, request: dict, caller: Caller) -> dict:
         if name == "AclWhoAmI":
@@ -364,7 +372,7 @@ class Dispatcher:
         return {}
 
     async def call(self, name: str, serde: ModuleType, body: bytes | memoryview,
-                   attachment: memoryview | None = None, detached: bool = False,
+                   attachment: memoryview | list[memoryview] | None = None, detached: bool = False,
                    caller: Caller | None = None, decoded: dict | None = None,
                    answered: bool = True) -> tuple[bytes, list | None]:
         """Run a unary method: the encoded response and, if detached, its attachable bytes apart from it
@@ -411,7 +419,7 @@ class Dispatcher:
                 encoded = serde.encode(spec.response_type, {**response, "throttle_ms": math.ceil(throttle_s * 1000)})
         return encoded, attachments
 
-    def charged(self, caller: Caller | None) -> bool:
+    def charged(self, caller: Caller | None) -> TypeGuard[Caller]:
         """Whether a call counts against the quotas: one from the wire, not a node's, while any quota is set."""
         return self.quotas is not None and caller is not None and not caller.peer and bool(self.quotas.entities)
 
@@ -429,13 +437,13 @@ class Dispatcher:
         returns its throttle in seconds, and mutes the caller's connection for that long. The gateways, whose
         protocols sign each request, call it with the request's user."""
         user = (user or caller.user) if self.access is not None else None
-        throttle_s = self.quotas.charge(user, topic, produced, consumed, requests)
+        throttle_s = cast("quotas.Quotas", self.quotas).charge(user, topic, produced, consumed, requests)  # charged()
         if throttle_s:
             caller.muted_until = max(caller.muted_until, trio.current_time() + throttle_s)
         return throttle_s
 
     async def stream(self, name: str, serde: ModuleType, body: bytes | memoryview,
-                     caller: Caller | None = None) -> AsyncIterator[bytes]:
+                     caller: Caller | None = None) -> AsyncGenerator[bytes, None]:
         """Run a streaming method, yielding encoded items; raises RocketError for every failure."""
         spec, handler = self._resolve(name, caller)
         if not spec.streaming:
@@ -448,7 +456,7 @@ class Dispatcher:
             self.charge(caller, request.get("topic") or "")
         started = trio.current_time()
         try:
-            async for item in handler(request):
+            async for item in cast(Callable, handler)(request):  # streaming: none of the methods without handler
                 encoded = serde.encode(spec.response_type, item)
                 yield encoded
                 if charged and name in CONSUMING:  # a stream is held item by item

@@ -21,6 +21,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from types import ModuleType
+from typing import cast
 
 import trio
 
@@ -60,19 +61,20 @@ async def serve_tcp(
     and tcp_idle_s)."""
     budget = ReceiveBudget(limits.tcp_partial_frames_bytes_max)
 
-    async def run_connection(stream: trio.SocketStream) -> None:
+    async def run_connection(socket_stream: trio.SocketStream) -> None:
+        stream: trio.abc.Stream = socket_stream  # an SSLStream once a TLS handshake is done
         peer = False
-        context = tls.tcp if tls is not None else None
-        if context is not None:
+        if tls is not None and (context := tls.tcp) is not None:
             first_byte = await _peek_first_byte(stream)
             if first_byte is None:  # closed, or silent
                 await stream.aclose()
                 return
             if first_byte == HANDSHAKE:
-                stream = await _accept_tls(stream, context)
-                if stream is None:
+                secured = await _accept_tls(socket_stream, context)
+                if secured is None:
                     return
-                peer = tls.verifies_peers and bool(stream.getpeercert())
+                peer = tls.verifies_peers and bool(secured.getpeercert())
+                stream = secured
             elif not tls.plain_accepted:
                 await _refuse_plain(stream)
                 return
@@ -465,7 +467,7 @@ class _ServerConnection:
         if isinstance(outcome, RocketError):
             self._answer([_error_frame(frame.serde, frame.request_id, outcome)])
         else:
-            body, attachments = outcome
+            body, attachments = cast("tuple[bytes, list | None]", outcome)  # call()'s result, from park()
             self._answer(frames.encode_parts(Kind.RESPONSE, frame.serde, frame.request_id, body,
                                              attachment=attachments))
 

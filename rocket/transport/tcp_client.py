@@ -10,6 +10,7 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import ModuleType
+from typing import cast
 
 import trio
 
@@ -39,7 +40,7 @@ class TcpChannel(Channel):
         self.peer_version: int | None = None  # the server's schema version, once hello() asked it
         self._serde_id = SERDE_ID_OF[self._serde.name]
         self._request_ids = itertools.count(1)
-        self._waiting: dict[int, trio.MemorySendChannel] = {}
+        self._waiting: dict[int, trio.MemorySendChannel | _ParkedCall] = {}  # a call's waiter: what read_loop answers
         self._send_lock = trio.Lock()
         self._broken: RocketError | None = None
         self.closed = trio.Event()  # set once the connection is broken or closed
@@ -146,7 +147,7 @@ class TcpChannel(Channel):
                 await send_parts(self._stream, parts)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
                 self._fail(RocketError(Code.CONNECTION_LOST, f"connection lost while sending: {error}"))
-                raise self._broken from None
+                raise cast(RocketError, self._broken) from None  # _fail set it
 
     async def _receive(self, receiver: trio.MemoryReceiveChannel) -> tuple[Kind, bytes, list | None]:
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import ssl
 from pathlib import Path
+from typing import cast
 
 import trio
 
@@ -89,14 +90,16 @@ class NodeTls:
     def _build(self) -> tuple[ssl.SSLContext | None, ...]:
         config = self.config
         tcp = peer = http2 = http1 = None
+        # A certificate comes with its key: the config checked it (_check_tls).
+        key, http2_key = cast(Path, config.tls_key), cast(Path, config.http2_tls_key)
         if config.tls_cert is not None:
-            tcp = server_context(config.tls_cert, config.tls_key, config.tls_ca)
-            http1 = server_context(config.tls_cert, config.tls_key, alpn=["http/1.1"])
-            peer = client_context(config.tls_ca, config.tls_cert, config.tls_key)
+            tcp = server_context(config.tls_cert, key, config.tls_ca)
+            http1 = server_context(config.tls_cert, key, alpn=["http/1.1"])
+            peer = client_context(config.tls_ca, config.tls_cert, key)
         if config.http2_tls_cert is not None:
-            http2 = server_context(config.http2_tls_cert, config.http2_tls_key, alpn=["h2"])
+            http2 = server_context(config.http2_tls_cert, http2_key, alpn=["h2"])
         elif config.tls_cert is not None:
-            http2 = server_context(config.tls_cert, config.tls_key, alpn=["h2"])
+            http2 = server_context(config.tls_cert, key, alpn=["h2"])
         return tcp, http2, http1, peer
 
     def reload(self) -> bool:
