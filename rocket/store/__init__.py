@@ -6,8 +6,9 @@ TierCommand, and the KV's Txn). machine.py is StorageMachine, pure: apply(group,
 and Effects (index changes, queues to wake), with one handler per command type, plus snapshot and restore.
 store.py is the thin shell: it persists Effects in LevelDB (queue_index.py), wakes long polls, and handles backfill,
 sync and close. replay.py loads the machine's state from the index at open, and replays once the store's own log
-that earlier builds kept (records.py is that log's format). reads.py (reads within a byte budget), timers.py (due
-timers) and reclaim.py (WAL reclaim) are mixins of Store. meter.py is the store's numbers for /metrics.
+that earlier builds kept (records.py is that log's format). reads.py (reads within a byte budget) and timers.py (due
+timers) are mixins of Store; reclaim.py (WAL reclaim) is a part of it of its own, Store.reclaim. meter.py is the
+store's numbers for /metrics.
 producers.py (idempotent produce), manifest.py (the tier manifest and its commands), pop.py (pop consumption state)
 and values.py (the value types) are pure.
 kv.py decides KV transactions (pure): compares, puts, deletes, prefix deletes, gets, and the expiry of keys whose

@@ -1,17 +1,16 @@
 """Reclaiming the WAL: the store knows which batches still lie in a WAL segment, forgets settled timer and half
-batches, and points batches at copies written further on, so that old segments can go. A mixin of Store.
+batches, and points batches at copies written further on, so that old segments can go. A part of Store of its own,
+over the queue index (Store.reclaim).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from rocket import limits
 from rocket.model import timer_topic
+from rocket.store.queue_index import QueueIndex
 from rocket.store.values import HALF_PREFIX, IndexEntry
-
-if TYPE_CHECKING:
-    from rocket.store.queue_index import QueueIndex
 
 TIMER_PREFIX = timer_topic("")
 
@@ -21,7 +20,9 @@ def _chunks(items: list, size: int) -> list[list]:
 
 
 class Reclaim:
-    index: QueueIndex  # set by Store.__init__
+    def __init__(self, index: QueueIndex, wrote: Callable[[], None]):
+        self.index = index
+        self._wrote = wrote  # says the index was written: the store's background sync has work
 
     def wal_floor(self) -> int | None:
         """The lowest WAL position an indexed batch lies at: the WAL segments wholly below it hold nothing
@@ -46,7 +47,7 @@ class Reclaim:
         batch never has a pending timer again."""
         for chunk in _chunks(settled, limits.index_replay_records_per_write_max):
             self.index.forget(chunk)
-            self._dirty = True
+            self._wrote()
 
     def move_batches(self, moves: list[tuple[str, int, IndexEntry, int]]) -> int:
         """Point batches (topic, queue, entry, new position) at copies of them written further on in the
@@ -56,5 +57,5 @@ class Reclaim:
         for chunk in _chunks(moves, limits.index_replay_records_per_write_max):
             wire = [(topic, queue, entry.base_offset, entry.position, new) for topic, queue, entry, new in chunk]
             moved += sum(entry.batch_bytes for (_, _, entry, _), done in zip(chunk, self.index.move(wire)) if done)
-            self._dirty = True
+            self._wrote()
         return moved

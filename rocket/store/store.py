@@ -54,7 +54,7 @@ class GroupMachine:
         self.store.restore(self.group, chunks)
 
 
-class Store(Reads, Timers, Reclaim):
+class Store(Reads, Timers):
     def __init__(self, index: QueueIndex, data: CommitLog, kv: KvIndex):
         self.index = index
         self.data = data  # the WAL: where batches lie
@@ -66,6 +66,7 @@ class Store(Reads, Timers, Reclaim):
         self._timer_batches: collections.OrderedDict = collections.OrderedDict()  # see Timers._timer_batch
         self._timer_batches_bytes = 0
         self._dirty = False  # written since the background sync last ran
+        self.reclaim = Reclaim(index, self._wrote)
         self.fsyncs = 0
         self.traffic: dict[tuple[str, int], QueueStats] = {}  # queues appended to or read since take_traffic
         self.bytes_in: dict[tuple[str, int], int] = {}  # (topic, group) -> bytes appended since take_bytes_in
@@ -297,6 +298,9 @@ class Store(Reads, Timers, Reclaim):
         return expected
 
     # ---- durability ------------------------------------------------------------------------------------
+
+    def _wrote(self) -> None:
+        self._dirty = True
 
     def sync(self) -> None:
         """Make durable what the store wrote before the call: a synced write to each LevelDB makes every write before

@@ -942,20 +942,20 @@ def test_wal_references_list_live_batches_in_wal_order_and_follow_moves(tmp_path
     points at the batches where their entries lie, which stay until the moves are synced."""
     store = Node(tmp_path)
     apply_in_chunks(store, GROUP, workload(batches=20, per_batch=10, size=2000), per_call=1)
-    live, settled = store.wal_live(0, store.wal.log.end_position)
+    live, settled = store.reclaim.wal_live(0, store.wal.log.end_position)
     assert settled == [] and [entry.position for _, _, entry in live] == sorted(entry.position for _, _, entry in live)
     assert [(topic, queue, entry.base_offset) for topic, queue, entry in live] == [
         ("t", i % 2, (i // 2) * 10) for i in range(20)]
-    assert store.wal_floor() == live[0][2].position
+    assert store.reclaim.wal_floor() == live[0][2].position
     before = {queue: bodies(store, "t", queue) for queue in range(2)}
 
     first_two = live[:2]
     positions = store.wal.write_data([store.read_entry(topic, queue, entry) for topic, queue, entry in first_two])
-    moved = store.move_batches([(topic, queue, entry, position)
+    moved = store.reclaim.move_batches([(topic, queue, entry, position)
                                 for (topic, queue, entry), position in zip(first_two, positions)])
     assert moved == sum(entry.batch_bytes for _, _, entry in first_two)
-    assert store.wal_floor() == live[2][2].position
-    assert store.move_batches([(*first_two[0], 1 << 40)]) == 0, "no longer where the move expects it"
+    assert store.reclaim.wal_floor() == live[2][2].position
+    assert store.reclaim.move_batches([(*first_two[0], 1 << 40)]) == 0, "no longer where the move expects it"
     assert [store.batch_entry(topic, queue, entry.base_offset).position for topic, queue, entry in first_two] == positions
     assert {queue: bodies(store, "t", queue) for queue in range(2)} == before
     store.close()
@@ -967,7 +967,7 @@ def test_wal_references_list_live_batches_in_wal_order_and_follow_moves(tmp_path
     shutil.rmtree(tmp_path / "index")
     store = Node(tmp_path)
     assert {queue: bodies(store, "t", queue) for queue in range(2)} == before
-    assert store.wal_floor() == live[0][2].position
+    assert store.reclaim.wal_floor() == live[0][2].position
     store.close()
 
 
@@ -981,18 +981,18 @@ def test_settled_timer_batches_are_forgotten_and_pending_ones_stay_live(tmp_path
     [(topic, queue, offsets, batch)] = store.due_deliveries(GROUP, soon)
     store.apply(GROUP, [Entry(1, 3, encode_move(topic, queue, soon, timer_topic("t"),
                                                              offsets, batch))])
-    live, settled = store.wal_live(0, store.wal.log.end_position)
+    live, settled = store.reclaim.wal_live(0, store.wal.log.end_position)
     assert settled == [(timer_topic("t"), 0, 0)]
     assert [(topic, entry.base_offset) for topic, _, entry in live] == [(timer_topic("t"), 3), ("t", 0)]
-    store.forget(settled)
-    assert store.wal_live(0, store.wal.log.end_position) == (live, [])
+    store.reclaim.forget(settled)
+    assert store.reclaim.wal_live(0, store.wal.log.end_position) == (live, [])
     store.close()
     store = Node(tmp_path)
-    assert store.wal_live(0, store.wal.log.end_position) == (live, [])
+    assert store.reclaim.wal_live(0, store.wal.log.end_position) == (live, [])
     store.close()
     shutil.rmtree(tmp_path / "index")
     store = Node(tmp_path)
-    assert store.wal_live(0, store.wal.log.end_position) == (live, settled)
+    assert store.reclaim.wal_live(0, store.wal.log.end_position) == (live, settled)
     store.close()
 
 
@@ -1017,12 +1017,12 @@ async def test_fetch_reads_from_the_disk_in_a_thread_and_again_after_a_reclamati
 
     def read_after_reclamation(topic, queue, entries, detached=False):
         if detached and not raced:  # what StorageRole.reclaim_wal does, just before this thread reads
-            live, _ = store.wal_live(wal.log.start_position, wal.log.end_position)
+            live, _ = store.reclaim.wal_live(wal.log.start_position, wal.log.end_position)
             positions = wal.write_data([real_read_entries(t, q, [e])[0][1] for t, q, e in live])
-            store.move_batches([(t, q, e, position) for (t, q, e), position in zip(live, positions)])
+            store.reclaim.move_batches([(t, q, e, position) for (t, q, e), position in zip(live, positions)])
             wal.sync()
             store.sync()
-            raced.append(wal.log.delete_before(store.wal_floor()))
+            raced.append(wal.log.delete_before(store.reclaim.wal_floor()))
         return real_read_entries(topic, queue, entries, detached)
 
     monkeypatch.setattr(store, "read_entries", read_after_reclamation)

@@ -80,7 +80,7 @@ async def test_offload_drop_local_and_read_everything_back_cold(tmp_path):
         reader = ColdReader(objects, read_ahead_bytes=30_000)
         for queue in (0, 1):
             assert await cold_bodies(node, reader, queue) == expected_bodies(queue)
-        assert node.wal_floor() is None  # nothing local is referenced any more: the WAL may go
+        assert node.reclaim.wal_floor() is None  # nothing local is referenced any more: the WAL may go
     node.close()
 
 
@@ -204,7 +204,7 @@ async def test_without_a_tier_total_retention_truncates_local_data(tmp_path):
     state = node.tier_state(TOPIC, 0)
     assert (state.pieces, state.local_from, state.tiered_to) == ([], 1000, 1000)
     assert state.truncated_bytes == node.queue_bytes(TOPIC, 0) - node.local_bytes(TOPIC, 0, 1000, 1005)
-    live, _ = node.wal_live(0, node.wal.log.end_position)
+    live, _ = node.reclaim.wal_live(0, node.wal.log.end_position)
     assert [(queue, entry.base_offset) for _, queue, entry in live] == [(0, 1000)]
     assert not Log(node).apply(encode_truncate(TOPIC, 0, 0, 1005, 1))[0], "the queue no longer starts at 0"
     node.close()

@@ -41,8 +41,8 @@ class WalReclaim:
             # The oldest segment is pinned: look at what lives in the oldest few (a scan of their batches,
             # so not again for a while unless some local data went meanwhile).
             window = [starts[0]] + ends[:limits.wal_reclaim_window_segments]
-            live, settled = await trio.to_thread.run_sync(self.store.wal_live, window[0], window[-1])
-            self.store.forget(settled)
+            live, settled = await trio.to_thread.run_sync(self.store.reclaim.wal_live, window[0], window[-1])
+            self.store.reclaim.forget(settled)
             oldest = [found for found in live if found[2].position < window[1]]
             if oldest and sum(entry.batch_bytes for _, _, entry in live) <= \
                     limits.wal_live_fraction_max * (window[-1] - window[0]):
@@ -59,7 +59,7 @@ class WalReclaim:
         return removed
 
     def _wal_floor(self, raft_floor: int) -> int:
-        store_floor = self.store.wal_floor()
+        store_floor = self.store.reclaim.wal_floor()
         return raft_floor if store_floor is None else min(raft_floor, store_floor)
 
     async def _move_forward(self, batches: list[tuple[str, int, IndexEntry]]) -> None:
@@ -76,7 +76,7 @@ class WalReclaim:
             chunk, batches = batches[:count], batches[count:]
             positions = await self.host.write_data([self.store.read_entry(topic, queue, entry)
                                                     for topic, queue, entry in chunk])
-            moved = self.store.move_batches(
+            moved = self.store.reclaim.move_batches(
                 [(topic, queue, entry, position) for (topic, queue, entry), position in zip(chunk, positions)])
             self.wal_moved_bytes += moved
             log.info("WAL: copied %d bytes of %d batches forward from its oldest segment", moved, len(chunk))
