@@ -18,9 +18,9 @@ stops reading stops the server reading it. TcpChannel.call_parked is the client 
 request written by the channel's writer with the others queued meanwhile, for a broker's produce forwarded to another
 node's leader.
 
-The listeners. TCP: tcp.py is the server, tcp_client.py the client (TcpChannel), frames.py the codec (a server's
-decoder holds the bytes that arrived, never the length a header claims). Remoting's connections share the TCP
-port and its limits. HTTP/2 on h2: h2_endpoint.py, h2_server.py and h2_client.py, with grpc_wire.py for gRPC. The
+The listeners. TCP: tcp.py is the server, tcp_client.py the client (TcpChannel), streams.py the byte movers both
+share, frames.py the codec (a server's decoder holds the bytes that arrived, never the length a header claims).
+Remoting's connections share the TCP port and its limits. HTTP/2 on h2: h2_endpoint.py, h2_server.py and h2_client.py, with grpc_wire.py for gRPC. The
 HTTP/2 server gives receive windows back as handlers take the bytes, so partly received bodies are bounded per
 connection and per node (limits.http2_*held_bytes_max; past the node's bound, the biggest holder's fullest stream is
 reset). It closes connections idle `http2_idle_s`, resets bodies not complete within `http2_request_s`, and one
