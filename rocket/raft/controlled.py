@@ -25,28 +25,7 @@ import dataclasses
 from rocket.errors import Code, RocketError, invariant
 from rocket.raft.core import RaftCore
 from rocket.raft.types import NONE, Config, Entry, HardState, Message, MessageType, Role, Snapshot
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Control:
-    """The controller's word on a group: who is master at which epoch, and the SyncStateSet at its epoch."""
-
-    master: int
-    master_epoch: int
-    sync_state_set: frozenset[int]
-    sync_state_set_epoch: int
-    min_in_sync_replicas: int = 1
-    lag_ticks_max: int = 50  # a slave behind this many ticks leaves the SSS (ha_max_lag_s over the tick)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SyncStateRequest:
-    """A change of the SSS the master asks of the controller, made against the SSS epoch it knows."""
-
-    group_master: int
-    master_epoch: int
-    sync_state_set_epoch: int
-    sync_state_set: frozenset[int]
+from rocket.replication import Control, SyncStateRequest
 
 
 class ControlledCore(RaftCore):

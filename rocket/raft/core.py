@@ -14,8 +14,9 @@ import random
 
 from rocket.errors import Code, RocketError, invariant
 from rocket.raft.progress import Progress, ProgressTracker
-from rocket.raft.types import (NONE, Config, Entry, EntryKind, HardState, Message, MessageType, NotLeader,  # noqa: F401
+from rocket.raft.types import (NONE, Config, Entry, EntryKind, HardState, Message, MessageType,  # noqa: F401
                                Ready, Role, Snapshot)
+from rocket.replication import NotLeader
 
 __all__ = ["NONE", "Config", "Entry", "EntryKind", "HardState", "Message", "MessageType", "NotLeader", "RaftCore",
            "Ready", "Role", "Snapshot"]

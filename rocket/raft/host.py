@@ -21,13 +21,13 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.parked import Awaited, Deadlines, Slot
 from rocket.raft import codec, snapshots
-from rocket.raft.controlled import Control, ControlledCore, SyncStateRequest
+from rocket.raft.controlled import ControlledCore
 from rocket.raft.core import NONE, Config, HardState, Message, MessageType, RaftCore, Role, Snapshot
 from rocket.raft.compaction import SnapshotJob
 from rocket.raft.rounds import Group, Round, Rounds
 from rocket.raft.snapshots import SnapshotFiles
 from rocket.raft.wal import GroupState, Update, Wal
-from rocket.replication import StateMachine
+from rocket.replication import Control, StateMachine, SyncStateRequest
 
 log = logging.getLogger("rocket.raft")
 
@@ -183,6 +183,26 @@ class RaftHost(Rounds):
         core = self.controlled(group)
         if core is not None:
             core.sync_state_refused(request)
+
+    def controlled_position(self, group: int) -> tuple[int, int] | None:
+        core = self.controlled(group)
+        return (core.term, core.last_index) if core is not None else None
+
+    def orphaned(self, group: int) -> bool:
+        core = self.controlled(group)
+        return (core is not None and core.role != Role.LEADER
+                and core.election_elapsed >= core.config.election_ticks)
+
+    def sync_state_request(self, group: int) -> SyncStateRequest | None:
+        core = self.controlled(group)
+        return core.sync_state_request() if core is not None else None
+
+    def sync_state_granted(self, group: int, master: int, master_epoch: int, sync_state_set: frozenset[int],
+                           sync_state_set_epoch: int) -> None:
+        core = self.controlled(group)
+        if core is not None:  # the group's own settings hold: the answer changes its master and set
+            self.control(group, Control(master, master_epoch, sync_state_set, sync_state_set_epoch,
+                                        core.min_in_sync_replicas, core.lag_ticks_max))
             self._touched(group, self.groups[group])
             self._wake.set()
 

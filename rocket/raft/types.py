@@ -9,7 +9,7 @@ import enum
 import typing
 
 from rocket import limits
-from rocket.errors import Code, RocketError, invariant
+from rocket.errors import invariant
 
 NONE = 0  # no node: node ids start at 1
 
@@ -119,7 +119,3 @@ class Config:
         invariant(not set(self.voters) & set(self.learners), "a node is a voter or a learner, not both")
 
 
-class NotLeader(RocketError):
-    def __init__(self, leader: int):
-        super().__init__(Code.UNAVAILABLE, f"not the leader; the leader is {leader or 'unknown'}")
-        self.leader = leader

@@ -6,8 +6,43 @@ rocket/raft/__init__.py).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
+
+from rocket.errors import Code, RocketError
+
+
+class NotLeader(RocketError):
+    """A call that only the group's leader (or master) serves reached another replica."""
+
+    def __init__(self, leader: int):
+        super().__init__(Code.UNAVAILABLE, f"not the leader; the leader is {leader or 'unknown'}")
+        self.leader = leader
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Control:
+    """The controller's word on a controller-mode group: who is master at which epoch, and the SyncStateSet at its
+    epoch."""
+
+    master: int
+    master_epoch: int
+    sync_state_set: frozenset[int]
+    sync_state_set_epoch: int
+    min_in_sync_replicas: int = 1
+    lag_ticks_max: int = 50  # a slave behind this many ticks leaves the SSS (ha_max_lag_s over the tick)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SyncStateRequest:
+    """A change of the SSS a controller-mode group's master asks of the controller, made against the SSS epoch it
+    knows."""
+
+    group_master: int
+    master_epoch: int
+    sync_state_set_epoch: int
+    sync_state_set: frozenset[int]
 
 
 class StateMachine(Protocol):
@@ -105,3 +140,31 @@ class Engine(Protocol):
         ...
 
     def unapplied_position_min(self) -> int | None: ...
+
+    # ---- controller mode (RIP-44): groups whose master the controller names ----------------------------------
+
+    def control(self, group: int, control: Control) -> None:
+        """The controller's word on a controller-mode group hosted here (its master, epochs and SyncStateSet)."""
+        ...
+
+    def controlled_position(self, group: int) -> tuple[int, int] | None:
+        """A controller-mode group's epoch and last index here; None for a Raft group or one not hosted."""
+        ...
+
+    def orphaned(self, group: int) -> bool:
+        """Whether a controller-mode replica here is a slave that has heard nothing from its master for an election
+        timeout: the controller may have named another."""
+        ...
+
+    def sync_state_request(self, group: int) -> SyncStateRequest | None:
+        """As a controller-mode group's master: the SyncStateSet change it wants from the controller, if any."""
+        ...
+
+    def sync_state_granted(self, group: int, master: int, master_epoch: int, sync_state_set: frozenset[int],
+                           sync_state_set_epoch: int) -> None:
+        """The controller's answer to a sync_state_request: the group's new SyncStateSet."""
+        ...
+
+    def sync_state_refused(self, group: int, request: SyncStateRequest) -> None:
+        """The controller refused the request (made against a stale epoch): ask again from what holds."""
+        ...

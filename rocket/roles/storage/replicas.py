@@ -14,8 +14,7 @@ from rocket import limits
 from rocket.clock import sleep_periodic
 from rocket.errors import Code, RocketError
 from rocket.model import Address
-from rocket.raft.controlled import Control
-from rocket.raft.core import Role
+from rocket.replication import Control
 from rocket.roles.storage import assignment as stored_assignment
 from rocket.serde.batch import peek_count
 from rocket.store.store import GroupMachine
@@ -39,8 +38,8 @@ class Replicas:
             if group in led:
                 group_bytes[group] = group_bytes.get(group, 0) + count
                 topic_bytes[topic] = topic_bytes.get(topic, 0) + count
-        controlled = [{"group": group, "epoch": core.term, "last_index": core.last_index}
-                      for group in groups if (core := self.host.controlled(group)) is not None]
+        controlled = [{"group": group, "epoch": position[0], "last_index": position[1]}
+                      for group in groups if (position := self.host.controlled_position(group)) is not None]
         load = {"groups": len(groups), "leads": leads, "bytes": wal.end_position - wal.start_position,  # on disk
                 "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging,
                 "group_bytes_in": [{"group": group, "bytes": count} for group, count in group_bytes.items()],
@@ -59,7 +58,7 @@ class Replicas:
         that lags least, so the group takes writes through the others (the nameservers, seeing the free disk in the
         heartbeat, lead nothing back here until there is room). Controller-mode groups follow their controller."""
         for group in groups:
-            if not self.host.leads(group) or self.host.controlled(group) is not None:
+            if not self.host.leads(group) or self.host.controlled_position(group) is not None:
                 continue
             lagging = self.host.lagging(group)
             others = [voter for voter in self.host.voters(group)
@@ -98,10 +97,8 @@ class Replicas:
     def _heartbeat_interval_s(self) -> float:
         """How long until the next heartbeat: sooner while a controller-mode replica here has heard nothing from its
         master for an election timeout, so that it learns of the controller's election (in the answer) soon."""
-        for group in self._storage_groups():
-            core = self.host.controlled(group)
-            if core is not None and core.role != Role.LEADER and core.election_elapsed >= core.config.election_ticks:
-                return limits.controller_orphan_heartbeat_s
+        if any(self.host.orphaned(group) for group in self._storage_groups()):
+            return limits.controller_orphan_heartbeat_s
         return limits.node_heartbeat_s
 
     def _assign(self, assignment: dict) -> None:
@@ -135,11 +132,10 @@ class Replicas:
         request per group until answered. Only the controller's answer changes the set: a master cut off from it
         keeps waiting for every member it had (ARCHITECTURE.md, "Controller mode")."""
         while True:  # every limits.controller_sync_state_s while this node hosts controller-mode groups
-            controlled = [group for group in self._storage_groups() if self.host.controlled(group) is not None]
+            controlled = [group for group in self._storage_groups() if self.host.controlled_position(group) is not None]
             await sleep_periodic(limits.controller_sync_state_s if controlled else limits.idle_recheck_s)
             for group in self._storage_groups():
-                core = self.host.controlled(group)
-                request = core.sync_state_request() if core is not None else None
+                request = self.host.sync_state_request(group)
                 if request is None:
                     continue
                 try:
@@ -157,9 +153,8 @@ class Replicas:
                     continue
                 log.info("group %d: SyncStateSet %s at epoch %d", group, answer["sync_state_set"],
                          answer["sync_state_set_epoch"])
-                self.host.control(group, Control(answer["master"], answer["master_epoch"],
-                                                 frozenset(answer["sync_state_set"]), answer["sync_state_set_epoch"],
-                                                 core.min_in_sync_replicas, core.lag_ticks_max))
+                self.host.sync_state_granted(group, answer["master"], answer["master_epoch"],
+                                             frozenset(answer["sync_state_set"]), answer["sync_state_set_epoch"])
 
     async def _backfill_forever(self) -> None:
         """A replica that installed a snapshot lacks the batches before it: fetch them from the other

@@ -14,7 +14,7 @@ from rocket import limits
 from rocket.clock import Clock, on_the_grid
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
-from rocket.raft.core import NotLeader
+from rocket.replication import NotLeader
 from rocket.replication import Engine
 from rocket.roles.peers import Peers
 from rocket.roles.storage.appends import Appends, NotHosted
