@@ -9,7 +9,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 MIXED = {
     "rocket/gateway/remoting/server.py:RemotingGateway": 5,
-    "rocket/gateway/rocketmq/proxy.py:RocketMQProxy": 4,
     "rocket/roles/broker/role.py:Broker": 8,
     "rocket/roles/nameserver/role.py:Nameserver": 6,
     "rocket/roles/storage/role.py:StorageRole": 10,

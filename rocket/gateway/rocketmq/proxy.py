@@ -1,7 +1,7 @@
 """The RocketMQ 5 proxy: apache.rocketmq.v2.MessagingService (gRPC) mapped onto the broker's methods through the
 dispatcher, so RocketMQ 5 clients run unchanged. Protobuf classes come from rocketmq-python-client's generated
 *_pb2 modules (protocol.py); without that package the service is off. This module wires the calls and answers
-routes; telemetry.py, sending.py, receiving.py and pulling.py hold the rest."""
+routes; telemetry.py, sending.py, receiving.py and pulling.py hold the rest, over the Bridge they share."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import trio
 from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import Code, RocketError
-from rocket.gateway.rocketmq.protocol import MESSAGE_TYPE_OF, OK, SERVICE, load_protocol, status_of
+from rocket.gateway.rocketmq.bridge import Bridge
+from rocket.gateway.rocketmq.protocol import MESSAGE_TYPE_OF, SERVICE, load_protocol
 from rocket.gateway.rocketmq.pulling import Pulling
 from rocket.gateway.rocketmq.receiving import Receiving
 from rocket.gateway.rocketmq.sending import Sending
@@ -40,42 +41,49 @@ def rocketmq_services(dispatcher: Dispatcher, clock: Clock, max_attempts: int = 
     return RocketMQProxy(dispatcher, *protocol, clock=clock, max_attempts=max_attempts).handlers()
 
 
-class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
+class RocketMQProxy:
+    """The service's calls framed (signatures, authorization, quotas) and routed to its parts, which share a Bridge;
+    routes are answered here."""
+
     def __init__(self, dispatcher: Dispatcher, definition: types.ModuleType, service: types.ModuleType,
                  clock: Clock, max_attempts: int = limits.pop_attempts_default):
         assert max_attempts >= 1
         self.dispatcher = dispatcher
         self.clock = clock
-        self.max_attempts = max_attempts
         self.definition = definition
         self.service = service
-        self._topics: dict[str, tuple[float, dict]] = {}  # name -> (fetched at, TopicInfo): rocketmq_topic_cache_entries_max
+        self.bridge = Bridge(dispatcher, definition, service, clock, max_attempts)
+        self.telemetry = Telemetry(self.bridge)
+        self.sending = Sending(self.bridge)
+        self.receiving = Receiving(self.bridge)
+        self.pulling = Pulling(self.bridge)
 
     def handlers(self) -> dict[str, GrpcHandler]:
         service = self.service
+        sending, receiving, pulling = self.sending, self.receiving, self.pulling
         unary = {
             "QueryRoute": (service.QueryRouteRequest, self.query_route),
             "Heartbeat": (service.HeartbeatRequest, self.heartbeat),
-            "SendMessage": (service.SendMessageRequest, self.send_message),
+            "SendMessage": (service.SendMessageRequest, sending.send_message),
             "QueryAssignment": (service.QueryAssignmentRequest, self.query_assignment),
-            "AckMessage": (service.AckMessageRequest, self.ack_message),
-            "ChangeInvisibleDuration": (service.ChangeInvisibleDurationRequest, self.change_invisible_duration),
+            "AckMessage": (service.AckMessageRequest, receiving.ack_message),
+            "ChangeInvisibleDuration": (service.ChangeInvisibleDurationRequest, receiving.change_invisible_duration),
             "ForwardMessageToDeadLetterQueue": (service.ForwardMessageToDeadLetterQueueRequest,
-                                                self.forward_message_to_dead_letter_queue),
-            "EndTransaction": (service.EndTransactionRequest, self.end_transaction),
+                                                receiving.forward_message_to_dead_letter_queue),
+            "EndTransaction": (service.EndTransactionRequest, sending.end_transaction),
             "NotifyClientTermination": (service.NotifyClientTerminationRequest, self.notify_client_termination),
-            "RecallMessage": (service.RecallMessageRequest, self.recall_message),
-            "UpdateOffset": (service.UpdateOffsetRequest, self.update_offset),
-            "GetOffset": (service.GetOffsetRequest, self.get_offset),
-            "QueryOffset": (service.QueryOffsetRequest, self.query_offset),
+            "RecallMessage": (service.RecallMessageRequest, sending.recall_message),
+            "UpdateOffset": (service.UpdateOffsetRequest, pulling.update_offset),
+            "GetOffset": (service.GetOffsetRequest, pulling.get_offset),
+            "QueryOffset": (service.QueryOffsetRequest, pulling.query_offset),
         }
         table = {f"/{SERVICE}/{name}": self._unary(name, request_type, method)
                  for name, (request_type, method) in unary.items()}
         table[f"/{SERVICE}/ReceiveMessage"] = self._server_stream("ReceiveMessage", service.ReceiveMessageRequest,
-                                                                              self.receive_message)
+                                                                  receiving.receive_message)
         table[f"/{SERVICE}/PullMessage"] = self._server_stream("PullMessage", service.PullMessageRequest,
-                                                                           self.pull_message)
-        table[f"/{SERVICE}/Telemetry"] = self._checked(self.telemetry)
+                                                               pulling.pull_message)
+        table[f"/{SERVICE}/Telemetry"] = self._checked(self.telemetry.telemetry)
         return table
 
     # ---- framing of calls ------------------------------------------------------------------------------
@@ -104,16 +112,10 @@ class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
                 raise GrpcError(GrpcStatus.PERMISSION_DENIED if error.code == Code.PERMISSION_DENIED
                                 else GrpcStatus.UNAUTHENTICATED, error.message) from None
 
-    def _parse(self, request_type, data: bytes):
-        try:
-            return request_type.FromString(data)
-        except Exception:  # protobuf's DecodeError, whatever module it comes from
-            raise GrpcError(GrpcStatus.INTERNAL, f"malformed {request_type.DESCRIPTOR.name}") from None
-
     def _unary(self, name: str, request_type, method) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
             data = await call.receive_one()
-            request = self._parse(request_type, data)
+            request = self.bridge.parse(request_type, data)
             self._authorize(name, request, call)
             charged = self.dispatcher.charged(call.caller)
             if charged:  # client quotas: held while throttled (RocketMQ's answers have no throttle time to tell)
@@ -128,7 +130,7 @@ class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
 
     def _server_stream(self, name: str, request_type, method) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
-            request = self._parse(request_type, await call.receive_one())
+            request = self.bridge.parse(request_type, await call.receive_one())
             self._authorize(name, request, call)
             charged = self.dispatcher.charged(call.caller)
             if charged:
@@ -144,40 +146,7 @@ class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
                         await trio.sleep(throttle_s)
         return self._checked(handle)
 
-    def _status(self, code: int = OK, message: str = "OK"):
-        return self.definition.Status(code=code, message=message)
-
-    def _error_status(self, error: RocketError):
-        return self._status(status_of(error), f"{error.code.name}: {error.message}")
-
     # ---- topics and routes -----------------------------------------------------------------------------
-
-    async def _topic(self, name: str) -> dict:
-        """The topic's TopicInfo (type, queues), cached for limits.rocketmq_topic_cache_s."""
-        now = self.clock.now_s()
-        found = self._topics.get(name)
-        if found is not None and now - found[0] < limits.rocketmq_topic_cache_s:
-            return found[1]
-        topic = (await self.dispatcher.local("DescribeTopic", {"topic": name}))["topic"]
-        self._topics.pop(name, None)
-        if len(self._topics) >= limits.rocketmq_topic_cache_entries_max:
-            del self._topics[next(iter(self._topics))]
-        self._topics[name] = (now, topic)
-        return topic
-
-    async def _group_settings(self, group: str) -> dict:
-        """The consumer group's settings as the broker applies them (GroupSettings: cached there a few seconds);
-        max_attempts 0 and an empty backoff when the group sets none, or when they cannot be read."""
-        try:
-            return await self.dispatcher.local("GroupSettings", {"group": group})
-        except RocketError as error:
-            log.info("consumer group %s: settings not read: %s", group, error)
-            return {"group": group, "max_attempts": 0, "retry_backoff_s": [], "consume_mode": "clustering",
-                    "fifo": False}
-
-    async def _max_attempts(self, group: str) -> int:
-        """The group's max attempts, or the node's rocketmq_max_attempts when the group sets none."""
-        return (await self._group_settings(group))["max_attempts"] or self.max_attempts
 
     def _endpoints(self, requested, call: GrpcCall):
         """Routes point the client back at the endpoint it reached: rocket's brokers are all alike."""
@@ -190,36 +159,33 @@ class RocketMQProxy(Telemetry, Sending, Receiving, Pulling):
         definition = self.definition
         broker = definition.Broker(name="rocket", id=0, endpoints=endpoints)
         return [definition.MessageQueue(topic=definition.Resource(name=topic["name"]), id=queue, permission=4,
-                                        broker=broker, accept_message_types=[MESSAGE_TYPE_OF.get(topic["message_type"], 1)])
+                                        broker=broker,
+                                        accept_message_types=[MESSAGE_TYPE_OF.get(topic["message_type"], 1)])
                 for queue in range(topic["queues"])]
 
     async def query_route(self, request, call: GrpcCall):
         try:
-            topic = await self._topic(request.topic.name)
+            topic = await self.bridge.topic(request.topic.name)
         except RocketError as error:
-            return self.service.QueryRouteResponse(status=self._error_status(error))
+            return self.service.QueryRouteResponse(status=self.bridge.error_status(error))
         queues = self._queues(topic, self._endpoints(request.endpoints, call))
-        return self.service.QueryRouteResponse(status=self._status(), message_queues=queues)
+        return self.service.QueryRouteResponse(status=self.bridge.status(), message_queues=queues)
 
     async def query_assignment(self, request, call: GrpcCall):
         """One assignment: a receive pops from every queue of the topic, so more would only repeat it."""
         try:
-            topic = await self._topic(request.topic.name)
+            topic = await self.bridge.topic(request.topic.name)
         except RocketError as error:
-            return self.service.QueryAssignmentResponse(status=self._error_status(error))
+            return self.service.QueryAssignmentResponse(status=self.bridge.error_status(error))
         queue = self._queues(topic, self._endpoints(request.endpoints, call))[0]
-        return self.service.QueryAssignmentResponse(status=self._status(),
+        return self.service.QueryAssignmentResponse(status=self.bridge.status(),
                                                     assignments=[self.definition.Assignment(message_queue=queue)])
 
     async def heartbeat(self, request, call: GrpcCall):
-        return self.service.HeartbeatResponse(status=self._status())
+        return self.service.HeartbeatResponse(status=self.bridge.status())
 
     async def notify_client_termination(self, request, call: GrpcCall):
-        return self.service.NotifyClientTerminationResponse(status=self._status())
-
-    # ---- telemetry ---------------------------------------------------------------------------------------
-
-    # ---- receiving ---------------------------------------------------------------------------------------
+        return self.service.NotifyClientTerminationResponse(status=self.bridge.status())
 
 
 def _topic_of(name: str, request) -> str:

@@ -1,7 +1,7 @@
 """RocketMQ 5's PullMessage (a long poll of one queue from an offset, through the broker's Pull) and the offset
 calls: UpdateOffset (CommitOffsets), GetOffset (FetchOffsets) and QueryOffset (the queue's first or next offset,
-or SearchOffset by time). The client keeps its own position; pulled messages carry no receipt handle. A mixin of
-RocketMQProxy."""
+or SearchOffset by time). The client keeps its own position; pulled messages carry no receipt handle. A part of
+RocketMQProxy, over its Bridge."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter
 from rocket.gateway.reads import matching, queue_info
+from rocket.gateway.rocketmq.bridge import Bridge
 from rocket.gateway.rocketmq.protocol import MESSAGE_NOT_FOUND, OFFSET_NOT_FOUND, ms_of
 from rocket.transport.h2_server import GrpcCall
 
@@ -21,10 +22,13 @@ BEGINNING, END, TIMESTAMP = 0, 1, 2  # apache.rocketmq.v2.QueryOffsetPolicy
 
 
 class Pulling:
+    def __init__(self, bridge: Bridge):
+        self.bridge = bridge
+
     async def pull_message(self, request, call: GrpcCall) -> AsyncIterator:
         """A status, the messages from request.offset that match the filter (batch_size at most), then the offset
         to pull from next; "message not found" (and that offset) when none came before the long poll ended."""
-        service = self.service
+        service = self.bridge.service
         topic_name, queue = request.message_queue.topic.name, request.message_queue.id
         wait_s = min(ms_of(request.long_polling_timeout, limits.rocketmq_receive_wait_s_default),
                      limits.pull_wait_ms_max) / 1000
@@ -38,11 +42,11 @@ class Pulling:
         text = expression.expression or ("*" if filter_type == "tag" else "")
         offset = request.offset
         try:
-            topic = await self._topic(topic_name)
+            topic = await self.bridge.topic(topic_name)
             chosen = compile_filter(filter_type, text)
             while True:
                 slice_s = min(limits.rocketmq_receive_slice_s, max(0.0, deadline - trio.current_time()))
-                response = await self.dispatcher.local("Pull", {
+                response = await self.bridge.dispatcher.local("Pull", {
                     "topic": topic_name, "queues": [{"queue": queue, "offset": offset}],
                     "max_bytes": limits.rocketmq_pull_bytes_max, "wait_ms": int(slice_s * 1000),
                     "filter_type": filter_type, "filter": text})
@@ -50,44 +54,44 @@ class Pulling:
                 if found or trio.current_time() >= deadline:
                     break
         except RocketError as error:
-            yield service.PullMessageResponse(status=self._error_status(error))
+            yield service.PullMessageResponse(status=self.bridge.error_status(error))
             if error.code == Code.OFFSET_OUT_OF_RANGE:  # where the queue's messages are, as RocketMQ answers
                 try:
-                    info = await queue_info(self.dispatcher, topic_name, queue)
+                    info = await queue_info(self.bridge.dispatcher, topic_name, queue)
                 except RocketError:
                     return
                 moved = info["next_offset"] if offset > info["next_offset"] else info["min_offset"]
                 yield service.PullMessageResponse(next_offset=moved)
             return
         if not found:
-            yield service.PullMessageResponse(status=self._status(MESSAGE_NOT_FOUND, "no new message"))
+            yield service.PullMessageResponse(status=self.bridge.status(MESSAGE_NOT_FOUND, "no new message"))
         else:
-            yield service.PullMessageResponse(status=self._status())
+            yield service.PullMessageResponse(status=self.bridge.status())
             for message in found:
-                yield service.PullMessageResponse(message=self._to_rocketmq(topic, message, None, 0))
+                yield service.PullMessageResponse(message=self.bridge.to_rocketmq(topic, message, None, 0))
         yield service.PullMessageResponse(next_offset=offset)
 
     async def update_offset(self, request, call: GrpcCall):
         try:
-            await self.dispatcher.local("CommitOffsets", {
+            await self.bridge.dispatcher.local("CommitOffsets", {
                 "group": request.group.name, "topic": request.message_queue.topic.name,
                 "offsets": [{"queue": request.message_queue.id, "offset": request.offset}]})
         except RocketError as error:
-            return self.service.UpdateOffsetResponse(status=self._error_status(error))
-        return self.service.UpdateOffsetResponse(status=self._status())
+            return self.bridge.service.UpdateOffsetResponse(status=self.bridge.error_status(error))
+        return self.bridge.service.UpdateOffsetResponse(status=self.bridge.status())
 
     async def get_offset(self, request, call: GrpcCall):
-        service = self.service
+        service = self.bridge.service
         group, topic_name, queue = request.group.name, request.message_queue.topic.name, request.message_queue.id
         try:
-            fetched = await self.dispatcher.local("FetchOffsets", {"group": group, "topic": topic_name})
+            fetched = await self.bridge.dispatcher.local("FetchOffsets", {"group": group, "topic": topic_name})
         except RocketError as error:
-            return service.GetOffsetResponse(status=self._error_status(error))
+            return service.GetOffsetResponse(status=self.bridge.error_status(error))
         offset = next((entry["offset"] for entry in fetched["offsets"] if entry["queue"] == queue), -1)
         if offset < 0:
-            return service.GetOffsetResponse(status=self._status(
+            return service.GetOffsetResponse(status=self.bridge.status(
                 OFFSET_NOT_FOUND, f"group {group!r} has no offset in queue {queue} of {topic_name!r}"))
-        return service.GetOffsetResponse(status=self._status(), offset=offset)
+        return service.GetOffsetResponse(status=self.bridge.status(), offset=offset)
 
     async def query_offset(self, request, call: GrpcCall):
         """BEGINNING: the queue's first offset; END: the offset its next message gets; TIMESTAMP: the first
@@ -96,17 +100,17 @@ class Pulling:
         policy = request.query_offset_policy
         try:
             if policy == TIMESTAMP:
-                searched = await self.dispatcher.local("SearchOffset", {
+                searched = await self.bridge.dispatcher.local("SearchOffset", {
                     "topic": topic_name, "timestamp_ms": request.timestamp.ToMilliseconds()})
                 offset = next((entry["offset"] for entry in searched["offsets"] if entry["queue"] == queue), None)
                 if offset is None:
                     raise RocketError(Code.BAD_QUEUE, f"topic {topic_name!r} has no queue {queue}")
             elif policy in (BEGINNING, END):
-                info = await queue_info(self.dispatcher, topic_name, queue)
+                info = await queue_info(self.bridge.dispatcher, topic_name, queue)
                 offset = info["min_offset"] if policy == BEGINNING else info["next_offset"]
             else:
                 raise RocketError(Code.BAD_REQUEST, f"unknown query_offset_policy {policy}")
         except RocketError as error:
-            return self.service.QueryOffsetResponse(status=self._error_status(error))
-        return self.service.QueryOffsetResponse(status=self._status(), offset=offset)
+            return self.bridge.service.QueryOffsetResponse(status=self.bridge.error_status(error))
+        return self.bridge.service.QueryOffsetResponse(status=self.bridge.status(), offset=offset)
 

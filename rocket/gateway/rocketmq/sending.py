@@ -1,5 +1,5 @@
 """RocketMQ 5's SendMessage, EndTransaction and RecallMessage: messages converted to rocket's and sent as one
-batch per queue through the broker's methods. A mixin of RocketMQProxy.
+batch per queue through the broker's methods. A part of RocketMQProxy, over its Bridge.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import gzip
 
 from rocket.errors import Code, RocketError
 from rocket.gateway.properties import BORN_HOST_PROPERTY, ID_PROPERTY, KEYS_PROPERTY
+from rocket.gateway.rocketmq.bridge import Bridge
 from rocket.gateway.rocketmq.protocol import INVALID_TRANSACTION_ID
 from rocket.model import Message, queue_for_key
 from rocket.serde import batch as batch_codec
@@ -18,6 +19,9 @@ MILLISECONDS_IN_SECONDS_FIELD_AFTER = 95_617_584_000
 
 
 class Sending:
+    def __init__(self, bridge: Bridge):
+        self.bridge = bridge
+
     def _to_rocket(self, message, fifo: bool) -> Message:
         system = message.system_properties
         body = message.body
@@ -47,15 +51,15 @@ class Sending:
 
     async def send_message(self, request, call: GrpcCall):
         """The request's messages as one batch (they share a topic; the first picks the queue)."""
-        service = self.service
+        service = self.bridge.service
         messages = list(request.messages)
         if not messages:
-            return service.SendMessageResponse(status=self._status(40000, "no messages"))
+            return service.SendMessageResponse(status=self.bridge.status(40000, "no messages"))
         try:
             name = messages[0].topic.name
             if any(message.topic.name != name for message in messages):
                 raise RocketError(Code.BAD_REQUEST, "the messages of one SendMessage go to one topic")
-            topic = await self._topic(name)
+            topic = await self.bridge.topic(name)
             fifo = topic["message_type"] == "fifo"
             converted = [self._to_rocket(message, fifo) for message in messages]
             first = messages[0].system_properties
@@ -66,49 +70,52 @@ class Sending:
             else:  # the broker picks, as Apache RocketMQ's proxy does (SendMessageQueueSelector): its sticky queue
                 queue = -1
             transaction = first.message_type == 4
-            batch = batch_codec.encode(converted, self.clock.wall_ms(), transaction=transaction)
-            reply = await self.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch})
+            batch = batch_codec.encode(converted, self.bridge.clock.wall_ms(), transaction=transaction)
+            reply = await self.bridge.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch})
         except (RocketError, OSError, EOFError) as error:
             error = error if isinstance(error, RocketError) else RocketError(Code.BAD_REQUEST, f"body: {error}")
-            status = self._error_status(error)
+            status = self.bridge.error_status(error)
             return service.SendMessageResponse(status=status, entries=[service.SendResultEntry(status=status)])
         entries = []
         for index, message in enumerate(messages):
             offset = reply["base_offset"] + index
-            entry = service.SendResultEntry(status=self._status(), offset=offset,
-                                            message_id=message.system_properties.message_id or f"{reply['queue']}.{offset}")
+            message_id = message.system_properties.message_id or f"{reply['queue']}.{offset}"
+            entry = service.SendResultEntry(status=self.bridge.status(), offset=offset, message_id=message_id)
             if transaction:
                 entry.transaction_id = f"{reply['queue']}.{reply['base_offset']}.{reply['count']}"
             if reply.get("scheduled"):
                 entry.recall_handle = f"{reply['queue']}.{offset}"
             entries.append(entry)
-        return service.SendMessageResponse(status=self._status(), entries=entries)
+        return service.SendMessageResponse(status=self.bridge.status(), entries=entries)
 
     async def end_transaction(self, request, call: GrpcCall):
         parts = request.transaction_id.split(".")
         if len(parts) != 3 or not all(part.isdigit() for part in parts):
-            return self.service.EndTransactionResponse(
-                status=self._status(INVALID_TRANSACTION_ID, f"transaction id {request.transaction_id!r}: not rocket's"))
+            return self.bridge.service.EndTransactionResponse(status=self.bridge.status(
+                INVALID_TRANSACTION_ID, f"transaction id {request.transaction_id!r}: not rocket's"))
         if request.resolution == 0 and request.source == 2:  # a check's UNKNOWN: the broker checks again later
-            return self.service.EndTransactionResponse(status=self._status())
+            return self.bridge.service.EndTransactionResponse(status=self.bridge.status())
         if request.resolution not in (1, 2):
-            return self.service.EndTransactionResponse(status=self._status(40000, "resolution is COMMIT or ROLLBACK"))
+            return self.bridge.service.EndTransactionResponse(
+                status=self.bridge.status(40000, "resolution is COMMIT or ROLLBACK"))
         queue, offset, count = map(int, parts)
         try:
-            await self.dispatcher.local("EndTransaction", {"topic": request.topic.name, "queue": queue, "offset": offset,
-                                                           "count": count, "commit": request.resolution == 1})
+            await self.bridge.dispatcher.local("EndTransaction", {
+                "topic": request.topic.name, "queue": queue, "offset": offset, "count": count,
+                "commit": request.resolution == 1})
         except RocketError as error:
-            return self.service.EndTransactionResponse(status=self._error_status(error))
-        return self.service.EndTransactionResponse(status=self._status())
+            return self.bridge.service.EndTransactionResponse(status=self.bridge.error_status(error))
+        return self.bridge.service.EndTransactionResponse(status=self.bridge.status())
 
     async def recall_message(self, request, call: GrpcCall):
         """Cancel a delayed message before its time: the recall handle is its timer id."""
         parts = request.recall_handle.split(".")
         if len(parts) != 2 or not all(part.isdigit() for part in parts):
-            return self.service.RecallMessageResponse(status=self._status(40000, "malformed recall handle"))
+            return self.bridge.service.RecallMessageResponse(
+                status=self.bridge.status(40000, "malformed recall handle"))
         try:
-            await self.dispatcher.local("CancelTimer", {"topic": request.topic.name, "queue": int(parts[0]),
+            await self.bridge.dispatcher.local("CancelTimer", {"topic": request.topic.name, "queue": int(parts[0]),
                                                         "offset": int(parts[1])})
         except RocketError as error:
-            return self.service.RecallMessageResponse(status=self._error_status(error))
-        return self.service.RecallMessageResponse(status=self._status(), message_id=request.recall_handle)
+            return self.bridge.service.RecallMessageResponse(status=self.bridge.error_status(error))
+        return self.bridge.service.RecallMessageResponse(status=self.bridge.status(), message_id=request.recall_handle)

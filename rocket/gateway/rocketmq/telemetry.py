@@ -1,5 +1,5 @@
 """RocketMQ 5's Telemetry stream: the client's settings answered, and transaction check-backs forwarded to the
-producer that can answer them. A mixin of RocketMQProxy.
+producer that can answer them. A part of RocketMQProxy, over its Bridge.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import RocketError
+from rocket.gateway.rocketmq.bridge import Bridge
 from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
 from rocket.transport.h2_server import GrpcCall
@@ -20,6 +21,9 @@ log = logging.getLogger("rocket.rocketmq")
 
 
 class Telemetry:
+    def __init__(self, bridge: Bridge):
+        self.bridge = bridge
+
     async def telemetry(self, call: GrpcCall) -> None:
         """Answer each settings command with the server's settings. While the stream is open, a producer's
         transaction topics (those its settings list) have their due check-backs forwarded to it as
@@ -33,16 +37,16 @@ class Telemetry:
         checked: set[str] = set()
         async with trio.open_nursery() as nursery:
             while (data := await call.receive()) is not None:
-                command = self._parse(self.service.TelemetryCommand, data)
+                command = self.bridge.parse(self.bridge.service.TelemetryCommand, data)
                 if command.WhichOneof("command") != "settings":
                     continue  # the client's answers to checks come as EndTransaction calls, not here
-                await send(self.service.TelemetryCommand(status=self._status(),
+                await send(self.bridge.service.TelemetryCommand(status=self.bridge.status(),
                                                          settings=await self._settings(command.settings)))
                 for resource in command.settings.publishing.topics if command.settings.HasField("publishing") else ():
                     if resource.name in checked or len(checked) >= limits.rocketmq_telemetry_topics_max:
                         continue
                     try:
-                        topic = await self._topic(resource.name)
+                        topic = await self.bridge.topic(resource.name)
                     except RocketError:
                         continue  # an unknown topic: its sends will say so
                     if topic["message_type"] == "transaction":
@@ -57,20 +61,20 @@ class Telemetry:
         request = avro_codec.encode(spec.request_type, {"topic": topic["name"]})
         while True:
             try:
-                async for item in self.dispatcher.stream("TransactionChecks", avro_codec, request):
+                async for item in self.bridge.dispatcher.stream("TransactionChecks", avro_codec, request):
                     for check in avro_codec.decode(spec.response_type, item)["checks"]:
                         messages = batch_codec.decode(check["batch"], check["offset"], check["queue"])
                         handle = {"queue": check["queue"], "offset": check["offset"], "attempt": 1}
-                        command = self.service.RecoverOrphanedTransactionCommand(
-                            message=self._to_rocketmq(topic, messages[0], handle, 0),
+                        command = self.bridge.service.RecoverOrphanedTransactionCommand(
+                            message=self.bridge.to_rocketmq(topic, messages[0], handle, 0),
                             transaction_id=f"{check['queue']}.{check['offset']}.{check['count']}")
-                        await send(self.service.TelemetryCommand(recover_orphaned_transaction_command=command))
+                        await send(self.bridge.service.TelemetryCommand(recover_orphaned_transaction_command=command))
             except RocketError as error:
                 log.info("transaction checks of %s: %s; listening again", topic["name"], error)
             await trio.sleep(limits.transaction_check_poll_s)
 
     async def _settings(self, asked):
-        settings = self.definition.Settings()
+        settings = self.bridge.definition.Settings()
         settings.CopyFrom(asked)
         settings.request_timeout.seconds = int(limits.request_timeout_s_default)
         settings.backoff_policy.max_attempts = limits.rocketmq_send_attempts_max
@@ -83,15 +87,15 @@ class Telemetry:
         elif asked.HasField("subscription"):
             # Consumers retry after the group's backoff (or rocket's: 1 s, 5 s, 10 s, 30 s ...) and give up where the
             # group's settings say (or the node's rocketmq_max_attempts), as the broker's receives do.
-            group = await self._group_settings(asked.subscription.group.name)
+            group = await self.bridge.group_settings(asked.subscription.group.name)
             settings.backoff_policy.Clear()
-            settings.backoff_policy.max_attempts = group["max_attempts"] or self.max_attempts
+            settings.backoff_policy.max_attempts = group["max_attempts"] or self.bridge.max_attempts
             for seconds in group["retry_backoff_s"] or limits.pop_retry_backoff_s:
                 settings.backoff_policy.customized_backoff.next.add().FromNanoseconds(int(seconds * 1e9))
             fifo = group["fifo"]
             for entry in asked.subscription.subscriptions:
                 try:
-                    fifo = fifo or (await self._topic(entry.topic.name))["message_type"] == "fifo"
+                    fifo = fifo or (await self.bridge.topic(entry.topic.name))["message_type"] == "fifo"
                 except RocketError:
                     continue  # an unknown topic: its receives will say so
             settings.subscription.fifo = fifo
