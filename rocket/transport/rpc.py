@@ -322,7 +322,7 @@ class Dispatcher:
             raise RocketError(Code.UNKNOWN_METHOD, f"method {name!r} is not served by this node's roles")
         return spec, handler
 
-    async def local(self, name: str, request: dict):
+    async def local(self, name: str, request: dict) -> dict:
         """Call this node's own handler directly, without serde or socket: one role to another in
         the same process (a gateway's produce too). Raises RocketError like a remote call. A method with a parked
         handler is served by it, this task waiting for the slot (which completes exactly once: rocket/parked.py),
@@ -338,7 +338,7 @@ class Dispatcher:
                 raise as_rocket_error(error, name) from None
             else:
                 await slot.event.wait()
-                return slot.value()
+                return cast(dict, slot.value())  # a method's response
         _, handler = self._resolve(name)
         try:
             return await cast(Callable, handler)(request)  # roles call roles' methods, never those without handler
