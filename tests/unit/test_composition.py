@@ -8,7 +8,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 MIXED = {
-    "rocket/gateway/remoting/server.py:RemotingGateway": 5,
     "rocket/roles/broker/role.py:Broker": 8,
     "rocket/roles/nameserver/role.py:Nameserver": 6,
     "rocket/roles/storage/role.py:StorageRole": 10,

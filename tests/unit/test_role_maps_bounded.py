@@ -9,6 +9,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.gateway.remoting.bridge import Bridge
 from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, RequestCode
 from rocket.gateway.remoting.consuming import Consuming
@@ -111,12 +112,14 @@ class Dispatcher:
         return {"members": [request.get("member", "")]} if method == "GroupHeartbeat" else {}
 
 
-class Gateway(Clients, Consuming):
+class Gateway:
+    """The remoting gateway's clients and consuming parts, over a bridge to a fake dispatcher."""
+
     def __init__(self) -> None:
-        Clients.__init__(self)
-        self.dispatcher = Dispatcher()
-        self.clock = Clock()
-        self._locks: dict = {}
+        self.bridge = Bridge(Dispatcher(), Clock(), "rocket")
+        self.dispatcher, self.clock = self.bridge.dispatcher, self.bridge.clock
+        self.clients = Clients(self.bridge)
+        self.consuming = Consuming(self.bridge, self.clients)
 
 
 def heartbeat(client: str, consumer_group: str = "", producer_group: str = "", topic: str = "t") -> Command:
@@ -135,17 +138,17 @@ async def test_remoting_client_groups_are_bounded_and_emptied_ones_go(monkeypatc
     monkeypatch.setattr(limits, "remoting_client_groups_max", 3)
     gateway, connection = Gateway(), object()
     for number in range(10):
-        await gateway.heart_beat(heartbeat(f"c{number}", f"consumers{number}", f"producers{number}"), connection)
-    assert len(gateway._groups) == 3 and len(gateway._producers) == 3
-    assert len(gateway._members_seen) <= 3
-    await gateway.unregister_client(Command(RequestCode.UNREGISTER_CLIENT, ext={
+        await gateway.clients.heart_beat(heartbeat(f"c{number}", f"consumers{number}", f"producers{number}"), connection)
+    assert len(gateway.clients._groups) == 3 and len(gateway.clients._producers) == 3
+    assert len(gateway.clients._members_seen) <= 3
+    await gateway.clients.unregister_client(Command(RequestCode.UNREGISTER_CLIENT, ext={
         "clientID": "c0", "consumerGroup": "consumers0", "producerGroup": "producers0"}), connection)
-    assert "consumers0" not in gateway._groups and "producers0" not in gateway._producers
-    assert not [key for key in gateway._members_seen if key[0] == "consumers0"]
-    await gateway.heart_beat(heartbeat("c9", "consumers9", "producers9"), connection)  # room again
-    assert "consumers9" in gateway._groups and "producers9" in gateway._producers
-    await gateway.connection_closed(connection)
-    assert gateway._groups == {} and gateway._producers == {} and gateway._members_seen == {}
+    assert "consumers0" not in gateway.clients._groups and "producers0" not in gateway.clients._producers
+    assert not [key for key in gateway.clients._members_seen if key[0] == "consumers0"]
+    await gateway.clients.heart_beat(heartbeat("c9", "consumers9", "producers9"), connection)  # room again
+    assert "consumers9" in gateway.clients._groups and "producers9" in gateway.clients._producers
+    await gateway.clients.connection_closed(connection)
+    assert gateway.clients._groups == {} and gateway.clients._producers == {} and gateway.clients._members_seen == {}
 
 
 async def test_remoting_unwritten_offsets_are_bounded(monkeypatch):
@@ -155,15 +158,15 @@ async def test_remoting_unwritten_offsets_are_bounded(monkeypatch):
     gateway = Gateway()
     gateway.dispatcher.commits_fail = True
     for number in range(20):
-        gateway.commit_later(f"group{number}", "t", 0, number)
-    assert len(gateway._offsets) == 4 and gateway.uncommitted("group0", "t", 0) == 0
-    await gateway._flush_offsets()
-    assert len(gateway._offsets) == 4
-    gateway.commit_later("group0", "t", 1, 7)  # a pair held takes more queues
-    assert gateway.uncommitted("group0", "t", 1) == 7
+        gateway.clients.commit_later(f"group{number}", "t", 0, number)
+    assert len(gateway.clients._offsets) == 4 and gateway.clients.uncommitted("group0", "t", 0) == 0
+    await gateway.clients._flush_offsets()
+    assert len(gateway.clients._offsets) == 4
+    gateway.clients.commit_later("group0", "t", 1, 7)  # a pair held takes more queues
+    assert gateway.clients.uncommitted("group0", "t", 1) == 7
     gateway.dispatcher.commits_fail = False
-    await gateway._flush_offsets()
-    assert gateway._offsets == {}
+    await gateway.clients._flush_offsets()
+    assert gateway.clients._offsets == {}
 
 
 def lock(client: str, group: str, queues: range) -> Command:
@@ -175,14 +178,14 @@ async def test_remoting_lapsed_locks_make_room(monkeypatch):
     """At limits.remoting_locks_max, locks not renewed within their expiry are swept before a lock is refused."""
     monkeypatch.setattr(limits, "remoting_locks_max", 5)
     gateway = Gateway()
-    answer = await gateway.lock_batch(lock("a", "g1", range(10)), None)
+    answer = await gateway.consuming.lock_batch(lock("a", "g1", range(10)), None)
     assert len(orjson.loads(answer.body)["lockOKMQSet"]) == 5
-    answer = await gateway.lock_batch(lock("b", "g2", range(3)), None)
+    answer = await gateway.consuming.lock_batch(lock("b", "g2", range(3)), None)
     assert orjson.loads(answer.body)["lockOKMQSet"] == []  # the held ones are live
     gateway.clock.s += limits.remoting_lock_expiry_s + 1
-    answer = await gateway.lock_batch(lock("b", "g2", range(3)), None)
+    answer = await gateway.consuming.lock_batch(lock("b", "g2", range(3)), None)
     assert len(orjson.loads(answer.body)["lockOKMQSet"]) == 3
-    assert len(gateway._locks) == 3
+    assert len(gateway.consuming._locks) == 3
 
 
 async def test_pop_locks_go_once_unused():

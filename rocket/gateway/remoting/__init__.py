@@ -3,8 +3,9 @@ broker's methods.
 
 It is served on the TCP port: transport/tcp.py hands a connection over by its first bytes
 (codec.looks_like_remoting). codec.py (frames, headers, request and response codes) and messages.py (message
-layouts, ids, delay levels) are pure; server.py runs the connections. One mixin per concern: naming.py (routes),
-producing.py, consuming.py, clients.py, admin.py. With auth on, signature.py (pure) and authorization.py check each
+layouts, ids, delay levels) are pure; server.py runs the connections. One part per concern: naming.py (routes),
+producing.py, consuming.py, clients.py, admin.py, over the Bridge they share (bridge.py: the dispatcher, the topic
+cache, lookups of queues and messages). With auth on, signature.py (pure) and authorization.py check each
 request.
 """
 

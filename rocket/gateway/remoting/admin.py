@@ -1,5 +1,5 @@
 """Remoting lookups and mqadmin basics: VIEW_MESSAGE_BY_ID, QUERY_MESSAGE by key, topic creation and listing,
-topic stats, consumer connections, broker runtime info. A mixin of RemotingGateway.
+topic stats, consumer connections, broker runtime info. A part of RemotingGateway.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import orjson
 from rocket import __version__, limits
 from rocket.errors import Code, RocketError
 from rocket.gateway.remoting import messages as layout
+from rocket.gateway.remoting.bridge import Bridge, as_stored
+from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, ResponseCode
 from rocket.model import KV_PREFIX
 from rocket.serde import batch as batch_codec
@@ -17,15 +19,19 @@ MESSAGE_TYPE_OF_ATTRIBUTE = {"NORMAL": "normal", "FIFO": "fifo", "DELAY": "delay
 
 
 class Administration:
+    def __init__(self, bridge: Bridge, clients: Clients):
+        self.bridge, self.clients = bridge, clients
+        self.dispatcher, self.clock, self.cluster = bridge.dispatcher, bridge.clock, bridge.cluster
+
     async def view_message(self, command: Command, connection) -> Command:
         """The message an offsetMsgId's commit log offset names (the topic named too, by 5.x clients)."""
         topic_hash, queue, low = layout.split_commit_log_offset(int(command.ext["offset"]))
-        topic = await self._topic_by_hash(topic_hash, command.ext.get("topic", ""))
-        info = await self._queue_info(topic, queue)
-        message = await self._message_at(topic, queue, layout.unwrap_offset(low, info["next_offset"]))
+        topic = await self.bridge.topic_by_hash(topic_hash, command.ext.get("topic", ""))
+        info = await self.bridge.queue_info(topic, queue)
+        message = await self.bridge.message_at(topic, queue, layout.unwrap_offset(low, info["next_offset"]))
         if message is None:
             return command.reply(ResponseCode.SYSTEM_ERROR, f"NOT_FOUND: {topic} has no message {queue} at that offset")
-        return command.reply(body=self._stored(message, topic, layout.host_bytes(connection.local)))
+        return command.reply(body=as_stored(message, topic, layout.host_bytes(connection.local)))
 
     async def query_message(self, command: Command, connection) -> Command:
         """Messages of a topic with a key (or, with _UNIQUE_KEY_QUERY, a client message id) stored in a time range:
@@ -60,7 +66,7 @@ class Administration:
                         keys = properties.get(layout.UNIQ_KEY, "").split() if unique else \
                             properties.get(layout.KEYS, "").split(" ")
                         if key in keys and len(found) < wanted:
-                            found.append(self._stored(message, topic, host))
+                            found.append(as_stored(message, topic, host))
                 offset = max(offset, next((entry["offset"] for entry in response["next_offsets"]
                                            if entry["queue"] == queue), offset))
         if not found:
@@ -89,7 +95,7 @@ class Administration:
         except RocketError as error:
             if error.code != Code.TOPIC_EXISTS:
                 raise
-        self._topics.pop(name, None)
+        self.bridge.forget_topic(name)
         return command.reply()
 
     async def all_topic_config(self, command: Command, connection) -> Command:
@@ -114,7 +120,7 @@ class Administration:
 
     async def consumer_connections(self, command: Command, connection) -> Command:
         group_name = command.ext["consumerGroup"]
-        members = self._groups.get(group_name, {})
+        members = self.clients.members_of(group_name)
         if not members:
             return command.reply(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group {group_name} is not online here")
         connections = [{"clientId": client, "clientAddr": member.connection.peer, "language": "JAVA", "version": 0}
@@ -128,8 +134,8 @@ class Administration:
 
     async def runtime_info(self, command: Command, connection) -> Command:
         table = {"brokerVersionDesc": f"rocket {__version__}", "brokerVersion": "0",
-                 "remotingClients": str(sum(len(members) for members in self._groups.values())),
-                 "bootTimestamp": str(self._started_ms)}
+                 "remotingClients": str(self.clients.member_count()),
+                 "bootTimestamp": str(self.bridge.started_ms)}
         return command.reply(body=orjson.dumps({"table": table}))
 
     async def delete_topic(self, command: Command, connection) -> Command:

@@ -1,5 +1,5 @@
 """Remoting clients and their groups: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, and
-NOTIFY_CONSUMER_IDS_CHANGED pushed when a group's members change. A mixin of RemotingGateway.
+NOTIFY_CONSUMER_IDS_CHANGED pushed when a group's members change. A part of RemotingGateway.
 
 A consumer is a member of its group for as long as its connection lives, as in RocketMQ: the gateway keeps it in
 rocket's cluster-wide group membership (GroupHeartbeat, per subscribed topic) every
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 import orjson
 import trio
@@ -21,8 +22,12 @@ import trio
 from rocket import limits
 from rocket.clock import sleep_periodic
 from rocket.errors import Code, RocketError
+from rocket.gateway.remoting.bridge import Bridge
 from rocket.gateway.remoting.codec import Command, RequestCode, ResponseCode, json_body, objects
 from rocket.model import RETRY_PREFIX
+
+if TYPE_CHECKING:
+    from rocket.gateway.remoting.server import Connection
 
 log = logging.getLogger("rocket.remoting")
 
@@ -30,12 +35,13 @@ log = logging.getLogger("rocket.remoting")
 @dataclasses.dataclass
 class Member:
     client: str
-    connection: object
+    connection: Connection
     subscriptions: dict[str, tuple[str, str]]  # topic -> (expression type, expression)
 
 
 class Clients:
-    def __init__(self) -> None:
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge, self.dispatcher = bridge, bridge.dispatcher
         # Groups with clients connected here, at most limits.remoting_client_groups_max of each kind, each of at most
         # limits.group_members_max clients; a group goes when its last client leaves.
         self._groups: dict[str, dict[str, Member]] = {}  # consumer group -> client id -> member
@@ -66,19 +72,19 @@ class Clients:
             fresh = client not in members or members[client].subscriptions.keys() != subscriptions.keys()
             members[client] = Member(client, connection, subscriptions)
             if consumer.get("messageModel") != "BROADCASTING":
-                await self._ensure_retry_topic(group_name)
+                await self.ensure_retry_topic(group_name)
             if fresh:
                 await self._refresh_group(group_name)
         return command.reply()
 
-    async def _ensure_retry_topic(self, group: str) -> None:
+    async def ensure_retry_topic(self, group: str) -> None:
         """A clustering consumer group's retry topic, %RETRY%group (RocketMQ's broker makes it at the group's first
         heartbeat): a delay topic with one queue, where CONSUMER_SEND_MSG_BACK puts messages to consume again."""
         name = RETRY_PREFIX + group
         if name in self._retry_topics_made:
             return
         try:
-            await self._topic(name)
+            await self.bridge.topic(name)
         except RocketError:
             try:
                 await self.dispatcher.local("CreateTopic", {"topic": name, "queues": 1, "message_type": "delay",
@@ -87,7 +93,7 @@ class Clients:
                 if error.code != Code.TOPIC_EXISTS:
                     log.warning("cannot create the retry topic %s: %s", name, error)
                     return
-            self._topics.pop(name, None)
+            self.bridge.forget_topic(name)
         if len(self._retry_topics_made) >= limits.remoting_topic_cache_entries_max:
             self._retry_topics_made.clear()
         self._retry_topics_made.add(name)
@@ -185,6 +191,13 @@ class Clients:
             if topic in member.subscriptions:
                 return member.subscriptions[topic]
         return ("TAG", "*")
+
+    def members_of(self, group_name: str) -> dict[str, Member]:
+        """The group's clients connected here, by client id."""
+        return self._groups.get(group_name, {})
+
+    def member_count(self) -> int:
+        return sum(len(members) for members in self._groups.values())
 
     def producer_connections(self, group_name: str) -> list:
         return list(self._producers.get(group_name, {}).values())

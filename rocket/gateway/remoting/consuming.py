@@ -1,6 +1,6 @@
 """Remoting consumption: PULL_MESSAGE (long polls, TAG and SQL92 subscriptions, the commit-offset flag), the
 offset requests, CONSUMER_SEND_MSG_BACK onto %RETRY%group and rocket's dead letters, and the orderly consumers'
-queue locks. A mixin of RemotingGateway.
+queue locks. A part of RemotingGateway.
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import orjson
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import compile_filter
-from rocket.gateway.reads import matching, queue_info
+from rocket.gateway.reads import matching
 from rocket.gateway.remoting import messages as layout
+from rocket.gateway.remoting.bridge import Bridge, as_stored
+from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, ResponseCode, json_body, objects
 from rocket.model import RETRY_PREFIX, Message
 from rocket.serde import batch as batch_codec
@@ -32,17 +34,23 @@ def _int(header: dict[str, str], name: str, default: int | None = None) -> int:
 
 
 class Consuming:
+    def __init__(self, bridge: Bridge, clients: Clients):
+        self.bridge, self.clients = bridge, clients
+        self.dispatcher, self.clock = bridge.dispatcher, bridge.clock
+        # (group, topic, queue) -> (client, renewed): at most limits.remoting_locks_max, lapsed ones swept first
+        self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}
+
     async def pull_message(self, command: Command, connection) -> Command:
         header = command.ext
         group, topic_name = header["consumerGroup"], header["topic"]
         queue, offset = _int(header, "queueId"), _int(header, "queueOffset")
         sys_flag = _int(header, "sysFlag", 0)
         if sys_flag & PULL_COMMIT_OFFSET and _int(header, "commitOffset", -1) >= 0:
-            self.commit_later(group, topic_name, queue, _int(header, "commitOffset"))
+            self.clients.commit_later(group, topic_name, queue, _int(header, "commitOffset"))
         if sys_flag & PULL_SUBSCRIPTION and header.get("subscription"):
             kind, expression = header.get("expressionType") or "TAG", header["subscription"]
         else:
-            kind, expression = self.subscription_of(group, topic_name)
+            kind, expression = self.clients.subscription_of(group, topic_name)
         chosen = compile_filter("sql" if kind.upper() == "SQL92" else "tag", expression)
         wait_ms = min(_int(header, "suspendTimeoutMillis", 0), limits.pull_wait_ms_max) if sys_flag & PULL_SUSPEND else 0
         count_max = max(1, min(_int(header, "maxMsgNums", 32), limits.remoting_pull_messages_max))
@@ -53,7 +61,7 @@ class Consuming:
         except RocketError as error:
             if error.code != Code.OFFSET_OUT_OF_RANGE:
                 raise
-            info = await self._queue_info(topic_name, queue)
+            info = await self.bridge.queue_info(topic_name, queue)
             moved = info["next_offset"] if offset > info["next_offset"] else info["min_offset"]
             return command.reply(ResponseCode.PULL_OFFSET_MOVED, f"offset {offset} is outside the queue",
                                  {"nextBeginOffset": moved, "minOffset": info["min_offset"],
@@ -63,33 +71,22 @@ class Consuming:
         if not found:
             return command.reply(ResponseCode.PULL_NOT_FOUND, "no new message", fields)
         host = layout.host_bytes(connection.local)
-        body = b"".join(self._stored(message, topic_name, host) for message in found)
+        body = b"".join(as_stored(message, topic_name, host) for message in found)
         return command.reply(ext=fields, body=body)
-
-    def _stored(self, message: Message, topic: str, host: tuple[bytes, int]) -> bytes:
-        properties = layout.remoting_properties(message)
-        try:
-            reconsume = int(properties.get(layout.RECONSUME_TIME, "0"))
-        except ValueError:
-            reconsume = 0
-        return layout.encode_stored(message, topic, host, reconsume, properties)
-
-    async def _queue_info(self, topic: str, queue: int) -> dict:
-        return await queue_info(self.dispatcher, topic, queue)
 
     # ---- offsets -------------------------------------------------------------------------------------------
 
     async def query_consumer_offset(self, command: Command, connection) -> Command:
         header = command.ext
         group, topic, queue = header["consumerGroup"], header["topic"], _int(header, "queueId")
-        offset = self.uncommitted(group, topic, queue)
+        offset = self.clients.uncommitted(group, topic, queue)
         if offset is None:
             fetched = await self.dispatcher.local("FetchOffsets", {"group": group, "topic": topic})
             offset = next((entry["offset"] for entry in fetched["offsets"] if entry["queue"] == queue), None)
         if offset is None or offset < 0:
             # RocketMQ answers 0 for a queue whose first message is still at offset 0 (and in memory), so a new
             # group reads a young queue from its start whatever its consumeFromWhere: clients count on it.
-            if (await self._queue_info(topic, queue))["min_offset"] > 0:
+            if (await self.bridge.queue_info(topic, queue))["min_offset"] > 0:
                 return command.reply(ResponseCode.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group "
                                      "consumer boot first")
             offset = 0
@@ -97,16 +94,16 @@ class Consuming:
 
     async def update_consumer_offset(self, command: Command, connection) -> Command:
         header = command.ext
-        self.commit_later(header["consumerGroup"], header["topic"], _int(header, "queueId"),
+        self.clients.commit_later(header["consumerGroup"], header["topic"], _int(header, "queueId"),
                           _int(header, "commitOffset"))
         return command.reply()
 
     async def max_offset(self, command: Command, connection) -> Command:
-        info = await self._queue_info(command.ext["topic"], _int(command.ext, "queueId"))
+        info = await self.bridge.queue_info(command.ext["topic"], _int(command.ext, "queueId"))
         return command.reply(ext={"offset": info["next_offset"]})
 
     async def min_offset(self, command: Command, connection) -> Command:
-        info = await self._queue_info(command.ext["topic"], _int(command.ext, "queueId"))
+        info = await self.bridge.queue_info(command.ext["topic"], _int(command.ext, "queueId"))
         return command.reply(ext={"offset": info["min_offset"]})
 
     async def search_offset(self, command: Command, connection) -> Command:
@@ -120,18 +117,10 @@ class Consuming:
 
     async def earliest_store_time(self, command: Command, connection) -> Command:
         topic, queue = command.ext["topic"], _int(command.ext, "queueId")
-        info = await self._queue_info(topic, queue)
-        message = await self._message_at(topic, queue, info["min_offset"]) if info["next_offset"] > info["min_offset"] else None
+        info = await self.bridge.queue_info(topic, queue)
+        message = await self.bridge.message_at(topic, queue, info["min_offset"]) \
+            if info["next_offset"] > info["min_offset"] else None
         return command.reply(ext={"timestamp": message.timestamp_ms if message else 0})
-
-    async def _message_at(self, topic: str, queue: int, offset: int) -> Message | None:
-        response = await self.dispatcher.local("Pull", {"topic": topic, "queues": [{"queue": queue, "offset": offset}],
-                                                        "max_bytes": 1, "wait_ms": 0, "filter_type": "tag", "filter": "*"})
-        for stored in response["batches"]:
-            for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
-                if message.offset == offset:
-                    return message
-        return None
 
     # ---- retries ---------------------------------------------------------------------------------------------
 
@@ -144,9 +133,9 @@ class Consuming:
         group = header["group"]
         topic_hash, queue, low = layout.split_commit_log_offset(_int(header, "offset"))
         retry_topic = RETRY_PREFIX + group
-        topic = await self._topic_by_hash(topic_hash, retry_topic, header.get("originTopic", ""))
-        info = await self._queue_info(topic, queue)
-        message = await self._message_at(topic, queue, layout.unwrap_offset(low, info["next_offset"]))
+        topic = await self.bridge.topic_by_hash(topic_hash, retry_topic, header.get("originTopic", ""))
+        info = await self.bridge.queue_info(topic, queue)
+        message = await self.bridge.message_at(topic, queue, layout.unwrap_offset(low, info["next_offset"]))
         if message is None:
             return command.reply(ResponseCode.SYSTEM_ERROR, f"NOT_FOUND: no message at that offset of {topic}")
         properties = dict(message.properties)
@@ -176,7 +165,7 @@ class Consuming:
         else:
             delay_s = layout.DELAY_LEVELS_S[min(level or 3 + times - 1, len(layout.DELAY_LEVELS_S)) - 1]
         again.deliver_at_ms = now_ms + max(1, int(delay_s * 1000))
-        await self._ensure_retry_topic(group)
+        await self.clients.ensure_retry_topic(group)
         await self.dispatcher.local("Produce", {"topic": retry_topic, "queue": -1,
                                                 "batch": batch_codec.encode([again], now_ms)})
         return command.reply()

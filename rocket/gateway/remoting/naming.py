@@ -1,4 +1,4 @@
-"""The nameserver's remoting requests: routes, cluster info, the topic list, KV config. A mixin of RemotingGateway.
+"""The nameserver's remoting requests: routes, cluster info, the topic list, KV config. A part of RemotingGateway.
 
 Routes. rocket's brokers are stateless: any broker serves any queue. A route names ONE broker, the cluster's
 name, holding all the topic's queues, so a queue's identity (broker name, queue id), and the offsets clients
@@ -16,32 +16,19 @@ import orjson
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.gateway.remoting.bridge import Bridge
+from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, ResponseCode
-from rocket.model import KV_PREFIX, RETRY_PREFIX
+from rocket.model import RETRY_PREFIX
 
 PERM_READ_WRITE = 6  # RocketMQ's PermName: 4 read | 2 write
 
 
 class Naming:
-    async def _topic(self, name: str) -> dict:
-        """The topic's TopicInfo, cached for limits.remoting_topic_cache_s."""
-        now = self.clock.now_s()
-        found = self._topics.get(name)
-        if found is not None and now - found[0] < limits.remoting_topic_cache_s:
-            return found[1]
-        if not name or name.startswith(KV_PREFIX):
-            raise RocketError(Code.UNKNOWN_TOPIC, f"no topic {name!r}")
-        if self.dispatcher.serves("GetRoute"):  # a nameserver here: no storage call needed
-            topic = (await self.dispatcher.local("GetRoute", {"topic": name}))["topic"]
-        else:
-            topic = (await self.dispatcher.local("DescribeTopic", {"topic": name}))["topic"]
-        if topic["message_type"] == "kv":
-            raise RocketError(Code.UNKNOWN_TOPIC, f"{name!r} is a KV bucket, not a topic")
-        self._topics.pop(name, None)
-        while len(self._topics) >= limits.remoting_topic_cache_entries_max:
-            del self._topics[next(iter(self._topics))]
-        self._topics[name] = (now, topic)
-        return topic
+    def __init__(self, bridge: Bridge, clients: Clients):
+        self.bridge, self.clients = bridge, clients
+        self.dispatcher, self.clock, self.cluster = bridge.dispatcher, bridge.clock, bridge.cluster
+        self._brokers: tuple[float, list[str]] = (-1e9, [])  # (read at, the live brokers' addresses)
 
     async def _live_brokers(self, connection) -> list[str]:
         """The remoting (TCP) addresses of the brokers that are up, cached for limits.remoting_topic_cache_s; this
@@ -64,9 +51,9 @@ class Naming:
     async def get_route(self, command: Command, connection) -> Command:
         name = command.ext["topic"]
         if name.startswith(RETRY_PREFIX):  # a consumer may ask before its first heartbeat made it
-            await self._ensure_retry_topic(name[len(RETRY_PREFIX):])
+            await self.clients.ensure_retry_topic(name[len(RETRY_PREFIX):])
         try:
-            topic = await self._topic(name)
+            topic = await self.bridge.topic(name)
         except RocketError as error:
             if error.code != Code.UNKNOWN_TOPIC:
                 raise

@@ -1,5 +1,5 @@
 """Remoting sends (SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE) and END_TRANSACTION: messages converted to
-rocket's and produced as one batch through the broker. A mixin of RemotingGateway.
+rocket's and produced as one batch through the broker. A part of RemotingGateway.
 """
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import logging
 import trio
 
 from rocket import limits
-from rocket.errors import Code, RocketError
+from rocket.errors import RocketError
 from rocket.gateway.remoting import messages as layout
+from rocket.gateway.remoting.bridge import Bridge, as_stored
+from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, RequestCode
 from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
@@ -32,10 +34,15 @@ def send_header(command: Command) -> dict[str, str]:
 
 
 class Producing:
+    def __init__(self, bridge: Bridge, clients: Clients):
+        self.bridge, self.clients = bridge, clients
+        self.dispatcher, self.clock = bridge.dispatcher, bridge.clock
+        self._checked: set[str] = set()  # transaction topics whose checks are forwarded: remoting_transaction_topics_max
+
     async def send_message(self, command: Command, connection) -> Command:
         header = send_header(command)
         name = header["topic"]
-        topic = await self._topic(name)
+        topic = await self.bridge.topic(name)
         sys_flag = int(header.get("sysFlag", "0") or 0)
         now_ms = self.clock.wall_ms()
         born_ms = int(header.get("bornTimestamp", "0") or 0)
@@ -76,7 +83,7 @@ class Producing:
             return command.reply()  # unknown: the broker checks back later
         parts = header.get("transactionId", "").split(".")
         topic_hash, queue, low = layout.split_commit_log_offset(int(header.get("commitLogOffset", "0") or 0))
-        topic = await self._topic_by_hash(topic_hash, header.get("topic", ""))
+        topic = await self.bridge.topic_by_hash(topic_hash, header.get("topic", ""))
         if len(parts) == 3 and all(part.isdigit() for part in parts):
             queue, offset, count = map(int, parts)
         else:
@@ -84,17 +91,6 @@ class Producing:
         await self.dispatcher.local("EndTransaction", {"topic": topic, "queue": queue, "offset": offset,
                                                        "count": count, "commit": resolution == COMMIT})
         return command.reply()
-
-    async def _topic_by_hash(self, topic_hash: int, *named: str) -> str:
-        """The topic a commitLogOffset names: one of the named ones if it hashes alike, else the first topic
-        that does."""
-        for name in named:
-            if name and layout.topic_hash(name) == topic_hash:
-                return name
-        for topic in (await self.dispatcher.local("ListTopics", {}))["topics"]:
-            if layout.topic_hash(topic["name"]) == topic_hash:
-                return topic["name"]
-        raise RocketError(Code.NOT_FOUND, "no topic holds the message this id names")
 
     # ---- transaction check-backs ---------------------------------------------------------------------------
 
@@ -104,7 +100,8 @@ class Producing:
         if topic in self._checked or len(self._checked) >= limits.remoting_transaction_topics_max:
             return
         self._checked.add(topic)
-        self._nursery.start_soon(self._forward_checks, topic)
+        if self.bridge.nursery is not None:  # the gateway runs
+            self.bridge.nursery.start_soon(self._forward_checks, topic)
 
     async def _forward_checks(self, topic: str) -> None:
         """The broker's TransactionChecks stream of the topic, each check sent as CHECK_TRANSACTION_STATE to a
@@ -123,7 +120,7 @@ class Producing:
 
     async def _check_back(self, topic: str, check: dict) -> None:
         first = batch_codec.decode(check["batch"], check["offset"], check["queue"])[0]
-        connections = self.producer_connections(first.properties.get(layout.PRODUCER_GROUP, ""))
+        connections = self.clients.producer_connections(first.properties.get(layout.PRODUCER_GROUP, ""))
         if not connections:
             return
         connection = connections[check["offset"] % len(connections)]
@@ -134,5 +131,5 @@ class Producing:
                   "transactionId": f"{check['queue']}.{check['offset']}.{check['count']}",
                   "offsetMsgId": layout.message_id(host[0], host[1], offset_id)}
         await connection.notify(Command(RequestCode.CHECK_TRANSACTION_STATE, ext=header,
-                                        body=self._stored(first, topic, host)))
+                                        body=as_stored(first, topic, host)))
 

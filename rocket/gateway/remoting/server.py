@@ -1,6 +1,7 @@
 """The remoting gateway's connections: frames in, one task per request (a pull may wait seconds), responses out
 whole; requests from the server to a client (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) go out on the
-client's connection. The handlers are the mixins' methods, one table by request code.
+client's connection. The handlers are the methods of the gateway's parts (naming, producing, consuming, clients,
+administration, over one Bridge), one table by request code.
 
 rocket's TCP port serves both protocols: a connection whose first bytes look like a remoting frame
 (codec.looks_like_remoting) comes here, so `namesrvAddr=HOST:9876` works unchanged.
@@ -21,6 +22,7 @@ from rocket.errors import Code, RocketError
 from rocket.gateway.remoting import codec
 from rocket.gateway.remoting.admin import Administration
 from rocket.gateway.remoting.authorization import NEEDS, authorize
+from rocket.gateway.remoting.bridge import Bridge
 from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, RemotingError, RequestCode, ResponseCode
 from rocket.gateway.remoting.consuming import Consuming
@@ -88,7 +90,9 @@ def _address(stream: trio.abc.Stream, which: str) -> str:
         return "0.0.0.0:0"
 
 
-class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
+class RemotingGateway:
+    """The connections, and the requests routed to the gateway's parts, which share one Bridge."""
+
     def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle, *, cluster: str = "rocket",
                  frame_s: float = limits.tcp_frame_s_default, idle_s: float = limits.tcp_idle_s_default):
         self.dispatcher = dispatcher
@@ -98,44 +102,43 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
         self.idle_s = idle_s
         self.clock = clock
         self.lifecycle = lifecycle
-        self.cluster = cluster
+        self.bridge = Bridge(dispatcher, clock, cluster)
+        self.clients = Clients(self.bridge)
+        self.naming = Naming(self.bridge, self.clients)
+        self.producing = Producing(self.bridge, self.clients)
+        self.consuming = Consuming(self.bridge, self.clients)
+        self.admin = Administration(self.bridge, self.clients)
         self._handlers: dict[int, Callable[[Command, Connection], Awaitable[Command]]] = self._table()
-        self._topics: dict[str, tuple[float, dict]] = {}  # name -> (read at, topic): limits.remoting_topic_cache_entries_max
-        self._brokers: tuple[float, list[str]] = (-1e9, [])
-        self._started_ms = clock.wall_ms()
-        self._checked: set[str] = set()  # transaction topics whose checks are forwarded: remoting_transaction_topics_max
-        self._nursery: trio.Nursery | None = None
-        # (group, topic, queue) -> (client, renewed): at most limits.remoting_locks_max, lapsed ones swept first
-        self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}
-        Clients.__init__(self)
 
     def _table(self) -> dict[int, Callable[[Command, Connection], Awaitable[Command]]]:
         code = RequestCode
+        naming, producing, consuming, clients, admin = self.naming, self.producing, self.consuming, self.clients, \
+            self.admin
         return {
-            code.GET_ROUTEINFO_BY_TOPIC: self.get_route, code.GET_BROKER_CLUSTER_INFO: self.cluster_info,
-            code.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.topic_list, code.GET_KV_CONFIG: self.kv_config,
-            code.GET_KV_CONFIG_BY_VALUE: self.kv_config,
-            code.SEND_MESSAGE: self.send_message, code.SEND_MESSAGE_V2: self.send_message,
-            code.SEND_BATCH_MESSAGE: self.send_message, code.END_TRANSACTION: self.end_transaction,
-            code.PULL_MESSAGE: self.pull_message, code.QUERY_CONSUMER_OFFSET: self.query_consumer_offset,
-            code.UPDATE_CONSUMER_OFFSET: self.update_consumer_offset, code.GET_MAX_OFFSET: self.max_offset,
-            code.GET_MIN_OFFSET: self.min_offset, code.SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset,
-            code.GET_EARLIEST_MSG_STORETIME: self.earliest_store_time,
-            code.HEART_BEAT: self.heart_beat, code.UNREGISTER_CLIENT: self.unregister_client,
-            code.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list, code.CONSUMER_SEND_MSG_BACK: self.send_back,
-            code.LOCK_BATCH_MQ: self.lock_batch, code.UNLOCK_BATCH_MQ: self.unlock_batch,
-            code.VIEW_MESSAGE_BY_ID: self.view_message, code.QUERY_MESSAGE: self.query_message,
-            code.UPDATE_AND_CREATE_TOPIC: self.create_topic, code.GET_ALL_TOPIC_CONFIG: self.all_topic_config,
-            code.GET_TOPIC_STATS_INFO: self.topic_stats, code.GET_CONSUMER_CONNECTION_LIST: self.consumer_connections,
-            code.GET_BROKER_RUNTIME_INFO: self.runtime_info, code.DELETE_TOPIC_IN_BROKER: self.delete_topic,
+            code.GET_ROUTEINFO_BY_TOPIC: naming.get_route, code.GET_BROKER_CLUSTER_INFO: naming.cluster_info,
+            code.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: naming.topic_list, code.GET_KV_CONFIG: naming.kv_config,
+            code.GET_KV_CONFIG_BY_VALUE: naming.kv_config,
+            code.SEND_MESSAGE: producing.send_message, code.SEND_MESSAGE_V2: producing.send_message,
+            code.SEND_BATCH_MESSAGE: producing.send_message, code.END_TRANSACTION: producing.end_transaction,
+            code.PULL_MESSAGE: consuming.pull_message, code.QUERY_CONSUMER_OFFSET: consuming.query_consumer_offset,
+            code.UPDATE_CONSUMER_OFFSET: consuming.update_consumer_offset, code.GET_MAX_OFFSET: consuming.max_offset,
+            code.GET_MIN_OFFSET: consuming.min_offset, code.SEARCH_OFFSET_BY_TIMESTAMP: consuming.search_offset,
+            code.GET_EARLIEST_MSG_STORETIME: consuming.earliest_store_time,
+            code.HEART_BEAT: clients.heart_beat, code.UNREGISTER_CLIENT: clients.unregister_client,
+            code.GET_CONSUMER_LIST_BY_GROUP: clients.consumer_list, code.CONSUMER_SEND_MSG_BACK: consuming.send_back,
+            code.LOCK_BATCH_MQ: consuming.lock_batch, code.UNLOCK_BATCH_MQ: consuming.unlock_batch,
+            code.VIEW_MESSAGE_BY_ID: admin.view_message, code.QUERY_MESSAGE: admin.query_message,
+            code.UPDATE_AND_CREATE_TOPIC: admin.create_topic, code.GET_ALL_TOPIC_CONFIG: admin.all_topic_config,
+            code.GET_TOPIC_STATS_INFO: admin.topic_stats, code.GET_CONSUMER_CONNECTION_LIST: admin.consumer_connections,
+            code.GET_BROKER_RUNTIME_INFO: admin.runtime_info, code.DELETE_TOPIC_IN_BROKER: admin.delete_topic,
         }
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The gateway's own tasks (group membership kept alive for connected consumers, transaction checks
         forwarded to producers), until cancelled."""
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self.keep_members)
+            self.bridge.nursery = nursery
+            nursery.start_soon(self.clients.keep_members)
             task_status.started()
 
     async def serve(self, stream: trio.SocketStream, first: bytes) -> None:
@@ -185,7 +188,7 @@ class RemotingGateway(Naming, Producing, Consuming, Clients, Administration):
                 else:  # the client is gone: nobody reads the answers
                     calls.cancel_scope.cancel()
         finally:
-            await self.connection_closed(connection)
+            await self.clients.connection_closed(connection)
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 

@@ -1,0 +1,83 @@
+"""What the remoting gateway's parts share: the dispatcher they call the broker's methods through, the cluster's name,
+the topic cache, the lookups of queues and messages, and the nursery of the gateway's own tasks."""
+
+from __future__ import annotations
+
+import trio
+
+from rocket import limits
+from rocket.clock import Clock
+from rocket.errors import Code, RocketError
+from rocket.gateway.reads import queue_info
+from rocket.gateway.remoting import messages as layout
+from rocket.model import KV_PREFIX, Message
+from rocket.serde import batch as batch_codec
+from rocket.transport.rpc import Dispatcher
+
+
+class Bridge:
+    def __init__(self, dispatcher: Dispatcher, clock: Clock, cluster: str):
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.cluster = cluster  # the one broker name routes give: rocket's brokers are alike
+        self.started_ms = clock.wall_ms()
+        self.nursery: trio.Nursery | None = None  # the gateway's own tasks (RemotingGateway.run)
+        # name -> (read at, topic), at most limits.remoting_topic_cache_entries_max
+        self._topics: dict[str, tuple[float, dict]] = {}
+
+    async def topic(self, name: str) -> dict:
+        """The topic's TopicInfo, cached for limits.remoting_topic_cache_s."""
+        now = self.clock.now_s()
+        found = self._topics.get(name)
+        if found is not None and now - found[0] < limits.remoting_topic_cache_s:
+            return found[1]
+        if not name or name.startswith(KV_PREFIX):
+            raise RocketError(Code.UNKNOWN_TOPIC, f"no topic {name!r}")
+        if self.dispatcher.serves("GetRoute"):  # a nameserver here: no storage call needed
+            topic = (await self.dispatcher.local("GetRoute", {"topic": name}))["topic"]
+        else:
+            topic = (await self.dispatcher.local("DescribeTopic", {"topic": name}))["topic"]
+        if topic["message_type"] == "kv":
+            raise RocketError(Code.UNKNOWN_TOPIC, f"{name!r} is a KV bucket, not a topic")
+        self._topics.pop(name, None)
+        while len(self._topics) >= limits.remoting_topic_cache_entries_max:
+            del self._topics[next(iter(self._topics))]
+        self._topics[name] = (now, topic)
+        return topic
+
+    def forget_topic(self, name: str) -> None:
+        """Read the topic anew next time: it was created or changed here."""
+        self._topics.pop(name, None)
+
+    async def topic_by_hash(self, topic_hash: int, *named: str) -> str:
+        """The topic a commitLogOffset names: one of the named ones if it hashes alike, else the first topic
+        that does."""
+        for name in named:
+            if name and layout.topic_hash(name) == topic_hash:
+                return name
+        for topic in (await self.dispatcher.local("ListTopics", {}))["topics"]:
+            if layout.topic_hash(topic["name"]) == topic_hash:
+                return topic["name"]
+        raise RocketError(Code.NOT_FOUND, "no topic holds the message this id names")
+
+    async def queue_info(self, topic: str, queue: int) -> dict:
+        return await queue_info(self.dispatcher, topic, queue)
+
+    async def message_at(self, topic: str, queue: int, offset: int) -> Message | None:
+        response = await self.dispatcher.local("Pull", {"topic": topic, "queues": [{"queue": queue, "offset": offset}],
+                                                        "max_bytes": 1, "wait_ms": 0, "filter_type": "tag", "filter": "*"})
+        for stored in response["batches"]:
+            for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
+                if message.offset == offset:
+                    return message
+        return None
+
+
+def as_stored(message: Message, topic: str, host: tuple[bytes, int]) -> bytes:
+    """A message as a RocketMQ broker stores it (MessageDecoder's layout), as pulls, lookups and checks carry it."""
+    properties = layout.remoting_properties(message)
+    try:
+        reconsume = int(properties.get(layout.RECONSUME_TIME, "0"))
+    except ValueError:
+        reconsume = 0
+    return layout.encode_stored(message, topic, host, reconsume, properties)
