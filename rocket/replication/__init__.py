@@ -116,7 +116,7 @@ class Engine(Protocol):
         """Whether this replica may serve reads: it leads, or follows within lag_entries_max of the leader."""
         ...
 
-    async def propose(self, group: int, data: bytes, timeout_s: float) -> object:
+    async def propose(self, group: int, data: bytes, timeout_s: float = ...) -> object:
         """Replicate data in the group's log; the state machine's result once it is applied here."""
 
     def propose_parked(self, group: int, data: bytes, slot, timeout_s: float) -> None:

@@ -1,6 +1,8 @@
 """The nameserver role: the metadata Raft group (topics, assignments, nodes) and the calls that change it.
 
-role.py holds the calls (heartbeats, replica placement and moves, drains) and wires one mixin per concern:
+role.py holds the calls (heartbeats, replica placement and moves, drains). group.py is the metadata group as the
+parts reach it (propose, run on the leader, read). acl.py, consumer_groups.py and controller.py are parts of their own
+over it; classes.py, queues.py and health.py are still mixins of the role:
 - metadata.py is the metadata state machine (pure). It also holds users and policies, and the last elections of
   controller-mode groups; consumer-group settings are keyed by group name.
 - acl.py: users and policies. It answers nodes' MetaAclState, and makes a cluster's first user, `admin`, when auth is

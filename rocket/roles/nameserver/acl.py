@@ -1,5 +1,6 @@
 """Users, policies and client quotas in the metadata (rocket/access.py has the model): the calls that create, list and delete them,
-the state nodes fetch to enforce them, and the first user of a cluster with auth on. A mixin of Nameserver.
+the state nodes fetch to enforce them, and the first user of a cluster with auth on. A part of Nameserver,
+over the metadata group.
 
 A user's secret is sealed under the cluster key before it is proposed, so the Raft log, its snapshots and every
 node's disk hold it only sealed; nodes unseal it with the same key (all hold the cluster secret).
@@ -13,13 +14,19 @@ import sys
 import trio
 
 from rocket import access, limits, quotas
+from rocket.clock import Clock
+from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
+from rocket.roles.nameserver.group import MetadataGroup
 
 log = logging.getLogger("rocket.nameserver")
 
 
 class AclAdmin:
-    def _init_acl(self) -> None:
+    def __init__(self, meta: MetadataGroup, config: NodeConfig, clock: Clock):
+        self.meta = meta
+        self.config = config
+        self.clock = clock
         self._acl_key = access.cluster_key(self.config.cluster_secret) if self.config.cluster_secret else None
 
     def _sealing_key(self) -> bytes:
@@ -33,30 +40,30 @@ class AclAdmin:
         if request["secret"] and len(request["secret"]) < limits.cluster_secret_chars_min:
             raise RocketError(Code.BAD_REQUEST, f"a secret has at least {limits.cluster_secret_chars_min} characters")
         self._sealing_key()
-        return await self._on_leader("AclCreateUser", request, self._create_user_here)
+        return await self.meta.on_leader("AclCreateUser", request, self._create_user_here)
 
     async def _create_user_here(self, request: dict) -> dict:
         name, secret = request["user"], request["secret"] or access.new_secret()
         created_ms = self.clock.wall_ms()
-        await self._propose({"op": "create_user", "user": name, "super": request["super"], "created_ms": created_ms,
+        await self.meta.propose({"op": "create_user", "user": name, "super": request["super"], "created_ms": created_ms,
                              "sealed": access.seal(self._sealing_key(), name, secret)})
         log.info("user %s created%s", name, " (super user)" if request["super"] else "")
         return {"user": name, "secret": secret, "super": request["super"], "created_ms": created_ms}
 
     async def acl_delete_user(self, request: dict) -> dict:
-        return await self._on_leader("AclDeleteUser", request, self._delete_user_here)
+        return await self.meta.on_leader("AclDeleteUser", request, self._delete_user_here)
 
     async def _delete_user_here(self, request: dict) -> dict:
-        self.metadata.user(request["user"])
-        await self._propose({"op": "delete_user", "user": request["user"]})
+        self.meta.metadata.user(request["user"])
+        await self.meta.propose({"op": "delete_user", "user": request["user"]})
         log.info("user %s deleted, with its policies", request["user"])
         return {}
 
     async def acl_users(self, request: dict) -> dict:
-        return await self._read("AclUsers", request, self._users_here)
+        return await self.meta.read("AclUsers", request, self._users_here)
 
     async def _users_here(self, request: dict) -> dict:
-        users = self.metadata.users
+        users = self.meta.metadata.users
         return {"users": [{"user": name, "secret": "", "super": users[name]["super"],
                            "created_ms": users[name]["created_ms"]} for name in sorted(users)]}
 
@@ -67,11 +74,11 @@ class AclAdmin:
         if request["effect"] not in access.EFFECTS:
             raise RocketError(Code.BAD_REQUEST, f"effect {request['effect']!r}: allow or deny")
         policy["effect"] = request["effect"]
-        return await self._on_leader("AclGrant", policy, self._grant_here)
+        return await self.meta.on_leader("AclGrant", policy, self._grant_here)
 
     async def _grant_here(self, policy: dict) -> dict:
-        self.metadata.user(policy["user"])
-        await self._propose({"op": "grant", "policy": policy})
+        self.meta.metadata.user(policy["user"])
+        await self.meta.propose({"op": "grant", "policy": policy})
         log.info("policy: %s", policy)
         return policy
 
@@ -79,65 +86,65 @@ class AclAdmin:
         """The user's policies on the resource (the one of the effect given, if one is)."""
         if request["effect"] not in ("", *access.EFFECTS):
             raise RocketError(Code.BAD_REQUEST, f"effect {request['effect']!r}: allow, deny, or empty for both")
-        return await self._on_leader("AclRevoke", request, self._revoke_here)
+        return await self.meta.on_leader("AclRevoke", request, self._revoke_here)
 
     async def _revoke_here(self, request: dict) -> dict:
-        await self._propose({"op": "revoke", "user": request["user"], "resource": request["resource"],
+        await self.meta.propose({"op": "revoke", "user": request["user"], "resource": request["resource"],
                              "effect": request["effect"]})
         log.info("revoked: %s's policies on %s", request["user"], request["resource"])
         return {}
 
     async def acl_policies(self, request: dict) -> dict:
-        return await self._read("AclPolicies", request, self._policies_here)
+        return await self.meta.read("AclPolicies", request, self._policies_here)
 
     async def _policies_here(self, request: dict) -> dict:
-        policies = sorted(self.metadata.policies.items())
+        policies = sorted(self.meta.metadata.policies.items())
         return {"policies": [policy for key, policy in policies if request["user"] in ("", key[0])]}
 
     async def acl_set_quota(self, request: dict) -> dict:
         """Set an entity's quota, or drop it (delete)."""
         if request.get("delete"):
-            return await self._on_leader("AclSetQuota", {"entity": quotas.check_entity(request["entity"]),
+            return await self.meta.on_leader("AclSetQuota", {"entity": quotas.check_entity(request["entity"]),
                                                          "delete": True}, self._delete_quota_here)
-        return await self._on_leader("AclSetQuota", quotas.check_quota(request), self._set_quota_here)
+        return await self.meta.on_leader("AclSetQuota", quotas.check_quota(request), self._set_quota_here)
 
     async def _set_quota_here(self, quota: dict) -> dict:
         quota = {key: quota[key] for key in ("entity", *quotas.RATES)}
-        await self._propose({"op": "set_quota", "quota": quota})
+        await self.meta.propose({"op": "set_quota", "quota": quota})
         log.info("quota: %s", quota)
         return quota
 
     async def _delete_quota_here(self, request: dict) -> dict:
-        await self._propose({"op": "delete_quota", "entity": request["entity"]})
+        await self.meta.propose({"op": "delete_quota", "entity": request["entity"]})
         log.info("quota on %s dropped", request["entity"])
         return {"entity": request["entity"], "delete": True}
 
     async def acl_quotas(self, request: dict) -> dict:
-        return await self._read("AclQuotas", request, self._quotas_here)
+        return await self.meta.read("AclQuotas", request, self._quotas_here)
 
     async def _quotas_here(self, request: dict) -> dict:
-        found = self.metadata.quotas
+        found = self.meta.metadata.quotas
         return {"quotas": [found[entity] for entity in sorted(found) if request["entity"] in ("", entity)]}
 
     async def acl_state(self, request: dict) -> dict:
         """For nodes to enforce: nothing when the version asked is current. Read on the leader: a node asks when a
         heartbeat answer says the metadata changed, and a follower may not have applied that change yet (its answer
         would leave the node on old policies until the next change or limits.acl_recheck_s)."""
-        return await self._read("MetaAclState", request, self._acl_state_here, locally=False)
+        return await self.meta.read("MetaAclState", request, self._acl_state_here, locally=False)
 
     async def _acl_state_here(self, request: dict) -> dict:
-        metadata = self.metadata
+        metadata = self.meta.metadata
         if request["version"] == metadata.acl_version:
             return {"version": metadata.acl_version, "changed": False, "users": [], "policies": [], "quotas": []}
         return {"version": metadata.acl_version, "changed": True,
                 "users": [{"user": name, **user} for name, user in metadata.users.items()],
                 "policies": list(metadata.policies.values()), "quotas": list(metadata.quotas.values())}
 
-    async def _bootstrap_admin_forever(self) -> None:
+    async def bootstrap_admin_forever(self) -> None:
         """With auth on, the leader makes the first user, `admin` (super), once: with the configured secret, or a
         new one printed once to stderr."""
-        while not self.metadata.users:
-            if self.leads():
+        while not self.meta.metadata.users:
+            if self.meta.leads():
                 configured = self.config.auth_admin_secret
                 try:
                     made = await self._create_user_here({"user": "admin", "secret": configured, "super": True})

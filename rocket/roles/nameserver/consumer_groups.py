@@ -1,5 +1,5 @@
 """Consumer groups' settings (RIP-18's subscription data in the metadata): the calls that create, update and read
-them. A mixin of Nameserver.
+them. A part of Nameserver, over the metadata group.
 
 A group's settings are its max attempts before the dead letters, its retry backoff, its consume mode and whether it
 consumes in order. Brokers read them (a few seconds cached) and apply them to every receive of the group, whichever
@@ -12,6 +12,7 @@ import logging
 
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name
+from rocket.roles.nameserver.group import MetadataGroup
 from rocket.roles.nameserver.metadata import CONSUMER_GROUP_FIELDS, check_consumer_group, group_exists
 
 log = logging.getLogger("rocket.nameserver")
@@ -28,15 +29,18 @@ def settings_of(request: dict, fields) -> dict:
 
 
 class ConsumerGroupSettings:
+    def __init__(self, meta: MetadataGroup):
+        self.meta = meta
+
     async def create_consumer_group(self, request: dict) -> dict:
         settings_of(request, CONSUMER_GROUP_FIELDS)
-        return await self._on_leader("MetaCreateConsumerGroup", request, self._create_consumer_group_here)
+        return await self.meta.on_leader("MetaCreateConsumerGroup", request, self._create_consumer_group_here)
 
     async def _create_consumer_group_here(self, request: dict) -> dict:
         name = request["group"]
-        if name in self.metadata.consumer_groups:
+        if name in self.meta.metadata.consumer_groups:
             raise group_exists(name)
-        made = await self._propose({"op": "create_consumer_group", "group": name,
+        made = await self.meta.propose({"op": "create_consumer_group", "group": name,
                                     "settings": settings_of(request, CONSUMER_GROUP_FIELDS)})
         log.info("consumer group %s: %s", name, made.to_wire())
         return made.to_wire()
@@ -44,21 +48,21 @@ class ConsumerGroupSettings:
     async def update_consumer_group(self, request: dict) -> dict:
         """Only the settings named in `fields` change."""
         settings_of(request, request["fields"])
-        return await self._on_leader("MetaUpdateConsumerGroup", request, self._update_consumer_group_here)
+        return await self.meta.on_leader("MetaUpdateConsumerGroup", request, self._update_consumer_group_here)
 
     async def _update_consumer_group_here(self, request: dict) -> dict:
-        self.metadata.consumer_group(request["group"])  # UNKNOWN_GROUP before anything is proposed
-        updated = await self._propose({"op": "update_consumer_group", "group": request["group"],
+        self.meta.metadata.consumer_group(request["group"])  # UNKNOWN_GROUP before anything is proposed
+        updated = await self.meta.propose({"op": "update_consumer_group", "group": request["group"],
                                        "settings": settings_of(request, request["fields"])})
         log.info("consumer group %s updated: %s", request["group"], updated.to_wire())
         return updated.to_wire()
 
     async def consumer_groups(self, request: dict) -> dict:
-        return await self._read("MetaConsumerGroups", request, self._consumer_groups_here)
+        return await self.meta.read("MetaConsumerGroups", request, self._consumer_groups_here)
 
     async def _consumer_groups_here(self, request: dict) -> dict:
         """Every group with settings, by name, or the one named (UNKNOWN_GROUP if it has none)."""
         if request["group"]:
-            return {"groups": [self.metadata.consumer_group(request["group"]).to_wire()]}
-        groups = self.metadata.consumer_groups
+            return {"groups": [self.meta.metadata.consumer_group(request["group"]).to_wire()]}
+        groups = self.meta.metadata.consumer_groups
         return {"groups": [groups[name].to_wire() for name in sorted(groups)]}

@@ -9,7 +9,7 @@ survives the nameserver leader; the leader alone acts on it.
   otherwise), so that a deposed master, or a request overtaken by an election, changes nothing.
 Replicas' heartbeats are the storage nodes' own (NodeHeartbeat), which carry each controlled replica's epoch and
 log end. A new nameserver leader gives every master controller_lapse_s from its election before judging it: it has
-not heard anyone yet. A mixin of Nameserver.
+not heard anyone yet. A part of Nameserver, over the metadata group.
 """
 
 from __future__ import annotations
@@ -19,34 +19,38 @@ import logging
 import trio
 
 from rocket import limits
-from rocket.clock import sleep_periodic
+from rocket.clock import Clock, sleep_periodic
 from rocket.errors import RocketError
+from rocket.roles.nameserver.group import MetadataGroup
 
 log = logging.getLogger("rocket.controller")
 
 
 class Controller:
-    def _init_controller(self) -> None:
+    def __init__(self, meta: MetadataGroup, heartbeats: dict[int, tuple[float, dict]], clock: Clock):
+        self.meta = meta
+        self.heartbeats = heartbeats  # node -> (when, load): the nameserver's, kept by its NodeHeartbeat calls
+        self.clock = clock
         self._led_since: float | None = None  # when this nameserver's current term as leader began
         self._waiting: set[int] = set()  # groups whose master lapsed with no replica to elect (logged once)
 
     async def alter_sync_state_set(self, request: dict) -> dict:
-        return await self._on_leader("ControllerAlterSyncStateSet", request, self._alter_here)
+        return await self.meta.on_leader("ControllerAlterSyncStateSet", request, self._alter_here)
 
     async def _alter_here(self, request: dict) -> dict:
-        return await self._propose({"op": "alter_sync_state_set", "group": request["group"],
+        return await self.meta.propose({"op": "alter_sync_state_set", "group": request["group"],
                                     "master": request["master"], "master_epoch": request["master_epoch"],
                                     "sync_state_set_epoch": request["sync_state_set_epoch"],
                                     "sync_state_set": sorted(request["sync_state_set"])})
 
-    async def _control_forever(self) -> None:
+    async def control_forever(self) -> None:
         """As the nameservers' leader, elect a new master for each controller-mode group whose master lapsed: every
         limits.controller_check_s while there are such groups, every limits.idle_recheck_s while there are none (a
         new group's master lapses no sooner than limits.controller_lapse_s after its creation)."""
         while True:
-            controlled = any(members.control is not None for members in self.metadata.groups.values())
+            controlled = any(members.control is not None for members in self.meta.metadata.groups.values())
             await sleep_periodic(limits.controller_check_s if controlled else limits.idle_recheck_s)
-            if not self.leads():
+            if not self.meta.leads():
                 self._led_since = None
                 continue
             if self._led_since is None:
@@ -62,18 +66,18 @@ class Controller:
         return self._silent_s(node) < seconds
 
     def _silent_s(self, node: int) -> float:
-        heard = self._heartbeats.get(node)
+        heard = self.heartbeats.get(node)
         return trio.current_time() - (heard[0] if heard is not None else self._led_since)
 
     def _log_end(self, node: int, group: int) -> int:
         """The last index of the node's replica of the group, as its last heartbeat reported (-1: unknown)."""
-        for replica in self._heartbeats.get(node, (0, {}))[1].get("controlled", ()):
+        for replica in self.heartbeats.get(node, (0, {}))[1].get("controlled", ()):
             if replica["group"] == group:
                 return replica["last_index"]
         return -1
 
     async def _elect_masters(self) -> None:
-        for group, members in list(self.metadata.groups.items()):
+        for group, members in list(self.meta.metadata.groups.items()):
             control = members.control
             if control is None or self._heard_within(control.master, limits.controller_lapse_s):
                 self._waiting.discard(group)
@@ -81,7 +85,7 @@ class Controller:
             live = [node for node in members.voters
                     if node != control.master and self._heard_within(node, limits.controller_lapse_s)]
             candidates = [node for node in live if node in control.sync_state_set]
-            unclean = not candidates and self.metadata.classes[members.storage_class].unclean_election
+            unclean = not candidates and self.meta.metadata.classes[members.storage_class].unclean_election
             if unclean:
                 candidates = live
             if not candidates:
@@ -92,7 +96,7 @@ class Controller:
                 continue
             master = max(candidates, key=lambda node: (self._log_end(node, group), -node))
             previous_end, master_end = self._log_end(control.master, group), self._log_end(master, group)
-            await self._propose({"op": "elect_master", "group": group, "master": master,
+            await self.meta.propose({"op": "elect_master", "group": group, "master": master,
                                  "from_epoch": control.master_epoch, "unclean": unclean,
                                  "at_ms": self.clock.wall_ms(), "previous_last_index": previous_end,
                                  "master_last_index": master_end})

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 
-import orjson
 import trio
 
 from rocket import limits
@@ -30,6 +29,7 @@ from rocket.roles.nameserver.acl import AclAdmin
 from rocket.roles.nameserver.classes import StorageClasses
 from rocket.roles.nameserver.consumer_groups import ConsumerGroupSettings
 from rocket.roles.nameserver.controller import Controller
+from rocket.roles.nameserver.group import MetadataGroup
 from rocket.roles.nameserver.health import NodeHealthChecks
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, META_GROUP, Metadata, exists
 from rocket.roles.nameserver.queues import QueuePlacement
@@ -39,7 +39,7 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.nameserver")
 
 
-class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroupSettings, Controller, AclAdmin):
+class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
     def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, clock: Clock,
                  placement: Placement | None = None, objects=None):
         self.config = config
@@ -57,14 +57,16 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
         self._leaders: dict[int, int] = {}  # storage group -> the node that last reported leading it
         self._creating = trio.Lock()  # topic creations are placed one at a time
         self._moving: set[int] = set()  # storage groups whose replica move runs now
+        self.meta = MetadataGroup(config, host, peers, self.members, self.metadata)
+        self.consumer_group_settings = ConsumerGroupSettings(self.meta)
+        self.controller = Controller(self.meta, self._heartbeats, clock)
+        self.acl = AclAdmin(self.meta, config, clock)
         self._init_queue_placement(objects)
         self._init_health()
-        self._init_controller()
-        self._init_acl()
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("NodeHeartbeat", self.node_heartbeat)
-        dispatcher.handle("ControllerAlterSyncStateSet", self.alter_sync_state_set)
+        dispatcher.handle("ControllerAlterSyncStateSet", self.controller.alter_sync_state_set)
         dispatcher.handle("GetRoute", self.get_route)
         dispatcher.handle("MetaCreateTopic", self.create_topic)
         dispatcher.handle("MetaListTopics", self.list_topics)
@@ -79,27 +81,28 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
         dispatcher.handle("PinNodeHealth", self.pin_node_health)
         dispatcher.handle("MetaCreateStorageClass", self.create_storage_class)
         dispatcher.handle("MetaStorageClasses", self.storage_classes)
-        dispatcher.handle("MetaCreateConsumerGroup", self.create_consumer_group)
-        dispatcher.handle("MetaUpdateConsumerGroup", self.update_consumer_group)
-        dispatcher.handle("MetaConsumerGroups", self.consumer_groups)
-        dispatcher.handle("MetaAclState", self.acl_state)
+        dispatcher.handle("MetaCreateConsumerGroup", self.consumer_group_settings.create_consumer_group)
+        dispatcher.handle("MetaUpdateConsumerGroup", self.consumer_group_settings.update_consumer_group)
+        dispatcher.handle("MetaConsumerGroups", self.consumer_group_settings.consumer_groups)
+        dispatcher.handle("MetaAclState", self.acl.acl_state)
         for name, handler in self.acl_methods().items():
             dispatcher.handle(name, handler)
 
     def acl_methods(self) -> dict:
         """The user and policy calls; a broker without a nameserver forwards them here."""
-        return {"AclCreateUser": self.acl_create_user, "AclDeleteUser": self.acl_delete_user,
-                "AclUsers": self.acl_users, "AclGrant": self.acl_grant, "AclRevoke": self.acl_revoke,
-                "AclPolicies": self.acl_policies, "AclSetQuota": self.acl_set_quota, "AclQuotas": self.acl_quotas}
+        acl = self.acl
+        return {"AclCreateUser": acl.acl_create_user, "AclDeleteUser": acl.acl_delete_user,
+                "AclUsers": acl.acl_users, "AclGrant": acl.acl_grant, "AclRevoke": acl.acl_revoke,
+                "AclPolicies": acl.acl_policies, "AclSetQuota": acl.acl_set_quota, "AclQuotas": acl.acl_quotas}
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """On the leader, every heartbeat interval: create storage groups as storage nodes join, plan replica
         moves (they run here too), and balance leaders."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_model_forever)
-            nursery.start_soon(self._control_forever)
+            nursery.start_soon(self.controller.control_forever)
             if self.config.auth:
-                nursery.start_soon(self._bootstrap_admin_forever)
+                nursery.start_soon(self.acl.bootstrap_admin_forever)
             task_status.started()
             while True:
                 await sleep_periodic(limits.node_heartbeat_s)
@@ -116,26 +119,13 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
                     log.warning("planning replica moves and leaders: %s", error)
 
     def leads(self) -> bool:
-        return self.host.leader_of(META_GROUP) == self.config.node_id
+        return self.meta.leads()
 
     async def _on_leader(self, method: str, request: dict, here):
-        """Run here when this node leads the metadata group, else forward the call to the leader."""
-        with trio.move_on_after(limits.leader_wait_s_max):
-            while True:
-                leader = self.host.leader_of(META_GROUP)
-                if leader == self.config.node_id:
-                    return await here(request)
-                if leader in self.members:
-                    try:
-                        return await self.peers.call(self.members[leader], method, request)
-                    except RocketError as error:
-                        if error.code not in RETRYABLE:
-                            raise
-                await trio.sleep(limits.leader_poll_s)  # an election is on, or the leader just failed
-        raise RocketError(Code.UNAVAILABLE, f"the nameservers have no leader after {limits.leader_wait_s_max} s")
+        return await self.meta.on_leader(method, request, here)
 
     async def _propose(self, command: dict):
-        return await self.host.propose(META_GROUP, orjson.dumps(command))
+        return await self.meta.propose(command)
 
     # ---- nodes ---------------------------------------------------------------------------------------
 
@@ -404,23 +394,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses, ConsumerGroup
                                  "local_retention_s": float(local_s)})
         return self.metadata.topic(spec.name).to_wire()
 
-    def _in_sync(self) -> bool:
-        """A follower nameserver answers reads itself while it is in sync with the leader (it heard from
-        it within an election timeout and applied nearly all it committed): stale by a bounded amount."""
-        return self.host.groups[META_GROUP].core.in_sync(limits.follower_read_lag_entries_max)
-
     async def _read(self, method: str, request: dict, here, locally: bool = True):
-        """A read of the metadata: here when in sync (and locally allowed), else on the leader after a
-        read barrier (its lease, or a round of heartbeats), so that a new or deposed leader does not
-        answer from old state."""
-        if locally and not self.leads() and self._in_sync():
-            return await here(request)
-
-        async def on_leader(request: dict):
-            await self.host.read_barrier(META_GROUP, lease=True)
-            return await here(request)
-
-        return await self._on_leader(method, request, on_leader)
+        return await self.meta.read(method, request, here, locally)
 
     async def list_topics(self, request: dict) -> dict:
         return await self._read("MetaListTopics", request, self._topics_here)

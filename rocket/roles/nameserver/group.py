@@ -1,0 +1,63 @@
+"""The nameservers' Raft group of the metadata, as the nameserver's parts reach it: a change proposed, a call run on
+the group's leader (forwarded there from a follower), and a read of the metadata answered here or on the leader."""
+
+from __future__ import annotations
+
+import orjson
+import trio
+
+from rocket import limits
+from rocket.config import NodeConfig
+from rocket.errors import Code, RocketError
+from rocket.replication import Engine
+from rocket.roles.nameserver.metadata import META_GROUP, Metadata
+from rocket.roles.peers import RETRYABLE, Peers
+
+
+class MetadataGroup:
+    def __init__(self, config: NodeConfig, host: Engine, peers: Peers, members: dict, metadata: Metadata):
+        self.node_id = config.node_id
+        self.host = host
+        self.peers = peers
+        self.members = members  # nameserver node -> its address
+        self.metadata = metadata
+
+    def leads(self) -> bool:
+        return self.host.leader_of(META_GROUP) == self.node_id
+
+    async def on_leader(self, method: str, request: dict, here):
+        """Run here when this node leads the metadata group, else forward the call to the leader."""
+        with trio.move_on_after(limits.leader_wait_s_max):
+            while True:
+                leader = self.host.leader_of(META_GROUP)
+                if leader == self.node_id:
+                    return await here(request)
+                if leader in self.members:
+                    try:
+                        return await self.peers.call(self.members[leader], method, request)
+                    except RocketError as error:
+                        if error.code not in RETRYABLE:
+                            raise
+                await trio.sleep(limits.leader_poll_s)  # an election is on, or the leader just failed
+        raise RocketError(Code.UNAVAILABLE, f"the nameservers have no leader after {limits.leader_wait_s_max} s")
+
+    async def propose(self, command: dict):
+        return await self.host.propose(META_GROUP, orjson.dumps(command))
+
+    def in_sync(self) -> bool:
+        """A follower nameserver answers reads itself while it is in sync with the leader (it heard from
+        it within an election timeout and applied nearly all it committed): stale by a bounded amount."""
+        return self.host.in_sync(META_GROUP, limits.follower_read_lag_entries_max)
+
+    async def read(self, method: str, request: dict, here, locally: bool = True):
+        """A read of the metadata: here when in sync (and locally allowed), else on the leader after a
+        read barrier (its lease, or a round of heartbeats), so that a new or deposed leader does not
+        answer from old state."""
+        if locally and not self.leads() and self.in_sync():
+            return await here(request)
+
+        async def on_leader(request: dict):
+            await self.host.read_barrier(META_GROUP, lease=True)
+            return await here(request)
+
+        return await self.on_leader(method, request, on_leader)
