@@ -356,7 +356,8 @@ health_window_s_min = 1.0  # a config's shortest window: it spans at least one h
 health_window_s_max = 600.0  # ... and its longest: a node slower than this to judge is judged too late to help
 health_fsync_p99_s_min = 0.005  # a window's fsync p99 above this may be a slow disk (an SSD syncs in 0.1-2 ms) ...
 health_fsync_peer_ratio = 4.0  # ... when it is also this many times the other storage nodes' median p99 (not a slow cluster)
-health_fsyncs_min = 20  # a window with fewer fsyncs than this says nothing of the disk: a p99 of three is noise
+health_fsyncs_min = 20  # a window with fewer fsyncs than this has no p99 to tell: a p99 of three is noise ...
+health_fsyncs_few = 5  # ... but from this many on, their median stands for it (a disk slow enough to sync rarely)
 health_error_rate_max = 0.2  # a node that fails more than this share of the calls other nodes make to it is unhealthy ...
 health_calls_min = 20  # ... if they made this many at least in the window
 health_degrade_windows = 3  # unhealthy windows in a row before a node is degraded: one slow window is not a fault
@@ -500,6 +501,7 @@ invariant(kv_watch_events_max <= kv_events_kept_default, "a watch read returns f
 invariant(kv_value_bytes_max + kv_key_bytes_max < kv_txn_bytes_max < raft_entry_bytes_max, "a put fits a transaction, a transaction one Raft entry")
 invariant(health_window_s_min <= health_window_s_default <= health_window_s_max, "the default health window is one a config may set")
 invariant(health_window_s_min >= node_heartbeat_s, "a health window holds a heartbeat of every node")
+invariant(1 <= health_fsyncs_few < health_fsyncs_min, "a window's median needs fewer fsyncs than its p99")
 invariant(health_degrade_windows < health_recover_windows, "a degraded node returns more slowly than it left: no flapping")
 invariant(node_heartbeat_s < controller_lapse_s < node_down_s, "a master is replaced after missed heartbeats, before it is down")
 invariant(ha_lag_s_min <= ha_lag_s_default <= ha_lag_s_max, "the default sync lag is one a class may set")

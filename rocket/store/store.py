@@ -192,6 +192,11 @@ class Store(Reads, Timers):
         taken, self.bytes_in = self.bytes_in, {}
         return taken
 
+    def give_back_bytes_in(self, taken: dict[tuple[str, int], int]) -> None:
+        """What take_bytes_in gave, for the next call: no nameserver heard of it."""
+        for key, count in taken.items():
+            self.bytes_in[key] = self.bytes_in.get(key, 0) + count
+
     def take_traffic(self) -> list[tuple[str, int, int, tuple[int, int, int, int], tuple[int, int, int, int] | None]]:
         """Telemetry: the queues appended to, read or committed since the last call, as (topic, queue, group, totals,
         increases, backlog): totals are (messages in, bytes in, messages out, bytes out), in since the queue began, out

@@ -130,7 +130,11 @@ def test_windows_are_the_differences_of_the_heartbeats_counts():
 
     assert fsync_window(buckets(100, 0), buckets(100, 100))[1] == 100
     assert 0.02 < fsync_window(buckets(100, 0), buckets(100, 100))[0] <= 0.05
-    assert fsync_window(buckets(100, 0), buckets(105, 0)) == (None, 5)  # too few to say
+    assert fsync_window(buckets(100, 0), buckets(104, 0)) == (None, 4)  # too few to say
+    few, fsyncs = fsync_window(buckets(100, 0), buckets(100, 10))  # a disk so slow it synced 10 times: their median
+    assert fsyncs == 10 and 0.02 < few <= 0.05
+    assert ThresholdScorer().score(NodeWindow(3, few, fsyncs), [NodeWindow(1, 0.001, 30), NodeWindow(2, 0.001, 30)]
+                                   ).kind == "slow_disk"
     assert fsync_window(buckets(100, 0), buckets(50, 0)) == (None, 0)  # restarted: counts went back
     before = {1: {"fsync_buckets": buckets(10, 0), "peer_calls": [{"peer": "h:3", "calls": 10, "errors": 0}]},
               3: {"fsync_buckets": buckets(10, 0), "peer_calls": []}}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -18,6 +19,8 @@ from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor
 from rocket.ml.placement import GroupLoad, leader_transfer, new_queue_load, place_queues
 from rocket.raft.core import Entry
 from rocket.roles.nameserver.metadata import Metadata
+from rocket.roles.storage.replicas import Replicas
+from rocket.store.store import Store
 
 NOW_MS = 1_800_000_000_000 // STEP_MS * STEP_MS  # the start of a step
 
@@ -223,3 +226,29 @@ def test_a_new_topics_queues_weigh_an_average_queue_and_spread():
     choices = place_queues(0, 8, new_queue_load(None, 8, groups), groups)
     assert {choice.group for choice in choices} >= {4, 5} and len({choice.group for choice in choices}) >= 2
     assert max(collections.Counter(choice.group for choice in choices).values()) <= 6
+
+
+async def test_a_storage_nodes_bytes_in_wait_for_a_heartbeat_that_a_nameserver_answers():
+    """The bytes a storage node appended reach the load history once: a heartbeat no nameserver answered leaves them
+    for the next one, and only the groups the node leads are reported."""
+    sent: list[dict] = []
+    answers = [None, {"unchanged": True}]
+
+    async def heartbeat(load, version):
+        sent.append(load)
+        return answers.pop(0)
+
+    store = SimpleNamespace(bytes_in={("orders", 1): 100, ("orders", 2): 50})
+    store.take_bytes_in = lambda: Store.take_bytes_in(store)  # type: ignore[attr-defined]
+    store.give_back_bytes_in = lambda taken: Store.give_back_bytes_in(store, taken)  # type: ignore[attr-defined]
+    host = SimpleNamespace(disk_refusal=False, leads=lambda group: group == 1, lagging=lambda group: {},
+                           controlled_position=lambda group: None,
+                           wal=SimpleNamespace(log=SimpleNamespace(end_position=0, start_position=0)))
+    node = SimpleNamespace(host=host, store=store, peers=SimpleNamespace(heartbeat=heartbeat),
+                           config=SimpleNamespace(data_dir="."), _storage_groups=lambda: [1, 2],
+                           _assignment_version=3, assigned=SimpleNamespace(set=lambda: None))
+    await Replicas._heartbeat(node)  # type: ignore[arg-type]
+    store.bytes_in[("orders", 1)] += 10
+    await Replicas._heartbeat(node)  # type: ignore[arg-type]
+    assert [load["group_bytes_in"] for load in sent] == [[{"group": 1, "bytes": 100}], [{"group": 1, "bytes": 110}]]
+    assert sent[1]["topic_bytes_in"] == [{"topic": "orders", "bytes": 110}] and store.bytes_in == {}

@@ -25,10 +25,10 @@ log = logging.getLogger("rocket.nameserver")
 HEALTH_MODEL_KEY = "models/health/latest.json"
 
 
-def quantile_window(before: list[int], after: list[int], bounds: tuple[float, ...], least: int
-                    ) -> tuple[float | None, int]:
-    """(p99 in seconds or None, observations) of a window, from a histogram's cumulative bucket counts at its ends;
-    None too when the counts went back (the node restarted) or there were fewer than least observations."""
+def quantile_window(before: list[int], after: list[int], bounds: tuple[float, ...], least: int,
+                    quantile: float = 0.99) -> tuple[float | None, int]:
+    """(the quantile in seconds or None, observations) of a window, from a histogram's cumulative bucket counts at
+    its ends; None too when the counts went back (the node restarted) or there were fewer than least observations."""
     if len(after) != len(bounds) or len(before) not in (0, len(after)):
         return None, 0
     increases = [now - then for now, then in zip(after, before or [0] * len(after))]
@@ -36,11 +36,17 @@ def quantile_window(before: list[int], after: list[int], bounds: tuple[float, ..
         return None, 0
     if increases[-1] < least:
         return None, increases[-1]
-    return bucket_quantile(0.99, list(bounds), increases), increases[-1]
+    return bucket_quantile(quantile, list(bounds), increases), increases[-1]
 
 
 def fsync_window(before: list[int], after: list[int]) -> tuple[float | None, int]:
-    return quantile_window(before, after, FSYNC_BUCKETS, limits.health_fsyncs_min)
+    """A window's fsync p99 and fsyncs. Below health_fsyncs_min fsyncs, from health_fsyncs_few on, their median
+    stands for the p99 (which is at least that): a disk so slow that it syncs a few times a window is not hidden by
+    its own slowness."""
+    p99_s, fsyncs = quantile_window(before, after, FSYNC_BUCKETS, limits.health_fsyncs_min)
+    if p99_s is None and limits.health_fsyncs_few <= fsyncs:
+        return quantile_window(before, after, FSYNC_BUCKETS, limits.health_fsyncs_few, 0.5)
+    return p99_s, fsyncs
 
 
 def node_windows(before: dict[int, dict], after: dict[int, dict], addresses: dict[str, int],

@@ -34,7 +34,9 @@ class Replicas:
         led = set(leads)
         group_bytes: dict[int, int] = {}
         topic_bytes: dict[str, int] = {}
-        for (topic, group), count in self.store.take_bytes_in().items():
+        store = self.store
+        taken = store.take_bytes_in()
+        for (topic, group), count in taken.items():
             if group in led:
                 group_bytes[group] = group_bytes.get(group, 0) + count
                 topic_bytes[topic] = topic_bytes.get(topic, 0) + count
@@ -47,6 +49,7 @@ class Replicas:
                 "controlled": controlled}
         assignment = await self.peers.heartbeat(load, self._assignment_version)
         if assignment is None:
+            store.give_back_bytes_in(taken)  # the next heartbeat carries them
             return
         if not assignment["unchanged"]:
             self._assign(assignment)
