@@ -62,7 +62,7 @@ class QueuePlacement:
                 self._unshared[series, step] += count
 
     async def _share_history(self) -> None:
-        """On the leader, every heartbeat interval: the history it recorded since, to the other nameservers (best
+        """Every heartbeat interval: the history this node recorded since as leader, to the other nameservers (best
         effort), so that a new leader has the old one's: placement and leader balancing need an hour of it."""
         if not self._unshared:
             return
@@ -79,11 +79,11 @@ class QueuePlacement:
                     log.debug("load history to nameserver %d: %s", member, error)
 
     async def load_share(self, request: dict) -> dict:
-        """On the other nameservers: the leader's history of its last interval."""
-        if not self.leads():
-            for entry in request["steps"]:
-                series = ("group", entry["group"]) if entry["kind"] == "group" else ("topic", entry["topic"])
-                self.history.add(series, entry["step"] * STEP_MS, entry["bytes"])
+        """On the other nameservers: the leader's history of its last interval (or, on a new leader, what the old one
+        recorded in its last, which only it heard)."""
+        for entry in request["steps"]:
+            series = ("group", entry["group"]) if entry["kind"] == "group" else ("topic", entry["topic"])
+            self.history.add(series, entry["step"] * STEP_MS, entry["bytes"])
         return {}
 
     async def _follow_model_forever(self) -> None:

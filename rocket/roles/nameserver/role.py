@@ -108,6 +108,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
                 await sleep_periodic(limits.node_heartbeat_s)
                 if not self.leads():
                     self._window_began = None  # a later term starts its windows afresh, from the metadata
+                    await self._share_history()  # what it recorded while it led, for the new leader
                     continue
                 try:
                     await self._judge_health()
