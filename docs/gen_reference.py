@@ -169,6 +169,26 @@ TITLES = {"dispatcher": "Answered by the dispatcher (every node)", "nameserver":
           "storage": "Storage", "Raft host": "Raft host (every node)", "none": "Served by no role"}
 
 
+def parts_of(cls: type) -> dict[str, type]:
+    """A role's parts, by the attribute its __init__ keeps each in: {"admin": Admin} for self.admin = Admin(...)."""
+    module = inspect.getmodule(cls)
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))  # type: ignore[misc]
+    return {target.attr: getattr(module, item.value.func.id) for item in ast.walk(tree) if isinstance(item, ast.Assign)
+            for target in item.targets if isinstance(target, ast.Attribute) and isinstance(item.value, ast.Call)
+            and isinstance(item.value.func, ast.Name) and isinstance(getattr(module, item.value.func.id, None), type)}
+
+
+def handler_of(cls: type | None, value: ast.expr) -> object:
+    """The function a registration names: self.ping, a part's self.admin.ping, or acl.acl_grant (acl = self.acl)."""
+    if cls is None or not isinstance(value, ast.Attribute):
+        return None
+    owner = value.value
+    if isinstance(owner, ast.Name) and owner.id == "self":
+        return getattr(cls, value.attr, None)
+    part = owner.attr if isinstance(owner, ast.Attribute) else owner.id if isinstance(owner, ast.Name) else ""
+    return getattr(parts_of(cls).get(part), value.attr, None)
+
+
 def method_servers() -> dict[str, list[tuple[str, str]]]:
     """Method -> [(role, the first sentence of its handler's docstring)], from the code where each role registers."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(rpc.Dispatcher)))
@@ -183,7 +203,7 @@ def method_servers() -> dict[str, list[tuple[str, str]]]:
                     [item.args] if isinstance(item, ast.Call) and getattr(item.func, "attr", "") == "handle" else []
                 for key, value in pairs:  # {"Ping": self.ping}, ("StorageAppend", self.append), .handle("X", f)
                     if isinstance(key, ast.Constant) and key.value in rpc.METHODS:
-                        handler = getattr(cls, value.attr, None) if isinstance(value, ast.Attribute) else None
+                        handler = handler_of(cls, value)
                         paragraph = " ".join(inspect.cleandoc(getattr(handler, "__doc__", "") or "").split("\n\n")[0].split())
                         found.setdefault(key.value, []).append((role, re.split(r"(?<=\.)\s+(?=[A-Z])", paragraph)[0]))
                 if isinstance(item, ast.Name) and isinstance(getattr(module, item.id, None), tuple):

@@ -242,15 +242,15 @@ async def test_concurrent_writes_batched_together_each_decide_alone(kv):
 
 async def test_gets_on_a_leader_whose_lease_holds_take_no_task(nursery, tmp_path, monkeypatch):
     """On a dev-mode node (every group led here, alone a quorum) a get is served in the connection's read loop:
-    after the first (the group may be quiet), none of a hundred goes to the task path (Broker.kv_get or the storage
-    role's kv_read), over the lane and over JSON alike."""
+    after the first (the group may be quiet), none of a hundred goes to the task path (the broker's KeyValues.kv_get
+    or the storage role's kv_read), over the lane and over JSON alike."""
     from rocket.node import run_node
-    from rocket.roles.broker.role import Broker
+    from rocket.roles.broker.kv import KeyValues
     from rocket.roles.storage.role import StorageRole
     from tests.conftest import node_config
 
     tasks = []
-    for cls, name in ((Broker, "kv_get"), (StorageRole, "kv_read")):
+    for cls, name in ((KeyValues, "kv_get"), (StorageRole, "kv_read")):
         def counting(original):
             async def counted(self, request):
                 tasks.append(name)

@@ -15,10 +15,10 @@ from rocket.clock import Clock
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Address, Message, TopicSpec, bucket_topic, shard_of
-from rocket.parked import Deadlines, Slot, Unparked
+from rocket.parked import Slot, Unparked
 from rocket.roles.broker.kv import KeyValues
 from rocket.roles.broker.produce import Produce
-from rocket.roles.broker.routes import Route, Routes
+from rocket.roles.broker.routes import Routes, Turns
 from rocket.serde import batch as batch_codec
 from rocket.transport.rpc import Dispatcher
 
@@ -59,40 +59,65 @@ class Peers:
         return {"queue": request["queue"], "base_offset": 40, "count": 1, "scheduled": False}
 
 
-class Broker(Routes, Produce):
-    def __init__(self, nursery: trio.Nursery):
+# Topic orders: queue q on group 10 + q, led here (node 1) for queues 0 and 2 and on node 2 for 1 and 3; bucket b:
+# shard s on group 20 + s, shard 0 led here and shard 1 on node 2. Every group has both nodes as voters.
+ROUTES = {"orders": (TopicSpec("orders", queues=4), [10, 11, 12, 13]),
+          bucket_topic("b"): (TopicSpec(bucket_topic("b"), queues=2, message_type="kv"), [20, 21])}
+
+
+class Nameservers(Peers):
+    async def nameserver(self, method: str, request: dict) -> dict:
+        assert method == "GetRoute"
+        spec, groups = ROUTES[request["topic"]]
+        return {"version": 1, "topic": spec.to_wire(), "queue_groups": groups,
+                "nodes": [{"id": 1, "address": str(HERE)}, {"id": 2, "address": str(THERE)}],
+                "groups": [{"id": group, "voters": [1, 2], "leader": 1 + group % 2} for group in groups]}
+
+
+class Broker:
+    """The broker's routes and produce over fake peers, with the routes of ROUTES known (cached) and run() started:
+    a StorageAppend or StorageKvTxn led here is parked in `parked`."""
+
+    def __init__(self):
         self.dispatcher = Dispatcher()
         self.parked: list[tuple[dict, Slot]] = []
-        self.dispatcher.handle("StorageAppend", None, parked=lambda request, slot: self.parked.append((request, slot)))
-        self.peers = Peers(self.dispatcher)
-        self._nursery = nursery
-        self._round_robin = {}
-        self._silent = {}
-        self._producer_id, self._sequences = 9, itertools.count()
-        self._forwarded, self._sweeping = Deadlines(), False
-        self.clock = Clock()
-        self._addresses = {1: HERE, 2: THERE}
-        self._leaders = {10: 1, 11: 2, 12: 1, 13: 2}  # the groups of queues 0 and 2 are led here
-        self._routes = {"orders": Route(TopicSpec("orders", queues=4), 1, [10, 11, 12, 13],
-                                        {group: (1, 2) for group in (10, 11, 12, 13)}, trio.current_time())}
+        for method in ("StorageAppend", "StorageKvTxn"):
+            self.dispatcher.handle(method, None, parked=lambda request, slot: self.parked.append((request, slot)))
+        self.peers = Nameservers(self.dispatcher)
+        self.routes = Routes(self.peers, Clock())
+        self.producer = Produce(self.routes, Turns())
+        self.kv = KeyValues(self.routes, self.peers)
+        self.keys = {shard: next(f"k{n}" for n in itertools.count() if shard_of(f"k{n}", 2) == shard)
+                     for shard in (0, 1)}
 
-    def produce(self, request: dict) -> None:  # the task path's choice of queue, as Broker.produce makes it
-        return self._produce_queue(self._routes["orders"], request["queue"])
+    async def start(self, nursery: trio.Nursery) -> Broker:
+        await nursery.start(self.routes.run)
+        for topic in ROUTES:
+            await self.routes.route(topic)
+        return self
+
+    async def produce(self, request: dict) -> int:
+        """The task path's produce: the queue it went to."""
+        return (await self.producer.produce(request))["queue"]
+
+
+async def make_broker(nursery: trio.Nursery) -> Broker:
+    return await Broker().start(nursery)
 
 
 async def test_round_robin_stays_even_when_some_queues_are_led_elsewhere(nursery, monkeypatch):
     """A produce to any queue takes its turn only where it is parked: one that must go to another node's leader
     leaves the turn to the task that serves it, so queues get batches in turn, parked or not."""
     monkeypatch.setattr(limits, "produce_sticky_batches", 1)  # a queue per batch: round robin
-    broker = Broker(nursery)
+    broker = await make_broker(nursery)
     queues = []
     for _ in range(8):
         request = {"topic": "orders", "queue": -1, "batch": BATCH}
         try:
-            broker.produce_parked(request, Slot(lambda outcome: None))
+            broker.producer.produce_parked(request, Slot(lambda outcome: None))
             queues.append(broker.parked[-1][0]["queue"])
         except Unparked:
-            queues.append(broker.produce(request)[0])
+            queues.append(await broker.produce(request))
     assert queues == [0, 1, 2, 3, 0, 1, 2, 3]
     assert [request["queue"] for request, _ in broker.parked] == [0, 2, 0, 2]
 
@@ -101,7 +126,7 @@ def send_to_any_queue(broker: Broker) -> tuple[int, Slot]:
     """A produce to any queue, parked here or forwarded to node 2: the queue it went to, and its slot there."""
     channel = broker.peers.pool.channels.setdefault(THERE, Channel())
     parked, forwarded = len(broker.parked), len(channel.sent)
-    broker.produce_parked({"topic": "orders", "queue": -1, "batch": BATCH}, Slot(lambda outcome: None))
+    broker.producer.produce_parked({"topic": "orders", "queue": -1, "batch": BATCH}, Slot(lambda outcome: None))
     [(request, slot)] = broker.parked[parked:] + channel.sent[forwarded:]
     return request["queue"], slot
 
@@ -115,7 +140,7 @@ async def test_produces_to_any_queue_stick_to_one_queue_until_one_is_answered(nu
     Raft round of one group carries them; the first answer moves the next ones on, and answers to produces sent
     before it do not move them again. Without answers a queue takes at most limits.produce_sticky_batches."""
     monkeypatch.setattr(limits, "produce_sticky_batches", 3)
-    broker = Broker(nursery)
+    broker = await make_broker(nursery)
     sent = [send_to_any_queue(broker) for _ in range(4)]  # none answered: three to queue 0, then the fourth moves on
     assert [queue for queue, _ in sent] == [0, 0, 0, 1]
     answer(sent[3][1], 1)  # answered: the next go to queue 2
@@ -131,13 +156,13 @@ async def test_produces_to_any_queue_stick_to_one_queue_until_one_is_answered(nu
 async def test_a_big_batch_to_any_queue_moves_the_next_ones_on(nursery, monkeypatch):
     """A batch of limits.produce_sticky_bytes fills a round alone: big batches go round robin, over the leaders."""
     monkeypatch.setattr(limits, "produce_sticky_bytes", len(BATCH))
-    broker = Broker(nursery)
+    broker = await make_broker(nursery)
     assert [send_to_any_queue(broker)[0] for _ in range(5)] == [0, 1, 2, 3, 0]
 
 
 async def test_one_produce_at_a_time_to_any_queue_goes_round_robin(nursery):
     """Each answered before the next is sent: every queue in turn, as before stickiness."""
-    broker = Broker(nursery)
+    broker = await make_broker(nursery)
     queues = []
     for _ in range(6):
         queue, slot = send_to_any_queue(broker)
@@ -151,11 +176,11 @@ async def test_an_append_lost_to_a_leader_change_or_swept_is_sent_again_with_its
     """As the task path's retries (_storage) do: the storage role stores a numbered batch once however often it
     comes (store/producers.py), so an unknown outcome is safe to try again; a leader whose disk is full refused it
     unproposed, and another replica may lead with room."""
-    broker = Broker(nursery)
+    broker = await make_broker(nursery)
     answers = []
-    broker.produce_parked({"topic": "orders", "queue": 0, "batch": BATCH}, Slot(answers.append))
+    broker.producer.produce_parked({"topic": "orders", "queue": 0, "batch": BATCH}, Slot(answers.append))
     [(call, slot)] = broker.parked
-    assert call["producer_id"] == 9 and call["sequence"] == 0
+    assert call["producer_id"] > 0 and call["sequence"] == 0
     slot.complete(RocketError(code, "lost, or not applied in time"))
     await trio.testing.wait_all_tasks_blocked()
     assert broker.peers.calls == [call]  # the same call, its producer id and sequence as they were
@@ -164,9 +189,9 @@ async def test_an_append_lost_to_a_leader_change_or_swept_is_sent_again_with_its
 
 @pytest.mark.parametrize("code", [Code.BAD_REQUEST, Code.NOT_ENOUGH_REPLICAS])
 async def test_an_append_that_fails_otherwise_is_answered_with_its_error(nursery, code):
-    broker = Broker(nursery)
+    broker = await make_broker(nursery)
     answers = []
-    broker.produce_parked({"topic": "orders", "queue": 0, "batch": BATCH, "producer_id": 3, "sequence": 1},
+    broker.producer.produce_parked({"topic": "orders", "queue": 0, "batch": BATCH, "producer_id": 3, "sequence": 1},
                           Slot(answers.append))
     error = RocketError(code, "no")
     broker.parked[0][1].complete(error)
@@ -179,11 +204,11 @@ async def test_a_produce_for_another_nodes_leader_is_forwarded_without_a_task_ov
     """With a channel to the leader open, the append goes out on it (TcpChannel.call_parked) and its answer
     completes the produce: round robin takes every queue in turn, none of them a task."""
     monkeypatch.setattr(limits, "produce_sticky_batches", 1)
-    broker = Broker(nursery)
+    broker = await make_broker(nursery)
     channel = broker.peers.pool.channels[THERE] = Channel()
     answers = []
     for _ in range(4):
-        broker.produce_parked({"topic": "orders", "queue": -1, "batch": BATCH}, Slot(answers.append))
+        broker.producer.produce_parked({"topic": "orders", "queue": -1, "batch": BATCH}, Slot(answers.append))
     assert [request["queue"] for request, _ in broker.parked] == [0, 2]
     assert [request["queue"] for request, _ in channel.sent] == [1, 3]
     channel.sent[0][1].complete({"queue": 1, "base_offset": 7, "count": 1, "scheduled": False})
@@ -191,40 +216,26 @@ async def test_a_produce_for_another_nodes_leader_is_forwarded_without_a_task_ov
 
 
 async def test_a_forwarded_append_left_unanswered_times_out_marks_the_node_and_is_sent_again(autojump_clock, nursery):
-    broker = Broker(nursery)
+    broker = await make_broker(nursery)
     channel = broker.peers.pool.channels[THERE] = Channel()
     answers = []
-    broker.produce_parked({"topic": "orders", "queue": 1, "batch": BATCH}, Slot(answers.append))
+    broker.producer.produce_parked({"topic": "orders", "queue": 1, "batch": BATCH}, Slot(answers.append))
     [(call, _)] = channel.sent
     await trio.sleep(limits.storage_call_s_max + 2 * limits.raft_tick_s)  # the sweep fails it, then the task
-    assert broker._is_silent(2)
+    assert broker.routes.is_silent(2)
     assert broker.peers.calls == [call]  # sent again by _storage, as it was numbered
     assert answers == [{"queue": 1, "base_offset": 40, "count": 1, "scheduled": False}]
-    assert not broker._sweeping  # nothing left to sweep: the sweeper ended
+    assert not broker.routes.sweeping  # nothing left to sweep: the sweeper ended
 
 
 async def test_a_timeout_the_leader_answers_is_an_answer_not_silence(nursery):
     """As _call_storage counts it: the node answered (its own write timed out), so it is not asked last."""
-    broker = Broker(nursery)
+    broker = await make_broker(nursery)
     channel = broker.peers.pool.channels[THERE] = Channel()
-    broker.produce_parked({"topic": "orders", "queue": 1, "batch": BATCH}, Slot(lambda outcome: None))
+    broker.producer.produce_parked({"topic": "orders", "queue": 1, "batch": BATCH}, Slot(lambda outcome: None))
     channel.sent[0][1].complete(RocketError(Code.TIMEOUT, "a write was not applied in time on node 2"))
     await trio.testing.wait_all_tasks_blocked()
-    assert not broker._is_silent(2)
-
-
-class KvBroker(Broker, KeyValues):
-    """A broker whose bucket `b` has two shards: shard 0's group (20) led here, shard 1's (21) on node 2."""
-
-    def __init__(self, nursery: trio.Nursery):
-        super().__init__(nursery)
-        self.dispatcher.handle("StorageKvTxn", None, parked=lambda request, slot: self.parked.append((request, slot)))
-        self._kv_open, self._kv_sending = {}, {}
-        self._leaders.update({20: 1, 21: 2})
-        self._routes[bucket_topic("b")] = Route(TopicSpec(bucket_topic("b"), queues=2, message_type="kv"),
-                                                1, [20, 21], {20: (1, 2), 21: (1, 2)}, trio.current_time())
-        self.keys = {shard: next(f"k{n}" for n in itertools.count() if shard_of(f"k{n}", 2) == shard)
-                     for shard in (0, 1)}
+    assert not broker.routes.is_silent(2)
 
 
 def _applied(revision: int) -> dict:
@@ -234,11 +245,11 @@ def _applied(revision: int) -> dict:
 async def test_a_kv_put_for_another_nodes_leader_is_forwarded_without_a_task(nursery):
     """A put whose shard is led on node 2 goes out on the open channel to it as one StorageKvTxn, parked; one whose
     shard is led here is parked with this node's storage role. Neither is a task."""
-    broker = KvBroker(nursery)
+    broker = await make_broker(nursery)
     channel = broker.peers.pool.channels[THERE] = Channel()
     answers = []
     for shard in (0, 1):
-        broker.kv_put_parked({"bucket": "b", "key": broker.keys[shard], "value": b"v", "ttl_ms": -1,
+        broker.kv.kv_put_parked({"bucket": "b", "key": broker.keys[shard], "value": b"v", "ttl_ms": -1,
                               "if_revision": -1, "if_absent": False}, Slot(answers.append))
     [(local, _)] = broker.parked
     [(forwarded, slot)] = channel.sent
@@ -254,15 +265,15 @@ async def test_a_kv_put_for_another_nodes_leader_is_forwarded_without_a_task(nur
 async def test_a_forwarded_kv_put_is_sent_again_only_when_surely_not_applied(nursery, monkeypatch, code, resent):
     """At most once: UNAVAILABLE (not the leader: not applied) is tried again as a task; an unknown outcome is the
     put's answer."""
-    broker = KvBroker(nursery)
+    broker = await make_broker(nursery)
     channel = broker.peers.pool.channels[THERE] = Channel()
 
     async def storage(route, group, method, request, at_most_once=False, **_):
         broker.peers.calls.append(request)
         return _applied(30)
-    monkeypatch.setattr(broker, "_storage", storage)
+    monkeypatch.setattr(broker.routes, "storage", storage)
     answers = []
-    broker.kv_put_parked({"bucket": "b", "key": broker.keys[1], "value": b"v", "ttl_ms": -1, "if_revision": -1,
+    broker.kv.kv_put_parked({"bucket": "b", "key": broker.keys[1], "value": b"v", "ttl_ms": -1, "if_revision": -1,
                           "if_absent": False}, Slot(answers.append))
     error = RocketError(code, "no")
     channel.sent[0][1].complete(error)
@@ -271,19 +282,19 @@ async def test_a_forwarded_kv_put_is_sent_again_only_when_surely_not_applied(nur
     assert len(broker.peers.calls) == (1 if resent else 0)
 
 
-def _get(broker: KvBroker, shard: int) -> dict:
+def _get(broker: Broker, shard: int) -> dict:
     return {"bucket": "b", "key": broker.keys[shard], "revision": 0, "serializable": False}
 
 
 async def test_a_kv_get_is_parked_here_or_forwarded_without_a_task(nursery):
     """A get of a shard led here is parked with this node's storage role; one led on node 2 goes out on the open
     channel to it; each answers with the entry, or NOT_FOUND without one."""
-    broker = KvBroker(nursery)
+    broker = await make_broker(nursery)
     broker.dispatcher.handle("StorageKvRead", None, parked=lambda request, slot: broker.parked.append((request, slot)))
     channel = broker.peers.pool.channels[THERE] = Channel()
     answers = []
     for shard in (0, 1):
-        broker.kv_get_parked(_get(broker, shard), Slot(answers.append))
+        broker.kv.kv_get_parked(_get(broker, shard), Slot(answers.append))
     [(local, local_slot)] = broker.parked
     [(forwarded, forwarded_slot)] = channel.sent
     assert (local["group"], local["op"], local["key"]) == (20, "get", broker.keys[0])
@@ -296,21 +307,21 @@ async def test_a_kv_get_is_parked_here_or_forwarded_without_a_task(nursery):
 
 
 async def test_a_forwarded_kv_get_that_meets_a_leader_change_is_asked_again_as_a_task(nursery, monkeypatch):
-    broker = KvBroker(nursery)
+    broker = await make_broker(nursery)
     channel = broker.peers.pool.channels[THERE] = Channel()
 
     async def kv_get(request: dict) -> dict:
         return {"entries": [], "more": False, "count": 0, "asked": request["key"]}
-    monkeypatch.setattr(broker, "kv_get", kv_get)
+    monkeypatch.setattr(broker.kv, "kv_get", kv_get)
     answers = []
-    broker.kv_get_parked(_get(broker, 1), Slot(answers.append))
+    broker.kv.kv_get_parked(_get(broker, 1), Slot(answers.append))
     channel.sent[0][1].complete(RocketError(Code.UNAVAILABLE, "node 2 no longer leads group 21"))
     await trio.testing.wait_all_tasks_blocked()
     assert answers == [{"entries": [], "more": False, "count": 0, "asked": broker.keys[1]}]
 
 
 async def test_a_kv_get_with_a_bad_revision_is_refused_before_anything_is_sent(nursery):
-    broker = KvBroker(nursery)
+    broker = await make_broker(nursery)
     with pytest.raises(RocketError) as refused:
-        broker.kv_get_parked({**_get(broker, 0), "revision": -1}, Slot(lambda outcome: None))
+        broker.kv.kv_get_parked({**_get(broker, 0), "revision": -1}, Slot(lambda outcome: None))
     assert refused.value.code == Code.BAD_REQUEST and not broker.parked

@@ -1,4 +1,4 @@
-"""The broker's storage calls (roles/broker/routes.py, `Routes._storage`) when a group's leader stops answering, as
+"""The broker's storage calls (roles/broker/routes.py, `Routes.storage`) when a group's leader stops answering, as
 behind a partition: the next try goes to the other replicas, not to the silent one again, and so do the broker's
 other calls for a while (limits.storage_silent_s), each giving the silent node only a short probe."""
 
@@ -10,7 +10,7 @@ from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.model import Address, TopicSpec
-from rocket.roles.broker.routes import Route, Routes
+from rocket.roles.broker.routes import Routes
 
 SILENT, NEW_LEADER, FOLLOWER = 1, 2, 3
 
@@ -22,6 +22,7 @@ class Peers:
 
     def __init__(self):
         self.calls: list[int] = []
+        self.routes_given = 0
 
     async def call(self, address: Address, method: str, request: dict, timeout_s: float) -> dict:
         node = address.port
@@ -34,47 +35,47 @@ class Peers:
         return {"ok": True}
 
     async def nameserver(self, method: str, request: dict) -> dict:
-        raise RocketError(Code.UNAVAILABLE, "no nameserver answers")
+        """Topic orders: queue 0 on group 7 (nodes 1, 2, 3), queue 1 on group 8 (nodes 1, 3), both led by node 1;
+        then no nameserver answers (the partition cut them off too)."""
+        if self.routes_given:
+            raise RocketError(Code.UNAVAILABLE, "no nameserver answers")
+        self.routes_given += 1
+        return {"version": 1, "topic": TopicSpec("orders", queues=2).to_wire(), "queue_groups": [7, 8],
+                "nodes": [{"id": node, "address": f"127.0.0.1:{node}"} for node in (SILENT, NEW_LEADER, FOLLOWER)],
+                "groups": [{"id": 7, "voters": [SILENT, NEW_LEADER, FOLLOWER], "leader": SILENT},
+                           {"id": 8, "voters": [SILENT, FOLLOWER], "leader": SILENT}]}
 
 
-class Broker(Routes):
-    def __init__(self):
-        self.peers = Peers()
-        self._routes = {}
-        self._round_robin = {}
-        self._leaders = {7: SILENT, 8: SILENT}
-        self._silent = {}
-        self.clock = Clock()
-        self._addresses = {node: Address("127.0.0.1", node) for node in (SILENT, NEW_LEADER, FOLLOWER)}
+async def known_routes() -> Routes:
+    routes = Routes(Peers(), Clock())  # type: ignore[arg-type]
+    await routes.route("orders")
+    return routes
 
 
 async def test_a_leader_that_does_not_answer_is_tried_last(autojump_clock):
     """Once the known leader's call timed out, the other replicas are tried before it again: the call is served
     after one storage call's timeout, not two."""
-    broker = Broker()
-    route = Route(TopicSpec("orders", queues=1), 1, [7], {7: (SILENT, NEW_LEADER, FOLLOWER)}, trio.current_time())
-    broker._routes["orders"] = route
+    routes = await known_routes()
+    route = await routes.route("orders")
     started = trio.current_time()
-    assert await broker._storage(route, 7, "StorageAppend", {"group": 7}) == {"ok": True}
+    assert await routes.storage(route, 7, "StorageAppend", {"group": 7}) == {"ok": True}
     assert trio.current_time() - started < limits.storage_call_s_max + 1
-    assert broker.peers.calls == [SILENT, NEW_LEADER]
-    assert broker._leaders[7] == NEW_LEADER
+    assert routes.peers.calls == [SILENT, NEW_LEADER]
+    assert routes.leader_of(7) == NEW_LEADER
 
 
 async def test_every_call_asks_a_silent_node_last_and_briefly(autojump_clock):
     """Once one call found a leader silent, the broker's next calls, for its other groups too, go to the other
     replicas first and give the silent node only limits.storage_silent_probe_s: served without a storage call's
     timeout each. Once it answers again, it is asked first again."""
-    broker = Broker()
-    route = Route(TopicSpec("orders", queues=2), 1, [7, 8], {7: (SILENT, NEW_LEADER, FOLLOWER),
-                                                            8: (SILENT, FOLLOWER)}, trio.current_time())
-    broker._routes["orders"] = route
-    await broker._storage(route, 7, "StorageAppend", {"group": 7})  # waits out one timeout: node 1 is silent
-    broker.peers.calls.clear()
+    routes = await known_routes()
+    route = await routes.route("orders")
+    await routes.storage(route, 7, "StorageAppend", {"group": 7})  # waits out one timeout: node 1 is silent
+    routes.peers.calls.clear()
     started = trio.current_time()
     with trio.move_on_after(limits.storage_silent_probe_s * 3):  # group 8 has no other leader: probes only
-        await broker._storage(route, 8, "StorageAppend", {"group": 8})
+        await routes.storage(route, 8, "StorageAppend", {"group": 8})
     assert trio.current_time() - started < limits.storage_silent_probe_s * 3 + 0.01
-    assert broker.peers.calls[:2] == [FOLLOWER, SILENT]  # the follower first, then a probe of the silent node
-    assert broker.peers.calls.count(SILENT) >= 2  # each probe ended after storage_silent_probe_s, not a call's timeout
+    assert routes.peers.calls[:2] == [FOLLOWER, SILENT]  # the follower first, then a probe of the silent node
+    assert routes.peers.calls.count(SILENT) >= 2  # each probe ended after storage_silent_probe_s, not a call's timeout
     assert limits.storage_silent_probe_s < limits.storage_call_s_max

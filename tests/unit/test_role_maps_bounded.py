@@ -13,7 +13,7 @@ from rocket.gateway.remoting.bridge import Bridge
 from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, RequestCode
 from rocket.gateway.remoting.consuming import Consuming
-from rocket.roles.broker.routes import Routes
+from rocket.roles.broker.routes import Turns
 from rocket.roles.storage.appends import Appends
 from rocket.roles.storage.kv import KeyValues
 
@@ -64,11 +64,6 @@ def test_the_most_recently_appended_queues_keep_their_times(monkeypatch):
     assert ("busy", 0) in stamps._last_append_ms and len(stamps._last_append_ms) == 3
 
 
-class Turns(Routes):
-    def __init__(self) -> None:
-        self._round_robin: dict = {}
-
-
 def test_round_robin_turns_are_bounded(monkeypatch):
     """Dead-letter topics name a consumer group a client chose: the broker keeps the turns of only
     limits.round_robin_topics_max topics, and a topic in use keeps rotating."""
@@ -76,10 +71,10 @@ def test_round_robin_turns_are_bounded(monkeypatch):
     turns = Turns()
     seen = []
     for number in range(100):
-        seen.append(turns._turn("orders"))
-        turns._turn(f"%DLQ%group{number}%orders")
+        seen.append(turns.take("orders"))
+        turns.take(f"%DLQ%group{number}%orders")
     assert seen == list(range(100))
-    assert len(turns._round_robin) == 5
+    assert len(turns) == 5
 
 
 class Reads(KeyValues):

@@ -1,13 +1,11 @@
-"""Consumer groups on the broker: committed offsets, live members and the queues each reads, describe and reset.
-A mixin of Broker.
-"""
+"""Consumer groups on the broker: committed offsets, live members and the queues each reads, describe and reset."""
 
 from __future__ import annotations
 
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name, dead_letter_topic
-from rocket.roles.broker.routes import Route
+from rocket.roles.broker.routes import Route, Routes
 
 
 def allocate(queues: int, members: list[str], member: str) -> list[int]:
@@ -22,15 +20,18 @@ def allocate(queues: int, members: list[str], member: str) -> list[int]:
 
 
 class ConsumerGroups:
+    def __init__(self, routes: Routes):
+        self.routes = routes
+
     async def commit_offsets(self, request: dict) -> dict:
         consumer_group = check_group_name(request["group"])
-        route = await self._route(request["topic"])
-        await self._commit(route, consumer_group, self._offsets(route, request["offsets"]))
+        route = await self.routes.route(request["topic"])
+        await self._commit(route, consumer_group, self.routes.offsets(route, request["offsets"]))
         return {}
 
     async def _commit(self, route: Route, consumer_group: str, offsets: dict[int, int], reset_pop: bool = False) -> None:
-        for group, queues in self._by_group(route, offsets).items():
-            await self._storage(route, group, "StorageCommitOffsets", {
+        for group, queues in self.routes.by_group(route, offsets).items():
+            await self.routes.storage(route, group, "StorageCommitOffsets", {
                 "group": group, "consumer_group": consumer_group, "topic": route.spec.name, "reset_pop": reset_pop,
                 "offsets": [{"queue": queue, "offset": offsets[queue]} for queue in queues]})
 
@@ -38,11 +39,11 @@ class ConsumerGroups:
         """Per queue: the group's pull position, the live pull consumer reading it, its pop consumption, its lag and
         its dead letters."""
         consumer_group = check_group_name(request["group"])
-        route = await self._route(request["topic"])
+        route = await self.routes.route(request["topic"])
         members = await self._members(route, consumer_group)
         reader = {queue: member for member in members for queue in allocate(route.spec.queues, members, member)}
-        found = await self._queues(route, consumer_group)
-        dead = await self._queues(await self._route(dead_letter_topic(consumer_group, route.spec.name)))
+        found = await self.routes.queues(route, consumer_group)
+        dead = await self.routes.queues(await self.routes.route(dead_letter_topic(consumer_group, route.spec.name)))
         committed = {entry["queue"]: entry["offset"] for response in found for entry in response["offsets"]}
         pops = {entry["queue"]: entry for response in found for entry in response["pops"]}
         dead_letters = {info["queue"]: info["next_offset"] - info["min_offset"] for response in dead
@@ -61,14 +62,14 @@ class ConsumerGroups:
     async def group_heartbeat(self, request: dict) -> dict:
         """A pull consumer in clustering mode is alive (or leaves): the group's live members and the
         queues this member reads (RocketMQ's averaging allocation: queues split in contiguous runs)."""
-        route = await self._route(request["topic"])
+        route = await self.routes.route(request["topic"])
         members = await self._members(route, request["group"], request["member"], request["leave"])
         return {"members": members, "queues": allocate(route.spec.queues, members, request["member"])}
 
     async def _members(self, route: Route, consumer_group: str, member: str = "", leave: bool = True) -> list[str]:
         """The live pull members of a group on a topic, after member heartbeats or leaves (by default, none)."""
         group = route.queue_groups[0]
-        return (await self._storage(route, group, "StorageGroupHeartbeat", {
+        return (await self.routes.storage(route, group, "StorageGroupHeartbeat", {
             "group": group, "consumer_group": consumer_group, "topic": route.spec.name, "member": member,
             "leave": leave}))["members"]
 
@@ -78,12 +79,12 @@ class ConsumerGroups:
         Refused while the group has live pull members, as Kafka refuses: each keeps its positions in memory and
         its next commit would put them back. Pop consumers keep theirs in storage, which this moves."""
         consumer_group = check_group_name(request["group"])
-        route = await self._route(request["topic"])
+        route = await self.routes.route(request["topic"])
         to, queue = request["to"], request["queue"]
         if to not in ("earliest", "latest", "time", "offset"):
             raise RocketError(Code.BAD_REQUEST, f"reset to {to!r}: expected earliest, latest, time or offset")
         if queue != -1:
-            self._queue(route.spec, queue)
+            self.routes.queue(route.spec, queue)
         if to == "offset":
             if queue == -1 or request["offset"] < 0:
                 raise RocketError(Code.BAD_REQUEST, "a reset to an offset names one queue and an offset of 0 or more")
@@ -91,7 +92,8 @@ class ConsumerGroups:
         else:
             by_time = to == "time"
             targets = {}
-            for response in await self._queues(route, timestamp_ms=max(0, request["timestamp_ms"]) if by_time else -1):
+            timestamp_ms = max(0, request["timestamp_ms"]) if by_time else -1
+            for response in await self.routes.queues(route, timestamp_ms=timestamp_ms):
                 if by_time:
                     targets.update((entry["queue"], entry["offset"]) for entry in response["time_offsets"])
                 else:
@@ -111,6 +113,7 @@ class ConsumerGroups:
 
     async def fetch_offsets(self, request: dict) -> dict:
         consumer_group = check_group_name(request["group"])
-        route = await self._route(request["topic"])
-        offsets = [entry for response in await self._queues(route, consumer_group) for entry in response["offsets"]]
+        route = await self.routes.route(request["topic"])
+        offsets = [entry for response in await self.routes.queues(route, consumer_group)
+                   for entry in response["offsets"]]
         return {"offsets": sorted(offsets, key=lambda entry: entry["queue"])}

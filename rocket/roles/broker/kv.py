@@ -1,7 +1,5 @@
 """The KV API on the broker (RIP-22): buckets, whose keys hash onto shards (a hash tag {...} keeps keys together), and
-put, get, delete, range, transactions and watch, each sent to the storage group of the key's shard. A bucket is kept
-by the nameservers as a topic of type "kv" whose queues are its shards, so routes, placement and replica moves are
-the topics'. A mixin of Broker.
+put, get, delete, range, transactions and watch, each sent to the storage group of the key's shard.
 """
 
 from __future__ import annotations
@@ -17,7 +15,8 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import KV_PREFIX, bucket_topic, shard_of
 from rocket.parked import Slot
-from rocket.roles.broker.routes import Route
+from rocket.roles.broker.routes import Route, Routes, complete_later
+from rocket.roles.peers import Peers
 from rocket.store.kv import check_key, check_txn, check_value, txn_bytes, txn_from_wire
 from rocket.transport.rpc import as_rocket_error
 
@@ -46,6 +45,23 @@ def prefix_end(prefix: str) -> str:
 
 
 class KeyValues:
+    """The KV calls. A bucket is kept by the nameservers as a topic of type "kv" whose queues are its shards, so
+    routes, placement and replica moves are the topics'.
+
+    A KvPut or a KvGet is parked as produce parks an append (Routes.parking and park): with the storage role here
+    when this node leads the key's shard, else on the open channel to the shard's leader, which merges the parked
+    puts of a round into one Raft entry and serves a get at once while its lease holds (roles/storage/kv.py).
+    Without a cached route or an open channel, a put is a task, and the task path sends a group's writes in batches,
+    one StorageKvTxn call out at a time per group (_kv_batched)."""
+
+    def __init__(self, routes: Routes, peers: Peers):
+        self.routes = routes
+        self.peers = peers
+        # storage group -> the KV batch that takes transactions now, and the lock held while its call is out: a
+        # route's groups, so bounded by limits.storage_groups_max
+        self._kv_open: dict[int, KvCall] = {}
+        self._kv_sending: dict[int, trio.Lock] = {}
+
     # ---- buckets -------------------------------------------------------------------------------------
 
     async def kv_create_bucket(self, request: dict) -> dict:
@@ -57,7 +73,7 @@ class KeyValues:
         return {"buckets": [bucket_info(topic) for topic in topics if topic["message_type"] == "kv"]}
 
     async def _bucket(self, name: str) -> Route:
-        return await self._route(bucket_topic(name))
+        return await self.routes.route(bucket_topic(name))
 
     async def kv_describe_bucket(self, request: dict) -> dict:
         """Each shard's revision, keys, bytes and digest, as its leader holds them."""
@@ -65,7 +81,7 @@ class KeyValues:
         shards = []
         for shard, group in enumerate(route.queue_groups):
             found = await self._kv_read(route, shard, {"op": "digest"})
-            shards.append({"shard": shard, "group": group, "leader": self._leaders.get(group, 0),
+            shards.append({"shard": shard, "group": group, "leader": self.routes.leader_of(group),
                            "revision": found["revision"], "keys": found["keys"], "bytes": found["bytes"],
                            "digest": found["digest"]})
         return {"bucket": bucket_info(route.spec.to_wire()), "shards": shards}
@@ -76,7 +92,7 @@ class KeyValues:
         for shard in range(route.spec.queues):
             await self._delete_prefix(route, shard, "")
         await self.peers.nameserver("MetaDeleteBucket", request, timeout_s=limits.leader_wait_s_max + 5)
-        self._routes.pop(route.spec.name, None)
+        self.routes.forget(route.spec.name)
         return {}
 
     # ---- keys ----------------------------------------------------------------------------------------
@@ -107,7 +123,7 @@ class KeyValues:
         batch = self._kv_open.get(group)
         first = batch is None or len(batch.txns) >= limits.kv_batch_txns_max or \
             batch.bytes + size > limits.kv_txn_bytes_max
-        if first:
+        if batch is None or first:
             batch = self._kv_open[group] = KvCall()
         slot = len(batch.txns)
         batch.txns.append(txn)
@@ -118,8 +134,8 @@ class KeyValues:
                     async with self._kv_sending.setdefault(group, trio.Lock()):
                         if self._kv_open.get(group) is batch:
                             del self._kv_open[group]  # those who come now start the next batch
-                        response = await self._storage(route, group, "StorageKvTxn",
-                                                       {"group": group, "txns": batch.txns}, at_most_once=True)
+                        response = await self.routes.storage(route, group, "StorageKvTxn",
+                                                             {"group": group, "txns": batch.txns}, at_most_once=True)
                         batch.results = response["results"]
                 except RocketError as error:
                     batch.error = error
@@ -129,11 +145,12 @@ class KeyValues:
             await batch.done.wait()
         if batch.error is not None:
             raise batch.error
+        assert batch.results is not None  # set before done, unless error was
         return batch.results[slot]
 
     async def _kv_read(self, route: Route, shard: int, request: dict) -> dict:
         group = route.queue_groups[shard]
-        return await self._storage(route, group, "StorageKvRead", _read_call(route, group, shard, request))
+        return await self.routes.storage(route, group, "StorageKvRead", _read_call(route, group, shard, request))
 
     async def kv_put(self, request: dict) -> dict:
         route = await self._bucket(request["bucket"])
@@ -149,18 +166,18 @@ class KeyValues:
         meanwhile in one go, instead of _kv_batched's one call at a time), or sent without a task on the open channel
         to the shard's leader on another node, whose read loop parks it in turn (as produce forwards its appends).
         One that meets a leader change before it was proposed (UNAVAILABLE: surely not applied) is sent again as a
-        task, as _storage retries a put; any other failure is the put's (at most once)."""
-        route = self._route_cached(bucket_topic(request["bucket"]))
+        task, as Routes.storage retries a put; any other failure is the put's (at most once)."""
+        route = self.routes.cached(bucket_topic(request["bucket"]))
         shard, txn, size = self._put_txn(route, request)
         group = route.queue_groups[shard]
-        to = self._parking(route, group, "StorageKvTxn")
-        retryable = self._retryable(route, group, at_most_once=True)
+        to = self.routes.parking(route, group, "StorageKvTxn")
+        retryable = self.routes.retryable(route, group, at_most_once=True)
 
         def finish(outcome: object) -> None:
             if isinstance(outcome, RocketError):
                 if outcome.code in retryable:
-                    self._nursery.start_soon(self._complete_later, slot,
-                                             functools.partial(self._put_batched, route, group, txn, size))
+                    self.routes.start_soon(complete_later, slot,
+                                           functools.partial(self._put_batched, route, group, txn, size))
                 else:
                     slot.complete(outcome)
                 return
@@ -168,7 +185,7 @@ class KeyValues:
                 slot.complete(_put_answer(txn, outcome["results"][0]))
             except RocketError as error:
                 slot.complete(error)
-        self._park_storage(to, "StorageKvTxn", {"group": group, "txns": [txn]}, Slot(finish), retryable)
+        self.routes.park(to, "StorageKvTxn", {"group": group, "txns": [txn]}, Slot(finish), retryable)
 
     def _put_txn(self, route: Route, request: dict) -> tuple[int, dict, int]:
         """A KvPut as a transaction on its key's shard: (shard, the transaction, its size)."""
@@ -196,23 +213,23 @@ class KeyValues:
         when this node leads the key's shard (served in this step when it need not wait: a lease, everything applied;
         else Unparked, a task), or sent without a task on the open channel to the shard's leader on another node.
         A forwarded one that meets a leader change is asked again as a task (a read may be)."""
-        route = self._route_cached(bucket_topic(request["bucket"]))
+        route = self.routes.cached(bucket_topic(request["bucket"]))
         key = _get_key(request)
         shard = shard_of(key, route.spec.queues)
         group = route.queue_groups[shard]
-        to = self._parking(route, group, "StorageKvRead")
-        retryable = self._retryable(route, group)
+        to = self.routes.parking(route, group, "StorageKvRead")
+        retryable = self.routes.retryable(route, group)
 
         def finish(outcome: object) -> None:
             if isinstance(outcome, RocketError) and outcome.code in retryable:
-                self._nursery.start_soon(self._complete_later, slot, functools.partial(self.kv_get, request))
+                self.routes.start_soon(complete_later, slot, functools.partial(self.kv_get, request))
                 return
             try:
                 slot.complete(outcome if isinstance(outcome, RocketError) else _get_answer(request, key, outcome))
             except RocketError as error:
                 slot.complete(error)
-        self._park_storage(to, "StorageKvRead", _read_call(route, group, shard, _get_read(request, key)), Slot(finish),
-                           retryable)
+        self.routes.park(to, "StorageKvRead", _read_call(route, group, shard, _get_read(request, key)), Slot(finish),
+                         retryable)
 
     async def kv_delete(self, request: dict) -> dict:
         route = await self._bucket(request["bucket"])
@@ -317,7 +334,7 @@ class KeyValues:
     async def kv_watch(self, request: dict) -> AsyncIterator[dict]:
         """Each shard's changes in revision order, from where the watcher asks (resuming after the last revision it
         saw), read a bounded batch at a time: a slow watcher holds back only its own reads. A task per shard, in the
-        broker's nursery, follows the shard until the stream ends."""
+        broker's nursery (Routes.start_soon), follows the shard until the stream ends."""
         route = await self._bucket(request["bucket"])
         starts = {shard: request["from_revision"] if request["from_revision"] > 0 else -1
                   for shard in range(route.spec.queues)}
@@ -335,7 +352,7 @@ class KeyValues:
                 async with sender:
                     try:
                         while True:
-                            found = await self._storage(route, group, "StorageKvWatch", {
+                            found = await self.routes.storage(route, group, "StorageKvWatch", {
                                 "group": group, "bucket": route.spec.bucket, "shard": shard,
                                 "prefix": request["prefix"], "from_revision": revision,
                                 "wait_ms": limits.kv_watch_wait_ms_max},
@@ -351,7 +368,7 @@ class KeyValues:
 
         async with sender:
             for shard, revision in starts.items():
-                self._nursery.start_soon(follow, shard, revision, sender.clone())
+                self.routes.start_soon(follow, shard, revision, sender.clone())
         try:
             async with receiver:
                 async for batch in receiver:

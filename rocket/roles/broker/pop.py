@@ -1,5 +1,5 @@
 """Pop (simple) consumption on the broker: receive hands out messages from every queue's storage group, and
-receipts are acked, made visible again or dead-lettered where their queue is. A mixin of Broker.
+receipts are acked, made visible again or dead-lettered where their queue is.
 """
 
 from __future__ import annotations
@@ -9,28 +9,38 @@ import logging
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name
 from rocket.serde.batch import check_produced
-from rocket.roles.broker.routes import Route
+from rocket.roles.broker.admin import GroupSettings
+from rocket.roles.broker.pull import Filters
+from rocket.roles.broker.routes import Route, Routes, Turns
 
 log = logging.getLogger("rocket.broker")
 
 
 class PopConsumption:
+    def __init__(self, routes: Routes, clock: Clock, turns: Turns, filters: Filters, settings: GroupSettings):
+        self.routes = routes
+        self.clock = clock
+        self.turns = turns
+        self.filters = filters
+        self.settings = settings
+
     async def receive(self, request: dict) -> dict:
         """Pop consumption over all queues of the topic, storage group after storage group (starting at a
         different one each time, so receivers spread); waits up to wait_ms for messages. A topic whose queues lie in
         one storage group waits in that group's pop call, which returns the messages: one storage call. The group's
         settings in the metadata, when they set max attempts, override the request's (so every client and gateway
         gives up where the group says), and the response names them."""
-        route = await self._route(request["topic"])
+        route = await self.routes.route(request["topic"])
         check_group_name(request["group"])
-        settings = await self._settings_of(request["group"]) or {"max_attempts": 0, "retry_backoff_s": []}
+        settings = await self.settings.of(request["group"]) or {"max_attempts": 0, "retry_backoff_s": []}
         max_attempts = settings["max_attempts"] or request["max_attempts"]
-        self._filter(request)  # a malformed filter is refused here, with its position
-        groups = list(self._by_group(route, range(route.spec.queues)).items())
-        start = self._turn("%receive%" + route.spec.name) % len(groups)
+        self.filters.of(request)  # a malformed filter is refused here, with its position
+        groups = list(self.routes.by_group(route, range(route.spec.queues)).items())
+        start = self.turns.take("%receive%" + route.spec.name) % len(groups)
         groups = groups[start:] + groups[:start]
         wanted = min(max(request["max_messages"], 1), limits.pop_messages_max)
         deadline = trio.current_time() + min(max(request["wait_ms"], 0), limits.pull_wait_ms_max) / 1000
@@ -42,7 +52,7 @@ class PopConsumption:
                 if len(response["handles"]) >= wanted:
                     break
                 wait_s = max(0.0, deadline - trio.current_time()) if len(groups) == 1 else 0.0
-                found = await self._storage(route, group, "StoragePop", {
+                found = await self.routes.storage(route, group, "StoragePop", {
                     "group": group, "consumer_group": request["group"], "topic": route.spec.name, "queues": queues,
                     "max_messages": wanted - len(response["handles"]), "invisible_ms": request["invisible_ms"],
                     "wait_ms": int(wait_s * 1000), "max_attempts": max_attempts,
@@ -66,7 +76,7 @@ class PopConsumption:
         that waits itself would hand out messages even when its answer is dropped, as a cancelled one's is.)"""
         async def wait_on(group: int, queues: list[int], done: trio.CancelScope) -> None:
             try:
-                await self._storage(route, group, "StorageRead", {
+                await self.routes.storage(route, group, "StorageRead", {
                     "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": 0,
                     "at_least_one": False, "any_replica": False, "follower_ok": False, "tag_mask": -1,
                     "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
@@ -77,7 +87,7 @@ class PopConsumption:
 
         with trio.move_on_after(wait_s + 1):
             async with trio.open_nursery() as nursery:
-                for group, queues in self._by_group(route, positions).items():
+                for group, queues in self.routes.by_group(route, positions).items():
                     nursery.start_soon(wait_on, group, queues, nursery.cancel_scope)
 
     async def ack(self, request: dict) -> dict:
@@ -97,25 +107,25 @@ class PopConsumption:
     async def bury(self, request: dict) -> dict:
         """Put a batch of messages a consumer gave up on in the group's dead letters beside the topic's queue, as
         they are (the remoting gateway's retries past maxReconsumeTimes: those messages were never popped)."""
-        route = await self._route(request["topic"])
+        route = await self.routes.route(request["topic"])
         consumer_group = check_group_name(request["group"])
         check_produced(request["batch"])
-        group = route.queue_groups[self._queue(route.spec, request["queue"])]
-        await self._storage(route, group, "StorageBury", {"group": group, "consumer_group": consumer_group,
+        group = route.queue_groups[self.routes.queue(route.spec, request["queue"])]
+        await self.routes.storage(route, group, "StorageBury", {"group": group, "consumer_group": consumer_group,
                                                           "topic": route.spec.name, "queue": request["queue"],
                                                           "batch": request["batch"]})
         return {}
 
     async def _receipt(self, request: dict, dead: bool = False) -> dict:
         """On each storage group of the receipts' queues."""
-        route = await self._route(request["topic"])
+        route = await self.routes.route(request["topic"])
         consumer_group = check_group_name(request["group"])
         by_group: dict[int, list[dict]] = {}
         for receipt in request["receipts"]:
-            by_group.setdefault(route.queue_groups[self._queue(route.spec, receipt["queue"])], []).append(receipt)
+            by_group.setdefault(route.queue_groups[self.routes.queue(route.spec, receipt["queue"])], []).append(receipt)
         stale = []
         for group, receipts in by_group.items():
-            response = await self._storage(route, group, "StorageReceipt", {
+            response = await self.routes.storage(route, group, "StorageReceipt", {
                 **request, "group": group, "consumer_group": consumer_group, "receipts": receipts, "dead": dead})
             stale.extend(response["stale"])
         return {"stale": stale}

@@ -1,12 +1,13 @@
 """Produce on the broker: a batch is checked (header, CRC, its records as readers decode them, the topic's message
-type) and appended by its queue's storage group as it came; timers and transactions are ended there too. A mixin of
-Broker.
+type) and appended by its queue's storage group as it came; timers and transactions are ended there too.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import secrets
 from collections.abc import AsyncIterator
 
 import trio
@@ -15,7 +16,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import TopicSpec
 from rocket.parked import Slot
-from rocket.roles.broker.routes import Route
+from rocket.roles.broker.routes import Route, Routes, Turns, complete_later
 from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_produced
 
 log = logging.getLogger("rocket.broker")
@@ -39,14 +40,26 @@ def _check_message_type(spec: TopicSpec, flags: int) -> None:
 
 
 class Produce:
+    """Produce, and the calls on what was produced: timers cancelled, transactions ended and checked back.
+    Produces to any queue (-1) stick to one queue until one of them is answered (_produce_queue), so that one
+    group's Raft round carries the batches sent meanwhile."""
+
+    def __init__(self, routes: Routes, turns: Turns):
+        self.routes = routes
+        self.turns = turns
+        # The producer the broker is for clients that number no batches (its gateways'), so that its own storage
+        # retries store a batch once: a random id, and one sequence for all its batches (store/producers.py).
+        self._producer_id = secrets.randbits(63) or 1
+        self._sequences = itertools.count()
+
     async def produce(self, request: dict) -> dict:
         """Check the batch's header, CRC and records (decoded in C, then dropped: the batch goes on as it came) and
         send it to its group, numbered by its producer (or else by this broker), so that retries store it once."""
-        route = await self._route(request["topic"])
+        route = await self.routes.route(request["topic"])
         queue, group, ticket = self._produce_queue(route, request["queue"], batch=request["batch"])
         try:
-            return await self._storage(route, group, "StorageAppend",
-                                       self._append_call(route.spec, request, queue, group))
+            return await self.routes.storage(route, group, "StorageAppend",
+                                             self._append_call(route.spec, request, queue, group))
         finally:
             if ticket is not None:
                 self._move_on(route.spec.name, ticket)
@@ -55,24 +68,25 @@ class Produce:
         """produce on the data plane: when the route is cached, the append is parked with the storage role in this
         process if this node leads the group, or sent without a task to the leader on another node over its open
         channel; slot completes when the leader's round applies it. An append that meets a leader change, a lost
-        connection or no answer is sent again as a task, with the same producer sequence (_storage's retries).
+        connection or no answer is sent again as a task, with the same producer sequence (Routes.storage's retries).
         Raises Unparked, before checking the batch, when the call must be a task from the start (no cached route,
-        no known leader, or no open channel to it)."""
-        route = self._route_cached(request["topic"])
+        no known leader, or no open channel to it). A produce to any queue takes its turn only once it is parked: one
+        Unparked leaves it untaken, for the task (produce) to take."""
+        route = self.routes.cached(request["topic"])
         queue, group, ticket = self._produce_queue(route, request["queue"], take=False)  # taken once it is parked
-        to = self._parking(route, group, "StorageAppend")
+        to = self.routes.parking(route, group, "StorageAppend")
         call = self._append_call(route.spec, request, queue, group)
-        retryable = self._retryable(route, group)
+        retryable = self.routes.retryable(route, group)
 
         def finish(outcome: object) -> None:
             if ticket is not None:
                 self._move_on(route.spec.name, ticket)
             if isinstance(outcome, RocketError) and outcome.code in retryable:
-                self._nursery.start_soon(self._complete_later, slot,
-                                         functools.partial(self._storage, route, group, "StorageAppend", call))
+                self.routes.start_soon(complete_later, slot,
+                                       functools.partial(self.routes.storage, route, group, "StorageAppend", call))
             else:
                 slot.complete(outcome)
-        self._park_storage(to, "StorageAppend", call, Slot(finish), retryable)
+        self.routes.park(to, "StorageAppend", call, Slot(finish), retryable)
         if ticket is not None:
             self._take_ticket(route.spec.name, request["batch"])
 
@@ -90,20 +104,17 @@ class Produce:
         ticket = None
         if queue == -1:
             name = route.spec.name
-            ticket = self._take_ticket(name, batch) if take else self._next_turn(name)
+            ticket = self._take_ticket(name, batch) if take else self.turns.peek(name)
             queue = ticket // limits.produce_sticky_batches % route.spec.queues
-        return queue, route.queue_groups[self._queue(route.spec, queue)], ticket
+        return queue, route.queue_groups[self.routes.queue(route.spec, queue)], ticket
 
     def _move_on(self, topic: str, ticket: int) -> None:
         """The produce to any queue that took ticket was answered: the topic's next ones go to the next queue, unless
         they already do."""
-        stride = limits.produce_sticky_batches
-        last = self._round_robin.get(topic)
-        if last is not None and last // stride == ticket // stride:
-            self._round_robin[topic] = (ticket // stride + 1) * stride - 1
+        self.turns.move_on(topic, ticket, limits.produce_sticky_batches)
 
     def _take_ticket(self, topic: str, batch: bytes | memoryview) -> int:
-        ticket = self._turn(topic)
+        ticket = self.turns.take(topic)
         if len(batch) >= limits.produce_sticky_bytes:
             self._move_on(topic, ticket)
         return ticket
@@ -121,9 +132,9 @@ class Produce:
 
     async def _on_queue(self, method: str, request: dict) -> dict:
         """A storage call on the group of the request's queue."""
-        route = await self._route(request["topic"])
-        group = route.queue_groups[self._queue(route.spec, request["queue"])]
-        return await self._storage(route, group, method, {**request, "group": group})
+        route = await self.routes.route(request["topic"])
+        group = route.queue_groups[self.routes.queue(route.spec, request["queue"])]
+        return await self.routes.storage(route, group, method, {**request, "group": group})
 
     async def cancel_timer(self, request: dict) -> dict:
         """Drop a delayed message that has not been delivered yet."""
@@ -135,18 +146,18 @@ class Produce:
     async def transaction_checks(self, request: dict) -> AsyncIterator[dict]:
         """Stream the topic's transactions due for a check back to the producer that asked, every
         limits.transaction_check_poll_s; each goes to one asker per check interval."""
-        route = await self._route(request["topic"])
+        route = await self.routes.route(request["topic"])
         if route.spec.message_type != "transaction":
             raise RocketError(Code.WRONG_MESSAGE_TYPE, f"topic {route.spec.name!r} is not a transaction topic")
         while True:
-            for group, queues in self._by_group(route, range(route.spec.queues)).items():
+            for group, queues in self.routes.by_group(route, range(route.spec.queues)).items():
                 try:
-                    found = await self._storage(route, group, "StorageTransactionChecks",
-                                                {"group": group, "topic": route.spec.name, "queues": queues})
+                    found = await self.routes.storage(route, group, "StorageTransactionChecks",
+                                                      {"group": group, "topic": route.spec.name, "queues": queues})
                 except RocketError as error:  # a group without a leader now: the next round asks again
                     log.info("transaction checks of %s on group %d: %s", route.spec.name, group, error)
                     continue
                 if found["checks"]:
                     yield found
             await trio.sleep(limits.transaction_check_poll_s)
-            route = await self._route(route.spec.name)
+            route = await self.routes.route(route.spec.name)

@@ -1,5 +1,5 @@
 """Pull consumption on the broker: batches past the client's positions within a byte budget, from any replica in
-sync, filtered by tag summary on storage and by SQL here; a long poll waits on storage for data. A mixin of Broker.
+sync, filtered by tag summary on storage and by SQL here; a long poll waits on storage for data.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import Filter, SqlFilter, compile_filter
 from rocket.model import ReadBudget
-from rocket.roles.broker.routes import Route
-from rocket.roles.peers import RETRYABLE
+from rocket.roles.broker.routes import Route, Routes
+from rocket.roles.peers import RETRYABLE, Peers
 from rocket.serde import batch as batch_codec
 
 log = logging.getLogger("rocket.broker")
@@ -28,10 +28,34 @@ def _may_match(chosen: SqlFilter, batch: bytes) -> bool:
     return messages is None or any(chosen.matches(message) for message in messages)
 
 
+class Filters:
+    """Consumers' filters, compiled once per expression: the most recent limits.filters_cached_max."""
+
+    def __init__(self) -> None:
+        self._compiled: dict[tuple[str, str], Filter] = {}
+
+    def of(self, request: dict) -> Filter:
+        """The request's filter (filter_type, filter); BAD_FILTER names where it does not parse."""
+        key = (request["filter_type"], request["filter"])
+        found = self._compiled.get(key)
+        if found is None:
+            found = compile_filter(*key)
+            if len(self._compiled) >= limits.filters_cached_max:
+                del self._compiled[next(iter(self._compiled))]
+            self._compiled[key] = found
+        return found
+
+
 class Pull:
+    def __init__(self, routes: Routes, peers: Peers, filters: Filters):
+        self.routes = routes
+        self.peers = peers
+        self.filters = filters
+        self._read_turns: dict[int, int] = {}  # storage group -> which replica reads next
+
     async def _pull_positions(self, request: dict) -> tuple[Route, dict[int, int]]:
-        route = await self._route(request["topic"])
-        positions = self._offsets(route, request["queues"])
+        route = await self.routes.route(request["topic"])
+        positions = self.routes.offsets(route, request["queues"])
         if not positions:
             raise RocketError(Code.BAD_REQUEST, "pull needs at least one queue")
         return route, positions
@@ -42,7 +66,7 @@ class Pull:
         voters = sorted(route.voters.get(group, ()))
         if voters:
             turn = self._read_turns[group] = self._read_turns.get(group, -1) + 1
-            address = self._addresses.get(voters[turn % len(voters)])
+            address = self.routes.address_of(voters[turn % len(voters)])
             if address is not None:
                 try:
                     return await self.peers.call(address, "StorageRead", {**request, "follower_ok": True},
@@ -50,7 +74,7 @@ class Pull:
                 except RocketError as error:  # OFFSET_OUT_OF_RANGE: the replica has not caught up to there yet
                     if error.code not in RETRYABLE and error.code != Code.OFFSET_OUT_OF_RANGE:
                         raise
-        return await self._storage(route, group, "StorageRead", request)
+        return await self.routes.storage(route, group, "StorageRead", request)
 
     async def _read(self, route: Route, positions: dict[int, int], max_bytes: int, replicas: bool = True,
                     tag_mask: int = -1) -> dict:
@@ -59,7 +83,7 @@ class Pull:
         batches: list[dict] = []
         next_offsets: list[dict] = []
         budget = ReadBudget(max_bytes)
-        for group, queues in self._by_group(route, positions).items():
+        for group, queues in self.routes.by_group(route, positions).items():
             wanted = [{"queue": queue, "offset": positions[queue]} for queue in queues]
             if budget.spent:
                 next_offsets.extend(wanted)
@@ -70,7 +94,7 @@ class Pull:
             if replicas:
                 response = await self._replica_read(route, group, request)
             else:
-                response = await self._storage(route, group, "StorageRead", request)
+                response = await self.routes.storage(route, group, "StorageRead", request)
             batches.extend(response["batches"])
             for found in response["batches"]:
                 budget.take(len(found["batch"]))  # storage kept to what was left of the budget
@@ -90,7 +114,7 @@ class Pull:
 
         async def poll(group: int, queues: list[int], done: trio.CancelScope) -> None:
             try:
-                answer = await self._storage(route, group, "StorageRead", {
+                answer = await self.routes.storage(route, group, "StorageRead", {
                     "group": group, "topic": route.spec.name, "wait_ms": math.ceil(wait_s * 1000), "max_bytes": max_bytes,
                     "at_least_one": True, "any_replica": False, "follower_ok": False, "tag_mask": tag_mask,
                     "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},
@@ -106,7 +130,7 @@ class Pull:
 
         with trio.move_on_after(wait_s + limits.storage_call_s_max):
             async with trio.open_nursery() as nursery:
-                for group, queues in self._by_group(route, positions).items():
+                for group, queues in self.routes.by_group(route, positions).items():
                     nursery.start_soon(poll, group, queues, nursery.cancel_scope)
         winner = found[0] if found else None
         moved = dict(positions)
@@ -115,17 +139,6 @@ class Pull:
                 moved.update((entry["queue"], entry["offset"]) for entry in answer["next_offsets"])
         return {"batches": winner["batches"] if winner else [],
                 "next_offsets": [{"queue": queue, "offset": offset} for queue, offset in moved.items()]}
-
-    def _filter(self, request: dict) -> Filter:
-        """The pull's filter, compiled once per expression (BAD_FILTER names where it does not parse)."""
-        key = (request["filter_type"], request["filter"])
-        found = self._filters.get(key)
-        if found is None:
-            found = compile_filter(*key)
-            if len(self._filters) >= limits.filters_cached_max:
-                del self._filters[next(iter(self._filters))]
-            self._filters[key] = found
-        return found
 
     async def _read_filtered(self, route: Route, positions: dict[int, int], max_bytes: int, chosen: Filter,
                              wait_s: float = 0.0, leaders_if_empty: bool = True) -> dict:
@@ -149,7 +162,7 @@ class Pull:
         none is followed by long polls (one storage call per group, which waits and returns data) until some
         match or the time is up, reading on past batches the filter skipped."""
         route, positions = await self._pull_positions(request)
-        chosen = self._filter(request)
+        chosen = self.filters.of(request)
         max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
         deadline = trio.current_time() + min(max(request["wait_ms"], 0), limits.pull_wait_ms_max) / 1000
         response = await self._read_filtered(route, positions, max_bytes, chosen,
@@ -162,7 +175,7 @@ class Pull:
     async def subscribe(self, request: dict) -> AsyncIterator[dict]:
         """Stream pull responses as data arrives, each continuing where the previous ended."""
         route, positions = await self._pull_positions(request)
-        chosen = self._filter(request)
+        chosen = self.filters.of(request)
         max_bytes = max(1, min(request["max_bytes"], limits.read_bytes_max))
         wait_s = 0.0
         while True:

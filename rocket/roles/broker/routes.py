@@ -1,6 +1,6 @@
 """Routes on the broker: each topic's queue -> storage group map and the groups' replicas, cached from the nameservers
 (refreshed on a newer metadata version, by age, and on errors), and calls to storage that retry on a group's other
-replicas when one is gone or no longer leads. A mixin of Broker.
+replicas when one is gone or no longer leads: Routes, which the broker's other parts share, and Turns.
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
 from rocket.errors import Code, RocketError
-from rocket.model import KV_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, Address, TopicSpec, dead_letter_topic, timer_topic, unresolved_topic
-from rocket.parked import Slot, Unparked
-from rocket.roles.peers import RETRYABLE
+from rocket.model import (KV_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, Address, TopicSpec, dead_letter_topic, timer_topic,
+                          unresolved_topic)
+from rocket.parked import Deadlines, Slot, Unparked
+from rocket.roles.peers import RETRYABLE, Peers
+from rocket.transport.background import Background
 from rocket.transport.tcp_client import TcpChannel
 
 log = logging.getLogger("rocket.broker")
@@ -54,27 +57,100 @@ def _system_base(topic: str) -> str:
                       "unresolved transactions (%TXN_UNRESOLVED%TOPIC) of one")
 
 
-class Routes:
-    def _turn(self, name: str) -> int:
-        """The next of a topic's round-robin turns (produce to any queue, receive from its groups). A system topic's
-        name holds a consumer group a client chose, so only the limits.round_robin_topics_max most recently used
-        topics keep theirs; one dropped starts again at 0, which only shifts where its rotation begins."""
-        turns = self._round_robin
+class Turns:
+    """Each topic's round-robin turns (produce to any queue, receive from its groups). A system topic's name holds a
+    consumer group a client chose, so only the limits.round_robin_topics_max most recently used topics keep theirs;
+    one dropped starts again at 0, which only shifts where its rotation begins."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}  # topic -> its last turn, in the order the topics were last used
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def take(self, name: str) -> int:
+        """The topic's next turn."""
+        turns = self._last
         turn = turns.pop(name, -1) + 1
         turns[name] = turn  # at the end: the dict is in the order the topics were last used
         if len(turns) > limits.round_robin_topics_max:
             del turns[next(iter(turns))]
         return turn
 
-    def _next_turn(self, name: str) -> int:
-        """The turn _turn would give now, not taken."""
-        return self._round_robin.get(name, -1) + 1
+    def peek(self, name: str) -> int:
+        """The turn take would give now, not taken."""
+        return self._last.get(name, -1) + 1
 
-    async def _route(self, topic: str, refresh: bool = False) -> Route:
+    def move_on(self, name: str, ticket: int, stride: int) -> None:
+        """The topic's turns go in strides (a sticky queue's): the next one taken starts the stride after ticket's,
+        unless the turns already moved past it."""
+        last = self._last.get(name)
+        if last is not None and last // stride == ticket // stride:
+            self._last[name] = (ticket // stride + 1) * stride - 1
+
+
+async def complete_later(slot: Slot, attempt: Callable[[], Awaitable[object]]) -> None:
+    """A parked call tried again as a task (a storage call that met a leader change, say), in Routes.start_soon: slot
+    completes with what attempt() returns or the RocketError it raises."""
+    try:
+        outcome = await attempt()
+    except RocketError as error:
+        outcome = error
+    slot.complete(outcome)
+
+
+class Routes(Background):
+    """The broker's routes and its calls to storage: each topic's route (cached), each group's leader as last seen,
+    the storage nodes' addresses and which of them went silent, and the storage calls forwarded without a task.
+    run() (Background) holds the nursery of the tasks the broker's parts start.
+
+    A cached route is served stale while no nameserver answers (route). A storage node that left a call unanswered
+    is asked last by every call for limits.storage_silent_s (a partitioned or hung leader), and given only
+    limits.storage_silent_probe_s to answer (storage). DISK_FULL is retried on a group's other replicas (retryable).
+    A call whose group this node leads is parked with the storage role in this process (the data plane,
+    rocket/parked.py), one for another node's leader goes on the open channel to it without a task (parking, park
+    and _forward_parked); without either it is a task."""
+
+    def __init__(self, peers: Peers, clock: Clock):
+        self.peers = peers
+        self.clock = clock
+        # Keyed by topics, storage groups and nodes the metadata holds (a route is kept only once the nameservers
+        # gave it): bounded by limits.topics_max, storage_groups_max and the nodes.
+        self._routes: dict[str, Route] = {}
+        self._leaders: dict[int, int] = {}  # storage group -> the node that last served it as leader
+        # storage node -> when a call to it last went unanswered (a partition, a hung node): asked last, and briefly,
+        # for limits.storage_silent_s by every call, not only the one that waited
+        self._silent: dict[int, float] = {}
+        self._addresses: dict[int, Address] = {}
+        self._forwarded = Deadlines()  # storage calls forwarded without a task (_forward_parked)
+        self._sweeping = False
+
+    @property
+    def sweeping(self) -> bool:
+        """Whether a task sweeps forwarded calls for their deadlines now (it ends when none is left)."""
+        return self._sweeping
+
+    def start_soon(self, function: Callable[..., Awaitable[object]], *args) -> None:
+        """A task of the broker's, in run()'s nursery."""
+        assert self._nursery is not None, "Routes.run() has not started"
+        self._nursery.start_soon(function, *args)
+
+    def forget(self, topic: str) -> None:
+        """Drop the topic's route (it changed, or is gone): the next call asks the nameservers."""
+        self._routes.pop(topic, None)
+
+    def leader_of(self, group: int) -> int:
+        """The node that last served the group as leader, as far as known; 0 if none."""
+        return self._leaders.get(group, 0)
+
+    def address_of(self, node: int) -> Address | None:
+        return self._addresses.get(node)
+
+    async def route(self, topic: str, refresh: bool = False) -> Route:
         # Dead letters and unresolved transactions lie beside the topic's queues (a KV bucket is a topic of its own).
         if topic.startswith(SYSTEM_PREFIX) and not topic.startswith((KV_PREFIX, RETRY_PREFIX)):
             base = _system_base(topic)
-            route = await self._route(base, refresh)
+            route = await self.route(base, refresh)
             return dataclasses.replace(route, spec=dataclasses.replace(route.spec, name=topic, message_type="system"))
         route = self._routes.get(topic)
         if (route is None or refresh or route.version < self.peers.metadata_version  # the metadata changed
@@ -103,15 +179,15 @@ class Routes:
         return route
 
     @staticmethod
-    def _retryable(route: Route, group: int, at_most_once: bool = False) -> tuple[Code, ...]:
-        """The errors after which a storage call is tried again on the group's other replicas (see _storage)."""
+    def retryable(route: Route, group: int, at_most_once: bool = False) -> tuple[Code, ...]:
+        """The errors after which a storage call is tried again on the group's other replicas (see storage)."""
         retryable = (Code.UNAVAILABLE,) if at_most_once else RETRYABLE
         if len(route.voters.get(group, ())) > 1:  # refused unproposed: the group's next leader may have room
             retryable += (Code.DISK_FULL,)
         return retryable
 
-    def _route_cached(self, topic: str) -> Route:
-        """The route _route would give without asking anyone (cached and fresh); else Unparked: the call that needs
+    def cached(self, topic: str) -> Route:
+        """The route route() would give without asking anyone (cached and fresh); else Unparked: the call that needs
         it is served as a task, which may wait for the nameservers."""
         route = self._routes.get(topic)
         if (route is None or topic.startswith(SYSTEM_PREFIX) and not topic.startswith((KV_PREFIX, RETRY_PREFIX))
@@ -123,23 +199,23 @@ class Routes:
     def _led_here(self, route: Route, group: int, method: str) -> bool:
         """Whether the group's leader, as far as known, is this node, whose storage role parks method: a call for
         it may then be parked with it (Dispatcher.park_local), in this process."""
-        leader = self._leaders.get(group)
+        leader = self._leaders.get(group, 0)  # 0: none known, and no voter
         return (leader in route.voters.get(group, ()) and self._addresses.get(leader) == self.peers.address
                 and self._nursery is not None and self.peers.dispatcher.parks(method))
 
     def _leader_channel(self, route: Route, group: int) -> tuple[int, Address, TcpChannel] | None:
         """The group's leader on another node, its address and the open channel to it, when that leader is known and
         not silent and the channel is open (what _forward_parked sends on); else None."""
-        leader = self._leaders.get(group)
+        leader = self._leaders.get(group, 0)  # 0: none known, and no voter
         address = self._addresses.get(leader) if leader in route.voters.get(group, ()) else None
-        if address is None or address == self.peers.address or self._nursery is None or self._is_silent(leader):
+        if address is None or address == self.peers.address or self._nursery is None or self.is_silent(leader):
             return None
         channel = self.peers.pool.open_channel(address)
         return (leader, address, channel) if channel is not None else None
 
-    def _parking(self, route: Route, group: int, method: str) -> tuple[int, Address, TcpChannel] | None:
+    def parking(self, route: Route, group: int, method: str) -> tuple[int, Address, TcpChannel] | None:
         """Where a storage call of the group can wait without a task: None when this node leads the group (its storage
-        role parks method: _park_storage hands it over in this process), else the open channel to the leader on
+        role parks method: park hands it over in this process), else the open channel to the leader on
         another node (_leader_channel's). Raises Unparked when neither: the call is a task from the start."""
         if self._led_here(route, group, method):
             return None
@@ -148,9 +224,9 @@ class Routes:
             raise Unparked
         return to
 
-    def _park_storage(self, to: tuple[int, Address, TcpChannel] | None, method: str, request: dict, slot: Slot,
+    def park(self, to: tuple[int, Address, TcpChannel] | None, method: str, request: dict, slot: Slot,
                       retryable: tuple[Code, ...]) -> None:
-        """Hand a storage call where _parking said, without a task; slot completes with its answer or error. Raises
+        """Hand a storage call where parking said, without a task; slot completes with its answer or error. Raises
         Unparked, nothing sent, when the channel broke just now or this node's storage role refused it at once with
         a retryable error (no longer the leader, a full disk): the task path tries the others."""
         if to is not None:
@@ -194,16 +270,6 @@ class Routes:
             self._nursery.start_soon(self._sweep_forwarded)
         return True
 
-    @staticmethod
-    async def _complete_later(slot: Slot, attempt: Callable[[], Awaitable[object]]) -> None:
-        """A parked call tried again as a task (a storage call that met a leader change, say): slot completes with
-        what attempt() returns or the RocketError it raises."""
-        try:
-            outcome = await attempt()
-        except RocketError as error:
-            outcome = error
-        slot.complete(outcome)
-
     async def _sweep_forwarded(self) -> None:
         """Time out forwarded calls left unanswered, each tick while there are any (then the task ends)."""
         try:
@@ -213,37 +279,37 @@ class Routes:
         finally:
             self._sweeping = False
 
-    def _queue(self, spec: TopicSpec, queue: int) -> int:
+    def queue(self, spec: TopicSpec, queue: int) -> int:
         if not 0 <= queue < spec.queues:
             raise RocketError(Code.BAD_QUEUE, f"topic {spec.name!r} has queues 0..{spec.queues - 1}, not {queue}")
         return queue
 
-    def _by_group(self, route: Route, queues) -> dict[int, list[int]]:
+    def by_group(self, route: Route, queues) -> dict[int, list[int]]:
         groups: dict[int, list[int]] = {}
         for queue in queues:
-            groups.setdefault(route.queue_groups[self._queue(route.spec, queue)], []).append(queue)
+            groups.setdefault(route.queue_groups[self.queue(route.spec, queue)], []).append(queue)
         return groups
 
-    async def _queues(self, route: Route, consumer_group: str = "", timestamp_ms: int = -1) -> list[dict]:
+    async def queues(self, route: Route, consumer_group: str = "", timestamp_ms: int = -1) -> list[dict]:
         """StorageQueues for every queue of the topic, group by group."""
         responses = []
-        for group, queues in self._by_group(route, range(route.spec.queues)).items():
-            responses.append(await self._storage(route, group, "StorageQueues", {
+        for group, queues in self.by_group(route, range(route.spec.queues)).items():
+            responses.append(await self.storage(route, group, "StorageQueues", {
                 "group": group, "topic": route.spec.name, "queues": queues, "consumer_group": consumer_group,
                 "timestamp_ms": timestamp_ms}))
         return responses
 
-    def _offsets(self, route: Route, entries: list[dict]) -> dict[int, int]:
+    def offsets(self, route: Route, entries: list[dict]) -> dict[int, int]:
         """queue -> offset of a request's entries, each queue one of the topic's and each offset not negative."""
         offsets: dict[int, int] = {}
         for entry in entries:
-            queue = self._queue(route.spec, entry["queue"])
+            queue = self.queue(route.spec, entry["queue"])
             if entry["offset"] < 0:
                 raise RocketError(Code.BAD_REQUEST, f"offset {entry['offset']} for queue {queue} is negative")
             offsets[queue] = entry["offset"]
         return offsets
 
-    def _is_silent(self, node: int) -> bool:
+    def is_silent(self, node: int) -> bool:
         """Whether a call to the node went unanswered in the last limits.storage_silent_s."""
         at = self._silent.get(node)
         return at is not None and self.clock.now_s() - at < limits.storage_silent_s
@@ -265,13 +331,13 @@ class Routes:
 
     def _heard(self, node: int, answered: bool) -> None:
         """Note whether a call to node got an answer (any answer, an error too: a TIMEOUT it gives is an answer) or
-        none (no answer in time, the connection lost): a node left unanswered is asked last (_is_silent)."""
+        none (no answer in time, the connection lost): a node left unanswered is asked last (is_silent)."""
         if not answered:
             self._silent[node] = self.clock.now_s()  # keyed by the cluster's storage nodes: bounded
         elif self._silent:
             self._silent.pop(node, None)
 
-    async def _storage(self, route: Route, group: int, method: str, request: dict,
+    async def storage(self, route: Route, group: int, method: str, request: dict,
                        timeout_s: float = limits.storage_call_s_max, at_most_once: bool = False) -> dict:
         """Call the group's leader as far as known, else each replica in turn; refresh the route and
         try again until limits.storage_retry_s_max has passed (or, for a long poll, the call's timeout).
@@ -281,13 +347,13 @@ class Routes:
         of several replicas, DISK_FULL (refused before it was proposed; the leader hands its groups over). A call that
         went out and got no answer (TIMEOUT, CONNECTION_LOST) may have been applied: its error is passed on, and
         the caller learns the outcome is unknown; so is TIMEOUT when the retries run out with a call out."""
-        retryable = self._retryable(route, group, at_most_once)
+        retryable = self.retryable(route, group, at_most_once)
         unknown = RocketError(Code.TIMEOUT, f"a write to storage group {group} got no answer within "
                               f"{limits.storage_retry_s_max} s: its outcome is unknown")
         failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
-        leader = self._leaders.get(group)
+        leader = self._leaders.get(group, 0)  # 0: none known, and no voter
         address = self._addresses.get(leader) if leader in route.voters.get(group, ()) else None
-        if address is not None and not self._is_silent(leader):  # the usual case, first: no retry scope, no sort
+        if address is not None and not self.is_silent(leader):  # the usual case, first: no retry scope, no sort
             try:
                 return await self._call_storage(leader, address, method, request, timeout_s)
             except RocketError as error:
@@ -297,8 +363,8 @@ class Routes:
         with trio.move_on_after(max(limits.storage_retry_s_max, timeout_s)):
             for attempt in itertools.count():
                 voters = route.voters.get(group, ())
-                leader = self._leaders.get(group)
-                for node in sorted(voters, key=lambda voter: (self._is_silent(voter), voter != leader)):
+                leader = self._leaders.get(group, 0)  # 0: none known, and no voter
+                for node in sorted(voters, key=lambda voter: (self.is_silent(voter), voter != leader)):
                     address = self._addresses.get(node)
                     if address is None:
                         continue
@@ -306,7 +372,7 @@ class Routes:
                         failure = unknown  # while the call is out
                     try:
                         response = await self._call_storage(node, address, method, request, min(
-                            timeout_s, limits.storage_silent_probe_s) if self._is_silent(node) else timeout_s)
+                            timeout_s, limits.storage_silent_probe_s) if self.is_silent(node) else timeout_s)
                     except RocketError as error:
                         if error.code not in retryable:
                             raise
@@ -315,5 +381,5 @@ class Routes:
                     self._leaders[group] = node
                     return response
                 await trio.sleep(min(limits.storage_retry_backoff_s_min * 2 ** attempt, limits.storage_retry_backoff_s_max))
-                route = await self._route(route.spec.name, refresh=True)
+                route = await self.route(route.spec.name, refresh=True)
         raise failure
