@@ -1,18 +1,6 @@
-"""Who may do what (issue 34): users, policies, and the decision on each call (pure; the clock is passed in).
-
-The model is RocketMQ 5's ACL 2.0 and Kafka's ACLs:
-- A *user* is an access key with a secret (and may be a super user, allowed everything). Secrets are kept in the
-  metadata sealed (AES-GCM) under a key derived from the cluster secret, never in plain text on disk.
-- A *policy* gives a user actions (pub, sub, admin, kv-read, kv-write) on a resource pattern (`topic:orders`,
-  `topic:orders-*`, `group:billing`, `bucket:cfg`, `cluster`), allowed or denied, optionally only from some
-  source networks. A call needs each of its (action, resource) pairs allowed by some policy and denied by none:
-  deny wins. This module says what each of rocket's methods needs.
-- A connection proves who it is with a *signed hello* (an HMAC-SHA256 under the secret of its user's time and a fresh
-  nonce, refused when skewed or replayed), once at connect (Authenticate); node-to-node connections do the same under
-  the cluster secret (PeerHello, transport/peer_auth.py). The gateways verify RocketMQ's own per-request signatures
-  against the same users.
-`Access` is what a node enforces: the users and policies of the metadata, with refusals counted per source. The
-dispatcher and the gateways call it.
+"""Who may do what (issue 34): users, policies, what each of rocket's methods needs (needs_of), and the decision on
+each call (pure; the clock is passed in). The model is RocketMQ 5's ACL 2.0 and Kafka's ACLs. `Access` is what a node
+enforces; the dispatcher and the gateways call it.
 """
 
 from __future__ import annotations
@@ -118,6 +106,10 @@ def check_cidrs(cidrs: Iterable[str]) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Policy:
+    """Gives a user actions (pub, sub, admin, kv-read, kv-write) on a resource pattern (`topic:orders`,
+    `topic:orders-*`, `group:billing`, `bucket:cfg`, `cluster`), allowed or denied, optionally only from some source
+    networks. A call needs each of its (action, resource) pairs allowed by some policy and denied by none: deny wins
+    (denial)."""
     user: str
     resource: str  # a pattern (check_resource)
     actions: tuple[str, ...]
@@ -193,7 +185,11 @@ def hello_mac(secret: bytes, kind: str, who: str | int, time_ms: int, nonce: str
 
 
 def signed_hello(secret: bytes, kind: str, who: str | int, time_ms: int) -> dict:
-    """A hello for a new connection: who, the time, a fresh nonce and their MAC."""
+    """A hello for a new connection: who, the time, a fresh nonce and their MAC. A connection proves who it is with a
+    signed hello (an HMAC-SHA256 under the secret of its user's time and a fresh nonce, refused when skewed or
+    replayed: HelloCheck), once at connect (Authenticate); node-to-node connections do the same under the cluster
+    secret (PeerHello, transport/peer_auth.py). The gateways verify RocketMQ's own per-request signatures against
+    the same users."""
     nonce = secrets.token_hex(16)
     return {"time_ms": time_ms, "nonce": nonce, "mac": hello_mac(secret, kind, who, time_ms, nonce)}
 
@@ -236,6 +232,8 @@ class Credentials:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class User:
+    """An access key with a secret (and may be a super user, allowed everything). Secrets are kept in the metadata
+    sealed (AES-GCM) under a key derived from the cluster secret (cluster_key), never in plain text on disk."""
     name: str
     secret: bytes = dataclasses.field(repr=False)
     super: bool = False

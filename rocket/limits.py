@@ -1,7 +1,6 @@
-"""Every limit in rocket, each with the reason it exists; relations are asserted at import.
-
-A new limit goes here with one line saying why, its unit then `_max`, `_min` or `_default` last in its name, and its
-relations to the others asserted at the bottom; tests/unit/test_limits.py checks all three.
+"""Every limit in rocket, each with the reason it exists; relations are asserted at import. A new limit goes here with
+one line saying why, its unit then `_max`, `_min` or `_default` last in its name, and its relations to the others
+asserted at the bottom; tests/unit/test_limits.py checks all three.
 """
 
 from rocket.errors import invariant

@@ -1,17 +1,6 @@
-"""A node: reads its config, opens one nursery, starts the roles asked for, and shuts down gracefully.
-
-Every node runs one multi-raft host: the nameservers' metadata group if it is a nameserver, and the
-storage groups assigned to it if it stores. Roles reach each other through Peers: over TCP, or
-directly when they share the process. Dev mode (all roles, no nameservers configured) is a cluster
-of one node. build_roles is the one place roles are made and wired: run_node and the roles simulator
-(tests/sim/roles_sim.py) both call it. The node also holds its data directory's lock and opens the listeners.
-
-SIGTERM or SIGINT: stop accepting and reading, let calls in flight finish (bounded), flush, close. SIGHUP: re-read the
-TLS certificate, key and CA files for new connections (transport/tls.py).
-Readiness is printed as one line ("rocket ready ...") and sent to systemd when NOTIFY_SOCKET is set (READY=1, then
-STOPPING=1 when it drains, and WATCHDOG=1 at half the unit's WatchdogSec= if it set one). After that line,
-`rocket run` touches the heap (touch_heap, limits.malloc_pretouch_bytes), in slices between requests, and freezes
-what the start-up made out of the cyclic collector's sight (tune_collector).
+"""A node: reads its config, opens one nursery, starts the roles asked for (build_roles, the one place they are wired),
+holds its data directory's lock, opens the listeners, and shuts down gracefully (run_node). Dev mode (all roles, no
+nameservers configured) is a cluster of one node.
 """
 
 from __future__ import annotations
@@ -186,7 +175,14 @@ async def run_node(config: NodeConfig, *, handle_signals: bool = True, pretouch_
                    freeze_startup: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run the node until told to stop; once it is ready, touch pretouch_bytes of the heap (touch_heap), and with
     freeze_startup (a process that runs one node: `rocket run`) move what the start-up made out of the collector's
-    sight (gc.freeze)."""
+    sight (gc.freeze).
+
+    SIGTERM or SIGINT: stop accepting and reading, let calls in flight finish (bounded), flush, close. SIGHUP: re-read
+    the TLS certificate, key and CA files for new connections (transport/tls.py). Readiness is printed as one line
+    ("rocket ready ...") and sent to systemd when NOTIFY_SOCKET is set (READY=1, then STOPPING=1 when it drains, and
+    WATCHDOG=1 at half the unit's WatchdogSec= if it set one). After that line, `rocket run` touches the heap
+    (touch_heap, limits.malloc_pretouch_bytes), in slices between requests, and freezes what the start-up made out of
+    the cyclic collector's sight (tune_collector)."""
     created = not config.data_dir.exists()
     ready = trio.Event()
     try:
@@ -257,7 +253,10 @@ def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Di
                 addresses: dict[int, tuple[str, int]], objects: ObjectStore | None = None) -> Roles:
     """Make the roles config asks for over this node's Raft host and peers, reading clock, and register their
     methods (and RaftStep and RaftSnapshotChunk, into host) with dispatcher. The one place roles are wired: node.py
-    and the roles simulator both call it; what differs between them (network, disk, clock) comes in as arguments."""
+    and the roles simulator (tests/sim/roles_sim.py) both call it; what differs between them (network, disk, clock)
+    comes in as arguments. Every node runs one multi-raft host: the nameservers' metadata group if it is a
+    nameserver, and the storage groups assigned to it if it stores. Roles reach each other through Peers: over TCP,
+    or directly when they share the process."""
     async def raft_step(request: dict) -> dict:
         host.receive(request["payload"])
         return {}

@@ -1,14 +1,6 @@
-"""Parked calls: how the data plane waits without a task (../shared/DESIGN.md, "the data plane").
-
-A call on the data plane (a produce, a storage append) is served in its connection's read loop. What it waits for (its
-entry applied by a Raft round) is a parked `Slot`, not a coroutine: the round that applies the entry completes the
-slot, and the slot's finish writes the answer into its connection's buffer, sent with the round's other answers.
-
-The invariant, owned here: **every slot completes exactly once** (answered, failed, or timed out). A slot's first
-`complete` runs its finish; a later one (an entry applied after its deadline was swept, a leader change reported
-after the result) is dropped and counted in `Slot.late`. A slot with a deadline is kept in a `Deadlines` sweep, which
-its owner runs once per tick, so that no slot waits past its deadline. A finish that raises is logged, never passed to
-the round loop that completed it: one bad answer must not stop a node's rounds.
+"""Parked calls: how the data plane waits without a task (../shared/DESIGN.md, "the data plane"): a call waits as a
+`Slot`, not a coroutine. The invariant, owned here: **every slot completes exactly once** (answered, failed, or timed
+out); a `Deadlines` sweep makes sure no slot waits past its deadline.
 """
 
 from __future__ import annotations
@@ -37,6 +29,14 @@ class Unparked(Exception):
 
 
 class Slot:
+    """A call on the data plane (a produce, a storage append) is served in its connection's read loop. What it waits
+    for (its entry applied by a Raft round) is a parked slot: the round that applies the entry completes the slot, and
+    the slot's finish writes the answer into its connection's buffer, sent with the round's other answers.
+
+    A slot's first `complete` runs its finish; a later one (an entry applied after its deadline was swept, a leader
+    change reported after the result) is dropped and counted in `late`. A slot with a deadline is kept in a
+    `Deadlines` sweep, which its owner runs once per tick. A finish that raises is logged, never passed to the round
+    loop that completed it: one bad answer must not stop a node's rounds."""
     __slots__ = ("_finish", "deadline", "done")
     late = 0  # completions dropped because the slot had completed already (the tests read it)
 

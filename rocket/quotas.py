@@ -1,22 +1,6 @@
-"""Client quotas (issue 34), as Kafka's: throttle, don't fail.
-
-Quotas live in the metadata beside users and policies (roles/nameserver/metadata.py), one per entity:
-- `user:NAME`: that user's; `user:*`: every user's that has none of its own (the most specific entity wins whole,
-  as in Kafka: a `user:NAME` quota replaces `user:*`, it does not merge with it field by field);
-- `topic:NAME`: every client's calls on that topic, together (one bucket per topic, shared by all its clients).
-Each sets `produce_bytes_per_s`, `consume_bytes_per_s` and `requests_per_s`; 0 means unlimited. A call on a topic
-with a quota and by a user with one is held by both: its throttle is the longer. Nodes get them with the users and
-policies (MetaAclState).
-
-Each broker enforces them alone, with a token bucket per entity and rate (so a client talking to N brokers gets N
-times its quota, as with Kafka's per-broker quotas); the buckets are bounded, the least recently used and the idle
-dropped. The transport's dispatcher charges a call after serving it: the bytes of a Produce request, of a Pull,
-Subscribe or Receive answer, one request for every call from the wire. A bucket may go into debt; the time until the
-debt is repaid is the call's throttle time. The answer carries it (`throttle_ms`) and the connection reads no further
-request until it has passed (Kafka mutes the channel), so a client that ignores it is held too. Without auth calls
-carry no user: only topic quotas apply. The clients' side is client/throttle.py.
-
-Pure: the clock is a function the owner passes (the node's `Clock`).
+"""Client quotas (issue 34), as Kafka's: throttle, don't fail. Each broker enforces alone the quotas of the metadata
+(Quotas), one per entity (check_entity), with a token bucket per entity and rate (Bucket); a call over one is slowed,
+never refused. Pure: the clock is a function the owner passes (the node's `Clock`).
 """
 
 from __future__ import annotations
@@ -32,7 +16,13 @@ ANY_USER = "user:*"
 
 
 def check_entity(entity: str) -> str:
-    """`user:NAME`, `user:*` or `topic:NAME`."""
+    """`user:NAME`, `user:*` or `topic:NAME`.
+
+    Quotas live in the metadata beside users and policies (roles/nameserver/metadata.py), one per entity: `user:NAME`
+    is that user's; `user:*` every user's that has none of its own (the most specific entity wins whole, as in
+    Kafka: a `user:NAME` quota replaces `user:*`, it does not merge with it field by field); `topic:NAME` every
+    client's calls on that topic, together (one bucket per topic, shared by all its clients). Each sets RATES; 0
+    means unlimited. Nodes get them with the users and policies (MetaAclState)."""
     kind, _, name = entity.partition(":")
     if kind not in ("user", "topic") or not name or (kind == "topic" and name == "*") or len(name) > 255 \
             or any(c.isspace() for c in name):
@@ -78,7 +68,15 @@ class Bucket:
 
 class Quotas:
     """A broker's view: the quotas of the metadata (refreshed by the node) and its buckets, the least recently used
-    first, at most limits.quota_buckets_max; a bucket idle for limits.quota_idle_s is full again, so it is dropped."""
+    first, at most limits.quota_buckets_max; a bucket idle for limits.quota_idle_s is full again, so it is dropped.
+
+    Each broker enforces the quotas alone, so a client talking to N brokers gets N times its quota, as with Kafka's
+    per-broker quotas. The transport's dispatcher charges a call after serving it (Dispatcher.charge): the bytes of a
+    Produce request, of a Pull, Subscribe or Receive answer, one request for every call from the wire. A call on a
+    topic with a quota and by a user with one is held by both: its throttle is the longer. A bucket may go into debt;
+    the time until the debt is repaid is the call's throttle time. The answer carries it (`throttle_ms`) and the
+    connection reads no further request until it has passed (Kafka mutes the channel), so a client that ignores it is
+    held too. Without auth calls carry no user: only topic quotas apply. The clients' side is client/throttle.py."""
 
     def __init__(self, monotonic: Callable[[], float]):
         self._monotonic = monotonic

@@ -1,12 +1,6 @@
-"""The `rocket` command: run a node, administer topics, send, consume and benchmark.
-
-One module per command family; this one assembles them into the typer app (`build_app`) that `main` runs. `rocket
-run` gets an app of its command alone: a node's start then skips importing the client commands (and what they
-import). The families: `run`, `send`, `consume`, `topic` (and `tier`), `message`, `group` (consumer-group settings:
-`create`, `update`, `list`, `settings`; positions: `describe`, `reset`; and `dlq` beside it), `cluster` (and `cluster
-storage-class`), `bench`, `kv`, `acl` (users and policies: `user create|list|delete`, `grant`, `revoke`, `list`,
-`whoami`; client quotas: `quota set|list|delete`) and `top`. `common.py` holds the exit codes, the one-line errors and
-the connection options. `disk_probe.py` is the raw `write` + `fdatasync` probe that benchmarks compare against.
+"""The `rocket` command: run a node, administer topics, send, consume and benchmark. One module per command family;
+this one assembles them into the typer app (`build_app`) that `main` runs. `common.py` holds the exit codes, the
+one-line errors and the connection options; `disk_probe.py` is the raw probe that benchmarks compare against.
 """
 
 from __future__ import annotations
@@ -49,7 +43,12 @@ def _options(version: Annotated[bool, typer.Option("--version", callback=_print_
 
 
 def build_app(node_only: bool = False) -> typer.Typer:
-    """The typer app: every command, or with node_only `run` alone (the same command, help and options)."""
+    """The typer app: every command, or with node_only `run` alone (the same command, help and options). `rocket run`
+    gets an app of its command alone: a node's start then skips importing the client commands (and what they
+    import). The families: `run`, `send`, `consume`, `topic` (and `tier`), `message`, `group` (consumer-group
+    settings: `create`, `update`, `list`, `settings`; positions: `describe`, `reset`; and `dlq` beside it), `cluster`
+    (and `cluster storage-class`), `bench`, `kv`, `acl` (users and policies: `user create|list|delete`, `grant`,
+    `revoke`, `list`, `whoami`; client quotas: `quota set|list|delete`) and `top`."""
     built = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP)
     built.callback()(_options)
     built.command("run")(run.run)

@@ -1,7 +1,5 @@
-"""`rocket top`: a node's numbers, live, from its /metrics page (the HTTP/1.1 listener, --http-listen): per topic the
-produce and read rates (from the counters' change between two looks) with the backlog, consumer groups' lag, per RPC
-method the rate, p99 and errors, and the Raft groups' states. It reads what Prometheus would scrape, with
-prometheus_client's parser, and needs no connection to the cluster's TCP port.
+"""`rocket top`: a node's numbers, live, from its /metrics page (the HTTP/1.1 listener, --http-listen). It reads what
+Prometheus would scrape and needs no connection to the cluster's TCP port.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]  # sample name -> (label
 
 
 def scrape(address: str, timeout_s: float = 5.0) -> Samples:
-    """Every sample of the node's /metrics, by sample name."""
+    """Every sample of the node's /metrics, by sample name. Read with prometheus_client's parser."""
     url = address if address.startswith(("http://", "https://")) else f"http://{address}"
     with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=timeout_s) as response:
         text = response.read().decode()
@@ -104,7 +102,9 @@ def _seconds(value: float | None) -> str:
 
 
 def frame(address: str, now: Samples, before: Samples | None, seconds: float, rows: int) -> Group:
-    """One screen: the node, its topics, consumer groups, RPC methods and Raft groups."""
+    """One screen: the node, its topics, consumer groups, RPC methods and Raft groups. Per topic the produce and read
+    rates (from the counters' change between two looks) with the backlog, consumer groups' lag, per RPC method the
+    rate, p99 and errors, and the Raft groups' states."""
     info = next(iter(now.get("rocket_node_info", [])), ({}, 0))[0]
     states = _by(now, "rocket_raft_groups", "state")
     cpu = _rate(now, before, seconds, "process_cpu_seconds_total").get((), None)

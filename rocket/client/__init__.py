@@ -1,10 +1,6 @@
 """The rocket client SDK: connect(), Admin, Producer, TransactionProducer, Consumer (pull), SimpleConsumer and
-PushConsumer (pop); KV is in kv.py.
-
-connect() (connection.py) gives a FailoverChannel over the TCP client, or an HTTP/2 channel. The producer is
-idempotent: its Sequencer holds a random producer id and puts a sequence on every batch it sends. credentials.py finds
-a client's user and secret; each connection's first call signs in with them. throttle.py waits out the `throttle_ms`
-a broker's answer gives. Everything here takes any Channel, so it is unit-tested over MockChannel and LocalChannel.
+PushConsumer (pop); KV is in kv.py. Everything here takes any Channel, so it is unit-tested over MockChannel and
+LocalChannel.
 """
 
 from rocket.client.admin import Admin

@@ -1,8 +1,5 @@
-"""Opening a channel to rocket over TCP or HTTP/2 with the chosen serde.
-
-Over TCP a client may name several servers (brokers): calls go to one of them, picked at random so
-that clients spread, and move to the next when it cannot be reached or its connection breaks. With
-discover, the client also asks the cluster for its brokers and uses all of them.
+"""Opening a channel to rocket over TCP or HTTP/2 with the chosen serde (connect); over TCP, a FailoverChannel over
+one or several servers.
 """
 
 from __future__ import annotations
@@ -35,7 +32,9 @@ MOVE_ON = (Code.CONNECTION_LOST, Code.UNAVAILABLE)  # the server is gone or cann
 
 
 class FailoverChannel(Channel):
-    """A Channel over a list of servers: each call goes to the current one, and moves on when it is gone."""
+    """A Channel over a list of servers: each call goes to the current one, and moves on when it is gone. Over TCP a
+    client may name several servers (brokers): calls go to one of them, picked at random so that clients spread, and
+    move to the next when it cannot be reached or its connection breaks."""
 
     def __init__(self, pool: ChannelPool, servers: list[Address]):
         self._pool = pool
@@ -113,7 +112,8 @@ async def connect(server: str | None = None, transport: str = "tcp", serde: str 
     or (over TCP) several of them separated by commas. Each connection signs in with the credentials, else those
     of the environment or the credentials file (client/credentials.py), if any. tls: an ssl.SSLContext, a CA
     bundle's path, or True (the system's CAs): the server's certificate must verify, and name the host connected to
-    (or tls_server_name). Without tls, default_tls's."""
+    (or tls_server_name). Without tls, default_tls's. Over TCP the channel is a FailoverChannel; with discover, it
+    also asks the cluster for its brokers and uses all of them."""
     if transport not in TRANSPORTS:
         raise RocketError(Code.BAD_REQUEST, f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
     serde_named(serde)

@@ -1,8 +1,5 @@
 """The consumer: pulls a topic's queues for a group with long polling, decodes batches client-side,
-cuts them at the requested offsets, and commits the group's positions in storage. In clustering mode
-the group's live members split the queues (rebalanced as members come and go); in broadcasting mode
-each member reads every queue, with positions of its own. Where there is no committed position for a
-queue, `start` decides: earliest, latest, or a time.
+cuts them at the requested offsets, and commits the group's positions in storage (Consumer).
 """
 
 from __future__ import annotations
@@ -35,6 +32,10 @@ MODES = ("clustering", "broadcasting")
 
 
 class Consumer:
+    """In clustering mode the group's live members split the queues (rebalanced as members come and go); in
+    broadcasting mode each member reads every queue, with positions of its own. Where there is no committed position
+    for a queue, `start` decides: earliest, latest, or a time."""
+
     def __init__(self, channel: Channel, topic: str, group: str, *, start: str | int = "latest",
                  max_bytes: int = limits.consumer_pull_bytes_default, wait_ms: int = limits.consumer_wait_ms_default, filter_type: str = "tag", filter: str = "*",
                  mode: str = "clustering", member: str | None = None):

@@ -1,7 +1,5 @@
-"""A client's credentials: an access key (user) and its secret, from the caller, the environment
-(ROCKET_USER and ROCKET_SECRET), or the credentials file (ROCKET_CREDENTIALS, else ~/.config/rocket/credentials:
-TOML with `user` and `secret`), in that order. With none, a client connects unsigned, which a server with auth off
-serves."""
+"""A client's credentials: an access key (user) and its secret, from the caller, the environment or the credentials
+file, in that order (load_credentials). With none, a client connects unsigned, which a server with auth off serves."""
 
 from __future__ import annotations
 
@@ -18,6 +16,8 @@ DEFAULT_FILE = Path("~/.config/rocket/credentials")
 
 
 def load_credentials(environment: Mapping[str, str] = os.environ) -> Credentials | None:
+    """The credentials of the environment (ROCKET_USER and ROCKET_SECRET), else of the credentials file
+    (ROCKET_CREDENTIALS, else ~/.config/rocket/credentials: TOML with `user` and `secret`); None without any."""
     user, secret = environment.get("ROCKET_USER", ""), environment.get("ROCKET_SECRET", "")
     if user or secret:
         if not (user and secret):

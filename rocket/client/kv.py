@@ -1,12 +1,5 @@
 """The KV client (RIP-22): buckets of keys with revisions, compare-and-set, transactions, ranges, watches, and export and
-import of a bucket as a file.
-
-    async with connect(server) as channel:
-        kv = KV(channel)
-        await kv.create_bucket("config", shards=1)
-        revision = await kv.put("config", "feature/x", b"on")
-        entry = await kv.get("config", "feature/x")
-        await kv.put("config", "feature/x", b"off", if_revision=entry.revision)  # CAS_FAILED if it moved
+import of a bucket as a file (KV).
 """
 
 from __future__ import annotations
@@ -56,6 +49,16 @@ def _ttl_ms(ttl_s: float | None) -> int:
 
 
 class KV:
+    """The KV client over a channel:
+
+        async with connect(server) as channel:
+            kv = KV(channel)
+            await kv.create_bucket("config", shards=1)
+            revision = await kv.put("config", "feature/x", b"on")
+            entry = await kv.get("config", "feature/x")
+            await kv.put("config", "feature/x", b"off", if_revision=entry.revision)  # CAS_FAILED if it moved
+    """
+
     def __init__(self, channel: Channel):
         self.channel = channel
 

@@ -1,19 +1,6 @@
-"""The producer: batches messages per queue (bounded linger and size) and sends the batches.
-
-Three ways in: send() for one message at a time (batched with concurrent senders by linger),
-send_many() for a list, and send_encoded() for batches the caller built (e.g. lines of a file).
-Batches for one queue are stored in the order they were handed over: each queue has a lane that sends
-its next batch once the one before is answered (the server may take concurrent requests in any order).
-Batches for any queue (queue -1; spread round robin here) are pipelined, up to in_flight_max at once.
-send() puts a message without a key in the batch filling for the current queue, and moves to the next queue once that
-batch goes (Kafka's sticky partitioner, KIP-480): concurrent sends make one batch, not one per queue. A batch goes
-at once while none of the producer's batches is in flight, and else once one is answered or its linger ends,
-whichever comes first (Nagle's rule): a lone send waits for nothing, and under load a batch gathers what came while
-the one before it was out.
-
-Producers are idempotent: each has a random id and numbers its batches, so that a batch sent again after a lost
-answer (the failover channel moves on to another broker, a broker retries its storage call) is stored once and gets
-its first answer (store/producers.py). That is why the producer, not the broker, picks the queue of every batch.
+"""The producer: batches messages per queue (bounded linger and size) and sends the batches (Producer). Producers are
+idempotent (Sequencer): a batch sent again is stored once, which is why the producer, not the broker, picks the
+queue of every batch.
 """
 
 from __future__ import annotations
@@ -48,7 +35,9 @@ class Receipt:
 
 
 class Sequencer:
-    """An idempotent producer's id (random, 63 bits) and its batches' sequence."""
+    """An idempotent producer's id (random, 63 bits) and its batches' sequence. A batch sent again after a lost
+    answer (the failover channel moves on to another broker, a broker retries its storage call) is so stored once
+    and gets its first answer (store/producers.py)."""
 
     def __init__(self) -> None:
         self.producer_id = secrets.randbits(63) or 1
@@ -73,6 +62,16 @@ class _Pending:
 
 
 class Producer:
+    """Three ways in: send() for one message at a time (batched with concurrent senders by linger), send_many() for a
+    list, and send_encoded() for batches the caller built (e.g. lines of a file). Batches for one queue are stored in
+    the order they were handed over: each queue has a lane that sends its next batch once the one before is answered
+    (the server may take concurrent requests in any order). Batches for any queue (queue -1; spread round robin
+    here) are pipelined, up to in_flight_max at once. send() puts a message without a key in the batch filling for
+    the current queue, and moves to the next queue once that batch goes (Kafka's sticky partitioner, KIP-480):
+    concurrent sends make one batch, not one per queue. A batch goes at once while none of the producer's batches is
+    in flight, and else once one is answered or its linger ends, whichever comes first (Nagle's rule): a lone send
+    waits for nothing, and under load a batch gathers what came while the one before it was out."""
+
     def __init__(self, channel: Channel, topic: str, queues: int, nursery: trio.Nursery, *,
                  linger_s: float, batch_bytes: int, in_flight_max: int):
         self.channel = channel

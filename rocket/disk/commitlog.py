@@ -1,16 +1,6 @@
-"""The commit log: segment files of checksummed records, addressed by global byte position.
-
-Plain blocking file I/O (the group store runs writes and fsyncs in a worker thread). On open, a
-torn tail is cut back to the last good record; damage with valid records after it is reported.
-With cached_bytes, only the log's newest cached_bytes stay in the page cache: older pages are dropped
-once written or read, so that the next writes and reads reuse them (0: the OS decides, as for any file).
-With direct, writes bypass the page cache (O_DIRECT, whole aligned blocks from memory of the log's own), and
-the newest cached_bytes are read from that memory; a segment's file may then end in zeros up to a block
-boundary until it is sealed or closed, which recovery cuts like any torn tail. The record format is record.py,
-the direct log's memory direct.py. About 450 lines, one class: segments, appends, syncs and reads share the
-segment table, the tail and the reader cache, under one lock discipline. An append that fails (ENOSPC) leaves
-the log ending at its last whole record, so the caller may append again once space returns.
-"""
+"""The commit log: segment files of checksummed records, addressed by global byte position. Plain blocking file
+I/O; on open, a torn tail is cut back to the last good record, and an append refused for space (ENOSPC) leaves the
+log ending at its last whole record, so the caller may append again once space returns."""
 
 from __future__ import annotations
 
@@ -44,6 +34,16 @@ def _drop_cached(descriptor: int, offset: int, length: int) -> None:
 
 
 class CommitLog:
+    """Segments, appends, syncs and reads in one class: they share the segment table, the tail and the reader cache,
+    under one lock discipline. Writes and fsyncs run in a worker thread of the caller's. On open, damage with valid
+    records after it is reported. The record format is record.py, the direct log's memory direct.py.
+
+    With cached_bytes, only the log's newest cached_bytes stay in the page cache: older pages are dropped once
+    written or read, so that the next writes and reads reuse them (0: the OS decides, as for any file). With direct,
+    writes bypass the page cache (O_DIRECT, whole aligned blocks from memory of the log's own), and the newest
+    cached_bytes are read from that memory; a segment's file may then end in zeros up to a block boundary until it
+    is sealed or closed, which recovery cuts like any torn tail."""
+
     def __init__(self, directory: Path, segment_bytes_max: int, cached_bytes: int = 0, direct: bool = False):
         invariant(segment_bytes_max >= limits.segment_bytes_min, "segments must hold at least one big batch")
         invariant(not direct or cached_bytes > 0, "a direct log reads its newest bytes from memory of its own")
@@ -181,7 +181,8 @@ class CommitLog:
         return [(start, self._path(start), self._path(start).stat().st_size) for start in self._starts]
 
     def append(self, records: list[tuple[int, Body]]) -> list[int]:
-        """Write records after the end (not synced), without copying their bodies; returns positions."""
+        """Write records after the end (not synced), without copying their bodies; returns positions. One refused
+        for space cuts the file, and a direct log's memory, back to the last whole record, so a retry follows it."""
         positions: list[int] = []
         pending: list[bytes | memoryview] = []
         pending_bytes = 0

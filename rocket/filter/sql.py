@@ -1,7 +1,6 @@
-"""SQL92 filters over message properties (RocketMQ's subset): a hand-written recursive-descent parser with a
-depth limit builds an immutable AST, compiled once to closures that evaluate with three-valued logic.
-Pure: no I/O; user text is only ever tokenised, never eval'd. One module of about 430 lines: the tokenizer,
-parser and compiler of one small language, read together.
+"""SQL92 filters over message properties (RocketMQ's subset): a recursive-descent parser with a depth limit builds an
+immutable AST, compiled once to closures that evaluate with three-valued logic. Pure; user text is only ever
+tokenised, never eval'd. The tokenizer, parser and compiler of one small language stay one module, read together.
 """
 
 from __future__ import annotations

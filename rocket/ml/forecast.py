@@ -1,25 +1,5 @@
-"""The load forecaster's features and its scorer (issue 30). Pure: no I/O, no clock, no pyspark.
-
-One definition of the features serves both sides: the PySpark job (jobs/features.py) calls `queue_features` inside its
-executors to build the training rows, and the nameserver calls it at placement time, so a model never sees features
-computed differently from those it was trained on.
-
-A queue's history is its bytes/s in, in one-minute steps (`STEP_MS`), as the telemetry of its group's leader
-reported it (`rocket_queue_in_bytes_total`'s rate, averaged per step). A queue reports only when it moved: a missing
-step is an idle minute, 0 bytes/s.
-
-The features are scale-free: a queue's rates are divided by its `scale` (the larger of its 10- and 60-minute means,
-at least 1 byte/s), and the trees predict the change from rate_1m (the "last value" forecast) in that unit
-(`target` "relative_change"): the prediction is rate_1m + scale x the trees' sum. So the trees only correct the
-naive forecast, and what they learn of a 1 KB/s queue after a burst applies to a 100 MB/s one: topic sizes are
-heavy-tailed, and trees on raw bytes/s cannot carry a pattern from one size to another, nor reach past the levels
-they were trained on.
-
-The model file is JSON (`MODEL_FORMAT`, version `MODEL_VERSION`): the feature names in order, the horizon it
-predicts, the trees of a gradient-boosted ensemble with their weights, the target, and the training metrics.
-`Forecaster.from_json` refuses a file that is not exactly that, with one line saying why (ModelError), and the
-caller falls back to a heuristic.
-"""
+"""The load forecaster's features (queue_features), model file and scorer (Forecaster), issue 30. Pure: no I/O, no
+clock, no pyspark. One definition of the features serves the PySpark job and the nameserver alike."""
 
 from __future__ import annotations
 
@@ -62,7 +42,16 @@ def window_mean(steps: Mapping[int, float], last_step: int, count: int) -> float
 def queue_features(steps: Mapping[int, float], now_ms: int, first_step: int, topic_queues: int,
                    topic_rate_10m: float) -> list[float]:
     """The feature vector (in FEATURES order) of a queue at now_ms, from its history: step number (ms // STEP_MS) ->
-    mean bytes/s in. Only steps before now's step count (now's is not over)."""
+    mean bytes/s in. Only steps before now's step count (now's is not over).
+
+    One definition of the features serves both sides: the PySpark job (jobs/features.py) calls this inside its
+    executors to build the training rows, and the nameserver calls it at placement time, so a model never sees
+    features computed differently from those it was trained on. A queue's history is its bytes/s in, in one-minute
+    steps, as the telemetry of its group's leader reported it (`rocket_queue_in_bytes_total`'s rate, averaged per
+    step). A queue reports only when it moved: a missing step is an idle minute, 0 bytes/s.
+
+    The features are scale-free: a queue's rates are divided by its `scale` (the larger of its 10- and 60-minute
+    means, at least 1 byte/s; see Forecaster.predict for why)."""
     last = now_ms // STEP_MS - 1
     rate_1m = steps.get(last, 0.0)
     rate_10m = window_mean(steps, last, 10)
@@ -97,7 +86,12 @@ def future_rate(steps: Mapping[int, float], now_ms: int, horizon_steps: int) -> 
 class Forecaster:
     """A gradient-boosted ensemble of regression trees: the prediction is the weighted sum of the trees' leaves.
     A node is {"feature": index, "threshold": t, "left": node, "right": node} (left when x[feature] <= t), or a
-    leaf {"value": v}."""
+    leaf {"value": v}.
+
+    The model file is JSON (`MODEL_FORMAT`, version `MODEL_VERSION`): the feature names in order, the horizon it
+    predicts, the trees of a gradient-boosted ensemble with their weights, the target, and the training metrics.
+    `from_json` refuses a file that is not exactly that, with one line saying why (ModelError), and the caller falls
+    back to a heuristic."""
 
     def __init__(self, document: dict):
         self.document = document
@@ -113,7 +107,11 @@ class Forecaster:
         return cls(cast(dict, document))  # check_model raised unless it is an object
 
     def predict(self, features: Sequence[float]) -> float:
-        """Bytes/s in over the horizon; never negative (a tree may extrapolate below zero)."""
+        """Bytes/s in over the horizon; never negative (a tree may extrapolate below zero). The trees predict the
+        change from rate_1m (the "last value" forecast) in units of the queue's scale (`TARGET`): the prediction is
+        rate_1m + scale x the trees' sum. So the trees only correct the naive forecast, and what they learn of a
+        1 KB/s queue after a burst applies to a 100 MB/s one: topic sizes are heavy-tailed, and trees on raw bytes/s
+        cannot carry a pattern from one size to another, nor reach past the levels they were trained on."""
         total = min(max(ensemble_sum(self.trees, features), -CHANGE_MAX), CHANGE_MAX)
         return max(0.0, features[0] + features[1] * total)  # rate_1m + scale x the correction
 

@@ -1,10 +1,6 @@
-"""What the nameserver knows of traffic, and what it predicts of it (issue 30). Pure: no I/O, no clock.
-
-Storage nodes report, with each heartbeat, the bytes appended since their last one to the groups they lead, per
-group and per topic. `LoadHistory` adds them up into one-minute steps (forecast.STEP_MS) per series, for the last
-`limits.load_history_steps` steps. A `Predictor` turns a series into the bytes/s it expects over the next horizon:
-`ModelPredictor` with a trained forecaster, `RecentPredictor` (the load-aware fallback) with the last 10 minutes.
-"""
+"""What the nameserver knows of traffic (LoadHistory: one-minute steps per group and per topic), and what it predicts
+of it (a Predictor: ModelPredictor with a trained forecaster, RecentPredictor with the last 10 minutes), issue 30.
+Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -17,7 +13,9 @@ from rocket.ml.forecast import STEP_MS, Forecaster, queue_features, window_mean
 
 class LoadHistory:
     """Bytes per one-minute step of each series (a group, a topic), kept for the last limits.load_history_steps
-    steps; a series with no bytes for that long is forgotten."""
+    steps; a series with no bytes for that long is forgotten. Storage nodes report, with each heartbeat, the bytes
+    appended since their last one to the groups they lead, per group and per topic: they are added up here into
+    steps of forecast.STEP_MS."""
 
     def __init__(self) -> None:
         self._steps: dict[Hashable, dict[int, float]] = {}

@@ -1,8 +1,6 @@
 """Gradient-boosted tree ensembles as the Spark jobs export them (jobs/models.py): the checks a model file must pass
-and the weighted sum of its trees' leaves. Pure: the forecaster (forecast.py) and the node-health model (health.py)
-score with it. A tree is {"weight": w, "root": node}; a node is {"feature": index, "threshold": t, "left": node,
-"right": node} (left when x[feature] <= t), or a leaf {"value": v}.
-"""
+and the weighted sum of its trees' leaves (ensemble_sum). Pure: the forecaster (forecast.py) and the node-health
+model (health.py) score with it."""
 
 from __future__ import annotations
 
@@ -47,7 +45,9 @@ def check_header(document: object, model_format: str, version: int, features: Se
 
 
 def check_trees(trees: object, features: int, where: str = "trees") -> None:
-    """Raise ModelError unless trees is a list of 1..TREES_MAX well-formed trees over `features` features."""
+    """Raise ModelError unless trees is a list of 1..TREES_MAX well-formed trees over `features` features. A tree is
+    {"weight": w, "root": node}; a node is {"feature": index, "threshold": t, "left": node, "right": node} (left when
+    x[feature] <= t), or a leaf {"value": v}."""
     if not isinstance(trees, list) or not 1 <= len(trees) <= TREES_MAX:
         raise ModelError(f"{where} must be a list of 1..{TREES_MAX} trees")
     for number, tree in enumerate(trees):

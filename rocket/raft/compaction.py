@@ -1,8 +1,5 @@
-"""Log compaction of the multi-raft host's groups: a group whose applied log grew long is snapshotted in the event
-loop's thread (its machine's state as applied), one worker thread writes the snapshot files beside the rounds
-(snapshots.py) and drops the files no core needs, and the group's log is compacted once its file is durable: the
-compaction's WAL record goes with the next round. A mixin of RaftHost, beside the round loop (rounds.py).
-"""
+"""Log compaction of the multi-raft host's groups (Compaction, a mixin of RaftHost beside the round loop): a group's log
+is compacted once the snapshot file of its machine's state is durable, and a snapshot file outlives no core's need."""
 
 from __future__ import annotations
 
@@ -38,11 +35,17 @@ class SnapshotJob:
 
 
 class Compaction:
+    """A group whose applied log grew long is snapshotted in the event loop's thread (its machine's state as applied),
+    one worker thread writes the snapshot files beside the rounds (snapshots.py) and drops the files no core needs,
+    and the group's log is compacted once its file is durable: the compaction's WAL record goes with the next round.
+    A snapshot file a replica is fetching outlives the group's next snapshot (SnapshotFiles.delete_older), so that a
+    new replica catches up under heavy writes."""
+
     def _maybe_compact(self, group: int, hosted: Group) -> None:
         """Snapshot a group whose log grew long, so its log (and the WAL) can shrink; but not before the log
-        applied since the last snapshot is a fair share of that snapshot's size, so that a big state (a KV shard
-        of gigabytes) is not rewritten whole for every few entries, nor while a follower catches up (it
-        installs a snapshot, then needs the entries after it), within limits.raft_catch_up_log_bytes_max."""
+        applied since the last snapshot is 1/limits.raft_snapshot_log_ratio of that snapshot's size, so that a big
+        state (a KV shard of gigabytes) is not rewritten whole for every few entries, nor while a follower catches up
+        (it installs a snapshot, then needs the entries after it), within limits.raft_catch_up_log_bytes_max."""
         core = hosted.core
         if hosted.applied - core.snapshot.index < limits.raft_log_entries_max and hosted.log_bytes < limits.raft_log_bytes_max:
             return

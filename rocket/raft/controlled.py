@@ -1,22 +1,5 @@
-"""A controller-mode group's replica (RIP-44): master-slave replication whose master a controller names.
-
-The controller (in the nameservers' metadata, rocket.roles.nameserver.controller) holds, per group, the master, its
-epoch, the SyncStateSet (SSS: the replicas known to hold everything acknowledged) and the SSS's epoch, and tells
-each replica through its assignment (control()). This core is the Raft core with the parts that differ replaced:
-- no elections: the controller's word makes a master (at its epoch, the core's term) or a slave;
-- an entry is committed (acknowledged) once every member of the SSS holds it durably, and, while a change of the
-  SSS is asked of the controller, every member of the new set too: the commit waits for the union of both;
-- the master asks for a slave behind for ha_max_lag_s to leave the SSS, and for one that caught up to rejoin
-  (sync_state_request); only the controller's answer changes the SSS. A master cut off from the controller thus
-  cannot shrink its SSS: it never acknowledges alone behind the controller's back (the argument is in
-  rocket/raft/__init__.py, "Controller mode");
-- a slave that meets a new master first compares epochs with it (EPOCH_QUERY, EPOCH_ANSWER: Kafka's leader-epoch
-  truncation) and truncates what lies past the last entry they agree on; only then does it accept entries. Each
-  entry carries its epoch (its term), so the epoch list, (epoch, start offset), is read off the log and its
-  snapshot: it is persisted with them, in the WAL.
-Replication itself (pipelined appends, flow control, snapshots to a slave far behind, persist before send) is the
-Raft core's, as is the log. The state machine above does not know which engine it has.
-"""
+"""A controller-mode group's replica (RIP-44): master-slave replication whose master a controller names, on the Raft
+core's log and replication. ControlledCore says how it differs from Raft, and why nothing acknowledged is lost."""
 
 from __future__ import annotations
 
@@ -29,6 +12,60 @@ from rocket.replication import Control, SyncStateRequest
 
 
 class ControlledCore(RaftCore):
+    """A controller-mode replica: the Raft core (core.py) with the parts that differ replaced. A group's storage class
+    chooses its core; both run on the same host (host.py, add_group). With RaftCore a majority commits and the voters
+    elect; with this core the controller names the master, and every member of the SyncStateSet must hold an entry
+    before it is acknowledged. The state machine (store/), the storage role's handlers and the broker do not know
+    which core a group has: a proposal, a read barrier, "who leads" and "who lags" mean the same on both
+    (replication.Engine).
+
+    The controller (in the nameservers' metadata, rocket.roles.nameserver.controller; its state in metadata.py) holds,
+    per group, the master, its epoch (master_epoch), the SyncStateSet (SSS: the replicas known to hold everything
+    acknowledged) and the SSS's epoch (sync_state_set_epoch), and tells each replica through its assignment
+    (control()). The storage node learns the controller's word from its heartbeat's answer
+    (roles/storage/replicas.py, _control_of), and as master asks the controller for SSS changes
+    (_sync_states_forever, ControllerAlterSyncStateSet). What differs from Raft:
+    - no elections: the controller's word makes a master (at its epoch, the core's term) or a slave;
+    - an entry is committed (acknowledged) once every member of the SSS holds it durably, and, while a change of the
+      SSS is asked of the controller, every member of the new set too: the commit waits for the union of both;
+    - the master asks for a slave behind for ha_max_lag_s to leave the SSS, and for one that caught up to rejoin
+      (sync_state_request); only the controller's answer changes the SSS;
+    - a slave that meets a new master first compares epochs with it (EPOCH_QUERY, EPOCH_ANSWER: Kafka's leader-epoch
+      truncation) and truncates what lies past the last entry they agree on; only then does it accept entries. Each
+      entry carries its epoch (its term), so the epoch list, (epoch, start offset), is read off the log and its
+      snapshot: it is persisted with them, in the WAL.
+    Replication itself (pipelined appends, flow control, snapshots to a slave far behind, persist before send) is the
+    Raft core's, as is the log.
+
+    Why nothing acknowledged is lost, and why a master cut off from the controller is fenced. One invariant carries
+    it: every member of the controller's SSS holds every acknowledged entry.
+    1. A master acknowledges an entry only once every member of its SSS holds it durably (persist before send: a
+       slave's answer comes after its fsync), and, while a change of the set is asked of the controller, every member
+       of the requested set too (the union). This is the fix of apache/rocketmq#5663, where an expansion was applied
+       by the controller, its answer lost, and the master went on acknowledging with the old, smaller set.
+    2. The controller's set changes in two ways only. (a) A master's request, applied only when it names the current
+       master_epoch and sync_state_set_epoch (else FENCED): a shrink keeps members who hold everything; a joining
+       replica held everything committed when the master asked, and by (1) every later acknowledgement waited for
+       it. (b) An election, which picks the new master from the set (so it holds everything, by the invariant) and
+       makes the set that master alone, at the next epochs.
+    3. The fence. A master changes its own set only on the controller's answer. One that cannot reach the controller
+       therefore keeps every member it had, and the controller's set is always that set or the one it asked for,
+       until an election; an elected successor is a member of it. Before the successor learns it is master, whatever
+       the old master acknowledges the successor holds, and keeps: its log becomes the group's. Once it knows, it
+       answers the old master's appends with its newer epoch, which deposes it: no acknowledgement without it. So
+       the old master never acknowledges alone behind the controller's back, and two masters never acknowledge in
+       the same epoch (the controller gives each epoch one master).
+    4. A slave that meets a new master truncates only past the last entry both logs agree on (the epoch handshake),
+       and never below its commit: committed entries are in every later master's log, by the invariant.
+    5. An unclean election (`--unclean-election`, from outside the set, when no member is up) breaks the invariant
+       on purpose; it is recorded with the offsets that may be lost.
+
+    The price of the fence: while the controller is unreachable, a master still serves, but cannot drop a slave that
+    stopped answering, so its writes wait for that slave (ha_max_lag_s passes, the request fails, and writes stall)
+    until the controller is back or the slave returns. A restarted master keeps its whole durable log (entries past
+    its commit included) and re-replicates them before new ones are committed; offsets are given at apply, in log
+    order, on every replica alike, so no two messages share an offset after such a restart (apache/rocketmq#7689)."""
+
     def __init__(self, config: Config, hard_state: HardState = HardState(), entries: list[Entry] | None = None,
                  snapshot: Snapshot | None = None):
         super().__init__(dataclasses.replace(config, check_quorum=False, pre_vote=False), hard_state, entries,

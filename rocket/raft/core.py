@@ -1,12 +1,6 @@
-"""The Raft core, in the shape of etcd-raft: step(message), tick(), ready() -> Ready, advance(ready).
-
-No I/O and no clock: time passes only through tick(), and the caller persists, sends and applies what
-Ready holds (persist before send). Pre-vote, check-quorum, pipelined replication with flow control,
-ReadIndex reads, leadership transfer, learners with single-server membership change, snapshots.
-Its types are in rocket.raft.types (imported here, so `from rocket.raft.core import Entry` works as before). What the
-leader knows of each follower is a ProgressTracker of its own (rocket.raft.progress), as etcd keeps its tracker apart
-from raft.go.
-"""
+"""The Raft core, in the shape of etcd-raft: step(message), tick(), ready() -> Ready, advance(ready). No I/O and no
+clock: time passes only through tick(), and the caller persists, sends and applies what Ready holds (persist before
+send)."""
 
 from __future__ import annotations
 
@@ -23,6 +17,12 @@ __all__ = ["NONE", "Config", "Entry", "EntryKind", "HardState", "Message", "Mess
 
 
 class RaftCore:
+    """A Raft group's replica, as etcd-raft's: pre-vote, check-quorum, pipelined replication with flow control,
+    ReadIndex reads, leadership transfer, learners with single-server membership change, snapshots. Its types are in
+    rocket.raft.types (imported here, so `from rocket.raft.core import Entry` works as before). What the leader knows
+    of each follower is a ProgressTracker of its own (rocket.raft.progress), as etcd keeps its tracker apart from
+    raft.go."""
+
     def __init__(self, config: Config, hard_state: HardState = HardState(), entries: list[Entry] | None = None,
                  snapshot: Snapshot | None = None):
         config.validate()

@@ -1,8 +1,6 @@
 """The multi-raft host: the Raft replication engine (rocket.replication.Engine) for every group of one node, on one
 WAL. This module is the engine's interface: groups hosted, proposals, reads, leadership, and snapshot files served
-to and fetched from other nodes. rounds.py is its round loop (group commit: one fsync for every group's writes,
-persist before send; a leader's appends go out once written, with a commit durable rounds justify).
-"""
+to and fetched from other nodes; rounds.py is its round loop."""
 
 from __future__ import annotations
 
@@ -38,7 +36,9 @@ FetchChunk = Callable[[int, int, str, int], Awaitable[bytes | memoryview]]
 
 
 class RaftHost(Rounds):
-    """The Raft replication engine (rocket.replication.Engine): every group this node hosts, on one WAL."""
+    """The Raft replication engine (rocket.replication.Engine): every group this node hosts, on one WAL. Its round
+    loop (Rounds, rounds.py) is group commit: one fsync for every group's writes, persist before send; a leader's
+    appends go out once written, with a commit durable rounds justify."""
 
     def __init__(self, node_id: int, wal: Wal, post: Post, tick_s: float = limits.raft_tick_s):
         self.node_id = node_id

@@ -1,17 +1,5 @@
-"""The multi-raft host's round loop. Each round takes the Ready of every touched group, writes all of it to the WAL
-(into the page cache, in this thread), and advances the cores; one syncer thread runs the fsyncs one after the
-other, each covering every round written before it. While an fsync runs, this node's own proposals gather for the
-round written when it ends (group commit: a round costs the event loop more than an entry does), and so do the
-appends other nodes' leaders send, unless they come to limits.raft_round_wait_bytes_max, or other messages from
-other nodes or a durable round need a round now: then the next round is written at once and its write overlaps the
-fsync. Once the fsync of the round before it is done, a round's committed entries (written by earlier rounds) are
-applied; once its own fsync is done, its messages go out, coalesced into one payload per destination node: persist
-before send, except a leader's appends, which go out as soon as their round is written (the followers fsync while
-the leader does; the commit they carry is capped at what durable rounds justify). Groups whose log grew long are
-snapshotted and compacted beside the rounds (compaction.py). A full disk is an operating error: a round the WAL
-refuses (ENOSPC) is written again once space returns, and while free space is under limits.disk_reserve_bytes the
-node refuses new data (disk_refusal). A mixin of RaftHost.
-"""
+"""The multi-raft host's round loop (Rounds, a mixin of RaftHost): group commit, one fsync for every group's writes,
+persist before send except a leader's appends; a full disk is an operating error, waited out."""
 
 from __future__ import annotations
 
@@ -73,6 +61,20 @@ class Round:
 
 
 class Rounds(Compaction):
+    """The round loop. Each round takes the Ready of every touched group, writes all of it to the WAL (into the page
+    cache, in this thread), and advances the cores; one syncer thread runs the fsyncs one after the other, each
+    covering every round written before it. While an fsync runs, this node's own proposals gather for the round
+    written when it ends (group commit: a round costs the event loop more than an entry does), and so do the appends
+    other nodes' leaders send, unless they come to limits.raft_round_wait_bytes_max, or other messages from other
+    nodes or a durable round need a round now: then the next round is written at once and its write overlaps the
+    fsync. Once the fsync of the round before it is done, a round's committed entries (written by earlier rounds) are
+    applied; once its own fsync is done, its messages go out, coalesced into one payload per destination node:
+    persist before send, except a leader's appends, which go out as soon as their round is written (the followers
+    fsync while the leader does; the commit they carry is capped at what durable rounds justify). Groups whose log
+    grew long are snapshotted and compacted beside the rounds (compaction.py). A full disk is an operating error: a
+    round the WAL refuses (ENOSPC) is written again once space returns, and while free space is under
+    limits.disk_reserve_bytes the node refuses new data (disk_refusal)."""
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with trio.open_nursery() as nursery:
@@ -229,6 +231,8 @@ class Rounds(Compaction):
         if readies or data or current.snapshots:
             self._pending.append(current)
             self._settle()
+        # A checkpoint after so many sealed segments or bytes of WAL since the last one, whichever comes first,
+        # so that a restart's replay stays bounded.
         if (self.wal.sealed_segments() >= limits.raft_wal_segments_max
                 or self.wal.replay_bytes() >= limits.raft_wal_replay_bytes_max):
             await self._maybe_checkpoint()

@@ -1,10 +1,6 @@
 """Group snapshots as files in a snapshots/ directory beside the WAL, so that a snapshot of any size stays out of the
 WAL and out of Raft messages: those carry only its Descriptor (the file's size and checksum), as Snapshot.data.
-
-A file is a header, the state machine's chunks each framed with its length and CRC-32C, and a footer with the chunk
-count, the file's size and the CRC-32C of every byte before the footer. Its name follows from the group and the
-snapshot's index, term and checksum. Blocking file I/O: the Raft host calls this module from worker threads.
-"""
+Blocking file I/O: the Raft host calls this module from worker threads."""
 
 from __future__ import annotations
 
@@ -72,7 +68,10 @@ def file_name(group: int, index: int, term: int, checksum: int) -> str:
 
 
 def write_file(path: Path, chunks: Iterable[bytes]) -> Descriptor:
-    """Write the chunks as a snapshot file at path and fsync it (not its directory)."""
+    """Write the chunks as a snapshot file at path and fsync it (not its directory). A file is a header, the state
+    machine's chunks each framed with its length and CRC-32C, and a footer with the chunk count, the file's size and
+    the CRC-32C of every byte before the footer. Its name follows from the group and the snapshot's index, term and
+    checksum (file_name)."""
     with open(path, "wb") as file:
         head = HEADER.pack(MAGIC, VERSION, 0)
         file.write(head)

@@ -1,15 +1,5 @@
-"""The node's Raft write-ahead log: every group's entries, hard states and snapshots in one commit log,
-so one fdatasync makes a whole round of Ready durable for all groups. A snapshot record holds only the
-descriptor of the snapshot's file beside the WAL (snapshots.py), written and made durable before it.
-Blocking file I/O: the rounds write in the event loop's thread (into the page cache) and fsync in the syncer
-thread (rounds.py). Replay rebuilds each group: later entries at an index replace the suffix.
-
-The WAL is also where entries' data stays: write() tells where each entry's data lies, so that a
-state machine can index a produce batch where it already is instead of writing it a second time.
-A checkpoint rewrites every live group into fresh segments and marks where replay starts from; the
-segments before the mark are deleted unless the WAL keeps data (a storage node: they are deleted
-by retention instead).
-"""
+"""The node's Raft write-ahead log: every group's entries, hard states and snapshot descriptors in one commit log, so
+one fdatasync makes a whole round of Ready durable for all groups. Blocking file I/O; replay rebuilds each group."""
 
 from __future__ import annotations
 
@@ -57,6 +47,16 @@ class Update:
 
 
 class Wal:
+    """Every group's entries, hard states and snapshots in one commit log. A snapshot record holds only the descriptor
+    of the snapshot's file beside the WAL (snapshots.py), written and made durable before it. The rounds write in the
+    event loop's thread (into the page cache) and fsync in the syncer thread (rounds.py). Replay rebuilds each
+    group: later entries at an index replace the suffix.
+
+    The WAL is also where entries' data stays: write() tells where each entry's data lies, so that a state machine
+    can index a produce batch where it already is instead of writing it a second time. A checkpoint rewrites every
+    live group into fresh segments and marks where replay starts from; the segments before the mark are deleted
+    unless the WAL keeps data (a storage node: they are deleted by retention instead)."""
+
     def __init__(self, commit_log: CommitLog, groups: dict[int, GroupState], keep_segments: bool = False):
         self.log = commit_log
         self.groups = groups

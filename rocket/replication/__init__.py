@@ -1,8 +1,6 @@
 """The seam between a group's state machine and the engine that replicates its log: the StateMachine and Engine
-protocols. The storage and nameserver roles speak to an Engine. raft/host.py implements it for both replication
-modes: a group's core is raft/core.py (Raft, majority quorum) or raft/controlled.py (controller mode, RIP-44; see
-rocket/raft/__init__.py).
-"""
+protocols, which the storage and nameserver roles speak to. raft/host.py implements them for both replication modes:
+a group's core is raft/core.py (Raft, majority quorum) or raft/controlled.py (controller mode, RIP-44)."""
 
 from __future__ import annotations
 

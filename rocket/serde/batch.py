@@ -1,11 +1,6 @@
-"""The produce batch: a 40-byte header (count, flags, timestamps, tag summary, CRC) and its payload.
-
-Pure codec: no I/O. The broker takes a batch into a queue after check_produced() (its header, CRC and records);
-storage checks headers; clients encode and decode messages. Decoding raises RocketError(BAD_BATCH) on any
-malformed batch, never another error: a batch stored before records were checked must not stop its readers.
-Payload is either per-message records or, with FLAG_DELIMITED, newline-terminated bodies. A version 3
-batch's records are one msgpack array of records, each a Message's leading fields in order, so that
-msgspec decodes a batch into Messages in C; versions 1 and 2 (fixed record heads) are still read.
+"""The produce batch: a 40-byte header (count, flags, timestamps, tag summary, CRC) and its payload; a pure codec.
+Decoding raises RocketError(BAD_BATCH) on any malformed batch, never another error: a batch stored before records
+were checked must not stop its readers.
 """
 
 from __future__ import annotations
@@ -22,6 +17,11 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import Message, tag_bit
 
+# The broker takes a batch into a queue after check_produced() (its header, CRC and records); storage checks headers;
+# clients encode and decode messages. The payload is either per-message records or, with FLAG_DELIMITED,
+# newline-terminated bodies. A version 3 batch's records are one msgpack array of records, each a Message's leading
+# fields in order, so that msgspec decodes a batch into Messages in C; versions 1 and 2 (fixed record heads) are still
+# read.
 MAGIC = 0x5242  # "RB"
 VERSION = 3  # records in msgpack; 2 had fixed record heads; 1 also had zlib's CRC-32 where 2 and 3 have CRC-32C
 _crc_of_version = {1: zlib.crc32, 2: crc32c, 3: crc32c}

@@ -1,14 +1,5 @@
 """The KV export file (`rocket kv export`): a bucket's keys at one revision per shard, written and read as a stream.
-Pure codec.
-
-Layout, version 1:
-    magic b"RKVX", version u16, then records, each:
-        kind u8, length u32, payload (length bytes), CRC-32C u32 of kind, length and payload
-    kind 1 HEAD   (first): JSON {"bucket", "shards", "history", "ttl_ms", "created_ms", "exported_ms"}
-    kind 2 SHARD  (before a shard's keys): JSON {"shard", "revision"}
-    kind 3 KEY:   key length u16, key (UTF-8), revision u64, create_revision u64, version u64, expires_ms u64, value
-    kind 4 END    (last): JSON {"keys": the KEY records in the file, "shards": {shard: revision}}
-All integers are big-endian. A file that ends before END, or whose record fails its CRC, is refused whole.
+Pure codec. A file that ends before END, or whose record fails its CRC, is refused whole (read).
 """
 
 from __future__ import annotations
@@ -22,6 +13,14 @@ from crc32c import crc32c
 
 from rocket.errors import Code, RocketError
 
+# Layout, version 1:
+#     magic b"RKVX", version u16, then records, each:
+#         kind u8, length u32, payload (length bytes), CRC-32C u32 of kind, length and payload
+#     kind 1 HEAD   (first): JSON {"bucket", "shards", "history", "ttl_ms", "created_ms", "exported_ms"}
+#     kind 2 SHARD  (before a shard's keys): JSON {"shard", "revision"}
+#     kind 3 KEY:   key length u16, key (UTF-8), revision u64, create_revision u64, version u64, expires_ms u64, value
+#     kind 4 END    (last): JSON {"keys": the KEY records in the file, "shards": {shard: revision}}
+# All integers are big-endian.
 MAGIC = b"RKVX"
 VERSION = 1
 HEAD, SHARD, KEY, END = 1, 2, 3, 4

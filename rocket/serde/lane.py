@@ -1,23 +1,5 @@
-"""The lane: fixed binary layouts (struct) for the data plane's messages; every other message is Avro.
-
-rocket's own client and the nodes speak it (serde id 3). A message of a lane type (LANE_TYPES: the requests and
-answers of produce, storage appends and reads, pulls, KV put, get and txn, and Raft's posts) is laid out from its
-Avro schema, big-endian, with no tags and no varints:
-
-    its scalar fields (int i32, long i64, boolean u8, float f32, double f64), in schema order, in one struct,
-    then a u32 for each string, bytes and array field (a length in bytes; an array's item count), in schema order,
-    then those fields' contents in schema order: UTF-8, raw bytes, items one after another, each laid out the same
-    way (a string or bytes item with its u32 length first); a record field is laid out inline, as an item.
-
-So a message is one struct call and a slice per variable field: ProduceRequest encodes in about a fifth of Avro's
-time and decodes in about half (timeit). A type whose schema has what the lane does not lay out (unions, maps,
-enums, fixed) is Avro, as are all the types not in LANE_TYPES, so every method works over the lane; the frame's
-serde id says which serde, the method says which type.
-
-The layouts are derived from a schema version's definitions, so a peer of an older lane version is read and written
-in its own (versions.for_peer builds its Lane): fields it does not know get their defaults, as in Avro's schema
-resolution. The lane
-exists from schema version LANE_SINCE_SCHEMA: a client whose server is older speaks Avro (versions.spoken).
+"""The lane (serde id 3, spoken by rocket's own client and the nodes): fixed binary layouts (struct) for the data
+plane's messages (LANE_TYPES, _Layout); every other message is Avro, so every method works over the lane.
 """
 
 from __future__ import annotations
@@ -59,7 +41,17 @@ def _read(field: str, default, name: str) -> str:
 class _Layout:
     """One record's layout, as two functions written for it once (as dataclasses writes its methods), so that a
     message costs one struct call and a slice per variable field, no loop over fields:
-    encode(message, parts) appends its buffers; decode(view, position) -> (message, end)."""
+    encode(message, parts) appends its buffers; decode(view, position) -> (message, end).
+
+    A message is laid out from its Avro schema, big-endian, with no tags and no varints:
+
+        its scalar fields (int i32, long i64, boolean u8, float f32, double f64), in schema order, in one struct,
+        then a u32 for each string, bytes and array field (a length in bytes; an array's item count), in schema
+        order, then those fields' contents in schema order: UTF-8, raw bytes, items one after another, each laid out
+        the same way (a string or bytes item with its u32 length first); a record field is laid out inline, as an
+        item.
+
+    ProduceRequest so encodes in about a fifth of Avro's time and decodes in about half (timeit)."""
 
     def __init__(self, full_name: str, defined: dict[str, dict], reader: dict[str, dict], layouts: dict):
         layouts[full_name] = self  # before its fields: a record may contain itself
@@ -219,7 +211,15 @@ def layouts_of(defined: dict[str, dict], reader: dict[str, dict]) -> dict[str, _
 
 
 class Lane:
-    """The lane as it talks to a peer of a schema version: its layouts, and Avro (for that version) for the rest."""
+    """The lane as it talks to a peer of a schema version: its layouts, and Avro (for that version) for the rest.
+
+    A lane type (LANE_TYPES: the requests and answers of produce, storage appends and reads, pulls, KV put, get and
+    txn, and Raft's posts) whose schema has what the lane does not lay out (unions, maps, enums, fixed) is Avro, as
+    are all the types not in LANE_TYPES; the frame's serde id says which serde, the method says which type. The
+    layouts are derived from a schema version's definitions, so a peer of an older lane version is read and written
+    in its own (versions.for_peer builds its Lane): fields it does not know get their defaults, as in Avro's schema
+    resolution. The lane exists from schema version LANE_SINCE_SCHEMA: a client whose server is older speaks Avro
+    (versions.spoken)."""
 
     def __init__(self, layouts: dict[str, _Layout], fallback):
         self.name = name

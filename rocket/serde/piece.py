@@ -1,9 +1,5 @@
-"""The offload unit: a piece is a run of consecutive batches [from, to) of one (topic, queue), copied out
-of the WAL into one object (the batches back to back, each keeping its own CRC header) plus a sidecar
-index (per batch: base offset, count, byte position, length, first timestamp, append time, tag summary)
-under a CRC of its own. Keys are deterministic: <prefix>/<topic>/<queue>/<from:020d>-<to:020d>.seg|.idx,
-so a new leader that uploads the same run writes the same objects, and a run cut differently is an orphan
-it can recognise and delete. Pure: no I/O.
+"""The offload unit: a piece is a run of consecutive batches [from, to) of one (topic, queue), copied out of the WAL
+into one segment object plus a sidecar index (build), under deterministic keys (segment_key). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -36,7 +32,9 @@ class PieceBatch:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Piece:
-    """A manifest entry: an uploaded and verified piece [from_offset, to_offset) of a queue."""
+    """A manifest entry: an uploaded and verified piece [from_offset, to_offset) of a queue. The segment object holds
+    the batches back to back, each keeping its own CRC header; the sidecar index (per batch: base offset, count, byte
+    position, length, first timestamp, append time, tag summary) has a CRC of its own."""
 
     from_offset: int
     to_offset: int
@@ -61,6 +59,9 @@ class Piece:
 
 
 def segment_key(prefix: str, topic: str, queue: int, from_offset: int, to_offset: int) -> str:
+    """<prefix>/<topic>/<queue>/<from:020d>-<to:020d>.seg (the index: .idx). Keys are deterministic, so a new leader
+    that uploads the same run writes the same objects, and a run cut differently is an orphan it can recognise and
+    delete."""
     base = f"{topic}/{queue}/{from_offset:020d}-{to_offset:020d}.seg"
     return f"{prefix.rstrip('/')}/{base}" if prefix else base
 

@@ -1,7 +1,5 @@
-"""Loads the versioned Avro schemas (schemas/*.avsc) that define every RPC message, for both serdes.
-
-JSON follows the same schemas: bytes fields travel as base64 strings, and decoding validates
-types and required fields so that a bad request gets BAD_REQUEST naming the field.
+"""Loads the versioned Avro schemas (schemas/*.avsc) that define every RPC message, for both serdes. JSON follows
+the same schemas (to_json_ready, from_json_ready).
 """
 
 from __future__ import annotations
@@ -20,7 +18,13 @@ from rocket.errors import Code, RocketError
 NAMESPACE = "rocket.v1"
 # The schema set's version (see versions.py): raise it, and freeze, whenever a .avsc file changes, or what nodes of a
 # version do on the wire (4: the same schemas as 3; a node of 4 on takes POST frames, transport/frames.py; 5: the same
-# schemas as 4; a node of 5 on speaks the lane, lane.py).
+# schemas as 4; a node of 5 on speaks the lane, lane.py). Schema versions came with issue 34: version 1 is the set of
+# commit 18caf45, whose nodes say no version. Version 2 added Hello, and schema_version (default 1) in
+# NodeHeartbeatRequest and NodeStatus: the nameserver leader keeps each node's, and `rocket cluster status` shows it
+# beside the rocket version, so a rolling upgrade shows node by node (an old leader knows no schema versions: it shows
+# 1 for all). tests/integration/test_upgrade.py runs three nodes of 18caf45 and upgrades them one at a time to this
+# tree, under produce (JSON) and consume (Avro) load: every phase keeps serving, heartbeats cross versions both ways,
+# and every acknowledged message is consumed.
 SCHEMA_VERSION = 5
 SCHEMA_DIRECTORY = Path(__file__).parent / "schemas"
 _int_bounds = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
@@ -54,7 +58,8 @@ def known_types() -> list[str]:
 
 
 def to_json_ready(type_name: str, value: dict) -> dict:
-    """Turn bytes into base64 so orjson can write the message."""
+    """Turn bytes into base64 so orjson can write the message. JSON follows the Avro schemas: bytes fields travel as
+    base64 strings."""
     try:
         return _compiled(full_name(type_name), False)(value)
     except Exception:  # the walk below says what is wrong, with the field's path
@@ -62,7 +67,8 @@ def to_json_ready(type_name: str, value: dict) -> dict:
 
 
 def from_json_ready(type_name: str, value: object) -> dict:
-    """Validate a parsed JSON message against its schema and turn base64 back into bytes."""
+    """Validate a parsed JSON message against its schema and turn base64 back into bytes. Types and required fields
+    are checked so that a bad request gets BAD_REQUEST naming the field."""
     try:
         return _compiled(full_name(type_name), True)(value)
     except Exception:

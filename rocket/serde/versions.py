@@ -1,19 +1,6 @@
-"""Schema versions: every released schema set, kept, so that a node talks to peers of other releases.
-
-The schema set (schemas/*.avsc) has a number, schema.SCHEMA_VERSION. Each released set is frozen in
-schemas/versions/<N>.json (full type name -> its .avsc definition), written by
-
-    python -m rocket.serde.versions freeze
-
-and tests/unit/test_schema_versions.py fails while the .avsc files differ from the newest frozen set.
-
-Peers say their version when they connect (the Hello method on TCP, the rocket-schema header on HTTP/2; a peer
-that says nothing is version 1). The newer side adapts, the older one knows nothing: for a peer of an older
-version it decodes Avro with that version's schema as the writer's and the current one as the reader's (fastavro's
-schema resolution: fields the peer does not know get their defaults), and encodes with that version's schema
-(fields the peer does not know are left out). Only the types that differ between the two versions take that path;
-a peer of the same version or newer gets the plain codec module itself (for_peer), at no cost per message.
-JSON needs no adapting: decoding ignores unknown keys and fills defaults (schema.from_json_ready).
+"""Schema versions: every released schema set (schemas/versions/<N>.json), kept, so that a node talks to peers of
+other releases; the newer side adapts (for_peer), the older one knows nothing. Parsed schemas are cached per
+(version, type).
 """
 
 from __future__ import annotations
@@ -152,7 +139,15 @@ class OlderPeerAvro:
 def for_peer(codec: ModuleType, peer_version: int) -> ModuleType:
     """The serde to talk to a peer of peer_version with: the codec itself unless the peer is older and it is Avro or
     the lane. The lane of an older version lays its types out as that version's schemas do; a peer older than the
-    lane that speaks it anyway is read as this version's (a client asks spoken() before it speaks)."""
+    lane that speaks it anyway is read as this version's (a client asks spoken() before it speaks).
+
+    Peers say their version when they connect (the Hello method on TCP, the rocket-schema header on HTTP/2; a peer
+    that says nothing is version 1). For a peer of an older version the Avro codec decodes with that version's schema
+    as the writer's and the current one as the reader's (fastavro's schema resolution: fields the peer does not know
+    get their defaults), and encodes with that version's schema (fields the peer does not know are left out). Only
+    the types that differ between the two versions take that path; a peer of the same version or newer gets the plain
+    codec module itself, at no cost per message. JSON needs no adapting: decoding ignores unknown keys and fills
+    defaults (schema.from_json_ready)."""
     if peer_version >= SCHEMA_VERSION or codec.name == "json" or not changed_since(max(peer_version, 1)):
         return codec
     # A Lane and an OlderPeerAvro are typed as the codec modules they stand in for. And pyright takes a module
@@ -181,7 +176,12 @@ def peer_version_of(value: object) -> int:
 
 
 def freeze(force: bool = False) -> Path:
-    """Write the current .avsc files as version SCHEMA_VERSION; refuse to change a version already frozen."""
+    """Write the current .avsc files as version SCHEMA_VERSION; refuse to change a version already frozen.
+
+    Each released set is frozen in schemas/versions/<N>.json (full type name -> its .avsc definition) by
+    `python -m rocket.serde.versions freeze`. A schema change is only additive: a new field has a default, a new type
+    is new. Raise SCHEMA_VERSION and freeze; tests/unit/test_schema_versions.py fails while the .avsc files differ
+    from the newest frozen set, and checks that every frozen version resolves against the new schemas both ways."""
     current = {name: definition for name, definition in sorted(schema.raw_definitions().items())}
     path = version_path(SCHEMA_VERSION)
     if path.exists() and json.loads(path.read_text()) != current and not force:

@@ -1,12 +1,6 @@
 """Key-value buckets on the storage groups (RIP-22): every change is a transaction command in a shard's Raft log,
 decided here against the keys' current state. Pure: no I/O, no clock; the machine reads keys through a KvView (the
-KV index) under an overlay of what the entries applied before, in the same apply, changed.
-
-A bucket's keys hash onto its shards (shard_of); a shard lives in one storage group. Each change takes the next
-revision of its shard: a put or delete of a key, or the expiry of a key whose TTL passed. A transaction compares, then
-runs its success or its failure operations, like etcd's Txn. Time is the leader's now_ms, carried in the command, so
-that every replica expires the same keys.
-"""
+KV index) under an overlay of what the entries applied before, in the same apply, changed."""
 
 from __future__ import annotations
 
@@ -155,7 +149,12 @@ Keys = Callable[[str, int], list[str]]  # up to limit keys of the shard with a p
 
 
 class ShardTxn:
-    """One transaction applied to one shard at revision: decide() returns its result and the changes it made."""
+    """One transaction applied to one shard at revision: decide() returns its result and the changes it made.
+
+    A bucket's keys hash onto its shards (rocket.model.shard_of); a shard lives in one storage group. Each change
+    takes the next revision of its shard: a put or delete of a key, or the expiry of a key whose TTL passed. A
+    transaction compares, then runs its success or its failure operations, like etcd's Txn. Time is the leader's
+    now_ms, carried in the command, so that every replica expires the same keys."""
 
     def __init__(self, txn: Txn, revision: int, read: Read, keys: Keys, changed: dict[str, KeyState | None]):
         """changed: the shard's keys changed by the entries applied before in the same apply (updated here)."""

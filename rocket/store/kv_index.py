@@ -1,16 +1,5 @@
 """The KV state of the node's shards on LevelDB (plyvel), in a directory of its own: derived state, written without
-sync and rebuilt by re-applying the groups' Raft logs (the "redo the commitlog" of RIP-22). Each group's last applied
-entry is written with its changes, so a restart re-applies exactly what LevelDB lost; the store syncs it before a
-snapshot lets the log be compacted, and a snapshot carries the KV state of its group (snapshot_chunks, restore).
-
-Keys (a shard is bucket \\0 shard as u32, so one shard is one range of keys):
-  k shard key                   -> the key's current state (_state) and value
-  v shard len(key) key revision -> an older revision of the key (bucket history > 1), or a tombstone (its deletion)
-  e shard revision              -> the change at that revision, for watches (the last kv_events_kept_default)
-  x group expires_ms shard key  -> revision: keys with a TTL, in the order they expire
-  r shard                       -> the group that holds the shard, and the shard's revision
-  a group                       -> the group's last entry applied
-"""
+sync and rebuilt by re-applying the groups' Raft logs (the "redo the commitlog" of RIP-22). KvIndex lists its keys."""
 
 from __future__ import annotations
 
@@ -63,6 +52,18 @@ def _expiry_key(group: int, expires_ms: int, shard: bytes, key: bytes) -> bytes:
 
 
 class KvIndex:
+    """The KV LevelDB, in the store's directory kv/ (Store.open). Each group's last applied entry is written with its
+    changes, so a restart re-applies exactly what LevelDB lost; the store syncs it before a snapshot lets the log be
+    compacted, and a snapshot carries the KV state of its group (snapshot_chunks, restore).
+
+    Keys (a shard is bucket \\0 shard as u32, so one shard is one range of keys):
+      k shard key                   -> the key's current state (_state) and value
+      v shard len(key) key revision -> an older revision of the key (bucket history > 1), or a tombstone (its deletion)
+      e shard revision              -> the change at that revision, for watches (the last kv_events_kept_default)
+      x group expires_ms shard key  -> revision: keys with a TTL, in the order they expire
+      r shard                       -> the group that holds the shard, and the shard's revision
+      a group                       -> the group's last entry applied"""
+
     def __init__(self, path: Path):
         self.path = path
         self._db = plyvel.DB(str(path), create_if_missing=True)

@@ -1,11 +1,6 @@
 """The storage state machine: the queues, consumer offsets, timers, pop state, tier manifests and KV shards of the
 groups a node hosts. apply() takes a group's committed entries and returns their results and the Effects that the
-shell (store/store.py) persists. Pure: no I/O, no clock; the pending timers it checks are read through IndexView, the
-KV keys through KvView.
-
-The KV state is kept apart from the rest (its own LevelDB, its own last applied entry per group), so that it can be
-rebuilt alone: entries are applied to the KV part past kv_applied and to the rest past applied.
-"""
+shell (store/store.py) persists. Pure: no I/O, no clock (the index and KV keys are read through IndexView, KvView)."""
 
 from __future__ import annotations
 
@@ -68,6 +63,17 @@ class Effects:
 
 
 class StorageMachine:
+    """apply(group, entries, positions) returns results and Effects (index changes, queues to wake), with one handler
+    per command type (commands.py), plus snapshot and restore. Controller-mode groups run the same state machine over
+    their own core. The pending timers it checks are read through IndexView, the KV keys through KvView.
+
+    The KV state is kept apart from the rest (its own LevelDB, its own last applied entry per group), so that it can
+    be rebuilt alone: entries are applied to the KV part past kv_applied and to the rest past applied.
+
+    To add a kind of replicated state: a command in commands.py, and a handler here that returns Effects; if it needs
+    persisting beyond the existing records, the index (queue_index.py) stores it from the Effects (Store._persist) and
+    replay.load hands it back at open."""
+
     def __init__(self, index: IndexView, kv: KvView):
         self.index = index
         self.kv = kv

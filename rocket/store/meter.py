@@ -1,13 +1,6 @@
 """The store's numbers for the node's Prometheus endpoint: per topic and storage group, the messages and bytes
 produced and read, the backlog, and each consumer group's lag, kept up to date from the queues that changed since
-the last look (Store.changed), so that a scrape costs what changed, not every queue the node holds. Only the first
-look reads every queue, and the committed offsets once from the index.
-
-A queue's produced totals are since it began (its next offset and bytes), so they agree on every replica; its read
-totals are what this node served since it started. Its backlog is its end offset less the offset its slowest
-consumer group committed, and a consumer group's lag on it its end offset less that group's offset: both only on
-queues the group committed on (a queue nobody consumes has no backlog here).
-"""
+the last look (Store.changed), so that a scrape costs what changed, not every queue the node holds."""
 
 from __future__ import annotations
 
@@ -29,7 +22,13 @@ class QueueSeen:
 
 class QueueMeter:
     """Sums per (topic, storage group), and lags per (consumer group, topic, storage group), over a store's
-    queues. update() folds in what changed; the node's collector then keeps the groups it leads."""
+    queues. update() folds in what changed; the node's collector then keeps the groups it leads. Only the first look
+    reads every queue, and the committed offsets once from the index.
+
+    A queue's produced totals are since it began (its next offset and bytes), so they agree on every replica; its
+    read totals are what this node served since it started. Its backlog is its end offset less the offset its
+    slowest consumer group committed, and a consumer group's lag on it its end offset less that group's offset: both
+    only on queues the group committed on (a queue nobody consumes has no backlog here)."""
 
     def __init__(self, store):
         self.store = store

@@ -1,8 +1,6 @@
-"""Pop (simple) consumption state of a consumer group on one queue, the state machine's part of it:
-a cursor (messages before it were handed out or skipped) and the messages in flight, each with the
-time it becomes visible again and its delivery attempt. Commands are conditional, so a pop or ack
-computed on stale state (a race, a repeat, a new leader) changes nothing. Pure: no I/O, no clock.
-"""
+"""Pop (simple) consumption state of a consumer group on one queue, the state machine's part of it (PopQueue), and
+the conditional commands that change it (decide), so a pop or ack computed on stale state (a race, a repeat, a new
+leader) changes nothing. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -15,6 +13,9 @@ PopKey = tuple[str, str, int]  # consumer group, topic, queue
 
 @dataclasses.dataclass(slots=True)
 class PopQueue:
+    """A cursor (messages before it were handed out or skipped) and the messages in flight, each with the time it
+    becomes visible again and its delivery attempt."""
+
     cursor: int = 0
     in_flight: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)  # offset -> (visible at ms, attempt)
 

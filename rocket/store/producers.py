@@ -1,22 +1,6 @@
 """Idempotent produce: what a storage group remembers of each producer's latest batches, so that a batch sent again
 (a retry after a lost answer, by a client's failover or a broker's storage retry) gets its first answer, offsets
-included, and is not stored twice. Pure.
-
-A producer (rocket's client; a broker, for the clients of its gateways) has a random 63-bit id and numbers its
-batches with one increasing sequence. Per (producer, topic, queue) the group keeps the answers of the
-limits.producer_sequences_kept_max largest sequences applied. As in Kafka (KIP-98), but sequences may have gaps (a
-batch refused before storage used its number) and batches in flight may apply out of order, so a sequence is judged
-by the window alone:
-- in the window: a repeat; the first answer is given again;
-- not in it, and the window is not full or the sequence is above its smallest: new (every sequence applied above the
-  smallest is in the window, because only the smallest ever leaves it);
-- below a full window's smallest: UNKNOWN_SEQUENCE, as its outcome cannot be told.
-
-Every replica applies the same entries, so each keeps the same state; what it forgets is decided by the entries
-alone (the least recently used past limits.producer_states_per_group_max, the ones idle past
-limits.producer_state_idle_s_max by the entries' append times). The state is in each group's snapshot and, on the
-node, in the index (rows per remembered sequence), from which it is reloaded at start.
-"""
+included, and is not stored twice. Pure."""
 
 from __future__ import annotations
 
@@ -42,6 +26,24 @@ class ProducerState:
 
 
 class Producers:
+    """A producer (rocket's client; a broker, for the clients of its gateways) has a random 63-bit id and numbers its
+    batches with one increasing sequence. A produced batch's entry starts with its producer's id and sequence
+    (commands.SEQUENCED_COMMAND), written only once every other replica's Raft link said a schema version that
+    applies it (Engine.replicas_speak; in a rolling upgrade the older replicas could not). Per (producer, topic,
+    queue) the group keeps the answers of the limits.producer_sequences_kept_max largest sequences applied. As in
+    Kafka (KIP-98), but sequences may have gaps (a batch refused before storage used its number) and batches in
+    flight may apply out of order, so a sequence is judged by the window alone (check):
+    - in the window: a repeat; the first answer is given again;
+    - not in it, and the window is not full or the sequence is above its smallest: new (every sequence applied above
+      the smallest is in the window, because only the smallest ever leaves it);
+    - below a full window's smallest: UNKNOWN_SEQUENCE, as its outcome cannot be told.
+
+    Every replica applies the same entries, so each keeps the same state; what it forgets is decided by the entries
+    alone (the least recently used past limits.producer_states_per_group_max, the ones idle past
+    limits.producer_state_idle_s_max by the entries' append times). The state is in each group's snapshot and, on the
+    node, in the index (rows per remembered sequence, from each apply's Effects.producer_changes), from which it is
+    reloaded at start."""
+
     def __init__(self) -> None:
         # Raft group -> (producer, topic, queue) -> state, least recently used first.
         self.groups: dict[int, dict[Key, ProducerState]] = {}

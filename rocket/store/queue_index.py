@@ -1,12 +1,6 @@
 """The queue index, consumer offsets, timers, pop states, tier manifests and producers' answers on LevelDB (plyvel):
 written without sync, one atomic write per round that names the Raft entries each group applied, so that what a
-power cut takes is applied again from the WAL (see Store). Sparse: one key per batch, not per message.
-
-Besides each batch's entry (q: topic, queue, offset -> where it lies in the WAL), a reference key
-(p: WAL position -> the entry's q key) lists the batches in WAL order, so the WAL's lowest live position
-and the batches living in one WAL segment are found without a scan of every queue (see Store: the WAL
-is reclaimed from its oldest segment on).
-"""
+power cut takes is applied again from the WAL (see Store). Sparse: one key per batch, not per message."""
 
 from __future__ import annotations
 
@@ -91,6 +85,11 @@ def _offsets_prefix(group: str, topic: str) -> bytes:
 
 
 class QueueIndex:
+    """Besides each batch's entry (q: topic, queue, offset -> where it lies in the WAL), a reference key (p: WAL
+    position -> the entry's q key) lists the batches in WAL order, so the WAL's lowest live position and the batches
+    living in one WAL segment are found without a scan of every queue (see Reclaim: the WAL is reclaimed from its
+    oldest segment on)."""
+
     def __init__(self, path: Path):
         self.path = path
         self._db = plyvel.DB(str(path), create_if_missing=True)

@@ -1,13 +1,5 @@
-"""The store's state at open, and the one-time migration of the store's own log.
-
-load() hands the state machine its state as the indexes hold it: queue positions, how far each group got, pop
-states, tier manifests, producers' answers and when each group's next timer is due.
-
-Earlier builds (up to December 2026) kept a log of their own beside the WAL (records.py): every apply wrote its
-records there, and LevelDB was rebuilt from it. The store now writes LevelDB alone, and a lost tail of its writes is
-applied again from the WAL (see Store). migrate() reads such a log once: it replays into the index the records past
-where the index reached, syncs the index, and deletes the log. Replay holds one handler per record kind.
-"""
+"""The store's state at open (load: the machine's state as the indexes hold it), and the one-time migration of the
+store's own log that earlier builds kept (migrate)."""
 
 from __future__ import annotations
 
@@ -33,7 +25,8 @@ log = logging.getLogger("rocket.store")
 
 
 def load(index: QueueIndex, machine: StorageMachine) -> None:
-    """Give the machine the state the index holds."""
+    """Give the machine the state the index holds: queue positions, how far each group got, pop states, tier
+    manifests, producers' answers and when each group's next timer is due."""
     machine.queues, machine.applied = index.all_stats(), index.groups_applied()
     machine.pops = index.pop_states()
     machine.tier = {key: TierQueue.from_wire(orjson.loads(state)) for key, state in index.tier_states().items()}
@@ -48,7 +41,10 @@ def load(index: QueueIndex, machine: StorageMachine) -> None:
 
 def migrate(directory: Path, index: QueueIndex, machine: StorageMachine) -> None:
     """Bring the index up to the end of the store's own log in directory/log, if an earlier build left one, make it
-    durable, and delete the log. A crash before the log is renamed leaves it to be replayed again at the next open;
+    durable, and delete the log. Earlier builds (up to December 2026) kept a log of their own beside the WAL
+    (records.py): every apply wrote its records there, and LevelDB was rebuilt from it. The store now writes LevelDB
+    alone, and a lost tail of its writes is applied again from the WAL (see Store). Replay holds one handler per
+    record kind. A crash before the log is renamed leaves it to be replayed again at the next open;
     one after, a renamed log that the next open deletes."""
     path, replayed = directory / "log", directory / "log.replayed"
     if replayed.exists():

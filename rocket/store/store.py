@@ -1,13 +1,5 @@
-"""The store of one storage node: the shell around the state machine of every storage group the node hosts.
-
-A group's Raft log is its commit log: a produce batch is written once, inside its entry in the node's WAL, fsync'ed
-before anything is acknowledged. The state machine (machine.py) decides what committed entries change; this shell
-persists its effects in LevelDB (queue_index.py, kv_index.py), written without sync: each write is atomic and names
-the Raft entries it applied. After a crash (a power cut takes LevelDB back to its last synced write) the groups
-re-apply from the WAL what the store lost, and the entries it holds are skipped. The store is synced before a
-snapshot is written (the Raft host calls sync in its persist thread), so the Raft log may then be compacted up to
-it. Reads, timers and WAL reclaim are rooms of their own (reads.py, timers.py, reclaim.py).
-"""
+"""The store of one storage node: the shell around the state machine of every storage group the node hosts, which
+persists what committed entries change in LevelDB, written without sync, and re-applies from the WAL what it lost."""
 
 from __future__ import annotations
 
@@ -38,7 +30,12 @@ log = logging.getLogger("rocket.store")
 
 
 class GroupMachine:
-    """One Raft group's view of the node's store: what the multi-raft host applies and snapshots."""
+    """One Raft group's view of the node's store (its replication.StateMachine): what the multi-raft host applies and
+    snapshots. Its snapshot is a sequence of chunks (about limits.snapshot_chunk_bytes_max each): the store's head
+    (the machine's JSON), then the group's KV records, read through a LevelDB snapshot. It is taken in the event
+    loop's thread at one applied index, and iterated in the Raft host's snapshot worker thread while the group goes
+    on applying, so it holds a copy, not live state. The Raft host writes the chunks to a snapshot file; restore gets
+    back the same chunks, read from the file."""
 
     def __init__(self, store: "Store", group: int):
         self.store = store
@@ -55,6 +52,19 @@ class GroupMachine:
 
 
 class Store(Reads, Timers):
+    """A group's Raft log is its commit log: a produce batch is written once, inside its entry in the node's WAL,
+    fsync'ed before anything is acknowledged. The state machine (machine.py) decides what committed entries change;
+    this shell persists its effects in LevelDB (queue_index.py, kv_index.py), wakes long polls, and handles backfill,
+    sync and close. Reads, timers and WAL reclaim are rooms of their own (reads.py, timers.py, reclaim.py).
+
+    One log. The WAL is the only log: the store writes LevelDB without sync, one atomic write per Raft round that
+    names the entry each group applied. A power cut takes LevelDB back to its last synced write, and the groups apply
+    again from the WAL what came after (the Raft host re-applies from its snapshot, and the machine skips what it
+    holds). So the WAL may drop an entry only once LevelDB holds it durably: the Raft host syncs the store (sync)
+    before it writes a snapshot, in its persist thread, so the Raft log may then be compacted up to it; and WAL
+    reclaim syncs it before it deletes a segment. What is not in a group's log (backfilled batches, batches moved
+    forward, settled timer batches forgotten) is redone if a power cut loses it."""
+
     def __init__(self, index: QueueIndex, data: CommitLog, kv: KvIndex):
         self.index = index
         self.data = data  # the WAL: where batches lie

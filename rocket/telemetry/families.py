@@ -1,13 +1,6 @@
 """The metric families of the node's Prometheus endpoint beyond the registry's own histograms (issue 34): node,
 Raft groups, storage groups, topics, consumer groups, tier and KV. Each is a collector read at scrape time from
-counters the components keep anyway; none adds work per message.
-
-Label cardinality stays bounded by what an operator names (topics, consumer groups, RPC methods) and by the groups
-on the node; per-queue series are only there with the node's config key `metrics_per_queue = true`. A topic's
-produced totals, backlog and lags live on the leaders of its queues' storage groups: each node exports them for the
-groups it leads, so summing over nodes counts every queue once. The catalogue below is the one list of these
-families: the collectors take their help from it, and examples/grafana/rocket.json is checked against it.
-"""
+counters the components keep anyway; none adds work per message."""
 
 from __future__ import annotations
 
@@ -17,6 +10,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 LEADER_ONLY = " Exported by the leader of each storage group, for its queues: sum over nodes."
 
+# The one list of these families: the collectors take their help from it, and examples/grafana/rocket.json is checked
+# against it. Label cardinality stays bounded by what an operator names (topics, consumer groups, RPC methods) and by
+# the groups on the node; per-queue series are only there with the node's config key `metrics_per_queue = true`. A
+# topic's produced totals, backlog and lags live on the leaders of its queues' storage groups: each node exports them
+# for the groups it leads, so summing over nodes counts every queue once (LEADER_ONLY).
 # name (counters without _total) -> (kind, help)
 CATALOGUE: dict[str, tuple[str, str]] = {
     # node

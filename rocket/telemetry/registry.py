@@ -1,14 +1,6 @@
 """One node's metrics: prometheus_client's registry, which the Prometheus endpoint can expose as it is, and the sampler
 that turns one look at it into TelemetrySample records (rocket/serde/schemas/rocket.v1.TelemetrySample.avsc) for the
-spool every telemetry_interval_s.
-
-Nothing here is on the hot path. Components count in attributes they keep anyway (a Raft host's fsyncs, a queue's
-next offset and bytes), or observe a histogram once per fsync; every call a node serves or makes adds its time to
-a Timings (counts in a list, no lock). The registry reads them when it is collected. Per-queue and per-group
-traffic goes only to the telemetry files (Store.take_traffic), never to the registry: a node may hold a million
-queues, and Prometheus wants few series. The endpoint's per-topic sums (and the opt-in per-queue series,
-`metrics_per_queue`) are families.py's collectors.
-"""
+spool every telemetry_interval_s. Nothing here is on the hot path (Telemetry says why)."""
 
 from __future__ import annotations
 
@@ -69,7 +61,15 @@ class Timings:
 class Telemetry:
     """A node's registry and its sampler. `collectors` are callables returning prometheus_client metric families,
     read at each collection; `traffic` returns the per-queue traffic since its last call (Store.take_traffic) with
-    the groups this node leads, and may be None (a node without storage)."""
+    the groups this node leads, and may be None (a node without storage).
+
+    Nothing here is on the hot path. Components count in attributes they keep anyway (a Raft host's fsyncs and WAL
+    bytes, the listeners' Traffic, a queue's next offset and bytes), or observe a histogram once per fsync or peer
+    call; every call a node serves or makes adds its time to a Timings (counts in a list, no lock). The registry
+    reads them when it is collected. Per-queue and per-group traffic goes only to the telemetry files
+    (Store.take_traffic), never to the registry: a node may hold a million queues, and Prometheus wants few series.
+    The endpoint's per-topic sums (from store/meter.py) and the opt-in per-queue series (`metrics_per_queue`) are
+    families.py's collectors."""
 
     def __init__(self, node_id: int, data_dir: Path):
         self.node_id = node_id

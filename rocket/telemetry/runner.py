@@ -1,8 +1,6 @@
-"""The node's telemetry task: every telemetry_interval_s it samples the registry (registry.py) into the spool
-(spool.py), in a worker thread; beside it the shipper (ship.py) moves closed spool files to the object store. On
-shutdown the open file is closed and shipped, within a bound. It never waits on the hot path: a sample reads counters
-the components keep, and a spool that cannot be written drops the sample and counts it.
-"""
+"""The node's telemetry task (run_telemetry): it samples the registry into the spool and ships closed spool files to
+the object store. It never waits on the hot path: a sample reads counters the components keep, and a spool that
+cannot be written drops the sample and counts it."""
 
 from __future__ import annotations
 
@@ -57,7 +55,9 @@ def traffic_metrics(traffic) -> Callable[[], Iterable]:
 async def run_telemetry(telemetry: Telemetry, spool: Spool, objects: ObjectStore | None, interval_s: float, *,
                         prefix: str = KEY_PREFIX_DEFAULT, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Sample every interval_s and ship, until cancelled; then sample once more, close the open file and ship it,
-    within limits.telemetry_flush_s_max (what is left is shipped after the next start)."""
+    within limits.telemetry_flush_s_max (what is left is shipped after the next start). Each sample of the registry
+    (registry.py) is appended to the spool (spool.py) in a worker thread; beside it the shipper (ship.py) moves closed
+    spool files to the object store."""
     async with trio.open_nursery() as nursery:
         if objects is not None:
             nursery.start_soon(partial(ship_forever, spool, objects, telemetry.node_id, prefix=prefix))

@@ -49,7 +49,8 @@ def parse_closed_name(name: str) -> tuple[int, int, int, int] | None:
 
 
 class Spool:
-    """A bounded spool of Avro container files of TelemetrySample records in one directory.
+    """A bounded spool of Avro container files of TelemetrySample records in one directory (the node's is
+    data_dir/telemetry), the open file rotated by age and size (file_age_s, file_bytes_max).
 
     The closed files plus the open one never stay above spool_bytes_max: each append drops the oldest closed
     files (dropped_files, dropped_records) until they fit. torn_files and unreadable_files count what recovery

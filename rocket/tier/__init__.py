@@ -1,9 +1,6 @@
-"""Tiered storage: the ObjectStore interface and its backends (a local directory; S3 and compatibles).
-
-objectstore.py is the interface, local.py the directory, s3.py S3 through aiobotocore and trio-asyncio. cold.py reads
-offloaded pieces, with a cache; the offloader that writes them is roles/storage/offload.py.
-The S3 backend imports aiobotocore and trio-asyncio, so it is loaded only when first named.
-"""
+"""Tiered storage: the ObjectStore interface (objectstore.py) and its backends, a local directory (local.py) and S3
+and compatibles (s3.py, loaded only when first named: it imports aiobotocore and trio-asyncio); cold.py reads
+offloaded pieces, with a cache (the offloader that writes them is roles/storage/offload.py)."""
 
 from rocket.tier.local import LocalDirectoryStore
 from rocket.tier.objectstore import ObjectInfo, ObjectStore, check_key, check_prefix

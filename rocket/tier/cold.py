@@ -1,8 +1,6 @@
-"""Cold reads: batches of offloaded pieces, fetched from the object store with ranged GETs of at least
-limits.cold_read_ahead_bytes (so the next reads of a consumer hit the cache), kept in a bounded LRU cache
-with the pieces' sidecar indexes. Every batch is checked against its own CRC and the index: damage is
-CORRUPT_DATA, never bad data.
-"""
+"""Cold reads: batches of offloaded pieces, fetched from the object store by ranged GETs and kept in a bounded LRU
+cache (ColdReader). Every batch is checked against its own CRC and the index: damage is CORRUPT_DATA, never bad
+data."""
 
 from __future__ import annotations
 
@@ -21,6 +19,9 @@ log = logging.getLogger("rocket.tier")
 
 
 class ColdReader:
+    """Batches of offloaded pieces, fetched with ranged GETs of at least limits.cold_read_ahead_bytes (so the next
+    reads of a consumer hit the cache), kept in a bounded LRU cache with the pieces' sidecar indexes."""
+
     def __init__(self, objects: ObjectStore, cache_bytes_max: int = limits.cold_cache_bytes_max,
                  read_ahead_bytes: int = limits.cold_read_ahead_bytes):
         self.objects = objects

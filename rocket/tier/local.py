@@ -1,8 +1,5 @@
-"""LocalDirectoryStore: the tier as files under a root directory (dev mode's default and tests).
-
-An object is the file root/<key> holding the bytes followed by a footer (MD5, magic), written to a hidden
-temporary file, fsynced, renamed over the key and the directory fsynced; blocking I/O runs in threads.
-"""
+"""LocalDirectoryStore: the tier as files under a root directory (dev mode's default and tests); an object is
+written whole or not at all, with its MD5 in a footer; blocking I/O runs in threads."""
 
 from __future__ import annotations
 
@@ -28,8 +25,10 @@ READ_CHUNK_BYTES = 1 << 30  # Linux returns at most ~2 GiB from one pread
 
 
 class LocalDirectoryStore:
-    """Objects as files under root. Limitation: as in any file system, key 'a' and key 'a/b' cannot both
-    exist (put of the second is BAD_REQUEST); S3 allows it. Directories emptied by delete are kept."""
+    """Objects as files under root. An object is the file root/<key> holding the bytes followed by a footer (MD5,
+    magic), written to a hidden temporary file, fsynced, renamed over the key and the directory fsynced.
+    Limitation: as in any file system, key 'a' and key 'a/b' cannot both exist (put of the second is BAD_REQUEST);
+    S3 allows it. Directories emptied by delete are kept."""
 
     def __init__(self, root: Path | str):
         self.root = Path(root)

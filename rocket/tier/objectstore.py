@@ -1,8 +1,6 @@
-"""The ObjectStore interface of the tier: whole-object put, ranged get, head, list and delete by key.
-
-Keys are '/'-separated relative names, checked here the same way for every backend so that a key that
-works on a local directory works on S3 and back. Every method is async and runs under Trio.
-"""
+"""The ObjectStore interface of the tier: whole-object put, ranged get, head, list and delete by key, every method
+async under Trio. Keys are '/'-separated relative names, checked here the same way for every backend (check_key), so
+that a key that works on a local directory works on S3 and back."""
 
 from __future__ import annotations
 

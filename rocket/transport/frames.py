@@ -1,11 +1,4 @@
-"""TCP frame codec, sans I/O: feed bytes in, take whole frames out; encode frames to buffers.
-
-Frame: length u32 | version u8 | kind u8 | serde u8 | flags u8 | request_id u64 | method_len u16 | method | body
-(length counts every byte after itself; integers are big-endian). With FLAG_ATTACHMENT the body is
-message_len u32 | message | attachment: raw bytes (a produce batch) that bypass the serde, uncopied. With
-FLAG_ATTACHMENTS it is message_len u32 | message | count u32 | count x length u32 | the attachments back to
-back (the batches of a pull response).
-"""
+"""TCP frame codec, sans I/O: feed bytes in, take whole frames out; encode frames to buffers. The layout is Frame's."""
 
 from __future__ import annotations
 
@@ -41,6 +34,11 @@ POST_SINCE_SCHEMA = 4  # the first schema version (serde/schema.py) whose server
 
 @dataclasses.dataclass(slots=True)
 class Frame:
+    """length u32 | version u8 | kind u8 | serde u8 | flags u8 | request_id u64 | method_len u16 | method | body
+    (length counts every byte after itself; integers are big-endian). With FLAG_ATTACHMENT the body is
+    message_len u32 | message | attachment: raw bytes (a produce batch) that bypass the serde, uncopied. With
+    FLAG_ATTACHMENTS it is message_len u32 | message | count u32 | count x length u32 | the attachments back to
+    back (the batches of a pull response)."""
     kind: Kind
     serde: int
     request_id: int

@@ -123,7 +123,9 @@ async def serve_http2(dispatcher: Dispatcher, lifecycle: Lifecycle, host: str, p
     application/grpc calls. tls may be a function that returns the context for each new connection (one reloaded
     on SIGHUP: transport/tls.py). A connection with no open stream for idle_s is closed (GOAWAY); a request body,
     or a gRPC message, not complete request_s after it began is reset. The listener's connections share one bound
-    of partly received bodies (limits.http2_held_bytes_max)."""
+    of partly received bodies (limits.http2_held_bytes_max): receive windows are given back as handlers take the
+    bytes, so partly received bodies are bounded per connection and per node. One stream's h2 error ends that stream
+    only. A request's rocket-schema header says the version its body is in and its answer is wanted in (absent: 1)."""
     held = HeldBodies()
 
     async def run_connection(stream: trio.abc.Stream) -> None:

@@ -1,11 +1,6 @@
 """HTTP/1.1 on h11: what HTTP/1.1 clients expect of a node (Prometheus scrapes, health probes, the web console).
-GET and HEAD of the paths a route table names, keep-alive, bounded requests; every other request gets a status that
-says why (400 malformed, 404, 405, 413, 431), and a malformed one closes its connection.
-
-A route table's key is an exact path (its route takes no argument), or a prefix ending in "*" (its route takes the
-percent-decoded path, the query string's fields, the first value of each, and the request's `Asked`: its headers and
-the client's address): an exact path wins, then the longest prefix. A route answers (status, content type, body), and
-may add a fourth item, headers to send with it (a 401's WWW-Authenticate)."""
+GET and HEAD of the paths a route table names (serve_http1), keep-alive, bounded requests; every other request gets a
+status that says why (400 malformed, 404, 405, 413, 431), and a malformed one closes its connection."""
 
 from __future__ import annotations
 
@@ -41,7 +36,12 @@ async def serve_http1(lifecycle: Lifecycle, host: str, port: int, routes: dict[s
                       tls: Callable[[], ssl.SSLContext | None] | None = None,
                       task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve HTTP/1.1 until the lifecycle drains; reports the bound port through task_status. tls: the context for
-    each new connection (HTTPS), or None (one reloaded on SIGHUP: transport/tls.py)."""
+    each new connection (HTTPS), or None (one reloaded on SIGHUP: transport/tls.py).
+
+    A route table's key is an exact path (its route takes no argument), or a prefix ending in "*" (its route takes the
+    percent-decoded path, the query string's fields, the first value of each, and the request's `Asked`: its headers
+    and the client's address): an exact path wins, then the longest prefix. A route answers (status, content type,
+    body), and may add a fourth item, headers to send with it (a 401's WWW-Authenticate)."""
 
     async def run_connection(socket_stream: trio.SocketStream) -> None:
         stream: trio.abc.Stream = socket_stream  # an SSLStream once a TLS handshake is done

@@ -1,8 +1,5 @@
-"""Raft messages between nodes over the project's RPC layer: one TCP connection per peer carrying
-RaftStep posts (one-way: POST frames, which the peer answers not at all), fed by a bounded queue (a full queue drops
-payloads, which Raft tolerates). A link whose posts wait limits.raft_link_silent_s for the peer's acknowledgement is
-broken by the kernel (TCP_USER_TIMEOUT) and connected again: the host's liveness heartbeats, a post to every peer at
-least once a second, keep bytes on the link, so a host gone without a reset is noticed without a task that asks."""
+"""Raft messages between nodes over the project's RPC layer (PeerLinks): one TCP connection per peer carrying
+one-way RaftStep posts, fed by a bounded queue."""
 
 from __future__ import annotations
 
@@ -23,6 +20,12 @@ log = logging.getLogger("rocket.raft")
 
 
 class PeerLinks(Background):
+    """One TCP connection per peer carrying RaftStep posts (one-way: POST frames, which the peer answers not at all,
+    served in its read loop), fed by a bounded queue (a full queue drops payloads, which Raft tolerates). A link whose
+    posts wait limits.raft_link_silent_s for the peer's acknowledgement is broken by the kernel (TCP_USER_TIMEOUT,
+    listen.connect) and connected again: the host's liveness heartbeats, a post to every peer at least once a second,
+    keep bytes on the link, so a host gone without a reset is noticed without a task that asks."""
+
     def __init__(self, node_id: int, addresses: dict[int, tuple[str, int]], auth: PeerAuth | None = None,
                  tls: Callable[[], ssl.SSLContext | None] | None = None, plain_fallback: bool = False):
         self.node_id = node_id

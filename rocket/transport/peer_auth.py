@@ -1,7 +1,5 @@
-"""Nodes prove to each other that they belong to the cluster: with a cluster secret set, a node opening a TCP
-connection to another first calls PeerHello, signed under the secret (rocket.access.signed_hello: its node id, the
-time and a fresh nonce); the connection then may call the methods nodes use among themselves (MethodSpec.internal),
-which no other connection may. A hello too far from the receiver's clock, or seen before (replayed), is refused."""
+"""Nodes prove to each other that they belong to the cluster (PeerAuth): with a cluster secret, a connection that says
+a good PeerHello may call the methods nodes use among themselves (MethodSpec.internal), which no other may."""
 
 from __future__ import annotations
 
@@ -11,6 +9,10 @@ from rocket.access import HelloCheck, signed_hello
 
 
 class PeerAuth:
+    """With a cluster secret set, a node opening a TCP connection to another first calls PeerHello (hello), signed
+    under the secret (rocket.access.signed_hello: its node id, the time and a fresh nonce); the connection then may
+    call the internal methods. A hello too far from the receiver's clock, or seen before (replayed), is refused."""
+
     def __init__(self, secret: bytes, node_id: int, wall_ms: Callable[[], int]):
         assert secret
         self._secret = secret

@@ -230,7 +230,17 @@ class Caller:
 
 
 class Dispatcher:
-    """Maps method names to handlers and turns request bytes into response bytes."""
+    """Maps method names to handlers and turns request bytes into response bytes.
+
+    It gives each connection its Caller and answers Hello (schema versions) itself. With auth on, every call from the
+    wire is checked against rocket/access.py; on brokers, every client call is charged to the client quotas of
+    rocket/quotas.py after it is served (charge). A method may have a parked handler besides its task handler (handle,
+    park): Produce, KvPut and KvGet on brokers, StorageAppend, StorageKvTxn and StorageKvRead on storage nodes.
+
+    To add a client RPC method: define it once in METHODS, write its handler in the broker part of its concern
+    (rocket/roles/broker/) and route it in Broker.register, and add its Avro schemas under rocket/serde/schemas/. It
+    is then served over TCP and HTTP/2 alike.
+    """
 
     def __init__(self) -> None:
         self._handlers: dict[str, Callable] = {}
@@ -268,7 +278,9 @@ class Dispatcher:
         as call() does, then handed to the method's parked handler, which parks it. slot completes once with the
         encoded response and its attachments (call()'s result), or with a RocketError. Raises Unparked, having done
         nothing, when the call must be served by call() as a task instead (a throttled caller, or the handler's
-        say); RocketError when it is refused at once."""
+        say: no cached route, no open channel to the leader); RocketError when it is refused at once. Over TCP the
+        Raft round that applies the call's entry (or, for a get, the leader's lease) completes its slot, and the
+        connection's writer sends that round's answers in one write."""
         if self.charged(caller):  # quotas hold a call as it waits: the task path's
             raise Unparked
         spec, handler = self._resolve(name, caller)
@@ -435,7 +447,8 @@ class Dispatcher:
                user: str | None = None) -> float:
         """Charge a call served to its user's (with auth on: user, else the connection's) and its topic's quotas;
         returns its throttle in seconds, and mutes the caller's connection for that long. The gateways, whose
-        protocols sign each request, call it with the request's user."""
+        protocols sign each request, call it with the request's user. A call is charged after it is served: its
+        answer's throttle_ms (TELLS_THROTTLE) says the throttle, and held() holds the connection's next call."""
         user = (user or caller.user) if self.access is not None else None
         throttle_s = cast("quotas.Quotas", self.quotas).charge(user, topic, produced, consumed, requests)  # charged()
         if throttle_s:

@@ -1,15 +1,5 @@
 """The TCP transport's server: length-prefixed frames (frames.py), pipelined calls, server-streamed responses.
-
-Server: one reader per connection, one task per call (bounded; the reader serves an inline method's calls itself, in
-order, and sends their answers together before it reads again), whole frames written under a lock. A data-plane call
-(a method with a parked handler: Produce, StorageAppend) takes no task: the reader parks it (rocket/parked.py); one
-the handler cannot park (Unparked) is a task as usual. A writer task per connection sends the answers of parked calls
-and of tasks: whatever one Raft round or one pass of the scheduler completed, in one write. A call holds its in-flight
-slot until its answer is written. A connection is closed when a request frame takes longer than frame_s to
-arrive (time the server spends not reading excluded), when it has no call in flight (a long poll and a stream are
-calls) for idle_s, and, the one holding the most, when the listener's connections together hold more than
-limits.tcp_partial_frames_bytes_max of frames not yet whole.
-The client is tcp_client.py.
+The client is tcp_client.py; streams.py holds the byte movers both share.
 """
 
 from __future__ import annotations
@@ -53,8 +43,9 @@ async def serve_tcp(
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the TCP protocol until the lifecycle drains; reports the bound port through task_status.
-    other: (is_other, serve_other) for a second protocol on the same port. A connection's first
-    limits.tcp_sniff_bytes decide: is_other(them) hands the connection, with them, to serve_other.
+    other: (is_other, serve_other) for a second protocol on the same port (RocketMQ remoting's connections share the
+    port and its limits). A connection's first limits.tcp_sniff_bytes decide: is_other(them) hands the connection,
+    with them, to serve_other.
     tls: the node's TLS (transport/tls.py): a connection whose first byte opens a TLS handshake is served over TLS,
     with tls.tcp as it is when it connects; one that does not, only in permissive mode. The sniff for other
     protocols reads the decrypted bytes. With tls_ca, a connection whose client certificate verified is a peer.
@@ -199,6 +190,17 @@ class _Closing(Exception):
 
 
 class _ServerConnection:
+    """One connection's server: one reader, one task per call (bounded; the reader serves an inline method's calls
+    itself, in order, and sends their answers together before it reads again), whole frames written under a lock. A
+    data-plane call (a method with a parked handler: Produce, StorageAppend) takes no task: the reader parks it
+    (rocket/parked.py); one the handler cannot park (Unparked) is a task as usual. A writer task sends the answers of
+    parked calls and of tasks: whatever one Raft round or one pass of the scheduler completed, in one write. A call
+    holds its in-flight slot until its answer is written, so a client that stops reading stops the server reading it.
+    The connection is closed when a request frame takes longer than frame_s to arrive (time the server spends not
+    reading excluded), when it has no call in flight (a long poll and a stream are calls) for idle_s, and, the one
+    holding the most, when the listener's connections together hold more than limits.tcp_partial_frames_bytes_max of
+    frames not yet whole. A client that says no Hello is taken for schema version 1."""
+
     def __init__(self, dispatcher: Dispatcher, lifecycle: Lifecycle, stream: trio.abc.Stream, peer: bool = False, *,
                  frame_s: float = limits.tcp_frame_s_default, idle_s: float = limits.tcp_idle_s_default,
                  budget: ReceiveBudget | None = None):

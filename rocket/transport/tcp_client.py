@@ -31,7 +31,9 @@ log = logging.getLogger("rocket.tcp")
 
 
 class TcpChannel(Channel):
-    """A client connection: many concurrent calls multiplexed by request id over one socket."""
+    """A client connection: many concurrent calls multiplexed by request id over one socket. Connections between
+    nodes (pool.py, links.py) are TcpChannels too, so they say Hello as clients do. call_parked is the data plane's
+    client side: a broker's produce forwarded to another node's leader waits as a slot, not a task."""
 
     def __init__(self, stream: trio.abc.Stream, serde: ModuleType):
         self._stream = stream

@@ -1,15 +1,5 @@
 """TLS for every transport: the one place SSL contexts are built (a node's listeners, its connections to other
-nodes, a client's), and reloaded.
-
-A node with tls_cert serves TLS 1.2+ on its TCP port (tls_mode enforcing: only TLS; permissive: plain and TLS
-both, told apart by the first byte, 0x16 for a TLS handshake) and, unless http2_tls_* name other files, on HTTP/2.
-With tls_ca, the TCP listener asks every connection for a client certificate and verifies one that comes against
-tls_ca: a connection whose certificate verified is a node of the cluster (tcp.py marks it a peer, as an accepted
-PeerHello does). Its own connections to other nodes present tls_cert as a client certificate and verify the other
-node's against tls_ca, and its host name (or IP address) against the address connected to.
-
-NodeTls.reload (SIGHUP) re-reads the files: new connections get the new contexts, the ones open keep theirs; a
-file that does not load leaves the old contexts in place.
+nodes, a client's), and reloaded (NodeTls.reload).
 """
 
 from __future__ import annotations
@@ -70,7 +60,14 @@ def as_client_context(tls: ssl.SSLContext | str | Path | bool | None) -> ssl.SSL
 class NodeTls:
     """A node's contexts, from its config: tcp (the TCP listener's), http2 (the HTTP/2 listener's, ALPN h2), http1
     (the HTTP/1.1 listener's: /metrics, probes and the console over HTTPS), peer (its connections to other nodes).
-    None where the config asks for no TLS."""
+    None where the config asks for no TLS.
+
+    A node with tls_cert serves TLS 1.2+ on its TCP port (tls_mode enforcing: only TLS; permissive: plain and TLS
+    both, told apart by the first byte, 0x16 for a TLS handshake) and, unless http2_tls_* name other files, on HTTP/2.
+    With tls_ca, the TCP listener asks every connection for a client certificate and verifies one that comes against
+    tls_ca: a connection whose certificate verified is a node of the cluster (tcp.py marks it a peer, as an accepted
+    PeerHello does). Its own connections to other nodes present tls_cert as a client certificate and verify the other
+    node's against tls_ca, and its host name (or IP address) against the address connected to."""
 
     def __init__(self, config: NodeConfig):
         self.config = config
@@ -103,7 +100,8 @@ class NodeTls:
         return tcp, http2, http1, peer
 
     def reload(self) -> bool:
-        """Re-read the certificate, key and CA files; False (logged, the old contexts kept) when one does not load."""
+        """Re-read the certificate, key and CA files; False (logged, the old contexts kept) when one does not load.
+        On SIGHUP: new connections get the new contexts, the ones open keep theirs."""
         try:
             self.tcp, self.http2, self.http1, self.peer = self._build()
         except (OSError, ssl.SSLError) as error:

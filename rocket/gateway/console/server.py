@@ -1,14 +1,6 @@
-"""The web console (issue 34): read-only pages on the node's HTTP/1.1 listener, like RocketMQ's dashboard. It reads
-through the node's own methods (dispatcher.local), as the other gateways do, and keeps its own rate history, sampled
-by a task in the node's nursery. A method this node's roles do not serve, or that fails, is a notice on the page.
-
-It is read-only: no page writes anything (no admin actions). With auth on (rocket/access.py), every page but the
-stylesheet asks for HTTP Basic credentials (the user's access key and secret; 401 and `WWW-Authenticate` without
-them), and shows what that user may read: the cluster's lists to any signed-in user, as the methods behind them
-(access.SIGNED_IN); a topic's page and its messages only with sub on topic:NAME, a group's with sub on group:NAME
-(403 otherwise, naming what is missing). Within a page, every method it calls is checked as that user, and what the
-user may not read (another group's position on a topic) is left out with a notice naming it. /metrics and the
-probes are not the console's: they stay open."""
+"""The web console (issue 34), Console: read-only pages on the node's HTTP/1.1 listener, like RocketMQ's dashboard,
+read through the node's own methods (dispatcher.local). No page writes anything; with auth on, each shows only what
+its reader may read."""
 
 from __future__ import annotations
 
@@ -69,6 +61,20 @@ class Refused(Exception):
 
 
 class Console:
+    """The console's pages: the cluster, topics, consumer groups, storage groups, messages (looked up by id, by key
+    and by time), and charts of the last hour's rates. It reads through the node's own methods (dispatcher.local), as
+    the other gateways do, and keeps its own rate history, sampled by a task in the node's nursery (run). A method
+    this node's roles do not serve, or that fails, is a notice on the page.
+
+    It is read-only: no page writes anything (no admin actions). With auth on (rocket/access.py), every page but the
+    stylesheet asks for HTTP Basic credentials (the user's access key and secret; 401 and `WWW-Authenticate` without
+    them; a failed sign-in goes through `Access.failed`, as any other), and shows what that user may read: the
+    cluster's lists to any signed-in user, as the methods behind them (access.SIGNED_IN); a topic's page and its
+    messages only with sub on topic:NAME, a group's with sub on group:NAME (403 otherwise, naming what is missing).
+    Within a page, every method it calls is checked as that user, and what the user may not read (another group's
+    position on a topic) is left out with a notice naming it. /metrics and the probes are not the console's: they
+    stay open."""
+
     def __init__(self, dispatcher: Dispatcher, clock: Clock, node_id: int = 0, roles: tuple[str, ...] = (),
                  sample_every_s: float = SAMPLE_EVERY_S, points_max: int = POINTS_MAX, access: Access | None = None):
         self.dispatcher = dispatcher

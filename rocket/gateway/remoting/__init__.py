@@ -1,12 +1,6 @@
 """Apache RocketMQ's classic remoting protocol (4.x and 5.x remoting clients, ali-ons, mqadmin basics) onto the
-broker's methods.
-
-It is served on the TCP port: transport/tcp.py hands a connection over by its first bytes
-(codec.looks_like_remoting). codec.py (frames, headers, request and response codes) and messages.py (message
-layouts, ids, delay levels) are pure; server.py runs the connections. One part per concern: naming.py (routes),
-producing.py, consuming.py, clients.py, admin.py, over the Bridge they share (bridge.py: the dispatcher, the topic
-cache, lookups of queues and messages). With auth on, signature.py (pure) and authorization.py check each
-request.
+broker's methods, on the TCP port: server.py runs the connections, codec.py and messages.py are pure, and one part per
+concern (naming, producing, consuming, clients, admin) shares the Bridge (bridge.py).
 """
 
 from rocket.gateway.remoting.codec import looks_like_remoting

@@ -1,7 +1,5 @@
-"""Who may make a remoting request, with auth on: the request's AccessKey and Signature (signature.py) name the user,
-and its code what it needs of rocket's policies (rocket/access.py), as apache/rocketmq's broker checks each request
-code against ACL 2.0's resources. Codes not listed need only a signed request: route and cluster lookups,
-heartbeats, and what names no topic in its header (VIEW_MESSAGE_BY_ID, END_TRANSACTION, queue locks)."""
+"""Who may make a remoting request, with auth on (authorize): the request's AccessKey and Signature (signature.py) name
+the user, and its code what it needs of rocket's policies (rocket/access.py), as NEEDS says."""
 
 from __future__ import annotations
 
@@ -11,7 +9,10 @@ from rocket.gateway.remoting.codec import Command, RequestCode
 from rocket.gateway.remoting.signature import verify_remoting
 
 code = RequestCode
-# request code -> (action, the ext fields naming its topics, the ext fields naming its consumer groups)
+# request code -> (action, the ext fields naming its topics, the ext fields naming its consumer groups), as
+# apache/rocketmq's broker checks each request code against ACL 2.0's resources. Codes not listed need only a signed
+# request: route and cluster lookups, heartbeats, and what names no topic in its header (VIEW_MESSAGE_BY_ID,
+# END_TRANSACTION, queue locks).
 NEEDS: dict[int, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     code.SEND_MESSAGE: ("pub", ("topic",), ()),
     code.SEND_MESSAGE_V2: ("pub", ("b",), ()),  # SendMessageRequestHeaderV2's one-letter names: b is the topic

@@ -1,13 +1,5 @@
 """Remoting clients and their groups: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, and
-NOTIFY_CONSUMER_IDS_CHANGED pushed when a group's members change. A part of RemotingGateway.
-
-A consumer is a member of its group for as long as its connection lives, as in RocketMQ: the gateway keeps it in
-rocket's cluster-wide group membership (GroupHeartbeat, per subscribed topic) every
-limits.remoting_member_refresh_s, well inside rocket's member expiry, so every broker answers the same member list.
-A closed connection or UNREGISTER_CLIENT leaves at once. Committed offsets are kept here and written every
-limits.remoting_member_refresh_s (and when a client leaves), not once per pull: a pull carries its consumer's commit.
-At most limits.remoting_client_groups_max groups of each kind are kept, a group forgotten with its last client, and
-at most limits.remoting_unwritten_offsets_keys_max (group, topic) pairs of unwritten offsets.
+NOTIFY_CONSUMER_IDS_CHANGED pushed when a group's members change. A part of RemotingGateway (Clients).
 """
 
 from __future__ import annotations
@@ -40,6 +32,14 @@ class Member:
 
 
 class Clients:
+    """A consumer is a member of its group for as long as its connection lives, as in RocketMQ: the gateway keeps it
+    in rocket's cluster-wide group membership (GroupHeartbeat, per subscribed topic) every
+    limits.remoting_member_refresh_s, well inside rocket's member expiry, so every broker answers the same member
+    list. A closed connection or UNREGISTER_CLIENT leaves at once. Committed offsets are kept here and written every
+    limits.remoting_member_refresh_s (and when a client leaves), not once per pull: a pull carries its consumer's
+    commit. At most limits.remoting_client_groups_max groups of each kind are kept, a group forgotten with its last
+    client, and at most limits.remoting_unwritten_offsets_keys_max (group, topic) pairs of unwritten offsets."""
+
     def __init__(self, bridge: Bridge) -> None:
         self.bridge, self.dispatcher = bridge, bridge.dispatcher
         # Groups with clients connected here, at most limits.remoting_client_groups_max of each kind, each of at most

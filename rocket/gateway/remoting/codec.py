@@ -1,11 +1,5 @@
-"""Apache RocketMQ's remoting protocol, sans I/O: frames and the RemotingCommand header in both serializations.
-
-Frame: length u32 | serialize type u8 | header length u24 | header | body (integers big-endian; length counts
-every byte after itself). The header is JSON (type 0) or ROCKETMQ binary (type 1):
-    code i16 | language u8 | version i16 | opaque i32 | flag i32 | remark (len i32, bytes) | extFields (len i32,
-    then key len i16, key, value len i32, value, ...)
-A response goes out in the request's serialization. Layouts from apache/rocketmq's RemotingCommand and
-RocketMQSerializable.
+"""Apache RocketMQ's remoting protocol, sans I/O: frames and the RemotingCommand header (Command) in both
+serializations, JSON and ROCKETMQ binary; a response goes out in the request's serialization.
 """
 
 from __future__ import annotations
@@ -90,6 +84,11 @@ class RemotingError(Exception):
 
 @dataclasses.dataclass(slots=True)
 class Command:
+    """A RemotingCommand. Frame: length u32 | serialize type u8 | header length u24 | header | body (integers
+    big-endian; length counts every byte after itself). The header is JSON (type 0) or ROCKETMQ binary (type 1):
+        code i16 | language u8 | version i16 | opaque i32 | flag i32 | remark (len i32, bytes) | extFields (len i32,
+        then key len i16, key, value len i32, value, ...)
+    Layouts from apache/rocketmq's RemotingCommand and RocketMQSerializable."""
     code: int
     opaque: int = 0
     flag: int = 0

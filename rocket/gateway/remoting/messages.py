@@ -1,15 +1,6 @@
 """RocketMQ's message layouts as remoting clients read and write them (pure): the stored-message layout of pull
 and lookup answers (apache/rocketmq's MessageDecoder), the batch body of SEND_BATCH_MESSAGE, the properties
-string, message ids, and delay levels.
-
-A message id (offsetMsgId) is RocketMQ's: the broker's IPv4 address and port, then an 8-byte "commit log
-offset". rocket has no commit log offsets: a message is (topic, queue, offset). The 8 bytes carry that identity
-in 53 bits, because JavaScript clients (ali-ons) read the offset into a double:
-    bits 52-44: crc32(topic) & 0x1FF | bits 43-34: queue (rocket's topics have at most 1024) | bits 33-0: offset
-so an id, and the commitLogOffset a client sends back, names the message. The topic is found among those the
-request names (a send-back: the group's retry topic and the message's topic) and then among all topics whose
-name hashes alike; an offset past 2**34 (17 billion messages in one queue) wraps, and the lookup takes the
-latest message it can be.
+string, message ids (commit_log_offset), and delay levels.
 """
 
 from __future__ import annotations
@@ -74,6 +65,14 @@ def parse_properties(text: str) -> dict[str, str]:
 
 
 def commit_log_offset(topic: str, queue: int, offset: int) -> int:
+    """The 8-byte "commit log offset" of a message id (offsetMsgId), which is RocketMQ's: the broker's IPv4 address
+    and port, then this. rocket has no commit log offsets: a message is (topic, queue, offset). The 8 bytes carry that
+    identity in 53 bits, because JavaScript clients (ali-ons) read the offset into a double:
+        bits 52-44: crc32(topic) & 0x1FF | bits 43-34: queue (rocket's topics have at most 1024) | bits 33-0: offset
+    so an id, and the commitLogOffset a client sends back, names the message. The topic is found among those the
+    request names (a send-back: the group's retry topic and the message's topic) and then among all topics whose
+    name hashes alike; an offset past 2**34 (17 billion messages in one queue) wraps, and the lookup takes the
+    latest message it can be (unwrap_offset)."""
     return ((topic_hash(topic) << (_QUEUE_BITS + _OFFSET_BITS)) | (queue << _OFFSET_BITS)
             | (offset & ((1 << _OFFSET_BITS) - 1)))
 

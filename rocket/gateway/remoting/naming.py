@@ -1,11 +1,5 @@
-"""The nameserver's remoting requests: routes, cluster info, the topic list, KV config. A part of RemotingGateway.
-
-Routes. rocket's brokers are stateless: any broker serves any queue. A route names ONE broker, the cluster's
-name, holding all the topic's queues, so a queue's identity (broker name, queue id), and the offsets clients
-keep by it, never change. Its address table lists every live broker: id 0, the one producers send to and
-consumers pull from, is chosen per asking connection by rendezvous hashing, which spreads clients evenly
-over brokers and gives one client the same broker at every refresh while that broker lives; when it dies, only
-its clients move. The other live brokers follow as ids 1, 2, ... for clients that fail over by id.
+"""The nameserver's remoting requests: routes, cluster info, the topic list, KV config. A part of RemotingGateway
+(Naming).
 """
 
 from __future__ import annotations
@@ -25,6 +19,13 @@ PERM_READ_WRITE = 6  # RocketMQ's PermName: 4 read | 2 write
 
 
 class Naming:
+    """Routes. rocket's brokers are stateless: any broker serves any queue. A route names ONE broker, the cluster's
+    name, holding all the topic's queues, so a queue's identity (broker name, queue id), and the offsets clients
+    keep by it, never change. Its address table lists every live broker: id 0, the one producers send to and
+    consumers pull from, is chosen per asking connection by rendezvous hashing, which spreads clients evenly
+    over brokers and gives one client the same broker at every refresh while that broker lives; when it dies, only
+    its clients move. The other live brokers follow as ids 1, 2, ... for clients that fail over by id."""
+
     def __init__(self, bridge: Bridge, clients: Clients):
         self.bridge, self.clients = bridge, clients
         self.dispatcher, self.clock, self.cluster = bridge.dispatcher, bridge.clock, bridge.cluster

@@ -1,10 +1,5 @@
-"""The remoting gateway's connections: frames in, one task per request (a pull may wait seconds), responses out
-whole; requests from the server to a client (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) go out on the
-client's connection. The handlers are the methods of the gateway's parts (naming, producing, consuming, clients,
-administration, over one Bridge), one table by request code.
-
-rocket's TCP port serves both protocols: a connection whose first bytes look like a remoting frame
-(codec.looks_like_remoting) comes here, so `namesrvAddr=HOST:9876` works unchanged.
+"""The remoting gateway's connections (RemotingGateway): frames in, one task per request (a pull may wait seconds),
+responses out whole; a connection whose first bytes on rocket's TCP port look like a remoting frame comes here.
 """
 
 from __future__ import annotations
@@ -91,7 +86,13 @@ def _address(stream: trio.abc.Stream, which: str) -> str:
 
 
 class RemotingGateway:
-    """The connections, and the requests routed to the gateway's parts, which share one Bridge."""
+    """The connections, and the requests routed to the gateway's parts, which share one Bridge.
+
+    Requests from the server to a client (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) go out on the
+    client's connection. The handlers are the methods of the gateway's parts (naming, producing, consuming, clients,
+    administration), one table by request code. rocket's TCP port serves both protocols: a connection whose first
+    bytes look like a remoting frame (codec.looks_like_remoting) comes here, so `namesrvAddr=HOST:9876` works
+    unchanged."""
 
     def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle, *, cluster: str = "rocket",
                  frame_s: float = limits.tcp_frame_s_default, idle_s: float = limits.tcp_idle_s_default):

@@ -1,7 +1,6 @@
 """The RocketMQ 5 proxy: apache.rocketmq.v2.MessagingService (gRPC) mapped onto the broker's methods through the
-dispatcher, so RocketMQ 5 clients run unchanged. Protobuf classes come from rocketmq-python-client's generated
-*_pb2 modules (protocol.py); without that package the service is off. This module wires the calls and answers
-routes; telemetry.py, sending.py, receiving.py and pulling.py hold the rest, over the Bridge they share."""
+dispatcher, so RocketMQ 5 clients run unchanged. It wires the calls and answers routes (RocketMQProxy); the service is
+off without rocketmq-python-client's generated *_pb2 modules (protocol.py)."""
 
 from __future__ import annotations
 
@@ -43,7 +42,7 @@ def rocketmq_services(dispatcher: Dispatcher, clock: Clock, max_attempts: int = 
 
 class RocketMQProxy:
     """The service's calls framed (signatures, authorization, quotas) and routed to its parts, which share a Bridge;
-    routes are answered here."""
+    routes are answered here. The parts: telemetry.py, sending.py, receiving.py and pulling.py."""
 
     def __init__(self, dispatcher: Dispatcher, definition: types.ModuleType, service: types.ModuleType,
                  clock: Clock, max_attempts: int = limits.pop_attempts_default):

@@ -1,7 +1,5 @@
 """RocketMQ 5's PullMessage (a long poll of one queue from an offset, through the broker's Pull) and the offset
-calls: UpdateOffset (CommitOffsets), GetOffset (FetchOffsets) and QueryOffset (the queue's first or next offset,
-or SearchOffset by time). The client keeps its own position; pulled messages carry no receipt handle. A part of
-RocketMQProxy, over its Bridge."""
+calls: UpdateOffset (CommitOffsets), GetOffset (FetchOffsets) and QueryOffset. A part of RocketMQProxy (Pulling)."""
 
 from __future__ import annotations
 
@@ -22,6 +20,9 @@ BEGINNING, END, TIMESTAMP = 0, 1, 2  # apache.rocketmq.v2.QueryOffsetPolicy
 
 
 class Pulling:
+    """The client keeps its own position; pulled messages carry no receipt handle. QueryOffset answers the queue's
+    first or next offset, or SearchOffset by time."""
+
     def __init__(self, bridge: Bridge):
         self.bridge = bridge
 

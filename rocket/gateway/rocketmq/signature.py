@@ -1,30 +1,6 @@
-"""RocketMQ 5's gRPC signature, verified (pure: the caller passes the secrets and the time).
-
-What the official clients send (apache/rocketmq-clients: java/.../rpc/Signature.java, python/rocketmq/v5/util/
-signature.py, golang/client.go Sign, csharp/.../Signature.cs, cpp/source/client/Signature.cpp, nodejs/src/util):
-
-    x-mq-date-time: 20210309T195445Z                      (strftime %Y%m%dT%H%M%SZ)
-    authorization:  MQv2-HMAC-SHA1 Credential=<ak>, SignedHeaders=x-mq-date-time, Signature=<hex>
-    x-mq-session-token: <token>                           (only with an STS token; not signed)
-
-Signature is HMAC-SHA1, keyed with the secret's UTF-8 bytes, of the x-mq-date-time value's bytes, in hex (Python
-lower case, Node.js and C# upper case). Only the time is signed: not the method, the request, the session token or a
-nonce, so a captured header replays for as long as its time is accepted. The Java, Python, Go and C# clients format
-their local time with a literal Z (only C++ and Node.js sign UTC), hence the wide window in limits.py.
-
-apache/rocketmq's proxy (auth/.../DefaultAuthenticationContextBuilder.build(Metadata, ...), ACL 2.0; acl/.../
-AuthorizationHeader and PlainAccessResource.parse in ACL 1.0) splits the header at its first space, then its items at
-commas, trims each and splits it at its first '='; the access key is Credential's value up to any '/'; Signature is
-hex-decoded and compared (as base64) with the HMAC of x-mq-date-time under the user's secret
-(DefaultAuthenticationHandler: "check signature failed."). It never bounds the time, ignores SignedHeaders and the
-scheme word, and does not check the session token. This module is stricter where no official client differs: the
-scheme must be MQv2-HMAC-SHA1, SignedHeaders must be x-mq-date-time, the signature 40 hex digits, no item repeated,
-and the time within limits.rocketmq_signature_{ahead,behind}_s_max of now.
-
-A refused call gets, from apache/rocketmq's proxy, gRPC status OK and a response whose Status is
-apache.rocketmq.v2.Code.UNAUTHORIZED (40100) with the message (proxy/.../grpc/v2/common/ResponseBuilder.buildStatus:
-AuthenticationException and AuthorizationException alike; a Telemetry stream gets a TelemetryCommand with that
-Status); the clients raise UnauthorizedException for it. DENIED_STATUS names that code.
+"""RocketMQ 5's gRPC signature, verified (pure: the caller passes the secrets and the time): an HMAC-SHA1 of the
+x-mq-date-time header in the authorization header (verify_grpc), checked more strictly than apache/rocketmq's proxy
+where no official client differs.
 """
 
 from __future__ import annotations
@@ -44,6 +20,10 @@ DATE_TIME_KEY = "x-mq-date-time"
 SESSION_TOKEN_KEY = "x-mq-session-token"  # sent with STS credentials; neither signed nor checked by apache/rocketmq
 ALGORITHM = "MQv2-HMAC-SHA1"
 DATE_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+# A refused call gets, from apache/rocketmq's proxy, gRPC status OK and a response whose Status is
+# apache.rocketmq.v2.Code.UNAUTHORIZED (40100) with the message (proxy/.../grpc/v2/common/ResponseBuilder.buildStatus:
+# AuthenticationException and AuthorizationException alike; a Telemetry stream gets a TelemetryCommand with that
+# Status); the clients raise UnauthorizedException for it. DENIED_STATUS names that code.
 DENIED_STATUS = 40100  # apache.rocketmq.v2.Code.UNAUTHORIZED, in the response's Status (the gRPC status stays OK)
 
 _DATE_TIME = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z", re.ASCII)
@@ -59,7 +39,28 @@ def sign_grpc(secret: bytes, date_time: str) -> str:
 
 def verify_grpc(metadata: dict[str, str], secret_of: Callable[[str], bytes | None], now_ms: int) -> str:
     """The access key of a call whose authorization header is valid now; else RocketError(UNAUTHENTICATED) saying
-    why. secret_of(access_key) is that key's secret, or None for a key no user has."""
+    why. secret_of(access_key) is that key's secret, or None for a key no user has.
+
+    What the official clients send (apache/rocketmq-clients: java/.../rpc/Signature.java, python/rocketmq/v5/util/
+    signature.py, golang/client.go Sign, csharp/.../Signature.cs, cpp/source/client/Signature.cpp, nodejs/src/util):
+
+        x-mq-date-time: 20210309T195445Z                      (strftime %Y%m%dT%H%M%SZ)
+        authorization:  MQv2-HMAC-SHA1 Credential=<ak>, SignedHeaders=x-mq-date-time, Signature=<hex>
+        x-mq-session-token: <token>                           (only with an STS token; not signed)
+
+    Signature is HMAC-SHA1, keyed with the secret's UTF-8 bytes, of the x-mq-date-time value's bytes, in hex (Python
+    lower case, Node.js and C# upper case). Only the time is signed: not the method, the request, the session token
+    or a nonce, so a captured header replays for as long as its time is accepted. The Java, Python, Go and C# clients
+    format their local time with a literal Z (only C++ and Node.js sign UTC), hence the wide window in limits.py.
+
+    apache/rocketmq's proxy (auth/.../DefaultAuthenticationContextBuilder.build(Metadata, ...), ACL 2.0; acl/.../
+    AuthorizationHeader and PlainAccessResource.parse in ACL 1.0) splits the header at its first space, then its
+    items at commas, trims each and splits it at its first '='; the access key is Credential's value up to any '/';
+    Signature is hex-decoded and compared (as base64) with the HMAC of x-mq-date-time under the user's secret
+    (DefaultAuthenticationHandler: "check signature failed."). It never bounds the time, ignores SignedHeaders and
+    the scheme word, and does not check the session token. This check is stricter where no official client differs:
+    the scheme must be MQv2-HMAC-SHA1, SignedHeaders must be x-mq-date-time, the signature 40 hex digits, no item
+    repeated, and the time within limits.rocketmq_signature_{ahead,behind}_s_max of now."""
     authorization = metadata.get(AUTHORIZATION_KEY)
     if not authorization or not isinstance(authorization, str):
         raise _denied(f"no authorization header: {_USAGE}")

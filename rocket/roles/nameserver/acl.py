@@ -1,9 +1,6 @@
-"""Users, policies and client quotas in the metadata (rocket/access.py has the model): the calls that create, list and delete them,
-the state nodes fetch to enforce them, and the first user of a cluster with auth on. A part of Nameserver,
-over the metadata group.
-
-A user's secret is sealed under the cluster key before it is proposed, so the Raft log, its snapshots and every
-node's disk hold it only sealed; nodes unseal it with the same key (all hold the cluster secret).
+"""Users, policies and client quotas in the metadata (rocket/access.py has the model): the calls that create, list
+and delete them, the state nodes fetch to enforce them, and the first user of a cluster with auth on. A part of
+Nameserver, over the metadata group.
 """
 
 from __future__ import annotations
@@ -23,6 +20,10 @@ log = logging.getLogger("rocket.nameserver")
 
 
 class AclAdmin:
+    """The user, policy and quota calls. A user's secret is sealed under the cluster key before it is proposed, so
+    the Raft log, its snapshots and every node's disk hold it only sealed; nodes unseal it with the same key (all
+    hold the cluster secret)."""
+
     def __init__(self, meta: MetadataGroup, config: NodeConfig, clock: Clock):
         self.meta = meta
         self.config = config

@@ -1,8 +1,4 @@
 """Storage classes (issue 32): the calls that create and describe them. A mixin of Nameserver.
-
-A class is a named pool of storage groups, all made with it: in Raft mode, or in controller mode (RIP-44), where the
-controller in the metadata names each group's master and its replicas in sync. The default class, "raft", is the
-pool the nameservers grow as storage nodes join; it is not stored. Topics are placed on one class's groups.
 """
 
 from __future__ import annotations
@@ -40,6 +36,13 @@ def check_class_request(request: dict) -> None:
 
 
 class StorageClasses:
+    """The storage class calls. A class is a named pool of storage groups, all made with it: in Raft mode, or in
+    controller mode (RIP-44), where the controller in the metadata names each group's master and its replicas in
+    sync. The default class, "raft", is the pool the nameservers grow as storage nodes join; it is not stored.
+    Topics are placed on one class's groups, and a topic's queues go only to them. Controller-mode groups are
+    neither moved nor leader-balanced by the nameservers: the controller keeps their members and names their
+    master."""
+
     async def create_storage_class(self, request: dict) -> dict:
         check_class_request(request)
         return await self._on_leader("MetaCreateStorageClass", request, self._create_class_here)

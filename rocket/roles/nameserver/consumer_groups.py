@@ -1,9 +1,5 @@
 """Consumer groups' settings (RIP-18's subscription data in the metadata): the calls that create, update and read
 them. A part of Nameserver, over the metadata group.
-
-A group's settings are its max attempts before the dead letters, its retry backoff, its consume mode and whether it
-consumes in order. Brokers read them (a few seconds cached) and apply them to every receive of the group, whichever
-client or gateway made it.
 """
 
 from __future__ import annotations
@@ -29,6 +25,10 @@ def settings_of(request: dict, fields) -> dict:
 
 
 class ConsumerGroupSettings:
+    """The consumer group calls. A group's settings are its max attempts before the dead letters, its retry backoff,
+    its consume mode and whether it consumes in order. Brokers read them (roles/broker/admin.py's GroupSettings, a
+    few seconds cached) and apply them to every receive of the group, whichever client or gateway made it."""
+
     def __init__(self, meta: MetadataGroup):
         self.meta = meta
 

@@ -1,15 +1,6 @@
 """The controller of RIP-44, on the nameservers' Raft group: it decides who is master of each controller-mode
-storage group. Its state (master, master_epoch, SyncStateSet, sync_state_set_epoch) is in the metadata, so it
-survives the nameserver leader; the leader alone acts on it.
-- A master whose heartbeats lapsed for limits.controller_lapse_s is replaced by the live member of its SyncStateSet
-  with the longest log, at the next epoch; the new SyncStateSet is the new master alone. With no live member, the
-  group waits for one, unless its class allows an unclean election: then the live replica with the longest log is
-  elected, and the election is recorded and logged as a possible loss of the entries past its log's end.
-- A master's request to change its SyncStateSet is applied only when made under the current epochs (FENCED
-  otherwise), so that a deposed master, or a request overtaken by an election, changes nothing.
-Replicas' heartbeats are the storage nodes' own (NodeHeartbeat), which carry each controlled replica's epoch and
-log end. A new nameserver leader gives every master controller_lapse_s from its election before judging it: it has
-not heard anyone yet. A part of Nameserver, over the metadata group.
+storage group. Its state is in the metadata, so it survives the nameserver leader; the leader alone acts on it. A
+part of Nameserver, over the metadata group.
 """
 
 from __future__ import annotations
@@ -27,6 +18,10 @@ log = logging.getLogger("rocket.controller")
 
 
 class Controller:
+    """The controller. Its state, each controller-mode group's Control in the metadata, is its master, master_epoch,
+    SyncStateSet and sync_state_set_epoch. Replicas' heartbeats are the storage nodes' own (NodeHeartbeat, in the
+    nameserver's heartbeats), which carry each controlled replica's epoch and log end."""
+
     def __init__(self, meta: MetadataGroup, heartbeats: dict[int, tuple[float, dict]], clock: Clock):
         self.meta = meta
         self.heartbeats = heartbeats  # node -> (when, load): the nameserver's, kept by its NodeHeartbeat calls
@@ -38,6 +33,8 @@ class Controller:
         return await self.meta.on_leader("ControllerAlterSyncStateSet", request, self._alter_here)
 
     async def _alter_here(self, request: dict) -> dict:
+        """A master's change of its SyncStateSet, applied only when made under the current epochs (FENCED otherwise),
+        so that a deposed master, or a request overtaken by an election, changes nothing."""
         return await self.meta.propose({"op": "alter_sync_state_set", "group": request["group"],
                                     "master": request["master"], "master_epoch": request["master_epoch"],
                                     "sync_state_set_epoch": request["sync_state_set_epoch"],
@@ -77,6 +74,12 @@ class Controller:
         return -1
 
     async def _elect_masters(self) -> None:
+        """Replace each master whose heartbeats lapsed for limits.controller_lapse_s by the live member of its
+        SyncStateSet with the longest log, at the next epoch; the new SyncStateSet is the new master alone. With no
+        live member, the group waits for one, unless its class allows an unclean election: then the live replica with
+        the longest log is elected, and the election is recorded and logged as a possible loss of the entries past its
+        log's end. A new nameserver leader gives every master controller_lapse_s from its election before judging it
+        (_heard_within): it has not heard anyone yet."""
         for group, members in list(self.meta.metadata.groups.items()):
             control = members.control
             if control is None or self._heard_within(control.master, limits.controller_lapse_s):

@@ -1,10 +1,5 @@
-"""Unhealthy storage nodes (issue 31). A mixin of Nameserver.
-
-The leader keeps, per storage node, the cumulative fsync histogram and peer-call counts its heartbeats carry. Every
-`health_window_s` it takes the differences since the window began (a node's fsync p99; the calls the other nodes
-made to it, and how many failed), has the scorer judge each node against its peers, and HealthJudge turn verdicts
-into healthy or degraded (rocket.ml.health). Pins are in the metadata, so every leader honours them. A degraded node
-leads nothing (QueuePlacement._balance_leaders moves its leaderships off) and gets nothing new.
+"""Unhealthy storage nodes (issue 31): the leader judges each storage node against its peers, window by window, and
+a degraded node leads nothing and gets nothing new. A mixin of Nameserver.
 """
 
 from __future__ import annotations
@@ -91,6 +86,13 @@ def node_windows(before: dict[int, dict], after: dict[int, dict], addresses: dic
 
 
 class NodeHealthChecks:
+    """Storage node health, judged on the leader. The leader keeps, per storage node, the cumulative fsync histogram
+    and peer-call counts its heartbeats carry. Every `health_window_s` it takes the differences since the window
+    began (node_windows), has the scorer judge each node against its peers, and HealthJudge turn verdicts into
+    healthy or degraded (rocket.ml.health). Pins are in the metadata, so every leader honours them; operators pin
+    nodes with `cluster health`. A degraded node leads nothing (QueuePlacement._balance_leaders moves its
+    leaderships off) and gets nothing new; its replicas move away after `health_move_after_s` (Nameserver._leaving)."""
+
     def _init_health(self, scorer: Scorer | None = None) -> None:
         self.threshold = ThresholdScorer()
         self.scorer: Scorer = scorer or self.threshold

@@ -1,11 +1,6 @@
-"""The cluster metadata (RIP-18): the nameserver group's Raft state machine. Pure: no I/O, no clock.
-
-It holds topics (with the storage groups their queues hash onto), storage groups and their voters,
-the storage classes (issue 32) with, for controller-mode groups, the controller's master, sync state
-set and epochs, the consumer groups' settings (max attempts, retry backoff, consume mode, FIFO), and the
-node registry. Commands are JSON objects decided by the nameserver leader
-(which did the placement and read the clock) and applied identically on every nameserver. `version`
-rises with every change, so a cached route knows it is stale.
+"""The cluster metadata (RIP-18): the nameserver group's Raft state machine. Pure: no I/O, no clock. Its commands are
+JSON objects decided by the nameserver leader (which did the placement and read the clock) and applied identically on
+every nameserver; `version` rises with every change, so a cached route knows it is stale.
 """
 
 from __future__ import annotations
@@ -152,6 +147,11 @@ def unknown_class(name: str) -> RocketError:
 
 
 class Metadata:
+    """The state machine. It holds topics (with the storage groups their queues hash onto), storage groups and their
+    voters, the storage classes (issue 32) with, for controller-mode groups, the controller's master, sync state set
+    and epochs, and the last elections; the consumer groups' settings (max attempts, retry backoff, consume mode,
+    FIFO), keyed by group name; users, policies and client quotas; and the node registry."""
+
     def __init__(self) -> None:
         self.topics: dict[str, TopicSpec] = {}
         self.groups: dict[int, Members] = {}

@@ -1,16 +1,5 @@
-"""Queue placement by predicted load (issue 30). A mixin of Nameserver.
-
-Every nameserver follows the forecast model in the object store (`models/forecast/latest.json`, which the Spark job
-writes): it reads it again every limits.model_poll_s, and uses it while it is valid, fresh, and no worse on its held-out
-data than the last-value forecast (its metrics say); otherwise it falls back to the recent load and logs why, once per
-change. The leader keeps each storage group's and topic's traffic, from the
-storage nodes' heartbeats, in one-minute steps (rocket.ml.load.LoadHistory), and sends what it recorded to the other
-nameservers every heartbeat interval, so that a new leader has the history: an hour of it feeds the model.
-
-A new queue goes to the group with the lowest predicted load (rocket.ml.placement.place_queues), and the choice is
-recorded in the topic's metadata: a queue never moves to another group afterwards, so its order and offsets stay as
-they are (its group's replicas may move, with their log). `rocket topic update --queues N` adds queues the same way;
-a KV bucket's shards are fixed, since its keys hash onto them. A topic's queues go only to its storage class's groups.
+"""Queue placement by predicted load (issue 30): a new queue goes to the group with the lowest predicted load, and
+leadership is balanced by the same predictions. A mixin of Nameserver.
 """
 
 from __future__ import annotations
@@ -34,6 +23,14 @@ MODEL_KEY = "models/forecast/latest.json"
 
 
 class QueuePlacement:
+    """Queue placement, the load history and the forecast model it follows, and leader balancing. A new queue goes to
+    the group with the lowest predicted load (rocket.ml.placement.place_queues), among its topic's storage class's
+    groups, and the choice is recorded in the topic's metadata: a queue never moves to another group afterwards, so
+    its order and offsets stay as they are (its group's replicas may move, with their log).
+    `rocket topic update --queues N` adds queues the same way; a KV bucket's shards are fixed, since its keys hash
+    onto them. A model refused (invalid or stale) has its reason logged and shown in `cluster status` (model_state),
+    and `cluster placement --explain` explains a choice (_place)."""
+
     def _init_queue_placement(self, objects) -> None:
         self.objects = objects  # the node's object store, where models are (None: never a model)
         self.history = LoadHistory()
@@ -51,7 +48,8 @@ class QueuePlacement:
     # ---- load and the model --------------------------------------------------------------------------
 
     def _record_traffic(self, load: dict) -> None:
-        """On the leader: a heartbeat's bytes into the history, and into what the other nameservers are sent."""
+        """On the leader: a heartbeat's bytes into the history, and into what the other nameservers are sent. The
+        history keeps each storage group's and topic's traffic in one-minute steps (rocket.ml.load.LoadHistory)."""
         now_ms = self.clock.wall_ms()
         step = now_ms // STEP_MS
         reports = [(("group", entry["group"]), entry["bytes"]) for entry in load.get("group_bytes_in", ())]
@@ -94,7 +92,12 @@ class QueuePlacement:
             await trio.sleep(limits.model_poll_s)
 
     async def _follow_model(self) -> None:
-        """Take the model file if it changed; refuse it, or a stale one, for the fallback, saying why once."""
+        """Take the model file if it changed; refuse it, or a stale one, for the fallback, saying why once.
+
+        Every nameserver follows the forecast model in the object store (`models/forecast/latest.json`, which the
+        Spark job writes), read again every limits.model_poll_s. It is used while it is valid, fresh, and no worse on
+        its held-out data than the last-value forecast (its metrics say); otherwise placement falls back to the
+        recent load (RecentPredictor) and logs why, once per change."""
         readable, text = await self._read_model(self._model_key, "forecast model")
         if not readable:
             return

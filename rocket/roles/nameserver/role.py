@@ -1,14 +1,5 @@
-"""The nameserver role: the cluster metadata on the nameservers' Raft group, served to brokers and
-storage nodes. Writes run on the group's leader (other nameservers forward them); routes are served
-by any nameserver from its applied state. The leader alone tracks liveness and load from the nodes'
-heartbeats, in memory: a new leader learns them again within a heartbeat.
-
-The leader also moves replicas, a bounded number at a time: off nodes that are down or draining,
-and from the most loaded node to the least loaded one (a new node fills up). A move is recorded in
-the metadata first (the new replica joins as a learner), then carried out on the group's leader
-(add learner, promote once caught up, remove the old replica), then recorded as done; a new
-nameserver leader resumes moves it finds recorded. Controller-mode groups (issue 32) are neither moved nor
-rebalanced here: their members and master are the controller's business.
+"""The nameserver role: the cluster metadata on the nameservers' Raft group, served to brokers and storage nodes.
+Nameserver holds its calls (node heartbeats, topics and routes, replica moves, drains, status) and wires its parts.
 """
 
 from __future__ import annotations
@@ -40,6 +31,11 @@ log = logging.getLogger("rocket.nameserver")
 
 
 class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
+    """The nameserver's calls, its mixins' and its parts' (acl, consumer_group_settings, controller, over meta).
+    Writes run on the group's leader (other nameservers forward them); routes are served by any nameserver from its
+    applied state. The leader alone tracks liveness and load from the nodes' heartbeats, in memory: a new leader
+    learns them again within a heartbeat."""
+
     def __init__(self, config: NodeConfig, host: RaftHost, peers: Peers, clock: Clock,
                  placement: Placement | None = None, objects=None):
         self.config = config
@@ -193,7 +189,13 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
 
     async def _plan_moves(self, nursery: trio.Nursery) -> None:
         """Resume recorded moves, replace replicas on down, draining or long-degraded nodes, then even out the load.
-        Controller-mode groups are left alone: the controller keeps their members (moving them is future work)."""
+        Controller-mode groups are left alone: the controller keeps their members (moving them is future work).
+
+        At most limits.replica_moves_max moves run at once, and the load is evened out (a replica from the node
+        holding the most to the one holding the fewest: a new node fills up) only while none runs. A move is
+        recorded in the metadata first (move_start: the new replica joins as a learner), then carried out on the
+        group's leader (_move: add learner, promote once caught up, remove the old replica), then recorded as done
+        (move_done); a new nameserver leader resumes the moves it finds recorded."""
         for group, members in list(self.metadata.groups.items()):
             if len(self._moving) >= limits.replica_moves_max:
                 return

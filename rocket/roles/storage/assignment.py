@@ -43,6 +43,7 @@ def decode(node: int, data: bytes) -> dict:
 
 
 def save(directory: Path, node: int, assignment: dict) -> None:
+    """Write the assignment whole (replace_durably: a temporary, fsync, rename, directory fsync)."""
     replace_durably(directory / FILE_NAME, encode(node, assignment))
 
 

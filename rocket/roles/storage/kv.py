@@ -1,7 +1,6 @@
-"""KV shards on their group's replicas: transactions proposed by the leader (stamped with its clock, which decides
-TTL expiry for every replica), reads (linearizable on the leader behind a read barrier, serializable on a replica in
-sync), watches that wait for a shard's next revision, and the leader's expiry of keys past their TTL. A mixin of
-StorageRole.
+"""KV shards on their group's replicas: transactions proposed by the leader, reads (linearizable on the leader,
+serializable on a replica in sync) and exports, watches that wait for a shard's next revision, and the leader's expiry
+of keys past their TTL. A mixin of StorageRole.
 """
 
 from __future__ import annotations
@@ -71,7 +70,8 @@ class KeyValues:
             entry.complete(error)
 
     def _kv_checked(self, request: dict) -> list[Txn]:
-        """A StorageKvTxn's transactions, checked, stamped with this leader's clock."""
+        """A StorageKvTxn's transactions, checked, stamped with this leader's clock. That stamp decides TTL expiry for
+        every replica."""
         group = request["group"]
         self._leads(group)
         if not 1 <= len(request["txns"]) <= limits.kv_batch_txns_max:
@@ -102,7 +102,7 @@ class KeyValues:
 
     async def _kv_readable(self, request: dict) -> None:
         """Linearizable reads on the leader once it knows it still leads and applied all it committed (its lease,
-        or a round of heartbeats); serializable ones on any replica in sync."""
+        or a round of heartbeats); serializable ones on any replica in sync. The leader's check is its read barrier."""
         group = request["group"]
         self._hosted(group)
         if request.get("serializable") and self.host.in_sync(group, limits.follower_read_lag_entries_max):

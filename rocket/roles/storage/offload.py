@@ -1,8 +1,5 @@
-"""The offloader: on the storage groups this node leads, uploads each queue's next piece (see piece.py)
-once it is full or old, verifies it (HEAD: size and MD5) and only then proposes it to the group's
-manifest; drops local data past its local retention (only pieces the manifest holds) and expires pieces
-past the total retention (manifest first, then the objects). Failures back off per queue and retry.
-Without an object store (tier_backend off) it only applies total retention, to local data.
+"""The offloader: on the storage groups this node leads, uploads each queue's data to the tier in pieces (piece.py),
+each proposed to the group's manifest only once verified, and applies the queues' local and total retention.
 """
 
 from __future__ import annotations
@@ -42,7 +39,13 @@ class _Backoff:
 
 class Offloader:
     """propose(group, payload) replicates a command in a group; leads() lists the groups this node leads;
-    retention(topic) gives (retention_s, local_retention_s) with the defaults applied."""
+    retention(topic) gives (retention_s, local_retention_s) with the defaults applied.
+
+    On the groups led here it uploads each queue's next piece once it is full or old, verifies it (HEAD: size and
+    MD5) and only then proposes it to the group's manifest (offload); it drops local data past its local retention
+    (only pieces the manifest holds) and expires pieces past the total retention, manifest first, then the objects
+    (retain). Failures back off per queue and retry. Without an object store (tier_backend off) it only applies total
+    retention, to local data."""
 
     def __init__(self, store: Store, objects: ObjectStore | None, settings: TierSettings,
                  propose: Callable[[int, bytes], Awaitable], leads: Callable[[], Iterable[int]],

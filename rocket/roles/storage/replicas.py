@@ -73,7 +73,8 @@ class Replicas:
 
     def _restore_assignment(self) -> None:
         """Before any heartbeat: host the groups of the assignment saved last, with their members' addresses, so a
-        node restarted while no nameserver answers rejoins its groups. The first answer reconciles (_assign)."""
+        node restarted while no nameserver answers rejoins its groups. The first answer reconciles (_assign). The node
+        is ready (assigned is set) without waiting for it."""
         saved = stored_assignment.load(self.config.data_dir, self.config.node_id)
         if saved is None:
             return

@@ -1,7 +1,6 @@
-"""The storage role: hosts the groups the nameservers assign to this node, with the node's store as their state
-machine, over a replication engine. Its calls, one concern per module: replicas.py (assignment, replica moves,
-backfill), appends.py, reads.py, timers.py, transactions.py, pops.py, groups.py, tiering.py and offload.py (the
-tier), reclaim.py (the WAL), kv.py (KV shards). This module wires them and checks that a call's group is hosted, or led, here.
+"""The storage role: StorageRole hosts the groups the nameservers assign to this node, with the node's store as their
+state machine, over a replication engine. It wires one mixin per concern and checks that a call's group is hosted, or
+led, here.
 """
 
 from __future__ import annotations
@@ -37,6 +36,11 @@ log = logging.getLogger("rocket.storage")
 
 
 class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, ConsumerGroups, Tiering, WalReclaim, KeyValues):
+    """The storage role's calls, one concern per mixin's module: replicas.py (assignment, replica moves, backfill),
+    appends.py, reads.py, timers.py, transactions.py, pops.py, groups.py, tiering.py and offload.py (the tier),
+    reclaim.py (the WAL), kv.py (KV shards). Every per-key map that clients can grow has a bound in limits.py, or a
+    comment saying what bounds it (as __init__'s do)."""
+
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
                  clock: Clock, objects: ObjectStore | None = None):
         self.config = config
