@@ -92,3 +92,5 @@ def main() -> None:
     command = typer.main.get_command(build_app(node_only=sys.argv[1:2] == ["run"]))
     _reflow(cast("TyperCommand | TyperGroup", command))  # what typer builds its app of
     command()
+
+__all__ = ["main"]

@@ -1,2 +1,4 @@
 """On-disk formats of the Raft WAL (and of the store's own log that earlier builds kept): the checksummed commit log
 (commitlog.py), its record format (record.py), a direct log's memory (direct.py), and file helpers (files.py)."""
+
+__all__ = ["commitlog", "files", "record"]

@@ -2,3 +2,5 @@
 rocketmq/ serves RocketMQ 5's gRPC API on the HTTP/2 listener, remoting/ the classic remoting protocol on the TCP port,
 console/ the web console on the HTTP/1.1 listener; both RocketMQ gateways share properties.py and reads.py.
 """
+
+__all__ = ["console", "remoting", "rocketmq"]

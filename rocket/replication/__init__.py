@@ -166,3 +166,5 @@ class Engine(Protocol):
     def sync_state_refused(self, group: int, request: SyncStateRequest) -> None:
         """The controller refused the request (made against a stale epoch): ask again from what holds."""
         ...
+
+__all__ = ["Control", "Engine", "NotLeader", "StateMachine", "SyncStateRequest"]

@@ -2,3 +2,5 @@
 facing the clients). node.py makes and wires them (build_roles); peers.py carries their calls to each other. Roles
 read time only from the Clock they are given (rocket/clock.py).
 """
+
+__all__ = ["broker", "nameserver", "peers", "storage"]

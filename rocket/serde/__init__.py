@@ -21,3 +21,6 @@ def serde_named(name: str) -> ModuleType:
         return SERDE_NAMES[name]
     except KeyError:
         raise RocketError(Code.UNSUPPORTED_SERDE, f"serde {name!r} is not one of {sorted(SERDE_NAMES)}") from None
+
+__all__ = ["SERDE_BY_CONTENT_TYPE", "SERDE_IDS", "SERDE_ID_OF", "avro_codec", "batch", "json_codec", "kv_export",
+           "piece", "receive", "schema", "serde_named", "versions"]

@@ -6,7 +6,7 @@ from rocket.tier.local import LocalDirectoryStore
 from rocket.tier.objectstore import ObjectInfo, ObjectStore, check_key, check_prefix
 
 __all__ = ["LocalDirectoryStore", "ObjectInfo", "ObjectStore", "S3ObjectStore", "check_key", "check_prefix",
-           "open_s3_store"]
+           "open_s3_store", "cold", "local", "objectstore", "s3"]
 
 
 def __getattr__(name: str):
