@@ -8,7 +8,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 MIXED = {
-    "rocket/roles/nameserver/role.py:Nameserver": 3,
     "rocket/roles/storage/role.py:StorageRole": 10,
 }
 

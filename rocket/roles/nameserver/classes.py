@@ -1,13 +1,19 @@
-"""Storage classes (issue 32): the calls that create and describe them. A mixin of Nameserver.
+"""Storage classes (issue 32): the calls that create and describe them. A part of Nameserver.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
+
+import trio
 
 from rocket import limits
+from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.model import check_name
+from rocket.ml.placement import NodeLoad
+from rocket.roles.nameserver.group import MetadataGroup
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, STORAGE_MODES, class_exists, unknown_class
 
 log = logging.getLogger("rocket.nameserver")
@@ -35,6 +41,18 @@ def check_class_request(request: dict) -> None:
                           f"storage_groups), got {request['groups']}")
 
 
+class GroupMaker(Protocol):
+    """What makes new storage groups (the nameserver): the lock new group ids are taken under, the storage nodes as
+    placement sees them, the placement of new groups on them, and each group's leader as last reported."""
+
+    creating: trio.Lock
+    leaders: dict[int, int]
+
+    def loads(self) -> list[NodeLoad]: ...
+
+    def new_groups(self, count: int, replicas: int, loads: list[NodeLoad]) -> list[dict]: ...
+
+
 class StorageClasses:
     """The storage class calls. A class is a named pool of storage groups, all made with it: in Raft mode, or in
     controller mode (RIP-44), where the controller in the metadata names each group's master and its replicas in
@@ -43,18 +61,24 @@ class StorageClasses:
     neither moved nor leader-balanced by the nameservers: the controller keeps their members and names their
     master."""
 
+    def __init__(self, meta: MetadataGroup, config: NodeConfig, maker: GroupMaker):
+        self.meta = meta
+        self.metadata = meta.metadata
+        self.config = config
+        self.maker = maker
+
     async def create_storage_class(self, request: dict) -> dict:
         check_class_request(request)
-        return await self._on_leader("MetaCreateStorageClass", request, self._create_class_here)
+        return await self.meta.on_leader("MetaCreateStorageClass", request, self._create_class_here)
 
     async def _create_class_here(self, request: dict) -> dict:
         """Place the class's groups on the least loaded storage nodes, one replica per node, and record them."""
         name, replicas = request["name"], request["replicas"]
         count = request["groups"] or self.config.storage_groups
-        async with self._creating:  # group ids are taken one creation at a time
+        async with self.maker.creating:  # group ids are taken one creation at a time
             if name == DEFAULT_CLASS or name in self.metadata.classes:
                 raise class_exists(name)
-            loads = self._loads()
+            loads = self.maker.loads()
             available = sum(load.available for load in loads)
             if available < replicas:
                 raise RocketError(Code.UNAVAILABLE, f"storage class {name!r} needs {replicas} storage nodes up for "
@@ -62,17 +86,17 @@ class StorageClasses:
             if len(self.metadata.groups) + count > limits.storage_groups_max:
                 raise RocketError(Code.OVERLOADED, f"{count} more groups would pass the cluster's maximum of "
                                   f"{limits.storage_groups_max}")
-            new_groups = self._new_groups(count, replicas, loads)
-            await self._propose({"op": "create_class", "name": name, "mode": request["mode"], "replicas": replicas,
-                                 "min_in_sync_replicas": request["min_in_sync_replicas"],
-                                 "unclean_election": request["unclean_election"],
-                                 "ha_max_lag_s": float(request["ha_max_lag_s"]), "new_groups": new_groups})
+            new_groups = self.maker.new_groups(count, replicas, loads)
+            await self.meta.propose({"op": "create_class", "name": name, "mode": request["mode"], "replicas": replicas,
+                                     "min_in_sync_replicas": request["min_in_sync_replicas"],
+                                     "unclean_election": request["unclean_election"],
+                                     "ha_max_lag_s": float(request["ha_max_lag_s"]), "new_groups": new_groups})
         log.info("storage class %s (%s mode, %d replicas): groups %s", name, request["mode"], replicas,
                  ", ".join(str(group["id"]) for group in new_groups))
-        return self.metadata.describe_class(self.metadata.classes[name], self._leaders, elections=False)
+        return self.metadata.describe_class(self.metadata.classes[name], self.maker.leaders, elections=False)
 
     async def storage_classes(self, request: dict) -> dict:
-        return await self._read("MetaStorageClasses", request, self._classes_here, locally=False)
+        return await self.meta.read("MetaStorageClasses", request, self._classes_here, locally=False)
 
     async def _classes_here(self, request: dict) -> dict:
         """Every class with its groups, or one (name) with its groups and their recent elections too."""
@@ -82,5 +106,5 @@ class StorageClasses:
             classes = [storage_class for storage_class in classes if storage_class.name == name]
             if not classes:
                 raise unknown_class(name)
-        return {"classes": [self.metadata.describe_class(storage_class, self._leaders, elections=bool(name))
+        return {"classes": [self.metadata.describe_class(storage_class, self.maker.leaders, elections=bool(name))
                             for storage_class in classes]}

@@ -182,7 +182,7 @@ class NodeHealthChecks:
         followed: dict[int, int] = {}
         for group, members in self.metadata.groups.items():
             for voter in members.voters:
-                if voter != self._leaders.get(group):
+                if voter != self.leaders.get(group):
                     followed[voter] = followed.get(voter, 0) + 1
         storage = {node.id for node in self.metadata.storage_nodes()}
         windows = node_windows(self._window_counts, after, addresses, now - self._window_began,

@@ -174,7 +174,7 @@ class QueuePlacement:
         loads, degraded = [], self.degraded()
         for group, members in sorted(voters.items()):
             leaving = any(self._leaving(voter) for voter in members)
-            leader = self.metadata.leader_of(group, self._leaders) or members[0]
+            leader = self.metadata.leader_of(group, self.leaders) or members[0]
             loads.append(GroupLoad(group, leader, self._predict(("group", group), now_ms, max(1, queues_in[group])),
                                    queues_in[group], topic_queues[group], not leaving and leader not in degraded))
         if not any(load.available for load in loads):  # better a group short of a replica than none
@@ -216,17 +216,17 @@ class QueuePlacement:
         voters = {group: members.voters for group, members in self.metadata.groups.items()
                   if not members.learners and members.control is None}
         queues_in, _ = self._queue_counts()
-        loads = [GroupLoad(group, self._leaders.get(group, 0),
+        loads = [GroupLoad(group, self.leaders.get(group, 0),
                            self._predict(("group", group), now_ms, max(1, queues_in[group])), 0)
                  for group in voters]
         degraded = self.degraded()
-        nodes = [load.node for load in self._loads() if load.available and load.node not in degraded]
+        nodes = [load.node for load in self.loads() if load.available and load.node not in degraded]
         transfer = degraded_leader_transfer(loads, voters, nodes, degraded) or leader_transfer(loads, voters, nodes)
         if transfer is None:
             return
         group, target = transfer
         self._last_transfer = now
-        leader = self._leaders.get(group)
+        leader = self.leaders.get(group)
         info = self.metadata.nodes.get(leader)
         if info is None:
             return
@@ -238,7 +238,7 @@ class QueuePlacement:
             return
         log.info("group %d: leadership moves from node %d to node %d %s", group, leader, target,
                  "off a degraded node" if leader in degraded else "to even out the predicted load")
-        self._leaders[group] = target
+        self.leaders[group] = target
 
     async def _add_queues_here(self, spec: TopicSpec, queues: int) -> None:
         if spec.name.startswith(KV_PREFIX):

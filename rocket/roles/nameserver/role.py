@@ -30,7 +30,7 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.nameserver")
 
 
-class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
+class Nameserver(QueuePlacement, NodeHealthChecks):
     """The nameserver's calls, its mixins' and its parts' (acl, consumer_group_settings, controller, over meta).
     Writes run on the group's leader (other nameservers forward them); routes are served by any nameserver from its
     applied state. The leader alone tracks liveness and load from the nodes' heartbeats, in memory: a new leader
@@ -50,13 +50,14 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
         self._heartbeats: dict[int, tuple[float, dict]] = {}  # node -> (when, load): on the leader only
         # node -> its rocket version and schema version, from its last heartbeat (on the leader)
         self._versions: dict[int, tuple[str, int]] = {}
-        self._leaders: dict[int, int] = {}  # storage group -> the node that last reported leading it
-        self._creating = trio.Lock()  # topic creations are placed one at a time
+        self.leaders: dict[int, int] = {}  # storage group -> the node that last reported leading it
+        self.creating = trio.Lock()  # topic creations are placed one at a time
         self._moving: set[int] = set()  # storage groups whose replica move runs now
         self.meta = MetadataGroup(config, host, peers, self.members, self.metadata)
         self.consumer_group_settings = ConsumerGroupSettings(self.meta)
         self.controller = Controller(self.meta, self._heartbeats, clock)
         self.acl = AclAdmin(self.meta, config, clock)
+        self.classes = StorageClasses(self.meta, config, self)
         self._init_queue_placement(objects)
         self._init_health()
 
@@ -75,8 +76,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
         dispatcher.handle("MetaLoadShare", self.load_share)
         dispatcher.handle("NodeHealth", self.node_health)
         dispatcher.handle("PinNodeHealth", self.pin_node_health)
-        dispatcher.handle("MetaCreateStorageClass", self.create_storage_class)
-        dispatcher.handle("MetaStorageClasses", self.storage_classes)
+        dispatcher.handle("MetaCreateStorageClass", self.classes.create_storage_class)
+        dispatcher.handle("MetaStorageClasses", self.classes.storage_classes)
         dispatcher.handle("MetaCreateConsumerGroup", self.consumer_group_settings.create_consumer_group)
         dispatcher.handle("MetaUpdateConsumerGroup", self.consumer_group_settings.update_consumer_group)
         dispatcher.handle("MetaConsumerGroups", self.consumer_group_settings.consumer_groups)
@@ -148,8 +149,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
         self._versions[node] = (request.get("version", ""), request.get("schema_version", 1))
         self._record_traffic(request["load"])
         for group in request["load"]["leads"]:
-            if group in self.metadata.groups:  # only groups that exist: _leaders stays within storage_groups_max
-                self._leaders[group] = node
+            if group in self.metadata.groups:  # only groups that exist: leaders stays within storage_groups_max
+                self.leaders[group] = node
         if request["assignment_version"] == self.metadata.version:  # nothing changed: spare 10,000 groups
             return {"version": self.metadata.version, "groups": [], "nodes": [], "unchanged": True}
         return {**self.metadata.assignment(node), "unchanged": False}
@@ -163,7 +164,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
         state = "up" if age_s < limits.node_suspect_s else "suspect" if age_s < limits.node_down_s else "down"
         return state, int(age_s * 1000)
 
-    def _loads(self) -> list[NodeLoad]:
+    def loads(self) -> list[NodeLoad]:
         """The storage nodes as replica placement sees them: available when up, not draining and not degraded. A
         degraded node still counts as available when the others are too few for a group's replicas (better a slow
         replica than a missing one). Its replicas stay where they are until it has been degraded for
@@ -205,7 +206,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
                 leaving = [voter for voter in members.voters if self._leaving(voter)]
                 if not leaving:
                     continue
-                loads = [load for load in self._loads() if load.node not in members.voters]
+                loads = [load for load in self.loads() if load.node not in members.voters]
                 if not any(load.available for load in loads):
                     continue  # nowhere to go: the group stays short of a replica until a node comes
                 target = self.placement.place(1, 1, loads)[0][0]
@@ -213,7 +214,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
             self._start_move(nursery, group)
         if self._moving:
             return
-        available = [load for load in self._loads() if load.available]
+        available = [load for load in self.loads() if load.available]
         if len(available) < 2:
             return
         low = min(available, key=lambda load: (load.replicas, load.node))
@@ -252,7 +253,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
         with trio.move_on_after(limits.member_change_s_max):
             while True:
                 members = self.metadata.members_of(group)  # a promoted learner may lead already
-                leader = self._leaders.get(group)
+                leader = self.leaders.get(group)
                 for voter in sorted(members, key=lambda member: member != leader):
                     info = self.metadata.nodes.get(voter)
                     if info is None or self._node_state(voter)[0] == "down":
@@ -260,7 +261,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
                     try:
                         await self.peers.call(Address.parse(info.address), "StorageMembers",
                                               {"group": group, "action": action, "node": node})
-                        self._leaders[group] = voter
+                        self.leaders[group] = voter
                         return
                     except RocketError as error:
                         if error.code not in RETRYABLE:
@@ -317,12 +318,12 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
         while there are fewer than the pool size; another class's were made with it."""
         name = request["topic"]
         storage_class = request.get("storage_class", DEFAULT_CLASS)
-        async with self._creating:
+        async with self.creating:
             if name in self.metadata.topics:
                 raise exists(name)
             pool = self.metadata.class_groups(storage_class)
             new_groups = []
-            loads = self._loads()
+            loads = self.loads()
             missing = self._pool_size(loads) - len(pool) if storage_class == DEFAULT_CLASS else 0
             if missing > 0:
                 available = sum(load.available for load in loads)
@@ -333,7 +334,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
                     report = log.warning if self.config.nameservers else log.info  # dev mode is one node
                     report("placing %d storage groups on %d replicas: only %d storage nodes are up", missing,
                            replicas, available)
-                new_groups = self._new_groups(missing, replicas, loads)
+                new_groups = self.new_groups(missing, replicas, loads)
             groups = pool + [group["id"] for group in new_groups]
             voters = {group: self.metadata.groups[group].voters for group in pool}
             voters.update({group["id"]: tuple(group["voters"]) for group in new_groups})
@@ -354,7 +355,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
         wanted = -(-self.config.storage_groups * available // self.config.replication)
         return min(max(self.config.storage_groups, wanted), limits.storage_groups_max)
 
-    def _new_groups(self, count: int, replicas: int, loads: list[NodeLoad]) -> list[dict]:
+    def new_groups(self, count: int, replicas: int, loads: list[NodeLoad]) -> list[dict]:
         first = self.metadata.next_group_id()
         return [{"id": first + number, "voters": list(voters)}
                 for number, voters in enumerate(self.placement.place(count, replicas, loads))]
@@ -365,12 +366,12 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
         pool = self.metadata.raft_groups()
         if not pool:
             return
-        loads = self._loads()
+        loads = self.loads()
         missing = self._pool_size(loads) - len(pool)
         if missing <= 0 or sum(load.available for load in loads) < self.config.replication:
             return
-        async with self._creating:
-            new_groups = self._new_groups(missing, self.config.replication, loads)
+        async with self.creating:
+            new_groups = self.new_groups(missing, self.config.replication, loads)
             await self._propose({"op": "create_groups", "new_groups": new_groups})
         log.info("%d storage nodes up: created storage groups %s", sum(load.available for load in loads),
                  ", ".join(str(group["id"]) for group in new_groups))
@@ -387,7 +388,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
         spec = self.metadata.topic(request["topic"])
         adding = request.get("queues", -2) != -2
         if adding:
-            async with self._creating:  # placed one at a time, as creations are
+            async with self.creating:  # placed one at a time, as creations are
                 await self._add_queues_here(self.metadata.topic(spec.name), request["queues"])
         if not adding or request["retention_s"] != -2 or request["local_retention_s"] != -2:
             spec = self.metadata.topic(spec.name)
@@ -412,7 +413,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
         return await self._read("GetRoute", request, self._route_here, locally=request["topic"] in self.metadata.topics)
 
     async def _route_here(self, request: dict) -> dict:
-        return self.metadata.route(request["topic"], self._leaders)
+        return self.metadata.route(request["topic"], self.leaders)
 
     # ---- status --------------------------------------------------------------------------------------
 
@@ -421,7 +422,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
 
     async def _status_here(self, request: dict) -> dict:
         lagging: dict[int, list[dict]] = {}  # as each group's leader reported it
-        for group, leader in self._leaders.items():
+        for group, leader in self.leaders.items():
             for lag in self._heartbeats.get(leader, (0, {}))[1].get("lagging", ()):
                 if lag["group"] == group:
                     lagging.setdefault(group, []).append(lag)
@@ -441,7 +442,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks, StorageClasses):
             "nameserver_leader": self.host.leader_of(META_GROUP),
             "nameservers": sorted(self.members),
             "nodes": nodes,
-            "groups": [{**self.metadata.group_info(group, self._leaders), "lagging": lagging.get(group, [])}
+            "groups": [{**self.metadata.group_info(group, self.leaders), "lagging": lagging.get(group, [])}
                        for group in sorted(self.metadata.groups)],
             "moving": len(self._moving),
             "topics": len(self.metadata.topics),
