@@ -1,23 +1,36 @@
-"""Consumer group membership on the leader of the group's queue 0: soft state, rebuilt by heartbeats. A mixin of
-StorageRole.
-"""
+"""Consumer group membership on the leader of the group's queue 0: soft state, rebuilt by heartbeats. A part of
+StorageRole."""
 
 from __future__ import annotations
 
 import trio
+
+from collections.abc import Callable
 
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name, check_topic_name
 
 
-class ConsumerGroups:
+class GroupMembers:
+    """The live pull members per (consumer group, topic), on the leader of the topic's queue 0 (leads(group) raises
+    NotLeader elsewhere): at most limits.group_member_keys_max pairs, each of limits.group_members_max members."""
+
+    def __init__(self, leads: Callable[[int], None]):
+        self.leads = leads
+        self._members: dict[tuple[str, str], dict[str, float]] = {}  # (group, topic) -> member -> expires at
+        self._members_swept_at = 0.0
+
+    def pairs(self) -> set[tuple[str, str]]:
+        """The (consumer group, topic) pairs with live members, as far as the last sweep knows."""
+        return set(self._members)
+
     async def group_heartbeat(self, request: dict) -> dict:
         """The live members of a consumer group on a topic, on the leader of the storage group of its
         queue 0. Soft state: after a change of leader the members are back within a heartbeat, and until
         then a member may read a queue another one reads too (duplicates, never a gap: positions are
         committed). No member leaving (member "") only reads who is live."""
-        self._leads(request["group"])
+        self.leads(request["group"])
         key = (check_group_name(request["consumer_group"]), check_topic_name(request["topic"]))
         member = request["member"]
         if len(member) > limits.group_name_bytes_max or not (member or request["leave"]):

@@ -17,7 +17,7 @@ from rocket.replication import NotLeader
 from rocket.replication import Engine
 from rocket.roles.peers import Peers
 from rocket.roles.storage.appends import Appends, NotHosted
-from rocket.roles.storage.groups import ConsumerGroups
+from rocket.roles.storage.groups import GroupMembers
 from rocket.roles.storage.kv import KeyValues
 from rocket.roles.storage.offload import Offloader, TierSettings
 from rocket.roles.storage.pops import Pops
@@ -35,7 +35,7 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.storage")
 
 
-class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, ConsumerGroups, Tiering, WalReclaim, KeyValues):
+class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Tiering, WalReclaim, KeyValues):
     """The storage role's calls, one concern per mixin's module: replicas.py (assignment, replica moves, backfill),
     appends.py, reads.py, timers.py, transactions.py, pops.py, groups.py, tiering.py and offload.py (the tier),
     reclaim.py (the WAL), kv.py (KV shards). Every per-key map that clients can grow has a bound in limits.py, or a
@@ -64,8 +64,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
         # waits for it (pops.py, _drop_pop_lock), and each pop is a call, which the connection limits bound.
         self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}
         # (consumer group, topic) -> member -> expiry: limits.group_member_keys_max, members expire (groups.py)
-        self._members: dict[tuple[str, str], dict[str, float]] = {}
-        self._members_swept_at = 0.0
+        self.group_members = GroupMembers(self._leads)
         self.objects = objects
         self.cold = ColdReader(objects) if objects is not None else None
         # topic -> its own (retention_s, local_retention_s): replaced whole from the metadata's topics (tiering.py),
@@ -98,7 +97,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Consumer
                                 ("StoragePop", self.pop), ("StorageReceipt", self.receipt),
                                 ("StorageBury", self.bury),
                                 ("StorageEndTransaction", self.end_transaction),
-                                ("StorageGroupHeartbeat", self.group_heartbeat),
+                                ("StorageGroupHeartbeat", self.group_members.group_heartbeat),
                                 ("StorageTransactionChecks", self.transaction_checks), ("StorageTier", self.tier_status),
                                 ("StorageKvTxn", self.kv_txn), ("StorageKvRead", self.kv_read),
                                 ("StorageKvWatch", self.kv_watch)):
