@@ -11,5 +11,5 @@ from rocket.client.simple import PushConsumer, SimpleConsumer
 from rocket.client.transaction import Outcome, Transaction, TransactionProducer, open_transaction_producer
 
 __all__ = ["Admin", "Consumer", "Outcome", "Producer", "PushConsumer", "Receipt", "SimpleConsumer", "Transaction",
-           "TransactionProducer", "connect", "open_consumer", "open_producer", "open_transaction_producer", "parse_start",
-           "admin", "bench", "connection", "kv"]
+           "TransactionProducer", "connect", "open_consumer", "open_producer", "open_transaction_producer",
+           "parse_start", "admin", "bench", "connection", "kv"]

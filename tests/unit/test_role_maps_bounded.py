@@ -133,7 +133,8 @@ async def test_remoting_client_groups_are_bounded_and_emptied_ones_go(monkeypatc
     monkeypatch.setattr(limits, "remoting_client_groups_max", 3)
     gateway, connection = Gateway(), object()
     for number in range(10):
-        await gateway.clients.heart_beat(heartbeat(f"c{number}", f"consumers{number}", f"producers{number}"), connection)
+        await gateway.clients.heart_beat(heartbeat(f"c{number}", f"consumers{number}", f"producers{number}"),
+                                         connection)
     assert len(gateway.clients._groups) == 3 and len(gateway.clients._producers) == 3
     assert len(gateway.clients._members_seen) <= 3
     await gateway.clients.unregister_client(Command(RequestCode.UNREGISTER_CLIENT, ext={

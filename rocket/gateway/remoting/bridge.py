@@ -64,8 +64,9 @@ class Bridge:
         return await queue_info(self.dispatcher, topic, queue)
 
     async def message_at(self, topic: str, queue: int, offset: int) -> Message | None:
-        response = await self.dispatcher.local("Pull", {"topic": topic, "queues": [{"queue": queue, "offset": offset}],
-                                                        "max_bytes": 1, "wait_ms": 0, "filter_type": "tag", "filter": "*"})
+        response = await self.dispatcher.local("Pull", {
+            "topic": topic, "queues": [{"queue": queue, "offset": offset}], "max_bytes": 1, "wait_ms": 0,
+            "filter_type": "tag", "filter": "*"})
         for stored in response["batches"]:
             for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
                 if message.offset == offset:

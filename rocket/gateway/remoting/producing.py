@@ -37,7 +37,8 @@ class Producing:
     def __init__(self, bridge: Bridge, clients: Clients):
         self.bridge, self.clients = bridge, clients
         self.dispatcher, self.clock = bridge.dispatcher, bridge.clock
-        self._checked: set[str] = set()  # transaction topics whose checks are forwarded: remoting_transaction_topics_max
+        # transaction topics whose checks are forwarded: at most limits.remoting_transaction_topics_max
+        self._checked: set[str] = set()
 
     async def send_message(self, command: Command, connection) -> Command:
         header = send_header(command)
