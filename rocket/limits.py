@@ -342,6 +342,7 @@ leader_balance_ratio = 0.1  # ... nodes within this share of their mean led load
 leader_balance_bytes_s = 128 * KiB  # ... as are nodes within this many bytes/s of each other (2 idle groups)
 leader_transfer_s = 2.0  # at most one leadership transfer this often: a transfer pauses the group's writes briefly
 load_history_steps = 90  # minutes of traffic per group and topic the nameserver keeps for the forecaster (it reads 60)
+load_share_steps = 5  # minutes of its history the leader keeps for a nameserver that did not take them yet
 # Storage classes (issue 32): named pools of storage groups, in Raft or controller mode (RIP-44).
 storage_classes_max = 64  # classes in one cluster: each is a pool of groups an operator tells apart by name
 storage_class_name_bytes_max = 64  # a class's name is carried in every group's info and shown in tables

@@ -7,7 +7,7 @@ import collections
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import trio
@@ -80,6 +80,9 @@ class Store(Reads, Timers):
         self.fsyncs = 0
         self.traffic: dict[tuple[str, int], QueueStats] = {}  # queues appended to or read since take_traffic
         self.bytes_in: dict[tuple[str, int], int] = {}  # (topic, group) -> bytes appended since take_bytes_in
+        # Whether this node leads a Raft group (the storage role sets it): only a group's leader counts its bytes in,
+        # as it applies them, so that a load report moves with the leadership and nothing is counted twice.
+        self.leads: Callable[[int], bool] = lambda group: True
         self.changed: set[tuple[str, int]] = set()  # queues appended to, read or committed since the meter looked
         # Set when an apply sets or takes timers, or changes KV: the loops that sleep until they have work (the timer
         # loop, KV expiry) put a new event here before they sleep.
@@ -155,8 +158,9 @@ class Store(Reads, Timers):
             self.changed.update(touched)
             bytes_in = self.bytes_in
             for effects in applied:
-                for topic, _, entry in effects.index_entries:
-                    bytes_in[(topic, effects.group)] = bytes_in.get((topic, effects.group), 0) + entry.batch_bytes
+                if effects.index_entries and self.leads(effects.group):
+                    for topic, _, entry in effects.index_entries:
+                        bytes_in[(topic, effects.group)] = bytes_in.get((topic, effects.group), 0) + entry.batch_bytes
                 for key in effects.woken.union(effects.touched):
                     for event in self._watchers.get(key, ()):
                         event.set()
@@ -198,7 +202,8 @@ class Store(Reads, Timers):
                 self.changed.add((topic, queue))
 
     def take_bytes_in(self) -> dict[tuple[str, int], int]:
-        """The nameserver's load history: bytes appended per (topic, group) since the last call."""
+        """The nameserver's load history: bytes appended per (topic, group) since the last call, in the groups this
+        node led as it applied them."""
         taken, self.bytes_in = self.bytes_in, {}
         return taken
 

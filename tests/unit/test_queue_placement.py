@@ -19,6 +19,7 @@ from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor
 from rocket.ml.placement import GroupLoad, leader_transfer, new_queue_load, place_queues
 from rocket.raft.core import Entry
 from rocket.roles.nameserver.metadata import Metadata
+from rocket.roles.nameserver.queues import QueuePlacement
 from rocket.roles.storage.replicas import Replicas
 from rocket.store.store import Store
 
@@ -229,8 +230,9 @@ def test_a_new_topics_queues_weigh_an_average_queue_and_spread():
 
 
 async def test_a_storage_nodes_bytes_in_wait_for_a_heartbeat_that_a_nameserver_answers():
-    """The bytes a storage node appended reach the load history once: a heartbeat no nameserver answered leaves them
-    for the next one, and only the groups the node leads are reported."""
+    """The bytes a storage node counted (as the leader of their groups, Store.leads) reach the load history once: a
+    heartbeat no nameserver answered leaves them for the next one, which reports them though the node no longer leads
+    group 2."""
     sent: list[dict] = []
     answers = [None, {"unchanged": True}]
 
@@ -250,5 +252,40 @@ async def test_a_storage_nodes_bytes_in_wait_for_a_heartbeat_that_a_nameserver_a
     await Replicas._heartbeat(node)  # type: ignore[arg-type]
     store.bytes_in[("orders", 1)] += 10
     await Replicas._heartbeat(node)  # type: ignore[arg-type]
-    assert [load["group_bytes_in"] for load in sent] == [[{"group": 1, "bytes": 100}], [{"group": 1, "bytes": 110}]]
-    assert sent[1]["topic_bytes_in"] == [{"topic": "orders", "bytes": 110}] and store.bytes_in == {}
+    assert [load["group_bytes_in"] for load in sent] == [[{"group": 1, "bytes": 100}, {"group": 2, "bytes": 50}],
+                                                          [{"group": 1, "bytes": 110}, {"group": 2, "bytes": 50}]]
+    assert sent[1]["topic_bytes_in"] == [{"topic": "orders", "bytes": 160}] and store.bytes_in == {}
+
+
+async def test_the_leaders_history_waits_for_a_nameserver_that_did_not_take_it():
+    """The nameserver leader shares what heartbeats brought it with each other nameserver; one that failed to take a
+    share gets it in the next interval, with what came since, and nothing twice."""
+    calls: list[tuple[str, dict]] = []
+    refuse = {"ns3"}
+
+    async def call(address, method, request):
+        if address in refuse:
+            raise RocketError(Code.UNAVAILABLE, "node 3 is down")
+        calls.append((address, request))  # taken
+        return {}
+
+    node = SimpleNamespace(members={1: "ns1", 2: "ns2", 3: "ns3"}, config=SimpleNamespace(node_id=1),
+                           clock=SimpleNamespace(wall_ms=lambda: 1_700_000_000_000), history=LoadHistory(),
+                           peers=SimpleNamespace(call=call), _unshared={})
+
+    def shared(address: str) -> dict:
+        return {(step["kind"], step["group"] or step["topic"]): step["bytes"]
+                for sent, request in calls if sent == address for step in request["steps"]}
+
+    QueuePlacement._record_traffic(node, {"group_bytes_in": [{"group": 7, "bytes": 100}],  # type: ignore[arg-type]
+                                          "topic_bytes_in": [{"topic": "orders", "bytes": 100}]})
+    await QueuePlacement._share_history(node)  # type: ignore[arg-type]
+    assert shared("ns2") == {("group", 7): 100, ("topic", "orders"): 100} and shared("ns3") == {}
+    refuse.clear()
+    calls.clear()
+    QueuePlacement._record_traffic(node, {"group_bytes_in": [{"group": 7, "bytes": 5}]})  # type: ignore[arg-type]
+    await QueuePlacement._share_history(node)  # type: ignore[arg-type]
+    assert shared("ns2") == {("group", 7): 5} and shared("ns3") == {("group", 7): 105, ("topic", "orders"): 100}
+    calls.clear()
+    await QueuePlacement._share_history(node)  # type: ignore[arg-type]
+    assert calls == []

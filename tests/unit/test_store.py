@@ -267,6 +267,22 @@ def test_a_rounds_applies_are_written_once_for_all_its_groups(tmp_path):
     alone.close()
 
 
+def test_only_a_groups_leader_counts_its_bytes_in_as_it_applies_them(tmp_path):
+    """The load history's bytes in: a group's leader counts what it applies, a follower nothing, so that the report
+    follows the leadership; what was counted is taken once, even if the leadership moved on before the taking."""
+    store = Node(tmp_path)
+    led = {3}
+    store.store.leads = lambda group: group in led
+    store.apply(3, [append_entry(1, "orders", 0, make_batch(0, 10))])
+    store.apply(4, [append_entry(1, "orders", 1, make_batch(0, 10))])
+    led.clear()  # group 3's leadership moved: what it counted as leader stays counted
+    store.apply(3, [append_entry(2, "orders", 0, make_batch(10, 10))])
+    taken = store.take_bytes_in()
+    assert list(taken) == [("orders", 3)] and taken[("orders", 3)] == len(make_batch(0, 10))
+    assert store.take_bytes_in() == {}
+    store.close()
+
+
 def test_unknown_queues_read_as_empty(tmp_path):
     """A queue nothing was applied to has no data, zero stats, and offset 0 for any time; reading
     past its end is OFFSET_OUT_OF_RANGE."""

@@ -34,7 +34,9 @@ class QueuePlacement:
     def _init_queue_placement(self, objects) -> None:
         self.objects = objects  # the node's object store, where models are (None: never a model)
         self.history = LoadHistory()
-        self._unshared: collections.Counter = collections.Counter()  # (series, step) -> bytes the others lack
+        # Other nameserver -> (series, step) -> bytes recorded here that it has not taken yet: the series times
+        # limits.load_share_steps bound each (older steps are dropped, _share_history).
+        self._unshared: dict[int, collections.Counter] = {}
         self.predictor: Predictor = RecentPredictor()
         self.model_state = "no model"  # what `rocket cluster status` shows
         self._model_text: bytes | None = None
@@ -54,27 +56,33 @@ class QueuePlacement:
         step = now_ms // STEP_MS
         reports = [(("group", entry["group"]), entry["bytes"]) for entry in load.get("group_bytes_in", ())]
         reports += [(("topic", entry["topic"]), entry["bytes"]) for entry in load.get("topic_bytes_in", ())]
+        others = [member for member in self.members if member != self.config.node_id]
         for series, count in reports:
             self.history.add(series, now_ms, count)
-            if count > 0 and len(self.members) > 1:
-                self._unshared[series, step] += count
+            if count > 0:
+                for member in others:
+                    self._unshared.setdefault(member, collections.Counter())[series, step] += count
 
     async def _share_history(self) -> None:
-        """Every heartbeat interval: the history this node recorded since as leader, to the other nameservers (best
-        effort), so that a new leader has the old one's: placement and leader balancing need an hour of it."""
-        if not self._unshared:
-            return
-        steps = [{"kind": kind, "group": key if kind == "group" else 0, "topic": key if kind == "topic" else "",
-                  "step": step, "bytes": count} for ((kind, key), step), count in self._unshared.items()]
-        self._unshared.clear()
-        for member, address in self.members.items():
-            if member == self.config.node_id:
+        """Every heartbeat interval: the history this node recorded since as leader, to the other nameservers, so that
+        a new leader has the old one's: placement and leader balancing need an hour of it. What a nameserver did not
+        take (down, slow) waits for the next interval, for limits.load_share_steps."""
+        oldest = self.clock.wall_ms() // STEP_MS - limits.load_share_steps
+        for member, unshared in self._unshared.items():
+            for key in [key for key in unshared if key[1] < oldest]:
+                del unshared[key]
+            if not unshared:
                 continue
+            sent = collections.Counter(unshared)
+            steps = [{"kind": kind, "group": key if kind == "group" else 0, "topic": key if kind == "topic" else "",
+                      "step": step, "bytes": count} for ((kind, key), step), count in sent.items()]
             with trio.move_on_after(limits.node_heartbeat_s):
                 try:
-                    await self.peers.call(address, "MetaLoadShare", {"steps": steps})
+                    await self.peers.call(self.members[member], "MetaLoadShare", {"steps": steps})
                 except RocketError as error:
                     log.debug("load history to nameserver %d: %s", member, error)
+                    continue
+                unshared -= sent  # what was recorded while the call was under way waits for the next
 
     async def load_share(self, request: dict) -> dict:
         """On the other nameservers: the leader's history of its last interval (or, on a new leader, what the old one

@@ -31,15 +31,13 @@ class Replicas:
         lagging = [{"group": group, "node": node, "entries": entries}
                    for group in leads for node, entries in self.host.lagging(group).items()]
         wal = self.host.wal.log
-        led = set(leads)
         group_bytes: dict[int, int] = {}
         topic_bytes: dict[str, int] = {}
         store = self.store
-        taken = store.take_bytes_in()
+        taken = store.take_bytes_in()  # counted while this node led the group: it may have lost it since
         for (topic, group), count in taken.items():
-            if group in led:
-                group_bytes[group] = group_bytes.get(group, 0) + count
-                topic_bytes[topic] = topic_bytes.get(topic, 0) + count
+            group_bytes[group] = group_bytes.get(group, 0) + count
+            topic_bytes[topic] = topic_bytes.get(topic, 0) + count
         controlled = [{"group": group, "epoch": position[0], "last_index": position[1]}
                       for group in groups if (position := self.host.controlled_position(group)) is not None]
         load = {"groups": len(groups), "leads": leads, "bytes": wal.end_position - wal.start_position,  # on disk

@@ -50,6 +50,7 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Tiering,
         self.addresses = addresses  # node id -> address, shared with the Raft links
         self.store = Store.open(config.data_dir / "storage", host.wal.log)
         host.sync_before_snapshots = self.store.sync  # a group's snapshot covers what the store wrote up to it
+        self.store.leads = host.leads  # the load a group's leader reports (replicas.py)
         # (topic, queue) -> its last append time, most recent last: limits.append_stamp_queues_max (appends.py)
         self._last_append_ms: dict[tuple[str, int], int] = {}
         self._append_ms_floor = 0  # the latest time of the queues dropped from it
