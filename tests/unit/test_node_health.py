@@ -21,7 +21,6 @@ from rocket.ml.placement import GroupLoad, degraded_leader_transfer
 from rocket.raft.core import Entry
 from rocket.roles.nameserver.health import NodeHealthChecks, fsync_window, node_windows
 from rocket.roles.nameserver.metadata import Metadata
-from rocket.roles.nameserver.queues import QueuePlacement
 from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS
 
 NODES = [1, 2, 3]
@@ -269,8 +268,6 @@ def test_the_nameserver_scores_by_a_model_only_while_it_is_fresh_fits_and_beats_
             self.clock = TrioWallClock(10_000.0)  # wall_ms 10,000,000 at the start of a run
             self.objects = Store()
             self._init_health()
-
-        _read_model = QueuePlacement._read_model
 
     host = Host()
     states = []

@@ -12,14 +12,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rocket.clock import TrioWallClock
+from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.ml.forecast import (CHANGE_MAX, FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, TARGET, Forecaster,
                                  ModelError, queue_features)
 from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor
 from rocket.ml.placement import GroupLoad, leader_transfer, new_queue_load, place_queues
 from rocket.raft.core import Entry
+from rocket.roles.nameserver.forecasts import Forecasts
 from rocket.roles.nameserver.metadata import Metadata
-from rocket.roles.nameserver.queues import QueuePlacement
 from rocket.roles.storage.replicas import Replicas
 from rocket.store.store import Store
 
@@ -269,23 +271,22 @@ async def test_the_leaders_history_waits_for_a_nameserver_that_did_not_take_it()
         calls.append((address, request))  # taken
         return {}
 
-    node = SimpleNamespace(members={1: "ns1", 2: "ns2", 3: "ns3"}, config=SimpleNamespace(node_id=1),
-                           clock=SimpleNamespace(wall_ms=lambda: 1_700_000_000_000), history=LoadHistory(),
-                           peers=SimpleNamespace(call=call), _unshared={})
+    forecasts = Forecasts(NodeConfig(node_id=1), TrioWallClock(1_700_000_000.0),
+                          SimpleNamespace(call=call), {1: "ns1", 2: "ns2", 3: "ns3"}, None)  # type: ignore[arg-type]
 
     def shared(address: str) -> dict:
         return {(step["kind"], step["group"] or step["topic"]): step["bytes"]
                 for sent, request in calls if sent == address for step in request["steps"]}
 
-    QueuePlacement._record_traffic(node, {"group_bytes_in": [{"group": 7, "bytes": 100}],  # type: ignore[arg-type]
-                                          "topic_bytes_in": [{"topic": "orders", "bytes": 100}]})
-    await QueuePlacement._share_history(node)  # type: ignore[arg-type]
+    forecasts.record({"group_bytes_in": [{"group": 7, "bytes": 100}],
+                      "topic_bytes_in": [{"topic": "orders", "bytes": 100}]})
+    await forecasts.share()
     assert shared("ns2") == {("group", 7): 100, ("topic", "orders"): 100} and shared("ns3") == {}
     refuse.clear()
     calls.clear()
-    QueuePlacement._record_traffic(node, {"group_bytes_in": [{"group": 7, "bytes": 5}]})  # type: ignore[arg-type]
-    await QueuePlacement._share_history(node)  # type: ignore[arg-type]
+    forecasts.record({"group_bytes_in": [{"group": 7, "bytes": 5}]})
+    await forecasts.share()
     assert shared("ns2") == {("group", 7): 5} and shared("ns3") == {("group", 7): 105, ("topic", "orders"): 100}
     calls.clear()
-    await QueuePlacement._share_history(node)  # type: ignore[arg-type]
+    await forecasts.share()
     assert calls == []

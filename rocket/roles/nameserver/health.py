@@ -13,6 +13,7 @@ from rocket.errors import Code, RocketError
 from rocket.ml.health import (AUTO, DEGRADED, KIND_NAMES, PINS, WINDOW_FIELDS, WINDOW_METRIC, HealthJudge,
                               HealthModel, ModelScorer, NodeHealth, NodeWindow, Scorer, ThresholdScorer)
 from rocket.ml.trees import ModelError
+from rocket.roles.nameserver.forecasts import read_model
 from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS, bucket_quantile
 
 log = logging.getLogger("rocket.nameserver")
@@ -90,8 +91,8 @@ class NodeHealthChecks:
     and peer-call counts its heartbeats carry. Every `health_window_s` it takes the differences since the window
     began (node_windows), has the scorer judge each node against its peers, and HealthJudge turn verdicts into
     healthy or degraded (rocket.ml.health). Pins are in the metadata, so every leader honours them; operators pin
-    nodes with `cluster health`. A degraded node leads nothing (QueuePlacement._balance_leaders moves its
-    leaderships off) and gets nothing new; its replicas move away after `health_move_after_s` (Nameserver._leaving)."""
+    nodes with `cluster health`. A degraded node leads nothing (QueuePlacement.balance_leaders moves its
+    leaderships off) and gets nothing new; its replicas move away after `health_move_after_s` (Nameserver.leaving)."""
 
     def _init_health(self, scorer: Scorer | None = None) -> None:
         self.threshold = ThresholdScorer()
@@ -110,7 +111,7 @@ class NodeHealthChecks:
     async def _follow_health_model(self) -> None:
         """Score with the model in the object store while it is valid, fresh, trained on windows like this
         cluster's, and no worse than the threshold on its held-out runs; else with the threshold, saying why once."""
-        readable, text = await self._read_model(self._health_model_key, "health model")
+        readable, text = await read_model(self.objects, self._health_model_key, "health model")
         if not readable or (text == self._health_model_text and not isinstance(self.scorer, ModelScorer)):
             return  # unchanged, and refused (a model in use is checked again: it grows stale)
         if text is None:

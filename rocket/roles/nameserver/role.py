@@ -20,6 +20,7 @@ from rocket.roles.nameserver.acl import AclAdmin
 from rocket.roles.nameserver.classes import StorageClasses
 from rocket.roles.nameserver.consumer_groups import ConsumerGroupSettings
 from rocket.roles.nameserver.controller import Controller
+from rocket.roles.nameserver.forecasts import Forecasts
 from rocket.roles.nameserver.group import MetadataGroup
 from rocket.roles.nameserver.health import NodeHealthChecks
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, META_GROUP, Metadata, exists
@@ -30,8 +31,9 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.nameserver")
 
 
-class Nameserver(QueuePlacement, NodeHealthChecks):
-    """The nameserver's calls, its mixins' and its parts' (acl, consumer_group_settings, controller, over meta).
+class Nameserver(NodeHealthChecks):
+    """The nameserver's calls, its mixin's and its parts' (acl, consumer_group_settings, controller, classes,
+    queue_placement over meta; forecasts).
     Writes run on the group's leader (other nameservers forward them); routes are served by any nameserver from its
     applied state. The leader alone tracks liveness and load from the nodes' heartbeats, in memory: a new leader
     learns them again within a heartbeat."""
@@ -52,13 +54,15 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
         self._versions: dict[int, tuple[str, int]] = {}
         self.leaders: dict[int, int] = {}  # storage group -> the node that last reported leading it
         self.creating = trio.Lock()  # topic creations are placed one at a time
-        self._moving: set[int] = set()  # storage groups whose replica move runs now
+        self.moving: set[int] = set()  # storage groups whose replica move runs now
         self.meta = MetadataGroup(config, host, peers, self.members, self.metadata)
         self.consumer_group_settings = ConsumerGroupSettings(self.meta)
         self.controller = Controller(self.meta, self._heartbeats, clock)
         self.acl = AclAdmin(self.meta, config, clock)
         self.classes = StorageClasses(self.meta, config, self)
-        self._init_queue_placement(objects)
+        self.objects = objects  # the node's object store, where models are (None: never a model)
+        self.forecasts = Forecasts(config, clock, peers, self.members, objects)
+        self.queue_placement = QueuePlacement(self.meta, clock, self.forecasts, self)
         self._init_health()
 
     def register(self, dispatcher: Dispatcher) -> None:
@@ -72,8 +76,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
         dispatcher.handle("MetaDeleteBucket", self.delete_bucket)
         dispatcher.handle("ClusterStatus", self.cluster_status)
         dispatcher.handle("DrainNode", self.drain_node)
-        dispatcher.handle("PlacementExplain", self.placement_explain)
-        dispatcher.handle("MetaLoadShare", self.load_share)
+        dispatcher.handle("PlacementExplain", self.queue_placement.placement_explain)
+        dispatcher.handle("MetaLoadShare", self.forecasts.load_share)
         dispatcher.handle("NodeHealth", self.node_health)
         dispatcher.handle("PinNodeHealth", self.pin_node_health)
         dispatcher.handle("MetaCreateStorageClass", self.classes.create_storage_class)
@@ -96,7 +100,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
         """On the leader, every heartbeat interval: create storage groups as storage nodes join, plan replica
         moves (they run here too), and balance leaders."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._follow_model_forever)
+            nursery.start_soon(self._follow_models_forever)
             nursery.start_soon(self.controller.control_forever)
             if self.config.auth:
                 nursery.start_soon(self.acl.bootstrap_admin_forever)
@@ -105,16 +109,23 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
                 await sleep_periodic(limits.node_heartbeat_s)
                 if not self.leads():
                     self._window_began = None  # a later term starts its windows afresh, from the metadata
-                    await self._share_history()  # what it recorded while it led, for the new leader
+                    await self.forecasts.share()  # what it recorded while it led, for the new leader
                     continue
                 try:
                     await self._judge_health()
                     await self._grow_pool()
                     await self._plan_moves(nursery)
-                    await self._balance_leaders()
-                    await self._share_history()
+                    await self.queue_placement.balance_leaders()
+                    await self.forecasts.share()
                 except RocketError as error:
                     log.warning("planning replica moves and leaders: %s", error)
+
+    async def _follow_models_forever(self) -> None:
+        """Every limits.model_poll_s, on every nameserver: the forecast and health models in the object store."""
+        while True:
+            await self.forecasts.follow_model()
+            await self._follow_health_model()
+            await trio.sleep(limits.model_poll_s)
 
     def leads(self) -> bool:
         return self.meta.leads()
@@ -147,7 +158,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
                                  "roles": list(request["roles"])})
         self._heartbeats[node] = (trio.current_time(), request["load"])
         self._versions[node] = (request.get("version", ""), request.get("schema_version", 1))
-        self._record_traffic(request["load"])
+        self.forecasts.record(request["load"])
         for group in request["load"]["leads"]:
             if group in self.metadata.groups:  # only groups that exist: leaders stays within storage_groups_max
                 self.leaders[group] = node
@@ -168,7 +179,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
         """The storage nodes as replica placement sees them: available when up, not draining and not degraded. A
         degraded node still counts as available when the others are too few for a group's replicas (better a slow
         replica than a missing one). Its replicas stay where they are until it has been degraded for
-        health_move_after_s (_leaving)."""
+        health_move_after_s (leaving)."""
         loads, degraded = [], self.degraded()
         for node in self.metadata.storage_nodes():
             load = self._heartbeats.get(node.id, (0, {}))[1]
@@ -180,7 +191,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
                 load.available = load.available and load.node not in degraded
         return loads
 
-    def _leaving(self, node: int) -> bool:
+    def leaving(self, node: int) -> bool:
         """Down, draining, or degraded for health_move_after_s: its replicas go elsewhere (where there is room)."""
         info, degraded_s = self.metadata.nodes.get(node), self._degraded_for_s(node)
         return (self._node_state(node)[0] == "down" or (info is not None and info.state == "draining")
@@ -198,12 +209,12 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
         group's leader (_move: add learner, promote once caught up, remove the old replica), then recorded as done
         (move_done); a new nameserver leader resumes the moves it finds recorded."""
         for group, members in list(self.metadata.groups.items()):
-            if len(self._moving) >= limits.replica_moves_max:
+            if len(self.moving) >= limits.replica_moves_max:
                 return
-            if group in self._moving or members.control is not None:
+            if group in self.moving or members.control is not None:
                 continue
             if not members.learners:
-                leaving = [voter for voter in members.voters if self._leaving(voter)]
+                leaving = [voter for voter in members.voters if self.leaving(voter)]
                 if not leaving:
                     continue
                 loads = [load for load in self.loads() if load.node not in members.voters]
@@ -212,7 +223,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
                 target = self.placement.place(1, 1, loads)[0][0]
                 await self._propose({"op": "move_start", "group": group, "add": target, "remove": leaving[0]})
             self._start_move(nursery, group)
-        if self._moving:
+        if self.moving:
             return
         available = [load for load in self.loads() if load.available]
         if len(available) < 2:
@@ -229,7 +240,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
                 return
 
     def _start_move(self, nursery: trio.Nursery, group: int) -> None:
-        self._moving.add(group)
+        self.moving.add(group)
         nursery.start_soon(self._move, group)
 
     async def _move(self, group: int) -> None:
@@ -245,7 +256,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
         except RocketError as error:
             log.warning("group %d: moving a replica to node %d: %s; trying again later", group, added, error)
         finally:
-            self._moving.discard(group)
+            self.moving.discard(group)
 
     async def _change_members(self, group: int, action: str, node: int) -> None:
         """Run one membership change on the group's leader, whichever voter that is now."""
@@ -338,7 +349,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
             groups = pool + [group["id"] for group in new_groups]
             voters = {group: self.metadata.groups[group].voters for group in pool}
             voters.update({group["id"]: tuple(group["voters"]) for group in new_groups})
-            queue_groups = [choice.group for choice in self._place(None, name, 0, request["queues"], voters)]
+            queue_groups = [choice.group for choice in self.queue_placement.place(None, name, 0, request["queues"], voters)]
             command = {"op": "create_topic", "name": name, "queues": request["queues"],
                        "message_type": request["message_type"],
                        "created_ms": self.clock.wall_ms(), "new_groups": new_groups, "groups": groups,
@@ -389,7 +400,7 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
         adding = request.get("queues", -2) != -2
         if adding:
             async with self.creating:  # placed one at a time, as creations are
-                await self._add_queues_here(self.metadata.topic(spec.name), request["queues"])
+                await self.queue_placement.add_queues(self.metadata.topic(spec.name), request["queues"])
         if not adding or request["retention_s"] != -2 or request["local_retention_s"] != -2:
             spec = self.metadata.topic(spec.name)
             retention_s = spec.retention_s if request["retention_s"] == -2 else request["retention_s"]
@@ -444,8 +455,8 @@ class Nameserver(QueuePlacement, NodeHealthChecks):
             "nodes": nodes,
             "groups": [{**self.metadata.group_info(group, self.leaders), "lagging": lagging.get(group, [])}
                        for group in sorted(self.metadata.groups)],
-            "moving": len(self._moving),
+            "moving": len(self.moving),
             "topics": len(self.metadata.topics),
-            "placement": self.model_state,
-            "load_series": len(self.history),
+            "placement": self.forecasts.model_state,
+            "load_series": len(self.forecasts.history),
         }
