@@ -22,7 +22,7 @@ from jobs.models import TrainError  # noqa: E402
 from jobs.train_health import (MODELS_PREFIX, THRESHOLD_GRID, held_out_from, load_labels, main, parse, run,  # noqa: E402
                                score_outcomes, summary)
 from rocket.ml.health import FEATURES, KINDS, HealthModel, ModelScorer, NodeWindow  # noqa: E402
-from rocket.roles.nameserver.health import NodeHealthChecks  # noqa: E402
+from rocket.roles.nameserver.health import note_windows  # noqa: E402
 from rocket.telemetry.registry import Telemetry  # noqa: E402
 from rocket.telemetry.ship import ship_now  # noqa: E402
 from rocket.telemetry.spool import Spool  # noqa: E402
@@ -78,13 +78,12 @@ def judgements() -> list[list[NodeWindow]]:
 
 
 async def ship(tier: Path, reporter: int, judged: list[list[NodeWindow]], spool_dir: Path) -> None:
-    """Note the windows as the nameserver does (its own _note_windows), sample and spool them as a node does once a
+    """Note the windows as the nameserver does (its own note_windows), sample and spool them as a node does once a
     minute, and ship the spool to the local object store under telemetry/."""
     telemetry = Telemetry(reporter, spool_dir)
-    nameserver = SimpleNamespace(peers=SimpleNamespace(telemetry=telemetry))
     spool = Spool(spool_dir / "telemetry")
     for number, windows in enumerate(judged, 1):
-        NodeHealthChecks._note_windows(nameserver, windows)
+        note_windows(telemetry, windows)
         if number % 6 == 0 or number == len(judged):
             spool.append(telemetry.sample(windows[0].at_ms / 1000))
     async with LocalDirectoryStore(tier) as store:

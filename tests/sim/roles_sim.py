@@ -205,7 +205,8 @@ class SimNode:
         roles = build_roles(config, self.host, peers, self.dispatcher, self.clock, addresses)
         self.storage, self.nameserver = roles.storage, roles.nameserver
         if self.nameserver is not None and self.nameserver_objects is not None:
-            self.nameserver.objects = self.nameserver_objects
+            for part in (self.nameserver.forecasts, self.nameserver.health):  # where they read their models
+                part.objects = self.nameserver_objects
         try:
             with trio.CancelScope() as self._scope:
                 async with trio.open_nursery() as nursery:

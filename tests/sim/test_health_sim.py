@@ -95,7 +95,7 @@ async def scenario(base, fsync_s, error_share, seconds: float, objects=None, act
                          for number, node in nodes.items()}
                 timeline.append((trio.current_time() - began, frozenset(leader.degraded()), leads))
                 replicas.append({number: leader.metadata.replicas(number) for number in nodes})
-        states = {number: node.nameserver.health_model_state for number, node in nodes.items()}
+        states = {number: node.nameserver.health.model_state for number, node in nodes.items()}
         for node in nodes.values():
             node.crash()
     return {"timeline": timeline, "model_states": states, "replicas": replicas, "leaders": leader_ids}

@@ -5,6 +5,7 @@ off a degraded node."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -262,32 +263,28 @@ def test_the_nameserver_scores_by_a_model_only_while_it_is_fresh_fits_and_beats_
                 raise RocketError(Code.NOT_FOUND, key)
             return self.text
 
-    class Host(NodeHealthChecks):
-        def __init__(self):
-            self.config = NodeConfig(health_window_s=10.0)
-            self.clock = TrioWallClock(10_000.0)  # wall_ms 10,000,000 at the start of a run
-            self.objects = Store()
-            self._init_health()
-
-    host = Host()
+    store = Store()
+    meta = SimpleNamespace(metadata=None)
+    host = NodeHealthChecks(meta, NodeConfig(health_window_s=10.0), TrioWallClock(10_000.0),  # type: ignore[arg-type]
+                            store, nodes=None)  # type: ignore[arg-type]  # wall_ms 10,000,000 at a run's start
     states = []
     for document in (None, model_document(metrics={"trained_at_ms": 9_000_000, "f1": 0.9, "threshold_f1": 0.8}),
                      model_document(metrics={"trained_at_ms": 9_000_000, "f1": 0.7, "threshold_f1": 0.8}),
                      model_document(window_s=60.0, metrics={"trained_at_ms": 9_000_000}),
                      model_document(metrics={"trained_at_ms": 10_000_000 - int(limits.model_stale_s * 1000) - 1}),
                      {"format": "nonsense"}):
-        host.objects.text = None if document is None else orjson.dumps(document)
-        trio.run(host._follow_health_model)
-        states.append((host.scorer.name, host.health_model_state))
+        store.text = None if document is None else orjson.dumps(document)
+        trio.run(host.follow_model)
+        states.append((host.scorer.name, host.model_state))
     assert states[0] == ("threshold", "no model")
     assert states[1] == ("model m1", "model m1")
     assert states[2][0] == "threshold" and "F1 0.70 is below the threshold's 0.80" in states[2][1]
     assert states[3][0] == "threshold" and "trained on 60 s windows" in states[3][1]
     assert states[4][0] == "threshold" and "stale" in states[4][1]
     assert states[5][0] == "threshold" and states[5][1].startswith("model refused: format")
-    host.objects.text = orjson.dumps(model_document(metrics={"trained_at_ms": 9_000_000}))
-    trio.run(host._follow_health_model)
+    store.text = orjson.dumps(model_document(metrics={"trained_at_ms": 9_000_000}))
+    trio.run(host.follow_model)
     assert host.scorer.name == "model m1"
     host.clock = TrioWallClock(10_000.0 + limits.model_stale_s)  # the same file, two weeks on
-    trio.run(host._follow_health_model)
-    assert host.scorer.name == "threshold" and "stale" in host.health_model_state
+    trio.run(host.follow_model)
+    assert host.scorer.name == "threshold" and "stale" in host.model_state

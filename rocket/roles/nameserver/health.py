@@ -1,20 +1,25 @@
 """Unhealthy storage nodes (issue 31): the leader judges each storage node against its peers, window by window, and
-a degraded node leads nothing and gets nothing new. A mixin of Nameserver.
+a degraded node leads nothing and gets nothing new. A part of Nameserver.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
+from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.ml.health import (AUTO, DEGRADED, KIND_NAMES, PINS, WINDOW_FIELDS, WINDOW_METRIC, HealthJudge,
                               HealthModel, ModelScorer, NodeHealth, NodeWindow, Scorer, ThresholdScorer)
 from rocket.ml.trees import ModelError
 from rocket.roles.nameserver.forecasts import read_model
-from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS, bucket_quantile
+from rocket.roles.nameserver.group import MetadataGroup
+from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS, Telemetry, bucket_quantile
+from rocket.tier.objectstore import ObjectStore
 
 log = logging.getLogger("rocket.nameserver")
 
@@ -86,6 +91,29 @@ def node_windows(before: dict[int, dict], after: dict[int, dict], addresses: dic
     return windows
 
 
+def note_windows(telemetry: Telemetry | None, windows: list[NodeWindow]) -> None:
+    """Every window judged into this node's telemetry, field by field (a missing p99 left out): the health model
+    trains on them (jobs/train_health.py)."""
+    if telemetry is None:
+        return
+    for window in windows:
+        labels = {"target": str(window.node)}
+        for field in WINDOW_FIELDS[1:]:
+            value = getattr(window, field)
+            if value is not None:
+                telemetry.note(window.at_ms, WINDOW_METRIC + field, labels, value)
+
+
+class Nodes(Protocol):
+    """What health reads of the nameserver leader's view of the nodes: each one's last heartbeat (its trio time and
+    load), whether it is up, and each storage group's leader as last reported."""
+
+    heartbeats: dict[int, tuple[float, dict]]
+    leaders: dict[int, int]
+
+    def node_state(self, node: int) -> tuple[str, int]: ...
+
+
 class NodeHealthChecks:
     """Storage node health, judged on the leader. The leader keeps, per storage node, the cumulative fsync histogram
     and peer-call counts its heartbeats carry. Every `health_window_s` it takes the differences since the window
@@ -94,25 +122,36 @@ class NodeHealthChecks:
     nodes with `cluster health`. A degraded node leads nothing (QueuePlacement.balance_leaders moves its
     leaderships off) and gets nothing new; its replicas move away after `health_move_after_s` (Nameserver.leaving)."""
 
-    def _init_health(self, scorer: Scorer | None = None) -> None:
+    def __init__(self, meta: MetadataGroup, config: NodeConfig, clock: Clock, objects: ObjectStore | None,
+                 nodes: Nodes, scorer: Scorer | None = None):
+        self.meta = meta
+        self.metadata = meta.metadata
+        self.config = config
+        self.clock = clock
+        self.objects = objects  # where the health model is (None: never a model)
+        self.nodes = nodes
         self.threshold = ThresholdScorer()
         self.scorer: Scorer = scorer or self.threshold
-        self.health_model_state = "no model"  # what `rocket cluster health` shows
-        self._health_model_text: bytes | None = None
+        self.model_state = "no model"  # what `rocket cluster health` shows
+        self._model_text: bytes | None = None
         self.judge = HealthJudge()
         self._window_began: float | None = None  # trio time; None: no window yet on this leader
         self._window_counts: dict[int, dict] = {}  # node -> its counts when the window began
         self.windows: dict[int, NodeWindow] = {}  # the last window judged, per node
         self.windows_judged = 0
         self._degraded_since: dict[int, float] = {}  # node -> trio time it was first seen degraded, while it is
-        prefix = self.config.tier_s3_prefix
-        self._health_model_key = f"{prefix}/{HEALTH_MODEL_KEY}" if prefix else HEALTH_MODEL_KEY
+        prefix = config.tier_s3_prefix
+        self._model_key = f"{prefix}/{HEALTH_MODEL_KEY}" if prefix else HEALTH_MODEL_KEY
 
-    async def _follow_health_model(self) -> None:
+    def forget_window(self) -> None:
+        """Leadership lost: a later term starts its windows afresh, from the metadata."""
+        self._window_began = None
+
+    async def follow_model(self) -> None:
         """Score with the model in the object store while it is valid, fresh, trained on windows like this
         cluster's, and no worse than the threshold on its held-out runs; else with the threshold, saying why once."""
-        readable, text = await read_model(self.objects, self._health_model_key, "health model")
-        if not readable or (text == self._health_model_text and not isinstance(self.scorer, ModelScorer)):
+        readable, text = await read_model(self.objects, self._model_key, "health model")
+        if not readable or (text == self._model_text and not isinstance(self.scorer, ModelScorer)):
             return  # unchanged, and refused (a model in use is checked again: it grows stale)
         if text is None:
             self._score_by(self.threshold, "no model", None)
@@ -138,10 +177,10 @@ class NodeHealthChecks:
             self._score_by(ModelScorer(model), f"model {model.version}", text)
 
     def _score_by(self, scorer: Scorer, state: str, text: bytes | None) -> None:
-        if state != self.health_model_state:
+        if state != self.model_state:
             report = log.warning if "refused" in state or "stale" in state else log.info
             report("node health: %s; scoring by %s", state, scorer.name)
-        self.scorer, self.health_model_state, self._health_model_text = scorer, state, text
+        self.scorer, self.model_state, self._model_text = scorer, state, text
 
     def degraded(self) -> set[int]:
         """The storage nodes to lead nothing and get nothing new: the judge's, and the ones pinned degraded (so
@@ -154,17 +193,17 @@ class NodeHealthChecks:
         """Storage nodes whose last heartbeat had less free disk than limits.disk_reserve_bytes: they refuse new
         data (DISK_FULL), so they lead nothing until they report room again (their replicas stay)."""
         return {node.id for node in self.metadata.storage_nodes()
-                if "free_disk_bytes" in self._heartbeats.get(node.id, (0, {}))[1]
-                and self._heartbeats[node.id][1]["free_disk_bytes"] < limits.disk_reserve_bytes}
+                if "free_disk_bytes" in self.nodes.heartbeats.get(node.id, (0, {}))[1]
+                and self.nodes.heartbeats[node.id][1]["free_disk_bytes"] < limits.disk_reserve_bytes}
 
     def _counts_now(self) -> dict[int, dict]:
         """Every node's counts that are up: storage nodes are judged, and every node (brokers call storage nodes
         most) reports its calls to the others."""
         return {node: {"fsync_buckets": load.get("fsync_buckets", []), "peer_calls": load.get("peer_calls", []),
                        "cpu_starved_s": load.get("cpu_starved_s", 0.0), "lagging": load.get("lagging", [])}
-                for node, (_, load) in self._heartbeats.items() if self._node_state(node)[0] == "up"}
+                for node, (_, load) in self.nodes.heartbeats.items() if self.nodes.node_state(node)[0] == "up"}
 
-    async def _judge_health(self) -> None:
+    async def judge_window(self) -> None:
         """On the leader, every heartbeat interval: close the window once health_window_s passed, and judge it.
         A new leader starts from the degraded nodes the metadata records (its judge's runs start empty)."""
         now = trio.current_time()
@@ -183,7 +222,7 @@ class NodeHealthChecks:
         followed: dict[int, int] = {}
         for group, members in self.metadata.groups.items():
             for voter in members.voters:
-                if voter != self.leaders.get(group):
+                if voter != self.nodes.leaders.get(group):
                     followed[voter] = followed.get(voter, 0) + 1
         storage = {node.id for node in self.metadata.storage_nodes()}
         windows = node_windows(self._window_counts, after, addresses, now - self._window_began,
@@ -191,7 +230,7 @@ class NodeHealthChecks:
         self._window_began, self._window_counts = now, after
         self.windows = {window.node: window for window in windows}
         self.windows_judged += 1
-        self._note_windows(windows)
+        note_windows(self.meta.peers.telemetry, windows)
         before = self.degraded()
         verdicts = [self._score(window, windows) for window in windows]
         pins = {node.id: node.health_pin for node in self.metadata.storage_nodes()}
@@ -206,9 +245,9 @@ class NodeHealthChecks:
             health = judged.get(info.id)
             degraded_for = (health.kind or "unknown") if health and health.automatic == DEGRADED else ""
             if degraded_for != info.degraded_for:
-                await self._propose({"op": "health_judged", "node": info.id, "degraded_for": degraded_for})
+                await self.meta.propose({"op": "health_judged", "node": info.id, "degraded_for": degraded_for})
 
-    def _degraded_for_s(self, node: int) -> float | None:
+    def degraded_for_s(self, node: int) -> float | None:
         """How long the node has been degraded, as of the last window; None when it is not."""
         since = self._degraded_since.get(node)
         return None if since is None or node not in self.degraded() else trio.current_time() - since
@@ -225,20 +264,7 @@ class NodeHealthChecks:
                         window.node, error)
             return self.threshold.score(window, windows)
 
-    def _note_windows(self, windows: list[NodeWindow]) -> None:
-        """Every window judged into this node's telemetry, field by field (a missing p99 left out): the health
-        model trains on them (jobs/train_health.py)."""
-        telemetry = self.peers.telemetry
-        if telemetry is None:
-            return
-        for window in windows:
-            labels = {"target": str(window.node)}
-            for field in WINDOW_FIELDS[1:]:
-                value = getattr(window, field)
-                if value is not None:
-                    telemetry.note(window.at_ms, WINDOW_METRIC + field, labels, value)
-
-    def _health_of(self, node: int) -> tuple[str, str]:
+    def health_of(self, node: int) -> tuple[str, str]:
         """(healthy | degraded, the reason) of a storage node, or ("", "") for other nodes."""
         info = self.metadata.nodes.get(node)
         if info is None or "storage" not in info.roles:
@@ -255,7 +281,7 @@ class NodeHealthChecks:
     async def node_health(self, request: dict) -> dict:
         if request["node"] and request["node"] not in self.metadata.nodes:
             raise RocketError(Code.BAD_REQUEST, f"node {request['node']} is not registered")
-        return await self._on_leader("NodeHealth", request, self._node_health_here)
+        return await self.meta.on_leader("NodeHealth", request, self._node_health_here)
 
     async def _node_health_here(self, request: dict) -> dict:
         nodes = []
@@ -265,7 +291,7 @@ class NodeHealthChecks:
             health = self.judge.nodes.get(info.id)
             window = self.windows.get(info.id)
             verdict = health.verdict if health is not None else None
-            state, reason = self._health_of(info.id)
+            state, reason = self.health_of(info.id)
             nodes.append({
                 "node": info.id, "state": state, "reason": reason, "pin": info.health_pin,
                 "unhealthy_windows": health.unhealthy_windows if health else 0,
@@ -279,7 +305,7 @@ class NodeHealthChecks:
                 "unhealthy": bool(verdict and verdict.unhealthy), "score": verdict.score if verdict else 0.0,
                 "verdict": verdict.reason if verdict else "no window yet",
                 "features": [{"name": name, "value": value} for name, value in (verdict.features if verdict else {}).items()]})
-        return {"scorer": self.scorer.name, "model": self.health_model_state, "window_s": self.config.health_window_s,
+        return {"scorer": self.scorer.name, "model": self.model_state, "window_s": self.config.health_window_s,
                 "windows_judged": self.windows_judged, "degrade_windows": self.judge.degrade_windows,
                 "recover_windows": self.judge.recover_windows, "nodes": nodes}
 
@@ -290,8 +316,8 @@ class NodeHealthChecks:
         if info is not None and "storage" not in info.roles:
             raise RocketError(Code.BAD_REQUEST, f"node {request['node']} stores nothing: only storage nodes have a "
                               "health to pin")
-        return await self._on_leader("PinNodeHealth", request, self._pin_here)
+        return await self.meta.on_leader("PinNodeHealth", request, self._pin_here)
 
     async def _pin_here(self, request: dict) -> dict:
-        await self._propose({"op": "health_pin", "node": request["node"], "pin": request["pin"]})
+        await self.meta.propose({"op": "health_pin", "node": request["node"], "pin": request["pin"]})
         return {}

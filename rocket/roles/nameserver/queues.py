@@ -74,8 +74,9 @@ class QueuePlacement:
         for group, members in sorted(voters.items()):
             leaving = any(self.cluster.leaving(voter) for voter in members)
             leader = self.metadata.leader_of(group, self.cluster.leaders) or members[0]
-            loads.append(GroupLoad(group, leader, self.forecasts.predict(("group", group), now_ms, max(1, queues_in[group])),
-                                   queues_in[group], topic_queues[group], not leaving and leader not in degraded))
+            predicted = self.forecasts.predict(("group", group), now_ms, max(1, queues_in[group]))
+            loads.append(GroupLoad(group, leader, predicted, queues_in[group], topic_queues[group],
+                                   not leaving and leader not in degraded))
         if not any(load.available for load in loads):  # better a group short of a replica than none
             for load in loads:
                 load.available = True

@@ -31,9 +31,9 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.nameserver")
 
 
-class Nameserver(NodeHealthChecks):
-    """The nameserver's calls, its mixin's and its parts' (acl, consumer_group_settings, controller, classes,
-    queue_placement over meta; forecasts).
+class Nameserver:
+    """The nameserver's calls and its parts' (acl, consumer_group_settings, controller, classes, queue_placement,
+    health over meta; forecasts).
     Writes run on the group's leader (other nameservers forward them); routes are served by any nameserver from its
     applied state. The leader alone tracks liveness and load from the nodes' heartbeats, in memory: a new leader
     learns them again within a heartbeat."""
@@ -49,7 +49,7 @@ class Nameserver(NodeHealthChecks):
         self.metadata = Metadata()
         host.add_group(META_GROUP, tuple(self.members), self.metadata)
         # Keyed by nodes, each registered in the metadata by its first heartbeat, and by the metadata's groups.
-        self._heartbeats: dict[int, tuple[float, dict]] = {}  # node -> (when, load): on the leader only
+        self.heartbeats: dict[int, tuple[float, dict]] = {}  # node -> (when, load): on the leader only
         # node -> its rocket version and schema version, from its last heartbeat (on the leader)
         self._versions: dict[int, tuple[str, int]] = {}
         self.leaders: dict[int, int] = {}  # storage group -> the node that last reported leading it
@@ -57,13 +57,12 @@ class Nameserver(NodeHealthChecks):
         self.moving: set[int] = set()  # storage groups whose replica move runs now
         self.meta = MetadataGroup(config, host, peers, self.members, self.metadata)
         self.consumer_group_settings = ConsumerGroupSettings(self.meta)
-        self.controller = Controller(self.meta, self._heartbeats, clock)
+        self.controller = Controller(self.meta, self.heartbeats, clock)
         self.acl = AclAdmin(self.meta, config, clock)
         self.classes = StorageClasses(self.meta, config, self)
-        self.objects = objects  # the node's object store, where models are (None: never a model)
         self.forecasts = Forecasts(config, clock, peers, self.members, objects)
         self.queue_placement = QueuePlacement(self.meta, clock, self.forecasts, self)
-        self._init_health()
+        self.health = NodeHealthChecks(self.meta, config, clock, objects, self)
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle("NodeHeartbeat", self.node_heartbeat)
@@ -78,8 +77,8 @@ class Nameserver(NodeHealthChecks):
         dispatcher.handle("DrainNode", self.drain_node)
         dispatcher.handle("PlacementExplain", self.queue_placement.placement_explain)
         dispatcher.handle("MetaLoadShare", self.forecasts.load_share)
-        dispatcher.handle("NodeHealth", self.node_health)
-        dispatcher.handle("PinNodeHealth", self.pin_node_health)
+        dispatcher.handle("NodeHealth", self.health.node_health)
+        dispatcher.handle("PinNodeHealth", self.health.pin_node_health)
         dispatcher.handle("MetaCreateStorageClass", self.classes.create_storage_class)
         dispatcher.handle("MetaStorageClasses", self.classes.storage_classes)
         dispatcher.handle("MetaCreateConsumerGroup", self.consumer_group_settings.create_consumer_group)
@@ -108,11 +107,11 @@ class Nameserver(NodeHealthChecks):
             while True:
                 await sleep_periodic(limits.node_heartbeat_s)
                 if not self.leads():
-                    self._window_began = None  # a later term starts its windows afresh, from the metadata
+                    self.health.forget_window()
                     await self.forecasts.share()  # what it recorded while it led, for the new leader
                     continue
                 try:
-                    await self._judge_health()
+                    await self.health.judge_window()
                     await self._grow_pool()
                     await self._plan_moves(nursery)
                     await self.queue_placement.balance_leaders()
@@ -124,7 +123,7 @@ class Nameserver(NodeHealthChecks):
         """Every limits.model_poll_s, on every nameserver: the forecast and health models in the object store."""
         while True:
             await self.forecasts.follow_model()
-            await self._follow_health_model()
+            await self.health.follow_model()
             await trio.sleep(limits.model_poll_s)
 
     def leads(self) -> bool:
@@ -156,7 +155,7 @@ class Nameserver(NodeHealthChecks):
         if known is None or known.address != request["address"] or list(known.roles) != list(request["roles"]):
             await self._propose({"op": "register", "node": node, "address": request["address"],
                                  "roles": list(request["roles"])})
-        self._heartbeats[node] = (trio.current_time(), request["load"])
+        self.heartbeats[node] = (trio.current_time(), request["load"])
         self._versions[node] = (request.get("version", ""), request.get("schema_version", 1))
         self.forecasts.record(request["load"])
         for group in request["load"]["leads"]:
@@ -166,9 +165,9 @@ class Nameserver(NodeHealthChecks):
             return {"version": self.metadata.version, "groups": [], "nodes": [], "unchanged": True}
         return {**self.metadata.assignment(node), "unchanged": False}
 
-    def _node_state(self, node: int) -> tuple[str, int]:
+    def node_state(self, node: int) -> tuple[str, int]:
         """(up | suspect | down | unknown, heartbeat age in ms or -1), as this leader has seen it."""
-        heard = self._heartbeats.get(node)
+        heard = self.heartbeats.get(node)
         if heard is None:
             return "unknown", -1
         age_s = trio.current_time() - heard[0]
@@ -180,21 +179,24 @@ class Nameserver(NodeHealthChecks):
         degraded node still counts as available when the others are too few for a group's replicas (better a slow
         replica than a missing one). Its replicas stay where they are until it has been degraded for
         health_move_after_s (leaving)."""
-        loads, degraded = [], self.degraded()
+        loads, degraded = [], self.health.degraded()
         for node in self.metadata.storage_nodes():
-            load = self._heartbeats.get(node.id, (0, {}))[1]
+            load = self.heartbeats.get(node.id, (0, {}))[1]
             loads.append(NodeLoad(node.id, self.metadata.replicas(node.id), len(load.get("leads", ())),
                                   load.get("bytes", 0), load.get("free_disk_bytes", 0),
-                                  self._node_state(node.id)[0] == "up" and node.state == "up"))
+                                  self.node_state(node.id)[0] == "up" and node.state == "up"))
         if sum(load.available and load.node not in degraded for load in loads) >= self.config.replication:
             for load in loads:
                 load.available = load.available and load.node not in degraded
         return loads
 
+    def degraded(self) -> set[int]:
+        return self.health.degraded()
+
     def leaving(self, node: int) -> bool:
         """Down, draining, or degraded for health_move_after_s: its replicas go elsewhere (where there is room)."""
-        info, degraded_s = self.metadata.nodes.get(node), self._degraded_for_s(node)
-        return (self._node_state(node)[0] == "down" or (info is not None and info.state == "draining")
+        info, degraded_s = self.metadata.nodes.get(node), self.health.degraded_for_s(node)
+        return (self.node_state(node)[0] == "down" or (info is not None and info.state == "draining")
                 or (degraded_s is not None and degraded_s >= self.config.health_move_after_s))
 
     # ---- replica moves -------------------------------------------------------------------------------
@@ -267,7 +269,7 @@ class Nameserver(NodeHealthChecks):
                 leader = self.leaders.get(group)
                 for voter in sorted(members, key=lambda member: member != leader):
                     info = self.metadata.nodes.get(voter)
-                    if info is None or self._node_state(voter)[0] == "down":
+                    if info is None or self.node_state(voter)[0] == "down":
                         continue
                     try:
                         await self.peers.call(Address.parse(info.address), "StorageMembers",
@@ -349,7 +351,8 @@ class Nameserver(NodeHealthChecks):
             groups = pool + [group["id"] for group in new_groups]
             voters = {group: self.metadata.groups[group].voters for group in pool}
             voters.update({group["id"]: tuple(group["voters"]) for group in new_groups})
-            queue_groups = [choice.group for choice in self.queue_placement.place(None, name, 0, request["queues"], voters)]
+            choices = self.queue_placement.place(None, name, 0, request["queues"], voters)
+            queue_groups = [choice.group for choice in choices]
             command = {"op": "create_topic", "name": name, "queues": request["queues"],
                        "message_type": request["message_type"],
                        "created_ms": self.clock.wall_ms(), "new_groups": new_groups, "groups": groups,
@@ -434,15 +437,15 @@ class Nameserver(NodeHealthChecks):
     async def _status_here(self, request: dict) -> dict:
         lagging: dict[int, list[dict]] = {}  # as each group's leader reported it
         for group, leader in self.leaders.items():
-            for lag in self._heartbeats.get(leader, (0, {}))[1].get("lagging", ()):
+            for lag in self.heartbeats.get(leader, (0, {}))[1].get("lagging", ()):
                 if lag["group"] == group:
                     lagging.setdefault(group, []).append(lag)
         nodes = []
         for node in sorted(self.metadata.nodes.values(), key=lambda node: node.id):
-            liveness, age_ms = self._node_state(node.id)
-            load = self._heartbeats.get(node.id, (0, {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0,
+            liveness, age_ms = self.node_state(node.id)
+            load = self.heartbeats.get(node.id, (0, {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0,
                                                       "lagging": []}))[1]
-            health, reason = self._health_of(node.id)
+            health, reason = self.health.health_of(node.id)
             nodes.append({"id": node.id, "address": node.address, "roles": list(node.roles),
                           "state": liveness if node.state == "up" else node.state, "heartbeat_age_ms": age_ms,
                           "load": load, "health": health, "health_reason": reason,
