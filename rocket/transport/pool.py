@@ -50,6 +50,9 @@ class ChannelPool(Background):
             raise RocketError(Code.UNAVAILABLE, "the node is not connected to its peers yet")
         lock = self._opening.setdefault(address, trio.Lock())
         async with lock:
+            # Taking a free lock ends in a shielded checkpoint: a shutdown that came meanwhile may have closed the
+            # nursery, and start would raise RuntimeError. The cancellation is this call's to raise.
+            await trio.lowlevel.checkpoint_if_cancelled()
             channel = self._channels.get(address)
             if channel is None or channel.closed.is_set():
                 channel = await self._nursery.start(self._hold, address)
