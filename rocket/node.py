@@ -385,7 +385,7 @@ def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispa
     if store is not None and roles.storage is not None:  # both or neither: store is roles.storage's
         telemetry.traffic = lambda: (store.take_traffic(), {group for group in host.groups if host.leads(group)})
         telemetry.add_collector(families.store_metrics(QueueMeter(store), host.leads, config.metrics_per_queue))
-        telemetry.add_collector(families.tier_metrics(roles.storage.offloader, roles.storage.cold))
+        telemetry.add_collector(families.tier_metrics(roles.storage.tiering.offloader, roles.storage.cold))
         telemetry.add_collector(families.kv_metrics(roles.storage, host.leads))
     return telemetry
 
@@ -397,7 +397,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
     lifecycle = Lifecycle()
     clock = Clock()
     # A storage node's WAL holds the batches its store indexes: checkpoints keep its old segments, the
-    # storage role deletes them once nothing lies in them that it reads (StorageRole.reclaim_wal).
+    # storage role deletes them once nothing lies in them that it reads (WalReclaim.reclaim, roles/storage/reclaim.py).
     wal = Wal.open(config.data_dir / "raft", config.wal_segment_bytes, keep_segments="storage" in config.roles,
                    cached_bytes=config.wal_cached_bytes, direct=config.wal_direct_io)
     if config.wal_direct_io and not wal.log.direct:

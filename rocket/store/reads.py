@@ -75,7 +75,7 @@ class Reads:
             raise RocketError(Code.OFFSET_OUT_OF_RANGE, f"offset {offset} is past the end ({next_offset}) of {topic}/{queue}")
         if offset == next_offset:
             return [], offset
-        # Offsets are at least 0 (StorageRole._positions), so a queue without stats has returned above.
+        # Offsets are at least 0 (Gate.positions, roles/storage/gate.py), so a queue without stats has returned above.
         available_from = cast(QueueStats, stats).available_from
         if offset < available_from:
             raise RocketError(Code.UNAVAILABLE, f"this replica lacks {topic}/{queue} before offset "

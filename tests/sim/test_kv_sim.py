@@ -49,7 +49,7 @@ def test_kv_is_linearizable_under_crashes_partitions_and_losses(seed, fast_disk,
 
 async def _readable_anywhere(self, request: dict) -> None:
     """The planted bug: a linearizable read without the read barrier, served by whichever replica is asked."""
-    self._hosted(request["group"])
+    self.gate.hosted(request["group"])
 
 
 PLANTED = {"read without the barrier": (StorageRole, "_kv_readable", _readable_anywhere),

@@ -249,7 +249,7 @@ async def test_a_storage_nodes_bytes_in_wait_for_a_heartbeat_that_a_nameserver_a
                            controlled_position=lambda group: None,
                            wal=SimpleNamespace(log=SimpleNamespace(end_position=0, start_position=0)))
     node = SimpleNamespace(host=host, store=store, peers=SimpleNamespace(heartbeat=heartbeat),
-                           config=SimpleNamespace(data_dir="."), _storage_groups=lambda: [1, 2],
+                           config=SimpleNamespace(data_dir="."), gate=SimpleNamespace(storage_groups=lambda: [1, 2]),
                            _assignment_version=3, assigned=SimpleNamespace(set=lambda: None))
     await Replicas._heartbeat(node)  # type: ignore[arg-type]
     store.bytes_in[("orders", 1)] += 10

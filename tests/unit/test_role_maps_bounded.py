@@ -14,8 +14,8 @@ from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, RequestCode
 from rocket.gateway.remoting.consuming import Consuming
 from rocket.roles.broker.routes import Turns
-from rocket.roles.storage.appends import Appends
 from rocket.roles.storage.kv import KeyValues
+from rocket.roles.storage.stamps import AppendStamps
 
 
 class Clock:
@@ -30,38 +30,31 @@ class Clock:
         return self.s
 
 
-class Stamps(Appends):
-    def __init__(self) -> None:
-        self.clock = Clock()
-        self._last_append_ms: dict = {}
-        self._append_ms_floor = 0
-
-
 def test_append_stamps_are_bounded_and_stay_monotone_when_the_clock_steps_back(monkeypatch):
     """A leader stamping appends of many queues keeps limits.append_stamp_queues_max of their times; a queue whose
     time was dropped still never gets an earlier stamp, even after the wall clock stepped back."""
     monkeypatch.setattr(limits, "append_stamp_queues_max", 4)
-    stamps = Stamps()
-    first = stamps._stamp("t", 0)
+    stamps = AppendStamps(Clock())  # type: ignore[arg-type]
+    first = stamps.stamp("t", 0)
     stamps.clock.ms += 10
     for queue in range(1, 50):
-        stamps._stamp("t", queue)
-    assert len(stamps._last_append_ms) == 4
-    assert ("t", 0) not in stamps._last_append_ms
+        stamps.stamp("t", queue)
+    assert len(stamps.last_ms) == 4
+    assert ("t", 0) not in stamps.last_ms
     stamps.clock.ms -= 500  # the wall clock stepped back
-    assert stamps._stamp("t", 0) >= first + 10  # the floor: the latest time of the queues dropped
-    assert stamps._stamp("t", 49) == first + 10  # kept: its own time
-    assert len(stamps._last_append_ms) == 4
+    assert stamps.stamp("t", 0) >= first + 10  # the floor: the latest time of the queues dropped
+    assert stamps.stamp("t", 49) == first + 10  # kept: its own time
+    assert len(stamps.last_ms) == 4
 
 
 def test_the_most_recently_appended_queues_keep_their_times(monkeypatch):
     """Appending to a queue makes it the last to go: a busy queue keeps its own time among many idle ones."""
     monkeypatch.setattr(limits, "append_stamp_queues_max", 3)
-    stamps = Stamps()
+    stamps = AppendStamps(Clock())  # type: ignore[arg-type]
     for queue in range(20):
-        stamps._stamp("busy", 0)
-        stamps._stamp("idle", queue)
-    assert ("busy", 0) in stamps._last_append_ms and len(stamps._last_append_ms) == 3
+        stamps.stamp("busy", 0)
+        stamps.stamp("idle", queue)
+    assert ("busy", 0) in stamps.last_ms and len(stamps.last_ms) == 3
 
 
 def test_round_robin_turns_are_bounded(monkeypatch):

@@ -1032,7 +1032,7 @@ async def test_fetch_reads_from_the_disk_in_a_thread_and_again_after_a_reclamati
     raced = []
 
     def read_after_reclamation(topic, queue, entries, detached=False):
-        if detached and not raced:  # what StorageRole.reclaim_wal does, just before this thread reads
+        if detached and not raced:  # what WalReclaim.reclaim does, just before this thread reads
             live, _ = store.reclaim.wal_live(wal.log.start_position, wal.log.end_position)
             positions = wal.write_data([real_read_entries(t, q, [e])[0][1] for t, q, e in live])
             store.reclaim.move_batches([(t, q, e, position) for (t, q, e), position in zip(live, positions)])

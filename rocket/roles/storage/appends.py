@@ -11,15 +11,11 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name, check_topic_name
 from rocket.parked import Slot, Unparked
+from rocket.roles.storage.gate import NotHosted
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header
 from rocket.store.commands import (SEQUENCED_SINCE_SCHEMA, encode_append, encode_half, encode_offsets, encode_pop,
                                    encode_timers)
-
-
-class NotHosted(RocketError):
-    def __init__(self, group: int, node: int):
-        super().__init__(Code.UNAVAILABLE, f"storage group {group} is not hosted on node {node}")
 
 
 class Appends:
@@ -43,12 +39,12 @@ class Appends:
     def _append_entry(self, request: dict) -> tuple[bytes, Callable[[tuple[int, int]], dict]]:
         """The checked, stamped entry of a StorageAppend, and what makes its answer from the applied result."""
         group, topic, queue, batch = request["group"], request["topic"], request["queue"], request["batch"]
-        self._hosted(group)
-        self._room_for_data()
+        self.gate.hosted(group)
+        self.gate.room_for_data()
         check_topic_name(topic)
-        self._positions([{"queue": queue, "offset": 0}], "offset")
+        self.gate.positions([{"queue": queue, "offset": 0}], "offset")
         flags = check_header(batch, crc=False).flags
-        append_ms = self._stamp(topic, queue)
+        append_ms = self.stamps.stamp(topic, queue)
         # Numbered only where every replica applies it: in a rolling upgrade, an older one could not.
         sequence = (request["producer_id"], request["sequence"]) if request.get("producer_id") and \
             self.host.replicas_speak(group, SEQUENCED_SINCE_SCHEMA) else None
@@ -67,23 +63,6 @@ class Appends:
         return entry, lambda applied: {"queue": queue, "base_offset": applied[0], "count": applied[1],
                                        "scheduled": scheduled}
 
-    def _room_for_data(self) -> None:
-        """New data (a produce, a KV put) needs the disk's free space above its reserve; offsets commits, acks and
-        other small control writes do not ask, and take the reserve, so that consumers go on while it is full."""
-        if self.host.disk_refusal:
-            raise RocketError(Code.DISK_FULL, self.host.disk_refusal)
-
-    def _stamp(self, topic: str, queue: int) -> int:
-        """Append times never go backwards within a queue on this leader; replicas take the stamp. The least
-        recently appended of limits.append_stamp_queues_max queues goes, its time kept in a floor all stamps keep."""
-        stamps = self._last_append_ms
-        append_ms = max(self.clock.wall_ms(), stamps.pop((topic, queue), self._append_ms_floor))
-        stamps[(topic, queue)] = append_ms  # at the end: the dict is in the order queues were last appended to
-        if len(stamps) > limits.append_stamp_queues_max:
-            oldest = next(iter(stamps))
-            self._append_ms_floor = max(self._append_ms_floor, stamps.pop(oldest))
-        return append_ms
-
     @staticmethod
     def _check_delivery_times(batch, now_ms: int) -> None:
         """Delivery times must lie within limits.timer_delay_s_max; a time past is due at once."""
@@ -95,10 +74,10 @@ class Appends:
                                   f"{limits.timer_delay_s_max // 86_400} days")
 
     async def commit_offsets(self, request: dict) -> dict:
-        self._hosted(request["group"])
+        self.gate.hosted(request["group"])
         consumer_group = check_group_name(request["consumer_group"])
         check_topic_name(request["topic"])
-        offsets = self._positions(request["offsets"], "offset")
+        offsets = self.gate.positions(request["offsets"], "offset")
         await self.host.propose(request["group"], encode_offsets(consumer_group, request["topic"], offsets))
         for queue, offset in offsets.items() if request["reset_pop"] else ():
             await self.host.propose(request["group"], encode_pop({

@@ -13,7 +13,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.parked import Slot, Unparked
-from rocket.roles.storage.appends import NotHosted
+from rocket.roles.storage.gate import NotHosted
 from rocket.store.commands import encode_kv
 from rocket.store.kv import KIND_NAMES, Op, Txn, check_key, check_txn, entry, txn_bytes, txn_from_wire
 
@@ -73,14 +73,14 @@ class KeyValues:
         """A StorageKvTxn's transactions, checked, stamped with this leader's clock. That stamp decides TTL expiry for
         every replica."""
         group = request["group"]
-        self._leads(group)
+        self.gate.leads(group)
         if not 1 <= len(request["txns"]) <= limits.kv_batch_txns_max:
             raise RocketError(Code.BAD_REQUEST, f"1-{limits.kv_batch_txns_max} transactions at once, not "
                               f"{len(request['txns'])}")
         now_ms = self.clock.wall_ms()
         txns = [check_txn(txn_from_wire(txn, now_ms)) for txn in request["txns"]]
         if any(op.op == "put" for txn in txns for op in txn.success + txn.failure):
-            self._room_for_data()
+            self.gate.room_for_data()
         return txns
 
     @staticmethod
@@ -104,10 +104,10 @@ class KeyValues:
         """Linearizable reads on the leader once it knows it still leads and applied all it committed (its lease,
         or a round of heartbeats); serializable ones on any replica in sync. The leader's check is its read barrier."""
         group = request["group"]
-        self._hosted(group)
+        self.gate.hosted(group)
         if request.get("serializable") and self.host.in_sync(group, limits.follower_read_lag_entries_max):
             return
-        self._leads(group)
+        self.gate.leads(group)
         await self.host.read_barrier(group, lease=True)
 
     def kv_read_parked(self, request: dict, slot: Slot) -> None:
@@ -119,7 +119,7 @@ class KeyValues:
         if request["op"] != "get":
             raise Unparked
         try:
-            self._hosted(group)
+            self.gate.hosted(group)
         except NotHosted:  # not yet, perhaps: the task waits for this node's assignment (_once_assigned)
             raise Unparked from None
         if not (request.get("serializable") and self.host.in_sync(group, limits.follower_read_lag_entries_max)
@@ -195,7 +195,7 @@ class KeyValues:
         """The shard's changes from a revision on, waiting up to wait_ms for the first; COMPACTED when the
         revision is older than the events kept."""
         group, bucket, shard = request["group"], request["bucket"], request["shard"]
-        self._leads(group)
+        self.gate.leads(group)
         revision = self._kv_revision(bucket, shard)
         start = revision + 1 if request["from_revision"] < 0 else max(request["from_revision"], 1)
         oldest = self.store.kv.oldest_event(bucket, shard, revision)

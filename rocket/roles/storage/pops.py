@@ -21,10 +21,10 @@ class Pops:
         (or, past max_attempts, to the dead-letter queue), then new ones the filter matches. With wait_ms,
         wait for new messages or the next reappearance when there is nothing yet."""
         group = request["group"]
-        self._leads(group)
+        self.gate.leads(group)
         consumer_group = check_group_name(request["consumer_group"])
         topic = check_topic_name(request["topic"])
-        queues = list(self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset"))
+        queues = list(self.gate.positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset"))
         chosen = compile_filter(request["filter_type"], request["filter"])
         invisible_ms = min(max(request["invisible_ms"], int(limits.pop_invisible_s_min * 1000)), limits.pop_invisible_s_max * 1000)
         wanted = min(max(request["max_messages"], 1), limits.pop_messages_max)
@@ -150,8 +150,8 @@ class Pops:
     async def bury(self, request: dict) -> dict:
         """A batch a consumer gave up on, appended to the group's dead letters beside the queue as it is."""
         group = request["group"]
-        self._hosted(group)
-        self._positions([{"queue": request["queue"], "offset": 0}], "offset")
+        self.gate.hosted(group)
+        self.gate.positions([{"queue": request["queue"], "offset": 0}], "offset")
         await self.host.propose(group, encode_pop({
             "op": "bury", "consumer_group": check_group_name(request["consumer_group"]),
             "topic": check_topic_name(request["topic"]), "queue": request["queue"], "now_ms": self.clock.wall_ms()},
@@ -163,15 +163,15 @@ class Pops:
         conditional command per queue, proposed together; or (dead) move them to the dead-letter queue.
         Answers the receipts that were stale."""
         group = request["group"]
-        self._hosted(group)
+        self.gate.hosted(group)
         consumer_group = check_group_name(request["consumer_group"])
         topic = check_topic_name(request["topic"])
         by_queue: dict[int, list[list[int]]] = {}
         for receipt in request["receipts"]:
-            self._positions([receipt], "offset")
+            self.gate.positions([receipt], "offset")
             by_queue.setdefault(receipt["queue"], []).append([receipt["offset"], receipt["attempt"]])
         if request["dead"]:
-            self._leads(group)  # the in-flight state read here must be the group's latest
+            self.gate.leads(group)  # the in-flight state read here must be the group's latest
             return {"stale": await self._dead_letters(group, consumer_group, topic, by_queue)}
         stale: list[dict] = []
 

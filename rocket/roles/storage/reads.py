@@ -13,7 +13,7 @@ class Reads:
                           tag_mask: int) -> tuple[list[tuple[int, bytes]], int]:
         """A queue's batches from offset: from the tier for what is no longer local (or, in force mode,
         for all that is offloaded), else from the WAL."""
-        force = self.offloader.settings.force_reads
+        force = self.tiering.offloader.settings.force_reads
         piece = self.store.tier_piece(topic, queue, offset, force) if self.cold is not None else None
         if piece is None:
             return await self.store.fetch(topic, queue, offset, budget, first, tag_mask)
@@ -47,14 +47,14 @@ class Reads:
 
     async def read(self, request: dict) -> dict:
         group = request["group"]
-        self._hosted(group)
+        self.gate.hosted(group)
         in_sync = request["follower_ok"] and self.host.in_sync(group, limits.follower_read_lag_entries_max)
         if not (request["any_replica"] or in_sync):
-            self._leads(group)
+            self.gate.leads(group)
         if in_sync:
             self.replica_reads += 1
         topic = request["topic"]
-        positions = self._positions(request["queues"], "offset")
+        positions = self.gate.positions(request["queues"], "offset")
         max_bytes = max(0, min(request["max_bytes"], limits.read_bytes_max))
         tag_mask = request["tag_mask"] & ALL_TAGS  # a signed long on the wire; -1 reads every batch
         response = await self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
@@ -67,9 +67,9 @@ class Reads:
         return response
 
     async def queues(self, request: dict) -> dict:
-        self._leads(request["group"])
+        self.gate.leads(request["group"])
         topic = request["topic"]
-        self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset")
+        self.gate.positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset")
         offsets, pops = [], []
         if request["consumer_group"]:
             committed = self.store.fetch_offsets(request["consumer_group"], topic)

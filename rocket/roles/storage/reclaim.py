@@ -1,5 +1,5 @@
 """Reclaiming the WAL from its oldest segment: what Raft and the store still need decides what may go, and live
-batches of an almost empty old segment are copied forward first. A mixin of StorageRole.
+batches of an almost empty old segment are copied forward first. A part of StorageRole.
 """
 
 from __future__ import annotations
@@ -10,18 +10,26 @@ import trio
 
 from rocket import limits
 from rocket.clock import sleep_periodic
+from rocket.replication import Engine
+from rocket.store.store import Store
 from rocket.store.values import IndexEntry
 
 log = logging.getLogger("rocket.storage")
 
 
 class WalReclaim:
-    async def _reclaim_wal_forever(self) -> None:
+    def __init__(self, store: Store, host: Engine):
+        self.store = store
+        self.host = host
+        self.moved_bytes = 0  # batches copied forward so that old WAL segments could go
+        self._drops_seen, self._rescan_at = -1, 0.0  # the store's drops at the last scan of the WAL's oldest
+
+    async def reclaim_forever(self) -> None:
         while True:
             await sleep_periodic(limits.wal_reclaim_s)
-            await self.reclaim_wal()
+            await self.reclaim()
 
-    async def reclaim_wal(self) -> int:
+    async def reclaim(self) -> int:
         """Delete the WAL segments that nothing needs any more: the Raft groups' state lies after the last
         checkpoint, the entries not yet applied and the batches the store indexes lie wherever they do
         (batches go once retention dropped them locally or their timers settled). When the oldest few
@@ -37,7 +45,7 @@ class WalReclaim:
             return 0
         floor = self._wal_floor(raft_floor)
         drops = self.store.index.drops
-        if floor < ends[0] and (drops != self._wal_drops_seen or trio.current_time() >= self._wal_rescan_at):
+        if floor < ends[0] and (drops != self._drops_seen or trio.current_time() >= self._rescan_at):
             # The oldest segment is pinned: look at what lives in the oldest few (a scan of their batches,
             # so not again for a while unless some local data went meanwhile).
             window = [starts[0]] + ends[:limits.wal_reclaim_window_segments]
@@ -48,7 +56,7 @@ class WalReclaim:
                     limits.wal_live_fraction_max * (window[-1] - window[0]):
                 await self._move_forward(oldest)
             floor = self._wal_floor(raft_floor)
-            self._wal_drops_seen, self._wal_rescan_at = drops, trio.current_time() + limits.wal_rescan_s
+            self._drops_seen, self._rescan_at = drops, trio.current_time() + limits.wal_rescan_s
         if floor < ends[0]:
             return 0
         await trio.to_thread.run_sync(self.store.sync)  # the drops and moves counted on are durable first
@@ -78,5 +86,5 @@ class WalReclaim:
                                                     for topic, queue, entry in chunk])
             moved = self.store.reclaim.move_batches(
                 [(topic, queue, entry, position) for (topic, queue, entry), position in zip(chunk, positions)])
-            self.wal_moved_bytes += moved
+            self.moved_bytes += moved
             log.info("WAL: copied %d bytes of %d batches forward from its oldest segment", moved, len(chunk))

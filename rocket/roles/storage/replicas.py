@@ -24,7 +24,7 @@ log = logging.getLogger("rocket.storage")
 
 class Replicas:
     async def _heartbeat(self) -> None:
-        groups = self._storage_groups()
+        groups = self.gate.storage_groups()
         if self.host.disk_refusal:
             self._hand_over_leadership(groups)
         leads = [group for group in groups if self.host.leads(group)]
@@ -99,7 +99,7 @@ class Replicas:
     def _heartbeat_interval_s(self) -> float:
         """How long until the next heartbeat: sooner while a controller-mode replica here has heard nothing from its
         master for an election timeout, so that it learns of the controller's election (in the answer) soon."""
-        if any(self.host.orphaned(group) for group in self._storage_groups()):
+        if any(self.host.orphaned(group) for group in self.gate.storage_groups()):
             return limits.controller_orphan_heartbeat_s
         return limits.node_heartbeat_s
 
@@ -117,7 +117,7 @@ class Replicas:
                                     tuple(group["learners"]), control)
             elif control is not None:
                 self.host.control(group["id"], control)
-        for group in self._storage_groups() - assigned:
+        for group in self.gate.storage_groups() - assigned:
             log.info("storage group %d moved off this node", group)
             self.host.remove_group(group)
 
@@ -134,9 +134,10 @@ class Replicas:
         request per group until answered. Only the controller's answer changes the set: a master cut off from it
         keeps waiting for every member it had (ARCHITECTURE.md, "Controller mode")."""
         while True:  # every limits.controller_sync_state_s while this node hosts controller-mode groups
-            controlled = [group for group in self._storage_groups() if self.host.controlled_position(group) is not None]
+            controlled = [group for group in self.gate.storage_groups()
+                          if self.host.controlled_position(group) is not None]
             await sleep_periodic(limits.controller_sync_state_s if controlled else limits.idle_recheck_s)
-            for group in self._storage_groups():
+            for group in self.gate.storage_groups():
                 request = self.host.sync_state_request(group)
                 if request is None:
                     continue
@@ -196,7 +197,7 @@ class Replicas:
         """One membership change on this group's leader, or a transfer of its leadership; a change already made
         answers at once, so a nameserver can repeat a move's steps after a failure."""
         group, action, node = request["group"], request["action"], request["node"]
-        self._leads(group)
+        self.gate.leads(group)
         voters = self.host.voters(group)
         if action == "add_learner" and node in self.host.replicas(group):
             return {}

@@ -1,6 +1,6 @@
 """The storage role: StorageRole hosts the groups the nameservers assign to this node, with the node's store as their
-state machine, over a replication engine. It wires one mixin per concern and checks that a call's group is hosted, or
-led, here.
+state machine, over a replication engine. It wires a part or a mixin per concern; gate.py checks that a call's group
+is hosted, or led, here.
 """
 
 from __future__ import annotations
@@ -12,22 +12,21 @@ import trio
 from rocket import limits
 from rocket.clock import Clock, on_the_grid
 from rocket.config import NodeConfig
-from rocket.errors import Code, RocketError
-from rocket.replication import NotLeader
 from rocket.replication import Engine
 from rocket.roles.peers import Peers
-from rocket.roles.storage.appends import Appends, NotHosted
+from rocket.roles.storage.appends import Appends
+from rocket.roles.storage.gate import Gate, NotHosted
 from rocket.roles.storage.groups import GroupMembers
 from rocket.roles.storage.kv import KeyValues
-from rocket.roles.storage.offload import Offloader, TierSettings
 from rocket.roles.storage.pops import Pops
 from rocket.roles.storage.reads import Reads
 from rocket.roles.storage.reclaim import WalReclaim
 from rocket.roles.storage.replicas import Replicas
+from rocket.roles.storage.stamps import AppendStamps
 from rocket.roles.storage.tiering import Tiering
 from rocket.roles.storage.timers import Timers
 from rocket.roles.storage.transactions import Transactions
-from rocket.store.store import GroupMachine, Store
+from rocket.store.store import Store
 from rocket.tier.cold import ColdReader
 from rocket.tier.objectstore import ObjectStore
 from rocket.transport.rpc import Dispatcher
@@ -35,11 +34,11 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.storage")
 
 
-class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Tiering, WalReclaim, KeyValues):
-    """The storage role's calls, one concern per mixin's module: replicas.py (assignment, replica moves, backfill),
-    appends.py, reads.py, timers.py, transactions.py, pops.py, groups.py, tiering.py and offload.py (the tier),
-    reclaim.py (the WAL), kv.py (KV shards). Every per-key map that clients can grow has a bound in limits.py, or a
-    comment saying what bounds it (as __init__'s do)."""
+class StorageRole(Replicas, Appends, Reads, Pops, KeyValues):
+    """The storage role's calls, one concern per module: its parts' (gate.py, stamps.py, timers.py, transactions.py,
+    groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL)) and its mixins' (replicas.py: assignment,
+    replica moves, backfill; appends.py, reads.py, pops.py, kv.py: KV shards). Every per-key map that clients can grow
+    has a bound in limits.py, or a comment saying what bounds it (as __init__'s do)."""
 
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
                  clock: Clock, objects: ObjectStore | None = None):
@@ -51,9 +50,8 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Tiering,
         self.store = Store.open(config.data_dir / "storage", host.wal.log)
         host.sync_before_snapshots = self.store.sync  # a group's snapshot covers what the store wrote up to it
         self.store.leads = host.leads  # the load a group's leader reports (replicas.py)
-        # (topic, queue) -> its last append time, most recent last: limits.append_stamp_queues_max (appends.py)
-        self._last_append_ms: dict[tuple[str, int], int] = {}
-        self._append_ms_floor = 0  # the latest time of the queues dropped from it
+        self.gate = Gate(host, config.node_id)
+        self.stamps = AppendStamps(clock)
         self.assigned = trio.Event()  # set once the first assignment arrived, or was restored from disk
         self._ask_now = trio.Event()  # a call named a group not hosted yet: ask for the assignment at once
         self._heartbeats_started = self._heartbeats_done = 0
@@ -65,12 +63,12 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Tiering,
         # waits for it (pops.py, _drop_pop_lock), and each pop is a call, which the connection limits bound.
         self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}
         # (consumer group, topic) -> member -> expiry: limits.group_member_keys_max, members expire (groups.py)
-        self.group_members = GroupMembers(self._leads)
-        self.objects = objects
+        self.group_members = GroupMembers(self.gate.leads)
+        self.timers = Timers(self.store, host, self.gate, self.stamps, clock)
+        self.transactions = Transactions(self.store, host, self.gate, self.stamps, clock, config)
+        self.tiering = Tiering(self.store, host, self.gate, peers, config, objects, clock)
+        self.wal_reclaim = WalReclaim(self.store, host)
         self.cold = ColdReader(objects) if objects is not None else None
-        # topic -> its own (retention_s, local_retention_s): replaced whole from the metadata's topics (tiering.py),
-        # so bounded by limits.topics_max
-        self._retention: dict[str, tuple[float, float]] = {}
         self._prefetching: set[str] = set()  # pieces being read ahead: one per read under way, removed as it ends
         self._nursery: trio.Nursery | None = None
         # export id -> (LevelDB snapshot, revision, idle at): ids are ours, at most limits.kv_exports_max (kv.py)
@@ -82,24 +80,17 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Tiering,
         host.on_round(self._propose_kv)
         host.applying = self.store.holding
         self.kv_reads: dict[str, int] = {}  # KV reads served, by kind: kv.KV_READ_KINDS only
-        self.wal_moved_bytes = 0  # batches copied forward so that old WAL segments could go
-        self._wal_drops_seen, self._wal_rescan_at = -1, 0.0  # the store's drops at the last scan of the WAL's oldest
-        settings = TierSettings(config.tier_s3_prefix if config.tier_backend == "s3" else "",
-                                config.tier_piece_bytes, config.tier_piece_age_s, config.tier_retention_s,
-                                config.tier_local_retention_s, config.tier_read_mode == "force")
-        # Without an object store it applies total retention to local data only.
-        self.offloader = Offloader(self.store, objects, settings, self._propose_tier, self._led_groups,
-                                   self.retention_of, clock)
 
     def register(self, dispatcher: Dispatcher) -> None:
         for method, handler in (("StorageAppend", self.append), ("StorageRead", self.read),
                                 ("StorageCommitOffsets", self.commit_offsets), ("StorageQueues", self.queues),
-                                ("StorageMembers", self.members), ("StorageCancelTimer", self.cancel_timer),
+                                ("StorageMembers", self.members), ("StorageCancelTimer", self.timers.cancel_timer),
                                 ("StoragePop", self.pop), ("StorageReceipt", self.receipt),
                                 ("StorageBury", self.bury),
-                                ("StorageEndTransaction", self.end_transaction),
+                                ("StorageEndTransaction", self.transactions.end_transaction),
                                 ("StorageGroupHeartbeat", self.group_members.group_heartbeat),
-                                ("StorageTransactionChecks", self.transaction_checks), ("StorageTier", self.tier_status),
+                                ("StorageTransactionChecks", self.transactions.transaction_checks),
+                                ("StorageTier", self.tiering.tier_status),
                                 ("StorageKvTxn", self.kv_txn), ("StorageKvRead", self.kv_read),
                                 ("StorageKvWatch", self.kv_watch)):
             dispatcher.handle(method, self._once_assigned(handler), parked={
@@ -129,12 +120,12 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Tiering,
             self._restore_assignment()  # the groups it hosted, before any nameserver answers
             nursery.start_soon(self._backfill_forever)
             nursery.start_soon(self._sync_states_forever)
-            nursery.start_soon(self._fire_timers_forever)
-            nursery.start_soon(self._reclaim_wal_forever)
+            nursery.start_soon(self.timers.fire_forever)
+            nursery.start_soon(self.wal_reclaim.reclaim_forever)
             nursery.start_soon(self._expire_kv_forever)
             self._nursery = nursery
-            nursery.start_soon(self._refresh_retention_forever)
-            nursery.start_soon(self.offloader.run)
+            nursery.start_soon(self.tiering.refresh_retention_forever)
+            nursery.start_soon(self.tiering.offloader.run)
             task_status.started()
             while True:
                 self._ask_now = trio.Event()
@@ -149,29 +140,3 @@ class StorageRole(Replicas, Appends, Reads, Timers, Transactions, Pops, Tiering,
                 with trio.move_on_at(on_the_grid(self._heartbeat_interval_s())):
                     await self._ask_now.wait()  # a group not hosted yet: ask at once, but not twice within the minimum
                     await trio.sleep_until(asked_at + limits.assignment_ask_s_min)
-
-    # ---- where a call's group is ----------------------------------------------------------------------
-
-    def _storage_groups(self) -> set[int]:
-        return {group for group in self.host.groups if isinstance(self.host.machine_of(group), GroupMachine)}
-
-    def _hosted(self, group: int) -> None:
-        if not isinstance(self.host.machine_of(group), GroupMachine):
-            raise NotHosted(group, self.config.node_id)
-
-    def _leads(self, group: int) -> None:
-        """Writes, and reads that must see everything committed, are served by the group's leader."""
-        self._hosted(group)
-        if not self.host.leads(group):
-            raise NotLeader(self.host.leader_of(group))
-
-    @staticmethod
-    def _positions(entries: list[dict], field: str) -> dict[int, int]:
-        """queue -> offset from a request, checked: what a group's log holds must apply on every replica."""
-        positions = {}
-        for entry in entries:
-            queue, value = entry["queue"], entry[field]
-            if not 0 <= queue < limits.queues_per_topic_max or not 0 <= value < 2**63:
-                raise RocketError(Code.BAD_REQUEST, f"queue {queue} with {field} {value} is out of range")
-            positions[queue] = value
-        return positions

@@ -1,5 +1,5 @@
 """Delay messages on a group's leader: due timers are proposed as moves into their topic, and timers are cancelled.
-A mixin of StorageRole.
+A part of StorageRole.
 """
 
 from __future__ import annotations
@@ -10,15 +10,27 @@ import math
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.model import check_topic_name, timer_topic
+from rocket.replication import Engine
+from rocket.roles.storage.gate import Gate
+from rocket.roles.storage.stamps import AppendStamps
 from rocket.store.commands import encode_cancel, encode_move
+from rocket.store.store import Store
 
 log = logging.getLogger("rocket.storage")
 
 
 class Timers:
-    async def _fire_timers_forever(self) -> None:
+    def __init__(self, store: Store, host: Engine, gate: Gate, stamps: AppendStamps, clock: Clock):
+        self.store = store
+        self.host = host
+        self.gate = gate
+        self.stamps = stamps
+        self.clock = clock
+
+    async def fire_forever(self) -> None:
         """On the groups this node leads, deliver due timers, at most every limits.timer_tick_s (their precision).
         Between passes the loop sleeps until the earliest timer of a group it leads falls due, or an apply sets one,
         or, while other groups hold timers, limits.idle_recheck_s passed (their leadership may come here)."""
@@ -36,25 +48,25 @@ class Timers:
                 if not self.host.leads(group):
                     continue
                 try:
-                    await self.fire_due_timers(group, now_ms)
+                    await self.fire_due(group, now_ms)
                 except RocketError as error:  # lost leadership, or the proposal timed out: next round retries
                     log.info("group %d: delivering timers: %s", group, error)
 
-    async def fire_due_timers(self, group: int, now_ms: int) -> int:
+    async def fire_due(self, group: int, now_ms: int) -> int:
         """Deliver the group's timers due by now_ms to their queues. A fire applies only if all its timers
         are still pending, so a repeat after a lost answer or a change of leader delivers nothing twice.
         Returns how many were delivered."""
         delivered = 0
         for topic, queue, offsets, batch in self.store.due_deliveries(group, now_ms):
-            fire = encode_move(topic, queue, self._stamp(topic, queue), timer_topic(topic), offsets, batch)
+            fire = encode_move(topic, queue, self.stamps.stamp(topic, queue), timer_topic(topic), offsets, batch)
             if await self.host.propose(group, fire, limits.storage_append_wait_s_max):
                 delivered += len(offsets)
         return delivered
 
     async def cancel_timer(self, request: dict) -> dict:
-        self._hosted(request["group"])
+        self.gate.hosted(request["group"])
         check_topic_name(request["topic"])
-        queue, offset = next(iter(self._positions([request], "offset").items()))
+        queue, offset = next(iter(self.gate.positions([request], "offset").items()))
         if not await self.host.propose(request["group"], encode_cancel(timer_topic(request["topic"]), queue, [offset])):
             raise RocketError(Code.NOT_FOUND, f"no pending timer {queue}.{offset} on topic {request['topic']!r}: "
                               "it was delivered or cancelled, or never existed")

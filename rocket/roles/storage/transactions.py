@@ -1,5 +1,5 @@
 """Transactions on a group's leader: half messages are committed (moved into their topic) or rolled back, and the
-ones whose producers did not say are listed for check-back. A mixin of StorageRole.
+ones whose producers did not say are listed for check-back. A part of StorageRole.
 """
 
 from __future__ import annotations
@@ -7,21 +7,36 @@ from __future__ import annotations
 import logging
 
 from rocket import limits
+from rocket.clock import Clock
+from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.model import check_topic_name, half_topic, unresolved_topic
+from rocket.replication import Engine
+from rocket.roles.storage.gate import Gate
+from rocket.roles.storage.stamps import AppendStamps
 from rocket.serde import batch as batch_codec
 from rocket.store.commands import encode_cancel, encode_move, encode_rearm
+from rocket.store.store import Store
 
 log = logging.getLogger("rocket.storage")
 
 
 class Transactions:
+    def __init__(self, store: Store, host: Engine, gate: Gate, stamps: AppendStamps, clock: Clock,
+                 config: NodeConfig):
+        self.store = store
+        self.host = host
+        self.gate = gate
+        self.stamps = stamps
+        self.clock = clock
+        self.config = config
+
     async def end_transaction(self, request: dict) -> dict:
         """Commit: the half messages are appended to their queue, once; roll back: they are dropped."""
         group = request["group"]
-        self._hosted(group)
+        self.gate.hosted(group)
         topic = check_topic_name(request["topic"])
-        queue, offset = next(iter(self._positions([request], "offset").items()))
+        queue, offset = next(iter(self.gate.positions([request], "offset").items()))
         if not 1 <= request["count"] <= limits.batch_messages_max:
             raise RocketError(Code.BAD_REQUEST, f"a transaction holds 1..{limits.batch_messages_max} messages")
         offsets = list(range(offset, offset + request["count"]))
@@ -31,7 +46,7 @@ class Transactions:
             except RocketError:  # never there: answered below like a second commit
                 messages = []
             done = bool(messages) and bool(await self.host.propose(group, encode_move(
-                topic, queue, self._stamp(topic, queue), half_topic(topic), offsets,
+                topic, queue, self.stamps.stamp(topic, queue), half_topic(topic), offsets,
                 batch_codec.encode(messages, self.clock.wall_ms())), limits.storage_append_wait_s_max))
         else:
             done = await self.host.propose(group, encode_cancel(half_topic(topic), queue, offsets))
@@ -45,9 +60,9 @@ class Transactions:
         interval and counted as it is handed out (a conditional command, so only one asker gets it), or,
         checked transaction_checks_max times already, set aside in the unresolved queue."""
         group = request["group"]
-        self._leads(group)
+        self.gate.leads(group)
         topic = check_topic_name(request["topic"])
-        queues = set(self._positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset"))
+        queues = set(self.gate.positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset"))
         now_ms = self.clock.wall_ms()
         waiting = half_topic(topic)
         transactions: dict[tuple[int, int], list] = {}  # (queue, first half offset) -> due ms, checks, offsets
