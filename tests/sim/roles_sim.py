@@ -434,7 +434,7 @@ async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int
         await written.wait()  # the batches in flight are answered before anything is read
         consumed = {queue: await consume_queue(network, "orders", queue) for queue in range(8)}
         report.update(check_consumed(writers, consumed))
-        report["replica_reads"] = sum(node.storage.replica_reads for node in nodes.values())
+        report["replica_reads"] = sum(node.storage.reads.replica_reads for node in nodes.values())
         report["unsynced_bytes_lost"] = {name: sum(node.disk.lost_bytes.get(name, 0) for node in nodes.values())
                                          for name in ("wal",)}
         report.update({"batches": len(writers.acks), "resends": writers.resends, "calls": network.calls,

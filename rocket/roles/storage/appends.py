@@ -1,6 +1,6 @@
 """Appends on a group's leader: produce batches (timed and transactional ones to their system queues), stamped with
-the leader's append time, refused with DISK_FULL while the node's disk is full, and consumer offsets commits. A mixin
-of StorageRole.
+the leader's append time, refused with DISK_FULL while the node's disk is full, and consumer offsets commits. A part of
+StorageRole.
 """
 
 from __future__ import annotations
@@ -8,10 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rocket import limits
+from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name, check_topic_name
 from rocket.parked import Slot, Unparked
-from rocket.roles.storage.gate import NotHosted
+from rocket.replication import Engine
+from rocket.roles.storage.gate import Gate, NotHosted
+from rocket.roles.storage.stamps import AppendStamps
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header
 from rocket.store.commands import (SEQUENCED_SINCE_SCHEMA, encode_append, encode_half, encode_offsets, encode_pop,
@@ -19,6 +22,12 @@ from rocket.store.commands import (SEQUENCED_SINCE_SCHEMA, encode_append, encode
 
 
 class Appends:
+    def __init__(self, host: Engine, gate: Gate, stamps: AppendStamps, config: NodeConfig):
+        self.host = host
+        self.gate = gate
+        self.stamps = stamps
+        self.config = config
+
     async def append(self, request: dict) -> dict:
         """Stamp a batch, replicate it, answer with its offsets. The broker checked the batch's CRC; the
         header is checked again here, because the offsets given out depend on it. A batch with its producer's id

@@ -82,7 +82,7 @@ class Pops:
             if handed is False:  # the state moved on under a leader change: the next receive tries again
                 return
             for offset, _, _ in again:
-                found, _ = await self._read_queue(topic, queue, offset, 1, True, ALL_TAGS)
+                found, _ = await self.reads.read_queue(topic, queue, offset, 1, True, ALL_TAGS)
                 batches.update(found)
             served = sorted(batches.items())
             self.store.count_read(topic, queue, served, messages=len(handed))
@@ -104,7 +104,7 @@ class Pops:
         if wanted <= 0:
             return [], cursor, {}
         tag_mask = ALL_TAGS if chosen.tag_mask is None else chosen.tag_mask
-        found, scanned_to = await self._read_queue(topic, queue, cursor, limits.read_bytes_max, True, tag_mask)
+        found, scanned_to = await self.reads.read_queue(topic, queue, cursor, limits.read_bytes_max, True, tag_mask)
         new: list[int] = []
         batches = {}
         every_message = chosen.tag_mask is None and not isinstance(chosen, SqlFilter)  # no need to decode
@@ -133,7 +133,7 @@ class Pops:
         """A message that used up its attempts (or that its consumer gave up on) goes to the group's dead-letter
         queue, with its attempts; False if its state moved on meanwhile."""
         consumer_group, topic, queue = key
-        [(base_offset, batch)], _ = await self._read_queue(topic, queue, offset, 1, True, ALL_TAGS)
+        [(base_offset, batch)], _ = await self.reads.read_queue(topic, queue, offset, 1, True, ALL_TAGS)
         try:
             message = batch_codec.decode(batch, base_offset, queue)[offset - base_offset]
         except RocketError as error:  # it goes as an empty message that says why; its bytes stay where they are

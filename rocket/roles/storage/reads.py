@@ -1,32 +1,49 @@
 """Reads of a group's queues, on its leader or on a follower in sync: batches within a byte budget, from the WAL or
-from the tier for what is no longer local; a long poll waits for data and returns it. A mixin of StorageRole.
+from the tier for what is no longer local; a long poll waits for data and returns it. A part of StorageRole.
 """
 
 from __future__ import annotations
 
 from rocket import limits
 from rocket.model import ALL_TAGS, ReadBudget
+from rocket.replication import Engine
+from rocket.roles.storage.gate import Gate
+from rocket.store.store import Store
+from rocket.tier.cold import ColdReader
+from rocket.transport.background import Background
 
 
-class Reads:
-    async def _read_queue(self, topic: str, queue: int, offset: int, budget: int, first: bool,
+class Reads(Background):
+    """StorageRead and StorageQueues; run() holds the nursery where the next tier piece of a cold read is read
+    ahead."""
+
+    def __init__(self, store: Store, host: Engine, gate: Gate, cold: ColdReader | None, force_tier: bool):
+        self.store = store
+        self.host = host
+        self.gate = gate
+        self.cold = cold
+        self.force_tier = force_tier  # tier_read_mode force: read from the tier all that is offloaded
+        self._prefetching: set[str] = set()  # pieces being read ahead: one per read under way, removed as it ends
+        self.replica_reads = 0  # reads served as a follower in sync
+
+    async def read_queue(self, topic: str, queue: int, offset: int, budget: int, first: bool,
                           tag_mask: int) -> tuple[list[tuple[int, bytes]], int]:
         """A queue's batches from offset: from the tier for what is no longer local (or, in force mode,
         for all that is offloaded), else from the WAL."""
-        force = self.tiering.offloader.settings.force_reads
-        piece = self.store.tier_piece(topic, queue, offset, force) if self.cold is not None else None
-        if piece is None:
+        cold = self.cold
+        piece = self.store.tier_piece(topic, queue, offset, self.force_tier) if cold is not None else None
+        if cold is None or piece is None:
             return await self.store.fetch(topic, queue, offset, budget, first, tag_mask)
-        found, next_offset = await self.cold.read(piece, offset, budget, first, tag_mask)
-        following = self.store.tier_piece(topic, queue, piece.to_offset, force)
+        found, next_offset = await cold.read(piece, offset, budget, first, tag_mask)
+        following = self.store.tier_piece(topic, queue, piece.to_offset, self.force_tier)
         if following is not None and following.key not in self._prefetching and self._nursery is not None:
-            self._nursery.start_soon(self._prefetch, following)
+            self._nursery.start_soon(self._prefetch, cold, following)
         return found, next_offset
 
-    async def _prefetch(self, piece) -> None:
+    async def _prefetch(self, cold: ColdReader, piece) -> None:
         self._prefetching.add(piece.key)
         try:
-            await self.cold.prefetch(piece)
+            await cold.prefetch(piece)
         finally:
             self._prefetching.discard(piece.key)
 
@@ -37,7 +54,7 @@ class Reads:
         budget = ReadBudget(max_bytes, at_least_one)
         for queue, offset in positions.items():
             if not budget.spent:
-                found, offset = await self._read_queue(topic, queue, offset, budget.bytes_left, budget.first, tag_mask)
+                found, offset = await self.read_queue(topic, queue, offset, budget.bytes_left, budget.first, tag_mask)
                 self.store.count_read(topic, queue, found)
                 for base_offset, data in found:
                     batches.append({"queue": queue, "base_offset": base_offset, "batch": data})

@@ -34,10 +34,10 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.storage")
 
 
-class StorageRole(Replicas, Appends, Reads, Pops, KeyValues):
-    """The storage role's calls, one concern per module: its parts' (gate.py, stamps.py, timers.py, transactions.py,
-    groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL)) and its mixins' (replicas.py: assignment,
-    replica moves, backfill; appends.py, reads.py, pops.py, kv.py: KV shards). Every per-key map that clients can grow
+class StorageRole(Replicas, Pops, KeyValues):
+    """The storage role's calls, one concern per module: its parts' (gate.py, stamps.py, appends.py, reads.py,
+    timers.py, transactions.py, groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL)) and its mixins'
+    (replicas.py: assignment, replica moves, backfill; pops.py, kv.py: KV shards). Every per-key map that clients can grow
     has a bound in limits.py, or a comment saying what bounds it (as __init__'s do)."""
 
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
@@ -56,7 +56,6 @@ class StorageRole(Replicas, Appends, Reads, Pops, KeyValues):
         self._ask_now = trio.Event()  # a call named a group not hosted yet: ask for the assignment at once
         self._heartbeats_started = self._heartbeats_done = 0
         self._heartbeat_done = trio.Event()  # set (and replaced) as each heartbeat ends
-        self.replica_reads = 0  # reads served as a follower in sync
         self._assignment_version = -1  # the metadata version of the assignment this node holds
         self._saved_assignment: tuple | None = None  # (groups, nodes) of the assignment saved last (replicas.py)
         # One pop at a time per group and queue. Bounded by the pops under way: a lock goes once no task holds or
@@ -68,9 +67,9 @@ class StorageRole(Replicas, Appends, Reads, Pops, KeyValues):
         self.transactions = Transactions(self.store, host, self.gate, self.stamps, clock, config)
         self.tiering = Tiering(self.store, host, self.gate, peers, config, objects, clock)
         self.wal_reclaim = WalReclaim(self.store, host)
+        self.appends = Appends(host, self.gate, self.stamps, config)
         self.cold = ColdReader(objects) if objects is not None else None
-        self._prefetching: set[str] = set()  # pieces being read ahead: one per read under way, removed as it ends
-        self._nursery: trio.Nursery | None = None
+        self.reads = Reads(self.store, host, self.gate, self.cold, config.tier_read_mode == "force")
         # export id -> (LevelDB snapshot, revision, idle at): ids are ours, at most limits.kv_exports_max (kv.py)
         self._kv_exports: dict[str, tuple] = {}
         self._kv_export_ids = 0
@@ -82,8 +81,9 @@ class StorageRole(Replicas, Appends, Reads, Pops, KeyValues):
         self.kv_reads: dict[str, int] = {}  # KV reads served, by kind: kv.KV_READ_KINDS only
 
     def register(self, dispatcher: Dispatcher) -> None:
-        for method, handler in (("StorageAppend", self.append), ("StorageRead", self.read),
-                                ("StorageCommitOffsets", self.commit_offsets), ("StorageQueues", self.queues),
+        for method, handler in (("StorageAppend", self.appends.append), ("StorageRead", self.reads.read),
+                                ("StorageCommitOffsets", self.appends.commit_offsets),
+                                ("StorageQueues", self.reads.queues),
                                 ("StorageMembers", self.members), ("StorageCancelTimer", self.timers.cancel_timer),
                                 ("StoragePop", self.pop), ("StorageReceipt", self.receipt),
                                 ("StorageBury", self.bury),
@@ -94,7 +94,7 @@ class StorageRole(Replicas, Appends, Reads, Pops, KeyValues):
                                 ("StorageKvTxn", self.kv_txn), ("StorageKvRead", self.kv_read),
                                 ("StorageKvWatch", self.kv_watch)):
             dispatcher.handle(method, self._once_assigned(handler), parked={
-                "StorageAppend": self.append_parked, "StorageKvTxn": self.kv_txn_parked,
+                "StorageAppend": self.appends.append_parked, "StorageKvTxn": self.kv_txn_parked,
                 "StorageKvRead": self.kv_read_parked}.get(method))
 
     def _once_assigned(self, handler):
@@ -117,13 +117,13 @@ class StorageRole(Replicas, Appends, Reads, Pops, KeyValues):
         """Flush the store in the background and report to the nameservers until cancelled."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.store.run)
+            await nursery.start(self.reads.run)
             self._restore_assignment()  # the groups it hosted, before any nameserver answers
             nursery.start_soon(self._backfill_forever)
             nursery.start_soon(self._sync_states_forever)
             nursery.start_soon(self.timers.fire_forever)
             nursery.start_soon(self.wal_reclaim.reclaim_forever)
             nursery.start_soon(self._expire_kv_forever)
-            self._nursery = nursery
             nursery.start_soon(self.tiering.refresh_retention_forever)
             nursery.start_soon(self.tiering.offloader.run)
             task_status.started()
