@@ -36,9 +36,9 @@ log = logging.getLogger("rocket.storage")
 
 class StorageRole(Replicas, Pops, KeyValues):
     """The storage role's calls, one concern per module: its parts' (gate.py, stamps.py, appends.py, reads.py,
-    timers.py, transactions.py, groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL)) and its mixins'
-    (replicas.py: assignment, replica moves, backfill; pops.py, kv.py: KV shards). Every per-key map that clients can grow
-    has a bound in limits.py, or a comment saying what bounds it (as __init__'s do)."""
+    timers.py, transactions.py, groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL)) and its
+    mixins' (replicas.py: assignment, replica moves, backfill; pops.py, kv.py: KV shards). Every per-key map that
+    clients can grow has a bound in limits.py, or a comment saying what bounds it (as __init__'s do)."""
 
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
                  clock: Clock, objects: ObjectStore | None = None):
