@@ -1,5 +1,5 @@
 """Pop (simple) consumption on a group's leader: messages handed out with a receipt and an invisible time, acked,
-made visible again, or sent to the dead letters once they used up their attempts. A mixin of StorageRole.
+made visible again, or sent to the dead letters once they used up their attempts. A part of StorageRole.
 """
 
 from __future__ import annotations
@@ -7,15 +7,30 @@ from __future__ import annotations
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.filter import SqlFilter, compile_filter
 from rocket.model import ALL_TAGS, Message, check_group_name, check_topic_name
+from rocket.replication import Engine
+from rocket.roles.storage.gate import Gate
+from rocket.roles.storage.reads import Reads
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import peek_count
 from rocket.store.commands import encode_pop
+from rocket.store.store import Store
 
 
 class Pops:
+    def __init__(self, store: Store, host: Engine, gate: Gate, reads: Reads, clock: Clock):
+        self.store = store
+        self.host = host
+        self.gate = gate
+        self.reads = reads
+        self.clock = clock
+        # One pop at a time per group and queue. Bounded by the pops under way: a lock goes once no task holds or
+        # waits for it (_drop_pop_lock), and each pop is a call, which the connection limits bound.
+        self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}
+
     async def pop(self, request: dict) -> dict:
         """Hand out up to max_messages from the group's queues: first those whose invisible time ran out
         (or, past max_attempts, to the dead-letter queue), then new ones the filter matches. With wait_ms,

@@ -34,10 +34,10 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.storage")
 
 
-class StorageRole(Replicas, Pops, KeyValues):
+class StorageRole(Replicas, KeyValues):
     """The storage role's calls, one concern per module: its parts' (gate.py, stamps.py, appends.py, reads.py,
-    timers.py, transactions.py, groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL)) and its
-    mixins' (replicas.py: assignment, replica moves, backfill; pops.py, kv.py: KV shards). Every per-key map that
+    pops.py, timers.py, transactions.py, groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL)) and
+    its mixins' (replicas.py: assignment, replica moves, backfill; kv.py: KV shards). Every per-key map that
     clients can grow has a bound in limits.py, or a comment saying what bounds it (as __init__'s do)."""
 
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
@@ -58,9 +58,6 @@ class StorageRole(Replicas, Pops, KeyValues):
         self._heartbeat_done = trio.Event()  # set (and replaced) as each heartbeat ends
         self._assignment_version = -1  # the metadata version of the assignment this node holds
         self._saved_assignment: tuple | None = None  # (groups, nodes) of the assignment saved last (replicas.py)
-        # One pop at a time per group and queue. Bounded by the pops under way: a lock goes once no task holds or
-        # waits for it (pops.py, _drop_pop_lock), and each pop is a call, which the connection limits bound.
-        self._pop_locks: dict[tuple[str, str, int], trio.Lock] = {}
         # (consumer group, topic) -> member -> expiry: limits.group_member_keys_max, members expire (groups.py)
         self.group_members = GroupMembers(self.gate.leads)
         self.timers = Timers(self.store, host, self.gate, self.stamps, clock)
@@ -70,6 +67,7 @@ class StorageRole(Replicas, Pops, KeyValues):
         self.appends = Appends(host, self.gate, self.stamps, config)
         self.cold = ColdReader(objects) if objects is not None else None
         self.reads = Reads(self.store, host, self.gate, self.cold, config.tier_read_mode == "force")
+        self.pops = Pops(self.store, host, self.gate, self.reads, clock)
         # export id -> (LevelDB snapshot, revision, idle at): ids are ours, at most limits.kv_exports_max (kv.py)
         self._kv_exports: dict[str, tuple] = {}
         self._kv_export_ids = 0
@@ -85,8 +83,8 @@ class StorageRole(Replicas, Pops, KeyValues):
                                 ("StorageCommitOffsets", self.appends.commit_offsets),
                                 ("StorageQueues", self.reads.queues),
                                 ("StorageMembers", self.members), ("StorageCancelTimer", self.timers.cancel_timer),
-                                ("StoragePop", self.pop), ("StorageReceipt", self.receipt),
-                                ("StorageBury", self.bury),
+                                ("StoragePop", self.pops.pop), ("StorageReceipt", self.pops.receipt),
+                                ("StorageBury", self.pops.bury),
                                 ("StorageEndTransaction", self.transactions.end_transaction),
                                 ("StorageGroupHeartbeat", self.group_members.group_heartbeat),
                                 ("StorageTransactionChecks", self.transactions.transaction_checks),
