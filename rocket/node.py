@@ -386,7 +386,7 @@ def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispa
         telemetry.traffic = lambda: (store.take_traffic(), {group for group in host.groups if host.leads(group)})
         telemetry.add_collector(families.store_metrics(QueueMeter(store), host.leads, config.metrics_per_queue))
         telemetry.add_collector(families.tier_metrics(roles.storage.tiering.offloader, roles.storage.cold))
-        telemetry.add_collector(families.kv_metrics(roles.storage, host.leads))
+        telemetry.add_collector(families.kv_metrics(roles.storage.kv, host.leads))
     return telemetry
 
 

@@ -184,7 +184,8 @@ def access_metrics(access, quotas) -> Callable[[], Iterable[Metric]]:
 
 
 def kv_metrics(storage, leads: Callable[[int], bool]) -> Callable[[], Iterable[Metric]]:
-    """The storage role's KV counts (rocket.roles.storage.kv), and the shards of the groups this node leads."""
+    """The storage role's KV part's counts (rocket.roles.storage.kv.KeyValues), and the shards of the groups this node
+    leads."""
 
     def collect():
         counts = dict(storage.kv_counts)

@@ -246,11 +246,11 @@ async def test_gets_on_a_leader_whose_lease_holds_take_no_task(nursery, tmp_path
     or the storage role's kv_read), over the lane and over JSON alike."""
     from rocket.node import run_node
     from rocket.roles.broker.kv import KeyValues
-    from rocket.roles.storage.role import StorageRole
+    from rocket.roles.storage.kv import KeyValues as StorageKeyValues
     from tests.conftest import node_config
 
     tasks = []
-    for cls, name in ((KeyValues, "kv_get"), (StorageRole, "kv_read")):
+    for cls, name in ((KeyValues, "kv_get"), (StorageKeyValues, "kv_read")):
         def counting(original):
             async def counted(self, request):
                 tasks.append(name)

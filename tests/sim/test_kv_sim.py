@@ -16,7 +16,7 @@ from rocket.errors import Code, RocketError
 from rocket.model import bucket_topic, shard_of
 from rocket.parked import Unparked
 from rocket.roles.peers import RETRYABLE
-from rocket.roles.storage import StorageRole
+from rocket.roles.storage.kv import KeyValues
 from rocket.store.kv import ShardTxn
 from tests.sim.kv_sim import BUCKET, OPERATIONS, SHARDS, KvScenario, create_bucket, leader_of, run_kv
 from tests.sim.linearizability import INFINITY
@@ -52,7 +52,7 @@ async def _readable_anywhere(self, request: dict) -> None:
     self.gate.hosted(request["group"])
 
 
-PLANTED = {"read without the barrier": (StorageRole, "_kv_readable", _readable_anywhere),
+PLANTED = {"read without the barrier": (KeyValues, "_kv_readable", _readable_anywhere),
            "CAS without comparing": (ShardTxn, "_holds", lambda self, compare: True)}
 PLANTED_SEEDS = (0, 1, 2, 4, 5, 6)  # each bug was caught with each of them (the read bug in 14 of seeds 0-19)
 
@@ -169,7 +169,7 @@ def test_a_write_out_when_the_broker_stops_retrying_is_unknown_not_unavailable(f
     """UNAVAILABLE from a KV write means no try was applied (a client may send it again); when the broker's retries
     end while a try is out, that try may yet be applied, so the answer is TIMEOUT: the outcome is unknown."""
     plan = {"refuse_until": INFINITY, "late_s": 10.0}
-    kv_txn = StorageRole.kv_txn
+    kv_txn = KeyValues.kv_txn
 
     async def refused_then_late(self, request: dict) -> dict:
         if trio.current_time() < plan["refuse_until"]:
@@ -182,8 +182,8 @@ def test_a_write_out_when_the_broker_stops_retrying_is_unknown_not_unavailable(f
     def served_as_a_task(self, request: dict, slot) -> None:
         raise Unparked  # the planted refusals and the late answer are the task handler's
 
-    monkeypatch.setattr(StorageRole, "kv_txn", refused_then_late)
-    monkeypatch.setattr(StorageRole, "kv_txn_parked", served_as_a_task)
+    monkeypatch.setattr(KeyValues, "kv_txn", refused_then_late)
+    monkeypatch.setattr(KeyValues, "kv_txn_parked", served_as_a_task)
     error, entry = trio.run(put_cut_short_by_the_retry_deadline, fast_disk, plan,
                             clock=trio.testing.MockClock(autojump_threshold=0))
     assert bytes(entry["value"]) == b"late", entry  # the try that was out was applied

@@ -1,6 +1,6 @@
 """KV shards on their group's replicas: transactions proposed by the leader, reads (linearizable on the leader,
 serializable on a replica in sync) and exports, watches that wait for a shard's next revision, and the leader's expiry
-of keys past their TTL. A mixin of StorageRole.
+of keys past their TTL. A part of StorageRole.
 """
 
 from __future__ import annotations
@@ -11,11 +11,14 @@ import math
 import trio
 
 from rocket import limits
+from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.parked import Slot, Unparked
-from rocket.roles.storage.gate import NotHosted
+from rocket.replication import Engine
+from rocket.roles.storage.gate import Gate, NotHosted
 from rocket.store.commands import encode_kv
 from rocket.store.kv import KIND_NAMES, Op, Txn, check_key, check_txn, entry, txn_bytes, txn_from_wire
+from rocket.store.store import Store
 
 log = logging.getLogger("rocket.storage")
 
@@ -23,6 +26,20 @@ KV_READ_KINDS = frozenset({"get", "range", "count", "digest", "export"})  # Stor
 
 
 class KeyValues:
+    def __init__(self, store: Store, host: Engine, gate: Gate, clock: Clock):
+        self.store = store
+        self.host = host
+        self.gate = gate
+        self.clock = clock
+        # export id -> (LevelDB snapshot, revision, idle at): ids are ours, at most limits.kv_exports_max
+        self._kv_exports: dict[str, tuple] = {}
+        self._kv_export_ids = 0
+        self.kv_counts: dict[str, int] = {"txns": 0}  # transactions applied on this leader, their operations by kind
+        # Parked StorageKvTxn calls by group, proposed together at the start of the next Raft round (_propose_kv)
+        self._kv_waiting: dict[int, list] = {}
+        host.on_round(self._propose_kv)
+        self.kv_reads: dict[str, int] = {}  # KV reads served, by kind: KV_READ_KINDS only
+
     async def kv_txn(self, request: dict) -> dict:
         """Transactions that came to a broker together for this group: one Raft entry, one result each."""
         txns = self._kv_checked(request)
@@ -171,7 +188,7 @@ class KeyValues:
             exports.pop(stale)[0].close()
         if not cursor:
             if len(exports) >= limits.kv_exports_max:
-                raise RocketError(Code.OVERLOADED, f"{len(exports)} exports are open on node {self.config.node_id}; "
+                raise RocketError(Code.OVERLOADED, f"{len(exports)} exports are open on node {self.gate.node_id}; "
                                   "retry when one ends")
             self._kv_export_ids += 1
             name, after = str(self._kv_export_ids), None
@@ -216,7 +233,7 @@ class KeyValues:
         found = self.store.machine.kv_shards.get((bucket, shard))
         return found[1] if found is not None else 0
 
-    async def _expire_kv_forever(self) -> None:
+    async def expire_forever(self) -> None:
         """On each group this node leads, delete the keys whose TTL passed: a transaction that looks at them
         with the leader's clock, which expires them (a change every replica applies alike). At most every
         limits.kv_expire_scan_s; between passes the loop sleeps until the first key with a TTL in a group it leads

@@ -34,10 +34,10 @@ from rocket.transport.rpc import Dispatcher
 log = logging.getLogger("rocket.storage")
 
 
-class StorageRole(Replicas, KeyValues):
+class StorageRole(Replicas):
     """The storage role's calls, one concern per module: its parts' (gate.py, stamps.py, appends.py, reads.py,
-    pops.py, timers.py, transactions.py, groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL)) and
-    its mixins' (replicas.py: assignment, replica moves, backfill; kv.py: KV shards). Every per-key map that
+    pops.py, kv.py (KV shards), timers.py, transactions.py, groups.py, tiering.py and offload.py (the tier),
+    reclaim.py (the WAL)) and its mixin's (replicas.py: assignment, replica moves, backfill). Every per-key map that
     clients can grow has a bound in limits.py, or a comment saying what bounds it (as __init__'s do)."""
 
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
@@ -68,15 +68,8 @@ class StorageRole(Replicas, KeyValues):
         self.cold = ColdReader(objects) if objects is not None else None
         self.reads = Reads(self.store, host, self.gate, self.cold, config.tier_read_mode == "force")
         self.pops = Pops(self.store, host, self.gate, self.reads, clock)
-        # export id -> (LevelDB snapshot, revision, idle at): ids are ours, at most limits.kv_exports_max (kv.py)
-        self._kv_exports: dict[str, tuple] = {}
-        self._kv_export_ids = 0
-        self.kv_counts: dict[str, int] = {"txns": 0}  # transactions applied on this leader, and their operations by kind
-        # Parked StorageKvTxn calls by group, proposed together at the start of the next Raft round (kv.py)
-        self._kv_waiting: dict[int, list] = {}
-        host.on_round(self._propose_kv)
+        self.kv = KeyValues(self.store, host, self.gate, clock)
         host.applying = self.store.holding
-        self.kv_reads: dict[str, int] = {}  # KV reads served, by kind: kv.KV_READ_KINDS only
 
     def register(self, dispatcher: Dispatcher) -> None:
         for method, handler in (("StorageAppend", self.appends.append), ("StorageRead", self.reads.read),
@@ -89,11 +82,11 @@ class StorageRole(Replicas, KeyValues):
                                 ("StorageGroupHeartbeat", self.group_members.group_heartbeat),
                                 ("StorageTransactionChecks", self.transactions.transaction_checks),
                                 ("StorageTier", self.tiering.tier_status),
-                                ("StorageKvTxn", self.kv_txn), ("StorageKvRead", self.kv_read),
-                                ("StorageKvWatch", self.kv_watch)):
+                                ("StorageKvTxn", self.kv.kv_txn), ("StorageKvRead", self.kv.kv_read),
+                                ("StorageKvWatch", self.kv.kv_watch)):
             dispatcher.handle(method, self._once_assigned(handler), parked={
-                "StorageAppend": self.appends.append_parked, "StorageKvTxn": self.kv_txn_parked,
-                "StorageKvRead": self.kv_read_parked}.get(method))
+                "StorageAppend": self.appends.append_parked, "StorageKvTxn": self.kv.kv_txn_parked,
+                "StorageKvRead": self.kv.kv_read_parked}.get(method))
 
     def _once_assigned(self, handler):
         """A call that names a group this node does not host yet (a topic just created, a replica just added) asks
@@ -121,7 +114,7 @@ class StorageRole(Replicas, KeyValues):
             nursery.start_soon(self._sync_states_forever)
             nursery.start_soon(self.timers.fire_forever)
             nursery.start_soon(self.wal_reclaim.reclaim_forever)
-            nursery.start_soon(self._expire_kv_forever)
+            nursery.start_soon(self.kv.expire_forever)
             nursery.start_soon(self.tiering.refresh_retention_forever)
             nursery.start_soon(self.tiering.offloader.run)
             task_status.started()
