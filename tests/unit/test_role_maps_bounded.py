@@ -3,6 +3,8 @@ distinct keys leave each at its bound, and what dropping an entry must keep (mon
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import orjson
 import pytest
 import trio
@@ -70,20 +72,14 @@ def test_round_robin_turns_are_bounded(monkeypatch):
     assert len(turns) == 5
 
 
-class Reads(KeyValues):
-    def __init__(self) -> None:
-        self.kv_reads: dict = {}
-
-    async def _kv_readable(self, request: dict) -> None:
-        pass
-
-
 async def test_kv_reads_count_only_known_kinds():
     """A read of an unknown kind is refused before it is counted: the metric's labels are a fixed set."""
-    reads = Reads()
+    host = SimpleNamespace(on_round=lambda propose: None, in_sync=lambda group, lag: True)  # a replica in sync
+    reads = KeyValues(None, host, SimpleNamespace(hosted=lambda group: None), None)  # type: ignore[arg-type]
     for number in range(20):
         with pytest.raises(RocketError) as refused:
-            await reads.kv_read({"op": f"made-up-{number}", "bucket": "b", "shard": 0})
+            await reads.kv_read({"op": f"made-up-{number}", "bucket": "b", "shard": 0, "group": 1,
+                                 "serializable": True})
         assert refused.value.code == Code.BAD_REQUEST
     assert reads.kv_reads == {}
 
