@@ -9,6 +9,7 @@ import collections
 import logging
 import math
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -57,7 +58,7 @@ class Slot:
             log.exception("a parked call's completion failed")
         return True
 
-    def then(self, transform: Callable[[object], object]) -> Slot:
+    def then(self, transform: Callable[[Any], object]) -> Slot:
         """A slot that completes this one: a value goes through transform first (which may raise RocketError, or
         fail with anything else: an INTERNAL error then), a RocketError goes as it is. Same deadline."""
         def finish(outcome: object) -> None:

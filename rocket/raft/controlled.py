@@ -23,8 +23,8 @@ class ControlledCore(RaftCore):
     per group, the master, its epoch (master_epoch), the SyncStateSet (SSS: the replicas known to hold everything
     acknowledged) and the SSS's epoch (sync_state_set_epoch), and tells each replica through its assignment
     (control()). The storage node learns the controller's word from its heartbeat's answer
-    (roles/storage/replicas.py, _control_of), and as master asks the controller for SSS changes
-    (_sync_states_forever, ControllerAlterSyncStateSet). What differs from Raft:
+    (roles/storage/assignment.py, Assignments._control_of), and as master asks the controller for SSS changes
+    (roles/storage/replicas.py, sync_states_forever: ControllerAlterSyncStateSet). What differs from Raft:
     - no elections: the controller's word makes a master (at its epoch, the core's term) or a slave;
     - an entry is committed (acknowledged) once every member of the SSS holds it durably, and, while a change of the
       SSS is asked of the controller, every member of the new set too: the commit waits for the union of both;

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rocket.errors import Code, RocketError
+
+if TYPE_CHECKING:
+    from rocket.disk.commitlog import CommitLog
 
 
 class NotLeader(RocketError):
@@ -61,6 +65,15 @@ class StateMachine(Protocol):
         """Install a snapshot: exactly the chunks snapshot() gave, with the same boundaries, in order."""
 
 
+class EngineWal(Protocol):
+    """The node's WAL as the roles see it: entries' data lies in log, and replay needs it from replay_start() on."""
+
+    @property
+    def log(self) -> CommitLog: ...
+
+    def replay_start(self) -> int: ...
+
+
 class Engine(Protocol):
     """A replication engine hosting many groups on this node: proposals in, committed entries applied to each
     group's StateMachine, and what the roles need to know of each group's replicas."""
@@ -70,15 +83,19 @@ class Engine(Protocol):
     def groups(self) -> Mapping[int, object]: ...  # the groups hosted here, by id
 
     @property
-    def wal(self) -> object:
-        """The node's WAL: entries' data lies in wal.log; wal.replay_start() is the oldest position it needs."""
-        ...
+    def wal(self) -> EngineWal: ...
+
+    @property
+    def tick_s(self) -> float: ...  # the engine's clock tick: timeouts given in ticks are multiples of it
 
     sync_before_snapshots: Callable[[], None]  # makes the state machines' own writes durable
+    applying: Callable[[], AbstractContextManager]  # held while committed entries are applied in a round
     disk_refusal: str  # why the node refuses new data now, its disk being full ("" while it has room)
 
     def add_group(self, group: int, voters: tuple[int, ...], machine: StateMachine,
-                  learners: tuple[int, ...] = ()) -> object: ...
+                  learners: tuple[int, ...] = (), control: Control | None = None) -> object:
+        """Host a group (a controller-mode one with control), restored from the WAL if it was here before."""
+        ...
 
     def remove_group(self, group: int) -> None: ...
 
@@ -114,8 +131,9 @@ class Engine(Protocol):
         """Whether this replica may serve reads: it leads, or follows within lag_entries_max of the leader."""
         ...
 
-    async def propose(self, group: int, data: bytes, timeout_s: float = ...) -> object:
-        """Replicate data in the group's log; the state machine's result once it is applied here."""
+    async def propose(self, group: int, data: bytes, timeout_s: float = ...) -> Any:
+        """Replicate data in the group's log; the state machine's result once it is applied here (its type is the
+        machine's)."""
 
     def propose_parked(self, group: int, data: bytes, slot, timeout_s: float) -> None:
         """propose without waiting: slot (rocket.parked.Slot) completes once with the result or the RocketError met;
@@ -130,6 +148,10 @@ class Engine(Protocol):
     async def propose_conf_change(self, group: int, action: str, node: int, timeout_s: float) -> int: ...
 
     async def read_barrier(self, group: int, lease: bool = False, timeout_s: float = ...) -> None: ...
+
+    def read_now(self, group: int) -> bool:
+        """Whether a linearizable read of the group may be served at once, with no wait (else read_barrier)."""
+        ...
 
     def transfer_leadership(self, group: int, to: int) -> None: ...
 
@@ -167,4 +189,4 @@ class Engine(Protocol):
         """The controller refused the request (made against a stale epoch): ask again from what holds."""
         ...
 
-__all__ = ["Control", "Engine", "NotLeader", "StateMachine", "SyncStateRequest"]
+__all__ = ["Control", "Engine", "EngineWal", "NotLeader", "StateMachine", "SyncStateRequest"]

@@ -25,7 +25,7 @@ ALLOWED = {
     "ml": BASE,
     "transport": BASE,
     "tier": BASE | {"disk"},
-    "replication": BASE,
+    "replication": BASE | {"disk"},  # the engine's WAL is a disk.commitlog.CommitLog
     "telemetry": BASE | {"tier"},
     "raft": BASE | {"disk", "replication"},
     "store": BASE | {"disk"},

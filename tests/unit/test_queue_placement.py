@@ -22,7 +22,7 @@ from rocket.ml.placement import GroupLoad, leader_transfer, new_queue_load, plac
 from rocket.raft.core import Entry
 from rocket.roles.nameserver.forecasts import Forecasts
 from rocket.roles.nameserver.metadata import Metadata
-from rocket.roles.storage.replicas import Replicas
+from rocket.roles.storage.assignment import Assignments
 from rocket.store.store import Store
 
 NOW_MS = 1_800_000_000_000 // STEP_MS * STEP_MS  # the start of a step
@@ -231,7 +231,7 @@ def test_a_new_topics_queues_weigh_an_average_queue_and_spread():
     assert max(collections.Counter(choice.group for choice in choices).values()) <= 6
 
 
-async def test_a_storage_nodes_bytes_in_wait_for_a_heartbeat_that_a_nameserver_answers():
+async def test_a_storage_nodes_bytes_in_wait_for_a_heartbeat_that_a_nameserver_answers(tmp_path):
     """The bytes a storage node counted (as the leader of their groups, Store.leads) reach the load history once: a
     heartbeat no nameserver answered leaves them for the next one, which reports them though the node no longer leads
     group 2."""
@@ -248,12 +248,11 @@ async def test_a_storage_nodes_bytes_in_wait_for_a_heartbeat_that_a_nameserver_a
     host = SimpleNamespace(disk_refusal=False, leads=lambda group: group == 1, lagging=lambda group: {},
                            controlled_position=lambda group: None,
                            wal=SimpleNamespace(log=SimpleNamespace(end_position=0, start_position=0)))
-    node = SimpleNamespace(host=host, store=store, peers=SimpleNamespace(heartbeat=heartbeat),
-                           config=SimpleNamespace(data_dir="."), gate=SimpleNamespace(storage_groups=lambda: [1, 2]),
-                           _assignment_version=3, assigned=SimpleNamespace(set=lambda: None))
-    await Replicas._heartbeat(node)  # type: ignore[arg-type]
+    gate, peers = SimpleNamespace(storage_groups=lambda: {1, 2}), SimpleNamespace(heartbeat=heartbeat)
+    assignments = Assignments(store, host, gate, peers, NodeConfig(node_id=1, data_dir=tmp_path), {})  # type: ignore
+    await assignments.heartbeat()
     store.bytes_in[("orders", 1)] += 10
-    await Replicas._heartbeat(node)  # type: ignore[arg-type]
+    await assignments.heartbeat()
     assert [load["group_bytes_in"] for load in sent] == [[{"group": 1, "bytes": 100}, {"group": 2, "bytes": 50}],
                                                           [{"group": 1, "bytes": 110}, {"group": 2, "bytes": 50}]]
     assert sent[1]["topic_bytes_in"] == [{"topic": "orders", "bytes": 160}] and store.bytes_in == {}

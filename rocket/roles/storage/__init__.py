@@ -1,7 +1,8 @@
-"""The storage role: the Raft groups this node hosts, over the node's store. role.py's StorageRole wires one mixin per
-concern, and checks that a call's group is hosted, or led, here.
+"""The storage role: the Raft groups this node hosts, over the node's store. role.py's StorageRole routes each call to
+a part, one per concern; gate.py checks that a call's group is hosted, or led, here.
 """
 
-from rocket.roles.storage.role import NotHosted, StorageRole
+from rocket.roles.storage.gate import NotHosted
+from rocket.roles.storage.role import StorageRole
 
 __all__ = ["NotHosted", "StorageRole"]

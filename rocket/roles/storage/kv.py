@@ -137,7 +137,7 @@ class KeyValues:
             raise Unparked
         try:
             self.gate.hosted(group)
-        except NotHosted:  # not yet, perhaps: the task waits for this node's assignment (_once_assigned)
+        except NotHosted:  # not yet, perhaps: the task waits for this node's assignment (once_assigned)
             raise Unparked from None
         if not (request.get("serializable") and self.host.in_sync(group, limits.follower_read_lag_entries_max)
                 or self.host.read_now(group)):

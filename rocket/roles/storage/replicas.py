@@ -1,135 +1,41 @@
-"""Which groups this node hosts and with whom: the heartbeat that brings the nameservers' assignment, the membership
-changes of replica moves (on a group's leader), and the backfill of the batches a replica lacks after it installed a
-snapshot. A mixin of StorageRole.
+"""A storage group's replicas: the membership changes of replica moves (on its leader), a controller-mode master's
+SyncStateSet requests, and the backfill of what a replica lacks after a snapshot. A part of StorageRole.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 
 import trio
 
 from rocket import limits
 from rocket.clock import sleep_periodic
+from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.model import Address
-from rocket.replication import Control
-from rocket.roles.storage import assignment as stored_assignment
+from rocket.replication import Engine
+from rocket.roles.peers import Peers
+from rocket.roles.storage.gate import Gate
 from rocket.serde.batch import peek_count
-from rocket.store.store import GroupMachine
+from rocket.store.store import Store
 
 log = logging.getLogger("rocket.storage")
 
 
 class Replicas:
-    async def _heartbeat(self) -> None:
-        groups = self.gate.storage_groups()
-        if self.host.disk_refusal:
-            self._hand_over_leadership(groups)
-        leads = [group for group in groups if self.host.leads(group)]
-        lagging = [{"group": group, "node": node, "entries": entries}
-                   for group in leads for node, entries in self.host.lagging(group).items()]
-        wal = self.host.wal.log
-        group_bytes: dict[int, int] = {}
-        topic_bytes: dict[str, int] = {}
-        store = self.store
-        taken = store.take_bytes_in()  # counted while this node led the group: it may have lost it since
-        for (topic, group), count in taken.items():
-            group_bytes[group] = group_bytes.get(group, 0) + count
-            topic_bytes[topic] = topic_bytes.get(topic, 0) + count
-        controlled = [{"group": group, "epoch": position[0], "last_index": position[1]}
-                      for group in groups if (position := self.host.controlled_position(group)) is not None]
-        load = {"groups": len(groups), "leads": leads, "bytes": wal.end_position - wal.start_position,  # on disk
-                "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging,
-                "group_bytes_in": [{"group": group, "bytes": count} for group, count in group_bytes.items()],
-                "topic_bytes_in": [{"topic": topic, "bytes": count} for topic, count in topic_bytes.items()],
-                "controlled": controlled}
-        assignment = await self.peers.heartbeat(load, self._assignment_version)
-        if assignment is None:
-            store.give_back_bytes_in(taken)  # the next heartbeat carries them
-            return
-        if not assignment["unchanged"]:
-            self._assign(assignment)
-            self._save_assignment(assignment)
-        self.assigned.set()
+    """Replica moves on a group's leader (members), the SyncStateSet changes a controller-mode master asks for, and
+    the backfill of the batches a replica lacks after it installed a snapshot."""
 
-    def _hand_over_leadership(self, groups: list[int]) -> None:
-        """While this node's disk is full it refuses new data: each Raft group it leads goes to the caught-up voter
-        that lags least, so the group takes writes through the others (the nameservers, seeing the free disk in the
-        heartbeat, lead nothing back here until there is room). Controller-mode groups follow their controller."""
-        for group in groups:
-            if not self.host.leads(group) or self.host.controlled_position(group) is not None:
-                continue
-            lagging = self.host.lagging(group)
-            others = [voter for voter in self.host.voters(group)
-                      if voter != self.config.node_id and self.host.caught_up(group, voter)]
-            if others:
-                successor = min(others, key=lambda voter: lagging.get(voter, 0))
-                log.warning("group %d: this node's disk is full; leadership goes to node %d", group, successor)
-                self.host.transfer_leadership(group, successor)
+    def __init__(self, store: Store, host: Engine, gate: Gate, peers: Peers, config: NodeConfig,
+                 addresses: dict[int, tuple[str, int]]):
+        self.store = store
+        self.host = host
+        self.gate = gate
+        self.peers = peers
+        self.config = config
+        self.addresses = addresses  # node id -> address, shared with the Raft links
 
-    def _restore_assignment(self) -> None:
-        """Before any heartbeat: host the groups of the assignment saved last, with their members' addresses, so a
-        node restarted while no nameserver answers rejoins its groups. The first answer reconciles (_assign). The node
-        is ready (assigned is set) without waiting for it."""
-        saved = stored_assignment.load(self.config.data_dir, self.config.node_id)
-        if saved is None:
-            return
-        self._assign(saved)
-        self._saved_assignment = (saved["groups"], saved["nodes"])
-        log.info("hosting the %d storage groups of the assignment saved at metadata version %d, until a nameserver "
-                 "answers", len(saved["groups"]), saved["version"])
-        self.assigned.set()
-
-    def _save_assignment(self, assignment: dict) -> None:
-        """Keep the assignment on disk when its groups or nodes changed (a new metadata version alone is not worth an
-        fsync: the next answer after a restart brings it). Written in the event loop's thread, which keeps the
-        roles simulator deterministic; it is rare and small (a replica move, a new group, a node's new address)."""
-        content = (assignment["groups"], assignment["nodes"])
-        if content == self._saved_assignment:
-            return
-        try:
-            stored_assignment.save(self.config.data_dir, self.config.node_id, assignment)
-        except OSError as error:  # a full or failing disk: keep serving; a restart then waits for a nameserver
-            log.error("cannot save this node's assignment to %s: %s", self.config.data_dir, error)
-            return
-        self._saved_assignment = content
-
-    def _heartbeat_interval_s(self) -> float:
-        """How long until the next heartbeat: sooner while a controller-mode replica here has heard nothing from its
-        master for an election timeout, so that it learns of the controller's election (in the answer) soon."""
-        if any(self.host.orphaned(group) for group in self.gate.storage_groups()):
-            return limits.controller_orphan_heartbeat_s
-        return limits.node_heartbeat_s
-
-    def _assign(self, assignment: dict) -> None:
-        """Host the groups assigned to this node, and stop hosting the ones moved off it."""
-        self._assignment_version = assignment["version"]
-        for node in assignment["nodes"]:
-            address = Address.parse(node["address"])
-            self.addresses[node["id"]] = (address.host, address.port)
-        assigned = {group["id"] for group in assignment["groups"]}
-        for group in assignment["groups"]:
-            control = self._control_of(group)
-            if self.host.machine_of(group["id"]) is None:
-                self.host.add_group(group["id"], tuple(group["voters"]), GroupMachine(self.store, group["id"]),
-                                    tuple(group["learners"]), control)
-            elif control is not None:
-                self.host.control(group["id"], control)
-        for group in self.gate.storage_groups() - assigned:
-            log.info("storage group %d moved off this node", group)
-            self.host.remove_group(group)
-
-    def _control_of(self, group: dict) -> Control | None:
-        """The controller's word on a controller-mode group, from its assignment (None for a Raft group)."""
-        if group.get("mode", "raft") != "controller":
-            return None
-        return Control(group["master"], group["master_epoch"], frozenset(group["sync_state_set"]),
-                       group["sync_state_set_epoch"], group["min_in_sync_replicas"],
-                       max(1, round(group["ha_max_lag_s"] / self.host.tick_s)))
-
-    async def _sync_states_forever(self) -> None:
+    async def sync_states_forever(self) -> None:
         """As master of controller-mode groups: ask the controller for the SyncStateSet changes each wants, one
         request per group until answered. Only the controller's answer changes the set: a master cut off from it
         keeps waiting for every member it had (ARCHITECTURE.md, "Controller mode")."""
@@ -159,7 +65,7 @@ class Replicas:
                 self.host.sync_state_granted(group, answer["master"], answer["master_epoch"],
                                              frozenset(answer["sync_state_set"]), answer["sync_state_set_epoch"])
 
-    async def _backfill_forever(self) -> None:
+    async def backfill_forever(self) -> None:
         """A replica that installed a snapshot lacks the batches before it: fetch them from the other
         replicas, one queue at a time, until no gap is left."""
         while True:
