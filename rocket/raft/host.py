@@ -21,7 +21,7 @@ from rocket.parked import Awaited, Deadlines, Slot
 from rocket.raft import codec, snapshots
 from rocket.raft.controlled import ControlledCore
 from rocket.raft.core import NONE, Config, HardState, Message, MessageType, RaftCore, Role, Snapshot
-from rocket.raft.compaction import SnapshotJob
+from rocket.raft.compaction import Compaction
 from rocket.raft.rounds import Group, Round, Rounds
 from rocket.raft.snapshots import SnapshotFiles
 from rocket.raft.wal import GroupState, Update, Wal
@@ -50,7 +50,6 @@ class RaftHost(Rounds):
         self.ticks = 0
         self._read_ids = 0
         self._peers: set[int] = set()  # the other nodes of every hosted group
-        self._compactions: list[Update] = []  # snapshots taken since the last round, to write with it
         # Makes durable what the machines' snapshots cover but keep outside the WAL (the storage role's
         # LevelDB); the snapshot worker calls it before it writes snapshot files, so the trio thread never waits.
         self.sync_before_snapshots: Callable[[], None] = lambda: None
@@ -60,15 +59,9 @@ class RaftHost(Rounds):
         replayed = {group: state.snapshot for group, state in wal.groups.items()
                     if state.snapshot is not None and state.snapshot.data}
         self.snapshot_files.keep_only({snapshots.file_of(group, snapshot) for group, snapshot in replayed.items()})
-        # group -> the index of its newest snapshot durable in the WAL: its files from before are deleted.
-        self._snapshots_durable = {group: snapshot.index for group, snapshot in replayed.items()}
-        self._snapshot_jobs: list[SnapshotJob] = []  # snapshots taken, for the snapshot worker to write
-        # For it to delete: a file by name, or (group, index) a group's files from before index.
-        self._snapshot_drops: list[str | tuple[int, int]] = []
-        self._snapshot_worker = False  # it runs
-        self._snapshotting: set[int] = set()  # groups whose snapshot it has yet to write
-        self._snapshot_jobs_queued = self._snapshot_jobs_done = 0
-        self._checkpoint_after: int | None = None  # a checkpoint waits until this many snapshot jobs are done
+        durable = {group: snapshot.index for group, snapshot in replayed.items()}
+        self.compaction = Compaction(self.snapshot_files, durable, self.groups, tick_s, self._start_persist,
+                                     lambda: self.sync_before_snapshots(), lambda: self._wake.set())
         self._fetching: set[int] = set()  # groups fetching a snapshot file: one fetch per group at a time
         self._nursery: trio.Nursery | None = None  # the round loop's, for the fetches
         self._data: list[tuple[list[bytes], trio.Event, list]] = []  # blobs to write with the next round

@@ -8,6 +8,8 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -17,7 +19,6 @@ from rocket.disk.files import free_bytes, out_of_space
 from rocket.errors import Code, RocketError, invariant
 from rocket.parked import Slot
 from rocket.raft import codec
-from rocket.raft.compaction import Compaction
 from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role, Snapshot
 from rocket.raft.wal import Update
 from rocket.replication import StateMachine
@@ -60,7 +61,7 @@ class Round:
     snapshots: list[tuple[int, Snapshot]] = dataclasses.field(default_factory=list)  # (group, snapshot) it writes
 
 
-class Rounds(Compaction):
+class Rounds:
     """The round loop. Each round takes the Ready of every touched group, writes all of it to the WAL (into the page
     cache, in this thread), and advances the cores; one syncer thread runs the fsyncs one after the other, each
     covering every round written before it. While an fsync runs, this node's own proposals gather for the round
@@ -210,8 +211,7 @@ class Rounds(Compaction):
                     self._deferred.pop(group, None)
                 updates.append(Update(group, hard_state, ready.entries, ready.snapshot))
         # Compactions first: a snapshot installed from the leader since is newer, and replay keeps the last one.
-        updates = self._compactions + updates
-        self._compactions = []
+        updates = self.compaction.take() + updates
         data, self._data = self._data, []
         previous = self._rounds_written
         current = Round(previous, previous, readies, data, [])
@@ -262,10 +262,16 @@ class Rounds(Compaction):
                 return
         self._start_persist(functools.partial(self._persist, current.number, updates, data, written, result))
 
-    def _start_persist(self, work) -> None:
+    def _start_persist(self, work: Callable[[], Any],
+                       done: Callable[[Any], BaseException | None] | None = None) -> None:
+        """Run work in a thread that run() waits for. done(outcome) runs in the trio thread once it returned, and
+        says what fails the round loop (by default, the work's own error)."""
         self._persisting += 1
         trio.lowlevel.start_thread_soon(
-            work, lambda outcome: self._token.run_sync_soon(self._persist_ended, getattr(outcome, "error", None)))
+            work, lambda outcome: self._token.run_sync_soon(self._thread_ended, outcome, done))
+
+    def _thread_ended(self, outcome, done: Callable[[Any], BaseException | None] | None) -> None:
+        self._persist_ended(done(outcome) if done is not None else getattr(outcome, "error", None))
 
     def _persist_ended(self, error: BaseException | None) -> None:
         """In the trio thread: a persist thread returned. If it failed, what the round loop waits for never
@@ -322,12 +328,7 @@ class Rounds(Compaction):
         little more than hard states and snapshot descriptors. The rounds go on while the files are written."""
         if self.disk_refusal:
             return  # a checkpoint adds bytes before it frees any (a storage node's WAL keeps its segments)
-        if self._checkpoint_after is None:
-            for group, hosted in self.groups.items():
-                self._compact(group, hosted)
-            self._checkpoint_after = self._snapshot_jobs_queued
-        if self._snapshot_jobs_done >= self._checkpoint_after:
-            self._checkpoint_after = None
+        if self.compaction.ready_for_checkpoint():
             await self._checkpoint()
 
     async def _checkpoint(self) -> None:
@@ -338,8 +339,7 @@ class Rounds(Compaction):
         self._settle()
         invariant(not self._pending, "every round is released before a checkpoint")
         live = [self._checkpoint_of(group, hosted) for group, hosted in self.groups.items()]
-        compactions, deferred = self._compactions, self._deferred
-        self._compactions = []  # the checkpoint holds every snapshot
+        compactions, deferred = self.compaction.take(), self._deferred  # the checkpoint holds every snapshot
         self._deferred, self._deferred_due = {}, False  # and every hard state
         try:
             await trio.to_thread.run_sync(self._checkpoint_now, live)
@@ -347,12 +347,12 @@ class Rounds(Compaction):
             if not out_of_space(error):
                 raise
             # Nothing is marked: replay still starts before it. What it would have held goes with the next rounds.
-            self._compactions = compactions + self._compactions
+            self.compaction.give_back(compactions)
             self._deferred = {**deferred, **self._deferred}
             self._disk_full(f"a checkpoint failed: {error.strerror}", 0)
             return
         for update in live:
-            self._snapshot_durable(update.group, update.snapshot)
+            self.compaction.durable(update.group, update.snapshot)
 
     def _persist(self, number: int, updates: list[Update], data: list[list[bytes]], written: trio.Event,
                  result: list) -> None:
@@ -442,7 +442,7 @@ class Rounds(Compaction):
         """The round's bytes are durable: answer data writers, send its messages, and install its
         snapshots."""
         for group, snapshot in synced.snapshots:
-            self._snapshot_durable(group, snapshot)
+            self.compaction.durable(group, snapshot)
         for (_, event, positions), found in zip(synced.data, synced.data_positions):
             positions.extend(found)
             event.set()
@@ -495,7 +495,7 @@ class Rounds(Compaction):
             if read is not None:
                 read[1].append(index)
         self._release_reads(hosted)
-        self._maybe_compact(group, hosted)
+        self.compaction.maybe_compact(group, hosted)
 
     @staticmethod
     def _checkpoint_of(group: int, hosted: Group) -> Update:
