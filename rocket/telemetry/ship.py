@@ -15,7 +15,7 @@ import fastavro
 import trio
 
 from rocket.errors import RocketError
-from rocket.limits import telemetry_ship_interval_s, telemetry_ship_retry_s_max
+from rocket.limits.tier import telemetry_ship_interval_s, telemetry_ship_retry_s_max
 from rocket.telemetry.spool import Spool, parse_closed_name
 from rocket.tier.objectstore import ObjectStore
 

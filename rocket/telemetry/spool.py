@@ -16,7 +16,7 @@ from typing import cast
 
 import fastavro
 
-from rocket.limits import telemetry_file_age_s, telemetry_file_bytes_max, telemetry_spool_bytes_max
+from rocket.limits.tier import telemetry_file_age_s, telemetry_file_bytes_max, telemetry_spool_bytes_max
 from rocket.serde.schema import avro_schema
 
 log = logging.getLogger("rocket.telemetry")

@@ -15,7 +15,7 @@ import trio
 
 from rocket.disk.files import fsync_directory
 from rocket.errors import Code, RocketError
-from rocket.limits import local_store_threads_max
+from rocket.limits.tier import local_store_threads_max
 from rocket.tier.objectstore import ObjectInfo, check_data, check_key, check_prefix, check_range, list_objects_max
 
 

@@ -9,7 +9,8 @@ from typing import Protocol, runtime_checkable
 
 from rocket.errors import Code, RocketError
 
-from rocket.limits import list_objects_max, object_bytes_max, object_key_bytes_max, object_key_segment_bytes_max  # noqa: F401
+from rocket.limits.tier import (list_objects_max, object_bytes_max, object_key_bytes_max,  # noqa: F401
+                                object_key_segment_bytes_max)
 
 
 @dataclass(frozen=True, slots=True)

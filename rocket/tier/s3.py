@@ -22,8 +22,9 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from rocket.errors import Code, RocketError, collapse_single_error
-from rocket.limits import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min, s3_close_s_max, s3_connect_timeout_s,
-                           s3_connections_max, s3_list_page_keys, s3_read_timeout_s, s3_retry_s_max)
+from rocket.limits.tier import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min, s3_close_s_max,
+                                s3_connect_timeout_s,
+                                s3_connections_max, s3_list_page_keys, s3_read_timeout_s, s3_retry_s_max)
 from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
                                      list_objects_max)
 

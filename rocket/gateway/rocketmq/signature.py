@@ -51,7 +51,7 @@ def verify_grpc(metadata: dict[str, str], secret_of: Callable[[str], bytes | Non
     Signature is HMAC-SHA1, keyed with the secret's UTF-8 bytes, of the x-mq-date-time value's bytes, in hex (Python
     lower case, Node.js and C# upper case). Only the time is signed: not the method, the request, the session token
     or a nonce, so a captured header replays for as long as its time is accepted. The Java, Python, Go and C# clients
-    format their local time with a literal Z (only C++ and Node.js sign UTC), hence the wide window in limits.py.
+    format their local time with a literal Z (only C++ and Node.js sign UTC), hence the wide window in limits/rocketmq.py.
 
     apache/rocketmq's proxy (auth/.../DefaultAuthenticationContextBuilder.build(Metadata, ...), ACL 2.0; acl/.../
     AuthorizationHeader and PlainAccessResource.parse in ACL 1.0) splits the header at its first space, then its

@@ -38,7 +38,7 @@ class StorageRole:
     """The storage role's calls, routed to its parts, one concern per module: gate.py, stamps.py, assignment.py (the
     heartbeat), replicas.py (replica moves, backfill), appends.py, reads.py, pops.py, kv.py (KV shards), timers.py,
     transactions.py, groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL). Every per-key map that
-    clients can grow has a bound in limits.py, or a comment saying what bounds it."""
+    clients can grow has a bound in limits, or a comment saying what bounds it."""
 
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
                  clock: Clock, objects: ObjectStore | None = None):
