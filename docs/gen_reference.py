@@ -148,8 +148,11 @@ def config_page() -> str:
         description = described[field.name] or (flag.help if flag is not None else "")
         if not description and first and speaks_for(described[first], first, field.name):
             description = f"See `{first}`."
-        rows.append([code(field.name), code(field.type), config_default(field.default), code(f"ROCKET_{field.name.upper()}"),
-                     code(field.name), flag_names(flag) if flag else "", cell(description)])
+        low_high = field.metadata.get("range")
+        allowed = f"{config_default(low_high[0])} to {config_default(low_high[1])}" if low_high else ""
+        rows.append([code(field.name), code(field.type), config_default(field.default), allowed,
+                     code(f"ROCKET_{field.name.upper()}"), code(field.name), flag_names(flag) if flag else "",
+                     cell(description)])
     return "\n".join([
         banner("Configuration fields", "`rocket.config.NodeConfig` (its fields and the comments beside them), "
                                        "`rocket.config.load` and `rocket run`"),
@@ -157,7 +160,9 @@ def config_page() -> str:
         "value (a bad one is a `ConfigError` naming the key: `rocket run` exits with status 2).\n",
         "A TOML file (`rocket run --config FILE`) sets a field by its name, at the top level; the environment by "
         "`ROCKET_` and the name in capitals; `rocket run` has flags for some.\n",
-        table(["Field", "Type", "Default", "Environment", "TOML key", "`rocket run` flag", "Description"], rows)])
+        "A number with a range takes only values within it, both ends included.\n",
+        table(["Field", "Type", "Default", "Range", "Environment", "TOML key", "`rocket run` flag", "Description"],
+              rows)])
 
 
 # ---- RPC methods --------------------------------------------------------------------------------------------------

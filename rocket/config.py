@@ -29,6 +29,12 @@ class ConfigError(Exception):
 DEFAULT_LISTEN = Address("127.0.0.1", 9876)
 
 
+def ranged(default: Any, low: Any, high: Any) -> Any:
+    """A number setting: its default, and the range a config may set it to (load refuses one outside it, naming the
+    range; the manual's reference shows it). An int default makes it an integer setting."""
+    return dataclasses.field(default=default, metadata={"range": (low, high)})
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeConfig:
     roles: tuple[str, ...] = ROLES
@@ -55,43 +61,49 @@ class NodeConfig:
     # enforcing: only TLS on the TCP port; permissive: plain and TLS both (told apart by the first byte), to move a
     # cluster to TLS one node at a time.
     tls_mode: str = "enforcing"
-    segment_bytes: int = limits.segment_bytes_default  # ignored: the segments of an earlier build's store log
-    wal_segment_bytes: int = limits.raft_wal_segment_bytes_default
+    # ignored: the segments of an earlier build's store log; more than 4 GiB is a typo, not a wish
+    segment_bytes: int = ranged(limits.segment_bytes_default, limits.segment_bytes_min, 4 * limits.GiB)
+    wal_segment_bytes: int = ranged(limits.raft_wal_segment_bytes_default, limits.raft_wal_segment_bytes_min,
+                                    4 * limits.GiB)
     # The WAL's newest bytes kept in the page cache; older pages are dropped once written or read, and reads of
     # them go to the disk in a worker thread. 0: the OS decides. On a VM that hands free memory back to its host
     # (virtio-balloon free page reporting), a write into a fresh page costs a host fault, and a bound (such as
     # 64 MiB) lets writes reuse warm pages: produce went 1.2-1.5x faster, reads of a backlog half as fast.
-    wal_cached_bytes: int = 0
+    wal_cached_bytes: int = ranged(0, 0, 2**50)
     # The WAL written with O_DIRECT, past the page cache, from memory of its own that also serves reads of its
     # newest wal_cached_bytes (0: limits.wal_direct_cached_bytes_default); reads of older bytes go to the disk.
     # Faster only where buffered writes take fresh pages (benchmarks/RESULTS.md, "Direct I/O"). Off where the
     # file system has no O_DIRECT (tmpfs), or the OS.
     wal_direct_io: bool = False
-    shutdown_grace_s: float = limits.shutdown_grace_s
+    shutdown_grace_s: float = ranged(limits.shutdown_grace_s, 0.0, 3600.0)  # more than an hour is a typo
     # The TCP port's connections (rocket's frames and remoting's): closed when a request frame takes longer than
     # tcp_frame_s to arrive, or when one has no call in flight (a long poll and a stream are calls) for tcp_idle_s.
-    tcp_frame_s: float = limits.tcp_frame_s_default
-    tcp_idle_s: float = limits.tcp_idle_s_default
+    # At least 0.1 s: a loaded node may pause that long between two reads of one frame; past an hour, or a week of
+    # idleness, is no limit.
+    tcp_frame_s: float = ranged(limits.tcp_frame_s_default, 0.1, 3600.0)
+    tcp_idle_s: float = ranged(limits.tcp_idle_s_default, 0.1, 7 * 86_400.0)
     # HTTP/2 connections: one with no open stream this long is closed (GOAWAY); a request body, or a gRPC message,
     # not complete this long after it began is reset. Open gRPC streams (telemetry, long polls) are not idle.
-    http2_idle_s: float = limits.http2_idle_s_default
-    http2_request_s: float = limits.http2_request_s_default
+    http2_idle_s: float = ranged(limits.http2_idle_s_default, 0.1, 86_400.0)
+    http2_request_s: float = ranged(limits.http2_request_s_default, 0.1, 86_400.0)
     log_level: str = "info"
     # The cluster: this node's id, the nameserver group (id -> address; empty: this node alone),
     # the address the other nodes reach this one at (default: listen), and the storage layout.
-    node_id: int = 1
+    node_id: int = ranged(1, 1, 2**31 - 1)
     nameservers: tuple[tuple[int, Address], ...] = ()
     advertise: Address | None = None
-    replication: int = 3
-    storage_groups: int = 8
-    raft_tick_s: float = limits.raft_tick_s
+    replication: int = ranged(3, 1, limits.replication_max)
+    storage_groups: int = ranged(8, 1, limits.storage_groups_max)
+    # Shorter than 10 ms spends the node on timers; longer than 10 s makes elections take minutes.
+    raft_tick_s: float = ranged(limits.raft_tick_s, 0.01, 10.0)
     # Transactions: the first check-back of an open transaction, the interval between checks, and how
     # many checks before it counts as unresolved (RocketMQ's transactionTimeOut, check interval, max checks).
-    transaction_timeout_s: float = 6.0
-    transaction_check_s: float = 60.0
-    transaction_checks_max: int = 15
+    # Outside a tenth of a second to a day is a typo, not a policy.
+    transaction_timeout_s: float = ranged(6.0, 0.1, 86_400.0)
+    transaction_check_s: float = ranged(60.0, 0.1, 86_400.0)
+    transaction_checks_max: int = ranged(15, 1, limits.checks_config_max)
     # RocketMQ 5 clients (the gRPC API): deliveries before a message goes to the dead-letter queue.
-    rocketmq_max_attempts: int = limits.pop_attempts_default
+    rocketmq_max_attempts: int = ranged(limits.pop_attempts_default, 1, limits.checks_config_max)
     # Tiered storage: where pieces go (a local directory, default data_dir/tier; or S3), default retentions
     # (0 = for ever) a topic's own settings override, where reads of offloaded data go, and the piece size.
     tier_backend: str = "local"
@@ -104,7 +116,8 @@ class NodeConfig:
     tier_retention_s: float = 0.0
     tier_local_retention_s: float = limits.tier_local_retention_s_default
     tier_read_mode: str = "not_in_disk"
-    tier_piece_bytes: int = limits.tier_piece_bytes_default
+    # 1 KiB (tests; smaller would make one object per batch) to 1 GiB (a piece is built in memory before its PUT)
+    tier_piece_bytes: int = ranged(limits.tier_piece_bytes_default, 1 * limits.KiB, 1 * limits.GiB)
     tier_piece_age_s: float = limits.tier_piece_age_s_default
     # Telemetry: how often the node samples its metrics into Avro files under data_dir/telemetry, shipped to the
     # object store's telemetry/ (the tier's store: a local directory in dev mode, S3 in a cluster). 0: off.
@@ -112,11 +125,13 @@ class NodeConfig:
     # /metrics: per-queue series too (rocket_queue_*), one per queue this node leads; off, a topic's are summed.
     metrics_per_queue: bool = False
     # Unhealthy nodes: the nameserver leader judges each storage node's fsync p99 and failing calls once per window.
-    health_window_s: float = limits.health_window_s_default
+    # At most 10 minutes: a node slower than that to judge is judged too late to help.
+    health_window_s: float = ranged(limits.health_window_s_default, limits.health_window_s_min, 600.0)
     # false: judge and report, but act only on operators' pins (to measure what acting is worth)
     health_act: bool = True
-    # a node degraded this long has its replicas moved away, within the replica move budget
-    health_move_after_s: float = limits.health_move_after_s_default
+    # a node degraded this long has its replicas moved away, within the replica move budget (a slow disk that lasts);
+    # 0: at once; a wait of over a week is no policy: pin the node or drain it
+    health_move_after_s: float = ranged(600.0, 0.0, 7 * 86_400.0)
 
     @property
     def address(self) -> Address:
@@ -131,6 +146,8 @@ class NodeConfig:
 
 
 _keys = {field.name for field in dataclasses.fields(NodeConfig)}
+_RANGED = {field.name: (type(field.default) is int, *field.metadata["range"])
+           for field in dataclasses.fields(NodeConfig) if "range" in field.metadata}
 
 
 @overload
@@ -228,6 +245,9 @@ def _parse_bool(key: str, value: object) -> bool:
 
 
 def _convert(key: str, value: object) -> object:
+    if key in _RANGED:
+        integer, low, high = _RANGED[key]
+        return _parse_int(key, value, low, high) if integer else _parse_float(key, value, low, high)
     if key == "tier_backend":
         return _parse_choice(key, value, TIER_BACKENDS)
     if key == "tier_read_mode":
@@ -255,14 +275,8 @@ def _convert(key: str, value: object) -> object:
         if interval_s and interval_s < limits.telemetry_interval_s_min:
             raise ConfigError(f"{key}: 0 (off) or at least {limits.telemetry_interval_s_min} s, got {value!r}")
         return interval_s
-    if key == "health_window_s":
-        return _parse_float(key, value, limits.health_window_s_min, limits.health_window_s_max)
-    if key == "health_move_after_s":
-        return _parse_float(key, value, limits.health_move_after_s_min, limits.health_move_after_s_max)
     if key in ("tier_retention_s", "tier_local_retention_s", "tier_piece_age_s"):
         return _parse_duration(key, value)
-    if key == "tier_piece_bytes":
-        return _parse_int(key, value, limits.tier_piece_bytes_min, limits.tier_piece_bytes_max)
     if key == "roles":
         return parse_roles(key, value)
     if key == "data_dir":
@@ -278,36 +292,10 @@ def _convert(key: str, value: object) -> object:
             raise ConfigError(f"{key}: at least {limits.cluster_secret_chars_min} characters (a random one: "
                               "python3 -c 'import secrets; print(secrets.token_hex(32))')")
         return str(value)
-    if key == "segment_bytes":
-        return _parse_int(key, value, limits.segment_bytes_min, limits.segment_bytes_max)
-    if key == "wal_segment_bytes":
-        return _parse_int(key, value, limits.raft_wal_segment_bytes_min, limits.raft_wal_segment_bytes_max)
-    if key == "wal_cached_bytes":
-        return _parse_int(key, value, 0, limits.wal_cached_bytes_max)
-    if key == "shutdown_grace_s":
-        return _parse_float(key, value, 0.0, limits.shutdown_grace_s_max)
-    if key == "tcp_frame_s":
-        return _parse_float(key, value, limits.tcp_frame_s_min, limits.tcp_frame_s_max)
-    if key == "tcp_idle_s":
-        return _parse_float(key, value, limits.tcp_idle_s_min, limits.tcp_idle_s_max)
-    if key in ("http2_idle_s", "http2_request_s"):
-        return _parse_float(key, value, limits.http2_timeout_s_min, limits.http2_timeout_s_max)
-    if key == "node_id":
-        return _parse_int(key, value, 1, 2**31 - 1)
     if key == "nameservers":
         return parse_members(key, value)
     if key == "advertise":
         return parse_address(key, value, allow_off=True)
-    if key == "replication":
-        return _parse_int(key, value, 1, limits.replication_max)
-    if key == "storage_groups":
-        return _parse_int(key, value, 1, limits.storage_groups_max)
-    if key == "raft_tick_s":
-        return _parse_float(key, value, limits.raft_tick_s_min, limits.raft_tick_s_max)
-    if key in ("transaction_timeout_s", "transaction_check_s"):
-        return _parse_float(key, value, limits.transaction_s_min, limits.transaction_s_max)
-    if key in ("transaction_checks_max", "rocketmq_max_attempts"):
-        return _parse_int(key, value, 1, limits.checks_config_max)
     if key == "log_level":
         level = str(value).lower()
         if level not in ("debug", "info", "warning", "error"):

@@ -25,10 +25,8 @@ bench_topic_retention_s = 60.0  # what a bench topic made up for one run keeps, 
 bench_probe_bytes_min = 256 * MiB  # the disk probe beside a bench writes at least this much, for a steady figure ...
 bench_probe_bytes_max = 4 * GiB  # ... and at most this much (or what the bench sends, between the two)
 shutdown_grace_s = 10.0  # SIGTERM drains for at most this long before cancelling
-shutdown_grace_s_max = 3600.0  # the longest shutdown_grace_s a config may set: an hour; more is a typo
 
 invariant(producer_sequences_kept_max >= producer_in_flight_batches_max,
           "a storage group remembers the answer of every batch a producer may have in flight")
 invariant(send_first_batch_bytes <= producer_batch_bytes_default, "rocket send's first batches are smaller ones")
 invariant(bench_probe_bytes_min <= bench_probe_bytes_max, "the bench's disk probe bounds are ordered")
-invariant(shutdown_grace_s <= shutdown_grace_s_max, "the default grace is one a config may set")

@@ -58,7 +58,6 @@ elections_kept_max = 200  # the metadata's last controller elections, for descri
 # Unhealthy nodes (issue 31): the nameserver leader judges each storage node once per window, from its heartbeats.
 health_window_s_default = 10.0  # one judgement per node this often: enough fsyncs and calls in it for a p99 and a rate
 health_window_s_min = 1.0  # a config's shortest window: it spans at least one heartbeat of every node
-health_window_s_max = 600.0  # ... and its longest: a node slower than this to judge is judged too late to help
 health_fsync_p99_s_min = 0.005  # a window's fsync p99 above this may be a slow disk (an SSD syncs in 0.1-2 ms) ...
 health_fsync_peer_ratio = 4.0  # ... when it is also this many times the other storage nodes' median p99 (not a slow cluster)
 health_fsyncs_min = 20  # a window with fewer fsyncs than this has no p99 to tell: a p99 of three is noise ...
@@ -67,13 +66,9 @@ health_error_rate_max = 0.2  # a node that fails more than this share of the cal
 health_calls_min = 20  # ... if they made this many at least in the window
 health_degrade_windows = 3  # unhealthy windows in a row before a node is degraded: one slow window is not a fault
 health_recover_windows = 6  # healthy windows in a row before a degraded node returns: twice as long, so it cannot flap
-health_move_after_s_default = 600.0  # a node degraded this long has its replicas moved to healthy nodes (a slow disk that lasts)
-health_move_after_s_min = 0.0  # 0: at once (tests, and operators who would rather move than wait)
-health_move_after_s_max = 7 * 86_400.0  # a longer wait is no policy: pin the node or drain it
 
 invariant(node_heartbeat_s < node_suspect_s < node_down_s, "liveness states are ordered")
 invariant(storage_append_wait_s_max < storage_call_s_max < storage_retry_s_max, "a storage call ends before its retries")
-invariant(health_window_s_min <= health_window_s_default <= health_window_s_max, "the default health window is one a config may set")
 invariant(health_window_s_min >= node_heartbeat_s, "a health window holds a heartbeat of every node")
 invariant(1 <= health_fsyncs_few < health_fsyncs_min, "a window's median needs fewer fsyncs than its p99")
 invariant(health_degrade_windows < health_recover_windows, "a degraded node returns more slowly than it left: no flapping")

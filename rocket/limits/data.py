@@ -12,7 +12,6 @@ properties_bytes_max = 64 * KiB  # properties are decoded for SQL filters; keep 
 segment_bytes_default = 256 * MiB  # a sealed segment is the tier's upload unit
 log_write_bytes_max = MiB  # a commit log writes a round in calls of at most this many bytes (see CommitLog._write)
 segment_bytes_min = 1 * MiB  # smaller segments would turn every batch into a file
-segment_bytes_max = 4 * GiB  # the largest segment_bytes a config may set: more is a typo, not a wish
 log_record_bytes_max = batch_bytes_max + 64 * KiB  # a log record is one batch plus its routing header
 log_reader_fds_max = 64  # open read descriptors on sealed segments; older ones are reopened on demand
 direct_log_chunk_bytes = 8 * MiB  # a direct log's cached tail comes in chunks of this size, reused once out of the cache
@@ -42,5 +41,4 @@ nodes_max = 1_000  # nodes one cluster registers: a heartbeat of a new node past
 # the metadata and the nameservers' per-node maps (heartbeats, versions, health windows) without end
 
 invariant(message_bytes_max < batch_bytes_max, "a message must fit in a batch")
-invariant(segment_bytes_min <= segment_bytes_default <= segment_bytes_max, "segment sizes are ordered")
 invariant(batch_bytes_max < segment_bytes_min * 16, "a batch fits in a segment")

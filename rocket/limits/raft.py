@@ -5,8 +5,6 @@ from rocket.limits.data import batch_bytes_max
 from rocket.limits.units import GiB, KiB, MiB
 
 raft_tick_s = 0.1  # one Raft tick; elections take 10-20 ticks, heartbeats every tick
-raft_tick_s_min = 0.01  # the shortest raft_tick_s a config may set: shorter ticks spend the node on timers
-raft_tick_s_max = 10.0  # the longest: elections would take minutes
 raft_election_ticks = 10  # Config.election_ticks: ticks without a leader before a pre-vote
 raft_first_election_ticks = 2  # a group that never held an election (a new one): its first voter asks this often
 raft_heartbeat_ticks = 3  # a leader heartbeats three times per election timeout, not ten: thousands of groups
@@ -30,9 +28,7 @@ raft_entry_bytes_max = batch_bytes_max + 64 * KiB  # one proposal: a produce bat
 raft_round_wait_bytes_max = 512 * KiB  # a node's proposals wait for the fsync that runs until this many bytes wait
 raft_wal_segment_bytes_default = 64 * MiB  # WAL segment size: records (entry chunks) are kept under a quarter
 raft_wal_segment_bytes_min = 33 * MiB  # ... and the biggest entry must fit such a quarter
-raft_wal_segment_bytes_max = 4 * GiB  # the largest wal_segment_bytes a config may set: more is a typo, not a wish
 wal_direct_cached_bytes_default = 64 * MiB  # a direct WAL's newest bytes, kept in memory for reads
-wal_cached_bytes_max = 2**50  # the largest wal_cached_bytes a config may set: more is a typo
 malloc_mmap_threshold_bytes = 32 * MiB  # a node's allocations below this come from malloc's heap (glibc's most) ...
 malloc_trim_threshold_bytes = 256 * MiB  # ... and up to this much freed memory stays in each malloc arena: warm pages
 malloc_pretouch_bytes = 128 * MiB  # touched at start and kept: a node's first big blocks reuse it, no fresh pages
@@ -73,9 +69,7 @@ invariant(raft_first_election_ticks < raft_election_ticks, "a new group's first 
 invariant(raft_liveness_scan_ticks <= 2 * raft_election_ticks, "the scan runs within the silence (two election timeouts) that wakes a quiet group")
 invariant(raft_message_bytes_max <= raft_payload_bytes_max, "an append message of small entries fits one RaftStep payload")
 invariant(raft_entry_bytes_max <= raft_wal_segment_bytes_min // 4, "one entry fits a WAL record")
-invariant(raft_wal_segment_bytes_min <= raft_wal_segment_bytes_default <= raft_wal_segment_bytes_max, "WAL segment sizes are ordered")
 invariant(raft_catch_up_log_bytes_max < raft_wal_replay_bytes_max, "the log a checkpoint rewrites for a group leaves room before the next")
-invariant(raft_tick_s_min <= raft_tick_s <= raft_tick_s_max, "the default tick is one a config may set")
 invariant(MiB <= malloc_pretouch_slice_bytes <= malloc_pretouch_bytes, "the heap is touched in whole slices of 1 MiB blocks")
 invariant(MiB < malloc_mmap_threshold_bytes and malloc_pretouch_bytes < malloc_trim_threshold_bytes,
           "the pretouched blocks come from malloc's heap and stay there once freed")

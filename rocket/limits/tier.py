@@ -18,8 +18,6 @@ s3_list_page_keys = 1000  # keys asked for per ListObjectsV2 page; S3 returns at
 s3_connections_max = 16  # pooled HTTP connections to S3 per store; the offloader and cold reads share them
 s3_close_s_max = 5.0  # closing the client (its connection pool) takes at most this long, even when cancelled
 tier_piece_bytes_default = 64 * MiB  # an offloaded piece: big enough that PUT overhead vanishes, small enough to re-upload
-tier_piece_bytes_min = 1 * KiB  # tests offload tiny pieces; smaller ones would make one object per batch
-tier_piece_bytes_max = 1 * GiB  # a piece is built in memory before its PUT
 tier_piece_age_s_default = 600.0  # a quiet queue's data is offloaded after this long even if below the piece size
 tier_local_retention_s_default = 3 * 86_400.0  # a topic's data stays on local disk this long once offloaded
 tier_scan_s = 1.0  # how often a group leader looks for data to offload, expire or drop locally
@@ -41,7 +39,5 @@ telemetry_spool_bytes_max = 64 * MiB  # a node's spool files together; beyond it
 telemetry_ship_interval_s = telemetry_file_age_s  # how often the shipper looks for closed files: one closes that often
 telemetry_ship_retry_s_max = 300.0  # after failed passes the shipper's wait doubles up to this, so an outage costs little
 
-invariant(tier_piece_bytes_min <= tier_piece_bytes_default <= tier_piece_bytes_max, "piece sizes are ordered")
-invariant(tier_piece_bytes_max <= object_bytes_max, "a piece is one object")
 invariant(telemetry_file_bytes_max < telemetry_spool_bytes_max, "the spool holds closed files besides the open one")
 invariant(telemetry_ship_interval_s <= telemetry_ship_retry_s_max, "a failed pass never shortens the shipper's wait")

@@ -41,8 +41,6 @@ http2_idle_s_default = 120.0  # an HTTP/2 connection with no open stream this lo
 # A request body (or one gRPC message) not complete this long after it began gets RST_STREAM (CANCEL): a slow or
 # stalled sender holds its bytes no longer. gRPC streams between messages (telemetry, long polls) are not timed.
 http2_request_s_default = 60.0
-http2_timeout_s_min = 0.1  # the bounds of http2_idle_s and http2_request_s a config may set: shorter is a typo ...
-http2_timeout_s_max = 86_400.0  # ... and so is longer than a day
 http2_watch_s_max = 1.0  # an HTTP/2 connection looks at its timeouts at least this often: they are that precise
 http2_frame_bytes_max = 1 * MiB  # our SETTINGS_MAX_FRAME_SIZE: fewer, larger DATA frames, less per-frame Python work
 http2_goodbye_timeout_s = 1.0  # a closing connection waits this long to deliver GOAWAY to a peer that may not read
@@ -58,13 +56,9 @@ tcp_sniff_s_max = 60.0  # a connection that sends fewer bytes than that for this
 # A request frame's first byte to its last, counting only the server's waiting (tcp_frame_s): a slow-sending peer
 # (slowloris) holds a connection and a frame's buffer. The largest frame (frame_bytes_max) needs 1.5 Mbit/s for 60 s.
 tcp_frame_s_default = 60.0
-tcp_frame_s_min = 0.1  # a config's shortest: a loaded node may pause this long between two reads of one frame
-tcp_frame_s_max = 3600.0  # ... and its longest: more is no limit
 # A TCP connection with no call in flight (a long poll and a stream are calls) this long is closed (tcp_idle_s): its
 # slot (connections_max) and socket go back. Pools and failover channels reconnect on their next call.
 tcp_idle_s_default = 900.0
-tcp_idle_s_min = 0.1  # a config's shortest (tests); a real one is minutes
-tcp_idle_s_max = 7 * 86_400.0  # ... and its longest: more is no limit
 # Frames not yet whole, held by all a listener's TCP connections together (FrameDecoder.held_bytes); past it the
 # connection holding the most is closed (OVERLOADED). 24 of the largest frames arriving at once fit.
 tcp_partial_frames_bytes_max = 256 * MiB
@@ -78,13 +72,8 @@ invariant(http2_stream_window_bytes <= frame_bytes_max <= http2_connection_held_
 invariant(http2_connection_held_bytes_max + http2_connection_window_bytes + frame_bytes_max
           + http2_streams_per_connection_max * http2_stream_window_bytes <= http2_held_bytes_max,
           "one connection at its worst stays under the node's bound: only many connections reach it")
-invariant(http2_timeout_s_min <= min(http2_idle_s_default, http2_request_s_default)
-          and max(http2_idle_s_default, http2_request_s_default) <= http2_timeout_s_max,
-          "the default HTTP/2 timeouts are ones a config may set")
 invariant(http2_watch_s_max <= http2_request_s_default, "timeouts are looked at well within their length")
 invariant(grpc_message_bytes_max + 5 + http2_stream_window_bytes <= grpc_buffered_bytes_max,
           "a gRPC stream's unread input holds a whole message and the window a client may still send past it")
-invariant(tcp_frame_s_min <= tcp_frame_s_default <= tcp_frame_s_max, "the default frame time is one a config may set")
-invariant(tcp_idle_s_min <= tcp_idle_s_default <= tcp_idle_s_max, "the default idle time is one a config may set")
 invariant(tcp_partial_frames_bytes_max >= 16 * frame_bytes_max and tcp_partial_frames_bytes_max >= 64 * tcp_receive_bytes,
           "many producers' largest frames arrive at once without one being closed")

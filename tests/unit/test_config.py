@@ -1,10 +1,11 @@
 """Node config: file < environment < flags, and one clear line naming the key for every bad value."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from rocket import config
+from rocket import config, limits
 from rocket.config import ConfigError
 from rocket.model import Address
 
@@ -76,3 +77,28 @@ def test_an_unreadable_config_file_is_one_line(tmp_path: Path, content):
     with pytest.raises(ConfigError) as caught:
         config.load(file, {}, {})
     assert str(file) in str(caught.value) and "\n" not in str(caught.value)
+
+
+RANGED = [field for field in dataclasses.fields(config.NodeConfig) if "range" in field.metadata]
+
+
+def test_every_ranged_setting_defaults_within_its_range():
+    """A number setting's range sits on its field (config.ranged); its default is one a config may set."""
+    assert len(RANGED) >= 15
+    for field in RANGED:
+        low, high = field.metadata["range"]
+        assert low <= field.default <= high, field.name
+        assert type(field.default) is float or type(low) is type(high) is int, field.name  # an integer setting
+    piece = next(field for field in RANGED if field.name == "tier_piece_bytes")
+    assert piece.metadata["range"][1] <= limits.object_bytes_max, "a piece is one object"
+
+
+@pytest.mark.parametrize("field", RANGED, ids=lambda field: field.name)
+def test_a_ranged_setting_takes_its_bounds_and_refuses_past_them_naming_the_range(field):
+    low, high = field.metadata["range"]
+    for value in (low, high):
+        assert getattr(config.load(None, {f"ROCKET_{field.name.upper()}": str(value)}, {}), field.name) == value
+    past = high * 2 + 1
+    with pytest.raises(ConfigError) as refused:
+        config.load(None, {f"ROCKET_{field.name.upper()}": str(past)}, {})
+    assert str(refused.value).endswith(f"{field.name}: must be between {low} and {high}, got {str(past)!r}")
