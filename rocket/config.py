@@ -68,7 +68,7 @@ class NodeConfig:
     # The WAL's newest bytes kept in the page cache; older pages are dropped once written or read, and reads of
     # them go to the disk in a worker thread. 0: the OS decides. On a VM that hands free memory back to its host
     # (virtio-balloon free page reporting), a write into a fresh page costs a host fault, and a bound (such as
-    # 64 MiB) lets writes reuse warm pages: produce went 1.2-1.5x faster, reads of a backlog half as fast.
+    # 64 MiB) lets writes reuse warm pages (benchmarks/RESULTS.md, "Fresh pages: why the raw-disk probe swings").
     wal_cached_bytes: int = ranged(0, 0, 2**50)
     # The WAL written with O_DIRECT, past the page cache, from memory of its own that also serves reads of its
     # newest wal_cached_bytes (0: limits.wal_direct_cached_bytes_default); reads of older bytes go to the disk.

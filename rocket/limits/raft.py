@@ -35,7 +35,7 @@ malloc_pretouch_bytes = 128 * MiB  # touched at start and kept: a node's first b
 malloc_pretouch_slice_bytes = 1 * MiB  # touched at a time, after the ready line: a first request waits for one slice at most
 # CPython's cyclic collector in `rocket run` (node.tune_collector): a young collection once this many more container
 # objects live than at the last one (CPython's default, 700, collected a node's round objects before they were freed,
-# and promoted them: 4-10% of a node's CPU under load went to collections, full ones of 40 ms among them)
+# and promoted them: benchmarks/RESULTS.md, "The request path and the collector")
 gc_young_objects = 50_000
 gc_older_collections = 20  # young (then middle-aged) collections between two of the next generation
 wal_reclaim_s = 5.0  # how often a storage node looks for WAL segments nothing needs any more
@@ -44,7 +44,7 @@ wal_live_fraction_max = 0.5  # ... when at most this share of them is live: copy
 wal_rescan_s = 60.0  # a pinned oldest segment is scanned again after this long, or once local data went
 raft_wal_segments_max = 8  # sealed WAL segments before a checkpoint rewrites live groups and drops the rest
 # ... or WAL bytes since the last checkpoint, whatever the segment size: a restart reads them all, so this bounds
-# its replay (about 1 s cold at 250 MB/s on this disk), while a checkpoint, which snapshots every group, stays rare.
+# its replay, while a checkpoint, which snapshots every group, stays rare.
 raft_wal_replay_bytes_max = 256 * MiB
 # Free space a node keeps on its data disk: below it, new data (produce, KV puts) is refused with DISK_FULL, so that a
 # batch already past the check, and what the node must still write (votes, offsets commits, checkpoints), fit.

@@ -91,7 +91,7 @@ class Reads:
     def _read_entries_ahead(self, topic: str, queue: int, entries: list[IndexEntry],
                             ahead: list[IndexEntry]) -> list[tuple[int, bytes]]:
         """read_entries, detached; then have the kernel start reading the entries ahead, so that the next read
-        of a reader catching up finds them in the page cache (bare pulls of a backlog ran 1.3-1.45x faster)."""
+        of a reader catching up finds them in the page cache (benchmarks/RESULTS.md, "Fresh pages")."""
         found = self.read_entries(topic, queue, entries, detached=True)
         self.data.read_ahead([(entry.position, entry.batch_bytes) for entry in ahead if not self._cached([entry])])
         return found
