@@ -3,7 +3,6 @@ persists what committed entries change in LevelDB, written without sync, and re-
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import logging
@@ -23,7 +22,7 @@ from rocket.store.queue_index import QueueIndex
 from rocket.store.reads import Reads
 from rocket.store.reclaim import Reclaim
 from rocket.store.replay import load, migrate
-from rocket.store.timers import Timers
+from rocket.store.timers import StoreTimers
 from rocket.store.values import IndexEntry, QueueStats
 
 log = logging.getLogger("rocket.store")
@@ -51,11 +50,11 @@ class GroupMachine:
         self.store.restore(self.group, chunks)
 
 
-class Store(Reads, Timers):
+class Store(Reads):
     """A group's Raft log is its commit log: a produce batch is written once, inside its entry in the node's WAL,
     fsync'ed before anything is acknowledged. The state machine (machine.py) decides what committed entries change;
     this shell persists its effects in LevelDB (queue_index.py, kv_index.py), wakes long polls, and handles backfill,
-    sync and close. Reads, timers and WAL reclaim are rooms of their own (reads.py, timers.py, reclaim.py).
+    sync and close. Reads are a room of its own (reads.py); timers and WAL reclaim are its parts (timers.py, reclaim.py).
 
     One log. The WAL is the only log: the store writes LevelDB without sync, one atomic write per Raft round that
     names the entry each group applied. A power cut takes LevelDB back to its last synced write, and the groups apply
@@ -73,8 +72,7 @@ class Store(Reads, Timers):
         self.machine.kv_shards, self.machine.kv_applied = kv.shards(), kv.applied()
         self._watchers: dict[tuple[str, int], set[trio.Event]] = {}
         self._kv_watchers: dict[tuple[str, int], set[trio.Event]] = {}
-        self._timer_batches: collections.OrderedDict = collections.OrderedDict()  # see Timers._timer_batch
-        self._timer_batches_bytes = 0
+        self.timers = StoreTimers(self.machine, index, self.read)
         self._dirty = False  # written since the background sync last ran
         self.reclaim = Reclaim(index, self._wrote)
         self.fsyncs = 0

@@ -1,10 +1,11 @@
 """The store's timers: which are due, the deliveries to propose for them, and the messages they hold (decoded
-batches kept in a bounded cache). A mixin of Store, over the machine's next due times and the index.
+batches kept in a bounded cache). A part of Store (StoreTimers), over the machine's next due times and the index.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -37,16 +38,20 @@ def _batches_of(messages: list[Message]):
         yield chunk
 
 
-class Timers:
-    # Set by Store.__init__: the state this mixin reads.
-    machine: StorageMachine
-    index: QueueIndex
-    _timer_batches: collections.OrderedDict[tuple[str, int, int], tuple[int, list[Message]]]
+class StoreTimers:
+    """Timers and half messages over the machine's next due times and the index; read(topic, queue, offset,
+    max_bytes) is the store's, for the batches that hold their messages."""
 
-    if TYPE_CHECKING:
-        # Reads.read, which Store mixes in beside this.
-        def read(self, topic: str, queue: int, offset: int, max_bytes: int,
-                 at_least_one: bool = True) -> list[tuple[int, bytes]]: ...
+    def __init__(self, machine: StorageMachine, index: QueueIndex,
+                 read: Callable[[str, int, int, int], list[tuple[int, bytes]]]):
+        self.machine = machine
+        self.index = index
+        self.read = read
+        # (topic, queue, base offset) -> (batch bytes, its messages): the most recent, up to
+        # limits.timer_batches_cached_bytes_max (_timer_batch)
+        self._timer_batches: collections.OrderedDict[tuple[str, int, int], tuple[int, list[Message]]] = \
+            collections.OrderedDict()
+        self._timer_batches_bytes = 0
 
     def due_timers(self, group: int, now_ms: int, limit: int, halves: bool = False) -> list[Timer]:
         """The group's pending timers (or half messages to check back) due by now_ms, earliest first (at

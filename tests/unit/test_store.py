@@ -972,12 +972,13 @@ def test_wal_references_list_live_batches_in_wal_order_and_follow_moves(tmp_path
     assert moved == sum(entry.batch_bytes for _, _, entry in first_two)
     assert store.reclaim.wal_floor() == live[2][2].position
     assert store.reclaim.move_batches([(*first_two[0], 1 << 40)]) == 0, "no longer where the move expects it"
-    assert [store.batch_entry(topic, queue, entry.base_offset).position for topic, queue, entry in first_two] == positions
+    assert [store.timers.batch_entry(topic, queue, entry.base_offset).position
+            for topic, queue, entry in first_two] == positions
     assert {queue: bodies(store, "t", queue) for queue in range(2)} == before
     store.close()
 
     store = Node(tmp_path)
-    assert store.batch_entry("t", 0, 0).position == positions[0]
+    assert store.timers.batch_entry("t", 0, 0).position == positions[0]
     assert {queue: bodies(store, "t", queue) for queue in range(2)} == before
     store.close()
     shutil.rmtree(tmp_path / "index")
@@ -994,7 +995,7 @@ def test_settled_timer_batches_are_forgotten_and_pending_ones_stay_live(tmp_path
     soon, late = APPEND_MS + 1_000, APPEND_MS + 10**9
     store.apply(GROUP, [Entry(1, 1, encode_timers("t", 0, APPEND_MS, timed_batch(0, 3, soon))),
                         Entry(1, 2, encode_timers("t", 0, APPEND_MS, timed_batch(3, 2, late)))])
-    [(topic, queue, offsets, batch)] = store.due_deliveries(GROUP, soon)
+    [(topic, queue, offsets, batch)] = store.timers.due_deliveries(GROUP, soon)
     store.apply(GROUP, [Entry(1, 3, encode_move(topic, queue, soon, timer_topic("t"),
                                                              offsets, batch))])
     live, settled = store.reclaim.wal_live(0, store.wal.log.end_position)

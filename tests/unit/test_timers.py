@@ -45,7 +45,7 @@ def schedule(log: Log, queue: int, deliveries_ms: list[int], now_ms: int = NOW_M
 def fire_due(log: Log, now_ms: int) -> list[Message]:
     """What the storage role does each tick: propose a fire for every delivery due; returns what applied."""
     delivered = []
-    for topic, queue, offsets, batch in log.node.due_deliveries(log.group, now_ms):
+    for topic, queue, offsets, batch in log.node.timers.due_deliveries(log.group, now_ms):
         [result] = log.apply(encode_move(topic, queue, now_ms, timer_topic(topic), offsets, batch))
         if result:
             delivered.extend(batch_codec.decode(batch, result[0], queue))
@@ -70,7 +70,7 @@ def test_100k_timers_over_ten_minutes_fire_once_within_their_precision(tmp_path)
         deliveries = [NOW_MS + rng.randrange(1_000, 600_000) for _ in range(1_000)]
         schedule(log, chunk % 4, deliveries, label=f"{chunk}/")
         wanted.update({f"{chunk}/{chunk % 4}:{ms}:{i}".encode(): ms for i, ms in enumerate(deliveries)})
-    assert len(wanted) == 100_000 and node.pending_timers(GROUP) == 100_000
+    assert len(wanted) == 100_000 and node.timers.pending_timers(GROUP) == 100_000
     tick_ms = int(limits.timer_tick_s * 1000)
     seen: dict[bytes, int] = {}
     for now_ms in range(NOW_MS, NOW_MS + 601_000, tick_ms):
@@ -79,7 +79,7 @@ def test_100k_timers_over_ten_minutes_fire_once_within_their_precision(tmp_path)
             assert 0 <= now_ms - wanted[message.body] < tick_ms, "delivered early or late"
             assert message.timestamp_ms == wanted[message.body] and message.deliver_at_ms == 0
             seen[message.body] = now_ms
-    assert len(seen) == 100_000 and node.pending_timers(GROUP) == 0
+    assert len(seen) == 100_000 and node.timers.pending_timers(GROUP) == 0
     stored = [message.body for queue in range(4) for message in consumed(node, queue)]
     assert sorted(stored) == sorted(wanted)
     node.close()
@@ -91,7 +91,7 @@ def test_a_fire_repeated_or_racing_a_cancel_delivers_nothing_twice(tmp_path):
     node = Node(tmp_path)
     log = Log(node)
     assert schedule(log, 0, [NOW_MS + 1_000] * 3) == (0, 3)
-    [(topic, queue, offsets, batch)] = node.due_deliveries(GROUP, NOW_MS + 1_000)
+    [(topic, queue, offsets, batch)] = node.timers.due_deliveries(GROUP, NOW_MS + 1_000)
     assert (topic, queue, offsets) == (TOPIC, 0, [0, 1, 2])
     first, again = log.apply(encode_move(topic, queue, NOW_MS + 1_000, timer_topic(topic), offsets, batch),
                              encode_move(topic, queue, NOW_MS + 1_000, timer_topic(topic), offsets, batch))
@@ -99,7 +99,7 @@ def test_a_fire_repeated_or_racing_a_cancel_delivers_nothing_twice(tmp_path):
     assert len(consumed(node, 0)) == 3
 
     schedule(log, 0, [NOW_MS + 2_000] * 2)  # timer offsets 3 and 4
-    [(topic, queue, offsets, batch)] = node.due_deliveries(GROUP, NOW_MS + 2_000)
+    [(topic, queue, offsets, batch)] = node.timers.due_deliveries(GROUP, NOW_MS + 2_000)
     assert log.apply(encode_cancel(timer_topic(TOPIC), 0, [3]), encode_move(topic, queue, NOW_MS + 2_000, timer_topic(topic), offsets, batch)) == [True, False]
     assert log.apply(encode_cancel(timer_topic(TOPIC), 0, [3])) == [False]
     assert [m.body for m in fire_due(log, NOW_MS + 2_100)] == [b"0:1700000002000:1"]
@@ -119,13 +119,13 @@ def test_timers_survive_a_reopen_and_an_index_rebuild(tmp_path):
         if lose_index:
             shutil.rmtree(tmp_path / "index")
         node = Node(tmp_path)
-        assert node.pending_timers(GROUP) == 2
-        assert node.due_deliveries(GROUP, NOW_MS + 4_999) == []
+        assert node.timers.pending_timers(GROUP) == 2
+        assert node.timers.due_deliveries(GROUP, NOW_MS + 4_999) == []
         node.close()
     node = Node(tmp_path)
     log = Log(node)
     assert [m.body for m in fire_due(log, NOW_MS + 9_000)] == [b"1:1700000005000:0", b"1:1700000009000:1"]
-    assert node.pending_timers(GROUP) == 0 and len(consumed(node, 1)) == 3
+    assert node.timers.pending_timers(GROUP) == 0 and len(consumed(node, 1)) == 3
     node.close()
 
 

@@ -37,14 +37,14 @@ class Timers:
         while True:
             await trio.sleep(limits.timer_tick_s)
             now_ms = self.clock.wall_ms()
-            due_ms, any_timer = self.store.next_timer_ms(self.host.leads)
+            due_ms, any_timer = self.store.timers.next_timer_ms(self.host.leads)
             if due_ms > now_ms:
                 self.store.timers_changed = changed = trio.Event()
                 with trio.move_on_after(min((due_ms - now_ms) / 1000,
                                             limits.idle_recheck_s if any_timer else math.inf)):
                     await changed.wait()
                 now_ms = self.clock.wall_ms()
-            for group in self.store.timer_groups(now_ms):
+            for group in self.store.timers.timer_groups(now_ms):
                 if not self.host.leads(group):
                     continue
                 try:
@@ -57,7 +57,7 @@ class Timers:
         are still pending, so a repeat after a lost answer or a change of leader delivers nothing twice.
         Returns how many were delivered."""
         delivered = 0
-        for topic, queue, offsets, batch in self.store.due_deliveries(group, now_ms):
+        for topic, queue, offsets, batch in self.store.timers.due_deliveries(group, now_ms):
             fire = encode_move(topic, queue, self.stamps.stamp(topic, queue), timer_topic(topic), offsets, batch)
             if await self.host.propose(group, fire, limits.storage_append_wait_s_max):
                 delivered += len(offsets)

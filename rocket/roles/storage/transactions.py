@@ -42,7 +42,7 @@ class Transactions:
         offsets = list(range(offset, offset + request["count"]))
         if request["commit"]:
             try:
-                messages = self.store.pending_messages(half_topic(topic), queue, offsets)
+                messages = self.store.timers.pending_messages(half_topic(topic), queue, offsets)
             except RocketError:  # never there: answered below like a second commit
                 messages = []
             done = bool(messages) and bool(await self.host.propose(group, encode_move(
@@ -66,14 +66,14 @@ class Transactions:
         now_ms = self.clock.wall_ms()
         waiting = half_topic(topic)
         transactions: dict[tuple[int, int], list] = {}  # (queue, first half offset) -> due ms, checks, offsets
-        for timer in self.store.due_timers(group, now_ms, limits.timer_fire_messages_max, halves=True):
+        for timer in self.store.timers.due_timers(group, now_ms, limits.timer_fire_messages_max, halves=True):
             if timer.topic == waiting and timer.queue in queues:
-                base_offset = self.store.batch_entry(waiting, timer.queue, timer.offset).base_offset
+                base_offset = self.store.timers.batch_entry(waiting, timer.queue, timer.offset).base_offset
                 transactions.setdefault((timer.queue, base_offset), [timer.deliver_at_ms, timer.checks, []])[2].append(
                     timer.offset)
         checks = []
         for (queue, base_offset), (due_ms, checked, offsets) in transactions.items():
-            batch = batch_codec.encode(self.store.pending_messages(waiting, queue, offsets), now_ms)
+            batch = batch_codec.encode(self.store.timers.pending_messages(waiting, queue, offsets), now_ms)
             if checked >= self.config.transaction_checks_max:
                 await self.host.propose(group, encode_move(unresolved_topic(topic), queue, now_ms, waiting, offsets,
                                                            batch))
