@@ -26,7 +26,7 @@ class Unparked(Exception):
     route or its group's leader is elsewhere or unknown): the call is served as a task instead, with the request
     already decoded (request, set by Dispatcher.park)."""
 
-    request: dict | None = None
+    request: dict[str, Any] | None = None
 
 
 class Slot:

@@ -52,7 +52,7 @@ def compile_tag_filter(expression: str) -> TagFilter:
     check_expression("tag", expression)
     if expression.strip() in ("", "*"):
         return TagFilter(expression, None, None)
-    tags = set()
+    tags: set[str] = set()
     start = 0
     for part in expression.split("||"):
         tag = part.strip()

@@ -41,7 +41,7 @@ class LeastLoaded:
         if len(loads) < replicas:
             raise RocketError(Code.UNAVAILABLE, f"{replicas} replicas need {replicas} available storage nodes; "
                               f"{len(loads)} are available")
-        placed = []
+        placed: list[tuple[int, ...]] = []
         for _ in range(groups):
             chosen: list[int] = []
             for _ in range(replicas):
@@ -108,7 +108,7 @@ def place_queues(first_queue: int, count: int, queue_predicted: float, groups: l
         return load.predicted + limits.placement_node_weight * node_load[load.leader]
 
     topic_cap = -(-(sum(load.topic_queues for load in groups) + count) // len(candidates))
-    choices = []
+    choices: list[QueueChoice] = []
     for queue in range(first_queue, first_queue + count):
         allowed = [load for load in candidates if load.topic_queues < topic_cap] or candidates
         ranked = sorted(allowed, key=lambda load: (score(load), load.topic_queues, load.queues, load.group))

@@ -25,7 +25,7 @@ def _bad(what: str) -> RocketError:
 
 
 def encode_entries(entries: list[Entry] | tuple[Entry, ...]) -> list[bytes]:
-    parts = []
+    parts: list[bytes] = []
     for entry in entries:
         parts.append(_entry.pack(entry.term, entry.index, entry.kind, len(entry.data)))
         parts.append(entry.data)
@@ -33,7 +33,7 @@ def encode_entries(entries: list[Entry] | tuple[Entry, ...]) -> list[bytes]:
 
 
 def decode_entries(view: memoryview, position: int, count: int) -> tuple[list[Entry], int]:
-    entries = []
+    entries: list[Entry] = []
     for _ in range(count):
         if position + _entry.size > len(view):
             raise _bad("entry header")
@@ -100,7 +100,7 @@ def decode_messages(data: bytes | memoryview) -> list[tuple[int, Message]]:
     position = _u64.size
     if count > len(view):
         raise _bad("message count")
-    messages = []
+    messages: list[tuple[int, Message]] = []
     for _ in range(count):
         if position + _message_head.size > len(view):
             raise _bad("message header")

@@ -203,7 +203,7 @@ class ControlledCore(RaftCore):
         if self.role != Role.LEADER or not self.sync_state_set:
             return
         required = (self.sync_state_set | self._joining
-                    | (self.requested.sync_state_set if self.requested else frozenset()))
+                    | (self.requested.sync_state_set if self.requested else frozenset[int]()))
         if self._unsure:
             required |= self.voters
         candidate = min(self.tracker[node].match if node in self.tracker else 0 for node in required | {self.id})

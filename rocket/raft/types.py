@@ -44,7 +44,7 @@ class EntryKind(enum.IntEnum):
 
 class Entry(typing.NamedTuple):  # made for every entry proposed or received: a frozen dataclass costs 3x to make
     term: int
-    index: int
+    index: int  # pyright: ignore[reportIncompatibleMethodOverride]: the field hides tuple.index, unused
     data: bytes = b""
     kind: EntryKind = EntryKind.NORMAL
 

@@ -49,7 +49,7 @@ class Piece:
     def index_key(self) -> str:
         return index_key(self.key)
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[object]:
         return [self.from_offset, self.to_offset, self.key, self.size, self.md5, self.index_size,
                 self.first_timestamp_ms, self.last_append_ms]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from typing import Any
 
 import orjson
 
@@ -96,7 +97,7 @@ class Rearm:
 class PopCommand:
     """A pop consumption change (see pop.decide); a 'dead' one carries the message's batch at batch_at."""
 
-    request: dict
+    request: dict[str, Any]
     batch_at: int
     batch: memoryview
 
@@ -105,7 +106,7 @@ class PopCommand:
 class TierCommand:
     """A tier manifest change (see manifest.decide)."""
 
-    request: dict
+    request: dict[str, Any]
 
 
 Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand | KvBatch
@@ -178,7 +179,7 @@ def _decode_kv(view: memoryview) -> KvBatch:
         at += length
         return bytes(view[at - length:at])
 
-    txns = []
+    txns: list[Txn] = []
     for bucket, shard, history, compare, success, failure in request["txns"]:
         compares = [Compare(key, target, op, number, value(length)) for key, target, op, number, length in compare]
         txns.append(Txn(bucket, shard, request["now_ms"], history, compares,
@@ -244,7 +245,7 @@ def encode_rearm(source: str, queue: int, offsets: list[int], due_ms: int, next_
                                                    "due_ms": due_ms, "next_ms": next_ms, "checks": checks})
 
 
-def encode_pop(command: dict, batch: bytes = b"") -> bytes:
+def encode_pop(command: dict[str, Any], batch: bytes = b"") -> bytes:
     body = orjson.dumps(command)
     return b"".join((bytes([POP_COMMAND]), _json_length.pack(len(body)), body, batch))
 

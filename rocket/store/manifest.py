@@ -29,7 +29,7 @@ class TierQueue:
     dropped_bytes: int = 0  # bytes of local data dropped (offloaded before)
     truncated_bytes: int = 0  # bytes of local data that total retention removed before any offload
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[object]:
         return [[piece.to_wire() for piece in self.pieces], self.tiered_to, self.local_from, self.offloaded_bytes,
                 self.dropped_bytes, self.truncated_bytes]
 

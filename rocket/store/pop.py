@@ -34,7 +34,7 @@ class PopChange:
     dropped: list[int] = dataclasses.field(default_factory=list)
     reset: bool = False  # in flight is only what set says (a snapshot installed)
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[object]:
         return [*self.key, self.cursor, [[offset, *state] for offset, state in self.set.items()], self.dropped,
                 self.reset]
 

@@ -14,7 +14,7 @@ HALF_PREFIX = half_topic("")
 class IndexEntry(typing.NamedTuple):  # made for every batch applied or read: a frozen dataclass costs 3x to make
     base_offset: int
     position: int
-    count: int
+    count: int  # pyright: ignore[reportIncompatibleMethodOverride]: the field hides tuple.count, unused
     batch_bytes: int
     first_timestamp_ms: int
     append_ms: int

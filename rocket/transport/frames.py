@@ -56,7 +56,7 @@ class FrameError(RocketError):
 
 
 def encode_parts(kind: Kind, serde: int, request_id: int, body: bytes | memoryview = b"", method: str = "",
-                 attachment: bytes | memoryview | list | None = None) -> list[bytes | memoryview]:
+                 attachment: bytes | memoryview | list[bytes | memoryview] | None = None) -> list[bytes | memoryview]:
     """A frame as buffers to send one after another, so that large attachments are never joined; a small frame
     without attachments is one buffer (its copy costs less than a buffer of its own). A list of attachments travels
     with their lengths (FLAG_ATTACHMENTS)."""
@@ -192,7 +192,7 @@ class FrameDecoder:
         return memoryview(buffer)[:size]
 
     def _check_header(self, buffer: bytearray) -> int:
-        length, version, kind, serde, flags, request_id, method_len = _header.unpack_from(buffer)
+        length, version, kind, _serde, flags, request_id, method_len = _header.unpack_from(buffer)
         if version != VERSION:
             raise FrameError(Code.BAD_FRAME, f"unknown frame version {version}")
         if length > self._frame_bytes_max:
@@ -252,7 +252,7 @@ def _split_attachments(data: memoryview, request_id: int) -> list[memoryview]:
     lengths = struct.unpack_from(f">{count}I", data, _message_length.size)
     if table_end + sum(lengths) != len(data):
         raise FrameError(Code.BAD_FRAME, "attachment lengths do not add up to the frame", request_id)
-    attachments = []
+    attachments: list[memoryview] = []
     position = table_end
     for length in lengths:
         attachments.append(data[position : position + length])

@@ -72,7 +72,8 @@ def grpc_message_text(text: str) -> str:
 def split_messages(buffer: bytearray, check: Callable[[int, int], None]) -> list[bytes]:
     """Remove and return the complete length-prefixed messages at the front of buffer (gRPC's framing:
     1 flag byte, 4-byte length); check(flag, length) refuses a prefix."""
-    messages, offset = [], 0
+    messages: list[bytes] = []
+    offset = 0
     while len(buffer) - offset >= message_prefix.size:
         flag, length = message_prefix.unpack_from(buffer, offset)
         check(flag, length)

@@ -54,7 +54,7 @@ def properties_text(properties: dict[str, str]) -> str:
 
 
 def parse_properties(text: str) -> dict[str, str]:
-    properties = {}
+    properties: dict[str, str] = {}
     for pair in text.split(PROPERTY):
         if pair:
             name, separator, value = pair.partition(NAME_VALUE)
@@ -147,7 +147,7 @@ def encode_stored(message: Message, topic: str, store_host: tuple[bytes, int], r
 def decode_batch(body: bytes) -> list[tuple[bytes, int, dict[str, str]]]:
     """SEND_BATCH_MESSAGE's body (MessageDecoder.encodeMessages): per message total size, magic, body CRC, flag,
     body, properties; as (body, flag, properties)."""
-    messages = []
+    messages: list[tuple[bytes, int, dict[str, str]]] = []
     position = 0
     view = memoryview(body)
     while position < len(body):
