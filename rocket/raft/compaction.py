@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rocket import limits
@@ -31,7 +31,7 @@ class SnapshotJob:
     hosted: Group
     index: int
     term: int
-    chunks: object  # the machine's Iterable[bytes], iterated in the worker thread
+    chunks: Iterable[bytes]  # the machine's snapshot, iterated in the worker thread
 
 
 # Run work in a thread the round loop counts as persisting; done(outcome) runs in the trio thread after it and returns
@@ -109,8 +109,10 @@ class Compaction:
         if hosted.applied <= core.snapshot.index or group in self._snapshotting:
             return  # also when a snapshot installed in the core is not yet in the machine
         index = hosted.applied
+        term = core.term_at(index)
+        assert term is not None, "an applied entry after the snapshot is in the log"
         self._snapshotting.add(group)
-        self._jobs.append(SnapshotJob(group, hosted, index, core.term_at(index), hosted.machine.snapshot()))
+        self._jobs.append(SnapshotJob(group, hosted, index, term, hosted.machine.snapshot()))
         self._jobs_queued += 1
         hosted.log_bytes = 0
         self._start_worker()

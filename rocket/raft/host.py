@@ -308,6 +308,7 @@ class RaftHost(Rounds):
             # Hosted here again, it restarts from what it holds now, not from what was replayed at open: the
             # snapshot file that referred to may be deleted since.
             now = self._checkpoint_of(group, hosted)
+            assert now.hard_state is not None, "a checkpoint holds the hard state"
             self.wal.groups[group] = GroupState(now.hard_state, now.entries, now.snapshot, dict(hosted.positions))
 
     async def write_data(self, blobs: list[bytes]) -> list[int]:

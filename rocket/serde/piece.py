@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import struct
 import zlib
+from collections.abc import Sequence
 
 from rocket.errors import Code, RocketError
 from rocket.serde import batch as batch_codec
@@ -85,7 +86,7 @@ def range_of_key(key: str) -> tuple[int, int] | None:
     return int(first), int(last)
 
 
-def build(prefix: str, topic: str, queue: int, batches: list[tuple[int, bytes | memoryview, int, int]]
+def build(prefix: str, topic: str, queue: int, batches: Sequence[tuple[int, bytes | memoryview, int, int]]
           ) -> tuple[Piece, bytes, bytes]:
     """A piece from consecutive batches (base offset, batch, append ms, tag summary): its manifest entry,
     segment bytes and sidecar index bytes. Every batch's CRC is checked on the way."""

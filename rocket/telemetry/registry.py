@@ -10,7 +10,7 @@ import itertools
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
@@ -265,7 +265,7 @@ class Telemetry:
                 add(key[0], {"group": str(group), "leader": str(int(group in leads))}, total, rate)
 
 
-def bucket_quantile(quantile: float, bounds: list[float], cumulative: list[float]) -> float | None:
+def bucket_quantile(quantile: float, bounds: Sequence[float], cumulative: Sequence[float]) -> float | None:
     """The quantile of what a histogram's cumulative bucket counts hold, interpolated linearly within the bucket it
     falls in (as Prometheus's histogram_quantile does); None when they hold nothing. Past the last finite bound, that
     bound."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import html
 import urllib.parse
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from rocket.gateway.console.charts import line_chart
@@ -81,7 +82,7 @@ def notice(text: str) -> Safe:
     return Safe(f'<p class="notice">{esc(text)}</p>')
 
 
-def table(headers: list[str], rows: list[list], empty: str, numeric: set[int] = frozenset()) -> Safe:
+def table(headers: list[str], rows: list[list], empty: str, numeric: AbstractSet[int] = frozenset()) -> Safe:
     """headers, then rows of cells; the columns numbered in numeric are right-aligned. An empty table says empty."""
     if not rows:
         return Safe(f'<p class="empty">{esc(empty)}</p>')

@@ -79,7 +79,7 @@ class Connection:
 
 def _address(stream: trio.abc.Stream, which: str) -> str:
     try:  # over TLS, the socket is the SSLStream's transport stream's
-        host, port = getattr(getattr(stream, "transport_stream", stream).socket, which)()[:2]
+        host, port = getattr(getattr(getattr(stream, "transport_stream", stream), "socket"), which)()[:2]
         return f"{host}:{port}"
     except (OSError, ValueError):
         return "0.0.0.0:0"

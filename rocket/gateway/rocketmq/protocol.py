@@ -49,8 +49,8 @@ def load_protocol() -> tuple[types.ModuleType, types.ModuleType] | None:
         return None
     definition = _load_module("rocket._rocketmq_protocol.definition_pb2", directory / "definition_pb2.py")
     stand_ins = {"rocketmq": types.ModuleType("rocketmq"), "rocketmq.grpc_protocol": types.ModuleType("grpc_protocol")}
-    stand_ins["rocketmq.grpc_protocol"].definition_pb2 = definition
-    stand_ins["rocketmq"].grpc_protocol = stand_ins["rocketmq.grpc_protocol"]
+    setattr(stand_ins["rocketmq.grpc_protocol"], "definition_pb2", definition)
+    setattr(stand_ins["rocketmq"], "grpc_protocol", stand_ins["rocketmq.grpc_protocol"])
     if any(name in sys.modules for name in stand_ins):
         return None  # a partly imported client: do not shadow it
     sys.modules.update(stand_ins)
@@ -64,6 +64,8 @@ def load_protocol() -> tuple[types.ModuleType, types.ModuleType] | None:
 
 def _load_module(name: str, path: Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be loaded as a module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules[name] = module

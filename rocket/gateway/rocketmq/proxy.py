@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import types
+from typing import cast
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -106,7 +107,7 @@ class RocketMQProxy:
         access = self.dispatcher.access
         if access is not None:
             try:
-                access.authorize(call.user, grpc_needs(name, request), call.source)
+                access.authorize(cast(str, call.user), grpc_needs(name, request), call.source)  # set by _checked
             except RocketError as error:
                 raise GrpcError(GrpcStatus.PERMISSION_DENIED if error.code == Code.PERMISSION_DENIED
                                 else GrpcStatus.UNAUTHENTICATED, error.message) from None

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 from contextlib import suppress
 
 import trio
@@ -98,7 +99,7 @@ class KeyValues:
     # ---- keys ----------------------------------------------------------------------------------------
 
     async def _kv_txn(self, route: Route, shard: int, compare: list[dict], success: list[dict],
-                      failure: list[dict] = ()) -> dict:
+                      failure: Sequence[dict] = ()) -> dict:
         """A transaction on one shard, checked here (it goes in a batch with others, which a bad one must not fail)
         and sent with the others that came for the shard's group meanwhile (_kv_batched)."""
         txn, size = self._kv_txn_checked(route, shard, compare, success, failure)
@@ -106,7 +107,7 @@ class KeyValues:
 
     @staticmethod
     def _kv_txn_checked(route: Route, shard: int, compare: list[dict], success: list[dict],
-                        failure: list[dict] = ()) -> tuple[dict, int]:
+                        failure: Sequence[dict] = ()) -> tuple[dict, int]:
         """A transaction as StorageKvTxn carries it, its puts' TTLs the bucket's unless given, checked; and its size."""
         for op in (*success, *failure):
             if op.get("ttl_ms", -1) < 0:
@@ -173,7 +174,7 @@ class KeyValues:
         to = self.routes.parking(route, group, "StorageKvTxn")
         retryable = self.routes.retryable(route, group, at_most_once=True)
 
-        def finish(outcome: object) -> None:
+        def finish(outcome: Any) -> None:  # the answer, or the RocketError met
             if isinstance(outcome, RocketError):
                 if outcome.code in retryable:
                     self.routes.start_soon(complete_later, slot,
@@ -220,7 +221,7 @@ class KeyValues:
         to = self.routes.parking(route, group, "StorageKvRead")
         retryable = self.routes.retryable(route, group)
 
-        def finish(outcome: object) -> None:
+        def finish(outcome: Any) -> None:  # the answer, or the RocketError met
             if isinstance(outcome, RocketError) and outcome.code in retryable:
                 self.routes.start_soon(complete_later, slot, functools.partial(self.kv_get, request))
                 return

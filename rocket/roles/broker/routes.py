@@ -267,7 +267,7 @@ class Routes(Background):
         self._forwarded.add(forwarded)
         if not self._sweeping:
             self._sweeping = True
-            self._nursery.start_soon(self._sweep_forwarded)
+            self.start_soon(self._sweep_forwarded)
         return True
 
     async def _sweep_forwarded(self) -> None:

@@ -64,7 +64,8 @@ class Controller:
 
     def _silent_s(self, node: int) -> float:
         heard = self.heartbeats.get(node)
-        return trio.current_time() - (heard[0] if heard is not None else self._led_since)
+        since = heard[0] if heard is not None else self._led_since
+        return trio.current_time() - since if since is not None else 0.0  # not leading: nothing to judge
 
     def _log_end(self, node: int, group: int) -> int:
         """The last index of the node's replica of the group, as its last heartbeat reported (-1: unknown)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import trio
 
@@ -73,7 +74,7 @@ class KeyValues:
             self._propose_kv_chunk(group, chunk)
 
     def _propose_kv_chunk(self, group: int, chunk: list[tuple[list[Txn], Slot]]) -> None:
-        def answer_each(outcome: object) -> None:
+        def answer_each(outcome: Any) -> None:  # the results, or the RocketError met
             at = 0
             for txns, slot in chunk:
                 slot.complete(outcome if isinstance(outcome, RocketError)

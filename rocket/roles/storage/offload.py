@@ -68,6 +68,12 @@ class Offloader:
         self.swept_objects = 0
         self.failures = 0
 
+    @property
+    def _objects(self) -> ObjectStore:
+        """The object store: pieces are offloaded, verified and swept only with one (_due looks first)."""
+        assert self.objects is not None, "the tier is off"
+        return self.objects
+
     async def run(self) -> None:
         while True:
             await sleep_periodic(limits.tier_scan_s)
@@ -146,8 +152,8 @@ class Offloader:
         # a worker thread does them (zlib and hashlib let go of the GIL), not the node's trio thread.
         piece, segment, index = await trio.to_thread.run_sync(build, self.settings.prefix, topic, queue, run)
         await self._delete_orphans(topic, queue, piece)
-        await self.objects.put(piece.index_key, index)
-        await self.objects.put(piece.key, segment)
+        await self._objects.put(piece.index_key, index)
+        await self._objects.put(piece.key, segment)
         await self._verify(piece)
         if not await self.propose(group, encode_offloaded(topic, queue, piece)):
             return False  # another leader's piece got there first: its objects are the ones listed
@@ -158,8 +164,8 @@ class Offloader:
 
     async def _verify(self, piece: Piece) -> None:
         """The data counts as offloaded only once the store holds exactly what was built."""
-        segment = await self.objects.head(piece.key)
-        index = await self.objects.head(piece.index_key)
+        segment = await self._objects.head(piece.key)
+        index = await self._objects.head(piece.index_key)
         if segment is None or index is None:
             raise RocketError(Code.UNAVAILABLE, f"tier object {piece.key} is missing right after its upload")
         if segment.size != piece.size or segment.etag != piece.md5 or index.size != piece.index_size:
@@ -170,17 +176,17 @@ class Offloader:
         """Objects of a run from the same offset cut differently (an upload a crash or a lost leadership
         left unlisted) go, so the tier never holds the same offsets twice."""
         prefix = queue_prefix(self.settings.prefix, topic, queue) + f"{piece.from_offset:020d}-"
-        for info in await self.objects.list(prefix):
+        for info in await self._objects.list(prefix):
             if range_of_key(info.key) != (piece.from_offset, piece.to_offset):
-                await self.objects.delete(info.key)
+                await self._objects.delete(info.key)
 
     async def _sweep_expired(self, topic: str, queue: int, start: int) -> None:
         """Objects wholly before the manifest's start were expired: an expire whose deletes a crash or a lost
         leadership cut short left them behind. Looked for once per queue by each offloader (leader)."""
-        for info in await self.objects.list(queue_prefix(self.settings.prefix, topic, queue)):
+        for info in await self._objects.list(queue_prefix(self.settings.prefix, topic, queue)):
             found = range_of_key(info.key)
             if found is not None and found[1] <= start:
-                await self.objects.delete(info.key)
+                await self._objects.delete(info.key)
                 self.swept_objects += 1
 
     async def _truncate(self, group: int, topic: str, queue: int, state, retention_s: float) -> None:
