@@ -21,7 +21,8 @@ from rocket.transport.tls import handshake
 
 log = logging.getLogger("rocket.http1")
 
-Response = tuple[int, str, bytes]  # status, content type, body; or with a fourth item, [(header, value)] to add
+# status, content type, body; or with a fourth item, [(header, value)] to add
+Response = tuple[int, str, bytes] | tuple[int, str, bytes, list[tuple[str, str]]]
 Route = Callable[..., Awaitable[Response]]  # () -> Response, or (path, query, Asked) -> Response for a prefix "...*"
 
 

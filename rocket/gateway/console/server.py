@@ -123,12 +123,18 @@ class Console:
 
     # Who reads: with auth on, a user signed in with HTTP Basic credentials, and what the policies let them read.
 
+    @property
+    def _access(self) -> Access:
+        """The node's users and policies: readers sign in and are checked only with auth on."""
+        assert self.access is not None, "auth is off"
+        return self.access
+
     def sign_in(self, asked: Asked | None) -> Viewer:
         """The user a request's Basic credentials prove (access key, secret), or UNAUTHENTICATED. Wrong credentials
         are counted against the client's address as any failed sign-in (access.failed); none at all, a browser's
         first request, are not."""
         source = asked.source if asked is not None else ""
-        self.access.refuse_if_guessing(source)
+        self._access.refuse_if_guessing(source)
         header = asked.headers.get("authorization", "") if asked is not None else ""
         if not header:
             raise RocketError(Code.UNAUTHENTICATED, "the console needs a user: sign in with an access key and its "
@@ -139,11 +145,11 @@ class Console:
         except (binascii.Error, UnicodeDecodeError):
             colon = ""
         if scheme.lower() != "basic" or not colon:
-            raise self.access.failed(source, RocketError(Code.UNAUTHENTICATED, "console: the Authorization header "
+            raise self._access.failed(source, RocketError(Code.UNAUTHENTICATED, "console: the Authorization header "
                                                          "holds no HTTP Basic credentials"))
-        secret = self.access.secret_of(user)
+        secret = self._access.secret_of(user)
         if secret is None or not hmac.compare_digest(secret, password.encode()):
-            raise self.access.failed(source, RocketError(Code.UNAUTHENTICATED,
+            raise self._access.failed(source, RocketError(Code.UNAUTHENTICATED,
                                                          f"console: no user {user!r} with that secret"))
         return Viewer(user, source)
 
@@ -153,7 +159,7 @@ class Console:
         if viewer is None:
             return
         try:
-            self.access.authorize(viewer.user, needs, viewer.source)
+            self._access.authorize(viewer.user, needs, viewer.source)
         except RocketError as error:
             if "no policy allows" not in error.message:  # denied outright, or the user is gone: no grant helps
                 raise Refused(error.message) from None
@@ -167,10 +173,10 @@ class Console:
         viewer = _viewer.get()
         if viewer is None:
             return None
-        user = self.access.users.get(viewer.user)
+        user = self._access.users.get(viewer.user)
         if user is None:
             return f"user {viewer.user!r} no longer exists"
-        return None if user.super else denial(self.access.policies.get(viewer.user, ()), needs, viewer.source)
+        return None if user.super else denial(self._access.policies.get(viewer.user, ()), needs, viewer.source)
 
     def hidden_note(self, hidden: list[str]) -> list[str]:
         """The notice for what a page left out for its reader, naming what is missing."""
@@ -382,7 +388,8 @@ class Console:
         described, why = await self.call("DescribeTopic", {"topic": topic})
         if described is None:
             raise RocketError(Code.UNAVAILABLE, why)
-        spec, queues = described["topic"], {info["queue"]: info for info in described["queues"]}
+        spec = described["topic"]
+        queues: dict[int, dict[str, int]] = {info["queue"]: info for info in described["queues"]}  # offsets, by queue
         start_ms, end_ms = parse_time(query.get("from", ""), "from"), parse_time(query.get("to", ""), "to")
         if query.get("id", "").strip():
             queue, offset = parse_id(query["id"])
