@@ -175,10 +175,10 @@ class Compaction:
         self._start_worker()
         return None
 
-    def durable(self, group: int, snapshot: Snapshot) -> None:
+    def durable(self, group: int, snapshot: Snapshot | None) -> None:
         """A WAL record of the group's snapshot is durable, and the rounds before it are released (their
         snapshots restored): the group's files from before it are needed no more."""
-        if not snapshot.data or snapshot.index <= self._durable.get(group, 0):
+        if snapshot is None or not snapshot.data or snapshot.index <= self._durable.get(group, 0):
             return
         self._durable[group] = snapshot.index
         self._drops.append((group, snapshot.index))

@@ -4,11 +4,8 @@ to and fetched from other nodes; rounds.py is its round loop."""
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import logging
 import math
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,20 +14,17 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.parked import Awaited, Deadlines, Slot
+from rocket.parked import Awaited, Slot
 from rocket.raft import codec, snapshots
 from rocket.raft.controlled import ControlledCore
-from rocket.raft.core import NONE, Config, HardState, Message, MessageType, RaftCore, Role, Snapshot
-from rocket.raft.compaction import Compaction
-from rocket.raft.rounds import Group, Round, Rounds
-from rocket.raft.snapshots import SnapshotFiles
-from rocket.raft.wal import GroupState, Update, Wal
+from rocket.raft.core import NONE, Config, Message, MessageType, RaftCore, Role, Snapshot
+from rocket.raft.rounds import Group, Post, Rounds
+from rocket.raft.wal import GroupState, Wal
 from rocket.replication import Control, StateMachine, SyncStateRequest
 
 log = logging.getLogger("rocket.raft")
 
 _upkeep = {MessageType.HEARTBEAT, MessageType.HEARTBEAT_RESPONSE, MessageType.APPEND, MessageType.APPEND_RESPONSE}
-Post = Callable[[int, bytes], None]  # queue a payload for a node without waiting; it may be lost
 # Bytes of a snapshot file on another node: (node, group, file name, offset) -> what snapshot_chunk answers there.
 FetchChunk = Callable[[int, int, str, int], Awaitable[bytes | memoryview]]
 
@@ -41,95 +35,17 @@ class RaftHost(Rounds):
     appends go out once written, with a commit durable rounds justify."""
 
     def __init__(self, node_id: int, wal: Wal, post: Post, tick_s: float = limits.raft_tick_s):
-        self.node_id = node_id
-        self.wal = wal
-        self._post = post
-        self.tick_s = tick_s
-        self.groups: dict[int, Group] = {}
-        self._wake = trio.Event()
-        self.ticks = 0
+        super().__init__(node_id, wal, post, tick_s)
         self._read_ids = 0
-        self._peers: set[int] = set()  # the other nodes of every hosted group
-        # Makes durable what the machines' snapshots cover but keep outside the WAL (the storage role's
-        # LevelDB); the snapshot worker calls it before it writes snapshot files, so the trio thread never waits.
-        self.sync_before_snapshots: Callable[[], None] = lambda: None
         # How a follower fetches the file of a snapshot its leader sent; wired by the roles (None: it cannot).
         self.fetch_snapshot_chunk: FetchChunk | None = None
-        self.snapshot_files = SnapshotFiles(wal.log.directory / snapshots.DIRECTORY)
-        replayed = {group: state.snapshot for group, state in wal.groups.items()
-                    if state.snapshot is not None and state.snapshot.data}
-        self.snapshot_files.keep_only({snapshots.file_of(group, snapshot) for group, snapshot in replayed.items()})
-        durable = {group: snapshot.index for group, snapshot in replayed.items()}
-        self.compaction = Compaction(self.snapshot_files, durable, self.groups, tick_s, self._start_persist,
-                                     lambda: self.sync_before_snapshots(), lambda: self._wake.set())
         self._fetching: set[int] = set()  # groups fetching a snapshot file: one fetch per group at a time
-        self._nursery: trio.Nursery | None = None  # the round loop's, for the fetches
-        self._data: list[tuple[list[bytes], trio.Event, list]] = []  # blobs to write with the next round
-        # Hard states in which only the commit moved: Raft needs no commit on disk (a restarted node learns
-        # it again), so they wait for the next round that writes anything else, or for a tick that finds the
-        # WAL idle, instead of taking an fsync of their own between two rounds of entries.
-        self._deferred: dict[int, HardState] = {}
-        self._deferred_due = False
-        self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
-        self.fsyncs = 0
-        self.on_fsync: Callable[[float], None] = lambda seconds: None  # telemetry: each WAL fsync's time, in its thread
         # Telemetry: the time from a proposal to its result, applied on this leader. Sampled: one proposal is timed
         # at a time on the node, so about one per round however many entries a round carries.
         self.on_commit: Callable[[float], None] | None = None
         self._timing = False
-        # Rounds are numbered as they are written (rounds.py, _write). One syncer thread at a time fsyncs
-        # them, and goes on fsyncing while rounds were written meanwhile, so that the disk never waits for
-        # this thread and a busy node wakes no thread per round.
-        self._rounds_written = 0
-        self._rounds_durable = 0  # as the trio thread knows it
-        self._durable_changed = trio.Event()
-        self._sync_lock = threading.Lock()  # an fsync of rounds, or a checkpoint: one at a time
-        self._syncer_lock = threading.Lock()  # guards the two below
-        self._rounds_on_disk = 0  # written by the round loop or a worker thread (one round writes at a time)
-        self._syncing = False  # the syncer runs (rounds.py, _sync_rounds), in a worker thread
-        self._rounds_synced = 0  # as the syncer knows it
-        self._durable_seen = 0  # _rounds_durable when the last round took its Readies
-        self._received = False  # messages other than appends came since then: they do not wait for an fsync
-        self._unwritten_bytes = 0  # entries proposed and data to write since then
-        self._pending: collections.deque[Round] = collections.deque()  # rounds not yet released, in order
-        # The round being written, until the next round (or a checkpoint) takes where its bytes lie: the
-        # round loop goes on meanwhile, and the next round's write starts only after it.
-        self._writing: tuple[Round, trio.Event, list] | None = None
-        # Persist threads (the syncer, a round written while the disk is full or direct) are started at once,
-        # not as a task that waits for the scheduler's next batch; run() does not return while one is in
-        # flight, and the first one to fail fails the round loop.
-        self._persisting = 0
-        self._persisted = trio.Event()
-        self._persist_error: BaseException | None = None
-        self._stopping = False  # the round loop ends: a round waiting for disk space fails instead
-        # Why this node refuses new data now ("" while it takes it): its data disk is under limits.disk_reserve_bytes,
-        # or the WAL refused a write for want of space, until the round loop's watch finds the reserve free again.
         # node -> the schema version its Raft link said on connecting (transport/links.py); None: not known here
         self.peer_versions: dict[int, int] | None = None
-        self.disk_refusal = ""
-        self.disk_free_bytes = 2**63  # as last seen; under limits.disk_floor_bytes every proposal is refused
-        self._disk_looked_at = -math.inf  # when a tick last looked at the disk's free space (_look_at_disk)
-        self._token: trio.lowlevel.TrioToken | None = None
-        # Only groups touched since the last round are asked for a Ready, and only awake groups are
-        # ticked: thousands of quiet groups then cost nothing per tick.
-        self._active: set[int] = set()
-        self._awake: set[int] = set()
-        self._woken: trio.Event | None = None  # while the ticker waits as for an idle node (rounds.py, _ticker)
-        self._proposing: set[int] = set()  # groups with proposals buffered for the next round (Group.proposals)
-        self._deadlines = Deadlines()  # parked proposals with a timeout, swept each tick
-        self._round_hooks: list[Callable[[], None]] = []  # on_round
-        # What the round loop applies a round's entries within: the storage role's Store.holding, so that a round's
-        # changes to the store are written once for all its groups.
-        self.applying: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-
-    def _touched(self, group: int, hosted: Group) -> None:
-        self._active.add(group)
-        if hosted.core.quiet:
-            self._awake.discard(group)
-        else:
-            self._awake.add(group)
-            if self._woken is not None:  # the ticker sleeps as for an idle node: tick again now
-                self._woken.set()
 
     def add_group(self, group: int, voters: tuple[int, ...], machine: StateMachine,
                   learners: tuple[int, ...] = (), control: Control | None = None) -> RaftCore:
@@ -470,12 +386,6 @@ class RaftHost(Rounds):
         hosted.idle_ticks = 0
         at = hosted.core.readable_at(lease=True)
         return at is not None and hosted.applied >= at
-
-    @staticmethod
-    def _release_reads(hosted: Group) -> None:
-        for event, released in hosted.reads.values():
-            if released and hosted.applied >= released[0]:
-                event.set()
 
     async def _wait(self, event: trio.Event, timeout_s: float, what: str) -> None:
         """Start a round and wait for the event it will set; TIMEOUT after timeout_s."""

@@ -1,12 +1,16 @@
-"""The multi-raft host's round loop (Rounds, a mixin of RaftHost): group commit, one fsync for every group's writes,
-persist before send except a leader's appends; a full disk is an operating error, waited out."""
+"""The multi-raft host's round loop (Rounds, RaftHost's base, which owns the loop's state): group commit, one fsync
+for every group's writes, persist before send except a leader's appends; a full disk is an operating error, waited
+out."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,13 +21,18 @@ from rocket import limits
 from rocket.clock import on_the_grid, sleep_periodic
 from rocket.disk.files import free_bytes, out_of_space
 from rocket.errors import Code, RocketError, invariant
-from rocket.parked import Slot
-from rocket.raft import codec
+from rocket.parked import Deadlines, Slot
+from rocket.raft import codec, snapshots
+from rocket.raft.compaction import Compaction
 from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role, Snapshot
-from rocket.raft.wal import Update
+from rocket.raft.snapshots import SnapshotFiles
+from rocket.raft.wal import Update, Wal
 from rocket.replication import StateMachine
 
 log = logging.getLogger("rocket.raft")
+
+
+Post = Callable[[int, bytes], None]  # queue a payload for a node without waiting; it may be lost
 
 
 class Group:
@@ -75,6 +84,99 @@ class Rounds:
     grew long are snapshotted and compacted beside the rounds (compaction.py). A full disk is an operating error: a
     round the WAL refuses (ENOSPC) is written again once space returns, and while free space is under
     limits.disk_reserve_bytes the node refuses new data (disk_refusal)."""
+
+    def __init__(self, node_id: int, wal: Wal, post: Post, tick_s: float):
+        self.node_id = node_id
+        self.wal = wal
+        self._post = post
+        self.tick_s = tick_s
+        self.groups: dict[int, Group] = {}
+        self._wake = trio.Event()
+        self.ticks = 0
+        self._peers: set[int] = set()  # the other nodes of every hosted group
+        # Makes durable what the machines' snapshots cover but keep outside the WAL (the storage role's
+        # LevelDB); the snapshot worker calls it before it writes snapshot files, so the trio thread never waits.
+        self.sync_before_snapshots: Callable[[], None] = lambda: None
+        self.snapshot_files = SnapshotFiles(wal.log.directory / snapshots.DIRECTORY)
+        replayed = {group: state.snapshot for group, state in wal.groups.items()
+                    if state.snapshot is not None and state.snapshot.data}
+        self.snapshot_files.keep_only({snapshots.file_of(group, snapshot) for group, snapshot in replayed.items()})
+        durable = {group: snapshot.index for group, snapshot in replayed.items()}
+        self.compaction = Compaction(self.snapshot_files, durable, self.groups, tick_s, self._start_persist,
+                                     lambda: self.sync_before_snapshots(), lambda: self._wake.set())
+        self._nursery: trio.Nursery | None = None  # the round loop's, for the fetches
+        self._data: list[tuple[list[bytes], trio.Event, list]] = []  # blobs to write with the next round
+        # Hard states in which only the commit moved: Raft needs no commit on disk (a restarted node learns
+        # it again), so they wait for the next round that writes anything else, or for a tick that finds the
+        # WAL idle, instead of taking an fsync of their own between two rounds of entries.
+        self._deferred: dict[int, HardState] = {}
+        self._deferred_due = False
+        self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
+        self.fsyncs = 0
+        self.on_fsync: Callable[[float], None] = lambda seconds: None  # telemetry: each WAL fsync's time, in its thread
+        # Rounds are numbered as they are written (rounds.py, _write). One syncer thread at a time fsyncs
+        # them, and goes on fsyncing while rounds were written meanwhile, so that the disk never waits for
+        # this thread and a busy node wakes no thread per round.
+        self._rounds_written = 0
+        self._rounds_durable = 0  # as the trio thread knows it
+        self._durable_changed = trio.Event()
+        self._sync_lock = threading.Lock()  # an fsync of rounds, or a checkpoint: one at a time
+        self._syncer_lock = threading.Lock()  # guards the two below
+        self._rounds_on_disk = 0  # written by the round loop or a worker thread (one round writes at a time)
+        self._syncing = False  # the syncer runs (rounds.py, _sync_rounds), in a worker thread
+        self._rounds_synced = 0  # as the syncer knows it
+        self._durable_seen = 0  # _rounds_durable when the last round took its Readies
+        self._received = False  # messages other than appends came since then: they do not wait for an fsync
+        self._unwritten_bytes = 0  # entries proposed and data to write since then
+        self._pending: collections.deque[Round] = collections.deque()  # rounds not yet released, in order
+        # The round being written, until the next round (or a checkpoint) takes where its bytes lie: the
+        # round loop goes on meanwhile, and the next round's write starts only after it.
+        self._writing: tuple[Round, trio.Event, list] | None = None
+        # Persist threads (the syncer, a round written while the disk is full or direct) are started at once,
+        # not as a task that waits for the scheduler's next batch; run() does not return while one is in
+        # flight, and the first one to fail fails the round loop.
+        self._persisting = 0
+        self._persisted = trio.Event()
+        self._persist_error: BaseException | None = None
+        self._stopping = False  # the round loop ends: a round waiting for disk space fails instead
+        # Why this node refuses new data now ("" while it takes it): its data disk is under limits.disk_reserve_bytes,
+        # or the WAL refused a write for want of space, until the round loop's watch finds the reserve free again.
+        self.disk_refusal = ""
+        self.disk_free_bytes = 2**63  # as last seen; under limits.disk_floor_bytes every proposal is refused
+        self._disk_looked_at = -math.inf  # when a tick last looked at the disk's free space (_look_at_disk)
+        self._token: trio.lowlevel.TrioToken | None = None
+        # Only groups touched since the last round are asked for a Ready, and only awake groups are
+        # ticked: thousands of quiet groups then cost nothing per tick.
+        self._active: set[int] = set()
+        self._awake: set[int] = set()
+        self._woken: trio.Event | None = None  # while the ticker waits as for an idle node (rounds.py, _ticker)
+        self._proposing: set[int] = set()  # groups with proposals buffered for the next round (Group.proposals)
+        self._deadlines = Deadlines()  # parked proposals with a timeout, swept each tick
+        self._round_hooks: list[Callable[[], None]] = []  # on_round
+        # What the round loop applies a round's entries within: the storage role's Store.holding, so that a round's
+        # changes to the store are written once for all its groups.
+        self.applying: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+    @property
+    def _in_trio(self) -> trio.lowlevel.TrioToken:
+        """The round loop's token, for its threads to call back into it (set as run() starts)."""
+        assert self._token is not None, "the round loop has not started"
+        return self._token
+
+    def _touched(self, group: int, hosted: Group) -> None:
+        self._active.add(group)
+        if hosted.core.quiet:
+            self._awake.discard(group)
+        else:
+            self._awake.add(group)
+            if self._woken is not None:  # the ticker sleeps as for an idle node: tick again now
+                self._woken.set()
+
+    @staticmethod
+    def _release_reads(hosted: Group) -> None:
+        for event, released in hosted.reads.values():
+            if released and hosted.applied >= released[0]:
+                event.set()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -268,7 +370,7 @@ class Rounds:
         says what fails the round loop (by default, the work's own error)."""
         self._persisting += 1
         trio.lowlevel.start_thread_soon(
-            work, lambda outcome: self._token.run_sync_soon(self._thread_ended, outcome, done))
+            work, lambda outcome: self._in_trio.run_sync_soon(self._thread_ended, outcome, done))
 
     def _thread_ended(self, outcome, done: Callable[[Any], BaseException | None] | None) -> None:
         self._persist_ended(done(outcome) if done is not None else getattr(outcome, "error", None))
@@ -359,7 +461,7 @@ class Rounds:
         """In a worker thread: write the round (again and again while the disk is full) and tell the round loop, then
         go on as the syncer unless one runs."""
         result.append(self._write_round(updates, data))
-        self._token.run_sync_soon(written.set)
+        self._in_trio.run_sync_soon(written.set)
         if self._wrote(number):
             self._sync_rounds()
 
@@ -389,7 +491,7 @@ class Rounds:
                 self.on_fsync(time.perf_counter() - started)
                 self.fsyncs += 1
                 self._rounds_synced = covered
-            self._token.run_sync_soon(self._synced, covered)
+            self._in_trio.run_sync_soon(self._synced, covered)
 
     def _write_once(self, updates: list[Update], data: list[list[bytes]]) -> tuple[dict, list[list[int]]]:
         """Write the round's updates and data; a full disk refuses them (ENOSPC) with the log cut back to its last
@@ -398,7 +500,7 @@ class Rounds:
         with contextlib.suppress(OSError):
             free = free_bytes(self.wal.log.directory)
             if free < limits.disk_reserve_bytes:
-                self._token.run_sync_soon(self._disk_full, f"{free // limits.MiB} MiB free", free)
+                self._in_trio.run_sync_soon(self._disk_full, f"{free // limits.MiB} MiB free", free)
         return written
 
     def _write_round(self, updates: list[Update], data: list[list[bytes]]) -> tuple[dict, list[list[int]]]:
@@ -412,7 +514,7 @@ class Rounds:
             except OSError as error:
                 if not out_of_space(error) or self._stopping:
                     raise
-                self._token.run_sync_soon(self._disk_full, f"a WAL write failed: {error.strerror}", 0)
+                self._in_trio.run_sync_soon(self._disk_full, f"a WAL write failed: {error.strerror}", 0)
                 time.sleep(pause_s)
                 pause_s = min(2 * pause_s, limits.disk_full_retry_s_max)
                 continue
