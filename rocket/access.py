@@ -284,16 +284,18 @@ class Access:
             raise self.failed(source, error) from None
         return user.name
 
-    def authorize(self, user: str, needs: list[tuple[str, str]], source: str) -> None:
-        """Raise PERMISSION_DENIED unless the user may do all of needs from source."""
+    def authorize(self, user: str, needs: list[tuple[str, str]], source: str, counted: bool = True) -> None:
+        """Raise PERMISSION_DENIED unless the user may do all of needs from source; counted: against the source."""
         found = self.users.get(user)
+        error = None
         if found is None:  # deleted since it signed in
-            raise self.failed(source, RocketError(Code.UNAUTHENTICATED, f"user {user!r} no longer exists"))
-        if found.super:
-            return
-        reason = denial(self.policies.get(user, ()), needs, source)
-        if reason is not None:
-            raise self.failed(source, RocketError(Code.PERMISSION_DENIED, f"user {user!r}: {reason}"))
+            error = RocketError(Code.UNAUTHENTICATED, f"user {user!r} no longer exists")
+        elif not found.super:
+            reason = denial(self.policies.get(user, ()), needs, source)
+            if reason is not None:
+                error = RocketError(Code.PERMISSION_DENIED, f"user {user!r}: {reason}")
+        if error is not None:
+            raise self.failed(source, error) if counted else error
 
     def failed(self, source: str, error: RocketError) -> RocketError:
         """Count a refusal against its source and log it (the first few per source and minute); returns it."""

@@ -439,7 +439,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                                            "HTTP/2, --http2-listen", listen)
             http_port, metrics = None, _Metrics(ready, lifecycle)
             if config.http_listen is not None:
-                console = Console(dispatcher, clock, config.node_id, tuple(config.roles), access=access)  # read-only
+                console = Console(dispatcher, clock, config.node_id, tuple(config.roles))  # read-only
                 await nursery.start(console.run)
                 http_port = await _listen(partial(nursery.start, partial(serve_http1, tls=lambda: tls.http1), lifecycle,
                                                   config.http_listen.host, config.http_listen.port,

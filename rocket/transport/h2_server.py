@@ -50,6 +50,11 @@ class GrpcCall:
         self.caller = connection.caller  # its connection's: what client quotas hold (rpc.py, Dispatcher.charge)
         self.user: str | None = None  # with auth on, the user the call's signature names (the gateway checks it)
 
+    @property
+    def acting(self) -> Caller:
+        """Who the call acts as when it calls the node's methods (Dispatcher.local): its user, from its source."""
+        return Caller(source=self.source, user=self.user)
+
     def _on_data(self, data: bytes) -> bool:
         """Take the client's bytes; False if they are not kept (the call already failed)."""
         if self.failure is not None:

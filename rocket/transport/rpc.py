@@ -233,9 +233,10 @@ class Dispatcher:
     """Maps method names to handlers and turns request bytes into response bytes.
 
     It gives each connection its Caller and answers Hello (schema versions) itself. With auth on, every call from the
-    wire is checked against rocket/access.py; on brokers, every client call is charged to the client quotas of
-    rocket/quotas.py after it is served (charge). A method may have a parked handler besides its task handler (handle,
-    park): Produce, KvPut and KvGet on brokers, StorageAppend, StorageKvTxn and StorageKvRead on storage nodes.
+    wire, and every local call made as a user, is checked in one place (authorize) against rocket/access.py; on
+    brokers, every client call is charged to the client quotas of rocket/quotas.py after it is served (charge). A
+    method may have a parked handler besides its task handler (handle, park): Produce, KvPut and KvGet on brokers,
+    StorageAppend, StorageKvTxn and StorageKvRead on storage nodes.
 
     To add a client RPC method: define it once in METHODS, write its handler in the broker part of its concern
     (rocket/roles/broker/) and route it in Broker.register, and add its Avro schemas under rocket/serde/schemas/. It
@@ -285,7 +286,7 @@ class Dispatcher:
             raise Unparked
         spec, handler = self._resolve(name, caller)
         request = serde.decode(spec.request_type, body)
-        self._authorize(name, caller, request)
+        self.authorize(caller, name, request)
         if attachment is not None:
             if spec.attachment_field is None or isinstance(attachment, list):
                 raise RocketError(Code.BAD_REQUEST, f"{name} takes no attachments" if spec.attachment_field is None
@@ -334,11 +335,13 @@ class Dispatcher:
             raise RocketError(Code.UNKNOWN_METHOD, f"method {name!r} is not served by this node's roles")
         return spec, handler
 
-    async def local(self, name: str, request: dict) -> dict:
-        """Call this node's own handler directly, without serde or socket: one role to another in
-        the same process (a gateway's produce too). Raises RocketError like a remote call. A method with a parked
-        handler is served by it, this task waiting for the slot (which completes exactly once: rocket/parked.py),
-        unless it cannot park the call."""
+    async def local(self, name: str, request: dict, caller: Caller | None = None) -> dict:
+        """Call this node's own handler directly, without serde or socket: one role to another in the same process,
+        or a gateway or the console on a user's behalf (caller: the user, authorized as a call from the wire is;
+        None: the node itself, trusted). Raises RocketError like a remote call. A method with a parked handler is
+        served by it, this task waiting for the slot (which completes exactly once: rocket/parked.py), unless it
+        cannot park the call."""
+        self.authorize(caller, name, request)
         parked = self._parked.get(name)
         if parked is not None:
             slot = Awaited()
@@ -364,11 +367,17 @@ class Dispatcher:
     def is_streaming(self, name: str) -> bool:
         return method_spec(name).streaming
 
-    def _authorize(self, name: str, caller: Caller | None, request: dict) -> None:
+    def authorize(self, caller: Caller | None, name: str, request: dict, counted: bool = True) -> None:
+        """The node's one authorization point, for calls from the wire and for local calls made on a user's behalf
+        alike: with auth on, a caller other than a node of the cluster needs a user whom the policies allow what the
+        method needs of the request (access.needs_of). caller None: this process, trusted. Raises UNAUTHENTICATED
+        or PERMISSION_DENIED, counted against the caller's source unless not counted (a page's own look)."""
         if caller is None or caller.peer or self.access is None or name in access.OPEN:
             return
-        # Signed in: _resolve refused a call without a user, unless the method is open.
-        self.access.authorize(cast(str, caller.user), access.needs_of(name, request), caller.source)
+        if caller.user is None:
+            error = RocketError(Code.UNAUTHENTICATED, f"{name} needs a signed-in user")
+            raise self.access.failed(caller.source, error) if counted else error
+        self.access.authorize(caller.user, access.needs_of(name, request), caller.source, counted)
 
     def _about_connection(self, name: str, request: dict, caller: Caller) -> dict:
         if name == "AclWhoAmI":
@@ -398,7 +407,7 @@ class Dispatcher:
         if charged:
             await self.held(caller)
         request = decoded if decoded is not None else serde.decode(spec.request_type, body)
-        self._authorize(name, caller, request)
+        self.authorize(caller, name, request)
         if handler is None:
             return serde.encode(spec.response_type, self._about_connection(name, request, caller or Caller())), None
         if attachment is not None:
@@ -462,7 +471,7 @@ class Dispatcher:
         if not spec.streaming:
             raise RocketError(Code.BAD_REQUEST, f"{name} is not a streaming method")
         request = serde.decode(spec.request_type, body)
-        self._authorize(name, caller, request)
+        self.authorize(caller, name, request)
         charged = self.charged(caller)
         if charged:
             await self.held(caller)

@@ -286,6 +286,30 @@ def test_remoting_requests_are_signed_and_authorized(secured):
     client.close()
 
 
+REMOTING_MATRIX = [  # what a remoting request needs is what the node's methods it makes (or stands in for) need
+    (R.UPDATE_AND_CREATE_TOPIC, {"topic": "alices-remoting", "writeQueueNums": 1}, "admin on topic:alices-remoting"),
+    (R.UPDATE_CONSUMER_OFFSET, {"consumerGroup": "audit", "topic": "orders-a", "queueId": 0, "commitOffset": 1},
+     "sub on group:audit"),  # buffered by the gateway, written later as the node: asked first all the same
+    (R.QUERY_CONSUMER_OFFSET, {"consumerGroup": "audit", "topic": "orders-a", "queueId": 0}, "sub on group:audit"),
+    (R.PULL_MESSAGE, {"consumerGroup": "audit", "topic": "orders-a", "queueId": 0, "queueOffset": 0, "maxMsgNums": 1,
+                      "sysFlag": 1, "suspendTimeoutMillis": 0, "commitOffset": 1}, "sub on group:audit"),
+    (R.SEARCH_OFFSET_BY_TIMESTAMP, {"topic": "payments", "queueId": 0, "timestamp": 0}, "sub on topic:payments"),
+    (R.QUERY_MESSAGE, {"topic": "payments", "key": "k", "maxNum": 1, "beginTimestamp": 0, "endTimestamp": 1},
+     "sub on topic:payments"),
+]
+
+
+@pytest.mark.parametrize(("code", "ext", "why"), REMOTING_MATRIX, ids=[str(code) for code, _, _ in REMOTING_MATRIX])
+def test_remoting_requests_need_what_the_node_methods_they_make_need(secured, code, ext, why):
+    client = RemotingClient(secured.tcp_port)
+    try:
+        refused = remoting(client, ALICE, code, ext)
+        assert refused.code == ResponseCode.NO_PERMISSION and why in refused.remark, refused
+        assert remoting(client, ADMIN, code, ext).code != ResponseCode.NO_PERMISSION
+    finally:
+        client.close()
+
+
 def test_ali_ons_with_an_access_key_produces_and_consumes_and_without_one_cannot(secured, tmp_path, monkeypatch):
     aons_tests = pytest.importorskip("tests.integration.test_remoting_aons")
     node = aons_tests.node_or_skip()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -10,7 +13,8 @@ from rocket import access
 from rocket.errors import Code, RocketError
 from rocket.raft.types import Entry
 from rocket.roles.nameserver.metadata import Metadata
-from rocket.transport.rpc import METHODS
+from rocket.parked import Slot
+from rocket.transport.rpc import METHODS, Caller, Dispatcher
 
 KEY = access.cluster_key("a cluster secret of some length")
 
@@ -156,6 +160,56 @@ def test_authorize_uses_the_policies_of_the_user_and_lets_super_users_through():
             why="no policy allows sub on topic:orders")
     enforcing.authorize("root", [("admin", "cluster")], "1.2.3.4")
     refused(Code.UNAUTHENTICATED, enforcing.authorize, "gone", [], "1.2.3.4", why="no longer exists")
+
+
+async def test_local_calls_made_for_a_user_are_authorized_as_calls_from_the_wire():
+    """Dispatcher.authorize is the one point: a gateway's or the console's call as a user is checked as that user's
+    call from the wire would be (a parked handler's too), and a refusal never reaches the handler; the node's own
+    calls (no caller) are trusted."""
+    clock = Clock()
+    dispatcher = Dispatcher()
+    dispatcher.access = node_access(clock, policies=[("alice", "topic:orders", ("pub",)),
+                                                     ("alice", "topic:orders", ("sub",)),
+                                                     ("alice", "group:billing", ("sub",))])
+    served = []
+
+    async def pull(request):
+        served.append(("Pull", request["topic"]))
+        return {}
+
+    def produce(request, slot: Slot) -> None:
+        served.append(("Produce", request["topic"]))
+        slot.complete({})
+    dispatcher.handle("Pull", pull)
+    dispatcher.handle("Produce", pull, parked=produce)
+    alice = Caller(source="1.2.3.4", user="alice")
+    await dispatcher.local("Produce", {"topic": "orders"}, alice)
+    await dispatcher.local("Pull", {"topic": "orders", "group": "billing"}, alice)
+    for name, request, why in [("Produce", {"topic": "payments"}, "pub on topic:payments"),
+                               ("Pull", {"topic": "orders", "group": "audit"}, "sub on group:audit"),
+                               ("Pull", {"topic": "payments", "group": ""}, "sub on topic:payments")]:
+        with pytest.raises(RocketError) as denied:
+            await dispatcher.local(name, request, alice)
+        assert denied.value.code == Code.PERMISSION_DENIED and why in denied.value.message
+    with pytest.raises(RocketError) as anonymous:
+        await dispatcher.local("Pull", {"topic": "orders"}, Caller(source="1.2.3.4"))
+    assert anonymous.value.code == Code.UNAUTHENTICATED
+    assert dispatcher.access.refusals == {"PERMISSION_DENIED": 3, "UNAUTHENTICATED": 1}
+    with pytest.raises(RocketError):
+        dispatcher.authorize(alice, "Pull", {"topic": "payments"}, counted=False)  # a page's own look
+    assert sum(dispatcher.access.refusals.values()) == 4
+    await dispatcher.local("Pull", {"topic": "payments"})  # the node's own call
+    assert served == [("Produce", "orders"), ("Pull", "orders"), ("Pull", "payments")]
+
+
+def test_the_gateways_and_the_console_decide_no_grant_themselves():
+    """They prove who calls and call the node's methods as that user: no policy is evaluated outside access.py and
+    Dispatcher.authorize."""
+    deciding = re.compile(r"\b(denial|_?access\.authorize)\(")
+    gateways = Path(__file__).parents[2] / "rocket" / "gateway"
+    found = [f"{path.relative_to(gateways)}: {line.strip()}" for path in sorted(gateways.rglob("*.py"))
+             for line in path.read_text().splitlines() if deciding.search(line)]
+    assert not found, found
 
 
 @settings(max_examples=300, deadline=None)

@@ -54,7 +54,8 @@ def console_with_auth() -> tuple[Console, Access, list]:
     dispatcher.handle("ListTopics", list_topics)
     dispatcher.handle("ConsumerGroups", consumer_groups)
     dispatcher.handle("DescribeGroup", describe_group)
-    return Console(dispatcher, Clock(), 1, ("broker",), access=access), access, described
+    dispatcher.access = access
+    return Console(dispatcher, Clock(), 1, ("broker",)), access, described
 
 
 async def test_without_credentials_every_page_but_the_stylesheet_asks_for_them_and_that_is_no_failure():

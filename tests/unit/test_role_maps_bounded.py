@@ -18,6 +18,7 @@ from rocket.gateway.remoting.consuming import Consuming
 from rocket.roles.broker.routes import Turns
 from rocket.roles.storage.kv import KeyValues
 from rocket.roles.storage.stamps import AppendStamps
+from rocket.transport.rpc import Caller
 
 
 class Clock:
@@ -123,14 +124,14 @@ async def test_remoting_client_groups_are_bounded_and_emptied_ones_go(monkeypatc
     gateway, connection = Gateway(), object()
     for number in range(10):
         await gateway.clients.heart_beat(heartbeat(f"c{number}", f"consumers{number}", f"producers{number}"),
-                                         connection)
+                                         connection, Caller())
     assert len(gateway.clients._groups) == 3 and len(gateway.clients._producers) == 3
     assert len(gateway.clients._members_seen) <= 3
     await gateway.clients.unregister_client(Command(RequestCode.UNREGISTER_CLIENT, ext={
-        "clientID": "c0", "consumerGroup": "consumers0", "producerGroup": "producers0"}), connection)
+        "clientID": "c0", "consumerGroup": "consumers0", "producerGroup": "producers0"}), connection, Caller())
     assert "consumers0" not in gateway.clients._groups and "producers0" not in gateway.clients._producers
     assert not [key for key in gateway.clients._members_seen if key[0] == "consumers0"]
-    await gateway.clients.heart_beat(heartbeat("c9", "consumers9", "producers9"), connection)  # room again
+    await gateway.clients.heart_beat(heartbeat("c9", "consumers9", "producers9"), connection, Caller())  # room again
     assert "consumers9" in gateway.clients._groups and "producers9" in gateway.clients._producers
     await gateway.clients.connection_closed(connection)
     assert gateway.clients._groups == {} and gateway.clients._producers == {} and gateway.clients._members_seen == {}
@@ -163,12 +164,12 @@ async def test_remoting_lapsed_locks_make_room(monkeypatch):
     """At limits.remoting_locks_max, locks not renewed within their expiry are swept before a lock is refused."""
     monkeypatch.setattr(limits, "remoting_locks_max", 5)
     gateway = Gateway()
-    answer = await gateway.consuming.lock_batch(lock("a", "g1", range(10)), None)
+    answer = await gateway.consuming.lock_batch(lock("a", "g1", range(10)), None, Caller())
     assert len(orjson.loads(answer.body)["lockOKMQSet"]) == 5
-    answer = await gateway.consuming.lock_batch(lock("b", "g2", range(3)), None)
+    answer = await gateway.consuming.lock_batch(lock("b", "g2", range(3)), None, Caller())
     assert orjson.loads(answer.body)["lockOKMQSet"] == []  # the held ones are live
     gateway.clock.s += limits.remoting_lock_expiry_s + 1
-    answer = await gateway.consuming.lock_batch(lock("b", "g2", range(3)), None)
+    answer = await gateway.consuming.lock_batch(lock("b", "g2", range(3)), None, Caller())
     assert len(orjson.loads(answer.body)["lockOKMQSet"]) == 3
     assert len(gateway.consuming._locks) == 3
 

@@ -68,7 +68,7 @@ def test_only_changed_types_take_the_resolving_path_and_the_same_version_costs_n
     assert versions.for_peer(json_codec, 1) is json_codec
     if SCHEMA_VERSION >= 2:
         assert {"NodeHeartbeatRequest", "NodeStatus", "ClusterStatusResponse"} <= versions.changed_since(1)
-        assert "PullRequest" not in versions.changed_since(1)
+        assert "TopicRequest" not in versions.changed_since(1)
         assert versions.for_peer(avro_codec, 1) is versions.for_peer(avro_codec, 1)  # cached
 
 

@@ -16,7 +16,7 @@ from importlib import resources
 import trio
 
 from rocket import __version__
-from rocket.access import Access, denial, needs_of
+from rocket.access import Access, needs_of
 from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.gateway.console import pages
@@ -24,7 +24,7 @@ from rocket.gateway.console.history import RateHistory, Totals
 from rocket.model import SYSTEM_PREFIX, Message, dead_letter_topic, parse_iso_ms, queue_for_key, timer_topic
 from rocket.serde import batch as batch_codec
 from rocket.transport.http1 import Asked, Response
-from rocket.transport.rpc import Dispatcher
+from rocket.transport.rpc import Caller, Dispatcher
 
 log = logging.getLogger("rocket.console")
 
@@ -44,16 +44,10 @@ SIGN_IN = [("www-authenticate", 'Basic realm="rocket"')]
 HIDDEN_NAMED_MAX = 5  # what a page left out for its reader: named up to this many, the rest counted
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Viewer:
-    """Who reads a page with auth on: the user its Basic credentials proved, and the client's address."""
-    user: str
-    source: str
-
-
-# The reader of the page being served; None with auth off (each HTTP/1.1 connection is one task, serving its
-# requests one at a time, so the page's reads all see their own reader).
-_viewer: contextvars.ContextVar[Viewer | None] = contextvars.ContextVar("console_viewer", default=None)
+# The reader of the page being served, with auth on: the user its Basic credentials proved, from the client's address
+# (None with auth off). Each HTTP/1.1 connection is one task, serving its requests one at a time, so the page's reads
+# all see their own reader.
+_viewer: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("console_viewer", default=None)
 
 
 class Refused(Exception):
@@ -68,18 +62,17 @@ class Console:
 
     It is read-only: no page writes anything (no admin actions). With auth on (rocket/access.py), every page but the
     stylesheet asks for HTTP Basic credentials (the user's access key and secret; 401 and `WWW-Authenticate` without
-    them; a failed sign-in goes through `Access.failed`, as any other), and shows what that user may read: the
-    cluster's lists to any signed-in user, as the methods behind them (access.SIGNED_IN); a topic's page and its
-    messages only with sub on topic:NAME, a group's with sub on group:NAME (403 otherwise, naming what is missing).
-    Within a page, every method it calls is checked as that user, and what the user may not read (another group's
-    position on a topic) is left out with a notice naming it. /metrics and the probes are not the console's: they
-    stay open."""
+    them; a failed sign-in goes through `Access.failed`, as any other), and shows what that user may read, as the
+    node decides it (Dispatcher.authorize): the cluster's lists to any signed-in user, as the methods behind them
+    (access.SIGNED_IN); a topic's page and its messages only to a user who may Pull from it, a group's to one who may
+    describe it (403 otherwise, naming what is missing). Within a page, every method it calls is checked as that
+    user, and what the user may not read (another group's position on a topic) is left out with a notice naming it.
+    /metrics and the probes are not the console's: they stay open."""
 
     def __init__(self, dispatcher: Dispatcher, clock: Clock, node_id: int = 0, roles: tuple[str, ...] = (),
-                 sample_every_s: float = SAMPLE_EVERY_S, points_max: int = POINTS_MAX, access: Access | None = None):
+                 sample_every_s: float = SAMPLE_EVERY_S, points_max: int = POINTS_MAX):
         self.dispatcher = dispatcher
         self.clock = clock
-        self.access = access  # with auth on: the node's users and policies, which every page is read under
         self._node = pages.Node(node_id, tuple(roles), __version__)
         self.sample_every_s = sample_every_s
         self.history = RateHistory(points_max)
@@ -125,11 +118,11 @@ class Console:
 
     @property
     def _access(self) -> Access:
-        """The node's users and policies: readers sign in and are checked only with auth on."""
-        assert self.access is not None, "auth is off"
-        return self.access
+        """The node's users, whom readers sign in as, only with auth on."""
+        assert self.dispatcher.access is not None, "auth is off"
+        return self.dispatcher.access
 
-    def sign_in(self, asked: Asked | None) -> Viewer:
+    def sign_in(self, asked: Asked | None) -> Caller:
         """The user a request's Basic credentials prove (access key, secret), or UNAUTHENTICATED. Wrong credentials
         are counted against the client's address as any failed sign-in (access.failed); none at all, a browser's
         first request, are not."""
@@ -151,32 +144,30 @@ class Console:
         if secret is None or not hmac.compare_digest(secret, password.encode()):
             raise self._access.failed(source, RocketError(Code.UNAUTHENTICATED,
                                                          f"console: no user {user!r} with that secret"))
-        return Viewer(user, source)
+        return Caller(source=source, user=user)
 
-    def require(self, needs: list[tuple[str, str]]) -> None:
-        """A page's own check: raise Refused (counted against the reader's address) unless its reader may."""
+    def require(self, method: str, request: dict) -> None:
+        """A page's own check, as the node's method it shows the reads of: raise Refused (counted against the
+        reader's address) unless its reader may make that call."""
         viewer = _viewer.get()
-        if viewer is None:
-            return
         try:
-            self._access.authorize(viewer.user, needs, viewer.source)
+            self.dispatcher.authorize(viewer, method, request)
         except RocketError as error:
-            if "no policy allows" not in error.message:  # denied outright, or the user is gone: no grant helps
+            if viewer is None or "no policy allows" not in error.message:  # denied outright, or the user is gone
                 raise Refused(error.message) from None
             grants = "; ".join(f"rocket acl grant {viewer.user} --resource {resource} --actions {action}"
-                               for action, resource in needs)
+                               for action, resource in needs_of(method, request))
             raise Refused(f"{error.message}. An admin grants it with: {grants}") from None
 
-    def denied(self, needs: list[tuple[str, str]]) -> str | None:
-        """Why the page's reader may not read what needs names (None if they may). Not counted as a failure: the
-        page, not its reader, chose to look (a topic's page looks at every known group's position on it)."""
+    def denied(self, method: str, request: dict) -> str | None:
+        """Why the page's reader may not make the call (None if they may). Not counted as a failure: the page, not
+        its reader, chose to look (a topic's page looks at every known group's position on it)."""
         viewer = _viewer.get()
-        if viewer is None:
-            return None
-        user = self._access.users.get(viewer.user)
-        if user is None:
-            return f"user {viewer.user!r} no longer exists"
-        return None if user.super else denial(self._access.policies.get(viewer.user, ()), needs, viewer.source)
+        try:
+            self.dispatcher.authorize(viewer, method, request, counted=False)
+        except RocketError as error:
+            return error.message.removeprefix(f"user {viewer.user!r}: ") if viewer is not None else error.message
+        return None
 
     def hidden_note(self, hidden: list[str]) -> list[str]:
         """The notice for what a page left out for its reader, naming what is missing."""
@@ -196,7 +187,7 @@ class Console:
         if not self.dispatcher.serves(name):
             return None, (f"This node's roles ({', '.join(self.node.roles) or 'none'}) do not serve {name}: "
                           "open the console of a node with a broker role.")
-        why = self.denied(needs_of(name, request))
+        why = self.denied(name, request)
         if why is not None:
             return None, f"{name} is not shown: {why}."
         try:
@@ -231,7 +222,7 @@ class Console:
         page's reader may not read is skipped, and why added to hidden."""
         found, notes = [], []
         for topic in topics:
-            why = self.denied(needs_of("DescribeGroup", {"topic": topic, "group": group}))
+            why = self.denied("DescribeGroup", {"topic": topic, "group": group})
             if why is not None:
                 hidden.append(why)
                 continue
@@ -254,7 +245,7 @@ class Console:
     async def page(self, path: str, query: dict[str, str], asked: Asked | None = None) -> Response:
         path = path.rstrip("/") or "/"
         viewer = None
-        if self.access is not None and path not in OPEN_PATHS:
+        if self.dispatcher.access is not None and path not in OPEN_PATHS:
             try:
                 viewer = self.sign_in(asked)
             except RocketError as error:
@@ -312,7 +303,7 @@ class Console:
                                             self.sample_every_s, cut).encode()
 
     async def topic(self, name: str) -> Response:
-        self.require([("sub", f"topic:{name}")])  # its queues, rates and readers: as much as reading it tells
+        self.require("Pull", {"topic": name})  # its queues, rates and readers: as much as reading it tells
         described, why = await self.call("DescribeTopic", {"topic": name})
         if described is None:
             return 404 if "UNKNOWN_TOPIC" in why else 200, HTML, pages.topic_page(
@@ -345,7 +336,7 @@ class Console:
         return 200, HTML, pages.groups_page(self.node, rows, "", list(dict.fromkeys(notes))).encode()
 
     async def group(self, name: str, topic: str) -> Response:
-        self.require([("sub", f"group:{name}")])
+        self.require("DescribeGroup", {"group": name})
         settings, why = await self.call("ConsumerGroups", {"group": name})
         notes = []
         if settings is None and "NOT_FOUND" not in why and "BAD_REQUEST" not in why:
@@ -377,7 +368,7 @@ class Console:
                                                   "").encode()
         # Reading its messages needs what a Pull does. This one check covers the page's reads of the topic (its
         # SearchOffset and Pull calls below, and on a delay topic its timer topic's).
-        self.require(needs_of("Pull", {"topic": topic}))
+        self.require("Pull", {"topic": topic})
         try:
             found, what, note = await self.find(topic, query)
         except RocketError as error:

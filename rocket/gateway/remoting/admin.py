@@ -14,6 +14,7 @@ from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, ResponseCode
 from rocket.model import KV_PREFIX
 from rocket.serde import batch as batch_codec
+from rocket.transport.rpc import Caller
 
 MESSAGE_TYPE_OF_ATTRIBUTE = {"NORMAL": "normal", "FIFO": "fifo", "DELAY": "delay", "TRANSACTION": "transaction"}
 
@@ -23,17 +24,17 @@ class Administration:
         self.bridge, self.clients = bridge, clients
         self.dispatcher, self.clock, self.cluster = bridge.dispatcher, bridge.clock, bridge.cluster
 
-    async def view_message(self, command: Command, connection) -> Command:
+    async def view_message(self, command: Command, connection, caller: Caller) -> Command:
         """The message an offsetMsgId's commit log offset names (the topic named too, by 5.x clients)."""
         topic_hash, queue, low = layout.split_commit_log_offset(int(command.ext["offset"]))
         topic = await self.bridge.topic_by_hash(topic_hash, command.ext.get("topic", ""))
         info = await self.bridge.queue_info(topic, queue)
-        message = await self.bridge.message_at(topic, queue, layout.unwrap_offset(low, info["next_offset"]))
+        message = await self.bridge.message_at(topic, queue, layout.unwrap_offset(low, info["next_offset"]), caller)
         if message is None:
             return command.reply(ResponseCode.SYSTEM_ERROR, f"NOT_FOUND: {topic} has no message {queue} at that offset")
         return command.reply(body=as_stored(message, topic, layout.host_bytes(connection.local)))
 
-    async def query_message(self, command: Command, connection) -> Command:
+    async def query_message(self, command: Command, connection, caller: Caller) -> Command:
         """Messages of a topic with a key (or, with _UNIQUE_KEY_QUERY, a client message id) stored in a time range:
         every queue is read over that range, at most limits.remoting_query_scan_messages_max messages in all (rocket
         has no key index)."""
@@ -42,7 +43,8 @@ class Administration:
         unique = header.get("_UNIQUE_KEY_QUERY") == "true"
         wanted = max(1, min(int(header.get("maxNum", "32") or 32), limits.remoting_pull_messages_max))
         begin, end = int(header.get("beginTimestamp", "0") or 0), int(header.get("endTimestamp", "0") or 0) or 1 << 62
-        starts = (await self.dispatcher.local("SearchOffset", {"topic": topic, "timestamp_ms": begin}))["offsets"]
+        searched = await self.dispatcher.local("SearchOffset", {"topic": topic, "timestamp_ms": begin}, caller)
+        starts = searched["offsets"]
         ends = {info["queue"]: info["next_offset"]
                 for info in (await self.dispatcher.local("DescribeTopic", {"topic": topic}))["queues"]}
         host = layout.host_bytes(connection.local)
@@ -53,7 +55,7 @@ class Administration:
             while offset < ends.get(queue, 0) and len(found) < wanted and scanned < limits.remoting_query_scan_messages_max:
                 response = await self.dispatcher.local("Pull", {
                     "topic": topic, "queues": [{"queue": queue, "offset": offset}], "max_bytes": limits.remoting_pull_bytes_max,
-                    "wait_ms": 0, "filter_type": "tag", "filter": "*"})
+                    "wait_ms": 0, "filter_type": "tag", "filter": "*"}, caller)
                 if not response["batches"]:
                     break
                 for stored in response["batches"]:
@@ -74,7 +76,7 @@ class Administration:
         return command.reply(ext={"indexLastUpdateTimestamp": self.clock.wall_ms(), "indexLastUpdatePhyoffset": 0},
                              body=b"".join(found))
 
-    async def create_topic(self, command: Command, connection) -> Command:
+    async def create_topic(self, command: Command, connection, caller: Caller) -> Command:
         """mqadmin updateTopic: a new topic with writeQueueNums queues, its message type from the 5.x attribute
         +message.type (NORMAL by default); an existing one is left as it is (rocket changes queues with
         `rocket topic update`)."""
@@ -91,14 +93,14 @@ class Administration:
                     raise RocketError(Code.BAD_REQUEST, f"message.type {value!r} is not NORMAL, FIFO, DELAY or TRANSACTION")
         try:
             await self.dispatcher.local("CreateTopic", {"topic": name, "queues": queues, "message_type": message_type,
-                                                        "storage_class": "raft"})
+                                                        "storage_class": "raft"}, caller)
         except RocketError as error:
             if error.code != Code.TOPIC_EXISTS:
                 raise
         self.bridge.forget_topic(name)
         return command.reply()
 
-    async def all_topic_config(self, command: Command, connection) -> Command:
+    async def all_topic_config(self, command: Command, connection, caller: Caller) -> Command:
         topics = (await self.dispatcher.local("ListTopics", {}))["topics"]
         table = {topic["name"]: {"topicName": topic["name"], "readQueueNums": topic["queues"],
                                  "writeQueueNums": topic["queues"], "perm": 6, "topicFilterType": "SINGLE_TAG",
@@ -108,7 +110,7 @@ class Administration:
         return command.reply(body=orjson.dumps({"topicConfigTable": table,
                                                 "dataVersion": {"timestamp": self.clock.wall_ms(), "counter": 0}}))
 
-    async def topic_stats(self, command: Command, connection) -> Command:
+    async def topic_stats(self, command: Command, connection, caller: Caller) -> Command:
         name = command.ext["topic"]
         described = await self.dispatcher.local("DescribeTopic", {"topic": name})
         table = {}
@@ -118,7 +120,7 @@ class Administration:
             table[key] = {"minOffset": info["min_offset"], "maxOffset": info["next_offset"], "lastUpdateTimestamp": 0}
         return command.reply(body=orjson.dumps({"offsetTable": table}))
 
-    async def consumer_connections(self, command: Command, connection) -> Command:
+    async def consumer_connections(self, command: Command, connection, caller: Caller) -> Command:
         group_name = command.ext["consumerGroup"]
         members = self.clients.members_of(group_name)
         if not members:
@@ -132,12 +134,12 @@ class Administration:
                                                 "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
                                                 "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET"}))
 
-    async def runtime_info(self, command: Command, connection) -> Command:
+    async def runtime_info(self, command: Command, connection, caller: Caller) -> Command:
         table = {"brokerVersionDesc": f"rocket {__version__}", "brokerVersion": "0",
                  "remotingClients": str(self.clients.member_count()),
                  "bootTimestamp": str(self.bridge.started_ms)}
         return command.reply(body=orjson.dumps({"table": table}))
 
-    async def delete_topic(self, command: Command, connection) -> Command:
+    async def delete_topic(self, command: Command, connection, caller: Caller) -> Command:
         return command.reply(ResponseCode.SYSTEM_ERROR, "UNSUPPORTED: rocket does not delete topics yet; their data "
                              "ages out with the topic's retention")

@@ -1,5 +1,5 @@
-"""Who may make a remoting request, with auth on (authorize): the request's AccessKey and Signature (signature.py) name
-the user, and its code what it needs of rocket's policies (rocket/access.py), as NEEDS says."""
+"""Who makes a remoting request, with auth on (signed_by): its AccessKey and Signature (signature.py) name the user.
+What the user may do is decided where each node method the request makes is called, as that user (Dispatcher)."""
 
 from __future__ import annotations
 
@@ -9,38 +9,21 @@ from rocket.gateway.remoting.codec import Command, RequestCode
 from rocket.gateway.remoting.signature import verify_remoting
 
 code = RequestCode
-# request code -> (action, the ext fields naming its topics, the ext fields naming its consumer groups), as
-# apache/rocketmq's broker checks each request code against ACL 2.0's resources. Codes not listed need only a signed
-# request: route and cluster lookups, heartbeats, and what names no topic in its header (VIEW_MESSAGE_BY_ID,
-# END_TRANSACTION, queue locks).
-NEEDS: dict[int, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    code.SEND_MESSAGE: ("pub", ("topic",), ()),
-    code.SEND_MESSAGE_V2: ("pub", ("b",), ()),  # SendMessageRequestHeaderV2's one-letter names: b is the topic
-    code.SEND_BATCH_MESSAGE: ("pub", ("b",), ()),
-    code.PULL_MESSAGE: ("sub", ("topic",), ("consumerGroup",)),
-    code.QUERY_CONSUMER_OFFSET: ("sub", ("topic",), ("consumerGroup",)),
-    code.UPDATE_CONSUMER_OFFSET: ("sub", ("topic",), ("consumerGroup",)),
-    code.CONSUMER_SEND_MSG_BACK: ("sub", ("originTopic",), ("group",)),
-    code.GET_MAX_OFFSET: ("sub", ("topic",), ()),
-    code.GET_MIN_OFFSET: ("sub", ("topic",), ()),
-    code.SEARCH_OFFSET_BY_TIMESTAMP: ("sub", ("topic",), ()),
-    code.GET_EARLIEST_MSG_STORETIME: ("sub", ("topic",), ()),
-    code.QUERY_MESSAGE: ("sub", ("topic",), ()),
-    code.UPDATE_AND_CREATE_TOPIC: ("admin", ("topic",), ()),
-    code.DELETE_TOPIC_IN_BROKER: ("admin", ("topic",), ()),
+# request code -> the ext field naming the topic its client quota is charged to; the others are charged to none.
+QUOTA_TOPIC: dict[int, str] = {
+    code.SEND_MESSAGE: "topic", code.SEND_MESSAGE_V2: "b", code.SEND_BATCH_MESSAGE: "b",  # V2's b is the topic
+    **{request: "topic" for request in (
+        code.PULL_MESSAGE, code.QUERY_CONSUMER_OFFSET, code.UPDATE_CONSUMER_OFFSET, code.GET_MAX_OFFSET,
+        code.GET_MIN_OFFSET, code.SEARCH_OFFSET_BY_TIMESTAMP, code.GET_EARLIEST_MSG_STORETIME, code.QUERY_MESSAGE,
+        code.UPDATE_AND_CREATE_TOPIC, code.DELETE_TOPIC_IN_BROKER)},
+    code.CONSUMER_SEND_MSG_BACK: "originTopic",
 }
+PRODUCING = frozenset({code.SEND_MESSAGE, code.SEND_MESSAGE_V2, code.SEND_BATCH_MESSAGE})  # quotas count their body
 
 
-def authorize(access: Access, command: Command, source: str) -> str:
-    """The user a request is signed by, if it may make it; else RocketError UNAUTHENTICATED or PERMISSION_DENIED."""
+def signed_by(access: Access, command: Command, source: str) -> str:
+    """The user a request is signed by; else RocketError UNAUTHENTICATED, counted against the source."""
     try:
-        user = verify_remoting(command.ext, command.body, access.secret_of, version=command.version)
+        return verify_remoting(command.ext, command.body, access.secret_of, version=command.version)
     except RocketError as error:
         raise access.failed(source, error) from None
-    needs = NEEDS.get(command.code)
-    if needs is not None:
-        action, topics, groups = needs
-        access.authorize(user, [(action, f"topic:{command.ext[field]}") for field in topics if command.ext.get(field)]
-                         + [(action, f"group:{command.ext[field]}") for field in groups if command.ext.get(field)],
-                         source)
-    return user

@@ -12,7 +12,7 @@ from rocket.gateway.reads import queue_info
 from rocket.gateway.remoting import messages as layout
 from rocket.model import KV_PREFIX, Message
 from rocket.serde import batch as batch_codec
-from rocket.transport.rpc import Dispatcher
+from rocket.transport.rpc import Caller, Dispatcher
 
 
 class Bridge:
@@ -63,10 +63,12 @@ class Bridge:
     async def queue_info(self, topic: str, queue: int) -> dict:
         return await queue_info(self.dispatcher, topic, queue)
 
-    async def message_at(self, topic: str, queue: int, offset: int) -> Message | None:
+    async def message_at(self, topic: str, queue: int, offset: int, caller: Caller | None,
+                         group: str = "") -> Message | None:
+        """The message at the offset, read as the caller (for the consumer group, if named)."""
         response = await self.dispatcher.local("Pull", {
-            "topic": topic, "queues": [{"queue": queue, "offset": offset}], "max_bytes": 1, "wait_ms": 0,
-            "filter_type": "tag", "filter": "*"})
+            "topic": topic, "group": group, "queues": [{"queue": queue, "offset": offset}], "max_bytes": 1,
+            "wait_ms": 0, "filter_type": "tag", "filter": "*"}, caller)
         for stored in response["batches"]:
             for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
                 if message.offset == offset:

@@ -17,6 +17,7 @@ from rocket.errors import Code, RocketError
 from rocket.gateway.remoting.bridge import Bridge
 from rocket.gateway.remoting.codec import Command, RequestCode, ResponseCode, json_body, objects
 from rocket.model import RETRY_PREFIX
+from rocket.transport.rpc import Caller
 
 if TYPE_CHECKING:
     from rocket.gateway.remoting.server import Connection
@@ -52,7 +53,7 @@ class Clients:
         self._offsets: dict[tuple[str, str], dict[int, int]] = {}
         self._retry_topics_made: set[str] = set()  # cleared at limits.remoting_topic_cache_entries_max
 
-    async def heart_beat(self, command: Command, connection) -> Command:
+    async def heart_beat(self, command: Command, connection, caller: Caller) -> Command:
         data = json_body(command)
         client = str(data.get("clientID", ""))
         if not client:
@@ -98,7 +99,7 @@ class Clients:
             self._retry_topics_made.clear()
         self._retry_topics_made.add(name)
 
-    async def unregister_client(self, command: Command, connection) -> Command:
+    async def unregister_client(self, command: Command, connection, caller: Caller) -> Command:
         client, group_name = command.ext.get("clientID", ""), command.ext.get("consumerGroup")
         if group_name and self._groups.get(group_name, {}).pop(client, None) is not None:
             if not self._groups[group_name]:
@@ -126,7 +127,7 @@ class Clients:
                 if not clients:
                     del self._producers[group_name]
 
-    async def consumer_list(self, command: Command, connection) -> Command:
+    async def consumer_list(self, command: Command, connection, caller: Caller) -> Command:
         group_name = command.ext["consumerGroup"]
         topics = self._group_topics(group_name)
         if not topics:

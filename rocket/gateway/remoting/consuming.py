@@ -17,6 +17,7 @@ from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, ResponseCode, json_body, objects
 from rocket.model import RETRY_PREFIX, Message
 from rocket.serde import batch as batch_codec
+from rocket.transport.rpc import Caller
 
 PULL_COMMIT_OFFSET, PULL_SUSPEND, PULL_SUBSCRIPTION = 1, 2, 4  # PullSysFlag's bits
 
@@ -40,12 +41,13 @@ class Consuming:
         # (group, topic, queue) -> (client, renewed): at most limits.remoting_locks_max, lapsed ones swept first
         self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}
 
-    async def pull_message(self, command: Command, connection) -> Command:
+    async def pull_message(self, command: Command, connection, caller: Caller) -> Command:
         header = command.ext
         group, topic_name = header["consumerGroup"], header["topic"]
         queue, offset = _int(header, "queueId"), _int(header, "queueOffset")
         sys_flag = _int(header, "sysFlag", 0)
-        if sys_flag & PULL_COMMIT_OFFSET and _int(header, "commitOffset", -1) >= 0:
+        if sys_flag & PULL_COMMIT_OFFSET and _int(header, "commitOffset", -1) >= 0:  # written later, as the node
+            self.dispatcher.authorize(caller, "CommitOffsets", {"topic": topic_name, "group": group})
             self.clients.commit_later(group, topic_name, queue, _int(header, "commitOffset"))
         if sys_flag & PULL_SUBSCRIPTION and header.get("subscription"):
             kind, expression = header.get("expressionType") or "TAG", header["subscription"]
@@ -56,8 +58,9 @@ class Consuming:
         count_max = max(1, min(_int(header, "maxMsgNums", 32), limits.remoting_pull_messages_max))
         try:
             response = await self.dispatcher.local("Pull", {
-                "topic": topic_name, "queues": [{"queue": queue, "offset": offset}], "max_bytes": limits.remoting_pull_bytes_max,
-                "wait_ms": wait_ms, "filter_type": "sql" if kind.upper() == "SQL92" else "tag", "filter": expression})
+                "topic": topic_name, "group": group, "queues": [{"queue": queue, "offset": offset}],
+                "max_bytes": limits.remoting_pull_bytes_max, "wait_ms": wait_ms,
+                "filter_type": "sql" if kind.upper() == "SQL92" else "tag", "filter": expression}, caller)
         except RocketError as error:
             if error.code != Code.OFFSET_OUT_OF_RANGE:
                 raise
@@ -76,9 +79,10 @@ class Consuming:
 
     # ---- offsets -------------------------------------------------------------------------------------------
 
-    async def query_consumer_offset(self, command: Command, connection) -> Command:
+    async def query_consumer_offset(self, command: Command, connection, caller: Caller) -> Command:
         header = command.ext
         group, topic, queue = header["consumerGroup"], header["topic"], _int(header, "queueId")
+        self.dispatcher.authorize(caller, "FetchOffsets", {"group": group, "topic": topic})  # answered from here too
         offset = self.clients.uncommitted(group, topic, queue)
         if offset is None:
             fetched = await self.dispatcher.local("FetchOffsets", {"group": group, "topic": topic})
@@ -92,39 +96,40 @@ class Consuming:
             offset = 0
         return command.reply(ext={"offset": offset})
 
-    async def update_consumer_offset(self, command: Command, connection) -> Command:
+    async def update_consumer_offset(self, command: Command, connection, caller: Caller) -> Command:
         header = command.ext
+        self.dispatcher.authorize(caller, "CommitOffsets", {"group": header["consumerGroup"], "topic": header["topic"]})
         self.clients.commit_later(header["consumerGroup"], header["topic"], _int(header, "queueId"),
-                          _int(header, "commitOffset"))
+                                  _int(header, "commitOffset"))  # written later, as the node
         return command.reply()
 
-    async def max_offset(self, command: Command, connection) -> Command:
+    async def max_offset(self, command: Command, connection, caller: Caller) -> Command:
         info = await self.bridge.queue_info(command.ext["topic"], _int(command.ext, "queueId"))
         return command.reply(ext={"offset": info["next_offset"]})
 
-    async def min_offset(self, command: Command, connection) -> Command:
+    async def min_offset(self, command: Command, connection, caller: Caller) -> Command:
         info = await self.bridge.queue_info(command.ext["topic"], _int(command.ext, "queueId"))
         return command.reply(ext={"offset": info["min_offset"]})
 
-    async def search_offset(self, command: Command, connection) -> Command:
+    async def search_offset(self, command: Command, connection, caller: Caller) -> Command:
         queue = _int(command.ext, "queueId")
         found = await self.dispatcher.local("SearchOffset", {"topic": command.ext["topic"],
-                                                             "timestamp_ms": _int(command.ext, "timestamp")})
+                                                             "timestamp_ms": _int(command.ext, "timestamp")}, caller)
         offset = next((entry["offset"] for entry in found["offsets"] if entry["queue"] == queue), None)
         if offset is None:
             raise RocketError(Code.BAD_QUEUE, f"topic {command.ext['topic']!r} has no queue {queue}")
         return command.reply(ext={"offset": offset})
 
-    async def earliest_store_time(self, command: Command, connection) -> Command:
+    async def earliest_store_time(self, command: Command, connection, caller: Caller) -> Command:
         topic, queue = command.ext["topic"], _int(command.ext, "queueId")
         info = await self.bridge.queue_info(topic, queue)
-        message = await self.bridge.message_at(topic, queue, info["min_offset"]) \
+        message = await self.bridge.message_at(topic, queue, info["min_offset"], caller) \
             if info["next_offset"] > info["min_offset"] else None
         return command.reply(ext={"timestamp": message.timestamp_ms if message else 0})
 
     # ---- retries ---------------------------------------------------------------------------------------------
 
-    async def send_back(self, command: Command, connection) -> Command:
+    async def send_back(self, command: Command, connection, caller: Caller) -> Command:
         """A message the consumer failed: to %RETRY%group after its delay level (0: the server's choice: the group's
         retry backoff if it has one (rocket group create --retry-backoff), else level 3 plus its reconsume times, as
         RocketMQ), or to rocket's dead letters of its topic once it was consumed maxReconsumeTimes times (the group's
@@ -135,7 +140,8 @@ class Consuming:
         retry_topic = RETRY_PREFIX + group
         topic = await self.bridge.topic_by_hash(topic_hash, retry_topic, header.get("originTopic", ""))
         info = await self.bridge.queue_info(topic, queue)
-        message = await self.bridge.message_at(topic, queue, layout.unwrap_offset(low, info["next_offset"]))
+        message = await self.bridge.message_at(topic, queue, layout.unwrap_offset(low, info["next_offset"]), caller,
+                                               group)
         if message is None:
             return command.reply(ResponseCode.SYSTEM_ERROR, f"NOT_FOUND: no message at that offset of {topic}")
         properties = dict(message.properties)
@@ -157,7 +163,7 @@ class Consuming:
         if level < 0 or times > max_times:
             origin_queue = int(properties.get(ORIGIN_QUEUE, "0") or 0)
             await self.dispatcher.local("Bury", {"topic": origin_topic, "group": group, "queue": origin_queue,
-                                                 "batch": batch_codec.encode([again], now_ms)})
+                                                 "batch": batch_codec.encode([again], now_ms)}, caller)
             return command.reply()
         backoff = settings["retry_backoff_s"]
         if level == 0 and backoff:  # the server's choice, and the group names its backoff
@@ -172,7 +178,7 @@ class Consuming:
 
     # ---- orderly consumers' locks ------------------------------------------------------------------------------
 
-    async def lock_batch(self, command: Command, connection) -> Command:
+    async def lock_batch(self, command: Command, connection, caller: Caller) -> Command:
         """Lock queues for an orderly consumer: those free, or already its, or whose holder stopped renewing for
         limits.remoting_lock_expiry_s (RocketMQ's 60 s rebalance lock). Held by this broker."""
         request = json_body(command)
@@ -195,7 +201,7 @@ class Consuming:
         for key in [key for key, (_, renewed) in self._locks.items() if now - renewed > limits.remoting_lock_expiry_s]:
             del self._locks[key]
 
-    async def unlock_batch(self, command: Command, connection) -> Command:
+    async def unlock_batch(self, command: Command, connection, caller: Caller) -> Command:
         request = json_body(command)
         group, client = str(request.get("consumerGroup", "")), str(request.get("clientId", ""))
         for queue in objects(request.get("mqSet"), "mqSet"):

@@ -14,6 +14,7 @@ from rocket.gateway.remoting.bridge import Bridge
 from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, ResponseCode
 from rocket.model import RETRY_PREFIX
+from rocket.transport.rpc import Caller
 
 PERM_READ_WRITE = 6  # RocketMQ's PermName: 4 read | 2 write
 
@@ -49,7 +50,7 @@ class Naming:
         self._brokers = (now, brokers)
         return brokers
 
-    async def get_route(self, command: Command, connection) -> Command:
+    async def get_route(self, command: Command, connection, caller: Caller) -> Command:
         name = command.ext["topic"]
         if name.startswith(RETRY_PREFIX):  # a consumer may ask before its first heartbeat made it
             await self.clients.ensure_retry_topic(name[len(RETRY_PREFIX):])
@@ -73,7 +74,7 @@ class Naming:
         }
         return command.reply(body=orjson.dumps(route))
 
-    async def cluster_info(self, command: Command, connection) -> Command:
+    async def cluster_info(self, command: Command, connection, caller: Caller) -> Command:
         brokers = await self._live_brokers(connection)
         info = {"brokerAddrTable": {self.cluster: {"cluster": self.cluster, "brokerName": self.cluster,
                                                    "brokerAddrs": {str(index): address
@@ -81,13 +82,13 @@ class Naming:
                 "clusterAddrTable": {self.cluster: [self.cluster]}}
         return command.reply(body=orjson.dumps(info))
 
-    async def topic_list(self, command: Command, connection) -> Command:
+    async def topic_list(self, command: Command, connection, caller: Caller) -> Command:
         topics = (await self.dispatcher.local("ListTopics", {}))["topics"] if self.dispatcher.serves("ListTopics") \
             else (await self.dispatcher.local("MetaListTopics", {}))["topics"]
         names = [topic["name"] for topic in topics if topic["message_type"] != "kv"]
         return command.reply(body=orjson.dumps({"topicList": names}))
 
-    async def kv_config(self, command: Command, connection) -> Command:
+    async def kv_config(self, command: Command, connection, caller: Caller) -> Command:
         """rocket keeps no nameserver KV config (RocketMQ's ORDER_TOPIC_CONFIG and project namespaces): every key
         is absent, the answer clients expect when none was set."""
         return command.reply(ResponseCode.QUERY_NOT_FOUND,

@@ -16,7 +16,7 @@ from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, RequestCode
 from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
-from rocket.transport.rpc import method_spec
+from rocket.transport.rpc import Caller, method_spec
 
 log = logging.getLogger("rocket.remoting")
 
@@ -40,7 +40,7 @@ class Producing:
         # transaction topics whose checks are forwarded: at most limits.remoting_transaction_topics_max
         self._checked: set[str] = set()
 
-    async def send_message(self, command: Command, connection) -> Command:
+    async def send_message(self, command: Command, connection, caller: Caller) -> Command:
         header = send_header(command)
         name = header["topic"]
         topic = await self.bridge.topic(name)
@@ -61,12 +61,13 @@ class Producing:
             group = header.get("producerGroup", "")
             for message in converted:
                 message.properties[layout.PRODUCER_GROUP] = group
-            self.producing_transactions(name, group)
         queue = int(header.get("queueId", "-1") or -1)
         if not 0 <= queue < topic["queues"]:
             queue = -1
         batch = batch_codec.encode(converted, now_ms, transaction=transaction)
-        reply = await self.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch})
+        reply = await self.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch}, caller)
+        if transaction:  # sent: its checks may go to the producer (who may publish to the topic)
+            self.producing_transactions(name, header.get("producerGroup", ""))
         host = layout.host_bytes(connection.local)
         ids = [layout.message_id(host[0], host[1], layout.commit_log_offset(name, reply["queue"], offset))
                for offset in range(reply["base_offset"], reply["base_offset"] + reply["count"])]
@@ -75,7 +76,7 @@ class Producing:
             fields["transactionId"] = f"{reply['queue']}.{reply['base_offset']}.{reply['count']}"
         return command.reply(ext=fields)
 
-    async def end_transaction(self, command: Command, connection) -> Command:
+    async def end_transaction(self, command: Command, connection, caller: Caller) -> Command:
         """Commit or roll back a half message (or a batch of them). The transaction id is the one the send
         answered, QUEUE.OFFSET.COUNT; a client that sends another finds the message by its commitLogOffset."""
         header = command.ext
@@ -90,7 +91,7 @@ class Producing:
         else:
             offset, count = int(header.get("tranStateTableOffset", low)), 1
         await self.dispatcher.local("EndTransaction", {"topic": topic, "queue": queue, "offset": offset,
-                                                       "count": count, "commit": resolution == COMMIT})
+                                                       "count": count, "commit": resolution == COMMIT}, caller)
         return command.reply()
 
     # ---- transaction check-backs ---------------------------------------------------------------------------

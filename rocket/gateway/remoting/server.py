@@ -16,7 +16,7 @@ from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.gateway.remoting import codec
 from rocket.gateway.remoting.admin import Administration
-from rocket.gateway.remoting.authorization import NEEDS, authorize
+from rocket.gateway.remoting.authorization import PRODUCING, QUOTA_TOPIC, signed_by
 from rocket.gateway.remoting.bridge import Bridge
 from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, RemotingError, RequestCode, ResponseCode
@@ -109,9 +109,9 @@ class RemotingGateway:
         self.producing = Producing(self.bridge, self.clients)
         self.consuming = Consuming(self.bridge, self.clients)
         self.admin = Administration(self.bridge, self.clients)
-        self._handlers: dict[int, Callable[[Command, Connection], Awaitable[Command]]] = self._table()
+        self._handlers: dict[int, Callable[[Command, Connection, Caller], Awaitable[Command]]] = self._table()
 
-    def _table(self) -> dict[int, Callable[[Command, Connection], Awaitable[Command]]]:
+    def _table(self) -> dict[int, Callable[[Command, Connection, Caller], Awaitable[Command]]]:
         code = RequestCode
         naming, producing, consuming, clients, admin = self.naming, self.producing, self.consuming, self.clients, \
             self.admin
@@ -237,17 +237,17 @@ class RemotingGateway:
             return command.reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                  f"REQUEST_CODE_NOT_SUPPORTED: request code {command.code} is not served by rocket")
         try:
-            user = None
-            if self.dispatcher.access is not None:
-                user = authorize(self.dispatcher.access, command, connection.peer.rsplit(":", 1)[0])
+            # Each request is signed: the handler calls the node's methods as its user, authorized there (Dispatcher).
+            source = connection.caller.source
+            user = None if self.dispatcher.access is None else signed_by(self.dispatcher.access, command, source)
+            caller = Caller(source=source, user=user)
             if not self.dispatcher.charged(connection.caller):
-                return await handler(command, connection)
+                return await handler(command, connection, caller)
             # client quotas: held while throttled (remoting's answers have no throttle time to tell), then charged
             await self.dispatcher.held(connection.caller)
-            reply = await handler(command, connection)
-            needs = NEEDS.get(command.code)
-            topic = command.ext.get(needs[1][0], "") if needs is not None else ""
-            producing = needs is not None and needs[0] == "pub"
+            reply = await handler(command, connection, caller)
+            topic = command.ext.get(QUOTA_TOPIC.get(command.code, ""), "")
+            producing = command.code in PRODUCING
             consuming = reply is not None and command.code == RequestCode.PULL_MESSAGE
             self.dispatcher.charge(connection.caller, topic, user=user, produced=len(command.body) if producing else 0,
                                    consumed=len(reply.body) if consuming else 0)

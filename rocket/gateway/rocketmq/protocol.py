@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 from rocket.errors import Code, RocketError
+from rocket.gateway.rocketmq.signature import DENIED_STATUS
 
 SERVICE = "apache.rocketmq.v2.MessagingService"
 
@@ -19,6 +20,8 @@ STATUS_OF_CODE = {  # rocket's error codes -> apache.rocketmq.v2.Code
     Code.BAD_REQUEST: 40000, Code.BAD_BATCH: 40000, Code.BAD_QUEUE: 40000, Code.UNDECODABLE: 40000,
     Code.OFFSET_OUT_OF_RANGE: 40019, Code.FRAME_TOO_LARGE: 41300, Code.TIMEOUT: 50400, Code.OVERLOADED: 42900,
     Code.UNAVAILABLE: 50001, Code.DISK_FULL: 50001,
+    # apache/rocketmq's proxy answers AuthenticationException and AuthorizationException alike (signature.py)
+    Code.UNAUTHENTICATED: DENIED_STATUS, Code.PERMISSION_DENIED: DENIED_STATUS,
 }
 OK = 20000
 MESSAGE_NOT_FOUND = 40401

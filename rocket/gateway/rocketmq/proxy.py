@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import logging
 import types
-from typing import cast
 from collections.abc import Awaitable, Callable
 
 import trio
 
 from rocket import limits
 from rocket.clock import Clock
-from rocket.errors import Code, RocketError
+from rocket.errors import RocketError
 from rocket.gateway.rocketmq.bridge import Bridge
 from rocket.gateway.rocketmq.protocol import MESSAGE_TYPE_OF, SERVICE, load_protocol
 from rocket.gateway.rocketmq.pulling import Pulling
 from rocket.gateway.rocketmq.receiving import Receiving
 from rocket.gateway.rocketmq.sending import Sending
-from rocket.gateway.rocketmq.authorization import grpc_needs
 from rocket.gateway.rocketmq.signature import verify_grpc
 from rocket.gateway.rocketmq.telemetry import Telemetry
 from rocket.transport.grpc_wire import GrpcError, GrpcStatus
@@ -102,21 +100,10 @@ class RocketMQProxy:
             await handler(call)
         return handle
 
-    def _authorize(self, name: str, request, call: GrpcCall) -> None:
-        """With auth on: what the call needs of the policies (grpc_needs), or PERMISSION_DENIED."""
-        access = self.dispatcher.access
-        if access is not None:
-            try:
-                access.authorize(cast(str, call.user), grpc_needs(name, request), call.source)  # set by _checked
-            except RocketError as error:
-                raise GrpcError(GrpcStatus.PERMISSION_DENIED if error.code == Code.PERMISSION_DENIED
-                                else GrpcStatus.UNAUTHENTICATED, error.message) from None
-
     def _unary(self, name: str, request_type, method) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
             data = await call.receive_one()
             request = self.bridge.parse(request_type, data)
-            self._authorize(name, request, call)
             charged = self.dispatcher.charged(call.caller)
             if charged:  # client quotas: held while throttled (RocketMQ's answers have no throttle time to tell)
                 await self.dispatcher.held(call.caller)
@@ -131,7 +118,6 @@ class RocketMQProxy:
     def _server_stream(self, name: str, request_type, method) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
             request = self.bridge.parse(request_type, await call.receive_one())
-            self._authorize(name, request, call)
             charged = self.dispatcher.charged(call.caller)
             if charged:
                 await self.dispatcher.held(call.caller)
@@ -188,9 +174,19 @@ class RocketMQProxy:
         return self.service.NotifyClientTerminationResponse(status=self.bridge.status())
 
 
+# The calls whose quota is charged to the topic they name; the others (routes, heartbeats, telemetry) to none.
+CHARGED_TO_TOPIC = frozenset({"SendMessage", "EndTransaction", "RecallMessage", "ReceiveMessage", "AckMessage",
+                              "ChangeInvisibleDuration", "ForwardMessageToDeadLetterQueue", "PullMessage",
+                              "UpdateOffset", "GetOffset", "QueryOffset"})
+
+
 def _topic_of(name: str, request) -> str:
-    """The topic a call's quota is charged to (its first, if it names several), or ""."""
-    for _, resource in grpc_needs(name, request):
-        if resource.startswith("topic:"):
-            return resource[len("topic:"):]
-    return ""
+    """The topic a call's quota is charged to (its messages' first, for a send), or ""."""
+    if name not in CHARGED_TO_TOPIC:
+        return ""
+    present = {field.name for field, _ in request.ListFields()}
+    if "topic" in present:
+        return request.topic.name
+    if "message_queue" in present:
+        return request.message_queue.topic.name
+    return request.messages[0].topic.name if "messages" in present else ""

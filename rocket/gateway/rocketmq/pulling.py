@@ -48,9 +48,9 @@ class Pulling:
             while True:
                 slice_s = min(limits.rocketmq_receive_slice_s, max(0.0, deadline - trio.current_time()))
                 response = await self.bridge.dispatcher.local("Pull", {
-                    "topic": topic_name, "queues": [{"queue": queue, "offset": offset}],
+                    "topic": topic_name, "group": request.group.name, "queues": [{"queue": queue, "offset": offset}],
                     "max_bytes": limits.rocketmq_pull_bytes_max, "wait_ms": int(slice_s * 1000),
-                    "filter_type": filter_type, "filter": text})
+                    "filter_type": filter_type, "filter": text}, call.acting)
                 found, offset = matching(response, queue, offset, chosen, count_max)
                 if found or trio.current_time() >= deadline:
                     break
@@ -76,7 +76,7 @@ class Pulling:
         try:
             await self.bridge.dispatcher.local("CommitOffsets", {
                 "group": request.group.name, "topic": request.message_queue.topic.name,
-                "offsets": [{"queue": request.message_queue.id, "offset": request.offset}]})
+                "offsets": [{"queue": request.message_queue.id, "offset": request.offset}]}, call.acting)
         except RocketError as error:
             return self.bridge.service.UpdateOffsetResponse(status=self.bridge.error_status(error))
         return self.bridge.service.UpdateOffsetResponse(status=self.bridge.status())
@@ -85,7 +85,8 @@ class Pulling:
         service = self.bridge.service
         group, topic_name, queue = request.group.name, request.message_queue.topic.name, request.message_queue.id
         try:
-            fetched = await self.bridge.dispatcher.local("FetchOffsets", {"group": group, "topic": topic_name})
+            fetched = await self.bridge.dispatcher.local("FetchOffsets", {"group": group, "topic": topic_name},
+                                                          call.acting)
         except RocketError as error:
             return service.GetOffsetResponse(status=self.bridge.error_status(error))
         offset = next((entry["offset"] for entry in fetched["offsets"] if entry["queue"] == queue), -1)
@@ -102,7 +103,7 @@ class Pulling:
         try:
             if policy == TIMESTAMP:
                 searched = await self.bridge.dispatcher.local("SearchOffset", {
-                    "topic": topic_name, "timestamp_ms": request.timestamp.ToMilliseconds()})
+                    "topic": topic_name, "timestamp_ms": request.timestamp.ToMilliseconds()}, call.acting)
                 offset = next((entry["offset"] for entry in searched["offsets"] if entry["queue"] == queue), None)
                 if offset is None:
                     raise RocketError(Code.BAD_QUEUE, f"topic {topic_name!r} has no queue {queue}")

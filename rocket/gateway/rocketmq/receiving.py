@@ -43,7 +43,7 @@ class Receiving:
                     "invisible_ms": ms_of(request.invisible_duration, limits.rocketmq_invisible_s_default),
                     "wait_ms": int(slice_s * 1000), "max_attempts": self.bridge.max_attempts,
                     "filter_type": filter_type,
-                    "filter": expression.expression or ("*" if filter_type == "tag" else "")})
+                    "filter": expression.expression or ("*" if filter_type == "tag" else "")}, call.acting)
                 if response["handles"] or trio.current_time() >= deadline:
                     break
         except RocketError as error:
@@ -57,7 +57,7 @@ class Receiving:
         if unreadable:
             try:
                 await self.bridge.dispatcher.local("DeadLetter", {"topic": topic_name, "group": request.group.name,
-                                                           "receipts": unreadable, "invisible_ms": -1})
+                                                           "receipts": unreadable, "invisible_ms": -1}, call.acting)
             except RocketError as error:  # they come back after their invisible time, and go then
                 log.warning("dead-lettering unreadable messages of %s: %s", topic_name, error)
         invisible_ms = ms_of(request.invisible_duration, limits.rocketmq_invisible_s_default)
@@ -75,7 +75,8 @@ class Receiving:
         try:
             receipts = [_receipt(entry.receipt_handle) for entry in entries]
             response = await self.bridge.dispatcher.local("Ack", {
-                "topic": request.topic.name, "group": request.group.name, "receipts": receipts, "invisible_ms": -1})
+                "topic": request.topic.name, "group": request.group.name, "receipts": receipts, "invisible_ms": -1},
+                call.acting)
         except RocketError as error:
             return service.AckMessageResponse(status=self.bridge.error_status(error))
         stale = {(entry["queue"], entry["offset"], entry["attempt"]) for entry in response["stale"]}
@@ -98,7 +99,7 @@ class Receiving:
                 invisible_ms = 0  # a failure of the last attempt: the next receive moves it to the dead-letter queue
             response = await self.bridge.dispatcher.local("ChangeInvisible", {
                 "topic": request.topic.name, "group": request.group.name, "receipts": [receipt],
-                "invisible_ms": invisible_ms})
+                "invisible_ms": invisible_ms}, call.acting)
         except RocketError as error:
             return service.ChangeInvisibleDurationResponse(status=self.bridge.error_status(error))
         if response["stale"]:
@@ -114,7 +115,8 @@ class Receiving:
         try:
             receipt = _receipt(request.receipt_handle)
             response = await self.bridge.dispatcher.local("DeadLetter", {
-                "topic": request.topic.name, "group": request.group.name, "receipts": [receipt], "invisible_ms": -1})
+                "topic": request.topic.name, "group": request.group.name, "receipts": [receipt], "invisible_ms": -1},
+                call.acting)
         except RocketError as error:
             return service.ForwardMessageToDeadLetterQueueResponse(status=self.bridge.error_status(error))
         if response["stale"]:

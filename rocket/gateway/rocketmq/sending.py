@@ -71,7 +71,8 @@ class Sending:
                 queue = -1
             transaction = first.message_type == 4
             batch = batch_codec.encode(converted, self.bridge.clock.wall_ms(), transaction=transaction)
-            reply = await self.bridge.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch})
+            reply = await self.bridge.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch},
+                                                                call.acting)
         except (RocketError, OSError, EOFError) as error:
             error = error if isinstance(error, RocketError) else RocketError(Code.BAD_REQUEST, f"body: {error}")
             status = self.bridge.error_status(error)
@@ -102,7 +103,7 @@ class Sending:
         try:
             await self.bridge.dispatcher.local("EndTransaction", {
                 "topic": request.topic.name, "queue": queue, "offset": offset, "count": count,
-                "commit": request.resolution == 1})
+                "commit": request.resolution == 1}, call.acting)
         except RocketError as error:
             return self.bridge.service.EndTransactionResponse(status=self.bridge.error_status(error))
         return self.bridge.service.EndTransactionResponse(status=self.bridge.status())
@@ -115,7 +116,7 @@ class Sending:
                 status=self.bridge.status(40000, "malformed recall handle"))
         try:
             await self.bridge.dispatcher.local("CancelTimer", {"topic": request.topic.name, "queue": int(parts[0]),
-                                                        "offset": int(parts[1])})
+                                                        "offset": int(parts[1])}, call.acting)
         except RocketError as error:
             return self.bridge.service.RecallMessageResponse(status=self.bridge.error_status(error))
         return self.bridge.service.RecallMessageResponse(status=self.bridge.status(), message_id=request.recall_handle)
