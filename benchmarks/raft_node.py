@@ -17,7 +17,8 @@ from rocket.raft.core import Role
 from rocket.raft.host import RaftHost
 from rocket.transport.links import PeerLinks
 from rocket.raft.wal import Wal
-from rocket.transport.rpc import Dispatcher, Lifecycle
+from rocket.transport.lifecycle import Lifecycle
+from rocket.transport.rpc import Dispatcher
 from rocket.transport.tcp import serve_tcp
 
 

@@ -18,7 +18,7 @@ from rocket.cli import _reflow, build_app, run
 from rocket.roles.broker.role import Broker
 from rocket.roles.nameserver.role import Nameserver
 from rocket.roles.storage.role import StorageRole
-from rocket.transport import rpc
+from rocket.transport import guard, methods, rpc
 
 
 def cell(text: object) -> str:
@@ -197,8 +197,8 @@ def handler_of(cls: type | None, value: ast.expr) -> object:
 def method_servers() -> dict[str, list[tuple[str, str]]]:
     """Method -> [(role, the first sentence of its handler's docstring)], from the code where each role registers."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(rpc.Dispatcher)))
-    found = {item.value: [("dispatcher", "")] for item in ast.walk(tree)
-             if isinstance(item, ast.Constant) and item.value in rpc.METHODS}
+    answered = {item.value for item in ast.walk(tree) if isinstance(item, ast.Constant) and item.value in methods.METHODS}
+    found = {name: [("dispatcher", "")] for name in sorted(answered | guard.ABOUT_CONNECTION)}
     for role, (cls, *functions) in ROLES.items():
         module = inspect.getmodule(cls or functions[0])
         for function in functions:
@@ -207,12 +207,12 @@ def method_servers() -> dict[str, list[tuple[str, str]]]:
                     [item.elts] if isinstance(item, ast.Tuple) and len(item.elts) == 2 else \
                     [item.args] if isinstance(item, ast.Call) and getattr(item.func, "attr", "") == "handle" else []
                 for key, value in pairs:  # {"Ping": self.ping}, ("StorageAppend", self.append), .handle("X", f)
-                    if isinstance(key, ast.Constant) and key.value in rpc.METHODS:
+                    if isinstance(key, ast.Constant) and key.value in methods.METHODS:
                         handler = handler_of(cls, value)
                         paragraph = " ".join(inspect.cleandoc(getattr(handler, "__doc__", "") or "").split("\n\n")[0].split())
                         found.setdefault(key.value, []).append((role, re.split(r"(?<=\.)\s+(?=[A-Z])", paragraph)[0]))
                 if isinstance(item, ast.Name) and isinstance(getattr(module, item.id, None), tuple):
-                    for name in sorted(set(getattr(module, item.id)) & set(rpc.METHODS)):  # the broker's FORWARDED
+                    for name in sorted(set(getattr(module, item.id)) & set(methods.METHODS)):  # the broker's FORWARDED
                         found.setdefault(name, []).append((f"{role} (forwards it to the nameservers)", ""))
     return found
 
@@ -220,7 +220,7 @@ def method_servers() -> dict[str, list[tuple[str, str]]]:
 def spec_comments() -> dict[str, str]:
     """Method -> the comment with its MethodSpec in METHODS, but not one that heads a run of them ('Between nodes:
     brokers and storage nodes to the nameservers,')."""
-    above, after = comments(source := inspect.getsource(rpc))
+    above, after = comments(source := inspect.getsource(methods))
     found = {}
     for item in ast.walk(ast.parse(source)):
         if isinstance(item, ast.Call) and getattr(item.func, "id", "") == "MethodSpec":
@@ -230,14 +230,14 @@ def spec_comments() -> dict[str, str]:
     return found
 
 
-def who(spec: rpc.MethodSpec) -> str:
+def who(spec: methods.MethodSpec) -> str:
     if spec.internal or spec.name in access.OPEN or not access.covers(spec.name):
         return "nodes only" if spec.internal else "anyone" if spec.name in access.OPEN else "super users"
     needs = access.needs_of(spec.name, {"topic": "-", "group": "-", "bucket": "-"})
     return f"`{needs[0][0]}` on " + ", ".join(pair[1].partition(":")[0] for pair in needs) if needs else "signed-in users"
 
 
-def wire(spec: rpc.MethodSpec) -> str:
+def wire(spec: methods.MethodSpec) -> str:
     notes = ["inline (TCP read loop)"] * spec.inline + [f"request `{spec.attachment_field}` out of band"] * bool(
         spec.attachment_field) + [f"response `{spec.response_attachment}` out of band"] * bool(spec.response_attachment)
     notes += ["response `{}[].{}` out of band".format(*spec.response_attachments)] if spec.response_attachments else []
@@ -247,15 +247,15 @@ def wire(spec: rpc.MethodSpec) -> str:
 def rpc_page() -> str:
     servers, described = method_servers(), spec_comments()
     groups: dict[str, list[list[str]]] = {role: [] for role in TITLES}
-    for name, spec in rpc.METHODS.items():  # in the table's order
+    for name, spec in methods.METHODS.items():  # in the table's order
         served = servers.get(name, [("none", "")])
         description = described[name] or next((doc for _, doc in served if doc), "")
         groups[served[0][0]].append([code(name), "yes" if spec.streaming else "", cell(who(spec)), code(spec.request_type),
                                      code(spec.response_type), cell(", ".join(role for role, _ in served)), wire(spec),
                                      cell(description)])
-    parts = [banner("RPC methods", "`rocket.transport.rpc.METHODS` (the dispatcher's `MethodSpec` table), "
+    parts = [banner("RPC methods", "`rocket.transport.methods.METHODS` (the dispatcher's `MethodSpec` table), "
                                    "`rocket.access` and the roles' `register` methods"),
-             f"The dispatcher knows {len(rpc.METHODS)} methods, over TCP and HTTP/2 alike, grouped by the role serving "
+             f"The dispatcher knows {len(methods.METHODS)} methods, over TCP and HTTP/2 alike, grouped by the role serving "
              "them. *Who*: with auth on, what a caller needs (`anyone`: before signing in; super users may call all); "
              "with a cluster secret or `tls_ca`, `nodes only` methods answer only the cluster's nodes. *Wire*: "
              "*inline* methods are served in the TCP read loop, with no task (the hot path); *out of band* bytes "

@@ -47,7 +47,8 @@ from rocket.transport.h2_server import serve_http2
 from rocket.transport.links import PeerLinks
 from rocket.transport.listen import cancel_on
 from rocket.transport.pool import ChannelPool
-from rocket.transport.rpc import Dispatcher, Lifecycle
+from rocket.transport.lifecycle import Lifecycle
+from rocket.transport.rpc import Dispatcher
 from rocket.transport.http1 import serve_http1
 from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp import serve_tcp
@@ -290,22 +291,22 @@ def _peer_auth(config: NodeConfig, dispatcher: Dispatcher, clock: Clock, tls: No
     """With a cluster secret, the methods between nodes answer only connections that said PeerHello with it; with
     tls_ca (and tls_mode enforcing), only connections whose client certificate verified against it (or, with a
     secret too, that said PeerHello)."""
-    dispatcher.peers_only = bool(config.cluster_secret) or (tls.verifies_peers and not tls.plain_accepted)
+    dispatcher.guard.peers_only = bool(config.cluster_secret) or (tls.verifies_peers and not tls.plain_accepted)
     if not config.cluster_secret:
-        if config.nameservers and not dispatcher.peers_only:
+        if config.nameservers and not dispatcher.guard.peers_only:
             log.warning("no cluster_secret and no tls_ca (with tls_mode enforcing): the methods between nodes answer "
                         "anyone who reaches this node's TCP port")
         return None
-    dispatcher.peer_auth = PeerAuth(config.cluster_secret.encode(), config.node_id, clock.wall_ms)
-    return dispatcher.peer_auth
+    dispatcher.guard.peer_auth = PeerAuth(config.cluster_secret.encode(), config.node_id, clock.wall_ms)
+    return dispatcher.guard.peer_auth
 
 
 def _access(config: NodeConfig, dispatcher: Dispatcher, clock: Clock) -> Access | None:
     """With auth on, every call from the wire needs a signed-in user whom the policies allow."""
     if not config.auth:
         return None
-    dispatcher.access = Access(cluster_key(config.cluster_secret), clock.wall_ms, clock.now_s)
-    return dispatcher.access
+    dispatcher.guard.access = Access(cluster_key(config.cluster_secret), clock.wall_ms, clock.now_s)
+    return dispatcher.guard.access
 
 
 async def _follow_acl(access: Access | None, quotas: Quotas | None, peers: Peers, loaded: trio.Event) -> None:
@@ -381,7 +382,7 @@ def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispa
     telemetry.add_collector(families.node_metrics(config.node_id, config.roles, rocket.__version__,
                                                   lifecycle.draining.is_set))
     telemetry.add_collector(families.raft_state_metrics(host))
-    telemetry.add_collector(families.access_metrics(dispatcher.access, dispatcher.quotas))
+    telemetry.add_collector(families.access_metrics(dispatcher.guard.access, dispatcher.metering.quotas))
     if store is not None and roles.storage is not None:  # both or neither: store is roles.storage's
         telemetry.traffic = lambda: (store.take_traffic(), {group for group in host.groups if host.leads(group)})
         telemetry.add_collector(families.store_metrics(QueueMeter(store), host.leads, config.metrics_per_queue))
@@ -460,7 +461,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             await roles.start(nursery)
             quotas = None
             if "broker" in config.roles:  # client quotas: enforced by the dispatcher, on brokers (rocket/quotas.py)
-                dispatcher.quotas = quotas = Quotas(clock.now_s)
+                dispatcher.metering.quotas = quotas = Quotas(clock.now_s)
             if access is not None or quotas is not None:
                 loaded = trio.Event()
                 nursery.start_soon(_follow_acl, access, quotas, roles.peers, loaded)

@@ -23,7 +23,7 @@ from rocket.serde import serde_named
 from rocket.transport.channel import Channel
 from rocket.transport.h2_client import open_http2_channel
 from rocket.transport.pool import ChannelPool
-from rocket.transport.rpc import method_spec
+from rocket.transport.methods import method_spec
 from rocket.transport.tls import as_client_context
 
 TRANSPORTS = ("tcp", "http2")

@@ -16,7 +16,7 @@ from rocket.serde.versions import peer_version_of
 
 class Channel(Protocol):
     """Calls to one server (or one cluster, for FailoverChannel) by method name, with messages as dicts shaped by
-    the method's schemas (rpc.METHODS). Every failure is a RocketError, as the server sent it or as the channel
+    the method's schemas (methods.METHODS). Every failure is a RocketError, as the server sent it or as the channel
     met it (TIMEOUT, CONNECTION_LOST, UNAVAILABLE)."""
 
     async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default,

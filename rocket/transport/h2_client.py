@@ -21,7 +21,7 @@ from rocket.transport.channel import Channel, server_schema_version
 from rocket.transport.grpc_wire import split_messages
 from rocket.transport.h2_endpoint import Endpoint, header_dict, path_prefix
 from rocket.transport.listen import connect
-from rocket.transport.rpc import method_spec
+from rocket.transport.methods import method_spec
 
 
 class _Response:

@@ -14,7 +14,8 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.serde import SERDE_BY_CONTENT_TYPE, json_codec
-from rocket.transport.rpc import Traffic, method_spec
+from rocket.transport.lifecycle import Traffic
+from rocket.transport.methods import method_spec
 
 DEFAULT_WINDOW_BYTES = 65_535  # RFC 9113's initial connection window, which we raise at start: a format constant
 path_prefix = "/rocket.v1/"

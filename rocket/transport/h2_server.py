@@ -26,7 +26,10 @@ from rocket.transport.grpc_wire import (GrpcError, GrpcStatus, check_grpc_prefix
 from rocket.transport.h2_endpoint import (Endpoint, header_dict, method_of, path_prefix, rocket_trailers, serde_of,
                                           status_of)
 from rocket.transport.listen import serve_connections, source_of
-from rocket.transport.rpc import Caller, Dispatcher, Lifecycle, encode_error
+from rocket.transport.guard import Caller
+from rocket.transport.lifecycle import Lifecycle
+from rocket.transport.methods import encode_error
+from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.http2")
 
@@ -47,7 +50,7 @@ class GrpcCall:
         self.headers_sent = False
         self.deadline = math.inf  # trio time by which the client's grpc-timeout expires
         self.source = connection.caller.source  # the client's IP address
-        self.caller = connection.caller  # its connection's: what client quotas hold (rpc.py, Dispatcher.charge)
+        self.caller = connection.caller  # its connection's: what client quotas hold (metering.py)
         self.user: str | None = None  # with auth on, the user the call's signature names (the gateway checks it)
 
     @property

@@ -16,7 +16,7 @@ import trio
 
 from rocket import limits
 from rocket.transport.listen import serve_connections, source_of
-from rocket.transport.rpc import Lifecycle
+from rocket.transport.lifecycle import Lifecycle
 from rocket.transport.tls import handshake
 
 log = logging.getLogger("rocket.http1")

@@ -12,7 +12,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.transport.rpc import Lifecycle
+from rocket.transport.lifecycle import Lifecycle
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 

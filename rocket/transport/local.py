@@ -13,7 +13,8 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.serde import serde_named
 from rocket.transport.channel import Channel
-from rocket.transport.rpc import Dispatcher, attach, encode_error, method_spec
+from rocket.transport.methods import attach, encode_error, method_spec
+from rocket.transport.rpc import Dispatcher
 
 
 class LocalChannel(Channel):

@@ -23,7 +23,10 @@ from rocket.serde.versions import for_peer, peer_version_of
 from rocket.transport import frames
 from rocket.transport.frames import Frame, FrameDecoder, FrameError, Kind
 from rocket.transport.listen import cancel_on, serve_connections, source_of
-from rocket.transport.rpc import METHODS, Caller, Dispatcher, Lifecycle, encode_error, serde_for_id
+from rocket.transport.guard import Caller
+from rocket.transport.lifecycle import Lifecycle
+from rocket.transport.methods import METHODS, encode_error, serde_for_id
+from rocket.transport.rpc import Dispatcher
 from rocket.transport.streams import Outbox, receive_into, send_parts
 from rocket.transport.tls import HANDSHAKE, NodeTls, handshake
 
@@ -327,7 +330,7 @@ class _ServerConnection:
         if frame.kind not in (Kind.REQUEST, Kind.POST):
             raise FrameError(Code.BAD_FRAME, f"a client may not send {frame.kind.name} frames", frame.request_id)
         muted_s = self.caller.muted_until - trio.current_time()
-        if muted_s > 0:  # over a quota (rpc.py): read nothing more of this connection until its throttle passed
+        if muted_s > 0:  # over a quota (metering.py): read nothing more of this connection until its throttle passed
             await trio.sleep(muted_s)
         if frame.kind == Kind.POST:
             await self._posted(frame)

@@ -23,7 +23,7 @@ from rocket.transport import frames
 from rocket.transport.channel import Channel, server_schema_version
 from rocket.transport.frames import POST_SINCE_SCHEMA, Frame, FrameDecoder, FrameError, Kind
 from rocket.transport.listen import connect
-from rocket.transport.rpc import attach, method_spec, serde_for_id
+from rocket.transport.methods import attach, method_spec, serde_for_id
 from rocket.transport.streams import Outbox, receive_into, send_parts
 from rocket.transport.tls import client_handshake
 

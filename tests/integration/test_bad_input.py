@@ -14,7 +14,7 @@ from rocket.errors import Code, RocketError
 from rocket.serde import SERDE_IDS, json_codec
 from rocket.transport import frames
 from rocket.transport.frames import FrameDecoder, Kind
-from rocket.transport.rpc import METHODS
+from rocket.transport.methods import METHODS
 
 
 async def exchange(port: int, data: bytes, timeout_s: float = 5.0, expect: int | None = None,
@@ -116,8 +116,9 @@ async def test_pull_batches_travel_as_attachments_and_requests_may_not_send_list
         body = for_peer(avro_codec, 1).encode("ProduceRequest", {"topic": "t", "queue": 0, "batch": b""})
         requests.append(frames.encode(Kind.REQUEST, 2, request_id, body, "Produce", attachment=encoded))
     await exchange(node.tcp_port, b"".join(requests), expect=len(requests))
-    pull = avro_codec.encode("PullRequest", {"topic": "t", "queues": [{"queue": 0, "offset": 0}], "max_bytes": 1 << 20,
-                                             "wait_ms": 0, "filter_type": "tag", "filter": "*"})
+    pull = for_peer(avro_codec, 1).encode("PullRequest", {"topic": "t", "queues": [{"queue": 0, "offset": 0}],
+                                                          "max_bytes": 1 << 20, "wait_ms": 0, "filter_type": "tag",
+                                                          "filter": "*"})  # as a connection of no Hello writes it
     listed = frames.encode(Kind.REQUEST, 2, 11, for_peer(avro_codec, 1).encode("ProduceRequest", {"topic": "t", "queue": 0,
                                                                                     "batch": b""}),
                            "Produce", attachment=[produced[0]])

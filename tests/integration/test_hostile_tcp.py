@@ -211,7 +211,8 @@ async def test_past_the_partial_frames_budget_the_biggest_holder_is_closed(nurse
     the most is told OVERLOADED and closed; the others go on and are answered."""
     from rocket.errors import Code
     from rocket.transport.frames import FrameDecoder
-    from rocket.transport.rpc import Dispatcher, Lifecycle
+    from rocket.transport.lifecycle import Lifecycle
+    from rocket.transport.rpc import Dispatcher
     from rocket.transport.tcp import serve_tcp
 
     monkeypatch.setattr(limits, "tcp_partial_frames_bytes_max", 8 * limits.MiB)

@@ -16,7 +16,8 @@ from rocket.raft.host import RaftHost
 from rocket.transport.links import PeerLinks
 from rocket.raft.wal import Wal
 from rocket.transport.pool import ChannelPool
-from rocket.transport.rpc import Dispatcher, Lifecycle
+from rocket.transport.lifecycle import Lifecycle
+from rocket.transport.rpc import Dispatcher
 from rocket.transport.tcp import serve_tcp
 
 GROUPS = 10

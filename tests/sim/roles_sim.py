@@ -33,7 +33,8 @@ from rocket.roles.peers import RETRYABLE, Peers
 from rocket.roles.storage import StorageRole
 from rocket.serde import batch as batch_codec
 from rocket.serde import avro_codec
-from rocket.transport.rpc import Dispatcher, method_spec
+from rocket.transport.methods import method_spec
+from rocket.transport.rpc import Dispatcher
 
 EPOCH_S = 1_700_000_000.0  # the simulated wall time when trio's clock reads 0
 SIMULATED_S_MAX = 300.0  # a controller-mode run that has not ended by then is stuck: it fails, not spins

@@ -14,7 +14,9 @@ from rocket.errors import Code, RocketError
 from rocket.raft.types import Entry
 from rocket.roles.nameserver.metadata import Metadata
 from rocket.parked import Slot
-from rocket.transport.rpc import METHODS, Caller, Dispatcher
+from rocket.transport.guard import Caller, Guard
+from rocket.transport.methods import METHODS, method_spec
+from rocket.transport.rpc import Dispatcher
 
 KEY = access.cluster_key("a cluster secret of some length")
 
@@ -163,12 +165,12 @@ def test_authorize_uses_the_policies_of_the_user_and_lets_super_users_through():
 
 
 async def test_local_calls_made_for_a_user_are_authorized_as_calls_from_the_wire():
-    """Dispatcher.authorize is the one point: a gateway's or the console's call as a user is checked as that user's
+    """Guard.authorize is the one point: a gateway's or the console's call as a user is checked as that user's
     call from the wire would be (a parked handler's too), and a refusal never reaches the handler; the node's own
     calls (no caller) are trusted."""
     clock = Clock()
     dispatcher = Dispatcher()
-    dispatcher.access = node_access(clock, policies=[("alice", "topic:orders", ("pub",)),
+    dispatcher.guard.access = node_access(clock, policies=[("alice", "topic:orders", ("pub",)),
                                                      ("alice", "topic:orders", ("sub",)),
                                                      ("alice", "group:billing", ("sub",))])
     served = []
@@ -194,17 +196,38 @@ async def test_local_calls_made_for_a_user_are_authorized_as_calls_from_the_wire
     with pytest.raises(RocketError) as anonymous:
         await dispatcher.local("Pull", {"topic": "orders"}, Caller(source="1.2.3.4"))
     assert anonymous.value.code == Code.UNAUTHENTICATED
-    assert dispatcher.access.refusals == {"PERMISSION_DENIED": 3, "UNAUTHENTICATED": 1}
+    assert dispatcher.guard.access.refusals == {"PERMISSION_DENIED": 3, "UNAUTHENTICATED": 1}
     with pytest.raises(RocketError):
-        dispatcher.authorize(alice, "Pull", {"topic": "payments"}, counted=False)  # a page's own look
-    assert sum(dispatcher.access.refusals.values()) == 4
+        dispatcher.guard.authorize(alice, "Pull", {"topic": "payments"}, counted=False)  # a page's own look
+    assert sum(dispatcher.guard.access.refusals.values()) == 4
     await dispatcher.local("Pull", {"topic": "payments"})  # the node's own call
     assert served == [("Produce", "orders"), ("Pull", "orders"), ("Pull", "payments")]
 
 
+def test_the_guard_alone_admits_by_what_a_connection_proved():
+    """Before a call is decoded: internal methods only for the cluster's nodes (with peers_only), and with auth on
+    nothing but the open methods before a connection signs in; AclWhoAmI answers what it proved."""
+    clock = Clock()
+    guard = Guard()
+    stranger, node = Caller(source="1.2.3.4"), Caller(source="10.0.0.2", peer=True)
+    guard.admit(method_spec("StorageAppend"), stranger)  # no cluster secret: nothing to prove
+    guard.peers_only = True
+    refused(Code.UNAUTHENTICATED, guard.admit, method_spec("StorageAppend"), stranger, why="PeerHello")
+    guard.admit(method_spec("StorageAppend"), node)
+    guard.admit(method_spec("Produce"), stranger)  # auth off
+    guard.access = node_access(clock)
+    refused(Code.UNAUTHENTICATED, guard.admit, method_spec("Produce"), stranger, why="needs credentials")
+    guard.admit(method_spec("Authenticate"), stranger)
+    hello = access.Credentials("alice", "alice-secret-0123456").hello(clock.ms)[1]
+    assert guard.about_connection("Authenticate", hello, stranger) == {} and stranger.user == "alice"
+    guard.admit(method_spec("Produce"), stranger)
+    assert guard.about_connection("AclWhoAmI", {}, stranger) == {"user": "alice", "super": False}
+    assert guard.about_connection("AclWhoAmI", {}, node) == {"user": "", "super": True}
+
+
 def test_the_gateways_and_the_console_decide_no_grant_themselves():
     """They prove who calls and call the node's methods as that user: no policy is evaluated outside access.py and
-    Dispatcher.authorize."""
+    Guard.authorize."""
     deciding = re.compile(r"\b(denial|_?access\.authorize)\(")
     gateways = Path(__file__).parents[2] / "rocket" / "gateway"
     found = [f"{path.relative_to(gateways)}: {line.strip()}" for path in sorted(gateways.rglob("*.py"))

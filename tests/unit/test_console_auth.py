@@ -54,7 +54,7 @@ def console_with_auth() -> tuple[Console, Access, list]:
     dispatcher.handle("ListTopics", list_topics)
     dispatcher.handle("ConsumerGroups", consumer_groups)
     dispatcher.handle("DescribeGroup", describe_group)
-    dispatcher.access = access
+    dispatcher.guard.access = access
     return Console(dispatcher, Clock(), 1, ("broker",)), access, described
 
 

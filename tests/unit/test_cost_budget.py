@@ -46,7 +46,7 @@ class Counts(trio.abc.Instrument):
 
 
 async def _call(stream: trio.SocketStream, decoder: FrameDecoder, method: str, request: dict) -> dict:
-    from rocket.transport.rpc import method_spec
+    from rocket.transport.methods import method_spec
 
     body = avro_codec.encode(method_spec(method).request_type, request)
     await stream.send_all(frames.encode(Kind.REQUEST, AVRO, 1, body, method))
@@ -91,7 +91,7 @@ async def _per_batch(node, monkeypatch, method: str = "Produce") -> dict[str, fl
     monkeypatch.setattr(tcp, "send_parts", counts.counted("answer writes (sendmsg)", tcp.send_parts))
     monkeypatch.setattr(wal.Wal, "write", counts.counted("WAL writes", wal.Wal.write))
     monkeypatch.setattr(wal.Wal, "sync", counts.counted("fsyncs", wal.Wal.sync))
-    from rocket.transport.rpc import method_spec
+    from rocket.transport.methods import method_spec
 
     setup, request = REQUESTS[method]
     attachment = batch_codec.encode([Message(b"x" * 1000) for _ in range(16)], 1) if method == "Produce" else \

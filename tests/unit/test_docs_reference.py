@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rocket.config import NodeConfig
-from rocket.transport.rpc import METHODS
+from rocket.transport.methods import METHODS
 
 SCRIPT = Path(__file__).parents[2] / "docs" / "gen_reference.py"
 

@@ -6,7 +6,7 @@ import h11
 import trio
 
 from rocket.transport.http1 import Asked, _route, serve_http1
-from rocket.transport.rpc import Lifecycle
+from rocket.transport.lifecycle import Lifecycle
 
 
 def request(target: bytes, method: bytes = b"GET") -> h11.Request:

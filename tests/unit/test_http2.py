@@ -17,7 +17,8 @@ from rocket.serde import avro_codec, json_codec
 from rocket.transport import h2_endpoint
 from rocket.transport.h2_client import open_http2_channel
 from rocket.transport.h2_server import serve_http2
-from rocket.transport.rpc import Dispatcher, Lifecycle
+from rocket.transport.lifecycle import Lifecycle
+from rocket.transport.rpc import Dispatcher
 
 SERDES = ["json", "avro", "lane"]
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -18,7 +18,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.transport.h2_client import open_http2_channel
 from rocket.transport.h2_server import _Request, _ServerConnection, serve_http2
-from rocket.transport.rpc import Lifecycle
+from rocket.transport.lifecycle import Lifecycle
 from tests.unit.test_http2 import Server, make_dispatcher
 
 PING = [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", "/rocket.v1/Ping"),

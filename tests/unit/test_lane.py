@@ -145,7 +145,7 @@ def test_a_client_speaks_the_lane_only_to_a_server_that_knows_it():
 
 
 async def _serve(nursery, dispatcher) -> int:
-    from rocket.transport.rpc import Lifecycle
+    from rocket.transport.lifecycle import Lifecycle
     from rocket.transport.tcp import serve_tcp
 
     return await nursery.start(lambda task_status: serve_tcp(dispatcher, Lifecycle(), "127.0.0.1", 0,

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from rocket.transport.listen import connect, serve_connections
-from rocket.transport.rpc import Lifecycle
+from rocket.transport.lifecycle import Lifecycle
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "TCP_CONGESTION"), reason="no per-socket congestion control")
 

@@ -7,7 +7,7 @@ import pytest
 
 from rocket.errors import Code, RocketError
 from rocket.transport.peer_auth import PeerAuth
-from rocket.transport.rpc import METHODS
+from rocket.transport.methods import METHODS
 
 SECRET = b"a cluster secret of some length"
 

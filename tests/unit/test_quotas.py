@@ -15,7 +15,8 @@ from rocket.raft.core import Entry
 from rocket.roles.nameserver.metadata import Metadata
 from rocket.serde import json_codec
 from rocket.transport.local import MockChannel
-from rocket.transport.rpc import Caller, Dispatcher
+from rocket.transport.guard import Caller
+from rocket.transport.rpc import Dispatcher
 
 
 class FakeClock:
@@ -187,7 +188,7 @@ def produce_dispatcher() -> Dispatcher:
         return {"queue": 0, "base_offset": 0, "count": 1}
 
     dispatcher.handle("Produce", produce)
-    dispatcher.quotas = Quotas(trio.current_time)
+    dispatcher.metering.quotas = Quotas(trio.current_time)
     return dispatcher
 
 
@@ -200,7 +201,7 @@ async def produce_call(dispatcher: Dispatcher, caller: Caller | None, size: int)
 
 async def test_the_dispatcher_answers_the_throttle_time_and_holds_the_connections_next_call(autojump_clock):
     dispatcher = produce_dispatcher()
-    dispatcher.quotas.update([quota("topic:orders", produce=1000)])
+    dispatcher.metering.quotas.update([quota("topic:orders", produce=1000)])
     caller = Caller(source="10.0.0.1")
     assert (await produce_call(dispatcher, caller, 900))["throttle_ms"] == 0  # within the burst
     response = await produce_call(dispatcher, caller, 2000)
@@ -217,7 +218,7 @@ async def test_the_dispatcher_answers_the_throttle_time_and_holds_the_connection
 
 async def test_without_auth_user_quotas_do_not_apply(autojump_clock):
     dispatcher = produce_dispatcher()
-    dispatcher.quotas.update([quota("user:*", produce=10)])
+    dispatcher.metering.quotas.update([quota("user:*", produce=10)])
     assert (await produce_call(dispatcher, Caller(user="alice"), 10**5))["throttle_ms"] == 0  # unproven name
 
 

@@ -18,7 +18,7 @@ from rocket.gateway.remoting.consuming import Consuming
 from rocket.roles.broker.routes import Turns
 from rocket.roles.storage.kv import KeyValues
 from rocket.roles.storage.stamps import AppendStamps
-from rocket.transport.rpc import Caller
+from rocket.transport.guard import Caller
 
 
 class Clock:

@@ -16,7 +16,8 @@ from rocket.serde import avro_codec, json_codec, schema, versions
 from rocket.serde.schema import SCHEMA_VERSION
 from rocket.transport.h2_client import open_http2_channel
 from rocket.transport.h2_server import serve_http2
-from rocket.transport.rpc import Dispatcher, Lifecycle
+from rocket.transport.lifecycle import Lifecycle
+from rocket.transport.rpc import Dispatcher
 from rocket.transport.tcp import serve_tcp
 from rocket.transport.tcp_client import TcpChannel, open_tcp_channel
 

@@ -12,7 +12,8 @@ from rocket import limits
 from rocket.serde import avro_codec
 from rocket.transport import frames, tcp
 from rocket.transport.frames import Kind
-from rocket.transport.rpc import Dispatcher, Lifecycle
+from rocket.transport.lifecycle import Lifecycle
+from rocket.transport.rpc import Dispatcher
 from rocket.transport.tcp import serve_tcp
 from rocket.transport.tcp_client import open_tcp_channel
 

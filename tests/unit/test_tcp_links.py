@@ -14,10 +14,11 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.serde import avro_codec
-from rocket.transport import frames, rpc
+from rocket.transport import frames, methods
 from rocket.transport.links import PeerLinks
 from rocket.transport.peer_auth import PeerAuth
-from rocket.transport.rpc import Dispatcher, Lifecycle
+from rocket.transport.lifecycle import Lifecycle
+from rocket.transport.rpc import Dispatcher
 from rocket.transport.tcp import serve_tcp
 from rocket.transport.channel import server_schema_version
 from rocket.transport.frames import Kind
@@ -41,8 +42,8 @@ class RaftServer:
         self.dispatcher = Dispatcher()
         self.dispatcher.on_call = lambda method, seconds, error: self.observed.append((method, error))
         if secret is not None:
-            self.dispatcher.peers_only = True
-            self.dispatcher.peer_auth = PeerAuth(secret, 1, wall_ms)
+            self.dispatcher.guard.peers_only = True
+            self.dispatcher.guard.peer_auth = PeerAuth(secret, 1, wall_ms)
         self.dispatcher.handle("RaftStep", self._raft_step)
         self.serving = trio.CancelScope()
 
@@ -125,7 +126,7 @@ async def test_a_post_is_a_post_frame_to_a_new_server_and_an_answered_request_to
     assert server.payloads == [step(index)["payload"] for index in range(20)]
     posted = [entry for entry in written if entry[1] == "RaftStep"]
     answers = [kind for kind, _ in written if kind == Kind.RESPONSE]
-    answer_type = rpc.method_spec("RaftStep").response_type
+    answer_type = methods.method_spec("RaftStep").response_type
     if server_version >= 4:  # nor is an answer encoded that nobody would hear
         assert posted == [(Kind.POST, "RaftStep")] * 20 and len(answers) == 1  # Hello's
         assert encoded.count(answer_type) == 0
@@ -234,8 +235,8 @@ async def test_raft_step_is_refused_to_a_caller_that_is_not_a_peer(nursery):
 async def test_links_talk_to_a_server_that_serves_raft_step_as_a_task(nursery, monkeypatch):
     """An older node (schema version 1: before Hello) serves RaftStep as any call (a task each), and answers it: a
     link's posts reach it in order all the same."""
-    old = dataclasses.replace(rpc.METHODS["RaftStep"], inline=False)
-    monkeypatch.setitem(rpc.METHODS, "RaftStep", old)
+    old = dataclasses.replace(methods.METHODS["RaftStep"], inline=False)
+    monkeypatch.setitem(methods.METHODS, "RaftStep", old)
     server = RaftServer()
     del server.dispatcher._handlers["Hello"]  # UNKNOWN_METHOD: the link takes it for version 1
     server.expected = 100

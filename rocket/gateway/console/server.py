@@ -24,7 +24,8 @@ from rocket.gateway.console.history import RateHistory, Totals
 from rocket.model import SYSTEM_PREFIX, Message, dead_letter_topic, parse_iso_ms, queue_for_key, timer_topic
 from rocket.serde import batch as batch_codec
 from rocket.transport.http1 import Asked, Response
-from rocket.transport.rpc import Caller, Dispatcher
+from rocket.transport.guard import Caller
+from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.console")
 
@@ -63,7 +64,7 @@ class Console:
     It is read-only: no page writes anything (no admin actions). With auth on (rocket/access.py), every page but the
     stylesheet asks for HTTP Basic credentials (the user's access key and secret; 401 and `WWW-Authenticate` without
     them; a failed sign-in goes through `Access.failed`, as any other), and shows what that user may read, as the
-    node decides it (Dispatcher.authorize): the cluster's lists to any signed-in user, as the methods behind them
+    node decides it (Guard.authorize): the cluster's lists to any signed-in user, as the methods behind them
     (access.SIGNED_IN); a topic's page and its messages only to a user who may Pull from it, a group's to one who may
     describe it (403 otherwise, naming what is missing). Within a page, every method it calls is checked as that
     user, and what the user may not read (another group's position on a topic) is left out with a notice naming it.
@@ -119,8 +120,8 @@ class Console:
     @property
     def _access(self) -> Access:
         """The node's users, whom readers sign in as, only with auth on."""
-        assert self.dispatcher.access is not None, "auth is off"
-        return self.dispatcher.access
+        assert self.dispatcher.guard.access is not None, "auth is off"
+        return self.dispatcher.guard.access
 
     def sign_in(self, asked: Asked | None) -> Caller:
         """The user a request's Basic credentials prove (access key, secret), or UNAUTHENTICATED. Wrong credentials
@@ -151,7 +152,7 @@ class Console:
         reader's address) unless its reader may make that call."""
         viewer = _viewer.get()
         try:
-            self.dispatcher.authorize(viewer, method, request)
+            self.dispatcher.guard.authorize(viewer, method, request)
         except RocketError as error:
             if viewer is None or "no policy allows" not in error.message:  # denied outright, or the user is gone
                 raise Refused(error.message) from None
@@ -164,7 +165,7 @@ class Console:
         its reader, chose to look (a topic's page looks at every known group's position on it)."""
         viewer = _viewer.get()
         try:
-            self.dispatcher.authorize(viewer, method, request, counted=False)
+            self.dispatcher.guard.authorize(viewer, method, request, counted=False)
         except RocketError as error:
             return error.message.removeprefix(f"user {viewer.user!r}: ") if viewer is not None else error.message
         return None
@@ -245,7 +246,7 @@ class Console:
     async def page(self, path: str, query: dict[str, str], asked: Asked | None = None) -> Response:
         path = path.rstrip("/") or "/"
         viewer = None
-        if self.dispatcher.access is not None and path not in OPEN_PATHS:
+        if self.dispatcher.guard.access is not None and path not in OPEN_PATHS:
             try:
                 viewer = self.sign_in(asked)
             except RocketError as error:

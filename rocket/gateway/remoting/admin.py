@@ -14,7 +14,7 @@ from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, ResponseCode
 from rocket.model import KV_PREFIX
 from rocket.serde import batch as batch_codec
-from rocket.transport.rpc import Caller
+from rocket.transport.guard import Caller
 
 MESSAGE_TYPE_OF_ATTRIBUTE = {"NORMAL": "normal", "FIFO": "fifo", "DELAY": "delay", "TRANSACTION": "transaction"}
 

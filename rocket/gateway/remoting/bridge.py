@@ -12,7 +12,8 @@ from rocket.gateway.reads import queue_info
 from rocket.gateway.remoting import messages as layout
 from rocket.model import KV_PREFIX, Message
 from rocket.serde import batch as batch_codec
-from rocket.transport.rpc import Caller, Dispatcher
+from rocket.transport.guard import Caller
+from rocket.transport.rpc import Dispatcher
 
 
 class Bridge:

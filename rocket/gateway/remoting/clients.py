@@ -17,7 +17,7 @@ from rocket.errors import Code, RocketError
 from rocket.gateway.remoting.bridge import Bridge
 from rocket.gateway.remoting.codec import Command, RequestCode, ResponseCode, json_body, objects
 from rocket.model import RETRY_PREFIX
-from rocket.transport.rpc import Caller
+from rocket.transport.guard import Caller
 
 if TYPE_CHECKING:
     from rocket.gateway.remoting.server import Connection

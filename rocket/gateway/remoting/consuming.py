@@ -17,7 +17,7 @@ from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, ResponseCode, json_body, objects
 from rocket.model import RETRY_PREFIX, Message
 from rocket.serde import batch as batch_codec
-from rocket.transport.rpc import Caller
+from rocket.transport.guard import Caller
 
 PULL_COMMIT_OFFSET, PULL_SUSPEND, PULL_SUBSCRIPTION = 1, 2, 4  # PullSysFlag's bits
 
@@ -47,7 +47,7 @@ class Consuming:
         queue, offset = _int(header, "queueId"), _int(header, "queueOffset")
         sys_flag = _int(header, "sysFlag", 0)
         if sys_flag & PULL_COMMIT_OFFSET and _int(header, "commitOffset", -1) >= 0:  # written later, as the node
-            self.dispatcher.authorize(caller, "CommitOffsets", {"topic": topic_name, "group": group})
+            self.dispatcher.guard.authorize(caller, "CommitOffsets", {"topic": topic_name, "group": group})
             self.clients.commit_later(group, topic_name, queue, _int(header, "commitOffset"))
         if sys_flag & PULL_SUBSCRIPTION and header.get("subscription"):
             kind, expression = header.get("expressionType") or "TAG", header["subscription"]
@@ -82,7 +82,7 @@ class Consuming:
     async def query_consumer_offset(self, command: Command, connection, caller: Caller) -> Command:
         header = command.ext
         group, topic, queue = header["consumerGroup"], header["topic"], _int(header, "queueId")
-        self.dispatcher.authorize(caller, "FetchOffsets", {"group": group, "topic": topic})  # answered from here too
+        self.dispatcher.guard.authorize(caller, "FetchOffsets", {"group": group, "topic": topic})  # answered from here too
         offset = self.clients.uncommitted(group, topic, queue)
         if offset is None:
             fetched = await self.dispatcher.local("FetchOffsets", {"group": group, "topic": topic})
@@ -98,7 +98,7 @@ class Consuming:
 
     async def update_consumer_offset(self, command: Command, connection, caller: Caller) -> Command:
         header = command.ext
-        self.dispatcher.authorize(caller, "CommitOffsets", {"group": header["consumerGroup"], "topic": header["topic"]})
+        self.dispatcher.guard.authorize(caller, "CommitOffsets", {"group": header["consumerGroup"], "topic": header["topic"]})
         self.clients.commit_later(header["consumerGroup"], header["topic"], _int(header, "queueId"),
                                   _int(header, "commitOffset"))  # written later, as the node
         return command.reply()

@@ -14,7 +14,7 @@ from rocket.gateway.remoting.bridge import Bridge
 from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, ResponseCode
 from rocket.model import RETRY_PREFIX
-from rocket.transport.rpc import Caller
+from rocket.transport.guard import Caller
 
 PERM_READ_WRITE = 6  # RocketMQ's PermName: 4 read | 2 write
 

@@ -16,7 +16,8 @@ from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, RequestCode
 from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
-from rocket.transport.rpc import Caller, method_spec
+from rocket.transport.guard import Caller
+from rocket.transport.methods import method_spec
 
 log = logging.getLogger("rocket.remoting")
 

@@ -26,7 +26,9 @@ from rocket.gateway.remoting.naming import Naming
 from rocket.gateway.remoting.producing import Producing
 from rocket.gateway.remoting.signature import DENIED_CODE
 from rocket.transport.listen import cancel_on
-from rocket.transport.rpc import Caller, Dispatcher, Lifecycle
+from rocket.transport.guard import Caller
+from rocket.transport.lifecycle import Lifecycle
+from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.remoting")
 
@@ -51,7 +53,7 @@ class Connection:
         self.peer = _address(stream, "getpeername")
         self.local = _address(stream, "getsockname")
         self._send_lock = trio.Lock()
-        self.caller = Caller(source=self.peer.rsplit(":", 1)[0])  # what client quotas hold (Dispatcher.charge)
+        self.caller = Caller(source=self.peer.rsplit(":", 1)[0])  # what client quotas hold (Metering.charge)
         self.in_flight = trio.Semaphore(limits.remoting_in_flight_per_connection_max)
         self.receiving: trio.CancelScope | None = None  # the receive under way, whose deadline a call's end moves
         self.partial = False  # whether that receive waits for the rest of a frame (else for a new one)
@@ -239,17 +241,17 @@ class RemotingGateway:
         try:
             # Each request is signed: the handler calls the node's methods as its user, authorized there (Dispatcher).
             source = connection.caller.source
-            user = None if self.dispatcher.access is None else signed_by(self.dispatcher.access, command, source)
+            user = None if self.dispatcher.guard.access is None else signed_by(self.dispatcher.guard.access, command, source)
             caller = Caller(source=source, user=user)
-            if not self.dispatcher.charged(connection.caller):
+            if not self.dispatcher.metering.charged(connection.caller):
                 return await handler(command, connection, caller)
             # client quotas: held while throttled (remoting's answers have no throttle time to tell), then charged
-            await self.dispatcher.held(connection.caller)
+            await self.dispatcher.metering.held(connection.caller)
             reply = await handler(command, connection, caller)
             topic = command.ext.get(QUOTA_TOPIC.get(command.code, ""), "")
             producing = command.code in PRODUCING
             consuming = reply is not None and command.code == RequestCode.PULL_MESSAGE
-            self.dispatcher.charge(connection.caller, topic, user=user, produced=len(command.body) if producing else 0,
+            self.dispatcher.metering.charge(connection.caller, topic, user=user, produced=len(command.body) if producing else 0,
                                    consumed=len(reply.body) if consuming else 0)
             return reply
         except RocketError as error:

@@ -91,7 +91,7 @@ class RocketMQProxy:
             if call.headers.get("x-mq-namespace"):
                 raise GrpcError(GrpcStatus.UNIMPLEMENTED, "namespaces are not supported by rocket yet: "
                                 "leave the client's namespace empty")
-            access = self.dispatcher.access
+            access = self.dispatcher.guard.access
             if access is not None:  # with auth on: a valid signature names the user (checked per call, as apache's)
                 try:
                     call.user = verify_grpc(call.headers, access.secret_of, self.clock.wall_ms())
@@ -104,13 +104,13 @@ class RocketMQProxy:
         async def handle(call: GrpcCall) -> None:
             data = await call.receive_one()
             request = self.bridge.parse(request_type, data)
-            charged = self.dispatcher.charged(call.caller)
+            charged = self.dispatcher.metering.charged(call.caller)
             if charged:  # client quotas: held while throttled (RocketMQ's answers have no throttle time to tell)
-                await self.dispatcher.held(call.caller)
+                await self.dispatcher.metering.held(call.caller)
             response = await method(request, call)
             encoded = response.SerializeToString()
             if charged:
-                self.dispatcher.charge(call.caller, _topic_of(name, request),
+                self.dispatcher.metering.charge(call.caller, _topic_of(name, request),
                                        produced=len(data) if name == "SendMessage" else 0, user=call.user)
             await call.send(encoded)
         return self._checked(handle)
@@ -118,15 +118,15 @@ class RocketMQProxy:
     def _server_stream(self, name: str, request_type, method) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
             request = self.bridge.parse(request_type, await call.receive_one())
-            charged = self.dispatcher.charged(call.caller)
+            charged = self.dispatcher.metering.charged(call.caller)
             if charged:
-                await self.dispatcher.held(call.caller)
-                self.dispatcher.charge(call.caller, _topic_of(name, request), user=call.user)
+                await self.dispatcher.metering.held(call.caller)
+                self.dispatcher.metering.charge(call.caller, _topic_of(name, request), user=call.user)
             async for response in method(request, call):
                 encoded = response.SerializeToString()
                 await call.send(encoded)
                 if charged:  # ReceiveMessage, PullMessage: consumed bytes, held message by message
-                    throttle_s = self.dispatcher.charge(call.caller, _topic_of(name, request), consumed=len(encoded),
+                    throttle_s = self.dispatcher.metering.charge(call.caller, _topic_of(name, request), consumed=len(encoded),
                                                         requests=0, user=call.user)
                     if throttle_s:
                         await trio.sleep(throttle_s)

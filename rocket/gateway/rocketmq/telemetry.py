@@ -15,7 +15,7 @@ from rocket.gateway.rocketmq.bridge import Bridge
 from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
 from rocket.transport.h2_server import GrpcCall
-from rocket.transport.rpc import method_spec
+from rocket.transport.methods import method_spec
 
 log = logging.getLogger("rocket.rocketmq")
 
