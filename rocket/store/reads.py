@@ -1,6 +1,5 @@
-"""The store's reads: batches of a queue within a byte budget (from the page cache at once, else in a worker
-thread), long-poll waits, queue positions and stats, pop states, and the tier manifest's answers. A mixin of Store,
-over the state machine's state (self.machine), the index and the WAL (self.data).
+"""The store's reads (Store.reads): batches of a queue within a byte budget (from the page cache at once, else in a
+worker thread), long-poll waits, queue positions and stats, pop states, and the tier manifest's answers.
 """
 
 from __future__ import annotations
@@ -25,11 +24,20 @@ if TYPE_CHECKING:
 
 
 class Reads:
-    # Set by Store.__init__: the state this mixin reads.
-    machine: StorageMachine
-    index: QueueIndex
-    data: CommitLog
-    _watchers: dict[tuple[str, int], set[trio.Event]]
+    """Reads over the state machine's state, the queue index and the WAL, which the store writes; the store wakes
+    the long polls waiting on a queue it applied to (wake)."""
+
+    def __init__(self, machine: StorageMachine, index: QueueIndex, data: CommitLog):
+        self.machine = machine
+        self.index = index
+        self.data = data  # the WAL: where batches lie
+        self._watchers: dict[tuple[str, int], set[trio.Event]] = {}  # queue -> the long polls waiting on it
+
+    def wake(self, keys: set[tuple[str, int]]) -> None:
+        """Wake the long polls waiting on these queues (appended to, or their positions moved)."""
+        for key in keys:
+            for event in self._watchers.get(key, ()):
+                event.set()
 
     def applied(self, group: int) -> int:
         return self.machine.applied.get(group, 0)

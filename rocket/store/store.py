@@ -50,11 +50,11 @@ class GroupMachine:
         self.store.restore(self.group, chunks)
 
 
-class Store(Reads):
+class Store:
     """A group's Raft log is its commit log: a produce batch is written once, inside its entry in the node's WAL,
     fsync'ed before anything is acknowledged. The state machine (machine.py) decides what committed entries change;
     this shell persists its effects in LevelDB (queue_index.py, kv_index.py), wakes long polls, and handles backfill,
-    sync and close. Reads are a room of its own (reads.py); timers and WAL reclaim are its parts (timers.py, reclaim.py).
+    sync and close. Its reads, timers and WAL reclaim are its parts (reads.py, timers.py, reclaim.py).
 
     One log. The WAL is the only log: the store writes LevelDB without sync, one atomic write per Raft round that
     names the entry each group applied. A power cut takes LevelDB back to its last synced write, and the groups apply
@@ -70,9 +70,9 @@ class Store(Reads):
         self.kv = kv
         self.machine = StorageMachine(index, kv)
         self.machine.kv_shards, self.machine.kv_applied = kv.shards(), kv.applied()
-        self._watchers: dict[tuple[str, int], set[trio.Event]] = {}
+        self.reads = Reads(self.machine, index, data)
         self._kv_watchers: dict[tuple[str, int], set[trio.Event]] = {}
-        self.timers = StoreTimers(self.machine, index, self.read)
+        self.timers = StoreTimers(self.machine, index, self.reads.read)
         self._dirty = False  # written since the background sync last ran
         self.reclaim = Reclaim(index, self._wrote)
         self.fsyncs = 0
@@ -159,9 +159,7 @@ class Store(Reads):
                 if effects.index_entries and self.leads(effects.group):
                     for topic, _, entry in effects.index_entries:
                         bytes_in[(topic, effects.group)] = bytes_in.get((topic, effects.group), 0) + entry.batch_bytes
-                for key in effects.woken.union(effects.touched):
-                    for event in self._watchers.get(key, ()):
-                        event.set()
+                self.reads.wake(effects.woken.union(effects.touched))
             for consumer_group, topic, offsets in commits:
                 self._count_commits(consumer_group, topic, offsets)
             if timers:

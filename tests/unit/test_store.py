@@ -35,7 +35,7 @@ class Node:
     its segments). It does what the Raft host does: at open, apply again every entry the WAL holds
     (each group's since its last checkpoint), as committed; apply() writes the entries to the WAL, then
     applies them with the positions the WAL gives for their data. Everything else is the store's own
-    (reads, stats, its index), so a test reads `node.read(...)` as it would `store.read(...)`."""
+    (reads, stats, its index), so a test reads `node.read(...)` as it would `store.reads.read(...)`."""
 
     def __init__(self, directory: Path):
         self.directory = directory
@@ -68,7 +68,8 @@ class Node:
         self.store.restore(group, chunks)
 
     def __getattr__(self, name: str):
-        return getattr(self.store, name)
+        reads = self.store.reads
+        return getattr(reads if hasattr(reads, name) else self.store, name)
 
     def close(self) -> None:
         self.store.close()
@@ -83,7 +84,7 @@ def bodies(store: Node, topic: str, queue: int) -> list[bytes]:
     found = []
     offset = 0
     while True:
-        batches = store.read(topic, queue, offset, 1 << 30)
+        batches = store.reads.read(topic, queue, offset, 1 << 30)
         if not batches:
             return found
         for base_offset, data in batches:
@@ -137,8 +138,8 @@ def expected_results(batches: int, per_batch: int, queues: int = 2, first_batch:
 def state(store: Node, topics: dict[str, int]) -> dict:
     """Everything a reader can observe of some queues, to compare a store with itself or another."""
     return {
-        (topic, queue): (store.queue_stats(topic, queue), bodies(store, topic, queue),
-                         store.read(topic, queue, 0, 1 << 30))
+        (topic, queue): (store.reads.queue_stats(topic, queue), bodies(store, topic, queue),
+                         store.reads.read(topic, queue, 0, 1 << 30))
         for topic, count in topics.items() for queue in range(count)
     }
 
@@ -163,12 +164,12 @@ def test_round_trip_across_segments_and_reopen(tmp_path):
     results = apply_in_chunks(store, GROUP, entries, per_call=7)
     assert results == expected_results(60, 100)
     assert len(store.wal.log.segments()) >= 3
-    assert store.applied(GROUP) == 60
+    assert store.reads.applied(GROUP) == 60
     sizes = [len(make_batch(i * 100, 100, 500)) for i in range(60)]
 
     def check(store: Node) -> None:
         for queue in range(2):
-            assert store.queue_stats("t", queue) == {"min_offset": 0, "next_offset": 3000,
+            assert store.reads.queue_stats("t", queue) == {"min_offset": 0, "next_offset": 3000,
                                                      "bytes": sum(sizes[queue::2])}
         queue_0 = bodies(store, "t", 0)
         queue_1 = bodies(store, "t", 1)
@@ -176,26 +177,26 @@ def test_round_trip_across_segments_and_reopen(tmp_path):
         assert queue_0[1234].startswith(b"%d:" % (24 * 100 + 34))  # batch 24 is queue 0's 13th
         assert queue_1[0].startswith(b"100:") and queue_1[-1].startswith(b"5999:")
         # A read from the middle of a batch starts at the batch that holds the offset.
-        found = store.read("t", 0, 1250, 1)
+        found = store.reads.read("t", 0, 1250, 1)
         assert [base for base, _ in found] == [1200]
         assert batch_codec.decode(found[0][1], 1200)[0].body.startswith(b"2400:")
-        assert store.read("t", 0, 1250, 1, at_least_one=False) == []
+        assert store.reads.read("t", 0, 1250, 1, at_least_one=False) == []
         budget = 3 * (sizes[24] + limits.read_batch_overhead_bytes)  # a read charges each batch that much more
-        assert [base for base, _ in store.read("t", 0, 1200, budget)] == [1200, 1300, 1400]
-        assert [base for base, _ in store.read("t", 0, 1200, budget - 1)] == [1200, 1300]
-        assert store.read("t", 0, 3000, 1 << 20) == []
+        assert [base for base, _ in store.reads.read("t", 0, 1200, budget)] == [1200, 1300, 1400]
+        assert [base for base, _ in store.reads.read("t", 0, 1200, budget - 1)] == [1200, 1300]
+        assert store.reads.read("t", 0, 3000, 1 << 20) == []
         with pytest.raises(RocketError) as caught:
-            store.read("t", 0, 3001, 1 << 20)
+            store.reads.read("t", 0, 3001, 1 << 20)
         assert caught.value.code == Code.OFFSET_OUT_OF_RANGE
         # Batch i was appended at APPEND_MS + i s; queue 0 holds the even batches.
-        assert store.offset_for_time("t", 0, APPEND_MS + 24_000) == 1200
-        assert store.offset_for_time("t", 0, APPEND_MS + 23_500) == 1200
-        assert store.offset_for_time("t", 1, APPEND_MS + 22_500) == 1100  # batch 23
-        assert store.offset_for_time("t", 1, APPEND_MS + 23_500) == 1200  # batch 25
-        assert store.offset_for_time("t", 0, 0) == 0
-        assert store.offset_for_time("t", 0, APPEND_MS + 10**9) == 3000
-        assert store.applied(GROUP) == 60
-        assert store.applied(GROUP + 1) == 0
+        assert store.reads.offset_for_time("t", 0, APPEND_MS + 24_000) == 1200
+        assert store.reads.offset_for_time("t", 0, APPEND_MS + 23_500) == 1200
+        assert store.reads.offset_for_time("t", 1, APPEND_MS + 22_500) == 1100  # batch 23
+        assert store.reads.offset_for_time("t", 1, APPEND_MS + 23_500) == 1200  # batch 25
+        assert store.reads.offset_for_time("t", 0, 0) == 0
+        assert store.reads.offset_for_time("t", 0, APPEND_MS + 10**9) == 3000
+        assert store.reads.applied(GROUP) == 60
+        assert store.reads.applied(GROUP + 1) == 0
 
     check(store)
     store.close()
@@ -225,8 +226,8 @@ def test_a_batch_is_written_once(tmp_path):
     contents = [path.read_bytes() for path in own_files]
     assert not any(batch[-64:] in content for batch in batches for content in contents)
     for _ in range(2):
-        assert [batch for _, batch in store.read("t", 0, 0, 1 << 30)] == batches[0::2]
-        assert [batch for _, batch in store.read("t", 1, 0, 1 << 30)] == batches[1::2]
+        assert [batch for _, batch in store.reads.read("t", 0, 0, 1 << 30)] == batches[0::2]
+        assert [batch for _, batch in store.reads.read("t", 1, 0, 1 << 30)] == batches[1::2]
         store.close()
         store = Node(tmp_path)
     store.close()
@@ -287,12 +288,12 @@ def test_unknown_queues_read_as_empty(tmp_path):
     """A queue nothing was applied to has no data, zero stats, and offset 0 for any time; reading
     past its end is OFFSET_OUT_OF_RANGE."""
     store = Node(tmp_path)
-    assert store.queue_stats("t", 0) == {"min_offset": 0, "next_offset": 0, "bytes": 0}
-    assert store.read("t", 0, 0, 100) == []
-    assert store.offset_for_time("t", 0, APPEND_MS) == 0
-    assert store.applied(GROUP) == 0
+    assert store.reads.queue_stats("t", 0) == {"min_offset": 0, "next_offset": 0, "bytes": 0}
+    assert store.reads.read("t", 0, 0, 100) == []
+    assert store.reads.offset_for_time("t", 0, APPEND_MS) == 0
+    assert store.reads.applied(GROUP) == 0
     with pytest.raises(RocketError) as caught:
-        store.read("t", 0, 5, 100)
+        store.reads.read("t", 0, 5, 100)
     assert caught.value.code == Code.OFFSET_OUT_OF_RANGE
     store.close()
 
@@ -317,7 +318,7 @@ def test_reapplying_after_reopen_is_idempotent(tmp_path):
     more = workload(batches=5, per_batch=50, first_index=41, first_batch=40)
     results = store.apply(GROUP, entries[35:] + more)
     assert results == [None] * 5 + expected_results(5, 50, first_batch=40)
-    assert store.applied(GROUP) == 45
+    assert store.reads.applied(GROUP) == 45
     assert [len(bodies(store, "t", q)) for q in range(2)] == [1000 + 150, 1000 + 100]
     queue_0 = bodies(store, "t", 0)
     assert len(set(queue_0)) == len(queue_0)  # no message stored twice
@@ -325,9 +326,9 @@ def test_reapplying_after_reopen_is_idempotent(tmp_path):
     store.close()
 
     store = Node(tmp_path)
-    assert store.applied(GROUP) == 45
+    assert store.reads.applied(GROUP) == 45
     assert store.apply(GROUP, entries + more) == [None] * 45
-    assert store.queue_stats("t", 0)["next_offset"] == 1150
+    assert store.reads.queue_stats("t", 0)["next_offset"] == 1150
     store.close()
 
 
@@ -338,7 +339,7 @@ def test_reapplying_without_a_restart_is_idempotent(tmp_path):
     assert store.apply(GROUP, entries[:4]) == expected_results(4, 10)
     assert store.apply(GROUP, entries) == [None] * 4 + expected_results(2, 10, first_batch=4)
     assert store.apply(GROUP, entries) == [None] * 6
-    assert [store.queue_stats("t", q)["next_offset"] for q in range(2)] == [30, 30]
+    assert [store.reads.queue_stats("t", q)["next_offset"] for q in range(2)] == [30, 30]
     assert store.apply(GROUP, []) == []
     store.close()
 
@@ -347,17 +348,17 @@ def test_empty_entries_are_skipped_but_advance_the_applied_index(tmp_path):
     """A new leader's empty entry stores nothing, yet counts as applied (also after a reopen)."""
     store = Node(tmp_path)
     assert store.apply(GROUP, [Entry(1, 1, b"")]) == [None]
-    assert store.applied(GROUP) == 1
-    assert store.queue_stats("t", 0)["next_offset"] == 0
+    assert store.reads.applied(GROUP) == 1
+    assert store.reads.queue_stats("t", 0)["next_offset"] == 0
     results = store.apply(GROUP, [append_entry(2, "t", 0, make_batch(0, 3)), Entry(2, 3, b""),
                                   append_entry(4, "t", 0, make_batch(3, 4))])
     assert results == [(0, 3), None, (3, 4)]
     store.close()
     store = Node(tmp_path)
-    assert store.applied(GROUP) == 4
+    assert store.reads.applied(GROUP) == 4
     assert [b.split(b":")[0] for b in bodies(store, "t", 0)] == [b"%d" % i for i in range(7)]
     assert store.apply(GROUP, [Entry(3, 5, b"")]) == [None]
-    assert store.applied(GROUP) == 5
+    assert store.reads.applied(GROUP) == 5
     store.close()
 
 
@@ -374,26 +375,26 @@ def test_offsets_commits_are_visible_and_durable(tmp_path):
         offsets_entry(3, "audit", "t", {1: 4}),
     ])
     assert results == [None, (0, 5), None]
-    assert store.fetch_offsets("billing", "t") == {0: 10, 3: 7}
+    assert store.reads.fetch_offsets("billing", "t") == {0: 10, 3: 7}
     assert store.apply(GROUP, [offsets_entry(4, "billing", "t", {0: 12})]) == [None]
-    assert store.fetch_offsets("billing", "t") == {0: 12, 3: 7}
-    assert store.fetch_offsets("audit", "t") == {1: 4}
-    assert store.fetch_offsets("billing", "u") == {}
-    assert store.fetch_offsets("nobody", "t") == {}
+    assert store.reads.fetch_offsets("billing", "t") == {0: 12, 3: 7}
+    assert store.reads.fetch_offsets("audit", "t") == {1: 4}
+    assert store.reads.fetch_offsets("billing", "u") == {}
+    assert store.reads.fetch_offsets("nobody", "t") == {}
     store.close()
 
     store = Node(tmp_path)
-    assert store.fetch_offsets("billing", "t") == {0: 12, 3: 7}
+    assert store.reads.fetch_offsets("billing", "t") == {0: 12, 3: 7}
     # The commit at entry 1 comes again after a restart, carrying other values: it is skipped.
     assert store.apply(GROUP, [offsets_entry(1, "billing", "t", {0: 99, 3: 99})]) == [None]
-    assert store.fetch_offsets("billing", "t") == {0: 12, 3: 7}
+    assert store.reads.fetch_offsets("billing", "t") == {0: 12, 3: 7}
     store.close()
 
     shutil.rmtree(tmp_path / "index")
     store = Node(tmp_path)
-    assert store.fetch_offsets("billing", "t") == {0: 12, 3: 7}
-    assert store.fetch_offsets("audit", "t") == {1: 4}
-    assert store.applied(GROUP) == 4
+    assert store.reads.fetch_offsets("billing", "t") == {0: 12, 3: 7}
+    assert store.reads.fetch_offsets("audit", "t") == {1: 4}
+    assert store.reads.applied(GROUP) == 4
     store.close()
 
 
@@ -409,15 +410,15 @@ def test_lost_index_is_rebuilt_from_the_wal(tmp_path):
     store.apply(GROUP, [offsets_entry(61, "billing", "t", {0: 1500, 1: 20})])
     store.apply(9, workload(batches=6, per_batch=10, topic="u", queues=3))
     before = state(store, {"t": 2, "u": 3})
-    times = [store.offset_for_time("t", q, APPEND_MS + s * 1000) for q in range(2) for s in range(0, 62, 5)]
+    times = [store.reads.offset_for_time("t", q, APPEND_MS + s * 1000) for q in range(2) for s in range(0, 62, 5)]
     store.close()
 
     shutil.rmtree(tmp_path / "index")
     store = Node(tmp_path)
     assert state(store, {"t": 2, "u": 3}) == before
-    assert [store.offset_for_time("t", q, APPEND_MS + s * 1000) for q in range(2) for s in range(0, 62, 5)] == times
-    assert store.fetch_offsets("billing", "t") == {0: 1500, 1: 20}
-    assert (store.applied(GROUP), store.applied(9)) == (61, 6)
+    assert [store.reads.offset_for_time("t", q, APPEND_MS + s * 1000) for q in range(2) for s in range(0, 62, 5)] == times
+    assert store.reads.fetch_offsets("billing", "t") == {0: 1500, 1: 20}
+    assert (store.reads.applied(GROUP), store.reads.applied(9)) == (61, 6)
     # The rebuilt store goes on where it was and still skips what it holds.
     assert store.apply(GROUP, workload(batches=1, per_batch=100, size=500, first_index=61, first_batch=60)) == [None]
     assert store.apply(GROUP, [append_entry(62, "t", 1, make_batch(0, 1))]) == [(3000, 1)]
@@ -443,13 +444,13 @@ def test_a_damaged_batch_in_the_wal_fails_the_read(tmp_path):
     store = Node(tmp_path)
     for offset in (1000, 1050, 900):  # the damaged batch, from its start, its middle, or the one before
         with pytest.raises(RocketError) as caught:
-            store.read("t", 0, offset, 1 << 20)
+            store.reads.read("t", 0, offset, 1 << 20)
         assert caught.value.code == Code.CORRUPT_DATA
         assert "t/0@1000" in caught.value.message and f"WAL position {damaged.position}" in caught.value.message
-    assert store.read("t", 0, 900, 1) == before[("t", 0)][2][9:10]
-    assert store.read("t", 0, 1100, 1 << 30) == before[("t", 0)][2][11:]
-    assert (store.queue_stats("t", 1), bodies(store, "t", 1)) == before[("t", 1)][:2]
-    assert store.queue_stats("t", 0) == before[("t", 0)][0]
+    assert store.reads.read("t", 0, 900, 1) == before[("t", 0)][2][9:10]
+    assert store.reads.read("t", 0, 1100, 1 << 30) == before[("t", 0)][2][11:]
+    assert (store.reads.queue_stats("t", 1), bodies(store, "t", 1)) == before[("t", 1)][:2]
+    assert store.reads.queue_stats("t", 0) == before[("t", 0)][0]
     store.close()
 
 
@@ -469,9 +470,9 @@ def test_a_wal_cut_back_under_indexed_batches_is_damage(tmp_path):
         assert refused.code == Code.CORRUPT_DATA
         return
     assert store.wal.log.end_position < last.position  # the WAL dropped the record holding batch 9
-    assert store.queue_stats("t", 1)["next_offset"] == 50
+    assert store.reads.queue_stats("t", 1)["next_offset"] == 50
     with pytest.raises(RocketError) as caught:
-        store.read("t", 1, 40, 1 << 20)
+        store.reads.read("t", 1, 40, 1 << 20)
     store.close()
     assert caught.value.code == Code.CORRUPT_DATA, caught.value
 
@@ -489,10 +490,10 @@ def test_a_wal_batch_that_disagrees_with_the_index_is_reported(tmp_path):
     assert store.wal.log.read_slice(placed.position, placed.batch_bytes) == two
     overwrite_in_wal(store, placed.position, one)
     with pytest.raises(RocketError) as caught:
-        store.read("t", 0, 0, 1 << 20)
+        store.reads.read("t", 0, 0, 1 << 20)
     assert caught.value.code == Code.CORRUPT_DATA
     assert "1 messages" in caught.value.message and "the index says 2" in caught.value.message
-    assert [base for base, _ in store.read("t", 0, 2, 1 << 20)] == [2]
+    assert [base for base, _ in store.reads.read("t", 0, 2, 1 << 20)] == [2]
     store.close()
 
 
@@ -797,7 +798,7 @@ def test_restoring_an_old_snapshot_is_a_no_op(tmp_path):
     store.restore(GROUP + 100, [])
     assert state(store, {"t": 2}) == before
     assert writes == []
-    assert store.applied(GROUP) == 23 and store.applied(GROUP + 100) == 0
+    assert store.reads.applied(GROUP) == 23 and store.reads.applied(GROUP + 100) == 0
 
     replica = Node(tmp_path / "replica")
     replica.restore(GROUP, current)
@@ -854,11 +855,11 @@ def test_interleaved_groups_keep_separate_applied_indexes(tmp_path):
     for step in range(5):
         assert store.apply(1, a[step * 6:(step + 1) * 6]) == expected_results(6, 10, first_batch=step * 6)
         assert store.apply(7, b[step:step + 1]) == [(step * 4, 4)]
-    assert (store.applied(1), store.applied(7)) == (30, 5)
+    assert (store.reads.applied(1), store.reads.applied(7)) == (30, 5)
     # Index 6 is old for group 1 but new for group 7, and the other way round for nothing.
     assert store.apply(1, a[5:6]) == [None]
     assert store.apply(7, [append_entry(6, "b", 0, make_batch(20, 4))]) == [(20, 4)]
-    assert (store.applied(1), store.applied(7)) == (30, 6)
+    assert (store.reads.applied(1), store.reads.applied(7)) == (30, 6)
     before = state(store, {"a": 2, "b": 1})
     store.close()
 
@@ -866,7 +867,7 @@ def test_interleaved_groups_keep_separate_applied_indexes(tmp_path):
         if lose_index:
             shutil.rmtree(tmp_path / "index")
         store = Node(tmp_path)
-        assert (store.applied(1), store.applied(7)) == (30, 6)
+        assert (store.reads.applied(1), store.reads.applied(7)) == (30, 6)
         assert state(store, {"a": 2, "b": 1}) == before
         assert store.apply(7, b) == [None] * 5
         assert store.apply(1, a) == [None] * 30
@@ -880,8 +881,8 @@ async def test_wait_for_data_returns_at_once_when_data_is_there(tmp_path, autoju
     store = Node(tmp_path)
     store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 5))])
     started = trio.current_time()
-    await store.wait_for_data({("t", 0): 4}, 30)
-    await store.wait_for_data({("t", 1): 0, ("t", 0): 0}, 30)
+    await store.reads.wait_for_data({("t", 0): 4}, 30)
+    await store.reads.wait_for_data({("t", 1): 0, ("t", 0): 0}, 30)
     assert trio.current_time() == started
     store.close()
 
@@ -891,7 +892,7 @@ async def test_wait_for_data_times_out_without_data(tmp_path, autojump_clock):
     store = Node(tmp_path)
     store.apply(GROUP, [append_entry(1, "t", 0, make_batch(0, 5))])
     started = trio.current_time()
-    await store.wait_for_data({("t", 0): 5, ("t", 1): 0}, 7)
+    await store.reads.wait_for_data({("t", 0): 5, ("t", 1): 0}, 7)
     assert trio.current_time() - started == pytest.approx(7)
     assert store._watchers == {}
     store.close()
@@ -904,7 +905,7 @@ async def test_wait_for_data_wakes_when_an_apply_adds_data(tmp_path, autojump_cl
     woke_at = []
 
     async def waiter():
-        await store.wait_for_data({("t", 0): 5, ("t", 1): 0}, 30)
+        await store.reads.wait_for_data({("t", 0): 5, ("t", 1): 0}, 30)
         woke_at.append(trio.current_time())
 
     async with trio.open_nursery() as nursery:
@@ -966,7 +967,7 @@ def test_wal_references_list_live_batches_in_wal_order_and_follow_moves(tmp_path
     before = {queue: bodies(store, "t", queue) for queue in range(2)}
 
     first_two = live[:2]
-    positions = store.wal.write_data([store.read_entry(topic, queue, entry) for topic, queue, entry in first_two])
+    positions = store.wal.write_data([store.reads.read_entry(topic, queue, entry) for topic, queue, entry in first_two])
     moved = store.reclaim.move_batches([(topic, queue, entry, position)
                                 for (topic, queue, entry), position in zip(first_two, positions)])
     assert moved == sum(entry.batch_bytes for _, _, entry in first_two)
@@ -1023,13 +1024,13 @@ async def test_fetch_reads_from_the_disk_in_a_thread_and_again_after_a_reclamati
     written = wal.write([Update(GROUP, None, entries, None)])[GROUP]
     store.apply(GROUP, entries, [written[entry.index] for entry in entries])
     wal.sync()
-    expected = store.read("t", 0, 0, 4 * SEGMENT)
+    expected = store.reads.read("t", 0, 0, 4 * SEGMENT)
     assert len(expected) > 2 and len(wal.log.segment_starts()) > 3
 
-    found, _ = await store.fetch("t", 0, 0, 4 * SEGMENT)  # from the disk, in a thread: nothing raced
+    found, _ = await store.reads.fetch("t", 0, 0, 4 * SEGMENT)  # from the disk, in a thread: nothing raced
     assert found == expected
 
-    real_read_entries = store.read_entries
+    real_read_entries = store.reads.read_entries
     raced = []
 
     def read_after_reclamation(topic, queue, entries, detached=False):
@@ -1042,8 +1043,8 @@ async def test_fetch_reads_from_the_disk_in_a_thread_and_again_after_a_reclamati
             raced.append(wal.log.delete_before(store.reclaim.wal_floor()))
         return real_read_entries(topic, queue, entries, detached)
 
-    monkeypatch.setattr(store, "read_entries", read_after_reclamation)
-    found, _ = await store.fetch("t", 0, 0, 4 * SEGMENT)
+    monkeypatch.setattr(store.reads, "read_entries", read_after_reclamation)
+    found, _ = await store.reads.fetch("t", 0, 0, 4 * SEGMENT)
     assert raced and raced[0] > 0 and found == expected
     store.close()
     wal.close()

@@ -86,7 +86,7 @@ class Offloader:
         uploads = 0
         now = self.clock.now_s()
         led = set(self.leads())
-        for number, (group, topic, queue) in enumerate(self.store.queues_of(led, self.store.offload_candidates)):
+        for number, (group, topic, queue) in enumerate(self.store.reads.queues_of(led, self.store.offload_candidates)):
             if number % 1000 == 999:
                 await trio.sleep(0)  # a long round lets the node's other work in
             if self._backed_off((topic, queue), now):
@@ -97,7 +97,7 @@ class Offloader:
             except RocketError as error:
                 self._back_off((topic, queue), error)
         due = [key for key, at in self._retention_due.items() if at <= now]
-        for group, topic, queue in self.store.queues_of(led, due):
+        for group, topic, queue in self.store.reads.queues_of(led, due):
             if self._backed_off((topic, queue), now):
                 continue
             try:
@@ -122,8 +122,8 @@ class Offloader:
 
     def _due(self, topic: str, queue: int, now_s: float) -> bool:
         """A cheap look before reading the index: is a full piece waiting, or has data waited long enough?"""
-        state = self.store.tier_state(topic, queue)
-        pending_bytes = self.store.queue_bytes(topic, queue) - (
+        state = self.store.reads.tier_state(topic, queue)
+        pending_bytes = self.store.reads.queue_bytes(topic, queue) - (
             state.offloaded_bytes + state.truncated_bytes if state is not None else 0)
         tiered_to = state.tiered_to if state is not None else 0
         self._retention_due.setdefault((topic, queue), self.clock.now_s())  # it has pieces, or soon will
@@ -144,7 +144,7 @@ class Offloader:
         if not self._due(topic, queue, self.clock.now_s()):
             return False
         now_ms = self.clock.wall_ms()
-        run = self.store.offload_run(topic, queue, self.settings.piece_bytes,
+        run = self.store.reads.offload_run(topic, queue, self.settings.piece_bytes,
                                      int(self.settings.piece_age_s * 1000), now_ms)
         if not run:
             return False
@@ -195,15 +195,15 @@ class Offloader:
         start = state.local_from if state is not None else 0
         end = self.store.index.offset_for_time(topic, queue, int((self.clock.wall_s() - retention_s) * 1000))
         if end is None:
-            end = self.store.queue_stats(topic, queue)["next_offset"]
+            end = self.store.reads.queue_stats(topic, queue)["next_offset"]
         if end > start:
             await self.propose(group, encode_truncate(topic, queue, start, end,
-                                                      self.store.local_bytes(topic, queue, start, end)))
+                                                      self.store.reads.local_bytes(topic, queue, start, end)))
 
     async def retain(self, group: int, topic: str, queue: int) -> None:
         """Drop local data past local retention (offloaded only), expire pieces past total retention; look
         again after the shorter of the two (at most limits.tier_retention_check_s)."""
-        state = self.store.tier_state(topic, queue)
+        state = self.store.reads.tier_state(topic, queue)
         retention_s, local_retention_s = self.retention(topic)
         self._retention_due[(topic, queue)] = self.clock.now_s() + min(
             [limits.tier_retention_check_s] + [seconds for seconds in (retention_s, local_retention_s) if seconds > 0])

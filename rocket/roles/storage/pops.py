@@ -56,7 +56,7 @@ class Pops:
                 return response
             if response["next_visible_ms"]:
                 wake_s = min(wake_s, max(limits.pop_wake_s_min, response["next_visible_ms"] / 1000 - self.clock.wall_s()))
-            await self.store.wait_for_data({(topic, entry["queue"]): entry["offset"] for entry in response["cursors"]},
+            await self.store.reads.wait_for_data({(topic, entry["queue"]): entry["offset"] for entry in response["cursors"]},
                                            wake_s)
 
     async def _pop_queue(self, group: int, consumer_group: str, topic: str, queue: int, chosen, invisible_ms: int,
@@ -68,7 +68,7 @@ class Pops:
         try:
             async with lock:
                 now_ms = self.clock.wall_ms()
-                state = self.store.pop_state(*key)
+                state = self.store.reads.pop_state(*key)
                 again = []
                 for offset, (visible_ms, attempt) in sorted(state.in_flight.items()):
                     if visible_ms > now_ms:
@@ -86,7 +86,7 @@ class Pops:
                                                                         wanted - len(again), chosen)
                 # A receive with nothing waits for new messages past the cursor, or, on a queue held by what is
                 # in flight, for a change to it (an ack wakes waiting readers) or new messages past the end.
-                wait_from = self.store.queue_stats(topic, queue)["next_offset"] if blocked else next_cursor
+                wait_from = self.store.reads.queue_stats(topic, queue)["next_offset"] if blocked else next_cursor
                 response["cursors"].append({"queue": queue, "offset": wait_from})
                 if not again and next_cursor == state.cursor:
                     return
@@ -215,7 +215,7 @@ class Pops:
             try:
                 async with lock:
                     for offset, attempt in receipts:
-                        found = self.store.pop_state(*key).in_flight.get(offset)
+                        found = self.store.reads.pop_state(*key).in_flight.get(offset)
                         if found is None or found[1] != attempt or not await self._dead_letter(
                                 group, key, offset, attempt, found[0], self.clock.wall_ms()):
                             stale.append({"queue": queue, "offset": offset, "attempt": attempt})

@@ -31,11 +31,11 @@ class Reads(Background):
         """A queue's batches from offset: from the tier for what is no longer local (or, in force mode,
         for all that is offloaded), else from the WAL."""
         cold = self.cold
-        piece = self.store.tier_piece(topic, queue, offset, self.force_tier) if cold is not None else None
+        piece = self.store.reads.tier_piece(topic, queue, offset, self.force_tier) if cold is not None else None
         if cold is None or piece is None:
-            return await self.store.fetch(topic, queue, offset, budget, first, tag_mask)
+            return await self.store.reads.fetch(topic, queue, offset, budget, first, tag_mask)
         found, next_offset = await cold.read(piece, offset, budget, first, tag_mask)
-        following = self.store.tier_piece(topic, queue, piece.to_offset, self.force_tier)
+        following = self.store.reads.tier_piece(topic, queue, piece.to_offset, self.force_tier)
         if following is not None and following.key not in self._prefetching and self._nursery is not None:
             self._nursery.start_soon(self._prefetch, cold, following)
         return found, next_offset
@@ -78,7 +78,7 @@ class Reads(Background):
         wait_ms = min(max(request["wait_ms"], 0), limits.pull_wait_ms_max)
         if not response["batches"] and wait_ms:  # wait past what the filter skipped
             positions = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
-            await self.store.wait_for_data({(topic, queue): offset for queue, offset in positions.items()},
+            await self.store.reads.wait_for_data({(topic, queue): offset for queue, offset in positions.items()},
                                            wait_ms / 1000)
             response = await self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
         return response
@@ -89,15 +89,15 @@ class Reads(Background):
         self.gate.positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset")
         offsets, pops = [], []
         if request["consumer_group"]:
-            committed = self.store.fetch_offsets(request["consumer_group"], topic)
+            committed = self.store.reads.fetch_offsets(request["consumer_group"], topic)
             offsets = [{"queue": queue, "offset": committed[queue]} for queue in request["queues"] if queue in committed]
             for queue in request["queues"]:
-                state = self.store.pop_state(request["consumer_group"], topic, queue)
+                state = self.store.reads.pop_state(request["consumer_group"], topic, queue)
                 pops.append({"queue": queue, "cursor": state.cursor, "done_before": state.done_before(),
                              "in_flight": len(state.in_flight)})
         time_offsets = []
         if request["timestamp_ms"] >= 0:
-            time_offsets = [{"queue": queue, "offset": self.store.offset_for_time(topic, queue, request["timestamp_ms"])}
+            time_offsets = [{"queue": queue, "offset": self.store.reads.offset_for_time(topic, queue, request["timestamp_ms"])}
                             for queue in request["queues"]]
-        return {"queues": [{"queue": queue, **self.store.queue_stats(topic, queue)} for queue in request["queues"]],
+        return {"queues": [{"queue": queue, **self.store.reads.queue_stats(topic, queue)} for queue in request["queues"]],
                 "offsets": offsets, "time_offsets": time_offsets, "pops": pops}

@@ -82,7 +82,7 @@ class WalReclaim:
             else:
                 count = len(batches)
             chunk, batches = batches[:count], batches[count:]
-            positions = await self.host.write_data([self.store.read_entry(topic, queue, entry)
+            positions = await self.host.write_data([self.store.reads.read_entry(topic, queue, entry)
                                                     for topic, queue, entry in chunk])
             moved = self.store.reclaim.move_batches(
                 [(topic, queue, entry, position) for (topic, queue, entry), position in zip(chunk, positions)])

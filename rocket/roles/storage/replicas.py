@@ -82,7 +82,7 @@ class Replicas:
             try:
                 start = None  # the first chunk starts wherever the source's local data starts
                 while True:
-                    first = start if start is not None else self.store.local_start(topic, queue)
+                    first = start if start is not None else self.store.reads.local_start(topic, queue)
                     request = {"group": group, "topic": topic, "queues": [{"queue": queue, "offset": first}],
                                "max_bytes": limits.read_bytes_max, "wait_ms": 0, "at_least_one": True,
                                "any_replica": True, "follower_ok": False}

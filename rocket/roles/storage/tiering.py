@@ -65,12 +65,12 @@ class Tiering:
         topic = request["topic"]
         queues = []
         for queue in self.gate.positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset"):
-            stats = self.store.queue_stats(topic, queue)
-            state = self.store.tier_state(topic, queue)
+            stats = self.store.reads.queue_stats(topic, queue)
+            state = self.store.reads.tier_state(topic, queue)
             offloaded = state.offloaded_bytes + state.truncated_bytes if state is not None else 0
             dropped = state.dropped_bytes + state.truncated_bytes if state is not None else 0
             queues.append({"queue": queue, "first_offset": stats["min_offset"],
-                           "local_offset": max(stats["min_offset"], self.store.local_start(topic, queue)),
+                           "local_offset": max(stats["min_offset"], self.store.reads.local_start(topic, queue)),
                            "tiered_offset": state.tiered_to if state is not None else stats["min_offset"],
                            "next_offset": stats["next_offset"], "local_bytes": stats["bytes"] - dropped,
                            "tiered_bytes": sum(piece.size for piece in state.pieces) if state is not None else 0,
