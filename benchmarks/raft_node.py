@@ -78,11 +78,11 @@ async def main(arguments) -> None:
             result.update(await load(host, arguments))
         else:
             await trio.sleep(arguments.settle_s)
-            result["quiet_groups"] = host.quiet_groups()
+            result["quiet_groups"] = host.rounds.quiet_groups()
             cpu_before, started = cpu_s(), time.perf_counter()
             await trio.sleep(arguments.seconds)
             result["idle_cpu_percent"] = round(100 * (cpu_s() - cpu_before) / (time.perf_counter() - started), 2)
-            result["quiet_groups_after"] = host.quiet_groups()
+            result["quiet_groups_after"] = host.rounds.quiet_groups()
         nursery.cancel_scope.cancel()
     print(json.dumps(result), flush=True)
 
@@ -92,7 +92,7 @@ async def load(host: RaftHost, arguments) -> dict:
     led = [group for group, hosted in host.groups.items() if hosted.core.role == Role.LEADER]
     committed = 0
     failures = 0
-    fsyncs_before, cpu_before = host.fsyncs, cpu_s()
+    fsyncs_before, cpu_before = host.rounds.fsyncs, cpu_s()
     started = time.perf_counter()
 
     async def writer(group: int) -> None:
@@ -113,7 +113,7 @@ async def load(host: RaftHost, arguments) -> dict:
     elapsed = time.perf_counter() - started
     return {"led_groups": len(led), "committed": committed, "failures": failures, "seconds": round(elapsed, 2),
             "entries_per_s": round(committed / elapsed), "mb_per_s": round(committed * arguments.size / elapsed / 1e6, 2),
-            "fsyncs_per_s": round((host.fsyncs - fsyncs_before) / elapsed), "cpu_percent":
+            "fsyncs_per_s": round((host.rounds.fsyncs - fsyncs_before) / elapsed), "cpu_percent":
             round(100 * (cpu_s() - cpu_before) / elapsed, 1)}
 
 

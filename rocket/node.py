@@ -375,7 +375,7 @@ def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispa
     dispatcher.on_call = telemetry.observe_call
     host, store = roles.host, roles.storage.store if roles.storage is not None else None
     roles.peers.telemetry = telemetry
-    host.on_fsync = telemetry.observe_fsync
+    host.rounds.on_fsync = telemetry.observe_fsync
     telemetry.add_collector(raft_metrics(host, store))
     telemetry.add_collector(traffic_metrics(lifecycle.traffic))
     host.on_commit = telemetry.commit_seconds.observe

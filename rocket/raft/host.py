@@ -1,12 +1,13 @@
 """The multi-raft host: the Raft replication engine (rocket.replication.Engine) for every group of one node, on one
 WAL. This module is the engine's interface: groups hosted, proposals, reads, leadership, and snapshot files served
-to and fetched from other nodes; rounds.py is its round loop."""
+to and fetched from other nodes; rounds.py is its round loop, a part of its own."""
 
 from __future__ import annotations
 
 import logging
 import math
 import time
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from rocket.parked import Awaited, Slot
 from rocket.raft import codec, snapshots
 from rocket.raft.controlled import ControlledCore
 from rocket.raft.core import NONE, Config, Message, MessageType, RaftCore, Role, Snapshot
+from rocket.raft.compaction import Compaction
 from rocket.raft.rounds import Group, Post, Rounds
 from rocket.raft.wal import GroupState, Wal
 from rocket.replication import Control, StateMachine, SyncStateRequest
@@ -29,13 +31,19 @@ _upkeep = {MessageType.HEARTBEAT, MessageType.HEARTBEAT_RESPONSE, MessageType.AP
 FetchChunk = Callable[[int, int, str, int], Awaitable[bytes | memoryview]]
 
 
-class RaftHost(Rounds):
+class RaftHost:
     """The Raft replication engine (rocket.replication.Engine): every group this node hosts, on one WAL. Its round
-    loop (Rounds, rounds.py) is group commit: one fsync for every group's writes, persist before send; a leader's
-    appends go out once written, with a commit durable rounds justify."""
+    loop (rounds, rounds.py) is group commit: one fsync for every group's writes, persist before send; a leader's
+    appends go out once written, with a commit durable rounds justify. The host steps the groups' cores and tells
+    the rounds what each needs (Rounds.touch, buffer, urgent); the rounds write, sync, send and apply."""
 
     def __init__(self, node_id: int, wal: Wal, post: Post, tick_s: float = limits.raft_tick_s):
-        super().__init__(node_id, wal, post, tick_s)
+        self.node_id = node_id
+        self.rounds = Rounds(node_id, wal, post, tick_s)
+        self.groups = self.rounds.groups  # the groups hosted here, by id: the rounds' own dict, read here
+        self.wal = wal
+        self.tick_s = tick_s
+        self.snapshot_files = self.rounds.snapshot_files
         self._read_ids = 0
         # How a follower fetches the file of a snapshot its leader sent; wired by the roles (None: it cannot).
         self.fetch_snapshot_chunk: FetchChunk | None = None
@@ -46,6 +54,37 @@ class RaftHost(Rounds):
         self._timing = False
         # node -> the schema version its Raft link said on connecting (transport/links.py); None: not known here
         self.peer_versions: dict[int, int] | None = None
+
+    # ---- the round loop, as the engine's users see it (replication.Engine) ----------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await self.rounds.run(task_status=task_status)
+
+    @property
+    def disk_refusal(self) -> str:
+        return self.rounds.disk_refusal
+
+    @property
+    def applying(self) -> Callable[[], contextlib.AbstractContextManager]:
+        return self.rounds.applying
+
+    @applying.setter
+    def applying(self, applying: Callable[[], contextlib.AbstractContextManager]) -> None:
+        self.rounds.applying = applying
+
+    @property
+    def sync_before_snapshots(self) -> Callable[[], None]:
+        return self.rounds.sync_before_snapshots
+
+    @sync_before_snapshots.setter
+    def sync_before_snapshots(self, sync: Callable[[], None]) -> None:
+        self.rounds.sync_before_snapshots = sync
+
+    @property
+    def compaction(self) -> Compaction:
+        return self.rounds.compaction
+
+    # ---- groups ----------------------------------------------------------------------------------------------
 
     def add_group(self, group: int, voters: tuple[int, ...], machine: StateMachine,
                   learners: tuple[int, ...] = (), control: Control | None = None) -> RaftCore:
@@ -61,12 +100,11 @@ class RaftHost(Rounds):
             machine.restore(self.snapshot_files.chunks(group, restored.snapshot))
         if core.voters == {self.node_id}:
             core.campaign()  # alone: no one to wait for
-        self.groups[group] = Group(core, machine, restored.hard_state)
+        hosted = Group(core, machine, restored.hard_state)
         if isinstance(core, ControlledCore) and control is not None:
             core.control(control)
-        self.groups[group].positions = restored.positions
-        self._touched(group, self.groups[group])
-        self._wake.set()
+        hosted.positions = restored.positions
+        self.rounds.host(group, hosted)
         return core
 
     def control(self, group: int, control: Control) -> None:
@@ -80,8 +118,8 @@ class RaftHost(Rounds):
                 log.info("group %d: %s at epoch %d (the controller's word)", group, "master" if after[0] == Role.LEADER
                          else f"slave of node {after[2]}", after[1])
             hosted.idle_ticks = 0
-            self._touched(group, hosted)
-            self._wake.set()
+            self.rounds.touch(group, hosted)
+            self.rounds.wake()
 
     def controlled(self, group: int) -> ControlledCore | None:
         """The group's controller-mode core, or None (a Raft group, or not hosted here)."""
@@ -112,33 +150,36 @@ class RaftHost(Rounds):
         if core is not None:  # the group's own settings hold: the answer changes its master and set
             self.control(group, Control(master, master_epoch, sync_state_set, sync_state_set_epoch,
                                         core.min_in_sync_replicas, core.lag_ticks_max))
-            self._touched(group, self.groups[group])
-            self._wake.set()
+            self.rounds.touch(group, self.groups[group])
+            self.rounds.wake()
 
     def receive(self, payload: bytes | memoryview) -> None:
         """Messages from another node; ones for groups not hosted here are dropped (Raft retries).
         Group 0 carries the node-to-node heartbeat that keeps liveness known while groups are quiet."""
         urgent = False
+        rounds = self.rounds
         for group, message in codec.decode_messages(payload):
-            self._last_heard[message.sender] = self.ticks
+            rounds.heard(message.sender)
             hosted = self.groups.get(group)
             if hosted is not None and message.to == self.node_id:
                 if message.type == MessageType.SNAPSHOT and self._lacks_file(group, hosted, message):
                     continue  # stepped once its file is fetched
                 hosted.core.step(message)
-                self._touched(group, hosted)
+                rounds.touch(group, hosted)
                 if message.entries or message.type not in _upkeep:
                     hosted.idle_ticks = 0
             if message.type == MessageType.APPEND:
-                self._unwritten_bytes += sum(len(entry.data) for entry in message.entries)
+                rounds.gather(sum(len(entry.data) for entry in message.entries))
             else:
                 urgent = True
         # Appends to a follower wait for the fsync that runs, as this node's own proposals do (rounds.py,
         # _gathering): written when it ends, they are durable as soon as if written now, since the next fsync
         # could not begin before it; and all that came meanwhile then takes one round, one fsync and one answer.
         # Anything else (answers a leader counts, votes, heartbeats) is stepped in a round now.
-        self._received = self._received or urgent
-        self._wake.set()
+        if urgent:
+            rounds.urgent()
+        else:
+            rounds.wake()
 
     def _lacks_file(self, group: int, hosted: Group, message: Message) -> bool:
         """Whether a snapshot the leader sent waits for its file, which a task then fetches (one per group);
@@ -156,9 +197,9 @@ class RaftHost(Rounds):
         if fetch is None:
             log.warning("group %d: a snapshot from node %d is dropped: this node cannot fetch its file", group,
                         message.sender)
-        elif group not in self._fetching and self._nursery is not None:
+        elif group not in self._fetching and self.rounds.start_soon(self._fetch_snapshot, fetch, group, hosted, message,
+                                                                   snapshot):
             self._fetching.add(group)
-            self._nursery.start_soon(self._fetch_snapshot, fetch, group, hosted, message, snapshot)
         return True
 
     async def _fetch_snapshot(self, fetch: FetchChunk, group: int, hosted: Group, message: Message,
@@ -197,9 +238,8 @@ class RaftHost(Rounds):
         if self.groups.get(group) is hosted:  # if the core does not install it now, a newer snapshot deletes it
             hosted.core.step(message)
             hosted.idle_ticks = 0
-            self._touched(group, hosted)
-            self._received = True
-            self._wake.set()
+            self.rounds.touch(group, hosted)
+            self.rounds.urgent()
 
     async def snapshot_chunk(self, group: int, name: str, offset: int) -> bytes:
         """At most limits.snapshot_chunk_bytes_max bytes of one of this node's snapshot files from offset, for
@@ -208,10 +248,7 @@ class RaftHost(Rounds):
 
     def remove_group(self, group: int) -> None:
         """Stop hosting a group this node is no longer a member of (its WAL records stay until a checkpoint)."""
-        hosted = self.groups.pop(group, None)
-        self._deferred.pop(group, None)
-        self._active.discard(group)
-        self._awake.discard(group)
+        hosted = self.rounds.drop(group)
         if hosted is not None:  # its proposals may have been committed by the others, or not
             unknown = RocketError(Code.TIMEOUT, f"group {group} moved off node {self.node_id}: the outcome of "
                                   "its proposal is unknown")
@@ -221,20 +258,10 @@ class RaftHost(Rounds):
                                      "proposal was made; retry")
             for _, slot in hosted.proposals:
                 slot.complete(unproposed)
-            # Hosted here again, it restarts from what it holds now, not from what was replayed at open: the
-            # snapshot file that referred to may be deleted since.
-            now = self._checkpoint_of(group, hosted)
-            assert now.hard_state is not None, "a checkpoint holds the hard state"
-            self.wal.groups[group] = GroupState(now.hard_state, now.entries, now.snapshot, dict(hosted.positions))
 
     async def write_data(self, blobs: list[bytes]) -> list[int]:
-        """Make blobs durable in the WAL with the next round's fsync (the WAL is written by the rounds
-        alone); returns where each blob's bytes lie."""
-        event, positions = trio.Event(), []
-        self._data.append((blobs, event, positions))
-        self._unwritten_bytes += sum(map(len, blobs))
-        await self._wait(event, limits.request_timeout_s_default, "data not written")
-        return positions
+        """Make blobs durable in the WAL with the next round's fsync; returns where each blob's bytes lie."""
+        return await self.rounds.write_data(blobs)
 
     def unapplied_position_min(self) -> int | None:
         """The lowest WAL position of an entry written but not yet applied: a state machine that indexes
@@ -245,8 +272,8 @@ class RaftHost(Rounds):
     def transfer_leadership(self, group: int, to: int) -> None:
         hosted = self.groups[group]
         hosted.core.transfer_leadership(to)
-        self._touched(group, hosted)
-        self._wake.set()
+        self.rounds.touch(group, hosted)
+        self.rounds.wake()
 
     def leader_of(self, group: int) -> int:
         """The node this node believes leads the group (0 when unknown or not hosted)."""
@@ -312,30 +339,24 @@ class RaftHost(Rounds):
             raise RocketError(Code.UNAVAILABLE, f"group {group} is not hosted on node {self.node_id}")
         if len(data) > limits.raft_entry_bytes_max:
             raise RocketError(Code.BAD_REQUEST, f"an entry holds at most {limits.raft_entry_bytes_max} bytes")
-        if self.disk_refusal and self.disk_free_bytes < limits.disk_floor_bytes:
-            raise RocketError(Code.DISK_FULL, self.disk_refusal)  # its apply could fail writing the store
+        if self.rounds.disk_refusal and self.rounds.disk_free_bytes < limits.disk_floor_bytes:
+            raise RocketError(Code.DISK_FULL, self.rounds.disk_refusal)  # its apply could fail writing the store
         hosted.core.wake()
         hosted.core.check_proposable()
         if self.on_commit is not None and not self._timing:  # sampled: one proposal timed at a time
             slot = self._timed(slot, self.on_commit)
         if timeout_s < math.inf:  # the sweep completes what the round would: the timing ends with it
             slot.deadline = trio.current_time() + timeout_s
-            self._deadlines.add(slot)
-        hosted.proposals.append((data, slot))
-        self._proposing.add(group)
-        self._unwritten_bytes += len(data)
-        hosted.idle_ticks = 0
-        self._touched(group, hosted)
-        self._wake.set()
+        self.rounds.buffer(group, hosted, data, slot, swept=timeout_s < math.inf)
 
     def on_round(self, hook: Callable[[], None]) -> None:
         """hook() runs at the start of every round, before the buffered proposals are proposed: a role that merges
         what came meanwhile into few proposals (KV transactions) makes them then (propose_parked)."""
-        self._round_hooks.append(hook)
+        self.rounds.on_round(hook)
 
     def wake_round(self) -> None:
         """Have the round loop run a round soon (for an on_round hook's work)."""
-        self._wake.set()
+        self.rounds.wake()
 
     def _timed(self, slot: Slot, on_commit: Callable[[float], None]) -> Slot:
         """slot, its time from proposal to result told to on_commit (on success)."""
@@ -352,7 +373,7 @@ class RaftHost(Rounds):
                                   timeout_s: float = limits.request_timeout_s_default) -> int:
         hosted = self.groups[group]
         index = hosted.core.propose_conf_change(action, node)
-        self._touched(group, hosted)
+        self.rounds.touch(group, hosted)
         return await self._wait_applied(hosted, index, timeout_s)
 
     async def read_barrier(self, group: int, lease: bool = False,
@@ -368,7 +389,7 @@ class RaftHost(Rounds):
         hosted.reads[request_id] = (event, released)
         try:
             confirmed_at = hosted.core.read_index(request_id, lease)
-            self._touched(group, hosted)
+            self.rounds.touch(group, hosted)
             if confirmed_at is not None and hosted.applied >= confirmed_at:
                 return  # the lease holds and all committed is applied: no round to wait for
             await self._wait(event, timeout_s, f"group {group}: leadership not confirmed")
@@ -389,7 +410,7 @@ class RaftHost(Rounds):
 
     async def _wait(self, event: trio.Event, timeout_s: float, what: str) -> None:
         """Start a round and wait for the event it will set; TIMEOUT after timeout_s."""
-        self._wake.set()
+        self.rounds.wake()
         try:
             with trio.fail_after(timeout_s):
                 await event.wait()

@@ -1,6 +1,6 @@
-"""The multi-raft host's round loop (Rounds, RaftHost's base, which owns the loop's state): group commit, one fsync
-for every group's writes, persist before send except a leader's appends; a full disk is an operating error, waited
-out."""
+"""The multi-raft host's round loop (Rounds, a part of RaftHost, which owns the loop's state): group commit, one
+fsync for every group's writes, persist before send except a leader's appends; a full disk is an operating error,
+waited out."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -26,7 +26,7 @@ from rocket.raft import codec, snapshots
 from rocket.raft.compaction import Compaction
 from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role, Snapshot
 from rocket.raft.snapshots import SnapshotFiles
-from rocket.raft.wal import Update, Wal
+from rocket.raft.wal import GroupState, Update, Wal
 from rocket.replication import StateMachine
 
 log = logging.getLogger("rocket.raft")
@@ -163,7 +163,11 @@ class Rounds:
         assert self._token is not None, "the round loop has not started"
         return self._token
 
-    def _touched(self, group: int, hosted: Group) -> None:
+    # ---- what the Raft host tells the round loop (host.py) ----------------------------------------------------
+
+    def touch(self, group: int, hosted: Group) -> None:
+        """The group has something for the next round (a message stepped, a proposal, a read): ask it for a Ready
+        then, and tick it while it is awake."""
         self._active.add(group)
         if hosted.core.quiet:
             self._awake.discard(group)
@@ -171,6 +175,82 @@ class Rounds:
             self._awake.add(group)
             if self._woken is not None:  # the ticker sleeps as for an idle node: tick again now
                 self._woken.set()
+
+    def wake(self) -> None:
+        """Have the round loop run a round soon."""
+        self._wake.set()
+
+    def host(self, group: int, hosted: Group) -> None:
+        """Take a group (new, or restored from the WAL) into the rounds."""
+        self.groups[group] = hosted
+        self.touch(group, hosted)
+        self._wake.set()
+
+    def drop(self, group: int) -> Group | None:
+        """Stop a group's rounds. Hosted here again, it restarts from what it holds now (its WAL state is set to it),
+        not from what was replayed at open: the snapshot file that referred to may be deleted since."""
+        hosted = self.groups.pop(group, None)
+        self._deferred.pop(group, None)
+        self._active.discard(group)
+        self._awake.discard(group)
+        if hosted is not None:
+            now = self._checkpoint_of(group, hosted)
+            assert now.hard_state is not None, "a checkpoint holds the hard state"
+            self.wal.groups[group] = GroupState(now.hard_state, now.entries, now.snapshot, dict(hosted.positions))
+        return hosted
+
+    def heard(self, node: int) -> None:
+        """A message came from the node (liveness: a follower whose leader is silent campaigns)."""
+        self._last_heard[node] = self.ticks
+
+    def gather(self, unwritten_bytes: int) -> None:
+        """Bytes the next round will write came (appends from a leader): a round is written at once when enough
+        gathered, not after the fsync that runs."""
+        self._unwritten_bytes += unwritten_bytes
+
+    def urgent(self) -> None:
+        """Messages came that wait for no fsync (answers a leader counts, votes, heartbeats): a round now."""
+        self._received = True
+        self._wake.set()
+
+    def buffer(self, group: int, hosted: Group, data: bytes, slot: Slot, swept: bool = False) -> None:
+        """A proposal for the next round, which proposes every group's buffer in one go; swept: its slot's deadline
+        is swept each tick."""
+        if swept:
+            self._deadlines.add(slot)
+        hosted.proposals.append((data, slot))
+        self._proposing.add(group)
+        self._unwritten_bytes += len(data)
+        hosted.idle_ticks = 0
+        self.touch(group, hosted)
+        self._wake.set()
+
+    def on_round(self, hook: Callable[[], None]) -> None:
+        """hook() runs at the start of every round, before the buffered proposals are proposed."""
+        self._round_hooks.append(hook)
+
+    def start_soon(self, task: Callable[..., Awaitable[None]], *args: Any) -> bool:
+        """Run a task beside the round loop (a snapshot file's fetch); False before the loop runs."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(task, *args)
+        return True
+
+    async def write_data(self, blobs: list[bytes]) -> list[int]:
+        """Make blobs durable in the WAL with the next round's fsync (the WAL is written by the rounds alone);
+        returns where each blob's bytes lie."""
+        event, positions = trio.Event(), []
+        self._data.append((blobs, event, positions))
+        self._unwritten_bytes += sum(map(len, blobs))
+        self._wake.set()
+        try:
+            with trio.fail_after(limits.request_timeout_s_default):
+                await event.wait()
+        except trio.TooSlowError:
+            raise RocketError(Code.TIMEOUT, f"data not written within {limits.request_timeout_s_default} s") from None
+        return positions
+
+    # ---- the round loop ------------------------------------------------------------------------------------
 
     @staticmethod
     def _release_reads(hosted: Group) -> None:
@@ -263,7 +343,7 @@ class Rounds:
                 if core.quiet and core.leader != self.node_id:
                     if self.ticks - self._last_heard.get(core.leader, -silent_after) > silent_after:
                         core.wake()  # its leader's node went silent: let the election timer run again
-                        self._touched(group, hosted)
+                        self.touch(group, hosted)
         for group in list(self._awake):
             hosted = self.groups[group]
             core = hosted.core
@@ -271,7 +351,7 @@ class Rounds:
             hosted.idle_ticks += 1
             if hosted.idle_ticks >= limits.raft_quiesce_ticks and core.role == Role.LEADER and not hosted.waiters:
                 core.quiesce()
-            self._touched(group, hosted)
+            self.touch(group, hosted)
         for peer in self._peers:
             self._post(peer, codec.encode_messages([(0, Message(MessageType.HEARTBEAT, self.node_id, peer, 0))]))
 

@@ -88,9 +88,20 @@ class Engine(Protocol):
     @property
     def tick_s(self) -> float: ...  # the engine's clock tick: timeouts given in ticks are multiples of it
 
-    sync_before_snapshots: Callable[[], None]  # makes the state machines' own writes durable
-    applying: Callable[[], AbstractContextManager]  # held while committed entries are applied in a round
-    disk_refusal: str  # why the node refuses new data now, its disk being full ("" while it has room)
+    @property
+    def sync_before_snapshots(self) -> Callable[[], None]: ...  # makes the state machines' own writes durable
+
+    @sync_before_snapshots.setter
+    def sync_before_snapshots(self, sync: Callable[[], None]) -> None: ...
+
+    @property
+    def applying(self) -> Callable[[], AbstractContextManager]: ...  # held while a round applies committed entries
+
+    @applying.setter
+    def applying(self, applying: Callable[[], AbstractContextManager]) -> None: ...
+
+    @property
+    def disk_refusal(self) -> str: ...  # why the node refuses new data now, its disk being full ("" while it has room)
 
     def add_group(self, group: int, voters: tuple[int, ...], machine: StateMachine,
                   learners: tuple[int, ...] = (), control: Control | None = None) -> object:

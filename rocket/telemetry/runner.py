@@ -29,7 +29,7 @@ def raft_metrics(host, store) -> Callable[[], Iterable]:
 
     def collect():
         yield counter_family("rocket_fsyncs", "fsyncs of the Raft WAL and the store", [],
-                             [([], host.fsyncs + (store.fsyncs if store is not None else 0))])
+                             [([], host.rounds.fsyncs + (store.fsyncs if store is not None else 0))])
         yield counter_family("rocket_wal_written_bytes", "Bytes written to the Raft WAL since the node started", [],
                              [([], host.wal.log.end_position - wal_start)])
         groups = sorted(host.groups)

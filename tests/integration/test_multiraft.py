@@ -174,7 +174,7 @@ async def test_many_groups_replicate_survive_a_loss_and_recover(tmp_path):
         await wait_applied(nodes, {g: [b"a-%d-%d" % (g, n) for n in range(5)] for g in range(1, GROUPS + 1)})
 
         # A burst of 100 entries over 10 groups costs each node far fewer than 100 fsyncs.
-        before = [node.host.fsyncs for node in nodes]
+        before = [node.host.rounds.fsyncs for node in nodes]
         by_group = await leaders(nodes)
         async with trio.open_nursery() as burst:
             for group, node in by_group.items():
@@ -183,7 +183,7 @@ async def test_many_groups_replicate_survive_a_loss_and_recover(tmp_path):
         with trio.fail_after(20):
             while not all(len(node.machines[g].values) == 15 for node in nodes for g in node.machines):
                 await trio.sleep(0.02)
-        spent = [node.host.fsyncs - old for node, old in zip(nodes, before)]
+        spent = [node.host.rounds.fsyncs - old for node, old in zip(nodes, before)]
         assert all(count <= 30 for count in spent), f"one fsync serves many groups: {spent}"
 
         nodes[2].stop()
@@ -204,12 +204,12 @@ async def test_idle_groups_go_quiet_and_a_dead_leader_is_replaced(tmp_path):
     async with running_nodes(tmp_path) as (nodes, nursery):
         await propose_everywhere(nodes, b"q", 1)
         with trio.fail_after(20):
-            while not all(node.host.quiet_groups() == GROUPS for node in nodes):
+            while not all(node.host.rounds.quiet_groups() == GROUPS for node in nodes):
                 await trio.sleep(0.05)
-        fsyncs = [node.host.fsyncs for node in nodes]
+        fsyncs = [node.host.rounds.fsyncs for node in nodes]
         await trio.sleep(0.5)  # 25 ticks: a group that was awake would persist heartbeats' commits and more
-        assert [node.host.fsyncs for node in nodes] == fsyncs
-        assert all(node.host.quiet_groups() == GROUPS for node in nodes)
+        assert [node.host.rounds.fsyncs for node in nodes] == fsyncs
+        assert all(node.host.rounds.quiet_groups() == GROUPS for node in nodes)
 
         by_group = await leaders(nodes)
         victim = max(nodes, key=lambda node: sum(1 for leader in by_group.values() if leader is node))

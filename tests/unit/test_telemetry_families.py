@@ -32,7 +32,7 @@ def fake_host(roles: dict[int, Role], leads: set[int]):
     groups = {group: SimpleNamespace(core=SimpleNamespace(role=role, commit=10 * group), applied=10 * group - 1)
               for group, role in roles.items()}
     return SimpleNamespace(groups=groups, leads=lambda group: group in leads, lagging=lambda group: {2: 3},
-                           fsyncs=4, wal=SimpleNamespace(log=SimpleNamespace(end_position=0)))
+                           rounds=SimpleNamespace(fsyncs=4), wal=SimpleNamespace(log=SimpleNamespace(end_position=0)))
 
 
 def samples(collect) -> dict[tuple, float]:
