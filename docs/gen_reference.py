@@ -205,7 +205,8 @@ def method_servers() -> dict[str, list[tuple[str, str]]]:
             for item in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(getattr(cls, function) if cls else function)))):
                 pairs = list(zip(item.keys, item.values)) if isinstance(item, ast.Dict) else \
                     [item.elts] if isinstance(item, ast.Tuple) and len(item.elts) == 2 else \
-                    [item.args] if isinstance(item, ast.Call) and getattr(item.func, "attr", "") == "handle" else []
+                    [item.args] if isinstance(item, ast.Call) and getattr(item.func, "attr", "") in ("handle", "handle_typed") \
+                    else []
                 for key, value in pairs:  # {"Ping": self.ping}, ("StorageAppend", self.append), .handle("X", f)
                     if isinstance(key, ast.Constant) and key.value in methods.METHODS:
                         handler = handler_of(cls, value)

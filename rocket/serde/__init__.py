@@ -1,6 +1,6 @@
-"""Serdes for RPC messages (JSON, Avro and the lane, chosen per call by serde id: SERDE_IDS) and the formats the
-codecs here define: the produce batch, the offload piece, a pop response and the KV export file. The messages' schemas
-are schemas/*.avsc (schema.py); every released set is kept for peers of other versions (versions.py).
+"""Serdes for RPC messages (JSON, Avro and the lane, by serde id: SERDE_IDS) and the formats the codecs here define:
+the produce batch, the offload piece, a pop response, the KV export file. Schemas: schemas/*.avsc (schema.py), some
+typed too (typed.py); every released set is kept for peers of other versions (versions.py).
 """
 
 from __future__ import annotations
@@ -23,4 +23,4 @@ def serde_named(name: str) -> ModuleType:
         raise RocketError(Code.UNSUPPORTED_SERDE, f"serde {name!r} is not one of {sorted(SERDE_NAMES)}") from None
 
 __all__ = ["SERDE_BY_CONTENT_TYPE", "SERDE_IDS", "SERDE_ID_OF", "avro_codec", "batch", "json_codec", "kv_export",
-           "piece", "receive", "schema", "serde_named", "versions"]
+           "piece", "receive", "schema", "serde_named", "typed", "versions"]

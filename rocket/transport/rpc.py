@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import ModuleType
 from typing import Any, cast
 
@@ -16,6 +16,7 @@ import trio
 from rocket import __version__
 from rocket.errors import Code, RocketError
 from rocket.parked import Awaited, Slot, Unparked
+from rocket.serde import typed
 from rocket.serde.schema import SCHEMA_VERSION
 from rocket.transport.guard import ABOUT_CONNECTION, Caller, Guard
 from rocket.transport.metering import Metering
@@ -65,6 +66,16 @@ class Dispatcher:
         self._handlers[name] = handler
         if parked is not None:
             self._parked[name] = parked
+
+    def handle_typed(self, name: str, handler: Callable[[Any], Awaitable[Any]]) -> None:
+        """handler takes and returns the typed messages (rocket/serde/typed.py) of the method's request and response
+        types; the dispatcher converts from and to the plain form its serdes speak."""
+        spec = method_spec(name)
+        request_type, _ = typed.STRUCTS[spec.request_type], typed.STRUCTS[spec.response_type]  # both typed
+
+        async def plain_handler(request: dict) -> dict:
+            return typed.plain(await handler(typed.convert(request, request_type)))
+        self.handle(name, plain_handler)
 
     def parks(self, name: str) -> bool:
         """Whether the method has a data-plane handler here (park)."""

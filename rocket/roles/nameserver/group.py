@@ -3,6 +3,10 @@ the group's leader (forwarded there from a follower), and a read of the metadata
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
 import orjson
 import trio
 
@@ -12,6 +16,8 @@ from rocket.errors import Code, RocketError
 from rocket.replication import Engine
 from rocket.roles.nameserver.metadata import META_GROUP, Metadata
 from rocket.roles.peers import RETRYABLE, Peers
+from rocket.serde import typed
+from rocket.transport.methods import method_spec
 
 
 class MetadataGroup:
@@ -25,8 +31,9 @@ class MetadataGroup:
     def leads(self) -> bool:
         return self.host.leader_of(META_GROUP) == self.node_id
 
-    async def on_leader(self, method: str, request: dict, here):
-        """Run here when this node leads the metadata group, else forward the call to the leader."""
+    async def on_leader(self, method: str, request: Any, here: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Run here when this node leads the metadata group, else forward the call to the leader. A typed request
+        (rocket/serde/typed.py) goes in its plain form, and its answer comes back typed."""
         with trio.move_on_after(limits.leader_wait_s_max):
             while True:
                 leader = self.host.leader_of(META_GROUP)
@@ -34,7 +41,10 @@ class MetadataGroup:
                     return await here(request)
                 if leader in self.members:
                     try:
-                        return await self.peers.call(self.members[leader], method, request)
+                        if not isinstance(request, msgspec.Struct):
+                            return await self.peers.call(self.members[leader], method, request)
+                        answer = await self.peers.call(self.members[leader], method, typed.plain(request))
+                        return typed.convert(answer, typed.STRUCTS[method_spec(method).response_type])
                     except RocketError as error:
                         if error.code not in RETRYABLE:
                             raise
@@ -49,14 +59,14 @@ class MetadataGroup:
         it within an election timeout and applied nearly all it committed): stale by a bounded amount."""
         return self.host.in_sync(META_GROUP, limits.follower_read_lag_entries_max)
 
-    async def read(self, method: str, request: dict, here, locally: bool = True):
+    async def read(self, method: str, request: Any, here: Callable[[Any], Awaitable[Any]], locally: bool = True) -> Any:
         """A read of the metadata: here when in sync (and locally allowed), else on the leader after a
         read barrier (its lease, or a round of heartbeats), so that a new or deposed leader does not
         answer from old state."""
         if locally and not self.leads() and self.in_sync():
             return await here(request)
 
-        async def on_leader(request: dict):
+        async def on_leader(request):
             await self.host.read_barrier(META_GROUP, lease=True)
             return await here(request)
 

@@ -84,9 +84,9 @@ class Nameserver:
         dispatcher.handle("MetaCreateConsumerGroup", self.consumer_group_settings.create_consumer_group)
         dispatcher.handle("MetaUpdateConsumerGroup", self.consumer_group_settings.update_consumer_group)
         dispatcher.handle("MetaConsumerGroups", self.consumer_group_settings.consumer_groups)
-        dispatcher.handle("MetaAclState", self.acl.acl_state)
+        dispatcher.handle_typed("MetaAclState", self.acl.acl_state)
         for name, handler in self.acl_methods().items():
-            dispatcher.handle(name, handler)
+            dispatcher.handle_typed(name, handler)
 
     def acl_methods(self) -> dict:
         """The user and policy calls; a broker without a nameserver forwards them here."""

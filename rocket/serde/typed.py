@@ -1,0 +1,106 @@
+"""Typed messages: msgspec Structs for control-plane requests and answers, field for field the .avsc records of the
+same name (tests/unit/test_typed_messages.py keeps them in step). A handler registered with Dispatcher.handle_typed
+takes and returns them; the serdes speak their plain form (convert, plain)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from rocket.errors import Code, RocketError
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+class Empty(msgspec.Struct):
+    pass
+
+
+# ---- users, policies and quotas (rocket/access.py, rocket/quotas.py) ------------------------------------------
+
+class AclCreateUserRequest(msgspec.Struct):
+    user: str
+    secret: str = ""  # empty: the nameserver makes one
+    super: bool = False
+
+
+class AclUser(msgspec.Struct):
+    user: str
+    secret: str = ""  # only in the answer that created it
+    super: bool = False
+    created_ms: int = 0
+
+
+class AclUserRequest(msgspec.Struct):
+    user: str = ""  # empty: every user's
+
+
+class AclUsersResponse(msgspec.Struct):
+    users: list[AclUser]
+
+
+class AclPolicy(msgspec.Struct):
+    user: str
+    resource: str
+    actions: list[str] = []
+    effect: str = "allow"
+    cidrs: list[str] = []
+
+
+class AclPoliciesResponse(msgspec.Struct):
+    policies: list[AclPolicy]
+
+
+class AclQuota(msgspec.Struct):
+    entity: str
+    produce_bytes_per_s: int = 0
+    consume_bytes_per_s: int = 0
+    requests_per_s: float = 0.0
+    delete: bool = False
+
+
+class AclQuotasRequest(msgspec.Struct):
+    entity: str = ""  # empty: every entity's
+
+
+class AclQuotasResponse(msgspec.Struct):
+    quotas: list[AclQuota]
+
+
+class AclSealedUser(msgspec.Struct):
+    user: str
+    sealed: str
+    super: bool = False
+    created_ms: int = 0
+
+
+class AclStateRequest(msgspec.Struct):
+    version: int
+
+
+class AclState(msgspec.Struct):
+    version: int
+    changed: bool
+    users: list[AclSealedUser]
+    policies: list[AclPolicy]
+    quotas: list[AclQuota] = []
+
+
+STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct in (
+    Empty, AclCreateUserRequest, AclUser, AclUserRequest, AclUsersResponse, AclPolicy, AclPoliciesResponse, AclQuota,
+    AclQuotasRequest, AclQuotasResponse, AclSealedUser, AclStateRequest, AclState)}
+
+
+def convert(value: Any, struct: type[T]) -> T:
+    """A message in its plain form (a decoded request, an answer from another node) as the Struct; BAD_REQUEST
+    naming the field when it does not fit."""
+    try:
+        return msgspec.convert(value, struct)
+    except msgspec.ValidationError as error:
+        raise RocketError(Code.BAD_REQUEST, f"{struct.__name__}: {error}") from None
+
+
+def plain(message: msgspec.Struct) -> dict[str, Any]:
+    """The message as the serdes take it: dicts and lists, bytes kept as they are."""
+    return msgspec.to_builtins(message, builtin_types=(bytes, bytearray, memoryview))

@@ -1,0 +1,64 @@
+"""The typed messages (rocket/serde/typed.py) are the .avsc records of the same name, field for field: names in
+order, types and defaults; and a typed handler converts its request and answer both ways."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from rocket.errors import Code, RocketError
+from rocket.serde import schema, typed
+from rocket.transport.rpc import Dispatcher
+
+AVRO_TYPES = {"string": str, "boolean": bool, "int": int, "long": int, "float": float, "double": float, "bytes": bytes}
+
+
+def python_type(avro) -> object:
+    """The Python type a Struct field has for an Avro field type."""
+    if isinstance(avro, list):  # a union: ["null", X] is X | None
+        members = [python_type(member) for member in avro if member != "null"]
+        assert len(members) == 1, avro
+        return members[0] | None if "null" in avro else members[0]
+    if isinstance(avro, dict):
+        if avro["type"] == "array":
+            return list[python_type(avro["items"])]
+        return python_type(avro["type"])
+    if avro in AVRO_TYPES:
+        return AVRO_TYPES[avro]
+    return typed.STRUCTS[avro.rpartition(".")[2]]  # a named record: its Struct
+
+
+def default_of(field: msgspec.structs.FieldInfo) -> object:
+    if field.default is not msgspec.NODEFAULT:
+        return field.default
+    if field.default_factory is not msgspec.NODEFAULT:
+        return field.default_factory()
+    return "-"
+
+
+@pytest.mark.parametrize("name", sorted(typed.STRUCTS))
+def test_each_struct_is_its_avsc_record_field_for_field(name):
+    record = schema.raw_definitions()[f"{schema.NAMESPACE}.{name}"]
+    fields = msgspec.structs.fields(typed.STRUCTS[name])
+    assert [field.name for field in fields] == [field["name"] for field in record["fields"]]
+    for field, avro in zip(fields, record["fields"]):
+        assert field.type == python_type(avro["type"]), (name, field.name)
+        assert default_of(field) == avro.get("default", "-"), (name, field.name)
+
+
+async def test_a_typed_handler_takes_and_answers_the_plain_form():
+    dispatcher, seen = Dispatcher(), []
+
+    async def grant(request: typed.AclPolicy) -> typed.AclPolicy:
+        seen.append(request)
+        return typed.AclPolicy(request.user, request.resource, ["pub"])
+    dispatcher.handle_typed("AclGrant", grant)
+    answer = await dispatcher.local("AclGrant", {"user": "alice", "resource": "topic:orders", "actions": ["sub"],
+                                                 "effect": "allow", "cidrs": []})
+    assert seen == [typed.AclPolicy("alice", "topic:orders", ["sub"])]
+    assert answer == {"user": "alice", "resource": "topic:orders", "actions": ["pub"], "effect": "allow", "cidrs": []}
+    with pytest.raises(RocketError) as refused:
+        await dispatcher.local("AclGrant", {"user": 7, "resource": "topic:orders"})
+    assert refused.value.code == Code.BAD_REQUEST and "$.user" in refused.value.message
+    with pytest.raises(KeyError):  # a method whose messages have no Struct cannot be typed
+        dispatcher.handle_typed("Produce", grant)
