@@ -126,6 +126,9 @@ class Node:
         return self.process.poll() if self.process is not None else None
 
 
+LOG_TAIL_LINES = 60  # of each node, printed when a test running them fails
+
+
 @contextlib.contextmanager
 def running(nodes: dict[int, Node], ready_s: float = 90.0):
     """Start the nodes, wait until each printed its ready line, and kill them all at the end."""
@@ -138,6 +141,12 @@ def running(nodes: dict[int, Node], ready_s: float = 90.0):
                 await node.wait_ready(ready_s)
         trio.run(ready)
         yield nodes
+    except BaseException:  # what each node said last, beside the failure (the temporary directory may be gone)
+        for node in nodes.values():
+            tail = node.log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:] \
+                if node.log_path.exists() else []
+            print(f"---- node {node.node_id}: the last {len(tail)} lines of {node.log_path.name} ----", *tail, sep="\n")
+        raise
     finally:
         for node in nodes.values():
             node.kill()
