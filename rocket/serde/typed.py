@@ -87,9 +87,45 @@ class AclState(msgspec.Struct):
     quotas: list[AclQuota] = []
 
 
+# ---- consumer groups' settings (roles/nameserver/consumer_groups.py) --------------------------------------------
+
+class CreateConsumerGroupRequest(msgspec.Struct):
+    group: str
+    max_attempts: int = 0  # 0: the node's default
+    retry_backoff_s: list[float] = []  # empty: rocket's default
+    consume_mode: str = "clustering"
+    fifo: bool = False
+
+
+class UpdateConsumerGroupRequest(msgspec.Struct):
+    group: str
+    max_attempts: int = 0
+    retry_backoff_s: list[float] = []
+    consume_mode: str = "clustering"
+    fifo: bool = False
+    fields: list[str] = []  # the settings that change: only these
+
+
+class ConsumerGroupInfo(msgspec.Struct):
+    group: str
+    max_attempts: int = 0
+    retry_backoff_s: list[float] = []
+    consume_mode: str = "clustering"
+    fifo: bool = False
+
+
+class ConsumerGroupsRequest(msgspec.Struct):
+    group: str = ""  # empty: every group with settings
+
+
+class ConsumerGroupsResponse(msgspec.Struct):
+    groups: list[ConsumerGroupInfo]
+
+
 STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct in (
     Empty, AclCreateUserRequest, AclUser, AclUserRequest, AclUsersResponse, AclPolicy, AclPoliciesResponse, AclQuota,
-    AclQuotasRequest, AclQuotasResponse, AclSealedUser, AclStateRequest, AclState)}
+    AclQuotasRequest, AclQuotasResponse, AclSealedUser, AclStateRequest, AclState, CreateConsumerGroupRequest,
+    UpdateConsumerGroupRequest, ConsumerGroupInfo, ConsumerGroupsRequest, ConsumerGroupsResponse)}
 
 
 def convert(value: Any, struct: type[T]) -> T:

@@ -1,5 +1,5 @@
 """Consumer groups' settings (RIP-18's subscription data in the metadata): the calls that create, update and read
-them. A part of Nameserver, over the metadata group.
+them, in typed messages (rocket/serde/typed.py). A part of Nameserver, over the metadata group.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from rocket.errors import Code, RocketError
 from rocket.model import check_group_name
 from rocket.roles.nameserver.group import MetadataGroup
 from rocket.roles.nameserver.metadata import CONSUMER_GROUP_FIELDS, check_consumer_group, group_exists
+from rocket.serde.typed import (ConsumerGroupInfo, ConsumerGroupsRequest, ConsumerGroupsResponse,
+                                CreateConsumerGroupRequest, UpdateConsumerGroupRequest, convert, plain)
 
 log = logging.getLogger("rocket.nameserver")
 
@@ -32,37 +34,38 @@ class ConsumerGroupSettings:
     def __init__(self, meta: MetadataGroup):
         self.meta = meta
 
-    async def create_consumer_group(self, request: dict) -> dict:
-        settings_of(request, CONSUMER_GROUP_FIELDS)
+    async def create_consumer_group(self, request: CreateConsumerGroupRequest) -> ConsumerGroupInfo:
+        settings_of(plain(request), CONSUMER_GROUP_FIELDS)
         return await self.meta.on_leader("MetaCreateConsumerGroup", request, self._create_consumer_group_here)
 
-    async def _create_consumer_group_here(self, request: dict) -> dict:
-        name = request["group"]
+    async def _create_consumer_group_here(self, request: CreateConsumerGroupRequest) -> ConsumerGroupInfo:
+        name = request.group
         if name in self.meta.metadata.consumer_groups:
             raise group_exists(name)
         made = await self.meta.propose({"op": "create_consumer_group", "group": name,
-                                    "settings": settings_of(request, CONSUMER_GROUP_FIELDS)})
+                                        "settings": settings_of(plain(request), CONSUMER_GROUP_FIELDS)})
         log.info("consumer group %s: %s", name, made.to_wire())
-        return made.to_wire()
+        return convert(made.to_wire(), ConsumerGroupInfo)
 
-    async def update_consumer_group(self, request: dict) -> dict:
+    async def update_consumer_group(self, request: UpdateConsumerGroupRequest) -> ConsumerGroupInfo:
         """Only the settings named in `fields` change."""
-        settings_of(request, request["fields"])
+        settings_of(plain(request), request.fields)
         return await self.meta.on_leader("MetaUpdateConsumerGroup", request, self._update_consumer_group_here)
 
-    async def _update_consumer_group_here(self, request: dict) -> dict:
-        self.meta.metadata.consumer_group(request["group"])  # UNKNOWN_GROUP before anything is proposed
-        updated = await self.meta.propose({"op": "update_consumer_group", "group": request["group"],
-                                       "settings": settings_of(request, request["fields"])})
-        log.info("consumer group %s updated: %s", request["group"], updated.to_wire())
-        return updated.to_wire()
+    async def _update_consumer_group_here(self, request: UpdateConsumerGroupRequest) -> ConsumerGroupInfo:
+        self.meta.metadata.consumer_group(request.group)  # UNKNOWN_GROUP before anything is proposed
+        updated = await self.meta.propose({"op": "update_consumer_group", "group": request.group,
+                                           "settings": settings_of(plain(request), request.fields)})
+        log.info("consumer group %s updated: %s", request.group, updated.to_wire())
+        return convert(updated.to_wire(), ConsumerGroupInfo)
 
-    async def consumer_groups(self, request: dict) -> dict:
+    async def consumer_groups(self, request: ConsumerGroupsRequest) -> ConsumerGroupsResponse:
         return await self.meta.read("MetaConsumerGroups", request, self._consumer_groups_here)
 
-    async def _consumer_groups_here(self, request: dict) -> dict:
+    async def _consumer_groups_here(self, request: ConsumerGroupsRequest) -> ConsumerGroupsResponse:
         """Every group with settings, by name, or the one named (UNKNOWN_GROUP if it has none)."""
-        if request["group"]:
-            return {"groups": [self.meta.metadata.consumer_group(request["group"]).to_wire()]}
+        if request.group:
+            return ConsumerGroupsResponse([convert(self.meta.metadata.consumer_group(request.group).to_wire(),
+                                                   ConsumerGroupInfo)])
         groups = self.meta.metadata.consumer_groups
-        return {"groups": [groups[name].to_wire() for name in sorted(groups)]}
+        return ConsumerGroupsResponse([convert(groups[name].to_wire(), ConsumerGroupInfo) for name in sorted(groups)])

@@ -81,9 +81,9 @@ class Nameserver:
         dispatcher.handle("PinNodeHealth", self.health.pin_node_health)
         dispatcher.handle("MetaCreateStorageClass", self.classes.create_storage_class)
         dispatcher.handle("MetaStorageClasses", self.classes.storage_classes)
-        dispatcher.handle("MetaCreateConsumerGroup", self.consumer_group_settings.create_consumer_group)
-        dispatcher.handle("MetaUpdateConsumerGroup", self.consumer_group_settings.update_consumer_group)
-        dispatcher.handle("MetaConsumerGroups", self.consumer_group_settings.consumer_groups)
+        dispatcher.handle_typed("MetaCreateConsumerGroup", self.consumer_group_settings.create_consumer_group)
+        dispatcher.handle_typed("MetaUpdateConsumerGroup", self.consumer_group_settings.update_consumer_group)
+        dispatcher.handle_typed("MetaConsumerGroups", self.consumer_group_settings.consumer_groups)
         dispatcher.handle_typed("MetaAclState", self.acl.acl_state)
         for name, handler in self.acl_methods().items():
             dispatcher.handle_typed(name, handler)
