@@ -122,10 +122,76 @@ class ConsumerGroupsResponse(msgspec.Struct):
     groups: list[ConsumerGroupInfo]
 
 
+# ---- storage classes (roles/nameserver/classes.py) ------------------------------------------------------------
+
+class ReplicaLag(msgspec.Struct):
+    group: int
+    node: int
+    entries: int
+
+
+class GroupInfo(msgspec.Struct):
+    id: int
+    voters: list[int]
+    learners: list[int] = []
+    leader: int = 0
+    lagging: list[ReplicaLag] = []
+    storage_class: str = "raft"
+    mode: str = "raft"
+    master: int = 0
+    master_epoch: int = 0
+    sync_state_set: list[int] = []
+    sync_state_set_epoch: int = 0
+    min_in_sync_replicas: int = 0
+    ha_max_lag_s: float = 0.0
+    unclean_election: bool = False
+
+
+class ElectionRecord(msgspec.Struct):
+    group: int
+    master_epoch: int
+    master: int
+    previous: int
+    unclean: bool = False
+    at_ms: int = 0
+    previous_last_index: int = 0
+    master_last_index: int = 0
+
+
+class CreateStorageClassRequest(msgspec.Struct):
+    name: str
+    mode: str
+    replicas: int
+    groups: int = 0  # 0: the nameservers' storage_groups
+    min_in_sync_replicas: int = 1
+    unclean_election: bool = False
+    ha_max_lag_s: float = 5.0
+
+
+class StorageClassInfo(msgspec.Struct):
+    name: str
+    mode: str
+    replicas: int
+    min_in_sync_replicas: int = 1
+    unclean_election: bool = False
+    ha_max_lag_s: float = 5.0
+    groups: list[GroupInfo] = []
+    elections: list[ElectionRecord] = []
+
+
+class StorageClassesRequest(msgspec.Struct):
+    name: str = ""  # empty: every class
+
+
+class StorageClassesResponse(msgspec.Struct):
+    classes: list[StorageClassInfo]
+
+
 STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct in (
     Empty, AclCreateUserRequest, AclUser, AclUserRequest, AclUsersResponse, AclPolicy, AclPoliciesResponse, AclQuota,
     AclQuotasRequest, AclQuotasResponse, AclSealedUser, AclStateRequest, AclState, CreateConsumerGroupRequest,
-    UpdateConsumerGroupRequest, ConsumerGroupInfo, ConsumerGroupsRequest, ConsumerGroupsResponse)}
+    UpdateConsumerGroupRequest, ConsumerGroupInfo, ConsumerGroupsRequest, ConsumerGroupsResponse, ReplicaLag, GroupInfo,
+    ElectionRecord, CreateStorageClassRequest, StorageClassInfo, StorageClassesRequest, StorageClassesResponse)}
 
 
 def convert(value: Any, struct: type[T]) -> T:

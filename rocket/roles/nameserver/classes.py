@@ -1,4 +1,5 @@
-"""Storage classes (issue 32): the calls that create and describe them. A part of Nameserver.
+"""Storage classes (issue 32): the calls that create and describe them, in typed messages (rocket/serde/typed.py).
+A part of Nameserver.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from rocket.model import check_name
 from rocket.ml.placement import NodeLoad
 from rocket.roles.nameserver.group import MetadataGroup
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, STORAGE_MODES, class_exists, unknown_class
+from rocket.serde.typed import (CreateStorageClassRequest, StorageClassesRequest, StorageClassesResponse,
+                                StorageClassInfo, convert, plain)
 
 log = logging.getLogger("rocket.nameserver")
 
@@ -67,14 +70,14 @@ class StorageClasses:
         self.config = config
         self.maker = maker
 
-    async def create_storage_class(self, request: dict) -> dict:
-        check_class_request(request)
+    async def create_storage_class(self, request: CreateStorageClassRequest) -> StorageClassInfo:
+        check_class_request(plain(request))
         return await self.meta.on_leader("MetaCreateStorageClass", request, self._create_class_here)
 
-    async def _create_class_here(self, request: dict) -> dict:
+    async def _create_class_here(self, request: CreateStorageClassRequest) -> StorageClassInfo:
         """Place the class's groups on the least loaded storage nodes, one replica per node, and record them."""
-        name, replicas = request["name"], request["replicas"]
-        count = request["groups"] or self.config.storage_groups
+        name, replicas = request.name, request.replicas
+        count = request.groups or self.config.storage_groups
         async with self.maker.creating:  # group ids are taken one creation at a time
             if name == DEFAULT_CLASS or name in self.metadata.classes:
                 raise class_exists(name)
@@ -87,24 +90,26 @@ class StorageClasses:
                 raise RocketError(Code.OVERLOADED, f"{count} more groups would pass the cluster's maximum of "
                                   f"{limits.storage_groups_max}")
             new_groups = self.maker.new_groups(count, replicas, loads)
-            await self.meta.propose({"op": "create_class", "name": name, "mode": request["mode"], "replicas": replicas,
-                                     "min_in_sync_replicas": request["min_in_sync_replicas"],
-                                     "unclean_election": request["unclean_election"],
-                                     "ha_max_lag_s": float(request["ha_max_lag_s"]), "new_groups": new_groups})
-        log.info("storage class %s (%s mode, %d replicas): groups %s", name, request["mode"], replicas,
+            await self.meta.propose({"op": "create_class", "name": name, "mode": request.mode, "replicas": replicas,
+                                     "min_in_sync_replicas": request.min_in_sync_replicas,
+                                     "unclean_election": request.unclean_election,
+                                     "ha_max_lag_s": request.ha_max_lag_s, "new_groups": new_groups})
+        log.info("storage class %s (%s mode, %d replicas): groups %s", name, request.mode, replicas,
                  ", ".join(str(group["id"]) for group in new_groups))
-        return self.metadata.describe_class(self.metadata.classes[name], self.maker.leaders, elections=False)
+        return convert(self.metadata.describe_class(self.metadata.classes[name], self.maker.leaders, elections=False),
+                       StorageClassInfo)
 
-    async def storage_classes(self, request: dict) -> dict:
+    async def storage_classes(self, request: StorageClassesRequest) -> StorageClassesResponse:
         return await self.meta.read("MetaStorageClasses", request, self._classes_here, locally=False)
 
-    async def _classes_here(self, request: dict) -> dict:
+    async def _classes_here(self, request: StorageClassesRequest) -> StorageClassesResponse:
         """Every class with its groups, or one (name) with its groups and their recent elections too."""
-        name = request["name"]
+        name = request.name
         classes = self.metadata.storage_classes(self.config.replication)
         if name:
             classes = [storage_class for storage_class in classes if storage_class.name == name]
             if not classes:
                 raise unknown_class(name)
-        return {"classes": [self.metadata.describe_class(storage_class, self.maker.leaders, elections=bool(name))
-                            for storage_class in classes]}
+        return StorageClassesResponse([convert(self.metadata.describe_class(storage_class, self.maker.leaders,
+                                                                            elections=bool(name)), StorageClassInfo)
+                                       for storage_class in classes])
