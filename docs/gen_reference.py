@@ -194,10 +194,14 @@ def handler_of(cls: type | None, value: ast.expr) -> object:
     return getattr(parts_of(cls).get(part), value.attr, None)
 
 
+HANDLES = ("handle", "handle_typed")  # the Dispatcher methods a role registers a handler with
+
+
 def method_servers() -> dict[str, list[tuple[str, str]]]:
     """Method -> [(role, the first sentence of its handler's docstring)], from the code where each role registers."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(rpc.Dispatcher)))
-    answered = {item.value for item in ast.walk(tree) if isinstance(item, ast.Constant) and item.value in methods.METHODS}
+    answered = {item.value for item in ast.walk(tree)
+                if isinstance(item, ast.Constant) and item.value in methods.METHODS}
     found = {name: [("dispatcher", "")] for name in sorted(answered | guard.ABOUT_CONNECTION)}
     for role, (cls, *functions) in ROLES.items():
         module = inspect.getmodule(cls or functions[0])
@@ -205,8 +209,7 @@ def method_servers() -> dict[str, list[tuple[str, str]]]:
             for item in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(getattr(cls, function) if cls else function)))):
                 pairs = list(zip(item.keys, item.values)) if isinstance(item, ast.Dict) else \
                     [item.elts] if isinstance(item, ast.Tuple) and len(item.elts) == 2 else \
-                    [item.args] if isinstance(item, ast.Call) and getattr(item.func, "attr", "") in ("handle", "handle_typed") \
-                    else []
+                    [item.args] if isinstance(item, ast.Call) and getattr(item.func, "attr", "") in HANDLES else []
                 for key, value in pairs:  # {"Ping": self.ping}, ("StorageAppend", self.append), .handle("X", f)
                     if isinstance(key, ast.Constant) and key.value in methods.METHODS:
                         handler = handler_of(cls, value)
@@ -256,8 +259,9 @@ def rpc_page() -> str:
                                      cell(description)])
     parts = [banner("RPC methods", "`rocket.transport.methods.METHODS` (the dispatcher's `MethodSpec` table), "
                                    "`rocket.access` and the roles' `register` methods"),
-             f"The dispatcher knows {len(methods.METHODS)} methods, over TCP and HTTP/2 alike, grouped by the role serving "
-             "them. *Who*: with auth on, what a caller needs (`anyone`: before signing in; super users may call all); "
+             f"The dispatcher knows {len(methods.METHODS)} methods, over TCP and HTTP/2 alike, grouped by the role "
+             "serving them. *Who*: with auth on, what a caller needs (`anyone`: before signing in; super users may "
+             "call all); "
              "with a cluster secret or `tls_ca`, `nodes only` methods answer only the cluster's nodes. *Wire*: "
              "*inline* methods are served in the TCP read loop, with no task (the hot path); *out of band* bytes "
              "travel beside the encoded message, uncopied. *Description*: the comment in `METHODS`, else the first "

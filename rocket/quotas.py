@@ -71,8 +71,8 @@ class Quotas:
     first, at most limits.quota_buckets_max; a bucket idle for limits.quota_idle_s is full again, so it is dropped.
 
     Each broker enforces the quotas alone, so a client talking to N brokers gets N times its quota, as with Kafka's
-    per-broker quotas. The transport's dispatcher charges a call after serving it (Metering.charge, transport/metering.py): the bytes of a
-    Produce request, of a Pull, Subscribe or Receive answer, one request for every call from the wire. A call on a
+    per-broker quotas. The transport's dispatcher charges a call after serving it (transport/metering.py): the bytes of
+    a Produce request, of a Pull, Subscribe or Receive answer, one request for every call from the wire. A call on a
     topic with a quota and by a user with one is held by both: its throttle is the longer. A bucket may go into debt;
     the time until the debt is repaid is the call's throttle time. The answer carries it (`throttle_ms`) and the
     connection reads no further request until it has passed (Kafka mutes the channel), so a client that ignores it is

@@ -185,7 +185,8 @@ class Dispatcher:
         request = decoded if decoded is not None else serde.decode(spec.request_type, body)
         self.guard.authorize(caller, name, request)
         if handler is None:
-            return serde.encode(spec.response_type, self.guard.about_connection(name, request, caller or Caller())), None
+            answer = self.guard.about_connection(name, request, caller or Caller())
+            return serde.encode(spec.response_type, answer), None
         if attachment is not None:
             if spec.attachment_field is None:
                 raise RocketError(Code.BAD_REQUEST, f"{name} takes no attachments")

@@ -82,7 +82,7 @@ class Consuming:
     async def query_consumer_offset(self, command: Command, connection, caller: Caller) -> Command:
         header = command.ext
         group, topic, queue = header["consumerGroup"], header["topic"], _int(header, "queueId")
-        self.dispatcher.guard.authorize(caller, "FetchOffsets", {"group": group, "topic": topic})  # answered from here too
+        self.dispatcher.guard.authorize(caller, "FetchOffsets", {"group": group, "topic": topic})  # answered here too
         offset = self.clients.uncommitted(group, topic, queue)
         if offset is None:
             fetched = await self.dispatcher.local("FetchOffsets", {"group": group, "topic": topic})
@@ -98,7 +98,8 @@ class Consuming:
 
     async def update_consumer_offset(self, command: Command, connection, caller: Caller) -> Command:
         header = command.ext
-        self.dispatcher.guard.authorize(caller, "CommitOffsets", {"group": header["consumerGroup"], "topic": header["topic"]})
+        self.dispatcher.guard.authorize(caller, "CommitOffsets", {"group": header["consumerGroup"],
+                                                                  "topic": header["topic"]})
         self.clients.commit_later(header["consumerGroup"], header["topic"], _int(header, "queueId"),
                                   _int(header, "commitOffset"))  # written later, as the node
         return command.reply()

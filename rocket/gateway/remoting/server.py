@@ -239,20 +239,20 @@ class RemotingGateway:
             return command.reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                  f"REQUEST_CODE_NOT_SUPPORTED: request code {command.code} is not served by rocket")
         try:
-            # Each request is signed: the handler calls the node's methods as its user, authorized there (Dispatcher).
-            source = connection.caller.source
-            user = None if self.dispatcher.guard.access is None else signed_by(self.dispatcher.guard.access, command, source)
+            # Each request is signed: the handler calls the node's methods as its user, authorized there (Guard).
+            source, access, metering = connection.caller.source, self.dispatcher.guard.access, self.dispatcher.metering
+            user = None if access is None else signed_by(access, command, source)
             caller = Caller(source=source, user=user)
-            if not self.dispatcher.metering.charged(connection.caller):
+            if not metering.charged(connection.caller):
                 return await handler(command, connection, caller)
             # client quotas: held while throttled (remoting's answers have no throttle time to tell), then charged
-            await self.dispatcher.metering.held(connection.caller)
+            await metering.held(connection.caller)
             reply = await handler(command, connection, caller)
             topic = command.ext.get(QUOTA_TOPIC.get(command.code, ""), "")
             producing = command.code in PRODUCING
             consuming = reply is not None and command.code == RequestCode.PULL_MESSAGE
-            self.dispatcher.metering.charge(connection.caller, topic, user=user, produced=len(command.body) if producing else 0,
-                                   consumed=len(reply.body) if consuming else 0)
+            metering.charge(connection.caller, topic, user=user, produced=len(command.body) if producing else 0,
+                            consumed=len(reply.body) if consuming else 0)
             return reply
         except RocketError as error:
             return command.reply(RESPONSE_OF_CODE.get(error.code, ResponseCode.SYSTEM_ERROR),

@@ -104,30 +104,32 @@ class RocketMQProxy:
         async def handle(call: GrpcCall) -> None:
             data = await call.receive_one()
             request = self.bridge.parse(request_type, data)
-            charged = self.dispatcher.metering.charged(call.caller)
+            metering = self.dispatcher.metering
+            charged = metering.charged(call.caller)
             if charged:  # client quotas: held while throttled (RocketMQ's answers have no throttle time to tell)
-                await self.dispatcher.metering.held(call.caller)
+                await metering.held(call.caller)
             response = await method(request, call)
             encoded = response.SerializeToString()
             if charged:
-                self.dispatcher.metering.charge(call.caller, _topic_of(name, request),
-                                       produced=len(data) if name == "SendMessage" else 0, user=call.user)
+                produced = len(data) if name == "SendMessage" else 0
+                metering.charge(call.caller, _topic_of(name, request), produced=produced, user=call.user)
             await call.send(encoded)
         return self._checked(handle)
 
     def _server_stream(self, name: str, request_type, method) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
             request = self.bridge.parse(request_type, await call.receive_one())
-            charged = self.dispatcher.metering.charged(call.caller)
+            metering = self.dispatcher.metering
+            charged = metering.charged(call.caller)
             if charged:
-                await self.dispatcher.metering.held(call.caller)
-                self.dispatcher.metering.charge(call.caller, _topic_of(name, request), user=call.user)
+                await metering.held(call.caller)
+                metering.charge(call.caller, _topic_of(name, request), user=call.user)
             async for response in method(request, call):
                 encoded = response.SerializeToString()
                 await call.send(encoded)
                 if charged:  # ReceiveMessage, PullMessage: consumed bytes, held message by message
-                    throttle_s = self.dispatcher.metering.charge(call.caller, _topic_of(name, request), consumed=len(encoded),
-                                                        requests=0, user=call.user)
+                    throttle_s = metering.charge(call.caller, _topic_of(name, request), consumed=len(encoded),
+                                                 requests=0, user=call.user)
                     if throttle_s:
                         await trio.sleep(throttle_s)
         return self._checked(handle)

@@ -114,10 +114,10 @@ class AclAdmin:
                                          self._set_quota_here)
 
     async def _set_quota_here(self, quota: AclQuota) -> AclQuota:
-        stored = {key: value for key, value in plain(quota).items() if key in ("entity", *quotas.RATES)}
+        stored = {key: getattr(quota, key) for key in ("entity", *quotas.RATES)}
         await self.meta.propose({"op": "set_quota", "quota": stored})
         log.info("quota: %s", stored)
-        return convert(stored, AclQuota)
+        return quota
 
     async def _delete_quota_here(self, request: AclQuota) -> AclQuota:
         await self.meta.propose({"op": "delete_quota", "entity": request.entity})

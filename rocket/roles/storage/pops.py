@@ -56,8 +56,8 @@ class Pops:
                 return response
             if response["next_visible_ms"]:
                 wake_s = min(wake_s, max(limits.pop_wake_s_min, response["next_visible_ms"] / 1000 - self.clock.wall_s()))
-            await self.store.reads.wait_for_data({(topic, entry["queue"]): entry["offset"] for entry in response["cursors"]},
-                                           wake_s)
+            await self.store.reads.wait_for_data(
+                {(topic, entry["queue"]): entry["offset"] for entry in response["cursors"]}, wake_s)
 
     async def _pop_queue(self, group: int, consumer_group: str, topic: str, queue: int, chosen, invisible_ms: int,
                          wanted: int, attempts_max: int, fifo: bool, response: dict) -> None:

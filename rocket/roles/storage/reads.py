@@ -79,25 +79,25 @@ class Reads(Background):
         if not response["batches"] and wait_ms:  # wait past what the filter skipped
             positions = {entry["queue"]: entry["offset"] for entry in response["next_offsets"]}
             await self.store.reads.wait_for_data({(topic, queue): offset for queue, offset in positions.items()},
-                                           wait_ms / 1000)
+                                                 wait_ms / 1000)
             response = await self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
         return response
 
     async def queues(self, request: dict) -> dict:
         self.gate.leads(request["group"])
-        topic = request["topic"]
+        topic, reads = request["topic"], self.store.reads
         self.gate.positions([{"queue": queue, "offset": 0} for queue in request["queues"]], "offset")
         offsets, pops = [], []
         if request["consumer_group"]:
-            committed = self.store.reads.fetch_offsets(request["consumer_group"], topic)
+            committed = reads.fetch_offsets(request["consumer_group"], topic)
             offsets = [{"queue": queue, "offset": committed[queue]} for queue in request["queues"] if queue in committed]
             for queue in request["queues"]:
-                state = self.store.reads.pop_state(request["consumer_group"], topic, queue)
+                state = reads.pop_state(request["consumer_group"], topic, queue)
                 pops.append({"queue": queue, "cursor": state.cursor, "done_before": state.done_before(),
                              "in_flight": len(state.in_flight)})
         time_offsets = []
         if request["timestamp_ms"] >= 0:
-            time_offsets = [{"queue": queue, "offset": self.store.reads.offset_for_time(topic, queue, request["timestamp_ms"])}
+            time_offsets = [{"queue": queue, "offset": reads.offset_for_time(topic, queue, request["timestamp_ms"])}
                             for queue in request["queues"]]
-        return {"queues": [{"queue": queue, **self.store.reads.queue_stats(topic, queue)} for queue in request["queues"]],
+        return {"queues": [{"queue": queue, **reads.queue_stats(topic, queue)} for queue in request["queues"]],
                 "offsets": offsets, "time_offsets": time_offsets, "pops": pops}
