@@ -172,8 +172,8 @@ class RaftHost:
                 rounds.gather(sum(len(entry.data) for entry in message.entries))
             else:
                 urgent = True
-        # Appends to a follower wait for the fsync that runs, as this node's own proposals do (rounds.py,
-        # _gathering): written when it ends, they are durable as soon as if written now, since the next fsync
+        # Appends to a follower wait for the fsync that runs, as this node's own proposals do (Planner.gathering):
+        # written when it ends, they are durable as soon as if written now, since the next fsync
         # could not begin before it; and all that came meanwhile then takes one round, one fsync and one answer.
         # Anything else (answers a leader counts, votes, heartbeats) is stepped in a round now.
         if urgent:

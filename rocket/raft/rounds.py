@@ -4,9 +4,7 @@ waited out."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
@@ -24,7 +22,8 @@ from rocket.errors import Code, RocketError, invariant
 from rocket.parked import Deadlines, Slot
 from rocket.raft import codec, snapshots
 from rocket.raft.compaction import Compaction
-from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role, Snapshot
+from rocket.raft.core import Entry, EntryKind, HardState, Message, MessageType, RaftCore, Ready, Role
+from rocket.raft.planner import Outgoing, Planner, Round
 from rocket.raft.snapshots import SnapshotFiles
 from rocket.raft.wal import GroupState, Update, Wal
 from rocket.replication import StateMachine
@@ -55,34 +54,14 @@ class Group:
         self.durable_commit = core.commit
 
 
-@dataclasses.dataclass(slots=True)
-class Round:
-    """A round written to the WAL whose effects wait for fsyncs: its committed entries to apply (once the
-    rounds before it are durable), then messages to send, data writers to answer, and the snapshots to
-    install (with the entries committed after them) once it is durable itself."""
-
-    number: int  # the count of rounds written to the WAL, this one included (previous if it wrote nothing)
-    previous: int  # the rounds written before it: its committed entries lie in them
-    readies: list[tuple[int, Group, Ready]]
-    data: list[tuple[list[bytes], trio.Event, list]]
-    data_positions: list[list[int]]
-    applied: bool = False
-    snapshots: list[tuple[int, Snapshot]] = dataclasses.field(default_factory=list)  # (group, snapshot) it writes
-
-
 class Rounds:
     """The round loop. Each round takes the Ready of every touched group, writes all of it to the WAL (into the page
     cache, in this thread), and advances the cores; one syncer thread runs the fsyncs one after the other, each
-    covering every round written before it. While an fsync runs, this node's own proposals gather for the round
-    written when it ends (group commit: a round costs the event loop more than an entry does), and so do the appends
-    other nodes' leaders send, unless they come to limits.raft_round_wait_bytes_max, or other messages from other
-    nodes or a durable round need a round now: then the next round is written at once and its write overlaps the
-    fsync. Once the fsync of the round before it is done, a round's committed entries (written by earlier rounds) are
-    applied; once its own fsync is done, its messages go out, coalesced into one payload per destination node:
-    persist before send, except a leader's appends, which go out as soon as their round is written (the followers
-    fsync while the leader does; the commit they carry is capped at what durable rounds justify). Groups whose log
-    grew long are snapshotted and compacted beside the rounds (compaction.py). A full disk is an operating error: a
-    round the WAL refuses (ENOSPC) is written again once space returns, and while free space is under
+    covering every round written before it. What waits for what is the planner's to say (planner.py): group commit
+    while an fsync runs, a leader's appends sent once written, everything else once durable, committed entries applied
+    once the rounds before them are durable; messages go out coalesced into one payload per destination node. Groups
+    whose log grew long are snapshotted and compacted beside the rounds (compaction.py). A full disk is an operating
+    error: a round the WAL refuses (ENOSPC) is written again once space returns, and while free space is under
     limits.disk_reserve_bytes the node refuses new data (disk_refusal)."""
 
     def __init__(self, node_id: int, wal: Wal, post: Post, tick_s: float):
@@ -106,29 +85,19 @@ class Rounds:
                                      lambda: self.sync_before_snapshots(), lambda: self._wake.set())
         self._nursery: trio.Nursery | None = None  # the round loop's, for the fetches
         self._data: list[tuple[list[bytes], trio.Event, list]] = []  # blobs to write with the next round
-        # Hard states in which only the commit moved: Raft needs no commit on disk (a restarted node learns
-        # it again), so they wait for the next round that writes anything else, or for a tick that finds the
-        # WAL idle, instead of taking an fsync of their own between two rounds of entries.
-        self._deferred: dict[int, HardState] = {}
-        self._deferred_due = False
         self._last_heard: dict[int, int] = {}  # peer node -> tick of its last message (liveness)
         self.fsyncs = 0
         self.on_fsync: Callable[[float], None] = lambda seconds: None  # telemetry: each WAL fsync's time, in its thread
-        # Rounds are numbered as they are written (rounds.py, _write). One syncer thread at a time fsyncs
-        # them, and goes on fsyncing while rounds were written meanwhile, so that the disk never waits for
-        # this thread and a busy node wakes no thread per round.
-        self._rounds_written = 0
-        self._rounds_durable = 0  # as the trio thread knows it
+        # What to write, send and apply when (planner.py): its count of rounds written and durable is the trio
+        # thread's. One syncer thread at a time fsyncs them, and goes on fsyncing while rounds were written
+        # meanwhile, so that the disk never waits for this thread and a busy node wakes no thread per round.
+        self.planner = Planner(limits.raft_round_wait_bytes_max)
         self._durable_changed = trio.Event()
         self._sync_lock = threading.Lock()  # an fsync of rounds, or a checkpoint: one at a time
         self._syncer_lock = threading.Lock()  # guards the two below
         self._rounds_on_disk = 0  # written by the round loop or a worker thread (one round writes at a time)
         self._syncing = False  # the syncer runs (rounds.py, _sync_rounds), in a worker thread
         self._rounds_synced = 0  # as the syncer knows it
-        self._durable_seen = 0  # _rounds_durable when the last round took its Readies
-        self._received = False  # messages other than appends came since then: they do not wait for an fsync
-        self._unwritten_bytes = 0  # entries proposed and data to write since then
-        self._pending: collections.deque[Round] = collections.deque()  # rounds not yet released, in order
         # The round being written, until the next round (or a checkpoint) takes where its bytes lie: the
         # round loop goes on meanwhile, and the next round's write starts only after it.
         self._writing: tuple[Round, trio.Event, list] | None = None
@@ -190,7 +159,7 @@ class Rounds:
         """Stop a group's rounds. Hosted here again, it restarts from what it holds now (its WAL state is set to it),
         not from what was replayed at open: the snapshot file that referred to may be deleted since."""
         hosted = self.groups.pop(group, None)
-        self._deferred.pop(group, None)
+        self.planner.deferred.pop(group, None)
         self._active.discard(group)
         self._awake.discard(group)
         if hosted is not None:
@@ -206,11 +175,11 @@ class Rounds:
     def gather(self, unwritten_bytes: int) -> None:
         """Bytes the next round will write came (appends from a leader): a round is written at once when enough
         gathered, not after the fsync that runs."""
-        self._unwritten_bytes += unwritten_bytes
+        self.planner.gather(unwritten_bytes)
 
     def urgent(self) -> None:
         """Messages came that wait for no fsync (answers a leader counts, votes, heartbeats): a round now."""
-        self._received = True
+        self.planner.urgent()
         self._wake.set()
 
     def buffer(self, group: int, hosted: Group, data: bytes, slot: Slot, swept: bool = False) -> None:
@@ -220,7 +189,7 @@ class Rounds:
             self._deadlines.add(slot)
         hosted.proposals.append((data, slot))
         self._proposing.add(group)
-        self._unwritten_bytes += len(data)
+        self.planner.gather(len(data))
         hosted.idle_ticks = 0
         self.touch(group, hosted)
         self._wake.set()
@@ -241,7 +210,7 @@ class Rounds:
         returns where each blob's bytes lie."""
         event, positions = trio.Event(), []
         self._data.append((blobs, event, positions))
-        self._unwritten_bytes += sum(map(len, blobs))
+        self.planner.gather(sum(map(len, blobs)))
         self._wake.set()
         try:
             with trio.fail_after(limits.request_timeout_s_default):
@@ -269,7 +238,7 @@ class Rounds:
                     await self._wake.wait()
                     self._wake = trio.Event()
                     self._check_persisted()
-                    if not self._gathering():
+                    if not self.planner.gathering():
                         await self._round()
         finally:
             self._stopping = True  # a round waiting for disk space gives up: the node is going
@@ -328,7 +297,7 @@ class Rounds:
         before = self.ticks
         self.ticks += ticks
         self._look_at_disk()
-        self._deferred_due = bool(self._deferred)
+        self.planner.tick()
         if self._deadlines:
             self._deadlines.sweep(trio.current_time(), lambda: RocketError(
                 Code.TIMEOUT, f"a write was not applied in time on node {self.node_id}: its outcome is unknown"))
@@ -358,13 +327,6 @@ class Rounds:
     def quiet_groups(self) -> int:
         return sum(1 for hosted in self.groups.values() if hosted.core.quiet)
 
-    def _gathering(self) -> bool:
-        """Whether this node's proposals and the appends its leaders sent wait for the fsync that runs, to be written
-        together when it ends (that fsync's _synced wakes the round loop): yes while they are small, and nothing else
-        needs a round."""
-        return (self._rounds_written > self._rounds_durable == self._durable_seen and not self._received
-                and self._unwritten_bytes < limits.raft_round_wait_bytes_max)
-
     async def _round(self) -> None:
         """Write this round's Readies and advance the cores, then settle what the fsyncs done so far allow.
         The round does not wait for an fsync: once its write is done the next round may be written, so that
@@ -373,7 +335,8 @@ class Rounds:
         Ready was taken, all written by earlier rounds (a leader's own copy counted towards a commit
         included), whose positions are known (_collect_written at the start of each round)."""
         await self._collect_written()
-        self._durable_seen, self._received, self._unwritten_bytes = self._rounds_durable, False, 0
+        planner = self.planner
+        planner.begin()
         self._settle()  # what the fsyncs done meanwhile allow, the round just collected included
         for hook in self._round_hooks:
             hook()
@@ -381,28 +344,11 @@ class Rounds:
         candidates, self._active = self._active, set()
         readies = [(group, self.groups[group], self.groups[group].core.ready()) for group in candidates
                    if self.groups[group].core.has_ready()]
-        updates = []
-        for group, hosted, ready in readies:
-            hard_state = ready.hard_state
-            if hard_state is not None and not ready.entries and ready.snapshot is None \
-                    and (hard_state.term, hard_state.vote) == (hosted.written.term, hosted.written.vote):
-                self._deferred[group] = hard_state
-            elif hard_state is not None or ready.entries or ready.snapshot is not None:
-                if hard_state is not None:
-                    hosted.written = hard_state
-                    self._deferred.pop(group, None)
-                updates.append(Update(group, hard_state, ready.entries, ready.snapshot))
-        # Compactions first: a snapshot installed from the leader since is newer, and replay keeps the last one.
-        updates = self.compaction.take() + updates
         data, self._data = self._data, []
-        previous = self._rounds_written
-        current = Round(previous, previous, readies, data, [])
-        current.snapshots = [(update.group, update.snapshot) for update in updates if update.snapshot is not None]
-        if updates or data or (self._deferred and self._deferred_due and self._rounds_durable == previous):
-            deferred = [Update(group, hard_state, [], None) for group, hard_state in self._deferred.items()]
-            self._deferred, self._deferred_due = {}, False
-            self._write(current, deferred + updates)
-        self._send_appends(readies)
+        current, updates = planner.plan(readies, self.compaction.take(), data)
+        if updates is not None:
+            self._write(current, updates)
+        self._post_all(planner.appends(readies))
         for group, hosted, ready in readies:
             # The core now counts this round's entries as stable: a leader may count its own copy towards
             # a commit. No one learns of that commit, and no entry is applied, before this fsync is done.
@@ -410,9 +356,8 @@ class Rounds:
             if hosted.core.has_ready():
                 self._active.add(group)
                 self._wake.set()
-        if readies or data or current.snapshots:
-            self._pending.append(current)
-            self._settle()
+        planner.queue(current)
+        self._settle()
         # A checkpoint after so many sealed segments or bytes of WAL since the last one, whichever comes first,
         # so that a restart's replay stays bounded.
         if (self.wal.sealed_segments() >= limits.raft_wal_segments_max
@@ -426,7 +371,6 @@ class Rounds:
         (the worker writes it again until space returns). Either way the fsync runs in the syncer thread. The
         previous round's write is done (_collect_written), so rounds reach the WAL in order."""
         invariant(self._writing is None, "one round is written at a time")
-        self._rounds_written = current.number = current.number + 1
         written, result = trio.Event(), []
         self._writing = (current, written, result)
         data = [blobs for blobs, _, _ in current.data]
@@ -486,24 +430,15 @@ class Rounds:
                 self.groups[group].positions.update(found)
 
     def _settle(self) -> None:
-        """In round order: apply each round's committed entries once the rounds before it are durable,
-        and release it once it is durable itself. Called once the round being written is collected, so
-        that a durable round's data positions are known."""
-        while self._pending:
-            current = self._pending[0]
-            if not current.applied:
-                if self._rounds_durable < current.previous:
-                    return
-                current.applied = True
-                with self.applying():
-                    for group, hosted, ready in current.readies:
-                        if ready.snapshot is None:
-                            self._apply_ready(group, hosted, ready)
-            if self._rounds_durable < current.number:
-                return
-            invariant(not self._writing or self._writing[0] is not current, "a round is released once collected")
-            self._pending.popleft()
-            self._release(current)
+        """Apply and release what the fsyncs done so far allow (Planner.settle). Called once the round being written
+        is collected, so that a durable round's data positions are known."""
+        self.planner.settle(self._apply_round, self._release)
+
+    def _apply_round(self, current: Round) -> None:
+        with self.applying():
+            for group, hosted, ready in current.readies:
+                if ready.snapshot is None:
+                    self._apply_ready(group, hosted, ready)
 
     async def _maybe_checkpoint(self) -> None:
         """Snapshot every group, then checkpoint once their files are written: the checkpoint then rewrites
@@ -517,12 +452,12 @@ class Rounds:
         """Once every round written is durable and released, so that what was persisted counts as
         stable and applied, and before any core steps again."""
         await self._collect_written()
-        await self._durable(self._rounds_written)
+        await self._durable(self.planner.written)
         self._settle()
-        invariant(not self._pending, "every round is released before a checkpoint")
+        invariant(self.planner.settled(), "every round is released before a checkpoint")
         live = [self._checkpoint_of(group, hosted) for group, hosted in self.groups.items()]
-        compactions, deferred = self.compaction.take(), self._deferred  # the checkpoint holds every snapshot
-        self._deferred, self._deferred_due = {}, False  # and every hard state
+        compactions, deferred = self.compaction.take(), self.planner.take_deferred()  # the checkpoint holds every
+        # snapshot and every hard state
         try:
             await trio.to_thread.run_sync(self._checkpoint_now, live)
         except OSError as error:
@@ -530,7 +465,7 @@ class Rounds:
                 raise
             # Nothing is marked: replay still starts before it. What it would have held goes with the next rounds.
             self.compaction.give_back(compactions)
-            self._deferred = {**deferred, **self._deferred}
+            self.planner.give_back(deferred)
             self._disk_full(f"a checkpoint failed: {error.strerror}", 0)
             return
         for update in live:
@@ -586,7 +521,7 @@ class Rounds:
     def _write_round(self, updates: list[Update], data: list[list[bytes]]) -> tuple[dict, list[list[int]]]:
         """In a persist thread: write the round, again after pauses that double while the disk is full, until space
         returns. It cannot fail instead: its cores were advanced as if it were written. Nothing of it but a leader's
-        appends (_send_appends) goes out before its fsync, and records written twice replay as once."""
+        appends (Planner.appends) goes out before its fsync, and records written twice replay as once."""
         pause_s = limits.disk_full_retry_s_min
         while True:
             try:
@@ -609,53 +544,31 @@ class Rounds:
 
     def _synced(self, number: int) -> None:
         """In the trio thread: rounds up to number are durable."""
-        if number > self._rounds_durable:
-            self._rounds_durable = number
+        if self.planner.synced(number):
             self._durable_changed.set()
             self._durable_changed = trio.Event()
             self._wake.set()  # the round loop settles the rounds this fsync made durable
 
     async def _durable(self, number: int) -> None:
-        while self._rounds_durable < number:
+        while self.planner.durable < number:
             self._check_persisted()
             await self._durable_changed.wait()
 
     def _release(self, synced: Round) -> None:
         """The round's bytes are durable: answer data writers, send its messages, and install its
         snapshots."""
+        invariant(not self._writing or self._writing[0] is not synced, "a round is released once collected")
         for group, snapshot in synced.snapshots:
             self.compaction.durable(group, snapshot)
         for (_, event, positions), found in zip(synced.data, synced.data_positions):
             positions.extend(found)
             event.set()
-        outgoing: dict[int, list[tuple[int, Message]]] = {}
-        for group, hosted, ready in synced.readies:
-            if ready.hard_state is not None and ready.hard_state.commit > hosted.durable_commit:
-                hosted.durable_commit = ready.hard_state.commit
-            for message in ready.messages:
-                if message.type != MessageType.APPEND:  # sent once written (_send_appends)
-                    outgoing.setdefault(message.to, []).append((group, message))
-        self._post_all(outgoing)
+        self._post_all(self.planner.released(synced))
         for group, hosted, ready in synced.readies:
             if ready.snapshot is not None:
                 self._apply_ready(group, hosted, ready)
 
-    def _send_appends(self, readies: list[tuple[int, Group, Ready]]) -> None:
-        """A leader's appends go out as soon as their round is handed to the WAL, not after its fsync: the followers
-        write and fsync their copies while the leader fsyncs its own (the Raft thesis, 10.2.1). The term and vote of
-        a leader are durable (its vote requests went out after their fsync). The commit an append carries is capped
-        at what the rounds already durable justify: the leader's own copy counts towards a commit once written
-        (advance), and no one learns of that commit, nor applies it, before the fsync covering it."""
-        outgoing: dict[int, list[tuple[int, Message]]] = {}
-        for group, hosted, ready in readies:
-            for message in ready.messages:
-                if message.type == MessageType.APPEND:
-                    if message.commit > hosted.durable_commit:
-                        message = dataclasses.replace(message, commit=hosted.durable_commit)
-                    outgoing.setdefault(message.to, []).append((group, message))
-        self._post_all(outgoing)
-
-    def _post_all(self, outgoing: dict[int, list[tuple[int, Message]]]) -> None:
+    def _post_all(self, outgoing: Outgoing) -> None:
         """One payload per destination node (more where they would not fit a frame)."""
         for destination, messages in outgoing.items():
             for chunk in _chunks(messages):

@@ -1,8 +1,8 @@
-"""A deterministic simulation of Raft cores over a faulty network and crash-prone disks.
-
-One seeded random source decides every delay, drop, duplicate, partition and crash, so a failing run
-is replayed exactly from its seed. Checkers: election safety, log matching, state-machine safety.
-"""
+"""A deterministic simulation of Raft cores over a faulty network and crash-prone disks: each Ready persisted before
+anything is sent, or (rounds=True) as the node's round loop does it, planned by its own Planner, with fsyncs that take
+steps and crashes that lose what no fsync covered. One seeded random source decides every delay, drop, duplicate,
+partition, crash and fsync, so a failing run is replayed exactly from its seed. Checkers: election safety, log
+matching, state-machine safety."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import dataclasses
 import json
 import random
 
-from rocket.raft.core import Config, Entry, EntryKind, HardState, Message, NotLeader, RaftCore, Role, Snapshot
+from rocket.raft.core import (Config, Entry, EntryKind, HardState, Message, MessageType, NotLeader, RaftCore, Ready,
+                              Role, Snapshot)
+from rocket.raft.planner import Planner, Round
+from rocket.raft.wal import Update
 from rocket.errors import RocketError
 
 
@@ -26,6 +29,7 @@ class Faults:
     wake: float = 0.0  # chance per step that a quiet node is woken by its host's liveness check
     slow_disk: float = 0.0  # chance per step that a node's fsync has not finished: its Ready waits
     membership: float = 0.0  # chance per step that the leader starts a membership change
+    fsync_steps_max: int = 3  # with rounds, the steps an fsync takes: 1 to this many
 
 
 @dataclasses.dataclass
@@ -42,12 +46,14 @@ class SafetyViolation(AssertionError):
 
 
 class Node:
-    def __init__(self, node_id: int, voters: tuple[int, ...], learners: tuple[int, ...], seed: int):
+    def __init__(self, node_id: int, voters: tuple[int, ...], learners: tuple[int, ...], seed: int,
+                 wait_bytes_max: int | None = None):
         self.id = node_id
         self.voters, self.learners = voters, learners
         self.seed = seed
         self.disk = Disk()
         self.restarts = 0
+        self.wait_bytes_max = wait_bytes_max  # rounds: how much a round may gather while an fsync runs; None: no rounds
         self.core = self._boot()
         self.applied: dict[int, tuple[int, bytes]] = {}
         self.kv: dict[str, object] = {}  # the register state machine of the KV workload
@@ -55,7 +61,17 @@ class Node:
 
     def _boot(self) -> RaftCore:
         config = Config(self.id, self.voters, self.learners, seed=self.seed * 7919 + self.restarts)
-        return RaftCore(config, self.disk.hard_state, list(self.disk.entries), self.disk.snapshot)
+        core = RaftCore(config, self.disk.hard_state, list(self.disk.entries), self.disk.snapshot)
+        self._boot_rounds(core)
+        return core
+
+    def _boot_rounds(self, core: RaftCore) -> None:
+        """The round loop's state as a (re)start leaves it: nothing written but what is on the disk."""
+        self.planner = Planner(self.wait_bytes_max or 0)
+        self.written = self.disk.hard_state  # Planned: the last hard state written
+        self.durable_commit = core.commit  # Planned
+        self.unwritten: list[tuple[int, list[Update]]] = []  # (round, its updates) written but not yet durable
+        self.fsync: tuple[int, int] | None = None  # (the rounds it covers, the step it ends at)
 
     def crash_and_restart(self) -> None:
         """Everything not persisted is gone: the core restarts from the disk and re-applies its log."""
@@ -76,6 +92,16 @@ class Node:
         if hard_state is not None:
             self.disk.hard_state = hard_state
 
+    def sync(self, step: int) -> bool:
+        """An fsync that ends at this step makes the rounds it covers durable; whether that is news."""
+        if self.fsync is None or self.fsync[1] > step:
+            return False
+        covered, self.fsync = self.fsync[0], None
+        while self.unwritten and self.unwritten[0][0] <= covered:
+            for update in self.unwritten.pop(0)[1]:
+                self.persist(update.hard_state, update.entries, update.snapshot)
+        return self.planner.synced(covered)
+
     def compact(self) -> None:
         """Snapshot the state machine at its applied index and drop the log before it."""
         applied = self.core.applied
@@ -86,12 +112,16 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, seed: int, size: int = 3, faults: Faults | None = None, learners: tuple[int, ...] = ()):
+    def __init__(self, seed: int, size: int = 3, faults: Faults | None = None, learners: tuple[int, ...] = (),
+                 rounds: bool = False):
         self.seed = seed
         self.random = random.Random(seed)
         self.faults = faults or Faults()
+        self.rounds = rounds
         voters = tuple(range(1, size + 1))
-        self.nodes = {i: Node(i, voters, learners, seed) for i in voters + learners}
+        # With rounds, each node gathers differently: never, for a few entries, or for every fsync.
+        self.nodes = {i: Node(i, voters, learners, seed, self.random.choice((0, 200, 1 << 20)) if rounds else None)
+                      for i in voters + learners}
         self.in_flight: list[tuple[int, int, Message]] = []  # (deliver at step, order, message)
         self.step_number = 0
         self.order = 0
@@ -122,14 +152,27 @@ class Cluster:
             target = self.nodes.get(message.to)
             if target is not None:
                 target.core.step(message)
+                if message.type == MessageType.APPEND:  # as the Raft host tells its rounds (host.py, receive)
+                    target.planner.gather(sum(len(entry.data) for entry in message.entries))
+                else:
+                    target.planner.urgent()
         for node in self.nodes.values():
+            node.planner.tick()
+            if self.rounds and node.sync(self.step_number):
+                self._settle(node)
             if self.random.random() >= self.faults.slow_disk:
                 self._handle_ready(node)
+            if self.rounds and node.fsync is None and node.unwritten:
+                ends = self.step_number + self.random.randint(1, self.faults.fsync_steps_max)
+                node.fsync = (node.planner.written, ends)
         self._check_election_safety()
         if self.step_number % 10 == 0:
             self._check_leader_completeness()
 
     def _handle_ready(self, node: Node) -> None:
+        if self.rounds:
+            self._rounds(node)
+            return
         while node.core.has_ready():
             ready = node.core.ready()
             node.persist(ready.hard_state, ready.entries, ready.snapshot)
@@ -144,6 +187,52 @@ class Cluster:
             if ready.read_states and self.read_hook is not None:
                 self.read_hook(node, ready.read_states)
             node.core.advance(ready)
+
+    def _rounds(self, node: Node) -> None:
+        """The node's round loop, woken: rounds while it has Readies, unless its planner has them gather for the
+        fsync that runs (rocket/raft/rounds.py, Rounds._round, without the I/O)."""
+        planner = node.planner
+        while not planner.gathering():
+            planner.begin()
+            self._settle(node)
+            readies: list[tuple[int, Node, Ready]] = [(0, node, node.core.ready())] if node.core.has_ready() else []
+            current, updates = planner.plan(readies, [], [])
+            if updates is not None:
+                node.unwritten.append((current.number, updates))
+            for messages in planner.appends(readies).values():
+                for _, message in messages:
+                    self._send(message)
+            for _, _, ready in readies:
+                node.core.advance(ready)
+            planner.queue(current)
+            self._settle(node)
+            if not node.core.has_ready():
+                return
+
+    def _settle(self, node: Node) -> None:
+        node.planner.settle(lambda current: self._apply_round(node, current, False),
+                            lambda current: self._release(node, current))
+
+    def _release(self, node: Node, durable: Round) -> None:
+        for messages in node.planner.released(durable).values():
+            for _, message in messages:
+                self._send(message)
+        self._apply_round(node, durable, True)
+
+    def _apply_round(self, node: Node, current: Round, snapshots: bool) -> None:
+        """Apply the round's committed entries: those of a Ready with a snapshot once the round is durable, the
+        others once the rounds before it are (Rounds._apply_round, Rounds._release)."""
+        for _, _, ready in current.readies:
+            if (ready.snapshot is not None) != snapshots:
+                continue
+            if ready.snapshot is not None:
+                node.applied = {i: v for i, v in node.applied.items() if i <= ready.snapshot.index}
+            for entry in ready.committed_entries:
+                self._apply(node, entry)
+                if self.apply_hook is not None:
+                    self.apply_hook(node, entry)
+            if ready.read_states and self.read_hook is not None:
+                self.read_hook(node, ready.read_states)
 
     def _send(self, message: Message) -> None:
         if (message.sender, message.to) in self.blocked or self.random.random() < self.faults.drop:

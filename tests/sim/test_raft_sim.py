@@ -1,11 +1,17 @@
 """The Raft core under the deterministic simulator: safety under every fault, liveness once they heal,
-and each feature (ReadIndex, transfer, pre-vote, check-quorum, membership, snapshots) end to end.
-A failure names its seed; `Cluster(seed, ...)` replays it exactly."""
+and each feature (ReadIndex, transfer, pre-vote, check-quorum, membership, snapshots) end to end; the fault tests
+also run the cores as the round loop's planner does (rounds). A failure names its seed; `Cluster(seed, ...)` replays
+it exactly."""
 
 from __future__ import annotations
 
 
+import dataclasses
+
+import pytest
+
 from rocket.raft.core import MessageType, Role
+from rocket.raft.planner import Planner
 from tests.sim.linearizability import Operation, linearizable
 from tests.sim.raft_sim import Cluster, Faults, KvWorkload, Node, SafetyViolation, run_kv
 
@@ -55,9 +61,13 @@ def test_elects_a_leader_and_replicates():
     cluster.check_log_matching()
 
 
-def test_safety_under_faults_then_liveness(seed):
+ROUNDS = pytest.mark.parametrize("rounds", [False, True], ids=["persist-then-send", "rounds"])
+
+
+@ROUNDS
+def test_safety_under_faults_then_liveness(seed, rounds):
     """Drops, duplicates, reordering, partitions and crashes never break safety; healed, it makes progress."""
-    cluster = Cluster(seed=seed, size=5 if seed % 2 else 3, faults=NASTY)
+    cluster = Cluster(seed=seed, size=5 if seed % 2 else 3, faults=NASTY, rounds=rounds)
     cluster.run(700)
     cluster.check_log_matching()
     commit_everywhere(cluster, b"after-heal-%d" % seed)
@@ -175,11 +185,13 @@ def test_snapshot_brings_a_lagging_node_back():
     assert lagging.core.snapshot.index > 0
 
 
-def test_kv_register_is_linearizable_under_faults(seed):
+@ROUNDS
+def test_kv_register_is_linearizable_under_faults(seed, rounds):
     """Puts, gets (half through ReadIndex, half by leader lease) and compare-and-sets form a linearizable
     history despite faults."""
     cluster = Cluster(seed=seed, size=3, faults=Faults(drop=0.05, duplicate=0.05, delay_max=4, crash=0.005,
-                                                       partition=0.01, heal=0.05, quiesce=0.02, wake=0.05))
+                                                       partition=0.01, heal=0.05, quiesce=0.02, wake=0.05),
+                      rounds=rounds)
     workload = run_kv(cluster, 500)
     history = workload.finish()
     assert sum(1 for op in history if op.responded != float("inf")) > 5
@@ -272,12 +284,13 @@ def test_idle_group_goes_quiet_and_wakes_on_traffic():
     assert cluster.leader().id == leader.id
 
 
-def test_membership_changes_and_slow_disks_under_faults(seed):
+@ROUNDS
+def test_membership_changes_and_slow_disks_under_faults(seed, rounds):
     """Voters removed, re-added as learners and promoted while the network, disks and nodes misbehave:
     safety holds throughout, and the group makes progress once the faults stop."""
     faults = Faults(drop=0.1, duplicate=0.05, delay_max=5, crash=0.01, partition=0.02, heal=0.05,
                     slow_disk=0.2, membership=0.05)
-    cluster = Cluster(seed=seed, size=5, faults=faults)
+    cluster = Cluster(seed=seed, size=5, faults=faults, rounds=rounds)
     cluster.run(700)
     cluster.check_log_matching()
     commit_everywhere(cluster, b"after-heal-%d" % seed)
@@ -297,3 +310,21 @@ def test_a_node_restarts_with_membership_changes_in_its_log():
         node.crash_and_restart()
         assert node.core.voters == {1, 2, 3, 4} and not node.core.learners
     commit_everywhere(cluster, b"after-restarts")
+
+
+def test_rounds_that_send_before_their_fsync_are_caught(monkeypatch):
+    """The round planner's persist-before-send is what keeps rounds safe: a planner that sent every message as soon as
+    its round was written (votes and answers included, not only a leader's appends) loses committed entries to
+    crashes, and the simulator finds a seed where it does."""
+
+    def everything_at_once(readies):
+        outgoing = {}
+        for group, _, ready in readies:
+            for message in ready.messages:
+                outgoing.setdefault(message.to, []).append((group, message))
+        return outgoing
+
+    monkeypatch.setattr(Planner, "appends", staticmethod(everything_at_once))
+    monkeypatch.setattr(Planner, "released", staticmethod(lambda durable: {}))
+    faults = dataclasses.replace(NASTY, crash=0.05, fsync_steps_max=8, drop=0.02, partition=0.0)
+    assert _some_seed_fails(lambda seed: Cluster(seed=seed, size=3, faults=faults, rounds=True).run(600))

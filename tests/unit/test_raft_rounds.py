@@ -37,11 +37,11 @@ async def test_concurrent_proposals_are_durable_with_fewer_fsyncs_than_rounds_an
         async with trio.open_nursery() as proposers:
             for value in values:
                 proposers.start_soon(propose, value)
-        assert host.rounds.fsyncs <= host.rounds._rounds_written
+        assert host.rounds.fsyncs <= host.rounds.planner.written
         with trio.fail_after(5):  # a round written after the last answer (a tick's) may still be in its fsync
-            while host.rounds._rounds_synced < host.rounds._rounds_written:
+            while host.rounds._rounds_synced < host.rounds.planner.written:
                 await trio.sleep(0.01)
-        assert host.rounds._rounds_synced == host.rounds._rounds_on_disk == host.rounds._rounds_written
+        assert host.rounds._rounds_synced == host.rounds._rounds_on_disk == host.rounds.planner.written
         nursery.cancel_scope.cancel()
     assert not host.rounds._syncing
     host.wal.close()
@@ -95,7 +95,7 @@ async def test_a_leaders_appends_go_out_before_its_fsync_with_the_commit_already
     def deliver(node: int, payload) -> None:
         for group, message in codec.decode_messages(bytes(payload)):
             if message.type == MessageType.APPEND and message.entries and node == 2:
-                seen.append((message.commit, hosts[1].groups[2].durable_commit, hosts[1].rounds._rounds_durable))
+                seen.append((message.commit, hosts[1].groups[2].durable_commit, hosts[1].rounds.planner.durable))
         hosts[node].receive(payload)
 
     for node in (1, 2):
@@ -125,14 +125,14 @@ async def test_a_leaders_appends_go_out_before_its_fsync_with_the_commit_already
         with trio.fail_after(5):  # before the tree that sends appends early, nothing comes while the fsync is held
             while not seen:
                 await trio.sleep(0.01)
-        durable_then = hosts[1].rounds._rounds_durable
+        durable_then = hosts[1].rounds.planner.durable
         assert all(commit <= durable_commit for commit, durable_commit, _ in seen), seen
         with trio.fail_after(5):  # node 2 holds the entry durably: its fsync was not held
             while (follower.core.stable_index < leader.core.last_index
-                   or hosts[2].rounds._rounds_synced < hosts[2].rounds._rounds_written):
+                   or hosts[2].rounds._rounds_synced < hosts[2].rounds.planner.written):
                 await trio.sleep(0.01)
         await trio.sleep(0.1)
-        assert not answered.is_set() and hosts[1].rounds._rounds_durable == durable_then  # node 1's copy is not durable yet
+        assert not answered.is_set() and hosts[1].rounds.planner.durable == durable_then  # not durable yet
         held.set()
         with trio.fail_after(5):
             await answered.wait()
