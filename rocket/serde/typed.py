@@ -187,11 +187,109 @@ class StorageClassesResponse(msgspec.Struct):
     classes: list[StorageClassInfo]
 
 
+# ---- topics and KV buckets (roles/nameserver/role.py) -----------------------------------------------------------
+
+class CreateTopicRequest(msgspec.Struct):
+    topic: str
+    queues: int = 8
+    message_type: str = "normal"
+    storage_class: str = "raft"
+
+
+class TopicInfo(msgspec.Struct):
+    name: str
+    queues: int
+    created_ms: int = 0
+    message_type: str = "normal"
+    retention_s: int = -1  # 0: for ever; -1: the node's default
+    local_retention_s: int = -1
+    history: int = 1  # a KV bucket's revisions kept per key
+    ttl_ms: int = 0  # a KV bucket's keys' default TTL (0: none)
+    storage_class: str = "raft"
+
+
+class ListTopicsResponse(msgspec.Struct):
+    topics: list[TopicInfo]
+
+
+class UpdateTopicRequest(msgspec.Struct):
+    topic: str
+    retention_s: int = -2  # -2: as it is
+    local_retention_s: int = -2
+    queues: int = -2
+
+
+class CreateBucketRequest(msgspec.Struct):
+    bucket: str
+    shards: int = 1
+    history: int = 1
+    ttl_ms: int = 0
+    storage_class: str = "raft"
+
+
+class BucketRequest(msgspec.Struct):
+    bucket: str
+
+
+# ---- storage nodes' drains and health (roles/nameserver/role.py, health.py) -------------------------------------
+
+class DrainNodeRequest(msgspec.Struct):
+    node: int
+    draining: bool = True  # false: up again
+
+
+class NodeHealthRequest(msgspec.Struct):
+    node: int = 0  # 0: every storage node
+
+
+class PinNodeHealthRequest(msgspec.Struct):
+    node: int
+    pin: str
+
+
+class HealthFeature(msgspec.Struct):  # a record defined inside NodeHealthResponse.avsc, as NodeHealthInfo is
+    name: str
+    value: float
+
+
+# kw_only: their .avsc records have required fields after defaulted ones, in an order the Structs keep
+class NodeHealthInfo(msgspec.Struct, kw_only=True):
+    node: int
+    state: str
+    reason: str
+    pin: str
+    unhealthy_windows: int
+    healthy_windows: int
+    fsyncs: int
+    calls: int
+    call_errors: int
+    fsync_p99_s: float = -1.0  # -1: too few fsyncs to say
+    call_p99_s: float = -1.0  # -1: too few calls to say
+    cpu_starved_s: float = 0.0
+    raft_lag_entries: int = 0
+    unhealthy: bool
+    score: float
+    verdict: str
+    features: list[HealthFeature]
+
+
+class NodeHealthResponse(msgspec.Struct, kw_only=True):
+    scorer: str
+    model: str = ""
+    window_s: float
+    windows_judged: int
+    degrade_windows: int
+    recover_windows: int
+    nodes: list[NodeHealthInfo]
+
+
 STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct in (
     Empty, AclCreateUserRequest, AclUser, AclUserRequest, AclUsersResponse, AclPolicy, AclPoliciesResponse, AclQuota,
     AclQuotasRequest, AclQuotasResponse, AclSealedUser, AclStateRequest, AclState, CreateConsumerGroupRequest,
     UpdateConsumerGroupRequest, ConsumerGroupInfo, ConsumerGroupsRequest, ConsumerGroupsResponse, ReplicaLag, GroupInfo,
-    ElectionRecord, CreateStorageClassRequest, StorageClassInfo, StorageClassesRequest, StorageClassesResponse)}
+    ElectionRecord, CreateStorageClassRequest, StorageClassInfo, StorageClassesRequest, StorageClassesResponse,
+    CreateTopicRequest, TopicInfo, ListTopicsResponse, UpdateTopicRequest, CreateBucketRequest, BucketRequest,
+    DrainNodeRequest, NodeHealthRequest, PinNodeHealthRequest, HealthFeature, NodeHealthInfo, NodeHealthResponse)}
 
 
 def convert(value: Any, struct: type[T]) -> T:

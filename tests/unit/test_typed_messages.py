@@ -3,6 +3,8 @@ order, types and defaults; and a typed handler converts its request and answer b
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 import pytest
 
@@ -22,10 +24,34 @@ def python_type(avro) -> object:
     if isinstance(avro, dict):
         if avro["type"] == "array":
             return list[python_type(avro["items"])]
+        if avro["type"] == "record":  # defined inline, in another record's .avsc: its Struct
+            return typed.STRUCTS[avro["name"]]
         return python_type(avro["type"])
     if avro in AVRO_TYPES:
         return AVRO_TYPES[avro]
     return typed.STRUCTS[avro.rpartition(".")[2]]  # a named record: its Struct
+
+
+@functools.cache
+def records() -> dict[str, dict]:
+    """Every record by its full name: each .avsc file's, and those defined inline in it (in its namespace)."""
+    found: dict[str, dict] = {}
+
+    def walk(avro, namespace: str) -> None:
+        if isinstance(avro, list):
+            for member in avro:
+                walk(member, namespace)
+        elif isinstance(avro, dict) and avro["type"] == "record":
+            namespace = avro.get("namespace", namespace)
+            assert f"{namespace}.{avro['name']}" not in found, avro["name"]  # a name means one record
+            found[f"{namespace}.{avro['name']}"] = avro
+            for field in avro["fields"]:
+                walk(field["type"], namespace)
+        elif isinstance(avro, dict) and avro["type"] == "array":
+            walk(avro["items"], namespace)
+    for definition in schema.raw_definitions().values():
+        walk(definition, schema.NAMESPACE)
+    return found
 
 
 def default_of(field: msgspec.structs.FieldInfo) -> object:
@@ -38,7 +64,7 @@ def default_of(field: msgspec.structs.FieldInfo) -> object:
 
 @pytest.mark.parametrize("name", sorted(typed.STRUCTS))
 def test_each_struct_is_its_avsc_record_field_for_field(name):
-    record = schema.raw_definitions()[f"{schema.NAMESPACE}.{name}"]
+    record = records()[f"{schema.NAMESPACE}.{name}"]
     fields = msgspec.structs.fields(typed.STRUCTS[name])
     assert [field.name for field in fields] == [field["name"] for field in record["fields"]]
     for field, avro in zip(fields, record["fields"]):

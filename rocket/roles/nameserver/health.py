@@ -18,6 +18,8 @@ from rocket.ml.health import (AUTO, DEGRADED, KIND_NAMES, PINS, WINDOW_FIELDS, W
 from rocket.ml.trees import ModelError
 from rocket.roles.nameserver.forecasts import read_model
 from rocket.roles.nameserver.group import MetadataGroup
+from rocket.serde.typed import (Empty, HealthFeature, NodeHealthInfo, NodeHealthRequest, NodeHealthResponse,
+                                PinNodeHealthRequest)
 from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS, Telemetry, bucket_quantile
 from rocket.tier.objectstore import ObjectStore
 
@@ -278,46 +280,46 @@ class NodeHealthChecks:
 
     # ---- the RPCs ------------------------------------------------------------------------------------
 
-    async def node_health(self, request: dict) -> dict:
-        if request["node"] and request["node"] not in self.metadata.nodes:
-            raise RocketError(Code.BAD_REQUEST, f"node {request['node']} is not registered")
+    async def node_health(self, request: NodeHealthRequest) -> NodeHealthResponse:
+        if request.node and request.node not in self.metadata.nodes:
+            raise RocketError(Code.BAD_REQUEST, f"node {request.node} is not registered")
         return await self.meta.on_leader("NodeHealth", request, self._node_health_here)
 
-    async def _node_health_here(self, request: dict) -> dict:
+    async def _node_health_here(self, request: NodeHealthRequest) -> NodeHealthResponse:
         nodes = []
         for info in sorted(self.metadata.storage_nodes(), key=lambda info: info.id):
-            if request["node"] and info.id != request["node"]:
+            if request.node and info.id != request.node:
                 continue
             health = self.judge.nodes.get(info.id)
             window = self.windows.get(info.id)
             verdict = health.verdict if health is not None else None
             state, reason = self.health_of(info.id)
-            nodes.append({
-                "node": info.id, "state": state, "reason": reason, "pin": info.health_pin,
-                "unhealthy_windows": health.unhealthy_windows if health else 0,
-                "healthy_windows": health.healthy_windows if health else 0,
-                "fsyncs": window.fsyncs if window else 0,
-                "calls": window.calls if window else 0, "call_errors": window.call_errors if window else 0,
-                "fsync_p99_s": window.fsync_p99_s if window and window.fsync_p99_s is not None else -1.0,
-                "call_p99_s": window.call_p99_s if window and window.call_p99_s is not None else -1.0,
-                "cpu_starved_s": window.cpu_starved_s if window else 0.0,
-                "raft_lag_entries": window.raft_lag_entries if window else 0,
-                "unhealthy": bool(verdict and verdict.unhealthy), "score": verdict.score if verdict else 0.0,
-                "verdict": verdict.reason if verdict else "no window yet",
-                "features": [{"name": name, "value": value} for name, value in (verdict.features if verdict else {}).items()]})
-        return {"scorer": self.scorer.name, "model": self.model_state, "window_s": self.config.health_window_s,
-                "windows_judged": self.windows_judged, "degrade_windows": self.judge.degrade_windows,
-                "recover_windows": self.judge.recover_windows, "nodes": nodes}
+            nodes.append(NodeHealthInfo(
+                node=info.id, state=state, reason=reason, pin=info.health_pin,
+                unhealthy_windows=health.unhealthy_windows if health else 0,
+                healthy_windows=health.healthy_windows if health else 0,
+                fsyncs=window.fsyncs if window else 0,
+                calls=window.calls if window else 0, call_errors=window.call_errors if window else 0,
+                fsync_p99_s=window.fsync_p99_s if window and window.fsync_p99_s is not None else -1.0,
+                call_p99_s=window.call_p99_s if window and window.call_p99_s is not None else -1.0,
+                cpu_starved_s=window.cpu_starved_s if window else 0.0,
+                raft_lag_entries=window.raft_lag_entries if window else 0,
+                unhealthy=bool(verdict and verdict.unhealthy), score=verdict.score if verdict else 0.0,
+                verdict=verdict.reason if verdict else "no window yet",
+                features=[HealthFeature(name, value) for name, value in (verdict.features if verdict else {}).items()]))
+        return NodeHealthResponse(scorer=self.scorer.name, model=self.model_state, window_s=self.config.health_window_s,
+                                  windows_judged=self.windows_judged, degrade_windows=self.judge.degrade_windows,
+                                  recover_windows=self.judge.recover_windows, nodes=nodes)
 
-    async def pin_node_health(self, request: dict) -> dict:
-        if request["pin"] not in PINS:
-            raise RocketError(Code.BAD_REQUEST, f"pin must be one of {', '.join(PINS)}, got {request['pin']!r}")
-        info = self.metadata.nodes.get(request["node"])
+    async def pin_node_health(self, request: PinNodeHealthRequest) -> Empty:
+        if request.pin not in PINS:
+            raise RocketError(Code.BAD_REQUEST, f"pin must be one of {', '.join(PINS)}, got {request.pin!r}")
+        info = self.metadata.nodes.get(request.node)
         if info is not None and "storage" not in info.roles:
-            raise RocketError(Code.BAD_REQUEST, f"node {request['node']} stores nothing: only storage nodes have a "
+            raise RocketError(Code.BAD_REQUEST, f"node {request.node} stores nothing: only storage nodes have a "
                               "health to pin")
         return await self.meta.on_leader("PinNodeHealth", request, self._pin_here)
 
-    async def _pin_here(self, request: dict) -> dict:
-        await self.meta.propose({"op": "health_pin", "node": request["node"], "pin": request["pin"]})
-        return {}
+    async def _pin_here(self, request: PinNodeHealthRequest) -> Empty:
+        await self.meta.propose({"op": "health_pin", "node": request.node, "pin": request.pin})
+        return Empty()

@@ -5,6 +5,7 @@ Nameserver holds its calls (node heartbeats, topics and routes, replica moves, d
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import trio
 
@@ -26,6 +27,8 @@ from rocket.roles.nameserver.health import NodeHealthChecks
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, META_GROUP, Metadata, exists
 from rocket.roles.nameserver.queues import QueuePlacement
 from rocket.roles.peers import RETRYABLE, Peers
+from rocket.serde.typed import (BucketRequest, CreateBucketRequest, CreateTopicRequest, DrainNodeRequest, Empty,
+                                ListTopicsResponse, TopicInfo, UpdateTopicRequest, convert)
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.nameserver")
@@ -68,17 +71,17 @@ class Nameserver:
         dispatcher.handle("NodeHeartbeat", self.node_heartbeat)
         dispatcher.handle("ControllerAlterSyncStateSet", self.controller.alter_sync_state_set)
         dispatcher.handle("GetRoute", self.get_route)
-        dispatcher.handle("MetaCreateTopic", self.create_topic)
-        dispatcher.handle("MetaListTopics", self.list_topics)
-        dispatcher.handle("MetaUpdateTopic", self.update_topic)
-        dispatcher.handle("MetaCreateBucket", self.create_bucket)
-        dispatcher.handle("MetaDeleteBucket", self.delete_bucket)
+        dispatcher.handle_typed("MetaCreateTopic", self.create_topic)
+        dispatcher.handle_typed("MetaListTopics", self.list_topics)
+        dispatcher.handle_typed("MetaUpdateTopic", self.update_topic)
+        dispatcher.handle_typed("MetaCreateBucket", self.create_bucket)
+        dispatcher.handle_typed("MetaDeleteBucket", self.delete_bucket)
         dispatcher.handle("ClusterStatus", self.cluster_status)
-        dispatcher.handle("DrainNode", self.drain_node)
+        dispatcher.handle_typed("DrainNode", self.drain_node)
         dispatcher.handle("PlacementExplain", self.queue_placement.placement_explain)
         dispatcher.handle("MetaLoadShare", self.forecasts.load_share)
-        dispatcher.handle("NodeHealth", self.health.node_health)
-        dispatcher.handle("PinNodeHealth", self.health.pin_node_health)
+        dispatcher.handle_typed("NodeHealth", self.health.node_health)
+        dispatcher.handle_typed("PinNodeHealth", self.health.pin_node_health)
         dispatcher.handle_typed("MetaCreateStorageClass", self.classes.create_storage_class)
         dispatcher.handle_typed("MetaStorageClasses", self.classes.storage_classes)
         dispatcher.handle_typed("MetaCreateConsumerGroup", self.consumer_group_settings.create_consumer_group)
@@ -129,7 +132,7 @@ class Nameserver:
     def leads(self) -> bool:
         return self.meta.leads()
 
-    async def _on_leader(self, method: str, request: dict, here):
+    async def _on_leader(self, method: str, request: Any, here):
         return await self.meta.on_leader(method, request, here)
 
     async def _propose(self, command: dict):
@@ -283,54 +286,56 @@ class Nameserver:
                 await trio.sleep(limits.replica_move_retry_s)
         raise failure
 
-    async def drain_node(self, request: dict) -> dict:
+    async def drain_node(self, request: DrainNodeRequest) -> Empty:
         return await self._on_leader("DrainNode", request, self._drain_here)
 
-    async def _drain_here(self, request: dict) -> dict:
-        await self._propose({"op": "node_state", "node": request["node"],
-                             "state": "draining" if request["draining"] else "up"})
-        return {}
+    async def _drain_here(self, request: DrainNodeRequest) -> Empty:
+        await self._propose({"op": "node_state", "node": request.node,
+                             "state": "draining" if request.draining else "up"})
+        return Empty()
 
     # ---- topics and routes ---------------------------------------------------------------------------
 
-    async def create_topic(self, request: dict) -> dict:
-        check_user_topic_name(request["topic"])
-        check_message_type(request["message_type"])
-        check_name("storage class", request.get("storage_class", DEFAULT_CLASS), limits.storage_class_name_bytes_max)
-        if not 1 <= request["queues"] <= limits.queues_per_topic_max:
+    async def create_topic(self, request: CreateTopicRequest) -> TopicInfo:
+        check_user_topic_name(request.topic)
+        check_message_type(request.message_type)
+        check_name("storage class", request.storage_class, limits.storage_class_name_bytes_max)
+        if not 1 <= request.queues <= limits.queues_per_topic_max:
             raise RocketError(Code.BAD_REQUEST, f"queues must be 1..{limits.queues_per_topic_max}, "
-                              f"got {request['queues']}")
+                              f"got {request.queues}")
         return await self._on_leader("MetaCreateTopic", request, self._create_topic_here)
 
-    async def create_bucket(self, request: dict) -> dict:
+    async def create_bucket(self, request: CreateBucketRequest) -> TopicInfo:
         """A KV bucket is kept as a topic of type "kv" (bucket_topic), its shards the topic's queues: placed,
         routed and moved as queues are."""
-        check_name("bucket", request["bucket"], limits.topic_name_bytes_max - len(KV_PREFIX))
-        for field, low, high in (("shards", 1, limits.kv_shards_max), ("history", 1, limits.kv_history_max),
-                                 ("ttl_ms", 0, limits.kv_ttl_s_max * 1000)):
-            if not low <= request[field] <= high:
-                raise RocketError(Code.BAD_REQUEST, f"{field} must be {low}..{high}, got {request[field]}")
-        check_name("storage class", request["storage_class"], limits.storage_class_name_bytes_max)
-        topic = {"topic": bucket_topic(request["bucket"]), "queues": request["shards"], "message_type": "kv",
-                 "history": request["history"], "ttl_ms": request["ttl_ms"], "storage_class": request["storage_class"]}
-        return await self._on_leader("MetaCreateBucket", request, lambda _: self._create_topic_here(topic))
+        check_name("bucket", request.bucket, limits.topic_name_bytes_max - len(KV_PREFIX))
+        for field, value, low, high in (("shards", request.shards, 1, limits.kv_shards_max),
+                                        ("history", request.history, 1, limits.kv_history_max),
+                                        ("ttl_ms", request.ttl_ms, 0, limits.kv_ttl_s_max * 1000)):
+            if not low <= value <= high:
+                raise RocketError(Code.BAD_REQUEST, f"{field} must be {low}..{high}, got {value}")
+        check_name("storage class", request.storage_class, limits.storage_class_name_bytes_max)
+        topic = CreateTopicRequest(bucket_topic(request.bucket), request.shards, "kv", request.storage_class)
+        return await self._on_leader("MetaCreateBucket", request,
+                                     lambda _: self._create_topic_here(topic, request.history, request.ttl_ms))
 
-    async def delete_bucket(self, request: dict) -> dict:
+    async def delete_bucket(self, request: BucketRequest) -> Empty:
         """Forget a bucket (its keys were deleted first, by the broker); its shards' revisions go on if a bucket of
         the same name comes again, so that no revision is ever reused."""
         return await self._on_leader("MetaDeleteBucket", request, self._delete_bucket_here)
 
-    async def _delete_bucket_here(self, request: dict) -> dict:
-        name = bucket_topic(request["bucket"])
+    async def _delete_bucket_here(self, request: BucketRequest) -> Empty:
+        name = bucket_topic(request.bucket)
         self.metadata.topic(name)
         await self._propose({"op": "delete_topic", "name": name})
-        return {}
+        return Empty()
 
-    async def _create_topic_here(self, request: dict) -> dict:
+    async def _create_topic_here(self, request: CreateTopicRequest, history: int = 1, ttl_ms: int = 0) -> TopicInfo:
         """The queues go to the groups of the topic's storage class: for the default one, the Raft groups, made here
-        while there are fewer than the pool size; another class's were made with it."""
-        name = request["topic"]
-        storage_class = request.get("storage_class", DEFAULT_CLASS)
+        while there are fewer than the pool size; another class's were made with it. history and ttl_ms: a KV
+        bucket's."""
+        name = request.topic
+        storage_class = request.storage_class
         async with self.creating:
             if name in self.metadata.topics:
                 raise exists(name)
@@ -351,15 +356,15 @@ class Nameserver:
             groups = pool + [group["id"] for group in new_groups]
             voters = {group: self.metadata.groups[group].voters for group in pool}
             voters.update({group["id"]: tuple(group["voters"]) for group in new_groups})
-            choices = self.queue_placement.place(None, name, 0, request["queues"], voters)
+            choices = self.queue_placement.place(None, name, 0, request.queues, voters)
             queue_groups = [choice.group for choice in choices]
-            command = {"op": "create_topic", "name": name, "queues": request["queues"],
-                       "message_type": request["message_type"],
+            command = {"op": "create_topic", "name": name, "queues": request.queues,
+                       "message_type": request.message_type,
                        "created_ms": self.clock.wall_ms(), "new_groups": new_groups, "groups": groups,
                        "queue_groups": queue_groups, "storage_class": storage_class,
-                       "history": request.get("history", 1), "ttl_ms": request.get("ttl_ms", 0)}
+                       "history": history, "ttl_ms": ttl_ms}
             await self._propose(command)
-        return self.metadata.topic(name).to_wire()
+        return convert(self.metadata.topic(name).to_wire(), TopicInfo)
 
     def _pool_size(self, loads: list[NodeLoad]) -> int:
         """The Raft groups (the default class's) the cluster should have: `storage_groups` per `replication` storage
@@ -390,36 +395,37 @@ class Nameserver:
         log.info("%d storage nodes up: created storage groups %s", sum(load.available for load in loads),
                  ", ".join(str(group["id"]) for group in new_groups))
 
-    async def update_topic(self, request: dict) -> dict:
+    async def update_topic(self, request: UpdateTopicRequest) -> TopicInfo:
         """Change a topic's retention settings in whole seconds, or add queues (-2 leaves one as it is)."""
-        check_user_topic_name(request["topic"])
-        for field in ("retention_s", "local_retention_s"):
-            if request[field] != -2:
-                check_retention_s(field, request[field])
+        check_user_topic_name(request.topic)
+        for field, value in (("retention_s", request.retention_s), ("local_retention_s", request.local_retention_s)):
+            if value != -2:
+                check_retention_s(field, value)
         return await self._on_leader("MetaUpdateTopic", request, self._update_topic_here)
 
-    async def _update_topic_here(self, request: dict) -> dict:
-        spec = self.metadata.topic(request["topic"])
-        adding = request.get("queues", -2) != -2
+    async def _update_topic_here(self, request: UpdateTopicRequest) -> TopicInfo:
+        spec = self.metadata.topic(request.topic)
+        adding = request.queues != -2
         if adding:
             async with self.creating:  # placed one at a time, as creations are
-                await self.queue_placement.add_queues(self.metadata.topic(spec.name), request["queues"])
-        if not adding or request["retention_s"] != -2 or request["local_retention_s"] != -2:
+                await self.queue_placement.add_queues(self.metadata.topic(spec.name), request.queues)
+        if not adding or request.retention_s != -2 or request.local_retention_s != -2:
             spec = self.metadata.topic(spec.name)
-            retention_s = spec.retention_s if request["retention_s"] == -2 else request["retention_s"]
-            local_s = spec.local_retention_s if request["local_retention_s"] == -2 else request["local_retention_s"]
+            retention_s = spec.retention_s if request.retention_s == -2 else request.retention_s
+            local_s = spec.local_retention_s if request.local_retention_s == -2 else request.local_retention_s
             await self._propose({"op": "update_topic", "name": spec.name, "retention_s": float(retention_s),
                                  "local_retention_s": float(local_s)})
-        return self.metadata.topic(spec.name).to_wire()
+        return convert(self.metadata.topic(spec.name).to_wire(), TopicInfo)
 
-    async def _read(self, method: str, request: dict, here, locally: bool = True):
+    async def _read(self, method: str, request: Any, here, locally: bool = True):
         return await self.meta.read(method, request, here, locally)
 
-    async def list_topics(self, request: dict) -> dict:
+    async def list_topics(self, request: Empty) -> ListTopicsResponse:
         return await self._read("MetaListTopics", request, self._topics_here)
 
-    async def _topics_here(self, request: dict) -> dict:
-        return {"topics": [self.metadata.topics[name].to_wire() for name in sorted(self.metadata.topics)]}
+    async def _topics_here(self, request: Empty) -> ListTopicsResponse:
+        topics = self.metadata.topics
+        return ListTopicsResponse([convert(topics[name].to_wire(), TopicInfo) for name in sorted(topics)])
 
     async def get_route(self, request: dict) -> dict:
         """From this nameserver's state when it is in sync and knows the topic, else from the leader's
