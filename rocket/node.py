@@ -53,6 +53,7 @@ from rocket.transport.http1 import serve_http1
 from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp import serve_tcp
 from rocket.transport.tls import NodeTls
+from rocket.world import WORLD, World
 
 log = logging.getLogger("rocket.node")
 
@@ -251,13 +252,14 @@ class Roles:
 
 
 def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Dispatcher, clock: Clock,
-                addresses: dict[int, tuple[str, int]], objects: ObjectStore | None = None) -> Roles:
+                addresses: dict[int, tuple[str, int]], objects: ObjectStore | None = None,
+                world: World = WORLD) -> Roles:
     """Make the roles config asks for over this node's Raft host and peers, reading clock, and register their
     methods (and RaftStep and RaftSnapshotChunk, into host) with dispatcher. The one place roles are wired: node.py
-    and the roles simulator (tests/sim/roles_sim.py) both call it; what differs between them (network, disk, clock)
-    comes in as arguments. Every node runs one multi-raft host: the nameservers' metadata group if it is a
-    nameserver, and the storage groups assigned to it if it stores. Roles reach each other through Peers: over TCP,
-    or directly when they share the process."""
+    and the roles simulator (tests/sim/roles_sim.py) both call it; what differs between them (network, disk, clock,
+    world: the machine's threads, free space and randomness) comes in as arguments. Every node runs one multi-raft
+    host: the nameservers' metadata group if it is a nameserver, and the storage groups assigned to it if it stores.
+    Roles reach each other through Peers: over TCP, or directly when they share the process."""
     async def raft_step(request: dict) -> dict:
         host.receive(request["payload"])
         return {}
@@ -276,8 +278,8 @@ def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Di
     dispatcher.handle("RaftSnapshotChunk", raft_snapshot_chunk)
     host.fetch_snapshot_chunk = fetch_snapshot_chunk
     nameserver = Nameserver(config, host, peers, clock, objects=objects) if "nameserver" in config.roles else None
-    storage = StorageRole(config, host, peers, addresses, clock, objects) if "storage" in config.roles else None
-    broker = Broker(peers, config.roles, clock) if "broker" in config.roles else None
+    storage = StorageRole(config, host, peers, addresses, clock, objects, world) if "storage" in config.roles else None
+    broker = Broker(peers, config.roles, clock, world) if "broker" in config.roles else None
     if nameserver is not None:
         nameserver.register(dispatcher)
     if storage is not None:

@@ -39,8 +39,8 @@ class Sequencer:
     answer (the failover channel moves on to another broker, a broker retries its storage call) is so stored once
     and gets its first answer (store/producers.py)."""
 
-    def __init__(self) -> None:
-        self.producer_id = secrets.randbits(63) or 1
+    def __init__(self, producer_id: int = 0) -> None:
+        self.producer_id = producer_id or secrets.randbits(63) or 1
         self._sequences = itertools.count()
 
     def produce_request(self, topic: str, queue: int, batch: bytes) -> dict:

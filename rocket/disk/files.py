@@ -28,12 +28,6 @@ def replace_durably(path: Path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
-def free_bytes(directory: Path) -> int:
-    """Bytes an unprivileged writer may still put on the file system that holds directory."""
-    status = os.statvfs(directory)
-    return status.f_bavail * status.f_frsize
-
-
 def out_of_space(error: BaseException) -> bool:
     """Whether an error is the file system refusing bytes for want of space (or of quota): an operating
     error the writer survives, unlike damage."""

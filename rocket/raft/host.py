@@ -23,6 +23,7 @@ from rocket.raft.compaction import Compaction
 from rocket.raft.rounds import Group, Post, Rounds
 from rocket.raft.wal import GroupState, Wal
 from rocket.replication import Control, StateMachine, SyncStateRequest
+from rocket.world import WORLD, World
 
 log = logging.getLogger("rocket.raft")
 
@@ -37,9 +38,11 @@ class RaftHost:
     appends go out once written, with a commit durable rounds justify. The host steps the groups' cores and tells
     the rounds what each needs (Rounds.touch, buffer, urgent); the rounds write, sync, send and apply."""
 
-    def __init__(self, node_id: int, wal: Wal, post: Post, tick_s: float = limits.raft_tick_s):
+    def __init__(self, node_id: int, wal: Wal, post: Post, tick_s: float = limits.raft_tick_s,
+                 world: World = WORLD):
         self.node_id = node_id
-        self.rounds = Rounds(node_id, wal, post, tick_s)
+        self.world = world
+        self.rounds = Rounds(node_id, wal, post, tick_s, world)
         self.groups = self.rounds.groups  # the groups hosted here, by id: the rounds' own dict, read here
         self.wal = wal
         self.tick_s = tick_s
@@ -209,14 +212,14 @@ class RaftHost:
         name = snapshots.file_of(group, snapshot)
         download = None
         try:
-            download = await trio.to_thread.run_sync(self.snapshot_files.download, group, snapshot)
+            download = await self.world.run_sync(self.snapshot_files.download, group, snapshot)
             log.info("group %d: fetching snapshot %s from node %d at byte %d", group, name, message.sender,
                      download.offset)
             failures = 0
             while not download.done:
                 try:
                     piece = await fetch(message.sender, group, name, download.offset)
-                    await trio.to_thread.run_sync(download.append, piece)
+                    await self.world.run_sync(download.append, piece)
                     failures = 0
                 except RocketError as error:
                     failures += 1
@@ -226,7 +229,7 @@ class RaftHost:
                     log.info("group %d: fetching snapshot %s resumes at byte %d after: %s", group, name,
                              download.offset, error.message)
                     await trio.sleep(limits.snapshot_fetch_retry_s)
-            await trio.to_thread.run_sync(download.finish)
+            await self.world.run_sync(download.finish)
         except (RocketError, OSError) as error:
             log.warning("group %d: snapshot %s not fetched from node %d: %s", group, name, message.sender, error)
             if download is not None:
@@ -244,7 +247,7 @@ class RaftHost:
     async def snapshot_chunk(self, group: int, name: str, offset: int) -> bytes:
         """At most limits.snapshot_chunk_bytes_max bytes of one of this node's snapshot files from offset, for
         a replica fetching it (RaftSnapshotChunk)."""
-        return await trio.to_thread.run_sync(self.snapshot_files.read, group, name, offset)
+        return await self.world.run_sync(self.snapshot_files.read, group, name, offset)
 
     def remove_group(self, group: int) -> None:
         """Stop hosting a group this node is no longer a member of (its WAL records stay until a checkpoint)."""

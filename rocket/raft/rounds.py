@@ -17,7 +17,7 @@ import trio
 
 from rocket import limits
 from rocket.clock import on_the_grid, sleep_periodic
-from rocket.disk.files import free_bytes, out_of_space
+from rocket.disk.files import out_of_space
 from rocket.errors import Code, RocketError, invariant
 from rocket.parked import Deadlines, Slot
 from rocket.raft import codec, snapshots
@@ -27,6 +27,7 @@ from rocket.raft.planner import Outgoing, Planner, Round
 from rocket.raft.snapshots import SnapshotFiles
 from rocket.raft.wal import GroupState, Update, Wal
 from rocket.replication import StateMachine
+from rocket.world import World
 
 log = logging.getLogger("rocket.raft")
 
@@ -64,8 +65,9 @@ class Rounds:
     error: a round the WAL refuses (ENOSPC) is written again once space returns, and while free space is under
     limits.disk_reserve_bytes the node refuses new data (disk_refusal)."""
 
-    def __init__(self, node_id: int, wal: Wal, post: Post, tick_s: float):
+    def __init__(self, node_id: int, wal: Wal, post: Post, tick_s: float, world: World):
         self.node_id = node_id
+        self.world = world  # the disk's free space and the persist threads
         self.wal = wal
         self._post = post
         self.tick_s = tick_s
@@ -271,7 +273,7 @@ class Rounds:
             return
         self._disk_looked_at = now
         try:
-            free = free_bytes(self.wal.log.directory)
+            free = self.world.free_bytes(self.wal.log.directory)
         except OSError:
             return
         self.disk_free_bytes = free
@@ -393,7 +395,7 @@ class Rounds:
         """Run work in a thread that run() waits for. done(outcome) runs in the trio thread once it returned, and
         says what fails the round loop (by default, the work's own error)."""
         self._persisting += 1
-        trio.lowlevel.start_thread_soon(
+        self.world.start_thread_soon(
             work, lambda outcome: self._in_trio.run_sync_soon(self._thread_ended, outcome, done))
 
     def _thread_ended(self, outcome, done: Callable[[Any], BaseException | None] | None) -> None:
@@ -459,7 +461,7 @@ class Rounds:
         compactions, deferred = self.compaction.take(), self.planner.take_deferred()  # the checkpoint holds every
         # snapshot and every hard state
         try:
-            await trio.to_thread.run_sync(self._checkpoint_now, live)
+            await self.world.run_sync(self._checkpoint_now, live)
         except OSError as error:
             if not out_of_space(error):
                 raise
@@ -513,7 +515,7 @@ class Rounds:
         whole record (CommitLog.append). Free space under the reserve makes the node refuse new data."""
         written = self.wal.write(updates), [self.wal.write_data(blobs) for blobs in data]
         with contextlib.suppress(OSError):
-            free = free_bytes(self.wal.log.directory)
+            free = self.world.free_bytes(self.wal.log.directory)
             if free < limits.disk_reserve_bytes:
                 self._in_trio.run_sync_soon(self._disk_full, f"{free // limits.MiB} MiB free", free)
         return written

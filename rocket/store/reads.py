@@ -16,6 +16,7 @@ from rocket.store import pop
 from rocket.store.manifest import TierQueue
 from rocket.store.pop import PopQueue
 from rocket.store.values import IndexEntry, QueueStats
+from rocket.world import World
 
 if TYPE_CHECKING:
     from rocket.disk.commitlog import CommitLog
@@ -27,8 +28,9 @@ class Reads:
     """Reads over the state machine's state, the queue index and the WAL, which the store writes; the store wakes
     the long polls waiting on a queue it applied to (wake)."""
 
-    def __init__(self, machine: StorageMachine, index: QueueIndex, data: CommitLog):
+    def __init__(self, machine: StorageMachine, index: QueueIndex, data: CommitLog, world: World):
         self.machine = machine
+        self.world = world
         self.index = index
         self.data = data  # the WAL: where batches lie
         self._watchers: dict[tuple[str, int], set[trio.Event]] = {}  # queue -> the long polls waiting on it
@@ -65,7 +67,7 @@ class Reads:
             return self.read_entries(topic, queue, entries), next_offset
         ahead, _ = self.locate(topic, queue, next_offset, max_bytes, False, tag_mask)  # the next read's
         try:
-            found = await trio.to_thread.run_sync(self._read_entries_ahead, topic, queue, entries, ahead)
+            found = await self.world.run_sync(self._read_entries_ahead, topic, queue, entries, ahead)
         except RocketError:
             if min(entry.position for entry in entries) >= self.data.start_position:
                 raise

@@ -24,6 +24,7 @@ from rocket.store.reclaim import Reclaim
 from rocket.store.replay import load, migrate
 from rocket.store.timers import StoreTimers
 from rocket.store.values import IndexEntry, QueueStats
+from rocket.world import WORLD, World
 
 log = logging.getLogger("rocket.store")
 
@@ -64,13 +65,14 @@ class Store:
     reclaim syncs it before it deletes a segment. What is not in a group's log (backfilled batches, batches moved
     forward, settled timer batches forgotten) is redone if a power cut loses it."""
 
-    def __init__(self, index: QueueIndex, data: CommitLog, kv: KvIndex):
+    def __init__(self, index: QueueIndex, data: CommitLog, kv: KvIndex, world: World = WORLD):
         self.index = index
+        self.world = world  # worker threads for blocking reads and syncs
         self.data = data  # the WAL: where batches lie
         self.kv = kv
         self.machine = StorageMachine(index, kv)
         self.machine.kv_shards, self.machine.kv_applied = kv.shards(), kv.applied()
-        self.reads = Reads(self.machine, index, data)
+        self.reads = Reads(self.machine, index, data, world)
         self._kv_watchers: dict[tuple[str, int], set[trio.Event]] = {}
         self.timers = StoreTimers(self.machine, index, self.reads.read)
         self._dirty = False  # written since the background sync last ran
@@ -89,11 +91,11 @@ class Store:
         self._held: list[Effects] | None = None  # what applies changed, persisted at the end of holding()
 
     @classmethod
-    def open(cls, directory: Path, data: CommitLog) -> "Store":
+    def open(cls, directory: Path, data: CommitLog, world: World = WORLD) -> "Store":
         """data is the node's Raft WAL, where the batches of applied entries lie."""
         directory.mkdir(parents=True, exist_ok=True)
         index = QueueIndex(directory / "index")
-        store = cls(index, data, KvIndex(directory / "kv"))
+        store = cls(index, data, KvIndex(directory / "kv"), world)
         migrate(directory, index, store.machine)  # the store's own log of an earlier build, if one is there
         load(index, store.machine)
         return store
@@ -332,7 +334,7 @@ class Store:
             await sleep_periodic(limits.store_sync_s)
             if self._dirty:
                 self._dirty = False
-                await trio.to_thread.run_sync(self.sync)
+                await self.world.run_sync(self.sync)
 
     def close(self) -> None:
         self.sync()

@@ -1,14 +1,12 @@
 """Seeds for the simulation tests: `--seed N` replays one run exactly; `--sim-seeds N` runs N of them (without it, 200,
-or fewer for a slower simulation that says so with its sim_seeds mark). Fixtures for the roles simulations: a disk in
-memory, blocking I/O inline."""
+or fewer for a slower simulation that says so with its sim_seeds mark). The roles simulations' disk is in memory
+(fast_disk)."""
 
 import shutil
 import tempfile
 from pathlib import Path
 
-import outcome
 import pytest
-import trio
 
 DEFAULT_SEEDS = 200
 
@@ -38,16 +36,3 @@ def fast_disk():
     directory = Path(tempfile.mkdtemp(prefix="rocket-sim-", dir=parent))
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def inline_threads(monkeypatch):
-    """Blocking I/O runs inline: with a worker thread busy, the mock clock would jump ahead of it."""
-    async def run_sync(function, *args, **_):
-        return function(*args)
-
-    def start_thread_soon(function, deliver, **_):
-        deliver(outcome.capture(function))
-
-    monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
-    monkeypatch.setattr(trio.lowlevel, "start_thread_soon", start_thread_soon)

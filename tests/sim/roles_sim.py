@@ -3,20 +3,29 @@ one trio run, wired by node.py's own build_roles, on trio's MockClock (wall time
 in-memory network that delays and drops, with nodes that crash as in a power cut (their logs lose what was
 written after their last sync) and restart.
 
-One seeded random source decides the delays, the losses, which node a writer asks and trio's own
-scheduling order; blocking file I/O runs inline instead of in worker threads, so that the clock
-only moves when every task waits. A failing run prints its seed and replays with `--seed N`.
+One seeded random source decides the delays, the losses, which node a writer asks, the ids the nodes draw and
+trio's own scheduling order (ties between deadlines included); each node's world (rocket/world.py) runs blocking I/O
+inline instead of in worker threads, so that the clock only moves when every task waits, and sees a fixed free
+space. A seed so replays exactly: the network's trace (every call, answer and Raft payload, with its time and a
+digest of its bytes) is the same each run. A failing run prints its seed and replays with `--seed N`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import heapq
+import itertools
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
+import outcome
 import trio
 import trio._core._run as trio_run
+import trio.testing
 
 from rocket import limits
 from rocket.client.producer import Sequencer
@@ -35,10 +44,13 @@ from rocket.serde import batch as batch_codec
 from rocket.serde import avro_codec
 from rocket.transport.methods import method_spec
 from rocket.transport.rpc import Dispatcher
+from rocket.world import World
 
 EPOCH_S = 1_700_000_000.0  # the simulated wall time when trio's clock reads 0
 SIMULATED_S_MAX = 300.0  # a controller-mode run that has not ended by then is stuck: it fails, not spins
 CONTROLLER_METHODS = {"NodeHeartbeat", "ControllerAlterSyncStateSet"}  # a storage node's calls to the controller
+FREE_BYTES = 64 << 30  # what every simulated disk has free, whatever the machine's has
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -48,8 +60,39 @@ class NetworkFaults:
     call_loss: float = 0.0  # chance a call's answer is lost (the caller sees CONNECTION_LOST)
 
 
+class SimWorld(World):
+    """A simulated node's machine: blocking work runs inline (with a worker thread busy, the mock clock would jump
+    ahead of it), the disk has FREE_BYTES free, and randomness follows the seed."""
+
+    def free_bytes(self, directory: Path) -> int:
+        return FREE_BYTES
+
+    async def run_sync(self, function: Callable[..., T], *args: Any) -> T:
+        return function(*args)
+
+    def start_thread_soon(self, work: Callable[[], T], deliver: Callable[[outcome.Outcome[T]], object]) -> None:
+        deliver(outcome.capture(work))
+
+
+def deterministic_trio(seed: int) -> None:
+    """Trio's scheduler follows the seed, whether Hypothesis is loaded or not: each batch of runnable tasks is put in
+    the order they were made, then shuffled by the seeded draw (trio's mode under Hypothesis), and deadlines that fall
+    at the same time expire in the order they were armed (trio breaks that tie by the cancel scopes' id(), an address
+    that differs between runs and processes). For the rest of the process: both are orders trio leaves open."""
+    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
+    trio_run._r.seed(seed)
+    armed = itertools.count()
+
+    def add(self, deadline: float, cancel_scope) -> None:
+        heapq.heappush(self._heap, (deadline, next(armed), cancel_scope))
+        self._active += 1
+
+    trio_run.Deadlines.add = add
+
+
 class Network:
-    """Delivers calls and Raft payloads between simulated nodes; node 0 is the client."""
+    """Delivers calls and Raft payloads between simulated nodes; node 0 is the client. trace records each call, answer
+    and payload: its time, its ends, and a digest of its bytes."""
 
     def __init__(self, randomness: random.Random, faults: NetworkFaults):
         self.random = randomness
@@ -60,6 +103,11 @@ class Network:
         self.nodes: dict[int, SimNode] = {}
         self.by_address: dict[tuple[str, int], SimNode] = {}
         self.calls = self.lost = 0
+        self.trace: list[str] = []
+
+    def note(self, what: str, sender: int, receiver: object, data: bytes) -> None:
+        digest = hashlib.blake2b(data, digest_size=8).hexdigest()
+        self.trace.append(f"{trio.current_time():.6f} {what} {sender}>{receiver} {digest}")
 
     def delay(self) -> float:
         return self.random.uniform(0, self.faults.delay_s_max)
@@ -82,8 +130,10 @@ class Network:
             await trio.sleep(min(timeout_s, limits.connect_timeout_s))
             raise RocketError(Code.TIMEOUT, f"{method} got no answer (partitioned)")
         self.calls += 1
-        request_type = method_spec(method).request_type  # through the serde, as over the wire: defaults filled
-        request = avro_codec.decode(request_type, avro_codec.encode(request_type, request))
+        spec = method_spec(method)
+        encoded = avro_codec.encode(spec.request_type, request)
+        self.note(method, sender, target.config.node_id, encoded)
+        request = avro_codec.decode(spec.request_type, encoded)  # through the serde, as over the wire: defaults filled
         lose_answer = not reliable and self.random.random() < self.faults.call_loss
         with trio.move_on_after(timeout_s) as waited:
             await trio.sleep(self.delay())
@@ -91,6 +141,7 @@ class Network:
             await trio.sleep(self.delay())
         if waited.cancelled_caught:
             raise RocketError(Code.TIMEOUT, f"{method} got no answer within {timeout_s} s")
+        self.note(f"{method}:answer", target.config.node_id, sender, avro_codec.encode(spec.response_type, response))
         if lose_answer:
             self.lost += 1
             raise RocketError(Code.CONNECTION_LOST, "connection lost (simulated)")
@@ -100,6 +151,7 @@ class Network:
         target = self.nodes.get(destination)
         if target is None or not target.up or self.cut(sender, destination) or self.random.random() < self.faults.drop:
             return
+        self.note("raft", sender, destination, payload)
         target.deliver(self.delay(), payload)
 
 
@@ -177,6 +229,7 @@ class SimNode:
         self.config = config
         self.network = network
         self.clock = clock
+        self.world = SimWorld(random.Random(network.random.getrandbits(64)))
         self.disk = Disk()
         self.up = False
         self.starts = 0
@@ -200,10 +253,10 @@ class SimNode:
         self.disk.watch("wal", wal.log)
         addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
         self.host = RaftHost(config.node_id, wal, functools.partial(self.network.post, config.node_id),
-                             tick_s=config.raft_tick_s)
+                             tick_s=config.raft_tick_s, world=self.world)
         peers = Peers(config, self.dispatcher, SimPool(self.network, config.node_id))
         peers.telemetry = self.telemetry
-        roles = build_roles(config, self.host, peers, self.dispatcher, self.clock, addresses)
+        roles = build_roles(config, self.host, peers, self.dispatcher, self.clock, addresses, world=self.world)
         self.storage, self.nameserver = roles.storage, roles.nameserver
         if self.nameserver is not None and self.nameserver_objects is not None:
             for part in (self.nameserver.forecasts, self.nameserver.health):  # where they read their models
@@ -286,7 +339,7 @@ class Writers:
         self.sent: set[int] = set()
         self.resends = 0
         self._next_seq = 0
-        self.sequencer = Sequencer()
+        self.sequencer = Sequencer(network.random.getrandbits(63) or 1)
 
     async def run(self, stop: trio.Event, done: trio.Event) -> None:
         async with trio.open_nursery() as nursery:
@@ -380,7 +433,7 @@ def node_config(node: int, nodes: int, base: Path, groups: int) -> NodeConfig:
 
 def cluster(seed: int, base: Path, faults: NetworkFaults, groups: int) -> tuple[Network, dict[int, SimNode]]:
     """Three all-role nodes on one network, every random choice (trio's scheduling too) following the seed."""
-    trio_run._r.seed(seed)
+    deterministic_trio(seed)
     network = Network(random.Random(seed), faults)
     clock = TrioWallClock(EPOCH_S)
     return network, {node: SimNode(node_config(node, 3, base, groups), network, clock) for node in (1, 2, 3)}
@@ -393,11 +446,14 @@ async def start_nodes(nursery: trio.Nursery, nodes: dict[int, SimNode]) -> None:
             starting.start_soon(nursery.start, node.run)
 
 
-async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int = 6, partition: bool = False) -> dict:
+async def run_failover(seed: int, base: Path, faults: NetworkFaults, groups: int = 6, partition: bool = False,
+                       trace: list[str] | None = None) -> dict:
     """Three all-role nodes under writes: crash the busiest storage leader, restart it, crash the
     nameserver leader, restart it (with partition, cut each off for a while instead: it keeps running,
-    believing it leads, and comes back); then consume everything and check it."""
+    believing it leads, and comes back); then consume everything and check it. The network's trace goes to trace."""
     network, nodes = cluster(seed, base, faults, groups)
+    if trace is not None:
+        network.trace = trace
     report: dict = {"seed": seed, "kills": []}
     async with trio.open_nursery() as nursery:
         await start_nodes(nursery, nodes)
@@ -589,3 +645,20 @@ async def run_controller_failover(seed: int, base: Path, faults: NetworkFaults, 
     report["two_masters_in_an_epoch"] = {f"{group}@{epoch}": sorted(found)
                                          for (group, epoch), found in master_log.masters.items() if len(found) > 1}
     return report
+
+
+REPLAYED_FAULTS = NetworkFaults(drop=0.02, call_loss=0.01)  # what a replay is checked under: every random draw in use
+
+
+def failover_trace(seed: int, base: Path) -> list[str]:
+    """The network's trace of one failover run under REPLAYED_FAULTS, on trio's mock clock."""
+    trace: list[str] = []
+    trio.run(functools.partial(run_failover, seed, base, REPLAYED_FAULTS, trace=trace),
+             clock=trio.testing.MockClock(autojump_threshold=0))
+    return trace
+
+
+if __name__ == "__main__":  # python -m tests.sim.roles_sim SEED DIRECTORY: print a failover run's trace
+    import sys
+
+    print("\n".join(failover_trace(int(sys.argv[1]), Path(sys.argv[2]))))

@@ -117,7 +117,7 @@ def transitions(timeline) -> list[tuple[float, frozenset[int]]]:
     return changes
 
 
-def test_a_slow_disk_is_degraded_after_three_windows_leads_nothing_and_returns_after_six(fast_disk, inline_threads):
+def test_a_slow_disk_is_degraded_after_three_windows_leads_nothing_and_returns_after_six(fast_disk):
     """Hysteresis and the action: node 2's fsyncs 50x slower from 5 s to 30 s."""
     report = run(fast_disk, lambda node, t: 0.05 if node == 2 and 5 <= t < 30 else FAST_S, never, 60)
     changes = transitions(report["timeline"])
@@ -130,7 +130,7 @@ def test_a_slow_disk_is_degraded_after_three_windows_leads_nothing_and_returns_a
     assert settled and all(leads[2] == 0 and sum(leads.values()) == 3 for leads in settled), settled
 
 
-def test_the_replicas_of_a_node_degraded_past_the_limit_move_to_healthy_nodes(fast_disk, inline_threads):
+def test_the_replicas_of_a_node_degraded_past_the_limit_move_to_healthy_nodes(fast_disk):
     """Two replicas per group over three nodes: node 2, degraded from about 11 s, holds its replicas until it has
     been degraded for health_move_after_s, then they move to the healthy nodes, a move at a time at most
     limits.replica_moves_max."""
@@ -143,7 +143,7 @@ def test_the_replicas_of_a_node_degraded_past_the_limit_move_to_healthy_nodes(fa
     assert held[-1][1] == 0 and sum(last.values()) == sum(first.values()), (first, last)  # none lost on the way
 
 
-def test_a_new_nameserver_leader_keeps_the_degraded_nodes(fast_disk, inline_threads):
+def test_a_new_nameserver_leader_keeps_the_degraded_nodes(fast_disk):
     """The judge's states are in the metadata: when the nameserver leadership moves while node 3 is degraded, the
     new leader starts with node 3 degraded (not healthy for three windows, handing it leaderships back)."""
     leaders = []
@@ -161,7 +161,7 @@ def test_a_new_nameserver_leader_keeps_the_degraded_nodes(fast_disk, inline_thre
     assert report["leaders"][-1] == leaders[0][1], (report["leaders"], leaders)
 
 
-def test_never_more_than_a_minority_degraded(fast_disk, inline_threads):
+def test_never_more_than_a_minority_degraded(fast_disk):
     """Nodes 2 and 3 both fail half the calls made to them: with three storage nodes, one may be degraded."""
     report = run(fast_disk, fast, lambda target, t: 0.5 if target in (2, 3) and t >= 0 else 0.0, 30)
     degraded_sets = {degraded for _, degraded, _ in report["timeline"]}
@@ -170,7 +170,7 @@ def test_never_more_than_a_minority_degraded(fast_disk, inline_threads):
     assert len(transitions(report["timeline"])) == 1  # the one degraded stays so: never swapped for the other
 
 
-def test_no_flapping_on_a_node_at_the_edge(fast_disk, inline_threads):
+def test_no_flapping_on_a_node_at_the_edge(fast_disk):
     """Slow one window in three never degrades a node (three in a row do); once degraded, a slow window in every
     four keeps it degraded (six healthy in a row bring it back). Its state changes once in the whole run."""
     def fsync_s(node, t):
@@ -196,7 +196,7 @@ class CorruptModel:
         raise RocketError(Code.NOT_FOUND, key)
 
 
-def test_a_bad_model_is_refused_and_the_threshold_still_acts(fast_disk, inline_threads):
+def test_a_bad_model_is_refused_and_the_threshold_still_acts(fast_disk):
     report = run(fast_disk, lambda node, t: 0.05 if node == 3 and t >= 5 else FAST_S, never, 20, CorruptModel())
     assert all(state.startswith("model refused") for state in report["model_states"].values()), report
     assert any(degraded == frozenset({3}) for _, degraded, _ in report["timeline"])

@@ -36,7 +36,7 @@ def simulate(seed: int, directory, scenario: KvScenario) -> dict:
 
 
 @pytest.mark.sim_seeds(KV_SEEDS)
-def test_kv_is_linearizable_under_crashes_partitions_and_losses(seed, fast_disk, inline_threads):
+def test_kv_is_linearizable_under_crashes_partitions_and_losses(seed, fast_disk):
     """Eight clients' history over six keys of three shards, under three crashes or partitions of shard (or
     nameserver) leaders and lost messages, is linearizable key by key, and no shard revision names two writes."""
     report = simulate(seed, fast_disk, SCENARIO)
@@ -58,7 +58,7 @@ PLANTED_SEEDS = (0, 1, 2, 4, 5, 6)  # each bug was caught with each of them (the
 
 
 @pytest.mark.parametrize("bug", list(PLANTED))
-def test_the_checker_catches_a_planted_bug(bug, fast_disk, inline_threads, monkeypatch):
+def test_the_checker_catches_a_planted_bug(bug, fast_disk, monkeypatch):
     """The KV workload and its checker have teeth: with a linearizable read served without the read barrier
     by any replica, or with a compare that always holds, some seed's history has no legal order."""
     monkeypatch.setattr(*PLANTED[bug])
@@ -90,7 +90,7 @@ async def range_with_two_nodes_down(base) -> RocketError:
     return raised.value
 
 
-def test_a_range_whose_shards_cannot_answer_fails_with_their_error_not_internal(fast_disk, inline_threads):
+def test_a_range_whose_shards_cannot_answer_fails_with_their_error_not_internal(fast_disk):
     """A range reads every shard at once; when they fail, the caller gets a shard's error (here UNAVAILABLE: no
     quorum), which it may retry, not INTERNAL made of the group of the shards' errors."""
     error = trio.run(range_with_two_nodes_down, fast_disk, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -132,7 +132,7 @@ async def put_whose_first_answer_is_lost(base) -> tuple[RocketError | None, dict
     return error, found["entries"][0]
 
 
-def test_a_put_whose_answer_is_lost_is_applied_once(fast_disk, inline_threads):
+def test_a_put_whose_answer_is_lost_is_applied_once(fast_disk):
     """A broker that gets no answer from storage for a KV write does not send it again (a second put could undo a
     later one, a CAS would answer CAS_FAILED to its own success): the caller learns the outcome is unknown, and the
     key changed once."""
@@ -164,7 +164,7 @@ async def put_cut_short_by_the_retry_deadline(base, plan: dict) -> tuple[RocketE
     return error, found["entries"][0]
 
 
-def test_a_write_out_when_the_broker_stops_retrying_is_unknown_not_unavailable(fast_disk, inline_threads,
+def test_a_write_out_when_the_broker_stops_retrying_is_unknown_not_unavailable(fast_disk,
                                                                                 monkeypatch):
     """UNAVAILABLE from a KV write means no try was applied (a client may send it again); when the broker's retries
     end while a try is out, that try may yet be applied, so the answer is TIMEOUT: the outcome is unknown."""

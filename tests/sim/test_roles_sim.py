@@ -4,6 +4,10 @@ message is consumed exactly once, at its offset, in queue order, whatever the se
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -11,7 +15,7 @@ import trio.testing
 
 from rocket import limits
 from rocket.disk.commitlog import CommitLog
-from tests.sim.roles_sim import Disk, NetworkFaults, run_controller_failover, run_failover
+from tests.sim.roles_sim import Disk, NetworkFaults, failover_trace, run_controller_failover, run_failover
 
 ROLE_SEEDS = 20  # at most, unless --seed: each run simulates about 20 s of a three-node cluster
 CONTROLLER_SEEDS = 10  # per scenario, at most (four scenarios; a deeper search runs with --sim-seeds)
@@ -22,7 +26,7 @@ CONTROLLER_SEEDS = 10  # per scenario, at most (four scenarios; a deeper search 
     (NetworkFaults(), False), (NetworkFaults(drop=0.02, call_loss=0.01), False), (NetworkFaults(drop=0.02), True),
 ], ids=["crashes", "crashes-losses", "partitions"])
 def test_roles_survive_two_failures_without_losing_an_acknowledged_message(
-        seed, faults, partition, fast_disk, inline_threads):
+        seed, faults, partition, fast_disk):
     clock = trio.testing.MockClock(autojump_threshold=0)
     try:
         report = trio.run(functools.partial(run_failover, seed, fast_disk, faults, partition=partition), clock=clock)
@@ -33,6 +37,23 @@ def test_roles_survive_two_failures_without_losing_an_acknowledged_message(
     assert report["acknowledged"] > 100 and len(report["kills"]) == 2
     assert report["duplicates"] == 0, report  # resent batches are numbered by their producer: stored once
     assert report["replica_reads"] > 0  # followers in sync served some of the reads
+
+
+def test_a_seed_replays_the_same_trace(fast_disk):
+    """A seed replays exactly: run here, and again in another process under another hash seed (which orders sets of
+    strings, and moves every id()), the network's traces are equal, every call, answer and Raft payload at the same
+    time between the same nodes with the same bytes."""
+    seed = 3
+    here = failover_trace(seed, fast_disk / "here")
+    hash_seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
+    there = subprocess.run([sys.executable, "-m", "tests.sim.roles_sim", str(seed), str(fast_disk / "there")],
+                           cwd=Path(__file__).resolve().parents[2], env={**os.environ, "PYTHONHASHSEED": hash_seed},
+                           capture_output=True, text=True, timeout=600, check=True).stdout.splitlines()
+    assert len(here) > 1000
+    parted = next((index for index, (one, other) in enumerate(zip(here, there)) if one != other), min(len(here),
+                                                                                                       len(there)))
+    assert here == there, f"the traces part at event {parted} of {len(here)}: {here[parted:parted + 1]} against " \
+                          f"{there[parted:parted + 1]}"
 
 
 def test_a_crash_loses_what_was_written_after_the_last_sync(tmp_path):
@@ -61,7 +82,7 @@ def test_a_crash_loses_what_was_written_after_the_last_sync(tmp_path):
     (NetworkFaults(), "crashes"), (NetworkFaults(drop=0.02, call_loss=0.01), "crashes"),
     (NetworkFaults(drop=0.02), "partitions"), (NetworkFaults(drop=0.01), "controller_cut"),
 ], ids=["crashes", "crashes-losses", "partitions", "controller-cut"])
-def test_controller_mode_groups_lose_no_acknowledged_message(seed, faults, scenario, fast_disk, inline_threads):
+def test_controller_mode_groups_lose_no_acknowledged_message(seed, faults, scenario, fast_disk):
     """Two-replica controller-mode groups (RIP-44) under the roles' own code: every acknowledged message is consumed
     once at its offset in queue order, committed log prefixes agree, and no epoch had two masters."""
     clock = trio.testing.MockClock(autojump_threshold=0)

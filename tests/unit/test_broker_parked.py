@@ -6,6 +6,7 @@ proposed is sent again, numbered as before."""
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 import trio
@@ -85,7 +86,7 @@ class Broker:
             self.dispatcher.handle(method, None, parked=lambda request, slot: self.parked.append((request, slot)))
         self.peers = Nameservers(self.dispatcher)
         self.routes = Routes(self.peers, Clock())
-        self.producer = Produce(self.routes, Turns())
+        self.producer = Produce(self.routes, Turns(), random.Random(1))
         self.kv = KeyValues(self.routes, self.peers)
         self.keys = {shard: next(f"k{n}" for n in itertools.count() if shard_of(f"k{n}", 2) == shard)
                      for shard in (0, 1)}

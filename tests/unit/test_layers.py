@@ -1,6 +1,8 @@
-"""Cores have no I/O (DESIGN.md rule 1) and the runtime never imports pyspark."""
+"""Cores have no I/O (DESIGN.md rule 1), the roles and the Raft host take time and the machine from what node.py
+gives them, and the runtime never imports pyspark."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ CORES = ["serde/batch.py", "serde/piece.py", "disk/record.py", "transport/frames
          "gateway/rocketmq/signature.py", "raft/codec.py", "raft/types.py", "raft/controlled.py", "raft/progress.py",
          "roles/nameserver/metadata.py", "ml/placement.py", "ml/forecast.py", "ml/load.py", "ml/health.py", "ml/trees.py", "filter/__init__.py", "filter/tags.py", "filter/sql.py",
          "store/commands.py", "store/records.py", "store/manifest.py", "store/machine.py", "store/values.py",
-         "store/pop.py", "quotas.py"]
+         "store/pop.py", "quotas.py", "raft/planner.py"]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -44,3 +46,16 @@ def test_roles_read_the_clock_they_are_given(path):
     """Roles and gateways take wall and monotonic time from the Clock node.py gives them (rocket/clock.py), so
     that a simulator can move both: none imports time."""
     assert "time" not in imported_modules(ROOT / path)
+
+
+OWN_MACHINE = re.compile(r"to_thread|trio\.lowlevel\.start_thread_soon|statvfs|disk_usage|SystemRandom|os\.urandom|secrets\."
+                         r"|\brandom\.(random|randint|choice|getrandbits|randrange|shuffle|uniform|sample)\(")
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for folder in ("roles", "raft", "store")
+                                         for p in (ROOT / folder).rglob("*.py")))
+def test_roles_and_the_raft_host_take_the_machine_from_their_world(path):
+    """Worker threads, free space and randomness come from the World node.py gives them (rocket/world.py), so that
+    the roles simulator replays a seed exactly: none starts a thread, looks at the disk or draws from the OS itself
+    (the Raft cores' own Random is seeded by their config)."""
+    assert not OWN_MACHINE.search((ROOT / path).read_text())

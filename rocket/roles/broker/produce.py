@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import secrets
+import random
 from collections.abc import AsyncIterator
 
 import trio
@@ -44,12 +44,12 @@ class Produce:
     Produces to any queue (-1) stick to one queue until one of them is answered (_produce_queue), so that one
     group's Raft round carries the batches sent meanwhile."""
 
-    def __init__(self, routes: Routes, turns: Turns):
+    def __init__(self, routes: Routes, turns: Turns, randomness: random.Random):
         self.routes = routes
         self.turns = turns
         # The producer the broker is for clients that number no batches (its gateways'), so that its own storage
         # retries store a batch once: a random id, and one sequence for all its batches (store/producers.py).
-        self._producer_id = secrets.randbits(63) or 1
+        self._producer_id = randomness.getrandbits(63) or 1
         self._sequences = itertools.count()
 
     async def produce(self, request: dict) -> dict:

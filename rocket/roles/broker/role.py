@@ -18,6 +18,7 @@ from rocket.roles.broker.pull import Filters, Pull
 from rocket.roles.broker.routes import Routes, Turns
 from rocket.roles.peers import Peers
 from rocket.transport.rpc import Dispatcher
+from rocket.world import WORLD, World
 
 # What the nameservers answer, which a broker forwards: cluster status and operations, users, policies and quotas.
 FORWARDED = ("ClusterStatus", "DrainNode", "PlacementExplain", "NodeHealth", "PinNodeHealth", "AclCreateUser",
@@ -28,12 +29,12 @@ class Broker:
     """The broker's parts, each owning its state, over one Routes: they share its route cache, its knowledge of the
     groups' leaders and silent nodes, and the nursery (Routes.run) of the tasks that outlive a call."""
 
-    def __init__(self, peers: Peers, roles: tuple[str, ...], clock: Clock):
+    def __init__(self, peers: Peers, roles: tuple[str, ...], clock: Clock, world: World = WORLD):
         self.routes = Routes(peers, clock)
         turns, filters = Turns(), Filters()
         settings = GroupSettings(peers)
         self.admin = Admin(self.routes, peers, roles, settings)
-        self.producer = Produce(self.routes, turns)
+        self.producer = Produce(self.routes, turns, world.random)
         self.pull = Pull(self.routes, peers, filters)
         self.pop = PopConsumption(self.routes, clock, turns, filters, settings)
         self.groups = ConsumerGroups(self.routes)

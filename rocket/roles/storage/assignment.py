@@ -6,7 +6,6 @@ answers rejoins its groups.
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -146,7 +145,7 @@ class Assignments:
         controlled = [{"group": group, "epoch": position[0], "last_index": position[1]}
                       for group in groups if (position := self.host.controlled_position(group)) is not None]
         load = {"groups": len(groups), "leads": leads, "bytes": wal.end_position - wal.start_position,  # on disk
-                "free_disk_bytes": shutil.disk_usage(self.config.data_dir).free, "lagging": lagging,
+                "free_disk_bytes": self.store.world.free_bytes(self.config.data_dir), "lagging": lagging,
                 "group_bytes_in": [{"group": group, "bytes": count} for group, count in group_bytes.items()],
                 "topic_bytes_in": [{"topic": topic, "bytes": count} for topic, count in topic_bytes.items()],
                 "controlled": controlled}

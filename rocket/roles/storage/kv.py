@@ -158,12 +158,12 @@ class KeyValues:
         now_ms = self.clock.wall_ms()
         start, end = request["start"], request["end"] or None
         if operation == "count":
-            count = await trio.to_thread.run_sync(kv.count, bucket, shard, start, end, now_ms)
+            count = await self.store.world.run_sync(kv.count, bucket, shard, start, end, now_ms)
             return {"entries": [], "count": count, "revision": revision}
         if operation == "export":
             return self._kv_export_page(bucket, shard, request["cursor"], revision, now_ms)
         if operation == "digest":
-            keys, size, digest = await trio.to_thread.run_sync(kv.digest, bucket, shard)
+            keys, size, digest = await self.store.world.run_sync(kv.digest, bucket, shard)
             return {"entries": [], "revision": revision, "keys": keys, "bytes": size, "digest": digest}
         limit = min(max(request["limit"], 1), limits.kv_range_keys_max)
         found, more = kv.range(bucket, shard, start, end, request["after"] or None, limit, limits.kv_range_bytes_max,

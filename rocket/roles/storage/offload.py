@@ -150,7 +150,7 @@ class Offloader:
             return False
         # The batches' CRCs, the copy into one object and its MD5 are CPU work on up to a piece of bytes:
         # a worker thread does them (zlib and hashlib let go of the GIL), not the node's trio thread.
-        piece, segment, index = await trio.to_thread.run_sync(build, self.settings.prefix, topic, queue, run)
+        piece, segment, index = await self.store.world.run_sync(build, self.settings.prefix, topic, queue, run)
         await self._delete_orphans(topic, queue, piece)
         await self._objects.put(piece.index_key, index)
         await self._objects.put(piece.key, segment)

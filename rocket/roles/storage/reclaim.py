@@ -49,7 +49,7 @@ class WalReclaim:
             # The oldest segment is pinned: look at what lives in the oldest few (a scan of their batches,
             # so not again for a while unless some local data went meanwhile).
             window = [starts[0]] + ends[:limits.wal_reclaim_window_segments]
-            live, settled = await trio.to_thread.run_sync(self.store.reclaim.wal_live, window[0], window[-1])
+            live, settled = await self.store.world.run_sync(self.store.reclaim.wal_live, window[0], window[-1])
             self.store.reclaim.forget(settled)
             oldest = [found for found in live if found[2].position < window[1]]
             if oldest and sum(entry.batch_bytes for _, _, entry in live) <= \
@@ -59,7 +59,7 @@ class WalReclaim:
             self._drops_seen, self._rescan_at = drops, trio.current_time() + limits.wal_rescan_s
         if floor < ends[0]:
             return 0
-        await trio.to_thread.run_sync(self.store.sync)  # the drops and moves counted on are durable first
+        await self.store.world.run_sync(self.store.sync)  # the drops and moves counted on are durable first
         # A read of the WAL in a worker thread that finds its segment gone reads again (Store.fetch).
         removed = wal.log.delete_before(floor)
         if removed:

@@ -30,6 +30,7 @@ from rocket.store.store import Store
 from rocket.tier.cold import ColdReader
 from rocket.tier.objectstore import ObjectStore
 from rocket.transport.rpc import Dispatcher
+from rocket.world import WORLD, World
 
 log = logging.getLogger("rocket.storage")
 
@@ -41,8 +42,9 @@ class StorageRole:
     clients can grow has a bound in limits, or a comment saying what bounds it."""
 
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
-                 clock: Clock, objects: ObjectStore | None = None):
-        self.store = Store.open(config.data_dir / "storage", host.wal.log)
+                 clock: Clock, objects: ObjectStore | None = None, world: World = WORLD):
+        # world: the machine's threads and free space, which every part takes from the store
+        self.store = Store.open(config.data_dir / "storage", host.wal.log, world)
         host.sync_before_snapshots = self.store.sync  # a group's snapshot covers what the store wrote up to it
         self.store.leads = host.leads  # the load a group's leader reports (assignment.py)
         self.gate = Gate(host, config.node_id)
