@@ -283,13 +283,164 @@ class NodeHealthResponse(msgspec.Struct, kw_only=True):
     nodes: list[NodeHealthInfo]
 
 
+# ---- nodes: heartbeats, assignments, routes and the cluster's status (roles/nameserver/role.py) -----------------
+
+class GroupBytes(msgspec.Struct):  # this and the next three: records defined inside NodeLoad.avsc
+    group: int
+    bytes: int
+
+
+class TopicBytes(msgspec.Struct):
+    topic: str
+    bytes: int
+
+
+class PeerCalls(msgspec.Struct):
+    peer: str
+    calls: int
+    errors: int
+    buckets: list[int] = []  # cumulative per bucket of RPC_BUCKETS
+
+
+class ControlledReplica(msgspec.Struct):
+    group: int
+    epoch: int
+    last_index: int
+
+
+class NodeLoad(msgspec.Struct):
+    groups: int = 0
+    leads: list[int] = []
+    bytes: int = 0
+    free_disk_bytes: int = 0
+    lagging: list[ReplicaLag] = []
+    group_bytes_in: list[GroupBytes] = []
+    topic_bytes_in: list[TopicBytes] = []
+    fsync_buckets: list[int] = []  # cumulative per bucket of FSYNC_BUCKETS
+    peer_calls: list[PeerCalls] = []
+    cpu_starved_s: float = 0.0
+    controlled: list[ControlledReplica] = []
+
+
+class NodeHeartbeatRequest(msgspec.Struct):
+    node: int
+    address: str
+    roles: list[str]
+    load: NodeLoad
+    assignment_version: int = -1  # -1: it holds none
+    version: str = ""
+    schema_version: int = 1
+
+
+class NodeAddress(msgspec.Struct):
+    id: int
+    address: str
+
+
+class Assignment(msgspec.Struct):
+    version: int
+    groups: list[GroupInfo]
+    nodes: list[NodeAddress]
+    unchanged: bool = False  # the node's assignment of version holds: groups and nodes are empty
+
+
+class TopicRequest(msgspec.Struct):
+    topic: str
+
+
+class Route(msgspec.Struct):
+    version: int
+    topic: TopicInfo
+    queue_groups: list[int]  # queue -> its group
+    groups: list[GroupInfo]
+    nodes: list[NodeAddress]
+
+
+class NodeStatus(msgspec.Struct, kw_only=True):  # kw_only: load is required after defaulted fields
+    id: int
+    address: str
+    roles: list[str]
+    state: str
+    heartbeat_age_ms: int = -1
+    load: NodeLoad
+    health: str = ""
+    health_reason: str = ""
+    version: str = ""
+    schema_version: int = 1
+
+
+class ClusterStatusResponse(msgspec.Struct):
+    version: int
+    nameserver_leader: int
+    nameservers: list[int]
+    nodes: list[NodeStatus]
+    groups: list[GroupInfo]
+    topics: int = 0
+    moving: int = 0
+    placement: str = ""
+    load_series: int = 0
+
+
+# ---- queue placement and its load history (roles/nameserver/queues.py, forecasts.py) ---------------------------
+
+class QueuePlacement(msgspec.Struct):  # a record defined inside PlacementExplainResponse.avsc
+    queue: int
+    group: int
+    node: int
+    predicted: float  # -1: not recorded
+    score: float
+    runner_up: int
+    runner_up_score: float
+
+
+class PlacementExplainResponse(msgspec.Struct):
+    topic: str
+    predictor: str
+    model: str
+    placed_ms: int
+    queues: list[QueuePlacement]
+    note: str = ""
+
+
+class SeriesStep(msgspec.Struct, kw_only=True):  # defined inside LoadShareRequest.avsc; kw_only as NodeHealthInfo
+    kind: str  # group or topic
+    group: int = 0
+    topic: str = ""
+    step: int  # ms since the epoch // 60,000
+    bytes: int
+
+
+class LoadShareRequest(msgspec.Struct):
+    steps: list[SeriesStep]
+
+
+# ---- the controller (roles/nameserver/controller.py) ------------------------------------------------------------
+
+class AlterSyncStateSetRequest(msgspec.Struct):
+    group: int
+    master: int
+    master_epoch: int
+    sync_state_set_epoch: int
+    sync_state_set: list[int]
+
+
+class ControlState(msgspec.Struct):
+    master: int
+    master_epoch: int
+    sync_state_set: list[int]
+    sync_state_set_epoch: int
+
+
 STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct in (
     Empty, AclCreateUserRequest, AclUser, AclUserRequest, AclUsersResponse, AclPolicy, AclPoliciesResponse, AclQuota,
     AclQuotasRequest, AclQuotasResponse, AclSealedUser, AclStateRequest, AclState, CreateConsumerGroupRequest,
     UpdateConsumerGroupRequest, ConsumerGroupInfo, ConsumerGroupsRequest, ConsumerGroupsResponse, ReplicaLag, GroupInfo,
     ElectionRecord, CreateStorageClassRequest, StorageClassInfo, StorageClassesRequest, StorageClassesResponse,
     CreateTopicRequest, TopicInfo, ListTopicsResponse, UpdateTopicRequest, CreateBucketRequest, BucketRequest,
-    DrainNodeRequest, NodeHealthRequest, PinNodeHealthRequest, HealthFeature, NodeHealthInfo, NodeHealthResponse)}
+    DrainNodeRequest, NodeHealthRequest, PinNodeHealthRequest, HealthFeature, NodeHealthInfo, NodeHealthResponse,
+    GroupBytes, TopicBytes, PeerCalls, ControlledReplica, NodeLoad, NodeHeartbeatRequest, NodeAddress, Assignment,
+    TopicRequest, Route, NodeStatus, ClusterStatusResponse, QueuePlacement, PlacementExplainResponse, SeriesStep,
+    LoadShareRequest, AlterSyncStateSetRequest, ControlState)}
 
 
 def convert(value: Any, struct: type[T]) -> T:

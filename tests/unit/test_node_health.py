@@ -22,9 +22,15 @@ from rocket.ml.placement import GroupLoad, degraded_leader_transfer
 from rocket.raft.core import Entry
 from rocket.roles.nameserver.health import NodeHealthChecks, fsync_window, node_windows
 from rocket.roles.nameserver.metadata import Metadata
+from rocket.serde.typed import NodeLoad, convert
 from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS
 
 NODES = [1, 2, 3]
+
+
+def loads(counts: dict[int, dict]) -> dict[int, NodeLoad]:
+    """Each node's heartbeat load, from the counts it carries in their plain form."""
+    return {node: convert(load, NodeLoad) for node, load in counts.items()}
 
 
 def windows(slow: dict[int, float] | None = None, errors: dict[int, int] | None = None, base_s: float = 0.001,
@@ -141,7 +147,7 @@ def test_windows_are_the_differences_of_the_heartbeats_counts():
     after = {1: {"fsync_buckets": buckets(60, 0), "peer_calls": [{"peer": "h:3", "calls": 60, "errors": 20},
                                                                  {"peer": "h:1", "calls": 5, "errors": 5}]},
              3: {"fsync_buckets": buckets(10, 50), "peer_calls": []}, 2: {"fsync_buckets": buckets(60, 0)}}
-    windows = {window.node: window for window in node_windows(before, after, {"h:1": 1, "h:3": 3})}
+    windows = {window.node: window for window in node_windows(loads(before), loads(after), {"h:1": 1, "h:3": 3})}
     assert windows[3].calls == 50 and windows[3].call_errors == 20 and windows[3].fsyncs == 50
     assert windows[1].calls == 0  # its calls to itself do not count
     assert windows[2].fsync_p99_s is None  # no count at the window's start
@@ -190,6 +196,7 @@ def test_windows_carry_the_calls_p99_the_cpu_denied_and_the_raft_lag():
                  "lagging": [{"group": 5, "node": 3, "entries": 40}]},
              2: {"peer_calls": [{"peer": "h:3", "calls": 20, "errors": 0, "buckets": calls(0, 20)}]},
              3: {"cpu_starved_s": 3.5}}
+    before, after = loads(before), loads(after)
     windows = {window.node: window for window in node_windows(before, after, {"h:3": 3}, 5.0, 1234, {3: 2})}
     assert windows[3].calls == 50 and 0.05 < windows[3].call_p99_s <= 0.1  # 40 slow of 50 answered
     assert windows[3].cpu_starved_s == 2.5 and windows[3].raft_lag_entries == 40 and windows[3].followed == 2

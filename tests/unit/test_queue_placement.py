@@ -24,6 +24,8 @@ from rocket.roles.nameserver.forecasts import Forecasts
 from rocket.roles.nameserver.metadata import Metadata
 from rocket.roles.storage.assignment import Assignments
 from rocket.store.store import Store
+from rocket.serde.typed import NodeLoad, convert
+from rocket.world import World
 
 NOW_MS = 1_800_000_000_000 // STEP_MS * STEP_MS  # the start of a step
 
@@ -138,7 +140,7 @@ def test_placed_queues_keep_their_groups_when_queues_are_added_and_across_a_snap
     [spec] = apply(metadata, {"op": "create_topic", "name": "orders", "queues": 3, "created_ms": 1,
                               "new_groups": new_groups, "groups": [2, 3, 4], "queue_groups": [4, 4, 2]})
     assert [spec.group_of(queue) for queue in range(3)] == [4, 4, 2]
-    assert metadata.route("orders", {})["queue_groups"] == [4, 4, 2]
+    assert metadata.route("orders", {}).queue_groups == [4, 4, 2]
     [grown] = apply(metadata, {"op": "add_queues", "name": "orders", "from_queues": 3, "queue_groups": [3, 3]})
     assert grown.queues == 5 and [grown.group_of(queue) for queue in range(5)] == [4, 4, 2, 3, 3]
     [stale] = apply(metadata, {"op": "add_queues", "name": "orders", "from_queues": 3, "queue_groups": [2]})
@@ -157,7 +159,7 @@ def test_groups_created_for_new_nodes_join_the_pool_once():
                              {"op": "create_groups", "new_groups": [{"id": 3, "voters": [4, 2, 3]}]})
     assert created is None and isinstance(again, RocketError)  # a stale proposal: the id is taken
     assert metadata.groups[3].voters == (4, 1, 2) and metadata.version > version
-    assert [group["id"] for group in metadata.assignment(4)["groups"]] == [3]
+    assert [group.id for group in metadata.assignment(4).groups] == [3]
 
 
 def test_a_topic_placed_by_hash_keeps_its_queues_where_they_were_when_queues_are_added():
@@ -242,7 +244,7 @@ async def test_a_storage_nodes_bytes_in_wait_for_a_heartbeat_that_a_nameserver_a
         sent.append(load)
         return answers.pop(0)
 
-    store = SimpleNamespace(bytes_in={("orders", 1): 100, ("orders", 2): 50})
+    store = SimpleNamespace(bytes_in={("orders", 1): 100, ("orders", 2): 50}, world=World())
     store.take_bytes_in = lambda: Store.take_bytes_in(store)  # type: ignore[attr-defined]
     store.give_back_bytes_in = lambda taken: Store.give_back_bytes_in(store, taken)  # type: ignore[attr-defined]
     host = SimpleNamespace(disk_refusal=False, leads=lambda group: group == 1, lagging=lambda group: {},
@@ -277,13 +279,13 @@ async def test_the_leaders_history_waits_for_a_nameserver_that_did_not_take_it()
         return {(step["kind"], step["group"] or step["topic"]): step["bytes"]
                 for sent, request in calls if sent == address for step in request["steps"]}
 
-    forecasts.record({"group_bytes_in": [{"group": 7, "bytes": 100}],
-                      "topic_bytes_in": [{"topic": "orders", "bytes": 100}]})
+    forecasts.record(convert({"group_bytes_in": [{"group": 7, "bytes": 100}],
+                              "topic_bytes_in": [{"topic": "orders", "bytes": 100}]}, NodeLoad))
     await forecasts.share()
     assert shared("ns2") == {("group", 7): 100, ("topic", "orders"): 100} and shared("ns3") == {}
     refuse.clear()
     calls.clear()
-    forecasts.record({"group_bytes_in": [{"group": 7, "bytes": 5}]})
+    forecasts.record(convert({"group_bytes_in": [{"group": 7, "bytes": 5}]}, NodeLoad))
     await forecasts.share()
     assert shared("ns2") == {("group", 7): 5} and shared("ns3") == {("group", 7): 105, ("topic", "orders"): 100}
     calls.clear()

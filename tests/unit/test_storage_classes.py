@@ -8,6 +8,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.roles.nameserver.classes import check_class_request
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, Control, Metadata
+from rocket.serde.typed import plain
 from tests.unit.test_metadata import apply, create, registered
 
 
@@ -46,16 +47,16 @@ def test_a_controller_class_starts_each_group_with_its_first_voter_master_and_ev
     assert metadata.groups[3].storage_class == "gold" and metadata.groups[3].control == Control(2, 1, (1, 2), 1)
     assert metadata.groups[2].storage_class == DEFAULT_CLASS and metadata.groups[2].control is None
     assert metadata.raft_groups() == [2] and metadata.class_groups("gold") == [3, 4]
-    info = metadata.group_info(3, {3: 1})
+    info = plain(metadata.group_info(3, {3: 1}))
     assert info["leader"] == 2, "a controller group's leader is the controller's master, not the one reported"
     assert {key: info[key] for key in ("storage_class", "mode", "master", "master_epoch", "sync_state_set",
                                        "sync_state_set_epoch", "min_in_sync_replicas", "ha_max_lag_s",
                                        "unclean_election")} == {
         "storage_class": "gold", "mode": "controller", "master": 2, "master_epoch": 1, "sync_state_set": [1, 2],
         "sync_state_set_epoch": 1, "min_in_sync_replicas": 1, "ha_max_lag_s": 5.0, "unclean_election": False}
-    raft = metadata.group_info(2, {2: 3})
+    raft = plain(metadata.group_info(2, {2: 3}))
     assert raft["leader"] == 3 and raft["mode"] == "raft" and raft["master"] == 0 and raft["sync_state_set"] == []
-    assert [group["id"] for group in metadata.assignment(4)["groups"]] == [4]
+    assert [group["id"] for group in plain(metadata.assignment(4))["groups"]] == [4]
     version = metadata.version
     for again in ("gold", "raft"):
         [result] = apply(metadata, create_class(again, [{"id": 9, "voters": [1, 2]}]))
@@ -67,7 +68,7 @@ def test_a_raft_mode_class_has_no_controller():
     metadata = registered()
     [made] = apply(metadata, create_class("fast", [{"id": 2, "voters": [1]}], mode="raft", replicas=1))
     assert made.mode == "raft" and metadata.groups[2].control is None and metadata.groups[2].storage_class == "fast"
-    assert metadata.group_info(2, {2: 1})["leader"] == 1 and metadata.raft_groups() == []
+    assert metadata.group_info(2, {2: 1}).leader == 1 and metadata.raft_groups() == []
 
 
 def test_an_election_fences_older_epochs_and_leaves_the_master_alone_in_sync():

@@ -13,6 +13,7 @@ from rocket import limits
 from rocket.clock import Clock, sleep_periodic
 from rocket.errors import RocketError
 from rocket.roles.nameserver.group import MetadataGroup
+from rocket.serde.typed import AlterSyncStateSetRequest, ControlState, NodeLoad
 
 log = logging.getLogger("rocket.controller")
 
@@ -22,23 +23,24 @@ class Controller:
     SyncStateSet and sync_state_set_epoch. Replicas' heartbeats are the storage nodes' own (NodeHeartbeat, in the
     nameserver's heartbeats), which carry each controlled replica's epoch and log end."""
 
-    def __init__(self, meta: MetadataGroup, heartbeats: dict[int, tuple[float, dict]], clock: Clock):
+    def __init__(self, meta: MetadataGroup, heartbeats: dict[int, tuple[float, NodeLoad]], clock: Clock):
         self.meta = meta
         self.heartbeats = heartbeats  # node -> (when, load): the nameserver's, kept by its NodeHeartbeat calls
         self.clock = clock
         self._led_since: float | None = None  # when this nameserver's current term as leader began
         self._waiting: set[int] = set()  # groups whose master lapsed with no replica to elect (logged once)
 
-    async def alter_sync_state_set(self, request: dict) -> dict:
+    async def alter_sync_state_set(self, request: AlterSyncStateSetRequest) -> ControlState:
         return await self.meta.on_leader("ControllerAlterSyncStateSet", request, self._alter_here)
 
-    async def _alter_here(self, request: dict) -> dict:
+    async def _alter_here(self, request: AlterSyncStateSetRequest) -> ControlState:
         """A master's change of its SyncStateSet, applied only when made under the current epochs (FENCED otherwise),
         so that a deposed master, or a request overtaken by an election, changes nothing."""
-        return await self.meta.propose({"op": "alter_sync_state_set", "group": request["group"],
-                                    "master": request["master"], "master_epoch": request["master_epoch"],
-                                    "sync_state_set_epoch": request["sync_state_set_epoch"],
-                                    "sync_state_set": sorted(request["sync_state_set"])})
+        altered = await self.meta.propose({"op": "alter_sync_state_set", "group": request.group,
+                                           "master": request.master, "master_epoch": request.master_epoch,
+                                           "sync_state_set_epoch": request.sync_state_set_epoch,
+                                           "sync_state_set": sorted(request.sync_state_set)})
+        return ControlState(**altered)  # the metadata's Control.to_wire(): the record's fields
 
     async def control_forever(self) -> None:
         """As the nameservers' leader, elect a new master for each controller-mode group whose master lapsed: every
@@ -69,9 +71,10 @@ class Controller:
 
     def _log_end(self, node: int, group: int) -> int:
         """The last index of the node's replica of the group, as its last heartbeat reported (-1: unknown)."""
-        for replica in self.heartbeats.get(node, (0, {}))[1].get("controlled", ()):
-            if replica["group"] == group:
-                return replica["last_index"]
+        heard = self.heartbeats.get(node)
+        for replica in heard[1].controlled if heard is not None else ():
+            if replica.group == group:
+                return replica.last_index
         return -1
 
     async def _elect_masters(self) -> None:

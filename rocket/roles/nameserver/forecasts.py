@@ -17,6 +17,7 @@ from rocket.ml.forecast import STEP_MS, Forecaster, ModelError
 from rocket.ml.load import LoadHistory, ModelPredictor, Predictor, RecentPredictor
 from rocket.model import Address
 from rocket.roles.peers import Peers
+from rocket.serde.typed import Empty, LoadShareRequest, NodeLoad
 from rocket.tier.objectstore import ObjectStore
 
 log = logging.getLogger("rocket.nameserver")
@@ -69,12 +70,12 @@ class Forecasts:
 
     # ---- the history ---------------------------------------------------------------------------------
 
-    def record(self, load: dict) -> None:
+    def record(self, load: NodeLoad) -> None:
         """On the leader: a heartbeat's bytes into the history, and into what the other nameservers are sent."""
         now_ms = self.clock.wall_ms()
         step = now_ms // STEP_MS
-        reports = [(("group", entry["group"]), entry["bytes"]) for entry in load.get("group_bytes_in", ())]
-        reports += [(("topic", entry["topic"]), entry["bytes"]) for entry in load.get("topic_bytes_in", ())]
+        reports = [(("group", entry.group), entry.bytes) for entry in load.group_bytes_in]
+        reports += [(("topic", entry.topic), entry.bytes) for entry in load.topic_bytes_in]
         others = [member for member in self.members if member != self.node_id]
         for series, count in reports:
             self.history.add(series, now_ms, count)
@@ -103,13 +104,13 @@ class Forecasts:
                     continue
                 unshared -= sent  # what was recorded while the call was under way waits for the next
 
-    async def load_share(self, request: dict) -> dict:
+    async def load_share(self, request: LoadShareRequest) -> Empty:
         """On the other nameservers: the leader's history of its last interval (or, on a new leader, what the old one
         recorded in its last, which only it heard)."""
-        for entry in request["steps"]:
-            series = ("group", entry["group"]) if entry["kind"] == "group" else ("topic", entry["topic"])
-            self.history.add(series, entry["step"] * STEP_MS, entry["bytes"])
-        return {}
+        for entry in request.steps:
+            series = ("group", entry.group) if entry.kind == "group" else ("topic", entry.topic)
+            self.history.add(series, entry.step * STEP_MS, entry.bytes)
+        return Empty()
 
     # ---- the model -----------------------------------------------------------------------------------
 

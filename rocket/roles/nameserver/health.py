@@ -18,8 +18,8 @@ from rocket.ml.health import (AUTO, DEGRADED, KIND_NAMES, PINS, WINDOW_FIELDS, W
 from rocket.ml.trees import ModelError
 from rocket.roles.nameserver.forecasts import read_model
 from rocket.roles.nameserver.group import MetadataGroup
-from rocket.serde.typed import (Empty, HealthFeature, NodeHealthInfo, NodeHealthRequest, NodeHealthResponse,
-                                PinNodeHealthRequest)
+from rocket.serde.typed import (Empty, HealthFeature, NodeHealthInfo, NodeHealthRequest, NodeHealthResponse, NodeLoad,
+                                PeerCalls, PinNodeHealthRequest)
 from rocket.telemetry.registry import FSYNC_BUCKETS, RPC_BUCKETS, Telemetry, bucket_quantile
 from rocket.tier.objectstore import ObjectStore
 
@@ -52,7 +52,7 @@ def fsync_window(before: list[int], after: list[int]) -> tuple[float | None, int
     return p99_s, fsyncs
 
 
-def node_windows(before: dict[int, dict], after: dict[int, dict], addresses: dict[str, int],
+def node_windows(before: dict[int, NodeLoad], after: dict[int, NodeLoad], addresses: dict[str, int],
                  seconds: float = limits.health_window_s_default, at_ms: int = 0,
                  followed: dict[int, int] | None = None, judged: set[int] | None = None) -> list[NodeWindow]:
     """Every judged node of after (all of them by default), its window since before (node -> heartbeat load, with
@@ -64,30 +64,28 @@ def node_windows(before: dict[int, dict], after: dict[int, dict], addresses: dic
     calls = {node: [0, 0, [0] * len(RPC_BUCKETS)] for node in judged}
     lag = {node: 0 for node in judged}
     for reporter, load in after.items():
-        for entry in load.get("lagging", ()):
-            if entry["node"] in lag:
-                lag[entry["node"]] += entry["entries"]
+        for entry in load.lagging:
+            if entry.node in lag:
+                lag[entry.node] += entry.entries
         if reporter not in before:
             continue  # its counts began within the window, or before it: no difference to take
-        earlier = {entry["peer"]: entry for entry in before[reporter].get("peer_calls", ())}
-        for entry in load.get("peer_calls", ()):
-            target = addresses.get(entry["peer"])
-            then = earlier.get(entry["peer"], {"calls": 0, "errors": 0, "buckets": []})
-            ended, failed = entry["calls"] - then["calls"], entry["errors"] - then["errors"]
+        earlier = {entry.peer: entry for entry in before[reporter].peer_calls}
+        for entry in load.peer_calls:
+            target = addresses.get(entry.peer)
+            then = earlier.get(entry.peer) or PeerCalls(entry.peer, 0, 0)
+            ended, failed = entry.calls - then.calls, entry.errors - then.errors
             if target in calls and target != reporter and ended >= 0 and failed >= 0:
                 calls[target][0] += ended
                 calls[target][1] += failed
-                buckets, old = entry.get("buckets", []), then.get("buckets") or [0] * len(RPC_BUCKETS)
+                buckets, old = entry.buckets, then.buckets or [0] * len(RPC_BUCKETS)
                 if len(buckets) == len(RPC_BUCKETS) == len(old) and all(a >= b for a, b in zip(buckets, old)):
                     calls[target][2] = [total + a - b for total, a, b in zip(calls[target][2], buckets, old)]
     windows = []
     for node in sorted(judged):
         load, earlier = after[node], before.get(node)
-        p99_s, fsyncs = (fsync_window(earlier.get("fsync_buckets", []), load.get("fsync_buckets", []))
-                         if earlier is not None else (None, 0))
+        p99_s, fsyncs = fsync_window(earlier.fsync_buckets, load.fsync_buckets) if earlier is not None else (None, 0)
         call_p99_s, _ = quantile_window([], calls[node][2], RPC_BUCKETS, limits.health_calls_min)
-        starved = (max(0.0, load.get("cpu_starved_s", 0.0) - earlier.get("cpu_starved_s", 0.0))
-                   if earlier is not None else 0.0)
+        starved = max(0.0, load.cpu_starved_s - earlier.cpu_starved_s) if earlier is not None else 0.0
         windows.append(NodeWindow(node, p99_s, fsyncs, calls[node][0], calls[node][1], call_p99_s, starved,
                                   lag[node], (followed or {}).get(node, 0), seconds, at_ms))
     return windows
@@ -110,7 +108,7 @@ class Nodes(Protocol):
     """What health reads of the nameserver leader's view of the nodes: each one's last heartbeat (its trio time and
     load), whether it is up, and each storage group's leader as last reported."""
 
-    heartbeats: dict[int, tuple[float, dict]]
+    heartbeats: dict[int, tuple[float, NodeLoad]]
     leaders: dict[int, int]
 
     def node_state(self, node: int) -> tuple[str, int]: ...
@@ -138,7 +136,7 @@ class NodeHealthChecks:
         self._model_text: bytes | None = None
         self.judge = HealthJudge()
         self._window_began: float | None = None  # trio time; None: no window yet on this leader
-        self._window_counts: dict[int, dict] = {}  # node -> its counts when the window began
+        self._window_counts: dict[int, NodeLoad] = {}  # node -> its load (its counts) when the window began
         self.windows: dict[int, NodeWindow] = {}  # the last window judged, per node
         self.windows_judged = 0
         self._degraded_since: dict[int, float] = {}  # node -> trio time it was first seen degraded, while it is
@@ -194,16 +192,16 @@ class NodeHealthChecks:
     def disk_full(self) -> set[int]:
         """Storage nodes whose last heartbeat had less free disk than limits.disk_reserve_bytes: they refuse new
         data (DISK_FULL), so they lead nothing until they report room again (their replicas stay)."""
+        heartbeats = self.nodes.heartbeats
         return {node.id for node in self.metadata.storage_nodes()
-                if "free_disk_bytes" in self.nodes.heartbeats.get(node.id, (0, {}))[1]
-                and self.nodes.heartbeats[node.id][1]["free_disk_bytes"] < limits.disk_reserve_bytes}
+                if node.id in heartbeats and heartbeats[node.id][1].free_disk_bytes < limits.disk_reserve_bytes}
 
-    def _counts_now(self) -> dict[int, dict]:
-        """Every node's counts that are up: storage nodes are judged, and every node (brokers call storage nodes
-        most) reports its calls to the others."""
-        return {node: {"fsync_buckets": load.get("fsync_buckets", []), "peer_calls": load.get("peer_calls", []),
-                       "cpu_starved_s": load.get("cpu_starved_s", 0.0), "lagging": load.get("lagging", [])}
-                for node, (_, load) in self.nodes.heartbeats.items() if self.nodes.node_state(node)[0] == "up"}
+    def _counts_now(self) -> dict[int, NodeLoad]:
+        """The last load of every node that is up, with its counts: storage nodes are judged, and every node
+        (brokers call storage nodes most) reports its calls to the others. Each heartbeat brings a new load, so
+        these stay as they were."""
+        heartbeats = self.nodes.heartbeats
+        return {node: load for node, (_, load) in heartbeats.items() if self.nodes.node_state(node)[0] == "up"}
 
     async def judge_window(self) -> None:
         """On the leader, every heartbeat interval: close the window once health_window_s passed, and judge it.

@@ -14,6 +14,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 from rocket.ml.health import PINS as HEALTH_PINS
 from rocket.model import DEFAULT_STORAGE_CLASS, KV_PREFIX, TopicSpec, check_group_name
+from rocket.serde.typed import Assignment, GroupInfo, NodeAddress, ReplicaLag, Route, TopicInfo
 
 META_GROUP = 1  # the nameservers' own Raft group; storage groups are numbered from 2
 FIRST_STORAGE_GROUP = 2
@@ -500,21 +501,18 @@ class Metadata:
     def next_group_id(self) -> int:
         return max(self.groups, default=FIRST_STORAGE_GROUP - 1) + 1
 
-    def addresses(self, nodes) -> list[dict]:
-        return [{"id": node, "address": self.nodes[node].address} for node in sorted(nodes) if node in self.nodes]
+    def addresses(self, nodes) -> list[NodeAddress]:
+        return [NodeAddress(node, self.nodes[node].address) for node in sorted(nodes) if node in self.nodes]
 
-    def route(self, name: str, leaders: dict[int, int]) -> dict:
+    def route(self, name: str, leaders: dict[int, int]) -> Route:
         """Everything a broker needs to reach a topic's queues: queue -> group -> voters -> addresses."""
         spec = self.topic(name)
         groups = sorted(set(spec.queue_groups or spec.groups))
         members = {node for group in groups for node in self.members_of(group)}
-        return {
-            "version": self.version,
-            "topic": spec.to_wire(),
-            "queue_groups": [spec.group_of(queue) for queue in range(spec.queues)],
-            "groups": [self.group_info(group, leaders) for group in groups],
-            "nodes": self.addresses(members),
-        }
+        topic = TopicInfo(spec.name, spec.queues, spec.created_ms, spec.message_type, int(spec.retention_s),
+                          int(spec.local_retention_s), spec.history, spec.ttl_ms, spec.storage_class)
+        return Route(self.version, topic, [spec.group_of(queue) for queue in range(spec.queues)],
+                     [self.group_info(group, leaders) for group in groups], self.addresses(members))
 
     def members_of(self, group: int) -> tuple[int, ...]:
         return self.groups[group].voters + self.groups[group].learners
@@ -528,17 +526,17 @@ class Metadata:
         members = self.groups.get(group)
         return members.control.master if members is not None and members.control else leaders.get(group, 0)
 
-    def group_info(self, group: int, leaders: dict[int, int]) -> dict:
+    def group_info(self, group: int, leaders: dict[int, int], lagging: list[ReplicaLag] | None = None) -> GroupInfo:
         members = self.groups[group]
-        info = {"id": group, "voters": list(members.voters), "learners": list(members.learners),
-                "leader": self.leader_of(group, leaders), "storage_class": members.storage_class, "mode": "raft",
-                "master": 0, "master_epoch": 0, "sync_state_set": [], "sync_state_set_epoch": 0,
-                "min_in_sync_replicas": 0, "ha_max_lag_s": 0.0, "unclean_election": False}
-        if members.control is not None:
+        info = GroupInfo(group, list(members.voters), list(members.learners), self.leader_of(group, leaders),
+                         lagging or [], members.storage_class)
+        control = members.control
+        if control is not None:
             storage_class = self.classes[members.storage_class]
-            info.update(members.control.to_wire(), mode="controller",
-                        min_in_sync_replicas=storage_class.min_in_sync_replicas,
-                        ha_max_lag_s=storage_class.ha_max_lag_s, unclean_election=storage_class.unclean_election)
+            info.mode, info.master, info.master_epoch = "controller", control.master, control.master_epoch
+            info.sync_state_set, info.sync_state_set_epoch = list(control.sync_state_set), control.sync_state_set_epoch
+            info.min_in_sync_replicas = storage_class.min_in_sync_replicas
+            info.ha_max_lag_s, info.unclean_election = storage_class.ha_max_lag_s, storage_class.unclean_election
         return info
 
     def class_groups(self, name: str) -> list[int]:
@@ -563,12 +561,8 @@ class Metadata:
         return {**dataclasses.asdict(storage_class), "groups": [self.group_info(group, leaders) for group in groups],
                 "elections": [entry for entry in self.elections if entry["group"] in members] if elections else []}
 
-    def assignment(self, node: int) -> dict:
+    def assignment(self, node: int) -> Assignment:
         """The storage groups a node hosts, with the addresses of their members."""
         groups = [group for group in self.groups if node in self.members_of(group)]
         members = {member for group in groups for member in self.members_of(group)}
-        return {
-            "version": self.version,
-            "groups": [self.group_info(group, {}) for group in groups],
-            "nodes": self.addresses(members),
-        }
+        return Assignment(self.version, [self.group_info(group, {}) for group in groups], self.addresses(members))

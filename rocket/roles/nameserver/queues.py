@@ -18,6 +18,8 @@ from rocket.ml.placement import (GroupLoad, NodeLoad, QueueChoice, degraded_lead
 from rocket.model import KV_PREFIX, Address, TopicSpec
 from rocket.roles.nameserver.forecasts import Forecasts
 from rocket.roles.nameserver.group import MetadataGroup
+from rocket.serde.typed import PlacementExplainResponse, TopicRequest
+from rocket.serde.typed import QueuePlacement as PlacedQueue
 
 log = logging.getLogger("rocket.nameserver")
 
@@ -51,7 +53,8 @@ class QueuePlacement:
         self.clock = clock
         self.forecasts = forecasts
         self.cluster = cluster
-        self._explanations: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        # topic -> its last placement, as PlacementExplain answers it (the model and note are those of the time asked)
+        self._explanations: collections.OrderedDict[str, PlacementExplainResponse] = collections.OrderedDict()
         self._last_transfer = float("-inf")  # trio time of the last leadership transfer this leader asked for
 
     # ---- placement -----------------------------------------------------------------------------------
@@ -93,12 +96,10 @@ class QueuePlacement:
                            if self.forecasts.history.rates(("topic", topic)) else None)
         choices = place_queues(first_queue, count, new_queue_load(topic_predicted, queues_after, loads), loads)
         earlier = self._explanations.pop(topic, None) if spec is not None else None
-        self._explanations[topic] = {
-            "topic": topic, "predictor": self.forecasts.predictor.name, "placed_ms": now_ms,
-            "queues": (earlier["queues"] if earlier else []) + [
-                {"queue": choice.queue, "group": choice.group, "node": choice.node, "predicted": choice.predicted,
-                 "score": choice.score, "runner_up": choice.runner_up, "runner_up_score": choice.runner_up_score}
-                for choice in choices]}
+        self._explanations[topic] = PlacementExplainResponse(
+            topic, self.forecasts.predictor.name, "", now_ms, (earlier.queues if earlier else []) + [
+                PlacedQueue(choice.queue, choice.group, choice.node, choice.predicted, choice.score, choice.runner_up,
+                            choice.runner_up_score) for choice in choices])
         while len(self._explanations) > limits.placement_explanations_max:
             self._explanations.popitem(last=False)
         return choices
@@ -156,19 +157,17 @@ class QueuePlacement:
         await self.meta.propose({"op": "add_queues", "name": spec.name, "from_queues": spec.queues,
                              "queue_groups": [choice.group for choice in choices]})
 
-    async def placement_explain(self, request: dict) -> dict:
+    async def placement_explain(self, request: TopicRequest) -> PlacementExplainResponse:
         return await self.meta.on_leader("PlacementExplain", request, self._explain_here)
 
-    async def _explain_here(self, request: dict) -> dict:
-        spec = self.metadata.topic(request["topic"])
+    async def _explain_here(self, request: TopicRequest) -> PlacementExplainResponse:
+        spec = self.metadata.topic(request.topic)
         recorded = self._explanations.get(spec.name)
-        rows = {row["queue"]: row for row in (recorded["queues"] if recorded else [])}
-        queues = [rows.get(queue) or {"queue": queue, "group": spec.group_of(queue), "node": 0, "predicted": -1.0,
-                                      "score": -1.0, "runner_up": 0, "runner_up_score": -1.0}
+        rows = {row.queue: row for row in (recorded.queues if recorded else [])}
+        queues = [rows.get(queue) or PlacedQueue(queue, spec.group_of(queue), 0, -1.0, -1.0, 0, -1.0)
                   for queue in range(spec.queues)]
         note = "" if recorded and len(rows) == spec.queues else (
             "queues without scores were placed before this nameserver led"
             + ("" if spec.queue_groups else ", by a hash onto the topic's groups"))
-        return {"topic": spec.name, "predictor": recorded["predictor"] if recorded else "",
-                "model": self.forecasts.model_state, "placed_ms": recorded["placed_ms"] if recorded else 0,
-                "queues": queues, "note": note}
+        return PlacementExplainResponse(spec.name, recorded.predictor if recorded else "", self.forecasts.model_state,
+                                        recorded.placed_ms if recorded else 0, queues, note)

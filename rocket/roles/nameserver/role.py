@@ -27,11 +27,14 @@ from rocket.roles.nameserver.health import NodeHealthChecks
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, META_GROUP, Metadata, exists
 from rocket.roles.nameserver.queues import QueuePlacement
 from rocket.roles.peers import RETRYABLE, Peers
-from rocket.serde.typed import (BucketRequest, CreateBucketRequest, CreateTopicRequest, DrainNodeRequest, Empty,
-                                ListTopicsResponse, TopicInfo, UpdateTopicRequest, convert)
+from rocket.serde.typed import NodeLoad as LoadReport
+from rocket.serde.typed import (Assignment, BucketRequest, ClusterStatusResponse, CreateBucketRequest,
+                                CreateTopicRequest, DrainNodeRequest, Empty, ListTopicsResponse, NodeHeartbeatRequest,
+                                NodeStatus, ReplicaLag, Route, TopicInfo, TopicRequest, UpdateTopicRequest, convert)
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.nameserver")
+NO_LOAD = LoadReport()  # the load of a node not heard from (shared: never changed)
 
 
 class Nameserver:
@@ -52,7 +55,7 @@ class Nameserver:
         self.metadata = Metadata()
         host.add_group(META_GROUP, tuple(self.members), self.metadata)
         # Keyed by nodes, each registered in the metadata by its first heartbeat, and by the metadata's groups.
-        self.heartbeats: dict[int, tuple[float, dict]] = {}  # node -> (when, load): on the leader only
+        self.heartbeats: dict[int, tuple[float, LoadReport]] = {}  # node -> (when, load): on the leader only
         # node -> its rocket version and schema version, from its last heartbeat (on the leader)
         self._versions: dict[int, tuple[str, int]] = {}
         self.leaders: dict[int, int] = {}  # storage group -> the node that last reported leading it
@@ -68,18 +71,18 @@ class Nameserver:
         self.health = NodeHealthChecks(self.meta, config, clock, objects, self)
 
     def register(self, dispatcher: Dispatcher) -> None:
-        dispatcher.handle("NodeHeartbeat", self.node_heartbeat)
-        dispatcher.handle("ControllerAlterSyncStateSet", self.controller.alter_sync_state_set)
-        dispatcher.handle("GetRoute", self.get_route)
+        dispatcher.handle_typed("NodeHeartbeat", self.node_heartbeat)
+        dispatcher.handle_typed("ControllerAlterSyncStateSet", self.controller.alter_sync_state_set)
+        dispatcher.handle_typed("GetRoute", self.get_route)
         dispatcher.handle_typed("MetaCreateTopic", self.create_topic)
         dispatcher.handle_typed("MetaListTopics", self.list_topics)
         dispatcher.handle_typed("MetaUpdateTopic", self.update_topic)
         dispatcher.handle_typed("MetaCreateBucket", self.create_bucket)
         dispatcher.handle_typed("MetaDeleteBucket", self.delete_bucket)
-        dispatcher.handle("ClusterStatus", self.cluster_status)
+        dispatcher.handle_typed("ClusterStatus", self.cluster_status)
         dispatcher.handle_typed("DrainNode", self.drain_node)
-        dispatcher.handle("PlacementExplain", self.queue_placement.placement_explain)
-        dispatcher.handle("MetaLoadShare", self.forecasts.load_share)
+        dispatcher.handle_typed("PlacementExplain", self.queue_placement.placement_explain)
+        dispatcher.handle_typed("MetaLoadShare", self.forecasts.load_share)
         dispatcher.handle_typed("NodeHealth", self.health.node_health)
         dispatcher.handle_typed("PinNodeHealth", self.health.pin_node_health)
         dispatcher.handle_typed("MetaCreateStorageClass", self.classes.create_storage_class)
@@ -140,33 +143,32 @@ class Nameserver:
 
     # ---- nodes ---------------------------------------------------------------------------------------
 
-    async def node_heartbeat(self, request: dict) -> dict:
-        if request["node"] < 1 or not set(request["roles"]) <= set(ROLES):
-            raise RocketError(Code.BAD_REQUEST, f"node {request['node']} with roles {request['roles']} is not valid")
+    async def node_heartbeat(self, request: NodeHeartbeatRequest) -> Assignment:
+        if request.node < 1 or not set(request.roles) <= set(ROLES):
+            raise RocketError(Code.BAD_REQUEST, f"node {request.node} with roles {request.roles} is not valid")
         try:
-            parse_address("address", request["address"])
+            parse_address("address", request.address)
         except ConfigError as error:
             raise RocketError(Code.BAD_REQUEST, str(error)) from None
         return await self._on_leader("NodeHeartbeat", request, self._heartbeat_here)
 
-    async def _heartbeat_here(self, request: dict) -> dict:
-        node = request["node"]
+    async def _heartbeat_here(self, request: NodeHeartbeatRequest) -> Assignment:
+        node, load = request.node, request.load
         known = self.metadata.nodes.get(node)
         if known is None and len(self.metadata.nodes) >= limits.nodes_max:
             raise RocketError(Code.OVERLOADED, f"the cluster has {len(self.metadata.nodes)} nodes, the most it takes "
                               f"(limits.nodes_max); node {node} is not registered")
-        if known is None or known.address != request["address"] or list(known.roles) != list(request["roles"]):
-            await self._propose({"op": "register", "node": node, "address": request["address"],
-                                 "roles": list(request["roles"])})
-        self.heartbeats[node] = (trio.current_time(), request["load"])
-        self._versions[node] = (request.get("version", ""), request.get("schema_version", 1))
-        self.forecasts.record(request["load"])
-        for group in request["load"]["leads"]:
+        if known is None or known.address != request.address or list(known.roles) != request.roles:
+            await self._propose({"op": "register", "node": node, "address": request.address, "roles": request.roles})
+        self.heartbeats[node] = (trio.current_time(), load)
+        self._versions[node] = (request.version, request.schema_version)
+        self.forecasts.record(load)
+        for group in load.leads:
             if group in self.metadata.groups:  # only groups that exist: leaders stays within storage_groups_max
                 self.leaders[group] = node
-        if request["assignment_version"] == self.metadata.version:  # nothing changed: spare 10,000 groups
-            return {"version": self.metadata.version, "groups": [], "nodes": [], "unchanged": True}
-        return {**self.metadata.assignment(node), "unchanged": False}
+        if request.assignment_version == self.metadata.version:  # nothing changed: spare 10,000 groups
+            return Assignment(self.metadata.version, [], [], unchanged=True)
+        return self.metadata.assignment(node)
 
     def node_state(self, node: int) -> tuple[str, int]:
         """(up | suspect | down | unknown, heartbeat age in ms or -1), as this leader has seen it."""
@@ -184,10 +186,9 @@ class Nameserver:
         health_move_after_s (leaving)."""
         loads, degraded = [], self.health.degraded()
         for node in self.metadata.storage_nodes():
-            load = self.heartbeats.get(node.id, (0, {}))[1]
-            loads.append(NodeLoad(node.id, self.metadata.replicas(node.id), len(load.get("leads", ())),
-                                  load.get("bytes", 0), load.get("free_disk_bytes", 0),
-                                  self.node_state(node.id)[0] == "up" and node.state == "up"))
+            load = self.heartbeats.get(node.id, (0.0, NO_LOAD))[1]
+            loads.append(NodeLoad(node.id, self.metadata.replicas(node.id), len(load.leads), load.bytes,
+                                  load.free_disk_bytes, self.node_state(node.id)[0] == "up" and node.state == "up"))
         if sum(load.available and load.node not in degraded for load in loads) >= self.config.replication:
             for load in loads:
                 load.available = load.available and load.node not in degraded
@@ -427,45 +428,38 @@ class Nameserver:
         topics = self.metadata.topics
         return ListTopicsResponse([convert(topics[name].to_wire(), TopicInfo) for name in sorted(topics)])
 
-    async def get_route(self, request: dict) -> dict:
+    async def get_route(self, request: TopicRequest) -> Route:
         """From this nameserver's state when it is in sync and knows the topic, else from the leader's
         (a topic just created may not have reached this one yet)."""
-        return await self._read("GetRoute", request, self._route_here, locally=request["topic"] in self.metadata.topics)
+        return await self._read("GetRoute", request, self._route_here, locally=request.topic in self.metadata.topics)
 
-    async def _route_here(self, request: dict) -> dict:
-        return self.metadata.route(request["topic"], self.leaders)
+    async def _route_here(self, request: TopicRequest) -> Route:
+        return self.metadata.route(request.topic, self.leaders)
 
     # ---- status --------------------------------------------------------------------------------------
 
-    async def cluster_status(self, request: dict) -> dict:
+    async def cluster_status(self, request: Empty) -> ClusterStatusResponse:
         return await self._on_leader("ClusterStatus", request, self._status_here)
 
-    async def _status_here(self, request: dict) -> dict:
-        lagging: dict[int, list[dict]] = {}  # as each group's leader reported it
+    async def _status_here(self, request: Empty) -> ClusterStatusResponse:
+        lagging: dict[int, list[ReplicaLag]] = {}  # as each group's leader reported it
         for group, leader in self.leaders.items():
-            for lag in self.heartbeats.get(leader, (0, {}))[1].get("lagging", ()):
-                if lag["group"] == group:
+            for lag in self.heartbeats.get(leader, (0.0, NO_LOAD))[1].lagging:
+                if lag.group == group:
                     lagging.setdefault(group, []).append(lag)
         nodes = []
         for node in sorted(self.metadata.nodes.values(), key=lambda node: node.id):
             liveness, age_ms = self.node_state(node.id)
-            load = self.heartbeats.get(node.id, (0, {"groups": 0, "leads": [], "bytes": 0, "free_disk_bytes": 0,
-                                                      "lagging": []}))[1]
             health, reason = self.health.health_of(node.id)
-            nodes.append({"id": node.id, "address": node.address, "roles": list(node.roles),
-                          "state": liveness if node.state == "up" else node.state, "heartbeat_age_ms": age_ms,
-                          "load": load, "health": health, "health_reason": reason,
-                          "version": self._versions.get(node.id, ("", 1))[0],
-                          "schema_version": self._versions.get(node.id, ("", 1))[1]})
-        return {
-            "version": self.metadata.version,
-            "nameserver_leader": self.host.leader_of(META_GROUP),
-            "nameservers": sorted(self.members),
-            "nodes": nodes,
-            "groups": [{**self.metadata.group_info(group, self.leaders), "lagging": lagging.get(group, [])}
-                       for group in sorted(self.metadata.groups)],
-            "moving": len(self.moving),
-            "topics": len(self.metadata.topics),
-            "placement": self.forecasts.model_state,
-            "load_series": len(self.forecasts.history),
-        }
+            version, schema_version = self._versions.get(node.id, ("", 1))
+            nodes.append(NodeStatus(id=node.id, address=node.address, roles=list(node.roles),
+                                    state=liveness if node.state == "up" else node.state, heartbeat_age_ms=age_ms,
+                                    load=self.heartbeats.get(node.id, (0.0, NO_LOAD))[1], health=health,
+                                    health_reason=reason, version=version, schema_version=schema_version))
+        return ClusterStatusResponse(
+            version=self.metadata.version, nameserver_leader=self.host.leader_of(META_GROUP),
+            nameservers=sorted(self.members), nodes=nodes,
+            groups=[self.metadata.group_info(group, self.leaders, lagging.get(group))
+                    for group in sorted(self.metadata.groups)],
+            topics=len(self.metadata.topics), moving=len(self.moving), placement=self.forecasts.model_state,
+            load_series=len(self.forecasts.history))
