@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MIXED: dict[str, int] = {}  # none left: StorageRole and RaftHost keep one mixin each
+MIXED: dict[str, int] = {}  # none left
 
 
 def bases_by_class() -> dict[str, int]:
