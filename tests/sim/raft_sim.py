@@ -178,14 +178,7 @@ class Cluster:
             node.persist(ready.hard_state, ready.entries, ready.snapshot)
             for message in ready.messages:
                 self._send(message)
-            if ready.snapshot is not None:
-                node.applied = {i: v for i, v in node.applied.items() if i <= ready.snapshot.index}
-            for entry in ready.committed_entries:
-                self._apply(node, entry)
-                if self.apply_hook is not None:
-                    self.apply_hook(node, entry)
-            if ready.read_states and self.read_hook is not None:
-                self.read_hook(node, ready.read_states)
+            self._apply_ready(node, ready)
             node.core.advance(ready)
 
     def _rounds(self, node: Node) -> None:
@@ -223,16 +216,19 @@ class Cluster:
         """Apply the round's committed entries: those of a Ready with a snapshot once the round is durable, the
         others once the rounds before it are (Rounds._apply_round, Rounds._release)."""
         for _, _, ready in current.readies:
-            if (ready.snapshot is not None) != snapshots:
-                continue
-            if ready.snapshot is not None:
-                node.applied = {i: v for i, v in node.applied.items() if i <= ready.snapshot.index}
-            for entry in ready.committed_entries:
-                self._apply(node, entry)
-                if self.apply_hook is not None:
-                    self.apply_hook(node, entry)
-            if ready.read_states and self.read_hook is not None:
-                self.read_hook(node, ready.read_states)
+            if (ready.snapshot is not None) == snapshots:
+                self._apply_ready(node, ready)
+
+    def _apply_ready(self, node: Node, ready: Ready) -> None:
+        """Install the Ready's snapshot, apply its committed entries and release its reads."""
+        if ready.snapshot is not None:
+            node.applied = {i: v for i, v in node.applied.items() if i <= ready.snapshot.index}
+        for entry in ready.committed_entries:
+            self._apply(node, entry)
+            if self.apply_hook is not None:
+                self.apply_hook(node, entry)
+        if ready.read_states and self.read_hook is not None:
+            self.read_hook(node, ready.read_states)
 
     def _send(self, message: Message) -> None:
         if (message.sender, message.to) in self.blocked or self.random.random() < self.faults.drop:
