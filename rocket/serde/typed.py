@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from rocket.errors import Code, RocketError
+from rocket.model import TopicSpec
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -208,6 +209,12 @@ class TopicInfo(msgspec.Struct):
     storage_class: str = "raft"
 
 
+def topic_info(spec: TopicSpec) -> TopicInfo:
+    """A topic as answers carry it (the fields of TopicSpec.to_wire)."""
+    return TopicInfo(spec.name, spec.queues, spec.created_ms, spec.message_type, int(spec.retention_s),
+                     int(spec.local_retention_s), spec.history, spec.ttl_ms, spec.storage_class)
+
+
 class ListTopicsResponse(msgspec.Struct):
     topics: list[TopicInfo]
 
@@ -229,6 +236,95 @@ class CreateBucketRequest(msgspec.Struct):
 
 class BucketRequest(msgspec.Struct):
     bucket: str
+
+
+# ---- the broker's topic, tier and KV bucket answers (roles/broker/admin.py, kv.py) ------------------------------
+
+class QueueInfo(msgspec.Struct):
+    queue: int
+    min_offset: int
+    next_offset: int
+    bytes: int
+
+
+class QueueOffset(msgspec.Struct):
+    queue: int
+    offset: int
+
+
+class PopInfo(msgspec.Struct):
+    queue: int
+    cursor: int
+    done_before: int
+    in_flight: int
+
+
+class StorageQueuesResponse(msgspec.Struct):
+    queues: list[QueueInfo]
+    offsets: list[QueueOffset]
+    time_offsets: list[QueueOffset]
+    pops: list[PopInfo] = []
+
+
+class DescribeTopicResponse(msgspec.Struct):
+    topic: TopicInfo
+    queues: list[QueueInfo]
+
+
+class TierStatusRequest(msgspec.Struct):
+    topic: str = ""  # empty: every topic
+
+
+class TierQueue(msgspec.Struct):
+    queue: int
+    first_offset: int
+    local_offset: int
+    tiered_offset: int
+    next_offset: int
+    local_bytes: int
+    tiered_bytes: int
+    pending_bytes: int
+    pieces: int
+
+
+class StorageTierResponse(msgspec.Struct):
+    queues: list[TierQueue]
+
+
+class TierTopic(msgspec.Struct):
+    topic: TopicInfo
+    queues: list[TierQueue]
+
+
+class TierStatusResponse(msgspec.Struct):
+    topics: list[TierTopic]
+
+
+class BucketInfo(msgspec.Struct):
+    name: str
+    shards: int
+    history: int
+    ttl_ms: int
+    created_ms: int
+
+
+class ListBucketsResponse(msgspec.Struct):
+    buckets: list[BucketInfo]
+
+
+class KvShardInfo(msgspec.Struct):
+    shard: int
+    group: int
+    leader: int
+    revision: int
+    keys: int
+    bytes: int
+    digest: str
+
+
+class DescribeBucketResponse(msgspec.Struct):
+    bucket: BucketInfo
+    shards: list[KvShardInfo]
 
 
 # ---- storage nodes' drains and health (roles/nameserver/role.py, health.py) -------------------------------------
@@ -440,7 +536,9 @@ STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct i
     DrainNodeRequest, NodeHealthRequest, PinNodeHealthRequest, HealthFeature, NodeHealthInfo, NodeHealthResponse,
     GroupBytes, TopicBytes, PeerCalls, ControlledReplica, NodeLoad, NodeHeartbeatRequest, NodeAddress, Assignment,
     TopicRequest, Route, NodeStatus, ClusterStatusResponse, QueuePlacement, PlacementExplainResponse, SeriesStep,
-    LoadShareRequest, AlterSyncStateSetRequest, ControlState)}
+    LoadShareRequest, AlterSyncStateSetRequest, ControlState, QueueInfo, QueueOffset, PopInfo, StorageQueuesResponse,
+    DescribeTopicResponse, TierStatusRequest, TierQueue, StorageTierResponse, TierTopic, TierStatusResponse, BucketInfo,
+    ListBucketsResponse, KvShardInfo, DescribeBucketResponse)}
 
 
 def convert(value: Any, struct: type[T]) -> T:

@@ -8,7 +8,10 @@ import functools
 import msgspec
 import pytest
 
+from rocket.clock import Clock
 from rocket.errors import Code, RocketError
+from rocket.model import TopicSpec, bucket_topic
+from rocket.roles.broker.role import Broker
 from rocket.serde import schema, typed
 from rocket.transport.rpc import Dispatcher
 
@@ -88,3 +91,39 @@ async def test_a_typed_handler_takes_and_answers_the_plain_form():
     assert refused.value.code == Code.BAD_REQUEST and "$.user" in refused.value.message
     with pytest.raises(KeyError):  # a method whose messages have no Struct cannot be typed
         dispatcher.handle_typed("Produce", grant)
+
+
+class Nameservers:
+    """A broker's peers: the nameservers' answers, in the plain form, as over the wire."""
+
+    def __init__(self):
+        self.asked: list[tuple[str, dict]] = []
+
+    async def nameserver(self, method: str, request: dict, timeout_s: float = 0.0) -> dict:
+        self.asked.append((method, request))
+        if method == "MetaCreateTopic":
+            return TopicSpec(request["topic"], request["queues"], 7).to_wire()
+        if method == "MetaListTopics":
+            return {"topics": [TopicSpec("orders", 2, 5).to_wire(),
+                               TopicSpec(bucket_topic("cfg"), 1, 6, message_type="kv", history=3).to_wire()]}
+        raise RocketError(Code.UNKNOWN_GROUP, "no settings")
+
+
+async def test_the_brokers_typed_admin_calls_answer_local_callers_in_the_plain_form():
+    """A gateway or the console calls the broker's admin methods in the plain form and gets it back; the nameservers
+    are asked in it too, every field given."""
+    dispatcher, nameservers = Dispatcher(), Nameservers()
+    Broker(nameservers, ("broker",), Clock()).register(dispatcher, forward_status=False)
+    orders = TopicSpec("orders", 2, 5).to_wire()
+    assert await dispatcher.local("CreateTopic", {"topic": "jobs", "queues": 3}) == TopicSpec("jobs", 3, 7).to_wire()
+    assert await dispatcher.local("ListTopics", {}) == {"topics": [orders]}  # not the KV bucket's
+    assert await dispatcher.local("KvListBuckets", {}) == {
+        "buckets": [{"name": "cfg", "shards": 1, "history": 3, "ttl_ms": 0, "created_ms": 6}]}
+    assert await dispatcher.local("GroupSettings", {"group": "billing"}) == {
+        "group": "billing", "max_attempts": 0, "retry_backoff_s": [], "consume_mode": "clustering", "fifo": False}
+    assert nameservers.asked == [
+        ("MetaCreateTopic", {"topic": "jobs", "queues": 3, "message_type": "normal", "storage_class": "raft"}),
+        ("MetaListTopics", {}), ("MetaListTopics", {}), ("MetaConsumerGroups", {"group": "billing"})]
+    with pytest.raises(RocketError) as refused:
+        await dispatcher.local("CreateTopic", {"queues": 3})
+    assert refused.value.code == Code.BAD_REQUEST and len(nameservers.asked) == 4

@@ -1,5 +1,6 @@
 """Topic and cluster administration on the broker: create, list, describe and update topics, storage classes,
 consumer groups' settings, tier and cluster status, drains, node health; what the nameservers keep is asked of them.
+The topic, storage class, consumer group and tier calls take and return typed messages (rocket/serde/typed.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from rocket.errors import Code, RocketError
 from rocket.model import check_group_name
 from rocket.roles.broker.routes import Routes
 from rocket.roles.peers import Peers
+from rocket.serde.typed import (ConsumerGroupInfo, ConsumerGroupsRequest, ConsumerGroupsResponse,
+                                CreateConsumerGroupRequest, CreateStorageClassRequest, CreateTopicRequest,
+                                DescribeTopicResponse, Empty, ListTopicsResponse, StorageClassesRequest,
+                                StorageClassesResponse, StorageClassInfo, StorageQueuesResponse, StorageTierResponse,
+                                TierQueue, TierStatusRequest, TierStatusResponse, TierTopic, TopicInfo, TopicRequest,
+                                UpdateConsumerGroupRequest, UpdateTopicRequest, convert, plain, topic_info)
 
 log = logging.getLogger("rocket.broker")
 
@@ -31,7 +38,8 @@ class GroupSettings:
 
     async def of(self, group: str) -> dict | None:
         """The group's settings (None: it has none), read from the nameservers at most every
-        limits.group_settings_cache_s; while they do not answer, what was known (or none) is kept that long."""
+        limits.group_settings_cache_s; while they do not answer, what was known (or none) is kept that long. Plain,
+        as the nameservers answer: receives read them so (pop.py)."""
         now = trio.current_time()
         cached = self._cache.get(group)
         if cached is not None and now - cached[0] < limits.group_settings_cache_s:
@@ -61,71 +69,81 @@ class Admin:
     async def ping(self, request: dict) -> dict:
         return {"version": __version__, "roles": list(self.roles)}
 
-    async def create_topic(self, request: dict) -> dict:
-        return await self.peers.nameserver("MetaCreateTopic", request, timeout_s=limits.leader_wait_s_max + 5)
+    async def create_topic(self, request: CreateTopicRequest) -> TopicInfo:
+        made = await self.peers.nameserver("MetaCreateTopic", plain(request), timeout_s=limits.leader_wait_s_max + 5)
+        return convert(made, TopicInfo)
 
-    async def create_storage_class(self, request: dict) -> dict:
-        return await self.peers.nameserver("MetaCreateStorageClass", request, timeout_s=limits.leader_wait_s_max + 5)
+    async def create_storage_class(self, request: CreateStorageClassRequest) -> StorageClassInfo:
+        made = await self.peers.nameserver("MetaCreateStorageClass", plain(request),
+                                           timeout_s=limits.leader_wait_s_max + 5)
+        return convert(made, StorageClassInfo)
 
-    async def storage_classes(self, request: dict) -> dict:
-        return await self.peers.nameserver("MetaStorageClasses", request, timeout_s=limits.leader_wait_s_max + 5)
+    async def storage_classes(self, request: StorageClassesRequest) -> StorageClassesResponse:
+        classes = await self.peers.nameserver("MetaStorageClasses", plain(request),
+                                              timeout_s=limits.leader_wait_s_max + 5)
+        return convert(classes, StorageClassesResponse)
 
-    async def create_consumer_group(self, request: dict) -> dict:
-        made = await self.peers.nameserver("MetaCreateConsumerGroup", request, timeout_s=limits.leader_wait_s_max + 5)
-        self.settings.forget(request["group"])
-        return made
+    async def create_consumer_group(self, request: CreateConsumerGroupRequest) -> ConsumerGroupInfo:
+        made = await self.peers.nameserver("MetaCreateConsumerGroup", plain(request),
+                                           timeout_s=limits.leader_wait_s_max + 5)
+        self.settings.forget(request.group)
+        return convert(made, ConsumerGroupInfo)
 
-    async def update_consumer_group(self, request: dict) -> dict:
-        updated = await self.peers.nameserver("MetaUpdateConsumerGroup", request, timeout_s=limits.leader_wait_s_max + 5)
-        self.settings.forget(request["group"])
-        return updated
+    async def update_consumer_group(self, request: UpdateConsumerGroupRequest) -> ConsumerGroupInfo:
+        updated = await self.peers.nameserver("MetaUpdateConsumerGroup", plain(request),
+                                              timeout_s=limits.leader_wait_s_max + 5)
+        self.settings.forget(request.group)
+        return convert(updated, ConsumerGroupInfo)
 
-    async def consumer_groups(self, request: dict) -> dict:
-        return await self.peers.nameserver("MetaConsumerGroups", request, timeout_s=limits.leader_wait_s_max + 5)
+    async def consumer_groups(self, request: ConsumerGroupsRequest) -> ConsumerGroupsResponse:
+        groups = await self.peers.nameserver("MetaConsumerGroups", plain(request),
+                                             timeout_s=limits.leader_wait_s_max + 5)
+        return convert(groups, ConsumerGroupsResponse)
 
-    async def group_settings(self, request: dict) -> dict:
+    async def group_settings(self, request: ConsumerGroupsRequest) -> ConsumerGroupInfo:
         """A group's settings as this broker applies them to its receives (at most limits.group_settings_cache_s
         old): a group without settings answers max_attempts 0 (none set), the default backoff (empty), clustering,
         not FIFO. What a gateway reads to honour the group's max attempts and backoff."""
-        name = check_group_name(request["group"])
-        return await self.settings.of(name) or {"group": name, "max_attempts": 0, "retry_backoff_s": [],
-                                                 "consume_mode": "clustering", "fifo": False}
+        name = check_group_name(request.group)
+        settings = await self.settings.of(name)
+        return ConsumerGroupInfo(name) if settings is None else convert(settings, ConsumerGroupInfo)
 
-    async def list_topics(self, request: dict) -> dict:
+    async def list_topics(self, request: Empty) -> ListTopicsResponse:
         """The topics, without the KV buckets kept as topics (KvListBuckets lists those)."""
-        topics = (await self.peers.nameserver("MetaListTopics", request))["topics"]
-        return {"topics": [topic for topic in topics if topic["message_type"] != "kv"]}
+        listed = convert(await self.peers.nameserver("MetaListTopics", plain(request)), ListTopicsResponse)
+        return ListTopicsResponse([topic for topic in listed.topics if topic.message_type != "kv"])
 
-    async def update_topic(self, request: dict) -> dict:
-        spec = await self.peers.nameserver("MetaUpdateTopic", request, timeout_s=limits.leader_wait_s_max + 5)
-        self.routes.forget(request["topic"])
-        return spec
+    async def update_topic(self, request: UpdateTopicRequest) -> TopicInfo:
+        spec = await self.peers.nameserver("MetaUpdateTopic", plain(request), timeout_s=limits.leader_wait_s_max + 5)
+        self.routes.forget(request.topic)
+        return convert(spec, TopicInfo)
 
-    async def tier_status(self, request: dict) -> dict:
+    async def tier_status(self, request: TierStatusRequest) -> TierStatusResponse:
         """Per topic (one, or all), per queue: where data starts, locally and in the tier, and its bytes."""
-        if request["topic"]:
-            names = [request["topic"]]
+        if request.topic:
+            names = [request.topic]
         else:
-            names = [topic["name"] for topic in (await self.list_topics({}))["topics"]]
+            names = [topic.name for topic in (await self.list_topics(Empty())).topics]
         topics = []
         for name in names:
             route = await self.routes.route(name)
-            queues = []
+            queues: list[TierQueue] = []
             for group, numbers in self.routes.by_group(route, range(route.spec.queues)).items():
                 response = await self.routes.storage(route, group, "StorageTier",
                                                      {"group": group, "topic": name, "queues": numbers})
-                queues.extend(response["queues"])
-            topics.append({"topic": route.spec.to_wire(), "queues": sorted(queues, key=lambda info: info["queue"])})
-        return {"topics": topics}
+                queues.extend(convert(response, StorageTierResponse).queues)
+            topics.append(TierTopic(topic_info(route.spec), sorted(queues, key=lambda info: info.queue)))
+        return TierStatusResponse(topics)
 
     async def forward(self, method: str, request: dict) -> dict:
         """A call the nameservers answer, made on a broker without a nameserver beside it."""
         return await self.peers.nameserver(method, request, timeout_s=limits.leader_wait_s_max + 5)
 
-    async def describe_topic(self, request: dict) -> dict:
-        route = await self.routes.route(request["topic"])
-        queues = [info for response in await self.routes.queues(route) for info in response["queues"]]
-        return {"topic": route.spec.to_wire(), "queues": sorted(queues, key=lambda info: info["queue"])}
+    async def describe_topic(self, request: TopicRequest) -> DescribeTopicResponse:
+        route = await self.routes.route(request.topic)
+        queues = [info for response in await self.routes.queues(route)
+                  for info in convert(response, StorageQueuesResponse).queues]
+        return DescribeTopicResponse(topic_info(route.spec), sorted(queues, key=lambda info: info.queue))
 
     async def search_offset(self, request: dict) -> dict:
         route = await self.routes.route(request["topic"])

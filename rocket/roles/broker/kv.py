@@ -1,5 +1,6 @@
 """The KV API on the broker (RIP-22): buckets, whose keys hash onto shards (a hash tag {...} keeps keys together), and
-put, get, delete, range, transactions and watch, each sent to the storage group of the key's shard.
+put, get, delete, range, transactions and watch, each sent to the storage group of the key's shard. The bucket calls
+take and return typed messages (rocket/serde/typed.py); the keys' calls, the data plane, plain ones.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import KV_PREFIX, bucket_topic, shard_of
+from rocket.model import KV_PREFIX, TopicSpec, bucket_topic, shard_of
 from rocket.parked import Slot
 from rocket.roles.broker.routes import Route, Routes, complete_later
 from rocket.roles.peers import Peers
+from rocket.serde.typed import (BucketInfo, BucketRequest, CreateBucketRequest, DescribeBucketResponse, Empty,
+                                KvShardInfo, ListBucketsResponse, ListTopicsResponse, TopicInfo, convert, plain)
 from rocket.store.kv import check_key, check_txn, check_value, txn_bytes, txn_from_wire
 from rocket.transport.rpc import as_rocket_error
 
@@ -33,9 +36,9 @@ class KvCall:
     error: RocketError | None = None
 
 
-def bucket_info(topic: dict) -> dict:
-    return {"name": topic["name"][len(KV_PREFIX):], "shards": topic["queues"], "history": topic["history"],
-            "ttl_ms": topic["ttl_ms"], "created_ms": topic["created_ms"]}
+def bucket_info(topic: TopicInfo | TopicSpec) -> BucketInfo:
+    """The bucket kept as topic: as the nameservers answer it, or as routed."""
+    return BucketInfo(topic.name[len(KV_PREFIX):], topic.queues, topic.history, topic.ttl_ms, topic.created_ms)
 
 
 def prefix_end(prefix: str) -> str:
@@ -65,36 +68,35 @@ class KeyValues:
 
     # ---- buckets -------------------------------------------------------------------------------------
 
-    async def kv_create_bucket(self, request: dict) -> dict:
-        topic = await self.peers.nameserver("MetaCreateBucket", request, timeout_s=limits.leader_wait_s_max + 5)
-        return bucket_info(topic)
+    async def kv_create_bucket(self, request: CreateBucketRequest) -> BucketInfo:
+        topic = await self.peers.nameserver("MetaCreateBucket", plain(request), timeout_s=limits.leader_wait_s_max + 5)
+        return bucket_info(convert(topic, TopicInfo))
 
-    async def kv_list_buckets(self, request: dict) -> dict:
-        topics = (await self.peers.nameserver("MetaListTopics", {}))["topics"]
-        return {"buckets": [bucket_info(topic) for topic in topics if topic["message_type"] == "kv"]}
+    async def kv_list_buckets(self, request: Empty) -> ListBucketsResponse:
+        listed = convert(await self.peers.nameserver("MetaListTopics", plain(request)), ListTopicsResponse)
+        return ListBucketsResponse([bucket_info(topic) for topic in listed.topics if topic.message_type == "kv"])
 
     async def _bucket(self, name: str) -> Route:
         return await self.routes.route(bucket_topic(name))
 
-    async def kv_describe_bucket(self, request: dict) -> dict:
+    async def kv_describe_bucket(self, request: BucketRequest) -> DescribeBucketResponse:
         """Each shard's revision, keys, bytes and digest, as its leader holds them."""
-        route = await self._bucket(request["bucket"])
+        route = await self._bucket(request.bucket)
         shards = []
         for shard, group in enumerate(route.queue_groups):
-            found = await self._kv_read(route, shard, {"op": "digest"})
-            shards.append({"shard": shard, "group": group, "leader": self.routes.leader_of(group),
-                           "revision": found["revision"], "keys": found["keys"], "bytes": found["bytes"],
-                           "digest": found["digest"]})
-        return {"bucket": bucket_info(route.spec.to_wire()), "shards": shards}
+            found = await self._kv_read(route, shard, {"op": "digest"})  # plain: StorageKvRead is the data plane's
+            shards.append(KvShardInfo(shard, group, self.routes.leader_of(group), found["revision"], found["keys"],
+                                      found["bytes"], found["digest"]))
+        return DescribeBucketResponse(bucket_info(route.spec), shards)
 
-    async def kv_delete_bucket(self, request: dict) -> dict:
+    async def kv_delete_bucket(self, request: BucketRequest) -> Empty:
         """Delete every key (watchers see them go), then forget the bucket."""
-        route = await self._bucket(request["bucket"])
+        route = await self._bucket(request.bucket)
         for shard in range(route.spec.queues):
             await self._delete_prefix(route, shard, "")
-        await self.peers.nameserver("MetaDeleteBucket", request, timeout_s=limits.leader_wait_s_max + 5)
+        await self.peers.nameserver("MetaDeleteBucket", plain(request), timeout_s=limits.leader_wait_s_max + 5)
         self.routes.forget(route.spec.name)
-        return {}
+        return Empty()
 
     # ---- keys ----------------------------------------------------------------------------------------
 

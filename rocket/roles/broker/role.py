@@ -46,9 +46,6 @@ class Broker:
     def register(self, dispatcher: Dispatcher, forward_status: bool) -> None:
         handlers = {
             "Ping": self.admin.ping,
-            "CreateTopic": self.admin.create_topic,
-            "ListTopics": self.admin.list_topics,
-            "DescribeTopic": self.admin.describe_topic,
             "Produce": self.producer.produce,
             "Pull": self.pull.pull,
             "Subscribe": self.pull.subscribe,
@@ -66,18 +63,6 @@ class Broker:
             "ChangeInvisible": self.pop.change_invisible,
             "DeadLetter": self.pop.dead_letter,
             "Bury": self.pop.bury,
-            "UpdateTopic": self.admin.update_topic,
-            "CreateStorageClass": self.admin.create_storage_class,
-            "StorageClasses": self.admin.storage_classes,
-            "CreateConsumerGroup": self.admin.create_consumer_group,
-            "UpdateConsumerGroup": self.admin.update_consumer_group,
-            "ConsumerGroups": self.admin.consumer_groups,
-            "GroupSettings": self.admin.group_settings,
-            "TierStatus": self.admin.tier_status,
-            "KvCreateBucket": self.kv.kv_create_bucket,
-            "KvListBuckets": self.kv.kv_list_buckets,
-            "KvDescribeBucket": self.kv.kv_describe_bucket,
-            "KvDeleteBucket": self.kv.kv_delete_bucket,
             "KvPut": self.kv.kv_put,
             "KvGet": self.kv.kv_get,
             "KvDelete": self.kv.kv_delete,
@@ -93,3 +78,22 @@ class Broker:
                   "KvGet": self.kv.kv_get_parked}
         for name, handler in handlers.items():
             dispatcher.handle(name, handler, parked=parked.get(name))
+        typed_handlers = {  # these take and return typed messages (rocket/serde/typed.py)
+            "CreateTopic": self.admin.create_topic,
+            "ListTopics": self.admin.list_topics,
+            "DescribeTopic": self.admin.describe_topic,
+            "UpdateTopic": self.admin.update_topic,
+            "CreateStorageClass": self.admin.create_storage_class,
+            "StorageClasses": self.admin.storage_classes,
+            "CreateConsumerGroup": self.admin.create_consumer_group,
+            "UpdateConsumerGroup": self.admin.update_consumer_group,
+            "ConsumerGroups": self.admin.consumer_groups,
+            "GroupSettings": self.admin.group_settings,
+            "TierStatus": self.admin.tier_status,
+            "KvCreateBucket": self.kv.kv_create_bucket,
+            "KvListBuckets": self.kv.kv_list_buckets,
+            "KvDescribeBucket": self.kv.kv_describe_bucket,
+            "KvDeleteBucket": self.kv.kv_delete_bucket,
+        }
+        for name, handler in typed_handlers.items():
+            dispatcher.handle_typed(name, handler)

@@ -14,7 +14,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 from rocket.ml.health import PINS as HEALTH_PINS
 from rocket.model import DEFAULT_STORAGE_CLASS, KV_PREFIX, TopicSpec, check_group_name
-from rocket.serde.typed import Assignment, GroupInfo, NodeAddress, ReplicaLag, Route, TopicInfo
+from rocket.serde.typed import Assignment, GroupInfo, NodeAddress, ReplicaLag, Route, topic_info
 
 META_GROUP = 1  # the nameservers' own Raft group; storage groups are numbered from 2
 FIRST_STORAGE_GROUP = 2
@@ -509,9 +509,7 @@ class Metadata:
         spec = self.topic(name)
         groups = sorted(set(spec.queue_groups or spec.groups))
         members = {node for group in groups for node in self.members_of(group)}
-        topic = TopicInfo(spec.name, spec.queues, spec.created_ms, spec.message_type, int(spec.retention_s),
-                          int(spec.local_retention_s), spec.history, spec.ttl_ms, spec.storage_class)
-        return Route(self.version, topic, [spec.group_of(queue) for queue in range(spec.queues)],
+        return Route(self.version, topic_info(spec), [spec.group_of(queue) for queue in range(spec.queues)],
                      [self.group_info(group, leaders) for group in groups], self.addresses(members))
 
     def members_of(self, group: int) -> tuple[int, ...]:

@@ -30,7 +30,7 @@ from rocket.roles.peers import RETRYABLE, Peers
 from rocket.serde.typed import NodeLoad as LoadReport
 from rocket.serde.typed import (Assignment, BucketRequest, ClusterStatusResponse, CreateBucketRequest,
                                 CreateTopicRequest, DrainNodeRequest, Empty, ListTopicsResponse, NodeHeartbeatRequest,
-                                NodeStatus, ReplicaLag, Route, TopicInfo, TopicRequest, UpdateTopicRequest, convert)
+                                NodeStatus, ReplicaLag, Route, TopicInfo, TopicRequest, UpdateTopicRequest, topic_info)
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.nameserver")
@@ -365,7 +365,7 @@ class Nameserver:
                        "queue_groups": queue_groups, "storage_class": storage_class,
                        "history": history, "ttl_ms": ttl_ms}
             await self._propose(command)
-        return convert(self.metadata.topic(name).to_wire(), TopicInfo)
+        return topic_info(self.metadata.topic(name))
 
     def _pool_size(self, loads: list[NodeLoad]) -> int:
         """The Raft groups (the default class's) the cluster should have: `storage_groups` per `replication` storage
@@ -416,7 +416,7 @@ class Nameserver:
             local_s = spec.local_retention_s if request.local_retention_s == -2 else request.local_retention_s
             await self._propose({"op": "update_topic", "name": spec.name, "retention_s": float(retention_s),
                                  "local_retention_s": float(local_s)})
-        return convert(self.metadata.topic(spec.name).to_wire(), TopicInfo)
+        return topic_info(self.metadata.topic(spec.name))
 
     async def _read(self, method: str, request: Any, here, locally: bool = True):
         return await self.meta.read(method, request, here, locally)
@@ -426,7 +426,7 @@ class Nameserver:
 
     async def _topics_here(self, request: Empty) -> ListTopicsResponse:
         topics = self.metadata.topics
-        return ListTopicsResponse([convert(topics[name].to_wire(), TopicInfo) for name in sorted(topics)])
+        return ListTopicsResponse([topic_info(topics[name]) for name in sorted(topics)])
 
     async def get_route(self, request: TopicRequest) -> Route:
         """From this nameserver's state when it is in sync and knows the topic, else from the leader's
