@@ -527,6 +527,53 @@ class ControlState(msgspec.Struct):
     sync_state_set_epoch: int
 
 
+# ---- consumer groups on the broker (rocket/roles/broker/groups.py) ----------------------------------------------
+
+class GroupInfoRequest(msgspec.Struct):
+    topic: str
+    group: str
+
+
+class GroupQueue(msgspec.Struct):
+    queue: int
+    min_offset: int
+    next_offset: int
+    committed: int  # -1: none committed
+    pop_cursor: int
+    pop_done_before: int
+    in_flight: int
+    lag: int
+    dead_letters: int
+    member: str = ""  # the live pull member reading it
+
+
+class GroupInfoResponse(msgspec.Struct):
+    topic: str
+    group: str
+    queues: list[GroupQueue]
+
+
+class GroupHeartbeatRequest(msgspec.Struct):
+    group: str
+    topic: str
+    member: str
+    leave: bool = False
+
+
+class GroupHeartbeatResponse(msgspec.Struct):
+    members: list[str]
+    queues: list[int]
+
+
+class ResetGroupRequest(msgspec.Struct):
+    topic: str
+    group: str
+    to: str  # earliest, latest, time or offset
+    timestamp_ms: int = 0
+    queue: int = -1  # -1: every queue
+    offset: int = 0
+
+
 STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct in (
     Empty, AclCreateUserRequest, AclUser, AclUserRequest, AclUsersResponse, AclPolicy, AclPoliciesResponse, AclQuota,
     AclQuotasRequest, AclQuotasResponse, AclSealedUser, AclStateRequest, AclState, CreateConsumerGroupRequest,
@@ -538,7 +585,8 @@ STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct i
     TopicRequest, Route, NodeStatus, ClusterStatusResponse, QueuePlacement, PlacementExplainResponse, SeriesStep,
     LoadShareRequest, AlterSyncStateSetRequest, ControlState, QueueInfo, QueueOffset, PopInfo, StorageQueuesResponse,
     DescribeTopicResponse, TierStatusRequest, TierQueue, StorageTierResponse, TierTopic, TierStatusResponse, BucketInfo,
-    ListBucketsResponse, KvShardInfo, DescribeBucketResponse)}
+    ListBucketsResponse, KvShardInfo, DescribeBucketResponse, GroupInfoRequest, GroupQueue, GroupInfoResponse,
+    GroupHeartbeatRequest, GroupHeartbeatResponse, ResetGroupRequest)}
 
 
 def convert(value: Any, struct: type[T]) -> T:

@@ -1,4 +1,5 @@
-"""Consumer groups on the broker: committed offsets, live members and the queues each reads, describe and reset."""
+"""Consumer groups on the broker: committed offsets, live members and the queues each reads, describe and reset (the
+last three take and return typed messages; the offsets' calls, on every consumer's path, plain ones)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name, dead_letter_topic
 from rocket.roles.broker.routes import Route, Routes
+from rocket.serde.typed import (GroupHeartbeatRequest, GroupHeartbeatResponse, GroupInfoRequest, GroupInfoResponse,
+                                GroupQueue, ResetGroupRequest)
 
 
 def allocate(queues: int, members: list[str], member: str) -> list[int]:
@@ -35,11 +38,11 @@ class ConsumerGroups:
                 "group": group, "consumer_group": consumer_group, "topic": route.spec.name, "reset_pop": reset_pop,
                 "offsets": [{"queue": queue, "offset": offsets[queue]} for queue in queues]})
 
-    async def describe_group(self, request: dict) -> dict:
+    async def describe_group(self, request: GroupInfoRequest) -> GroupInfoResponse:
         """Per queue: the group's pull position, the live pull consumer reading it, its pop consumption, its lag and
         its dead letters."""
-        consumer_group = check_group_name(request["group"])
-        route = await self.routes.route(request["topic"])
+        consumer_group = check_group_name(request.group)
+        route = await self.routes.route(request.topic)
         members = await self._members(route, consumer_group)
         reader = {queue: member for member in members for queue in allocate(route.spec.queues, members, member)}
         found = await self.routes.queues(route, consumer_group)
@@ -52,19 +55,18 @@ class ConsumerGroups:
         for info in sorted((info for response in found for info in response["queues"]), key=lambda info: info["queue"]):
             queue, pop_state = info["queue"], pops[info["queue"]]
             consumed = max(committed.get(queue, info["min_offset"]), pop_state["done_before"])
-            queues.append({"queue": queue, "min_offset": info["min_offset"], "next_offset": info["next_offset"],
-                           "committed": committed.get(queue, -1), "pop_cursor": pop_state["cursor"],
-                           "pop_done_before": pop_state["done_before"], "in_flight": pop_state["in_flight"],
-                           "lag": max(0, info["next_offset"] - consumed), "dead_letters": dead_letters.get(queue, 0),
-                           "member": reader.get(queue, "")})
-        return {"topic": route.spec.name, "group": consumer_group, "queues": queues}
+            queues.append(GroupQueue(queue, info["min_offset"], info["next_offset"], committed.get(queue, -1),
+                                     pop_state["cursor"], pop_state["done_before"], pop_state["in_flight"],
+                                     max(0, info["next_offset"] - consumed), dead_letters.get(queue, 0),
+                                     reader.get(queue, "")))
+        return GroupInfoResponse(route.spec.name, consumer_group, queues)
 
-    async def group_heartbeat(self, request: dict) -> dict:
+    async def group_heartbeat(self, request: GroupHeartbeatRequest) -> GroupHeartbeatResponse:
         """A pull consumer in clustering mode is alive (or leaves): the group's live members and the
         queues this member reads (RocketMQ's averaging allocation: queues split in contiguous runs)."""
-        route = await self.routes.route(request["topic"])
-        members = await self._members(route, request["group"], request["member"], request["leave"])
-        return {"members": members, "queues": allocate(route.spec.queues, members, request["member"])}
+        route = await self.routes.route(request.topic)
+        members = await self._members(route, request.group, request.member, request.leave)
+        return GroupHeartbeatResponse(members, allocate(route.spec.queues, members, request.member))
 
     async def _members(self, route: Route, consumer_group: str, member: str = "", leave: bool = True) -> list[str]:
         """The live pull members of a group on a topic, after member heartbeats or leaves (by default, none)."""
@@ -73,26 +75,26 @@ class ConsumerGroups:
             "group": group, "consumer_group": consumer_group, "topic": route.spec.name, "member": member,
             "leave": leave}))["members"]
 
-    async def reset_group(self, request: dict) -> dict:
+    async def reset_group(self, request: ResetGroupRequest) -> GroupInfoResponse:
         """Move the group's pull and pop positions on every queue, or on one, to the earliest or latest message,
         to the first stored at or after a time, or (one queue) to an offset; what was in flight is dropped.
         Refused while the group has live pull members, as Kafka refuses: each keeps its positions in memory and
         its next commit would put them back. Pop consumers keep theirs in storage, which this moves."""
-        consumer_group = check_group_name(request["group"])
-        route = await self.routes.route(request["topic"])
-        to, queue = request["to"], request["queue"]
+        consumer_group = check_group_name(request.group)
+        route = await self.routes.route(request.topic)
+        to, queue = request.to, request.queue
         if to not in ("earliest", "latest", "time", "offset"):
             raise RocketError(Code.BAD_REQUEST, f"reset to {to!r}: expected earliest, latest, time or offset")
         if queue != -1:
             self.routes.queue(route.spec, queue)
         if to == "offset":
-            if queue == -1 or request["offset"] < 0:
+            if queue == -1 or request.offset < 0:
                 raise RocketError(Code.BAD_REQUEST, "a reset to an offset names one queue and an offset of 0 or more")
-            targets = {queue: request["offset"]}
+            targets = {queue: request.offset}
         else:
             by_time = to == "time"
             targets = {}
-            timestamp_ms = max(0, request["timestamp_ms"]) if by_time else -1
+            timestamp_ms = max(0, request.timestamp_ms) if by_time else -1
             for response in await self.routes.queues(route, timestamp_ms=timestamp_ms):
                 if by_time:
                     targets.update((entry["queue"], entry["offset"]) for entry in response["time_offsets"])
@@ -109,7 +111,7 @@ class ConsumerGroups:
                 f"reset: stop them first (a closed consumer leaves at once; one stopped without closing, "
                 f"{limits.group_member_expiry_s:g} s after its last poll), or move a running one with Consumer.seek()"))
         await self._commit(route, consumer_group, targets, reset_pop=True)
-        return await self.describe_group(request)
+        return await self.describe_group(GroupInfoRequest(route.spec.name, consumer_group))
 
     async def fetch_offsets(self, request: dict) -> dict:
         consumer_group = check_group_name(request["group"])

@@ -55,9 +55,6 @@ class Broker:
             "CancelTimer": self.producer.cancel_timer,
             "EndTransaction": self.producer.end_transaction,
             "TransactionChecks": self.producer.transaction_checks,
-            "DescribeGroup": self.groups.describe_group,
-            "GroupHeartbeat": self.groups.group_heartbeat,
-            "ResetGroup": self.groups.reset_group,
             "Receive": self.pop.receive,
             "Ack": self.pop.ack,
             "ChangeInvisible": self.pop.change_invisible,
@@ -94,6 +91,9 @@ class Broker:
             "KvListBuckets": self.kv.kv_list_buckets,
             "KvDescribeBucket": self.kv.kv_describe_bucket,
             "KvDeleteBucket": self.kv.kv_delete_bucket,
+            "DescribeGroup": self.groups.describe_group,
+            "GroupHeartbeat": self.groups.group_heartbeat,
+            "ResetGroup": self.groups.reset_group,
         }
         for name, handler in typed_handlers.items():
             dispatcher.handle_typed(name, handler)
