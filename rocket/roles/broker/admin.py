@@ -6,7 +6,9 @@ The topic, storage class, consumer group and tier calls take and return typed me
 from __future__ import annotations
 
 import logging
+from typing import TypeVar
 
+import msgspec
 import trio
 
 from rocket import __version__, limits
@@ -22,6 +24,7 @@ from rocket.serde.typed import (ConsumerGroupInfo, ConsumerGroupsRequest, Consum
                                 UpdateConsumerGroupRequest, UpdateTopicRequest, convert, plain, topic_info)
 
 log = logging.getLogger("rocket.broker")
+T = TypeVar("T", bound=msgspec.Struct)
 
 
 class GroupSettings:
@@ -69,36 +72,32 @@ class Admin:
     async def ping(self, request: dict) -> dict:
         return {"version": __version__, "roles": list(self.roles)}
 
+    async def _metadata(self, method: str, request: msgspec.Struct, answer: type[T]) -> T:
+        """A nameservers' metadata change or listing, waiting out a leader change; the answer typed once."""
+        return convert(await self.peers.nameserver(method, plain(request), timeout_s=limits.leader_wait_s_max + 5),
+                       answer)
+
     async def create_topic(self, request: CreateTopicRequest) -> TopicInfo:
-        made = await self.peers.nameserver("MetaCreateTopic", plain(request), timeout_s=limits.leader_wait_s_max + 5)
-        return convert(made, TopicInfo)
+        return await self._metadata("MetaCreateTopic", request, TopicInfo)
 
     async def create_storage_class(self, request: CreateStorageClassRequest) -> StorageClassInfo:
-        made = await self.peers.nameserver("MetaCreateStorageClass", plain(request),
-                                           timeout_s=limits.leader_wait_s_max + 5)
-        return convert(made, StorageClassInfo)
+        return await self._metadata("MetaCreateStorageClass", request, StorageClassInfo)
 
     async def storage_classes(self, request: StorageClassesRequest) -> StorageClassesResponse:
-        classes = await self.peers.nameserver("MetaStorageClasses", plain(request),
-                                              timeout_s=limits.leader_wait_s_max + 5)
-        return convert(classes, StorageClassesResponse)
+        return await self._metadata("MetaStorageClasses", request, StorageClassesResponse)
 
     async def create_consumer_group(self, request: CreateConsumerGroupRequest) -> ConsumerGroupInfo:
-        made = await self.peers.nameserver("MetaCreateConsumerGroup", plain(request),
-                                           timeout_s=limits.leader_wait_s_max + 5)
+        made = await self._metadata("MetaCreateConsumerGroup", request, ConsumerGroupInfo)
         self.settings.forget(request.group)
-        return convert(made, ConsumerGroupInfo)
+        return made
 
     async def update_consumer_group(self, request: UpdateConsumerGroupRequest) -> ConsumerGroupInfo:
-        updated = await self.peers.nameserver("MetaUpdateConsumerGroup", plain(request),
-                                              timeout_s=limits.leader_wait_s_max + 5)
+        updated = await self._metadata("MetaUpdateConsumerGroup", request, ConsumerGroupInfo)
         self.settings.forget(request.group)
-        return convert(updated, ConsumerGroupInfo)
+        return updated
 
     async def consumer_groups(self, request: ConsumerGroupsRequest) -> ConsumerGroupsResponse:
-        groups = await self.peers.nameserver("MetaConsumerGroups", plain(request),
-                                             timeout_s=limits.leader_wait_s_max + 5)
-        return convert(groups, ConsumerGroupsResponse)
+        return await self._metadata("MetaConsumerGroups", request, ConsumerGroupsResponse)
 
     async def group_settings(self, request: ConsumerGroupsRequest) -> ConsumerGroupInfo:
         """A group's settings as this broker applies them to its receives (at most limits.group_settings_cache_s
@@ -114,9 +113,9 @@ class Admin:
         return ListTopicsResponse([topic for topic in listed.topics if topic.message_type != "kv"])
 
     async def update_topic(self, request: UpdateTopicRequest) -> TopicInfo:
-        spec = await self.peers.nameserver("MetaUpdateTopic", plain(request), timeout_s=limits.leader_wait_s_max + 5)
+        spec = await self._metadata("MetaUpdateTopic", request, TopicInfo)
         self.routes.forget(request.topic)
-        return convert(spec, TopicInfo)
+        return spec
 
     async def tier_status(self, request: TierStatusRequest) -> TierStatusResponse:
         """Per topic (one, or all), per queue: where data starts, locally and in the tier, and its bytes."""
