@@ -40,6 +40,8 @@ _NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {  # method -> (action, the req
     "ResetGroup": ("admin", ("group",)),
     "CreateTopic": ("admin", ("topic",)),
     "UpdateTopic": ("admin", ("topic",)),
+    "DeleteTopic": ("admin", ("topic",)),
+    "DeleteGroup": ("admin", _TOPIC_GROUP),
     "CreateConsumerGroup": ("admin", ("group",)),
     "UpdateConsumerGroup": ("admin", ("group",)),
     **{method: ("admin", ()) for method in (  # the cluster itself

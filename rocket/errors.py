@@ -45,6 +45,7 @@ class Code(enum.IntEnum):
     PERMISSION_DENIED = 33  # the caller is known, and no policy allows the call (or one denies it)
     UNKNOWN_SEQUENCE = 34  # a batch sent again, older than the storage group remembers of its producer: outcome unknown
     DISK_FULL = 35  # the node's data disk has less free space than its reserve: new data is refused until space returns
+    NOT_CONSUMED = 36  # a topic delete refused: consumer groups have messages of it left to consume (force deletes)
 
 
 class RocketError(Exception):

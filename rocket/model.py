@@ -95,6 +95,13 @@ def check_retention_s(name: str, value: float) -> float:
     return float(value)
 
 
+def check_request_id(request_id: str) -> str:
+    """A create's request id (empty: none), kept by the metadata so that a retry gets the first answer."""
+    if len(request_id.encode()) > limits.request_id_bytes_max:
+        raise RocketError(Code.BAD_REQUEST, f"a request id is at most {limits.request_id_bytes_max} bytes")
+    return request_id
+
+
 def check_name(kind: str, name: str, bytes_max: int) -> str:
     """Topic and group names become key prefixes and file names, so they are kept plain."""
     if not name or len(name.encode()) > bytes_max or not _name_pattern.match(name):

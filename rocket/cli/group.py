@@ -19,7 +19,7 @@ from rocket.model import parse_duration_s
 Topic = Annotated[str, typer.Argument(help="The topic the group consumes.", show_default=False)]
 Group = Annotated[str, typer.Option("--group", help="The consumer group.", show_default=False)]
 
-app = typer.Typer(no_args_is_help=True, help="Consumer groups: settings, positions, lag, reset.")
+app = typer.Typer(no_args_is_help=True, help="Consumer groups: settings, positions, lag, reset, delete.")
 dlq_app = typer.Typer(no_args_is_help=True, help="A consumer group's dead letters: list them, send them again.")
 
 
@@ -169,6 +169,22 @@ async def group_reset(topic: Topic, group: Group,
         else:
             queues = await admin.reset_group(topic, group, position, queue)
         out.print(_group_table(topic, group, queues))
+
+
+@app.command("delete")
+@runs_client
+async def group_delete(topic: Topic, group: Group,
+                       yes: Annotated[bool, typer.Option("--yes", help="Delete without asking.")] = False,
+                       server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
+    """Forget a consumer group on a topic: its offsets, pop state and dead letters, and its settings.
+
+    Refused (GROUP_ACTIVE) while the group's pull consumers run. Made again, the group starts as a new one.
+    """
+    if not yes and not typer.confirm(f"delete consumer group {group}'s positions on {topic}?"):
+        usage_error("not deleted: confirm, or pass --yes")
+    async with connect(server, transport, serde) as channel:
+        await Admin(channel).delete_group(topic, group)
+    out.print(f"deleted consumer group [bold]{group}[/bold] on {topic}")
 
 
 @dlq_app.command("list")

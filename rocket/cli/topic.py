@@ -1,4 +1,4 @@
-"""Topic commands: create, update, list and describe; and the tier status of topics."""
+"""Topic commands: create, update, delete, list and describe; and the tier status of topics."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from rocket.client import Admin, connect
 from rocket.errors import RocketError
 from rocket.model import DEFAULT_STORAGE_CLASS, parse_duration_s
 
-app = typer.Typer(no_args_is_help=True, help="Create, list and describe topics.")
+app = typer.Typer(no_args_is_help=True, help="Create, update, delete, list and describe topics.")
+Retention = Annotated[Optional[str], typer.Option("--retention", help="Total retention: data older is deleted from the tier (365d, 12h, forever, default).")]
+LocalRetention = Annotated[Optional[str], typer.Option("--local-retention", help="Hot retention: local data older goes once it is offloaded (1h, forever, default).")]
 tier_app = typer.Typer(no_args_is_help=True, help="Tiered storage: what is local, offloaded and pending.")
 
 
@@ -23,12 +25,37 @@ async def topic_create(name: Annotated[str, typer.Argument(help="The topic's nam
                        queues: Annotated[int, typer.Option("--queues", help="Queues: the topic's unit of order and of parallel reads.")] = 8,
                        message_type: Annotated[str, typer.Option("--type", help="normal, fifo, delay or transaction: the sends the topic accepts.")] = "normal",
                        storage_class: Annotated[str, typer.Option("--storage-class", help="The storage class whose groups hold the queues (see rocket cluster storage-class list).")] = DEFAULT_STORAGE_CLASS,
+                       retention: Retention = None, local_retention: LocalRetention = None,
                        server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
-    """Create a topic with a number of queues and a message type, in a storage class."""
+    """Create a topic with a number of queues and a message type, in a storage class, with its retention."""
+    retention_s = _retention(retention, "--retention")
+    local_retention_s = _retention(local_retention, "--local-retention")
     async with connect(server, transport, serde) as channel:
-        spec = await Admin(channel).create_topic(name, queues, message_type, storage_class)
+        spec = await Admin(channel).create_topic(name, queues, message_type, storage_class, retention_s,
+                                                 local_retention_s)
     placed = "" if spec.storage_class == DEFAULT_STORAGE_CLASS else f" in storage class {spec.storage_class}"
-    out.print(f"created {spec.message_type} topic [bold]{spec.name}[/bold] with {plural(spec.queues, 'queue')}{placed}")
+    kept = "" if retention is None and local_retention is None else (
+        f", retention {_show_retention(spec.retention_s)}, local retention {_show_retention(spec.local_retention_s)}")
+    out.print(f"created {spec.message_type} topic [bold]{spec.name}[/bold] with {plural(spec.queues, 'queue')}"
+              f"{placed}{kept}")
+
+
+@app.command("delete")
+@runs_client
+async def topic_delete(name: Annotated[str, typer.Argument(help="The topic to delete.", show_default=False)],
+                       yes: Annotated[bool, typer.Option("--yes", help="Delete without asking: its messages cannot be brought back.")] = False,
+                       force: Annotated[bool, typer.Option("--force", help="Delete even while consumer groups have messages of it left to consume.")] = False,
+                       server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
+    """Delete a topic: its messages (local and in the tier), timers, dead letters, and its groups' offsets on it.
+
+    Refused (NOT_CONSUMED) while a consumer group has messages left to consume, unless --force. Made again, the topic
+    starts empty.
+    """
+    if not yes and not typer.confirm(f"delete topic {name} and every message in it?"):
+        usage_error("not deleted: confirm, or pass --yes")
+    async with connect(server, transport, serde) as channel:
+        await Admin(channel).delete_topic(name, force)
+    out.print(f"deleted topic [bold]{name}[/bold]")
 
 
 def _retention(text: str | None, option: str) -> float | None:
@@ -59,8 +86,7 @@ def _show_retention(seconds: float) -> str:
 @app.command("update")
 @runs_client
 async def topic_update(name: Annotated[str, typer.Argument(help="The topic to change.", show_default=False)],
-                       retention: Annotated[Optional[str], typer.Option("--retention", help="Total retention: data older is deleted from the tier (365d, 12h, forever, default).")] = None,
-                       local_retention: Annotated[Optional[str], typer.Option("--local-retention", help="Hot retention: local data older goes once it is offloaded (1h, forever, default).")] = None,
+                       retention: Retention = None, local_retention: LocalRetention = None,
                        queues: Annotated[Optional[int], typer.Option("--queues", help="Raise the topic's queues to this many; the new ones go where the predicted load is lowest (see rocket cluster placement --explain).")] = None,
                        server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Change a topic's retention settings, or add queues to it."""

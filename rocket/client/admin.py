@@ -3,6 +3,7 @@ group's dead letters listed or sent again, a node drained until it holds no repl
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import trio
@@ -21,12 +22,28 @@ class Admin:
         self.channel = channel
 
     async def create_topic(self, name: str, queues: int, message_type: str = "normal",
-                           storage_class: str = DEFAULT_STORAGE_CLASS) -> TopicSpec:
+                           storage_class: str = DEFAULT_STORAGE_CLASS, retention_s: float | None = None,
+                           local_retention_s: float | None = None) -> TopicSpec:
         """message_type: normal, fifo, delay or transaction; a topic accepts only sends of its type. Its queues go to
-        the groups of storage_class (see create_storage_class)."""
+        the groups of storage_class (see create_storage_class). retention_s, local_retention_s: as update_topic's
+        (None: the node's default). The call carries a request id: sent again after its answer was lost, it gets
+        the first answer, not TOPIC_EXISTS."""
         return TopicSpec.from_wire(await self.channel.call(
             "CreateTopic", {"topic": name, "queues": queues, "message_type": message_type,
-                            "storage_class": storage_class}))
+                            "storage_class": storage_class, "retention_s": _retention_wire(retention_s, -1),
+                            "local_retention_s": _retention_wire(local_retention_s, -1),
+                            "request_id": secrets.token_hex(16)}))
+
+    async def delete_topic(self, name: str, force: bool = False) -> None:
+        """Delete a topic: its messages (local and in the tier), timers, dead letters, and every consumer group's
+        offsets and pop states on it. Refused (NOT_CONSUMED) while a consumer group has messages of it left to
+        consume, unless forced. Returns once the storage groups dropped it; made again, the topic starts empty."""
+        await self.channel.call("DeleteTopic", {"topic": name, "force": force})
+
+    async def delete_group(self, topic: str, group: str) -> None:
+        """Forget a consumer group on a topic: its offsets, pop states and dead letters, and its settings. Refused
+        (GROUP_ACTIVE) while the group has live pull consumers."""
+        await self.channel.call("DeleteGroup", {"topic": topic, "group": group})
 
     async def create_storage_class(self, name: str, mode: str = "controller", replicas: int = 2, groups: int = 0,
                                    min_in_sync_replicas: int = 1, unclean_election: bool = False,
@@ -39,7 +56,7 @@ class Admin:
         return await self.channel.call("CreateStorageClass", {
             "name": name, "mode": mode, "replicas": replicas, "groups": groups,
             "min_in_sync_replicas": min_in_sync_replicas, "unclean_election": unclean_election,
-            "ha_max_lag_s": ha_max_lag_s})
+            "ha_max_lag_s": ha_max_lag_s, "request_id": secrets.token_hex(16)})
 
     async def storage_classes(self, name: str = "") -> list[dict]:
         """Every storage class, the default (raft) first, each with its groups (master, epochs, sync state set); or
@@ -120,11 +137,9 @@ class Admin:
         node's default; None leaves a setting as it is), or raise its queues to `queues`: the new queues go to the
         groups with the lowest predicted load, and the existing ones stay where they are. Keys map onto queues by
         their count, so a key's later messages may go to another queue than its earlier ones."""
-        def wire(seconds: float | None) -> int:
-            return -2 if seconds is None else -1 if seconds < 0 else max(1, round(seconds)) if seconds else 0
-
         return TopicSpec.from_wire(await self.channel.call(
-            "UpdateTopic", {"topic": name, "retention_s": wire(retention_s), "local_retention_s": wire(local_retention_s),
+            "UpdateTopic", {"topic": name, "retention_s": _retention_wire(retention_s, -2),
+                            "local_retention_s": _retention_wire(local_retention_s, -2),
                             "queues": -2 if queues is None else queues}))
 
     async def placement_explain(self, topic: str) -> dict:
@@ -279,6 +294,11 @@ class Admin:
         """Drop a delayed message before its time; timer_id is 'QUEUE.OFFSET' from its send."""
         queue, offset = parse_message_id(timer_id)
         await self.channel.call("CancelTimer", {"topic": topic, "queue": queue, "offset": offset})
+
+
+def _retention_wire(seconds: float | None, unset: int) -> int:
+    """A retention as the wire has it: whole seconds (at least 1), 0 for ever, -1 the node's default, unset for None."""
+    return unset if seconds is None else -1 if seconds < 0 else max(1, round(seconds)) if seconds else 0
 
 
 def parse_message_id(message_id: str) -> tuple[int, int]:

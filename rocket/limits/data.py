@@ -31,6 +31,12 @@ queues_per_topic_max = 1024  # dev-mode topics; cluster topics spread queues ove
 topic_name_bytes_max = 249  # Kafka's limit; names become file and key prefixes
 group_name_bytes_max = 249  # consumer group names become key prefixes too
 topics_max = 100_000  # metadata held in memory by the nameserver
+# A deleted topic's groups refuse appends to its name (a produce that raced the delete) until it is made again, or
+# this long: far past a broker's cached route (route_ttl_s) and a produce's retries.
+topic_tombstone_s = 600
+topic_delete_retry_s = 5  # the nameserver leader retries a delete a storage group did not answer
+request_id_bytes_max = 128  # a create's request id, kept in the metadata: a client's random 16 bytes in hex need 32
+create_requests_kept_max = 10_000  # creates' request ids the metadata remembers (a retry gets the first answer)
 filter_expression_bytes_max = 4 * KiB  # a filter is parsed per subscription; longer ones are hostile
 filter_skipped_batches_max = 10_000  # batches a filtered read skips by their tag summary before it answers
 filters_cached_max = 1024  # compiled filters a broker keeps: subscriptions repeat their expression

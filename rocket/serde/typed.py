@@ -167,6 +167,7 @@ class CreateStorageClassRequest(msgspec.Struct):
     min_in_sync_replicas: int = 1
     unclean_election: bool = False
     ha_max_lag_s: float = 5.0
+    request_id: str = ""  # a retry of an applied create with the same id gets its answer
 
 
 class StorageClassInfo(msgspec.Struct):
@@ -195,6 +196,19 @@ class CreateTopicRequest(msgspec.Struct):
     queues: int = 8
     message_type: str = "normal"
     storage_class: str = "raft"
+    retention_s: int = -1  # 0: for ever; -1: the node's default
+    local_retention_s: int = -1
+    request_id: str = ""  # a retry of an applied create with the same id gets its answer
+
+
+class DeleteTopicRequest(msgspec.Struct):
+    topic: str
+    force: bool = False  # even while a consumer group has messages left to consume
+
+
+class DeleteGroupRequest(msgspec.Struct):
+    topic: str
+    group: str
 
 
 class TopicInfo(msgspec.Struct):
@@ -264,6 +278,7 @@ class StorageQueuesResponse(msgspec.Struct):
     offsets: list[QueueOffset]
     time_offsets: list[QueueOffset]
     pops: list[PopInfo] = []
+    lagging: list[str] = []  # asked for: the consumer groups with messages of the queues left to consume
 
 
 class DescribeTopicResponse(msgspec.Struct):
@@ -579,7 +594,7 @@ STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct i
     AclQuotasRequest, AclQuotasResponse, AclSealedUser, AclStateRequest, AclState, CreateConsumerGroupRequest,
     UpdateConsumerGroupRequest, ConsumerGroupInfo, ConsumerGroupsRequest, ConsumerGroupsResponse, ReplicaLag, GroupInfo,
     ElectionRecord, CreateStorageClassRequest, StorageClassInfo, StorageClassesRequest, StorageClassesResponse,
-    CreateTopicRequest, TopicInfo, ListTopicsResponse, UpdateTopicRequest, CreateBucketRequest, BucketRequest,
+    CreateTopicRequest, DeleteTopicRequest, DeleteGroupRequest, TopicInfo, ListTopicsResponse, UpdateTopicRequest, CreateBucketRequest, BucketRequest,
     DrainNodeRequest, NodeHealthRequest, PinNodeHealthRequest, HealthFeature, NodeHealthInfo, NodeHealthResponse,
     GroupBytes, TopicBytes, PeerCalls, ControlledReplica, NodeLoad, NodeHeartbeatRequest, NodeAddress, Assignment,
     TopicRequest, Route, NodeStatus, ClusterStatusResponse, QueuePlacement, PlacementExplainResponse, SeriesStep,

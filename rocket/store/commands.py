@@ -26,6 +26,9 @@ TIER_COMMAND = 8  # JSON {op: offloaded|drop_local|expire|truncate, topic, queue
 KV_COMMAND = 9  # _json_length, JSON (see encode_kv), then the transactions' values one after the other
 SEQUENCED_COMMAND = 10  # _sequenced, then an APPEND, TIMER or HALF entry: a producer's numbered batch (producers.py)
 SEQUENCED_SINCE_SCHEMA = 3  # the first release (by schema version) whose replicas apply SEQUENCED entries
+DROP_COMMAND = 11  # JSON {op: topic|group|reopen, topic, queues, consumer_group}: a deleted topic's or group's state
+DROP_SINCE_SCHEMA = 7  # the first release whose replicas apply DROP entries
+DROP_OPS = ("topic", "group", "reopen")
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
 _source_length = struct.Struct("<H")
 _fire_count = struct.Struct("<I")
@@ -109,7 +112,20 @@ class TierCommand:
     request: dict[str, Any]
 
 
-Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand | KvBatch
+@dataclasses.dataclass(slots=True)
+class Drop:
+    """A deleted topic's queues in the group (op topic: its data, timers, half messages, dead letters, offsets and
+    pop states, and appends refused from then on), a consumer group's state on a topic (op group: its offsets, pop
+    states and dead letters), or a deleted topic's name open again for appends (op reopen: the topic was made anew).
+    queues: the topic's queues in the group."""
+
+    op: str
+    topic: str
+    queues: tuple[int, ...]
+    consumer_group: str = ""
+
+
+Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand | KvBatch | Drop
 
 
 def decode(data: bytes | memoryview) -> Command:
@@ -142,6 +158,11 @@ def decode(data: bytes | memoryview) -> Command:
                 return Rearm(request["topic"], request["queue"], request["offsets"], request["due_ms"],
                              request["next_ms"], request["checks"])
             return Cancel(request["topic"], request["queue"], request["offsets"])
+        if command == DROP_COMMAND:
+            request = orjson.loads(view[1:])
+            if request["op"] not in DROP_OPS:
+                raise ValueError(f"unknown drop {request['op']!r}")
+            return Drop(request["op"], request["topic"], tuple(request["queues"]), request["consumer_group"])
         if command == OFFSETS_COMMAND:
             record = orjson.loads(view[1:])
             return CommitOffsets(view[1:], record["group"], record["topic"],
@@ -277,6 +298,13 @@ def encode_truncate(topic: str, queue: int, from_offset: int, to_offset: int, si
     lies after it."""
     return bytes([TIER_COMMAND]) + orjson.dumps({"op": "truncate", "topic": topic, "queue": queue, "from": from_offset,
                                                  "to": to_offset, "bytes": size})
+
+
+def encode_drop(op: str, topic: str, queues: list[int], consumer_group: str = "") -> bytes:
+    """Drop a deleted topic's state in the group, or a consumer group's on a topic, or reopen a deleted topic's
+    name (see Drop)."""
+    return bytes([DROP_COMMAND]) + orjson.dumps({"op": op, "topic": topic, "queues": queues,
+                                                 "consumer_group": consumer_group})
 
 
 def encode_kv(txns: list[Txn]) -> bytes:

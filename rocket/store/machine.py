@@ -10,18 +10,31 @@ from typing import Protocol
 
 import orjson
 
-from rocket.errors import invariant
-from rocket.model import SYSTEM_PREFIX, dead_letter_topic
+from rocket.errors import Code, RocketError, invariant
+from rocket.model import SYSTEM_PREFIX, dead_letter_topic, half_topic, timer_topic
 from rocket.serde import batch as batch_codec
 from rocket.store import commands, manifest, pop
 from rocket.store.producers import Producers
-from rocket.store.commands import Append, Cancel, CommitOffsets, PopCommand, Rearm, TierCommand
+from rocket.store.commands import Append, Cancel, CommitOffsets, Drop, PopCommand, Rearm, TierCommand
 from rocket.store.kv import KeyState, KvBatch, KvChange, ShardTxn, Txn
 from rocket.store.manifest import TierChange, TierQueue
 from rocket.store.pop import PopChange, PopQueue
 from rocket.store.values import HALF_PREFIX, IndexEntry, QueueStats, Timer
 
 NEVER_MS = 2**63 - 1  # the delivery time of no timer
+DEAD_LETTERS = dead_letter_topic("", "")[:-1]  # every dead-letter topic's name starts with it
+
+
+@dataclasses.dataclass(slots=True)
+class DropChange:
+    """What a drop takes from the index: the queues' entries, stats, manifests and timers; the pop states named;
+    the offsets committed on (topic, queue) for queues (None: every queue), by consumer_group (every group: "")."""
+
+    queues: list[tuple[str, int]]  # stored queues (the topic's, its system queues', its dead letters')
+    pops: list[pop.PopKey]
+    topic: str
+    offsets_of: tuple[int, ...] | None
+    consumer_group: str
 
 
 class IndexView(Protocol):
@@ -60,6 +73,8 @@ class Effects:
     kv_shards: dict[tuple[str, int], list[int]] = dataclasses.field(default_factory=dict)  # touched ones, as kv_shards
     producer_changes: list = dataclasses.field(default_factory=list)  # producers' answers remembered and forgotten
     producers_restored: list | None = None  # a snapshot installed: its producers' rows, which replace the group's
+    drops: list[DropChange] = dataclasses.field(default_factory=list)
+    tombstones: list[tuple[int, str, bool]] = dataclasses.field(default_factory=list)  # (group, topic, set or cleared)
 
 
 class StorageMachine:
@@ -86,6 +101,9 @@ class StorageMachine:
         self.pops: dict[pop.PopKey, PopQueue] = {}  # pop consumption: (consumer group, topic, queue) -> state
         self.tier: dict[tuple[str, int], TierQueue] = {}  # the tier manifest of each queue that has one
         self.producers = Producers()  # each producer's latest batches per queue, so a batch sent again is not stored
+        # (Raft group, topic) of deleted topics whose names are not open again: appends to them are refused. One per
+        # topic deleted and not made again, cleared by the nameservers after limits.topic_tombstone_s.
+        self.dropped: set[tuple[int, str]] = set()
         self._entry_index = 0  # within one apply: the entry being applied
         self.next_due: dict[tuple[int, bool], int] = {}  # (Raft group, halves) -> nothing of it is due before this
         # Queues appended to since the offloader last found nothing of them left to upload (all at open).
@@ -93,7 +111,8 @@ class StorageMachine:
         self._timer_changes: dict[tuple[str, int, int], int | None] = {}  # within one apply: set or done
         self._handlers: dict[type, Callable] = {Append: self._append, CommitOffsets: self._commit_offsets,
                                                 Cancel: self._cancel, Rearm: self._rearm, PopCommand: self._pop,
-                                                TierCommand: self._tier_command, KvBatch: self._kv_batch}
+                                                TierCommand: self._tier_command, KvBatch: self._kv_batch,
+                                                Drop: self._drop}
 
     def apply(self, group: int, entries, positions: list[int]) -> tuple[list, Effects | None]:
         """Apply a group's committed entries, whose data lies in the WAL at positions. Results are (base offset,
@@ -127,6 +146,8 @@ class StorageMachine:
     # ---- one handler per command ----------------------------------------------------------------------
 
     def _append(self, group: int, command: Append, position: int, effects: Effects):
+        if self.dropped and (group, command.topic) in self.dropped:
+            return deleted(command.topic)
         if command.producer:  # a batch applied before gets its first answer
             key = (command.producer, command.topic, command.queue)
             known = self.producers.check(group, key, command.sequence)
@@ -171,7 +192,9 @@ class StorageMachine:
         effects.index_entries.append((topic, queue, placed))
         return base_offset, header.count
 
-    def _commit_offsets(self, group: int, command: CommitOffsets, position: int, effects: Effects) -> None:
+    def _commit_offsets(self, group: int, command: CommitOffsets, position: int, effects: Effects):
+        if self.dropped and (group, command.topic) in self.dropped:
+            return deleted(command.topic)
         effects.commits.append((command.consumer_group, command.topic, command.offsets))
 
     def _cancel(self, group: int, command: Cancel, position: int, effects: Effects) -> bool:
@@ -187,6 +210,8 @@ class StorageMachine:
 
     def _pop(self, group: int, command: PopCommand, position: int, effects: Effects):
         request = command.request
+        if self.dropped and (group, request["topic"]) in self.dropped:
+            return deleted(request["topic"])
         if request["op"] == "bury":  # messages a consumer gave up on, never popped: to the dead letters as they are
             self._index_batch(group, dead_letter_topic(request["consumer_group"], request["topic"]), request["queue"],
                               command.batch, position + command.batch_at, request["now_ms"], effects)
@@ -228,6 +253,46 @@ class StorageMachine:
         effects.kv_changes.extend(decision.changes)
         effects.kv_shards[place] = shard
         return result
+
+    def _drop(self, group: int, command: Drop, position: int, effects: Effects) -> bool:
+        """A deleted topic's queues (with their system queues and dead letters), or a consumer group's state on a
+        topic, leave the group; what this apply changed of them so far is taken out of effects, as the index drops
+        only what it holds."""
+        topic, queues = command.topic, set(command.queues)
+        if command.op == "reopen":
+            self.dropped.discard((group, topic))
+            effects.tombstones.append((group, topic, False))
+            return True
+        consumer_group = command.consumer_group
+        if command.op == "topic":
+            self.dropped.add((group, topic))
+            effects.tombstones.append((group, topic, True))
+            names = {topic, timer_topic(topic), half_topic(topic)}
+            gone_pops = [key for key in self.pops if key[1] == topic and key[2] in queues]
+        else:
+            names = {dead_letter_topic(consumer_group, topic)}
+            gone_pops = [key for key in self.pops if key[:2] == (consumer_group, topic) and key[2] in queues]
+
+        def leaves(name: str) -> bool:  # a dead-letter topic's name is its consumer group's and its topic's
+            return name in names or command.op == "topic" and name.startswith(DEAD_LETTERS) and \
+                name[len(DEAD_LETTERS):].partition("%")[2] == topic
+        places = [(name, queue) for (name, queue), stats in self.queues.items()
+                  if queue in queues and stats.group == group and leaves(name)]
+        for place in places:
+            del self.queues[place]
+            self.tier.pop(place, None)
+            self.offload_candidates.discard(place)
+        for key in gone_pops:
+            del self.pops[key]
+        for key in self._timer_changes:
+            if key[:2] in places:
+                self._timer_changes[key] = None
+        if command.op == "topic":
+            self.producers.forget(group, topic, queues, effects.producer_changes)
+        _take_out(effects, set(places), topic, queues, consumer_group)
+        effects.drops.append(DropChange(places, gone_pops, topic, command.queues, consumer_group))
+        effects.woken.update(places)  # readers waiting on them look again, and find nothing
+        return True
 
     # ---- timers ---------------------------------------------------------------------------------------
 
@@ -285,7 +350,8 @@ class StorageMachine:
               in self.kv_shards.items() if holder == group]
         return orjson.dumps({"group": group, "applied": self.applied.get(group, 0), "queues": queues,
                              "timers": timers, "pops": pops, "tier": tier, "kv": kv,
-                             "producers": self.producers.snapshot(group)})
+                             "producers": self.producers.snapshot(group),
+                             "dropped": sorted(topic for holder, topic in self.dropped if holder == group)})
 
     def restore(self, group: int, data: bytes | memoryview) -> Effects | None:
         """Install a snapshot taken past what this machine applied (else None): the group's queue positions, pop
@@ -300,6 +366,24 @@ class StorageMachine:
         if snapshot.applied <= self.applied.get(group, 0):
             return effects if effects.kv_applied else None
         effects.applied = snapshot.applied
+        gone = [place for place, stats in self.queues.items() if stats.group == group and place not in snapshot.queues]
+        if gone:  # deleted since what this replica applied: the index forgets them
+            for place in gone:
+                del self.queues[place]
+                self.tier.pop(place, None)
+            gone_pops = [key for key in self.pops if key[1:] in gone]
+            for key in gone_pops:
+                del self.pops[key]
+            effects.drops.append(DropChange(gone, gone_pops, "", (), ""))
+        for holder, topic in [place for place in self.dropped if place[0] == group]:
+            if topic not in snapshot.dropped:
+                self.dropped.discard((holder, topic))
+                effects.tombstones.append((group, topic, False))
+        for topic in snapshot.dropped:
+            if (group, topic) not in self.dropped:  # and the offsets committed on it, on every queue
+                self.dropped.add((group, topic))
+                effects.tombstones.append((group, topic, True))
+                effects.drops.append(DropChange([], [], topic, None, ""))
         self.queues.update(snapshot.queues)
         self.applied[group] = snapshot.applied
         effects.pop_changes = replace_pops(self.pops, snapshot.queues, snapshot.pops)
@@ -311,6 +395,25 @@ class StorageMachine:
         effects.producers_restored = self.producers.restore(group, snapshot.producers)
         effects.touched = snapshot.queues
         return effects
+
+
+def deleted(topic: str) -> RocketError:
+    return RocketError(Code.UNKNOWN_TOPIC, f"topic {topic!r} was deleted")
+
+
+def _take_out(effects: Effects, places: set[tuple[str, int]], topic: str, queues: set[int], consumer_group: str) -> None:
+    """Take what effects changed so far of dropped queues (places) and of the offsets on topic's queues (of
+    consumer_group; of every group if "") out of them: the index drops what it holds, not what it is about to get."""
+    effects.index_entries = [change for change in effects.index_entries if change[:2] not in places]
+    effects.touched = {place: stats for place, stats in effects.touched.items() if place not in places}
+    effects.timers = [change for change in effects.timers if (change[1].topic, change[1].queue) not in places]
+    effects.tier_changes = [change for change in effects.tier_changes if change[:2] not in places]
+    effects.pop_changes = [change for change in effects.pop_changes if
+                           change.key[1:] not in places and not (change.key[1] == topic and change.key[2] in queues
+                                                                 and consumer_group in ("", change.key[0]))]
+    effects.commits = [(group, name, offsets) if name != topic or consumer_group not in ("", group) else
+                       (group, name, {queue: offset for queue, offset in offsets.items() if queue not in queues})
+                       for group, name, offsets in effects.commits]
 
 
 @dataclasses.dataclass(slots=True)
@@ -325,6 +428,7 @@ class Snapshot:
     tier: dict[tuple[str, int], TierQueue]
     kv: dict[tuple[str, int], tuple[int, int]]  # (bucket, shard) -> (revision, history)
     producers: list  # Producers.snapshot's
+    dropped: list[str]  # deleted topics whose appends the group refuses
 
     @classmethod
     def decode(cls, data: bytes | memoryview) -> "Snapshot":
@@ -337,7 +441,7 @@ class Snapshot:
             [PopChange.from_wire(wire) for wire in snapshot.get("pops", ())],
             {(topic, queue): TierQueue.from_wire(state) for topic, queue, state in snapshot.get("tier", ())},
             {(bucket, shard): (revision, history) for bucket, shard, revision, history in snapshot.get("kv", ())},
-            snapshot.get("producers", []))
+            snapshot.get("producers", []), snapshot.get("dropped", []))
 
     def tier_changes(self) -> list[TierChange]:
         return [(topic, queue, orjson.dumps(state.to_wire()), state.local_from)

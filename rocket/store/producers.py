@@ -91,6 +91,12 @@ class Producers:
                 break
             changes.extend((group, *first, gone) for gone in states.pop(first).answers)
 
+    def forget(self, group: int, topic: str, queues: set[int], changes: list[Change]) -> None:
+        """A deleted topic's queues: their producers' states go (to changes), so a topic made again starts afresh."""
+        states = self.groups.get(group, {})
+        for key in [key for key in states if key[1] == topic and key[2] in queues]:
+            changes.extend((group, *key, gone) for gone in states.pop(key).answers)
+
     # ---- snapshots and the index -----------------------------------------------------------------------
 
     def snapshot(self, group: int) -> list:

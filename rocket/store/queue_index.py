@@ -129,12 +129,14 @@ class QueueIndex:
     def apply(self, entries: list[tuple[str, int, IndexEntry]], stats: dict[tuple[str, int], QueueStats],
               commits: list[tuple[str, str, dict[int, int]]], groups_applied: dict[int, int],
               applied_position: int | None = None, timers: Sequence[tuple[int, Timer, bool]] = (), pops: Sequence = (),
-              tier: Sequence[tuple[str, int, bytes, int | None]] = (), producers: Sequence = ()) -> None:
+              tier: Sequence[tuple[str, int, bytes, int | None]] = (), producers: Sequence = (), drops: Sequence = (),
+              tombstones: Sequence[tuple[int, str, bool]] = ()) -> None:
         """Record stored batches, queue stats, offset commits, timers set or done (group, timer, set),
         pop consumption changes, tier states (topic, queue, state, drop the entries below this offset or
         None), producers' answers remembered and forgotten (store/producers.py's changes) and how far each Raft
         group got, in one write; and, in a migration, how far into the old log the index reached (applied_position).
-        """
+        Drops (machine.DropChange: a deleted topic's or consumer group's state) go last, and delete what the index
+        held before the write: the machine took what the same write adds of them out of it."""
         with self._db.write_batch(sync=False) as batch:
             for change in producers:
                 if len(change) == 5:
@@ -182,6 +184,34 @@ class QueueIndex:
                     batch.put(prefix + _u32.pack(queue), _u64.pack(offset))
             if applied_position is not None:
                 batch.put(_applied_key, _u64.pack(applied_position))
+            for group, topic, dropped in tombstones:
+                key = b"D" + _u64.pack(group) + topic.encode()
+                if dropped:
+                    batch.put(key, b"")
+                else:
+                    batch.delete(key)
+            for drop in drops:
+                self._drop(batch, drop)
+
+    def _drop(self, batch, drop) -> None:
+        """Delete dropped queues (entries, stats, manifest, pending timers), pop states and offsets."""
+        for topic, queue in drop.queues:
+            self._drop_entries(batch, topic, queue, 2**64 - 1)
+            batch.delete(_queue_prefix(b"s", topic, queue))
+            batch.delete(_queue_prefix(b"T", topic, queue))
+            for key, value in self._db.iterator(prefix=_queue_prefix(b"x", topic, queue)):
+                deliver_at_ms, group, _ = _timer_place.unpack(value)
+                batch.delete(key)
+                batch.delete(_due_key(group, deliver_at_ms, topic, queue, _u64.unpack(key[-8:])[0]))
+        for key in drop.pops:
+            batch.delete(_pop_prefix(b"P", key))
+            for flight in self._db.iterator(prefix=_pop_prefix(b"F", key), include_value=False):
+                batch.delete(flight)
+        if drop.topic:
+            for group, topic, queue, _ in self.all_offsets():
+                if topic == drop.topic and drop.consumer_group in ("", group) and (
+                        drop.offsets_of is None or queue in drop.offsets_of):
+                    batch.delete(_offsets_prefix(group, topic) + _u32.pack(queue))
 
     def _drop_entries(self, batch, topic: str, queue: int, below: int) -> None:
         """Delete the index entries (and their time keys) of the batches before offset below."""
@@ -283,6 +313,11 @@ class QueueIndex:
             (queue,) = _u32.unpack_from(key, 17)
             yield (group, producer, key[21:-9].decode(), queue, _u64.unpack_from(key, len(key) - 8)[0],
                    *_answer.unpack(value))
+
+    def tombstones(self) -> set[tuple[int, str]]:
+        """(Raft group, topic) of every deleted topic whose appends the group refuses."""
+        return {(_u64.unpack_from(key, 1)[0], key[9:].decode())
+                for key in self._db.iterator(prefix=b"D", include_value=False)}
 
     def groups_applied(self) -> dict[int, int]:
         return {_u64.unpack(key[1:])[0]: _u64.unpack(value)[0] for key, value in self._db.iterator(prefix=b"g")}

@@ -144,6 +144,16 @@ class Reads:
                     if not watchers:
                         del self._watchers[key]
 
+    def lagging(self, topic: str, queues: list[int]) -> list[str]:
+        """The consumer groups that committed (or pop) behind the end of one of the topic's queues: a scan of every
+        offset committed, for an admin's question (is a topic still consumed?), not for the data plane."""
+        ends = {queue: self.queue_stats(topic, queue)["next_offset"] for queue in queues}
+        behind = {group for group, name, queue, offset in self.index.all_offsets()
+                  if name == topic and queue in ends and offset < ends[queue]}
+        behind.update(group for (group, name, queue), state in self.machine.pops.items()
+                      if name == topic and queue in ends and (state.cursor < ends[queue] or state.in_flight))
+        return sorted(behind)
+
     def queue_stats(self, topic: str, queue: int) -> dict:
         stats = self.machine.queues.get((topic, queue))
         if stats is None:

@@ -26,11 +26,12 @@ log = logging.getLogger("rocket.store")
 
 def load(index: QueueIndex, machine: StorageMachine) -> None:
     """Give the machine the state the index holds: queue positions, how far each group got, pop states, tier
-    manifests, producers' answers and when each group's next timer is due."""
+    manifests, producers' answers, deleted topics and when each group's next timer is due."""
     machine.queues, machine.applied = index.all_stats(), index.groups_applied()
     machine.pops = index.pop_states()
     machine.tier = {key: TierQueue.from_wire(orjson.loads(state)) for key, state in index.tier_states().items()}
     machine.producers = Producers.load(index.producer_rows())
+    machine.dropped = index.tombstones()
     machine.offload_candidates = {key for key in machine.queues if not key[0].startswith(SYSTEM_PREFIX)}
     for group in machine.applied:
         for halves in (False, True):

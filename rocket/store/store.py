@@ -151,8 +151,14 @@ class Store:
             pops = [change for effects in applied for change in effects.pop_changes]
             tier = [change for effects in applied for change in effects.tier_changes]
             producers = [change for effects in applied for change in effects.producer_changes]
+            drops = [drop for effects in applied for drop in effects.drops]
             self.index.apply(entries, touched, commits, {effects.group: effects.applied for effects in applied},
-                             timers=timers, pops=pops, tier=tier, producers=producers)
+                             timers=timers, pops=pops, tier=tier, producers=producers, drops=drops,
+                             tombstones=[change for effects in applied for change in effects.tombstones])
+            for drop in drops:
+                for place in drop.queues:
+                    self.traffic.pop(place, None)
+                    self.changed.discard(place)
             self._dirty = True
             self.traffic.update(touched)
             self.changed.update(touched)

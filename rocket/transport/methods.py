@@ -55,6 +55,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("CreateTopic", "CreateTopicRequest", "TopicInfo"),
         MethodSpec("ListTopics", "Empty", "ListTopicsResponse"),
         MethodSpec("DescribeTopic", "TopicRequest", "DescribeTopicResponse"),
+        MethodSpec("DeleteTopic", "DeleteTopicRequest", "Empty"),
+        MethodSpec("DeleteGroup", "DeleteGroupRequest", "Empty"),
         MethodSpec("Produce", "ProduceRequest", "ProduceResponse", attachment_field="batch"),
         MethodSpec("Pull", "PullRequest", "PullResponse", response_attachments=("batches", "batch")),
         MethodSpec("Subscribe", "PullRequest", "PullResponse", streaming=True),
@@ -109,6 +111,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("MetaCreateTopic", "CreateTopicRequest", "TopicInfo", internal=True),
         MethodSpec("MetaListTopics", "Empty", "ListTopicsResponse", internal=True),
         MethodSpec("MetaUpdateTopic", "UpdateTopicRequest", "TopicInfo", internal=True),
+        MethodSpec("MetaDeleteTopic", "DeleteTopicRequest", "Empty", internal=True),
         MethodSpec("MetaCreateBucket", "CreateBucketRequest", "TopicInfo", internal=True),
         MethodSpec("MetaDeleteBucket", "BucketRequest", "Empty", internal=True),
         MethodSpec("MetaCreateStorageClass", "CreateStorageClassRequest", "StorageClassInfo", internal=True),
@@ -116,6 +119,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("MetaCreateConsumerGroup", "CreateConsumerGroupRequest", "ConsumerGroupInfo", internal=True),
         MethodSpec("MetaUpdateConsumerGroup", "UpdateConsumerGroupRequest", "ConsumerGroupInfo", internal=True),
         MethodSpec("MetaConsumerGroups", "ConsumerGroupsRequest", "ConsumerGroupsResponse", internal=True),
+        MethodSpec("MetaDeleteConsumerGroup", "ConsumerGroupsRequest", "Empty", internal=True),
         # Users (their secrets sealed) and policies, for nodes to enforce: unchanged since `version`, none are sent.
         MethodSpec("MetaAclState", "AclStateRequest", "AclState", internal=True),
         # and brokers to storage nodes.
@@ -138,6 +142,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("StorageKvRead", "StorageKvReadRequest", "StorageKvReadResponse",
                    response_attachments=("entries", "value"), internal=True),
         MethodSpec("StorageKvWatch", "StorageKvWatchRequest", "StorageKvWatchResponse", internal=True),
+        # and nameservers and brokers to storage nodes: a deleted topic's or consumer group's state dropped.
+        MethodSpec("StorageDrop", "StorageDropRequest", "Empty", internal=True),
     ]
 }
 

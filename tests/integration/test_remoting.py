@@ -405,7 +405,7 @@ def test_send_back_retries_after_the_groups_backoff_then_dead_letters(server):
 
 
 def test_mqadmin_basics(server):
-    """What mqadmin's updateTopic, topicList, topicStatus, consumerConnection and brokerStatus call."""
+    """What mqadmin's updateTopic, topicList, topicStatus, consumerConnection, brokerStatus and deleteTopic call."""
     client = RemotingClient(server.tcp_port)
     created = client.request(R.UPDATE_AND_CREATE_TOPIC, {"topic": "audits", "readQueueNums": 2, "writeQueueNums": 2,
                                                          "perm": 6, "attributes": "+message.type=FIFO"})
@@ -428,8 +428,15 @@ def test_mqadmin_basics(server):
     assert [each["clientId"] for each in connections["connectionSet"]] == ["10.0.0.9@9"]
     assert connections["subscriptionTable"]["orders"]["subString"] == "a||b"
     assert client.json(R.GET_BROKER_RUNTIME_INFO)["table"]["brokerVersionDesc"].startswith("rocket ")
-    refused = client.request(R.DELETE_TOPIC_IN_BROKER, {"topic": "audits"})
-    assert refused.code == ResponseCode.SYSTEM_ERROR and "UNSUPPORTED" in refused.remark
+    # mqadmin deleteTopic: the brokers first, then the nameservers, which find it gone.
+    send(client, "audits", b"old")
+    for request in (R.DELETE_TOPIC_IN_BROKER, R.DELETE_TOPIC_IN_NAMESRV):
+        deleted = client.request(request, {"topic": "audits", "clusterName": "DefaultCluster"})
+        assert deleted.code == 0, deleted.remark
+    assert "audits" not in client.json(R.GET_ALL_TOPIC_CONFIG)["topicConfigTable"]
+    assert client.request(R.UPDATE_AND_CREATE_TOPIC, {"topic": "audits", "writeQueueNums": 2}).code == 0
+    stats = client.json(R.GET_TOPIC_STATS_INFO, {"topic": "audits"})["offsetTable"]
+    assert all(value["maxOffset"] == 0 for value in stats.values())  # made again: empty
 
 
 def test_delay_levels_and_timer_properties_deliver_later(server):

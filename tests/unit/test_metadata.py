@@ -76,6 +76,43 @@ def test_snapshot_and_restore_give_the_same_metadata():
     assert copy.groups[2] == metadata.groups[2]
 
 
+def test_a_deleted_topics_name_is_taken_until_dropped_then_remembered_until_made_again():
+    """drop_topic takes the topic out of the routes but keeps its name; topic_dropped frees the name and remembers
+    its groups (tombstones), which a snapshot carries; a create must say the groups took the name again."""
+    metadata = registered()
+    groups = [{"id": 2, "voters": [1, 2, 3]}, {"id": 3, "voters": [2, 3, 4]}]
+    apply(metadata, create("t", 4, groups, [2, 3]), {"op": "drop_topic", "name": "t"})
+    with pytest.raises(RocketError) as unknown:
+        metadata.route("t", {})
+    assert unknown.value.code == Code.UNKNOWN_TOPIC and "t" in metadata.deleting
+    [busy] = apply(metadata, create("t", 1, [], [2]))
+    assert isinstance(busy, RocketError) and busy.code == Code.UNAVAILABLE and "being deleted" in busy.message
+    apply(metadata, {"op": "topic_dropped", "name": "t", "dropped_ms": 99})
+    assert not metadata.deleting and metadata.tombstones == {"t": ((2, 3), 99)}
+    copy = Metadata()
+    copy.restore(metadata.snapshot())
+    assert copy.snapshot() == metadata.snapshot() and copy.tombstones == metadata.tombstones
+    with pytest.raises(AssertionError):  # the groups would still refuse its appends
+        apply(metadata, create("t", 1, [], [2]))
+    [spec] = apply(metadata, {**create("t", 1, [], [2]), "reopened": True})
+    assert spec.queues == 1 and not metadata.tombstones
+
+
+def test_a_create_sent_again_with_its_request_id_gets_the_first_answer():
+    metadata = registered()
+    first = {**create("t", 2, [{"id": 2, "voters": [1, 2, 3]}], [2]), "request_id": "r1",
+             "retention_s": 3600.0, "local_retention_s": 60.0}
+    [made] = apply(metadata, first)
+    assert (made.retention_s, made.local_retention_s) == (3600.0, 60.0)
+    [again] = apply(metadata, {**first, "new_groups": []})
+    assert again == made
+    [other] = apply(metadata, {**first, "new_groups": [], "request_id": "r2"})
+    assert isinstance(other, RocketError) and other.code == Code.TOPIC_EXISTS
+    copy = Metadata()
+    copy.restore(metadata.snapshot())
+    assert copy.created_by("r1", "topic") == "t" and copy.created_by("r1", "class") is None
+
+
 def test_least_loaded_placement_spreads_replicas_and_skips_unavailable_nodes():
     loads = [NodeLoad(1), NodeLoad(2), NodeLoad(3, replicas=5), NodeLoad(4), NodeLoad(5, available=False)]
     placed = LeastLoaded().place(6, 3, loads)

@@ -43,8 +43,9 @@ def test_missing_field_names_the_field():
     with pytest.raises(RocketError) as caught:
         json_codec.decode("ProduceRequest", b'{"topic": "t"}')
     assert caught.value.code == Code.BAD_REQUEST and "batch" in caught.value.message
-    assert json_codec.decode("CreateTopicRequest", b'{"topic": "t"}') == {"topic": "t", "queues": 8, "message_type": "normal",
-                                                                          "storage_class": "raft"}
+    assert json_codec.decode("CreateTopicRequest", b'{"topic": "t"}') == {
+        "topic": "t", "queues": 8, "message_type": "normal", "storage_class": "raft", "retention_s": -1,
+        "local_retention_s": -1, "request_id": ""}
 
 
 @pytest.mark.parametrize("serde", SERDES, ids=lambda s: s.name)

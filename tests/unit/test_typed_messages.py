@@ -122,7 +122,8 @@ async def test_the_brokers_typed_admin_calls_answer_local_callers_in_the_plain_f
     assert await dispatcher.local("GroupSettings", {"group": "billing"}) == {
         "group": "billing", "max_attempts": 0, "retry_backoff_s": [], "consume_mode": "clustering", "fifo": False}
     assert nameservers.asked == [
-        ("MetaCreateTopic", {"topic": "jobs", "queues": 3, "message_type": "normal", "storage_class": "raft"}),
+        ("MetaCreateTopic", {"topic": "jobs", "queues": 3, "message_type": "normal", "storage_class": "raft",
+                             "retention_s": -1, "local_retention_s": -1, "request_id": ""}),
         ("MetaListTopics", {}), ("MetaListTopics", {}), ("MetaConsumerGroups", {"group": "billing"})]
     with pytest.raises(RocketError) as refused:
         await dispatcher.local("CreateTopic", {"queues": 3})

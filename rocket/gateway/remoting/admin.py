@@ -1,5 +1,5 @@
-"""Remoting lookups and mqadmin basics: VIEW_MESSAGE_BY_ID, QUERY_MESSAGE by key, topic creation and listing,
-topic stats, consumer connections, broker runtime info. A part of RemotingGateway.
+"""Remoting lookups and mqadmin basics: VIEW_MESSAGE_BY_ID, QUERY_MESSAGE by key, topic creation, deletion and
+listing, topic stats, consumer connections, broker runtime info. A part of RemotingGateway.
 """
 
 from __future__ import annotations
@@ -141,5 +141,14 @@ class Administration:
         return command.reply(body=orjson.dumps({"table": table}))
 
     async def delete_topic(self, command: Command, connection, caller: Caller) -> Command:
-        return command.reply(ResponseCode.SYSTEM_ERROR, "UNSUPPORTED: rocket does not delete topics yet; their data "
-                             "ages out with the topic's retention")
+        """mqadmin deleteTopic sends DELETE_TOPIC_IN_BROKER to each master, then DELETE_TOPIC_IN_NAMESRV to each
+        nameserver: the first deletes the topic with all it holds (as a RocketMQ broker does, whatever its consumers
+        have left), the others find it gone and succeed."""
+        name = command.ext["topic"]
+        try:
+            await self.dispatcher.local("DeleteTopic", {"topic": name, "force": True}, caller)
+        except RocketError as error:
+            if error.code != Code.UNKNOWN_TOPIC:
+                raise
+        self.bridge.forget_topic(name)
+        return command.reply()

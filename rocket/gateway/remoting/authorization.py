@@ -15,7 +15,7 @@ QUOTA_TOPIC: dict[int, str] = {
     **{request: "topic" for request in (
         code.PULL_MESSAGE, code.QUERY_CONSUMER_OFFSET, code.UPDATE_CONSUMER_OFFSET, code.GET_MAX_OFFSET,
         code.GET_MIN_OFFSET, code.SEARCH_OFFSET_BY_TIMESTAMP, code.GET_EARLIEST_MSG_STORETIME, code.QUERY_MESSAGE,
-        code.UPDATE_AND_CREATE_TOPIC, code.DELETE_TOPIC_IN_BROKER)},
+        code.UPDATE_AND_CREATE_TOPIC, code.DELETE_TOPIC_IN_BROKER, code.DELETE_TOPIC_IN_NAMESRV)},
     code.CONSUMER_SEND_MSG_BACK: "originTopic",
 }
 PRODUCING = frozenset({code.SEND_MESSAGE, code.SEND_MESSAGE_V2, code.SEND_BATCH_MESSAGE})  # quotas count their body

@@ -134,6 +134,7 @@ class RemotingGateway:
             code.UPDATE_AND_CREATE_TOPIC: admin.create_topic, code.GET_ALL_TOPIC_CONFIG: admin.all_topic_config,
             code.GET_TOPIC_STATS_INFO: admin.topic_stats, code.GET_CONSUMER_CONNECTION_LIST: admin.consumer_connections,
             code.GET_BROKER_RUNTIME_INFO: admin.runtime_info, code.DELETE_TOPIC_IN_BROKER: admin.delete_topic,
+            code.DELETE_TOPIC_IN_NAMESRV: admin.delete_topic,
         }
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -1,4 +1,4 @@
-"""Topic and cluster administration on the broker: create, list, describe and update topics, storage classes,
+"""Topic and cluster administration on the broker: create, list, describe, update and delete topics, storage classes,
 consumer groups' settings, tier and cluster status, drains, node health; what the nameservers keep is asked of them.
 The topic, storage class, consumer group and tier calls take and return typed messages (rocket/serde/typed.py).
 """
@@ -18,7 +18,7 @@ from rocket.roles.broker.routes import Routes
 from rocket.roles.peers import Peers
 from rocket.serde.typed import (ConsumerGroupInfo, ConsumerGroupsRequest, ConsumerGroupsResponse,
                                 CreateConsumerGroupRequest, CreateStorageClassRequest, CreateTopicRequest,
-                                DescribeTopicResponse, Empty, ListTopicsResponse, StorageClassesRequest,
+                                DeleteTopicRequest, DescribeTopicResponse, Empty, ListTopicsResponse, StorageClassesRequest,
                                 StorageClassesResponse, StorageClassInfo, StorageQueuesResponse, StorageTierResponse,
                                 TierQueue, TierStatusRequest, TierStatusResponse, TierTopic, TopicInfo, TopicRequest,
                                 UpdateConsumerGroupRequest, UpdateTopicRequest, convert, plain, topic_info)
@@ -38,6 +38,11 @@ class GroupSettings:
     def forget(self, group: str) -> None:
         """The group's settings changed: the next of() reads them."""
         self._cache.pop(group, None)
+
+    async def delete(self, group: str) -> None:
+        """The group's settings go from the nameservers (if it had any)."""
+        await self.peers.nameserver("MetaDeleteConsumerGroup", {"group": group}, timeout_s=limits.leader_wait_s_max + 5)
+        self.forget(group)
 
     async def of(self, group: str) -> dict | None:
         """The group's settings (None: it has none), read from the nameservers at most every
@@ -116,6 +121,26 @@ class Admin:
         spec = await self._metadata("MetaUpdateTopic", request, TopicInfo)
         self.routes.forget(request.topic)
         return spec
+
+    async def delete_topic(self, request: DeleteTopicRequest) -> Empty:
+        """Delete a topic and everything of it: its messages (locally and in the tier), timers, transactions, dead
+        letters, and its consumer groups' offsets and pop states on it (roles/nameserver/deletes.py). Unless forced,
+        refused (NOT_CONSUMED) while a consumer group has messages of it left to consume. Returns once every
+        group dropped it; a KV bucket is deleted with KvDeleteBucket."""
+        route = await self.routes.route(request.topic)
+        if route.spec.message_type == "kv":
+            raise RocketError(Code.BAD_REQUEST, f"{request.topic!r} is a KV bucket: delete it with KvDeleteBucket")
+        if not request.force:
+            lagging = sorted({name for response in await self.routes.queues(route, lagging=True)
+                              for name in response["lagging"]})
+            if lagging:
+                raise RocketError(Code.NOT_CONSUMED, f"topic {request.topic!r} has messages consumer group(s) "
+                                  f"{', '.join(lagging[:5])}{', ...' if len(lagging) > 5 else ''} have not consumed; "
+                                  "force the delete to lose them")
+        try:
+            return await self._metadata("MetaDeleteTopic", request, Empty)
+        finally:
+            self.routes.forget(request.topic)
 
     async def tier_status(self, request: TierStatusRequest) -> TierStatusResponse:
         """Per topic (one, or all), per queue: where data starts, locally and in the tier, and its bytes."""

@@ -1,14 +1,15 @@
-"""Consumer groups on the broker: committed offsets, live members and the queues each reads, describe and reset (the
-last three take and return typed messages; the offsets' calls, on every consumer's path, plain ones)."""
+"""Consumer groups on the broker: committed offsets, live members and the queues each reads, describe, reset and delete
+(the last four take and return typed messages; the offsets' calls, on every consumer's path, plain ones)."""
 
 from __future__ import annotations
 
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import check_group_name, dead_letter_topic
+from rocket.roles.broker.admin import GroupSettings
 from rocket.roles.broker.routes import Route, Routes
-from rocket.serde.typed import (GroupHeartbeatRequest, GroupHeartbeatResponse, GroupInfoRequest, GroupInfoResponse,
-                                GroupQueue, ResetGroupRequest)
+from rocket.serde.typed import (DeleteGroupRequest, Empty, GroupHeartbeatRequest, GroupHeartbeatResponse,
+                                GroupInfoRequest, GroupInfoResponse, GroupQueue, ResetGroupRequest)
 
 
 def allocate(queues: int, members: list[str], member: str) -> list[int]:
@@ -23,8 +24,9 @@ def allocate(queues: int, members: list[str], member: str) -> list[int]:
 
 
 class ConsumerGroups:
-    def __init__(self, routes: Routes):
+    def __init__(self, routes: Routes, settings: GroupSettings):
         self.routes = routes
+        self.settings = settings
 
     async def commit_offsets(self, request: dict) -> dict:
         consumer_group = check_group_name(request["group"])
@@ -103,15 +105,32 @@ class ConsumerGroups:
                     targets.update((info["queue"], info[field]) for info in response["queues"])
             if queue != -1:
                 targets = {queue: targets[queue]}
+        await self._refuse_if_live(route, consumer_group, "reset", ", or move a running one with Consumer.seek()")
+        await self._commit(route, consumer_group, targets, reset_pop=True)
+        return await self.describe_group(GroupInfoRequest(route.spec.name, consumer_group))
+
+    async def delete_group(self, request: DeleteGroupRequest) -> Empty:
+        """Forget a consumer group on a topic: its committed offsets, pop states and dead letters, on every queue,
+        and its settings (which are the group's, on every topic). Refused while it has live pull members, whose next
+        commit would make it again. A group made again with the name starts where a new group starts."""
+        consumer_group = check_group_name(request.group)
+        route = await self.routes.route(request.topic)
+        await self._refuse_if_live(route, consumer_group, "delete")
+        for group, queues in self.routes.by_group(route, range(route.spec.queues)).items():
+            await self.routes.storage(route, group, "StorageDrop", {
+                "group": group, "op": "group", "topic": route.spec.name, "queues": queues,
+                "consumer_group": consumer_group})
+        await self.settings.delete(consumer_group)
+        return Empty()
+
+    async def _refuse_if_live(self, route: Route, consumer_group: str, action: str, advice: str = "") -> None:
         members = await self._members(route, consumer_group)
         if members:
             raise RocketError(Code.GROUP_ACTIVE, (
                 f"group {consumer_group!r} on {route.spec.name!r} has {len(members)} live consumer(s) "
                 f"({', '.join(members[:3])}{', ...' if len(members) > 3 else ''}), whose next commit would undo the "
-                f"reset: stop them first (a closed consumer leaves at once; one stopped without closing, "
-                f"{limits.group_member_expiry_s:g} s after its last poll), or move a running one with Consumer.seek()"))
-        await self._commit(route, consumer_group, targets, reset_pop=True)
-        return await self.describe_group(GroupInfoRequest(route.spec.name, consumer_group))
+                f"{action}: stop them first (a closed consumer leaves at once; one stopped without closing, "
+                f"{limits.group_member_expiry_s:g} s after its last poll){advice}"))
 
     async def fetch_offsets(self, request: dict) -> dict:
         consumer_group = check_group_name(request["group"])

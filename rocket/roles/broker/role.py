@@ -37,7 +37,7 @@ class Broker:
         self.producer = Produce(self.routes, turns, world.random)
         self.pull = Pull(self.routes, peers, filters)
         self.pop = PopConsumption(self.routes, clock, turns, filters, settings)
-        self.groups = ConsumerGroups(self.routes)
+        self.groups = ConsumerGroups(self.routes, settings)
         self.kv = KeyValues(self.routes, peers)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -80,6 +80,7 @@ class Broker:
             "ListTopics": self.admin.list_topics,
             "DescribeTopic": self.admin.describe_topic,
             "UpdateTopic": self.admin.update_topic,
+            "DeleteTopic": self.admin.delete_topic,
             "CreateStorageClass": self.admin.create_storage_class,
             "StorageClasses": self.admin.storage_classes,
             "CreateConsumerGroup": self.admin.create_consumer_group,
@@ -94,6 +95,7 @@ class Broker:
             "DescribeGroup": self.groups.describe_group,
             "GroupHeartbeat": self.groups.group_heartbeat,
             "ResetGroup": self.groups.reset_group,
+            "DeleteGroup": self.groups.delete_group,
         }
         for name, handler in typed_handlers.items():
             dispatcher.handle_typed(name, handler)

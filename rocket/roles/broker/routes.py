@@ -290,13 +290,14 @@ class Routes(Background):
             groups.setdefault(route.queue_groups[self.queue(route.spec, queue)], []).append(queue)
         return groups
 
-    async def queues(self, route: Route, consumer_group: str = "", timestamp_ms: int = -1) -> list[dict]:
+    async def queues(self, route: Route, consumer_group: str = "", timestamp_ms: int = -1,
+                     lagging: bool = False) -> list[dict]:
         """StorageQueues for every queue of the topic, group by group."""
         responses = []
         for group, queues in self.by_group(route, range(route.spec.queues)).items():
             responses.append(await self.storage(route, group, "StorageQueues", {
                 "group": group, "topic": route.spec.name, "queues": queues, "consumer_group": consumer_group,
-                "timestamp_ms": timestamp_ms}))
+                "timestamp_ms": timestamp_ms, "lagging": lagging}))
         return responses
 
     def offsets(self, route: Route, entries: list[dict]) -> dict[int, int]:

@@ -12,7 +12,7 @@ import trio
 from rocket import limits
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
-from rocket.model import check_name
+from rocket.model import check_name, check_request_id
 from rocket.ml.placement import NodeLoad
 from rocket.roles.nameserver.group import MetadataGroup
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, STORAGE_MODES, class_exists, unknown_class
@@ -72,6 +72,7 @@ class StorageClasses:
 
     async def create_storage_class(self, request: CreateStorageClassRequest) -> StorageClassInfo:
         check_class_request(plain(request))
+        check_request_id(request.request_id)
         return await self.meta.on_leader("MetaCreateStorageClass", request, self._create_class_here)
 
     async def _create_class_here(self, request: CreateStorageClassRequest) -> StorageClassInfo:
@@ -79,8 +80,12 @@ class StorageClasses:
         name, replicas = request.name, request.replicas
         count = request.groups or self.config.storage_groups
         async with self.maker.creating:  # group ids are taken one creation at a time
-            if name == DEFAULT_CLASS or name in self.metadata.classes:
+            retry = self.metadata.created_by(request.request_id, "class") == name and name in self.metadata.classes
+            if not retry and (name == DEFAULT_CLASS or name in self.metadata.classes):
                 raise class_exists(name)
+            if retry:  # a create that was applied, whose answer was lost: the first answer
+                return convert(self.metadata.describe_class(self.metadata.classes[name], self.maker.leaders,
+                                                            elections=False), StorageClassInfo)
             loads = self.maker.loads()
             available = sum(load.available for load in loads)
             if available < replicas:
@@ -93,7 +98,8 @@ class StorageClasses:
             await self.meta.propose({"op": "create_class", "name": name, "mode": request.mode, "replicas": replicas,
                                      "min_in_sync_replicas": request.min_in_sync_replicas,
                                      "unclean_election": request.unclean_election,
-                                     "ha_max_lag_s": request.ha_max_lag_s, "new_groups": new_groups})
+                                     "ha_max_lag_s": request.ha_max_lag_s, "new_groups": new_groups,
+                                     "request_id": request.request_id})
         log.info("storage class %s (%s mode, %d replicas): groups %s", name, request.mode, replicas,
                  ", ".join(str(group["id"]) for group in new_groups))
         return convert(self.metadata.describe_class(self.metadata.classes[name], self.maker.leaders, elections=False),

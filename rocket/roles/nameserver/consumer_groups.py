@@ -1,5 +1,5 @@
-"""Consumer groups' settings (RIP-18's subscription data in the metadata): the calls that create, update and read
-them, in typed messages (rocket/serde/typed.py). A part of Nameserver, over the metadata group.
+"""Consumer groups' settings (RIP-18's subscription data in the metadata): the calls that create, update, read and
+delete them, in typed messages (rocket/serde/typed.py). A part of Nameserver, over the metadata group.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from rocket.model import check_group_name
 from rocket.roles.nameserver.group import MetadataGroup
 from rocket.roles.nameserver.metadata import CONSUMER_GROUP_FIELDS, check_consumer_group, group_exists
 from rocket.serde.typed import (ConsumerGroupInfo, ConsumerGroupsRequest, ConsumerGroupsResponse,
-                                CreateConsumerGroupRequest, UpdateConsumerGroupRequest, convert, plain)
+                                CreateConsumerGroupRequest, Empty, UpdateConsumerGroupRequest, convert, plain)
 
 log = logging.getLogger("rocket.nameserver")
 
@@ -58,6 +58,17 @@ class ConsumerGroupSettings:
                                            "settings": settings_of(plain(request), request.fields)})
         log.info("consumer group %s updated: %s", request.group, updated.to_wire())
         return convert(updated.to_wire(), ConsumerGroupInfo)
+
+    async def delete_consumer_group(self, request: ConsumerGroupsRequest) -> Empty:
+        """A deleted consumer group's settings go (a group without settings: nothing to do)."""
+        check_group_name(request.group)
+        return await self.meta.on_leader("MetaDeleteConsumerGroup", request, self._delete_consumer_group_here)
+
+    async def _delete_consumer_group_here(self, request: ConsumerGroupsRequest) -> Empty:
+        if request.group in self.meta.metadata.consumer_groups:
+            await self.meta.propose({"op": "delete_consumer_group", "group": request.group})
+            log.info("consumer group %s: settings deleted", request.group)
+        return Empty()
 
     async def consumer_groups(self, request: ConsumerGroupsRequest) -> ConsumerGroupsResponse:
         return await self.meta.read("MetaConsumerGroups", request, self._consumer_groups_here)

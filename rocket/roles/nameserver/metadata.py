@@ -166,6 +166,14 @@ class Metadata:
         # Client quotas (rocket/quotas.py): entity (user:NAME, user:*, topic:NAME) -> AclQuota; under acl_version too.
         self.quotas: dict[str, dict] = {}
         self.acl_version = 0
+        # Deleted topics: those whose queues are being dropped from their storage groups (the name is taken until the
+        # delete finishes), and those whose groups still refuse appends to the name (name -> its groups, when it was
+        # dropped): made again, or after limits.topic_tombstone_s, the groups reopen it (roles/nameserver/deletes.py).
+        self.deleting: dict[str, TopicSpec] = {}
+        self.tombstones: dict[str, tuple[tuple[int, ...], int]] = {}
+        # The latest limits.create_requests_kept_max creates that carried a request id: id -> (kind, name), so that a
+        # retry of an applied create gets its answer, not "exists".
+        self.created: dict[str, tuple[str, str]] = {}
         self.version = 0
 
     # ---- the state machine ---------------------------------------------------------------------------
@@ -194,8 +202,13 @@ class Metadata:
         elif operation == "create_topic":
             name = command["name"]
             storage_class = command.get("storage_class", DEFAULT_CLASS)
+            if self.created_by(command.get("request_id", ""), "topic") == name and name in self.topics:
+                return self.topics[name]  # a retry: the first answer
             if name in self.topics:
                 raise exists(name)
+            self.check_not_deleted(name)
+            invariant(name not in self.tombstones or command.get("reopened", False),
+                      "a deleted topic's groups take its name again before it is made again")
             if len(self.topics) >= limits.topics_max:
                 raise RocketError(Code.OVERLOADED, f"the cluster holds the maximum of {limits.topics_max} topics")
             if storage_class != DEFAULT_CLASS and storage_class not in self.classes:
@@ -207,14 +220,29 @@ class Metadata:
             queue_groups = tuple(command.get("queue_groups", ()))
             invariant(not queue_groups or len(queue_groups) == command["queues"], "one group per queue")
             self.topics[name] = TopicSpec(name, command["queues"], command["created_ms"], tuple(command["groups"]),
-                                          command.get("message_type", "normal"), history=command.get("history", 1),
+                                          command.get("message_type", "normal"),
+                                          retention_s=command.get("retention_s", -1.0),
+                                          local_retention_s=command.get("local_retention_s", -1.0),
+                                          history=command.get("history", 1),
                                           ttl_ms=command.get("ttl_ms", 0), queue_groups=queue_groups,
                                           storage_class=storage_class)
+            self.tombstones.pop(name, None)
+            self._remember(command.get("request_id", ""), "topic", name)
         elif operation == "create_groups":  # more storage nodes joined: more groups for new queues
             self._add_groups(command["new_groups"])
-        elif operation == "delete_topic":
+        elif operation == "delete_topic":  # a KV bucket, whose keys were deleted first
             self.topic(command["name"])
             del self.topics[command["name"]]
+        elif operation == "drop_topic":  # the name stays taken while its groups drop its queues
+            self.deleting[command["name"]] = self.topic(command["name"])
+            del self.topics[command["name"]]
+        elif operation == "topic_dropped":
+            spec = self.deleting.pop(command["name"], None)
+            if spec is not None:
+                self.tombstones[spec.name] = (tuple(sorted({spec.group_of(queue) for queue in range(spec.queues)})),
+                                              command["dropped_ms"])
+        elif operation == "tombstone_cleared":
+            self.tombstones.pop(command["name"], None)
         elif operation == "update_topic":
             spec = self.topic(command["name"])
             self.topics[spec.name] = dataclasses.replace(spec, retention_s=command["retention_s"],
@@ -263,6 +291,8 @@ class Metadata:
             result = self._create_consumer_group(command)
         elif operation == "update_consumer_group":
             result = self._update_consumer_group(command)
+        elif operation == "delete_consumer_group":
+            self.consumer_groups.pop(command["group"], None)
         elif operation in ("create_user", "delete_user", "grant", "revoke", "set_quota", "delete_quota"):
             result = self._acl(command)
         else:
@@ -271,6 +301,21 @@ class Metadata:
         if operation in ("create_topic", "update_topic", "add_queues"):
             return self.topics[command["name"]]
         return result
+
+    def created_by(self, request_id: str, kind: str) -> str | None:
+        """The name a create with this request id made, if it was applied (and is remembered)."""
+        found = self.created.get(request_id) if request_id else None
+        return found[1] if found is not None and found[0] == kind else None
+
+    def _remember(self, request_id: str, kind: str, name: str) -> None:
+        if request_id:
+            self.created[request_id] = (kind, name)
+            while len(self.created) > limits.create_requests_kept_max:
+                del self.created[next(iter(self.created))]
+
+    def check_not_deleted(self, name: str) -> None:
+        if name in self.deleting:
+            raise RocketError(Code.UNAVAILABLE, f"topic {name!r} is being deleted; make it again once that is done")
 
     # ---- users and policies -------------------------------------------------------------------------
 
@@ -324,6 +369,8 @@ class Metadata:
         """A class and its groups; a controller-mode group starts with its first voter as master and every replica
         in sync (they are all empty)."""
         name = command["name"]
+        if self.created_by(command.get("request_id", ""), "class") == name and name in self.classes:
+            return self.classes[name]  # a retry: the first answer
         if name == DEFAULT_CLASS or name in self.classes:
             raise class_exists(name)
         if len(self.classes) >= limits.storage_classes_max:
@@ -336,6 +383,7 @@ class Metadata:
                                      command["unclean_election"], float(command["ha_max_lag_s"]))
         self._add_groups(command["new_groups"], name, controlled=storage_class.mode == "controller")
         self.classes[name] = storage_class
+        self._remember(command.get("request_id", ""), "class", name)
         return storage_class
 
     # ---- consumer groups' settings --------------------------------------------------------------------
@@ -437,6 +485,10 @@ class Metadata:
             "policies": list(self.policies.values()),
             "acl_version": self.acl_version,
             "quotas": list(self.quotas.values()),
+            "deleting_specs": [[s.name, s.queues, s.created_ms, list(s.groups), list(s.queue_groups), s.storage_class]
+                               for s in self.deleting.values()],
+            "tombstones": [[name, list(groups), dropped_ms] for name, (groups, dropped_ms) in self.tombstones.items()],
+            "created": [[request_id, kind, name] for request_id, (kind, name) in self.created.items()],
         })]
 
     def restore(self, chunks: Iterable[bytes]) -> None:
@@ -465,6 +517,11 @@ class Metadata:
                          for policy in state.get("policies", ())}
         self.quotas = {quota["entity"]: quota for quota in state.get("quotas", ())}  # snapshots before quotas had none
         self.acl_version = state.get("acl_version", 0)
+        self.deleting = {name: TopicSpec(name, queues, created, tuple(groups), queue_groups=tuple(queue_groups),
+                                         storage_class=storage_class)
+                         for name, queues, created, groups, queue_groups, storage_class in state.get("deleting_specs", ())}
+        self.tombstones = {name: (tuple(groups), dropped_ms) for name, groups, dropped_ms in state.get("tombstones", ())}
+        self.created = {request_id: (kind, name) for request_id, kind, name in state.get("created", ())}
         self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"],
                                            node.get("health_pin", "auto"),  # snapshots before pins had none
                                            node.get("degraded_for", ""))

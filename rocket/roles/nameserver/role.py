@@ -14,13 +14,14 @@ from rocket.clock import Clock, sleep_periodic
 from rocket.config import ROLES, ConfigError, NodeConfig, parse_address
 from rocket.errors import Code, RocketError
 from rocket.ml.placement import LeastLoaded, NodeLoad, Placement
-from rocket.model import (KV_PREFIX, Address, bucket_topic, check_message_type, check_name, check_retention_s,
-                          check_user_topic_name)
+from rocket.model import (KV_PREFIX, Address, bucket_topic, check_message_type, check_name, check_request_id,
+                          check_retention_s, check_user_topic_name)
 from rocket.raft.host import RaftHost
 from rocket.roles.nameserver.acl import AclAdmin
 from rocket.roles.nameserver.classes import StorageClasses
 from rocket.roles.nameserver.consumer_groups import ConsumerGroupSettings
 from rocket.roles.nameserver.controller import Controller
+from rocket.roles.nameserver.deletes import TopicDeletes
 from rocket.roles.nameserver.forecasts import Forecasts
 from rocket.roles.nameserver.group import MetadataGroup
 from rocket.roles.nameserver.health import NodeHealthChecks
@@ -69,6 +70,7 @@ class Nameserver:
         self.forecasts = Forecasts(config, clock, peers, self.members, objects)
         self.queue_placement = QueuePlacement(self.meta, clock, self.forecasts, self)
         self.health = NodeHealthChecks(self.meta, config, clock, objects, self)
+        self.deletes = TopicDeletes(self.meta, clock, self.leaders)
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle_typed("NodeHeartbeat", self.node_heartbeat)
@@ -77,6 +79,7 @@ class Nameserver:
         dispatcher.handle_typed("MetaCreateTopic", self.create_topic)
         dispatcher.handle_typed("MetaListTopics", self.list_topics)
         dispatcher.handle_typed("MetaUpdateTopic", self.update_topic)
+        dispatcher.handle_typed("MetaDeleteTopic", self.deletes.delete_topic)
         dispatcher.handle_typed("MetaCreateBucket", self.create_bucket)
         dispatcher.handle_typed("MetaDeleteBucket", self.delete_bucket)
         dispatcher.handle_typed("ClusterStatus", self.cluster_status)
@@ -90,6 +93,7 @@ class Nameserver:
         dispatcher.handle_typed("MetaCreateConsumerGroup", self.consumer_group_settings.create_consumer_group)
         dispatcher.handle_typed("MetaUpdateConsumerGroup", self.consumer_group_settings.update_consumer_group)
         dispatcher.handle_typed("MetaConsumerGroups", self.consumer_group_settings.consumer_groups)
+        dispatcher.handle_typed("MetaDeleteConsumerGroup", self.consumer_group_settings.delete_consumer_group)
         dispatcher.handle_typed("MetaAclState", self.acl.acl_state)
         for name, handler in self.acl_methods().items():
             dispatcher.handle_typed(name, handler)
@@ -107,6 +111,7 @@ class Nameserver:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_models_forever)
             nursery.start_soon(self.controller.control_forever)
+            nursery.start_soon(self.deletes.finish_forever, self.leads)
             if self.config.auth:
                 nursery.start_soon(self.acl.bootstrap_admin_forever)
             task_status.started()
@@ -301,6 +306,9 @@ class Nameserver:
         check_user_topic_name(request.topic)
         check_message_type(request.message_type)
         check_name("storage class", request.storage_class, limits.storage_class_name_bytes_max)
+        check_retention_s("retention_s", request.retention_s)
+        check_retention_s("local_retention_s", request.local_retention_s)
+        check_request_id(request.request_id)
         if not 1 <= request.queues <= limits.queues_per_topic_max:
             raise RocketError(Code.BAD_REQUEST, f"queues must be 1..{limits.queues_per_topic_max}, "
                               f"got {request.queues}")
@@ -338,8 +346,14 @@ class Nameserver:
         name = request.topic
         storage_class = request.storage_class
         async with self.creating:
+            if self.metadata.created_by(request.request_id, "topic") == name and name in self.metadata.topics:
+                return topic_info(self.metadata.topic(name))  # a retry of a create that was applied
             if name in self.metadata.topics:
                 raise exists(name)
+            self.metadata.check_not_deleted(name)
+            reopened = name in self.metadata.tombstones
+            if reopened:
+                await self.deletes.reopen(name)
             pool = self.metadata.class_groups(storage_class)
             new_groups = []
             loads = self.loads()
@@ -363,7 +377,9 @@ class Nameserver:
                        "message_type": request.message_type,
                        "created_ms": self.clock.wall_ms(), "new_groups": new_groups, "groups": groups,
                        "queue_groups": queue_groups, "storage_class": storage_class,
-                       "history": history, "ttl_ms": ttl_ms}
+                       "history": history, "ttl_ms": ttl_ms, "retention_s": float(request.retention_s),
+                       "local_retention_s": float(request.local_retention_s), "request_id": request.request_id,
+                       "reopened": reopened}
             await self._propose(command)
         return topic_info(self.metadata.topic(name))
 

@@ -156,6 +156,8 @@ class Offloader:
         await self._objects.put(piece.key, segment)
         await self._verify(piece)
         if not await self.propose(group, encode_offloaded(topic, queue, piece)):
+            if (topic, queue) not in self.store.machine.queues:  # the topic was deleted meanwhile
+                await self.delete_objects(topic, queue)
             return False  # another leader's piece got there first: its objects are the ones listed
         self.uploaded_pieces += 1
         self.uploaded_bytes += piece.size
@@ -179,6 +181,16 @@ class Offloader:
         for info in await self._objects.list(prefix):
             if range_of_key(info.key) != (piece.from_offset, piece.to_offset):
                 await self._objects.delete(info.key)
+
+    async def delete_objects(self, topic: str, queue: int) -> int:
+        """Every object of a deleted topic's queue, listed, not read from a manifest: also those an upload a crash
+        cut short left behind. Returns how many went."""
+        if self.objects is None:
+            return 0
+        found = await self.objects.list(queue_prefix(self.settings.prefix, topic, queue))
+        for info in found:
+            await self.objects.delete(info.key)
+        return len(found)
 
     async def _sweep_expired(self, topic: str, queue: int, start: int) -> None:
         """Objects wholly before the manifest's start were expired: an expire whose deletes a crash or a lost

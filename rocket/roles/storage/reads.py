@@ -100,4 +100,5 @@ class Reads(Background):
             time_offsets = [{"queue": queue, "offset": reads.offset_for_time(topic, queue, request["timestamp_ms"])}
                             for queue in request["queues"]]
         return {"queues": [{"queue": queue, **reads.queue_stats(topic, queue)} for queue in request["queues"]],
-                "offsets": offsets, "time_offsets": time_offsets, "pops": pops}
+                "offsets": offsets, "time_offsets": time_offsets, "pops": pops,
+                "lagging": reads.lagging(topic, request["queues"]) if request.get("lagging") else []}

@@ -15,6 +15,7 @@ from rocket.replication import Engine
 from rocket.roles.peers import Peers
 from rocket.roles.storage.appends import Appends
 from rocket.roles.storage.assignment import Assignments
+from rocket.roles.storage.drops import Drops
 from rocket.roles.storage.gate import Gate
 from rocket.roles.storage.groups import GroupMembers
 from rocket.roles.storage.kv import KeyValues
@@ -38,8 +39,8 @@ log = logging.getLogger("rocket.storage")
 class StorageRole:
     """The storage role's calls, routed to its parts, one concern per module: gate.py, stamps.py, assignment.py (the
     heartbeat), replicas.py (replica moves, backfill), appends.py, reads.py, pops.py, kv.py (KV shards), timers.py,
-    transactions.py, groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL). Every per-key map that
-    clients can grow has a bound in limits, or a comment saying what bounds it."""
+    transactions.py, groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL), drops.py (deletes).
+    Every per-key map that clients can grow has a bound in limits, or a comment saying what bounds it."""
 
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
                  clock: Clock, objects: ObjectStore | None = None, world: World = WORLD):
@@ -64,6 +65,7 @@ class StorageRole:
         self.reads = Reads(self.store, host, self.gate, self.cold, config.tier_read_mode == "force")
         self.pops = Pops(self.store, host, self.gate, self.reads, clock)
         self.kv = KeyValues(self.store, host, self.gate, clock)
+        self.drops = Drops(host, self.gate, self.tiering.offloader)
         host.applying = self.store.holding
 
     def register(self, dispatcher: Dispatcher) -> None:
@@ -79,7 +81,7 @@ class StorageRole:
                                 ("StorageTransactionChecks", self.transactions.transaction_checks),
                                 ("StorageTier", self.tiering.tier_status),
                                 ("StorageKvTxn", self.kv.kv_txn), ("StorageKvRead", self.kv.kv_read),
-                                ("StorageKvWatch", self.kv.kv_watch)):
+                                ("StorageKvWatch", self.kv.kv_watch), ("StorageDrop", self.drops.drop)):
             dispatcher.handle(method, self.assignments.once_assigned(handler), parked={
                 "StorageAppend": self.appends.append_parked, "StorageKvTxn": self.kv.kv_txn_parked,
                 "StorageKvRead": self.kv.kv_read_parked}.get(method))

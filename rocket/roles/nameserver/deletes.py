@@ -1,0 +1,113 @@
+"""Topic deletes on the nameservers: the topic leaves the metadata at once (its name stays taken), each of its
+storage groups drops its queues, and then the name is free; the groups refuse appends to it until it is made again
+or limits.topic_tombstone_s passed. A part of Nameserver, over the metadata group."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from rocket import limits
+from rocket.clock import Clock, sleep_periodic
+from rocket.errors import Code, RocketError
+from rocket.model import Address, TopicSpec, check_user_topic_name
+from rocket.roles.nameserver.group import MetadataGroup
+from rocket.roles.peers import RETRYABLE
+from rocket.serde.typed import DeleteTopicRequest, Empty
+
+log = logging.getLogger("rocket.nameserver")
+
+
+def queues_by_group(spec: TopicSpec) -> dict[int, list[int]]:
+    by_group: dict[int, list[int]] = {}
+    for queue in range(spec.queues):
+        by_group.setdefault(spec.group_of(queue), []).append(queue)
+    return by_group
+
+
+class TopicDeletes:
+    """A delete is three steps, each a change to the metadata or a call safe to repeat, so that a leader that dies
+    in the middle leaves it to the next one (finish_forever):
+    1. drop_topic: the topic leaves the topics (routes answer UNKNOWN_TOPIC) into `deleting`; the name stays taken.
+    2. StorageDrop on each group's leader: one Raft entry drops the topic's queues (data, timers, dead letters,
+       offsets, pop states) on every replica, and refuses appends to the name from then on, so a produce that raced
+       the delete with a cached route is refused, never half stored; then the leader deletes its objects in the tier.
+    3. topic_dropped: the name is free, and its groups are remembered (tombstones). Making the topic again first has
+       them take the name again (reopen); so does finish_forever once limits.topic_tombstone_s passed."""
+
+    def __init__(self, meta: MetadataGroup, clock: Clock, leaders: dict[int, int]):
+        self.meta = meta
+        self.clock = clock
+        self.leaders = leaders  # storage group -> the node that last reported leading it
+
+    async def delete_topic(self, request: DeleteTopicRequest) -> Empty:
+        check_user_topic_name(request.topic)
+        return await self.meta.on_leader("MetaDeleteTopic", request, self._delete_here)
+
+    async def _delete_here(self, request: DeleteTopicRequest) -> Empty:
+        name = request.topic
+        if name not in self.meta.metadata.deleting:
+            self.meta.metadata.topic(name)  # UNKNOWN_TOPIC
+            await self.meta.propose({"op": "drop_topic", "name": name})
+            log.info("topic %s: deleting", name)
+        await self._finish(name)
+        return Empty()
+
+    async def _finish(self, name: str) -> None:
+        spec = self.meta.metadata.deleting.get(name)
+        if spec is None:
+            return
+        for group, queues in queues_by_group(spec).items():
+            await self._drop(group, {"group": group, "op": "topic", "topic": name, "queues": queues})
+        await self.meta.propose({"op": "topic_dropped", "name": name, "dropped_ms": self.clock.wall_ms()})
+        log.info("topic %s: deleted from groups %s", name, sorted(queues_by_group(spec)))
+
+    async def reopen(self, name: str) -> None:
+        """Before a deleted topic's name is made again: its groups take appends to it again."""
+        found = self.meta.metadata.tombstones.get(name)
+        for group in found[0] if found is not None else ():
+            if group in self.meta.metadata.groups:
+                await self._drop(group, {"group": group, "op": "reopen", "topic": name, "queues": []})
+
+    async def finish_forever(self, leads: Callable[[], bool]) -> None:
+        """On the leader: finish the deletes a leader left, and reopen names deleted limits.topic_tombstone_s ago."""
+        while True:
+            await sleep_periodic(limits.topic_delete_retry_s)
+            if not leads():
+                continue
+            metadata = self.meta.metadata
+            expired = [name for name, (_, dropped_ms) in metadata.tombstones.items()
+                       if self.clock.wall_ms() - dropped_ms > limits.topic_tombstone_s * 1000]
+            try:
+                for name in list(metadata.deleting):
+                    await self._finish(name)
+                for name in expired:
+                    await self.reopen(name)
+                    await self.meta.propose({"op": "tombstone_cleared", "name": name})
+            except RocketError as error:
+                log.warning("finishing topic deletes: %s", error)
+
+    async def _drop(self, group: int, request: dict) -> None:
+        """StorageDrop on the group's leader: the one that reported leading it, else each voter in turn, for up to
+        limits.leader_wait_s_max."""
+        metadata = self.meta.metadata
+        error = RocketError(Code.UNAVAILABLE, f"group {group} has no leader to drop topic {request['topic']!r}")
+        with trio.move_on_after(limits.leader_wait_s_max):
+            while True:
+                leader = self.leaders.get(group)
+                voters = metadata.groups[group].voters
+                for node in ([leader] if leader in voters else []) + [node for node in voters if node != leader]:
+                    info = metadata.nodes.get(node)
+                    if info is None:
+                        continue
+                    try:
+                        await self.meta.peers.call(Address.parse(info.address), "StorageDrop", request)
+                        return
+                    except RocketError as failed:
+                        if failed.code not in RETRYABLE:
+                            raise
+                        error = failed
+                await trio.sleep(limits.leader_poll_s)
+        raise error
