@@ -45,8 +45,8 @@ _NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {  # method -> (action, the req
     "CreateConsumerGroup": ("admin", ("group",)),
     "UpdateConsumerGroup": ("admin", ("group",)),
     **{method: ("admin", ()) for method in (  # the cluster itself
-        "DrainNode", "PinNodeHealth", "CreateStorageClass", "AclCreateUser", "AclDeleteUser", "AclUsers", "AclGrant",
-        "AclRevoke", "AclPolicies", "AclSetQuota", "AclQuotas")},
+        "DrainNode", "Handover", "PinNodeHealth", "CreateStorageClass", "AclCreateUser", "AclDeleteUser", "AclUsers",
+        "AclGrant", "AclRevoke", "AclPolicies", "AclSetQuota", "AclQuotas")},
     **{method: ("kv-read", ("bucket",)) for method in ("KvGet", "KvRange", "KvWatch", "KvExport", "KvDescribeBucket")},
     **{method: ("kv-write", ("bucket",)) for method in ("KvPut", "KvDelete", "KvTxn")},
     **{method: ("admin", ("bucket",)) for method in ("KvCreateBucket", "KvDeleteBucket")},

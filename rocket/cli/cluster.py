@@ -1,5 +1,5 @@
-"""Cluster commands: status of nodes and storage groups, queue placement, node health, draining a node, and storage
-classes."""
+"""Cluster commands: status of nodes and storage groups, queue placement, node health, draining a node, handing a
+controller-mode group's mastership over, and storage classes."""
 
 from __future__ import annotations
 
@@ -148,6 +148,18 @@ async def cluster_drain(node: Annotated[int, typer.Argument(help="The storage no
             task = progress.add_task(f"replicas left on node {node}")
             await admin.drain_node_and_wait(node, timeout_s, on_progress=lambda left: progress.update(task, completed=left))
     out.print(f"node {node} holds no replica: it can be shut down")
+
+
+@app.command("handover")
+@runs_client
+async def cluster_handover(group: Annotated[int, typer.Argument(help="A controller-mode storage group (see rocket cluster status).", show_default=False)],
+                           to: Annotated[int, typer.Option("--to", help="The replica to make its master: it must be in the group's SyncStateSet, or join it within 30 s.", show_default=False)],
+                           server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
+    """Hand a controller-mode group's mastership over to another replica, fencing the old master."""
+    async with connect(server, transport, serde) as channel:
+        state = await Admin(channel).handover(group, to)
+    out.print(f"group {group}: node {state['master']} is master at epoch {state['master_epoch']} (SyncStateSet "
+              f"{state['sync_state_set']})")
 
 
 @class_app.command("create")

@@ -177,6 +177,12 @@ class Admin:
         """Move every replica off a storage node (or, with draining False, let it take replicas again)."""
         await self.channel.call("DrainNode", {"node": node, "draining": draining})
 
+    async def handover(self, group: int, node: int) -> dict:
+        """Make node the master of a controller-mode group, once it is in the group's SyncStateSet (UNAVAILABLE if
+        it is not within limits.handover_wait_s): elected at the next epoch, which fences the old master. The
+        group's control state after it (master, master_epoch, sync_state_set, sync_state_set_epoch)."""
+        return await self.channel.call("Handover", {"group": group, "to": node})
+
     async def drain_node_and_wait(self, node: int, timeout_s: float, poll_s: float = 1.0,
                                   on_progress: Callable[[int], None] | None = None) -> None:
         """Drain a storage node and wait until it holds no replica (TIMEOUT if some are left after timeout_s);

@@ -36,6 +36,7 @@ placement_low_disk_replicas = 4.0  # ... weighs this many replicas more: new gro
 placement_node_weight = 0.5  # queue placement: a group's leader's load (all it leads) weighs half as much as its own
 # Controller mode (RIP-44): two-replica groups whose master a controller in the nameservers names.
 controller_check_s = 0.25  # how often the nameserver leader looks for controller-mode masters whose heartbeats lapsed
+handover_wait_s = 30.0  # a handover waits this long for its target to join the SyncStateSet (it must catch up first)
 controller_lapse_s = 2.5  # a master silent this long is replaced (from its SyncStateSet): 2.5 missed heartbeats
 controller_orphan_heartbeat_s = 0.25  # a node whose controller-mode replica's master went silent heartbeats this often
 controller_sync_state_s = 0.2  # how often a master asks the controller for the SyncStateSet changes it wants

@@ -535,6 +535,11 @@ class AlterSyncStateSetRequest(msgspec.Struct):
     sync_state_set: list[int]
 
 
+class HandoverRequest(msgspec.Struct):
+    group: int
+    to: int
+
+
 class ControlState(msgspec.Struct):
     master: int
     master_epoch: int
@@ -598,10 +603,10 @@ STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct i
     DrainNodeRequest, NodeHealthRequest, PinNodeHealthRequest, HealthFeature, NodeHealthInfo, NodeHealthResponse,
     GroupBytes, TopicBytes, PeerCalls, ControlledReplica, NodeLoad, NodeHeartbeatRequest, NodeAddress, Assignment,
     TopicRequest, Route, NodeStatus, ClusterStatusResponse, QueuePlacement, PlacementExplainResponse, SeriesStep,
-    LoadShareRequest, AlterSyncStateSetRequest, ControlState, QueueInfo, QueueOffset, PopInfo, StorageQueuesResponse,
-    DescribeTopicResponse, TierStatusRequest, TierQueue, StorageTierResponse, TierTopic, TierStatusResponse, BucketInfo,
-    ListBucketsResponse, KvShardInfo, DescribeBucketResponse, GroupInfoRequest, GroupQueue, GroupInfoResponse,
-    GroupHeartbeatRequest, GroupHeartbeatResponse, ResetGroupRequest)}
+    LoadShareRequest, AlterSyncStateSetRequest, HandoverRequest, ControlState, QueueInfo, QueueOffset, PopInfo,
+    StorageQueuesResponse, DescribeTopicResponse, TierStatusRequest, TierQueue, StorageTierResponse, TierTopic,
+    TierStatusResponse, BucketInfo, ListBucketsResponse, KvShardInfo, DescribeBucketResponse, GroupInfoRequest,
+    GroupQueue, GroupInfoResponse, GroupHeartbeatRequest, GroupHeartbeatResponse, ResetGroupRequest)}
 
 
 def convert(value: Any, struct: type[T]) -> T:

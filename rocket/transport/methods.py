@@ -80,6 +80,7 @@ METHODS: dict[str, MethodSpec] = {
                    response_attachment="data", internal=True),
         MethodSpec("ClusterStatus", "Empty", "ClusterStatusResponse"),
         MethodSpec("DrainNode", "DrainNodeRequest", "Empty"),
+        MethodSpec("Handover", "HandoverRequest", "ControlState"),
         MethodSpec("PlacementExplain", "TopicRequest", "PlacementExplainResponse"),
         MethodSpec("NodeHealth", "NodeHealthRequest", "NodeHealthResponse"),
         MethodSpec("PinNodeHealth", "PinNodeHealthRequest", "Empty"),

@@ -6,8 +6,10 @@ killed -9 for longer than a route's life (limits.route_ttl_s): the masters go on
 the broker on the routes it has, and once the nameservers are back, no election has happened. (3) A master is cut off from the controller (its links to the
 nameservers pass TCP proxies, which stop) while the broker and the other replica still reach it: the controller
 elects the other replica, the old master stops acknowledging (asked directly, it names the new master), produce goes
-on, and once healed the old master is a slave at the new epoch. At the end every acknowledged message is consumed,
-intact, at its acknowledged offset, in order; duplicates from resends are counted, not failed.
+on, and once healed the old master is a slave at the new epoch. (4) Each group's mastership is handed over to its
+other replica on purpose (rocket cluster handover), every writer acknowledged again; then a master's node is drained,
+and its masterships are handed over. At the end every acknowledged message is consumed, intact, at its acknowledged
+offset, in order; duplicates from resends are counted, not failed.
 
 Run with -s to see the figures. Node logs are in the test's tmp_path (node<N>.log; nameservers 1-3, storage nodes
 11 and 12, broker 21).
@@ -64,6 +66,40 @@ async def wait_writers(writers: Writers, queues: list[int], since: float, what: 
         return max(first.values()) - since
     raise AssertionError(f"{what}: writers of queues {sorted(set(queues) - set(first))} not acknowledged within "
                          f"{RESUME_WAIT_S_MAX} s; writer errors {dict(writers.errors)}")
+
+
+async def hand_over_each(writers: Writers, admin: Admin, queues: list[int], queue_groups: list[int]) -> list[float]:
+    """Each group's mastership handed over to its other replica under load (the other replica is in its SyncStateSet):
+    the target is master at the next epoch, and its writer is acknowledged again; returns each writer's stall: the
+    longest gap between its acknowledgements from the handover's call to 1 s after its writer was acknowledged again."""
+    stalls = []
+    for group in (await wait_in_sync(admin))["groups"]:
+        target = next(node for node in STORAGE if node != group["master"])
+        writer = next(queue for queue in queues if queue_groups[queue] == group["id"])
+        called = trio.current_time()
+        handed = await admin.handover(group["id"], target)
+        assert (handed["master"], handed["master_epoch"]) == (target, group["master_epoch"] + 1), handed
+        await wait_writers(writers, [writer], trio.current_time(), f"handover of group {group['id']}")
+        await trio.sleep(1)
+        times = [called] + [ack.at for ack in writers.acks if ack.queue == writer and ack.at > called]
+        stalls.append(max(later - earlier for earlier, later in zip(times, times[1:])))
+        await wait_in_sync(admin)  # the old master a slave in the SyncStateSet again, before the next
+    return stalls
+
+
+async def drain_masters_off(admin: Admin) -> float:
+    """A drained node's masterships go to the other replica (the nameserver leader hands them over); returns how long
+    that took. The node is undrained after."""
+    drained = (await wait_in_sync(admin))["groups"][0]["master"]
+    started = trio.current_time()
+    await admin.drain_node(drained)
+    try:
+        with trio.fail_after(30):
+            while any(group["master"] == drained for group in (await described(admin))["groups"]):
+                await trio.sleep(0.1)
+    finally:
+        await admin.drain_node(drained, draining=False)
+    return trio.current_time() - started
 
 
 async def read_some(server: str, acked_at: dict[tuple[int, int], int]) -> int:
@@ -249,6 +285,11 @@ async def test_controller_mode_fails_over_fences_and_loses_no_acknowledged_messa
                           f"old master acknowledged {cut['probe_acks']} probes, then refused from "
                           f"{cut['deposed_s']:.2f} s on ({cut['refusals']} refusals); healed, in sync after "
                           f"{cut['healed_in_sync_s']:.2f} s", flush=True)
+                    stalls = await hand_over_each(writers, admin, queues, queue_groups)
+                    print(f"handovers under load: the writers' longest waits for an acknowledgement "
+                          f"{[round(s, 3) for s in stalls]} s", flush=True)
+                    print(f"a drained node's masterships handed over in {await drain_masters_off(admin):.2f} s",
+                          flush=True)
                     writers.stop.set()
                     with trio.fail_after(30):
                         while writers.done < len(queues):

@@ -33,6 +33,7 @@ class Faults:
     controller_delay_max: int = 1  # steps a message to or from the controller may take: a late word is a stale one
     controller_down: float = 0.0  # chance per step that the controller goes down (its Raft leader changes, or all fail)
     controller_down_steps_max: int = 1
+    handover: float = 0.0  # chance per step that an operator hands the mastership to another replica in the SSS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,16 @@ class Controller:
         self.sync_state_set, self.sync_state_set_epoch = frozenset({chosen}), self.sync_state_set_epoch + 1
         self.elections.append((now, chosen, self.master_epoch))
         return chosen
+
+    def hand_over(self, target: int, now: int) -> bool:
+        """An operator's handover (rocket cluster handover): the target, alive and in the SSS, is master at the next
+        epoch, alone in the new SSS, as an election makes it; else nothing changes."""
+        if self.down or target == self.master or target not in self.sync_state_set or not self.fresh(target, now):
+            return False
+        self.master, self.master_epoch = target, self.master_epoch + 1
+        self.sync_state_set, self.sync_state_set_epoch = frozenset({target}), self.sync_state_set_epoch + 1
+        self.elections.append((now, target, self.master_epoch))
+        return True
 
     def go_down(self) -> None:
         self.down = True
@@ -349,9 +360,13 @@ class Group:
                                    f"{' (a new leader)' if new_leader else ''}")
             return
         chosen = controller.elect(self.step_number)
+        how = "elected"
+        if chosen is None and self.random.random() < self.faults.handover:
+            target = self.random.choice(controller.replicas)
+            chosen, how = (target if controller.hand_over(target, self.step_number) else None), "was handed over to"
         if chosen is None:
             return
-        self.events.append(f"step {self.step_number}: the controller elected {chosen} at epoch "
+        self.events.append(f"step {self.step_number}: the controller {how} {chosen} at epoch "
                            f"{controller.master_epoch}")
         self.check_holds_acknowledged(chosen, f"elected at epoch {controller.master_epoch}")
         for node in self.nodes:  # the controller tells the group at once (lossy, late)

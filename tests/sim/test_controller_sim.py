@@ -1,8 +1,9 @@
-"""Controller-mode groups (RIP-44) under the deterministic simulator: whatever the seed, no acknowledged entry is lost,
-one master acknowledges per epoch, and committed prefixes agree; planted bugs are caught; RocketMQ's races around a
-SyncStateSet change during a master switch (apache/rocketmq #5663, #7689) play out scripted. Two bugs the simulator
-found in ControlledCore (a late EPOCH_ANSWER truncating acknowledged entries; a master restarted at its epoch forgetting
-its pending SyncStateSet request) have regression tests at the end. A failure names its seed."""
+"""Controller-mode groups (RIP-44) under the deterministic simulator: whatever the seed, with elections and handovers,
+no acknowledged entry is lost, one master acknowledges per epoch, and committed prefixes agree; planted bugs are caught;
+RocketMQ's races around a SyncStateSet change during a master switch (apache/rocketmq #5663, #7689) play out scripted.
+Two bugs the simulator found in ControlledCore (a late EPOCH_ANSWER truncating acknowledged entries; a master
+restarted at its epoch forgetting its pending SyncStateSet request) have regression tests at the end. A failure names
+its seed."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ PARTITIONS = Faults(drop=0.02, delay_max=3, partition=0.03, controller_partition
 EVERYTHING = Faults(drop=0.05, delay_max=4, crash=0.015, down_steps_max=25, partition=0.02, controller_partition=0.02,
                     master_cut=0.02, heal=0.05, controller_drop=0.05, answer_drop=0.1, controller_delay_max=5,
                     controller_down=0.01, controller_down_steps_max=40)
+HANDOVERS = dataclasses.replace(EVERYTHING, handover=0.03)
 PLANTED_SEEDS_MAX = 200  # a planted bug must be caught within this many seeds
 
 
@@ -60,6 +62,12 @@ def test_all_faults_together(seed):
     """Crashes, losses, delays, partitions, the master cut from the controller, controller downtime and lost answers,
     with two replicas for even seeds and three for odd ones."""
     run(seed, 2 + seed % 2, EVERYTHING)
+
+
+def test_handovers_among_all_faults(seed):
+    """Besides every fault, an operator hands the mastership over to a live member of the SSS now and then (rocket
+    cluster handover): the old master is fenced by the new epoch, and nothing it acknowledged is lost."""
+    run(seed, 2 + seed % 2, HANDOVERS)
 
 
 # ---- planted bugs ---------------------------------------------------------------------------------------------------
@@ -270,6 +278,21 @@ def test_race_an_expand_pending_without_the_union_loses_entries(monkeypatch):
     group, master, slave = two_in_sync()
     with pytest.raises(SafetyViolation, match=f"replica {slave} .elected at epoch"):
         expand_then_elect(group, master, slave, check_joining=False)
+
+
+def test_a_handover_makes_the_slave_master_and_the_old_master_its_slave():
+    """rocket cluster handover, scripted: the slave in the SSS is master at the next epoch while writes go on; the old
+    master, fenced, follows it, rejoins the SSS, and everything acknowledged before and after holds."""
+    group, master, slave = two_in_sync()
+    acknowledged = len(group.acknowledged)
+    epoch = group.controller.master_epoch
+    assert group.controller.hand_over(slave, group.step_number)
+    group.run_until(lambda: group.master() is not None and group.master().id == slave
+                    and group.controller.sync_state_set == frozenset({1, 2})
+                    and len(group.acknowledged) > acknowledged + 10, what="the slave master, both in sync again")
+    assert group.controller.master_epoch == epoch + 1 and group.nodes[master].core.role != Role.LEADER
+    assert not group.controller.hand_over(3, group.step_number)  # not a replica: nothing changes
+    group.settle()
 
 
 def test_master_and_controller_fail_together_and_writes_resume_at_once():

@@ -21,8 +21,9 @@ from rocket.transport.rpc import Dispatcher
 from rocket.world import WORLD, World
 
 # What the nameservers answer, which a broker forwards: cluster status and operations, users, policies and quotas.
-FORWARDED = ("ClusterStatus", "DrainNode", "PlacementExplain", "NodeHealth", "PinNodeHealth", "AclCreateUser",
-             "AclDeleteUser", "AclUsers", "AclGrant", "AclRevoke", "AclPolicies", "AclSetQuota", "AclQuotas")
+FORWARDED = ("ClusterStatus", "DrainNode", "Handover", "PlacementExplain", "NodeHealth", "PinNodeHealth",
+             "AclCreateUser", "AclDeleteUser", "AclUsers", "AclGrant", "AclRevoke", "AclPolicies", "AclSetQuota",
+             "AclQuotas")
 
 
 class Broker:

@@ -1,7 +1,6 @@
 """The controller of RIP-44, on the nameservers' Raft group: it decides who is master of each controller-mode
-storage group. Its state is in the metadata, so it survives the nameserver leader; the leader alone acts on it. A
-part of Nameserver, over the metadata group.
-"""
+storage group, on a lapse, on an operator's handover, or off a node that drains or is degraded. Its state is in the
+metadata, so it survives the nameserver leader; the leader alone acts on it. A part of Nameserver."""
 
 from __future__ import annotations
 
@@ -9,11 +8,14 @@ import logging
 
 import trio
 
+from collections.abc import Callable
+
 from rocket import limits
 from rocket.clock import Clock, sleep_periodic
-from rocket.errors import RocketError
+from rocket.errors import Code, RocketError
 from rocket.roles.nameserver.group import MetadataGroup
-from rocket.serde.typed import AlterSyncStateSetRequest, ControlState, NodeLoad
+from rocket.roles.nameserver.metadata import Control
+from rocket.serde.typed import AlterSyncStateSetRequest, ControlState, HandoverRequest, NodeLoad
 
 log = logging.getLogger("rocket.controller")
 
@@ -41,6 +43,52 @@ class Controller:
                                            "sync_state_set_epoch": request.sync_state_set_epoch,
                                            "sync_state_set": sorted(request.sync_state_set)})
         return ControlState(**altered)  # the metadata's Control.to_wire(): the record's fields
+
+    async def handover(self, request: HandoverRequest) -> ControlState:
+        return await self.meta.on_leader("Handover", request, self._handover_here)
+
+    async def _handover_here(self, request: HandoverRequest) -> ControlState:
+        """Make node `to` the group's master on purpose: once it is in the SyncStateSet (it holds everything the
+        master acknowledged; waited for up to limits.handover_wait_s) and heard from, it is elected at the next
+        epoch, which fences the old master: its appends and its SyncStateSet changes are refused from then on."""
+        group, target = request.group, request.to
+        with trio.move_on_after(limits.handover_wait_s):
+            while True:
+                members, control = self.meta.metadata.control(group)
+                if target not in members.voters:
+                    raise RocketError(Code.BAD_REQUEST, f"node {target} is not a replica of group {group} "
+                                      f"(its replicas: {list(members.voters)})")
+                if control.master == target:
+                    return ControlState(**control.to_wire())
+                if target in control.sync_state_set and self._heard_within(target, limits.controller_lapse_s):
+                    return ControlState(**await self._elect(group, target, control, "handed over by an operator"))
+                await trio.sleep(limits.controller_check_s)
+        raise RocketError(Code.UNAVAILABLE, f"node {target} did not join group {group}'s SyncStateSet "
+                          f"{sorted(control.sync_state_set)} within {limits.handover_wait_s:g} s: it must hold "
+                          "everything the master acknowledged first")
+
+    async def hand_over_from(self, unfit: Callable[[int], bool]) -> None:
+        """On the leader: a master on a node that drains or is degraded (unfit) hands its group over to the live
+        member of its SyncStateSet with the longest log that is fit, if there is one."""
+        for group, members in list(self.meta.metadata.groups.items()):
+            control = members.control
+            if control is None or not unfit(control.master):
+                continue
+            candidates = [node for node in control.sync_state_set if node != control.master and not unfit(node)
+                          and self._heard_within(node, limits.controller_lapse_s)]
+            if candidates:
+                target = max(candidates, key=lambda node: (self._log_end(node, group), -node))
+                await self._elect(group, target, control, f"node {control.master} drains or is degraded")
+
+    async def _elect(self, group: int, master: int, control: Control, why: str, unclean: bool = False) -> dict:
+        elected = await self.meta.propose({
+            "op": "elect_master", "group": group, "master": master, "from_epoch": control.master_epoch,
+            "unclean": unclean, "at_ms": self.clock.wall_ms(),
+            "previous_last_index": self._log_end(control.master, group),
+            "master_last_index": self._log_end(master, group)})
+        report = log.error if unclean else log.warning
+        report("group %d: node %d is master at epoch %d (%s)", group, master, control.master_epoch + 1, why)
+        return elected
 
     async def control_forever(self) -> None:
         """As the nameservers' leader, elect a new master for each controller-mode group whose master lapsed: every
@@ -102,16 +150,11 @@ class Controller:
                                 "the group waits for one", group, control.master, sorted(control.sync_state_set))
                 continue
             master = max(candidates, key=lambda node: (self._log_end(node, group), -node))
-            previous_end, master_end = self._log_end(control.master, group), self._log_end(master, group)
-            await self.meta.propose({"op": "elect_master", "group": group, "master": master,
-                                 "from_epoch": control.master_epoch, "unclean": unclean,
-                                 "at_ms": self.clock.wall_ms(), "previous_last_index": previous_end,
-                                 "master_last_index": master_end})
-            self._waiting.discard(group)
             if unclean:
-                log.error("group %d: UNCLEAN election of node %d at epoch %d (master %d silent, no SyncStateSet member "
-                          "up): entries past %d may be lost (the old master reported %d)", group, master,
-                          control.master_epoch + 1, control.master, master_end, previous_end)
+                why = (f"UNCLEAN: master {control.master} silent, no SyncStateSet member up: entries past "
+                       f"{self._log_end(master, group)} may be lost, the old master reported "
+                       f"{self._log_end(control.master, group)}")
             else:
-                log.warning("group %d: node %d is master at epoch %d (master %d silent for %.1f s)", group, master,
-                            control.master_epoch + 1, control.master, self._silent_s(control.master))
+                why = f"master {control.master} silent for {self._silent_s(control.master):.1f} s"
+            await self._elect(group, master, control, why, unclean)
+            self._waiting.discard(group)

@@ -415,7 +415,7 @@ class Metadata:
             raise unknown_group(name)
         return found
 
-    def _control(self, group: int) -> tuple[Members, Control]:
+    def control(self, group: int) -> tuple[Members, Control]:
         members = self.groups.get(group)
         if members is None:
             raise RocketError(Code.BAD_REQUEST, f"storage group {group} does not exist")
@@ -427,7 +427,7 @@ class Metadata:
         """A new master, decided under the master epoch it replaces: alone in the sync state set, since only it is
         known to hold everything it will acknowledge."""
         group, master = command["group"], command["master"]
-        members, control = self._control(group)
+        members, control = self.control(group)
         if control.master_epoch != command["from_epoch"]:
             raise RocketError(Code.FENCED, f"group {group} is at master epoch {control.master_epoch}, not "
                               f"{command['from_epoch']}")
@@ -449,7 +449,7 @@ class Metadata:
         """The master's new sync state set, decided under the epochs it was asked under: a deposed master's or an
         older change is FENCED."""
         group, master = command["group"], command["master"]
-        members, control = self._control(group)
+        members, control = self.control(group)
         if (control.master, control.master_epoch, control.sync_state_set_epoch) != (
                 master, command["master_epoch"], command["sync_state_set_epoch"]):
             raise RocketError(Code.FENCED, f"group {group} has master {control.master} at epoch "

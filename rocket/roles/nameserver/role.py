@@ -84,6 +84,7 @@ class Nameserver:
         dispatcher.handle_typed("MetaDeleteBucket", self.delete_bucket)
         dispatcher.handle_typed("ClusterStatus", self.cluster_status)
         dispatcher.handle_typed("DrainNode", self.drain_node)
+        dispatcher.handle_typed("Handover", self.controller.handover)
         dispatcher.handle_typed("PlacementExplain", self.queue_placement.placement_explain)
         dispatcher.handle_typed("MetaLoadShare", self.forecasts.load_share)
         dispatcher.handle_typed("NodeHealth", self.health.node_health)
@@ -123,6 +124,7 @@ class Nameserver:
                     continue
                 try:
                     await self.health.judge_window()
+                    await self.controller.hand_over_from(self.unfit_master)
                     await self._grow_pool()
                     await self._plan_moves(nursery)
                     await self.queue_placement.balance_leaders()
@@ -207,6 +209,10 @@ class Nameserver:
         info, degraded_s = self.metadata.nodes.get(node), self.health.degraded_for_s(node)
         return (self.node_state(node)[0] == "down" or (info is not None and info.state == "draining")
                 or (degraded_s is not None and degraded_s >= self.config.health_move_after_s))
+
+    def unfit_master(self, node: int) -> bool:
+        """A controller-mode master on this node hands its groups over: it drains, is degraded, or is leaving."""
+        return node in self.health.degraded() or self.leaving(node)
 
     # ---- replica moves -------------------------------------------------------------------------------
 
