@@ -23,6 +23,7 @@ log = logging.getLogger("rocket.access")
 
 ACTIONS = ("pub", "sub", "admin", "kv-read", "kv-write")
 KINDS = ("topic", "group", "bucket")  # and "cluster", which names no object
+NAMESPACE = "namespace:"  # namespace:NS/KIND:NAME names KIND:NAME within namespace NS
 EFFECTS = ("allow", "deny")
 
 # ---- what each of rocket's methods needs -------------------------------------------------------------------------
@@ -80,10 +81,25 @@ def check_user_name(name: str) -> str:
     return name
 
 
+def in_namespace(text: str, what: str) -> str:
+    """`namespace:NS/KIND:NAME` as it is kept, KIND:NS%NAME (within namespace NS a name is stored NS%name:
+    model.in_namespace); any other text as it is."""
+    if not text.startswith(NAMESPACE):
+        return text
+    namespace, slash, rest = text[len(NAMESPACE):].partition("/")
+    kind, colon, name = rest.partition(":")
+    if not slash or not colon or not namespace or "%" in namespace or not name:
+        raise RocketError(Code.BAD_REQUEST, f"{what} {text!r}: expected namespace:NS/KIND:NAME "
+                          "(e.g. namespace:payments/topic:orders-*)")
+    return f"{kind}:{namespace}%{name}"
+
+
 def check_resource(pattern: str) -> str:
-    """`cluster`, or KIND:NAME where NAME may end in `*` (a prefix) or be `*` alone."""
+    """`cluster`, or KIND:NAME where NAME may end in `*` (a prefix) or be `*` alone; `namespace:NS/KIND:NAME` is
+    KIND:NS%NAME (in_namespace)."""
     if pattern == "cluster":
         return pattern
+    pattern = in_namespace(pattern, "resource")
     kind, _, name = pattern.partition(":")
     if kind not in KINDS or not name or "*" in name[:-1]:
         raise RocketError(Code.BAD_REQUEST, f"resource {pattern!r}: expected cluster, or topic:, group: or "

@@ -157,10 +157,25 @@ def unresolved_topic(topic: str) -> str:
     return SYSTEM_PREFIX + "TXN_UNRESOLVED%" + topic
 
 
+_DEAD_LETTERS = SYSTEM_PREFIX + "DLQ%"
+
+
 def dead_letter_topic(consumer_group: str, topic: str) -> str:
     """The system queues where a consumer group's messages of a topic go once they used up their delivery
     attempts, queue for queue beside the topic's (RocketMQ's %DLQ%group, per topic)."""
     return f"{SYSTEM_PREFIX}DLQ%{consumer_group}%{topic}"
+
+
+def dead_letter_parts(topic: str) -> tuple[str, str] | None:
+    """(consumer group, topic) of a dead-letter topic's name, else None. Within a namespace both are NS%name, as
+    RocketMQ's clients wrap them: %DLQ%NS%group%NS%topic."""
+    if not topic.startswith(_DEAD_LETTERS):
+        return None
+    parts = topic[len(_DEAD_LETTERS):].split("%")
+    if len(parts) == 4 and parts[0] == parts[2]:
+        return f"{parts[0]}%{parts[1]}", f"{parts[2]}%{parts[3]}"
+    group, separator, base = topic[len(_DEAD_LETTERS):].partition("%")
+    return (group, base) if separator and group and base else None
 
 
 KV_PREFIX = SYSTEM_PREFIX + "KV%"
@@ -171,6 +186,52 @@ def bucket_topic(bucket: str) -> str:
     """The topic a KV bucket is kept as in the metadata: its shards are the topic's queues, placed and routed as
     queues are."""
     return KV_PREFIX + bucket
+
+
+# ---- namespaces --------------------------------------------------------------------------------------------------
+# A namespace scopes topics, consumer groups and KV buckets: within namespace NS, `orders` is stored as `NS%orders`,
+# as RocketMQ's clients wrap a resource (NamespaceUtil), so that 4.x remoting clients that prefix `NS%` themselves
+# meet the same names. A system name wraps the names it is made of. The default namespace ("") keeps names as they are.
+NAMESPACE_SEPARATOR = "%"
+_WRAPPING = (RETRY_PREFIX, SYSTEM_PREFIX + "TIMER%", SYSTEM_PREFIX + "HALF%", KV_PREFIX)  # + one name each
+
+
+def check_namespace(namespace: str) -> str:
+    """A namespace: "" (the default), or a plain name without the separator."""
+    if namespace and (NAMESPACE_SEPARATOR in namespace or namespace.startswith(SYSTEM_PREFIX)):
+        raise RocketError(Code.BAD_REQUEST, f"namespace {namespace!r} may not contain {NAMESPACE_SEPARATOR!r}")
+    return check_name("namespace", namespace, limits.namespace_bytes_max) if namespace else namespace
+
+
+def in_namespace(namespace: str, name: str) -> str:
+    """name as it is stored within namespace: NAMESPACE%name (already so: unchanged); %RETRY%NAMESPACE%group,
+    %DLQ%NAMESPACE%group%NAMESPACE%topic for system names."""
+    if not namespace or not name:
+        return name
+    parts = dead_letter_parts(name)
+    if parts is not None:
+        return dead_letter_topic(in_namespace(namespace, parts[0]), in_namespace(namespace, parts[1]))
+    for prefix in _WRAPPING:
+        if name.startswith(prefix):
+            return prefix + in_namespace(namespace, name[len(prefix):])
+    wrapped = namespace + NAMESPACE_SEPARATOR
+    return name if name.startswith(wrapped) else wrapped + name
+
+
+def outside_namespace(namespace: str, name: str) -> str | None:
+    """name as it is seen within namespace (in_namespace undone), or None for a name of another namespace."""
+    if not namespace:
+        return name
+    wrapped = namespace + NAMESPACE_SEPARATOR
+    parts = dead_letter_parts(name)
+    if parts is not None:
+        group, topic = (outside_namespace(namespace, part) for part in parts)
+        return dead_letter_topic(group, topic) if group is not None and topic is not None else None
+    for prefix in _WRAPPING:
+        if name.startswith(prefix):
+            inner = outside_namespace(namespace, name[len(prefix):])
+            return None if inner is None else prefix + inner
+    return name[len(wrapped):] if name.startswith(wrapped) else None
 
 
 def hash_tag(key: str) -> str:

@@ -9,6 +9,7 @@ import collections
 from collections.abc import Callable, Iterable
 
 from rocket import limits
+from rocket.access import in_namespace
 from rocket.errors import Code, RocketError
 
 RATES = ("produce_bytes_per_s", "consume_bytes_per_s", "requests_per_s")
@@ -16,18 +17,21 @@ ANY_USER = "user:*"
 
 
 def check_entity(entity: str) -> str:
-    """`user:NAME`, `user:*` or `topic:NAME`.
+    """`user:NAME`, `user:*`, `topic:NAME` or `namespace:NS` (`namespace:NS/topic:NAME` is topic:NS%NAME).
 
     Quotas live in the metadata beside users and policies (roles/nameserver/metadata.py), one per entity: `user:NAME`
     is that user's; `user:*` every user's that has none of its own (the most specific entity wins whole, as in
     Kafka: a `user:NAME` quota replaces `user:*`, it does not merge with it field by field); `topic:NAME` every
-    client's calls on that topic, together (one bucket per topic, shared by all its clients). Each sets RATES; 0
-    means unlimited. Nodes get them with the users and policies (MetaAclState)."""
+    client's calls on that topic, together (one bucket per topic, shared by all its clients); `namespace:NS` every
+    client's calls on the topics of namespace NS, together. Each sets RATES; 0 means unlimited. Nodes get them with
+    the users and policies (MetaAclState)."""
+    if "/" in entity:
+        entity = in_namespace(entity, "quota entity")
     kind, _, name = entity.partition(":")
-    if kind not in ("user", "topic") or not name or (kind == "topic" and name == "*") or len(name) > 255 \
-            or any(c.isspace() for c in name):
+    if kind not in ("user", "topic", "namespace") or not name or (kind != "user" and name == "*") \
+            or (kind == "namespace" and "%" in name) or len(name) > 255 or any(c.isspace() for c in name):
         raise RocketError(Code.BAD_REQUEST, f"quota entity {entity!r}: expected user:NAME, user:* (every user "
-                          "without a quota of its own) or topic:NAME")
+                          "without a quota of its own), topic:NAME or namespace:NS")
     return entity
 
 
@@ -111,6 +115,11 @@ class Quotas:
             quota = entities.get(f"topic:{topic}")
             if quota is not None:
                 throttle = max(throttle, self._take(f"topic:{topic}", quota, produced, consumed, requests, now))
+            namespace, separator, _ = topic.partition("%")  # within namespace NS a topic is NS%name
+            quota = entities.get(f"namespace:{namespace}") if separator and namespace else None
+            if quota is not None:
+                owner = f"namespace:{namespace}"
+                throttle = max(throttle, self._take(owner, quota, produced, consumed, requests, now))
         self._expire(now)
         if throttle > 0:
             throttle = min(throttle, limits.quota_throttle_s_max)

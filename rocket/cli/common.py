@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
 from rocket.client import parse_start
-from rocket.client.connection import DEFAULT_SERVERS, default_tls
+from rocket.client.connection import DEFAULT_SERVERS, default_namespace, default_tls
 from rocket.errors import Code, RocketError, collapse_single_error, leaf_exceptions
-from rocket.model import Message
+from rocket.model import Message, check_namespace
 
 out = Console()
 err = Console(stderr=True)
@@ -38,6 +38,10 @@ Tls = Annotated[bool, typer.Option(
 TlsCa = Annotated[Optional[Path], typer.Option(
     "--tls-ca", envvar="ROCKET_TLS_CA", dir_okay=False,
     help="CA bundle (PEM) the server's certificate must verify against; implies --tls.")]
+Namespace = Annotated[str, typer.Option(
+    "--namespace", envvar="ROCKET_NAMESPACE", show_default="the default namespace",
+    help="The namespace of the topics, consumer groups and KV buckets named: NS%name on the wire, as RocketMQ's "
+         "clients wrap a namespace.")]
 
 _display_type_rich = typer.core.TyperOption.display_type_rich
 
@@ -100,13 +104,18 @@ def wrong_port_hint(error: RocketError, transport: str) -> str:
 
 def runs_client(function):
     """Run an async command body under trio: a rocket error becomes one clear line and exit 1, Ctrl-C exit 130.
-    A command that takes --server also gets --tls and --tls-ca: what connect() uses when not told otherwise."""
+    A command that takes --server also gets --tls, --tls-ca and --namespace: what connect() uses when not told
+    otherwise."""
 
     @functools.wraps(function)
-    def wrapper(*args, tls: bool = False, tls_ca: Path | None = None, **kwargs):
+    def wrapper(*args, tls: bool = False, tls_ca: Path | None = None, namespace: str = "", **kwargs):
         if tls_ca is not None and not tls_ca.is_file():
             usage_error(f"--tls-ca {tls_ca}: no such file")
         default_tls.set(tls_ca if tls_ca is not None else tls)  # trio.run's tasks start in a copy of this context
+        try:
+            default_namespace.set(check_namespace(namespace))
+        except RocketError as error:
+            usage_error(f"--namespace: {error.message}")
         try:
             with collapse_single_error():
                 return trio.run(functools.partial(function, *args, **kwargs))
@@ -130,14 +139,15 @@ def runs_client(function):
     signature = inspect.signature(function, eval_str=True)
     if "server" in signature.parameters:  # a client command: it connects, so it may connect over TLS
         added = [inspect.Parameter("tls", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Tls),
-                 inspect.Parameter("tls_ca", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TlsCa)]
+                 inspect.Parameter("tls_ca", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TlsCa),
+                 inspect.Parameter("namespace", inspect.Parameter.KEYWORD_ONLY, default="", annotation=Namespace)]
         parameters = [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY) if parameter.kind in (
             inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY) else parameter
             for parameter in signature.parameters.values()]
         # The wrapper is a plain function, whose __signature__ typer reads; the functools stubs do not declare it.
         cast(Any, wrapper).__signature__ = signature.replace(parameters=parameters + added)
         wrapper.__annotations__ = {**{name: parameter.annotation for name, parameter in signature.parameters.items()},
-                                   "tls": Tls, "tls_ca": TlsCa}
+                                   "tls": Tls, "tls_ca": TlsCa, "namespace": Namespace}
     return wrapper
 
 

@@ -12,4 +12,4 @@ from rocket.client.transaction import Outcome, Transaction, TransactionProducer,
 
 __all__ = ["Admin", "Consumer", "Outcome", "Producer", "PushConsumer", "Receipt", "SimpleConsumer", "Transaction",
            "TransactionProducer", "connect", "open_consumer", "open_producer", "open_transaction_producer",
-           "parse_start", "admin", "bench", "connection", "kv"]
+           "parse_start", "admin", "bench", "connection", "kv", "namespaced"]

@@ -16,6 +16,7 @@ import trio
 from rocket import limits
 from rocket.access import Credentials
 from rocket.client.credentials import hello_of, load_credentials
+from rocket.client.namespaced import NamespacedChannel
 from rocket.config import ConfigError, parse_address
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.model import Address
@@ -103,17 +104,31 @@ default_tls: contextvars.ContextVar[ssl.SSLContext | str | Path | bool | None] =
     "default_tls", default=None)
 
 
+# The namespace a connect() without namespace= works in: the CLI sets it from --namespace (ROCKET_NAMESPACE).
+default_namespace: contextvars.ContextVar[str] = contextvars.ContextVar("default_namespace", default="")
+
+
 @asynccontextmanager
 async def connect(server: str | None = None, transport: str = "tcp", serde: str = "lane",
                   discover: bool = False, credentials: Credentials | None = None,
                   tls: ssl.SSLContext | str | Path | bool | None = None,
-                  tls_server_name: str | None = None) -> AsyncIterator[Channel]:
+                  tls_server_name: str | None = None, namespace: str | None = None) -> AsyncIterator[Channel]:
     """Yield a Channel (call(method, message) and stream(method, message)). server is HOST:PORT,
     or (over TCP) several of them separated by commas. Each connection signs in with the credentials, else those
     of the environment or the credentials file (client/credentials.py), if any. tls: an ssl.SSLContext, a CA
     bundle's path, or True (the system's CAs): the server's certificate must verify, and name the host connected to
     (or tls_server_name). Without tls, default_tls's. Over TCP the channel is a FailoverChannel; with discover, it
-    also asks the cluster for its brokers and uses all of them."""
+    also asks the cluster for its brokers and uses all of them. namespace (else default_namespace's): the topics,
+    consumer groups and KV buckets the channel names are that namespace's (client/namespaced.py)."""
+    namespace = default_namespace.get() if namespace is None else namespace
+    async with _connect(server, transport, serde, discover, credentials, tls, tls_server_name) as channel:
+        yield NamespacedChannel(channel, namespace) if namespace else channel
+
+
+@asynccontextmanager
+async def _connect(server: str | None, transport: str, serde: str, discover: bool, credentials: Credentials | None,
+                   tls: ssl.SSLContext | str | Path | bool | None, tls_server_name: str | None
+                   ) -> AsyncIterator[Channel]:
     if transport not in TRANSPORTS:
         raise RocketError(Code.BAD_REQUEST, f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
     serde_named(serde)

@@ -29,6 +29,7 @@ read_batch_overhead_bytes = 64
 pull_wait_ms_max = 60_000  # longest long-poll a client may ask for
 queues_per_topic_max = 1024  # dev-mode topics; cluster topics spread queues over groups
 topic_name_bytes_max = 249  # Kafka's limit; names become file and key prefixes
+namespace_bytes_max = 64  # a namespace prefixes every name in it: NAMESPACE%topic must still fit a topic's limit
 group_name_bytes_max = 249  # consumer group names become key prefixes too
 topics_max = 100_000  # metadata held in memory by the nameserver
 # A deleted topic's groups refuse appends to its name (a produce that raced the delete) until it is made again, or

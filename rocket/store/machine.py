@@ -11,7 +11,7 @@ from typing import Protocol
 import orjson
 
 from rocket.errors import Code, RocketError, invariant
-from rocket.model import SYSTEM_PREFIX, dead_letter_topic, half_topic, timer_topic
+from rocket.model import SYSTEM_PREFIX, dead_letter_parts, dead_letter_topic, half_topic, timer_topic
 from rocket.serde import batch as batch_codec
 from rocket.store import commands, manifest, pop
 from rocket.store.producers import Producers
@@ -22,7 +22,6 @@ from rocket.store.pop import PopChange, PopQueue
 from rocket.store.values import HALF_PREFIX, IndexEntry, QueueStats, Timer
 
 NEVER_MS = 2**63 - 1  # the delivery time of no timer
-DEAD_LETTERS = dead_letter_topic("", "")[:-1]  # every dead-letter topic's name starts with it
 
 
 @dataclasses.dataclass(slots=True)
@@ -274,8 +273,7 @@ class StorageMachine:
             gone_pops = [key for key in self.pops if key[:2] == (consumer_group, topic) and key[2] in queues]
 
         def leaves(name: str) -> bool:  # a dead-letter topic's name is its consumer group's and its topic's
-            return name in names or command.op == "topic" and name.startswith(DEAD_LETTERS) and \
-                name[len(DEAD_LETTERS):].partition("%")[2] == topic
+            return name in names or command.op == "topic" and (dead_letter_parts(name) or ("", ""))[1] == topic
         places = [(name, queue) for (name, queue), stats in self.queues.items()
                   if queue in queues and stats.group == group and leaves(name)]
         for place in places:

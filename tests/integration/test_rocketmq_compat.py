@@ -562,12 +562,17 @@ def test_malformed_frames_and_unknown_methods_get_grpc_statuses(rocket_server):
     assert answer["grpc-status"] == "0" and answer["content-type"] == "application/grpc"
 
 
-def test_namespaces_are_refused_and_authorization_headers_are_ignored_with_auth_off(rocket_server):
-    """A namespace is refused by name (rocket has no tenants yet), an empty one is fine; with auth off (dev mode) the
-    authorization header is not looked at, whatever its form (test_auth.py checks it with auth on)."""
+def test_namespaces_are_checked_and_authorization_headers_are_ignored_with_auth_off(rocket_server):
+    """A namespace is taken (test_namespaces.py uses one), one that is not a plain name refused by name, an empty one
+    is fine; with auth off (dev mode) the authorization header is not looked at, whatever its form (test_auth.py
+    checks it with auth on)."""
     port = rocket_server.http2_port
-    refused = grpc_exchange(port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00", [("x-mq-namespace", "tenant-a")])
-    assert refused["grpc-status"] == "12" and "namespace" in refused["grpc-message"]
+    assert grpc_exchange(port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00",
+                         [("x-mq-namespace", "tenant-a")])["grpc-status"] == "0"
+    heartbeat = b"\x0a\x03\x12\x01g"  # HeartbeatRequest{group: Resource{name: "g"}}
+    refused = grpc_exchange(port, SERVICE_PATH + "Heartbeat", b"\0" + len(heartbeat).to_bytes(4, "big") + heartbeat,
+                            [("x-mq-namespace", "a%b")])
+    assert refused["grpc-status"] != "0" and "namespace" in refused["grpc-message"]
     assert grpc_exchange(port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00", [("x-mq-namespace", "")])["grpc-status"] == "0"
     for header in ("Bearer abc", "MQv2-HMAC-SHA1 Credential=ak, SignedHeaders=x-mq-date-time, Signature=0a1B2c"):
         answer = grpc_exchange(port, SERVICE_PATH + "Heartbeat", b"\0\0\0\0\x00", [("authorization", header)])

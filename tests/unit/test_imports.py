@@ -21,7 +21,7 @@ ALLOWED = {
     "serde": {"errors", "limits", "model"},
     "config": {"errors", "limits", "model"},
     "access": {"errors", "limits"},
-    "quotas": {"errors", "limits"},
+    "quotas": {"errors", "limits", "access"},  # a quota may name a namespace as a policy does
     "parked": {"errors"},
     "disk": BASE,
     "ml": BASE,

@@ -14,6 +14,7 @@ from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import RocketError
 from rocket.gateway.rocketmq.bridge import Bridge
+from rocket.gateway.rocketmq.namespace import into_namespace, out_of_namespace
 from rocket.gateway.rocketmq.protocol import MESSAGE_TYPE_OF, SERVICE, load_protocol
 from rocket.gateway.rocketmq.pulling import Pulling
 from rocket.gateway.rocketmq.receiving import Receiving
@@ -88,9 +89,6 @@ class RocketMQProxy:
 
     def _checked(self, handler: Callable[[GrpcCall], Awaitable[None]]) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
-            if call.headers.get("x-mq-namespace"):
-                raise GrpcError(GrpcStatus.UNIMPLEMENTED, "namespaces are not supported by rocket yet: "
-                                "leave the client's namespace empty")
             access = self.dispatcher.guard.access
             if access is not None:  # with auth on: a valid signature names the user (checked per call, as apache's)
                 try:
@@ -104,11 +102,16 @@ class RocketMQProxy:
         async def handle(call: GrpcCall) -> None:
             data = await call.receive_one()
             request = self.bridge.parse(request_type, data)
+            namespace = call.headers.get("x-mq-namespace", "")
+            if namespace:
+                into_namespace(request, namespace)
             metering = self.dispatcher.metering
             charged = metering.charged(call.caller)
             if charged:  # client quotas: held while throttled (RocketMQ's answers have no throttle time to tell)
                 await metering.held(call.caller)
             response = await method(request, call)
+            if namespace:
+                out_of_namespace(response, namespace)
             encoded = response.SerializeToString()
             if charged:
                 produced = len(data) if name == "SendMessage" else 0
@@ -119,12 +122,17 @@ class RocketMQProxy:
     def _server_stream(self, name: str, request_type, method) -> GrpcHandler:
         async def handle(call: GrpcCall) -> None:
             request = self.bridge.parse(request_type, await call.receive_one())
+            namespace = call.headers.get("x-mq-namespace", "")
+            if namespace:
+                into_namespace(request, namespace)
             metering = self.dispatcher.metering
             charged = metering.charged(call.caller)
             if charged:
                 await metering.held(call.caller)
                 metering.charge(call.caller, _topic_of(name, request), user=call.user)
             async for response in method(request, call):
+                if namespace:
+                    out_of_namespace(response, namespace)
                 encoded = response.SerializeToString()
                 await call.send(encoded)
                 if charged:  # ReceiveMessage, PullMessage: consumed bytes, held message by message

@@ -12,6 +12,7 @@ import trio
 from rocket import limits
 from rocket.errors import RocketError
 from rocket.gateway.rocketmq.bridge import Bridge
+from rocket.gateway.rocketmq.namespace import into_namespace, out_of_namespace
 from rocket.serde import avro_codec
 from rocket.serde import batch as batch_codec
 from rocket.transport.h2_server import GrpcCall
@@ -29,8 +30,11 @@ class Telemetry:
         transaction topics (those its settings list) have their due check-backs forwarded to it as
         RecoverOrphanedTransactionCommands; it answers with EndTransaction calls."""
         sending = trio.Lock()  # commands from several tasks go out whole, one after another
+        namespace = call.headers.get("x-mq-namespace", "")
 
         async def send(command) -> None:
+            if namespace:
+                out_of_namespace(command, namespace)
             async with sending:
                 await call.send(command.SerializeToString())
 
@@ -38,6 +42,8 @@ class Telemetry:
         async with trio.open_nursery() as nursery:
             while (data := await call.receive()) is not None:
                 command = self.bridge.parse(self.bridge.service.TelemetryCommand, data)
+                if namespace:
+                    into_namespace(command, namespace)
                 if command.WhichOneof("command") != "settings":
                     continue  # the client's answers to checks come as EndTransaction calls, not here
                 await send(self.bridge.service.TelemetryCommand(status=self.bridge.status(),

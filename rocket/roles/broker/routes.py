@@ -15,7 +15,7 @@ import trio
 from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import Code, RocketError
-from rocket.model import (KV_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, Address, TopicSpec, dead_letter_topic, timer_topic,
+from rocket.model import (KV_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, Address, TopicSpec, dead_letter_parts, timer_topic,
                           unresolved_topic)
 from rocket.parked import Deadlines, Slot, Unparked
 from rocket.roles.peers import RETRYABLE, Peers
@@ -37,7 +37,6 @@ class Route:
 # What a forwarded call left unanswered past its deadline meets (_sweep_forwarded): unlike a TIMEOUT the storage node
 # answered, it marks the node silent.
 _UNANSWERED = RocketError(Code.TIMEOUT, f"a storage node did not answer within {limits.storage_call_s_max} s")
-DEAD_LETTER_PREFIX = dead_letter_topic("", "")[:-1]  # "%DLQ%"
 UNRESOLVED_PREFIX = unresolved_topic("")
 TIMER_PREFIX = timer_topic("")  # a delay topic's waiting messages, read by their timer id (rocket message get)
 
@@ -49,10 +48,9 @@ def _system_base(topic: str) -> str:
         return topic[len(UNRESOLVED_PREFIX):]
     if topic.startswith(TIMER_PREFIX):
         return topic[len(TIMER_PREFIX):]
-    if topic.startswith(DEAD_LETTER_PREFIX):
-        consumer_group, _, base = topic[len(DEAD_LETTER_PREFIX):].partition("%")
-        if dead_letter_topic(consumer_group, base) == topic:
-            return base
+    parts = dead_letter_parts(topic)
+    if parts is not None:
+        return parts[1]
     raise RocketError(Code.UNKNOWN_TOPIC, f"{topic!r} is not a topic, nor the dead letters (%DLQ%GROUP%TOPIC) or "
                       "unresolved transactions (%TXN_UNRESOLVED%TOPIC) of one")
 

@@ -92,7 +92,8 @@ class AclAdmin:
         return await self.meta.on_leader("AclRevoke", request, self._revoke_here)
 
     async def _revoke_here(self, request: AclPolicy) -> Empty:
-        await self.meta.propose({"op": "revoke", "user": request.user, "resource": request.resource,
+        await self.meta.propose({"op": "revoke", "user": request.user, "resource": access.in_namespace(
+            request.resource, "resource"),
                                  "effect": request.effect})
         log.info("revoked: %s's policies on %s", request.user, request.resource)
         return Empty()
