@@ -2,7 +2,8 @@
 two storage nodes, a broker; a class of two replicas and three groups; topic "orders" on it), one writer per queue
 producing through the broker all along, and --cycles times: kill -9 the storage node that masters the most groups,
 measure until every writer is acknowledged again, restart the node and wait until both replicas are in every group's
-sync state set. At the end every acknowledged message is consumed and checked (tests/integration/test_cluster.py's
+sync state set; then --handovers times, each group's mastership handed over to its other replica (rocket cluster
+handover), each measured by its writer's longest wait for an acknowledgement. At the end every acknowledged message is consumed and checked (tests/integration/test_cluster.py's
 verify_acknowledged: at its offset, intact, in order); duplicates from resends are counted.
 
 A cycle's failover time runs from the kill to the acknowledgement of each writer's first batch sent after it, for its
@@ -11,8 +12,8 @@ epoch N" line, in the nameserver leader's log), promotion (-> the survivor serve
 every 50 ms) and the broker (-> the writers' acknowledgements). Prints one line per cycle and the totals; writes
 benchmarks/results/controller-failover.json. Node logs stay in the run's directory with --keep-data (or on failure).
 
-    PYTHONPATH=. python benchmarks/controller_failover.py [--cycles 50] [--queues 3] [--pause-s 1] [--data-parent /tmp]
-        [--keep-data] [--out benchmarks/results/controller-failover.json]
+    PYTHONPATH=. python benchmarks/controller_failover.py [--cycles 50] [--handovers 0] [--queues 3] [--pause-s 1]
+        [--data-parent /tmp] [--keep-data] [--out benchmarks/results/controller-failover.json]
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from rocket import limits  # noqa: E402
 from rocket.client import Admin, connect  # noqa: E402
 from rocket.client.bench import percentile  # noqa: E402
 from tests.integration.controller_cluster import (  # noqa: E402
-    BROKER, GROUPS, ControllerCluster, Failover, create_topic, kill_busiest_master, log_times)
+    BROKER, GROUPS, ControllerCluster, Failover, create_topic, hand_over_each, kill_busiest_master, log_times)
 from tests.integration.test_cluster import BATCH, Writers, verify_acknowledged  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "controller-failover.json"
@@ -94,6 +95,7 @@ async def soak(args: argparse.Namespace, base: Path) -> dict:
     cluster = ControllerCluster(base)
     started = time.monotonic()
     rows: list[dict] = []
+    stalls: list[float] = []
     aborted = None
     try:
         await cluster.start()
@@ -114,6 +116,12 @@ async def soak(args: argparse.Namespace, base: Path) -> dict:
                         record = await kill_busiest_master(cluster, writers, admin, queues, queue_groups)
                         rows.append(cycle_row(number, record, elections_logged(cluster, record)))
                         print_cycle(rows[-1])
+                        await trio.sleep(args.pause_s)
+                    for number in range(1, args.handovers + 1):
+                        stalls.extend(round(stall, 3) for stall in await hand_over_each(writers, admin, queues,
+                                                                                        queue_groups))
+                        print(f"handovers {number}: writers' longest waits {stalls[-len(set(queue_groups)):]} s",
+                              flush=True)
                         await trio.sleep(args.pause_s)
                 except AssertionError as error:
                     aborted = str(error)
@@ -136,7 +144,7 @@ async def soak(args: argparse.Namespace, base: Path) -> dict:
         cluster.kill()
     acknowledged = len({seq for ack in writers.acks for seq in ack.seqs})
     return {
-        "rows": rows, "aborted": aborted, "died": died, "failure": failure, "writing_s": round(writing_s, 1),
+        "rows": rows, "handover_stalls_s": stalls, "aborted": aborted, "died": died, "failure": failure, "writing_s": round(writing_s, 1),
         "acknowledged": acknowledged, "batches": len(writers.acks), "lost": lost,
         "consumed": checked["consumed"] if checked else None,
         "duplicated": checked["duplicates"] if checked else None,
@@ -156,6 +164,7 @@ def report(args: argparse.Namespace, outcome: dict) -> dict:
         "broker_s": spread([row["broker_s"] for row in rows]),
         "restart_ready_s": spread([row["restart_ready_s"] for row in rows]),
         "in_sync_s": spread([row["in_sync_s"] for row in rows]),
+        "handover_stall_s": spread(outcome["handover_stalls_s"]),
     }
     return {
         "benchmark": "controller_failover", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -172,6 +181,8 @@ def report(args: argparse.Namespace, outcome: dict) -> dict:
             "promotion_s": "kill -> the survivor serves a leader-only StorageRead, last group (polled every 50 ms)",
             "broker_s": "promotion -> the cycle's failover (the broker's retries finding the new master)",
             "in_sync_s": "restarted node ready -> both replicas in every group's sync state set (polled)",
+            "handover_stall_s": "a handover's writer: its longest wait between acknowledgements, from the handover's "
+                                "call to 1 s after a batch sent after it was acknowledged",
             "percentiles": "nearest rank over the cycles (with 50 cycles, p99 is the maximum)"},
         "figures": figures, **outcome, "cycles": rows}
 
@@ -179,14 +190,15 @@ def report(args: argparse.Namespace, outcome: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=50)
+    parser.add_argument("--handovers", type=int, default=0, help="rounds of handing every group over, after the kills")
     parser.add_argument("--queues", type=int, default=GROUPS, help="queues of the topic, one writer each")
     parser.add_argument("--pause-s", type=float, default=1.0, help="between a node back in sync and the next kill")
     parser.add_argument("--data-parent", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--keep-data", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    if args.cycles < 1 or args.queues < 1:
-        parser.error("--cycles and --queues must be at least 1")
+    if args.cycles < 0 or args.handovers < 0 or args.cycles + args.handovers < 1 or args.queues < 1:
+        parser.error("--cycles and --handovers must not be negative, one of them positive, and --queues at least 1")
     base = Path(tempfile.mkdtemp(prefix="controller-failover-", dir=args.data_parent))
     outcome = trio.run(soak, args, base)
     result = report(args, outcome)
@@ -198,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{figures['failover_s'].get('p99')} s, max {figures['failover_s'].get('max')} s (detection p50 "
           f"{figures['detection_s'].get('p50')} s, promotion p50 {figures['promotion_s'].get('p50')} s, broker p50 "
           f"{figures['broker_s'].get('p50')} s); back in sync p50 {figures['in_sync_s'].get('p50')} s, max "
-          f"{figures['in_sync_s'].get('max')} s; acknowledged {result['acknowledged']} messages, lost "
+          f"{figures['in_sync_s'].get('max')} s; handover stall p50 {figures['handover_stall_s'].get('p50')} s, p99 "
+          f"{figures['handover_stall_s'].get('p99')} s; acknowledged {result['acknowledged']} messages, lost "
           f"{result['lost']}, duplicated {result['duplicated']}; writer errors {result['writer_errors']}; wall "
           f"{result['wall_s']} s; {args.out}", flush=True)
     if not ok:

@@ -326,19 +326,23 @@ class CommitLog:
 
     def delete_before(self, position: int) -> int:
         """Delete the sealed segments that end at or before position; returns how many. The caller
-        syncs first: what replaces those records must be durable before they go."""
-        removed = 0
+        syncs first: what replaces those records must be durable before they go. The files are unlinked after the
+        bookkeeping lock is let go, so that appends and syncs in other threads do not wait for a file system that
+        takes its time freeing a big file (a worker thread calls it: roles/storage/reclaim.py)."""
+        gone = []
         with self._bookkeeping:
             while len(self._starts) > 1 and self._starts[1] <= position:
                 start = self._starts.pop(0)
                 reader = self._readers.pop(start, None)
                 if reader is not None:
                     os.close(reader)
-                self._path(start).unlink()
-                removed += 1
-            if removed:
+                gone.append(self._path(start))
+        for path in gone:
+            path.unlink()
+        if gone:
+            with self._bookkeeping:
                 self._directory_dirty = True
-        return removed
+        return len(gone)
 
     def sync(self) -> int:
         """Make everything appended before the call durable (segment data and new file names), and

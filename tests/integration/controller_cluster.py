@@ -1,7 +1,8 @@
 """A controller-mode (RIP-44) cluster of separate `rocket run` processes: three nameservers (the controller), two
-storage nodes and a broker, writers producing through the broker, and the kill -9 of the busiest master measured until
-every writer is acknowledged again. Shared by tests/integration/test_controller_mode.py and
-benchmarks/controller_failover.py; the processes and writers are tests/integration/test_cluster.py's.
+storage nodes and a broker, writers producing through the broker, the kill -9 of the busiest master measured until
+every writer is acknowledged again, and handovers measured by the writers' stalls. Shared by
+tests/integration/test_controller_mode.py and benchmarks/controller_failover.py; the processes and writers are
+tests/integration/test_cluster.py's.
 """
 
 from __future__ import annotations
@@ -268,3 +269,25 @@ async def kill_busiest_master(cluster: ControllerCluster, writers: Writers, admi
     await wait_in_sync(admin)
     record.in_sync_s = trio.current_time() - restarted_at - record.ready_s
     return record
+
+
+async def hand_over_each(writers: Writers, admin: Admin, queues: list[int], queue_groups: list[int]) -> list[float]:
+    """Each group's mastership handed over to its other replica under load (the other replica is in its SyncStateSet):
+    the target is master at the next epoch, and its writer is acknowledged again; returns each writer's stall: the
+    longest gap between its acknowledgements from the handover's call to 1 s after its writer was acknowledged again."""
+    stalls = []
+    for group in (await wait_in_sync(admin))["groups"]:
+        target = next(node for node in STORAGE if node != group["master"])
+        writer = next(queue for queue in queues if queue_groups[queue] == group["id"])
+        called = trio.current_time()
+        handed = await admin.handover(group["id"], target)
+        assert (handed["master"], handed["master_epoch"]) == (target, group["master_epoch"] + 1), handed
+        answered = trio.current_time()
+        with trio.fail_after(FAILOVER_WAIT_S_MAX):  # a batch sent after the handover is acknowledged
+            while not any(ack.queue == writer and ack.sent_at > answered for ack in writers.acks):
+                await trio.sleep(0.05)
+        await trio.sleep(1)
+        times = [called] + [ack.at for ack in writers.acks if ack.queue == writer and ack.at > called]
+        stalls.append(max(later - earlier for earlier, later in zip(times, times[1:])))
+        await wait_in_sync(admin)  # the old master a slave in the SyncStateSet again, before the next
+    return stalls

@@ -28,8 +28,8 @@ from rocket.client import Admin, Consumer, connect
 from rocket.errors import Code, RocketError
 from rocket.serde import batch as batch_codec
 from tests.integration.controller_cluster import (
-    BROKER, STORAGE, ControllerCluster, create_topic, described, epochs, in_sync, kill_busiest_master,
-    log_times, wait_in_sync)
+    BROKER, STORAGE, ControllerCluster, create_topic, described, epochs, hand_over_each, in_sync,
+    kill_busiest_master, log_times, wait_in_sync)
 from tests.integration.test_cluster import SEQ_SPAN, Ack, Writers, check_intact, cluster_status, make_message, \
     verify_acknowledged
 
@@ -66,25 +66,6 @@ async def wait_writers(writers: Writers, queues: list[int], since: float, what: 
         return max(first.values()) - since
     raise AssertionError(f"{what}: writers of queues {sorted(set(queues) - set(first))} not acknowledged within "
                          f"{RESUME_WAIT_S_MAX} s; writer errors {dict(writers.errors)}")
-
-
-async def hand_over_each(writers: Writers, admin: Admin, queues: list[int], queue_groups: list[int]) -> list[float]:
-    """Each group's mastership handed over to its other replica under load (the other replica is in its SyncStateSet):
-    the target is master at the next epoch, and its writer is acknowledged again; returns each writer's stall: the
-    longest gap between its acknowledgements from the handover's call to 1 s after its writer was acknowledged again."""
-    stalls = []
-    for group in (await wait_in_sync(admin))["groups"]:
-        target = next(node for node in STORAGE if node != group["master"])
-        writer = next(queue for queue in queues if queue_groups[queue] == group["id"])
-        called = trio.current_time()
-        handed = await admin.handover(group["id"], target)
-        assert (handed["master"], handed["master_epoch"]) == (target, group["master_epoch"] + 1), handed
-        await wait_writers(writers, [writer], trio.current_time(), f"handover of group {group['id']}")
-        await trio.sleep(1)
-        times = [called] + [ack.at for ack in writers.acks if ack.queue == writer and ack.at > called]
-        stalls.append(max(later - earlier for earlier, later in zip(times, times[1:])))
-        await wait_in_sync(admin)  # the old master a slave in the SyncStateSet again, before the next
-    return stalls
 
 
 async def drain_masters_off(admin: Admin) -> float:

@@ -1,6 +1,7 @@
 """Deleting topics and consumer groups on a real `rocket run`: a node killed -9 in the middle of a delete finishes it
 after a restart, leaving nothing of the topic in its index or in the object store (moto's S3 server); a produce that
-races the delete is refused with UNKNOWN_TOPIC and never stored; a topic made again starts empty."""
+races the delete is refused with UNKNOWN_TOPIC and never stored; a topic made again starts empty. And creates sent
+again with their request id get their first answer."""
 
 from __future__ import annotations
 
@@ -127,3 +128,23 @@ async def test_a_produce_racing_the_delete_is_refused_never_stored(server_proces
         await Admin(channel).create_topic("orders", QUEUES)
         _, queues = await Admin(channel).describe_topic("orders")
     assert [info["next_offset"] for info in queues] == [0] * QUEUES
+
+
+async def test_a_create_sent_again_gets_its_first_answer(server_process, tmp_path):
+    """A CreateTopic or CreateStorageClass whose answer was lost, sent again with its request id, gets the first
+    answer (as the client's failover resends it); another create of the name is TOPIC_EXISTS as before."""
+    node = server_process(tmp_path / "data").start()
+    async with connect(node.server) as channel:
+        create = {"topic": "orders", "queues": 2, "message_type": "normal", "storage_class": "raft",
+                  "retention_s": 3600, "local_retention_s": -1, "request_id": "r-1"}
+        first = await channel.call("CreateTopic", create)
+        assert await channel.call("CreateTopic", create) == first
+        assert first["retention_s"] == 3600
+        with pytest.raises(RocketError) as exists:
+            await channel.call("CreateTopic", {**create, "request_id": "r-2"})
+        assert exists.value.code == Code.TOPIC_EXISTS
+        storage_class = {"name": "single", "mode": "raft", "replicas": 1, "groups": 1, "request_id": "c-1"}
+        made = await channel.call("CreateStorageClass", storage_class)
+        assert (await channel.call("CreateStorageClass", storage_class))["name"] == made["name"] == "single"
+        with pytest.raises(RocketError):
+            await channel.call("CreateStorageClass", {**storage_class, "request_id": "c-2"})

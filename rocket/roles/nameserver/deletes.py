@@ -41,6 +41,7 @@ class TopicDeletes:
         self.meta = meta
         self.clock = clock
         self.leaders = leaders  # storage group -> the node that last reported leading it
+        self._finishing: set[str] = set()  # deletes whose drops run now (one run each, not the call's and the loop's)
 
     async def delete_topic(self, request: DeleteTopicRequest) -> Empty:
         check_user_topic_name(request.topic)
@@ -56,12 +57,24 @@ class TopicDeletes:
         return Empty()
 
     async def _finish(self, name: str) -> None:
+        """Drop the topic from each of its groups, then free its name: one run at a time per topic, each drop sent
+        only while this node leads and the topic is still being deleted (a deposed leader's late drop could
+        otherwise reach a topic made again)."""
+        while name in self._finishing:  # the call and finish_forever both come: the second waits for the first
+            await trio.sleep(limits.leader_poll_s)
         spec = self.meta.metadata.deleting.get(name)
         if spec is None:
             return
-        for group, queues in queues_by_group(spec).items():
-            await self._drop(group, {"group": group, "op": "topic", "topic": name, "queues": queues})
-        await self.meta.propose({"op": "topic_dropped", "name": name, "dropped_ms": self.clock.wall_ms()})
+        self._finishing.add(name)
+        try:
+            for group, queues in queues_by_group(spec).items():
+                if name not in self.meta.metadata.deleting or not self.meta.leads():
+                    raise RocketError(Code.UNAVAILABLE, f"topic {name!r}: the nameserver leader changed during the "
+                                      "delete; the new one finishes it")
+                await self._drop(group, {"group": group, "op": "topic", "topic": name, "queues": queues})
+            await self.meta.propose({"op": "topic_dropped", "name": name, "dropped_ms": self.clock.wall_ms()})
+        finally:
+            self._finishing.discard(name)
         log.info("topic %s: deleted from groups %s", name, sorted(queues_by_group(spec)))
 
     async def reopen(self, name: str) -> None:

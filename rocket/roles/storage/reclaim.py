@@ -60,8 +60,9 @@ class WalReclaim:
         if floor < ends[0]:
             return 0
         await self.store.world.run_sync(self.store.sync)  # the drops and moves counted on are durable first
-        # A read of the WAL in a worker thread that finds its segment gone reads again (Store.fetch).
-        removed = wal.log.delete_before(floor)
+        # A read of the WAL in a worker thread that finds its segment gone reads again (Store.fetch). Unlinking
+        # hundreds of big files takes seconds: a worker thread does it, not the node's event loop.
+        removed = await self.store.world.run_sync(wal.log.delete_before, floor)
         if removed:
             log.info("WAL: deleted %d segments below position %d", removed, floor)
         return removed
