@@ -15,10 +15,27 @@ import trio.testing
 
 from rocket import limits
 from rocket.disk.commitlog import CommitLog
-from tests.sim.roles_sim import Disk, NetworkFaults, failover_trace, run_controller_failover, run_failover
+from tests.sim.roles_sim import (Disk, NetworkFaults, failover_trace, run_controller_failover, run_delete,
+                                 run_failover)
 
 ROLE_SEEDS = 20  # at most, unless --seed: each run simulates about 20 s of a three-node cluster
+DELETE_SEEDS = 10  # at most: a delete under writes and a crash
 CONTROLLER_SEEDS = 10  # per scenario, at most (four scenarios; a deeper search runs with --sim-seeds)
+
+
+@pytest.mark.sim_seeds(DELETE_SEEDS)
+def test_a_topic_deleted_under_writes_and_a_crash_is_gone_everywhere(seed, fast_disk):
+    """A topic deleted while its producers write and a storage leader crashes: each producer is refused with
+    UNKNOWN_TOPIC after the delete, every node drops its queues, the topic made again is empty, and the topic beside
+    it loses nothing."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    try:
+        report = trio.run(functools.partial(run_delete, seed, fast_disk, NetworkFaults(drop=0.01)), clock=clock)
+    except BaseException:
+        print(f"roles simulation failed with seed {seed}: replay with pytest tests/sim --seed {seed}")
+        raise
+    print(report)
+    assert report["acknowledged"] > 100 and report["scratch_acknowledged"] > 0 and report["scratch_refusals"] == 4
 
 
 @pytest.mark.sim_seeds(ROLE_SEEDS)
