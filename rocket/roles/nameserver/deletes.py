@@ -5,16 +5,15 @@ or limits.topic_tombstone_s passed. A part of Nameserver, over the metadata grou
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from rocket import limits
 from rocket.clock import Clock, sleep_periodic
 from rocket.errors import Code, RocketError
-from rocket.model import Address, TopicSpec, check_user_topic_name
+from rocket.model import TopicSpec, check_user_topic_name
 from rocket.roles.nameserver.group import MetadataGroup
-from rocket.roles.peers import RETRYABLE
 from rocket.serde.typed import DeleteTopicRequest, Empty
 
 log = logging.getLogger("rocket.nameserver")
@@ -37,10 +36,10 @@ class TopicDeletes:
     3. topic_dropped: the name is free, and its groups are remembered (tombstones). Making the topic again first has
        them take the name again (reopen); so does finish_forever once limits.topic_tombstone_s passed."""
 
-    def __init__(self, meta: MetadataGroup, clock: Clock, leaders: dict[int, int]):
+    def __init__(self, meta: MetadataGroup, clock: Clock, call_leader: Callable[..., Awaitable[dict]]):
         self.meta = meta
         self.clock = clock
-        self.leaders = leaders  # storage group -> the node that last reported leading it
+        self.call_leader = call_leader  # Nameserver.call_group_leader
         self._finishing: set[str] = set()  # deletes whose drops run now (one run each, not the call's and the loop's)
 
     async def delete_topic(self, request: DeleteTopicRequest) -> Empty:
@@ -103,24 +102,5 @@ class TopicDeletes:
                 log.warning("finishing topic deletes: %s", error)
 
     async def _drop(self, group: int, request: dict) -> None:
-        """StorageDrop on the group's leader: the one that reported leading it, else each voter in turn, for up to
-        limits.leader_wait_s_max."""
-        metadata = self.meta.metadata
-        error = RocketError(Code.UNAVAILABLE, f"group {group} has no leader to drop topic {request['topic']!r}")
-        with trio.move_on_after(limits.leader_wait_s_max):
-            while True:
-                leader = self.leaders.get(group)
-                voters = metadata.groups[group].voters
-                for node in ([leader] if leader in voters else []) + [node for node in voters if node != leader]:
-                    info = metadata.nodes.get(node)
-                    if info is None:
-                        continue
-                    try:
-                        await self.meta.peers.call(Address.parse(info.address), "StorageDrop", request)
-                        return
-                    except RocketError as failed:
-                        if failed.code not in RETRYABLE:
-                            raise
-                        error = failed
-                await trio.sleep(limits.leader_poll_s)
-        raise error
+        """StorageDrop on the group's leader, for up to limits.leader_wait_s_max."""
+        await self.call_leader(group, "StorageDrop", request, limits.leader_wait_s_max, limits.leader_poll_s)

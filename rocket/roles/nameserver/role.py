@@ -70,7 +70,7 @@ class Nameserver:
         self.forecasts = Forecasts(config, clock, peers, self.members, objects)
         self.queue_placement = QueuePlacement(self.meta, clock, self.forecasts, self)
         self.health = NodeHealthChecks(self.meta, config, clock, objects, self)
-        self.deletes = TopicDeletes(self.meta, clock, self.leaders)
+        self.deletes = TopicDeletes(self.meta, clock, self.call_group_leader)
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle_typed("NodeHeartbeat", self.node_heartbeat)
@@ -277,8 +277,15 @@ class Nameserver:
 
     async def _change_members(self, group: int, action: str, node: int) -> None:
         """Run one membership change on the group's leader, whichever voter that is now."""
+        await self.call_group_leader(group, "StorageMembers", {"group": group, "action": action, "node": node})
+
+    async def call_group_leader(self, group: int, method: str, request: dict,
+                                wait_s: float = limits.member_change_s_max,
+                                retry_s: float = limits.replica_move_retry_s) -> dict:
+        """A call that a storage group's leader serves, whichever member leads now: the one that last reported
+        leading it first, then the others not down, again every retry_s for up to wait_s."""
         failure = RocketError(Code.UNAVAILABLE, f"group {group} has no reachable leader")
-        with trio.move_on_after(limits.member_change_s_max):
+        with trio.move_on_after(wait_s):
             while True:
                 members = self.metadata.members_of(group)  # a promoted learner may lead already
                 leader = self.leaders.get(group)
@@ -287,15 +294,14 @@ class Nameserver:
                     if info is None or self.node_state(voter)[0] == "down":
                         continue
                     try:
-                        await self.peers.call(Address.parse(info.address), "StorageMembers",
-                                              {"group": group, "action": action, "node": node})
+                        answer = await self.peers.call(Address.parse(info.address), method, request)
                         self.leaders[group] = voter
-                        return
+                        return answer
                     except RocketError as error:
                         if error.code not in RETRYABLE:
                             raise
                         failure = error
-                await trio.sleep(limits.replica_move_retry_s)
+                await trio.sleep(retry_s)
         raise failure
 
     async def drain_node(self, request: DrainNodeRequest) -> Empty:
