@@ -26,7 +26,7 @@ TIER_COMMAND = 8  # JSON {op: offloaded|drop_local|expire|truncate, topic, queue
 KV_COMMAND = 9  # _json_length, JSON (see encode_kv), then the transactions' values one after the other
 SEQUENCED_COMMAND = 10  # _sequenced, then an APPEND, TIMER or HALF entry: a producer's numbered batch (producers.py)
 SEQUENCED_SINCE_SCHEMA = 3  # the first release (by schema version) whose replicas apply SEQUENCED entries
-DROP_COMMAND = 11  # JSON {op: topic|group|reopen, topic, queues, consumer_group}: a deleted topic's or group's state
+DROP_COMMAND = 11  # JSON {op, topic, queues, consumer_group, incarnation}: a deleted topic's or group's state
 DROP_SINCE_SCHEMA = 7  # the first release whose replicas apply DROP entries
 DROP_OPS = ("topic", "group", "reopen")
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
@@ -117,12 +117,15 @@ class Drop:
     """A deleted topic's queues in the group (op topic: its data, timers, half messages, dead letters, offsets and
     pop states, and appends refused from then on), a consumer group's state on a topic (op group: its offsets, pop
     states and dead letters), or a deleted topic's name open again for appends (op reopen: the topic was made anew).
-    queues: the topic's queues in the group."""
+    queues: the topic's queues in the group. incarnation: when the topic deleted (op topic), or the one made anew
+    (reopen), was made: a drop older than what the group last heard of the name is a deposed nameserver's late one,
+    and changes nothing."""
 
     op: str
     topic: str
     queues: tuple[int, ...]
     consumer_group: str = ""
+    incarnation: int = 0
 
 
 Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand | KvBatch | Drop
@@ -162,7 +165,8 @@ def decode(data: bytes | memoryview) -> Command:
             request = orjson.loads(view[1:])
             if request["op"] not in DROP_OPS:
                 raise ValueError(f"unknown drop {request['op']!r}")
-            return Drop(request["op"], request["topic"], tuple(request["queues"]), request["consumer_group"])
+            return Drop(request["op"], request["topic"], tuple(request["queues"]), request["consumer_group"],
+                        request.get("incarnation", 0))
         if command == OFFSETS_COMMAND:
             record = orjson.loads(view[1:])
             return CommitOffsets(view[1:], record["group"], record["topic"],
@@ -300,11 +304,11 @@ def encode_truncate(topic: str, queue: int, from_offset: int, to_offset: int, si
                                                  "to": to_offset, "bytes": size})
 
 
-def encode_drop(op: str, topic: str, queues: list[int], consumer_group: str = "") -> bytes:
+def encode_drop(op: str, topic: str, queues: list[int], consumer_group: str = "", incarnation: int = 0) -> bytes:
     """Drop a deleted topic's state in the group, or a consumer group's on a topic, or reopen a deleted topic's
     name (see Drop)."""
     return bytes([DROP_COMMAND]) + orjson.dumps({"op": op, "topic": topic, "queues": queues,
-                                                 "consumer_group": consumer_group})
+                                                 "consumer_group": consumer_group, "incarnation": incarnation})
 
 
 def encode_kv(txns: list[Txn]) -> bytes:

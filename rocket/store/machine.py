@@ -74,6 +74,7 @@ class Effects:
     producers_restored: list | None = None  # a snapshot installed: its producers' rows, which replace the group's
     drops: list[DropChange] = dataclasses.field(default_factory=list)
     tombstones: list[tuple[int, str, bool]] = dataclasses.field(default_factory=list)  # (group, topic, set or cleared)
+    incarnations: list[tuple[int, str, int]] = dataclasses.field(default_factory=list)  # (group, topic, incarnation)
 
 
 class StorageMachine:
@@ -103,6 +104,9 @@ class StorageMachine:
         # (Raft group, topic) of deleted topics whose names are not open again: appends to them are refused. One per
         # topic deleted and not made again, cleared by the nameservers after limits.topic_tombstone_s.
         self.dropped: set[tuple[int, str]] = set()
+        # (Raft group, topic) -> the newest incarnation (creation time) a drop or reopen named: one per topic name
+        # deleted in the group, so that a deposed nameserver's late drop does not reach the topic made again.
+        self.incarnations: dict[tuple[int, str], int] = {}
         self._entry_index = 0  # within one apply: the entry being applied
         self.next_due: dict[tuple[int, bool], int] = {}  # (Raft group, halves) -> nothing of it is due before this
         # Queues appended to since the offloader last found nothing of them left to upload (all at open).
@@ -258,6 +262,13 @@ class StorageMachine:
         topic, leave the group; what this apply changed of them so far is taken out of effects, as the index drops
         only what it holds."""
         topic, queues = command.topic, set(command.queues)
+        if command.op != "group":
+            newest = self.incarnations.get((group, topic), 0)
+            if command.incarnation < newest:
+                return False  # a drop of an older incarnation of the name, come late: the name was made anew
+            if command.incarnation > newest:
+                self.incarnations[(group, topic)] = command.incarnation
+                effects.incarnations.append((group, topic, command.incarnation))
         if command.op == "reopen":
             self.dropped.discard((group, topic))
             effects.tombstones.append((group, topic, False))
@@ -349,7 +360,9 @@ class StorageMachine:
         return orjson.dumps({"group": group, "applied": self.applied.get(group, 0), "queues": queues,
                              "timers": timers, "pops": pops, "tier": tier, "kv": kv,
                              "producers": self.producers.snapshot(group),
-                             "dropped": sorted(topic for holder, topic in self.dropped if holder == group)})
+                             "dropped": sorted(topic for holder, topic in self.dropped if holder == group),
+                             "incarnations": sorted([topic, incarnation] for (holder, topic), incarnation
+                                                    in self.incarnations.items() if holder == group)})
 
     def restore(self, group: int, data: bytes | memoryview) -> Effects | None:
         """Install a snapshot taken past what this machine applied (else None): the group's queue positions, pop
@@ -377,6 +390,10 @@ class StorageMachine:
             if topic not in snapshot.dropped:
                 self.dropped.discard((holder, topic))
                 effects.tombstones.append((group, topic, False))
+        for topic, incarnation in snapshot.incarnations:
+            if self.incarnations.get((group, topic), 0) < incarnation:
+                self.incarnations[(group, topic)] = incarnation
+                effects.incarnations.append((group, topic, incarnation))
         for topic in snapshot.dropped:
             if (group, topic) not in self.dropped:  # and the offsets committed on it, on every queue
                 self.dropped.add((group, topic))
@@ -427,6 +444,7 @@ class Snapshot:
     kv: dict[tuple[str, int], tuple[int, int]]  # (bucket, shard) -> (revision, history)
     producers: list  # Producers.snapshot's
     dropped: list[str]  # deleted topics whose appends the group refuses
+    incarnations: list[list]  # [topic, the newest incarnation a drop or reopen named]
 
     @classmethod
     def decode(cls, data: bytes | memoryview) -> "Snapshot":
@@ -439,7 +457,7 @@ class Snapshot:
             [PopChange.from_wire(wire) for wire in snapshot.get("pops", ())],
             {(topic, queue): TierQueue.from_wire(state) for topic, queue, state in snapshot.get("tier", ())},
             {(bucket, shard): (revision, history) for bucket, shard, revision, history in snapshot.get("kv", ())},
-            snapshot.get("producers", []), snapshot.get("dropped", []))
+            snapshot.get("producers", []), snapshot.get("dropped", []), snapshot.get("incarnations", []))
 
     def tier_changes(self) -> list[TierChange]:
         return [(topic, queue, orjson.dumps(state.to_wire()), state.local_from)

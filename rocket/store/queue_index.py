@@ -130,7 +130,8 @@ class QueueIndex:
               commits: list[tuple[str, str, dict[int, int]]], groups_applied: dict[int, int],
               applied_position: int | None = None, timers: Sequence[tuple[int, Timer, bool]] = (), pops: Sequence = (),
               tier: Sequence[tuple[str, int, bytes, int | None]] = (), producers: Sequence = (), drops: Sequence = (),
-              tombstones: Sequence[tuple[int, str, bool]] = ()) -> None:
+              tombstones: Sequence[tuple[int, str, bool]] = (), incarnations: Sequence[tuple[int, str, int]] = ()
+              ) -> None:
         """Record stored batches, queue stats, offset commits, timers set or done (group, timer, set),
         pop consumption changes, tier states (topic, queue, state, drop the entries below this offset or
         None), producers' answers remembered and forgotten (store/producers.py's changes) and how far each Raft
@@ -190,6 +191,8 @@ class QueueIndex:
                     batch.put(key, b"")
                 else:
                     batch.delete(key)
+            for group, topic, incarnation in incarnations:
+                batch.put(b"I" + _u64.pack(group) + topic.encode(), _u64.pack(incarnation))
             for drop in drops:
                 self._drop(batch, drop)
 
@@ -318,6 +321,11 @@ class QueueIndex:
         """(Raft group, topic) of every deleted topic whose appends the group refuses."""
         return {(_u64.unpack_from(key, 1)[0], key[9:].decode())
                 for key in self._db.iterator(prefix=b"D", include_value=False)}
+
+    def incarnations(self) -> dict[tuple[int, str], int]:
+        """(Raft group, topic) -> the newest incarnation a drop or reopen of the name named."""
+        return {(_u64.unpack_from(key, 1)[0], key[9:].decode()): _u64.unpack(value)[0]
+                for key, value in self._db.iterator(prefix=b"I")}
 
     def groups_applied(self) -> dict[int, int]:
         return {_u64.unpack(key[1:])[0]: _u64.unpack(value)[0] for key, value in self._db.iterator(prefix=b"g")}

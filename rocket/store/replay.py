@@ -32,6 +32,7 @@ def load(index: QueueIndex, machine: StorageMachine) -> None:
     machine.tier = {key: TierQueue.from_wire(orjson.loads(state)) for key, state in index.tier_states().items()}
     machine.producers = Producers.load(index.producer_rows())
     machine.dropped = index.tombstones()
+    machine.incarnations = index.incarnations()
     machine.offload_candidates = {key for key in machine.queues if not key[0].startswith(SYSTEM_PREFIX)}
     for group in machine.applied:
         for halves in (False, True):

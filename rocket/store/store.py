@@ -154,7 +154,8 @@ class Store:
             drops = [drop for effects in applied for drop in effects.drops]
             self.index.apply(entries, touched, commits, {effects.group: effects.applied for effects in applied},
                              timers=timers, pops=pops, tier=tier, producers=producers, drops=drops,
-                             tombstones=[change for effects in applied for change in effects.tombstones])
+                             tombstones=[change for effects in applied for change in effects.tombstones],
+                             incarnations=[change for effects in applied for change in effects.incarnations])
             for drop in drops:
                 for place in drop.queues:
                     self.traffic.pop(place, None)

@@ -16,8 +16,9 @@ from rocket.store.commands import encode_drop, encode_pop, encode_timers
 from tests.unit.test_store import APPEND_MS, GROUP, Node, append_entry, bodies, make_batch, offsets_entry
 
 
-def drop_entry(index: int, op: str, topic: str, queues: list[int], consumer_group: str = "") -> Entry:
-    return Entry(1, index, encode_drop(op, topic, queues, consumer_group))
+def drop_entry(index: int, op: str, topic: str, queues: list[int], consumer_group: str = "",
+               incarnation: int = 0) -> Entry:
+    return Entry(1, index, encode_drop(op, topic, queues, consumer_group, incarnation))
 
 
 def timed_entry(index: int, topic: str, queue: int, due_ms: int) -> Entry:
@@ -121,5 +122,26 @@ def test_a_snapshot_carries_a_drop_to_a_replica_that_missed_it(tmp_path):
     assert replica.store.index.tombstones() == {(GROUP, "t")}
     with pytest.raises(RocketError):
         replica.reads.read("t", 0, 1, 100)
+    source.close()
+    replica.close()
+
+
+def test_a_late_drop_of_an_older_incarnation_changes_nothing(tmp_path):
+    """The topic made at 100 is dropped, made again at 200 (reopen); a drop of the one made at 100, proposed late by
+    a deposed nameserver, is refused and the new topic keeps its data; across a restart and a snapshot too."""
+    source, replica = Node(tmp_path / "source"), Node(tmp_path / "replica")
+    entries = [append_entry(1, "t", 0, make_batch(0, 3)), drop_entry(2, "topic", "t", [0], incarnation=100),
+               drop_entry(3, "reopen", "t", [], incarnation=200), append_entry(4, "t", 0, make_batch(10, 2))]
+    assert source.apply(GROUP, entries) == [(0, 3), True, True, (0, 2)]
+    assert source.apply(GROUP, [drop_entry(5, "topic", "t", [0], incarnation=100)]) == [False]
+    assert source.reads.queue_stats("t", 0)["next_offset"] == 2
+    source.close()
+    source = Node(tmp_path / "source")
+    assert source.store.machine.incarnations == {(GROUP, "t"): 200}
+    assert source.apply(GROUP, [drop_entry(6, "topic", "t", [0], incarnation=150)]) == [False]
+    replica.restore(GROUP, source.store.snapshot(GROUP))
+    assert replica.store.machine.incarnations == {(GROUP, "t"): 200}
+    assert source.apply(GROUP, [drop_entry(7, "topic", "t", [0], incarnation=200)]) == [True]  # this one's own
+    assert source.reads.queue_stats("t", 0)["next_offset"] == 0
     source.close()
     replica.close()

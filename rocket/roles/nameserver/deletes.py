@@ -34,7 +34,10 @@ class TopicDeletes:
        offsets, pop states) on every replica, and refuses appends to the name from then on, so a produce that raced
        the delete with a cached route is refused, never half stored; then the leader deletes its objects in the tier.
     3. topic_dropped: the name is free, and its groups are remembered (tombstones). Making the topic again first has
-       them take the name again (reopen); so does finish_forever once limits.topic_tombstone_s passed."""
+       them take the name again (reopen); so does finish_forever once limits.topic_tombstone_s passed.
+    Each drop names the topic's incarnation (its creation time), and a reopen the new one: a group refuses a drop of an
+    incarnation older than the newest it heard of, so a deposed leader's late drop never reaches the topic made
+    again."""
 
     def __init__(self, meta: MetadataGroup, clock: Clock, call_leader: Callable[..., Awaitable[dict]]):
         self.meta = meta
@@ -57,8 +60,7 @@ class TopicDeletes:
 
     async def _finish(self, name: str) -> None:
         """Drop the topic from each of its groups, then free its name: one run at a time per topic, each drop sent
-        only while this node leads and the topic is still being deleted (a deposed leader's late drop could
-        otherwise reach a topic made again)."""
+        only while this node leads and the topic is still being deleted."""
         while name in self._finishing:  # the call and finish_forever both come: the second waits for the first
             await trio.sleep(limits.leader_poll_s)
         spec = self.meta.metadata.deleting.get(name)
@@ -70,18 +72,21 @@ class TopicDeletes:
                 if name not in self.meta.metadata.deleting or not self.meta.leads():
                     raise RocketError(Code.UNAVAILABLE, f"topic {name!r}: the nameserver leader changed during the "
                                       "delete; the new one finishes it")
-                await self._drop(group, {"group": group, "op": "topic", "topic": name, "queues": queues})
+                await self._drop(group, {"group": group, "op": "topic", "topic": name, "queues": queues,
+                                         "incarnation": spec.created_ms})
             await self.meta.propose({"op": "topic_dropped", "name": name, "dropped_ms": self.clock.wall_ms()})
         finally:
             self._finishing.discard(name)
         log.info("topic %s: deleted from groups %s", name, sorted(queues_by_group(spec)))
 
-    async def reopen(self, name: str) -> None:
-        """Before a deleted topic's name is made again: its groups take appends to it again."""
+    async def reopen(self, name: str, incarnation: int) -> None:
+        """Before a deleted topic's name is made again (at incarnation, its creation time), or once it was deleted
+        long enough: its groups take appends to it again, and refuse drops of older incarnations from then on."""
         found = self.meta.metadata.tombstones.get(name)
         for group in found[0] if found is not None else ():
             if group in self.meta.metadata.groups:
-                await self._drop(group, {"group": group, "op": "reopen", "topic": name, "queues": []})
+                await self._drop(group, {"group": group, "op": "reopen", "topic": name, "queues": [],
+                                         "incarnation": incarnation})
 
     async def finish_forever(self, leads: Callable[[], bool]) -> None:
         """On the leader: finish the deletes a leader left, and reopen names deleted limits.topic_tombstone_s ago."""
@@ -90,13 +95,13 @@ class TopicDeletes:
             if not leads():
                 continue
             metadata = self.meta.metadata
-            expired = [name for name, (_, dropped_ms) in metadata.tombstones.items()
+            expired = [(name, dropped_ms) for name, (_, dropped_ms) in metadata.tombstones.items()
                        if self.clock.wall_ms() - dropped_ms > limits.topic_tombstone_s * 1000]
             try:
                 for name in list(metadata.deleting):
                     await self._finish(name)
-                for name in expired:
-                    await self.reopen(name)
+                for name, dropped_ms in expired:
+                    await self.reopen(name, dropped_ms)
                     await self.meta.propose({"op": "tombstone_cleared", "name": name})
             except RocketError as error:
                 log.warning("finishing topic deletes: %s", error)

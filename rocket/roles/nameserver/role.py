@@ -363,9 +363,10 @@ class Nameserver:
             if name in self.metadata.topics:
                 raise exists(name)
             self.metadata.check_not_deleted(name)
+            created_ms = self.clock.wall_ms()
             reopened = name in self.metadata.tombstones
             if reopened:
-                await self.deletes.reopen(name)
+                await self.deletes.reopen(name, created_ms)
             pool = self.metadata.class_groups(storage_class)
             new_groups = []
             loads = self.loads()
@@ -387,7 +388,7 @@ class Nameserver:
             queue_groups = [choice.group for choice in choices]
             command = {"op": "create_topic", "name": name, "queues": request.queues,
                        "message_type": request.message_type,
-                       "created_ms": self.clock.wall_ms(), "new_groups": new_groups, "groups": groups,
+                       "created_ms": created_ms, "new_groups": new_groups, "groups": groups,
                        "queue_groups": queue_groups, "storage_class": storage_class,
                        "history": history, "ttl_ms": ttl_ms, "retention_s": float(request.retention_s),
                        "local_retention_s": float(request.local_retention_s), "request_id": request.request_id,

@@ -40,9 +40,13 @@ class Drops:
         if not self.host.replicas_speak(group, DROP_SINCE_SCHEMA):
             raise RocketError(Code.UNAVAILABLE, f"group {group} has a replica of an older release, which cannot "
                               "apply a delete; retry once the upgrade is done")
-        await self.host.propose(group, encode_drop(op, topic, queues, consumer_group),
-                                limits.storage_append_wait_s_max)
-        if op == "topic":
+        applied = await self.host.propose(group, encode_drop(op, topic, queues, consumer_group,
+                                                             request.get("incarnation", 0)),
+                                          limits.storage_append_wait_s_max)
+        if not applied:
+            log.info("group %d: a drop of topic %s as made at %d came after the name was made anew: ignored", group,
+                     topic, request.get("incarnation", 0))
+        elif op == "topic":
             deleted = 0
             for queue in queues:
                 deleted += await self.offloader.delete_objects(topic, queue)
