@@ -3,7 +3,8 @@ two storage nodes, a broker; a class of two replicas and three groups; topic "or
 producing through the broker all along, and --cycles times: kill -9 the storage node that masters the most groups,
 measure until every writer is acknowledged again, restart the node and wait until both replicas are in every group's
 sync state set; then --handovers times, each group's mastership handed over to its other replica (rocket cluster
-handover), each measured by its writer's longest wait for an acknowledgement. At the end every acknowledged message is consumed and checked (tests/integration/test_cluster.py's
+handover), each measured by its writer's longest wait for an acknowledgement. At the end every acknowledged message
+is consumed and checked (tests/integration/test_cluster.py's
 verify_acknowledged: at its offset, intact, in order); duplicates from resends are counted.
 
 A cycle's failover time runs from the kill to the acknowledgement of each writer's first batch sent after it, for its
@@ -144,7 +145,8 @@ async def soak(args: argparse.Namespace, base: Path) -> dict:
         cluster.kill()
     acknowledged = len({seq for ack in writers.acks for seq in ack.seqs})
     return {
-        "rows": rows, "handover_stalls_s": stalls, "aborted": aborted, "died": died, "failure": failure, "writing_s": round(writing_s, 1),
+        "rows": rows, "handover_stalls_s": stalls, "aborted": aborted, "died": died, "failure": failure,
+        "writing_s": round(writing_s, 1),
         "acknowledged": acknowledged, "batches": len(writers.acks), "lost": lost,
         "consumed": checked["consumed"] if checked else None,
         "duplicated": checked["duplicates"] if checked else None,

@@ -147,7 +147,7 @@ class Reads:
     def lagging(self, topic: str, queues: list[int]) -> list[str]:
         """The consumer groups that committed (or pop) behind the end of one of the topic's queues: a scan of every
         offset committed, for an admin's question (is a topic still consumed?), not for the data plane."""
-        ends = {queue: self.queue_stats(topic, queue)["next_offset"] for queue in queues}
+        ends = {queue: stats.next_offset for queue in queues if (stats := self.machine.queues.get((topic, queue)))}
         behind = {group for group, name, queue, offset in self.index.all_offsets()
                   if name == topic and queue in ends and offset < ends[queue]}
         behind.update(group for (group, name, queue), state in self.machine.pops.items()

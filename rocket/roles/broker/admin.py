@@ -18,10 +18,11 @@ from rocket.roles.broker.routes import Routes
 from rocket.roles.peers import Peers
 from rocket.serde.typed import (ConsumerGroupInfo, ConsumerGroupsRequest, ConsumerGroupsResponse,
                                 CreateConsumerGroupRequest, CreateStorageClassRequest, CreateTopicRequest,
-                                DeleteTopicRequest, DescribeTopicResponse, Empty, ListTopicsResponse, StorageClassesRequest,
-                                StorageClassesResponse, StorageClassInfo, StorageQueuesResponse, StorageTierResponse,
-                                TierQueue, TierStatusRequest, TierStatusResponse, TierTopic, TopicInfo, TopicRequest,
-                                UpdateConsumerGroupRequest, UpdateTopicRequest, convert, plain, topic_info)
+                                DeleteTopicRequest, DescribeTopicResponse, Empty, ListTopicsResponse,
+                                StorageClassesRequest, StorageClassesResponse, StorageClassInfo, StorageQueuesResponse,
+                                StorageTierResponse, TierQueue, TierStatusRequest, TierStatusResponse, TierTopic,
+                                TopicInfo, TopicRequest, UpdateConsumerGroupRequest, UpdateTopicRequest, convert, plain,
+                                topic_info)
 
 log = logging.getLogger("rocket.broker")
 T = TypeVar("T", bound=msgspec.Struct)

@@ -519,8 +519,10 @@ class Metadata:
         self.acl_version = state.get("acl_version", 0)
         self.deleting = {name: TopicSpec(name, queues, created, tuple(groups), queue_groups=tuple(queue_groups),
                                          storage_class=storage_class)
-                         for name, queues, created, groups, queue_groups, storage_class in state.get("deleting_specs", ())}
-        self.tombstones = {name: (tuple(groups), dropped_ms) for name, groups, dropped_ms in state.get("tombstones", ())}
+                         for name, queues, created, groups, queue_groups, storage_class
+                         in state.get("deleting_specs", ())}
+        self.tombstones = {name: (tuple(groups), dropped_ms)
+                           for name, groups, dropped_ms in state.get("tombstones", ())}
         self.created = {request_id: (kind, name) for request_id, kind, name in state.get("created", ())}
         self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"],
                                            node.get("health_pin", "auto"),  # snapshots before pins had none

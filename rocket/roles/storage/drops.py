@@ -30,7 +30,7 @@ class Drops:
         """StorageDrop: op topic (the topic's queues in the group go, with their objects in the tier, and its name is
         refused for appends), group (a consumer group's offsets, pop states and dead letters on the topic) or reopen
         (the deleted topic's name takes appends again: it was made anew)."""
-        group, op, topic = request["group"], request["op"], request["topic"]
+        group, op, topic, incarnation = request["group"], request["op"], request["topic"], request.get("incarnation", 0)
         self.gate.leads(group)
         check_topic_name(topic)
         if op not in DROP_OPS:
@@ -40,12 +40,11 @@ class Drops:
         if not self.host.replicas_speak(group, DROP_SINCE_SCHEMA):
             raise RocketError(Code.UNAVAILABLE, f"group {group} has a replica of an older release, which cannot "
                               "apply a delete; retry once the upgrade is done")
-        applied = await self.host.propose(group, encode_drop(op, topic, queues, consumer_group,
-                                                             request.get("incarnation", 0)),
+        applied = await self.host.propose(group, encode_drop(op, topic, queues, consumer_group, incarnation),
                                           limits.storage_append_wait_s_max)
         if not applied:
             log.info("group %d: a drop of topic %s as made at %d came after the name was made anew: ignored", group,
-                     topic, request.get("incarnation", 0))
+                     topic, incarnation)
         elif op == "topic":
             deleted = 0
             for queue in queues:
