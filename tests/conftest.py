@@ -15,7 +15,7 @@ import pytest
 
 from rocket import config as config_module
 
-READY = re.compile(rb"rocket ready tcp=[^:]+:(\d+) http2=(?:[^: ]+:)?(\d+|off)")
+READY = re.compile(rb"rocket ready tcp=[^ ]*:(\d+) http2=(?:[^ ]*:)?(\d+|off)")  # an IPv6 host has colons
 READY_HTTP = re.compile(rb" http=(?:[^: ]+:)?(\d+|off)")
 
 

@@ -40,6 +40,12 @@ remoting_locks_max = 100_000  # queue locks one broker holds
 remoting_client_groups_max = 10_000  # producer and consumer groups, each, with clients connected to one broker
 remoting_unwritten_offsets_keys_max = 100_000  # (group, topic) pairs of pulled offsets a broker holds before they are written
 remoting_query_scan_messages_max = 100_000  # messages one QUERY_MESSAGE reads looking for a key (no key index)
+# A pull's minOffset and maxOffset (the queue's bounds, for the client's lag figures) are read with DescribeTopic at
+# most this often per topic on each broker; maxOffset is at least where the pull ended.
+remoting_queue_bounds_s = 1.0
+# A Zstandard body is inflated this many compressed bytes at a time (its decompressor takes no output bound): a piece
+# this small inflates to a few MiB at most (blocks of at most 128 KiB), so a bomb is stopped near the message limit.
+remoting_zstd_feed_bytes = 256
 
 invariant(rocketmq_signature_ahead_s_max >= 14 * 3600 and rocketmq_signature_behind_s_max >= 12 * 3600,
           "RocketMQ 5 clients that sign local time labelled Z would be refused in some zones (UTC-12 to UTC+14)")

@@ -5,6 +5,7 @@ pull. ali-ons, the real Node.js client, is in test_remoting_aons.py."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 import struct
@@ -14,8 +15,10 @@ import threading
 import time
 import zlib
 
+import lz4.frame
 import orjson
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,9 +60,15 @@ def decode_stored(body: bytes) -> list[dict]:
     """MessageDecoder.decodes, written from its layout apart from the gateway's encoder."""
     found, position = [], 0
     while position < len(body):
-        (total, magic, crc, queue, _flag, queue_offset, commit_offset, _sys, born, _bh, _bp, stored, host, port,
-         reconsume, _prepared, body_length) = struct.unpack_from(">iiiiiqqiq4siq4siiqi", body, position)
-        at = position + struct.calcsize(">iiiiiqqiq4siq4siiqi")
+        total, magic, crc, queue, _flag, queue_offset, commit_offset, sys_flag, born = struct.unpack_from(
+            ">iiiiiqqiq", body, position)
+        at = position + struct.calcsize(">iiiiiqqiq")
+        born_length = 16 if sys_flag & 0x10 else 4  # MessageSysFlag.BORNHOST_V6_FLAG
+        born_host, born_port, stored = struct.unpack_from(f">{born_length}siq", body, at)
+        at += born_length + 12
+        store_length = 16 if sys_flag & 0x20 else 4  # STOREHOSTADDRESS_V6_FLAG
+        host, port, reconsume, _prepared, body_length = struct.unpack_from(f">{store_length}siiqi", body, at)
+        at += store_length + 20
         message_body = body[at:at + body_length]
         at += body_length
         if magic == layout.MAGIC_V1:
@@ -76,6 +85,8 @@ def decode_stored(body: bytes) -> list[dict]:
         assert crc == zlib.crc32(message_body) & 0x7FFFFFFF
         found.append({"topic": topic, "queue": queue, "offset": queue_offset, "body": message_body,
                       "properties": properties, "reconsume": reconsume, "born": born, "stored": stored,
+                      "born_host": (ipaddress.ip_address(born_host), born_port),
+                      "store_host": (ipaddress.ip_address(host), port),
                       "msg_id": layout.message_id(host, port, commit_offset)})
         position += total
     return found
@@ -131,16 +142,18 @@ def test_batches_compressed_bodies_and_tag_and_sql_subscriptions(server):
                                                      "i": "", "m": "true"}, batch)
     assert response.code == 0, response.remark
     assert len(response.ext["msgId"].split(",")) == 6
-    compressed = client.request(R.SEND_MESSAGE, {"producerGroup": "producers", "topic": "orders", "queueId": 1,
-                                                 "sysFlag": 1, "bornTimestamp": 0, "flag": 0, "properties": ""},
-                                zlib.compress(b"squeezed" * 100))
-    assert compressed.code == 0, compressed.remark
+    # zlib (4.x, and 5.x's type 0), then RocketMQ 5's LZ4 and Zstandard frames (compression type in sysFlag bits 8-10)
+    for kind, compress in ((0, zlib.compress), (1, lz4.frame.compress), (2, zstandard.ZstdCompressor().compress)):
+        compressed = client.request(R.SEND_MESSAGE, {"producerGroup": "producers", "topic": "orders", "queueId": 1,
+                                                     "sysFlag": 1 | kind << 8, "bornTimestamp": 0, "flag": 0,
+                                                     "properties": ""}, compress(b"squeezed %d " % kind * 100))
+        assert compressed.code == 0, compressed.remark
     code, _, found = pull(client, "orders", 1, 0, subscription="a||c", sysFlag=4, expressionType="TAG")
     assert code == 0 and [each["body"] for each in found] == [b"m0", b"m2", b"m3", b"m5"]
     code, _, found = pull(client, "orders", 1, 0, subscription="n >= 4", sysFlag=4, expressionType="SQL92")
     assert [each["body"] for each in found] == [b"m4", b"m5"]
     code, _, found = pull(client, "orders", 1, 6)
-    assert found[0]["body"] == b"squeezed" * 100  # stored plain: every client reads it
+    assert [each["body"] for each in found] == [b"squeezed %d " % kind * 100 for kind in range(3)]  # stored plain
     bad = client.request(R.PULL_MESSAGE, {"consumerGroup": "g", "topic": "orders", "queueId": 1, "queueOffset": 0,
                                           "sysFlag": 4, "subscription": "n >>> 4", "expressionType": "SQL92"})
     assert bad.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
@@ -457,3 +470,35 @@ def test_delay_levels_and_timer_properties_deliver_later(server):
     refused = client.request(R.SEND_MESSAGE_V2, {"a": "p", "b": "orders", "e": 0, "f": 0, "g": 0,
                                                  "i": layout.properties_text({"DELAY": "3"})}, b"late")
     assert refused.code == ResponseCode.MESSAGE_ILLEGAL and "delay topic" in refused.remark
+
+
+def test_a_client_over_ipv6_gets_16_byte_hosts_and_ids(server_process):
+    """Over IPv6 (the node listening on ::1), a message's born host (the producer's address) and store host (the
+    broker's) are 16 bytes, flagged in sysFlag as MessageDecoder reads them, and its offsetMsgId is 56 hex digits that
+    VIEW_MESSAGE_BY_ID finds; a client over IPv4 reads IPv4 hosts as before."""
+    started = server_process().start(extra=("--listen", "[::1]:0"))
+    subprocess.run([sys.executable, "-m", "rocket", "topic", "create", "orders", "--queues", "1", "--server",
+                    f"[::1]:{started.tcp_port}"], check=True, capture_output=True, timeout=60)
+    client = RemotingClient(started.tcp_port, host="::1")
+    sent = send(client, "orders", b"over six")
+    assert len(sent["msgId"]) == 56 and layout.parse_message_id(sent["msgId"])[0] == f"[::1]:{started.tcp_port}"
+    code, _, found = pull(client, "orders", 0, 0)
+    assert code == 0 and [each["body"] for each in found] == [b"over six"]
+    assert found[0]["born_host"][0] == ipaddress.ip_address("::1") and found[0]["born_host"][1] > 0
+    assert found[0]["store_host"] == (ipaddress.ip_address("::1"), started.tcp_port)
+    assert found[0]["msg_id"] == sent["msgId"]
+    viewed = client.request(R.VIEW_MESSAGE_BY_ID, {"offset": layout.parse_message_id(sent["msgId"])[1],
+                                                   "topic": "orders"})
+    assert viewed.code == 0 and decode_stored(viewed.body)[0]["body"] == b"over six"
+
+
+def test_a_pull_answers_the_queues_true_bounds(server):
+    """minOffset and maxOffset are the queue's (what a client's lag figures read), not where the pull ended."""
+    client = RemotingClient(server.tcp_port)
+    for index in range(5):
+        send(client, "orders", b"bound %d" % index, queue=2)
+    code, ext, found = pull(client, "orders", 2, 0, maxMsgNums=1)
+    assert code == 0 and len(found) == 1 and int(ext["nextBeginOffset"]) == 1
+    assert (int(ext["minOffset"]), int(ext["maxOffset"])) == (0, 5)
+    code, ext, found = pull(client, "orders", 2, 5)
+    assert code == ResponseCode.PULL_NOT_FOUND and (int(ext["minOffset"]), int(ext["maxOffset"])) == (0, 5)

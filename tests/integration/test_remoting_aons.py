@@ -401,6 +401,24 @@ def test_consumers_of_a_group_split_the_queues_and_take_them_back(aons):
     report_repeats("rebalance", a.bodies() + b.bodies())
 
 
+def test_broadcasting_consumers_each_consume_every_message(aons):
+    """Two ali-ons consumers of one group in broadcasting mode (isBroadcast: each member takes every queue, its offsets
+    kept by the client): each consumes all 20 messages, from every queue."""
+    aons.create_topic("aons-news", queues=4)
+    group = "aons-readers"
+    a = aons.consume("aons-news", group, "--from", "first", "--broadcast", "--rebalance-ms", str(REBALANCE_MS))
+    b = aons.consume("aons-news", group, "--from", "first", "--broadcast", "--rebalance-ms", str(REBALANCE_MS))
+    assert a.wait_for(lambda _: a.queues() == [0, 1, 2, 3]) and b.wait_for(lambda _: b.queues() == [0, 1, 2, 3]), (
+        f"broadcasting members hold A {a.queues()}, B {b.queues()}\nA: {a.stderr()}\nB: {b.stderr()}")
+    aons.produce("aons-news", 20, "--body-prefix", "news-")
+    expected = {f"news-{i}" for i in range(20)}
+    consumed_or_fail(aons, a, expected, "broadcasting A")
+    consumed_or_fail(aons, b, expected, "broadcasting B")
+    a.stop()
+    b.stop()
+    assert {line["queueId"] for line in a.messages()} == {line["queueId"] for line in b.messages()} == {0, 1, 2, 3}
+
+
 @pytest.mark.parametrize("queues", [1, 4])
 def test_offsets_survive_a_consumer_restart(aons, queues):
     """Consume 20 of 40, close (ali-ons persists its offsets with UPDATE_CONSUMER_OFFSET): the group's positions on

@@ -270,7 +270,7 @@ async function consume(argv) {
     namesrv: 'string', topic: 'string', group: 'string', expression: 'string', sql: 'string',
     'fail-until-attempt': 'int', 'fail-body-regex': 'string', 'max-reconsume': 'int', from: 'string',
     count: 'int', 'timeout-s': 'int', 'rebalance-ms': 'int', 'persist-ms': 'int', 'trace-pulled': 'bool',
-    verbose: 'bool',
+    broadcast: 'bool', verbose: 'bool',
   });
   required(opts, [ 'namesrv', 'topic', 'group' ]);
   if (opts.expression !== undefined && opts.sql !== undefined) {
@@ -316,6 +316,9 @@ async function consume(argv) {
   }
   if (opts['persist-ms'] !== undefined) {
     options.persistConsumerOffsetInterval = opts['persist-ms'];
+  }
+  if (opts.broadcast) {
+    options.isBroadcast = true; // every member consumes every queue; offsets stay in the client (ali-ons' memory)
   }
   const consumer = new Consumer(options);
   consumer.on('error', err => {

@@ -4,12 +4,15 @@ RocketMQSerializable and MessageDecoder, and hostile input may only ever raise t
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import struct
 import zlib
 
+import lz4.frame
 import orjson
 import pytest
+import zstandard
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -350,9 +353,11 @@ def parse_stored(data: bytes) -> dict:
 
     fields = {"total": take(">i"), "magic": take(">I"), "body_crc": take(">i"), "queue": take(">i"),
               "flag": take(">i"), "queue_offset": take(">q"), "commit_log_offset": take(">q"),
-              "sys_flag": take(">i"), "born_ms": take(">q"), "born_host": raw(4), "born_port": take(">i"),
-              "store_ms": take(">q"), "store_host": raw(4), "store_port": take(">i"),
-              "reconsume_times": take(">i"), "prepared_offset": take(">q")}
+              "sys_flag": take(">i"), "born_ms": take(">q")}
+    fields["born_host"] = raw(16 if fields["sys_flag"] & 0x10 else 4)  # MessageSysFlag.BORNHOST_V6_FLAG
+    fields.update(born_port=take(">i"), store_ms=take(">q"))
+    fields["store_host"] = raw(16 if fields["sys_flag"] & 0x20 else 4)  # STOREHOSTADDRESS_V6_FLAG
+    fields.update(store_port=take(">i"), reconsume_times=take(">i"), prepared_offset=take(">q"))
     fields["body"] = raw(take(">i"))
     topic_length = take(">B") if fields["magic"] == 0xDAA320A7 else take(">H")
     fields["topic"] = raw(topic_length).decode()
@@ -544,11 +549,41 @@ def test_message_id_round_trip(host, port, offset):
     assert messages.parse_message_id(text.lower()) == (f"{socket.inet_ntoa(host)}:{port}", offset)
 
 
+@FAST
+@given(host=st.ip_addresses(v=6), port=st.integers(0, 2**31 - 1), offset=st.integers(0, 2**63 - 1))
+def test_an_ipv6_message_id_round_trips(host, port, offset):
+    text = messages.message_id(host.packed, port, offset)
+    assert len(text) == 56
+    assert messages.parse_message_id(text) == (f"[{host}]:{port}", offset)
+
+
+@pytest.mark.parametrize("address, expected", [
+    ("10.1.2.3:99", (bytes([10, 1, 2, 3]), 99)),
+    ("::1:1234", (bytes(15) + b"\x01", 1234)),
+    ("[::1]:1234", (bytes(15) + b"\x01", 1234)),
+    ("::ffff:10.1.2.3:7", (bytes([10, 1, 2, 3]), 7)),  # an IPv4 client on a dual-stack socket: 4 bytes
+    ("not an address:5", (bytes(4), 5)), ("nowhere", (bytes(4), 0)), ("", (bytes(4), 0))])
+def test_host_bytes(address, expected):
+    assert messages.host_bytes(address) == expected
+
+
+def test_ipv6_hosts_are_16_bytes_and_flagged_as_message_decoder_reads_them():
+    born = Message(b"six", properties={messages.BORN_HOST_PROPERTY: "[2001:db8::7]:5555"}, queue=1, offset=9,
+                   timestamp_ms=1234)
+    store = messages.host_bytes("[::1]:10911")
+    fields = parse_stored(messages.encode_stored(born, "t", store))
+    assert fields["sys_flag"] == messages.SYSFLAG_BORNHOST_V6 | messages.SYSFLAG_STOREHOST_V6 == 0x30
+    assert fields["born_host"] == ipaddress.ip_address("2001:db8::7").packed and fields["born_port"] == 5555
+    assert (fields["store_host"], fields["store_port"]) == store and fields["body"] == b"six"
+    mixed = parse_stored(messages.encode_stored(born, "t", messages.host_bytes("10.0.0.1:10911")))
+    assert mixed["sys_flag"] == 0x10 and mixed["store_host"] == bytes([10, 0, 0, 1])
+
+
 def test_message_id_layout():
     assert messages.message_id(bytes([10, 0, 0, 1]), 10911, 0x0102) == "0A000001" + "00002A9F" + "0000000000000102"
 
 
-@pytest.mark.parametrize("text", ["", "zz" * 16, "0A" * 15, "0A" * 17, "é" * 32])
+@pytest.mark.parametrize("text", ["", "zz" * 16, "0A" * 15, "0A" * 17, "0A" * 27, "0A" * 29, "é" * 32])
 def test_parse_message_id_malformed(text):
     with pytest.raises(BadMessage):
         messages.parse_message_id(text)
@@ -562,64 +597,72 @@ def test_parse_message_id_only_bad_message(text):
         pass
 
 
-def test_host_bytes():
-    assert messages.host_bytes("10.1.2.3:10911") == (bytes([10, 1, 2, 3]), 10911)
-    assert messages.host_bytes("[::1]:10911") == (bytes(4), 10911)
-    assert messages.host_bytes("nowhere") == (bytes(4), 0)
-
-
 # --- messages: compression, delays, conversion ---------------------------------------------------------------
 
 
-def test_uncompress_plain_and_zlib():
+def test_an_uncompressed_body_is_kept():
     plain = b"a body that compresses " * 200
     assert messages.uncompress(plain, 0) == plain
     assert messages.uncompress(plain, messages.SYSFLAG_MULTI_TAGS) == plain
-    assert messages.uncompress(zlib.compress(plain), messages.SYSFLAG_COMPRESSED) == plain
-    assert messages.uncompress(zlib.compress(plain), messages.SYSFLAG_COMPRESSED | messages.SYSFLAG_MULTI_TAGS) \
-        == plain
+
+
+# RocketMQ 5's compression types (sysFlag bits 8-10) and how its compressors write them: zlib (0 and 3), an LZ4 frame
+# (Lz4Compressor: LZ4FrameOutputStream), a Zstandard frame (ZstdCompressor: ZstdOutputStream)
+CODECS = {"zlib": (0, lambda data: zlib.compress(data, 9)), "zlib (5.x)": (3, zlib.compress),
+          "lz4": (1, lz4.frame.compress), "zstd": (2, lambda data: zstandard.ZstdCompressor(level=19).compress(data))}
+
+
+def flag(codec: str) -> int:
+    return messages.SYSFLAG_COMPRESSED | (CODECS[codec][0] << 8)
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_every_compression_type_inflates_up_to_the_message_limit(codec):
+    _, compress = CODECS[codec]
+    plain = b"a body that compresses " * 200
+    assert messages.uncompress(compress(plain), flag(codec)) == plain
+    assert messages.uncompress(compress(plain), flag(codec) | messages.SYSFLAG_MULTI_TAGS) == plain
     exact = b"\x00" * limits.message_bytes_max
-    assert messages.uncompress(zlib.compress(exact), 1) == exact
+    assert messages.uncompress(compress(exact), flag(codec)) == exact
 
 
+@pytest.mark.parametrize("codec", list(CODECS))
 @pytest.mark.parametrize("size", [limits.message_bytes_max + 1, 4 * limits.message_bytes_max])
-def test_uncompress_bomb(size):
-    bomb = zlib.compress(b"\x00" * size, 9)
+def test_uncompress_bomb(codec, size):
+    bomb = CODECS[codec][1](b"\x00" * size)
     assert len(bomb) < 100_000
     with pytest.raises(BadMessage, match="inflates past"):
-        messages.uncompress(bomb, messages.SYSFLAG_COMPRESSED)
+        messages.uncompress(bomb, flag(codec))
 
 
-@pytest.mark.parametrize("body", [b"not zlib at all", b"\x78\x9c\xff\xff\xff\xff", bytes(range(256))])
-def test_uncompress_garbage(body):
+@pytest.mark.parametrize("codec", list(CODECS))
+@pytest.mark.parametrize("body", [b"not compressed at all", b"\x78\x9c\xff\xff\xff\xff", bytes(range(256)),
+                                  b"\x28\xb5\x2f\xfd", b"\x04\x22\x4d\x18"])  # and zstd's and LZ4's magic alone
+def test_uncompress_garbage(codec, body):
     with pytest.raises(BadMessage):
-        messages.uncompress(body, messages.SYSFLAG_COMPRESSED)
+        messages.uncompress(body, flag(codec))
 
 
-@given(body=st.binary(max_size=200))
-def test_uncompress_random_bytes_only_bad_message(body):
+@given(body=st.binary(max_size=200), codec=st.sampled_from(list(CODECS)))
+def test_uncompress_random_bytes_only_bad_message(body, codec):
     try:
-        messages.uncompress(body, messages.SYSFLAG_COMPRESSED)
+        messages.uncompress(body, flag(codec))
     except BadMessage:
         pass
 
 
-def test_uncompress_refuses_zstd():
-    with pytest.raises(BadMessage, match="ZLIB"):
-        messages.uncompress(b"\x28\xb5\x2f\xfd", messages.SYSFLAG_COMPRESSED | (2 << 8))
+def test_uncompress_refuses_a_compression_type_rocketmq_does_not_have():
+    with pytest.raises(BadMessage, match="compression type 5 is not one RocketMQ knows"):
+        messages.uncompress(b"\x28\xb5\x2f\xfd", messages.SYSFLAG_COMPRESSED | (5 << 8))
 
 
-def test_uncompress_rocketmq5_zlib_type():
-    plain = b"x" * 5000
-    assert messages.uncompress(zlib.compress(plain), messages.SYSFLAG_COMPRESSED | (3 << 8)) == plain
-
-
-@pytest.mark.parametrize("keep", ["nothing", "half", "all but the adler32"])
-def test_uncompress_truncated_stream(keep):
-    compressed = zlib.compress(b"0123456789" * 1000)
-    cut = {"nothing": 0, "half": len(compressed) // 2, "all but the adler32": len(compressed) - 4}[keep]
+@pytest.mark.parametrize("codec", list(CODECS))
+@pytest.mark.parametrize("keep", ["nothing", "half", "all but the last 4 bytes"])
+def test_uncompress_truncated_stream(codec, keep):
+    compressed = CODECS[codec][1](b"0123456789" * 1000)
+    cut = {"nothing": 0, "half": len(compressed) // 2, "all but the last 4 bytes": len(compressed) - 4}[keep]
     with pytest.raises(BadMessage):
-        messages.uncompress(compressed[:cut], messages.SYSFLAG_COMPRESSED)
+        messages.uncompress(compressed[:cut], flag(codec))
 
 
 NOW = 1_700_000_000_000

@@ -25,6 +25,8 @@ class Bridge:
         self.nursery: trio.Nursery | None = None  # the gateway's own tasks (RemotingGateway.run)
         # name -> (read at, topic), at most limits.remoting_topic_cache_entries_max
         self._topics: dict[str, tuple[float, dict]] = {}
+        # topic -> (read at, queue -> (min_offset, next_offset)), as many as _topics holds
+        self._bounds: dict[str, tuple[float, dict[int, tuple[int, int]]]] = {}
 
     async def topic(self, name: str) -> dict:
         """The topic's TopicInfo, cached for limits.remoting_topic_cache_s."""
@@ -49,6 +51,24 @@ class Bridge:
     def forget_topic(self, name: str) -> None:
         """Read the topic anew next time: it was created or changed here."""
         self._topics.pop(name, None)
+        self._bounds.pop(name, None)
+
+    async def queue_bounds(self, topic: str, queue: int) -> tuple[int, int] | None:
+        """The queue's (min_offset, next_offset), read for all the topic's queues at once at most every
+        limits.remoting_queue_bounds_s; None when they cannot be read now (a pull's answer does not wait for them)."""
+        now = self.clock.now_s()
+        found = self._bounds.get(topic)
+        if found is None or now - found[0] >= limits.remoting_queue_bounds_s:
+            try:
+                described = await self.dispatcher.local("DescribeTopic", {"topic": topic})
+            except RocketError:
+                return found[1].get(queue) if found is not None else None
+            self._bounds.pop(topic, None)
+            while len(self._bounds) >= limits.remoting_topic_cache_entries_max:
+                del self._bounds[next(iter(self._bounds))]
+            found = self._bounds[topic] = (now, {info["queue"]: (info["min_offset"], info["next_offset"])
+                                                 for info in described["queues"]})
+        return found[1].get(queue)
 
     async def topic_by_hash(self, topic_hash: int, *named: str) -> str:
         """The topic a commitLogOffset names: one of the named ones if it hashes alike, else the first topic

@@ -70,7 +70,9 @@ class Consuming:
                                  {"nextBeginOffset": moved, "minOffset": info["min_offset"],
                                   "maxOffset": info["next_offset"], "suggestWhichBrokerId": 0})
         found, next_offset = matching(response, queue, offset, chosen, count_max)
-        fields = {"nextBeginOffset": next_offset, "minOffset": 0, "maxOffset": next_offset, "suggestWhichBrokerId": 0}
+        low, high = await self.bridge.queue_bounds(topic_name, queue) or (0, next_offset)
+        fields = {"nextBeginOffset": next_offset, "minOffset": low, "maxOffset": max(high, next_offset),
+                  "suggestWhichBrokerId": 0}
         if not found:
             return command.reply(ResponseCode.PULL_NOT_FOUND, "no new message", fields)
         host = layout.host_bytes(connection.local)

@@ -8,6 +8,10 @@ from __future__ import annotations
 import ipaddress
 import struct
 import zlib
+from typing import Any
+
+import zstandard
+from lz4 import frame as lz4_frame  # pyright: ignore[reportMissingTypeStubs]: untyped; used through LZ4 below
 
 from rocket import limits
 from rocket.gateway.properties import BORN_HOST_PROPERTY, ID_PROPERTY, KEYS_PROPERTY
@@ -19,6 +23,8 @@ SYSFLAG_COMPRESSED = 1
 SYSFLAG_MULTI_TAGS = 2
 SYSFLAG_TRANSACTION_PREPARED = 1 << 2
 SYSFLAG_TRANSACTION_MASK = 3 << 2
+SYSFLAG_BORNHOST_V6 = 1 << 4  # a stored message's born host is 16 bytes (IPv6), not 4
+SYSFLAG_STOREHOST_V6 = 1 << 5  # and its store host
 SYSFLAG_COMPRESSION_TYPE_MASK = 7 << 8  # 5.x: which compression (LZ4 1, Zstandard 2, zlib 3; 0 is zlib too)
 NAME_VALUE = "\x01"
 PROPERTY = "\x02"
@@ -41,7 +47,10 @@ RENAMED = frozenset({KEYS, TAGS, UNIQ_KEY})  # kept in rocket's fields, or in th
 DELAY_LEVELS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
 _HASH_BITS, _QUEUE_BITS, _OFFSET_BITS = 9, 10, 34
-_stored = struct.Struct(">iiiiiqqiq4siq4siiqi")
+# A stored message (MessageDecoder): the head, up to the born timestamp; the born host (4 or 16 bytes) and its port;
+# the store timestamp; the store host and its port; then reconsume times, prepared transaction offset, body length.
+_stored_head = struct.Struct(">iiiiiqqiq")
+_stored_tail = struct.Struct(">iqi")
 _batch_head = struct.Struct(">iiiii")
 
 
@@ -103,30 +112,38 @@ def message_id(host: bytes, port: int, offset: int) -> str:
 
 
 def parse_message_id(text: str) -> tuple[str, int]:
-    """(broker address, commit log offset) of an offsetMsgId."""
+    """(broker address, commit log offset) of an offsetMsgId: an IPv4 broker's (32 hex digits) or an IPv6 one's (56)."""
     try:
         raw = bytes.fromhex(text)
     except ValueError:
         raise BadMessage(f"message id {text[:40]!r} is not hex") from None
-    if len(raw) != 16:
-        raise BadMessage(f"message id {text[:40]!r} is not 16 bytes (32 hex digits)")
-    port, offset = struct.unpack(">iq", raw[4:])
-    return f"{ipaddress.IPv4Address(raw[:4])}:{port}", offset
+    if len(raw) not in (16, 28):
+        raise BadMessage(f"message id {text[:40]!r} is not 16 or 28 bytes (32 or 56 hex digits)")
+    host_length = len(raw) - 12
+    port, offset = struct.unpack(">iq", raw[host_length:])
+    host = ipaddress.ip_address(raw[:host_length])
+    return (f"{host}:{port}" if host.version == 4 else f"[{host}]:{port}"), offset
 
 
 def host_bytes(address: str) -> tuple[bytes, int]:
-    """An "ip:port" (IPv4, as RocketMQ's ids hold) as 4 bytes and a port; other addresses as 0.0.0.0."""
+    """An "ip:port" (IPv6 with or without brackets) as 4 bytes (IPv4, or IPv6 that maps one) or 16, and a port, as
+    RocketMQ's stored messages and ids hold hosts; other addresses as 0.0.0.0."""
     host, _, port = address.rpartition(":")
+    port_number = int(port) if port.isdigit() else 0
     try:
-        return ipaddress.IPv4Address(host).packed, int(port or 0)
+        parsed = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return bytes(4), int(port) if port.isdigit() else 0
+        return bytes(4), port_number
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        parsed = parsed.ipv4_mapped
+    return parsed.packed, port_number
 
 
 def encode_stored(message: Message, topic: str, store_host: tuple[bytes, int], reconsume_times: int = 0,
                   properties: dict[str, str] | None = None) -> bytes:
     """One message in RocketMQ's stored-message layout (MessageDecoder.decode reads it). Bodies are stored plain,
-    so the compressed flag is never set; the born host is the producer's address where a gateway kept it (IPv4)."""
+    so the compressed flag is never set; the born host is the producer's address where a gateway kept it. An IPv6
+    host takes 16 bytes, with its flag set in sysFlag (SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6)."""
     topic_bytes = topic.encode()
     born = host_bytes(message.properties.get(BORN_HOST_PROPERTY, ""))
     props = properties_text(properties if properties is not None else message.properties).encode()
@@ -134,12 +151,16 @@ def encode_stored(message: Message, topic: str, store_host: tuple[bytes, int], r
         props = b""  # a client reads a signed 16-bit length; rocket's own properties can be longer
     v2 = len(topic_bytes) > 127
     offset_id = commit_log_offset(topic, message.queue, message.offset)
-    fields = _stored.pack(
+    sys_flag = (SYSFLAG_BORNHOST_V6 if len(born[0]) == 16 else 0) | (SYSFLAG_STOREHOST_V6 if len(store_host[0]) == 16
+                                                                     else 0)
+    head = _stored_head.pack(
         0, MAGIC_V2 if v2 else MAGIC_V1, zlib.crc32(message.body) & 0x7FFFFFFF, message.queue, 0, message.offset,
-        offset_id, 0, message.timestamp_ms, born[0], born[1], message.timestamp_ms, store_host[0], store_host[1],
-        reconsume_times, 0, len(message.body))
+        offset_id, sys_flag, message.timestamp_ms)
+    hosts = (born[0] + struct.pack(">i", born[1]) + struct.pack(">q", message.timestamp_ms) + store_host[0]
+             + struct.pack(">i", store_host[1]))
     topic_length = struct.pack(">h", len(topic_bytes)) if v2 else struct.pack(">b", len(topic_bytes))
-    parts = [fields, message.body, topic_length, topic_bytes, struct.pack(">h", len(props)), props]
+    parts = [head, hosts, _stored_tail.pack(reconsume_times, 0, len(message.body)), message.body, topic_length,
+             topic_bytes, struct.pack(">h", len(props)), props]
     total = sum(map(len, parts))
     return struct.pack(">i", total) + b"".join(parts)[4:]
 
@@ -175,25 +196,57 @@ def decode_batch(body: bytes) -> list[tuple[bytes, int, dict[str, str]]]:
 
 
 def uncompress(body: bytes, sys_flag: int) -> bytes:
-    """A body sent compressed (sysFlag bit 0) with zlib: 4.x's only compression, and 5.x's default (compression type
-    0 or 3 in sysFlag bits 8-10, as CompressionType.findByValue reads them). LZ4 (1) and Zstandard (2) are refused,
-    and so is a stream cut short."""
+    """A body sent compressed (sysFlag bit 0): with zlib (4.x's only compression, and 5.x's default: compression type
+    0 or 3 in sysFlag bits 8-10, as CompressionType.findByValue reads them), or an LZ4 (1) or Zstandard (2) frame, as
+    RocketMQ 5's Lz4Compressor and ZstdCompressor write them. Each inflates to at most limits.message_bytes_max; a
+    stream cut short, or one of another kind, is refused."""
     if not sys_flag & SYSFLAG_COMPRESSED:
         return body
     kind = (sys_flag & SYSFLAG_COMPRESSION_TYPE_MASK) >> 8
-    if kind not in (0, 3):
-        raise BadMessage(f"compression type {kind} (LZ4 is 1, Zstandard 2) is not accepted: set the client's "
-                         "compression type to ZLIB")
+    inflate = _INFLATE.get(kind)
+    if inflate is None:
+        raise BadMessage(f"compression type {kind} is not one RocketMQ knows (zlib is 0 or 3, LZ4 1, Zstandard 2)")
+    limit = limits.message_bytes_max
     try:
-        decompressor = zlib.decompressobj()
-        plain = decompressor.decompress(body, limits.message_bytes_max + 1)
-    except zlib.error as error:
+        plain, complete = inflate(body, limit + 1)  # a byte past the limit: too big
+    except (zlib.error, RuntimeError, zstandard.ZstdError) as error:  # lz4.frame raises RuntimeError
         raise BadMessage(f"the compressed body does not inflate: {error}") from None
-    if len(plain) > limits.message_bytes_max or decompressor.unconsumed_tail:
-        raise BadMessage(f"the body inflates past {limits.message_bytes_max} bytes")
-    if not decompressor.eof:
+    if len(plain) > limit:
+        raise BadMessage(f"the body inflates past {limit} bytes")
+    if not complete:
         raise BadMessage("the compressed body is cut short")
     return plain
+
+
+def _zlib(body: bytes, limit: int) -> tuple[bytes, bool]:
+    """(at most limit bytes of the inflated body, whether its stream ended)"""
+    decompressor = zlib.decompressobj()
+    return decompressor.decompress(body, limit), decompressor.eof
+
+
+def _lz4(body: bytes, limit: int) -> tuple[bytes, bool]:
+    decompressor = LZ4.LZ4FrameDecompressor()
+    plain: bytes = decompressor.decompress(body, max_length=limit)
+    return plain, bool(decompressor.eof)
+
+
+def _zstd(body: bytes, limit: int) -> tuple[bytes, bool]:
+    """Fed limits.remoting_zstd_feed_bytes at a time (its decompressor takes no output bound)."""
+    decompressor = zstandard.ZstdDecompressor().decompressobj()
+    pieces: list[bytes] = []
+    size = 0
+    step = limits.remoting_zstd_feed_bytes
+    for start in range(0, len(body), step):
+        piece = decompressor.decompress(body[start:start + step])
+        pieces.append(piece)
+        size += len(piece)
+        if size >= limit:
+            break
+    return b"".join(pieces)[:limit], decompressor.eof
+
+
+LZ4: Any = lz4_frame
+_INFLATE = {0: _zlib, 3: _zlib, 1: _lz4, 2: _zstd}
 
 
 def delay_of(properties: dict[str, str], now_ms: int) -> int:
