@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import trio
 
 from rocket import limits
+from rocket.errors import RocketError
 from rocket.model import check_namespace, in_namespace, outside_namespace
 from rocket.transport.channel import Channel
 
@@ -21,6 +22,12 @@ UNNAMED = frozenset({"Produce", "Pull", "Subscribe", "Receive", "Ack", "ChangeIn
                      "KvWatch", "KvExport", "Ping", "Hello"})
 
 
+def seen_from(namespace: str, error: RocketError) -> RocketError:
+    """An error as seen from within namespace: the names in its message without the namespace's prefix."""
+    stored = f"{namespace}%"
+    return RocketError(error.code, error.message.replace(stored, "")) if stored in error.message else error
+
+
 class NamespacedChannel:
     """A Channel over another, within namespace."""
 
@@ -30,11 +37,18 @@ class NamespacedChannel:
 
     async def call(self, method: str, message: dict, timeout_s: float = limits.request_timeout_s_default,
                    sent: trio.Event | None = None) -> dict:
-        return self._answer(method, await self.channel.call(method, self._request(message), timeout_s, sent))
+        try:
+            answer = await self.channel.call(method, self._request(message), timeout_s, sent)
+        except RocketError as error:
+            raise seen_from(self.namespace, error) from None
+        return self._answer(method, answer)
 
     async def stream(self, method: str, message: dict) -> AsyncIterator[dict]:
-        async for item in self.channel.stream(method, self._request(message)):
-            yield self._answer(method, item)
+        try:
+            async for item in self.channel.stream(method, self._request(message)):
+                yield self._answer(method, item)
+        except RocketError as error:
+            raise seen_from(self.namespace, error) from None
 
     def __getattr__(self, name: str):
         return getattr(self.channel, name)  # discover(), and what else the channel below has

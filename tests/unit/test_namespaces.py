@@ -58,6 +58,16 @@ async def test_a_namespaced_channel_names_and_lists_within_its_namespace():
     assert channel.messages("Handover") == [{"group": 5, "to": 2}]
 
 
+async def test_an_error_names_what_it_names_as_seen_from_within_the_namespace():
+    def missing(message: dict) -> dict:
+        raise RocketError(Code.UNKNOWN_TOPIC, f"topic {message['topic']!r} does not exist")
+
+    within = NamespacedChannel(MockChannel({"DescribeTopic": missing}), "a")
+    with pytest.raises(RocketError) as refused:
+        await within.call("DescribeTopic", {"topic": "orders"})
+    assert (refused.value.code, refused.value.message) == (Code.UNKNOWN_TOPIC, "topic 'orders' does not exist")
+
+
 def test_policies_and_quotas_may_name_a_namespace():
     assert check_resource("namespace:payments/topic:orders-*") == "topic:payments%orders-*"
     assert check_resource("namespace:payments/group:billing") == "group:payments%billing"
@@ -89,6 +99,9 @@ def test_the_grpc_gateway_rewrites_every_resource_of_a_request_and_its_answer():
         topic=definition.Resource(name="a%orders"))])
     out_of_namespace(answer, "a")
     assert (answer.message_queues[0].topic.name, answer.message_queues[0].topic.resource_namespace) == ("orders", "a")
+    failed = service.QueryRouteResponse(status=definition.Status(code=40402, message="topic 'a%orders' does not exist"))
+    out_of_namespace(failed, "a")
+    assert failed.status.message == "topic 'orders' does not exist"
     with pytest.raises(GrpcError) as refused:
         into_namespace(service.QueryRouteRequest(topic=definition.Resource(name="x", resource_namespace="a%b")), "")
     assert refused.value.status == GrpcStatus.INVALID_ARGUMENT and "namespace" in str(refused.value)

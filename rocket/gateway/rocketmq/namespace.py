@@ -26,11 +26,16 @@ def into_namespace(message: Any, namespace: str) -> None:
 
 
 def out_of_namespace(message: Any, namespace: str) -> None:
-    """Each Resource of an answer that lies in namespace, as the client named it."""
+    """Each Resource of an answer that lies in namespace, as the client named it; and its status's message, whose
+    names are seen from within the namespace too."""
     for resource in resources(message):
         seen = outside_namespace(namespace, resource.name)
         if seen is not None:
             resource.name, resource.resource_namespace = seen, namespace
+    has_status = "status" in message.DESCRIPTOR.fields_by_name and message.HasField("status")
+    status = message.status if has_status else None
+    if status is not None and f"{namespace}%" in status.message:
+        status.message = status.message.replace(f"{namespace}%", "")
 
 
 def resources(message: Any) -> Iterator[Any]:
