@@ -9,12 +9,13 @@ verify_acknowledged: at its offset, intact, in order); duplicates from resends a
 
 A cycle's failover time runs from the kill to the acknowledgement of each writer's first batch sent after it, for its
 slowest writer. It is split by the node logs and a probe: detection (kill -> the controller's "node X is master at
-epoch N" line, in the nameserver leader's log), promotion (-> the survivor serves a read only a master serves, asked
-every 50 ms) and the broker (-> the writers' acknowledgements). Prints one line per cycle and the totals; writes
-benchmarks/results/controller-failover.json. Node logs stay in the run's directory with --keep-data (or on failure).
+epoch N" line, in the nameserver leader's log; with --standalone, the controller leader's), promotion (-> the survivor
+serves a read only a master serves, asked every 50 ms) and the broker (-> the writers' acknowledgements). Prints one
+line per cycle and the totals; writes benchmarks/results/controller-failover.json. Node logs stay in the run's
+directory with --keep-data (or on failure).
 
     PYTHONPATH=. python benchmarks/controller_failover.py [--cycles 50] [--handovers 0] [--queues 3] [--pause-s 1]
-        [--data-parent /tmp] [--keep-data] [--out benchmarks/results/controller-failover.json]
+        [--standalone] [--data-parent /tmp] [--keep-data] [--out benchmarks/results/controller-failover.json]
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from tests.integration.controller_cluster import (  # noqa: E402
 from tests.integration.test_cluster import BATCH, Writers, verify_acknowledged  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "controller-failover.json"
+STANDALONE = (31, 32, 33)  # --standalone: the controller runs on these nodes (`rocket run --role controller`)
 ELECTED = re.compile(r"group (\d+): node (\d+) is master at epoch (\d+)")
 NOT_CONSUMED = re.compile(r"(\d+) acknowledged messages not consumed where acknowledged")
 WARMUP_S = 3.0
@@ -56,9 +58,10 @@ def spread(values: list[float]) -> dict:
 
 
 def elections_logged(cluster: ControllerCluster, record: Failover) -> dict[int, float]:
-    """group -> seconds from the kill to the controller's line electing the survivor (any nameserver's log)."""
+    """group -> seconds from the kill to the controller's line electing the survivor (any nameserver's log, or any
+    standalone controller's)."""
     elected: dict[int, float] = {}
-    for node in cluster.nameservers.values():
+    for node in [*cluster.nameservers.values(), *cluster.controllers.values()]:
         for at, line in log_times(node.log_path, "is master at epoch"):
             found = ELECTED.search(line)
             if at >= record.killed_wall and found and int(found.group(2)) == record.survivor:
@@ -93,7 +96,7 @@ def print_cycle(row: dict) -> None:
 
 
 async def soak(args: argparse.Namespace, base: Path) -> dict:
-    cluster = ControllerCluster(base)
+    cluster = ControllerCluster(base, controllers=STANDALONE if args.standalone else ())
     started = time.monotonic()
     rows: list[dict] = []
     stalls: list[float] = []
@@ -171,7 +174,8 @@ def report(args: argparse.Namespace, outcome: dict) -> dict:
     return {
         "benchmark": "controller_failover", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
-        "setup": {"cycles": args.cycles, "cycles_done": len(rows), "groups": GROUPS, "queues": args.queues,
+        "setup": {"cycles": args.cycles, "cycles_done": len(rows), "controller": "standalone" if args.standalone
+                  else "embedded", "groups": GROUPS, "queues": args.queues,
                   "writers": args.queues, "batch_messages": BATCH, "pause_s": args.pause_s,
                   "controller_lapse_s": limits.controller_lapse_s, "controller_check_s": limits.controller_check_s,
                   "node_heartbeat_s": limits.node_heartbeat_s,
@@ -194,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=50)
     parser.add_argument("--handovers", type=int, default=0, help="rounds of handing every group over, after the kills")
     parser.add_argument("--queues", type=int, default=GROUPS, help="queues of the topic, one writer each")
+    parser.add_argument("--standalone", action="store_true",
+                        help="three standalone controllers (--role controller), not the nameservers' embedded one")
     parser.add_argument("--pause-s", type=float, default=1.0, help="between a node back in sync and the next kill")
     parser.add_argument("--data-parent", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--keep-data", action="store_true")

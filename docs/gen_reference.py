@@ -16,6 +16,7 @@ import typer.main
 from rocket import access, config, node
 from rocket.cli import _reflow, build_app, run
 from rocket.roles.broker.role import Broker
+from rocket.roles.controller.role import ControllerRole
 from rocket.roles.nameserver.role import Nameserver
 from rocket.roles.storage.role import StorageRole
 from rocket.transport import guard, methods, rpc
@@ -169,18 +170,23 @@ def config_page() -> str:
 
 # role -> where it registers its handlers: a class and its methods, or a function
 ROLES = {"nameserver": (Nameserver, "register", "acl_methods"), "broker": (Broker, "register"),
-         "storage": (StorageRole, "register"), "Raft host": (None, node.build_roles)}
+         "storage": (StorageRole, "register"), "controller": (ControllerRole, "register"),
+         "Raft host": (None, node.build_roles)}
 TITLES = {"dispatcher": "Answered by the dispatcher (every node)", "nameserver": "Nameserver", "broker": "Broker",
-          "storage": "Storage", "Raft host": "Raft host (every node)", "none": "Served by no role"}
+          "storage": "Storage", "controller": "Standalone controller (--role controller)",
+          "Raft host": "Raft host (every node)", "none": "Served by no role"}
 
 
 def parts_of(cls: type) -> dict[str, type]:
-    """A role's parts, by the attribute its __init__ keeps each in: {"admin": Admin} for self.admin = Admin(...)."""
+    """A role's parts, by the attribute its __init__ keeps each in: {"admin": Admin} for self.admin = Admin(...) (for
+    self.x = A(...) if ... else B(...), the default B)."""
     module = inspect.getmodule(cls)
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))  # type: ignore[misc]
-    return {target.attr: getattr(module, item.value.func.id) for item in ast.walk(tree) if isinstance(item, ast.Assign)
-            for target in item.targets if isinstance(target, ast.Attribute) and isinstance(item.value, ast.Call)
-            and isinstance(item.value.func, ast.Name) and isinstance(getattr(module, item.value.func.id, None), type)}
+    made = {target.attr: item.value.orelse if isinstance(item.value, ast.IfExp) else item.value
+            for item in ast.walk(tree) if isinstance(item, ast.Assign)
+            for target in item.targets if isinstance(target, ast.Attribute)}
+    return {attr: getattr(module, value.func.id) for attr, value in made.items() if isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name) and isinstance(getattr(module, value.func.id, None), type)}
 
 
 def handler_of(cls: type | None, value: ast.expr) -> object:

@@ -16,7 +16,8 @@ from rocket import limits
 from rocket.errors import RocketError
 from rocket.model import Address, parse_duration_s
 
-ROLES = ("nameserver", "storage", "broker")
+ROLES = ("nameserver", "storage", "broker", "controller")
+ALL_ROLES = ROLES[:3]  # "all": a node of the cluster in one process; the standalone controller runs on its own nodes
 TIER_BACKENDS = ("local", "s3", "off")
 TLS_MODES = ("enforcing", "permissive")  # RocketMQ's TlsMode, without its "disabled": no tls_cert is that
 TIER_READ_MODES = ("not_in_disk", "force")  # RocketMQ's tieredStorageLevel: tier only what is not local, or always
@@ -37,7 +38,7 @@ def ranged(default: Any, low: Any, high: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeConfig:
-    roles: tuple[str, ...] = ROLES
+    roles: tuple[str, ...] = ALL_ROLES
     data_dir: Path = Path("rocket-data")
     listen: Address = DEFAULT_LISTEN
     http2_listen: Address | None = Address("127.0.0.1", 9877)
@@ -91,6 +92,10 @@ class NodeConfig:
     # the address the other nodes reach this one at (default: listen), and the storage layout.
     node_id: int = ranged(1, 1, 2**31 - 1)
     nameservers: tuple[tuple[int, Address], ...] = ()
+    # The standalone controller group (RIP-44, `--role controller`; id -> address): set on the nameservers and storage
+    # nodes, it decides controller-mode groups' masters; empty: the nameservers' embedded controller does (unless this
+    # node runs the controller role itself: then it is the group, alone).
+    controllers: tuple[tuple[int, Address], ...] = ()
     advertise: Address | None = None
     replication: int = ranged(3, 1, limits.replication_max)
     storage_groups: int = ranged(8, 1, limits.storage_groups_max)
@@ -144,6 +149,12 @@ class NodeConfig:
             return dict(self.nameservers)
         return {self.node_id: self.address}
 
+    def controller_members(self) -> dict[int, Address]:
+        """The standalone controller group: as configured, or this node alone when it runs the controller role."""
+        if self.controllers or "controller" not in self.roles:
+            return dict(self.controllers)
+        return {self.node_id: self.address}
+
 
 _keys = {field.name for field in dataclasses.fields(NodeConfig)}
 _RANGED = {field.name: (type(field.default) is int, *field.metadata["range"])
@@ -173,7 +184,7 @@ def parse_roles(key: str, value: object) -> tuple[str, ...]:
     roles: list[str] = []
     for item in (str(item).strip() for item in items):
         if item == "all":
-            roles.extend(ROLES)
+            roles.extend(ALL_ROLES)
         elif item in ROLES:
             roles.append(item)
         else:
@@ -292,7 +303,7 @@ def _convert(key: str, value: object) -> object:
             raise ConfigError(f"{key}: at least {limits.cluster_secret_chars_min} characters (a random one: "
                               "python3 -c 'import secrets; print(secrets.token_hex(32))')")
         return str(value)
-    if key == "nameservers":
+    if key in ("nameservers", "controllers"):
         return parse_members(key, value)
     if key == "advertise":
         return parse_address(key, value, allow_off=True)
@@ -335,12 +346,15 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
     if "http_listen" not in values:
         values["http_listen"] = _dev_http_listen(values)
     config = NodeConfig(**values)
-    if not config.nameservers and "nameserver" not in config.roles:
+    if not config.nameservers and "nameserver" not in config.roles and config.roles != ("controller",):
         raise ConfigError("nameservers: a node without the nameserver role needs the nameserver group, as "
                           "ID@HOST:PORT,...")
     if config.nameservers and "nameserver" in config.roles and config.node_id not in dict(config.nameservers):
         raise ConfigError(f"nameservers: this node runs the nameserver role, so its node_id {config.node_id} "
                           "must be one of them")
+    if config.controllers and "controller" in config.roles and config.node_id not in dict(config.controllers):
+        raise ConfigError(f"controllers: this node runs the controller role, so its node_id {config.node_id} must be "
+                          "one of them")
     if config.tier_backend == "s3" and not config.tier_s3_bucket:
         raise ConfigError("tier_s3_bucket: the s3 tier backend needs a bucket")
     if config.auth and not config.cluster_secret:

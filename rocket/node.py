@@ -35,6 +35,7 @@ from rocket.model import Address
 from rocket.raft.host import RaftHost
 from rocket.raft.wal import Wal
 from rocket.roles.broker import Broker
+from rocket.roles.controller import ControllerRole
 from rocket.roles.nameserver import Nameserver
 from rocket.roles.peers import Peers
 from rocket.roles.storage import StorageRole
@@ -236,18 +237,22 @@ class Roles:
     nameserver: Nameserver | None
     storage: StorageRole | None
     broker: Broker | None
+    controller: ControllerRole | None = None
 
     async def start(self, nursery: trio.Nursery) -> None:
-        """Start the Raft host and the roles' services in nursery; a node without storage reports its load itself.
-        Returns once they run (a storage node then waits for its assignment: see StorageRole.assigned)."""
+        """Start the Raft host and the roles' services in nursery; a node without storage reports its load itself
+        (a standalone controller only to the nameservers it is given). Returns once they run (a storage node then
+        waits for its assignment: see StorageRole.assigned)."""
         await nursery.start(self.host.run)
+        if self.controller is not None:
+            await nursery.start(self.controller.serve)
         if self.nameserver is not None:
             await nursery.start(self.nameserver.serve)
         if self.broker is not None:
             await nursery.start(self.broker.run)
         if self.storage is not None:
             await nursery.start(self.storage.serve)
-        else:
+        elif self.peers.config.roles != ("controller",) or self.peers.config.nameservers:
             await nursery.start(self.peers.report_forever)
 
 
@@ -258,7 +263,8 @@ def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Di
     methods (and RaftStep and RaftSnapshotChunk, into host) with dispatcher. The one place roles are wired: node.py
     and the roles simulator (tests/sim/roles_sim.py) both call it; what differs between them (network, disk, clock,
     world: the machine's threads, free space and randomness) comes in as arguments. Every node runs one multi-raft
-    host: the nameservers' metadata group if it is a nameserver, and the storage groups assigned to it if it stores.
+    host: the nameservers' metadata group if it is a nameserver, the controllers' group if it is a standalone
+    controller, and the storage groups assigned to it if it stores.
     Roles reach each other through Peers: over TCP, or directly when they share the process."""
     async def raft_step(request: dict) -> dict:
         host.receive(request["payload"])
@@ -280,13 +286,16 @@ def build_roles(config: NodeConfig, host: RaftHost, peers: Peers, dispatcher: Di
     nameserver = Nameserver(config, host, peers, clock, objects=objects) if "nameserver" in config.roles else None
     storage = StorageRole(config, host, peers, addresses, clock, objects, world) if "storage" in config.roles else None
     broker = Broker(peers, config.roles, clock, world) if "broker" in config.roles else None
+    controller = ControllerRole(config, host, peers, clock) if "controller" in config.roles else None
+    if controller is not None:
+        controller.register(dispatcher)
     if nameserver is not None:
         nameserver.register(dispatcher)
     if storage is not None:
         storage.register(dispatcher)
     if broker is not None:
         broker.register(dispatcher, forward_status=nameserver is None)
-    return Roles(host, peers, nameserver, storage, broker)
+    return Roles(host, peers, nameserver, storage, broker, controller)
 
 
 def _peer_auth(config: NodeConfig, dispatcher: Dispatcher, clock: Clock, tls: NodeTls) -> PeerAuth | None:
@@ -448,7 +457,8 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                                                   config.http_listen.host, config.http_listen.port,
                                                   {**console.routes(), **metrics.routes()}),
                                           "HTTP/1.1, --http-listen", config.http_listen)
-            addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
+            addresses = {node: (address.host, address.port)
+                         for node, address in {**config.nameserver_members(), **config.controller_members()}.items()}
             # In permissive mode (a cluster moving to TLS) a node falls back to plain to a node without TLS yet.
             fallback = tls.mode == "permissive"
             links = PeerLinks(config.node_id, addresses, peer_auth, tls=lambda: tls.peer, plain_fallback=fallback)

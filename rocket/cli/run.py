@@ -24,7 +24,7 @@ def fail(message: str, status: int) -> None:
 
 
 def run(
-    role: Annotated[Optional[str], typer.Option("--role", help="all, or a comma-separated list of nameserver, storage, broker.")] = None,
+    role: Annotated[Optional[str], typer.Option("--role", help="all (nameserver, storage and broker), or a comma-separated list of nameserver, storage, broker, controller.")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="TOML config file.")] = None,
     data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where data lives (default ./rocket-data).")] = None,
     listen: Annotated[Optional[str], typer.Option("--listen", help="TCP HOST:PORT (default 127.0.0.1:9876).")] = None,
@@ -33,6 +33,7 @@ def run(
     log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug, info, warning or error (default info).")] = None,
     node_id: Annotated[Optional[int], typer.Option("--node-id", help="This node's id in the cluster (default 1).")] = None,
     nameservers: Annotated[Optional[str], typer.Option("--nameservers", help="ID@HOST:PORT,... of the nameserver group (default: this node alone).")] = None,
+    controllers: Annotated[Optional[str], typer.Option("--controllers", help="ID@HOST:PORT,... of the standalone controller group (default: none; the nameservers' embedded controller).")] = None,
     advertise: Annotated[Optional[str], typer.Option("--advertise", help="HOST:PORT other nodes reach this one at (default: --listen).")] = None,
     auth: Annotated[Optional[bool], typer.Option("--auth/--no-auth", help="Every client call needs a user the policies allow (needs cluster_secret).")] = None,
 ) -> None:
@@ -40,7 +41,8 @@ def run(
     from rocket.node import StartupError, keep_freed_memory, run_node, tune_collector
 
     flags = {"roles": role, "data_dir": data_dir, "listen": listen, "http2_listen": http2_listen, "http_listen": http_listen, "log_level": log_level,
-             "node_id": node_id, "nameservers": nameservers, "advertise": advertise, "auth": auth}
+             "node_id": node_id, "nameservers": nameservers, "controllers": controllers,
+             "advertise": advertise, "auth": auth}
     try:
         node_config = load_from_environment(config, flags)
     except ConfigError as error:

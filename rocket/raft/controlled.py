@@ -19,10 +19,10 @@ class ControlledCore(RaftCore):
     which core a group has: a proposal, a read barrier, "who leads" and "who lags" mean the same on both
     (replication.Engine).
 
-    The controller (in the nameservers' metadata, rocket.roles.nameserver.controller; its state in metadata.py) holds,
-    per group, the master, its epoch (master_epoch), the SyncStateSet (SSS: the replicas known to hold everything
-    acknowledged) and the SSS's epoch (sync_state_set_epoch), and tells each replica through its assignment
-    (control()). The storage node learns the controller's word from its heartbeat's answer
+    The controller (rocket.roles.nameserver.controller; its state in the nameservers' metadata, or standalone in its
+    own group's, rocket.roles.controller) holds, per group, the master, its epoch (master_epoch), the SyncStateSet
+    (SSS: the replicas known to hold everything acknowledged) and the SSS's epoch (sync_state_set_epoch), and tells
+    each replica through its assignment, or the standalone controller's heartbeat answers (control()). The storage node learns the controller's word from its heartbeat's answer
     (roles/storage/assignment.py, Assignments._control_of), and as master asks the controller for SSS changes
     (roles/storage/replicas.py, sync_states_forever: ControllerAlterSyncStateSet). What differs from Raft:
     - no elections: the controller's word makes a master (at its epoch, the core's term) or a slave;
@@ -167,7 +167,20 @@ class ControlledCore(RaftCore):
         raise RocketError(Code.BAD_REQUEST, "a controller-mode group's master is the controller's choice")
 
     def propose_conf_change(self, action: str, node: int) -> int:
-        raise RocketError(Code.BAD_REQUEST, "a controller-mode group's replicas do not change (yet)")
+        """A replica replaced (the nameservers' move): the new one joins as a learner, is promoted (a slave outside
+        the SSS, which the master asks the controller to let in once it holds everything committed), and the old one
+        is removed only once it is out of the SSS and out of any set asked for (the controller drops it first): the
+        commit never waits for a replica that is gone, and every member of the set still holds everything."""
+        if action == "remove" and (node in self.sync_state_set
+                                   or (self.requested is not None and node in self.requested.sync_state_set)):
+            raise RocketError(Code.UNAVAILABLE, f"node {node} is in the SyncStateSet {sorted(self.sync_state_set)}: "
+                              "the controller drops it before it is removed; retry")
+        return super().propose_conf_change(action, node)
+
+    def _apply_conf_change(self, data: bytes) -> None:
+        super()._apply_conf_change(data)
+        if self.role == Role.LEADER:
+            self._joining &= self.voters  # a removed slave no longer holds the commit back
 
     def lease_valid(self) -> bool:
         return False  # no leases: a deposed master learns of its successor only from it or the controller

@@ -31,6 +31,8 @@ class Peers:
         self.pool = pool
         self.nameservers = list(config.nameserver_members().values())
         self._nameserver_at = 0  # the nameserver that answered last: asked first next time
+        self.controllers = list(config.controller_members().values())  # a standalone controller group, if any
+        self._controller_at = 0
         self.metadata_version = 0  # the newest metadata version a heartbeat answer carried
         self.metadata_changed = trio.Event()  # set (and replaced) when a heartbeat answer carries a newer version
         self.telemetry: Telemetry | None = None  # where calls to other nodes are timed and their errors counted
@@ -53,18 +55,28 @@ class Peers:
 
     async def nameserver(self, method: str, request: dict, timeout_s: float = limits.request_timeout_s_default) -> dict:
         """Ask the nameservers, starting with the one that answered last; the next one on failure."""
-        error = RocketError(Code.UNAVAILABLE, "no nameserver is configured")
-        for attempt in range(len(self.nameservers)):
-            at = (self._nameserver_at + attempt) % len(self.nameservers)
+        response, self._nameserver_at = await self._ask(self.nameservers, self._nameserver_at, "nameserver", method,
+                                                        request, timeout_s)
+        return response
+
+    async def controller(self, method: str, request: dict, timeout_s: float = limits.request_timeout_s_default) -> dict:
+        """Ask the standalone controllers (config controllers), as nameserver() asks the nameservers."""
+        response, self._controller_at = await self._ask(self.controllers, self._controller_at, "controller", method,
+                                                        request, timeout_s)
+        return response
+
+    async def _ask(self, nodes: list[Address], first: int, what: str, method: str, request: dict,
+                   timeout_s: float) -> tuple[dict, int]:
+        """The answer of the first of nodes (from index first on) that gives one, and its index."""
+        error = RocketError(Code.UNAVAILABLE, f"no {what} is configured")
+        for attempt in range(len(nodes)):
+            at = (first + attempt) % len(nodes)
             try:
-                response = await self.call(self.nameservers[at], method, request, timeout_s)
+                return await self.call(nodes[at], method, request, timeout_s), at
             except RocketError as failure:
                 if failure.code not in RETRYABLE:
                     raise
                 error = failure
-                continue
-            self._nameserver_at = at
-            return response
         raise error
 
     async def heartbeat(self, load: dict | None = None, assignment_version: int = -1) -> dict | None:

@@ -18,16 +18,17 @@ from rocket.errors import Code, RocketError
 NAMESPACE = "rocket.v1"
 # The schema set's version (see versions.py): raise it, and freeze, whenever a .avsc file changes, or what nodes of a
 # version do on the wire (4: the same schemas as 3; a node of 4 on takes POST frames, transport/frames.py; 5: the same
-# schemas as 4; a node of 5 on speaks the lane, lane.py; 6 adds group to PullRequest; 7 adds
-# the deletes (DeleteTopic, DeleteGroup, StorageDrop: a storage group of 7 applies DROP entries), retention and a request
-# id at CreateTopic, a request id at CreateStorageClass). Schema versions came with issue
+# schemas as 4; a node of 5 on speaks the lane, lane.py; 6 adds group to PullRequest; 7 adds the deletes
+# (DeleteTopic, DeleteGroup, StorageDrop: a storage group of 7 applies DROP entries), retention and a request id at
+# CreateTopic, a request id at CreateStorageClass; 8 adds the standalone controller's calls: ControllerHeartbeat,
+# ControllerGroups, ControllerHandover, ControllerHandOverFrom, ControllerMembers). Schema versions came with issue
 # 34: version 1 is the set of commit 18caf45, whose nodes say no version. Version 2 added Hello, and schema_version
 # (default 1) in NodeHeartbeatRequest and NodeStatus: the nameserver leader keeps each node's, and `rocket cluster
 # status` shows it beside the rocket version, so a rolling upgrade shows node by node (an old leader knows no schema
 # versions: it shows 1 for all). tests/integration/test_upgrade.py runs three nodes of 18caf45 and upgrades them one at
 # a time to this tree, under produce (JSON) and consume (Avro) load: every phase keeps serving, heartbeats cross
 # versions both ways, and every acknowledged message is consumed.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 SCHEMA_DIRECTORY = Path(__file__).parent / "schemas"
 _int_bounds = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
 

@@ -547,6 +547,39 @@ class ControlState(msgspec.Struct):
     sync_state_set_epoch: int
 
 
+class ControlledGroup(msgspec.Struct):
+    group: int
+    voters: list[int]
+    master: int
+    master_epoch: int
+    sync_state_set: list[int]
+    sync_state_set_epoch: int
+    unclean_election: bool = False
+
+
+class ControllerHeartbeatRequest(msgspec.Struct):
+    node: int
+    replicas: list[ControlledReplica] = []
+    register: list[ControlledGroup] = []
+
+
+class ControllerGroupsResponse(msgspec.Struct):
+    groups: list[ControlledGroup] = []
+    unknown: list[int] = []
+    elections: list[ElectionRecord] = []
+
+
+class HandOverFromRequest(msgspec.Struct):
+    nodes: list[int]
+
+
+class ControllerMembersRequest(msgspec.Struct):
+    group: int
+    replicas: list[int]
+    leaving: int = 0
+    drop: int = 0
+
+
 # ---- consumer groups on the broker (rocket/roles/broker/groups.py) ----------------------------------------------
 
 class GroupInfoRequest(msgspec.Struct):
@@ -603,7 +636,9 @@ STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct i
     DrainNodeRequest, NodeHealthRequest, PinNodeHealthRequest, HealthFeature, NodeHealthInfo, NodeHealthResponse,
     GroupBytes, TopicBytes, PeerCalls, ControlledReplica, NodeLoad, NodeHeartbeatRequest, NodeAddress, Assignment,
     TopicRequest, Route, NodeStatus, ClusterStatusResponse, QueuePlacement, PlacementExplainResponse, SeriesStep,
-    LoadShareRequest, AlterSyncStateSetRequest, HandoverRequest, ControlState, QueueInfo, QueueOffset, PopInfo,
+    LoadShareRequest, AlterSyncStateSetRequest, HandoverRequest, ControlState, ControlledGroup,
+    ControllerHeartbeatRequest, ControllerGroupsResponse, HandOverFromRequest, ControllerMembersRequest, QueueInfo,
+    QueueOffset, PopInfo,
     StorageQueuesResponse, DescribeTopicResponse, TierStatusRequest, TierQueue, StorageTierResponse, TierTopic,
     TierStatusResponse, BucketInfo, ListBucketsResponse, KvShardInfo, DescribeBucketResponse, GroupInfoRequest,
     GroupQueue, GroupInfoResponse, GroupHeartbeatRequest, GroupHeartbeatResponse, ResetGroupRequest)}

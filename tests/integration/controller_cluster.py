@@ -74,24 +74,46 @@ class NameserverProxies:
 
 class ControllerCluster:
     """The processes, with fixed ports and data directories under base; the storage nodes in proxied reach the
-    nameservers through NameserverProxies of their own (started by start_proxies, in the caller's nursery)."""
+    nameservers through NameserverProxies of their own (started by start_proxies, in the caller's nursery). With
+    controllers, those nodes run the standalone controller (`--role controller`), and every node points at them."""
 
-    def __init__(self, base: Path, proxied: tuple[int, ...] = ()):
-        ports = iter(free_ports(len(NAMESERVERS) + len(STORAGE) + 1 + len(NAMESERVERS) * len(proxied)))
+    def __init__(self, base: Path, proxied: tuple[int, ...] = (), controllers: tuple[int, ...] = (),
+                 storage: tuple[int, ...] = STORAGE):
+        ports = iter(free_ports(len(NAMESERVERS) + len(storage) + 1 + len(NAMESERVERS) * len(proxied)
+                                + len(controllers)))
         nameserver_ports = {node: next(ports) for node in NAMESERVERS}
         members = ",".join(f"{node}@127.0.0.1:{port}" for node, port in nameserver_ports.items())
+        controller_ports = {node: next(ports) for node in controllers}
+        environment = dict(ENVIRONMENT)
+        if controllers:
+            environment["ROCKET_CONTROLLERS"] = ",".join(f"{node}@127.0.0.1:{port}"
+                                                         for node, port in controller_ports.items())
         self.base = base
-        self.nameservers = {node: Node(node, port, members, base, "nameserver", ENVIRONMENT)
+        self.nameservers = {node: Node(node, port, members, base, "nameserver", environment)
                             for node, port in nameserver_ports.items()}
         self.proxies = {node: NameserverProxies([(ns, next(ports), port) for ns, port in nameserver_ports.items()],
                                                 base / f"proxies{node}.json") for node in proxied}
         self.storage = {node: Node(node, next(ports), self.proxies[node].members if node in proxied else members, base,
-                                   "storage", ENVIRONMENT) for node in STORAGE}
-        self.broker = Node(BROKER, next(ports), members, base, "broker", ENVIRONMENT)
+                                   "storage", environment) for node in storage}
+        self.broker = Node(BROKER, next(ports), members, base, "broker", environment)
+        self.controllers = {node: Node(node, port, members, base, "controller", environment)
+                            for node, port in controller_ports.items()}
 
     @property
     def nodes(self) -> list[Node]:
-        return [*self.nameservers.values(), *self.storage.values(), self.broker]
+        return [*self.controllers.values(), *self.nameservers.values(), *self.storage.values(), self.broker]
+
+    def add_controllers(self, controllers: tuple[int, ...]) -> str:
+        """Start standalone controllers (`--role controller`) on free ports beside a running cluster; returns their
+        group, as ROCKET_CONTROLLERS names it (the other nodes take it when they restart)."""
+        ports = free_ports(len(controllers))
+        members = ",".join(f"{node}@127.0.0.1:{port}" for node, port in zip(controllers, ports))
+        nameservers = next(iter(self.nameservers.values())).nameservers
+        for node, port in zip(controllers, ports):
+            self.controllers[node] = Node(node, port, nameservers, self.base, "controller",
+                                          {**ENVIRONMENT, "ROCKET_CONTROLLERS": members})
+            self.controllers[node].start()
+        return members
 
     async def start_proxies(self, nursery: trio.Nursery) -> None:
         for proxies in self.proxies.values():
@@ -107,7 +129,7 @@ class ControllerCluster:
             while True:
                 status = await cluster_status([self.broker.server])
                 if status is not None and {entry["id"] for entry in status["nodes"] if entry["state"] == "up"
-                                           and "storage" in entry["roles"]} >= set(STORAGE):
+                                           and "storage" in entry["roles"]} >= set(self.storage):
                     return
                 await trio.sleep(0.2)
 
@@ -291,3 +313,18 @@ async def hand_over_each(writers: Writers, admin: Admin, queues: list[int], queu
         stalls.append(max(later - earlier for earlier, later in zip(times, times[1:])))
         await wait_in_sync(admin)  # the old master a slave in the SyncStateSet again, before the next
     return stalls
+
+
+async def stop_writers(writers: Writers, queues: list[int]) -> None:
+    """Stop the writers (one per queue of queues) and wait until each has had its last batch answered."""
+    writers.stop.set()
+    with trio.fail_after(30):
+        while writers.done < len(queues):
+            await trio.sleep(0.1)
+
+
+def totals(result: dict, writers: Writers, started: float) -> str:
+    """verify_acknowledged's result, the writers' errors and the wall time since started (time.monotonic())."""
+    return (f"totals: acknowledged {result['acknowledged']} messages in {result['batches']} batches; consumed "
+            f"{result['consumed']} ({result['distinct']} distinct); duplicates {result['duplicates']}; writer errors "
+            f"{dict(writers.errors)}; wall {time.monotonic() - started:.1f} s")

@@ -1,7 +1,8 @@
 """A deterministic simulation of controller-mode groups (RIP-44): two or three ControlledCores replicate master to
 slaves, and a model controller names the master and holds the SyncStateSet. One seeded random source decides every
 fault, so a failure replays from its seed. Checkers: no acknowledged entry is lost, one acknowledging master per
-epoch, committed prefixes never diverge (and a committed entry is never truncated)."""
+epoch, committed prefixes never diverge (and a committed entry is never truncated). A replica can be replaced under
+the faults, in the steps the nameservers' moves take (Group.replace, Mover)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class Controller:
         self.down = False
         self.heard: dict[int, int] = {}  # replica -> step of its last heartbeat
         self.last_index: dict[int, int] = {}  # replica -> the log end its last heartbeat reported
+        self.leaving = NONE  # a replica being replaced: not let into the SSS again, never elected
         self.outcomes: list[tuple[int, SyncStateRequest, str]] = []  # (step, request, applied, fenced or refused)
         self.elections: list[tuple[int, int, int]] = []  # (step, master, master epoch)
 
@@ -83,8 +85,8 @@ class Controller:
             outcome = "fenced"
         elif self.master not in request.sync_state_set:
             outcome = "refused"  # for good: no resend of it can ever apply (refusals that could would be unsafe)
-        else:
-            self.sync_state_set = request.sync_state_set
+        else:  # a replica leaving is not let in again (metadata.alter): a subset of the set asked for
+            self.sync_state_set = request.sync_state_set - ({self.leaving} - self.sync_state_set)
             self.sync_state_set_epoch += 1
             outcome = "applied"
         self.outcomes.append((now, request, outcome))
@@ -97,7 +99,8 @@ class Controller:
             return None
         candidates = sorted(node for node in self.sync_state_set if node != self.master and self.fresh(node, now))
         if not candidates and self.unclean:
-            candidates = sorted(node for node in self.replicas if node != self.master and self.fresh(node, now))
+            candidates = sorted(node for node in self.replicas
+                                if node not in (self.master, self.leaving) and self.fresh(node, now))
         if not candidates:
             return None
         chosen = max(candidates, key=lambda node: self.last_index[node])
@@ -116,6 +119,14 @@ class Controller:
         self.elections.append((now, target, self.master_epoch))
         return True
 
+    def drop(self, node: int) -> bool:
+        """The controller drops a replica being replaced from the SSS (Nameserver._hand_off): a shrink at the next
+        SSS epoch, never of the master."""
+        if self.down or node == self.master or node not in self.sync_state_set:
+            return False
+        self.sync_state_set, self.sync_state_set_epoch = self.sync_state_set - {node}, self.sync_state_set_epoch + 1
+        return True
+
     def go_down(self) -> None:
         self.down = True
 
@@ -125,6 +136,16 @@ class Controller:
         self.down = False
         if new_leader:
             self.heard = {node: now for node in self.heard}
+
+
+@dataclasses.dataclass
+class Mover:
+    """A replica replacement under way: old gives way to new (Group._move takes one step of it per step)."""
+
+    old: int
+    new: int
+    removed_at: int = 0  # the index of the master's entry removing old
+    done: bool = False
 
 
 class Replica(Node):
@@ -174,6 +195,67 @@ class Group:
         self.committed: dict[int, Entry] = {}  # index -> the entry some replica committed there
         self.checked_commit: dict[int, int] = {node: 0 for node in voters}
         self.events: collections.deque[str] = collections.deque(maxlen=30)
+        self.mover: Mover | None = None
+
+    # ---- replacing a replica ---------------------------------------------------------------------
+
+    def replace(self, old: int) -> int:
+        """Start replacing replica old by a new, empty one (its id: the next free); the Mover carries it out, a step
+        at a time, among the faults. Returns the new replica's id."""
+        new = max(self.nodes) + 1
+        members = tuple(sorted(self.nodes))
+        self.nodes[new] = Replica(new, members, (new,), self.seed)
+        self.unsynced[new], self.proposals[new], self.checked_commit[new] = [], {}, 0
+        self.controller.replicas = self.controller.replicas + (new,)
+        self.controller.leaving = old
+        self.mover = Mover(old, new)
+        self.events.append(f"step {self.step_number}: replacing replica {old} by {new}")
+        return new
+
+    def _move(self) -> None:
+        mover, controller = self.mover, self.controller
+        if mover is None or mover.done or controller.down:
+            return
+        master = self.nodes.get(controller.master)
+        if master is None or master.id in self.down or master.core.role != Role.LEADER \
+                or master.core.term != controller.master_epoch:
+            return  # the nameserver leader calls the group's master: none now
+        core, old, new = master.core, mover.old, mover.new
+        try:
+            if new not in core.voters | core.learners:
+                core.propose_conf_change("add_learner", new)
+            elif new in core.learners:
+                progress = core.tracker.get(new)
+                if progress is not None and progress.match >= core.commit:  # caught up: it may become a slave
+                    core.propose_conf_change("promote", new)
+            elif new not in controller.sync_state_set:
+                return  # the master asks the controller to let it in once it holds everything committed
+            elif controller.master == old:
+                if controller.hand_over(new, self.step_number):
+                    self._tell(f"handed over to {new} at epoch {controller.master_epoch} (replacing {old})")
+            elif old in controller.sync_state_set:
+                if controller.drop(old):
+                    self._tell(f"dropped {old} from the SSS (replacing it)")
+            elif old in core.voters:
+                mover.removed_at = core.propose_conf_change("remove", old)
+            elif core.commit >= mover.removed_at > 0:
+                mover.done = True
+                del self.nodes[old]  # the storage node stops hosting it
+                self.down.pop(old, None)
+                self.unsynced.pop(old, None)
+                controller.replicas = tuple(node for node in controller.replicas if node != old)
+                controller.leaving = NONE
+                self.events.append(f"step {self.step_number}: replica {old} replaced by {new}")
+        except RocketError:
+            pass  # a change in progress, not caught up, or still in the master's set: asked again next step
+
+    def _tell(self, what: str) -> None:
+        """The controller's new word, to every replica (lossy, late), as after an election."""
+        self.events.append(f"step {self.step_number}: the controller {what}")
+        if self.controller.master in self.nodes:
+            self.check_holds_acknowledged(self.controller.master, what)
+        for node in self.nodes:
+            self._send("word", CONTROLLER, node, self.controller.word())
 
     # ---- running ---------------------------------------------------------------------------------
 
@@ -205,6 +287,7 @@ class Group:
             for node in self._up():
                 node.core.tick()
             self._controller_step()
+            self._move()
             self._heartbeats()
             self._sync_state_requests()
             self._deliver_due()
@@ -321,7 +404,7 @@ class Group:
         if to == CONTROLLER:
             self._controller_receives(kind, sender, payload)
             return
-        if to in self.down:
+        if to in self.down or to not in self.nodes:  # down, or replaced
             return
         core = self.nodes[to].core
         if kind == "raft":

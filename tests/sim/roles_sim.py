@@ -30,7 +30,7 @@ import trio.testing
 from rocket import limits
 from rocket.client.producer import Sequencer
 from rocket.clock import Clock, TrioWallClock
-from rocket.config import NodeConfig
+from rocket.config import ALL_ROLES, ROLES, NodeConfig
 from rocket.disk.commitlog import SUFFIX, CommitLog
 from rocket.errors import Code, RocketError
 from rocket.model import Address, Message
@@ -48,7 +48,8 @@ from rocket.world import World
 
 EPOCH_S = 1_700_000_000.0  # the simulated wall time when trio's clock reads 0
 SIMULATED_S_MAX = 300.0  # a controller-mode run that has not ended by then is stuck: it fails, not spins
-CONTROLLER_METHODS = {"NodeHeartbeat", "ControllerAlterSyncStateSet"}  # a storage node's calls to the controller
+# a storage node's calls to the controller (embedded in the nameservers, or standalone)
+CONTROLLER_METHODS = {"NodeHeartbeat", "ControllerAlterSyncStateSet", "ControllerHeartbeat"}
 FREE_BYTES = 64 << 30  # what every simulated disk has free, whatever the machine's has
 T = TypeVar("T")
 
@@ -251,7 +252,8 @@ class SimNode:
         self.stopped = trio.Event()
         wal = Wal.open(config.data_dir / "raft", keep_segments=True)
         self.disk.watch("wal", wal.log)
-        addresses = {node: (address.host, address.port) for node, address in config.nameserver_members().items()}
+        addresses = {node: (address.host, address.port)
+                     for node, address in {**config.nameserver_members(), **config.controller_members()}.items()}
         self.host = RaftHost(config.node_id, wal, functools.partial(self.network.post, config.node_id),
                              tick_s=config.raft_tick_s, world=self.world)
         peers = Peers(config, self.dispatcher, SimPool(self.network, config.node_id))
@@ -431,18 +433,23 @@ def check_consumed(writers: Writers, consumed: dict[int, list[Message]]) -> dict
     return {"acknowledged": len(acknowledged), "duplicates": duplicates}
 
 
-def node_config(node: int, nodes: int, base: Path, groups: int) -> NodeConfig:
+def node_config(node: int, nodes: int, base: Path, groups: int, standalone: bool = False) -> NodeConfig:
+    """With standalone, each node runs the standalone controller's role too, the three its group (on a Raft group of
+    its own, beside the nameservers')."""
     members = tuple((member, Address(f"node{member}", 9876)) for member in range(1, nodes + 1))
     return NodeConfig(data_dir=base / f"node{node}", listen=Address(f"node{node}", 9876), http2_listen=None,
-                      node_id=node, nameservers=members, storage_groups=groups, replication=3)
+                      node_id=node, nameservers=members, storage_groups=groups, replication=3,
+                      roles=ROLES if standalone else ALL_ROLES, controllers=members if standalone else ())
 
 
-def cluster(seed: int, base: Path, faults: NetworkFaults, groups: int) -> tuple[Network, dict[int, SimNode]]:
+def cluster(seed: int, base: Path, faults: NetworkFaults, groups: int,
+            standalone: bool = False) -> tuple[Network, dict[int, SimNode]]:
     """Three all-role nodes on one network, every random choice (trio's scheduling too) following the seed."""
     deterministic_trio(seed)
     network = Network(random.Random(seed), faults)
     clock = TrioWallClock(EPOCH_S)
-    return network, {node: SimNode(node_config(node, 3, base, groups), network, clock) for node in (1, 2, 3)}
+    return network, {node: SimNode(node_config(node, 3, base, groups, standalone), network, clock)
+                     for node in (1, 2, 3)}
 
 
 async def start_nodes(nursery: trio.Nursery, nodes: dict[int, SimNode]) -> None:
@@ -652,15 +659,16 @@ async def masters(network: Network) -> dict[int, int]:
     return {group["id"]: group["master"] for group in classes["classes"][0]["groups"]}
 
 
-async def run_controller_failover(seed: int, base: Path, faults: NetworkFaults, scenario: str) -> dict:
+async def run_controller_failover(seed: int, base: Path, faults: NetworkFaults, scenario: str,
+                                  standalone: bool = False) -> dict:
     """Three all-role nodes, a topic on a controller-mode class of two replicas per group, under writes. Scenarios:
     crashes (the node mastering the most groups, restarted; then the nameserver leader's node with the masters it
     hosts, the controller's leader and masters at once, as in apache/rocketmq#7689), partitions (the busiest master
     cut off from the other nodes while the client still reaches it; then the nameserver leader isolated),
     controller_cut (a master's calls to the controller go unanswered while it reaches everyone else). Then everything
     is consumed and checked, and the replicas' logs compared; the controller's elections and the masters each epoch
-    had are reported."""
-    network, nodes = cluster(seed, base, faults, groups=2)
+    had are reported. With standalone, the controller is the standalone one, on the same three nodes."""
+    network, nodes = cluster(seed, base, faults, groups=2, standalone=standalone)
     report: dict = {"seed": seed, "scenario": scenario, "faults": []}
     with MasterLog() as master_log, trio.fail_after(SIMULATED_S_MAX):
         async with trio.open_nursery() as nursery:

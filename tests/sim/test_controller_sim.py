@@ -367,3 +367,63 @@ def test_a_restarted_master_waits_for_every_replica_until_its_own_request_applie
     group.deliver_now(first_of(lambda *item: item[3] is expand[3]))
     assert group.controller.outcomes[-1][1:] == (expand[3], "applied")
     group.run_until(lambda: group.controller.master == slave, what="the slave elected")
+
+
+# ---- replacing a replica --------------------------------------------------------------------------------------------
+
+def replace_under_faults(seed: int) -> tuple[Group, int, int]:
+    """Settled, then replica old (the master for even seeds) replaced by new under every fault for 300 steps."""
+    group = Group(seed, 2 + seed % 2, dataclasses.replace(EVERYTHING))
+    group.run(60)
+    group.settle()
+    old = group.controller.master if seed % 2 == 0 else next(node for node in group.nodes
+                                                             if node != group.controller.master)
+    new = group.replace(old)
+    group.faults = dataclasses.replace(EVERYTHING)
+    group.run(300)
+    return group, old, new
+
+
+def test_a_replica_is_replaced_among_all_faults(seed):
+    """A replica (the master for even seeds) is replaced by a new one under every fault, in the nameservers' steps:
+    learner, slave, into the SSS, handover if it was master, dropped from the SSS by the controller, removed by the
+    master. Nothing acknowledged is lost (the new replica, once master or in the set, holds it all), and once healed
+    the replacement completes."""
+    try:
+        group, old, new = replace_under_faults(seed)
+    except AssertionError:
+        print(f"controller simulation failed with seed {seed}: replay with pytest {__file__} --seed {seed}")
+        raise
+    group.settle()
+    group.run_until(lambda: group.mover.done, steps_max=600, what=f"replacing {old} by {new}")
+    master = group.settle()
+    assert old not in group.nodes and new in master.core.voters and old not in master.core.voters
+    assert new in group.controller.replicas and old not in group.controller.replicas
+
+
+def test_a_new_replica_let_into_the_set_before_it_caught_up_is_caught(monkeypatch):
+    """A planted bug in the replacement: the controller lets the new replica into the SSS as soon as it is a slave,
+    before it holds everything committed; a handover to it, or an election of it, then loses acknowledged entries."""
+    move = Group._move
+
+    def admitting_at_once(self) -> None:
+        mover, controller = self.mover, self.controller
+        master = self.nodes.get(controller.master)
+        if (mover is not None and not mover.done and master is not None and mover.new in master.core.voters
+                and mover.new not in controller.sync_state_set and not controller.down):
+            controller.sync_state_set |= {mover.new}
+            controller.sync_state_set_epoch += 1
+            self._tell(f"let {mover.new} into the SSS at once (the planted bug)")
+        move(self)
+
+    monkeypatch.setattr(Group, "_move", admitting_at_once)
+    for seed in range(PLANTED_SEEDS_MAX):
+        try:
+            group, _, _ = replace_under_faults(seed)
+            group.settle()
+        except SafetyViolation as violation:
+            print(f"caught with seed {seed}: {str(violation).splitlines()[0]}")
+            return
+        except AssertionError:
+            continue
+    pytest.fail(f"admitting a new replica before it caught up went unnoticed in {PLANTED_SEEDS_MAX} seeds")

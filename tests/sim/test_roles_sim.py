@@ -110,6 +110,25 @@ def test_controller_mode_groups_lose_no_acknowledged_message(seed, faults, scena
         raise
     print(report)
     assert report["acknowledged"] > 100 and len(report["faults"]) == 2
+
+
+@pytest.mark.sim_seeds(CONTROLLER_SEEDS)
+@pytest.mark.parametrize("faults, scenario", [
+    (NetworkFaults(drop=0.02, call_loss=0.01), "crashes"), (NetworkFaults(drop=0.01), "controller_cut"),
+], ids=["crashes-losses", "controller-cut"])
+def test_a_standalone_controller_loses_no_acknowledged_message(seed, faults, scenario, fast_disk):
+    """The same with the standalone controller (`--role controller`) on the three nodes: its own Raft group, storage
+    nodes heartbeating to it, the nameservers mirroring its word."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    try:
+        report = trio.run(functools.partial(run_controller_failover, seed, fast_disk, faults, scenario, True),
+                          clock=clock)
+    except BaseException:
+        print(f"standalone controller simulation failed with seed {seed}: replay with pytest tests/sim --seed {seed}")
+        raise
+    print(report)
+    assert report["acknowledged"] > 100 and len(report["faults"]) == 2
+    assert not report["two_masters_in_an_epoch"] and report["elections"] > 0
     assert report["duplicates"] == 0, report
     assert not report["two_masters_in_an_epoch"], report
     assert report["compared_entries"] > 0

@@ -63,7 +63,24 @@ def test_bad_values_name_their_key(tmp_path: Path, file_text, environment, flags
 def test_roles_accept_lists_and_all():
     """Comma-separated roles and 'all' expand to the canonical order."""
     assert config.parse_roles("roles", "broker,nameserver") == ("nameserver", "broker")
-    assert config.parse_roles("roles", "all") == config.ROLES
+    assert config.parse_roles("roles", "all") == config.ALL_ROLES == ("nameserver", "storage", "broker")
+    assert config.parse_roles("roles", "controller,all") == config.ROLES
+
+
+def test_a_standalone_controller_is_configured_by_its_members():
+    """`--role controller` alone needs no nameservers; with controllers named, it is one of them; a nameserver or a
+    storage node given controllers uses them (controller_members), and without, the embedded controller (empty)."""
+    alone = config.load(None, {}, {"roles": "controller"})
+    assert alone.controller_members() == {1: alone.address} and alone.nameservers == ()
+    members = "31@127.0.0.1:7001,32@127.0.0.1:7002"
+    storage = config.load(None, {"ROCKET_CONTROLLERS": members},
+                          {"roles": "storage", "nameservers": "1@127.0.0.1:7000"})
+    assert [str(address) for address in storage.controller_members().values()] == ["127.0.0.1:7001", "127.0.0.1:7002"]
+    assert config.load(None, {}, {}).controller_members() == {}  # dev mode: the embedded controller
+    with pytest.raises(config.ConfigError, match="controllers: this node runs the controller role"):
+        config.load(None, {}, {"roles": "controller", "node_id": 5, "controllers": members})
+    with pytest.raises(config.ConfigError, match="controllers: expected ID@HOST:PORT"):
+        config.load(None, {}, {"controllers": "nobody"})
 
 
 @pytest.mark.parametrize("content", [b"listen = \"\xff\xfe\"\n", None])

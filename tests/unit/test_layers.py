@@ -12,7 +12,7 @@ IO_MODULES = {"trio", "socket", "asyncio", "time", "os", "pathlib", "plyvel", "i
 CORES = ["serde/batch.py", "serde/piece.py", "disk/record.py", "transport/frames.py", "transport/grpc_wire.py",
          "gateway/remoting/codec.py", "gateway/remoting/messages.py", "gateway/remoting/signature.py",
          "gateway/rocketmq/signature.py", "raft/codec.py", "raft/types.py", "raft/controlled.py", "raft/progress.py",
-         "roles/nameserver/metadata.py", "ml/placement.py", "ml/forecast.py", "ml/load.py", "ml/health.py", "ml/trees.py", "filter/__init__.py", "filter/tags.py", "filter/sql.py",
+         "roles/nameserver/metadata.py", "roles/nameserver/control.py", "roles/controller/machine.py", "ml/placement.py", "ml/forecast.py", "ml/load.py", "ml/health.py", "ml/trees.py", "filter/__init__.py", "filter/tags.py", "filter/sql.py",
          "store/commands.py", "store/records.py", "store/manifest.py", "store/machine.py", "store/values.py",
          "store/pop.py", "quotas.py", "raft/planner.py"]
 

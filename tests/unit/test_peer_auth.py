@@ -52,8 +52,8 @@ def test_the_methods_between_nodes_are_internal_and_the_clients_ones_are_not():
     internal = {name for name, spec in METHODS.items() if spec.internal}
     assert {"RaftStep", "RaftSnapshotChunk", "NodeHeartbeat", "StorageAppend", "StorageRead", "MetaCreateTopic",
             "MetaUpdateTopic", "GetRoute", "ControllerAlterSyncStateSet", "MetaLoadShare"} <= internal
-    assert all(name.startswith(("Storage", "Meta", "Raft")) or name in ("NodeHeartbeat", "GetRoute",
-               "ControllerAlterSyncStateSet") for name in internal)
+    assert all(name.startswith(("Storage", "Meta", "Raft", "Controller")) or name in ("NodeHeartbeat", "GetRoute")
+               for name in internal)
     assert not internal & {"Produce", "Pull", "CreateTopic", "StorageClasses", "ClusterStatus", "PeerHello", "Ping",
                            "DrainNode", "KvPut", "Receive"}
 

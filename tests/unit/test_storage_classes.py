@@ -7,7 +7,8 @@ import pytest
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.roles.nameserver.classes import check_class_request
-from rocket.roles.nameserver.metadata import DEFAULT_CLASS, Control, Metadata
+from rocket.roles.nameserver.control import Control
+from rocket.roles.nameserver.metadata import DEFAULT_CLASS, Metadata
 from rocket.serde.typed import plain
 from tests.unit.test_metadata import apply, create, registered
 
@@ -126,7 +127,7 @@ def test_elections_kept_are_the_last_ones():
     assert metadata.elections[0]["master_epoch"] == 7 and metadata.elections[-1]["master_epoch"] == 206
 
 
-def test_topics_are_placed_on_their_class_and_moves_never_touch_controller_groups():
+def test_topics_are_placed_on_their_class():
     metadata = gold()
     [spec] = apply(metadata, {**create("orders", 2, [], [3, 4]), "queue_groups": [3, 4], "storage_class": "gold"})
     assert spec.storage_class == "gold" and spec.to_wire()["storage_class"] == "gold"
@@ -135,11 +136,35 @@ def test_topics_are_placed_on_their_class_and_moves_never_touch_controller_group
     assert refused(unknown, Code.BAD_REQUEST) == "storage class 'silver' does not exist"
     apply(metadata, {"op": "add_queues", "name": "orders", "from_queues": 2, "queue_groups": [4]})
     assert metadata.topics["orders"].queue_groups == (3, 4, 4)
-    [move] = apply(metadata, {"op": "move_start", "group": 3, "add": 3, "remove": 2})
-    assert "controller mode" in refused(move, Code.BAD_REQUEST) and not metadata.groups[3].learners
     with pytest.raises(RocketError) as missing:
         metadata.class_groups("silver")
     assert missing.value.code == Code.BAD_REQUEST
+
+
+def test_a_controller_groups_replica_is_replaced_only_once_the_controller_dropped_it_from_the_set():
+    """Group 3 of gold: replicas 2 (master) and 1; node 3 replaces node 1. While the move runs, node 3 may join the
+    SyncStateSet and be elected, node 1 neither; the move finishes only once node 1 is out of the set."""
+    metadata = gold()
+    apply(metadata, {"op": "move_start", "group": 3, "add": 3, "remove": 1})
+    assert metadata.control_of(3) == ((2, 3), Control(2, 1, (1, 2), 1))
+    [joined] = apply(metadata, alter(3, 2, 1, 1, [1, 2, 3]))  # node 3 in; node 1, leaving, may stay
+    assert joined["sync_state_set"] == [1, 2, 3]
+    [dropped] = apply(metadata, alter(3, 2, 1, 2, [2, 3]))  # the controller drops node 1 (Nameserver._hand_off)
+    assert dropped["sync_state_set"] == [2, 3]
+    [kept_out] = apply(metadata, alter(3, 2, 1, 3, [1, 2, 3]))  # node 1, leaving, is not let in again
+    assert kept_out["sync_state_set"] == [2, 3]
+    assert "not replicas" in refused(apply(metadata, alter(3, 2, 1, 4, [2, 3, 4]))[0], Code.BAD_REQUEST)
+    assert "not a replica" in refused(apply(metadata, elect(3, 1, from_epoch=1, unclean=True))[0], Code.BAD_REQUEST)
+    apply(metadata, {"op": "move_done", "group": 3})
+    assert metadata.groups[3].voters == (2, 3) and metadata.groups[3].control.sync_state_set == (2, 3)
+
+
+def test_a_move_waits_for_the_leaving_replica_to_leave_the_sync_state_set():
+    metadata = gold()
+    apply(metadata, {"op": "move_start", "group": 3, "add": 3, "remove": 1})
+    assert "still in group 3's SyncStateSet" in refused(apply(metadata, {"op": "move_done", "group": 3})[0],
+                                                        Code.UNAVAILABLE)
+    assert metadata.groups[3].leaving == 1
 
 
 def test_a_move_keeps_a_groups_class():

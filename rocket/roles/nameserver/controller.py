@@ -1,6 +1,6 @@
-"""The controller of RIP-44, on the nameservers' Raft group: it decides who is master of each controller-mode
-storage group, on a lapse, on an operator's handover, or off a node that drains or is degraded. Its state is in the
-metadata, so it survives the nameserver leader; the leader alone acts on it. A part of Nameserver."""
+"""The controller of RIP-44: it decides who is master of each controller-mode storage group, on a lapse, on an
+operator's handover, or off a node that drains or is degraded. Embedded, its state is in the nameservers' metadata;
+standalone (roles/controller), in the controllers' own Raft group. The group's leader alone acts on it."""
 
 from __future__ import annotations
 
@@ -9,27 +9,41 @@ import logging
 import trio
 
 from collections.abc import Callable
+from typing import Protocol
 
 from rocket import limits
 from rocket.clock import Clock, sleep_periodic
 from rocket.errors import Code, RocketError
-from rocket.roles.nameserver.group import MetadataGroup
-from rocket.roles.nameserver.metadata import Control
+from rocket.roles.nameserver.group import RoleGroup
+from rocket.roles.nameserver.control import Control
 from rocket.serde.typed import AlterSyncStateSetRequest, ControlState, HandoverRequest, NodeLoad
 
 log = logging.getLogger("rocket.controller")
 
 
-class Controller:
-    """The controller. Its state, each controller-mode group's Control in the metadata, is its master, master_epoch,
-    SyncStateSet and sync_state_set_epoch. Replicas' heartbeats are the storage nodes' own (NodeHeartbeat, in the
-    nameserver's heartbeats), which carry each controlled replica's epoch and log end."""
+class ControlledGroups(Protocol):
+    """The controller's state as it reads it: the metadata (embedded) or the controllers' machine (standalone)."""
 
-    def __init__(self, meta: MetadataGroup, heartbeats: dict[int, tuple[float, NodeLoad]], clock: Clock):
+    def controlled(self) -> list[tuple[int, tuple[int, ...], Control]]: ...
+
+    def control_of(self, group: int) -> tuple[tuple[int, ...], Control]: ...
+
+    def unclean(self, group: int) -> bool: ...
+
+
+class Controller:
+    """The controller. Its state, each controller-mode group's Control in `state`, is its master, master_epoch,
+    SyncStateSet and sync_state_set_epoch; meta is the Raft group that holds it. Replicas' heartbeats carry each
+    controlled replica's epoch and log end: the storage nodes' NodeHeartbeat (embedded) or ControllerHeartbeat."""
+
+    def __init__(self, meta: RoleGroup, state: ControlledGroups, heartbeats: dict[int, tuple[float, NodeLoad]],
+                 clock: Clock, handover_method: str = "Handover"):
         self.meta = meta
-        self.heartbeats = heartbeats  # node -> (when, load): the nameserver's, kept by its NodeHeartbeat calls
+        self.handover_method = handover_method  # what the group's nodes serve handover() as (forwarded to the leader)
+        self.state = state
+        self.heartbeats = heartbeats  # node -> (when, load): kept by the heartbeat calls the group's leader answers
         self.clock = clock
-        self._led_since: float | None = None  # when this nameserver's current term as leader began
+        self._led_since: float | None = None  # when this node's current term as the group's leader began
         self._waiting: set[int] = set()  # groups whose master lapsed with no replica to elect (logged once)
 
     async def alter_sync_state_set(self, request: AlterSyncStateSetRequest) -> ControlState:
@@ -45,7 +59,7 @@ class Controller:
         return ControlState(**altered)  # the metadata's Control.to_wire(): the record's fields
 
     async def handover(self, request: HandoverRequest) -> ControlState:
-        return await self.meta.on_leader("Handover", request, self._handover_here)
+        return await self.meta.on_leader(self.handover_method, request, self._handover_here)
 
     async def _handover_here(self, request: HandoverRequest) -> ControlState:
         """Make node `to` the group's master on purpose: once it is in the SyncStateSet (it holds everything the
@@ -54,10 +68,10 @@ class Controller:
         group, target = request.group, request.to
         with trio.move_on_after(limits.handover_wait_s):
             while True:
-                members, control = self.meta.metadata.control(group)
-                if target not in members.voters:
+                voters, control = self.state.control_of(group)
+                if target not in voters:
                     raise RocketError(Code.BAD_REQUEST, f"node {target} is not a replica of group {group} "
-                                      f"(its replicas: {list(members.voters)})")
+                                      f"(its replicas: {list(voters)})")
                 if control.master == target:
                     return ControlState(**control.to_wire())
                 if target in control.sync_state_set and self._heard_within(target, limits.controller_lapse_s):
@@ -70,15 +84,34 @@ class Controller:
     async def hand_over_from(self, unfit: Callable[[int], bool]) -> None:
         """On the leader: a master on a node that drains or is degraded (unfit) hands its group over to the live
         member of its SyncStateSet with the longest log that is fit, if there is one."""
-        for group, members in list(self.meta.metadata.groups.items()):
-            control = members.control
-            if control is None or not unfit(control.master):
+        for group, _, control in self.state.controlled():
+            if not unfit(control.master):
                 continue
             candidates = [node for node in control.sync_state_set if node != control.master and not unfit(node)
                           and self._heard_within(node, limits.controller_lapse_s)]
             if candidates:
                 target = max(candidates, key=lambda node: (self._log_end(node, group), -node))
                 await self._elect(group, target, control, f"node {control.master} drains or is degraded")
+
+    async def members(self, group: int, replicas: tuple[int, ...], leaving: int) -> None:
+        """A replica move's change of the group's replicas: embedded, the metadata holds them already (Members)."""
+
+    async def drop(self, group: int, node: int) -> None:
+        """On the leader: drop a replica being replaced from the group's SyncStateSet, at the next epoch, as the
+        controller (a shrink keeps the invariant: every member left holds everything acknowledged). Never the
+        master: it hands over first."""
+        while node in (control := self.state.control_of(group)[1]).sync_state_set:
+            if node == control.master:
+                raise RocketError(Code.UNAVAILABLE, f"node {node} is group {group}'s master: it hands over first")
+            try:
+                await self.meta.propose({"op": "alter_sync_state_set", "group": group, "master": control.master,
+                                         "master_epoch": control.master_epoch,
+                                         "sync_state_set_epoch": control.sync_state_set_epoch,
+                                         "sync_state_set": sorted(set(control.sync_state_set) - {node})})
+            except RocketError as error:
+                if error.code != Code.FENCED:  # the master changed the set meanwhile: read it again
+                    raise
+        log.info("group %d: node %d dropped from the SyncStateSet %s", group, node, sorted(control.sync_state_set))
 
     async def _elect(self, group: int, master: int, control: Control, why: str, unclean: bool = False) -> dict:
         elected = await self.meta.propose({
@@ -91,12 +124,11 @@ class Controller:
         return elected
 
     async def control_forever(self) -> None:
-        """As the nameservers' leader, elect a new master for each controller-mode group whose master lapsed: every
+        """As the group's leader, elect a new master for each controller-mode group whose master lapsed: every
         limits.controller_check_s while there are such groups, every limits.idle_recheck_s while there are none (a
         new group's master lapses no sooner than limits.controller_lapse_s after its creation)."""
         while True:
-            controlled = any(members.control is not None for members in self.meta.metadata.groups.values())
-            await sleep_periodic(limits.controller_check_s if controlled else limits.idle_recheck_s)
+            await sleep_periodic(limits.controller_check_s if self.state.controlled() else limits.idle_recheck_s)
             if not self.meta.leads():
                 self._led_since = None
                 continue
@@ -130,17 +162,16 @@ class Controller:
         SyncStateSet with the longest log, at the next epoch; the new SyncStateSet is the new master alone. With no
         live member, the group waits for one, unless its class allows an unclean election: then the live replica with
         the longest log is elected, and the election is recorded and logged as a possible loss of the entries past its
-        log's end. A new nameserver leader gives every master controller_lapse_s from its election before judging it
+        log's end. A new leader gives every master controller_lapse_s from its election before judging it
         (_heard_within): it has not heard anyone yet."""
-        for group, members in list(self.meta.metadata.groups.items()):
-            control = members.control
-            if control is None or self._heard_within(control.master, limits.controller_lapse_s):
+        for group, voters, control in self.state.controlled():
+            if self._heard_within(control.master, limits.controller_lapse_s):
                 self._waiting.discard(group)
                 continue
-            live = [node for node in members.voters
+            live = [node for node in voters
                     if node != control.master and self._heard_within(node, limits.controller_lapse_s)]
             candidates = [node for node in live if node in control.sync_state_set]
-            unclean = not candidates and self.meta.metadata.classes[members.storage_class].unclean_election
+            unclean = not candidates and self.state.unclean(group)
             if unclean:
                 candidates = live
             if not candidates:

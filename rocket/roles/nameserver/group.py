@@ -1,5 +1,5 @@
-"""The nameservers' Raft group of the metadata, as the nameserver's parts reach it: a change proposed, a call run on
-the group's leader (forwarded there from a follower), and a read of the metadata answered here or on the leader."""
+"""A Raft group of a role's own, as the role's parts reach it: a change proposed, a call run on the group's leader
+(forwarded there from a follower), and a read answered here or on the leader. MetadataGroup: the nameservers'."""
 
 from __future__ import annotations
 
@@ -20,23 +20,26 @@ from rocket.serde import typed
 from rocket.transport.methods import method_spec
 
 
-class MetadataGroup:
-    def __init__(self, config: NodeConfig, host: Engine, peers: Peers, members: dict, metadata: Metadata):
+class RoleGroup:
+    """The Raft group `group` of the nodes `members` (node -> its address), called `name` in errors."""
+
+    def __init__(self, config: NodeConfig, host: Engine, peers: Peers, members: dict, group: int, name: str):
         self.node_id = config.node_id
         self.host = host
         self.peers = peers
-        self.members = members  # nameserver node -> its address
-        self.metadata = metadata
+        self.members = members
+        self.group = group
+        self.name = name
 
     def leads(self) -> bool:
-        return self.host.leader_of(META_GROUP) == self.node_id
+        return self.host.leader_of(self.group) == self.node_id
 
     async def on_leader(self, method: str, request: Any, here: Callable[[Any], Awaitable[Any]]) -> Any:
         """Run here when this node leads the metadata group, else forward the call to the leader. A typed request
         (rocket/serde/typed.py) goes in its plain form, and its answer comes back typed."""
         with trio.move_on_after(limits.leader_wait_s_max):
             while True:
-                leader = self.host.leader_of(META_GROUP)
+                leader = self.host.leader_of(self.group)
                 if leader == self.node_id:
                     return await here(request)
                 if leader in self.members:
@@ -49,15 +52,15 @@ class MetadataGroup:
                         if error.code not in RETRYABLE:
                             raise
                 await trio.sleep(limits.leader_poll_s)  # an election is on, or the leader just failed
-        raise RocketError(Code.UNAVAILABLE, f"the nameservers have no leader after {limits.leader_wait_s_max} s")
+        raise RocketError(Code.UNAVAILABLE, f"the {self.name} have no leader after {limits.leader_wait_s_max} s")
 
     async def propose(self, command: dict):
-        return await self.host.propose(META_GROUP, orjson.dumps(command))
+        return await self.host.propose(self.group, orjson.dumps(command))
 
     def in_sync(self) -> bool:
-        """A follower nameserver answers reads itself while it is in sync with the leader (it heard from
+        """A follower answers reads itself while it is in sync with the leader (it heard from
         it within an election timeout and applied nearly all it committed): stale by a bounded amount."""
-        return self.host.in_sync(META_GROUP, limits.follower_read_lag_entries_max)
+        return self.host.in_sync(self.group, limits.follower_read_lag_entries_max)
 
     async def read(self, method: str, request: Any, here: Callable[[Any], Awaitable[Any]], locally: bool = True) -> Any:
         """A read of the metadata: here when in sync (and locally allowed), else on the leader after a
@@ -67,7 +70,15 @@ class MetadataGroup:
             return await here(request)
 
         async def on_leader(request):
-            await self.host.read_barrier(META_GROUP, lease=True)
+            await self.host.read_barrier(self.group, lease=True)
             return await here(request)
 
         return await self.on_leader(method, request, on_leader)
+
+
+class MetadataGroup(RoleGroup):
+    """The nameservers' group, whose state machine is the cluster metadata."""
+
+    def __init__(self, config: NodeConfig, host: Engine, peers: Peers, members: dict, metadata: Metadata):
+        super().__init__(config, host, peers, members, META_GROUP, "nameservers")
+        self.metadata = metadata

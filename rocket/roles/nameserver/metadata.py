@@ -6,7 +6,8 @@ every nameserver; `version` rises with every change, so a cached route knows it 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import orjson
 
@@ -14,6 +15,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 from rocket.ml.health import PINS as HEALTH_PINS
 from rocket.model import DEFAULT_STORAGE_CLASS, KV_PREFIX, TopicSpec, check_group_name
+from rocket.roles.nameserver.control import Control, alter, elect
 from rocket.serde.typed import Assignment, GroupInfo, NodeAddress, ReplicaLag, Route, topic_info
 
 META_GROUP = 1  # the nameservers' own Raft group; storage groups are numbered from 2
@@ -38,19 +40,19 @@ class StorageClass:
     ha_max_lag_s: float = limits.ha_lag_s_default  # controller mode: a slave further behind leaves the set
 
 
-@dataclasses.dataclass(slots=True)
-class Control:
-    """The controller's view of a controller-mode group: its master, and the replicas known to hold everything
-    acknowledged (the SyncStateSet). Each epoch rises with its part, so a stale request is FENCED."""
-
-    master: int
-    master_epoch: int
-    sync_state_set: tuple[int, ...]
-    sync_state_set_epoch: int
-
-    def to_wire(self) -> dict:
-        return {"master": self.master, "master_epoch": self.master_epoch,
-                "sync_state_set": list(self.sync_state_set), "sync_state_set_epoch": self.sync_state_set_epoch}
+def apply_json(entries, command: Callable[[dict], Any]) -> list:
+    """Apply entries whose data are JSON commands: each one's result, or the RocketError it was refused with (None for
+    a new leader's empty entry)."""
+    results: list = []
+    for entry in entries:
+        if not entry.data:
+            results.append(None)
+            continue
+        try:
+            results.append(command(orjson.loads(entry.data)))
+        except RocketError as error:
+            results.append(error)
+    return results
 
 
 @dataclasses.dataclass(slots=True)
@@ -63,6 +65,11 @@ class Members:
     leaving: int = 0
     storage_class: str = DEFAULT_CLASS
     control: Control | None = None
+
+    def electable(self) -> tuple[int, ...]:
+        """The replicas a controller may elect or keep in the SyncStateSet: during a move, the new one too (once it
+        holds everything the master acknowledged, it joins the set), and not the one it replaces."""
+        return tuple(node for node in self.voters + self.learners if node != self.leaving)
 
 
 @dataclasses.dataclass(slots=True)
@@ -179,16 +186,7 @@ class Metadata:
     # ---- the state machine ---------------------------------------------------------------------------
 
     def apply(self, entries, positions) -> list:
-        results: list = []
-        for entry in entries:
-            if not entry.data:  # a new leader's empty entry
-                results.append(None)
-                continue
-            try:
-                results.append(self._command(orjson.loads(entry.data)))
-            except RocketError as error:
-                results.append(error)
-        return results
+        return apply_json(entries, self._command)
 
     def _command(self, command: dict):
         operation = command["op"]
@@ -268,9 +266,6 @@ class Metadata:
             self._registered(command["node"]).degraded_for = command["degraded_for"]
         elif operation == "move_start":
             members = self.groups.get(command["group"])
-            if members is not None and members.control is not None:
-                raise RocketError(Code.BAD_REQUEST, f"group {command['group']} is in controller mode: the controller "
-                                  "keeps its replicas")
             if members is None or members.learners or command["add"] in members.voters:
                 raise RocketError(Code.UNAVAILABLE, f"group {command['group']} cannot start that move now")
             self.groups[command["group"]] = dataclasses.replace(members, learners=(command["add"],),
@@ -279,6 +274,9 @@ class Metadata:
             members = self.groups.get(command["group"])
             if members is None or not members.learners:
                 raise RocketError(Code.UNAVAILABLE, f"group {command['group']} has no move to finish")
+            if members.control is not None and members.leaving in members.control.sync_state_set:
+                raise RocketError(Code.UNAVAILABLE, f"node {members.leaving} is still in group {command['group']}'s "
+                                  "SyncStateSet; retry")
             voters = tuple(sorted((set(members.voters) - {members.leaving}) | set(members.learners)))
             self.groups[command["group"]] = dataclasses.replace(members, voters=voters, learners=(), leaving=0)
         elif operation == "create_class":
@@ -287,6 +285,8 @@ class Metadata:
             result = self._elect_master(command)
         elif operation == "alter_sync_state_set":
             result = self._alter_sync_state_set(command)
+        elif operation == "mirror_control":
+            self._mirror_control(command)
         elif operation == "create_consumer_group":
             result = self._create_consumer_group(command)
         elif operation == "update_consumer_group":
@@ -424,48 +424,46 @@ class Metadata:
         return members, members.control
 
     def _elect_master(self, command: dict) -> dict:
-        """A new master, decided under the master epoch it replaces: alone in the sync state set, since only it is
-        known to hold everything it will acknowledge."""
-        group, master = command["group"], command["master"]
-        members, control = self.control(group)
-        if control.master_epoch != command["from_epoch"]:
-            raise RocketError(Code.FENCED, f"group {group} is at master epoch {control.master_epoch}, not "
-                              f"{command['from_epoch']}")
-        if master not in members.voters:
-            raise RocketError(Code.BAD_REQUEST, f"node {master} is not a replica of group {group}")
-        if not command["unclean"] and master not in control.sync_state_set:
-            raise RocketError(Code.BAD_REQUEST, f"node {master} is not in group {group}'s sync state set "
-                              f"{list(control.sync_state_set)}: only an unclean election may choose it")
-        elected = Control(master, control.master_epoch + 1, (master,), control.sync_state_set_epoch + 1)
-        self.groups[group] = dataclasses.replace(members, control=elected)
-        self.elections.append({"group": group, "master_epoch": elected.master_epoch, "master": master,
-                               "previous": control.master, "unclean": bool(command["unclean"]),
-                               "at_ms": command["at_ms"], "previous_last_index": command["previous_last_index"],
-                               "master_last_index": command["master_last_index"]})
+        members, control = self.control(command["group"])
+        elected, record = elect(command, members.electable(), control)
+        self.groups[command["group"]] = dataclasses.replace(members, control=elected)
+        self.elections.append(record)
         del self.elections[:-limits.elections_kept_max]
         return elected.to_wire()
 
     def _alter_sync_state_set(self, command: dict) -> dict:
-        """The master's new sync state set, decided under the epochs it was asked under: a deposed master's or an
-        older change is FENCED."""
-        group, master = command["group"], command["master"]
-        members, control = self.control(group)
-        if (control.master, control.master_epoch, control.sync_state_set_epoch) != (
-                master, command["master_epoch"], command["sync_state_set_epoch"]):
-            raise RocketError(Code.FENCED, f"group {group} has master {control.master} at epoch "
-                              f"{control.master_epoch}, sync state set epoch {control.sync_state_set_epoch}; the "
-                              f"change was asked by node {master} at epochs {command['master_epoch']} and "
-                              f"{command['sync_state_set_epoch']}")
-        wanted = tuple(sorted(set(command["sync_state_set"])))
-        if master not in wanted:
-            raise RocketError(Code.BAD_REQUEST, f"group {group}'s master {master} must be in its sync state set")
-        strangers = sorted(set(wanted) - set(members.voters))
-        if strangers:
-            raise RocketError(Code.BAD_REQUEST, f"nodes {strangers} are not replicas of group {group}")
-        altered = dataclasses.replace(control, sync_state_set=wanted,
-                                      sync_state_set_epoch=control.sync_state_set_epoch + 1)
-        self.groups[group] = dataclasses.replace(members, control=altered)
+        members, control = self.control(command["group"])
+        altered = alter(command, members.electable(), control, members.leaving)
+        self.groups[command["group"]] = dataclasses.replace(members, control=altered)
         return altered.to_wire()
+
+    def _mirror_control(self, command: dict) -> None:
+        """A standalone controller's word on its groups (roles/controller/remote.py), kept here for routes and status
+        where it is newer than what the metadata holds; and its last elections."""
+        for word in command["groups"]:
+            members = self.groups.get(word["group"])
+            if members is None or members.control is None:
+                continue
+            mirrored = Control(word["master"], word["master_epoch"], tuple(sorted(word["sync_state_set"])),
+                               word["sync_state_set_epoch"])
+            if (mirrored.master_epoch, mirrored.sync_state_set_epoch) > (members.control.master_epoch,
+                                                                        members.control.sync_state_set_epoch):
+                self.groups[word["group"]] = dataclasses.replace(members, control=mirrored)
+        self.elections = list(command["elections"])[-limits.elections_kept_max:]
+
+    def control_of(self, group: int) -> tuple[tuple[int, ...], Control]:
+        members, control = self.control(group)
+        return members.electable(), control
+
+    def controlled(self) -> list[tuple[int, tuple[int, ...], Control]]:
+        """Each controller-mode group, with the replicas it may elect or keep in sync, and the controller's word."""
+        return [(group, members.electable(), members.control) for group, members in self.groups.items()
+                if members.control is not None]
+
+    def unclean(self, group: int) -> bool:
+        """Whether the group's class allows an unclean election."""
+        storage_class = self.groups[group].storage_class
+        return storage_class in self.classes and self.classes[storage_class].unclean_election
 
     def snapshot(self) -> list[bytes]:
         return [orjson.dumps({

@@ -5,6 +5,7 @@ Nameserver holds its calls (node heartbeats, topics and routes, replica moves, d
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -25,13 +26,16 @@ from rocket.roles.nameserver.deletes import TopicDeletes
 from rocket.roles.nameserver.forecasts import Forecasts
 from rocket.roles.nameserver.group import MetadataGroup
 from rocket.roles.nameserver.health import NodeHealthChecks
+from rocket.roles.nameserver.control import Control
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, META_GROUP, Metadata, exists
 from rocket.roles.nameserver.queues import QueuePlacement
+from rocket.roles.nameserver.remote_controller import RemoteController
 from rocket.roles.peers import RETRYABLE, Peers
 from rocket.serde.typed import NodeLoad as LoadReport
 from rocket.serde.typed import (Assignment, BucketRequest, ClusterStatusResponse, CreateBucketRequest,
-                                CreateTopicRequest, DrainNodeRequest, Empty, ListTopicsResponse, NodeHeartbeatRequest,
-                                NodeStatus, ReplicaLag, Route, TopicInfo, TopicRequest, UpdateTopicRequest, topic_info)
+                                CreateTopicRequest, DrainNodeRequest, Empty, HandoverRequest, ListTopicsResponse,
+                                NodeHeartbeatRequest, NodeStatus, ReplicaLag, Route, TopicInfo, TopicRequest,
+                                UpdateTopicRequest, topic_info)
 from rocket.transport.rpc import Dispatcher
 
 log = logging.getLogger("rocket.nameserver")
@@ -64,7 +68,9 @@ class Nameserver:
         self.moving: set[int] = set()  # storage groups whose replica move runs now
         self.meta = MetadataGroup(config, host, peers, self.members, self.metadata)
         self.consumer_group_settings = ConsumerGroupSettings(self.meta)
-        self.controller = Controller(self.meta, self.heartbeats, clock)
+        # The RIP-44 controller: embedded (its state in the metadata), or a standalone group's (config controllers).
+        self.controller = (RemoteController(self.meta, peers) if config.controller_members()
+                           else Controller(self.meta, self.metadata, self.heartbeats, clock))
         self.acl = AclAdmin(self.meta, config, clock)
         self.classes = StorageClasses(self.meta, config, self)
         self.forecasts = Forecasts(config, clock, peers, self.members, objects)
@@ -74,7 +80,8 @@ class Nameserver:
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle_typed("NodeHeartbeat", self.node_heartbeat)
-        dispatcher.handle_typed("ControllerAlterSyncStateSet", self.controller.alter_sync_state_set)
+        if isinstance(self.controller, Controller):  # a standalone controller answers its storage nodes itself
+            dispatcher.handle_typed("ControllerAlterSyncStateSet", self.controller.alter_sync_state_set)
         dispatcher.handle_typed("GetRoute", self.get_route)
         dispatcher.handle_typed("MetaCreateTopic", self.create_topic)
         dispatcher.handle_typed("MetaListTopics", self.list_topics)
@@ -218,7 +225,8 @@ class Nameserver:
 
     async def _plan_moves(self, nursery: trio.Nursery) -> None:
         """Resume recorded moves, replace replicas on down, draining or long-degraded nodes, then even out the load.
-        Controller-mode groups are left alone: the controller keeps their members (moving them is future work).
+        A controller-mode group's replica is replaced too (_hand_off), but its groups are not moved to even out the
+        load.
 
         At most limits.replica_moves_max moves run at once, and the load is evened out (a replica from the node
         holding the most to the one holding the fewest: a new node fills up) only while none runs. A move is
@@ -228,7 +236,7 @@ class Nameserver:
         for group, members in list(self.metadata.groups.items()):
             if len(self.moving) >= limits.replica_moves_max:
                 return
-            if group in self.moving or members.control is not None:
+            if group in self.moving:
                 continue
             if not members.learners:
                 leaving = [voter for voter in members.voters if self.leaving(voter)]
@@ -264,16 +272,45 @@ class Nameserver:
         members = self.metadata.groups[group]
         added, removed = members.learners[0], members.leaving
         try:
+            if members.control is not None:  # the new replica may join the set, the old one may not rejoin it
+                await self.controller.members(group, members.electable(), removed)
             await self._change_members(group, "add_learner", added)
             await self._change_members(group, "promote", added)
+            if removed and members.control is not None:
+                await self._hand_off(group, added, removed)
             if removed:
                 await self._change_members(group, "remove", removed)
             await self._propose({"op": "move_done", "group": group})
+            if members.control is not None:
+                await self.controller.members(group, self.metadata.groups[group].electable(), 0)
             log.info("group %d: replica moved from node %d to node %d", group, removed, added)
         except RocketError as error:
             log.warning("group %d: moving a replica to node %d: %s; trying again later", group, added, error)
         finally:
             self.moving.discard(group)
+
+    async def _hand_off(self, group: int, added: int, removed: int) -> None:
+        """A controller-mode group's replica replaced: once the new one is in the SyncStateSet (the master asked the
+        controller to let it in: it holds everything acknowledged), the old one hands its mastership over to it if it
+        has it, and the controller drops it from the set (Controller.drop). Only then may the master remove it
+        (ControlledCore.propose_conf_change). With a standalone controller, the metadata's word is its mirror."""
+        await self._until(lambda control: added in control.sync_state_set, group,
+                          f"node {added} did not join group {group}'s SyncStateSet")
+        if self.metadata.control(group)[1].master == removed:
+            await self.controller.handover(HandoverRequest(group, added))
+        await self.controller.drop(group, removed)
+        await self._until(lambda control: removed not in control.sync_state_set, group,
+                          f"node {removed} is still in group {group}'s SyncStateSet")
+
+    async def _until(self, holds: Callable[[Control], bool], group: int, otherwise: str) -> None:
+        """Wait until the controller's word on the group, as the metadata holds it, satisfies holds (UNAVAILABLE,
+        saying otherwise, after limits.member_change_s_max)."""
+        with trio.move_on_after(limits.member_change_s_max):
+            while not holds(self.metadata.control(group)[1]):
+                await trio.sleep(limits.membership_poll_s)
+            return
+        raise RocketError(Code.UNAVAILABLE, f"{otherwise} within {limits.member_change_s_max:g} s: "
+                          f"{sorted(self.metadata.control(group)[1].sync_state_set)}")
 
     async def _change_members(self, group: int, action: str, node: int) -> None:
         """Run one membership change on the group's leader, whichever voter that is now."""

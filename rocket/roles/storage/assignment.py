@@ -14,9 +14,10 @@ import trio
 from crc32c import crc32c
 
 from rocket import limits
-from rocket.clock import on_the_grid
+from rocket.clock import on_the_grid, sleep_periodic
 from rocket.config import NodeConfig
 from rocket.disk.files import replace_durably
+from rocket.errors import RocketError
 from rocket.model import Address
 from rocket.replication import Control, Engine
 from rocket.roles.peers import Peers
@@ -93,6 +94,11 @@ class Assignments:
         self._heartbeat_done = trio.Event()  # set (and replaced) as each heartbeat ends
         self._version = -1  # the metadata version of the assignment this node holds
         self._saved: tuple | None = None  # (groups, nodes) of the assignment saved last
+        # With a standalone controller: each controller-mode group hosted here as its assignment describes it (what
+        # registers it with the controller), and the ones the controller answered for (registered).
+        self._controlled: dict[int, dict] = {}
+        self._registered: set[int] = set()
+        self._controller_silent = False  # logged once per outage
 
     def once_assigned(self, handler: Callable[[dict], Awaitable[dict]]) -> Callable[[dict], Awaitable[dict]]:
         """A call that names a group this node does not host yet (a topic just created, a replica just added) asks
@@ -158,6 +164,42 @@ class Assignments:
             self._save(assignment)
         self.assigned.set()
 
+    async def controller_heartbeats_forever(self) -> None:
+        """With a standalone controller (config controllers): report this node's controller-mode replicas to it as
+        often as to the nameservers (sooner while one is orphaned), and take its word on their masters and
+        SyncStateSets from the answer. It does not need the nameservers: it elects while they are all down."""
+        if not self.config.controller_members():
+            return
+        while True:
+            await sleep_periodic(self._heartbeat_interval_s())
+            try:
+                await self.controller_heartbeat()
+            except RocketError as error:
+                if not self._controller_silent:
+                    log.warning("the standalone controller does not answer this node's heartbeat: %s", error)
+                self._controller_silent = True
+                continue
+            self._controller_silent = False
+
+    async def controller_heartbeat(self) -> None:
+        replicas = [{"group": group, "epoch": position[0], "last_index": position[1]}
+                    for group in sorted(self.gate.storage_groups())
+                    if (position := self.host.controlled_position(group)) is not None]
+        if not replicas:
+            return
+        register = [self._controlled[replica["group"]] for replica in replicas
+                    if replica["group"] not in self._registered and replica["group"] in self._controlled]
+        # A controller that cannot reach its leader holds the call: the next one is asked well before the leader would
+        # take this node's masters for silent.
+        answer = await self.peers.controller("ControllerHeartbeat", {"node": self.config.node_id, "replicas": replicas,
+                                                                     "register": register},
+                                             timeout_s=limits.controller_lapse_s / 3)
+        for word in answer["groups"]:
+            self._registered.add(word["group"])
+            self.host.sync_state_granted(word["group"], word["master"], word["master_epoch"],
+                                         frozenset(word["sync_state_set"]), word["sync_state_set_epoch"])
+        self._registered.difference_update(answer["unknown"])
+
     def _hand_over_leadership(self, groups: set[int]) -> None:
         """While this node's disk is full it refuses new data: each Raft group it leads goes to the caught-up voter
         that lags least, so the group takes writes through the others (the nameservers, seeing the free disk in the
@@ -216,6 +258,11 @@ class Assignments:
         assigned = {group["id"] for group in assignment["groups"]}
         for group in assignment["groups"]:
             control = self._control_of(group)
+            if control is not None:
+                self._controlled[group["id"]] = {
+                    "group": group["id"], "voters": group["voters"], "unclean_election": group["unclean_election"],
+                    "master": group["master"], "master_epoch": group["master_epoch"],
+                    "sync_state_set": group["sync_state_set"], "sync_state_set_epoch": group["sync_state_set_epoch"]}
             if self.host.machine_of(group["id"]) is None:
                 self.host.add_group(group["id"], tuple(group["voters"]), GroupMachine(self.store, group["id"]),
                                     tuple(group["learners"]), control)
@@ -223,6 +270,7 @@ class Assignments:
                 self.host.control(group["id"], control)
         for group in self.gate.storage_groups() - assigned:
             log.info("storage group %d moved off this node", group)
+            self._controlled.pop(group, None)
             self.host.remove_group(group)
 
     def _control_of(self, group: dict) -> Control | None:

@@ -48,7 +48,8 @@ class Replicas:
                 if request is None:
                     continue
                 try:
-                    answer = await self.peers.nameserver("ControllerAlterSyncStateSet", {
+                    ask = self.peers.controller if self.config.controller_members() else self.peers.nameserver
+                    answer = await ask("ControllerAlterSyncStateSet", {
                         "group": group, "master": request.group_master, "master_epoch": request.master_epoch,
                         "sync_state_set_epoch": request.sync_state_set_epoch,
                         "sync_state_set": sorted(request.sync_state_set)})

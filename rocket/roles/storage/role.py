@@ -94,6 +94,7 @@ class StorageRole:
             self.assignments.restore()  # the groups it hosted, before any nameserver answers
             nursery.start_soon(self.replicas.backfill_forever)
             nursery.start_soon(self.replicas.sync_states_forever)
+            nursery.start_soon(self.assignments.controller_heartbeats_forever)
             nursery.start_soon(self.timers.fire_forever)
             nursery.start_soon(self.wal_reclaim.reclaim_forever)
             nursery.start_soon(self.kv.expire_forever)
