@@ -238,6 +238,7 @@ class UpdateTopicRequest(msgspec.Struct):
     retention_s: int = -2  # -2: as it is
     local_retention_s: int = -2
     queues: int = -2
+    storage_class: str = ""  # move the topic to this class ("": it stays)
 
 
 class CreateBucketRequest(msgspec.Struct):
@@ -273,12 +274,30 @@ class PopInfo(msgspec.Struct):
     in_flight: int
 
 
+class GroupOffset(msgspec.Struct):
+    consumer_group: str
+    queue: int
+    offset: int
+    pop: bool = False  # pop consumption: offset is where its done messages end
+
+
+class ProducerAnswer(msgspec.Struct):
+    queue: int
+    producer: int
+    sequence: int
+    base_offset: int
+    count: int
+
+
 class StorageQueuesResponse(msgspec.Struct):
     queues: list[QueueInfo]
     offsets: list[QueueOffset]
     time_offsets: list[QueueOffset]
     pops: list[PopInfo] = []
     lagging: list[str] = []  # asked for: the consumer groups with messages of the queues left to consume
+    committed: list[GroupOffset] = []  # asked for (consumed): every consumer group's offsets on the queues
+    dead_letters: list[str] = []  # asked for (consumed): the dead-letter topics beside the queues
+    producers: list[ProducerAnswer] = []  # asked for (consumed): the answers remembered of the queues' producers
 
 
 class DescribeTopicResponse(msgspec.Struct):
@@ -638,10 +657,10 @@ STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct i
     TopicRequest, Route, NodeStatus, ClusterStatusResponse, QueuePlacement, PlacementExplainResponse, SeriesStep,
     LoadShareRequest, AlterSyncStateSetRequest, HandoverRequest, ControlState, ControlledGroup,
     ControllerHeartbeatRequest, ControllerGroupsResponse, HandOverFromRequest, ControllerMembersRequest, QueueInfo,
-    QueueOffset, PopInfo,
-    StorageQueuesResponse, DescribeTopicResponse, TierStatusRequest, TierQueue, StorageTierResponse, TierTopic,
-    TierStatusResponse, BucketInfo, ListBucketsResponse, KvShardInfo, DescribeBucketResponse, GroupInfoRequest,
-    GroupQueue, GroupInfoResponse, GroupHeartbeatRequest, GroupHeartbeatResponse, ResetGroupRequest)}
+    QueueOffset, PopInfo, GroupOffset, ProducerAnswer, StorageQueuesResponse, DescribeTopicResponse, TierStatusRequest,
+    TierQueue, StorageTierResponse, TierTopic, TierStatusResponse, BucketInfo, ListBucketsResponse, KvShardInfo,
+    DescribeBucketResponse, GroupInfoRequest, GroupQueue, GroupInfoResponse, GroupHeartbeatRequest,
+    GroupHeartbeatResponse, ResetGroupRequest)}
 
 
 def convert(value: Any, struct: type[T]) -> T:

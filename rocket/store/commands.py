@@ -28,13 +28,21 @@ SEQUENCED_COMMAND = 10  # _sequenced, then an APPEND, TIMER or HALF entry: a pro
 SEQUENCED_SINCE_SCHEMA = 3  # the first release (by schema version) whose replicas apply SEQUENCED entries
 DROP_COMMAND = 11  # JSON {op, topic, queues, consumer_group, incarnation}: a deleted topic's or group's state
 DROP_SINCE_SCHEMA = 7  # the first release whose replicas apply DROP entries
-DROP_OPS = ("topic", "group", "reopen")
+# seal: appends, commits and pops refused, the data kept (a topic moving to another class is read here until it moved);
+# moved: as topic, its objects in the tier kept (the queues' new groups own them now)
+DROP_OPS = ("topic", "group", "reopen", "seal", "moved")
+# _append_head, topic, _import_head, each batch as _batch_length, batch, then optionally _json_length and JSON: a
+# queue's copy, and the answers its producers were given
+IMPORT_COMMAND = 12
+IMPORT_SINCE_SCHEMA = 8  # the first release whose replicas apply IMPORT entries and seal and moved drops
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
 _source_length = struct.Struct("<H")
 _fire_count = struct.Struct("<I")
 _check_at = struct.Struct("<Q")  # when the half messages are first checked back, epoch ms
 _json_length = struct.Struct("<I")
 _sequenced = struct.Struct("<BQQ")  # command, producer id, sequence
+_import_head = struct.Struct("<QI")  # the first batch's base offset, the number of batches
+_batch_length = struct.Struct("<I")
 
 
 # ---- typed commands ---------------------------------------------------------------------------------
@@ -116,7 +124,9 @@ class TierCommand:
 class Drop:
     """A deleted topic's queues in the group (op topic: its data, timers, half messages, dead letters, offsets and
     pop states, and appends refused from then on), a consumer group's state on a topic (op group: its offsets, pop
-    states and dead letters), or a deleted topic's name open again for appends (op reopen: the topic was made anew).
+    states and dead letters), or a deleted topic's name open again for appends (op reopen: the topic was made anew);
+    for a topic moving to another storage class, op seal refuses appends, commits and pops and keeps the data, and
+    op moved drops it as topic does.
     queues: the topic's queues in the group. incarnation: when the topic deleted (op topic), or the one made anew
     (reopen), was made: a drop older than what the group last heard of the name is a deposed nameserver's late one,
     and changes nothing."""
@@ -128,7 +138,22 @@ class Drop:
     incarnation: int = 0
 
 
-Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand | KvBatch | Drop
+@dataclasses.dataclass(slots=True)
+class Import:
+    """Batches copied from a queue's old group (its topic moving to another storage class): they join the queue at
+    base_offset, the first one's offset there, so that offsets stay. batches: (where each starts in the entry, it).
+    producers: (producer, sequence, base offset, count), the answers the old group remembers of the queue's
+    producers, so that a batch it stored, sent again to the new group, gets its first answer there."""
+
+    topic: str
+    queue: int
+    append_ms: int
+    base_offset: int
+    batches: list[tuple[int, memoryview]]
+    producers: list[tuple[int, int, int, int]]
+
+
+Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand | KvBatch | Drop | Import
 
 
 def decode(data: bytes | memoryview) -> Command:
@@ -161,6 +186,8 @@ def decode(data: bytes | memoryview) -> Command:
                 return Rearm(request["topic"], request["queue"], request["offsets"], request["due_ms"],
                              request["next_ms"], request["checks"])
             return Cancel(request["topic"], request["queue"], request["offsets"])
+        if command == IMPORT_COMMAND:
+            return _decode_import(view)
         if command == DROP_COMMAND:
             request = orjson.loads(view[1:])
             if request["op"] not in DROP_OPS:
@@ -192,6 +219,29 @@ def _decode_append(command: int, view: memoryview) -> Append:
         (check_at_ms,) = _check_at.unpack_from(view, batch_at)
         batch_at += _check_at.size
     return Append(command, topic, queue, append_ms, batch_at, view[batch_at:], source, moved, check_at_ms)
+
+
+def _decode_import(view: memoryview) -> Import:
+    _, queue, append_ms, name_length = _append_head.unpack_from(view)
+    at = _append_head.size + name_length
+    topic = bytes(view[_append_head.size:at]).decode()
+    base_offset, count = _import_head.unpack_from(view, at)
+    at += _import_head.size
+    batches: list[tuple[int, memoryview]] = []
+    for _ in range(count):
+        (length,) = _batch_length.unpack_from(view, at)
+        at += _batch_length.size
+        if at + length > len(view):
+            raise ValueError("an imported batch runs past the entry")
+        batches.append((at, view[at:at + length]))
+        at += length
+    producers: list[tuple[int, int, int, int]] = []
+    if at < len(view):
+        (length,) = _json_length.unpack_from(view, at)
+        at += _json_length.size
+        producers = [(producer, sequence, base, count)
+                     for producer, sequence, base, count in orjson.loads(view[at:at + length])]
+    return Import(topic, queue, append_ms, base_offset, batches, producers)
 
 
 def _decode_kv(view: memoryview) -> KvBatch:
@@ -255,6 +305,18 @@ def encode_half(topic: str, queue: int, append_ms: int, check_at_ms: int, batch:
     name = topic.encode()
     return b"".join((_sequence_head(sequence), _append_head.pack(HALF_COMMAND, queue, append_ms, len(name)), name,
                      _check_at.pack(check_at_ms), batch))
+
+
+def encode_import(topic: str, queue: int, append_ms: int, base_offset: int, batches: list[bytes],
+                  producers: list[tuple[int, int, int, int]] | None = None) -> bytes:
+    """Batches copied from another group's queue, the first at base_offset there, and its producers' answers (see
+    Import)."""
+    name = topic.encode()
+    answers = orjson.dumps(producers) if producers else b""
+    return b"".join((_append_head.pack(IMPORT_COMMAND, queue, append_ms, len(name)), name,
+                     _import_head.pack(base_offset, len(batches)),
+                     *(part for batch in batches for part in (_batch_length.pack(len(batch)), batch)),
+                     _json_length.pack(len(answers)) + answers if answers else b""))
 
 
 def encode_cancel(source: str, queue: int, offsets: list[int]) -> bytes:

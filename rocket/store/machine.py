@@ -15,7 +15,7 @@ from rocket.model import SYSTEM_PREFIX, dead_letter_parts, dead_letter_topic, ha
 from rocket.serde import batch as batch_codec
 from rocket.store import commands, manifest, pop
 from rocket.store.producers import Producers
-from rocket.store.commands import Append, Cancel, CommitOffsets, Drop, PopCommand, Rearm, TierCommand
+from rocket.store.commands import Append, Cancel, CommitOffsets, Drop, Import, PopCommand, Rearm, TierCommand
 from rocket.store.kv import KeyState, KvBatch, KvChange, ShardTxn, Txn
 from rocket.store.manifest import TierChange, TierQueue
 from rocket.store.pop import PopChange, PopQueue
@@ -115,7 +115,7 @@ class StorageMachine:
         self._handlers: dict[type, Callable] = {Append: self._append, CommitOffsets: self._commit_offsets,
                                                 Cancel: self._cancel, Rearm: self._rearm, PopCommand: self._pop,
                                                 TierCommand: self._tier_command, KvBatch: self._kv_batch,
-                                                Drop: self._drop}
+                                                Drop: self._drop, Import: self._import}
 
     def apply(self, group: int, entries, positions: list[int]) -> tuple[list, Effects | None]:
         """Apply a group's committed entries, whose data lies in the WAL at positions. Results are (base offset,
@@ -149,13 +149,13 @@ class StorageMachine:
     # ---- one handler per command ----------------------------------------------------------------------
 
     def _append(self, group: int, command: Append, position: int, effects: Effects):
-        if self.dropped and (group, command.topic) in self.dropped:
-            return deleted(command.topic)
-        if command.producer:  # a batch applied before gets its first answer
+        if command.producer:  # a batch applied before gets its first answer (also once its topic was sealed here)
             key = (command.producer, command.topic, command.queue)
             known = self.producers.check(group, key, command.sequence)
             if known is not None:
                 return known
+        if self.dropped and (group, command.topic) in self.dropped:
+            return deleted(command.topic)
         if command.command == commands.MOVE_COMMAND and not self._take_timers(
                 group, command.source, command.queue, command.moved, effects.timers):
             return False  # not None: the Raft host answers None with the entry's index
@@ -175,6 +175,35 @@ class StorageMachine:
             self.producers.record(group, key, command.sequence, (base_offset, count), self._entry_index,
                                   command.append_ms, effects.producer_changes)
         return base_offset, count
+
+    def _import(self, group: int, command: Import, position: int, effects: Effects):
+        """Copied batches join the queue where their offsets say: a new queue starts at the first one's, and those
+        the queue holds already are skipped (a copy sent again). Returns the queue's next offset, or BAD_REQUEST if
+        they would leave a gap or do not start at a batch the queue holds. The producers' answers it carries are
+        remembered, unless known already."""
+        topic, queue = command.topic, command.queue
+        if self.dropped and (group, topic) in self.dropped:
+            return deleted(topic)
+        stats = self.queues.get((topic, queue))
+        base = command.base_offset
+        if command.batches and (stats is None or stats.next_offset == stats.bytes == 0):
+            stats = self.queues[(topic, queue)] = QueueStats(next_offset=base, group=group, sampled=(0, 0, 0, 0))
+        next_offset = stats.next_offset if stats is not None else 0
+        for at, batch in command.batches:
+            count = batch_codec.peek_header(batch).count
+            if base + count <= next_offset:  # held already
+                base += count
+                continue
+            if base != next_offset:
+                return RocketError(Code.BAD_REQUEST, f"{topic}/{queue}: a copied batch at offset {base} does not "
+                                   f"follow the queue's end, {next_offset}")
+            self._index_batch(group, topic, queue, batch, position + at, command.append_ms, effects)
+            base = next_offset = base + count
+        for producer, sequence, answer_base, count in command.producers:
+            if self.producers.check(group, (producer, topic, queue), sequence) is None:
+                self.producers.record(group, (producer, topic, queue), sequence, (answer_base, count),
+                                      self._entry_index, command.append_ms, effects.producer_changes)
+        return next_offset
 
     def _index_batch(self, group: int, topic: str, queue: int, batch: memoryview, position: int, append_ms: int,
                      effects: Effects) -> tuple[int, int]:
@@ -273,8 +302,15 @@ class StorageMachine:
             self.dropped.discard((group, topic))
             effects.tombstones.append((group, topic, False))
             return True
+        if command.op == "seal":  # appends refused as for a deleted topic; its data stays for reads
+            if (group, topic) not in self.dropped:
+                self.dropped.add((group, topic))
+                effects.tombstones.append((group, topic, True))
+                effects.woken.update(place for place, stats in self.queues.items()
+                                     if place[0] == topic and stats.group == group)
+            return True
         consumer_group = command.consumer_group
-        if command.op == "topic":
+        if command.op in ("topic", "moved"):
             self.dropped.add((group, topic))
             effects.tombstones.append((group, topic, True))
             names = {topic, timer_topic(topic), half_topic(topic)}
@@ -284,7 +320,7 @@ class StorageMachine:
             gone_pops = [key for key in self.pops if key[:2] == (consumer_group, topic) and key[2] in queues]
 
         def leaves(name: str) -> bool:  # a dead-letter topic's name is its consumer group's and its topic's
-            return name in names or command.op == "topic" and (dead_letter_parts(name) or ("", ""))[1] == topic
+            return name in names or command.op != "group" and (dead_letter_parts(name) or ("", ""))[1] == topic
         places = [(name, queue) for (name, queue), stats in self.queues.items()
                   if queue in queues and stats.group == group and leaves(name)]
         for place in places:
@@ -296,7 +332,7 @@ class StorageMachine:
         for key in self._timer_changes:
             if key[:2] in places:
                 self._timer_changes[key] = None
-        if command.op == "topic":
+        if command.op != "group":
             self.producers.forget(group, topic, queues, effects.producer_changes)
         _take_out(effects, set(places), topic, queues, consumer_group)
         effects.drops.append(DropChange(places, gone_pops, topic, command.queues, consumer_group))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, cast
 import trio
 
 from rocket.errors import Code, RocketError
-from rocket.model import ALL_TAGS
+from rocket.model import ALL_TAGS, dead_letter_parts
 from rocket.serde import batch as batch_codec
 from rocket.serde.piece import Piece
 from rocket.store import pop
@@ -153,6 +153,24 @@ class Reads:
         behind.update(group for (group, name, queue), state in self.machine.pops.items()
                       if name == topic and queue in ends and (state.cursor < ends[queue] or state.in_flight))
         return sorted(behind)
+
+    def consumed(self, topic: str, queues: list[int]) -> tuple[list[dict], list[str], list[dict]]:
+        """What clients left on the topic's queues here: every consumer group's committed offset (and, for pop
+        consumption, where its done messages end), the dead-letter topics beside them, and the answers remembered of
+        their producers. A scan of every offset committed, for a topic moving to another storage class, not for the
+        data plane."""
+        wanted = set(queues)
+        committed = [{"consumer_group": group, "queue": queue, "offset": offset, "pop": False}
+                     for group, name, queue, offset in self.index.all_offsets() if name == topic and queue in wanted]
+        committed += [{"consumer_group": group, "queue": queue, "offset": state.done_before(), "pop": True}
+                      for (group, name, queue), state in self.machine.pops.items() if name == topic and queue in wanted]
+        dead_letters = sorted({name for name, queue in self.machine.queues
+                               if queue in wanted and (dead_letter_parts(name) or ("", ""))[1] == topic})
+        producers = [{"queue": queue, "producer": producer, "sequence": sequence, "base_offset": base, "count": count}
+                     for states in self.machine.producers.groups.values()
+                     for (producer, name, queue), state in states.items() if name == topic and queue in wanted
+                     for sequence, (base, count) in state.answers.items()]
+        return committed, dead_letters, producers
 
     def queue_stats(self, topic: str, queue: int) -> dict:
         stats = self.machine.queues.get((topic, queue))

@@ -135,6 +135,7 @@ METHODS: dict[str, MethodSpec] = {
                    internal=True),
         MethodSpec("StorageCommitOffsets", "StorageOffsetsRequest", "Empty", internal=True),
         MethodSpec("StorageQueues", "StorageQueuesRequest", "StorageQueuesResponse", internal=True),
+        MethodSpec("StorageImport", "StorageImportRequest", "QueueOffset", internal=True),
         MethodSpec("StorageMembers", "StorageMembersRequest", "Empty", internal=True),
         MethodSpec("StorageCancelTimer", "StorageTimerRequest", "Empty", internal=True),
         MethodSpec("StoragePop", "StoragePopRequest", "ReceiveResponse", internal=True),

@@ -17,8 +17,8 @@ from rocket.roles.storage.gate import Gate, NotHosted
 from rocket.roles.storage.stamps import AppendStamps
 from rocket.serde import batch as batch_codec
 from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_header
-from rocket.store.commands import (SEQUENCED_SINCE_SCHEMA, encode_append, encode_half, encode_offsets, encode_pop,
-                                   encode_timers)
+from rocket.store.commands import (IMPORT_SINCE_SCHEMA, SEQUENCED_SINCE_SCHEMA, encode_append, encode_half,
+                                   encode_import, encode_offsets, encode_pop, encode_timers)
 
 
 class Appends:
@@ -81,6 +81,26 @@ class Appends:
                 raise RocketError(Code.BAD_REQUEST, f"message {message.offset} is due "
                                   f"{(message.deliver_at_ms - now_ms) / 86_400_000:,.0f} days from now; the most is "
                                   f"{limits.timer_delay_s_max // 86_400} days")
+
+    async def import_batches(self, request: dict) -> dict:
+        """StorageImport: batches copied from the queue's old group (its topic moves to another storage class), the
+        first at base_offset, in one entry; those the queue holds already are skipped, so a copy sent again changes
+        nothing. The answers its producers were given there come along. Answers the queue's next offset."""
+        group, topic = request["group"], request["topic"]
+        self.gate.leads(group)
+        self.gate.room_for_data()
+        check_topic_name(topic)
+        (queue,) = self.gate.positions([{"queue": request["queue"], "offset": request["base_offset"]}], "offset")
+        for batch in request["batches"]:
+            check_header(batch)
+        if not self.host.replicas_speak(group, IMPORT_SINCE_SCHEMA):
+            raise RocketError(Code.UNAVAILABLE, f"group {group} has a replica of an older release, which cannot "
+                              "apply a copied batch; retry once the upgrade is done")
+        producers = [(answer["producer"], answer["sequence"], answer["base_offset"], answer["count"])
+                     for answer in request.get("producers", ()) if answer["queue"] == queue]
+        entry = encode_import(topic, queue, self.stamps.stamp(topic, queue), request["base_offset"], request["batches"],
+                              producers)
+        return {"queue": queue, "offset": await self.host.propose(group, entry, limits.storage_append_wait_s_max)}
 
     async def commit_offsets(self, request: dict) -> dict:
         self.gate.hosted(request["group"])

@@ -71,6 +71,7 @@ class StorageRole:
     def register(self, dispatcher: Dispatcher) -> None:
         for method, handler in (("StorageAppend", self.appends.append), ("StorageRead", self.reads.read),
                                 ("StorageCommitOffsets", self.appends.commit_offsets),
+                                ("StorageImport", self.appends.import_batches),
                                 ("StorageQueues", self.reads.queues),
                                 ("StorageMembers", self.replicas.members),
                                 ("StorageCancelTimer", self.timers.cancel_timer),
