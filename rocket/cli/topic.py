@@ -88,14 +88,26 @@ def _show_retention(seconds: float) -> str:
 async def topic_update(name: Annotated[str, typer.Argument(help="The topic to change.", show_default=False)],
                        retention: Retention = None, local_retention: LocalRetention = None,
                        queues: Annotated[Optional[int], typer.Option("--queues", help="Raise the topic's queues to this many; the new ones go where the predicted load is lowest (see rocket cluster placement --explain).")] = None,
+                       storage_class: Annotated[str, typer.Option("--storage-class", help="Move the topic to this storage class, with its offsets, while it is produced to and consumed.")] = "",
+                       wait: Annotated[bool, typer.Option("--wait/--no-wait", help="With --storage-class: return once the topic moved, or once its move started.")] = True,
                        server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
-    """Change a topic's retention settings, or add queues to it."""
+    """Change a topic's retention settings, add queues to it, or move it to another storage class."""
     retention_s = _retention(retention, "--retention")
     local_retention_s = _retention(local_retention, "--local-retention")
     async with connect(server, transport, serde) as channel:
-        spec = await Admin(channel).update_topic(name, retention_s, local_retention_s, queues)
-    out.print(f"topic [bold]{spec.name}[/bold]: {plural(spec.queues, 'queue')}, retention "
-              f"{_show_retention(spec.retention_s)}, local retention {_show_retention(spec.local_retention_s)}")
+        admin = Admin(channel)
+        spec = await admin.update_topic(name, retention_s, local_retention_s, queues, storage_class)
+        moving = storage_class and spec.storage_class != storage_class
+        if moving and wait:
+            started = time.monotonic()
+            spec = await admin.wait_moved(name, storage_class)
+            out.print(f"topic [bold]{name}[/bold] moved to storage class {storage_class} in "
+                      f"{time.monotonic() - started:.1f} s")
+        elif moving:
+            out.print(f"topic [bold]{name}[/bold] is moving to storage class {storage_class}")
+    out.print(f"topic [bold]{spec.name}[/bold]: {plural(spec.queues, 'queue')}, storage class {spec.storage_class}, "
+              f"retention {_show_retention(spec.retention_s)}, "
+              f"local retention {_show_retention(spec.local_retention_s)}")
 
 
 @tier_app.command("status")

@@ -132,15 +132,27 @@ class Admin:
         return await self.channel.call("AclWhoAmI", {})
 
     async def update_topic(self, name: str, retention_s: float | None = None,
-                           local_retention_s: float | None = None, queues: int | None = None) -> TopicSpec:
+                           local_retention_s: float | None = None, queues: int | None = None,
+                           storage_class: str = "") -> TopicSpec:
         """Set a topic's total and local retention in whole seconds (0 keeps data for ever, -1 takes the
         node's default; None leaves a setting as it is), or raise its queues to `queues`: the new queues go to the
         groups with the lowest predicted load, and the existing ones stay where they are. Keys map onto queues by
-        their count, so a key's later messages may go to another queue than its earlier ones."""
+        their count, so a key's later messages may go to another queue than its earlier ones.
+
+        storage_class starts the topic's move to that class, with its offsets, while it is produced to and consumed
+        (a normal or FIFO topic); the answer names the class it is in until it moved (wait_moved)."""
         return TopicSpec.from_wire(await self.channel.call(
             "UpdateTopic", {"topic": name, "retention_s": _retention_wire(retention_s, -2),
                             "local_retention_s": _retention_wire(local_retention_s, -2),
-                            "queues": -2 if queues is None else queues}))
+                            "queues": -2 if queues is None else queues, "storage_class": storage_class}))
+
+    async def wait_moved(self, name: str, storage_class: str, poll_s: float = 0.2) -> TopicSpec:
+        """Wait until the topic is in storage_class (a move update_topic started)."""
+        while True:
+            spec, _ = await self.describe_topic(name)
+            if spec.storage_class == storage_class:
+                return spec
+            await trio.sleep(poll_s)
 
     async def placement_explain(self, topic: str) -> dict:
         """Per queue of the topic: the group and node placement chose, the predicted load, and the runner-up."""

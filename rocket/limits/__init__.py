@@ -33,6 +33,9 @@ invariant(rocketmq_receive_wait_s_default * 1000 <= pull_wait_ms_max, "RocketMQ'
 invariant(rocketmq_invisible_s_default <= pop_invisible_s_max, "RocketMQ's default invisible time is one rocket allows")
 invariant(rocketmq_receive_messages_default <= pop_messages_max, "a RocketMQ receive batch is one pop")
 invariant(read_bytes_max <= cold_cache_bytes_max, "a cold read fits the cache")
+invariant(class_move_tail_bytes <= class_move_read_bytes <= batch_bytes_max,
+          "a moving queue's copy is read in pieces, each one Raft entry (at most one batch more than asked for)")
+invariant(class_move_drop_grace_s > route_ttl_s, "a moving topic's old groups keep its data past brokers' old routes")
 invariant(kv_value_bytes_max + kv_key_bytes_max < kv_range_bytes_max <= read_bytes_max, "one key and its value fit a range page, and a page fits a response")
 invariant(kv_value_bytes_max + kv_key_bytes_max < kv_txn_bytes_max < raft_entry_bytes_max, "a put fits a transaction, a transaction one Raft entry")
 invariant(connect_timeout_s <= tls_handshake_s_max <= tcp_sniff_s_max,

@@ -36,6 +36,13 @@ topics_max = 100_000  # metadata held in memory by the nameserver
 # this long: far past a broker's cached route (route_ttl_s) and a produce's retries.
 topic_tombstone_s = 600
 topic_delete_retry_s = 5  # the nameserver leader retries a delete a storage group did not answer
+# A topic moving to another storage class: its queues are copied in reads of this many bytes, in rounds while
+# producers still write to the old groups, until a round leaves less than class_move_tail_bytes per queue to copy
+# once the old groups are sealed (produces wait for that: the move's stall). The old groups drop their copies this
+# long after the switch, so that a broker's cached route (route_ttl_s) reads them until it learns the new one.
+class_move_read_bytes = 4 * MiB
+class_move_tail_bytes = 256 * KiB  # what is left to copy of a queue when the old groups are sealed: the stall's part
+class_move_drop_grace_s = 15.0  # past route_ttl_s: brokers with the old route still read the old groups meanwhile
 request_id_bytes_max = 128  # a create's request id, kept in the metadata: a client's random 16 bytes in hex need 32
 create_requests_kept_max = 10_000  # creates' request ids the metadata remembers (a retry gets the first answer)
 filter_expression_bytes_max = 4 * KiB  # a filter is parsed per subscription; longer ones are hostile

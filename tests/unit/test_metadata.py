@@ -123,3 +123,44 @@ def test_least_loaded_placement_spreads_replicas_and_skips_unavailable_nodes():
     with pytest.raises(RocketError) as short:
         LeastLoaded().place(1, 5, loads)  # node 5 is down: four are available
     assert short.value.code == Code.UNAVAILABLE
+
+
+def test_a_topic_moves_to_another_class_start_switch_done_and_nothing_else_meanwhile():
+    """class_move_start places the queues on the new class's groups (the route stays), class_move_switch routes the
+    queues there, class_move_done ends it; meanwhile the topic cannot be deleted, given queues, or moved elsewhere."""
+    metadata = registered()
+    gold = {"op": "create_class", "name": "gold", "mode": "controller", "replicas": 2, "min_in_sync_replicas": 1,
+            "unclean_election": False, "ha_max_lag_s": 10.0,
+            "new_groups": [{"id": 3, "voters": [3, 4]}, {"id": 4, "voters": [4, 3]}, {"id": 5, "voters": [2, 3]}]}
+    apply(metadata, create("t", 2, [{"id": 2, "voters": [1, 2]}], [2]), gold,
+          {**create("later", 1, [], [2]), "message_type": "delay"})
+    unknown, delay, same = apply(metadata, {"op": "class_move_start", "name": "t", "storage_class": "silver",
+                                            "queue_groups": [3, 4]},
+                                 {"op": "class_move_start", "name": "later", "storage_class": "gold",
+                                  "queue_groups": [3]},
+                                 {"op": "class_move_start", "name": "t", "storage_class": "raft", "queue_groups": []})
+    assert isinstance(unknown, RocketError) and unknown.code == Code.BAD_REQUEST and "silver" in unknown.message
+    assert isinstance(delay, RocketError) and "delay topic" in delay.message
+    assert same.storage_class == "raft" and not metadata.class_moves
+    [shared] = apply(metadata, {"op": "class_move_start", "name": "t", "storage_class": "gold", "queue_groups": [3, 5]})
+    assert isinstance(shared, RocketError) and "queue 1: its new group 5 has a replica on node 2" in shared.message
+    [started, again, elsewhere] = apply(metadata, *({"op": "class_move_start", "name": "t", "storage_class": to,
+                                                    "queue_groups": [3, 4]} for to in ("gold", "gold", "raft")))
+    assert started.storage_class == again.storage_class == "raft"  # the topic stays until it switches
+    assert isinstance(elsewhere, RocketError) and elsewhere.code == Code.UNAVAILABLE
+    assert plain(metadata.route("t", {}))["queue_groups"] == [2, 2]
+    deleted, grown = apply(metadata, {"op": "drop_topic", "name": "t"},
+                           {"op": "add_queues", "name": "t", "from_queues": 2, "queue_groups": [2]})
+    assert all(isinstance(error, RocketError) and "moving to storage class 'gold'" in error.message
+               for error in (deleted, grown))
+    copy = Metadata()
+    copy.restore(metadata.snapshot())
+    assert copy.class_moves == metadata.class_moves and copy.snapshot() == metadata.snapshot()
+    apply(metadata, {"op": "class_move_switch", "name": "t"}, {"op": "class_move_switch", "name": "t"})
+    spec = metadata.topic("t")
+    assert (spec.storage_class, spec.queue_groups, spec.groups) == ("gold", (3, 4), (3, 4))
+    assert plain(metadata.route("t", {}))["queue_groups"] == [3, 4] and metadata.class_moves["t"].old_groups == (2, 2)
+    apply(metadata, {"op": "class_move_done", "name": "t"})
+    assert not metadata.class_moves
+    [gone] = apply(metadata, {"op": "drop_topic", "name": "t"})
+    assert gone is None and "t" in metadata.deleting

@@ -35,10 +35,19 @@ class ConsumerGroups:
         return {}
 
     async def _commit(self, route: Route, consumer_group: str, offsets: dict[int, int], reset_pop: bool = False) -> None:
+        """Commit offsets on their queues' groups; those of a group that refused the topic because it moved to
+        another storage class, on their new groups (Routes.rerouted)."""
         for group, queues in self.routes.by_group(route, offsets).items():
-            await self.routes.storage(route, group, "StorageCommitOffsets", {
-                "group": group, "consumer_group": consumer_group, "topic": route.spec.name, "reset_pop": reset_pop,
-                "offsets": [{"queue": queue, "offset": offsets[queue]} for queue in queues]})
+            try:
+                await self.routes.storage(route, group, "StorageCommitOffsets", {
+                    "group": group, "consumer_group": consumer_group, "topic": route.spec.name,
+                    "reset_pop": reset_pop,
+                    "offsets": [{"queue": queue, "offset": offsets[queue]} for queue in queues]})
+            except RocketError as error:
+                if error.code != Code.UNKNOWN_TOPIC:
+                    raise
+                moved, _ = await self.routes.rerouted(route, queues[0], group)
+                await self._commit(moved, consumer_group, {queue: offsets[queue] for queue in queues}, reset_pop)
 
     async def describe_group(self, request: GroupInfoRequest) -> GroupInfoResponse:
         """Per queue: the group's pull position, the live pull consumer reading it, its pop consumption, its lag and

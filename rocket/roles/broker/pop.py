@@ -48,16 +48,24 @@ class PopConsumption:
             fifo = route.spec.message_type == "fifo"
             response = {"batches": [], "handles": [], "cursors": [], "next_visible_ms": 0, "fifo": fifo,
                         "max_attempts": settings["max_attempts"], "retry_backoff_s": settings["retry_backoff_s"]}
+            rerouted = False
             for group, queues in groups:
                 if len(response["handles"]) >= wanted:
                     break
                 wait_s = max(0.0, deadline - trio.current_time()) if len(groups) == 1 else 0.0
-                found = await self.routes.storage(route, group, "StoragePop", {
-                    "group": group, "consumer_group": request["group"], "topic": route.spec.name, "queues": queues,
-                    "max_messages": wanted - len(response["handles"]), "invisible_ms": request["invisible_ms"],
-                    "wait_ms": int(wait_s * 1000), "max_attempts": max_attempts,
-                    "filter_type": request["filter_type"], "filter": request["filter"], "fifo": fifo},
-                    timeout_s=wait_s + limits.storage_call_s_max)
+                try:
+                    found = await self.routes.storage(route, group, "StoragePop", {
+                        "group": group, "consumer_group": request["group"], "topic": route.spec.name,
+                        "queues": queues, "max_messages": wanted - len(response["handles"]),
+                        "invisible_ms": request["invisible_ms"], "wait_ms": int(wait_s * 1000),
+                        "max_attempts": max_attempts, "filter_type": request["filter_type"],
+                        "filter": request["filter"], "fifo": fifo}, timeout_s=wait_s + limits.storage_call_s_max)
+                except RocketError as error:
+                    if error.code != Code.UNKNOWN_TOPIC:
+                        raise
+                    route, _ = await self.routes.rerouted(route, queues[0], group)  # it moved to another class
+                    groups, rerouted = list(self.routes.by_group(route, range(route.spec.queues)).items()), True
+                    break
                 for field in ("batches", "handles", "cursors"):
                     response[field].extend(found[field])
                 if found["next_visible_ms"]:
@@ -66,6 +74,8 @@ class PopConsumption:
             left_s = deadline - trio.current_time()
             if response["handles"] or left_s <= 0:
                 return response
+            if rerouted:
+                continue
             if response["next_visible_ms"]:
                 left_s = min(left_s, max(limits.pop_wake_s_min, response["next_visible_ms"] / 1000 - self.clock.wall_s()))
             await self._wait_for_data(route, {entry["queue"]: entry["offset"] for entry in response["cursors"]}, left_s)

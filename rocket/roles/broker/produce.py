@@ -58,8 +58,7 @@ class Produce:
         route = await self.routes.route(request["topic"])
         queue, group, ticket = self._produce_queue(route, request["queue"], batch=request["batch"])
         try:
-            return await self.routes.storage(route, group, "StorageAppend",
-                                             self._append_call(route.spec, request, queue, group))
+            return await self._append(route, queue, group, self._append_call(route.spec, request, queue, group))
         finally:
             if ticket is not None:
                 self._move_on(route.spec.name, ticket)
@@ -81,14 +80,25 @@ class Produce:
         def finish(outcome: object) -> None:
             if ticket is not None:
                 self._move_on(route.spec.name, ticket)
-            if isinstance(outcome, RocketError) and outcome.code in retryable:
-                self.routes.start_soon(complete_later, slot,
-                                       functools.partial(self.routes.storage, route, group, "StorageAppend", call))
+            if isinstance(outcome, RocketError) and (outcome.code in retryable or outcome.code == Code.UNKNOWN_TOPIC):
+                self.routes.start_soon(complete_later, slot, functools.partial(self._append, route, queue, group, call))
             else:
                 slot.complete(outcome)
         self.routes.park(to, "StorageAppend", call, Slot(finish), retryable)
         if ticket is not None:
             self._take_ticket(route.spec.name, request["batch"])
+
+    async def _append(self, route: Route, queue: int, group: int, call: dict) -> dict:
+        """StorageAppend on the queue's group, retried there (Routes.storage); and on the queue's new group when the
+        old one refused the topic because it moved to another storage class (Routes.rerouted). A refused append was
+        not stored (a batch it stored before gets its first answer), so it is stored once."""
+        try:
+            return await self.routes.storage(route, group, "StorageAppend", call)
+        except RocketError as error:
+            if error.code != Code.UNKNOWN_TOPIC:
+                raise
+        route, group = await self.routes.rerouted(route, queue, group)
+        return await self.routes.storage(route, group, "StorageAppend", {**call, "group": group})
 
     def _produce_queue(self, route: Route, queue: int, take: bool = True,
                        batch: bytes | memoryview = b"") -> tuple[int, int, int | None]:

@@ -131,6 +131,20 @@ def unknown_group(name: str) -> RocketError:
 
 
 @dataclasses.dataclass(slots=True)
+class ClassMove:
+    """A topic moving to another storage class (roles/nameserver/class_moves.py): its queues' groups there, placed
+    when it started, and before; switched once the topic's queues are there."""
+
+    storage_class: str
+    queue_groups: tuple[int, ...]
+    old_groups: tuple[int, ...]
+    switched: bool = False
+
+
+MOVABLE_TYPES = ("normal", "fifo")  # a delay or transaction topic's pending messages wait in its groups: it stays
+
+
+@dataclasses.dataclass
 class NodeInfo:
     id: int
     address: str
@@ -181,6 +195,7 @@ class Metadata:
         # The latest limits.create_requests_kept_max creates that carried a request id: id -> (kind, name), so that a
         # retry of an applied create gets its answer, not "exists".
         self.created: dict[str, tuple[str, str]] = {}
+        self.class_moves: dict[str, ClassMove] = {}  # topics moving to another storage class (class_moves.py)
         self.version = 0
 
     # ---- the state machine ---------------------------------------------------------------------------
@@ -232,6 +247,7 @@ class Metadata:
             self.topic(command["name"])
             del self.topics[command["name"]]
         elif operation == "drop_topic":  # the name stays taken while its groups drop its queues
+            self._not_moving(command["name"], "deleted")
             self.deleting[command["name"]] = self.topic(command["name"])
             del self.topics[command["name"]]
         elif operation == "topic_dropped":
@@ -247,6 +263,7 @@ class Metadata:
                                                          local_retention_s=command["local_retention_s"])
         elif operation == "add_queues":
             spec = self.topic(command["name"])
+            self._not_moving(spec.name, "given queues")
             if spec.queues != command["from_queues"]:
                 raise RocketError(Code.UNAVAILABLE, f"topic {spec.name!r} has {spec.queues} queues now, not "
                                   f"{command['from_queues']}; retry")
@@ -256,6 +273,8 @@ class Metadata:
             self.topics[spec.name] = dataclasses.replace(
                 spec, queues=len(queue_groups), queue_groups=queue_groups,
                 groups=tuple(sorted(set(spec.groups) | set(command["queue_groups"]))))
+        elif operation in ("class_move_start", "class_move_switch", "class_move_done"):
+            result = self._class_move(command)
         elif operation == "node_state":
             invariant(command["state"] in NODE_STATES, "a known node state")
             self._registered(command["node"]).state = command["state"]
@@ -298,9 +317,60 @@ class Metadata:
         else:
             invariant(False, f"unknown metadata command {operation!r}")
         self.version += 1
-        if operation in ("create_topic", "update_topic", "add_queues"):
+        if operation in ("create_topic", "update_topic", "add_queues", "class_move_start"):
             return self.topics[command["name"]]
         return result
+
+    def _not_moving(self, name: str, what: str) -> None:
+        move = self.class_moves.get(name)
+        if move is not None:
+            raise RocketError(Code.UNAVAILABLE, f"topic {name!r} is moving to storage class {move.storage_class!r}; "
+                              f"it can be {what} once it moved")
+
+    def _class_move(self, command: dict) -> None:
+        """A topic's move to another storage class: start (its queues placed on the class's groups), switch (its
+        queues are there from now on) and done (the old groups dropped them)."""
+        operation, name = command["op"], command["name"]
+        move = self.class_moves.get(name)
+        if operation == "class_move_start":
+            spec = self.topic(name)
+            storage_class = command["storage_class"]
+            if move is not None:
+                if move.storage_class != storage_class:
+                    self._not_moving(name, "moved elsewhere")
+                return
+            if storage_class != DEFAULT_CLASS and storage_class not in self.classes:
+                raise unknown_class(storage_class)
+            if spec.storage_class == storage_class:
+                return
+            if spec.message_type not in MOVABLE_TYPES or name.startswith(KV_PREFIX):
+                raise RocketError(Code.BAD_REQUEST, f"topic {name!r} is a {spec.message_type} topic: only "
+                                  f"{' and '.join(MOVABLE_TYPES)} topics move between storage classes (the others' "
+                                  "pending messages wait in their storage groups)")
+            queue_groups = tuple(command["queue_groups"])
+            invariant(len(queue_groups) == spec.queues and all(
+                group in self.groups and self.groups[group].storage_class == storage_class for group in queue_groups),
+                "a moving topic's queues are placed on groups of its new class, one each")
+            for queue, group in enumerate(queue_groups):
+                shared = set(self.members_of(group)) & set(self.members_of(spec.group_of(queue)))
+                if shared:
+                    raise RocketError(Code.BAD_REQUEST, f"topic {name!r}, queue {queue}: its new group {group} has a "
+                                      f"replica on node {min(shared)}, which holds the queue already (group "
+                                      f"{spec.group_of(queue)}); a node keeps one copy of a queue, so a topic moves "
+                                      "to groups on other nodes")
+            self.class_moves[name] = ClassMove(storage_class, queue_groups,
+                                               tuple(spec.group_of(queue) for queue in range(spec.queues)))
+        elif operation == "class_move_switch":
+            if move is None or move.switched:
+                return
+            spec = self.topic(name)
+            self.topics[name] = dataclasses.replace(spec, storage_class=move.storage_class,
+                                                    queue_groups=move.queue_groups,
+                                                    groups=tuple(sorted(set(move.queue_groups))))
+            move.switched = True
+        else:
+            invariant(move is None or move.switched, "a topic's move is done only once its queues switched")
+            self.class_moves.pop(name, None)
 
     def created_by(self, request_id: str, kind: str) -> str | None:
         """The name a create with this request id made, if it was applied (and is remembered)."""
@@ -487,6 +557,8 @@ class Metadata:
                                for s in self.deleting.values()],
             "tombstones": [[name, list(groups), dropped_ms] for name, (groups, dropped_ms) in self.tombstones.items()],
             "created": [[request_id, kind, name] for request_id, (kind, name) in self.created.items()],
+            "class_moves": [[name, move.storage_class, list(move.queue_groups), list(move.old_groups), move.switched]
+                            for name, move in self.class_moves.items()],
         })]
 
     def restore(self, chunks: Iterable[bytes]) -> None:
@@ -522,6 +594,9 @@ class Metadata:
         self.tombstones = {name: (tuple(groups), dropped_ms)
                            for name, groups, dropped_ms in state.get("tombstones", ())}
         self.created = {request_id: (kind, name) for request_id, kind, name in state.get("created", ())}
+        self.class_moves = {name: ClassMove(storage_class, tuple(queue_groups), tuple(old_groups), switched)
+                            for name, storage_class, queue_groups, old_groups, switched
+                            in state.get("class_moves", ())}
         self.nodes = {node["id"]: NodeInfo(node["id"], node["address"], tuple(node["roles"]), node["state"],
                                            node.get("health_pin", "auto"),  # snapshots before pins had none
                                            node.get("degraded_for", ""))

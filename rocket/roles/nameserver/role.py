@@ -22,6 +22,7 @@ from rocket.roles.nameserver.acl import AclAdmin
 from rocket.roles.nameserver.classes import StorageClasses
 from rocket.roles.nameserver.consumer_groups import ConsumerGroupSettings
 from rocket.roles.nameserver.controller import Controller
+from rocket.roles.nameserver.class_moves import ClassMoves
 from rocket.roles.nameserver.deletes import TopicDeletes
 from rocket.roles.nameserver.forecasts import Forecasts
 from rocket.roles.nameserver.group import MetadataGroup
@@ -77,6 +78,7 @@ class Nameserver:
         self.queue_placement = QueuePlacement(self.meta, clock, self.forecasts, self)
         self.health = NodeHealthChecks(self.meta, config, clock, objects, self)
         self.deletes = TopicDeletes(self.meta, clock, self.call_group_leader)
+        self.class_moves = ClassMoves(self.meta, self.queue_placement, self.call_group_leader)
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle_typed("NodeHeartbeat", self.node_heartbeat)
@@ -120,6 +122,7 @@ class Nameserver:
             nursery.start_soon(self._follow_models_forever)
             nursery.start_soon(self.controller.control_forever)
             nursery.start_soon(self.deletes.finish_forever, self.leads)
+            nursery.start_soon(self.class_moves.finish_forever, self.leads)
             if self.config.auth:
                 nursery.start_soon(self.acl.bootstrap_admin_forever)
             task_status.started()
@@ -463,7 +466,8 @@ class Nameserver:
                  ", ".join(str(group["id"]) for group in new_groups))
 
     async def update_topic(self, request: UpdateTopicRequest) -> TopicInfo:
-        """Change a topic's retention settings in whole seconds, or add queues (-2 leaves one as it is)."""
+        """Change a topic's retention settings in whole seconds, add queues (-2 leaves one as it is), or start its
+        move to another storage class (class_moves.py; the answer names the class it is in until it moved)."""
         check_user_topic_name(request.topic)
         for field, value in (("retention_s", request.retention_s), ("local_retention_s", request.local_retention_s)):
             if value != -2:
@@ -476,12 +480,15 @@ class Nameserver:
         if adding:
             async with self.creating:  # placed one at a time, as creations are
                 await self.queue_placement.add_queues(self.metadata.topic(spec.name), request.queues)
-        if not adding or request.retention_s != -2 or request.local_retention_s != -2:
+        if not adding and not request.storage_class or request.retention_s != -2 or request.local_retention_s != -2:
             spec = self.metadata.topic(spec.name)
             retention_s = spec.retention_s if request.retention_s == -2 else request.retention_s
             local_s = spec.local_retention_s if request.local_retention_s == -2 else request.local_retention_s
             await self._propose({"op": "update_topic", "name": spec.name, "retention_s": float(retention_s),
                                  "local_retention_s": float(local_s)})
+        if request.storage_class:
+            async with self.creating:  # placed one at a time, as creations are
+                await self.class_moves.start(self.metadata.topic(spec.name), request.storage_class)
         return topic_info(self.metadata.topic(spec.name))
 
     async def _read(self, method: str, request: Any, here, locally: bool = True):
