@@ -2,9 +2,10 @@
 processes (three nameservers, four storage nodes, a broker; topic "orders" in the Raft class on nodes 11-12, class
 "pair" in controller mode on nodes 13-14), one writer per queue producing through the broker all along, and --moves
 times `rocket topic update orders --storage-class` to the other class. Each move is measured: from the CLI call to
-the switch, the longest a produce sent meanwhile waited (the stall), and how long the old groups were sealed before
-the switch (the nameserver leader's log). At the end every acknowledged message is consumed and checked
-(tests/integration/test_cluster.py's verify_acknowledged). Writes benchmarks/results/class-move.json.
+the switch, the longest a produce sent meanwhile waited (the stall) and, beside it, the longest one sent in as long a
+time just before the move, and how long the old groups were sealed before the switch (the nameserver leader's log).
+At the end every acknowledged message is consumed and checked (tests/integration/test_cluster.py's
+verify_acknowledged). Writes benchmarks/results/class-move.json.
 
     PYTHONPATH=. python benchmarks/class_move.py [--moves 10] [--data-parent /tmp] [--keep-data]
         [--out benchmarks/results/class-move.json]
@@ -65,6 +66,7 @@ async def run(moves: int, base: Path) -> dict:
     print(totals(result, writers, started), flush=True)
     return {"moves": moves, "queues": QUEUES, "switched_s": spread([moved.switched_s for moved in figures]),
             "stall_s": spread([moved.stall_s for moved in figures]),
+            "before_s": spread([moved.before_s for moved in figures]),
             "sealed_s": spread([moved.sealed_s for moved in figures]),
             "acknowledged": result["acknowledged"], "duplicates": result["duplicates"],
             "writer_errors": dict(writers.errors)}
@@ -82,7 +84,7 @@ def main() -> None:
     report.update({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
                    "cpus": os.cpu_count()})
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({key: report[key] for key in ("switched_s", "stall_s", "sealed_s")}), flush=True)
+    print(json.dumps({key: report[key] for key in ("switched_s", "stall_s", "before_s", "sealed_s")}), flush=True)
     if args.keep_data:
         print(f"node logs in {base}")
     else:

@@ -32,20 +32,22 @@ SEALED = re.compile(r"appends waited ([0-9.]+) s")
 
 @dataclasses.dataclass
 class Moved:
-    """One move's figures: from the CLI call to the switch, the longest a produce sent meanwhile waited, how long the
-    old groups were sealed before the switch (the nameserver leader's log), and from the switch to the old groups'
-    drop."""
+    """One move's figures: from the CLI call to the switch, the longest a produce sent meanwhile waited (and one sent
+    in as long a time just before), how long the old groups were sealed before the switch (the nameserver leader's
+    log), and from the switch to the old groups' drop."""
 
     storage_class: str
     switched_s: float
     stall_s: float
+    before_s: float
     sealed_s: float
     dropped_s: float
 
     def __str__(self) -> str:
         return (f"to {self.storage_class}: switched after {self.switched_s:.2f} s; the longest produce meanwhile took "
-                f"{self.stall_s * 1000:.0f} ms; the old groups were sealed {self.sealed_s * 1000:.0f} ms before the "
-                f"switch; they dropped their copies {self.dropped_s:.1f} s after it")
+                f"{self.stall_s * 1000:.0f} ms ({self.before_s * 1000:.0f} ms before it); the old groups were sealed "
+                f"{self.sealed_s * 1000:.0f} ms before the switch; they dropped their copies {self.dropped_s:.1f} s "
+                "after it")
 
 
 async def move(cluster: ControllerCluster, writers: Writers, storage_class: str, kill_leader: bool = False) -> Moved:
@@ -69,12 +71,15 @@ async def move(cluster: ControllerCluster, writers: Writers, storage_class: str,
                 await Admin(channel).wait_moved("orders", storage_class)
     switched = trio.current_time()
     stall = max((ack.at - ack.sent_at for ack in writers.acks if ack.sent_at >= started), default=0.0)
+    before = max((ack.at - ack.sent_at for ack in writers.acks
+                  if started - (switched - started) <= ack.sent_at < started), default=0.0)
     with trio.fail_after(MOVE_WAIT_S_MAX):
         while len(logged(cluster, "moved; its old groups")) <= done_before:
             await trio.sleep(0.5)
     sealed = SEALED.search(logged(cluster, "appends waited")[done_before])
     assert sealed is not None
-    return Moved(storage_class, switched - started, stall, float(sealed.group(1)), trio.current_time() - switched)
+    return Moved(storage_class, switched - started, stall, before, float(sealed.group(1)),
+                 trio.current_time() - switched)
 
 
 def logged(cluster: ControllerCluster, pattern: str) -> list[str]:

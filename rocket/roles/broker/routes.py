@@ -180,9 +180,10 @@ class Routes(Background):
         """After group refused the queue's topic as unknown: the route, and the queue's group in it, once the queue
         lies elsewhere. A topic moving to another storage class is refused by its old groups from their seal on, until
         its route switches to the new ones (roles/nameserver/class_moves.py): the route is asked for again until the
-        queue's group changes, for up to limits.storage_retry_s_max. Raises UNKNOWN_TOPIC when the topic is gone, or
-        its queue stayed where it was."""
-        deadline, attempt = trio.current_time() + limits.storage_retry_s_max, 0
+        queue's group changes, every limits.leader_poll_s (the seal lasts about one copy of a queue's tail), for up
+        to limits.storage_retry_s_max. Raises UNKNOWN_TOPIC when the topic is gone, or its queue stayed where it
+        was."""
+        deadline = trio.current_time() + limits.storage_retry_s_max
         while True:
             route = await self.route(route.spec.name, refresh=True)  # UNKNOWN_TOPIC: it was deleted
             moved_to = route.queue_groups[self.queue(route.spec, queue)]
@@ -191,8 +192,7 @@ class Routes(Background):
             if trio.current_time() >= deadline:
                 raise RocketError(Code.UNKNOWN_TOPIC, f"storage group {group} refuses topic {route.spec.name!r}, "
                                   "which the nameservers still place there")
-            await trio.sleep(min(limits.storage_retry_backoff_s_min * 2 ** attempt, limits.storage_retry_backoff_s_max))
-            attempt += 1
+            await trio.sleep(limits.leader_poll_s)
 
     @staticmethod
     def retryable(route: Route, group: int, at_most_once: bool = False) -> tuple[Code, ...]:
