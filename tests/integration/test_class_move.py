@@ -3,7 +3,8 @@ broker, topic "orders" in the default (Raft) class on nodes 11 and 12, the contr
 and 14 (a node keeps one copy of a queue, so a topic moves to groups on other nodes), and writers producing to every
 queue through the broker all along. `rocket topic update orders --storage-class pair` moves it, and a second update
 moves it back. Every acknowledged message is consumed, intact, at its acknowledged offset (offsets and order stay,
-nothing is stored twice), a consumer group's committed offsets move with the topic, and each old group drops its copy.
+nothing is stored twice), a consumer group's committed offsets, a pop consumer's position and its dead letters move with the
+topic, and each old group drops its copy.
 
 Run with -s to see the figures: each move's time, and its stall (the longest a produce waited while it switched).
 Node logs are in the test's tmp_path (node<N>.log; nameservers 1-3, storage nodes 11-14, broker 21).
@@ -19,7 +20,7 @@ import time
 
 import trio
 
-from rocket.client import Admin, connect
+from rocket.client import Admin, SimpleConsumer, connect
 from rocket.errors import Code, RocketError
 from tests.integration.controller_cluster import (BROKER, GROUPS, NAMESERVERS, QUEUES, STORAGE_CLASS,
                                                   ControllerCluster, log_times, stop_writers, totals)
@@ -105,6 +106,20 @@ async def start_apart(cluster: ControllerCluster) -> None:
         await admin.create_topic("orders", QUEUES)
 
 
+async def pop_some(channel) -> dict[int, tuple[int, int]]:
+    """Pop consumer group "audit" receives and acks messages, and sends one to its dead letters; returns per queue
+    where its done messages end and its dead letters, once nothing of it is in flight."""
+    consumer = SimpleConsumer(channel, "orders", "audit")
+    received = []
+    while len(received) < 100:
+        received += await consumer.receive(32, wait_s=1.0)
+    await consumer.dead_letter(received[0])
+    await consumer.ack(*received[1:])
+    rows = await Admin(channel).describe_group("orders", "audit")
+    assert not any(row["in_flight"] for row in rows) and sum(row["dead_letters"] for row in rows) == 1, rows
+    return {row["queue"]: (row["pop_done_before"], row["dead_letters"]) for row in rows}
+
+
 async def held(cluster: ControllerCluster, group: int) -> list[int]:
     """Bytes of each queue of "orders" the group holds, as its leader (node 13 or 14) answers."""
     for node in (13, 14):
@@ -146,6 +161,7 @@ async def test_a_topic_moves_to_a_controller_class_and_back_under_load(tmp_path)
                 await trio.sleep(2)
                 offsets = [{"queue": queue, "offset": COMMITTED} for queue in range(QUEUES)]
                 await channel.call("CommitOffsets", {"group": "billing", "topic": "orders", "offsets": offsets})
+                audit = await pop_some(channel)
                 print(f"\ncluster up after {time.monotonic() - started:.1f} s; logs in {tmp_path}", flush=True)
                 print(await move(cluster, writers, STORAGE_CLASS), flush=True)
                 assert set(await cluster.queue_groups()) <= pair_groups
@@ -156,6 +172,8 @@ async def test_a_topic_moves_to_a_controller_class_and_back_under_load(tmp_path)
             fetched = await channel.call("FetchOffsets", {"group": "billing", "topic": "orders"})
             assert sorted((entry["queue"], entry["offset"]) for entry in fetched["offsets"]) == \
                 [(queue, COMMITTED) for queue in range(QUEUES)]
+            after = {row["queue"]: row for row in await admin.describe_group("orders", "audit")}
+            assert {queue: (row["pop_done_before"], row["dead_letters"]) for queue, row in after.items()} == audit
         for group in pair_groups:  # the old groups of the move back hold nothing of the topic
             assert await held(cluster, group) == [0] * QUEUES
         assert not cluster.died(), cluster.died()

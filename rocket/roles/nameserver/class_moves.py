@@ -127,14 +127,16 @@ class ClassMoves:
         """Each queue's batches its new group lacks, from its old group: all of them once the old groups are sealed,
         else until less than limits.class_move_tail_bytes is left."""
         for queue, (old, new) in enumerate(zip(move.old_groups, move.queue_groups)):
-            await self._copy_queue(name, queue, old, new, sealed, name)
+            await self._copy_queue(name, queue, old, new, sealed)
 
-    async def _copy_queue(self, topic: str, queue: int, old: int, new: int, sealed: bool, name: str) -> None:
+    async def _copy_queue(self, topic: str, queue: int, old: int, new: int, sealed: bool) -> None:
+        """The queue's batches (of the topic, or of a dead-letter topic beside it) its new group lacks, from its old
+        group (see _copy)."""
         (source,) = (await self._queues(old, topic, [queue]))["queues"]
         (copy,) = (await self._queues(new, topic, [queue]))["queues"]
         position = copy["next_offset"] if copy["next_offset"] > copy["min_offset"] else source["min_offset"]
         while position < source["next_offset"] or not sealed:
-            self._check_leads(name)
+            self._check_leads(topic)
             read = await self.call_leader(old, "StorageRead", {
                 "group": old, "topic": topic, "queues": [{"queue": queue, "offset": position}],
                 "max_bytes": limits.class_move_read_bytes, "wait_ms": 0, "at_least_one": True, "any_replica": False,
@@ -162,7 +164,7 @@ class ClassMoves:
             consumed = await self._queues(old, name, queues, consumed=True)
             for dead_letters in consumed["dead_letters"]:
                 for queue in queues:
-                    await self._copy_queue(dead_letters, queue, old, move.queue_groups[queue], True, name)
+                    await self._copy_queue(dead_letters, queue, old, move.queue_groups[queue], True)
             for queue in queues:
                 answers = [answer for answer in consumed["producers"] if answer["queue"] == queue]
                 if answers:
