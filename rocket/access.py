@@ -37,7 +37,7 @@ _NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {  # method -> (action, the req
     **{method: ("pub", ("topic",)) for method in ("Produce", "CancelTimer", "EndTransaction", "TransactionChecks")},
     **{method: ("sub", _TOPIC_GROUP) for method in (
         "Pull", "Subscribe", "SearchOffset", "CommitOffsets", "FetchOffsets", "DescribeGroup", "GroupHeartbeat",
-        "Receive", "Ack", "ChangeInvisible", "DeadLetter", "Bury")},
+        "LockQueues", "Receive", "Ack", "ChangeInvisible", "DeadLetter", "Bury")},
     "ResetGroup": ("admin", ("group",)),
     "CreateTopic": ("admin", ("topic",)),
     "UpdateTopic": ("admin", ("topic",)),

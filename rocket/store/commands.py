@@ -35,6 +35,8 @@ DROP_OPS = ("topic", "group", "reopen", "seal", "moved")
 # queue's copy, and the answers its producers were given
 IMPORT_COMMAND = 12
 IMPORT_SINCE_SCHEMA = 8  # the first release whose replicas apply IMPORT entries and seal and moved drops
+LOCK_COMMAND = 13  # JSON {op: lock|unlock, consumer_group, topic, client, queues, now_ms}: orderly consumers' locks
+LOCK_SINCE_SCHEMA = 8  # the first release whose replicas apply LOCK entries
 _append_head = struct.Struct("<BIQH")  # command, queue, append time ms, topic length
 _source_length = struct.Struct("<H")
 _fire_count = struct.Struct("<I")
@@ -153,7 +155,20 @@ class Import:
     producers: list[tuple[int, int, int, int]]
 
 
-Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand | KvBatch | Drop | Import
+@dataclasses.dataclass(slots=True)
+class Lock:
+    """An orderly consumer's queue locks taken or renewed (op lock) or given back (unlock) by client, for its
+    consumer group, at now_ms (the leader's time)."""
+
+    op: str
+    consumer_group: str
+    topic: str
+    client: str
+    queues: tuple[int, ...]
+    now_ms: int
+
+
+Command = Append | CommitOffsets | Cancel | Rearm | PopCommand | TierCommand | KvBatch | Drop | Import | Lock
 
 
 def decode(data: bytes | memoryview) -> Command:
@@ -188,6 +203,12 @@ def decode(data: bytes | memoryview) -> Command:
             return Cancel(request["topic"], request["queue"], request["offsets"])
         if command == IMPORT_COMMAND:
             return _decode_import(view)
+        if command == LOCK_COMMAND:
+            request = orjson.loads(view[1:])
+            if request["op"] not in ("lock", "unlock"):
+                raise ValueError(f"unknown lock operation {request['op']!r}")
+            return Lock(request["op"], request["consumer_group"], request["topic"], request["client"],
+                        tuple(request["queues"]), request["now_ms"])
         if command == DROP_COMMAND:
             request = orjson.loads(view[1:])
             if request["op"] not in DROP_OPS:
@@ -317,6 +338,12 @@ def encode_import(topic: str, queue: int, append_ms: int, base_offset: int, batc
                      _import_head.pack(base_offset, len(batches)),
                      *(part for batch in batches for part in (_batch_length.pack(len(batch)), batch)),
                      _json_length.pack(len(answers)) + answers if answers else b""))
+
+
+def encode_lock(op: str, consumer_group: str, topic: str, client: str, queues: list[int], now_ms: int) -> bytes:
+    """Lock or unlock an orderly consumer's queues (see Lock)."""
+    return bytes([LOCK_COMMAND]) + orjson.dumps({"op": op, "consumer_group": consumer_group, "topic": topic,
+                                                 "client": client, "queues": queues, "now_ms": now_ms})
 
 
 def encode_cancel(source: str, queue: int, offsets: list[int]) -> bytes:

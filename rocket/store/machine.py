@@ -10,12 +10,13 @@ from typing import Protocol
 
 import orjson
 
+from rocket import limits
 from rocket.errors import Code, RocketError, invariant
 from rocket.model import SYSTEM_PREFIX, dead_letter_parts, dead_letter_topic, half_topic, timer_topic
 from rocket.serde import batch as batch_codec
 from rocket.store import commands, manifest, pop
 from rocket.store.producers import Producers
-from rocket.store.commands import Append, Cancel, CommitOffsets, Drop, Import, PopCommand, Rearm, TierCommand
+from rocket.store.commands import Append, Cancel, CommitOffsets, Drop, Import, Lock, PopCommand, Rearm, TierCommand
 from rocket.store.kv import KeyState, KvBatch, KvChange, ShardTxn, Txn
 from rocket.store.manifest import TierChange, TierQueue
 from rocket.store.pop import PopChange, PopQueue
@@ -107,6 +108,14 @@ class StorageMachine:
         # (Raft group, topic) -> the newest incarnation (creation time) a drop or reopen named: one per topic name
         # deleted in the group, so that a deposed nameserver's late drop does not reach the topic made again.
         self.incarnations: dict[tuple[int, str], int] = {}
+        # Orderly consumers' queue locks (remoting LOCK_BATCH_MQ), shared by every broker: (Raft group, consumer group,
+        # topic, queue) -> (client, renewed at ms), at most limits.remoting_locks_max per node, lapsed ones swept first.
+        # They are in snapshots, not in the index: a group this node reopened from its index (opened_at, its applied
+        # entry then) knows none from before, so it grants a queue it holds no lock of only once such a lock would
+        # have lapsed: limits.remoting_lock_expiry_s after its first lock entry since (lock_horizon_ms).
+        self.locks: dict[tuple[int, str, str, int], tuple[str, int]] = {}
+        self.opened_at: dict[int, int] = {}
+        self.lock_horizon_ms: dict[int, int] = {}
         self._entry_index = 0  # within one apply: the entry being applied
         self.next_due: dict[tuple[int, bool], int] = {}  # (Raft group, halves) -> nothing of it is due before this
         # Queues appended to since the offloader last found nothing of them left to upload (all at open).
@@ -115,7 +124,7 @@ class StorageMachine:
         self._handlers: dict[type, Callable] = {Append: self._append, CommitOffsets: self._commit_offsets,
                                                 Cancel: self._cancel, Rearm: self._rearm, PopCommand: self._pop,
                                                 TierCommand: self._tier_command, KvBatch: self._kv_batch,
-                                                Drop: self._drop, Import: self._import}
+                                                Drop: self._drop, Import: self._import, Lock: self._lock}
 
     def apply(self, group: int, entries, positions: list[int]) -> tuple[list, Effects | None]:
         """Apply a group's committed entries, whose data lies in the WAL at positions. Results are (base offset,
@@ -270,6 +279,35 @@ class StorageMachine:
                                          if t != topic or q != queue or entry.base_offset >= drop_below]
         return change is not None
 
+    def _lock(self, group: int, command: Lock, position: int, effects: Effects) -> list[int]:
+        """Lock or unlock queues for an orderly consumer: a queue is locked to the client that asks if it holds it
+        already, or nobody does, or its holder's lock lapsed (limits.remoting_lock_expiry_s without a renewal).
+        Returns the queues it holds now (unlock: those it gave back)."""
+        expiry_ms = int(limits.remoting_lock_expiry_s * 1000)
+        now_ms, held = command.now_ms, []
+        horizon = self.lock_horizon_ms.get(group)
+        if horizon is None:
+            horizon = self.lock_horizon_ms[group] = now_ms + expiry_ms if self.opened_at.get(group, 0) else 0
+        for queue in command.queues:
+            key = (group, command.consumer_group, command.topic, queue)
+            holder = self.locks.get(key)
+            if command.op == "unlock":
+                if holder is not None and holder[0] == command.client:
+                    del self.locks[key]
+                    held.append(queue)
+                continue
+            if holder is None and now_ms < horizon or holder is not None and holder[0] != command.client \
+                    and now_ms - holder[1] <= expiry_ms:
+                continue
+            if holder is None and len(self.locks) >= limits.remoting_locks_max:
+                for lapsed in [key for key, (_, renewed) in self.locks.items() if now_ms - renewed > expiry_ms]:
+                    del self.locks[lapsed]
+                if len(self.locks) >= limits.remoting_locks_max:
+                    continue
+            self.locks[key] = (command.client, now_ms)
+            held.append(queue)
+        return held
+
     def _kv_batch(self, group: int, batch: KvBatch, position: int, effects: Effects) -> list[dict]:
         return [self._kv_txn(group, txn, effects) for txn in batch.txns]
 
@@ -329,6 +367,9 @@ class StorageMachine:
             self.offload_candidates.discard(place)
         for key in gone_pops:
             del self.pops[key]
+        for key in [key for key in self.locks if key[0] == group and key[2] == topic and key[3] in queues
+                    and (command.op != "group" or key[1] == consumer_group)]:
+            del self.locks[key]
         for key in self._timer_changes:
             if key[:2] in places:
                 self._timer_changes[key] = None
@@ -398,7 +439,8 @@ class StorageMachine:
                              "producers": self.producers.snapshot(group),
                              "dropped": sorted(topic for holder, topic in self.dropped if holder == group),
                              "incarnations": sorted([topic, incarnation] for (holder, topic), incarnation
-                                                    in self.incarnations.items() if holder == group)})
+                                                    in self.incarnations.items() if holder == group),
+                             "locks": [[*key[1:], *lock] for key, lock in self.locks.items() if key[0] == group]})
 
     def restore(self, group: int, data: bytes | memoryview) -> Effects | None:
         """Install a snapshot taken past what this machine applied (else None): the group's queue positions, pop
@@ -426,6 +468,11 @@ class StorageMachine:
             if topic not in snapshot.dropped:
                 self.dropped.discard((holder, topic))
                 effects.tombstones.append((group, topic, False))
+        for key in [key for key in self.locks if key[0] == group]:
+            del self.locks[key]
+        self.locks.update(((group, consumer_group, topic, queue), (client, renewed_ms))
+                          for consumer_group, topic, queue, client, renewed_ms in snapshot.locks)
+        self.lock_horizon_ms[group] = 0  # the snapshot holds every lock
         for topic, incarnation in snapshot.incarnations:
             if self.incarnations.get((group, topic), 0) < incarnation:
                 self.incarnations[(group, topic)] = incarnation
@@ -481,6 +528,7 @@ class Snapshot:
     producers: list  # Producers.snapshot's
     dropped: list[str]  # deleted topics whose appends the group refuses
     incarnations: list[list]  # [topic, the newest incarnation a drop or reopen named]
+    locks: list[list]  # [consumer group, topic, queue, client, renewed ms]: orderly consumers' queue locks
 
     @classmethod
     def decode(cls, data: bytes | memoryview) -> "Snapshot":
@@ -493,7 +541,8 @@ class Snapshot:
             [PopChange.from_wire(wire) for wire in snapshot.get("pops", ())],
             {(topic, queue): TierQueue.from_wire(state) for topic, queue, state in snapshot.get("tier", ())},
             {(bucket, shard): (revision, history) for bucket, shard, revision, history in snapshot.get("kv", ())},
-            snapshot.get("producers", []), snapshot.get("dropped", []), snapshot.get("incarnations", []))
+            snapshot.get("producers", []), snapshot.get("dropped", []), snapshot.get("incarnations", []),
+            snapshot.get("locks", []))
 
     def tier_changes(self) -> list[TierChange]:
         return [(topic, queue, orjson.dumps(state.to_wire()), state.local_from)

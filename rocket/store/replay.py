@@ -28,6 +28,7 @@ def load(index: QueueIndex, machine: StorageMachine) -> None:
     """Give the machine the state the index holds: queue positions, how far each group got, pop states, tier
     manifests, producers' answers, deleted topics and when each group's next timer is due."""
     machine.queues, machine.applied = index.all_stats(), index.groups_applied()
+    machine.opened_at = dict(machine.applied)  # what the log held of locks before these entries is not known here
     machine.pops = index.pop_states()
     machine.tier = {key: TierQueue.from_wire(orjson.loads(state)) for key, state in index.tier_states().items()}
     machine.producers = Producers.load(index.producer_rows())

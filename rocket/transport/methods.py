@@ -68,6 +68,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("TransactionChecks", "TransactionChecksRequest", "TransactionChecksResponse", streaming=True),
         MethodSpec("DescribeGroup", "GroupInfoRequest", "GroupInfoResponse"),
         MethodSpec("GroupHeartbeat", "GroupHeartbeatRequest", "GroupHeartbeatResponse"),
+        MethodSpec("LockQueues", "LockQueuesRequest", "LockQueuesResponse"),
         MethodSpec("ResetGroup", "ResetGroupRequest", "GroupInfoResponse"),
         MethodSpec("Receive", "ReceiveRequest", "ReceiveResponse"),
         MethodSpec("Ack", "ReceiptRequest", "ReceiptResponse"),
@@ -152,6 +153,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("StorageKvWatch", "StorageKvWatchRequest", "StorageKvWatchResponse", internal=True),
         # and nameservers and brokers to storage nodes: a deleted topic's or consumer group's state dropped.
         MethodSpec("StorageDrop", "StorageDropRequest", "Empty", internal=True),
+        MethodSpec("StorageLock", "StorageLockRequest", "LockQueuesResponse", internal=True),
     ]
 }
 

@@ -1,6 +1,7 @@
 """The remoting protocol on a cluster of split roles (three nameservers, three storage nodes, two brokers): a
-route asked of a nameserver lists both brokers, a message sent through one broker is pulled through the other, and
-a consumer group's members are the same seen from either broker, whichever broker each member talks to."""
+route asked of a nameserver lists both brokers, a message sent through one broker is pulled through the other, a
+consumer group's members are the same seen from either broker, whichever broker each member talks to, and an orderly
+consumer's queue lock taken through one broker is refused to another consumer through the other."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 
 import orjson
 import pytest
+import trio
 
 from rocket.gateway.remoting.codec import RequestCode as R
 from rocket.gateway.remoting.messages import parse_message_id
@@ -65,6 +67,34 @@ def test_routes_list_every_broker_and_groups_span_brokers(split_cluster):
     while through_second.json(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "billing"})["consumerIdList"] != ["10.0.0.2@b"]:
         assert time.time() < deadline
         time.sleep(0.5)
+
+
+def lock_batch(connection: RemotingClient, client_id: str, queues: list[int], code: int = R.LOCK_BATCH_MQ) -> list[int]:
+    body = orjson.dumps({"consumerGroup": "sorted", "clientId": client_id, "mqSet": [
+        {"topic": "orders", "brokerName": "rocket", "queueId": queue} for queue in queues]})
+    response = connection.request(code, body=body)
+    assert response.code == 0, response.remark
+    return sorted(queue["queueId"] for queue in orjson.loads(response.body)["lockOKMQSet"]) if response.body else []
+
+
+def test_two_brokers_never_grant_one_queue_to_two_orderly_consumers(split_cluster):
+    """LOCK_BATCH_MQ through either broker asks the queue's storage group: a queue one consumer holds is refused to
+    another through the other broker until the holder unlocks it, and it is the holder's again after a broker is
+    killed with -9 (the lock lives in the storage group, not in the broker)."""
+    first, second = split_cluster[21], split_cluster[22]
+    rocket(first, "topic", "create", "orders", "--queues", "4")
+    one, other = RemotingClient(first.port), RemotingClient(second.port)
+    assert lock_batch(one, "10.0.0.1@one", [0, 1]) == [0, 1]
+    assert lock_batch(other, "10.0.0.2@other", [0, 1, 2, 3]) == [2, 3]
+    assert lock_batch(one, "10.0.0.1@one", [0, 1, 2]) == [0, 1]  # renewed; 2 is the other's
+    lock_batch(one, "10.0.0.1@one", [1], R.UNLOCK_BATCH_MQ)
+    assert lock_batch(other, "10.0.0.2@other", [0, 1]) == [1]
+    first.kill()
+    first.start()
+    trio.run(first.wait_ready)
+    first_again = RemotingClient(first.port)
+    assert lock_batch(first_again, "10.0.0.2@other", [1, 2, 3]) == [1, 2, 3]
+    assert lock_batch(first_again, "10.0.0.1@one", [0, 1, 2, 3]) == [0]
 
 
 def test_ali_ons_sends_and_consumes_through_the_cluster(split_cluster, tmp_path):

@@ -155,25 +155,6 @@ async def test_remoting_unwritten_offsets_are_bounded(monkeypatch):
     assert gateway.clients._offsets == {}
 
 
-def lock(client: str, group: str, queues: range) -> Command:
-    return Command(RequestCode.LOCK_BATCH_MQ, body=orjson.dumps({"consumerGroup": group, "clientId": client, "mqSet": [
-        {"topic": "t", "brokerName": "b", "queueId": queue} for queue in queues]}))
-
-
-async def test_remoting_lapsed_locks_make_room(monkeypatch):
-    """At limits.remoting_locks_max, locks not renewed within their expiry are swept before a lock is refused."""
-    monkeypatch.setattr(limits, "remoting_locks_max", 5)
-    gateway = Gateway()
-    answer = await gateway.consuming.lock_batch(lock("a", "g1", range(10)), None, Caller())
-    assert len(orjson.loads(answer.body)["lockOKMQSet"]) == 5
-    answer = await gateway.consuming.lock_batch(lock("b", "g2", range(3)), None, Caller())
-    assert orjson.loads(answer.body)["lockOKMQSet"] == []  # the held ones are live
-    gateway.clock.s += limits.remoting_lock_expiry_s + 1
-    answer = await gateway.consuming.lock_batch(lock("b", "g2", range(3)), None, Caller())
-    assert len(orjson.loads(answer.body)["lockOKMQSet"]) == 3
-    assert len(gateway.consuming._locks) == 3
-
-
 async def test_pop_locks_go_once_unused():
     """The storage role's pop locks are bounded by the pops under way: a lock nobody holds or waits for goes."""
     from rocket.roles.storage.pops import Pops

@@ -38,8 +38,6 @@ class Consuming:
     def __init__(self, bridge: Bridge, clients: Clients):
         self.bridge, self.clients = bridge, clients
         self.dispatcher, self.clock = bridge.dispatcher, bridge.clock
-        # (group, topic, queue) -> (client, renewed): at most limits.remoting_locks_max, lapsed ones swept first
-        self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}
 
     async def pull_message(self, command: Command, connection, caller: Caller) -> Command:
         header = command.ext
@@ -183,42 +181,30 @@ class Consuming:
 
     async def lock_batch(self, command: Command, connection, caller: Caller) -> Command:
         """Lock queues for an orderly consumer: those free, or already its, or whose holder stopped renewing for
-        limits.remoting_lock_expiry_s (RocketMQ's 60 s rebalance lock). Held by this broker."""
-        request = json_body(command)
-        group, client = str(request.get("consumerGroup", "")), str(request.get("clientId", ""))
-        now = self.clock.now_s()
-        locked = []
-        for queue in objects(request.get("mqSet"), "mqSet"):
-            key = _lock_key(group, queue)
-            holder = self._locks.get(key)
-            if holder is None or holder[0] == client or now - holder[1] > limits.remoting_lock_expiry_s:
-                if key not in self._locks and len(self._locks) >= limits.remoting_locks_max:
-                    self._sweep_locks(now)
-                if key in self._locks or len(self._locks) < limits.remoting_locks_max:
-                    self._locks[key] = (client, now)
-                    locked.append(queue)
-        return command.reply(body=orjson.dumps({"lockOKMQSet": locked}))
-
-    def _sweep_locks(self, now: float) -> None:
-        """Locks not renewed for limits.remoting_lock_expiry_s are free to take: they go before a lock is refused."""
-        for key in [key for key, (_, renewed) in self._locks.items() if now - renewed > limits.remoting_lock_expiry_s]:
-            del self._locks[key]
+        limits.remoting_lock_expiry_s (RocketMQ's 60 s rebalance lock). Each queue's storage group keeps its lock
+        (LockQueues), so every broker answers alike."""
+        return command.reply(body=orjson.dumps({"lockOKMQSet": await self._locks(command, caller, "lock")}))
 
     async def unlock_batch(self, command: Command, connection, caller: Caller) -> Command:
-        request = json_body(command)
-        group, client = str(request.get("consumerGroup", "")), str(request.get("clientId", ""))
-        for queue in objects(request.get("mqSet"), "mqSet"):
-            key = _lock_key(group, queue)
-            if self._locks.get(key, ("",))[0] == client:
-                del self._locks[key]
+        await self._locks(command, caller, "unlock")
         return command.reply()
 
-
-def _lock_key(group: str, queue: dict) -> tuple[str, str, int]:
-    queue_id = queue.get("queueId")
-    if isinstance(queue_id, bool) or not isinstance(queue_id, int):
-        raise ValueError(f"mqSet: queueId {queue_id!r} is not an integer")
-    return group, str(queue.get("topic", "")), queue_id
+    async def _locks(self, command: Command, caller: Caller, op: str) -> list[dict]:
+        """LockQueues for the mqSet's queues, topic by topic; the queues held (lock) or given back (unlock)."""
+        request = json_body(command)
+        group, client = str(request.get("consumerGroup", "")), str(request.get("clientId", ""))
+        by_topic: dict[str, dict[int, dict]] = {}
+        for queue in objects(request.get("mqSet"), "mqSet"):
+            queue_id = queue.get("queueId")
+            if isinstance(queue_id, bool) or not isinstance(queue_id, int):
+                raise ValueError(f"mqSet: queueId {queue_id!r} is not an integer")
+            by_topic.setdefault(str(queue.get("topic", "")), {})[queue_id] = queue
+        done = []
+        for topic, queues in by_topic.items():
+            answer = await self.dispatcher.local("LockQueues", {"topic": topic, "group": group, "client": client,
+                                                                "queues": sorted(queues), "op": op}, caller)
+            done += [queues[queue_id] for queue_id in answer["queues"]]
+        return done
 
 
 ORIGIN_QUEUE = "ORIGIN_QUEUE_ID"  # the queue a retried message came from: its dead letter lies beside it

@@ -49,6 +49,18 @@ class ConsumerGroups:
                 moved, _ = await self.routes.rerouted(route, queues[0], group)
                 await self._commit(moved, consumer_group, {queue: offsets[queue] for queue in queues}, reset_pop)
 
+    async def lock_queues(self, request: dict) -> dict:
+        """An orderly consumer's queue locks (remoting LOCK_BATCH_MQ and UNLOCK_BATCH_MQ), kept by each queue's
+        storage group, so that two brokers never grant one queue to two clients (store/machine.py decides)."""
+        consumer_group = check_group_name(request["group"])
+        route = await self.routes.route(request["topic"])
+        held: list[int] = []
+        for group, queues in self.routes.by_group(route, request["queues"]).items():
+            held += (await self.routes.storage(route, group, "StorageLock", {
+                "group": group, "op": request["op"], "consumer_group": consumer_group, "topic": route.spec.name,
+                "client": request["client"], "queues": queues}))["queues"]
+        return {"queues": sorted(held)}
+
     async def describe_group(self, request: GroupInfoRequest) -> GroupInfoResponse:
         """Per queue: the group's pull position, the live pull consumer reading it, its pop consumption, its lag and
         its dead letters."""

@@ -52,6 +52,7 @@ class Broker:
             "Subscribe": self.pull.subscribe,
             "CommitOffsets": self.groups.commit_offsets,
             "FetchOffsets": self.groups.fetch_offsets,
+            "LockQueues": self.groups.lock_queues,
             "SearchOffset": self.admin.search_offset,
             "CancelTimer": self.producer.cancel_timer,
             "EndTransaction": self.producer.end_transaction,

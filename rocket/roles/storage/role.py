@@ -19,6 +19,7 @@ from rocket.roles.storage.drops import Drops
 from rocket.roles.storage.gate import Gate
 from rocket.roles.storage.groups import GroupMembers
 from rocket.roles.storage.kv import KeyValues
+from rocket.roles.storage.locks import QueueLocks
 from rocket.roles.storage.pops import Pops
 from rocket.roles.storage.reads import Reads
 from rocket.roles.storage.reclaim import WalReclaim
@@ -39,7 +40,8 @@ log = logging.getLogger("rocket.storage")
 class StorageRole:
     """The storage role's calls, routed to its parts, one concern per module: gate.py, stamps.py, assignment.py (the
     heartbeat), replicas.py (replica moves, backfill), appends.py, reads.py, pops.py, kv.py (KV shards), timers.py,
-    transactions.py, groups.py, tiering.py and offload.py (the tier), reclaim.py (the WAL), drops.py (deletes).
+    transactions.py, groups.py, locks.py (orderly consumers' queue locks), tiering.py and offload.py (the tier),
+    reclaim.py (the WAL), drops.py (deletes).
     Every per-key map that clients can grow has a bound in limits, or a comment saying what bounds it."""
 
     def __init__(self, config: NodeConfig, host: Engine, peers: Peers, addresses: dict[int, tuple[str, int]],
@@ -66,6 +68,7 @@ class StorageRole:
         self.pops = Pops(self.store, host, self.gate, self.reads, clock)
         self.kv = KeyValues(self.store, host, self.gate, clock)
         self.drops = Drops(host, self.gate, self.tiering.offloader)
+        self.locks = QueueLocks(host, self.gate, clock)
         host.applying = self.store.holding
 
     def register(self, dispatcher: Dispatcher) -> None:
@@ -82,7 +85,8 @@ class StorageRole:
                                 ("StorageTransactionChecks", self.transactions.transaction_checks),
                                 ("StorageTier", self.tiering.tier_status),
                                 ("StorageKvTxn", self.kv.kv_txn), ("StorageKvRead", self.kv.kv_read),
-                                ("StorageKvWatch", self.kv.kv_watch), ("StorageDrop", self.drops.drop)):
+                                ("StorageKvWatch", self.kv.kv_watch), ("StorageDrop", self.drops.drop),
+                                ("StorageLock", self.locks.lock)):
             dispatcher.handle(method, self.assignments.once_assigned(handler), parked={
                 "StorageAppend": self.appends.append_parked, "StorageKvTxn": self.kv.kv_txn_parked,
                 "StorageKvRead": self.kv.kv_read_parked}.get(method))
