@@ -1,10 +1,11 @@
 """A topic moved between storage classes under load, on separate processes: three nameservers, four storage nodes, a
 broker, topic "orders" in the default (Raft) class on nodes 11 and 12, the controller-mode class "pair" on nodes 13
 and 14 (a node keeps one copy of a queue, so a topic moves to groups on other nodes), and writers producing to every
-queue through the broker all along. `rocket topic update orders --storage-class pair` moves it, and a second update
-moves it back. Every acknowledged message is consumed, intact, at its acknowledged offset (offsets and order stay,
-nothing is stored twice), a consumer group's committed offsets, a pop consumer's position and its dead letters move with the
-topic, and each old group drops its copy.
+queue through the broker all along. `rocket topic update orders --storage-class pair` moves it, with storage node 11
+killed with -9 and restarted as it starts, and a second update moves it back, with the nameserver leader killed so.
+Every acknowledged message is consumed, intact, at its acknowledged offset (offsets and order stay, nothing is stored
+twice); a consumer group's committed offsets, a pop consumer's position and its dead letters move with the topic; and
+each old group drops its copy.
 
 Run with -s to see the figures: each move's time, and its stall (the longest a produce waited while it switched).
 Node logs are in the test's tmp_path (node<N>.log; nameservers 1-3, storage nodes 11-14, broker 21).
@@ -51,22 +52,25 @@ class Moved:
                 "after it")
 
 
-async def move(cluster: ControllerCluster, writers: Writers, storage_class: str, kill_leader: bool = False) -> Moved:
+async def move(cluster: ControllerCluster, writers: Writers, storage_class: str, kill_leader: bool = False,
+               kill: int = 0) -> Moved:
     """Move "orders" to storage_class with the CLI, and wait until its old groups dropped it (one more "moved; its
     old groups" line in the nameservers' logs). kill_leader: the CLI only starts it (--no-wait), the nameserver
-    leader is killed with -9 at once and restarted, and the next leader finishes it."""
+    leader is killed with -9 at once and restarted, and the next leader finishes it; kill: so is that storage
+    node."""
     done_before = len(logged(cluster, "moved; its old groups"))
     started = trio.current_time()
     ran = await trio.to_thread.run_sync(lambda: subprocess.run(
         [sys.executable, "-m", "rocket", "topic", "update", "orders", "--storage-class", storage_class, "--server",
-         cluster.broker.server, *(["--no-wait"] if kill_leader else [])],
+         cluster.broker.server, *(["--no-wait"] if kill_leader or kill else [])],
         capture_output=True, text=True, timeout=MOVE_WAIT_S_MAX))
-    assert ran.returncode == 0 and f"{'moving' if kill_leader else 'moved'} to storage class {storage_class}" \
-        in ran.stdout, ran
-    if kill_leader:
-        leader = cluster.nameservers[(await cluster_status([cluster.broker.server]))["nameserver_leader"]]
-        leader.kill()
-        leader.start()
+    assert ran.returncode == 0 and f"{'moving' if kill_leader or kill else 'moved'} to storage class " \
+        f"{storage_class}" in ran.stdout, ran
+    if kill_leader or kill:
+        victim = cluster.storage[kill] if kill else \
+            cluster.nameservers[(await cluster_status([cluster.broker.server]))["nameserver_leader"]]
+        victim.kill()
+        victim.start()
         async with connect(cluster.broker.server) as channel:
             with trio.fail_after(MOVE_WAIT_S_MAX):
                 await Admin(channel).wait_moved("orders", storage_class)
@@ -163,7 +167,7 @@ async def test_a_topic_moves_to_a_controller_class_and_back_under_load(tmp_path)
                 await channel.call("CommitOffsets", {"group": "billing", "topic": "orders", "offsets": offsets})
                 audit = await pop_some(channel)
                 print(f"\ncluster up after {time.monotonic() - started:.1f} s; logs in {tmp_path}", flush=True)
-                print(await move(cluster, writers, STORAGE_CLASS), flush=True)
+                print(await move(cluster, writers, STORAGE_CLASS, kill=11), flush=True)
                 assert set(await cluster.queue_groups()) <= pair_groups
                 print(await move(cluster, writers, "raft", kill_leader=True), flush=True)
                 assert set(await cluster.queue_groups()) <= raft_groups
