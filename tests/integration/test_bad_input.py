@@ -231,6 +231,20 @@ async def test_hostile_calls_between_nodes_get_stable_codes_and_harm_nothing(nod
             ("StorageGroupHeartbeat", {"group": group, "consumer_group": "g", "topic": "t", "member": ""},
              "BAD_REQUEST"),
             ("TransactionChecks", {"topic": "t"}, "WRONG_MESSAGE_TYPE"),
+            ("StorageImport", {"group": group, "topic": "t", "queue": 0, "base_offset": -1, "batches": [good]},
+             "BAD_REQUEST"),
+            ("StorageImport", {"group": group, "topic": "t", "queue": 0, "base_offset": 0, "batches": [b"\x00" * 64]},
+             "BAD_BATCH"),
+            ("StorageImport", {"group": group, "topic": "t", "queue": 0, "base_offset": 7, "batches": [good]},
+             "BAD_REQUEST"),  # a gap after the queue's end
+            ("StorageDrop", {"group": group, "op": "vanish", "topic": "t", "queues": [0]}, "BAD_REQUEST"),
+            ("StorageLock", {"group": group, "op": "steal", "consumer_group": "g", "topic": "t", "client": "c",
+                             "queues": [0]}, "BAD_REQUEST"),
+            ("StorageLock", {"group": group, "op": "lock", "consumer_group": "g", "topic": "t", "client": "",
+                             "queues": [0]}, "BAD_REQUEST"),
+            ("LockQueues", {"topic": "t", "group": "g", "client": "c", "queues": [5]}, "BAD_QUEUE"),
+            ("LockQueues", {"topic": "nothing", "group": "g", "client": "c", "queues": [0]}, "UNKNOWN_TOPIC"),
+            ("UpdateTopic", {"topic": "t", "storage_class": "nowhere"}, "BAD_REQUEST"),
         ]
         for method, request, code in hostile:
             with pytest.raises(RocketError) as refused:
