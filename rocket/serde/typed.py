@@ -289,6 +289,12 @@ class ProducerAnswer(msgspec.Struct):
     count: int
 
 
+class QueueLock(msgspec.Struct):
+    consumer_group: str
+    queue: int
+    client: str
+
+
 class StorageQueuesResponse(msgspec.Struct):
     queues: list[QueueInfo]
     offsets: list[QueueOffset]
@@ -298,6 +304,7 @@ class StorageQueuesResponse(msgspec.Struct):
     committed: list[GroupOffset] = []  # asked for (consumed): every consumer group's offsets on the queues
     dead_letters: list[str] = []  # asked for (consumed): the dead-letter topics beside the queues
     producers: list[ProducerAnswer] = []  # asked for (consumed): the answers remembered of the queues' producers
+    locks: list[QueueLock] = []  # asked for (consumed): the orderly consumers' locks of the queues
 
 
 class DescribeTopicResponse(msgspec.Struct):
@@ -657,7 +664,7 @@ STRUCTS: dict[str, type[msgspec.Struct]] = {struct.__name__: struct for struct i
     TopicRequest, Route, NodeStatus, ClusterStatusResponse, QueuePlacement, PlacementExplainResponse, SeriesStep,
     LoadShareRequest, AlterSyncStateSetRequest, HandoverRequest, ControlState, ControlledGroup,
     ControllerHeartbeatRequest, ControllerGroupsResponse, HandOverFromRequest, ControllerMembersRequest, QueueInfo,
-    QueueOffset, PopInfo, GroupOffset, ProducerAnswer, StorageQueuesResponse, DescribeTopicResponse, TierStatusRequest,
+    QueueOffset, PopInfo, GroupOffset, ProducerAnswer, QueueLock, StorageQueuesResponse, DescribeTopicResponse, TierStatusRequest,
     TierQueue, StorageTierResponse, TierTopic, TierStatusResponse, BucketInfo, ListBucketsResponse, KvShardInfo,
     DescribeBucketResponse, GroupInfoRequest, GroupQueue, GroupInfoResponse, GroupHeartbeatRequest,
     GroupHeartbeatResponse, ResetGroupRequest)}

@@ -76,6 +76,8 @@ class Effects:
     drops: list[DropChange] = dataclasses.field(default_factory=list)
     tombstones: list[tuple[int, str, bool]] = dataclasses.field(default_factory=list)  # (group, topic, set or cleared)
     incarnations: list[tuple[int, str, int]] = dataclasses.field(default_factory=list)  # (group, topic, incarnation)
+    # orderly consumers' locks set (group, consumer group, topic, queue, client, renewed ms) or given up (client "")
+    lock_changes: list[tuple[int, str, str, int, str, int]] = dataclasses.field(default_factory=list)
 
 
 class StorageMachine:
@@ -110,12 +112,7 @@ class StorageMachine:
         self.incarnations: dict[tuple[int, str], int] = {}
         # Orderly consumers' queue locks (remoting LOCK_BATCH_MQ), shared by every broker: (Raft group, consumer group,
         # topic, queue) -> (client, renewed at ms), at most limits.remoting_locks_max per node, lapsed ones swept first.
-        # They are in snapshots, not in the index: a group this node reopened from its index (opened_at, its applied
-        # entry then) knows none from before, so it grants a queue it holds no lock of only once such a lock would
-        # have lapsed: limits.remoting_lock_expiry_s after its first lock entry since (lock_horizon_ms).
         self.locks: dict[tuple[int, str, str, int], tuple[str, int]] = {}
-        self.opened_at: dict[int, int] = {}
-        self.lock_horizon_ms: dict[int, int] = {}
         self._entry_index = 0  # within one apply: the entry being applied
         self.next_due: dict[tuple[int, bool], int] = {}  # (Raft group, halves) -> nothing of it is due before this
         # Queues appended to since the offloader last found nothing of them left to upload (all at open).
@@ -284,27 +281,26 @@ class StorageMachine:
         already, or nobody does, or its holder's lock lapsed (limits.remoting_lock_expiry_s without a renewal).
         Returns the queues it holds now (unlock: those it gave back)."""
         expiry_ms = int(limits.remoting_lock_expiry_s * 1000)
-        now_ms, held = command.now_ms, []
-        horizon = self.lock_horizon_ms.get(group)
-        if horizon is None:
-            horizon = self.lock_horizon_ms[group] = now_ms + expiry_ms if self.opened_at.get(group, 0) else 0
+        now_ms, held, changes = command.now_ms, [], effects.lock_changes
         for queue in command.queues:
             key = (group, command.consumer_group, command.topic, queue)
             holder = self.locks.get(key)
             if command.op == "unlock":
                 if holder is not None and holder[0] == command.client:
                     del self.locks[key]
+                    changes.append((*key, "", 0))
                     held.append(queue)
                 continue
-            if holder is None and now_ms < horizon or holder is not None and holder[0] != command.client \
-                    and now_ms - holder[1] <= expiry_ms:
+            if holder is not None and holder[0] != command.client and now_ms - holder[1] <= expiry_ms:
                 continue
             if holder is None and len(self.locks) >= limits.remoting_locks_max:
                 for lapsed in [key for key, (_, renewed) in self.locks.items() if now_ms - renewed > expiry_ms]:
                     del self.locks[lapsed]
+                    changes.append((*lapsed, "", 0))
                 if len(self.locks) >= limits.remoting_locks_max:
                     continue
             self.locks[key] = (command.client, now_ms)
+            changes.append((*key, command.client, now_ms))
             held.append(queue)
         return held
 
@@ -370,6 +366,7 @@ class StorageMachine:
         for key in [key for key in self.locks if key[0] == group and key[2] == topic and key[3] in queues
                     and (command.op != "group" or key[1] == consumer_group)]:
             del self.locks[key]
+            effects.lock_changes.append((*key, "", 0))
         for key in self._timer_changes:
             if key[:2] in places:
                 self._timer_changes[key] = None
@@ -470,9 +467,10 @@ class StorageMachine:
                 effects.tombstones.append((group, topic, False))
         for key in [key for key in self.locks if key[0] == group]:
             del self.locks[key]
-        self.locks.update(((group, consumer_group, topic, queue), (client, renewed_ms))
-                          for consumer_group, topic, queue, client, renewed_ms in snapshot.locks)
-        self.lock_horizon_ms[group] = 0  # the snapshot holds every lock
+            effects.lock_changes.append((*key, "", 0))
+        for consumer_group, topic, queue, client, renewed_ms in snapshot.locks:
+            self.locks[(group, consumer_group, topic, queue)] = (client, renewed_ms)
+            effects.lock_changes.append((group, consumer_group, topic, queue, client, renewed_ms))
         for topic, incarnation in snapshot.incarnations:
             if self.incarnations.get((group, topic), 0) < incarnation:
                 self.incarnations[(group, topic)] = incarnation

@@ -61,6 +61,10 @@ def _decode_entry(offset: int, value: bytes) -> IndexEntry:
     return IndexEntry(offset, *_entry.unpack(value))
 
 
+def _lock_key(group: int, consumer_group: str, topic: str, queue: int) -> bytes:
+    return b"L" + _u64.pack(group) + f"{consumer_group}\0{topic}".encode() + _u32.pack(queue)
+
+
 def _pop_prefix(kind: bytes, key: tuple[str, str, int]) -> bytes:
     """P (cursor) or F (in flight) + consumer group, topic and queue of pop consumption."""
     consumer_group, topic, queue = key
@@ -130,12 +134,12 @@ class QueueIndex:
               commits: list[tuple[str, str, dict[int, int]]], groups_applied: dict[int, int],
               applied_position: int | None = None, timers: Sequence[tuple[int, Timer, bool]] = (), pops: Sequence = (),
               tier: Sequence[tuple[str, int, bytes, int | None]] = (), producers: Sequence = (), drops: Sequence = (),
-              tombstones: Sequence[tuple[int, str, bool]] = (), incarnations: Sequence[tuple[int, str, int]] = ()
-              ) -> None:
+              tombstones: Sequence[tuple[int, str, bool]] = (), incarnations: Sequence[tuple[int, str, int]] = (),
+              locks: Sequence[tuple[int, str, str, int, str, int]] = ()) -> None:
         """Record stored batches, queue stats, offset commits, timers set or done (group, timer, set),
         pop consumption changes, tier states (topic, queue, state, drop the entries below this offset or
-        None), producers' answers remembered and forgotten (store/producers.py's changes) and how far each Raft
-        group got, in one write; and, in a migration, how far into the old log the index reached (applied_position).
+        None), producers' answers remembered and forgotten (store/producers.py's changes), orderly consumers' locks
+        set or given up, and how far each Raft group got, in one write; and, in a migration, how far into the old log the index reached (applied_position).
         Drops (machine.DropChange: a deleted topic's or consumer group's state) go last, and delete what the index
         held before the write: the machine took what the same write adds of them out of it."""
         with self._db.write_batch(sync=False) as batch:
@@ -193,6 +197,12 @@ class QueueIndex:
                     batch.delete(key)
             for group, topic, incarnation in incarnations:
                 batch.put(b"I" + _u64.pack(group) + topic.encode(), _u64.pack(incarnation))
+            for group, consumer_group, topic, queue, client, renewed_ms in locks:
+                key = _lock_key(group, consumer_group, topic, queue)
+                if client:
+                    batch.put(key, _u64.pack(renewed_ms) + client.encode())
+                else:
+                    batch.delete(key)
             for drop in drops:
                 self._drop(batch, drop)
 
@@ -326,6 +336,15 @@ class QueueIndex:
         """(Raft group, topic) -> the newest incarnation a drop or reopen of the name named."""
         return {(_u64.unpack_from(key, 1)[0], key[9:].decode()): _u64.unpack(value)[0]
                 for key, value in self._db.iterator(prefix=b"I")}
+
+    def locks(self) -> dict[tuple[int, str, str, int], tuple[str, int]]:
+        """(Raft group, consumer group, topic, queue) -> (client, renewed ms): the orderly consumers' queue locks."""
+        found = {}
+        for key, value in self._db.iterator(prefix=b"L"):
+            consumer_group, topic = key[9:-4].decode().split("\0", 1)
+            found[(_u64.unpack_from(key, 1)[0], consumer_group, topic, _u32.unpack(key[-4:])[0])] = (
+                value[8:].decode(), _u64.unpack_from(value)[0])
+        return found
 
     def groups_applied(self) -> dict[int, int]:
         return {_u64.unpack(key[1:])[0]: _u64.unpack(value)[0] for key, value in self._db.iterator(prefix=b"g")}

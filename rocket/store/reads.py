@@ -154,11 +154,11 @@ class Reads:
                       if name == topic and queue in ends and (state.cursor < ends[queue] or state.in_flight))
         return sorted(behind)
 
-    def consumed(self, topic: str, queues: list[int]) -> tuple[list[dict], list[str], list[dict]]:
+    def consumed(self, topic: str, queues: list[int]) -> tuple[list[dict], list[str], list[dict], list[dict]]:
         """What clients left on the topic's queues here: every consumer group's committed offset (and, for pop
-        consumption, where its done messages end), the dead-letter topics beside them, and the answers remembered of
-        their producers. A scan of every offset committed, for a topic moving to another storage class, not for the
-        data plane."""
+        consumption, where its done messages end), the dead-letter topics beside them, the answers remembered of
+        their producers, and the orderly consumers' locks. A scan of every offset committed, for a topic moving to
+        another storage class, not for the data plane."""
         wanted = set(queues)
         committed = [{"consumer_group": group, "queue": queue, "offset": offset, "pop": False}
                      for group, name, queue, offset in self.index.all_offsets() if name == topic and queue in wanted]
@@ -170,7 +170,10 @@ class Reads:
                      for states in self.machine.producers.groups.values()
                      for (producer, name, queue), state in states.items() if name == topic and queue in wanted
                      for sequence, (base, count) in state.answers.items()]
-        return committed, dead_letters, producers
+        locks = [{"consumer_group": group, "queue": queue, "client": client}
+                 for (_, group, name, queue), (client, _) in self.machine.locks.items()
+                 if name == topic and queue in wanted]
+        return committed, dead_letters, producers, locks
 
     def queue_stats(self, topic: str, queue: int) -> dict:
         stats = self.machine.queues.get((topic, queue))

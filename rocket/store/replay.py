@@ -26,14 +26,14 @@ log = logging.getLogger("rocket.store")
 
 def load(index: QueueIndex, machine: StorageMachine) -> None:
     """Give the machine the state the index holds: queue positions, how far each group got, pop states, tier
-    manifests, producers' answers, deleted topics and when each group's next timer is due."""
+    manifests, producers' answers, deleted topics, orderly consumers' locks and when each group's next timer is due."""
     machine.queues, machine.applied = index.all_stats(), index.groups_applied()
-    machine.opened_at = dict(machine.applied)  # what the log held of locks before these entries is not known here
     machine.pops = index.pop_states()
     machine.tier = {key: TierQueue.from_wire(orjson.loads(state)) for key, state in index.tier_states().items()}
     machine.producers = Producers.load(index.producer_rows())
     machine.dropped = index.tombstones()
     machine.incarnations = index.incarnations()
+    machine.locks = index.locks()
     machine.offload_candidates = {key for key in machine.queues if not key[0].startswith(SYSTEM_PREFIX)}
     for group in machine.applied:
         for halves in (False, True):

@@ -155,7 +155,8 @@ class Store:
             self.index.apply(entries, touched, commits, {effects.group: effects.applied for effects in applied},
                              timers=timers, pops=pops, tier=tier, producers=producers, drops=drops,
                              tombstones=[change for effects in applied for change in effects.tombstones],
-                             incarnations=[change for effects in applied for change in effects.incarnations])
+                             incarnations=[change for effects in applied for change in effects.incarnations],
+                             locks=[change for effects in applied for change in effects.lock_changes])
             for drop in drops:
                 for place in drop.queues:
                     self.traffic.pop(place, None)

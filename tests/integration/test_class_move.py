@@ -4,8 +4,8 @@ and 14 (a node keeps one copy of a queue, so a topic moves to groups on other no
 queue through the broker all along. `rocket topic update orders --storage-class pair` moves it, with storage node 11
 killed with -9 and restarted as it starts, and a second update moves it back, with the nameserver leader killed so.
 Every acknowledged message is consumed, intact, at its acknowledged offset (offsets and order stay, nothing is stored
-twice); a consumer group's committed offsets, a pop consumer's position and its dead letters move with the topic; and
-each old group drops its copy.
+twice); a consumer group's committed offsets, a pop consumer's position and its dead letters, and an orderly
+consumer's queue locks move with the topic; and each old group drops its copy.
 
 Run with -s to see the figures: each move's time, and its stall (the longest a produce waited while it switched).
 Node logs are in the test's tmp_path (node<N>.log; nameservers 1-3, storage nodes 11-14, broker 21).
@@ -166,13 +166,20 @@ async def test_a_topic_moves_to_a_controller_class_and_back_under_load(tmp_path)
                 offsets = [{"queue": queue, "offset": COMMITTED} for queue in range(QUEUES)]
                 await channel.call("CommitOffsets", {"group": "billing", "topic": "orders", "offsets": offsets})
                 audit = await pop_some(channel)
+                lock = {"topic": "orders", "group": "sorted", "queues": [0, 1]}
+                assert (await channel.call("LockQueues", {**lock, "client": "one"}))["queues"] == [0, 1]
                 print(f"\ncluster up after {time.monotonic() - started:.1f} s; logs in {tmp_path}", flush=True)
                 print(await move(cluster, writers, STORAGE_CLASS, kill=11), flush=True)
                 assert set(await cluster.queue_groups()) <= pair_groups
+                # an orderly consumer's locks moved with the topic: still its own, refused to another
+                assert (await channel.call("LockQueues", {**lock, "client": "two"}))["queues"] == []
+                assert (await channel.call("LockQueues", {**lock, "client": "one"}))["queues"] == [0, 1]
                 print(await move(cluster, writers, "raft", kill_leader=True), flush=True)
                 assert set(await cluster.queue_groups()) <= raft_groups
                 await trio.sleep(1)
                 await stop_writers(writers, list(range(QUEUES)))
+            assert (await channel.call("LockQueues", {**lock, "client": "two"}))["queues"] == []
+            assert (await channel.call("LockQueues", {**lock, "client": "one"}))["queues"] == [0, 1]
             fetched = await channel.call("FetchOffsets", {"group": "billing", "topic": "orders"})
             assert sorted((entry["queue"], entry["offset"]) for entry in fetched["offsets"]) == \
                 [(queue, COMMITTED) for queue in range(QUEUES)]

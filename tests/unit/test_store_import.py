@@ -69,7 +69,7 @@ def test_a_sealed_queue_refuses_writes_serves_reads_and_answers_a_batch_it_store
     assert [error.code for error in (refused, commit, pop)] == [Code.UNKNOWN_TOPIC] * 3
     assert names(store, "t", 0, 0) == ["0", "1", "2", "3"]  # the data stays for reads
     assert store.reads.fetch_offsets("billing", "t") == {0: 2}
-    committed, _, _ = store.reads.consumed("t", [0])
+    committed, _, _, _ = store.reads.consumed("t", [0])
     assert committed == [{"consumer_group": "billing", "queue": 0, "offset": 2, "pop": False}]
     store.close()
 
@@ -98,7 +98,7 @@ def test_a_producers_answers_come_with_the_copy_so_a_batch_sent_again_is_stored_
     store = Node(tmp_path)  # remembered across a restart, as every producer's answers are
     [again_on_1] = store.apply(GROUP, [Entry(1, 5, encode_append("t", 1, APPEND_MS, make_batch(40, 2), (7, 9)))])
     assert again_on_1 == (40, 2) and store.reads.queue_stats("t", 1)["next_offset"] == 0
-    committed, dead_letters, producers = store.reads.consumed("t", [0])
+    committed, dead_letters, producers, _ = store.reads.consumed("t", [0])
     assert not committed and not dead_letters
     assert [(answer["producer"], answer["sequence"], answer["base_offset"]) for answer in producers] == \
         [(7, 1, 100), (7, 2, 105), (7, 3, 108)]

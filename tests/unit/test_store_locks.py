@@ -1,8 +1,10 @@
 """Orderly consumers' queue locks as a storage group applies them: one holder per queue until it unlocks or stops
-renewing for limits.remoting_lock_expiry_s, bounded, carried by snapshots and dropped with their topic; a group
-reopened from its index grants a queue it holds no lock of only once any lock it lost would have lapsed."""
+renewing for limits.remoting_lock_expiry_s, bounded, kept across restarts and a lost index, carried by snapshots, and
+dropped with their topic."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
@@ -33,26 +35,34 @@ def test_a_queue_has_one_holder_until_it_unlocks_or_stops_renewing(tmp_path):
     assert store.apply(GROUP, [lock(6, "a", [0, 2], T + 31_000, op="unlock"), lock(7, "b", [0, 1], T + 32_000),
                                lock(8, "b", [1], T + 20_000 + EXPIRY_MS + 1)]) == [[0], [0], [1]]
     assert store.store.machine.locks[(GROUP, "g", "t", 1)] == ("b", T + 20_000 + EXPIRY_MS + 1)
+    assert sorted(map(tuple, map(dict.values, store.reads.consumed("t", [0, 1])[3]))) == [
+        ("g", 0, "b"), ("g", 1, "b"), ("other", 1, "b")]
     # a dropped topic's locks go with it
     store.apply(GROUP, [drop_entry(9, "topic", "t", [0, 1, 2])])
     assert [key for key in store.store.machine.locks if key[2] == "t"] == []
 
 
-def test_a_snapshot_carries_the_locks_and_a_reopened_group_waits_out_those_it_lost(tmp_path):
+def test_locks_survive_a_restart_and_a_lost_index_and_ride_in_snapshots(tmp_path):
     source = Node(tmp_path / "source")
-    source.apply(GROUP, [lock(1, "a", [0], T), lock(2, "a", [1], T + 1000)])
+    source.apply(GROUP, [lock(1, "a", [0], T), lock(2, "a", [1], T + 1000), lock(3, "c", [3], T + 1500),
+                         lock(4, "c", [3], T + 1600, op="unlock")])
     replica = Node(tmp_path / "replica")
     replica.restore(GROUP, source.store.snapshot(GROUP))
-    assert replica.apply(GROUP, [lock(3, "b", [0, 1, 2], T + 2000)]) == [[2]]  # a's locks came with the snapshot
+    assert replica.apply(GROUP, [lock(5, "b", [0, 1, 2], T + 2000)]) == [[2]]  # a's locks came with the snapshot
+    replica.close()
     source.store.sync()
     source.close()
-
-    # Reopened from its index, past the lock entries: it knows none of a's locks, so it grants no queue it holds
-    # no lock of until a lock taken before would have lapsed.
-    source = Node(tmp_path / "source")
-    assert source.store.machine.locks == {}
-    assert source.apply(GROUP, [lock(3, "b", [0, 2], T + 5000), lock(4, "a", [0], T + 6000)]) == [[], []]
-    assert source.apply(GROUP, [lock(5, "b", [0, 2], T + 5000 + EXPIRY_MS)]) == [[0, 2]]
+    for lost_index in (False, True):  # reopened from its index (past the lock entries), then from its WAL alone
+        if lost_index:
+            shutil.rmtree(tmp_path / "source" / "index")
+        source = Node(tmp_path / "source")
+        assert {key: held for key, held in source.store.machine.locks.items() if held[0] == "a"} == {
+            (GROUP, "g", "t", 0): ("a", T), (GROUP, "g", "t", 1): ("a", T + 1000)}
+        assert source.apply(GROUP, [lock(6 + lost_index, "b", [0, 1, 3], T + 5000)]) == [[3]]  # c gave 3 back
+        source.store.sync()
+        source.close()
+    replica = Node(tmp_path / "replica")
+    assert replica.store.machine.locks[(GROUP, "g", "t", 2)] == ("b", T + 2000)
 
 
 def test_locks_are_bounded_and_lapsed_ones_make_room(tmp_path, monkeypatch):

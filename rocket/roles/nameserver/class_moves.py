@@ -39,8 +39,9 @@ class ClassMoves:
        UNKNOWN_TOPIC, as for a deleted topic: the produce that meets it on a broker waits for the new route) and
        still serves its reads.
     4. The tail is copied, then the consumer groups' committed offsets, their pop positions (where their done
-       messages end: what is in flight is delivered again), the dead letters, and the answers the old groups remember
-       of their producers (a batch sent again after the switch gets its first answer, and is stored once).
+       messages end: what is in flight is delivered again), the dead letters, the answers the old groups remember
+       of their producers (a batch sent again after the switch gets its first answer, and is stored once), and the
+       orderly consumers' queue locks.
     5. class_move_switch: the topic's queues are in the new groups, and brokers learn it from the metadata version.
     6. limits.class_move_drop_grace_s later (brokers with the old route read the old groups meanwhile), each old
        group drops its copies (op moved: the tier's objects stay, the new groups' now), and class_move_done."""
@@ -158,8 +159,8 @@ class ClassMoves:
                     return  # the last read was short: what is left is about one more
 
     async def _copy_consumed(self, name: str, move: ClassMove) -> None:
-        """The sealed old groups' consumer offsets, pop positions, dead letters and answers to producers, into the
-        new groups."""
+        """The sealed old groups' consumer offsets, pop positions, dead letters, answers to producers and orderly
+        consumers' locks, into the new groups."""
         for old, queues in by_group(move.old_groups).items():
             consumed = await self._queues(old, name, queues, consumed=True)
             for dead_letters in consumed["dead_letters"]:
@@ -172,6 +173,14 @@ class ClassMoves:
                     await self.call_leader(new, "StorageImport", {
                         "group": new, "topic": name, "queue": queue, "base_offset": 0, "batches": [],
                         "producers": answers}, limits.leader_wait_s_max, limits.leader_poll_s)
+            holders: dict[tuple[int, str, str], list[int]] = {}
+            for lock in consumed["locks"]:
+                holders.setdefault((move.queue_groups[lock["queue"]], lock["consumer_group"], lock["client"]),
+                                   []).append(lock["queue"])
+            for (new, consumer_group, client), held in holders.items():
+                await self.call_leader(new, "StorageLock", {
+                    "group": new, "op": "lock", "consumer_group": consumer_group, "topic": name, "client": client,
+                    "queues": held}, limits.leader_wait_s_max, limits.leader_poll_s)
             commits: dict[tuple[str, bool, int], dict[int, int]] = {}
             for entry in consumed["committed"]:
                 new = move.queue_groups[entry["queue"]]

@@ -101,9 +101,9 @@ class Reads(Background):
         if request["timestamp_ms"] >= 0:
             time_offsets = [{"queue": queue, "offset": reads.offset_for_time(topic, queue, request["timestamp_ms"])}
                             for queue in request["queues"]]
-        committed, dead_letters, producers = (reads.consumed(topic, request["queues"]) if request.get("consumed")
-                                              else ([], [], []))
+        committed, dead_letters, producers, locks = (reads.consumed(topic, request["queues"])
+                                                     if request.get("consumed") else ([], [], [], []))
         return {"queues": [{"queue": queue, **reads.queue_stats(topic, queue)} for queue in request["queues"]],
                 "offsets": offsets, "time_offsets": time_offsets, "pops": pops,
                 "lagging": reads.lagging(topic, request["queues"]) if request.get("lagging") else [],
-                "committed": committed, "dead_letters": dead_letters, "producers": producers}
+                "committed": committed, "dead_letters": dead_letters, "producers": producers, "locks": locks}
