@@ -86,8 +86,8 @@ async def test_a_topic_of_a_class_lives_on_that_class_s_groups_only(node):
 
 
 async def test_three_nodes_make_a_controller_class_whose_masters_reach_routes_and_status(tmp_path):
-    """Its groups' masters are the routes' leaders; node 3 drained, the Raft groups' replicas leave it, and the
-    controller's groups keep theirs: their members are the controller's business."""
+    """Its groups' masters are the routes' leaders; node 3 drained, the Raft groups' replicas leave it, and so do the
+    controller groups': each is handed over if node 3 masters it, and replaced on the node left."""
     ports = free_ports(3)
     nameservers = ",".join(f"{node}@127.0.0.1:{port}" for node, port in zip((1, 2, 3), ports))
     environment = {"ROCKET_STORAGE_GROUPS": "3", "ROCKET_REPLICATION": "2"}
@@ -136,13 +136,16 @@ async def test_three_nodes_make_a_controller_class_whose_masters_reach_routes_an
             assert any(3 in group["voters"] for group in listed["raft"]["groups"])
 
             await admin.drain_node(3)
-            with trio.fail_after(60):
-                while any(3 in group["voters"] + group["learners"]
-                          for group in (await admin.storage_classes("raft"))[0]["groups"]):
+            with trio.fail_after(90):
+                while any(3 in group["voters"] + group["learners"] + group.get("sync_state_set", [])
+                          for group in [*(await admin.storage_classes("raft"))[0]["groups"],
+                                        *(await admin.storage_classes("gold"))[0]["groups"]]):
                     await trio.sleep(0.5)
             [after] = await admin.storage_classes("gold")
-            assert {group["id"]: group["voters"] for group in after["groups"]} == voters
-            assert {group["id"]: group["master"] for group in after["groups"]} == masters
+            for group in after["groups"]:
+                assert sorted(group["voters"]) == sorted(group["sync_state_set"]) == [1, 2], group
+                assert group["master"] == masters[group["id"]] or masters[group["id"]] == 3, (group, masters)
+            assert (await kv.get("cfg", "mode")).value == b"fast"
     finally:
         for node in nodes:
             node.kill()
