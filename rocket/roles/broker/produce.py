@@ -80,8 +80,11 @@ class Produce:
         def finish(outcome: object) -> None:
             if ticket is not None:
                 self._move_on(route.spec.name, ticket)
-            if isinstance(outcome, RocketError) and (outcome.code in retryable or outcome.code == Code.UNKNOWN_TOPIC):
+            if isinstance(outcome, RocketError) and outcome.code in retryable:
                 self.routes.start_soon(complete_later, slot, functools.partial(self._append, route, queue, group, call))
+            elif isinstance(outcome, RocketError) and outcome.code == Code.UNKNOWN_TOPIC:
+                self.routes.start_soon(complete_later, slot,
+                                       functools.partial(self._append_elsewhere, route, queue, group, call))
             else:
                 slot.complete(outcome)
         self.routes.park(to, "StorageAppend", call, Slot(finish), retryable)
@@ -97,6 +100,10 @@ class Produce:
         except RocketError as error:
             if error.code != Code.UNKNOWN_TOPIC:
                 raise
+        return await self._append_elsewhere(route, queue, group, call)
+
+    async def _append_elsewhere(self, route: Route, queue: int, group: int, call: dict) -> dict:
+        """StorageAppend on the queue's group once it is not group, which refused the topic (Routes.rerouted)."""
         route, group = await self.routes.rerouted(route, queue, group)
         return await self.routes.storage(route, group, "StorageAppend", {**call, "group": group})
 
