@@ -318,9 +318,9 @@ FIELDS = ["topic", "consumerGroup", "queueId", "queueOffset", "sysFlag", "commit
           "subscription", "expressionType", "maxMsgNums", "offset", "group", "delayLevel", "originTopic", "key",
           "maxNum", "beginTimestamp", "endTimestamp", "transactionId", "commitOrRollback", "tranStateTableOffset",
           "commitLogOffset", "clientID", "producerGroup", "writeQueueNums", "attributes", "timestamp", "a", "b", "e",
-          "f", "g", "i", "m", "namespace"]
+          "f", "g", "i", "m", "namespace", "value", "kv_opType", "expectValue", "prefix"]
 VALUES = st.one_of(st.sampled_from(["orders", "0", "1", "-1", "4", "%RETRY%g", "SQL92", "TAG", "a||b", "n > 1", "true",
-                                    "9223372036854775807", "99999999999999999999", "", "null", "\x01\x02"]),
+                                    "9223372036854775807", "99999999999999999999", "", "null", "\x01\x02", "CAS", "PUT"]),
                    st.text(max_size=30))
 BODIES = st.one_of(st.just(b""), st.binary(max_size=200),
                    st.builds(lambda value: orjson.dumps(value), st.recursive(
@@ -502,3 +502,41 @@ def test_a_pull_answers_the_queues_true_bounds(server):
     assert (int(ext["minOffset"]), int(ext["maxOffset"])) == (0, 5)
     code, ext, found = pull(client, "orders", 2, 5)
     assert code == ResponseCode.PULL_NOT_FOUND and (int(ext["minOffset"]), int(ext["maxOffset"])) == (0, 5)
+
+
+def test_kv_config_requests_are_rockets_kv_buckets_and_back(server):
+    """RIP-22 through the RocketMQ protocol: mqadmin's updateKvConfig, getKVConfig, deleteKvConfig and
+    getKVListByNamespace on rocket's KV (a namespace is a bucket), read and written by rocket's own KV API too."""
+    client = RemotingClient(server.tcp_port)
+    missing = client.request(R.GET_KV_CONFIG, {"namespace": "ORDER_TOPIC_CONFIG", "key": "orders"})
+    assert missing.code == ResponseCode.QUERY_NOT_FOUND and "ORDER_TOPIC_CONFIG" in missing.remark
+    put = client.request(R.PUT_KV_CONFIG, {"namespace": "settings", "key": "colour", "value": "blue"})
+    assert put.code == 0, put.remark  # the namespace's bucket is made by its first put
+    assert rocket(server, "kv", "get", "settings", "colour").strip().endswith("blue")
+    rocket(server, "kv", "put", "settings", "size", "9")
+    got = client.request(R.GET_KV_CONFIG, {"namespace": "settings", "key": "size"})
+    assert (got.code, got.ext["value"]) == (0, "9")
+    assert client.request(R.GET_KV_CONFIG_BY_VALUE, {"namespace": "settings", "key": "size"}).ext["value"] == "9"
+    assert client.json(R.GET_KVLIST_BY_NAMESPACE, {"namespace": "settings"}) == {
+        "table": {"colour": "blue", "size": "9"}}
+    assert client.json(R.GET_KVLIST_BY_NAMESPACE, {"namespace": "settings", "prefix": "co"}) == {
+        "table": {"colour": "blue"}}
+    # RIP-22's compare-and-set: kv_opType CAS puts only over the expected value (or none).
+    refused = client.request(R.PUT_KV_CONFIG, {"namespace": "settings", "key": "colour", "value": "green",
+                                               "kv_opType": "CAS", "expectValue": "red"})
+    assert refused.code == ResponseCode.SYSTEM_ERROR and refused.remark.startswith("CAS_FAILED: ")
+    assert client.request(R.PUT_KV_CONFIG, {"namespace": "settings", "key": "colour", "value": "green",
+                                            "kv_opType": "CAS"}).remark.startswith("CAS_FAILED: ")
+    for key, expected in (("colour", {"expectValue": "blue"}), ("shape", {})):
+        done = client.request(R.PUT_KV_CONFIG, {"namespace": "settings", "key": key, "value": "green",
+                                                "kv_opType": "CAS", **expected})
+        assert done.code == 0, done.remark
+    assert rocket(server, "kv", "get", "settings", "colour").strip().endswith("green")
+    bad = client.request(R.PUT_KV_CONFIG, {"namespace": "settings", "key": "k", "value": "v", "kv_opType": "SWAP"})
+    assert bad.code == ResponseCode.MESSAGE_ILLEGAL and bad.remark.startswith("BAD_REQUEST: kv_opType")
+    for namespace in ("settings", "never-made"):  # deleting what is not there succeeds, as in RocketMQ
+        assert client.request(R.DELETE_KV_CONFIG, {"namespace": namespace, "key": "colour"}).code == 0
+    assert client.request(R.GET_KV_CONFIG, {"namespace": "settings", "key": "colour"}).code == \
+        ResponseCode.QUERY_NOT_FOUND
+    assert client.request(R.GET_KVLIST_BY_NAMESPACE, {"namespace": "never-made"}).code == ResponseCode.QUERY_NOT_FOUND
+    assert "colour" not in rocket(server, "kv", "ls", "settings")

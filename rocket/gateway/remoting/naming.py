@@ -1,4 +1,4 @@
-"""The nameserver's remoting requests: routes, cluster info, the topic list, KV config. A part of RemotingGateway
+"""The nameserver's remoting requests: routes, cluster info, the topic list. A part of RemotingGateway
 (Naming).
 """
 
@@ -87,13 +87,6 @@ class Naming:
             else (await self.dispatcher.local("MetaListTopics", {}))["topics"]
         names = [topic["name"] for topic in topics if topic["message_type"] != "kv"]
         return command.reply(body=orjson.dumps({"topicList": names}))
-
-    async def kv_config(self, command: Command, connection, caller: Caller) -> Command:
-        """rocket keeps no nameserver KV config (RocketMQ's ORDER_TOPIC_CONFIG and project namespaces): every key
-        is absent, the answer clients expect when none was set."""
-        return command.reply(ResponseCode.QUERY_NOT_FOUND,
-                             f"No config item, Namespace: {command.ext.get('namespace', '')} "
-                             f"Key: {command.ext.get('key', '')}")
 
 
 def _rendezvous(brokers: list[str], client: str) -> list[str]:

@@ -21,6 +21,7 @@ from rocket.gateway.remoting.bridge import Bridge
 from rocket.gateway.remoting.clients import Clients
 from rocket.gateway.remoting.codec import Command, RemotingError, RequestCode, ResponseCode
 from rocket.gateway.remoting.consuming import Consuming
+from rocket.gateway.remoting.kv import KvConfig
 from rocket.gateway.remoting.messages import BadMessage
 from rocket.gateway.remoting.naming import Naming
 from rocket.gateway.remoting.producing import Producing
@@ -92,8 +93,8 @@ class RemotingGateway:
 
     Requests from the server to a client (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) go out on the
     client's connection. The handlers are the methods of the gateway's parts (naming, producing, consuming, clients,
-    administration), one table by request code. rocket's TCP port serves both protocols: a connection whose first
-    bytes look like a remoting frame (codec.looks_like_remoting) comes here, so `namesrvAddr=HOST:9876` works
+    administration, KV config), one table by request code. rocket's TCP port serves both protocols: a connection
+    whose first bytes look like a remoting frame (codec.looks_like_remoting) comes here, so `namesrvAddr=HOST:9876` works
     unchanged."""
 
     def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle, *, cluster: str = "rocket",
@@ -111,16 +112,18 @@ class RemotingGateway:
         self.producing = Producing(self.bridge, self.clients)
         self.consuming = Consuming(self.bridge, self.clients)
         self.admin = Administration(self.bridge, self.clients)
+        self.kv = KvConfig(self.bridge)
         self._handlers: dict[int, Callable[[Command, Connection, Caller], Awaitable[Command]]] = self._table()
 
     def _table(self) -> dict[int, Callable[[Command, Connection, Caller], Awaitable[Command]]]:
         code = RequestCode
-        naming, producing, consuming, clients, admin = self.naming, self.producing, self.consuming, self.clients, \
-            self.admin
+        naming, producing, consuming, clients, admin, kv = self.naming, self.producing, self.consuming, self.clients, \
+            self.admin, self.kv
         return {
             code.GET_ROUTEINFO_BY_TOPIC: naming.get_route, code.GET_BROKER_CLUSTER_INFO: naming.cluster_info,
-            code.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: naming.topic_list, code.GET_KV_CONFIG: naming.kv_config,
-            code.GET_KV_CONFIG_BY_VALUE: naming.kv_config,
+            code.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: naming.topic_list,
+            code.PUT_KV_CONFIG: kv.put, code.GET_KV_CONFIG: kv.get, code.GET_KV_CONFIG_BY_VALUE: kv.get,
+            code.DELETE_KV_CONFIG: kv.delete, code.GET_KVLIST_BY_NAMESPACE: kv.list,
             code.SEND_MESSAGE: producing.send_message, code.SEND_MESSAGE_V2: producing.send_message,
             code.SEND_BATCH_MESSAGE: producing.send_message, code.END_TRANSACTION: producing.end_transaction,
             code.PULL_MESSAGE: consuming.pull_message, code.QUERY_CONSUMER_OFFSET: consuming.query_consumer_offset,
