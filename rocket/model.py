@@ -39,6 +39,10 @@ class Message(msgspec.Struct, gc=False, array_like=True):
     attempt: int = 0  # pop consumption: which delivery of the message this is, from 1
 
 
+# Kept by both RocketMQ gateways, and indexed by the stores' key index (serde/batch.py's key_terms):
+KEYS_PROPERTY = "__rmq.keys"  # a message's RocketMQ keys, space-separated, when rocket's one key cannot hold them
+ID_PROPERTY = "__rmq.id"  # the message id the client gave (gRPC's message_id, remoting's UNIQ_KEY)
+
 MESSAGE_TYPES = ("normal", "fifo", "delay", "transaction")  # RocketMQ 5's TopicMessageType
 DEFAULT_STORAGE_CLASS = "raft"  # the implicit storage class: the Raft groups the nameservers make as nodes join
 

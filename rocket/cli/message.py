@@ -35,7 +35,9 @@ async def message_get(topic: Annotated[str, typer.Argument(help="The topic the m
 @app.command("find")
 @runs_client
 async def message_find(topic: Annotated[str, typer.Argument(help="The topic to search.", show_default=False)],
-                       key: Annotated[str, typer.Option("--key", help="The key the messages were sent with.")],
+                       key: Annotated[str, typer.Option("--key", help="The key the messages were sent with (or, with --id, the client's message id).")],
+                       message_id: Annotated[bool, typer.Option("--id", help="The key is a message id the client gave (RocketMQ's UNIQ_KEY, gRPC's message id).")] = False,
+                       queue: Annotated[Optional[int], typer.Option("--queue", help="Search this queue alone (default: every queue).")] = None,
                        start: Annotated[Optional[str], typer.Option("--from", help="ISO time (default: the start).")] = None,
                        end: Annotated[Optional[str], typer.Option("--to", help="ISO time (default: now).")] = None,
                        limit: Annotated[int, typer.Option("--limit", help="Print at most this many messages.")] = 64,
@@ -43,14 +45,16 @@ async def message_find(topic: Annotated[str, typer.Argument(help="The topic to s
                        server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
     """Print the messages with a key stored in a time range.
 
-    The key's queue is scanned over that range: there is no key index.
+    Each storage group keeps an index of its messages' keys and message ids, so a lookup reads only the batches
+    that hold the key; batches stored before the index existed are read in full.
     """
     start_ms = 0 if start is None else parse_position(start, "--from", times_only=True)
     end_ms = None if end is None else parse_position(end, "--to", times_only=True)
     async with connect(server, transport, serde) as channel:
-        found = await Admin(channel).find_messages(topic, key, start_ms, end_ms, limit)
+        found = await Admin(channel).find_messages(topic, key, start_ms, end_ms, limit, message_id=message_id,
+                                                   queues=() if queue is None else (queue,))
     sys.stdout.buffer.write(b"".join(format_message(message, topic, output_format) for message in found))
-    err.print(f"{plural(len(found), 'message')} with key {key!r} on {topic}")
+    err.print(f"{plural(len(found), 'message')} with {'message id' if message_id else 'key'} {key!r} on {topic}")
 
 
 @app.command("cancel")

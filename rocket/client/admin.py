@@ -12,7 +12,7 @@ from rocket import limits
 from rocket.client.consumer import open_consumer
 from rocket.client.producer import open_producer
 from rocket.errors import Code, RocketError
-from rocket.model import DEFAULT_STORAGE_CLASS, Message, TopicSpec, dead_letter_topic, queue_for_key, timer_topic
+from rocket.model import DEFAULT_STORAGE_CLASS, Message, TopicSpec, dead_letter_topic, timer_topic
 from rocket.serde import batch as batch_codec
 from rocket.transport.channel import Channel
 
@@ -284,29 +284,17 @@ class Admin:
                                           "with that timer id")
 
     async def find_messages(self, topic: str, key: str, start_ms: int = 0, end_ms: int | None = None,
-                            limit: int = 64) -> list[Message]:
-        """Messages with this key stored from start_ms to end_ms: the key's queue is read over that time
-        (batch by batch, no key index), so a narrow range is cheap and a wide one is a scan."""
-        spec, queues = await self.describe_topic(topic)
-        queue = queue_for_key(key, spec.queues)
-        start = (await self.channel.call("SearchOffset", {"topic": topic, "timestamp_ms": start_ms}))["offsets"]
-        offset = next(entry["offset"] for entry in start if entry["queue"] == queue)
-        end = next(entry["next_offset"] for entry in queues if entry["queue"] == queue)
-        if end_ms is not None:
-            stop = (await self.channel.call("SearchOffset", {"topic": topic, "timestamp_ms": end_ms + 1}))["offsets"]
-            end = next(entry["offset"] for entry in stop if entry["queue"] == queue)
-        found: list[Message] = []
-        while offset < end and len(found) < limit:
-            response = await self.channel.call("Pull", {"topic": topic, "queues": [{"queue": queue, "offset": offset}],
-                                                        "wait_ms": 0})
-            if not response["batches"]:
-                break
-            for stored in response["batches"]:
-                # A batch that cannot be read holds no key to match (get_message names it).
-                messages = batch_codec.readable(stored["batch"], stored["base_offset"], queue) or []
-                found.extend(message for message in messages if message.key == key and offset <= message.offset < end)
-            offset = response["next_offsets"][0]["offset"]
-        return found[:limit]
+                            limit: int = 64, *, message_id: bool = False, queues: Sequence[int] = ()) -> list[Message]:
+        """Messages sent with this key (or, with message_id, this client message id) and stored from start_ms to
+        end_ms, in queue order; every queue (or those named) is searched through the key index its storage group
+        keeps, so a lookup reads only the batches that hold the key, however long the queue."""
+        response = await self.channel.call("FindMessages", {
+            "topic": topic, "key": key, "message_id": message_id, "queues": list(queues), "start_ms": start_ms,
+            "end_ms": 0 if end_ms is None else max(1, end_ms), "limit": limit})
+        wanted = {(entry["queue"], entry["offset"]) for entry in response["offsets"]}
+        return [message for stored in response["batches"]
+                for message in batch_codec.readable(stored["batch"], stored["base_offset"], stored["queue"]) or ()
+                if (message.queue, message.offset) in wanted]
 
     async def cancel_timer(self, topic: str, timer_id: str) -> None:
         """Drop a delayed message before its time; timer_id is 'QUEUE.OFFSET' from its send."""

@@ -40,7 +40,6 @@ remoting_locks_max = 100_000  # orderly consumers' queue locks one storage node 
 remoting_client_groups_max = 10_000  # producer and consumer groups, each, with clients connected to one broker
 remoting_unwritten_offsets_keys_max = 100_000  # (group, topic) pairs of pulled offsets a broker holds before they are written
 remoting_kv_list_keys_max = 10_000  # keys one GET_KVLIST_BY_NAMESPACE answers; past that it says to use rocket kv ls
-remoting_query_scan_messages_max = 100_000  # messages one QUERY_MESSAGE reads looking for a key (no key index)
 # A pull's minOffset and maxOffset (the queue's bounds, for the client's lag figures) are read with DescribeTopic at
 # most this often per topic on each broker; maxOffset is at least where the pull ended.
 remoting_queue_bounds_s = 1.0

@@ -5,6 +5,7 @@ were checked must not stop its readers.
 
 from __future__ import annotations
 
+import operator
 import struct
 import typing
 import zlib
@@ -15,7 +16,7 @@ from crc32c import crc32c
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import Message, tag_bit
+from rocket.model import ID_PROPERTY, KEYS_PROPERTY, Message, tag_bit
 
 # The broker takes a batch into a queue after check_produced() (its header, CRC and records); storage checks headers;
 # clients encode and decode messages. The payload is either per-message records or, with FLAG_DELIMITED,
@@ -65,6 +66,27 @@ _read_raw = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 _UNREADABLE = (msgspec.DecodeError, UnicodeDecodeError)  # msgspec raises the latter for a str that is not UTF-8
 _read_bodies = msgspec.msgpack.Decoder(list[_Body]).decode
 _write_records = msgspec.msgpack.Encoder().encode
+
+
+class _Ids(msgspec.Struct, gc=False, rename={"keys": KEYS_PROPERTY, "id": ID_PROPERTY}):
+    """A record's properties read for the key index: its RocketMQ keys and its client's message id; msgspec skips
+    the others."""
+
+    keys: str = ""
+    id: str = ""
+
+
+class _Keyed(msgspec.Struct, array_like=True, gc=False):
+    """A record read for the key index: its body left unread (Raw), its key and its properties' ids."""
+
+    body: msgspec.Raw
+    key: str = ""
+    tag: str = ""
+    properties: _Ids = msgspec.field(default_factory=_Ids)
+
+
+_read_keyed = msgspec.msgpack.Decoder(list[_Keyed]).decode
+_key_of, _keys_of, _id_of = (operator.attrgetter(name) for name in ("key", "properties.keys", "properties.id"))
 
 
 class BatchHeader(typing.NamedTuple):  # made for every batch checked or applied: a frozen dataclass costs 3x to make
@@ -338,6 +360,39 @@ def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> 
         message.queue = queue
         message.offset = offset
     return messages
+
+
+def key_term(term: str, message_id: bool = False) -> int:
+    """What the key index keeps of a key (or of a client's message id): its CRC-32C, which may collide; a batch
+    it names is read, and its messages matched in full."""
+    return crc32c((("i" if message_id else "k") + term).encode())
+
+
+def key_terms(batch: bytes | memoryview) -> bytes:
+    """The key index's terms of a checked batch, packed as 32-bit values: key_term of each distinct key (rocket's
+    key, and each RocketMQ key a message has) and client message id; b"" if it has none, or its records cannot be
+    read. Made in C, but for a pass over the distinct terms: one per round and batch applied, not per message."""
+    header = peek_header(batch)
+    if header.flags & FLAG_DELIMITED:
+        return b""
+    try:
+        if header.version < 3:
+            messages = _legacy_decode(batch, header, 0, -1)
+            keys = {message.key for message in messages}
+            keys.update(" ".join(message.properties.get(KEYS_PROPERTY, "") for message in messages).split())
+            ids = {message.properties.get(ID_PROPERTY, "") for message in messages}
+        else:
+            records = _records(_read_keyed, batch, header)
+            keys = set(map(_key_of, records))
+            keys.update(" ".join(filter(None, map(_keys_of, records))).split())
+            ids = set(map(_id_of, records))
+    except RocketError:  # readers step past such a batch too (readable)
+        return b""
+    keys.discard("")
+    ids.discard("")
+    terms = array("I", map(crc32c, map(str.encode, map("k".__add__, keys))))
+    terms.extend(map(crc32c, map(str.encode, map("i".__add__, ids))))
+    return terms.tobytes()
 
 
 def readable(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> list[Message] | None:

@@ -223,10 +223,12 @@ class StorageMachine:
         stats.bytes += len(batch)
         stats.last_append_ms = append_ms
         effects.touched[(topic, queue)] = stats
+        terms = None  # a system topic's keys are not indexed
         if not topic.startswith(SYSTEM_PREFIX):
             self.offload_candidates.add((topic, queue))
+            terms = batch_codec.key_terms(batch)
         placed = IndexEntry(base_offset, position, header.count, len(batch), header.first_timestamp_ms, append_ms,
-                            header.tag_summary)
+                            header.tag_summary, terms)
         effects.index_entries.append((topic, queue, placed))
         return base_offset, header.count
 

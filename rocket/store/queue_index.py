@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import cast
@@ -21,6 +22,9 @@ _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
 _entry = struct.Struct(">QIIqQQ")  # log position, count, batch bytes, first timestamp ms, append time ms, tags
 _entry_untagged = struct.Struct(">QIIqQ")  # as written before the tag summary was indexed
+# Ends the entry of a batch whose keys were indexed (a k record holds their terms if it has any); the batches of an
+# older build's entries, without it, are read to find a key (find_keyed).
+_KEYS_INDEXED = b"k"
 _timer_place = struct.Struct(">QQI")  # due time ms, Raft group, check-backs so far (half messages)
 _stats = struct.Struct(">QQQQQ")  # next offset, bytes, last append ms, Raft group, available from
 _answer = struct.Struct(">QIQQ")  # a producer's batch: base offset, count; the entry index, append ms of its last use
@@ -58,7 +62,7 @@ def _ref_key(position: int) -> bytes:
 def _decode_entry(offset: int, value: bytes) -> IndexEntry:
     if len(value) == _entry_untagged.size:
         return IndexEntry(offset, *_entry_untagged.unpack(value))
-    return IndexEntry(offset, *_entry.unpack(value))
+    return IndexEntry(offset, *_entry.unpack_from(value))
 
 
 def _lock_key(group: int, consumer_group: str, topic: str, queue: int) -> bytes:
@@ -92,7 +96,11 @@ class QueueIndex:
     """Besides each batch's entry (q: topic, queue, offset -> where it lies in the WAL), a reference key (p: WAL
     position -> the entry's q key) lists the batches in WAL order, so the WAL's lowest live position and the batches
     living in one WAL segment are found without a scan of every queue (see Reclaim: the WAL is reclaimed from its
-    oldest segment on)."""
+    oldest segment on).
+
+    The key index is sparse, one k record (topic, queue, offset -> the terms of its keys and message ids: see
+    serde/batch.py's key_terms) per batch that has keys, written and dropped with the batch's entry; LevelDB's
+    block checksums are verified where it is read (find_keyed), and a batch it names is read and matched in full."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -175,8 +183,13 @@ class QueueIndex:
                 batch.put(b"g" + _u64.pack(group), _u64.pack(index))
             for topic, queue, entry in entries:
                 key = _queue_prefix(b"q", topic, queue) + _u64.pack(entry.base_offset)
-                batch.put(key, _entry.pack(entry.position, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
-                                           entry.append_ms, entry.tag_summary))
+                packed = _entry.pack(entry.position, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
+                                     entry.append_ms, entry.tag_summary)
+                if entry.terms is not None:
+                    packed += _KEYS_INDEXED
+                    if entry.terms:
+                        batch.put(b"k" + key[1:], entry.terms)
+                batch.put(key, packed)
                 batch.put(_ref_key(entry.position), key)
                 batch.put(_queue_prefix(b"t", topic, queue) + _u64.pack(entry.append_ms) + _u64.pack(entry.base_offset), b"")
             for (topic, queue), queue_stats in stats.items():
@@ -234,6 +247,7 @@ class QueueIndex:
         for key, value in self._db.iterator(start=prefix, stop=prefix + _u64.pack(below)):
             entry = _decode_entry(_u64.unpack(key[-8:])[0], value)
             batch.delete(key)
+            batch.delete(b"k" + key[1:])
             batch.delete(times + _u64.pack(entry.append_ms) + _u64.pack(entry.base_offset))
             batch.delete(_ref_key(entry.position))
 
@@ -276,10 +290,10 @@ class QueueIndex:
                 key = _queue_prefix(b"q", topic, queue) + _u64.pack(offset)
                 value = self._db.get(key)
                 entry = _decode_entry(offset, value) if value is not None else None
-                if entry is not None and entry.position == old:
+                if value is not None and entry is not None and entry.position == old:
                     moved.append(True)
                     batch.put(key, _entry.pack(new, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
-                                               entry.append_ms, entry.tag_summary))
+                                               entry.append_ms, entry.tag_summary) + value[_entry.size:])
                     batch.delete(_ref_key(old))
                     batch.put(_ref_key(new), key)
                 else:
@@ -296,6 +310,7 @@ class QueueIndex:
                 if value is not None:
                     entry = _decode_entry(offset, value)
                     batch.delete(key)
+                    batch.delete(b"k" + key[1:])
                     batch.delete(_queue_prefix(b"t", topic, queue) + _u64.pack(entry.append_ms) + _u64.pack(offset))
                     batch.delete(_ref_key(entry.position))
 
@@ -385,6 +400,45 @@ class QueueIndex:
                 found.append(entry)
                 scanned_to = entry.base_offset + entry.count
         return found, scanned_to
+
+    def find_keyed(self, topic: str, queue: int, term: int, start: int, stop: int, batches_max: int
+                   ) -> tuple[list[IndexEntry], int, int]:
+        """The entries of the batches from the one holding offset start to offset stop that may hold a message
+        with the term (serde/batch.py's key_term): those whose k record has it, and those of an older build, whose
+        keys were never indexed (they come first: a queue's older batches precede its newer ones). At most
+        batches_max of them, with the offset to go on from (stop when done) and how many k records were read."""
+        prefix = _queue_prefix(b"q", topic, queue)
+        first = prefix + _u64.pack(start)
+        with self._db.iterator(start=prefix, stop=first + b"\0", reverse=True, include_value=False) as backwards:
+            for key in backwards:
+                first = key
+                break
+        found: list[IndexEntry] = []
+        end = prefix + _u64.pack(stop)
+        indexed_from = end
+        with self._db.iterator(start=first, stop=end, verify_checksums=True) as forwards:
+            for key, value in forwards:  # the older build's batches, until the first whose keys were indexed
+                if value[_entry.size:] == _KEYS_INDEXED:
+                    indexed_from = key
+                    break
+                found.append(_decode_entry(_u64.unpack(key[-8:])[0], value))
+                if len(found) >= batches_max:
+                    return found, found[-1].base_offset + found[-1].count, 0
+        read = 0
+        wanted = array("I", (term,)).tobytes()  # as key_terms packs terms
+        with self._db.iterator(start=b"k" + indexed_from[1:], stop=b"k" + end[1:], verify_checksums=True) as records:
+            for key, terms in records:
+                read += 1
+                at = terms.find(wanted)  # memmem, not a compare per term; a term is at a multiple of 4
+                while at > 0 and at % 4:
+                    at = terms.find(wanted, at + 1)
+                if at >= 0:
+                    value = self._db.get(b"q" + key[1:], verify_checksums=True)
+                    if value is not None:
+                        found.append(_decode_entry(_u64.unpack(key[-8:])[0], value))
+                        if len(found) >= batches_max:
+                            return found, found[-1].base_offset + found[-1].count, read
+        return found, stop, read
 
     def bytes_between(self, topic: str, queue: int, start: int, stop: int) -> int:
         prefix = _queue_prefix(b"q", topic, queue)

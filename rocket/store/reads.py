@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, cast
 
 import trio
 
+from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.model import ALL_TAGS, dead_letter_parts
+from rocket.model import ALL_TAGS, ReadBudget, dead_letter_parts
 from rocket.serde import batch as batch_codec
 from rocket.serde.piece import Piece
 from rocket.store import pop
@@ -123,6 +124,32 @@ class Reads:
             raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}@{entry.base_offset}: WAL position "
                               f"{entry.position} holds a batch of {count} messages, the index says {entry.count}")
         return batch
+
+    async def find_keyed(self, topic: str, queue: int, term: int, start_ms: int, end_ms: int, after: int,
+                         max_bytes: int) -> tuple[list[tuple[int, bytes]], int, bool]:
+        """The batches stored from start_ms (or from offset after, where an earlier answer stopped) to end_ms (0:
+        until now) that may hold a message with the term (QueueIndex.find_keyed): at most limits.find_batches_max
+        and max_bytes of them (at least one), read from the WAL, in a worker thread unless the page cache holds
+        them. With the offset to go on from, and whether the range was searched to its end."""
+        stats = self.machine.queues.get((topic, queue))
+        if stats is None:
+            return [], 0, True
+        start = after if after >= 0 else self.offset_for_time(topic, queue, start_ms)
+        stop = self.offset_for_time(topic, queue, end_ms + 1) if end_ms > 0 else stats.next_offset
+        if start < stats.available_from:
+            raise RocketError(Code.UNAVAILABLE, f"this replica lacks {topic}/{queue} before offset "
+                              f"{stats.available_from} (it installed a snapshot); another replica has them")
+        entries, next_offset, _ = self.index.find_keyed(topic, queue, term, start, stop, limits.find_batches_max)
+        budget = ReadBudget(max_bytes)
+        for kept, entry in enumerate(entries):
+            if not budget.take(entry.batch_bytes):
+                entries, next_offset = entries[:kept], entry.base_offset
+                break
+        if self._cached(entries):
+            found = self.read_entries(topic, queue, entries)
+        else:
+            found = await self.world.run_sync(self.read_entries, topic, queue, entries, True)
+        return found, next_offset, next_offset >= stop
 
     async def wait_for_data(self, wants: dict[tuple[str, int], int], timeout_s: float) -> None:
         """Return when any queue has data at or past the wanted offset, or after the timeout."""

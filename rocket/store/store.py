@@ -15,6 +15,7 @@ from rocket import limits
 from rocket.clock import sleep_periodic
 from rocket.disk.commitlog import CommitLog
 from rocket.errors import Code, RocketError
+from rocket.model import SYSTEM_PREFIX
 from rocket.serde import batch as batch_codec
 from rocket.store.kv_index import KvIndex
 from rocket.store.machine import Effects, StorageMachine
@@ -310,7 +311,8 @@ class Store:
                                   f"expected {expected}")
             expected = base_offset + header.count
             entry = IndexEntry(base_offset, position, header.count, len(batch), header.first_timestamp_ms,
-                               stats.last_append_ms)
+                               stats.last_append_ms, header.tag_summary,
+                               None if topic.startswith(SYSTEM_PREFIX) else batch_codec.key_terms(batch))
             entries.append((topic, queue, entry))
         if last:
             if expected != stats.available_from:

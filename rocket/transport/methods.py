@@ -63,6 +63,8 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("CommitOffsets", "CommitOffsetsRequest", "Empty"),
         MethodSpec("FetchOffsets", "FetchOffsetsRequest", "OffsetsResponse"),
         MethodSpec("SearchOffset", "SearchOffsetRequest", "OffsetsResponse"),
+        MethodSpec("FindMessages", "FindMessagesRequest", "FindMessagesResponse",
+                   response_attachments=("batches", "batch")),
         MethodSpec("CancelTimer", "TimerRequest", "Empty"),
         MethodSpec("EndTransaction", "EndTransactionRequest", "Empty"),
         MethodSpec("TransactionChecks", "TransactionChecksRequest", "TransactionChecksResponse", streaming=True),
@@ -154,6 +156,8 @@ METHODS: dict[str, MethodSpec] = {
         # and nameservers and brokers to storage nodes: a deleted topic's or consumer group's state dropped.
         MethodSpec("StorageDrop", "StorageDropRequest", "Empty", internal=True),
         MethodSpec("StorageLock", "StorageLockRequest", "LockQueuesResponse", internal=True),
+        MethodSpec("StorageFindKey", "StorageFindKeyRequest", "StorageFindKeyResponse",
+                   response_attachments=("batches", "batch"), internal=True),
     ]
 }
 

@@ -35,42 +35,20 @@ class Administration:
         return command.reply(body=as_stored(message, topic, layout.host_bytes(connection.local)))
 
     async def query_message(self, command: Command, connection, caller: Caller) -> Command:
-        """Messages of a topic with a key (or, with _UNIQUE_KEY_QUERY, a client message id) stored in a time range:
-        every queue is read over that range, at most limits.remoting_query_scan_messages_max messages in all (rocket
-        has no key index)."""
+        """Messages of a topic with a key (or, with _UNIQUE_KEY_QUERY, a client message id) stored in a time range,
+        from every queue, through the storage groups' key index (FindMessages)."""
         header = command.ext
-        topic, key = header["topic"], header["key"]
-        unique = header.get("_UNIQUE_KEY_QUERY") == "true"
+        topic, key, unique = header["topic"], header["key"], header.get("_UNIQUE_KEY_QUERY") == "true"
         wanted = max(1, min(int(header.get("maxNum", "32") or 32), limits.remoting_pull_messages_max))
-        begin, end = int(header.get("beginTimestamp", "0") or 0), int(header.get("endTimestamp", "0") or 0) or 1 << 62
-        searched = await self.dispatcher.local("SearchOffset", {"topic": topic, "timestamp_ms": begin}, caller)
-        starts = searched["offsets"]
-        ends = {info["queue"]: info["next_offset"]
-                for info in (await self.dispatcher.local("DescribeTopic", {"topic": topic}))["queues"]}
+        response = await self.dispatcher.local("FindMessages", {
+            "topic": topic, "key": key, "message_id": unique, "queues": [],
+            "start_ms": min(max(0, int(header.get("beginTimestamp", "0") or 0)), 2**62),
+            "end_ms": min(max(0, int(header.get("endTimestamp", "0") or 0)), 2**62), "limit": wanted}, caller)
+        at = {(entry["queue"], entry["offset"]) for entry in response["offsets"]}
         host = layout.host_bytes(connection.local)
-        found: list[bytes] = []
-        scanned = 0
-        for start in starts:
-            queue, offset = start["queue"], start["offset"]
-            while offset < ends.get(queue, 0) and len(found) < wanted and scanned < limits.remoting_query_scan_messages_max:
-                response = await self.dispatcher.local("Pull", {
-                    "topic": topic, "queues": [{"queue": queue, "offset": offset}], "max_bytes": limits.remoting_pull_bytes_max,
-                    "wait_ms": 0, "filter_type": "tag", "filter": "*"}, caller)
-                if not response["batches"]:
-                    break
-                for stored in response["batches"]:
-                    for message in batch_codec.decode(stored["batch"], stored["base_offset"], queue):
-                        scanned += 1
-                        if message.timestamp_ms > end:
-                            offset = ends.get(queue, 0)
-                            break
-                        properties = layout.remoting_properties(message)
-                        keys = properties.get(layout.UNIQ_KEY, "").split() if unique else \
-                            properties.get(layout.KEYS, "").split(" ")
-                        if key in keys and len(found) < wanted:
-                            found.append(as_stored(message, topic, host))
-                offset = max(offset, next((entry["offset"] for entry in response["next_offsets"]
-                                           if entry["queue"] == queue), offset))
+        found = [as_stored(message, topic, host) for stored in response["batches"]
+                 for message in batch_codec.readable(stored["batch"], stored["base_offset"], stored["queue"]) or ()
+                 if (message.queue, message.offset) in at]
         if not found:
             return command.reply(ResponseCode.QUERY_NOT_FOUND, f"no message with key {key!r} in {topic} in that time")
         return command.reply(ext={"indexLastUpdateTimestamp": self.clock.wall_ms(), "indexLastUpdatePhyoffset": 0},

@@ -14,8 +14,8 @@ import zstandard
 from lz4 import frame as lz4_frame  # pyright: ignore[reportMissingTypeStubs]: untyped; used through LZ4 below
 
 from rocket import limits
-from rocket.gateway.properties import BORN_HOST_PROPERTY, ID_PROPERTY, KEYS_PROPERTY
-from rocket.model import Message
+from rocket.gateway.properties import BORN_HOST_PROPERTY
+from rocket.model import ID_PROPERTY, KEYS_PROPERTY, Message
 
 MAGIC_V1 = -626843481  # 0xDAA320A7: topic length in one byte
 MAGIC_V2 = -626843477  # 0xDAA320AB: topic length in two bytes (topics longer than 127 bytes)

@@ -10,9 +10,9 @@ import zlib
 from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import RocketError
-from rocket.gateway.properties import BORN_HOST_PROPERTY, ID_PROPERTY, KEYS_PROPERTY
+from rocket.gateway.properties import BORN_HOST_PROPERTY
 from rocket.gateway.rocketmq.protocol import MESSAGE_TYPE_OF, OK, status_of
-from rocket.model import Message
+from rocket.model import ID_PROPERTY, KEYS_PROPERTY, Message
 from rocket.transport.grpc_wire import GrpcError, GrpcStatus
 from rocket.transport.rpc import Dispatcher
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import gzip
 
 from rocket.errors import Code, RocketError
-from rocket.gateway.properties import BORN_HOST_PROPERTY, ID_PROPERTY, KEYS_PROPERTY
+from rocket.gateway.properties import BORN_HOST_PROPERTY
 from rocket.gateway.rocketmq.bridge import Bridge
 from rocket.gateway.rocketmq.protocol import INVALID_TRANSACTION_ID
-from rocket.model import Message, queue_for_key
+from rocket.model import ID_PROPERTY, KEYS_PROPERTY, Message, queue_for_key
 from rocket.serde import batch as batch_codec
 from rocket.transport.h2_server import GrpcCall
 

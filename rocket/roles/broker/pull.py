@@ -13,7 +13,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.filter import Filter, SqlFilter, compile_filter
-from rocket.model import ReadBudget
+from rocket.model import ID_PROPERTY, KEYS_PROPERTY, Message, ReadBudget
 from rocket.roles.broker.routes import Route, Routes
 from rocket.roles.peers import RETRYABLE, Peers
 from rocket.serde import batch as batch_codec
@@ -26,6 +26,15 @@ def _may_match(chosen: SqlFilter, batch: bytes) -> bool:
     it (BAD_BATCH with its offsets) and can step past it, where failing the pull would stop every queue."""
     messages = batch_codec.readable(batch)
     return messages is None or any(chosen.matches(message) for message in messages)
+
+
+def _has_key(message: Message, key: str, message_id: bool) -> bool:
+    """Whether the message was sent with the key (rocket's key, or one of its RocketMQ keys) or, with message_id,
+    with the key as the client's message id."""
+    properties = message.properties
+    if message_id:
+        return properties.get(ID_PROPERTY) == key
+    return message.key == key or key in properties.get(KEYS_PROPERTY, "").split(" ")
 
 
 class Filters:
@@ -184,3 +193,40 @@ class Pull:
             if response["batches"]:
                 yield response
             wait_s = 0.0 if response["batches"] else limits.pull_wait_ms_max / 1000
+
+    async def find_messages(self, request: dict) -> dict:
+        """FindMessages: the messages of the queues asked (all, if none) sent with a key, or a client's message id,
+        and stored in a time range, at most limit of them in queue order. Each queue's leader names the batches its
+        key index says may hold one (and those stored before it kept one), a call per limits.find_batches_max of
+        them; their messages are matched here."""
+        route = await self.routes.route(request["topic"])
+        queues = request["queues"] or list(range(route.spec.queues))
+        positions = self.routes.offsets(route, [{"queue": queue, "offset": 0} for queue in queues])
+        limit = max(0, min(request["limit"], limits.find_messages_max))
+        key, message_id = request["key"], request["message_id"]
+        if not key:
+            raise RocketError(Code.BAD_REQUEST, "give the key (or the message id) to find")
+        batches: list[dict] = []
+        offsets: list[dict] = []
+        budget = ReadBudget(limits.read_bytes_max)
+        read = 0
+        group_of = {queue: group for group, held in self.routes.by_group(route, positions).items() for queue in held}
+        for queue in sorted(group_of):
+            group = group_of[queue]
+            after, done = -1, False
+            while not done and len(offsets) < limit and not budget.spent:
+                answer = await self.routes.storage(route, group, "StorageFindKey", {
+                    "group": group, "topic": route.spec.name, "queue": queue, "key": key,
+                    "message_id": message_id, "start_ms": request["start_ms"], "end_ms": request["end_ms"],
+                    "after": after, "max_bytes": budget.bytes_left})
+                after, done = answer["next_offset"], answer["done"]
+                for stored in answer["batches"]:
+                    read += 1
+                    found = [message.offset for message in batch_codec.readable(
+                        stored["batch"], stored["base_offset"], queue) or () if _has_key(message, key, message_id)]
+                    found = found[:limit - len(offsets)]
+                    if found and budget.take(len(stored["batch"])):
+                        batches.append(stored)
+                        offsets.extend({"queue": queue, "offset": offset} for offset in found)
+        return {"batches": batches, "offsets": offsets, "batches_read": read}
+

@@ -53,7 +53,7 @@ class Broker:
             "CommitOffsets": self.groups.commit_offsets,
             "FetchOffsets": self.groups.fetch_offsets,
             "LockQueues": self.groups.lock_queues,
-            "SearchOffset": self.admin.search_offset,
+            "SearchOffset": self.admin.search_offset, "FindMessages": self.pull.find_messages,
             "CancelTimer": self.producer.cancel_timer,
             "EndTransaction": self.producer.end_transaction,
             "TransactionChecks": self.producer.transaction_checks,

@@ -8,13 +8,14 @@ from rocket import limits
 from rocket.model import ALL_TAGS, ReadBudget
 from rocket.replication import Engine
 from rocket.roles.storage.gate import Gate
+from rocket.serde.batch import key_term
 from rocket.store.store import Store
 from rocket.tier.cold import ColdReader
 from rocket.transport.background import Background
 
 
 class Reads(Background):
-    """StorageRead and StorageQueues; run() holds the nursery where the next tier piece of a cold read is read
+    """StorageRead, StorageFindKey and StorageQueues; run() holds the nursery where the next tier piece of a cold read is read
     ahead."""
 
     def __init__(self, store: Store, host: Engine, gate: Gate, cold: ColdReader | None, force_tier: bool):
@@ -84,6 +85,19 @@ class Reads(Background):
                                                  wait_ms / 1000)
             response = await self._read(topic, positions, max_bytes, request["at_least_one"], tag_mask)
         return response
+
+    async def find_key(self, request: dict) -> dict:
+        """StorageFindKey, on the group's leader: the batches of a queue that may hold messages with a key (or a
+        client's message id), as the key index names them; the broker matches their messages."""
+        group = request["group"]
+        self.gate.hosted(group)
+        self.gate.leads(group)
+        queue = self.gate.positions([{"queue": request["queue"], "offset": 0}], "offset")
+        found, next_offset, done = await self.store.reads.find_keyed(
+            request["topic"], next(iter(queue)), key_term(request["key"], request["message_id"]), request["start_ms"],
+            request["end_ms"], request["after"], max(0, min(request["max_bytes"], limits.read_bytes_max)))
+        return {"batches": [{"queue": request["queue"], "base_offset": base_offset, "batch": batch}
+                            for base_offset, batch in found], "next_offset": next_offset, "done": done}
 
     async def queues(self, request: dict) -> dict:
         self.gate.leads(request["group"])

@@ -75,7 +75,7 @@ class StorageRole:
         for method, handler in (("StorageAppend", self.appends.append), ("StorageRead", self.reads.read),
                                 ("StorageCommitOffsets", self.appends.commit_offsets),
                                 ("StorageImport", self.appends.import_batches),
-                                ("StorageQueues", self.reads.queues),
+                                ("StorageQueues", self.reads.queues), ("StorageFindKey", self.reads.find_key),
                                 ("StorageMembers", self.replicas.members),
                                 ("StorageCancelTimer", self.timers.cancel_timer),
                                 ("StoragePop", self.pops.pop), ("StorageReceipt", self.pops.receipt),
