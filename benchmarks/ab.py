@@ -26,8 +26,9 @@ READY = re.compile(r"rocket ready tcp=[^:]+:(\d+)")
 
 def rocket(tree: Path, *args: str, **options) -> subprocess.CompletedProcess:
     environment = dict(os.environ, PYTHONPATH=str(tree))
+    # Run in the tree: `python -m` puts the current directory first on the path, before PYTHONPATH.
     done = subprocess.run([sys.executable, "-m", "rocket", *args], env=environment, capture_output=True, text=True,
-                          **options)
+                          cwd=tree, **options)
     if done.returncode:
         raise SystemExit(f"rocket {' '.join(args)} of {tree} exited {done.returncode}: {done.stderr[-2000:]}")
     return done
@@ -45,7 +46,7 @@ def one_run(tree: Path, messages: int) -> dict:
     environment = dict(os.environ, PYTHONPATH=str(tree))
     server = subprocess.Popen([sys.executable, "-m", "rocket", "run", "--data-dir", str(data / "data"), "--listen",
                                "127.0.0.1:0", "--http2-listen", "off"], env=environment, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+                              stderr=subprocess.DEVNULL, text=True, cwd=tree)
     try:
         for line in server.stdout:
             found = READY.search(line)

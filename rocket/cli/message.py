@@ -46,7 +46,7 @@ async def message_find(topic: Annotated[str, typer.Argument(help="The topic to s
     """Print the messages with a key stored in a time range.
 
     Each storage group keeps an index of its messages' keys and message ids, so a lookup reads only the batches
-    that hold the key; batches stored before the index existed are read in full.
+    that hold the key; those its indexer has not reached yet (it works in the node's idle time) are read whole.
     """
     start_ms = 0 if start is None else parse_position(start, "--from", times_only=True)
     end_ms = None if end is None else parse_position(end, "--to", times_only=True)

@@ -287,7 +287,8 @@ class Admin:
                             limit: int = 64, *, message_id: bool = False, queues: Sequence[int] = ()) -> list[Message]:
         """Messages sent with this key (or, with message_id, this client message id) and stored from start_ms to
         end_ms, in queue order; every queue (or those named) is searched through the key index its storage group
-        keeps, so a lookup reads only the batches that hold the key, however long the queue."""
+        keeps, so a lookup reads only the batches that hold the key, however long the queue (once the indexer,
+        which works in the node's idle time, reached them; it reads the others whole)."""
         response = await self.channel.call("FindMessages", {
             "topic": topic, "key": key, "message_id": message_id, "queues": list(queues), "start_ms": start_ms,
             "end_ms": 0 if end_ms is None else max(1, end_ms), "limit": limit})

@@ -5,6 +5,7 @@ were checked must not stop its readers.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import struct
 import typing
@@ -86,6 +87,7 @@ class _Keyed(msgspec.Struct, array_like=True, gc=False):
 
 
 _read_keyed = msgspec.msgpack.Decoder(list[_Keyed]).decode
+_ID_SEED = 0x1D  # the CRC-32C seed of a message id's term (key_term)
 _key_of, _keys_of, _id_of = (operator.attrgetter(name) for name in ("key", "properties.keys", "properties.id"))
 
 
@@ -363,15 +365,16 @@ def decode(batch: bytes | memoryview, base_offset: int = 0, queue: int = -1) -> 
 
 
 def key_term(term: str, message_id: bool = False) -> int:
-    """What the key index keeps of a key (or of a client's message id): its CRC-32C, which may collide; a batch
-    it names is read, and its messages matched in full."""
-    return crc32c((("i" if message_id else "k") + term).encode())
+    """What the key index keeps of a key (or of a client's message id): its CRC-32C (an id's with another seed, so
+    that an id is not a key), which may collide; a batch it names is read, and its messages matched in full."""
+    return crc32c(term.encode(), _ID_SEED if message_id else 0)
 
 
 def key_terms(batch: bytes | memoryview) -> bytes:
     """The key index's terms of a checked batch, packed as 32-bit values: key_term of each distinct key (rocket's
     key, and each RocketMQ key a message has) and client message id; b"" if it has none, or its records cannot be
-    read. Made in C, but for a pass over the distinct terms: one per round and batch applied, not per message."""
+    read. Made in C, but for a pass over the distinct terms; per batch, by the key indexer, off the appends' path
+    (Store.index_keys)."""
     header = peek_header(batch)
     if header.flags & FLAG_DELIMITED:
         return b""
@@ -390,8 +393,8 @@ def key_terms(batch: bytes | memoryview) -> bytes:
         return b""
     keys.discard("")
     ids.discard("")
-    terms = array("I", map(crc32c, map(str.encode, map("k".__add__, keys))))
-    terms.extend(map(crc32c, map(str.encode, map("i".__add__, ids))))
+    terms = array("I", map(crc32c, map(str.encode, keys)))
+    terms.extend(map(crc32c, map(str.encode, ids), itertools.repeat(_ID_SEED)))
     return terms.tobytes()
 
 

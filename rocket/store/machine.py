@@ -117,6 +117,8 @@ class StorageMachine:
         self.next_due: dict[tuple[int, bool], int] = {}  # (Raft group, halves) -> nothing of it is due before this
         # Queues appended to since the offloader last found nothing of them left to upload (all at open).
         self.offload_candidates: set[tuple[str, int]] = set()
+        # Queues appended to since the key indexer last found all their batches' keys indexed (all at open).
+        self.key_candidates: dict[tuple[str, int], None] = {}  # in the order the indexer takes them
         self._timer_changes: dict[tuple[str, int, int], int | None] = {}  # within one apply: set or done
         self._handlers: dict[type, Callable] = {Append: self._append, CommitOffsets: self._commit_offsets,
                                                 Cancel: self._cancel, Rearm: self._rearm, PopCommand: self._pop,
@@ -223,12 +225,11 @@ class StorageMachine:
         stats.bytes += len(batch)
         stats.last_append_ms = append_ms
         effects.touched[(topic, queue)] = stats
-        terms = None  # a system topic's keys are not indexed
         if not topic.startswith(SYSTEM_PREFIX):
             self.offload_candidates.add((topic, queue))
-            terms = batch_codec.key_terms(batch)
+            self.key_candidates[(topic, queue)] = None
         placed = IndexEntry(base_offset, position, header.count, len(batch), header.first_timestamp_ms, append_ms,
-                            header.tag_summary, terms)
+                            header.tag_summary)
         effects.index_entries.append((topic, queue, placed))
         return base_offset, header.count
 
@@ -363,6 +364,7 @@ class StorageMachine:
             del self.queues[place]
             self.tier.pop(place, None)
             self.offload_candidates.discard(place)
+            self.key_candidates.pop(place, None)
         for key in gone_pops:
             del self.pops[key]
         for key in [key for key in self.locks if key[0] == group and key[2] == topic and key[3] in queues

@@ -22,8 +22,8 @@ _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
 _entry = struct.Struct(">QIIqQQ")  # log position, count, batch bytes, first timestamp ms, append time ms, tags
 _entry_untagged = struct.Struct(">QIIqQ")  # as written before the tag summary was indexed
-# Ends the entry of a batch whose keys were indexed (a k record holds their terms if it has any); the batches of an
-# older build's entries, without it, are read to find a key (find_keyed).
+# Ends the entry of a batch whose keys the key indexer indexed (a k record holds their terms if it has any); a
+# batch without it is read whole to find a key (find_keyed).
 _KEYS_INDEXED = b"k"
 _timer_place = struct.Struct(">QQI")  # due time ms, Raft group, check-backs so far (half messages)
 _stats = struct.Struct(">QQQQQ")  # next offset, bytes, last append ms, Raft group, available from
@@ -65,6 +65,15 @@ def _decode_entry(offset: int, value: bytes) -> IndexEntry:
     return IndexEntry(offset, *_entry.unpack_from(value))
 
 
+def _holds(terms: bytes, wanted: bytes) -> bool:
+    """Whether packed 32-bit terms hold the one packed in wanted: memmem, not a compare per term; a term lies at a
+    multiple of 4."""
+    at = terms.find(wanted)
+    while at > 0 and at % 4:
+        at = terms.find(wanted, at + 1)
+    return at >= 0
+
+
 def _lock_key(group: int, consumer_group: str, topic: str, queue: int) -> bytes:
     return b"L" + _u64.pack(group) + f"{consumer_group}\0{topic}".encode() + _u32.pack(queue)
 
@@ -99,8 +108,9 @@ class QueueIndex:
     oldest segment on).
 
     The key index is sparse, one k record (topic, queue, offset -> the terms of its keys and message ids: see
-    serde/batch.py's key_terms) per batch that has keys, written and dropped with the batch's entry; LevelDB's
-    block checksums are verified where it is read (find_keyed), and a batch it names is read and matched in full."""
+    serde/batch.py's key_terms) per batch that has keys. The key indexer writes it behind the appends (unkeyed,
+    mark_keyed), and it goes with the batch's entry; LevelDB's block checksums are verified where it is read
+    (find_keyed), and a batch it names is read and matched in full."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -183,13 +193,8 @@ class QueueIndex:
                 batch.put(b"g" + _u64.pack(group), _u64.pack(index))
             for topic, queue, entry in entries:
                 key = _queue_prefix(b"q", topic, queue) + _u64.pack(entry.base_offset)
-                packed = _entry.pack(entry.position, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
-                                     entry.append_ms, entry.tag_summary)
-                if entry.terms is not None:
-                    packed += _KEYS_INDEXED
-                    if entry.terms:
-                        batch.put(b"k" + key[1:], entry.terms)
-                batch.put(key, packed)
+                batch.put(key, _entry.pack(entry.position, entry.count, entry.batch_bytes, entry.first_timestamp_ms,
+                                           entry.append_ms, entry.tag_summary))
                 batch.put(_ref_key(entry.position), key)
                 batch.put(_queue_prefix(b"t", topic, queue) + _u64.pack(entry.append_ms) + _u64.pack(entry.base_offset), b"")
             for (topic, queue), queue_stats in stats.items():
@@ -401,12 +406,47 @@ class QueueIndex:
                 scanned_to = entry.base_offset + entry.count
         return found, scanned_to
 
+    def unkeyed(self, topic: str, queue: int, start: int, max_bytes: int
+                ) -> tuple[list[tuple[IndexEntry, bytes]], int, bool]:
+        """The entries (and their stored values) of the first batches from offset start whose keys are not indexed,
+        at most max_bytes of them (one at least), looking at no more than limits.key_index_scan_entries_max entries;
+        with the offset to look from next time, and whether the queue's end was reached."""
+        prefix = _queue_prefix(b"q", topic, queue)
+        found: list[tuple[IndexEntry, bytes]] = []
+        budget = ReadBudget(max_bytes)
+        looked = 0
+        with self._db.iterator(start=prefix + _u64.pack(start), stop=_prefix_end(prefix)) as forwards:
+            for key, value in forwards:
+                entry = _decode_entry(_u64.unpack(key[-8:])[0], value)
+                if value[_entry.size:] != _KEYS_INDEXED:
+                    if not budget.take(entry.batch_bytes):
+                        return found, entry.base_offset, False
+                    found.append((entry, value))
+                start = entry.base_offset + entry.count
+                looked += 1
+                if looked >= limits.key_index_scan_entries_max:
+                    return found, start, False
+        return found, start, True
+
+    def mark_keyed(self, topic: str, queue: int, indexed: list[tuple[IndexEntry, bytes, bytes]]) -> None:
+        """Record the terms of batches whose keys were read (entry, its value as unkeyed found it, terms), in one
+        write: each entry marked and, if it has terms, its k record written, unless the entry changed meanwhile (a
+        WAL reclaim moved it, or it was dropped)."""
+        prefix = _queue_prefix(b"q", topic, queue)
+        with self._db.write_batch(sync=False) as batch:
+            for entry, seen, terms in indexed:
+                key = prefix + _u64.pack(entry.base_offset)
+                if self._db.get(key) == seen:
+                    batch.put(key, seen + _KEYS_INDEXED)
+                    if terms:
+                        batch.put(b"k" + key[1:], terms)
+
     def find_keyed(self, topic: str, queue: int, term: int, start: int, stop: int, batches_max: int
                    ) -> tuple[list[IndexEntry], int, int]:
         """The entries of the batches from the one holding offset start to offset stop that may hold a message
-        with the term (serde/batch.py's key_term): those whose k record has it, and those of an older build, whose
-        keys were never indexed (they come first: a queue's older batches precede its newer ones). At most
-        batches_max of them, with the offset to go on from (stop when done) and how many k records were read."""
+        with the term (serde/batch.py's key_term): those whose k record has it, and those whose keys are not
+        indexed yet. At most batches_max of them, with the offset to go on from (stop when done) and how many k
+        records were read. The entries and the k records are read side by side, both in offset order."""
         prefix = _queue_prefix(b"q", topic, queue)
         first = prefix + _u64.pack(start)
         with self._db.iterator(start=prefix, stop=first + b"\0", reverse=True, include_value=False) as backwards:
@@ -415,29 +455,24 @@ class QueueIndex:
                 break
         found: list[IndexEntry] = []
         end = prefix + _u64.pack(stop)
-        indexed_from = end
-        with self._db.iterator(start=first, stop=end, verify_checksums=True) as forwards:
-            for key, value in forwards:  # the older build's batches, until the first whose keys were indexed
-                if value[_entry.size:] == _KEYS_INDEXED:
-                    indexed_from = key
-                    break
-                found.append(_decode_entry(_u64.unpack(key[-8:])[0], value))
-                if len(found) >= batches_max:
-                    return found, found[-1].base_offset + found[-1].count, 0
-        read = 0
         wanted = array("I", (term,)).tobytes()  # as key_terms packs terms
-        with self._db.iterator(start=b"k" + indexed_from[1:], stop=b"k" + end[1:], verify_checksums=True) as records:
-            for key, terms in records:
-                read += 1
-                at = terms.find(wanted)  # memmem, not a compare per term; a term is at a multiple of 4
-                while at > 0 and at % 4:
-                    at = terms.find(wanted, at + 1)
-                if at >= 0:
-                    value = self._db.get(b"q" + key[1:], verify_checksums=True)
-                    if value is not None:
-                        found.append(_decode_entry(_u64.unpack(key[-8:])[0], value))
-                        if len(found) >= batches_max:
-                            return found, found[-1].base_offset + found[-1].count, read
+        read = 0
+        with self._db.iterator(start=first, stop=end, verify_checksums=True) as entries, \
+                self._db.iterator(start=b"k" + first[1:], stop=b"k" + end[1:], verify_checksums=True) as records:
+            record = next(records, None)
+            for key, value in entries:
+                entry = _decode_entry(_u64.unpack(key[-8:])[0], value)
+                if value[_entry.size:] == _KEYS_INDEXED:
+                    while record is not None and record[0][1:] < key[1:]:
+                        record = next(records, None)
+                    if record is None or record[0][1:] != key[1:]:
+                        continue  # indexed, and no keys
+                    read += 1
+                    if not _holds(record[1], wanted):
+                        continue
+                found.append(entry)
+                if len(found) >= batches_max:
+                    return found, entry.base_offset + entry.count, read
         return found, stop, read
 
     def bytes_between(self, topic: str, queue: int, start: int, stop: int) -> int:

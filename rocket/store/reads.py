@@ -64,7 +64,7 @@ class Reads:
         """read_from, reading batches that are not in the page cache in a worker thread, so that the event loop
         does not wait for the disk."""
         entries, next_offset = self.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
-        if self._cached(entries):
+        if self.cached(entries):
             return self.read_entries(topic, queue, entries), next_offset
         ahead, _ = self.locate(topic, queue, next_offset, max_bytes, False, tag_mask)  # the next read's
         try:
@@ -104,10 +104,10 @@ class Reads:
         """read_entries, detached; then have the kernel start reading the entries ahead, so that the next read
         of a reader catching up finds them in the page cache (benchmarks/RESULTS.md, "Fresh pages")."""
         found = self.read_entries(topic, queue, entries, detached=True)
-        self.data.read_ahead([(entry.position, entry.batch_bytes) for entry in ahead if not self._cached([entry])])
+        self.data.read_ahead([(entry.position, entry.batch_bytes) for entry in ahead if not self.cached([entry])])
         return found
 
-    def _cached(self, entries: list[IndexEntry]) -> bool:
+    def cached(self, entries: list[IndexEntry]) -> bool:
         """Whether reading these batches finds them in the page cache (see CommitLog.cached_from)."""
         cached_from = self.data.cached_from
         return all(entry.position >= cached_from for entry in entries)
@@ -134,18 +134,17 @@ class Reads:
         stats = self.machine.queues.get((topic, queue))
         if stats is None:
             return [], 0, True
-        start = after if after >= 0 else self.offset_for_time(topic, queue, start_ms)
+        # What this replica lacks (it installed a snapshot, and has not backfilled yet) is not searched, as what only
+        # the tier holds is not: the index keeps what is local.
+        start = max(after if after >= 0 else self.offset_for_time(topic, queue, start_ms), stats.available_from)
         stop = self.offset_for_time(topic, queue, end_ms + 1) if end_ms > 0 else stats.next_offset
-        if start < stats.available_from:
-            raise RocketError(Code.UNAVAILABLE, f"this replica lacks {topic}/{queue} before offset "
-                              f"{stats.available_from} (it installed a snapshot); another replica has them")
         entries, next_offset, _ = self.index.find_keyed(topic, queue, term, start, stop, limits.find_batches_max)
         budget = ReadBudget(max_bytes)
         for kept, entry in enumerate(entries):
             if not budget.take(entry.batch_bytes):
                 entries, next_offset = entries[:kept], entry.base_offset
                 break
-        if self._cached(entries):
+        if self.cached(entries):
             found = self.read_entries(topic, queue, entries)
         else:
             found = await self.world.run_sync(self.read_entries, topic, queue, entries, True)

@@ -35,6 +35,7 @@ def load(index: QueueIndex, machine: StorageMachine) -> None:
     machine.incarnations = index.incarnations()
     machine.locks = index.locks()
     machine.offload_candidates = {key for key in machine.queues if not key[0].startswith(SYSTEM_PREFIX)}
+    machine.key_candidates = dict.fromkeys(machine.offload_candidates)
     for group in machine.applied:
         for halves in (False, True):
             upcoming = index.timers(group, limit=1, halves=halves)

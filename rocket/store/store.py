@@ -88,6 +88,9 @@ class Store:
         # Set when an apply sets or takes timers, or changes KV: the loops that sleep until they have work (the timer
         # loop, KV expiry) put a new event here before they sleep.
         self.timers_changed = trio.Event()
+        self.keys_changed = trio.Event()  # set as batches are applied: the key indexer has work (index_keys)
+        # queue -> the offset before which the key indexer found every batch's keys indexed (index_keys)
+        self._key_cursors: dict[tuple[str, int], int] = {}
         self.kv_changed = trio.Event()
         self._held: list[Effects] | None = None  # what applies changed, persisted at the end of holding()
 
@@ -162,6 +165,7 @@ class Store:
                 for place in drop.queues:
                     self.traffic.pop(place, None)
                     self.changed.discard(place)
+                    self._key_cursors.pop(place, None)
             self._dirty = True
             self.traffic.update(touched)
             self.changed.update(touched)
@@ -175,6 +179,8 @@ class Store:
                 self._count_commits(consumer_group, topic, offsets)
             if timers:
                 self.timers_changed.set()
+            if self.machine.key_candidates:
+                self.keys_changed.set()
         kv = [(effects.kv_changes, effects.kv_shards, effects.group, effects.kv_applied) for effects in held
               if effects.kv_applied]
         if kv:
@@ -287,6 +293,33 @@ class Store:
 
     # ---- backfill: the batches before an installed snapshot ---------------------------------------------
 
+    # ---- the key index ---------------------------------------------------------------------------------
+
+    async def index_keys(self) -> bool:
+        """One step of the key indexer, per batch and off the appends' path (the storage role runs it when the node
+        is idle: Reads.index_keys_forever): read the batches of one queue whose keys are not indexed yet, at most
+        limits.key_index_step_bytes of them (one at least), and record their terms (QueueIndex.mark_keyed). Queues
+        take turns. Whether any queue may have batches left to index."""
+        candidates = self.machine.key_candidates
+        if not candidates:
+            return False
+        place = next(iter(candidates))
+        del candidates[place]  # to the back of the line
+        found, self._key_cursors[place], at_end = self.index.unkeyed(*place, self._key_cursors.get(place, 0),
+                                                                     limits.key_index_step_bytes)
+        if found:
+            entries = [entry for entry, _ in found]
+            try:
+                batches = (self.reads.read_entries(*place, entries) if self.reads.cached(entries) else
+                           await self.world.run_sync(self.reads.read_entries, *place, entries, True))
+            except RocketError:  # moved by WAL reclaim meanwhile, or damaged: left unindexed, so read by lookups
+                batches = []
+            self.index.mark_keyed(*place, [(entry, value, batch_codec.key_terms(batch))
+                                           for (entry, value), (_, batch) in zip(found, batches)])
+        if found or not at_end:
+            candidates[place] = None
+        return bool(candidates)
+
     def gaps(self) -> list[tuple[int, str, int, int]]:
         """(group, topic, queue, offset) for every queue whose batches before offset are not here."""
         return [(stats.group, topic, queue, stats.available_from)
@@ -311,8 +344,7 @@ class Store:
                                   f"expected {expected}")
             expected = base_offset + header.count
             entry = IndexEntry(base_offset, position, header.count, len(batch), header.first_timestamp_ms,
-                               stats.last_append_ms, header.tag_summary,
-                               None if topic.startswith(SYSTEM_PREFIX) else batch_codec.key_terms(batch))
+                               stats.last_append_ms, header.tag_summary)
             entries.append((topic, queue, entry))
         if last:
             if expected != stats.available_from:
@@ -322,6 +354,9 @@ class Store:
         # The queue's bytes counted these already: the snapshot carried them. Lost to a power cut, the chunks are
         # fetched again: the queue's gap is written with them, in one write.
         self.index.apply(entries, {(topic, queue): stats}, [], {})
+        if not topic.startswith(SYSTEM_PREFIX):  # the key indexer looks from the queue's start again
+            self._key_cursors.pop((topic, queue), None)
+            self.machine.key_candidates[(topic, queue)] = None
         self._dirty = True
         return expected
 

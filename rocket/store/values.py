@@ -19,9 +19,6 @@ class IndexEntry(typing.NamedTuple):  # made for every batch applied or read: a 
     first_timestamp_ms: int
     append_ms: int
     tag_summary: int = ALL_TAGS  # the batch header's 64-bit tag summary, so filters skip batches unread
-    # Written, not read back: the key index's terms of the batch (serde/batch.py's key_terms), None if its keys are
-    # not indexed (a system topic's batch).
-    terms: bytes | None = None
 
 
 @dataclasses.dataclass(slots=True)

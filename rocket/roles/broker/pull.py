@@ -197,8 +197,8 @@ class Pull:
     async def find_messages(self, request: dict) -> dict:
         """FindMessages: the messages of the queues asked (all, if none) sent with a key, or a client's message id,
         and stored in a time range, at most limit of them in queue order. Each queue's leader names the batches its
-        key index says may hold one (and those stored before it kept one), a call per limits.find_batches_max of
-        them; their messages are matched here."""
+        key index says may hold one (and those not indexed yet), a call per limits.find_batches_max of them;
+        their messages are matched here."""
         route = await self.routes.route(request["topic"])
         queues = request["queues"] or list(range(route.spec.queues))
         positions = self.routes.offsets(route, [{"queue": queue, "offset": 0} for queue in queues])

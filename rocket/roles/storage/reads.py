@@ -1,8 +1,11 @@
 """Reads of a group's queues, on its leader or on a follower in sync: batches within a byte budget, from the WAL or
-from the tier for what is no longer local; a long poll waits for data and returns it. A part of StorageRole.
-"""
+from the tier for what is no longer local; a long poll waits for data and returns it. Lookups by key, and the key
+indexer behind them. A part of StorageRole."""
 
 from __future__ import annotations
+
+import trio
+import trio.testing
 
 from rocket import limits
 from rocket.model import ALL_TAGS, ReadBudget
@@ -15,8 +18,8 @@ from rocket.transport.background import Background
 
 
 class Reads(Background):
-    """StorageRead, StorageFindKey and StorageQueues; run() holds the nursery where the next tier piece of a cold read is read
-    ahead."""
+    """StorageRead, StorageFindKey and StorageQueues, and the key indexer; run() holds the nursery where the next tier
+    piece of a cold read is read ahead."""
 
     def __init__(self, store: Store, host: Engine, gate: Gate, cold: ColdReader | None, force_tier: bool):
         self.store = store
@@ -92,12 +95,23 @@ class Reads(Background):
         group = request["group"]
         self.gate.hosted(group)
         self.gate.leads(group)
-        queue = self.gate.positions([{"queue": request["queue"], "offset": 0}], "offset")
+        self.gate.positions([{"queue": request["queue"], "offset": 0}], "offset")  # a queue in range
         found, next_offset, done = await self.store.reads.find_keyed(
-            request["topic"], next(iter(queue)), key_term(request["key"], request["message_id"]), request["start_ms"],
+            request["topic"], request["queue"], key_term(request["key"], request["message_id"]), request["start_ms"],
             request["end_ms"], request["after"], max(0, min(request["max_bytes"], limits.read_bytes_max)))
         return {"batches": [{"queue": request["queue"], "base_offset": base_offset, "batch": batch}
                             for base_offset, batch in found], "next_offset": next_offset, "done": done}
+
+    async def index_keys_forever(self) -> None:
+        """The key indexer (Store.index_keys), a step at a time, each once every other task of the node has waited
+        for limits.key_index_idle_s: the appends never wait for it, and under a load that leaves the node no such
+        moment, lookups read whole the batches it has not reached yet."""
+        while True:
+            if not await self.store.index_keys():
+                self.store.keys_changed = changed = trio.Event()
+                if not self.store.machine.key_candidates:
+                    await changed.wait()
+            await trio.testing.wait_all_tasks_blocked(limits.key_index_idle_s)
 
     async def queues(self, request: dict) -> dict:
         self.gate.leads(request["group"])

@@ -98,6 +98,7 @@ class StorageRole:
             await nursery.start(self.reads.run)
             self.assignments.restore()  # the groups it hosted, before any nameserver answers
             nursery.start_soon(self.replicas.backfill_forever)
+            nursery.start_soon(self.reads.index_keys_forever)
             nursery.start_soon(self.replicas.sync_states_forever)
             nursery.start_soon(self.assignments.controller_heartbeats_forever)
             nursery.start_soon(self.timers.fire_forever)
