@@ -461,7 +461,6 @@ class QueueIndex:
                 self._db.iterator(start=b"k" + first[1:], stop=b"k" + end[1:], verify_checksums=True) as records:
             record = next(records, None)
             for key, value in entries:
-                entry = _decode_entry(_u64.unpack(key[-8:])[0], value)
                 if value[_entry.size:] == _KEYS_INDEXED:
                     while record is not None and record[0][1:] < key[1:]:
                         record = next(records, None)
@@ -470,6 +469,7 @@ class QueueIndex:
                     read += 1
                     if not _holds(record[1], wanted):
                         continue
+                entry = _decode_entry(_u64.unpack(key[-8:])[0], value)
                 found.append(entry)
                 if len(found) >= batches_max:
                     return found, entry.base_offset + entry.count, read
