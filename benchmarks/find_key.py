@@ -77,7 +77,8 @@ async def lookups(server: str, messages: int, count: int) -> dict:
     async with connect(server) as channel:
         admin = Admin(channel)
         for _ in range(count):
-            for wanted, times in ((random.randrange(messages), present), (messages + random.randrange(messages), absent)):
+            for wanted, times in ((random.randrange(messages), present),
+                                  (messages + random.randrange(messages), absent)):
                 started = time.perf_counter()
                 response = await channel.call("FindMessages", {
                     "topic": "keyed", "key": f"key-{wanted}", "message_id": False, "queues": [], "start_ms": 0,
@@ -136,7 +137,8 @@ def main() -> None:
         server.wait()
         shutil.rmtree(data, ignore_errors=True)
     result = {"messages": arguments.messages, "size": arguments.size, "per_batch": arguments.per_batch,
-              "produced_per_s": round(produced), "indexed_after_s": round(indexed_s, 1), **looked, "scan_s": round(scanned, 3),
+              "produced_per_s": round(produced), "indexed_after_s": round(indexed_s, 1), **looked,
+              "scan_s": round(scanned, 3),
               "machine": f"{platform.node()} {os.cpu_count()} cpus", "at": time.strftime("%Y-%m-%d %H:%M")}
     Path(arguments.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))

@@ -36,8 +36,8 @@ _TOPIC_GROUP = ("topic", "group")
 _NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {  # method -> (action, the request fields naming its resources)
     **{method: ("pub", ("topic",)) for method in ("Produce", "CancelTimer", "EndTransaction", "TransactionChecks")},
     **{method: ("sub", _TOPIC_GROUP) for method in (
-        "Pull", "Subscribe", "SearchOffset", "FindMessages", "CommitOffsets", "FetchOffsets", "DescribeGroup", "GroupHeartbeat",
-        "LockQueues", "Receive", "Ack", "ChangeInvisible", "DeadLetter", "Bury")},
+        "Pull", "Subscribe", "SearchOffset", "FindMessages", "CommitOffsets", "FetchOffsets", "DescribeGroup",
+        "GroupHeartbeat", "LockQueues", "Receive", "Ack", "ChangeInvisible", "DeadLetter", "Bury")},
     "ResetGroup": ("admin", ("group",)),
     "CreateTopic": ("admin", ("topic",)),
     "UpdateTopic": ("admin", ("topic",)),

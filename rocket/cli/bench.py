@@ -89,7 +89,7 @@ async def bench_produce(
                 channel, messages=messages, size=size, batch_bytes=batch_bytes, in_flight=in_flight, topic=topic,
                 rate=rate, on_progress=lambda n: progress.update(task, advance=n))
         if topic is None:
-            # rocket deletes no topic yet: a retention this short lets the storage nodes drop the data soon.
+            # A retention this short lets the storage nodes drop the data soon, and keeps the topic for bench consume.
             await Admin(channel).update_topic(result["topic"], limits.bench_topic_retention_s, limits.bench_topic_retention_s)
     if probe:
         after = await trio.to_thread.run_sync(disk_probe.raw_disk_bandwidth, disk_dir, probe_bytes)
@@ -99,7 +99,8 @@ async def bench_produce(
     megabytes = messages * size / 1e6
     if topic is None:
         err.print(f"topic {result['topic']} holds the {megabytes:,.0f} MB sent; its retention is now "
-                  f"{limits.bench_topic_retention_s:g} s, so the storage nodes drop them soon (rocket cannot delete a topic yet)")
+                  f"{limits.bench_topic_retention_s:g} s, so the storage nodes drop them soon (or now: "
+                  f"rocket topic delete {result['topic']} --force)")
     else:
         err.print(f"topic {topic} keeps the {megabytes:,.0f} MB sent (for bench consume); `rocket topic update {topic} "
                   "--retention 1m --local-retention 1m` lets them go")

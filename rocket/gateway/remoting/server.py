@@ -94,8 +94,8 @@ class RemotingGateway:
     Requests from the server to a client (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) go out on the
     client's connection. The handlers are the methods of the gateway's parts (naming, producing, consuming, clients,
     administration, KV config), one table by request code. rocket's TCP port serves both protocols: a connection
-    whose first bytes look like a remoting frame (codec.looks_like_remoting) comes here, so `namesrvAddr=HOST:9876` works
-    unchanged."""
+    whose first bytes look like a remoting frame (codec.looks_like_remoting) comes here, so `namesrvAddr=HOST:9876`
+    works unchanged."""
 
     def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle, *, cluster: str = "rocket",
                  frame_s: float = limits.tcp_frame_s_default, idle_s: float = limits.tcp_idle_s_default):
