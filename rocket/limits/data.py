@@ -48,7 +48,6 @@ create_requests_kept_max = 10_000  # creates' request ids the metadata remembers
 filter_expression_bytes_max = 4 * KiB  # a filter is parsed per subscription; longer ones are hostile
 filter_skipped_batches_max = 10_000  # batches a filtered read skips by their tag summary before it answers
 find_messages_max = 1024  # messages one FindMessages answers, whatever its limit asks
-key_index_idle_s = 0.005  # the key indexer takes a step once every other task of the node has waited this long
 key_index_step_bytes = 1 * MiB  # batches the key indexer reads and indexes in one step, in the node's idle time
 key_index_scan_entries_max = 10_000  # index entries one key indexer step looks through for batches to index
 find_batches_max = 256  # batches one key lookup on a storage node reads (those its key index names) before it answers

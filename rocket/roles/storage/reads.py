@@ -103,15 +103,16 @@ class Reads(Background):
                             for base_offset, batch in found], "next_offset": next_offset, "done": done}
 
     async def index_keys_forever(self) -> None:
-        """The key indexer (Store.index_keys), a step at a time, each once every other task of the node has waited
-        for limits.key_index_idle_s: the appends never wait for it, and under a load that leaves the node no such
-        moment, lookups read whole the batches it has not reached yet."""
+        """The key indexer (Store.index_keys), a step at a time, each when every other task of the node waits: the
+        appends never wait for it, and under a load that leaves the node no idle moment, lookups read whole the
+        batches it has not reached yet. (No cushion of idle time: while a task waits for one, trio's autojumping
+        test clock stands still, and the roles simulator with it.)"""
         while True:
             if not await self.store.index_keys():
                 self.store.keys_changed = changed = trio.Event()
                 if not self.store.machine.key_candidates:
                     await changed.wait()
-            await trio.testing.wait_all_tasks_blocked(limits.key_index_idle_s)
+            await trio.testing.wait_all_tasks_blocked()
 
     async def queues(self, request: dict) -> dict:
         self.gate.leads(request["group"])
