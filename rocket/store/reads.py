@@ -64,7 +64,7 @@ class Reads:
         """read_from, reading batches that are not in the page cache in a worker thread, so that the event loop
         does not wait for the disk."""
         entries, next_offset = self.locate(topic, queue, offset, max_bytes, at_least_one, tag_mask)
-        if self.cached(entries):
+        if self._cached(entries):
             return self.read_entries(topic, queue, entries), next_offset
         ahead, _ = self.locate(topic, queue, next_offset, max_bytes, False, tag_mask)  # the next read's
         try:
@@ -99,15 +99,21 @@ class Reads:
         """(base offset, batch) of each entry; detached, in any thread (see CommitLog.read_slice)."""
         return [(entry.base_offset, self.read_entry(topic, queue, entry, detached)) for entry in entries]
 
+    async def fetch_entries(self, topic: str, queue: int, entries: list[IndexEntry]) -> list[tuple[int, bytes]]:
+        """read_entries, in a worker thread unless the page cache holds the batches."""
+        if self._cached(entries):
+            return self.read_entries(topic, queue, entries)
+        return await self.world.run_sync(self.read_entries, topic, queue, entries, True)
+
     def _read_entries_ahead(self, topic: str, queue: int, entries: list[IndexEntry],
                             ahead: list[IndexEntry]) -> list[tuple[int, bytes]]:
         """read_entries, detached; then have the kernel start reading the entries ahead, so that the next read
         of a reader catching up finds them in the page cache (benchmarks/RESULTS.md, "Fresh pages")."""
         found = self.read_entries(topic, queue, entries, detached=True)
-        self.data.read_ahead([(entry.position, entry.batch_bytes) for entry in ahead if not self.cached([entry])])
+        self.data.read_ahead([(entry.position, entry.batch_bytes) for entry in ahead if not self._cached([entry])])
         return found
 
-    def cached(self, entries: list[IndexEntry]) -> bool:
+    def _cached(self, entries: list[IndexEntry]) -> bool:
         """Whether reading these batches finds them in the page cache (see CommitLog.cached_from)."""
         cached_from = self.data.cached_from
         return all(entry.position >= cached_from for entry in entries)
@@ -144,11 +150,7 @@ class Reads:
             if not budget.take(entry.batch_bytes):
                 entries, next_offset = entries[:kept], entry.base_offset
                 break
-        if self.cached(entries):
-            found = self.read_entries(topic, queue, entries)
-        else:
-            found = await self.world.run_sync(self.read_entries, topic, queue, entries, True)
-        return found, next_offset, next_offset >= stop
+        return await self.fetch_entries(topic, queue, entries), next_offset, next_offset >= stop
 
     async def wait_for_data(self, wants: dict[tuple[str, int], int], timeout_s: float) -> None:
         """Return when any queue has data at or past the wanted offset, or after the timeout."""

@@ -310,8 +310,7 @@ class Store:
         if found:
             entries = [entry for entry, _ in found]
             try:
-                batches = (self.reads.read_entries(*place, entries) if self.reads.cached(entries) else
-                           await self.world.run_sync(self.reads.read_entries, *place, entries, True))
+                batches = await self.reads.fetch_entries(*place, entries)
             except RocketError:  # moved by WAL reclaim meanwhile, or damaged: left unindexed, so read by lookups
                 batches = []
             self.index.mark_keyed(*place, [(entry, value, batch_codec.key_terms(batch))
