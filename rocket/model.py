@@ -62,6 +62,7 @@ class TopicSpec:
     # hash onto its groups. A queue never changes group: its group's replicas move instead, with its log.
     queue_groups: tuple[int, ...] = ()
     storage_class: str = DEFAULT_STORAGE_CLASS  # the class whose groups hold its queues (issue 32), fixed at creation
+    read_replicas: int = 0  # learners each of its groups keeps to serve reads of it (issue 53)
 
     @property
     def bucket(self) -> str:
@@ -79,7 +80,7 @@ class TopicSpec:
         return {"name": self.name, "queues": self.queues, "created_ms": self.created_ms,
                 "message_type": self.message_type, "retention_s": int(self.retention_s),
                 "local_retention_s": int(self.local_retention_s), "history": self.history, "ttl_ms": self.ttl_ms,
-                "storage_class": self.storage_class}
+                "storage_class": self.storage_class, "read_replicas": self.read_replicas}
 
     @classmethod
     def from_wire(cls, payload: dict) -> "TopicSpec":
@@ -88,7 +89,8 @@ class TopicSpec:
                    retention_s=float(payload.get("retention_s", -1.0)),
                    local_retention_s=float(payload.get("local_retention_s", -1.0)),
                    history=int(payload.get("history", 1)), ttl_ms=int(payload.get("ttl_ms", 0)),
-                   storage_class=payload.get("storage_class", DEFAULT_STORAGE_CLASS))
+                   storage_class=payload.get("storage_class", DEFAULT_STORAGE_CLASS),
+                   read_replicas=int(payload.get("read_replicas", 0)))
 
 
 def check_retention_s(name: str, value: float) -> float:

@@ -51,11 +51,13 @@ async def cluster_status(server: Server = None, transport: Transport = "tcp", se
                       str(len(load["leads"])), f"{load['bytes']:,}", f"{load['free_disk_bytes'] / 2**30:,.1f} GiB")
     out.print(nodes)
     if groups:
-        table = Table("group", "class", "voters", "learners", "leader", "behind (node: entries)", title="storage groups")
+        table = Table("group", "class", "voters", "learners", "readers", "leader", "behind (node: entries)",
+                      title="storage groups")
         for group in status["groups"]:
             behind = ", ".join(f"{lag['node']}: {lag['entries']:,}" for lag in group["lagging"])
             table.add_row(str(group["id"]), group.get("storage_class", "raft"), ",".join(map(str, group["voters"])),
-                          ",".join(map(str, group["learners"])), str(group["leader"] or "-"), behind)
+                          ",".join(str(node) for node in group["learners"] if node not in group.get("readers", ())),
+                          ",".join(map(str, group.get("readers", ()))), str(group["leader"] or "-"), behind)
         out.print(table)
 
 

@@ -15,6 +15,7 @@ from rocket.model import DEFAULT_STORAGE_CLASS, parse_duration_s
 
 app = typer.Typer(no_args_is_help=True, help="Create, update, delete, list and describe topics.")
 Retention = Annotated[Optional[str], typer.Option("--retention", help="Total retention: data older is deleted from the tier (365d, 12h, forever, default).")]
+ReadReplicas = Annotated[Optional[int], typer.Option("--read-replicas", help="Learners each of the topic's storage groups keeps on other nodes to serve its reads and long polls (0..4); they never vote.")]
 LocalRetention = Annotated[Optional[str], typer.Option("--local-retention", help="Hot retention: local data older goes once it is offloaded (1h, forever, default).")]
 tier_app = typer.Typer(no_args_is_help=True, help="Tiered storage: what is local, offloaded and pending.")
 
@@ -26,18 +27,21 @@ async def topic_create(name: Annotated[str, typer.Argument(help="The topic's nam
                        message_type: Annotated[str, typer.Option("--type", help="normal, fifo, delay or transaction: the sends the topic accepts.")] = "normal",
                        storage_class: Annotated[str, typer.Option("--storage-class", help="The storage class whose groups hold the queues (see rocket cluster storage-class list).")] = DEFAULT_STORAGE_CLASS,
                        retention: Retention = None, local_retention: LocalRetention = None,
+                       read_replicas: ReadReplicas = None,
                        server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
-    """Create a topic with a number of queues and a message type, in a storage class, with its retention."""
+    """Create a topic with a number of queues and a message type, in a storage class, with its retention and read
+    replicas."""
     retention_s = _retention(retention, "--retention")
     local_retention_s = _retention(local_retention, "--local-retention")
     async with connect(server, transport, serde) as channel:
         spec = await Admin(channel).create_topic(name, queues, message_type, storage_class, retention_s,
-                                                 local_retention_s)
+                                                 local_retention_s, read_replicas or 0)
     placed = "" if spec.storage_class == DEFAULT_STORAGE_CLASS else f" in storage class {spec.storage_class}"
     kept = "" if retention is None and local_retention is None else (
         f", retention {_show_retention(spec.retention_s)}, local retention {_show_retention(spec.local_retention_s)}")
+    readers = f", {plural(spec.read_replicas, 'read replica')} per group" if spec.read_replicas else ""
     out.print(f"created {spec.message_type} topic [bold]{spec.name}[/bold] with {plural(spec.queues, 'queue')}"
-              f"{placed}{kept}")
+              f"{placed}{kept}{readers}")
 
 
 @app.command("delete")
@@ -90,13 +94,15 @@ async def topic_update(name: Annotated[str, typer.Argument(help="The topic to ch
                        queues: Annotated[Optional[int], typer.Option("--queues", help="Raise the topic's queues to this many; the new ones go where the predicted load is lowest (see rocket cluster placement --explain).")] = None,
                        storage_class: Annotated[str, typer.Option("--storage-class", help="Move the topic to this storage class, with its offsets, while it is produced to and consumed.")] = "",
                        wait: Annotated[bool, typer.Option("--wait/--no-wait", help="With --storage-class: return once the topic moved, or once its move started.")] = True,
+                       read_replicas: ReadReplicas = None,
                        server: Server = None, transport: Transport = "tcp", serde: Serde = "lane") -> None:
-    """Change a topic's retention settings, add queues to it, or move it to another storage class."""
+    """Change a topic's retention settings or read replicas, add queues to it, or move it to another storage
+    class."""
     retention_s = _retention(retention, "--retention")
     local_retention_s = _retention(local_retention, "--local-retention")
     async with connect(server, transport, serde) as channel:
         admin = Admin(channel)
-        spec = await admin.update_topic(name, retention_s, local_retention_s, queues, storage_class)
+        spec = await admin.update_topic(name, retention_s, local_retention_s, queues, storage_class, read_replicas)
         moving = storage_class and spec.storage_class != storage_class
         if moving and wait:
             started = time.monotonic()
@@ -107,7 +113,8 @@ async def topic_update(name: Annotated[str, typer.Argument(help="The topic to ch
             out.print(f"topic [bold]{name}[/bold] is moving to storage class {storage_class}")
     out.print(f"topic [bold]{spec.name}[/bold]: {plural(spec.queues, 'queue')}, storage class {spec.storage_class}, "
               f"retention {_show_retention(spec.retention_s)}, "
-              f"local retention {_show_retention(spec.local_retention_s)}")
+              f"local retention {_show_retention(spec.local_retention_s)}, "
+              f"{plural(spec.read_replicas, 'read replica')} per group")
 
 
 @tier_app.command("status")
@@ -157,6 +164,8 @@ async def topic_describe(name: Annotated[str, typer.Argument(help="The topic to 
     async with connect(server, transport, serde) as channel:
         spec, queues = await Admin(channel).describe_topic(name)
     placed = "" if spec.storage_class == DEFAULT_STORAGE_CLASS else f" (storage class {spec.storage_class})"
+    if spec.read_replicas:
+        placed += f" ({plural(spec.read_replicas, 'read replica')} per group)"
     table = Table("queue", "min offset", "next offset", "messages", "bytes",
                   title=f"{spec.message_type} topic {spec.name}{placed}")
     for q in queues:

@@ -23,16 +23,16 @@ class Admin:
 
     async def create_topic(self, name: str, queues: int, message_type: str = "normal",
                            storage_class: str = DEFAULT_STORAGE_CLASS, retention_s: float | None = None,
-                           local_retention_s: float | None = None) -> TopicSpec:
+                           local_retention_s: float | None = None, read_replicas: int = 0) -> TopicSpec:
         """message_type: normal, fifo, delay or transaction; a topic accepts only sends of its type. Its queues go to
-        the groups of storage_class (see create_storage_class). retention_s, local_retention_s: as update_topic's
-        (None: the node's default). The call carries a request id: sent again after its answer was lost, it gets
+        the groups of storage_class (see create_storage_class). retention_s, local_retention_s, read_replicas: as
+        update_topic's (None: the node's default). The call carries a request id: sent again after its answer was lost, it gets
         the first answer, not TOPIC_EXISTS."""
         return TopicSpec.from_wire(await self.channel.call(
             "CreateTopic", {"topic": name, "queues": queues, "message_type": message_type,
                             "storage_class": storage_class, "retention_s": _retention_wire(retention_s, -1),
                             "local_retention_s": _retention_wire(local_retention_s, -1),
-                            "request_id": secrets.token_hex(16)}))
+                            "request_id": secrets.token_hex(16), "read_replicas": read_replicas}))
 
     async def delete_topic(self, name: str, force: bool = False) -> None:
         """Delete a topic: its messages (local and in the tier), timers, dead letters, and every consumer group's
@@ -133,18 +133,23 @@ class Admin:
 
     async def update_topic(self, name: str, retention_s: float | None = None,
                            local_retention_s: float | None = None, queues: int | None = None,
-                           storage_class: str = "") -> TopicSpec:
+                           storage_class: str = "", read_replicas: int | None = None) -> TopicSpec:
         """Set a topic's total and local retention in whole seconds (0 keeps data for ever, -1 takes the
         node's default; None leaves a setting as it is), or raise its queues to `queues`: the new queues go to the
         groups with the lowest predicted load, and the existing ones stay where they are. Keys map onto queues by
         their count, so a key's later messages may go to another queue than its earlier ones.
 
         storage_class starts the topic's move to that class, with its offsets, while it is produced to and consumed
-        (a normal or FIFO topic); the answer names the class it is in until it moved (wait_moved)."""
+        (a normal or FIFO topic); the answer names the class it is in until it moved (wait_moved).
+
+        read_replicas: the learners each of the topic's storage groups keeps, on other nodes, beside its voters. They
+        replicate the log without voting, and serve its reads and long polls, as the voters in sync do. The
+        nameservers add and remove them within a few heartbeats of the answer (rocket cluster status shows them)."""
         return TopicSpec.from_wire(await self.channel.call(
             "UpdateTopic", {"topic": name, "retention_s": _retention_wire(retention_s, -2),
                             "local_retention_s": _retention_wire(local_retention_s, -2),
-                            "queues": -2 if queues is None else queues, "storage_class": storage_class}))
+                            "queues": -2 if queues is None else queues, "storage_class": storage_class,
+                            "read_replicas": -2 if read_replicas is None else read_replicas}))
 
     async def wait_moved(self, name: str, storage_class: str, poll_s: float = 0.2) -> TopicSpec:
         """Wait until the topic is in storage_class (a move update_topic started)."""

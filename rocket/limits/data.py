@@ -28,6 +28,7 @@ read_bytes_max = 8 * MiB  # one pull returns at most this many bytes of batches 
 read_batch_overhead_bytes = 64
 pull_wait_ms_max = 60_000  # longest long-poll a client may ask for
 queues_per_topic_max = 1024  # dev-mode topics; cluster topics spread queues over groups
+read_replicas_max = 4  # learners a topic may ask each of its storage groups to keep for its reads
 topic_name_bytes_max = 249  # Kafka's limit; names become file and key prefixes
 namespace_bytes_max = 64  # a namespace prefixes every name in it: NAMESPACE%topic must still fit a topic's limit
 group_name_bytes_max = 249  # consumer group names become key prefixes too

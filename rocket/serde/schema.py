@@ -28,7 +28,7 @@ NAMESPACE = "rocket.v1"
 # versions: it shows 1 for all). tests/integration/test_upgrade.py runs three nodes of 18caf45 and upgrades them one at
 # a time to this tree, under produce (JSON) and consume (Avro) load: every phase keeps serving, heartbeats cross
 # versions both ways, and every acknowledged message is consumed.
-SCHEMA_VERSION = 9  # 9 adds FindMessages and StorageFindKey: lookups by key through the stores' key index
+SCHEMA_VERSION = 10  # 10 adds read replicas: a topic's read_replicas, a group's readers
 SCHEMA_DIRECTORY = Path(__file__).parent / "schemas"
 _int_bounds = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
 

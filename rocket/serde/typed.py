@@ -146,6 +146,7 @@ class GroupInfo(msgspec.Struct):
     min_in_sync_replicas: int = 0
     ha_max_lag_s: float = 0.0
     unclean_election: bool = False
+    readers: list[int] = []  # read replicas: learners that stay (also in learners)
 
 
 class ElectionRecord(msgspec.Struct):
@@ -199,6 +200,7 @@ class CreateTopicRequest(msgspec.Struct):
     retention_s: int = -1  # 0: for ever; -1: the node's default
     local_retention_s: int = -1
     request_id: str = ""  # a retry of an applied create with the same id gets its answer
+    read_replicas: int = 0  # learners its groups keep to serve reads
 
 
 class DeleteTopicRequest(msgspec.Struct):
@@ -221,12 +223,14 @@ class TopicInfo(msgspec.Struct):
     history: int = 1  # a KV bucket's revisions kept per key
     ttl_ms: int = 0  # a KV bucket's keys' default TTL (0: none)
     storage_class: str = "raft"
+    read_replicas: int = 0  # learners its groups keep to serve reads
 
 
 def topic_info(spec: TopicSpec) -> TopicInfo:
     """A topic as answers carry it (the fields of TopicSpec.to_wire)."""
     return TopicInfo(spec.name, spec.queues, spec.created_ms, spec.message_type, int(spec.retention_s),
-                     int(spec.local_retention_s), spec.history, spec.ttl_ms, spec.storage_class)
+                     int(spec.local_retention_s), spec.history, spec.ttl_ms, spec.storage_class,
+                     spec.read_replicas)
 
 
 class ListTopicsResponse(msgspec.Struct):
@@ -239,6 +243,7 @@ class UpdateTopicRequest(msgspec.Struct):
     local_retention_s: int = -2
     queues: int = -2
     storage_class: str = ""  # move the topic to this class ("": it stays)
+    read_replicas: int = -2  # learners its groups keep to serve reads
 
 
 class CreateBucketRequest(msgspec.Struct):

@@ -328,3 +328,57 @@ def test_rounds_that_send_before_their_fsync_are_caught(monkeypatch):
     monkeypatch.setattr(Planner, "released", staticmethod(lambda durable: {}))
     faults = dataclasses.replace(NASTY, crash=0.05, fsync_steps_max=8, drop=0.02, partition=0.0)
     assert _some_seed_fails(lambda seed: Cluster(seed=seed, size=3, faults=faults, rounds=True).run(600))
+
+
+@ROUNDS
+@pytest.mark.sim_seeds(100)
+def test_read_replicas_apply_only_what_a_quorum_of_voters_holds(seed, rounds):
+    """Read replicas (learners that stay, issue 53) under every fault: each entry a learner applies, and so may
+    serve, is durable on a quorum of the voters by then, as the term that wrote it; a learner never campaigns.
+    Healed, the learners apply what the voters committed."""
+    cluster = Cluster(seed=seed, size=3, faults=NASTY, learners=(4, 5), rounds=rounds)
+    voters = [cluster.nodes[n] for n in (1, 2, 3)]
+    served = []
+
+    def durable_on(node: Node, index: int, term: int) -> bool:
+        snapshot = node.disk.snapshot
+        return (snapshot is not None and snapshot.index >= index) or any(
+            entry.index == index and entry.term == term for entry in node.disk.entries)
+
+    def check(node: Node, entry) -> None:
+        if node.id in (4, 5):
+            holders = sum(durable_on(voter, entry.index, entry.term) for voter in voters)
+            if holders < 2:
+                raise SafetyViolation(f"seed {seed}: learner {node.id} applied entry {entry.index} held by "
+                                      f"{holders} voters")
+            served.append(entry.index)
+
+    cluster.apply_hook = check
+    for _ in range(700):
+        cluster.step()
+        if cluster.step_number % 3 == 0:
+            cluster.propose(b"v%d" % cluster.step_number)
+        for learner in (4, 5):
+            assert cluster.nodes[learner].core.role == Role.FOLLOWER, (seed, cluster.step_number)
+    cluster.check_log_matching()
+    index = commit_everywhere(cluster, b"after-heal-%d" % seed)
+    assert all(cluster.nodes[learner].applied.get(index) for learner in (4, 5)) and served
+
+
+def test_learners_never_make_a_quorum():
+    """A leader cut off from the other voters, with both learners still reachable, commits nothing: only voters
+    count (tracker.committed), however many learners hold the entry. Healed, the group goes on."""
+    cluster = Cluster(seed=23, size=3, learners=(4, 5))
+    leader = settle(cluster)
+    commit_everywhere(cluster, b"before")
+    leader = cluster.leader()
+    others = [n for n in (1, 2, 3) if n != leader.id]
+    cluster.blocked = {(a, b) for a in others for b in cluster.nodes if b != a}
+    cluster.blocked |= {(b, a) for a, b in cluster.blocked}
+    index = cluster.propose(b"learners-only")
+    assert index is not None
+    for _ in range(60):
+        cluster.step()
+    assert all(n.core.last_index >= index for n in (cluster.nodes[4], cluster.nodes[5])), "the learners hold it"
+    assert index not in cluster.committed and leader.core.commit < index
+    commit_everywhere(cluster, b"healed")

@@ -64,6 +64,33 @@ def test_a_move_adds_a_learner_then_swaps_it_for_the_leaving_replica():
     assert metadata.replicas(2) == 0 and plain(metadata.assignment(2))["groups"] == []
 
 
+def test_read_replicas_are_learners_that_stay_beside_a_move():
+    """A topic's read_replicas is what its groups want (the most of their topics'); a reader is a learner in the
+    group's assignment and routes, named apart as a reader, and kept by a move that may not take its node."""
+    metadata = registered()
+    apply(metadata, create("t", 1, [{"id": 2, "voters": [1, 2, 3]}], [2]), create("u", 1, [], [2]))
+    assert metadata.readers_wanted() == {}
+    apply(metadata, {"op": "update_topic", "name": "t", "retention_s": -1.0, "local_retention_s": -1.0,
+                     "read_replicas": 2})
+    assert metadata.topics["t"].read_replicas == 2 and metadata.readers_wanted() == {2: 2}
+    apply(metadata, {"op": "reader_add", "group": 2, "node": 4})
+    assert metadata.members_of(2) == (1, 2, 3, 4) and metadata.replicas(4) == 1
+    [info] = plain(metadata.assignment(4))["groups"]
+    assert info["learners"] == [4] and info["readers"] == [4] and info["voters"] == [1, 2, 3]
+    assert plain(metadata.route("u", {}))["groups"][0]["readers"] == [4]
+    [taken] = apply(metadata, {"op": "reader_add", "group": 2, "node": 1})
+    [moved_onto] = apply(metadata, {"op": "move_start", "group": 2, "add": 4, "remove": 3})
+    assert isinstance(taken, RocketError) and isinstance(moved_onto, RocketError)
+    apply(metadata, {"op": "register", "node": 5, "address": "127.0.0.1:9005", "roles": ["storage"]},
+          {"op": "move_start", "group": 2, "add": 5, "remove": 3}, {"op": "move_done", "group": 2})
+    assert metadata.groups[2].voters == (1, 2, 5) and metadata.groups[2].readers == (4,)
+    copy = Metadata()
+    copy.restore(metadata.snapshot())
+    assert copy.groups[2].readers == (4,) and copy.topics["t"].read_replicas == 2
+    apply(metadata, {"op": "reader_remove", "group": 2, "node": 4})
+    assert metadata.replicas(4) == 0 and plain(metadata.assignment(4))["groups"] == []
+
+
 def test_snapshot_and_restore_give_the_same_metadata():
     metadata = registered()
     apply(metadata, create("t", 3, [{"id": 2, "voters": [1, 2, 3]}], [2]),

@@ -45,7 +45,7 @@ def test_missing_field_names_the_field():
     assert caught.value.code == Code.BAD_REQUEST and "batch" in caught.value.message
     assert json_codec.decode("CreateTopicRequest", b'{"topic": "t"}') == {
         "topic": "t", "queues": 8, "message_type": "normal", "storage_class": "raft", "retention_s": -1,
-        "local_retention_s": -1, "request_id": ""}
+        "local_retention_s": -1, "request_id": "", "read_replicas": 0}
 
 
 @pytest.mark.parametrize("serde", SERDES, ids=lambda s: s.name)

@@ -123,7 +123,7 @@ async def test_the_brokers_typed_admin_calls_answer_local_callers_in_the_plain_f
         "group": "billing", "max_attempts": 0, "retry_backoff_s": [], "consume_mode": "clustering", "fifo": False}
     assert nameservers.asked == [
         ("MetaCreateTopic", {"topic": "jobs", "queues": 3, "message_type": "normal", "storage_class": "raft",
-                             "retention_s": -1, "local_retention_s": -1, "request_id": ""}),
+                             "retention_s": -1, "local_retention_s": -1, "request_id": "", "read_replicas": 0}),
         ("MetaListTopics", {}), ("MetaListTopics", {}), ("MetaConsumerGroups", {"group": "billing"})]
     with pytest.raises(RocketError) as refused:
         await dispatcher.local("CreateTopic", {"queues": 3})

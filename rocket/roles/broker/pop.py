@@ -81,12 +81,13 @@ class PopConsumption:
             await self._wait_for_data(route, {entry["queue"]: entry["offset"] for entry in response["cursors"]}, left_s)
 
     async def _wait_for_data(self, route: Route, positions: dict[int, int], wait_s: float) -> None:
-        """Long-poll every group at once, reading nothing; return when one of them has data, or after wait_s. A
-        group that fails the poll ends the wait too: the caller pops again, and that reports the failure. (A pop
-        that waits itself would hand out messages even when its answer is dropped, as a cancelled one's is.)"""
+        """Long-poll every group at once, reading nothing, on a replica in sync or read replica (Routes.replica_read);
+        return when one of them has data, or after wait_s. A group that fails the poll ends the wait too: the caller
+        pops again, and that reports the failure. (A pop that waits itself would hand out messages even when its
+        answer is dropped, as a cancelled one's is.)"""
         async def wait_on(group: int, queues: list[int], done: trio.CancelScope) -> None:
             try:
-                await self.routes.storage(route, group, "StorageRead", {
+                await self.routes.replica_read(route, group, {
                     "group": group, "topic": route.spec.name, "wait_ms": int(wait_s * 1000), "max_bytes": 0,
                     "at_least_one": False, "any_replica": False, "follower_ok": False, "tag_mask": -1,
                     "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},

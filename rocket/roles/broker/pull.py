@@ -15,7 +15,6 @@ from rocket.errors import Code, RocketError
 from rocket.filter import Filter, SqlFilter, compile_filter
 from rocket.model import ID_PROPERTY, KEYS_PROPERTY, Message, ReadBudget
 from rocket.roles.broker.routes import Route, Routes
-from rocket.roles.peers import RETRYABLE, Peers
 from rocket.serde import batch as batch_codec
 
 log = logging.getLogger("rocket.broker")
@@ -56,11 +55,9 @@ class Filters:
 
 
 class Pull:
-    def __init__(self, routes: Routes, peers: Peers, filters: Filters):
+    def __init__(self, routes: Routes, filters: Filters):
         self.routes = routes
-        self.peers = peers
         self.filters = filters
-        self._read_turns: dict[int, int] = {}  # storage group -> which replica reads next
 
     async def _pull_positions(self, request: dict) -> tuple[Route, dict[int, int]]:
         route = await self.routes.route(request["topic"])
@@ -69,26 +66,10 @@ class Pull:
             raise RocketError(Code.BAD_REQUEST, "pull needs at least one queue")
         return route, positions
 
-    async def _replica_read(self, route: Route, group: int, request: dict) -> dict:
-        """A read spread over the group's replicas: a follower in sync answers as a read replica; one
-        that is not (or is gone) sends the read to the leader."""
-        voters = sorted(route.voters.get(group, ()))
-        if voters:
-            turn = self._read_turns[group] = self._read_turns.get(group, -1) + 1
-            address = self.routes.address_of(voters[turn % len(voters)])
-            if address is not None:
-                try:
-                    return await self.peers.call(address, "StorageRead", {**request, "follower_ok": True},
-                                                 limits.storage_call_s_max)
-                except RocketError as error:  # OFFSET_OUT_OF_RANGE: the replica has not caught up to there yet
-                    if error.code not in RETRYABLE and error.code != Code.OFFSET_OUT_OF_RANGE:
-                        raise
-        return await self.routes.storage(route, group, "StorageRead", request)
-
     async def _read(self, route: Route, positions: dict[int, int], max_bytes: int, replicas: bool = True,
                     tag_mask: int = -1) -> dict:
         """Read group after group with what is left of the byte budget, so a response fits a frame;
-        from any replica in sync, or from the leaders alone."""
+        from any replica in sync or read replica (Routes.replica_read), or from the leaders alone."""
         batches: list[dict] = []
         next_offsets: list[dict] = []
         budget = ReadBudget(max_bytes)
@@ -101,7 +82,7 @@ class Pull:
                        "wait_ms": 0, "at_least_one": budget.first, "any_replica": False, "follower_ok": False,
                        "tag_mask": tag_mask}
             if replicas:
-                response = await self._replica_read(route, group, request)
+                response = await self.routes.replica_read(route, group, request)
             else:
                 response = await self.routes.storage(route, group, "StorageRead", request)
             batches.extend(response["batches"])
@@ -112,10 +93,10 @@ class Pull:
 
     async def _long_poll(self, route: Route, positions: dict[int, int], max_bytes: int, tag_mask: int,
                          wait_s: float) -> dict:
-        """One storage call per group, to its leader, all at once: each reads, waits up to wait_s if it found
-        nothing, and reads again. The first group that answers with batches ends the others' waits; the answer
-        is its batches (within max_bytes), with every other queue where it was or where its group's read
-        skipped to. A group that fails ends the wait too: the caller's next read reports the failure."""
+        """One storage call per group, all at once, each to a replica in sync or read replica as Routes.replica_read
+        chooses (else the leader): each reads, waits up to wait_s if it found nothing, and reads again. The first
+        group that answers with batches ends the others' waits; the answer is its batches (within max_bytes), with
+        every other queue where it was or where its group's read skipped to. A group that fails ends the wait too: the caller's next read reports the failure."""
         answers: list[dict] = []
         found: list[dict] = []
         # (Rounded up: the last fraction of a millisecond, rounded down to 0, made the pull loop read without waiting
@@ -123,7 +104,7 @@ class Pull:
 
         async def poll(group: int, queues: list[int], done: trio.CancelScope) -> None:
             try:
-                answer = await self.routes.storage(route, group, "StorageRead", {
+                answer = await self.routes.replica_read(route, group, {
                     "group": group, "topic": route.spec.name, "wait_ms": math.ceil(wait_s * 1000), "max_bytes": max_bytes,
                     "at_least_one": True, "any_replica": False, "follower_ok": False, "tag_mask": tag_mask,
                     "queues": [{"queue": queue, "offset": positions[queue]} for queue in queues]},

@@ -36,7 +36,7 @@ class Broker:
         settings = GroupSettings(peers)
         self.admin = Admin(self.routes, peers, roles, settings)
         self.producer = Produce(self.routes, turns, world.random)
-        self.pull = Pull(self.routes, peers, filters)
+        self.pull = Pull(self.routes, filters)
         self.pop = PopConsumption(self.routes, clock, turns, filters, settings)
         self.groups = ConsumerGroups(self.routes, settings)
         self.kv = KeyValues(self.routes, peers)

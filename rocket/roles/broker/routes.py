@@ -32,6 +32,7 @@ class Route:
     queue_groups: list[int]
     voters: dict[int, tuple[int, ...]]
     fetched_at: float
+    readers: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # group -> its read replicas
 
 
 # What a forwarded call left unanswered past its deadline meets (_sweep_forwarded): unlike a TIMEOUT the storage node
@@ -121,6 +122,8 @@ class Routes(Background):
         self._silent: dict[int, float] = {}
         self._addresses: dict[int, Address] = {}
         self._forwarded = Deadlines()  # storage calls forwarded without a task (_forward_parked)
+        self._reading: dict[int, int] = {}  # storage node -> this broker's reads out to it (replica_read)
+        self._read_turns: dict[int, int] = {}  # storage group -> which replica comes first among the least loaded
         self._sweeping = False
 
     @property
@@ -166,13 +169,15 @@ class Routes(Background):
                 return route
             for node in response["nodes"]:
                 self._addresses[node["id"]] = Address.parse(node["address"])
-            voters = {}
+            voters, readers = {}, {}
             for group in response["groups"]:
                 voters[group["id"]] = tuple(group["voters"])
+                if group["readers"]:
+                    readers[group["id"]] = tuple(group["readers"])
                 if group["leader"] and (refresh or group["id"] not in self._leaders):
                     self._leaders[group["id"]] = group["leader"]
             spec = TopicSpec.from_wire(response["topic"])
-            route = Route(spec, response["version"], response["queue_groups"], voters, trio.current_time())
+            route = Route(spec, response["version"], response["queue_groups"], voters, trio.current_time(), readers)
             self._routes[topic] = route
         return route
 
@@ -353,6 +358,30 @@ class Routes(Background):
             self._silent[node] = self.clock.now_s()  # keyed by the cluster's storage nodes: bounded
         elif self._silent:
             self._silent.pop(node, None)
+
+    async def replica_read(self, route: Route, group: int, request: dict,
+                           timeout_s: float = limits.storage_call_s_max) -> dict:
+        """A StorageRead (a read, or a long poll that waits for data) spread over the group's voters and read
+        replicas by load: the one with the fewest of this broker's reads out answers it (among equals, each in turn),
+        as a follower if it is in sync. A follower applies committed entries only, and reads from the offset asked,
+        so no reader sees an uncommitted message or an offset go backwards. One that is not in sync, has not reached
+        the offset yet, or is gone sends the read to the leader (storage)."""
+        replicas = route.voters.get(group, ()) + route.readers.get(group, ())
+        turn = self._read_turns[group] = (self._read_turns.get(group, -1) + 1) % max(1, len(replicas))
+        node = min(replicas[turn:] + replicas[:turn], default=0,
+                   key=lambda replica: (self.is_silent(replica), self._reading.get(replica, 0)))
+        address = self._addresses.get(node)
+        if address is not None and not self.is_silent(node):
+            self._reading[node] = self._reading.get(node, 0) + 1
+            try:
+                return await self._call_storage(node, address, "StorageRead", {**request, "follower_ok": True},
+                                                timeout_s)
+            except RocketError as error:  # OFFSET_OUT_OF_RANGE: the replica has not caught up to there yet
+                if error.code not in RETRYABLE and error.code != Code.OFFSET_OUT_OF_RANGE:
+                    raise
+            finally:
+                self._reading[node] -= 1
+        return await self.storage(route, group, "StorageRead", request, timeout_s)
 
     async def storage(self, route: Route, group: int, method: str, request: dict,
                        timeout_s: float = limits.storage_call_s_max, at_most_once: bool = False) -> dict:

@@ -58,13 +58,15 @@ def apply_json(entries, command: Callable[[dict], Any]) -> list:
 @dataclasses.dataclass(slots=True)
 class Members:
     """A storage group's replicas. While a replica moves, the new one is a learner and `leaving`
-    names the one it replaces (0 when it only adds). A controller-mode group has `control`."""
+    names the one it replaces (0 when it only adds). `readers` are learners that stay: read replicas of its topics
+    (issue 53). A controller-mode group has `control`."""
 
     voters: tuple[int, ...]
     learners: tuple[int, ...] = ()
     leaving: int = 0
     storage_class: str = DEFAULT_CLASS
     control: Control | None = None
+    readers: tuple[int, ...] = ()
 
     def electable(self) -> tuple[int, ...]:
         """The replicas a controller may elect or keep in the SyncStateSet: during a move, the new one too (once it
@@ -238,7 +240,8 @@ class Metadata:
                                           local_retention_s=command.get("local_retention_s", -1.0),
                                           history=command.get("history", 1),
                                           ttl_ms=command.get("ttl_ms", 0), queue_groups=queue_groups,
-                                          storage_class=storage_class)
+                                          storage_class=storage_class,
+                                          read_replicas=command.get("read_replicas", 0))
             self.tombstones.pop(name, None)
             self._remember(command.get("request_id", ""), "topic", name)
         elif operation == "create_groups":  # more storage nodes joined: more groups for new queues
@@ -259,8 +262,9 @@ class Metadata:
             self.tombstones.pop(command["name"], None)
         elif operation == "update_topic":
             spec = self.topic(command["name"])
-            self.topics[spec.name] = dataclasses.replace(spec, retention_s=command["retention_s"],
-                                                         local_retention_s=command["local_retention_s"])
+            self.topics[spec.name] = dataclasses.replace(
+                spec, retention_s=command["retention_s"], local_retention_s=command["local_retention_s"],
+                read_replicas=command.get("read_replicas", spec.read_replicas))
         elif operation == "add_queues":
             spec = self.topic(command["name"])
             self._not_moving(spec.name, "given queues")
@@ -285,7 +289,7 @@ class Metadata:
             self._registered(command["node"]).degraded_for = command["degraded_for"]
         elif operation == "move_start":
             members = self.groups.get(command["group"])
-            if members is None or members.learners or command["add"] in members.voters:
+            if members is None or members.learners or command["add"] in self.members_of(command["group"]):
                 raise RocketError(Code.UNAVAILABLE, f"group {command['group']} cannot start that move now")
             self.groups[command["group"]] = dataclasses.replace(members, learners=(command["add"],),
                                                                 leaving=command["remove"])
@@ -298,6 +302,17 @@ class Metadata:
                                   "SyncStateSet; retry")
             voters = tuple(sorted((set(members.voters) - {members.leaving}) | set(members.learners)))
             self.groups[command["group"]] = dataclasses.replace(members, voters=voters, learners=(), leaving=0)
+        elif operation == "reader_add":
+            members = self.groups.get(command["group"])
+            if members is None or command["node"] in self.members_of(command["group"]):
+                raise RocketError(Code.UNAVAILABLE, f"group {command['group']} cannot take node {command['node']} "
+                                  "as a read replica now")
+            self.groups[command["group"]] = dataclasses.replace(members, readers=members.readers + (command["node"],))
+        elif operation == "reader_remove":
+            members = self.groups.get(command["group"])
+            if members is not None:
+                self.groups[command["group"]] = dataclasses.replace(
+                    members, readers=tuple(node for node in members.readers if node != command["node"]))
         elif operation == "create_class":
             result = self._create_class(command)
         elif operation == "elect_master":
@@ -539,11 +554,13 @@ class Metadata:
         return [orjson.dumps({
             "version": self.version,
             "topics": [[s.name, s.queues, s.created_ms, list(s.groups), s.message_type, s.retention_s,
-                        s.local_retention_s, s.history, s.ttl_ms, list(s.queue_groups), s.storage_class]
+                        s.local_retention_s, s.history, s.ttl_ms, list(s.queue_groups), s.storage_class,
+                        s.read_replicas]
                        for s in self.topics.values()],
             "groups": [[group, list(m.voters), list(m.learners), m.leaving, m.storage_class,
                         None if m.control is None else [m.control.master, m.control.master_epoch,
-                                                        list(m.control.sync_state_set), m.control.sync_state_set_epoch]]
+                                                        list(m.control.sync_state_set), m.control.sync_state_set_epoch],
+                        list(m.readers)]
                        for group, m in self.groups.items()],
             "nodes": [dataclasses.asdict(node) for node in self.nodes.values()],
             "classes": [dataclasses.asdict(storage_class) for storage_class in self.classes.values()],
@@ -570,11 +587,13 @@ class Metadata:
         # Snapshots written before a field was added lack it: it takes its default.
         self.topics = {name: TopicSpec(name, queues, created, tuple(groups), *rest[:5],
                                        queue_groups=tuple(rest[5]) if len(rest) > 5 else (),
-                                       storage_class=rest[6] if len(rest) > 6 else DEFAULT_CLASS)
+                                       storage_class=rest[6] if len(rest) > 6 else DEFAULT_CLASS,
+                                       read_replicas=rest[7] if len(rest) > 7 else 0)
                        for name, queues, created, groups, *rest in state["topics"]}
         self.groups = {group: Members(tuple(voters), tuple(learners), leaving, rest[0] if rest else DEFAULT_CLASS,
                                       Control(rest[1][0], rest[1][1], tuple(rest[1][2]), rest[1][3])
-                                      if len(rest) > 1 and rest[1] is not None else None)
+                                      if len(rest) > 1 and rest[1] is not None else None,
+                                      tuple(rest[2]) if len(rest) > 2 else ())
                        for group, voters, learners, leaving, *rest in state["groups"]}
         self.classes = {entry["name"]: StorageClass(**entry) for entry in state.get("classes", ())}
         self.elections = list(state.get("elections", ()))
@@ -645,7 +664,17 @@ class Metadata:
                      [self.group_info(group, leaders) for group in groups], self.addresses(members))
 
     def members_of(self, group: int) -> tuple[int, ...]:
-        return self.groups[group].voters + self.groups[group].learners
+        members = self.groups[group]
+        return members.voters + members.learners + members.readers
+
+    def readers_wanted(self) -> dict[int, int]:
+        """The read replicas each group with any should keep: the most any topic with a queue in it asks for."""
+        wanted: dict[int, int] = {}
+        for spec in self.topics.values():
+            if spec.read_replicas:
+                for group in set(spec.queue_groups or spec.groups):
+                    wanted[group] = max(wanted.get(group, 0), spec.read_replicas)
+        return wanted
 
     def replicas(self, node: int) -> int:
         return sum(node in self.members_of(group) for group in self.groups)
@@ -658,8 +687,9 @@ class Metadata:
 
     def group_info(self, group: int, leaders: dict[int, int], lagging: list[ReplicaLag] | None = None) -> GroupInfo:
         members = self.groups[group]
-        info = GroupInfo(group, list(members.voters), list(members.learners), self.leader_of(group, leaders),
-                         lagging or [], members.storage_class)
+        info = GroupInfo(group, list(members.voters), list(members.learners + members.readers),
+                         self.leader_of(group, leaders), lagging or [], members.storage_class,
+                         readers=list(members.readers))
         control = members.control
         if control is not None:
             storage_class = self.classes[members.storage_class]

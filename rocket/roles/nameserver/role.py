@@ -30,6 +30,7 @@ from rocket.roles.nameserver.health import NodeHealthChecks
 from rocket.roles.nameserver.control import Control
 from rocket.roles.nameserver.metadata import DEFAULT_CLASS, META_GROUP, Metadata, exists
 from rocket.roles.nameserver.queues import QueuePlacement
+from rocket.roles.nameserver.readers import ReadReplicas, check_read_replicas
 from rocket.roles.nameserver.remote_controller import RemoteController
 from rocket.roles.peers import RETRYABLE, Peers
 from rocket.serde.typed import NodeLoad as LoadReport
@@ -79,6 +80,8 @@ class Nameserver:
         self.health = NodeHealthChecks(self.meta, config, clock, objects, self)
         self.deletes = TopicDeletes(self.meta, clock, self.call_group_leader)
         self.class_moves = ClassMoves(self.meta, self.queue_placement, self.call_group_leader)
+        self.readers = ReadReplicas(self.meta, self.metadata, self.placement, self.loads, self.leaving,
+                                    self._change_members)
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.handle_typed("NodeHeartbeat", self.node_heartbeat)
@@ -130,6 +133,7 @@ class Nameserver:
                 await sleep_periodic(limits.node_heartbeat_s)
                 if not self.leads():
                     self.health.forget_window()
+                    self.readers.forget()
                     await self.forecasts.share()  # what it recorded while it led, for the new leader
                     continue
                 try:
@@ -137,6 +141,7 @@ class Nameserver:
                     await self.controller.hand_over_from(self.unfit_master)
                     await self._grow_pool()
                     await self._plan_moves(nursery)
+                    self.readers.start(nursery, self.moving)
                     await self.queue_placement.balance_leaders()
                     await self.forecasts.share()
                 except RocketError as error:
@@ -245,7 +250,7 @@ class Nameserver:
                 leaving = [voter for voter in members.voters if self.leaving(voter)]
                 if not leaving:
                     continue
-                loads = [load for load in self.loads() if load.node not in members.voters]
+                loads = [load for load in self.loads() if load.node not in self.metadata.members_of(group)]
                 if not any(load.available for load in loads):
                     continue  # nowhere to go: the group stays short of a replica until a node comes
                 target = self.placement.place(1, 1, loads)[0][0]
@@ -261,8 +266,8 @@ class Nameserver:
         if high.replicas - low.replicas <= 1:
             return
         for group, members in self.metadata.groups.items():
-            if (high.node in members.voters and low.node not in members.voters and not members.learners
-                    and members.control is None):
+            if (high.node in members.voters and low.node not in self.metadata.members_of(group)
+                    and not members.learners and members.control is None):
                 await self._propose({"op": "move_start", "group": group, "add": low.node, "remove": high.node})
                 self._start_move(nursery, group)
                 return
@@ -361,6 +366,7 @@ class Nameserver:
         check_retention_s("retention_s", request.retention_s)
         check_retention_s("local_retention_s", request.local_retention_s)
         check_request_id(request.request_id)
+        check_read_replicas(self.metadata, request.storage_class, request.read_replicas)
         if not 1 <= request.queues <= limits.queues_per_topic_max:
             raise RocketError(Code.BAD_REQUEST, f"queues must be 1..{limits.queues_per_topic_max}, "
                               f"got {request.queues}")
@@ -432,7 +438,7 @@ class Nameserver:
                        "queue_groups": queue_groups, "storage_class": storage_class,
                        "history": history, "ttl_ms": ttl_ms, "retention_s": float(request.retention_s),
                        "local_retention_s": float(request.local_retention_s), "request_id": request.request_id,
-                       "reopened": reopened}
+                       "reopened": reopened, "read_replicas": request.read_replicas}
             await self._propose(command)
         return topic_info(self.metadata.topic(name))
 
@@ -466,8 +472,9 @@ class Nameserver:
                  ", ".join(str(group["id"]) for group in new_groups))
 
     async def update_topic(self, request: UpdateTopicRequest) -> TopicInfo:
-        """Change a topic's retention settings in whole seconds, add queues (-2 leaves one as it is), or start its
-        move to another storage class (class_moves.py; the answer names the class it is in until it moved)."""
+        """Change a topic's retention settings in whole seconds or its read replicas, add queues (-2 leaves one as it
+        is), or start its move to another storage class (class_moves.py; the answer names the class it is in until it
+        moved). Read replicas are added and removed after the answer (readers.py), within a few heartbeats."""
         check_user_topic_name(request.topic)
         for field, value in (("retention_s", request.retention_s), ("local_retention_s", request.local_retention_s)):
             if value != -2:
@@ -480,12 +487,15 @@ class Nameserver:
         if adding:
             async with self.creating:  # placed one at a time, as creations are
                 await self.queue_placement.add_queues(self.metadata.topic(spec.name), request.queues)
-        if not adding and not request.storage_class or request.retention_s != -2 or request.local_retention_s != -2:
+        if (not adding and not request.storage_class or request.retention_s != -2 or request.local_retention_s != -2
+                or request.read_replicas != -2):
             spec = self.metadata.topic(spec.name)
             retention_s = spec.retention_s if request.retention_s == -2 else request.retention_s
             local_s = spec.local_retention_s if request.local_retention_s == -2 else request.local_retention_s
+            readers = spec.read_replicas if request.read_replicas == -2 else request.read_replicas
+            check_read_replicas(self.metadata, spec.storage_class, readers)
             await self._propose({"op": "update_topic", "name": spec.name, "retention_s": float(retention_s),
-                                 "local_retention_s": float(local_s)})
+                                 "local_retention_s": float(local_s), "read_replicas": readers})
         if request.storage_class:
             async with self.creating:  # placed one at a time, as creations are
                 await self.class_moves.start(self.metadata.topic(spec.name), request.storage_class)
