@@ -1,6 +1,6 @@
-"""Read replicas (issue 53) with real `rocket run` processes on 127.0.0.1: three all-role nodes, a topic on them given
-two read replicas per group with the CLI, which go to the two storage-only nodes that join next; writers and a tailing consumer (long polls) running
-while both read replicas are killed with SIGKILL and restarted. The consumer sees every acknowledged message, each
+"""Read replicas (issue 53) with real `rocket run` processes on 127.0.0.1: three all-role nodes, a topic on them
+given two read replicas per group with the CLI, which go to the two storage-only nodes that join next; writers and a
+tailing consumer (long polls) running while both read replicas are killed with SIGKILL and restarted. The consumer sees every acknowledged message, each
 queue's offsets one after another (none before it was committed, none going backwards), and the read replicas served
 reads (their /metrics). Node logs are in the test's tmp_path."""
 
