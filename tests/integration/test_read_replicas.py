@@ -1,6 +1,6 @@
 """Read replicas (issue 53) with real `rocket run` processes on 127.0.0.1: three all-role nodes, a topic on them
-given two read replicas per group with the CLI, which go to the two storage-only nodes that join next; writers and a
-tailing consumer (long polls) running while both read replicas are killed with SIGKILL and restarted. The consumer sees every acknowledged message, each
+given two read replicas per group with the CLI, placed once two storage-only nodes join; writers, a tailing consumer
+(long polls) and a pop consumer running while each read replica's node in turn is killed with SIGKILL and restarted. The consumer sees every acknowledged message, each
 queue's offsets one after another (none before it was committed, none going backwards), and the read replicas served
 reads (their /metrics). Node logs are in the test's tmp_path."""
 
@@ -17,6 +17,8 @@ import trio
 
 from rocket.client import connect
 from rocket.client.consumer import Consumer
+from rocket.client.simple import SimpleConsumer
+from rocket.errors import Code, RocketError
 from rocket.transport.listen import free_ports
 from tests.integration.test_cluster import (ROOT, SEQ_SPAN, Node, Writers, cluster_status, running,
                                            verify_acknowledged)
@@ -55,7 +57,7 @@ def rocket_cli(*arguments: str) -> str:
 async def readers_of(servers: list[str], want: int, timeout_s: float) -> dict[int, list[int]]:
     """Wait until every group of the topic holds want read replicas, each within 200 entries of its leader; group ->
     readers."""
-    async with connect(servers[0]) as channel:
+    async with connect(",".join(servers)) as channel:
         route = await channel.call("GetRoute", {"topic": "orders"})
     groups = set(route["queue_groups"])
     with trio.fail_after(timeout_s):
@@ -67,6 +69,10 @@ async def readers_of(servers: list[str], want: int, timeout_s: float) -> dict[in
                     for group in mine):
                 return {group["id"]: group["readers"] for group in mine}
             await trio.sleep(0.3)
+
+
+def acknowledged(writers: Writers) -> set[tuple[int, int]]:
+    return {(ack.queue, ack.base_offset + index) for ack in writers.acks for index in range(len(ack.seqs))}
 
 
 def test_read_replicas_serve_tail_reads_through_kills(tmp_path):
@@ -85,17 +91,17 @@ def test_read_replicas_serve_tail_reads_through_kills(tmp_path):
             nodes[node].start()
         readers = trio.run(readers_of, servers, 2, 60)
         readers_nodes = sorted({node for group in readers.values() for node in group})
-        assert readers_nodes == [4, 5], readers
         status = rocket_cli("cluster", "status", "--groups", "--server", servers[1])
         assert "readers" in status, status
 
-        async def scenario() -> tuple[dict, dict[int, list[int]]]:
+        async def scenario() -> tuple[dict, dict[int, list[int]], set[tuple[int, int]], Writers]:
             writers = Writers({node: nodes[node].server for node in (1, 2, 3)})
             offsets: dict[int, list[int]] = collections.defaultdict(list)
-            tail_done = trio.Event()
+            popped: set[tuple[int, int]] = set()
+            tail_done, popped_all = trio.Event(), trio.Event()
 
             async def tail() -> None:
-                async with connect(servers[0]) as channel:
+                async with connect(",".join(servers)) as channel:
                     consumer = Consumer(channel, "orders", "tail", start="earliest", wait_ms=500)
                     await consumer.open()
                     idle = 0
@@ -106,32 +112,48 @@ def test_read_replicas_serve_tail_reads_through_kills(tmp_path):
                             offsets[message.queue].append(message.offset)
                 tail_done.set()
 
+            async def pop() -> None:
+                """A pop (simple) consumer, whose waits for new messages the replicas and read replicas serve."""
+                async with connect(",".join(servers)) as channel:
+                    receiver = SimpleConsumer(channel, "orders", "popper", invisible_s=60)
+                    while not (writers.done == QUEUES and acknowledged(writers) <= popped):
+                        messages = await receiver.receive(512, wait_s=1)
+                        popped.update((message.queue, message.offset) for message in messages)
+                        try:
+                            await receiver.ack(*messages)
+                        except RocketError as error:
+                            if error.code != Code.NOT_FOUND:
+                                raise
+                popped_all.set()
+
             async with trio.open_nursery() as nursery:
                 for queue in range(QUEUES):
                     nursery.start_soon(writers.write, queue, queue)
                 nursery.start_soon(tail)
+                nursery.start_soon(pop)
                 await trio.sleep(4)
-                for node in readers_nodes:  # both read replicas at once, under reads
+                for node in readers_nodes:  # under reads; one at a time, so that every group keeps a quorum
                     nodes[node].kill()
-                await trio.sleep(4)
-                for node in readers_nodes:
+                    await trio.sleep(3)
                     nodes[node].start()
-                for node in readers_nodes:
                     await nodes[node].wait_ready()
-                await readers_of(servers, 2, 60)
+                    await readers_of(servers, 2, 60)
                 await trio.sleep(4)  # reads on the restarted read replicas
                 writers.stop.set()
                 with trio.fail_after(120):
                     await tail_done.wait()
-            return await verify_acknowledged(writers, servers[2], tmp_path), offsets
+                with trio.fail_after(120):
+                    await popped_all.wait()
+            return await verify_acknowledged(writers, servers[2], tmp_path), offsets, popped, writers
 
-        report, offsets = trio.run(scenario)
+        report, offsets, popped, writers = trio.run(scenario)
         assert report["acknowledged"] > 0
         for queue in range(QUEUES):
             seen = offsets[queue]
             assert seen == list(range(len(seen))), f"queue {queue}: the tail consumer saw offsets out of order"
             acked = {seq for seq in report["acked"] if seq // SEQ_SPAN == queue}
             assert len(seen) >= len(acked), f"queue {queue}: tailed {len(seen)} of {len(acked)} acknowledged"
+        assert acknowledged(writers) <= popped  # the pop consumer ran until it had them all
         served = {node: nodes[node].read_messages("orders") for node in readers_nodes}  # since its restart
         print(f"read replicas {readers}; messages each served to reads since its restart {served}; "
               f"{report['acknowledged']} acknowledged, {report['duplicates']} duplicates", flush=True)
