@@ -18,7 +18,7 @@ from rocket.model import Address, parse_duration_s
 
 ROLES = ("nameserver", "storage", "broker", "controller")
 ALL_ROLES = ROLES[:3]  # "all": a node of the cluster in one process; the standalone controller runs on its own nodes
-TIER_BACKENDS = ("local", "s3", "off")
+TIER_BACKENDS = ("local", "s3", "azure", "gcs", "off")
 TLS_MODES = ("enforcing", "permissive")  # RocketMQ's TlsMode, without its "disabled": no tls_cert is that
 TIER_READ_MODES = ("not_in_disk", "force")  # RocketMQ's tieredStorageLevel: tier only what is not local, or always
 
@@ -109,8 +109,8 @@ class NodeConfig:
     transaction_checks_max: int = ranged(15, 1, limits.checks_config_max)
     # RocketMQ 5 clients (the gRPC API): deliveries before a message goes to the dead-letter queue.
     rocketmq_max_attempts: int = ranged(limits.pop_attempts_default, 1, limits.checks_config_max)
-    # Tiered storage: where pieces go (a local directory, default data_dir/tier; or S3), default retentions
-    # (0 = for ever) a topic's own settings override, where reads of offloaded data go, and the piece size.
+    # Tiered storage: where pieces go (a local directory, default data_dir/tier; S3, Azure Blob or GCS), default
+    # retentions (0 = for ever) a topic's own settings override, where reads of offloaded data go, and the piece size.
     tier_backend: str = "local"
     tier_directory: Path | None = None
     tier_s3_endpoint: str = ""
@@ -118,6 +118,13 @@ class NodeConfig:
     tier_s3_region: str = "us-east-1"
     tier_s3_prefix: str = ""
     tier_s3_path_style: bool = True
+    tier_azure_container: str = ""  # credentials: AZURE_STORAGE_CONNECTION_STRING, else the URL (with a SAS) ...
+    tier_azure_account_url: str = ""  # ... and AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY
+    tier_azure_prefix: str = ""
+    tier_gcs_bucket: str = ""
+    tier_gcs_endpoint: str = ""  # empty: Google's; given (an emulator), no credentials unless a service file
+    tier_gcs_service_file: str = ""  # a service account's JSON key; empty: GOOGLE_APPLICATION_CREDENTIALS, metadata
+    tier_gcs_prefix: str = ""
     tier_retention_s: float = 0.0
     tier_local_retention_s: float = limits.tier_local_retention_s_default
     tier_read_mode: str = "not_in_disk"
@@ -272,9 +279,12 @@ def _convert(key: str, value: object) -> object:
         return path
     if key == "tier_directory":
         return Path(str(value)) if str(value).strip() else None
-    if key in ("tier_s3_bucket", "tier_s3_region", "tier_s3_prefix"):
-        return str(value).strip().strip("/") if key == "tier_s3_prefix" else str(value).strip()
-    if key == "tier_s3_endpoint":
+    if key in ("tier_s3_bucket", "tier_s3_region", "tier_azure_container", "tier_gcs_bucket",
+               "tier_gcs_service_file"):
+        return str(value).strip()
+    if key in ("tier_s3_prefix", "tier_azure_prefix", "tier_gcs_prefix"):
+        return str(value).strip().strip("/")
+    if key in ("tier_s3_endpoint", "tier_azure_account_url", "tier_gcs_endpoint"):
         text = str(value).strip()
         if text and not text.startswith(("http://", "https://")):
             raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
@@ -357,6 +367,14 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
                           "one of them")
     if config.tier_backend == "s3" and not config.tier_s3_bucket:
         raise ConfigError("tier_s3_bucket: the s3 tier backend needs a bucket")
+    if config.tier_backend == "azure" and not config.tier_azure_container:
+        raise ConfigError("tier_azure_container: the azure tier backend needs a container")
+    if config.tier_backend == "azure" and not (config.tier_azure_account_url
+                                                or os.environ.get("AZURE_STORAGE_CONNECTION_STRING")):
+        raise ConfigError("tier_azure_account_url: the azure tier backend needs the account's URL, or "
+                          "AZURE_STORAGE_CONNECTION_STRING in the environment")
+    if config.tier_backend == "gcs" and not config.tier_gcs_bucket:
+        raise ConfigError("tier_gcs_bucket: the gcs tier backend needs a bucket")
     if config.auth and not config.cluster_secret:
         raise ConfigError("auth: needs cluster_secret, the key user secrets are sealed under (the same on every node)")
     _check_tls(config)

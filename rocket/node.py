@@ -26,7 +26,7 @@ from rocket import limits
 from rocket.access import Access, cluster_key
 from rocket.quotas import Quotas
 from rocket.clock import Clock
-from rocket.config import NodeConfig
+from rocket.config import ConfigError, NodeConfig
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.gateway.console import Console
 from rocket.gateway.remoting import RemotingGateway, looks_like_remoting
@@ -166,12 +166,40 @@ async def open_tier(config: NodeConfig):
     else:
         import trio_asyncio
 
-        from rocket.tier.s3 import open_s3_store
-
         async with trio_asyncio.open_loop():
-            async with open_s3_store(config.tier_s3_bucket, endpoint_url=config.tier_s3_endpoint or None,
-                                     region=config.tier_s3_region, path_style=config.tier_s3_path_style) as store:
-                yield store  # tier_s3_prefix starts the keys of pieces (see rocket/serde/piece.py)
+            async with _open_remote_tier(config) as store:
+                yield store
+
+
+def _open_remote_tier(config: NodeConfig):
+    """The remote object store config.tier_backend names. tier_s3_prefix starts the keys of S3's pieces (see
+    rocket/serde/piece.py); the Azure and GCS stores add their prefix to every key themselves. Azure and GCS need
+    their extras (pip install 'rocket[azure]', 'rocket[gcs]')."""
+    try:
+        if config.tier_backend == "azure":
+            from rocket.tier.azure import open_azure_store
+            connection_string = os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
+            account, key = os.environ.get("AZURE_STORAGE_ACCOUNT"), os.environ.get("AZURE_STORAGE_KEY")
+            credential = {"account_name": account, "account_key": key} if account and key else None
+            return open_azure_store(config.tier_azure_container, connection_string=connection_string,
+                                    account_url=None if connection_string else config.tier_azure_account_url,
+                                    credential=credential, prefix=_slashed(config.tier_azure_prefix))
+        if config.tier_backend == "gcs":
+            from rocket.tier.gcs import open_gcs_store
+            return open_gcs_store(config.tier_gcs_bucket, endpoint_url=config.tier_gcs_endpoint or None,
+                                  service_file=config.tier_gcs_service_file or None,
+                                  anonymous=bool(config.tier_gcs_endpoint) and not config.tier_gcs_service_file,
+                                  prefix=_slashed(config.tier_gcs_prefix))
+    except ImportError as error:
+        raise ConfigError(f"tier_backend = {config.tier_backend} needs its client library: pip install "
+                          f"'rocket[{config.tier_backend}]' ({error})") from None
+    from rocket.tier.s3 import open_s3_store
+    return open_s3_store(config.tier_s3_bucket, endpoint_url=config.tier_s3_endpoint or None,
+                         region=config.tier_s3_region, path_style=config.tier_s3_path_style)
+
+
+def _slashed(prefix: str) -> str:
+    return prefix + "/" if prefix else ""
 
 
 async def run_node(config: NodeConfig, *, handle_signals: bool = True, pretouch_bytes: int = 0,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import random
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, nullcontext
@@ -27,6 +26,7 @@ from rocket.limits.tier import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_
                                 s3_connections_max, s3_list_page_keys, s3_read_timeout_s, s3_retry_s_max)
 from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
                                      list_objects_max)
+from rocket.tier.retries import Retries
 
 
 Result = TypeVar("Result")
@@ -73,23 +73,18 @@ class S3ObjectStore:
             check_prefix(prefix)
             if not prefix.endswith("/"):
                 raise RocketError(Code.CONFIG_INVALID, f"S3 key prefix {prefix!r} must end with '/'")
-        if not (attempts_max >= 1 and retry_s_max > 0 and 0 < backoff_s_min <= backoff_s_max
-                and 1 <= list_page_keys <= 1000):
-            raise RocketError(Code.CONFIG_INVALID, "S3 retry bounds must be positive, backoff_s_min <= "
-                                                   "backoff_s_max, and 1 <= list_page_keys <= 1000")
+        if not 1 <= list_page_keys <= 1000:
+            raise RocketError(Code.CONFIG_INVALID, "S3 list_page_keys must be 1..1000")
+        self.retries = Retries(f"S3 bucket {bucket!r}", self._classify, attempts_max=attempts_max,
+                               retry_s_max=retry_s_max, backoff_s_min=backoff_s_min, backoff_s_max=backoff_s_max)
         self._client = client
         self._loop = loop
         self.bucket = bucket
         self.prefix = prefix
-        self.attempts_max = attempts_max
-        self.retry_s_max = retry_s_max
-        self.backoff_s_min = backoff_s_min
-        self.backoff_s_max = backoff_s_max
         self.list_page_keys = list_page_keys
         # SSE-KMS and SSE-C objects have ETags that are not the MD5 of the data; Content-MD5, which S3
         # checks on upload, still protects puts when this is off.
         self.verify_etag = verify_etag
-        self._random = random.Random()
         self._close: Callable[[], Awaitable[None]] | None = None
         self._closed = False
 
@@ -215,46 +210,27 @@ class S3ObjectStore:
                 raise
 
     async def _call(self, operation: str, key: str, call: Callable[[], Awaitable[Result]]) -> Result:
-        """Run the asyncio coroutine function call on the loop, retrying transient failures within
-        attempts_max and retry_s_max; every failure leaves as RocketError."""
+        """Run the asyncio coroutine function call on the loop, retrying transient failures (Retries); every failure
+        leaves as RocketError."""
         if self._closed:
             raise RocketError(Code.UNAVAILABLE, f"S3 store for bucket {self.bucket!r} is closed "
                                                 f"({operation} {key!r})")
-        started = trio.current_time()
-        attempts = 0
-        problem = "no attempt finished"
-        with trio.move_on_at(started + self.retry_s_max) as deadline:
-            while attempts < self.attempts_max:
-                attempts += 1
-                try:
-                    return await trio_asyncio.aio_as_trio(call, loop=self._loop)()
-                except botocore.exceptions.ClientError as error:
-                    problem = self._classify(operation, key, error)
-                except TRANSIENT_EXCEPTIONS as error:
-                    problem = f"{type(error).__name__}: {error}"
-                except botocore.exceptions.BotoCoreError as error:
-                    # Credentials missing, bad configuration, parameters botocore refuses: not transient.
-                    raise RocketError(Code.UNAVAILABLE, f"S3 {operation} {key!r} in bucket {self.bucket!r}: "
-                                                        f"{type(error).__name__}: {error}") from None
-                if attempts < self.attempts_max:
-                    await trio.sleep(self._backoff_s(attempts))
-        if deadline.cancelled_caught:
-            problem = f"{problem}; out of time"
-        elapsed_s = trio.current_time() - started
-        raise RocketError(Code.UNAVAILABLE, f"S3 {operation} {key!r} in bucket {self.bucket!r} failed after "
-                                            f"{attempts} attempts in {elapsed_s:.1f}s: {problem}")
+        return await self.retries.run(operation, key, trio_asyncio.aio_as_trio(call, loop=self._loop))
 
-    def _backoff_s(self, attempts: int) -> float:
-        """Full jitter: uniform in [0, min(cap, base * 2^(attempts-1))], never below a tenth of base."""
-        ceiling = min(self.backoff_s_max, self.backoff_s_min * 2 ** (attempts - 1))
-        return max(self.backoff_s_min / 10, self._random.uniform(0, ceiling))
-
-    def _classify(self, operation: str, key: str, error: botocore.exceptions.ClientError) -> str:
+    def _classify(self, operation: str, key: str, error: BaseException) -> str | None:
         """A description of a transient error, to retry; raises RocketError for all others."""
+        if isinstance(error, TRANSIENT_EXCEPTIONS):
+            return f"{type(error).__name__}: {error}"
+        if isinstance(error, botocore.exceptions.BotoCoreError):
+            # Credentials missing, bad configuration, parameters botocore refuses: not transient.
+            raise RocketError(Code.UNAVAILABLE, f"{operation} {key!r} in S3 bucket {self.bucket!r}: "
+                                                f"{type(error).__name__}: {error}") from None
+        if not isinstance(error, botocore.exceptions.ClientError):
+            return None
         code = str(error.response.get("Error", {}).get("Code", ""))
         message = str(error.response.get("Error", {}).get("Message", "")) or code
         status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        where = f"S3 {operation} {key!r} in bucket {self.bucket!r}"
+        where = f"{operation} {key!r} in S3 bucket {self.bucket!r}"
         if status >= 500 or status == 429 or code in RETRYABLE_CODES:
             return f"HTTP {status} {code}: {message}"
         if code == "NoSuchBucket":
