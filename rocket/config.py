@@ -18,7 +18,7 @@ from rocket.model import Address, parse_duration_s
 
 ROLES = ("nameserver", "storage", "broker", "controller")
 ALL_ROLES = ROLES[:3]  # "all": a node of the cluster in one process; the standalone controller runs on its own nodes
-TIER_BACKENDS = ("local", "s3", "azure", "gcs", "off")
+TIER_BACKENDS = ("local", "s3", "azure", "gcs", "hdfs", "off")
 TLS_MODES = ("enforcing", "permissive")  # RocketMQ's TlsMode, without its "disabled": no tls_cert is that
 TIER_READ_MODES = ("not_in_disk", "force")  # RocketMQ's tieredStorageLevel: tier only what is not local, or always
 
@@ -125,6 +125,9 @@ class NodeConfig:
     tier_gcs_endpoint: str = ""  # empty: Google's; given (an emulator), no credentials unless a service file
     tier_gcs_service_file: str = ""  # a service account's JSON key; empty: GOOGLE_APPLICATION_CREDENTIALS, metadata
     tier_gcs_prefix: str = ""
+    tier_hdfs_url: str = ""  # the namenode's WebHDFS address, http://HOST:9870
+    tier_hdfs_root: str = "/rocket"  # the HDFS directory the pieces go under
+    tier_hdfs_user: str = ""  # sent as user.name (simple authentication); empty: the namenode's default
     tier_retention_s: float = 0.0
     tier_local_retention_s: float = limits.tier_local_retention_s_default
     tier_read_mode: str = "not_in_disk"
@@ -284,7 +287,12 @@ def _convert(key: str, value: object) -> object:
         return str(value).strip()
     if key in ("tier_s3_prefix", "tier_azure_prefix", "tier_gcs_prefix"):
         return str(value).strip().strip("/")
-    if key in ("tier_s3_endpoint", "tier_azure_account_url", "tier_gcs_endpoint"):
+    if key == "tier_hdfs_root":
+        text = "/" + str(value).strip().strip("/")
+        return text
+    if key == "tier_hdfs_user":
+        return str(value).strip()
+    if key in ("tier_s3_endpoint", "tier_azure_account_url", "tier_gcs_endpoint", "tier_hdfs_url"):
         text = str(value).strip()
         if text and not text.startswith(("http://", "https://")):
             raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
@@ -375,6 +383,8 @@ def load(config_file: Path | None, environment: dict[str, str], flags: dict[str,
                           "AZURE_STORAGE_CONNECTION_STRING in the environment")
     if config.tier_backend == "gcs" and not config.tier_gcs_bucket:
         raise ConfigError("tier_gcs_bucket: the gcs tier backend needs a bucket")
+    if config.tier_backend == "hdfs" and not config.tier_hdfs_url:
+        raise ConfigError("tier_hdfs_url: the hdfs tier backend needs the namenode's WebHDFS URL (http://HOST:9870)")
     if config.auth and not config.cluster_secret:
         raise ConfigError("auth: needs cluster_secret, the key user secrets are sealed under (the same on every node)")
     _check_tls(config)

@@ -173,8 +173,8 @@ async def open_tier(config: NodeConfig):
 
 def _open_remote_tier(config: NodeConfig):
     """The remote object store config.tier_backend names. tier_s3_prefix starts the keys of S3's pieces (see
-    rocket/serde/piece.py); the Azure and GCS stores add their prefix to every key themselves. Azure and GCS need
-    their extras (pip install 'rocket[azure]', 'rocket[gcs]')."""
+    rocket/serde/piece.py); the Azure and GCS stores add their prefix to every key themselves, and HDFS keeps them
+    under its root directory. Azure, GCS and HDFS need their extras (pip install 'rocket[azure]', and so on)."""
     try:
         if config.tier_backend == "azure":
             from rocket.tier.azure import open_azure_store
@@ -190,6 +190,9 @@ def _open_remote_tier(config: NodeConfig):
                                   service_file=config.tier_gcs_service_file or None,
                                   anonymous=bool(config.tier_gcs_endpoint) and not config.tier_gcs_service_file,
                                   prefix=_slashed(config.tier_gcs_prefix))
+        if config.tier_backend == "hdfs":
+            from rocket.tier.hdfs import open_hdfs_store
+            return open_hdfs_store(config.tier_hdfs_url, root=config.tier_hdfs_root, user=config.tier_hdfs_user or None)
     except ImportError as error:
         raise ConfigError(f"tier_backend = {config.tier_backend} needs its client library: pip install "
                           f"'rocket[{config.tier_backend}]' ({error})") from None

@@ -1,12 +1,12 @@
 """Tiered storage: the ObjectStore interface (objectstore.py) and its backends, a local directory (local.py), S3 and
-compatibles (s3.py), Azure Blob (azure.py) and GCS (gcs.py), the remote ones loaded only when named (their client
-libraries); cold.py reads offloaded pieces, with a cache (the offloader that writes them is roles/storage/offload.py)."""
+compatibles (s3.py), Azure Blob (azure.py), GCS (gcs.py) and HDFS (hdfs.py), the remote ones loaded when named;
+cold.py reads offloaded pieces, with a cache (the offloader that writes them is roles/storage/offload.py)."""
 
 from rocket.tier.local import LocalDirectoryStore
 from rocket.tier.objectstore import ObjectInfo, ObjectStore, check_key, check_prefix
 
 __all__ = ["LocalDirectoryStore", "ObjectInfo", "ObjectStore", "S3ObjectStore", "check_key", "check_prefix",
-           "open_s3_store", "azure", "cold", "gcs", "local", "objectstore", "s3"]
+           "open_s3_store", "azure", "cold", "gcs", "hdfs", "local", "objectstore", "s3"]
 
 
 def __getattr__(name: str):

@@ -1,7 +1,8 @@
 """Tiered storage end to end on the other remote backends: a real `rocket run` with `tier_backend = azure`
-(Azurite) or `gcs` (fake-gcs-server), both started here on 127.0.0.1, offloads many small pieces under a key prefix,
-drops local data once offloaded, and serves every message back byte for byte from the store, to pull and pop
-consumers, before and after a kill -9 and restart. (S3's own end-to-end tests are test_tier.py's.)"""
+(Azurite), `gcs` (fake-gcs-server) or `hdfs` (a WebHDFS server written to Hadoop's documentation), started here on
+127.0.0.1, offloads many small pieces under a key prefix, drops local data once offloaded, and serves every message
+back byte for byte from the store, to pull and pop consumers, before and after a kill -9 and restart. (S3's own
+end-to-end tests are test_tier.py's.)"""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ import pytest
 
 from rocket.tier.azure import open_azure_store
 from rocket.tier.gcs import open_gcs_store
+from rocket.tier.hdfs import open_hdfs_store
 from rocket.transport.listen import free_ports
 from tests.integration.azurite import Azurite
 from tests.integration.gcs_server import FakeGcsServer
+from tests.integration.webhdfs_server import WebHdfsServer
 from tests.integration.test_tier import (QUEUES, all_cold, consume_everything, expected, pop_everything, produce,
                                          setup_topic, wait_until)
 
 
-@pytest.mark.parametrize("backend", ["azure", "gcs"])
+@pytest.mark.parametrize("backend", ["azure", "gcs", "hdfs"])
 async def test_offload_and_consume_everything_cold_through_each_backend(backend, server_process, tmp_path,
                                                                         monkeypatch):
     name = f"tier-{uuid.uuid4().hex[:12]}"
@@ -28,6 +31,11 @@ async def test_offload_and_consume_everything_cold_through_each_backend(backend,
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", emulator.connection_string)
         settings = f'tier_azure_container = "{name}"\ntier_azure_prefix = "rocket"\n'
         store = open_azure_store(name, connection_string=emulator.connection_string, prefix="rocket/")
+    elif backend == "hdfs":
+        emulator = WebHdfsServer(tmp_path / "webhdfs", tmp_path / "webhdfs.log")
+        emulator.start()
+        settings = f'tier_hdfs_url = "{emulator.url}"\ntier_hdfs_root = "/{name}"\ntier_hdfs_user = "rocket"\n'
+        store = open_hdfs_store(emulator.url, root=f"/{name}", user="rocket")
     else:
         emulator = FakeGcsServer(free_ports(1)[0], tmp_path / "fake-gcs.log").start()
         emulator.create_bucket(name)

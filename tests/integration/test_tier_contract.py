@@ -1,7 +1,7 @@
 """The tier's ObjectStore contract, one suite run against every backend: the local directory, S3 (moto's server),
-Azure Blob (Azurite) and GCS (fake-gcs-server), each started here on 127.0.0.1 on a free port. Puts, ranged gets,
-listing (across pages where the backend pages), deletes, missing objects, overwrites, bad keys, a closed store. An
-emulator that is missing fails the suite under CI=true."""
+Azure Blob (Azurite), GCS (fake-gcs-server) and HDFS (a WebHDFS server written to Hadoop's documentation), each
+started here on 127.0.0.1 on a free port. Puts, ranged gets, listing (across pages where the backend pages), deletes,
+missing objects, overwrites, bad keys, a closed store. An emulator that is missing fails the suite under CI=true."""
 
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ from rocket.errors import Code, RocketError
 from rocket.tier import LocalDirectoryStore, ObjectInfo, ObjectStore
 from rocket.tier.azure import open_azure_store
 from rocket.tier.gcs import open_gcs_store
+from rocket.tier.hdfs import open_hdfs_store
 from rocket.transport.listen import free_ports
 from tests.integration.azurite import Azurite
 from tests.integration.gcs_server import FakeGcsServer
+from tests.integration.webhdfs_server import WebHdfsServer
 from tests.integration.test_tier_objectstore import moto, only_local_network, s3_store  # noqa: F401 (fixtures)
 
-BACKENDS = ["local", "s3", "azure", "gcs"]
+BACKENDS = ["local", "s3", "azure", "gcs", "hdfs"]
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,17 @@ def azurite(tmp_path_factory):
 def fake_gcs(tmp_path_factory):
     """One fake-gcs-server for the suite; each test gets its own bucket."""
     server = FakeGcsServer(free_ports(1)[0], tmp_path_factory.mktemp("gcs") / "fake-gcs.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def webhdfs(tmp_path_factory):
+    """One WebHDFS server (written to Hadoop's documentation: no HDFS can be installed here); each test gets its
+    own root directory."""
+    base = tmp_path_factory.mktemp("webhdfs")
+    server = WebHdfsServer(base, base / "webhdfs.log")
+    server.start()
     yield server
     server.stop()
 
@@ -59,10 +72,14 @@ async def store(request, tmp_path):
         container = server.create_container(f"tier-{uuid.uuid4().hex[:12]}")
         async with open_azure_store(container, connection_string=server.connection_string) as remote:
             yield remote
-    else:
+    elif request.param == "gcs":
         server = request.getfixturevalue("fake_gcs")
         bucket = server.create_bucket(f"tier-{uuid.uuid4().hex[:12]}")
         async with open_gcs_store(bucket, endpoint_url=server.endpoint, anonymous=True, list_page_keys=7) as remote:
+            yield remote
+    else:
+        server = request.getfixturevalue("webhdfs")
+        async with open_hdfs_store(server.url, root=f"/tier-{uuid.uuid4().hex[:12]}", user="rocket") as remote:
             yield remote
 
 
