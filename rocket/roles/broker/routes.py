@@ -172,7 +172,7 @@ class Routes(Background):
             voters, readers = {}, {}
             for group in response["groups"]:
                 voters[group["id"]] = tuple(group["voters"])
-                if group["readers"]:
+                if group.get("readers"):  # a route of an older nameserver, or a test's, has none
                     readers[group["id"]] = tuple(group["readers"])
                 if group["leader"] and (refresh or group["id"] not in self._leaders):
                     self._leaders[group["id"]] = group["leader"]
