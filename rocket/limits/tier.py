@@ -25,6 +25,7 @@ tier_topics_refresh_s = 5.0  # how often the offloader refreshes topic retention
 tier_retention_check_s = tier_topics_refresh_s  # the longest a queue's retentions wait to be looked at: they may change
 tier_backoff_s_max = 30.0  # after a failed upload a queue waits up to this long (doubling) before trying again
 tier_uploads_per_scan_max = 64  # pieces one scan uploads, so a backlog is worked off in bounded steps
+tier_uploads_parallel = 8  # queues a leader uploads pieces of at once (each queue's in order): the store's bandwidth
 tier_pieces_per_queue_max = 1_000_000  # manifest entries of one queue kept in memory and in every snapshot
 retention_s_max = 100 * 365 * 86_400  # a retention longer than a century is a typo
 cold_cache_bytes_max = 64 * MiB  # fetched ranges of tiered objects a node keeps for cold reads (LRU)

@@ -86,16 +86,25 @@ class Offloader:
         uploads = 0
         now = self.clock.now_s()
         led = set(self.leads())
-        for number, (group, topic, queue) in enumerate(self.store.reads.queues_of(led, self.store.offload_candidates)):
-            if number % 1000 == 999:
-                await trio.sleep(0)  # a long round lets the node's other work in
-            if self._backed_off((topic, queue), now):
-                continue
-            try:
-                while uploads < limits.tier_uploads_per_scan_max and await self.offload(group, topic, queue):
-                    uploads += 1
-            except RocketError as error:
-                self._back_off((topic, queue), error)
+        limiter = trio.CapacityLimiter(limits.tier_uploads_parallel)
+
+        async def upload(group: int, topic: str, queue: int) -> None:
+            """The queue's due pieces, in order; other queues' at the same time, up to the limiter."""
+            nonlocal uploads
+            async with limiter:
+                try:
+                    while uploads < limits.tier_uploads_per_scan_max and await self.offload(group, topic, queue):
+                        uploads += 1
+                except RocketError as error:
+                    self._back_off((topic, queue), error)
+
+        async with trio.open_nursery() as nursery:
+            for number, (group, topic, queue) in enumerate(
+                    self.store.reads.queues_of(led, self.store.offload_candidates)):
+                if number % 1000 == 999:
+                    await trio.sleep(0)  # a long round lets the node's other work in
+                if not self._backed_off((topic, queue), now) and self._due(topic, queue, now):
+                    nursery.start_soon(upload, group, topic, queue)
         due = [key for key, at in self._retention_due.items() if at <= now]
         for group, topic, queue in self.store.reads.queues_of(led, due):
             if self._backed_off((topic, queue), now):
@@ -152,8 +161,9 @@ class Offloader:
         # a worker thread does them (zlib and hashlib let go of the GIL), not the node's trio thread.
         piece, segment, index = await self.store.world.run_sync(build, self.settings.prefix, topic, queue, run)
         await self._delete_orphans(topic, queue, piece)
-        await self._objects.put(piece.index_key, index)
-        await self._objects.put(piece.key, segment)
+        async with trio.open_nursery() as nursery:  # the two objects at once: neither counts until both are checked
+            nursery.start_soon(self._objects.put, piece.index_key, index)
+            nursery.start_soon(self._objects.put, piece.key, segment)
         await self._verify(piece)
         if not await self.propose(group, encode_offloaded(topic, queue, piece)):
             if (topic, queue) not in self.store.machine.queues:  # the topic was deleted meanwhile
