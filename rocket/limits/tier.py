@@ -30,6 +30,7 @@ tier_pieces_per_queue_max = 1_000_000  # manifest entries of one queue kept in m
 retention_s_max = 100 * 365 * 86_400  # a retention longer than a century is a typo
 cold_cache_bytes_max = 64 * MiB  # fetched ranges of tiered objects a node keeps for cold reads (LRU)
 cold_read_ahead_bytes = 4 * MiB  # a cold read fetches at least this much of a piece, so the next reads hit the cache
+cold_get_s_max = 3.0  # a cold read's fetch from the store, retries included, before UNAVAILABLE: a reader hears why
 cold_index_cache_entries_max = 4096  # sidecar indexes kept decoded (LRU): one per piece read recently
 telemetry_interval_s_default = 10.0  # how often a node samples its metrics into the spool
 telemetry_interval_s_min = 0.05  # a shorter interval is a typo: each sample looks at every group and moved queue

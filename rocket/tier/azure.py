@@ -12,10 +12,13 @@ from typing import Any, TypeVar
 import aiohttp
 import trio
 import trio_asyncio
-from azure.core.exceptions import (AzureError, ClientAuthenticationError, HttpResponseError, ResourceNotFoundError,
-                                   ServiceRequestError, ServiceResponseError)
-from azure.storage.blob import ContentSettings
-from azure.storage.blob.aio import BlobServiceClient, ContainerClient
+try:
+    from azure.core.exceptions import (AzureError, ClientAuthenticationError, HttpResponseError,
+                                       ResourceNotFoundError, ServiceRequestError, ServiceResponseError)
+    from azure.storage.blob import ContentSettings
+    from azure.storage.blob.aio import BlobServiceClient, ContainerClient
+except ImportError as missing:  # an extra: pip install 'rocket[azure]'
+    raise ImportError(f"the azure tier backend needs pip install 'rocket[azure]': {missing}") from missing
 
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.limits.tier import s3_close_s_max, s3_connect_timeout_s, s3_read_timeout_s

@@ -8,6 +8,8 @@ import bisect
 import collections
 import logging
 
+import trio
+
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import ALL_TAGS, ReadBudget
@@ -139,9 +141,15 @@ class ColdReader:
         self._indexes.pop(key, None)
 
     async def _get(self, key: str, start: int, end: int | None) -> bytes:
+        """A range of a piece's object; UNAVAILABLE if the store has not returned it, retries included, within
+        limits.cold_get_s_max (a reader waits: the offloader's longer retries would outlast its call)."""
         self.gets += 1
         try:
-            data = await self.objects.get(key, start, end)
+            with trio.move_on_after(limits.cold_get_s_max) as waited:
+                data = await self.objects.get(key, start, end)
+            if waited.cancelled_caught:
+                raise RocketError(Code.UNAVAILABLE, f"the object store did not return tier object {key} within "
+                                  f"{limits.cold_get_s_max:g} s (retries included): it is down or slow; try again")
         except RocketError as error:
             if error.code == Code.NOT_FOUND:
                 raise RocketError(Code.CORRUPT_DATA, f"tier object {key} is missing although the manifest "

@@ -17,8 +17,11 @@ from typing import Any, TypeVar
 import aiohttp
 import trio
 import trio_asyncio
-from gcloud.aio.storage import Storage
-from gcloud.aio.storage.storage import init_api_root
+try:
+    from gcloud.aio.storage import Storage
+    from gcloud.aio.storage.storage import init_api_root
+except ImportError as missing:  # an extra: pip install 'rocket[gcs]'
+    raise ImportError(f"the gcs tier backend needs pip install 'rocket[gcs]': {missing}") from missing
 
 from rocket.errors import Code, RocketError, collapse_single_error
 # GCS has no limits of its own: its calls share the S3 backend's retry, timeout, page and pool bounds.

@@ -12,7 +12,10 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-import httpx
+try:
+    import httpx
+except ImportError as missing:  # an extra: pip install 'rocket[hdfs]'
+    raise ImportError(f"the hdfs tier backend needs pip install 'rocket[hdfs]': {missing}") from missing
 import trio
 
 from rocket.errors import Code, RocketError

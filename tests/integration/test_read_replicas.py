@@ -71,6 +71,10 @@ async def readers_of(servers: list[str], want: int, timeout_s: float) -> dict[in
             await trio.sleep(0.3)
 
 
+def served_since_restart(nodes: dict, readers: list[int]) -> list[float]:
+    return [nodes[node].read_messages("orders") for node in readers]
+
+
 def acknowledged(writers: Writers) -> set[tuple[int, int]]:
     return {(ack.queue, ack.base_offset + index) for ack in writers.acks for index in range(len(ack.seqs))}
 
@@ -138,7 +142,11 @@ def test_read_replicas_serve_tail_reads_through_kills(tmp_path):
                     nodes[node].start()
                     await nodes[node].wait_ready()
                     await readers_of(servers, 2, 60)
-                await trio.sleep(4)  # reads on the restarted read replicas
+                # Reads come back to each restarted read replica (a broker asks a node that went silent last,
+                # for limits.storage_silent_s).
+                with trio.fail_after(60):
+                    while not all(await trio.to_thread.run_sync(served_since_restart, nodes, readers_nodes)):
+                        await trio.sleep(0.5)
                 writers.stop.set()
                 with trio.fail_after(120):
                     await tail_done.wait()

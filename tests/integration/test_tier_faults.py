@@ -67,7 +67,7 @@ async def test_a_failing_store_loses_nothing_and_a_down_one_is_unavailable(serve
     proxy.faults(down=True)  # before any cold read: none is in the node's cache of pieces
     with trio.fail_after(60), pytest.raises(RocketError) as down:
         await consume_everything(node.server, "while-down")
-    assert down.value.code == Code.UNAVAILABLE and "S3 bucket" in down.value.message, down.value
+    assert down.value.code == Code.UNAVAILABLE and "object store" in down.value.message, down.value
     proxy.faults(down=False)
     assert await consume_everything(node.server, "under-faults") == expected(150)
 

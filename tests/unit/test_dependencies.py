@@ -15,7 +15,7 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((TOP / "pyproject.toml").read_text())["project"]
 # The user-facing extras an optional import may name; test, bench and dev are for this repository's own work.
-USER_EXTRAS = ("ml", "rocketmq")
+USER_EXTRAS = ("ml", "rocketmq", "azure", "gcs", "hdfs")
 # What each package of the wheel may take from an extra without a try: jobs/ runs on Spark, never in a node.
 PACKAGE_EXTRAS = {"rocket": (), "jobs": ("ml",)}
 
