@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager, nullcontext
 from typing import Any, TypeVar
 
 import aiohttp
-import trio
 import trio_asyncio
 try:
     from azure.core.exceptions import (AzureError, ClientAuthenticationError, HttpResponseError,
@@ -21,17 +20,17 @@ except ImportError as missing:  # an extra: pip install 'rocket[azure]'
     raise ImportError(f"the azure tier backend needs pip install 'rocket[azure]': {missing}") from missing
 
 from rocket.errors import Code, RocketError, collapse_single_error
-from rocket.limits.tier import s3_close_s_max, s3_connect_timeout_s, s3_read_timeout_s
+from rocket.limits.tier import s3_connect_timeout_s, s3_read_timeout_s
 from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
                                      list_objects_max)
-from rocket.tier.retries import Retries
+from rocket.tier.retries import ClosingStore, Retries
 
 Result = TypeVar("Result")
 TRANSIENT_EXCEPTIONS = (ServiceRequestError, ServiceResponseError, aiohttp.ClientError, TimeoutError, OSError)
 NOT_FOUND_CODES = frozenset({"BlobNotFound", "ResourceNotFound"})
 
 
-class AzureBlobStore:
+class AzureBlobStore(ClosingStore):
     """An ObjectStore on one container (and key prefix). Open it with open_azure_store(), which owns the client.
 
     Error mapping: throttling (429, 503 ServerBusy), 5xx, timeouts and connection errors are retried, then
@@ -50,17 +49,6 @@ class AzureBlobStore:
         self._loop = loop
         self.name = name
         self.prefix = prefix
-        self._close: Callable[[], Awaitable[None]] | None = None
-        self._closed = False
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._close is not None:
-            close, self._close = self._close, None
-            with trio.CancelScope(shield=True), trio.move_on_after(s3_close_s_max):
-                await close()
 
     @property
     def container(self) -> ContainerClient:

@@ -15,7 +15,6 @@ from contextlib import asynccontextmanager, nullcontext
 from typing import Any, TypeVar
 
 import aiohttp
-import trio
 import trio_asyncio
 try:
     from gcloud.aio.storage import Storage
@@ -25,12 +24,12 @@ except ImportError as missing:  # an extra: pip install 'rocket[gcs]'
 
 from rocket.errors import Code, RocketError, collapse_single_error
 # GCS has no limits of its own: its calls share the S3 backend's retry, timeout, page and pool bounds.
-from rocket.limits.tier import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min, s3_close_s_max,
+from rocket.limits.tier import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min,
                                 s3_connect_timeout_s, s3_connections_max, s3_list_page_keys, s3_read_timeout_s,
                                 s3_retry_s_max)
 from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
                                      list_objects_max)
-from rocket.tier.retries import Retries
+from rocket.tier.retries import ClosingStore, Retries
 
 
 Result = TypeVar("Result")
@@ -47,7 +46,7 @@ TRANSIENT_EXCEPTIONS = (
 )
 
 
-class GcsObjectStore:
+class GcsObjectStore(ClosingStore):
     """An ObjectStore on one GCS bucket (and key prefix). Open it with open_gcs_store(), which owns the client.
 
     Error mapping: 429, 408, 5xx, timeouts and connection errors are retried, then UNAVAILABLE naming the
@@ -78,18 +77,6 @@ class GcsObjectStore:
         # Per request: connects and socket reads are bounded, a whole transfer is not (objects reach 5 GiB).
         # Typed Any: gcloud-aio-storage annotates timeout as int but hands it to aiohttp, which takes this.
         self._timeout: Any = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
-        self._close: Callable[[], Awaitable[None]] | None = None
-        self._closed = False
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._close is not None:
-            close, self._close = self._close, None
-            # Shielded and bounded: a cancelled caller must still return the client's connections.
-            with trio.CancelScope(shield=True), trio.move_on_after(s3_close_s_max):
-                await close()
 
     async def put(self, key: str, data: bytes) -> ObjectInfo:
         check_key(key)

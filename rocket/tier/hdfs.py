@@ -20,10 +20,10 @@ import trio
 
 from rocket.errors import Code, RocketError
 # HDFS has no limits of its own: its calls share the S3 backend's retry, timeout and pool bounds.
-from rocket.limits.tier import s3_close_s_max, s3_connect_timeout_s, s3_connections_max, s3_read_timeout_s
+from rocket.limits.tier import s3_connect_timeout_s, s3_connections_max, s3_read_timeout_s
 from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
                                      list_objects_max)
-from rocket.tier.retries import Retries
+from rocket.tier.retries import ClosingStore, Retries
 
 Result = TypeVar("Result")
 MD5_XATTR = "user.rocket.md5"  # the object's MD5, set on the temporary file before it is renamed onto the key
@@ -45,7 +45,7 @@ class WebHdfsError(Exception):
         self.message = message
 
 
-class HdfsObjectStore:
+class HdfsObjectStore(ClosingStore):
     """An ObjectStore on one HDFS directory (root), through WebHDFS. Open it with open_hdfs_store().
 
     A key is the file root/key. put writes a hidden temporary file in the key's directory (CREATE, redirected to a
@@ -65,17 +65,7 @@ class HdfsObjectStore:
         self.user = user
         self.retries = Retries(f"HDFS {self.namenode_url}{self.root}", self._classify, **retry_bounds)
         self._client = client
-        self._closed = False
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._client is not None:
-            client, self._client = self._client, None
-            # Shielded and bounded: a cancelled caller must still return the client's connections.
-            with trio.CancelScope(shield=True), trio.move_on_after(s3_close_s_max):
-                await client.aclose()
+        self._close = client.aclose if client is not None else None
 
     async def put(self, key: str, data: bytes) -> ObjectInfo:
         check_key(key)
@@ -376,7 +366,8 @@ async def open_hdfs_store(namenode_url: str, *, root: str = "/rocket", user: str
                             pool=s3_read_timeout_s)
     limits = httpx.Limits(max_connections=s3_connections_max, max_keepalive_connections=s3_connections_max)
     # Redirects are followed by hand: a CREATE must not send its bytes to the namenode.
-    store._client = httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False, trust_env=True)
+    store._client = client = httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False, trust_env=True)
+    store._close = client.aclose
     try:
         yield store
     finally:

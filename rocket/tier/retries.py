@@ -1,5 +1,5 @@
-"""Bounded, jittered retries of one object store's calls, shared by the remote backends (S3, Azure Blob, GCS): a call
-is tried up to attempts_max times within retry_s_max, then fails UNAVAILABLE naming the operation and key."""
+"""What the remote object stores (S3, Azure Blob, GCS, HDFS) share: bounded, jittered retries of a call (tried up to
+attempts_max times within retry_s_max, then UNAVAILABLE naming the operation and key), and closing their client."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TypeVar
 import trio
 
 from rocket.errors import Code, RocketError
-from rocket.limits.tier import s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min, s3_retry_s_max
+from rocket.limits.tier import s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min, s3_close_s_max, s3_retry_s_max
 
 Result = TypeVar("Result")
 
@@ -61,3 +61,20 @@ class Retries:
         """Full jitter: uniform in [0, min(cap, base * 2^(attempts-1))], never below a tenth of base."""
         ceiling = min(self.backoff_s_max, self.backoff_s_min * 2 ** (attempts - 1))
         return max(self.backoff_s_min / 10, self._random.uniform(0, ceiling))
+
+
+class ClosingStore:
+    """A remote store's client, closed once by aclose(): shielded and bounded (s3_close_s_max), so a cancelled caller
+    still returns the client's connections. The store's opener sets _close; later calls see _closed."""
+
+    _close: Callable[[], Awaitable[object]] | None = None
+    _closed = False
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._close is not None:
+            close, self._close = self._close, None
+            with trio.CancelScope(shield=True), trio.move_on_after(s3_close_s_max):
+                await close()

@@ -15,18 +15,17 @@ from typing import Any, TypeVar
 
 import aiohttp
 import botocore.exceptions
-import trio
 import trio_asyncio
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from rocket.errors import Code, RocketError, collapse_single_error
-from rocket.limits.tier import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min, s3_close_s_max,
+from rocket.limits.tier import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min,
                                 s3_connect_timeout_s,
                                 s3_connections_max, s3_list_page_keys, s3_read_timeout_s, s3_retry_s_max)
 from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
                                      list_objects_max)
-from rocket.tier.retries import Retries
+from rocket.tier.retries import ClosingStore, Retries
 
 
 Result = TypeVar("Result")
@@ -55,7 +54,7 @@ TRANSIENT_EXCEPTIONS = (
 )
 
 
-class S3ObjectStore:
+class S3ObjectStore(ClosingStore):
     """An ObjectStore on one bucket (and key prefix). Open it with open_s3_store(), which owns the client.
 
     Error mapping: throttling, 5xx, timeouts and connection errors are retried, then UNAVAILABLE naming
@@ -85,18 +84,6 @@ class S3ObjectStore:
         # SSE-KMS and SSE-C objects have ETags that are not the MD5 of the data; Content-MD5, which S3
         # checks on upload, still protects puts when this is off.
         self.verify_etag = verify_etag
-        self._close: Callable[[], Awaitable[None]] | None = None
-        self._closed = False
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._close is not None:
-            close, self._close = self._close, None
-            # Shielded and bounded: a cancelled caller must still return the client's connections.
-            with trio.CancelScope(shield=True), trio.move_on_after(s3_close_s_max):
-                await close()
 
     async def put(self, key: str, data: bytes) -> ObjectInfo:
         check_key(key)
