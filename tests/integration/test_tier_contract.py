@@ -5,7 +5,6 @@ missing objects, overwrites, bad keys, a closed store. An emulator that is missi
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import uuid
@@ -13,7 +12,7 @@ import uuid
 import pytest
 import trio
 
-from rocket.errors import Code, RocketError
+from rocket.errors import Code
 from rocket.tier import LocalDirectoryStore, ObjectInfo, ObjectStore
 from rocket.tier.azure import open_azure_store
 from rocket.tier.gcs import open_gcs_store
@@ -22,7 +21,8 @@ from rocket.transport.listen import free_ports
 from tests.integration.azurite import Azurite
 from tests.integration.gcs_server import FakeGcsServer
 from tests.integration.webhdfs_server import WebHdfsServer
-from tests.integration.test_tier_objectstore import moto, only_local_network, s3_store  # noqa: F401 (fixtures)
+from tests.integration.test_tier_objectstore import (expect_error, md5_hex, moto, only_local_network,  # noqa: F401
+                                                     s3_store)  # moto and only_local_network: fixtures
 
 BACKENDS = ["local", "s3", "azure", "gcs", "hdfs"]
 
@@ -81,17 +81,6 @@ async def store(request, tmp_path):
         server = request.getfixturevalue("webhdfs")
         async with open_hdfs_store(server.url, root=f"/tier-{uuid.uuid4().hex[:12]}", user="rocket") as remote:
             yield remote
-
-
-def md5_hex(data: bytes) -> str:
-    return hashlib.md5(data).hexdigest()
-
-
-async def expect_error(code: Code, call, *arguments) -> RocketError:
-    with pytest.raises(RocketError) as caught:
-        await call(*arguments)
-    assert caught.value.code == code, caught.value
-    return caught.value
 
 
 async def test_put_get_head_round_trip(store):

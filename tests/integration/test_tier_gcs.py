@@ -4,7 +4,6 @@ wrong MD5, and a stopped server ending in UNAVAILABLE within the retry bounds.""
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 
 import pytest
@@ -15,6 +14,7 @@ from rocket.errors import Code, RocketError
 from rocket.tier import ObjectInfo
 from rocket.tier.gcs import open_gcs_store
 from rocket.transport.listen import free_ports
+from tests.integration.test_tier_objectstore import expect_error, md5_hex
 from tests.integration.gcs_server import FakeGcsServer
 
 PROXY_VARIABLES = ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
@@ -57,17 +57,6 @@ def gcs_store(server: FakeGcsServer, bucket: str, **options):
 async def store(gcs):
     async with gcs_store(gcs, new_bucket(gcs), list_page_keys=7) as opened:
         yield opened
-
-
-def md5_hex(data: bytes) -> str:
-    return hashlib.md5(data).hexdigest()
-
-
-async def expect_error(code: Code, call, *arguments) -> RocketError:
-    with pytest.raises(RocketError) as caught:
-        await call(*arguments)
-    assert caught.value.code == code, caught.value
-    return caught.value
 
 
 

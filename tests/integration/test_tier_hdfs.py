@@ -5,7 +5,6 @@ refused permissions."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import uuid
 
@@ -15,6 +14,7 @@ import trio
 from rocket.errors import Code, RocketError
 from rocket.tier import ObjectInfo
 from rocket.tier.hdfs import open_hdfs_store
+from tests.integration.test_tier_objectstore import expect_error, md5_hex
 from tests.integration.webhdfs_server import WebHdfsServer
 
 FAST_RETRIES = {"attempts_max": 3, "retry_s_max": 3.0, "backoff_s_min": 0.05, "backoff_s_max": 0.2}
@@ -33,17 +33,6 @@ def webhdfs(tmp_path_factory):
 async def store(webhdfs):
     async with open_hdfs_store(webhdfs.url, root=f"/rocket-{uuid.uuid4().hex[:12]}", user="rocket") as hdfs:
         yield hdfs
-
-
-def md5_hex(data: bytes) -> str:
-    return hashlib.md5(data).hexdigest()
-
-
-async def expect_error(code: Code, call, *arguments) -> RocketError:
-    with pytest.raises(RocketError) as caught:
-        await call(*arguments)
-    assert caught.value.code == code, caught.value
-    return caught.value
 
 
 
