@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import logging
 from pathlib import Path
@@ -48,6 +49,7 @@ def run(
     except ConfigError as error:
         fail(f"config: {error}", 2)
     logging.basicConfig(level=node_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    faulthandler.enable()  # a node killed by a fatal signal (a crash in C code) leaves its threads' stacks in its log
     kept = keep_freed_memory(pretouch_bytes=0)  # the node touches the heap once it is ready
     tune_collector()
     try:
