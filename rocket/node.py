@@ -164,9 +164,9 @@ async def open_tier(config: NodeConfig):
         async with LocalDirectoryStore(config.tier_directory or config.data_dir / "tier") as store:
             yield store
     else:
-        import trio_asyncio
+        from rocket.tier.retries import asyncio_loop
 
-        async with trio_asyncio.open_loop():
+        async with asyncio_loop():
             async with _open_remote_tier(config) as store:
                 yield store
 

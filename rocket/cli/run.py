@@ -60,5 +60,6 @@ def run(
         fail(f"{error.code.name}: {error.message}", 2 if error.code.name == "CONFIG_INVALID" else 1)
     except StartupError as error:
         fail(f"cannot start: {error}", 1)
-    except OSError as error:
+    except OSError as error:  # no port or data directory problem (StartupError): where it came from is the news
+        logging.getLogger("rocket").error("the node stopped on an error it did not expect", exc_info=error)
         fail(f"cannot start: {error}", 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import aiohttp
@@ -19,11 +19,11 @@ try:
 except ImportError as missing:  # an extra: pip install 'rocket[azure]'
     raise ImportError(f"the azure tier backend needs pip install 'rocket[azure]': {missing}") from missing
 
-from rocket.errors import Code, RocketError, collapse_single_error
+from rocket.errors import Code, RocketError
 from rocket.limits.tier import s3_connect_timeout_s, s3_read_timeout_s
 from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
                                      list_objects_max)
-from rocket.tier.retries import ClosingStore, Retries
+from rocket.tier.retries import ClosingStore, Retries, asyncio_loop
 
 Result = TypeVar("Result")
 TRANSIENT_EXCEPTIONS = (ServiceRequestError, ServiceResponseError, aiohttp.ClientError, TimeoutError, OSError)
@@ -190,27 +190,25 @@ async def open_azure_store(container: str, *, connection_string: str | None = No
         raise RocketError(Code.CONFIG_INVALID, f"Azure container name must be a non-empty string, not {container!r}")
     if bool(connection_string) == bool(account_url):
         raise RocketError(Code.CONFIG_INVALID, "give an Azure connection string or an account URL, not both or none")
-    existing_loop = trio_asyncio.current_loop.get()
-    with collapse_single_error():
-        async with (nullcontext(existing_loop) if existing_loop is not None else trio_asyncio.open_loop()) as loop:
-            store = AzureBlobStore(None, loop, container, prefix=prefix, **retry_bounds)
-            options = {"retry_total": 0, "connection_timeout": s3_connect_timeout_s,
-                       "read_timeout": s3_read_timeout_s}
+    async with asyncio_loop() as loop:
+        store = AzureBlobStore(None, loop, container, prefix=prefix, **retry_bounds)
+        options = {"retry_total": 0, "connection_timeout": s3_connect_timeout_s,
+                   "read_timeout": s3_read_timeout_s}
 
-            async def open_client() -> BlobServiceClient:
-                if connection_string:
-                    return BlobServiceClient.from_connection_string(connection_string, **options)
-                return BlobServiceClient(str(account_url), credential=credential, **options)
+        async def open_client() -> BlobServiceClient:
+            if connection_string:
+                return BlobServiceClient.from_connection_string(connection_string, **options)
+            return BlobServiceClient(str(account_url), credential=credential, **options)
 
-            try:
-                service = await trio_asyncio.aio_as_trio(open_client, loop=loop)()
-            except (ValueError, AzureError) as error:
-                raise RocketError(Code.CONFIG_INVALID, f"cannot create an Azure Blob client for container "
-                                                       f"{container!r}: {_first_line(error)}") from None
-            store._container = service.get_container_client(container)
-            store._close = trio_asyncio.aio_as_trio(service.close, loop=loop)
-            try:
-                yield store
-            finally:
-                await store.aclose()
+        try:
+            service = await trio_asyncio.aio_as_trio(open_client, loop=loop)()
+        except (ValueError, AzureError) as error:
+            raise RocketError(Code.CONFIG_INVALID, f"cannot create an Azure Blob client for container "
+                                                   f"{container!r}: {_first_line(error)}") from None
+        store._container = service.get_container_client(container)
+        store._close = trio_asyncio.aio_as_trio(service.close, loop=loop)
+        try:
+            yield store
+        finally:
+            await store.aclose()
 

@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import aiohttp
@@ -22,14 +22,14 @@ try:
 except ImportError as missing:  # an extra: pip install 'rocket[gcs]'
     raise ImportError(f"the gcs tier backend needs pip install 'rocket[gcs]': {missing}") from missing
 
-from rocket.errors import Code, RocketError, collapse_single_error
+from rocket.errors import Code, RocketError
 # GCS has no limits of its own: its calls share the S3 backend's retry, timeout, page and pool bounds.
 from rocket.limits.tier import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min,
                                 s3_connect_timeout_s, s3_connections_max, s3_list_page_keys, s3_read_timeout_s,
                                 s3_retry_s_max)
 from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
                                      list_objects_max)
-from rocket.tier.retries import ClosingStore, Retries
+from rocket.tier.retries import ClosingStore, Retries, asyncio_loop
 
 
 Result = TypeVar("Result")
@@ -287,13 +287,10 @@ async def open_gcs_store(bucket: str, *, endpoint_url: str | None = None, prefix
                                                f"'-', '_' or '.', not {bucket!r}")
     if anonymous and service_file is not None:
         raise RocketError(Code.CONFIG_INVALID, "give service_file or anonymous=True, not both")
-    existing_loop = trio_asyncio.current_loop.get()
-    # open_loop() runs a nursery: collapse_single_error lets RocketError (ours or the body's) leave as itself.
-    with collapse_single_error():
-        async with (nullcontext(existing_loop) if existing_loop is not None else trio_asyncio.open_loop()) as loop:
-            async with _open_store(loop, bucket, endpoint_url, prefix, service_file, anonymous,
-                                   store_options) as store:
-                yield store
+    async with asyncio_loop() as loop:
+        async with _open_store(loop, bucket, endpoint_url, prefix, service_file, anonymous,
+                               store_options) as store:
+            yield store
 
 
 @asynccontextmanager

@@ -1,18 +1,24 @@
 """What the remote object stores (S3, Azure Blob, GCS, HDFS) share: bounded, jittered retries of a call (tried up to
-attempts_max times within retry_s_max, then UNAVAILABLE naming the operation and key), and closing their client."""
+attempts_max times within retry_s_max, then UNAVAILABLE naming the operation and key), closing their client, and the
+asyncio loop (trio-asyncio) the asyncio clients run on."""
 
 from __future__ import annotations
 
+import logging
 import random
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, nullcontext
+from typing import Any, TypeVar
 
 import trio
+import trio_asyncio
 
-from rocket.errors import Code, RocketError
+from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.limits.tier import s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min, s3_close_s_max, s3_retry_s_max
 
 Result = TypeVar("Result")
+
+log = logging.getLogger("rocket.tier")
 
 
 class Retries:
@@ -78,3 +84,22 @@ class ClosingStore:
             close, self._close = self._close, None
             with trio.CancelScope(shield=True), trio.move_on_after(s3_close_s_max):
                 await close()
+
+
+@asynccontextmanager
+async def asyncio_loop() -> AsyncIterator[trio_asyncio.TrioEventLoop]:
+    """The trio-asyncio loop the caller runs in, else one open for the context (a nursery: collapse_single_error lets
+    RocketError leave as itself). Errors the asyncio libraries report from their own background tasks are logged, not
+    raised into Trio as trio-asyncio does by default: aiohttp's write of a request whose connection the store reset
+    killed a node that way (issue 54). Each call's own error reaches its caller (Retries)."""
+    existing = trio_asyncio.current_loop.get()
+    with collapse_single_error():
+        async with (nullcontext(existing) if existing is not None else trio_asyncio.open_loop()) as loop:
+            loop.set_exception_handler(_log_background_error)
+            yield loop
+
+
+def _log_background_error(loop: Any, context: dict[str, Any]) -> None:
+    error = context.get("exception")
+    log.warning("tier: the store's client reported, in the background: %s%s", context.get("message", "an error"),
+                f" ({type(error).__name__}: {error})" if error is not None else "")

@@ -10,7 +10,7 @@ import base64
 import hashlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import aiohttp
@@ -19,13 +19,13 @@ import trio_asyncio
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
-from rocket.errors import Code, RocketError, collapse_single_error
+from rocket.errors import Code, RocketError
 from rocket.limits.tier import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min,
                                 s3_connect_timeout_s,
                                 s3_connections_max, s3_list_page_keys, s3_read_timeout_s, s3_retry_s_max)
 from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
                                      list_objects_max)
-from rocket.tier.retries import ClosingStore, Retries
+from rocket.tier.retries import ClosingStore, Retries, asyncio_loop
 
 
 Result = TypeVar("Result")
@@ -259,14 +259,11 @@ async def open_s3_store(bucket: str, *, endpoint_url: str | None = None, region:
         raise RocketError(Code.CONFIG_INVALID, f"S3 bucket name must be a non-empty string, not {bucket!r}")
     if (access_key_id is None) != (secret_access_key is None):
         raise RocketError(Code.CONFIG_INVALID, "give both access_key_id and secret_access_key, or neither")
-    existing_loop = trio_asyncio.current_loop.get()
-    # open_loop() runs a nursery: collapse_single_error lets RocketError (ours or the body's) leave as itself.
-    with collapse_single_error():
-        async with (nullcontext(existing_loop) if existing_loop is not None else trio_asyncio.open_loop()) as loop:
-            async with _open_store(loop, bucket, endpoint_url, region, access_key_id, secret_access_key,
-                                   session_token, path_style, prefix, connect_timeout_s, read_timeout_s,
-                                   store_options) as store:
-                yield store
+    async with asyncio_loop() as loop:
+        async with _open_store(loop, bucket, endpoint_url, region, access_key_id, secret_access_key,
+                               session_token, path_style, prefix, connect_timeout_s, read_timeout_s,
+                               store_options) as store:
+            yield store
 
 
 @asynccontextmanager
