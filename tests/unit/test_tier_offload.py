@@ -212,3 +212,17 @@ async def test_without_a_tier_total_retention_truncates_local_data(tmp_path):
     assert node.tier_state(TOPIC, 0).truncated_bytes == state.truncated_bytes
     assert [base for base, _ in node.read(TOPIC, 0, 0, 1 << 20)] == [1000]
     node.close()
+
+
+async def test_a_partial_piece_goes_once_its_data_is_old_not_once_the_offloader_has_watched_it_that_long(tmp_path):
+    """A backlog a restarted node finds (data appended long ago, below a piece) goes at the first scan; data younger
+    than piece_age_s waits, however often the offloader looks."""
+    node = Node(tmp_path / "node")
+    node.apply(GROUP, workload(batches=4))  # appended at APPEND_MS, in 2023
+    now_ms = int(time.time() * 1000)
+    node.apply(GROUP, [append_entry(5, "fresh", 0, make_batch(0, 10), now_ms)])
+    async with LocalDirectoryStore(tmp_path / "tier") as objects:
+        offloader = make_offloader(node, objects, piece_bytes=10_000_000, piece_age_s=3600)
+        assert await offloader.scan() == 2  # one partial piece for each of t's two queues, at the first look
+        assert await offloader.scan() == 0
+        assert node.tier_state("fresh", 0) is None

@@ -60,7 +60,7 @@ class Offloader:
         # These four are keyed by queues the store holds (Store.queues_of picks every key they get), each of which
         # the store already keeps a QueueStats of in memory: they cost a small multiple of that, never more queues.
         self._backoff: dict[tuple[str, int], _Backoff] = {}  # queue -> its wait after a failure; gone once it passed
-        self._pending_seen: dict[tuple[str, int], tuple[int, float]] = {}  # queue -> (tiered to, first seen)
+        self._pending_seen: dict[tuple[str, int], tuple[int, float]] = {}  # queue -> (tiered to, its data's wall s)
         self._retention_due: dict[tuple[str, int], float] = {}  # queue -> when to look at its retentions again
         self._swept: set[tuple[str, int]] = set()  # queues whose expired objects this offloader looked for
         self.uploaded_pieces = 0
@@ -103,7 +103,7 @@ class Offloader:
                     self.store.reads.queues_of(led, self.store.offload_candidates)):
                 if number % 1000 == 999:
                     await trio.sleep(0)  # a long round lets the node's other work in
-                if not self._backed_off((topic, queue), now) and self._due(topic, queue, now):
+                if not self._backed_off((topic, queue), now) and self._due(topic, queue):
                     nursery.start_soon(upload, group, topic, queue)
         due = [key for key, at in self._retention_due.items() if at <= now]
         for group, topic, queue in self.store.reads.queues_of(led, due):
@@ -129,7 +129,7 @@ class Offloader:
         backoff.until = self.clock.now_s() + backoff.wait_s
         log.warning("tier: %s/%d: %s (retrying in %.0f s)", key[0], key[1], error, backoff.wait_s)
 
-    def _due(self, topic: str, queue: int, now_s: float) -> bool:
+    def _due(self, topic: str, queue: int) -> bool:
         """A cheap look before reading the index: is a full piece waiting, or has data waited long enough?"""
         state = self.store.reads.tier_state(topic, queue)
         pending_bytes = self.store.reads.queue_bytes(topic, queue) - (
@@ -144,13 +144,16 @@ class Offloader:
             return True
         seen = self._pending_seen.get((topic, queue))
         if seen is None or seen[0] != tiered_to:
-            self._pending_seen[(topic, queue)] = (tiered_to, now_s)
-            return self.settings.piece_age_s <= 0
-        return now_s - seen[1] >= self.settings.piece_age_s
+            # The age of the data, not of this offloader's first look at it: a backlog a restarted node finds is
+            # as old as it is (one seek of the queue's index, once per piece).
+            entries, _ = self.store.index.locate(topic, queue, tiered_to, 1)
+            seen = (tiered_to, entries[0].append_ms / 1000 if entries else self.clock.wall_s())
+            self._pending_seen[(topic, queue)] = seen
+        return self.clock.wall_s() - seen[1] >= self.settings.piece_age_s
 
     async def offload(self, group: int, topic: str, queue: int) -> bool:
         """Upload the queue's next piece if one is due; True once the manifest holds it."""
-        if not self._due(topic, queue, self.clock.now_s()):
+        if not self._due(topic, queue):
             return False
         now_ms = self.clock.wall_ms()
         run = self.store.reads.offload_run(topic, queue, self.settings.piece_bytes,
