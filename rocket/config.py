@@ -134,6 +134,10 @@ class NodeConfig:
     # 1 KiB (tests; smaller would make one object per batch) to 1 GiB (a piece is built in memory before its PUT)
     tier_piece_bytes: int = ranged(limits.tier_piece_bytes_default, 1 * limits.KiB, 1 * limits.GiB)
     tier_piece_age_s: float = limits.tier_piece_age_s_default
+    # The disk (DATA_DIR/tier-cache, emptied at start) that keeps the ranges of tiered objects cold reads fetched from
+    # a remote store, for the reads after them; least recently read out first. The local tier needs none.
+    tier_cache_bytes: int = ranged(limits.cold_cache_bytes_default, limits.cold_cache_bytes_min,
+                                   limits.cold_cache_bytes_max)
     # Telemetry: how often the node samples its metrics into Avro files under data_dir/telemetry, shipped to the
     # object store's telemetry/ (the tier's store: a local directory in dev mode, S3 in a cluster). 0: off.
     telemetry_interval_s: float = limits.telemetry_interval_s_default

@@ -32,7 +32,7 @@ invariant(rocketmq_receive_slice_s < storage_retry_s_max and rocketmq_receive_sl
 invariant(rocketmq_receive_wait_s_default * 1000 <= pull_wait_ms_max, "RocketMQ's default long poll is one rocket allows")
 invariant(rocketmq_invisible_s_default <= pop_invisible_s_max, "RocketMQ's default invisible time is one rocket allows")
 invariant(rocketmq_receive_messages_default <= pop_messages_max, "a RocketMQ receive batch is one pop")
-invariant(read_bytes_max <= cold_cache_bytes_max, "a cold read fits the cache")
+invariant(read_bytes_max + cold_read_ahead_bytes <= cold_cache_bytes_min, "a cold read and its read-ahead fit the cache")
 invariant(2 * cold_get_s_max < storage_call_s_max, "a cold read gives up on the object store (index, then data) before "
           "the broker gives up on the storage node: the reader gets UNAVAILABLE, not a TIMEOUT")
 invariant(class_move_tail_bytes <= class_move_read_bytes <= batch_bytes_max,

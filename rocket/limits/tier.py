@@ -1,7 +1,7 @@
 """Limits of the tier (object stores, pieces, retention, cold reads) and of telemetry's spool and shipper."""
 
 from rocket.errors import invariant
-from rocket.limits.units import GiB, KiB, MiB
+from rocket.limits.units import GiB, KiB, MiB, TiB
 
 object_key_bytes_max = 1 * KiB  # S3's limit for a key (UTF-8); the same keys must work on every backend
 object_key_segment_bytes_max = 255  # NAME_MAX: each '/'-separated segment is a file name on the local store
@@ -28,7 +28,11 @@ tier_uploads_per_scan_max = 64  # pieces one scan uploads, so a backlog is worke
 tier_uploads_parallel = 8  # queues a leader uploads pieces of at once (each queue's in order): the store's bandwidth
 tier_pieces_per_queue_max = 1_000_000  # manifest entries of one queue kept in memory and in every snapshot
 retention_s_max = 100 * 365 * 86_400  # a retention longer than a century is a typo
-cold_cache_bytes_max = 64 * MiB  # fetched ranges of tiered objects a node keeps for cold reads (LRU)
+cold_cache_bytes_default = 1 * GiB  # tier_cache_bytes: the disk a node gives the ranges of tiered objects it fetched
+cold_cache_bytes_min = 64 * MiB  # a smaller cache thrashes under a few consumers reading ahead
+cold_cache_bytes_max = 64 * TiB  # a larger one is a typo
+cold_cache_idle_s_max = 86_400.0  # a cached range unread this long goes, so a finished replay frees its disk
+cold_cache_sweep_s = 60.0  # how often the cache looks for idle ranges
 cold_read_ahead_bytes = 4 * MiB  # a cold read fetches at least this much of a piece, so the next reads hit the cache
 cold_get_s_max = 3.0  # a cold read's fetch from the store, retries included, before UNAVAILABLE: a reader hears why
 cold_index_cache_entries_max = 4096  # sidecar indexes kept decoded (LRU): one per piece read recently
@@ -43,3 +47,6 @@ telemetry_ship_retry_s_max = 300.0  # after failed passes the shipper's wait dou
 
 invariant(telemetry_file_bytes_max < telemetry_spool_bytes_max, "the spool holds closed files besides the open one")
 invariant(telemetry_ship_interval_s <= telemetry_ship_retry_s_max, "a failed pass never shortens the shipper's wait")
+invariant(cold_cache_bytes_min <= cold_cache_bytes_default <= cold_cache_bytes_max,
+          "the default cache is one a node may set")
+invariant(cold_cache_sweep_s < cold_cache_idle_s_max, "idle ranges go within a sweep of their idle time")

@@ -101,7 +101,7 @@ def build(prefix: str, topic: str, queue: int, batches: Sequence[tuple[int, byte
                                   append_ms, tag_summary))
         position += len(batch)
         expected = base_offset + header.count
-    segment = b"".join(bytes(batch) for _, batch, _, _ in batches)
+    segment = b"".join(batch for _, batch, _, _ in batches)  # one copy, of bytes or memoryviews alike
     index = encode_index(entries)
     piece = Piece(batches[0][0], expected, segment_key(prefix, topic, queue, batches[0][0], expected), len(segment),
                   hashlib.md5(segment).hexdigest(), len(index), entries[0].first_timestamp_ms, entries[-1].append_ms)

@@ -54,6 +54,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "rocket_tier_cold_cache_hits": ("counter", "Batches read from offloaded pieces whose bytes were in the cache"),
     "rocket_tier_cold_gets": ("counter", "Ranged GETs of the object store for cold reads"),
     "rocket_tier_cold_fetched_bytes": ("counter", "Bytes fetched from the object store for cold reads"),
+    "rocket_tier_cache_bytes": ("gauge", "Bytes of fetched ranges the node keeps on disk for cold reads"),
+    "rocket_tier_cache_evictions": ("counter", "Ranges dropped from the cold reads' cache for room or idleness"),
     # KV
     "rocket_kv_txns": ("counter", "KV transactions applied on this node as their group's leader"),
     "rocket_kv_operations": ("counter", "Operations of the KV transactions' branches that ran, by kind (put, "
@@ -165,6 +167,9 @@ def tier_metrics(offloader, cold) -> Callable[[], Iterable[Metric]]:
             yield _family("rocket_tier_cold_cache_hits", [], [([], cold.cache_hits)])
             yield _family("rocket_tier_cold_gets", [], [([], cold.gets)])
             yield _family("rocket_tier_cold_fetched_bytes", [], [([], cold.fetched_bytes)])
+            if cold.cache is not None:
+                yield _family("rocket_tier_cache_bytes", [], [([], cold.cache.bytes)])
+                yield _family("rocket_tier_cache_evictions", [], [([], cold.cache.evicted)])
     return collect
 
 

@@ -1,12 +1,12 @@
-"""Tiered storage: the ObjectStore interface (objectstore.py) and its backends, a local directory (local.py), S3 and
-compatibles (s3.py), Azure Blob (azure.py), GCS (gcs.py) and HDFS (hdfs.py), the remote ones loaded when named;
-cold.py reads offloaded pieces, with a cache (the offloader that writes them is roles/storage/offload.py)."""
+"""Tiered storage: the ObjectStore interface (objectstore.py); backends local.py, s3.py, azure.py, gcs.py, hdfs.py
+(the remote ones loaded when named, sharing retries.py); cold.py reads offloaded pieces, keeping what it fetched on
+disk (cache.py). The offloader that writes the pieces is roles/storage/offload.py."""
 
 from rocket.tier.local import LocalDirectoryStore
 from rocket.tier.objectstore import ObjectInfo, ObjectStore, check_key, check_prefix
 
 __all__ = ["LocalDirectoryStore", "ObjectInfo", "ObjectStore", "S3ObjectStore", "check_key", "check_prefix",
-           "open_s3_store", "azure", "cold", "gcs", "hdfs", "local", "objectstore", "s3"]
+           "open_s3_store", "azure", "cache", "cold", "gcs", "hdfs", "local", "objectstore", "retries", "s3"]
 
 
 def __getattr__(name: str):

@@ -21,7 +21,7 @@ except ImportError as missing:  # an extra: pip install 'rocket[azure]'
 
 from rocket.errors import Code, RocketError
 from rocket.limits.tier import s3_connect_timeout_s, s3_read_timeout_s
-from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
+from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range, data_md5,
                                      list_objects_max)
 from rocket.tier.retries import ClosingStore, Retries, asyncio_loop
 
@@ -56,10 +56,10 @@ class AzureBlobStore(ClosingStore):
             raise RocketError(Code.UNAVAILABLE, f"the Azure store for container {self.name!r} is closed")
         return self._container
 
-    async def put(self, key: str, data: bytes) -> ObjectInfo:
+    async def put(self, key: str, data: bytes, md5: str | None = None) -> ObjectInfo:
         check_key(key)
         data = check_data(key, data)
-        digest = hashlib.md5(data).digest()
+        digest = data_md5(key, data, md5)
         container = self.container
 
         async def upload() -> object:
@@ -150,7 +150,8 @@ class AzureBlobStore(ClosingStore):
             raise RocketError(Code.NOT_FOUND, f"{where}: no such object") from None
         if isinstance(error, HttpResponseError):
             status = error.status_code or 0
-            code = str(getattr(error, "error_code", "") or "")
+            code = getattr(error, "error_code", "") or ""
+            code = str(getattr(code, "value", code))  # the SDK's StorageErrorCode, a str enum: its value
             if status >= 500 or status in (408, 429):
                 return f"HTTP {status} {code}: {_first_line(error)}"
             if status == 416 or code == "InvalidRange":

@@ -1,6 +1,6 @@
-"""Cold reads: batches of offloaded pieces, fetched from the object store by ranged GETs and kept in a bounded LRU
-cache (ColdReader). Every batch is checked against its own CRC and the index: damage is CORRUPT_DATA, never bad
-data."""
+"""Cold reads: batches of offloaded pieces, fetched from the object store by ranged GETs and kept in the node's cache
+of them on disk (ColdReader, ChunkCache). Every batch is checked against its own CRC and the index: damage is
+CORRUPT_DATA, never bad data."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.model import ALL_TAGS, ReadBudget
 from rocket.serde import batch as batch_codec
+from rocket.tier.cache import ChunkCache
 from rocket.tier.objectstore import ObjectStore
 from rocket.serde.piece import Piece, PieceBatch, decode_index
 
@@ -21,18 +22,17 @@ log = logging.getLogger("rocket.tier")
 
 
 class ColdReader:
-    """Batches of offloaded pieces, fetched with ranged GETs of at least limits.cold_read_ahead_bytes (so the next
-    reads of a consumer hit the cache), kept in a bounded LRU cache with the pieces' sidecar indexes."""
+    """Batches of offloaded pieces. With a cache (ChunkCache), a read fetches at least limits.cold_read_ahead_bytes of
+    the piece with one ranged GET and keeps it, so that a consumer's next reads, and reads of the same range again,
+    are local; without one (a local directory tier: its files are local already) it gets exactly the batches asked
+    for. The pieces' sidecar indexes are kept decoded (LRU)."""
 
-    def __init__(self, objects: ObjectStore, cache_bytes_max: int = limits.cold_cache_bytes_max,
+    def __init__(self, objects: ObjectStore, cache: ChunkCache | None = None,
                  read_ahead_bytes: int = limits.cold_read_ahead_bytes):
         self.objects = objects
-        self.cache_bytes_max = cache_bytes_max
+        self.cache = cache
         self.read_ahead_bytes = read_ahead_bytes
         self._indexes: collections.OrderedDict[str, list[PieceBatch]] = collections.OrderedDict()
-        self._chunks: collections.OrderedDict[tuple[str, int], bytes] = collections.OrderedDict()  # (key, start)
-        self._chunk_starts: dict[str, list[int]] = {}  # key -> sorted starts of its cached chunks
-        self._cached_bytes = 0
         self.fetched_bytes = 0  # bytes fetched from the object store, for status and benchmarks
         self.gets = 0
         self.batches_read = 0  # batches read from offloaded pieces, for the node's metrics
@@ -68,10 +68,7 @@ class ColdReader:
                 break
             chosen.append(entry)
             next_offset = entry.base_offset + entry.count
-        found = []
-        for entry in chosen:
-            batch = await self._batch(piece, entry)
-            found.append((entry.base_offset, batch))
+        found = await self._batches(piece, chosen)
         self.batches_read += len(found)
         return found, max(offset, next_offset)
 
@@ -79,66 +76,70 @@ class ColdReader:
         """Fetch a piece's index and first chunk ahead of the reads that will want them."""
         try:
             entries = await self.index(piece)
-            if entries:
-                await self._batch(piece, entries[0])
+            if entries and self.cache is not None:
+                await self._batches(piece, entries[:1])
         except RocketError as error:
             log.info("read-ahead of %s: %s", piece.key, error)
 
-    async def _batch(self, piece: Piece, entry: PieceBatch) -> bytes:
-        chunk_start, chunk = await self._chunk(piece, entry)
-        at = entry.position - chunk_start
-        batch = chunk[at:at + entry.length]
-        try:
-            if len(batch) != entry.length:
-                raise RocketError(Code.CORRUPT_DATA, f"object is truncated ({len(batch)} of {entry.length} bytes)")
-            count = batch_codec.check_header(batch).count
-        except RocketError as error:
-            self._forget(piece.key)
-            raise RocketError(Code.CORRUPT_DATA, f"tier object {piece.key}, batch at offset {entry.base_offset}: "
-                              f"{error.message}") from None
-        if count != entry.count:
-            self._forget(piece.key)
-            raise RocketError(Code.CORRUPT_DATA, f"tier object {piece.key}: the batch at offset {entry.base_offset} "
-                              f"holds {count} messages, its index says {entry.count}")
-        return batch
+    async def _batches(self, piece: Piece, chosen: list[PieceBatch]) -> list[tuple[int, bytes]]:
+        """The chosen batches (in the piece's order), each checked: a run of them at a time, from one cached chunk,
+        one fetched chunk, or (without a cache) one ranged GET. A cached chunk that fails a check is forgotten and
+        the batches fetched again; one fetched from the store is CORRUPT_DATA."""
+        cache = self.cache
+        found: list[tuple[int, bytes]] = []
+        at = 0
+        while at < len(chosen):
+            first = chosen[at]
+            hit = cache.find(piece.key, first.position, first.position + first.length) if cache else None
+            if hit is not None:
+                end = hit[1]
+            elif cache is not None:
+                end = min(piece.size, max(first.position + first.length, first.position + self.read_ahead_bytes))
+            else:
+                end = chosen[-1].position + chosen[-1].length
+            run = [entry for entry in chosen[at:] if entry.position + entry.length <= end] or [first]
+            if hit is not None and cache is not None:
+                try:
+                    data = await cache.read(piece.key, hit[0], first.position, run[-1].position + run[-1].length)
+                    found.extend(self._check(piece, run, first.position, data))
+                    self.cache_hits += len(run)
+                    at += len(run)
+                    continue
+                except RocketError:  # gone from the cache, or damaged there: from the store then
+                    await cache.forget(piece.key)
+            data = await self._get(piece.key, first.position, end)
+            try:
+                batches = self._check(piece, run, first.position, data)
+            except RocketError:
+                self._indexes.pop(piece.key, None)
+                raise
+            if cache is not None and len(data) == end - first.position:
+                await cache.put(piece.key, first.position, data)
+            found.extend(batches)
+            at += len(run)
+        return found
 
-    async def _chunk(self, piece: Piece, entry: PieceBatch) -> tuple[int, bytes]:
-        """A cached range of the piece's object holding the whole batch, fetched if need be."""
-        starts = self._chunk_starts.get(piece.key, [])
-        at = bisect.bisect_right(starts, entry.position) - 1
-        if at >= 0:
-            start = starts[at]
-            chunk = self._chunks.get((piece.key, start))
-            if chunk is not None and start + len(chunk) >= entry.position + entry.length:
-                self._chunks.move_to_end((piece.key, start))
-                self.cache_hits += 1
-                return start, chunk
-        start = entry.position
-        end = min(piece.size, max(entry.position + entry.length, start + self.read_ahead_bytes))
-        chunk = await self._get(piece.key, start, end)
-        if len(chunk) != end - start:  # a short object: the batch check reports it
-            return start, chunk
-        self._remember(piece.key, start, chunk)
-        return start, chunk
-
-    def _remember(self, key: str, start: int, chunk: bytes) -> None:
-        if (key, start) in self._chunks:
-            return
-        self._chunks[(key, start)] = chunk
-        bisect.insort(self._chunk_starts.setdefault(key, []), start)
-        self._cached_bytes += len(chunk)
-        while self._cached_bytes > self.cache_bytes_max and len(self._chunks) > 1:
-            (old_key, old_start), old = self._chunks.popitem(last=False)
-            self._cached_bytes -= len(old)
-            self._chunk_starts[old_key].remove(old_start)
-            if not self._chunk_starts[old_key]:
-                del self._chunk_starts[old_key]
-
-    def _forget(self, key: str) -> None:
-        """Drop a damaged piece's cached chunks and index, so that a repaired object is read afresh."""
-        for start in self._chunk_starts.pop(key, []):
-            self._cached_bytes -= len(self._chunks.pop((key, start)))
-        self._indexes.pop(key, None)
+    @staticmethod
+    def _check(piece: Piece, run: list[PieceBatch], start: int, data: bytes) -> list[tuple[int, bytes]]:
+        """Each batch of run, cut from data (bytes of the piece's object from start) and checked against its CRC and
+        the index; CORRUPT_DATA naming the first that fails."""
+        found = []
+        for entry in run:
+            at = entry.position - start
+            batch = data[at:at + entry.length]
+            try:
+                if len(batch) != entry.length:
+                    raise RocketError(Code.CORRUPT_DATA, f"object is truncated ({len(batch)} of {entry.length} "
+                                                         "bytes)")
+                count = batch_codec.check_header(batch).count
+            except RocketError as error:
+                raise RocketError(Code.CORRUPT_DATA, f"tier object {piece.key}, batch at offset {entry.base_offset}: "
+                                  f"{error.message}") from None
+            if count != entry.count:
+                raise RocketError(Code.CORRUPT_DATA, f"tier object {piece.key}: the batch at offset "
+                                  f"{entry.base_offset} holds {count} messages, its index says {entry.count}")
+            found.append((entry.base_offset, batch))
+        return found
 
     async def _get(self, key: str, start: int, end: int | None) -> bytes:
         """A range of a piece's object; UNAVAILABLE if the store has not returned it, retries included, within

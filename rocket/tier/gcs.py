@@ -27,7 +27,7 @@ from rocket.errors import Code, RocketError
 from rocket.limits.tier import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min,
                                 s3_connect_timeout_s, s3_connections_max, s3_list_page_keys, s3_read_timeout_s,
                                 s3_retry_s_max)
-from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
+from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range, data_md5,
                                      list_objects_max)
 from rocket.tier.retries import ClosingStore, Retries, asyncio_loop
 
@@ -78,11 +78,11 @@ class GcsObjectStore(ClosingStore):
         # Typed Any: gcloud-aio-storage annotates timeout as int but hands it to aiohttp, which takes this.
         self._timeout: Any = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
 
-    async def put(self, key: str, data: bytes) -> ObjectInfo:
+    async def put(self, key: str, data: bytes, md5: str | None = None) -> ObjectInfo:
         check_key(key)
         data = check_data(key, data)
-        digest = hashlib.md5(data)
-        md5_base64 = base64.b64encode(digest.digest()).decode("ascii")
+        digest = data_md5(key, data, md5)
+        md5_base64 = base64.b64encode(digest).decode("ascii")
 
         async def put_object() -> dict[str, Any]:
             # A multipart upload whose metadata carries md5Hash: GCS refuses bytes that do not match it.
@@ -94,10 +94,10 @@ class GcsObjectStore(ClosingStore):
 
         response = await self._call("put", key, put_object)
         stored = _md5_hex(response.get("md5Hash"))
-        if stored != digest.hexdigest():
+        if stored != digest.hex():
             raise RocketError(Code.CORRUPT_DATA, f"GCS put {key!r} in bucket {self.bucket!r}: the stored object's "
                                                  f"MD5 {stored or '(none)'} is not the MD5 of the data sent "
-                                                 f"({digest.hexdigest()})")
+                                                 f"({digest.hex()})")
         return ObjectInfo(key, len(data), stored)
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:

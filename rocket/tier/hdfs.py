@@ -21,7 +21,7 @@ import trio
 from rocket.errors import Code, RocketError
 # HDFS has no limits of its own: its calls share the S3 backend's retry, timeout and pool bounds.
 from rocket.limits.tier import s3_connect_timeout_s, s3_connections_max, s3_read_timeout_s
-from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
+from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range, data_md5,
                                      list_objects_max)
 from rocket.tier.retries import ClosingStore, Retries
 
@@ -67,10 +67,10 @@ class HdfsObjectStore(ClosingStore):
         self._client = client
         self._close = client.aclose if client is not None else None
 
-    async def put(self, key: str, data: bytes) -> ObjectInfo:
+    async def put(self, key: str, data: bytes, md5: str | None = None) -> ObjectInfo:
         check_key(key)
         data = check_data(key, data)
-        md5 = hashlib.md5(data).hexdigest()
+        md5 = data_md5(key, data, md5).hex()
         directory, _, _ = key.rpartition("/")
         temporary = f"{directory}/{TEMPORARY_PREFIX}{uuid.uuid4().hex}" if directory else \
             f"{TEMPORARY_PREFIX}{uuid.uuid4().hex}"

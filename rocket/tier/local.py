@@ -16,7 +16,8 @@ import trio
 from rocket.disk.files import fsync_directory
 from rocket.errors import Code, RocketError
 from rocket.limits.tier import local_store_threads_max
-from rocket.tier.objectstore import ObjectInfo, check_data, check_key, check_prefix, check_range, list_objects_max
+from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range, data_md5,
+                                     list_objects_max)
 
 
 FOOTER_MAGIC = b"rktobj01"  # ends every object file: its format version, and proof the footer is one
@@ -28,10 +29,12 @@ class LocalDirectoryStore:
     """Objects as files under root. An object is the file root/<key> holding the bytes followed by a footer (MD5,
     magic), written to a hidden temporary file, fsynced, renamed over the key and the directory fsynced.
     Limitation: as in any file system, key 'a' and key 'a/b' cannot both exist (put of the second is BAD_REQUEST);
-    S3 allows it. Directories emptied by delete are kept."""
+    S3 allows it. Directories emptied by delete are kept. durable=False skips the fsyncs, for a cache whose damaged
+    file is fetched again (a crash may leave it torn, or not there)."""
 
-    def __init__(self, root: Path | str):
+    def __init__(self, root: Path | str, durable: bool = True):
         self.root = Path(root)
+        self.durable = durable
         self._threads = trio.CapacityLimiter(local_store_threads_max)
         self._closed = False
 
@@ -44,10 +47,10 @@ class LocalDirectoryStore:
     async def aclose(self) -> None:
         self._closed = True
 
-    async def put(self, key: str, data: bytes) -> ObjectInfo:
+    async def put(self, key: str, data: bytes, md5: str | None = None) -> ObjectInfo:
         check_key(key)
         data = check_data(key, data)
-        return await self._run("put", key, partial(self._put, key, data))
+        return await self._run("put", key, partial(self._put, key, data, md5))
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         check_key(key)
@@ -86,18 +89,19 @@ class LocalDirectoryStore:
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*key.split("/"))
 
-    def _put(self, key: str, data: bytes) -> ObjectInfo:
+    def _put(self, key: str, data: bytes, md5: str | None) -> ObjectInfo:
         path = self._path(key)
-        digest = hashlib.md5(data)
+        digest = data_md5(key, data, md5)  # computed here, in a worker thread, when not given
         self._make_directories(path.parent, key)
         # Not named after the key: a 255-byte segment leaves no room in NAME_MAX for a suffix.
         temporary = path.parent / f".rocket-tmp-{secrets.token_hex(8)}"
         try:
             with open(temporary, "xb") as file:
                 file.write(data)
-                file.write(digest.digest() + FOOTER_MAGIC)
+                file.write(digest + FOOTER_MAGIC)
                 file.flush()
-                os.fsync(file.fileno())
+                if self.durable:
+                    os.fsync(file.fileno())
             os.replace(temporary, path)
         except IsADirectoryError:
             raise RocketError(Code.BAD_REQUEST, f"put {key!r}: other keys exist under {key!r}/, and the local "
@@ -105,8 +109,9 @@ class LocalDirectoryStore:
         finally:
             if temporary.exists():
                 temporary.unlink()
-        fsync_directory(path.parent)
-        return ObjectInfo(key, len(data), digest.hexdigest())
+        if self.durable:
+            fsync_directory(path.parent)
+        return ObjectInfo(key, len(data), digest.hex())
 
     def _make_directories(self, directory: Path, key: str) -> None:
         """Create the directories down to directory, fsyncing each new one's parent so it survives a crash."""
@@ -122,7 +127,8 @@ class LocalDirectoryStore:
                                                         "exists, and the local store cannot hold keys under "
                                                         "it") from None
                 continue
-            fsync_directory(parent)
+            if self.durable:
+                fsync_directory(parent)
 
     def _get(self, key: str, start: int, end: int | None) -> bytes:
         descriptor = self._open_object(key)

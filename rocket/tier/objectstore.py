@@ -4,6 +4,8 @@ that a key that works on a local directory works on S3 and back."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -11,6 +13,9 @@ from rocket.errors import Code, RocketError
 
 from rocket.limits.tier import (list_objects_max, object_bytes_max, object_key_bytes_max,  # noqa: F401
                                 object_key_segment_bytes_max)
+
+
+MD5_HEX = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +33,10 @@ class ObjectStore(Protocol):
     """Objects by key. Errors are RocketError: BAD_REQUEST for a bad key or range, NOT_FOUND for a
     missing object on get, CORRUPT_DATA when bytes fail their checksum, UNAVAILABLE when the backend is."""
 
-    async def put(self, key: str, data: bytes) -> ObjectInfo:
-        """Store data under key, replacing any object there, atomically: readers see all or nothing."""
+    async def put(self, key: str, data: bytes, md5: str | None = None) -> ObjectInfo:
+        """Store data under key, replacing any object there, atomically: readers see all or nothing. md5 is the
+        data's MD5 (hex) when the caller has it, so the store need not compute it again: a wrong one is CORRUPT_DATA,
+        from the put where the service checks bodies against it, else from the whole read."""
         ...
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
@@ -90,6 +97,15 @@ def check_data(key: str, data: bytes) -> bytes:
         raise RocketError(Code.BAD_REQUEST, f"put {key!r}: {len(data)} bytes is more than the "
                                             f"{object_bytes_max} an object may hold")
     return data
+
+
+def data_md5(key: str, data: bytes, md5: str | None) -> bytes:
+    """The data's MD5 digest: md5 (hex) as given, or computed."""
+    if md5 is None:
+        return hashlib.md5(data).digest()
+    if not isinstance(md5, str) or not MD5_HEX.fullmatch(md5):
+        raise RocketError(Code.BAD_REQUEST, f"put {key!r}: md5 must be 32 lowercase hex digits, not {md5!r}")
+    return bytes.fromhex(md5)
 
 
 def _check_name(name: str, what: str) -> None:

@@ -23,13 +23,12 @@ from rocket.errors import Code, RocketError
 from rocket.limits.tier import (s3_attempts_max, s3_backoff_s_max, s3_backoff_s_min,
                                 s3_connect_timeout_s,
                                 s3_connections_max, s3_list_page_keys, s3_read_timeout_s, s3_retry_s_max)
-from rocket.tier.objectstore import (ObjectInfo, check_data, check_key, check_prefix, check_range,
+from rocket.tier.objectstore import (MD5_HEX, ObjectInfo, check_data, check_key, check_prefix, check_range, data_md5,
                                      list_objects_max)
 from rocket.tier.retries import ClosingStore, Retries, asyncio_loop
 
 
 Result = TypeVar("Result")
-MD5_HEX = re.compile(r"[0-9a-f]{32}")
 CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 # Error codes S3 and compatible services use for "try again later", whatever the HTTP status.
@@ -85,11 +84,11 @@ class S3ObjectStore(ClosingStore):
         # checks on upload, still protects puts when this is off.
         self.verify_etag = verify_etag
 
-    async def put(self, key: str, data: bytes) -> ObjectInfo:
+    async def put(self, key: str, data: bytes, md5: str | None = None) -> ObjectInfo:
         check_key(key)
         data = check_data(key, data)
-        digest = hashlib.md5(data)
-        content_md5 = base64.b64encode(digest.digest()).decode("ascii")
+        digest = data_md5(key, data, md5)
+        content_md5 = base64.b64encode(digest).decode("ascii")
 
         async def put_object() -> dict:
             return await self._client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data,
@@ -97,10 +96,10 @@ class S3ObjectStore(ClosingStore):
 
         response = await self._call("put", key, put_object)
         etag = _etag(response)
-        if self.verify_etag and etag != digest.hexdigest():
+        if self.verify_etag and etag != digest.hex():
             raise RocketError(Code.CORRUPT_DATA, f"S3 put {key!r} in bucket {self.bucket!r}: the stored "
                                                  f"object's ETag {etag!r} is not the MD5 of the data sent "
-                                                 f"({digest.hexdigest()})")
+                                                 f"({digest.hex()})")
         return ObjectInfo(key, len(data), etag)
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:

@@ -5,6 +5,7 @@ missing objects, overwrites, bad keys, a closed store. An emulator that is missi
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import uuid
@@ -12,7 +13,7 @@ import uuid
 import pytest
 import trio
 
-from rocket.errors import Code
+from rocket.errors import Code, RocketError
 from rocket.tier import LocalDirectoryStore, ObjectInfo, ObjectStore
 from rocket.tier.azure import open_azure_store
 from rocket.tier.gcs import open_gcs_store
@@ -95,6 +96,23 @@ async def test_put_get_head_round_trip(store):
     assert empty == ObjectInfo("segments/empty", 0, md5_hex(b""))
     assert await store.get("segments/empty") == b""
     assert await store.head("segments/empty") == empty
+
+
+async def test_put_takes_the_callers_md5(store):
+    """A put given the data's MD5 (as the offloader has it) stores the same object; a malformed one is BAD_REQUEST."""
+    data = os.urandom(50_000)
+    info = await store.put("given", data, md5=md5_hex(data))
+    assert info == ObjectInfo("given", len(data), md5_hex(data)) == await store.head("given")
+    assert await store.get("given") == data
+    for md5 in ["", "0" * 31, "G" * 32, md5_hex(data).upper(), 7]:
+        await expect_error(Code.BAD_REQUEST, functools.partial(store.put, md5=md5), "malformed", data)
+    assert await store.head("malformed") is None
+    try:  # a wrong one: refused by a store that checks bodies against it, else caught by the whole read
+        await store.put("wrong", data, md5="0" * 32)
+    except RocketError as error:
+        assert error.code == Code.CORRUPT_DATA, error
+    else:
+        await expect_error(Code.CORRUPT_DATA, store.get, "wrong")
 
 
 async def test_put_replaces_an_object(store):
@@ -192,3 +210,4 @@ async def test_closed_store_is_unavailable(store):
     await expect_error(Code.UNAVAILABLE, store.get, "k")
     await expect_error(Code.UNAVAILABLE, store.put, "k", b"v")
     await expect_error(Code.UNAVAILABLE, store.list, "")
+

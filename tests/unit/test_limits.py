@@ -9,7 +9,7 @@ from rocket import limits
 
 PACKAGE = Path(limits.__file__).parent
 MODULES = sorted(path for path in PACKAGE.glob("*.py") if path.name != "__init__.py")
-UNITS = {"KiB", "MiB", "GiB"}
+UNITS = {"KiB", "MiB", "GiB", "TiB"}
 
 
 def assigned(path: Path) -> list[tuple[str, int]]:

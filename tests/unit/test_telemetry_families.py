@@ -98,7 +98,8 @@ def full_registry(tmp_path) -> Telemetry:
     telemetry.add_collector(families.raft_state_metrics(host))
     telemetry.add_collector(families.store_metrics(QueueMeter(store), host.leads, per_queue=True))
     offloader = SimpleNamespace(uploaded_pieces=0, uploaded_bytes=0, failures=0, swept_objects=0)
-    cold = SimpleNamespace(batches_read=0, cache_hits=0, gets=0, fetched_bytes=0)
+    cold = SimpleNamespace(batches_read=0, cache_hits=0, gets=0, fetched_bytes=0,
+                           cache=SimpleNamespace(bytes=0, evicted=0))
     telemetry.add_collector(families.tier_metrics(offloader, cold))
     storage = SimpleNamespace(kv_counts={"txns": 0}, kv_reads={}, store=store)
     telemetry.add_collector(families.kv_metrics(storage, host.leads))

@@ -5,6 +5,7 @@ each proposed to the group's manifest only once verified, and applies the queues
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -166,7 +167,7 @@ class Offloader:
         await self._delete_orphans(topic, queue, piece)
         async with trio.open_nursery() as nursery:  # the two objects at once: neither counts until both are checked
             nursery.start_soon(self._objects.put, piece.index_key, index)
-            nursery.start_soon(self._objects.put, piece.key, segment)
+            nursery.start_soon(functools.partial(self._objects.put, piece.key, segment, md5=piece.md5))
         await self._verify(piece)
         if not await self.propose(group, encode_offloaded(topic, queue, piece)):
             if (topic, queue) not in self.store.machine.queues:  # the topic was deleted meanwhile

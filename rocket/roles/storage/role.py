@@ -29,6 +29,7 @@ from rocket.roles.storage.tiering import Tiering
 from rocket.roles.storage.timers import Timers
 from rocket.roles.storage.transactions import Transactions
 from rocket.store.store import Store
+from rocket.tier.cache import ChunkCache
 from rocket.tier.cold import ColdReader
 from rocket.tier.objectstore import ObjectStore
 from rocket.transport.rpc import Dispatcher
@@ -63,7 +64,9 @@ class StorageRole:
         self.tiering = Tiering(self.store, host, self.gate, peers, config, objects, clock)
         self.wal_reclaim = WalReclaim(self.store, host)
         self.appends = Appends(host, self.gate, self.stamps, config)
-        self.cold = ColdReader(objects) if objects is not None else None
+        cache = None if config.tier_backend == "local" else ChunkCache(config.data_dir / "tier-cache",
+                                                                       config.tier_cache_bytes)
+        self.cold = ColdReader(objects, cache) if objects is not None else None
         self.reads = Reads(self.store, host, self.gate, self.cold, config.tier_read_mode == "force")
         self.pops = Pops(self.store, host, self.gate, self.reads, clock)
         self.kv = KeyValues(self.store, host, self.gate, clock)
@@ -106,5 +109,7 @@ class StorageRole:
             nursery.start_soon(self.kv.expire_forever)
             nursery.start_soon(self.tiering.refresh_retention_forever)
             nursery.start_soon(self.tiering.offloader.run)
+            if self.cold is not None and self.cold.cache is not None:
+                nursery.start_soon(self.cold.cache.run)
             task_status.started()
             await self.assignments.heartbeat_forever()
