@@ -87,9 +87,9 @@ async def pop_everything(server: str, group: str, count: int) -> dict[int, list[
             for queue in range(QUEUES)}
 
 
-async def tier_rows(server: str) -> list[dict]:
+async def tier_rows(server: str, topic: str = "orders") -> list[dict]:
     async with connect(server) as channel:
-        [(_, rows)] = await Admin(channel).tier_status("orders")
+        [(_, rows)] = await Admin(channel).tier_status(topic)
     return rows
 
 

@@ -15,7 +15,7 @@ from rocket.errors import Code, RocketError
 from rocket.serde.piece import range_of_key
 from rocket.transport.listen import free_ports
 from tests.integration.fault_proxy import FaultProxy
-from tests.integration.test_tier import (PREFIX, QUEUES, all_cold, consume_everything, expected, produce, setup_topic,
+from tests.integration.test_tier import (PREFIX, all_cold, consume_everything, expected, produce, setup_topic,
                                          tier_keys, tier_rows, wait_until)
 from tests.integration.test_tier_objectstore import MotoServer, only_local_network  # noqa: F401 (a fixture)
 
@@ -40,14 +40,14 @@ def start_node(server_process, tmp_path, proxy: FaultProxy, bucket: str):
     return server_process(tmp_path / "data").start(extra=("--config", str(config)))
 
 
-async def no_orphans(moto: MotoServer, bucket: str, node_server: str, messages: int) -> None:
+async def no_orphans(moto: MotoServer, bucket: str, node_server: str, topic: str = "orders") -> None:
     """Each queue's objects are its pieces, end to end: every offset in exactly one object, no object beside them."""
-    rows = await tier_rows(node_server)
+    rows = await tier_rows(node_server, topic)
     keys = await tier_keys(moto, bucket)
-    for queue in range(QUEUES):
+    for row in rows:
         ranges = sorted(range_of_key(key) for key in keys
-                        if key.startswith(f"{PREFIX}/orders/{queue}/") and key.endswith(".seg"))
-        assert ranges[0][0] == 0 and ranges[-1][1] == messages, ranges
+                        if key.startswith(f"{PREFIX}/{topic}/{row['queue']}/") and key.endswith(".seg"))
+        assert ranges[0][0] == row["first_offset"] and ranges[-1][1] == row["next_offset"], (row, ranges)
         assert all(previous[1] == following[0] for previous, following in zip(ranges, ranges[1:])), ranges
     assert sum(key.endswith(".seg") for key in keys) == sum(row["pieces"] for row in rows)
 
@@ -81,7 +81,7 @@ async def test_a_failing_store_loses_nothing_and_a_down_one_is_unavailable(serve
     node = await offloaded_despite_deaths(node, lambda: start_node(server_process, tmp_path, proxy, bucket), 150)
     counts = proxy.faults()["counts"]
     assert counts["errors"] > 0 and counts["resets"] > 0, counts  # the faults were met
-    await no_orphans(moto, bucket, node.server, 150)
+    await no_orphans(moto, bucket, node.server)
 
     proxy.faults(down=True)  # before any cold read: none is in the node's cache of pieces
     with trio.fail_after(60), pytest.raises(RocketError) as down:
@@ -102,5 +102,5 @@ async def test_a_kill_mid_offload_under_faults_leaves_no_orphan(server_process, 
     node.kill()  # pieces half offloaded, some objects perhaps put and not yet recorded
     node = start_node(server_process, tmp_path, proxy, bucket)
     node = await offloaded_despite_deaths(node, lambda: start_node(server_process, tmp_path, proxy, bucket), 200)
-    await no_orphans(moto, bucket, node.server, 200)
+    await no_orphans(moto, bucket, node.server)
     assert await consume_everything(node.server, "billing") == expected(200)

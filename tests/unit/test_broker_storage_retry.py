@@ -1,6 +1,7 @@
 """The broker's storage calls (roles/broker/routes.py, `Routes.storage`) when a group's leader stops answering, as
 behind a partition: the next try goes to the other replicas, not to the silent one again, and so do the broker's
-other calls for a while (limits.storage_silent_s), each giving the silent node only a short probe."""
+other calls for a while (limits.storage_silent_s), each giving the silent node only a short probe. A leader's own
+error is the one reported, not a follower's "not the leader"."""
 
 from __future__ import annotations
 
@@ -79,3 +80,23 @@ async def test_every_call_asks_a_silent_node_last_and_briefly(autojump_clock):
     assert routes.peers.calls[:2] == [FOLLOWER, SILENT]  # the follower first, then a probe of the silent node
     assert routes.peers.calls.count(SILENT) >= 2  # each probe ended after storage_silent_probe_s, not a call's timeout
     assert limits.storage_silent_probe_s < limits.storage_call_s_max
+
+
+async def test_the_leaders_error_is_reported_not_a_followers(autojump_clock):
+    """A leader that answers UNAVAILABLE for a reason of its own (its object store down) until the retries run out:
+    the caller hears that reason, not the last follower's "not the leader"."""
+    routes = await known_routes()
+    route = await routes.route("orders")
+
+    async def call(address: Address, method: str, request: dict, timeout_s: float) -> dict:
+        if address.port == FOLLOWER:
+            raise RocketError(Code.UNAVAILABLE, "not the leader")
+        raise RocketError(Code.UNAVAILABLE, "the object store did not return tier object k: it is down")
+
+    routes.peers.call = call
+    try:
+        await routes.storage(route, 8, "StorageRead", {"group": 8})
+    except RocketError as error:
+        assert error.code == Code.UNAVAILABLE and "object store" in error.message, error
+    else:
+        raise AssertionError("the read succeeded")

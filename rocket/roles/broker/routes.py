@@ -397,6 +397,8 @@ class Routes(Background):
         unknown = RocketError(Code.TIMEOUT, f"a write to storage group {group} got no answer within "
                               f"{limits.storage_retry_s_max} s: its outcome is unknown")
         failure = RocketError(Code.UNAVAILABLE, f"storage group {group} has no replica")
+        # What the leader said last outranks the followers' "not the leader" (its object store down, say).
+        leader_failure: RocketError | None = None
         leader = self._leaders.get(group, 0)  # 0: none known, and no voter
         address = self._addresses.get(leader) if leader in route.voters.get(group, ()) else None
         if address is not None and not self.is_silent(leader):  # the usual case, first: no retry scope, no sort
@@ -405,7 +407,7 @@ class Routes(Background):
             except RocketError as error:
                 if error.code not in retryable:
                     raise
-                failure = error
+                failure = leader_failure = error
         with trio.move_on_after(max(limits.storage_retry_s_max, timeout_s)):
             for attempt in itertools.count():
                 voters = route.voters.get(group, ())
@@ -423,9 +425,11 @@ class Routes(Background):
                         if error.code not in retryable:
                             raise
                         failure = error
+                        if node == leader:
+                            leader_failure = error
                         continue
                     self._leaders[group] = node
                     return response
                 await trio.sleep(min(limits.storage_retry_backoff_s_min * 2 ** attempt, limits.storage_retry_backoff_s_max))
                 route = await self.route(route.spec.name, refresh=True)
-        raise failure
+        raise leader_failure or failure
