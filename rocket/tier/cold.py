@@ -73,10 +73,12 @@ class ColdReader:
         return found, max(offset, next_offset)
 
     async def prefetch(self, piece: Piece) -> None:
-        """Fetch a piece's index and first chunk ahead of the reads that will want them."""
+        """Fetch a piece's index, and its first chunk into the cache, ahead of the reads that will want them; nothing
+        that is there already."""
         try:
             entries = await self.index(piece)
-            if entries and self.cache is not None:
+            if entries and self.cache is not None and self.cache.find(
+                    piece.key, entries[0].position, entries[0].position + entries[0].length) is None:
                 await self._batches(piece, entries[:1])
         except RocketError as error:
             log.info("read-ahead of %s: %s", piece.key, error)

@@ -5,7 +5,6 @@ each proposed to the group's manifest only once verified, and applies the queues
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -17,7 +16,7 @@ from rocket.errors import Code, RocketError
 from rocket.serde.piece import Piece, build, queue_prefix, range_of_key
 from rocket.store.commands import encode_drop_local, encode_expire, encode_offloaded, encode_truncate
 from rocket.store.store import Store
-from rocket.tier.objectstore import ObjectStore
+from rocket.tier.objectstore import ObjectInfo, ObjectStore
 
 log = logging.getLogger("rocket.tier")
 
@@ -42,8 +41,9 @@ class Offloader:
     """propose(group, payload) replicates a command in a group; leads() lists the groups this node leads;
     retention(topic) gives (retention_s, local_retention_s) with the defaults applied.
 
-    On the groups led here it uploads each queue's next piece once it is full or old, verifies it (HEAD: size and
-    MD5) and only then proposes it to the group's manifest (offload); it drops local data past its local retention
+    On the groups led here it uploads each queue's next piece once it is full or old, verifies it (the store's answer
+    to the put: size and MD5) and only then proposes it to the group's manifest (offload); it drops local data past
+    its local retention
     (only pieces the manifest holds) and expires pieces past the total retention, manifest first, then the objects
     (retain). Failures back off per queue and retry. Without an object store (tier_backend off) it only applies total
     retention, to local data."""
@@ -165,10 +165,15 @@ class Offloader:
         # a worker thread does them (zlib and hashlib let go of the GIL), not the node's trio thread.
         piece, segment, index = await self.store.world.run_sync(build, self.settings.prefix, topic, queue, run)
         await self._delete_orphans(topic, queue, piece)
+        stored: dict[str, ObjectInfo] = {}
+
+        async def put(key: str, data: bytes, md5: str | None = None) -> None:
+            stored[key] = await self._objects.put(key, data, md5=md5)
+
         async with trio.open_nursery() as nursery:  # the two objects at once: neither counts until both are checked
-            nursery.start_soon(self._objects.put, piece.index_key, index)
-            nursery.start_soon(functools.partial(self._objects.put, piece.key, segment, md5=piece.md5))
-        await self._verify(piece)
+            nursery.start_soon(put, piece.index_key, index)
+            nursery.start_soon(put, piece.key, segment, piece.md5)
+        self._verify(piece, stored[piece.key], stored[piece.index_key])
         if not await self.propose(group, encode_offloaded(topic, queue, piece)):
             if (topic, queue) not in self.store.machine.queues:  # the topic was deleted meanwhile
                 await self.delete_objects(topic, queue)
@@ -178,12 +183,11 @@ class Offloader:
         log.debug("tier: offloaded %s (%d bytes)", piece.key, piece.size)
         return True
 
-    async def _verify(self, piece: Piece) -> None:
-        """The data counts as offloaded only once the store holds exactly what was built."""
-        segment = await self._objects.head(piece.key)
-        index = await self._objects.head(piece.index_key)
-        if segment is None or index is None:
-            raise RocketError(Code.UNAVAILABLE, f"tier object {piece.key} is missing right after its upload")
+    @staticmethod
+    def _verify(piece: Piece, segment: ObjectInfo, index: ObjectInfo) -> None:
+        """The data counts as offloaded only once the store holds exactly what was built: each store's put checks
+        what it stored before it answers (S3's ETag against Content-MD5, GCS's md5Hash, Azure's Content-MD5, HDFS's
+        file status and MD5 after the rename, the local store's fsynced file), and its answer must be the piece's."""
         if segment.size != piece.size or segment.etag != piece.md5 or index.size != piece.index_size:
             raise RocketError(Code.CORRUPT_DATA, f"tier object {piece.key} holds {segment.size} bytes with MD5 "
                               f"{segment.etag}; uploaded {piece.size} with {piece.md5}")
