@@ -291,6 +291,11 @@ class RaftHost:
         hosted = self.groups.get(group)
         return hosted is not None and hosted.core.role == Role.LEADER
 
+    def term(self, group: int) -> int:
+        """The group's current term on this node (0 when not hosted)."""
+        hosted = self.groups.get(group)
+        return hosted.core.term if hosted is not None else 0
+
     def voters(self, group: int) -> set[int]:
         return set(self.groups[group].core.voters)
 

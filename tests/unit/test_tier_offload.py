@@ -16,21 +16,20 @@ from rocket.store.commands import encode_drop_local, encode_expire, encode_offlo
 from rocket.tier import LocalDirectoryStore
 from rocket.tier.cold import ColdReader
 from rocket.roles.storage.offload import Offloader, TierSettings
-from rocket.serde.piece import Piece
+from rocket.serde.piece import Piece, segment_key
 from tests.unit.test_store import GROUP, Node, append_entry, make_batch, workload
 from tests.unit.test_timers import Log
 
 TOPIC = "t"
 
 
-def make_offloader(node: Node, objects, retention: tuple[float, float] = (0.0, 1.0), **settings) -> Offloader:
-    log = Log(node)
-
+def make_offloader(node: Node, objects, retention: tuple[float, float] = (0.0, 1.0), leads=lambda: {GROUP: 1},
+                   **settings) -> Offloader:
     async def propose(group: int, payload: bytes):
-        return log.apply(payload)[0]
+        return Log(node).apply(payload)[0]  # the next entry of the group's log, whatever else the test applied
 
     options = {"piece_bytes": 12_000, "piece_age_s": 0.0, **settings}
-    return Offloader(node.store, objects, TierSettings(prefix="tier", **options), propose, lambda: [GROUP],
+    return Offloader(node.store, objects, TierSettings(prefix="tier", **options), propose, leads,
                      lambda topic: retention, Clock())
 
 
@@ -226,3 +225,41 @@ async def test_a_partial_piece_goes_once_its_data_is_old_not_once_the_offloader_
         assert await offloader.scan() == 2  # one partial piece for each of t's two queues, at the first look
         assert await offloader.scan() == 0
         assert node.tier_state("fresh", 0) is None
+
+
+class CountingLists:
+    """The tier's store, counting its lists of the objects from one offset (the offloader's look for orphans)."""
+
+    def __init__(self, inner: LocalDirectoryStore):
+        self.inner = inner
+        self.lists = 0
+
+    async def list(self, prefix: str = ""):
+        self.lists += prefix.endswith("-")
+        return await self.inner.list(prefix)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+async def test_orphans_are_looked_for_once_per_queue_and_term_and_deleted(tmp_path):
+    """A queue's pieces offloaded in one term need one list of orphans, at the first; once the term changed (another
+    leader may have uploaded meanwhile), the next piece looks again, and an orphan from its offset goes."""
+    node = Node(tmp_path / "node")
+    node.apply(GROUP, workload())
+    terms = {GROUP: 1}
+    async with LocalDirectoryStore(tmp_path / "tier") as objects:
+        store = CountingLists(objects)
+        offloader = make_offloader(node, store, retention=(0.0, 0.0), leads=lambda: dict(terms))
+        await scan_until_done(offloader)
+        assert sum(len(node.tier_state(TOPIC, queue).pieces) for queue in (0, 1)) >= 10
+        assert store.lists == 2  # one per queue
+        tiered_to = node.tier_state(TOPIC, 0).tiered_to
+        orphan = segment_key("tier", TOPIC, 0, tiered_to, tiered_to + 7)  # another leader's upload, cut elsewhere
+        await objects.put(orphan, b"x")
+        node.apply(GROUP, workload(first_index=node.applied(GROUP) + 1, first_batch=40))
+        terms[GROUP] = 2
+        await scan_until_done(offloader)
+        assert store.lists == 4 and await objects.head(orphan) is None
+        assert node.tier_state(TOPIC, 0).tiered_to == node.queue_stats(TOPIC, 0)["next_offset"] > tiered_to
+    node.close()

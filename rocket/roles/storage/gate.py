@@ -26,8 +26,9 @@ class Gate:
     def storage_groups(self) -> set[int]:
         return {group for group in self.host.groups if isinstance(self.host.machine_of(group), GroupMachine)}
 
-    def led_groups(self) -> list[int]:
-        return [group for group in self.storage_groups() if self.host.leads(group)]
+    def led_terms(self) -> dict[int, int]:
+        """The storage groups this node leads, each with its term."""
+        return {group: self.host.term(group) for group in self.storage_groups() if self.host.leads(group)}
 
     def hosted(self, group: int) -> None:
         if not isinstance(self.host.machine_of(group), GroupMachine):

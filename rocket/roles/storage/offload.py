@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -38,18 +38,17 @@ class _Backoff:
 
 
 class Offloader:
-    """propose(group, payload) replicates a command in a group; leads() lists the groups this node leads;
-    retention(topic) gives (retention_s, local_retention_s) with the defaults applied.
+    """propose(group, payload) replicates a command in a group; leads() gives the groups this node leads, each with its
+    term; retention(topic) gives (retention_s, local_retention_s) with the defaults applied.
 
     On the groups led here it uploads each queue's next piece once it is full or old, verifies it (the store's answer
     to the put: size and MD5) and only then proposes it to the group's manifest (offload); it drops local data past
-    its local retention
-    (only pieces the manifest holds) and expires pieces past the total retention, manifest first, then the objects
-    (retain). Failures back off per queue and retry. Without an object store (tier_backend off) it only applies total
-    retention, to local data."""
+    its local retention (only pieces the manifest holds) and expires pieces past the total retention, manifest first,
+    then the objects (retain). Failures back off per queue and retry. Without an object store (tier_backend off) it
+    only applies total retention, to local data."""
 
     def __init__(self, store: Store, objects: ObjectStore | None, settings: TierSettings,
-                 propose: Callable[[int, bytes], Awaitable], leads: Callable[[], Iterable[int]],
+                 propose: Callable[[int, bytes], Awaitable], leads: Callable[[], dict[int, int]],
                  retention: Callable[[str], tuple[float, float]], clock: Clock):
         self.store = store
         self.clock = clock
@@ -58,12 +57,16 @@ class Offloader:
         self.propose = propose
         self.leads = leads
         self.retention = retention
-        # These four are keyed by queues the store holds (Store.queues_of picks every key they get), each of which
+        # These five are keyed by queues the store holds (Store.queues_of picks every key they get), each of which
         # the store already keeps a QueueStats of in memory: they cost a small multiple of that, never more queues.
         self._backoff: dict[tuple[str, int], _Backoff] = {}  # queue -> its wait after a failure; gone once it passed
         self._pending_seen: dict[tuple[str, int], tuple[int, float]] = {}  # queue -> (tiered to, its data's wall s)
         self._retention_due: dict[tuple[str, int], float] = {}  # queue -> when to look at its retentions again
         self._swept: set[tuple[str, int]] = set()  # queues whose expired objects this offloader looked for
+        # queue -> (term, offset): its last piece went into the manifest in that term, and it ended there, so no other
+        # upload from that offset can have happened unless the term changed (no orphans to look for)
+        self._clean: dict[tuple[str, int], tuple[int, int]] = {}
+        self._led: dict[int, int] = {}  # group -> term, of the groups led at the last scan
         self.uploaded_pieces = 0
         self.uploaded_bytes = 0
         self.swept_objects = 0
@@ -86,7 +89,7 @@ class Offloader:
         retention may have come); returns the pieces uploaded. Idle queues cost nothing."""
         uploads = 0
         now = self.clock.now_s()
-        led = set(self.leads())
+        led = self._led = self.leads()
         limiter = trio.CapacityLimiter(limits.tier_uploads_parallel)
 
         async def upload(group: int, topic: str, queue: int) -> None:
@@ -164,7 +167,9 @@ class Offloader:
         # The batches' CRCs, the copy into one object and its MD5 are CPU work on up to a piece of bytes:
         # a worker thread does them (zlib and hashlib let go of the GIL), not the node's trio thread.
         piece, segment, index = await self.store.world.run_sync(build, self.settings.prefix, topic, queue, run)
-        await self._delete_orphans(topic, queue, piece)
+        term = self._led.get(group, 0)
+        if self._clean.pop((topic, queue), None) != (term, piece.from_offset):
+            await self._delete_orphans(topic, queue, piece)
         stored: dict[str, ObjectInfo] = {}
 
         async def put(key: str, data: bytes, md5: str | None = None) -> None:
@@ -178,6 +183,7 @@ class Offloader:
             if (topic, queue) not in self.store.machine.queues:  # the topic was deleted meanwhile
                 await self.delete_objects(topic, queue)
             return False  # another leader's piece got there first: its objects are the ones listed
+        self._clean[(topic, queue)] = (term, piece.to_offset)
         self.uploaded_pieces += 1
         self.uploaded_bytes += piece.size
         log.debug("tier: offloaded %s (%d bytes)", piece.key, piece.size)

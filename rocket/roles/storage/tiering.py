@@ -37,7 +37,7 @@ class Tiering:
                                 config.tier_piece_bytes, config.tier_piece_age_s, config.tier_retention_s,
                                 config.tier_local_retention_s, config.tier_read_mode == "force")
         # Without an object store it applies total retention to local data only.
-        self.offloader = Offloader(store, objects, settings, self._propose, gate.led_groups, self.retention_of, clock)
+        self.offloader = Offloader(store, objects, settings, self._propose, gate.led_terms, self.retention_of, clock)
 
     async def _propose(self, group: int, payload: bytes):
         return await self.host.propose(group, payload, limits.storage_append_wait_s_max)
