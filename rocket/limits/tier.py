@@ -21,6 +21,7 @@ tier_piece_bytes_default = 64 * MiB  # an offloaded piece: big enough that PUT o
 tier_piece_age_s_default = 600.0  # a quiet queue's data is offloaded after this long even if below the piece size
 tier_local_retention_s_default = 3 * 86_400.0  # a topic's data stays on local disk this long once offloaded
 tier_scan_s = 1.0  # how often a group leader looks for data to offload, expire or drop locally
+tier_first_scan_poll_s = 0.1  # until a storage node first leads a group, how often its offloader looks (a restart)
 tier_topics_refresh_s = 5.0  # how often the offloader refreshes topic retention settings from the nameservers
 tier_retention_check_s = tier_topics_refresh_s  # the longest a queue's retentions wait to be looked at: they may change
 tier_backoff_s_max = 30.0  # after a failed upload a queue waits up to this long (doubling) before trying again
@@ -50,3 +51,4 @@ invariant(telemetry_ship_interval_s <= telemetry_ship_retry_s_max, "a failed pas
 invariant(cold_cache_bytes_min <= cold_cache_bytes_default <= cold_cache_bytes_max,
           "the default cache is one a node may set")
 invariant(cold_cache_sweep_s < cold_cache_idle_s_max, "idle ranges go within a sweep of their idle time")
+invariant(tier_first_scan_poll_s < tier_scan_s, "a restarted node looks for its backlog sooner than a scan would")

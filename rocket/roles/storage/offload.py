@@ -79,9 +79,13 @@ class Offloader:
         return self.objects
 
     async def run(self) -> None:
+        """A scan every tier_scan_s; until this node first leads a group (it just started), a look every
+        tier_first_scan_poll_s, so that a restarted node's backlog starts going as soon as it leads."""
+        while not self.leads():
+            await trio.sleep(limits.tier_first_scan_poll_s)
         while True:
-            await sleep_periodic(limits.tier_scan_s)
             await self.scan()
+            await sleep_periodic(limits.tier_scan_s)
 
     async def scan(self) -> int:
         """One round over the queues of the groups led here that may have something to upload (appended
