@@ -115,6 +115,10 @@ class Engine(Protocol):
 
     def leads(self, group: int) -> bool: ...
 
+    def term(self, group: int) -> int:
+        """The group's current term on this node, 0 when not hosted (a controller-mode group's: its master epoch)."""
+        ...
+
     def leader_of(self, group: int) -> int:
         """The node this node believes leads the group (0 when unknown or not hosted)."""
         ...

@@ -4,6 +4,7 @@ worker thread), long-poll waits, queue positions and stats, pop states, and the 
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import TYPE_CHECKING, cast
 
 import trio
@@ -253,7 +254,7 @@ class Reads:
             return None
         return state.piece_at(offset)
 
-    def queues_of(self, groups: set[int], keys) -> list[tuple[int, str, int]]:
+    def queues_of(self, groups: Container[int], keys) -> list[tuple[int, str, int]]:
         """(group, topic, queue) of those of keys (topic, queue) that belong to these groups."""
         found = []
         for key in keys:
