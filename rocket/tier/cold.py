@@ -33,6 +33,7 @@ class ColdReader:
         self.cache = cache
         self.read_ahead_bytes = read_ahead_bytes
         self._indexes: collections.OrderedDict[str, list[PieceBatch]] = collections.OrderedDict()
+        self._fetching: dict[tuple[str, int], trio.Event] = {}  # chunks on their way from the store, by key and start
         self.fetched_bytes = 0  # bytes fetched from the object store, for status and benchmarks
         self.gets = 0
         self.batches_read = 0  # batches read from offloaded pieces, for the node's metrics
@@ -72,14 +73,23 @@ class ColdReader:
         self.batches_read += len(found)
         return found, max(offset, next_offset)
 
-    async def prefetch(self, piece: Piece) -> None:
-        """Fetch a piece's index, and its first chunk into the cache, ahead of the reads that will want them; nothing
-        that is there already."""
+    async def prefetch(self, piece: Piece, offset: int | None = None) -> None:
+        """Fetch ahead of a sequential reader: the piece's index and, into the cache, the chunk holding offset (the
+        piece's first without one) and the chunk after it; nothing that is there already."""
         try:
             entries = await self.index(piece)
-            if entries and self.cache is not None and self.cache.find(
-                    piece.key, entries[0].position, entries[0].position + entries[0].length) is None:
-                await self._batches(piece, entries[:1])
+            at = 0 if offset is None else max(0, bisect.bisect_right([entry.base_offset for entry in entries],
+                                                                     offset) - 1)
+            for _ in range(2):  # the reader's chunk, then the next: fetched while the reader reads the first
+                if at >= len(entries) or self.cache is None:
+                    return
+                entry = entries[at]
+                if self.cache.find(piece.key, entry.position, entry.position + entry.length) is None:
+                    await self._batches(piece, [entry])
+                hit = self.cache.find(piece.key, entry.position, entry.position + entry.length)
+                if hit is None:  # not kept (a full disk)
+                    return
+                at = bisect.bisect_left([entry.position for entry in entries], hit[1])
         except RocketError as error:
             log.info("read-ahead of %s: %s", piece.key, error)
 
@@ -96,6 +106,10 @@ class ColdReader:
             if hit is not None:
                 end = hit[1]
             elif cache is not None:
+                on_its_way = self._fetching.get((piece.key, first.position))
+                if on_its_way is not None:  # a read-ahead of this very chunk: wait for it, then look again
+                    await on_its_way.wait()
+                    continue
                 end = min(piece.size, max(first.position + first.length, first.position + self.read_ahead_bytes))
             else:
                 end = chosen[-1].position + chosen[-1].length
@@ -109,14 +123,22 @@ class ColdReader:
                     continue
                 except RocketError:  # gone from the cache, or damaged there: from the store then
                     await cache.forget(piece.key)
-            data = await self._get(piece.key, first.position, end)
+            fetching = None
+            if cache is not None and (piece.key, first.position) not in self._fetching:
+                fetching = self._fetching[(piece.key, first.position)] = trio.Event()
             try:
-                batches = self._check(piece, run, first.position, data)
-            except RocketError:
-                self._indexes.pop(piece.key, None)
-                raise
-            if cache is not None and len(data) == end - first.position:
-                await cache.put(piece.key, first.position, data)
+                data = await self._get(piece.key, first.position, end)
+                try:
+                    batches = self._check(piece, run, first.position, data)
+                except RocketError:
+                    self._indexes.pop(piece.key, None)
+                    raise
+                if cache is not None and len(data) == end - first.position:
+                    await cache.put(piece.key, first.position, data)
+            finally:
+                if fetching is not None:
+                    del self._fetching[(piece.key, first.position)]
+                    fetching.set()
             found.extend(batches)
             at += len(run)
         return found

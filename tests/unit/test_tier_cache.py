@@ -4,6 +4,7 @@ never returned; what a previous run left is deleted."""
 
 from __future__ import annotations
 
+import collections
 import os
 
 import trio
@@ -17,13 +18,17 @@ from tests.unit.test_tier_offload import TOPIC, cold_bodies, expected_bodies, ma
 
 
 class CountingStore:
-    """The tier's store, counting the bytes fetched from it."""
+    """The tier's store, counting the bytes fetched from it and the gets of each range; each get takes delay_s."""
 
-    def __init__(self, inner: LocalDirectoryStore):
+    def __init__(self, inner: LocalDirectoryStore, delay_s: float = 0.0):
         self.inner = inner
         self.fetched = 0
+        self.delay_s = delay_s
+        self.gets: collections.Counter = collections.Counter()
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        self.gets[(key, start)] += 1
+        await trio.sleep(self.delay_s)
         data = await self.inner.get(key, start, end)
         self.fetched += len(data)
         return data
@@ -44,11 +49,11 @@ def cached_files(cache: ChunkCache) -> dict[str, int]:
             for root, _, names in os.walk(cache.directory) for name in names}
 
 
-async def offloaded(tmp_path):
+async def offloaded(tmp_path, piece_bytes: int = 12_000):
     node = Node(tmp_path / "node")
     node.apply(GROUP, workload())
     objects = LocalDirectoryStore(tmp_path / "tier")
-    await scan_until_done(make_offloader(node, objects))
+    await scan_until_done(make_offloader(node, objects, piece_bytes=piece_bytes))
     return node, objects
 
 
@@ -113,3 +118,37 @@ async def test_idle_chunks_go_and_a_previous_runs_files_are_deleted(tmp_path):
 
 def cache_sizes(cache: ChunkCache) -> list[int]:
     return [chunk.size for chunk in cache._chunks.values()]
+
+
+async def test_read_ahead_fetches_the_readers_chunk_and_the_next_into_the_cache(tmp_path):
+    node, objects = await offloaded(tmp_path, piece_bytes=40_000)  # pieces of 7 or 8 batches
+    store = CountingStore(objects)
+    cache = ChunkCache(tmp_path / "cache", bytes_max=limits.cold_cache_bytes_min, clock=Clock())
+    reader = ColdReader(store, cache, read_ahead_bytes=4_000)  # type: ignore[arg-type]
+    piece = max(node.tier_state(TOPIC, 0).pieces, key=lambda piece: piece.size)
+    entries = await reader.index(piece)
+    assert len(entries) >= 3
+    await reader.prefetch(piece, entries[0].base_offset)
+    assert len(cache._chunks) == 2  # the chunk holding the offset, and the one after it
+    fetched = store.fetched
+    batches, _ = await reader.read(piece, entries[0].base_offset, 3 * entries[0].length)  # read_charge: more than 2
+    assert len(batches) >= 2 and store.fetched == fetched  # both from the cache
+    await reader.prefetch(piece, entries[0].base_offset)
+    assert store.fetched == fetched  # nothing fetched twice
+    node.close()
+
+
+async def test_a_read_waits_for_the_read_ahead_of_its_chunk_instead_of_fetching_it_again(tmp_path):
+    node, objects = await offloaded(tmp_path, piece_bytes=40_000)
+    store = CountingStore(objects, delay_s=0.05)
+    cache = ChunkCache(tmp_path / "cache", limits.cold_cache_bytes_min, clock=Clock())
+    reader = ColdReader(store, cache, read_ahead_bytes=4_000)  # type: ignore[arg-type]
+    piece = max(node.tier_state(TOPIC, 0).pieces, key=lambda piece: piece.size)
+    entries = await reader.index(piece)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader.prefetch, piece, entries[0].base_offset)
+        await trio.sleep(0.01)  # its get of the first chunk is out
+        batches, _ = await reader.read(piece, entries[0].base_offset, entries[0].length)
+    assert [offset for offset, _ in batches] == [entries[0].base_offset]
+    assert store.gets[(piece.key, entries[0].position)] == 1
+    node.close()

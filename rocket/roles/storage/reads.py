@@ -39,15 +39,19 @@ class Reads(Background):
         if cold is None or piece is None:
             return await self.store.reads.fetch(topic, queue, offset, budget, first, tag_mask)
         found, next_offset = await cold.read(piece, offset, budget, first, tag_mask)
+        ahead = [(piece, next_offset)] if next_offset < piece.to_offset else []  # the rest of this piece's chunks
         following = self.store.reads.tier_piece(topic, queue, piece.to_offset, self.force_tier)
-        if following is not None and following.key not in self._prefetching and self._nursery is not None:
-            self._nursery.start_soon(self._prefetch, cold, following)
+        if following is not None:
+            ahead.append((following, None))  # and the next piece's first
+        for ahead_piece, ahead_offset in ahead:
+            if ahead_piece.key not in self._prefetching and self._nursery is not None:
+                self._prefetching.add(ahead_piece.key)
+                self._nursery.start_soon(self._prefetch, cold, ahead_piece, ahead_offset)
         return found, next_offset
 
-    async def _prefetch(self, cold: ColdReader, piece) -> None:
-        self._prefetching.add(piece.key)
+    async def _prefetch(self, cold: ColdReader, piece, offset: int | None) -> None:
         try:
-            await cold.prefetch(piece)
+            await cold.prefetch(piece, offset)
         finally:
             self._prefetching.discard(piece.key)
 
