@@ -12,6 +12,7 @@ from rocket.model import ALL_TAGS, ReadBudget
 from rocket.replication import Engine
 from rocket.roles.storage.gate import Gate
 from rocket.serde.batch import key_term
+from rocket.serde.piece import Piece
 from rocket.store.store import Store
 from rocket.tier.cold import ColdReader
 from rocket.transport.background import Background
@@ -39,10 +40,10 @@ class Reads(Background):
         if cold is None or piece is None:
             return await self.store.reads.fetch(topic, queue, offset, budget, first, tag_mask)
         found, next_offset = await cold.read(piece, offset, budget, first, tag_mask)
-        ahead = [(piece, next_offset)] if next_offset < piece.to_offset else []  # the rest of this piece's chunks
+        ahead: list[tuple[Piece, int | None]] = [(piece, next_offset)] if next_offset < piece.to_offset else []
         following = self.store.reads.tier_piece(topic, queue, piece.to_offset, self.force_tier)
         if following is not None:
-            ahead.append((following, None))  # and the next piece's first
+            ahead.append((following, None))  # beside the rest of this piece's chunks, the next piece's first
         for ahead_piece, ahead_offset in ahead:
             if ahead_piece.key not in self._prefetching and self._nursery is not None:
                 self._prefetching.add(ahead_piece.key)
