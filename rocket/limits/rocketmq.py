@@ -30,6 +30,7 @@ remoting_header_bytes_max = 64 * 1024 - 1  # a remoting header; longer ones are 
 remoting_in_flight_per_connection_max = 256  # requests of one remoting connection served at once (pulls wait)
 remoting_topic_cache_s = 5.0  # topic queue counts and live brokers are read at most this often for routes
 remoting_topic_cache_entries_max = 4096  # bounds the gateway's topic cache; the oldest entry goes first
+mqtt_packet_bytes_max = 1 * MiB  # one MQTT packet (EMQX's default); the protocol allows 256 MiB, which a device never needs
 remoting_member_refresh_s = 2.0  # connected consumers kept in their groups, and pulled offsets written, this often
 remoting_pull_messages_max = 1024  # messages in one pull answer, whatever maxMsgNums asks
 remoting_pull_bytes_max = 4 * MiB  # bytes read for one pull answer

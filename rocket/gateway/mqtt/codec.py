@@ -1,0 +1,641 @@
+"""MQTT 3.1.1 and 5.0 packets, sans I/O: a Decoder takes bytes in and gives whole packets out, encode() gives a
+packet's bytes. Malformed input is MqttError carrying the MQTT 5 reason code for it (Malformed Packet, Protocol
+Error, Packet Too Large, Unsupported Protocol Version), which a server answers with before it disconnects."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+from typing import Any
+
+from rocket import limits
+
+V311 = 4  # the protocol level of MQTT 3.1.1 in CONNECT
+V5 = 5
+
+_u16 = struct.Struct(">H")
+_u32 = struct.Struct(">I")
+
+
+class PacketType(enum.IntEnum):
+    CONNECT = 1
+    CONNACK = 2
+    PUBLISH = 3
+    PUBACK = 4
+    PUBREC = 5
+    PUBREL = 6
+    PUBCOMP = 7
+    SUBSCRIBE = 8
+    SUBACK = 9
+    UNSUBSCRIBE = 10
+    UNSUBACK = 11
+    PINGREQ = 12
+    PINGRESP = 13
+    DISCONNECT = 14
+    AUTH = 15
+
+
+class Reason(enum.IntEnum):
+    """MQTT 5's reason codes (section 2.4), those rocket sends or checks."""
+    SUCCESS = 0x00
+    GRANTED_QOS_1 = 0x01
+    GRANTED_QOS_2 = 0x02
+    DISCONNECT_WITH_WILL = 0x04
+    NO_MATCHING_SUBSCRIBERS = 0x10
+    NO_SUBSCRIPTION_EXISTED = 0x11
+    UNSPECIFIED_ERROR = 0x80
+    MALFORMED_PACKET = 0x81
+    PROTOCOL_ERROR = 0x82
+    IMPLEMENTATION_SPECIFIC_ERROR = 0x83
+    UNSUPPORTED_PROTOCOL_VERSION = 0x84
+    CLIENT_IDENTIFIER_NOT_VALID = 0x85
+    BAD_USER_NAME_OR_PASSWORD = 0x86
+    NOT_AUTHORIZED = 0x87
+    SERVER_UNAVAILABLE = 0x88
+    SERVER_BUSY = 0x89
+    BAD_AUTHENTICATION_METHOD = 0x8C
+    KEEP_ALIVE_TIMEOUT = 0x8D
+    SESSION_TAKEN_OVER = 0x8E
+    TOPIC_FILTER_INVALID = 0x8F
+    TOPIC_NAME_INVALID = 0x90
+    PACKET_IDENTIFIER_IN_USE = 0x91
+    PACKET_IDENTIFIER_NOT_FOUND = 0x92
+    RECEIVE_MAXIMUM_EXCEEDED = 0x93
+    TOPIC_ALIAS_INVALID = 0x94
+    PACKET_TOO_LARGE = 0x95
+    QUOTA_EXCEEDED = 0x97
+    PAYLOAD_FORMAT_INVALID = 0x99
+    RETAIN_NOT_SUPPORTED = 0x9A
+    QOS_NOT_SUPPORTED = 0x9B
+    SHARED_SUBSCRIPTIONS_NOT_SUPPORTED = 0x9E
+    SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED = 0xA1
+    WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED = 0xA2
+
+
+class MqttError(Exception):
+    """Input that breaks the protocol: the reason code to answer with, and a one-line message."""
+
+    def __init__(self, reason: Reason, message: str):
+        super().__init__(f"{reason.name}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+# Properties (MQTT 5, section 2.2.2.2): identifier -> (name, kind). Kinds: byte, u16, u32, varint, str, bin, pair.
+PROPERTIES: dict[int, tuple[str, str]] = {
+    0x01: ("payload_format_indicator", "byte"), 0x02: ("message_expiry_interval", "u32"),
+    0x03: ("content_type", "str"), 0x08: ("response_topic", "str"), 0x09: ("correlation_data", "bin"),
+    0x0B: ("subscription_identifier", "varint"), 0x11: ("session_expiry_interval", "u32"),
+    0x12: ("assigned_client_identifier", "str"), 0x13: ("server_keep_alive", "u16"),
+    0x15: ("authentication_method", "str"), 0x16: ("authentication_data", "bin"),
+    0x17: ("request_problem_information", "byte"), 0x18: ("will_delay_interval", "u32"),
+    0x19: ("request_response_information", "byte"), 0x1A: ("response_information", "str"),
+    0x1C: ("server_reference", "str"), 0x1F: ("reason_string", "str"), 0x21: ("receive_maximum", "u16"),
+    0x22: ("topic_alias_maximum", "u16"), 0x23: ("topic_alias", "u16"), 0x24: ("maximum_qos", "byte"),
+    0x25: ("retain_available", "byte"), 0x26: ("user_property", "pair"), 0x27: ("maximum_packet_size", "u32"),
+    0x28: ("wildcard_subscription_available", "byte"), 0x29: ("subscription_identifier_available", "byte"),
+    0x2A: ("shared_subscription_available", "byte"),
+}
+_PROPERTY_IDS = {name: (identifier, kind) for identifier, (name, kind) in PROPERTIES.items()}
+REPEATABLE = {"user_property", "subscription_identifier"}  # kept as lists; any other property twice is an error
+
+
+@dataclasses.dataclass(slots=True)
+class Will:
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class Connect:
+    client_id: str
+    protocol_level: int = V5
+    clean_start: bool = True
+    keep_alive: int = 60
+    username: str | None = None
+    password: bytes | None = None
+    will: Will | None = None
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class ConnAck:
+    reason: int = Reason.SUCCESS  # 3.1.1's return codes (0-5) where the protocol level is 4
+    session_present: bool = False
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class Publish:
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    dup: bool = False
+    packet_id: int = 0  # 0 at QoS 0, 1-65535 above
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class Ack:
+    """PUBACK, PUBREC, PUBREL or PUBCOMP."""
+    kind: PacketType
+    packet_id: int
+    reason: int = Reason.SUCCESS
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class Subscription:
+    topic_filter: str
+    qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class Subscribe:
+    packet_id: int
+    subscriptions: list[Subscription]
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class SubAck:
+    packet_id: int
+    reasons: list[int]  # per subscription: the granted QoS, or a failure (0x80 and up)
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class Unsubscribe:
+    packet_id: int
+    topic_filters: list[str]
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class UnsubAck:
+    packet_id: int
+    reasons: list[int] = dataclasses.field(default_factory=list)  # none in 3.1.1
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class PingReq:
+    pass
+
+
+@dataclasses.dataclass(slots=True)
+class PingResp:
+    pass
+
+
+@dataclasses.dataclass(slots=True)
+class Disconnect:
+    reason: int = Reason.SUCCESS
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class Auth:
+    reason: int = Reason.SUCCESS
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+Packet = (Connect | ConnAck | Publish | Ack | Subscribe | SubAck | Unsubscribe | UnsubAck | PingReq | PingResp
+          | Disconnect | Auth)
+
+
+def malformed(message: str) -> MqttError:
+    return MqttError(Reason.MALFORMED_PACKET, message)
+
+
+def protocol_error(message: str) -> MqttError:
+    return MqttError(Reason.PROTOCOL_ERROR, message)
+
+
+# ---- reading
+
+
+class _Reader:
+    """A packet's variable header and payload, read in order; reading past its end is a Malformed Packet."""
+
+    __slots__ = ("data", "at")
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.at = 0
+
+    @property
+    def left(self) -> int:
+        return len(self.data) - self.at
+
+    def take(self, count: int, what: str) -> bytes:
+        if count > self.left:
+            raise malformed(f"{what} runs past the packet's end")
+        chunk = self.data[self.at:self.at + count]
+        self.at += count
+        return chunk
+
+    def byte(self, what: str) -> int:
+        return self.take(1, what)[0]
+
+    def u16(self, what: str) -> int:
+        return _u16.unpack(self.take(2, what))[0]
+
+    def u32(self, what: str) -> int:
+        return _u32.unpack(self.take(4, what))[0]
+
+    def varint(self, what: str) -> int:
+        value, self.at = read_varint(self.data, self.at, what)
+        return value
+
+    def binary(self, what: str) -> bytes:
+        return self.take(self.u16(what), what)
+
+    def string(self, what: str) -> str:
+        raw = self.binary(what)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise malformed(f"{what} is not valid UTF-8") from None
+        if "\x00" in text:
+            raise malformed(f"{what} holds the null character")
+        return text
+
+    def properties(self, what: str) -> dict[str, Any]:
+        length = self.varint(f"{what}'s property length")
+        end = self.at + length
+        if end > len(self.data):
+            raise malformed(f"{what}'s properties run past the packet's end")
+        found: dict[str, Any] = {}
+        while self.at < end:
+            identifier = self.varint(f"a property identifier of {what}")
+            if identifier not in PROPERTIES:
+                raise malformed(f"{what} has an unknown property 0x{identifier:02x}")
+            name, kind = PROPERTIES[identifier]
+            value: Any
+            if kind == "byte":
+                value = self.byte(name)
+            elif kind == "u16":
+                value = self.u16(name)
+            elif kind == "u32":
+                value = self.u32(name)
+            elif kind == "varint":
+                value = self.varint(name)
+            elif kind == "str":
+                value = self.string(name)
+            elif kind == "bin":
+                value = self.binary(name)
+            else:
+                value = (self.string(f"{name} name"), self.string(f"{name} value"))
+            if name in REPEATABLE:
+                found.setdefault(name, []).append(value)
+            elif name in found:
+                raise protocol_error(f"{what} has property {name} twice")
+            else:
+                found[name] = value
+        if self.at != end:
+            raise malformed(f"{what}'s last property runs past its property length")
+        return found
+
+    def done(self, what: str) -> None:
+        if self.left:
+            raise malformed(f"{what} has {self.left} bytes after its end")
+
+
+def read_varint(data: bytes | bytearray, at: int, what: str) -> tuple[int, int]:
+    """A Variable Byte Integer (1 to 4 bytes) at data[at:]: (value, the offset after it). Too short: IndexError."""
+    value = 0
+    for shift in (0, 7, 14, 21):
+        if at >= len(data):
+            raise malformed(f"{what} runs past the packet's end")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+    raise malformed(f"{what} is a variable byte integer longer than 4 bytes")
+
+
+def _packet_id(reader: _Reader, what: str) -> int:
+    packet_id = reader.u16(f"{what}'s packet identifier")
+    if packet_id == 0:
+        raise protocol_error(f"{what} has packet identifier 0")
+    return packet_id
+
+
+def _check_qos(qos: int, what: str) -> int:
+    if qos > 2:
+        raise malformed(f"{what} has QoS {qos}")
+    return qos
+
+
+FIXED_FLAGS = {PacketType.PUBREL: 0b0010, PacketType.SUBSCRIBE: 0b0010, PacketType.UNSUBSCRIBE: 0b0010}
+
+
+def decode(kind: int, flags: int, body: bytes, version: int | None) -> Packet:
+    """One packet from its fixed header's type and flags and the rest of it. version: the protocol level of the
+    connection's CONNECT (None before it: only a CONNECT decodes then)."""
+    if kind == 0:
+        raise malformed("packet type 0 is reserved")
+    kind = PacketType(kind)
+    if kind != PacketType.PUBLISH and flags != FIXED_FLAGS.get(kind, 0):
+        raise malformed(f"{kind.name} has fixed header flags {flags:04b}")
+    if kind == PacketType.CONNECT:
+        return _connect(_Reader(body))
+    if version is None:
+        raise protocol_error(f"{kind.name} before CONNECT")
+    five = version == V5
+    reader = _Reader(body)
+    packet: Packet
+    if kind == PacketType.PUBLISH:
+        qos = _check_qos((flags >> 1) & 0b11, "PUBLISH")
+        topic = reader.string("PUBLISH's topic name")
+        packet_id = _packet_id(reader, "PUBLISH") if qos else 0
+        if qos == 0 and flags & 0b1000:
+            raise malformed("PUBLISH at QoS 0 has its DUP flag set")
+        properties = reader.properties("PUBLISH") if five else {}
+        packet = Publish(topic, reader.take(reader.left, "payload"), qos, bool(flags & 1), bool(flags & 0b1000),
+                         packet_id, properties)
+    elif kind in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
+        packet_id = _packet_id(reader, kind.name)
+        reason = reader.byte(f"{kind.name}'s reason code") if five and reader.left else Reason.SUCCESS
+        properties = reader.properties(kind.name) if five and reader.left else {}
+        packet = Ack(kind, packet_id, reason, properties)
+    elif kind == PacketType.SUBSCRIBE:
+        packet_id = _packet_id(reader, "SUBSCRIBE")
+        properties = reader.properties("SUBSCRIBE") if five else {}
+        subscriptions = []
+        while reader.left:
+            topic_filter = reader.string("SUBSCRIBE's topic filter")
+            options = reader.byte("SUBSCRIBE's options")
+            if options & (0b11000000 if five else 0b11111100):
+                raise malformed(f"SUBSCRIBE's options {options:08b} set reserved bits")
+            if (options >> 4) & 0b11 == 3:
+                raise protocol_error("SUBSCRIBE's retain handling is 3")
+            subscriptions.append(Subscription(topic_filter, _check_qos(options & 0b11, "SUBSCRIBE"),
+                                              bool(options & 0b100), bool(options & 0b1000), (options >> 4) & 0b11))
+        if not subscriptions:
+            raise protocol_error("SUBSCRIBE without a topic filter")
+        packet = Subscribe(packet_id, subscriptions, properties)
+    elif kind == PacketType.UNSUBSCRIBE:
+        packet_id = _packet_id(reader, "UNSUBSCRIBE")
+        properties = reader.properties("UNSUBSCRIBE") if five else {}
+        filters = []
+        while reader.left:
+            filters.append(reader.string("UNSUBSCRIBE's topic filter"))
+        if not filters:
+            raise protocol_error("UNSUBSCRIBE without a topic filter")
+        packet = Unsubscribe(packet_id, filters, properties)
+    elif kind in (PacketType.SUBACK, PacketType.UNSUBACK):
+        packet_id = _packet_id(reader, kind.name)
+        properties = reader.properties(kind.name) if five else {}
+        reasons = list(reader.take(reader.left, "reason codes"))
+        packet = (SubAck if kind == PacketType.SUBACK else UnsubAck)(packet_id, reasons, properties)
+    elif kind == PacketType.CONNACK:
+        acknowledge = reader.byte("CONNACK's flags")
+        if acknowledge & 0xFE:
+            raise malformed(f"CONNACK's flags {acknowledge:08b} set reserved bits")
+        reason = reader.byte("CONNACK's reason code")
+        packet = ConnAck(reason, bool(acknowledge & 1), reader.properties("CONNACK") if five else {})
+    elif kind == PacketType.PINGREQ:
+        packet = PingReq()
+    elif kind == PacketType.PINGRESP:
+        packet = PingResp()
+    elif kind == PacketType.DISCONNECT:
+        reason = reader.byte("DISCONNECT's reason code") if five and reader.left else Reason.SUCCESS
+        packet = Disconnect(reason, reader.properties("DISCONNECT") if five and reader.left else {})
+    else:
+        if not five:
+            raise protocol_error("AUTH in MQTT 3.1.1")
+        reason = reader.byte("AUTH's reason code") if reader.left else Reason.SUCCESS
+        packet = Auth(reason, reader.properties("AUTH") if reader.left else {})
+    reader.done(kind.name)
+    return packet
+
+
+def _connect(reader: _Reader) -> Connect:
+    name = reader.string("CONNECT's protocol name")
+    level = reader.byte("CONNECT's protocol level")
+    if name != "MQTT" or level not in (V311, V5):
+        raise MqttError(Reason.UNSUPPORTED_PROTOCOL_VERSION, f"protocol {name!r} level {level}: rocket speaks MQTT "
+                                                             "3.1.1 (level 4) and 5.0 (level 5)")
+    flags = reader.byte("CONNECT's flags")
+    if flags & 1:
+        raise malformed("CONNECT's reserved flag is set")
+    will_flag, will_qos, will_retain = bool(flags & 0b100), (flags >> 3) & 0b11, bool(flags & 0b100000)
+    if not will_flag and (will_qos or will_retain):
+        raise malformed("CONNECT has a will QoS or retain without a will")
+    _check_qos(will_qos, "CONNECT's will")
+    has_username, has_password = bool(flags & 0x80), bool(flags & 0x40)
+    if level == V311 and has_password and not has_username:
+        raise malformed("CONNECT has a password without a user name")
+    keep_alive = reader.u16("CONNECT's keep alive")
+    properties = reader.properties("CONNECT") if level == V5 else {}
+    client_id = reader.string("CONNECT's client identifier")
+    will = None
+    if will_flag:
+        will_properties = reader.properties("CONNECT's will") if level == V5 else {}
+        will = Will(reader.string("CONNECT's will topic"), reader.binary("CONNECT's will payload"), will_qos,
+                    will_retain, will_properties)
+    username = reader.string("CONNECT's user name") if has_username else None
+    password = reader.binary("CONNECT's password") if has_password else None
+    reader.done("CONNECT")
+    return Connect(client_id, level, bool(flags & 0b10), keep_alive, username, password, will, properties)
+
+
+class Decoder:
+    """Bytes in (feed), whole packets out (packets). A packet longer than packet_bytes_max is PACKET_TOO_LARGE as
+    soon as its length is read, before its body arrives, so memory follows what arrived of one packet at most."""
+
+    def __init__(self, packet_bytes_max: int = limits.mqtt_packet_bytes_max, version: int | None = None):
+        self.packet_bytes_max = packet_bytes_max
+        self.version = version  # the protocol level, from the CONNECT decoded (or given, on a client)
+        self._buffer = bytearray()
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[Packet]:
+        self._buffer += data
+        found: list[Packet] = []
+        while self._buffer:
+            length, at = self._length()
+            if length is None or len(self._buffer) < at + length:
+                break
+            first = self._buffer[0]
+            body = bytes(self._buffer[at:at + length])
+            del self._buffer[:at + length]
+            packet = decode(first >> 4, first & 0x0F, body, self.version)
+            if isinstance(packet, Connect):
+                if self.version is not None:
+                    raise protocol_error("a second CONNECT")
+                self.version = packet.protocol_level
+            found.append(packet)
+        return found
+
+    def _length(self) -> tuple[int | None, int]:
+        """The remaining length and where the body starts, or (None, 0) while the length is not all here."""
+        try:
+            length, at = read_varint(self._buffer, 1, "the remaining length")
+        except MqttError:
+            if len(self._buffer) < 5 and all(byte & 0x80 for byte in self._buffer[1:]):
+                return None, 0  # more bytes of the length to come
+            raise
+        if at + length > self.packet_bytes_max:
+            raise MqttError(Reason.PACKET_TOO_LARGE, f"a packet of {at + length} bytes is more than the "
+                                                     f"{self.packet_bytes_max} allowed")
+        return length, at
+
+
+# ---- writing
+
+
+def write_varint(value: int) -> bytes:
+    if not 0 <= value <= 268_435_455:
+        raise ValueError(f"{value} does not fit a variable byte integer")
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _binary(data: bytes) -> bytes:
+    if len(data) > 0xFFFF:
+        raise ValueError(f"{len(data)} bytes do not fit a length-prefixed field")
+    return _u16.pack(len(data)) + data
+
+
+def _string(text: str) -> bytes:
+    return _binary(text.encode("utf-8"))
+
+
+def _properties(properties: dict[str, Any]) -> bytes:
+    out = bytearray()
+    for name, value in properties.items():
+        identifier, kind = _PROPERTY_IDS[name]
+        for each in (value if name in REPEATABLE else [value]):
+            out += write_varint(identifier)
+            if kind == "byte":
+                out.append(each)
+            elif kind == "u16":
+                out += _u16.pack(each)
+            elif kind == "u32":
+                out += _u32.pack(each)
+            elif kind == "varint":
+                out += write_varint(each)
+            elif kind == "str":
+                out += _string(each)
+            elif kind == "bin":
+                out += _binary(each)
+            else:
+                out += _string(each[0]) + _string(each[1])
+    return write_varint(len(out)) + bytes(out)
+
+
+def encode(packet: Packet, version: int = V5) -> bytes:
+    """The packet's bytes, for a connection at protocol level version (a CONNECT's own level wins)."""
+    five = version == V5
+    flags = 0
+    body: bytes
+    if isinstance(packet, Connect):
+        five = packet.protocol_level == V5
+        will = packet.will
+        connect_flags = ((0b10 if packet.clean_start else 0) | (0x80 if packet.username is not None else 0)
+                         | (0x40 if packet.password is not None else 0))
+        if will is not None:
+            connect_flags |= 0b100 | (will.qos << 3) | (0b100000 if will.retain else 0)
+        parts = [_string("MQTT"), bytes([packet.protocol_level, connect_flags]), _u16.pack(packet.keep_alive)]
+        if five:
+            parts.append(_properties(packet.properties))
+        parts.append(_string(packet.client_id))
+        if will is not None:
+            parts += [_properties(will.properties)] if five else []
+            parts += [_string(will.topic), _binary(will.payload)]
+        if packet.username is not None:
+            parts.append(_string(packet.username))
+        if packet.password is not None:
+            parts.append(_binary(packet.password))
+        kind, body = PacketType.CONNECT, b"".join(parts)
+    elif isinstance(packet, ConnAck):
+        body = bytes([1 if packet.session_present else 0, packet.reason])
+        kind, body = PacketType.CONNACK, body + (_properties(packet.properties) if five else b"")
+    elif isinstance(packet, Publish):
+        flags = (0b1000 if packet.dup else 0) | (packet.qos << 1) | (1 if packet.retain else 0)
+        head = _string(packet.topic) + (_u16.pack(packet.packet_id) if packet.qos else b"")
+        kind, body = PacketType.PUBLISH, head + (_properties(packet.properties) if five else b"") + packet.payload
+    elif isinstance(packet, Ack):
+        kind, flags = packet.kind, FIXED_FLAGS.get(packet.kind, 0)
+        body = _u16.pack(packet.packet_id)
+        if five and (packet.reason != Reason.SUCCESS or packet.properties):
+            body += bytes([packet.reason]) + (_properties(packet.properties) if packet.properties else b"")
+    elif isinstance(packet, Subscribe):
+        kind, flags = PacketType.SUBSCRIBE, FIXED_FLAGS[PacketType.SUBSCRIBE]
+        body = _u16.pack(packet.packet_id) + (_properties(packet.properties) if five else b"") + b"".join(
+            _string(each.topic_filter) + bytes([each.qos | (0b100 if each.no_local else 0)
+                                                | (0b1000 if each.retain_as_published else 0)
+                                                | (each.retain_handling << 4)])
+            for each in packet.subscriptions)
+    elif isinstance(packet, Unsubscribe):
+        kind, flags = PacketType.UNSUBSCRIBE, FIXED_FLAGS[PacketType.UNSUBSCRIBE]
+        body = _u16.pack(packet.packet_id) + (_properties(packet.properties) if five else b"") + b"".join(
+            _string(each) for each in packet.topic_filters)
+    elif isinstance(packet, (SubAck, UnsubAck)):
+        kind = PacketType.SUBACK if isinstance(packet, SubAck) else PacketType.UNSUBACK
+        reasons = packet.reasons if five or kind == PacketType.SUBACK else []
+        body = _u16.pack(packet.packet_id) + (_properties(packet.properties) if five else b"") + bytes(reasons)
+    elif isinstance(packet, (PingReq, PingResp)):
+        kind, body = (PacketType.PINGREQ if isinstance(packet, PingReq) else PacketType.PINGRESP), b""
+    elif isinstance(packet, Disconnect):
+        kind = PacketType.DISCONNECT
+        body = b""
+        if five and (packet.reason != Reason.SUCCESS or packet.properties):
+            body = bytes([packet.reason]) + _properties(packet.properties)
+    else:
+        kind = PacketType.AUTH
+        body = b""
+        if packet.reason != Reason.SUCCESS or packet.properties:
+            body = bytes([packet.reason]) + _properties(packet.properties)
+    return bytes([(kind << 4) | flags]) + write_varint(len(body)) + body
+
+
+def valid_topic_name(name: str) -> bool:
+    """A PUBLISH's topic: not empty, no wildcard (MQTT 4.7.3)."""
+    return bool(name) and "+" not in name and "#" not in name
+
+
+def valid_topic_filter(topic_filter: str) -> bool:
+    """A SUBSCRIBE's filter: '#' alone in the last level, '+' alone in a level (MQTT 4.7.1)."""
+    if not topic_filter:
+        return False
+    levels = topic_filter.split("/")
+    for index, level in enumerate(levels):
+        if "#" in level and (level != "#" or index != len(levels) - 1):
+            return False
+        if "+" in level and level != "+":
+            return False
+    return True
+
+
+def matches(topic_filter: str, topic: str) -> bool:
+    """Whether a topic name matches a (valid) filter; topics starting with '$' match no filter starting with a
+    wildcard (MQTT 4.7.2)."""
+    filter_levels, topic_levels = topic_filter.split("/"), topic.split("/")
+    if topic.startswith("$") and filter_levels[0] in ("+", "#"):
+        return False
+    for index, level in enumerate(filter_levels):
+        if level == "#":
+            return True
+        if index >= len(topic_levels) or (level != "+" and level != topic_levels[index]):
+            return False
+    return len(filter_levels) == len(topic_levels)
