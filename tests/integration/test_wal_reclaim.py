@@ -28,7 +28,14 @@ def body(queue: int, seq: int) -> bytes:
 
 
 def wal_segments(data_dir: Path) -> dict[int, int]:
-    return {int(path.stem): path.stat().st_size for path in (data_dir / "raft").glob("*.log")}
+    """The WAL's segments and their sizes; one reclaimed between the listing and its stat is gone already."""
+    found = {}
+    for path in (data_dir / "raft").glob("*.log"):
+        try:
+            found[int(path.stem)] = path.stat().st_size
+        except FileNotFoundError:
+            continue
+    return found
 
 
 async def consume_all(server: str, topic: str, count: int, timeout_s: float) -> list[Message]:
