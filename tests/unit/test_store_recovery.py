@@ -53,6 +53,15 @@ def observed(node: Node) -> dict:
     }
 
 
+def copy_synced_index(node: Node, directory: Path) -> Path:
+    """A copy of the index as LevelDB holds it durably now. LevelDB compacts in the background and deletes files
+    then, so it compacts everything first: no file vanishes while it is copied."""
+    node.store.index._db.compact_range()
+    synced = directory / "index-at-sync"
+    shutil.copytree(directory / "index", synced)
+    return synced
+
+
 def test_a_restart_recovers_everything(tmp_path):
     """After many rounds, a reopen finds every queue's offsets and messages, the consumer offsets, the pop cursor and
     what is in flight, and the pending timers as they were; the group goes on."""
@@ -85,8 +94,7 @@ def test_an_index_that_lost_its_writes_since_its_last_sync_is_brought_up_from_th
     for round_number in range(1, 100):
         round_of_work(log, round_number)
     node.sync()
-    synced = tmp_path / "index-at-sync"
-    shutil.copytree(tmp_path / "index", synced)  # what LevelDB holds durably
+    synced = copy_synced_index(node, tmp_path)
     for round_number in range(100, 150):
         round_of_work(log, round_number)
     expected = observed(node)
@@ -148,7 +156,7 @@ def legacy_store(directory: Path, rounds: int, synced_at: int) -> tuple[dict, Pa
         round_of_work(log, round_number)
         if round_number == synced_at:
             node.sync()
-            shutil.copytree(directory / "index", directory / "index-at-sync")
+            copy_synced_index(node, directory)
     expected = observed(node)
     node.wal.checkpoint([])  # what the index lacks must come from the old log: the WAL replays none of its entries
     node.close()
