@@ -302,6 +302,15 @@ class Access:
             raise self.failed(source, error) from None
         return user.name
 
+    def check_secret(self, user: str, secret: bytes, source: str, what: str) -> str:
+        """The user whose secret was given in the clear (the console's and MQTT's sign-ins), or UNAUTHENTICATED
+        naming what refused, counted against the source."""
+        self.refuse_if_guessing(source)
+        known = self.secret_of(user)
+        if known is None or not hmac.compare_digest(known, secret):
+            raise self.failed(source, RocketError(Code.UNAUTHENTICATED, f"{what}: no user {user!r} with that secret"))
+        return user
+
     def authorize(self, user: str, needs: list[tuple[str, str]], source: str, counted: bool = True) -> None:
         """Raise PERMISSION_DENIED unless the user may do all of needs from source; counted: against the source."""
         found = self.users.get(user)

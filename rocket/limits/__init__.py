@@ -10,12 +10,13 @@ from rocket.limits.raft import *
 from rocket.limits.kv import *
 from rocket.limits.messaging import *
 from rocket.limits.rocketmq import *
+from rocket.limits.mqtt import *
 from rocket.limits.access import *
 from rocket.limits.cluster import *
 from rocket.limits.tier import *
 from rocket.limits.client import *
 
-__all__ = ["units", "data", "wire", "raft", "kv", "messaging", "rocketmq", "access", "cluster", "tier", "client"]
+__all__ = ["units", "data", "wire", "raft", "kv", "messaging", "rocketmq", "mqtt", "access", "cluster", "tier", "client"]
 
 # Relations across subsystems; each module asserts its own.
 invariant(batch_bytes_max < frame_bytes_max, "a batch must fit in a frame")
@@ -32,6 +33,11 @@ invariant(rocketmq_receive_slice_s < storage_retry_s_max and rocketmq_receive_sl
 invariant(rocketmq_receive_wait_s_default * 1000 <= pull_wait_ms_max, "RocketMQ's default long poll is one rocket allows")
 invariant(rocketmq_invisible_s_default <= pop_invisible_s_max, "RocketMQ's default invisible time is one rocket allows")
 invariant(rocketmq_receive_messages_default <= pop_messages_max, "a RocketMQ receive batch is one pop")
+invariant(mqtt_receive_wait_s < storage_retry_s_max and mqtt_receive_wait_s * 1000 <= pull_wait_ms_max,
+          "an MQTT subscription's long poll is one broker long poll, within the broker's storage retries")
+invariant(pop_invisible_s_min <= mqtt_invisible_s <= pop_invisible_s_max, "MQTT's invisible time is one storage allows")
+invariant(mqtt_receive_messages_max <= pop_messages_max, "an MQTT receive is one pop")
+invariant(mqtt_client_id_bytes_max <= kv_key_bytes_max, "a client id is a key of the sessions' bucket")
 invariant(read_bytes_max + cold_read_ahead_bytes <= cold_cache_bytes_min, "a cold read and its read-ahead fit the cache")
 invariant(2 * cold_get_s_max < storage_call_s_max, "a cold read gives up on the object store (index, then data) before "
           "the broker gives up on the storage node: the reader gets UNAVAILABLE, not a TIMEOUT")

@@ -8,9 +8,7 @@ rocketmq_receive_answer_margin_s = 1.0  # a long poll answers "not found" this l
 rocketmq_receive_slice_s = 5.0  # a long poll asks the broker in slices, each within the broker's storage retries
 rocketmq_receive_wait_s_default = 20.0  # RocketMQ's default long-polling timeout, when a request names none
 rocketmq_invisible_s_default = 30.0  # RocketMQ's default invisible duration, when a request names none
-rocketmq_topic_cache_s = 5.0  # topic types and queue counts are read at most this often per topic (sends need them)
 rocketmq_telemetry_topics_max = 256  # transaction topics one Telemetry stream has check-backs forwarded for
-rocketmq_topic_cache_entries_max = 4096  # bounds the topic cache; the oldest entry goes first
 rocketmq_receive_messages_default = 32  # messages a RocketMQ consumer receives at once, told in its settings
 rocketmq_pull_messages_max = 1024  # messages in one PullMessage answer, whatever batch_size asks
 rocketmq_pull_bytes_max = 4 * MiB  # bytes read for one PullMessage answer
@@ -28,9 +26,10 @@ rocketmq_signature_behind_s_max = 12 * 3600.0 + rocketmq_signature_clock_error_s
 remoting_frame_bytes_max = 16 * MiB  # one remoting frame (RocketMQ's own limit): a batch send of 4 MiB messages fits
 remoting_header_bytes_max = 64 * 1024 - 1  # a remoting header; longer ones are refused, which keeps the protocols apart
 remoting_in_flight_per_connection_max = 256  # requests of one remoting connection served at once (pulls wait)
-remoting_topic_cache_s = 5.0  # topic queue counts and live brokers are read at most this often for routes
-remoting_topic_cache_entries_max = 4096  # bounds the gateway's topic cache; the oldest entry goes first
-mqtt_packet_bytes_max = 1 * MiB  # one MQTT packet (EMQX's default); the protocol allows 256 MiB, which a device never needs
+# Every gateway (gRPC, remoting, MQTT) reads a topic's type, queue count and brokers at most this often (its sends and
+# routes need them) ...
+gateway_topic_cache_s = 5.0
+gateway_topic_cache_entries_max = 4096  # ... in one cache per gateway of this many topics; the oldest entry goes first
 remoting_member_refresh_s = 2.0  # connected consumers kept in their groups, and pulled offsets written, this often
 remoting_pull_messages_max = 1024  # messages in one pull answer, whatever maxMsgNums asks
 remoting_pull_bytes_max = 4 * MiB  # bytes read for one pull answer

@@ -8,7 +8,6 @@ import base64
 import binascii
 import contextvars
 import dataclasses
-import hmac
 import logging
 import math
 from importlib import resources
@@ -141,11 +140,7 @@ class Console:
         if scheme.lower() != "basic" or not colon:
             raise self._access.failed(source, RocketError(Code.UNAUTHENTICATED, "console: the Authorization header "
                                                          "holds no HTTP Basic credentials"))
-        secret = self._access.secret_of(user)
-        if secret is None or not hmac.compare_digest(secret, password.encode()):
-            raise self._access.failed(source, RocketError(Code.UNAUTHENTICATED,
-                                                         f"console: no user {user!r} with that secret"))
-        return Caller(source=source, user=user)
+        return Caller(source=source, user=self._access.check_secret(user, password.encode(), source, "console"))
 
     def require(self, method: str, request: dict) -> None:
         """A page's own check, as the node's method it shows the reads of: raise Refused (counted against the

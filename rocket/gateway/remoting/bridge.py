@@ -8,9 +8,9 @@ import trio
 from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import Code, RocketError
-from rocket.gateway.reads import queue_info
+from rocket.gateway.reads import TopicCache, queue_info
 from rocket.gateway.remoting import messages as layout
-from rocket.model import KV_PREFIX, Message
+from rocket.model import Message
 from rocket.serde import batch as batch_codec
 from rocket.transport.guard import Caller
 from rocket.transport.rpc import Dispatcher
@@ -23,34 +23,16 @@ class Bridge:
         self.cluster = cluster  # the one broker name routes give: rocket's brokers are alike
         self.started_ms = clock.wall_ms()
         self.nursery: trio.Nursery | None = None  # the gateway's own tasks (RemotingGateway.run)
-        # name -> (read at, topic), at most limits.remoting_topic_cache_entries_max
-        self._topics: dict[str, tuple[float, dict]] = {}
-        # topic -> (read at, queue -> (min_offset, next_offset)), as many as _topics holds
+        self.topics = TopicCache(dispatcher, clock)
+        # topic -> (read at, queue -> (min_offset, next_offset)), as many topics as the cache holds
         self._bounds: dict[str, tuple[float, dict[int, tuple[int, int]]]] = {}
 
     async def topic(self, name: str) -> dict:
-        """The topic's TopicInfo, cached for limits.remoting_topic_cache_s."""
-        now = self.clock.now_s()
-        found = self._topics.get(name)
-        if found is not None and now - found[0] < limits.remoting_topic_cache_s:
-            return found[1]
-        if not name or name.startswith(KV_PREFIX):
-            raise RocketError(Code.UNKNOWN_TOPIC, f"no topic {name!r}")
-        if self.dispatcher.serves("GetRoute"):  # a nameserver here: no storage call needed
-            topic = (await self.dispatcher.local("GetRoute", {"topic": name}))["topic"]
-        else:
-            topic = (await self.dispatcher.local("DescribeTopic", {"topic": name}))["topic"]
-        if topic["message_type"] == "kv":
-            raise RocketError(Code.UNKNOWN_TOPIC, f"{name!r} is a KV bucket, not a topic")
-        self._topics.pop(name, None)
-        while len(self._topics) >= limits.remoting_topic_cache_entries_max:
-            del self._topics[next(iter(self._topics))]
-        self._topics[name] = (now, topic)
-        return topic
+        return await self.topics.get(name)
 
     def forget_topic(self, name: str) -> None:
         """Read the topic anew next time: it was created or changed here."""
-        self._topics.pop(name, None)
+        self.topics.forget(name)
         self._bounds.pop(name, None)
 
     async def queue_bounds(self, topic: str, queue: int) -> tuple[int, int] | None:
@@ -64,7 +46,7 @@ class Bridge:
             except RocketError:
                 return found[1].get(queue) if found is not None else None
             self._bounds.pop(topic, None)
-            while len(self._bounds) >= limits.remoting_topic_cache_entries_max:
+            while len(self._bounds) >= limits.gateway_topic_cache_entries_max:
                 del self._bounds[next(iter(self._bounds))]
             found = self._bounds[topic] = (now, {info["queue"]: (info["min_offset"], info["next_offset"])
                                                  for info in described["queues"]})

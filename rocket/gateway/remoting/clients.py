@@ -51,7 +51,7 @@ class Clients:
         self._members_seen: dict[tuple[str, str], list[str]] = {}
         # (group, topic) -> queue -> offset, unwritten: at most limits.remoting_unwritten_offsets_keys_max pairs
         self._offsets: dict[tuple[str, str], dict[int, int]] = {}
-        self._retry_topics_made: set[str] = set()  # cleared at limits.remoting_topic_cache_entries_max
+        self._retry_topics_made: set[str] = set()  # cleared at limits.gateway_topic_cache_entries_max
 
     async def heart_beat(self, command: Command, connection, caller: Caller) -> Command:
         data = json_body(command)
@@ -95,7 +95,7 @@ class Clients:
                     log.warning("cannot create the retry topic %s: %s", name, error)
                     return
             self.bridge.forget_topic(name)
-        if len(self._retry_topics_made) >= limits.remoting_topic_cache_entries_max:
+        if len(self._retry_topics_made) >= limits.gateway_topic_cache_entries_max:
             self._retry_topics_made.clear()
         self._retry_topics_made.add(name)
 

@@ -33,11 +33,11 @@ class Naming:
         self._brokers: tuple[float, list[str]] = (-1e9, [])  # (read at, the live brokers' addresses)
 
     async def _live_brokers(self, connection) -> list[str]:
-        """The remoting (TCP) addresses of the brokers that are up, cached for limits.remoting_topic_cache_s; this
+        """The remoting (TCP) addresses of the brokers that are up, cached for limits.gateway_topic_cache_s; this
         node's own address when no nameserver answers."""
         at, brokers = self._brokers
         now = self.clock.now_s()
-        if now - at < limits.remoting_topic_cache_s and brokers:
+        if now - at < limits.gateway_topic_cache_s and brokers:
             return brokers
         try:
             status = await self.dispatcher.local("ClusterStatus", {})

@@ -11,6 +11,7 @@ from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import RocketError
 from rocket.gateway.properties import BORN_HOST_PROPERTY
+from rocket.gateway.reads import TopicCache
 from rocket.gateway.rocketmq.protocol import MESSAGE_TYPE_OF, OK, status_of
 from rocket.model import ID_PROPERTY, KEYS_PROPERTY, Message
 from rocket.transport.grpc_wire import GrpcError, GrpcStatus
@@ -27,8 +28,7 @@ class Bridge:
         self.service = service
         self.clock = clock
         self.max_attempts = max_attempts  # the node's rocketmq_max_attempts, for groups that set none
-        # name -> (fetched at, TopicInfo), at most limits.rocketmq_topic_cache_entries_max
-        self._topics: dict[str, tuple[float, dict]] = {}
+        self.topics = TopicCache(dispatcher, clock)
 
     def parse(self, request_type, data: bytes):
         try:
@@ -43,17 +43,7 @@ class Bridge:
         return self.status(status_of(error), f"{error.code.name}: {error.message}")
 
     async def topic(self, name: str) -> dict:
-        """The topic's TopicInfo (type, queues), cached for limits.rocketmq_topic_cache_s."""
-        now = self.clock.now_s()
-        found = self._topics.get(name)
-        if found is not None and now - found[0] < limits.rocketmq_topic_cache_s:
-            return found[1]
-        topic = (await self.dispatcher.local("DescribeTopic", {"topic": name}))["topic"]
-        self._topics.pop(name, None)
-        if len(self._topics) >= limits.rocketmq_topic_cache_entries_max:
-            del self._topics[next(iter(self._topics))]
-        self._topics[name] = (now, topic)
-        return topic
+        return await self.topics.get(name)
 
     async def group_settings(self, group: str) -> dict:
         """The consumer group's settings as the broker applies them (GroupSettings: cached there a few seconds);
