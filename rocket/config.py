@@ -44,6 +44,7 @@ class NodeConfig:
     http2_listen: Address | None = Address("127.0.0.1", 9877)
     # HTTP/1.1 (/metrics, /healthz, /readyz); when no source sets it, _dev_http_listen chooses.
     http_listen: Address | None = None
+    mqtt_listen: Address | None = None  # MQTT 3.1.1 and 5.0 for devices, on brokers; off unless set
     # Shared by a cluster's nodes (config file or ROCKET_CLUSTER_SECRET): with it, the methods between nodes answer
     # only connections that proved they know it (PeerHello); without it they answer anyone who reaches the port.
     cluster_secret: str = dataclasses.field(default="", repr=False)
@@ -318,7 +319,7 @@ def _convert(key: str, value: object) -> object:
         return Path(str(value))
     if key == "listen":
         return parse_address(key, value)
-    if key in ("http2_listen", "http_listen"):
+    if key in ("http2_listen", "http_listen", "mqtt_listen"):
         return parse_address(key, value, allow_off=True)
     if key in ("cluster_secret", "auth_admin_secret"):
         if len(str(value)) < limits.cluster_secret_chars_min:

@@ -29,6 +29,7 @@ from rocket.clock import Clock
 from rocket.config import ConfigError, NodeConfig
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.gateway.console import Console
+from rocket.gateway.mqtt.server import MqttGateway
 from rocket.gateway.remoting import RemotingGateway, looks_like_remoting
 from rocket.gateway.rocketmq import rocketmq_services
 from rocket.model import Address
@@ -71,6 +72,7 @@ class Ready:
     tcp_port: int
     http2_port: int | None
     http_port: int | None = None
+    mqtt_port: int | None = None
 
 
 def keep_freed_memory(pretouch_bytes: int = limits.malloc_pretouch_bytes) -> bool:
@@ -488,6 +490,13 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                                                   config.http_listen.host, config.http_listen.port,
                                                   {**console.routes(), **metrics.routes()}),
                                           "HTTP/1.1, --http-listen", config.http_listen)
+            mqtt_port = None
+            if config.mqtt_listen is not None and "broker" in config.roles:
+                mqtt = MqttGateway(dispatcher, clock, lifecycle)
+                await nursery.start(mqtt.run)
+                mqtt_port = await _listen(partial(nursery.start, partial(mqtt.listen, config.mqtt_listen.host,
+                                                                         config.mqtt_listen.port, lambda: tls.mqtt)),
+                                          "MQTT, --mqtt-listen", config.mqtt_listen)
             addresses = {node: (address.host, address.port)
                          for node, address in {**config.nameserver_members(), **config.controller_members()}.items()}
             # In permissive mode (a cluster moving to TLS) a node falls back to plain to a node without TLS yet.
@@ -525,13 +534,14 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             if not stop.is_set():
                 http2 = f"{config.http2_listen.host}:{http2_port}" if http2_port and config.http2_listen else "off"
                 http = f"{config.http_listen.host}:{http_port}" if http_port and config.http_listen else "off"
+                mqtt_at = f"{config.mqtt_listen.host}:{mqtt_port}" if mqtt_port and config.mqtt_listen else "off"
                 print(f"rocket ready tcp={config.listen.host}:{tcp_port} http2={http2} "
                       f"node={config.node_id} roles={','.join(config.roles)} data={config.data_dir} "
-                      f"pid={os.getpid()} http={http}",
+                      f"pid={os.getpid()} http={http} mqtt={mqtt_at}",
                       flush=True)
                 ready.set()
                 _notify_systemd("READY=1")
-                task_status.started(Ready(tcp_port, http2_port, http_port))
+                task_status.started(Ready(tcp_port, http2_port, http_port, mqtt_port))
                 if pretouch_bytes:
                     nursery.start_soon(touch_heap, pretouch_bytes)
                 if freeze_startup:

@@ -17,6 +17,7 @@ from rocket import config as config_module
 
 READY = re.compile(rb"rocket ready tcp=[^ ]*:(\d+) http2=(?:[^ ]*:)?(\d+|off)")  # an IPv6 host has colons
 READY_HTTP = re.compile(rb" http=(?:[^: ]+:)?(\d+|off)")
+READY_MQTT = re.compile(rb" mqtt=(?:[^ ]*:)?(\d+|off)")
 
 
 # The fast lane (`./test fast`): folders whose tests need nothing outside Python and this package's test extra: no
@@ -83,6 +84,7 @@ class ServerProcess:
         self.tcp_port = 0
         self.http2_port = 0
         self.http_port = 0
+        self.mqtt_port = 0
 
     def start(self, timeout_s: float = 30.0, extra: tuple[str, ...] = ()) -> "ServerProcess":
         command = [sys.executable, "-m", "rocket", "run", "--data-dir", str(self.data_dir),
@@ -100,6 +102,8 @@ class ServerProcess:
                 self.http2_port = int(match.group(2)) if match.group(2) != b"off" else 0
                 http = READY_HTTP.search(line)
                 self.http_port = int(http.group(1)) if http and http.group(1) != b"off" else 0
+                mqtt = READY_MQTT.search(line)
+                self.mqtt_port = int(mqtt.group(1)) if mqtt and mqtt.group(1) != b"off" else 0
                 return self
         raise RuntimeError("rocket run did not become ready")
 

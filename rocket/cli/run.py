@@ -31,6 +31,7 @@ def run(
     listen: Annotated[Optional[str], typer.Option("--listen", help="TCP HOST:PORT (default 127.0.0.1:9876).")] = None,
     http2_listen: Annotated[Optional[str], typer.Option("--http2-listen", help="HTTP/2 HOST:PORT or 'off' (default 127.0.0.1:9877).")] = None,
     http_listen: Annotated[Optional[str], typer.Option("--http-listen", help="HTTP/1.1 (/metrics, /healthz, /readyz) HOST:PORT or 'off' (default: 127.0.0.1:9878 in dev mode, off in a cluster).")] = None,
+    mqtt_listen: Annotated[Optional[str], typer.Option("--mqtt-listen", help="MQTT HOST:PORT on brokers, or 'off' (the default).")] = None,
     log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug, info, warning or error (default info).")] = None,
     node_id: Annotated[Optional[int], typer.Option("--node-id", help="This node's id in the cluster (default 1).")] = None,
     nameservers: Annotated[Optional[str], typer.Option("--nameservers", help="ID@HOST:PORT,... of the nameserver group (default: this node alone).")] = None,
@@ -41,7 +42,8 @@ def run(
     """Run a node. With no flags: dev mode, all roles in one process, data in ./rocket-data."""
     from rocket.node import StartupError, keep_freed_memory, run_node, tune_collector
 
-    flags = {"roles": role, "data_dir": data_dir, "listen": listen, "http2_listen": http2_listen, "http_listen": http_listen, "log_level": log_level,
+    flags = {"roles": role, "data_dir": data_dir, "listen": listen, "http2_listen": http2_listen, "http_listen": http_listen, "mqtt_listen": mqtt_listen,
+             "log_level": log_level,
              "node_id": node_id, "nameservers": nameservers, "controllers": controllers,
              "advertise": advertise, "auth": auth}
     try:

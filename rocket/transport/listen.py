@@ -98,12 +98,13 @@ async def cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
 
 
 async def serve_connections(lifecycle: Lifecycle, host: str, port: int, run_connection: Handler,
-                            refuse_connection: Handler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run run_connection for each connection until the lifecycle drains; past limits.connections_max,
-    refuse_connection answers and the connection is closed. Reports the bound port through task_status."""
+                            refuse_connection: Handler, *, connections_max: int = limits.connections_max,
+                            task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run run_connection for each connection until the lifecycle drains; past connections_max, refuse_connection
+    answers and the connection is closed. Reports the bound port through task_status."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound_port = listeners[0].socket.getsockname()[1]
-    connections = trio.CapacityLimiter(limits.connections_max)
+    connections = trio.CapacityLimiter(connections_max)
 
     async def handle(stream: trio.SocketStream) -> None:
         unpaced_on_loopback(stream)

@@ -72,7 +72,7 @@ class NodeTls:
     def __init__(self, config: NodeConfig):
         self.config = config
         self.mode = config.tls_mode
-        self.tcp, self.http2, self.http1, self.peer = self._build()
+        self.tcp, self.http2, self.http1, self.mqtt, self.peer = self._build()
 
     @property
     def verifies_peers(self) -> bool:
@@ -86,24 +86,25 @@ class NodeTls:
 
     def _build(self) -> tuple[ssl.SSLContext | None, ...]:
         config = self.config
-        tcp = peer = http2 = http1 = None
+        tcp = peer = http2 = http1 = mqtt = None
         # A certificate comes with its key: the config checked it (_check_tls).
         key, http2_key = cast(Path, config.tls_key), cast(Path, config.http2_tls_key)
         if config.tls_cert is not None:
             tcp = server_context(config.tls_cert, key, config.tls_ca)
             http1 = server_context(config.tls_cert, key, alpn=["http/1.1"])
+            mqtt = server_context(config.tls_cert, key, alpn=["mqtt"])  # MQTT over TLS (its ALPN id, if the client asks)
             peer = client_context(config.tls_ca, config.tls_cert, key)
         if config.http2_tls_cert is not None:
             http2 = server_context(config.http2_tls_cert, http2_key, alpn=["h2"])
         elif config.tls_cert is not None:
             http2 = server_context(config.tls_cert, key, alpn=["h2"])
-        return tcp, http2, http1, peer
+        return tcp, http2, http1, mqtt, peer
 
     def reload(self) -> bool:
         """Re-read the certificate, key and CA files; False (logged, the old contexts kept) when one does not load.
         On SIGHUP: new connections get the new contexts, the ones open keep theirs."""
         try:
-            self.tcp, self.http2, self.http1, self.peer = self._build()
+            self.tcp, self.http2, self.http1, self.mqtt, self.peer = self._build()
         except (OSError, ssl.SSLError) as error:
             log.error("TLS reload failed, the certificates in use are kept: %s", error)
             return False

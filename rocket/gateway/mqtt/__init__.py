@@ -1,4 +1,4 @@
-"""MQTT 3.1.1 and 5.0 for devices (issue 57): packets.py holds the protocol's packets, codec.py reads and writes them,
-sans I/O; the gateway that maps them onto the broker's methods comes next."""
+"""MQTT 3.1.1 and 5.0 for devices (issue 57): the gateway (server.py, connection.py) maps packets (packets.py, read and
+written sans I/O by codec.py) onto the broker's methods (mapping.py), with sessions and retained messages in KV."""
 
-__all__ = ["codec", "packets"]
+__all__ = ["codec", "connection", "mapping", "packets", "server", "session"]

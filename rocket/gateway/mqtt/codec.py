@@ -267,7 +267,7 @@ class Decoder:
     def buffered_bytes(self) -> int:
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[Packet]:
+    def feed(self, data: bytes | bytearray) -> list[Packet]:
         self._buffer += data
         found: list[Packet] = []
         while self._buffer:

@@ -1,0 +1,152 @@
+"""How MQTT maps onto rocket: a topic's first level names the rocket topic and the rest is the message's tag, a filter
+becomes a topic and a tag filter, and messages convert both ways (MQTT 5's properties as message properties)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import re
+import zlib
+
+from rocket import limits
+from rocket.errors import RocketError
+from rocket.gateway.mqtt.packets import V5, MqttError, Publish, Reason
+from rocket.model import Message, check_group_name, check_topic_name
+
+MQTT_TOPIC = "mqtt.topic"  # the MQTT topic a message was published on (the tag cannot hold every one)
+MQTT_CLIENT = "mqtt.client"  # the client id of its publisher (what MQTT 5's No Local compares)
+MQTT_QOS = "mqtt.qos"  # the QoS it was published with; a message from another protocol counts as QoS 1
+EXPIRES_MS = "mqtt.expires_ms"  # MQTT 5's message expiry, as the wall time it expires at
+# MQTT 5 properties kept as message properties, named so; binary ones base64
+CARRIED = {"content_type": "mqtt.content_type", "response_topic": "mqtt.response_topic",
+           "correlation_data": "mqtt.correlation_data", "payload_format_indicator": "mqtt.payload_format"}
+RESERVED = ("mqtt.", "__")  # property names a user property may not take: rocket's and the gateway's own
+SHARE_PREFIX = "$share/"
+GROUP_PREFIX = "mqtt-"  # a session's consumer group: this and its client id (or the id's digest)
+_plain_name = re.compile(r"^[A-Za-z0-9._%-]+$")
+
+
+def rocket_topic(mqtt_topic: str) -> str:
+    """The rocket topic an MQTT topic name (or a filter without a wildcard in its first level) lies in: its first
+    level; TOPIC_NAME_INVALID when that is no rocket topic name."""
+    first = mqtt_topic.split("/", 1)[0]
+    try:
+        return check_topic_name(first)
+    except RocketError:
+        raise MqttError(Reason.TOPIC_NAME_INVALID, f"the first level {first[:64]!r} of an MQTT topic names a rocket "
+                                                   "topic: letters, digits, '.', '_', '%' or '-'") from None
+
+
+def mqtt_topic(message: Message, topic: str) -> str:
+    """The MQTT topic a stored message is delivered on: the one it was published on, else the rocket topic and its
+    tag as the levels after (a message sent over rocket's API with tag T to topic S arrives on S/T)."""
+    published = message.properties.get(MQTT_TOPIC)
+    if published:
+        return published
+    return f"{topic}/{message.tag}" if message.tag else topic
+
+
+def queue_of(mqtt_topic_name: str, queues: int) -> int:
+    """The queue an MQTT topic's messages go to: always the same one, so they stay in order."""
+    return zlib.crc32(mqtt_topic_name.encode()) % queues
+
+
+def to_message(publish: Publish, client_id: str, now_ms: int) -> Message:
+    """A PUBLISH as the message rocket stores: the levels after the first as its tag (when they fit one), the topic,
+    QoS and MQTT 5 properties as message properties, user properties as themselves."""
+    rest = publish.topic.partition("/")[2]
+    tag = rest if len(rest.encode()) <= limits.tag_bytes_max else ""
+    properties = {MQTT_TOPIC: publish.topic, MQTT_QOS: str(publish.qos), MQTT_CLIENT: client_id}
+    given = publish.properties
+    for name, value in given.get("user_property", ()):
+        if not name or name.startswith(RESERVED):
+            raise MqttError(Reason.IMPLEMENTATION_SPECIFIC_ERROR, f"user property {name[:64]!r}: a name is not "
+                                                                  f"empty, nor starts with {' or '.join(RESERVED)}")
+        properties[name] = value
+    for name, carried in CARRIED.items():
+        if name in given:
+            value = given[name]
+            properties[carried] = base64.b64encode(value).decode() if isinstance(value, bytes) else str(value)
+    if "message_expiry_interval" in given:
+        properties[EXPIRES_MS] = str(now_ms + given["message_expiry_interval"] * 1000)
+    return Message(publish.payload, tag=tag, properties=properties, timestamp_ms=now_ms)
+
+
+def to_publish(message: Message, topic: str, qos: int, version: int, now_ms: int) -> Publish | None:
+    """A stored message as the PUBLISH a subscriber gets at qos, or None when it expired. Its message properties
+    other than rocket's and the gateway's become user properties (MQTT 5)."""
+    expires = message.properties.get(EXPIRES_MS)
+    properties: dict = {}
+    if expires is not None and expires.isdigit():
+        left_ms = int(expires) - now_ms
+        if left_ms <= 0:
+            return None
+        properties["message_expiry_interval"] = (left_ms + 999) // 1000
+    if version == V5:
+        users = [(name, value) for name, value in message.properties.items() if not name.startswith(RESERVED)]
+        if users:
+            properties["user_property"] = users
+        for name, carried in CARRIED.items():
+            value = message.properties.get(carried)
+            if value is not None:
+                properties[name] = _carried_value(name, value)
+    else:
+        properties = {}
+    return Publish(mqtt_topic(message, topic), message.body, qos, dup=message.attempt > 1, properties=properties)
+
+
+def _carried_value(name: str, value: str):
+    if name == "correlation_data":
+        try:
+            return base64.b64decode(value)
+        except ValueError:
+            return value.encode()
+    if name == "payload_format_indicator":
+        return 1 if value == "1" else 0
+    return value
+
+
+def published_qos(message: Message) -> int:
+    value = message.properties.get(MQTT_QOS, "1")
+    return int(value) if value in ("0", "1", "2") else 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Filter:
+    """A SUBSCRIBE's filter as rocket reads it: the rocket topic, and the consumer group (the session's, or the share
+    name's) whose receives the gateway matches against the filter."""
+    text: str  # as subscribed, $share/ and all: what UNSUBSCRIBE names
+    topic_filter: str  # without $share/NAME/
+    topic: str
+    share: str  # the share name, "" when not shared
+
+    def group(self, client_id: str) -> str:
+        return self.share or session_group(client_id)
+
+
+def parse_filter(text: str) -> Filter:
+    """A filter of SUBSCRIBE, or MqttError with the reason code for it: a wildcard in the first level cannot name a
+    rocket topic (Wildcard Subscriptions Not Supported), nor can a first level that is no topic name."""
+    share, topic_filter = "", text
+    if text.startswith(SHARE_PREFIX):
+        share, _, topic_filter = text[len(SHARE_PREFIX):].partition("/")
+        try:
+            check_group_name(share)
+        except RocketError:
+            raise MqttError(Reason.TOPIC_FILTER_INVALID, f"share name {share[:64]!r}: it names a rocket consumer "
+                                                         "group: letters, digits, '.', '_', '%' or '-'") from None
+    first = topic_filter.partition("/")[0]
+    if first in ("+", "#"):
+        raise MqttError(Reason.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, f"filter {text[:64]!r}: its first level names "
+                                                                     "the rocket topic, so it cannot be a wildcard")
+    return Filter(text, topic_filter, rocket_topic(topic_filter), share)
+
+
+def session_group(client_id: str) -> str:
+    """The consumer group a session's own subscriptions read in: mqtt-CLIENT, or the client id's digest when it is
+    no group name."""
+    name = GROUP_PREFIX + client_id
+    if _plain_name.match(client_id) and len(name.encode()) <= limits.group_name_bytes_max:
+        return name
+    return GROUP_PREFIX + hashlib.sha256(client_id.encode()).hexdigest()[:40]

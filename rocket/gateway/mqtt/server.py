@@ -1,0 +1,239 @@
+"""The MQTT gateway (MqttGateway): devices' connections on the broker's MQTT port, their CONNECT (sign-in, session),
+and the sessions on this broker; each connection's packets are served by a Connection (connection.py)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import ssl
+from collections.abc import Callable
+
+import trio
+
+from rocket import limits
+from rocket.clock import Clock
+from rocket.errors import Code, RocketError
+from rocket.gateway.mqtt.codec import Decoder, encode
+from rocket.gateway.mqtt.connection import Connection, reason_of
+from rocket.gateway.mqtt.packets import V5, ConnAck, Connect, Disconnect, MqttError, Publish, Reason
+from rocket.gateway.mqtt.session import NEVER_EXPIRES, Buckets, Retained, Session, Sessions
+from rocket.gateway.reads import TopicCache
+from rocket.transport.guard import Caller
+from rocket.transport.lifecycle import Lifecycle
+from rocket.transport.listen import serve_connections, source_of
+from rocket.transport.rpc import Dispatcher
+from rocket.transport.tls import handshake
+
+log = logging.getLogger("rocket.mqtt")
+
+V311_RETURN_CODES = {  # MQTT 3.1.1's CONNACK return codes for MQTT 5's reasons
+    Reason.UNSUPPORTED_PROTOCOL_VERSION: 1, Reason.CLIENT_IDENTIFIER_NOT_VALID: 2, Reason.SERVER_UNAVAILABLE: 3,
+    Reason.SERVER_BUSY: 3, Reason.BAD_USER_NAME_OR_PASSWORD: 4, Reason.NOT_AUTHORIZED: 5}
+
+
+class MqttGateway:
+    """MQTT 3.1.1 and 5.0 onto the broker's methods. A session is one per client id on this broker: a second CONNECT
+    with the id takes it over (the first connection gets Session Taken Over). A persistent session's state lies in
+    the storage groups (session.py), so it resumes on any broker."""
+
+    def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle):
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.lifecycle = lifecycle
+        self.topics = TopicCache(dispatcher, clock)
+        buckets = Buckets(dispatcher)
+        self.sessions = Sessions(buckets)
+        self.retained = Retained(buckets)
+        self.connected: dict[str, Connection] = {}  # client id -> its connection here
+        self.nursery: trio.Nursery | None = None  # wills that wait (their delay) run here
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def listen(self, host: str, port: int, tls: Callable[[], ssl.SSLContext | None],
+                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve MQTT on host:port (TLS when tls gives a context) until the lifecycle drains."""
+        async def run_connection(socket_stream: trio.SocketStream) -> None:
+            stream: trio.abc.Stream = socket_stream
+            context = tls()
+            if context is not None:
+                stream = trio.SSLStream(socket_stream, context, server_side=True)
+                try:
+                    await handshake(stream)
+                except (trio.BrokenResourceError, trio.TooSlowError) as error:
+                    log.info("MQTT TLS handshake with %s failed: %s", source_of(socket_stream), error)
+                    await trio.aclose_forcefully(stream)
+                    return
+            await self.serve(stream)
+
+        async def refuse_connection(stream: trio.SocketStream) -> None:
+            await stream.send_all(encode(ConnAck(3), 4))  # 3.1.1's "server unavailable", which 5.0 clients read too
+
+        await serve_connections(self.lifecycle, host, port, run_connection, refuse_connection,
+                                connections_max=limits.mqtt_connections_max, task_status=task_status)
+
+    async def serve(self, stream: trio.abc.Stream) -> None:
+        """One connection: its CONNECT within limits.mqtt_connect_s, then its packets until it ends. Input that
+        breaks the protocol gets the reason code (CONNACK or DISCONNECT in MQTT 5) and the connection is closed."""
+        source = source_of(stream)
+        decoder = Decoder()
+        connection: Connection | None = None
+        async with stream:
+            try:
+                with trio.move_on_after(limits.mqtt_connect_s):
+                    connect, rest = await self._first_packet(stream, decoder)
+                    if connect is None:
+                        return
+                    connection = await self._connect(stream, decoder, connect, source)
+                if connection is None:
+                    return
+                try:
+                    await connection.serve(rest)
+                finally:
+                    try:
+                        await self._ended(connection)
+                    finally:
+                        connection.finished.set()
+            except MqttError as error:
+                log.info("MQTT client %s: %s", source, error)
+                if decoder.version == V5 or decoder.version is None:
+                    answer = Disconnect(error.reason, {"reason_string": error.message[:200]}) \
+                        if connection is not None else ConnAck(error.reason,
+                                                               properties={"reason_string": error.message[:200]})
+                    await _send_quietly(stream, encode(answer, V5))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            except Exception:  # one device's bytes must not take the listener with them
+                log.exception("MQTT connection from %s failed", source)
+
+    async def _first_packet(self, stream: trio.abc.Stream, decoder: Decoder) -> tuple[Connect | None, list]:
+        while True:
+            data = await stream.receive_some(65536)
+            if not data:
+                return None, []
+            packets = decoder.feed(data)
+            if packets:
+                first = packets[0]
+                if not isinstance(first, Connect):
+                    raise MqttError(Reason.PROTOCOL_ERROR, f"{type(first).__name__} before CONNECT")
+                return first, packets[1:]
+
+    async def _connect(self, stream: trio.abc.Stream, decoder: Decoder, connect: Connect,
+                       source: str) -> Connection | None:
+        """Sign the client in, find or start its session, take it over from another connection here, answer
+        CONNACK; None when refused (the CONNACK said why)."""
+        version = connect.protocol_level
+        try:
+            caller = self._sign_in(connect, source)
+            client_id, assigned = connect.client_id, ""
+            if not client_id:
+                if not connect.clean_start and version != V5:
+                    raise MqttError(Reason.CLIENT_IDENTIFIER_NOT_VALID, "a persistent session needs a client id")
+                client_id = assigned = "auto-" + secrets.token_hex(8)
+            if len(client_id.encode()) > limits.mqtt_client_id_bytes_max:
+                raise MqttError(Reason.CLIENT_IDENTIFIER_NOT_VALID, f"client ids are at most "
+                                                                    f"{limits.mqtt_client_id_bytes_max} bytes")
+            expiry_s = connect.properties.get("session_expiry_interval", 0) if version == V5 \
+                else (0 if connect.clean_start else NEVER_EXPIRES)
+            previous = self.connected.get(client_id)
+            if previous is not None:
+                await previous.taken_over()
+            session = None if connect.clean_start else await self.sessions.load(client_id)
+            present = session is not None
+            if session is None:
+                session = Session(client_id)
+                await self.sessions.forget(client_id)
+            session.expiry_s = expiry_s
+            if session.persistent:
+                await self.sessions.save(session)
+        except MqttError as error:
+            await self._refuse(stream, version, error.reason, error.message)
+            return None
+        except RocketError as error:
+            await self._refuse(stream, version, reason_of(error, connecting=True), f"{error.code.name}: {error.message}")
+            return None
+        connection = Connection(self, stream, decoder, connect, session, caller)
+        self.connected[client_id] = connection
+        properties: dict = {}
+        if version == V5:
+            properties = {"topic_alias_maximum": limits.mqtt_topic_aliases_max,
+                          "receive_maximum": limits.mqtt_in_flight_max,
+                          "maximum_packet_size": limits.mqtt_packet_bytes_max,
+                          "subscription_identifier_available": 0, "retain_available": 1,
+                          "wildcard_subscription_available": 1, "shared_subscription_available": 1}
+            if assigned:
+                properties["assigned_client_identifier"] = assigned
+        await connection.send(ConnAck(Reason.SUCCESS, present, properties))
+        return connection
+
+    def _sign_in(self, connect: Connect, source: str) -> Caller:
+        """With auth on, the user the CONNECT's user name and password (the user's secret) prove."""
+        access = self.dispatcher.guard.access
+        if access is None:
+            return Caller(source=source)
+        if connect.username is None or connect.password is None:
+            raise MqttError(Reason.BAD_USER_NAME_OR_PASSWORD, "sign in with a rocket user name and its secret")
+        try:
+            return Caller(source=source, user=access.check_secret(connect.username, connect.password, source, "MQTT"))
+        except RocketError as error:
+            raise MqttError(Reason.BAD_USER_NAME_OR_PASSWORD, error.message) from None
+
+    async def _refuse(self, stream: trio.abc.Stream, version: int, reason: int, message: str) -> None:
+        log.info("MQTT CONNECT refused: %s", message)
+        if version == V5:
+            answer = ConnAck(reason, properties={"reason_string": message[:200]})
+        else:
+            answer = ConnAck(V311_RETURN_CODES.get(Reason(reason), 3))
+        await _send_quietly(stream, encode(answer, version))
+
+    async def _ended(self, connection: Connection) -> None:
+        """After a connection: its session kept (expiring from now) or dropped, and its will published unless it
+        said DISCONNECT normally or was taken over."""
+        session = connection.session
+        if self.connected.get(session.client_id) is connection:
+            del self.connected[session.client_id]
+        with trio.CancelScope(shield=True), trio.move_on_after(limits.mqtt_connect_s):
+            try:
+                await connection.release_in_flight()
+                if session.persistent:
+                    await self.sessions.save(session, ended=True)
+                elif not connection.taken:
+                    await connection.drop_groups()
+                    await self.sessions.forget(session.client_id)
+            except RocketError as error:
+                log.warning("MQTT session %s: not kept: %s", session.client_id, error)
+        will = connection.will
+        if will is None:
+            return
+        delay_s = min(will.properties.get("will_delay_interval", 0), session.expiry_s, limits.mqtt_will_delay_s_max)
+        publish = Publish(will.topic, will.payload, will.qos, will.retain,
+                          properties={name: value for name, value in will.properties.items()
+                                      if name != "will_delay_interval"})
+        if delay_s and self.nursery is not None:
+            self.nursery.start_soon(self._will_later, connection, publish, delay_s)
+        else:
+            await self._publish_will(connection, publish)
+
+    async def _will_later(self, connection: Connection, publish: Publish, delay_s: float) -> None:
+        """A will with a delay: published then, unless the session was resumed in the meantime."""
+        await trio.sleep(delay_s)
+        if connection.session.client_id not in self.connected:
+            await self._publish_will(connection, publish)
+
+    async def _publish_will(self, connection: Connection, publish: Publish) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(limits.mqtt_connect_s):
+            try:
+                await connection.produce([publish])
+            except (RocketError, MqttError) as error:
+                log.info("MQTT will of %s not published: %s", connection.session.client_id, error)
+
+
+async def _send_quietly(stream: trio.abc.Stream, data: bytes) -> None:
+    try:
+        with trio.move_on_after(1):
+            await stream.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
