@@ -38,6 +38,8 @@ invariant(mqtt_receive_wait_s < storage_retry_s_max and mqtt_receive_wait_s * 10
 invariant(pop_invisible_s_min <= mqtt_invisible_s <= pop_invisible_s_max, "MQTT's invisible time is one storage allows")
 invariant(mqtt_receive_messages_max <= pop_messages_max, "an MQTT receive is one pop")
 invariant(mqtt_client_id_bytes_max <= kv_key_bytes_max, "a client id is a key of the sessions' bucket")
+invariant(mqtt_packet_bytes_max + mqtt_message_overhead_bytes <= min(message_bytes_max, batch_bytes_max // 2),
+          "a PUBLISH is a message, alone in a batch at most")
 invariant(read_bytes_max + cold_read_ahead_bytes <= cold_cache_bytes_min, "a cold read and its read-ahead fit the cache")
 invariant(2 * cold_get_s_max < storage_call_s_max, "a cold read gives up on the object store (index, then data) before "
           "the broker gives up on the storage node: the reader gets UNAVAILABLE, not a TIMEOUT")

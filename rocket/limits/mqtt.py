@@ -3,10 +3,12 @@
 from rocket.errors import invariant
 from rocket.limits.units import MiB
 
-mqtt_packet_bytes_max = 1 * MiB  # one MQTT packet (EMQX's default); the protocol allows 256 MiB, which a device never needs
+mqtt_packet_bytes_max = 1 * MiB  # one MQTT packet (EMQX's default); the protocol allows 256 MiB, which no device needs
 mqtt_connect_s = 10.0  # a connection's CONNECT must arrive within this (a slowloris holds a socket no longer)
 mqtt_connections_max = 100_000  # open MQTT connections per broker: devices are many and mostly idle
 mqtt_client_id_bytes_max = 256  # a client id; MQTT asks servers to take 23, and ids become KV keys and group names
+mqtt_message_overhead_bytes = 256  # a message's bytes besides its body, as counted toward a batch (Batcher)
+mqtt_publishes_waiting_max = 1000  # PUBLISHes of one connection read and not yet stored: past it, reading waits
 mqtt_in_flight_max = 64  # QoS 1 and 2 deliveries unacknowledged per connection, below the client's Receive Maximum
 mqtt_receive_messages_max = 32  # messages one subscription's receive asks for at once
 mqtt_receive_wait_s = 5.0  # a subscription's long poll, in slices within the broker's storage retries

@@ -25,8 +25,9 @@ topic_names = st.builds(lambda first, rest: "/".join([first, *rest]), st.from_re
 def test_the_first_level_names_the_rocket_topic_and_the_rest_is_the_tag():
     message = to_message(Publish("sensors/room1/temp", b"21.5", 1), "dev-1", NOW_MS)
     assert rocket_topic("sensors/room1/temp") == "sensors"
-    assert (message.tag, message.properties[MQTT_TOPIC], message.properties["mqtt.client"]) == (
-        "room1/temp", "sensors/room1/temp", "dev-1")
+    assert (message.tag, message.properties) == ("room1/temp", {"mqtt.client": "dev-1"})  # the tag tells the topic
+    for topic in ("sensors/", "sensors/" + "x" * 300):
+        assert to_message(Publish(topic, b""), "dev-1", NOW_MS).properties[MQTT_TOPIC] == topic
     assert mqtt_topic(Message(b"x", tag="room2/temp"), "sensors") == "sensors/room2/temp"
     assert mqtt_topic(Message(b"x"), "sensors") == "sensors"
     with pytest.raises(MqttError) as refused:
@@ -68,8 +69,9 @@ def test_filters_map_to_a_topic_and_a_group():
     assert (plain.topic, plain.share, plain.group("dev-1")) == ("sensors", "", "mqtt-dev-1")
     shared = parse_filter("$share/workers/sensors/#")
     assert (shared.topic_filter, shared.topic, shared.group("dev-1")) == ("sensors/#", "sensors", "workers")
-    for text, reason in (("#", Reason.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED), ("+/x", Reason.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED),
-                         ("$share/bad name/s/x", Reason.TOPIC_FILTER_INVALID), ("no topic/x", Reason.TOPIC_NAME_INVALID)):
+    wildcard = Reason.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
+    for text, reason in (("#", wildcard), ("+/x", wildcard), ("$share/bad name/s/x", Reason.TOPIC_FILTER_INVALID),
+                         ("no topic/x", Reason.TOPIC_NAME_INVALID)):
         with pytest.raises(MqttError) as refused:
             parse_filter(text)
         assert refused.value.reason == reason, text
@@ -82,9 +84,9 @@ def test_every_client_id_has_a_valid_group_of_its_own(client_id):
     assert session_group(client_id) == group
 
 
-@given(topic_names)
-def test_one_mqtt_topic_always_goes_to_one_queue(topic):
-    assert queue_of(topic, 8) == queue_of(topic, 8) and 0 <= queue_of(topic, 8) < 8
+@given(st.text(max_size=40), topic_names)
+def test_one_client_always_publishes_to_one_queue(client_id, topic):
+    assert queue_of(client_id, 8) == queue_of(client_id, 8) and 0 <= queue_of(client_id, 8) < 8
     assert matches(topic, topic)
 
 

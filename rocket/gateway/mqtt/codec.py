@@ -146,6 +146,8 @@ FIXED_FLAGS = {PacketType.PUBREL: 0b0010, PacketType.SUBSCRIBE: 0b0010, PacketTy
 def decode(kind: int, flags: int, body: bytes, version: int | None) -> Packet:
     """One packet from its fixed header's type and flags and the rest of it. version: the protocol level of the
     connection's CONNECT (None before it: only a CONNECT decodes then)."""
+    if kind == PacketType.PUBLISH and version is not None:
+        return _publish(flags, body, version == V5)
     if kind == 0:
         raise malformed("packet type 0 is reserved")
     kind = PacketType(kind)
@@ -158,16 +160,7 @@ def decode(kind: int, flags: int, body: bytes, version: int | None) -> Packet:
     five = version == V5
     reader = _Reader(body)
     packet: Packet
-    if kind == PacketType.PUBLISH:
-        qos = _check_qos((flags >> 1) & 0b11, "PUBLISH")
-        topic = reader.string("PUBLISH's topic name")
-        packet_id = _packet_id(reader, "PUBLISH") if qos else 0
-        if qos == 0 and flags & 0b1000:
-            raise malformed("PUBLISH at QoS 0 has its DUP flag set")
-        properties = reader.properties("PUBLISH") if five else {}
-        packet = Publish(topic, reader.take(reader.left, "payload"), qos, bool(flags & 1), bool(flags & 0b1000),
-                         packet_id, properties)
-    elif kind in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
+    if kind in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
         packet_id = _packet_id(reader, kind.name)
         reason = reader.byte(f"{kind.name}'s reason code") if five and reader.left else Reason.SUCCESS
         properties = reader.properties(kind.name) if five and reader.left else {}
@@ -224,6 +217,41 @@ def decode(kind: int, flags: int, body: bytes, version: int | None) -> Packet:
     return packet
 
 
+def _publish(flags: int, body: bytes, five: bool) -> Publish:
+    """PUBLISH, a device's every message: read in place, without a _Reader's calls unless it has properties."""
+    qos = _check_qos((flags >> 1) & 0b11, "PUBLISH")
+    if qos == 0 and flags & 0b1000:
+        raise malformed("PUBLISH at QoS 0 has its DUP flag set")
+    size = len(body)
+    at = 2 + (body[0] << 8 | body[1]) if size >= 2 else size + 1
+    if at > size:
+        raise malformed("PUBLISH's topic name runs past the packet's end")
+    try:
+        topic = body[2:at].decode("utf-8")
+    except UnicodeDecodeError:
+        raise malformed("PUBLISH's topic name is not valid UTF-8") from None
+    if "\x00" in topic:
+        raise malformed("PUBLISH's topic name holds the null character")
+    packet_id = 0
+    if qos:
+        if at + 2 > size:
+            raise malformed("PUBLISH's packet identifier runs past the packet's end")
+        packet_id = body[at] << 8 | body[at + 1]
+        if not packet_id:
+            raise protocol_error("PUBLISH has packet identifier 0")
+        at += 2
+    properties: dict[str, Any] = {}
+    if five:
+        if at < size and body[at] == 0:  # no properties: most publishes
+            at += 1
+        else:
+            reader = _Reader(body)
+            reader.at = at
+            properties = reader.properties("PUBLISH")
+            at = reader.at
+    return Publish(topic, body[at:], qos, bool(flags & 1), bool(flags & 0b1000), packet_id, properties)
+
+
 def _connect(reader: _Reader) -> Connect:
     name = reader.string("CONNECT's protocol name")
     level = reader.byte("CONNECT's protocol level")
@@ -268,33 +296,43 @@ class Decoder:
         return len(self._buffer)
 
     def feed(self, data: bytes | bytearray) -> list[Packet]:
-        self._buffer += data
+        buffer = self._buffer
+        buffer += data
         found: list[Packet] = []
-        while self._buffer:
-            length, at = self._length()
-            if length is None or len(self._buffer) < at + length:
-                break
-            first = self._buffer[0]
-            body = bytes(self._buffer[at:at + length])
-            del self._buffer[:at + length]
-            packet = decode(first >> 4, first & 0x0F, body, self.version)
-            if isinstance(packet, Connect):
-                if self.version is not None:
-                    raise protocol_error("a second CONNECT")
-                self.version = packet.protocol_level
-            found.append(packet)
+        start, end = 0, len(buffer)
+        try:
+            while start + 1 < end:
+                if buffer[start + 1] < 0x80 and self.packet_bytes_max > 129:  # a length of one byte: most packets
+                    length, at = buffer[start + 1], start + 2
+                else:
+                    length, at = self._length(start)
+                    if length is None:
+                        break
+                if end < at + length:
+                    break
+                first = buffer[start]
+                packet = decode(first >> 4, first & 0x0F, bytes(buffer[at:at + length]), self.version)
+                start = at + length
+                if isinstance(packet, Connect):
+                    if self.version is not None:
+                        raise protocol_error("a second CONNECT")
+                    self.version = packet.protocol_level
+                found.append(packet)
+        finally:
+            del buffer[:start]
         return found
 
-    def _length(self) -> tuple[int | None, int]:
-        """The remaining length and where the body starts, or (None, 0) while the length is not all here."""
+    def _length(self, start: int) -> tuple[int | None, int]:
+        """The remaining length of the packet at start and where its body starts, or (None, 0) while the length is
+        not all here."""
         try:
-            length, at = read_varint(self._buffer, 1, "the remaining length")
+            length, at = read_varint(self._buffer, start + 1, "the remaining length")
         except MqttError:
-            if len(self._buffer) < 5 and all(byte & 0x80 for byte in self._buffer[1:]):
+            if len(self._buffer) - start < 5 and all(byte & 0x80 for byte in self._buffer[start + 1:]):
                 return None, 0  # more bytes of the length to come
             raise
-        if at + length > self.packet_bytes_max:
-            raise MqttError(Reason.PACKET_TOO_LARGE, f"a packet of {at + length} bytes is more than the "
+        if at - start + length > self.packet_bytes_max:
+            raise MqttError(Reason.PACKET_TOO_LARGE, f"a packet of {at - start + length} bytes is more than the "
                                                      f"{self.packet_bytes_max} allowed")
         return length, at
 

@@ -20,7 +20,6 @@ from rocket.gateway.mqtt.packets import (V5, Ack, Connect, Disconnect, MqttError
                                          Unsubscribe, Will)
 from rocket.gateway.mqtt.session import Session
 from rocket.model import Message
-from rocket.serde import batch as batch_codec
 from rocket.serde.receive import parse_receipt, received
 from rocket.transport.guard import Caller
 
@@ -36,6 +35,9 @@ REASON_OF_CODE = {  # rocket's error codes -> MQTT 5's reason codes (PUBACK, SUB
     Code.BAD_REQUEST: Reason.IMPLEMENTATION_SPECIFIC_ERROR, Code.BAD_FILTER: Reason.TOPIC_FILTER_INVALID,
     Code.WRONG_MESSAGE_TYPE: Reason.IMPLEMENTATION_SPECIFIC_ERROR,
 }
+
+
+_ACK_HEADS = {kind: bytes([kind << 4, 2]) for kind in (PacketType.PUBACK, PacketType.PUBREC)}  # success, no properties
 
 
 def reason_of(error: RocketError, connecting: bool = False) -> Reason:
@@ -76,8 +78,13 @@ class Connection:
         self.finished = trio.Event()  # set once the gateway is done with it (MqttGateway.serve)
         self._send_lock = trio.Lock()
         self._acks: defaultdict[tuple[str, str], list[dict]] = defaultdict(list)  # acknowledged, not yet acked
-        self._acks_waiting = trio.Event()
-        self._scope: trio.CancelScope | None = None
+        self._publishes: list[Publish] = []  # received, not yet produced, in order
+        self._waiting = trio.Event()  # set when publishes or acks wait for the worker
+        self._idle = trio.Event()  # set while none wait, nor are being produced or acked
+        self._idle.set()
+        self._working = False  # the worker runs (from the first publish or ack on)
+        self._broke: MqttError | None = None  # what ended the connection, from whichever task
+        self._scope = trio.CancelScope()  # cancelled when the connection ends, from whichever task
         self.nursery: trio.Nursery  # the connection's tasks, while it is served
 
     # ---- the connection's life ---------------------------------------------------------------------------------
@@ -85,32 +92,36 @@ class Connection:
     async def serve(self, first: list[Packet]) -> None:
         """Packets until the client disconnects, goes silent past its keep-alive, or breaks the protocol (raised
         here as MqttError once the connection's tasks are done)."""
-        broke: MqttError | None = None
+        with self._scope:
+            await self._serve(first)
+        if self._broke is not None:
+            raise self._broke
+
+    async def _serve(self, first: list[Packet]) -> None:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
-            self._scope = nursery.cancel_scope
-            self._spawn(self._ack_loop)
             try:
                 for released in sorted(self.session.released):  # QoS 2 deliveries the last connection left at PUBREL
                     await self.send(Ack(PacketType.PUBREL, released))
                 for filter_, _ in self.session.subscriptions.values():
                     self._feed(filter_)
                 await self._read(first)
+                await self._idle.wait()  # what came before the end is stored and answered
             except MqttError as error:
-                broke = error
+                self._broke = self._broke or error
             except RocketError as error:  # a session that cannot be kept now (its storage group is down)
-                broke = MqttError(Reason.UNSPECIFIED_ERROR, f"{error.code.name}: {error.message}")
+                self._broke = self._broke or MqttError(Reason.UNSPECIFIED_ERROR, f"{error.code.name}: {error.message}")
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             finally:
                 nursery.cancel_scope.cancel()
-        if broke is not None:
-            raise broke
 
     async def _read(self, first: list[Packet]) -> None:
         if not await self._handle(first):
             return
         while True:
+            if len(self._publishes) >= limits.mqtt_publishes_waiting_max:
+                await self._idle.wait()  # the client sends faster than its publishes are stored: it waits
             deadline = trio.current_time() + self.keep_alive_s if self.keep_alive_s else math.inf
             with trio.move_on_at(deadline):
                 data = await self.stream.receive_some(65536)
@@ -124,13 +135,39 @@ class Connection:
         async def guarded() -> None:
             try:
                 await function(*args)
+            except MqttError as error:
+                self._broke = self._broke or error
+                self._scope.cancel()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.nursery.cancel_scope.cancel()
+                self._scope.cancel()
             except Exception:
                 log.exception("MQTT client %s: a task failed", self.session.client_id)
-                self.nursery.cancel_scope.cancel()
+                self._scope.cancel()
 
         self.nursery.start_soon(guarded)
+
+    def _wake_worker(self) -> None:
+        """Publishes or acks wait: the worker (started at the first) takes them all at its next turn."""
+        if self._idle.is_set():
+            self._idle = trio.Event()
+        self._waiting.set()
+        if not self._working:
+            self._working = True
+            self._spawn(self._work)
+
+    async def _work(self) -> None:
+        """Produce what was published and ack what was acknowledged, everything that came since the last turn at
+        once: while one produce is stored, the reader goes on reading, and the next turn takes what it read."""
+        while True:
+            await self._waiting.wait()
+            self._waiting = trio.Event()
+            while self._publishes or self._acks:
+                publishes, self._publishes = self._publishes, []
+                if publishes:
+                    await self._published(publishes)
+                if self._acks:
+                    await self._flush_acks()
+            self._idle.set()
 
     async def taken_over(self) -> None:
         """Another connection with this client id: this one ends (Session Taken Over) once the session is kept."""
@@ -141,30 +178,28 @@ class Connection:
                     await self.send(Disconnect(Reason.SESSION_TAKEN_OVER))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
-        if self._scope is not None:
-            self._scope.cancel()
+        self._scope.cancel()
         await self.stream.aclose()
         await self.finished.wait()
 
-    async def send(self, packet: Packet) -> None:
-        data = encode(packet, self.version)
+    async def send(self, *packets: Packet) -> None:
+        """The packets in one write."""
+        await self.send_bytes(b"".join(encode(packet, self.version) for packet in packets))
+
+    async def send_bytes(self, data: bytes) -> None:
         async with self._send_lock:
             await self.stream.send_all(data)
 
     # ---- packets in ---------------------------------------------------------------------------------------------
 
     async def _handle(self, packets: list[Packet]) -> bool:
-        """Serve what one read brought, PUBLISHes together (one produce per topic and queue); False once the client
-        said DISCONNECT."""
-        publishes: list[Publish] = []
+        """Serve what one read brought: PUBLISHes go to the worker, in order; False once the client said
+        DISCONNECT."""
         for packet in packets:
             if isinstance(packet, Publish):
-                publishes.append(self._resolved(packet))
-                continue
-            if publishes:
-                await self._published(publishes)
-                publishes = []
-            if isinstance(packet, Ack):
+                self._publishes.append(self._resolved(packet))
+                self._wake_worker()
+            elif isinstance(packet, Ack):
                 await self._acknowledged(packet)
             elif isinstance(packet, Subscribe):
                 await self._subscribe(packet)
@@ -180,8 +215,6 @@ class Connection:
                 return False
             else:
                 raise MqttError(Reason.PROTOCOL_ERROR, f"{type(packet).__name__} is not a client's packet")
-        if publishes:
-            await self._published(publishes)
         return True
 
     def _resolved(self, publish: Publish) -> Publish:
@@ -208,42 +241,48 @@ class Connection:
         with: the connection is closed."""
         new = [publish for publish in publishes if publish.qos < 2 or publish.packet_id not in self.session.received]
         failures = await self.produce(new)
+        answers = bytearray()
         for publish in publishes:
             if publish.qos == 0:
                 continue
             error = failures.get(id(publish))
             if error is not None and self.version != V5:
                 raise MqttError(Reason.UNSPECIFIED_ERROR, f"PUBLISH to {publish.topic[:64]!r} failed: {error}")
-            reason, properties = Reason.SUCCESS, {}
-            if error is not None:
-                reason, properties = error[0], {"reason_string": error[1][:200]}
-            elif publish.qos == 2:
-                self.session.received.add(publish.packet_id)
             kind = PacketType.PUBACK if publish.qos == 1 else PacketType.PUBREC
-            await self.send(Ack(kind, publish.packet_id, reason, properties))
+            if error is not None:
+                answers += encode(Ack(kind, publish.packet_id, error[0], {"reason_string": error[1][:200]}), V5)
+                continue
+            if publish.qos == 2:
+                self.session.received.add(publish.packet_id)
+            answers += _ACK_HEADS[kind] + publish.packet_id.to_bytes(2, "big")  # encode()'s bytes, without its cost
+        if answers:
+            await self.send_bytes(bytes(answers))
 
     async def produce(self, publishes: list[Publish]) -> dict[int, tuple[Reason, str]]:
-        """Store the publishes as the client: one batch per rocket topic and queue, retained ones kept. Returns the
-        failures by id(publish): the reason code and its message."""
+        """Store the publishes as the client: the topics checked against its user, each queue's at once (with other
+        connections' publishes to it: Batcher), retained ones kept. Returns the failures by id(publish): the reason
+        code and its message."""
         batches: dict[tuple[str, int], list[tuple[Publish, Message]]] = {}
         failures: dict[int, tuple[Reason, str]] = {}
-        now_ms = self.gateway.clock.wall_ms()
+        # first level -> its topic's batch, once found and allowed (the batches go as the node), or why not
+        routes: dict[str, list[tuple[Publish, Message]] | tuple[Reason, str]] = {}
+        client, now_ms = self.session.client_id, self.gateway.clock.wall_ms()
         for publish in publishes:
+            first = publish.topic.partition("/")[0]
+            route = routes.get(first)
+            if route is None:
+                route = routes[first] = await self._route(first, batches)
+            if isinstance(route, tuple):
+                failures[id(publish)] = route
+                continue
             try:
-                name = rocket_topic(publish.topic)
-                topic = await self.gateway.topics.get(name)
-                message = to_message(publish, self.session.client_id, now_ms)
+                route.append((publish, to_message(publish, client, now_ms)))
             except MqttError as error:
                 failures[id(publish)] = (error.reason, error.message)
-                continue
-            except RocketError as error:
-                failures[id(publish)] = (reason_of(error), f"{error.code.name}: {error.message}")
-                continue
-            batches.setdefault((name, queue_of(publish.topic, topic["queues"])), []).append((publish, message))
-        for (name, queue), items in batches.items():
+
+        async def store(name: str, queue: int, items: list[tuple[Publish, Message]]) -> None:
             try:
-                await self.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch_codec.encode(
-                    [message for _, message in items], now_ms)}, self.caller)
+                await self.gateway.batcher.produce(name, queue, [message for _, message in items])
                 for publish, message in items:
                     if publish.retain:
                         await self.gateway.retained.keep(publish.topic, message)
@@ -253,7 +292,26 @@ class Connection:
                 log.info("MQTT client %s: PUBLISH to %s: %s", self.session.client_id, name, error)
                 for publish, _ in items:
                     failures[id(publish)] = (reason_of(error), f"{error.code.name}: {error.message}")
+
+        async with trio.open_nursery() as nursery:  # the queues' batches at once: each waits for its group's round
+            for (name, queue), items in batches.items():
+                if items:
+                    nursery.start_soon(store, name, queue, items)
         return failures
+
+    async def _route(self, first: str, batches: dict[tuple[str, int], list[tuple[Publish, Message]]]
+                     ) -> list[tuple[Publish, Message]] | tuple[Reason, str]:
+        """The batch of the rocket topic a first level names, in the client's queue, once the client may publish to
+        it; else the reason and message each of its publishes is answered with."""
+        try:
+            name = rocket_topic(first)
+            topic = await self.gateway.topics.get(name)
+            self.dispatcher.guard.authorize(self.caller, "Produce", {"topic": name})
+        except MqttError as error:
+            return error.reason, error.message
+        except RocketError as error:
+            return reason_of(error), f"{error.code.name}: {error.message}"
+        return batches.setdefault((name, queue_of(self.session.client_id, topic["queues"])), [])
 
     async def _acknowledged(self, ack: Ack) -> None:
         if ack.kind == PacketType.PUBREL:  # QoS 2 in: the client releases it
@@ -271,20 +329,13 @@ class Connection:
             return  # not ours (a duplicate, or from an earlier connection): nothing to do
         if delivery.group:  # not a retained message, which has no receipt
             self._acks[(delivery.topic, delivery.group)].append(delivery.receipt)
-            self._acks_waiting.set()
+            self._wake_worker()
         if ack.kind == PacketType.PUBREC:
             self.session.released.add(ack.packet_id)
             self.releasing.add(ack.packet_id)
             await self.send(Ack(PacketType.PUBREL, ack.packet_id))
         else:
             self.window.release()
-
-    async def _ack_loop(self) -> None:
-        """Acks, gathered: one Ack per topic and group for whatever the client acknowledged since the last."""
-        while True:
-            await self._acks_waiting.wait()
-            self._acks_waiting = trio.Event()
-            await self._flush_acks()
 
     async def _flush_acks(self) -> None:
         acks, self._acks = self._acks, defaultdict(list)

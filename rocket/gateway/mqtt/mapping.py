@@ -14,9 +14,9 @@ from rocket.errors import RocketError
 from rocket.gateway.mqtt.packets import V5, MqttError, Publish, Reason
 from rocket.model import Message, check_group_name, check_topic_name
 
-MQTT_TOPIC = "mqtt.topic"  # the MQTT topic a message was published on (the tag cannot hold every one)
+MQTT_TOPIC = "mqtt.topic"  # the MQTT topic a message was published on, where its topic and tag do not tell it
 MQTT_CLIENT = "mqtt.client"  # the client id of its publisher (what MQTT 5's No Local compares)
-MQTT_QOS = "mqtt.qos"  # the QoS it was published with; a message from another protocol counts as QoS 1
+MQTT_QOS = "mqtt.qos"  # the QoS it was published with, where not 1 (a message from another protocol counts as 1)
 EXPIRES_MS = "mqtt.expires_ms"  # MQTT 5's message expiry, as the wall time it expires at
 # MQTT 5 properties kept as message properties, named so; binary ones base64
 CARRIED = {"content_type": "mqtt.content_type", "response_topic": "mqtt.response_topic",
@@ -47,18 +47,26 @@ def mqtt_topic(message: Message, topic: str) -> str:
     return f"{topic}/{message.tag}" if message.tag else topic
 
 
-def queue_of(mqtt_topic_name: str, queues: int) -> int:
-    """The queue an MQTT topic's messages go to: always the same one, so they stay in order."""
-    return zlib.crc32(mqtt_topic_name.encode()) % queues
+def queue_of(client_id: str, queues: int) -> int:
+    """The queue a client's publishes go to: always the same one, so what it publishes stays in order (MQTT orders
+    each client's messages), and a read of its publishes is one batch per rocket topic."""
+    return zlib.crc32(client_id.encode()) % queues
 
 
 def to_message(publish: Publish, client_id: str, now_ms: int) -> Message:
-    """A PUBLISH as the message rocket stores: the levels after the first as its tag (when they fit one), the topic,
-    QoS and MQTT 5 properties as message properties, user properties as themselves."""
-    rest = publish.topic.partition("/")[2]
+    """A PUBLISH as the message rocket stores: the levels after the first as its tag (when they fit one), the client,
+    and where needed the topic and QoS, and MQTT 5 properties as message properties, user properties as themselves."""
+    first, _, rest = publish.topic.partition("/")
     tag = rest if len(rest.encode()) <= limits.tag_bytes_max else ""
-    properties = {MQTT_TOPIC: publish.topic, MQTT_QOS: str(publish.qos), MQTT_CLIENT: client_id}
+    properties = {MQTT_CLIENT: client_id}
+    if (f"{first}/{tag}" if tag else first) != publish.topic:  # "S/", or levels longer than a tag
+        properties[MQTT_TOPIC] = publish.topic
+    if publish.qos != 1:
+        properties[MQTT_QOS] = str(publish.qos)
     given = publish.properties
+    if not given and len(publish.topic) <= limits.properties_bytes_max // 16:  # MQTT 3.1.1's, and most of 5.0's
+        # (a client id and a topic this long are within the properties' bound)
+        return Message(publish.payload, tag=tag, properties=properties, timestamp_ms=now_ms)
     for name, value in given.get("user_property", ()):
         if not name or name.startswith(RESERVED):
             raise MqttError(Reason.IMPLEMENTATION_SPECIFIC_ERROR, f"user property {name[:64]!r}: a name is not "
@@ -70,6 +78,11 @@ def to_message(publish: Publish, client_id: str, now_ms: int) -> Message:
             properties[carried] = base64.b64encode(value).decode() if isinstance(value, bytes) else str(value)
     if "message_expiry_interval" in given:
         properties[EXPIRES_MS] = str(now_ms + given["message_expiry_interval"] * 1000)
+    if sum(len(name) + len(value) for name, value in properties.items()) * 4 > limits.properties_bytes_max and \
+            sum(len(name.encode()) + len(value.encode()) + 2 for name, value in properties.items()) > \
+            limits.properties_bytes_max:
+        raise MqttError(Reason.IMPLEMENTATION_SPECIFIC_ERROR, f"the message's properties are more than "
+                                                              f"{limits.properties_bytes_max} bytes")
     return Message(publish.payload, tag=tag, properties=properties, timestamp_ms=now_ms)
 
 

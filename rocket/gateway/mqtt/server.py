@@ -13,6 +13,7 @@ import trio
 from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import Code, RocketError
+from rocket.gateway.mqtt.batcher import Batcher
 from rocket.gateway.mqtt.codec import Decoder, encode
 from rocket.gateway.mqtt.connection import Connection, reason_of
 from rocket.gateway.mqtt.packets import V5, ConnAck, Connect, Disconnect, MqttError, Publish, Reason
@@ -41,6 +42,7 @@ class MqttGateway:
         self.clock = clock
         self.lifecycle = lifecycle
         self.topics = TopicCache(dispatcher, clock)
+        self.batcher = Batcher(dispatcher, clock)
         buckets = Buckets(dispatcher)
         self.sessions = Sessions(buckets)
         self.retained = Retained(buckets)
@@ -153,7 +155,8 @@ class MqttGateway:
             await self._refuse(stream, version, error.reason, error.message)
             return None
         except RocketError as error:
-            await self._refuse(stream, version, reason_of(error, connecting=True), f"{error.code.name}: {error.message}")
+            await self._refuse(stream, version, reason_of(error, connecting=True),
+                               f"{error.code.name}: {error.message}")
             return None
         connection = Connection(self, stream, decoder, connect, session, caller)
         self.connected[client_id] = connection

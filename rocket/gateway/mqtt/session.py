@@ -1,5 +1,6 @@
-"""MQTT sessions as the storage groups keep them: a persistent session's subscriptions and unfinished QoS 2 exchanges
-in the KV bucket mqtt.sessions (expiring with the session), retained messages in mqtt.retained; any broker reads them."""
+"""MQTT sessions as the storage groups keep them, for any broker to read: a persistent session's subscriptions and
+unfinished QoS 2 exchanges in the KV bucket mqtt.sessions (expiring with the session), retained messages in
+mqtt.retained."""
 
 from __future__ import annotations
 
