@@ -55,6 +55,14 @@ class Delivery:
 
 
 class Connection:
+    """Kept small: a broker holds one per connected device, most of them idle. What only deliveries or publishes use
+    is made at their first."""
+
+    __slots__ = ("gateway", "dispatcher", "stream", "decoder", "version", "keep_alive_s", "session", "caller", "will",
+                 "packet_bytes_max", "_window_size", "_window", "in_flight", "releasing", "_next_id", "aliases",
+                 "feeds", "taken", "ended", "_finished", "_send_lock", "_acks", "_publishes", "_waiting", "_idle",
+                 "_broke", "_scope", "nursery")
+
     def __init__(self, gateway: MqttGateway, stream: trio.abc.Stream, decoder: Decoder, connect: Connect,
                  session: Session, caller: Caller):
         self.gateway = gateway
@@ -67,25 +75,32 @@ class Connection:
         self.caller = caller
         self.will: Will | None = connect.will
         self.packet_bytes_max = connect.properties.get("maximum_packet_size", limits.mqtt_packet_bytes_max)
-        window = min(connect.properties.get("receive_maximum", 65535), limits.mqtt_in_flight_max)
-        self.window = trio.Semaphore(window)  # QoS 1 and 2 deliveries the client may hold unacknowledged
+        # QoS 1 and 2 deliveries the client may hold unacknowledged (its Receive Maximum, at most ours)
+        self._window_size = min(connect.properties.get("receive_maximum", 65535), limits.mqtt_in_flight_max)
+        self._window: trio.Semaphore | None = None
         self.in_flight: dict[int, Delivery] = {}  # packet id -> a delivery awaiting its PUBACK or PUBREC
         self.releasing: set[int] = set()  # QoS 2 deliveries of this connection past PUBREC: each holds a window slot
         self._next_id = 0
         self.aliases: dict[int, str] = {}  # MQTT 5 topic aliases the client set
         self.feeds: dict[tuple[str, str], trio.CancelScope] = {}  # (rocket topic, group) -> its delivery task
         self.taken = False  # another connection took the session over
-        self.finished = trio.Event()  # set once the gateway is done with it (MqttGateway.serve)
+        self.ended = False  # the gateway is done with it (MqttGateway.serve); _finished is set then, if made
+        self._finished: trio.Event | None = None
         self._send_lock = trio.Lock()
         self._acks: defaultdict[tuple[str, str], list[dict]] = defaultdict(list)  # acknowledged, not yet acked
         self._publishes: list[Publish] = []  # received, not yet produced, in order
-        self._waiting = trio.Event()  # set when publishes or acks wait for the worker
-        self._idle = trio.Event()  # set while none wait, nor are being produced or acked
-        self._idle.set()
-        self._working = False  # the worker runs (from the first publish or ack on)
+        self._waiting: trio.Event | None = None  # set when publishes or acks wait for the worker; None: no worker
+        self._idle: trio.Event | None = None  # set while none wait, nor are being produced or acked
         self._broke: MqttError | None = None  # what ended the connection, from whichever task
-        self._scope = trio.CancelScope()  # cancelled when the connection ends, from whichever task
+        # Cancelled when the connection ends, from whichever task; its deadline is the keep-alive's.
+        self._scope = trio.CancelScope()
         self.nursery: trio.Nursery  # the connection's tasks, while it is served
+
+    @property
+    def window(self) -> trio.Semaphore:
+        if self._window is None:
+            self._window = trio.Semaphore(self._window_size)
+        return self._window
 
     # ---- the connection's life ---------------------------------------------------------------------------------
 
@@ -93,42 +108,60 @@ class Connection:
         """Packets until the client disconnects, goes silent past its keep-alive, or breaks the protocol (raised
         here as MqttError once the connection's tasks are done)."""
         with self._scope:
-            await self._serve(first)
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                try:
+                    for released in sorted(self.session.released):  # QoS 2 deliveries left at PUBREL
+                        await self.send(Ack(PacketType.PUBREL, released))
+                    for filter_, _ in self.session.subscriptions.values():
+                        self._feed(filter_)
+                    await self._read(first)
+                    await self._drained()  # what came before the end is stored and answered
+                except MqttError as error:
+                    self._broke = self._broke or error
+                except RocketError as error:  # a session that cannot be kept now (its storage group is down)
+                    self._broke = self._broke or MqttError(Reason.UNSPECIFIED_ERROR,
+                                                           f"{error.code.name}: {error.message}")
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                finally:
+                    nursery.cancel_scope.cancel()
+        if self._scope.cancelled_caught and trio.current_time() >= self._scope.deadline:
+            self._broke = self._broke or MqttError(Reason.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the "
+                                                                              "keep-alive")
         if self._broke is not None:
             raise self._broke
 
-    async def _serve(self, first: list[Packet]) -> None:
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            try:
-                for released in sorted(self.session.released):  # QoS 2 deliveries the last connection left at PUBREL
-                    await self.send(Ack(PacketType.PUBREL, released))
-                for filter_, _ in self.session.subscriptions.values():
-                    self._feed(filter_)
-                await self._read(first)
-                await self._idle.wait()  # what came before the end is stored and answered
-            except MqttError as error:
-                self._broke = self._broke or error
-            except RocketError as error:  # a session that cannot be kept now (its storage group is down)
-                self._broke = self._broke or MqttError(Reason.UNSPECIFIED_ERROR, f"{error.code.name}: {error.message}")
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-            finally:
-                nursery.cancel_scope.cancel()
-
     async def _read(self, first: list[Packet]) -> None:
+        """Packets until DISCONNECT or the end of the stream; the connection's deadline moves with each read."""
         if not await self._handle(first):
             return
         while True:
             if len(self._publishes) >= limits.mqtt_publishes_waiting_max:
-                await self._idle.wait()  # the client sends faster than its publishes are stored: it waits
-            deadline = trio.current_time() + self.keep_alive_s if self.keep_alive_s else math.inf
-            with trio.move_on_at(deadline):
-                data = await self.stream.receive_some(65536)
-            if deadline <= trio.current_time():
-                raise MqttError(Reason.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep-alive")
+                self._scope.deadline = math.inf
+                await self._drained()  # the client sends faster than its publishes are stored: it waits
+            if self.keep_alive_s:
+                self._scope.deadline = trio.current_time() + self.keep_alive_s
+            data = await self.stream.receive_some(65536)
             if not data or not await self._handle(self.decoder.feed(data)):
+                self._scope.deadline = math.inf
                 return
+
+    async def _drained(self) -> None:
+        if self._idle is not None:
+            await self._idle.wait()
+
+    async def finished(self) -> None:
+        """Until the gateway is done with the connection."""
+        if not self.ended:
+            if self._finished is None:
+                self._finished = trio.Event()
+            await self._finished.wait()
+
+    def end(self) -> None:
+        self.ended = True
+        if self._finished is not None:
+            self._finished.set()
 
     def _spawn(self, function, *args) -> None:
         """A task of the connection's: a broken connection, or a failure, ends the connection, not the gateway."""
@@ -148,17 +181,18 @@ class Connection:
 
     def _wake_worker(self) -> None:
         """Publishes or acks wait: the worker (started at the first) takes them all at its next turn."""
-        if self._idle.is_set():
+        if self._waiting is None:
+            self._waiting, self._idle = trio.Event(), trio.Event()
+            self._spawn(self._work)
+        elif self._idle is not None and self._idle.is_set():
             self._idle = trio.Event()
         self._waiting.set()
-        if not self._working:
-            self._working = True
-            self._spawn(self._work)
 
     async def _work(self) -> None:
         """Produce what was published and ack what was acknowledged, everything that came since the last turn at
         once: while one produce is stored, the reader goes on reading, and the next turn takes what it read."""
         while True:
+            assert self._waiting is not None and self._idle is not None
             await self._waiting.wait()
             self._waiting = trio.Event()
             while self._publishes or self._acks:
@@ -180,7 +214,7 @@ class Connection:
                 pass
         self._scope.cancel()
         await self.stream.aclose()
-        await self.finished.wait()
+        await self.finished()
 
     async def send(self, *packets: Packet) -> None:
         """The packets in one write."""

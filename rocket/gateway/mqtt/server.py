@@ -98,7 +98,7 @@ class MqttGateway:
                     try:
                         await self._ended(connection)
                     finally:
-                        connection.finished.set()
+                        connection.end()
             except MqttError as error:
                 log.info("MQTT client %s: %s", source, error)
                 if decoder.version == V5 or decoder.version is None:
