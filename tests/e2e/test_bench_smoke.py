@@ -4,6 +4,7 @@ whose server is installed, and writes sane figures for each; no figure is compar
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,22 @@ def _read_or_empty(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:  # the process ended meanwhile
         return b""
+
+
+def test_mqtt_benchmark_measures_rocket_and_mosquitto():
+    """benchmarks/mqtt.py, tiny: both servers publish, idle clients connect, and the last line compares them. Without
+    Mosquitto it skips; on CI (./test installs it) it fails instead."""
+    import os
+    import shutil
+
+    if shutil.which("mosquitto") is None and not os.path.exists("/usr/sbin/mosquitto"):
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI: no mosquitto (apt-get install mosquitto)")
+        pytest.skip("no mosquitto (apt-get install mosquitto)")
+    finished = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "mqtt.py"), "--seconds", "1", "--publishers", "2", "--window", "10",
+         "--idle", "50"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    last = finished.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"mqtt: qos1 rocket=\d+/s mosquitto=\d+/s ratio=[\d.]+ idle_bytes rocket=-?\d+ "
+                        r"mosquitto=-?\d+ ratio=-?[\d.]+", last), last
