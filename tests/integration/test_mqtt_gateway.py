@@ -195,6 +195,50 @@ def test_qos_0_1_and_2_round_trip_and_cross_rocket_api_both_ways(broker, version
     assert (properties.get("unit") == "celsius") == (version == "mqttv5")
 
 
+def test_one_message_crosses_mqtt_grpc_and_remoting_both_ways(broker):
+    """Published over MQTT, it is pulled over remoting and received by the official RocketMQ 5 client; sent over
+    remoting and gRPC, it arrives over MQTT on the topic and tag's levels."""
+    pytest.importorskip("rocketmq.grpc_protocol", reason="needs rocketmq-python-client (pip install -e '.[test]')")
+    from rocket.gateway.remoting import messages as layout
+    from tests.integration.test_remoting import decode_stored, pull, send
+    from tests.integration.test_rocketmq_compat import run_client
+    from tests.remoting_client import RemotingClient
+
+    rocket(broker, "topic", "create", "crossing", "--queues", "1")
+    reader = Client(broker.mqtt_port, "crossing-reader")
+    reader.subscribe("crossing/#")
+    writer = Client(broker.mqtt_port, "crossing-writer")
+    writer.publish("crossing/line/1", b"from mqtt", properties={"user_property": [("colour", "blue")]})
+    assert reader.messages(1)[0].payload == b"from mqtt"
+    remoting = RemotingClient(broker.tcp_port)
+    try:
+        code, _, pulled = pull(remoting, "crossing", 0, 0)
+        assert code == 0 and [message["body"] for message in pulled] == [b"from mqtt"]
+        assert pulled[0]["properties"][layout.TAGS] == "line/1" and pulled[0]["properties"]["colour"] == "blue"
+        send(remoting, "crossing", b"from remoting", properties={layout.TAGS: "remoting/1"})
+    finally:
+        remoting.close()
+    run_client(broker, "crossing", """
+        producer = Producer(config, (topic,))
+        producer.startup()
+        producer.send(message("from grpc", tag="grpc/1"))
+        producer.shutdown()
+        report({})
+    """)
+    arrived = {(message.topic, message.payload) for message in reader.messages(2)}
+    assert arrived == {("crossing/remoting/1", b"from remoting"), ("crossing/grpc/1", b"from grpc")}
+    received = run_client(broker, "crossing", """
+        consumer = SimpleConsumer(config, "grpc-readers", {topic: FilterExpression("line/1")}, 25)
+        consumer.startup()
+        report({"got": receive_all(consumer, 1)})
+        consumer.shutdown()
+    """)
+    [got] = received["got"]
+    assert (got["body"], got["tag"], got["properties"]["colour"]) == ("from mqtt", "line/1", "blue")
+    for client in (reader, writer):
+        client.close()
+
+
 def test_qos_2_is_stored_once_when_the_publish_comes_again_before_its_release(broker):
     subscriber = Client(broker.mqtt_port, "qos2-reader")
     assert subscriber.subscribe("plant/qos2/#", qos=2) == [2]
