@@ -346,6 +346,26 @@ def test_an_unacknowledged_delivery_comes_again_marked_dup_to_the_resumed_sessio
     again.close()
 
 
+def test_a_qos_2_delivery_comes_again_with_its_packet_id_until_received(broker):
+    """Exactly once at QoS 2 across connections: what a persistent session got and did not PUBREC comes again with
+    the same packet id and DUP, so the client knows it; PUBREL follows its PUBREC, then nothing more."""
+    reader = Client(broker.mqtt_port, "qos2-keeper", clean=False, expiry_s=600)
+    reader.subscribe("plant/keep/#", qos=2)
+    Client(broker.mqtt_port, "qos2-sender").publish("plant/keep/a", b"exactly once", qos=2)
+    first = reader.receive()
+    assert isinstance(first, Publish) and first.qos == 2 and not first.dup
+    reader.close(disconnect=False)  # gone before its PUBREC
+    again = Client(broker.mqtt_port, "qos2-keeper", clean=False, expiry_s=600)
+    second = again.receive()
+    assert isinstance(second, Publish) and (second.payload, second.packet_id, second.dup) == (
+        b"exactly once", first.packet_id, True)
+    again.send(Ack(PacketType.PUBREC, second.packet_id))
+    assert again.receive() == Ack(PacketType.PUBREL, second.packet_id)
+    again.send(Ack(PacketType.PUBCOMP, second.packet_id))
+    again.nothing_for(2)
+    again.close()
+
+
 def test_a_persistent_session_survives_a_kill_9_of_its_broker(tmp_path):
     server = start(ServerProcess(tmp_path / "data", tmp_path / "server.log"))
     try:

@@ -60,7 +60,8 @@ class Connection:
 
     __slots__ = ("gateway", "dispatcher", "stream", "decoder", "version", "keep_alive_s", "session", "caller", "will",
                  "packet_bytes_max", "_window_size", "_window", "in_flight", "releasing", "_next_id", "aliases",
-                 "feeds", "taken", "ended", "_finished", "_send_lock", "_acks", "_publishes", "_waiting", "_idle",
+                 "feeds", "taken", "ended", "_finished", "_send_lock", "_acks", "_releases", "_publishes", "_waiting",
+                 "_idle",
                  "_broke", "_scope", "nursery")
 
     def __init__(self, gateway: MqttGateway, stream: trio.abc.Stream, decoder: Decoder, connect: Connect,
@@ -88,6 +89,7 @@ class Connection:
         self._finished: trio.Event | None = None
         self._send_lock = trio.Lock()
         self._acks: defaultdict[tuple[str, str], list[dict]] = defaultdict(list)  # acknowledged, not yet acked
+        self._releases: list[tuple[int, Delivery]] = []  # QoS 2 deliveries received (PUBREC), their acks not stored
         self._publishes: list[Publish] = []  # received, not yet produced, in order
         self._waiting: trio.Event | None = None  # set when publishes or acks wait for the worker; None: no worker
         self._idle: trio.Event | None = None  # set while none wait, nor are being produced or acked
@@ -361,28 +363,49 @@ class Connection:
         delivery = self.in_flight.pop(ack.packet_id, None)
         if delivery is None or (ack.kind == PacketType.PUBREC) != (delivery.qos == 2):
             return  # not ours (a duplicate, or from an earlier connection): nothing to do
-        if delivery.group:  # not a retained message, which has no receipt
-            self._acks[(delivery.topic, delivery.group)].append(delivery.receipt)
-            self._wake_worker()
         if ack.kind == PacketType.PUBREC:
-            self.session.released.add(ack.packet_id)
             self.releasing.add(ack.packet_id)
-            await self.send(Ack(PacketType.PUBREL, ack.packet_id))
         else:
             self.window.release()
+        if not delivery.group:  # a retained message: no receipt to ack
+            if ack.kind == PacketType.PUBREC:
+                self.session.released.add(ack.packet_id)
+                await self.send(Ack(PacketType.PUBREL, ack.packet_id))
+            return
+        self._acks[(delivery.topic, delivery.group)].append(delivery.receipt)
+        if ack.kind == PacketType.PUBREC:  # PUBREL once the ack is stored: the client may forget the id then
+            self._releases.append((ack.packet_id, delivery))
+        self._wake_worker()
 
-    async def _flush_acks(self) -> None:
+    async def _flush_acks(self, connected: bool = True) -> None:
+        """Ack what the client acknowledged; then release its QoS 2 deliveries whose ack was stored: PUBREL, or at
+        the connection's end a note in the session, whose next connection sends it."""
         acks, self._acks = self._acks, defaultdict(list)
-        for (topic, group), receipts in acks.items():
-            await self._receipts("Ack", topic, group, receipts)
+        releases, self._releases = self._releases, []
+        failed = {key for key, receipts in acks.items() if not await self._receipts("Ack", *key, receipts)}
+        packets: list[Packet] = []
+        for packet_id, delivery in releases:
+            if (delivery.topic, delivery.group) in failed:  # it comes again after its invisible time, with its id
+                self.releasing.discard(packet_id)
+                self.window.release()
+                continue
+            self.session.unreleased.pop(f"{delivery.topic} {delivery.group} {delivery.receipt['queue']} "
+                                        f"{delivery.receipt['offset']}", None)
+            self.session.released.add(packet_id)
+            packets.append(Ack(PacketType.PUBREL, packet_id))
+        if packets and connected:
+            await self.send(*packets)
 
-    async def _receipts(self, method: str, topic: str, group: str, receipts: list[dict]) -> None:
+    async def _receipts(self, method: str, topic: str, group: str, receipts: list[dict]) -> bool:
+        """Whether the receipts' method was done; else it is logged (they come back after their invisible time)."""
         try:
             await self.dispatcher.local(method, {"topic": topic, "group": group, "receipts": receipts,
                                                  "invisible_ms": 0 if method == "ChangeInvisible" else -1})
-        except RocketError as error:  # they come back after their invisible time
+        except RocketError as error:
             log.info("MQTT client %s: %s of %d messages of %s: %s", self.session.client_id, method, len(receipts),
                      topic, error)
+            return False
+        return True
 
     # ---- subscriptions ------------------------------------------------------------------------------------------
 
@@ -527,7 +550,7 @@ class Connection:
                         continue
                     if publish.qos:
                         await self.window.acquire()
-                        publish.packet_id = self._packet_id()
+                        publish.packet_id = await self._packet_id_of(publish, topic, group, queue, offset)
                         self.in_flight[publish.packet_id] = Delivery(topic, group, receipt, publish.qos)
                     else:
                         done.append(receipt)
@@ -558,17 +581,34 @@ class Connection:
             return None
         return publish
 
+    async def _packet_id_of(self, publish: Publish, topic: str, group: str, queue: int, offset: int) -> int:
+        """A delivery's packet id. A persistent session's QoS 2 delivery keeps the one it first went out with, in
+        the session's record before it goes: sent again (a broken connection, a broker killed), it comes with that
+        id and DUP, which is how the client knows it has it (MQTT 4.3.3)."""
+        if publish.qos < 2 or not self.session.persistent:
+            return self._packet_id()
+        key = f"{topic} {group} {queue} {offset}"
+        packet_id = self.session.unreleased.get(key)
+        if packet_id is not None:
+            publish.dup = True
+            return packet_id
+        packet_id = self.session.unreleased[key] = self._packet_id()
+        await self.gateway.sessions.save(self.session)
+        return packet_id
+
     def _packet_id(self) -> int:
         """A packet id no delivery in flight holds (the window keeps far fewer than 65535 out)."""
+        held = set(self.session.unreleased.values()) if self.session.unreleased else ()
         while True:
             self._next_id = self._next_id % 65535 + 1
-            if self._next_id not in self.in_flight and self._next_id not in self.session.released:
+            if self._next_id not in self.in_flight and self._next_id not in self.session.released and \
+                    self._next_id not in held:
                 return self._next_id
 
     async def release_in_flight(self) -> None:
         """At the connection's end: what the client acknowledged is acked, and what it did not is made visible
         again at once, for the session's next connection (or another member of its shared group)."""
-        await self._flush_acks()
+        await self._flush_acks(connected=False)
         unacked: defaultdict[tuple[str, str], list[dict]] = defaultdict(list)
         for delivery in self.in_flight.values():
             if delivery.group:

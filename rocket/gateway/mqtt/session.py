@@ -23,12 +23,15 @@ NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5's session expiry interval that never ends (
 @dataclasses.dataclass
 class Session:
     """What outlives a connection of a persistent session: its subscriptions, the QoS 2 publishes received and not
-    yet released (their packet ids), and the QoS 2 deliveries released and not yet completed."""
+    yet released (their packet ids), the QoS 2 deliveries sent and not yet received (their ids by message), and those
+    released and not yet completed."""
     client_id: str
     expiry_s: int = 0  # 0: the session ends with its connection
     subscriptions: dict[str, tuple[Filter, Subscription]] = dataclasses.field(default_factory=dict)
     received: set[int] = dataclasses.field(default_factory=set)  # QoS 2 in: PUBREC sent, PUBREL not yet come
     released: set[int] = dataclasses.field(default_factory=set)  # QoS 2 out: PUBREL sent, PUBCOMP not yet come
+    # QoS 2 out, sent and no PUBREC yet: "TOPIC GROUP QUEUE OFFSET" -> the packet id it went with
+    unreleased: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def persistent(self) -> bool:
@@ -37,6 +40,7 @@ class Session:
     def to_record(self) -> bytes:
         return orjson.dumps({
             "expiry_s": self.expiry_s, "received": sorted(self.received), "released": sorted(self.released),
+            "unreleased": self.unreleased,
             "subscriptions": [[subscription.topic_filter, subscription.qos, subscription.no_local,
                                subscription.retain_as_published, subscription.retain_handling]
                               for _, subscription in self.subscriptions.values()]})
@@ -44,7 +48,8 @@ class Session:
     @classmethod
     def from_record(cls, client_id: str, record: bytes) -> Session:
         wire = orjson.loads(record)
-        session = cls(client_id, wire["expiry_s"], received=set(wire["received"]), released=set(wire["released"]))
+        session = cls(client_id, wire["expiry_s"], received=set(wire["received"]), released=set(wire["released"]),
+                      unreleased=wire.get("unreleased", {}))
         for text, qos, no_local, as_published, handling in wire["subscriptions"]:
             session.subscriptions[text] = (parse_filter(text), Subscription(text, qos, no_local, as_published,
                                                                             handling))
