@@ -309,6 +309,33 @@ def test_a_will_goes_out_when_a_connection_drops_and_not_after_a_disconnect(brok
     watcher.close()
 
 
+def test_a_silent_client_is_dropped_after_its_keep_alive_and_its_will_goes_out(broker):
+    watcher = Client(broker.mqtt_port, "keep-alive-watcher")
+    watcher.subscribe("sensors/silent/#")
+    silent = Client(broker.mqtt_port, "silent", connect=False)
+    silent.send(Connect("silent", V5, True, 1, will=Will("sensors/silent/will", b"timed out", 1)))
+    assert isinstance(silent.receive(), ConnAck)
+    started = time.monotonic()
+    assert silent.receive(timeout_s=10) == Disconnect(Reason.KEEP_ALIVE_TIMEOUT, {
+        "reason_string": "no packet within 1.5 times the keep-alive"})
+    assert 1.4 < time.monotonic() - started < 5
+    assert watcher.messages(1)[0].payload == b"timed out"
+    watcher.close()
+
+
+def test_a_session_expires_after_its_interval(broker):
+    brief = Client(broker.mqtt_port, "brief", clean=False, expiry_s=1)
+    brief.subscribe("sensors/brief/#")
+    brief.close()
+    kept = Client(broker.mqtt_port, "brief", clean=False, expiry_s=1)
+    assert kept.connack.session_present  # within its interval
+    kept.close()
+    time.sleep(2.5)
+    gone = Client(broker.mqtt_port, "brief", clean=False, expiry_s=1)
+    assert not gone.connack.session_present
+    gone.close()
+
+
 def test_a_shared_subscription_spreads_messages_over_its_members_once_each(broker):
     members = [Client(broker.mqtt_port, f"member-{index}") for index in range(2)]
     for member in members:
