@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
 import socket
 import subprocess
 import sys
@@ -23,16 +22,7 @@ from rocket.gateway.mqtt.codec import (Ack, ConnAck, Connect, Decoder, Disconnec
                                        Subscribe, Subscription, UnsubAck, Unsubscribe, Will, encode)
 from rocket.gateway.mqtt.packets import V5, V311, Reason
 from tests.conftest import ServerProcess
-
-
-@pytest.fixture(autouse=True)
-def mosquitto_clients() -> None:
-    """Without mosquitto_pub and mosquitto_sub the tests skip; on CI (CI=true) they fail: ./test installs them."""
-    if shutil.which("mosquitto_pub") is None or shutil.which("mosquitto_sub") is None:
-        reason = "no mosquitto_pub or mosquitto_sub (apt-get install mosquitto-clients)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI: {reason}")
-        pytest.skip(reason)
+from tests.integration.test_mqtt_clients import mosquitto_clients  # noqa: F401 (autouse: skip, or fail on CI)
 
 
 def rocket(server: ServerProcess, *args: str) -> str:
@@ -200,7 +190,7 @@ def test_one_message_crosses_mqtt_grpc_and_remoting_both_ways(broker):
     remoting and gRPC, it arrives over MQTT on the topic and tag's levels."""
     pytest.importorskip("rocketmq.grpc_protocol", reason="needs rocketmq-python-client (pip install -e '.[test]')")
     from rocket.gateway.remoting import messages as layout
-    from tests.integration.test_remoting import decode_stored, pull, send
+    from tests.integration.test_remoting import pull, send
     from tests.integration.test_rocketmq_compat import run_client
     from tests.remoting_client import RemotingClient
 

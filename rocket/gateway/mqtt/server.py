@@ -12,7 +12,7 @@ import trio
 
 from rocket import limits
 from rocket.clock import Clock
-from rocket.errors import Code, RocketError
+from rocket.errors import RocketError
 from rocket.gateway.mqtt.batcher import Batcher
 from rocket.gateway.mqtt.codec import Decoder, encode
 from rocket.gateway.mqtt.connection import Connection, reason_of

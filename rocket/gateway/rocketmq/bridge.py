@@ -7,7 +7,6 @@ import logging
 import types
 import zlib
 
-from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import RocketError
 from rocket.gateway.properties import BORN_HOST_PROPERTY
