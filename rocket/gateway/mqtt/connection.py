@@ -40,6 +40,19 @@ REASON_OF_CODE = {  # rocket's error codes -> MQTT 5's reason codes (PUBACK, SUB
 _ACK_HEADS = {kind: bytes([kind << 4, 2]) for kind in (PacketType.PUBACK, PacketType.PUBREC)}  # success, no properties
 
 
+SUBACK_FAILURES = {Reason.UNSPECIFIED_ERROR, Reason.IMPLEMENTATION_SPECIFIC_ERROR, Reason.NOT_AUTHORIZED,
+                   Reason.TOPIC_FILTER_INVALID, Reason.PACKET_IDENTIFIER_IN_USE, Reason.QUOTA_EXCEEDED,
+                   Reason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, Reason.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+                   Reason.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED}  # what a SUBACK may say of a filter (MQTT 3.9.3)
+
+
+def _suback_reason(reason: int) -> int:
+    """A refusal as SUBACK says it: a topic that is not one (no rocket topic of that name) is a filter that is not."""
+    if reason == Reason.TOPIC_NAME_INVALID:
+        return Reason.TOPIC_FILTER_INVALID
+    return reason if reason in SUBACK_FAILURES else Reason.UNSPECIFIED_ERROR
+
+
 def reason_of(error: RocketError, connecting: bool = False) -> Reason:
     if connecting and error.code in (Code.UNAVAILABLE, Code.TIMEOUT, Code.OVERLOADED, Code.DISK_FULL):
         return Reason.SERVER_UNAVAILABLE
@@ -420,11 +433,11 @@ class Connection:
             except MqttError as error:
                 log.info("MQTT client %s: SUBSCRIBE %s: %s", self.session.client_id, subscription.topic_filter[:64],
                          error.message)
-                reasons.append(error.reason if self.version == V5 else 0x80)
+                reasons.append(_suback_reason(error.reason) if self.version == V5 else 0x80)
             except RocketError as error:
                 log.info("MQTT client %s: SUBSCRIBE %s: %s", self.session.client_id, subscription.topic_filter[:64],
                          error)
-                reasons.append(reason_of(error) if self.version == V5 else 0x80)
+                reasons.append(_suback_reason(reason_of(error)) if self.version == V5 else 0x80)
         if self.session.persistent:
             await self.gateway.sessions.save(self.session)
         await self.send(SubAck(subscribe.packet_id, reasons))
