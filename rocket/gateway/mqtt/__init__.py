@@ -1,4 +1,5 @@
-"""MQTT 3.1.1 and 5.0 for devices (issue 57): the gateway (server.py, connection.py) maps packets (packets.py, read and
-written sans I/O by codec.py) onto the broker's methods (mapping.py), with sessions and retained messages in KV."""
+"""MQTT 3.1.1 and 5.0 for devices (issue 57): the gateway (server.py, connection.py, delivery.py, batcher.py) maps
+packets (packets.py, read and written sans I/O by codec.py) onto the broker's methods (mapping.py), with sessions and
+retained messages in KV (session.py)."""
 
-__all__ = ["codec", "connection", "mapping", "packets", "server", "session"]
+__all__ = ["batcher", "codec", "connection", "delivery", "mapping", "packets", "server", "session"]

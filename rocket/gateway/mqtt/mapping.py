@@ -10,7 +10,7 @@ import re
 import zlib
 
 from rocket import limits
-from rocket.errors import RocketError
+from rocket.errors import Code, RocketError
 from rocket.gateway.mqtt.packets import V5, MqttError, Publish, Reason
 from rocket.model import Message, check_group_name, check_topic_name
 
@@ -25,6 +25,20 @@ RESERVED = ("mqtt.", "__")  # property names a user property may not take: rocke
 SHARE_PREFIX = "$share/"
 GROUP_PREFIX = "mqtt-"  # a session's consumer group: this and its client id (or the id's digest)
 _plain_name = re.compile(r"^[A-Za-z0-9._%-]+$")
+
+
+REASON_OF_CODE = {  # rocket's error codes -> MQTT 5's reason codes (PUBACK, SUBACK and CONNACK take these)
+    Code.UNKNOWN_TOPIC: Reason.TOPIC_NAME_INVALID, Code.PERMISSION_DENIED: Reason.NOT_AUTHORIZED,
+    Code.UNAUTHENTICATED: Reason.NOT_AUTHORIZED, Code.OVERLOADED: Reason.QUOTA_EXCEEDED,
+    Code.BAD_REQUEST: Reason.IMPLEMENTATION_SPECIFIC_ERROR, Code.BAD_FILTER: Reason.TOPIC_FILTER_INVALID,
+    Code.WRONG_MESSAGE_TYPE: Reason.IMPLEMENTATION_SPECIFIC_ERROR,
+}
+
+
+def reason_of(error: RocketError, connecting: bool = False) -> Reason:
+    if connecting and error.code in (Code.UNAVAILABLE, Code.TIMEOUT, Code.OVERLOADED, Code.DISK_FULL):
+        return Reason.SERVER_UNAVAILABLE
+    return REASON_OF_CODE.get(error.code, Reason.UNSPECIFIED_ERROR)
 
 
 def rocket_topic(mqtt_topic: str) -> str:

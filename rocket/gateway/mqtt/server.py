@@ -15,7 +15,8 @@ from rocket.clock import Clock
 from rocket.errors import RocketError
 from rocket.gateway.mqtt.batcher import Batcher
 from rocket.gateway.mqtt.codec import Decoder, encode
-from rocket.gateway.mqtt.connection import Connection, reason_of
+from rocket.gateway.mqtt.connection import Connection
+from rocket.gateway.mqtt.mapping import reason_of
 from rocket.gateway.mqtt.packets import V5, ConnAck, Connect, Disconnect, MqttError, Publish, Reason
 from rocket.gateway.mqtt.session import NEVER_EXPIRES, Buckets, Retained, Session, Sessions
 from rocket.gateway.reads import TopicCache
@@ -200,11 +201,11 @@ class MqttGateway:
             del self.connected[session.client_id]
         with trio.CancelScope(shield=True), trio.move_on_after(limits.mqtt_connect_s):
             try:
-                await connection.release_in_flight()
+                await connection.deliveries.release_in_flight()
                 if session.persistent:
                     await self.sessions.save(session, ended=True)
                 elif not connection.taken:
-                    await connection.drop_groups()
+                    await connection.deliveries.drop_groups()
                     await self.sessions.forget(session.client_id)
             except RocketError as error:
                 log.warning("MQTT session %s: not kept: %s", session.client_id, error)
