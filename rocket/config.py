@@ -14,7 +14,7 @@ from typing import Any, Literal, cast, overload
 
 from rocket import limits
 from rocket.errors import RocketError
-from rocket.model import Address, parse_duration_s
+from rocket.model import Address, check_namespace, parse_duration_s
 
 ROLES = ("nameserver", "storage", "broker", "controller")
 ALL_ROLES = ROLES[:3]  # "all": a node of the cluster in one process; the standalone controller runs on its own nodes
@@ -45,6 +45,7 @@ class NodeConfig:
     # HTTP/1.1 (/metrics, /healthz, /readyz); when no source sets it, _dev_http_listen chooses.
     http_listen: Address | None = None
     mqtt_listen: Address | None = None  # MQTT 3.1.1 and 5.0 for devices, on brokers; off unless set
+    mqtt_namespace: str = ""  # the rocket namespace MQTT's topics, consumer groups and KV buckets lie in
     # Shared by a cluster's nodes (config file or ROCKET_CLUSTER_SECRET): with it, the methods between nodes answer
     # only connections that proved they know it (PeerHello); without it they answer anyone who reaches the port.
     cluster_secret: str = dataclasses.field(default="", repr=False)
@@ -292,6 +293,11 @@ def _convert(key: str, value: object) -> object:
         return str(value).strip()
     if key in ("tier_s3_prefix", "tier_azure_prefix", "tier_gcs_prefix"):
         return str(value).strip().strip("/")
+    if key == "mqtt_namespace":
+        try:
+            return check_namespace(str(value).strip())
+        except RocketError as error:
+            raise ConfigError(f"{key}: {error.message}") from None
     if key == "tier_hdfs_root":
         text = "/" + str(value).strip().strip("/")
         return text

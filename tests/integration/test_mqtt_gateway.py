@@ -249,6 +249,10 @@ def test_qos_2_is_stored_once_when_the_publish_comes_again_before_its_release(br
 
 
 def test_retained_messages_reach_new_subscribers_until_cleared(broker):
+    live = Client(broker.mqtt_port, "live-reader")
+    live.send(Subscribe(1, [Subscription("sensors/retained/#", 1), Subscription("sensors/retained/door", 1,
+                                                                                    retain_as_published=True)]))
+    assert live.receive() == SubAck(1, [1, 1])
     publish(broker.mqtt_port, "-q", "1", "-r", "-t", "sensors/retained/door", "-m", "open")
     publish(broker.mqtt_port, "-q", "1", "-r", "-t", "sensors/retained/window", "-m", "shut")
     late = Client(broker.mqtt_port, "late-reader")
@@ -257,6 +261,9 @@ def test_retained_messages_reach_new_subscribers_until_cleared(broker):
     assert sorted((message.topic, message.payload, message.retain) for message in found) == [
         ("sensors/retained/door", b"open", True), ("sensors/retained/window", b"shut", True)]
     late.close()
+    delivered = {message.topic: message.retain for message in live.messages(2)}
+    assert delivered == {"sensors/retained/door": True, "sensors/retained/window": False}  # Retain As Published
+    live.close()
     kept = subprocess.run([sys.executable, "-m", "rocket", "kv", "get", "mqtt.retained", "sensors/retained/door",
                            "--server", broker.server], check=True, capture_output=True, timeout=60).stdout
     assert b"open" in kept  # the message as a batch of one
@@ -512,6 +519,40 @@ def test_credentials_are_checked_and_acl_actions_apply(tmp_path):
         assert answer.reason == Reason.SUCCESS
         assert alice.subscribe("sensors/#") == [Reason.NOT_AUTHORIZED]  # pub only
         alice.close()
+    finally:
+        server.kill()
+
+
+def test_a_brokers_mqtt_lies_in_its_namespace(tmp_path, monkeypatch):
+    """mqtt_namespace: first levels name topics of that namespace, sessions and retained messages keep to its buckets,
+    and its groups are its own; a client of rocket's API in the namespace sees MQTT's messages by their names."""
+    monkeypatch.setenv("ROCKET_MQTT_NAMESPACE", "iot")
+    server = start(ServerProcess(tmp_path / "data", tmp_path / "server.log"))
+    try:
+        rocket(server, "topic", "create", "sensors", "--queues", "2", "--namespace", "iot")
+        device = Client(server.mqtt_port, "ns-device", clean=False, expiry_s=600)
+        assert device.subscribe("sensors/#", "$share/crew/sensors/shared/#") == [1, 1]
+        writer = Client(server.mqtt_port, "ns-writer")
+        [answer] = writer.publish("sensors/a", b"in iot", retain=True)
+        assert answer.reason == Reason.SUCCESS
+        assert device.messages(1)[0].topic == "sensors/a"
+        rocket(server, "send", "sensors", "from the api", "--tag", "b", "--namespace", "iot")
+        assert device.messages(1)[0].topic == "sensors/b"
+        consumed = rocket(server, "consume", "sensors", "--group", "reader", "--count", "2", "--format", "raw",
+                          "--namespace", "iot")
+        assert sorted(consumed.split("\n")[:2]) == ["from the api", "in iot"]
+        groups = rocket(server, "group", "describe", "sensors", "--group", "mqtt-ns-device", "--namespace", "iot")
+        assert "sensors" in groups
+        for listed, expected in (("iot%mqtt.retained", "sensors/a"), ("iot%mqtt.sessions", "ns-device")):
+            assert expected in rocket(server, "kv", "ls", listed, "--keys-only"), listed
+        writer.publish("nosuch/a", b"x")  # the default namespace's topics are not MQTT's here
+        [refused] = writer.publish("nosuch/a", b"x", packet_id=2)
+        assert refused.reason == Reason.TOPIC_NAME_INVALID
+        late = Client(server.mqtt_port, "ns-late")
+        late.subscribe("sensors/+")
+        assert [(message.topic, message.retain) for message in late.messages(1)] == [("sensors/a", True)]
+        for client in (device, writer, late):
+            client.close()
     finally:
         server.kill()
 

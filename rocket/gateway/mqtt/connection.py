@@ -298,7 +298,7 @@ class Connection:
         """The batch of the rocket topic a first level names, in the client's queue, once the client may publish to
         it; else the reason and message each of its publishes is answered with."""
         try:
-            name = rocket_topic(first)
+            name = rocket_topic(first, self.gateway.namespace)
             topic = await self.gateway.topics.get(name)
             self.dispatcher.guard.authorize(self.caller, "Produce", {"topic": name})
         except MqttError as error:

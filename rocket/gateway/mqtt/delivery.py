@@ -13,10 +13,11 @@ import trio
 from rocket import limits
 from rocket.errors import RocketError
 from rocket.gateway.mqtt.codec import matches, valid_topic_filter
-from rocket.gateway.mqtt.mapping import MQTT_CLIENT, Filter, parse_filter, published_qos, reason_of, to_publish
+from rocket.gateway.mqtt.mapping import (MQTT_CLIENT, MQTT_RETAIN, Filter, parse_filter, published_qos, reason_of,
+                                         to_publish)
 from rocket.gateway.mqtt.packets import V5, Ack, MqttError, Packet, PacketType, Publish, Reason, SubAck, Subscribe, \
     Subscription, UnsubAck, Unsubscribe
-from rocket.model import Message
+from rocket.model import Message, outside_namespace
 from rocket.serde.receive import parse_receipt, received
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ class Deliveries:
         if "subscription_identifier" in subscribe.properties:
             raise MqttError(Reason.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, "subscription identifiers are not kept")
         text = subscription.topic_filter
-        filter_ = parse_filter(text)
+        filter_ = parse_filter(text, self.gateway.namespace)
         if not valid_topic_filter(filter_.topic_filter):
             raise MqttError(Reason.TOPIC_FILTER_INVALID, f"filter {text[:64]!r}: '#' only last, '+' a whole level")
         if filter_.share and subscription.no_local:
@@ -216,13 +217,13 @@ class Deliveries:
 
     async def _send_retained(self, filter_: Filter, subscription: Subscription) -> None:
         try:
-            messages = await self.gateway.retained.under(filter_.topic, limits.mqtt_retained_per_subscribe_max)
+            messages = await self.gateway.retained.under(filter_.first, limits.mqtt_retained_per_subscribe_max)
         except RocketError as error:
             log.info("MQTT client %s: retained messages of %s: %s", self.session.client_id, filter_.topic, error)
             return
         now_ms = self.gateway.clock.wall_ms()
         for message in messages:
-            publish = to_publish(message, filter_.topic, min(subscription.qos, published_qos(message)), self.version,
+            publish = to_publish(message, filter_.first, min(subscription.qos, published_qos(message)), self.version,
                                  now_ms)
             if publish is None or not matches(filter_.topic_filter, publish.topic):
                 continue
@@ -249,6 +250,7 @@ class Deliveries:
         for the tags of the filters before a SUBSCRIBE would skip, for good, what matches only the new one.)"""
         with scope:
             client = self.session.client_id
+            first = outside_namespace(self.gateway.namespace, topic) or topic  # as MQTT names it
             while True:
                 await self.window.acquire()  # room for one at least
                 self.window.release()
@@ -272,7 +274,7 @@ class Deliveries:
                 for message in messages:
                     queue, offset, attempt = parse_receipt(message.receipt)
                     receipt = {"queue": queue, "offset": offset, "attempt": attempt}
-                    publish = self._publish_of(message, topic, filters, now_ms)
+                    publish = self._publish_of(message, first, filters, now_ms)
                     if publish is None:
                         done.append(receipt)
                         continue
@@ -286,10 +288,10 @@ class Deliveries:
                 if done:
                     await self._receipts("Ack", topic, group, done)
 
-    def _publish_of(self, message: Message, topic: str, filters: list[tuple[Filter, Subscription]],
+    def _publish_of(self, message: Message, first: str, filters: list[tuple[Filter, Subscription]],
                     now_ms: int) -> Publish | None:
         """The PUBLISH for the client, or None: no filter matches, it expired, or it is too large for the client."""
-        publish = to_publish(message, topic, 0, self.version, now_ms)
+        publish = to_publish(message, first, 0, self.version, now_ms)
         if publish is None:
             return None
         granted, as_published = -1, False
@@ -302,10 +304,11 @@ class Deliveries:
         if granted < 0:
             return None
         publish.qos = min(granted, published_qos(message))
+        publish.retain = as_published and message.properties.get(MQTT_RETAIN) == "1"
         if publish.qos == 0:
             publish.dup = False
         if len(publish.payload) + len(publish.topic) > self.connection.packet_bytes_max:
-            log.info("MQTT client %s: a message of %s is larger than its maximum packet size", client, topic)
+            log.info("MQTT client %s: a message of %s is larger than its maximum packet size", client, first)
             return None
         return publish
 

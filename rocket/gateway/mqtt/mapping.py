@@ -12,10 +12,11 @@ import zlib
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.gateway.mqtt.packets import V5, MqttError, Publish, Reason
-from rocket.model import Message, check_group_name, check_topic_name
+from rocket.model import Message, check_group_name, check_topic_name, in_namespace
 
 MQTT_TOPIC = "mqtt.topic"  # the MQTT topic a message was published on, where its topic and tag do not tell it
 MQTT_CLIENT = "mqtt.client"  # the client id of its publisher (what MQTT 5's No Local compares)
+MQTT_RETAIN = "mqtt.retain"  # "1" on a message published retained (what Retain As Published passes on)
 MQTT_QOS = "mqtt.qos"  # the QoS it was published with, where not 1 (a message from another protocol counts as 1)
 EXPIRES_MS = "mqtt.expires_ms"  # MQTT 5's message expiry, as the wall time it expires at
 # MQTT 5 properties kept as message properties, named so; binary ones base64
@@ -41,12 +42,12 @@ def reason_of(error: RocketError, connecting: bool = False) -> Reason:
     return REASON_OF_CODE.get(error.code, Reason.UNSPECIFIED_ERROR)
 
 
-def rocket_topic(mqtt_topic: str) -> str:
+def rocket_topic(mqtt_topic: str, namespace: str = "") -> str:
     """The rocket topic an MQTT topic name (or a filter without a wildcard in its first level) lies in: its first
-    level; TOPIC_NAME_INVALID when that is no rocket topic name."""
+    level, within the gateway's namespace; TOPIC_NAME_INVALID when that is no rocket topic name."""
     first = mqtt_topic.split("/", 1)[0]
     try:
-        return check_topic_name(first)
+        return check_topic_name(in_namespace(namespace, first) if namespace and first else first)
     except RocketError:
         raise MqttError(Reason.TOPIC_NAME_INVALID, f"the first level {first[:64]!r} of an MQTT topic names a rocket "
                                                    "topic: letters, digits, '.', '_', '%' or '-'") from None
@@ -77,6 +78,8 @@ def to_message(publish: Publish, client_id: str, now_ms: int) -> Message:
         properties[MQTT_TOPIC] = publish.topic
     if publish.qos != 1:
         properties[MQTT_QOS] = str(publish.qos)
+    if publish.retain:
+        properties[MQTT_RETAIN] = "1"
     given = publish.properties
     if not given and len(publish.topic) <= limits.properties_bytes_max // 16:  # MQTT 3.1.1's, and most of 5.0's
         # (a client id and a topic this long are within the properties' bound)
@@ -101,8 +104,9 @@ def to_message(publish: Publish, client_id: str, now_ms: int) -> Message:
 
 
 def to_publish(message: Message, topic: str, qos: int, version: int, now_ms: int) -> Publish | None:
-    """A stored message as the PUBLISH a subscriber gets at qos, or None when it expired. Its message properties
-    other than rocket's and the gateway's become user properties (MQTT 5)."""
+    """A stored message of a rocket topic (as MQTT names it: outside the gateway's namespace) as the PUBLISH a
+    subscriber gets at qos, or None when it expired. Its message properties other than rocket's and the gateway's
+    become user properties (MQTT 5)."""
     expires = message.properties.get(EXPIRES_MS)
     properties: dict = {}
     if expires is not None and expires.isdigit():
@@ -142,17 +146,23 @@ def published_qos(message: Message) -> int:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Filter:
     """A SUBSCRIBE's filter as rocket reads it: the rocket topic, and the consumer group (the session's, or the share
-    name's) whose receives the gateway matches against the filter."""
+    name's, within the gateway's namespace) whose receives the gateway matches against the filter."""
     text: str  # as subscribed, $share/ and all: what UNSUBSCRIBE names
     topic_filter: str  # without $share/NAME/
-    topic: str
-    share: str  # the share name, "" when not shared
+    topic: str  # the rocket topic, within the namespace
+    share: str  # the share name's group, within the namespace; "" when not shared
+    namespace: str = ""
 
     def group(self, client_id: str) -> str:
-        return self.share or session_group(client_id)
+        return self.share or in_namespace(self.namespace, session_group(client_id))
+
+    @property
+    def first(self) -> str:
+        """The filter's first level: the rocket topic as MQTT names it."""
+        return self.topic_filter.partition("/")[0]
 
 
-def parse_filter(text: str) -> Filter:
+def parse_filter(text: str, namespace: str = "") -> Filter:
     """A filter of SUBSCRIBE, or MqttError with the reason code for it: a wildcard in the first level cannot name a
     rocket topic (Wildcard Subscriptions Not Supported), nor can a first level that is no topic name."""
     share, topic_filter = "", text
@@ -167,7 +177,7 @@ def parse_filter(text: str) -> Filter:
     if first in ("+", "#"):
         raise MqttError(Reason.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, f"filter {text[:64]!r}: its first level names "
                                                                      "the rocket topic, so it cannot be a wildcard")
-    return Filter(text, topic_filter, rocket_topic(topic_filter), share)
+    return Filter(text, topic_filter, rocket_topic(topic_filter, namespace), in_namespace(namespace, share), namespace)
 
 
 def session_group(client_id: str) -> str:

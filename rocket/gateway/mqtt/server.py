@@ -38,15 +38,16 @@ class MqttGateway:
     with the id takes it over (the first connection gets Session Taken Over). A persistent session's state lies in
     the storage groups (session.py), so it resumes on any broker."""
 
-    def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle):
+    def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle, namespace: str = ""):
         self.dispatcher = dispatcher
         self.clock = clock
         self.lifecycle = lifecycle
+        self.namespace = namespace  # the rocket namespace MQTT's topics, groups and buckets lie in (mqtt_namespace)
         self.topics = TopicCache(dispatcher, clock)
         self.batcher = Batcher(dispatcher, clock)
         buckets = Buckets(dispatcher)
-        self.sessions = Sessions(buckets)
-        self.retained = Retained(buckets)
+        self.sessions = Sessions(buckets, namespace)
+        self.retained = Retained(buckets, namespace)
         self.connected: dict[str, Connection] = {}  # client id -> its connection here
         self.nursery: trio.Nursery | None = None  # wills that wait (their delay) run here
 

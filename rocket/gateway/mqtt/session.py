@@ -11,7 +11,7 @@ import orjson
 from rocket.errors import Code, RocketError
 from rocket.gateway.mqtt.mapping import Filter, parse_filter
 from rocket.gateway.mqtt.packets import Subscription
-from rocket.model import Message
+from rocket.model import Message, in_namespace
 from rocket.serde import batch as batch_codec
 from rocket.transport.rpc import Dispatcher
 
@@ -46,13 +46,13 @@ class Session:
                               for _, subscription in self.subscriptions.values()]})
 
     @classmethod
-    def from_record(cls, client_id: str, record: bytes) -> Session:
+    def from_record(cls, client_id: str, record: bytes, namespace: str = "") -> Session:
         wire = orjson.loads(record)
         session = cls(client_id, wire["expiry_s"], received=set(wire["received"]), released=set(wire["released"]),
                       unreleased=wire.get("unreleased", {}))
         for text, qos, no_local, as_published, handling in wire["subscriptions"]:
-            session.subscriptions[text] = (parse_filter(text), Subscription(text, qos, no_local, as_published,
-                                                                            handling))
+            subscription = Subscription(text, qos, no_local, as_published, handling)
+            session.subscriptions[text] = (parse_filter(text, namespace), subscription)
         return session
 
 
@@ -119,39 +119,43 @@ class Buckets:
 
 class Sessions:
     """Persistent sessions' records: read at CONNECT, written at each change of subscriptions and at the end of a
-    connection, when the record's TTL starts counting the session's expiry."""
+    connection, when the record's TTL starts counting the session's expiry. The bucket lies in the gateway's
+    namespace."""
 
-    def __init__(self, buckets: Buckets):
+    def __init__(self, buckets: Buckets, namespace: str = ""):
         self.buckets = buckets
+        self.namespace = namespace
+        self.bucket = in_namespace(namespace, SESSIONS_BUCKET)
 
     async def load(self, client_id: str) -> Session | None:
-        record = await self.buckets.get(SESSIONS_BUCKET, client_id)
-        return Session.from_record(client_id, record) if record is not None else None
+        record = await self.buckets.get(self.bucket, client_id)
+        return Session.from_record(client_id, record, self.namespace) if record is not None else None
 
     async def save(self, session: Session, ended: bool = False) -> None:
         """Keep the session; ended: its connection ended, and it expires after its interval unless one resumes it."""
         ttl_ms = session.expiry_s * 1000 if ended and session.expiry_s != NEVER_EXPIRES else 0
-        await self.buckets.put(SESSIONS_BUCKET, session.client_id, session.to_record(), ttl_ms)
+        await self.buckets.put(self.bucket, session.client_id, session.to_record(), ttl_ms)
 
     async def forget(self, client_id: str) -> None:
-        await self.buckets.delete(SESSIONS_BUCKET, client_id)
+        await self.buckets.delete(self.bucket, client_id)
 
 
 class Retained:
-    """Each MQTT topic's retained message, as a batch of one message."""
+    """Each MQTT topic's retained message, as a batch of one message, in a bucket in the gateway's namespace."""
 
-    def __init__(self, buckets: Buckets):
+    def __init__(self, buckets: Buckets, namespace: str = ""):
         self.buckets = buckets
+        self.bucket = in_namespace(namespace, RETAINED_BUCKET)
 
     async def keep(self, topic: str, message: Message) -> None:
         """A retained message replaces the topic's last; an empty one deletes it."""
         if message.body:
-            await self.buckets.put(RETAINED_BUCKET, topic, batch_codec.encode([message], message.timestamp_ms))
+            await self.buckets.put(self.bucket, topic, batch_codec.encode([message], message.timestamp_ms))
         else:
-            await self.buckets.delete(RETAINED_BUCKET, topic)
+            await self.buckets.delete(self.bucket, topic)
 
-    async def under(self, rocket_topic: str, limit: int) -> list[Message]:
-        """The retained messages of the MQTT topics under a rocket topic (its first level), limit at most."""
-        exact = await self.buckets.get(RETAINED_BUCKET, rocket_topic)
-        found = [value for _, value in await self.buckets.scan(RETAINED_BUCKET, rocket_topic + "/", limit)]
+    async def under(self, first: str, limit: int) -> list[Message]:
+        """The retained messages of the MQTT topics under a first level, limit at most."""
+        exact = await self.buckets.get(self.bucket, first)
+        found = [value for _, value in await self.buckets.scan(self.bucket, first + "/", limit)]
         return [batch_codec.decode(value, 0, -1)[0] for value in ([exact] if exact is not None else []) + found][:limit]
