@@ -152,11 +152,17 @@ class Admin:
                             "read_replicas": -2 if read_replicas is None else read_replicas}))
 
     async def wait_moved(self, name: str, storage_class: str, poll_s: float = 0.2) -> TopicSpec:
-        """Wait until the topic is in storage_class (a move update_topic started)."""
+        """Wait until the topic is in storage_class (a move update_topic started). A group that has no leader for
+        a moment (a node killed mid-move) answers UNAVAILABLE or TIMEOUT: the wait goes on; the caller bounds it."""
         while True:
-            spec, _ = await self.describe_topic(name)
-            if spec.storage_class == storage_class:
-                return spec
+            try:
+                spec, _ = await self.describe_topic(name)
+            except RocketError as error:
+                if error.code not in (Code.UNAVAILABLE, Code.TIMEOUT):
+                    raise
+            else:
+                if spec.storage_class == storage_class:
+                    return spec
             await trio.sleep(poll_s)
 
     async def placement_explain(self, topic: str) -> dict:

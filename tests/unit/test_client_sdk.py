@@ -415,6 +415,25 @@ async def test_nack_hides_a_message_for_its_attempts_backoff_and_dead_letter_giv
 # Admin
 
 
+async def test_waiting_for_a_move_outlasts_a_group_without_a_leader(broker, channel):
+    """wait_moved goes on through UNAVAILABLE (a node killed mid-move leaves a group leaderless for a moment) and
+    returns once the topic is in its new class; any other error ends it."""
+    answers = [RocketError(Code.UNAVAILABLE, "not the leader; the leader is unknown"), "raft", "pair"]
+
+    async def describe(request: dict) -> dict:
+        answer = answers.pop(0)
+        if isinstance(answer, RocketError):
+            raise answer
+        return {"topic": {"name": request["topic"], "queues": 1, "storage_class": answer}, "queues": []}
+
+    broker.dispatcher.handle("DescribeTopic", describe)
+    assert (await Admin(channel).wait_moved("orders", "pair", poll_s=0)).storage_class == "pair"
+    answers.append(RocketError(Code.UNKNOWN_TOPIC, "no topic 'orders'"))
+    with pytest.raises(RocketError) as caught:
+        await Admin(channel).wait_moved("orders", "pair", poll_s=0)
+    assert caught.value.code == Code.UNKNOWN_TOPIC
+
+
 async def test_admin_creates_lists_and_describes_topics(broker, channel):
     """Admin's topic calls go to the server and come back as TopicSpecs and queue states."""
     admin = Admin(channel)
