@@ -275,6 +275,22 @@ def test_retained_messages_reach_new_subscribers_until_cleared(broker):
     later.close()
 
 
+def test_more_retained_messages_than_the_clients_window_all_arrive(broker):
+    """Retained messages past the client's Receive Maximum wait for its PUBACKs, which the connection goes on
+    reading."""
+    writer = Client(broker.mqtt_port, "many-retained")
+    for index in range(6):
+        writer.publish(f"plant/many/{index}", b"%d" % index, retain=True, packet_id=index + 1)
+    writer.close()
+    reader = Client(broker.mqtt_port, "small-window", connect=False)
+    reader.send(Connect("small-window", V5, True, 60, properties={"receive_maximum": 2}))
+    assert isinstance(reader.receive(), ConnAck)
+    reader.send(Subscribe(1, [Subscription("plant/many/#", 1)]))
+    assert reader.receive() == SubAck(1, [1])
+    assert sorted(message.payload for message in reader.messages(6)) == [b"%d" % index for index in range(6)]
+    reader.close()
+
+
 def test_wildcards_match_levels_and_unsubscribe_stops_delivery(broker):
     reader = Client(broker.mqtt_port, "wild-reader")
     assert reader.subscribe("plant/+/temp", "plant/a/#") == [1, 1]

@@ -157,8 +157,8 @@ class Deliveries:
         if self.session.persistent:
             await self.gateway.sessions.save(self.session)
         await self.connection.send(SubAck(subscribe.packet_id, reasons))
-        for filter_, subscription in retained:
-            await self._send_retained(filter_, subscription)
+        if retained:  # in a task of its own: past the client's window, only the reader's PUBACKs let more go
+            self.connection.spawn(self._send_retained, retained)
 
     async def _add(self, subscription: Subscription, subscribe: Subscribe,
                    retained: list[tuple[Filter, Subscription]]) -> int:
@@ -215,24 +215,26 @@ class Deliveries:
         return [(filter_, subscription) for filter_, subscription in self.session.subscriptions.values()
                 if filter_.topic == topic and filter_.group(client) == group]
 
-    async def _send_retained(self, filter_: Filter, subscription: Subscription) -> None:
-        try:
-            messages = await self.gateway.retained.under(filter_.first, limits.mqtt_retained_per_subscribe_max)
-        except RocketError as error:
-            log.info("MQTT client %s: retained messages of %s: %s", self.session.client_id, filter_.topic, error)
-            return
-        now_ms = self.gateway.clock.wall_ms()
-        for message in messages:
-            publish = to_publish(message, filter_.first, min(subscription.qos, published_qos(message)), self.version,
-                                 now_ms)
-            if publish is None or not matches(filter_.topic_filter, publish.topic):
+    async def _send_retained(self, retained: list[tuple[Filter, Subscription]]) -> None:
+        """The retained messages each new filter matches, flagged retained, within the client's window."""
+        for filter_, subscription in retained:
+            try:
+                messages = await self.gateway.retained.under(filter_.first, limits.mqtt_retained_per_subscribe_max)
+            except RocketError as error:
+                log.info("MQTT client %s: retained messages of %s: %s", self.session.client_id, filter_.topic, error)
                 continue
-            publish.retain = True
-            if publish.qos:  # no receipt: the client's acknowledgement ends it
-                await self.window.acquire()
-                publish.packet_id = self._packet_id()
-                self.in_flight[publish.packet_id] = Delivery(filter_.topic, "", {}, publish.qos)
-            await self.connection.send(publish)
+            now_ms = self.gateway.clock.wall_ms()
+            for message in messages:
+                publish = to_publish(message, filter_.first, min(subscription.qos, published_qos(message)),
+                                     self.version, now_ms)
+                if publish is None or not matches(filter_.topic_filter, publish.topic):
+                    continue
+                publish.retain = True
+                if publish.qos:  # no receipt: the client's acknowledgement ends it
+                    await self.window.acquire()
+                    publish.packet_id = self._packet_id()
+                    self.in_flight[publish.packet_id] = Delivery(filter_.topic, "", {}, publish.qos)
+                await self.connection.send(publish)
 
     # ---- deliveries ---------------------------------------------------------------------------------------------
 
