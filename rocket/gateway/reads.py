@@ -45,9 +45,6 @@ class TopicCache:
         """Read the topic anew next time: it was created or changed."""
         self._topics.pop(name, None)
 
-    def __len__(self) -> int:
-        return len(self._topics)
-
 
 def matching(response: dict, queue: int, offset: int, chosen: Filter, count_max: int) -> tuple[list[Message], int]:
     """The pulled messages from offset on that match (a pull returns whole batches that may), count_max at most,
