@@ -409,8 +409,9 @@ class _Metrics:
         return 200, "text/plain; charset=utf-8", b"ready\n"
 
 
-def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispatcher: Dispatcher) -> Telemetry:
-    """The node's metrics registry, fed by its Raft host, peers, listeners, dispatcher and store."""
+def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispatcher: Dispatcher,
+                   mqtt: MqttGateway | None = None) -> Telemetry:
+    """The node's metrics registry, fed by its Raft host, peers, listeners, dispatcher, store and MQTT gateway."""
     import rocket
     from rocket.store.meter import QueueMeter
     from rocket.telemetry import families
@@ -432,6 +433,8 @@ def node_telemetry(config: NodeConfig, roles: Roles, lifecycle: Lifecycle, dispa
         telemetry.add_collector(families.store_metrics(QueueMeter(store), host.leads, config.metrics_per_queue))
         telemetry.add_collector(families.tier_metrics(roles.storage.tiering.offloader, roles.storage.cold))
         telemetry.add_collector(families.kv_metrics(roles.storage.kv, host.leads))
+    if mqtt is not None:
+        telemetry.add_collector(families.mqtt_metrics(mqtt))
     return telemetry
 
 
@@ -490,7 +493,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                                                   config.http_listen.host, config.http_listen.port,
                                                   {**console.routes(), **metrics.routes()}),
                                           "HTTP/1.1, --http-listen", config.http_listen)
-            mqtt_port = None
+            mqtt_port, mqtt = None, None
             if config.mqtt_listen is not None and "broker" in config.roles:
                 mqtt = MqttGateway(dispatcher, clock, lifecycle, config.mqtt_namespace)
                 await nursery.start(mqtt.run)
@@ -520,7 +523,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                 if access is not None:  # ready once it knows users, or after a bound (no nameserver answers yet)
                     with trio.move_on_after(limits.acl_first_wait_s_max):
                         await loaded.wait()
-            telemetry = node_telemetry(config, roles, lifecycle, dispatcher)
+            telemetry = node_telemetry(config, roles, lifecycle, dispatcher, mqtt)
             metrics.telemetry = telemetry
             if config.telemetry_interval_s:
                 spool = await trio.to_thread.run_sync(partial(Spool, config.data_dir / "telemetry"))
@@ -551,6 +554,8 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             _notify_systemd("STOPPING=1")
             lifecycle.drain()
             with trio.move_on_after(config.shutdown_grace_s):
+                if mqtt is not None:
+                    await mqtt.close()  # devices' wills and sessions kept while storage answers
                 await lifecycle.wait_idle()
             nursery.cancel_scope.cancel()
     finally:

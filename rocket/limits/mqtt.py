@@ -6,6 +6,7 @@ from rocket.limits.units import MiB
 mqtt_packet_bytes_max = 1 * MiB  # one MQTT packet (EMQX's default); the protocol allows 256 MiB, which no device needs
 mqtt_connect_s = 10.0  # a connection's CONNECT must arrive within this (a slowloris holds a socket no longer)
 mqtt_connections_max = 100_000  # open MQTT connections per broker: devices are many and mostly idle
+mqtt_park_after_s = 1.0  # a woken connection's task ends once idle this long (parking.py): sooner, a wake per packet
 mqtt_client_id_bytes_max = 256  # a client id; MQTT asks servers to take 23, and ids become KV keys and group names
 mqtt_message_overhead_bytes = 256  # a message's bytes besides its body, as counted toward a batch (Batcher)
 mqtt_publishes_waiting_max = 1000  # PUBLISHes of one connection read and not yet stored: past it, reading waits

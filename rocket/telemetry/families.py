@@ -1,5 +1,5 @@
 """The metric families of the node's Prometheus endpoint beyond the registry's own histograms (issue 34): node,
-Raft groups, storage groups, topics, consumer groups, tier and KV. Each is a collector read at scrape time from
+Raft groups, storage groups, topics, consumer groups, tier, MQTT and KV. Each is a collector read at scrape time from
 counters the components keep anyway; none adds work per message."""
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "rocket_tier_cold_fetched_bytes": ("counter", "Bytes fetched from the object store for cold reads"),
     "rocket_tier_cache_bytes": ("gauge", "Bytes of fetched ranges the node keeps on disk for cold reads"),
     "rocket_tier_cache_evictions": ("counter", "Ranges dropped from the cold reads' cache for room or idleness"),
+    # MQTT
+    "rocket_mqtt_connections": ("gauge", "Open MQTT connections on this broker, by state: served (by a task of their "
+                                "own) or parked (idle, waiting in the parking's epoll set)"),
     # KV
     "rocket_kv_txns": ("counter", "KV transactions applied on this node as their group's leader"),
     "rocket_kv_operations": ("counter", "Operations of the KV transactions' branches that ran, by kind (put, "
@@ -185,6 +188,16 @@ def access_metrics(access, quotas) -> Callable[[], Iterable[Metric]]:
         if quotas is not None:
             yield _family("rocket_quota_throttled_calls", [], [([], quotas.throttled)])
             yield _family("rocket_quota_throttled_seconds", [], [([], quotas.throttled_s)])
+    return collect
+
+
+def mqtt_metrics(gateway) -> Callable[[], Iterable[Metric]]:
+    """A broker's rocket.gateway.mqtt.server.MqttGateway."""
+
+    def collect():
+        parked = len(gateway.parking) if gateway.parking is not None else 0
+        yield _family("rocket_mqtt_connections", ["state"], [(["served"], gateway.open_connections - parked),
+                                                             (["parked"], parked)])
     return collect
 
 

@@ -10,16 +10,18 @@ import queue
 import socket
 import subprocess
 import sys
+import re
 import threading
 import time
+import urllib.request
 
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocket.gateway.mqtt.codec import (Ack, ConnAck, Connect, Decoder, Disconnect, PacketType, Publish, SubAck,
-                                       Subscribe, Subscription, UnsubAck, Unsubscribe, Will, encode)
+from rocket.gateway.mqtt.codec import (Ack, ConnAck, Connect, Decoder, Disconnect, PacketType, PingReq, PingResp,
+                                       Publish, SubAck, Subscribe, Subscription, UnsubAck, Unsubscribe, Will, encode)
 from rocket.gateway.mqtt.packets import V5, V311, Reason
 from tests.conftest import ServerProcess
 from tests.integration.test_mqtt_clients import mosquitto_clients  # noqa: F401 (autouse: skip, or fail on CI)
@@ -334,6 +336,79 @@ def test_a_silent_client_is_dropped_after_its_keep_alive_and_its_will_goes_out(b
     assert 1.4 < time.monotonic() - started < 5
     assert watcher.messages(1)[0].payload == b"timed out"
     watcher.close()
+
+
+def connections(server: ServerProcess) -> dict[str, int]:
+    """rocket_mqtt_connections on the server's /metrics, by state."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=10).read().decode()
+    return {state: int(float(count)) for state, count in
+            re.findall(r'^rocket_mqtt_connections\{state="(\w+)"\} (\S+)$', text, re.MULTILINE)}
+
+
+def consumed(server: ServerProcess, topic: str, group: str, count: int, *options: str) -> list[dict]:
+    return [orjson.loads(line) for line in rocket(server, "consume", topic, "--group", group, "--format", "json",
+                                                  "--count", str(count), *options).splitlines()
+            if line.startswith("{")]
+
+
+def until(condition, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.1)
+
+
+def test_an_idle_connection_parks_and_every_packet_wakes_it(broker):
+    """An idle connection gives up its task (parking.py): the parking answers its PINGREQ, and a PUBLISH (with a
+    topic alias set before it parked), a SUBSCRIBE or the end of the connection wake it, served as ever."""
+    until(lambda: connections(broker).get("served", 1) == 0)  # what earlier tests left is closed or parked
+    device = Client(broker.mqtt_port, "parked-device")
+    until(lambda: connections(broker)["served"] == 0)  # parked at once after CONNECT
+    device.send(PingReq())
+    assert isinstance(device.receive(), PingResp)
+    assert device.publish("sensors/parked/a", b"1", properties={"topic_alias": 3}) == [Ack(PacketType.PUBACK, 1)]
+    until(lambda: connections(broker)["served"] == 0)  # idle for limits.mqtt_park_after_s, parked again
+    assert device.publish("", b"2", packet_id=2, properties={"topic_alias": 3}) == [Ack(PacketType.PUBACK, 2)]
+    assert [message["body"] for message in consumed(broker, "sensors", "parked-reader", 2, "--tag", "parked/a")] == [
+        "1", "2"]
+    until(lambda: connections(broker)["served"] == 0)
+    assert device.subscribe("sensors/parked/#") == [1]
+    time.sleep(2)
+    assert connections(broker)["served"] == 1  # a subscriber keeps its task: its deliveries run there
+    Client(broker.mqtt_port, "parked-writer").publish("sensors/parked/b", b"3")
+    assert device.messages(1)[0].payload == b"3"
+    device.close()
+    until(lambda: connections(broker) == {"served": 0, "parked": 0})  # every connection counted until closed
+
+
+def test_a_parked_connection_is_taken_over(broker):
+    first = Client(broker.mqtt_port, "parked-twice")
+    until(lambda: connections(broker)["served"] == 0)
+    second = Client(broker.mqtt_port, "parked-twice")
+    assert first.receive() == Disconnect(Reason.SESSION_TAKEN_OVER)
+    second.send(PingReq())
+    assert isinstance(second.receive(), PingResp)
+    second.close()
+
+
+def test_parked_connections_end_with_their_wills_when_the_broker_stops(tmp_path):
+    server = start(ServerProcess(tmp_path / "data", tmp_path / "server.log"))
+    try:
+        rocket(server, "topic", "create", "sensors", "--queues", "2")
+        devices = [Client(server.mqtt_port, f"stopped-{index}", version=V311,
+                          will=Will(f"sensors/stopped/{index}", b"broker went away", 1)) for index in range(3)]
+        until(lambda: connections(server) == {"served": 0, "parked": 3})
+        assert server.terminate() == 0
+        for device in devices:
+            with pytest.raises(EOFError):
+                device.receive()
+        server.start(extra=("--mqtt-listen", "127.0.0.1:0"))
+        wills = consumed(server, "sensors", "will-reader", 3)
+        assert sorted((message["tag"], message["body"]) for message in wills) == [
+            (f"stopped/{index}", "broker went away") for index in range(3)]
+    finally:
+        server.kill()
+    assert b"Traceback" not in server.log_path.read_bytes()
 
 
 def test_a_session_expires_after_its_interval(broker):

@@ -91,7 +91,7 @@ def test_one_client_always_publishes_to_one_queue(client_id, topic):
 
 
 def test_a_session_record_round_trips():
-    session = Session("dev-1", 3600, received={3, 9}, released={4}, unreleased={"sensors mqtt-dev-1 0 17": 5})
+    session = Session("dev-1", 3600, received=dict.fromkeys((3, 9)), released={4: None}, unreleased={"sensors mqtt-dev-1 0 17": 5})
     for text, qos in (("sensors/#", 1), ("$share/g/plant/+", 2)):
         session.subscriptions[text] = (parse_filter(text), Subscription(text, qos, retain_handling=1))
     again = Session.from_record("dev-1", session.to_record())

@@ -105,6 +105,7 @@ def full_registry(tmp_path) -> Telemetry:
     telemetry.add_collector(families.kv_metrics(storage, host.leads))
     access = SimpleNamespace(users={"alice": None}, policies={"alice": [None, None]}, refusals={"PERMISSION_DENIED": 3})
     telemetry.add_collector(families.access_metrics(access, SimpleNamespace(throttled=2, throttled_s=0.5)))
+    telemetry.add_collector(families.mqtt_metrics(SimpleNamespace(open_connections=3, parking=[None, None])))
     return telemetry
 
 

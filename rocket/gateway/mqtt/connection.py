@@ -12,7 +12,7 @@ import trio
 
 from rocket import limits
 from rocket.errors import Code, RocketError
-from rocket.gateway.mqtt.codec import encode, valid_topic_name
+from rocket.gateway.mqtt.codec import Decoder, encode, valid_topic_name
 from rocket.gateway.mqtt.delivery import Deliveries
 from rocket.gateway.mqtt.mapping import queue_of, reason_of, rocket_topic, to_message
 from rocket.gateway.mqtt.packets import (V5, Ack, Connect, Disconnect, MqttError, Packet, PacketType, PingReq,
@@ -22,7 +22,6 @@ from rocket.model import Message
 from rocket.transport.guard import Caller
 
 if TYPE_CHECKING:
-    from rocket.gateway.mqtt.codec import Decoder
     from rocket.gateway.mqtt.server import MqttGateway
 
 log = logging.getLogger("rocket.mqtt")
@@ -32,51 +31,75 @@ _ACK_HEADS = {kind: bytes([kind << 4, 2]) for kind in (PacketType.PUBACK, Packet
 
 class Connection:
     """Kept small: a broker holds one per connected device, most of them idle. What only deliveries or publishes use
-    is made at their first."""
+    is made at their first. An idle connection with nothing in flight and no subscription is parked (parking.py): at
+    once after its CONNECT, and after limits.mqtt_park_after_s once woken. Its task ends, and what it holds then is
+    all an idle device costs."""
 
-    __slots__ = ("gateway", "dispatcher", "stream", "decoder", "version", "keep_alive_s", "session", "caller", "will",
-                 "packet_bytes_max", "aliases", "taken", "ended", "_finished", "_send_lock", "_publishes", "_waiting",
-                 "_idle", "_broke", "_scope", "nursery", "deliveries")
+    __slots__ = ("gateway", "dispatcher", "_stream", "fd", "decoder", "version", "keep_alive_s", "session", "caller",
+                 "will", "packet_bytes_max", "window_size", "aliases", "taken", "ended", "parked_until", "_finished",
+                 "_send_lock", "_publishes", "_waiting", "_idle", "_broke", "_scope", "nursery", "_deliveries")
 
     def __init__(self, gateway: MqttGateway, stream: trio.abc.Stream, decoder: Decoder, connect: Connect,
                  session: Session, caller: Caller):
         self.gateway = gateway
         self.dispatcher = gateway.dispatcher
-        self.stream = stream
-        self.decoder = decoder
+        self._stream: trio.abc.Stream | None = stream  # None while parked
+        self.fd = -1  # while parked: its socket's
+        self.decoder: Decoder | None = decoder  # None while parked
         self.version = connect.protocol_level
         self.keep_alive_s = connect.keep_alive * 1.5  # 0: none (MQTT 3.1.2.10)
         self.session = session
         self.caller = caller
         self.will: Will | None = connect.will
         self.packet_bytes_max = connect.properties.get("maximum_packet_size", limits.mqtt_packet_bytes_max)
-        self.aliases: dict[int, str] = {}  # MQTT 5 topic aliases the client set
+        self.window_size = min(connect.properties.get("receive_maximum", 65535), limits.mqtt_in_flight_max)
+        self.aliases: dict[int, str] | None = None  # MQTT 5 topic aliases the client set
         self.taken = False  # another connection took the session over
         self.ended = False  # the gateway is done with it (MqttGateway.serve); _finished is set then, if made
+        self.parked_until = math.inf  # while parked: when its keep-alive ends (trio's clock)
         self._finished: trio.Event | None = None
-        self._send_lock = trio.Lock()
+        self._send_lock: trio.Lock | None = None
         self._publishes: list[Publish] = []  # received, not yet produced, in order
         self._waiting: trio.Event | None = None  # set when publishes or acks wait for the worker; None: no worker
         self._idle: trio.Event | None = None  # set while none wait, nor are being produced or acked
         self._broke: MqttError | None = None  # what ended the connection, from whichever task
-        # Cancelled when the connection ends, from whichever task; its deadline is the keep-alive's.
-        self._scope = trio.CancelScope()
-        self.nursery: trio.Nursery  # the connection's tasks, while it is served
-        self.deliveries = Deliveries(self, min(connect.properties.get("receive_maximum", 65535),
-                                               limits.mqtt_in_flight_max))
+        # Cancelled when the connection ends, from whichever task; its deadline is the keep-alive's. A new one for
+        # each time the connection is served (None while parked).
+        self._scope: trio.CancelScope | None = trio.CancelScope()
+        self.nursery: trio.Nursery | None = None  # the connection's tasks, while it is served
+        self._deliveries: Deliveries | None = None
+
+    @property
+    def deliveries(self) -> Deliveries:
+        """Its subscriptions and deliveries, made at the first use."""
+        if self._deliveries is None:
+            self._deliveries = Deliveries(self, self.window_size)
+        return self._deliveries
+
+    @property
+    def stream(self) -> trio.abc.Stream:
+        assert self._stream is not None, "a parked connection has no stream: unparked() makes it again"
+        return self._stream
 
     # ---- the connection's life ---------------------------------------------------------------------------------
 
-    async def serve(self, first: list[Packet]) -> None:
+    async def serve(self, first: list[Packet] | bytes | MqttError) -> bool:
         """Packets until the client disconnects, goes silent past its keep-alive, or breaks the protocol (raised
-        here as MqttError once the connection's tasks are done)."""
-        with self._scope:
+        here as MqttError once the connection's tasks are done); True if the connection parked instead. first: the
+        packets that came with its CONNECT, or the bytes that woke it from the parking (b"": the client closed), or
+        why it ends there (its keep-alive ran out, the broker stops)."""
+        scope = self._scope
+        assert scope is not None
+        parked = False
+        with scope:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 try:
-                    await self.deliveries.start()
-                    await self._read(first)
-                    await self._drained()  # what came before the end is stored and answered
+                    if isinstance(first, list):
+                        await self.deliveries.start()
+                    parked = await self._read(first)
+                    if not parked:
+                        await self._drained()  # what came before the end is stored and answered
                 except MqttError as error:
                     self._broke = self._broke or error
                 except RocketError as error:  # a session that cannot be kept now (its storage group is down)
@@ -86,26 +109,85 @@ class Connection:
                     pass
                 finally:
                     nursery.cancel_scope.cancel()
-        if self._scope.cancelled_caught and trio.current_time() >= self._scope.deadline:
+        self.nursery = None
+        if scope.cancelled_caught and trio.current_time() >= scope.deadline:
             self._broke = self._broke or MqttError(Reason.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the "
                                                                               "keep-alive")
         if self._broke is not None:
             raise self._broke
+        if parked and not scope.cancel_called:
+            self._park(scope.deadline)
+            return True
+        return False
 
-    async def _read(self, first: list[Packet]) -> None:
-        """Packets until DISCONNECT or the end of the stream; the connection's deadline moves with each read."""
+    async def _read(self, first: list[Packet] | bytes | MqttError) -> bool:
+        """Packets until DISCONNECT or the end of the stream (False), or until the connection may park (True); the
+        connection's deadline moves with each read."""
+        scope = self._scope
+        assert scope is not None
+        if isinstance(first, MqttError):
+            raise first
+        # Idle after its CONNECT, a connection parks at once; woken, it waits a while first: a device that sends
+        # often keeps its task rather than waking it for each packet.
+        park_now = isinstance(first, list)
+        if isinstance(first, bytes):
+            if self.decoder is None:
+                self.decoder = Decoder(version=self.version)
+            if not first:
+                return False
+            first = self.decoder.feed(first)
         if not await self._handle(first):
-            return
+            return False
+        may_park = self.gateway.parking is not None and isinstance(self._stream, trio.SocketStream)
         while True:
             if len(self._publishes) >= limits.mqtt_publishes_waiting_max:
-                self._scope.deadline = math.inf
+                scope.deadline = math.inf
                 await self._drained()  # the client sends faster than its publishes are stored: it waits
             if self.keep_alive_s:
-                self._scope.deadline = trio.current_time() + self.keep_alive_s
-            data = await self.stream.receive_some(65536)
+                scope.deadline = trio.current_time() + self.keep_alive_s
+            data = await (self._receive_or_park(park_now) if may_park else self.stream.receive_some(65536))
+            if data is None:
+                return True
+            assert self.decoder is not None
             if not data or not await self._handle(self.decoder.feed(data)):
-                self._scope.deadline = math.inf
-                return
+                scope.deadline = math.inf
+                return False
+
+    async def _receive_or_park(self, park_now: bool) -> bytes | bytearray | None:
+        """The next bytes, or None once the connection may park: at once if park_now, else after
+        limits.mqtt_park_after_s without a packet (what it waits for may end meanwhile: a publish being stored)."""
+        while not (park_now and self._parkable()):
+            with trio.move_on_after(limits.mqtt_park_after_s):
+                return await self.stream.receive_some(65536)
+            park_now = True
+        return None  # bytes already here wake it at once
+
+    def _parkable(self) -> bool:
+        """Nothing in flight, nothing subscribed, nothing half read."""
+        return (not self._publishes and not self.session.subscriptions
+                and (self._idle is None or self._idle.is_set())
+                and (self._deliveries is None or self._deliveries.idle)
+                and self.decoder is not None and not self.decoder.buffered_bytes)
+
+    def _park(self, until: float) -> None:
+        """Let go of what a task held, and keep the socket's descriptor alone: made again when the connection wakes
+        (unparked)."""
+        assert isinstance(self._stream, trio.SocketStream)
+        self.fd = self._stream.socket.detach()  # closing the stream (the listener does) leaves the connection open
+        self._stream = None
+        self.parked_until = until
+        self._scope = None
+        self._waiting = self._idle = None  # its worker ended with its task
+        self._send_lock = None
+        self._deliveries = None  # idle (_parkable)
+        self.decoder = None
+
+    def unparked(self) -> None:
+        """Out of the parking, before it is served again: cancellable from then on (taken_over)."""
+        self._stream = trio.SocketStream(trio.socket.socket(fileno=self.fd))
+        self.fd = -1
+        self._scope = trio.CancelScope()
+        self.parked_until = math.inf
 
     async def _drained(self) -> None:
         if self._idle is not None:
@@ -129,15 +211,24 @@ class Connection:
             try:
                 await function(*args)
             except MqttError as error:
-                self._broke = self._broke or error
-                self._scope.cancel()
+                self.fail(error)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._scope.cancel()
+                self.cancel()
             except Exception:
                 log.exception("MQTT client %s: a task failed", self.session.client_id)
-                self._scope.cancel()
+                self.cancel()
 
+        assert self.nursery is not None
         self.nursery.start_soon(guarded)
+
+    def cancel(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def fail(self, error: MqttError) -> None:
+        """End a served connection, from any task, for the reason error gives."""
+        self._broke = self._broke or error
+        self.cancel()
 
     def wake_worker(self) -> None:
         """Publishes or acks wait: the worker (started at the first) takes them all at its next turn."""
@@ -155,24 +246,26 @@ class Connection:
             assert self._waiting is not None and self._idle is not None
             await self._waiting.wait()
             self._waiting = trio.Event()
-            while self._publishes or self.deliveries.acks_waiting:
+            while self._publishes or (self._deliveries is not None and self._deliveries.acks_waiting):
                 publishes, self._publishes = self._publishes, []
                 if publishes:
                     await self._published(publishes)
-                if self.deliveries.acks_waiting:
-                    await self.deliveries.flush_acks()
+                if self._deliveries is not None and self._deliveries.acks_waiting:
+                    await self._deliveries.flush_acks()
             self._idle.set()
 
     async def taken_over(self) -> None:
         """Another connection with this client id: this one ends (Session Taken Over) once the session is kept."""
         self.taken = True
+        if self.gateway.parking is not None and self.gateway.parking.unpark(self):
+            self.gateway.wake(self, b"")  # no task serves it: one ends it, as closed
         if self.version == V5:
             try:
                 with trio.move_on_after(1):
                     await self.send(Disconnect(Reason.SESSION_TAKEN_OVER))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
-        self._scope.cancel()
+        self.cancel()
         await self.stream.aclose()
         await self.finished()
 
@@ -181,6 +274,8 @@ class Connection:
         await self.send_bytes(b"".join(encode(packet, self.version) for packet in packets))
 
     async def send_bytes(self, data: bytes) -> None:
+        if self._send_lock is None:
+            self._send_lock = trio.Lock()
         async with self._send_lock:
             await self.stream.send_all(data)
 
@@ -218,6 +313,8 @@ class Connection:
             if not 1 <= alias <= limits.mqtt_topic_aliases_max:
                 raise MqttError(Reason.TOPIC_ALIAS_INVALID, f"topic alias {alias} is not 1-"
                                                             f"{limits.mqtt_topic_aliases_max}")
+            if self.aliases is None:
+                self.aliases = {}
             if publish.topic:
                 self.aliases[alias] = publish.topic
             elif alias in self.aliases:
@@ -247,7 +344,7 @@ class Connection:
                 answers += encode(Ack(kind, publish.packet_id, error[0], {"reason_string": error[1][:200]}), V5)
                 continue
             if publish.qos == 2:
-                self.session.received.add(publish.packet_id)
+                self.session.received[publish.packet_id] = None
             answers += _ACK_HEADS[kind] + publish.packet_id.to_bytes(2, "big")  # encode()'s bytes, without its cost
         if answers:
             await self.send_bytes(bytes(answers))
@@ -309,7 +406,7 @@ class Connection:
 
     async def _acknowledged(self, ack: Ack) -> None:
         if ack.kind == PacketType.PUBREL:  # QoS 2 in: the client releases it
-            self.session.received.discard(ack.packet_id)
+            self.session.received.pop(ack.packet_id, None)
             await self.send(Ack(PacketType.PUBCOMP, ack.packet_id))
         else:
             await self.deliveries.acknowledged(ack)

@@ -71,6 +71,11 @@ class Deliveries:
         return self._window
 
     @property
+    def idle(self) -> bool:
+        """No subscription fed, and no delivery waiting for the client, or for its ack to be stored."""
+        return not (self.feeds or self.in_flight or self.releasing or self._acks or self._releases)
+
+    @property
     def acks_waiting(self) -> bool:
         return bool(self._acks)
 
@@ -84,7 +89,7 @@ class Deliveries:
     async def acknowledged(self, ack: Ack) -> None:
         """PUBACK, PUBREC or PUBCOMP of a delivery."""
         if ack.kind == PacketType.PUBCOMP:
-            self.session.released.discard(ack.packet_id)
+            self.session.released.pop(ack.packet_id, None)
             if ack.packet_id in self.releasing:
                 self.releasing.discard(ack.packet_id)
                 self.window.release()
@@ -98,7 +103,7 @@ class Deliveries:
             self.window.release()
         if not delivery.group:  # a retained message: no receipt to ack
             if ack.kind == PacketType.PUBREC:
-                self.session.released.add(ack.packet_id)
+                self.session.released[ack.packet_id] = None
                 await self.connection.send(Ack(PacketType.PUBREL, ack.packet_id))
             return
         self._acks[(delivery.topic, delivery.group)].append(delivery.receipt)
@@ -120,7 +125,7 @@ class Deliveries:
                 continue
             self.session.unreleased.pop(f"{delivery.topic} {delivery.group} {delivery.receipt['queue']} "
                                         f"{delivery.receipt['offset']}", None)
-            self.session.released.add(packet_id)
+            self.session.released[packet_id] = None
             packets.append(Ack(PacketType.PUBREL, packet_id))
         if packets and connected:
             await self.connection.send(*packets)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import select
 import ssl
 from collections.abc import Callable
 
@@ -17,7 +18,8 @@ from rocket.gateway.mqtt.batcher import Batcher
 from rocket.gateway.mqtt.codec import Decoder, encode
 from rocket.gateway.mqtt.connection import Connection
 from rocket.gateway.mqtt.mapping import reason_of
-from rocket.gateway.mqtt.packets import V5, ConnAck, Connect, Disconnect, MqttError, Publish, Reason
+from rocket.gateway.mqtt.packets import V5, ConnAck, Connect, Disconnect, MqttError, Packet, Publish, Reason
+from rocket.gateway.mqtt.parking import Parking
 from rocket.gateway.mqtt.session import NEVER_EXPIRES, Buckets, Retained, Session, Sessions
 from rocket.gateway.reads import TopicCache
 from rocket.transport.guard import Caller
@@ -49,11 +51,16 @@ class MqttGateway:
         self.sessions = Sessions(buckets, namespace)
         self.retained = Retained(buckets, namespace)
         self.connected: dict[str, Connection] = {}  # client id -> its connection here
-        self.nursery: trio.Nursery | None = None  # wills that wait (their delay) run here
+        self.open_connections = 0  # accepted and not yet closed, parked ones too
+        self._closing: trio.Event | None = None  # set once none is open, after close()
+        self.parking = Parking(self.wake) if hasattr(select, "epoll") else None  # Linux's: elsewhere none park
+        self.nursery: trio.Nursery | None = None  # woken connections and wills that wait (their delay) run here
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
+            if self.parking is not None:
+                nursery.start_soon(self.parking.run)
             task_status.started()
             await trio.sleep_forever()
 
@@ -61,6 +68,10 @@ class MqttGateway:
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve MQTT on host:port (TLS when tls gives a context) until the lifecycle drains."""
         async def run_connection(socket_stream: trio.SocketStream) -> None:
+            if self.open_connections >= limits.mqtt_connections_max:  # parked ones have no task to count
+                async with socket_stream:
+                    await refuse_connection(socket_stream)
+                return
             stream: trio.abc.Stream = socket_stream
             context = tls()
             if context is not None:
@@ -80,38 +91,89 @@ class MqttGateway:
                                 connections_max=limits.mqtt_connections_max, task_status=task_status)
 
     async def serve(self, stream: trio.abc.Stream) -> None:
-        """One connection: its CONNECT within limits.mqtt_connect_s, then its packets until it ends. Input that
-        breaks the protocol gets the reason code (CONNACK or DISCONNECT in MQTT 5) and the connection is closed."""
+        """One connection: its CONNECT within limits.mqtt_connect_s, then its packets until it ends or parks. Input
+        that breaks the protocol gets the reason code (CONNACK or DISCONNECT in MQTT 5) and the connection is
+        closed."""
         source = source_of(stream)
         decoder = Decoder()
         connection: Connection | None = None
-        async with stream:
-            try:
-                with trio.move_on_after(limits.mqtt_connect_s):
-                    connect, rest = await self._first_packet(stream, decoder)
-                    if connect is None:
-                        return
+        rest: list[Packet] = []
+        self.open_connections += 1
+        try:
+            with trio.move_on_after(limits.mqtt_connect_s):
+                connect, rest = await self._first_packet(stream, decoder)
+                if connect is not None:
                     connection = await self._connect(stream, decoder, connect, source)
-                if connection is None:
-                    return
-                try:
-                    await connection.serve(rest)
-                finally:
+        except MqttError as error:
+            log.info("MQTT client %s: %s", source, error)
+            if decoder.version == V5 or decoder.version is None:
+                await _send_quietly(stream, encode(ConnAck(error.reason,
+                                                           properties={"reason_string": error.message[:200]}), V5))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception:  # one device's bytes must not take the listener with them
+            log.exception("MQTT connection from %s failed", source)
+        finally:
+            if connection is None:
+                self._closed()
+                await stream.aclose()
+        if connection is not None:
+            await self._serve_connection(connection, rest)
+
+    async def _serve_connection(self, connection: Connection, first: list[Packet] | bytes | MqttError) -> None:
+        """A connection served until it ends, or parks (the parking wakes it into this again: Connection.serve).
+        At its end the session is kept or dropped, the will goes out, and a client that broke the protocol hears
+        why (MQTT 5)."""
+        stream = connection.stream
+        parked = False
+        try:
+            try:
+                parked = await connection.serve(first)
+            finally:
+                if not parked:
                     try:
                         await self._ended(connection)
                     finally:
                         connection.end()
-            except MqttError as error:
-                log.info("MQTT client %s: %s", source, error)
-                if decoder.version == V5 or decoder.version is None:
-                    answer = Disconnect(error.reason, {"reason_string": error.message[:200]}) \
-                        if connection is not None else ConnAck(error.reason,
-                                                               properties={"reason_string": error.message[:200]})
-                    await _send_quietly(stream, encode(answer, V5))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-            except Exception:  # one device's bytes must not take the listener with them
-                log.exception("MQTT connection from %s failed", source)
+        except MqttError as error:
+            log.info("MQTT client %s (%s): %s", connection.session.client_id, connection.caller.source, error)
+            if connection.version == V5:
+                await _send_quietly(stream, encode(Disconnect(error.reason, {"reason_string": error.message[:200]}),
+                                                   V5))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception:  # one device's bytes must not take the listener with them
+            log.exception("MQTT connection of %s failed", connection.session.client_id)
+        finally:
+            if not parked:
+                self._closed()
+                await stream.aclose()
+        if parked:
+            assert self.parking is not None
+            self.parking.park(connection)
+
+    def _closed(self) -> None:
+        self.open_connections -= 1
+        if self._closing is not None and not self.open_connections:
+            self._closing.set()
+
+    def wake(self, connection: Connection, data: bytes | MqttError) -> None:
+        """A parked connection served by a task again, from the bytes that woke it or to end it (Parking)."""
+        connection.unparked()
+        assert self.nursery is not None
+        self.nursery.start_soon(self._serve_connection, connection, data)
+
+    async def close(self) -> None:
+        """End every connection, as the broker stops (DISCONNECT 0x8B in MQTT 5): wills go out and sessions are kept
+        while the storage groups still answer. Returns once all are closed."""
+        self._closing = trio.Event()
+        stopping = MqttError(Reason.SERVER_SHUTTING_DOWN, "the broker is shutting down")
+        if self.parking is not None:
+            self.parking.wake_all(stopping)
+        for connection in list(self.connected.values()):
+            connection.fail(stopping)
+        if self.open_connections:
+            await self._closing.wait()
 
     async def _first_packet(self, stream: trio.abc.Stream, decoder: Decoder) -> tuple[Connect | None, list]:
         while True:
@@ -131,6 +193,8 @@ class MqttGateway:
         CONNACK; None when refused (the CONNACK said why)."""
         version = connect.protocol_level
         try:
+            if self._closing is not None:
+                raise MqttError(Reason.SERVER_UNAVAILABLE, "the broker is shutting down")
             caller = self._sign_in(connect, source)
             client_id, assigned = connect.client_id, ""
             if not client_id:
@@ -162,6 +226,17 @@ class MqttGateway:
             return None
         connection = Connection(self, stream, decoder, connect, session, caller)
         self.connected[client_id] = connection
+        try:
+            await connection.send(ConnAck(Reason.SUCCESS, present, self._connack_properties(version, assigned)))
+        except BaseException:  # never served: nothing to end but its place
+            if self.connected.get(client_id) is connection:
+                del self.connected[client_id]
+            connection.end()
+            raise
+        return connection
+
+    @staticmethod
+    def _connack_properties(version: int, assigned: str) -> dict:
         properties: dict = {}
         if version == V5:
             properties = {"topic_alias_maximum": limits.mqtt_topic_aliases_max,
@@ -171,8 +246,7 @@ class MqttGateway:
                           "wildcard_subscription_available": 1, "shared_subscription_available": 1}
             if assigned:
                 properties["assigned_client_identifier"] = assigned
-        await connection.send(ConnAck(Reason.SUCCESS, present, properties))
-        return connection
+        return properties
 
     def _sign_in(self, connect: Connect, source: str) -> Caller:
         """With auth on, the user the CONNECT's user name and password (the user's secret) prove."""
