@@ -1,14 +1,15 @@
 """rocket's MQTT gateway against Mosquitto 2 (with persistence on), on this machine, in one run: QoS 1 publish
 throughput of 100-byte messages, alone and beside idle connected clients, and memory per idle connection.
 
-    python benchmarks/mqtt.py [--seconds 10] [--publishers 4] [--window 100] [--idle 10000]
+    python benchmarks/mqtt.py [--seconds 10] [--publishers 4] [--window 100] [--idle 10000] [--wake]
 
 Both servers get the same load from one generator: each publisher connection sends --window pre-encoded QoS 1
 PUBLISHes (MQTT 3.1.1) at once and waits for their PUBACKs, again and again; a message counts once its PUBACK came.
 rocket runs in dev mode (one process, every role) and fsyncs each batch before the PUBACK; Mosquitto keeps QoS 1
 messages in memory and writes its persistence file every autosave_interval. Idle clients connect (CONNECT and
 CONNACK, 60 s keep-alive, clean sessions) and stay; memory per idle connection is the server's RSS growth over
-them, divided by their count. The last line reads
+them, divided by their count, measured first, on a fresh server. Then the publishes beside the idle clients, and
+alone once they left. --wake adds what waking a parked connection costs a publish (wake_cost). The last line reads
 `mqtt: qos1 rocket=R/s mosquitto=M/s ratio=X idle_bytes rocket=A mosquitto=B ratio=Y`.
 """
 
@@ -20,6 +21,7 @@ import os
 import resource
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -99,22 +101,48 @@ def publish_for(port: int, topic: str, seconds: float, publishers: int, window: 
     return sum(counts) / (time.monotonic() - started)
 
 
+def wake_cost(port: int, topic: str, rounds: int = 2, publishes: int = 12) -> dict:
+    """One client's QoS 1 publish-to-PUBACK round trip, median ms, publishing every 0.3 s (its connection stays
+    served) and every 2 s (rocket parks it in between, and each publish wakes it), alternated rounds times."""
+    sock = connected(port, f"bench-wake-{os.getpid()}")
+    medians: dict[str, list[float]] = {"served_ms": [], "parked_ms": []}
+    for _ in range(rounds):
+        for gap_s, name in ((0.3, "served_ms"), (2.0, "parked_ms")):
+            took = []
+            for n in range(publishes):
+                time.sleep(gap_s)
+                started = time.perf_counter()
+                sock.sendall(encode(Publish(f"{topic}/wake", b"x" * 100, 1, packet_id=n + 1), V311))
+                answer = b""
+                while len(answer) < PUBACK_BYTES:
+                    answer += sock.recv(PUBACK_BYTES - len(answer))
+                took.append((time.perf_counter() - started) * 1000)
+            medians[name].append(round(statistics.median(took[2:]), 2))  # the first two: the change of pace
+    sock.close()
+    return medians
+
+
 def idle_clients(port: int, count: int, prefix: str) -> list[socket.socket]:
     return [connected(port, f"{prefix}-{index}") for index in range(count)]
 
 
 def measure(name: str, pid: int, port: int, topic: str, arguments) -> dict:
+    """Memory first, while the server's heap is fresh: what a run of publishes freed would take new connections in
+    without the RSS growing (rocket's Python heap does that)."""
     body = b"x" * 100
-    publish_for(port, topic, 2, arguments.publishers, arguments.window, body)  # warm up
-    alone = publish_for(port, topic, arguments.seconds, arguments.publishers, arguments.window, body)
+    for client in idle_clients(port, 100, f"warm-{name}"):  # the connection paths' first use
+        client.close()
     time.sleep(1)
     before = rss_bytes(pid)
     clients = idle_clients(port, arguments.idle, f"idle-{name}")
     time.sleep(2)
     per_connection = (rss_bytes(pid) - before) / max(1, arguments.idle)
+    publish_for(port, topic, 2, arguments.publishers, arguments.window, body)  # warm up
     beside = publish_for(port, topic, arguments.seconds, arguments.publishers, arguments.window, body)
     for client in clients:
         client.close()
+    time.sleep(1)
+    alone = publish_for(port, topic, arguments.seconds, arguments.publishers, arguments.window, body)
     result = {"server": name, "qos1_per_s": round(alone), "qos1_per_s_with_idle": round(beside),
               "idle_connections": arguments.idle, "bytes_per_idle_connection": round(per_connection)}
     print(json.dumps(result), flush=True)
@@ -127,6 +155,7 @@ def main() -> None:
     parser.add_argument("--publishers", type=int, default=4)
     parser.add_argument("--window", type=int, default=100, help="QoS 1 publishes in flight per publisher")
     parser.add_argument("--idle", type=int, default=10_000, help="idle clients connected for the second figures")
+    parser.add_argument("--wake", action="store_true", help="also rocket's publish round trip served and parked")
     arguments = parser.parse_args()
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not os.path.exists(mosquitto):
@@ -148,6 +177,9 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "rocket", "topic", "create", "bench", "--queues", "8", "--server",
                             f"127.0.0.1:{tcp_port}"], check=True, capture_output=True)
             results.append(measure("rocket", server.pid, rocket_port, "bench", arguments))
+            if arguments.wake:
+                print(json.dumps({"server": "rocket", "publish_round_trip": wake_cost(rocket_port, "bench")}),
+                      flush=True)
         finally:
             server.terminate()
             server.wait(30)

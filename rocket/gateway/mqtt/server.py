@@ -70,8 +70,7 @@ class MqttGateway:
         async def run_connection(socket_stream: trio.SocketStream) -> None:
             if self.open_connections >= limits.mqtt_connections_max:  # parked ones have no task to count
                 async with socket_stream:
-                    await refuse_connection(socket_stream)
-                return
+                    return await refuse_connection(socket_stream)
             stream: trio.abc.Stream = socket_stream
             context = tls()
             if context is not None:
@@ -85,7 +84,7 @@ class MqttGateway:
             await self.serve(stream)
 
         async def refuse_connection(stream: trio.SocketStream) -> None:
-            await stream.send_all(encode(ConnAck(3), 4))  # 3.1.1's "server unavailable", which 5.0 clients read too
+            await _send_quietly(stream, encode(ConnAck(3), 4))  # 3.1.1's "server unavailable", which 5.0 clients read
 
         await serve_connections(self.lifecycle, host, port, run_connection, refuse_connection,
                                 connections_max=limits.mqtt_connections_max, task_status=task_status)
