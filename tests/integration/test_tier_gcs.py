@@ -1,14 +1,28 @@
 """GcsObjectStore against fake-gcs-server on 127.0.0.1 (tests/integration/gcs_server.py): what the contract suite
 (test_tier_contract.py) does not cover: pages of a listing, key prefixes, a missing bucket, the caller's asyncio loop, a
-wrong MD5, and a stopped server ending in UNAVAILABLE within the retry bounds."""
+wrong MD5, a stopped server ending in UNAVAILABLE within the retry bounds, and credentials: a service-account file
+and the metadata server, each served by FakeAuthServer on 127.0.0.1, and refused or unusable ones."""
 
 from __future__ import annotations
 
+import base64
+import importlib.util
+import json
+import threading
+import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
+import aiohttp
+import gcloud.aio.auth.token as auth_token
 import pytest
+import tenacity
 import trio
 import trio_asyncio
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from rocket.errors import Code, RocketError
 from rocket.tier import ObjectInfo
@@ -149,3 +163,165 @@ async def test_put_with_wrong_md5_is_corrupt_data(gcs, monkeypatch):
         monkeypatch.setattr(store._storage, "upload", upload_answering_wrong_md5)
         error = await expect_error(Code.CORRUPT_DATA, store.put, "k", b"payload")
         assert "'k'" in error.message and md5_hex(b"payload") in error.message
+
+
+METADATA_TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
+CLIENT_EMAIL = "rocket@test.iam.gserviceaccount.com"
+
+
+class FakeAuthServer(ThreadingHTTPServer):
+    """On 127.0.0.1, in a thread: Google's OAuth token endpoint (POST /token: a JWT bearer assertion, its RS256
+    signature checked with public_key) and the GCE metadata server's token (GET METADATA_TOKEN_PATH, only with
+    Metadata-Flavor: Google). requests records (path, verdict); a good request gets token, unless refuse is set."""
+
+    def __init__(self):
+        self.port = free_ports(1)[0]
+        self.token_uri = f"http://127.0.0.1:{self.port}/token"
+        self.token = f"ya29.rocket-test-{uuid.uuid4().hex}"
+        self.public_key: rsa.RSAPublicKey | None = None
+        self.refuse = False
+        self.requests: list[tuple[str, str]] = []
+        super().__init__(("127.0.0.1", self.port), AuthHandler)
+
+    def verdict(self, method: str, path: str, headers, body: bytes) -> str:
+        if (method, path) == ("GET", METADATA_TOKEN_PATH):
+            return "ok" if headers.get("Metadata-Flavor") == "Google" else "no Metadata-Flavor: Google"
+        form = parse_qs(body.decode())
+        grant = form.get("grant_type", [""])[0]
+        if (method, path) != ("POST", "/token") or grant != "urn:ietf:params:oauth:grant-type:jwt-bearer":
+            return f"not a JWT bearer grant: {method} {path} {grant}"
+        signed, _, signature = form["assertion"][0].rpartition(".")
+        if self.public_key is None:
+            return "no public key"
+        try:
+            self.public_key.verify(unb64(signature), signed.encode(), padding.PKCS1v15(), hashes.SHA256())
+        except InvalidSignature:
+            return "bad signature"
+        header, claims = (json.loads(unb64(part)) for part in signed.split("."))
+        good = (header["alg"] == "RS256" and claims["aud"] == self.token_uri and claims["iss"] == CLIENT_EMAIL
+                and claims["exp"] > time.time() and "devstorage" in claims["scope"])
+        return "ok" if good else f"bad claims {claims}"
+
+
+class AuthHandler(BaseHTTPRequestHandler):
+    server: FakeAuthServer
+
+    def do_POST(self) -> None:
+        path, body = urlsplit(self.path).path, self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        verdict = self.server.verdict(self.command, path, self.headers, body)
+        self.server.requests.append((path, verdict))
+        status, answer = ((401, {"error": "invalid_grant", "error_description": f"refused ({verdict})"})
+                          if self.server.refuse or verdict != "ok" else
+                          (200, {"access_token": self.server.token, "expires_in": 3599, "token_type": "Bearer"}))
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST
+
+    def log_message(self, *arguments) -> None:
+        pass
+
+
+def unb64(part: str) -> bytes:
+    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+
+@pytest.fixture
+def auth_server():
+    server = FakeAuthServer()
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.fixture
+def gcs_authorizations(gcs, monkeypatch) -> list[str | None]:
+    """The Authorization header of each request the store's HTTP session sends to the emulator (which ignores it)."""
+    seen: list[str | None] = []
+
+    async def on_request_start(session, context, params: aiohttp.TraceRequestStartParams) -> None:
+        if str(params.url).startswith(gcs.endpoint):
+            seen.append(params.headers.get("Authorization"))
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_start.append(on_request_start)
+    session_init = aiohttp.ClientSession.__init__
+    monkeypatch.setattr(aiohttp.ClientSession, "__init__",
+                        lambda self, *arguments, **options: session_init(self, *arguments, trace_configs=[trace],
+                                                                         **options))
+    return seen
+
+
+def service_account_file(tmp_path, server: FakeAuthServer, private_key: str | None = None) -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    server.public_key = key.public_key()
+    private_key = private_key or key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()).decode()
+    path = tmp_path / "service-account.json"
+    path.write_text(json.dumps({"type": "service_account", "project_id": "rocket-test", "private_key_id": "1",
+                                "private_key": private_key, "client_email": CLIENT_EMAIL, "client_id": "1",
+                                "token_uri": server.token_uri}))
+    return str(path)
+
+
+async def put_get_list(store, authorizations: list[str | None], token: str) -> None:
+    await store.put("segment", b"payload")
+    assert await store.get("segment") == b"payload"
+    assert [info.key for info in await store.list()] == ["segment"]
+    assert authorizations == [f"Bearer {token}"] * 3
+
+
+async def test_service_account_file_gets_a_bearer_token(gcs, auth_server, gcs_authorizations, tmp_path):
+    """With service_file, the store signs a JWT with the file's key for its token_uri, and sends the token it gets
+    as the bearer of every request to the bucket: one token for all of them."""
+    service_file = service_account_file(tmp_path, auth_server)
+    async with open_gcs_store(new_bucket(gcs), endpoint_url=gcs.endpoint, service_file=service_file) as store:
+        await put_get_list(store, gcs_authorizations, auth_server.token)
+    assert auth_server.requests == [("/token", "ok")]
+
+
+async def test_metadata_server_token(gcs, auth_server, gcs_authorizations, tmp_path, monkeypatch):
+    """Without a service file, GOOGLE_APPLICATION_CREDENTIALS or gcloud's application default credentials, the
+    store asks the metadata server at GCE_METADATA_HOST for its token (with Metadata-Flavor: Google) and uses it."""
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # an empty gcloud configuration: no default credentials
+    monkeypatch.setenv("GCE_METADATA_HOST", f"127.0.0.1:{auth_server.port}")
+    # gcloud-aio-auth reads GCE_METADATA_HOST once, when imported: a second copy of its token module reads it now,
+    # and its metadata endpoints go to the copy in use, as for a process started with the variable set.
+    spec = importlib.util.spec_from_file_location("gcloud.aio.auth._token_now", auth_token.__file__)
+    assert spec is not None and spec.loader is not None
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    for name in ("GCE_METADATA_BASE", "GCE_ENDPOINT_PROJECT", "GCE_ENDPOINT_TOKEN", "GCE_ENDPOINT_ID_TOKEN"):
+        monkeypatch.setattr(auth_token, name, getattr(fresh, name))
+    assert auth_token.GCE_ENDPOINT_TOKEN.startswith(f"http://127.0.0.1:{auth_server.port}{METADATA_TOKEN_PATH}?")
+    async with open_gcs_store(new_bucket(gcs), endpoint_url=gcs.endpoint) as store:
+        await put_get_list(store, gcs_authorizations, auth_server.token)
+    assert auth_server.requests == [(METADATA_TOKEN_PATH, "ok")]
+
+
+@pytest.mark.parametrize("refused", [True, False], ids=["refused", "not-a-key"])
+async def test_bad_credentials_are_unavailable(gcs, auth_server, gcs_authorizations, tmp_path, monkeypatch, refused):
+    """A token server refusing the file's valid assertion (401 invalid_grant), or a file whose key is none, makes
+    each call UNAVAILABLE at once (not retried), saying why, and sends nothing to the bucket."""
+    # gcloud-aio-auth tries for a token 5 times, waiting up to 1+2+4+8 s: no waits here, to keep the test short.
+    monkeypatch.setattr(auth_token.BaseToken.acquire_access_token.retry, "wait", tenacity.wait_none())
+    auth_server.refuse = refused
+    service_file = service_account_file(tmp_path, auth_server, None if refused else "-----BEGIN nothing")
+    async with open_gcs_store(new_bucket(gcs), endpoint_url=gcs.endpoint, service_file=service_file) as store:
+        for call, arguments in [(store.put, ("k", b"v")), (store.get, ("k",)), (store.list, ("",))]:
+            with trio.fail_after(20):
+                error = await expect_error(Code.UNAVAILABLE, call, *arguments)
+            assert f"{call.__name__} " in error.message and "attempts" not in error.message, error.message
+            expected = ["HTTP 401", "invalid_grant", "check the credentials"] if refused else ["InvalidKeyError"]
+            assert all(part in error.message for part in expected), error.message
+    assert gcs_authorizations == []
+    # Refused: each call sent a valid assertion again (a refusal is not cached). No key: nothing to send.
+    assert set(auth_server.requests) == ({("/token", "ok")} if refused else set())
+    assert len(auth_server.requests) >= (3 if refused else 0)
