@@ -75,6 +75,10 @@ def test_keys_and_message_ids_are_found_by_the_batches_that_hold_them(server_pro
                                              "beginTimestamp": 0, "endTimestamp": int(time.time() * 1000) + 60_000,
                                              "_UNIQUE_KEY_QUERY": "true"})
     assert by_id.code == 0 and [each["body"] for each in decode_stored(by_id.body)] == [b"remoting"]
+    for key, bodies in (("order-3-4", [b"0-3-4", b"1-3-4"]), ("invoice-9", [b"remoting"])):  # by key, as 4.x asks
+        by_key = client.request(R.QUERY_MESSAGE, {"topic": "orders", "key": key, "maxNum": 8, "beginTimestamp": 0,
+                                                  "endTimestamp": int(time.time() * 1000) + 60_000})
+        assert by_key.code == 0 and sorted(each["body"] for each in decode_stored(by_key.body)) == bodies, key
     cli = rocket(server, "message", "find", "orders", "--key", "order-3-4", "--format", "raw")
     assert cli.returncode == 0 and cli.stdout.split() == ["0-3-4", "1-3-4"], cli.stderr
     assert "2 messages with key 'order-3-4'" in cli.stderr
