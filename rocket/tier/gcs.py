@@ -238,8 +238,9 @@ class GcsObjectStore(ClosingStore):
         if status == 400 and operation == "put" and ("md5" in message.lower() or "hash" in message.lower()):
             raise RocketError(Code.CORRUPT_DATA, f"{where}: GCS refused the upload, its MD5 does not match the "
                                                  f"bytes it received ({message})") from None
-        if status in (401, 403):
-            raise RocketError(Code.UNAVAILABLE, f"{where}: GCS refused the request (HTTP {status}: {message}); "
+        if status in (401, 403):  # from GCS, or from the token endpoint the credentials name
+            url = str(error.request_info.url).partition("?")[0] if error.request_info else "GCS"
+            raise RocketError(Code.UNAVAILABLE, f"{where}: {url} refused the request (HTTP {status}: {message}); "
                                                 "check the credentials and the bucket's permissions") from None
         raise RocketError(Code.BAD_REQUEST, f"{where}: GCS refused the request with HTTP {status}: "
                                             f"{message}") from None

@@ -319,7 +319,8 @@ async def test_bad_credentials_are_unavailable(gcs, auth_server, gcs_authorizati
             with trio.fail_after(20):
                 error = await expect_error(Code.UNAVAILABLE, call, *arguments)
             assert f"{call.__name__} " in error.message and "attempts" not in error.message, error.message
-            expected = ["HTTP 401", "invalid_grant", "check the credentials"] if refused else ["InvalidKeyError"]
+            expected = (["HTTP 401", "invalid_grant", "check the credentials", auth_server.token_uri] if refused
+                        else ["InvalidKeyError"])
             assert all(part in error.message for part in expected), error.message
     assert gcs_authorizations == []
     # Refused: each call sent a valid assertion again (a refusal is not cached). No key: nothing to send.
