@@ -20,7 +20,8 @@ from rocket.gateway.mqtt.connection import Connection
 from rocket.gateway.mqtt.mapping import reason_of
 from rocket.gateway.mqtt.packets import V5, ConnAck, Connect, Disconnect, MqttError, Packet, Publish, Reason
 from rocket.gateway.mqtt.parking import Parking
-from rocket.gateway.mqtt.session import NEVER_EXPIRES, Buckets, Retained, Session, Sessions
+from rocket.gateway.buckets import Buckets
+from rocket.gateway.mqtt.session import NEVER_EXPIRES, Retained, Session, Sessions
 from rocket.gateway.reads import TopicCache
 from rocket.transport.guard import Caller
 from rocket.transport.lifecycle import Lifecycle

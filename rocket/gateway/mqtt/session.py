@@ -8,12 +8,11 @@ import dataclasses
 
 import orjson
 
-from rocket.errors import Code, RocketError
+from rocket.gateway.buckets import Buckets
 from rocket.gateway.mqtt.mapping import Filter, parse_filter
 from rocket.gateway.mqtt.packets import Subscription
 from rocket.model import Message, in_namespace
 from rocket.serde import batch as batch_codec
-from rocket.transport.rpc import Dispatcher
 
 SESSIONS_BUCKET = "mqtt.sessions"  # key: client id
 RETAINED_BUCKET = "mqtt.retained"  # key: MQTT topic; value: the message, as a batch of one
@@ -55,67 +54,6 @@ class Session:
             subscription = Subscription(text, qos, no_local, as_published, handling)
             session.subscriptions[text] = (parse_filter(text, namespace), subscription)
         return session
-
-
-class Buckets:
-    """The gateway's own KV reads and writes (as the node: what a client may do was checked before), making its
-    buckets at their first write."""
-
-    def __init__(self, dispatcher: Dispatcher):
-        self.dispatcher = dispatcher
-
-    async def get(self, bucket: str, key: str) -> bytes | None:
-        try:
-            found = await self.dispatcher.local("KvGet", {"bucket": bucket, "key": key, "revision": 0,
-                                                                "serializable": False})
-        except RocketError as error:
-            if error.code in (Code.UNKNOWN_BUCKET, Code.NOT_FOUND):
-                return None
-            raise
-        return found["entries"][0]["value"] if found["entries"] else None
-
-    async def put(self, bucket: str, key: str, value: bytes, ttl_ms: int = 0) -> None:
-        request = {"bucket": bucket, "key": key, "value": value, "ttl_ms": ttl_ms, "if_revision": -1,
-                   "if_absent": False}
-        try:
-            await self.dispatcher.local("KvPut", request)
-        except RocketError as error:
-            if error.code != Code.UNKNOWN_BUCKET:
-                raise
-            try:
-                await self.dispatcher.local("KvCreateBucket", {"bucket": bucket, "shards": 1, "history": 1,
-                                                               "ttl_ms": 0, "storage_class": "raft"})
-            except RocketError as made:
-                if made.code != Code.BUCKET_EXISTS:
-                    raise
-            await self.dispatcher.local("KvPut", request)
-
-    async def delete(self, bucket: str, key: str) -> None:
-        try:
-            await self.dispatcher.local("KvDelete", {"bucket": bucket, "key": key, "prefix": False,
-                                                         "if_revision": -1})
-        except RocketError as error:
-            if error.code != Code.UNKNOWN_BUCKET:
-                raise
-
-    async def scan(self, bucket: str, prefix: str, limit: int) -> list[tuple[str, bytes]]:
-        """Up to limit entries whose keys start with prefix, in key order."""
-        entries: list[tuple[str, bytes]] = []
-        after = ""
-        while len(entries) < limit:
-            try:
-                page = await self.dispatcher.local("KvRange", {
-                    "bucket": bucket, "prefix": prefix, "start": "", "end": "", "after": after,
-                    "limit": limit - len(entries), "keys_only": False, "count_only": False, "serializable": False})
-            except RocketError as error:
-                if error.code == Code.UNKNOWN_BUCKET:
-                    return entries
-                raise
-            entries += [(entry["key"], entry["value"]) for entry in page["entries"]]
-            if not page["more"] or not page["entries"]:
-                break
-            after = page["entries"][-1]["key"]
-        return entries
 
 
 class Sessions:

@@ -8,13 +8,13 @@ import orjson
 
 from rocket import limits
 from rocket.errors import Code, RocketError
+from rocket.gateway.buckets import Buckets
 from rocket.gateway.remoting.bridge import Bridge
 from rocket.gateway.remoting.codec import Command, ResponseCode
 from rocket.transport.guard import Caller
 
 OP_TYPE = "kv_opType"  # RIP-22's name for the operation a put makes: PUT (the default) or CAS
 EXPECT = "expectValue"  # a CAS's expected value; absent: the key must be absent
-ABSENT = (Code.NOT_FOUND, Code.UNKNOWN_BUCKET)  # a key or a whole namespace (bucket) that is not there
 
 
 class KvConfig:
@@ -28,85 +28,44 @@ class KvConfig:
     optional `prefix`, RIP-22's prefix get."""
 
     def __init__(self, bridge: Bridge):
-        self.dispatcher = bridge.dispatcher
-
-    async def _call(self, method: str, request: dict, caller: Caller) -> dict:
-        if not self.dispatcher.serves(method):
-            raise RocketError(Code.UNAVAILABLE, "KV config is served by brokers: send it to a broker's address")
-        return await self.dispatcher.local(method, request, caller)
+        self.buckets = Buckets(bridge.dispatcher)
 
     async def put(self, command: Command, connection, caller: Caller) -> Command:
         namespace, key, value = command.ext["namespace"], command.ext["key"], command.ext["value"].encode()
         operation = command.ext.get(OP_TYPE, "PUT").upper()
         if operation not in ("PUT", "CAS"):
             raise RocketError(Code.BAD_REQUEST, f"{OP_TYPE} must be PUT or CAS, got {operation!r}")
-        try:
-            await self._put(namespace, key, value, operation, command.ext.get(EXPECT), caller)
-        except RocketError as error:
-            if error.code != Code.UNKNOWN_BUCKET:
-                raise
-            await self._call("KvCreateBucket", {"bucket": namespace, "shards": 1, "history": 1, "ttl_ms": 0,
-                                                "storage_class": "raft"}, caller)
-            await self._put(namespace, key, value, operation, command.ext.get(EXPECT), caller)
-        return command.reply()
-
-    async def _put(self, namespace: str, key: str, value: bytes, operation: str, expected: str | None,
-                   caller: Caller) -> None:
-        if operation == "PUT":
-            await self._call("KvPut", {"bucket": namespace, "key": key, "value": value, "ttl_ms": -1,
-                                       "if_revision": -1, "if_absent": False}, caller)
-            return
-        compare = ({"key": key, "target": "create_revision", "op": "==", "number": 0, "value": b""} if expected is None
-                   else {"key": key, "target": "value", "op": "==", "number": 0, "value": expected.encode()})
-        result = await self._call("KvTxn", {
-            "bucket": namespace, "compare": [compare],
-            "success": [{"op": "put", "key": key, "value": value, "ttl_ms": -1}], "failure": []}, caller)
-        if not result["succeeded"]:
+        expected = command.ext.get(EXPECT)
+        compare = None if operation == "PUT" else (
+            {"key": key, "target": "create_revision", "op": "==", "number": 0, "value": b""} if expected is None
+            else {"key": key, "target": "value", "op": "==", "number": 0, "value": expected.encode()})
+        if not await self.buckets.put(namespace, key, value, -1, caller, compare):
             raise RocketError(Code.CAS_FAILED, f"key {key!r} of namespace {namespace!r} does not hold "
                               + ("no value" if expected is None else f"{expected!r}"))
+        return command.reply()
 
     async def get(self, command: Command, connection, caller: Caller) -> Command:
         namespace, key = command.ext["namespace"], command.ext["key"]
-        try:
-            found = await self._call("KvGet", {"bucket": namespace, "key": key, "revision": 0, "serializable": False},
-                                     caller)
-        except RocketError as error:
-            if error.code not in ABSENT:
-                raise
+        value = await self.buckets.get(namespace, key, caller)
+        if value is None:
             return command.reply(ResponseCode.QUERY_NOT_FOUND, f"No config item, Namespace: {namespace} Key: {key}")
-        return command.reply(ext={"value": found["entries"][0]["value"].decode(errors="replace")})
+        return command.reply(ext={"value": value.decode(errors="replace")})
 
     async def delete(self, command: Command, connection, caller: Caller) -> Command:
         """Deleting what is not there succeeds, as in RocketMQ."""
-        try:
-            await self._call("KvDelete", {"bucket": command.ext["namespace"], "key": command.ext["key"],
-                                          "prefix": False, "if_revision": -1}, caller)
-        except RocketError as error:
-            if error.code != Code.UNKNOWN_BUCKET:
-                raise
+        await self.buckets.delete(command.ext["namespace"], command.ext["key"], caller)
         return command.reply()
 
     async def list(self, command: Command, connection, caller: Caller) -> Command:
         """The namespace's keys (those with the optional prefix) as RocketMQ's KVTable, at most
         limits.remoting_kv_list_keys_max of them: past that, an error that says how to read them all."""
-        namespace, table, after = command.ext["namespace"], {}, ""
-        while True:
-            try:
-                page = await self._call("KvRange", {
-                    "bucket": namespace, "prefix": command.ext.get("prefix", ""), "start": "", "end": "",
-                    "after": after, "limit": 0, "keys_only": False, "count_only": False, "serializable": False},
-                    caller)
-            except RocketError as error:
-                if error.code != Code.UNKNOWN_BUCKET:
-                    raise
-                return command.reply(ResponseCode.QUERY_NOT_FOUND, f"No config item, Namespace: {namespace}")
-            table.update((entry["key"], entry["value"].decode(errors="replace")) for entry in page["entries"])
-            if len(table) > limits.remoting_kv_list_keys_max:
-                raise RocketError(Code.BAD_REQUEST, f"namespace {namespace!r} has more than "
-                                  f"{limits.remoting_kv_list_keys_max} keys: read them with rocket kv ls {namespace}")
-            if not page["more"] or not page["entries"]:
-                break
-            after = page["entries"][-1]["key"]
-        if not table:
+        namespace = command.ext["namespace"]
+        entries = await self.buckets.scan(namespace, command.ext.get("prefix", ""),
+                                          limits.remoting_kv_list_keys_max + 1, caller)
+        if len(entries) > limits.remoting_kv_list_keys_max:
+            raise RocketError(Code.BAD_REQUEST, f"namespace {namespace!r} has more than "
+                              f"{limits.remoting_kv_list_keys_max} keys: read them with rocket kv ls {namespace}")
+        if not entries:
             return command.reply(ResponseCode.QUERY_NOT_FOUND, f"No config item, Namespace: {namespace}")
+        table = {key: value.decode(errors="replace") for key, value in entries}
         return command.reply(body=orjson.dumps({"table": table}))
