@@ -1,7 +1,4 @@
-"""Protocol adapters onto the dispatcher: they translate other protocols and carry no semantics of their own.
-rocketmq/ serves RocketMQ 5's gRPC API on the HTTP/2 listener, remoting/ the classic remoting protocol on the TCP port,
-console/ the web console on the HTTP/1.1 listener, mqtt/ MQTT on its own port; both RocketMQ gateways share
-properties.py, and reads.py and buckets.py (KV) serve several.
-"""
+"""Protocol adapters onto the dispatcher, with no semantics of their own: rocketmq/ (gRPC, on HTTP/2), remoting/ (the
+TCP port), console/ (HTTP/1.1), mqtt/ (its own port); reads.py, properties.py and buckets.py serve several."""
 
 __all__ = ["buckets", "console", "mqtt", "properties", "reads", "remoting", "rocketmq"]
