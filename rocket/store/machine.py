@@ -352,14 +352,18 @@ class StorageMachine:
             effects.tombstones.append((group, topic, True))
             names = {topic, timer_topic(topic), half_topic(topic)}
             gone_pops = [key for key in self.pops if key[1] == topic and key[2] in queues]
-        else:
+        else:  # one consumer group's state: looked up by key, not by a scan of every group's (O(1) per queue)
             names = {dead_letter_topic(consumer_group, topic)}
-            gone_pops = [key for key in self.pops if key[:2] == (consumer_group, topic) and key[2] in queues]
+            gone_pops = [key for queue in sorted(queues) if (key := (consumer_group, topic, queue)) in self.pops]
 
         def leaves(name: str) -> bool:  # a dead-letter topic's name is its consumer group's and its topic's
             return name in names or command.op != "group" and (dead_letter_parts(name) or ("", ""))[1] == topic
-        places = [(name, queue) for (name, queue), stats in self.queues.items()
-                  if queue in queues and stats.group == group and leaves(name)]
+        if command.op == "group":
+            places = [(name, queue) for name in names for queue in sorted(queues)
+                      if (stats := self.queues.get((name, queue))) is not None and stats.group == group]
+        else:
+            places = [(name, queue) for (name, queue), stats in self.queues.items()
+                      if queue in queues and stats.group == group and leaves(name)]
         for place in places:
             del self.queues[place]
             self.tier.pop(place, None)

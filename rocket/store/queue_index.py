@@ -238,10 +238,13 @@ class QueueIndex:
             batch.delete(_pop_prefix(b"P", key))
             for flight in self._db.iterator(prefix=_pop_prefix(b"F", key), include_value=False):
                 batch.delete(flight)
-        if drop.topic:
+        if drop.topic and drop.consumer_group:  # one group's: its keys alone (an MQTT device's, at each disconnect)
+            for key in self._db.iterator(prefix=_offsets_prefix(drop.consumer_group, drop.topic), include_value=False):
+                if drop.offsets_of is None or _u32.unpack(key[-4:])[0] in drop.offsets_of:
+                    batch.delete(key)
+        elif drop.topic:
             for group, topic, queue, _ in self.all_offsets():
-                if topic == drop.topic and drop.consumer_group in ("", group) and (
-                        drop.offsets_of is None or queue in drop.offsets_of):
+                if topic == drop.topic and (drop.offsets_of is None or queue in drop.offsets_of):
                     batch.delete(_offsets_prefix(group, topic) + _u32.pack(queue))
 
     def _drop_entries(self, batch, topic: str, queue: int, below: int) -> None:
