@@ -2,6 +2,7 @@
 throughput of 100-byte messages, alone and beside idle connected clients, and memory per idle connection.
 
     python benchmarks/mqtt.py [--seconds 10] [--publishers 4] [--window 100] [--idle 10000] [--wake]
+                              [--idle-subscribers N]
 
 Both servers get the same load from one generator: each publisher connection sends --window pre-encoded QoS 1
 PUBLISHes (MQTT 3.1.1) at once and waits for their PUBACKs, again and again; a message counts once its PUBACK came.
@@ -9,7 +10,8 @@ rocket runs in dev mode (one process, every role) and fsyncs each batch before t
 messages in memory and writes its persistence file every autosave_interval. Idle clients connect (CONNECT and
 CONNACK, 60 s keep-alive, clean sessions) and stay; memory per idle connection is the server's RSS growth over
 them, divided by their count, measured first, on a fresh server. Then the publishes beside the idle clients, and
-alone once they left. --wake adds what waking a parked connection costs a publish (wake_cost). The last line reads
+alone once they left. --wake adds what waking a parked connection costs a publish (wake_cost), --idle-subscribers
+what idle subscribed clients cost (idle_subscribers). The last line reads
 `mqtt: qos1 rocket=R/s mosquitto=M/s ratio=X idle_bytes rocket=A mosquitto=B ratio=Y`.
 """
 
@@ -31,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rocket.gateway.mqtt.codec import Connect, Publish, encode  # noqa: E402
+from rocket.gateway.mqtt.codec import Connect, Publish, Subscribe, Subscription, encode  # noqa: E402
 from rocket.transport.listen import free_ports  # noqa: E402
 
 V311 = 4
@@ -126,6 +128,34 @@ def idle_clients(port: int, count: int, prefix: str) -> list[socket.socket]:
     return [connected(port, f"{prefix}-{index}") for index in range(count)]
 
 
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime and stime
+
+
+def idle_subscribers(pid: int, port: int, topic: str, count: int) -> dict:
+    """count clients, each subscribed (QoS 1) to a topic of its own under topic, and idle: the server's RSS growth
+    per subscriber, 10 s after the last SUBACK, and the CPU the server uses over the next 20 s, in cores."""
+    before = rss_bytes(pid)
+    clients = idle_clients(port, count, f"sub-{pid}")
+    for index, client in enumerate(clients):
+        client.sendall(encode(Subscribe(1, [Subscription(f"{topic}/device-{index}", 1)]), V311))
+    for client in clients:
+        answer = b""
+        while len(answer) < 5:  # SUBACK: 0x90, length 3, the packet id, the granted QoS
+            answer += client.recv(5 - len(answer))
+    time.sleep(10)
+    per_subscriber = (rss_bytes(pid) - before) / count
+    started, used = time.monotonic(), cpu_seconds(pid)
+    time.sleep(20)
+    cores = (cpu_seconds(pid) - used) / (time.monotonic() - started)
+    for client in clients:
+        client.close()
+    return {"idle_subscribers": count, "bytes_per_idle_subscriber": round(per_subscriber),
+            "cores_while_subscribers_idle": round(cores, 3)}
+
+
 def measure(name: str, pid: int, port: int, topic: str, arguments) -> dict:
     """Memory first, while the server's heap is fresh: what a run of publishes freed would take new connections in
     without the RSS growing (rocket's Python heap does that)."""
@@ -143,8 +173,9 @@ def measure(name: str, pid: int, port: int, topic: str, arguments) -> dict:
         client.close()
     time.sleep(1)
     alone = publish_for(port, topic, arguments.seconds, arguments.publishers, arguments.window, body)
+    subscribers = idle_subscribers(pid, port, topic, arguments.idle_subscribers) if arguments.idle_subscribers else {}
     result = {"server": name, "qos1_per_s": round(alone), "qos1_per_s_with_idle": round(beside),
-              "idle_connections": arguments.idle, "bytes_per_idle_connection": round(per_connection)}
+              "idle_connections": arguments.idle, "bytes_per_idle_connection": round(per_connection), **subscribers}
     print(json.dumps(result), flush=True)
     return result
 
@@ -156,6 +187,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=100, help="QoS 1 publishes in flight per publisher")
     parser.add_argument("--idle", type=int, default=10_000, help="idle clients connected for the second figures")
     parser.add_argument("--wake", action="store_true", help="also rocket's publish round trip served and parked")
+    parser.add_argument("--idle-subscribers", type=int, default=0,
+                        help="then this many idle subscribers: memory per subscriber, CPU while they wait")
     arguments = parser.parse_args()
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not os.path.exists(mosquitto):

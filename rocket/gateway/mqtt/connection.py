@@ -155,8 +155,11 @@ class Connection:
 
     async def _receive_or_park(self, park_now: bool) -> bytes | bytearray | None:
         """The next bytes, or None once the connection may park: at once if park_now, else after
-        limits.mqtt_park_after_s without a packet (what it waits for may end meanwhile: a publish being stored)."""
+        limits.mqtt_park_after_s without a packet (what it waits for may end meanwhile: a publish being stored). A
+        subscriber waits for its next packet: only one (UNSUBSCRIBE) can make it parkable."""
         while not (park_now and self._parkable()):
+            if self.session.subscriptions:
+                return await self.stream.receive_some(65536)
             with trio.move_on_after(limits.mqtt_park_after_s):
                 return await self.stream.receive_some(65536)
             park_now = True

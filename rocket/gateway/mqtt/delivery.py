@@ -270,7 +270,7 @@ class Deliveries:
                         "wait_ms": int(limits.mqtt_receive_wait_s * 1000)}, self.caller)
                 except RocketError as error:
                     log.info("MQTT client %s: receive of %s: %s", client, topic, error)
-                    await trio.sleep(limits.mqtt_receive_wait_s)
+                    await trio.sleep(limits.mqtt_receive_retry_s)
                     continue
                 messages, unreadable = received(response, topic)
                 if unreadable:
