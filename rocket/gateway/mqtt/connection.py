@@ -16,7 +16,7 @@ from rocket.gateway.mqtt.codec import Decoder, encode, valid_topic_name
 from rocket.gateway.mqtt.delivery import Deliveries
 from rocket.gateway.mqtt.mapping import queue_of, reason_of, rocket_topic, to_message
 from rocket.gateway.mqtt.packets import (V5, Ack, Connect, Disconnect, MqttError, Packet, PacketType, PingReq,
-                                         PingResp, Publish, Reason, Subscribe, Unsubscribe, Will)
+                                         PingResp, Publish, Reason, Subscribe, Unsubscribe, Will, keep_alive_ran_out)
 from rocket.gateway.mqtt.session import Session
 from rocket.model import Message
 from rocket.transport.guard import Caller
@@ -111,8 +111,7 @@ class Connection:
                     nursery.cancel_scope.cancel()
         self.nursery = None
         if scope.cancelled_caught and trio.current_time() >= scope.deadline:
-            self._broke = self._broke or MqttError(Reason.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the "
-                                                                              "keep-alive")
+            self._broke = self._broke or keep_alive_ran_out()
         if self._broke is not None:
             raise self._broke
         if parked and not scope.cancel_called:

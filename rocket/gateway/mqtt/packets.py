@@ -76,6 +76,16 @@ class MqttError(Exception):
         self.message = message
 
 
+def keep_alive_ran_out() -> MqttError:
+    """What ends a connection silent past 1.5 times its keep-alive, whether served or parked (a new one each time: an
+    exception is raised in one task only)."""
+    return MqttError(Reason.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep-alive")
+
+
+def shutting_down() -> MqttError:
+    return MqttError(Reason.SERVER_SHUTTING_DOWN, "the broker is shutting down")
+
+
 # Properties (MQTT 5, section 2.2.2.2): identifier -> (name, kind). Kinds: byte, u16, u32, varint, str, bin, pair.
 PROPERTIES: dict[int, tuple[str, str]] = {
     0x01: ("payload_format_indicator", "byte"), 0x02: ("message_expiry_interval", "u32"),

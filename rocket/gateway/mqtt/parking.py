@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from rocket.gateway.mqtt.packets import MqttError, Reason
+from rocket.gateway.mqtt.codec import encode
+from rocket.gateway.mqtt.packets import V5, MqttError, PingReq, PingResp, keep_alive_ran_out
 
 if TYPE_CHECKING:
     from rocket.gateway.mqtt.connection import Connection
 
-PINGREQ, PINGRESP = b"\xc0\x00", b"\xd0\x00"  # the same in MQTT 3.1.1 and 5.0
+PINGREQ, PINGRESP = encode(PingReq(), V5), encode(PingResp(), V5)  # the same bytes in MQTT 3.1.1
 READ_BYTES = 65536  # what a wake-up reads at once, as the connection's own reads do
 
 
@@ -62,10 +63,11 @@ class Parking:
         self._epoll.unregister(fd)
         return True
 
-    def wake_all(self, why: bytes | MqttError) -> None:
+    def wake_all(self, why: Callable[[], bytes | MqttError]) -> None:
+        """Every parked connection, each with what why() gives it."""
         for connection in list(self._parked.values()):
             self.unpark(connection)
-            self._wake(connection, why)
+            self._wake(connection, why())
 
     async def run(self) -> None:
         """Wait on every parked socket at once, until cancelled; then each parked connection is woken as closed (its
@@ -80,7 +82,7 @@ class Parking:
                         self._readable(connection)
                 self._expire(trio.current_time())
         finally:
-            self.wake_all(b"")
+            self.wake_all(bytes)  # b"": as closed
             self._epoll.close()
 
     def _readable(self, connection: Connection) -> None:
@@ -106,5 +108,4 @@ class Parking:
         while self._seconds and self._seconds[0] <= now:
             for connection in self._due.pop(heapq.heappop(self._seconds)):
                 if connection.parked_until <= now and self.unpark(connection):
-                    self._wake(connection, MqttError(Reason.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the "
-                                                                                "keep-alive"))
+                    self._wake(connection, keep_alive_ran_out())

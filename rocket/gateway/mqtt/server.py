@@ -14,13 +14,14 @@ import trio
 from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import RocketError
+from rocket.gateway.buckets import Buckets
 from rocket.gateway.mqtt.batcher import Batcher
 from rocket.gateway.mqtt.codec import Decoder, encode
 from rocket.gateway.mqtt.connection import Connection
 from rocket.gateway.mqtt.mapping import reason_of
-from rocket.gateway.mqtt.packets import V5, ConnAck, Connect, Disconnect, MqttError, Packet, Publish, Reason
+from rocket.gateway.mqtt.packets import (V5, ConnAck, Connect, Disconnect, MqttError, Packet, Publish, Reason,
+                                         shutting_down)
 from rocket.gateway.mqtt.parking import Parking
-from rocket.gateway.buckets import Buckets
 from rocket.gateway.mqtt.session import NEVER_EXPIRES, Retained, Session, Sessions
 from rocket.gateway.reads import TopicCache
 from rocket.transport.guard import Caller
@@ -167,11 +168,10 @@ class MqttGateway:
         """End every connection, as the broker stops (DISCONNECT 0x8B in MQTT 5): wills go out and sessions are kept
         while the storage groups still answer. Returns once all are closed."""
         self._closing = trio.Event()
-        stopping = MqttError(Reason.SERVER_SHUTTING_DOWN, "the broker is shutting down")
         if self.parking is not None:
-            self.parking.wake_all(stopping)
+            self.parking.wake_all(shutting_down)
         for connection in list(self.connected.values()):
-            connection.fail(stopping)
+            connection.fail(shutting_down())
         if self.open_connections:
             await self._closing.wait()
 
