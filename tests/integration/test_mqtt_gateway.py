@@ -177,12 +177,10 @@ def test_qos_0_1_and_2_round_trip_and_cross_rocket_api_both_ways(broker, version
             [f"sensors/{version}/room{qos} qos {qos}" for qos in (0, 1, 2)] + [f"sensors/{version}/api over rocket"])
     finally:
         subscriber.stop()
-    consumed = [orjson.loads(line) for line in rocket(
-        broker, "consume", "sensors", "--group", f"reader-{version}", "--format", "json", "--count", "1",
-        "--tag", f"{version}/room1").splitlines() if line.startswith("{")]
-    assert len(consumed) == 1
-    assert consumed[0]["tag"] == f"{version}/room1"  # the levels after the topic's first
-    properties = consumed[0]["properties"]
+    found = consumed(broker, "sensors", f"reader-{version}", 1, "--tag", f"{version}/room1")
+    assert len(found) == 1
+    assert found[0]["tag"] == f"{version}/room1"  # the levels after the topic's first
+    properties = found[0]["properties"]
     assert properties["mqtt.client"] and "mqtt.qos" not in properties  # QoS 1, the default
     assert (properties.get("unit") == "celsius") == (version == "mqttv5")
 
