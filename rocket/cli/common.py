@@ -13,6 +13,7 @@ import trio
 import typer
 import typer.core
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
 from rocket.client import parse_start
@@ -55,7 +56,8 @@ typer.core.TyperOption.display_type_rich = _no_type_on_flags
 
 
 def fail(message: str, status: int) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    """The message as it is: brackets in it (a name, an extra's `rocket[azure]`) are text, not rich markup."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(status)
 
 

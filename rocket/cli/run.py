@@ -60,6 +60,8 @@ def run(
                                        pretouch_bytes=limits.malloc_pretouch_bytes if kept else 0))
     except RocketError as error:
         fail(f"{error.code.name}: {error.message}", 2 if error.code.name == "CONFIG_INVALID" else 1)
+    except ConfigError as error:  # found once the node starts: a tier backend without its client library
+        fail(f"config: {error}", 2)
     except StartupError as error:
         fail(f"cannot start: {error}", 1)
     except OSError as error:  # no port or data directory problem (StartupError): where it came from is the news

@@ -60,6 +60,20 @@ def test_a_non_utf8_config_is_one_line(tmp_path):
     one_line_error(rocket("run", "--config", str(config), check=False), 2, str(config).encode(), b"UTF-8")
 
 
+def test_a_tier_backend_without_its_client_library_is_one_line(tmp_path):
+    """`rocket run` with tier_backend = azure where azure-storage-blob is not installed (hidden here) names the extra
+    to install on one line and exits 2, as any config error."""
+    config = tmp_path / "rocket.toml"
+    config.write_text('tier_backend = "azure"\ntier_azure_container = "c"\n'
+                      'tier_azure_account_url = "http://127.0.0.1:1"\n')
+    hidden = ("import sys; sys.modules['azure'] = None; sys.argv[0] = 'rocket'; from rocket.cli import main; main()")
+    result = subprocess.run([sys.executable, "-c", hidden, "run", "--config", str(config), "--data-dir",
+                             str(tmp_path / "data"), "--listen", "127.0.0.1:0", "--http2-listen", "off"],
+                            capture_output=True, timeout=60,
+                            env={**os.environ, "AZURE_STORAGE_ACCOUNT": "a", "AZURE_STORAGE_KEY": "a"})
+    one_line_error(result, 2, b"config: ", b"pip install 'rocket[azure]'")
+
+
 def test_bulk_send_spreads_over_the_queues_and_a_key_keeps_its_order(server_process):
     """Lines sent without a key reach every queue; lines sent with a key all land in its queue, in order, with
     the key."""
