@@ -11,7 +11,7 @@ from rocket.errors import Code, RocketError
 from rocket.model import Message
 from rocket.roles.storage import assignment as stored_assignment
 from rocket.transport.listen import free_ports
-from tests.integration.test_cluster import Node, running
+from tests.integration.test_cluster import Node, cluster_status, running
 
 GROUPS = 3
 RETRYABLE = (Code.CONNECTION_LOST, Code.UNAVAILABLE, Code.TIMEOUT, Code.NOT_ENOUGH_REPLICAS, Code.OVERLOADED)
@@ -39,6 +39,13 @@ def test_a_storage_node_restarted_without_nameservers_rejoins_its_groups(tmp_pat
         nodes[node_id] = Node(node_id, port, nameservers, tmp_path, roles="storage,broker", environment=environment)
 
     async def scenario() -> None:
+        with trio.fail_after(30):  # the groups get their 3 replicas at once, not 2 and a third added later
+            while True:
+                status = await cluster_status([nodes[1].server])
+                up = {node["id"] for node in (status or {"nodes": []})["nodes"] if node.get("state") == "up"}
+                if {4, 5, 6} <= up:
+                    break
+                await trio.sleep(0.3)
         async with connect(nodes[6].server) as channel:
             with trio.fail_after(30):  # the storage groups are made as the storage nodes join
                 while True:
@@ -54,8 +61,8 @@ def test_a_storage_node_restarted_without_nameservers_rejoins_its_groups(tmp_pat
                     await send_retrying(producer, Message(f"before-{number}".encode()), 20)
                 saved_path = nodes[4].data_dir / stored_assignment.FILE_NAME
                 with trio.fail_after(10):  # the heartbeat that brought the topic's groups saved them
-                    while not saved_path.exists() or len(stored_assignment.decode(
-                            4, saved_path.read_bytes())["groups"]) < GROUPS:
+                    while not saved_path.exists() or [len(group["voters"]) for group in stored_assignment.decode(
+                            4, saved_path.read_bytes())["groups"]] != [3] * GROUPS:
                         await trio.sleep(0.2)
 
                 nodes[1].kill()  # no nameserver answers from now on
