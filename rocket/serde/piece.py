@@ -88,13 +88,13 @@ def range_of_key(key: str) -> tuple[int, int] | None:
 
 def build(prefix: str, topic: str, queue: int, batches: Sequence[tuple[int, bytes | memoryview, int, int]]
           ) -> tuple[Piece, bytes, bytes]:
-    """A piece from consecutive batches (base offset, batch, append ms, tag summary): its manifest entry,
-    segment bytes and sidecar index bytes. Every batch's CRC is checked on the way."""
+    """A piece from consecutive batches (base offset, batch, append ms, tag summary), each checked against its CRC
+    as it was read (Reads.read_run): its manifest entry, segment bytes and sidecar index bytes."""
     entries = []
     position = 0
     expected = batches[0][0]
     for base_offset, batch, append_ms, tag_summary in batches:
-        header = batch_codec.check_header(batch)
+        header = batch_codec.check_header(batch, crc=False)  # its CRC was checked as it was read
         if base_offset != expected:
             raise RocketError(Code.CORRUPT_DATA, f"{topic}/{queue}: batch at {base_offset}, expected {expected}")
         entries.append(PieceBatch(base_offset, header.count, position, len(batch), header.first_timestamp_ms,

@@ -273,9 +273,9 @@ class Reads:
         return stats.bytes if stats is not None else 0
 
     def offload_run(self, topic: str, queue: int, piece_bytes: int, piece_age_ms: int, now_ms: int
-                    ) -> list[tuple[int, bytes, int, int]]:
-        """The next run of batches to offload, as (base offset, batch, append ms, tag summary): from where
-        the manifest ends, up to piece_bytes (at least one batch); only once the run is full (more data
+                    ) -> list[IndexEntry]:
+        """The index entries of the next run of batches to offload (read_run reads them): from where the
+        manifest ends, up to piece_bytes (at least one batch); only once the run is full (more data
         follows it) or its first batch is older than piece_age_ms. Empty if nothing is due."""
         stats = self.machine.queues.get((topic, queue))
         state = self.machine.tier.get((topic, queue))
@@ -290,8 +290,10 @@ class Reads:
         full = scanned_to is not None and scanned_to < stats.next_offset
         if not full and now_ms - entries[0].append_ms < piece_age_ms:
             return []
-        found = []
-        for entry in entries:
-            batch = self.read_entry(topic, queue, entry)
-            found.append((entry.base_offset, batch, entry.append_ms, entry.tag_summary))
-        return found
+        return entries
+
+    def read_run(self, topic: str, queue: int, entries: list[IndexEntry]) -> list[tuple[int, bytes, int, int]]:
+        """The batches of offload_run's entries as (base offset, batch, append ms, tag summary), each checked against
+        its CRC and the index; detached, for a worker thread."""
+        return [(entry.base_offset, self.read_entry(topic, queue, entry, True), entry.append_ms, entry.tag_summary)
+                for entry in entries]

@@ -164,13 +164,16 @@ class Offloader:
         if not self._due(topic, queue):
             return False
         now_ms = self.clock.wall_ms()
-        run = self.store.reads.offload_run(topic, queue, self.settings.piece_bytes,
-                                     int(self.settings.piece_age_s * 1000), now_ms)
-        if not run:
+        entries = self.store.reads.offload_run(topic, queue, self.settings.piece_bytes,
+                                               int(self.settings.piece_age_s * 1000), now_ms)
+        if not entries:
             return False
-        # The batches' CRCs, the copy into one object and its MD5 are CPU work on up to a piece of bytes:
-        # a worker thread does them (zlib and hashlib let go of the GIL), not the node's trio thread.
-        piece, segment, index = await self.store.world.run_sync(build, self.settings.prefix, topic, queue, run)
+
+        def read_and_build() -> tuple[Piece, bytes, bytes]:
+            return build(self.settings.prefix, topic, queue, self.store.reads.read_run(topic, queue, entries))
+        # Reading up to a piece of bytes from the WAL, their CRCs, the copy into one object and its MD5: a worker
+        # thread does them (pread, zlib and hashlib let go of the GIL), not the node's trio thread.
+        piece, segment, index = await self.store.world.run_sync(read_and_build)
         term = self._led.get(group, 0)
         if self._clean.pop((topic, queue), None) != (term, piece.from_offset):
             await self._delete_orphans(topic, queue, piece)
