@@ -7,6 +7,7 @@ import trio
 from rocket.client import Admin, SimpleConsumer, open_producer
 from rocket.client.connection import connect
 from rocket.model import Message
+from rocket.serde import batch as batch_codec
 from rocket.roles.storage.pops import Pops
 from rocket.roles.storage.reads import Reads
 
@@ -79,3 +80,33 @@ async def test_a_receive_on_one_group_is_one_pop_that_waits(storage_pops, storag
         assert [message.body for message in received] == [b"job"]
         assert len(storage_pops) == 1 and storage_pops[0][0] > 9000 and storage_pops[0][1] == 1
         assert storage_reads == []
+
+
+async def test_a_long_poll_over_groups_still_waits_on_a_group_whose_wait_a_pop_woke(node):
+    """A pop of another consumer group wakes the pull's storage wait on that queue's group, which then answers
+    nothing: the pull waits on every group again, and the message sent to that queue after it comes back."""
+    async with connect(f"127.0.0.1:{node.tcp_port}") as channel:
+        await Admin(channel).create_topic("spread", 4)
+
+        async def produce(body: bytes) -> None:
+            batch = batch_codec.encode([Message(body)], 0)
+            await channel.call("Produce", {"topic": "spread", "queue": 0, "batch": batch})
+
+        await produce(b"first")
+        pulled: list[dict] = []
+
+        async def pull() -> None:
+            pulled.append(await channel.call("Pull", {"topic": "spread", "queues": [
+                {"queue": queue, "offset": 1 if queue == 0 else 0} for queue in range(4)], "wait_ms": 8000},
+                timeout_s=20))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pull)
+            await trio.sleep(0.5)
+            popped = await SimpleConsumer(channel, "spread", "poppers").receive(wait_s=0)
+            assert [message.body for message in popped] == [b"first"]
+            await trio.sleep(0.5)
+            await produce(b"second")
+        bodies = [message.body for stored in pulled[0]["batches"]
+                  for message in batch_codec.decode(stored["batch"], stored["base_offset"], stored["queue"])]
+        assert bodies == [b"second"]

@@ -95,8 +95,10 @@ class Pull:
                          wait_s: float) -> dict:
         """One storage call per group, all at once, each to a replica in sync or read replica as Routes.replica_read
         chooses (else the leader): each reads, waits up to wait_s if it found nothing, and reads again. The first
-        group that answers with batches ends the others' waits; the answer is its batches (within max_bytes), with
-        every other queue where it was or where its group's read skipped to. A group that fails ends the wait too: the caller's next read reports the failure."""
+        group that answers ends the others' waits; the answer is its batches (within max_bytes), with every other
+        queue where it was or where its group's read skipped to. One that answers without batches ends them too: its
+        wait woke for a change other than data (a pop or ack there), and it no longer waits, so the caller reads and
+        waits again; so does one that fails: the caller's next read reports the failure."""
         answers: list[dict] = []
         found: list[dict] = []
         # (Rounded up: the last fraction of a millisecond, rounded down to 0, made the pull loop read without waiting
@@ -116,7 +118,7 @@ class Pull:
             answers.append(answer)
             if answer["batches"]:
                 found.append(answer)
-                done.cancel()
+            done.cancel()  # with batches, or none: its wait woke for another change (a pop moved a cursor there)
 
         with trio.move_on_after(wait_s + limits.storage_call_s_max):
             async with trio.open_nursery() as nursery:
