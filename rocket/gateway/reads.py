@@ -1,9 +1,14 @@
 """What the gateways read alike through the broker's methods: topics (TopicCache), one queue's pulled messages past
-an offset that match a filter, and one queue's offsets."""
+an offset that match a filter, one queue's offsets, and waits for topics to grow (Tails)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import struct
+from collections.abc import Iterator
+
+import trio
 
 from rocket import limits
 from rocket.clock import Clock
@@ -11,7 +16,10 @@ from rocket.errors import Code, RocketError
 from rocket.filter import Filter
 from rocket.model import KV_PREFIX, Message
 from rocket.serde import batch as batch_codec
+from rocket.transport.background import Background
 from rocket.transport.rpc import Dispatcher
+
+log = logging.getLogger("rocket.gateway")
 
 
 class TopicCache:
@@ -84,3 +92,73 @@ async def queue_info(dispatcher: Dispatcher, topic: str, queue: int) -> dict:
         if info["queue"] == queue:
             return info
     raise RocketError(Code.BAD_QUEUE, f"topic {topic!r} has no queue {queue}")
+
+
+class Tail:
+    """A topic watched for growth: its generation goes up each time the watch finds new data past the ends it knew,
+    or learns the ends anew (it started, or a call failed)."""
+    __slots__ = ("generation", "_changed", "holders", "scope")
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self._changed = trio.Event()
+        self.holders = 0
+        self.scope = trio.CancelScope()
+
+    def bump(self) -> None:
+        self.generation += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait(self, since: int, timeout_s: float) -> None:
+        """Until the generation is past since (read before the caller looked for data), or timeout_s passed."""
+        with trio.move_on_after(timeout_s):
+            while self.generation == since:
+                await self._changed.wait()
+
+
+class Tails(Background):
+    """Waits for topics to grow, one long-polled Pull per topic however many wait on it: a gateway's idle readers
+    (MQTT subscriptions) read the generation of the topic's Tail, look for data in their own way, and wait on the
+    Tail only if they found none. A topic is watched while someone holds it (watching)."""
+
+    def __init__(self, dispatcher: Dispatcher):
+        self.dispatcher = dispatcher
+        self._tails: dict[str, Tail] = {}  # topic -> its watch, while held: bounded by the holders' topics
+
+    @contextlib.contextmanager
+    def watching(self, topic: str) -> Iterator[Tail]:
+        tail = self._tails.get(topic)
+        if tail is None:
+            assert self._nursery is not None, "Tails.run() has not started"
+            tail = self._tails[topic] = Tail()
+            self._nursery.start_soon(self._watch, topic, tail)
+        tail.holders += 1
+        try:
+            yield tail
+        finally:
+            tail.holders -= 1
+            if not tail.holders:
+                tail.scope.cancel()
+                del self._tails[topic]
+
+    async def _watch(self, topic: str, tail: Tail) -> None:
+        """The topic's ends (DescribeTopic), a bump, then Pulls from them, each waiting up to limits.pull_wait_ms_max,
+        until one finds data; again. A bump follows each learning of the ends, so a reader that looked for data before
+        they were learnt looks again (what came meanwhile lies before the new ends, where no Pull sees it). A failed
+        call bumps too (the readers meet the failure themselves) and is tried again after
+        limits.gateway_tail_retry_s."""
+        with tail.scope:
+            while True:
+                try:
+                    described = await self.dispatcher.local("DescribeTopic", {"topic": topic})
+                    ends = [{"queue": queue["queue"], "offset": queue["next_offset"]} for queue in described["queues"]]
+                    tail.bump()
+                    while not (await self.dispatcher.local("Pull", {
+                            "topic": topic, "queues": ends, "max_bytes": 1, "wait_ms": limits.pull_wait_ms_max,
+                            "filter_type": "tag", "filter": "*", "group": ""}))["batches"]:
+                        pass
+                except RocketError as error:
+                    log.info("watching topic %s for new data: %s", topic, error)
+                    tail.bump()
+                    await trio.sleep(limits.gateway_tail_retry_s)

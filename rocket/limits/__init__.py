@@ -33,8 +33,7 @@ invariant(rocketmq_receive_slice_s < storage_retry_s_max and rocketmq_receive_sl
 invariant(rocketmq_receive_wait_s_default * 1000 <= pull_wait_ms_max, "RocketMQ's default long poll is one rocket allows")
 invariant(rocketmq_invisible_s_default <= pop_invisible_s_max, "RocketMQ's default invisible time is one rocket allows")
 invariant(rocketmq_receive_messages_default <= pop_messages_max, "a RocketMQ receive batch is one pop")
-invariant(mqtt_receive_wait_s < storage_retry_s_max and mqtt_receive_wait_s * 1000 <= pull_wait_ms_max,
-          "an MQTT subscription's long poll is one broker long poll, within the broker's storage retries")
+invariant(mqtt_idle_recheck_s > mqtt_invisible_s, "an idle subscription's recheck is a safety, not its redeliveries' clock")
 invariant(pop_invisible_s_min <= mqtt_invisible_s <= pop_invisible_s_max, "MQTT's invisible time is one storage allows")
 invariant(mqtt_receive_messages_max <= pop_messages_max, "an MQTT receive is one pop")
 invariant(mqtt_client_id_bytes_max <= kv_key_bytes_max, "a client id is a key of the sessions' bucket")

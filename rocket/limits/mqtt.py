@@ -12,7 +12,9 @@ mqtt_message_overhead_bytes = 256  # a message's bytes besides its body, as coun
 mqtt_publishes_waiting_max = 1000  # PUBLISHes of one connection read and not yet stored: past it, reading waits
 mqtt_in_flight_max = 64  # QoS 1 and 2 deliveries unacknowledged per connection, below the client's Receive Maximum
 mqtt_receive_messages_max = 32  # messages one subscription's receive asks for at once
-mqtt_receive_wait_s = 14.0  # a subscription's long poll, within the broker's storage retries: idle, each costs CPU
+# An idle subscription waits for its topic's watch (one per topic, gateway/reads.py Tails) to see new data, or for its
+# unacknowledged messages to come back: at most this long, so that a wake missed (there should be none) costs a delay
+mqtt_idle_recheck_s = 300.0
 mqtt_receive_retry_s = 5.0  # a subscription's receive that failed (its storage group is down) goes again after this
 mqtt_attempts_max = 16  # deliveries of a message a session left unacknowledged, before its group's dead letters
 mqtt_invisible_s = 30.0  # a delivery unacknowledged this long (its broker died) goes out again

@@ -30,6 +30,7 @@ remoting_in_flight_per_connection_max = 256  # requests of one remoting connecti
 # routes need them) ...
 gateway_topic_cache_s = 5.0
 gateway_topic_cache_entries_max = 4096  # ... in one cache per gateway of this many topics; the oldest entry goes first
+gateway_tail_retry_s = 5.0  # a topic's watch for new data (gateway/reads.py Tails) whose call failed goes again after this
 remoting_member_refresh_s = 2.0  # connected consumers kept in their groups, and pulled offsets written, this often
 remoting_pull_messages_max = 1024  # messages in one pull answer, whatever maxMsgNums asks
 remoting_pull_bytes_max = 4 * MiB  # bytes read for one pull answer

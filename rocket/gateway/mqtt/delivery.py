@@ -1,6 +1,6 @@
 """One MQTT connection's subscriptions and deliveries (Deliveries, a part of Connection): a pop consumer group per
 rocket topic, its messages matched against the session's filters, sent within the client's window, and acked once
-the client acknowledged them."""
+the client acknowledged them; idle, it waits on the topic's watch (the gateway's Tails)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from rocket.gateway.mqtt.mapping import (MQTT_CLIENT, MQTT_RETAIN, Filter, parse
                                          to_publish)
 from rocket.gateway.mqtt.packets import V5, Ack, MqttError, Packet, PacketType, Publish, Reason, SubAck, Subscribe, \
     Subscription, UnsubAck, Unsubscribe
+from rocket.gateway.reads import Tail
 from rocket.model import Message, outside_namespace
 from rocket.serde.receive import parse_receipt, received
 
@@ -60,6 +61,7 @@ class Deliveries:
         self.releasing: set[int] = set()  # QoS 2 deliveries of this connection past PUBREC: each holds a window slot
         self._next_id = 0
         self.feeds: dict[tuple[str, str], trio.CancelScope] = {}  # (rocket topic, group) -> its delivery task
+        self._waiting: dict[tuple[str, str], trio.CancelScope] = {}  # of them, those idle: the wait's scope (_idle)
         self._acks: defaultdict[tuple[str, str], list[dict]] = defaultdict(list)  # acknowledged, not yet acked
         self._releases: list[tuple[int, Delivery]] = []  # QoS 2 deliveries received (PUBREC), their acks not stored
 
@@ -117,6 +119,10 @@ class Deliveries:
         acks, self._acks = self._acks, defaultdict(list)
         releases, self._releases = self._releases, []
         failed = {key for key, receipts in acks.items() if not await self._receipts("Ack", *key, receipts)}
+        for key in acks.keys() - failed:  # a FIFO queue's next message may be free now
+            waiting = self._waiting.get(key)
+            if waiting is not None:
+                waiting.cancel()
         packets: list[Packet] = []
         for packet_id, delivery in releases:
             if (delivery.topic, delivery.group) in failed:  # it comes again after its invisible time, with its id
@@ -254,20 +260,23 @@ class Deliveries:
         """Receive the group's messages on the topic, match each against the session's filters as they are then,
         and send it at the highest QoS of those it matches (and at most its own). Those no filter matches, expired
         ones and QoS 0 ones are acked at once, a round's together. (The broker cannot filter: a receive that asked
-        for the tags of the filters before a SUBSCRIBE would skip, for good, what matches only the new one.)"""
-        with scope:
+        for the tags of the filters before a SUBSCRIBE would skip, for good, what matches only the new one.)
+        A receive does not wait: one that found nothing waits on the topic's watch (the gateway's Tails, one long
+        poll per topic for all its subscriptions), until it sees new data, a message left unacknowledged is due
+        again, or an ack of this group was stored (a FIFO queue's next message may be free)."""
+        with scope, self.gateway.tails.watching(topic) as tail:
             client = self.session.client_id
             first = outside_namespace(self.gateway.namespace, topic) or topic  # as MQTT names it
             while True:
                 await self.window.acquire()  # room for one at least
                 self.window.release()
+                seen = tail.generation
                 try:
                     response = await self.dispatcher.local("Receive", {
                         "topic": topic, "group": group, "max_attempts": limits.mqtt_attempts_max, "filter_type": "tag",
                         "filter": "*",
                         "max_messages": max(1, min(self.window.value, limits.mqtt_receive_messages_max)),
-                        "invisible_ms": int(limits.mqtt_invisible_s * 1000),
-                        "wait_ms": int(limits.mqtt_receive_wait_s * 1000)}, self.caller)
+                        "invisible_ms": int(limits.mqtt_invisible_s * 1000), "wait_ms": 0}, self.caller)
                 except RocketError as error:
                     log.info("MQTT client %s: receive of %s: %s", client, topic, error)
                     await trio.sleep(limits.mqtt_receive_retry_s)
@@ -275,6 +284,9 @@ class Deliveries:
                 messages, unreadable = received(response, topic)
                 if unreadable:
                     await self._receipts("DeadLetter", topic, group, unreadable)
+                if not messages and not unreadable:
+                    await self._idle(topic, group, tail, seen, response["next_visible_ms"])
+                    continue
                 done = []
                 now_ms = self.gateway.clock.wall_ms()
                 filters = self._filters(topic, group)
@@ -294,6 +306,20 @@ class Deliveries:
                     await self.connection.send(publish)
                 if done:
                     await self._receipts("Ack", topic, group, done)
+
+    async def _idle(self, topic: str, group: str, tail: Tail, seen: int, next_visible_ms: int) -> None:
+        """Wait for the topic's tail to move past seen, for the group's next message left unacknowledged to be due
+        (next_visible_ms, 0 if none), or for an ack of the group to be stored (flush_acks ends the wait); at most
+        limits.mqtt_idle_recheck_s."""
+        wait_s = limits.mqtt_idle_recheck_s
+        if next_visible_ms:
+            wait_s = min(wait_s, max(limits.pop_wake_s_min, next_visible_ms / 1000 - self.gateway.clock.wall_s()))
+        with trio.CancelScope() as waiting:
+            self._waiting[(topic, group)] = waiting
+            try:
+                await tail.wait(seen, wait_s)
+            finally:
+                del self._waiting[(topic, group)]
 
     def _publish_of(self, message: Message, first: str, filters: list[tuple[Filter, Subscription]],
                     now_ms: int) -> Publish | None:

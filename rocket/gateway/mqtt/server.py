@@ -23,7 +23,7 @@ from rocket.gateway.mqtt.packets import (V5, ConnAck, Connect, Disconnect, MqttE
                                          shutting_down)
 from rocket.gateway.mqtt.parking import Parking
 from rocket.gateway.mqtt.session import NEVER_EXPIRES, Retained, Session, Sessions
-from rocket.gateway.reads import TopicCache
+from rocket.gateway.reads import Tails, TopicCache
 from rocket.transport.guard import Caller
 from rocket.transport.lifecycle import Lifecycle
 from rocket.transport.listen import serve_connections, source_of
@@ -48,6 +48,7 @@ class MqttGateway:
         self.lifecycle = lifecycle
         self.namespace = namespace  # the rocket namespace MQTT's topics, groups and buckets lie in (mqtt_namespace)
         self.topics = TopicCache(dispatcher, clock)
+        self.tails = Tails(dispatcher)  # idle subscriptions wait here for their topics' new data
         self.batcher = Batcher(dispatcher, clock)
         buckets = Buckets(dispatcher)
         self.sessions = Sessions(buckets, namespace)
@@ -61,6 +62,7 @@ class MqttGateway:
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
+            await nursery.start(self.tails.run)
             if self.parking is not None:
                 nursery.start_soon(self.parking.run)
             task_status.started()
