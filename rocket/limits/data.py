@@ -51,6 +51,9 @@ filter_skipped_batches_max = 10_000  # batches a filtered read skips by their ta
 find_messages_max = 1024  # messages one FindMessages answers, whatever its limit asks
 key_index_step_bytes = 1 * MiB  # batches the key indexer reads and indexes in one step, in the node's idle time
 key_index_scan_entries_max = 10_000  # index entries one key indexer step looks through for batches to index
+# The key indexer, caught up with every queue still appended to, rests this long: its next steps then each take up
+# that much of the appends, not a step (a LevelDB scan) per idle moment; lookups read whole what it has not reached
+key_index_rest_s = 0.1
 find_batches_max = 256  # batches one key lookup on a storage node reads (those its key index names) before it answers
 filters_cached_max = 1024  # compiled filters a broker keeps: subscriptions repeat their expression
 error_excerpt_chars_max = 200  # error messages quote what they refuse, but not a 4 KiB filter or path in full

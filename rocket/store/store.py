@@ -295,14 +295,14 @@ class Store:
 
     # ---- the key index ---------------------------------------------------------------------------------
 
-    async def index_keys(self) -> bool:
+    async def index_keys(self) -> int:
         """One step of the key indexer, per batch and off the appends' path (the storage role runs it when the node
         is idle: Reads.index_keys_forever): read the batches of one queue whose keys are not indexed yet, at most
         limits.key_index_step_bytes of them (one at least), and record their terms (QueueIndex.mark_keyed). Queues
-        take turns. Whether any queue may have batches left to index."""
+        take turns. Returns the bytes of the batches indexed."""
         candidates = self.machine.key_candidates
         if not candidates:
-            return False
+            return 0
         place = next(iter(candidates))
         del candidates[place]  # to the back of the line
         found, self._key_cursors[place], at_end = self.index.unkeyed(*place, self._key_cursors.get(place, 0),
@@ -317,7 +317,7 @@ class Store:
                                            for (entry, value), (_, batch) in zip(found, batches)])
         if found or not at_end:
             candidates[place] = None
-        return bool(candidates)
+        return sum(entry.batch_bytes for entry, _ in found)
 
     def gaps(self) -> list[tuple[int, str, int, int]]:
         """(group, topic, queue, offset) for every queue whose batches before offset are not here."""

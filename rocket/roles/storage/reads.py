@@ -111,12 +111,24 @@ class Reads(Background):
         """The key indexer (Store.index_keys), a step at a time, each when every other task of the node waits: the
         appends never wait for it, and under a load that leaves the node no idle moment, lookups read whole the
         batches it has not reached yet. (No cushion of idle time: while a task waits for one, trio's autojumping
-        test clock stands still, and the roles simulator with it.)"""
+        test clock stands still, and the roles simulator with it.) Once a whole round of steps found little (each less
+        than half a step's bytes: it caught up with queues still appended to), it rests limits.key_index_rest_s, so
+        that its next steps take up that much of the appends at once rather than a step per idle moment."""
+        small_steps = 0
         while True:
-            if not await self.store.index_keys():
+            indexed = await self.store.index_keys()
+            candidates = self.store.machine.key_candidates
+            if not candidates:
                 self.store.keys_changed = changed = trio.Event()
-                if not self.store.machine.key_candidates:
-                    await changed.wait()
+                small_steps = 0
+                await changed.wait()
+            elif indexed < limits.key_index_step_bytes // 2:
+                small_steps += 1
+                if small_steps >= len(candidates):
+                    small_steps = 0
+                    await trio.sleep(limits.key_index_rest_s)
+            else:
+                small_steps = 0
             await trio.testing.wait_all_tasks_blocked()
 
     async def queues(self, request: dict) -> dict:
