@@ -12,8 +12,9 @@ and the scan interval, not by the store. Cold reads start once local data was dr
 --cached-megabytes of the topic are read into the cache, then read REPEATS times from it, each time beside as many
 megabytes of a second topic whose data is local (hot), in the same process: the two alternate, so that the
 machine's noise falls on both alike. The raw figures use --parallel calls at once (8, as many as the offloader's
-uploads, limits.tier_uploads_parallel): puts of pieces of the size the node cuts (--piece-megabytes, 8), and gets of
-the ranges a cold read fetches (limits.cold_read_ahead_bytes). The topic has 8 queues: the offloader uploads each
+uploads, limits.tier_uploads_parallel): puts of pieces of the size the node cuts (--piece-megabytes, 8), as many
+bytes as the topic holds, just before the offload and again after it (raw_put_mb_s is their mean: the machine's
+noise swung one measure 2x), and gets of the ranges a cold read fetches (limits.cold_read_ahead_bytes). The topic has 8 queues: the offloader uploads each
 queue's pieces in order.
 """
 
@@ -146,6 +147,25 @@ async def offload_and_read(server: str, produced: int, cached_megabytes: int) ->
             "hot_range_read_mb_s": hot_range, "cached_read_mb_s": cached, "cached_bytes": ranged}
 
 
+async def raw_put_mb_s(open_store, parallel: int, piece_bytes: int, total_bytes: int, prefix: str) -> float:
+    """The store's own put throughput through rocket's client of it: parallel puts of pieces of piece_bytes, as many
+    as make total_bytes, under prefix."""
+    async with open_store() as store:
+        limiter = trio.CapacityLimiter(parallel)
+        data = os.urandom(piece_bytes)
+
+        async def put(number: int) -> None:
+            async with limiter:
+                await store.put(f"{prefix}/{number:06d}", data)
+
+        count = max(1, total_bytes // piece_bytes)
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for number in range(count):
+                nursery.start_soon(put, number)
+        return count * piece_bytes / (time.perf_counter() - started) / 1e6
+
+
 async def raw(open_store, parallel: int, piece_bytes: int) -> dict:
     """The store's own throughput through rocket's client of it: parallel ranged gets of every piece offloaded, in
     ranges of the cold reads' size (limits.cold_read_ahead_bytes), then parallel puts of as many bytes under other
@@ -166,20 +186,8 @@ async def raw(open_store, parallel: int, piece_bytes: int) -> dict:
                 for start in range(0, info.size, limits.cold_read_ahead_bytes):
                     nursery.start_soon(get, info.key, start, min(info.size, start + limits.cold_read_ahead_bytes))
         get_s = time.perf_counter() - started
-        data = os.urandom(piece_bytes)
-
-        async def put(number: int) -> None:
-            async with limiter:
-                await store.put(f"raw/{number:06d}", data)
-
-        count = max(1, got // piece_bytes)
-        started = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for number in range(count):
-                nursery.start_soon(put, number)
-        put_s = time.perf_counter() - started
-    return {"raw_get_mb_s": got / get_s / 1e6, "raw_put_mb_s": count * piece_bytes / put_s / 1e6,
-            "pieces": len(pieces)}
+    return {"raw_get_mb_s": got / get_s / 1e6, "pieces": len(pieces),
+            "raw_put_after_mb_s": await raw_put_mb_s(open_store, parallel, piece_bytes, got, "raw-after")}
 
 
 def emulator(backend: str, base: Path):
@@ -224,6 +232,7 @@ def run_backend(backend: str, megabytes: int, cached_megabytes: int, parallel: i
             produced, hot_mb_s = trio.run(fill, node.server, megabytes)
         finally:
             node.terminate()
+        raw_put_before = trio.run(raw_put_mb_s, open_store, parallel, piece_bytes, produced, "raw-before")
         node = ServerProcess(base / "data", base / "server.log").start(extra=("--config", str(tier_on)))
         try:
             result = {"bytes": produced, "hot_read_mb_s": hot_mb_s}
@@ -236,6 +245,7 @@ def run_backend(backend: str, megabytes: int, cached_megabytes: int, parallel: i
             server.stop()
     result["cold_to_hot"] = result["cold_read_mb_s"] / result["hot_read_mb_s"]
     result["cached_to_hot"] = result["cached_read_mb_s"] / result["hot_range_read_mb_s"]
+    result["raw_put_mb_s"] = (raw_put_before + result["raw_put_after_mb_s"]) / 2  # just before offload, and after
     result["offload_to_raw_put"] = result["offload_mb_s"] / result["raw_put_mb_s"]
     result["cold_to_raw_get"] = result["cold_read_mb_s"] / result["raw_get_mb_s"]
     return result
