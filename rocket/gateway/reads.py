@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import trio
 
@@ -96,19 +96,24 @@ async def queue_info(dispatcher: Dispatcher, topic: str, queue: int) -> dict:
 
 class Tail:
     """A topic watched for growth: its generation goes up each time the watch finds new data past the ends it knew,
-    or learns the ends anew (it started, or a call failed)."""
-    __slots__ = ("generation", "_changed", "holders", "scope")
+    or learns the ends anew (it started, or a call failed). Readers with a task wait on it (wait); readers without
+    one (parked MQTT connections) are sleepers, each called once at the next bump."""
+    __slots__ = ("generation", "_changed", "holders", "scope", "sleepers")
 
     def __init__(self) -> None:
         self.generation = 0
         self._changed = trio.Event()
         self.holders = 0
         self.scope = trio.CancelScope()
+        self.sleepers: dict[object, Callable[[], None]] = {}  # owner -> what wakes it
 
     def bump(self) -> None:
         self.generation += 1
         self._changed.set()
         self._changed = trio.Event()
+        sleepers, self.sleepers = self.sleepers, {}
+        for wake in sleepers.values():
+            wake()
 
     async def wait(self, since: int, timeout_s: float) -> None:
         """Until the generation is past since (read before the caller looked for data), or timeout_s passed."""
@@ -126,21 +131,30 @@ class Tails(Background):
         self.dispatcher = dispatcher
         self._tails: dict[str, Tail] = {}  # topic -> its watch, while held: bounded by the holders' topics
 
-    @contextlib.contextmanager
-    def watching(self, topic: str) -> Iterator[Tail]:
+    def hold(self, topic: str) -> Tail:
+        """The topic's Tail, watched until as many release() as hold() were called."""
         tail = self._tails.get(topic)
         if tail is None:
             assert self._nursery is not None, "Tails.run() has not started"
             tail = self._tails[topic] = Tail()
             self._nursery.start_soon(self._watch, topic, tail)
         tail.holders += 1
+        return tail
+
+    def release(self, topic: str) -> None:
+        tail = self._tails[topic]
+        tail.holders -= 1
+        if not tail.holders:
+            tail.scope.cancel()
+            del self._tails[topic]
+
+    @contextlib.contextmanager
+    def watching(self, topic: str) -> Iterator[Tail]:
+        tail = self.hold(topic)
         try:
             yield tail
         finally:
-            tail.holders -= 1
-            if not tail.holders:
-                tail.scope.cancel()
-                del self._tails[topic]
+            self.release(topic)
 
     async def _watch(self, topic: str, tail: Tail) -> None:
         """The topic's ends (DescribeTopic), a bump, then Pulls from them, each waiting up to limits.pull_wait_ms_max,

@@ -358,7 +358,8 @@ def until(condition, timeout_s: float = 20) -> None:
 
 def test_an_idle_connection_parks_and_every_packet_wakes_it(broker):
     """An idle connection gives up its task (parking.py): the parking answers its PINGREQ, and a PUBLISH (with a
-    topic alias set before it parked), a SUBSCRIBE or the end of the connection wake it, served as ever."""
+    topic alias set before it parked), a SUBSCRIBE or the end of the connection wake it, served as ever. A subscriber
+    whose subscriptions wait for new data parks too; a message published to its topic wakes it, and it parks again."""
     until(lambda: connections(broker).get("served", 1) == 0)  # what earlier tests left is closed or parked
     device = Client(broker.mqtt_port, "parked-device")
     until(lambda: connections(broker)["served"] == 0)  # parked at once after CONNECT
@@ -371,10 +372,18 @@ def test_an_idle_connection_parks_and_every_packet_wakes_it(broker):
         "1", "2"]
     until(lambda: connections(broker)["served"] == 0)
     assert device.subscribe("sensors/parked/#") == [1]
-    time.sleep(2)
-    assert connections(broker)["served"] == 1  # a subscriber keeps its task: its deliveries run there
-    Client(broker.mqtt_port, "parked-writer").publish("sensors/parked/b", b"3")
-    assert device.messages(1)[0].payload == b"3"
+    until(lambda: connections(broker)["served"] == 0)  # parked, subscribed: its topic's watch wakes it
+    writer = Client(broker.mqtt_port, "parked-writer")
+    for body in (b"3", b"4"):  # the second after the subscriber parked again
+        writer.publish("sensors/parked/b", body)
+        assert device.messages(1)[0].payload == body
+        until(lambda: connections(broker)["served"] == 0)
+    device.send(PingReq())
+    assert isinstance(device.receive(), PingResp)
+    writer.publish("sensors/elsewhere", b"5")  # the same topic's data, for no filter of the subscriber's
+    writer.publish("sensors/parked/c", b"6")
+    assert device.messages(1)[0].payload == b"6"
+    writer.close()
     device.close()
     until(lambda: connections(broker) == {"served": 0, "parked": 0})  # every connection counted until closed
 

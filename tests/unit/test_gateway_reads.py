@@ -104,3 +104,29 @@ async def test_a_failing_watch_wakes_its_readers_and_tries_again(autojump_clock,
         ends.append(1)
         await tail.wait(seen, 3600)
         assert tail.generation == seen + 1
+
+
+async def test_a_sleeper_is_called_once_at_the_next_bump_and_holds_keep_the_watch(autojump_clock, nursery):
+    """A parked reader (no task) sleeps on the Tail it holds: called at the next bump only; the watch runs while any
+    hold is left, with or without a task in watching()."""
+    ends = TopicEnds()
+    tails = Tails(ends)  # type: ignore[arg-type]: the two methods a watch calls
+    await nursery.start(tails.run)
+    tail = tails.hold("orders")
+    await trio.sleep(1)
+    woken: list[str] = []
+    tail.sleepers["device"] = lambda: woken.append("device")
+    ends.append(0)
+    await trio.sleep(1)
+    ends.append(1)
+    await trio.sleep(1)
+    assert woken == ["device"]
+    with tails.watching("orders") as same:
+        assert same is tail
+    calls = len(ends.calls)
+    await trio.sleep(limits.pull_wait_ms_max / 1000 * 2)
+    assert len(ends.calls) > calls  # still held: still watched
+    tails.release("orders")
+    calls = len(ends.calls)
+    await trio.sleep(limits.pull_wait_ms_max / 1000 * 2)
+    assert len(ends.calls) == calls

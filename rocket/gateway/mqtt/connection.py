@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -18,6 +19,7 @@ from rocket.gateway.mqtt.mapping import queue_of, reason_of, rocket_topic, to_me
 from rocket.gateway.mqtt.packets import (V5, Ack, Connect, Disconnect, MqttError, Packet, PacketType, PingReq,
                                          PingResp, Publish, Reason, Subscribe, Unsubscribe, Will, keep_alive_ran_out)
 from rocket.gateway.mqtt.session import Session
+from rocket.gateway.reads import Tail
 from rocket.model import Message
 from rocket.transport.guard import Caller
 
@@ -31,13 +33,15 @@ _ACK_HEADS = {kind: bytes([kind << 4, 2]) for kind in (PacketType.PUBACK, Packet
 
 class Connection:
     """Kept small: a broker holds one per connected device, most of them idle. What only deliveries or publishes use
-    is made at their first. An idle connection with nothing in flight and no subscription is parked (parking.py): at
-    once after its CONNECT, and after limits.mqtt_park_after_s once woken. Its task ends, and what it holds then is
-    all an idle device costs."""
+    is made at their first. An idle connection with nothing in flight, and no subscription or only ones waiting for
+    their topics' new data, is parked (parking.py): at once after its CONNECT, and after limits.mqtt_park_after_s
+    once woken. Its task ends, and what it holds then is all an idle device costs; a subscribed one sleeps on its
+    topics' Tails (sleep), which wake it."""
 
     __slots__ = ("gateway", "dispatcher", "_stream", "fd", "decoder", "version", "keep_alive_s", "session", "caller",
                  "will", "packet_bytes_max", "window_size", "aliases", "taken", "ended", "parked_until", "_finished",
-                 "_send_lock", "_publishes", "_waiting", "_idle", "_broke", "_scope", "nursery", "_deliveries")
+                 "_send_lock", "_publishes", "_waiting", "_idle", "_broke", "_scope", "nursery", "_deliveries",
+                 "_held")
 
     def __init__(self, gateway: MqttGateway, stream: trio.abc.Stream, decoder: Decoder, connect: Connect,
                  session: Session, caller: Caller):
@@ -68,6 +72,9 @@ class Connection:
         self._scope: trio.CancelScope | None = trio.CancelScope()
         self.nursery: trio.Nursery | None = None  # the connection's tasks, while it is served
         self._deliveries: Deliveries | None = None
+        # Parked with subscriptions: the Tails its feeds waited on, held (their watches go on) with the generation
+        # each feed saw; a new bump of one wakes it (sleep)
+        self._held: list[tuple[str, Tail, int]] = []
 
     @property
     def deliveries(self) -> Deliveries:
@@ -83,11 +90,12 @@ class Connection:
 
     # ---- the connection's life ---------------------------------------------------------------------------------
 
-    async def serve(self, first: list[Packet] | bytes | MqttError) -> bool:
+    async def serve(self, first: list[Packet] | bytes | MqttError | None) -> bool:
         """Packets until the client disconnects, goes silent past its keep-alive, or breaks the protocol (raised
         here as MqttError once the connection's tasks are done); True if the connection parked instead. first: the
         packets that came with its CONNECT, or the bytes that woke it from the parking (b"": the client closed), or
-        why it ends there (its keep-alive ran out, the broker stops)."""
+        why it ends there (its keep-alive ran out, the broker stops), or None: a subscribed topic's new data woke it.
+        A subscribed connection woken from the parking starts its feeds again."""
         scope = self._scope
         assert scope is not None
         parked = False
@@ -96,7 +104,9 @@ class Connection:
                 self.nursery = nursery
                 try:
                     if isinstance(first, list):
-                        await self.deliveries.start()
+                        await self.deliveries.start(resumed=True)
+                    elif self.session.subscriptions and not isinstance(first, MqttError):
+                        await self.deliveries.start(resumed=False)
                     parked = await self._read(first)
                     if not parked:
                         await self._drained()  # what came before the end is stored and answered
@@ -119,7 +129,7 @@ class Connection:
             return True
         return False
 
-    async def _read(self, first: list[Packet] | bytes | MqttError) -> bool:
+    async def _read(self, first: list[Packet] | bytes | MqttError | None) -> bool:
         """Packets until DISCONNECT or the end of the stream (False), or until the connection may park (True); the
         connection's deadline moves with each read."""
         scope = self._scope
@@ -129,9 +139,11 @@ class Connection:
         # Idle after its CONNECT, a connection parks at once; woken, it waits a while first: a device that sends
         # often keeps its task rather than waking it for each packet.
         park_now = isinstance(first, list)
-        if isinstance(first, bytes):
-            if self.decoder is None:
-                self.decoder = Decoder(version=self.version)
+        if self.decoder is None:  # woken from the parking
+            self.decoder = Decoder(version=self.version)
+        if first is None:
+            first = []
+        elif isinstance(first, bytes):
             if not first:
                 return False
             first = self.decoder.feed(first)
@@ -146,6 +158,8 @@ class Connection:
                 scope.deadline = trio.current_time() + self.keep_alive_s
             data = await (self._receive_or_park(park_now) if may_park else self.stream.receive_some(65536))
             if data is None:
+                held, self._held = self._held, self.deliveries.hold_tails() if self.session.subscriptions else []
+                self._release(held)  # after the new holds: a watch still needed goes on
                 return True
             assert self.decoder is not None
             if not data or not await self._handle(self.decoder.feed(data)):
@@ -154,22 +168,35 @@ class Connection:
 
     async def _receive_or_park(self, park_now: bool) -> bytes | bytearray | None:
         """The next bytes, or None once the connection may park: at once if park_now, else after
-        limits.mqtt_park_after_s without a packet (what it waits for may end meanwhile: a publish being stored). A
-        subscriber waits for its next packet: only one (UNSUBSCRIBE) can make it parkable."""
+        limits.mqtt_park_after_s without a packet (what it waits for may end meanwhile: a publish being stored, a
+        delivery acknowledged)."""
         while not (park_now and self._parkable()):
-            if self.session.subscriptions:
-                return await self.stream.receive_some(65536)
             with trio.move_on_after(limits.mqtt_park_after_s):
                 return await self.stream.receive_some(65536)
             park_now = True
         return None  # bytes already here wake it at once
 
     def _parkable(self) -> bool:
-        """Nothing in flight, nothing subscribed, nothing half read."""
-        return (not self._publishes and not self.session.subscriptions
-                and (self._idle is None or self._idle.is_set())
-                and (self._deliveries is None or self._deliveries.idle)
+        """Nothing in flight, nothing half read, and no subscription, or each waiting for its topic's new data."""
+        deliveries = self._deliveries
+        return (not self._publishes and (self._idle is None or self._idle.is_set())
+                and (deliveries is None or deliveries.idle if not self.session.subscriptions
+                     else deliveries is not None and deliveries.sleeping)
                 and self.decoder is not None and not self.decoder.buffered_bytes)
+
+    def sleep(self, wake: Callable[[], None]) -> bool:
+        """Parked with subscriptions: wake is called at the next bump of a Tail its feeds waited on; False (it is
+        woken at once) if one moved since its feed saw it. Without subscriptions, True."""
+        if any(tail.generation != seen for _, tail, seen in self._held):
+            return False
+        for _, tail, _ in self._held:
+            tail.sleepers[self] = wake
+        return True
+
+    def _release(self, held: list[tuple[str, Tail, int]]) -> None:
+        for topic, tail, _ in held:
+            tail.sleepers.pop(self, None)
+            self.gateway.tails.release(topic)
 
     def _park(self, until: float) -> None:
         """Let go of what a task held, and keep the socket's descriptor alone: made again when the connection wakes
@@ -188,6 +215,8 @@ class Connection:
         """Out of the parking, before it is served again: cancellable from then on (taken_over)."""
         self._stream = trio.SocketStream(trio.socket.socket(fileno=self.fd))
         self.fd = -1
+        for _, tail, _ in self._held:  # still held: its feeds, starting again, hold them too before they are let go
+            tail.sleepers.pop(self, None)
         self._scope = trio.CancelScope()
         self.parked_until = math.inf
 
@@ -204,6 +233,8 @@ class Connection:
 
     def end(self) -> None:
         self.ended = True
+        held, self._held = self._held, []
+        self._release(held)
         if self._finished is not None:
             self._finished.set()
 

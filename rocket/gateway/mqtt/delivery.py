@@ -61,7 +61,9 @@ class Deliveries:
         self.releasing: set[int] = set()  # QoS 2 deliveries of this connection past PUBREC: each holds a window slot
         self._next_id = 0
         self.feeds: dict[tuple[str, str], trio.CancelScope] = {}  # (rocket topic, group) -> its delivery task
-        self._waiting: dict[tuple[str, str], trio.CancelScope] = {}  # of them, those idle: the wait's scope (_idle)
+        # of them, those idle (_idle): the wait's scope, the topic's Tail, its generation seen, and whether the wait
+        # ends at a message's time to go out again
+        self._waiting: dict[tuple[str, str], tuple[trio.CancelScope, Tail, int, bool]] = {}
         self._acks: defaultdict[tuple[str, str], list[dict]] = defaultdict(list)  # acknowledged, not yet acked
         self._releases: list[tuple[int, Delivery]] = []  # QoS 2 deliveries received (PUBREC), their acks not stored
 
@@ -78,12 +80,26 @@ class Deliveries:
         return not (self.feeds or self.in_flight or self.releasing or self._acks or self._releases)
 
     @property
+    def sleeping(self) -> bool:
+        """Every subscription's feed waits for its topic's new data alone (none for a message due again), and nothing
+        is in flight: the connection may park, woken by its topics' watches (hold_tails)."""
+        return (bool(self.feeds) and len(self._waiting) == len(self.feeds)
+                and not any(timed for _, _, _, timed in self._waiting.values())
+                and not (self.in_flight or self.releasing or self._acks or self._releases))
+
+    def hold_tails(self) -> list[tuple[str, Tail, int]]:
+        """The Tails the idle feeds wait on, each held (Tails.hold: its watch outlives the feeds' tasks), with the
+        generation the feed saw: (topic, tail, generation)."""
+        return [(topic, self.gateway.tails.hold(topic), seen) for (topic, _), (_, _, seen, _) in self._waiting.items()]
+
+    @property
     def acks_waiting(self) -> bool:
         return bool(self._acks)
 
-    async def start(self) -> None:
-        """A resumed session: the PUBRELs its last connection left unanswered, then its subscriptions' deliveries."""
-        for released in sorted(self.session.released):
+    async def start(self, resumed: bool) -> None:
+        """The subscriptions' deliveries; for a session just resumed (not a connection woken from the parking), the
+        PUBRELs its last connection left unanswered first."""
+        for released in sorted(self.session.released) if resumed else ():
             await self.connection.send(Ack(PacketType.PUBREL, released))
         for filter_, _ in self.session.subscriptions.values():
             self._feed(filter_)
@@ -122,7 +138,7 @@ class Deliveries:
         for key in acks.keys() - failed:  # a FIFO queue's next message may be free now
             waiting = self._waiting.get(key)
             if waiting is not None:
-                waiting.cancel()
+                waiting[0].cancel()
         packets: list[Packet] = []
         for packet_id, delivery in releases:
             if (delivery.topic, delivery.group) in failed:  # it comes again after its invisible time, with its id
@@ -315,7 +331,7 @@ class Deliveries:
         if next_visible_ms:
             wait_s = min(wait_s, max(limits.pop_wake_s_min, next_visible_ms / 1000 - self.gateway.clock.wall_s()))
         with trio.CancelScope() as waiting:
-            self._waiting[(topic, group)] = waiting
+            self._waiting[(topic, group)] = (waiting, tail, seen, bool(next_visible_ms))
             try:
                 await tail.wait(seen, wait_s)
             finally:

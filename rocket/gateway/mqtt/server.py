@@ -123,7 +123,8 @@ class MqttGateway:
         if connection is not None:
             await self._serve_connection(connection, rest)
 
-    async def _serve_connection(self, connection: Connection, first: list[Packet] | bytes | MqttError) -> None:
+    async def _serve_connection(self, connection: Connection, first: list[Packet] | bytes | MqttError | None
+                                ) -> None:
         """A connection served until it ends, or parks (the parking wakes it into this again: Connection.serve).
         At its end the session is kept or dropped, the will goes out, and a client that broke the protocol hears
         why (MQTT 5)."""
@@ -153,18 +154,27 @@ class MqttGateway:
                 await stream.aclose()
         if parked:
             assert self.parking is not None
-            self.parking.park(connection)
+            if connection.sleep(lambda: self._wake_sleeper(connection)):
+                self.parking.park(connection)
+            else:  # a subscribed topic's new data came while it parked: served again at once
+                self.wake(connection, None)
 
     def _closed(self) -> None:
         self.open_connections -= 1
         if self._closing is not None and not self.open_connections:
             self._closing.set()
 
-    def wake(self, connection: Connection, data: bytes | MqttError) -> None:
-        """A parked connection served by a task again, from the bytes that woke it or to end it (Parking)."""
+    def wake(self, connection: Connection, data: bytes | MqttError | None) -> None:
+        """A parked connection served by a task again, from the bytes that woke it or to end it (Parking), or for a
+        subscribed topic's new data (None)."""
         connection.unparked()
         assert self.nursery is not None
         self.nursery.start_soon(self._serve_connection, connection, data)
+
+    def _wake_sleeper(self, connection: Connection) -> None:
+        """A Tail the parked connection's feeds waited on moved (Connection.sleep)."""
+        if self.parking is not None and self.parking.unpark(connection):
+            self.wake(connection, None)
 
     async def close(self) -> None:
         """End every connection, as the broker stops (DISCONNECT 0x8B in MQTT 5): wills go out and sessions are kept
