@@ -95,7 +95,7 @@ class Connection:
         here as MqttError once the connection's tasks are done); True if the connection parked instead. first: the
         packets that came with its CONNECT, or the bytes that woke it from the parking (b"": the client closed), or
         why it ends there (its keep-alive ran out, the broker stops), or None: a subscribed topic's new data woke it.
-        A subscribed connection woken from the parking starts its feeds again."""
+        A subscribed connection woken from the parking starts its feeds again, unless it was woken only to end."""
         scope = self._scope
         assert scope is not None
         parked = False
@@ -105,8 +105,8 @@ class Connection:
                 try:
                     if isinstance(first, list):
                         await self.deliveries.start(resumed=True)
-                    elif self.session.subscriptions and not isinstance(first, MqttError):
-                        await self.deliveries.start(resumed=False)
+                    elif self.session.subscriptions and (first is None or isinstance(first, bytes) and first):
+                        await self.deliveries.start(resumed=False)  # not for a connection that only ends now
                     parked = await self._read(first)
                     if not parked:
                         await self._drained()  # what came before the end is stored and answered
