@@ -14,7 +14,7 @@ from typing import Any, cast
 import trio
 
 from rocket import __version__
-from rocket.errors import Code, RocketError
+from rocket.errors import Code, RocketError, leaf_exceptions
 from rocket.parked import Awaited, Slot, Unparked
 from rocket.serde import typed
 from rocket.serde.schema import SCHEMA_VERSION
@@ -26,9 +26,15 @@ log = logging.getLogger("rocket.rpc")
 
 
 def as_rocket_error(error: BaseException, method: str) -> RocketError:
-    """Operating errors pass through; anything else is a bug, logged and answered as INTERNAL."""
+    """Operating errors pass through, and so does the first of a group of them (a handler's concurrent parts that
+    each failed so: every queue's proposal refused by a node that lost its leadership); anything else is a bug,
+    logged and answered as INTERNAL."""
     if isinstance(error, RocketError):
         return error
+    if isinstance(error, BaseExceptionGroup):
+        leaves = list(leaf_exceptions(error))
+        if all(isinstance(leaf, RocketError) for leaf in leaves):
+            return cast(RocketError, leaves[0])
     log.exception("method %s failed", method, exc_info=error)
     return RocketError(Code.INTERNAL, f"{method} failed: {type(error).__name__}")
 
