@@ -272,16 +272,17 @@ class Reads:
         stats = self.machine.queues.get((topic, queue))
         return stats.bytes if stats is not None else 0
 
-    def offload_run(self, topic: str, queue: int, piece_bytes: int, piece_age_ms: int, now_ms: int
-                    ) -> list[IndexEntry]:
-        """The index entries of the next run of batches to offload (read_run reads them): from where the
-        manifest ends, up to piece_bytes (at least one batch); only once the run is full (more data
+    def offload_run(self, topic: str, queue: int, piece_bytes: int, piece_age_ms: int, now_ms: int,
+                    start: int | None = None) -> list[IndexEntry]:
+        """The index entries of the next run of batches to offload (read_run reads them): from start (by default
+        where the manifest ends), up to piece_bytes (at least one batch); only once the run is full (more data
         follows it) or its first batch is older than piece_age_ms. Empty if nothing is due."""
         stats = self.machine.queues.get((topic, queue))
         state = self.machine.tier.get((topic, queue))
         if stats is None:
             return []
-        start = state.tiered_to if state is not None else self.index.first_offset(topic, queue)
+        if start is None:
+            start = state.tiered_to if state is not None else self.index.first_offset(topic, queue)
         if start is None or start >= stats.next_offset or start < stats.available_from:
             return []
         entries, scanned_to = self.index.locate(topic, queue, start, piece_bytes, True)

@@ -8,7 +8,9 @@ import shutil
 import time
 
 import pytest
+import trio
 
+from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.serde import batch as batch_codec
@@ -60,8 +62,11 @@ def expected_bodies(queue: int, batches: int = 40, per_batch: int = 50) -> list[
             for i in range(queue, batches, 2) for k in range(per_batch)]
 
 
-async def test_offload_drop_local_and_read_everything_back_cold(tmp_path):
-    """Every batch is offloaded in pieces, local data is dropped after that, and cold reads return every message."""
+@pytest.mark.parametrize("built_bytes_max", [0, 1 << 30], ids=["one-at-a-time", "built-ahead"])
+async def test_offload_drop_local_and_read_everything_back_cold(tmp_path, monkeypatch, built_bytes_max):
+    """Every batch is offloaded in pieces, local data is dropped after that, and cold reads return every message;
+    alike whether each queue's next piece is built while one uploads or only after it."""
+    monkeypatch.setattr(limits, "tier_built_bytes_max", built_bytes_max)
     node = Node(tmp_path / "node")
     node.apply(GROUP, workload())
     async with LocalDirectoryStore(tmp_path / "tier") as objects:
@@ -80,6 +85,48 @@ async def test_offload_drop_local_and_read_everything_back_cold(tmp_path):
         for queue in (0, 1):
             assert await cold_bodies(node, reader, queue) == expected_bodies(queue)
         assert node.reclaim.wal_floor() is None  # nothing local is referenced any more: the WAL may go
+    node.close()
+
+
+class FailingPuts:
+    """The tier's store, whose next `failures` puts under prefix fail after a yield (a piece's two puts are both in
+    flight)."""
+
+    def __init__(self, inner: LocalDirectoryStore, prefix: str, failures: int):
+        self.inner = inner
+        self.prefix = prefix
+        self.failures = failures
+
+    async def put(self, key: str, data: bytes, md5: str | None = None):
+        if self.failures > 0 and key.startswith(self.prefix):
+            self.failures -= 1
+            await trio.sleep(0)
+            raise RocketError(Code.UNAVAILABLE, "the store is down")
+        return await self.inner.put(key, data, md5=md5)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+async def test_a_piece_whose_two_puts_both_fail_backs_the_queue_off_and_goes_later(tmp_path):
+    """Both objects of a queue's first piece fail to upload (two errors at once): the scan carries on, the queue backs
+    off, nothing built stays held, and once the store is back every batch goes in order."""
+    node = Node(tmp_path / "node")
+    node.apply(GROUP, workload())
+    async with LocalDirectoryStore(tmp_path / "tier") as objects:
+        failing = FailingPuts(objects, f"tier/{TOPIC}/0/", 2)
+        offloader = make_offloader(node, failing, retention=(0.0, 0.0))
+        uploaded = await offloader.scan()
+        assert failing.failures == 0 and offloader.failures == 1 and offloader._built_bytes == 0
+        assert node.tier_state(TOPIC, 0) is None
+        assert uploaded == len(node.tier_state(TOPIC, 1).pieces) >= 5  # the other queue went meanwhile
+        offloader._backoff.clear()
+        await scan_until_done(offloader)
+        reader = ColdReader(objects, read_ahead_bytes=30_000)
+        for queue in (0, 1):
+            assert node.tier_state(TOPIC, queue).tiered_to == 1000
+            assert await cold_bodies(node, reader, queue, force=True) == expected_bodies(queue)
+        assert offloader._built_bytes == 0
     node.close()
 
 

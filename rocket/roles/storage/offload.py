@@ -7,12 +7,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import trio
 
 from rocket import limits
 from rocket.clock import Clock, sleep_periodic
-from rocket.errors import Code, RocketError
+from rocket.errors import Code, RocketError, leaf_exceptions
 from rocket.serde.piece import Piece, build, queue_prefix, range_of_key
 from rocket.store.commands import encode_drop_local, encode_expire, encode_offloaded, encode_truncate
 from rocket.store.store import Store
@@ -29,6 +30,14 @@ class TierSettings:
     retention_s: float = 0.0  # default total retention; 0 keeps data for ever
     local_retention_s: float = limits.tier_local_retention_s_default  # 0 keeps local data for ever
     force_reads: bool = False  # read offloaded data from the tier even while it is still local
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Built:
+    """A piece built and not yet stored: its two objects' bytes."""
+    piece: Piece
+    segment: bytes
+    index: bytes
 
 
 @dataclasses.dataclass(slots=True)
@@ -67,6 +76,8 @@ class Offloader:
         # upload from that offset can have happened unless the term changed (no orphans to look for)
         self._clean: dict[tuple[str, int], tuple[int, int]] = {}
         self._led: dict[int, int] = {}  # group -> term, of the groups led at the last scan
+        self._built_bytes = 0  # of pieces built (or being built) and not yet stored: limits.tier_built_bytes_max
+        self._builds = trio.CapacityLimiter(limits.tier_builds_parallel)
         self.uploaded_pieces = 0
         self.uploaded_bytes = 0
         self.swept_objects = 0
@@ -96,15 +107,19 @@ class Offloader:
         led = self._led = self.leads()
         limiter = trio.CapacityLimiter(limits.tier_uploads_parallel)
 
+        def counted() -> bool:
+            nonlocal uploads
+            uploads += 1
+            return uploads < limits.tier_uploads_per_scan_max
+
         async def upload(group: int, topic: str, queue: int) -> None:
             """The queue's due pieces, in order; other queues' at the same time, up to the limiter."""
-            nonlocal uploads
             async with limiter:
                 try:
-                    while uploads < limits.tier_uploads_per_scan_max and await self.offload(group, topic, queue):
-                        uploads += 1
-                except RocketError as error:
-                    self._back_off((topic, queue), error)
+                    if uploads < limits.tier_uploads_per_scan_max:
+                        await self.offload(group, topic, queue, counted)
+                except* RocketError as errors:  # the piece's two puts at once may both fail: the first says why
+                    self._back_off((topic, queue), cast(RocketError, next(leaf_exceptions(errors))))
 
         async with trio.open_nursery() as nursery:
             for number, (group, topic, queue) in enumerate(
@@ -159,21 +174,62 @@ class Offloader:
             self._pending_seen[(topic, queue)] = seen
         return self.clock.wall_s() - seen[1] >= self.settings.piece_age_s
 
-    async def offload(self, group: int, topic: str, queue: int) -> bool:
-        """Upload the queue's next piece if one is due; True once the manifest holds it."""
-        if not self._due(topic, queue):
-            return False
-        now_ms = self.clock.wall_ms()
-        entries = self.store.reads.offload_run(topic, queue, self.settings.piece_bytes,
-                                               int(self.settings.piece_age_s * 1000), now_ms)
-        if not entries:
-            return False
+    async def offload(self, group: int, topic: str, queue: int, stored: Callable[[], bool]) -> None:
+        """Upload the queue's due pieces in order, calling stored() once the manifest holds each: it answers whether
+        to go on. While one piece uploads the next is built (read from the WAL, checked, hashed), as long as the pieces
+        built and not yet stored stay within limits.tier_built_bytes_max, so the store and the node's CPU work at
+        once."""
+        pending: list[_Built] = []  # built and not yet stored, in order
 
-        def read_and_build() -> tuple[Piece, bytes, bytes]:
-            return build(self.settings.prefix, topic, queue, self.store.reads.read_run(topic, queue, entries))
+        async def build_next(start: int) -> None:
+            try:
+                built = await self._build(topic, queue, start)
+            except RocketError:
+                return  # the piece uploading now still goes; this one is built again after it, and fails there
+            if built is not None:
+                pending.append(built)
+
+        try:
+            while True:
+                if not pending:
+                    built = await self._build(topic, queue, None) if self._due(topic, queue) else None
+                    if built is None:
+                        return
+                    pending.append(built)
+                built = pending[0]
+                async with trio.open_nursery() as nursery:
+                    if self._built_bytes + self.settings.piece_bytes <= limits.tier_built_bytes_max:
+                        nursery.start_soon(build_next, built.piece.to_offset)
+                    held = await self._store(group, topic, queue, built)
+                self._built_bytes -= pending.pop(0).piece.size
+                if not held or not stored():
+                    return
+        finally:
+            self._built_bytes -= sum(built.piece.size for built in pending)
+
+    async def _build(self, topic: str, queue: int, start: int | None) -> _Built | None:
+        """The queue's next piece from start (where the manifest ends by default), if one is due."""
+        entries = self.store.reads.offload_run(topic, queue, self.settings.piece_bytes,
+                                               int(self.settings.piece_age_s * 1000), self.clock.wall_ms(), start)
+        if not entries:
+            return None
+
+        def read_and_build() -> _Built:
+            return _Built(*build(self.settings.prefix, topic, queue, self.store.reads.read_run(topic, queue, entries)))
         # Reading up to a piece of bytes from the WAL, their CRCs, the copy into one object and its MD5: a worker
         # thread does them (pread, zlib and hashlib let go of the GIL), not the node's trio thread.
-        piece, segment, index = await self.store.world.run_sync(read_and_build)
+        self._built_bytes += self.settings.piece_bytes  # held from here: a build under way counts too
+        try:
+            async with self._builds:
+                built = await self.store.world.run_sync(read_and_build)
+        finally:
+            self._built_bytes -= self.settings.piece_bytes
+        self._built_bytes += built.piece.size
+        return built
+
+    async def _store(self, group: int, topic: str, queue: int, built: _Built) -> bool:
+        """Upload a piece, verify it and propose it to the manifest; True once the manifest holds it."""
+        piece = built.piece
         term = self._led.get(group, 0)
         if self._clean.pop((topic, queue), None) != (term, piece.from_offset):
             await self._delete_orphans(topic, queue, piece)
@@ -183,8 +239,8 @@ class Offloader:
             stored[key] = await self._objects.put(key, data, md5=md5)
 
         async with trio.open_nursery() as nursery:  # the two objects at once: neither counts until both are checked
-            nursery.start_soon(put, piece.index_key, index)
-            nursery.start_soon(put, piece.key, segment, piece.md5)
+            nursery.start_soon(put, piece.index_key, built.index)
+            nursery.start_soon(put, piece.key, built.segment, piece.md5)
         self._verify(piece, stored[piece.key], stored[piece.index_key])
         if not await self.propose(group, encode_offloaded(topic, queue, piece)):
             if (topic, queue) not in self.store.machine.queues:  # the topic was deleted meanwhile
