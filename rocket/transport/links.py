@@ -6,10 +6,13 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Callable
+from pathlib import Path
 
+import orjson
 import trio
 
 from rocket import limits
+from rocket.disk.files import replace_durably
 from rocket.errors import Code, RocketError
 from rocket.transport.background import Background
 from rocket.transport.listen import cancel_on
@@ -17,6 +20,20 @@ from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp_client import TcpChannel, open_tcp_channel
 
 log = logging.getLogger("rocket.raft")
+
+
+def _load_versions(path: Path | None) -> dict[int, int]:
+    """The peers' schema versions a node kept (PeerLinks.versions); none from a missing or unreadable file."""
+    if path is None:
+        return {}
+    try:
+        return {int(node): int(version) for node, version in orjson.loads(path.read_bytes()).items()}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError, AttributeError) as error:
+        log.warning("%s: cannot read the peers' schema versions (%s): each is learnt again when its link connects",
+                    path, error)
+        return {}
 
 
 class PeerLinks(Background):
@@ -27,14 +44,20 @@ class PeerLinks(Background):
     keep bytes on the link, so a host gone without a reset is noticed without a task that asks."""
 
     def __init__(self, node_id: int, addresses: dict[int, tuple[str, int]], auth: PeerAuth | None = None,
-                 tls: Callable[[], ssl.SSLContext | None] | None = None, plain_fallback: bool = False):
+                 tls: Callable[[], ssl.SSLContext | None] | None = None, plain_fallback: bool = False,
+                 versions_file: Path | None = None):
         self.node_id = node_id
         self.addresses = addresses  # shared, not copied: membership may add nodes later
         self.auth = auth  # with a cluster secret, each link says PeerHello first
         self.tls = tls  # with TLS, each link's context as it is when it connects (reloaded on SIGHUP)
         self.plain_fallback = plain_fallback  # tls_mode permissive: plain to a node that speaks no TLS yet
         self._outboxes: dict[int, trio.MemorySendChannel] = {}
-        self.versions: dict[int, int] = {}  # peer -> the schema version its node said when the link last connected
+        # peer -> the schema version its node said when the link last connected, kept in versions_file: a node
+        # restarted while a peer is unreachable still knows what that peer runs (Engine.replicas_speak), so its
+        # producers' batches stay sequenced, and a batch sent again is stored once
+        self.versions: dict[int, int] = _load_versions(versions_file)
+        self._versions_file = versions_file
+        self._versions_saved = trio.Lock()
 
     def post(self, destination: int, payload: bytes) -> None:
         outbox = self._outboxes.get(destination)
@@ -59,7 +82,9 @@ class PeerLinks(Background):
                     async with (open_tcp_channel(host, port, "lane", hello, tls, None, self.plain_fallback,
                                                  limits.raft_link_silent_s) as channel,
                                 trio.open_nursery() as watcher):
-                        self.versions[destination] = channel.peer_version or 1
+                        if self.versions.get(destination) != (channel.peer_version or 1):
+                            self.versions[destination] = channel.peer_version or 1
+                            await self._save_versions()
                         # A broken read loop is a broken link, even while nothing is being written.
                         watcher.start_soon(cancel_on, channel.closed, connection)
                         await self._send_all(channel, inbox)
@@ -76,6 +101,13 @@ class PeerLinks(Background):
                 except trio.WouldBlock:
                     break
             await trio.sleep(limits.raft_link_reconnect_s)
+
+    async def _save_versions(self) -> None:
+        if self._versions_file is None:
+            return
+        async with self._versions_saved:  # one write at a time, each of the whole map as it is then
+            data = orjson.dumps({str(node): version for node, version in self.versions.items()})
+            await trio.to_thread.run_sync(replace_durably, self._versions_file, data)
 
     async def _send_all(self, channel: TcpChannel, inbox: trio.MemoryReceiveChannel) -> None:
         """Post each payload as it comes, from this one task: nobody needs RaftStep's answer (Raft tolerates lost

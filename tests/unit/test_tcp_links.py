@@ -14,6 +14,7 @@ import trio
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.serde import avro_codec
+from rocket.serde.schema import SCHEMA_VERSION
 from rocket.transport import frames, methods
 from rocket.transport.links import PeerLinks
 from rocket.transport.peer_auth import PeerAuth
@@ -299,3 +300,24 @@ async def test_a_link_whose_posts_stay_unacknowledged_reconnects(nursery, monkey
             await trio.sleep(0.01)
     assert server.payloads[0] == b"unanswered" and server.observed == [("Hello", None)] * 2  # no Hello but the two
     hung.set()
+
+
+async def test_the_versions_peers_said_outlive_a_restart_of_the_node(nursery, tmp_path):
+    """What each peer said on connecting is kept in the versions file: links made after a restart know it before
+    the peer can be reached again (a leader restarted during a partition keeps its producers' batches sequenced)."""
+    server = RaftServer()
+    port = await server.serve(nursery)
+    path = tmp_path / "peer_versions.json"
+    links = PeerLinks(2, {1: ("127.0.0.1", port)}, versions_file=path)
+    await nursery.start(links.run)
+    links.post(1, b"hello")
+    with trio.fail_after(5):
+        await server.arrived.wait()
+        while not path.exists():
+            await trio.sleep(0.01)
+    assert links.versions == {1: SCHEMA_VERSION}
+    restarted = PeerLinks(2, {1: ("127.0.0.1", 1)}, versions_file=path)  # the peer unreachable now
+    assert restarted.versions == {1: SCHEMA_VERSION}
+    path.write_bytes(b"{not json")
+    assert PeerLinks(2, {}, versions_file=path).versions == {}  # learnt again from each link, with a warning
+    assert PeerLinks(2, {}, versions_file=tmp_path / "none.json").versions == {}
