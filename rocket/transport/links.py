@@ -107,7 +107,10 @@ class PeerLinks(Background):
             return
         async with self._versions_saved:  # one write at a time, each of the whole map as it is then
             data = orjson.dumps({str(node): version for node, version in self.versions.items()})
-            await trio.to_thread.run_sync(replace_durably, self._versions_file, data)
+            try:
+                await trio.to_thread.run_sync(replace_durably, self._versions_file, data)
+            except OSError as error:  # a full disk, say: the link goes on, and the version is known until a restart
+                log.warning("%s: cannot keep the peers' schema versions: %s", self._versions_file, error)
 
     async def _send_all(self, channel: TcpChannel, inbox: trio.MemoryReceiveChannel) -> None:
         """Post each payload as it comes, from this one task: nobody needs RaftStep's answer (Raft tolerates lost

@@ -321,3 +321,15 @@ async def test_the_versions_peers_said_outlive_a_restart_of_the_node(nursery, tm
     path.write_bytes(b"{not json")
     assert PeerLinks(2, {}, versions_file=path).versions == {}  # learnt again from each link, with a warning
     assert PeerLinks(2, {}, versions_file=tmp_path / "none.json").versions == {}
+
+
+async def test_a_versions_file_that_cannot_be_written_leaves_the_link_working(nursery, tmp_path):
+    """The versions file's directory is gone (a full disk fails alike): the link carries its posts all the same."""
+    server = RaftServer()
+    port = await server.serve(nursery)
+    links = PeerLinks(2, {1: ("127.0.0.1", port)}, versions_file=tmp_path / "gone" / "peer_versions.json")
+    await nursery.start(links.run)
+    links.post(1, b"still")
+    with trio.fail_after(5):
+        await server.arrived.wait()
+    assert server.payloads == [b"still"] and links.versions == {1: SCHEMA_VERSION}
