@@ -27,6 +27,7 @@ from rocket.access import Access, cluster_key
 from rocket.quotas import Quotas
 from rocket.clock import Clock
 from rocket.config import ConfigError, NodeConfig
+from rocket.disk import peer_versions
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.gateway.console import Console
 from rocket.gateway.mqtt.server import MqttGateway
@@ -61,7 +62,6 @@ log = logging.getLogger("rocket.node")
 
 
 LOCK_FILE = "node.lock"  # in the data directory: held (flock) while a node runs on it
-PEER_VERSIONS_FILE = "peer_versions.json"  # in the data directory: the schema version each peer last said (PeerLinks)
 
 
 class StartupError(Exception):
@@ -505,8 +505,10 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                          for node, address in {**config.nameserver_members(), **config.controller_members()}.items()}
             # In permissive mode (a cluster moving to TLS) a node falls back to plain to a node without TLS yet.
             fallback = tls.mode == "permissive"
+            versions_file = config.data_dir / peer_versions.PEER_VERSIONS_FILE
             links = PeerLinks(config.node_id, addresses, peer_auth, tls=lambda: tls.peer, plain_fallback=fallback,
-                              versions_file=config.data_dir / PEER_VERSIONS_FILE)
+                              versions=peer_versions.load(versions_file),
+                              keep_versions=partial(peer_versions.keep, versions_file))
             host = RaftHost(config.node_id, wal, links.post, tick_s=config.raft_tick_s)
             host.peer_versions = links.versions  # what release each peer runs: see Engine.replicas_speak
             pool = ChannelPool(hello=peer_auth.hello if peer_auth is not None else None, tls=lambda: tls.peer,

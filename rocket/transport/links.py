@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
-import orjson
 import trio
 
 from rocket import limits
-from rocket.disk.files import replace_durably
 from rocket.errors import Code, RocketError
 from rocket.transport.background import Background
 from rocket.transport.listen import cancel_on
@@ -20,20 +17,6 @@ from rocket.transport.peer_auth import PeerAuth
 from rocket.transport.tcp_client import TcpChannel, open_tcp_channel
 
 log = logging.getLogger("rocket.raft")
-
-
-def _load_versions(path: Path | None) -> dict[int, int]:
-    """The peers' schema versions a node kept (PeerLinks.versions); none from a missing or unreadable file."""
-    if path is None:
-        return {}
-    try:
-        return {int(node): int(version) for node, version in orjson.loads(path.read_bytes()).items()}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, TypeError, AttributeError) as error:
-        log.warning("%s: cannot read the peers' schema versions (%s): each is learnt again when its link connects",
-                    path, error)
-        return {}
 
 
 class PeerLinks(Background):
@@ -45,19 +28,21 @@ class PeerLinks(Background):
 
     def __init__(self, node_id: int, addresses: dict[int, tuple[str, int]], auth: PeerAuth | None = None,
                  tls: Callable[[], ssl.SSLContext | None] | None = None, plain_fallback: bool = False,
-                 versions_file: Path | None = None):
+                 versions: dict[int, int] | None = None,
+                 keep_versions: Callable[[dict[int, int]], Awaitable[None]] | None = None):
         self.node_id = node_id
         self.addresses = addresses  # shared, not copied: membership may add nodes later
         self.auth = auth  # with a cluster secret, each link says PeerHello first
         self.tls = tls  # with TLS, each link's context as it is when it connects (reloaded on SIGHUP)
         self.plain_fallback = plain_fallback  # tls_mode permissive: plain to a node that speaks no TLS yet
         self._outboxes: dict[int, trio.MemorySendChannel] = {}
-        # peer -> the schema version its node said when the link last connected, kept in versions_file: a node
-        # restarted while a peer is unreachable still knows what that peer runs (Engine.replicas_speak), so its
-        # producers' batches stay sequenced, and a batch sent again is stored once
-        self.versions: dict[int, int] = _load_versions(versions_file)
-        self._versions_file = versions_file
-        self._versions_saved = trio.Lock()
+        # peer -> the schema version its node said when the link last connected; versions: as a node kept them, and
+        # keep_versions keeps them after each change (disk/peer_versions.py): a node restarted while a peer is
+        # unreachable still knows what that peer runs (Engine.replicas_speak), so its producers' batches stay
+        # sequenced, and a batch sent again is stored once
+        self.versions: dict[int, int] = dict(versions or {})
+        self._keep_versions = keep_versions
+        self._versions_kept = trio.Lock()
 
     def post(self, destination: int, payload: bytes) -> None:
         outbox = self._outboxes.get(destination)
@@ -103,14 +88,9 @@ class PeerLinks(Background):
             await trio.sleep(limits.raft_link_reconnect_s)
 
     async def _save_versions(self) -> None:
-        if self._versions_file is None:
-            return
-        async with self._versions_saved:  # one write at a time, each of the whole map as it is then
-            data = orjson.dumps({str(node): version for node, version in self.versions.items()})
-            try:
-                await trio.to_thread.run_sync(replace_durably, self._versions_file, data)
-            except OSError as error:  # a full disk, say: the link goes on, and the version is known until a restart
-                log.warning("%s: cannot keep the peers' schema versions: %s", self._versions_file, error)
+        if self._keep_versions is not None:
+            async with self._versions_kept:  # one write at a time, each of the whole map as it is then
+                await self._keep_versions(dict(self.versions))
 
     async def _send_all(self, channel: TcpChannel, inbox: trio.MemoryReceiveChannel) -> None:
         """Post each payload as it comes, from this one task: nobody needs RaftStep's answer (Raft tolerates lost

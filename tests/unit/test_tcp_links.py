@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from functools import partial
 
 import pytest
 import trio
 
 from rocket import limits
+from rocket.disk import peer_versions
 from rocket.errors import Code, RocketError
 from rocket.serde import avro_codec
 from rocket.serde.schema import SCHEMA_VERSION
@@ -303,12 +305,14 @@ async def test_a_link_whose_posts_stay_unacknowledged_reconnects(nursery, monkey
 
 
 async def test_the_versions_peers_said_outlive_a_restart_of_the_node(nursery, tmp_path):
-    """What each peer said on connecting is kept in the versions file: links made after a restart know it before
-    the peer can be reached again (a leader restarted during a partition keeps its producers' batches sequenced)."""
+    """What each peer said on connecting is kept (disk/peer_versions.py, as the node keeps it): links made after a
+    restart know it before the peer can be reached again (a leader restarted during a partition keeps its producers'
+    batches sequenced)."""
     server = RaftServer()
     port = await server.serve(nursery)
-    path = tmp_path / "peer_versions.json"
-    links = PeerLinks(2, {1: ("127.0.0.1", port)}, versions_file=path)
+    path = tmp_path / peer_versions.PEER_VERSIONS_FILE
+    links = PeerLinks(2, {1: ("127.0.0.1", port)}, versions=peer_versions.load(path),
+                      keep_versions=partial(peer_versions.keep, path))
     await nursery.start(links.run)
     links.post(1, b"hello")
     with trio.fail_after(5):
@@ -316,18 +320,19 @@ async def test_the_versions_peers_said_outlive_a_restart_of_the_node(nursery, tm
         while not path.exists():
             await trio.sleep(0.01)
     assert links.versions == {1: SCHEMA_VERSION}
-    restarted = PeerLinks(2, {1: ("127.0.0.1", 1)}, versions_file=path)  # the peer unreachable now
+    restarted = PeerLinks(2, {1: ("127.0.0.1", 1)}, versions=peer_versions.load(path))  # the peer unreachable now
     assert restarted.versions == {1: SCHEMA_VERSION}
     path.write_bytes(b"{not json")
-    assert PeerLinks(2, {}, versions_file=path).versions == {}  # learnt again from each link, with a warning
-    assert PeerLinks(2, {}, versions_file=tmp_path / "none.json").versions == {}
+    assert peer_versions.load(path) == {}  # learnt again from each link, with a warning
+    assert peer_versions.load(tmp_path / "none.json") == {}
 
 
 async def test_a_versions_file_that_cannot_be_written_leaves_the_link_working(nursery, tmp_path):
     """The versions file's directory is gone (a full disk fails alike): the link carries its posts all the same."""
     server = RaftServer()
     port = await server.serve(nursery)
-    links = PeerLinks(2, {1: ("127.0.0.1", port)}, versions_file=tmp_path / "gone" / "peer_versions.json")
+    links = PeerLinks(2, {1: ("127.0.0.1", port)},
+                      keep_versions=partial(peer_versions.keep, tmp_path / "gone" / "peer_versions.json"))
     await nursery.start(links.run)
     links.post(1, b"still")
     with trio.fail_after(5):
