@@ -42,7 +42,6 @@ import os
 import platform
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from controller_failover import NOT_CONSUMED, spread  # noqa: E402
-from faults import is_slowfs_mount, start_slowfs, stop_process, unmount, write_control  # noqa: E402
+from faults import start_proxy, start_slowfs, stop_process, unmount, write_control  # noqa: E402
 from kill_loop import (ClusterNode, first_acks_after, make_cluster, of_kind, scan_logs, start_cluster,  # noqa: E402
                        status_servers, STORAGE_GROUPS)
 from linearizable import Op, check  # noqa: E402
@@ -140,11 +139,8 @@ class Proxy:
         self.port = free_ports(1)[0]
         self.control = base / f"proxy{node.node_id}.json"
         write_control(self.control, {})
-        with open(base / f"proxy{node.node_id}.log", "ab") as output:
-            self.process = subprocess.Popen(
-                [sys.executable, str(ROOT / "benchmarks" / "faults.py"), "proxy", f"127.0.0.1:{self.port}",
-                 node.server, "--control", str(self.control)], stdin=subprocess.DEVNULL, stdout=output,
-                stderr=output, start_new_session=True)
+        self.process = start_proxy(f"127.0.0.1:{self.port}", node.server, self.control,
+                                   base / f"proxy{node.node_id}.log")
         self.address = f"127.0.0.1:{self.port}"
         node.environment["ROCKET_ADVERTISE"] = self.address
 
@@ -169,8 +165,6 @@ class SlowDisk:
         self.control = base / f"slowfs{node.node_id}.json"
         write_control(self.control, {"factor": 1})
         self.process = start_slowfs(backing, self.mountpoint, self.control, base / f"slowfs{node.node_id}.log")
-        if not is_slowfs_mount(self.mountpoint):
-            raise RuntimeError(f"slowfs did not mount on {self.mountpoint}")
 
     def slow(self, factor: float) -> None:
         write_control(self.control, {"factor": factor})

@@ -331,6 +331,14 @@ def crash_slowfs(control: Path, timeout_s: float = MOUNT_WAIT_S) -> dict:
     raise FaultError(f"slowfs did not carry out crash {values['crash']} within {timeout_s} s")
 
 
+def start_proxy(listen: str, target: str, control: Path, log: Path) -> subprocess.Popen:
+    """`faults.py proxy` from listen (HOST:PORT) to target, in a session of its own (it outlives the caller)."""
+    with open(log, "ab") as output:
+        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "proxy", listen, target, "--control",
+                                 str(control)], stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                                start_new_session=True)
+
+
 def is_slowfs_mount(mountpoint: Path) -> bool:
     wanted = str(mountpoint.resolve()).replace(" ", "\\040")
     for line in Path("/proc/mounts").read_text().splitlines():
@@ -507,11 +515,7 @@ def prepare(base: Path, node: str, slow_disk: bool, proxy: bool, port_base: int)
         proxy_port = node_port + PROXY_PORT_OFFSET
         control = directory / "proxy.json"
         write_control(control, {})
-        with open(directory / "proxy.log", "ab") as output:
-            process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "proxy",
-                                        f"127.0.0.1:{proxy_port}", f"127.0.0.1:{node_port}", "--control",
-                                        str(control)], stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-                                       start_new_session=True)
+        process = start_proxy(f"127.0.0.1:{proxy_port}", f"127.0.0.1:{node_port}", control, directory / "proxy.log")
         (directory / "proxy.pid").write_text(f"{process.pid}\n")
         (directory / "node.env").write_text(f"{NODE_ENV_HEADER}ROCKET_ADVERTISE=127.0.0.1:{proxy_port}\n")
         print(f"{node}: proxy 127.0.0.1:{proxy_port} -> 127.0.0.1:{node_port} (pid {process.pid}, control {control});"
