@@ -1,7 +1,8 @@
 """The test disk of benchmarks/faults.py: a FUSE passthrough (pyfuse3, on trio) over a backing directory that
 delays fsync and fdatasync, and optionally writes, by the DiskSettings its server is given (faults.py `slowfs`
-polls a control file for them), as Scylla's CharybdeFS; and, lazy, loses what was not fsynced at a crash, as
-Jepsen's LazyFS: see UndoLog and SlowOperations.crash for what a crash drops and what it keeps.
+polls a control file for them), as Scylla's CharybdeFS; that fills up, as a full disk (free_bytes); and, lazy,
+loses what was not fsynced at a crash, as Jepsen's LazyFS: see UndoLog and SlowOperations.crash for what a crash
+drops and what it keeps.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ class DiskSettings:
     write_delay_ms: float = 0.0  # added to every write
     lazy: bool = False  # track what is not fsynced, so that a crash can drop it (from when it is turned on)
     crash: int = 0  # a counter: each increase drops everything not fsynced, as a power loss would (when lazy)
+    # A full disk: from when it is set, the disk has this many bytes free. statfs shows what is left; writes that grow
+    # a file use it up, and one that would grow it past what is left fails with ENOSPC; deletes give their bytes
+    # back. -1: the real disk's free space, untouched.
+    free_bytes: int = -1
 
     def check(self) -> None:
         if self.factor < 1 or self.write_delay_ms < 0:
@@ -113,13 +118,42 @@ def make_operations():
 
         def __init__(self, backing: str):
             super().__init__()
-            self.settings = DiskSettings()
+            self._settings = DiskSettings()
+            self.grown = 0  # bytes files grew by (less those deleted) since free_bytes was set
             self.paths: dict[int, set[str]] = {pyfuse3.ROOT_INODE: {backing}}
             self.lookups: dict[int, int] = {}
             self.open_descriptors: dict[int, set[int]] = {}  # inode -> backing descriptors open on it
             self.descriptor_inodes: dict[int, int] = {}
             self.unsynced: dict[int, UndoLog] = {}  # lazy: inode -> its changes since its last fsync
             self.unsynced_entries: dict[int, str] = {}  # lazy: inode -> backing path of a file created, not durable
+
+        @property
+        def settings(self) -> DiskSettings:
+            return self._settings
+
+        @settings.setter
+        def settings(self, settings: DiskSettings) -> None:
+            if settings.free_bytes != self._settings.free_bytes:
+                self.grown = 0  # the disk has free_bytes left from now on
+            self._settings = settings
+
+        # ---- full: a disk with free_bytes left
+
+        def free_left(self) -> int | None:
+            """Bytes the disk has left (free_bytes less what files grew by since), or None: the real disk's."""
+            if self.settings.free_bytes < 0:
+                return None
+            return max(0, self.settings.free_bytes - self.grown)
+
+        def growing(self, descriptor: int, end: int) -> None:
+            """Before a write up to end of the file: ENOSPC if it would grow the file past what is left."""
+            left = self.free_left()
+            if left is None:
+                return
+            grow = max(0, end - os.fstat(descriptor).st_size)
+            if grow > left:
+                raise FUSEError(errno.ENOSPC)
+            self.grown += grow
 
         # ---- lazy: what is not fsynced, and the crash that drops it
 
@@ -240,6 +274,7 @@ def make_operations():
                     size = os.fstat(fh).st_size if fh is not None else os.stat(target).st_size
                     self.changing(inode, target, attr.st_size, size)
                     os.truncate(target, attr.st_size)
+                    self.grown -= max(0, size - attr.st_size)  # cut bytes are free again (growing is sparse)
                 if fields.update_mode:
                     os.chmod(target, stat.S_IMODE(attr.st_mode))
                 if fields.update_uid or fields.update_gid:
@@ -345,6 +380,8 @@ def make_operations():
             except OSError as error:
                 raise fuse_error(error) from None
             self.forget_path(status.st_ino, path)
+            if status.st_nlink <= 1 and stat.S_ISREG(status.st_mode):
+                self.grown -= status.st_size  # its space is free again
             if self.unsynced_entries.get(status.st_ino) == path:
                 del self.unsynced_entries[status.st_ino]
             if status.st_nlink <= 1 and stat.S_ISREG(status.st_mode):
@@ -392,6 +429,9 @@ def make_operations():
             for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail"):
                 setattr(data, name, getattr(status, name))
             data.f_namemax = status.f_namemax
+            left = self.free_left()
+            if left is not None:
+                data.f_bfree = data.f_bavail = min(status.f_bavail, left // status.f_frsize)
             return data
 
         def opened(self, inode: int, descriptor: int):
@@ -441,6 +481,7 @@ def make_operations():
             delay_ms = self.settings.write_delay_ms
             if delay_ms:
                 await trio.sleep(delay_ms / 1000)
+            self.growing(fh, off + len(buf))
             self.changing(self.descriptor_inodes[fh], fh, off, off + len(buf))
             try:
                 return os.pwrite(fh, buf, off)

@@ -3,6 +3,7 @@ that makes fsync slower when its control file says so, and that, lazy, drops eve
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -86,6 +87,38 @@ def test_factor_makes_fsync_slower(slowfs):
     print(f"{count} fdatasyncs: {fast_s:.3f} s at factor 1, {slow_s:.3f} s at factor 10")
     assert slow_s >= count * 10 * FSYNC_DELAY_FLOOR_S_PER_FACTOR
     assert (mountpoint / "log").stat().st_size == 2 * count * 4096
+
+
+def test_a_full_disk_refuses_growth_and_takes_it_again_once_freed(slowfs):
+    """With free_bytes set, statfs shows what is left; a write that would grow a file past it stops short, and the
+    next fails with ENOSPC, while overwrites still pass; truncating and deleting give bytes back; -1 gives the real
+    disk back."""
+    mountpoint, _, control = slowfs
+    (mountpoint / "ballast").write_bytes(b"b" * 1_000_000)
+    faults.write_control(control, {"free_bytes": 2_000_000})
+    time.sleep(3 * faults.CONTROL_POLL_S)
+    status = os.statvfs(mountpoint)
+    assert status.f_bavail * status.f_frsize <= 2_000_000
+    with open(mountpoint / "log", "wb", buffering=0) as file:
+        file.write(b"x" * 1_500_000)
+        written = file.write(b"y" * 600_000)  # the kernel writes it in pieces: those that fit
+        assert written is not None and written < 500_000
+        with pytest.raises(OSError) as refused:
+            file.write(b"y" * 600_000)
+        assert refused.value.errno == errno.ENOSPC
+        file.truncate(1_500_000)
+        file.seek(0)
+        file.write(b"z" * 100_000)  # within the file: no new space
+    status = os.statvfs(mountpoint)
+    assert status.f_bavail * status.f_frsize <= 500_000
+    (mountpoint / "ballast").unlink()
+    with open(mountpoint / "log", "ab", buffering=0) as file:
+        file.write(b"y" * 600_000)  # the ballast's bytes were freed
+    assert (mountpoint / "log").stat().st_size == 2_100_000
+    faults.write_control(control, {"free_bytes": -1})
+    time.sleep(3 * faults.CONTROL_POLL_S)
+    with open(mountpoint / "log", "ab", buffering=0) as file:
+        file.write(b"w" * 3_000_000)
 
 
 async def produce_and_consume(server: str, group: str, bodies: list[bytes]) -> list[bytes]:
