@@ -28,15 +28,19 @@ prepare --slow-disk moves BASE/NODE/data to BASE/NODE/data.backing (once) and mo
 `faults.py slowfs` (control file BASE/NODE/slowfs.json: {"factor": N, "write_delay_ms": W, "lazy": true|false,
 "crash": C}; lazy, raising C drops every write not fsynced, as a power loss would: crash_slowfs). prepare --proxy starts
 `faults.py proxy` on 127.0.0.1:(PORT_BASE + node id + 50) in front of the node (control file BASE/NODE/proxy.json:
-{"latency_ms", "jitter_ms", "loss", "bandwidth_bytes_per_s", "reset", "partition", "partition_mode"}) and writes
-BASE/NODE/node.env with ROCKET_ADVERTISE=that address, which cluster.sh adds to the node's environment: the other
-nodes then reach the node through the proxy (the node's own outgoing connections do not pass it). This works for
-storage nodes and brokers, whose address the others learn from the nameservers; the nameservers' addresses are fixed
-by --nameservers. teardown (after `cluster.sh stop`) leaves data.backing, which the next prepare mounts again.
+{"latency_ms", "jitter_ms", "loss", "bandwidth_bytes_per_s", "reset", "partition", "partition_mode", "partition_from"})
+and writes BASE/NODE/node.env with ROCKET_ADVERTISE=that address, which cluster.sh adds to the node's environment: the
+other nodes then reach the node through the proxy (the node's own outgoing connections do not pass it). This works for
+storage nodes and brokers, whose address the others learn from the nameservers; the nameservers' addresses are fixed by
+--nameservers. teardown (after `cluster.sh stop`) leaves data.backing, which the next prepare mounts again.
 
 A partition ("partition": which directions are cut, "partition_mode": hold or reset) cuts every caller of the proxy
-alike. To cut one pair of nodes, each node needs a proxy per peer: benchmarks/routed.py runs a node whose calls to
-given addresses go to given proxies instead (tests/integration/test_partitions.py).
+alike, unless "partition_from" lists substrings of command lines: then it cuts only the connections opened by a
+process on this machine whose command line (/proc/PID/cmdline, arguments joined by spaces) contains one of them, and
+the others pass (latency, loss, resets and the bandwidth limit still apply to every connection). Nodes on 127.0.0.1
+that each have a proxy in front can so be cut two ways or into a majority and a minority: each node's proxy cuts the
+callers on the other side. Or each node gets a proxy per peer: benchmarks/routed.py runs a node whose calls to given
+addresses go to given proxies instead (tests/integration/test_partitions.py).
 
 The tools alone:
     python benchmarks/faults.py slowfs BACKING MOUNTPOINT --control FILE
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import ipaddress
 import json
 import os
 import random
@@ -72,6 +77,7 @@ STOP_WAIT_S = 10.0
 PARTITION_POLL_S = 0.02  # how often a held chunk or connection looks whether the partition healed
 PARTITIONS = ("", "to_target", "from_target", "both")
 PARTITION_MODES = ("hold", "reset")
+SOURCE_LOOKUP_S = 0.5  # the most time the proxy spends finding which process opened a connection (then: unknown)
 PROXY_PORT_OFFSET = 50  # a node's proxy listens on PORT_BASE + node id + 50 (cluster.sh uses up to + 32)
 NODE_IDS = {"ns1": 1, "ns2": 2, "ns3": 3, "storage1": 11, "storage2": 12, "storage3": 13, "broker1": 21, "broker2": 22}
 KINDS = ("slow_disk", "link", "cpu", "control")
@@ -117,6 +123,9 @@ def settings_from(cls, values: dict):
     unknown = set(values) - set(known)
     if unknown:
         raise ValueError(f"unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    for key, value in values.items():
+        if known[key] is tuple and not isinstance(value, (list, tuple)):
+            raise ValueError(f"{key} is a list")  # tuple("text") would split it into characters
     settings = cls(**{key: known[key](value) for key, value in values.items()})
     settings.check()
     return settings
@@ -137,6 +146,9 @@ class LinkSettings:
     # hold: the bytes wait, as TCP retransmits across a partition, and pass once it heals; a new connection is
     # accepted but gets no answer (no handshake crosses a partition). reset: such connections are reset instead.
     partition_mode: str = "hold"
+    # When not empty, the partition cuts only the connections whose client process's command line contains one of
+    # these substrings (a client not found, as one on another machine, has the empty command line); others pass.
+    partition_from: tuple[str, ...] = ()
 
     def check(self) -> None:
         if min(self.latency_ms, self.jitter_ms, self.bandwidth_bytes_per_s) < 0:
@@ -147,10 +159,14 @@ class LinkSettings:
             raise ValueError(f"partition is one of {PARTITIONS}")
         if self.partition_mode not in PARTITION_MODES:
             raise ValueError(f"partition_mode is one of {PARTITION_MODES}")
+        if not all(isinstance(marker, str) and marker for marker in self.partition_from):
+            raise ValueError("partition_from is a list of non-empty strings")
 
-    def blocks(self, direction: str) -> bool:
-        """Whether bytes going direction ("to_target" or "from_target") are cut off."""
-        return self.partition in (direction, "both")
+    def blocks(self, direction: str, source: str) -> bool:
+        """Whether bytes going direction ("to_target" or "from_target") on a connection that the process with the
+        command line source opened are cut off."""
+        return self.partition in (direction, "both") and (
+            not self.partition_from or any(marker in source for marker in self.partition_from))
 
 
 class Holder:
@@ -168,15 +184,110 @@ def abort(stream: trio.SocketStream) -> None:
         pass
 
 
+def _normal_address(host: str, port: int) -> tuple[str, int]:
+    """An IPv4 address mapped into IPv6 (::ffff:127.0.0.1) as the IPv4 address, so either family compares equal."""
+    address = ipaddress.ip_address(host.split("%")[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    return str(address), port
+
+
+def parse_proc_net_tcp_line(line: str) -> tuple[tuple[str, int], tuple[str, int], int] | None:
+    """(local address, remote address, socket inode) of one line of /proc/net/tcp or /proc/net/tcp6; None for the
+    header. The kernel prints an address as its 32-bit words in host byte order, in hex: 0100007F:1F90 is
+    127.0.0.1:8080 on a little-endian machine."""
+    columns = line.split()
+    if len(columns) < 10 or not columns[0].endswith(":") or not columns[0][:-1].isdigit():
+        return None
+
+    def address(text: str) -> tuple[str, int]:
+        host, port = text.split(":")
+        words = struct.unpack(f">{len(host) // 8}I", bytes.fromhex(host))
+        packed = struct.pack(f"={len(words)}I", *words)
+        family = socket.AF_INET if len(packed) == 4 else socket.AF_INET6
+        return _normal_address(socket.inet_ntop(family, packed), int(port, 16))
+
+    return address(columns[1]), address(columns[2]), int(columns[9])
+
+
+def _socket_inode(local: tuple[str, int], remote: tuple[str, int]) -> int:
+    """The inode of the socket on this machine from local to remote (normal addresses); 0 when there is none."""
+    ports = (f":{local[1]:04X} ", f":{remote[1]:04X} ")  # a cheap filter before parsing a line
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                for line in lines:
+                    entry = ports[0] in line and ports[1] in line and parse_proc_net_tcp_line(line)
+                    if entry and entry[0] == local and entry[1] == remote and entry[2]:
+                        return entry[2]
+        except OSError:
+            pass
+    return 0
+
+
+def _socket_owner(inode: int, deadline: float) -> int | None:
+    """The pid of a process with the socket of inode open; None when none is found before deadline (time.monotonic)."""
+    link = f"socket:[{inode}]"
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        if time.monotonic() > deadline:
+            return None
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone, or not ours to look at
+            continue
+        for descriptor in descriptors:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{descriptor}") == link:
+                    return int(pid)
+            except OSError:
+                pass
+    return None
+
+
+def command_line(pid: int) -> str:
+    """The process's arguments joined by spaces; empty when it is gone or not ours to read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            arguments = file.read().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return ""
+    return " ".join(argument.decode(errors="replace") for argument in arguments)
+
+
+def connection_source(peer: tuple, local: tuple, budget_s: float = SOURCE_LOOKUP_S) -> str:
+    """The command line of the process on this machine that opened the connection the proxy accepted from peer on
+    local (its socket's addresses): the socket whose local address is peer and remote address is local. Empty when
+    not found within budget_s (gone, another machine's, or not ours to look at). Blocks: run it in a thread."""
+    deadline = time.monotonic() + budget_s
+    try:
+        inode = _socket_inode(_normal_address(*peer[:2]), _normal_address(*local[:2]))
+    except ValueError:  # not an IP address
+        return ""
+    pid = _socket_owner(inode, deadline) if inode else None
+    return command_line(pid) if pid is not None else ""
+
+
+async def client_command_line(client: trio.SocketStream) -> str:
+    """connection_source of an accepted connection, found in a worker thread."""
+    try:
+        peer, local = client.socket.getpeername(), client.socket.getsockname()
+    except OSError:  # already reset
+        return ""
+    return await trio.to_thread.run_sync(connection_source, peer, local)
+
+
 async def _read_chunks(source: trio.SocketStream, chunks: trio.MemorySendChannel) -> None:
     async with chunks:
         while chunk := await source.receive_some(CHUNK_BYTES_MAX):
             await chunks.send((trio.current_time(), chunk))
 
 
-async def _held_while_partitioned(holder: Holder, direction: str) -> bool:
-    """Wait while direction is held cut off; False when the partition resets connections instead."""
-    while holder.settings.blocks(direction):
+async def _held_while_partitioned(holder: Holder, direction: str, source: str) -> bool:
+    """Wait while direction is held cut off for a connection from source (a command line); False when the partition
+    resets connections instead."""
+    while holder.settings.blocks(direction, source):
         if holder.settings.partition_mode == "reset":
             return False
         await trio.sleep(PARTITION_POLL_S)
@@ -184,7 +295,7 @@ async def _held_while_partitioned(holder: Holder, direction: str) -> bool:
 
 
 async def _write_chunks(chunks: trio.MemoryReceiveChannel, destination: trio.SocketStream, holder: Holder,
-                        reset_connection, direction: str) -> None:
+                        reset_connection, direction: str, source: str) -> None:
     due = 0.0  # when the previous chunk went out: chunks keep their order whatever the jitter
     paced_until = 0.0
     async for arrived, chunk in chunks:
@@ -192,7 +303,7 @@ async def _write_chunks(chunks: trio.MemoryReceiveChannel, destination: trio.Soc
         delay_s = max(0.0, settings.latency_ms + random.uniform(-settings.jitter_ms, settings.jitter_ms)) / 1000
         due = max(due, arrived + delay_s)
         await trio.sleep_until(due)
-        if not await _held_while_partitioned(holder, direction):
+        if not await _held_while_partitioned(holder, direction, source):
             reset_connection()
             return
         settings = holder.settings
@@ -210,20 +321,21 @@ async def _write_chunks(chunks: trio.MemoryReceiveChannel, destination: trio.Soc
     await destination.send_eof()
 
 
-async def _forward(source, destination, holder: Holder, reset_connection, direction: str) -> None:
+async def _forward(reader, destination, holder: Holder, reset_connection, direction: str, source: str) -> None:
     send, receive = trio.open_memory_channel(PROXY_QUEUE_CHUNKS_MAX)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_read_chunks, source, send)
-            nursery.start_soon(_write_chunks, receive, destination, holder, reset_connection, direction)
+            nursery.start_soon(_read_chunks, reader, send)
+            nursery.start_soon(_write_chunks, receive, destination, holder, reset_connection, direction, source)
     except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         reset_connection()  # one side failed: the other sees it as a reset too
 
 
-async def _proxy_connection(client: trio.SocketStream, target: tuple[str, int], holder: Holder) -> None:
+async def _proxy_connection(client: trio.SocketStream, target: tuple[str, int], holder: Holder, source: str) -> None:
+    """Forward client (opened by the process with the command line source) to target under holder's settings."""
     # No handshake crosses a partition, whichever way it cuts: the target is not connected to until it heals.
-    if not (await _held_while_partitioned(holder, "to_target")
-            and await _held_while_partitioned(holder, "from_target")):
+    if not (await _held_while_partitioned(holder, "to_target", source)
+            and await _held_while_partitioned(holder, "from_target", source)):
         abort(client)
         await client.aclose()
         return
@@ -241,17 +353,21 @@ async def _proxy_connection(client: trio.SocketStream, target: tuple[str, int], 
                 connection.cancel()
 
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_forward, client, server, holder, reset_connection, "to_target")
-                nursery.start_soon(_forward, server, client, holder, reset_connection, "from_target")
+                nursery.start_soon(_forward, client, server, holder, reset_connection, "to_target", source)
+                nursery.start_soon(_forward, server, client, holder, reset_connection, "from_target", source)
 
 
 async def serve_proxy(listen: tuple[str, int], target: tuple[str, int], holder: Holder,
                       task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled with the settings holder holds at each chunk (a caller in process changes them at
-    once); reports the port it listens on."""
+    once); reports the port it listens on. Each connection's client process is looked up once, at accept, for
+    partition_from."""
+    async def handle(client: trio.SocketStream) -> None:
+        await _proxy_connection(client, target, holder, await client_command_line(client))
+
     listeners = await trio.open_tcp_listeners(listen[1], host=listen[0])
     task_status.started(listeners[0].socket.getsockname()[1])
-    await trio.serve_listeners(lambda stream: _proxy_connection(stream, target, holder), listeners)
+    await trio.serve_listeners(handle, listeners)
 
 
 async def run_proxy(listen: tuple[str, int], target: tuple[str, int], control: Path,
@@ -563,7 +679,7 @@ def fault_actions(base: Path, node: str, kind: str, severity: float, loss: bool 
             raise FaultError(f"no proxy for {node} ({control} is missing); run `faults.py prepare --proxy` before "
                              "`cluster.sh start`")
         settings = {"loss": severity / 100} if loss else {"latency_ms": severity, "jitter_ms": severity / 5}
-        LinkSettings(**settings).check()
+        settings_from(LinkSettings, settings)  # checks them
         return (lambda: write_control(control, settings)), (lambda: write_control(control, {})), settings
     if kind == "cpu":
         pid = node_pid(base, node)
@@ -622,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     proxy.add_argument("target", type=parse_address)
     proxy.add_argument("--control", type=Path, required=True,
                        help='JSON: {"latency_ms", "jitter_ms", "loss", "bandwidth_bytes_per_s", "reset", "partition", '
-                            '"partition_mode"}')
+                            '"partition_mode", "partition_from": [substrings of the cut clients\' command lines]}')
     prepare_command = commands.add_parser("prepare", help="before cluster.sh start: slowfs and/or proxy for a node")
     prepare_command.add_argument("--base", type=Path, required=True)
     prepare_command.add_argument("--node", required=True, choices=NODE_IDS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -254,3 +255,110 @@ def test_routes_resolve_a_node_address_to_its_proxy(monkeypatch):
     assert {info[4][1] for info in socket.getaddrinfo("127.0.0.1", 7003)} == {7003}
     with pytest.raises(ValueError):
         routed.parse_routes('{"127.0.0.1": "127.0.0.1:7102"}')
+
+
+@pytest.mark.skipif(sys.byteorder != "little", reason="the kernel prints addresses in host byte order")
+def test_parses_proc_net_tcp_lines():
+    """/proc/net/tcp{,6} print addresses as little-endian hex words: (local, remote, inode); IPv4 mapped into IPv6
+    reads as IPv4; the header is None."""
+    parse = faults.parse_proc_net_tcp_line
+    assert parse("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode") \
+        is None
+    assert parse("   3: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000  1000        0 48213 1 "
+                 "0000000000000000 20 4 30 10 -1") == (("127.0.0.1", 8080), ("127.0.0.1", 54321), 48213)
+    assert parse("   0: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 341 1 "
+                 "00000000a3326d6a 100 0 0 10 0") == (("0.0.0.0", 2024), ("0.0.0.0", 0), 341)
+    assert parse("   1: 00000000000000000000000001000000:1F90 00000000000000000000000001000000:D431 01 "
+                 "00000000:00000000 00:00000000 00000000     0        0 77 1 0000000000000000 20 4 30 10 -1") \
+        == (("::1", 8080), ("::1", 54321), 77)
+    assert parse("   2: 0000000000000000FFFF00000100007F:1F90 0000000000000000FFFF00000100007F:D431 01 "
+                 "00000000:00000000 00:00000000 00000000     0        0 78 1 0000000000000000 20 4 30 10 -1") \
+        == (("127.0.0.1", 8080), ("127.0.0.1", 54321), 78)
+
+
+def test_partition_from_settings():
+    """partition_from is a JSON list of non-empty strings, read as a tuple; it limits a partition, never widens it."""
+    settings = faults.settings_from(faults.LinkSettings, {"partition": "both", "partition_from": ["marker-a"]})
+    assert settings.partition_from == ("marker-a",) and hash(settings)
+    assert settings.blocks("to_target", "python node.py marker-a") and not settings.blocks("to_target", "marker-b")
+    assert not settings.blocks("to_target", "")
+    assert faults.LinkSettings(partition="both").blocks("from_target", "")
+    assert not faults.LinkSettings(partition="to_target", partition_from=("a",)).blocks("from_target", "a")
+    for bad in ("marker-a", [""], [5]):
+        with pytest.raises(ValueError):
+            faults.settings_from(faults.LinkSettings, {"partition_from": bad})
+
+
+async def echo_behind_proxy(nursery, holder: faults.Holder) -> int:
+    """The port of a proxy with holder's settings in front of an echo server."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    nursery.start_soon(trio.serve_listeners, echo, listeners)
+    target = ("127.0.0.1", listeners[0].socket.getsockname()[1])
+    return await nursery.start(faults.serve_proxy, ("127.0.0.1", 0), target, holder)
+
+
+CLIENT = """
+import socket, sys
+with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5) as connection:
+    try:
+        connection.sendall(b"ping")
+        received = b""
+        while len(received) < 4 and (data := connection.recv(4)):
+            received += data
+    except OSError:  # reset
+        received = b""
+print(received.decode() or "cut")
+"""
+
+
+async def test_partition_from_cuts_only_the_named_processes(nursery):
+    """Cut both ways in reset mode from processes whose command line has marker-a: marker-a's connection is reset,
+    marker-b's echoes, both through the same proxy."""
+    holder = faults.Holder(faults.LinkSettings(partition="both", partition_mode="reset", partition_from=("marker-a",)))
+    port = await echo_behind_proxy(nursery, holder)
+    printed = {}
+
+    async def client(marker: str) -> None:
+        done = await trio.run_process([sys.executable, "-c", CLIENT, str(port), marker], capture_stdout=True)
+        printed[marker] = done.stdout.decode().strip()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as clients:
+            clients.start_soon(client, "marker-a")
+            clients.start_soon(client, "marker-b")
+    assert printed == {"marker-a": "cut", "marker-b": "ping"}
+
+
+async def test_partition_from_knows_the_test_process_and_cuts_its_open_connection(nursery):
+    """A connection from this process is found to come from this process's command line; a partition_from partition
+    naming another process leaves it alone, and one naming this process resets it while it is open."""
+    own = faults.command_line(os.getpid())
+    assert own
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    sources = []
+
+    async def record(stream: trio.SocketStream) -> None:
+        sources.append(await faults.client_command_line(stream))
+        await stream.aclose()
+
+    nursery.start_soon(trio.serve_listeners, record, listeners)
+    async with await trio.open_tcp_stream("127.0.0.1", listeners[0].socket.getsockname()[1]) as stream:
+        with trio.fail_after(5):
+            assert await stream.receive_some(1) == b""
+    assert sources == [own]
+
+    holder = faults.Holder(faults.LinkSettings())
+    port = await echo_behind_proxy(nursery, holder)
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        holder.settings = faults.LinkSettings(partition="both", partition_mode="reset", partition_from=("marker-b",))
+        await round_trip_s(lambda: trio.open_tcp_stream("127.0.0.1", port))  # a new connection passes
+        await stream.send_all(b"ping")  # and so does the open one
+        assert await stream.receive_some(65536) == b"ping"
+        holder.settings = faults.LinkSettings(partition="both", partition_mode="reset", partition_from=(own,))
+        with trio.fail_after(5):
+            try:
+                await stream.send_all(b"ping")
+                data = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                data = None  # ECONNRESET
+        assert not data
