@@ -109,7 +109,7 @@ class Rounds:
         self._persisting = 0
         self._persisted = trio.Event()
         self._persist_error: BaseException | None = None
-        self._stopping = False  # the round loop ends: a round waiting for disk space fails instead
+        self._stopping = threading.Event()  # the round loop ends: a round waiting for disk space fails at once
         # Why this node refuses new data now ("" while it takes it): its data disk is under limits.disk_reserve_bytes,
         # or the WAL refused a write for want of space, until the round loop's watch finds the reserve free again.
         self.disk_refusal = ""
@@ -243,7 +243,7 @@ class Rounds:
                     if not self.planner.gathering():
                         await self._round()
         finally:
-            self._stopping = True  # a round waiting for disk space gives up: the node is going
+            self._stopping.set()  # a round waiting for disk space gives up: the node is going
             with trio.CancelScope(shield=True):  # the WAL is closed after this returns: let its writes end
                 while self._persisting:
                     await self._persisted.wait()
@@ -529,10 +529,10 @@ class Rounds:
             try:
                 written = self._write_once(updates, data)
             except OSError as error:
-                if not out_of_space(error) or self._stopping:
+                if not out_of_space(error) or self._stopping.is_set():
                     raise
                 self._in_trio.run_sync_soon(self._disk_full, f"a WAL write failed: {error.strerror}", 0)
-                time.sleep(pause_s)
+                self._stopping.wait(pause_s)  # (also where libfaketime makes time.sleep fail: benchmarks/chaos.py)
                 pause_s = min(2 * pause_s, limits.disk_full_retry_s_max)
                 continue
             if pause_s > limits.disk_full_retry_s_min:
