@@ -4,6 +4,7 @@ server-streamed responses); a post is a request nobody waits for. The frames are
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import ssl
@@ -119,8 +120,8 @@ class TcpChannel(Channel):
                 yield self._decode(spec.response_type, kind, body)
         finally:
             self._waiting.pop(request_id, None)
-            if not finished and self._broken is None:
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
+            if not finished and self._broken is None:  # best effort: a connection that broke meanwhile ends it too
+                with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(RocketError):
                     await self._write(frames.encode(Kind.CANCEL, self._serde_id, request_id))
 
     async def _send_request(self, method: str, message: dict, queue_size: int):
