@@ -564,7 +564,10 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             nursery.cancel_scope.cancel()
     finally:
         if storage is not None:
-            storage.store.close()
+            try:
+                storage.store.close()
+            except OSError as error:  # a LevelDB that a full disk stopped: the WAL, closed next, holds what it lost
+                log.warning("the store could not be synced as it closed: %s", error)
         wal.close()
     log.info("stopped")
 

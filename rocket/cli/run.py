@@ -64,6 +64,10 @@ def run(
         fail(f"config: {error}", 2)
     except StartupError as error:
         fail(f"cannot start: {error}", 1)
-    except OSError as error:  # no port or data directory problem (StartupError): where it came from is the news
+    except OSError as error:
+        from rocket.disk.files import says_out_of_space
+        if says_out_of_space(error):  # the store's LevelDB, say, which a full disk stops: systemd starts it again
+            fail(f"stopped: the data disk is full ({error}); start the node again once space is freed", 1)
+        # Not a port or data directory problem (StartupError): where it came from is the news.
         logging.getLogger("rocket").error("the node stopped on an error it did not expect", exc_info=error)
         fail(f"cannot start: {error}", 1)

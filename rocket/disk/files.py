@@ -32,3 +32,9 @@ def out_of_space(error: BaseException) -> bool:
     """Whether an error is the file system refusing bytes for want of space (or of quota): an operating
     error the writer survives, unlike damage."""
     return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def says_out_of_space(error: BaseException) -> bool:
+    """out_of_space, or an error of a library that says so in words alone: LevelDB's (plyvel.IOError) carry no errno,
+    and one that failed so refuses every write after it until it is opened again."""
+    return out_of_space(error) or (isinstance(error, OSError) and os.strerror(errno.ENOSPC) in str(error))

@@ -62,3 +62,16 @@ def test_enospc_mid_record_cuts_back_and_appends_after(tmp_path, monkeypatch, di
     assert [(kind, body[:1], len(body)) for _, kind, body in reopened.scan(first[0])] == [
         (1, b"a", 5000), (1, b"b", 9000), (1, b"c", 300)]
     reopened.close()
+
+
+def test_an_error_that_says_the_disk_is_full_in_words_is_taken_for_one():
+    """LevelDB's IO errors (plyvel.IOError) carry no errno: `rocket run` knows a full disk by their words."""
+    import plyvel
+
+    from rocket.disk.files import says_out_of_space
+
+    stopped = plyvel.IOError(b"IO error: /data/storage/index/000008.ldb: No space left on device")
+    assert isinstance(stopped, OSError) and says_out_of_space(stopped) and not out_of_space(stopped)
+    assert says_out_of_space(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    assert not says_out_of_space(plyvel.IOError(b"IO error: /data/storage/index/LOCK: Permission denied"))
+    assert not says_out_of_space(ValueError(os.strerror(errno.ENOSPC)))
