@@ -82,6 +82,7 @@ class Node:
         self.log_path = base / f"node{node_id}.log"
         self.process: subprocess.Popen | None = None
         self.starts = 0
+        self.out_from = 0  # where the process started last began writing its stdout
 
     @property
     def server(self) -> str:
@@ -99,6 +100,7 @@ class Node:
         env = {**os.environ, "PYTHONPATH": path, **self.environment}
         command = self.command()
         with open(self.out_path, "ab") as out, open(self.log_path, "ab") as log:
+            self.out_from = out.tell()
             log.write(f"---- start {self.starts + 1} at {time.strftime('%H:%M:%S')}\n".encode())
             log.flush()
             # cwd too: `python -m` puts the working directory first on the path.
@@ -108,9 +110,17 @@ class Node:
     def ready_lines(self) -> int:
         return len(self.ready_pattern.findall(self.out_path.read_bytes())) if self.out_path.exists() else 0
 
+    def started_ready(self) -> bool:
+        """Whether the process started last printed its ready line (one killed before it did, never will)."""
+        if not self.out_path.exists():
+            return False
+        with open(self.out_path, "rb") as out:
+            out.seek(self.out_from)
+            return self.ready_pattern.search(out.read()) is not None
+
     async def wait_ready(self, timeout_s: float = 40.0) -> None:
         with trio.fail_after(timeout_s):
-            while self.ready_lines() < self.starts:
+            while not self.started_ready():
                 if self.process.poll() is not None:
                     raise AssertionError(f"node {self.node_id} exited with {self.process.returncode}: "
                                          f"{self.log_path.read_text()[-3000:]}")
@@ -198,6 +208,7 @@ class Writers:
     resends: int = 0
     errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     timeout_s: float = 30.0  # of each produce call: past it the outcome is unknown, and the next broker gets it
+    failover: tuple[Code, ...] = FAILOVER  # answers after which the next broker gets the batch, as the same request
 
     async def write(self, queue: int, first_node_index: int) -> None:
         """One sequential stream of batches to queue; on an unknown outcome, the next broker gets the same batch, as
@@ -231,7 +242,7 @@ class Writers:
                         self.acks.append(Ack(trio.current_time(), queue, reply["base_offset"], pending, node, sent_at))
                         pending = None
             except RocketError as error:
-                if error.code not in FAILOVER:
+                if error.code not in self.failover:
                     raise
                 self.errors[error.code.name] += 1
                 self.failovers += 1
