@@ -7,28 +7,46 @@ Workload, every client reaching the brokers through the same proxies as the node
 - KV clients doing get, put and compare-and-set on a few keys of a two-shard bucket, each operation recorded with its
   invocation and response times (one whose outcome is unknown, cut by a timeout or an error that does not say it was
   refused, is recorded open, and its client goes on under a new id);
-- delayed messages (1-10 s) from an idempotent producer, received by a pop consumer group, each first delivery timed.
+- delayed messages (1-10 s) from an idempotent producer, received by a pop consumer group, each first delivery timed;
+- transactions: committed, rolled back, or left open for the check-back, read by a pull consumer group whose members
+  leave and join again, so that it rebalances;
+- FIFO message groups, each sent in order, received by a pop consumer group.
+(The last four are benchmarks/chaos_workload.py's.)
 
 Nemesis: a seeded schedule of faults, started every GAP_S and lasting longer, so several hold at once:
 - kill: kill -9 of any node, restarted after a short while;
-- partition: every connection into a storage node or a broker is cut (held, or reset) at a TCP proxy in front of it
-  (the node advertises the proxy's address, so its peers and the brokers reach it only through it; its own outgoing
-  connections do not pass it: a one-way partition);
-- slow_disk: a storage node's data dir is slowfs (FUSE), whose fsyncs are made N times slower.
+- partition: connections are cut (held, or reset) at the TCP proxies in front of the storage nodes and brokers (a
+  node advertises its proxy's address, so its peers and the brokers reach it only through it; each proxy can cut the
+  callers of given processes alone, faults.py's partition_from), in one of three shapes:
+  in: every connection into one node (its own outgoing ones pass: one way);
+  isolated: one node from every other node and client, both ways;
+  split: a minority (a node, with a node of the other kind half the time) from the rest and the clients, both ways
+  (the nameservers, whose addresses are fixed, reach both sides);
+- slow_disk: a storage node's data dir is slowfs (FUSE), whose fsyncs are made N times slower;
+- full_disk: that slowfs has 0-48 MiB left, and refuses writes past it (ENOSPC);
+- clock: a node's wall clock jumps 2-60 s forward or back (libfaketime, monotonic time untouched), and back again;
+- rolling: a quarter of the way in, every node in turn is stopped (SIGTERM), started, and waited for, as an operator
+  upgrades.
 At the end every fault is healed, every node is running, and the checks run:
 - every acknowledged message is consumed once, at its offset, in order per queue (verify_acknowledged);
-- every acknowledged delayed message is delivered, none before its time;
+- every committed transaction's messages are read, no rolled-back one's, none skipped and read later;
+- every acknowledged FIFO message arrives, a message group's first in the order they were sent;
+- every acknowledged delayed message is delivered, none before its time (but by as much as a storage node's clock was
+  ahead then: its timers fire by it);
 - the KV history is linearizable (benchmarks/linearizable.py, a Porcupine-style checker, per key);
+- every replica holds the same batches of every queue, byte for byte, as far as each has them (compare_replicas);
 - no client saw INTERNAL, and no node logged a traceback or an INTERNAL answer;
 - every node's RSS over the last half of the run, in the process that ran then, grew by less than RSS_SLOPE_MAX.
 
     python benchmarks/chaos.py --minutes 60 --seed N [--out benchmarks/results/chaos.json] [--no-slow-disk]
+        [--no-clock]
 
 One line per fault as it ends, then the figures, and last
 `chaos: acked=N lost=L dup=D reordered=R early=E nonlinearizable=X faults=F rss_slope=S%` (acked and lost count
-messages of both topics; dup and reordered the normal topic's, whose consumption is exactly once in order; early the
-delayed ones delivered before their time; nonlinearizable the KV keys whose history is not). Exit 1 if any check
-failed.
+the messages of the four topics, committed ones of the transaction topic; dup the normal topic's, whose consumption
+is exactly once in order (the rebalancing group reads at least once: its repeats are a figure); reordered the normal
+topic's, the transaction group's and the FIFO groups'; early the delayed ones delivered before their time;
+nonlinearizable the KV keys whose history is not). Exit 1 if any check failed.
 """
 
 from __future__ import annotations
@@ -37,6 +55,8 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import glob
+import hashlib
 import json
 import os
 import platform
@@ -55,49 +75,51 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from controller_failover import NOT_CONSUMED, spread  # noqa: E402
-from faults import start_proxy, start_slowfs, stop_process, unmount, write_control  # noqa: E402
+from faults import command_line, start_proxy, start_slowfs, stop_process, unmount, write_control  # noqa: E402
 from kill_loop import (ClusterNode, first_acks_after, make_cluster, of_kind, scan_logs, start_cluster,  # noqa: E402
                        status_servers, STORAGE_GROUPS)
-from linearizable import Op, check  # noqa: E402
+from chaos_workload import (DELAYED_CONSUMERS, DELAYED_QUEUES, DELAYED_TOPIC, KV_BUCKET, KV_CLIENTS,  # noqa: E402
+                            FIFO_QUEUES, FIFO_READERS, FIFO_TOPIC, KV_KEYS, RESEND, TXN_CHECK_S, TXN_QUEUES,
+                            TXN_READERS, TXN_TOPIC, WRITE_TIMEOUT_S, Delayed, Fifo, KvClients, Transactions)
+from linearizable import check  # noqa: E402
 
 from rocket.client import Admin, connect  # noqa: E402
 from rocket.client.kv import KV  # noqa: E402
-from rocket.client.producer import Sequencer  # noqa: E402
-from rocket.client.simple import SimpleConsumer  # noqa: E402
-from rocket.model import Message  # noqa: E402
-from rocket.serde import batch as batch_codec  # noqa: E402
-from rocket.errors import Code, RocketError  # noqa: E402
+from rocket.errors import RocketError  # noqa: E402
 from rocket.transport.listen import free_ports  # noqa: E402
-from tests.integration.test_cluster import (FAILOVER, Writers, verify_acknowledged,  # noqa: E402
+from tests.integration.test_cluster import (Writers, verify_acknowledged,  # noqa: E402
                                             wait_all_groups_led)
 
 RESULTS = ROOT / "benchmarks" / "results" / "chaos.json"
-KINDS = ("kill", "partition", "slow_disk")
+KINDS = ("kill", "partition", "slow_disk", "full_disk", "clock", "rolling")
 WARMUP_S = 5.0  # the workload runs alone first
 GAP_S = (2.0, 8.0)  # between the starts of two faults
 KILL_DOWN_S = (0.5, 5.0)
 PARTITION_S = (3.0, 20.0)
+PARTITION_SHAPES = ("in", "isolated", "split")
 SLOW_DISK_S = (5.0, 30.0)
 SLOW_DISK_FACTOR = (5.0, 50.0)
+FULL_DISK_S = (5.0, 30.0)
+# The free space of a full disk: from none to past limits.disk_reserve_bytes (32 MiB), under which a node refuses data.
+FULL_DISK_FREE_MIB = (0.0, 48.0)
+CLOCK_S = (5.0, 30.0)
+CLOCK_JUMP_S = (2.0, 60.0)  # a node's wall clock jumps this far, forward or back, and back again when the fault ends
+FAKETIME_LIBRARIES = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's libfaketime
+FAKETIME_CACHE_S = 1  # libfaketime reads its offset file at most this often: a jump takes effect within it
+# The rolling restart starts this far into the run: early enough that the processes it starts have warmed up by the
+# half, from which RSS must stay flat.
+ROLLING_AT = 0.25
+ROLLING_READY_S = 60.0  # a rolling restart goes on to the next node once every group is led, or after this
 HEAL_S = 10.0  # no fault starts in the run's last this long, so the last ones end inside it
 READY_TIMEOUT_S = 120.0  # a restart on the shared 2-core machine, under other faults
 SETTLE_TIMEOUT_S = 120.0  # after the last fault: every storage group led again
-WRITE_TIMEOUT_S = 5.0  # a produce that takes longer (a held partition) is sent again, as the same request, elsewhere
-KV_BUCKET = "chaos"
-KV_KEYS = 4
-KV_CLIENTS = 4
-KV_TIMEOUT_S = 10.0  # an operation that takes longer has an unknown outcome: its client starts afresh
-KV_DEFINITE = {Code.CAS_FAILED, Code.NOT_FOUND}  # answers that say the operation did not change anything
-DELAYED_TOPIC = "chaos-delayed"
-DELAYED_QUEUES = 4
-DELAY_S = (1.0, 10.0)  # from a delayed message's send to its delivery time
-DELAYED_GAP_S = 0.05  # between two delayed sends: about 20 a second
-DELAYED_CONSUMERS = 2
-DELAYED_INVISIBLE_S = 10.0
 DRAIN_S = 60.0  # after the run, for the last delayed messages (and those a fault held up) to be delivered
 RSS_SAMPLE_S = 2.0
 RSS_SLOPE_MAX = 0.10  # growth over the last half of the run, as a share of the mean
 STOP_WAIT_S = 60.0
+RESTART_S = 2.0  # examples/systemd's RestartSec
+DISK_FULL_STOP = "stopped: the data disk is full"  # what `rocket run` says as it stops on a store a full disk failed
+REPLICA_READ_BYTES = 4 * 1024 * 1024  # one read of a replica's copy, when the copies are compared at the end
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,29 +128,46 @@ class Fault:
     node: int
     at_s: float  # from the end of the warm-up
     for_s: float
-    severity: float = 0.0  # slow_disk: the fsync factor; partition: 1 resets connections, 0 holds them
+    # slow_disk: the fsync factor; full_disk: MiB left free; clock: the jump, in seconds; partition: 1 resets
+    # connections, 0 holds them
+    severity: float = 0.0
+    shape: str = ""  # partition: in, isolated or split
+    minority: tuple[int, ...] = ()  # split: the nodes cut from the rest
 
 
-def plan(seed: int, seconds: float, nodes: dict[int, str], slow_disk: bool) -> list[Fault]:
-    """The faults of a run, from its seed alone: a node carries at most one fault of a kind at a time."""
+def plan(seed: int, seconds: float, nodes: dict[int, str], kinds: tuple[str, ...]) -> list[Fault]:
+    """The faults of a run, from its seed and kinds alone: a node carries at most one fault of a kind at a time, and
+    a rolling restart (if a kind) starts a quarter of the way in."""
     chooser = random.Random(seed)
-    kinds = [kind for kind in KINDS if slow_disk or kind != "slow_disk"]
     storage = [node for node, name in nodes.items() if name.startswith("storage")]
     proxied = storage + [node for node, name in nodes.items() if name.startswith("broker")]
+    targets = {"kill": sorted(nodes), "partition": proxied, "slow_disk": storage, "full_disk": storage,
+               "clock": sorted(nodes)}
+    spans = {"kill": KILL_DOWN_S, "partition": PARTITION_S, "slow_disk": SLOW_DISK_S, "full_disk": FULL_DISK_S,
+             "clock": CLOCK_S}
+    drawn = [kind for kind in kinds if kind in spans]
     busy: dict[tuple[str, int], float] = {}
     faults, at = [], chooser.uniform(*GAP_S)
     while at < seconds - HEAL_S:
-        kind = chooser.choice(kinds)
-        targets = sorted(nodes) if kind == "kill" else proxied if kind == "partition" else storage
-        node = chooser.choice(targets)
-        span = {"kill": KILL_DOWN_S, "partition": PARTITION_S, "slow_disk": SLOW_DISK_S}[kind]
-        for_s = min(chooser.uniform(*span), seconds - HEAL_S - at + KILL_DOWN_S[1])
+        kind = chooser.choice(drawn)
+        node = chooser.choice(targets[kind])
+        for_s = min(chooser.uniform(*spans[kind]), seconds - HEAL_S - at + KILL_DOWN_S[1])
         severity = (chooser.uniform(*SLOW_DISK_FACTOR) if kind == "slow_disk"
+                    else chooser.uniform(*FULL_DISK_FREE_MIB) if kind == "full_disk"
+                    else chooser.choice((-1, 1)) * chooser.uniform(*CLOCK_JUMP_S) if kind == "clock"
                     else float(chooser.random() < 0.5) if kind == "partition" else 0.0)
+        shape = chooser.choice(PARTITION_SHAPES) if kind == "partition" else ""
+        minority = (node,)
+        if shape == "split" and chooser.random() < 0.5:
+            minority += (chooser.choice([other for other in proxied if nodes[other][0] != nodes[node][0]]),)
         if busy.get((kind, node), 0.0) <= at:
-            faults.append(Fault(kind, node, round(at, 3), round(for_s, 3), round(severity, 1)))
+            faults.append(Fault(kind, node, round(at, 3), round(for_s, 3), round(severity, 1), shape,
+                                minority if shape == "split" else ()))
             busy[(kind, node)] = at + for_s
         at += chooser.uniform(*GAP_S)
+    if "rolling" in kinds:
+        faults.append(Fault("rolling", min(nodes), round(seconds * ROLLING_AT, 3), 0.0))
+        faults.sort(key=lambda fault: fault.at_s)
     return faults
 
 
@@ -144,18 +183,63 @@ class Proxy:
         self.address = f"127.0.0.1:{self.port}"
         node.environment["ROCKET_ADVERTISE"] = self.address
 
-    def partition(self, reset: bool) -> None:
-        write_control(self.control, {"partition": "both", "partition_mode": "reset" if reset else "hold"})
-
-    def heal(self) -> None:
-        write_control(self.control, {})
+    def cut(self, callers: frozenset[str] | None, reset: bool) -> None:
+        """Cut the connections of callers (substrings of their command lines; None: every caller), or none."""
+        write_control(self.control, {} if callers == frozenset() else {
+            "partition": "both", "partition_mode": "reset" if reset else "hold",
+            "partition_from": sorted(callers or ())})
 
     def stop(self) -> None:
         stop_process(self.process.pid)
 
 
+def caller(node: ClusterNode) -> str:
+    """What a node's command line holds and no other's does (its data dir is followed by its next flag)."""
+    return f"--data-dir {node.data_dir} "
+
+
+class Partitions:
+    """The partitions in force, which may overlap: each proxy cuts, at once, the callers of every one of them."""
+
+    def __init__(self, nodes: dict[int, ClusterNode], proxies: dict[int, Proxy]):
+        self.nodes, self.proxies = nodes, proxies
+        self.harness = command_line(os.getpid())  # the clients' process, on the majority's side of a split
+        self.active: list[tuple[dict[int, frozenset[str] | None], bool]] = []
+
+    def cuts(self, fault: Fault) -> dict[int, frozenset[str] | None]:
+        """proxy -> the callers the partition cuts there (None: all)."""
+        if fault.shape == "in":
+            return {fault.node: None}
+        side = set(fault.minority) if fault.shape == "split" else {fault.node}
+        inside = frozenset(caller(self.nodes[node]) for node in side)
+        outside = frozenset([self.harness, *(caller(node) for node in self.nodes.values() if node.node_id not in side)])
+        if fault.shape == "isolated":
+            return {proxy: None if proxy == fault.node else inside for proxy in self.proxies}
+        return {proxy: outside if proxy in side else inside for proxy in self.proxies}
+
+    def apply(self, fault: Fault) -> tuple:
+        entry = (self.cuts(fault), bool(fault.severity))
+        self.active.append(entry)
+        self.write()
+        return entry
+
+    def heal(self, entry: tuple) -> None:
+        self.active.remove(entry)
+        self.write()
+
+    def write(self) -> None:
+        for proxy in self.proxies:
+            cut: frozenset[str] | None = frozenset()
+            for cuts, _ in self.active:
+                callers = cuts.get(proxy, frozenset())
+                cut = None if cut is None or callers is None else cut | callers
+            reset = any(proxy in cuts and reset for cuts, reset in self.active)
+            self.proxies[proxy].cut(cut, reset)
+
+
 class SlowDisk:
-    """A node's data dir on slowfs (benchmarks/slowfs.py through faults.py), over a backing dir beside it."""
+    """A node's data dir on slowfs (benchmarks/slowfs.py through faults.py), over a backing dir beside it: slow
+    fsyncs (factor) and a full disk (free_bytes), each set alone."""
 
     def __init__(self, node: ClusterNode, base: Path):
         self.mountpoint = node.data_dir
@@ -163,159 +247,111 @@ class SlowDisk:
         backing.mkdir(parents=True, exist_ok=True)
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         self.control = base / f"slowfs{node.node_id}.json"
-        write_control(self.control, {"factor": 1})
+        self.settings: dict[str, float] = {"factor": 1, "free_bytes": -1}
+        write_control(self.control, self.settings)
         self.process = start_slowfs(backing, self.mountpoint, self.control, base / f"slowfs{node.node_id}.log")
 
-    def slow(self, factor: float) -> None:
-        write_control(self.control, {"factor": factor})
-
-    def heal(self) -> None:
-        write_control(self.control, {"factor": 1})
+    def set(self, **values: float) -> None:
+        self.settings.update(values)
+        write_control(self.control, self.settings)
 
     def stop(self) -> None:
         stop_process(self.process.pid)
         unmount(self.mountpoint)
 
 
-@dataclasses.dataclass
-class KvClients:
-    """Clients doing get, put and compare-and-set on KV_KEYS keys through the brokers, every operation recorded."""
+class FakeClock:
+    """A node's wall clock, jumped by libfaketime (preloaded) from an offset file it reads at most every
+    FAKETIME_CACHE_S; monotonic time is left alone, as by an NTP step."""
 
-    servers: list[str]
-    seed: int
-    stop: trio.Event = dataclasses.field(default_factory=trio.Event)
-    history: list[Op] = dataclasses.field(default_factory=list)
-    errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    next_client: int = 0
+    def __init__(self, node: ClusterNode, base: Path, library: str):
+        self.path = base / f"clock{node.node_id}"
+        self.jump(0)
+        node.environment.update({"LD_PRELOAD": library, "FAKETIME_TIMESTAMP_FILE": str(self.path),
+                                 "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_CACHE_DURATION": str(FAKETIME_CACHE_S)})
 
-    def _client(self) -> int:
-        self.next_client += 1
-        return self.next_client
-
-    async def run(self, index: int) -> None:
-        chooser = random.Random(self.seed * 1000 + index)
-        client, written, server = self._client(), 0, index
-        while not self.stop.is_set():
-            try:
-                async with connect(self.servers[server % len(self.servers)]) as channel:
-                    kv = KV(channel)
-                    while not self.stop.is_set():
-                        key = f"k{chooser.randrange(KV_KEYS)}"
-                        kind = chooser.choice(("get", "put", "cas", "cas"))
-                        written += 1
-                        value = f"{client}:{written}".encode()
-                        if kind == "cas":  # from what this client last read of the key, or from absent
-                            seen = [op for op in self.history[-50:] if op.key == key and op.kind == "get"]
-                            expected = seen[-1].result if seen else None
-                        else:
-                            expected = None
-                        op = await self._call(kv, client, kind, key, value, expected)
-                        self.history.append(op)
-                        if op.completed is None:
-                            client = self._client()  # its operation stays open for ever: a new client goes on
-                            break
-            except RocketError as error:
-                self.errors[error.code.name] += 1
-            server += 1
-            await trio.sleep(0.05)
-
-    async def _call(self, kv: KV, client: int, kind: str, key: str, value: bytes, expected: bytes | None) -> Op:
-        op = Op(client=client, key=key, kind=kind, value=None if kind == "get" else value,
-                expected=expected if kind == "cas" else None, invoked=trio.current_time(), completed=None, ok=None,
-                result=None)
-        result, ok = None, True
-        try:
-            with trio.fail_after(KV_TIMEOUT_S):
-                if kind == "get":
-                    result = (await kv.get(KV_BUCKET, key)).value
-                elif kind == "put":
-                    await kv.put(KV_BUCKET, key, value)
-                else:
-                    await kv.compare_and_set(KV_BUCKET, key, expected, value)
-        except RocketError as error:
-            self.errors[error.code.name] += 1
-            if error.code not in KV_DEFINITE:
-                return op  # open: it may have taken effect, now or later
-            ok = kind == "get"  # a get of an absent key reads None; a refused compare-and-set changed nothing
-        except trio.TooSlowError:
-            self.errors["timeout"] += 1
-            return op
-        return dataclasses.replace(op, completed=trio.current_time(), ok=ok, result=result)
+    def jump(self, offset_s: float) -> None:
+        """The node's wall clock is offset_s ahead of the real one (behind if negative) from now on."""
+        written = self.path.with_suffix(".tmp")
+        written.write_text(f"{offset_s:+.0f}\n")
+        written.replace(self.path)
 
 
-@dataclasses.dataclass
-class Delayed:
-    """Delayed messages: one idempotent producer (each message's delivery DELAY_S from its send, resent as the same
-    request on an unknown outcome) and DELAYED_CONSUMERS receivers of one group (pop: receive, then ack), each
-    message's first delivery timed on the harness's wall clock. Early: delivered before its time."""
+def faketime_library() -> str | None:
+    found = sorted(glob.glob(FAKETIME_LIBRARIES))
+    return found[0] if found else None
 
-    servers: list[str]
-    stop: trio.Event = dataclasses.field(default_factory=trio.Event)  # the producer's
-    drained: trio.Event = dataclasses.field(default_factory=trio.Event)  # the receivers'
-    acked: dict[str, int] = dataclasses.field(default_factory=dict)  # id -> the delivery time sent (epoch ms)
-    received: dict[str, int] = dataclasses.field(default_factory=dict)  # id -> first delivery (epoch ms)
-    early: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # (id, ms before its time)
-    errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
-    async def produce(self, seed: int) -> None:
-        chooser, sequencer = random.Random(seed), Sequencer()
-        count, server, pending = 0, 0, None
+def excused(early: list[tuple[str, int, int]], jumps: list[tuple[int, float, float, float]],
+             names: dict[int, str]) -> tuple[list, list]:
+    """(early, early_by_clock). A timer fires by its node's wall clock, as RocketMQ's do: a storage node whose clock
+    was offset_s ahead from since to until fires a message due at `at` from real time at - offset_s, if that is
+    before until, and it is received then or later. An early delivery that one such jump explains is the clock's."""
+    ahead = [(offset_s * 1000, since * 1000, until * 1000) for node, offset_s, since, until in jumps
+             if offset_s > 0 and names[node].startswith("storage")]
+    by_clock = [(key, before_ms, received) for key, before_ms, received in early
+                if any(since <= received and received + before_ms - offset <= until and before_ms <= offset
+                       for offset, since, until in ahead)]
+    return [entry for entry in early if entry not in by_clock], by_clock
+
+
+async def read_copy(server: str, group: int, topic: str, queue: int) -> tuple[dict[int, bytes], int]:
+    """One replica's copy of a queue, read whole from that storage node (StorageRead on any replica): base offset ->
+    a digest of its batch, and the copy's end."""
+    copy, offset = {}, 0
+    async with connect(server) as channel:
         while True:
-            try:
-                async with connect(self.servers[server % len(self.servers)]) as channel:
-                    while True:
-                        if pending is None:
-                            if self.stop.is_set():
-                                return
-                            count += 1
-                            at = int(time.time() * 1000 + chooser.uniform(*DELAY_S) * 1000)
-                            message = Message(b"delayed", properties={"id": f"d{count}", "at": str(at)},
-                                              deliver_at_ms=at)
-                            pending = (f"d{count}", at, sequencer.produce_request(
-                                DELAYED_TOPIC, count % DELAYED_QUEUES, batch_codec.encode([message], at)))
-                        await channel.call("Produce", pending[2], timeout_s=WRITE_TIMEOUT_S)
-                        self.acked[pending[0]] = pending[1]
-                        pending = None
-                        await trio.sleep(DELAYED_GAP_S)
-            except RocketError as error:
-                if error.code not in FAILOVER:
-                    raise
-                self.errors[error.code.name] += 1
-            server += 1
-            await trio.sleep(0.05)
+            response = await channel.call("StorageRead", {
+                "group": group, "topic": topic, "queues": [{"queue": queue, "offset": offset}],
+                "max_bytes": REPLICA_READ_BYTES, "wait_ms": 0, "at_least_one": True, "any_replica": True,
+                "follower_ok": False, "tag_mask": -1}, timeout_s=60)
+            for batch in response["batches"]:
+                copy[batch["base_offset"]] = hashlib.blake2b(batch["batch"], digest_size=16).digest()
+            next_offset = response["next_offsets"][0]["offset"] if response["next_offsets"] else offset
+            if not response["batches"] or next_offset <= offset:
+                return copy, offset
+            offset = next_offset
 
-    async def consume(self, index: int) -> None:
-        server = index
-        while not self.drained.is_set():
-            try:
-                async with connect(self.servers[server % len(self.servers)]) as channel:
-                    consumer = SimpleConsumer(channel, DELAYED_TOPIC, "chaos-delayed", invisible_s=DELAYED_INVISIBLE_S)
-                    while not self.drained.is_set():
-                        messages = await consumer.receive(32, wait_s=1.0)
-                        now = int(time.time() * 1000)
-                        for message in messages:
-                            key, at = message.properties["id"], int(message.properties["at"])
-                            if key not in self.received:
-                                self.received[key] = now
-                                if now < at:
-                                    self.early.append((key, at - now))
-                        if messages:
-                            with contextlib.suppress(RocketError):  # stale receipts: delivered again, counted once
-                                await consumer.ack(*messages)
-            except RocketError as error:
-                self.errors[error.code.name] += 1
-            server += 1
-            await trio.sleep(0.05)
 
-    async def drain(self, timeout_s: float) -> None:
-        """Until every acknowledged message was delivered, or timeout_s; then the receivers stop."""
-        with trio.move_on_after(timeout_s):
-            while not set(self.acked) <= set(self.received):
-                await trio.sleep(0.2)
-        self.drained.set()
+async def compare_replicas(nodes: dict[int, ClusterNode], topics: list[str]) -> dict:
+    """Each queue of topics as every replica of its group holds it: below the shortest copy's end, every copy must
+    hold the same batches at the same offsets, byte for byte (a replica may lag; none may differ)."""
+    storage = {node.node_id: node.server for node in of_kind(nodes, "storage")}
+    result: dict = {"queues": 0, "copies": 0, "batches_compared": 0, "differ": []}
+    for topic in topics:
+        route = None
+        for nameserver in of_kind(nodes, "nameserver"):
+            with contextlib.suppress(RocketError):
+                async with connect(nameserver.server) as channel:
+                    route = await channel.call("GetRoute", {"topic": topic})
+                    break
+        if route is None:
+            result["differ"].append(f"{topic}: no nameserver gave its route")
+            continue
+        voters = {group["id"]: group["voters"] for group in route["groups"]}
+        for queue, group in enumerate(route["queue_groups"]):
+            copies = [await read_copy(storage[node], group, topic, queue) for node in voters[group]
+                      if node in storage]
+            compared, first = differ(copies)
+            result["queues"] += 1
+            result["copies"] += len(copies)
+            result["batches_compared"] += compared
+            if first is not None:
+                result["differ"].append(f"{topic}/{queue} (group {group}): the copies of nodes {voters[group]} "
+                                        f"differ from offset {first}")
+    return result
 
-    def lost(self) -> list[str]:
-        return sorted(set(self.acked) - set(self.received))
+
+def differ(copies: list[tuple[dict[int, bytes], int]]) -> tuple[int, int | None]:
+    """(batches compared, the first offset at which copies differ or None). Copies (base offset -> digest, end) are
+    compared from where each has batches (one that installed a snapshot may not have backfilled the earlier ones
+    yet) to the shortest one's end (a replica may lag)."""
+    start = max(min(copy, default=0) for copy, _ in copies)
+    end = min(end for _, end in copies)
+    shared = [{base: digest for base, digest in copy.items() if start <= base < end} for copy, _ in copies]
+    bases = sorted({base for each in shared for base in each})
+    first = next((base for base in bases if len({each.get(base) for each in shared}) > 1), None)
+    return len(shared[0]), first
 
 
 async def sample_rss(nodes: dict[int, ClusterNode], samples: list[tuple[float, int, int, int]]) -> None:
@@ -356,14 +392,41 @@ def rss_slopes(samples: list[tuple[float, int, int, int]], half_at: float) -> di
 
 
 class Nemesis:
-    """Applies the planned faults, each in its own task, and heals them; records when each held."""
+    """Applies the planned faults, each in its own task, and heals them; records when each held. A node is stopped
+    and started by one fault at a time (a kill, or a rolling restart's turn): a kill while it starts is allowed."""
 
     def __init__(self, nodes: dict[int, ClusterNode], proxies: dict[int, Proxy], disks: dict[int, SlowDisk],
-                 writers: Writers):
-        self.nodes, self.proxies, self.disks, self.writers = nodes, proxies, disks, writers
+                 clocks: dict[int, FakeClock], writers: Writers):
+        self.nodes, self.disks, self.clocks, self.writers = nodes, disks, clocks, writers
+        self.partitions = Partitions(nodes, proxies)
         self.done: list[dict] = []
         self.problems: list[str] = []
         self.kills: collections.Counter = collections.Counter()  # node -> kills so far
+        self.down = {node: trio.Lock() for node in nodes}  # held while a fault has the node stopped
+        self.jumps: list[tuple[int, float, float, float]] = []  # (node, offset s, from, until: epoch s) of clocks
+        self.exits: list[dict] = []  # nodes that stopped by themselves, and what they said last
+
+    async def supervise(self) -> None:
+        """As systemd's Restart=on-failure (examples/systemd): a node that stopped by itself, while no fault has it
+        stopped, is started again RESTART_S later. A stop that says the data disk is full is one rocket makes on
+        purpose; any other is a problem."""
+        while True:
+            await trio.sleep(0.5)
+            for node in self.nodes.values():
+                process = node.process
+                if process is None or process.poll() is None or self.down[node.node_id].locked():
+                    continue
+                async with self.down[node.node_id]:
+                    if node.process is not process:  # a fault started it again meanwhile
+                        continue
+                    this_start = node.log_path.read_text(errors="replace").rsplit("\n---- start ", 1)[-1]
+                    said = [line for line in this_start.splitlines() if line.startswith("error:")][-1:]
+                    self.exits.append({"node": node.name, "status": process.returncode, "said": said})
+                    print(f"{node.name} stopped by itself ({process.returncode}): {said}", flush=True)
+                    if not (said and DISK_FULL_STOP in said[0]):
+                        self.problems.append(f"{node.name} stopped by itself ({process.returncode}): {said}")
+                    await trio.sleep(RESTART_S)
+                    node.start()  # one that stops again (its disk still full) is seen again here
 
     async def run(self, faults: list[Fault]) -> None:
         started = trio.current_time()
@@ -374,40 +437,90 @@ class Nemesis:
 
     async def apply(self, fault: Fault) -> None:
         node = self.nodes[fault.node]
-        row = {"kind": fault.kind, "node": node.name, "for_s": fault.for_s, "severity": fault.severity}
+        row = {"kind": fault.kind, "node": node.name, "for_s": fault.for_s, "severity": fault.severity,
+               "shape": fault.shape, "minority": [self.nodes[each].name for each in fault.minority]}
         acks_before = len(self.writers.acks)
         began = trio.current_time()
         if fault.kind == "kill":
-            self.kills[fault.node] += 1
-            mine = self.kills[fault.node]
-            node.kill()  # also while it restarts from an earlier kill: that kill's wait for it ends then
-            await trio.sleep(fault.for_s)
-            node.start()
-            try:
-                await node.wait_ready(READY_TIMEOUT_S)
-            except (AssertionError, trio.TooSlowError) as error:
-                if self.kills[fault.node] == mine:  # not killed again meanwhile
-                    self.problems.append(f"{node.name} did not come back after a kill: {str(error)[-1000:]}")
+            async with self.down[fault.node]:
+                self.kills[fault.node] += 1
+                node.kill()  # also while it restarts from an earlier kill: that kill's wait for it ends then
+                await trio.sleep(fault.for_s)
+                node.start()
+            await self.wait_back(node, "a kill")
         elif fault.kind == "partition":
-            self.proxies[fault.node].partition(reset=bool(fault.severity))
+            entry = self.partitions.apply(fault)
             await trio.sleep(fault.for_s)
-            self.proxies[fault.node].heal()
+            self.partitions.heal(entry)
+        elif fault.kind == "slow_disk":
+            self.disks[fault.node].set(factor=fault.severity)
+            await trio.sleep(fault.for_s)
+            self.disks[fault.node].set(factor=1)
+        elif fault.kind == "full_disk":
+            self.disks[fault.node].set(free_bytes=int(fault.severity * 1024 * 1024))
+            await trio.sleep(fault.for_s)
+            self.disks[fault.node].set(free_bytes=-1)
+        elif fault.kind == "clock":
+            self.clocks[fault.node].jump(fault.severity)
+            jumped = time.time()
+            await trio.sleep(fault.for_s)
+            self.clocks[fault.node].jump(0)
+            self.jumps.append((fault.node, fault.severity, jumped, time.time() + FAKETIME_CACHE_S))
         else:
-            self.disks[fault.node].slow(fault.severity)
-            await trio.sleep(fault.for_s)
-            self.disks[fault.node].heal()
+            await self.rolling()
         first = first_acks_after(self.writers, acks_before, began)
         row["stall_s"] = round(max((at - began for at in first.values()), default=0.0), 3)
         row["ended_s"] = round(trio.current_time() - began, 3)
         self.done.append(row)
-        print(f"fault {len(self.done):3d}: {fault.kind} {node.name} for {fault.for_s:.1f} s"
+        print(f"fault {len(self.done):3d}: {fault.kind} {'all nodes' if fault.kind == 'rolling' else node.name}"
+              + (f" for {fault.for_s:.1f} s" if fault.kind != "rolling" else f", {row['ended_s']:.1f} s")
               + (f" (x{fault.severity:.0f})" if fault.kind == "slow_disk" else "")
-              + (" (reset)" if fault.kind == "partition" and fault.severity else "")
+              + (f" ({fault.severity:.0f} MiB free)" if fault.kind == "full_disk" else "")
+              + (f" ({fault.severity:+.0f} s)" if fault.kind == "clock" else "")
+              + (f" ({fault.shape}{', reset' if fault.severity else ''})" if fault.kind == "partition" else "")
+              + (f" with {', '.join(self.nodes[node].name for node in fault.minority[1:])}"
+                 if fault.minority[1:] else "")
               + f"; writers' longest stall {row['stall_s']:.2f} s", flush=True)
+
+    async def wait_back(self, node: ClusterNode, after: str) -> None:
+        """Until the node started last is ready; a problem if it is not, unless it was stopped again meanwhile."""
+        kills, starts = self.kills[node.node_id], node.starts
+        try:
+            await node.wait_ready(READY_TIMEOUT_S)
+        except (AssertionError, trio.TooSlowError) as error:
+            if (self.kills[node.node_id], node.starts) == (kills, starts):
+                self.problems.append(f"{node.name} did not come back after {after}: {str(error)[-1000:]}")
+
+    async def rolling(self) -> None:
+        """Every node in turn, as an operator upgrades a cluster: SIGTERM, a clean exit, a start, and on to the next
+        once it is ready and every storage group is led (or after ROLLING_READY_S)."""
+        storage = {node.node_id for node in of_kind(self.nodes, "storage")}
+        for node in self.nodes.values():
+            async with self.down[node.node_id]:
+                with trio.move_on_after(READY_TIMEOUT_S):  # a node a kill restarted is let start first
+                    while not node.started_ready():
+                        await trio.sleep(0.1)
+                process = node.process
+                if process is not None and process.poll() is None:
+                    process.terminate()
+                    with trio.move_on_after(STOP_WAIT_S):
+                        while process.poll() is None:
+                            await trio.sleep(0.05)
+                    if process.poll() is None:
+                        self.problems.append(f"{node.name} did not stop within {STOP_WAIT_S:.0f} s of SIGTERM")
+                        node.kill()
+                    elif process.returncode != 0:
+                        self.problems.append(f"{node.name} exited with {process.returncode} on SIGTERM")
+                node.start()
+            await self.wait_back(node, "a rolling restart")
+            with contextlib.suppress(trio.TooSlowError):
+                await wait_all_groups_led(status_servers(self.nodes), storage, ROLLING_READY_S,
+                                          groups=STORAGE_GROUPS)
 
 
 async def work(args: argparse.Namespace, nodes: dict[int, ClusterNode], writers: Writers, kv: KvClients,
-               delayed: Delayed, nemesis: Nemesis, faults: list[Fault], started: float) -> None:
+               delayed: Delayed, transactions: Transactions, fifo: Fifo, nemesis: Nemesis, faults: list[Fault],
+               started: float) -> None:
     """The workload, under the faults, for the run's time; then every group led again and the clients stopped."""
     queues = list(range(args.queues))
     async with trio.open_nursery() as working:
@@ -418,6 +531,14 @@ async def work(args: argparse.Namespace, nodes: dict[int, ClusterNode], writers:
         working.start_soon(delayed.produce, args.seed)
         for index in range(DELAYED_CONSUMERS):
             working.start_soon(delayed.consume, index)
+        working.start_soon(transactions.produce, args.seed)
+        for server in transactions.servers:
+            working.start_soon(transactions.check_backs, server)
+        for index in range(TXN_READERS):
+            working.start_soon(transactions.consume, index)
+        working.start_soon(fifo.produce, args.seed)
+        for index in range(FIFO_READERS):
+            working.start_soon(fifo.consume, index)
         await trio.sleep(WARMUP_S)
         await nemesis.run(faults)
         await trio.sleep_until(started + WARMUP_S + args.minutes * 60)
@@ -426,54 +547,72 @@ async def work(args: argparse.Namespace, nodes: dict[int, ClusterNode], writers:
         writers.stop.set()
         kv.stop.set()
         delayed.stop.set()
+        transactions.stop.set()
+        fifo.stop.set()
         with trio.fail_after(STOP_WAIT_S):
             while writers.done < len(queues):
                 await trio.sleep(0.1)
-        await delayed.drain(DRAIN_S)
+        async with trio.open_nursery() as draining:
+            draining.start_soon(delayed.drain, DRAIN_S)
+            draining.start_soon(transactions.drain, DRAIN_S)
+            draining.start_soon(fifo.drain, DRAIN_S)
 
 
 async def chaos(args: argparse.Namespace, base: Path) -> dict:
     nodes = make_cluster(base)
     names = {node.node_id: node.name for node in nodes.values()}
     seconds = args.minutes * 60
-    faults = plan(args.seed, seconds, names, args.slow_disk)
+    faults = plan(args.seed, seconds, names, args.kinds)
     proxies: dict[int, Proxy] = {}
     disks: dict[int, SlowDisk] = {}
+    clocks: dict[int, FakeClock] = {}
     samples: list[tuple[float, int, int, int]] = []
     outcome: dict = {"faults_planned": len(faults), "problems": []}
     try:
         for node in nodes.values():
+            node.environment["ROCKET_TRANSACTION_CHECK_S"] = str(TXN_CHECK_S)
             if node.kind in ("storage", "broker"):
                 proxies[node.node_id] = Proxy(node, base)
-            if node.kind == "storage" and args.slow_disk:
+            if node.kind == "storage" and "slow_disk" in args.kinds:
                 disks[node.node_id] = SlowDisk(node, base)
+            if "clock" in args.kinds:
+                clocks[node.node_id] = FakeClock(node, base, args.faketime)
         # The clients too reach the brokers through their proxies: a partitioned broker is cut from them as well.
         brokers = {node.node_id: proxies[node.node_id].address for node in of_kind(nodes, "broker")}
-        writers = Writers(brokers, timeout_s=WRITE_TIMEOUT_S)
+        writers = Writers(brokers, timeout_s=WRITE_TIMEOUT_S, failover=RESEND)
         kv = KvClients(list(brokers.values()), args.seed)
         delayed = Delayed(list(brokers.values()))
+        transactions = Transactions(list(brokers.values()))
+        fifo = Fifo(list(brokers.values()))
         await start_cluster(nodes, args.queues)
         async with connect(of_kind(nodes, "broker")[0].server) as channel:
             await KV(channel).create_bucket(KV_BUCKET, shards=2)
             await Admin(channel).create_topic(DELAYED_TOPIC, DELAYED_QUEUES, message_type="delay")
+            await Admin(channel).create_topic(TXN_TOPIC, TXN_QUEUES, message_type="transaction")
+            await Admin(channel).create_topic(FIFO_TOPIC, FIFO_QUEUES, message_type="fifo")
         print(f"cluster up; {len(faults)} faults planned over {seconds:.0f} s; logs in {base}", flush=True)
-        nemesis = Nemesis(nodes, proxies, disks, writers)
+        nemesis = Nemesis(nodes, proxies, disks, clocks, writers)
         started = trio.current_time()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sample_rss, nodes, samples)
+            nursery.start_soon(nemesis.supervise)
             try:
-                await work(args, nodes, writers, kv, delayed, nemesis, faults, started)
+                await work(args, nodes, writers, kv, delayed, transactions, fifo, nemesis, faults, started)
             except Exception as error:  # a client's unexpected error, a cluster that did not settle, a stuck writer
                 outcome["problems"].append(f"the run aborted: {type(error).__name__}: {error!r}"[:2000])
             nursery.cancel_scope.cancel()
         outcome["writers"] = writers
+        outcome["transactions"] = transactions.outcome()
+        outcome["fifo"] = fifo.outcome()
+        early, by_clock = excused(delayed.early, nemesis.jumps, names)
         outcome["delayed"] = {"acknowledged": len(delayed.acked), "delivered": len(delayed.received),
                               "lost": len(delayed.lost()), "lost_first": delayed.lost()[:20],
-                              "early": len(delayed.early), "early_first": delayed.early[:20],
-                              "errors": dict(delayed.errors)}
+                              "early": len(early), "early_first": early[:20], "early_by_clock": len(by_clock),
+                              "early_by_clock_first": by_clock[:20], "errors": dict(delayed.errors)}
         outcome["half_at"] = started + WARMUP_S + seconds / 2
         outcome["rss_slopes"] = rss_slopes(samples, outcome["half_at"])
         outcome["nemesis"] = nemesis.done
+        outcome["exits"] = nemesis.exits
         outcome["problems"] += nemesis.problems
         died = [node.name for node in nodes.values() if node.exited_by_itself() is not None]
         if died:
@@ -487,6 +626,10 @@ async def chaos(args: argparse.Namespace, base: Path) -> dict:
             outcome["failure"] = str(error)[:4000]
             found = NOT_CONSUMED.search(outcome["failure"])
             outcome["lost"] = int(found.group(1)) if found else None
+        try:
+            outcome["replicas"] = await compare_replicas(nodes, ["orders", DELAYED_TOPIC, TXN_TOPIC, FIFO_TOPIC])
+        except RocketError as error:
+            outcome["replicas"] = {"differ": [f"the copies could not be read: {error}"]}
         linear = await trio.to_thread.run_sync(check, kv.history)
         outcome["kv"] = {"operations": len(kv.history), "open": sum(op.completed is None for op in kv.history),
                          "ok": linear.ok, "bad_keys": linear.bad_keys, "timed_out_keys": linear.timed_out_keys,
@@ -512,21 +655,23 @@ def report(args: argparse.Namespace, base: Path, outcome: dict) -> dict:
         "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
         "command": " ".join(["python", "benchmarks/chaos.py", *sys.argv[1:]]),
         "setup": {"minutes": args.minutes, "seed": args.seed, "queues": args.queues, "kv_clients": KV_CLIENTS,
-                  "kv_keys": KV_KEYS, "slow_disk": args.slow_disk, "base": str(base)},
+                  "kv_keys": KV_KEYS, "kinds": list(args.kinds), "base": str(base)},
         "acknowledged": checked["acknowledged"] if checked else len({seq for ack in writers.acks for seq in ack.seqs}),
         "lost": outcome.get("lost"), "duplicated": checked["duplicates"] if checked else None,
         "duplicated_batches": [list(entry) for entry in checked["duplicated_batches"]][:50] if checked else None,
         "reordered": 0 if checked else (1 if failure and "out of order" in failure else None),
         "early": outcome["delayed"]["early"] if "delayed" in outcome else None, "delayed": outcome.get("delayed"),
-        "failure": failure, "problems": outcome["problems"],
+        "transactions": outcome.get("transactions"), "fifo": outcome.get("fifo"),
+        "failure": failure, "problems": outcome["problems"], "replicas": outcome.get("replicas"),
         "kv": outcome.get("kv"),
         "faults": dict(collections.Counter(row["kind"] for row in rows)),
+        "partitions": dict(collections.Counter(row["shape"] for row in rows if row["kind"] == "partition")),
         "stall_s": {kind: spread([row["stall_s"] for row in rows if row["kind"] == kind]) for kind in KINDS},
         "rss_slopes": slopes, "rss_slope_max": max(slopes.values(), default=None),
         "writer_errors": dict(writers.errors), "writer_failovers": writers.failovers,
         "writer_resends": writers.resends, "internal_logged": {name: n for name, n in internal.items() if n},
         "tracebacks": {name: log["tracebacks"] for name, log in logs.items() if log["tracebacks"]},
-        "logs": logs, "nemesis": rows}
+        "logs": logs, "nemesis": rows, "exits": outcome.get("exits", [])}
 
 
 def verdict(result: dict) -> list[str]:
@@ -538,9 +683,18 @@ def verdict(result: dict) -> list[str]:
     delayed = result["delayed"]
     if delayed is None or delayed["lost"] or delayed["early"]:
         failed.append(f"delayed messages: {delayed}")
+    transactions = result["transactions"]
+    if transactions is None or transactions["lost"] or transactions["leaked"] or transactions["reordered"]:
+        failed.append(f"transactions: {transactions}")
+    fifo = result["fifo"]
+    if fifo is None or fifo["lost"] or fifo["reordered"]:
+        failed.append(f"FIFO message groups: {fifo}")
     if result["kv"] is None or result["kv"]["ok"] is not True:
         failed.append(f"KV history not shown linearizable: {result['kv'] and result['kv']['bad_keys']}")
     failed += result["problems"]
+    replicas = result["replicas"]
+    if replicas is None or replicas["differ"]:
+        failed.append(f"replicas' copies: {replicas and replicas['differ'][:10]}")
     if result["tracebacks"] or result["internal_logged"]:
         failed.append(f"tracebacks {result['tracebacks']}, INTERNAL logged {result['internal_logged']}")
     internal_seen = result["writer_errors"].get("INTERNAL", 0) + (result["kv"] or {}).get("errors", {}).get(
@@ -556,11 +710,15 @@ def summary_line(result: dict) -> str:
     kv = result["kv"] or {}
     nonlinear = len(kv.get("bad_keys", [])) if kv else None
     slope = result["rss_slope_max"]
-    delayed = result["delayed"] or {}
-    lost = result["lost"] + delayed.get("lost", 0) if result["lost"] is not None else None
-    return (f"chaos: acked={result['acknowledged'] + delayed.get('acknowledged', 0)} lost={lost} "
-            f"dup={result['duplicated']} "
-            f"reordered={result['reordered']} early={result['early']} nonlinearizable={nonlinear} "
+    delayed, transactions, fifo = result["delayed"] or {}, result["transactions"] or {}, result["fifo"] or {}
+    acked = (result["acknowledged"] + delayed.get("acknowledged", 0) + transactions.get("committed_messages", 0)
+             + fifo.get("acknowledged", 0))
+    lost = (result["lost"] + delayed.get("lost", 0) + transactions.get("lost", 0) + fifo.get("lost", 0)
+            if result["lost"] is not None else None)
+    reordered = (result["reordered"] + transactions.get("reordered", 0) + fifo.get("reordered", 0)
+                 if result["reordered"] is not None else None)
+    return (f"chaos: acked={acked} lost={lost} dup={result['duplicated']} reordered={reordered} "
+            f"early={result['early']} nonlinearizable={nonlinear} "
             f"faults={sum(result['faults'].values())} rss_slope={'-' if slope is None else f'{slope:.1%}'}")
 
 
@@ -571,7 +729,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                "(default: random, recorded)")
     parser.add_argument("--queues", type=int, default=8, help="queues of the topic, one writer each")
     parser.add_argument("--no-slow-disk", dest="slow_disk", action="store_false",
-                        help="no slowfs under the storage nodes (it needs FUSE)")
+                        help="no slowfs under the storage nodes (it needs FUSE): no slow or full disks")
+    parser.add_argument("--no-clock", dest="clock", action="store_false",
+                        help="no clock jumps (they need libfaketime, Debian's libfaketime)")
     parser.add_argument("--data-parent", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--keep-data", action="store_true", help="keep the nodes' data dirs (logs are always kept)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -579,6 +739,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.minutes <= 0 or args.queues < 1:
         parser.error("--minutes must be positive and --queues at least 1")
     args.seed = random.randrange(1 << 32) if args.seed is None else args.seed
+    args.faketime = faketime_library()
+    if args.clock and args.faketime is None:
+        parser.error(f"no libfaketime at {FAKETIME_LIBRARIES} for the clock jumps: install it, or pass --no-clock")
+    args.kinds = tuple(kind for kind in KINDS if (args.slow_disk or kind not in ("slow_disk", "full_disk"))
+                       and (args.clock or kind != "clock"))
     base = Path(tempfile.mkdtemp(prefix="chaos-", dir=args.data_parent))
     print(f"chaos: {args.minutes} minutes, seed {args.seed}, in {base}", flush=True)
     result = report(args, base, trio.run(chaos, args, base))
