@@ -10,7 +10,8 @@ Workload, every client reaching the brokers through the same proxies as the node
 - delayed messages (1-10 s) from an idempotent producer, received by a pop consumer group, each first delivery timed;
 - transactions: committed, rolled back, or left open for the check-back, read by a pull consumer group whose members
   leave and join again, so that it rebalances;
-- FIFO message groups, each sent in order, received by a pop consumer group.
+- FIFO message groups, each sent in order, received by a pop consumer group; their topic is on a controller-mode
+  storage class (RIP-44: two replicas, a master and a slave, failed over by the nameservers' controller).
 (The last four are benchmarks/chaos_workload.py's.)
 
 Nemesis: a seeded schedule of faults, started every GAP_S and lasting longer, so several hold at once:
@@ -119,6 +120,9 @@ RSS_SLOPE_MAX = 0.10  # growth over the last half of the run, as a share of the 
 STOP_WAIT_S = 60.0
 RESTART_S = 2.0  # examples/systemd's RestartSec
 DISK_FULL_STOP = "stopped: the data disk is full"  # what `rocket run` says as it stops on a store a full disk failed
+# The FIFO topic's storage class, beside the default Raft one: RIP-44's controller mode, a master and a slave per group.
+HA_CLASS = "chaos-ha"
+HA_GROUPS = 4
 REPLICA_READ_BYTES = 4 * 1024 * 1024  # one read of a replica's copy, when the copies are compared at the end
 
 
@@ -515,7 +519,7 @@ class Nemesis:
             await self.wait_back(node, "a rolling restart")
             with contextlib.suppress(trio.TooSlowError):
                 await wait_all_groups_led(status_servers(self.nodes), storage, ROLLING_READY_S,
-                                          groups=STORAGE_GROUPS)
+                                          groups=STORAGE_GROUPS + HA_GROUPS)
 
 
 async def work(args: argparse.Namespace, nodes: dict[int, ClusterNode], writers: Writers, kv: KvClients,
@@ -543,7 +547,7 @@ async def work(args: argparse.Namespace, nodes: dict[int, ClusterNode], writers:
         await nemesis.run(faults)
         await trio.sleep_until(started + WARMUP_S + args.minutes * 60)
         storage = {node.node_id for node in of_kind(nodes, "storage")}
-        await wait_all_groups_led(status_servers(nodes), storage, SETTLE_TIMEOUT_S, groups=STORAGE_GROUPS)
+        await wait_all_groups_led(status_servers(nodes), storage, SETTLE_TIMEOUT_S, groups=STORAGE_GROUPS + HA_GROUPS)
         writers.stop.set()
         kv.stop.set()
         delayed.stop.set()
@@ -589,7 +593,8 @@ async def chaos(args: argparse.Namespace, base: Path) -> dict:
             await KV(channel).create_bucket(KV_BUCKET, shards=2)
             await Admin(channel).create_topic(DELAYED_TOPIC, DELAYED_QUEUES, message_type="delay")
             await Admin(channel).create_topic(TXN_TOPIC, TXN_QUEUES, message_type="transaction")
-            await Admin(channel).create_topic(FIFO_TOPIC, FIFO_QUEUES, message_type="fifo")
+            await Admin(channel).create_storage_class(HA_CLASS, "controller", replicas=2, groups=HA_GROUPS)
+            await Admin(channel).create_topic(FIFO_TOPIC, FIFO_QUEUES, message_type="fifo", storage_class=HA_CLASS)
         print(f"cluster up; {len(faults)} faults planned over {seconds:.0f} s; logs in {base}", flush=True)
         nemesis = Nemesis(nodes, proxies, disks, clocks, writers)
         started = trio.current_time()
