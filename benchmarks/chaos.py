@@ -26,6 +26,9 @@ Nemesis: a seeded schedule of faults, started every GAP_S and lasting longer, so
 - slow_disk: a storage node's data dir is slowfs (FUSE), whose fsyncs are made N times slower;
 - full_disk: that slowfs has 0-48 MiB left, and refuses writes past it (ENOSPC);
 - clock: a node's wall clock jumps 2-60 s forward or back (libfaketime, monotonic time untouched), and back again;
+- store: the object store the cluster offloads to (moto's S3 server, 1 MiB pieces) fails a quarter of requests (503
+  SlowDown, 500), resets, stalls and slows them, or is down, at tests/integration/fault_proxy.py in front of it; the
+  normal topic's offloaded data leaves the disks after a minute, so the checks read it back from the store;
 - rolling: a quarter of the way in, every node in turn is stopped (SIGTERM), started, and waited for, as an operator
   upgrades.
 At the end every fault is healed, every node is running, and the checks run:
@@ -56,6 +59,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import functools
 import glob
 import hashlib
 import json
@@ -88,11 +92,13 @@ from rocket.client import Admin, connect  # noqa: E402
 from rocket.client.kv import KV  # noqa: E402
 from rocket.errors import RocketError  # noqa: E402
 from rocket.transport.listen import free_ports  # noqa: E402
+from tests.integration.fault_proxy import FaultProxy  # noqa: E402
+from tests.integration.test_tier_objectstore import SAFE_ENVIRONMENT, MotoServer  # noqa: E402
 from tests.integration.test_cluster import (Writers, verify_acknowledged,  # noqa: E402
                                             wait_all_groups_led)
 
 RESULTS = ROOT / "benchmarks" / "results" / "chaos.json"
-KINDS = ("kill", "partition", "slow_disk", "full_disk", "clock", "rolling")
+KINDS = ("kill", "partition", "slow_disk", "full_disk", "clock", "store", "rolling")
 WARMUP_S = 5.0  # the workload runs alone first
 GAP_S = (2.0, 8.0)  # between the starts of two faults
 KILL_DOWN_S = (0.5, 5.0)
@@ -104,6 +110,15 @@ FULL_DISK_S = (5.0, 30.0)
 # The free space of a full disk: from none to past limits.disk_reserve_bytes (32 MiB), under which a node refuses data.
 FULL_DISK_FREE_MIB = (0.0, 48.0)
 CLOCK_S = (5.0, 30.0)
+STORE_S = (5.0, 30.0)
+# The object store's faults, at tests/integration/fault_proxy.py in front of moto's S3 server: answers 503 SlowDown or
+# 500 (a quarter of requests), resets after the store applied a request, stalls and slow bandwidth; or it is down.
+STORE_FAULTY = {"error_rate": 0.25, "reset_rate": 0.1, "stall_s": 0.05, "bandwidth_bytes_s": 2_000_000, "down": False}
+STORE_DOWN = {"down": True}
+STORE_HEALED = {"error_rate": 0.0, "reset_rate": 0.0, "stall_s": 0.0, "bandwidth_bytes_s": 0, "down": False}
+TIER_PIECE_BYTES = 1024 * 1024  # small pieces and a short age, so that queues offload all through a run
+TIER_PIECE_AGE_S = 5.0
+TIER_LOCAL_RETENTION_S = 60.0  # then the normal topic's offloaded data leaves the disks: the check reads it back cold
 CLOCK_JUMP_S = (2.0, 60.0)  # a node's wall clock jumps this far, forward or back, and back again when the fault ends
 FAKETIME_LIBRARIES = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's libfaketime
 FAKETIME_CACHE_S = 1  # libfaketime reads its offset file at most this often: a jump takes effect within it
@@ -134,6 +149,7 @@ class Fault:
     for_s: float
     # slow_disk: the fsync factor; full_disk: MiB left free; clock: the jump, in seconds; partition: 1 resets
     # connections, 0 holds them
+    # store: 1 down, 0 failing requests
     severity: float = 0.0
     shape: str = ""  # partition: in, isolated or split
     minority: tuple[int, ...] = ()  # split: the nodes cut from the rest
@@ -146,9 +162,9 @@ def plan(seed: int, seconds: float, nodes: dict[int, str], kinds: tuple[str, ...
     storage = [node for node, name in nodes.items() if name.startswith("storage")]
     proxied = storage + [node for node, name in nodes.items() if name.startswith("broker")]
     targets = {"kill": sorted(nodes), "partition": proxied, "slow_disk": storage, "full_disk": storage,
-               "clock": sorted(nodes)}
+               "clock": sorted(nodes), "store": storage[:1]}  # the store is one: its faults are numbered as a node's
     spans = {"kill": KILL_DOWN_S, "partition": PARTITION_S, "slow_disk": SLOW_DISK_S, "full_disk": FULL_DISK_S,
-             "clock": CLOCK_S}
+             "clock": CLOCK_S, "store": STORE_S}
     drawn = [kind for kind in kinds if kind in spans]
     busy: dict[tuple[str, int], float] = {}
     faults, at = [], chooser.uniform(*GAP_S)
@@ -159,7 +175,7 @@ def plan(seed: int, seconds: float, nodes: dict[int, str], kinds: tuple[str, ...
         severity = (chooser.uniform(*SLOW_DISK_FACTOR) if kind == "slow_disk"
                     else chooser.uniform(*FULL_DISK_FREE_MIB) if kind == "full_disk"
                     else chooser.choice((-1, 1)) * chooser.uniform(*CLOCK_JUMP_S) if kind == "clock"
-                    else float(chooser.random() < 0.5) if kind == "partition" else 0.0)
+                    else float(chooser.random() < 0.5) if kind in ("partition", "store") else 0.0)
         shape = chooser.choice(PARTITION_SHAPES) if kind == "partition" else ""
         minority = (node,)
         if shape == "split" and chooser.random() < 0.5:
@@ -299,6 +315,14 @@ def excused(early: list[tuple[str, int, int]], jumps: list[tuple[int, float, flo
     return [entry for entry in early if entry not in by_clock], by_clock
 
 
+async def tier_figures(server: str, store: FaultProxy) -> dict:
+    """What the object store's fault proxy did, and the pieces the topics have in the store."""
+    async with connect(server) as channel:
+        topics = await Admin(channel).tier_status()
+    return {"proxy": (await trio.to_thread.run_sync(store.faults))["counts"],
+            "pieces": {spec.name: sum(row["pieces"] for row in rows) for spec, rows in topics}}
+
+
 async def read_copy(server: str, group: int, topic: str, queue: int) -> tuple[dict[int, bytes], int]:
     """One replica's copy of a queue, read whole from that storage node (StorageRead on any replica): base offset ->
     a digest of its batch, and the copy's end."""
@@ -400,8 +424,8 @@ class Nemesis:
     and started by one fault at a time (a kill, or a rolling restart's turn): a kill while it starts is allowed."""
 
     def __init__(self, nodes: dict[int, ClusterNode], proxies: dict[int, Proxy], disks: dict[int, SlowDisk],
-                 clocks: dict[int, FakeClock], writers: Writers):
-        self.nodes, self.disks, self.clocks, self.writers = nodes, disks, clocks, writers
+                 clocks: dict[int, FakeClock], store: FaultProxy | None, writers: Writers):
+        self.nodes, self.disks, self.clocks, self.store, self.writers = nodes, disks, clocks, store, writers
         self.partitions = Partitions(nodes, proxies)
         self.done: list[dict] = []
         self.problems: list[str] = []
@@ -470,17 +494,25 @@ class Nemesis:
             await trio.sleep(fault.for_s)
             self.clocks[fault.node].jump(0)
             self.jumps.append((fault.node, fault.severity, jumped, time.time() + FAKETIME_CACHE_S))
+        elif fault.kind == "store":
+            assert self.store is not None
+            await trio.to_thread.run_sync(functools.partial(
+                self.store.faults, **(STORE_DOWN if fault.severity else STORE_FAULTY)))
+            await trio.sleep(fault.for_s)
+            await trio.to_thread.run_sync(functools.partial(self.store.faults, **STORE_HEALED))
         else:
             await self.rolling()
         first = first_acks_after(self.writers, acks_before, began)
         row["stall_s"] = round(max((at - began for at in first.values()), default=0.0), 3)
         row["ended_s"] = round(trio.current_time() - began, 3)
         self.done.append(row)
-        print(f"fault {len(self.done):3d}: {fault.kind} {'all nodes' if fault.kind == 'rolling' else node.name}"
+        what = {"rolling": "all nodes", "store": "the object store"}.get(fault.kind, node.name)
+        print(f"fault {len(self.done):3d}: {fault.kind} {what}"
               + (f" for {fault.for_s:.1f} s" if fault.kind != "rolling" else f", {row['ended_s']:.1f} s")
               + (f" (x{fault.severity:.0f})" if fault.kind == "slow_disk" else "")
               + (f" ({fault.severity:.0f} MiB free)" if fault.kind == "full_disk" else "")
               + (f" ({fault.severity:+.0f} s)" if fault.kind == "clock" else "")
+              + ((" (down)" if fault.severity else " (failing)") if fault.kind == "store" else "")
               + (f" ({fault.shape}{', reset' if fault.severity else ''})" if fault.kind == "partition" else "")
               + (f" with {', '.join(self.nodes[node].name for node in fault.minority[1:])}"
                  if fault.minority[1:] else "")
@@ -570,6 +602,7 @@ async def chaos(args: argparse.Namespace, base: Path) -> dict:
     proxies: dict[int, Proxy] = {}
     disks: dict[int, SlowDisk] = {}
     clocks: dict[int, FakeClock] = {}
+    moto, store = None, None
     samples: list[tuple[float, int, int, int]] = []
     outcome: dict = {"faults_planned": len(faults), "problems": []}
     try:
@@ -581,6 +614,16 @@ async def chaos(args: argparse.Namespace, base: Path) -> dict:
                 disks[node.node_id] = SlowDisk(node, base)
             if "clock" in args.kinds:
                 clocks[node.node_id] = FakeClock(node, base, args.faketime)
+        if "store" in args.kinds:  # the cluster offloads to moto's S3 server through the fault proxy
+            moto = MotoServer(free_ports(1)[0], base / "moto.log").start()
+            bucket = moto.create_bucket()
+            store = FaultProxy(free_ports(1)[0], f"127.0.0.1:{moto.port}", base / "store-proxy.log", args.seed).start()
+            for node in nodes.values():
+                node.environment.update({**SAFE_ENVIRONMENT, "ROCKET_TIER_BACKEND": "s3",
+                                         "ROCKET_TIER_S3_ENDPOINT": store.url, "ROCKET_TIER_S3_BUCKET": bucket,
+                                         "ROCKET_TIER_S3_PREFIX": "chaos",
+                                         "ROCKET_TIER_PIECE_BYTES": str(TIER_PIECE_BYTES),
+                                         "ROCKET_TIER_PIECE_AGE_S": str(TIER_PIECE_AGE_S)})
         # The clients too reach the brokers through their proxies: a partitioned broker is cut from them as well.
         brokers = {node.node_id: proxies[node.node_id].address for node in of_kind(nodes, "broker")}
         writers = Writers(brokers, timeout_s=WRITE_TIMEOUT_S, failover=RESEND)
@@ -591,12 +634,14 @@ async def chaos(args: argparse.Namespace, base: Path) -> dict:
         await start_cluster(nodes, args.queues)
         async with connect(of_kind(nodes, "broker")[0].server) as channel:
             await KV(channel).create_bucket(KV_BUCKET, shards=2)
+            if store is not None:
+                await Admin(channel).update_topic("orders", local_retention_s=TIER_LOCAL_RETENTION_S)
             await Admin(channel).create_topic(DELAYED_TOPIC, DELAYED_QUEUES, message_type="delay")
             await Admin(channel).create_topic(TXN_TOPIC, TXN_QUEUES, message_type="transaction")
             await Admin(channel).create_storage_class(HA_CLASS, "controller", replicas=2, groups=HA_GROUPS)
             await Admin(channel).create_topic(FIFO_TOPIC, FIFO_QUEUES, message_type="fifo", storage_class=HA_CLASS)
         print(f"cluster up; {len(faults)} faults planned over {seconds:.0f} s; logs in {base}", flush=True)
-        nemesis = Nemesis(nodes, proxies, disks, clocks, writers)
+        nemesis = Nemesis(nodes, proxies, disks, clocks, store, writers)
         started = trio.current_time()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sample_rss, nodes, samples)
@@ -635,6 +680,8 @@ async def chaos(args: argparse.Namespace, base: Path) -> dict:
             outcome["replicas"] = await compare_replicas(nodes, ["orders", DELAYED_TOPIC, TXN_TOPIC, FIFO_TOPIC])
         except RocketError as error:
             outcome["replicas"] = {"differ": [f"the copies could not be read: {error}"]}
+        if store is not None:
+            outcome["store"] = await tier_figures(of_kind(nodes, "broker")[0].server, store)
         linear = await trio.to_thread.run_sync(check, kv.history)
         outcome["kv"] = {"operations": len(kv.history), "open": sum(op.completed is None for op in kv.history),
                          "ok": linear.ok, "bad_keys": linear.bad_keys, "timed_out_keys": linear.timed_out_keys,
@@ -642,8 +689,9 @@ async def chaos(args: argparse.Namespace, base: Path) -> dict:
     finally:
         for node in nodes.values():
             node.kill()
-        for tool in [*proxies.values(), *disks.values()]:
-            tool.stop()
+        for tool in [*proxies.values(), *disks.values(), store, moto]:
+            if tool is not None:
+                tool.stop()
     return outcome
 
 
@@ -666,7 +714,7 @@ def report(args: argparse.Namespace, base: Path, outcome: dict) -> dict:
         "duplicated_batches": [list(entry) for entry in checked["duplicated_batches"]][:50] if checked else None,
         "reordered": 0 if checked else (1 if failure and "out of order" in failure else None),
         "early": outcome["delayed"]["early"] if "delayed" in outcome else None, "delayed": outcome.get("delayed"),
-        "transactions": outcome.get("transactions"), "fifo": outcome.get("fifo"),
+        "transactions": outcome.get("transactions"), "fifo": outcome.get("fifo"), "store": outcome.get("store"),
         "failure": failure, "problems": outcome["problems"], "replicas": outcome.get("replicas"),
         "kv": outcome.get("kv"),
         "faults": dict(collections.Counter(row["kind"] for row in rows)),
@@ -737,6 +785,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="no slowfs under the storage nodes (it needs FUSE): no slow or full disks")
     parser.add_argument("--no-clock", dest="clock", action="store_false",
                         help="no clock jumps (they need libfaketime, Debian's libfaketime)")
+    parser.add_argument("--no-store", dest="store", action="store_false",
+                        help="no object store (moto's S3 server, of the test extra): the tier stays a local directory")
     parser.add_argument("--data-parent", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--keep-data", action="store_true", help="keep the nodes' data dirs (logs are always kept)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -748,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.clock and args.faketime is None:
         parser.error(f"no libfaketime at {FAKETIME_LIBRARIES} for the clock jumps: install it, or pass --no-clock")
     args.kinds = tuple(kind for kind in KINDS if (args.slow_disk or kind not in ("slow_disk", "full_disk"))
-                       and (args.clock or kind != "clock"))
+                       and (args.clock or kind != "clock") and (args.store or kind != "store"))
     base = Path(tempfile.mkdtemp(prefix="chaos-", dir=args.data_parent))
     print(f"chaos: {args.minutes} minutes, seed {args.seed}, in {base}", flush=True)
     result = report(args, base, trio.run(chaos, args, base))

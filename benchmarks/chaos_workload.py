@@ -11,6 +11,7 @@ import dataclasses
 import random
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -29,6 +30,7 @@ from rocket.client.transaction import Outcome, TransactionProducer  # noqa: E402
 from rocket.errors import Code, RocketError  # noqa: E402
 from rocket.model import Message, queue_for_key  # noqa: E402
 from rocket.serde import batch as batch_codec  # noqa: E402
+from rocket.transport.channel import Channel  # noqa: E402
 from tests.integration.test_cluster import FAILOVER  # noqa: E402
 
 WRITE_TIMEOUT_S = 5.0  # a produce that takes longer (a held partition) is sent again, as the same request, elsewhere
@@ -60,6 +62,56 @@ FIFO_GROUP = "chaos-fifo-readers"
 FIFO_READERS = 2
 FIFO_INVISIBLE_S = 5.0
 TXN_MEMBER_S = (3.0, 20.0)  # a reader stays in its group this long, then leaves and joins again: the group rebalances
+
+
+async def send_in_turn(servers: list[str], stop: trio.Event, errors: collections.Counter,
+                       next_request: Callable[[], tuple[object, dict]],
+                       acknowledged: Callable[[Channel, object, dict], Awaitable[None]], gap_s: float) -> None:
+    """One idempotent producer's sends, one at a time, failing over between the brokers: next_request() gives what
+    the next one is and its Produce request (numbered by a Sequencer), once the one before was acknowledged
+    (acknowledged(channel, what, reply) then ran). A request of unknown outcome goes again, as the same request, to
+    the next broker. Returns once stop is set, between two sends."""
+    server, pending = 0, None
+    while True:
+        try:
+            async with connect(servers[server % len(servers)]) as channel:
+                while True:
+                    if pending is None:
+                        if stop.is_set():
+                            return
+                        pending = next_request()
+                    reply = await channel.call("Produce", pending[1], timeout_s=WRITE_TIMEOUT_S)
+                    what, pending = pending[0], None
+                    await acknowledged(channel, what, reply)
+                    await trio.sleep(gap_s)
+        except RocketError as error:
+            if error.code not in RESEND:
+                raise
+            errors[error.code.name] += 1
+        server += 1
+        await trio.sleep(0.05)
+
+
+async def receive_in_turn(servers: list[str], index: int, topic: str, group: str, invisible_s: float, count: int,
+                          drained: trio.Event, errors: collections.Counter,
+                          arrived: Callable[[list[Message]], None]) -> None:
+    """One receiver of a pop consumer group, failing over between the brokers until drained: arrived(messages) sees
+    each receive's messages, which are then acked (a stale receipt's message comes again, and is seen again)."""
+    server = index
+    while not drained.is_set():
+        try:
+            async with connect(servers[server % len(servers)]) as channel:
+                consumer = SimpleConsumer(channel, topic, group, invisible_s=invisible_s)
+                while not drained.is_set():
+                    messages = await consumer.receive(count, wait_s=1.0)
+                    arrived(messages)
+                    if messages:
+                        with contextlib.suppress(RocketError):
+                            await consumer.ack(*messages)
+        except RocketError as error:
+            errors[f"read {error.code.name}"] += 1
+        server += 1
+        await trio.sleep(0.05)
 
 
 @dataclasses.dataclass
@@ -143,54 +195,33 @@ class Delayed:
     errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     async def produce(self, seed: int) -> None:
-        chooser, sequencer = random.Random(seed), Sequencer()
-        count, server, pending = 0, 0, None
-        while True:
-            try:
-                async with connect(self.servers[server % len(self.servers)]) as channel:
-                    while True:
-                        if pending is None:
-                            if self.stop.is_set():
-                                return
-                            count += 1
-                            at = int(time.time() * 1000 + chooser.uniform(*DELAY_S) * 1000)
-                            message = Message(b"delayed", properties={"id": f"d{count}", "at": str(at)},
-                                              deliver_at_ms=at)
-                            pending = (f"d{count}", at, sequencer.produce_request(
-                                DELAYED_TOPIC, count % DELAYED_QUEUES, batch_codec.encode([message], at)))
-                        await channel.call("Produce", pending[2], timeout_s=WRITE_TIMEOUT_S)
-                        self.acked[pending[0]] = pending[1]
-                        pending = None
-                        await trio.sleep(DELAYED_GAP_S)
-            except RocketError as error:
-                if error.code not in RESEND:
-                    raise
-                self.errors[error.code.name] += 1
-            server += 1
-            await trio.sleep(0.05)
+        chooser, sequencer, count = random.Random(seed), Sequencer(), 0
+
+        def next_request() -> tuple[object, dict]:
+            nonlocal count
+            count += 1
+            at = int(time.time() * 1000 + chooser.uniform(*DELAY_S) * 1000)
+            message = Message(b"delayed", properties={"id": f"d{count}", "at": str(at)}, deliver_at_ms=at)
+            return (f"d{count}", at), sequencer.produce_request(DELAYED_TOPIC, count % DELAYED_QUEUES,
+                                                               batch_codec.encode([message], at))
+
+        async def acknowledged(channel, sent, reply: dict) -> None:
+            self.acked[sent[0]] = sent[1]
+
+        await send_in_turn(self.servers, self.stop, self.errors, next_request, acknowledged, DELAYED_GAP_S)
 
     async def consume(self, index: int) -> None:
-        server = index
-        while not self.drained.is_set():
-            try:
-                async with connect(self.servers[server % len(self.servers)]) as channel:
-                    consumer = SimpleConsumer(channel, DELAYED_TOPIC, "chaos-delayed", invisible_s=DELAYED_INVISIBLE_S)
-                    while not self.drained.is_set():
-                        messages = await consumer.receive(32, wait_s=1.0)
-                        now = int(time.time() * 1000)
-                        for message in messages:
-                            key, at = message.properties["id"], int(message.properties["at"])
-                            if key not in self.received:
-                                self.received[key] = now
-                                if now < at:
-                                    self.early.append((key, at - now, now))
-                        if messages:
-                            with contextlib.suppress(RocketError):  # stale receipts: delivered again, counted once
-                                await consumer.ack(*messages)
-            except RocketError as error:
-                self.errors[error.code.name] += 1
-            server += 1
-            await trio.sleep(0.05)
+        def arrived(messages: list[Message]) -> None:
+            now = int(time.time() * 1000)
+            for message in messages:
+                key, at = message.properties["id"], int(message.properties["at"])
+                if key not in self.received:
+                    self.received[key] = now
+                    if now < at:
+                        self.early.append((key, at - now, now))
+
+        await receive_in_turn(self.servers, index, DELAYED_TOPIC, "chaos-delayed", DELAYED_INVISIBLE_S, 32,
+                              self.drained, self.errors, arrived)
 
     async def drain(self, timeout_s: float) -> None:
         """Until every acknowledged message was delivered, or timeout_s; then the receivers stop."""
@@ -223,36 +254,25 @@ class Transactions:
     errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     async def produce(self, seed: int) -> None:
-        chooser, sequencer = random.Random(seed), Sequencer()
-        count, server, pending = 0, 0, None
-        while True:
-            try:
-                async with connect(self.servers[server % len(self.servers)]) as channel:
-                    while True:
-                        if pending is None:
-                            if self.stop.is_set():
-                                return
-                            count += 1
-                            key, size, commit = f"t{count}", chooser.randint(1, 3), chooser.random() < 0.6
-                            by_check = chooser.random() < TXN_CHECKED
-                            self.decided[key] = (commit, size)  # before it is sent: a check-back may come first
-                            messages = [Message(b"txn", properties={"txn": key, "index": str(index)})
-                                        for index in range(size)]
-                            pending = (key, by_check, sequencer.produce_request(TXN_TOPIC, count % TXN_QUEUES,
-                                       batch_codec.encode(messages, int(time.time() * 1000), transaction=True)))
-                        reply = await channel.call("Produce", pending[2], timeout_s=WRITE_TIMEOUT_S)
-                        key, by_check, _ = pending
-                        self.acked.add(key)
-                        pending = None
-                        if not by_check:
-                            await self._end(channel, key, reply)
-                        await trio.sleep(TXN_GAP_S)
-            except RocketError as error:
-                if error.code not in RESEND:
-                    raise
-                self.errors[error.code.name] += 1
-            server += 1
-            await trio.sleep(0.05)
+        chooser, sequencer, count = random.Random(seed), Sequencer(), 0
+
+        def next_request() -> tuple[object, dict]:
+            nonlocal count
+            count += 1
+            key, size, commit = f"t{count}", chooser.randint(1, 3), chooser.random() < 0.6
+            by_check = chooser.random() < TXN_CHECKED
+            self.decided[key] = (commit, size)  # before it is sent: a check-back may come first
+            messages = [Message(b"txn", properties={"txn": key, "index": str(index)}) for index in range(size)]
+            return (key, by_check), sequencer.produce_request(TXN_TOPIC, count % TXN_QUEUES, batch_codec.encode(
+                messages, int(time.time() * 1000), transaction=True))
+
+        async def acknowledged(channel, sent, reply: dict) -> None:
+            key, by_check = sent
+            self.acked.add(key)
+            if not by_check:
+                await self._end(channel, key, reply)
+
+        await send_in_turn(self.servers, self.stop, self.errors, next_request, acknowledged, TXN_GAP_S)
 
     async def _end(self, channel, key: str, reply: dict) -> None:
         """Commit or roll back as decided; an unknown outcome leaves it to the check-back."""
@@ -345,49 +365,28 @@ class Fifo:
 
     async def produce(self, seed: int) -> None:
         chooser, sequencer, sent = random.Random(seed), Sequencer(), collections.Counter()
-        server, pending = 0, None
-        while True:
-            try:
-                async with connect(self.servers[server % len(self.servers)]) as channel:
-                    while True:
-                        if pending is None:
-                            if self.stop.is_set():
-                                return
-                            key = f"g{chooser.randrange(FIFO_KEYS)}"
-                            message = Message(b"fifo", key=key, properties={"n": str(sent[key])})
-                            sent[key] += 1
-                            pending = (key, sequencer.produce_request(FIFO_TOPIC, queue_for_key(key, FIFO_QUEUES),
-                                       batch_codec.encode([message], int(time.time() * 1000))))
-                        await channel.call("Produce", pending[1], timeout_s=WRITE_TIMEOUT_S)
-                        self.acked[pending[0]] += 1
-                        pending = None
-                        await trio.sleep(FIFO_GAP_S)
-            except RocketError as error:
-                if error.code not in RESEND:
-                    raise
-                self.errors[error.code.name] += 1
-            server += 1
-            await trio.sleep(0.05)
+
+        def next_request() -> tuple[object, dict]:
+            key = f"g{chooser.randrange(FIFO_KEYS)}"
+            message = Message(b"fifo", key=key, properties={"n": str(sent[key])})
+            sent[key] += 1
+            return key, sequencer.produce_request(FIFO_TOPIC, queue_for_key(key, FIFO_QUEUES),
+                                                  batch_codec.encode([message], int(time.time() * 1000)))
+
+        async def acknowledged(channel, key, reply: dict) -> None:
+            self.acked[key] += 1
+
+        await send_in_turn(self.servers, self.stop, self.errors, next_request, acknowledged, FIFO_GAP_S)
 
     async def consume(self, index: int) -> None:
-        server = index
-        while not self.drained.is_set():
-            try:
-                async with connect(self.servers[server % len(self.servers)]) as channel:
-                    consumer = SimpleConsumer(channel, FIFO_TOPIC, FIFO_GROUP, invisible_s=FIFO_INVISIBLE_S)
-                    while not self.drained.is_set():
-                        messages = await consumer.receive(16, wait_s=1.0)
-                        for message in messages:
-                            numbers = self.arrived.setdefault(message.key, [])
-                            if int(message.properties["n"]) not in numbers:
-                                numbers.append(int(message.properties["n"]))
-                        if messages:
-                            with contextlib.suppress(RocketError):  # stale receipts: delivered again, counted once
-                                await consumer.ack(*messages)
-            except RocketError as error:
-                self.errors[f"read {error.code.name}"] += 1
-            server += 1
-            await trio.sleep(0.05)
+        def arrived(messages: list[Message]) -> None:
+            for message in messages:
+                numbers = self.arrived.setdefault(message.key, [])
+                if int(message.properties["n"]) not in numbers:
+                    numbers.append(int(message.properties["n"]))
+
+        await receive_in_turn(self.servers, index, FIFO_TOPIC, FIFO_GROUP, FIFO_INVISIBLE_S, 16, self.drained,
+                              self.errors, arrived)
 
     def missing(self) -> list[str]:
         return [f"{key}/{number}" for key, count in sorted(self.acked.items()) for number in range(count)

@@ -1,6 +1,7 @@
 """The short form of benchmarks/chaos.py, as CI runs it: the 8-node example cluster under kills, partitions, slow and
-full disks, clock jumps and a rolling restart at once for a few minutes, a fixed seed; nothing acknowledged lost, duplicated or reordered, the KV history
-linearizable, no INTERNAL, no traceback, flat memory."""
+full disks, clock jumps, a failing object store and a rolling restart at once for a few minutes, a fixed seed;
+nothing acknowledged lost, duplicated or reordered, the KV history linearizable, replicas alike, no INTERNAL, no
+traceback, flat memory."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_the_cluster_keeps_every_acknowledged_write_under_combined_faults(tmp_pa
     out = tmp_path / "chaos.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--minutes", str(MINUTES), "--seed", str(SEED),
                "--data-parent", str(tmp_path), "--out", str(out)]
-    kinds = {"kill", "partition", "slow_disk", "full_disk", "clock", "rolling"}
+    kinds = {"kill", "partition", "slow_disk", "full_disk", "clock", "store", "rolling"}
     if os.environ.get("CI") != "true":  # CI has FUSE and libfaketime (./test installs them): there they must work
         if not fuse_works():
             command.append("--no-slow-disk")
