@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from rocket import limits
+from rocket.errors import Code, RocketError
 from rocket.serde import avro_codec
 from rocket.transport import frames, tcp
 from rocket.transport.frames import Kind
@@ -154,3 +155,27 @@ async def test_send_parts_sends_every_buffer_in_order_through_partial_writes(siz
     assert bytes(received) == expected
     left.close()
     right.close()
+
+
+async def test_leaving_a_stream_whose_connection_broke_meanwhile_raises_nothing(nursery, monkeypatch):
+    """Leaving a server stream early sends a CANCEL, best effort: a connection that breaks just before it is written
+    ends the stream as well, and the generator closes quietly (it once raised CONNECTION_LOST from its finalizer,
+    printed by trio as an exception ignored: benchmarks/chaos.py's transaction checkers met it)."""
+    server = Server()
+
+    async def subscribe(request: dict):
+        while True:
+            yield {"batches": [], "next_offsets": []}
+            await trio.sleep(0.01)
+
+    server.dispatcher.handle("Subscribe", subscribe)
+    port = await server.serve(nursery)
+    async with open_tcp_channel("127.0.0.1", port) as channel:
+        stream = channel.stream("Subscribe", {"topic": "orders", "queues": []})
+        assert (await stream.__anext__())["batches"] == []
+
+        async def broken(*parts) -> None:
+            raise RocketError(Code.CONNECTION_LOST, "connection lost while sending: the connection was closed")
+
+        monkeypatch.setattr(channel, "_write", broken)
+        await stream.aclose()
