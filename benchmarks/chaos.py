@@ -419,6 +419,12 @@ def rss_slopes(samples: list[tuple[float, int, int, int]], half_at: float) -> di
     return slopes
 
 
+def said_last(node: ClusterNode) -> list[str]:
+    """The last error line `rocket run` printed since the node's latest start (a list of one, or empty)."""
+    this_start = node.log_path.read_text(errors="replace").rsplit("\n---- start ", 1)[-1]
+    return [line for line in this_start.splitlines() if line.startswith("error:")][-1:]
+
+
 class Nemesis:
     """Applies the planned faults, each in its own task, and heals them; records when each held. A node is stopped
     and started by one fault at a time (a kill, or a rolling restart's turn): a kill while it starts is allowed."""
@@ -447,8 +453,7 @@ class Nemesis:
                 async with self.down[node.node_id]:
                     if node.process is not process:  # a fault started it again meanwhile
                         continue
-                    this_start = node.log_path.read_text(errors="replace").rsplit("\n---- start ", 1)[-1]
-                    said = [line for line in this_start.splitlines() if line.startswith("error:")][-1:]
+                    said = said_last(node)
                     self.exits.append({"node": node.name, "status": process.returncode, "said": said})
                     print(f"{node.name} stopped by itself ({process.returncode}): {said}", flush=True)
                     if not (said and DISK_FULL_STOP in said[0]):
@@ -524,7 +529,9 @@ class Nemesis:
         try:
             await node.wait_ready(READY_TIMEOUT_S)
         except (AssertionError, trio.TooSlowError) as error:
-            if (self.kills[node.node_id], node.starts) == (kills, starts):
+            stopped_full = node.process is not None and node.process.poll() is not None and any(
+                DISK_FULL_STOP in line for line in said_last(node))  # supervise starts it again
+            if (self.kills[node.node_id], node.starts) == (kills, starts) and not stopped_full:
                 self.problems.append(f"{node.name} did not come back after {after}: {str(error)[-1000:]}")
 
     async def rolling(self) -> None:
@@ -776,7 +783,7 @@ def summary_line(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0, help="of faults, after a warm-up of WARMUP_S")
     parser.add_argument("--seed", type=int, default=None, help="the fault schedule and the KV clients' choices "
                                                                "(default: random, recorded)")
