@@ -77,7 +77,7 @@ STOP_WAIT_S = 10.0
 PARTITION_POLL_S = 0.02  # how often a held chunk or connection looks whether the partition healed
 PARTITIONS = ("", "to_target", "from_target", "both")
 PARTITION_MODES = ("hold", "reset")
-SOURCE_LOOKUP_S = 0.5  # the most time the proxy spends finding which process opened a connection (then: unknown)
+SOURCE_LOOKUP_S = 5.0  # the most time the proxy spends finding which process opened a connection (then: unknown)
 PROXY_PORT_OFFSET = 50  # a node's proxy listens on PORT_BASE + node id + 50 (cluster.sh uses up to + 32)
 NODE_IDS = {"ns1": 1, "ns2": 2, "ns3": 3, "storage1": 11, "storage2": 12, "storage3": 13, "broker1": 21, "broker2": 22}
 KINDS = ("slow_disk", "link", "cpu", "control")
@@ -270,12 +270,16 @@ def connection_source(peer: tuple, local: tuple, budget_s: float = SOURCE_LOOKUP
 
 
 async def client_command_line(client: trio.SocketStream) -> str:
-    """connection_source of an accepted connection, found in a worker thread."""
+    """connection_source of an accepted connection, found in a worker thread; one not found is said on stderr (a
+    partition_from partition does not cut it)."""
     try:
         peer, local = client.socket.getpeername(), client.socket.getsockname()
     except OSError:  # already reset
         return ""
-    return await trio.to_thread.run_sync(connection_source, peer, local)
+    source = await trio.to_thread.run_sync(connection_source, peer, local)
+    if not source:
+        print(f"proxy: no process found for the connection from {peer[0]}:{peer[1]}", file=sys.stderr, flush=True)
+    return source
 
 
 async def _read_chunks(source: trio.SocketStream, chunks: trio.MemorySendChannel) -> None:
