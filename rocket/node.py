@@ -28,6 +28,7 @@ from rocket.quotas import Quotas
 from rocket.clock import Clock
 from rocket.config import ConfigError, NodeConfig
 from rocket.disk import peer_versions
+from rocket.disk.files import says_out_of_space
 from rocket.errors import Code, RocketError, collapse_single_error
 from rocket.gateway.console import Console
 from rocket.gateway.mqtt.server import MqttGateway
@@ -66,6 +67,14 @@ LOCK_FILE = "node.lock"  # in the data directory: held (flock) while a node runs
 
 class StartupError(Exception):
     """The node cannot start: a port in use, a data directory another node holds. One line for its operator."""
+
+
+def stop_reason(error: BaseException) -> str | None:
+    """One line for an error the node stopped on that its operator can act on, else None: the data disk full, as
+    the store's LevelDB says it (one that failed to write refuses every write after, until it is opened again)."""
+    if says_out_of_space(error):
+        return f"stopped: the data disk is full ({error}); start the node again once space is freed"
+    return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

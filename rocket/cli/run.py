@@ -40,7 +40,7 @@ def run(
     auth: Annotated[Optional[bool], typer.Option("--auth/--no-auth", help="Every client call needs a user the policies allow (needs cluster_secret).")] = None,
 ) -> None:
     """Run a node. With no flags: dev mode, all roles in one process, data in ./rocket-data."""
-    from rocket.node import StartupError, keep_freed_memory, run_node, tune_collector
+    from rocket.node import StartupError, keep_freed_memory, run_node, stop_reason, tune_collector
 
     flags = {"roles": role, "data_dir": data_dir, "listen": listen, "http2_listen": http2_listen, "http_listen": http_listen, "mqtt_listen": mqtt_listen,
              "log_level": log_level,
@@ -65,9 +65,9 @@ def run(
     except StartupError as error:
         fail(f"cannot start: {error}", 1)
     except OSError as error:
-        from rocket.disk.files import says_out_of_space
-        if says_out_of_space(error):  # the store's LevelDB, say, which a full disk stops: systemd starts it again
-            fail(f"stopped: the data disk is full ({error}); start the node again once space is freed", 1)
+        reason = stop_reason(error)
+        if reason is not None:  # the store's LevelDB, say, which a full disk stopped: systemd starts it again
+            fail(reason, 1)
         # Not a port or data directory problem (StartupError): where it came from is the news.
         logging.getLogger("rocket").error("the node stopped on an error it did not expect", exc_info=error)
         fail(f"cannot start: {error}", 1)

@@ -11,7 +11,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import aclosing, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import cast
 
 import trio
@@ -86,10 +86,9 @@ class TransactionProducer:
         task_status.started()
         while True:
             try:
-                async with aclosing(self.channel.stream("TransactionChecks", {"topic": self.topic})) as responses:
-                    async for response in responses:
-                        for check in response["checks"]:
-                            await self._check(check)
+                async for response in self.channel.stream("TransactionChecks", {"topic": self.topic}):
+                    for check in response["checks"]:
+                        await self._check(check)
             except RocketError as error:
                 log.info("transaction checks of %s: %s; listening again", self.topic, error)
             await trio.sleep(1.0)

@@ -75,3 +75,6 @@ def test_an_error_that_says_the_disk_is_full_in_words_is_taken_for_one():
     assert says_out_of_space(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
     assert not says_out_of_space(plyvel.IOError(b"IO error: /data/storage/index/LOCK: Permission denied"))
     assert not says_out_of_space(ValueError(os.strerror(errno.ENOSPC)))
+    from rocket.node import stop_reason
+
+    assert stop_reason(stopped).startswith("stopped: the data disk is full (") and stop_reason(ValueError()) is None
