@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from chaos import KINDS, ROLLING_AT, Fault, Partitions, caller, differ, excused, plan  # noqa: E402
+from chaos import KINDS, ROLLING_AT, Fault, Partitions, caller, differ, excused, plan, rss_slopes  # noqa: E402
 from kill_loop import NAMES, make_cluster  # noqa: E402
 
 SECONDS = 300.0
@@ -99,3 +99,17 @@ def test_copies_are_compared_where_each_has_batches_and_below_the_shortest_end()
     assert differ([(same, 30), ({20: b"c"}, 30)]) == (1, None)  # installed a snapshot, not backfilled yet
     assert differ([(same, 30), ({0: b"a", 10: b"X", 20: b"c"}, 30)]) == (3, 10)
     assert differ([(same, 30), ({0: b"a", 12: b"b", 20: b"c"}, 30)]) == (3, 10)  # other batch boundaries
+
+
+def test_rss_is_judged_per_process_over_the_last_half_past_its_warm_up():
+    flat = [(float(at), 11, 1, 100_000_000) for at in range(0, 400, 2)]
+    growing = [(float(at), 12, 1, 100_000_000 + at * 100_000) for at in range(0, 400, 2)]  # +20 MB over the half
+    restarted = ([(float(at), 13, 1, 100_000_000) for at in range(0, 250, 2)]
+                 + [(float(at), 13, 2, 50_000_000 + (at - 250) * 1_000_000 if at < 280 else 80_000_000)
+                    for at in range(250, 400, 2)])  # warms up for 30 s, then flat
+    short = [(float(at), 21, 1, 100_000_000) for at in range(0, 210, 2)] + [
+        (float(at), 21, 2, 10_000_000 + at * 1_000_000) for at in range(210, 300, 2)]  # too short a life to judge
+    slopes = rss_slopes(flat + growing + restarted + short, half_at=200.0)
+    assert slopes[11] == 0.0 and 0.15 < slopes[12] < 0.2
+    assert abs(slopes[13]) < 0.01  # its first process's last 50 s too short; its second past its warm-up, flat
+    assert 21 not in slopes
