@@ -130,7 +130,10 @@ ROLLING_READY_S = 60.0  # a rolling restart goes on to the next node once every 
 HEAL_S = 10.0  # no fault starts in the run's last this long, so the last ones end inside it
 READY_TIMEOUT_S = 120.0  # a restart on the shared 2-core machine, under other faults
 SETTLE_TIMEOUT_S = 120.0  # after the last fault: every storage group led again
-DRAIN_S = 60.0  # after the run, for the last delayed messages (and those a fault held up) to be delivered
+# After the run, for the last delayed, transactional and FIFO messages (and those a fault held up) to arrive. A pop's
+# invisibility runs by its leader's wall clock: a clock CLOCK_JUMP_S ahead holds an unacked message (and, in a FIFO
+# group, those behind it) that much longer.
+DRAIN_S = 60.0 + CLOCK_JUMP_S[1]
 RSS_SAMPLE_S = 2.0
 RSS_SLOPE_MAX = 0.10  # growth over the last half of the run, as a share of the mean
 RSS_WARMUP_S = 30.0  # a process's first samples, while it fills its caches, are not held against it ...

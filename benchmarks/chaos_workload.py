@@ -389,7 +389,10 @@ class Fifo:
                               self.errors, arrived)
 
     def missing(self) -> list[str]:
-        return [f"{key}/{number}" for key, count in sorted(self.acked.items()) for number in range(count)
+        """Each acknowledged message that did not arrive, with the highest number of its group that did: one below it
+        was skipped, one above it waits behind its group's messages before it."""
+        return [f"{key}/{number} ({key}/{max(self.arrived.get(key, [-1]))} arrived)"
+                for key, count in sorted(self.acked.items()) for number in range(count)
                 if number not in self.arrived.get(key, [])]
 
     async def drain(self, timeout_s: float) -> None:
