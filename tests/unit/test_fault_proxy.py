@@ -15,6 +15,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import faults  # noqa: E402
 
 
+async def ping_answer(stream: trio.SocketStream, timeout_s: float) -> bytes | None:
+    """What a ping through the stream gets back: None if the connection was reset (ECONNRESET), b"" if closed."""
+    with trio.fail_after(timeout_s):
+        try:
+            await stream.send_all(b"ping")
+            return await stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            return None
+
+
 async def echo(stream: trio.SocketStream) -> None:
     async with stream:
         try:
@@ -225,13 +235,7 @@ async def test_a_partition_in_reset_mode_resets_connections(proxy):
         assert await open_stream.receive_some(65536) == b"ping"
         await partition(control, partition="to_target", partition_mode="reset")
         for stream in (open_stream, await connect()):
-            with trio.fail_after(10):
-                try:
-                    await stream.send_all(b"ping")
-                    data = await stream.receive_some(65536)
-                except trio.BrokenResourceError:
-                    data = None  # ECONNRESET
-            assert not data
+            assert not await ping_answer(stream, 10)
 
 
 def test_bad_partition_settings_are_refused():
@@ -355,10 +359,4 @@ async def test_partition_from_knows_the_test_process_and_cuts_its_open_connectio
         await stream.send_all(b"ping")  # and so does the open one
         assert await stream.receive_some(65536) == b"ping"
         holder.settings = faults.LinkSettings(partition="both", partition_mode="reset", partition_from=(own,))
-        with trio.fail_after(5):
-            try:
-                await stream.send_all(b"ping")
-                data = await stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                data = None  # ECONNRESET
-        assert not data
+        assert not await ping_answer(stream, 5)
