@@ -13,12 +13,13 @@ import trio
 from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import Code, RocketError
+from rocket.replication import NotLeader
 from rocket.serde import batch as batch_codec
 from rocket.store.commands import encode_drop_local, encode_expire, encode_offloaded, encode_truncate
 from rocket.tier import LocalDirectoryStore
 from rocket.tier.cold import ColdReader
 from rocket.roles.storage.offload import Offloader, TierSettings
-from rocket.serde.piece import Piece, segment_key
+from rocket.serde.piece import Piece, range_of_key, segment_key
 from tests.unit.test_store import GROUP, Node, append_entry, make_batch, workload
 from tests.unit.test_timers import Log
 
@@ -26,12 +27,12 @@ TOPIC = "t"
 
 
 def make_offloader(node: Node, objects, retention: tuple[float, float] = (0.0, 1.0), leads=lambda: {GROUP: 1},
-                   **settings) -> Offloader:
-    async def propose(group: int, payload: bytes):
+                   propose=None, **settings) -> Offloader:
+    async def apply(group: int, payload: bytes):
         return Log(node).apply(payload)[0]  # the next entry of the group's log, whatever else the test applied
 
     options = {"piece_bytes": 12_000, "piece_age_s": 0.0, **settings}
-    return Offloader(node.store, objects, TierSettings(prefix="tier", **options), propose, leads,
+    return Offloader(node.store, objects, TierSettings(prefix="tier", **options), propose or apply, leads,
                      lambda topic: retention, Clock())
 
 
@@ -309,4 +310,104 @@ async def test_orphans_are_looked_for_once_per_queue_and_term_and_deleted(tmp_pa
         await scan_until_done(offloader)
         assert store.lists == 4 and await objects.head(orphan) is None
         assert node.tier_state(TOPIC, 0).tiered_to == node.queue_stats(TOPIC, 0)["next_offset"] > tiered_to
+    node.close()
+
+
+async def offloaded_on_both(old: Node, new: Node, objects) -> list[bytes]:
+    """The workload on two nodes of the group, offloaded by the old one in term 1: the manifest payloads it
+    committed, applied on the old node only."""
+    committed: list[bytes] = []
+
+    async def propose(group: int, payload: bytes):
+        committed.append(payload)
+        return Log(old).apply(payload)[0]
+
+    for node in (old, new):
+        node.apply(GROUP, workload())
+    await scan_until_done(make_offloader(old, objects, retention=(0.0, 0.0), propose=propose))
+    return committed
+
+
+async def listed_objects_exist(node: Node, objects) -> None:
+    for queue in (0, 1):
+        for piece in node.tier_state(TOPIC, queue).pieces:
+            assert await objects.head(piece.key) is not None and await objects.head(piece.index_key) is not None
+
+
+async def test_a_new_leader_behind_its_predecessors_last_piece_deletes_none_of_its_objects(tmp_path):
+    """The chaos run's CORRUPT_DATA: a new leader, its state machine still short of the old leader's last committed
+    piece, built its next piece from there, cut elsewhere, took the listed objects for orphans and deleted them before
+    its upload. Now orphans go only once a piece from their offset is listed: the new leader's piece loses the race
+    for the manifest, and its uploader deletes its own objects."""
+    old, new = Node(tmp_path / "old"), Node(tmp_path / "new")
+    async with LocalDirectoryStore(tmp_path / "tier") as objects:
+        committed = await offloaded_on_both(old, new, objects)
+        unapplied = [encode_offloaded(TOPIC, 0, old.tier_state(TOPIC, 0).pieces[-1])]
+        Log(new).apply(*[payload for payload in committed if payload not in unapplied])  # all but queue 0's last
+
+        def apply_committed() -> None:
+            Log(new).apply(*unapplied)
+            unapplied.clear()
+
+        async def propose(group: int, payload: bytes):
+            apply_committed()  # earlier in the log than the new leader's own entries
+            return Log(new).apply(payload)[0]
+
+        new.apply(GROUP, workload(first_index=new.applied(GROUP) + 1, first_batch=40))
+        offloader = make_offloader(new, objects, retention=(0.0, 0.0), leads=lambda: {GROUP: 2}, propose=propose,
+                                   piece_bytes=30_000)  # its piece from where it thinks the manifest ends: cut elsewhere
+        await scan_until_done(offloader)
+        await listed_objects_exist(new, objects)
+        reader = ColdReader(objects)
+        for queue in (0, 1):
+            assert await cold_bodies(new, reader, queue, force=True) == expected_bodies(queue, batches=80)
+        ranges = sorted(range_of_key(info.key) for info in await objects.list(f"tier/{TOPIC}/0/"))
+        assert ranges == sorted((piece.from_offset, piece.to_offset) for piece in new.tier_state(TOPIC, 0).pieces
+                                for _ in (".seg", ".idx"))  # nothing beside the listed pieces
+    old.close()
+    new.close()
+
+
+async def test_a_deposed_leader_deletes_none_of_its_successors_objects(tmp_path):
+    """A leader deposed without knowing it (partitioned away) builds a piece from where its manifest ends, where its
+    successor has since uploaded and listed one cut elsewhere: it deletes none of them (orphans go only once a piece
+    is listed), and its proposal fails."""
+    old, new = Node(tmp_path / "old"), Node(tmp_path / "new")
+    async with LocalDirectoryStore(tmp_path / "tier") as objects:
+        committed = await offloaded_on_both(old, new, objects)
+        Log(new).apply(*committed)
+        new.apply(GROUP, workload(batches=20, first_index=new.applied(GROUP) + 1, first_batch=40))
+        await scan_until_done(make_offloader(new, objects, retention=(0.0, 0.0), leads=lambda: {GROUP: 2},
+                                             piece_bytes=30_000))
+        successors = [(piece.from_offset, piece.to_offset) for piece in new.tier_state(TOPIC, 0).pieces[20:]]
+        assert successors[0] == (1000, 1200) and successors[-1][1] == 1500
+        old.apply(GROUP, workload(batches=2, first_index=old.applied(GROUP) + 1, first_batch=40))
+
+        async def deposed(group: int, payload: bytes):
+            raise NotLeader(2)
+
+        offloader = make_offloader(old, objects, retention=(0.0, 0.0), propose=deposed, piece_bytes=30_000)
+        await offloader.scan()
+        assert offloader.failures == 2 and old.tier_state(TOPIC, 0).tiered_to == 1000
+        await listed_objects_exist(new, objects)
+        found = {range_of_key(info.key) for info in await objects.list(f"tier/{TOPIC}/0/{1000:020d}-")}
+        assert found == {(1000, 1050), (1000, 1200)}  # its own stay, to go once a leader lists another piece
+    old.close()
+    new.close()
+
+
+async def test_a_piece_that_loses_the_race_for_the_manifest_is_deleted_by_its_uploader(tmp_path):
+    """Another piece from the same offset reaches the manifest between the offloader's look and its proposal: its
+    own objects, which nothing can list now, go."""
+    node = Node(tmp_path / "node")
+    node.apply(GROUP, workload(batches=1, queues=1))
+    rival = Piece(0, 50, "tier/elsewhere.seg", 10, "0" * 32, 10, 0, 0)
+
+    async def propose(group: int, payload: bytes):
+        Log(node).apply(encode_offloaded(TOPIC, 0, rival))
+        return Log(node).apply(payload)[0]
+
+    async with LocalDirectoryStore(tmp_path / "tier") as objects:
+        await make_offloader(node, objects, retention=(0.0, 0.0), propose=propose).scan()
+        assert node.tier_state(TOPIC, 0).pieces == [rival] and await objects.list("tier/") == []
     node.close()

@@ -228,11 +228,12 @@ class Offloader:
         return built
 
     async def _store(self, group: int, topic: str, queue: int, built: _Built) -> bool:
-        """Upload a piece, verify it and propose it to the manifest; True once the manifest holds it."""
+        """Upload a piece, verify it and propose it to the manifest; True once the manifest holds it. Other objects
+        from its offset go only then, when no manifest can ever list them (its end only moves on): deleted earlier,
+        one could be the piece an earlier leader got committed that this node has not applied yet."""
         piece = built.piece
         term = self._led.get(group, 0)
-        if self._clean.pop((topic, queue), None) != (term, piece.from_offset):
-            await self._delete_orphans(topic, queue, piece)
+        look = self._clean.pop((topic, queue), None) != (term, piece.from_offset)
         stored: dict[str, ObjectInfo] = {}
 
         async def put(key: str, data: bytes, md5: str | None = None) -> None:
@@ -245,11 +246,19 @@ class Offloader:
         if not await self.propose(group, encode_offloaded(topic, queue, piece)):
             if (topic, queue) not in self.store.machine.queues:  # the topic was deleted meanwhile
                 await self.delete_objects(topic, queue)
-            return False  # another leader's piece got there first: its objects are the ones listed
+            elif not self._lists(topic, queue, piece):  # another piece from its offset got there first
+                await self._objects.delete(piece.key)
+                await self._objects.delete(piece.index_key)
+            return False
         self._clean[(topic, queue)] = (term, piece.to_offset)
         self.uploaded_pieces += 1
         self.uploaded_bytes += piece.size
         log.debug("tier: offloaded %s (%d bytes)", piece.key, piece.size)
+        if look:
+            try:
+                await self._delete_orphans(topic, queue, piece)
+            except RocketError as error:
+                log.warning("tier: orphans beside %s are left: %s", piece.key, error)
         return True
 
     @staticmethod
@@ -261,9 +270,13 @@ class Offloader:
             raise RocketError(Code.CORRUPT_DATA, f"tier object {piece.key} holds {segment.size} bytes with MD5 "
                               f"{segment.etag}; uploaded {piece.size} with {piece.md5}")
 
+    def _lists(self, topic: str, queue: int, piece: Piece) -> bool:
+        state = self.store.reads.tier_state(topic, queue)
+        return state is not None and any(listed.key == piece.key for listed in state.pieces)
+
     async def _delete_orphans(self, topic: str, queue: int, piece: Piece) -> None:
-        """Objects of a run from the same offset cut differently (an upload a crash or a lost leadership
-        left unlisted) go, so the tier never holds the same offsets twice."""
+        """Objects of a run from the listed piece's offset cut differently (an upload a crash or a lost leadership
+        left unlisted) go, so the tier holds an offset twice only until its piece is listed."""
         prefix = queue_prefix(self.settings.prefix, topic, queue) + f"{piece.from_offset:020d}-"
         for info in await self._objects.list(prefix):
             if range_of_key(info.key) != (piece.from_offset, piece.to_offset):
