@@ -94,7 +94,7 @@ from rocket.client.kv import KV  # noqa: E402
 from rocket.errors import RocketError  # noqa: E402
 from rocket.transport.listen import free_ports  # noqa: E402
 from tests.integration.fault_proxy import FaultProxy  # noqa: E402
-from tests.integration.test_tier_objectstore import SAFE_ENVIRONMENT, MotoServer  # noqa: E402
+from tests.integration.test_tier_objectstore import SAFE_ENVIRONMENT, MotoServer, s3_store  # noqa: E402
 from tests.integration.test_cluster import (Writers, verify_acknowledged,  # noqa: E402
                                             wait_all_groups_led)
 
@@ -117,6 +117,7 @@ STORE_S = (5.0, 30.0)
 STORE_FAULTY = {"error_rate": 0.25, "reset_rate": 0.1, "stall_s": 0.05, "bandwidth_bytes_s": 2_000_000, "down": False}
 STORE_DOWN = {"down": True}
 STORE_HEALED = {"error_rate": 0.0, "reset_rate": 0.0, "stall_s": 0.0, "bandwidth_bytes_s": 0, "down": False}
+TIER_PREFIX = "chaos"
 TIER_PIECE_BYTES = 1024 * 1024  # small pieces and a short age, so that queues offload all through a run
 TIER_PIECE_AGE_S = 5.0
 TIER_LOCAL_RETENTION_S = 60.0  # then the normal topic's offloaded data leaves the disks: the check reads it back cold
@@ -321,12 +322,16 @@ def excused(early: list[tuple[str, int, int]], jumps: list[tuple[int, float, flo
     return [entry for entry in early if entry not in by_clock], by_clock
 
 
-async def tier_figures(server: str, store: FaultProxy) -> dict:
-    """What the object store's fault proxy did, and the pieces the topics have in the store."""
+async def tier_figures(server: str, store: FaultProxy, moto: MotoServer, bucket: str) -> dict:
+    """What the object store's fault proxy did, the pieces the topics' manifests list, and the segment objects beside
+    them in the store (orphans: uploads a lost leadership left, which cost space, never data)."""
     async with connect(server) as channel:
         topics = await Admin(channel).tier_status()
-    return {"proxy": (await trio.to_thread.run_sync(store.faults))["counts"],
-            "pieces": {spec.name: sum(row["pieces"] for row in rows) for spec, rows in topics}}
+    async with s3_store(moto, bucket) as objects:  # straight to moto, not through the faults
+        segments = [info.key for info in await objects.list(TIER_PREFIX + "/") if info.key.endswith(".seg")]
+    pieces = {spec.name: sum(row["pieces"] for row in rows) for spec, rows in topics}
+    return {"proxy": (await trio.to_thread.run_sync(store.faults))["counts"], "pieces": pieces,
+            "orphans": len(segments) - sum(pieces.values())}
 
 
 async def read_copy(server: str, group: int, topic: str, queue: int) -> tuple[dict[int, bytes], int]:
@@ -614,7 +619,7 @@ async def chaos(args: argparse.Namespace, base: Path) -> dict:
     proxies: dict[int, Proxy] = {}
     disks: dict[int, SlowDisk] = {}
     clocks: dict[int, FakeClock] = {}
-    moto, store = None, None
+    moto, store, bucket = None, None, ""
     samples: list[tuple[float, int, int, int]] = []
     outcome: dict = {"faults_planned": len(faults), "problems": []}
     try:
@@ -633,7 +638,7 @@ async def chaos(args: argparse.Namespace, base: Path) -> dict:
             for node in nodes.values():
                 node.environment.update({**SAFE_ENVIRONMENT, "ROCKET_TIER_BACKEND": "s3",
                                          "ROCKET_TIER_S3_ENDPOINT": store.url, "ROCKET_TIER_S3_BUCKET": bucket,
-                                         "ROCKET_TIER_S3_PREFIX": "chaos",
+                                         "ROCKET_TIER_S3_PREFIX": TIER_PREFIX,
                                          "ROCKET_TIER_PIECE_BYTES": str(TIER_PIECE_BYTES),
                                          "ROCKET_TIER_PIECE_AGE_S": str(TIER_PIECE_AGE_S)})
         # The clients too reach the brokers through their proxies: a partitioned broker is cut from them as well.
@@ -693,7 +698,8 @@ async def chaos(args: argparse.Namespace, base: Path) -> dict:
         except RocketError as error:
             outcome["replicas"] = {"differ": [f"the copies could not be read: {error}"]}
         if store is not None:
-            outcome["store"] = await tier_figures(of_kind(nodes, "broker")[0].server, store)
+            assert moto is not None
+            outcome["store"] = await tier_figures(of_kind(nodes, "broker")[0].server, store, moto, bucket)
         linear = await trio.to_thread.run_sync(check, kv.history)
         outcome["kv"] = {"operations": len(kv.history), "open": sum(op.completed is None for op in kv.history),
                          "ok": linear.ok, "bad_keys": linear.bad_keys, "timed_out_keys": linear.timed_out_keys,
@@ -757,6 +763,8 @@ def verdict(result: dict) -> list[str]:
     if result["kv"] is None or result["kv"]["ok"] is not True:
         failed.append(f"KV history not shown linearizable: {result['kv'] and result['kv']['bad_keys']}")
     failed += result["problems"]
+    if result["store"] is not None and result["store"]["orphans"] < 0:
+        failed.append(f"the store holds {-result['store']['orphans']} segment objects fewer than the manifests list")
     replicas = result["replicas"]
     if replicas is None or replicas["differ"]:
         failed.append(f"replicas' copies: {replicas and replicas['differ'][:10]}")
