@@ -49,7 +49,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "rocket_tier_uploaded_pieces": ("counter", "Pieces this node offloaded to the object store"),
     "rocket_tier_uploaded_bytes": ("counter", "Bytes this node offloaded to the object store"),
     "rocket_tier_upload_failures": ("counter", "Offloads that failed (retried later)"),
-    "rocket_tier_swept_objects": ("counter", "Objects deleted from the object store past their retention"),
+    "rocket_tier_swept_objects": ("counter", "Objects deleted from the object store that no manifest lists (expired "
+                                             "or orphaned)"),
     "rocket_tier_cold_read_batches": ("counter", "Batches read from offloaded pieces"),
     "rocket_tier_cold_cache_hits": ("counter", "Batches read from offloaded pieces whose bytes were in the cache"),
     "rocket_tier_cold_gets": ("counter", "Ranged GETs of the object store for cold reads"),

@@ -208,9 +208,11 @@ async def test_total_retention_expires_pieces_and_their_objects(tmp_path):
     node.close()
 
 
-async def test_objects_an_interrupted_expire_left_behind_are_swept(tmp_path):
+async def test_objects_an_interrupted_expire_or_a_lost_upload_left_behind_are_swept(tmp_path):
     """An expire that a crash cut short between the manifest change and the deletes leaves objects before
-    the manifest's start: the next offloader (after a restart, or a new leader) deletes them, and only them."""
+    the manifest's start, and a deposed leader's upload leaves one from inside the manifest's range: the next
+    offloader (after a restart, or a new leader) deletes them, and only them (not one past the manifest's end, which
+    a leader may be about to list)."""
     node = Node(tmp_path / "node")
     node.apply(GROUP, workload())
     async with LocalDirectoryStore(tmp_path / "tier") as objects:
@@ -221,17 +223,21 @@ async def test_objects_an_interrupted_expire_left_behind_are_swept(tmp_path):
         log = Log(node)
         assert log.apply(encode_expire(TOPIC, 0, cut))[0]  # the crash: no object of it was deleted
         assert len(await objects.list(f"tier/{TOPIC}/0/")) == len(kept[0])
+        lost = segment_key("tier", TOPIC, 1, 500, 575)  # cut elsewhere than the listed piece from 500
+        upcoming = segment_key("tier", TOPIC, 1, 1000, 1050)
+        for key in (lost, upcoming):
+            await objects.put(key, b"x")
         node.close()
 
         node = Node(tmp_path / "node")  # the restart
         offloader = make_offloader(node, objects, retention=(0.0, 0.0))
         await scan_until_done(offloader)
         await offloader.scan()  # its first look at each queue's retentions (due from the round after) sweeps
-        assert offloader.swept_objects == 6  # three pieces: segment and index objects
+        assert offloader.swept_objects == 7  # three pieces (segment and index objects) and the lost upload
         remaining = node.tier_state(TOPIC, 0).pieces
         assert sorted(info.key for info in await objects.list(f"tier/{TOPIC}/0/")) == sorted(
             key for piece in remaining for key in (piece.key, piece.index_key))
-        assert sorted(info.key for info in await objects.list(f"tier/{TOPIC}/1/")) == kept[1]
+        assert sorted(info.key for info in await objects.list(f"tier/{TOPIC}/1/")) == sorted(kept[1] + [upcoming])
     node.close()
 
 

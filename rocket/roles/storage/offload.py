@@ -71,7 +71,7 @@ class Offloader:
         self._backoff: dict[tuple[str, int], _Backoff] = {}  # queue -> its wait after a failure; gone once it passed
         self._pending_seen: dict[tuple[str, int], tuple[int, float]] = {}  # queue -> (tiered to, its data's wall s)
         self._retention_due: dict[tuple[str, int], float] = {}  # queue -> when to look at its retentions again
-        self._swept: set[tuple[str, int]] = set()  # queues whose expired objects this offloader looked for
+        self._swept: set[tuple[str, int]] = set()  # queues whose unlisted objects this offloader looked for
         # queue -> (term, offset): its last piece went into the manifest in that term, and it ended there, so no other
         # upload from that offset can have happened unless the term changed (no orphans to look for)
         self._clean: dict[tuple[str, int], tuple[int, int]] = {}
@@ -292,12 +292,14 @@ class Offloader:
             await self.objects.delete(info.key)
         return len(found)
 
-    async def _sweep_expired(self, topic: str, queue: int, start: int) -> None:
-        """Objects wholly before the manifest's start were expired: an expire whose deletes a crash or a lost
-        leadership cut short left them behind. Looked for once per queue by each offloader (leader)."""
+    async def _sweep(self, topic: str, queue: int, listed: set[str], end: int) -> None:
+        """Objects from an offset before the manifest's end that it does not list (it never can: its end only moves
+        on) go: pieces an expire whose deletes a crash or a lost leadership cut short left behind, and uploads that
+        lost the race for the manifest, whose uploader crashed or was cut off. Looked for once per queue by each
+        offloader (each time a node starts)."""
         for info in await self._objects.list(queue_prefix(self.settings.prefix, topic, queue)):
             found = range_of_key(info.key)
-            if found is not None and found[1] <= start:
+            if found is not None and found[0] < end and info.key not in listed:
                 await self._objects.delete(info.key)
                 self.swept_objects += 1
 
@@ -324,7 +326,8 @@ class Offloader:
         if state is None or self.objects is None:
             return
         if (topic, queue) not in self._swept:
-            await self._sweep_expired(topic, queue, state.pieces[0].from_offset if state.pieces else state.tiered_to)
+            listed = {key for piece in state.pieces for key in (piece.key, piece.index_key)}
+            await self._sweep(topic, queue, listed, state.tiered_to)  # both taken before the list: it may move on
             self._swept.add((topic, queue))
         if not state.pieces:
             return
