@@ -16,13 +16,13 @@ Workload, every client reaching the brokers through the same proxies as the node
 
 Nemesis: a seeded schedule of faults, started every GAP_S and lasting longer, so several hold at once:
 - kill: kill -9 of any node, restarted after a short while;
-- partition: connections are cut (held, or reset) at the TCP proxies in front of the storage nodes and brokers (a
-  node advertises its proxy's address, so its peers and the brokers reach it only through it; each proxy can cut the
-  callers of given processes alone, faults.py's partition_from), in one of three shapes:
+- partition: connections are cut (held, or reset) at the TCP proxies in front of every node (a node advertises its
+  proxy's address, and the nameservers' addresses every node is given are their proxies', so its peers and the
+  clients reach it only through it; each proxy can cut the callers of given processes alone, faults.py's
+  partition_from), in one of three shapes:
   in: every connection into one node (its own outgoing ones pass: one way);
   isolated: one node from every other node and client, both ways;
-  split: a minority (a node, with a node of the other kind half the time) from the rest and the clients, both ways
-  (the nameservers, whose addresses are fixed, reach both sides);
+  split: a minority (a node, with a node of another kind half the time) from the rest and the clients, both ways;
 - slow_disk: a storage node's data dir is slowfs (FUSE), whose fsyncs are made N times slower;
 - full_disk: that slowfs has 0-48 MiB left, and refuses writes past it (ENOSPC);
 - clock: a node's wall clock jumps 2-60 s forward or back (libfaketime, monotonic time untouched), and back again;
@@ -82,7 +82,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from controller_failover import NOT_CONSUMED, spread  # noqa: E402
 from faults import command_line, start_proxy, start_slowfs, stop_process, unmount, write_control  # noqa: E402
-from kill_loop import (ClusterNode, first_acks_after, make_cluster, of_kind, scan_logs, start_cluster,  # noqa: E402
+from kill_loop import (NAMES, ClusterNode, first_acks_after, make_cluster, of_kind, scan_logs, start_cluster,  # noqa: E402
                        status_servers, STORAGE_GROUPS)
 from chaos_workload import (DELAYED_CONSUMERS, DELAYED_QUEUES, DELAYED_TOPIC, KV_BUCKET, KV_CLIENTS,  # noqa: E402
                             FIFO_QUEUES, FIFO_READERS, FIFO_TOPIC, KV_KEYS, RESEND, TXN_CHECK_S, TXN_QUEUES,
@@ -167,8 +167,7 @@ def plan(seed: int, seconds: float, nodes: dict[int, str], kinds: tuple[str, ...
     a rolling restart (if a kind) starts a quarter of the way in."""
     chooser = random.Random(seed)
     storage = [node for node, name in nodes.items() if name.startswith("storage")]
-    proxied = storage + [node for node, name in nodes.items() if name.startswith("broker")]
-    targets = {"kill": sorted(nodes), "partition": proxied, "slow_disk": storage, "full_disk": storage,
+    targets = {"kill": sorted(nodes), "partition": sorted(nodes), "slow_disk": storage, "full_disk": storage,
                "clock": sorted(nodes), "store": storage[:1]}  # the store is one: its faults are numbered as a node's
     spans = {"kill": KILL_DOWN_S, "partition": PARTITION_S, "slow_disk": SLOW_DISK_S, "full_disk": FULL_DISK_S,
              "clock": CLOCK_S, "store": STORE_S}
@@ -186,7 +185,7 @@ def plan(seed: int, seconds: float, nodes: dict[int, str], kinds: tuple[str, ...
         shape = chooser.choice(PARTITION_SHAPES) if kind == "partition" else ""
         minority = (node,)
         if shape == "split" and chooser.random() < 0.5:
-            minority += (chooser.choice([other for other in proxied if nodes[other][0] != nodes[node][0]]),)
+            minority += (chooser.choice([other for other in sorted(nodes) if nodes[other][0] != nodes[node][0]]),)
         if busy.get((kind, node), 0.0) <= at:
             faults.append(Fault(kind, node, round(at, 3), round(for_s, 3), round(severity, 1), shape,
                                 minority if shape == "split" else ()))
@@ -199,10 +198,11 @@ def plan(seed: int, seconds: float, nodes: dict[int, str], kinds: tuple[str, ...
 
 
 class Proxy:
-    """benchmarks/faults.py's TCP proxy in front of a node (a process), and its control file."""
+    """benchmarks/faults.py's TCP proxy in front of a node (a process), on a given port or a free one, and its control
+    file."""
 
-    def __init__(self, node: ClusterNode, base: Path):
-        self.port = free_ports(1)[0]
+    def __init__(self, node: ClusterNode, base: Path, port: int | None = None):
+        self.port = port or free_ports(1)[0]
         self.control = base / f"proxy{node.node_id}.json"
         write_control(self.control, {})
         self.process = start_proxy(f"127.0.0.1:{self.port}", node.server, self.control,
@@ -612,7 +612,8 @@ async def work(args: argparse.Namespace, nodes: dict[int, ClusterNode], writers:
 
 
 async def chaos(args: argparse.Namespace, base: Path) -> dict:
-    nodes = make_cluster(base)
+    nameserver_ports = dict(zip([node for node, name in NAMES.items() if name.startswith("ns")], free_ports(3)))
+    nodes = make_cluster(base, nameserver_ports)  # every node reaches the nameservers through their proxies
     names = {node.node_id: node.name for node in nodes.values()}
     seconds = args.minutes * 60
     faults = plan(args.seed, seconds, names, args.kinds)
@@ -625,8 +626,7 @@ async def chaos(args: argparse.Namespace, base: Path) -> dict:
     try:
         for node in nodes.values():
             node.environment["ROCKET_TRANSACTION_CHECK_S"] = str(TXN_CHECK_S)
-            if node.kind in ("storage", "broker"):
-                proxies[node.node_id] = Proxy(node, base)
+            proxies[node.node_id] = Proxy(node, base, nameserver_ports.get(node.node_id))
             if node.kind == "storage" and "slow_disk" in args.kinds:
                 disks[node.node_id] = SlowDisk(node, base)
             if "clock" in args.kinds:

@@ -77,11 +77,14 @@ class ClusterNode(Node):
                 "--nameservers", self.nameservers]
 
 
-def make_cluster(base: Path) -> dict[int, ClusterNode]:
+def make_cluster(base: Path, nameserver_ports: dict[int, int] | None = None) -> dict[int, ClusterNode]:
+    """The cluster's nodes on free ports; every node reaches the nameservers at their own ports, or at
+    nameserver_ports (node -> port: proxies in front of them)."""
     ports = free_ports(len(NAMES) + 2)
     tcp = dict(zip(NAMES, ports))
     http2 = {21: ports[-2], 22: ports[-1]}
-    nameservers = ",".join(f"{node}@127.0.0.1:{tcp[node]}" for node in NAMES if NAMES[node].startswith("ns"))
+    reach = nameserver_ports or tcp
+    nameservers = ",".join(f"{node}@127.0.0.1:{reach[node]}" for node in NAMES if NAMES[node].startswith("ns"))
     return {node: ClusterNode(node, tcp[node], http2.get(node), nameservers, base) for node in NAMES}
 
 

@@ -30,9 +30,10 @@ def test_the_plan_comes_from_the_seed_and_keeps_to_its_kinds():
         if fault.kind in ("slow_disk", "full_disk"):
             assert name.startswith("storage")
         if fault.kind == "partition":
-            assert fault.shape in ("in", "isolated", "split") and not name.startswith("ns")
+            assert fault.shape in ("in", "isolated", "split")
             assert fault.minority == ((fault.node, *fault.minority[1:]) if fault.shape == "split" else ())
             assert len({NAMES[node][0] for node in fault.minority}) == len(fault.minority)  # one of each kind
+    assert {NAMES[fault.node][0] for fault in faults if fault.kind == "partition"} == {"n", "s", "b"}  # every kind
     without = plan(3, SECONDS, NAMES, ("kill", "partition"))
     assert {fault.kind for fault in without} == {"kill", "partition"}
 
@@ -48,7 +49,7 @@ class FakeProxy:
 
 def partitions(tmp_path) -> tuple[Partitions, dict[int, FakeProxy], dict]:
     nodes = make_cluster(tmp_path)
-    proxies = {node: FakeProxy() for node, name in NAMES.items() if not name.startswith("ns")}
+    proxies = {node: FakeProxy() for node in NAMES}
     return Partitions(nodes, proxies), proxies, nodes  # type: ignore[arg-type]
 
 
@@ -59,6 +60,8 @@ def test_each_partition_shape_cuts_its_callers(tmp_path):
     isolated = cut.cuts(Fault("partition", storage1, 0, 1, shape="isolated"))
     assert isolated[storage1] is None
     assert all(isolated[proxy] == {caller(nodes[storage1])} for proxy in proxies if proxy != storage1)
+    nameserver = cut.cuts(Fault("partition", 1, 0, 1, shape="isolated"))  # ns1, from its raft peers too
+    assert nameserver[1] is None and nameserver[2] == nameserver[storage1] == {caller(nodes[1])}
     split = cut.cuts(Fault("partition", storage1, 0, 1, shape="split", minority=(storage1, broker1)))
     inside = {caller(nodes[storage1]), caller(nodes[broker1])}
     assert split[storage2] == inside and split[22] == inside
