@@ -29,7 +29,7 @@ from rocket.clock import Clock
 from rocket.config import ConfigError, NodeConfig
 from rocket.disk import peer_versions
 from rocket.disk.files import says_out_of_space
-from rocket.errors import Code, RocketError, collapse_single_error
+from rocket.errors import Code, RocketError, collapse_single_error, leaf_exceptions
 from rocket.gateway.console import Console
 from rocket.gateway.mqtt.server import MqttGateway
 from rocket.gateway.remoting import RemotingGateway, looks_like_remoting
@@ -71,10 +71,14 @@ class StartupError(Exception):
 
 def stop_reason(error: BaseException) -> str | None:
     """One line for an error the node stopped on that its operator can act on, else None: the data disk full, as
-    the store's LevelDB says it (one that failed to write refuses every write after, until it is opened again)."""
-    if says_out_of_space(error):
-        return f"stopped: the data disk is full ({error}); start the node again once space is freed"
-    return None
+    the store's LevelDB says it (one that failed to write refuses every write after, until it is opened again), in
+    every task that met it at once (a group of them, each saying so)."""
+    leaves = list(leaf_exceptions(error))
+    if not all(says_out_of_space(leaf) for leaf in leaves):
+        return None
+    said = leaves[0].args[0] if len(leaves[0].args) == 1 else leaves[0]
+    said = said.decode(errors="replace") if isinstance(said, bytes) else said  # plyvel's errors carry LevelDB's bytes
+    return f"stopped: the data disk is full ({said}); start the node again once space is freed"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

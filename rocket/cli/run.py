@@ -64,10 +64,12 @@ def run(
         fail(f"config: {error}", 2)
     except StartupError as error:
         fail(f"cannot start: {error}", 1)
-    except OSError as error:
+    except (OSError, ExceptionGroup) as error:
         reason = stop_reason(error)
         if reason is not None:  # the store's LevelDB, say, which a full disk stopped: systemd starts it again
             fail(reason, 1)
+        if isinstance(error, ExceptionGroup):
+            raise
         # Not a port or data directory problem (StartupError): where it came from is the news.
         logging.getLogger("rocket").error("the node stopped on an error it did not expect", exc_info=error)
         fail(f"cannot start: {error}", 1)

@@ -78,3 +78,31 @@ def test_an_error_that_says_the_disk_is_full_in_words_is_taken_for_one():
     from rocket.node import stop_reason
 
     assert stop_reason(stopped).startswith("stopped: the data disk is full (") and stop_reason(ValueError()) is None
+    # Every task that wrote to the failed LevelDB at once (the rounds' apply and a backfill, in a chaos run): a group
+    both = ExceptionGroup("nursery", [stopped, ExceptionGroup("inner", [plyvel.IOError(bytes(str(stopped), "utf-8"))])])
+    assert stop_reason(both) == stop_reason(stopped)
+    assert stop_reason(ExceptionGroup("nursery", [stopped, ValueError("a bug")])) is None
+
+
+@pytest.mark.parametrize("several", [False, True], ids=["one-task", "several-tasks"])
+def test_rocket_run_stops_with_one_line_when_the_disk_is_full(tmp_path, monkeypatch, capfd, several):
+    """`rocket run` whose node stopped on a full disk, met by one task or by several at once (an exception group, as an
+    hour-long chaos run met: the rounds' apply and a backfill), says so in one line and exits 1; no traceback."""
+    import plyvel
+    import typer
+
+    from rocket import node
+    from rocket.cli import run as run_module
+
+    full = plyvel.IOError(b"IO error: /data/storage/index/000139.ldb: No space left on device")
+
+    def stopped(*arguments, **options):
+        raise ExceptionGroup("nursery", [ExceptionGroup("inner", [full, full])]) if several else full
+
+    monkeypatch.setattr(run_module.trio, "run", stopped)
+    monkeypatch.setattr(node, "keep_freed_memory", lambda **options: False)
+    monkeypatch.setattr(node, "tune_collector", lambda: None)
+    with pytest.raises(typer.Exit) as exited:
+        run_module.run(data_dir=tmp_path / "data")
+    assert exited.value.exit_code == 1
+    assert capfd.readouterr().err.strip().startswith("error: stopped: the data disk is full (IO error: ")
