@@ -56,6 +56,9 @@ CAUGHT_UP_TIMEOUT_S = 60.0
 RESUMED_TIMEOUT_S = 60.0  # after the node is back: every writer acknowledged again
 STOP_WAIT_S = 60.0
 LOG_LINE = re.compile(r"^\S+ \S+ (ERROR|CRITICAL|WARNING) (\S+): (.*)$")
+# A traceback's first line, an exception group's too (Python prints it indented, after "+"; those nested in it further
+# in, after "|", are not counted again).
+TRACEBACK = re.compile(r"^(  \+ )?(Exception Group )?Traceback \(most recent call last\):")
 
 
 class ClusterNode(Node):
@@ -223,7 +226,7 @@ def scan_logs(base: Path) -> dict:
             match = LOG_LINE.match(line)
             if match:
                 counts[f"{match.group(1)} {match.group(2)}: {re.sub(r'[0-9]+', 'N', match.group(3))[:160]}"] += 1
-        found[path.name] = {"tracebacks": sum(1 for line in lines if line.startswith("Traceback")),
+        found[path.name] = {"tracebacks": sum(1 for line in lines if TRACEBACK.match(line)),
                             "lines": dict(counts.most_common(15))}
     return found
 

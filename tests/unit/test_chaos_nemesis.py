@@ -1,5 +1,6 @@
 """benchmarks/chaos.py's pure parts: the seeded fault plan, the proxies' cuts for each partition shape (and for
-partitions that overlap), which early deliveries a clock jump explains, and the comparison of replicas' copies."""
+partitions that overlap), which early deliveries a clock jump explains, the comparison of replicas' copies, and the
+logs' tracebacks counted."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from chaos import KINDS, ROLLING_AT, Fault, Partitions, caller, differ, excused, plan, rss_slopes  # noqa: E402
-from kill_loop import NAMES, make_cluster  # noqa: E402
+from kill_loop import NAMES, make_cluster, scan_logs  # noqa: E402
 
 SECONDS = 300.0
 
@@ -116,3 +117,13 @@ def test_rss_is_judged_per_process_over_the_last_half_past_its_warm_up():
     assert slopes[11] == 0.0 and 0.15 < slopes[12] < 0.2
     assert abs(slopes[13]) < 0.01  # its first process's last 50 s too short; its second past its warm-up, flat
     assert 21 not in slopes
+
+
+def test_the_log_scan_counts_each_traceback_an_exception_groups_once(tmp_path):
+    """An exception group's traceback (a node that stopped on errors in two tasks at once) is counted, once."""
+    (tmp_path / "node12.log").write_text(
+        "2026-12-07 04:27:59,101 INFO rocket.node: stopped\n"
+        "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError\n"
+        "  + Exception Group Traceback (most recent call last):\n  |   File \"y.py\", line 2, in run\n"
+        "    | Exception Group Traceback (most recent call last):\n      | Traceback (most recent call last):\n")
+    assert scan_logs(tmp_path)["node12.log"]["tracebacks"] == 2
