@@ -82,8 +82,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from controller_failover import NOT_CONSUMED, spread  # noqa: E402
 from faults import command_line, start_proxy, start_slowfs, stop_process, unmount, write_control  # noqa: E402
-from kill_loop import (NAMES, ClusterNode, first_acks_after, make_cluster, of_kind, scan_logs, start_cluster,  # noqa: E402
-                       status_servers, STORAGE_GROUPS)
+from kill_loop import (NAMES, ClusterNode, first_acks_after, make_cluster, of_kind, scan_logs,  # noqa: E402
+                       start_cluster, status_servers, STORAGE_GROUPS)
 from chaos_workload import (DELAYED_CONSUMERS, DELAYED_QUEUES, DELAYED_TOPIC, KV_BUCKET, KV_CLIENTS,  # noqa: E402
                             FIFO_QUEUES, FIFO_READERS, FIFO_TOPIC, KV_KEYS, RESEND, TXN_CHECK_S, TXN_QUEUES,
                             TXN_READERS, TXN_TOPIC, WRITE_TIMEOUT_S, Delayed, Fifo, KvClients, Transactions)
