@@ -18,9 +18,20 @@ if TYPE_CHECKING:
 class NotLeader(RocketError):
     """A call that only the group's leader (or master) serves reached another replica."""
 
+    PREFIX = "not the leader; the leader is "
+
     def __init__(self, leader: int):
-        super().__init__(Code.UNAVAILABLE, f"not the leader; the leader is {leader or 'unknown'}")
+        super().__init__(Code.UNAVAILABLE, f"{self.PREFIX}{leader or 'unknown'}")
         self.leader = leader
+
+    @classmethod
+    def named(cls, error: RocketError) -> int | None:
+        """The leader a NotLeader names, read from its message (all the wire carries): 0 if it knew none; None if
+        error is another error."""
+        if error.code != Code.UNAVAILABLE or not error.message.startswith(cls.PREFIX):
+            return None
+        leader = error.message[len(cls.PREFIX):]
+        return int(leader) if leader.isdigit() else 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -5,12 +5,14 @@ error is the one reported, not a follower's "not the leader"."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from rocket import limits
 from rocket.clock import Clock
 from rocket.errors import Code, RocketError
 from rocket.model import Address, TopicSpec
+from rocket.replication import NotLeader
 from rocket.roles.broker.routes import Routes
 
 SILENT, NEW_LEADER, FOLLOWER = 1, 2, 3
@@ -100,3 +102,35 @@ async def test_the_leaders_error_is_reported_not_a_followers(autojump_clock):
         assert error.code == Code.UNAVAILABLE and "object store" in error.message, error
     else:
         raise AssertionError("the read succeeded")
+
+
+async def test_a_leader_named_by_a_former_one_is_asked_and_its_error_reported(autojump_clock):
+    """The broker still takes node 1 for group 7's leader; node 1 answers that node 2 leads now, node 2 that its
+    object store is down, node 3 that node 2 leads. The caller hears node 2's reason (not a "not the leader", which
+    the example cluster's test once got after a kill moved leaders), and the next call goes to node 2 first."""
+    routes = await known_routes()
+    route = await routes.route("orders")
+    calls: list[int] = []
+
+    async def call(address: Address, method: str, request: dict, timeout_s: float) -> dict:
+        calls.append(address.port)
+        if address.port != NEW_LEADER:
+            raise NotLeader(NEW_LEADER)
+        raise RocketError(Code.UNAVAILABLE, "the object store did not return tier object k: it is down")
+
+    routes.peers.call = call
+    with pytest.raises(RocketError) as failed:
+        await routes.storage(route, 7, "StorageRead", {"group": 7})
+    assert failed.value.code == Code.UNAVAILABLE and "object store" in failed.value.message, failed.value
+    assert calls[:2] == [SILENT, NEW_LEADER] and routes.leader_of(7) == NEW_LEADER
+    calls.clear()
+    with pytest.raises(RocketError):
+        await routes.storage(route, 7, "StorageRead", {"group": 7})
+    assert calls[0] == NEW_LEADER
+
+
+def test_not_leader_names_its_leader_over_the_wire():
+    assert NotLeader.named(RocketError.from_wire(NotLeader(13).to_wire())) == 13
+    assert NotLeader.named(RocketError.from_wire(NotLeader(0).to_wire())) == 0
+    assert NotLeader.named(RocketError(Code.UNAVAILABLE, "the object store is down")) is None
+    assert NotLeader.named(RocketError(Code.TIMEOUT, NotLeader.PREFIX + "3")) is None

@@ -18,6 +18,7 @@ from rocket.errors import Code, RocketError
 from rocket.model import (KV_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, Address, TopicSpec, dead_letter_parts, timer_topic,
                           unresolved_topic)
 from rocket.parked import Deadlines, Slot, Unparked
+from rocket.replication import NotLeader
 from rocket.roles.peers import RETRYABLE, Peers
 from rocket.transport.background import Background
 from rocket.transport.tcp_client import TcpChannel
@@ -141,7 +142,8 @@ class Routes(Background):
         self._routes.pop(topic, None)
 
     def leader_of(self, group: int) -> int:
-        """The node that last served the group as leader, as far as known; 0 if none."""
+        """The group's leader as far as known (the node that last served it as leader, or that a replica named); 0 if
+        none."""
         return self._leaders.get(group, 0)
 
     def address_of(self, node: int) -> Address | None:
@@ -359,6 +361,17 @@ class Routes(Background):
         elif self._silent:
             self._silent.pop(node, None)
 
+    def _leaders_own(self, group: int, node: int, voters: tuple[int, ...], error: RocketError) -> bool:
+        """Whether error, from node, is the group's leader's own (its object store down, say), which outranks the
+        others' "not the leader": node leads as far as known, and did not say it does not. A node that names
+        another voter as the leader makes that one the leader known, to be asked next."""
+        named = NotLeader.named(error)
+        if named is None:
+            return node == self._leaders.get(group, 0)
+        if named in voters:
+            self._leaders[group] = named
+        return False
+
     async def replica_read(self, route: Route, group: int, request: dict,
                            timeout_s: float = limits.storage_call_s_max) -> dict:
         """A StorageRead (a read, or a long poll that waits for data) spread over the group's voters and read
@@ -407,7 +420,9 @@ class Routes(Background):
             except RocketError as error:
                 if error.code not in retryable:
                     raise
-                failure = leader_failure = error
+                failure = error
+                if self._leaders_own(group, leader, route.voters.get(group, ()), error):
+                    leader_failure = error
         with trio.move_on_after(max(limits.storage_retry_s_max, timeout_s)):
             for attempt in itertools.count():
                 voters = route.voters.get(group, ())
@@ -425,7 +440,7 @@ class Routes(Background):
                         if error.code not in retryable:
                             raise
                         failure = error
-                        if node == leader:
+                        if self._leaders_own(group, node, voters, error):
                             leader_failure = error
                         continue
                     self._leaders[group] = node
