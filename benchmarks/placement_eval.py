@@ -30,13 +30,17 @@ What it does, in the order it runs:
    local[2]) fits the GBT and holds out the last --held-out-days days. Its RMSE/MAE against naive (the last step)
    on the held-out rows is reported.
 
-3. Simulate. The same arrivals under four policies: random; hash (`TopicSpec.group_of` without queue_groups:
+3. Simulate. The same arrivals under five policies: random; hash (`TopicSpec.group_of` without queue_groups:
    what rocket did before issue 30); least-loaded (`place_queues` fed by `RecentPredictor`, the nameserver's
-   fallback); model (`place_queues` fed by `ModelPredictor` with the trained model). Each storage group has 3
+   fallback); pd (placed as least-loaded, balanced by `hot_group_move`, after TiKV PD's hot-region scheduler: the
+   last step's flow, tolerances, leaderships and replicas moved, a moved replica copying the group's bytes of the
+   last tier_local_retention_s_default, from day 0); model (`place_queues` fed by `ModelPredictor` with the
+   trained model). Each storage group has 3
    replicas on distinct nodes (rocket.ml.placement.LeastLoaded placed them); a node's load is the traffic of the
    groups it leads plus FOLLOWER_SHARE (0.3) of that of the groups it follows (a follower appends and fsyncs what
    the leader sends but serves no clients). Every policy balances leaders with `leader_transfer`, at most
-   --moves-per-hour transfers per simulated hour (the same budget for all four); random, hash and least-loaded
+   --moves-per-hour transfers per simulated hour (the same budget for all, pd's replica moves included; pd
+   balances by its own moves instead of leader_transfer); random, hash and least-loaded
    predict with RecentPredictor, model with the model. The nameserver's calls are reproduced: group predictions
    with members = the group's queues and the topic's prediction (members = its queues so far) divided by its
    queues after the placement for a new queue's share; leader balancing predicts groups with members = 1. The
@@ -50,10 +54,10 @@ What it does, in the order it runs:
 4. Metrics, on the held-out days: p99 over steps of (max node load / mean node load); simulated minutes with a
    node above 80% of its capacity, capacity being CAPACITY_FACTOR (2) times the peak mean node load of the run (its
    99th percentile over steps: all nodes alike, the same for every policy since the mean does not depend on
-   placement); leader and replica
-   moves (no policy moves replicas: a queue never leaves its group); the error of each policy's group predictions
-   against the load that came over the horizon. JSON and a PNG chart go to --out; the last line printed is
-   `placement: p99 max/mean load model=X least-loaded=Y improvement=Z%`.
+   placement); leader and replica moves (only pd moves replicas: a queue never leaves its group) and the bytes pd's
+   replica moves copied; the error of each policy's group predictions against the load that came over the
+   horizon. JSON and a PNG chart go to --out; the last line printed is `placement: p99 max/mean load model=X
+   least-loaded=Y improvement=Z% pd=W moves model=M pd=P` (moves: leaderships and replicas, held-out days).
 """
 
 from __future__ import annotations
@@ -79,20 +83,19 @@ sys.path.insert(0, str(ROOT))
 from rocket import limits  # noqa: E402
 from rocket.ml.forecast import CALENDAR, STEP_MS, Forecaster, future_rate, queue_features, window_mean  # noqa: E402
 from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor  # noqa: E402
-from rocket.ml.placement import (GroupLoad, LeastLoaded, NodeLoad, leader_transfer, new_queue_load,  # noqa: E402
-                                  place_queues)
+from rocket.ml.placement import (GroupLoad, LeastLoaded, NodeLoad, hot_group_move, leader_transfer,  # noqa: E402
+                                  new_queue_load, place_queues)
 from rocket.model import TopicSpec  # noqa: E402
 
 EPOCH_MS = int(datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp() * 1000)  # a Monday, 00:00 UTC
 DAY_MS = 86_400_000
 HORIZON_STEPS = 10
-FOLLOWER_SHARE = 0.3  # a follower's load per byte/s of a group, against a leader's 1
+FOLLOWER_SHARE = limits.hot_follower_share  # a follower's load per byte/s of a group, against a leader's 1
 CAPACITY_FACTOR = 2.0  # a node's capacity: this many times the run's peak mean node load (its 99th percentile)
 HOT = 0.8  # a node above this share of its capacity is hot
 REPLICAS = 3
 RECORDED_JSON = ROOT / "benchmarks/results/recorded_topics.json"
 QUEUE_IN_BYTES = "rocket_queue_in_bytes_total"
-POLICIES = ("random", "hash", "least-loaded", "model")
 
 
 @dataclass
@@ -312,7 +315,7 @@ class Cluster:
     def __init__(self, trace: Trace, policy: str, voters: dict[int, tuple[int, ...]], leaders: np.ndarray,
                  moves_per_step: int, seed: int):
         scale = trace.scale
-        self.trace, self.policy, self.voters = trace, policy, voters
+        self.trace, self.policy, self.voters = trace, policy, dict(voters)
         self.leaders = leaders.copy()  # group (index 0..G-1) -> its leader node (1..N)
         self.voter_array = np.array([voters[group] for group in range(scale.groups)])  # [group, 3]
         self.moves_per_step = moves_per_step
@@ -329,6 +332,9 @@ class Cluster:
         self.predicted = np.full((scale.groups, scale.steps), np.nan)  # balancing's prediction of each group
         self.predicted_members = np.full((scale.groups, scale.steps), np.nan)  # ... with members = its queues
         self.leader_moves = np.zeros(scale.steps, dtype=np.int32)
+        self.replica_moves = np.zeros(scale.steps, dtype=np.int32)
+        self.bytes_moved = np.zeros(scale.steps)
+        self.kept_steps = max(1, round(limits.tier_local_retention_s_default / 60 / scale.step_min))
         self.predictor = RecentPredictor()
         self.calendar: CalendarForecaster | None = None
         self.predict_s = 0.0
@@ -389,8 +395,12 @@ class Cluster:
 
     def balance(self, step: int) -> None:
         """The nameserver's _balance_leaders, up to moves_per_step times: group predictions with members = the
-        group's queues, as placement and the training rows have them."""
+        group's queues, as placement and the training rows have them. The PD-style baseline moves by the flow of the
+        last step instead (hot_group_move), leaderships and replicas."""
         scale = self.trace.scale
+        if self.policy == "pd":
+            self.balance_hot(step)
+            return
         loads = [GroupLoad(group, int(self.leaders[group]),
                            self.predict(self.history, ("group", group), step, max(1, int(self.queues_in[group]))), 0)
                  for group in range(scale.groups)]
@@ -407,6 +417,31 @@ class Cluster:
             loads[group].leader = target
             self.leaders[group] = target
             self.leader_moves[step] += 1
+
+    def balance_hot(self, step: int) -> None:
+        """hot_group_move up to moves_per_step times, on each group's bytes/s in the last step. A replica moved
+        copies what the group keeps locally: its bytes of the last tier_local_retention_s_default."""
+        scale = self.trace.scale
+        flow = self.group_rates[:, step - 1] if step else np.zeros(scale.groups)
+        loads = [GroupLoad(group, int(self.leaders[group]), float(flow[group]), 0) for group in range(scale.groups)]
+        self.predicted[:, step] = self.predicted_members[:, step] = flow
+        nodes = list(range(1, scale.nodes + 1))
+        for _ in range(self.moves_per_step):
+            move = hot_group_move(loads, self.voters, nodes, FOLLOWER_SHARE)
+            if move is None:
+                break
+            if move.leader_only:
+                self.leader_moves[step] += 1
+            else:
+                members = tuple(move.target if node == move.source else node for node in self.voters[move.group])
+                self.voters[move.group] = members
+                self.voter_array[move.group] = members
+                self.replica_moves[step] += 1
+                kept = self.group_rates[move.group, max(0, step - self.kept_steps):step].sum()
+                self.bytes_moved[step] += float(kept) * scale.step_min * 60
+            if move.leader_only or loads[move.group].leader == move.source:
+                loads[move.group].leader = move.target
+                self.leaders[move.group] = move.target
 
     def run(self, first: int, last: int) -> None:
         trace, scale = self.trace, self.trace.scale
@@ -545,7 +580,9 @@ def metrics(cluster: Cluster, first: int, last: int, capacity: float, scale: Sca
             # ... of which no placement could avoid: the busiest group alone (one leader) is above HOT x capacity
             "hot_minutes_one_group": int((cluster.group_rates[:, span].max(axis=0) > HOT * capacity).sum())
             * scale.step_min, "leader_moves": int(cluster.leader_moves[span].sum()),
-            "leader_moves_whole_run": int(cluster.leader_moves.sum()), "replica_moves": 0,
+            "leader_moves_whole_run": int(cluster.leader_moves.sum()),
+            "replica_moves": int(cluster.replica_moves[span].sum()),
+            "bytes_moved": float(cluster.bytes_moved[span].sum()),
             "group_prediction_rmse": float(np.sqrt(np.nanmean(error ** 2))),
             "group_prediction_mae": float(np.nanmean(np.abs(error))),
             "group_prediction_rmse_members_queues": float(np.sqrt(np.nanmean(error_members ** 2))),
@@ -626,7 +663,7 @@ def main(argv=None) -> None:
     voters, leaders = initial_cluster(scale, np.random.default_rng(arguments.seed + 1))
     moves_per_step = max(1, round(arguments.moves_per_hour * scale.step_min / 60))
     clusters: dict[str, Cluster] = {}
-    for policy in ("random", "hash"):
+    for policy in ("random", "hash", "pd"):
         mark = time.monotonic()
         clusters[policy] = Cluster(trace, policy, voters, leaders, moves_per_step, arguments.seed + 2)
         clusters[policy].run(0, scale.steps)
@@ -704,19 +741,23 @@ def main(argv=None) -> None:
     for series, figures in forecast["by_series"].items():
         print(f"  {series:6} rmse={figures['rmse']:,.0f} naive={figures['naive_rmse']:,.0f}")
     header = (f"{'policy':14} {'p99 max/mean':>12} {'p50':>6} {'p99 max/cap':>11} {'hot min':>8} {'(1 group)':>9} {'leader mv':>9} "
-              f"{'replica mv':>10} {'grp pred rmse':>13} {'(members=queues)':>16} {'max grp q/mean':>14}")
+              f"{'replica mv':>10} {'moved GB':>9} {'grp pred rmse':>13} {'(members=queues)':>16} {'max grp q/mean':>14}")
     print(header)
     for policy, figures in results.items():
         print(f"{policy:14} {figures['p99_max_mean']:12.3f} {figures['p50_max_mean']:6.3f} "
               f"{figures['p99_max_load_of_capacity']:11.3f} {figures['hot_minutes']:8d} "
               f"{figures['hot_minutes_one_group']:9d} {figures['leader_moves']:9d} "
-              f"{figures['replica_moves']:10d} {figures['group_prediction_rmse'] / 1e6:8.2f} MB/s "
+              f"{figures['replica_moves']:10d} {figures['bytes_moved'] / 1e9:9.1f} "
+              f"{figures['group_prediction_rmse'] / 1e6:8.2f} MB/s "
               f"{figures['group_prediction_rmse_members_queues'] / 1e6:11.2f} MB/s "
               f"{figures['max_queues_in_a_group_of_mean']:14.1f}")
     print(f"({timings['total_s']:.0f} s in all; JSON and chart in {out})")
     model_p99, least_p99 = results["model"]["p99_max_mean"], results["least-loaded"]["p99_max_mean"]
+    model_moves, pd_moves = (results[policy]["leader_moves"] + results[policy]["replica_moves"]
+                             for policy in ("model", "pd"))
     print(f"placement: p99 max/mean load model={model_p99:.3f} least-loaded={least_p99:.3f} "
-          f"improvement={100 * (least_p99 - model_p99) / least_p99:.1f}%")
+          f"improvement={100 * (least_p99 - model_p99) / least_p99:.1f}% pd={results['pd']['p99_max_mean']:.3f} "
+          f"moves model={model_moves} pd={pd_moves}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Where new replicas go. One interface, Placement; this module's LeastLoaded scores nodes by load,
-and the trained model of rocket/ml plugs into the same interface later. Pure: no I/O, no clock."""
+"""Where new replicas and queues go (Placement, LeastLoaded, place_queues), and which leaderships and replicas move
+(leader_transfer on forecast load; hot_group_move, the PD-style baseline, on current flow). Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -175,3 +175,61 @@ def degraded_leader_transfer(groups: list[GroupLoad], voters: dict[int, tuple[in
             return load.group, min(targets, key=lambda node: (led[node], node))
     return None
 
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class Move:
+    """One rebalancing step: the group's leadership (leader_only), or its replica on source with whatever it serves,
+    goes to target."""
+
+    group: int
+    source: int
+    target: int
+    leader_only: bool
+
+
+def node_flows(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], nodes: list[int],
+               follower_share: float = limits.hot_follower_share) -> dict[int, float]:
+    """Each node's load from the flow of the groups it holds: all of a group's for its leader, follower_share of it
+    for each other voter."""
+    load = {node: 0.0 for node in nodes}
+    for group in groups:
+        for voter in voters.get(group.group, ()):
+            if voter in load:
+                load[voter] += group.predicted * (1.0 if voter == group.leader else follower_share)
+    return load
+
+
+def hot_group_move(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], nodes: list[int],
+                   follower_share: float = limits.hot_follower_share,
+                   tolerance: float = limits.hot_tolerance_ratio,
+                   decrease: float = limits.hot_decrease_ratio) -> Move | None:
+    """The PD-style baseline, after TiKV PD's hot-region scheduler: one move by the flow each group carries now
+    (GroupLoad.predicted is taken as it), no forecast. Sources are the nodes above the mean load by tolerance,
+    hottest first; targets the nodes below it by tolerance. From a source, its groups by flow, hottest first: the
+    leadership to a voter that is a target, else the source's replica (and its leadership, if it led) to a target
+    that holds none of the group, whichever leaves the hotter of the two nodes lower. A move must leave that at
+    most decrease times the source's load, so that nothing swaps back and forth. None when no move does."""
+    load = node_flows(groups, voters, nodes, follower_share)
+    if len(load) < 2:
+        return None
+    mean = sum(load.values()) / len(load)
+    targets = sorted((node for node in load if load[node] * tolerance < mean), key=lambda node: (load[node], node))
+    sources = sorted((node for node in load if load[node] > mean * tolerance), key=lambda node: (-load[node], node))
+    for source in sources:
+        held = [group for group in groups if source in voters.get(group.group, ())]
+        for group in sorted(held, key=lambda group: (-group.predicted, group.group)):
+            members = voters[group.group]
+            leads = group.leader == source
+            moves: list[tuple[float, Move]] = []
+            if leads:  # the leadership: the source keeps a follower's share, the new leader gains the rest
+                shift = group.predicted * (1 - follower_share)
+                moves += [(max(load[source] - shift, load[target] + shift), Move(group.group, source, target, True))
+                          for target in targets if target in members]
+            shift = group.predicted * (1.0 if leads else follower_share)
+            moves += [(max(load[source] - shift, load[target] + shift), Move(group.group, source, target, False))
+                      for target in targets if target not in members]
+            best = min(moves, default=None, key=lambda move: (move[0], not move[1].leader_only, move[1].target))
+            if best is not None and best[0] <= decrease * load[source]:
+                return best[1]
+    return None
