@@ -71,6 +71,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -184,6 +185,22 @@ class Trace:
     events: dict[int, list[tuple[int, int, int]]]  # step -> (topic, queues before, queues after)
     counts: np.ndarray  # [topic, step] its queues at the step (after the step's events)
     kinds: list[str]
+    changes: dict[int, list[tuple[str, int]]] = dataclasses.field(default_factory=dict)  # step -> (fail|join, node)
+    nodes_max: int = 0  # node ids 1..nodes_max: the first scale.nodes, then those that join
+
+
+def node_changes(scale: Scale, rng: np.random.Generator) -> tuple[dict[int, list[tuple[str, int]]], int]:
+    """Storage nodes that fail and nodes that join over the run, one of each every 8 days (2 each in --quick's 16),
+    at random steps after the first day. A failed node comes back after 2..24 hours, empty (its replicas were
+    replaced meanwhile); a joining node takes the next id."""
+    count = max(1, round(scale.days / 8))
+    changes: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for number, node in enumerate(rng.choice(np.arange(1, scale.nodes + 1), size=count, replace=False)):
+        failed = int(rng.integers(scale.step_of_day(1), scale.steps))
+        changes[failed].append(("fail", int(node)))
+        changes[failed + scale.step_of_day(rng.uniform(2, 24) / 24)].append(("join", int(node)))
+        changes[int(rng.integers(scale.step_of_day(1), scale.steps))].append(("join", scale.nodes + 1 + number))
+    return dict(changes), scale.nodes + count
 
 
 def make_trace(scale: Scale, rng: np.random.Generator, shapes: list[np.ndarray], recorded_share: float,
@@ -264,7 +281,7 @@ def make_trace(scale: Scale, rng: np.random.Generator, shapes: list[np.ndarray],
                 count_at[topic, at:] = final[topic]
     weights = [rng.lognormal(0, 1.0 if rng.random() < 0.1 else 0.25, size=int(n)) for n in final]
     names = [f"t{topic:05d}" for topic in range(topics)]
-    return Trace(scale, names, rates, weights, dict(events), count_at, kinds)
+    return Trace(scale, names, rates, weights, dict(events), count_at, kinds, nodes_max=scale.nodes)
 
 
 # ---- the cluster under a policy -----------------------------------------------------------------------------------
@@ -335,6 +352,9 @@ class Cluster:
         self.replica_moves = np.zeros(scale.steps, dtype=np.int32)
         self.bytes_moved = np.zeros(scale.steps)
         self.kept_steps = max(1, round(limits.tier_local_retention_s_default / 60 / scale.step_min))
+        self.live = list(range(1, scale.nodes + 1))  # the nodes up, in id order
+        self.repair_moves = np.zeros(scale.steps, dtype=np.int32)
+        self.repair_bytes = np.zeros(scale.steps)
         self.predictor = RecentPredictor()
         self.calendar: CalendarForecaster | None = None
         self.predict_s = 0.0
@@ -408,9 +428,8 @@ class Cluster:
         self.predicted_members[:, step] = [self.predict(self.history, ("group", group), step,
                                                         max(1, int(self.queues_in[group])))
                                            for group in range(scale.groups)]
-        nodes = list(range(1, scale.nodes + 1))
         for _ in range(self.moves_per_step):
-            transfer = leader_transfer(loads, self.voters, nodes)
+            transfer = leader_transfer(loads, self.voters, self.live)
             if transfer is None:
                 break
             group, target = transfer
@@ -425,23 +444,57 @@ class Cluster:
         flow = self.group_rates[:, step - 1] if step else np.zeros(scale.groups)
         loads = [GroupLoad(group, int(self.leaders[group]), float(flow[group]), 0) for group in range(scale.groups)]
         self.predicted[:, step] = self.predicted_members[:, step] = flow
-        nodes = list(range(1, scale.nodes + 1))
         for _ in range(self.moves_per_step):
-            move = hot_group_move(loads, self.voters, nodes, FOLLOWER_SHARE)
+            move = hot_group_move(loads, self.voters, self.live, FOLLOWER_SHARE)
             if move is None:
                 break
             if move.leader_only:
                 self.leader_moves[step] += 1
             else:
-                members = tuple(move.target if node == move.source else node for node in self.voters[move.group])
-                self.voters[move.group] = members
-                self.voter_array[move.group] = members
+                self.bytes_moved[step] += self.move_replica(move.group, move.source, move.target, step)
                 self.replica_moves[step] += 1
-                kept = self.group_rates[move.group, max(0, step - self.kept_steps):step].sum()
-                self.bytes_moved[step] += float(kept) * scale.step_min * 60
             if move.leader_only or loads[move.group].leader == move.source:
                 loads[move.group].leader = move.target
                 self.leaders[move.group] = move.target
+
+    def move_replica(self, group: int, source: int, target: int, step: int) -> float:
+        """The group's replica on source goes to target; the bytes it copies: what the group keeps locally, its
+        bytes of the last tier_local_retention_s_default. A leader that leaves hands over to another voter."""
+        members = tuple(target if node == source else node for node in self.voters[group])
+        self.voters[group] = members
+        self.voter_array[group] = members
+        if self.leaders[group] == source:
+            self.leaders[group] = self.rng.choice([node for node in members if node != target])
+        kept = self.group_rates[group, max(0, step - self.kept_steps):step].sum()
+        return float(kept) * self.trace.scale.step_min * 60
+
+    def change_nodes(self, step: int) -> None:
+        """The nameserver's replica moves (_plan_moves), every policy alike: a failed node's replicas are replaced
+        at once on the nodes LeastLoaded picks (repairs), and replica counts even out one move a step (from the
+        node holding the most to the one holding the fewest: a joined node fills up). Groups are not created for
+        joined nodes (_grow_pool): the simulated pool is fixed."""
+        for kind, node in self.trace.changes.get(step, ()):
+            if kind == "join":
+                self.live = sorted({*self.live, node})
+                continue
+            self.live = [live for live in self.live if live != node]
+            for group in np.flatnonzero((self.voter_array == node).any(axis=1)).tolist():
+                held = np.bincount(self.voter_array.ravel(), minlength=self.trace.nodes_max + 1)
+                led = np.bincount(self.leaders, minlength=self.trace.nodes_max + 1)
+                loads = [NodeLoad(live, int(held[live]), int(led[live])) for live in self.live
+                         if live not in self.voters[group]]
+                target = LeastLoaded().place(1, 1, loads)[0][0]
+                self.repair_bytes[step] += self.move_replica(group, node, target, step)
+                self.repair_moves[step] += 1
+        held = np.bincount(self.voter_array.ravel(), minlength=self.trace.nodes_max + 1)
+        low = min(self.live, key=lambda node: (held[node], node))
+        high = max(self.live, key=lambda node: (held[node], -node))
+        if held[high] - held[low] > 1:
+            group = next((group for group in range(self.trace.scale.groups)
+                          if high in self.voters[group] and low not in self.voters[group]), None)
+            if group is not None:
+                self.bytes_moved[step] += self.move_replica(group, high, low, step)
+                self.replica_moves[step] += 1
 
     def run(self, first: int, last: int) -> None:
         trace, scale = self.trace, self.trace.scale
@@ -449,6 +502,7 @@ class Cluster:
             self._cache = {}
             if self.calendar is not None:
                 self.calendar.step = step
+            self.change_nodes(step)
             for topic, before, after in trace.events.get(step, ()):
                 self.place(topic, before, after, step)
             self.balance(step)
@@ -462,11 +516,11 @@ class Cluster:
             if step % 1000 == 999:
                 log(f"  {self.policy}: step {step + 1:,} of {last:,}")
             node = FOLLOWER_SHARE * np.bincount(self.voter_array.ravel(), weights=np.repeat(rates, REPLICAS),
-                                                minlength=scale.nodes + 1)
-            node += (1 - FOLLOWER_SHARE) * np.bincount(self.leaders, weights=rates, minlength=scale.nodes + 1)
-            node = node[1:]
+                                                minlength=trace.nodes_max + 1)
+            node += (1 - FOLLOWER_SHARE) * np.bincount(self.leaders, weights=rates, minlength=trace.nodes_max + 1)
+            node = node[self.live]
             self.node_max[step], self.node_mean[step] = node.max(), node.mean()
-            self.node_max_id[step] = int(node.argmax()) + 1
+            self.node_max_id[step] = self.live[int(node.argmax())]
 
 
 def initial_cluster(scale: Scale, rng: np.random.Generator) -> tuple[dict[int, tuple[int, ...]], np.ndarray]:
@@ -583,6 +637,7 @@ def metrics(cluster: Cluster, first: int, last: int, capacity: float, scale: Sca
             "leader_moves_whole_run": int(cluster.leader_moves.sum()),
             "replica_moves": int(cluster.replica_moves[span].sum()),
             "bytes_moved": float(cluster.bytes_moved[span].sum()),
+            "repair_moves": int(cluster.repair_moves[span].sum()), "repair_bytes": float(cluster.repair_bytes[span].sum()),
             "group_prediction_rmse": float(np.sqrt(np.nanmean(error ** 2))),
             "group_prediction_mae": float(np.nanmean(np.abs(error))),
             "group_prediction_rmse_members_queues": float(np.sqrt(np.nanmean(error_members ** 2))),
@@ -630,6 +685,8 @@ def parse(argv=None) -> argparse.Namespace:
                         help="leadership transfers per simulated hour, every policy (default %(default)s)")
     parser.add_argument("--from-start", action=argparse.BooleanOptionalAction, default=None,
                         help="also run the model and the oracle from day 0 (default: with --quick only)")
+    parser.add_argument("--node-changes", action=argparse.BooleanOptionalAction, default=True,
+                        help="storage nodes fail and join during the run (default: on)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--seed", type=int, default=30)
     return parser.parse_args(argv)
@@ -655,9 +712,12 @@ def main(argv=None) -> None:
 
     trace = make_trace(scale, rng, shapes, arguments.recorded_share,
                        recorded["day_s"] if recorded else arguments.recorded_day_s)
+    if arguments.node_changes:
+        trace.changes, trace.nodes_max = node_changes(scale, np.random.default_rng(arguments.seed + 4))
     timings["trace_s"] = time.monotonic() - started
     log(f"trace: {len(trace.names):,} topics, {scale.queues:,} queues, {scale.steps:,} steps of {scale.step_min} min "
-        f"({Counter(trace.kinds)}; {sum(len(v) for v in trace.events.values()):,} placements)")
+        f"({Counter(trace.kinds)}; {sum(len(v) for v in trace.events.values()):,} placements; node changes "
+        f"{sorted((step, *change) for step, changes in trace.changes.items() for change in changes)})")
 
     boundary = scale.steps - scale.step_of_day(scale.held_out_days)
     voters, leaders = initial_cluster(scale, np.random.default_rng(arguments.seed + 1))
@@ -725,6 +785,7 @@ def main(argv=None) -> None:
     timings["total_s"] = time.monotonic() - started
     report = {"scale": scale.__dict__ | {"steps": scale.steps}, "topics": len(trace.names),
               "kinds": dict(Counter(trace.kinds)), "placements": sum(len(v) for v in trace.events.values()),
+              "node_changes": sorted((step, *change) for step, changes in trace.changes.items() for change in changes),
               "held_out_from_step": boundary, "capacity_bytes_s": capacity, "follower_share": FOLLOWER_SHARE,
               "capacity_factor": CAPACITY_FACTOR, "moves_per_step": moves_per_step,
               "recorded": {"source": recorded["source"], "topics": len(shapes), "minutes": recorded["minutes"]}

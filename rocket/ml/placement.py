@@ -208,11 +208,17 @@ def hot_group_move(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], 
     (GroupLoad.predicted is taken as it), no forecast. Sources are the nodes above the mean load by tolerance,
     hottest first; targets the nodes below it by tolerance. From a source, its groups by flow, hottest first: the
     leadership to a voter that is a target, else the source's replica (and its leadership, if it led) to a target
-    that holds none of the group, whichever leaves the hotter of the two nodes lower. A move must leave that at
-    most decrease times the source's load, so that nothing swaps back and forth. None when no move does."""
+    that holds none of the group and fewer replicas than the source (as PD's region-score filter: balancing replica
+    counts would move it back), whichever leaves the hotter of the two nodes lower. A move must leave that at most
+    decrease times the source's load, so that nothing swaps back and forth. None when no move does."""
     load = node_flows(groups, voters, nodes, follower_share)
     if len(load) < 2:
         return None
+    replicas = dict.fromkeys(load, 0)
+    for group in groups:
+        for voter in voters.get(group.group, ()):
+            if voter in replicas:
+                replicas[voter] += 1
     mean = sum(load.values()) / len(load)
     targets = sorted((node for node in load if load[node] * tolerance < mean), key=lambda node: (load[node], node))
     sources = sorted((node for node in load if load[node] > mean * tolerance), key=lambda node: (-load[node], node))
@@ -228,7 +234,7 @@ def hot_group_move(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], 
                           for target in targets if target in members]
             shift = group.predicted * (1.0 if leads else follower_share)
             moves += [(max(load[source] - shift, load[target] + shift), Move(group.group, source, target, False))
-                      for target in targets if target not in members]
+                      for target in targets if target not in members and replicas[target] < replicas[source]]
             best = min(moves, default=None, key=lambda move: (move[0], not move[1].leader_only, move[1].target))
             if best is not None and best[0] <= decrease * load[source]:
                 return best[1]

@@ -26,6 +26,10 @@ def test_a_replica_moves_when_no_voter_can_take_the_leadership():
     groups = [GroupLoad(10, 1, 100.0, 1), GroupLoad(11, 2, 90.0, 1), GroupLoad(12, 3, 90.0, 1)]
     voters = {10: (1, 2, 3), 11: (1, 2, 3), 12: (1, 2, 3)}
     assert hot_group_move(groups, voters, NODES) == Move(10, 1, 4, False)
+    # Node 4 holding as many replicas as the others (of cold groups): a replica moved there would be moved back by
+    # the balancing of replica counts, so none goes.
+    cold = {group: (4, *[(1, 2), (2, 3), (3, 1)][group % 3]) for group in range(20, 29)}  # 9 replicas on each
+    assert hot_group_move(groups + [GroupLoad(group, 4, 0.0, 1) for group in cold], voters | cold, NODES) is None
 
 
 def test_balanced_nodes_and_moves_that_would_swap_back_are_left_alone():
