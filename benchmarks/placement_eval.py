@@ -1,6 +1,7 @@
-"""Does queue placement by the trained load forecaster beat least-loaded? (issue 30, part 4). Not part of CI.
+"""Do placement and rebalancing by the trained load forecaster beat least-loaded and a PD-style baseline? (issues 30
+and 56). Not part of CI.
 
-    PYTHONPATH=. python benchmarks/placement_eval.py --quick           # 20 nodes, 5,000 queues, 16 days: ~5 min
+    PYTHONPATH=. python benchmarks/placement_eval.py --quick           # 20 nodes, 5,000 queues, 16 days: ~2 min
     PYTHONPATH=. python benchmarks/placement_eval.py                   # 100 nodes, 100,000 queues, 30 days
     PYTHONPATH=. python benchmarks/placement_eval.py --quick --recorded /tmp/pb/cl30/rc/tier/telemetry
         # re-extract benchmarks/results/recorded_topics.json from a recorded run's telemetry, then run
@@ -23,6 +24,7 @@ What it does, in the order it runs:
    simulated wall time. To keep rocket's own code unchanged, steps are given to it as minutes of a virtual clock
    (step k at k * STEP_MS) and the calendar features are taken from the simulated wall time (CalendarForecaster
    for the nameserver's ModelPredictor, the same substitution in the training rows); age_h is in step-hours.
+   With --node-changes (the default), storage nodes fail and join (node_changes: one of each every 8 days).
 
 2. Train. The cluster runs the trace under least-loaded placement (what a cluster does before it has a model);
    training rows are built from its series as jobs/features.py builds them (rocket.ml.forecast.queue_features for
@@ -30,34 +32,39 @@ What it does, in the order it runs:
    local[2]) fits the GBT and holds out the last --held-out-days days. Its RMSE/MAE against naive (the last step)
    on the held-out rows is reported.
 
-3. Simulate. The same arrivals under five policies: random; hash (`TopicSpec.group_of` without queue_groups:
+3. Simulate. The same arrivals under six policies: random; hash (`TopicSpec.group_of` without queue_groups:
    what rocket did before issue 30); least-loaded (`place_queues` fed by `RecentPredictor`, the nameserver's
    fallback); pd (placed as least-loaded, balanced by `hot_group_move`, after TiKV PD's hot-region scheduler: the
-   last step's flow, tolerances, leaderships and replicas moved, a moved replica copying the group's bytes of the
-   last tier_local_retention_s_default, from day 0); model (`place_queues` fed by `ModelPredictor` with the
-   trained model). Each storage group has 3
+   last step's flow, tolerances, leaderships and replicas moved, from day 0); model (`place_queues` fed by
+   `ModelPredictor` with the trained model); planner (placed as model, balanced by `forecast_move`: pd's search on
+   the model's forecasts, each move paying for itself over limits.plan_payback_s). Each storage group has 3
    replicas on distinct nodes (rocket.ml.placement.LeastLoaded placed them); a node's load is the traffic of the
    groups it leads plus FOLLOWER_SHARE (0.3) of that of the groups it follows (a follower appends and fsyncs what
-   the leader sends but serves no clients). Every policy balances leaders with `leader_transfer`, at most
-   --moves-per-hour transfers per simulated hour (the same budget for all, pd's replica moves included; pd
-   balances by its own moves instead of leader_transfer); random, hash and least-loaded
-   predict with RecentPredictor, model with the model. The nameserver's calls are reproduced: group predictions
+   the leader sends but serves no clients). A moved replica copies the group's bytes of the last
+   tier_local_retention_s_default at --copy-mb-s, which loads both nodes as a follower's appends would, and
+   switches when its copy ends; at most limits.replica_moves_max copies run at once. Random, hash, least-loaded
+   and model balance leaders with `leader_transfer`; every policy makes at most --moves-per-hour balancing moves
+   per simulated hour. Every policy gets the nameserver's replica moves alike: a failed node's replicas replaced
+   (repairs, copied the same way) and replica counts evened out while no copy runs (a joined node fills up).
+   Random, hash and least-loaded predict with RecentPredictor,
+   model and planner with the model. The nameserver's calls are reproduced: group predictions
    with members = the group's queues and the topic's prediction (members = its queues so far) divided by its
    queues after the placement for a new queue's share; leader balancing predicts groups with members = 1. The
-   model policy starts from the least-loaded cluster at the start of the held-out days (no model existed before
-   it was trained on them); random and hash run from day 0. Two diagnostics, not policies rocket could run:
-   "oracle" (place_queues and leader_transfer fed the load each series really carries over the horizon, through
-   the same Predictor interface), from the held-out days like the model; and, with --from-start (the default
-   with --quick), "model, day 0" and "oracle, day 0" placing every arrival of the run (the model is then
-   in-sample before the held-out days: its figures flatter it).
+   model and planner policies start from the least-loaded cluster at the start of the held-out days (no model
+   existed before it was trained on them), and so does pd, to be judged from the same state; random and hash run
+   from day 0. Two diagnostics, not policies rocket could run: "oracle" (place_queues and leader_transfer fed the
+   load each series really carries over the horizon, through the same Predictor interface), from the held-out days
+   like the model; and, with --from-start (the default with --quick), "model, day 0", "planner, day 0", "pd, day 0"
+   and "oracle, day 0" from day 0 (the model is then in-sample before the held-out days: its figures flatter it).
 
 4. Metrics, on the held-out days: p99 over steps of (max node load / mean node load); simulated minutes with a
    node above 80% of its capacity, capacity being CAPACITY_FACTOR (2) times the peak mean node load of the run (its
    99th percentile over steps: all nodes alike, the same for every policy since the mean does not depend on
-   placement); leader and replica moves (only pd moves replicas: a queue never leaves its group) and the bytes pd's
-   replica moves copied; the error of each policy's group predictions against the load that came over the
-   horizon. JSON and a PNG chart go to --out; the last line printed is `placement: p99 max/mean load model=X
-   least-loaded=Y improvement=Z% pd=W moves model=M pd=P` (moves: leaderships and replicas, held-out days).
+   placement); leader and replica moves (a queue never leaves its group: replicas move with their group's log) and
+   the bytes they copied, repairs apart; the error of each policy's group predictions against the load that came
+   over the horizon. JSON and a PNG chart go to --out; the last line printed is `placement: p99 max/mean load
+   model=X least-loaded=Y improvement=Z% pd=W planner=V moves model=M pd=P planner=Q` (moves: leaderships and
+   replicas, in the held-out days).
 """
 
 from __future__ import annotations
@@ -84,8 +91,8 @@ sys.path.insert(0, str(ROOT))
 from rocket import limits  # noqa: E402
 from rocket.ml.forecast import CALENDAR, STEP_MS, Forecaster, future_rate, queue_features, window_mean  # noqa: E402
 from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor  # noqa: E402
-from rocket.ml.placement import (GroupLoad, LeastLoaded, NodeLoad, hot_group_move, leader_transfer,  # noqa: E402
-                                  new_queue_load, place_queues)
+from rocket.ml.placement import (GroupLoad, LeastLoaded, NodeLoad, forecast_move, hot_group_move,  # noqa: E402
+                                  leader_transfer, new_queue_load, place_queues)
 from rocket.model import TopicSpec  # noqa: E402
 
 EPOCH_MS = int(datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp() * 1000)  # a Monday, 00:00 UTC
@@ -330,7 +337,7 @@ class Cluster:
     """Groups, their voters and leaders, where each queue is, and what the nameserver's history holds."""
 
     def __init__(self, trace: Trace, policy: str, voters: dict[int, tuple[int, ...]], leaders: np.ndarray,
-                 moves_per_step: int, seed: int):
+                 moves_per_step: int, seed: int, copy_mb_s: float = 32.0):
         scale = trace.scale
         self.trace, self.policy, self.voters = trace, policy, dict(voters)
         self.leaders = leaders.copy()  # group (index 0..G-1) -> its leader node (1..N)
@@ -353,6 +360,9 @@ class Cluster:
         self.bytes_moved = np.zeros(scale.steps)
         self.kept_steps = max(1, round(limits.tier_local_retention_s_default / 60 / scale.step_min))
         self.live = list(range(1, scale.nodes + 1))  # the nodes up, in id order
+        # group -> (source, target, the step its copy ends, whether the leadership goes to target then)
+        self.copies: dict[int, tuple[int, int, int, bool]] = {}
+        self.copy_bytes_s = copy_mb_s * 1e6
         self.repair_moves = np.zeros(scale.steps, dtype=np.int32)
         self.repair_bytes = np.zeros(scale.steps)
         self.predictor = RecentPredictor()
@@ -418,8 +428,17 @@ class Cluster:
         group's queues, as placement and the training rows have them. The PD-style baseline moves by the flow of the
         last step instead (hot_group_move), leaderships and replicas."""
         scale = self.trace.scale
-        if self.policy == "pd":
-            self.balance_hot(step)
+        if self.policy.startswith("pd"):
+            flow = self.group_rates[:, step - 1] if step else np.zeros(scale.groups)
+            self.balance_moves(step, flow, lambda loads, busy, replicas: hot_group_move(
+                loads, self.voters, self.live, FOLLOWER_SHARE, busy=busy, replica_moves=replicas))
+            return
+        if self.policy.startswith("planner"):
+            forecast = np.array([self.predict(self.history, ("group", group), step, max(1, int(self.queues_in[group])))
+                                 for group in range(scale.groups)])
+            kept = {group: self.kept_bytes(group, step) for group in range(scale.groups)}
+            self.balance_moves(step, forecast, lambda loads, busy, replicas: forecast_move(
+                loads, self.voters, self.live, kept, follower_share=FOLLOWER_SHARE, busy=busy, replica_moves=replicas))
             return
         loads = [GroupLoad(group, int(self.leaders[group]),
                            self.predict(self.history, ("group", group), step, max(1, int(self.queues_in[group]))), 0)
@@ -437,48 +456,69 @@ class Cluster:
             self.leaders[group] = target
             self.leader_moves[step] += 1
 
-    def balance_hot(self, step: int) -> None:
-        """hot_group_move up to moves_per_step times, on each group's bytes/s in the last step. A replica moved
-        copies what the group keeps locally: its bytes of the last tier_local_retention_s_default."""
-        scale = self.trace.scale
-        flow = self.group_rates[:, step - 1] if step else np.zeros(scale.groups)
-        loads = [GroupLoad(group, int(self.leaders[group]), float(flow[group]), 0) for group in range(scale.groups)]
-        self.predicted[:, step] = self.predicted_members[:, step] = flow
+    def balance_moves(self, step: int, load: np.ndarray, choose) -> None:
+        """choose(group loads, the groups being copied, whether another copy may start) up to moves_per_step times,
+        each group's load given (pd: the last step's bytes/s; planner: the forecast). At most
+        limits.replica_moves_max copies run at once, as the nameserver runs its replica moves."""
+        loads = [GroupLoad(group, int(self.leaders[group]), float(load[group]), 0) for group in range(len(load))]
+        self.predicted[:, step] = self.predicted_members[:, step] = load
         for _ in range(self.moves_per_step):
-            move = hot_group_move(loads, self.voters, self.live, FOLLOWER_SHARE)
+            move = choose(loads, set(self.copies), len(self.copies) < limits.replica_moves_max)
             if move is None:
                 break
             if move.leader_only:
                 self.leader_moves[step] += 1
-            else:
-                self.bytes_moved[step] += self.move_replica(move.group, move.source, move.target, step)
-                self.replica_moves[step] += 1
-            if move.leader_only or loads[move.group].leader == move.source:
                 loads[move.group].leader = move.target
                 self.leaders[move.group] = move.target
+            else:  # the leadership goes with the replica, when its copy ends
+                self.bytes_moved[step] += self.move_replica(move.group, move.source, move.target, step,
+                                                            lead=loads[move.group].leader == move.source)
+                self.replica_moves[step] += 1
 
-    def move_replica(self, group: int, source: int, target: int, step: int) -> float:
-        """The group's replica on source goes to target; the bytes it copies: what the group keeps locally, its
-        bytes of the last tier_local_retention_s_default. A leader that leaves hands over to another voter."""
-        members = tuple(target if node == source else node for node in self.voters[group])
-        self.voters[group] = members
-        self.voter_array[group] = members
-        if self.leaders[group] == source:
-            self.leaders[group] = self.rng.choice([node for node in members if node != target])
+    def move_replica(self, group: int, source: int, target: int, step: int, lead: bool = False) -> float:
+        """Start copying the group's replica on source to target: what the group keeps locally (kept_bytes) at
+        --copy-mb-s, the replica switching when the copy ends (end_copies). Returns the bytes."""
+        kept = self.kept_bytes(group, step)
+        steps = max(1, math.ceil(kept / self.copy_bytes_s / (self.trace.scale.step_min * 60)))
+        self.copies[group] = (source, target, step + steps, lead)
+        return kept
+
+    def end_copies(self, step: int) -> None:
+        """Copies that ended: the target replaces the source among the group's voters; a leader that left hands
+        over to the target if the move was for its load, else to another voter."""
+        for group, (source, target, end, lead) in list(self.copies.items()):
+            if end > step:
+                continue
+            del self.copies[group]
+            members = tuple(target if node == source else node for node in self.voters[group])
+            self.voters[group] = members
+            self.voter_array[group] = members
+            if self.leaders[group] == source:
+                self.leaders[group] = target if lead else self.rng.choice([node for node in members if node != target])
+
+    def kept_bytes(self, group: int, step: int) -> float:
+        """What the group keeps locally at step: its bytes of the last tier_local_retention_s_default."""
         kept = self.group_rates[group, max(0, step - self.kept_steps):step].sum()
         return float(kept) * self.trace.scale.step_min * 60
 
     def change_nodes(self, step: int) -> None:
         """The nameserver's replica moves (_plan_moves), every policy alike: a failed node's replicas are replaced
-        at once on the nodes LeastLoaded picks (repairs), and replica counts even out one move a step (from the
-        node holding the most to the one holding the fewest: a joined node fills up). Groups are not created for
-        joined nodes (_grow_pool): the simulated pool is fixed."""
+        on the nodes LeastLoaded picks (repairs, copied as moves are, however many run; a failed leader's group
+        elects another voter at once), and replica counts even out while no copy runs (from the node holding the
+        most to the one holding the fewest: a joined node fills up). Groups are not created for joined nodes
+        (_grow_pool): the simulated pool is fixed."""
+        self.end_copies(step)
         for kind, node in self.trace.changes.get(step, ()):
             if kind == "join":
                 self.live = sorted({*self.live, node})
                 continue
             self.live = [live for live in self.live if live != node]
+            self.copies = {group: copy for group, copy in self.copies.items() if copy[1] != node}  # lost with it
             for group in np.flatnonzero((self.voter_array == node).any(axis=1)).tolist():
+                if self.copies.get(group, (node,))[0] == node:
+                    continue  # its replica there is being copied away already
+                if self.leaders[group] == node:
+                    self.leaders[group] = self.rng.choice([voter for voter in self.voters[group] if voter != node])
                 held = np.bincount(self.voter_array.ravel(), minlength=self.trace.nodes_max + 1)
                 led = np.bincount(self.leaders, minlength=self.trace.nodes_max + 1)
                 loads = [NodeLoad(live, int(held[live]), int(led[live])) for live in self.live
@@ -486,6 +526,8 @@ class Cluster:
                 target = LeastLoaded().place(1, 1, loads)[0][0]
                 self.repair_bytes[step] += self.move_replica(group, node, target, step)
                 self.repair_moves[step] += 1
+        if self.copies:
+            return
         held = np.bincount(self.voter_array.ravel(), minlength=self.trace.nodes_max + 1)
         low = min(self.live, key=lambda node: (held[node], node))
         high = max(self.live, key=lambda node: (held[node], -node))
@@ -637,7 +679,8 @@ def metrics(cluster: Cluster, first: int, last: int, capacity: float, scale: Sca
             "leader_moves_whole_run": int(cluster.leader_moves.sum()),
             "replica_moves": int(cluster.replica_moves[span].sum()),
             "bytes_moved": float(cluster.bytes_moved[span].sum()),
-            "repair_moves": int(cluster.repair_moves[span].sum()), "repair_bytes": float(cluster.repair_bytes[span].sum()),
+            "repair_moves": int(cluster.repair_moves[span].sum()),
+            "repair_bytes": float(cluster.repair_bytes[span].sum()),
             "group_prediction_rmse": float(np.sqrt(np.nanmean(error ** 2))),
             "group_prediction_mae": float(np.nanmean(np.abs(error))),
             "group_prediction_rmse_members_queues": float(np.sqrt(np.nanmean(error_members ** 2))),
@@ -687,6 +730,8 @@ def parse(argv=None) -> argparse.Namespace:
                         help="also run the model and the oracle from day 0 (default: with --quick only)")
     parser.add_argument("--node-changes", action=argparse.BooleanOptionalAction, default=True,
                         help="storage nodes fail and join during the run (default: on)")
+    parser.add_argument("--copy-mb-s", type=float, default=32.0, help="a replica move copies its group's data at "
+                        "this rate, MB/s (CockroachDB's rebalancing snapshots: 32 MiB/s; default %(default)s)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--seed", type=int, default=30)
     return parser.parse_args(argv)
@@ -723,21 +768,29 @@ def main(argv=None) -> None:
     voters, leaders = initial_cluster(scale, np.random.default_rng(arguments.seed + 1))
     moves_per_step = max(1, round(arguments.moves_per_hour * scale.step_min / 60))
     clusters: dict[str, Cluster] = {}
-    for policy in ("random", "hash", "pd"):
+    for policy in ("random", "hash"):
         mark = time.monotonic()
-        clusters[policy] = Cluster(trace, policy, voters, leaders, moves_per_step, arguments.seed + 2)
+        clusters[policy] = Cluster(trace, policy, voters, leaders, moves_per_step, arguments.seed + 2,
+                                   arguments.copy_mb_s)
         clusters[policy].run(0, scale.steps)
         timings[f"simulate_{policy}_s"] = time.monotonic() - mark
         log(f"{policy}: simulated in {timings[f'simulate_{policy}_s']:.0f} s")
     mark = time.monotonic()
-    least = Cluster(trace, "least-loaded", voters, leaders, moves_per_step, arguments.seed + 2)
+    least = Cluster(trace, "least-loaded", voters, leaders, moves_per_step, arguments.seed + 2,
+                    arguments.copy_mb_s)
     least.run(0, boundary)
     model_cluster = copy.deepcopy(least, {id(trace): trace})  # the cluster as it is when the model arrives
     model_cluster.policy = "model"
+    planner = copy.deepcopy(least, {id(trace): trace})
+    planner.policy = "planner"
+    pd = copy.deepcopy(least, {id(trace): trace})
+    pd.policy = "pd"
     oracle = copy.deepcopy(least, {id(trace): trace})
     oracle.policy = "oracle"
     least.run(boundary, scale.steps)
     clusters["least-loaded"] = least
+    pd.run(boundary, scale.steps)
+    clusters["pd"] = pd
     timings["simulate_least_loaded_s"] = time.monotonic() - mark
     log(f"least-loaded: simulated in {timings['simulate_least_loaded_s']:.0f} s")
 
@@ -756,6 +809,12 @@ def main(argv=None) -> None:
     model_cluster.use_model(Forecaster.from_json(json.dumps(document)))
     model_cluster.run(boundary, scale.steps)
     clusters["model"] = model_cluster
+    mark = time.monotonic()
+    planner.use_model(Forecaster.from_json(json.dumps(document)))
+    planner.run(boundary, scale.steps)
+    clusters["planner"] = planner
+    timings["simulate_planner_s"] = time.monotonic() - mark
+    log(f"planner: simulated in {timings['simulate_planner_s']:.0f} s")
     timings["simulate_model_s"] = time.monotonic() - mark
     log(f"model: simulated in {timings['simulate_model_s']:.0f} s")
 
@@ -765,13 +824,14 @@ def main(argv=None) -> None:
     clusters["oracle"] = oracle
     timings["simulate_oracle_s"] = time.monotonic() - mark
 
-    if arguments.from_start:  # the model (in-sample before the held-out days) and the oracle placing from day 0
-        for policy in ("model, day 0", "oracle, day 0"):
+    if arguments.from_start:  # the model (in-sample before the held-out days), pd and the oracle from day 0
+        for policy in ("model, day 0", "planner, day 0", "pd, day 0", "oracle, day 0"):
             mark = time.monotonic()
-            cluster = Cluster(trace, policy, voters, leaders, moves_per_step, arguments.seed + 2)
-            if policy.startswith("model"):
+            cluster = Cluster(trace, policy, voters, leaders, moves_per_step, arguments.seed + 2,
+                              arguments.copy_mb_s)
+            if policy.startswith(("model", "planner")):
                 cluster.use_model(Forecaster.from_json(json.dumps(document)))
-            else:
+            elif policy.startswith("oracle"):
                 cluster.predictor = OraclePredictor(cluster)
             cluster.run(0, scale.steps)
             clusters[policy] = cluster
@@ -814,11 +874,12 @@ def main(argv=None) -> None:
               f"{figures['max_queues_in_a_group_of_mean']:14.1f}")
     print(f"({timings['total_s']:.0f} s in all; JSON and chart in {out})")
     model_p99, least_p99 = results["model"]["p99_max_mean"], results["least-loaded"]["p99_max_mean"]
-    model_moves, pd_moves = (results[policy]["leader_moves"] + results[policy]["replica_moves"]
-                             for policy in ("model", "pd"))
+    moves = {policy: results[policy]["leader_moves"] + results[policy]["replica_moves"]
+             for policy in ("model", "pd", "planner")}
     print(f"placement: p99 max/mean load model={model_p99:.3f} least-loaded={least_p99:.3f} "
           f"improvement={100 * (least_p99 - model_p99) / least_p99:.1f}% pd={results['pd']['p99_max_mean']:.3f} "
-          f"moves model={model_moves} pd={pd_moves}")
+          f"planner={results['planner']['p99_max_mean']:.3f} moves model={moves['model']} pd={moves['pd']} "
+          f"planner={moves['planner']}")
 
 
 if __name__ == "__main__":

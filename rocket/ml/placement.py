@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 from rocket import limits
@@ -203,14 +204,19 @@ def node_flows(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], node
 def hot_group_move(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], nodes: list[int],
                    follower_share: float = limits.hot_follower_share,
                    tolerance: float = limits.hot_tolerance_ratio,
-                   decrease: float = limits.hot_decrease_ratio) -> Move | None:
+                   decrease: float = limits.hot_decrease_ratio,
+                   worth: Callable[[Move, float], bool] | None = None, busy: Collection[int] = (),
+                   replica_moves: bool = True) -> Move | None:
     """The PD-style baseline, after TiKV PD's hot-region scheduler: one move by the flow each group carries now
     (GroupLoad.predicted is taken as it), no forecast. Sources are the nodes above the mean load by tolerance,
     hottest first; targets the nodes below it by tolerance. From a source, its groups by flow, hottest first: the
     leadership to a voter that is a target, else the source's replica (and its leadership, if it led) to a target
     that holds none of the group and fewer replicas than the source (as PD's region-score filter: balancing replica
     counts would move it back), whichever leaves the hotter of the two nodes lower. A move must leave that at most
-    decrease times the source's load, so that nothing swaps back and forth. None when no move does."""
+    decrease times the source's load, so that nothing swaps back and forth, and worth(move, the load it takes off the
+    hotter node) must hold if given (forecast_move's cost of a move). Groups in busy (a move of theirs under way)
+    are left alone, as PD leaves a region with an operator pending; without replica_moves (as many replica moves
+    under way as may run at once), leaderships only. None when no move does."""
     load = node_flows(groups, voters, nodes, follower_share)
     if len(load) < 2:
         return None
@@ -223,7 +229,7 @@ def hot_group_move(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], 
     targets = sorted((node for node in load if load[node] * tolerance < mean), key=lambda node: (load[node], node))
     sources = sorted((node for node in load if load[node] > mean * tolerance), key=lambda node: (-load[node], node))
     for source in sources:
-        held = [group for group in groups if source in voters.get(group.group, ())]
+        held = [group for group in groups if source in voters.get(group.group, ()) and group.group not in busy]
         for group in sorted(held, key=lambda group: (-group.predicted, group.group)):
             members = voters[group.group]
             leads = group.leader == source
@@ -234,8 +240,28 @@ def hot_group_move(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], 
                           for target in targets if target in members]
             shift = group.predicted * (1.0 if leads else follower_share)
             moves += [(max(load[source] - shift, load[target] + shift), Move(group.group, source, target, False))
-                      for target in targets if target not in members and replicas[target] < replicas[source]]
-            best = min(moves, default=None, key=lambda move: (move[0], not move[1].leader_only, move[1].target))
-            if best is not None and best[0] <= decrease * load[source]:
-                return best[1]
+                      for target in targets if replica_moves and target not in members
+                      and replicas[target] < replicas[source]]
+            moves = [(after, move) for after, move in moves if after <= decrease * load[source]
+                     and (worth is None or worth(move, load[source] - after))]
+            if moves:
+                return min(moves, key=lambda move: (move[0], not move[1].leader_only, move[1].target))[1]
     return None
+
+
+def forecast_move(groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], nodes: list[int],
+                  kept_bytes: Mapping[int, float], payback_s: float = limits.plan_payback_s,
+                  follower_share: float = limits.hot_follower_share, busy: Collection[int] = (),
+                  replica_moves: bool = True) -> Move | None:
+    """The forecast planner's one move: hot_group_move's search on forecast load (GroupLoad.predicted: bytes/s over
+    the forecast's horizon, so that a spike the forecast expects to pass moves nothing), where a move must pay for
+    itself: the load it takes off the hotter node, over payback_s, at least its cost. A replica costs the bytes it
+    copies (kept_bytes of its group), a leadership the writes its stall holds (limits.plan_leader_stall_s)."""
+    predicted = {group.group: group.predicted for group in groups}
+
+    def worth(move: Move, gain: float) -> bool:
+        if move.leader_only:
+            return gain * payback_s >= predicted[move.group] * limits.plan_leader_stall_s
+        return gain * payback_s >= kept_bytes.get(move.group, 0.0)
+
+    return hot_group_move(groups, voters, nodes, follower_share, worth=worth, busy=busy, replica_moves=replica_moves)

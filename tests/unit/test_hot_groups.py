@@ -1,12 +1,14 @@
 """The PD-style baseline (rocket.ml.placement.hot_group_move, after TiKV PD's hot-region scheduler): one move by the
-flow groups carry now, leadership first, replicas where no voter can take it, and none that would swap back."""
+flow groups carry now, leadership first, replicas where no voter can take it, and none that would swap back. The
+forecast planner (forecast_move) searches the same way, and makes a move only when it pays for itself."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rocket.ml.placement import GroupLoad, Move, hot_group_move, node_flows
+from rocket import limits
+from rocket.ml.placement import GroupLoad, Move, forecast_move, hot_group_move, node_flows
 
 NODES = [1, 2, 3, 4]
 
@@ -65,3 +67,17 @@ def test_repeated_moves_lower_the_hottest_node_and_stop(flows, random):
         hottest = now
     else:
         raise AssertionError("the moves did not stop")
+
+
+def test_the_planner_moves_a_replica_only_when_the_load_it_moves_pays_for_the_copy():
+    """The hot replica move of the test above takes 54 bytes/s off the hottest node (154 to 100): over
+    limits.plan_payback_s that pays for copying a group that keeps little, not for one that keeps three days of its
+    100 bytes/s. A leadership costs only its stall, and moves."""
+    groups = [GroupLoad(10, 1, 100.0, 1), GroupLoad(11, 2, 90.0, 1), GroupLoad(12, 3, 90.0, 1)]
+    voters = {10: (1, 2, 3), 11: (1, 2, 3), 12: (1, 2, 3)}
+    little, much = 54.0 * limits.plan_payback_s * 0.9, 100.0 * 3 * 86_400
+    assert forecast_move(groups, voters, NODES, {10: little, 11: much, 12: much}) == Move(10, 1, 4, False)
+    assert forecast_move(groups, voters, NODES, {10: much, 11: much, 12: much}) is None
+    leads = [GroupLoad(10, 1, 60.0, 1), GroupLoad(13, 1, 60.0, 1), GroupLoad(11, 2, 20.0, 1), GroupLoad(12, 4, 20.0, 1)]
+    led = {10: (1, 2, 3), 13: (1, 2, 4), 11: (2, 3, 4), 12: (2, 3, 4)}
+    assert forecast_move(leads, led, NODES, dict.fromkeys(led, much)) == Move(10, 1, 3, True)
