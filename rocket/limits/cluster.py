@@ -46,6 +46,7 @@ placement_explanations_max = 10_000  # topics whose last placement the leader ca
 leader_group_bytes_s = 64 * KiB  # leader balancing: a led group weighs this many bytes/s more than its predicted load
 leader_balance_ratio = 0.1  # ... nodes within this share of their mean led load are balanced (Kafka: 10%) ...
 leader_balance_bytes_s = 128 * KiB  # ... as are nodes within this many bytes/s of each other (2 idle groups)
+leader_transfer_s = 2.0  # at most one leadership transfer this often: a transfer pauses the group's writes briefly
 # The PD-style baseline (TiKV PD's hot-region scheduler): moves by the flow each group carries now, with tolerances.
 hot_follower_share = 0.3  # a follower's load per byte/s of its group, against the leader's 1 (it appends and fsyncs)
 hot_tolerance_ratio = 1.05  # a source is above the nodes' mean load by this factor, a target below it by the same
@@ -53,7 +54,6 @@ hot_decrease_ratio = 0.95  # a move must leave the hotter of its two nodes at mo
 # The forecast planner (forecast_move): the PD-style search on forecast load, each move paying for itself.
 plan_payback_s = 3 * 86_400.0  # a move's gain (bytes/s off the hotter node) over this long must cover its cost in bytes
 plan_leader_stall_s = 2.0  # a leadership transfer costs this many seconds of the group's writes (held in its stall)
-leader_transfer_s = 2.0  # at most one leadership transfer this often: a transfer pauses the group's writes briefly
 load_history_steps = 90  # minutes of traffic per group and topic the nameserver keeps for the forecaster (it reads 60)
 load_share_steps = 5  # minutes of its history the leader keeps for a nameserver that did not take them yet
 # Storage classes (issue 32): named pools of storage groups, in Raft or controller mode (RIP-44).

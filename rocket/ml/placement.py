@@ -1,5 +1,6 @@
 """Where new replicas and queues go (Placement, LeastLoaded, place_queues), and which leaderships and replicas move
-(leader_transfer on forecast load; hot_group_move, the PD-style baseline, on current flow). Pure: no I/O, no clock."""
+(leader_transfer on forecast load; hot_group_move, the PD-style baseline, on current flow; forecast_move, its search
+on forecast load with each move's cost). Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -175,7 +176,6 @@ def degraded_leader_transfer(groups: list[GroupLoad], voters: dict[int, tuple[in
         if targets:
             return load.group, min(targets, key=lambda node: (led[node], node))
     return None
-
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
