@@ -41,7 +41,7 @@ What it does, in the order it runs:
    replicas on distinct nodes (rocket.ml.placement.LeastLoaded placed them); a node's load is the traffic of the
    groups it leads plus FOLLOWER_SHARE (0.3) of that of the groups it follows (a follower appends and fsyncs what
    the leader sends but serves no clients). A moved replica copies the group's bytes of the last
-   tier_local_retention_s_default at --copy-mb-s, which loads both nodes as a follower's appends would, and
+   tier_local_retention_s_default at --copy-mb-s (the copy's own I/O is not added to the nodes' load), and
    switches when its copy ends; at most limits.replica_moves_max copies run at once. Random, hash, least-loaded
    and model balance leaders with `leader_transfer`; every policy makes at most --moves-per-hour balancing moves
    per simulated hour. Every policy gets the nameserver's replica moves alike: a failed node's replicas replaced
@@ -514,12 +514,12 @@ class Cluster:
                 continue
             self.live = [live for live in self.live if live != node]
             self.copies = {group: copy for group, copy in self.copies.items() if copy[1] != node}  # lost with it
+            held = np.bincount(self.voter_array.ravel(), minlength=self.trace.nodes_max + 1)  # copies change no voter
             for group in np.flatnonzero((self.voter_array == node).any(axis=1)).tolist():
                 if self.copies.get(group, (node,))[0] == node:
                     continue  # its replica there is being copied away already
                 if self.leaders[group] == node:
                     self.leaders[group] = self.rng.choice([voter for voter in self.voters[group] if voter != node])
-                held = np.bincount(self.voter_array.ravel(), minlength=self.trace.nodes_max + 1)
                 led = np.bincount(self.leaders, minlength=self.trace.nodes_max + 1)
                 loads = [NodeLoad(live, int(held[live]), int(led[live])) for live in self.live
                          if live not in self.voters[group]]
@@ -861,8 +861,9 @@ def main(argv=None) -> None:
           f"({forecast['rows_train']:,} training rows, {forecast['rows_held_out']:,} held out)")
     for series, figures in forecast["by_series"].items():
         print(f"  {series:6} rmse={figures['rmse']:,.0f} naive={figures['naive_rmse']:,.0f}")
-    header = (f"{'policy':14} {'p99 max/mean':>12} {'p50':>6} {'p99 max/cap':>11} {'hot min':>8} {'(1 group)':>9} {'leader mv':>9} "
-              f"{'replica mv':>10} {'moved GB':>9} {'grp pred rmse':>13} {'(members=queues)':>16} {'max grp q/mean':>14}")
+    header = (f"{'policy':14} {'p99 max/mean':>12} {'p50':>6} {'p99 max/cap':>11} {'hot min':>8} {'(1 group)':>9} "
+              f"{'leader mv':>9} {'replica mv':>10} {'moved GB':>9} {'grp pred rmse':>13} {'(members=queues)':>16} "
+              f"{'max grp q/mean':>14}")
     print(header)
     for policy, figures in results.items():
         print(f"{policy:14} {figures['p99_max_mean']:12.3f} {figures['p50_max_mean']:6.3f} "
