@@ -61,7 +61,7 @@ class Retries:
             problem = f"{problem}; out of time"
         elapsed_s = trio.current_time() - started
         raise RocketError(Code.UNAVAILABLE, f"{operation} {key!r} in {self.store} failed after {attempts} attempts "
-                                            f"in {elapsed_s:.1f}s: {problem}")
+                                            f"in {elapsed_s:.1f}s, the object store down or failing: {problem}")
 
     def backoff_s(self, attempts: int) -> float:
         """Full jitter: uniform in [0, min(cap, base * 2^(attempts-1))], never below a tenth of base."""
