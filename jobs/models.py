@@ -1,12 +1,17 @@
 """What the training jobs share about the models they export: Spark's trees in rocket.ml.trees' format, a model's
-version, and putting its JSON under an object store's root (models/<name>/<version>.json and .../latest.json).
+version, and publishing its JSON under an object store's root: models/<name>/<version>.json always, and
+.../latest.json (the one nodes serve) only when it beats the served model on this run's held-out data (decide).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections.abc import Callable
 from datetime import datetime
+
+from rocket import limits
 
 
 class TrainError(RuntimeError):
@@ -39,32 +44,119 @@ def model_version(trees: object, now: datetime) -> str:
     return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{digest}"
 
 
-def write_model(spark, models: str, prefix: str, document: dict) -> list[str]:
-    """Put the model under models (an object store's root) as <prefix><version>.json and <prefix>latest.json (prefix
-    like "models/forecast/"). A local directory is written through LocalDirectoryStore, so it has the footer a node
-    reads; any other Hadoop path (s3a://bucket: S3 objects have no footer) through Hadoop's file system."""
-    assert prefix.endswith("/") and not prefix.startswith("/"), prefix
-    data = json.dumps(document, indent=1).encode()
-    keys = [f"{prefix}{document['model_version']}.json", f"{prefix}latest.json"]
-    scheme = models.split("://", 1)[0] if "://" in models else ""
-    if scheme in ("", "file"):
+def decide(document: dict, served: bytes | None, metric: str, lower_is_better: bool,
+           score_served: Callable[[bytes], float | None]) -> dict:
+    """Whether the new model (document) takes the served one's place: only when it beats it on the held-out data
+    of this run, where score_served(served) scores it (raising ValueError, ModelError among them, when it cannot).
+    A model is promoted without a contest when none is served, or the served one is unreadable, stale (nodes no
+    longer use it) or not scorable on these rows. Returns the decision's record (decision.json)."""
+    metrics = document["metrics"]
+    decision = {"model_version": document["model_version"], "decided_at_ms": metrics["trained_at_ms"],
+                "metric": metric, "score": metrics.get(metric), "served_version": None, "served_score": None}
+
+    def decided(promoted: bool, reason: str) -> dict:
+        return decision | {"promoted": promoted, "reason": reason}
+
+    if served is None:
+        return decided(True, "no model was served")
+    try:
+        document_served = json.loads(served)
+        decision["served_version"] = str(document_served["model_version"])
+        trained_at_ms = int(document_served["metrics"]["trained_at_ms"])
+    except (ValueError, KeyError, TypeError) as error:
+        return decided(True, f"the served model is unreadable ({type(error).__name__}: {error})")
+    age_s = (metrics["trained_at_ms"] - trained_at_ms) / 1000
+    if age_s > limits.model_stale_s:
+        return decided(True, f"the served model is stale: trained {age_s / 86_400:.1f} days before this one")
+    try:
+        score = score_served(served)
+    except ValueError as error:
+        return decided(True, f"the served model cannot be scored on these rows: {error}")
+    decision["served_score"] = score
+
+    def worst(value: float | None) -> float:  # an undefined score (F1 of nothing found) is the worst
+        return value if value is not None and math.isfinite(value) else (math.inf if lower_is_better else -math.inf)
+
+    new, old = worst(decision["score"]), worst(score)
+    if (new < old) if lower_is_better else (new > old):
+        return decided(True, f"{metric} {new:.4g} on held-out data beats the served model's {old:.4g}")
+    return decided(False, f"{metric} {new:.4g} on held-out data does not beat the served model's {old:.4g}")
+
+
+def read_object(spark, models: str, key: str) -> bytes | None:
+    """The object under models (an object store's root) at key, or None when there is none: a local directory through
+    LocalDirectoryStore (its footer checked), any other Hadoop path through Hadoop's file system."""
+    if _is_local(models):
+        import trio
+
+        from rocket.errors import Code, RocketError
+        from rocket.tier.local import LocalDirectoryStore
+
+        async def get() -> bytes | None:
+            async with LocalDirectoryStore(models.removeprefix("file://")) as store:
+                try:
+                    return await store.get(key)
+                except RocketError as error:
+                    if error.code == Code.NOT_FOUND:
+                        return None
+                    raise
+
+        return trio.run(get)
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(f"{models.rstrip('/')}/{key}")
+    file_system = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not file_system.exists(path):
+        return None
+    stream = file_system.open(path)
+    try:
+        return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+    finally:
+        stream.close()
+
+
+def publish(spark, models: str, prefix: str, document: dict, metric: str, lower_is_better: bool,
+            score_served: Callable[[bytes], float | None]) -> dict:
+    """Put the model under models as <prefix><version>.json; make it <prefix>latest.json too when it beats the served
+    one (decide); record the decision as <prefix>decision.json (the last, which nameservers show) and
+    <prefix>decisions/<version>.json. Returns the decision."""
+    decision = decide(document, read_object(spark, models, f"{prefix}latest.json"), metric, lower_is_better,
+                      score_served)
+    version = document["model_version"]
+    model = json.dumps(document, indent=1).encode()
+    record = json.dumps(decision, indent=1).encode()
+    objects = {f"{prefix}{version}.json": model}
+    if decision["promoted"]:
+        objects[f"{prefix}latest.json"] = model
+    objects |= {f"{prefix}decisions/{version}.json": record, f"{prefix}decision.json": record}
+    write_objects(spark, models, objects)
+    return decision
+
+
+def _is_local(models: str) -> bool:
+    return "://" not in models or models.startswith("file://")
+
+
+def write_objects(spark, models: str, objects: dict[str, bytes]) -> None:
+    """Put each key's bytes under models (an object store's root), in order. A local directory is written through
+    LocalDirectoryStore, so it has the footer a node reads; any other Hadoop path (s3a://bucket: S3 objects have no
+    footer) through Hadoop's file system."""
+    if _is_local(models):
         import trio
 
         from rocket.tier.local import LocalDirectoryStore
 
         async def put() -> None:
             async with LocalDirectoryStore(models.removeprefix("file://")) as store:
-                for key in keys:
+                for key, data in objects.items():
                     await store.put(key, data)
 
         trio.run(put)
-    else:
-        jvm = spark.sparkContext._jvm
-        for key in keys:
-            path = jvm.org.apache.hadoop.fs.Path(f"{models.rstrip('/')}/{key}")
-            stream = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).create(path, True)
-            try:
-                stream.write(bytearray(data))
-            finally:
-                stream.close()
-    return keys
+        return
+    jvm = spark.sparkContext._jvm
+    for key, data in objects.items():
+        path = jvm.org.apache.hadoop.fs.Path(f"{models.rstrip('/')}/{key}")
+        stream = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).create(path, True)
+        try:
+            stream.write(bytearray(data))
+        finally:
+            stream.close()

@@ -12,7 +12,8 @@ threshold is the one of best F1 on the windows of the training runs that begin t
 runs), by trees fitted on the rest; the trees served are then refitted on every training window. The threshold
 baseline (ThresholdScorer) is tuned by grid search on the training windows; both are scored on the held-out windows
 by the Scorers the nameserver runs. The export is proven first: rocket.ml.health.HealthModel, given the JSON, must
-give Spark's probabilities, or nothing is written.
+give Spark's probabilities, or nothing is written. It becomes `latest.json` only when its F1 on the held-out windows
+is above the served model's on the same windows (jobs.models.publish); the decision is recorded either way.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from datetime import datetime, timezone  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
 from jobs.health_data import HEALTHY, Label, is_window_record, read_labels, window_label, windows  # noqa: E402
-from jobs.models import TrainError, export_trees, model_version, write_model  # noqa: E402
+from jobs.models import TrainError, export_trees, model_version, publish  # noqa: E402
 from rocket.ml.health import (FEATURES, KINDS, MODEL_FORMAT, MODEL_VERSION, HealthModel, ModelScorer,  # noqa: E402
                               NodeWindow, ThresholdScorer, health_features)
+from rocket.ml.trees import describe_decision  # noqa: E402
 
 MODELS_PREFIX = "models/health/"
 HELD_OUT_SHARE = 0.3  # of the labelled time, without --test-labels
@@ -191,7 +193,7 @@ def tune_threshold(train_judged) -> tuple[dict, float | None]:
     return dict(zip(THRESHOLD_GRID, parameters)), counts(tp, fp, fn)["f1"]
 
 
-def outcomes_of(items, text: str, threshold: dict):
+def outcomes_of(items, text: str | bytes, threshold: dict):
     """(label, the model's verdict, the threshold's) of a partition's judged windows, each verdict a kind or HEALTHY:
     the scorers the nameserver runs, on the exported model. Runs in the executors."""
     model, baseline = ModelScorer(HealthModel.from_json(text)), ThresholdScorer(**threshold)
@@ -243,6 +245,16 @@ class Trained(NamedTuple):
     document: dict  # the model file's, its export checked
     models: dict  # kind -> Spark's GBTClassificationModel
     held_out: object  # the held-out rows (DataFrame, with a features vector)
+    decision: dict | None = None  # jobs.models.publish's, once written
+
+
+def served_f1(judged, text: bytes, threshold: dict) -> float | None:
+    """F1 of a served model (its file) on the held-out windows, by the scorer a nameserver runs; ModelError (a
+    ValueError) when this code cannot score it."""
+    HealthModel.from_json(text)
+    outcomes = (judged.filter(lambda item: item.held_out)
+                .mapPartitions(lambda items: outcomes_of(items, text, threshold)).countByValue())
+    return score_outcomes(dict(outcomes))["f1"]
 
 
 def fit(rows, kind: str, args: argparse.Namespace):
@@ -365,7 +377,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(spark, args: argparse.Namespace, labels: list[Label], test_labels: list[Label] | None) -> Trained:
-    """Judge the telemetry's windows again, train, write the model; return it."""
+    """Judge the telemetry's windows again, train, publish the model (jobs.models.publish)."""
     from jobs.spark import load_telemetry
 
     spans = held_out_spans(labels, test_labels)
@@ -379,9 +391,10 @@ def run(spark, args: argparse.Namespace, labels: list[Label], test_labels: list[
     judged = judged_windows(load_telemetry(spark, args.telemetry).samples, labels + (test_labels or []),
                             spans).persist()
     trained = train(spark, judged, args, held_out, validation_from_ms)
+    decision = publish(spark, args.models, MODELS_PREFIX, trained.document, "f1", False,
+                       lambda text: served_f1(judged, text, trained.document["metrics"]["threshold_params"]))
     judged.unpersist()
-    write_model(spark, args.models, MODELS_PREFIX, trained.document)
-    return trained
+    return trained._replace(decision=decision)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -396,6 +409,8 @@ def main(argv: list[str] | None = None) -> None:
     except TrainError as error:
         raise SystemExit(f"health: {error}") from None
     print(summary(trained.document))
+    if trained.decision:
+        print(f"health: {describe_decision(trained.decision)}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ The rows are split by time: the last --held-out-days are held out for evaluation
 than twice that, its last 20% of time; training rows whose horizon reaches into the held-out time are left out, so
 no label the model is scored on was seen in training. How much of the trees' correction of the last value the model
 serves (0, 0.1, ... 1) is chosen on the last fifth of the training time, by trees fitted on the rest. The model is
-compared with the naive forecaster (the queue's last minute) on the held-out rows, then exported, and the export is proven: rocket.ml.forecast.Forecaster, given the
-exported JSON, must predict what Spark predicts for a sample of held-out rows, or nothing is written.
+compared with the naive forecaster (the queue's last minute) on the held-out rows, then exported, and the export is
+proven: rocket.ml.forecast.Forecaster, given the exported JSON, must predict what Spark predicts for a sample of
+held-out rows, or nothing is written. It becomes `latest.json` only when its RMSE on the held-out rows is below the
+served model's on the same rows (jobs.models.publish); the decision is recorded either way.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import math  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
-from jobs.models import TrainError, export_trees, model_version, write_model  # noqa: E402
+from jobs.models import TrainError, export_trees, model_version, publish  # noqa: E402
 from rocket.ml.forecast import CHANGE_MAX, FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, TARGET, Forecaster  # noqa: E402
+from rocket.ml.trees import describe_decision  # noqa: E402
 
 DAY_MS = 86_400_000
 HELD_OUT_FRACTION = 0.2  # of the data's time, when it spans less than twice --held-out-days
@@ -100,10 +103,30 @@ def check_export(text: str, predictions) -> int:
     return len(rows)
 
 
+def served_rmse(held_out, text: bytes, horizon_steps: int) -> float:
+    """RMSE of a served model (its file) on the held-out rows, scored in the executors as a nameserver scores it.
+    ValueError (ModelError among them) when it cannot be: a file this code does not score, another horizon."""
+    model = Forecaster.from_json(text)
+    if model.horizon_steps != horizon_steps:
+        raise ValueError(f"it forecasts {model.horizon_steps} steps ahead, these rows {horizon_steps}")
+
+    def squares(rows):
+        scorer, total, count = Forecaster.from_json(text), 0.0, 0
+        for row in rows:
+            error = scorer.predict([row[name] for name in FEATURES]) - row["label"]
+            total, count = total + error * error, count + 1
+        yield total, count
+
+    parts = held_out.select(*FEATURES, "label").rdd.mapPartitions(squares).collect()
+    count = sum(part[1] for part in parts)
+    return math.sqrt(sum(part[0] for part in parts) / count) if count else math.nan
+
+
 class Trained(NamedTuple):
     document: dict  # the model file's, its export checked
     model: object  # Spark's GBTRegressionModel
     held_out: object  # the held-out rows (DataFrame, with a features vector)
+    decision: dict | None = None  # jobs.models.publish's, once written
 
 
 def train(spark, queues, *, held_out_days: float, horizon_steps: int, max_iter: int = 30, max_depth: int = 4,
@@ -196,7 +219,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(spark, args: argparse.Namespace) -> Trained:
-    """Build (or read) the queue features, train, write the model; return its document."""
+    """Build (or read) the queue features, train, publish the model (jobs.models.publish)."""
     from jobs.features import queue_table
     from jobs.spark import load_telemetry
 
@@ -208,8 +231,9 @@ def run(spark, args: argparse.Namespace) -> Trained:
     trained = train(spark, queues, held_out_days=args.held_out_days, horizon_steps=args.horizon_steps,
                     max_iter=args.max_iter, max_depth=args.max_depth, seed=args.seed)
     queues.unpersist()
-    write_model(spark, args.models, MODELS_PREFIX, trained.document)
-    return trained
+    decision = publish(spark, args.models, MODELS_PREFIX, trained.document, "rmse", True,
+                       lambda text: served_rmse(trained.held_out, text, args.horizon_steps))
+    return trained._replace(decision=decision)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -222,6 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     except TrainError as error:
         raise SystemExit(f"forecast: {error}") from None
     print(summary(trained.document))
+    if trained.decision:
+        print(f"forecast: {describe_decision(trained.decision)}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,15 @@ class ModelError(ValueError):
     """A model file this node cannot use, with one line saying why."""
 
 
+def describe_decision(document: object) -> str:
+    """A training's decision (jobs/models.py, models/<name>/decision.json, parsed) in one line: the new model,
+    promoted or refused, and why; ModelError if it is not one."""
+    if not isinstance(document, dict) or not isinstance(document.get("promoted"), bool):
+        raise ModelError("not a training decision")
+    verdict = "promoted" if document["promoted"] else "refused"
+    return f"model {document.get('model_version')} {verdict}: {document.get('reason')}"
+
+
 def finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

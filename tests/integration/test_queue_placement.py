@@ -57,6 +57,11 @@ async def test_the_model_is_taken_without_a_restart_and_places_new_queues(nurser
 
         await objects.put(KEY, model("v1", now_ms))
         assert await placement_state(admin, "model v1") == "model v1"
+        refusal = {"model_version": "v2", "promoted": False,
+                   "reason": "rmse 12 on held-out data does not beat the served model's 10"}
+        await objects.put("models/forecast/decision.json", json.dumps(refusal).encode())  # jobs/models.py's record
+        assert await placement_state(admin, "model v1; last training") == (
+            "model v1; last training: model v2 refused: rmse 12 on held-out data does not beat the served model's 10")
         await admin.create_topic("after", 3)
         explained = await admin.placement_explain("after")
         assert explained["predictor"] == "model v1" and explained["model"] == "model v1"

@@ -184,6 +184,34 @@ def test_training_exports_a_model_that_scores_as_spark_does(spark, features, tmp
     assert json.loads(latest)["features"] == list(FEATURES)
 
 
+def test_a_model_no_better_than_the_served_one_is_refused(spark, features, tmp_path):
+    out, _, _ = features
+    args = Namespace(telemetry=None, features=str(out), models=str(tmp_path), held_out_days=7.0,
+                     horizon_steps=HORIZON_STEPS, max_iter=8, max_depth=3, seed=30)
+    first = run(spark, args)
+    assert first.decision and first.decision["promoted"] and first.decision["reason"] == "no model was served"
+    second = run(spark, args)  # the same trees: not strictly better
+    decision = second.decision
+    assert decision and not decision["promoted"] and decision["served_version"] == first.document["model_version"]
+    # The served model is scored on this run's held-out rows as a node scores it: its RMSE is the one it was
+    # exported with, and the same trees score the same.
+    assert decision["served_score"] == pytest.approx(first.document["metrics"]["rmse"], rel=1e-9)
+    assert decision["score"] == pytest.approx(decision["served_score"], rel=1e-9)
+    assert decision["reason"].startswith("rmse ") and "does not beat the served model's" in decision["reason"]
+
+    async def read() -> tuple[bytes, bytes, bytes, bytes]:
+        async with LocalDirectoryStore(tmp_path) as store:
+            version = second.document["model_version"]
+            return (await store.get("models/forecast/latest.json"), await store.get(f"models/forecast/{version}.json"),
+                    await store.get("models/forecast/decision.json"),
+                    await store.get(f"models/forecast/decisions/{version}.json"))
+
+    latest, refused, last, recorded = trio.run(read)
+    assert json.loads(latest)["model_version"] == first.document["model_version"]  # still the served one
+    assert json.loads(refused) == second.document  # kept beside it
+    assert json.loads(last) == json.loads(recorded) == decision
+
+
 def test_the_held_out_time_is_the_last_days_or_the_last_fifth():
     day_ms = 86_400_000
     assert held_out_from(0, 30 * day_ms - STEP_MS, 7) == 23 * day_ms

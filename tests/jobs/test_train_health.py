@@ -123,6 +123,10 @@ def test_the_model_written_is_one_a_node_accepts_and_it_beats_the_threshold(trai
     document = trained.document
     latest, versioned = read_model(data.base / "models", document["model_version"])
     assert latest == versioned
+    assert trained.decision == {"model_version": document["model_version"], "metric": "f1",
+                                "decided_at_ms": document["metrics"]["trained_at_ms"],
+                                "score": document["metrics"]["f1"], "served_version": None, "served_score": None,
+                                "promoted": True, "reason": "no model was served"}
     model = HealthModel.from_json(latest)
     assert model.version == document["model_version"] and model.window_s == WINDOW_S
     assert set(model.kinds) == set(KINDS)

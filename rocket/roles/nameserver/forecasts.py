@@ -15,6 +15,7 @@ from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.ml.forecast import STEP_MS, Forecaster, ModelError
 from rocket.ml.load import LoadHistory, ModelPredictor, Predictor, RecentPredictor
+from rocket.ml.trees import describe_decision, parse
 from rocket.model import Address
 from rocket.roles.peers import Peers
 from rocket.serde.typed import Empty, LoadShareRequest, NodeLoad
@@ -39,6 +40,26 @@ async def read_model(objects: ObjectStore | None, key: str, what: str) -> tuple[
         return False, None
 
 
+async def read_training(objects: ObjectStore | None, model_key: str, what: str, known: str) -> str:
+    """The last training's decision beside a model (models/<name>/decision.json, jobs/models.py) in one line: ""
+    when there is none, known when the store failed."""
+    readable, text = await read_model(objects, model_key.removesuffix("latest.json") + "decision.json", what)
+    if not readable:
+        return known
+    if text is None:
+        return ""
+    try:
+        return describe_decision(parse(text))
+    except ModelError as error:
+        return f"its decision file is unreadable ({error})"
+
+
+def with_training(state: str, training: str) -> str:
+    """A model's state, and the last training's decision when there is one: what `rocket cluster status` and
+    `rocket cluster health` show."""
+    return f"{state}; last training: {training}" if training else state
+
+
 class Forecasts:
     """Each storage group's and topic's bytes in, in one-minute steps (rocket.ml.load.LoadHistory), and the predictor
     of their next hour. The leader records what heartbeats report (each group's leader counts its bytes in) and
@@ -61,7 +82,8 @@ class Forecasts:
         # limits.load_share_steps bound each (older steps are dropped, share).
         self._unshared: dict[int, collections.Counter] = {}
         self.predictor: Predictor = RecentPredictor()
-        self.model_state = "no model"  # what `rocket cluster status` shows
+        self.model_state = "no model"  # what `rocket cluster status` shows, with the last training's decision
+        self.training = ""  # the last training's decision (read_training)
         self._model_text: bytes | None = None
         self._predicted_for: tuple = ()  # (step, predictor) the cached predictions are of
         self._predicted: dict[tuple, float] = {}
@@ -118,6 +140,7 @@ class Forecasts:
         """Take the model file if it changed; refuse it, or a stale one, for the fallback, saying why once. The
         history drops the steps past its window."""
         self.history.forget_before(self.clock.wall_ms())
+        self.training = await read_training(self.objects, self._model_key, "forecast model's training", self.training)
         readable, text = await read_model(self.objects, self._model_key, "forecast model")
         if not readable:
             return

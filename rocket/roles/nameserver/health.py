@@ -16,7 +16,7 @@ from rocket.errors import Code, RocketError
 from rocket.ml.health import (AUTO, DEGRADED, KIND_NAMES, PINS, WINDOW_FIELDS, WINDOW_METRIC, HealthJudge,
                               HealthModel, ModelScorer, NodeHealth, NodeWindow, Scorer, ThresholdScorer)
 from rocket.ml.trees import ModelError
-from rocket.roles.nameserver.forecasts import read_model
+from rocket.roles.nameserver.forecasts import read_model, read_training, with_training
 from rocket.roles.nameserver.group import MetadataGroup
 from rocket.serde.typed import (Empty, HealthFeature, NodeHealthInfo, NodeHealthRequest, NodeHealthResponse, NodeLoad,
                                 PeerCalls, PinNodeHealthRequest)
@@ -132,7 +132,8 @@ class NodeHealthChecks:
         self.nodes = nodes
         self.threshold = ThresholdScorer()
         self.scorer: Scorer = scorer or self.threshold
-        self.model_state = "no model"  # what `rocket cluster health` shows
+        self.model_state = "no model"  # what `rocket cluster health` shows, with the last training's decision
+        self.training = ""  # the last training's decision (forecasts.read_training)
         self._model_text: bytes | None = None
         self.judge = HealthJudge()
         self._window_began: float | None = None  # trio time; None: no window yet on this leader
@@ -150,6 +151,7 @@ class NodeHealthChecks:
     async def follow_model(self) -> None:
         """Score with the model in the object store while it is valid, fresh, trained on windows like this
         cluster's, and no worse than the threshold on its held-out runs; else with the threshold, saying why once."""
+        self.training = await read_training(self.objects, self._model_key, "health model's training", self.training)
         readable, text = await read_model(self.objects, self._model_key, "health model")
         if not readable or (text == self._model_text and not isinstance(self.scorer, ModelScorer)):
             return  # unchanged, and refused (a model in use is checked again: it grows stale)
@@ -305,7 +307,8 @@ class NodeHealthChecks:
                 unhealthy=bool(verdict and verdict.unhealthy), score=verdict.score if verdict else 0.0,
                 verdict=verdict.reason if verdict else "no window yet",
                 features=[HealthFeature(name, value) for name, value in (verdict.features if verdict else {}).items()]))
-        return NodeHealthResponse(scorer=self.scorer.name, model=self.model_state, window_s=self.config.health_window_s,
+        return NodeHealthResponse(scorer=self.scorer.name, model=with_training(self.model_state, self.training),
+                                  window_s=self.config.health_window_s,
                                   windows_judged=self.windows_judged, degrade_windows=self.judge.degrade_windows,
                                   recover_windows=self.judge.recover_windows, nodes=nodes)
 

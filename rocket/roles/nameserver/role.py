@@ -24,7 +24,7 @@ from rocket.roles.nameserver.consumer_groups import ConsumerGroupSettings
 from rocket.roles.nameserver.controller import Controller
 from rocket.roles.nameserver.class_moves import ClassMoves
 from rocket.roles.nameserver.deletes import TopicDeletes
-from rocket.roles.nameserver.forecasts import Forecasts
+from rocket.roles.nameserver.forecasts import Forecasts, with_training
 from rocket.roles.nameserver.group import MetadataGroup
 from rocket.roles.nameserver.health import NodeHealthChecks
 from rocket.roles.nameserver.control import Control
@@ -544,5 +544,6 @@ class Nameserver:
             nameservers=sorted(self.members), nodes=nodes,
             groups=[self.metadata.group_info(group, self.leaders, lagging.get(group))
                     for group in sorted(self.metadata.groups)],
-            topics=len(self.metadata.topics), moving=len(self.moving), placement=self.forecasts.model_state,
+            topics=len(self.metadata.topics), moving=len(self.moving),
+            placement=with_training(self.forecasts.model_state, self.forecasts.training),
             load_series=len(self.forecasts.history))
