@@ -32,7 +32,8 @@ LOCAL_CONF = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127
 
 
 def session(master: str | None = None, app: str = "rocket-jobs", conf: dict[str, str] | None = None):
-    """A SparkSession on master: local[*] unless given, or under spark-submit the --master it was given."""
+    """A SparkSession on master: local[*] unless given, or under spark-submit the --master it was given (and its
+    --conf over the defaults here)."""
     try:
         from pyspark import SparkConf
         from pyspark.sql import SparkSession
@@ -41,8 +42,9 @@ def session(master: str | None = None, app: str = "rocket-jobs", conf: dict[str,
                          "Java 17)") from None
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # local executors run this interpreter, rocket on it
-    if master is None and "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit: the --master it was given
-        master = SparkConf().get("spark.master", None)
+    submitted = SparkConf() if "PYSPARK_GATEWAY_PORT" in os.environ else None  # under spark-submit: what it was given
+    if master is None and submitted is not None:
+        master = submitted.get("spark.master", None)
     master = master or MASTER_DEFAULT
     local = master.startswith("local")
     if local:
@@ -51,6 +53,8 @@ def session(master: str | None = None, app: str = "rocket-jobs", conf: dict[str,
     paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     settings = {**CONF, "spark.executorEnv.PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
                 **(LOCAL_CONF if local else {}), **(conf or {})}
+    if submitted is not None:  # spark-submit's --conf wins over these defaults (not over conf, the caller's)
+        settings = {key: value for key, value in settings.items() if key in (conf or {}) or not submitted.contains(key)}
     builder = SparkSession.builder.appName(app).master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -1,5 +1,5 @@
 """Cluster commands: status of nodes and storage groups, queue placement, node health, draining a node, handing a
-controller-mode group's mastership over, and storage classes."""
+controller-mode group's mastership over, storage classes, and training the models (train.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from rocket import limits
+from rocket.cli import train
 from rocket.cli.common import (Serde, Server, Transport, out, plural, print_json, progress_bar, runs_client,
                                usage_error)
 from rocket.client import Admin, connect
@@ -18,6 +19,7 @@ app = typer.Typer(no_args_is_help=True, help="Inspect the cluster: nodes, groups
 class_app = typer.Typer(no_args_is_help=True, help="Storage classes: named pools of storage groups, in raft or "
                         "controller mode, that topics are placed on.")
 app.add_typer(class_app, name="storage-class")
+app.command("train")(train.cluster_train)
 
 
 @app.command("status")

@@ -1,0 +1,138 @@
+"""The learning loop on a real Spark cluster (issue 56): a standalone master and two workers on 127.0.0.1, started
+with PySpark's own bin/spark-class, train both models through `rocket cluster train --master spark://...`, which hands
+the jobs to spark-submit; the models equal those of a local[2] run on the same input, and each is promoted."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+import trio  # noqa: E402
+
+from rocket.tier.local import LocalDirectoryStore  # noqa: E402
+from rocket.transport.listen import free_ports  # noqa: E402
+from tests.jobs.test_train_health import SECOND_REPORTER, TEST_RUNS, fault_runs, judgements, ship  # noqa: E402
+
+SAMPLE = Path(__file__).parent / "data" / "tier"  # test_jobs.py's: a real dev node's telemetry
+SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
+PLACEMENT_ARGS = "--horizon-steps 2 --max-iter 8 --max-depth 3"
+HEALTH_ARGS = "--max-iter 10"
+VOLATILE = {"model_version", "trained_at_ms", "decided_at_ms"}  # the time of a run
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """A standalone master and two one-core workers on 127.0.0.1; the master's URL, once both workers joined."""
+    base = tmp_path_factory.mktemp("spark-cluster")
+    port, master_ui, *worker_uis = free_ports(4)
+    env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(base), "SPARK_NO_DAEMONIZE": "1",
+                        "PYSPARK_PYTHON": sys.executable}
+    url = f"spark://127.0.0.1:{port}"
+    logs = [open(base / f"{name}.log", "wb") for name in ("master", "worker1", "worker2")]
+    processes = [subprocess.Popen([str(SPARK_CLASS), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                                   "--port", str(port), "--webui-port", str(master_ui)],
+                                  env=env, stdout=logs[0], stderr=subprocess.STDOUT)]
+    try:
+        for number, ui in enumerate(worker_uis, 1):
+            processes.append(subprocess.Popen(
+                [str(SPARK_CLASS), "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1",
+                 "--memory", "1g", "--webui-port", str(ui), "--work-dir", str(base / f"work{number}")],
+                env=env, stdout=logs[number], stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 120
+        while True:
+            assert all(process.poll() is None for process in processes), (base / "master.log").read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{master_ui}/json/", timeout=5) as answer:
+                    if json.load(answer).get("aliveworkers") == 2:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the workers did not join the master in 120 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        for log in logs:
+            log.close()
+
+
+@pytest.fixture(scope="module")
+def telemetry(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """One tier holding the sample node's telemetry and the health windows; the fault runs to train and test on."""
+    base = tmp_path_factory.mktemp("telemetry")
+    shutil.copytree(SAMPLE, base / "tier")
+    judged = judgements()
+    trio.run(ship, base / "tier", 91, judged, base / "node91")
+    trio.run(ship, base / "tier", 92, judged[slice(*SECOND_REPORTER)], base / "node92")
+    runs = fault_runs()
+    (base / "train.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs[:-TEST_RUNS]))
+    (base / "test.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs[-TEST_RUNS:]))
+    return base / "tier", base / "train.jsonl", base / "test.jsonl"
+
+
+def train(master: str, telemetry: tuple[Path, Path, Path], models: Path) -> subprocess.CompletedProcess:
+    tier, labels, test_labels = telemetry
+    done = subprocess.run([sys.executable, "-m", "rocket", "cluster", "train", "--master", master, "--partitions", "2",
+                           "--telemetry", str(tier), "--models", str(models), "--labels", str(labels), "--test-labels",
+                           str(test_labels), "--placement-args", PLACEMENT_ARGS, "--health-args", HEALTH_ARGS],
+                          capture_output=True, text=True, timeout=600, env=os.environ | {"COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def published(models: Path, name: str) -> tuple[dict, dict]:
+    async def read() -> tuple[bytes, bytes]:
+        async with LocalDirectoryStore(models) as store:
+            return await store.get(f"models/{name}/latest.json"), await store.get(f"models/{name}/decision.json")
+
+    latest, decision = trio.run(read)
+    return json.loads(latest), json.loads(decision)
+
+
+def assert_same(ours: object, theirs: object, where: str = "") -> None:
+    """Equal but for the run's time; floats to 1e-9 (Spark sums a partition's figures in its own order)."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        assert set(ours) == set(theirs), where
+        for key in set(ours) - VOLATILE:
+            assert_same(ours[key], theirs[key], f"{where}.{key}")
+    elif isinstance(ours, list) and isinstance(theirs, list):
+        assert len(ours) == len(theirs), where
+        for index, (one, other) in enumerate(zip(ours, theirs)):
+            assert_same(one, other, f"{where}[{index}]")
+    elif isinstance(ours, float) and isinstance(theirs, float) and not (math.isnan(ours) and math.isnan(theirs)):
+        assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-12), where
+    elif not (isinstance(ours, float) and isinstance(theirs, float)):
+        assert ours == theirs, where
+
+
+def test_both_models_train_on_a_standalone_cluster_as_they_do_locally(standalone, telemetry, tmp_path):
+    on_cluster = train(standalone, telemetry, tmp_path / "cluster")
+    print(on_cluster.stdout)
+    locally = train("local[2]", telemetry, tmp_path / "local")
+    for name in ("forecast", "health"):
+        cluster_model, cluster_decision = published(tmp_path / "cluster", name)
+        local_model, local_decision = published(tmp_path / "local", name)
+        assert_same(cluster_model, local_model, name)
+        assert cluster_model["model_version"].split("-")[1] == local_model["model_version"].split("-")[1]  # the trees'
+        for decision, model, output in ((cluster_decision, cluster_model, on_cluster.stdout),
+                                        (local_decision, local_model, locally.stdout)):
+            assert decision["promoted"] and decision["reason"] == "no model was served"
+            assert decision["model_version"] == model["model_version"]
+            assert f"{name}: model {model['model_version']} promoted: no model was served" in output
