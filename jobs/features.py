@@ -28,6 +28,7 @@ if not __package__:  # spark-submit jobs/features.py: the tree's root on the pat
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
+import math  # noqa: E402
 import time  # noqa: E402
 
 from rocket.ml.forecast import FEATURES, STEP_MS, future_rate, queue_features, window_mean  # noqa: E402
@@ -75,20 +76,16 @@ def queue_histories(samples):
 
     def add(history, report):
         time_ms, rate, group = report
-        total = history[1].setdefault(time_ms // STEP_MS, [0.0, 0])
-        total[0] += rate
-        total[1] += 1
+        history[1].setdefault(time_ms // STEP_MS, []).append(rate)
         return (time_ms, group) if time_ms >= history[0][0] else history[0], history[1]
 
     def merge(a, b):
-        for step, (rate, count) in b[1].items():
-            total = a[1].setdefault(step, [0.0, 0])
-            total[0] += rate
-            total[1] += count
+        for step, rates in b[1].items():
+            a[1].setdefault(step, []).extend(rates)
         return max(a[0], b[0]), a[1]
 
-    def finish(history):
-        return history[0][1], {step: rate / count for step, (rate, count) in history[1].items()}
+    def finish(history):  # fsum: the same figures however the samples were partitioned
+        return history[0][1], {step: math.fsum(rates) / len(rates) for step, rates in history[1].items()}
 
     return (samples.filter(lambda record: record["metric"] == QUEUE_IN_BYTES and record["rate"] is not None)
             .map(keyed).aggregateByKey(((-1, -1), {}), add, merge).mapValues(finish))
@@ -100,13 +97,13 @@ def sum_histories(histories, key_of):
     def add(total, item):
         member, steps = item
         for step, rate in steps.items():
-            total[0][step] = total[0].get(step, 0.0) + rate
+            total[0].setdefault(step, []).append(rate)
         total[1].append((member, min(steps)))
         return total
 
     def merge(a, b):
-        for step, rate in b[0].items():
-            a[0][step] = a[0].get(step, 0.0) + rate
+        for step, rates in b[0].items():
+            a[0].setdefault(step, []).extend(rates)
         a[1].extend(b[1])
         return a
 
@@ -114,7 +111,10 @@ def sum_histories(histories, key_of):
         key, member = key_of(item)
         return key, (member, item[1][1])
 
-    return histories.map(keyed).aggregateByKey(({}, []), add, merge)
+    def finish(total):  # fsum and sorted: the same figures however the queues were partitioned
+        return {step: math.fsum(rates) for step, rates in total[0].items()}, sorted(total[1])
+
+    return histories.map(keyed).aggregateByKey(({}, []), add, merge).mapValues(finish)
 
 
 def topic_histories(histories):
