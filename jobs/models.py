@@ -11,7 +11,10 @@ import math
 from collections.abc import Callable
 from datetime import datetime
 
+from jobs import tier
+from jobs.tier import tier_of
 from rocket import limits
+from rocket.config import NodeConfig
 
 
 class TrainError(RuntimeError):
@@ -45,11 +48,11 @@ def model_version(trees: object, now: datetime) -> str:
 
 
 def decide(document: dict, served: bytes | None, metric: str, lower_is_better: bool,
-           score_served: Callable[[bytes], float | None]) -> dict:
-    """Whether the new model (document) takes the served one's place: only when it beats it on the held-out data
-    of this run, where score_served(served) scores it (raising ValueError, ModelError among them, when it cannot).
-    A model is promoted without a contest when none is served, or the served one is unreadable, stale (nodes no
-    longer use it) or not scorable on these rows. Returns the decision's record (decision.json)."""
+           score: Callable[[bytes], float | None]) -> dict:
+    """Whether the new model (document) takes the served one's place: only when it beats it on the held-out data of
+    this run, where score(a model file) scores both by the same code (raising ValueError, ModelError among them,
+    when it cannot). A model is promoted without a contest when none is served, or the served one is unreadable,
+    stale (nodes no longer use it) or not scorable on these rows. Returns the decision's record (decision.json)."""
     metrics = document["metrics"]
     decision = {"model_version": document["model_version"], "decided_at_ms": metrics["trained_at_ms"],
                 "metric": metric, "score": metrics.get(metric), "served_version": None, "served_score": None}
@@ -69,39 +72,27 @@ def decide(document: dict, served: bytes | None, metric: str, lower_is_better: b
     if age_s > limits.model_stale_s:
         return decided(True, f"the served model is stale: trained {age_s / 86_400:.1f} days before this one")
     try:
-        score = score_served(served)
+        decision["served_score"] = score(served)
     except ValueError as error:
         return decided(True, f"the served model cannot be scored on these rows: {error}")
-    decision["served_score"] = score
+    decision["score"] = score(json.dumps(document).encode())  # as the served one is, not as Spark did
 
     def worst(value: float | None) -> float:  # an undefined score (F1 of nothing found) is the worst
         return value if value is not None and math.isfinite(value) else (math.inf if lower_is_better else -math.inf)
 
-    new, old = worst(decision["score"]), worst(score)
+    new, old = worst(decision["score"]), worst(decision["served_score"])
     if (new < old) if lower_is_better else (new > old):
         return decided(True, f"{metric} {new:.4g} on held-out data beats the served model's {old:.4g}")
     return decided(False, f"{metric} {new:.4g} on held-out data does not beat the served model's {old:.4g}")
 
 
-def read_object(spark, models: str, key: str) -> bytes | None:
-    """The object under models (an object store's root) at key, or None when there is none: a local directory through
-    LocalDirectoryStore (its footer checked), any other Hadoop path through Hadoop's file system."""
-    if _is_local(models):
-        import trio
-
-        from rocket.errors import Code, RocketError
-        from rocket.tier.local import LocalDirectoryStore
-
-        async def get() -> bytes | None:
-            async with LocalDirectoryStore(models.removeprefix("file://")) as store:
-                try:
-                    return await store.get(key)
-                except RocketError as error:
-                    if error.code == Code.NOT_FOUND:
-                        return None
-                    raise
-
-        return trio.run(get)
+def read_object(spark, models: str | NodeConfig, key: str) -> bytes | None:
+    """The object under models (an object store: a node config's, a local directory, or a Hadoop URL's root) at key,
+    or None when there is none."""
+    store = models if isinstance(models, NodeConfig) else tier_of(models, None)
+    if store is not None:
+        return tier.get(store, key)
+    assert isinstance(models, str)  # a Hadoop URL
     jvm = spark.sparkContext._jvm
     path = jvm.org.apache.hadoop.fs.Path(f"{models.rstrip('/')}/{key}")
     file_system = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
@@ -114,13 +105,14 @@ def read_object(spark, models: str, key: str) -> bytes | None:
         stream.close()
 
 
-def publish(spark, models: str, prefix: str, document: dict, metric: str, lower_is_better: bool,
-            score_served: Callable[[bytes], float | None]) -> dict:
+def publish(spark, models: str | NodeConfig, prefix: str, document: dict, metric: str, lower_is_better: bool,
+            score: Callable[[bytes], float | None]) -> dict:
     """Put the model under models as <prefix><version>.json; make it <prefix>latest.json too when it beats the served
     one (decide); record the decision as <prefix>decision.json (the last, which nameservers show) and
     <prefix>decisions/<version>.json. Returns the decision."""
-    decision = decide(document, read_object(spark, models, f"{prefix}latest.json"), metric, lower_is_better,
-                      score_served)
+    if isinstance(models, NodeConfig):  # where the node's nameservers read it
+        prefix = models.tier_key(prefix)
+    decision = decide(document, read_object(spark, models, f"{prefix}latest.json"), metric, lower_is_better, score)
     version = document["model_version"]
     model = json.dumps(document, indent=1).encode()
     record = json.dumps(decision, indent=1).encode()
@@ -132,26 +124,15 @@ def publish(spark, models: str, prefix: str, document: dict, metric: str, lower_
     return decision
 
 
-def _is_local(models: str) -> bool:
-    return "://" not in models or models.startswith("file://")
-
-
-def write_objects(spark, models: str, objects: dict[str, bytes]) -> None:
-    """Put each key's bytes under models (an object store's root), in order. A local directory is written through
-    LocalDirectoryStore, so it has the footer a node reads; any other Hadoop path (s3a://bucket: S3 objects have no
-    footer) through Hadoop's file system."""
-    if _is_local(models):
-        import trio
-
-        from rocket.tier.local import LocalDirectoryStore
-
-        async def put() -> None:
-            async with LocalDirectoryStore(models.removeprefix("file://")) as store:
-                for key, data in objects.items():
-                    await store.put(key, data)
-
-        trio.run(put)
+def write_objects(spark, models: str | NodeConfig, objects: dict[str, bytes]) -> None:
+    """Put each key's bytes under models, in order: through rocket's own client when it is a node config's store or
+    a local directory (LocalDirectoryStore, with the footer a node reads), else through Hadoop's file system
+    (s3a://bucket: S3 objects have no footer)."""
+    store = models if isinstance(models, NodeConfig) else tier_of(models, None)
+    if store is not None:
+        tier.put(store, objects)
         return
+    assert isinstance(models, str)  # a Hadoop URL
     jvm = spark.sparkContext._jvm
     for key, data in objects.items():
         path = jvm.org.apache.hadoop.fs.Path(f"{models.rstrip('/')}/{key}")

@@ -1,13 +1,15 @@
 """The Spark side of the learning loop: a session, and the telemetry nodes shipped, decoded in the executors.
 
 Telemetry objects are `telemetry/v1/node=<id>/date=<YYYY-MM-DD>/<first_ms>-<last_ms>-<records>.avro` in a node's
-object store (rocket/telemetry/ship.py). Read from a LocalDirectoryStore (dev mode: DATA_DIR/tier), each file is
-the Avro bytes then a 24-byte footer (MD5, magic: rocket/tier/local.py); from S3 it is the Avro bytes alone.
-Spark's Avro reader is not bundled with pyspark, so fastavro decodes each object inside the executors.
+object store (rocket/telemetry/ship.py). Read as files from a LocalDirectoryStore (dev mode: DATA_DIR/tier), each is
+the Avro bytes then a 24-byte footer (MD5, magic: rocket/tier/local.py); from S3 it is the Avro bytes alone. Given a
+node's config, the executors fetch them from its object store with rocket's own client (jobs/tier.py). Spark's Avro
+reader is not bundled with pyspark, so fastavro decodes each object inside the executors.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
 import logging
@@ -16,11 +18,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobs import tier
+from rocket.config import NodeConfig
+from rocket.telemetry.ship import KEY_PREFIX_DEFAULT, KEY_VERSION
 from rocket.tier.local import FOOTER_BYTES, FOOTER_MAGIC
 
 log = logging.getLogger("jobs")
 
-OBJECTS_GLOB = "v1/node=*/date=*/*.avro"  # rocket.telemetry.ship.KEY_VERSION's layout
+OBJECTS_GLOB = f"{KEY_VERSION}/node=*/date=*/*.avro"  # rocket.telemetry.ship's layout
 MASTER_DEFAULT = "local[*]"
 ROOT = Path(__file__).resolve().parents[1]  # the tree holding jobs/ and rocket/
 
@@ -105,18 +110,29 @@ class Loaded:
     glob: str = ""
 
 
-def load_telemetry(spark, telemetry_path: str) -> Loaded:
-    """Every sample under telemetry_path (see objects_glob). Corrupt objects are skipped, counted and logged, not
-    fatal: one torn file must not stop a day's training."""
+def load_telemetry(spark, telemetry: str | NodeConfig) -> Loaded:
+    """Every sample under telemetry: a path (see objects_glob) Hadoop's file system reads, or the telemetry/ prefix
+    of the object store a node config names (jobs.tier: the executors fetch the objects with rocket's own client).
+    Corrupt objects are skipped, counted and logged, not fatal: one torn file must not stop a day's training."""
     sc = spark.sparkContext
-    glob = objects_glob(spark, telemetry_path)
-    try:
+    if isinstance(telemetry, NodeConfig):
+        prefix = telemetry.tier_key(KEY_PREFIX_DEFAULT)  # where its nodes ship it
+        glob = f"{telemetry.tier_backend}:{prefix}{OBJECTS_GLOB}"
+        found = [key for key in tier.keys(telemetry, f"{prefix}{KEY_VERSION}/")
+                 if fnmatch.fnmatchcase(key, f"{prefix}{OBJECTS_GLOB}")]
+        if not found:
+            raise SystemExit(f"no telemetry objects in the {telemetry.tier_backend} object store ({glob})")
+        files = sc.parallelize(found, min(len(found), sc.defaultParallelism * 4)).mapPartitions(
+            lambda keys: tier.fetch(telemetry, keys))
+    else:
+        glob = objects_glob(spark, telemetry)
         files = sc.binaryFiles(glob)
+    try:
         decoded = files.map(lambda item: decode_object(*item)).persist()
         summary = decoded.map(lambda item: (item[0], item[2])).collect()  # small: one row per object
     except Exception as error:  # py4j wraps the JVM's "Input path does not match"
         if "matches 0 files" in str(error) or "does not exist" in str(error) or "not match" in str(error):
-            raise SystemExit(f"no telemetry objects under {telemetry_path} ({glob})") from None
+            raise SystemExit(f"no telemetry objects under {telemetry} ({glob})") from None
         raise
     corrupt = sorted((path, why) for path, why in summary if why is not None)
     for path, why in corrupt:

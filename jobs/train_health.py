@@ -32,6 +32,7 @@ import math  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
+from jobs import tier  # noqa: E402
 from jobs.health_data import HEALTHY, Label, is_window_record, read_labels, window_label, windows  # noqa: E402
 from jobs.models import TrainError, export_trees, model_version, publish  # noqa: E402
 from rocket.ml.health import (FEATURES, KINDS, MODEL_FORMAT, MODEL_VERSION, HealthModel, ModelScorer,  # noqa: E402
@@ -248,9 +249,9 @@ class Trained(NamedTuple):
     decision: dict | None = None  # jobs.models.publish's, once written
 
 
-def served_f1(judged, text: bytes, threshold: dict) -> float | None:
-    """F1 of a served model (its file) on the held-out windows, by the scorer a nameserver runs; ModelError (a
-    ValueError) when this code cannot score it."""
+def scored_f1(judged, text: bytes, threshold: dict) -> float | None:
+    """F1 of a model file (the served one, or the new) on the held-out windows, by the scorer a nameserver runs;
+    ModelError (a ValueError) when this code cannot score it."""
     HealthModel.from_json(text)
     outcomes = (judged.filter(lambda item: item.held_out)
                 .mapPartitions(lambda items: outcomes_of(items, text, threshold)).countByValue())
@@ -365,15 +366,18 @@ def summary(document: dict) -> str:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m jobs.train_health", description=__doc__.splitlines()[0])
-    parser.add_argument("--telemetry", required=True, help="the telemetry/ prefix of an object store, or its root")
+    parser.add_argument("--telemetry", help="the telemetry/ prefix of an object store, or its root")
     parser.add_argument("--labels", required=True, help="the fault runs (benchmarks/faults.py's JSON lines)")
     parser.add_argument("--test-labels", help="runs to hold out (default: the last ~30%% of the labelled time)")
-    parser.add_argument("--models", required=True, help="the object store root the model is put under")
+    parser.add_argument("--models", help="the object store root the model is put under")
+    tier.add_arguments(parser)
     parser.add_argument("--master", default=None, help="Spark master (default local[*], or spark-submit's)")
     parser.add_argument("--max-iter", type=int, default=30, help="trees per kind (default %(default)s)")
     parser.add_argument("--max-depth", type=int, default=3, help="of each tree (default %(default)s)")
     parser.add_argument("--seed", type=int, default=31)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    tier.resolve(parser, args)
+    return args
 
 
 def run(spark, args: argparse.Namespace, labels: list[Label], test_labels: list[Label] | None) -> Trained:
@@ -392,7 +396,7 @@ def run(spark, args: argparse.Namespace, labels: list[Label], test_labels: list[
                             spans).persist()
     trained = train(spark, judged, args, held_out, validation_from_ms)
     decision = publish(spark, args.models, MODELS_PREFIX, trained.document, "f1", False,
-                       lambda text: served_f1(judged, text, trained.document["metrics"]["threshold_params"]))
+                       lambda text: scored_f1(judged, text, trained.document["metrics"]["threshold_params"]))
     judged.unpersist()
     return trained._replace(decision=decision)
 

@@ -28,6 +28,7 @@ import math  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
+from jobs import tier  # noqa: E402
 from jobs.models import TrainError, export_trees, model_version, publish  # noqa: E402
 from rocket.ml.forecast import CHANGE_MAX, FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, TARGET, Forecaster  # noqa: E402
 from rocket.ml.trees import describe_decision  # noqa: E402
@@ -103,8 +104,8 @@ def check_export(text: str, predictions) -> int:
     return len(rows)
 
 
-def served_rmse(held_out, text: bytes, horizon_steps: int) -> float:
-    """RMSE of a served model (its file) on the held-out rows, scored in the executors as a nameserver scores it.
+def scored_rmse(held_out, text: bytes, horizon_steps: int) -> float:
+    """RMSE of a model file (the served one, or the new) on the held-out rows, scored in the executors as a node does.
     ValueError (ModelError among them) when it cannot be: a file this code does not score, another horizon."""
     model = Forecaster.from_json(text)
     if model.horizon_steps != horizon_steps:
@@ -205,7 +206,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m jobs.train_placement", description=__doc__.splitlines()[0])
     parser.add_argument("--telemetry", help="the telemetry/ prefix of an object store, or its root")
     parser.add_argument("--features", help="a features directory (jobs.features --out) to train on instead")
-    parser.add_argument("--models", required=True, help="the object store root the model is put under")
+    parser.add_argument("--models", help="the object store root the model is put under")
+    tier.add_arguments(parser)
     parser.add_argument("--master", default=None, help="Spark master (default local[*], or spark-submit's)")
     parser.add_argument("--held-out-days", type=float, default=7.0)
     parser.add_argument("--horizon-steps", type=int, default=HORIZON_STEPS_DEFAULT)
@@ -213,8 +215,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-depth", type=int, default=4, help="of each tree (default %(default)s)")
     parser.add_argument("--seed", type=int, default=30)
     args = parser.parse_args(argv)
-    if bool(args.telemetry) == bool(args.features):
-        parser.error("give --telemetry or --features")
+    if args.telemetry and args.features:
+        parser.error("give --telemetry or --features, not both")
+    tier.resolve(parser, args, telemetry_needed=not args.features)
     return args
 
 
@@ -232,7 +235,7 @@ def run(spark, args: argparse.Namespace) -> Trained:
                     max_iter=args.max_iter, max_depth=args.max_depth, seed=args.seed)
     queues.unpersist()
     decision = publish(spark, args.models, MODELS_PREFIX, trained.document, "rmse", True,
-                       lambda text: served_rmse(trained.held_out, text, args.horizon_steps))
+                       lambda text: scored_rmse(trained.held_out, text, args.horizon_steps))
     return trained._replace(decision=decision)
 
 

@@ -171,6 +171,11 @@ class NodeConfig:
             return dict(self.controllers)
         return {self.node_id: self.address}
 
+    def tier_key(self, key: str) -> str:
+        """The key in the object store of an object of the cluster's own (telemetry, models): under tier_s3_prefix
+        when one is set, as S3's pieces are."""
+        return f"{self.tier_s3_prefix}/{key}" if self.tier_s3_prefix else key
+
 
 _keys = {field.name for field in dataclasses.fields(NodeConfig)}
 _RANGED = {field.name: (type(field.default) is int, *field.metadata["range"])

@@ -44,6 +44,7 @@ from rocket.roles.peers import Peers
 from rocket.roles.storage import StorageRole
 from rocket.telemetry.registry import Telemetry
 from rocket.telemetry.runner import raft_metrics, run_telemetry, traffic_metrics
+from rocket.telemetry.ship import KEY_PREFIX_DEFAULT
 from rocket.telemetry.spool import Spool
 from rocket.tier.local import LocalDirectoryStore
 from rocket.tier.objectstore import ObjectStore
@@ -544,9 +545,8 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
             metrics.telemetry = telemetry
             if config.telemetry_interval_s:
                 spool = await trio.to_thread.run_sync(partial(Spool, config.data_dir / "telemetry"))
-                prefix = f"{config.tier_s3_prefix}/telemetry/" if config.tier_s3_prefix else "telemetry/"
                 await nursery.start(partial(run_telemetry, telemetry, spool, objects, config.telemetry_interval_s,
-                                            prefix=prefix))
+                                            prefix=config.tier_key(KEY_PREFIX_DEFAULT)))
             if storage is not None:
                 with trio.CancelScope() as waiting:  # registered with the nameservers: topics can be placed here
                     nursery.start_soon(cancel_on, stop, waiting)  # unless told to stop first

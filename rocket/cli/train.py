@@ -49,15 +49,17 @@ def job_file(name: str) -> str:
     return str(path)
 
 
-def job_commands(spark_submit: str, master: str, partitions: int | None, telemetry: str, models: str,
-                 labels: Path | None, test_labels: Path | None, placement_args: str,
+def job_commands(spark_submit: str, master: str, partitions: int | None, telemetry: str | None, models: str | None,
+                 tier_config: Path | None, labels: Path | None, test_labels: Path | None, placement_args: str,
                  health_args: str) -> list[tuple[str, list[str]]]:
     """(name, argv) of each job a round runs: the forecast always, the health model when there are fault runs."""
     submit = [spark_submit, "--master", master]
     if partitions is not None:
         submit += ["--conf", f"spark.sql.shuffle.partitions={partitions}",
                    "--conf", f"spark.default.parallelism={partitions}"]
-    data = ["--telemetry", telemetry, "--models", models]
+    data: list[str] = []
+    for option, value in (("--tier-config", tier_config), ("--telemetry", telemetry), ("--models", models)):
+        data += [option, str(value)] if value else []
     commands = [("forecast", [*submit, job_file("train_placement"), *data, *shlex.split(placement_args)])]
     if labels is not None:
         held_out = ["--test-labels", str(test_labels)] if test_labels is not None else []
@@ -88,12 +90,15 @@ async def run_round(commands: list[tuple[str, list[str]]]) -> bool:
 
 @runs_client
 async def cluster_train(
-        telemetry: Annotated[str, typer.Option(
-            "--telemetry", help="The telemetry nodes ship: an object store's root or its telemetry/ prefix (a "
-            "directory, or a Hadoop URL such as s3a://bucket).")],
-        models: Annotated[str, typer.Option(
-            "--models", help="The object store root the models are published under (models/<name>/), where "
-            "nameservers read them.")],
+        tier_config: Annotated[Optional[Path], typer.Option(
+            "--tier-config", help="A node's config file: the jobs read the telemetry from, and publish the models to, "
+            "the object store it names (tier_backend), as the node does.")] = None,
+        telemetry: Annotated[Optional[str], typer.Option(
+            "--telemetry", help="The telemetry nodes ship, if not in --tier-config's store: an object store's root or "
+            "its telemetry/ prefix (a directory, or a Hadoop URL such as s3a://bucket).")] = None,
+        models: Annotated[Optional[str], typer.Option(
+            "--models", help="The object store root the models are published under (models/<name>/), if not "
+            "--tier-config's store.")] = None,
         labels: Annotated[Optional[Path], typer.Option(
             "--labels", help="Fault runs (benchmarks/faults.py's JSON lines): the health model is trained only "
             "with them.")] = None,
@@ -127,9 +132,13 @@ async def cluster_train(
             usage_error(f"{option} {path}: no such file")
     if test_labels is not None and labels is None:
         usage_error("--test-labels needs --labels")
+    if tier_config is None and not (telemetry and models):
+        usage_error("give --tier-config (a node's config, naming its object store), or --telemetry and --models")
+    if tier_config is not None and not tier_config.is_file():
+        usage_error(f"--tier-config {tier_config}: no such file")
     try:
-        commands = job_commands(find_spark_submit(spark_submit), master, partitions, telemetry, models, labels,
-                                test_labels, placement_args, health_args)
+        commands = job_commands(find_spark_submit(spark_submit), master, partitions, telemetry, models, tier_config,
+                                labels, test_labels, placement_args, health_args)
     except ValueError as error:  # shlex: an unclosed quote
         usage_error(f"--placement-args or --health-args: {error}")
     if labels is None:

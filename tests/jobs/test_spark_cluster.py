@@ -1,6 +1,7 @@
 """The learning loop on a real Spark cluster (issue 56): a standalone master and two workers on 127.0.0.1, started
 with PySpark's own bin/spark-class, train both models through `rocket cluster train --master spark://...`, which hands
-the jobs to spark-submit; the models equal those of a local[2] run on the same input, and each is promoted."""
+the jobs to spark-submit. They read the telemetry from a node's S3 tier (moto) with rocket's own client and publish
+there; the models equal those of a local[2] run on a local copy of the same telemetry, and each is promoted."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ pyspark = pytest.importorskip("pyspark")
 
 import trio  # noqa: E402
 
-from rocket.tier.local import LocalDirectoryStore  # noqa: E402
+from jobs import tier  # noqa: E402
+from jobs.tier import tier_of  # noqa: E402
 from rocket.transport.listen import free_ports  # noqa: E402
+from tests.integration.test_tier_objectstore import SAFE_ENVIRONMENT, MotoServer  # noqa: E402
 from tests.jobs.test_train_health import SECOND_REPORTER, TEST_RUNS, fault_runs, judgements, ship  # noqa: E402
 
 SAMPLE = Path(__file__).parent / "data" / "tier"  # test_jobs.py's: a real dev node's telemetry
@@ -36,8 +39,8 @@ def standalone(tmp_path_factory):
     """A standalone master and two one-core workers on 127.0.0.1; the master's URL, once both workers joined."""
     base = tmp_path_factory.mktemp("spark-cluster")
     port, master_ui, *worker_uis = free_ports(4)
-    env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(base), "SPARK_NO_DAEMONIZE": "1",
-                        "PYSPARK_PYTHON": sys.executable}
+    env = os.environ | SAFE_ENVIRONMENT | {"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(base),
+                                           "SPARK_NO_DAEMONIZE": "1", "PYSPARK_PYTHON": sys.executable}
     url = f"spark://127.0.0.1:{port}"
     logs = [open(base / f"{name}.log", "wb") for name in ("master", "worker1", "worker2")]
     processes = [subprocess.Popen([str(SPARK_CLASS), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
@@ -87,22 +90,44 @@ def telemetry(tmp_path_factory) -> tuple[Path, Path, Path]:
     return base / "tier", base / "train.jsonl", base / "test.jsonl"
 
 
-def train(master: str, telemetry: tuple[Path, Path, Path], models: Path) -> subprocess.CompletedProcess:
-    tier, labels, test_labels = telemetry
+@pytest.fixture(scope="module")
+def s3_node(tmp_path_factory, telemetry) -> Path:
+    """A node's config naming an S3 tier (moto, with a key prefix as S3 tiers have), holding the telemetry."""
+    base = tmp_path_factory.mktemp("s3")
+    server = MotoServer(free_ports(1)[0], base / "moto.log")
+    server.buckets = ["tier"]
+    server.start()
+    config = base / "storage1.toml"
+    config.write_text(f'tier_backend = "s3"\ntier_s3_endpoint = "{server.url}"\ntier_s3_bucket = "tier"\n'
+                      'tier_s3_prefix = "prod"\n')
+    saved = dict(os.environ)
+    os.environ.update(SAFE_ENVIRONMENT)
+    try:
+        local, s3 = tier_of(str(telemetry[0]), None), tier_of(None, str(config))
+        assert local is not None and s3 is not None
+        shipped = tier.keys(local, "telemetry/")
+        tier.put(s3, {f"prod/{key}": data for key, data in tier.fetch(local, shipped)})
+        yield config
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        server.stop()
+
+
+def train(master: str, where: list[str], telemetry: tuple[Path, Path, Path]) -> subprocess.CompletedProcess:
+    _, labels, test_labels = telemetry
     done = subprocess.run([sys.executable, "-m", "rocket", "cluster", "train", "--master", master, "--partitions", "2",
-                           "--telemetry", str(tier), "--models", str(models), "--labels", str(labels), "--test-labels",
-                           str(test_labels), "--placement-args", PLACEMENT_ARGS, "--health-args", HEALTH_ARGS],
-                          capture_output=True, text=True, timeout=600, env=os.environ | {"COLUMNS": "200"})
+                           *where, "--labels", str(labels), "--test-labels", str(test_labels),
+                           "--placement-args", PLACEMENT_ARGS, "--health-args", HEALTH_ARGS],
+                          capture_output=True, text=True, timeout=600,
+                          env=os.environ | SAFE_ENVIRONMENT | {"COLUMNS": "200"})
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
 
-def published(models: Path, name: str) -> tuple[dict, dict]:
-    async def read() -> tuple[bytes, bytes]:
-        async with LocalDirectoryStore(models) as store:
-            return await store.get(f"models/{name}/latest.json"), await store.get(f"models/{name}/decision.json")
-
-    latest, decision = trio.run(read)
+def published(store, name: str, prefix: str = "") -> tuple[dict, dict]:
+    latest, decision = (tier.get(store, f"{prefix}models/{name}/{file}") for file in ("latest.json", "decision.json"))
+    assert latest is not None and decision is not None
     return json.loads(latest), json.loads(decision)
 
 
@@ -122,13 +147,18 @@ def assert_same(ours: object, theirs: object, where: str = "") -> None:
         assert ours == theirs, where
 
 
-def test_both_models_train_on_a_standalone_cluster_as_they_do_locally(standalone, telemetry, tmp_path):
-    on_cluster = train(standalone, telemetry, tmp_path / "cluster")
+def test_both_models_train_on_a_standalone_cluster_as_they_do_locally(standalone, telemetry, s3_node, tmp_path,
+                                                                       monkeypatch):
+    on_cluster = train(standalone, ["--tier-config", str(s3_node)], telemetry)
     print(on_cluster.stdout)
-    locally = train("local[2]", telemetry, tmp_path / "local")
+    local = tmp_path / "local"
+    locally = train("local[2]", ["--telemetry", str(telemetry[0]), "--models", str(local)], telemetry)
+    for name, value in SAFE_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    s3, local_store = tier_of(None, str(s3_node)), tier_of(str(local), None)
     for name in ("forecast", "health"):
-        cluster_model, cluster_decision = published(tmp_path / "cluster", name)
-        local_model, local_decision = published(tmp_path / "local", name)
+        cluster_model, cluster_decision = published(s3, name, "prod/")  # where the node's nameservers read it
+        local_model, local_decision = published(local_store, name)
         assert_same(cluster_model, local_model, name)
         assert cluster_model["model_version"].split("-")[1] == local_model["model_version"].split("-")[1]  # the trees'
         for decision, model, output in ((cluster_decision, cluster_model, on_cluster.stdout),

@@ -24,8 +24,9 @@ def served(version: str = "old", trained_at_ms: int = NOW_MS - 86_400_000) -> by
     return json.dumps(document(version, trained_at_ms)).encode()
 
 
-def scores(value: float | None):
-    return lambda text: value
+def scores(old: float | None, new: float | None = None):
+    """A scorer of model files: the served one ("old") scores old, the new one new."""
+    return lambda text: {"old": old, "v1": old, "v2": new, "new": new}[json.loads(text)["model_version"]]
 
 
 def test_a_first_model_is_promoted_without_a_contest():
@@ -36,7 +37,7 @@ def test_a_first_model_is_promoted_without_a_contest():
 
 @pytest.mark.parametrize("new, old, promoted", [(4.0, 5.0, True), (5.0, 5.0, False), (6.0, 5.0, False)])
 def test_lower_is_better_promotes_only_a_strictly_better_model(new, old, promoted):
-    decision = decide(document("new", rmse=new), served(), "rmse", True, scores(old))
+    decision = decide(document("new", rmse=new + 0.5), served(), "rmse", True, scores(old, new))
     assert decision["promoted"] is promoted
     assert (decision["served_version"], decision["served_score"], decision["score"]) == ("old", old, new)
     assert decision["reason"] == (f"rmse {new:.4g} on held-out data {'beats' if promoted else 'does not beat'} the "
@@ -46,7 +47,7 @@ def test_lower_is_better_promotes_only_a_strictly_better_model(new, old, promote
 @pytest.mark.parametrize("new, old, promoted", [(0.9, 0.8, True), (0.8, 0.9, False), (None, 0.5, False),
                                                 (0.3, None, True), (None, None, False), (0.4, float("nan"), True)])
 def test_higher_is_better_and_an_undefined_score_is_the_worst(new, old, promoted):
-    assert decide(document("new", f1=new), served(), "f1", False, scores(old))["promoted"] is promoted
+    assert decide(document("new", f1=0.99), served(), "f1", False, scores(old, new))["promoted"] is promoted
 
 
 def test_a_served_model_that_is_unreadable_stale_or_unscorable_is_replaced():
@@ -68,7 +69,7 @@ def test_a_served_model_that_is_unreadable_stale_or_unscorable_is_replaced():
 
 
 def test_a_decision_reads_as_one_line_and_anything_else_is_refused():
-    decision = decide(document("v2", rmse=6.0), served("v1"), "rmse", True, scores(5.0))
+    decision = decide(document("v2", rmse=6.0), served("v1"), "rmse", True, scores(5.0, 6.0))
     assert describe_decision(json.loads(json.dumps(decision))) == (
         "model v2 refused: rmse 6 on held-out data does not beat the served model's 5")
     for bad in ([], {"promoted": "yes"}, {"model_version": "v2"}, None):
@@ -81,7 +82,8 @@ async def test_nameservers_read_the_decision_beside_the_model(tmp_path):
     async with LocalDirectoryStore(tmp_path) as objects:
         assert await read_training(objects, key, "health model's training", "known") == ""
         assert await read_training(None, key, "health model's training", "known") == ""
-        decision = decide(document("v3", f1=0.95), served("v2"), "f1", False, scores(0.9))
+        decision = decide(document("v3", f1=0.95), served("v2"), "f1", False,
+                          lambda text: {"v2": 0.9, "v3": 0.95}[json.loads(text)["model_version"]])
         await objects.put("models/health/decision.json", json.dumps(decision).encode())
         line = await read_training(objects, key, "health model's training", "")
         assert line == "model v3 promoted: f1 0.95 on held-out data beats the served model's 0.9"

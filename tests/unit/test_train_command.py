@@ -73,6 +73,26 @@ def test_bad_options_are_one_line_usage_errors(tmp_path, args, message):
     assert done.returncode == 2 and done.stderr.startswith(message) and not calls, done.stderr
 
 
+def test_the_stores_come_from_a_node_config_or_both_paths(tmp_path):
+    config = tmp_path / "storage1.toml"
+    config.write_text('tier_backend = "s3"\ntier_s3_bucket = "tier"\n')
+    submit = tmp_path / "spark-submit"
+    submit.write_text(FAKE.format(calls=tmp_path / "calls", health_exit=0))
+    submit.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "rocket", "cluster", "train", "--spark-submit", str(submit),
+                           "--tier-config", str(config)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "calls").read_text().split("train_placement.py ")[1].split() == ["--tier-config", str(config)]
+    for args in ([], ["--telemetry", "t"], ["--models", "m"]):
+        done = subprocess.run([sys.executable, "-m", "rocket", "cluster", "train", "--spark-submit", str(submit),
+                               *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and done.stderr.startswith("error: give --tier-config (a node's config, naming "
+                                                               "its object store), or --telemetry and --models")
+    done = subprocess.run([sys.executable, "-m", "rocket", "cluster", "train", "--tier-config", str(tmp_path / "no")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith(f"error: --tier-config {tmp_path / 'no'}: no such file")
+
+
 def test_a_missing_spark_submit_is_a_usage_error(tmp_path):
     done = subprocess.run([sys.executable, "-m", "rocket", "cluster", "train", "--spark-submit", str(tmp_path / "no"),
                            "--telemetry", "t", "--models", "m"], capture_output=True, text=True, timeout=60)

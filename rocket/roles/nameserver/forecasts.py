@@ -87,8 +87,7 @@ class Forecasts:
         self._model_text: bytes | None = None
         self._predicted_for: tuple = ()  # (step, predictor) the cached predictions are of
         self._predicted: dict[tuple, float] = {}
-        prefix = config.tier_s3_prefix
-        self._model_key = f"{prefix}/{MODEL_KEY}" if prefix else MODEL_KEY
+        self._model_key = config.tier_key(MODEL_KEY)
 
     # ---- the history ---------------------------------------------------------------------------------
 

@@ -141,8 +141,7 @@ class NodeHealthChecks:
         self.windows: dict[int, NodeWindow] = {}  # the last window judged, per node
         self.windows_judged = 0
         self._degraded_since: dict[int, float] = {}  # node -> trio time it was first seen degraded, while it is
-        prefix = config.tier_s3_prefix
-        self._model_key = f"{prefix}/{HEALTH_MODEL_KEY}" if prefix else HEALTH_MODEL_KEY
+        self._model_key = config.tier_key(HEALTH_MODEL_KEY)
 
     def forget_window(self) -> None:
         """Leadership lost: a later term starts its windows afresh, from the metadata."""
