@@ -82,8 +82,8 @@ def decide(document: dict, served: bytes | None, metric: str, lower_is_better: b
 
     new, old = worst(decision["score"]), worst(decision["served_score"])
     if (new < old) if lower_is_better else (new > old):
-        return decided(True, f"{metric} {new:.4g} on held-out data beats the served model's {old:.4g}")
-    return decided(False, f"{metric} {new:.4g} on held-out data does not beat the served model's {old:.4g}")
+        return decided(True, f"{metric} {new:.6g} on held-out data beats the served model's {old:.6g}")
+    return decided(False, f"{metric} {new:.6g} on held-out data does not beat the served model's {old:.6g}")
 
 
 def read_object(spark, models: str | NodeConfig, key: str) -> bytes | None:

@@ -19,13 +19,11 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-import trio  # noqa: E402
-
 from jobs import tier  # noqa: E402
 from jobs.tier import tier_of  # noqa: E402
 from rocket.transport.listen import free_ports  # noqa: E402
 from tests.integration.test_tier_objectstore import SAFE_ENVIRONMENT, MotoServer  # noqa: E402
-from tests.jobs.test_train_health import SECOND_REPORTER, TEST_RUNS, fault_runs, judgements, ship  # noqa: E402
+from tests.jobs.test_train_health import write_data  # noqa: E402
 
 SAMPLE = Path(__file__).parent / "data" / "tier"  # test_jobs.py's: a real dev node's telemetry
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
@@ -81,12 +79,7 @@ def telemetry(tmp_path_factory) -> tuple[Path, Path, Path]:
     """One tier holding the sample node's telemetry and the health windows; the fault runs to train and test on."""
     base = tmp_path_factory.mktemp("telemetry")
     shutil.copytree(SAMPLE, base / "tier")
-    judged = judgements()
-    trio.run(ship, base / "tier", 91, judged, base / "node91")
-    trio.run(ship, base / "tier", 92, judged[slice(*SECOND_REPORTER)], base / "node92")
-    runs = fault_runs()
-    (base / "train.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs[:-TEST_RUNS]))
-    (base / "test.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs[-TEST_RUNS:]))
+    write_data(base, reporters=(91, 92))
     return base / "tier", base / "train.jsonl", base / "test.jsonl"
 
 

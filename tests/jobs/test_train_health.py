@@ -90,16 +90,23 @@ async def ship(tier: Path, reporter: int, judged: list[list[NodeWindow]], spool_
         assert await ship_now(spool, store, reporter) >= 1
 
 
+def write_data(base: Path, reporters: tuple[int, int] = (1, 2)) -> list[list[NodeWindow]]:
+    """Ship the windows two nameservers judged (the reporters' node ids) into base/tier, and write the train and
+    test labels (base/train.jsonl, base/test.jsonl); return the windows."""
+    judged = judgements()
+    trio.run(ship, base / "tier", reporters[0], judged, base / f"node{reporters[0]}")
+    trio.run(ship, base / "tier", reporters[1], judged[slice(*SECOND_REPORTER)], base / f"node{reporters[1]}")
+    runs = fault_runs()
+    (base / "train.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs[:-TEST_RUNS]))
+    (base / "test.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs[-TEST_RUNS:]))
+    return judged
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> SimpleNamespace:
     """The tier holding both nameservers' telemetry, the train and test labels, and the judgements shipped."""
     base = tmp_path_factory.mktemp("health")
-    judged = judgements()
-    trio.run(ship, base / "tier", 1, judged, base / "node1")
-    trio.run(ship, base / "tier", 2, judged[slice(*SECOND_REPORTER)], base / "node2")
-    runs = fault_runs()
-    (base / "train.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs[:-TEST_RUNS]))
-    (base / "test.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs[-TEST_RUNS:]))
+    judged = write_data(base)
     labels = load_labels(str(base / "train.jsonl")) + load_labels(str(base / "test.jsonl"))
     return SimpleNamespace(base=base, judged=judged, labels=labels)
 

@@ -40,8 +40,8 @@ def test_lower_is_better_promotes_only_a_strictly_better_model(new, old, promote
     decision = decide(document("new", rmse=new + 0.5), served(), "rmse", True, scores(old, new))
     assert decision["promoted"] is promoted
     assert (decision["served_version"], decision["served_score"], decision["score"]) == ("old", old, new)
-    assert decision["reason"] == (f"rmse {new:.4g} on held-out data {'beats' if promoted else 'does not beat'} the "
-                                  f"served model's {old:.4g}")
+    assert decision["reason"] == (f"rmse {new:.6g} on held-out data {'beats' if promoted else 'does not beat'} the "
+                                  f"served model's {old:.6g}")
 
 
 @pytest.mark.parametrize("new, old, promoted", [(0.9, 0.8, True), (0.8, 0.9, False), (None, 0.5, False),
