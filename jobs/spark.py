@@ -122,7 +122,8 @@ def load_telemetry(spark, telemetry: str | NodeConfig) -> Loaded:
                  if fnmatch.fnmatchcase(key, f"{prefix}{OBJECTS_GLOB}")]
         if not found:
             raise SystemExit(f"no telemetry objects in the {telemetry.tier_backend} object store ({glob})")
-        files = sc.parallelize(found, min(len(found), sc.defaultParallelism * 4)).mapPartitions(
+        partitions = max(sc.defaultParallelism * 4, -(-len(found) // tier.PARTITION_OBJECTS_MAX))
+        files = sc.parallelize(found, min(len(found), partitions)).mapPartitions(
             lambda keys: tier.fetch(telemetry, keys))
     else:
         glob = objects_glob(spark, telemetry)

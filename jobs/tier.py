@@ -12,6 +12,7 @@ from rocket.config import ConfigError, NodeConfig, load_from_environment
 
 T = TypeVar("T")
 FETCH_CONCURRENCY = 8  # objects an executor fetches at once
+PARTITION_OBJECTS_MAX = 256  # objects in one executor's partition, which it holds in memory at once
 
 
 def tier_of(location: str | None, tier_config: str | None) -> NodeConfig | None:

@@ -18,8 +18,10 @@ pytest.importorskip("pyspark")
 
 import trio  # noqa: E402
 
+from jobs import tier  # noqa: E402
 from jobs.features import NODE_COLUMNS, write_features  # noqa: E402
 from jobs.spark import load_telemetry, objects_glob  # noqa: E402
+from jobs.tier import tier_of  # noqa: E402
 from jobs.train_placement import held_out_from, run, summary  # noqa: E402
 from rocket.ml.forecast import CHANGE_MAX, FEATURES, STEP_MS, Forecaster  # noqa: E402
 from rocket.telemetry.ship import read_samples  # noqa: E402
@@ -57,6 +59,18 @@ def test_the_sample_is_what_a_node_leaves(samples):
 def test_telemetry_is_found_under_the_tier_root_or_its_telemetry_prefix(spark):
     assert objects_glob(spark, str(DATA)) == f"{DATA}/telemetry/v1/node=*/date=*/*.avro"
     assert objects_glob(spark, str(DATA / "telemetry") + "/") == f"{DATA}/telemetry/v1/node=*/date=*/*.avro"
+
+
+def test_the_store_a_config_names_gives_the_samples_the_files_do(spark, samples, monkeypatch):
+    """--tier-config's path: the driver lists the objects, the executors fetch them through rocket's client."""
+    monkeypatch.setattr(tier, "PARTITION_OBJECTS_MAX", 2)  # more partitions than objects per partition
+    store = tier_of(str(DATA), None)
+    assert store is not None
+    loaded = load_telemetry(spark, store)
+    assert loaded.objects == len(list(DATA.rglob("*.avro"))) and not loaded.corrupt
+    assert loaded.glob == "local:telemetry/v1/node=*/date=*/*.avro"
+    key = lambda record: (record["time_ms"], record["node"], record["metric"], sorted(record["labels"].items()))  # noqa: E731
+    assert sorted(loaded.samples.collect(), key=key) == sorted(samples, key=key)
 
 
 def rate_10m(row) -> float:
