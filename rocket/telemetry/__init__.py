@@ -2,4 +2,4 @@
 Avro spool its samples go to (spool.py), the shipper that moves them to the object store under
 telemetry/v1/node=N/date=D/ (ship.py), and the task that runs them (runner.py)."""
 
-__all__ = ["families", "registry", "runner", "spool"]
+__all__ = ["families", "registry", "runner", "ship", "spool"]

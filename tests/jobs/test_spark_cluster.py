@@ -1,7 +1,8 @@
 """The learning loop on a real Spark cluster (issue 56): a standalone master and two workers on 127.0.0.1, started
 with PySpark's own bin/spark-class, train both models through `rocket cluster train --master spark://...`, which hands
 the jobs to spark-submit. They read the telemetry from a node's S3 tier (moto) with rocket's own client and publish
-there; the models equal those of a local[2] run on a local copy of the same telemetry, and each is promoted."""
+there; the models equal those the same jobs train on the local session (local[1]) from a local copy of the same
+telemetry, and each is promoted."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from jobs import tier  # noqa: E402
+from jobs import tier, train_health, train_placement  # noqa: E402
 from jobs.tier import tier_of  # noqa: E402
 from rocket.transport.listen import free_ports  # noqa: E402
 from tests.integration.test_tier_objectstore import SAFE_ENVIRONMENT, MotoServer  # noqa: E402
@@ -140,22 +141,30 @@ def assert_same(ours: object, theirs: object, where: str = "") -> None:
         assert ours == theirs, where
 
 
-def test_both_models_train_on_a_standalone_cluster_as_they_do_locally(standalone, telemetry, s3_node, tmp_path,
-                                                                       monkeypatch):
+def test_both_models_train_on_a_standalone_cluster_as_they_do_locally(spark, standalone, telemetry, s3_node,
+                                                                       tmp_path, monkeypatch):
     on_cluster = train(standalone, ["--tier-config", str(s3_node)], telemetry)
     print(on_cluster.stdout)
-    local = tmp_path / "local"
-    locally = train("local[2]", ["--telemetry", str(telemetry[0]), "--models", str(local)], telemetry)
+    # The same jobs on the local session (tests/jobs/conftest.py), on the local copy of the telemetry.
+    tier_dir, labels, test_labels = (str(path) for path in telemetry)
+    local = str(tmp_path / "local")
+    placement_args = train_placement.parse(["--telemetry", tier_dir, "--models", local, *PLACEMENT_ARGS.split()])
+    health_args = train_health.parse(["--telemetry", tier_dir, "--models", local, "--labels", labels, "--test-labels",
+                                      test_labels, *HEALTH_ARGS.split()])
+    locally = {"forecast": train_placement.run(spark, placement_args).decision,
+               "health": train_health.run(spark, health_args, train_health.load_labels(labels),
+                                          train_health.load_labels(test_labels)).decision}
     for name, value in SAFE_ENVIRONMENT.items():
         monkeypatch.setenv(name, value)
-    s3, local_store = tier_of(None, str(s3_node)), tier_of(str(local), None)
+    s3, local_store = tier_of(None, str(s3_node)), tier_of(local, None)
     for name in ("forecast", "health"):
         cluster_model, cluster_decision = published(s3, name, "prod/")  # where the node's nameservers read it
         local_model, local_decision = published(local_store, name)
         assert_same(cluster_model, local_model, name)
         assert cluster_model["model_version"].split("-")[1] == local_model["model_version"].split("-")[1]  # the trees'
-        for decision, model, output in ((cluster_decision, cluster_model, on_cluster.stdout),
-                                        (local_decision, local_model, locally.stdout)):
+        assert local_decision == locally[name]
+        for decision, model in ((cluster_decision, cluster_model), (local_decision, local_model)):
             assert decision["promoted"] and decision["reason"] == "no model was served"
             assert decision["model_version"] == model["model_version"]
-            assert f"{name}: model {model['model_version']} promoted: no model was served" in output
+        assert (f"{name}: model {cluster_model['model_version']} promoted: no model was served"
+                in on_cluster.stdout)
