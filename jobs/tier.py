@@ -76,8 +76,11 @@ def keys(config: NodeConfig, prefix: str) -> list[str]:
 
 
 def fetch(config: NodeConfig, wanted: Iterable[str]) -> Iterator[tuple[str, bytes]]:
-    """(key, bytes) of each key, FETCH_CONCURRENCY at a time: an executor's partition of the objects."""
+    """(key, bytes) of each key, FETCH_CONCURRENCY at a time: an executor's partition of the objects. An object
+    deleted since it was listed (retention) is left out."""
     import trio
+
+    from rocket.errors import Code, RocketError
 
     wanted = list(wanted)
 
@@ -87,12 +90,16 @@ def fetch(config: NodeConfig, wanted: Iterable[str]) -> Iterator[tuple[str, byte
 
         async def one(key: str) -> None:
             async with limit:
-                found[key] = await store.get(key)
+                try:
+                    found[key] = await store.get(key)
+                except RocketError as error:
+                    if error.code != Code.NOT_FOUND:
+                        raise
 
         async with trio.open_nursery() as nursery:
             for key in wanted:
                 nursery.start_soon(one, key)
-        return [(key, found[key]) for key in wanted]
+        return [(key, found[key]) for key in wanted if key in found]
 
     return iter(on_store(config, read) if wanted else [])
 

@@ -49,6 +49,8 @@ def test_objects_go_through_the_store_and_come_back_in_the_order_asked(tmp_path)
     wanted = list(reversed(sorted(objects)))
     assert list(tier.fetch(store, wanted)) == [(key, objects[key]) for key in wanted]
     assert list(tier.fetch(store, [])) == []
+    gone = "telemetry/v1/node=1/date=2026-12-07/gone.avro"  # listed, then deleted by retention
+    assert list(tier.fetch(store, [wanted[0], gone])) == [(wanted[0], objects[wanted[0]])]
 
 
 def test_telemetry_and_models_default_to_the_configs_store(tmp_path):
