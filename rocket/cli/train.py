@@ -127,15 +127,13 @@ async def cluster_train(
         usage_error(f"--every: {error.message}")
     if period_s is not None and period_s <= 0:
         usage_error("--every: must be longer than nothing")
-    for option, path in (("--labels", labels), ("--test-labels", test_labels)):
+    for option, path in (("--tier-config", tier_config), ("--labels", labels), ("--test-labels", test_labels)):
         if path is not None and not path.is_file():
             usage_error(f"{option} {path}: no such file")
     if test_labels is not None and labels is None:
         usage_error("--test-labels needs --labels")
     if tier_config is None and not (telemetry and models):
         usage_error("give --tier-config (a node's config, naming its object store), or --telemetry and --models")
-    if tier_config is not None and not tier_config.is_file():
-        usage_error(f"--tier-config {tier_config}: no such file")
     try:
         commands = job_commands(find_spark_submit(spark_submit), master, partitions, telemetry, models, tier_config,
                                 labels, test_labels, placement_args, health_args)
