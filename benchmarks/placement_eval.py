@@ -43,9 +43,10 @@ What it does, in the order it runs:
    the leader sends but serves no clients). A moved replica copies the group's bytes of the last
    tier_local_retention_s_default at --copy-mb-s (the copy's own I/O is not added to the nodes' load), and
    switches when its copy ends; at most limits.replica_moves_max copies run at once. Random, hash, least-loaded
-   and model balance leaders with `leader_transfer`; every policy makes at most --moves-per-hour balancing moves
-   per simulated hour. Every policy gets the nameserver's replica moves alike: a failed node's replicas replaced
-   (repairs, copied the same way) and replica counts evened out while no copy runs (a joined node fills up).
+   and model balance leaders with the nameserver's `Planner.leader_move`; every policy's balancing moves come out
+   of a `MoveBudget` of --moves-per-hour, as the nameserver's (rebalance_moves_per_hour). Every policy gets the
+   nameserver's replica moves alike: a failed node's replicas replaced (repairs, copied the same way, outside the
+   budget) and replica counts evened out while no copy runs (a joined node fills up), within it.
    Random, hash and least-loaded predict with RecentPredictor,
    model and planner with the model. The nameserver's calls are reproduced: group predictions
    with members = the group's queues and the topic's prediction (members = its queues so far) divided by its
@@ -91,8 +92,8 @@ sys.path.insert(0, str(ROOT))
 from rocket import limits  # noqa: E402
 from rocket.ml.forecast import CALENDAR, STEP_MS, Forecaster, future_rate, queue_features, window_mean  # noqa: E402
 from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor  # noqa: E402
-from rocket.ml.placement import (GroupLoad, LeastLoaded, NodeLoad, forecast_move, hot_group_move,  # noqa: E402
-                                  leader_transfer, new_queue_load, place_queues)
+from rocket.ml.placement import (GroupLoad, LeastLoaded, NodeLoad, Planner, forecast_move,  # noqa: E402
+                                  hot_group_move)
 from rocket.model import TopicSpec  # noqa: E402
 
 EPOCH_MS = int(datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp() * 1000)  # a Monday, 00:00 UTC
@@ -337,12 +338,12 @@ class Cluster:
     """Groups, their voters and leaders, where each queue is, and what the nameserver's history holds."""
 
     def __init__(self, trace: Trace, policy: str, voters: dict[int, tuple[int, ...]], leaders: np.ndarray,
-                 moves_per_step: int, seed: int, copy_mb_s: float = 32.0):
+                 moves_per_hour: float, seed: int, copy_mb_s: float = 32.0):
         scale = trace.scale
         self.trace, self.policy, self.voters = trace, policy, dict(voters)
         self.leaders = leaders.copy()  # group (index 0..G-1) -> its leader node (1..N)
         self.voter_array = np.array([voters[group] for group in range(scale.groups)])  # [group, 3]
-        self.moves_per_step = moves_per_step
+        self.planner = Planner(moves_per_hour)  # the nameserver's, its budget every policy's
         self.rng = np.random.default_rng(seed)
         self.share = np.zeros((len(trace.names), scale.groups), dtype=np.float32)  # topic -> its share in each group
         self.queue_groups: list[list[int]] = [[] for _ in trace.names]
@@ -370,6 +371,9 @@ class Cluster:
         self.predict_s = 0.0
         self.place_s = 0.0
         self._cache: dict = {}
+
+    def now_s(self, step: int) -> float:
+        return step * self.trace.scale.step_min * 60.0
 
     def use_model(self, model: Forecaster) -> None:
         self.calendar = CalendarForecaster(model, self.trace.scale)
@@ -413,8 +417,7 @@ class Cluster:
             history = self.topic_history(topic, step)
             topic_predicted = (self.predict(history, ("topic", name), step, after)
                                if history.rates(("topic", name)) else None)
-            chosen = [choice.group for choice in place_queues(before, after - before,
-                                                              new_queue_load(topic_predicted, after, loads), loads)]
+            chosen = [choice.group for choice in self.planner.place(before, after - before, topic_predicted, loads)]
         self.queue_groups[topic].extend(chosen)
         for group in chosen:
             self.queues_in[group] += 1
@@ -424,7 +427,7 @@ class Cluster:
         self.place_s += time.perf_counter() - started
 
     def balance(self, step: int) -> None:
-        """The nameserver's _balance_leaders, up to moves_per_step times: group predictions with members = the
+        """The nameserver's _balance_leaders, within the planner's budget: group predictions with members = the
         group's queues, as placement and the training rows have them. The PD-style baseline moves by the flow of the
         last step instead (hot_group_move), leaderships and replicas."""
         scale = self.trace.scale
@@ -447,25 +450,23 @@ class Cluster:
         self.predicted_members[:, step] = [self.predict(self.history, ("group", group), step,
                                                         max(1, int(self.queues_in[group])))
                                            for group in range(scale.groups)]
-        for _ in range(self.moves_per_step):
-            transfer = leader_transfer(loads, self.voters, self.live)
-            if transfer is None:
-                break
-            group, target = transfer
+        while (transfer := self.planner.leader_move(loads, self.voters, self.live, set(), self.now_s(step))):
+            group, target, _ = transfer
             loads[group].leader = target
             self.leaders[group] = target
             self.leader_moves[step] += 1
 
     def balance_moves(self, step: int, load: np.ndarray, choose) -> None:
-        """choose(group loads, the groups being copied, whether another copy may start) up to moves_per_step times,
+        """choose(group loads, the groups being copied, whether another copy may start) within the budget,
         each group's load given (pd: the last step's bytes/s; planner: the forecast). At most
         limits.replica_moves_max copies run at once, as the nameserver runs its replica moves."""
         loads = [GroupLoad(group, int(self.leaders[group]), float(load[group]), 0) for group in range(len(load))]
         self.predicted[:, step] = self.predicted_members[:, step] = load
-        for _ in range(self.moves_per_step):
+        while self.planner.budget.left(self.now_s(step)) >= 1:
             move = choose(loads, set(self.copies), len(self.copies) < limits.replica_moves_max)
             if move is None:
                 break
+            self.planner.budget.take(self.now_s(step))
             if move.leader_only:
                 self.leader_moves[step] += 1
                 loads[move.group].leader = move.target
@@ -534,7 +535,7 @@ class Cluster:
         if held[high] - held[low] > 1:
             group = next((group for group in range(self.trace.scale.groups)
                           if high in self.voters[group] and low not in self.voters[group]), None)
-            if group is not None:
+            if group is not None and self.planner.budget.take(self.now_s(step)):
                 self.bytes_moved[step] += self.move_replica(group, high, low, step)
                 self.replica_moves[step] += 1
 
@@ -766,17 +767,16 @@ def main(argv=None) -> None:
 
     boundary = scale.steps - scale.step_of_day(scale.held_out_days)
     voters, leaders = initial_cluster(scale, np.random.default_rng(arguments.seed + 1))
-    moves_per_step = max(1, round(arguments.moves_per_hour * scale.step_min / 60))
     clusters: dict[str, Cluster] = {}
     for policy in ("random", "hash"):
         mark = time.monotonic()
-        clusters[policy] = Cluster(trace, policy, voters, leaders, moves_per_step, arguments.seed + 2,
+        clusters[policy] = Cluster(trace, policy, voters, leaders, arguments.moves_per_hour, arguments.seed + 2,
                                    arguments.copy_mb_s)
         clusters[policy].run(0, scale.steps)
         timings[f"simulate_{policy}_s"] = time.monotonic() - mark
         log(f"{policy}: simulated in {timings[f'simulate_{policy}_s']:.0f} s")
     mark = time.monotonic()
-    least = Cluster(trace, "least-loaded", voters, leaders, moves_per_step, arguments.seed + 2,
+    least = Cluster(trace, "least-loaded", voters, leaders, arguments.moves_per_hour, arguments.seed + 2,
                     arguments.copy_mb_s)
     least.run(0, boundary)
     model_cluster = copy.deepcopy(least, {id(trace): trace})  # the cluster as it is when the model arrives
@@ -827,7 +827,7 @@ def main(argv=None) -> None:
     if arguments.from_start:  # the model (in-sample before the held-out days), pd and the oracle from day 0
         for policy in ("model, day 0", "planner, day 0", "pd, day 0", "oracle, day 0"):
             mark = time.monotonic()
-            cluster = Cluster(trace, policy, voters, leaders, moves_per_step, arguments.seed + 2,
+            cluster = Cluster(trace, policy, voters, leaders, arguments.moves_per_hour, arguments.seed + 2,
                               arguments.copy_mb_s)
             if policy.startswith(("model", "planner")):
                 cluster.use_model(Forecaster.from_json(json.dumps(document)))
@@ -847,7 +847,7 @@ def main(argv=None) -> None:
               "kinds": dict(Counter(trace.kinds)), "placements": sum(len(v) for v in trace.events.values()),
               "node_changes": sorted((step, *change) for step, changes in trace.changes.items() for change in changes),
               "held_out_from_step": boundary, "capacity_bytes_s": capacity, "follower_share": FOLLOWER_SHARE,
-              "capacity_factor": CAPACITY_FACTOR, "moves_per_step": moves_per_step,
+              "capacity_factor": CAPACITY_FACTOR, "moves_per_hour": arguments.moves_per_hour,
               "recorded": {"source": recorded["source"], "topics": len(shapes), "minutes": recorded["minutes"]}
               if recorded else None,
               "forecaster": {key: forecast[key] for key in ("rmse", "mae", "naive_rmse", "naive_mae", "by_series",

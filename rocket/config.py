@@ -145,6 +145,10 @@ class NodeConfig:
     telemetry_interval_s: float = limits.telemetry_interval_s_default
     # /metrics: per-queue series too (rocket_queue_*), one per queue this node leads; off, a topic's are summed.
     metrics_per_queue: bool = False
+    # Leader transfers and replica-count moves the nameserver leader may make to even out load, per hour (a token
+    # bucket: an hour's worth at once); moves off degraded, down or draining nodes never wait. 0: none.
+    rebalance_moves_per_hour: float = ranged(limits.rebalance_moves_per_hour_default, 0.0,
+                                             3600.0 / limits.leader_transfer_s)
     # Unhealthy nodes: the nameserver leader judges each storage node's fsync p99 and failing calls once per window.
     # At most 10 minutes: a node slower than that to judge is judged too late to help.
     health_window_s: float = ranged(limits.health_window_s_default, limits.health_window_s_min, 600.0)

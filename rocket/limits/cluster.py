@@ -47,6 +47,8 @@ leader_group_bytes_s = 64 * KiB  # leader balancing: a led group weighs this man
 leader_balance_ratio = 0.1  # ... nodes within this share of their mean led load are balanced (Kafka: 10%) ...
 leader_balance_bytes_s = 128 * KiB  # ... as are nodes within this many bytes/s of each other (2 idle groups)
 leader_transfer_s = 2.0  # at most one leadership transfer this often: a transfer pauses the group's writes briefly
+rebalance_moves_per_hour_default = 60.0  # balancing moves (leaderships, replica counts) an hour may make: an hour's
+# worth at once, then one a minute; a load that swings faster than that is no node's to take (PD: schedule limits)
 # The PD-style baseline (TiKV PD's hot-region scheduler): moves by the flow each group carries now, with tolerances.
 hot_follower_share = 0.3  # a follower's load per byte/s of its group, against the leader's 1 (it appends and fsyncs)
 hot_tolerance_ratio = 1.05  # a source is above the nodes' mean load by this factor, a target below it by the same

@@ -1,6 +1,6 @@
-"""Where new replicas and queues go (Placement, LeastLoaded, place_queues), and which leaderships and replicas move
-(leader_transfer on forecast load; hot_group_move, the PD-style baseline, on current flow; forecast_move, its search
-on forecast load with each move's cost). Pure: no I/O, no clock."""
+"""Where new replicas and queues go (Placement, LeastLoaded, place_queues) and which leaderships move (leader_transfer
+on forecast load), as the nameserver's Planner decides them within its MoveBudget; hot_group_move, the PD-style
+baseline on current flow, and forecast_move, its search on forecast load, for the evaluation. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -176,6 +176,61 @@ def degraded_leader_transfer(groups: list[GroupLoad], voters: dict[int, tuple[in
         if targets:
             return load.group, min(targets, key=lambda node: (led[node], node))
     return None
+
+
+class MoveBudget:
+    """Balancing moves per hour as a token bucket (PD's schedule limits, over time): an hour's worth may go at once,
+    so that a cluster that just restarted evens out, and then one every 3600 / per_hour seconds. Times are seconds
+    on any monotonic clock; the first take starts it. 0 per hour: none."""
+
+    def __init__(self, per_hour: float):
+        self.per_hour = per_hour
+        self.tokens = per_hour
+        self.at: float | None = None
+
+    def left(self, now_s: float) -> float:
+        """Moves the budget allows now (fractions are the next one filling up)."""
+        if self.at is not None:
+            self.tokens = min(self.per_hour, self.tokens + (now_s - self.at) * self.per_hour / 3600.0)
+        self.at = now_s
+        return self.tokens
+
+    def take(self, now_s: float) -> bool:
+        """Spend one move if the budget has it."""
+        if self.left(now_s) < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+class Planner:
+    """The nameserver's one rebalancing policy, on forecast load: where a topic's new queues go (place_queues), which
+    leadership moves (off a degraded node first, then leader_transfer's, whose tolerances are its hysteresis), and
+    whether a balancing move may go now. Leader transfers and the replica moves that even out replica counts share
+    the budget (the config's rebalance_moves_per_hour); moves off degraded, down or draining nodes never wait for it.
+    Replicas do not move for load: placement_eval measured forecast_move, which does, as the worst policy (docs:
+    Telemetry)."""
+
+    def __init__(self, moves_per_hour: float):
+        self.budget = MoveBudget(moves_per_hour)
+
+    def place(self, first_queue: int, count: int, topic_predicted: float | None, groups: list[GroupLoad]
+              ) -> list[QueueChoice]:
+        """A topic's new queues first_queue.. (topic_predicted: its bytes/s, None without traffic yet)."""
+        queue_load = new_queue_load(topic_predicted, first_queue + count, groups)
+        return place_queues(first_queue, count, queue_load, groups)
+
+    def leader_move(self, groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], nodes: list[int],
+                    degraded: set[int], now_s: float) -> tuple[int, int, bool] | None:
+        """(group, to node, whether off a degraded node) for the one leadership to move now, or None. nodes: the
+        available ones that are not degraded."""
+        transfer = degraded_leader_transfer(groups, voters, nodes, degraded)
+        if transfer is not None:
+            return transfer[0], transfer[1], True
+        transfer = leader_transfer(groups, voters, nodes)
+        if transfer is None or not self.budget.take(now_s):
+            return None
+        return transfer[0], transfer[1], False
 
 
 @dataclasses.dataclass(slots=True, frozen=True)

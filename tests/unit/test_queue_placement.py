@@ -18,7 +18,7 @@ from rocket.errors import Code, RocketError
 from rocket.ml.forecast import (CHANGE_MAX, FEATURES, MODEL_FORMAT, MODEL_VERSION, STEP_MS, TARGET, Forecaster,
                                  ModelError, queue_features)
 from rocket.ml.load import LoadHistory, ModelPredictor, RecentPredictor
-from rocket.ml.placement import GroupLoad, leader_transfer, new_queue_load, place_queues
+from rocket.ml.placement import GroupLoad, MoveBudget, Planner, leader_transfer, new_queue_load, place_queues
 from rocket.raft.core import Entry
 from rocket.roles.nameserver.forecasts import Forecasts
 from rocket.roles.nameserver.metadata import Metadata
@@ -203,6 +203,31 @@ def test_repeated_transfers_even_out_the_led_load_and_stop(groups):
         next(load for load in loads if load.group == group).leader = target
     else:
         raise AssertionError("transfers never stopped")
+
+
+def test_the_move_budget_spends_an_hours_worth_at_once_then_refills_at_its_rate():
+    budget = MoveBudget(6)
+    assert [budget.take(100.0) for _ in range(7)] == [True] * 6 + [False]
+    assert not budget.take(100.0 + 599)  # one every 600 s
+    assert budget.take(100.0 + 601) and not budget.take(100.0 + 601)
+    assert budget.left(1e9) == 6  # never more than an hour's worth
+    assert not MoveBudget(0).take(0.0)
+
+
+def test_the_planner_spends_its_budget_on_balancing_but_not_on_leaving_a_degraded_node():
+    voters = {group: (1, 2, 3) for group in range(2, 10)}
+    loads = [GroupLoad(group, leader=1, predicted=1e6, queues=0) for group in range(2, 10)]
+    planner = Planner(moves_per_hour=1)
+    group, target, degraded = planner.leader_move(loads, voters, [1, 2, 3], set(), 0.0)
+    assert target in (2, 3) and not degraded
+    assert planner.leader_move(loads, voters, [1, 2, 3], set(), 10.0) is None  # the hour's one move is spent
+    group, target, degraded = planner.leader_move(loads, voters, [2, 3], {1}, 20.0)  # node 1 is degraded
+    assert degraded and target in (2, 3)
+    assert planner.leader_move(loads, voters, [1, 2, 3], set(), 3601.0) is not None
+    balanced = [GroupLoad(group, leader=1 + group % 3, predicted=1e6, queues=0) for group in range(2, 11)]
+    assert Planner(60).leader_move(balanced, voters | {10: (1, 2, 3)}, [1, 2, 3], set(), 0.0) is None
+    choices = planner.place(0, 4, None, [GroupLoad(group, 1, 0.0, 0) for group in (2, 3)])
+    assert sorted(choice.group for choice in choices) == [2, 2, 3, 3]
 
 
 def test_the_trees_correct_the_last_value_in_scales_of_the_series():

@@ -12,9 +12,9 @@ import trio
 
 from rocket import limits
 from rocket.clock import Clock
+from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
-from rocket.ml.placement import (GroupLoad, NodeLoad, QueueChoice, degraded_leader_transfer, leader_transfer,
-                                 new_queue_load, place_queues)
+from rocket.ml.placement import GroupLoad, NodeLoad, Planner, QueueChoice
 from rocket.model import KV_PREFIX, Address, TopicSpec
 from rocket.roles.nameserver.forecasts import Forecasts
 from rocket.roles.nameserver.group import MetadataGroup
@@ -41,14 +41,15 @@ class Cluster(Protocol):
 
 class QueuePlacement:
     """Queue placement and leader balancing, on the predictions of Forecasts. A new queue goes to the group with the
-    lowest predicted load (rocket.ml.placement.place_queues), among its topic's storage class's groups, and the
+    lowest predicted load (rocket.ml.placement.Planner.place), among its topic's storage class's groups, and the
     choice is recorded in the topic's metadata: a queue never moves to another group afterwards, so its order and
     offsets stay as they are (its group's replicas may move, with their log). `rocket topic update --queues N` adds
     queues the same way; a KV bucket's shards are fixed, since its keys hash onto them. `cluster placement
     --explain` explains a choice (place)."""
 
-    def __init__(self, meta: MetadataGroup, clock: Clock, forecasts: Forecasts, cluster: Cluster):
+    def __init__(self, meta: MetadataGroup, config: NodeConfig, clock: Clock, forecasts: Forecasts, cluster: Cluster):
         self.meta = meta
+        self.planner = Planner(config.rebalance_moves_per_hour)  # replica-count moves (Nameserver) spend its budget too
         self.metadata = meta.metadata
         self.clock = clock
         self.forecasts = forecasts
@@ -94,7 +95,7 @@ class QueuePlacement:
         loads = self._group_loads(topic, voters, now_ms)
         topic_predicted = (self.forecasts.predict(("topic", topic), now_ms, queues_after)
                            if self.forecasts.history.rates(("topic", topic)) else None)
-        choices = place_queues(first_queue, count, new_queue_load(topic_predicted, queues_after, loads), loads)
+        choices = self.planner.place(first_queue, count, topic_predicted, loads)
         earlier = self._explanations.pop(topic, None) if spec is not None else None
         self._explanations[topic] = PlacementExplainResponse(
             topic, self.forecasts.predictor.name, "", now_ms, (earlier.queues if earlier else []) + [
@@ -106,10 +107,11 @@ class QueuePlacement:
 
     async def balance_leaders(self) -> None:
         """On the leader, at most once per limits.leader_transfer_s: move one group's leadership off a degraded node,
-        to the healthy voter leading the least predicted load; or else from the node that leads the most predicted
-        load to the least loaded of the group's voters (rocket.ml.placement.leader_transfer), never a degraded one.
-        The group's leader does it (StorageMembers "transfer"); the next heartbeats tell who leads. Controller-mode
-        groups are left out, degraded or not: the controller names their master."""
+        to the healthy voter leading the least predicted load; or else, within the planner's move budget, from the
+        node that leads the most predicted load to the least loaded of the group's voters
+        (rocket.ml.placement.Planner.leader_move), never a degraded one. The group's leader does it (StorageMembers
+        "transfer"); the next heartbeats tell who leads. Controller-mode groups are left out, degraded or not: the
+        controller names their master."""
         now = trio.current_time()
         if now - self._last_transfer < limits.leader_transfer_s or self.cluster.moving:
             return
@@ -123,10 +125,10 @@ class QueuePlacement:
                  for group in voters]
         degraded = self.cluster.degraded()
         nodes = [load.node for load in self.cluster.loads() if load.available and load.node not in degraded]
-        transfer = degraded_leader_transfer(loads, voters, nodes, degraded) or leader_transfer(loads, voters, nodes)
+        transfer = self.planner.leader_move(loads, voters, nodes, degraded, now)
         if transfer is None:
             return
-        group, target = transfer
+        group, target, off_degraded = transfer
         self._last_transfer = now
         leader = leaders.get(group, 0)
         info = self.metadata.nodes.get(leader)
@@ -139,7 +141,7 @@ class QueuePlacement:
             log.info("group %d: leadership transfer from node %d to node %d: %s", group, leader, target, error)
             return
         log.info("group %d: leadership moves from node %d to node %d %s", group, leader, target,
-                 "off a degraded node" if leader in degraded else "to even out the predicted load")
+                 "off a degraded node" if off_degraded else "to even out the predicted load")
         leaders[group] = target
 
     async def add_queues(self, spec: TopicSpec, queues: int) -> None:

@@ -76,7 +76,7 @@ class Nameserver:
         self.acl = AclAdmin(self.meta, config, clock)
         self.classes = StorageClasses(self.meta, config, self)
         self.forecasts = Forecasts(config, clock, peers, self.members, objects)
-        self.queue_placement = QueuePlacement(self.meta, clock, self.forecasts, self)
+        self.queue_placement = QueuePlacement(self.meta, config, clock, self.forecasts, self)
         self.health = NodeHealthChecks(self.meta, config, clock, objects, self)
         self.deletes = TopicDeletes(self.meta, clock, self.call_group_leader)
         self.class_moves = ClassMoves(self.meta, self.queue_placement, self.call_group_leader)
@@ -237,10 +237,11 @@ class Nameserver:
         load.
 
         At most limits.replica_moves_max moves run at once, and the load is evened out (a replica from the node
-        holding the most to the one holding the fewest: a new node fills up) only while none runs. A move is
-        recorded in the metadata first (move_start: the new replica joins as a learner), then carried out on the
-        group's leader (_move: add learner, promote once caught up, remove the old replica), then recorded as done
-        (move_done); a new nameserver leader resumes the moves it finds recorded."""
+        holding the most to the one holding the fewest: a new node fills up) only while none runs, within the
+        planner's move budget (rebalance_moves_per_hour). A move is recorded in the metadata first (move_start: the
+        new replica joins as a learner), then carried out on the group's leader (_move: add learner, promote once
+        caught up, remove the old replica), then recorded as done (move_done); a new nameserver leader resumes the
+        moves it finds recorded."""
         for group, members in list(self.metadata.groups.items()):
             if len(self.moving) >= limits.replica_moves_max:
                 return
@@ -268,6 +269,8 @@ class Nameserver:
         for group, members in self.metadata.groups.items():
             if (high.node in members.voters and low.node not in self.metadata.members_of(group)
                     and not members.learners and members.control is None):
+                if not self.queue_placement.planner.budget.take(trio.current_time()):
+                    return  # the planner's balancing moves of the hour are spent
                 await self._propose({"op": "move_start", "group": group, "add": low.node, "remove": high.node})
                 self._start_move(nursery, group)
                 return
