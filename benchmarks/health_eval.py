@@ -18,8 +18,9 @@ What it does, in the order it runs:
    once, so the gap is longer than a recovery). Kinds and severities: slow_disk (fsync factor 2, 5, 20), link (loss
    1%, 5%, 20%: faults.py run --loss), cpu (1/2, 1/4, 1/8 of a CPU), and control runs (no fault); --quick takes the
    middle severity. The schedules pair kinds with nodes differently: a kind's fault at a severity hits another node
-   in TEST than in TRAIN. Labels go to BASE/train.jsonl and BASE/test.jsonl. Then the load stops, the cluster stops
-   (each node ships its telemetry on the way out) and faults.py tears down.
+   in TEST than in TRAIN (--train-runs N: N TRAIN schedules, alternating two pairings, neither TEST's). Labels go to
+   BASE/train.jsonl and BASE/test.jsonl. Then the load stops, the cluster stops (each node ships its telemetry on
+   the way out) and faults.py tears down.
 3. Training. `python -m jobs.train_health` --labels train, --test-labels test, models to BASE/models (one function,
    train_model; without the job in this tree the model is the default ThresholdScorer), on a copy of the telemetry's
    window records without the TEST schedule's gaps (the job would train on them; they are scored here).
@@ -79,6 +80,7 @@ class Mode:
     control_gap_s: float
     warmup_s: float  # after the load starts: leaders settle and the first windows are judged
     severities: dict  # kind -> severities, mildest first
+    train_runs: int = 1  # TRAIN schedules, one after the other: each kind and severity this many times
 
 
 FULL = Mode("full", 5.0, 60.0, 45.0, 5.0, 30.0, {"slow_disk": (2, 5, 20), "link": (1, 5, 20), "cpu": (2, 4, 8)})
@@ -100,7 +102,7 @@ class Episode:
 
 def schedule(mode: Mode, shift: int) -> list[Episode]:
     """Per severity level: a control run, then one fault of each kind, each kind on node (kind + level + shift) mod 3:
-    shift 0 is TRAIN, 1 is TEST, so a kind at a severity hits another node in each."""
+    shifts 0 and 2 are TRAIN's, 1 is TEST's, so a kind at a severity hits another node in each."""
     levels = len(next(iter(mode.severities.values())))
     episodes = []
     for level in range(levels):
@@ -401,6 +403,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default="", help="default: benchmarks/results/health_eval{,_quick}")
     parser.add_argument("--fault-s", type=float, default=None, help="seconds of each fault (default: the mode's)")
     parser.add_argument("--gap-s", type=float, default=None, help="seconds clear after each fault (the mode's)")
+    parser.add_argument("--train-runs", type=int, default=1, help="TRAIN schedules: each kind and severity this "
+                        "many times, the runs pairing kinds with nodes in turn as TEST never does (default 1)")
     parser.add_argument("--master", default="local[2]", help="the training job's Spark master")
     parser.add_argument("--keep", action="store_true", help="keep BASE (the cluster's data, logs, labels)")
     parser.add_argument("--from-base", default="", help="a BASE kept by --keep: train and score its run again, "
@@ -430,9 +434,11 @@ def run_cluster(mode: Mode, base: Path) -> dict:
         check_tree(rc)
         load = start_load(base, port_base)
         time.sleep(mode.warmup_s)
-        for schedule_name, shift in (("train", 0), ("test", 1)):
+        train_shifts = [(0, 2)[run % 2] for run in range(mode.train_runs)]  # TEST's pairing (1) is never trained on
+        for schedule_name, shifts in (("train", train_shifts), ("test", [1])):
             started_ms = faults.now_ms()
-            run_schedule(rc, schedule(mode, shift), base / f"{schedule_name}.jsonl", load)
+            for shift in shifts:
+                run_schedule(rc, schedule(mode, shift), base / f"{schedule_name}.jsonl", load)
             spans[schedule_name] = (started_ms, faults.now_ms())
         (base / "spans.json").write_text(json.dumps(spans))
     finally:
@@ -450,7 +456,8 @@ def main(argv=None) -> None:
     started = time.monotonic()
     signal.signal(signal.SIGTERM, interrupt)
     mode = QUICK if arguments.quick else FULL
-    mode = dataclasses.replace(mode, fault_s=arguments.fault_s or mode.fault_s, gap_s=arguments.gap_s or mode.gap_s)
+    mode = dataclasses.replace(mode, fault_s=arguments.fault_s or mode.fault_s, gap_s=arguments.gap_s or mode.gap_s,
+                               train_runs=arguments.train_runs)
     out = Path(arguments.out or ROOT / "benchmarks/results" / ("health_eval_quick" if arguments.quick else "health_eval"))
     out.mkdir(parents=True, exist_ok=True)
     base = Path(arguments.from_base or tempfile.mkdtemp(prefix="health-eval-", dir="/tmp"))

@@ -8,9 +8,9 @@ runs -> one Spark GBTClassifier per fault kind -> the JSON model rocket.ml.healt
 
 Held out are the windows inside the runs of --test-labels, or without it those from the start of the run that
 begins the last ~30% of the labelled time (whole runs: the split falls between them). Each kind's probability
-threshold is the one of best F1 on the windows of the training runs that begin their last fifth of time (again whole
-runs), by trees fitted on the rest; the trees served are then refitted on every training window. The threshold
-baseline (ThresholdScorer) is tuned by grid search on the training windows; both are scored on the held-out windows
+threshold is the one of best F1 over every training run, each run's windows scored by trees fitted without its fold
+(THRESHOLD_FOLDS folds of whole runs, taken in turn); the trees served are then fitted on every training window. The
+threshold baseline (ThresholdScorer) is tuned by grid search on the training windows; both are scored on the held-out windows
 by the Scorers the nameserver runs. The export is proven first: rocket.ml.health.HealthModel, given the JSON, must
 give Spark's probabilities, or nothing is written. It becomes `latest.json` only when its F1 on the held-out windows
 is above the served model's on the same windows (jobs.models.publish); the decision is recorded either way.
@@ -41,7 +41,7 @@ from rocket.ml.trees import describe_decision  # noqa: E402
 
 MODELS_PREFIX = "models/health/"
 HELD_OUT_SHARE = 0.3  # of the labelled time, without --test-labels
-VALIDATION_SHARE = 0.2  # of the training runs' time (whole runs): where each kind's probability threshold is chosen
+THRESHOLD_FOLDS = 5  # folds of whole training runs (run i in fold i mod 5) each kind's threshold is chosen over
 PROBABILITIES = tuple(step / 20 for step in range(1, 20))  # the thresholds a kind may get: 0.05 .. 0.95
 # ThresholdScorer's parameters the baseline is tuned over (rocket.limits' defaults among them).
 THRESHOLD_GRID = {"fsync_p99_s_min": (0.002, 0.005, 0.01, 0.02, 0.05), "peer_ratio": (1.5, 2.0, 3.0, 4.0, 6.0),
@@ -271,9 +271,39 @@ def fit(rows, kind: str, args: argparse.Namespace):
             .setPredictionCol(f"prediction_{kind}"))
 
 
-def train(spark, judged, args: argparse.Namespace, held_out: str, validation_from_ms: int | None) -> Trained:
+def choose_thresholds(train_rows, kinds: list[str], training_starts: list[int], args: argparse.Namespace
+                      ) -> tuple[dict[str, float], dict[str, float | None]]:
+    """Each kind's probability threshold, and its F1 there: the best over every training window, each scored by trees
+    fitted on the folds other than its own. A window belongs to the last run that began at or before it (the gap
+    after a fault goes with it); run i is in fold i mod THRESHOLD_FOLDS. Fewer than two runs: 0.5, no F1."""
+    from pyspark.sql import functions as F
+
+    starts = sorted(training_starts)
+    folds = min(THRESHOLD_FOLDS, len(starts))
+    if folds < 2:
+        return dict.fromkeys(kinds, 0.5), dict.fromkeys(kinds, None)
+    began = F.col("at_ms") - F.col("seconds") * 1000
+    run = sum(((began >= F.lit(start)).cast("int") for start in starts[1:]), F.lit(0))
+    rows = train_rows.withColumn("fold", run % folds)
+    thresholds: dict[str, float] = {}
+    f1: dict[str, float | None] = {}
+    for kind in kinds:
+        scored = None
+        for fold in range(folds):
+            fit_rows = rows.filter(F.col("fold") != fold)
+            if not (fit_rows.filter(F.col("label") == kind).limit(1).count()
+                    and fit_rows.filter(F.col("label") != kind).limit(1).count()):
+                continue  # no windows of it (or only of it) outside this fold: nothing to fit
+            predicted = (fit(fit_rows, kind, args).transform(rows.filter(F.col("fold") == fold))
+                         .select("label", f"probability_{kind}"))
+            scored = predicted if scored is None else scored.unionByName(predicted)
+        thresholds[kind], f1[kind] = (0.5, None) if scored is None else choose_threshold(scored, kind)
+    return thresholds, f1
+
+
+def train(spark, judged, args: argparse.Namespace, held_out: str, training_starts: list[int]) -> Trained:
     """Fit per kind, tune the baseline, score both on the held-out windows, export and check. Each kind's probability
-    threshold is chosen on the training windows from validation_from_ms on (None: none, the threshold is 0.5)."""
+    threshold is chosen over the training runs (training_starts: their starts) by choose_thresholds."""
     import pyspark
     from pyspark.ml.feature import VectorAssembler
     from pyspark.sql import functions as F
@@ -292,19 +322,7 @@ def train(spark, judged, args: argparse.Namespace, held_out: str, validation_fro
                          "name no fault the telemetry's windows saw")
     if not any(by_label[True, kind] for kind in KINDS):
         raise TrainError(f"no held-out window of a fault among {rows_held_out}: nothing to score the model on")
-    # Each kind's threshold: the best F1 on the windows of the last training runs, by trees fitted on the rest.
-    validating = F.col("at_ms") - F.col("seconds") * 1000 >= F.lit(validation_from_ms or math.inf)
-    fit_rows, validation_rows = train_rows.filter(~validating), train_rows.filter(validating)
-    fit_labels = {row["label"]: row["count"] for row in fit_rows.groupBy("label").count().collect()}
-    rows_validation = rows_train - sum(fit_labels.values())
-    thresholds, validation_f1 = {}, {}
-    for kind in kinds:
-        validation_positives = by_label[False, kind] - fit_labels.get(kind, 0)
-        if fit_labels.get(kind) and validation_positives and len(fit_labels) > 1:
-            thresholds[kind], validation_f1[kind] = choose_threshold(
-                fit(fit_rows, kind, args).transform(validation_rows), kind)
-        else:  # no windows of it on one side: the even odds
-            thresholds[kind], validation_f1[kind] = 0.5, None
+    thresholds, validation_f1 = choose_thresholds(train_rows, kinds, training_starts, args)
     models = {kind: fit(train_rows, kind, args) for kind in kinds}
     threshold_parameters, threshold_train_f1 = tune_threshold(judged.filter(lambda item: not item.held_out))
     window_s = float(rows.agg(F.percentile_approx("seconds", 0.5)).first()[0])
@@ -329,8 +347,9 @@ def train(spark, judged, args: argparse.Namespace, held_out: str, validation_fro
         metrics["by_kind"][kind].update(windows_train=by_label[False, kind], threshold_validation=thresholds.get(kind),
                                         f1_validation=validation_f1.get(kind))
     metrics.update(threshold_params=threshold_parameters, threshold_train_f1=threshold_train_f1,
-                   untrained_kinds=untrained, rows_train=rows_train, rows_validation=rows_validation,
-                   rows_held_out=rows_held_out, rows_checked=rows_checked, validation_from_ms=validation_from_ms,
+                   untrained_kinds=untrained, rows_train=rows_train, threshold_runs=len(training_starts),
+                   threshold_folds=min(THRESHOLD_FOLDS, len(training_starts)),
+                   rows_held_out=rows_held_out, rows_checked=rows_checked,
                    held_out=held_out, trained_at_ms=int(now.timestamp() * 1000), window_s=window_s,
                    spark_version=pyspark.__version__)
     document["metrics"] = metrics
@@ -388,13 +407,9 @@ def run(spark, args: argparse.Namespace, labels: list[Label], test_labels: list[
     held_out = (f"the {len(test_labels)} runs of {args.test_labels}" if test_labels is not None
                 else f"the runs from {spans[0][0]} ms on")
     training_runs = labels if test_labels is not None else [label for label in labels if label.start_ms < spans[0][0]]
-    try:
-        validation_from_ms = held_out_from(training_runs, VALIDATION_SHARE)
-    except TrainError:  # one training run, or none apart: no threshold is chosen
-        validation_from_ms = None
     judged = judged_windows(load_telemetry(spark, args.telemetry).samples, labels + (test_labels or []),
                             spans).persist()
-    trained = train(spark, judged, args, held_out, validation_from_ms)
+    trained = train(spark, judged, args, held_out, [label.start_ms for label in training_runs])
     decision = publish(spark, args.models, MODELS_PREFIX, trained.document, "f1", False,
                        lambda text: scored_f1(judged, text, trained.document["metrics"]["threshold_params"]))
     judged.unpersist()

@@ -146,7 +146,7 @@ def test_the_model_written_is_one_a_node_accepts_and_it_beats_the_threshold(trai
                    if window_label(window, data.labels) is not None
                    for _ in range(2 if SECOND_REPORTER[0] <= index < SECOND_REPORTER[1] else 1))
     assert metrics["rows_train"] + metrics["rows_held_out"] == expected
-    assert 0 < metrics["rows_validation"] < metrics["rows_train"] and metrics["rows_held_out"] > 100
+    assert 2 <= metrics["threshold_folds"] <= min(5, metrics["threshold_runs"]) and metrics["rows_held_out"] > 100
     assert metrics["rows_checked"] == min(300, metrics["rows_held_out"])
     assert metrics["f1"] >= 0.9 and metrics["f1"] > metrics["threshold_f1"]
     for kind in KINDS:
