@@ -10,8 +10,8 @@ Held out are the windows inside the runs of --test-labels, or without it those f
 begins the last ~30% of the labelled time (whole runs: the split falls between them). Each kind's probability
 threshold is the one of best F1 over every training run, each run's windows scored by trees fitted without its fold
 (THRESHOLD_FOLDS folds of whole runs, taken in turn); the trees served are then fitted on every training window. The
-threshold baseline (ThresholdScorer) is tuned by grid search on the training windows; both are scored on the held-out windows
-by the Scorers the nameserver runs. The export is proven first: rocket.ml.health.HealthModel, given the JSON, must
+threshold baseline (ThresholdScorer) is tuned by grid search on the training windows; both are scored on the held-out
+windows by the Scorers the nameserver runs. The export is proven first: rocket.ml.health.HealthModel, given the JSON, must
 give Spark's probabilities, or nothing is written. It becomes `latest.json` only when its F1 on the held-out windows
 is above the served model's on the same windows (jobs.models.publish); the decision is recorded either way.
 """
@@ -41,7 +41,7 @@ from rocket.ml.trees import describe_decision  # noqa: E402
 
 MODELS_PREFIX = "models/health/"
 HELD_OUT_SHARE = 0.3  # of the labelled time, without --test-labels
-THRESHOLD_FOLDS = 5  # folds of whole training runs (run i in fold i mod 5) each kind's threshold is chosen over
+THRESHOLD_FOLDS = 5  # each kind's threshold is chosen over this many folds of whole training runs (run i: i mod 5)
 PROBABILITIES = tuple(step / 20 for step in range(1, 20))  # the thresholds a kind may get: 0.05 .. 0.95
 # ThresholdScorer's parameters the baseline is tuned over (rocket.limits' defaults among them).
 THRESHOLD_GRID = {"fsync_p99_s_min": (0.002, 0.005, 0.01, 0.02, 0.05), "peer_ratio": (1.5, 2.0, 3.0, 4.0, 6.0),
