@@ -11,9 +11,10 @@ begins the last ~30% of the labelled time (whole runs: the split falls between t
 threshold is the one of best F1 over every training run, each run's windows scored by trees fitted without its fold
 (THRESHOLD_FOLDS folds of whole runs, taken in turn); the trees served are then fitted on every training window. The
 threshold baseline (ThresholdScorer) is tuned by grid search on the training windows; both are scored on the held-out
-windows by the Scorers the nameserver runs. The export is proven first: rocket.ml.health.HealthModel, given the JSON, must
-give Spark's probabilities, or nothing is written. It becomes `latest.json` only when its F1 on the held-out windows
-is above the served model's on the same windows (jobs.models.publish); the decision is recorded either way.
+windows by the Scorers the nameserver runs. The export is proven first: rocket.ml.health.HealthModel, given the
+JSON, must give Spark's probabilities, or nothing is written. It becomes `latest.json` only when its F1 on the
+held-out windows is above the served model's on the same windows (jobs.models.publish); the decision is recorded
+either way.
 """
 
 from __future__ import annotations
