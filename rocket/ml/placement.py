@@ -220,6 +220,12 @@ class Planner:
         queue_load = new_queue_load(topic_predicted, first_queue + count, groups)
         return place_queues(first_queue, count, queue_load, groups)
 
+    def describe(self, now_s: float) -> str:
+        """The budget as `cluster status` shows it."""
+        if not self.budget.per_hour:
+            return "rebalancing off (moves off degraded, down or draining nodes only)"
+        return f"rebalancing: {int(self.budget.left(now_s))} of {self.budget.per_hour:g} moves an hour left"
+
     def leader_move(self, groups: list[GroupLoad], voters: dict[int, tuple[int, ...]], nodes: list[int],
                     degraded: set[int], now_s: float) -> tuple[int, int, bool] | None:
         """(group, to node, whether off a degraded node) for the one leadership to move now, or None. nodes: the

@@ -226,6 +226,9 @@ def test_the_planner_spends_its_budget_on_balancing_but_not_on_leaving_a_degrade
     assert planner.leader_move(loads, voters, [1, 2, 3], set(), 3601.0) is not None
     balanced = [GroupLoad(group, leader=1 + group % 3, predicted=1e6, queues=0) for group in range(2, 11)]
     assert Planner(60).leader_move(balanced, voters | {10: (1, 2, 3)}, [1, 2, 3], set(), 0.0) is None
+    assert Planner(60).describe(0.0) == "rebalancing: 60 of 60 moves an hour left"
+    assert planner.describe(3601.0) == "rebalancing: 0 of 1 moves an hour left"  # spent at 3601 s just above
+    assert Planner(0).describe(0.0).startswith("rebalancing off")
     choices = planner.place(0, 4, None, [GroupLoad(group, 1, 0.0, 0) for group in (2, 3)])
     assert sorted(choice.group for choice in choices) == [2, 2, 3, 3]
 

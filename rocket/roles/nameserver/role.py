@@ -548,5 +548,6 @@ class Nameserver:
             groups=[self.metadata.group_info(group, self.leaders, lagging.get(group))
                     for group in sorted(self.metadata.groups)],
             topics=len(self.metadata.topics), moving=len(self.moving),
-            placement=with_training(self.forecasts.model_state, self.forecasts.training),
+            placement=f"{with_training(self.forecasts.model_state, self.forecasts.training)}; "
+                      f"{self.queue_placement.planner.describe(trio.current_time())}",
             load_series=len(self.forecasts.history))
