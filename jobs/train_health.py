@@ -6,15 +6,14 @@ runs -> one Spark GBTClassifier per fault kind -> the JSON model rocket.ml.healt
     spark-submit --master spark://HOST:7077 jobs/train_health.py --telemetry s3a://B/telemetry --labels train.jsonl \
         --test-labels test.jsonl --models s3a://B
 
-Held out are the windows inside the runs of --test-labels, or without it those from the start of the run that begins
-the last ~30% of the labelled time (whole runs: the split falls between them). Each kind's probability threshold is
-the one of best F1 over every training run, each run's windows scored by trees fitted without its fold (up to
-THRESHOLD_FOLDS folds of whole runs, each kind's runs dealt in turn); the trees served are then fitted on every
-training window. The threshold baseline (ThresholdScorer) is tuned by grid search on the training windows; both are
-scored on the held-out windows by the Scorers the nameserver runs. The export is proven first:
-rocket.ml.health.HealthModel, given the JSON, must give Spark's probabilities, or nothing is written. It becomes
-`latest.json` only when its F1 on the held-out windows is above the served model's on the same windows
-(jobs.models.publish); the decision is recorded either way.
+Held out are the windows inside the runs of --test-labels, or without it those from the start of the run that
+begins the last ~30% of the labelled time (whole runs: the split falls between them). Each kind's probability
+threshold is the one of best F1 on the windows of the training runs that begin their last fifth of time (again whole
+runs), by trees fitted on the rest; the trees served are then refitted on every training window. The threshold
+baseline (ThresholdScorer) is tuned by grid search on the training windows; both are scored on the held-out windows
+by the Scorers the nameserver runs. The export is proven first: rocket.ml.health.HealthModel, given the JSON, must
+give Spark's probabilities, or nothing is written. It becomes `latest.json` only when its F1 on the held-out windows
+is above the served model's on the same windows (jobs.models.publish); the decision is recorded either way.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from rocket.ml.trees import describe_decision  # noqa: E402
 
 MODELS_PREFIX = "models/health/"
 HELD_OUT_SHARE = 0.3  # of the labelled time, without --test-labels
-THRESHOLD_FOLDS = 3  # at most: each kind's threshold is chosen over folds of whole training runs (run_folds)
+VALIDATION_SHARE = 0.2  # of the training runs' time (whole runs): where each kind's probability threshold is chosen
 PROBABILITIES = tuple(step / 20 for step in range(1, 20))  # the thresholds a kind may get: 0.05 .. 0.95
 # ThresholdScorer's parameters the baseline is tuned over (rocket.limits' defaults among them).
 THRESHOLD_GRID = {"fsync_p99_s_min": (0.002, 0.005, 0.01, 0.02, 0.05), "peer_ratio": (1.5, 2.0, 3.0, 4.0, 6.0),
@@ -272,58 +271,9 @@ def fit(rows, kind: str, args: argparse.Namespace):
             .setPredictionCol(f"prediction_{kind}"))
 
 
-def run_folds(runs: list[Label], folds_max: int = THRESHOLD_FOLDS) -> list[int]:
-    """The fold of each run, in start order: each kind's runs (controls too) dealt in turn over the folds, so that
-    every fold holds runs of every kind whatever order a schedule has (stratified by kind, grouped by run). As many
-    folds as the rarest fault kind has runs, at most folds_max; [] when that is fewer than two."""
-    ordered = sorted(runs, key=lambda label: label.start_ms)
-    per_kind = collections.Counter(label.kind for label in ordered)
-    faults = [count for kind, count in per_kind.items() if kind in KINDS]
-    folds = min(folds_max, min(faults, default=0))
-    if folds < 2:
-        return []
-    dealt: collections.Counter = collections.Counter()
-    assigned = []
-    for label in ordered:
-        assigned.append(dealt[label.kind] % folds)
-        dealt[label.kind] += 1
-    return assigned
-
-
-def choose_thresholds(train_rows, kinds: list[str], training_runs: list[Label], args: argparse.Namespace
-                      ) -> tuple[dict[str, float], dict[str, float | None], int]:
-    """Each kind's probability threshold and its F1 there, and the folds: the best over every training window, each
-    scored by trees fitted on the folds other than its own (run_folds). A window belongs to the last run that began
-    at or before it (the gap after a fault goes with it). Fewer than two folds: 0.5, no F1."""
-    from pyspark.sql import functions as F
-
-    folds_of_runs = run_folds(training_runs)
-    folds = max(folds_of_runs, default=-1) + 1
-    if folds < 2:
-        return dict.fromkeys(kinds, 0.5), dict.fromkeys(kinds, None), 0
-    starts = sorted(label.start_ms for label in training_runs)
-    began = F.col("at_ms") - F.col("seconds") * 1000
-    run = sum(((began >= F.lit(start)).cast("int") for start in starts[1:]), F.lit(0))  # 0: before the second
-    rows = train_rows.withColumn("fold", F.element_at(F.array(*map(F.lit, folds_of_runs)), run + 1))
-    present = {(row["fold"], row["label"]) for row in rows.select("fold", "label").distinct().collect()}
-    thresholds: dict[str, float] = {}
-    f1: dict[str, float | None] = {}
-    for kind in kinds:
-        scored = None
-        for fold in range(folds):
-            outside = {label for other, label in present if other != fold}
-            if kind not in outside or outside == {kind}:
-                continue  # no windows of it (or only of it) outside this fold: nothing to fit
-            predicted = (fit(rows.filter(F.col("fold") != fold), kind, args)
-                         .transform(rows.filter(F.col("fold") == fold)).select("label", f"probability_{kind}"))
-            scored = predicted if scored is None else scored.unionByName(predicted)
-        thresholds[kind], f1[kind] = (0.5, None) if scored is None else choose_threshold(scored, kind)
-    return thresholds, f1, folds
-
-
-def train(spark, judged, args: argparse.Namespace, held_out: str, training_runs: list[Label]) -> Trained:
+def train(spark, judged, args: argparse.Namespace, held_out: str, validation_from_ms: int | None) -> Trained:
     """Fit per kind, tune the baseline, score both on the held-out windows, export and check. Each kind's probability
-    threshold is chosen over the training runs by choose_thresholds."""
+    threshold is chosen on the training windows from validation_from_ms on (None: none, the threshold is 0.5)."""
     import pyspark
     from pyspark.ml.feature import VectorAssembler
     from pyspark.sql import functions as F
@@ -342,7 +292,19 @@ def train(spark, judged, args: argparse.Namespace, held_out: str, training_runs:
                          "name no fault the telemetry's windows saw")
     if not any(by_label[True, kind] for kind in KINDS):
         raise TrainError(f"no held-out window of a fault among {rows_held_out}: nothing to score the model on")
-    thresholds, validation_f1, folds = choose_thresholds(train_rows, kinds, training_runs, args)
+    # Each kind's threshold: the best F1 on the windows of the last training runs, by trees fitted on the rest.
+    validating = F.col("at_ms") - F.col("seconds") * 1000 >= F.lit(validation_from_ms or math.inf)
+    fit_rows, validation_rows = train_rows.filter(~validating), train_rows.filter(validating)
+    fit_labels = {row["label"]: row["count"] for row in fit_rows.groupBy("label").count().collect()}
+    rows_validation = rows_train - sum(fit_labels.values())
+    thresholds, validation_f1 = {}, {}
+    for kind in kinds:
+        validation_positives = by_label[False, kind] - fit_labels.get(kind, 0)
+        if fit_labels.get(kind) and validation_positives and len(fit_labels) > 1:
+            thresholds[kind], validation_f1[kind] = choose_threshold(
+                fit(fit_rows, kind, args).transform(validation_rows), kind)
+        else:  # no windows of it on one side: the even odds
+            thresholds[kind], validation_f1[kind] = 0.5, None
     models = {kind: fit(train_rows, kind, args) for kind in kinds}
     threshold_parameters, threshold_train_f1 = tune_threshold(judged.filter(lambda item: not item.held_out))
     window_s = float(rows.agg(F.percentile_approx("seconds", 0.5)).first()[0])
@@ -367,9 +329,8 @@ def train(spark, judged, args: argparse.Namespace, held_out: str, training_runs:
         metrics["by_kind"][kind].update(windows_train=by_label[False, kind], threshold_validation=thresholds.get(kind),
                                         f1_validation=validation_f1.get(kind))
     metrics.update(threshold_params=threshold_parameters, threshold_train_f1=threshold_train_f1,
-                   untrained_kinds=untrained, rows_train=rows_train, threshold_runs=len(training_runs),
-                   threshold_folds=folds,
-                   rows_held_out=rows_held_out, rows_checked=rows_checked,
+                   untrained_kinds=untrained, rows_train=rows_train, rows_validation=rows_validation,
+                   rows_held_out=rows_held_out, rows_checked=rows_checked, validation_from_ms=validation_from_ms,
                    held_out=held_out, trained_at_ms=int(now.timestamp() * 1000), window_s=window_s,
                    spark_version=pyspark.__version__)
     document["metrics"] = metrics
@@ -427,9 +388,13 @@ def run(spark, args: argparse.Namespace, labels: list[Label], test_labels: list[
     held_out = (f"the {len(test_labels)} runs of {args.test_labels}" if test_labels is not None
                 else f"the runs from {spans[0][0]} ms on")
     training_runs = labels if test_labels is not None else [label for label in labels if label.start_ms < spans[0][0]]
+    try:
+        validation_from_ms = held_out_from(training_runs, VALIDATION_SHARE)
+    except TrainError:  # one training run, or none apart: no threshold is chosen
+        validation_from_ms = None
     judged = judged_windows(load_telemetry(spark, args.telemetry).samples, labels + (test_labels or []),
                             spans).persist()
-    trained = train(spark, judged, args, held_out, training_runs)
+    trained = train(spark, judged, args, held_out, validation_from_ms)
     decision = publish(spark, args.models, MODELS_PREFIX, trained.document, "f1", False,
                        lambda text: scored_f1(judged, text, trained.document["metrics"]["threshold_params"]))
     judged.unpersist()

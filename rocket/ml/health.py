@@ -45,9 +45,9 @@ WINDOW_FIELDS = tuple(field.name for field in dataclasses.fields(NodeWindow))
 WINDOW_METRIC = "rocket_health_window_"  # + a field: the windows the nameserver judged, noted in its telemetry
 KINDS = ("slow_disk", "link", "cpu")  # the faults a verdict names (faults.py injects each)
 # The model's features of a node's window, all relative to the other storage nodes' windows of the same time where
-# that makes sense, so that a busy or slow period of the whole cluster is nobody's fault. A node's latency over its
-# peers' median sits beside its throughput over theirs; and, after Perseus (FAST 2023), its latency against the
-# fleet's regression of latency on throughput at the same moment (_fleet_residual): slow for the load it carries.
+# that makes sense, so that a busy or slow period of the whole cluster is nobody's fault. Perseus (FAST 2023) regresses
+# latency on throughput across the fleet; here a node's latency over its peers' median sits beside its throughput
+# over theirs, and the trees learn where a ratio stops being load.
 FEATURES = (
     "fsync_p99_log10",  # seconds; missing: the peers' median
     "fsync_peer_log2",  # log2 of the fsync p99 over the peers' median
@@ -60,11 +60,8 @@ FEATURES = (
     "cpu_starved_peer",  # ... minus the peers' median
     "raft_lag_log10",  # log10 of 1 + the entries it is behind, per group it follows
     "raft_lag_peer_log2",
-    "fsync_fleet_residual",  # log10 of its fsync p99 less the peers' regression on log2 fsyncs expects; missing: 0
-    "call_fleet_residual",  # the same of the calls made to it, on log2 calls
 )
 FLOOR_S = 1e-5  # latencies below this (and a missing peer median) count as this
-FLEET_RIDGE = 1.0  # shrinks the peers' slope toward flat where their throughputs hardly differ (log2 units squared)
 
 
 def _median(values: list[float]) -> float | None:
@@ -75,22 +72,6 @@ def _log2_ratio(value: float | None, reference: float | None, floor: float) -> f
     if value is None or reference is None:
         return 0.0
     return math.log2(max(value, floor) / max(reference, floor))
-
-
-def _fleet_residual(latency_s: float | None, load: float, others: list[tuple[float, float | None]]) -> float:
-    """log10 of a node's latency less what the other nodes' least-squares line of log10 latency on log2(load + 1),
-    ridge-shrunk by FLEET_RIDGE toward their mean, expects at its own load (Perseus' fleet regression; the node
-    itself is left out, so that its slowness does not bend the line). 0 without a latency or peers with one."""
-    points = [(math.log2(peer_load + 1.0), math.log10(max(peer_s, FLOOR_S))) for peer_load, peer_s in others
-              if peer_s is not None]
-    if latency_s is None or not points:
-        return 0.0
-    mean_x = sum(x for x, _ in points) / len(points)
-    mean_y = sum(y for _, y in points) / len(points)
-    slope = (sum((x - mean_x) * (y - mean_y) for x, y in points)
-             / (sum((x - mean_x) ** 2 for x, _ in points) + FLEET_RIDGE))
-    expected = mean_y + slope * (math.log2(load + 1.0) - mean_x)
-    return math.log10(max(latency_s, FLOOR_S)) - expected
 
 
 def health_features(node: NodeWindow, peers: list[NodeWindow]) -> list[float]:
@@ -119,8 +100,6 @@ def health_features(node: NodeWindow, peers: list[NodeWindow]) -> list[float]:
         starved - starved_median,
         math.log10(1.0 + lag),
         _log2_ratio(lag + 1.0, None if lag_median is None else lag_median + 1.0, 1.0),
-        _fleet_residual(node.fsync_p99_s, node.fsyncs, [(peer.fsyncs, peer.fsync_p99_s) for peer in others]),
-        _fleet_residual(node.call_p99_s, node.calls, [(peer.calls, peer.call_p99_s) for peer in others]),
     ]
 
 

@@ -19,8 +19,7 @@ import trio  # noqa: E402
 
 from jobs.health_data import Label, window_label  # noqa: E402
 from jobs.models import TrainError  # noqa: E402
-from jobs.train_health import (MODELS_PREFIX, THRESHOLD_GRID, held_out_from, load_labels, main, parse, run,
-                               run_folds,  # noqa: E402
+from jobs.train_health import (MODELS_PREFIX, THRESHOLD_GRID, held_out_from, load_labels, main, parse, run,  # noqa: E402
                                score_outcomes, summary)
 from rocket.ml.health import FEATURES, KINDS, HealthModel, ModelScorer, NodeWindow  # noqa: E402
 from rocket.roles.nameserver.health import note_windows  # noqa: E402
@@ -147,7 +146,7 @@ def test_the_model_written_is_one_a_node_accepts_and_it_beats_the_threshold(trai
                    if window_label(window, data.labels) is not None
                    for _ in range(2 if SECOND_REPORTER[0] <= index < SECOND_REPORTER[1] else 1))
     assert metrics["rows_train"] + metrics["rows_held_out"] == expected
-    assert metrics["threshold_folds"] == 3 and metrics["threshold_runs"] == 21 and metrics["rows_held_out"] > 100
+    assert 0 < metrics["rows_validation"] < metrics["rows_train"] and metrics["rows_held_out"] > 100
     assert metrics["rows_checked"] == min(300, metrics["rows_held_out"])
     assert metrics["f1"] >= 0.9 and metrics["f1"] > metrics["threshold_f1"]
     for kind in KINDS:
@@ -232,18 +231,3 @@ def test_outcomes_score_per_kind_and_overall():
     assert metrics["by_kind"]["slow_disk"]["recall"] == pytest.approx(0.8)
     assert metrics["by_kind"]["link"]["f1"] == 0.0 and metrics["by_kind"]["link"]["recall"] is None
     assert metrics["by_kind"]["cpu"]["threshold_precision"] is None and metrics["by_kind"]["cpu"]["threshold_f1"] == 0.0
-
-
-def test_each_kinds_runs_are_dealt_over_the_folds_whatever_the_schedules_period():
-    """A schedule whose kinds repeat every 3 runs would put a kind in one fold of 3 by run number (i mod 3): the
-    trees fitted without that fold would never have seen it. Dealt per kind, every fold holds every kind."""
-    kinds = ["slow_disk", "link", "cpu"] * 4  # period 3, as the tests' runs have it
-    runs = [Label(kind, 1, 1.0, 1000 * number, 1000 * number + 500) for number, kind in enumerate(kinds)]
-    folds = run_folds(runs, 3)
-    every = {(kind, fold) for kind in kinds[:3] for fold in range(3)}
-    assert set(zip(kinds, folds)) == every
-    assert run_folds(runs[::-1], 3) == folds  # by start, whatever order the labels came in
-    assert max(run_folds(runs[:6], 3)) == 1  # two runs of each kind: two folds
-    assert run_folds(runs[:3], 3) == []  # one run of a kind: no fold to leave it out of
-    with_controls = runs + [Label("control", 2, 0.0, 20_000, 20_500)]
-    assert len(run_folds(with_controls, 3)) == 13

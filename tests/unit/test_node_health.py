@@ -40,23 +40,6 @@ def windows(slow: dict[int, float] | None = None, errors: dict[int, int] | None 
     return [NodeWindow(node, slow.get(node, base_s), 500, 100, errors.get(node, 0)) for node in nodes]
 
 
-def test_the_fleet_residual_is_a_nodes_latency_against_its_peers_latency_at_its_load():
-    """Perseus' feature: the peers' regression of log10 fsync p99 on log2 fsyncs, at the node's own load."""
-    residual = FEATURES.index("fsync_fleet_residual")
-    # The peers are slower the busier they are: 1 ms at 63 fsyncs, 4 ms at 1023, 16 ms at 16383 (x 4 per 16x).
-    peers = [NodeWindow(1, 0.001, 63), NodeWindow(2, 0.004, 1023), NodeWindow(4, 0.016, 16383)]
-    on_the_line = health_features(NodeWindow(3, 0.004, 1023), [*peers, NodeWindow(3, 0.004, 1023)])[residual]
-    slow = health_features(NodeWindow(3, 0.040, 1023), peers)[residual]
-    busy_but_fine = health_features(NodeWindow(3, 0.016, 16383), peers)[residual]
-    assert abs(on_the_line) < 0.05 and abs(busy_but_fine) < 0.1 and 0.9 < slow < 1.1  # 10x: one decade
-    # The peer ratio calls the busy node 4x its peers' median; the residual calls it fine.
-    assert health_features(NodeWindow(3, 0.016, 16383), peers)[FEATURES.index("fsync_peer_log2")] == 2.0
-    # Peers of one load: their mean; no latency or no peer with one: 0.
-    assert abs(health_features(NodeWindow(3, 0.010, 500), windows(base_s=0.001))[residual] - 1.0) < 1e-9
-    assert health_features(NodeWindow(3, None, 500), peers)[residual] == 0.0
-    assert health_features(NodeWindow(3, 0.010, 500), [NodeWindow(1, None, 3)])[residual] == 0.0
-
-
 def run(judge: HealthJudge, script: list[list[NodeWindow]], pins: dict[int, str] | None = None,
         nodes=NODES) -> list[dict[int, str]]:
     """Each window scored by the threshold scorer and judged; the states after each window."""
