@@ -5,6 +5,7 @@ topic without moving the ones it has, or their data (issue 30)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -33,10 +34,13 @@ def model(version: str, trained_at_ms: int) -> bytes:
 
 
 async def placement_state(admin: Admin, wanted: str) -> str:
+    """The model's part of status' placement, once it starts with wanted; the planner's budget follows it."""
     with trio.fail_after(10):
         while not (state := (await admin.cluster_status())["placement"]).startswith(wanted):
             await trio.sleep(0.05)
-    return state
+    model_state, budget = state.rsplit("; ", 1)
+    assert re.fullmatch(r"rebalancing: \d+ of 60 moves an hour left", budget), state
+    return model_state
 
 
 async def test_the_model_is_taken_without_a_restart_and_places_new_queues(nursery, tmp_path, monkeypatch):
