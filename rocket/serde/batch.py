@@ -31,6 +31,9 @@ FLAG_DELIMITED = 0x01  # payload is bodies each ending in b"\n"; no keys, tags o
 FLAG_TIMED = 0x02  # messages may carry a delivery time (deliver_at_ms): for delay topics
 FLAG_TRANSACTION = 0x04  # half messages of a transaction: invisible until committed
 FLAGS_KNOWN = FLAG_DELIMITED | FLAG_TIMED | FLAG_TRANSACTION
+# A Produce request's "records" from a caller in the broker's process whose batch encode() wrote (a gateway): encode()
+# checked each message as check_produced() would, so the broker checks the header alone. No wire serde makes it.
+WRITTEN_HERE = object()
 DELIVER_AT_PROPERTY = "__deliver_at_ms"  # reserved: where versions 1 and 2 kept a timed message's delivery time
 
 _header = struct.Struct("<HBBIqqQII")
@@ -67,6 +70,7 @@ _read_raw = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 _UNREADABLE = (msgspec.DecodeError, UnicodeDecodeError)  # msgspec raises the latter for a str that is not UTF-8
 _read_bodies = msgspec.msgpack.Decoder(list[_Body]).decode
 _write_records = msgspec.msgpack.Encoder().encode
+_NOT_YET = object()  # encode()'s properties checked before the first message: none
 
 
 class _Ids(msgspec.Struct, gc=False, rename={"keys": KEYS_PROPERTY, "id": ID_PROPERTY}):
@@ -190,6 +194,7 @@ def encode(messages: list[Message], timestamp_ms: int, transaction: bool = False
     flags = 0
     records: list[tuple] = []
     append = records.append
+    checked: object = _NOT_YET  # the properties last checked: messages often share one dict (the MQTT gateway's)
     for message, stamp in zip(messages, stamps):
         key, tag, body, properties = message.key, message.tag, message.body, message.properties
         if body.__class__ is not bytes or key.__class__ is not str or tag.__class__ is not str:
@@ -201,8 +206,9 @@ def encode(messages: list[Message], timestamp_ms: int, transaction: bool = False
             raise RocketError(Code.BAD_REQUEST, "message key or tag is too long")
         if tag:
             tags |= tag_bit(tag)
-        if properties or properties.__class__ is not dict:
+        if properties is not checked and (properties or properties.__class__ is not dict):
             _check_properties(properties, properties_max)
+            checked = properties
         if message.deliver_at_ms:  # the delivery time follows the queue and offset, which a reader sets
             _check_delivery_time(message.deliver_at_ms)
             flags = FLAG_TIMED

@@ -52,6 +52,22 @@ def test_a_message_published_comes_back_as_published(topic, payload, qos, users)
     assert to_publish(stored, rocket_topic(topic), qos, V311, NOW_MS).properties == {}  # none in 3.1.1
 
 
+@given(st.lists(st.tuples(st.one_of(topic_names, topic_names.map(lambda name: name + "/"),
+                                   topic_names.map(lambda name: name + "/" + "x" * 300)),
+                         st.integers(0, 2), st.booleans(), st.booleans()), min_size=1, max_size=8))
+def test_messages_sharing_one_properties_dict_are_stored_as_each_with_its_own(publishes):
+    """to_message's shared dict (the gateway's, for a turn's publishes) changes nothing stored, and a batch's
+    encoder, which checks a dict once for all the messages holding it, refuses nothing it took before."""
+    made = [Publish(topic, b"x", qos, retain, properties={"content_type": "t"} if typed else {})
+            for topic, qos, retain, typed in publishes]
+    shared = {"mqtt.client": "dev-1"}
+    alone = [to_message(publish, "dev-1", NOW_MS) for publish in made]
+    together = [to_message(publish, "dev-1", NOW_MS, shared) for publish in made]
+    assert together == alone
+    assert batch_codec.decode(batch_codec.encode(together, NOW_MS), 0, 0) == \
+        batch_codec.decode(batch_codec.encode(alone, NOW_MS), 0, 0)
+
+
 def test_expired_messages_are_not_delivered_and_the_rest_carry_what_is_left():
     message = to_message(Publish("s/x", b"", 1, properties={"message_expiry_interval": 10}), "c", NOW_MS)
     assert to_publish(message, "s", 1, V5, NOW_MS + 4_000).properties["message_expiry_interval"] == 6

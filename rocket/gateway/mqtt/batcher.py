@@ -19,7 +19,8 @@ class _Waiting:
 
     def __init__(self, messages: list[Message]):
         self.messages = messages
-        self.bytes = sum(len(message.body) + limits.mqtt_message_overhead_bytes for message in messages)
+        self.bytes = sum([len(message.body) for message in messages]) + \
+            limits.mqtt_message_overhead_bytes * len(messages)
         self.done = trio.Event()
         self.error: RocketError | None = None
 
@@ -60,7 +61,8 @@ class Batcher:
                     with trio.CancelScope(shield=True):  # the others wait for its answer: it comes, in time
                         batch = batch_codec.encode([message for each in taken for message in each.messages],
                                                    self.clock.wall_ms())
-                        await self.dispatcher.local("Produce", {"topic": topic, "queue": queue, "batch": batch})
+                        await self.dispatcher.local("Produce", {"topic": topic, "queue": queue, "batch": batch,
+                                                                "records": batch_codec.WRITTEN_HERE})
                 except RocketError as error:
                     for each in taken:
                         each.error = error

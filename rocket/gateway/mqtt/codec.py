@@ -20,6 +20,7 @@ __all__ = ["Ack", "Auth", "ConnAck", "Connect", "Decoder", "Disconnect", "MqttEr
 
 _u16 = struct.Struct(">H")
 _u32 = struct.Struct(">I")
+_PUBLISH_HEAD = int(PacketType.PUBLISH) << 4  # a fixed header's type bits, as a plain int
 _PROPERTY_IDS = {name: (identifier, kind) for identifier, (name, kind) in PROPERTIES.items()}
 
 
@@ -147,7 +148,7 @@ def decode(kind: int, flags: int, body: bytes, version: int | None) -> Packet:
     """One packet from its fixed header's type and flags and the rest of it. version: the protocol level of the
     connection's CONNECT (None before it: only a CONNECT decodes then)."""
     if kind == PacketType.PUBLISH and version is not None:
-        return _publish(flags, body, version == V5)
+        return _publish(flags, body, 0, len(body), version == V5)
     if kind == 0:
         raise malformed("packet type 0 is reserved")
     kind = PacketType(kind)
@@ -217,39 +218,39 @@ def decode(kind: int, flags: int, body: bytes, version: int | None) -> Packet:
     return packet
 
 
-def _publish(flags: int, body: bytes, five: bool) -> Publish:
-    """PUBLISH, a device's every message: read in place, without a _Reader's calls unless it has properties."""
+def _publish(flags: int, data: bytes | bytearray, at: int, end: int, five: bool) -> Publish:
+    """PUBLISH, a device's every message, from data[at:end] (the decoder's buffer): read in place, without a _Reader's
+    calls unless it has properties."""
     qos = _check_qos((flags >> 1) & 0b11, "PUBLISH")
     if qos == 0 and flags & 0b1000:
         raise malformed("PUBLISH at QoS 0 has its DUP flag set")
-    size = len(body)
-    at = 2 + (body[0] << 8 | body[1]) if size >= 2 else size + 1
-    if at > size:
+    topic_end = at + 2 + (data[at] << 8 | data[at + 1]) if end - at >= 2 else end + 1
+    if topic_end > end:
         raise malformed("PUBLISH's topic name runs past the packet's end")
     try:
-        topic = body[2:at].decode("utf-8")
+        topic = data[at + 2:topic_end].decode("utf-8")
     except UnicodeDecodeError:
         raise malformed("PUBLISH's topic name is not valid UTF-8") from None
     if "\x00" in topic:
         raise malformed("PUBLISH's topic name holds the null character")
+    at = topic_end
     packet_id = 0
     if qos:
-        if at + 2 > size:
+        if at + 2 > end:
             raise malformed("PUBLISH's packet identifier runs past the packet's end")
-        packet_id = body[at] << 8 | body[at + 1]
+        packet_id = data[at] << 8 | data[at + 1]
         if not packet_id:
             raise protocol_error("PUBLISH has packet identifier 0")
         at += 2
     properties: dict[str, Any] = {}
     if five:
-        if at < size and body[at] == 0:  # no properties: most publishes
+        if at < end and data[at] == 0:  # no properties: most publishes
             at += 1
         else:
-            reader = _Reader(body)
-            reader.at = at
+            reader = _Reader(bytes(data[at:end]))
             properties = reader.properties("PUBLISH")
-            at = reader.at
-    return Publish(topic, body[at:], qos, bool(flags & 1), bool(flags & 0b1000), packet_id, properties)
+            at += reader.at
+    return Publish(topic, bytes(data[at:end]), qos, bool(flags & 1), bool(flags & 0b1000), packet_id, properties)
 
 
 def _connect(reader: _Reader) -> Connect:
@@ -311,7 +312,10 @@ class Decoder:
                 if end < at + length:
                     break
                 first = buffer[start]
-                packet = decode(first >> 4, first & 0x0F, bytes(buffer[at:at + length]), self.version)
+                if first & 0xF0 == _PUBLISH_HEAD and self.version is not None:  # most packets: read in place
+                    packet = _publish(first & 0x0F, buffer, at, at + length, self.version == V5)
+                else:
+                    packet = decode(first >> 4, first & 0x0F, bytes(buffer[at:at + length]), self.version)
                 start = at + length
                 if isinstance(packet, Connect):
                     if self.version is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.gateway.mqtt.codec import Decoder, encode, valid_topic_name
 from rocket.gateway.mqtt.delivery import Deliveries
-from rocket.gateway.mqtt.mapping import queue_of, reason_of, rocket_topic, to_message
+from rocket.gateway.mqtt.mapping import MQTT_CLIENT, queue_of, reason_of, rocket_topic, to_message
 from rocket.gateway.mqtt.packets import (V5, Ack, Connect, Disconnect, MqttError, Packet, PacketType, PingReq,
                                          PingResp, Publish, Reason, Subscribe, Unsubscribe, Will, keep_alive_ran_out)
 from rocket.gateway.mqtt.session import Session
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("rocket.mqtt")
 
 _ACK_HEADS = {kind: bytes([kind << 4, 2]) for kind in (PacketType.PUBACK, PacketType.PUBREC)}  # success, no properties
+# the same by QoS (none at 0), as a big-endian u32 with the packet id in its low 16 bits
+_ACK_WORDS = (0, PacketType.PUBACK << 28 | 2 << 16, PacketType.PUBREC << 28 | 2 << 16)
 
 
 class Connection:
@@ -317,11 +320,16 @@ class Connection:
     async def _handle(self, packets: list[Packet]) -> bool:
         """Serve what one read brought: PUBLISHes go to the worker, in order; False once the client said
         DISCONNECT."""
+        waking = False  # the worker is woken once for a run of PUBLISHes, before anything that waits
         for packet in packets:
-            if isinstance(packet, Publish):
+            if packet.__class__ is Publish:
                 self._publishes.append(self._resolved(packet))
+                waking = True
+                continue
+            if waking:
                 self.wake_worker()
-            elif isinstance(packet, Ack):
+                waking = False
+            if isinstance(packet, Ack):
                 await self._acknowledged(packet)
             elif isinstance(packet, Subscribe):
                 await self.deliveries.subscribe(packet)
@@ -337,11 +345,13 @@ class Connection:
                 return False
             else:
                 raise MqttError(Reason.PROTOCOL_ERROR, f"{type(packet).__name__} is not a client's packet")
+        if waking:
+            self.wake_worker()
         return True
 
     def _resolved(self, publish: Publish) -> Publish:
         """The PUBLISH with its topic alias resolved and its topic checked."""
-        alias = publish.properties.pop("topic_alias", None)
+        alias = publish.properties.pop("topic_alias", None) if publish.properties else None
         if alias is not None:
             if not 1 <= alias <= limits.mqtt_topic_aliases_max:
                 raise MqttError(Reason.TOPIC_ALIAS_INVALID, f"topic alias {alias} is not 1-"
@@ -363,8 +373,18 @@ class Connection:
         """Produce what came, then acknowledge each in order: PUBACK (QoS 1) or PUBREC (QoS 2) with its reason. A
         QoS 2 PUBLISH again before its PUBREL is not produced twice. MQTT 3.1.1 has no failure to answer a PUBLISH
         with: the connection is closed."""
-        new = [publish for publish in publishes if publish.qos < 2 or publish.packet_id not in self.session.received]
+        received = self.session.received
+        new = [publish for publish in publishes if publish.qos < 2 or publish.packet_id not in received] \
+            if received else publishes
         failures = await self.produce(new)
+        if not failures:  # most turns: a PUBACK or PUBREC each, encode()'s bytes without its cost
+            heads = [_ACK_WORDS[publish.qos] | publish.packet_id for publish in publishes if publish.qos]
+            for publish in publishes:
+                if publish.qos == 2:
+                    received[publish.packet_id] = None
+            if heads:
+                await self.send_bytes(struct.pack(f">{len(heads)}I", *heads))
+            return
         answers = bytearray()
         for publish in publishes:
             if publish.qos == 0:
@@ -391,6 +411,7 @@ class Connection:
         # first level -> its topic's batch, once found and allowed (the batches go as the node), or why not
         routes: dict[str, list[tuple[Publish, Message]] | tuple[Reason, str]] = {}
         client, now_ms = self.session.client_id, self.gateway.clock.wall_ms()
+        shared = {MQTT_CLIENT: client}
         for publish in publishes:
             first = publish.topic.partition("/")[0]
             route = routes.get(first)
@@ -400,7 +421,7 @@ class Connection:
                 failures[id(publish)] = route
                 continue
             try:
-                route.append((publish, to_message(publish, client, now_ms)))
+                route.append((publish, to_message(publish, client, now_ms, shared)))
             except MqttError as error:
                 failures[id(publish)] = (error.reason, error.message)
 

@@ -68,19 +68,24 @@ def queue_of(client_id: str, queues: int) -> int:
     return zlib.crc32(client_id.encode()) % queues
 
 
-def to_message(publish: Publish, client_id: str, now_ms: int) -> Message:
+def to_message(publish: Publish, client_id: str, now_ms: int, shared: dict[str, str] | None = None) -> Message:
     """A PUBLISH as the message rocket stores: the levels after the first as its tag (when they fit one), the client,
-    and where needed the topic and QoS, and MQTT 5 properties as message properties, user properties as themselves."""
-    first, _, rest = publish.topic.partition("/")
-    tag = rest if len(rest.encode()) <= limits.tag_bytes_max else ""
+    and where needed the topic and QoS, and MQTT 5 properties as message properties, user properties as themselves.
+    shared: {MQTT_CLIENT: client_id}, from a caller converting many, as the properties of every message that needs
+    no others (one dict for them all: a batch's encoder checks it once)."""
+    _, level, rest = publish.topic.partition("/")
+    tag = rest if len(rest) * 4 <= limits.tag_bytes_max or len(rest.encode()) <= limits.tag_bytes_max else ""
+    given = publish.properties
+    plain = tag == rest and (bool(rest) or not level)  # not "S/", nor levels longer than a tag
+    if plain and shared is not None and publish.qos == 1 and not publish.retain and not given:
+        return Message(publish.payload, tag=tag, properties=shared, timestamp_ms=now_ms)
     properties = {MQTT_CLIENT: client_id}
-    if (f"{first}/{tag}" if tag else first) != publish.topic:  # "S/", or levels longer than a tag
+    if not plain:
         properties[MQTT_TOPIC] = publish.topic
     if publish.qos != 1:
         properties[MQTT_QOS] = str(publish.qos)
     if publish.retain:
         properties[MQTT_RETAIN] = "1"
-    given = publish.properties
     if not given and len(publish.topic) <= limits.properties_bytes_max // 16:  # MQTT 3.1.1's, and most of 5.0's
         # (a client id and a topic this long are within the properties' bound)
         return Message(publish.payload, tag=tag, properties=properties, timestamp_ms=now_ms)

@@ -66,7 +66,8 @@ class Producing:
         if not 0 <= queue < topic["queues"]:
             queue = -1
         batch = batch_codec.encode(converted, now_ms, transaction=transaction)
-        reply = await self.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch}, caller)
+        reply = await self.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch,
+                                                        "records": batch_codec.WRITTEN_HERE}, caller)
         if transaction:  # sent: its checks may go to the producer (who may publish to the topic)
             self.producing_transactions(name, header.get("producerGroup", ""))
         host = layout.host_bytes(connection.local)

@@ -71,8 +71,8 @@ class Sending:
                 queue = -1
             transaction = first.message_type == 4
             batch = batch_codec.encode(converted, self.bridge.clock.wall_ms(), transaction=transaction)
-            reply = await self.bridge.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch},
-                                                                call.acting)
+            reply = await self.bridge.dispatcher.local("Produce", {"topic": name, "queue": queue, "batch": batch,
+                                                                   "records": batch_codec.WRITTEN_HERE}, call.acting)
         except (RocketError, OSError, EOFError) as error:
             error = error if isinstance(error, RocketError) else RocketError(Code.BAD_REQUEST, f"body: {error}")
             status = self.bridge.error_status(error)

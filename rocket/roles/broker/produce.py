@@ -17,7 +17,7 @@ from rocket.errors import Code, RocketError
 from rocket.model import TopicSpec
 from rocket.parked import Slot
 from rocket.roles.broker.routes import Route, Routes, Turns, complete_later
-from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, check_produced
+from rocket.serde.batch import FLAG_TIMED, FLAG_TRANSACTION, WRITTEN_HERE, check_header, check_produced
 
 log = logging.getLogger("rocket.broker")
 
@@ -137,8 +137,11 @@ class Produce:
         return ticket
 
     def _append_call(self, spec: TopicSpec, request: dict, queue: int, group: int) -> dict:
-        """The StorageAppend of a produce, its batch checked."""
-        _check_message_type(spec, check_produced(request["batch"]).flags)
+        """The StorageAppend of a produce, its batch checked (its header alone, when encode() in this process wrote
+        it: WRITTEN_HERE)."""
+        batch = request["batch"]
+        header = check_header(batch, crc=False) if request.get("records") is WRITTEN_HERE else check_produced(batch)
+        _check_message_type(spec, header.flags)
         producer, sequence = request.get("producer_id", 0), request.get("sequence", 0)
         if not producer:
             producer, sequence = self._producer_id, next(self._sequences)
