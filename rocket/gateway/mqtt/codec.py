@@ -250,7 +250,7 @@ def _publish(flags: int, data: bytes | bytearray, at: int, end: int, five: bool)
             reader = _Reader(bytes(data[at:end]))
             properties = reader.properties("PUBLISH")
             at += reader.at
-    return Publish(topic, bytes(data[at:end]), qos, bool(flags & 1), bool(flags & 0b1000), packet_id, properties)
+    return Publish(topic, bytes(data[at:end]), qos, flags & 1 == 1, flags & 0b1000 != 0, packet_id, properties)
 
 
 def _connect(reader: _Reader) -> Connect:
@@ -301,9 +301,12 @@ class Decoder:
         buffer += data
         found: list[Packet] = []
         start, end = 0, len(buffer)
+        short = self.packet_bytes_max > 129  # then a length of one byte is within the limit
+        version = self.version
+        five = version == V5
         try:
             while start + 1 < end:
-                if buffer[start + 1] < 0x80 and self.packet_bytes_max > 129:  # a length of one byte: most packets
+                if buffer[start + 1] < 0x80 and short:  # a length of one byte: most packets
                     length, at = buffer[start + 1], start + 2
                 else:
                     length, at = self._length(start)
@@ -312,15 +315,17 @@ class Decoder:
                 if end < at + length:
                     break
                 first = buffer[start]
-                if first & 0xF0 == _PUBLISH_HEAD and self.version is not None:  # most packets: read in place
-                    packet = _publish(first & 0x0F, buffer, at, at + length, self.version == V5)
-                else:
-                    packet = decode(first >> 4, first & 0x0F, bytes(buffer[at:at + length]), self.version)
+                if first & 0xF0 == _PUBLISH_HEAD and version is not None:  # most packets: read in place
+                    found.append(_publish(first & 0x0F, buffer, at, at + length, five))
+                    start = at + length
+                    continue
+                packet = decode(first >> 4, first & 0x0F, bytes(buffer[at:at + length]), version)
                 start = at + length
                 if isinstance(packet, Connect):
-                    if self.version is not None:
+                    if version is not None:
                         raise protocol_error("a second CONNECT")
-                    self.version = packet.protocol_level
+                    self.version = version = packet.protocol_level
+                    five = version == V5
                 found.append(packet)
         finally:
             del buffer[:start]
