@@ -431,6 +431,20 @@ def test_a_session_expires_after_its_interval(broker):
     gone.close()
 
 
+def test_a_session_ended_with_expiry_0_is_dropped(broker):
+    """A persistent session's record goes when its DISCONNECT sets its expiry to 0 (the gateway deletes a session's
+    record at its end only when it loaded or saved one: a clean session's end writes nothing)."""
+    ending = Client(broker.mqtt_port, "ending", clean=False, expiry_s=300)
+    ending.subscribe("sensors/ending/#")
+    ending.send(Disconnect(Reason.SUCCESS, {"session_expiry_interval": 0}))
+    with pytest.raises(EOFError):
+        ending.receive()  # the server closes once the session is dropped
+    ending.socket.close()
+    again = Client(broker.mqtt_port, "ending", clean=False, expiry_s=300)
+    assert not again.connack.session_present
+    again.close()
+
+
 def test_a_shared_subscription_spreads_messages_over_its_members_once_each(broker):
     members = [Client(broker.mqtt_port, f"member-{index}") for index in range(2)]
     for member in members:

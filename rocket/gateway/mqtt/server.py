@@ -293,7 +293,8 @@ class MqttGateway:
                     await self.sessions.save(session, ended=True)
                 elif not connection.taken:
                     await connection.deliveries.drop_groups()
-                    await self.sessions.forget(session.client_id)
+                    if session.stored:  # else its CONNECT's forget left nothing: a device's every end costs no write
+                        await self.sessions.forget(session.client_id)
             except RocketError as error:
                 log.warning("MQTT session %s: not kept: %s", session.client_id, error)
         will = connection.will

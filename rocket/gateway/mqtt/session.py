@@ -32,6 +32,7 @@ class Session:
     released: dict[int, None] = dataclasses.field(default_factory=dict)  # QoS 2 out: PUBREL sent, no PUBCOMP yet
     # QoS 2 out, sent and no PUBREC yet: "TOPIC GROUP QUEUE OFFSET" -> the packet id it went with
     unreleased: dict[str, int] = dataclasses.field(default_factory=dict)
+    stored: bool = False  # the bucket may hold a record of it: it was loaded, or saved since its CONNECT
 
     @property
     def persistent(self) -> bool:
@@ -68,11 +69,16 @@ class Sessions:
 
     async def load(self, client_id: str) -> Session | None:
         record = await self.buckets.get(self.bucket, client_id)
-        return Session.from_record(client_id, record, self.namespace) if record is not None else None
+        if record is None:
+            return None
+        session = Session.from_record(client_id, record, self.namespace)
+        session.stored = True
+        return session
 
     async def save(self, session: Session, ended: bool = False) -> None:
         """Keep the session; ended: its connection ended, and it expires after its interval unless one resumes it."""
         ttl_ms = session.expiry_s * 1000 if ended and session.expiry_s != NEVER_EXPIRES else 0
+        session.stored = True  # before the put: one that fails may have been stored all the same
         await self.buckets.put(self.bucket, session.client_id, session.to_record(), ttl_ms)
 
     async def forget(self, client_id: str) -> None:
