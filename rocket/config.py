@@ -14,7 +14,7 @@ from typing import Any, Literal, cast, overload
 
 from rocket import limits
 from rocket.errors import RocketError
-from rocket.model import Address, check_namespace, parse_duration_s
+from rocket.model import Address, check_namespace, check_topic_name, parse_duration_s
 
 ROLES = ("nameserver", "storage", "broker", "controller")
 ALL_ROLES = ROLES[:3]  # "all": a node of the cluster in one process; the standalone controller runs on its own nodes
@@ -46,6 +46,7 @@ class NodeConfig:
     http_listen: Address | None = None
     mqtt_listen: Address | None = None  # MQTT 3.1.1 and 5.0 for devices, on brokers; off unless set
     mqtt_namespace: str = ""  # the rocket namespace MQTT's topics, consumer groups and KV buckets lie in
+    mqtt_topic: str = ""  # the rocket topic all MQTT topics lie in, each whole as its tag; "": their first levels name
     # Shared by a cluster's nodes (config file or ROCKET_CLUSTER_SECRET): with it, the methods between nodes answer
     # only connections that proved they know it (PeerHello); without it they answer anyone who reaches the port.
     cluster_secret: str = dataclasses.field(default="", repr=False)
@@ -305,6 +306,11 @@ def _convert(key: str, value: object) -> object:
     if key == "mqtt_namespace":
         try:
             return check_namespace(str(value).strip())
+        except RocketError as error:
+            raise ConfigError(f"{key}: {error.message}") from None
+    if key == "mqtt_topic":
+        try:
+            return check_topic_name(str(value).strip()) if str(value).strip() else ""
         except RocketError as error:
             raise ConfigError(f"{key}: {error.message}") from None
     if key == "tier_hdfs_root":

@@ -510,7 +510,7 @@ async def _run_node(config: NodeConfig, objects, handle_signals: bool, task_stat
                                           "HTTP/1.1, --http-listen", config.http_listen)
             mqtt_port, mqtt = None, None
             if config.mqtt_listen is not None and "broker" in config.roles:
-                mqtt = MqttGateway(dispatcher, clock, lifecycle, config.mqtt_namespace)
+                mqtt = MqttGateway(dispatcher, clock, lifecycle, config.mqtt_namespace, config.mqtt_topic)
                 await nursery.start(mqtt.run)
                 mqtt_port = await _listen(partial(nursery.start, partial(mqtt.listen, config.mqtt_listen.host,
                                                                          config.mqtt_listen.port, lambda: tls.mqtt)),

@@ -669,6 +669,35 @@ def test_a_brokers_mqtt_lies_in_its_namespace(tmp_path, monkeypatch):
         server.kill()
 
 
+def test_one_rocket_topic_takes_every_mqtt_topic(tmp_path, monkeypatch):
+    """mqtt_topic: every MQTT topic lies in one rocket topic, whole as its tag, so first levels need no topic each
+    (a device id, say) and filters may start with a wildcard; retained messages and rocket's API follow."""
+    monkeypatch.setenv("ROCKET_MQTT_TOPIC", "devices")
+    server = start(ServerProcess(tmp_path / "data", tmp_path / "server.log"))
+    try:
+        rocket(server, "topic", "create", "devices", "--queues", "2")
+        watcher = Client(server.mqtt_port, "watcher")
+        assert watcher.subscribe("+/temp") == [1]
+        writer = Client(server.mqtt_port, "writer")
+        for number, name in enumerate(("dev-1/temp", "dev-2/temp", "dev-2/humidity"), start=1):
+            [answer] = writer.publish(name, name.encode(), packet_id=number, retain=True)
+            assert answer.reason == Reason.SUCCESS
+        assert sorted(message.topic for message in watcher.messages(2)) == ["dev-1/temp", "dev-2/temp"]
+        rocket(server, "send", "devices", "from the api", "--tag", "dev-3/temp")
+        assert [message.payload for message in watcher.messages(1)] == [b"from the api"]
+        consumed = rocket(server, "consume", "devices", "--group", "reader", "--count", "4", "--format", "json")
+        assert sorted(orjson.loads(line)["tag"] for line in consumed.splitlines() if line.strip()) == [
+            "dev-1/temp", "dev-2/humidity", "dev-2/temp", "dev-3/temp"]
+        late = Client(server.mqtt_port, "late")
+        late.subscribe("dev-2/#")
+        assert sorted((message.topic, message.retain) for message in late.messages(2)) == [
+            ("dev-2/humidity", True), ("dev-2/temp", True)]
+        for client in (watcher, writer, late):
+            client.close()
+    finally:
+        server.kill()
+
+
 def test_mqtt_over_tls_with_the_nodes_certificate(tmp_path, monkeypatch):
     import trustme
 

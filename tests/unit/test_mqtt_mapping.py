@@ -68,6 +68,34 @@ def test_messages_sharing_one_properties_dict_are_stored_as_each_with_its_own(pu
         batch_codec.decode(batch_codec.encode(alone, NOW_MS), 0, 0)
 
 
+def test_one_topic_for_all_takes_every_mqtt_topic_whole_as_its_tag():
+    """mqtt_topic: every MQTT topic lies in the one rocket topic, whole as its tag, and any filter names that topic,
+    wildcards in its first level too; a message sent over rocket's API with tag T arrives on T."""
+    message = to_message(Publish("dev-1/room1/temp", b"21.5", 1), "dev-1", NOW_MS, whole=True)
+    assert (message.tag, message.properties) == ("dev-1/room1/temp", {"mqtt.client": "dev-1"})
+    assert rocket_topic("dev-1/room1/temp", "iot", "devices") == "iot%devices"
+    assert mqtt_topic(message, "devices", whole=True) == "dev-1/room1/temp"
+    assert mqtt_topic(Message(b"x", tag="dev-2/temp"), "devices", whole=True) == "dev-2/temp"
+    assert mqtt_topic(Message(b"x"), "devices", whole=True) == "devices"
+    long = "dev-1/" + "x" * 300
+    assert to_message(Publish(long, b""), "dev-1", NOW_MS, whole=True).properties[MQTT_TOPIC] == long
+    for text in ("+/temp", "#", "$share/crew/+/temp"):
+        found = parse_filter(text, "iot", "devices")
+        assert (found.topic, found.first) == ("iot%devices", "devices")
+    assert parse_filter("+/temp", "", "devices").literal == "" and parse_filter("a/b/+/c").literal == "a/b"
+    with pytest.raises(MqttError) as refused:
+        parse_filter("+/temp")  # without one topic, the first level names the topic
+    assert refused.value.reason == Reason.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
+
+
+@given(topic_names, st.binary(max_size=16), st.integers(0, 2))
+def test_with_one_topic_a_message_published_comes_back_on_its_topic(topic, payload, qos):
+    publish = Publish(topic, payload, qos)
+    stored = batch_codec.decode(batch_codec.encode([to_message(publish, "c", NOW_MS, whole=True)], NOW_MS), 0, 0)[0]
+    back = to_publish(stored, "devices", qos, V5, NOW_MS, whole=True)
+    assert back is not None and (back.topic, back.payload, back.qos) == (topic, payload, qos)
+
+
 def test_expired_messages_are_not_delivered_and_the_rest_carry_what_is_left():
     message = to_message(Publish("s/x", b"", 1, properties={"message_expiry_interval": 10}), "c", NOW_MS)
     assert to_publish(message, "s", 1, V5, NOW_MS + 4_000).properties["message_expiry_interval"] == 6

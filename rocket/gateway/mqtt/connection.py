@@ -322,7 +322,7 @@ class Connection:
         DISCONNECT."""
         waking = False  # the worker is woken once for a run of PUBLISHes, before anything that waits
         for packet in packets:
-            if packet.__class__ is Publish:
+            if isinstance(packet, Publish):
                 self._publishes.append(self._resolved(packet))
                 waking = True
                 continue
@@ -411,7 +411,7 @@ class Connection:
         # first level -> its topic's batch, once found and allowed (the batches go as the node), or why not
         routes: dict[str, list[tuple[Publish, Message]] | tuple[Reason, str]] = {}
         client, now_ms = self.session.client_id, self.gateway.clock.wall_ms()
-        shared = {MQTT_CLIENT: client}
+        shared, whole = {MQTT_CLIENT: client}, bool(self.gateway.one_topic)
         for publish in publishes:
             first = publish.topic.partition("/")[0]
             route = routes.get(first)
@@ -421,7 +421,7 @@ class Connection:
                 failures[id(publish)] = route
                 continue
             try:
-                route.append((publish, to_message(publish, client, now_ms, shared)))
+                route.append((publish, to_message(publish, client, now_ms, shared, whole)))
             except MqttError as error:
                 failures[id(publish)] = (error.reason, error.message)
 
@@ -449,7 +449,7 @@ class Connection:
         """The batch of the rocket topic a first level names, in the client's queue, once the client may publish to
         it; else the reason and message each of its publishes is answered with."""
         try:
-            name = rocket_topic(first, self.gateway.namespace)
+            name = rocket_topic(first, self.gateway.namespace, self.gateway.one_topic)
             topic = await self.gateway.topics.get(name)
             self.dispatcher.guard.authorize(self.caller, "Produce", {"topic": name})
         except MqttError as error:

@@ -192,7 +192,7 @@ class Deliveries:
         if "subscription_identifier" in subscribe.properties:
             raise MqttError(Reason.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, "subscription identifiers are not kept")
         text = subscription.topic_filter
-        filter_ = parse_filter(text, self.gateway.namespace)
+        filter_ = parse_filter(text, self.gateway.namespace, self.gateway.one_topic)
         if not valid_topic_filter(filter_.topic_filter):
             raise MqttError(Reason.TOPIC_FILTER_INVALID, f"filter {text[:64]!r}: '#' only last, '+' a whole level")
         if filter_.share and subscription.no_local:
@@ -246,14 +246,14 @@ class Deliveries:
         """The retained messages each new filter matches, flagged retained, within the client's window."""
         for filter_, subscription in retained:
             try:
-                messages = await self.gateway.retained.under(filter_.first, limits.mqtt_retained_per_subscribe_max)
+                messages = await self.gateway.retained.under(filter_.literal, limits.mqtt_retained_per_subscribe_max)
             except RocketError as error:
                 log.info("MQTT client %s: retained messages of %s: %s", self.session.client_id, filter_.topic, error)
                 continue
             now_ms = self.gateway.clock.wall_ms()
             for message in messages:
                 publish = to_publish(message, filter_.first, min(subscription.qos, published_qos(message)),
-                                     self.version, now_ms)
+                                     self.version, now_ms, bool(self.gateway.one_topic))
                 if publish is None or not matches(filter_.topic_filter, publish.topic):
                     continue
                 publish.retain = True
@@ -340,7 +340,7 @@ class Deliveries:
     def _publish_of(self, message: Message, first: str, filters: list[tuple[Filter, Subscription]],
                     now_ms: int) -> Publish | None:
         """The PUBLISH for the client, or None: no filter matches, it expired, or it is too large for the client."""
-        publish = to_publish(message, first, 0, self.version, now_ms)
+        publish = to_publish(message, first, 0, self.version, now_ms, bool(self.gateway.one_topic))
         if publish is None:
             return None
         granted, as_published = -1, False

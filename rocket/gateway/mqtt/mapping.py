@@ -12,7 +12,7 @@ import zlib
 from rocket import limits
 from rocket.errors import Code, RocketError
 from rocket.gateway.mqtt.packets import V5, MqttError, Publish, Reason
-from rocket.model import Message, check_group_name, check_topic_name, in_namespace
+from rocket.model import Message, check_group_name, check_topic_name, in_namespace, outside_namespace
 
 MQTT_TOPIC = "mqtt.topic"  # the MQTT topic a message was published on, where its topic and tag do not tell it
 MQTT_CLIENT = "mqtt.client"  # the client id of its publisher (what MQTT 5's No Local compares)
@@ -42,10 +42,11 @@ def reason_of(error: RocketError, connecting: bool = False) -> Reason:
     return REASON_OF_CODE.get(error.code, Reason.UNSPECIFIED_ERROR)
 
 
-def rocket_topic(mqtt_topic: str, namespace: str = "") -> str:
-    """The rocket topic an MQTT topic name (or a filter without a wildcard in its first level) lies in: its first
-    level, within the gateway's namespace; TOPIC_NAME_INVALID when that is no rocket topic name."""
-    first = mqtt_topic.split("/", 1)[0]
+def rocket_topic(mqtt_topic: str, namespace: str = "", one_topic: str = "") -> str:
+    """The rocket topic an MQTT topic name (or a filter without a wildcard in its first level) lies in, within the
+    gateway's namespace: one_topic, the gateway's one topic for all (mqtt_topic), else the MQTT topic's first level;
+    TOPIC_NAME_INVALID when that is no rocket topic name."""
+    first = one_topic or mqtt_topic.split("/", 1)[0]
     try:
         return check_topic_name(in_namespace(namespace, first) if namespace and first else first)
     except RocketError:
@@ -53,12 +54,16 @@ def rocket_topic(mqtt_topic: str, namespace: str = "") -> str:
                                                    "topic: letters, digits, '.', '_', '%' or '-'") from None
 
 
-def mqtt_topic(message: Message, topic: str) -> str:
+def mqtt_topic(message: Message, topic: str, whole: bool = False) -> str:
     """The MQTT topic a stored message is delivered on: the one it was published on, else the rocket topic and its
-    tag as the levels after (a message sent over rocket's API with tag T to topic S arrives on S/T)."""
+    tag as the levels after (a message sent over rocket's API with tag T to topic S arrives on S/T); whole (the
+    gateway maps every MQTT topic to one rocket topic, the whole MQTT topic its tag): the tag alone (T), or S without
+    one."""
     published = message.properties.get(MQTT_TOPIC)
     if published:
         return published
+    if whole:
+        return message.tag or topic
     return f"{topic}/{message.tag}" if message.tag else topic
 
 
@@ -68,12 +73,13 @@ def queue_of(client_id: str, queues: int) -> int:
     return zlib.crc32(client_id.encode()) % queues
 
 
-def to_message(publish: Publish, client_id: str, now_ms: int, shared: dict[str, str] | None = None) -> Message:
-    """A PUBLISH as the message rocket stores: the levels after the first as its tag (when they fit one), the client,
-    and where needed the topic and QoS, and MQTT 5 properties as message properties, user properties as themselves.
-    shared: {MQTT_CLIENT: client_id}, from a caller converting many, as the properties of every message that needs
-    no others (one dict for them all: a batch's encoder checks it once)."""
-    _, level, rest = publish.topic.partition("/")
+def to_message(publish: Publish, client_id: str, now_ms: int, shared: dict[str, str] | None = None,
+               whole: bool = False) -> Message:
+    """A PUBLISH as the message rocket stores: the levels after the first as its tag (the whole topic, with whole),
+    when they fit one; the client, and where needed the topic and QoS, and MQTT 5 properties as message properties,
+    user properties as themselves. shared: {MQTT_CLIENT: client_id}, from a caller converting many, as the properties
+    of every message that needs no others (one dict for them all: a batch's encoder checks it once)."""
+    _, level, rest = ("", "", publish.topic) if whole else publish.topic.partition("/")
     tag = rest if len(rest) * 4 <= limits.tag_bytes_max or len(rest.encode()) <= limits.tag_bytes_max else ""
     given = publish.properties
     plain = tag == rest and (bool(rest) or not level)  # not "S/", nor levels longer than a tag
@@ -108,7 +114,8 @@ def to_message(publish: Publish, client_id: str, now_ms: int, shared: dict[str, 
     return Message(publish.payload, tag=tag, properties=properties, timestamp_ms=now_ms)
 
 
-def to_publish(message: Message, topic: str, qos: int, version: int, now_ms: int) -> Publish | None:
+def to_publish(message: Message, topic: str, qos: int, version: int, now_ms: int, whole: bool = False
+               ) -> Publish | None:
     """A stored message of a rocket topic (as MQTT names it: outside the gateway's namespace) as the PUBLISH a
     subscriber gets at qos, or None when it expired. Its message properties other than rocket's and the gateway's
     become user properties (MQTT 5)."""
@@ -129,7 +136,8 @@ def to_publish(message: Message, topic: str, qos: int, version: int, now_ms: int
                 properties[name] = _carried_value(name, value)
     else:
         properties = {}
-    return Publish(mqtt_topic(message, topic), message.body, qos, dup=message.attempt > 1, properties=properties)
+    return Publish(mqtt_topic(message, topic, whole), message.body, qos, dup=message.attempt > 1,
+                   properties=properties)
 
 
 def _carried_value(name: str, value: str):
@@ -163,13 +171,22 @@ class Filter:
 
     @property
     def first(self) -> str:
-        """The filter's first level: the rocket topic as MQTT names it."""
-        return self.topic_filter.partition("/")[0]
+        """The rocket topic as MQTT names it (outside the namespace): the filter's first level, or the gateway's one
+        topic."""
+        return outside_namespace(self.namespace, self.topic) or self.topic
+
+    @property
+    def literal(self) -> str:
+        """The filter's levels before its first wildcard: the MQTT topics it matches are this one, or under it."""
+        levels = self.topic_filter.split("/")
+        wild = next((at for at, level in enumerate(levels) if level in ("+", "#")), len(levels))
+        return "/".join(levels[:wild])
 
 
-def parse_filter(text: str, namespace: str = "") -> Filter:
+def parse_filter(text: str, namespace: str = "", one_topic: str = "") -> Filter:
     """A filter of SUBSCRIBE, or MqttError with the reason code for it: a wildcard in the first level cannot name a
-    rocket topic (Wildcard Subscriptions Not Supported), nor can a first level that is no topic name."""
+    rocket topic (Wildcard Subscriptions Not Supported), nor can a first level that is no topic name; with one_topic
+    (the gateway's one rocket topic for all MQTT topics) any filter names it."""
     share, topic_filter = "", text
     if text.startswith(SHARE_PREFIX):
         share, _, topic_filter = text[len(SHARE_PREFIX):].partition("/")
@@ -179,10 +196,11 @@ def parse_filter(text: str, namespace: str = "") -> Filter:
             raise MqttError(Reason.TOPIC_FILTER_INVALID, f"share name {share[:64]!r}: it names a rocket consumer "
                                                          "group: letters, digits, '.', '_', '%' or '-'") from None
     first = topic_filter.partition("/")[0]
-    if first in ("+", "#"):
+    if first in ("+", "#") and not one_topic:
         raise MqttError(Reason.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, f"filter {text[:64]!r}: its first level names "
                                                                      "the rocket topic, so it cannot be a wildcard")
-    return Filter(text, topic_filter, rocket_topic(topic_filter, namespace), in_namespace(namespace, share), namespace)
+    return Filter(text, topic_filter, rocket_topic(topic_filter, namespace, one_topic), in_namespace(namespace, share),
+                  namespace)
 
 
 def session_group(client_id: str) -> str:

@@ -42,16 +42,18 @@ class MqttGateway:
     with the id takes it over (the first connection gets Session Taken Over). A persistent session's state lies in
     the storage groups (session.py), so it resumes on any broker."""
 
-    def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle, namespace: str = ""):
+    def __init__(self, dispatcher: Dispatcher, clock: Clock, lifecycle: Lifecycle, namespace: str = "",
+                 one_topic: str = ""):
         self.dispatcher = dispatcher
         self.clock = clock
         self.lifecycle = lifecycle
         self.namespace = namespace  # the rocket namespace MQTT's topics, groups and buckets lie in (mqtt_namespace)
+        self.one_topic = one_topic  # the rocket topic all MQTT topics lie in (mqtt_topic); "": their first levels
         self.topics = TopicCache(dispatcher, clock)
         self.tails = Tails(dispatcher)  # idle subscriptions wait here for their topics' new data
         self.batcher = Batcher(dispatcher, clock)
         buckets = Buckets(dispatcher)
-        self.sessions = Sessions(buckets, namespace)
+        self.sessions = Sessions(buckets, namespace, one_topic)
         self.retained = Retained(buckets, namespace)
         self.connected: dict[str, Connection] = {}  # client id -> its connection here
         self.open_connections = 0  # accepted and not yet closed, parked ones too

@@ -47,13 +47,13 @@ class Session:
                               for _, subscription in self.subscriptions.values()]})
 
     @classmethod
-    def from_record(cls, client_id: str, record: bytes, namespace: str = "") -> Session:
+    def from_record(cls, client_id: str, record: bytes, namespace: str = "", one_topic: str = "") -> Session:
         wire = orjson.loads(record)
         session = cls(client_id, wire["expiry_s"], received=dict.fromkeys(wire["received"]),
                       released=dict.fromkeys(wire["released"]), unreleased=wire.get("unreleased", {}))
         for text, qos, no_local, as_published, handling in wire["subscriptions"]:
             subscription = Subscription(text, qos, no_local, as_published, handling)
-            session.subscriptions[text] = (parse_filter(text, namespace), subscription)
+            session.subscriptions[text] = (parse_filter(text, namespace, one_topic), subscription)
         return session
 
 
@@ -62,16 +62,17 @@ class Sessions:
     connection, when the record's TTL starts counting the session's expiry. The bucket lies in the gateway's
     namespace."""
 
-    def __init__(self, buckets: Buckets, namespace: str = ""):
+    def __init__(self, buckets: Buckets, namespace: str = "", one_topic: str = ""):
         self.buckets = buckets
         self.namespace = namespace
+        self.one_topic = one_topic
         self.bucket = in_namespace(namespace, SESSIONS_BUCKET)
 
     async def load(self, client_id: str) -> Session | None:
         record = await self.buckets.get(self.bucket, client_id)
         if record is None:
             return None
-        session = Session.from_record(client_id, record, self.namespace)
+        session = Session.from_record(client_id, record, self.namespace, self.one_topic)
         session.stored = True
         return session
 
@@ -99,8 +100,9 @@ class Retained:
         else:
             await self.buckets.delete(self.bucket, topic)
 
-    async def under(self, first: str, limit: int) -> list[Message]:
-        """The retained messages of the MQTT topics under a first level, limit at most."""
-        exact = await self.buckets.get(self.bucket, first)
-        found = [value for _, value in await self.buckets.scan(self.bucket, first + "/", limit)]
+    async def under(self, literal: str, limit: int) -> list[Message]:
+        """The retained messages of an MQTT topic and those under it (a filter's levels before its first wildcard:
+        Filter.literal; "": every topic's), limit at most."""
+        exact = await self.buckets.get(self.bucket, literal) if literal else None
+        found = [value for _, value in await self.buckets.scan(self.bucket, literal + "/" if literal else "", limit)]
         return [batch_codec.decode(value, 0, -1)[0] for value in ([exact] if exact is not None else []) + found][:limit]
