@@ -26,6 +26,13 @@ READY_MQTT = re.compile(rb" mqtt=(?:[^ ]*:)?(\d+|off)")
 FAST_LANE = {Path(__file__).parent / "unit", Path(__file__).parent / "sim"}
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """The long tests (marked slow) first. Under xdist's --dist loadfile, files start in collection order
+    (--no-loadscope-reorder, pyproject.toml), so a file of minutes no longer starts last while the other worker, done,
+    waits: xdist's own order (the most tests first) put test_chaos.py's one six-minute test at the very end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the rest keep their order
+
+
 def in_fast_lane(path: Path) -> bool:
     return any(folder in Path(path).parents for folder in FAST_LANE)
 

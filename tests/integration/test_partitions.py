@@ -35,6 +35,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import faults  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 NODES = (1, 2, 3)  # nameserver, storage and broker each
 BROKER_ONLY = 4
 GROUPS = 12

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 pyspark = pytest.importorskip("pyspark")
+pytestmark = pytest.mark.slow
 
 from jobs import tier, train_health, train_placement  # noqa: E402
 from jobs.tier import tier_of  # noqa: E402
