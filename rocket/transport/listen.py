@@ -64,10 +64,11 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Ports nobody holds right now, to start servers on (tests, benchmarks, example clusters). They are drawn below
     the kernel's ephemeral range, so that no bind to port 0 and no outgoing connection's source port takes one
     between this call and the server's bind: a cluster test under the whole suite's load once found its node's port
-    so taken ('Address already in use'). Where that range leaves too little room, the kernel chooses."""
+    so taken ('Address already in use'). Where that range leaves too little room, the kernel chooses.
+    Each port is handed over reserved (see _reserve): another free_ports, in any process, passes it by."""
     low = _ephemeral_low()
     draw = random.SystemRandom()
-    chosen: list[int] = []
+    chosen: dict[int, socket.socket] = {}
     sockets: list[socket.socket] = []
     try:
         for _ in range(count * 20 if low - FREE_PORTS_LOW >= 1000 else 0):
@@ -80,16 +81,30 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
                 each.bind((host, port))  # held until all are chosen, so no port is given twice
             except OSError:
                 continue
-            chosen.append(port)
+            chosen[port] = each
         while len(chosen) < count:
             each = socket.socket()
             sockets.append(each)
             each.bind((host, 0))
-            chosen.append(each.getsockname()[1])
-        return chosen
+            chosen[each.getsockname()[1]] = each
+        for each in chosen.values():
+            _reserve(each)
+        return list(chosen)
     finally:
         for each in sockets:
             each.close()
+
+
+def _reserve(bound: socket.socket) -> None:
+    """Leave bound's port in TIME_WAIT, as Yelp's ephemeral-port-reserve does: for a minute, a bind without
+    SO_REUSEADDR (free_ports' own draw, in every process) is refused it, while a server's bind, with SO_REUSEADDR
+    (trio's, asyncio's, Go's, Java's, Mosquitto's), takes it. A chaos test's node once lost its port in the ten
+    seconds it took to start: the other pytest worker had drawn the same one and bound it first."""
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the accepted side inherits it, and so the TIME_WAIT
+    bound.listen(1)
+    with socket.create_connection(bound.getsockname()[:2]):
+        accepted, _ = bound.accept()
+        accepted.close()  # the side that closes first keeps the TIME_WAIT: this port's
 
 
 async def cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:

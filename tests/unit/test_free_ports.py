@@ -6,17 +6,32 @@ import socket
 from rocket.transport import listen
 
 
-def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
+def test_free_ports_are_distinct_bindable_by_servers_and_below_the_ephemeral_range():
     ports = listen.free_ports(12)
     assert len(set(ports)) == 12
     assert all(listen.FREE_PORTS_LOW <= port < listen._ephemeral_low() for port in ports)
     servers = [socket.socket() for _ in ports]
     try:
         for server, port in zip(servers, ports):
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as trio, asyncio and Go servers do
             server.bind(("127.0.0.1", port))
+            server.listen()
     finally:
         for server in servers:
             server.close()
+
+
+def test_ports_handed_out_are_passed_by_until_their_server_binds():
+    """Between free_ports and the server's bind (ten seconds for a node under load), a plain bind, and so another
+    free_ports in this or any other process, is refused the port."""
+    ports = listen.free_ports(5)
+    for port in ports:
+        with socket.socket() as plain:
+            try:
+                plain.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            raise AssertionError(f"port {port} was handed out, yet a plain bind took it")
 
 
 def test_a_port_bound_to_zero_is_never_among_them():
