@@ -2,7 +2,8 @@
 with PySpark's own bin/spark-class, train both models through `rocket cluster train --master spark://...`, which hands
 the jobs to spark-submit. They read the telemetry from a node's S3 tier (moto) with rocket's own client and publish
 there; the models equal those the same jobs train on the local session (local[1]) from a local copy of the same
-telemetry, and each is promoted."""
+telemetry, and each is promoted. Then once more through Hadoop's s3a:// connector, as a deployment without
+--tier-config reads the store."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -32,6 +34,18 @@ SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 PLACEMENT_ARGS = "--horizon-steps 2 --max-iter 8 --max-depth 3"
 HEALTH_ARGS = "--max-iter 10"
 VOLATILE = {"model_version", "trained_at_ms", "decided_at_ms"}  # the time of a run
+# hadoop-aws and the AWS SDK it was built with, which ./test fetches into $ROCKET_S3A_JARS (no Maven on the test
+# machines: the jars come from the sdist of sagemaker_pyspark, which bundles Apache's).
+S3A_JARS = ("hadoop-aws-3.3.1.jar", "aws-java-sdk-bundle-1.11.901.jar")
+# hadoop-aws 3.3.1 under PySpark's newer Hadoop, whose defaults it cannot read: numbers where those say "60s", and the
+# SDK v1 credential provider where they name v2's. A deployment would take the hadoop-aws of Spark's own Hadoop
+# (spark-submit --packages org.apache.hadoop:hadoop-aws:<version>) and need none of these.
+S3A_OLDER_HADOOP = {"threads.keepalivetime": "60", "connection.establish.timeout": "5000",
+                    "connection.timeout": "200000", "multipart.purge.age": "86400", "connection.ttl": "300000",
+                    "connection.acquisition.timeout": "60000", "connection.idle.time": "60000",
+                    "connection.request.timeout": "0", "multipart.size": "67108864",
+                    "multipart.threshold": "134217728", "block.size": "33554432", "readahead.range": "65536",
+                    "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"}
 
 
 @pytest.fixture(scope="module")
@@ -109,15 +123,22 @@ def s3_node(tmp_path_factory, telemetry) -> Path:
         server.stop()
 
 
-def train(master: str, where: list[str], telemetry: tuple[Path, Path, Path]) -> subprocess.CompletedProcess:
+def train(master: str, where: list[str], telemetry: tuple[Path, Path, Path], env: dict[str, str] | None = None
+          ) -> subprocess.CompletedProcess:
     _, labels, test_labels = telemetry
     done = subprocess.run([sys.executable, "-m", "rocket", "cluster", "train", "--master", master, "--partitions", "2",
                            *where, "--labels", str(labels), "--test-labels", str(test_labels),
                            "--placement-args", PLACEMENT_ARGS, "--health-args", HEALTH_ARGS],
                           capture_output=True, text=True, timeout=600,
-                          env=os.environ | SAFE_ENVIRONMENT | {"COLUMNS": "200"})
+                          env=os.environ | SAFE_ENVIRONMENT | {"COLUMNS": "200"} | (env or {}))
     assert done.returncode == 0, done.stdout + done.stderr
     return done
+
+
+@pytest.fixture(scope="module")
+def on_cluster(standalone, telemetry, s3_node) -> subprocess.CompletedProcess:
+    """Both models trained on the cluster from the node's S3 tier, through --tier-config, and published there."""
+    return train(standalone, ["--tier-config", str(s3_node)], telemetry)
 
 
 def published(store, name: str, prefix: str = "") -> tuple[dict, dict]:
@@ -142,9 +163,8 @@ def assert_same(ours: object, theirs: object, where: str = "") -> None:
         assert ours == theirs, where
 
 
-def test_both_models_train_on_a_standalone_cluster_as_they_do_locally(spark, standalone, telemetry, s3_node,
+def test_both_models_train_on_a_standalone_cluster_as_they_do_locally(spark, on_cluster, telemetry, s3_node,
                                                                        tmp_path, monkeypatch):
-    on_cluster = train(standalone, ["--tier-config", str(s3_node)], telemetry)
     print(on_cluster.stdout)
     # The same jobs on the local session (tests/jobs/conftest.py), on the local copy of the telemetry.
     tier_dir, labels, test_labels = (str(path) for path in telemetry)
@@ -169,3 +189,33 @@ def test_both_models_train_on_a_standalone_cluster_as_they_do_locally(spark, sta
             assert decision["model_version"] == model["model_version"]
         assert (f"{name}: model {cluster_model['model_version']} promoted: no model was served"
                 in on_cluster.stdout)
+
+
+def test_the_jobs_read_and_publish_through_s3a_as_with_the_tier_config(standalone, on_cluster, telemetry, s3_node,
+                                                                        tmp_path, monkeypatch):
+    """spark-submit configured as a deployment would (spark-defaults.conf in SPARK_CONF_DIR: the connector's jars and
+    the store's endpoint), the jobs given s3a:// URLs: they read the node's telemetry and publish both models under
+    another prefix, equal to those --tier-config's round published."""
+    jars = [Path(os.environ.get("ROCKET_S3A_JARS", "/nonexistent")) / name for name in S3A_JARS]
+    if not all(jar.is_file() for jar in jars):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no {' and '.join(S3A_JARS)} in $ROCKET_S3A_JARS: ./test fetches them")
+        pytest.skip("hadoop-aws is not fetched (./test puts it in $ROCKET_S3A_JARS)")
+    endpoint = tomllib.loads(s3_node.read_text())["tier_s3_endpoint"]
+    settings = {"endpoint": endpoint, "path.style.access": "true", "connection.ssl.enabled": "false",
+                "access.key": SAFE_ENVIRONMENT["AWS_ACCESS_KEY_ID"],
+                "secret.key": SAFE_ENVIRONMENT["AWS_SECRET_ACCESS_KEY"]} | S3A_OLDER_HADOOP
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text(f"spark.jars {','.join(map(str, jars))}\n" + "".join(
+        f"spark.hadoop.fs.s3a.{key} {value}\n" for key, value in settings.items()))
+    through_s3a = train(standalone, ["--telemetry", "s3a://tier/prod", "--models", "s3a://tier/s3a"], telemetry,
+                        env={"SPARK_CONF_DIR": str(conf)})
+    for name, value in SAFE_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    s3 = tier_of(None, str(s3_node))
+    for name in ("forecast", "health"):
+        model, decision = published(s3, name, "s3a/")
+        assert_same(model, published(s3, name, "prod/")[0], name)
+        assert decision["promoted"] and decision["reason"] == "no model was served"
+        assert f"{name}: model {model['model_version']} promoted: no model was served" in through_s3a.stdout
