@@ -16,6 +16,7 @@ import sys
 import time
 import tomllib
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,7 @@ def telemetry(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def s3_node(tmp_path_factory, telemetry) -> Path:
+def s3_node(tmp_path_factory, telemetry) -> Iterator[Path]:
     """A node's config naming an S3 tier (moto, with a key prefix as S3 tiers have), holding the telemetry."""
     base = tmp_path_factory.mktemp("s3")
     server = MotoServer(free_ports(1)[0], base / "moto.log")
