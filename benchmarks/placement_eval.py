@@ -755,32 +755,38 @@ def goal_met(results: dict) -> bool:
         model["p99_max_mean"] <= (1 + SAME_P99) * pd["p99_max_mean"] and 2 * model_moves <= pd_moves)
 
 
-def summary_line(results: dict, label: str = "placement:") -> str:
-    model_p99, least_p99 = results["model"]["p99_max_mean"], results["least-loaded"]["p99_max_mean"]
-    moves = {policy: results[policy]["leader_moves"] + results[policy]["replica_moves"]
-             for policy in ("model", "pd", "planner")}
-    return (f"{label} p99 max/mean load model={model_p99:.3f} least-loaded={least_p99:.3f} "
-            f"improvement={100 * (least_p99 - model_p99) / least_p99:.1f}% pd={results['pd']['p99_max_mean']:.3f} "
-            f"planner={results['planner']['p99_max_mean']:.3f} moves model={moves['model']:g} pd={moves['pd']:g} "
+POLICIES_REPORTED = ("model", "least-loaded", "pd", "planner")
+
+
+def figures_of(results: dict) -> tuple[dict, dict]:
+    """Each reported policy's p99 max/mean and moves (leaderships and replicas, in the held-out days)."""
+    return ({policy: results[policy]["p99_max_mean"] for policy in POLICIES_REPORTED},
+            {policy: results[policy]["leader_moves"] + results[policy]["replica_moves"] for policy in POLICIES_REPORTED})
+
+
+def summary_line(p99: dict, moves: dict, label: str = "placement:") -> str:
+    return (f"{label} p99 max/mean load model={p99['model']:.3f} least-loaded={p99['least-loaded']:.3f} "
+            f"improvement={100 * (p99['least-loaded'] - p99['model']) / p99['least-loaded']:.1f}% "
+            f"pd={p99['pd']:.3f} planner={p99['planner']:.3f} moves model={moves['model']:g} pd={moves['pd']:g} "
             f"planner={moves['planner']:g}")
 
 
 def main(argv=None) -> None:
     arguments = parse(argv)
     if arguments.seeds <= 1:
-        print(summary_line(evaluate(arguments)))
+        print(summary_line(*figures_of(evaluate(arguments))))
         return
     runs = {}
     for seed in range(arguments.seed, arguments.seed + arguments.seeds):
         runs[seed] = evaluate(argparse.Namespace(**vars(arguments) | {
             "seed": seed, "out": str(Path(arguments.out) / f"seed-{seed}")}))
     for seed, results in runs.items():
-        print(summary_line(results, f"seed {seed}:") + f" goal={'met' if goal_met(results) else 'missed'}")
-    fields = ("p99_max_mean", "leader_moves", "replica_moves")
-    medians = {policy: {field: float(np.median([results[policy][field] for results in runs.values()]))
-                        for field in fields} for policy in ("model", "least-loaded", "pd", "planner")}
+        print(summary_line(*figures_of(results), f"seed {seed}:") + f" goal={'met' if goal_met(results) else 'missed'}")
+    figures = [figures_of(results) for results in runs.values()]
+    medians = tuple({policy: float(np.median([each[part][policy] for each in figures])) for policy in POLICIES_REPORTED}
+                    for part in (0, 1))
     met = sum(goal_met(results) for results in runs.values())
-    print(summary_line(medians, f"placement ({len(runs)} seeds, medians):") + f" goal met in {met} of {len(runs)}")
+    print(summary_line(*medians, f"placement ({len(runs)} seeds, medians):") + f" goal met in {met} of {len(runs)}")
 
 
 def evaluate(arguments: argparse.Namespace) -> dict:
