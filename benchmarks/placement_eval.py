@@ -781,7 +781,8 @@ def main(argv=None) -> None:
         runs[seed] = evaluate(argparse.Namespace(**vars(arguments) | {
             "seed": seed, "out": str(Path(arguments.out) / f"seed-{seed}")}))
     for seed, results in runs.items():
-        print(summary_line(*figures_of(results), f"seed {seed}:") + f" goal={'met' if goal_met(results) else 'missed'}")
+        goal = "met" if goal_met(results) else "missed"
+        print(summary_line(*figures_of(results), f"seed {seed}:") + f" goal={goal}")
     figures = [figures_of(results) for results in runs.values()]
     medians = tuple({policy: float(np.median([each[part][policy] for each in figures])) for policy in POLICIES_REPORTED}
                     for part in (0, 1))
