@@ -761,7 +761,8 @@ POLICIES_REPORTED = ("model", "least-loaded", "pd", "planner")
 def figures_of(results: dict) -> tuple[dict, dict]:
     """Each reported policy's p99 max/mean and moves (leaderships and replicas, in the held-out days)."""
     return ({policy: results[policy]["p99_max_mean"] for policy in POLICIES_REPORTED},
-            {policy: results[policy]["leader_moves"] + results[policy]["replica_moves"] for policy in POLICIES_REPORTED})
+            {policy: results[policy]["leader_moves"] + results[policy]["replica_moves"]
+             for policy in POLICIES_REPORTED})
 
 
 def summary_line(p99: dict, moves: dict, label: str = "placement:") -> str:
