@@ -303,7 +303,7 @@ class CalendarForecaster:
 
     def __init__(self, model: Forecaster, scale: Scale):
         self.model, self.scale, self.step = model, scale, 0
-        self.version = model.version
+        self.version, self.metrics = model.version, model.metrics
 
     def predict(self, features: list[float]) -> float:
         features = list(features)
@@ -322,6 +322,7 @@ class OraclePredictor:
     place_queues and leader_transfer."""
 
     name = "oracle"
+    error_bytes_s = 0.0
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
@@ -453,7 +454,8 @@ class Cluster:
         self.predicted_members[:, step] = [self.predict(self.history, ("group", group), step,
                                                         max(1, int(self.queues_in[group])))
                                            for group in range(scale.groups)]
-        while (transfer := self.planner.leader_move(loads, self.voters, self.live, set(), self.now_s(step))):
+        while (transfer := self.planner.leader_move(loads, self.voters, self.live, set(), self.now_s(step),
+                                                    self.predictor.error_bytes_s)):
             group, target, _ = transfer
             loads[group].leader = target
             self.leaders[group] = target

@@ -46,6 +46,7 @@ placement_explanations_max = 10_000  # topics whose last placement the leader ca
 leader_group_bytes_s = 64 * KiB  # leader balancing: a led group weighs this many bytes/s more than its predicted load
 leader_balance_ratio = 0.1  # ... nodes within this share of their mean led load are balanced (Kafka: 10%) ...
 leader_balance_bytes_s = 128 * KiB  # ... as are nodes within this many bytes/s of each other (2 idle groups)
+leader_error_share = 0.5  # ... and a transfer must narrow the gap by this share of the model's group error (RMSE)
 leader_transfer_s = 2.0  # at most one leadership transfer this often: a transfer pauses the group's writes briefly
 rebalance_moves_per_hour_default = 60.0  # balancing moves (leaderships, replica counts) an hour may make: an hour's
 # worth at once, then one a minute; a load that swings faster than that is no node's to take (PD: schedule limits)

@@ -53,6 +53,7 @@ class LoadHistory:
 
 class Predictor(Protocol):
     name: str
+    error_bytes_s: float  # how far off its group predictions are (RMSE, bytes/s): leader balancing's tolerance
 
     def predict(self, history: LoadHistory, series: Hashable, now_ms: int, *, members: int = 1,
                 context: Hashable | None = None) -> float:
@@ -65,6 +66,7 @@ class RecentPredictor:
     """The fallback without a (valid, fresh) model: the next minutes look like the last ten."""
 
     name = "recent load (no model)"
+    error_bytes_s = 0.0  # its error on groups is not measured
 
     def predict(self, history: LoadHistory, series: Hashable, now_ms: int, *, members: int = 1,
                 context: Hashable | None = None) -> float:
@@ -77,6 +79,8 @@ class ModelPredictor:
     def __init__(self, model: Forecaster):
         self.model = model
         self.name = f"model {model.version}"
+        # Its RMSE on the groups' held-out load (bytes/s over the horizon), as the job measured it; 0 if unknown.
+        self.error_bytes_s = float(model.metrics.get("by_series", {}).get("group", {}).get("rmse") or 0.0)
 
     def predict(self, history: LoadHistory, series: Hashable, now_ms: int, *, members: int = 1,
                 context: Hashable | None = None) -> float:

@@ -190,6 +190,23 @@ def test_leadership_moves_from_the_node_leading_the_most_predicted_load_to_a_vot
     assert leader_transfer(one_hot, voters, [1, 2, 3]) is None  # moving it would only move the gap
 
 
+def test_a_transfer_must_narrow_the_gap_by_more_than_the_forecasts_own_error():
+    """The model's error on groups (its held-out RMSE) sets how much a transfer must narrow the gap: a gap the
+    forecast cannot tell from noise moves nothing; without a model, limits.leader_group_bytes_s does."""
+    voters = {group: (1, 2) for group in (2, 3, 4, 5)}
+    loads = [GroupLoad(2, leader=1, predicted=3e6, queues=0), GroupLoad(3, leader=1, predicted=1e6, queues=0),
+             GroupLoad(5, leader=1, predicted=1e6, queues=0), GroupLoad(4, leader=2, predicted=2e6, queues=0)]
+    assert leader_transfer(loads, voters, [1, 2]) == (3, 2)  # 5 against 2 MB/s becomes 4 against 3: 2 MB/s closer
+    assert leader_transfer(loads, voters, [1, 2], narrow_bytes_s=1.5e6) == (3, 2)
+    assert leader_transfer(loads, voters, [1, 2], narrow_bytes_s=2.5e6) is None
+    metrics = {"trained_at_ms": NOW_MS, "rmse": 1.0, "by_series": {"group": {"rmse": 6e6}}}
+    predictor = ModelPredictor(Forecaster.from_json(json.dumps(model_document(metrics=metrics))))
+    assert predictor.error_bytes_s == 6e6 and RecentPredictor.error_bytes_s == 0.0
+    assert ModelPredictor(Forecaster.from_json(json.dumps(model_document()))).error_bytes_s == 0.0  # not measured
+    assert Planner(60).leader_move(loads, voters, [1, 2], set(), 0.0) == (3, 2, False)
+    assert Planner(60).leader_move(loads, voters, [1, 2], set(), 0.0, predictor.error_bytes_s) is None
+
+
 @given(st.lists(st.tuples(st.integers(1, 4), st.floats(0, 1e7)), min_size=1, max_size=40))
 def test_repeated_transfers_even_out_the_led_load_and_stop(groups):
     loads = [GroupLoad(2 + number, leader=leader, predicted=predicted, queues=0)

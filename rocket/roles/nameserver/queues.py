@@ -125,7 +125,7 @@ class QueuePlacement:
                  for group in voters]
         degraded = self.cluster.degraded()
         nodes = [load.node for load in self.cluster.loads() if load.available and load.node not in degraded]
-        transfer = self.planner.leader_move(loads, voters, nodes, degraded, now)
+        transfer = self.planner.leader_move(loads, voters, nodes, degraded, now, self.forecasts.predictor.error_bytes_s)
         if transfer is None:
             return
         group, target, off_degraded = transfer
