@@ -4,6 +4,8 @@ Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Hashable
 from typing import Protocol
 
@@ -62,6 +64,15 @@ class Predictor(Protocol):
         ...
 
 
+def group_error(metrics: dict) -> float:
+    """A model's RMSE on the groups' held-out load (bytes/s over the horizon), as the training job measured it
+    (metrics.by_series.group.rmse); 0 where it is missing or not a finite number at least 0."""
+    by_series = metrics.get("by_series")
+    group = by_series.get("group") if isinstance(by_series, dict) else None
+    rmse = group.get("rmse") if isinstance(group, dict) else None
+    return float(rmse) if isinstance(rmse, (int, float)) and math.isfinite(rmse) and rmse >= 0 else 0.0
+
+
 class RecentPredictor:
     """The fallback without a (valid, fresh) model: the next minutes look like the last ten."""
 
@@ -79,8 +90,7 @@ class ModelPredictor:
     def __init__(self, model: Forecaster):
         self.model = model
         self.name = f"model {model.version}"
-        # Its RMSE on the groups' held-out load (bytes/s over the horizon), as the job measured it; 0 if unknown.
-        self.error_bytes_s = float(model.metrics.get("by_series", {}).get("group", {}).get("rmse") or 0.0)
+        self.error_bytes_s = group_error(model.metrics)
 
     def predict(self, history: LoadHistory, series: Hashable, now_ms: int, *, members: int = 1,
                 context: Hashable | None = None) -> float:

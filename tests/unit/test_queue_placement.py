@@ -202,7 +202,9 @@ def test_a_transfer_must_narrow_the_gap_by_more_than_the_forecasts_own_error():
     metrics = {"trained_at_ms": NOW_MS, "rmse": 1.0, "by_series": {"group": {"rmse": 6e6}}}
     predictor = ModelPredictor(Forecaster.from_json(json.dumps(model_document(metrics=metrics))))
     assert predictor.error_bytes_s == 6e6 and RecentPredictor.error_bytes_s == 0.0
-    assert ModelPredictor(Forecaster.from_json(json.dumps(model_document()))).error_bytes_s == 0.0  # not measured
+    for by_series in (None, [], {"group": "x"}, {"group": {"rmse": "1"}}, {"group": {"rmse": -1.0}}):  # not measured
+        metrics = {"trained_at_ms": NOW_MS, "rmse": 1.0} | ({"by_series": by_series} if by_series is not None else {})
+        assert ModelPredictor(Forecaster.from_json(json.dumps(model_document(metrics=metrics)))).error_bytes_s == 0.0
     assert Planner(60).leader_move(loads, voters, [1, 2], set(), 0.0) == (3, 2, False)
     assert Planner(60).leader_move(loads, voters, [1, 2], set(), 0.0, predictor.error_bytes_s) is None
 
