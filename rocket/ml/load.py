@@ -4,13 +4,12 @@ Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
-import math
-
 from collections.abc import Hashable
 from typing import Protocol
 
 from rocket import limits
 from rocket.ml.forecast import STEP_MS, Forecaster, queue_features, window_mean
+from rocket.ml.trees import finite
 
 
 class LoadHistory:
@@ -70,7 +69,7 @@ def group_error(metrics: dict) -> float:
     by_series = metrics.get("by_series")
     group = by_series.get("group") if isinstance(by_series, dict) else None
     rmse = group.get("rmse") if isinstance(group, dict) else None
-    return float(rmse) if isinstance(rmse, (int, float)) and math.isfinite(rmse) and rmse >= 0 else 0.0
+    return float(rmse) if isinstance(rmse, (int, float)) and finite(rmse) and rmse >= 0 else 0.0
 
 
 class RecentPredictor:
