@@ -5,13 +5,14 @@ of windows; detection latency and misses per fault; false degradations per node-
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections import Counter
 
 from faults import NODE_IDS
 from jobs.health_data import HEALTHY, Label, window_label, windows
-from rocket.ml.health import KINDS, HealthJudge, Scorer
+from rocket.ml.health import KINDS, HealthJudge, Recent, Scorer
 
 STORAGE = ("storage1", "storage2", "storage3")  # examples/cluster's storage nodes
 STORAGE_IDS = tuple(NODE_IDS[name] for name in STORAGE)
@@ -43,12 +44,13 @@ def judgements(records: list[dict]) -> list[Judgement]:
 
 
 def replay(scorer: Scorer, judged: list[Judgement], storage_nodes=STORAGE_IDS):
-    """Each judgement through the scorer and a fresh HealthJudge, as the nameserver leader would have:
-    ([(window, verdict)], [Degrade])."""
-    judge = HealthJudge()
+    """Each judgement through the scorer (with the judgements its reporter made before it) and a fresh HealthJudge,
+    as the nameserver leader would have: ([(window, verdict)], [Degrade])."""
+    judge, recent = HealthJudge(), collections.defaultdict(Recent)
     scored, degrades = [], []
     for judgement in judged:
-        verdicts = [scorer.score(window, judgement.windows) for window in judgement.windows]
+        earlier = recent[judgement.reporter].before(judgement.windows)
+        verdicts = [scorer.score(window, judgement.windows, earlier) for window in judgement.windows]
         scored.extend(zip(judgement.windows, verdicts))
         before = judge.degraded()
         nodes = judge.judge(verdicts, list(storage_nodes), {})

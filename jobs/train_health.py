@@ -36,7 +36,7 @@ from jobs import tier  # noqa: E402
 from jobs.health_data import HEALTHY, Label, is_window_record, read_labels, window_label, windows  # noqa: E402
 from jobs.models import TrainError, export_trees, model_version, publish  # noqa: E402
 from rocket.ml.health import (FEATURES, KINDS, MODEL_FORMAT, MODEL_VERSION, HealthModel, ModelScorer,  # noqa: E402
-                              NodeWindow, ThresholdScorer, health_features)
+                              NodeWindow, Recent, ThresholdScorer, health_features)
 from rocket.ml.trees import describe_decision  # noqa: E402
 
 MODELS_PREFIX = "models/health/"
@@ -56,6 +56,7 @@ class Judged(NamedTuple):
     reporter: int  # the nameserver that judged it
     window: NodeWindow
     peers: list[NodeWindow]  # every window of the judgement, its own included
+    earlier: tuple[list[NodeWindow], ...]  # the reporter's judgements before it (rocket.ml.health.Recent.before)
     label: str  # of KINDS, or HEALTHY
     held_out: bool
 
@@ -87,17 +88,23 @@ def held_out_spans(labels: list[Label], test_labels: list[Label] | None) -> list
 
 
 def judge(item: tuple, labels: list[Label], spans: list[tuple[float, float]]) -> list[Judged]:
-    """The labelled windows of one judgement ((reporter, time_ms), its window records). Runs in the executors."""
-    (reporter, _), records = item
-    judgement = windows(records)
-    judged = []
-    for window in judgement:
-        label = window_label(window, labels)
-        if label is None:
-            continue
-        began_ms = window.at_ms - int(window.seconds * 1000)  # as window_label reckons it
-        held_out = any(start_ms <= began_ms and window.at_ms <= end_ms for start_ms, end_ms in spans)
-        judged.append(Judged(reporter, window, judgement, label, held_out))
+    """The labelled windows of one reporter's judgements (reporter, its window records), taken in time order as the
+    reporter judged them, each with the judgements before it. Runs in the executors."""
+    reporter, records = item
+    by_time: dict[int, list[dict]] = collections.defaultdict(list)
+    for record in records:
+        by_time[record["time_ms"]].append(record)
+    recent, judged = Recent(), []
+    for time_ms in sorted(by_time):
+        judgement = windows(by_time[time_ms])
+        earlier = recent.before(judgement)
+        for window in judgement:
+            label = window_label(window, labels)
+            if label is None:
+                continue
+            began_ms = window.at_ms - int(window.seconds * 1000)  # as window_label reckons it
+            held_out = any(start_ms <= began_ms and window.at_ms <= end_ms for start_ms, end_ms in spans)
+            judged.append(Judged(reporter, window, judgement, earlier, label, held_out))
     return judged
 
 
@@ -105,7 +112,7 @@ def judged_windows(samples, labels: list[Label], spans: list[tuple[float, float]
     """RDD[Judged] of the window records among samples. Each reporter's windows of one time are one judgement: two
     nameservers noting the same time (a leader change) judged separately."""
     return (samples.filter(is_window_record)
-            .map(lambda record: ((record["node"], record["time_ms"]), record))
+            .map(lambda record: (record["node"], record))
             .groupByKey()
             .flatMap(lambda item: judge(item, labels, spans)))
 
@@ -123,7 +130,7 @@ def feature_row(item: Judged) -> tuple:
     """The row of a judged window: rocket.ml.health.health_features, the one definition. Runs in the executors."""
     window = item.window
     return (item.reporter, window.at_ms, window.node, float(window.seconds), item.label, item.held_out,
-            *map(float, health_features(item.window, item.peers)))
+            *map(float, health_features(item.window, item.peers, item.earlier)))
 
 
 def counts(tp: int, fp: int, fn: int) -> dict:
@@ -199,7 +206,7 @@ def outcomes_of(items, text: str | bytes, threshold: dict):
     the scorers the nameserver runs, on the exported model. Runs in the executors."""
     model, baseline = ModelScorer(HealthModel.from_json(text)), ThresholdScorer(**threshold)
     for item in items:
-        said = [scorer.score(item.window, item.peers) for scorer in (model, baseline)]
+        said = [scorer.score(item.window, item.peers, item.earlier) for scorer in (model, baseline)]
         yield (item.label, *(verdict.kind if verdict.unhealthy else HEALTHY for verdict in said))
 
 

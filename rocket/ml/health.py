@@ -5,9 +5,11 @@ hysteresis, operator pins and a minority cap. Pure: no I/O, no clock; windows co
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Protocol, cast
 
 from rocket import limits
@@ -34,6 +36,9 @@ class NodeWindow:
     followed: int = 0  # groups it follows (a voter, not the leader): what raft_lag_entries is over
     seconds: float = limits.health_window_s_default  # the window's length
     at_ms: int = 0  # the window's end, wall-clock ms
+    # The medians: a disk or link slow in every operation moves them, and a window's p99 is a few operations' noise.
+    fsync_p50_s: float | None = None  # None: fewer than limits.health_fsyncs_few fsyncs
+    call_p50_s: float | None = None  # None: fewer than limits.health_calls_min answered calls
 
     @property
     def error_rate(self) -> float | None:
@@ -48,7 +53,7 @@ KINDS = ("slow_disk", "link", "cpu")  # the faults a verdict names (faults.py in
 # that makes sense, so that a busy or slow period of the whole cluster is nobody's fault. Perseus (FAST 2023) regresses
 # latency on throughput across the fleet; here a node's latency over its peers' median sits beside its throughput
 # over theirs, and the trees learn where a ratio stops being load.
-FEATURES = (
+WINDOW_FEATURES = (
     "fsync_p99_log10",  # seconds; missing: the peers' median
     "fsync_peer_log2",  # log2 of the fsync p99 over the peers' median
     "fsyncs_peer_log2",  # log2 of its fsyncs (+1) over the peers' median (+1): the throughput the latency is at
@@ -60,7 +65,16 @@ FEATURES = (
     "cpu_starved_peer",  # ... minus the peers' median
     "raft_lag_log10",  # log10 of 1 + the entries it is behind, per group it follows
     "raft_lag_peer_log2",
+    "fsync_p50_peer_log2",  # log2 of the fsync median over the peers' median of theirs
+    "call_p50_peer_log2",
 )
+# ... and, of the peer-relative ones, their mean over the node's last RECENT_WINDOWS windows the judge saw (this one
+# included): a mild fault shows in most windows but not in each, and noise seldom in several in a row.
+RECENT_OF = ("fsync_peer_log2", "call_peer_log2", "call_error_rate", "cpu_starved_peer", "raft_lag_peer_log2",
+             "fsync_p50_peer_log2", "call_p50_peer_log2")
+RECENT_WINDOWS = 3
+FEATURES = (*WINDOW_FEATURES, *(f"{name}_recent" for name in RECENT_OF))
+RECENT_INDEXES = tuple(WINDOW_FEATURES.index(name) for name in RECENT_OF)
 FLOOR_S = 1e-5  # latencies below this (and a missing peer median) count as this
 
 
@@ -74,12 +88,45 @@ def _log2_ratio(value: float | None, reference: float | None, floor: float) -> f
     return math.log2(max(value, floor) / max(reference, floor))
 
 
-def health_features(node: NodeWindow, peers: list[NodeWindow]) -> list[float]:
-    """FEATURES of node's window, given every storage node's window of the same time (node's own is skipped). One
-    definition: the nameserver calls it to score, and the Spark job inside its executors to build training rows."""
+def health_features(node: NodeWindow, peers: list[NodeWindow], earlier: Sequence[list[NodeWindow]] = ()) -> list[float]:
+    """FEATURES of node's window, given every storage node's window of the same time (node's own is skipped) and the
+    judgements before it (Recent.before: the last RECENT_WINDOWS - 1 count). One definition: the nameserver calls it
+    to score, and the Spark job inside its executors to build training rows."""
+    now = _window_features(node, peers)
+    seen = [now, *(_window_features(mine, judgement) for judgement in earlier[len(earlier) - RECENT_WINDOWS + 1:]
+                   for mine in judgement if mine.node == node.node)]
+    return [*now, *(statistics.fmean(features[index] for features in seen) for index in RECENT_INDEXES)]
+
+
+class Recent:
+    """The judgements one judge made last, for health_features: the RECENT_WINDOWS - 1 before the one being judged,
+    while they follow on from each other. A gap of more than two windows (a lost leadership, a stalled leader) or a
+    clock gone back starts afresh."""
+
+    def __init__(self) -> None:
+        self._judgements: collections.deque[list[NodeWindow]] = collections.deque(maxlen=RECENT_WINDOWS - 1)
+
+    def before(self, windows: list[NodeWindow]) -> tuple[list[NodeWindow], ...]:
+        """The judgements before windows' (every storage node's window of one time), oldest first; then windows
+        join them."""
+        if not windows:
+            return tuple(self._judgements)
+        if self._judgements:
+            since_ms = windows[0].at_ms - self._judgements[-1][0].at_ms
+            if not 0 < since_ms <= 2 * windows[0].seconds * 1000:
+                self._judgements.clear()
+        earlier = tuple(self._judgements)
+        self._judgements.append(windows)
+        return earlier
+
+
+def _window_features(node: NodeWindow, peers: list[NodeWindow]) -> list[float]:
+    """WINDOW_FEATURES of node's window."""
     others = [peer for peer in peers if peer.node != node.node]
     fsync_median = _median([peer.fsync_p99_s for peer in others if peer.fsync_p99_s is not None])
     call_median = _median([peer.call_p99_s for peer in others if peer.call_p99_s is not None])
+    fsync_p50_median = _median([peer.fsync_p50_s for peer in others if peer.fsync_p50_s is not None])
+    call_p50_median = _median([peer.call_p50_s for peer in others if peer.call_p50_s is not None])
     fsyncs_median = _median([peer.fsyncs for peer in others])
     calls_median = _median([peer.calls for peer in others])
     starved = node.cpu_starved_s / max(node.seconds, 1e-3)
@@ -100,6 +147,8 @@ def health_features(node: NodeWindow, peers: list[NodeWindow]) -> list[float]:
         starved - starved_median,
         math.log10(1.0 + lag),
         _log2_ratio(lag + 1.0, None if lag_median is None else lag_median + 1.0, 1.0),
+        _log2_ratio(node.fsync_p50_s, fsync_p50_median, FLOOR_S),
+        _log2_ratio(node.call_p50_s, call_p50_median, FLOOR_S),
     ]
 
 
@@ -129,8 +178,9 @@ class Verdict:
 class Scorer(Protocol):
     name: str
 
-    def score(self, node: NodeWindow, peers: list[NodeWindow]) -> Verdict:
-        """The verdict on node's window, given the other storage nodes' windows of the same time."""
+    def score(self, node: NodeWindow, peers: list[NodeWindow], earlier: Sequence[list[NodeWindow]] = ()) -> Verdict:
+        """The verdict on node's window, given the other storage nodes' windows of the same time and the judgements
+        before it (Recent.before)."""
         ...
 
 
@@ -148,7 +198,7 @@ class ThresholdScorer:
         self.peer_ratio = peer_ratio
         self.error_rate_max = error_rate_max
 
-    def score(self, node: NodeWindow, peers: list[NodeWindow]) -> Verdict:
+    def score(self, node: NodeWindow, peers: list[NodeWindow], earlier: Sequence[list[NodeWindow]] = ()) -> Verdict:
         peer_p99s = [peer.fsync_p99_s for peer in peers if peer.node != node.node and peer.fsync_p99_s is not None]
         peer_median_s = statistics.median(peer_p99s) if peer_p99s else None
         features: dict[str, float] = {}
@@ -251,8 +301,8 @@ class ModelScorer:
         self.model = model
         self.name = f"model {model.version}"
 
-    def score(self, node: NodeWindow, peers: list[NodeWindow]) -> Verdict:
-        features = health_features(node, peers)
+    def score(self, node: NodeWindow, peers: list[NodeWindow], earlier: Sequence[list[NodeWindow]] = ()) -> Verdict:
+        features = health_features(node, peers, earlier)
         probabilities = self.model.probabilities(features)
         judged = evidence(node)
         kind = max(probabilities, key=lambda kind: (probabilities[kind] / self.model.kinds[kind][1], kind))
@@ -263,8 +313,8 @@ class ModelScorer:
                                                                         reverse=True)}
         named.update((FEATURES[index], features[index]) for index in top)
         if score >= 1.0:
-            return Verdict(node.node, True, f"{KIND_NAMES[kind]}: {describe(kind, node, features)} (p={probabilities[kind]:.2f})",
-                           score, named, kind, judged)
+            return Verdict(node.node, True, f"{KIND_NAMES[kind]}: {describe(kind, node, features)} "
+                           f"(p={probabilities[kind]:.2f})", score, named, kind, judged)
         return Verdict(node.node, False, f"within bounds (worst: {KIND_NAMES[kind]}, p={probabilities[kind]:.2f} "
                        f"of {threshold:.2f})", score, named, "", judged)
 

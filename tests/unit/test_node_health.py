@@ -15,8 +15,8 @@ from rocket import limits
 from rocket.clock import TrioWallClock
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
-from rocket.ml.health import (DEGRADED, FEATURES, HEALTHY, HealthJudge, HealthModel, ModelScorer, NodeWindow,
-                              ThresholdScorer, health_features)
+from rocket.ml.health import (DEGRADED, FEATURES, HEALTHY, RECENT_OF, WINDOW_FEATURES, HealthJudge, HealthModel,
+                              ModelScorer, NodeWindow, Recent, ThresholdScorer, health_features)
 from rocket.ml.trees import ModelError
 from rocket.ml.placement import GroupLoad, degraded_leader_transfer
 from rocket.raft.core import Entry
@@ -134,14 +134,14 @@ def test_windows_are_the_differences_of_the_heartbeats_counts():
     def buckets(fast: int, slow: int) -> list[int]:  # fast ones under 1 ms, slow ones under 50 ms (cumulative)
         return [0] * 4 + [fast] * 5 + [fast + slow] * (len(FSYNC_BUCKETS) - 9)
 
-    assert fsync_window(buckets(100, 0), buckets(100, 100))[1] == 100
-    assert 0.02 < fsync_window(buckets(100, 0), buckets(100, 100))[0] <= 0.05
-    assert fsync_window(buckets(100, 0), buckets(104, 0)) == (None, 4)  # too few to say
-    few, fsyncs = fsync_window(buckets(100, 0), buckets(100, 10))  # a disk so slow it synced 10 times: their median
-    assert fsyncs == 10 and 0.02 < few <= 0.05
+    p99_s, fsyncs, p50_s = fsync_window(buckets(100, 0), buckets(100, 130))  # 130 slow, 30 of them past the median
+    assert fsyncs == 130 and 0.02 < p50_s < p99_s <= 0.05
+    assert fsync_window(buckets(100, 0), buckets(104, 0)) == (None, 4, None)  # too few to say
+    few, fsyncs, median = fsync_window(buckets(100, 0), buckets(100, 10))  # a disk so slow it synced 10 times
+    assert fsyncs == 10 and 0.02 < few <= 0.05 and few == median  # their median stands for the p99
     assert ThresholdScorer().score(NodeWindow(3, few, fsyncs), [NodeWindow(1, 0.001, 30), NodeWindow(2, 0.001, 30)]
                                    ).kind == "slow_disk"
-    assert fsync_window(buckets(100, 0), buckets(50, 0)) == (None, 0)  # restarted: counts went back
+    assert fsync_window(buckets(100, 0), buckets(50, 0)) == (None, 0, None)  # restarted: counts went back
     before = {1: {"fsync_buckets": buckets(10, 0), "peer_calls": [{"peer": "h:3", "calls": 10, "errors": 0}]},
               3: {"fsync_buckets": buckets(10, 0), "peer_calls": []}}
     after = {1: {"fsync_buckets": buckets(60, 0), "peer_calls": [{"peer": "h:3", "calls": 60, "errors": 20},
@@ -199,6 +199,7 @@ def test_windows_carry_the_calls_p99_the_cpu_denied_and_the_raft_lag():
     before, after = loads(before), loads(after)
     windows = {window.node: window for window in node_windows(before, after, {"h:3": 3}, 5.0, 1234, {3: 2})}
     assert windows[3].calls == 50 and 0.05 < windows[3].call_p99_s <= 0.1  # 40 slow of 50 answered
+    assert 0.05 < windows[3].call_p50_s < windows[3].call_p99_s
     assert windows[3].cpu_starved_s == 2.5 and windows[3].raft_lag_entries == 40 and windows[3].followed == 2
     assert windows[3].seconds == 5.0 and windows[3].at_ms == 1234
     assert windows[1].call_p99_s is None  # nobody called it
@@ -229,6 +230,29 @@ def test_the_model_scorer_names_the_kind_and_the_features_it_rests_on():
     features = health_features(NodeWindow(3, None, 0), windows())
     assert features[FEATURES.index("fsync_peer_log2")] == 0.0  # missing: like its peers
     assert all(math.isfinite(value) for value in features)
+
+
+def test_the_recent_features_are_the_means_over_the_judgements_that_follow_on():
+    """Each recent feature is its window feature's mean over this window and the RECENT_WINDOWS - 1 judgements
+    before it in which the node had a window; Recent keeps those while they follow on, and forgets them over a gap."""
+    def judgement(at_s: float, slow_s: float) -> list[NodeWindow]:
+        return [NodeWindow(1, 0.002, 500, seconds=5.0, at_ms=int(at_s * 1000), fsync_p50_s=0.001),
+                NodeWindow(2, 0.002, 500, seconds=5.0, at_ms=int(at_s * 1000), fsync_p50_s=0.001),
+                NodeWindow(3, slow_s, 500, seconds=5.0, at_ms=int(at_s * 1000), fsync_p50_s=slow_s / 2)]
+
+    recent, seen = Recent(), []
+    for at_s, slow_s in ((5, 0.002), (10, 0.008), (15, 0.032), (20, 0.032)):
+        earlier = recent.before(judgement(at_s, slow_s))
+        seen.append(health_features(judgement(at_s, slow_s)[2], judgement(at_s, slow_s), earlier))
+    index, recent_index = FEATURES.index("fsync_peer_log2"), FEATURES.index("fsync_peer_log2_recent")
+    assert [features[index] for features in seen] == [0.0, 2.0, 4.0, 4.0]
+    assert [features[recent_index] for features in seen] == [0.0, 1.0, 2.0, 10 / 3]  # at most 3 windows
+    assert seen[2][FEATURES.index("fsync_p50_peer_log2")] == 4.0  # a 16 ms median against the peers' 1 ms
+    assert len(seen[0]) == len(FEATURES) and len(RECENT_OF) + len(WINDOW_FEATURES) == len(FEATURES)
+    assert recent.before(judgement(40, 0.032)) == ()  # 20 s after the last: a gap of more than two windows
+    assert len(recent.before(judgement(45, 0.032))) == 1
+    assert recent.before(judgement(44, 0.032)) == ()  # the clock went back
+    assert recent.before([]) == (judgement(44, 0.032),)  # nobody judged: nothing changes
 
 
 @pytest.mark.parametrize("change, reason", [

@@ -14,7 +14,7 @@ from rocket.clock import Clock
 from rocket.config import NodeConfig
 from rocket.errors import Code, RocketError
 from rocket.ml.health import (AUTO, DEGRADED, KIND_NAMES, PINS, WINDOW_FIELDS, WINDOW_METRIC, HealthJudge,
-                              HealthModel, ModelScorer, NodeHealth, NodeWindow, Scorer, ThresholdScorer)
+                              HealthModel, ModelScorer, NodeHealth, NodeWindow, Recent, Scorer, ThresholdScorer)
 from rocket.ml.trees import ModelError
 from rocket.roles.nameserver.forecasts import read_model, read_training, with_training
 from rocket.roles.nameserver.group import MetadataGroup
@@ -42,24 +42,23 @@ def quantile_window(before: list[int], after: list[int], bounds: tuple[float, ..
     return bucket_quantile(quantile, list(bounds), increases), increases[-1]
 
 
-def fsync_window(before: list[int], after: list[int]) -> tuple[float | None, int]:
-    """A window's fsync p99 and fsyncs. Below health_fsyncs_min fsyncs, from health_fsyncs_few on, their median
-    stands for the p99 (which is at least that): a disk so slow that it syncs a few times a window is not hidden by
-    its own slowness."""
+def fsync_window(before: list[int], after: list[int]) -> tuple[float | None, int, float | None]:
+    """A window's fsync p99, fsyncs and fsync median (from health_fsyncs_few fsyncs on). Below health_fsyncs_min
+    fsyncs, from health_fsyncs_few on, the median stands for the p99 (which is at least that): a disk so slow that it
+    syncs a few times a window is not hidden by its own slowness."""
     p99_s, fsyncs = quantile_window(before, after, FSYNC_BUCKETS, limits.health_fsyncs_min)
-    if p99_s is None and limits.health_fsyncs_few <= fsyncs:
-        return quantile_window(before, after, FSYNC_BUCKETS, limits.health_fsyncs_few, 0.5)
-    return p99_s, fsyncs
+    p50_s, _ = quantile_window(before, after, FSYNC_BUCKETS, limits.health_fsyncs_few, 0.5)
+    return (p50_s if p99_s is None else p99_s), fsyncs, p50_s
 
 
 def node_windows(before: dict[int, NodeLoad], after: dict[int, NodeLoad], addresses: dict[str, int],
                  seconds: float = limits.health_window_s_default, at_ms: int = 0,
                  followed: dict[int, int] | None = None, judged: set[int] | None = None) -> list[NodeWindow]:
     """Every judged node of after (all of them by default), its window since before (node -> heartbeat load, with
-    fsync_buckets, peer_calls, cpu_starved_s and lagging; every node of after reports its calls): its fsync p99; the
-    calls the other nodes made to it (by its address) that ended and failed, and the p99 of the answered ones, their
-    histograms summed over the callers; the CPU it was denied; and how far behind its groups' leaders it was at the
-    end (followed: node -> the groups it follows)."""
+    fsync_buckets, peer_calls, cpu_starved_s and lagging; every node of after reports its calls): its fsync p99 and
+    median; the calls the other nodes made to it (by its address) that ended and failed, and the p99 and median of
+    the answered ones, their histograms summed over the callers; the CPU it was denied; and how far behind its
+    groups' leaders it was at the end (followed: node -> the groups it follows)."""
     judged = set(after) if judged is None else judged & set(after)
     calls = {node: [0, 0, [0] * len(RPC_BUCKETS)] for node in judged}
     lag = {node: 0 for node in judged}
@@ -83,11 +82,13 @@ def node_windows(before: dict[int, NodeLoad], after: dict[int, NodeLoad], addres
     windows = []
     for node in sorted(judged):
         load, earlier = after[node], before.get(node)
-        p99_s, fsyncs = fsync_window(earlier.fsync_buckets, load.fsync_buckets) if earlier is not None else (None, 0)
+        p99_s, fsyncs, p50_s = (fsync_window(earlier.fsync_buckets, load.fsync_buckets) if earlier is not None
+                                else (None, 0, None))
         call_p99_s, _ = quantile_window([], calls[node][2], RPC_BUCKETS, limits.health_calls_min)
+        call_p50_s, _ = quantile_window([], calls[node][2], RPC_BUCKETS, limits.health_calls_min, 0.5)
         starved = max(0.0, load.cpu_starved_s - earlier.cpu_starved_s) if earlier is not None else 0.0
         windows.append(NodeWindow(node, p99_s, fsyncs, calls[node][0], calls[node][1], call_p99_s, starved,
-                                  lag[node], (followed or {}).get(node, 0), seconds, at_ms))
+                                  lag[node], (followed or {}).get(node, 0), seconds, at_ms, p50_s, call_p50_s))
     return windows
 
 
@@ -136,6 +137,7 @@ class NodeHealthChecks:
         self.training = ""  # the last training's decision (forecasts.read_training)
         self._model_text: bytes | None = None
         self.judge = HealthJudge()
+        self.recent = Recent()  # the judgements before this window's, for the model's recent features
         self._window_began: float | None = None  # trio time; None: no window yet on this leader
         self._window_counts: dict[int, NodeLoad] = {}  # node -> its load (its counts) when the window began
         self.windows: dict[int, NodeWindow] = {}  # the last window judged, per node
@@ -146,6 +148,7 @@ class NodeHealthChecks:
     def forget_window(self) -> None:
         """Leadership lost: a later term starts its windows afresh, from the metadata."""
         self._window_began = None
+        self.recent = Recent()
 
     async def follow_model(self) -> None:
         """Score with the model in the object store while it is valid, fresh, trained on windows like this
@@ -233,7 +236,8 @@ class NodeHealthChecks:
         self.windows_judged += 1
         note_windows(self.meta.peers.telemetry, windows)
         before = self.degraded()
-        verdicts = [self._score(window, windows) for window in windows]
+        earlier = self.recent.before(windows)
+        verdicts = [self._score(window, windows, earlier) for window in windows]
         pins = {node.id: node.health_pin for node in self.metadata.storage_nodes()}
         judged = self.judge.judge(verdicts, sorted(pins), pins)
         now_degraded = self.degraded()
@@ -253,13 +257,13 @@ class NodeHealthChecks:
         since = self._degraded_since.get(node)
         return None if since is None or node not in self.degraded() else trio.current_time() - since
 
-    def _score(self, window: NodeWindow, windows: list[NodeWindow]):
+    def _score(self, window: NodeWindow, windows: list[NodeWindow], earlier: tuple[list[NodeWindow], ...]):
         """The scorer's verdict; the threshold's if the model fails on this window (logged: never act on a failed
         model)."""
         if self.scorer is self.threshold:
             return self.threshold.score(window, windows)
         try:
-            return self.scorer.score(window, windows)
+            return self.scorer.score(window, windows, earlier)
         except (ArithmeticError, ValueError, TypeError, KeyError, IndexError) as error:
             log.warning("node health: %s failed on node %d's window (%r); the threshold judges it", self.scorer.name,
                         window.node, error)
