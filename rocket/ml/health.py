@@ -93,7 +93,7 @@ def health_features(node: NodeWindow, peers: list[NodeWindow], earlier: Sequence
     judgements before it (Recent.before: the last RECENT_WINDOWS - 1 count). One definition: the nameserver calls it
     to score, and the Spark job inside its executors to build training rows."""
     now = _window_features(node, peers)
-    seen = [now, *(_window_features(mine, judgement) for judgement in earlier[len(earlier) - RECENT_WINDOWS + 1:]
+    seen = [now, *(_window_features(mine, judgement) for judgement in earlier[-(RECENT_WINDOWS - 1):]
                    for mine in judgement if mine.node == node.node)]
     return [*now, *(statistics.fmean(features[index] for features in seen) for index in RECENT_INDEXES)]
 
