@@ -19,9 +19,9 @@ import trio  # noqa: E402
 
 from jobs.health_data import Label, window_label  # noqa: E402
 from jobs.models import TrainError  # noqa: E402
-from jobs.train_health import (MODELS_PREFIX, THRESHOLD_GRID, held_out_from, load_labels, main, parse, run,  # noqa: E402
-                               score_outcomes, summary)
-from rocket.ml.health import FEATURES, KINDS, HealthModel, ModelScorer, NodeWindow  # noqa: E402
+from jobs.train_health import (MODELS_PREFIX, THRESHOLD_GRID, held_out_from, judge, load_labels, main, parse,  # noqa: E402
+                               run, score_outcomes, summary)
+from rocket.ml.health import FEATURES, KINDS, WINDOW_METRIC, HealthModel, ModelScorer, NodeWindow  # noqa: E402
 from rocket.roles.nameserver.health import note_windows  # noqa: E402
 from rocket.telemetry.registry import Telemetry  # noqa: E402
 from rocket.telemetry.ship import ship_now  # noqa: E402
@@ -218,6 +218,25 @@ def test_the_held_out_runs_are_whole_and_the_last_third_or_so():
     assert held_out_from(overlapping) == 800_000  # 400 s starts inside the first run: not a place to split
     with pytest.raises(TrainError, match="no whole runs to hold out"):
         held_out_from([label(0, 500), label(100, 600)])
+
+
+def test_a_reporters_windows_are_judged_in_time_order_with_the_judgements_before_them():
+    """judge() takes one nameserver's window records in any order (as groupByKey hands them over) and gives each
+    window the judgements before it, as the nameserver's Recent did: at most two, none across a gap."""
+    def records(at_s: int) -> list[dict]:
+        return [{"metric": WINDOW_METRIC + field, "labels": {"target": str(node)}, "value": value,
+                 "time_ms": START_MS + at_s * 1000, "node": 7}
+                for node in NODES for field, value in (("fsync_p99_s", 0.001 * node), ("seconds", WINDOW_S),
+                                                        ("at_ms", START_MS + at_s * 1000))]
+
+    times_s = (10, 20, 30, 40, 100, 110)
+    shuffled = [record for at_s in times_s for record in records(at_s)]
+    random.Random(5).shuffle(shuffled)
+    judged = judge((7, shuffled), [], [])
+    assert [item.window.at_ms for item in judged[::3]] == [START_MS + at_s * 1000 for at_s in times_s]
+    before = [[judgement[0].at_ms - START_MS for judgement in item.earlier] for item in judged[::3]]
+    assert before == [[], [10_000], [10_000, 20_000], [20_000, 30_000], [], [100_000]]  # 100 s: 60 s after 40 s
+    assert all(item.reporter == 7 and item.label == "healthy" and not item.held_out for item in judged)
 
 
 def test_outcomes_score_per_kind_and_overall():
